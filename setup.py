@@ -1,0 +1,27 @@
+from setuptools import find_packages, setup
+
+setup(
+    name="ucmfh",
+    version="0.1.0",
+    description="Deep cross-modal hashing (UCMFH and its loss variants) on precomputed features",
+    long_description=open("README.md", encoding="utf-8").read(),
+    long_description_content_type="text/markdown",
+    packages=find_packages(include=["ucmfh", "ucmfh.*"]),
+    python_requires=">=3.9",
+    # torch is listed without an upper pin: install the build you want first
+    # (README), and pip leaves it in place.
+    install_requires=[
+        "torch>=2.0",
+        "numpy>=1.22",
+        "scipy>=1.8",
+        "h5py>=3.6",
+        "scikit-learn>=1.1",
+        "click>=8.0",
+        "tqdm>=4.60",
+    ],
+    extras_require={
+        "test": ["pytest>=7"],
+        "plot": ["matplotlib>=3.5"],
+    },
+    entry_points={"console_scripts": ["ucmfh=ucmfh.cli:main"]},
+)
