@@ -1,4 +1,26 @@
-"""Retrieval metrics."""
-from ucmfh.metrics.ranking import map_at_k, map_at_k_cosine
+"""Retrieval metrics: exact, chunked, device-following (REFERENCE §6)."""
+from ucmfh.metrics.engine import relevant_counts, top_k
+from ucmfh.metrics.radius import pr_curve_hamming, precision_within_radius
+from ucmfh.metrics.ranking import (
+    average_precision_at_k,
+    map_at_all,
+    map_at_k,
+    map_at_k_cosine,
+    precision_at_k,
+    recall_at_k,
+    recall_at_ranks,
+)
 
-__all__ = ["map_at_k", "map_at_k_cosine"]
+__all__ = [
+    "average_precision_at_k",
+    "map_at_all",
+    "map_at_k",
+    "map_at_k_cosine",
+    "pr_curve_hamming",
+    "precision_at_k",
+    "precision_within_radius",
+    "recall_at_k",
+    "recall_at_ranks",
+    "relevant_counts",
+    "top_k",
+]
