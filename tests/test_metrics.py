@@ -281,3 +281,15 @@ def test_gpu_equals_cpu():
         cpu = average_precision_at_k(query, retrieval, ql, rl, k=k)
         gpu = average_precision_at_k(query.cuda(), retrieval.cuda(), ql.cuda(), rl.cuda(), k=k)
         assert torch.equal(gpu.cpu(), cpu)
+
+
+@pytest.mark.parametrize("n_bits", [8, 16])
+@pytest.mark.parametrize("k", [1, 5, 50])
+def test_group_preselection_exact_with_ties(n_bits, k):
+    """Blocks with more than k groups of 32 take the group-maximum path; padding at odd block sizes."""
+    query, retrieval, _, _ = make_case(11 + n_bits, 6, 3000, n_bits)
+    retrieval[2000:2600] = retrieval[5]  # a long run of equal codes across group boundaries
+    expected = [ref_ranking(query[i], retrieval)[:k] for i in range(6)]
+    for r_chunk in (3000, 1700, 999):
+        _, idx = top_k(query, retrieval, k, chunk_size=4, retrieval_chunk_size=r_chunk)
+        assert idx.tolist() == expected

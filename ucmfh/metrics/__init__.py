@@ -1,5 +1,10 @@
-"""Retrieval metrics: exact, chunked, device-following (REFERENCE §6)."""
+"""Retrieval metrics: exact, chunked, device-following (REFERENCE §6).
+
+Ranking is by Hamming distance of ±1 codes (or packed uint8 bits), or by
+cosine similarity with ``similarity="cosine"``; ties by retrieval index.
+"""
 from ucmfh.metrics.engine import relevant_counts, top_k
+from ucmfh.metrics.evaluate import evaluate_codes, evaluate_codes_file, evaluate_direction
 from ucmfh.metrics.radius import pr_curve_hamming, precision_within_radius
 from ucmfh.metrics.ranking import (
     average_precision_at_k,
@@ -13,6 +18,9 @@ from ucmfh.metrics.ranking import (
 
 __all__ = [
     "average_precision_at_k",
+    "evaluate_codes",
+    "evaluate_codes_file",
+    "evaluate_direction",
     "map_at_all",
     "map_at_k",
     "map_at_k_cosine",

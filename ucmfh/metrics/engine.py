@@ -4,14 +4,11 @@ Ranking (REFERENCE §6): Hamming distance ascending, or cosine similarity
 descending, ties by retrieval index ascending. Results are exact and the same
 for every chunk size and device:
 
-* Hamming top-K selects on an integer key ``dist * N + index``. Per block of
-  retrieval items the key is produced by the matmul itself: queries are
-  augmented to ``[mult * code, 1024, 1]`` and retrieval items to
-  ``[code, -(j // 1024), -(j % 1024)]`` (``j`` the index inside the block), so
-  ``query @ item = mult * dots - j``: larger is nearer, ties by index. Every
-  input is exactly representable in float32 and TF32 and every partial sum is
-  an integer below 2**24, so the product is exact on CPU and GPU.
-* AP terms are summed in fixed point (int64, 2**-40 resolution): integer sums
+* Hamming distances come from a ±1 matmul: integers, exact in float32 (and
+  TF32) on CPU and GPU. Top-K selects on the unique integer key
+  ``dist * N + index``, after an exact pre-selection by group maxima (see
+  :func:`_hamming_top_k_chunk`), without sorting the retrieval set.
+* AP terms are summed in fixed point (int64, 2**-52 to 2**-40 resolution by list length): integer sums
   do not depend on summation order, so chunking, SIMD width and GPU reductions
   cannot change a result. Means over queries use ``math.fsum``.
 
@@ -34,9 +31,10 @@ from ucmfh.similarity import cosine_similarity_float64
 Similarity = Literal["hamming", "cosine"]
 Empty = Literal["zero", "skip"]
 
-DEFAULT_CHUNK_SIZE = 1024
+DEFAULT_CHUNK_SIZE = 256
 DEFAULT_RETRIEVAL_CHUNK_SIZE = 16384
 _EXACT = 2**24  # float32 (and TF32 accumulation) represents integers exactly below this
+_GROUP = 32  # items per group in the top-K pre-selection
 
 
 def _check_choice(name: str, value: str, choices: Tuple[str, ...]) -> None:
@@ -77,16 +75,6 @@ def as_pm1(codes: torch.Tensor, device: torch.device) -> torch.Tensor:
     return codes.float()
 
 
-def _key_multiplier(n_bits: int, block: int) -> Tuple[int, int]:
-    """(block, mult): mult a power of two > every index of the block, mult * (n_bits + 1) <= 2**24."""
-    limit = 1 << int(math.floor(math.log2(_EXACT / (n_bits + 1))))
-    if limit < 1:
-        raise ValueError(f"n_bits={n_bits} is too long for exact float32 keys")
-    block = min(block, limit)
-    mult = 1 << max(0, math.ceil(math.log2(block)))
-    return block, mult
-
-
 def _labels_f(labels: torch.Tensor, device: torch.device) -> torch.Tensor:
     return labels.to(device).float()
 
@@ -97,22 +85,43 @@ def _labels_f(labels: torch.Tensor, device: torch.device) -> torch.Tensor:
 def _hamming_top_k_chunk(
     q: torch.Tensor, retrieval: torch.Tensor, k: int, block: int
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Top-k of one query chunk: (distances, indices) [q, k] int64, ordered by (distance, index)."""
+    """Top-k of one query chunk: (distances, indices) [q, k] int64, ordered by (distance, index).
+
+    Per block of retrieval items the dot products (exact integers in float32)
+    are reduced to maxima over contiguous groups of ``_GROUP`` items; the k best
+    groups, ranked by (maximum desc, group index asc), hold the block's exact
+    top-k even with ties: a group ranked before the group of a selected item
+    holds a better item, or an equal one with a smaller index, which is selected
+    too. Only those k * _GROUP candidates get exact integer keys
+    ``distance * N + index``; a selection over the whole block reads each dot
+    product once (max) instead of sorting it.
+    """
     device = q.device
     n = retrieval.shape[0]
     n_bits = n_bits_of(retrieval)
-    block, mult = _key_multiplier(n_bits, block)
-    ones = torch.ones(q.shape[0], 1, device=device)
-    qa = torch.cat([q * mult, ones * 1024, ones], dim=1)
+    rows = q.shape[0]
+    offsets = torch.arange(_GROUP, device=device)
     best: Optional[torch.Tensor] = None  # [q, <=k] int64 keys dist * n + index
     for start in range(0, n, block):
         r = as_pm1(retrieval[start : start + block], device)
-        j = torch.arange(r.shape[0], device=device)
-        ra = torch.cat([r, -(j // 1024)[:, None].float(), -(j % 1024)[:, None].float()], dim=1)
-        key = qa @ ra.T  # [q, m] = mult * dots - j, exact
-        values, local = key.topk(min(k, r.shape[0]), dim=1)
-        dots = (values.long() + local) // mult
-        keys = (n_bits - dots) // 2 * n + (start + local)
+        m = r.shape[0]
+        dots = q @ r.T  # [q, m], exact: |dots| <= n_bits << 2**24
+        n_groups = -(-m // _GROUP)
+        if n_groups > k:
+            pad = n_groups * _GROUP - m
+            if pad:  # padding scores below any code: distance n_bits + 1
+                dots = torch.cat([dots, dots.new_full((rows, pad), -(n_bits + 2.0))], dim=1)
+            group_max = dots.view(rows, n_groups, _GROUP).amax(dim=2).long()
+            group_key = group_max * n_groups - torch.arange(n_groups, device=device)
+            groups = group_key.topk(k, dim=1).indices  # [q, k]
+            local = (groups[:, :, None] * _GROUP + offsets).flatten(1)  # [q, k * _GROUP]
+            candidates = dots.gather(1, local)
+        else:
+            local = torch.arange(m, device=device).expand(rows, m)
+            candidates = dots
+        dist = ((n_bits - candidates) * 0.5).long()
+        keys = dist * n + (start + local)
+        keys = keys.topk(min(k, keys.shape[1]), dim=1, largest=False).values
         best = keys if best is None else torch.cat([best, keys], dim=1)
         if best.shape[1] > k:
             best = best.topk(k, dim=1, largest=False).values
@@ -234,7 +243,7 @@ def id_match_counts(query_ids: torch.Tensor, retrieval_ids: torch.Tensor) -> tor
 
 def _fixed_scale(n: int) -> float:
     """Fixed-point scale for AP sums: n terms of at most 1 each must fit in int64."""
-    return float(2 ** min(40, 62 - max(1, math.ceil(math.log2(n + 1)))))
+    return float(2 ** min(52, 62 - max(1, math.ceil(math.log2(n + 1)))))
 
 
 def average_precision_ranked(rel: torch.Tensor, scale: Optional[float] = None) -> torch.Tensor:
