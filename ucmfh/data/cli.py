@@ -1,16 +1,16 @@
-"""Click commands for data conversion: ``ucmfh convert pkl|mat|npz``.
+"""Click commands for data: ``ucmfh convert pkl|mat|npz`` and ``ucmfh extract``.
 
 Thin: each command parses options and calls one library function. The main
-``ucmfh`` group adds these with ``main.add_command(convert)``.
+``ucmfh`` group adds them with ``main.add_command(convert)`` and
+``main.add_command(extract)``.
 """
 from __future__ import annotations
 
 import logging
-from typing import Optional
-
 import click
 
 from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
+from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features
 from ucmfh.data.splits import DEFAULT_SEED, PROTOCOLS, resolve_sizes
 
 
@@ -98,5 +98,51 @@ _arrays_command("mat", "Whole-set .mat matrices (DJSRH/UCCH, v5 or v7.3) IMAGE T
 _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with a seeded split.")
 
 
-def main(argv: Optional[list] = None) -> None:
-    convert.main(args=argv)
+@click.command()
+@click.argument("images", type=click.Path(exists=True))
+@click.argument("captions", type=click.Path(exists=True, dir_okay=False))
+@click.argument("labels", type=click.Path(exists=True, dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--model", default=ExtractConfig.model, show_default=True,
+              help="Hugging Face CLIP model name or a local save_pretrained folder.")
+@click.option("--batch-size", type=int, default=ExtractConfig.batch_size, show_default=True)
+@click.option("--chunk-items", type=int, default=ExtractConfig.chunk_items, show_default=True,
+              help="Items per resumable chunk.")
+@click.option("--device", help="torch device (default: cuda when available, else cpu).")
+@click.option("--normalize/--no-normalize", default=ExtractConfig.normalize, show_default=True,
+              help="L2-normalise the features.")
+@click.option("--bad-images", type=click.Choice(BAD_IMAGES), default=ExtractConfig.bad_images, show_default=True,
+              help="Unreadable or truncated image: fail, or skip it and its captions (named in the log).")
+@click.option("--workers", type=int, default=ExtractConfig.workers, show_default=True, help="Image-decoding threads.")
+@click.option("--keep-scratch", is_flag=True, help="Keep OUT.parts/ after success.")
+@click.option("--restart", is_flag=True, help="Discard finished chunks in OUT.parts/ and start over.")
+@click.option("--protocol", type=click.Choice(sorted(PROTOCOLS)), help="Standard split sizes (in images).")
+@click.option("--query", type=int, help="Query images.")
+@click.option("--train", type=int, help="Train images, drawn from retrieval.")
+@click.option("--retrieval", type=int, help="Retrieval images (default: all not in query).")
+@click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True, help="Seed of the drawn split.")
+@click.option("--name", help="Dataset name (default: the output file's stem).")
+@click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False),
+              help="Class names, one per line (fixes the label columns; unknown names in LABELS fail).")
+@click.option("--empty-labels", type=click.Choice(EMPTY_LABELS), default="drop", show_default=True,
+              help="Images with no label: drop them (count is logged) or fail.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
+def extract(images, captions, labels, out, model, batch_size, chunk_items, device, normalize, bad_images, workers,
+            keep_scratch, restart, protocol, query, train, retrieval, seed, name, classes_file, empty_labels,
+            overwrite):
+    """CLIP features of IMAGES (folder or list file) and CAPTIONS (TSV/JSON), LABELS (TSV/JSON) -> OUT."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    try:
+        sizes = resolve_sizes(protocol, query, train, retrieval)
+        config = ExtractConfig(model=model, batch_size=batch_size, chunk_items=chunk_items, device=device,
+                               normalize=normalize, bad_images=bad_images, workers=workers,
+                               keep_scratch=keep_scratch)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    report = extract_features(images, captions, labels, out, sizes=sizes, seed=seed, classes=classes_file,
+                              config=config, name=name, empty_labels=empty_labels, restart=restart,
+                              overwrite=overwrite)
+    rows = ", ".join(f"{s} {n}" for s, n in report.rows.items())
+    click.echo(f"wrote {report.path}: {rows} ({report.n_images} images, {report.n_captions} captions; "
+               f"{len(report.skipped_images)} unreadable images skipped; chunks computed {report.chunks_computed}, "
+               f"reused {report.chunks_reused}; {report.seconds:.1f} s)")

@@ -180,7 +180,7 @@ def empty_label_rows(labels: np.ndarray, where: str, empty_labels: str) -> np.nd
     return ~empty
 
 
-def _root_attrs(
+def root_attrs(
     out: str,
     name: Optional[str],
     classes: Optional[Sequence[str]],
@@ -280,7 +280,7 @@ def convert_pkl(
     # the first split fixes the class count for the root attributes
     first = _load_pkl(paths["train"])
     n_classes = first["labels"].shape[1]
-    attrs = _root_attrs(
+    attrs = root_attrs(
         out, name, classes, n_classes, image_feature, text_feature,
         source="UCMFH pkl release: " + ", ".join(f"{s}={paths[s]}" for s in SPLITS),
         split_rule="as released: train.pkl, query.pkl, retrieval.pkl",
@@ -394,7 +394,7 @@ def convert_arrays(
                 if bad.size:
                     raise DataError(f"{index.rule}: {s}: {bad.size} rows have no label (first: row {bad[0]})")
         rows = index.as_dict()
-        attrs = _root_attrs(
+        attrs = root_attrs(
             out, name, classes, label_matrix.shape[1],
             image_feature or f"from {img_src.name} ({img_src.shape[1]}-d)",
             text_feature or f"from {txt_src.name} ({txt_src.shape[1]}-d)",

@@ -110,11 +110,10 @@ def sample_split(
         unit_name = "distinct ids"
     n_units = units.size
     n_retrieval = n_units - sizes.query if sizes.retrieval is None else sizes.retrieval
-    if sizes.query + max(n_retrieval, 0) > n_units or n_retrieval <= 0:
-        raise ValueError(
-            f"split asks for query {sizes.query} + retrieval "
-            f"{'the rest' if sizes.retrieval is None else sizes.retrieval} of {n_units} {unit_name}"
-        )
+    if n_retrieval <= 0:
+        raise ValueError(f"split asks for query {sizes.query} of {n_units} {unit_name}: retrieval would be empty")
+    if sizes.query + n_retrieval > n_units:
+        raise ValueError(f"split asks for query {sizes.query} + retrieval {n_retrieval} of {n_units} {unit_name}")
     if sizes.train > n_retrieval:
         raise ValueError(f"split asks for train {sizes.train} drawn from retrieval {n_retrieval} {unit_name}")
     perm = np.random.default_rng(seed).permutation(n_units)
