@@ -246,3 +246,26 @@ def test_streaming_writer_leaves_nothing_on_error(tmp_path):
         with open_writer(out, {"name": "x"}) as f:
             f.create_group("train")
     assert os.listdir(tmp_path) == []
+
+
+def test_convert_commands(tmp_path):
+    from click.testing import CliRunner
+
+    from ucmfh.data.cli import convert
+
+    image, text, labels = whole_set()
+    files = []
+    for key, array in (("IAll", image.astype(np.float64)), ("YAll", text), ("LAll", labels)):
+        files.append(str(tmp_path / f"{key}.mat"))
+        scipy.io.savemat(files[-1], {key: array})
+    (tmp_path / "classes.txt").write_text("\n".join(f"k{i}" for i in range(C)))
+    out = str(tmp_path / "cli.h5")
+    result = CliRunner().invoke(convert, ["mat", *files, out, "--query", "10", "--train", "20", "--seed", "4",
+                                          "--classes", str(tmp_path / "classes.txt")])
+    assert result.exit_code == 0, result.output
+    assert "query 10" in result.output
+    ds = load_dataset(out)
+    assert ds.attrs["classes"] == [f"k{i}" for i in range(C)] and "seed=4" in ds.attrs["split"]
+    check_values(ds, image, text, labels)
+    result = CliRunner().invoke(convert, ["npz", *save_npy(tmp_path, image, text, labels), out])
+    assert result.exit_code != 0 and "give a split protocol" in result.output

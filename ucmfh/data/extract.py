@@ -390,15 +390,14 @@ def extract_features(
     label_matrix, class_names = read_labels(labels, names, read_classes(classes) if classes else None)
     keep_image = empty_label_rows(label_matrix, os.fspath(labels), empty_labels)
 
+    if encoder is None:
+        encoder = ClipEncoder(cfg.model, cfg.device, cfg.normalize)
     model_name = getattr(encoder, "name", None) or cfg.model
     scratch_dir = out + ".parts"
     if restart and os.path.isdir(scratch_dir):
         shutil.rmtree(scratch_dir)
     scratch = _Scratch(scratch_dir, _fingerprint(model_name, cfg.normalize, paths, caption_list))
     report = ExtractReport(path=out, rows={}, n_images=len(names), n_captions=len(caption_list))
-
-    if encoder is None:
-        encoder = ClipEncoder(cfg.model, cfg.device, cfg.normalize)
 
     def image_chunk(start: int, stop: int) -> Tuple[np.ndarray, np.ndarray]:
         feats, ok = [], np.ones(stop - start, dtype=bool)
