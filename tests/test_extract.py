@@ -1,5 +1,4 @@
 """Feature extraction: inputs checked by name, bad images never become features, resumable, CLIP end to end."""
-import importlib.util
 import io
 import json
 import logging
@@ -14,7 +13,6 @@ from ucmfh.data.splits import SplitSizes
 
 CLASSES = ["sky", "sea", "tree"]
 SIZES = SplitSizes(query=2, train=3)
-HAS_TRANSFORMERS = importlib.util.find_spec("transformers") is not None
 
 
 def make_images(folder, n=7):
@@ -212,8 +210,7 @@ def _byte_chars():
 @pytest.fixture(scope="module")
 def tiny_clip(tmp_path_factory):
     """A randomly initialised 1-layer CLIP saved like a hub model, with an offline byte-level tokenizer."""
-    if not HAS_TRANSFORMERS:
-        pytest.skip("transformers is not installed (pip install 'ucmfh[extract]')")
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install 'ucmfh[extract]')")
     import torch
     from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
 

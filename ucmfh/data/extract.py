@@ -330,19 +330,20 @@ def _run_chunks(
     n_items: int,
     scratch: _Scratch,
     cfg: ExtractConfig,
-    compute: Callable[[int, int], Tuple[np.ndarray, np.ndarray]],
+    compute: Callable[[int, int, tqdm], Tuple[np.ndarray, np.ndarray]],
     bar: tqdm,
     report: ExtractReport,
 ) -> None:
+    """Compute every chunk that has no file yet; ``compute`` advances the bar per batch."""
     for chunk, start in enumerate(range(0, n_items, cfg.chunk_items)):
         stop = min(n_items, start + cfg.chunk_items)
         if scratch.done(kind, chunk):
             report.chunks_reused += 1
+            bar.update(stop - start)
         else:
-            features, ok = compute(start, stop)
+            features, ok = compute(start, stop, bar)
             scratch.save(kind, chunk, features, ok)
             report.chunks_computed += 1
-        bar.update(stop - start)
 
 
 def _gather(kind: str, n_items: int, scratch: _Scratch, cfg: ExtractConfig) -> Tuple[np.ndarray, np.ndarray]:
@@ -399,7 +400,7 @@ def extract_features(
     scratch = _Scratch(scratch_dir, _fingerprint(model_name, cfg.normalize, paths, caption_list))
     report = ExtractReport(path=out, rows={}, n_images=len(names), n_captions=len(caption_list))
 
-    def image_chunk(start: int, stop: int) -> Tuple[np.ndarray, np.ndarray]:
+    def image_chunk(start: int, stop: int, bar: tqdm) -> Tuple[np.ndarray, np.ndarray]:
         feats, ok = [], np.ones(stop - start, dtype=bool)
         with ThreadPoolExecutor(cfg.workers) as pool:
             for b in range(start, stop, cfg.batch_size):
@@ -416,15 +417,19 @@ def extract_features(
                     ok[b - start + i] = False
                 if good:
                     feats.append(np.asarray(encoder.encode_images(good), dtype=np.float32))
+                bar.update(len(batch_paths))
         d = feats[0].shape[1] if feats else 0
         full = np.full((stop - start, d), np.nan, dtype=np.float32)  # skipped rows never reach the output
         if feats:
             full[ok] = np.concatenate(feats)
         return full, ok
 
-    def text_chunk(start: int, stop: int) -> Tuple[np.ndarray, np.ndarray]:
-        feats = [np.asarray(encoder.encode_texts(caption_list[b : min(stop, b + cfg.batch_size)]), dtype=np.float32)
-                 for b in range(start, stop, cfg.batch_size)]
+    def text_chunk(start: int, stop: int, bar: tqdm) -> Tuple[np.ndarray, np.ndarray]:
+        feats = []
+        for b in range(start, stop, cfg.batch_size):
+            batch = caption_list[b : min(stop, b + cfg.batch_size)]
+            feats.append(np.asarray(encoder.encode_texts(batch), dtype=np.float32))
+            bar.update(len(batch))
         return np.concatenate(feats), np.ones(stop - start, dtype=bool)
 
     with tqdm(total=len(names) + len(caption_list), unit="item", desc="extract", disable=not progress) as bar:
