@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """CLIP features of images + captions -> ucmfh HDF5 (same as `ucmfh extract`).
 
-    python scripts/extract.py IMAGES/ captions.tsv labels.tsv OUT.h5 --protocol coco
+    python scripts/extract.py IMAGES/ captions.tsv labels.tsv OUT.h5 --standard-split coco
 """
 from ucmfh.data.cli import extract
 

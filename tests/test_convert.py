@@ -12,7 +12,7 @@ import torch
 from ucmfh.data import DataError, load_dataset
 from ucmfh.data.convert import convert_arrays, convert_pkl, open_array
 from ucmfh.data.h5 import open_writer
-from ucmfh.data.splits import PROTOCOLS, SplitSizes, load_split_index, resolve_sizes, sample_split
+from ucmfh.data.splits import STANDARD_SPLITS, SplitSizes, load_split_index, resolve_sizes, sample_split
 
 N, D_IMG, D_TXT, C = 60, 12, 7, 5
 SIZES = SplitSizes(query=10, train=20)
@@ -219,7 +219,7 @@ def test_pkl_bad_input(tmp_path):
 
 
 def test_sampler_seeded_and_protocol_sizes():
-    sizes = PROTOCOLS["mirflickr"]
+    sizes = STANDARD_SPLITS["mirflickr"]
     a, b = sample_split(20015, sizes, seed=1), sample_split(20015, sizes, seed=1)
     c = sample_split(20015, sizes, seed=2)
     assert all(np.array_equal(a.as_dict()[k], b.as_dict()[k]) for k in ("query", "retrieval", "train"))
@@ -228,7 +228,7 @@ def test_sampler_seeded_and_protocol_sizes():
     assert np.isin(a.train, a.retrieval).all() and not np.intersect1d(a.query, a.retrieval).size
     assert resolve_sizes("nuswide") == SplitSizes(2100, 10500)
     assert resolve_sizes("coco", train=2000) == SplitSizes(5000, 2000)
-    with pytest.raises(ValueError, match="unknown split protocol"):
+    with pytest.raises(ValueError, match="unknown standard split"):
         resolve_sizes("flickr30k")
 
 
@@ -268,4 +268,4 @@ def test_convert_commands(tmp_path):
     assert ds.attrs["classes"] == [f"k{i}" for i in range(C)] and "seed=4" in ds.attrs["split"]
     check_values(ds, image, text, labels)
     result = CliRunner().invoke(convert, ["npz", *save_npy(tmp_path, image, text, labels), out])
-    assert result.exit_code != 0 and "give a split protocol" in result.output
+    assert result.exit_code != 0 and "give a standard split" in result.output

@@ -215,5 +215,14 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
     report(evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet), results)
 
 
+def _add_data_commands() -> None:
+    from ucmfh.data.cli import convert, extract
+
+    main.add_command(convert)
+    main.add_command(extract)
+
+
+_add_data_commands()
+
 if __name__ == "__main__":
     sys.exit(main())

@@ -11,7 +11,7 @@ import click
 
 from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
 from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features
-from ucmfh.data.splits import DEFAULT_SEED, PROTOCOLS, resolve_sizes
+from ucmfh.data.splits import DEFAULT_SEED, STANDARD_SPLITS, resolve_sizes
 
 
 def _summary(report: ConvertReport) -> None:
@@ -62,7 +62,7 @@ def _arrays_command(kind: str, help_text: str):
     @click.option("--image-key", help="Variable / array name of the image matrix (default: IAll, image, ... or the only one).")
     @click.option("--text-key", help="Variable / array name of the text matrix (default: YAll, text, ...).")
     @click.option("--labels-key", help="Variable / array name of the label matrix (default: LAll, labels, ...).")
-    @click.option("--protocol", type=click.Choice(sorted(PROTOCOLS)),
+    @click.option("--standard-split", type=click.Choice(sorted(STANDARD_SPLITS)),
                   help="Standard split sizes; --query/--train/--retrieval override them.")
     @click.option("--query", type=int, help="Query items.")
     @click.option("--train", type=int, help="Train items, drawn from retrieval.")
@@ -72,17 +72,17 @@ def _arrays_command(kind: str, help_text: str):
     @click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True, help="Seed of the drawn split.")
     @click.option("--chunk-rows", type=int, default=4096, show_default=True, help="Rows read per block.")
     @_common
-    def command(image, text, labels, out, image_key, text_key, labels_key, protocol, query, train, retrieval,
+    def command(image, text, labels, out, image_key, text_key, labels_key, standard_split, query, train, retrieval,
                 split_index, seed, chunk_rows, name, classes_file, image_feature, text_feature, empty_labels,
                 overwrite):
         sizes = None
         if split_index is None:
             try:
-                sizes = resolve_sizes(protocol, query, train, retrieval)
+                sizes = resolve_sizes(standard_split, query, train, retrieval)
             except ValueError as err:
                 raise click.UsageError(str(err)) from None
-        elif protocol or query or train or retrieval:
-            raise click.UsageError("--split-index gives the split; drop --protocol/--query/--train/--retrieval")
+        elif standard_split or query or train or retrieval:
+            raise click.UsageError("--split-index gives the split; drop --standard-split/--query/--train/--retrieval")
         _summary(convert_arrays(
             image, text, labels, out, image_key=image_key, text_key=text_key, labels_key=labels_key,
             sizes=sizes, split_index=split_index, seed=seed, name=name,
@@ -116,7 +116,7 @@ _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with
 @click.option("--workers", type=int, default=ExtractConfig.workers, show_default=True, help="Image-decoding threads.")
 @click.option("--keep-scratch", is_flag=True, help="Keep OUT.parts/ after success.")
 @click.option("--restart", is_flag=True, help="Discard finished chunks in OUT.parts/ and start over.")
-@click.option("--protocol", type=click.Choice(sorted(PROTOCOLS)), help="Standard split sizes (in images).")
+@click.option("--standard-split", type=click.Choice(sorted(STANDARD_SPLITS)), help="Standard split sizes (in images).")
 @click.option("--query", type=int, help="Query images.")
 @click.option("--train", type=int, help="Train images, drawn from retrieval.")
 @click.option("--retrieval", type=int, help="Retrieval images (default: all not in query).")
@@ -128,12 +128,12 @@ _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with
               help="Images with no label: drop them (count is logged) or fail.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
 def extract(images, captions, labels, out, model, batch_size, chunk_items, device, normalize, bad_images, workers,
-            keep_scratch, restart, protocol, query, train, retrieval, seed, name, classes_file, empty_labels,
+            keep_scratch, restart, standard_split, query, train, retrieval, seed, name, classes_file, empty_labels,
             overwrite):
     """CLIP features of IMAGES (folder or list file) and CAPTIONS (TSV/JSON), LABELS (TSV/JSON) -> OUT."""
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
-        sizes = resolve_sizes(protocol, query, train, retrieval)
+        sizes = resolve_sizes(standard_split, query, train, retrieval)
         config = ExtractConfig(model=model, batch_size=batch_size, chunk_items=chunk_items, device=device,
                                normalize=normalize, bad_images=bad_images, workers=workers,
                                keep_scratch=keep_scratch)

@@ -1,6 +1,6 @@
 """Seeded query / retrieval / train split of a whole-set release (REFERENCE §1).
 
-The field's protocol: draw ``query`` items at random, the rest (or a given
+The field's standard split: draw ``query`` items at random, the rest (or a given
 number) is ``retrieval``, and ``train`` is drawn from ``retrieval``. The rule
 and seed are written into the file's ``split`` attribute so that a split can
 be redrawn exactly.
@@ -15,7 +15,7 @@ import numpy as np
 # UCMFH's seed; a split is reproducible from (sizes, seed, n_items)
 DEFAULT_SEED = 2023
 # The standard sizes of the public benchmarks; retrieval is "the rest".
-PROTOCOLS: Dict[str, "SplitSizes"] = {}
+STANDARD_SPLITS: Dict[str, "SplitSizes"] = {}
 
 
 @dataclass(frozen=True)
@@ -33,7 +33,7 @@ class SplitSizes:
             raise ValueError(f"split sizes must be positive, got retrieval={self.retrieval}")
 
 
-PROTOCOLS.update({
+STANDARD_SPLITS.update({
     "mirflickr": SplitSizes(query=2000, train=5000),
     "nuswide": SplitSizes(query=2100, train=10500),
     "nuswide-5000": SplitSizes(query=2100, train=5000),
@@ -57,20 +57,20 @@ class SplitIndex:
         return {"train": self.train, "query": self.query, "retrieval": self.retrieval}
 
 
-def resolve_sizes(protocol: Optional[str] = None, query: Optional[int] = None, train: Optional[int] = None,
+def resolve_sizes(standard_split: Optional[str] = None, query: Optional[int] = None, train: Optional[int] = None,
                   retrieval: Optional[int] = None) -> SplitSizes:
-    """Sizes from a named protocol, each overridable; or fully custom sizes."""
-    if protocol is not None:
-        if protocol not in PROTOCOLS:
-            raise ValueError(f"unknown split protocol {protocol!r}; known: {sorted(PROTOCOLS)}")
-        base = PROTOCOLS[protocol]
+    """Sizes from a named standard split, each overridable; or fully custom sizes."""
+    if standard_split is not None:
+        if standard_split not in STANDARD_SPLITS:
+            raise ValueError(f"unknown standard split {standard_split!r}; known: {sorted(STANDARD_SPLITS)}")
+        base = STANDARD_SPLITS[standard_split]
         return SplitSizes(
             query=base.query if query is None else query,
             train=base.train if train is None else train,
             retrieval=base.retrieval if retrieval is None else retrieval,
         )
     if query is None or train is None:
-        raise ValueError("give a split protocol or both the query and train sizes")
+        raise ValueError("give a standard split or both the query and train sizes")
     return SplitSizes(query=query, train=train, retrieval=retrieval)
 
 
