@@ -206,7 +206,7 @@ def main(argv=None) -> None:
     p.add_argument("--ref-queries", type=int, default=200, help="queries the slow reference is timed on")
     p.add_argument("--repeat", type=int, default=3, help="timed runs of the fast methods (the best is reported)")
     p.add_argument("--chunk-size", type=int, default=256)
-    p.add_argument("--retrieval-chunk-size", type=int, default=16384)
+    p.add_argument("--retrieval-chunk-size", type=int, default=65536)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for every method (0: library default)")
     p.add_argument("--seed", type=int, default=0)

@@ -293,3 +293,19 @@ def test_group_preselection_exact_with_ties(n_bits, k):
     for r_chunk in (3000, 1700, 999):
         _, idx = top_k(query, retrieval, k, chunk_size=4, retrieval_chunk_size=r_chunk)
         assert idx.tolist() == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n_bits", [8, 16, 128])
+def test_every_score_dtype_is_exact(dtype, n_bits, monkeypatch):
+    """The matmul dtype is chosen per device (bf16 on CPUs with native bf16, fp16 on GPUs): all are exact."""
+    import ucmfh.metrics.engine as engine
+
+    monkeypatch.setattr(engine, "FORCE_SCORE_DTYPE", dtype)
+    query, retrieval, _, _ = make_case(20 + n_bits, 5, 2500, n_bits)
+    retrieval[1000:1500] = retrieval[3]
+    expected = [ref_ranking(query[i], retrieval)[:40] for i in range(5)]
+    for r_chunk in (2500, 1000, 777):
+        dist, idx = top_k(query, retrieval, 40, chunk_size=3, retrieval_chunk_size=r_chunk)
+        assert idx.tolist() == expected
+        assert dist.tolist() == [[int((query[i] != retrieval[j]).sum()) for j in row] for i, row in enumerate(expected)]

@@ -20,6 +20,7 @@ Codes are ±1 tensors [N, n_bits], or packed bits [N, n_bytes] uint8 (see
 """
 from __future__ import annotations
 
+import functools
 import math
 from typing import Iterator, Literal, Optional, Tuple
 
@@ -32,7 +33,7 @@ Similarity = Literal["hamming", "cosine"]
 Empty = Literal["zero", "skip"]
 
 DEFAULT_CHUNK_SIZE = 256
-DEFAULT_RETRIEVAL_CHUNK_SIZE = 16384
+DEFAULT_RETRIEVAL_CHUNK_SIZE = 65536
 _EXACT = 2**24  # float32 (and TF32 accumulation) represents integers exactly below this
 _GROUP = 32  # items per group in the top-K pre-selection
 
@@ -82,49 +83,90 @@ def _labels_f(labels: torch.Tensor, device: torch.device) -> torch.Tensor:
 # ---------------------------------------------------------------------------- top-K
 
 
+_INT_VIEW = {torch.float16: torch.int16, torch.bfloat16: torch.int16, torch.float32: torch.int32}
+# None: choose per device (see _score_dtype); tests set a dtype to exercise every path
+FORCE_SCORE_DTYPE: Optional[torch.dtype] = None
+
+
+@functools.lru_cache(maxsize=1)
+def _cpu_has_fast_bf16() -> bool:
+    """Whether this CPU multiplies bfloat16 natively (AVX512-BF16 or AMX); elsewhere bf16 is emulated and slow."""
+    try:
+        with open("/proc/cpuinfo") as f:
+            flags = next((line for line in f if line.startswith("flags")), "")
+    except OSError:
+        return False
+    return any(flag in flags.split() for flag in ("avx512_bf16", "amx_bf16"))
+
+
+def _score_dtype(device: torch.device, n_bits: int) -> torch.dtype:
+    """Matmul dtype in which every score (dot product + n_bits, an integer in [0, 2 n_bits]) and
+    every partial sum is exact: float16 holds integers to 2048, bfloat16 to 256, float32 to 2**24."""
+    if FORCE_SCORE_DTYPE is not None:
+        return FORCE_SCORE_DTYPE
+    if device.type == "cuda" and n_bits <= 1024:
+        return torch.float16
+    if device.type == "cpu" and n_bits <= 128 and _cpu_has_fast_bf16():
+        return torch.bfloat16
+    return torch.float32
+
+
 def _hamming_top_k_chunk(
     q: torch.Tensor, retrieval: torch.Tensor, k: int, block: int
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Top-k of one query chunk: (distances, indices) [q, k] int64, ordered by (distance, index).
 
-    Per block of retrieval items the dot products (exact integers in float32)
-    are reduced to maxima over contiguous groups of ``_GROUP`` items; the k best
-    groups, ranked by (maximum desc, group index asc), hold the block's exact
-    top-k even with ties: a group ranked before the group of a selected item
-    holds a better item, or an equal one with a smaller index, which is selected
-    too. Only those k * _GROUP candidates get exact integer keys
-    ``distance * N + index``; a selection over the whole block reads each dot
-    product once (max) instead of sorting it.
+    Scores are ``dots + n_bits`` (>= 0, so their bit patterns order like
+    integers), from one matmul with an extra column. Per block of retrieval
+    items they are reduced to maxima over groups of ``_GROUP`` consecutive
+    items; the k best groups, ranked by (maximum desc, group index asc), hold
+    the block's exact top-k even with ties: a group ranked before the group of
+    a selected item holds a better item, or an equal one with a smaller index,
+    which is selected too. Only those k * _GROUP candidates get exact integer
+    keys ``distance * N + index``. The block's rows are permuted so that a
+    group lies along a middle axis, where the max reduction is vectorised.
     """
     device = q.device
     n = retrieval.shape[0]
     n_bits = n_bits_of(retrieval)
     rows = q.shape[0]
+    dtype = _score_dtype(device, n_bits)
+    ints = _INT_VIEW[dtype]
+    block = max(_GROUP, block // _GROUP * _GROUP)
     offsets = torch.arange(_GROUP, device=device)
-    best: Optional[torch.Tensor] = None  # [q, <=k] int64 keys dist * n + index
+    qa = torch.cat([q, q.new_full((rows, 1), float(n_bits))], dim=1).to(dtype)
+    found = []  # per block: [q, <=k * _GROUP] int64 keys dist * n + index
     for start in range(0, n, block):
         r = as_pm1(retrieval[start : start + block], device)
         m = r.shape[0]
-        dots = q @ r.T  # [q, m], exact: |dots| <= n_bits << 2**24
+        ra = torch.cat([r, r.new_ones(m, 1)], dim=1)
         n_groups = -(-m // _GROUP)
         if n_groups > k:
             pad = n_groups * _GROUP - m
-            if pad:  # padding scores below any code: distance n_bits + 1
-                dots = torch.cat([dots, dots.new_full((rows, pad), -(n_bits + 2.0))], dim=1)
-            group_max = dots.view(rows, n_groups, _GROUP).amax(dim=2).long()
+            if pad:  # padding items score -n_bits, below every real item
+                filler = torch.cat([r.new_zeros(pad, n_bits), r.new_full((pad, 1), -1.0)], dim=1)
+                ra = torch.cat([ra, filler])
+            # column s * n_groups + t holds item t * _GROUP + s
+            ra = ra.view(n_groups, _GROUP, n_bits + 1).transpose(0, 1).reshape(n_groups * _GROUP, n_bits + 1)
+            scores = (qa @ ra.to(dtype).T).view(ints)  # [q, _GROUP * n_groups]
+            group_max = scores.view(rows, _GROUP, n_groups).amax(dim=1).view(dtype).long()
             group_key = group_max * n_groups - torch.arange(n_groups, device=device)
             groups = group_key.topk(k, dim=1).indices  # [q, k]
-            local = (groups[:, :, None] * _GROUP + offsets).flatten(1)  # [q, k * _GROUP]
-            candidates = dots.gather(1, local)
+            columns = (offsets[None, :, None] * n_groups + groups[:, None, :]).flatten(1)
+            candidates = scores.gather(1, columns).view(dtype).float()
+            local = (groups[:, None, :] * _GROUP + offsets[None, :, None]).flatten(1)
         else:
+            candidates = (qa @ ra.to(dtype).T).float()
             local = torch.arange(m, device=device).expand(rows, m)
-            candidates = dots
-        dist = ((n_bits - candidates) * 0.5).long()
+        dist = ((2 * n_bits - candidates) * 0.5).long()  # candidates = dots + n_bits
         keys = dist * n + (start + local)
-        keys = keys.topk(min(k, keys.shape[1]), dim=1, largest=False).values
-        best = keys if best is None else torch.cat([best, keys], dim=1)
-        if best.shape[1] > k:
-            best = best.topk(k, dim=1, largest=False).values
+        found.append(keys)
+        if sum(f.shape[1] for f in found) > 8 * k * _GROUP:  # bound memory when blocks are many
+            merged = torch.cat(found, dim=1)
+            found = [merged.topk(k, dim=1, largest=False).values]
+    # one selection over the blocks' candidates: a top-K call costs a lot per row
+    best = torch.cat(found, dim=1)
+    best = best.topk(min(k, best.shape[1]), dim=1, largest=False).values
     best = best.sort(dim=1).values
     return best // n, best % n
 
