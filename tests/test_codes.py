@@ -167,3 +167,28 @@ def test_eval_script(tmp_path):
     subprocess.run([sys.executable, script, str(path), "--k", "5", "--out", str(out)], check=True, capture_output=True)
     result = json.loads(out.read_text())
     assert result["i2t"]["map@5"] == evaluate_codes_file(path, k=5)["i2t"]["map@5"]
+
+
+def test_cli_evaluate_codes(tmp_path):
+    from click.testing import CliRunner
+
+    from ucmfh.cli import main
+
+    path = tmp_path / "codes.h5"
+    save_codes(path, **make_file_inputs(5), attrs={"protocol": "unimodal", "dataset": "toy"})
+    results, metrics = tmp_path / "results.jsonl", tmp_path / "metrics.json"
+    runner = CliRunner()
+    out = runner.invoke(main, ["evaluate", "--codes", str(path), "--k", "5", "--device", "cpu",
+                               "--results", str(results), "--metrics-out", str(metrics)])
+    assert out.exit_code == 0, out.output
+    expected = evaluate_codes_file(path, k=5)
+    assert json.loads(metrics.read_text())["t2i"] == json.loads(json.dumps(expected["t2i"]))
+    row = json.loads(results.read_text().splitlines()[-1])
+    assert row["map_i2t"] == expected["i2t"]["map@5"] and row["protocol"] == "unimodal" and row["n_bits"] == 12
+    assert "unimodal" in out.output
+    both = runner.invoke(main, ["evaluate", "--codes", str(path), "-c", "x.pt"])
+    assert both.exit_code != 0 and "exactly one of --checkpoint and --codes" in both.output
+    broken = tmp_path / "broken.h5"
+    broken.write_text("x")
+    bad = runner.invoke(main, ["evaluate", "--codes", str(broken), "--results", ""])
+    assert bad.exit_code != 0 and "not an HDF5 file" in bad.output and "Traceback" not in bad.output

@@ -45,7 +45,7 @@ def _user_errors(fn: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (DataError, CheckpointError, FileNotFoundError, FileExistsError, ValueError) as err:
+        except (DataError, CheckpointError, FileNotFoundError, FileExistsError, ValueError, ImportError) as err:
             raise click.ClickException(str(err)) from None
 
     return wrapper
@@ -204,11 +204,42 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, loss,
 
 @main.command("evaluate")
 @data_options
-@click.option("--checkpoint", "-c", required=True, type=click.Path(dir_okay=False),
+@click.option("--checkpoint", "-c", type=click.Path(dir_okay=False),
               help="A fusion.pt or hashN.pt checkpoint.")
+@click.option("--codes", type=click.Path(dir_okay=False),
+              help="A codes file (ucmfh.codes.save_codes): every metric, both directions; no dataset needed.")
+@click.option("--metrics-out", type=click.Path(dir_okay=False),
+              help="With --codes: write all metrics as JSON here.")
+@click.option("--plot", metavar="PREFIX", help="With --codes: draw PREFIX_pr.png and PREFIX_pk.png (needs matplotlib).")
 @_user_errors
-def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpoint) -> None:
-    """Tasks 2/3: reload a checkpoint and score it on a dataset."""
+def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpoint, codes, metrics_out, plot) -> None:
+    """Tasks 2/3: reload a checkpoint and score it on a dataset; or score a saved codes file."""
+    if (checkpoint is None) == (codes is None):
+        raise click.UsageError("give exactly one of --checkpoint and --codes")
+    if codes is not None:
+        from ucmfh.metrics import codes_file_row, evaluate_codes_file
+        from ucmfh.utils import resolve_device
+
+        metrics = evaluate_codes_file(codes, k=k, device=resolve_device(device))
+        if metrics_out:
+            os.makedirs(os.path.dirname(os.path.abspath(metrics_out)), exist_ok=True)
+            with open(metrics_out, "w", encoding="utf-8") as f:
+                json.dump(metrics, f, indent=1)
+            click.echo(f"metrics written to {metrics_out}")
+        row = codes_file_row(metrics)
+        click.echo(f"{codes}: {row['n_bits']} bits, protocol {row['protocol']}: "
+                   f"MAP@{k} I->T {row['map_i2t']:.4f}, T->I {row['map_t2i']:.4f}")
+        if results:
+            from ucmfh.experiment import append_results
+
+            os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
+            append_results(results, [row])
+        if plot:
+            from ucmfh.metrics.plots import plot_curves
+
+            for path in plot_curves(metrics, plot):
+                click.echo(f"wrote {path}")
+        return
     from ucmfh.experiment import evaluate_checkpoint
 
     data = _load(dataset, data_dir)

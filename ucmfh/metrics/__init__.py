@@ -4,7 +4,7 @@ Ranking is by Hamming distance of ±1 codes (or packed uint8 bits), or by
 cosine similarity with ``similarity="cosine"``; ties by retrieval index.
 """
 from ucmfh.metrics.engine import relevant_counts, top_k
-from ucmfh.metrics.evaluate import evaluate_codes, evaluate_codes_file, evaluate_direction
+from ucmfh.metrics.evaluate import codes_file_row, evaluate_codes, evaluate_codes_file, evaluate_direction
 from ucmfh.metrics.radius import pr_curve_hamming, precision_within_radius
 from ucmfh.metrics.ranking import (
     average_precision_at_k,
@@ -18,6 +18,7 @@ from ucmfh.metrics.ranking import (
 
 __all__ = [
     "average_precision_at_k",
+    "codes_file_row",
     "evaluate_codes",
     "evaluate_codes_file",
     "evaluate_direction",

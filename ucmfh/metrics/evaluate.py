@@ -128,6 +128,24 @@ def evaluate_codes_file(
     return result
 
 
+def codes_file_row(metrics: Dict[str, object]) -> Dict[str, object]:
+    """One flat results row (as appended to results.jsonl) from :func:`evaluate_codes_file` output."""
+    settings = metrics["settings"]
+    attrs = settings.get("attrs", {})
+    k = settings["k"]
+    return {
+        "task": "codes",
+        "codes": settings.get("path"),
+        "dataset": attrs.get("dataset", "-"),
+        "protocol": attrs.get("protocol", "unknown"),
+        "loss": attrs.get("loss", "-"),
+        "n_bits": settings.get("n_bits"),
+        "k": k,
+        "map_i2t": metrics["i2t"][f"map@{k}"],
+        "map_t2i": metrics["t2i"][f"map@{k}"],
+    }
+
+
 def _jsonable(value):
     if isinstance(value, dict):
         return {str(k): _jsonable(v) for k, v in value.items()}
