@@ -24,6 +24,7 @@ import functools
 import math
 from typing import Iterator, Literal, Optional, Tuple
 
+import numpy as np
 import torch
 
 from ucmfh.codes import unpack_codes
@@ -326,8 +327,14 @@ def mean_columns(values: torch.Tensor, keep: Optional[torch.Tensor] = None) -> l
 
 
 def _block_distances(q: torch.Tensor, r: torch.Tensor, n_bits: int) -> torch.Tensor:
-    """Exact integer Hamming distances of ±1 float blocks. Shape: [q, m] int64."""
-    return ((n_bits - q @ r.T) * 0.5).round().long()
+    """Exact integer Hamming distances of ±1 float blocks. Shape: [q, m] int64.
+
+    One matmul gives them directly: [-q/2, n_bits/2] · [r, 1] = (n_bits - q·r) / 2,
+    all terms multiples of 1/2, so the float32 result is exact.
+    """
+    qa = torch.cat([q * -0.5, q.new_full((q.shape[0], 1), n_bits * 0.5)], dim=1)
+    ra = torch.cat([r, r.new_ones(r.shape[0], 1)], dim=1)
+    return (qa @ ra.T).long()
 
 
 def iter_hamming_histograms(
@@ -360,6 +367,18 @@ def iter_hamming_histograms(
             h_all.scatter_add_(1, dist, torch.ones_like(dist))
             h_rel.scatter_add_(1, dist, rel.long())
         yield start, h_all, h_rel
+
+
+def _stable_argsort(dist: torch.Tensor, n_bits: int) -> torch.Tensor:
+    """Order of each row by distance, ties by position. Shape: [q, m] int64 -> [q, m] int64.
+
+    On the CPU, numpy's stable argsort of uint8 is a radix sort, about 20x faster
+    than torch's comparison sort.
+    """
+    if dist.device.type == "cpu" and n_bits < 256:
+        order = np.argsort(dist.to(torch.uint8).numpy(), axis=1, kind="stable")
+        return torch.from_numpy(order).long()
+    return dist.sort(dim=1, stable=True).indices
 
 
 def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
@@ -400,18 +419,22 @@ def average_precision_all_hamming(
             r = as_pm1(retrieval[r_start : r_start + retrieval_chunk_size], device)
             rl = _labels_f(retrieval_labels[r_start : r_start + retrieval_chunk_size], device)
             dist = _block_distances(q, r, n_bits)
-            rel = ((ql @ rl.T) > 0).long()
+            rel = (ql @ rl.T) > 0
             b_all = torch.zeros_like(h_all).scatter_add_(1, dist, torch.ones_like(dist))
-            b_rel = torch.zeros_like(h_rel).scatter_add_(1, dist, rel)
-            d_sorted, order = dist.sort(dim=1, stable=True)
+            b_rel = torch.zeros_like(h_rel).scatter_add_(1, dist, rel.long())
+            order = _stable_argsort(dist, n_bits)
             rel_sorted = rel.gather(1, order)
-            m = dist.shape[1]
-            pos_in_block = torch.arange(1, m + 1, device=device)[None, :] - _exclusive_cumsum(b_all).gather(1, d_sorted)
-            rank_in_block = rel_sorted.cumsum(dim=1) - _exclusive_cumsum(b_rel).gather(1, d_sorted)
-            position = nearer_all.gather(1, d_sorted) + seen_all.gather(1, d_sorted) + pos_in_block
-            rank = nearer_rel.gather(1, d_sorted) + seen_rel.gather(1, d_sorted) + rank_in_block
-            terms = torch.round(rank.double() / position.double() * scale).long() * rel_sorted
-            total += terms.sum(dim=1)
+            # only the relevant items add to AP: their (row, place in the block's order)
+            row, place = rel_sorted.nonzero(as_tuple=True)
+            d = dist[row, order[row, place]]
+            per_row = rel_sorted.sum(dim=1)
+            first = per_row.cumsum(0) - per_row  # index in row/place of each row's first relevant item
+            rank_in_block = torch.arange(1, row.numel() + 1, device=device) - first[row]
+            # 1-based position in the whole ranking and rank among the relevant items
+            position = (nearer_all + seen_all - _exclusive_cumsum(b_all))[row, d] + place + 1
+            rank = (nearer_rel + seen_rel - _exclusive_cumsum(b_rel))[row, d] + rank_in_block
+            terms = torch.round(rank.double() / position.double() * scale).long()
+            total.index_add_(0, row, terms)
             seen_all += b_all
             seen_rel += b_rel
         found = h_rel.sum(dim=1)
