@@ -86,9 +86,10 @@ def hamming_distance_packed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
 def cosine_similarity_float64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """Cosine similarity in float64, for ranking. Shape: [N, d], [M, d] -> [N, M] float64.
 
-    Products of float32 inputs are exact in float64, so rounding is ~1e-16 and two
-    identical vectors always score exactly the same: ties stay ties and the
-    ranking's tie rule (retrieval index) decides them. A zero row scores 0.
+    Products of float32 inputs are exact in float64, so rounding is ~1e-16; for
+    small-integer inputs every similarity is computed exactly alike, so equal
+    cosines tie exactly and the ranking's tie rule (retrieval index) decides
+    them. A zero row scores 0.
     """
     a = a.double()
     b = b.double()

@@ -35,7 +35,6 @@ Empty = Literal["zero", "skip"]
 
 DEFAULT_CHUNK_SIZE = 256
 DEFAULT_RETRIEVAL_CHUNK_SIZE = 65536
-_EXACT = 2**24  # float32 (and TF32 accumulation) represents integers exactly below this
 _GROUP = 32  # items per group in the top-K pre-selection
 
 
