@@ -38,6 +38,14 @@ def test_ucmfh_make_train_evaluate(tmp_path):
     assert result.exit_code == 0, result.output
     again = json.loads(results.read_text().splitlines()[-1])
     assert (again["map_i2t"], again["map_t2i"]) == (rows[2]["map_i2t"], rows[2]["map_t2i"])
+    codes = tmp_path / "codes16.h5"
+    result = runner.invoke(main, ["encode", "-d", str(data), "-c", str(checkpoint), "-o", str(codes), "--quiet"])
+    assert result.exit_code == 0, result.output
+    metrics_out = tmp_path / "metrics.json"
+    result = runner.invoke(main, ["evaluate", "--codes", str(codes), "--metrics-out", str(metrics_out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(metrics_out.read_text())
+    assert abs(metrics["i2t"]["map@50"] - rows[2]["map_i2t"]) < 1e-9, metrics["i2t"]
 
 
 def test_ucmfh_reports_bad_input_without_traceback(tmp_path):

@@ -246,6 +246,23 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
     report(evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet), results)
 
 
+@main.command("encode")
+@click.option("--dataset", "-d", default="synthetic", show_default=True, help="Dataset name or path to an .h5 file.")
+@click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data")
+@click.option("--checkpoint", "-c", required=True, type=click.Path(dir_okay=False), help="A hashN.pt checkpoint.")
+@click.option("--protocol", type=click.Choice(PROTOCOLS), default="unimodal", show_default=True)
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Codes file to write (HDF5, packed bits).")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+@_user_errors
+def encode_cmd(dataset, data_dir, checkpoint, protocol, out, device, quiet) -> None:
+    """Write the query and retrieval codes of a hashing checkpoint to OUT (for 'evaluate --codes')."""
+    from ucmfh.experiment import encode_checkpoint
+
+    data = _load(dataset, data_dir)
+    click.echo(f"wrote {encode_checkpoint(data, checkpoint, out, protocol, device, not quiet)} ({protocol} protocol)")
+
+
 def _add_data_commands() -> None:
     from ucmfh.data.cli import convert, extract
 
