@@ -239,14 +239,16 @@ def timed(fn: Callable, device: torch.device) -> Tuple[float, float, object]:
 
 
 def fusion_cfg(args, amp: str, epochs: int) -> FusionConfig:
-    kw = dict(epochs=epochs, batch_size=args.batch_size, device=str(args.device))
+    kw = dict(epochs=epochs, batch_size=args.batch_size, device=str(args.device),
+              modality_dropout=args.modality_dropout)
     if amp != "none":
         kw["amp"] = amp
     return FusionConfig(**kw)
 
 
 def hash_cfg(args, amp: str, epochs: int) -> HashConfig:
-    kw = dict(n_bits=args.n_bits, epochs=epochs, batch_size=args.batch_size, device=str(args.device))
+    kw = dict(n_bits=args.n_bits, epochs=epochs, batch_size=args.batch_size, device=str(args.device),
+              modality_dropout=args.modality_dropout)
     if amp != "none":
         kw["amp"] = amp
     return HashConfig(**kw)
@@ -365,7 +367,7 @@ def bench_map(args) -> Dict[str, Dict[str, float]]:
     spec = SyntheticSpec(n_query=args.map_query, n_retrieval=args.map_retrieval, n_train=args.map_train)
     data = make_data(spec)
     out: Dict[str, Dict[str, float]] = {}
-    for v in variants(args):
+    for v in variants(args) if args.map_ref else variants(args)[1:]:
         if v == "ref":
             fusion, _ = ref_fit_fusion(data.train, args.map_epochs, args.device, args.batch_size)
             models, _ = ref_fit_hashing(data.train, fusion, args.n_bits, args.map_epochs, args.device, args.batch_size)
@@ -375,8 +377,9 @@ def bench_map(args) -> Dict[str, Dict[str, float]]:
             out[v] = {"fused_i2t": map_at_k(q[0], r[1], ql, rl, 50), "fused_t2i": map_at_k(q[1], r[0], ql, rl, 50)}
         else:
             amp = v.split("-", 1)[1]
-            fusion, _ = fit_fusion(data, fusion_cfg(args, amp, args.map_epochs), progress=False)
-            model, _ = fit_hashing(data, hash_cfg(args, amp, args.map_epochs), fusion, progress=False)
+            epochs = args.ours_map_epochs or args.map_epochs
+            fusion, _ = fit_fusion(data, fusion_cfg(args, amp, epochs), progress=False)
+            model, _ = fit_hashing(data, hash_cfg(args, amp, epochs), fusion, progress=False)
             out[v] = {}
             for row in evaluate_hashing(model, data, ("fused", "unimodal"), 50, str(args.device)):
                 out[v][f"{row['protocol']}_i2t"] = row["map_i2t"]
@@ -417,6 +420,10 @@ def main() -> None:
     p.add_argument("--map-query", type=int, default=500)
     p.add_argument("--map-retrieval", type=int, default=5000)
     p.add_argument("--map-epochs", type=int, default=10)
+    p.add_argument("--ours-map-epochs", type=int, default=0, help="Epochs of ucmfh's MAP runs (0: --map-epochs).")
+    p.add_argument("--no-map-ref", dest="map_ref", action="store_false", help="MAP of ucmfh's variants only.")
+    p.add_argument("--modality-dropout", type=float, default=FusionConfig.modality_dropout,
+                   help="ucmfh's modality dropout (0 trains only the fused view, as UCMFH).")
     p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default).")
     p.add_argument("--probe", help=argparse.SUPPRESS)
     args = p.parse_args()
