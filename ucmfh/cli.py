@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import click
 
 from ucmfh.checkpoint import CheckpointError
-from ucmfh.config import PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig
+from ucmfh.config import AMP_MODES, PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig
 from ucmfh.data.h5 import DataError, load_dataset, validate_file
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 
@@ -81,6 +81,8 @@ def train_options(fn: Callable) -> Callable:
         click.option("--modality-dropout", default=defaults.modality_dropout, show_default=True,
                      help="Share of items trained with image and text kept apart (0 = UCMFH's fused-only training)."),
         click.option("--out", default="runs", show_default=True, help="Root folder of checkpoints."),
+        click.option("--amp", type=click.Choice(AMP_MODES), default=defaults.amp, show_default=True,
+                     help="Mixed-precision training: bf16 autocasts the forward pass (CPU with bf16 support, or GPU)."),
     ]):
         fn = option(fn)
     return fn
@@ -153,9 +155,11 @@ def _load(dataset: str, data_dir: str):
     return load_dataset(path)
 
 
-def fusion_config(dataset: str, loss: str, loss_params, epochs, batch_size, seed, modality_dropout, device) -> FusionConfig:
+def fusion_config(dataset: str, loss: str, loss_params, epochs, batch_size, seed, modality_dropout, device,
+                  amp: str = "none") -> FusionConfig:
     return FusionConfig(loss=loss, loss_params=parse_loss_params(loss_params), epochs=default_epochs(dataset, epochs),
-                        batch_size=batch_size, seed=seed, modality_dropout=modality_dropout, device=device).validate()
+                        batch_size=batch_size, seed=seed, modality_dropout=modality_dropout, device=device,
+                        amp=amp).validate()
 
 
 @main.command("train-fusion")
@@ -164,12 +168,12 @@ def fusion_config(dataset: str, loss: str, loss_params, epochs, batch_size, seed
 @click.option("--lr", default=FusionConfig.lr, show_default=True)
 @_user_errors
 def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, loss, loss_params, epochs,
-                     batch_size, seed, modality_dropout, out, lr) -> None:
+                     batch_size, seed, modality_dropout, out, amp, lr) -> None:
     """Task 0: train the fusion encoder and score its embeddings (cosine ranking)."""
     from ucmfh.experiment import run_dir, train_fusion_stage
 
     data = _load(dataset, data_dir)
-    cfg = fusion_config(dataset, loss, loss_params, epochs, batch_size, seed, modality_dropout, device)
+    cfg = fusion_config(dataset, loss, loss_params, epochs, batch_size, seed, modality_dropout, device, amp)
     cfg.lr = lr
     rows = train_fusion_stage(data, cfg, run_dir(out, data.name, loss, seed), protocols_of(protocol), k, not quiet)
     report(rows, results)
@@ -185,18 +189,18 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, los
 @click.option("--fusion-epochs", type=int, default=None, help="Epochs of the fusion stage when it must be trained first.")
 @_user_errors
 def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, loss, loss_params, epochs,
-                   batch_size, seed, modality_dropout, out, n_bits, beta_schedule, fusion_epochs) -> None:
+                   batch_size, seed, modality_dropout, out, amp, n_bits, beta_schedule, fusion_epochs) -> None:
     """Task 1: train hash heads (training the fusion stage first if needed) and score the codes."""
     from ucmfh.experiment import run_dir, train_hash_stage
 
     data = _load(dataset, data_dir)
     fcfg = fusion_config(dataset, loss, loss_params, fusion_epochs if fusion_epochs is not None else epochs,
-                         batch_size, seed, modality_dropout, device)
+                         batch_size, seed, modality_dropout, device, amp)
     rows = []
     for bits in n_bits:
         hcfg = HashConfig(n_bits=bits, loss=loss, loss_params=fcfg.loss_params, epochs=default_epochs(dataset, epochs),
                           batch_size=batch_size, seed=seed, modality_dropout=modality_dropout,
-                          beta_schedule=beta_schedule, device=device).validate()
+                          beta_schedule=beta_schedule, device=device, amp=amp).validate()
         rows += train_hash_stage(data, fcfg, hcfg, run_dir(out, data.name, loss, seed), protocols_of(protocol),
                                  k, not quiet, log=click.echo)
     report(rows, results)

@@ -47,8 +47,9 @@ class NTXentLoss(nn.Module):
         r = torch.cat([img, txt]).float()
         s = cosine_similarity(r, r) / self.temperature  # [2B, 2B]
         same = positive_mask(b, ids, device=img.device).repeat(2, 2)  # same item or same id
-        eye = torch.eye(2 * b, dtype=torch.bool, device=img.device)
-        partner = eye.roll(b, dims=1)
-        excluded = same & ~partner  # self, and same-id items that are not the partner
+        partner = torch.arange(2 * b, device=img.device).roll(b)  # row k's partner column, k ± B
+        # self, and same-id items that are not the partner
+        excluded = same.scatter(1, partner[:, None], False)
         s = s.masked_fill(excluded, float("-inf"))
-        return -(s[partner] - torch.logsumexp(s, dim=1)).mean()
+        # a gather, not s[bool mask]: boolean indexing makes the host wait for the GPU
+        return -(s.gather(1, partner[:, None]).squeeze(1) - torch.logsumexp(s, dim=1)).mean()
