@@ -20,7 +20,8 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
-        "test": ["pytest>=7"],
+        # the tests cover the optional pieces too (extraction, plots)
+        "test": ["pytest>=7", "transformers>=4.30", "pillow>=9", "matplotlib>=3.5"],
         "plot": ["matplotlib>=3.5"],
         # only scripts/bench_eval.py's comparison uses it; the metrics never import it
         "faiss": ["faiss-cpu>=1.7"],

@@ -5,7 +5,8 @@ import logging
 
 import numpy as np
 import pytest
-from PIL import Image
+
+Image = pytest.importorskip("PIL.Image", reason="pillow is not installed (pip install 'ucmfh[extract]')")
 
 from ucmfh.data import DataError, load_dataset
 from ucmfh.data.extract import ExtractConfig, extract_features, list_images, read_captions, read_labels
