@@ -67,11 +67,12 @@ class BalancedContrastiveLoss(CrossModalLoss):
         b = img.shape[0]
         s = cosine_similarity(img, txt) / self.temperature  # [B, B]
         pos = positive_mask(b, ids, device=img.device)  # [B, B], symmetric
-        n_pos = int(pos.sum())
-        n_neg = b * b - n_pos
+        # counts stay tensors: no host-device sync per step
+        n_pos = pos.sum().to(s.dtype)  # S1 >= B: every diagonal pair is positive
+        n_neg = b * b - n_pos  # S0
         w_pos = b * b / n_pos
         # With no negative pair every row's loss is 0 whatever w_neg is.
-        log_w_neg = math.log(b * b / n_neg) if n_neg > 0 else 0.0
+        log_w_neg = torch.where(n_neg > 0, math.log(b * b) - n_neg.clamp(min=1).log(), 0.0)
         diag = torch.eye(b, dtype=torch.bool, device=img.device)
         # the numerator's own pair, and the negatives shifted by log w_neg; other positives dropped
         logits = torch.where(diag, s, s + log_w_neg).masked_fill(pos & ~diag, float("-inf"))

@@ -74,10 +74,10 @@ class WeightedPairwiseLoss(CrossModalLoss):
             sim = sim | label_relevance(labels, labels)
         inner = cosine_similarity(img, txt) if self.normalize else dot_similarity(img, txt)
         dp = self.alpha * inner  # [B, B]
-        loss = torch.log1p(torch.exp(-dp.abs())) + dp.clamp(min=0) - sim.to(dp.dtype) * dp
-        total = loss.new_zeros(())
-        for kind in (sim, ~sim):
-            n = int(kind.sum())
-            if n > 0:  # a kind absent from the batch has no weight to apply
-                total = total + loss[kind].sum() / n
-        return total
+        loss = torch.log1p(torch.exp(-dp.abs())) + dp.clamp(min=0) - sim.to(dp.dtype) * dp  # [B, B]
+        # mean over similar pairs + mean over dissimilar pairs; an absent kind adds 0
+        # (counts stay tensors: no host-device sync per step)
+        sim_f = sim.to(dp.dtype)
+        n_sim = sim_f.sum()
+        n_dis = b * b - n_sim
+        return (loss * sim_f).sum() / n_sim.clamp(min=1) + (loss * (1 - sim_f)).sum() / n_dis.clamp(min=1)
