@@ -226,7 +226,38 @@ def summarise(grid: Grid, datasets: Sequence[str], losses: Sequence[str], bits: 
                     line += ["–", "0", "–", "–"]
                 md.append("| " + " | ".join(line) + " |")
             md.append("")
-    return rows, "\n".join(md)
+    return rows, "\n".join(md + summary(grid, datasets, losses, bits, seeds))
+
+
+def summary(grid: Grid, datasets: Sequence[str], losses: Sequence[str], bits: Sequence[int],
+            seeds: Sequence[int]) -> List[str]:
+    """Each loss against the first one (``original``), paired by seed, n_bits and direction."""
+    base = losses[0]
+    md = [f"### Summary: mean MAP@50 over n_bits and both directions; Δ = loss − `{base}` "
+          "paired by (seed, n_bits, direction), mean ± std over the pairs; wins = pairs where the loss is higher", "",
+          "| dataset | protocol | loss | mean MAP@50 | Δ vs " + f"`{base}`" + " | wins |", "|---|---|---|---|---|---|"]
+    for name in datasets:
+        for protocol in PROTOCOLS:
+            def value(loss: str, seed: int, n: int, key: str) -> Optional[float]:
+                cell = read_json(grid.cell_path(name, loss, seed, n))
+                return cell["map"][protocol][key] if cell else None
+
+            for loss in losses:
+                mine = [value(loss, s, n, k) for s in seeds for n in bits for k, _ in DIRECTIONS]
+                ref = [value(base, s, n, k) for s in seeds for n in bits for k, _ in DIRECTIONS]
+                done = [m for m in mine if m is not None]
+                if not done:
+                    continue
+                pairs = [m - r for m, r in zip(mine, ref) if m is not None and r is not None]
+                if loss == base or not pairs:
+                    delta, wins = "–", "–"
+                else:
+                    d_mean, d_std = mean_std(pairs)
+                    delta = f"{d_mean:+.3f} ± {d_std:.3f}"
+                    wins = f"{sum(d > 0 for d in pairs)}/{len(pairs)}"
+                md.append(f"| {name} | {protocol} | `{loss}` | {statistics.fmean(done):.3f} | {delta} | {wins} |")
+    md.append("")
+    return md
 
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
