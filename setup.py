@@ -22,6 +22,8 @@ setup(
     extras_require={
         "test": ["pytest>=7"],
         "plot": ["matplotlib>=3.5"],
+        # CLIP feature extraction (`ucmfh extract`); needs no torchvision
+        "extract": ["transformers>=4.30", "pillow>=9"],
     },
     entry_points={"console_scripts": ["ucmfh=ucmfh.cli:main"]},
 )

@@ -7,6 +7,7 @@ uint8 (multi-hot) and optionally ``ids`` [N] int64 and ``text_bow`` [N, V].
 from __future__ import annotations
 
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Union
@@ -224,6 +225,61 @@ def atomic_path(path: PathLike) -> str:
     return os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
 
 
+def _write_attrs(f: h5py.File, attrs: Optional[Dict[str, object]]) -> None:
+    for key, value in (attrs or {}).items():
+        if isinstance(value, (list, tuple)) and value and isinstance(value[0], str):
+            value = np.array(value, dtype=h5py.string_dtype())
+        f.attrs[key] = value
+
+
+DTYPES = {"image": np.float32, "text": np.float32, "labels": np.uint8, "ids": np.int64, "text_bow": np.uint8}
+
+
+@contextmanager
+def open_writer(
+    path: PathLike,
+    attrs: Optional[Dict[str, object]] = None,
+    overwrite: bool = False,
+) -> Iterator[h5py.File]:
+    """Stream a dataset file: yield an open temporary file, then validate and rename.
+
+    The caller creates the groups and datasets (use :func:`create_split_dataset`
+    for the right dtype and chunking) and fills them piece by piece, so a file
+    larger than memory can be written. On normal exit the file is validated
+    and only then appears under ``path``; on any error the temporary file is
+    removed and ``path`` is left as it was.
+    """
+    path = os.fspath(path)
+    if os.path.exists(path) and not overwrite:
+        raise FileExistsError(f"{path}: exists; pass overwrite=True to replace it")
+    tmp = atomic_path(path)
+    try:
+        with h5py.File(tmp, "w") as f:
+            _write_attrs(f, attrs)
+            yield f
+        try:
+            validate_file(tmp)
+        except DataError as err:
+            raise DataError(str(err).replace(tmp, path)) from None
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def create_split_dataset(f: h5py.File, split: str, name: str, shape: tuple) -> h5py.Dataset:
+    """Create ``/split/name`` with the format's dtype for ``name``, chunked by rows."""
+    if name not in DTYPES:
+        raise DataError(f"{f.filename}: /{split}/{name}: unknown dataset name")
+    group = f.require_group(split)
+    chunks = None
+    if len(shape) == 2 and shape[0] and shape[1]:
+        # about 1 MiB per chunk, whole rows: row-block reads and writes touch few chunks
+        rows = max(1, min(shape[0], (1 << 20) // (shape[1] * np.dtype(DTYPES[name]).itemsize)))
+        chunks = (rows, shape[1])
+    return group.create_dataset(name, shape=shape, dtype=DTYPES[name], chunks=chunks)
+
+
 def write_dataset(
     path: PathLike,
     splits: Dict[str, Dict[str, np.ndarray]],
@@ -237,33 +293,16 @@ def write_dataset(
     The file appears under its final name only once complete and valid.
     """
     path = os.fspath(path)
-    if os.path.exists(path) and not overwrite:
-        raise FileExistsError(f"{path}: exists; pass overwrite=True to replace it")
-    tmp = atomic_path(path)
-    dtypes = {"image": np.float32, "text": np.float32, "labels": np.uint8, "ids": np.int64, "text_bow": np.uint8}
-    try:
-        with h5py.File(tmp, "w") as f:
-            for key, value in (attrs or {}).items():
-                if isinstance(value, (list, tuple)) and value and isinstance(value[0], str):
-                    value = np.array(value, dtype=h5py.string_dtype())
-                f.attrs[key] = value
-            for split in SPLITS:
-                if split not in splits:
-                    raise DataError(f"{path}: /{split}: missing split in the arrays to write")
-                group = f.create_group(split)
-                for name, array in splits[split].items():
-                    if name not in dtypes:
-                        raise DataError(f"{path}: /{split}/{name}: unknown dataset name")
-                    if array is None:
-                        continue
-                    array = np.asarray(array, dtype=dtypes[name])
-                    group.create_dataset(name, data=array, chunks=True if array.ndim == 2 and array.size else None)
-        try:
-            validate_file(tmp)
-        except DataError as err:
-            raise DataError(str(err).replace(tmp, path)) from None
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with open_writer(path, attrs, overwrite) as f:
+        for split in SPLITS:
+            if split not in splits:
+                raise DataError(f"{path}: /{split}: missing split in the arrays to write")
+            f.create_group(split)
+            for name, array in splits[split].items():
+                if name not in DTYPES:
+                    raise DataError(f"{path}: /{split}/{name}: unknown dataset name")
+                if array is None:
+                    continue
+                array = np.asarray(array, dtype=DTYPES[name])
+                f[split].create_dataset(name, data=array, chunks=True if array.ndim == 2 and array.size else None)
     return path

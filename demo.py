@@ -1,0 +1,72 @@
+"""UCMFH-compatible front door: ``python demo.py --task 0..3 --dataset NAME --hash_lens N``.
+
+Task 0 trains the fusion stage, task 1 the hashing stage (training the fusion
+stage first when its checkpoint is missing), task 2 evaluates the saved fusion
+model, task 3 the saved hashing model. The same calls as the ``ucmfh`` command.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import click
+
+from ucmfh.cli import default_data_dir, default_epochs, protocols_of, report
+from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
+from ucmfh.data.h5 import load_dataset
+from ucmfh.experiment import (
+    evaluate_checkpoint, fusion_path, hash_path, resolve_dataset, run_dir, train_fusion_stage, train_hash_stage,
+)
+from ucmfh.losses import LOSSES
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--task", type=int, choices=[0, 1, 2, 3], default=1,
+                   help="0 train fusion, 1 train hashing, 2 evaluate fusion, 3 evaluate hashing")
+    p.add_argument("--dataset", default="synthetic", help="NAME (DATA_DIR/NAME.h5) or path to an .h5 file")
+    p.add_argument("--data-dir", default=default_data_dir(), help="folder of NAME.h5 files (default $UCMFH_DATA_DIR or data)")
+    p.add_argument("--hash_lens", type=int, default=64, help="code length in bits (8..256)")
+    p.add_argument("--epoch", type=int, default=None, help="epochs (default: the reference's for known datasets, else 100)")
+    p.add_argument("--batch_size", type=int, default=FusionConfig.batch_size)
+    p.add_argument("--loss", default=FusionConfig.loss, choices=sorted(LOSSES))
+    p.add_argument("--seed", type=int, default=FusionConfig.seed)
+    p.add_argument("--protocol", choices=["both", *PROTOCOLS], default="both")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, ...")
+    p.add_argument("--out", default="runs", help="root folder of checkpoints")
+    p.add_argument("--results", default="runs/results.jsonl", help="JSON-lines file results are appended to")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        path = resolve_dataset(args.dataset, args.data_dir)
+        print(f"dataset: {path}")
+        data = load_dataset(path)
+        epochs = default_epochs(args.dataset, args.epoch)
+        directory = run_dir(args.out, data.name, args.loss, args.seed)
+        protocols = protocols_of(args.protocol)
+        fusion_cfg = FusionConfig(loss=args.loss, epochs=epochs, batch_size=args.batch_size,
+                                  seed=args.seed, device=args.device).validate()
+        if args.task == 0:
+            rows = train_fusion_stage(data, fusion_cfg, directory, protocols)
+        elif args.task == 1:
+            hash_cfg = HashConfig(n_bits=args.hash_lens, loss=args.loss, epochs=epochs, batch_size=args.batch_size,
+                                  seed=args.seed, device=args.device).validate()
+            rows = train_hash_stage(data, fusion_cfg, hash_cfg, directory, protocols)
+        else:
+            checkpoint = fusion_path(directory) if args.task == 2 else hash_path(directory, args.hash_lens)
+            if not os.path.exists(checkpoint):
+                raise FileNotFoundError(f"{checkpoint}: no checkpoint; train it first with --task {args.task - 2}")
+            rows = evaluate_checkpoint(data, checkpoint, protocols, device=args.device, n_bits=args.hash_lens)
+    except (ValueError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    report(rows, args.results)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,52 @@
+"""Shared fixtures: tiny synthetic datasets and small model settings, all CPU."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+import torch
+
+from ucmfh.config import FusionConfig, HashConfig
+from ucmfh.data.h5 import load_dataset
+from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
+
+SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+
+TINY = SyntheticSpec(n_query=80, n_retrieval=600, n_train=400, n_classes=24, mean_extra_labels=1.0,
+                     d_img=48, d_txt=32, d_latent=16, noise=1.0, item_scale=0.5)
+
+
+def small_fusion(**kw) -> FusionConfig:
+    """A fusion encoder small enough for CPU tests."""
+    base = dict(d_model=64, n_heads=4, d_ff=128, epochs=2, batch_size=64, lr=1e-3, device="cpu")
+    return FusionConfig(**{**base, **kw})
+
+
+def small_hash(**kw) -> HashConfig:
+    base = dict(n_bits=16, hidden=128, epochs=2, batch_size=64, lr_fusion=1e-3, device="cpu")
+    return HashConfig(**{**base, **kw})
+
+
+@pytest.fixture(scope="session")
+def tiny_path(tmp_path_factory) -> str:
+    return make_synthetic(tmp_path_factory.mktemp("data") / "tiny.h5", TINY)
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_path):
+    return load_dataset(tiny_path)
+
+
+@pytest.fixture(autouse=True)
+def _threads():
+    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    yield
+
+
+def shared_file(name: str) -> str:
+    """A dataset of ../shared/data, or a skip that says why it is absent."""
+    path = SHARED_DATA / name
+    if not path.exists():
+        pytest.skip(f"{path} not present: the shared real datasets exist only beside the project's CI checkout")
+    return str(path)

@@ -1,0 +1,61 @@
+"""Checkpoints: round trip, refusal of other settings, atomic writes."""
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+import torch
+
+from ucmfh.checkpoint import CheckpointError, load_model, save_checkpoint
+from ucmfh.evaluate import encode_split
+from ucmfh.models.fusion import FusionEncoder
+from ucmfh.models.hashing import CrossModalHasher
+
+from conftest import small_fusion, small_hash
+
+
+@pytest.fixture
+def saved(tmp_path, tiny):
+    torch.manual_seed(0)
+    fcfg, hcfg = small_fusion(), small_hash(n_bits=24)
+    model = CrossModalHasher(FusionEncoder(tiny.d_img, tiny.d_txt, fcfg), hcfg).eval()
+    path = save_checkpoint(tmp_path / "hash24.pt", model, fcfg, hcfg, meta={"dataset": "tiny"})
+    return path, model, fcfg, hcfg
+
+
+def test_round_trip_gives_the_same_codes_and_config(saved, tiny):
+    path, model, fcfg, hcfg = saved
+    loaded, fcfg2, hcfg2, meta = load_model(path, "hash", d_img=tiny.d_img, d_txt=tiny.d_txt, n_bits=24)
+    assert (fcfg2, hcfg2, meta) == (fcfg, hcfg, {"dataset": "tiny"})
+    for a, b in zip(encode_split(model, tiny.query, "fused", "cpu"), encode_split(loaded, tiny.query, "fused", "cpu")):
+        assert torch.equal(a, b)
+    settings = json.loads(open(os.path.splitext(path)[0] + ".json").read())
+    assert settings["hash_config"]["n_bits"] == 24 and settings["kind"] == "hash"
+    assert [p for p in os.listdir(os.path.dirname(path)) if ".tmp" in p] == []
+
+
+@pytest.mark.parametrize(
+    "kwargs, message",
+    [
+        (dict(kind="hash", n_bits=64), r"made for n_bits=24, but n_bits=64"),
+        (dict(kind="hash", d_img=99), r"made for image feature dim=48, but image feature dim=99"),
+        (dict(kind="hash", d_txt=5), r"made for text feature dim=32"),
+        (dict(kind="fusion"), r"made for kind=hash, but kind=fusion"),
+    ],
+)
+def test_checkpoint_for_other_settings_is_refused(saved, kwargs, message):
+    with pytest.raises(CheckpointError, match=message):
+        load_model(saved[0], **kwargs)
+
+
+def test_damaged_or_foreign_files_are_refused(tmp_path):
+    junk = tmp_path / "junk.pt"
+    junk.write_bytes(b"\x00garbage")
+    with pytest.raises(CheckpointError, match="not a readable checkpoint"):
+        load_model(junk, "hash")
+    torch.save({"state_dict": {}}, tmp_path / "other.pt")
+    with pytest.raises(CheckpointError, match="not a ucmfh checkpoint"):
+        load_model(tmp_path / "other.pt", "hash")
+    with pytest.raises(CheckpointError, match="no such checkpoint"):
+        load_model(tmp_path / "absent.pt", "hash")

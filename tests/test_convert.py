@@ -1,0 +1,271 @@
+"""Converters: every value survives; .mat v5 and v7.3 agree; bad input fails by name."""
+import logging
+import os
+import pickle
+
+import h5py
+import numpy as np
+import pytest
+import scipy.io
+import torch
+
+from ucmfh.data import DataError, load_dataset
+from ucmfh.data.convert import convert_arrays, convert_pkl, open_array
+from ucmfh.data.h5 import open_writer
+from ucmfh.data.splits import STANDARD_SPLITS, SplitSizes, load_split_index, resolve_sizes, sample_split
+
+N, D_IMG, D_TXT, C = 60, 12, 7, 5
+SIZES = SplitSizes(query=10, train=20)
+
+
+def whole_set(seed=0, n=N):
+    rng = np.random.default_rng(seed)
+    image = rng.standard_normal((n, D_IMG)).astype(np.float32)
+    text = rng.standard_normal((n, D_TXT)).astype(np.float32)
+    labels = (rng.random((n, C)) < 0.4).astype(np.uint8)
+    labels[np.arange(n), rng.integers(0, C, n)] = 1  # every row has a label
+    return image, text, labels
+
+
+def save_npy(tmp_path, image, text, labels):
+    paths = []
+    for name, array in (("image", image), ("text", text), ("labels", labels)):
+        paths.append(str(tmp_path / f"{name}.npy"))
+        np.save(paths[-1], array)
+    return paths
+
+
+def save_mat73(path, variables):
+    """MATLAB v7.3 layout: an HDF5 file whose datasets hold MATLAB's [N, d] as [d, N]."""
+    with h5py.File(path, "w", userblock_size=512) as f:
+        for name, array in variables.items():
+            f.create_dataset(name, data=np.ascontiguousarray(array.T))
+            f[name].attrs["MATLAB_class"] = np.bytes_("double" if array.dtype == np.float64 else "uint8")
+    with open(path, "r+b") as f:  # MATLAB's 128-byte text header inside the user block
+        f.write(b"MATLAB 7.3 MAT-file, Platform: GLNXA64, Created on: test HDF5 schema 1.00 .".ljust(128))
+
+
+def check_values(ds, image, text, labels):
+    for split, part in ds.splits():
+        rows = part.ids.numpy()
+        np.testing.assert_array_equal(part.img.numpy(), image[rows].astype(np.float32))
+        np.testing.assert_array_equal(part.txt.numpy(), text[rows].astype(np.float32))
+        np.testing.assert_array_equal(part.labels.numpy(), labels[rows])
+
+
+def test_arrays_round_trip_preserves_every_value(tmp_path):
+    image, text, labels = whole_set()
+    out = tmp_path / "set.h5"
+    report = convert_arrays(*save_npy(tmp_path, image, text, labels), out, sizes=SIZES, seed=3, progress=False)
+    ds = load_dataset(out)
+    assert report.rows == {"train": 20, "query": 10, "retrieval": 50}
+    check_values(ds, image, text, labels)
+    q, r, t = (set(p.ids.tolist()) for p in (ds.query, ds.retrieval, ds.train))
+    assert not q & r and t <= r and q | r == set(range(N))
+    assert "seed=3" in ds.attrs["split"] and "first 20 of retrieval" in ds.attrs["split"]
+    assert ds.attrs["classes"] == [f"class_{i}" for i in range(C)]
+
+
+def test_npz_keys_and_chunked_equals_unchunked(tmp_path):
+    image, text, labels = whole_set(1)
+    src = tmp_path / "all.npz"
+    np.savez(src, img=image, txt=text, L=labels)
+    a = convert_arrays(src, src, src, tmp_path / "a.h5", sizes=SIZES, progress=False)
+    b = convert_arrays(src, src, src, tmp_path / "b.h5", sizes=SIZES, chunk_rows=7, progress=False)
+    da, db = load_dataset(a.path), load_dataset(b.path)
+    for (_, pa), (_, pb) in zip(da.splits(), db.splits()):
+        assert torch.equal(pa.img, pb.img) and torch.equal(pa.txt, pb.txt) and torch.equal(pa.ids, pb.ids)
+    check_values(da, image, text, labels)
+
+
+@pytest.mark.parametrize("fmt", ["v5", "v7.3"])
+def test_mat_release_matches_npy(tmp_path, fmt):
+    image, text, labels = whole_set(2)
+    # DJSRH-style: three files, float64 features, MATLAB variable names
+    files = {}
+    for stem, key, array in (("iall", "IAll", image.astype(np.float64)), ("yall", "YAll", text.astype(np.float64)),
+                             ("lall", "LAll", labels)):
+        files[stem] = str(tmp_path / f"mirflickr25k-{stem}.mat")
+        if fmt == "v5":
+            scipy.io.savemat(files[stem], {key: array})
+        else:
+            save_mat73(files[stem], {key: array})
+    assert h5py.is_hdf5(files["iall"]) == (fmt == "v7.3")
+    assert open_array(files["iall"], role="image").shape == (N, D_IMG)
+    got = convert_arrays(files["iall"], files["yall"], files["lall"], tmp_path / "mat.h5", sizes=SIZES, seed=5,
+                         progress=False)
+    ref = convert_arrays(*save_npy(tmp_path, image, text, labels), tmp_path / "npy.h5", sizes=SIZES, seed=5,
+                         progress=False)
+    dg, dr = load_dataset(got.path), load_dataset(ref.path)
+    check_values(dg, image, text, labels)
+    for (_, pg), (_, pr) in zip(dg.splits(), dr.splits()):
+        assert torch.equal(pg.ids, pr.ids) and torch.equal(pg.img, pr.img)
+
+
+def test_mat73_raw_images_point_to_extract(tmp_path):
+    path = tmp_path / "iall.mat"
+    save_mat73(path, {"IAll": np.zeros((4, 3, 8, 8), dtype=np.uint8)})
+    with pytest.raises(DataError, match=r"iall\.mat:IAll: .*ucmfh extract"):
+        open_array(path, role="image")
+
+
+def test_mat_with_several_variables_needs_a_key(tmp_path):
+    path = tmp_path / "two.mat"
+    scipy.io.savemat(path, {"A": np.ones((3, 2)), "B": np.ones((3, 2))})
+    with pytest.raises(DataError, match="2 variables"):
+        open_array(path, role="image")
+    assert open_array(path, key="B").shape == (3, 2)
+    with pytest.raises(DataError, match="no variable 'Z'"):
+        open_array(path, key="Z")
+
+
+def test_empty_label_rows_dropped_with_count_or_fail(tmp_path, caplog):
+    image, text, labels = whole_set(3)
+    labels[[4, 9, 30]] = 0
+    paths = save_npy(tmp_path, image, text, labels)
+    with pytest.raises(DataError, match=r"labels\.npy: 3 rows have no label \(first: row 4\)"):
+        convert_arrays(*paths, tmp_path / "fail.h5", sizes=SIZES, empty_labels="fail", progress=False)
+    assert not (tmp_path / "fail.h5").exists()
+    with caplog.at_level(logging.WARNING, logger="ucmfh.data.convert"):
+        report = convert_arrays(*paths, tmp_path / "drop.h5", sizes=SIZES, progress=False)
+    assert "dropped 3 of 60 rows" in caplog.text
+    assert report.dropped == {"all": 3} and report.rows["retrieval"] == 47
+    ds = load_dataset(report.path)
+    assert not {4, 9, 30} & set(torch.cat([p.ids for _, p in ds.splits()]).tolist())
+    check_values(ds, image, text, labels)
+
+
+def test_mismatched_rows_and_bad_labels_name_the_file(tmp_path):
+    image, text, labels = whole_set(4)
+    paths = save_npy(tmp_path, image, text[:-1], labels)
+    with pytest.raises(DataError, match=r"text\.npy: 59 rows, but .*image\.npy has 60"):
+        convert_arrays(*paths, tmp_path / "x.h5", sizes=SIZES, progress=False)
+    labels = labels.astype(np.float32) * 2
+    paths = save_npy(tmp_path, image, text, labels)
+    with pytest.raises(DataError, match=r"labels\.npy: labels must be multi-hot 0/1"):
+        convert_arrays(*paths, tmp_path / "x.h5", sizes=SIZES, progress=False)
+    with pytest.raises(DataError, match="asks for query 10 \\+ retrieval 55 of 60 rows"):
+        convert_arrays(*save_npy(tmp_path, *whole_set()), tmp_path / "x.h5", sizes=SplitSizes(10, 5, 55),
+                       progress=False)
+    with pytest.raises(DataError, match="no such file"):
+        convert_arrays(tmp_path / "missing.npy", *paths[1:], tmp_path / "x.h5", sizes=SIZES, progress=False)
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_existing_output_is_kept_unless_overwrite(tmp_path):
+    paths = save_npy(tmp_path, *whole_set())
+    out = tmp_path / "set.h5"
+    convert_arrays(*paths, out, sizes=SIZES, progress=False)
+    with pytest.raises(FileExistsError):
+        convert_arrays(*paths, out, sizes=SIZES, progress=False)
+    convert_arrays(*paths, out, sizes=SIZES, seed=9, overwrite=True, progress=False)
+    assert "seed=9" in load_dataset(out).attrs["split"]
+
+
+def test_given_split_index(tmp_path):
+    paths = save_npy(tmp_path, *whole_set())
+    idx = tmp_path / "split.npz"
+    np.savez(idx, query=np.arange(5), retrieval=np.arange(5, N), train=np.arange(5, 25))
+    report = convert_arrays(*paths, tmp_path / "given.h5", split_index=idx, progress=False)
+    ds = load_dataset(report.path)
+    assert ds.query.ids.tolist() == list(range(5)) and "given" in ds.attrs["split"]
+    np.savez(idx, query=np.arange(5), retrieval=np.arange(3, N), train=np.arange(5, 25))
+    with pytest.raises(ValueError, match="disjoint"):
+        load_split_index(str(idx))
+
+
+def write_pkl(path, arrays):
+    with open(path, "wb") as f:
+        pickle.dump(arrays, f)
+
+
+def test_pkl_release_split_as_released(tmp_path):
+    rng = np.random.default_rng(0)
+    parts = {}
+    for split, n in (("train", 20), ("query", 8), ("retrieval", 30)):
+        labels = (rng.random((n, C)) < 0.5).astype(np.float32)
+        labels[:, 0] = 1
+        parts[split] = {"image": rng.standard_normal((n, 512)).astype(np.float32),
+                        "text": rng.standard_normal((n, 512)).astype(np.float32), "label": labels}
+    # UCMFH's files may hold numpy arrays or torch tensors
+    write_pkl(tmp_path / "train.pkl", {k: torch.from_numpy(v) for k, v in parts["train"].items()})
+    write_pkl(tmp_path / "query.pkl", parts["query"])
+    write_pkl(tmp_path / "retrieval.pkl", parts["retrieval"])
+    classes = [f"c{i}" for i in range(C)]
+    report = convert_pkl(tmp_path, tmp_path / "ucmfh.h5", classes=classes, name="mir")
+    ds = load_dataset(report.path)
+    assert report.rows == {"train": 20, "query": 8, "retrieval": 30}
+    assert ds.attrs["classes"] == classes and ds.attrs["name"] == "mir" and "as released" in ds.attrs["split"]
+    for split, part in ds.splits():
+        np.testing.assert_array_equal(part.img.numpy(), parts[split]["image"])
+        np.testing.assert_array_equal(part.txt.numpy(), parts[split]["text"])
+        np.testing.assert_array_equal(part.labels.numpy(), parts[split]["label"].astype(np.uint8))
+
+
+def test_pkl_bad_input(tmp_path):
+    write_pkl(tmp_path / "train.pkl", {"image": np.ones((3, 4)), "text": np.ones((2, 4)), "label": np.ones((3, 2))})
+    write_pkl(tmp_path / "query.pkl", {"image": np.ones((3, 4))})
+    write_pkl(tmp_path / "retrieval.pkl", {"image": np.ones((3, 4)), "text": np.ones((3, 4)), "label": np.ones((3, 2))})
+    with pytest.raises(DataError, match=r"train\.pkl: 'text' has 2 rows, 'image' has 3"):
+        convert_pkl(tmp_path, tmp_path / "x.h5")
+    write_pkl(tmp_path / "train.pkl", {"image": np.ones((3, 4)), "text": np.ones((3, 4)), "label": np.ones((3, 2))})
+    with pytest.raises(DataError, match=r"query\.pkl: missing keys \['text', 'label'\]"):
+        convert_pkl(tmp_path, tmp_path / "x.h5")
+    write_pkl(tmp_path / "query.pkl", {"image": np.ones((2, 4)), "text": np.ones((2, 4)), "label": np.zeros((2, 2))})
+    with pytest.raises(DataError, match=r"query\.pkl: empty split"):
+        convert_pkl(tmp_path, tmp_path / "x.h5")
+    assert not (tmp_path / "x.h5").exists()
+    assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
+
+
+def test_sampler_seeded_and_protocol_sizes():
+    sizes = STANDARD_SPLITS["mirflickr"]
+    a, b = sample_split(20015, sizes, seed=1), sample_split(20015, sizes, seed=1)
+    c = sample_split(20015, sizes, seed=2)
+    assert all(np.array_equal(a.as_dict()[k], b.as_dict()[k]) for k in ("query", "retrieval", "train"))
+    assert not np.array_equal(a.query, c.query)
+    assert (len(a.query), len(a.retrieval), len(a.train)) == (2000, 18015, 5000)
+    assert np.isin(a.train, a.retrieval).all() and not np.intersect1d(a.query, a.retrieval).size
+    assert resolve_sizes("nuswide") == SplitSizes(2100, 10500)
+    assert resolve_sizes("coco", train=2000) == SplitSizes(5000, 2000)
+    with pytest.raises(ValueError, match="unknown standard split"):
+        resolve_sizes("flickr30k")
+
+
+def test_sampler_keeps_captions_of_one_image_together():
+    ids = np.repeat(np.arange(30), 5)  # 5 captions per image
+    split = sample_split(len(ids), SplitSizes(query=4, train=10), seed=0, ids=ids)
+    q, r = set(ids[split.query]), set(ids[split.retrieval])
+    assert len(q) == 4 and len(r) == 26 and not q & r
+    assert len(split.query) == 20 and len(split.train) == 50
+
+
+def test_streaming_writer_leaves_nothing_on_error(tmp_path):
+    out = tmp_path / "bad.h5"
+    with pytest.raises(DataError, match="bad.h5: /train"):
+        with open_writer(out, {"name": "x"}) as f:
+            f.create_group("train")
+    assert os.listdir(tmp_path) == []
+
+
+def test_convert_commands(tmp_path):
+    from click.testing import CliRunner
+
+    from ucmfh.data.cli import convert
+
+    image, text, labels = whole_set()
+    files = []
+    for key, array in (("IAll", image.astype(np.float64)), ("YAll", text), ("LAll", labels)):
+        files.append(str(tmp_path / f"{key}.mat"))
+        scipy.io.savemat(files[-1], {key: array})
+    (tmp_path / "classes.txt").write_text("\n".join(f"k{i}" for i in range(C)))
+    out = str(tmp_path / "cli.h5")
+    result = CliRunner().invoke(convert, ["mat", *files, out, "--query", "10", "--train", "20", "--seed", "4",
+                                          "--classes", str(tmp_path / "classes.txt")])
+    assert result.exit_code == 0, result.output
+    assert "query 10" in result.output
+    ds = load_dataset(out)
+    assert ds.attrs["classes"] == [f"k{i}" for i in range(C)] and "seed=4" in ds.attrs["split"]
+    check_values(ds, image, text, labels)
+    result = CliRunner().invoke(convert, ["npz", *save_npy(tmp_path, image, text, labels), out])
+    assert result.exit_code != 0 and "give a standard split" in result.output

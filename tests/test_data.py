@@ -1,0 +1,110 @@
+"""The HDF5 contract: round trips and clear errors for every kind of bad file."""
+from __future__ import annotations
+
+import h5py
+import numpy as np
+import pytest
+
+from ucmfh.data.h5 import DataError, load_dataset, validate_file, write_dataset
+from ucmfh.data.synthetic import SyntheticSpec, make_synthetic, make_synthetic_arrays
+
+from conftest import TINY
+
+
+def arrays(n=(10, 4, 12), d_img=6, d_txt=3, c=4, seed=0):
+    rng = np.random.default_rng(seed)
+    out, start = {}, 0
+    for split, rows in zip(("train", "query", "retrieval"), n):
+        labels = rng.integers(0, 2, size=(rows, c)).astype(np.uint8)
+        labels[np.arange(rows), rng.integers(0, c, rows)] = 1
+        out[split] = {
+            "image": rng.normal(size=(rows, d_img)).astype(np.float32),
+            "text": rng.normal(size=(rows, d_txt)).astype(np.float32),
+            "labels": labels,
+            "ids": np.arange(start, start + rows),
+        }
+        start += rows
+    return out
+
+
+def test_round_trip_keeps_every_value(tmp_path):
+    src = arrays()
+    path = write_dataset(tmp_path / "d.h5", src, {"name": "toy", "classes": ["a", "b", "c", "d"]})
+    data = load_dataset(path)
+    assert data.name == "toy" and data.attrs["classes"] == ["a", "b", "c", "d"]
+    assert (data.d_img, data.d_txt, data.n_classes) == (6, 3, 4)
+    for split, got in data.splits():
+        np.testing.assert_array_equal(got.img.numpy(), src[split]["image"])
+        np.testing.assert_array_equal(got.txt.numpy(), src[split]["text"])
+        np.testing.assert_array_equal(got.labels.numpy(), src[split]["labels"])
+        np.testing.assert_array_equal(got.ids.numpy(), src[split]["ids"])
+
+
+def test_write_refuses_to_overwrite_and_leaves_no_temp_file(tmp_path):
+    path = write_dataset(tmp_path / "d.h5", arrays())
+    with pytest.raises(FileExistsError):
+        write_dataset(path, arrays(seed=1))
+    bad = arrays()
+    bad["query"]["image"][0, 0] = np.nan
+    with pytest.raises(DataError, match="NaN"):
+        write_dataset(tmp_path / "bad.h5", bad)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["d.h5"]
+
+
+def _break(tmp_path, edit):
+    path = write_dataset(tmp_path / "d.h5", arrays())
+    with h5py.File(path, "a") as f:
+        edit(f)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "edit, message",
+    [
+        (lambda f: f.__delitem__("query"), r"/query: missing group"),
+        (lambda f: f["train"].__delitem__("text"), r"/train/text: missing dataset"),
+        (lambda f: (f["retrieval"].__delitem__("labels"),
+                    f["retrieval"].create_dataset("labels", data=np.ones((11, 4), np.uint8))),
+         r"/retrieval/labels: 11 rows, but /retrieval/image has 12"),
+        (lambda f: (f["query"].__delitem__("image"),
+                    f["query"].create_dataset("image", data=np.ones((4, 7), np.float32))),
+         r"/query/image: 7 columns, but /train/image has 6"),
+        (lambda f: f["train"]["image"].__setitem__((3, 2), np.inf), r"/train/image: 1 non-finite .*inf at row 3, column 2"),
+        (lambda f: f["query"]["labels"].__setitem__(2, np.zeros(4, np.uint8)), r"/query/labels: 1 rows have no label"),
+        (lambda f: f["retrieval"]["ids"].__setitem__(0, 10), r"/query/ids: 1 ids also appear in /retrieval/ids"),
+        (lambda f: f["query"]["labels"].__setitem__(0, np.full(4, 2, np.uint8)), r"multi-hot 0/1"),
+        (lambda f: f.attrs.__setitem__("classes", ["a", "b"]), r"2 names for 4 label columns"),
+    ],
+)
+def test_validation_names_file_dataset_and_problem(tmp_path, edit, message):
+    path = _break(tmp_path, edit)
+    with pytest.raises(DataError, match=message) as info:
+        load_dataset(path)
+    assert str(info.value).startswith(path)
+
+
+def test_not_hdf5_and_missing_file(tmp_path):
+    junk = tmp_path / "junk.h5"
+    junk.write_bytes(b"not an hdf5 file")
+    with pytest.raises(DataError, match="not a readable HDF5 file"):
+        validate_file(junk)
+    with pytest.raises(DataError, match="no such file"):
+        validate_file(tmp_path / "absent.h5")
+
+
+def test_synthetic_is_deterministic_and_shaped_like_mirflickr():
+    spec = SyntheticSpec()
+    assert (spec.n_query, spec.n_retrieval, spec.n_train, spec.n_classes, spec.d_img) == (2000, 18015, 5000, 24, 512)
+    a, b = make_synthetic_arrays(TINY), make_synthetic_arrays(TINY)
+    for split in a:
+        for key in a[split]:
+            np.testing.assert_array_equal(a[split][key], b[split][key])
+    assert np.intersect1d(a["query"]["ids"], a["retrieval"]["ids"]).size == 0
+    assert np.isin(a["train"]["ids"], a["retrieval"]["ids"]).all()
+    assert (a["retrieval"]["labels"].sum(1) >= 1).all()
+
+
+def test_make_synthetic_writes_a_valid_file(tmp_path):
+    path = make_synthetic(tmp_path / "s.h5", TINY)
+    attrs = validate_file(path)
+    assert attrs["name"] == "synthetic" and len(attrs["classes"]) == TINY.n_classes

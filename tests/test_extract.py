@@ -1,0 +1,280 @@
+"""Feature extraction: inputs checked by name, bad images never become features, resumable, CLIP end to end."""
+import io
+import json
+import logging
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from ucmfh.data import DataError, load_dataset
+from ucmfh.data.extract import ExtractConfig, extract_features, list_images, read_captions, read_labels
+from ucmfh.data.splits import SplitSizes
+
+CLASSES = ["sky", "sea", "tree"]
+SIZES = SplitSizes(query=2, train=3)
+
+
+def make_images(folder, n=7):
+    """Small solid-colour images (PNG and JPEG), each with two captions and a label line."""
+    folder.mkdir()
+    rng = np.random.default_rng(0)
+    names = []
+    for i in range(n):
+        name = f"img{i}.png" if i % 2 else f"img{i}.jpg"
+        colour = tuple(int(c) for c in rng.integers(0, 256, 3))
+        Image.new("RGB", (40, 30 + i), colour).save(folder / name)
+        names.append(name)
+    return names
+
+
+def write_inputs(tmp_path, names, bad=()):
+    caps = tmp_path / "captions.tsv"
+    caps.write_text("".join(f"{n}\ta photo number {i}\n{n}\tpicture {i} of {CLASSES[i % 3]}\n"
+                            for i, n in enumerate(names)))
+    labels = tmp_path / "labels.tsv"
+    labels.write_text("".join(f"{n}\t{CLASSES[i % 3]},{CLASSES[(i + 1) % 3]}\n" for i, n in enumerate(names)))
+    return caps, labels
+
+
+class FakeEncoder:
+    """Deterministic features: an image's mean colour and size; a caption's length and checksum."""
+
+    name = "fake"
+
+    def __init__(self, fail_after=None):
+        self.calls = {"image": 0, "text": 0}
+        self.fail_after = fail_after
+
+    def _tick(self, kind):
+        if self.fail_after is not None and sum(self.calls.values()) >= self.fail_after:
+            raise KeyboardInterrupt
+        self.calls[kind] += 1
+
+    def encode_images(self, images):
+        self._tick("image")
+        return np.stack([np.r_[np.asarray(im, dtype=np.float32).mean(axis=(0, 1)), im.size] for im in images])
+
+    def encode_texts(self, texts):
+        self._tick("text")
+        return np.array([[len(t), sum(map(ord, t)) % 97] for t in texts], dtype=np.float32)
+
+
+def test_captions_and_labels_formats(tmp_path):
+    names = ["a.jpg", "b.jpg"]
+    (tmp_path / "c.json").write_text(json.dumps({"b.jpg": "one", "a.jpg": ["two", "three"]}))
+    captions, image_of = read_captions(tmp_path / "c.json", names)
+    assert captions == ["two", "three", "one"] and image_of.tolist() == [0, 0, 1]
+    (tmp_path / "r.json").write_text(json.dumps([{"image": "a.jpg", "caption": "x"}, {"image": "b.jpg", "caption": "y"}]))
+    assert read_captions(tmp_path / "r.json", names)[0] == ["x", "y"]
+    (tmp_path / "l.tsv").write_text("a.jpg\tsea, sky\nb.jpg\ttree\n")
+    labels, classes = read_labels(tmp_path / "l.tsv", names)
+    assert classes == ["sea", "sky", "tree"] and labels.tolist() == [[1, 1, 0], [0, 0, 1]]
+    labels, classes = read_labels(tmp_path / "l.tsv", names, classes=["tree", "sky", "sea", "sand"])
+    assert labels.tolist() == [[0, 1, 1, 0], [1, 0, 0, 0]]
+
+
+def test_input_mismatches_name_file_and_problem(tmp_path):
+    names = ["a.jpg", "b.jpg"]
+    (tmp_path / "c.tsv").write_text("a.jpg\tone\n")
+    with pytest.raises(DataError, match=r"c\.tsv: 1 of 2 images have no caption \(first: 'b\.jpg'\)"):
+        read_captions(tmp_path / "c.tsv", names)
+    (tmp_path / "c.tsv").write_text("a.jpg\tone\nb.jpg\ttwo\nz.jpg\tthree\n")
+    with pytest.raises(DataError, match=r"c\.tsv: 1 captions name images that are not in the image list \(first: 'z\.jpg'\)"):
+        read_captions(tmp_path / "c.tsv", names)
+    (tmp_path / "c.tsv").write_text("a.jpg one\n")
+    with pytest.raises(DataError, match=r"c\.tsv: line 1: expected 'image_name<TAB>caption'"):
+        read_captions(tmp_path / "c.tsv", names)
+    (tmp_path / "l.tsv").write_text("a.jpg\tsea\nb.jpg\tlava\n")
+    with pytest.raises(DataError, match=r"l\.tsv: line/record 2: unknown label 'lava' for 'b\.jpg'"):
+        read_labels(tmp_path / "l.tsv", names, classes=["sea", "sky"])
+    (tmp_path / "l.tsv").write_text("a.jpg\tsea\n")
+    with pytest.raises(DataError, match=r"l\.tsv: 1 images have no labels line \(first: 'b\.jpg'\)"):
+        read_labels(tmp_path / "l.tsv", names)
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(DataError, match="empty: no image files"):
+        list_images(tmp_path / "empty")
+
+
+def test_image_list_file(tmp_path):
+    names = make_images(tmp_path / "imgs", 3)
+    (tmp_path / "list.txt").write_text("".join(f"imgs/{n}\n" for n in names))
+    listed, paths = list_images(tmp_path / "list.txt")
+    assert listed == [f"imgs/{n}" for n in names] and all(Image.open(p) for p in paths)
+
+
+def test_fake_encoder_end_to_end_and_captions_share_ids(tmp_path):
+    names = make_images(tmp_path / "imgs")
+    caps, labels = write_inputs(tmp_path, names)
+    out = tmp_path / "set.h5"
+    report = extract_features(tmp_path / "imgs", caps, labels, out, sizes=SIZES, encoder=FakeEncoder(),
+                              config=ExtractConfig(batch_size=2, chunk_items=3, workers=1), progress=False)
+    assert report.rows == {"train": 6, "query": 4, "retrieval": 10} and report.n_captions == 14
+    ds = load_dataset(out)
+    assert ds.attrs["classes"] == sorted(CLASSES) and "seed=2023" in ds.attrs["split"]
+    assert not (tmp_path / "set.h5.parts").exists()
+    for _, part in ds.splits():
+        for i in part.ids.tolist():
+            rows = (part.ids == i).nonzero().flatten()
+            assert len(rows) == 2  # both captions of the image, with the same image feature
+            assert (part.img[rows[0]] == part.img[rows[1]]).all() and (part.txt[rows[0]] != part.txt[rows[1]]).any()
+            colour = np.asarray(Image.open(tmp_path / "imgs" / names[i]).convert("RGB"), np.float32).mean(axis=(0, 1))
+            np.testing.assert_allclose(part.img[rows[0]][:3].numpy(), colour, rtol=1e-6)
+
+
+def test_resume_recomputes_only_unfinished_chunks(tmp_path):
+    names = make_images(tmp_path / "imgs")
+    caps, labels = write_inputs(tmp_path, names)
+    cfg = ExtractConfig(batch_size=2, chunk_items=3, workers=1)
+    ref = extract_features(tmp_path / "imgs", caps, labels, tmp_path / "ref.h5", sizes=SIZES, encoder=FakeEncoder(),
+                           config=cfg, progress=False)
+    # 7 images: chunks of 3 = 3 chunks, batches of 2 = 5 calls; 14 captions: 5 chunks, 9 calls.
+    # Interrupted in the 2nd batch of the 1st caption chunk: only the image chunks are finished.
+    with pytest.raises(KeyboardInterrupt):
+        extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES,
+                         encoder=FakeEncoder(fail_after=6), config=cfg, progress=False)
+    assert not (tmp_path / "set.h5").exists()
+    assert sorted(p.name for p in (tmp_path / "set.h5.parts").glob("*.npz")) == [
+        "image-000000.npz", "image-000001.npz", "image-000002.npz"]
+    again = FakeEncoder()
+    report = extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=again,
+                              config=cfg, progress=False)
+    assert again.calls == {"image": 0, "text": 9} and (report.chunks_reused, report.chunks_computed) == (3, 5)
+    a, b = load_dataset(ref.path), load_dataset(report.path)
+    for (_, pa), (_, pb) in zip(a.splits(), b.splits()):
+        assert (pa.img == pb.img).all() and (pa.txt == pb.txt).all() and (pa.ids == pb.ids).all()
+
+
+def test_scratch_of_other_inputs_is_not_reused(tmp_path):
+    names = make_images(tmp_path / "imgs")
+    caps, labels = write_inputs(tmp_path, names)
+    cfg = ExtractConfig(chunk_items=4, workers=1, keep_scratch=True)
+    extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=FakeEncoder(),
+                     config=cfg, progress=False)
+    caps.write_text(caps.read_text().replace("photo", "drawing"))
+    with pytest.raises(DataError, match=r"set\.h5\.parts: scratch of a different extraction"):
+        extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=FakeEncoder(),
+                         config=cfg, overwrite=True, progress=False)
+    extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=FakeEncoder(),
+                     config=cfg, overwrite=True, restart=True, progress=False)
+
+
+def break_images(folder, names):
+    """One truncated JPEG and one file that is no image at all."""
+    buf = io.BytesIO()
+    Image.fromarray(np.random.default_rng(1).integers(0, 256, (64, 64, 3), dtype=np.uint8)).save(buf, "JPEG")
+    (folder / names[0]).write_bytes(buf.getvalue()[: len(buf.getvalue()) // 2])
+    (folder / names[2]).write_bytes(b"not an image")
+
+
+def test_bad_images_fail_by_name_or_are_skipped_never_zero(tmp_path, caplog):
+    names = make_images(tmp_path / "imgs", 9)
+    break_images(tmp_path / "imgs", names)
+    caps, labels = write_inputs(tmp_path, names)
+    cfg = ExtractConfig(batch_size=4, chunk_items=4, workers=2)
+    with pytest.raises(DataError, match=r"img0\.jpg: unreadable image"):
+        extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=FakeEncoder(),
+                         config=cfg, progress=False)
+    cfg.bad_images = "skip"
+    with caplog.at_level(logging.WARNING):
+        report = extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES,
+                                  encoder=FakeEncoder(), config=cfg, progress=False)
+    assert report.skipped_images == ["img0.jpg", "img2.jpg"]
+    assert "img0.jpg: unreadable image" in caplog.text and "skipped 2 unreadable images" in caplog.text
+    ds = load_dataset(report.path)
+    ids = set()
+    for _, part in ds.splits():
+        ids |= set(part.ids.tolist())
+        assert (part.img.abs().sum(dim=1) > 0).all()
+    assert ids == set(range(9)) - {0, 2}
+
+
+def test_empty_split_is_a_clear_error(tmp_path):
+    names = make_images(tmp_path / "imgs", 3)
+    caps, labels = write_inputs(tmp_path, names)
+    with pytest.raises(DataError, match=r"captions\.tsv: split asks for query 3 of 3 distinct ids: retrieval would be empty"):
+        extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SplitSizes(3, 2),
+                         encoder=FakeEncoder(), config=ExtractConfig(workers=1), progress=False)
+
+
+# ------------------------------------------------------------------ real CLIP code path, tiny random weights
+
+
+def _byte_chars():
+    """CLIP's byte-to-unicode table: with every byte as a token, any text tokenises without merges."""
+    printable = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
+    others = [b for b in range(256) if b not in printable]
+    return [chr(b) for b in printable] + [chr(256 + n) for n in range(len(others))]
+
+
+@pytest.fixture(scope="module")
+def tiny_clip(tmp_path_factory):
+    """A randomly initialised 1-layer CLIP saved like a hub model, with an offline byte-level tokenizer."""
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install 'ucmfh[extract]')")
+    import torch
+    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPTokenizer
+
+    folder = tmp_path_factory.mktemp("tiny_clip")
+    chars = _byte_chars()
+    vocab = {c: i for i, c in enumerate(chars + [c + "</w>" for c in chars] + ["<|startoftext|>", "<|endoftext|>"])}
+    (folder / "vocab.json").write_text(json.dumps(vocab))
+    (folder / "merges.txt").write_text("#version: 0.2\n")
+    tokenizer = CLIPTokenizer(str(folder / "vocab.json"), str(folder / "merges.txt"))
+    eos, bos = vocab["<|endoftext|>"], vocab["<|startoftext|>"]
+    config = CLIPConfig(
+        text_config=dict(vocab_size=len(vocab), hidden_size=16, intermediate_size=32, num_hidden_layers=1,
+                         num_attention_heads=2, max_position_embeddings=32, eos_token_id=eos, bos_token_id=bos,
+                         pad_token_id=eos),
+        vision_config=dict(hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
+                           image_size=32, patch_size=16),
+        projection_dim=8,
+    )
+    torch.manual_seed(0)
+    CLIPModel(config).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
+    return str(folder)
+
+
+def test_clip_extraction_end_to_end_on_cpu(tmp_path, tiny_clip):
+    import torch
+    from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+
+    names = make_images(tmp_path / "imgs", 6)
+    caps, labels = write_inputs(tmp_path, names)
+    (tmp_path / "classes.txt").write_text("\n".join(CLASSES))
+    cfg = ExtractConfig(model=tiny_clip, batch_size=4, chunk_items=5, device="cpu", workers=1)
+    report = extract_features(tmp_path / "imgs", caps, labels, tmp_path / "clip.h5", sizes=SIZES,
+                              classes=tmp_path / "classes.txt", config=cfg, progress=False)
+    ds = load_dataset(report.path)
+    assert ds.d_img == 8 and ds.d_txt == 8 and ds.attrs["classes"] == CLASSES
+    assert tiny_clip in ds.attrs["image_feature"] and report.rows == {"train": 6, "query": 4, "retrieval": 8}
+    # the stored features are CLIP's own, as computed directly
+    model = CLIPModel.from_pretrained(tiny_clip).eval()
+    processor, tokenizer = AutoImageProcessor.from_pretrained(tiny_clip), AutoTokenizer.from_pretrained(tiny_clip)
+    part = ds.query
+    i = int(part.ids[0])
+    with torch.no_grad():
+        pixels = processor(images=[Image.open(tmp_path / "imgs" / names[i]).convert("RGB")], return_tensors="pt")
+        img = model.visual_projection(model.vision_model(pixel_values=pixels["pixel_values"]).pooler_output)
+        tokens = tokenizer([f"a photo number {i}"], return_tensors="pt")
+        txt = model.text_projection(model.text_model(**tokens).pooler_output)
+    torch.testing.assert_close(part.img[0], img[0], rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(part.txt[0], txt[0], rtol=1e-4, atol=1e-5)
+
+
+def test_extract_command(tmp_path, tiny_clip):
+    from click.testing import CliRunner
+
+    from ucmfh.data.cli import extract
+
+    names = make_images(tmp_path / "imgs", 5)
+    caps, labels = write_inputs(tmp_path, names)
+    result = CliRunner().invoke(extract, [str(tmp_path / "imgs"), str(caps), str(labels), str(tmp_path / "c.h5"),
+                                          "--model", tiny_clip, "--device", "cpu", "--query", "1", "--train", "2",
+                                          "--normalize", "--workers", "1"])
+    assert result.exit_code == 0, result.output
+    ds = load_dataset(tmp_path / "c.h5")
+    import torch
+
+    torch.testing.assert_close(ds.train.img.norm(dim=1), torch.ones(len(ds.train)))

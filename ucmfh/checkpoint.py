@@ -1,0 +1,107 @@
+"""Checkpoints that carry their full config, written atomically and checked on load."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Any, Dict, Optional, Union
+
+import torch
+
+from ucmfh.config import FusionConfig, HashConfig, from_dict, to_dict
+from ucmfh.data.h5 import PathLike, atomic_path
+from ucmfh.models.fusion import FusionEncoder
+from ucmfh.models.hashing import CrossModalHasher
+
+FORMAT = "ucmfh-checkpoint"
+VERSION = 1
+
+
+class CheckpointError(ValueError):
+    """A checkpoint is unreadable or was made for other settings."""
+
+
+def save_checkpoint(
+    path: PathLike,
+    model: Union[FusionEncoder, CrossModalHasher],
+    fusion_cfg: FusionConfig,
+    hash_cfg: Optional[HashConfig] = None,
+    meta: Optional[Dict[str, Any]] = None,
+) -> str:
+    """Save weights, configs and dims; the file appears only once fully written."""
+    path = os.fspath(path)
+    fusion = model.fusion if isinstance(model, CrossModalHasher) else model
+    payload = {
+        "format": FORMAT,
+        "version": VERSION,
+        "kind": "hash" if isinstance(model, CrossModalHasher) else "fusion",
+        "d_img": fusion.d_img,
+        "d_txt": fusion.d_txt,
+        "fusion_config": to_dict(fusion_cfg),
+        "hash_config": None if hash_cfg is None else to_dict(hash_cfg),
+        "meta": dict(meta or {}),
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+    }
+    tmp = atomic_path(path)
+    try:
+        torch.save(payload, tmp)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    # the settings, readable without torch, beside the weights
+    settings = {k: payload[k] for k in ("kind", "d_img", "d_txt", "fusion_config", "hash_config", "meta")}
+    tmp = atomic_path(path)
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(settings, f, indent=2)
+    os.replace(tmp, os.path.splitext(path)[0] + ".json")
+    return path
+
+
+def read_checkpoint(path: PathLike) -> Dict[str, Any]:
+    """The raw checkpoint dict, after checking it is one of ours."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise CheckpointError(f"{path}: no such checkpoint")
+    try:
+        payload = torch.load(path, map_location="cpu", weights_only=True)
+    except Exception as err:  # torch raises several types for a damaged file
+        raise CheckpointError(f"{path}: not a readable checkpoint ({err})") from None
+    if not isinstance(payload, dict) or payload.get("format") != FORMAT:
+        raise CheckpointError(f"{path}: not a ucmfh checkpoint")
+    if payload.get("version") != VERSION:
+        raise CheckpointError(f"{path}: checkpoint version {payload.get('version')}, this ucmfh reads {VERSION}")
+    return payload
+
+
+def _expect(path: str, payload: Dict[str, Any], name: str, actual: Any, wanted: Optional[Any]) -> None:
+    if wanted is not None and actual != wanted:
+        raise CheckpointError(f"{path}: made for {name}={actual}, but {name}={wanted} was asked for")
+
+
+def load_model(
+    path: PathLike,
+    kind: str,
+    d_img: Optional[int] = None,
+    d_txt: Optional[int] = None,
+    n_bits: Optional[int] = None,
+) -> tuple:
+    """Rebuild a model from a checkpoint, refusing one made for other settings.
+
+    Returns ``(model, fusion_cfg, hash_cfg, meta)``; ``kind`` is 'fusion' or 'hash'.
+    """
+    path = os.fspath(path)
+    payload = read_checkpoint(path)
+    _expect(path, payload, "kind", payload["kind"], kind)
+    _expect(path, payload, "image feature dim", payload["d_img"], d_img)
+    _expect(path, payload, "text feature dim", payload["d_txt"], d_txt)
+    fusion_cfg = from_dict(FusionConfig, payload["fusion_config"], source=path)
+    hash_cfg = None if payload["hash_config"] is None else from_dict(HashConfig, payload["hash_config"], source=path)
+    if hash_cfg is not None:
+        _expect(path, payload, "n_bits", hash_cfg.n_bits, n_bits)
+    fusion = FusionEncoder(payload["d_img"], payload["d_txt"], fusion_cfg)
+    model = fusion if kind == "fusion" else CrossModalHasher(fusion, hash_cfg)
+    try:
+        model.load_state_dict(payload["state_dict"])
+    except RuntimeError as err:
+        raise CheckpointError(f"{path}: weights do not fit the saved config ({err})") from None
+    return model.eval(), fusion_cfg, hash_cfg, payload["meta"]

@@ -1,0 +1,228 @@
+"""The ``ucmfh`` command: thin click wrappers over the library."""
+from __future__ import annotations
+
+import functools
+import json
+import os
+import sys
+from typing import Any, Callable, Dict, List, Optional, Tuple
+
+import click
+
+from ucmfh.checkpoint import CheckpointError
+from ucmfh.config import PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig
+from ucmfh.data.h5 import DataError, load_dataset, validate_file
+from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
+
+
+def default_data_dir() -> str:
+    """Where dataset names resolve to ``NAME.h5``: ``$UCMFH_DATA_DIR``, else ``data``."""
+    return os.environ.get("UCMFH_DATA_DIR", "data")
+
+
+def parse_loss_params(pairs: Tuple[str, ...]) -> Dict[str, Any]:
+    """``key=value`` pairs to a dict; values are read as JSON when they parse (numbers, true/false)."""
+    params: Dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--loss-param")
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
+
+
+def protocols_of(protocol: str) -> Tuple[str, ...]:
+    return PROTOCOLS if protocol == "both" else (protocol,)
+
+
+def _user_errors(fn: Callable) -> Callable:
+    """Report bad input as one clear line and exit 2, instead of a traceback."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except (DataError, CheckpointError, FileNotFoundError, FileExistsError, ValueError) as err:
+            raise click.ClickException(str(err)) from None
+
+    return wrapper
+
+
+def data_options(fn: Callable) -> Callable:
+    for option in reversed([
+        click.option("--dataset", "-d", default="synthetic", show_default=True,
+                     help="Dataset name (DATA_DIR/NAME.h5) or path to an .h5 file; 'synthetic' is made on first use."),
+        click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data",
+                     help="Folder of NAME.h5 dataset files."),
+        click.option("--protocol", type=click.Choice(["both", *PROTOCOLS]), default="both", show_default=True,
+                     help="unimodal: codes from one modality (cross-modal); fused: UCMFH's protocol."),
+        click.option("--k", default=50, show_default=True, help="MAP@k cut-off."),
+        click.option("--results", default="runs/results.jsonl", show_default=True,
+                     help="JSON-lines file the result rows are appended to."),
+        click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1, ..."),
+        click.option("--quiet", is_flag=True, help="No progress bars."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def train_options(fn: Callable) -> Callable:
+    defaults = FusionConfig()
+    for option in reversed([
+        click.option("--loss", default=defaults.loss, show_default=True, help="Loss name (see 'ucmfh losses')."),
+        click.option("--loss-param", "loss_params", multiple=True, metavar="KEY=VALUE",
+                     help="Loss hyper-parameter, e.g. temperature=0.1 (repeatable)."),
+        click.option("--epochs", type=int, default=None, help="Epochs [default: 100, or the reference's for known datasets]."),
+        click.option("--batch-size", default=defaults.batch_size, show_default=True),
+        click.option("--seed", default=defaults.seed, show_default=True),
+        click.option("--modality-dropout", default=defaults.modality_dropout, show_default=True,
+                     help="Share of items trained with image and text kept apart (0 = UCMFH's fused-only training)."),
+        click.option("--out", default="runs", show_default=True, help="Root folder of checkpoints."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def default_epochs(dataset: str, epochs: Optional[int]) -> int:
+    """``epochs``, else the reference code's for a known dataset name, else 100."""
+    return epochs if epochs is not None else REFERENCE_EPOCHS.get(os.path.splitext(os.path.basename(dataset))[0], 100)
+
+
+def report(rows: List[Dict[str, Any]], results: str) -> None:
+    from ucmfh.experiment import append_results, format_table
+
+    click.echo(format_table(rows))
+    if results:
+        os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
+        append_results(results, rows)
+        click.echo(f"results appended to {results}")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ucmfh")
+def main() -> None:
+    """ucmfh: deep cross-modal hashing (UCMFH and its loss variants) on precomputed features."""
+
+
+@main.command("make-synthetic")
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--n-query", default=SyntheticSpec.n_query, show_default=True)
+@click.option("--n-retrieval", default=SyntheticSpec.n_retrieval, show_default=True)
+@click.option("--n-train", default=SyntheticSpec.n_train, show_default=True)
+@click.option("--n-classes", default=SyntheticSpec.n_classes, show_default=True)
+@click.option("--d-img", default=SyntheticSpec.d_img, show_default=True)
+@click.option("--d-txt", default=SyntheticSpec.d_txt, show_default=True)
+@click.option("--seed", default=SyntheticSpec.seed, show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+@_user_errors
+def make_synthetic_cmd(out: str, overwrite: bool, **sizes: int) -> None:
+    """Write a deterministic synthetic dataset (MIRFlickr-shaped by default) to OUT."""
+    path = make_synthetic(out, SyntheticSpec(**sizes), overwrite=overwrite)
+    click.echo(f"wrote {path}")
+
+
+@main.command("validate")
+@click.argument("path", type=click.Path(dir_okay=False))
+@_user_errors
+def validate_cmd(path: str) -> None:
+    """Check a dataset file against the ucmfh HDF5 format."""
+    attrs = validate_file(path)
+    data = load_dataset(path, validate=False)
+    click.echo(f"{path}: valid ({attrs.get('name', '?')}: d_img {data.d_img}, d_txt {data.d_txt}, "
+               f"{data.n_classes} classes; train {len(data.train)}, query {len(data.query)}, "
+               f"retrieval {len(data.retrieval)})")
+
+
+@main.command("losses")
+def losses_cmd() -> None:
+    """List the loss names."""
+    from ucmfh.losses import LOSSES
+
+    for name, cls in LOSSES.items():
+        click.echo(f"{name:<10} {(cls.__doc__ or '').strip().splitlines()[0]}")
+
+
+def _load(dataset: str, data_dir: str):
+    from ucmfh.experiment import resolve_dataset
+
+    path = resolve_dataset(dataset, data_dir)
+    click.echo(f"dataset: {path}")
+    return load_dataset(path)
+
+
+def fusion_config(dataset: str, loss: str, loss_params, epochs, batch_size, seed, modality_dropout, device) -> FusionConfig:
+    return FusionConfig(loss=loss, loss_params=parse_loss_params(loss_params), epochs=default_epochs(dataset, epochs),
+                        batch_size=batch_size, seed=seed, modality_dropout=modality_dropout, device=device).validate()
+
+
+@main.command("train-fusion")
+@data_options
+@train_options
+@click.option("--lr", default=FusionConfig.lr, show_default=True)
+@_user_errors
+def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, loss, loss_params, epochs,
+                     batch_size, seed, modality_dropout, out, lr) -> None:
+    """Task 0: train the fusion encoder and score its embeddings (cosine ranking)."""
+    from ucmfh.experiment import run_dir, train_fusion_stage
+
+    data = _load(dataset, data_dir)
+    cfg = fusion_config(dataset, loss, loss_params, epochs, batch_size, seed, modality_dropout, device)
+    cfg.lr = lr
+    rows = train_fusion_stage(data, cfg, run_dir(out, data.name, loss, seed), protocols_of(protocol), k, not quiet)
+    report(rows, results)
+
+
+@main.command("train-hash")
+@data_options
+@train_options
+@click.option("--n-bits", "-b", multiple=True, type=int, default=(64,), show_default=True,
+              help="Code length (repeatable: -b 16 -b 32 ...).")
+@click.option("--beta-schedule", type=click.Choice(["none", "hashnet", "step"]), default="none", show_default=True,
+              help="Tanh continuation: none is UCMFH's plain tanh.")
+@click.option("--fusion-epochs", type=int, default=None, help="Epochs of the fusion stage when it must be trained first.")
+@_user_errors
+def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, loss, loss_params, epochs,
+                   batch_size, seed, modality_dropout, out, n_bits, beta_schedule, fusion_epochs) -> None:
+    """Task 1: train hash heads (training the fusion stage first if needed) and score the codes."""
+    from ucmfh.experiment import run_dir, train_hash_stage
+
+    data = _load(dataset, data_dir)
+    fcfg = fusion_config(dataset, loss, loss_params, fusion_epochs if fusion_epochs is not None else epochs,
+                         batch_size, seed, modality_dropout, device)
+    rows = []
+    for bits in n_bits:
+        hcfg = HashConfig(n_bits=bits, loss=loss, loss_params=fcfg.loss_params, epochs=default_epochs(dataset, epochs),
+                          batch_size=batch_size, seed=seed, modality_dropout=modality_dropout,
+                          beta_schedule=beta_schedule, device=device).validate()
+        rows += train_hash_stage(data, fcfg, hcfg, run_dir(out, data.name, loss, seed), protocols_of(protocol),
+                                 k, not quiet, log=click.echo)
+    report(rows, results)
+
+
+@main.command("evaluate")
+@data_options
+@click.option("--checkpoint", "-c", required=True, type=click.Path(dir_okay=False),
+              help="A fusion.pt or hashN.pt checkpoint.")
+@_user_errors
+def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpoint) -> None:
+    """Tasks 2/3: reload a checkpoint and score it on a dataset."""
+    from ucmfh.experiment import evaluate_checkpoint
+
+    data = _load(dataset, data_dir)
+    report(evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet), results)
+
+
+def _add_data_commands() -> None:
+    from ucmfh.data.cli import convert, extract
+
+    main.add_command(convert)
+    main.add_command(extract)
+
+
+_add_data_commands()
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,116 @@
+"""Settings of each stage: the one home of defaults.
+
+The values follow UCMFH's reference code (REFERENCE §2) except where that code
+is defective; every departure is named in a comment.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any, Dict, Optional
+
+PROTOCOLS = ("unimodal", "fused")
+BETA_SCHEDULES = ("none", "hashnet", "step")
+
+# Epochs of the reference code per dataset; a front door may use them as
+# defaults, the trainer never looks at a dataset's name.
+REFERENCE_EPOCHS = {"mirflickr": 100, "nuswide": 150, "nus-wide": 150, "mscoco": 500, "coco": 500}
+
+
+@dataclass
+class FusionConfig:
+    """Fusion stage (task 0): the two-token Transformer and its training."""
+
+    # architecture
+    d_model: int = 512  # per-modality token width; UCMFH's 1024-d token is two 512-d halves
+    n_layers: int = 2
+    n_heads: int = 4
+    d_ff: int = 1024  # UCMFH: 1024-d token, 2048-d feed-forward; the same 2:1 ratio per token
+    dropout: float = 0.1
+    # Share of training items whose two tokens may not attend to each other,
+    # so the encoder learns to embed one modality alone (the unimodal
+    # protocol). 0 trains only UCMFH's fused view.
+    modality_dropout: float = 0.5
+    # training
+    loss: str = "original"
+    loss_params: Dict[str, Any] = field(default_factory=dict)
+    epochs: int = 100
+    batch_size: int = 128
+    lr: float = 1e-4
+    betas: tuple = (0.5, 0.999)
+    seed: int = 2023
+    device: str = "auto"
+
+    def validate(self) -> "FusionConfig":
+        if self.d_model % self.n_heads:
+            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
+        if not 0.0 <= self.modality_dropout <= 1.0:
+            raise ValueError(f"modality_dropout must be in [0, 1], got {self.modality_dropout}")
+        _check_training(self)
+        return self
+
+
+@dataclass
+class HashConfig:
+    """Hashing stage (task 1): one hash head per modality on the fusion embeddings."""
+
+    n_bits: int = 64
+    hidden: int = 4096
+    dropout: float = 0.3
+    # loss = loss(fused img, fused txt) + code_weight * loss(img codes, txt codes)
+    code_weight: float = 0.5
+    modality_dropout: float = 0.5  # as in FusionConfig, for the fusion encoder trained on in this stage
+    # tanh continuation (REFERENCE §5): 'none' is UCMFH's plain tanh (beta = 1),
+    # 'hashnet' beta = (1 + gamma * iter) ** 0.5 recomputed every `beta_step_iters` iterations,
+    # 'step' beta = (epoch // beta_step_epochs + 1) ** 0.5 (DeepHash-pytorch).
+    beta_schedule: str = "none"
+    beta_gamma: float = 0.005
+    beta_step_iters: int = 200
+    beta_step_epochs: int = 20
+    loss: str = "original"
+    loss_params: Dict[str, Any] = field(default_factory=dict)
+    epochs: int = 100
+    batch_size: int = 128
+    lr_fusion: float = 1e-4
+    lr_head: float = 1e-3
+    betas: tuple = (0.5, 0.999)
+    seed: int = 2023
+    device: str = "auto"
+
+    def validate(self) -> "HashConfig":
+        if not 8 <= self.n_bits <= 256:
+            raise ValueError(f"n_bits must be between 8 and 256, got {self.n_bits}")
+        if self.beta_schedule not in BETA_SCHEDULES:
+            raise ValueError(f"beta_schedule must be one of {BETA_SCHEDULES}, got {self.beta_schedule!r}")
+        if not 0.0 <= self.modality_dropout <= 1.0:
+            raise ValueError(f"modality_dropout must be in [0, 1], got {self.modality_dropout}")
+        if self.beta_step_iters < 1 or self.beta_step_epochs < 1:
+            raise ValueError("beta_step_iters and beta_step_epochs must be >= 1")
+        _check_training(self)
+        return self
+
+
+def _check_training(cfg: Any) -> None:
+    if cfg.epochs < 0:
+        raise ValueError(f"epochs must be >= 0, got {cfg.epochs}")
+    if cfg.batch_size < 2:
+        raise ValueError(f"batch_size must be >= 2 (contrastive losses need negatives), got {cfg.batch_size}")
+
+
+def to_dict(cfg: Any) -> Dict[str, Any]:
+    """A JSON-able dict of a config."""
+    out = dataclasses.asdict(cfg)
+    out["betas"] = list(out["betas"])
+    return out
+
+
+def from_dict(cls: type, values: Dict[str, Any], source: Optional[str] = None) -> Any:
+    """Rebuild a config, refusing keys this version does not know."""
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+        raise ValueError(f"{source or cls.__name__}: unknown settings {unknown}")
+    values = dict(values)
+    if "betas" in values:
+        values["betas"] = tuple(values["betas"])
+    return cls(**values)

@@ -1,0 +1,148 @@
+"""Click commands for data: ``ucmfh convert pkl|mat|npz`` and ``ucmfh extract``.
+
+Thin: each command parses options and calls one library function. The main
+``ucmfh`` group adds them with ``main.add_command(convert)`` and
+``main.add_command(extract)``.
+"""
+from __future__ import annotations
+
+import logging
+import click
+
+from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
+from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features
+from ucmfh.data.splits import DEFAULT_SEED, STANDARD_SPLITS, resolve_sizes
+
+
+def _summary(report: ConvertReport) -> None:
+    rows = ", ".join(f"{s} {n}" for s, n in report.rows.items())
+    dropped = sum(report.dropped.values())
+    click.echo(f"wrote {report.path}: {rows}" + (f"; dropped {dropped} rows without a label" if dropped else "")
+               + f" ({report.seconds:.1f} s)")
+
+
+def _common(f):
+    options = [
+        click.option("--name", help="Dataset name (default: the output file's stem)."),
+        click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False),
+                     help="Class names, one per line, in label-column order."),
+        click.option("--image-feature", help="Describes the image feature (root attribute)."),
+        click.option("--text-feature", help="Describes the text feature (root attribute)."),
+        click.option("--empty-labels", type=click.Choice(EMPTY_LABELS), default="drop", show_default=True,
+                     help="Rows with no label: drop them (count is logged) or fail."),
+        click.option("--overwrite", is_flag=True, help="Replace an existing output file."),
+    ]
+    for option in reversed(options):
+        f = option(f)
+    return f
+
+
+@click.group()
+def convert() -> None:
+    """Convert released feature files into the ucmfh HDF5 format."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+
+
+@convert.command("pkl")
+@click.argument("folder", type=click.Path(exists=True, file_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@_common
+def convert_pkl_cmd(folder, out, name, classes_file, image_feature, text_feature, empty_labels, overwrite):
+    """UCMFH's FOLDER/{train,query,retrieval}.pkl -> OUT, split as released."""
+    kwargs = {k: v for k, v in (("image_feature", image_feature), ("text_feature", text_feature)) if v}
+    _summary(convert_pkl(folder, out, name=name, classes=read_classes(classes_file) if classes_file else None,
+                         empty_labels=empty_labels, overwrite=overwrite, **kwargs))
+
+
+def _arrays_command(kind: str, help_text: str):
+    @click.argument("image", type=click.Path(exists=True, dir_okay=False))
+    @click.argument("text", type=click.Path(exists=True, dir_okay=False))
+    @click.argument("labels", type=click.Path(exists=True, dir_okay=False))
+    @click.argument("out", type=click.Path(dir_okay=False))
+    @click.option("--image-key", help="Variable / array name of the image matrix (default: IAll, image, ... or the only one).")
+    @click.option("--text-key", help="Variable / array name of the text matrix (default: YAll, text, ...).")
+    @click.option("--labels-key", help="Variable / array name of the label matrix (default: LAll, labels, ...).")
+    @click.option("--standard-split", type=click.Choice(sorted(STANDARD_SPLITS)),
+                  help="Standard split sizes; --query/--train/--retrieval override them.")
+    @click.option("--query", type=int, help="Query items.")
+    @click.option("--train", type=int, help="Train items, drawn from retrieval.")
+    @click.option("--retrieval", type=int, help="Retrieval items (default: all not in query).")
+    @click.option("--split-index", type=click.Path(exists=True, dir_okay=False),
+                  help="Use a given split: .npz with query/retrieval/train source-row arrays.")
+    @click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True, help="Seed of the drawn split.")
+    @click.option("--chunk-rows", type=int, default=4096, show_default=True, help="Rows read per block.")
+    @_common
+    def command(image, text, labels, out, image_key, text_key, labels_key, standard_split, query, train, retrieval,
+                split_index, seed, chunk_rows, name, classes_file, image_feature, text_feature, empty_labels,
+                overwrite):
+        sizes = None
+        if split_index is None:
+            try:
+                sizes = resolve_sizes(standard_split, query, train, retrieval)
+            except ValueError as err:
+                raise click.UsageError(str(err)) from None
+        elif standard_split or query or train or retrieval:
+            raise click.UsageError("--split-index gives the split; drop --standard-split/--query/--train/--retrieval")
+        _summary(convert_arrays(
+            image, text, labels, out, image_key=image_key, text_key=text_key, labels_key=labels_key,
+            sizes=sizes, split_index=split_index, seed=seed, name=name,
+            classes=read_classes(classes_file) if classes_file else None, image_feature=image_feature,
+            text_feature=text_feature, empty_labels=empty_labels, chunk_rows=chunk_rows, overwrite=overwrite,
+        ))
+
+    command.__doc__ = help_text
+    return convert.command(kind)(command)
+
+
+_arrays_command("mat", "Whole-set .mat matrices (DJSRH/UCCH, v5 or v7.3) IMAGE TEXT LABELS -> OUT with a seeded split.")
+_arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with a seeded split.")
+
+
+@click.command()
+@click.argument("images", type=click.Path(exists=True))
+@click.argument("captions", type=click.Path(exists=True, dir_okay=False))
+@click.argument("labels", type=click.Path(exists=True, dir_okay=False))
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--model", default=ExtractConfig.model, show_default=True,
+              help="Hugging Face CLIP model name or a local save_pretrained folder.")
+@click.option("--batch-size", type=int, default=ExtractConfig.batch_size, show_default=True)
+@click.option("--chunk-items", type=int, default=ExtractConfig.chunk_items, show_default=True,
+              help="Items per resumable chunk.")
+@click.option("--device", help="torch device (default: cuda when available, else cpu).")
+@click.option("--normalize/--no-normalize", default=ExtractConfig.normalize, show_default=True,
+              help="L2-normalise the features.")
+@click.option("--bad-images", type=click.Choice(BAD_IMAGES), default=ExtractConfig.bad_images, show_default=True,
+              help="Unreadable or truncated image: fail, or skip it and its captions (named in the log).")
+@click.option("--workers", type=int, default=ExtractConfig.workers, show_default=True, help="Image-decoding threads.")
+@click.option("--keep-scratch", is_flag=True, help="Keep OUT.parts/ after success.")
+@click.option("--restart", is_flag=True, help="Discard finished chunks in OUT.parts/ and start over.")
+@click.option("--standard-split", type=click.Choice(sorted(STANDARD_SPLITS)), help="Standard split sizes (in images).")
+@click.option("--query", type=int, help="Query images.")
+@click.option("--train", type=int, help="Train images, drawn from retrieval.")
+@click.option("--retrieval", type=int, help="Retrieval images (default: all not in query).")
+@click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True, help="Seed of the drawn split.")
+@click.option("--name", help="Dataset name (default: the output file's stem).")
+@click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False),
+              help="Class names, one per line (fixes the label columns; unknown names in LABELS fail).")
+@click.option("--empty-labels", type=click.Choice(EMPTY_LABELS), default="drop", show_default=True,
+              help="Images with no label: drop them (count is logged) or fail.")
+@click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
+def extract(images, captions, labels, out, model, batch_size, chunk_items, device, normalize, bad_images, workers,
+            keep_scratch, restart, standard_split, query, train, retrieval, seed, name, classes_file, empty_labels,
+            overwrite):
+    """CLIP features of IMAGES (folder or list file) and CAPTIONS (TSV/JSON), LABELS (TSV/JSON) -> OUT."""
+    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    try:
+        sizes = resolve_sizes(standard_split, query, train, retrieval)
+        config = ExtractConfig(model=model, batch_size=batch_size, chunk_items=chunk_items, device=device,
+                               normalize=normalize, bad_images=bad_images, workers=workers,
+                               keep_scratch=keep_scratch)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+    report = extract_features(images, captions, labels, out, sizes=sizes, seed=seed, classes=classes_file,
+                              config=config, name=name, empty_labels=empty_labels, restart=restart,
+                              overwrite=overwrite)
+    rows = ", ".join(f"{s} {n}" for s, n in report.rows.items())
+    click.echo(f"wrote {report.path}: {rows} ({report.n_images} images, {report.n_captions} captions; "
+               f"{len(report.skipped_images)} unreadable images skipped; chunks computed {report.chunks_computed}, "
+               f"reused {report.chunks_reused}; {report.seconds:.1f} s)")

@@ -1,0 +1,419 @@
+"""Convert released feature files into the ucmfh HDF5 format (REFERENCE §1).
+
+Three inputs, one output format:
+
+* :func:`convert_pkl` — UCMFH's ``train.pkl`` / ``query.pkl`` / ``retrieval.pkl``
+  (each a dict with ``image`` [N, 512], ``text`` [N, 512], ``label`` [N, C]),
+  split as released.
+* :func:`convert_arrays` — whole-set matrices (image, text, labels) from
+  DJSRH/UCCH-style ``.mat`` files (v5 via :mod:`scipy.io`, v7.3 via h5py,
+  which stores MATLAB's [N, d] as [d, N]) or from ``.npy`` / ``.npz`` files,
+  with a seeded split (:mod:`ucmfh.data.splits`) or a given one.
+
+Large inputs are streamed: the source is read in blocks of rows, each block is
+cast to float32 and scattered into the output splits, so at most one copy of a
+matrix (none for ``.npy`` and v7.3 ``.mat``) is in memory.
+"""
+from __future__ import annotations
+
+import logging
+import os
+import pickle
+import time
+from contextlib import ExitStack
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import h5py
+import numpy as np
+from tqdm.auto import tqdm
+
+from ucmfh.data.h5 import SPLITS, DataError, PathLike, create_split_dataset, open_writer
+from ucmfh.data.splits import DEFAULT_SEED, SplitIndex, SplitSizes, load_split_index, sample_split
+
+log = logging.getLogger(__name__)
+
+EMPTY_LABELS = ("drop", "fail")
+# variable names tried, in order, when a file holds several arrays and no key is given
+ROLE_KEYS = {
+    "image": ("image", "img", "IAll", "I", "X"),
+    "text": ("text", "txt", "YAll", "T", "Y"),
+    "labels": ("labels", "label", "LAll", "L"),
+}
+_MAT_META = ("#refs#", "#subsystem#")
+
+
+@dataclass
+class ConvertReport:
+    """What a conversion wrote: rows per split and rows dropped for having no label."""
+
+    path: str
+    rows: Dict[str, int]
+    dropped: Dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+
+
+class ArraySource:
+    """A 2-D matrix in some file, read in blocks of rows.
+
+    ``read(start, stop)`` returns rows ``start:stop`` as a dense numpy array.
+    """
+
+    def __init__(self, name: str, shape: Tuple[int, ...], dtype: np.dtype, reader):
+        self.name = name
+        self.shape = tuple(int(s) for s in shape)
+        self.dtype = np.dtype(dtype)
+        self._reader = reader
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def read(self, start: int, stop: int) -> np.ndarray:
+        return np.asarray(self._reader(start, stop))
+
+    def read_all(self) -> np.ndarray:
+        return self.read(0, self.shape[0])
+
+
+def _in_memory(name: str, array) -> ArraySource:
+    if hasattr(array, "tocsr"):  # scipy sparse (tag bag-of-words is often sparse)
+        array = array.tocsr()
+        return ArraySource(name, array.shape, array.dtype, lambda a, b: array[a:b].toarray())
+    return ArraySource(name, array.shape, array.dtype, lambda a, b: array[a:b])
+
+
+def _pick_key(path: str, names: Sequence[str], key: Optional[str], role: str) -> str:
+    if key is not None:
+        if key not in names:
+            raise DataError(f"{path}: no variable {key!r} (the file has: {sorted(names)})")
+        return key
+    for candidate in ROLE_KEYS.get(role, ()):
+        if candidate in names:
+            return candidate
+    if len(names) == 1:
+        return names[0]
+    raise DataError(f"{path}: {len(names)} variables {sorted(names)}; name the {role} one with a key option")
+
+
+def open_array(path: PathLike, key: Optional[str] = None, role: str = "", stack: Optional[ExitStack] = None) -> ArraySource:
+    """Open one matrix of a ``.mat`` (v5 or v7.3), ``.npy`` or ``.npz`` file.
+
+    ``key`` names the variable; without it the role's usual names
+    (:data:`ROLE_KEYS`) are tried, then a file's only variable. A v7.3 file
+    stays open (registered on ``stack``) and is read lazily; ``.npy`` is
+    memory-mapped.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file")
+    ext = os.path.splitext(path)[1].lower()
+    if ext == ".npy":
+        try:
+            array = np.load(path, mmap_mode="r", allow_pickle=False)
+        except ValueError as err:
+            raise DataError(f"{path}: not a readable .npy array ({err})") from None
+        return _in_memory(path, array)
+    if ext == ".npz":
+        try:
+            npz = np.load(path, allow_pickle=False)
+        except (ValueError, OSError) as err:
+            raise DataError(f"{path}: not a readable .npz archive ({err})") from None
+        with npz:
+            name = _pick_key(path, list(npz.files), key, role)
+            return _in_memory(f"{path}:{name}", npz[name])
+    if ext == ".mat":
+        if h5py.is_hdf5(path):
+            return _open_mat73(path, key, role, stack)
+        import scipy.io
+
+        try:
+            names = [n for n, _, _ in scipy.io.whosmat(path)]
+            name = _pick_key(path, names, key, role)
+            array = scipy.io.loadmat(path, variable_names=[name])[name]
+        except (ValueError, OSError, TypeError) as err:
+            raise DataError(f"{path}: not a readable .mat file ({err})") from None
+        return _in_memory(f"{path}:{name}", array)
+    raise DataError(f"{path}: unknown array file type {ext!r} (expected .mat, .npy or .npz)")
+
+
+def _open_mat73(path: str, key: Optional[str], role: str, stack: Optional[ExitStack]) -> ArraySource:
+    f = h5py.File(path, "r")
+    if stack is not None:
+        stack.callback(f.close)
+    names = [n for n in f.keys() if n not in _MAT_META]
+    name = _pick_key(path, names, key, role)
+    dset = f[name]
+    where = f"{path}:{name}"
+    if not isinstance(dset, h5py.Dataset):
+        raise DataError(f"{where}: a MATLAB struct, cell or sparse matrix; store it as a full numeric matrix")
+    if dset.ndim != 2:
+        # MATLAB [N, d] is stored as [d, N]; more axes mean raw pixels, not features
+        raise DataError(
+            f"{where}: expected a 2-D feature matrix, got MATLAB shape {dset.shape[::-1]}; "
+            "raw images must go through `ucmfh extract` first"
+        )
+    return ArraySource(where, dset.shape[::-1], dset.dtype, lambda a, b: dset[:, a:b].T)
+
+
+def _check_labels(labels: np.ndarray, where: str) -> np.ndarray:
+    if labels.ndim != 2:
+        raise DataError(f"{where}: labels must be a 2-D [N, C] matrix, got shape {labels.shape}")
+    if labels.dtype.kind not in "biuf" or not np.isin(labels, (0, 1)).all():
+        raise DataError(f"{where}: labels must be multi-hot 0/1 values")
+    return labels.astype(np.uint8)
+
+
+def empty_label_rows(labels: np.ndarray, where: str, empty_labels: str) -> np.ndarray:
+    """Bool mask of rows to keep; rows with no label are dropped (logged) or fail."""
+    if empty_labels not in EMPTY_LABELS:
+        raise ValueError(f"empty_labels must be one of {EMPTY_LABELS}, got {empty_labels!r}")
+    empty = labels.sum(axis=1) == 0
+    n_empty = int(empty.sum())
+    if n_empty:
+        first = int(np.flatnonzero(empty)[0])
+        if empty_labels == "fail":
+            raise DataError(
+                f"{where}: {n_empty} rows have no label (first: row {first}); "
+                "pass empty_labels='drop' to leave them out"
+            )
+        log.warning("%s: dropped %d of %d rows that have no label (first: row %d)", where, n_empty, len(labels), first)
+    return ~empty
+
+
+def root_attrs(
+    out: str,
+    name: Optional[str],
+    classes: Optional[Sequence[str]],
+    n_classes: int,
+    image_feature: Optional[str],
+    text_feature: Optional[str],
+    source: str,
+    split_rule: str,
+) -> Dict[str, object]:
+    if classes is not None and len(classes) != n_classes:
+        raise DataError(f"{out}: {len(classes)} class names given for {n_classes} label columns")
+    return {
+        "name": name or os.path.splitext(os.path.basename(out))[0],
+        "classes": list(classes) if classes is not None else [f"class_{i}" for i in range(n_classes)],
+        "image_feature": image_feature or "unknown",
+        "text_feature": text_feature or "unknown",
+        "source": source,
+        "split": split_rule,
+    }
+
+
+def read_classes(path: PathLike) -> List[str]:
+    """Class names, one per line (blank lines ignored)."""
+    with open(path, encoding="utf-8") as f:
+        names = [line.strip() for line in f if line.strip()]
+    if not names:
+        raise DataError(f"{path}: no class names")
+    if len(set(names)) != len(names):
+        raise DataError(f"{path}: repeated class names")
+    return names
+
+
+def _as_numpy(value, where: str) -> np.ndarray:
+    if hasattr(value, "detach"):  # a torch tensor
+        value = value.detach().cpu().numpy()
+    array = np.asarray(value)
+    if array.dtype == object:
+        raise DataError(f"{where}: not a numeric array")
+    return array
+
+
+def _load_pkl(path: str) -> Dict[str, np.ndarray]:
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file")
+    try:
+        with open(path, "rb") as f:
+            data = pickle.load(f)
+    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as err:
+        raise DataError(f"{path}: not a readable pickle ({err})") from None
+    if not isinstance(data, dict):
+        raise DataError(f"{path}: expected a dict with 'image', 'text', 'label', got {type(data).__name__}")
+    label_key = "labels" if "labels" in data and "label" not in data else "label"
+    missing = [k for k in ("image", "text", label_key) if k not in data]
+    if missing:
+        raise DataError(f"{path}: missing keys {missing} (has {sorted(map(str, data))})")
+    arrays = {
+        "image": _as_numpy(data["image"], f"{path}: 'image'"),
+        "text": _as_numpy(data["text"], f"{path}: 'text'"),
+        "labels": _as_numpy(data[label_key], f"{path}: '{label_key}'"),
+    }
+    for k, v in arrays.items():
+        if v.ndim != 2:
+            raise DataError(f"{path}: '{k}': expected a 2-D array, got shape {v.shape}")
+        if len(v) != len(arrays["image"]):
+            raise DataError(f"{path}: '{k}' has {len(v)} rows, 'image' has {len(arrays['image'])}")
+    if len(arrays["image"]) == 0:
+        raise DataError(f"{path}: empty split (0 rows)")
+    return arrays
+
+
+def convert_pkl(
+    inputs: Union[PathLike, Dict[str, PathLike]],
+    out: PathLike,
+    *,
+    name: Optional[str] = None,
+    classes: Optional[Sequence[str]] = None,
+    image_feature: str = "CLIP ViT-B/32 image embedding (UCMFH release)",
+    text_feature: str = "CLIP ViT-B/32 text embedding (UCMFH release)",
+    empty_labels: str = "drop",
+    overwrite: bool = False,
+) -> ConvertReport:
+    """UCMFH's ``train.pkl`` / ``query.pkl`` / ``retrieval.pkl`` → one HDF5 file, split as released.
+
+    ``inputs`` is the folder holding the three files or a dict split → path.
+    One split is held in memory at a time (a pickle cannot be streamed).
+    """
+    t0 = time.perf_counter()
+    out = os.fspath(out)
+    if isinstance(inputs, dict):
+        paths = {s: os.fspath(inputs[s]) for s in SPLITS}
+    else:
+        paths = {s: os.path.join(os.fspath(inputs), f"{s}.pkl") for s in SPLITS}
+    for path in paths.values():
+        if not os.path.exists(path):
+            raise DataError(f"{path}: no such file")
+    report = ConvertReport(path=out, rows={})
+    # the first split fixes the class count for the root attributes
+    first = _load_pkl(paths["train"])
+    n_classes = first["labels"].shape[1]
+    attrs = root_attrs(
+        out, name, classes, n_classes, image_feature, text_feature,
+        source="UCMFH pkl release: " + ", ".join(f"{s}={paths[s]}" for s in SPLITS),
+        split_rule="as released: train.pkl, query.pkl, retrieval.pkl",
+    )
+    with open_writer(out, attrs, overwrite) as f:
+        for split in SPLITS:
+            arrays = first if split == "train" else _load_pkl(paths[split])
+            first = None
+            labels = _check_labels(arrays["labels"], f"{paths[split]}: 'label'")
+            keep = empty_label_rows(labels, paths[split], empty_labels)
+            report.dropped[split] = int((~keep).sum())
+            if not keep.any():
+                raise DataError(f"{paths[split]}: empty split (no row has a label)")
+            for key, array in (("image", arrays["image"]), ("text", arrays["text"]), ("labels", labels)):
+                create_split_dataset(f, split, key, (int(keep.sum()), array.shape[1]))[...] = array[keep]
+            report.rows[split] = int(keep.sum())
+            del arrays
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _scatter(
+    f: h5py.File,
+    key: str,
+    src: ArraySource,
+    index: Dict[str, np.ndarray],
+    chunk_rows: int,
+    bar: tqdm,
+) -> None:
+    """Copy the rows of ``src`` named by ``index`` into ``/split/key``, one source block at a time.
+
+    Each split's source rows are sorted, so the rows of one block land in a
+    contiguous range of each output dataset.
+    """
+    dsets = {s: create_split_dataset(f, s, key, (len(rows), src.shape[1])) for s, rows in index.items()}
+    n = len(src)
+    for start in range(0, n, chunk_rows):
+        stop = min(n, start + chunk_rows)
+        spans = {s: np.searchsorted(rows, (start, stop)) for s, rows in index.items()}
+        if any(hi > lo for lo, hi in spans.values()):
+            block = src.read(start, stop).astype(np.float32, copy=False)
+            for s, (lo, hi) in spans.items():
+                if hi > lo:
+                    dsets[s][lo:hi] = block[index[s][lo:hi] - start]
+        bar.update(stop - start)
+
+
+def convert_arrays(
+    image: PathLike,
+    text: PathLike,
+    labels: PathLike,
+    out: PathLike,
+    *,
+    image_key: Optional[str] = None,
+    text_key: Optional[str] = None,
+    labels_key: Optional[str] = None,
+    sizes: Optional[SplitSizes] = None,
+    split_index: Optional[Union[SplitIndex, PathLike]] = None,
+    seed: int = DEFAULT_SEED,
+    name: Optional[str] = None,
+    classes: Optional[Sequence[str]] = None,
+    image_feature: Optional[str] = None,
+    text_feature: Optional[str] = None,
+    empty_labels: str = "drop",
+    chunk_rows: int = 4096,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ConvertReport:
+    """Whole-set image / text / label matrices (``.mat`` v5 or v7.3, ``.npy``, ``.npz``) → HDF5.
+
+    The split is drawn by :func:`ucmfh.data.splits.sample_split` with
+    ``sizes`` and ``seed`` (rule and seed go into the ``split`` attribute), or
+    given as ``split_index`` (a :class:`SplitIndex` or an ``.npz`` of source
+    rows). ``ids`` in the output are the source row numbers. Rows without a
+    label are dropped before drawing (``empty_labels='drop'``, logged) or fail.
+
+    Shape: image [N, d_img], text [N, d_txt], labels [N, C] 0/1, any numeric dtype.
+    """
+    t0 = time.perf_counter()
+    out = os.fspath(out)
+    if (sizes is None) == (split_index is None):
+        raise ValueError("give exactly one of sizes (a drawn split) or split_index (a given split)")
+    if chunk_rows <= 0:
+        raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
+    with ExitStack() as stack:
+        img_src = open_array(image, image_key, "image", stack)
+        txt_src = open_array(text, text_key, "text", stack)
+        lab_src = open_array(labels, labels_key, "labels", stack)
+        for src, role in ((img_src, "image"), (txt_src, "text")):
+            if len(src.shape) != 2:
+                raise DataError(f"{src.name}: expected a 2-D [N, d] {role} feature matrix, got shape {src.shape}")
+            if src.dtype.kind not in "biuf":
+                raise DataError(f"{src.name}: expected numeric {role} features, got {src.dtype}")
+        n = len(img_src)
+        for src in (txt_src, lab_src):
+            if len(src) != n:
+                raise DataError(f"{src.name}: {len(src)} rows, but {img_src.name} has {n}")
+        label_matrix = _check_labels(lab_src.read_all(), lab_src.name)
+        keep = empty_label_rows(label_matrix, lab_src.name, empty_labels)
+        if split_index is None:
+            try:
+                index = sample_split(n, sizes, seed, keep=keep)
+            except ValueError as err:
+                raise DataError(f"{img_src.name}: {err}") from None
+        else:
+            index = split_index if isinstance(split_index, SplitIndex) else load_split_index(os.fspath(split_index))
+            for s, rows in index.as_dict().items():
+                if rows.size and (rows[0] < 0 or rows[-1] >= n):
+                    raise DataError(f"{index.rule}: {s}: row {rows[-1]} out of range for {n} rows")
+                bad = rows[~keep[rows]]
+                if bad.size:
+                    raise DataError(f"{index.rule}: {s}: {bad.size} rows have no label (first: row {bad[0]})")
+        rows = index.as_dict()
+        attrs = root_attrs(
+            out, name, classes, label_matrix.shape[1],
+            image_feature or f"from {img_src.name} ({img_src.shape[1]}-d)",
+            text_feature or f"from {txt_src.name} ({txt_src.shape[1]}-d)",
+            source=f"image={img_src.name}; text={txt_src.name}; labels={lab_src.name}",
+            split_rule=index.rule,
+        )
+        with open_writer(out, attrs, overwrite) as f:
+            for s in SPLITS:
+                create_split_dataset(f, s, "labels", (len(rows[s]), label_matrix.shape[1]))[...] = label_matrix[rows[s]]
+                create_split_dataset(f, s, "ids", (len(rows[s]),))[...] = rows[s]
+            with tqdm(total=2 * n, unit="row", desc=f"convert {os.path.basename(out)}", disable=not progress) as bar:
+                _scatter(f, "image", img_src, rows, chunk_rows, bar)
+                _scatter(f, "text", txt_src, rows, chunk_rows, bar)
+    return ConvertReport(
+        path=out,
+        rows={s: len(rows[s]) for s in SPLITS},
+        dropped={"all": int((~keep).sum())},
+        seconds=time.perf_counter() - t0,
+    )
+
+
+convert_mat = convert_arrays

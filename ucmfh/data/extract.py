@@ -1,0 +1,481 @@
+"""CLIP features from images and captions into the ucmfh HDF5 format.
+
+Inputs (formats in ``docs/data.md``):
+
+* images: a folder (every image file below it, named by its path relative to
+  the folder) or a list file (one path per line, relative to the list's folder);
+* captions: TSV ``image_name<TAB>caption`` (one line per caption, several per
+  image allowed) or JSON (``{"image_name": "caption" | ["caption", ...]}`` or
+  ``[{"image": name, "caption": text}, ...]``);
+* labels: TSV ``image_name<TAB>label,label,...`` or JSON
+  ``{"image_name": ["label", ...]}``; class names from a classes file (one per
+  line, which fixes the column order) or, without it, the sorted set of names.
+
+Each caption is one output row; its ``ids`` entry is its image's index, so the
+captions of one image share an id (positives of each other) and a split.
+
+Work is done in chunks of items; each finished chunk is saved as a small
+``.npz`` in a scratch folder beside the output (``OUT.parts/``), so an
+interrupted run resumes without recomputing finished chunks. The scratch is
+removed once the output file is written and validated.
+
+The CLIP implementation is ``transformers`` (the ``extract`` extra).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ucmfh.data.convert import empty_label_rows, read_classes, root_attrs
+from ucmfh.data.h5 import SPLITS, DataError, PathLike, create_split_dataset, open_writer
+from ucmfh.data.splits import DEFAULT_SEED, SplitSizes, sample_split
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "openai/clip-vit-base-patch32"
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+BAD_IMAGES = ("fail", "skip")
+
+
+@dataclass
+class ExtractConfig:
+    """Settings of a feature extraction; the one home of their defaults."""
+
+    model: str = DEFAULT_MODEL
+    batch_size: int = 64
+    chunk_items: int = 2048  # items per resumable chunk file
+    device: Optional[str] = None  # None: cuda when available, else cpu
+    normalize: bool = False  # L2-normalise features (UCMFH's release keeps them raw)
+    bad_images: str = "fail"  # unreadable image: fail, or skip its captions
+    workers: int = 4  # image-decoding threads
+    keep_scratch: bool = False
+
+    def __post_init__(self) -> None:
+        if self.batch_size <= 0 or self.chunk_items <= 0 or self.workers <= 0:
+            raise ValueError("batch_size, chunk_items and workers must be positive")
+        if self.bad_images not in BAD_IMAGES:
+            raise ValueError(f"bad_images must be one of {BAD_IMAGES}, got {self.bad_images!r}")
+
+
+@dataclass
+class ExtractReport:
+    path: str
+    rows: Dict[str, int]
+    n_images: int
+    n_captions: int
+    skipped_images: List[str] = field(default_factory=list)
+    chunks_computed: int = 0
+    chunks_reused: int = 0
+    seconds: float = 0.0
+
+
+# ---------------------------------------------------------------- inputs
+
+
+def list_images(images: PathLike) -> Tuple[List[str], List[str]]:
+    """Names and paths of the images: a folder (recursive, sorted) or a list file."""
+    images = os.fspath(images)
+    if os.path.isdir(images):
+        names = []
+        for root, _, files in os.walk(images):
+            for f in files:
+                if f.lower().endswith(IMAGE_EXTENSIONS):
+                    names.append(os.path.relpath(os.path.join(root, f), images).replace(os.sep, "/"))
+        names.sort()
+        if not names:
+            raise DataError(f"{images}: no image files ({', '.join(IMAGE_EXTENSIONS)})")
+        return names, [os.path.join(images, n) for n in names]
+    if not os.path.exists(images):
+        raise DataError(f"{images}: no such file or folder")
+    base = os.path.dirname(os.path.abspath(images))
+    with open(images, encoding="utf-8") as f:
+        names = [line.strip() for line in f if line.strip()]
+    if not names:
+        raise DataError(f"{images}: empty image list")
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise DataError(f"{images}: image {dup!r} listed twice")
+    return names, [n if os.path.isabs(n) else os.path.join(base, n) for n in names]
+
+
+def _read_name_map(path: str, what: str) -> List[Tuple[str, object, int]]:
+    """(image name, value, line/record number) from a TSV or JSON file."""
+    if not os.path.exists(path):
+        raise DataError(f"{path}: no such file")
+    entries: List[Tuple[str, object, int]] = []
+    if path.lower().endswith(".json"):
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}: not valid JSON ({err})") from None
+        if isinstance(data, dict):
+            for n, (name, value) in enumerate(data.items(), 1):
+                entries.append((name, value, n))
+        elif isinstance(data, list):
+            key = "caption" if what == "caption" else "labels"
+            for n, record in enumerate(data, 1):
+                if not isinstance(record, dict) or "image" not in record or key not in record:
+                    raise DataError(f"{path}: record {n}: expected {{\"image\": ..., \"{key}\": ...}}")
+                entries.append((str(record["image"]), record[key], n))
+        else:
+            raise DataError(f"{path}: expected a JSON object or list of records")
+        return entries
+    with open(path, encoding="utf-8") as f:
+        for n, line in enumerate(f, 1):
+            line = line.rstrip("\r\n")
+            if not line.strip():
+                continue
+            if "\t" not in line:
+                raise DataError(f"{path}: line {n}: expected 'image_name<TAB>{what}'")
+            name, value = line.split("\t", 1)
+            entries.append((name.strip(), value, n))
+    if not entries:
+        raise DataError(f"{path}: no entries")
+    return entries
+
+
+def read_captions(path: PathLike, names: Sequence[str]) -> Tuple[List[str], np.ndarray]:
+    """Captions and the index of each one's image, in image order then file order.
+
+    Every image needs at least one caption and every caption a known image.
+    """
+    path = os.fspath(path)
+    index = {name: i for i, name in enumerate(names)}
+    per_image: List[List[str]] = [[] for _ in names]
+    unknown = []
+    for name, value, n in _read_name_map(path, "caption"):
+        values = value if isinstance(value, list) else [value]
+        for caption in values:
+            if not isinstance(caption, str) or not caption.strip():
+                raise DataError(f"{path}: line/record {n}: empty or non-text caption for {name!r}")
+        if name not in index:
+            unknown.append(name)
+            continue
+        per_image[index[name]].extend(c.strip() for c in values)
+    if unknown:
+        raise DataError(
+            f"{path}: {len(unknown)} captions name images that are not in the image list "
+            f"(first: {unknown[0]!r}); images and captions do not match"
+        )
+    missing = [names[i] for i, caps in enumerate(per_image) if not caps]
+    if missing:
+        raise DataError(
+            f"{path}: {len(missing)} of {len(names)} images have no caption (first: {missing[0]!r}); "
+            "images and captions do not match"
+        )
+    captions = [c for caps in per_image for c in caps]
+    image_of = np.repeat(np.arange(len(names), dtype=np.int64), [len(c) for c in per_image])
+    return captions, image_of
+
+
+def read_labels(path: PathLike, names: Sequence[str], classes: Optional[Sequence[str]] = None
+                ) -> Tuple[np.ndarray, List[str]]:
+    """Multi-hot labels [n_images, C] of the named images, and the class names.
+
+    Unknown label names (not in ``classes``) and images without a line fail.
+    """
+    path = os.fspath(path)
+    entries = {}
+    for name, value, n in _read_name_map(path, "labels"):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise DataError(f"{path}: line/record {n}: labels of {name!r} must be names")
+        if name in entries:
+            raise DataError(f"{path}: line/record {n}: {name!r} appears twice")
+        entries[name] = (value, n)
+    if classes is None:
+        classes = sorted({v for value, _ in entries.values() for v in value})
+        if not classes:
+            raise DataError(f"{path}: no label names at all")
+    column = {c: j for j, c in enumerate(classes)}
+    labels = np.zeros((len(names), len(classes)), dtype=np.uint8)
+    missing = [name for name in names if name not in entries]
+    if missing:
+        raise DataError(f"{path}: {len(missing)} images have no labels line (first: {missing[0]!r})")
+    for i, name in enumerate(names):
+        value, n = entries[name]
+        for v in value:
+            if v not in column:
+                raise DataError(f"{path}: line/record {n}: unknown label {v!r} for {name!r} "
+                                f"(known: {', '.join(classes[:10])}{', ...' if len(classes) > 10 else ''})")
+            labels[i, column[v]] = 1
+    return labels, list(classes)
+
+
+# ---------------------------------------------------------------- encoder
+
+
+class ClipEncoder:
+    """CLIP image and text embeddings (projected) from ``transformers``.
+
+    ``model`` is a Hugging Face model name (downloaded once into the local
+    cache, e.g. ``openai/clip-vit-base-patch32``) or a local folder written by
+    ``save_pretrained`` holding the model, tokenizer and image processor.
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, device: Optional[str] = None, normalize: bool = False):
+        try:
+            from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+        except ImportError as err:
+            raise ImportError(
+                "feature extraction needs transformers: pip install 'ucmfh[extract]'"
+            ) from err
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self.model = CLIPModel.from_pretrained(model).eval().to(self.device)
+        self.tokenizer = AutoTokenizer.from_pretrained(model)
+        self.processor = AutoImageProcessor.from_pretrained(model)
+        self.max_length = int(self.model.config.text_config.max_position_embeddings)
+        self.normalize = normalize
+        self.name = model
+
+    def _finish(self, x: torch.Tensor) -> np.ndarray:
+        if self.normalize:
+            x = torch.nn.functional.normalize(x, dim=-1)
+        return x.float().cpu().numpy()
+
+    @torch.inference_mode()
+    def encode_images(self, images: list) -> np.ndarray:
+        """[B] PIL images → [B, d] float32."""
+        pixels = self.processor(images=images, return_tensors="pt")["pixel_values"].to(self.device)
+        pooled = self.model.vision_model(pixel_values=pixels).pooler_output
+        return self._finish(self.model.visual_projection(pooled))
+
+    @torch.inference_mode()
+    def encode_texts(self, texts: List[str]) -> np.ndarray:
+        """[B] strings → [B, d] float32 (truncated to the model's context length)."""
+        tokens = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
+                                return_tensors="pt").to(self.device)
+        pooled = self.model.text_model(input_ids=tokens["input_ids"],
+                                       attention_mask=tokens["attention_mask"]).pooler_output
+        return self._finish(self.model.text_projection(pooled))
+
+
+def load_image(path: str):
+    """An RGB PIL image, decoded in full; raises OSError for unreadable or truncated files."""
+    from PIL import Image, ImageFile
+
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        # someone allowed truncated images globally; a half-grey image must not become a feature
+        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set; unset it for extraction")
+    try:
+        with Image.open(path) as im:
+            return im.convert("RGB")
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        raise OSError(f"{path}: unreadable image ({type(err).__name__}: {err})") from None
+
+
+# ---------------------------------------------------------------- chunks
+
+
+def _fingerprint(*parts: object) -> str:
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(json.dumps(part, sort_keys=True).encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+class _Scratch:
+    """Finished chunks as ``kind-NNNNNN.npz`` files, each written atomically."""
+
+    def __init__(self, folder: str, fingerprint: str):
+        self.folder = folder
+        os.makedirs(folder, exist_ok=True)
+        manifest = os.path.join(folder, "manifest.json")
+        if os.path.exists(manifest):
+            with open(manifest, encoding="utf-8") as f:
+                old = json.load(f).get("fingerprint")
+            if old != fingerprint:
+                raise DataError(
+                    f"{folder}: scratch of a different extraction (other inputs, model or settings); "
+                    "remove the folder or pass restart=True"
+                )
+        else:
+            with open(manifest + ".tmp", "w", encoding="utf-8") as f:
+                json.dump({"fingerprint": fingerprint}, f)
+            os.replace(manifest + ".tmp", manifest)
+
+    def path(self, kind: str, chunk: int) -> str:
+        return os.path.join(self.folder, f"{kind}-{chunk:06d}.npz")
+
+    def done(self, kind: str, chunk: int) -> bool:
+        return os.path.exists(self.path(kind, chunk))
+
+    def save(self, kind: str, chunk: int, features: np.ndarray, ok: np.ndarray) -> None:
+        final = self.path(kind, chunk)
+        tmp = final[:-4] + ".tmp.npz"
+        np.savez(tmp, features=features, ok=ok)
+        os.replace(tmp, final)
+
+    def load(self, kind: str, chunk: int) -> Tuple[np.ndarray, np.ndarray]:
+        with np.load(self.path(kind, chunk)) as f:
+            return f["features"], f["ok"]
+
+
+def _run_chunks(
+    kind: str,
+    n_items: int,
+    scratch: _Scratch,
+    cfg: ExtractConfig,
+    compute: Callable[[int, int, tqdm], Tuple[np.ndarray, np.ndarray]],
+    bar: tqdm,
+    report: ExtractReport,
+) -> None:
+    """Compute every chunk that has no file yet; ``compute`` advances the bar per batch."""
+    for chunk, start in enumerate(range(0, n_items, cfg.chunk_items)):
+        stop = min(n_items, start + cfg.chunk_items)
+        if scratch.done(kind, chunk):
+            report.chunks_reused += 1
+            bar.update(stop - start)
+        else:
+            features, ok = compute(start, stop, bar)
+            scratch.save(kind, chunk, features, ok)
+            report.chunks_computed += 1
+
+
+def _gather(kind: str, n_items: int, scratch: _Scratch, cfg: ExtractConfig) -> Tuple[np.ndarray, np.ndarray]:
+    parts = [scratch.load(kind, c) for c in range((n_items + cfg.chunk_items - 1) // cfg.chunk_items)]
+    d = max(p[0].shape[1] for p in parts)
+    # a chunk whose images were all unreadable has no columns: NaN rows, never used
+    feats = [p[0] if p[0].shape[1] == d else np.full((len(p[1]), d), np.nan, np.float32) for p in parts]
+    return np.concatenate(feats), np.concatenate([p[1] for p in parts])
+
+
+# ---------------------------------------------------------------- main entry
+
+
+def extract_features(
+    images: PathLike,
+    captions: PathLike,
+    labels: PathLike,
+    out: PathLike,
+    *,
+    sizes: SplitSizes,
+    seed: int = DEFAULT_SEED,
+    classes: Optional[PathLike] = None,
+    config: Optional[ExtractConfig] = None,
+    encoder=None,
+    name: Optional[str] = None,
+    empty_labels: str = "drop",
+    restart: bool = False,
+    overwrite: bool = False,
+    progress: bool = True,
+) -> ExtractReport:
+    """Compute CLIP features of images and captions and write a dataset file.
+
+    Sizes count images (all captions of an image go to the same split).
+    ``encoder`` (anything with ``encode_images``/``encode_texts`` and ``name``)
+    replaces the CLIP model built from ``config.model``. Resumes from the
+    scratch folder ``OUT.parts`` unless ``restart``.
+    """
+    t0 = time.perf_counter()
+    cfg = config or ExtractConfig()
+    out = os.fspath(out)
+    if os.path.exists(out) and not overwrite:
+        raise FileExistsError(f"{out}: exists; pass overwrite=True to replace it")
+    names, paths = list_images(images)
+    caption_list, image_of = read_captions(captions, names)
+    label_matrix, class_names = read_labels(labels, names, read_classes(classes) if classes else None)
+    keep_image = empty_label_rows(label_matrix, os.fspath(labels), empty_labels)
+
+    if encoder is None:
+        encoder = ClipEncoder(cfg.model, cfg.device, cfg.normalize)
+    model_name = getattr(encoder, "name", None) or cfg.model
+    scratch_dir = out + ".parts"
+    if restart and os.path.isdir(scratch_dir):
+        shutil.rmtree(scratch_dir)
+    scratch = _Scratch(scratch_dir, _fingerprint(model_name, cfg.normalize, paths, caption_list))
+    report = ExtractReport(path=out, rows={}, n_images=len(names), n_captions=len(caption_list))
+
+    def image_chunk(start: int, stop: int, bar: tqdm) -> Tuple[np.ndarray, np.ndarray]:
+        feats, ok = [], np.ones(stop - start, dtype=bool)
+        with ThreadPoolExecutor(cfg.workers) as pool:
+            for b in range(start, stop, cfg.batch_size):
+                batch_paths = paths[b : min(stop, b + cfg.batch_size)]
+                loaded = list(pool.map(_try_load, batch_paths))
+                good = []
+                for i, (img, err) in enumerate(loaded):
+                    if err is None:
+                        good.append(img)
+                        continue
+                    if cfg.bad_images == "fail":
+                        raise DataError(f"{err}; pass bad_images='skip' to leave it out")
+                    log.warning("%s; skipped", err)
+                    ok[b - start + i] = False
+                if good:
+                    feats.append(np.asarray(encoder.encode_images(good), dtype=np.float32))
+                bar.update(len(batch_paths))
+        d = feats[0].shape[1] if feats else 0
+        full = np.full((stop - start, d), np.nan, dtype=np.float32)  # skipped rows never reach the output
+        if feats:
+            full[ok] = np.concatenate(feats)
+        return full, ok
+
+    def text_chunk(start: int, stop: int, bar: tqdm) -> Tuple[np.ndarray, np.ndarray]:
+        feats = []
+        for b in range(start, stop, cfg.batch_size):
+            batch = caption_list[b : min(stop, b + cfg.batch_size)]
+            feats.append(np.asarray(encoder.encode_texts(batch), dtype=np.float32))
+            bar.update(len(batch))
+        return np.concatenate(feats), np.ones(stop - start, dtype=bool)
+
+    with tqdm(total=len(names) + len(caption_list), unit="item", desc="extract", disable=not progress) as bar:
+        _run_chunks("image", len(names), scratch, cfg, image_chunk, bar, report)
+        _run_chunks("text", len(caption_list), scratch, cfg, text_chunk, bar, report)
+    img_feats, img_ok = _gather("image", len(names), scratch, cfg)
+    txt_feats, _ = _gather("text", len(caption_list), scratch, cfg)
+    if img_feats.shape[1] == 0 or not img_ok.any():
+        raise DataError(f"{images}: no readable image")
+    report.skipped_images = [names[i] for i in np.flatnonzero(~img_ok)]
+    if report.skipped_images and cfg.bad_images == "fail":  # chunks from an earlier run with skip
+        raise DataError(f"{paths[np.flatnonzero(~img_ok)[0]]}: unreadable image (found by an earlier run); "
+                        "pass bad_images='skip' to leave it out")
+    if report.skipped_images:
+        log.warning("skipped %d unreadable images (first: %s)", len(report.skipped_images),
+                    ", ".join(report.skipped_images[:10]))
+
+    keep_rows = (keep_image & img_ok)[image_of]
+    try:
+        index = sample_split(len(caption_list), sizes, seed, ids=image_of, keep=keep_rows)
+    except ValueError as err:
+        raise DataError(f"{captions}: {err}") from None
+    rows = index.as_dict()
+    attrs = root_attrs(
+        out, name, class_names, len(class_names),
+        f"CLIP {model_name} image embedding ({img_feats.shape[1]}-d{', L2-normalised' if cfg.normalize else ''})",
+        f"CLIP {model_name} text embedding ({txt_feats.shape[1]}-d{', L2-normalised' if cfg.normalize else ''})",
+        source=f"images={os.fspath(images)}; captions={os.fspath(captions)}; labels={os.fspath(labels)}",
+        split_rule=index.rule,
+    )
+    with open_writer(out, attrs, overwrite) as f:
+        for s in SPLITS:
+            r = rows[s]
+            create_split_dataset(f, s, "image", (len(r), img_feats.shape[1]))[...] = img_feats[image_of[r]]
+            create_split_dataset(f, s, "text", (len(r), txt_feats.shape[1]))[...] = txt_feats[r]
+            create_split_dataset(f, s, "labels", (len(r), len(class_names)))[...] = label_matrix[image_of[r]]
+            create_split_dataset(f, s, "ids", (len(r),))[...] = image_of[r]
+            report.rows[s] = len(r)
+    if not cfg.keep_scratch:
+        shutil.rmtree(scratch_dir, ignore_errors=True)
+    report.seconds = time.perf_counter() - t0
+    return report
+
+
+def _try_load(path: str):
+    try:
+        return load_image(path), None
+    except OSError as err:
+        return None, str(err)

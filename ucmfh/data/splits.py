@@ -1,0 +1,151 @@
+"""Seeded query / retrieval / train split of a whole-set release (REFERENCE §1).
+
+The field's standard split: draw ``query`` items at random, the rest (or a given
+number) is ``retrieval``, and ``train`` is drawn from ``retrieval``. The rule
+and seed are written into the file's ``split`` attribute so that a split can
+be redrawn exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Dict, Optional
+
+import numpy as np
+
+# UCMFH's seed; a split is reproducible from (sizes, seed, n_items)
+DEFAULT_SEED = 2023
+# The standard sizes of the public benchmarks; retrieval is "the rest".
+STANDARD_SPLITS: Dict[str, "SplitSizes"] = {}
+
+
+@dataclass(frozen=True)
+class SplitSizes:
+    """Numbers of items per split; ``retrieval=None`` means every item not in query."""
+
+    query: int
+    train: int
+    retrieval: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.query <= 0 or self.train <= 0:
+            raise ValueError(f"split sizes must be positive, got query={self.query}, train={self.train}")
+        if self.retrieval is not None and self.retrieval <= 0:
+            raise ValueError(f"split sizes must be positive, got retrieval={self.retrieval}")
+
+
+STANDARD_SPLITS.update({
+    "mirflickr": SplitSizes(query=2000, train=5000),
+    "nuswide": SplitSizes(query=2100, train=10500),
+    "nuswide-5000": SplitSizes(query=2100, train=5000),
+    "coco": SplitSizes(query=5000, train=10000),
+})
+
+
+@dataclass
+class SplitIndex:
+    """Source row indices of each split, each sorted ascending.
+
+    Shape: query [Nq], retrieval [Nr], train [Nt], all int64.
+    """
+
+    query: np.ndarray
+    retrieval: np.ndarray
+    train: np.ndarray
+    rule: str
+
+    def as_dict(self) -> Dict[str, np.ndarray]:
+        return {"train": self.train, "query": self.query, "retrieval": self.retrieval}
+
+
+def resolve_sizes(standard_split: Optional[str] = None, query: Optional[int] = None, train: Optional[int] = None,
+                  retrieval: Optional[int] = None) -> SplitSizes:
+    """Sizes from a named standard split, each overridable; or fully custom sizes."""
+    if standard_split is not None:
+        if standard_split not in STANDARD_SPLITS:
+            raise ValueError(f"unknown standard split {standard_split!r}; known: {sorted(STANDARD_SPLITS)}")
+        base = STANDARD_SPLITS[standard_split]
+        return SplitSizes(
+            query=base.query if query is None else query,
+            train=base.train if train is None else train,
+            retrieval=base.retrieval if retrieval is None else retrieval,
+        )
+    if query is None or train is None:
+        raise ValueError("give a standard split or both the query and train sizes")
+    return SplitSizes(query=query, train=train, retrieval=retrieval)
+
+
+def sample_split(
+    n_items: int,
+    sizes: SplitSizes,
+    seed: int,
+    ids: Optional[np.ndarray] = None,
+    keep: Optional[np.ndarray] = None,
+) -> SplitIndex:
+    """Draw a random split of ``n_items`` source rows.
+
+    One ``numpy.random.default_rng(seed).permutation`` of the units (rows, or
+    distinct ``ids`` when given, so that all captions of an image land in the
+    same split): the first ``query`` units are the query set, the next
+    ``retrieval`` units (default: all the others) the retrieval set, and the
+    first ``train`` units of the retrieval part the train set.
+
+    Args:
+        n_items: number of source rows.
+        sizes: split sizes, counted in units (rows, or distinct ids).
+        seed: the split's seed.
+        ids: [n_items] optional item ids; rows with equal id stay together.
+        keep: [n_items] optional bool mask; rows outside it are never drawn.
+
+    Raises:
+        ValueError: when the sizes ask for more units than there are.
+    """
+    rows = np.arange(n_items, dtype=np.int64)
+    if keep is not None:
+        rows = rows[np.asarray(keep, dtype=bool)]
+    if ids is None:
+        units, inverse = rows, np.arange(rows.size)
+        unit_name = "rows"
+    else:
+        units, inverse = np.unique(np.asarray(ids)[rows], return_inverse=True)
+        unit_name = "distinct ids"
+    n_units = units.size
+    n_retrieval = n_units - sizes.query if sizes.retrieval is None else sizes.retrieval
+    if n_retrieval <= 0:
+        raise ValueError(f"split asks for query {sizes.query} of {n_units} {unit_name}: retrieval would be empty")
+    if sizes.query + n_retrieval > n_units:
+        raise ValueError(f"split asks for query {sizes.query} + retrieval {n_retrieval} of {n_units} {unit_name}")
+    if sizes.train > n_retrieval:
+        raise ValueError(f"split asks for train {sizes.train} drawn from retrieval {n_retrieval} {unit_name}")
+    perm = np.random.default_rng(seed).permutation(n_units)
+    query_units = perm[: sizes.query]
+    retrieval_units = perm[sizes.query : sizes.query + n_retrieval]
+    train_units = retrieval_units[: sizes.train]
+
+    def rows_of(selected: np.ndarray) -> np.ndarray:
+        mask = np.zeros(n_units, dtype=bool)
+        mask[selected] = True
+        return np.sort(rows[mask[inverse]])
+
+    rule = (
+        f"random: numpy.random.default_rng({seed}).permutation over {n_units} {unit_name}; "
+        f"query = first {sizes.query}, retrieval = next {n_retrieval}"
+        f"{' (all the rest)' if sizes.retrieval is None else ''}, "
+        f"train = first {sizes.train} of retrieval; seed={seed}"
+    )
+    return SplitIndex(query=rows_of(query_units), retrieval=rows_of(retrieval_units),
+                      train=rows_of(train_units), rule=rule)
+
+
+def load_split_index(path: str) -> SplitIndex:
+    """A given split from an ``.npz`` with integer arrays ``query``, ``retrieval``, ``train`` (source rows)."""
+    with np.load(path) as f:
+        missing = [k for k in ("query", "retrieval", "train") if k not in f.files]
+        if missing:
+            raise ValueError(f"{path}: split index file lacks {missing} (has {f.files})")
+        parts = {k: np.sort(np.asarray(f[k], dtype=np.int64).ravel()) for k in ("query", "retrieval", "train")}
+    for k, v in parts.items():
+        if v.size == 0:
+            raise ValueError(f"{path}: {k}: empty split")
+    if np.intersect1d(parts["query"], parts["retrieval"]).size:
+        raise ValueError(f"{path}: query and retrieval share rows; they must be disjoint")
+    return SplitIndex(rule=f"given: source rows from {path}", **parts)

@@ -1,0 +1,73 @@
+"""UCMFH's fusion Transformer, reshaped so that it can also encode one modality alone."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+from torch import nn
+
+from ucmfh.config import FusionConfig
+from ucmfh.similarity import normalize
+
+
+class FusionEncoder(nn.Module):
+    """Encodes each item on its own as a sequence of two tokens, [image, text].
+
+    UCMFH feeds one ``concat(img, txt)`` token per pair; here the two halves
+    are two tokens of one short sequence, so that attention between them can
+    be switched off per item. With it on (the ``fused`` protocol) each output
+    sees both modalities, as in UCMFH; with it off, or with the other token
+    absent, the image embedding depends on the image alone (``unimodal``).
+    Items never attend to other items of the batch (UCMFH's defect 1).
+
+    Shape:
+        img: [B, d_img]; txt: [B, d_txt] -> two [B, d_model] L2-normalised embeddings.
+    """
+
+    def __init__(self, d_img: int, d_txt: int, cfg: FusionConfig = FusionConfig()) -> None:
+        super().__init__()
+        cfg.validate()
+        self.d_img, self.d_txt, self.n_heads = d_img, d_txt, cfg.n_heads
+        self.proj_img = nn.Linear(d_img, cfg.d_model)
+        self.proj_txt = nn.Linear(d_txt, cfg.d_model)
+        self.modality = nn.Parameter(0.02 * torch.randn(2, cfg.d_model))
+        layer = nn.TransformerEncoderLayer(
+            cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, batch_first=True
+        )
+        self.encoder = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
+
+    @property
+    def d_out(self) -> int:
+        return self.modality.shape[1]
+
+    def forward(
+        self, img: torch.Tensor, txt: torch.Tensor, separate: Optional[torch.Tensor] = None
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Both embeddings of each pair; ``separate`` [B] bool marks items whose tokens may not attend to each other."""
+        tokens = torch.stack([self.proj_img(img) + self.modality[0], self.proj_txt(txt) + self.modality[1]], dim=1)
+        mask = None
+        if separate is not None:
+            # per-item [2, 2] additive mask, -inf across modalities for separated items
+            cross = torch.zeros(img.shape[0], 2, 2, device=img.device, dtype=tokens.dtype)
+            blocked = separate.to(img.device)[:, None, None] & ~torch.eye(2, dtype=torch.bool, device=img.device)
+            mask = cross.masked_fill(blocked, float("-inf")).repeat_interleave(self.n_heads, dim=0)
+        out = self.encoder(tokens, mask=mask)
+        return normalize(out[:, 0]), normalize(out[:, 1])
+
+    def encode_img(self, img: torch.Tensor) -> torch.Tensor:
+        """Image embeddings from images alone. Shape: [B, d_img] -> [B, d_model]."""
+        return normalize(self.encoder((self.proj_img(img) + self.modality[0])[:, None])[:, 0])
+
+    def encode_txt(self, txt: torch.Tensor) -> torch.Tensor:
+        """Text embeddings from texts alone. Shape: [B, d_txt] -> [B, d_model]."""
+        return normalize(self.encoder((self.proj_txt(txt) + self.modality[1])[:, None])[:, 0])
+
+    def embed(
+        self, img: torch.Tensor, txt: torch.Tensor, protocol: str
+    ) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Image and text embeddings of items under an evaluation protocol (REFERENCE §3)."""
+        if protocol == "fused":
+            return self(img, txt)
+        if protocol == "unimodal":
+            return self.encode_img(img), self.encode_txt(txt)
+        raise ValueError(f"unknown protocol {protocol!r}; choose 'unimodal' or 'fused'")
