@@ -57,3 +57,18 @@ def test_codes_are_plus_minus_one_with_sign_of_zero_positive(model):
     from ucmfh.similarity import sign_codes
 
     assert sign_codes(torch.tensor([0.0, -0.0, -1e-9, 2.0])).tolist() == [1.0, 1.0, -1.0, 1.0]
+
+
+def test_inputs_are_standardised_with_training_statistics():
+    torch.manual_seed(0)
+    a = FusionEncoder(12, 7, small_fusion()).eval()
+    b = FusionEncoder(12, 7, small_fusion()).eval()
+    b.load_state_dict(a.state_dict())
+    img, txt = torch.rand(30, 12) / 128, torch.rand(30, 7)  # Wiki-like: tiny, non-centred values
+    img[:, 3] = 0.5  # a constant dimension must not divide by zero
+    a.fit_feature_stats(img, txt)
+    b.fit_feature_stats(img * 1000 + 3, txt * 0.01)
+    for protocol in ("unimodal", "fused"):
+        for x, y in zip(a.embed(img, txt, protocol), b.embed(img * 1000 + 3, txt * 0.01, protocol)):
+            torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
+    assert torch.isfinite(a.embed(torch.rand(4, 12), torch.rand(4, 7), "unimodal")[0]).all()

@@ -65,6 +65,7 @@ def fit_fusion(
     generator = seed_everything(cfg.seed)
     if fusion is None:
         fusion = FusionEncoder(data.d_img, data.d_txt, cfg)
+        fusion.fit_feature_stats(data.train.img, data.train.txt)
     fusion.to(device).train()
     loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
     params = list(fusion.parameters()) + list(loss_fn.parameters())

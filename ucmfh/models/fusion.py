@@ -28,6 +28,12 @@ class FusionEncoder(nn.Module):
         super().__init__()
         cfg.validate()
         self.d_img, self.d_txt, self.n_heads = d_img, d_txt, cfg.n_heads
+        # Per-dimension standardisation of the input features, fitted on the
+        # training split (fit_feature_stats): raw features come at any scale
+        # (Wiki's rows sum to 1, CLIP's are unit-norm).
+        for name, d in (("img", d_img), ("txt", d_txt)):
+            self.register_buffer(f"{name}_mean", torch.zeros(d))
+            self.register_buffer(f"{name}_std", torch.ones(d))
         self.proj_img = nn.Linear(d_img, cfg.d_model)
         self.proj_txt = nn.Linear(d_txt, cfg.d_model)
         self.modality = nn.Parameter(0.02 * torch.randn(2, cfg.d_model))
@@ -35,6 +41,21 @@ class FusionEncoder(nn.Module):
             cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, batch_first=True
         )
         self.encoder = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
+
+    @torch.no_grad()
+    def fit_feature_stats(self, img: torch.Tensor, txt: torch.Tensor) -> None:
+        """Set the input standardisation from training features. Shape: [N, d_img], [N, d_txt]."""
+        for name, x in (("img", img), ("txt", txt)):
+            x = x.double()
+            std = x.std(dim=0, correction=0) if x.shape[0] > 1 else torch.ones_like(x[0])
+            getattr(self, f"{name}_mean").copy_(x.mean(dim=0))
+            getattr(self, f"{name}_std").copy_(torch.where(std > 0, std, torch.ones_like(std)))
+
+    def _img_token(self, img: torch.Tensor) -> torch.Tensor:
+        return self.proj_img((img - self.img_mean) / self.img_std) + self.modality[0]
+
+    def _txt_token(self, txt: torch.Tensor) -> torch.Tensor:
+        return self.proj_txt((txt - self.txt_mean) / self.txt_std) + self.modality[1]
 
     @property
     def d_out(self) -> int:
@@ -44,7 +65,7 @@ class FusionEncoder(nn.Module):
         self, img: torch.Tensor, txt: torch.Tensor, separate: Optional[torch.Tensor] = None
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Both embeddings of each pair; ``separate`` [B] bool marks items whose tokens may not attend to each other."""
-        tokens = torch.stack([self.proj_img(img) + self.modality[0], self.proj_txt(txt) + self.modality[1]], dim=1)
+        tokens = torch.stack([self._img_token(img), self._txt_token(txt)], dim=1)
         mask = None
         if separate is not None:
             # per-item [2, 2] additive mask, -inf across modalities for separated items
@@ -56,11 +77,11 @@ class FusionEncoder(nn.Module):
 
     def encode_img(self, img: torch.Tensor) -> torch.Tensor:
         """Image embeddings from images alone. Shape: [B, d_img] -> [B, d_model]."""
-        return normalize(self.encoder((self.proj_img(img) + self.modality[0])[:, None])[:, 0])
+        return normalize(self.encoder(self._img_token(img)[:, None])[:, 0])
 
     def encode_txt(self, txt: torch.Tensor) -> torch.Tensor:
         """Text embeddings from texts alone. Shape: [B, d_txt] -> [B, d_model]."""
-        return normalize(self.encoder((self.proj_txt(txt) + self.modality[1])[:, None])[:, 0])
+        return normalize(self.encoder(self._txt_token(txt)[:, None])[:, 0])
 
     def embed(
         self, img: torch.Tensor, txt: torch.Tensor, protocol: str
