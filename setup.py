@@ -22,6 +22,8 @@ setup(
     extras_require={
         "test": ["pytest>=7"],
         "plot": ["matplotlib>=3.5"],
+        # only scripts/bench_eval.py's comparison uses it; the metrics never import it
+        "faiss": ["faiss-cpu>=1.7"],
         # CLIP feature extraction (`ucmfh extract`); needs no torchvision
         "extract": ["transformers>=4.30", "pillow>=9"],
     },

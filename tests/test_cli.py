@@ -7,6 +7,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import torch
 from click.testing import CliRunner
 
 from ucmfh.cli import main
@@ -25,7 +26,7 @@ def test_ucmfh_make_train_evaluate(tmp_path):
     results = tmp_path / "results.jsonl"
     common = ["-d", str(data), "--results", str(results), "--quiet", "--device", "cpu"]
     result = runner.invoke(main, ["train-hash", *common, "--out", str(tmp_path / "runs"), "--epochs", "1",
-                                  "-b", "8", "-b", "16"])
+                                  "-b", "8", "-b", "16", "--amp", "bf16"])
     assert result.exit_code == 0, result.output
     assert "training it first" in result.output and "unimodal" in result.output and "random" in result.output
     rows = [json.loads(line) for line in results.read_text().splitlines()]
@@ -34,10 +35,19 @@ def test_ucmfh_make_train_evaluate(tmp_path):
         assert 0 <= r["map_i2t"] <= 1 and 0 <= r["map_t2i"] <= 1
         assert {"dataset", "task", "loss", "seed", "epochs", "train_time_s", "git_commit", "random_map_i2t"} <= set(r)
     checkpoint = tmp_path / "runs" / "synthetic" / "original-seed2023" / "hash16.pt"
+    assert torch.load(checkpoint, weights_only=False)["hash_config"]["amp"] == "bf16"
     result = runner.invoke(main, ["evaluate", *common, "-c", str(checkpoint), "--protocol", "unimodal"])
     assert result.exit_code == 0, result.output
     again = json.loads(results.read_text().splitlines()[-1])
     assert (again["map_i2t"], again["map_t2i"]) == (rows[2]["map_i2t"], rows[2]["map_t2i"])
+    codes = tmp_path / "codes16.h5"
+    result = runner.invoke(main, ["encode", "-d", str(data), "-c", str(checkpoint), "-o", str(codes), "--quiet"])
+    assert result.exit_code == 0, result.output
+    metrics_out = tmp_path / "metrics.json"
+    result = runner.invoke(main, ["evaluate", "--codes", str(codes), "--metrics-out", str(metrics_out), "--quiet"])
+    assert result.exit_code == 0, result.output
+    metrics = json.loads(metrics_out.read_text())
+    assert abs(metrics["i2t"]["map@50"] - rows[2]["map_i2t"]) < 1e-9, metrics["i2t"]
 
 
 def test_ucmfh_reports_bad_input_without_traceback(tmp_path):

@@ -1,13 +1,16 @@
 """Training: every item used, determinism, and codes that beat random ones only once trained."""
 from __future__ import annotations
 
+import math
+
+import pytest
 import torch
 
 from ucmfh.config import HashConfig
 from ucmfh.evaluate import encode_split, evaluate_hashing, random_codes_map
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
-from ucmfh.train import batches, beta_at, fit_fusion, fit_hashing
+from ucmfh.train import batches, beta_at, epoch_plan, fit_fusion, fit_hashing
 
 from conftest import small_fusion, small_hash
 
@@ -56,3 +59,36 @@ def test_trained_codes_beat_random_and_untrained_do_not(tiny):
         for direction in ("map_i2t", "map_t2i"):
             assert abs(before[direction] - floor[direction]) < 0.08, (protocol, direction, before, floor)
             assert after[direction] > floor[direction] + 0.12, (protocol, direction, after, floor)
+
+
+def test_epoch_plan_draws_what_a_per_step_loop_would():
+    plan = epoch_plan(10, 4, 0.5, torch.Generator().manual_seed(3), torch.device("cpu"))
+    g = torch.Generator().manual_seed(3)
+    chunks = list(batches(10, 4, g))
+    separate = [torch.rand(len(c), generator=g) < 0.5 for c in chunks]
+    assert [torch.equal(i, c) and torch.equal(s, t) for (i, s), c, t in zip(plan, chunks, separate)] == [True] * 3
+    assert all(s is None for _, s in epoch_plan(10, 4, 0.0, g, torch.device("cpu")))
+
+
+def test_bf16_amp_trains_finite_and_is_reproducible(tiny):
+    def run():
+        fusion, h_fusion = fit_fusion(tiny, small_fusion(epochs=2, amp="bf16"), progress=False)
+        model, h_hash = fit_hashing(tiny, small_hash(epochs=2, amp="bf16"), fusion, progress=False)
+        return model, h_fusion + h_hash
+
+    model, history = run()
+    assert all(math.isfinite(x) for x in history)
+    assert all(p.dtype == torch.float32 for p in model.parameters())  # autocast leaves the weights in float32
+    codes = encode_split(model, tiny.query, "unimodal", "cpu")
+    assert all(set(c.unique().tolist()) <= {-1.0, 1.0} for c in codes)
+    again, history_again = run()
+    assert history == history_again
+    codes_again = encode_split(again, tiny.query, "unimodal", "cpu")
+    assert torch.equal(codes[0], codes_again[0]) and torch.equal(codes[1], codes_again[1])
+
+
+def test_amp_mode_is_validated():
+    with pytest.raises(ValueError, match="amp"):
+        small_fusion(amp="fp8").validate()
+    with pytest.raises(ValueError, match="amp"):
+        small_hash(amp="float16").validate()

@@ -10,7 +10,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 import click
 
 from ucmfh.checkpoint import CheckpointError
-from ucmfh.config import PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig
+from ucmfh.config import AMP_MODES, PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig
 from ucmfh.data.h5 import DataError, load_dataset, validate_file
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 
@@ -45,7 +45,7 @@ def _user_errors(fn: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (DataError, CheckpointError, FileNotFoundError, FileExistsError, ValueError) as err:
+        except (DataError, CheckpointError, FileNotFoundError, FileExistsError, ValueError, ImportError) as err:
             raise click.ClickException(str(err)) from None
 
     return wrapper
@@ -81,6 +81,8 @@ def train_options(fn: Callable) -> Callable:
         click.option("--modality-dropout", default=defaults.modality_dropout, show_default=True,
                      help="Share of items trained with image and text kept apart (0 = UCMFH's fused-only training)."),
         click.option("--out", default="runs", show_default=True, help="Root folder of checkpoints."),
+        click.option("--amp", type=click.Choice(AMP_MODES), default=defaults.amp, show_default=True,
+                     help="Mixed-precision training: bf16 autocasts the forward pass (CPU with bf16 support, or GPU)."),
     ]):
         fn = option(fn)
     return fn
@@ -153,9 +155,11 @@ def _load(dataset: str, data_dir: str):
     return load_dataset(path)
 
 
-def fusion_config(dataset: str, loss: str, loss_params, epochs, batch_size, seed, modality_dropout, device) -> FusionConfig:
+def fusion_config(dataset: str, loss: str, loss_params, epochs, batch_size, seed, modality_dropout, device,
+                  amp: str = "none") -> FusionConfig:
     return FusionConfig(loss=loss, loss_params=parse_loss_params(loss_params), epochs=default_epochs(dataset, epochs),
-                        batch_size=batch_size, seed=seed, modality_dropout=modality_dropout, device=device).validate()
+                        batch_size=batch_size, seed=seed, modality_dropout=modality_dropout, device=device,
+                        amp=amp).validate()
 
 
 @main.command("train-fusion")
@@ -164,12 +168,12 @@ def fusion_config(dataset: str, loss: str, loss_params, epochs, batch_size, seed
 @click.option("--lr", default=FusionConfig.lr, show_default=True)
 @_user_errors
 def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, loss, loss_params, epochs,
-                     batch_size, seed, modality_dropout, out, lr) -> None:
+                     batch_size, seed, modality_dropout, out, amp, lr) -> None:
     """Task 0: train the fusion encoder and score its embeddings (cosine ranking)."""
     from ucmfh.experiment import run_dir, train_fusion_stage
 
     data = _load(dataset, data_dir)
-    cfg = fusion_config(dataset, loss, loss_params, epochs, batch_size, seed, modality_dropout, device)
+    cfg = fusion_config(dataset, loss, loss_params, epochs, batch_size, seed, modality_dropout, device, amp)
     cfg.lr = lr
     rows = train_fusion_stage(data, cfg, run_dir(out, data.name, loss, seed), protocols_of(protocol), k, not quiet)
     report(rows, results)
@@ -185,18 +189,18 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, los
 @click.option("--fusion-epochs", type=int, default=None, help="Epochs of the fusion stage when it must be trained first.")
 @_user_errors
 def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, loss, loss_params, epochs,
-                   batch_size, seed, modality_dropout, out, n_bits, beta_schedule, fusion_epochs) -> None:
+                   batch_size, seed, modality_dropout, out, amp, n_bits, beta_schedule, fusion_epochs) -> None:
     """Task 1: train hash heads (training the fusion stage first if needed) and score the codes."""
     from ucmfh.experiment import run_dir, train_hash_stage
 
     data = _load(dataset, data_dir)
     fcfg = fusion_config(dataset, loss, loss_params, fusion_epochs if fusion_epochs is not None else epochs,
-                         batch_size, seed, modality_dropout, device)
+                         batch_size, seed, modality_dropout, device, amp)
     rows = []
     for bits in n_bits:
         hcfg = HashConfig(n_bits=bits, loss=loss, loss_params=fcfg.loss_params, epochs=default_epochs(dataset, epochs),
                           batch_size=batch_size, seed=seed, modality_dropout=modality_dropout,
-                          beta_schedule=beta_schedule, device=device).validate()
+                          beta_schedule=beta_schedule, device=device, amp=amp).validate()
         rows += train_hash_stage(data, fcfg, hcfg, run_dir(out, data.name, loss, seed), protocols_of(protocol),
                                  k, not quiet, log=click.echo)
     report(rows, results)
@@ -204,15 +208,63 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, loss,
 
 @main.command("evaluate")
 @data_options
-@click.option("--checkpoint", "-c", required=True, type=click.Path(dir_okay=False),
+@click.option("--checkpoint", "-c", type=click.Path(dir_okay=False),
               help="A fusion.pt or hashN.pt checkpoint.")
+@click.option("--codes", type=click.Path(dir_okay=False),
+              help="A codes file (ucmfh.codes.save_codes): every metric, both directions; no dataset needed.")
+@click.option("--metrics-out", type=click.Path(dir_okay=False),
+              help="With --codes: write all metrics as JSON here.")
+@click.option("--plot", metavar="PREFIX", help="With --codes: draw PREFIX_pr.png and PREFIX_pk.png (needs matplotlib).")
 @_user_errors
-def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpoint) -> None:
-    """Tasks 2/3: reload a checkpoint and score it on a dataset."""
+def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpoint, codes, metrics_out, plot) -> None:
+    """Tasks 2/3: reload a checkpoint and score it on a dataset; or score a saved codes file."""
+    if (checkpoint is None) == (codes is None):
+        raise click.UsageError("give exactly one of --checkpoint and --codes")
+    if codes is not None:
+        from ucmfh.metrics import codes_file_row, evaluate_codes_file
+        from ucmfh.utils import resolve_device
+
+        metrics = evaluate_codes_file(codes, k=k, device=resolve_device(device))
+        if metrics_out:
+            os.makedirs(os.path.dirname(os.path.abspath(metrics_out)), exist_ok=True)
+            with open(metrics_out, "w", encoding="utf-8") as f:
+                json.dump(metrics, f, indent=1)
+            click.echo(f"metrics written to {metrics_out}")
+        row = codes_file_row(metrics)
+        click.echo(f"{codes}: {row['n_bits']} bits, protocol {row['protocol']}: "
+                   f"MAP@{k} I->T {row['map_i2t']:.4f}, T->I {row['map_t2i']:.4f}")
+        if results:
+            from ucmfh.experiment import append_results
+
+            os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
+            append_results(results, [row])
+        if plot:
+            from ucmfh.metrics.plots import plot_curves
+
+            for path in plot_curves(metrics, plot):
+                click.echo(f"wrote {path}")
+        return
     from ucmfh.experiment import evaluate_checkpoint
 
     data = _load(dataset, data_dir)
     report(evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet), results)
+
+
+@main.command("encode")
+@click.option("--dataset", "-d", default="synthetic", show_default=True, help="Dataset name or path to an .h5 file.")
+@click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data")
+@click.option("--checkpoint", "-c", required=True, type=click.Path(dir_okay=False), help="A hashN.pt checkpoint.")
+@click.option("--protocol", type=click.Choice(PROTOCOLS), default="unimodal", show_default=True)
+@click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Codes file to write (HDF5, packed bits).")
+@click.option("--device", default="auto", show_default=True)
+@click.option("--quiet", is_flag=True, help="No progress bars.")
+@_user_errors
+def encode_cmd(dataset, data_dir, checkpoint, protocol, out, device, quiet) -> None:
+    """Write the query and retrieval codes of a hashing checkpoint to OUT (for 'evaluate --codes')."""
+    from ucmfh.experiment import encode_checkpoint
+
+    data = _load(dataset, data_dir)
+    click.echo(f"wrote {encode_checkpoint(data, checkpoint, out, protocol, device, not quiet)} ({protocol} protocol)")
 
 
 def _add_data_commands() -> None:

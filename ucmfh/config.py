@@ -11,6 +11,7 @@ from typing import Any, Dict, Optional
 
 PROTOCOLS = ("unimodal", "fused")
 BETA_SCHEDULES = ("none", "hashnet", "step")
+AMP_MODES = ("none", "bf16")
 
 # Epochs of the reference code per dataset; a front door may use them as
 # defaults, the trainer never looks at a dataset's name.
@@ -40,6 +41,9 @@ class FusionConfig:
     betas: tuple = (0.5, 0.999)
     seed: int = 2023
     device: str = "auto"
+    # mixed precision of the training forward pass: 'bf16' runs matmuls under
+    # torch.autocast in bfloat16 (weights, optimizer and losses stay float32)
+    amp: str = "none"
 
     def validate(self) -> "FusionConfig":
         if self.d_model % self.n_heads:
@@ -76,6 +80,7 @@ class HashConfig:
     betas: tuple = (0.5, 0.999)
     seed: int = 2023
     device: str = "auto"
+    amp: str = "none"  # as in FusionConfig
 
     def validate(self) -> "HashConfig":
         if not 8 <= self.n_bits <= 256:
@@ -95,6 +100,8 @@ def _check_training(cfg: Any) -> None:
         raise ValueError(f"epochs must be >= 0, got {cfg.epochs}")
     if cfg.batch_size < 2:
         raise ValueError(f"batch_size must be >= 2 (contrastive losses need negatives), got {cfg.batch_size}")
+    if cfg.amp not in AMP_MODES:
+        raise ValueError(f"amp must be one of {AMP_MODES}, got {cfg.amp!r}")
 
 
 def to_dict(cfg: Any) -> Dict[str, Any]:

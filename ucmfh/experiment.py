@@ -12,7 +12,8 @@ from ucmfh.checkpoint import load_model, read_checkpoint, save_checkpoint
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset, PathLike, atomic_path
 from ucmfh.data.synthetic import make_synthetic
-from ucmfh.evaluate import evaluate_fusion, evaluate_hashing, random_codes_map
+from ucmfh.codes import save_codes
+from ucmfh.evaluate import encode_split, evaluate_fusion, evaluate_hashing, random_codes_map
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.train import fit_fusion, fit_hashing
 from ucmfh.utils import resolve_device
@@ -148,6 +149,24 @@ def evaluate_checkpoint(
         return _rows(scores, data, "fusion", fusion_cfg.loss, fusion_cfg.seed, fusion_cfg.epochs, 0.0, device, path)
     hash_cfg.device = device
     return score_hash_model(model, data, hash_cfg, path, 0.0, protocols, k, progress)
+
+
+def encode_checkpoint(
+    data: Dataset, checkpoint: str, out: PathLike, protocol: str = "unimodal",
+    device: str = "auto", progress: bool = True,
+) -> str:
+    """Write the query and retrieval codes of a hashing checkpoint to a codes file (packed bits)."""
+    model, fusion_cfg, hash_cfg, _ = load_model(checkpoint, "hash", d_img=data.d_img, d_txt=data.d_txt)
+    query = encode_split(model, data.query, protocol, device, progress=progress)
+    retrieval = encode_split(model, data.retrieval, protocol, device, progress=progress)
+    return save_codes(
+        out, query_img=query[0].cpu(), query_txt=query[1].cpu(),
+        retrieval_img=retrieval[0].cpu(), retrieval_txt=retrieval[1].cpu(),
+        query_labels=data.query.labels, retrieval_labels=data.retrieval.labels,
+        query_ids=data.query.ids, retrieval_ids=data.retrieval.ids,
+        attrs={"dataset": data.name, "protocol": protocol, "loss": hash_cfg.loss,
+               "checkpoint": os.path.abspath(checkpoint), "seed": hash_cfg.seed},
+    )
 
 
 def append_results(path: PathLike, rows: List[Dict[str, Any]]) -> None:

@@ -54,3 +54,45 @@ def positive_mask(
 def sign_codes(x: torch.Tensor) -> torch.Tensor:
     """Binary codes as ±1 float tensor, with sign(0) = +1 (REFERENCE §5)."""
     return torch.where(x >= 0, 1.0, -1.0).to(torch.float32)
+
+
+# popcount of every byte value, built once per device on first use
+_POPCOUNT: dict = {}
+
+
+def _popcount_table(device: torch.device) -> torch.Tensor:
+    if device not in _POPCOUNT:
+        table = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.uint8)
+        _POPCOUNT[device] = table.to(device)
+    return _POPCOUNT[device]
+
+
+def hamming_distance_packed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Hamming distances between packed codes by XOR and popcount.
+
+    Shape: [N, n_bytes] uint8, [M, n_bytes] uint8 -> [N, M] int64. Zero padding
+    bits are equal in both codes, so they add nothing. Memory is N * M * n_bytes
+    bytes: call it on chunks.
+    """
+    if a.dtype != torch.uint8 or b.dtype != torch.uint8:
+        raise ValueError(f"packed codes must be uint8, got {a.dtype} and {b.dtype}")
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"packed codes differ in length: {a.shape[1]} and {b.shape[1]} bytes")
+    table = _popcount_table(a.device)
+    xor = torch.bitwise_xor(a[:, None, :], b[None, :, :])
+    return table[xor.long()].sum(dim=-1, dtype=torch.int64)
+
+
+def cosine_similarity_float64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity in float64, for ranking. Shape: [N, d], [M, d] -> [N, M] float64.
+
+    Products of float32 inputs are exact in float64, so rounding is ~1e-16; for
+    small-integer inputs every similarity is computed exactly alike, so equal
+    cosines tie exactly and the ranking's tie rule (retrieval index) decides
+    them. A zero row scores 0.
+    """
+    a = a.double()
+    b = b.double()
+    inv_a = 1.0 / a.norm(dim=1).clamp(min=1e-300)
+    inv_b = 1.0 / b.norm(dim=1).clamp(min=1e-300)
+    return (a @ b.T) * inv_a[:, None] * inv_b[None, :]

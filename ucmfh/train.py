@@ -1,8 +1,9 @@
 """The two training stages as plain loops over in-memory tensors."""
 from __future__ import annotations
 
+import contextlib
 import math
-from typing import Iterator, List, Optional, Tuple
+from typing import ContextManager, Iterable, Iterator, List, Optional, Tuple
 
 import torch
 from tqdm.auto import tqdm
@@ -40,15 +41,42 @@ def beta_at(cfg: HashConfig, iteration: int, epoch: int) -> float:
     return 1.0
 
 
-def _separate(n: int, p: float, generator: torch.Generator, device: torch.device) -> Optional[torch.Tensor]:
-    """Which items of a batch train with their modalities kept apart (modality dropout)."""
-    if p <= 0:
-        return None
-    return (torch.rand(n, generator=generator) < p).to(device)
+def epoch_plan(
+    n: int, batch_size: int, p_separate: float, generator: torch.Generator, device: torch.device
+) -> List[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    """One epoch's batches (item indices) and modality-dropout draws, already on ``device``.
+
+    Drawn from the CPU generator in the order a per-step loop would draw them
+    (the shuffle, then one ``rand`` per batch), so the run is the same; but
+    each goes to the device in one copy per epoch instead of two per step,
+    each of which would make the host wait for the GPU.
+    """
+    chunks = list(batches(n, batch_size, generator))
+    sizes = [len(c) for c in chunks]
+    index = torch.cat(chunks).to(device).split(sizes)
+    if p_separate <= 0:
+        return [(i, None) for i in index]
+    draws = torch.cat([torch.rand(k, generator=generator) for k in sizes])
+    return list(zip(index, (draws < p_separate).to(device).split(sizes)))
+
+
+def autocast(device: torch.device, amp: str) -> ContextManager:
+    """The training forward pass's precision: ``bf16`` autocasts matmuls to bfloat16, ``none`` does nothing."""
+    if amp == "none":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def adam(params: Iterable, **kwargs) -> torch.optim.Adam:
+    """Adam with its fused kernel where this torch has one for the parameters' device (same update rule)."""
+    params = list(params)
+    try:
+        return torch.optim.Adam(params, fused=True, **kwargs)
+    except (RuntimeError, TypeError):
+        return torch.optim.Adam(params, **kwargs)
 
 
 def _batch(split: Split, index: torch.Tensor) -> Tuple[torch.Tensor, ...]:
-    index = index.to(split.img.device)
     ids = None if split.ids is None else split.ids[index]
     return split.img[index], split.txt[index], ids
 
@@ -69,16 +97,17 @@ def fit_fusion(
     fusion.to(device).train()
     loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
     params = list(fusion.parameters()) + list(loss_fn.parameters())
-    optimizer = torch.optim.Adam(params, lr=cfg.lr, betas=tuple(cfg.betas))
+    optimizer = adam(params, lr=cfg.lr, betas=tuple(cfg.betas))
     train = data.train.to(device)
     history: List[float] = []
     bar = tqdm(range(cfg.epochs), desc="fusion", unit="epoch", disable=not progress)
     for _ in bar:
         total = torch.zeros((), device=device)
-        for index in batches(len(train), cfg.batch_size, generator):
+        for index, separate in epoch_plan(len(train), cfg.batch_size, cfg.modality_dropout, generator, device):
             img, txt, ids = _batch(train, index)
-            z_img, z_txt = fusion(img, txt, _separate(len(index), cfg.modality_dropout, generator, device))
-            loss = loss_fn(z_img, z_txt, ids=ids)
+            with autocast(device, cfg.amp):
+                z_img, z_txt = fusion(img, txt, separate)
+            loss = loss_fn(z_img.float(), z_txt.float(), ids=ids)  # losses always in float32
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -107,8 +136,8 @@ def fit_hashing(
     code_loss = build_loss(cfg.loss, **cfg.loss_params).to(device)
     head_params = [*model.img_head.parameters(), *model.txt_head.parameters(),
                    *fusion_loss.parameters(), *code_loss.parameters()]
-    optimizer = torch.optim.Adam(
-        [{"params": model.fusion.parameters(), "lr": cfg.lr_fusion}, {"params": head_params, "lr": cfg.lr_head}],
+    optimizer = adam(
+        [{"params": list(model.fusion.parameters()), "lr": cfg.lr_fusion}, {"params": head_params, "lr": cfg.lr_head}],
         betas=tuple(cfg.betas),
     )
     train = data.train.to(device)
@@ -117,11 +146,14 @@ def fit_hashing(
     bar = tqdm(range(cfg.epochs), desc=f"hashing {cfg.n_bits} bits", unit="epoch", disable=not progress)
     for epoch in bar:
         total = torch.zeros((), device=device)
-        for index in batches(len(train), cfg.batch_size, generator):
+        for index, separate in epoch_plan(len(train), cfg.batch_size, cfg.modality_dropout, generator, device):
             beta = beta_at(cfg, iteration, epoch)
             img, txt, ids = _batch(train, index)
-            z_img, z_txt = model.fusion(img, txt, _separate(len(index), cfg.modality_dropout, generator, device))
-            h_img, h_txt = model.logits(z_img, z_txt)
+            with autocast(device, cfg.amp):
+                z_img, z_txt = model.fusion(img, txt, separate)
+                h_img, h_txt = model.logits(z_img, z_txt)
+            # codes and losses always in float32: bf16's 8-bit mantissa would blur tanh near ±1
+            z_img, z_txt, h_img, h_txt = z_img.float(), z_txt.float(), h_img.float(), h_txt.float()
             codes_img, codes_txt = normalize(torch.tanh(beta * h_img)), normalize(torch.tanh(beta * h_txt))
             loss = fusion_loss(z_img, z_txt, ids=ids) + cfg.code_weight * code_loss(codes_img, codes_txt, ids=ids)
             optimizer.zero_grad(set_to_none=True)

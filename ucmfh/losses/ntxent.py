@@ -56,6 +56,8 @@ class NTXentLoss(CrossModalLoss):
         z = normalize(torch.cat([img, txt]))  # [2B, d]
         s = dot_similarity(z, z) / self.temperature  # [2B, 2B]
         same = positive_mask(b, ids, device=img.device).repeat(2, 2)  # same item or same id, [2B, 2B]
-        partner = torch.eye(2 * b, dtype=torch.bool, device=img.device).roll(b, dims=1)
-        s = s.masked_fill(same & ~partner, float("-inf"))  # drops self and same-id non-partners
-        return (torch.logsumexp(s, dim=1) - s[partner]).mean()
+        partner = torch.arange(2 * b, device=img.device).roll(b)  # row k's partner column, k ± B
+        # drop self and the same-id items that are not the partner
+        s = s.masked_fill(same.scatter(1, partner[:, None], False), float("-inf"))
+        # a gather, not s[bool mask]: boolean indexing makes the host wait for the GPU
+        return (torch.logsumexp(s, dim=1) - s.gather(1, partner[:, None]).squeeze(1)).mean()

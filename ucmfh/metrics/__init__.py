@@ -1,4 +1,35 @@
-"""Retrieval metrics."""
-from ucmfh.metrics.ranking import map_at_k, map_at_k_cosine
+"""Retrieval metrics: exact, chunked, device-following (REFERENCE §6).
 
-__all__ = ["map_at_k", "map_at_k_cosine"]
+Ranking is by Hamming distance of ±1 codes (or packed uint8 bits), or by
+cosine similarity with ``similarity="cosine"``; ties by retrieval index.
+"""
+from ucmfh.metrics.engine import relevant_counts, top_k
+from ucmfh.metrics.evaluate import codes_file_row, evaluate_codes, evaluate_codes_file, evaluate_direction
+from ucmfh.metrics.radius import pr_curve_hamming, precision_within_radius
+from ucmfh.metrics.ranking import (
+    average_precision_at_k,
+    map_at_all,
+    map_at_k,
+    map_at_k_cosine,
+    precision_at_k,
+    recall_at_k,
+    recall_at_ranks,
+)
+
+__all__ = [
+    "average_precision_at_k",
+    "codes_file_row",
+    "evaluate_codes",
+    "evaluate_codes_file",
+    "evaluate_direction",
+    "map_at_all",
+    "map_at_k",
+    "map_at_k_cosine",
+    "pr_curve_hamming",
+    "precision_at_k",
+    "precision_within_radius",
+    "recall_at_k",
+    "recall_at_ranks",
+    "relevant_counts",
+    "top_k",
+]

@@ -1,58 +1,83 @@
-"""MAP@K by Hamming ranking of ±1 codes, and by cosine ranking of real-valued embeddings (REFERENCE §6)."""
+"""Ranking metrics: MAP@K, MAP@all, precision@K, recall@K, Recall@ranks (REFERENCE §6).
+
+Every function ranks by Hamming distance of ±1 (or packed) codes by default, or
+by cosine similarity of real-valued embeddings with ``similarity="cosine"``;
+ties by retrieval index ascending. ``empty`` decides what happens to a query
+with no relevant item in the whole retrieval set: ``"zero"`` (default, the
+field's standard for MAP) scores it 0 and keeps it in the mean, ``"skip"``
+leaves it out of the mean. Results are identical for every chunk size.
+"""
 from __future__ import annotations
 
-from typing import Optional
+from typing import List, Optional, Sequence
 
 import torch
 
-from ucmfh.similarity import cosine_similarity, hamming_distance, label_relevance
+from ucmfh.metrics.engine import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    Empty,
+    Similarity,
+    _check_choice,
+    average_precision_all_hamming,
+    average_precision_ranked,
+    gather_id_match,
+    gather_relevance,
+    id_match_counts,
+    iter_top_k,
+    mean,
+    mean_columns,
+    relevant_counts,
+)
 
 
-def _average_precision(rel: torch.Tensor) -> torch.Tensor:
-    """AP of each row of a ranked relevance matrix; rows with no relevant item score 0. Shape: [Q, K] -> [Q]."""
-    rel = rel.float()
-    hits = rel.cumsum(dim=1)
-    positions = torch.arange(1, rel.shape[1] + 1, device=rel.device, dtype=rel.dtype)
-    found = rel.sum(dim=1)
-    return (hits / positions * rel).sum(dim=1) / found.clamp(min=1)
+def _keep(empty: str, query_labels: torch.Tensor, retrieval_labels: torch.Tensor) -> Optional[torch.Tensor]:
+    _check_choice("empty", empty, ("zero", "skip"))
+    if empty == "zero":
+        return None
+    return relevant_counts(query_labels, retrieval_labels) > 0
 
 
-def _top_k_hamming(query_codes: torch.Tensor, retrieval_codes: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k nearest by Hamming distance, ties by retrieval index. Shape: [Q, k]."""
-    n = retrieval_codes.shape[0]
-    dist = hamming_distance(query_codes, retrieval_codes)
-    key = dist * n + torch.arange(n, device=dist.device)  # unique, so the order is total
-    return key.topk(k, dim=1, largest=False, sorted=True).indices
+def _check_labels(query: torch.Tensor, retrieval: torch.Tensor, ql: torch.Tensor, rl: torch.Tensor) -> None:
+    if ql.shape[0] != query.shape[0] or rl.shape[0] != retrieval.shape[0]:
+        raise ValueError(
+            f"labels do not match the codes: {ql.shape[0]} query labels for {query.shape[0]} queries, "
+            f"{rl.shape[0]} retrieval labels for {retrieval.shape[0]} items"
+        )
+    if ql.ndim != 2 or rl.ndim != 2 or ql.shape[1] != rl.shape[1]:
+        raise ValueError(f"labels must be [N, C] with the same C, got {tuple(ql.shape)} and {tuple(rl.shape)}")
 
 
-def _top_k_cosine(query: torch.Tensor, retrieval: torch.Tensor, k: int) -> torch.Tensor:
-    """Indices of the k most similar by cosine, ties by retrieval index. Shape: [Q, k]."""
-    sim = cosine_similarity(query.float(), retrieval.float())
-    return torch.sort(-sim, dim=1, stable=True).indices[:, :k]
-
-
-def _map(
-    top_k,
-    query: torch.Tensor,
-    retrieval: torch.Tensor,
+def average_precision_at_k(
+    query_codes: torch.Tensor,
+    retrieval_codes: torch.Tensor,
     query_labels: torch.Tensor,
     retrieval_labels: torch.Tensor,
-    k: Optional[int],
-    chunk_size: int,
-) -> float:
-    n = retrieval.shape[0]
-    k = n if k is None else min(k, n)
-    device = retrieval.device
-    query_labels = query_labels.to(device)
-    retrieval_labels = retrieval_labels.to(device)
-    total = 0.0
-    for start in range(0, query.shape[0], chunk_size):
-        q = query[start : start + chunk_size].to(device)
-        ql = query_labels[start : start + chunk_size]
-        idx = top_k(q, retrieval, k)
-        rel = label_relevance(ql, retrieval_labels)
-        total += _average_precision(rel.gather(1, idx)).sum().item()
-    return total / query.shape[0]
+    k: Optional[int] = 50,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    similarity: Similarity = "hamming",
+    retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+) -> torch.Tensor:
+    """AP@K of every query (``k=None``: over the whole ranking). Shape: -> [Q] float64.
+
+    AP@K = (1/r) Σ_i i / p_i over the r relevant items among the first K, at
+    positions p_1 < … < p_r; 0 when r = 0. K larger than N means N.
+    """
+    _check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
+    n = retrieval_codes.shape[0]
+    if k is None and similarity == "hamming":
+        return average_precision_all_hamming(
+            query_codes, retrieval_codes, query_labels, retrieval_labels, chunk_size, retrieval_chunk_size
+        )
+    k = n if k is None else k
+    out = []
+    for start, _, idx in iter_top_k(
+        query_codes, retrieval_codes, k, similarity, chunk_size, retrieval_chunk_size
+    ):
+        rel = gather_relevance(query_labels[start : start + chunk_size], retrieval_labels, idx)
+        out.append(average_precision_ranked(rel))
+    return torch.cat(out)
 
 
 def map_at_k(
@@ -61,15 +86,45 @@ def map_at_k(
     query_labels: torch.Tensor,
     retrieval_labels: torch.Tensor,
     k: Optional[int] = 50,
-    chunk_size: int = 1024,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    empty: Empty = "zero",
+    similarity: Similarity = "hamming",
+    retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> float:
-    """MAP@K with Hamming ranking of ±1 codes; ``k=None`` gives MAP@all.
+    """MAP@K with Hamming ranking of ±1 (or packed uint8) codes; ``k=None`` gives MAP@all.
 
     Shape:
         query_codes: [Q, n_bits]; retrieval_codes: [N, n_bits];
-        query_labels: [Q, C]; retrieval_labels: [N, C].
+        query_labels: [Q, C]; retrieval_labels: [N, C] (multi-hot).
+
+    Example:
+        >>> map_at_k(img_codes, txt_codes, query_labels, retrieval_labels, k=50)  # I→T
     """
-    return _map(_top_k_hamming, query_codes, retrieval_codes, query_labels, retrieval_labels, k, chunk_size)
+    keep = _keep(empty, query_labels, retrieval_labels)
+    ap = average_precision_at_k(
+        query_codes, retrieval_codes, query_labels, retrieval_labels, k, chunk_size,
+        similarity=similarity, retrieval_chunk_size=retrieval_chunk_size,
+    )
+    return mean(ap, keep)
+
+
+def map_at_all(
+    query_codes: torch.Tensor,
+    retrieval_codes: torch.Tensor,
+    query_labels: torch.Tensor,
+    retrieval_labels: torch.Tensor,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    empty: Empty = "zero",
+    similarity: Similarity = "hamming",
+    retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+) -> float:
+    """MAP over the whole ranking: ``map_at_k(..., k=None)``."""
+    return map_at_k(
+        query_codes, retrieval_codes, query_labels, retrieval_labels, None, chunk_size,
+        empty=empty, similarity=similarity, retrieval_chunk_size=retrieval_chunk_size,
+    )
 
 
 def map_at_k_cosine(
@@ -78,7 +133,126 @@ def map_at_k_cosine(
     query_labels: torch.Tensor,
     retrieval_labels: torch.Tensor,
     k: Optional[int] = 50,
-    chunk_size: int = 1024,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    empty: Empty = "zero",
+    retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> float:
-    """MAP@K with cosine ranking of real-valued embeddings (ties by retrieval index)."""
-    return _map(_top_k_cosine, query, retrieval, query_labels, retrieval_labels, k, chunk_size)
+    """MAP@K with cosine ranking of real-valued embeddings (descending, ties by retrieval index).
+
+    ``k=None`` ranks everything: memory then grows with chunk_size * N.
+    """
+    return map_at_k(
+        query, retrieval, query_labels, retrieval_labels, k, chunk_size,
+        empty=empty, similarity="cosine", retrieval_chunk_size=retrieval_chunk_size,
+    )
+
+
+def _hits_at(
+    query: torch.Tensor,
+    retrieval: torch.Tensor,
+    ks: Sequence[int],
+    match,
+    similarity: str,
+    chunk_size: int,
+    retrieval_chunk_size: int,
+) -> torch.Tensor:
+    """Relevant items among the first k, for each k of ``ks``. Shape: -> [Q, len(ks)] int64."""
+    ks = list(ks)
+    if not ks or min(ks) < 1:
+        raise ValueError(f"ks must be a non-empty list of positive integers, got {ks}")
+    n = retrieval.shape[0]
+    cols = torch.tensor([min(k, n) - 1 for k in ks], device=query.device)
+    out = []
+    for start, _, idx in iter_top_k(query, retrieval, max(ks), similarity, chunk_size, retrieval_chunk_size):
+        hits = match(start, idx).long().cumsum(dim=1)
+        out.append(hits[:, cols])
+    return torch.cat(out)
+
+
+def precision_at_k(
+    query_codes: torch.Tensor,
+    retrieval_codes: torch.Tensor,
+    query_labels: torch.Tensor,
+    retrieval_labels: torch.Tensor,
+    ks: Sequence[int] = (1, 5, 10, 50, 100, 500, 1000),
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    empty: Empty = "zero",
+    similarity: Similarity = "hamming",
+    retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+) -> List[float]:
+    """Precision@K curve: mean over queries of (relevant among the first K) / K, one value per K.
+
+    K larger than the retrieval set N counts as N (the whole list is returned).
+    """
+    _check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
+    keep = _keep(empty, query_labels, retrieval_labels)
+    n = retrieval_codes.shape[0]
+    hits = _hits_at(
+        query_codes, retrieval_codes, ks,
+        lambda s, idx: gather_relevance(query_labels[s : s + chunk_size], retrieval_labels, idx),
+        similarity, chunk_size, retrieval_chunk_size,
+    )
+    denom = torch.tensor([min(k, n) for k in ks], dtype=torch.float64, device=hits.device)
+    return mean_columns(hits.double() / denom, keep)
+
+
+def recall_at_k(
+    query_codes: torch.Tensor,
+    retrieval_codes: torch.Tensor,
+    query_labels: torch.Tensor,
+    retrieval_labels: torch.Tensor,
+    ks: Sequence[int] = (1, 5, 10, 50, 100, 500, 1000),
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    empty: Empty = "zero",
+    similarity: Similarity = "hamming",
+    retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+) -> List[float]:
+    """Recall@K curve: mean over queries of (relevant among the first K) / (relevant in the set)."""
+    _check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
+    keep = _keep(empty, query_labels, retrieval_labels)
+    total = relevant_counts(query_labels.to(query_codes.device), retrieval_labels)
+    hits = _hits_at(
+        query_codes, retrieval_codes, ks,
+        lambda s, idx: gather_relevance(query_labels[s : s + chunk_size], retrieval_labels, idx),
+        similarity, chunk_size, retrieval_chunk_size,
+    )
+    return mean_columns(hits.double() / total.clamp(min=1).double()[:, None], keep)
+
+
+def recall_at_ranks(
+    query_codes: torch.Tensor,
+    retrieval_codes: torch.Tensor,
+    query_ids: torch.Tensor,
+    retrieval_ids: torch.Tensor,
+    ranks: Sequence[int] = (1, 5, 10),
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    empty: Empty = "zero",
+    similarity: Similarity = "hamming",
+    retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+) -> List[float]:
+    """Recall@1/5/10 of caption retrieval: the fraction of queries with a true match among the first R.
+
+    A query's true matches are the retrieval items with its id (e.g. the 5
+    captions of one COCO image). Shape: query_ids [Q], retrieval_ids [N] int64.
+    ``empty="skip"`` leaves out queries whose id occurs nowhere in the retrieval set.
+    """
+    if query_ids.shape != (query_codes.shape[0],) or retrieval_ids.shape != (retrieval_codes.shape[0],):
+        raise ValueError(
+            f"ids must be 1-D and match the codes: got {tuple(query_ids.shape)} for {query_codes.shape[0]} "
+            f"queries and {tuple(retrieval_ids.shape)} for {retrieval_codes.shape[0]} items"
+        )
+    _check_choice("empty", empty, ("zero", "skip"))
+    device = query_codes.device
+    query_ids = query_ids.to(device).long()
+    retrieval_ids = retrieval_ids.long()
+    keep = None if empty == "zero" else id_match_counts(query_ids, retrieval_ids.to(device)) > 0
+    hits = _hits_at(
+        query_codes, retrieval_codes, ranks,
+        lambda s, idx: gather_id_match(query_ids[s : s + chunk_size], retrieval_ids, idx),
+        similarity, chunk_size, retrieval_chunk_size,
+    )
+    return mean_columns((hits > 0).double(), keep)

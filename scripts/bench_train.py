@@ -1,0 +1,471 @@
+#!/usr/bin/env python3
+"""Training and encoding speed of ucmfh against a faithful re-implementation of UCMFH's code (not a test).
+
+(a) ``ref``: UCMFH's training step as its code does it: a per-item Dataset of
+CPU tensors behind a DataLoader (batch 128, shuffle, drop_last=True), one
+``concat(img, txt)`` 1024-d token through ``nn.TransformerEncoder`` (4 heads,
+2 layers, dim_feedforward 2048, batch_first=False) on ``(1, B, 1024)``,
+NT-Xent through the broadcast ``F.cosine_similarity`` over (2B, 2B, d),
+separate ImageMlp / TextMlp classes, one Adam + per-batch MultiStepLR
+(gamma 1.2) per module, ``loss.item()`` every batch; hashing loss =
+loss(fused) + 0.5 * loss(heads).
+(b) ``ours``: ``ucmfh.train.fit_fusion`` / ``fit_hashing`` with default
+settings (and each ``--amp`` mode asked for).
+
+Measurements, alternating (a)/(b) in one process, ``--repeats`` times, medians:
+items/s of the fusion and hashing stages, encoding items/s of a NUS-WIDE-shaped
+retrieval set, the extrapolated wall time of a full MIRFlickr-shaped run,
+peak memory (one subprocess per variant: ru_maxrss on CPU,
+max_memory_allocated on CUDA), and MAP@50 after equal epochs on a smaller set.
+
+    python scripts/bench_train.py                      # everything, CPU
+    python scripts/bench_train.py --device cuda        # the same on a GPU
+    python scripts/bench_train.py --only throughput --repeats 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import platform
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from typing import Callable, Dict, List, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.utils.data import DataLoader
+from torch.utils.data import Dataset as TorchDataset
+
+from ucmfh.config import FusionConfig, HashConfig
+from ucmfh.data.h5 import Dataset, Split
+from ucmfh.data.synthetic import SyntheticSpec, make_synthetic_arrays
+from ucmfh.evaluate import encode_split, evaluate_hashing
+from ucmfh.metrics import map_at_k
+from ucmfh.models.fusion import FusionEncoder
+from ucmfh.models.hashing import CrossModalHasher
+from ucmfh.similarity import sign_codes
+from ucmfh.train import fit_fusion, fit_hashing
+from ucmfh.utils import seed_everything
+
+warnings.filterwarnings("ignore", message=".*enable_nested_tensor.*")
+
+# ---------------------------------------------------------------- (a) the reference
+
+
+class RefDataSet(TorchDataset):
+    """UCMFH's CustomDataSet: one item per __getitem__."""
+
+    def __init__(self, img: torch.Tensor, txt: torch.Tensor, labels: torch.Tensor) -> None:
+        self.img, self.txt, self.labels = img, txt, labels
+
+    def __getitem__(self, index: int):
+        return self.img[index], self.txt[index], self.labels[index], index
+
+    def __len__(self) -> int:
+        return len(self.img)
+
+
+class RefFuseTransEncoder(nn.Module):
+    def __init__(self, num_layers: int = 2, hidden_size: int = 1024, nhead: int = 4) -> None:
+        super().__init__()
+        layer = nn.TransformerEncoderLayer(d_model=hidden_size, nhead=nhead, batch_first=False)
+        self.transformerEncoder = nn.TransformerEncoder(encoder_layer=layer, num_layers=num_layers)
+        self.d_model, self.sigal_d = hidden_size, hidden_size // 2
+
+    def forward(self, tokens: torch.Tensor):
+        out = self.transformerEncoder(tokens).reshape(-1, self.d_model)
+        out = F.normalize(out, p=2, dim=1)
+        return out[:, : self.sigal_d], out[:, self.sigal_d :]
+
+
+class ImageMlp(nn.Module):
+    def __init__(self, input_dim: int, hash_lens: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(input_dim, 4096)
+        self.relu = nn.ReLU(inplace=True)
+        self.dp = nn.Dropout(0.3)
+        self.tohash = nn.Linear(4096, hash_lens)
+        self.tanh = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.normalize(x, p=2, dim=1)
+        out = self.tanh(self.tohash(self.dp(self.relu(self.fc1(x)))))
+        return F.normalize(out, p=2, dim=1)
+
+
+class TextMlp(nn.Module):
+    def __init__(self, input_dim: int, hash_lens: int) -> None:
+        super().__init__()
+        self.fc1 = nn.Linear(input_dim, 4096)
+        self.relu = nn.ReLU(inplace=True)
+        self.dp = nn.Dropout(0.3)
+        self.tohash = nn.Linear(4096, hash_lens)
+        self.tanh = nn.Tanh()
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = F.normalize(x, p=2, dim=1)
+        out = self.tanh(self.tohash(self.dp(self.relu(self.fc1(x)))))
+        return F.normalize(out, p=2, dim=1)
+
+
+class RefContrastiveLoss(nn.Module):
+    """UCMFH's ContrastiveLoss (SimCLR NT-Xent), mask fixed to the batch size."""
+
+    def __init__(self, batch_size: int, device: torch.device, temperature: float = 0.5) -> None:
+        super().__init__()
+        self.batch_size = batch_size
+        self.register_buffer("temperature", torch.tensor(temperature).to(device))
+        self.register_buffer("negatives_mask", (~torch.eye(batch_size * 2, batch_size * 2, dtype=bool).to(device)).float())
+
+    def forward(self, emb_i: torch.Tensor, emb_j: torch.Tensor) -> torch.Tensor:
+        z_i, z_j = F.normalize(emb_i, dim=1), F.normalize(emb_j, dim=1)
+        representations = torch.cat([z_i, z_j], dim=0)
+        similarity = F.cosine_similarity(representations.unsqueeze(1), representations.unsqueeze(0), dim=2)
+        sim_ij = torch.diag(similarity, self.batch_size)
+        sim_ji = torch.diag(similarity, -self.batch_size)
+        positives = torch.cat([sim_ij, sim_ji], dim=0)
+        nominator = torch.exp(positives / self.temperature)
+        denominator = self.negatives_mask * torch.exp(similarity / self.temperature)
+        loss_partial = -torch.log(nominator / torch.sum(denominator, dim=1))
+        return torch.sum(loss_partial) / (2 * self.batch_size)
+
+
+def _ref_opt(module: nn.Module, lr: float):
+    opt = torch.optim.Adam(module.parameters(), lr=lr, betas=(0.5, 0.999))
+    return opt, torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[30, 80], gamma=1.2)
+
+
+def ref_fit_fusion(split: Split, epochs: int, device: torch.device, batch_size: int = 128, seed: int = 2023):
+    seed_everything(seed)
+    model = RefFuseTransEncoder().to(device).train()
+    loss_fn = RefContrastiveLoss(batch_size, device).to(device)
+    opt, sched = _ref_opt(model, 1e-4)
+    loader = DataLoader(RefDataSet(split.img, split.txt, split.labels), batch_size=batch_size, shuffle=True,
+                        drop_last=True)
+    for _ in range(epochs):
+        running = 0.0
+        for img, txt, _, _ in loader:
+            img, txt = img.to(device), txt.to(device)
+            tokens = torch.concat((img, txt), dim=1).unsqueeze(0)
+            z_img, z_txt = model(tokens)
+            loss = loss_fn(z_img, z_txt)
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            running += loss.item()
+            sched.step()
+    return model, len(loader) * batch_size * epochs
+
+
+def ref_fit_hashing(split: Split, fusion: RefFuseTransEncoder, n_bits: int, epochs: int, device: torch.device,
+                    batch_size: int = 128, seed: int = 2023):
+    seed_everything(seed)
+    fusion.to(device).train()
+    img_mlp, txt_mlp = ImageMlp(512, n_bits).to(device).train(), TextMlp(512, n_bits).to(device).train()
+    loss_fn = RefContrastiveLoss(batch_size, device).to(device)
+    opts = [_ref_opt(fusion, 1e-4), _ref_opt(img_mlp, 1e-3), _ref_opt(txt_mlp, 1e-3)]
+    loader = DataLoader(RefDataSet(split.img, split.txt, split.labels), batch_size=batch_size, shuffle=True,
+                        drop_last=True)
+    for _ in range(epochs):
+        running = 0.0
+        for img, txt, _, _ in loader:
+            img, txt = img.to(device), txt.to(device)
+            tokens = torch.concat((img, txt), dim=1).unsqueeze(0)
+            z_img, z_txt = fusion(tokens)
+            loss1 = loss_fn(z_img, z_txt)
+            loss2 = loss_fn(img_mlp(z_img), txt_mlp(z_txt))
+            loss = loss1 + loss2 * 0.5
+            for opt, _ in opts:
+                opt.zero_grad()
+            loss.backward()
+            for opt, sched in opts:
+                opt.step()
+            running += loss.item()
+            for _, sched in opts:
+                sched.step()
+    return (fusion, img_mlp, txt_mlp), len(loader) * batch_size * epochs
+
+
+@torch.no_grad()
+def ref_encode(models, split: Split, device: torch.device, batch_size: int = 128, itemwise: bool = False):
+    """Codes as the reference computes them: batches of 128 with drop_last, (B, 1024) = one sequence of B tokens.
+
+    ``itemwise`` feeds (1, B, 1024) instead, as in training (each item alone, no drop_last): used for MAP so
+    that the reference is scored without its batch-dependence defect.
+    """
+    fusion, img_mlp, txt_mlp = (m.eval() for m in models)
+    loader = DataLoader(RefDataSet(split.img, split.txt, split.labels), batch_size=batch_size, shuffle=False,
+                        drop_last=not itemwise)
+    codes_img, codes_txt = [], []
+    for img, txt, _, _ in loader:
+        tokens = torch.concat((img.to(device), txt.to(device)), dim=1)
+        z_img, z_txt = fusion(tokens.unsqueeze(0) if itemwise else tokens)
+        codes_img.append(sign_codes(img_mlp(z_img)))
+        codes_txt.append(sign_codes(txt_mlp(z_txt)))
+    return torch.cat(codes_img), torch.cat(codes_txt)
+
+
+# ---------------------------------------------------------------- helpers
+
+
+def make_data(spec: SyntheticSpec) -> Dataset:
+    arrays = make_synthetic_arrays(spec)
+
+    def split(part: Dict) -> Split:
+        return Split(torch.from_numpy(part["image"]), torch.from_numpy(part["text"]),
+                     torch.from_numpy(part["labels"]), torch.from_numpy(part["ids"]))
+
+    return Dataset(split(arrays["train"]), split(arrays["query"]), split(arrays["retrieval"]), {"name": "synthetic"})
+
+
+def timed(fn: Callable, device: torch.device) -> Tuple[float, float, object]:
+    """Wall seconds, CPU seconds of this process, and ``fn()``.
+
+    On a CPU shared with other busy processes, CPU seconds are the steadier
+    measure of work done; wall seconds are what a user waits.
+    """
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    start, start_cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter() - start, time.process_time() - start_cpu, out
+
+
+def fusion_cfg(args, amp: str, epochs: int) -> FusionConfig:
+    kw = dict(epochs=epochs, batch_size=args.batch_size, device=str(args.device),
+              modality_dropout=args.modality_dropout)
+    if amp != "none":
+        kw["amp"] = amp
+    return FusionConfig(**kw)
+
+
+def hash_cfg(args, amp: str, epochs: int) -> HashConfig:
+    kw = dict(n_bits=args.n_bits, epochs=epochs, batch_size=args.batch_size, device=str(args.device),
+              modality_dropout=args.modality_dropout)
+    if amp != "none":
+        kw["amp"] = amp
+    return HashConfig(**kw)
+
+
+def variants(args) -> List[str]:
+    return ["ref"] + [f"ours-{amp}" for amp in args.amp]
+
+
+def run_stage(variant: str, stage: str, data: Dataset, args, epochs: int):
+    """Train one stage of one variant; returns (items processed, trained model)."""
+    device = args.device
+    if variant == "ref":
+        if stage == "fusion":
+            return ref_fit_fusion(data.train, epochs, device, args.batch_size)[::-1]
+        model, n = ref_fit_hashing(data.train, RefFuseTransEncoder(), args.n_bits, epochs, device, args.batch_size)
+        return n, model
+    amp = variant.split("-", 1)[1]
+    if stage == "fusion":
+        fusion, _ = fit_fusion(data, fusion_cfg(args, amp, epochs), progress=False)
+        return len(data.train) * epochs, fusion
+    fusion = FusionEncoder(data.d_img, data.d_txt, FusionConfig())
+    model, _ = fit_hashing(data, hash_cfg(args, amp, epochs), fusion, progress=False)
+    return len(data.train) * epochs, model
+
+
+# ---------------------------------------------------------------- measurements
+
+
+def bench_throughput(args) -> Dict[str, Dict[str, float]]:
+    spec = SyntheticSpec(n_query=10, n_retrieval=args.n_train, n_train=args.n_train)
+    data = make_data(spec)
+    keys = ("fusion", "hashing", "fusion_cpu", "hashing_cpu")
+    rates: Dict[str, Dict[str, List[float]]] = {v: {k: [] for k in keys} for v in variants(args)}
+    warm = Dataset(data.train.subset(slice(0, 2 * args.batch_size)), data.query, data.retrieval, data.attrs)
+    for stage in ("fusion", "hashing"):
+        for v in variants(args):  # warm-up, untimed
+            run_stage(v, stage, warm, args, 1)
+        for r in range(args.repeats):
+            for v in variants(args):
+                seconds, cpu, (n, _) = timed(lambda: run_stage(v, stage, data, args, args.epochs), args.device)
+                rates[v][stage].append(n / seconds)
+                rates[v][f"{stage}_cpu"].append(n / cpu)
+                print(f"  {stage:<8} repeat {r}  {v:<12} {n / seconds:9.1f} items/s wall  {n / cpu:9.1f} items/CPU-s",
+                      flush=True)
+    return {v: {s: statistics.median(x) for s, x in st.items()} for v, st in rates.items()}
+
+
+def bench_encode(args) -> Dict[str, float]:
+    spec = SyntheticSpec(n_query=10, n_retrieval=args.encode_n, n_train=10, n_classes=21)
+    data = make_data(spec)
+    device = args.device
+    torch.manual_seed(0)
+    ref_models = (RefFuseTransEncoder().to(device), ImageMlp(512, args.n_bits).to(device),
+                  TextMlp(512, args.n_bits).to(device))
+    ours = CrossModalHasher(FusionEncoder(data.d_img, data.d_txt, FusionConfig()), HashConfig(n_bits=args.n_bits))
+    jobs = {
+        "ref": lambda: len(ref_encode(ref_models, data.retrieval, device)[0]),
+        "ours-fused": lambda: len(encode_split(ours, data.retrieval, "fused", str(device))[0]),
+        "ours-unimodal": lambda: len(encode_split(ours, data.retrieval, "unimodal", str(device))[0]),
+    }
+    rates: Dict[str, List[float]] = {k: [] for k in jobs}
+    rates_cpu: Dict[str, List[float]] = {k: [] for k in jobs}
+    for r in range(args.encode_repeats):
+        for name, job in jobs.items():
+            seconds, cpu, n = timed(job, device)
+            rates[name].append(len(data.retrieval) / seconds)
+            rates_cpu[name].append(len(data.retrieval) / cpu)
+            print(f"  encode   repeat {r}  {name:<14} {len(data.retrieval) / seconds:9.1f} items/s wall  "
+                  f"{len(data.retrieval) / cpu:9.1f} items/CPU-s ({n} coded)", flush=True)
+    return {k: {"wall": statistics.median(rates[k]), "cpu": statistics.median(rates_cpu[k])} for k in jobs}
+
+
+def _peak_rss_mib() -> float:
+    """This process's peak resident memory. VmHWM, not ru_maxrss: ru_maxrss survives exec, so a child
+    started by a big parent would report the parent's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            return next(int(line.split()[1]) for line in f if line.startswith("VmHWM")) / 1024
+    except (OSError, StopIteration):
+        return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def memory_probe(args) -> None:
+    """Child process: one epoch of one stage of one variant; print peak memory in MiB as JSON."""
+    data = make_data(SyntheticSpec(n_query=10, n_retrieval=args.n_train, n_train=args.n_train))
+    variant, stage = args.probe.split(":")
+    if args.device.type == "cuda":
+        run_stage(variant, stage, data, args, 1)
+        torch.cuda.reset_peak_memory_stats(args.device)
+        run_stage(variant, stage, data, args, 1)
+        peak = torch.cuda.max_memory_allocated(args.device) / 2**20
+        base = 0.0
+    else:
+        base = _peak_rss_mib()
+        run_stage(variant, stage, data, args, 1)
+        peak = _peak_rss_mib()
+    print(json.dumps({"peak_mib": round(peak, 1), "training_mib": round(peak - base, 1)}))
+
+
+def bench_memory(args) -> Dict[str, Dict[str, Dict[str, float]]]:
+    out: Dict[str, Dict[str, Dict[str, float]]] = {}
+    for v in variants(args):
+        out[v] = {}
+        for stage in ("fusion", "hashing"):
+            cmd = [sys.executable, __file__, "--probe", f"{v}:{stage}", "--device", str(args.device),
+                   "--n-train", str(args.n_train), "--batch-size", str(args.batch_size), "--n-bits", str(args.n_bits),
+                   "--threads", str(torch.get_num_threads())]
+            res = subprocess.run(cmd, capture_output=True, text=True, check=True)
+            out[v][stage] = json.loads(res.stdout.strip().splitlines()[-1])
+            print(f"  memory   {stage:<8} {v:<12} {out[v][stage]}", flush=True)
+    return out
+
+
+def bench_map(args) -> Dict[str, Dict[str, float]]:
+    spec = SyntheticSpec(n_query=args.map_query, n_retrieval=args.map_retrieval, n_train=args.map_train)
+    data = make_data(spec)
+    out: Dict[str, Dict[str, float]] = {}
+    for v in variants(args) if args.map_ref else variants(args)[1:]:
+        if v == "ref":
+            fusion, _ = ref_fit_fusion(data.train, args.map_epochs, args.device, args.batch_size)
+            models, _ = ref_fit_hashing(data.train, fusion, args.n_bits, args.map_epochs, args.device, args.batch_size)
+            q = ref_encode(models, data.query, args.device, itemwise=True)
+            r = ref_encode(models, data.retrieval, args.device, itemwise=True)
+            ql, rl = data.query.labels.to(args.device), data.retrieval.labels.to(args.device)
+            out[v] = {"fused_i2t": map_at_k(q[0], r[1], ql, rl, 50), "fused_t2i": map_at_k(q[1], r[0], ql, rl, 50)}
+        else:
+            amp = v.split("-", 1)[1]
+            epochs = args.ours_map_epochs or args.map_epochs
+            fusion, _ = fit_fusion(data, fusion_cfg(args, amp, epochs), progress=False)
+            model, _ = fit_hashing(data, hash_cfg(args, amp, epochs), fusion, progress=False)
+            out[v] = {}
+            for row in evaluate_hashing(model, data, ("fused", "unimodal"), 50, str(args.device)):
+                out[v][f"{row['protocol']}_i2t"] = row["map_i2t"]
+                out[v][f"{row['protocol']}_t2i"] = row["map_t2i"]
+        print(f"  MAP@50   {v:<12} " + "  ".join(f"{k} {x:.4f}" for k, x in out[v].items()), flush=True)
+    return out
+
+
+def machine() -> str:
+    model = platform.processor() or "?"
+    try:
+        lscpu = subprocess.run(["lscpu"], capture_output=True, text=True).stdout
+        model = next(line.split(":", 1)[1].strip() for line in lscpu.splitlines() if line.startswith("Model name"))
+    except (OSError, StopIteration):
+        pass
+    import os
+
+    return f"{model}, {os.cpu_count()} logical CPUs, torch {torch.__version__}, {torch.get_num_threads()} threads"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--only", choices=["throughput", "encode", "memory", "map"], action="append",
+                   help="Run only these parts (repeatable); default all.")
+    p.add_argument("--amp", action="append", choices=["none", "bf16"],
+                   help="ucmfh variants to time (repeatable); default none and bf16.")
+    p.add_argument("--n-train", type=int, default=1280,
+                   help="Training items per timed epoch (rates are per item; the full run is extrapolated to 5000).")
+    p.add_argument("--batch-size", type=int, default=128)
+    p.add_argument("--n-bits", type=int, default=64)
+    p.add_argument("--epochs", type=int, default=1, help="Epochs per timed measurement.")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--full-epochs", type=int, default=100, help="Epochs of each stage in the extrapolated full run.")
+    p.add_argument("--encode-n", type=int, default=190000, help="Retrieval items encoded (NUS-WIDE: ~190k).")
+    p.add_argument("--encode-repeats", type=int, default=1)
+    p.add_argument("--map-train", type=int, default=2000)
+    p.add_argument("--map-query", type=int, default=500)
+    p.add_argument("--map-retrieval", type=int, default=5000)
+    p.add_argument("--map-epochs", type=int, default=10)
+    p.add_argument("--ours-map-epochs", type=int, default=0, help="Epochs of ucmfh's MAP runs (0: --map-epochs).")
+    p.add_argument("--no-map-ref", dest="map_ref", action="store_false", help="MAP of ucmfh's variants only.")
+    p.add_argument("--modality-dropout", type=float, default=FusionConfig.modality_dropout,
+                   help="ucmfh's modality dropout (0 trains only the fused view, as UCMFH).")
+    p.add_argument("--threads", type=int, default=0, help="torch threads (0: torch's default).")
+    p.add_argument("--probe", help=argparse.SUPPRESS)
+    args = p.parse_args()
+    args.device = torch.device(args.device)
+    args.amp = args.amp or ["none", "bf16"]
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    if args.probe:
+        memory_probe(args)
+        return
+    parts = args.only or ["throughput", "encode", "memory", "map"]
+    print(f"command: {' '.join(sys.argv)}")
+    print(f"machine: {machine()}; device {args.device}"
+          + (f" ({torch.cuda.get_device_name(args.device)})" if args.device.type == "cuda" else ""))
+    results: Dict[str, object] = {}
+    if "throughput" in parts:
+        print("throughput (items/s, median of repeats):")
+        rates = results["throughput"] = bench_throughput(args)
+        ref = rates["ref"]
+        for clock, suffix in (("wall", ""), ("CPU", "_cpu")):
+            print(f" by {clock} time:")
+            for v, r in rates.items():
+                f, h = r["fusion" + suffix], r["hashing" + suffix]
+                full = args.full_epochs * 5000 * (1 / f + 1 / h)
+                print(f"  {v:<12} fusion {f:8.1f} ({f / ref['fusion' + suffix]:.2f}x)  "
+                      f"hashing {h:8.1f} ({h / ref['hashing' + suffix]:.2f}x)  "
+                      f"full {args.full_epochs}+{args.full_epochs}-epoch 5000-item run {full / 3600:6.2f} h "
+                      f"({full / (args.full_epochs * 5000 * (1 / ref['fusion' + suffix] + 1 / ref['hashing' + suffix])):.2f} of ref)")
+    if "encode" in parts:
+        print(f"encoding {args.encode_n} retrieval items:")
+        enc = results["encode"] = bench_encode(args)
+        for k, x in enc.items():
+            print(f"  {k:<14} {x['wall']:9.1f} items/s wall ({x['wall'] / enc['ref']['wall']:.2f}x)  "
+                  f"{x['cpu']:9.1f} items/CPU-s ({x['cpu'] / enc['ref']['cpu']:.2f}x)")
+    if "memory" in parts:
+        print("peak memory (MiB, one subprocess each):")
+        results["memory"] = bench_memory(args)
+    if "map" in parts:
+        print(f"MAP@50 after {args.map_epochs}+{args.map_epochs} epochs, {args.map_train} train items:")
+        results["map"] = bench_map(args)
+    print("json: " + json.dumps(results))
+
+
+if __name__ == "__main__":
+    main()

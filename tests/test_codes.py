@@ -1,0 +1,194 @@
+"""Packed codes, the codes file, and its evaluation."""
+from __future__ import annotations
+
+import json
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from ucmfh.codes import load_codes, pack_codes, save_codes, unpack_codes
+from ucmfh.data.h5 import DataError
+from ucmfh.metrics import evaluate_codes, evaluate_codes_file, map_at_k
+from ucmfh.similarity import hamming_distance, hamming_distance_packed
+
+
+def pm1(g, *shape):
+    return torch.where(torch.rand(*shape, generator=g) > 0.5, 1.0, -1.0)
+
+
+@pytest.mark.parametrize("n_bits", [1, 8, 13, 64])
+def test_pack_unpack_round_trip(n_bits):
+    codes = pm1(torch.Generator().manual_seed(n_bits), 11, n_bits)
+    packed = pack_codes(codes)
+    assert packed.dtype == np.uint8 and packed.shape == (11, (n_bits + 7) // 8)
+    assert torch.equal(unpack_codes(packed, n_bits), codes)
+    assert torch.equal(unpack_codes(torch.from_numpy(packed), n_bits), codes)
+
+
+def test_pack_bit_order_and_sign_zero():
+    packed = pack_codes(torch.tensor([[1.0, -1, -1, -1, -1, -1, -1, 0.0, 1]]))
+    assert packed.tolist() == [[0b10000001, 0b10000000]]  # sign(0) = +1
+
+
+def test_packed_hamming_equals_matmul():
+    g = torch.Generator().manual_seed(0)
+    a, b = pm1(g, 7, 21), pm1(g, 9, 21)
+    pa, pb = torch.from_numpy(pack_codes(a)), torch.from_numpy(pack_codes(b))
+    expected = torch.tensor([[int((x != y).sum()) for y in b] for x in a])
+    assert torch.equal(hamming_distance_packed(pa, pb), expected)
+    assert torch.equal(hamming_distance(a, b), expected)
+
+
+def make_file_inputs(seed=0, n_query=12, n_retrieval=40, n_bits=12, n_classes=4, ids=True):
+    g = torch.Generator().manual_seed(seed)
+    data = dict(
+        query_img=pm1(g, n_query, n_bits), query_txt=pm1(g, n_query, n_bits),
+        retrieval_img=pm1(g, n_retrieval, n_bits), retrieval_txt=pm1(g, n_retrieval, n_bits),
+        query_labels=(torch.rand(n_query, n_classes, generator=g) < 0.4).to(torch.uint8),
+        retrieval_labels=(torch.rand(n_retrieval, n_classes, generator=g) < 0.4).to(torch.uint8),
+    )
+    if ids:
+        data["query_ids"] = torch.arange(n_query)
+        data["retrieval_ids"] = torch.arange(n_retrieval) % (n_query + 2)
+    return data
+
+
+def test_codes_file_round_trip(tmp_path):
+    data = make_file_inputs()
+    path = tmp_path / "codes.h5"
+    save_codes(path, **data, attrs={"protocol": "unimodal", "dataset": "toy", "classes": ["a", "b"], "epoch": 3})
+    assert [p.name for p in tmp_path.iterdir()] == ["codes.h5"]  # no temporary left behind
+    codes = load_codes(path)
+    assert codes.n_bits == 12
+    assert codes.attrs == {"protocol": "unimodal", "dataset": "toy", "classes": ["a", "b"], "epoch": 3}
+    for group in ("query", "retrieval"):
+        for modality in ("img", "txt"):
+            assert torch.equal(codes.codes(group, modality), data[f"{group}_{modality}"])
+        assert torch.equal(codes.labels[group], data[f"{group}_labels"])
+        assert torch.equal(codes.ids[group], data[f"{group}_ids"])
+
+
+def test_evaluate_codes_file_matches_direct_metrics(tmp_path):
+    data = make_file_inputs(1)
+    path = tmp_path / "codes.h5"
+    save_codes(path, **data, attrs={"protocol": "fused"})
+    result = evaluate_codes_file(path, k=5)
+    json.dumps(result)  # JSON-able
+    assert result["settings"]["attrs"] == {"protocol": "fused"}
+    assert result["i2t"]["map@5"] == map_at_k(data["query_img"], data["retrieval_txt"], data["query_labels"],
+                                              data["retrieval_labels"], k=5)
+    assert result["t2i"]["map@all"] == map_at_k(data["query_txt"], data["retrieval_img"], data["query_labels"],
+                                                data["retrieval_labels"], k=None)
+    direct = evaluate_codes(**data, k=5)
+    for name in ("i2t", "t2i"):
+        assert set(result[name]) == {"map@5", "map@all", "precision_at_k", "pr_curve",
+                                     "precision_within_radius_2", "recall_at_ranks"}
+        assert result[name] == direct[name]
+        assert len(result[name]["pr_curve"]["radius"]) == 13
+
+
+def test_evaluate_without_ids_and_cosine():
+    data = make_file_inputs(2, ids=False)
+    result = evaluate_codes(**data, k=5)
+    assert "recall_at_ranks" not in result["i2t"]
+    real = {k: (v + 0.1 * torch.randn(v.shape) if "labels" not in k else v) for k, v in data.items()}
+    cos = evaluate_codes(**real, k=5, similarity="cosine")
+    assert "pr_curve" not in cos["t2i"] and cos["settings"]["similarity"] == "cosine"
+
+
+def test_plots(tmp_path):
+    pytest.importorskip("matplotlib")
+    from ucmfh.metrics.plots import plot_curves
+
+    result = evaluate_codes(**make_file_inputs(3), k=5)
+    paths = plot_curves(result, str(tmp_path / "curves"))
+    assert [p.rsplit("_", 1)[1] for p in paths] == ["pr.png", "pk.png"]
+    for p in paths:
+        with open(p, "rb") as f:
+            assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+
+
+def test_save_rejects_bad_inputs(tmp_path):
+    data = make_file_inputs()
+    with pytest.raises(ValueError, match="query_txt"):
+        save_codes(tmp_path / "x.h5", **{**data, "query_txt": data["query_txt"][:, :5]})
+    with pytest.raises(ValueError, match="retrieval"):
+        save_codes(tmp_path / "x.h5", **{**data, "retrieval_labels": data["retrieval_labels"][:3]})
+    with pytest.raises(ValueError, match="uint8"):
+        save_codes(tmp_path / "x.h5", **{**data, "query_img": torch.from_numpy(pack_codes(data["query_img"]))})
+    assert not list(tmp_path.iterdir())
+
+
+@pytest.mark.parametrize(
+    "corrupt,where,problem",
+    [
+        (lambda f: f.attrs.__setitem__("format", "other"), "/", "format"),
+        (lambda f: f.attrs.__delitem__("n_bits"), "/", "n_bits"),
+        (lambda f: f["query"].__delitem__("txt"), "/query/txt", "missing dataset"),
+        (lambda f: f.__delitem__("retrieval"), "/retrieval", "missing group"),
+        (lambda f: (f["query"].__delitem__("img"), f["query"].create_dataset("img", data=np.zeros((12, 3), np.uint8))),
+         "/query/img", "shape"),
+        (lambda f: f["retrieval"]["txt"].__setitem__((0, 1), 0xFF), "/retrieval/txt", "padding"),
+        (lambda f: f["query"]["labels"].__setitem__((0, 0), 2), "/query/labels", "values"),
+        (lambda f: f["query"].__delitem__("ids"), "/query/ids", "only one group"),
+    ],
+)
+def test_load_errors_name_file_dataset_problem(tmp_path, corrupt, where, problem):
+    path = tmp_path / "codes.h5"
+    save_codes(path, **make_file_inputs(), attrs={})
+    with h5py.File(path, "a") as f:
+        corrupt(f)
+    with pytest.raises(DataError) as err:
+        load_codes(path)
+    message = str(err.value)
+    assert str(path) in message and f"{where}:" in message and problem in message
+
+
+def test_load_not_hdf5(tmp_path):
+    path = tmp_path / "codes.h5"
+    path.write_text("not hdf5")
+    with pytest.raises(DataError, match="not an HDF5 file"):
+        load_codes(path)
+    with pytest.raises(FileNotFoundError):
+        load_codes(tmp_path / "missing.h5")
+
+
+def test_eval_script(tmp_path):
+    import subprocess
+    import sys
+    import os
+
+    path = tmp_path / "codes.h5"
+    save_codes(path, **make_file_inputs(4), attrs={"protocol": "unimodal"})
+    out = tmp_path / "m.json"
+    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "eval_map.py")
+    subprocess.run([sys.executable, script, str(path), "--k", "5", "--out", str(out)], check=True, capture_output=True)
+    result = json.loads(out.read_text())
+    assert result["i2t"]["map@5"] == evaluate_codes_file(path, k=5)["i2t"]["map@5"]
+
+
+def test_cli_evaluate_codes(tmp_path):
+    from click.testing import CliRunner
+
+    from ucmfh.cli import main
+
+    path = tmp_path / "codes.h5"
+    save_codes(path, **make_file_inputs(5), attrs={"protocol": "unimodal", "dataset": "toy"})
+    results, metrics = tmp_path / "results.jsonl", tmp_path / "metrics.json"
+    runner = CliRunner()
+    out = runner.invoke(main, ["evaluate", "--codes", str(path), "--k", "5", "--device", "cpu",
+                               "--results", str(results), "--metrics-out", str(metrics)])
+    assert out.exit_code == 0, out.output
+    expected = evaluate_codes_file(path, k=5)
+    assert json.loads(metrics.read_text())["t2i"] == json.loads(json.dumps(expected["t2i"]))
+    row = json.loads(results.read_text().splitlines()[-1])
+    assert row["map_i2t"] == expected["i2t"]["map@5"] and row["protocol"] == "unimodal" and row["n_bits"] == 12
+    assert "unimodal" in out.output
+    both = runner.invoke(main, ["evaluate", "--codes", str(path), "-c", "x.pt"])
+    assert both.exit_code != 0 and "exactly one of --checkpoint and --codes" in both.output
+    broken = tmp_path / "broken.h5"
+    broken.write_text("x")
+    bad = runner.invoke(main, ["evaluate", "--codes", str(broken), "--results", ""])
+    assert bad.exit_code != 0 and "not an HDF5 file" in bad.output and "Traceback" not in bad.output

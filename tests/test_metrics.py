@@ -1,0 +1,311 @@
+"""Every metric against a slow, obviously-correct per-query Python loop (REFERENCE §6)."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from ucmfh.codes import pack_codes
+from ucmfh.metrics import (
+    average_precision_at_k,
+    map_at_all,
+    map_at_k,
+    map_at_k_cosine,
+    pr_curve_hamming,
+    precision_at_k,
+    precision_within_radius,
+    recall_at_k,
+    recall_at_ranks,
+    top_k,
+)
+
+# ------------------------------------------------------------ slow references
+
+
+def ref_ranking(q, retrieval, similarity="hamming"):
+    """Indices of the retrieval set in ranking order, by a plain Python sort."""
+    q = q.tolist()
+    rows = retrieval.tolist()
+    if similarity == "hamming":
+        keys = [(sum(a != b for a, b in zip(q, r)), j) for j, r in enumerate(rows)]
+    else:
+        inv_q = 1.0 / max(math.sqrt(sum(a * a for a in q)), 1e-300)
+        keys = []
+        for j, r in enumerate(rows):
+            dot = sum(a * b for a, b in zip(q, r))
+            inv_r = 1.0 / max(math.sqrt(sum(b * b for b in r)), 1e-300)
+            keys.append((-(dot * inv_q * inv_r), j))
+    return [j for _, j in sorted(keys)]
+
+
+def ref_relevant(ql, rl):
+    ql = ql.tolist()
+    return [any(a and b for a, b in zip(ql, r)) for r in rl.tolist()]
+
+
+def ref_ap(rel_ranked, k):
+    hits, total = 0, 0.0
+    for p, rel in enumerate(rel_ranked[:k], start=1):
+        if rel:
+            hits += 1
+            total += hits / p
+    return total / hits if hits else 0.0
+
+
+def ref_mean(values, keep, empty):
+    vals = [v for v, kp in zip(values, keep) if kp or empty == "zero"]
+    return sum(vals) / len(vals) if vals else 0.0
+
+
+def ref_per_query(query, retrieval, ql, rl, similarity="hamming"):
+    """(ranked relevance, total relevant) of each query."""
+    out = []
+    for i in range(query.shape[0]):
+        rel = ref_relevant(ql[i], rl)
+        order = ref_ranking(query[i], retrieval, similarity)
+        out.append(([rel[j] for j in order], sum(rel)))
+    return out
+
+
+def ref_map(query, retrieval, ql, rl, k, similarity="hamming", empty="zero"):
+    k = retrieval.shape[0] if k is None else k
+    per = ref_per_query(query, retrieval, ql, rl, similarity)
+    return ref_mean([ref_ap(r, k) for r, _ in per], [t > 0 for _, t in per], empty)
+
+
+# ------------------------------------------------------------------- fixtures
+
+
+def make_case(seed, n_query, n_retrieval, n_bits, n_classes=5, p_label=0.25):
+    """Random codes with many Hamming ties and labels with some empty rows."""
+    g = torch.Generator().manual_seed(seed)
+    query = torch.where(torch.rand(n_query, n_bits, generator=g) > 0.5, 1.0, -1.0)
+    retrieval = torch.where(torch.rand(n_retrieval, n_bits, generator=g) > 0.5, 1.0, -1.0)
+    retrieval[1::7] = retrieval[0]  # exact duplicates: ties at every distance
+    ql = (torch.rand(n_query, n_classes, generator=g) < p_label).to(torch.uint8)
+    rl = (torch.rand(n_retrieval, n_classes, generator=g) < p_label).to(torch.uint8)
+    ql[0] = 0  # a query with no relevant item
+    rl[:, -1] = 0
+    ql[1] = 0
+    ql[1, -1] = 1  # labelled, but its class occurs nowhere in the retrieval set
+    return query, retrieval, ql, rl
+
+
+CASES = [(0, 17, 60, 8), (1, 23, 97, 16), (2, 9, 40, 16)]
+
+
+# ---------------------------------------------------------------------- tests
+
+
+def test_hand_computed_case():
+    q = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 1]])
+    r = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, -1], [1, 1, 1, 1], [-1, -1, 1, 1], [1, -1, 1, 1]])
+    ql = torch.tensor([[1, 0], [0, 0]], dtype=torch.uint8)
+    rl = torch.tensor([[0, 1], [1, 0], [1, 1], [1, 0], [0, 1]], dtype=torch.uint8)
+    # ranking of query 0: items 0 (d0, no), 2 (d0, yes), 1 (d1, yes), 4 (d1, no), 3 (d2, yes)
+    dist, idx = top_k(q, r, 5)
+    assert idx[0].tolist() == [0, 2, 1, 4, 3]
+    assert dist[0].tolist() == [0, 0, 1, 1, 2]
+    ap_all = (1 / 2 + 2 / 3 + 3 / 5) / 3
+    ap_3 = (1 / 2 + 2 / 3) / 2
+    assert average_precision_at_k(q, r, ql, rl, k=None).tolist() == pytest.approx([ap_all, 0.0], abs=1e-12)
+    assert map_at_k(q, r, ql, rl, k=3) == pytest.approx(ap_3 / 2, abs=1e-12)
+    assert map_at_k(q, r, ql, rl, k=3, empty="skip") == pytest.approx(ap_3, abs=1e-12)
+    assert map_at_k(q, r, ql, rl, k=1) == 0.0
+    assert map_at_all(q, r, ql, rl, empty="skip") == pytest.approx(ap_all, abs=1e-12)
+    assert precision_at_k(q, r, ql, rl, ks=[2], empty="skip") == pytest.approx([1 / 2])
+    assert recall_at_k(q, r, ql, rl, ks=[2, 3], empty="skip") == pytest.approx([1 / 3, 2 / 3])
+    curve = pr_curve_hamming(q, r, ql, rl, empty="skip")
+    assert curve["radius"] == [0, 1, 2, 3, 4]
+    assert curve["precision"] == pytest.approx([0.5, 0.5, 0.6, 0.6, 0.6])
+    assert curve["recall"] == pytest.approx([1 / 3, 2 / 3, 1, 1, 1])
+    assert precision_within_radius(q, r, ql, rl, radius=1, empty="skip") == pytest.approx(0.5)
+
+
+@pytest.mark.parametrize("seed,n_query,n_retrieval,n_bits", CASES)
+@pytest.mark.parametrize("k", [1, 7, 50, None, 1000])
+def test_map_matches_reference(seed, n_query, n_retrieval, n_bits, k):
+    query, retrieval, ql, rl = make_case(seed, n_query, n_retrieval, n_bits)
+    for empty in ("zero", "skip"):
+        expected = ref_map(query, retrieval, ql, rl, k, empty=empty)
+        assert map_at_k(query, retrieval, ql, rl, k=k, empty=empty) == pytest.approx(expected, abs=1e-10)
+
+
+@pytest.mark.parametrize("seed,n_query,n_retrieval,n_bits", CASES)
+def test_top_k_matches_reference_ranking(seed, n_query, n_retrieval, n_bits):
+    query, retrieval, _, _ = make_case(seed, n_query, n_retrieval, n_bits)
+    _, idx = top_k(query, retrieval, n_retrieval)
+    for i in range(n_query):
+        assert idx[i].tolist() == ref_ranking(query[i], retrieval)
+
+
+@pytest.mark.parametrize("k", [5, 50, None])
+def test_identical_for_every_chunk_size(k):
+    query, retrieval, ql, rl = make_case(3, 31, 150, 16)
+    base = average_precision_at_k(query, retrieval, ql, rl, k=k, chunk_size=10_000, retrieval_chunk_size=10_000)
+    for chunk, r_chunk in [(1, 1), (3, 7), (8, 64), (31, 149), (1000, 13)]:
+        ap = average_precision_at_k(query, retrieval, ql, rl, k=k, chunk_size=chunk, retrieval_chunk_size=r_chunk)
+        assert torch.equal(ap, base)
+        assert map_at_k(query, retrieval, ql, rl, k=k, chunk_size=chunk, retrieval_chunk_size=r_chunk) == map_at_k(
+            query, retrieval, ql, rl, k=k
+        )
+
+
+@pytest.mark.parametrize("k", [10, None])
+def test_packed_bits_equal_pm1(k):
+    query, retrieval, ql, rl = make_case(4, 20, 80, 13)  # 13 bits: padding in the last byte
+    pq = torch.from_numpy(pack_codes(query))
+    pr = torch.from_numpy(pack_codes(retrieval))
+    assert torch.equal(
+        average_precision_at_k(pq, pr, ql, rl, k=k, retrieval_chunk_size=9),
+        average_precision_at_k(query, retrieval, ql, rl, k=k),
+    )
+    assert pr_curve_hamming(pq, pr, ql, rl)["precision"][:14] == pr_curve_hamming(query, retrieval, ql, rl)["precision"]
+
+
+def cosine_case(seed, n_query=15, n_retrieval=70, dim=3):
+    """Small integer vectors: exact duplicates and equal cosines between different vectors."""
+    g = torch.Generator().manual_seed(seed)
+    query = torch.randint(-1, 2, (n_query, dim), generator=g).float()
+    retrieval = torch.randint(-1, 2, (n_retrieval, dim), generator=g).float()
+    _, _, ql, rl = make_case(seed, n_query, n_retrieval, 8)
+    return query, retrieval, ql, rl
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+@pytest.mark.parametrize("k", [1, 9, None])
+def test_cosine_matches_reference(seed, k):
+    query, retrieval, ql, rl = cosine_case(seed)
+    expected = ref_map(query, retrieval, ql, rl, k, similarity="cosine")
+    for chunk, r_chunk in [(1024, 16384), (4, 6)]:
+        got = map_at_k_cosine(query, retrieval, ql, rl, k=k, chunk_size=chunk, retrieval_chunk_size=r_chunk)
+        assert got == pytest.approx(expected, abs=1e-10)
+    _, idx = top_k(query, retrieval, 70, similarity="cosine", retrieval_chunk_size=8)
+    for i in range(query.shape[0]):
+        assert idx[i].tolist() == ref_ranking(query[i], retrieval, "cosine")
+
+
+@pytest.mark.parametrize("similarity", ["hamming", "cosine"])
+@pytest.mark.parametrize("empty", ["zero", "skip"])
+def test_precision_recall_at_k_match_reference(similarity, empty):
+    if similarity == "hamming":
+        query, retrieval, ql, rl = make_case(5, 19, 90, 8)
+    else:
+        query, retrieval, ql, rl = cosine_case(5, 19, 90)
+    ks = [1, 3, 10, 90, 200]
+    per = ref_per_query(query, retrieval, ql, rl, similarity)
+    keep = [t > 0 for _, t in per]
+    exp_p = [ref_mean([sum(r[:k]) / min(k, 90) for r, _ in per], keep, empty) for k in ks]
+    exp_r = [ref_mean([sum(r[:k]) / t if t else 0.0 for r, t in per], keep, empty) for k in ks]
+    kw = dict(empty=empty, similarity=similarity, chunk_size=4, retrieval_chunk_size=11)
+    assert precision_at_k(query, retrieval, ql, rl, ks=ks, **kw) == pytest.approx(exp_p, abs=1e-12)
+    assert recall_at_k(query, retrieval, ql, rl, ks=ks, **kw) == pytest.approx(exp_r, abs=1e-12)
+
+
+@pytest.mark.parametrize("empty", ["zero", "skip"])
+def test_pr_curve_and_radius_match_reference(empty):
+    query, retrieval, ql, rl = make_case(6, 21, 77, 8)
+    n_bits = 8
+    precision = {r: [] for r in range(n_bits + 1)}
+    recall = {r: [] for r in range(n_bits + 1)}
+    keep = []
+    for i in range(query.shape[0]):
+        rel = ref_relevant(ql[i], rl)
+        dist = [sum(a != b for a, b in zip(query[i].tolist(), row)) for row in retrieval.tolist()]
+        total = sum(rel)
+        keep.append(total > 0)
+        for r in range(n_bits + 1):
+            returned = [j for j in range(len(dist)) if dist[j] <= r]
+            good = sum(rel[j] for j in returned)
+            precision[r].append(good / len(returned) if returned else 0.0)
+            recall[r].append(good / total if total else 0.0)
+    curve = pr_curve_hamming(query, retrieval, ql, rl, empty=empty, chunk_size=5, retrieval_chunk_size=10)
+    assert curve["precision"] == pytest.approx([ref_mean(precision[r], keep, empty) for r in curve["radius"]])
+    assert curve["recall"] == pytest.approx([ref_mean(recall[r], keep, empty) for r in curve["radius"]])
+    assert precision_within_radius(query, retrieval, ql, rl, radius=2, empty=empty) == pytest.approx(
+        ref_mean(precision[2], keep, empty)
+    )
+
+
+@pytest.mark.parametrize("similarity", ["hamming", "cosine"])
+def test_recall_at_ranks_matches_reference(similarity):
+    if similarity == "hamming":
+        query, retrieval, _, _ = make_case(7, 25, 100, 8)
+    else:
+        query, retrieval, _, _ = cosine_case(7, 25, 100)
+    retrieval_ids = torch.arange(100) // 5  # 5 captions per image
+    query_ids = torch.randint(0, 22, (25,), generator=torch.Generator().manual_seed(0))  # ids 20, 21 have no match
+    for empty in ("zero", "skip"):
+        hits = {r: [] for r in (1, 5, 10)}
+        keep = []
+        for i in range(25):
+            order = ref_ranking(query[i], retrieval, similarity)
+            match = [int(retrieval_ids[j]) == int(query_ids[i]) for j in order]
+            keep.append(any(match))
+            for r in hits:
+                hits[r].append(1.0 if any(match[:r]) else 0.0)
+        got = recall_at_ranks(query, retrieval, query_ids, retrieval_ids, similarity=similarity, empty=empty, chunk_size=6)
+        assert got == pytest.approx([ref_mean(hits[r], keep, empty) for r in (1, 5, 10)])
+
+
+def test_unstable_sort_trap():
+    """A full-retrieval argsort without a tie rule can differ; ours equals a stable numpy sort."""
+    query, retrieval, ql, rl = make_case(8, 40, 300, 8)
+    dist = (8 - query.numpy() @ retrieval.numpy().T) / 2
+    rel = (ql.numpy().astype(float) @ rl.numpy().T.astype(float)) > 0
+    aps = []
+    for i in range(40):
+        order = np.argsort(dist[i], kind="stable")[:50]
+        aps.append(ref_ap(rel[i][order].tolist(), 50))
+    assert map_at_k(query, retrieval, ql, rl, k=50) == pytest.approx(float(np.mean(aps)), abs=1e-12)
+
+
+def test_validation_errors():
+    query, retrieval, ql, rl = make_case(9, 5, 20, 8)
+    with pytest.raises(ValueError, match="width"):
+        map_at_k(query, retrieval[:, :4], ql, rl)
+    with pytest.raises(ValueError, match="labels"):
+        map_at_k(query, retrieval, ql[:3], rl)
+    with pytest.raises(ValueError, match="empty"):
+        map_at_k(query, retrieval, ql, rl, empty="nan")
+    with pytest.raises(ValueError, match="similarity"):
+        map_at_k(query, retrieval, ql, rl, similarity="dot")
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
+def test_gpu_equals_cpu():
+    query, retrieval, ql, rl = make_case(10, 50, 400, 16)
+    for k in (10, None):
+        cpu = average_precision_at_k(query, retrieval, ql, rl, k=k)
+        gpu = average_precision_at_k(query.cuda(), retrieval.cuda(), ql.cuda(), rl.cuda(), k=k)
+        assert torch.equal(gpu.cpu(), cpu)
+
+
+@pytest.mark.parametrize("n_bits", [8, 16])
+@pytest.mark.parametrize("k", [1, 5, 50])
+def test_group_preselection_exact_with_ties(n_bits, k):
+    """Blocks with more than k groups of 32 take the group-maximum path; padding at odd block sizes."""
+    query, retrieval, _, _ = make_case(11 + n_bits, 6, 3000, n_bits)
+    retrieval[2000:2600] = retrieval[5]  # a long run of equal codes across group boundaries
+    expected = [ref_ranking(query[i], retrieval)[:k] for i in range(6)]
+    for r_chunk in (3000, 1700, 999):
+        _, idx = top_k(query, retrieval, k, chunk_size=4, retrieval_chunk_size=r_chunk)
+        assert idx.tolist() == expected
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n_bits", [8, 16, 128])
+def test_every_score_dtype_is_exact(dtype, n_bits, monkeypatch):
+    """The matmul dtype is chosen per device (bf16 on CPUs with native bf16, fp16 on GPUs): all are exact."""
+    import ucmfh.metrics.engine as engine
+
+    monkeypatch.setattr(engine, "FORCE_SCORE_DTYPE", dtype)
+    query, retrieval, _, _ = make_case(20 + n_bits, 5, 2500, n_bits)
+    retrieval[1000:1500] = retrieval[3]
+    expected = [ref_ranking(query[i], retrieval)[:40] for i in range(5)]
+    for r_chunk in (2500, 1000, 777):
+        dist, idx = top_k(query, retrieval, 40, chunk_size=3, retrieval_chunk_size=r_chunk)
+        assert idx.tolist() == expected
+        assert dist.tolist() == [[int((query[i] != retrieval[j]).sum()) for j in row] for i, row in enumerate(expected)]

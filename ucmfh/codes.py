@@ -1,0 +1,249 @@
+"""Binary codes as packed bits, and the HDF5 file that holds a model's codes for evaluation.
+
+Bit convention: a ±1 code is packed with ``numpy.packbits`` order (bit 0 of a
+code is the most significant bit of its first byte); +1 is a set bit, -1 (and
+sign(0) = +1, REFERENCE §5) a clear one; the last byte is padded with zeros.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Dict, Optional, Union
+
+import numpy as np
+import torch
+
+ArrayLike = Union[np.ndarray, torch.Tensor]
+
+_BIT_WEIGHTS = (1 << np.arange(7, -1, -1)).astype(np.uint8)  # packbits order: MSB first
+
+
+def pack_codes(codes: ArrayLike) -> np.ndarray:
+    """Pack ±1 codes into bits. Shape: [N, n_bits] -> [N, ceil(n_bits / 8)] uint8.
+
+    Values >= 0 become set bits, so real-valued head outputs pack as their sign.
+    """
+    if isinstance(codes, torch.Tensor):
+        codes = codes.detach().cpu().numpy()
+    codes = np.asarray(codes)
+    if codes.ndim != 2:
+        raise ValueError(f"codes must be 2-D [N, n_bits], got shape {codes.shape}")
+    return np.packbits(codes >= 0, axis=1)
+
+
+def unpack_codes(packed: ArrayLike, n_bits: int) -> torch.Tensor:
+    """Unpack bits into ±1 float32 codes, on the device of ``packed`` when it is a tensor.
+
+    Shape: [N, ceil(n_bits / 8)] uint8 -> [N, n_bits] float32.
+    """
+    if not isinstance(packed, torch.Tensor):
+        packed = torch.from_numpy(np.ascontiguousarray(packed))
+    if packed.dtype != torch.uint8 or packed.ndim != 2:
+        raise ValueError(f"packed codes must be 2-D uint8, got {packed.dtype} {tuple(packed.shape)}")
+    if not 0 < n_bits <= 8 * packed.shape[1]:
+        raise ValueError(f"n_bits={n_bits} does not fit {packed.shape[1]} bytes per code")
+    weights = torch.from_numpy(_BIT_WEIGHTS).to(packed.device)
+    bits = (packed[:, :, None] & weights) != 0  # [N, bytes, 8]
+    bits = bits.reshape(packed.shape[0], -1)[:, :n_bits]
+    return torch.where(bits, 1.0, -1.0)
+
+
+# ------------------------------------------------------------------ codes file
+
+FORMAT = "ucmfh-codes"
+VERSION = 1
+GROUPS = ("query", "retrieval")
+MODALITIES = ("img", "txt")
+
+
+@dataclass
+class Codes:
+    """A codes file in memory.
+
+    Shape:
+        packed[(group, modality)]: [N_group, ceil(n_bits / 8)] uint8 for group in
+        query/retrieval and modality in img/txt; labels[group]: [N_group, C] uint8;
+        ids[group]: [N_group] int64 or None.
+    """
+
+    n_bits: int
+    packed: Dict[tuple, torch.Tensor]
+    labels: Dict[str, torch.Tensor]
+    ids: Dict[str, Optional[torch.Tensor]]
+    attrs: Dict[str, object] = field(default_factory=dict)
+    path: Optional[str] = None
+
+    def codes(self, group: str, modality: str) -> torch.Tensor:
+        """±1 float32 codes of one group and modality. Shape: [N_group, n_bits]."""
+        return unpack_codes(self.packed[(group, modality)], self.n_bits)
+
+
+def _to_numpy(x: ArrayLike) -> np.ndarray:
+    if isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def save_codes(
+    path: Union[str, "os.PathLike[str]"],
+    *,
+    query_img: ArrayLike,
+    query_txt: ArrayLike,
+    retrieval_img: ArrayLike,
+    retrieval_txt: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
+    query_ids: Optional[ArrayLike] = None,
+    retrieval_ids: Optional[ArrayLike] = None,
+    attrs: Optional[Dict[str, object]] = None,
+) -> str:
+    """Write codes as packed bits to HDF5, atomically (temporary file, then ``os.replace``).
+
+    Codes are ±1 (or real-valued: their sign is stored, sign(0) = +1), shape
+    [N, n_bits]; labels multi-hot [N, C]; ids int64 [N]. ``attrs`` (protocol,
+    dataset, model, …) go to the root attributes beside ``n_bits``. Layout:
+    ``/{query,retrieval}/{img,txt,labels[,ids]}``. Returns the path.
+    """
+    from ucmfh.data.h5 import atomic_path
+
+    path = os.fspath(path)
+    given = {
+        ("query", "img"): query_img, ("query", "txt"): query_txt,
+        ("retrieval", "img"): retrieval_img, ("retrieval", "txt"): retrieval_txt,
+    }
+    arrays = {key: _to_numpy(value) for key, value in given.items()}
+    n_bits = arrays[("query", "img")].shape[1] if arrays[("query", "img")].ndim == 2 else -1
+    for (group, modality), codes in arrays.items():
+        if codes.ndim != 2 or codes.shape[1] != n_bits:
+            raise ValueError(f"{path}: {group}_{modality}: codes must be [N, {n_bits}], got shape {codes.shape}")
+        if codes.dtype == np.uint8:
+            raise ValueError(f"{path}: {group}_{modality}: pass ±1 codes, not uint8 (packed bits are ambiguous)")
+    labels = {"query": _to_numpy(query_labels), "retrieval": _to_numpy(retrieval_labels)}
+    ids = {"query": query_ids, "retrieval": retrieval_ids}
+    for group in GROUPS:
+        n = arrays[(group, "img")].shape[0]
+        if arrays[(group, "txt")].shape[0] != n or labels[group].ndim != 2 or labels[group].shape[0] != n:
+            raise ValueError(
+                f"{path}: {group}: img, txt and labels must have the same rows, got "
+                f"{arrays[(group, 'img')].shape[0]}, {arrays[(group, 'txt')].shape[0]}, {labels[group].shape}"
+            )
+        if ids[group] is not None:
+            ids[group] = _to_numpy(ids[group]).astype(np.int64)
+            if ids[group].shape != (n,):
+                raise ValueError(f"{path}: {group}_ids: must have shape ({n},), got {ids[group].shape}")
+    if labels["query"].shape[1] != labels["retrieval"].shape[1]:
+        raise ValueError(f"{path}: labels: query and retrieval differ in classes")
+    if (ids["query"] is None) != (ids["retrieval"] is None):
+        raise ValueError(f"{path}: ids: give both query_ids and retrieval_ids, or neither")
+
+    tmp = atomic_path(path)
+    try:
+        import h5py
+
+        with h5py.File(tmp, "w") as f:
+            f.attrs["format"] = FORMAT
+            f.attrs["version"] = VERSION
+            f.attrs["n_bits"] = n_bits
+            for key, value in (attrs or {}).items():
+                if key in ("format", "version", "n_bits"):
+                    raise ValueError(f"{path}: attrs: {key!r} is reserved")
+                if isinstance(value, (list, tuple)) and value and isinstance(value[0], str):
+                    value = np.array(value, dtype=h5py.string_dtype())
+                elif isinstance(value, dict):
+                    import json
+
+                    value = json.dumps(value)
+                f.attrs[key] = value
+            for group in GROUPS:
+                g = f.create_group(group)
+                for modality in MODALITIES:
+                    g.create_dataset(modality, data=pack_codes(arrays[(group, modality)]))
+                g.create_dataset("labels", data=(labels[group] != 0).astype(np.uint8))
+                if ids[group] is not None:
+                    g.create_dataset("ids", data=ids[group])
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
+def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
+    """Read and validate a codes file written by :func:`save_codes`.
+
+    Raises :class:`ucmfh.data.h5.DataError` (a ValueError) naming the file, the
+    dataset and the problem.
+    """
+    import h5py
+
+    from ucmfh.data.h5 import DataError
+
+    path = os.fspath(path)
+
+    def fail(where: str, problem: str) -> DataError:
+        return DataError(f"{path}: {where}: {problem}")
+
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such codes file")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as err:
+        raise fail("/", f"not an HDF5 file ({err})") from None
+    with f:
+        if f.attrs.get("format") != FORMAT:
+            raise fail("/", f"attribute 'format' is {f.attrs.get('format')!r}, expected {FORMAT!r}")
+        if "n_bits" not in f.attrs:
+            raise fail("/", "missing attribute 'n_bits'")
+        n_bits = int(f.attrs["n_bits"])
+        if n_bits < 1:
+            raise fail("/", f"n_bits must be >= 1, got {n_bits}")
+        n_bytes = (n_bits + 7) // 8
+        packed, labels, ids = {}, {}, {}
+        for group in GROUPS:
+            if group not in f:
+                raise fail(f"/{group}", "missing group")
+            for name in MODALITIES + ("labels",):
+                if name not in f[group]:
+                    raise fail(f"/{group}/{name}", "missing dataset")
+            rows = f[group]["img"].shape[0]
+            for modality in MODALITIES:
+                d = f[group][modality]
+                where = f"/{group}/{modality}"
+                if d.dtype != np.uint8 or d.ndim != 2:
+                    raise fail(where, f"expected 2-D uint8 packed codes, got {d.dtype} {d.shape}")
+                if d.shape != (rows, n_bytes):
+                    raise fail(where, f"shape {d.shape}, expected ({rows}, {n_bytes}) for {n_bits} bits")
+                data = d[()]
+                if n_bits % 8 and (data[:, -1] & ((1 << (8 - n_bits % 8)) - 1)).any():
+                    raise fail(where, f"padding bits beyond bit {n_bits} are set")
+                packed[(group, modality)] = torch.from_numpy(data)
+            d = f[group]["labels"]
+            if d.ndim != 2 or d.shape[0] != rows:
+                raise fail(f"/{group}/labels", f"shape {d.shape}, expected ({rows}, C)")
+            lab = d[()]
+            if lab.size and not np.isin(lab, (0, 1)).all():
+                raise fail(f"/{group}/labels", "values other than 0 and 1")
+            labels[group] = torch.from_numpy(lab.astype(np.uint8))
+            if "ids" in f[group]:
+                d = f[group]["ids"]
+                if d.shape != (rows,) or not np.issubdtype(d.dtype, np.integer):
+                    raise fail(f"/{group}/ids", f"expected ({rows},) integers, got {d.dtype} {d.shape}")
+                ids[group] = torch.from_numpy(d[()].astype(np.int64))
+            else:
+                ids[group] = None
+        if labels["query"].shape[1] != labels["retrieval"].shape[1]:
+            raise fail("/retrieval/labels", f"{labels['retrieval'].shape[1]} classes, query has {labels['query'].shape[1]}")
+        if (ids["query"] is None) != (ids["retrieval"] is None):
+            raise fail("/query/ids" if ids["query"] is None else "/retrieval/ids", "ids present in only one group")
+        attrs = {}
+        for key, value in f.attrs.items():
+            if key in ("format", "version", "n_bits"):
+                continue
+            if isinstance(value, np.ndarray):
+                value = [v.decode() if isinstance(v, bytes) else v for v in value.tolist()]
+            elif isinstance(value, bytes):
+                value = value.decode()
+            elif isinstance(value, np.generic):
+                value = value.item()
+            attrs[key] = value
+    return Codes(n_bits=n_bits, packed=packed, labels=labels, ids=ids, attrs=attrs, path=path)

@@ -1,0 +1,156 @@
+"""All retrieval metrics for both directions (I→T, T→I) as one JSON-able dict."""
+from __future__ import annotations
+
+import os
+from typing import Dict, Optional, Sequence, Union
+
+import torch
+
+from ucmfh.metrics.engine import DEFAULT_CHUNK_SIZE, DEFAULT_RETRIEVAL_CHUNK_SIZE, Empty, Similarity
+from ucmfh.metrics.radius import pr_curve_hamming
+from ucmfh.metrics.ranking import map_at_k, precision_at_k, recall_at_k, recall_at_ranks
+
+DEFAULT_KS = (1, 5, 10, 20, 50, 100, 200, 500, 1000)
+DIRECTIONS = {"i2t": ("img", "txt"), "t2i": ("txt", "img")}
+
+
+def evaluate_direction(
+    query: torch.Tensor,
+    retrieval: torch.Tensor,
+    query_labels: torch.Tensor,
+    retrieval_labels: torch.Tensor,
+    query_ids: Optional[torch.Tensor] = None,
+    retrieval_ids: Optional[torch.Tensor] = None,
+    *,
+    k: int = 50,
+    ks: Sequence[int] = DEFAULT_KS,
+    ranks: Sequence[int] = (1, 5, 10),
+    radius: int = 2,
+    map_all: bool = True,
+    empty: Empty = "zero",
+    similarity: Similarity = "hamming",
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+) -> Dict[str, object]:
+    """Every metric of one direction. Radius metrics only for Hamming; Recall@ranks only with ids."""
+    kw = dict(empty=empty, similarity=similarity, retrieval_chunk_size=retrieval_chunk_size)
+    out: Dict[str, object] = {
+        f"map@{k}": map_at_k(query, retrieval, query_labels, retrieval_labels, k, chunk_size, **kw),
+    }
+    if map_all:
+        out["map@all"] = map_at_k(query, retrieval, query_labels, retrieval_labels, None, chunk_size, **kw)
+    ks = list(ks)
+    out["precision_at_k"] = {
+        "k": ks,
+        "precision": precision_at_k(query, retrieval, query_labels, retrieval_labels, ks, chunk_size, **kw),
+        "recall": recall_at_k(query, retrieval, query_labels, retrieval_labels, ks, chunk_size, **kw),
+    }
+    if similarity == "hamming":
+        curve = pr_curve_hamming(
+            query, retrieval, query_labels, retrieval_labels, chunk_size,
+            empty=empty, retrieval_chunk_size=retrieval_chunk_size,
+        )
+        out["pr_curve"] = curve
+        out[f"precision_within_radius_{radius}"] = curve["precision"][min(radius, len(curve["radius"]) - 1)]
+    if query_ids is not None and retrieval_ids is not None:
+        values = recall_at_ranks(query, retrieval, query_ids, retrieval_ids, ranks, chunk_size, **kw)
+        out["recall_at_ranks"] = {str(r): v for r, v in zip(ranks, values)}
+    return out
+
+
+def evaluate_codes(
+    query_img: torch.Tensor,
+    query_txt: torch.Tensor,
+    retrieval_img: torch.Tensor,
+    retrieval_txt: torch.Tensor,
+    query_labels: torch.Tensor,
+    retrieval_labels: torch.Tensor,
+    query_ids: Optional[torch.Tensor] = None,
+    retrieval_ids: Optional[torch.Tensor] = None,
+    **options,
+) -> Dict[str, object]:
+    """All metrics for I→T (image queries vs text retrieval) and T→I.
+
+    Shape: codes [Q or N, n_bits] ±1 (or packed uint8, or real-valued with
+    ``similarity="cosine"``); labels [Q or N, C]; ids [Q or N] or None.
+    ``options`` are those of :func:`evaluate_direction` (k, ks, ranks, radius,
+    map_all, empty, similarity, chunk_size, retrieval_chunk_size).
+
+    Returns ``{"settings": {...}, "i2t": {...}, "t2i": {...}}``, JSON-able.
+    """
+    codes = {"query": {"img": query_img, "txt": query_txt}, "retrieval": {"img": retrieval_img, "txt": retrieval_txt}}
+    result: Dict[str, object] = {}
+    for name, (q_mod, r_mod) in DIRECTIONS.items():
+        result[name] = evaluate_direction(
+            codes["query"][q_mod], codes["retrieval"][r_mod], query_labels, retrieval_labels,
+            query_ids, retrieval_ids, **options,
+        )
+    settings = {
+        "k": options.get("k", 50),
+        "empty": options.get("empty", "zero"),
+        "similarity": options.get("similarity", "hamming"),
+        "n_query": int(query_img.shape[0]),
+        "n_retrieval": int(retrieval_img.shape[0]),
+        "ranking": "Hamming distance ascending" if options.get("similarity", "hamming") == "hamming"
+        else "cosine similarity descending",
+        "ties": "retrieval index ascending",
+    }
+    return {"settings": settings, **result}
+
+
+def evaluate_codes_file(
+    path: Union[str, "os.PathLike[str]"],
+    k: int = 50,
+    *,
+    device: Union[str, torch.device] = "cpu",
+    **options,
+) -> Dict[str, object]:
+    """Load a codes file (:func:`ucmfh.codes.save_codes`) and return :func:`evaluate_codes` of it.
+
+    The file's attributes (protocol, dataset, …) and ``n_bits`` are copied to
+    ``result["settings"]``. ``device`` is where the metrics are computed.
+    """
+    from ucmfh.codes import load_codes
+
+    codes = load_codes(path)
+    dev = torch.device(device)
+
+    def get(group: str, modality: str) -> torch.Tensor:
+        return codes.codes(group, modality).to(dev)
+
+    ids = {g: (None if codes.ids[g] is None else codes.ids[g].to(dev)) for g in ("query", "retrieval")}
+    result = evaluate_codes(
+        get("query", "img"), get("query", "txt"), get("retrieval", "img"), get("retrieval", "txt"),
+        codes.labels["query"].to(dev), codes.labels["retrieval"].to(dev), ids["query"], ids["retrieval"],
+        k=k, **options,
+    )
+    result["settings"].update(path=os.fspath(path), n_bits=codes.n_bits, attrs=_jsonable(codes.attrs))
+    return result
+
+
+def codes_file_row(metrics: Dict[str, object]) -> Dict[str, object]:
+    """One flat results row (as appended to results.jsonl) from :func:`evaluate_codes_file` output."""
+    settings = metrics["settings"]
+    attrs = settings.get("attrs", {})
+    k = settings["k"]
+    return {
+        "task": "codes",
+        "codes": settings.get("path"),
+        "dataset": attrs.get("dataset", "-"),
+        "protocol": attrs.get("protocol", "unknown"),
+        "loss": attrs.get("loss", "-"),
+        "n_bits": settings.get("n_bits"),
+        "k": k,
+        "map_i2t": metrics["i2t"][f"map@{k}"],
+        "map_t2i": metrics["t2i"][f"map@{k}"],
+    }
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if hasattr(value, "tolist"):
+        return value.tolist()
+    return value
