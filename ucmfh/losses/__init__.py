@@ -1,22 +1,49 @@
-"""Contrastive losses for the fusion and hashing stages; pick one by name with :func:`build_loss`."""
+"""Cross-modal losses for the fusion and hashing stages; pick one by name with :func:`build_loss`.
+
+Every loss is an ``nn.Module`` called as ``loss(img, txt, ids=None, labels=None)``
+on two [B, d] batches (REFERENCE §4).
+"""
 from __future__ import annotations
 
 from typing import Dict, Type
 
-from torch import nn
-
+from ucmfh.losses.balanced import BalancedContrastiveLoss
+from ucmfh.losses.base import CrossModalLoss
+from ucmfh.losses.infonce import InfoNCELoss
 from ucmfh.losses.ntxent import NTXentLoss
+from ucmfh.losses.pairwise import WeightedPairwiseLoss
+from ucmfh.losses.triplet import TripletLoss
 
-LOSSES: Dict[str, Type[nn.Module]] = {
+LOSSES: Dict[str, Type[CrossModalLoss]] = {
     "original": NTXentLoss,
+    "balanced": BalancedContrastiveLoss,
+    "pairwise": WeightedPairwiseLoss,
+    "infonce": InfoNCELoss,
+    "triplet": TripletLoss,
 }
 
 
-def build_loss(name: str, **hparams: object) -> nn.Module:
-    """The loss registered under ``name``, built with its hyper-parameters."""
+def build_loss(name: str, **hparams: object) -> CrossModalLoss:
+    """The loss registered under ``name``, built with its hyper-parameters.
+
+    Raises ValueError for an unknown name or a bad hyper-parameter (an unknown
+    keyword included).
+    """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}")
-    return LOSSES[name](**hparams)
+    try:
+        return LOSSES[name](**hparams)
+    except TypeError as err:  # unexpected keyword
+        raise ValueError(f"bad hyper-parameters for loss {name!r}: {err}") from err
 
 
-__all__ = ["LOSSES", "build_loss", "NTXentLoss"]
+__all__ = [
+    "LOSSES",
+    "build_loss",
+    "CrossModalLoss",
+    "NTXentLoss",
+    "BalancedContrastiveLoss",
+    "WeightedPairwiseLoss",
+    "InfoNCELoss",
+    "TripletLoss",
+]

@@ -4,52 +4,60 @@ from __future__ import annotations
 from typing import Optional
 
 import torch
-from torch import nn
 
-from ucmfh.similarity import cosine_similarity, positive_mask
+from ucmfh.losses.base import CrossModalLoss, check_temperature
+from ucmfh.similarity import dot_similarity, normalize, positive_mask
 
 
-class NTXentLoss(nn.Module):
+class NTXentLoss(CrossModalLoss):
     """NT-Xent over the stacked [img; txt] batch, intra-modal negatives included.
 
     Chen et al., "A Simple Framework for Contrastive Learning of Visual
-    Representations" (SimCLR), ICML 2020; used unchanged by UCMFH (Xia et al. 2023).
+    Representations" (SimCLR), ICML 2020; used unchanged by UCMFH (Xia et al.,
+    "When CLIP meets cross-modal hashing retrieval", Information Fusion 2023).
 
-    For each of the 2B rows k of ``r = [z_img; z_txt]`` the positive is its
-    partner (k ± B); the denominator runs over every l != k. With ``ids``,
-    other items that share k's id are taken out of the denominator, so
-    captions of one image are never pushed apart.
+    With ``r = [z_img; z_txt]`` (2B × d, rows L2-normalised) and
+    ``s = r rᵀ / τ``, the positive of row k is its partner k ± B and the loss is
+    the mean over the 2B rows of ``−log(exp(s_k,partner) / Σ_{l≠k} exp(s_kl))``:
+    2(B−1) negatives per row, from both modalities. With ``ids``, the other
+    rows that share k's id (in either modality) are left out of the
+    denominator, so items of one id are never pushed apart. ``labels`` are
+    ignored (the loss is unsupervised).
+
+    Args:
+        temperature: τ > 0; UCMFH uses 0.5, SimCLR/SBERT practice 0.05–0.1.
 
     Shape:
-        img: [B, d]; txt: [B, d]; ids: [B] or None -> scalar.
+        img: [B, d], B >= 2
+        txt: [B, d]
+        ids: [B] or None
+        output: scalar
 
     Example:
-        >>> loss = NTXentLoss(temperature=0.5)
-        >>> loss(torch.randn(8, 16), torch.randn(8, 16))
+        >>> loss_fn = NTXentLoss(temperature=0.5)
+        >>> loss = loss_fn(torch.randn(8, 16), torch.randn(8, 16))
     """
 
     def __init__(self, temperature: float = 0.5) -> None:
         super().__init__()
-        if not temperature > 0:
-            raise ValueError(f"temperature must be > 0, got {temperature}")
-        self.temperature = float(temperature)
+        self.temperature = check_temperature(temperature)
 
-    def forward(
+    def extra_repr(self) -> str:
+        return f"temperature={self.temperature}"
+
+    def compute(
         self,
         img: torch.Tensor,
         txt: torch.Tensor,
-        ids: Optional[torch.Tensor] = None,
-        labels: Optional[torch.Tensor] = None,
+        ids: Optional[torch.Tensor],
+        labels: Optional[torch.Tensor],
     ) -> torch.Tensor:
-        if img.shape != txt.shape or img.ndim != 2 or img.shape[0] < 2:
-            raise ValueError(f"expected two [B, d] tensors with B >= 2, got {tuple(img.shape)} and {tuple(txt.shape)}")
         b = img.shape[0]
-        r = torch.cat([img, txt]).float()
-        s = cosine_similarity(r, r) / self.temperature  # [2B, 2B]
-        same = positive_mask(b, ids, device=img.device).repeat(2, 2)  # same item or same id
+        z = normalize(torch.cat([img, txt]))  # [2B, d]
+        s = dot_similarity(z, z) / self.temperature  # [2B, 2B]
+        same = positive_mask(b, ids, device=img.device).repeat(2, 2)  # same item or same id, [2B, 2B]
         partner = torch.arange(2 * b, device=img.device).roll(b)  # row k's partner column, k ± B
-        # self, and same-id items that are not the partner
-        excluded = same.scatter(1, partner[:, None], False)
-        s = s.masked_fill(excluded, float("-inf"))
+        # drop self and the same-id items that are not the partner
+        s = s.masked_fill(same.scatter(1, partner[:, None], False), float("-inf"))
         # a gather, not s[bool mask]: boolean indexing makes the host wait for the GPU
-        return -(s.gather(1, partner[:, None]).squeeze(1) - torch.logsumexp(s, dim=1)).mean()
+        return (torch.logsumexp(s, dim=1) - s.gather(1, partner[:, None]).squeeze(1)).mean()
