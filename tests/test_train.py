@@ -92,3 +92,31 @@ def test_amp_mode_is_validated():
         small_fusion(amp="fp8").validate()
     with pytest.raises(ValueError, match="amp"):
         small_hash(amp="float16").validate()
+
+
+def test_supervised_training_passes_labels_and_fit_hashing_keeps_the_callers_encoder(tiny, monkeypatch):
+    import ucmfh.train as train_mod
+    from ucmfh.losses import build_loss
+
+    seen = []
+
+    def recording(name, **hparams):
+        loss = build_loss(name, **hparams)
+        original_forward = loss.forward
+
+        def forward(img, txt, ids=None, labels=None):
+            seen.append(labels)
+            return original_forward(img, txt, ids=ids, labels=labels)
+
+        loss.forward = forward
+        return loss
+
+    monkeypatch.setattr(train_mod, "build_loss", recording)
+    fusion, history = fit_fusion(tiny, small_fusion(epochs=1, loss="pairwise", supervised=True), progress=False)
+    assert all(labels is not None and labels.shape[1] == tiny.n_classes for labels in seen)
+    assert all(h == h for h in history)  # finite, not NaN
+    seen.clear()
+    before = {k: v.clone() for k, v in fusion.state_dict().items()}
+    fit_hashing(tiny, small_hash(epochs=1), fusion, progress=False)
+    assert seen and all(labels is None for labels in seen)
+    assert all(torch.equal(before[k], v) for k, v in fusion.state_dict().items())

@@ -75,6 +75,7 @@ def train_options(fn: Callable) -> Callable:
         click.option("--loss", default=defaults.loss, show_default=True, help="Loss name (see 'ucmfh losses')."),
         click.option("--loss-param", "loss_params", multiple=True, metavar="KEY=VALUE",
                      help="Loss hyper-parameter, e.g. temperature=0.1 (repeatable)."),
+        click.option("--supervised", is_flag=True, help="Pass the training labels to the loss (pairwise uses them)."),
         click.option("--epochs", type=int, default=None, help="Epochs [default: 100, or the reference's for known datasets]."),
         click.option("--batch-size", default=defaults.batch_size, show_default=True),
         click.option("--seed", default=defaults.seed, show_default=True),
@@ -155,11 +156,13 @@ def _load(dataset: str, data_dir: str):
     return load_dataset(path)
 
 
-def fusion_config(dataset: str, loss: str, loss_params, epochs, batch_size, seed, modality_dropout, device,
-                  amp: str = "none") -> FusionConfig:
-    return FusionConfig(loss=loss, loss_params=parse_loss_params(loss_params), epochs=default_epochs(dataset, epochs),
-                        batch_size=batch_size, seed=seed, modality_dropout=modality_dropout, device=device,
-                        amp=amp).validate()
+def fusion_config(dataset: str, device: str, loss: str, loss_params: Tuple[str, ...], supervised: bool,
+                  epochs: Optional[int], batch_size: int, seed: int, modality_dropout: float, amp: str,
+                  **_: Any) -> FusionConfig:
+    """The fusion stage's config from the shared training options."""
+    return FusionConfig(loss=loss, loss_params=parse_loss_params(loss_params), supervised=supervised,
+                        epochs=default_epochs(dataset, epochs), batch_size=batch_size, seed=seed,
+                        modality_dropout=modality_dropout, device=device, amp=amp).validate()
 
 
 @main.command("train-fusion")
@@ -167,16 +170,15 @@ def fusion_config(dataset: str, loss: str, loss_params, epochs, batch_size, seed
 @train_options
 @click.option("--lr", default=FusionConfig.lr, show_default=True)
 @_user_errors
-def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, loss, loss_params, epochs,
-                     batch_size, seed, modality_dropout, out, amp, lr) -> None:
+def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr, **train) -> None:
     """Task 0: train the fusion encoder and score its embeddings (cosine ranking)."""
     from ucmfh.experiment import run_dir, train_fusion_stage
 
     data = _load(dataset, data_dir)
-    cfg = fusion_config(dataset, loss, loss_params, epochs, batch_size, seed, modality_dropout, device, amp)
+    cfg = fusion_config(dataset, device, **train)
     cfg.lr = lr
-    rows = train_fusion_stage(data, cfg, run_dir(out, data.name, loss, seed), protocols_of(protocol), k, not quiet)
-    report(rows, results)
+    out = run_dir(train["out"], data.name, cfg.loss, cfg.seed)
+    report(train_fusion_stage(data, cfg, out, protocols_of(protocol), k, not quiet), results)
 
 
 @main.command("train-hash")
@@ -188,21 +190,21 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, los
               help="Tanh continuation: none is UCMFH's plain tanh.")
 @click.option("--fusion-epochs", type=int, default=None, help="Epochs of the fusion stage when it must be trained first.")
 @_user_errors
-def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, loss, loss_params, epochs,
-                   batch_size, seed, modality_dropout, out, amp, n_bits, beta_schedule, fusion_epochs) -> None:
+def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, n_bits, beta_schedule, fusion_epochs,
+                   **train) -> None:
     """Task 1: train hash heads (training the fusion stage first if needed) and score the codes."""
     from ucmfh.experiment import run_dir, train_hash_stage
 
     data = _load(dataset, data_dir)
-    fcfg = fusion_config(dataset, loss, loss_params, fusion_epochs if fusion_epochs is not None else epochs,
-                         batch_size, seed, modality_dropout, device, amp)
+    fcfg = fusion_config(dataset, device, **{**train, "epochs": fusion_epochs if fusion_epochs is not None else train["epochs"]})
+    out = run_dir(train["out"], data.name, fcfg.loss, fcfg.seed)
     rows = []
     for bits in n_bits:
-        hcfg = HashConfig(n_bits=bits, loss=loss, loss_params=fcfg.loss_params, epochs=default_epochs(dataset, epochs),
-                          batch_size=batch_size, seed=seed, modality_dropout=modality_dropout,
-                          beta_schedule=beta_schedule, device=device, amp=amp).validate()
-        rows += train_hash_stage(data, fcfg, hcfg, run_dir(out, data.name, loss, seed), protocols_of(protocol),
-                                 k, not quiet, log=click.echo)
+        hcfg = HashConfig(n_bits=bits, loss=fcfg.loss, loss_params=fcfg.loss_params, supervised=fcfg.supervised,
+                          epochs=default_epochs(dataset, train["epochs"]), batch_size=fcfg.batch_size,
+                          seed=fcfg.seed, modality_dropout=fcfg.modality_dropout, beta_schedule=beta_schedule,
+                          device=device, amp=fcfg.amp).validate()
+        rows += train_hash_stage(data, fcfg, hcfg, out, protocols_of(protocol), k, not quiet, log=click.echo)
     report(rows, results)
 
 

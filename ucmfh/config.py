@@ -35,6 +35,8 @@ class FusionConfig:
     # training
     loss: str = "original"
     loss_params: Dict[str, Any] = field(default_factory=dict)
+    # pass the training labels to the loss (only 'pairwise' uses them): supervised hashing
+    supervised: bool = False
     epochs: int = 100
     batch_size: int = 128
     lr: float = 1e-4
@@ -73,6 +75,7 @@ class HashConfig:
     beta_step_epochs: int = 20
     loss: str = "original"
     loss_params: Dict[str, Any] = field(default_factory=dict)
+    supervised: bool = False  # as in FusionConfig
     epochs: int = 100
     batch_size: int = 128
     lr_fusion: float = 1e-4

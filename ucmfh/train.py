@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import copy
 import math
 from typing import ContextManager, Iterable, Iterator, List, Optional, Tuple
 
@@ -76,9 +77,10 @@ def adam(params: Iterable, **kwargs) -> torch.optim.Adam:
         return torch.optim.Adam(params, **kwargs)
 
 
-def _batch(split: Split, index: torch.Tensor) -> Tuple[torch.Tensor, ...]:
+def _batch(split: Split, index: torch.Tensor, supervised: bool) -> Tuple[torch.Tensor, ...]:
     ids = None if split.ids is None else split.ids[index]
-    return split.img[index], split.txt[index], ids
+    labels = split.labels[index] if supervised else None
+    return split.img[index], split.txt[index], ids, labels
 
 
 def fit_fusion(
@@ -104,10 +106,10 @@ def fit_fusion(
     for _ in bar:
         total = torch.zeros((), device=device)
         for index, separate in epoch_plan(len(train), cfg.batch_size, cfg.modality_dropout, generator, device):
-            img, txt, ids = _batch(train, index)
+            img, txt, ids, labels = _batch(train, index, cfg.supervised)
             with autocast(device, cfg.amp):
                 z_img, z_txt = fusion(img, txt, separate)
-            loss = loss_fn(z_img.float(), z_txt.float(), ids=ids)  # losses always in float32
+            loss = loss_fn(z_img.float(), z_txt.float(), ids=ids, labels=labels)  # losses always in float32
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
@@ -131,7 +133,8 @@ def fit_hashing(
     cfg.validate()
     device = resolve_device(cfg.device)
     generator = seed_everything(cfg.seed)
-    model = CrossModalHasher(fusion, cfg).to(device).train()
+    # a copy: the caller's encoder stays as it was (e.g. one fusion stage serving several n_bits)
+    model = CrossModalHasher(copy.deepcopy(fusion), cfg).to(device).train()
     fusion_loss = build_loss(cfg.loss, **cfg.loss_params).to(device)
     code_loss = build_loss(cfg.loss, **cfg.loss_params).to(device)
     head_params = [*model.img_head.parameters(), *model.txt_head.parameters(),
@@ -148,14 +151,15 @@ def fit_hashing(
         total = torch.zeros((), device=device)
         for index, separate in epoch_plan(len(train), cfg.batch_size, cfg.modality_dropout, generator, device):
             beta = beta_at(cfg, iteration, epoch)
-            img, txt, ids = _batch(train, index)
+            img, txt, ids, labels = _batch(train, index, cfg.supervised)
             with autocast(device, cfg.amp):
                 z_img, z_txt = model.fusion(img, txt, separate)
                 h_img, h_txt = model.logits(z_img, z_txt)
             # codes and losses always in float32: bf16's 8-bit mantissa would blur tanh near ±1
             z_img, z_txt, h_img, h_txt = z_img.float(), z_txt.float(), h_img.float(), h_txt.float()
             codes_img, codes_txt = normalize(torch.tanh(beta * h_img)), normalize(torch.tanh(beta * h_txt))
-            loss = fusion_loss(z_img, z_txt, ids=ids) + cfg.code_weight * code_loss(codes_img, codes_txt, ids=ids)
+            loss = (fusion_loss(z_img, z_txt, ids=ids, labels=labels)
+                    + cfg.code_weight * code_loss(codes_img, codes_txt, ids=ids, labels=labels))
             optimizer.zero_grad(set_to_none=True)
             loss.backward()
             optimizer.step()
