@@ -10,7 +10,6 @@ import argparse
 import os
 import sys
 
-import click
 
 from ucmfh.cli import default_data_dir, default_epochs, protocols_of, report
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig

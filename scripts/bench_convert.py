@@ -10,7 +10,6 @@ converted back; --rows/--dim add a synthetic whole set of that size (e.g.
     python scripts/bench_convert.py --rows 190000 --dim 1024
 """
 import argparse
-import os
 import pickle
 import tempfile
 import time

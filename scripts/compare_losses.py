@@ -31,6 +31,7 @@ import torch
 
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig, to_dict
 from ucmfh.data import Dataset, load_dataset
+from ucmfh.data.h5 import write_text_atomic
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 from ucmfh.evaluate import evaluate_hashing, random_codes_map
 from ucmfh.losses import LOSSES
@@ -71,10 +72,7 @@ def parse_spec(text: str) -> SyntheticSpec:
 
 def write_json(path: str, value: Dict[str, Any]) -> None:
     os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(value, f, indent=1, ensure_ascii=False)
-    os.replace(tmp, path)
+    write_text_atomic(path, json.dumps(value, indent=1, ensure_ascii=False))
 
 
 def read_json(path: str) -> Optional[Dict[str, Any]]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import statistics
@@ -23,7 +24,7 @@ from itertools import product
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ucmfh.config import AMP_MODES, PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig, to_dict
-from ucmfh.data.h5 import atomic_path, load_dataset
+from ucmfh.data.h5 import load_dataset, write_text_atomic
 from ucmfh.experiment import append_results, fusion_path, resolve_dataset, run_dir, train_hash_stage
 
 Cell = Tuple[str, str, int, int]  # dataset, loss, n_bits, seed
@@ -88,22 +89,18 @@ def write_table(table: List[Dict[str, Any]], prefix: str) -> Tuple[str, str]:
     os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
     columns = [*TABLE_KEYS, "k", "n_seeds", "map_i2t_mean", "map_i2t_std", "map_t2i_mean", "map_t2i_std"]
     paths = (prefix + ".csv", prefix + ".md")
-    tmp = atomic_path(paths[0])
-    with open(tmp, "w", newline="", encoding="utf-8") as f:
-        writer = csv.DictWriter(f, columns)
-        writer.writeheader()
-        writer.writerows(table)
-    os.replace(tmp, paths[0])
+    csv_text = io.StringIO()
+    writer = csv.DictWriter(csv_text, columns)
+    writer.writeheader()
+    writer.writerows(table)
+    write_text_atomic(paths[0], csv_text.getvalue())
     lines = ["| dataset | loss | bits | protocol | seeds | MAP@k I→T | MAP@k T→I |", "|---|---|---:|---|---:|---|---|"]
     for r in table:
         lines.append(f"| {r['dataset']} | {r['loss']} | {r['n_bits']} | {r['protocol']} | {r['n_seeds']} "
                      f"| {r['map_i2t_mean']:.4f} ± {r['map_i2t_std']:.4f} | {r['map_t2i_mean']:.4f} ± {r['map_t2i_std']:.4f} |")
     ks = sorted({r["k"] for r in table})
     lines += ["", f"k = {', '.join(map(str, ks))}; mean ± sample standard deviation over seeds."]
-    tmp = atomic_path(paths[1])
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write("\n".join(lines) + "\n")
-    os.replace(tmp, paths[1])
+    write_text_atomic(paths[1], "\n".join(lines) + "\n")
     return paths
 
 

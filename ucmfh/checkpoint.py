@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 
 from ucmfh.config import FusionConfig, HashConfig, from_dict, to_dict
-from ucmfh.data.h5 import PathLike, atomic_path
+from ucmfh.data.h5 import PathLike, atomic_path, write_text_atomic
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 
@@ -50,10 +50,7 @@ def save_checkpoint(
             os.remove(tmp)
     # the settings, readable without torch, beside the weights
     settings = {k: payload[k] for k in ("kind", "d_img", "d_txt", "fusion_config", "hash_config", "meta")}
-    tmp = atomic_path(path)
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(settings, f, indent=2)
-    os.replace(tmp, os.path.splitext(path)[0] + ".json")
+    write_text_atomic(os.path.splitext(path)[0] + ".json", json.dumps(settings, indent=2))
     return path
 
 

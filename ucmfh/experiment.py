@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ucmfh.checkpoint import load_model, read_checkpoint, save_checkpoint
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
-from ucmfh.data.h5 import Dataset, PathLike, atomic_path
+from ucmfh.data.h5 import Dataset, PathLike, write_text_atomic
 from ucmfh.data.synthetic import make_synthetic
 from ucmfh.codes import save_codes
 from ucmfh.evaluate import encode_split, evaluate_fusion, evaluate_hashing, random_codes_map
@@ -173,10 +173,7 @@ def append_results(path: PathLike, rows: List[Dict[str, Any]]) -> None:
     """Append rows as JSON lines; the file is replaced whole, so a crash never leaves half a line."""
     path = os.fspath(path)
     old = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
-    tmp = atomic_path(path)
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(old + "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
-    os.replace(tmp, path)
+    write_text_atomic(path, old + "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
 
 
 def format_table(rows: List[Dict[str, Any]]) -> str:

@@ -38,7 +38,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ucmfh.data.convert import empty_label_rows, read_classes, root_attrs
-from ucmfh.data.h5 import SPLITS, DataError, PathLike, create_split_dataset, open_writer
+from ucmfh.data.h5 import SPLITS, DataError, PathLike, create_split_dataset, open_writer, write_text_atomic
 from ucmfh.data.splits import DEFAULT_SEED, SplitSizes, sample_split
 
 log = logging.getLogger(__name__)
@@ -304,9 +304,7 @@ class _Scratch:
                     "remove the folder or pass restart=True"
                 )
         else:
-            with open(manifest + ".tmp", "w", encoding="utf-8") as f:
-                json.dump({"fingerprint": fingerprint}, f)
-            os.replace(manifest + ".tmp", manifest)
+            write_text_atomic(manifest, json.dumps({"fingerprint": fingerprint}))
 
     def path(self, kind: str, chunk: int) -> str:
         return os.path.join(self.folder, f"{kind}-{chunk:06d}.npz")

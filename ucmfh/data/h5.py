@@ -280,6 +280,20 @@ def create_split_dataset(f: h5py.File, split: str, name: str, shape: tuple) -> h
     return group.create_dataset(name, shape=shape, dtype=DTYPES[name], chunks=chunks)
 
 
+def write_text_atomic(path: PathLike, text: str) -> str:
+    """Write a text file under its final name only once it is complete (temp file, then rename)."""
+    path = os.fspath(path)
+    tmp = atomic_path(path)
+    try:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+    return path
+
+
 def write_dataset(
     path: PathLike,
     splits: Dict[str, Dict[str, np.ndarray]],
