@@ -50,3 +50,7 @@ def shared_file(name: str) -> str:
     if not path.exists():
         pytest.skip(f"{path} not present: the shared real datasets exist only beside the project's CI checkout")
     return str(path)
+
+
+def pytest_configure(config):
+    config.addinivalue_line("markers", "torch_path: tests an internal of the metrics' torch path only")

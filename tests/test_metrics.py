@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import os
 
 import numpy as np
 import pytest
@@ -76,6 +77,22 @@ def ref_map(query, retrieval, ql, rl, k, similarity="hamming", empty="zero"):
 
 
 # ------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(autouse=True, params=["native", "torch"])
+def engine_path(request, monkeypatch):
+    """Every test runs on both CPU paths: the compiled kernels and the torch (GPU) path."""
+    import ucmfh.metrics.engine as engine
+
+    if request.param == "native":
+        if engine.native_kernels() is None:
+            if os.environ.get("UCMFH_REQUIRE_NATIVE") == "1":
+                pytest.fail("UCMFH_REQUIRE_NATIVE=1 but ucmfh.metrics._hamming is not built")
+            pytest.skip("the compiled Hamming kernels are not built")
+        if request.node.get_closest_marker("torch_path"):
+            pytest.skip("tests an internal of the torch path")
+    monkeypatch.setattr(engine, "FORCE_NATIVE", request.param == "native")
+    return request.param
 
 
 def make_case(seed, n_query, n_retrieval, n_bits, n_classes=5, p_label=0.25):
@@ -283,6 +300,7 @@ def test_gpu_equals_cpu():
         assert torch.equal(gpu.cpu(), cpu)
 
 
+@pytest.mark.torch_path
 @pytest.mark.parametrize("n_bits", [8, 16])
 @pytest.mark.parametrize("k", [1, 5, 50])
 def test_group_preselection_exact_with_ties(n_bits, k):
@@ -295,6 +313,7 @@ def test_group_preselection_exact_with_ties(n_bits, k):
         assert idx.tolist() == expected
 
 
+@pytest.mark.torch_path
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n_bits", [8, 16, 128])
 def test_every_score_dtype_is_exact(dtype, n_bits, monkeypatch):

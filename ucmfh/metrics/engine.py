@@ -4,10 +4,15 @@ Ranking (REFERENCE §6): Hamming distance ascending, or cosine similarity
 descending, ties by retrieval index ascending. Results are exact and the same
 for every chunk size and device:
 
-* Hamming distances come from a ±1 matmul: integers, exact in float32 (and
-  TF32) on CPU and GPU. Top-K selects on the unique integer key
-  ``dist * N + index``, after an exact pre-selection by group maxima (see
-  :func:`_hamming_top_k_chunk`), without sorting the retrieval set.
+* On the CPU, Hamming ranking runs in the C kernels of ``_hamming.c`` (built
+  at install; see :func:`native_kernels`): popcount distances, a top-K that
+  keeps per distance the first K items met in index order, and counting
+  sorts; the query chunks are spread over ``torch.get_num_threads()`` threads.
+* Elsewhere (GPU, or no compiled kernels) Hamming distances come from a ±1
+  matmul: integers, exact in float16/bfloat16/float32. Top-K selects on the
+  unique integer key ``dist * N + index``, after an exact pre-selection by
+  group maxima (see :func:`_hamming_top_k_chunk`), without sorting the
+  retrieval set. Both paths give identical results.
 * AP terms are summed in fixed point (int64, 2**-52 to 2**-40 resolution by list length): integer sums
   do not depend on summation order, so chunking, SIMD width and GPU reductions
   cannot change a result. Means over queries use ``math.fsum``.
@@ -22,13 +27,20 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Iterator, Literal, Optional, Tuple
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Callable, Iterator, Literal, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ucmfh.codes import unpack_codes
 from ucmfh.similarity import cosine_similarity_float64
+
+try:  # the compiled CPU kernels; optional at install (setup.py)
+    from ucmfh.metrics import _hamming
+except ImportError:  # pragma: no cover - exercised only where the build failed
+    _hamming = None
 
 Similarity = Literal["hamming", "cosine"]
 Empty = Literal["zero", "skip"]
@@ -78,6 +90,101 @@ def as_pm1(codes: torch.Tensor, device: torch.device) -> torch.Tensor:
 
 def _labels_f(labels: torch.Tensor, device: torch.device) -> torch.Tensor:
     return labels.to(device).float()
+
+
+# ------------------------------------------------------------ native CPU kernels
+
+# None: use the compiled kernels for CPU tensors when they are built, unless the
+# environment sets UCMFH_NATIVE=0; tests set True/False to exercise both paths.
+FORCE_NATIVE: Optional[bool] = None
+_MIN_QUERIES_PER_THREAD = 16
+
+
+def native_kernels() -> Optional[str]:
+    """The build of the compiled Hamming kernels chosen for this CPU (e.g. ``"avx512vpopcntdq"``),
+    or None when they are not built (then the torch path serves the CPU too)."""
+    return None if _hamming is None else _hamming.kernel_name()
+
+
+def _use_native(device: torch.device) -> bool:
+    if FORCE_NATIVE is not None:
+        if FORCE_NATIVE and _hamming is None:
+            raise RuntimeError("the compiled Hamming kernels (ucmfh.metrics._hamming) are not built")
+        return FORCE_NATIVE and device.type == "cpu"
+    return _hamming is not None and device.type == "cpu" and os.environ.get("UCMFH_NATIVE", "1") != "0"
+
+
+def _words(bits: np.ndarray) -> np.ndarray:
+    """Packed bits [N, bytes] uint8 -> [N, ceil(bytes / 8)] uint64, zero-padded."""
+    n, n_bytes = bits.shape
+    out = np.zeros((n, -(-n_bytes // 8) * 8), dtype=np.uint8)
+    out[:, :n_bytes] = bits
+    return out.view(np.uint64)
+
+
+def _code_words(codes: torch.Tensor) -> np.ndarray:
+    """±1 (sign >= 0 is a set bit, as in ucmfh.codes) or packed codes -> uint64 words [N, W]."""
+    codes = codes.detach().cpu()
+    if codes.dtype == torch.uint8:
+        return _words(codes.numpy())
+    return _words(np.packbits(codes.numpy() >= 0, axis=1))
+
+
+def _label_words(labels: torch.Tensor) -> np.ndarray:
+    """Multi-hot labels [N, C] -> uint64 words [N, ceil(C / 64)], a set bit per label."""
+    return _words(np.packbits(labels.detach().cpu().numpy() != 0, axis=1))
+
+
+def _split_queries(n: int, work: Callable[[int, int], None]) -> None:
+    """Run ``work(start, stop)`` over query ranges on ``torch.get_num_threads()`` threads
+    (the kernels release the GIL); each range is written to its own rows."""
+    parts = max(1, min(torch.get_num_threads(), n // _MIN_QUERIES_PER_THREAD))
+    bounds = [n * i // parts for i in range(parts + 1)]
+    if parts == 1:
+        work(0, n)
+        return
+    with ThreadPoolExecutor(parts) as pool:
+        for f in [pool.submit(work, a, b) for a, b in zip(bounds[:-1], bounds[1:])]:
+            f.result()
+
+
+def _native_top_k(qw: np.ndarray, rw: np.ndarray, n_bits: int, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Exact top-k by (distance, index) of packed query rows. Shape: -> (distances, indices) [q, k] int64."""
+    nq, words = qw.shape
+    idx = np.empty((nq, k), dtype=np.int64)
+    dist = np.empty((nq, k), dtype=np.int64)
+
+    def work(a: int, b: int) -> None:
+        _hamming.top_k(qw[a:b], rw, b - a, rw.shape[0], words, n_bits, k, idx[a:b], dist[a:b])
+
+    _split_queries(nq, work)
+    return torch.from_numpy(dist), torch.from_numpy(idx)
+
+
+def _native_histograms(qw, rw, qlw, rlw, n_bits: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    nq = qw.shape[0]
+    h_all = np.empty((nq, n_bits + 1), dtype=np.int64)
+    h_rel = np.empty_like(h_all)
+
+    def work(a: int, b: int) -> None:
+        _hamming.histograms(qw[a:b], rw, b - a, rw.shape[0], qw.shape[1], n_bits,
+                            qlw[a:b], rlw, qlw.shape[1], h_all[a:b], h_rel[a:b])
+
+    _split_queries(nq, work)
+    return torch.from_numpy(h_all), torch.from_numpy(h_rel)
+
+
+def _native_ap_all(qw, rw, qlw, rlw, n_bits: int, scale: float) -> torch.Tensor:
+    nq = qw.shape[0]
+    total = np.empty(nq, dtype=np.int64)
+    found = np.empty(nq, dtype=np.int64)
+
+    def work(a: int, b: int) -> None:
+        _hamming.ap_all(qw[a:b], rw, b - a, rw.shape[0], qw.shape[1], n_bits,
+                        qlw[a:b], rlw, qlw.shape[1], scale, total[a:b], found[a:b])
+
+    _split_queries(nq, work)
+    return (torch.from_numpy(total).double() / scale) / torch.from_numpy(found).clamp(min=1).double()
 
 
 # ---------------------------------------------------------------------------- top-K
@@ -212,9 +319,14 @@ def iter_top_k(
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     device = query.device
+    native = similarity == "hamming" and _use_native(device)
+    if native:
+        rw, n_bits = _code_words(retrieval), n_bits_of(retrieval)
     for start in range(0, query.shape[0], chunk_size):
         q = query[start : start + chunk_size]
-        if similarity == "hamming":
+        if native:
+            yield (start, *_native_top_k(_code_words(q), rw, n_bits, k))
+        elif similarity == "hamming":
             yield (start, *_hamming_top_k_chunk(as_pm1(q, device), retrieval, k, retrieval_chunk_size))
         else:
             yield (start, *_cosine_top_k_chunk(q, retrieval, k, retrieval_chunk_size))
@@ -353,6 +465,13 @@ def iter_hamming_histograms(
     _check_chunks(chunk_size, retrieval_chunk_size)
     device = query.device
     n_bits = n_bits_of(retrieval)
+    if _use_native(device):
+        rw, rlw = _code_words(retrieval), _label_words(retrieval_labels)
+        for start in range(0, query.shape[0], chunk_size):
+            stop = start + chunk_size
+            qw, qlw = _code_words(query[start:stop]), _label_words(query_labels[start:stop])
+            yield (start, *_native_histograms(qw, rw, qlw, rlw, n_bits))
+        return
     for start in range(0, query.shape[0], chunk_size):
         q = as_pm1(query[start : start + chunk_size], device)
         ql = _labels_f(query_labels[start : start + chunk_size], device)
@@ -404,6 +523,16 @@ def average_precision_all_hamming(
     n = retrieval.shape[0]
     n_bits = n_bits_of(retrieval)
     scale = _fixed_scale(n)
+    if _use_native(device):
+        check_pair(query, retrieval, "hamming")
+        _check_chunks(chunk_size, retrieval_chunk_size)
+        rw, rlw = _code_words(retrieval), _label_words(retrieval_labels)
+        parts = [
+            _native_ap_all(_code_words(query[a : a + chunk_size]), rw,
+                           _label_words(query_labels[a : a + chunk_size]), rlw, n_bits, scale)
+            for a in range(0, query.shape[0], chunk_size)
+        ]
+        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
     out = []
     hists = iter_hamming_histograms(query, retrieval, query_labels, retrieval_labels, chunk_size, retrieval_chunk_size)
     for start, h_all, h_rel in hists:

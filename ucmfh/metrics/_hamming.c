@@ -1,0 +1,583 @@
+/*
+ * Exact Hamming ranking on the CPU for ucmfh.metrics: top-K lists, distance
+ * histograms and AP over the whole ranking, by popcount and counting.
+ *
+ * Codes are packed bits viewed as uint64 words, [n, words] row-major (padding
+ * bits zero in both sets, so they add no distance); labels are multi-hot bits
+ * likewise, [n, label_words]. Ranking is Hamming distance ascending, ties by
+ * retrieval index ascending (REFERENCE §6). Nothing is sorted: distances are
+ * small integers, so a ranking is a counting sort, and a top-K keeps, per
+ * distance, the first K items met in index order.
+ *
+ * Every entry point takes C-contiguous buffers, checks their sizes and runs
+ * without the GIL, so Python can split the queries over threads. The loops
+ * are compiled several times for the x86-64 features a CPU may have
+ * (AVX-512 VPOPCNTDQ, AVX2, POPCNT) and the best is chosen at run time; the
+ * results are integers and do not depend on the choice.
+ */
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#define TILE 8192  /* retrieval items scanned by every query of a call before the next tile */
+#define BLOCK 64   /* items whose distances are computed together, then scanned */
+
+typedef struct {
+    const uint64_t *q, *r;     /* codes [nq, words], [nr, words] */
+    const uint64_t *ql, *rl;   /* labels [nq, lwords], [nr, lwords]; NULL when unused */
+    Py_ssize_t nq, nr;
+    int words, lwords, n_bits; /* distances lie in 0 .. n_bits */
+} Job;
+
+/* ------------------------------------------------------------ inner loops */
+
+static inline __attribute__((always_inline)) void
+distances(const uint64_t *q, const uint64_t *r, Py_ssize_t m, int words, uint16_t *out)
+{
+    if (words == 1) {
+        const uint64_t q0 = q[0];
+        for (Py_ssize_t j = 0; j < m; j++)
+            out[j] = (uint16_t)__builtin_popcountll(q0 ^ r[j]);
+    } else if (words == 2) {
+        const uint64_t q0 = q[0], q1 = q[1];
+        for (Py_ssize_t j = 0; j < m; j++)
+            out[j] = (uint16_t)(__builtin_popcountll(q0 ^ r[2 * j]) + __builtin_popcountll(q1 ^ r[2 * j + 1]));
+    } else {
+        for (Py_ssize_t j = 0; j < m; j++) {
+            unsigned s = 0;
+            for (int w = 0; w < words; w++)
+                s += (unsigned)__builtin_popcountll(q[w] ^ r[j * words + w]);
+            out[j] = (uint16_t)s;
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void
+relevance(const uint64_t *ql, const uint64_t *rl, Py_ssize_t m, int lwords, uint8_t *out)
+{
+    if (lwords == 1) {
+        const uint64_t l0 = ql[0];
+        for (Py_ssize_t j = 0; j < m; j++)
+            out[j] = (l0 & rl[j]) != 0;
+    } else {
+        for (Py_ssize_t j = 0; j < m; j++) {
+            uint64_t any = 0;
+            for (int w = 0; w < lwords; w++)
+                any |= ql[w] & rl[j * lwords + w];
+            out[j] = any != 0;
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) unsigned
+block_min(const uint16_t *d, Py_ssize_t m)
+{
+    unsigned lo = 0xFFFF;
+    for (Py_ssize_t j = 0; j < m; j++)
+        lo = d[j] < lo ? d[j] : lo;
+    return lo;
+}
+
+/* ---------------------------------------------------------- top-K, small K
+ *
+ * Per query: for each distance d <= thr, the first (up to k) items met at d,
+ * in index order. lt counts the kept items nearer than thr; once it reaches k,
+ * nothing at thr or beyond can enter the top k, so thr drops; once thr's list
+ * is full, nothing at thr can enter either (lim = thr - 1). Every item of
+ * the final top k is kept (it is among the first k at its distance, and its
+ * distance never exceeds thr), so reading the lists in distance order gives
+ * the exact ranking. Memory: (n_bits + 1) * k slots per query.
+ */
+static inline __attribute__((always_inline)) void
+topk_buckets_body(const Job *job, Py_ssize_t k, int32_t *cnt, int64_t *slot, int *thr, Py_ssize_t *lt)
+{
+    const int nd = job->n_bits + 1;
+    uint16_t dist[BLOCK];
+    for (Py_ssize_t i = 0; i < job->nq; i++) {
+        thr[i] = job->n_bits;
+        lt[i] = 0;
+    }
+    for (Py_ssize_t t0 = 0; t0 < job->nr; t0 += TILE) {
+        const Py_ssize_t t1 = t0 + TILE < job->nr ? t0 + TILE : job->nr;
+        for (Py_ssize_t i = 0; i < job->nq; i++) {
+            const uint64_t *q = job->q + i * job->words;
+            int32_t *c = cnt + i * nd;
+            int64_t *s = slot + i * nd * k;
+            int th = thr[i];
+            Py_ssize_t below = lt[i];
+            int lim = th - (c[th] >= k); /* the farthest distance that can still enter */
+            for (Py_ssize_t b0 = t0; b0 < t1; b0 += BLOCK) {
+                const Py_ssize_t m = b0 + BLOCK < t1 ? BLOCK : t1 - b0;
+                distances(q, job->r + b0 * job->words, m, job->words, dist);
+                if ((int)block_min(dist, m) > lim)
+                    continue;
+                for (Py_ssize_t j = 0; j < m; j++) {
+                    const int d = dist[j];
+                    if (d > lim)
+                        continue;
+                    s[(Py_ssize_t)d * k + c[d]++] = b0 + j; /* d <= lim: its list has room */
+                    if (d < th && ++below >= k) {
+                        while (below >= k) {
+                            th--;
+                            below -= c[th];
+                        }
+                    }
+                    lim = th - (c[th] >= k);
+                }
+            }
+            thr[i] = th;
+            lt[i] = below;
+        }
+    }
+}
+
+/* ---------------------------------------------------------- top-K, any K
+ *
+ * A counting sort cut at k: pass 1 counts items per distance; the cut-off
+ * distance t and the number taken at t follow; pass 2 writes each item at
+ * its place in index order. Memory: n_bits + 1 counters per query.
+ */
+static inline __attribute__((always_inline)) void
+histogram_body(const Job *job, int64_t *h_all, int64_t *h_rel)
+{
+    const int nd = job->n_bits + 1;
+    uint16_t dist[BLOCK];
+    uint8_t rel[BLOCK];
+    for (Py_ssize_t t0 = 0; t0 < job->nr; t0 += TILE) {
+        const Py_ssize_t t1 = t0 + TILE < job->nr ? t0 + TILE : job->nr;
+        for (Py_ssize_t i = 0; i < job->nq; i++) {
+            const uint64_t *q = job->q + i * job->words;
+            int64_t *ha = h_all + i * nd;
+            int64_t *hr = h_rel ? h_rel + i * nd : NULL;
+            for (Py_ssize_t b0 = t0; b0 < t1; b0 += BLOCK) {
+                const Py_ssize_t m = b0 + BLOCK < t1 ? BLOCK : t1 - b0;
+                distances(q, job->r + b0 * job->words, m, job->words, dist);
+                if (hr) {
+                    relevance(job->ql + i * job->lwords, job->rl + b0 * job->lwords, m, job->lwords, rel);
+                    for (Py_ssize_t j = 0; j < m; j++) {
+                        ha[dist[j]]++;
+                        hr[dist[j]] += rel[j];
+                    }
+                } else {
+                    for (Py_ssize_t j = 0; j < m; j++)
+                        ha[dist[j]]++;
+                }
+            }
+        }
+    }
+}
+
+static inline __attribute__((always_inline)) void
+topk_counting_body(const Job *job, Py_ssize_t k, int64_t *hist, int *cut, int64_t *take, int64_t *out_idx,
+                   int64_t *out_dist)
+{
+    const int nd = job->n_bits + 1;
+    uint16_t dist[BLOCK];
+    histogram_body(job, hist, NULL);
+    for (Py_ssize_t i = 0; i < job->nq; i++) {
+        /* hist becomes each distance's next write position; take: places left at the cut */
+        int64_t *h = hist + i * nd;
+        int64_t pos = 0;
+        int d = 0;
+        while (pos + h[d] < k) {
+            const int64_t n = h[d];
+            h[d] = pos;
+            pos += n;
+            d++;
+        }
+        cut[i] = d;
+        take[i] = k - pos;
+        h[d] = pos;
+    }
+    for (Py_ssize_t t0 = 0; t0 < job->nr; t0 += TILE) {
+        const Py_ssize_t t1 = t0 + TILE < job->nr ? t0 + TILE : job->nr;
+        for (Py_ssize_t i = 0; i < job->nq; i++) {
+            const uint64_t *q = job->q + i * job->words;
+            int64_t *h = hist + i * nd;
+            int64_t *o = out_idx + i * k, *od = out_dist + i * k;
+            const int c = cut[i];
+            for (Py_ssize_t b0 = t0; b0 < t1; b0 += BLOCK) {
+                const Py_ssize_t m = b0 + BLOCK < t1 ? BLOCK : t1 - b0;
+                distances(q, job->r + b0 * job->words, m, job->words, dist);
+                if ((int)block_min(dist, m) > c)
+                    continue;
+                for (Py_ssize_t j = 0; j < m; j++) {
+                    const int d = dist[j];
+                    if (d < c || (d == c && take[i] > 0)) {
+                        take[i] -= d == c;
+                        od[h[d]] = d;
+                        o[h[d]++] = b0 + j;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* ------------------------------------------------------------ AP, all items
+ *
+ * The position of a relevant item j at distance d is (items nearer than d) +
+ * (items at d with an index below j) + 1; its rank among the relevant items
+ * likewise. Pass 1 makes the histograms, pass 2 walks the items in index
+ * order carrying per-distance counts. AP terms are rounded to fixed point
+ * (round half to even, like torch.round) and summed as integers, so the sum
+ * does not depend on the order of work.
+ */
+static inline __attribute__((always_inline)) void
+ap_all_body(const Job *job, double scale, int64_t *h_all, int64_t *h_rel, int64_t *total)
+{
+    const int nd = job->n_bits + 1;
+    uint16_t dist[BLOCK];
+    uint8_t rel[BLOCK];
+    histogram_body(job, h_all, h_rel);
+    for (Py_ssize_t i = 0; i < job->nq; i++) {
+        /* histograms become (items nearer than d) + 1 and (relevant nearer than d) + 1 */
+        int64_t *ha = h_all + i * nd, *hr = h_rel + i * nd;
+        int64_t pa = 1, pr = 1;
+        for (int d = 0; d < nd; d++) {
+            const int64_t na = ha[d], nr = hr[d];
+            ha[d] = pa;
+            hr[d] = pr;
+            pa += na;
+            pr += nr;
+        }
+        total[i] = 0;
+    }
+    for (Py_ssize_t t0 = 0; t0 < job->nr; t0 += TILE) {
+        const Py_ssize_t t1 = t0 + TILE < job->nr ? t0 + TILE : job->nr;
+        for (Py_ssize_t i = 0; i < job->nq; i++) {
+            const uint64_t *q = job->q + i * job->words;
+            int64_t *ha = h_all + i * nd, *hr = h_rel + i * nd;
+            int64_t sum = total[i];
+            for (Py_ssize_t b0 = t0; b0 < t1; b0 += BLOCK) {
+                const Py_ssize_t m = b0 + BLOCK < t1 ? BLOCK : t1 - b0;
+                distances(q, job->r + b0 * job->words, m, job->words, dist);
+                relevance(job->ql + i * job->lwords, job->rl + b0 * job->lwords, m, job->lwords, rel);
+                for (Py_ssize_t j = 0; j < m; j++) {
+                    const int d = dist[j];
+                    if (rel[j]) {
+                        const double precision = (double)hr[d]++ / (double)ha[d];
+                        sum += (int64_t)nearbyint(precision * scale);
+                    }
+                    ha[d]++;
+                }
+            }
+            total[i] = sum;
+        }
+    }
+}
+
+/* --------------------------------------------- per-CPU builds and dispatch */
+
+#define DEFINE_KERNELS(SUFFIX, ATTR)                                                                   \
+    ATTR static void topk_buckets_##SUFFIX(const Job *j, Py_ssize_t k, int32_t *c, int64_t *s, int *t, \
+                                           Py_ssize_t *l)                                              \
+    { topk_buckets_body(j, k, c, s, t, l); }                                                           \
+    ATTR static void topk_counting_##SUFFIX(const Job *j, Py_ssize_t k, int64_t *h, int *c, int64_t *t, \
+                                            int64_t *o, int64_t *od)                                    \
+    { topk_counting_body(j, k, h, c, t, o, od); }                                                      \
+    ATTR static void histogram_##SUFFIX(const Job *j, int64_t *a, int64_t *r)                          \
+    { histogram_body(j, a, r); }                                                                       \
+    ATTR static void ap_all_##SUFFIX(const Job *j, double s, int64_t *a, int64_t *r, int64_t *t)       \
+    { ap_all_body(j, s, a, r, t); }
+
+typedef struct {
+    const char *name;
+    void (*topk_buckets)(const Job *, Py_ssize_t, int32_t *, int64_t *, int *, Py_ssize_t *);
+    void (*topk_counting)(const Job *, Py_ssize_t, int64_t *, int *, int64_t *, int64_t *, int64_t *);
+    void (*histogram)(const Job *, int64_t *, int64_t *);
+    void (*ap_all)(const Job *, double, int64_t *, int64_t *, int64_t *);
+} Kernels;
+
+#define KERNELS(SUFFIX, NAME) \
+    { NAME, topk_buckets_##SUFFIX, topk_counting_##SUFFIX, histogram_##SUFFIX, ap_all_##SUFFIX }
+
+DEFINE_KERNELS(generic, )
+static const Kernels GENERIC = KERNELS(generic, "generic");
+
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+#define HAVE_X86_BUILDS 1
+DEFINE_KERNELS(popcnt, __attribute__((target("popcnt"))))
+DEFINE_KERNELS(avx2, __attribute__((target("popcnt,avx2,bmi2"))))
+DEFINE_KERNELS(avx512, __attribute__((target("popcnt,avx2,bmi2,avx512f,avx512bw,avx512vl,avx512vpopcntdq"))))
+static const Kernels POPCNT = KERNELS(popcnt, "popcnt");
+static const Kernels AVX2 = KERNELS(avx2, "avx2");
+static const Kernels AVX512 = KERNELS(avx512, "avx512vpopcntdq");
+#endif
+
+static const Kernels *kernels = &GENERIC;
+
+static void choose_kernels(void)
+{
+#ifdef HAVE_X86_BUILDS
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx512vpopcntdq") && __builtin_cpu_supports("avx512bw") &&
+        __builtin_cpu_supports("avx512vl"))
+        kernels = &AVX512;
+    else if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("popcnt"))
+        kernels = &AVX2;
+    else if (__builtin_cpu_supports("popcnt"))
+        kernels = &POPCNT;
+#endif
+}
+
+/* ------------------------------------------------------- Python interface */
+
+typedef struct {
+    Py_buffer bufs[8];
+    int n;
+} Buffers;
+
+static void release(Buffers *b)
+{
+    for (int i = 0; i < b->n; i++)
+        PyBuffer_Release(&b->bufs[i]);
+    b->n = 0;
+}
+
+/* Take a C-contiguous buffer of exactly `nbytes` bytes; writable when asked. */
+static void *take(Buffers *b, PyObject *obj, Py_ssize_t nbytes, int writable, const char *what)
+{
+    Py_buffer *view = &b->bufs[b->n];
+    if (PyObject_GetBuffer(obj, view, PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0)) < 0)
+        return NULL;
+    b->n++;
+    if (view->len != nbytes) {
+        PyErr_Format(PyExc_ValueError, "%s: expected %zd bytes, got %zd", what, nbytes, view->len);
+        return NULL;
+    }
+    return view->buf;
+}
+
+static int parse_job(Job *job, Buffers *b, PyObject *q, PyObject *r, Py_ssize_t nq, Py_ssize_t nr, int words,
+                     int n_bits, PyObject *ql, PyObject *rl, int lwords)
+{
+    if (nq < 0 || nr < 1 || words < 1 || n_bits < 0 || n_bits > 64 * words || n_bits > 0xFFFF) {
+        PyErr_Format(PyExc_ValueError, "bad sizes: nq=%zd nr=%zd words=%d n_bits=%d", nq, nr, words, n_bits);
+        return -1;
+    }
+    job->nq = nq;
+    job->nr = nr;
+    job->words = words;
+    job->n_bits = n_bits;
+    job->lwords = lwords;
+    job->ql = job->rl = NULL;
+    if (!(job->q = take(b, q, nq * words * 8, 0, "query codes")) ||
+        !(job->r = take(b, r, nr * words * 8, 0, "retrieval codes")))
+        return -1;
+    if (ql != NULL) {
+        if (lwords < 1) {
+            PyErr_SetString(PyExc_ValueError, "label_words must be >= 1");
+            return -1;
+        }
+        if (!(job->ql = take(b, ql, nq * lwords * 8, 0, "query labels")) ||
+            !(job->rl = take(b, rl, nr * lwords * 8, 0, "retrieval labels")))
+            return -1;
+    }
+    return 0;
+}
+
+PyDoc_STRVAR(top_k_doc,
+"top_k(query, retrieval, n_query, n_retrieval, words, n_bits, k, out_index, out_distance)\n--\n\n"
+"Write the first k retrieval items of each query, by (Hamming distance, index), into\n"
+"out_index and their distances into out_distance (both int64 [n_query, k]); 1 <= k <= n_retrieval.");
+
+static PyObject *py_top_k(PyObject *self, PyObject *args)
+{
+    PyObject *q, *r, *out, *out_d;
+    Py_ssize_t nq, nr, k;
+    int words, n_bits;
+    if (!PyArg_ParseTuple(args, "OOnniinOO", &q, &r, &nq, &nr, &words, &n_bits, &k, &out, &out_d))
+        return NULL;
+    Buffers b = {.n = 0};
+    Job job;
+    if (parse_job(&job, &b, q, r, nq, nr, words, n_bits, NULL, NULL, 0) < 0)
+        goto fail;
+    if (k < 1 || k > nr) {
+        PyErr_Format(PyExc_ValueError, "k must be in 1 .. %zd, got %zd", nr, k);
+        goto fail;
+    }
+    int64_t *out_idx = take(&b, out, nq * k * 8, 1, "out_index");
+    int64_t *out_dist = out_idx ? take(&b, out_d, nq * k * 8, 1, "out_distance") : NULL;
+    if (!out_dist)
+        goto fail;
+    const Py_ssize_t nd = n_bits + 1;
+    int failed = 0;
+    if (nd * k <= 65536) {
+        /* queries in groups, so that the lists take at most 2**22 slots (32 MiB) */
+        const Py_ssize_t group = (Py_ssize_t)1 << 22 >= nd * k * nq ? (nq ? nq : 1) : ((Py_ssize_t)1 << 22) / (nd * k);
+        int32_t *cnt = malloc((size_t)(group * nd) * sizeof(int32_t));
+        int64_t *slot = malloc((size_t)(group * nd * k) * sizeof(int64_t));
+        int *thr = malloc((size_t)group * sizeof(int));
+        Py_ssize_t *lt = malloc((size_t)group * sizeof(Py_ssize_t));
+        if (cnt && slot && thr && lt) {
+            Py_BEGIN_ALLOW_THREADS
+            for (Py_ssize_t g0 = 0; g0 < nq; g0 += group) {
+                Job part = job;
+                part.q = job.q + g0 * words;
+                part.nq = g0 + group < nq ? group : nq - g0;
+                memset(cnt, 0, (size_t)(part.nq * nd) * sizeof(int32_t));
+                kernels->topk_buckets(&part, k, cnt, slot, thr, lt);
+                for (Py_ssize_t i = 0; i < part.nq; i++) {
+                    int64_t *o = out_idx + (g0 + i) * k, *od = out_dist + (g0 + i) * k;
+                    Py_ssize_t n = 0;
+                    for (int d = 0; d <= thr[i] && n < k; d++) {
+                        const int32_t c = cnt[i * nd + d];
+                        for (int32_t j = 0; j < c && n < k; j++, n++) {
+                            o[n] = slot[(i * nd + d) * k + j];
+                            od[n] = d;
+                        }
+                    }
+                }
+            }
+            Py_END_ALLOW_THREADS
+        } else {
+            failed = 1;
+        }
+        free(cnt);
+        free(slot);
+        free(thr);
+        free(lt);
+    } else {
+        int64_t *hist = calloc((size_t)(nq * nd), sizeof(int64_t));
+        int *cut = malloc((size_t)(nq ? nq : 1) * sizeof(int));
+        int64_t *left = malloc((size_t)(nq ? nq : 1) * sizeof(int64_t));
+        if (hist && cut && left) {
+            Py_BEGIN_ALLOW_THREADS
+            kernels->topk_counting(&job, k, hist, cut, left, out_idx, out_dist);
+            Py_END_ALLOW_THREADS
+        } else {
+            failed = 1;
+        }
+        free(hist);
+        free(cut);
+        free(left);
+    }
+    if (failed) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    release(&b);
+    Py_RETURN_NONE;
+fail:
+    release(&b);
+    return NULL;
+}
+
+PyDoc_STRVAR(histograms_doc,
+"histograms(query, retrieval, n_query, n_retrieval, words, n_bits, query_labels, retrieval_labels,\n"
+"           label_words, out_all, out_relevant)\n--\n\n"
+"Count, per query and distance 0..n_bits, the retrieval items (out_all) and those sharing a\n"
+"label with the query (out_relevant); both int64 [n_query, n_bits + 1], overwritten.");
+
+static PyObject *py_histograms(PyObject *self, PyObject *args)
+{
+    PyObject *q, *r, *ql, *rl, *oa, *orel;
+    Py_ssize_t nq, nr;
+    int words, n_bits, lwords;
+    if (!PyArg_ParseTuple(args, "OOnniiOOiOO", &q, &r, &nq, &nr, &words, &n_bits, &ql, &rl, &lwords, &oa, &orel))
+        return NULL;
+    Buffers b = {.n = 0};
+    Job job;
+    if (parse_job(&job, &b, q, r, nq, nr, words, n_bits, ql, rl, lwords) < 0)
+        goto fail;
+    const Py_ssize_t nbytes = nq * (n_bits + 1) * 8;
+    int64_t *h_all = take(&b, oa, nbytes, 1, "out_all");
+    int64_t *h_rel = h_all ? take(&b, orel, nbytes, 1, "out_relevant") : NULL;
+    if (!h_rel)
+        goto fail;
+    Py_BEGIN_ALLOW_THREADS
+    memset(h_all, 0, (size_t)nbytes);
+    memset(h_rel, 0, (size_t)nbytes);
+    kernels->histogram(&job, h_all, h_rel);
+    Py_END_ALLOW_THREADS
+    release(&b);
+    Py_RETURN_NONE;
+fail:
+    release(&b);
+    return NULL;
+}
+
+PyDoc_STRVAR(ap_all_doc,
+"ap_all(query, retrieval, n_query, n_retrieval, words, n_bits, query_labels, retrieval_labels,\n"
+"       label_words, scale, out_total, out_found)\n--\n\n"
+"AP over the whole ranking in fixed point: out_total[i] = sum over the relevant items of\n"
+"round(rank / position * scale), out_found[i] = relevant items; both int64 [n_query].");
+
+static PyObject *py_ap_all(PyObject *self, PyObject *args)
+{
+    PyObject *q, *r, *ql, *rl, *ot, *of;
+    Py_ssize_t nq, nr;
+    int words, n_bits, lwords;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OOnniiOOidOO", &q, &r, &nq, &nr, &words, &n_bits, &ql, &rl, &lwords, &scale,
+                          &ot, &of))
+        return NULL;
+    Buffers b = {.n = 0};
+    Job job;
+    if (parse_job(&job, &b, q, r, nq, nr, words, n_bits, ql, rl, lwords) < 0)
+        goto fail;
+    int64_t *total = take(&b, ot, nq * 8, 1, "out_total");
+    int64_t *found = total ? take(&b, of, nq * 8, 1, "out_found") : NULL;
+    if (!found)
+        goto fail;
+    const Py_ssize_t nd = n_bits + 1;
+    int64_t *h_all = calloc((size_t)(nq * nd + 1), sizeof(int64_t));
+    int64_t *h_rel = calloc((size_t)(nq * nd + 1), sizeof(int64_t));
+    if (!h_all || !h_rel) {
+        free(h_all);
+        free(h_rel);
+        PyErr_NoMemory();
+        goto fail;
+    }
+    Py_BEGIN_ALLOW_THREADS
+    kernels->ap_all(&job, scale, h_all, h_rel, total);
+    for (Py_ssize_t i = 0; i < nq; i++)  /* after pass 2: the last counter is 1 + relevant items */
+        found[i] = h_rel[i * nd + nd - 1] - 1;
+    Py_END_ALLOW_THREADS
+    free(h_all);
+    free(h_rel);
+    release(&b);
+    Py_RETURN_NONE;
+fail:
+    release(&b);
+    return NULL;
+}
+
+static PyObject *py_kernel_name(PyObject *self, PyObject *unused)
+{
+    return PyUnicode_FromString(kernels->name);
+}
+
+static PyObject *py_use_generic(PyObject *self, PyObject *arg)
+{
+    int generic = PyObject_IsTrue(arg);
+    if (generic < 0)
+        return NULL;
+    kernels = &GENERIC;
+    if (!generic)
+        choose_kernels();
+    Py_RETURN_NONE;
+}
+
+static PyMethodDef methods[] = {
+    {"top_k", py_top_k, METH_VARARGS, top_k_doc},
+    {"histograms", py_histograms, METH_VARARGS, histograms_doc},
+    {"ap_all", py_ap_all, METH_VARARGS, ap_all_doc},
+    {"kernel_name", py_kernel_name, METH_NOARGS, "The build of the loops chosen for this CPU."},
+    {"use_generic", py_use_generic, METH_O, "use_generic(True) forces the portable loops (tests); False re-chooses."},
+    {NULL, NULL, 0, NULL},
+};
+
+static struct PyModuleDef module = {
+    PyModuleDef_HEAD_INIT, "_hamming", "Exact Hamming ranking kernels (see ucmfh.metrics.engine).", -1, methods,
+};
+
+PyMODINIT_FUNC PyInit__hamming(void)
+{
+    choose_kernels();
+    return PyModule_Create(&module);
+}
