@@ -380,44 +380,23 @@ static int parse_job(Job *job, Buffers *b, PyObject *q, PyObject *r, Py_ssize_t 
     return 0;
 }
 
-PyDoc_STRVAR(top_k_doc,
-"top_k(query, retrieval, n_query, n_retrieval, words, n_bits, k, out_index, out_distance)\n--\n\n"
-"Write the first k retrieval items of each query, by (Hamming distance, index), into\n"
-"out_index and their distances into out_distance (both int64 [n_query, k]); 1 <= k <= n_retrieval.");
-
-static PyObject *py_top_k(PyObject *self, PyObject *args)
+/* The first k items of every query of `job` by (distance, index); no GIL needed. -1: out of memory. */
+static int top_k_run(const Job *job, Py_ssize_t k, int64_t *out_idx, int64_t *out_dist)
 {
-    PyObject *q, *r, *out, *out_d;
-    Py_ssize_t nq, nr, k;
-    int words, n_bits;
-    if (!PyArg_ParseTuple(args, "OOnniinOO", &q, &r, &nq, &nr, &words, &n_bits, &k, &out, &out_d))
-        return NULL;
-    Buffers b = {.n = 0};
-    Job job;
-    if (parse_job(&job, &b, q, r, nq, nr, words, n_bits, NULL, NULL, 0) < 0)
-        goto fail;
-    if (k < 1 || k > nr) {
-        PyErr_Format(PyExc_ValueError, "k must be in 1 .. %zd, got %zd", nr, k);
-        goto fail;
-    }
-    int64_t *out_idx = take(&b, out, nq * k * 8, 1, "out_index");
-    int64_t *out_dist = out_idx ? take(&b, out_d, nq * k * 8, 1, "out_distance") : NULL;
-    if (!out_dist)
-        goto fail;
-    const Py_ssize_t nd = n_bits + 1;
+    const Py_ssize_t nd = job->n_bits + 1, nq = job->nq;
     int failed = 0;
     if (nd * k <= 65536) {
         /* queries in groups, so that the lists take at most 2**22 slots (32 MiB) */
-        const Py_ssize_t group = (Py_ssize_t)1 << 22 >= nd * k * nq ? (nq ? nq : 1) : ((Py_ssize_t)1 << 22) / (nd * k);
+        const Py_ssize_t cap = ((Py_ssize_t)1 << 22) / (nd * k);
+        const Py_ssize_t group = nq < cap ? (nq ? nq : 1) : cap;
         int32_t *cnt = malloc((size_t)(group * nd) * sizeof(int32_t));
         int64_t *slot = malloc((size_t)(group * nd * k) * sizeof(int64_t));
         int *thr = malloc((size_t)group * sizeof(int));
         Py_ssize_t *lt = malloc((size_t)group * sizeof(Py_ssize_t));
         if (cnt && slot && thr && lt) {
-            Py_BEGIN_ALLOW_THREADS
             for (Py_ssize_t g0 = 0; g0 < nq; g0 += group) {
-                Job part = job;
-                part.q = job.q + g0 * words;
+                Job part = *job;
+                part.q = job->q + g0 * job->words;
                 part.nq = g0 + group < nq ? group : nq - g0;
                 memset(cnt, 0, (size_t)(part.nq * nd) * sizeof(int32_t));
                 kernels->topk_buckets(&part, k, cnt, slot, thr, lt);
@@ -433,7 +412,6 @@ static PyObject *py_top_k(PyObject *self, PyObject *args)
                     }
                 }
             }
-            Py_END_ALLOW_THREADS
         } else {
             failed = 1;
         }
@@ -442,20 +420,120 @@ static PyObject *py_top_k(PyObject *self, PyObject *args)
         free(thr);
         free(lt);
     } else {
-        int64_t *hist = calloc((size_t)(nq * nd), sizeof(int64_t));
+        int64_t *hist = calloc((size_t)(nq * nd + 1), sizeof(int64_t));
         int *cut = malloc((size_t)(nq ? nq : 1) * sizeof(int));
         int64_t *left = malloc((size_t)(nq ? nq : 1) * sizeof(int64_t));
-        if (hist && cut && left) {
-            Py_BEGIN_ALLOW_THREADS
-            kernels->topk_counting(&job, k, hist, cut, left, out_idx, out_dist);
-            Py_END_ALLOW_THREADS
-        } else {
+        if (hist && cut && left)
+            kernels->topk_counting(job, k, hist, cut, left, out_idx, out_dist);
+        else
             failed = 1;
-        }
         free(hist);
         free(cut);
         free(left);
     }
+    return failed ? -1 : 0;
+}
+
+PyDoc_STRVAR(top_k_doc,
+"top_k(query, retrieval, n_query, n_retrieval, words, n_bits, k, out_index, out_distance)\n--\n\n"
+"Write the first k retrieval items of each query, by (Hamming distance, index), into\n"
+"out_index and their distances into out_distance (both int64 [n_query, k]); 1 <= k <= n_retrieval.");
+
+static PyObject *py_top_k(PyObject *self, PyObject *args)
+{
+    PyObject *q, *r, *out, *out_d;
+    Py_ssize_t nq, nr, k;
+    int words, n_bits, failed;
+    if (!PyArg_ParseTuple(args, "OOnniinOO", &q, &r, &nq, &nr, &words, &n_bits, &k, &out, &out_d))
+        return NULL;
+    Buffers b = {.n = 0};
+    Job job;
+    if (parse_job(&job, &b, q, r, nq, nr, words, n_bits, NULL, NULL, 0) < 0)
+        goto fail;
+    if (k < 1 || k > nr) {
+        PyErr_Format(PyExc_ValueError, "k must be in 1 .. %zd, got %zd", nr, k);
+        goto fail;
+    }
+    int64_t *out_idx = take(&b, out, nq * k * 8, 1, "out_index");
+    int64_t *out_dist = out_idx ? take(&b, out_d, nq * k * 8, 1, "out_distance") : NULL;
+    if (!out_dist)
+        goto fail;
+    Py_BEGIN_ALLOW_THREADS
+    failed = top_k_run(&job, k, out_idx, out_dist);
+    Py_END_ALLOW_THREADS
+    if (failed) {
+        PyErr_NoMemory();
+        goto fail;
+    }
+    release(&b);
+    Py_RETURN_NONE;
+fail:
+    release(&b);
+    return NULL;
+}
+
+PyDoc_STRVAR(ap_top_k_doc,
+"ap_top_k(query, retrieval, n_query, n_retrieval, words, n_bits, k, query_labels, retrieval_labels,\n"
+"         label_words, scale, out_total, out_found)\n--\n\n"
+"AP@k in fixed point: out_total[i] = sum over the relevant items among the first k of\n"
+"round(hits / position * scale), out_found[i] = relevant items among the first k; int64 [n_query].");
+
+static PyObject *py_ap_top_k(PyObject *self, PyObject *args)
+{
+    PyObject *q, *r, *ql, *rl, *ot, *of;
+    Py_ssize_t nq, nr, k;
+    int words, n_bits, lwords, failed = 0;
+    double scale;
+    if (!PyArg_ParseTuple(args, "OOnniinOOidOO", &q, &r, &nq, &nr, &words, &n_bits, &k, &ql, &rl, &lwords,
+                          &scale, &ot, &of))
+        return NULL;
+    Buffers b = {.n = 0};
+    Job job;
+    if (parse_job(&job, &b, q, r, nq, nr, words, n_bits, ql, rl, lwords) < 0)
+        goto fail;
+    if (k < 1 || k > nr) {
+        PyErr_Format(PyExc_ValueError, "k must be in 1 .. %zd, got %zd", nr, k);
+        goto fail;
+    }
+    int64_t *total = take(&b, ot, nq * 8, 1, "out_total");
+    int64_t *found = total ? take(&b, of, nq * 8, 1, "out_found") : NULL;
+    if (!found)
+        goto fail;
+    /* ranked lists of up to 256 queries at a time */
+    const Py_ssize_t group = nq < 256 ? (nq ? nq : 1) : 256;
+    int64_t *idx = malloc((size_t)(group * k) * sizeof(int64_t));
+    int64_t *dist = malloc((size_t)(group * k) * sizeof(int64_t));
+    Py_BEGIN_ALLOW_THREADS
+    failed = !idx || !dist;
+    for (Py_ssize_t g0 = 0; g0 < nq && !failed; g0 += group) {
+        Job part = job;
+        part.q = job.q + g0 * words;
+        part.ql = job.ql + g0 * lwords;
+        part.nq = g0 + group < nq ? group : nq - g0;
+        if (top_k_run(&part, k, idx, dist) < 0) {
+            failed = 1;
+            break;
+        }
+        for (Py_ssize_t i = 0; i < part.nq; i++) {
+            const uint64_t *lq = part.ql + i * lwords;
+            int64_t hits = 0, sum = 0;
+            for (Py_ssize_t p = 0; p < k; p++) {
+                const uint64_t *lr = job.rl + idx[i * k + p] * lwords;
+                uint64_t any = 0;
+                for (int w = 0; w < lwords; w++)
+                    any |= lq[w] & lr[w];
+                if (any) {
+                    hits++;
+                    sum += (int64_t)nearbyint((double)hits / (double)(p + 1) * scale);
+                }
+            }
+            total[g0 + i] = sum;
+            found[g0 + i] = hits;
+        }
+    }
+    Py_END_ALLOW_THREADS
+    free(idx);
+    free(dist);
     if (failed) {
         PyErr_NoMemory();
         goto fail;
@@ -565,6 +643,7 @@ static PyObject *py_use_generic(PyObject *self, PyObject *arg)
 
 static PyMethodDef methods[] = {
     {"top_k", py_top_k, METH_VARARGS, top_k_doc},
+    {"ap_top_k", py_ap_top_k, METH_VARARGS, ap_top_k_doc},
     {"histograms", py_histograms, METH_VARARGS, histograms_doc},
     {"ap_all", py_ap_all, METH_VARARGS, ap_all_doc},
     {"kernel_name", py_kernel_name, METH_NOARGS, "The build of the loops chosen for this CPU."},

@@ -174,16 +174,39 @@ def _native_histograms(qw, rw, qlw, rlw, n_bits: int) -> Tuple[torch.Tensor, tor
     return torch.from_numpy(h_all), torch.from_numpy(h_rel)
 
 
-def _native_ap_all(qw, rw, qlw, rlw, n_bits: int, scale: float) -> torch.Tensor:
-    nq = qw.shape[0]
-    total = np.empty(nq, dtype=np.int64)
-    found = np.empty(nq, dtype=np.int64)
+def native_average_precision(
+    query: torch.Tensor,
+    retrieval: torch.Tensor,
+    query_labels: torch.Tensor,
+    retrieval_labels: torch.Tensor,
+    k: Optional[int],
+) -> torch.Tensor:
+    """AP@K (``k=None``: over the whole ranking) of every query by the compiled kernels, in one
+    threaded pass with no torch work between kernel calls. Shape: -> [Q] float64 (CPU).
+
+    The AP terms are the fixed-point terms of :func:`average_precision_ranked` and
+    :func:`average_precision_all_hamming`, so the results are bit-identical to theirs.
+    """
+    check_pair(query, retrieval, "hamming")
+    n = retrieval.shape[0]
+    k = n if k is None else min(k, n)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    n_bits = n_bits_of(retrieval)
+    qw, rw = _code_words(query), _code_words(retrieval)
+    qlw, rlw = _label_words(query_labels), _label_words(retrieval_labels)
+    scale = _fixed_scale(k)
+    total = np.empty(qw.shape[0], dtype=np.int64)
+    found = np.empty(qw.shape[0], dtype=np.int64)
 
     def work(a: int, b: int) -> None:
-        _hamming.ap_all(qw[a:b], rw, b - a, rw.shape[0], qw.shape[1], n_bits,
-                        qlw[a:b], rlw, qlw.shape[1], scale, total[a:b], found[a:b])
+        sizes = (b - a, n, qw.shape[1], n_bits)
+        if k == n:  # the whole ranking: counting, no lists
+            _hamming.ap_all(qw[a:b], rw, *sizes, qlw[a:b], rlw, qlw.shape[1], scale, total[a:b], found[a:b])
+        else:
+            _hamming.ap_top_k(qw[a:b], rw, *sizes, k, qlw[a:b], rlw, qlw.shape[1], scale, total[a:b], found[a:b])
 
-    _split_queries(nq, work)
+    _split_queries(qw.shape[0], work)
     return (torch.from_numpy(total).double() / scale) / torch.from_numpy(found).clamp(min=1).double()
 
 
@@ -523,16 +546,6 @@ def average_precision_all_hamming(
     n = retrieval.shape[0]
     n_bits = n_bits_of(retrieval)
     scale = _fixed_scale(n)
-    if _use_native(device):
-        check_pair(query, retrieval, "hamming")
-        _check_chunks(chunk_size, retrieval_chunk_size)
-        rw, rlw = _code_words(retrieval), _label_words(retrieval_labels)
-        parts = [
-            _native_ap_all(_code_words(query[a : a + chunk_size]), rw,
-                           _label_words(query_labels[a : a + chunk_size]), rlw, n_bits, scale)
-            for a in range(0, query.shape[0], chunk_size)
-        ]
-        return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
     out = []
     hists = iter_hamming_histograms(query, retrieval, query_labels, retrieval_labels, chunk_size, retrieval_chunk_size)
     for start, h_all, h_rel in hists:

@@ -19,6 +19,7 @@ from ucmfh.metrics.engine import (
     Empty,
     Similarity,
     _check_choice,
+    _use_native,
     average_precision_all_hamming,
     average_precision_ranked,
     gather_id_match,
@@ -27,6 +28,7 @@ from ucmfh.metrics.engine import (
     iter_top_k,
     mean,
     mean_columns,
+    native_average_precision,
     relevant_counts,
 )
 
@@ -66,6 +68,8 @@ def average_precision_at_k(
     """
     _check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
     n = retrieval_codes.shape[0]
+    if similarity == "hamming" and _use_native(query_codes.device):
+        return native_average_precision(query_codes, retrieval_codes, query_labels, retrieval_labels, k)
     if k is None and similarity == "hamming":
         return average_precision_all_hamming(
             query_codes, retrieval_codes, query_labels, retrieval_labels, chunk_size, retrieval_chunk_size
