@@ -2,7 +2,10 @@
 
 Methods, each timed in its own subprocess so that its peak memory can be read:
 
-* ``ucmfh``: :func:`ucmfh.metrics.map_at_k` (exact; chunked matmul + top-K).
+* ``ucmfh``: :func:`ucmfh.metrics.average_precision_at_k` (exact); on the CPU the
+  compiled popcount kernels, on a GPU the chunked matmul + top-K.
+* ``ucmfh_torch``: the same call with ``UCMFH_NATIVE=0``, i.e. the torch (GPU) path
+  run on the CPU; only with ``--device cpu``.
 * ``reference``: a per-query loop that computes all N distances and sorts the
   whole retrieval set, as UCMFH's ``calc_map_k`` does, in numpy with a stable
   sort (so its MAP is the REFERENCE §6 value); timed on ``--ref-queries``
@@ -130,9 +133,13 @@ def worker(args) -> dict:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
+        from ucmfh.metrics import native_kernels
+        from ucmfh.metrics.engine import _use_native
+
         result.update(
             seconds=min(times), seconds_all=times, map=float(ap.mean().item()),
             peak_extra_mb=_peak_rss_mb() - base,
+            path=f"native ({native_kernels()})" if _use_native(device) else "torch",
         )
         if device.type == "cuda":
             result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -221,10 +228,12 @@ def main(argv=None) -> None:
     try:
         import faiss  # noqa: F401
 
-        methods = ["ucmfh", "reference", "faiss"]
+        methods = ["ucmfh", "ucmfh_torch", "reference", "faiss"]
     except ImportError:
-        methods = ["ucmfh", "reference"]
+        methods = ["ucmfh", "ucmfh_torch", "reference"]
         print("faiss not importable: skipping (b); pip install faiss-cpu to include it")
+    if args.device != "cpu":
+        methods.remove("ucmfh_torch")
     info = machine_info()
     print(f"machine: {info}")
     print(f"command: python {' '.join([os.path.relpath(__file__, ROOT)] + (argv or sys.argv[1:]))}")
@@ -232,11 +241,14 @@ def main(argv=None) -> None:
     for n_bits in args.bits:
         res = {}
         for method in methods:
-            cmd = [sys.executable, __file__, "--worker", method, "--n-bits", str(n_bits)]
+            role = "ucmfh" if method == "ucmfh_torch" else method
+            cmd = [sys.executable, __file__, "--worker", role, "--n-bits", str(n_bits)]
             for name in ("n_query", "n_retrieval", "n_classes", "k", "ref_queries", "repeat",
                          "chunk_size", "retrieval_chunk_size", "device", "seed", "threads"):
                 cmd += ["--" + name.replace("_", "-"), str(getattr(args, name))]
             env = dict(os.environ)
+            if method == "ucmfh_torch":
+                env["UCMFH_NATIVE"] = "0"
             if args.threads:
                 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
                     env[var] = str(args.threads)
@@ -246,6 +258,7 @@ def main(argv=None) -> None:
         row = {
             "n_bits": n_bits,
             "ucmfh_s": ours["seconds"], "ucmfh_map": ours["map"], "ucmfh_peak_mb": ours["peak_extra_mb"],
+            "ucmfh_path": ours["path"],
             "reference_s": ref["seconds"], "reference_queries_timed": ref["queries_measured"],
             "reference_peak_mb": ref["peak_extra_mb"],
             "speedup_vs_reference": ref["seconds"] / ours["seconds"],
@@ -254,6 +267,11 @@ def main(argv=None) -> None:
         }
         if "peak_gpu_mb" in ours:
             row["ucmfh_peak_gpu_mb"] = ours["peak_gpu_mb"]
+        if "ucmfh_torch" in res:
+            tp = res["ucmfh_torch"]
+            assert tp["path"] == "torch", tp["path"]
+            row.update(torch_path_s=tp["seconds"], torch_path_map=tp["map"],
+                       torch_path_peak_mb=tp["peak_extra_mb"])
         if "faiss" in res:
             fa = res["faiss"]
             row.update(faiss_s=fa["seconds"], faiss_map=fa["map"], faiss_peak_mb=fa["peak_extra_mb"],
@@ -262,11 +280,13 @@ def main(argv=None) -> None:
         print(json.dumps(row), flush=True)
 
     print()
-    header = f"{'bits':>4} {'ucmfh s':>8} {'ref s':>8} {'x ref':>7} {'faiss s':>8} {'x faiss':>7} " \
+    print(f"ucmfh path: {rows[0]['ucmfh_path']}" if rows else "")
+    header = f"{'bits':>4} {'ucmfh s':>8} {'torch s':>8} {'ref s':>8} {'x ref':>7} {'faiss s':>8} {'x faiss':>7} " \
              f"{'MAP@' + str(args.k):>8} {'|dAP| ref':>9} {'peak MB':>8}"
     print(header)
     for row in rows:
-        print(f"{row['n_bits']:>4} {row['ucmfh_s']:>8.3f} {row['reference_s']:>8.1f} "
+        print(f"{row['n_bits']:>4} {row['ucmfh_s']:>8.3f} {row.get('torch_path_s', float('nan')):>8.3f} "
+              f"{row['reference_s']:>8.1f} "
               f"{row['speedup_vs_reference']:>7.1f} {row.get('faiss_s', float('nan')):>8.3f} "
               f"{row.get('speedup_vs_faiss', float('nan')):>7.2f} {row['ucmfh_map']:>8.4f} "
               f"{row['max_abs_ap_diff_vs_reference']:>9.1e} {row['ucmfh_peak_mb']:>8.0f}")

@@ -328,3 +328,30 @@ def test_every_score_dtype_is_exact(dtype, n_bits, monkeypatch):
         dist, idx = top_k(query, retrieval, 40, chunk_size=3, retrieval_chunk_size=r_chunk)
         assert idx.tolist() == expected
         assert dist.tolist() == [[int((query[i] != retrieval[j]).sum()) for j in row] for i, row in enumerate(expected)]
+
+
+@pytest.mark.torch_path  # no ranking here: once is enough
+def test_metrics_importable_from_the_package():
+    import ucmfh
+    import ucmfh.metrics
+
+    for name in ucmfh._METRICS:
+        assert getattr(ucmfh, name) is getattr(ucmfh.metrics, name)
+    with pytest.raises(AttributeError):
+        ucmfh.no_such_metric
+
+
+@pytest.mark.torch_path  # no ranking here: once is enough
+@pytest.mark.parametrize("n_classes", [5, 62, 70])
+def test_relevant_counts(n_classes):
+    """Counted over distinct label vectors (one integer key up to 62 labels, rows beyond)."""
+    from ucmfh.metrics import relevant_counts
+
+    g = torch.Generator().manual_seed(n_classes)
+    ql = (torch.rand(30, n_classes, generator=g) < 0.05).to(torch.uint8)
+    rl = (torch.rand(500, n_classes, generator=g) < 0.05).to(torch.uint8)
+    rl[::3] = rl[0]
+    rl[:, n_classes - 1] = (torch.arange(500) % 2).to(torch.uint8)  # the highest label bit is used
+    ql[:, n_classes - 1] = 1
+    expected = [sum(ref_relevant(ql[i], rl)) for i in range(30)]
+    assert relevant_counts(ql, rl).tolist() == expected

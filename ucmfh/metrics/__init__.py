@@ -3,7 +3,7 @@
 Ranking is by Hamming distance of ±1 codes (or packed uint8 bits), or by
 cosine similarity with ``similarity="cosine"``; ties by retrieval index.
 """
-from ucmfh.metrics.engine import relevant_counts, top_k
+from ucmfh.metrics.engine import native_kernels, relevant_counts, top_k
 from ucmfh.metrics.evaluate import codes_file_row, evaluate_codes, evaluate_codes_file, evaluate_direction
 from ucmfh.metrics.radius import pr_curve_hamming, precision_within_radius
 from ucmfh.metrics.ranking import (
@@ -12,6 +12,7 @@ from ucmfh.metrics.ranking import (
     map_at_k,
     map_at_k_cosine,
     precision_at_k,
+    precision_recall_at_k,
     recall_at_k,
     recall_at_ranks,
 )
@@ -25,8 +26,10 @@ __all__ = [
     "map_at_all",
     "map_at_k",
     "map_at_k_cosine",
+    "native_kernels",
     "pr_curve_hamming",
     "precision_at_k",
+    "precision_recall_at_k",
     "precision_within_radius",
     "recall_at_k",
     "recall_at_ranks",

@@ -402,7 +402,13 @@ def relevant_counts(query_labels: torch.Tensor, retrieval_labels: torch.Tensor) 
     Q * (distinct vectors), not Q * N.
     """
     device = query_labels.device
-    patterns, counts = torch.unique(retrieval_labels.to(device), dim=0, return_counts=True)
+    retrieval_labels = retrieval_labels.to(device) != 0
+    if retrieval_labels.shape[1] <= 62:  # one integer per label vector: a 1-D unique is a fast sort
+        weights = 2 ** torch.arange(retrieval_labels.shape[1], device=device, dtype=torch.int64)
+        keys, counts = torch.unique((retrieval_labels.long() * weights).sum(dim=1), return_counts=True)
+        patterns = (keys[:, None] & weights) != 0
+    else:
+        patterns, counts = torch.unique(retrieval_labels, dim=0, return_counts=True)
     hit = (query_labels.float() @ patterns.float().T) > 0
     return (hit.double() @ counts.double()).round().long()
 

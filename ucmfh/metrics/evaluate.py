@@ -8,7 +8,7 @@ import torch
 
 from ucmfh.metrics.engine import DEFAULT_CHUNK_SIZE, DEFAULT_RETRIEVAL_CHUNK_SIZE, Empty, Similarity
 from ucmfh.metrics.radius import pr_curve_hamming
-from ucmfh.metrics.ranking import map_at_k, precision_at_k, recall_at_k, recall_at_ranks
+from ucmfh.metrics.ranking import map_at_k, precision_recall_at_k, recall_at_ranks
 
 DEFAULT_KS = (1, 5, 10, 20, 50, 100, 200, 500, 1000)
 DIRECTIONS = {"i2t": ("img", "txt"), "t2i": ("txt", "img")}
@@ -40,11 +40,8 @@ def evaluate_direction(
     if map_all:
         out["map@all"] = map_at_k(query, retrieval, query_labels, retrieval_labels, None, chunk_size, **kw)
     ks = list(ks)
-    out["precision_at_k"] = {
-        "k": ks,
-        "precision": precision_at_k(query, retrieval, query_labels, retrieval_labels, ks, chunk_size, **kw),
-        "recall": recall_at_k(query, retrieval, query_labels, retrieval_labels, ks, chunk_size, **kw),
-    }
+    precision, recall = precision_recall_at_k(query, retrieval, query_labels, retrieval_labels, ks, chunk_size, **kw)
+    out["precision_at_k"] = {"k": ks, "precision": precision, "recall": recall}
     if similarity == "hamming":
         curve = pr_curve_hamming(
             query, retrieval, query_labels, retrieval_labels, chunk_size,

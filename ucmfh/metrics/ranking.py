@@ -9,7 +9,7 @@ leaves it out of the mean. Results are identical for every chunk size.
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence
+from typing import List, Optional, Sequence, Tuple
 
 import torch
 
@@ -174,6 +174,33 @@ def _hits_at(
     return torch.cat(out)
 
 
+def precision_recall_at_k(
+    query_codes: torch.Tensor,
+    retrieval_codes: torch.Tensor,
+    query_labels: torch.Tensor,
+    retrieval_labels: torch.Tensor,
+    ks: Sequence[int] = (1, 5, 10, 50, 100, 500, 1000),
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    empty: Empty = "zero",
+    similarity: Similarity = "hamming",
+    retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+) -> Tuple[List[float], List[float]]:
+    """(precision@K curve, recall@K curve) from one ranking pass; see the two functions below."""
+    _check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
+    keep = _keep(empty, query_labels, retrieval_labels)
+    n = retrieval_codes.shape[0]
+    hits = _hits_at(
+        query_codes, retrieval_codes, ks,
+        lambda s, idx: gather_relevance(query_labels[s : s + chunk_size], retrieval_labels, idx),
+        similarity, chunk_size, retrieval_chunk_size,
+    ).double()
+    denom = torch.tensor([min(k, n) for k in ks], dtype=torch.float64, device=hits.device)
+    total = relevant_counts(query_labels.to(query_codes.device), retrieval_labels)
+    recall = hits / total.clamp(min=1).double().to(hits.device)[:, None]
+    return mean_columns(hits / denom, keep), mean_columns(recall, keep)
+
+
 def precision_at_k(
     query_codes: torch.Tensor,
     retrieval_codes: torch.Tensor,
@@ -190,16 +217,10 @@ def precision_at_k(
 
     K larger than the retrieval set N counts as N (the whole list is returned).
     """
-    _check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
-    keep = _keep(empty, query_labels, retrieval_labels)
-    n = retrieval_codes.shape[0]
-    hits = _hits_at(
-        query_codes, retrieval_codes, ks,
-        lambda s, idx: gather_relevance(query_labels[s : s + chunk_size], retrieval_labels, idx),
-        similarity, chunk_size, retrieval_chunk_size,
-    )
-    denom = torch.tensor([min(k, n) for k in ks], dtype=torch.float64, device=hits.device)
-    return mean_columns(hits.double() / denom, keep)
+    return precision_recall_at_k(
+        query_codes, retrieval_codes, query_labels, retrieval_labels, ks, chunk_size,
+        empty=empty, similarity=similarity, retrieval_chunk_size=retrieval_chunk_size,
+    )[0]
 
 
 def recall_at_k(
@@ -215,15 +236,10 @@ def recall_at_k(
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> List[float]:
     """Recall@K curve: mean over queries of (relevant among the first K) / (relevant in the set)."""
-    _check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
-    keep = _keep(empty, query_labels, retrieval_labels)
-    total = relevant_counts(query_labels.to(query_codes.device), retrieval_labels)
-    hits = _hits_at(
-        query_codes, retrieval_codes, ks,
-        lambda s, idx: gather_relevance(query_labels[s : s + chunk_size], retrieval_labels, idx),
-        similarity, chunk_size, retrieval_chunk_size,
-    )
-    return mean_columns(hits.double() / total.clamp(min=1).double()[:, None], keep)
+    return precision_recall_at_k(
+        query_codes, retrieval_codes, query_labels, retrieval_labels, ks, chunk_size,
+        empty=empty, similarity=similarity, retrieval_chunk_size=retrieval_chunk_size,
+    )[1]
 
 
 def recall_at_ranks(
