@@ -1,6 +1,7 @@
 """Whole experiments for the front doors (``ucmfh`` and ``demo.py``): train, save, evaluate, record."""
 from __future__ import annotations
 
+import dataclasses
 import datetime
 import json
 import os
@@ -105,6 +106,14 @@ def load_or_train_fusion(
     if os.path.exists(path):
         fusion, saved_cfg, _, _ = load_model(path, "fusion", d_img=data.d_img, d_txt=data.d_txt)
         log(f"fusion encoder: {path} (trained {saved_cfg.epochs} epochs, loss {saved_cfg.loss})")
+        differ = [
+            f"{name}={getattr(saved_cfg, name)!r} (asked: {getattr(cfg, name)!r})"
+            for name in (f.name for f in dataclasses.fields(FusionConfig))
+            if name != "device" and getattr(saved_cfg, name) != getattr(cfg, name)
+        ]
+        if differ:
+            log(f"note: the saved fusion encoder was trained with other settings: {', '.join(differ)}; "
+                f"it is used as saved. Delete {path} (or train-fusion again) to use the new settings.")
         return fusion, saved_cfg
     log(f"fusion encoder: none at {path}; training it first (task 0)")
     fusion, history = fit_fusion(data, cfg, progress=progress)
