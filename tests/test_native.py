@@ -90,11 +90,11 @@ def test_top_k_query_groups_and_threads(build):
 
 @pytest.mark.parametrize("n_bits,n_classes", [(16, 21), (64, 81), (130, 5)])
 def test_map_and_histograms_equal_torch_path(build, n_bits, n_classes):
-    """MAP@50, MAP@all and the PR curve: bit-identical to the torch path (81 labels: two label words)."""
+    """AP@K, MAP@all and the PR curve: bit-identical to the torch path (81 labels: two label words)."""
     q, r = codes(40, n_bits, 5), codes(10_000, n_bits, 6)
     ql, rl = labels(40, n_classes, 7), labels(10_000, n_classes, 8)
     ql[0] = 0  # no relevant item
-    for k in (50, None):
+    for k in (50, 600, 10_000, None):  # 600 at 130 bits: the counting top-K; 10,000 = N: counting AP
         native = average_precision_at_k(q, r, ql, rl, k=k, chunk_size=16)
         assert torch.equal(native, torch_path(average_precision_at_k, q, r, ql, rl, k=k))
     assert pr_curve_hamming(q, r, ql, rl) == torch_path(pr_curve_hamming, q, r, ql, rl)

@@ -472,13 +472,14 @@ fail:
     return NULL;
 }
 
-PyDoc_STRVAR(ap_top_k_doc,
-"ap_top_k(query, retrieval, n_query, n_retrieval, words, n_bits, k, query_labels, retrieval_labels,\n"
-"         label_words, scale, out_total, out_found)\n--\n\n"
+PyDoc_STRVAR(average_precision_doc,
+"average_precision(query, retrieval, n_query, n_retrieval, words, n_bits, k, query_labels,\n"
+"                  retrieval_labels, label_words, scale, out_total, out_found)\n--\n\n"
 "AP@k in fixed point: out_total[i] = sum over the relevant items among the first k of\n"
-"round(hits / position * scale), out_found[i] = relevant items among the first k; int64 [n_query].");
+"round(hits / position * scale), out_found[i] = relevant items among the first k; int64 [n_query].\n"
+"k = n_retrieval ranks everything by counting, with no lists.");
 
-static PyObject *py_ap_top_k(PyObject *self, PyObject *args)
+static PyObject *py_average_precision(PyObject *self, PyObject *args)
 {
     PyObject *q, *r, *ql, *rl, *ot, *of;
     Py_ssize_t nq, nr, k;
@@ -499,6 +500,27 @@ static PyObject *py_ap_top_k(PyObject *self, PyObject *args)
     int64_t *found = total ? take(&b, of, nq * 8, 1, "out_found") : NULL;
     if (!found)
         goto fail;
+    if (k == nr) {
+        const Py_ssize_t nd = n_bits + 1;
+        int64_t *h_all = calloc((size_t)(nq * nd + 1), sizeof(int64_t));
+        int64_t *h_rel = calloc((size_t)(nq * nd + 1), sizeof(int64_t));
+        failed = !h_all || !h_rel;
+        if (!failed) {
+            Py_BEGIN_ALLOW_THREADS
+            kernels->ap_all(&job, scale, h_all, h_rel, total);
+            for (Py_ssize_t i = 0; i < nq; i++) /* after pass 2: the last counter is 1 + relevant items */
+                found[i] = h_rel[i * nd + nd - 1] - 1;
+            Py_END_ALLOW_THREADS
+        }
+        free(h_all);
+        free(h_rel);
+        if (failed) {
+            PyErr_NoMemory();
+            goto fail;
+        }
+        release(&b);
+        Py_RETURN_NONE;
+    }
     /* ranked lists of up to 256 queries at a time */
     const Py_ssize_t group = nq < 256 ? (nq ? nq : 1) : 256;
     int64_t *idx = malloc((size_t)(group * k) * sizeof(int64_t));
@@ -579,52 +601,6 @@ fail:
     return NULL;
 }
 
-PyDoc_STRVAR(ap_all_doc,
-"ap_all(query, retrieval, n_query, n_retrieval, words, n_bits, query_labels, retrieval_labels,\n"
-"       label_words, scale, out_total, out_found)\n--\n\n"
-"AP over the whole ranking in fixed point: out_total[i] = sum over the relevant items of\n"
-"round(rank / position * scale), out_found[i] = relevant items; both int64 [n_query].");
-
-static PyObject *py_ap_all(PyObject *self, PyObject *args)
-{
-    PyObject *q, *r, *ql, *rl, *ot, *of;
-    Py_ssize_t nq, nr;
-    int words, n_bits, lwords;
-    double scale;
-    if (!PyArg_ParseTuple(args, "OOnniiOOidOO", &q, &r, &nq, &nr, &words, &n_bits, &ql, &rl, &lwords, &scale,
-                          &ot, &of))
-        return NULL;
-    Buffers b = {.n = 0};
-    Job job;
-    if (parse_job(&job, &b, q, r, nq, nr, words, n_bits, ql, rl, lwords) < 0)
-        goto fail;
-    int64_t *total = take(&b, ot, nq * 8, 1, "out_total");
-    int64_t *found = total ? take(&b, of, nq * 8, 1, "out_found") : NULL;
-    if (!found)
-        goto fail;
-    const Py_ssize_t nd = n_bits + 1;
-    int64_t *h_all = calloc((size_t)(nq * nd + 1), sizeof(int64_t));
-    int64_t *h_rel = calloc((size_t)(nq * nd + 1), sizeof(int64_t));
-    if (!h_all || !h_rel) {
-        free(h_all);
-        free(h_rel);
-        PyErr_NoMemory();
-        goto fail;
-    }
-    Py_BEGIN_ALLOW_THREADS
-    kernels->ap_all(&job, scale, h_all, h_rel, total);
-    for (Py_ssize_t i = 0; i < nq; i++)  /* after pass 2: the last counter is 1 + relevant items */
-        found[i] = h_rel[i * nd + nd - 1] - 1;
-    Py_END_ALLOW_THREADS
-    free(h_all);
-    free(h_rel);
-    release(&b);
-    Py_RETURN_NONE;
-fail:
-    release(&b);
-    return NULL;
-}
-
 static PyObject *py_kernel_name(PyObject *self, PyObject *unused)
 {
     return PyUnicode_FromString(kernels->name);
@@ -643,9 +619,8 @@ static PyObject *py_use_generic(PyObject *self, PyObject *arg)
 
 static PyMethodDef methods[] = {
     {"top_k", py_top_k, METH_VARARGS, top_k_doc},
-    {"ap_top_k", py_ap_top_k, METH_VARARGS, ap_top_k_doc},
+    {"average_precision", py_average_precision, METH_VARARGS, average_precision_doc},
     {"histograms", py_histograms, METH_VARARGS, histograms_doc},
-    {"ap_all", py_ap_all, METH_VARARGS, ap_all_doc},
     {"kernel_name", py_kernel_name, METH_NOARGS, "The build of the loops chosen for this CPU."},
     {"use_generic", py_use_generic, METH_O, "use_generic(True) forces the portable loops (tests); False re-chooses."},
     {NULL, NULL, 0, NULL},

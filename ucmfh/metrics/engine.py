@@ -200,11 +200,8 @@ def native_average_precision(
     found = np.empty(qw.shape[0], dtype=np.int64)
 
     def work(a: int, b: int) -> None:
-        sizes = (b - a, n, qw.shape[1], n_bits)
-        if k == n:  # the whole ranking: counting, no lists
-            _hamming.ap_all(qw[a:b], rw, *sizes, qlw[a:b], rlw, qlw.shape[1], scale, total[a:b], found[a:b])
-        else:
-            _hamming.ap_top_k(qw[a:b], rw, *sizes, k, qlw[a:b], rlw, qlw.shape[1], scale, total[a:b], found[a:b])
+        _hamming.average_precision(qw[a:b], rw, b - a, n, qw.shape[1], n_bits, k, qlw[a:b], rlw, qlw.shape[1],
+                                   scale, total[a:b], found[a:b])
 
     _split_queries(qw.shape[0], work)
     return (torch.from_numpy(total).double() / scale) / torch.from_numpy(found).clamp(min=1).double()
