@@ -232,6 +232,7 @@ ap_all_body(const Job *job, double scale, int64_t *h_all, int64_t *h_rel, int64_
     const int nd = job->n_bits + 1;
     uint16_t dist[BLOCK];
     uint8_t rel[BLOCK];
+    double rank[BLOCK + 1], position[BLOCK + 1];
     histogram_body(job, h_all, h_rel);
     for (Py_ssize_t i = 0; i < job->nq; i++) {
         /* histograms become (items nearer than d) + 1 and (relevant nearer than d) + 1 */
@@ -256,14 +257,17 @@ ap_all_body(const Job *job, double scale, int64_t *h_all, int64_t *h_rel, int64_
                 const Py_ssize_t m = b0 + BLOCK < t1 ? BLOCK : t1 - b0;
                 distances(q, job->r + b0 * job->words, m, job->words, dist);
                 relevance(job->ql + i * job->lwords, job->rl + b0 * job->lwords, m, job->lwords, rel);
+                /* counts first, without branches: a relevant item's (rank, position) is kept */
+                int n = 0;
                 for (Py_ssize_t j = 0; j < m; j++) {
                     const int d = dist[j];
-                    if (rel[j]) {
-                        const double precision = (double)hr[d]++ / (double)ha[d];
-                        sum += (int64_t)nearbyint(precision * scale);
-                    }
-                    ha[d]++;
+                    rank[n] = (double)hr[d];
+                    position[n] = (double)ha[d]++;
+                    hr[d] += rel[j];
+                    n += rel[j];
                 }
+                for (int t = 0; t < n; t++)
+                    sum += (int64_t)nearbyint(rank[t] / position[t] * scale);
             }
             total[i] = sum;
         }
