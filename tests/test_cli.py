@@ -50,10 +50,12 @@ def test_ucmfh_make_train_evaluate(tmp_path):
     assert abs(metrics["i2t"]["map@50"] - rows[2]["map_i2t"]) < 1e-9, metrics["i2t"]
     # a second train-hash reuses the saved fusion encoder and names the settings it differs in
     result = runner.invoke(main, ["train-hash", *common, "--out", str(tmp_path / "runs"), "--epochs", "2",
-                                  "-b", "8", "--amp", "bf16"])
+                                  "-b", "8", "--amp", "bf16", "--lr-fusion", "0"])
     assert result.exit_code == 0, result.output
     assert "training it first" not in result.output
     assert "trained with other settings: epochs=1 (asked: 2)" in result.output
+    saved = torch.load(tmp_path / "runs" / "synthetic" / "original-seed2023" / "hash8.pt", weights_only=False)
+    assert saved["hash_config"]["lr_fusion"] == 0.0
 
 
 def test_ucmfh_reports_bad_input_without_traceback(tmp_path):

@@ -120,3 +120,15 @@ def test_supervised_training_passes_labels_and_fit_hashing_keeps_the_callers_enc
     fit_hashing(tiny, small_hash(epochs=1), fusion, progress=False)
     assert seen and all(labels is None for labels in seen)
     assert all(torch.equal(before[k], v) for k, v in fusion.state_dict().items())
+
+
+def test_lr_fusion_zero_keeps_the_encoder_and_trains_the_heads(tiny):
+    fusion, _ = fit_fusion(tiny, small_fusion(epochs=1), progress=False)
+    moved, _ = fit_hashing(tiny, small_hash(epochs=1), fusion, progress=False)
+    kept, history = fit_hashing(tiny, small_hash(epochs=2, lr_fusion=0.0), fusion, progress=False)
+    start = fusion.state_dict()
+    assert all(torch.equal(start[k], v) for k, v in kept.fusion.state_dict().items())
+    assert not all(torch.equal(start[k], v) for k, v in moved.fusion.state_dict().items())
+    assert history[1] < history[0]  # the heads still learn
+    with pytest.raises(ValueError, match="lr_fusion"):
+        small_hash(lr_fusion=-1.0).validate()

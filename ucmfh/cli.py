@@ -189,9 +189,11 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
 @click.option("--beta-schedule", type=click.Choice(["none", "hashnet", "step"]), default="none", show_default=True,
               help="Tanh continuation: none is UCMFH's plain tanh.")
 @click.option("--fusion-epochs", type=int, default=None, help="Epochs of the fusion stage when it must be trained first.")
+@click.option("--lr-fusion", type=float, default=HashConfig.lr_fusion, show_default=True,
+              help="Learning rate of the fusion encoder while the heads train (UCMFH's; 0 keeps it as trained).")
 @_user_errors
 def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, n_bits, beta_schedule, fusion_epochs,
-                   **train) -> None:
+                   lr_fusion, **train) -> None:
     """Task 1: train hash heads (training the fusion stage first if needed) and score the codes."""
     from ucmfh.experiment import run_dir, train_hash_stage
 
@@ -203,7 +205,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, n_bit
         hcfg = HashConfig(n_bits=bits, loss=fcfg.loss, loss_params=fcfg.loss_params, supervised=fcfg.supervised,
                           epochs=default_epochs(dataset, train["epochs"]), batch_size=fcfg.batch_size,
                           seed=fcfg.seed, modality_dropout=fcfg.modality_dropout, beta_schedule=beta_schedule,
-                          device=device, amp=fcfg.amp).validate()
+                          lr_fusion=lr_fusion, device=device, amp=fcfg.amp).validate()
         rows += train_hash_stage(data, fcfg, hcfg, out, protocols_of(protocol), k, not quiet, log=click.echo)
     report(rows, results)
 

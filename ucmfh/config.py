@@ -94,6 +94,8 @@ class HashConfig:
             raise ValueError(f"modality_dropout must be in [0, 1], got {self.modality_dropout}")
         if self.beta_step_iters < 1 or self.beta_step_epochs < 1:
             raise ValueError("beta_step_iters and beta_step_epochs must be >= 1")
+        if self.lr_fusion < 0 or self.lr_head <= 0:
+            raise ValueError(f"lr_fusion must be >= 0 and lr_head > 0, got {self.lr_fusion} and {self.lr_head}")
         _check_training(self)
         return self
 

@@ -125,7 +125,7 @@ def fit_hashing(
     fusion: FusionEncoder,
     progress: bool = True,
 ) -> Tuple[CrossModalHasher, List[float]]:
-    """Train hash heads and fine-tune the fusion encoder (task 1).
+    """Train hash heads and fine-tune the fusion encoder (task 1; ``cfg.lr_fusion = 0`` keeps it fixed).
 
     Loss = loss(fused img, fused txt) + code_weight · loss(img codes, txt codes),
     codes relaxed as L2-normalised ``tanh(β · logits)``.
@@ -139,10 +139,12 @@ def fit_hashing(
     code_loss = build_loss(cfg.loss, **cfg.loss_params).to(device)
     head_params = [*model.img_head.parameters(), *model.txt_head.parameters(),
                    *fusion_loss.parameters(), *code_loss.parameters()]
-    optimizer = adam(
-        [{"params": list(model.fusion.parameters()), "lr": cfg.lr_fusion}, {"params": head_params, "lr": cfg.lr_head}],
-        betas=tuple(cfg.betas),
-    )
+    groups = [{"params": head_params, "lr": cfg.lr_head}]
+    if cfg.lr_fusion > 0:
+        groups.insert(0, {"params": list(model.fusion.parameters()), "lr": cfg.lr_fusion})
+    else:  # lr_fusion = 0 keeps the encoder as trained: no gradients through it
+        model.fusion.requires_grad_(False)
+    optimizer = adam(groups, betas=tuple(cfg.betas))
     train = data.train.to(device)
     history: List[float] = []
     iteration = 0
