@@ -1,6 +1,6 @@
 /*
  * Exact Hamming ranking on the CPU for ucmfh.metrics: top-K lists, distance
- * histograms and AP over the whole ranking, by popcount and counting.
+ * histograms, AP@K and AP over the whole ranking, by popcount and counting.
  *
  * Codes are packed bits viewed as uint64 words, [n, words] row-major (padding
  * bits zero in both sets, so they add no distance); labels are multi-hot bits
