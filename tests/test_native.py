@@ -115,8 +115,12 @@ def test_kernels_check_their_buffers():
     idx = np.empty((3, 4), dtype=np.int64)
     with pytest.raises(ValueError, match="retrieval codes: expected 88 bytes"):
         _hamming.top_k(q, r, 3, 11, 1, 64, 4, idx, idx.copy())
+    for k in (-1, 0, 11):
+        with pytest.raises(ValueError, match="k must be in 1 .. 10"):
+            _hamming.top_k(q, r, 3, 10, 1, 64, k, idx, idx.copy())
+    labels = np.zeros((3, 1), dtype=np.uint64), np.zeros((10, 1), dtype=np.uint64)
     with pytest.raises(ValueError, match="k must be in 1 .. 10"):
-        _hamming.top_k(q, r, 3, 10, 1, 64, 11, idx, idx.copy())
+        _hamming.average_precision(q, r, 3, 10, 1, 64, 0, *labels, 1, 1.0, idx[:, 0].copy(), idx[:, 0].copy())
     with pytest.raises(ValueError, match="bad sizes"):
         _hamming.top_k(q, r, 3, 10, 1, 65, 4, idx, idx.copy())
     with pytest.raises(ValueError, match="C-contiguous"):

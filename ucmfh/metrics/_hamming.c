@@ -356,11 +356,25 @@ static void *take(Buffers *b, PyObject *obj, Py_ssize_t nbytes, int writable, co
     return view->buf;
 }
 
+/* The end of a call that got this far: the buffers go back; None, or MemoryError when out of memory. */
+static PyObject *finish(Buffers *b, int out_of_memory)
+{
+    release(b);
+    if (out_of_memory)
+        return PyErr_NoMemory();
+    Py_RETURN_NONE;
+}
+
+/* Fill `job` from the arguments (and check k when the call takes one). -1 with an exception set when they are off. */
 static int parse_job(Job *job, Buffers *b, PyObject *q, PyObject *r, Py_ssize_t nq, Py_ssize_t nr, int words,
-                     int n_bits, PyObject *ql, PyObject *rl, int lwords)
+                     int n_bits, int takes_k, Py_ssize_t k, PyObject *ql, PyObject *rl, int lwords)
 {
     if (nq < 0 || nr < 1 || words < 1 || n_bits < 0 || n_bits > 64 * words || n_bits > 0xFFFF) {
         PyErr_Format(PyExc_ValueError, "bad sizes: nq=%zd nr=%zd words=%d n_bits=%d", nq, nr, words, n_bits);
+        return -1;
+    }
+    if (takes_k && (k < 1 || k > nr)) {
+        PyErr_Format(PyExc_ValueError, "k must be in 1 .. %zd, got %zd", nr, k);
         return -1;
     }
     job->nq = nq;
@@ -452,12 +466,8 @@ static PyObject *py_top_k(PyObject *self, PyObject *args)
         return NULL;
     Buffers b = {.n = 0};
     Job job;
-    if (parse_job(&job, &b, q, r, nq, nr, words, n_bits, NULL, NULL, 0) < 0)
+    if (parse_job(&job, &b, q, r, nq, nr, words, n_bits, 1, k, NULL, NULL, 0) < 0)
         goto fail;
-    if (k < 1 || k > nr) {
-        PyErr_Format(PyExc_ValueError, "k must be in 1 .. %zd, got %zd", nr, k);
-        goto fail;
-    }
     int64_t *out_idx = take(&b, out, nq * k * 8, 1, "out_index");
     int64_t *out_dist = out_idx ? take(&b, out_d, nq * k * 8, 1, "out_distance") : NULL;
     if (!out_dist)
@@ -465,12 +475,7 @@ static PyObject *py_top_k(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     failed = top_k_run(&job, k, out_idx, out_dist);
     Py_END_ALLOW_THREADS
-    if (failed) {
-        PyErr_NoMemory();
-        goto fail;
-    }
-    release(&b);
-    Py_RETURN_NONE;
+    return finish(&b, failed);
 fail:
     release(&b);
     return NULL;
@@ -494,12 +499,8 @@ static PyObject *py_average_precision(PyObject *self, PyObject *args)
         return NULL;
     Buffers b = {.n = 0};
     Job job;
-    if (parse_job(&job, &b, q, r, nq, nr, words, n_bits, ql, rl, lwords) < 0)
+    if (parse_job(&job, &b, q, r, nq, nr, words, n_bits, 1, k, ql, rl, lwords) < 0)
         goto fail;
-    if (k < 1 || k > nr) {
-        PyErr_Format(PyExc_ValueError, "k must be in 1 .. %zd, got %zd", nr, k);
-        goto fail;
-    }
     int64_t *total = take(&b, ot, nq * 8, 1, "out_total");
     int64_t *found = total ? take(&b, of, nq * 8, 1, "out_found") : NULL;
     if (!found)
@@ -518,12 +519,7 @@ static PyObject *py_average_precision(PyObject *self, PyObject *args)
         }
         free(h_all);
         free(h_rel);
-        if (failed) {
-            PyErr_NoMemory();
-            goto fail;
-        }
-        release(&b);
-        Py_RETURN_NONE;
+        return finish(&b, failed);
     }
     /* ranked lists of up to 256 queries at a time */
     const Py_ssize_t group = nq < 256 ? (nq ? nq : 1) : 256;
@@ -560,12 +556,7 @@ static PyObject *py_average_precision(PyObject *self, PyObject *args)
     Py_END_ALLOW_THREADS
     free(idx);
     free(dist);
-    if (failed) {
-        PyErr_NoMemory();
-        goto fail;
-    }
-    release(&b);
-    Py_RETURN_NONE;
+    return finish(&b, failed);
 fail:
     release(&b);
     return NULL;
@@ -586,7 +577,7 @@ static PyObject *py_histograms(PyObject *self, PyObject *args)
         return NULL;
     Buffers b = {.n = 0};
     Job job;
-    if (parse_job(&job, &b, q, r, nq, nr, words, n_bits, ql, rl, lwords) < 0)
+    if (parse_job(&job, &b, q, r, nq, nr, words, n_bits, 0, 0, ql, rl, lwords) < 0)
         goto fail;
     const Py_ssize_t nbytes = nq * (n_bits + 1) * 8;
     int64_t *h_all = take(&b, oa, nbytes, 1, "out_all");
@@ -598,8 +589,7 @@ static PyObject *py_histograms(PyObject *self, PyObject *args)
     memset(h_rel, 0, (size_t)nbytes);
     kernels->histogram(&job, h_all, h_rel);
     Py_END_ALLOW_THREADS
-    release(&b);
-    Py_RETURN_NONE;
+    return finish(&b, 0);
 fail:
     release(&b);
     return NULL;
