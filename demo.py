@@ -11,10 +11,10 @@ import os
 import sys
 
 
-from ucmfh.cli import default_data_dir, default_epochs, protocols_of, report
+from ucmfh.app.cli import default_data_dir, default_epochs, protocols_of, report
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import load_dataset
-from ucmfh.experiment import (
+from ucmfh.app.experiment import (
     evaluate_checkpoint, fusion_path, hash_path, resolve_dataset, run_dir, train_fusion_stage, train_hash_stage,
 )
 from ucmfh.losses import LOSSES

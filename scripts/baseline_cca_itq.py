@@ -9,7 +9,7 @@ import json
 
 from ucmfh.baselines import fit_cca_itq
 from ucmfh.data.h5 import load_dataset
-from ucmfh.evaluate import random_codes_map, score_both_directions
+from ucmfh.scoring import random_codes_map, score_both_directions
 
 
 def main() -> None:

@@ -44,7 +44,7 @@ from torch.utils.data import Dataset as TorchDataset
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic_arrays
-from ucmfh.evaluate import encode_split, evaluate_hashing
+from ucmfh.scoring import encode_split, evaluate_hashing
 from ucmfh.metrics import map_at_k
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher

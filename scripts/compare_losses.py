@@ -31,9 +31,9 @@ import torch
 
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig, to_dict
 from ucmfh.data import Dataset, load_dataset
-from ucmfh.data.h5 import write_text_atomic
+from ucmfh.files import write_text_atomic
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
-from ucmfh.evaluate import evaluate_hashing, random_codes_map
+from ucmfh.scoring import evaluate_hashing, random_codes_map
 from ucmfh.losses import LOSSES
 from ucmfh.train import fit_fusion, fit_hashing
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Train and score a grid of datasets x losses x bit lengths x seeds; one results table.
 
-Each cell is one hashing run (``ucmfh.experiment.train_hash_stage``); the
+Each cell is one hashing run (``ucmfh.app.experiment.train_hash_stage``); the
 fusion stage is trained once per (dataset, loss, seed) and reused from
 ``OUT/DATASET/LOSS-seedSEED/fusion.pt`` by the cells that share it. Result
 rows are appended to a JSON-lines file; a cell whose rows are already there
@@ -24,8 +24,9 @@ from itertools import product
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ucmfh.config import AMP_MODES, PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig, to_dict
-from ucmfh.data.h5 import load_dataset, write_text_atomic
-from ucmfh.experiment import append_results, fusion_path, resolve_dataset, run_dir, train_hash_stage
+from ucmfh.data.h5 import load_dataset
+from ucmfh.files import write_text_atomic
+from ucmfh.app.experiment import append_results, fusion_path, resolve_dataset, run_dir, train_hash_stage
 
 Cell = Tuple[str, str, int, int]  # dataset, loss, n_bits, seed
 TABLE_KEYS = ("dataset", "loss", "n_bits", "protocol")

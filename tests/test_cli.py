@@ -10,7 +10,7 @@ from pathlib import Path
 import torch
 from click.testing import CliRunner
 
-from ucmfh.cli import main
+from ucmfh.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY_ARGS = ["--n-query", "40", "--n-retrieval", "200", "--n-train", "120", "--d-img", "24", "--d-txt", "16",

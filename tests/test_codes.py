@@ -172,7 +172,7 @@ def test_eval_script(tmp_path):
 def test_cli_evaluate_codes(tmp_path):
     from click.testing import CliRunner
 
-    from ucmfh.cli import main
+    from ucmfh.app.cli import main
 
     path = tmp_path / "codes.h5"
     save_codes(path, **make_file_inputs(5), attrs={"protocol": "unimodal", "dataset": "toy"})

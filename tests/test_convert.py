@@ -251,7 +251,7 @@ def test_streaming_writer_leaves_nothing_on_error(tmp_path):
 def test_convert_commands(tmp_path):
     from click.testing import CliRunner
 
-    from ucmfh.data.cli import convert
+    from ucmfh.app.data_cli import convert
 
     image, text, labels = whole_set()
     files = []

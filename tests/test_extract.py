@@ -267,7 +267,7 @@ def test_clip_extraction_end_to_end_on_cpu(tmp_path, tiny_clip):
 def test_extract_command(tmp_path, tiny_clip):
     from click.testing import CliRunner
 
-    from ucmfh.data.cli import extract
+    from ucmfh.app.data_cli import extract
 
     names = make_images(tmp_path / "imgs", 5)
     caps, labels = write_inputs(tmp_path, names)

@@ -10,7 +10,7 @@ import pytest
 import ucmfh.metrics.engine as engine
 from ucmfh.baselines import fit_cca_itq
 from ucmfh.data.h5 import load_dataset, validate_file
-from ucmfh.evaluate import evaluate_hashing, random_codes_map, score_both_directions
+from ucmfh.scoring import evaluate_hashing, random_codes_map, score_both_directions
 from ucmfh.metrics import evaluate_codes
 from ucmfh.train import fit_fusion, fit_hashing
 

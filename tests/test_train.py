@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ucmfh.config import HashConfig
-from ucmfh.evaluate import encode_split, evaluate_hashing, random_codes_map
+from ucmfh.scoring import encode_split, evaluate_hashing, random_codes_map
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 from ucmfh.train import batches, beta_at, epoch_plan, fit_fusion, fit_hashing

@@ -8,7 +8,7 @@ from typing import Any, Dict, Optional, Union
 import torch
 
 from ucmfh.config import FusionConfig, HashConfig, from_dict, to_dict
-from ucmfh.data.h5 import PathLike, atomic_path, write_text_atomic
+from ucmfh.files import PathLike, atomic_file, write_text_atomic
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 
@@ -41,13 +41,8 @@ def save_checkpoint(
         "meta": dict(meta or {}),
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
     }
-    tmp = atomic_path(path)
-    try:
+    with atomic_file(path) as tmp:
         torch.save(payload, tmp)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
     # the settings, readable without torch, beside the weights
     settings = {k: payload[k] for k in ("kind", "d_img", "d_txt", "fusion_config", "hash_config", "meta")}
     write_text_atomic(os.path.splitext(path)[0] + ".json", json.dumps(settings, indent=2))

@@ -13,6 +13,8 @@ from typing import Dict, Optional, Union
 import numpy as np
 import torch
 
+from ucmfh.files import atomic_file, read_attrs, write_attrs
+
 ArrayLike = Union[np.ndarray, torch.Tensor]
 
 _BIT_WEIGHTS = (1 << np.arange(7, -1, -1)).astype(np.uint8)  # packbits order: MSB first
@@ -104,8 +106,6 @@ def save_codes(
     dataset, model, …) go to the root attributes beside ``n_bits``. Layout:
     ``/{query,retrieval}/{img,txt,labels[,ids]}``. Returns the path.
     """
-    from ucmfh.data.h5 import atomic_path
-
     path = os.fspath(path)
     given = {
         ("query", "img"): query_img, ("query", "txt"): query_txt,
@@ -136,35 +136,23 @@ def save_codes(
     if (ids["query"] is None) != (ids["retrieval"] is None):
         raise ValueError(f"{path}: ids: give both query_ids and retrieval_ids, or neither")
 
-    tmp = atomic_path(path)
-    try:
-        import h5py
+    import h5py
 
-        with h5py.File(tmp, "w") as f:
-            f.attrs["format"] = FORMAT
-            f.attrs["version"] = VERSION
-            f.attrs["n_bits"] = n_bits
-            for key, value in (attrs or {}).items():
-                if key in ("format", "version", "n_bits"):
-                    raise ValueError(f"{path}: attrs: {key!r} is reserved")
-                if isinstance(value, (list, tuple)) and value and isinstance(value[0], str):
-                    value = np.array(value, dtype=h5py.string_dtype())
-                elif isinstance(value, dict):
-                    import json
-
-                    value = json.dumps(value)
-                f.attrs[key] = value
-            for group in GROUPS:
-                g = f.create_group(group)
-                for modality in MODALITIES:
-                    g.create_dataset(modality, data=pack_codes(arrays[(group, modality)]))
-                g.create_dataset("labels", data=(labels[group] != 0).astype(np.uint8))
-                if ids[group] is not None:
-                    g.create_dataset("ids", data=ids[group])
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
+    with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
+        f.attrs["format"] = FORMAT
+        f.attrs["version"] = VERSION
+        f.attrs["n_bits"] = n_bits
+        try:
+            write_attrs(f, attrs, reserved=("format", "version", "n_bits"))
+        except ValueError as err:
+            raise ValueError(f"{path}: attrs: {err}") from None
+        for group in GROUPS:
+            g = f.create_group(group)
+            for modality in MODALITIES:
+                g.create_dataset(modality, data=pack_codes(arrays[(group, modality)]))
+            g.create_dataset("labels", data=(labels[group] != 0).astype(np.uint8))
+            if ids[group] is not None:
+                g.create_dataset("ids", data=ids[group])
     return path
 
 
@@ -235,15 +223,5 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
             raise fail("/retrieval/labels", f"{labels['retrieval'].shape[1]} classes, query has {labels['query'].shape[1]}")
         if (ids["query"] is None) != (ids["retrieval"] is None):
             raise fail("/query/ids" if ids["query"] is None else "/retrieval/ids", "ids present in only one group")
-        attrs = {}
-        for key, value in f.attrs.items():
-            if key in ("format", "version", "n_bits"):
-                continue
-            if isinstance(value, np.ndarray):
-                value = [v.decode() if isinstance(v, bytes) else v for v in value.tolist()]
-            elif isinstance(value, bytes):
-                value = value.decode()
-            elif isinstance(value, np.generic):
-                value = value.item()
-            attrs[key] = value
+        attrs = read_attrs(f, skip=("format", "version", "n_bits"))
     return Codes(n_bits=n_bits, packed=packed, labels=labels, ids=ids, attrs=attrs, path=path)

@@ -38,7 +38,8 @@ import torch
 from tqdm.auto import tqdm
 
 from ucmfh.data.convert import empty_label_rows, read_classes, root_attrs
-from ucmfh.data.h5 import SPLITS, DataError, PathLike, create_split_dataset, open_writer, write_text_atomic
+from ucmfh.data.h5 import SPLITS, DataError, create_split_dataset, open_writer
+from ucmfh.files import PathLike, write_text_atomic
 from ucmfh.data.splits import DEFAULT_SEED, SplitSizes, sample_split
 
 log = logging.getLogger(__name__)

@@ -16,14 +16,13 @@ import h5py
 import numpy as np
 import torch
 
+from ucmfh.files import PathLike, atomic_file, read_attrs, write_attrs
+
 SPLITS = ("train", "query", "retrieval")
 REQUIRED = ("image", "text", "labels")
 ROOT_ATTRS = ("name", "classes", "image_feature", "text_feature", "source", "split")
 # rows checked for NaN/inf at a time: bounded memory on NUS-WIDE-sized files
 _CHECK_ROWS = 65536
-
-PathLike = Union[str, "os.PathLike[str]"]
-
 
 class DataError(ValueError):
     """A dataset file breaks the format; the message names file, dataset and problem."""
@@ -185,17 +184,7 @@ def validate_file(path: PathLike) -> Dict[str, object]:
                     f"{shared.size} ids also appear in /retrieval/ids (first: {shared[0]}); "
                     "query and retrieval must be disjoint",
                 )
-        return {k: _attr(v) for k, v in f.attrs.items()}
-
-
-def _attr(value: object) -> object:
-    if isinstance(value, bytes):
-        return value.decode()
-    if isinstance(value, np.ndarray):
-        return [_attr(v) for v in value.tolist()]
-    if isinstance(value, np.generic):
-        return value.item()
-    return value
+        return read_attrs(f)
 
 
 def load_dataset(path: PathLike, validate: bool = True) -> Dataset:
@@ -204,7 +193,7 @@ def load_dataset(path: PathLike, validate: bool = True) -> Dataset:
     attrs = validate_file(path) if validate else None
     with h5py.File(path, "r") as f:
         if attrs is None:
-            attrs = {k: _attr(v) for k, v in f.attrs.items()}
+            attrs = read_attrs(f)
         splits = {}
         for split in SPLITS:
             group = f[split]
@@ -215,21 +204,6 @@ def load_dataset(path: PathLike, validate: bool = True) -> Dataset:
                 ids=torch.from_numpy(np.asarray(group["ids"][()], dtype=np.int64)) if "ids" in group else None,
             )
     return Dataset(attrs=attrs, path=path, **splits)
-
-
-def atomic_path(path: PathLike) -> str:
-    """A temporary name beside ``path`` to write to before :func:`os.replace`."""
-    path = os.fspath(path)
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
-    return os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
-
-
-def _write_attrs(f: h5py.File, attrs: Optional[Dict[str, object]]) -> None:
-    for key, value in (attrs or {}).items():
-        if isinstance(value, (list, tuple)) and value and isinstance(value[0], str):
-            value = np.array(value, dtype=h5py.string_dtype())
-        f.attrs[key] = value
 
 
 DTYPES = {"image": np.float32, "text": np.float32, "labels": np.uint8, "ids": np.int64, "text_bow": np.uint8}
@@ -251,20 +225,15 @@ def open_writer(
     """
     path = os.fspath(path)
     if os.path.exists(path) and not overwrite:
-        raise FileExistsError(f"{path}: exists; pass overwrite=True to replace it")
-    tmp = atomic_path(path)
-    try:
+        raise FileExistsError(f"{path}: exists; not replaced")
+    with atomic_file(path) as tmp:
         with h5py.File(tmp, "w") as f:
-            _write_attrs(f, attrs)
+            write_attrs(f, attrs)
             yield f
         try:
             validate_file(tmp)
         except DataError as err:
             raise DataError(str(err).replace(tmp, path)) from None
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 def create_split_dataset(f: h5py.File, split: str, name: str, shape: tuple) -> h5py.Dataset:
@@ -278,20 +247,6 @@ def create_split_dataset(f: h5py.File, split: str, name: str, shape: tuple) -> h
         rows = max(1, min(shape[0], (1 << 20) // (shape[1] * np.dtype(DTYPES[name]).itemsize)))
         chunks = (rows, shape[1])
     return group.create_dataset(name, shape=shape, dtype=DTYPES[name], chunks=chunks)
-
-
-def write_text_atomic(path: PathLike, text: str) -> str:
-    """Write a text file under its final name only once it is complete (temp file, then rename)."""
-    path = os.fspath(path)
-    tmp = atomic_path(path)
-    try:
-        with open(tmp, "w", encoding="utf-8", newline="") as f:
-            f.write(text)
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
-    return path
 
 
 def write_dataset(

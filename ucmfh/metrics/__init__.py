@@ -4,7 +4,7 @@ Ranking is by Hamming distance of ±1 codes (or packed uint8 bits), or by
 cosine similarity with ``similarity="cosine"``; ties by retrieval index.
 """
 from ucmfh.metrics.engine import native_kernels, relevant_counts, top_k
-from ucmfh.metrics.evaluate import codes_file_row, evaluate_codes, evaluate_codes_file, evaluate_direction
+from ucmfh.metrics.report import codes_file_row, evaluate_codes, evaluate_codes_file, evaluate_direction
 from ucmfh.metrics.radius import pr_curve_hamming, precision_within_radius
 from ucmfh.metrics.ranking import (
     average_precision_at_k,

@@ -95,7 +95,7 @@ def default_epochs(dataset: str, epochs: Optional[int]) -> int:
 
 
 def report(rows: List[Dict[str, Any]], results: str) -> None:
-    from ucmfh.experiment import append_results, format_table
+    from ucmfh.app.experiment import append_results, format_table
 
     click.echo(format_table(rows))
     if results:
@@ -149,7 +149,7 @@ def losses_cmd() -> None:
 
 
 def _load(dataset: str, data_dir: str):
-    from ucmfh.experiment import resolve_dataset
+    from ucmfh.app.experiment import resolve_dataset
 
     path = resolve_dataset(dataset, data_dir)
     click.echo(f"dataset: {path}")
@@ -172,7 +172,7 @@ def fusion_config(dataset: str, device: str, loss: str, loss_params: Tuple[str, 
 @_user_errors
 def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr, **train) -> None:
     """Task 0: train the fusion encoder and score its embeddings (cosine ranking)."""
-    from ucmfh.experiment import run_dir, train_fusion_stage
+    from ucmfh.app.experiment import run_dir, train_fusion_stage
 
     data = _load(dataset, data_dir)
     cfg = fusion_config(dataset, device, **train)
@@ -195,7 +195,7 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
 def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, n_bits, beta_schedule, fusion_epochs,
                    lr_fusion, **train) -> None:
     """Task 1: train hash heads (training the fusion stage first if needed) and score the codes."""
-    from ucmfh.experiment import run_dir, train_hash_stage
+    from ucmfh.app.experiment import run_dir, train_hash_stage
 
     data = _load(dataset, data_dir)
     fcfg = fusion_config(dataset, device, **{**train, "epochs": fusion_epochs if fusion_epochs is not None else train["epochs"]})
@@ -238,7 +238,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
         click.echo(f"{codes}: {row['n_bits']} bits, protocol {row['protocol']}: "
                    f"MAP@{k} I->T {row['map_i2t']:.4f}, T->I {row['map_t2i']:.4f}")
         if results:
-            from ucmfh.experiment import append_results
+            from ucmfh.app.experiment import append_results
 
             os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
             append_results(results, [row])
@@ -248,7 +248,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
             for path in plot_curves(metrics, plot):
                 click.echo(f"wrote {path}")
         return
-    from ucmfh.experiment import evaluate_checkpoint
+    from ucmfh.app.experiment import evaluate_checkpoint
 
     data = _load(dataset, data_dir)
     report(evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet), results)
@@ -265,14 +265,14 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
 @_user_errors
 def encode_cmd(dataset, data_dir, checkpoint, protocol, out, device, quiet) -> None:
     """Write the query and retrieval codes of a hashing checkpoint to OUT (for 'evaluate --codes')."""
-    from ucmfh.experiment import encode_checkpoint
+    from ucmfh.app.experiment import encode_checkpoint
 
     data = _load(dataset, data_dir)
     click.echo(f"wrote {encode_checkpoint(data, checkpoint, out, protocol, device, not quiet)} ({protocol} protocol)")
 
 
 def _add_data_commands() -> None:
-    from ucmfh.data.cli import convert, extract
+    from ucmfh.app.data_cli import convert, extract
 
     main.add_command(convert)
     main.add_command(extract)

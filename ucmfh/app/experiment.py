@@ -11,10 +11,11 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ucmfh.checkpoint import load_model, read_checkpoint, save_checkpoint
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
-from ucmfh.data.h5 import Dataset, PathLike, write_text_atomic
+from ucmfh.data.h5 import Dataset
+from ucmfh.files import PathLike, append_jsonl
 from ucmfh.data.synthetic import make_synthetic
 from ucmfh.codes import save_codes
-from ucmfh.evaluate import encode_split, evaluate_fusion, evaluate_hashing, random_codes_map
+from ucmfh.scoring import encode_split, evaluate_fusion, evaluate_hashing, random_codes_map
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.train import fit_fusion, fit_hashing
 from ucmfh.utils import resolve_device
@@ -179,10 +180,8 @@ def encode_checkpoint(
 
 
 def append_results(path: PathLike, rows: List[Dict[str, Any]]) -> None:
-    """Append rows as JSON lines; the file is replaced whole, so a crash never leaves half a line."""
-    path = os.fspath(path)
-    old = open(path, encoding="utf-8").read() if os.path.exists(path) else ""
-    write_text_atomic(path, old + "".join(json.dumps(row, sort_keys=True) + "\n" for row in rows))
+    """Append result rows to a JSON-lines file (locked, one write per row: concurrent runs keep every row)."""
+    append_jsonl(path, rows)
 
 
 def format_table(rows: List[Dict[str, Any]]) -> str:

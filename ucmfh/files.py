@@ -1,0 +1,191 @@
+"""Files that are never seen half-written: atomic writes, locked appends, HDF5 attributes.
+
+Every file ucmfh writes goes through here. A whole file is written under a
+temporary name beside its destination (``.NAME.tmpPID``) and renamed over it
+only when complete (:func:`atomic_file`), so a crash leaves the old file or
+the new one, never a mixture. A temporary file left by a killed process is
+removed the next time anything is written to the same destination.
+
+JSON-lines files (results) grow by :func:`append_jsonl`: one ``O_APPEND``
+write per row under an exclusive lock, so concurrent writers never lose or
+interleave rows.
+"""
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import warnings
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
+
+import numpy as np
+
+try:  # POSIX advisory locks; elsewhere O_APPEND alone keeps each row whole
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
+PathLike = Union[str, "os.PathLike[str]"]
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except OSError as err:
+        return err.errno == errno.EPERM  # exists, but another user's
+    return True
+
+
+def remove_stale_temps(path: PathLike) -> List[str]:
+    """Remove ``.NAME.tmpPID`` files beside ``path`` whose writing process is gone; return them."""
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    pattern = re.compile(re.escape(f".{os.path.basename(path)}.tmp") + r"(\d+)$")
+    removed = []
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return removed
+    for name in names:
+        match = pattern.match(name)
+        if match and not _pid_alive(int(match.group(1))):
+            stale = os.path.join(directory, name)
+            try:
+                if os.path.isdir(stale):
+                    continue
+                os.remove(stale)
+                removed.append(stale)
+            except OSError:
+                pass
+    return removed
+
+
+def atomic_path(path: PathLike) -> str:
+    """A temporary name beside ``path`` to write to before :func:`os.replace` (the folder is created).
+
+    Temporary files of ``path`` left by processes that no longer run are removed first.
+    """
+    path = os.fspath(path)
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    remove_stale_temps(path)
+    return os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+
+
+@contextlib.contextmanager
+def atomic_file(path: PathLike) -> Iterator[str]:
+    """Yield a temporary path to write; on success it replaces ``path``, on any error it is removed."""
+    path = os.fspath(path)
+    tmp = atomic_path(path)
+    try:
+        yield tmp
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_text_atomic(path: PathLike, text: str) -> str:
+    """Write a text file under its final name only once it is complete."""
+    path = os.fspath(path)
+    with atomic_file(path) as tmp:
+        with open(tmp, "w", encoding="utf-8", newline="") as f:
+            f.write(text)
+    return path
+
+
+def write_json_atomic(path: PathLike, value: Any) -> str:
+    """Write ``value`` as indented JSON, atomically."""
+    return write_text_atomic(path, json.dumps(value, indent=1, sort_keys=True) + "\n")
+
+
+@contextlib.contextmanager
+def locked(path: PathLike) -> Iterator[int]:
+    """An exclusive advisory lock on ``PATH.lock`` (POSIX; a no-op elsewhere); yields nothing useful."""
+    if fcntl is None:  # pragma: no cover
+        yield -1
+        return
+    fd = os.open(os.fspath(path) + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield fd
+    finally:
+        os.close(fd)  # closing releases the lock
+
+
+def append_jsonl(path: PathLike, rows: List[Mapping[str, Any]]) -> None:
+    """Append rows to a JSON-lines file: under a lock, one ``O_APPEND`` write per row.
+
+    Concurrent writers (other processes, other runs) never lose or interleave rows.
+    """
+    path = os.fspath(path)
+    os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+    lines = [(json.dumps(row, sort_keys=True) + "\n").encode("utf-8") for row in rows]
+    with locked(path):
+        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            for line in lines:
+                written = os.write(fd, line)
+                if written != len(line):  # a full disk; name it rather than leave half a row unexplained
+                    raise OSError(f"{path}: wrote {written} of {len(line)} bytes of a row (disk full?)")
+        finally:
+            os.close(fd)
+
+
+def read_jsonl(path: PathLike) -> List[Dict[str, Any]]:
+    """The rows of a JSON-lines file ([] when it does not exist); an unreadable line is skipped with a warning."""
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        return []
+    rows = []
+    with open(path, encoding="utf-8") as f:
+        for number, line in enumerate(f, 1):
+            if not line.strip():
+                continue
+            try:
+                rows.append(json.loads(line))
+            except json.JSONDecodeError as err:
+                warnings.warn(f"{path}: line {number}: not a JSON row ({err}); skipped", stacklevel=2)
+    return rows
+
+
+# --------------------------------------------------------------- HDF5 attributes
+
+
+def encode_attr(value: Any) -> Any:
+    """A Python value as an HDF5 attribute: lists of strings as a string array, dicts as JSON text."""
+    import h5py
+
+    if isinstance(value, dict):
+        return json.dumps(value, sort_keys=True)
+    if isinstance(value, (list, tuple)) and value and all(isinstance(v, str) for v in value):
+        return np.array(value, dtype=h5py.string_dtype())
+    return value
+
+
+def decode_attr(value: Any) -> Any:
+    """An HDF5 attribute as a plain Python value (str, int, float, list)."""
+    if isinstance(value, bytes):
+        return value.decode()
+    if isinstance(value, np.ndarray):
+        return [decode_attr(v) for v in value.tolist()]
+    if isinstance(value, np.generic):
+        return value.item()
+    return value
+
+
+def write_attrs(obj: Any, attrs: Optional[Mapping[str, Any]], reserved: tuple = ()) -> None:
+    """Set attributes of an h5py file or group; ``reserved`` names may not be given."""
+    for key, value in (attrs or {}).items():
+        if key in reserved:
+            raise ValueError(f"attribute {key!r} is reserved")
+        obj.attrs[key] = encode_attr(value)
+
+
+def read_attrs(obj: Any, skip: tuple = ()) -> Dict[str, Any]:
+    """The attributes of an h5py file or group as plain Python values."""
+    return {k: decode_attr(v) for k, v in obj.attrs.items() if k not in skip}
