@@ -1,7 +1,6 @@
 """The ``ucmfh`` command: thin click wrappers over the library."""
 from __future__ import annotations
 
-import functools
 import json
 import os
 import sys
@@ -9,7 +8,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import click
 
-from ucmfh.checkpoint import CheckpointError
+from ucmfh.app.errors import user_errors
 from ucmfh.config import AMP_MODES, PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig
 from ucmfh.data.h5 import DataError, load_dataset, validate_file
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
@@ -36,19 +35,6 @@ def parse_loss_params(pairs: Tuple[str, ...]) -> Dict[str, Any]:
 
 def protocols_of(protocol: str) -> Tuple[str, ...]:
     return PROTOCOLS if protocol == "both" else (protocol,)
-
-
-def _user_errors(fn: Callable) -> Callable:
-    """Report bad input as one clear line and exit 2, instead of a traceback."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except (DataError, CheckpointError, FileNotFoundError, FileExistsError, ValueError, ImportError) as err:
-            raise click.ClickException(str(err)) from None
-
-    return wrapper
 
 
 def data_options(fn: Callable) -> Callable:
@@ -120,7 +106,7 @@ def main() -> None:
 @click.option("--d-txt", default=SyntheticSpec.d_txt, show_default=True)
 @click.option("--seed", default=SyntheticSpec.seed, show_default=True)
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-@_user_errors
+@user_errors
 def make_synthetic_cmd(out: str, overwrite: bool, **sizes: int) -> None:
     """Write a deterministic synthetic dataset (MIRFlickr-shaped by default) to OUT."""
     path = make_synthetic(out, SyntheticSpec(**sizes), overwrite=overwrite)
@@ -129,7 +115,7 @@ def make_synthetic_cmd(out: str, overwrite: bool, **sizes: int) -> None:
 
 @main.command("validate")
 @click.argument("path", type=click.Path(dir_okay=False))
-@_user_errors
+@user_errors
 def validate_cmd(path: str) -> None:
     """Check a dataset file against the ucmfh HDF5 format."""
     attrs = validate_file(path)
@@ -169,7 +155,7 @@ def fusion_config(dataset: str, device: str, loss: str, loss_params: Tuple[str, 
 @data_options
 @train_options
 @click.option("--lr", default=FusionConfig.lr, show_default=True)
-@_user_errors
+@user_errors
 def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr, **train) -> None:
     """Task 0: train the fusion encoder and score its embeddings (cosine ranking)."""
     from ucmfh.app.experiment import run_dir, train_fusion_stage
@@ -191,7 +177,7 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
 @click.option("--fusion-epochs", type=int, default=None, help="Epochs of the fusion stage when it must be trained first.")
 @click.option("--lr-fusion", type=float, default=HashConfig.lr_fusion, show_default=True,
               help="Learning rate of the fusion encoder while the heads train (UCMFH's; 0 keeps it as trained).")
-@_user_errors
+@user_errors
 def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, n_bits, beta_schedule, fusion_epochs,
                    lr_fusion, **train) -> None:
     """Task 1: train hash heads (training the fusion stage first if needed) and score the codes."""
@@ -219,7 +205,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, n_bit
 @click.option("--metrics-out", type=click.Path(dir_okay=False),
               help="With --codes: write all metrics as JSON here.")
 @click.option("--plot", metavar="PREFIX", help="With --codes: draw PREFIX_pr.png and PREFIX_pk.png (needs matplotlib).")
-@_user_errors
+@user_errors
 def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpoint, codes, metrics_out, plot) -> None:
     """Tasks 2/3: reload a checkpoint and score it on a dataset; or score a saved codes file."""
     if (checkpoint is None) == (codes is None):
@@ -262,7 +248,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Codes file to write (HDF5, packed bits).")
 @click.option("--device", default="auto", show_default=True)
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-@_user_errors
+@user_errors
 def encode_cmd(dataset, data_dir, checkpoint, protocol, out, device, quiet) -> None:
     """Write the query and retrieval codes of a hashing checkpoint to OUT (for 'evaluate --codes')."""
     from ucmfh.app.experiment import encode_checkpoint

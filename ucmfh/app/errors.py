@@ -1,0 +1,47 @@
+"""A user's mistake ends the program with one clear line and exit code 2, never a traceback.
+
+The library raises ordinary exceptions whose messages name the file, the
+dataset and the problem (``DataError``, ``CheckpointError``, ``ValueError``,
+``FileNotFoundError``, ``FileExistsError``…); the front doors turn them into
+one line here. Messages name no Python keyword: where a flag is the remedy,
+the hint is added here, worded for the command line.
+"""
+from __future__ import annotations
+
+import functools
+from typing import Any, Callable
+
+import click
+
+# What counts as bad input (or an environment the user must fix), not a bug of ucmfh.
+USER_ERRORS = (ValueError, OSError, ImportError)
+EXIT_USER_ERROR = 2
+
+
+class UserError(click.ClickException):
+    """One line on stderr, exit code 2 (click's own usage errors exit 2 too)."""
+
+    exit_code = EXIT_USER_ERROR
+
+
+def describe(err: BaseException) -> str:
+    """The one line shown for a user error."""
+    text = str(err) or type(err).__name__
+    if isinstance(err, FileExistsError):
+        text += " (pass --overwrite to replace it)"
+    return " ".join(text.split())
+
+
+def user_errors(fn: Callable) -> Callable:
+    """Decorator for click commands: report user errors as :class:`UserError`."""
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except click.ClickException:
+            raise
+        except USER_ERRORS as err:
+            raise UserError(describe(err)) from None
+
+    return wrapper
