@@ -2,7 +2,7 @@
 
 Bit convention: a ±1 code is packed with ``numpy.packbits`` order (bit 0 of a
 code is the most significant bit of its first byte); +1 is a set bit, -1 (and
-sign(0) = +1, REFERENCE §5) a clear one; the last byte is padded with zeros.
+sign(0) = +1, docs/reference.md §5) a clear one; the last byte is padded with zeros.
 """
 from __future__ import annotations
 

@@ -1,7 +1,9 @@
 """Settings of each stage: the one home of defaults.
 
-The values follow UCMFH's reference code (REFERENCE §2) except where that code
-is defective; every departure is named in a comment.
+The values follow UCMFH's reference code (docs/reference.md §2) except where
+that code is defective; every departure is named in a comment. A config checks
+itself when it is made (``ValueError`` naming the setting), so an invalid one
+never exists; change one with :func:`dataclasses.replace`, which checks again.
 """
 from __future__ import annotations
 
@@ -47,6 +49,9 @@ class FusionConfig:
     # torch.autocast in bfloat16 (weights, optimizer and losses stay float32)
     amp: str = "none"
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> "FusionConfig":
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
@@ -66,7 +71,7 @@ class HashConfig:
     # loss = loss(fused img, fused txt) + code_weight * loss(img codes, txt codes)
     code_weight: float = 0.5
     modality_dropout: float = 0.5  # as in FusionConfig, for the fusion encoder trained on in this stage
-    # tanh continuation (REFERENCE §5): 'none' is UCMFH's plain tanh (beta = 1),
+    # tanh continuation (docs/reference.md §5): 'none' is UCMFH's plain tanh (beta = 1),
     # 'hashnet' beta = (1 + gamma * iter) ** 0.5 recomputed every `beta_step_iters` iterations,
     # 'step' beta = (epoch // beta_step_epochs + 1) ** 0.5 (DeepHash-pytorch).
     beta_schedule: str = "none"
@@ -85,6 +90,9 @@ class HashConfig:
     device: str = "auto"
     amp: str = "none"  # as in FusionConfig
 
+    def __post_init__(self) -> None:
+        self.validate()
+
     def validate(self) -> "HashConfig":
         if not 8 <= self.n_bits <= 256:
             raise ValueError(f"n_bits must be between 8 and 256, got {self.n_bits}")
@@ -101,8 +109,8 @@ class HashConfig:
 
 
 def _check_training(cfg: Any) -> None:
-    if cfg.epochs < 0:
-        raise ValueError(f"epochs must be >= 0, got {cfg.epochs}")
+    if cfg.epochs < 1:
+        raise ValueError(f"epochs must be >= 1, got {cfg.epochs}")
     if cfg.batch_size < 2:
         raise ValueError(f"batch_size must be >= 2 (contrastive losses need negatives), got {cfg.batch_size}")
     if cfg.amp not in AMP_MODES:
@@ -114,6 +122,15 @@ def to_dict(cfg: Any) -> Dict[str, Any]:
     out = dataclasses.asdict(cfg)
     out["betas"] = list(out["betas"])
     return out
+
+
+# Settings that choose where a run computes, not what it computes: left out of its identity.
+NOT_IDENTITY = ("device",)
+
+
+def identity_dict(cfg: Any) -> Dict[str, Any]:
+    """The settings of a config that change a run's result (all but the device), JSON-able."""
+    return {k: v for k, v in to_dict(cfg).items() if k not in NOT_IDENTITY}
 
 
 def from_dict(cls: type, values: Dict[str, Any], source: Optional[str] = None) -> Any:

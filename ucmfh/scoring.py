@@ -1,4 +1,4 @@
-"""Encode the query and retrieval sets under a protocol and score both directions (REFERENCE §3, §6)."""
+"""Encode the query and retrieval sets under a protocol and score both directions (docs/reference.md §3, §6)."""
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Sequence, Tuple

@@ -1,20 +1,34 @@
-"""The two training stages as plain loops over in-memory tensors."""
+"""The two training stages as plain loops over in-memory tensors, resumable.
+
+A run given a :class:`StateFile` saves its whole training state (weights,
+optimizer, random-number generators, position, loss history) atomically
+every ``interval_s`` seconds at an epoch's end, and at once when SIGINT or
+SIGTERM arrives; the same call with ``resume=True`` continues from it and
+ends with the same weights, codes and MAP as a run that was never stopped.
+"""
 from __future__ import annotations
 
 import contextlib
 import copy
 import math
-from typing import ContextManager, Iterable, Iterator, List, Optional, Tuple
+import os
+import signal
+import threading
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
-from ucmfh.config import FusionConfig, HashConfig
+from ucmfh.config import FusionConfig, HashConfig, identity_dict
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 from ucmfh.similarity import normalize
+from ucmfh.files import atomic_file
 from ucmfh.utils import resolve_device, seed_everything
 
 
@@ -34,7 +48,7 @@ def batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[tor
 
 
 def beta_at(cfg: HashConfig, iteration: int, epoch: int) -> float:
-    """The tanh continuation scale β for a training step (REFERENCE §5)."""
+    """The tanh continuation scale β for a training step (docs/reference.md §5)."""
     if cfg.beta_schedule == "hashnet":
         return math.sqrt(1.0 + cfg.beta_gamma * (iteration // cfg.beta_step_iters) * cfg.beta_step_iters)
     if cfg.beta_schedule == "step":
@@ -83,14 +97,179 @@ def _batch(split: Split, index: torch.Tensor, supervised: bool) -> Tuple[torch.T
     return split.img[index], split.txt[index], ids, labels
 
 
+# ------------------------------------------------------------ training state
+
+STATE_FORMAT = "ucmfh-training-state"
+
+
+@dataclass
+class StateFile:
+    """Where a training run keeps its state, how often, and whether to continue from it.
+
+    ``interval_s``: seconds between periodic saves, each at an epoch's end
+    (0: after every epoch). SIGINT and SIGTERM save at once, after the step
+    in progress. ``resume``: continue from the state at ``path`` if there is
+    one (a missing file starts from the beginning).
+    """
+
+    path: str
+    interval_s: float = 120.0
+    resume: bool = False
+
+    def __post_init__(self) -> None:
+        if self.interval_s < 0:
+            raise ValueError(f"interval_s must be >= 0, got {self.interval_s}")
+
+
+class TrainingInterrupted(KeyboardInterrupt):
+    """Training was stopped by a signal; ``state_path`` holds its saved state (or None)."""
+
+    def __init__(self, message: str, state_path: Optional[str]) -> None:
+        super().__init__(message)
+        self.state_path = state_path
+
+
+def read_state(path: str, device: torch.device) -> Dict[str, Any]:
+    """A saved training state, checked to be one."""
+    try:
+        state = torch.load(path, map_location=device, weights_only=True)
+    except Exception as err:  # torch raises several types for a damaged file
+        raise ValueError(f"{path}: not a readable training state ({err})") from None
+    if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+        raise ValueError(f"{path}: not a ucmfh training state")
+    return state
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[Dict[str, Optional[int]]]:
+    """While training, SIGINT and SIGTERM set a flag instead of killing the step in progress."""
+    flag: Dict[str, Optional[int]] = {"signal": None}
+    if threading.current_thread() is not threading.main_thread():
+        yield flag
+        return
+
+    def handler(signum, frame):  # noqa: ARG001 - signal handler signature
+        flag["signal"] = signum
+
+    previous = {s: signal.signal(s, handler) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield flag
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+
+
+def _run_epochs(
+    stage: str,
+    cfg: Any,
+    modules: Dict[str, nn.Module],
+    optimizer: torch.optim.Optimizer,
+    generator: torch.Generator,
+    n: int,
+    device: torch.device,
+    step: Callable[[torch.Tensor, Optional[torch.Tensor], int, int], torch.Tensor],
+    state: Optional[StateFile],
+    progress: bool,
+    postfix: Callable[[int, int], Dict[str, str]] = lambda epoch, iteration: {},
+) -> List[float]:
+    """The epoch loop both stages share; returns the mean loss of each epoch.
+
+    ``step(index, separate, epoch, iteration)`` does one optimisation step and
+    returns its (detached) loss. Everything that decides what comes next — the
+    modules and optimizer, the batch generator's state at the epoch's start,
+    torch's own generators (dropout), the position and the running loss — is
+    saved and restored, so a resumed run replays the rest of the run exactly.
+    """
+    identity = identity_dict(cfg)
+    history: List[float] = []
+    start_epoch, skip, iteration = 0, 0, 0
+    total = torch.zeros((), device=device)
+    resumed_gen = None
+    if state is not None and state.resume and os.path.exists(state.path):
+        saved = read_state(state.path, device)
+        if saved["stage"] != stage or saved["config"] != identity:
+            differ = sorted(k for k in set(saved["config"]) | set(identity)
+                            if saved["config"].get(k) != identity.get(k))
+            raise ValueError(f"{state.path}: saved by another {saved['stage']} run "
+                             f"(settings that differ: {differ or 'stage'}); not resumed")
+        for name, module in modules.items():
+            module.load_state_dict(saved["modules"][name])
+        optimizer.load_state_dict(saved["optimizer"])
+        start_epoch, skip, iteration = saved["epoch"], saved["step"], saved["iteration"]
+        history = list(saved["history"])
+        total = saved["total"].to(device)
+        resumed_gen = saved["generator"].cpu()
+        torch.set_rng_state(saved["rng"].cpu())
+        if device.type == "cuda" and saved.get("cuda_rng") is not None:
+            torch.cuda.set_rng_state_all([s.cpu() for s in saved["cuda_rng"]])
+
+    def save(epoch: int, done: int, epoch_start_gen: torch.Tensor, epoch_total: torch.Tensor) -> None:
+        payload = {
+            "format": STATE_FORMAT, "stage": stage, "config": identity,
+            "epoch": epoch, "step": done, "iteration": iteration, "history": history, "total": epoch_total.detach(),
+            "modules": {name: m.state_dict() for name, m in modules.items()},
+            "optimizer": optimizer.state_dict(), "generator": epoch_start_gen,
+            "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
+        }
+        with atomic_file(state.path) as tmp:
+            torch.save(payload, tmp)
+
+    last_save = time.monotonic()
+    bar = tqdm(total=cfg.epochs, initial=start_epoch, desc=stage, unit="epoch", disable=not progress)
+    with _stop_on_signals() as stop:
+        for epoch in range(start_epoch, cfg.epochs):
+            if resumed_gen is not None:  # replay the interrupted epoch's draws
+                generator.set_state(resumed_gen)
+                resumed_gen = None
+            else:
+                total = torch.zeros((), device=device)
+            epoch_start_gen = generator.get_state()
+            plan = epoch_plan(n, cfg.batch_size, cfg.modality_dropout, generator, device)
+            for done, (index, separate) in enumerate(plan, 1):
+                if done <= skip:
+                    continue
+                total += step(index, separate, epoch, iteration) * len(index)
+                iteration += 1
+                if stop["signal"] is not None:
+                    name = signal.Signals(stop["signal"]).name
+                    where = f"{stage} interrupted by {name} at epoch {epoch + 1}/{cfg.epochs}, step {done}/{len(plan)}"
+                    if state is None:
+                        raise TrainingInterrupted(f"{where}; nothing saved", None)
+                    save(epoch, done, epoch_start_gen, total)
+                    raise TrainingInterrupted(f"{where}; training state saved to {state.path}", state.path)
+            skip = 0
+            history.append(total.item() / n)  # one sync per epoch
+            bar.update(1)
+            bar.set_postfix(loss=f"{history[-1]:.4f}", **postfix(epoch, iteration))
+            if state is not None and epoch + 1 < cfg.epochs and time.monotonic() - last_save >= state.interval_s:
+                save(epoch + 1, 0, generator.get_state(), torch.zeros((), device=device))
+                last_save = time.monotonic()
+    bar.close()
+    return history
+
+
+def discard_state(state: Optional[StateFile]) -> None:
+    """Remove a finished run's training state (call once its result is saved)."""
+    if state is not None and os.path.exists(state.path):
+        os.remove(state.path)
+
+
+# ------------------------------------------------------------------ the stages
+
+
 def fit_fusion(
     data: Dataset,
     cfg: FusionConfig,
     fusion: Optional[FusionEncoder] = None,
     progress: bool = True,
+    state: Optional[StateFile] = None,
 ) -> Tuple[FusionEncoder, List[float]]:
-    """Train the fusion encoder (task 0) on ``data.train``; returns it (on CPU) and the mean loss per epoch."""
-    cfg.validate()
+    """Train the fusion encoder (task 0) on ``data.train``; returns it (on CPU) and the mean loss per epoch.
+
+    With ``state``, the run saves and (``state.resume``) continues its training
+    state; interrupted by SIGINT/SIGTERM it raises :class:`TrainingInterrupted`.
+    """
     device = resolve_device(cfg.device)
     generator = seed_everything(cfg.seed)
     if fusion is None:
@@ -98,24 +277,21 @@ def fit_fusion(
         fusion.fit_feature_stats(data.train.img, data.train.txt)
     fusion.to(device).train()
     loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
-    params = list(fusion.parameters()) + list(loss_fn.parameters())
-    optimizer = adam(params, lr=cfg.lr, betas=tuple(cfg.betas))
+    optimizer = adam([*fusion.parameters(), *loss_fn.parameters()], lr=cfg.lr, betas=tuple(cfg.betas))
     train = data.train.to(device)
-    history: List[float] = []
-    bar = tqdm(range(cfg.epochs), desc="fusion", unit="epoch", disable=not progress)
-    for _ in bar:
-        total = torch.zeros((), device=device)
-        for index, separate in epoch_plan(len(train), cfg.batch_size, cfg.modality_dropout, generator, device):
-            img, txt, ids, labels = _batch(train, index, cfg.supervised)
-            with autocast(device, cfg.amp):
-                z_img, z_txt = fusion(img, txt, separate)
-            loss = loss_fn(z_img.float(), z_txt.float(), ids=ids, labels=labels)  # losses always in float32
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += loss.detach() * len(index)
-        history.append(total.item() / len(train))  # one sync per epoch
-        bar.set_postfix(loss=f"{history[-1]:.4f}")
+
+    def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
+        img, txt, ids, labels = _batch(train, index, cfg.supervised)
+        with autocast(device, cfg.amp):
+            z_img, z_txt = fusion(img, txt, separate)
+        loss = loss_fn(z_img.float(), z_txt.float(), ids=ids, labels=labels)  # losses always in float32
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    modules = {"fusion": fusion, "loss": loss_fn}
+    history = _run_epochs("fusion", cfg, modules, optimizer, generator, len(train), device, step, state, progress)
     return fusion.cpu().eval(), history
 
 
@@ -124,13 +300,13 @@ def fit_hashing(
     cfg: HashConfig,
     fusion: FusionEncoder,
     progress: bool = True,
+    state: Optional[StateFile] = None,
 ) -> Tuple[CrossModalHasher, List[float]]:
     """Train hash heads and fine-tune the fusion encoder (task 1; ``cfg.lr_fusion = 0`` keeps it fixed).
 
     Loss = loss(fused img, fused txt) + code_weight · loss(img codes, txt codes),
-    codes relaxed as L2-normalised ``tanh(β · logits)``.
+    codes relaxed as L2-normalised ``tanh(β · logits)``. ``state`` as in :func:`fit_fusion`.
     """
-    cfg.validate()
     device = resolve_device(cfg.device)
     generator = seed_everything(cfg.seed)
     # a copy: the caller's encoder stays as it was (e.g. one fusion stage serving several n_bits)
@@ -146,27 +322,26 @@ def fit_hashing(
         model.fusion.requires_grad_(False)
     optimizer = adam(groups, betas=tuple(cfg.betas))
     train = data.train.to(device)
-    history: List[float] = []
-    iteration = 0
-    bar = tqdm(range(cfg.epochs), desc=f"hashing {cfg.n_bits} bits", unit="epoch", disable=not progress)
-    for epoch in bar:
-        total = torch.zeros((), device=device)
-        for index, separate in epoch_plan(len(train), cfg.batch_size, cfg.modality_dropout, generator, device):
-            beta = beta_at(cfg, iteration, epoch)
-            img, txt, ids, labels = _batch(train, index, cfg.supervised)
-            with autocast(device, cfg.amp):
-                z_img, z_txt = model.fusion(img, txt, separate)
-                h_img, h_txt = model.logits(z_img, z_txt)
-            # codes and losses always in float32: bf16's 8-bit mantissa would blur tanh near ±1
-            z_img, z_txt, h_img, h_txt = z_img.float(), z_txt.float(), h_img.float(), h_txt.float()
-            codes_img, codes_txt = normalize(torch.tanh(beta * h_img)), normalize(torch.tanh(beta * h_txt))
-            loss = (fusion_loss(z_img, z_txt, ids=ids, labels=labels)
-                    + cfg.code_weight * code_loss(codes_img, codes_txt, ids=ids, labels=labels))
-            optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            optimizer.step()
-            total += loss.detach() * len(index)
-            iteration += 1
-        history.append(total.item() / len(train))
-        bar.set_postfix(loss=f"{history[-1]:.4f}", beta=f"{beta:.2f}")
+
+    def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
+        beta = beta_at(cfg, iteration, epoch)
+        img, txt, ids, labels = _batch(train, index, cfg.supervised)
+        with autocast(device, cfg.amp):
+            z_img, z_txt = model.fusion(img, txt, separate)
+            h_img, h_txt = model.logits(z_img, z_txt)
+        # codes and losses always in float32: bf16's 8-bit mantissa would blur tanh near ±1
+        z_img, z_txt, h_img, h_txt = z_img.float(), z_txt.float(), h_img.float(), h_txt.float()
+        codes_img, codes_txt = normalize(torch.tanh(beta * h_img)), normalize(torch.tanh(beta * h_txt))
+        loss = (fusion_loss(z_img, z_txt, ids=ids, labels=labels)
+                + cfg.code_weight * code_loss(codes_img, codes_txt, ids=ids, labels=labels))
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    modules = {"model": model, "fusion_loss": fusion_loss, "code_loss": code_loss}
+    history = _run_epochs(
+        f"hashing {cfg.n_bits} bits", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
+        postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
+    )
     return model.cpu().eval(), history

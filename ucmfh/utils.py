@@ -23,11 +23,24 @@ def seed_everything(seed: int) -> torch.Generator:
 
 
 def resolve_device(device: str = "auto") -> torch.device:
-    """``auto`` is CUDA when present, else the CPU; an unavailable CUDA request is an error."""
+    """``auto`` is CUDA when present, else the CPU.
+
+    An unknown device name, or CUDA on a machine where torch sees none, is a
+    ``ValueError`` that says so (never a silent fall-back to the CPU).
+    """
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    resolved = torch.device(device)
-    if resolved.type == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(f"device {device!r} asked for, but torch sees no CUDA device")
+    try:
+        resolved = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device {device!r}: unknown; use auto, cpu, cuda or cuda:N") from None
+    if resolved.type == "cuda":
+        if not torch.cuda.is_available():
+            build = "a CPU-only build" if torch.version.cuda is None else f"built for CUDA {torch.version.cuda}"
+            raise ValueError(f"device {device!r}: torch sees no CUDA GPU on this machine (torch {torch.__version__}, "
+                             f"{build}); choose cpu or auto")
+        if resolved.index is not None and resolved.index >= torch.cuda.device_count():
+            raise ValueError(f"device {device!r}: this machine has {torch.cuda.device_count()} CUDA device(s)")
+    elif resolved.type != "cpu":
+        raise ValueError(f"device {device!r}: ucmfh runs on cpu or cuda")
     return resolved
-
