@@ -10,14 +10,15 @@ import argparse
 import os
 import sys
 
-
-from ucmfh.app.cli import default_data_dir, default_epochs, protocols_of, report
+from ucmfh.app.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, USER_ERRORS, describe
+from ucmfh.app.experiment import (
+    Run, RunOptions, configure_from_env, dataset_identity, default_data_dir, default_epochs, evaluate_checkpoint,
+    protocols_of, report, resolve_dataset, train_fusion_stage, train_hash_stage,
+)
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import load_dataset
-from ucmfh.app.experiment import (
-    evaluate_checkpoint, fusion_path, hash_path, resolve_dataset, run_dir, train_fusion_stage, train_hash_stage,
-)
 from ucmfh.losses import LOSSES
+from ucmfh.utils import resolve_device
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -33,37 +34,50 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=FusionConfig.seed)
     p.add_argument("--protocol", choices=["both", *PROTOCOLS], default="both")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, ...")
-    p.add_argument("--out", default="runs", help="root folder of checkpoints")
+    p.add_argument("--out", default="runs", help="root folder of runs (checkpoints)")
     p.add_argument("--results", default="runs/results.jsonl", help="JSON-lines file results are appended to")
+    p.add_argument("--resume", action="store_true", help="continue an interrupted run of the same settings")
+    p.add_argument("--save-interval", type=float, default=RunOptions.save_interval,
+                   help="seconds between saves of the training state (0: every epoch)")
     return p.parse_args(argv)
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    configure_from_env()
     try:
+        resolve_device(args.device)
+        epochs = default_epochs(args.dataset, args.epoch)
+        fusion_cfg = FusionConfig(loss=args.loss, epochs=epochs, batch_size=args.batch_size,
+                                  seed=args.seed, device=args.device)
+        hash_cfg = HashConfig(n_bits=args.hash_lens, loss=args.loss, epochs=epochs, batch_size=args.batch_size,
+                              seed=args.seed, device=args.device)
+        opts = RunOptions(out=args.out, resume=args.resume, save_interval=args.save_interval)
         path = resolve_dataset(args.dataset, args.data_dir)
         print(f"dataset: {path}")
         data = load_dataset(path)
-        epochs = default_epochs(args.dataset, args.epoch)
-        directory = run_dir(args.out, data.name, args.loss, args.seed)
         protocols = protocols_of(args.protocol)
-        fusion_cfg = FusionConfig(loss=args.loss, epochs=epochs, batch_size=args.batch_size,
-                                  seed=args.seed, device=args.device).validate()
         if args.task == 0:
-            rows = train_fusion_stage(data, fusion_cfg, directory, protocols)
+            rows = train_fusion_stage(data, fusion_cfg, opts, protocols)
         elif args.task == 1:
-            hash_cfg = HashConfig(n_bits=args.hash_lens, loss=args.loss, epochs=epochs, batch_size=args.batch_size,
-                                  seed=args.seed, device=args.device).validate()
-            rows = train_hash_stage(data, fusion_cfg, hash_cfg, directory, protocols)
+            rows = train_hash_stage(data, fusion_cfg, hash_cfg, opts, protocols)
         else:
-            checkpoint = fusion_path(directory) if args.task == 2 else hash_path(directory, args.hash_lens)
+            run = Run(args.out, dataset_identity(data), fusion_cfg, hash_cfg)
+            checkpoint = run.fusion_path if args.task == 2 else run.hash_path
             if not os.path.exists(checkpoint):
-                raise FileNotFoundError(f"{checkpoint}: no checkpoint; train it first with --task {args.task - 2}")
-            rows = evaluate_checkpoint(data, checkpoint, protocols, device=args.device, n_bits=args.hash_lens)
-    except (ValueError, OSError) as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    report(rows, args.results)
+                raise FileNotFoundError(f"{checkpoint}: no checkpoint of these settings; "
+                                        f"train it first with --task {args.task - 2}")
+            rows = evaluate_checkpoint(data, checkpoint, protocols, device=args.device, n_bits=args.hash_lens,
+                                       out=args.out)
+        report(rows, args.results)
+    except USER_ERRORS as err:
+        print(f"error: {describe(err)}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt as err:
+        if getattr(err, "state_path", None) is None:
+            raise
+        print(f"{err}; run the same command with --resume to continue", file=sys.stderr)
+        return EXIT_INTERRUPTED
     return 0
 
 

@@ -28,13 +28,16 @@ def test_ucmfh_make_train_evaluate(tmp_path):
     result = runner.invoke(main, ["train-hash", *common, "--out", str(tmp_path / "runs"), "--epochs", "1",
                                   "-b", "8", "-b", "16", "--amp", "bf16"])
     assert result.exit_code == 0, result.output
-    assert "training it first" in result.output and "unimodal" in result.output and "random" in result.output
+    assert "fusion encoder: training" in result.output and "unimodal" in result.output and "random" in result.output
     rows = [json.loads(line) for line in results.read_text().splitlines()]
     assert [(r["n_bits"], r["protocol"]) for r in rows] == [(8, "unimodal"), (8, "fused"), (16, "unimodal"), (16, "fused")]
     for r in rows:
         assert 0 <= r["map_i2t"] <= 1 and 0 <= r["map_t2i"] <= 1
-        assert {"dataset", "task", "loss", "seed", "epochs", "train_time_s", "git_commit", "random_map_i2t"} <= set(r)
-    checkpoint = tmp_path / "runs" / "synthetic" / "original-seed2023" / "hash16.pt"
+        assert {"dataset", "task", "loss", "seed", "epochs", "train_time_s", "git_commit", "random_map_i2t",
+                "dataset_path", "dataset_fingerprint", "run", "settings"} <= set(r)
+        assert r["dataset"] == "toy" and r["settings"]["hash"]["n_bits"] == r["n_bits"]
+    checkpoint = Path(rows[2]["checkpoint"])
+    assert checkpoint.name == "hash16.pt" and checkpoint.parent.parent.parent.name.startswith("toy-")
     assert torch.load(checkpoint, weights_only=False)["hash_config"]["amp"] == "bf16"
     result = runner.invoke(main, ["evaluate", *common, "-c", str(checkpoint), "--protocol", "unimodal"])
     assert result.exit_code == 0, result.output
@@ -48,14 +51,15 @@ def test_ucmfh_make_train_evaluate(tmp_path):
     assert result.exit_code == 0, result.output
     metrics = json.loads(metrics_out.read_text())
     assert abs(metrics["i2t"]["map@50"] - rows[2]["map_i2t"]) < 1e-9, metrics["i2t"]
-    # a second train-hash reuses the saved fusion encoder and names the settings it differs in
-    result = runner.invoke(main, ["train-hash", *common, "--out", str(tmp_path / "runs"), "--epochs", "2",
+    # a second train-hash with other hashing settings reuses the fusion encoder of the same identity
+    result = runner.invoke(main, ["train-hash", *common, "--out", str(tmp_path / "runs"), "--epochs", "1",
                                   "-b", "8", "--amp", "bf16", "--lr-fusion", "0"])
     assert result.exit_code == 0, result.output
-    assert "training it first" not in result.output
-    assert "trained with other settings: epochs=1 (asked: 2)" in result.output
-    saved = torch.load(tmp_path / "runs" / "synthetic" / "original-seed2023" / "hash8.pt", weights_only=False)
-    assert saved["hash_config"]["lr_fusion"] == 0.0
+    assert f"fusion encoder: reused {checkpoint.parent.parent / 'fusion.pt'}" in result.output
+    last = json.loads(results.read_text().splitlines()[-1])
+    saved = torch.load(last["checkpoint"], weights_only=False)
+    assert saved["hash_config"]["lr_fusion"] == 0.0 and last["checkpoint"] != rows[0]["checkpoint"]
+    assert (checkpoint.parent / "hash8.pt").exists()  # the first run's checkpoint is still there
 
 
 def test_ucmfh_reports_bad_input_without_traceback(tmp_path):
@@ -81,3 +85,5 @@ def test_demo_tasks_0_to_3(tmp_path):
     assert [r["task"] for r in rows] == ["fusion"] * 2 + ["hashing"] * 2 + ["fusion"] * 2 + ["hashing"] * 2
     missing = subprocess.run([*base, "--task", "3", "--hash_lens", "32"], env=env, capture_output=True, text=True)
     assert missing.returncode == 2 and "train it first with --task 1" in missing.stderr
+    # task 3 found the checkpoint task 1 wrote: the same MAP
+    assert (rows[7]["map_i2t"], rows[7]["map_t2i"]) == (rows[3]["map_i2t"], rows[3]["map_t2i"])

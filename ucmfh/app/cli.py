@@ -1,99 +1,29 @@
-"""The ``ucmfh`` command: thin click wrappers over the library."""
+"""The ``ucmfh`` command: thin click wrappers over the library and :mod:`ucmfh.app.experiment`."""
 from __future__ import annotations
 
 import json
 import os
 import sys
-from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import click
 
 from ucmfh.app.errors import user_errors
-from ucmfh.config import AMP_MODES, PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig
-from ucmfh.data.h5 import DataError, load_dataset, validate_file
+from ucmfh.app.experiment import (
+    configure_from_env, default_data_dir, default_epochs, protocols_of, report, resolve_dataset,
+)
+from ucmfh.app.options import (
+    check_device, data_options, fusion_config, hash_configs, run_options, train_options,
+)
+from ucmfh.config import BETA_SCHEDULES, PROTOCOLS, FusionConfig, HashConfig
+from ucmfh.data.h5 import load_dataset, validate_file
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
-
-
-def default_data_dir() -> str:
-    """Where dataset names resolve to ``NAME.h5``: ``$UCMFH_DATA_DIR``, else ``data``."""
-    return os.environ.get("UCMFH_DATA_DIR", "data")
-
-
-def parse_loss_params(pairs: Tuple[str, ...]) -> Dict[str, Any]:
-    """``key=value`` pairs to a dict; values are read as JSON when they parse (numbers, true/false)."""
-    params: Dict[str, Any] = {}
-    for pair in pairs:
-        key, sep, value = pair.partition("=")
-        if not sep or not key:
-            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint="--loss-param")
-        try:
-            params[key] = json.loads(value)
-        except json.JSONDecodeError:
-            params[key] = value
-    return params
-
-
-def protocols_of(protocol: str) -> Tuple[str, ...]:
-    return PROTOCOLS if protocol == "both" else (protocol,)
-
-
-def data_options(fn: Callable) -> Callable:
-    for option in reversed([
-        click.option("--dataset", "-d", default="synthetic", show_default=True,
-                     help="Dataset name (DATA_DIR/NAME.h5) or path to an .h5 file; 'synthetic' is made on first use."),
-        click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data",
-                     help="Folder of NAME.h5 dataset files."),
-        click.option("--protocol", type=click.Choice(["both", *PROTOCOLS]), default="both", show_default=True,
-                     help="unimodal: codes from one modality (cross-modal); fused: UCMFH's protocol."),
-        click.option("--k", default=50, show_default=True, help="MAP@k cut-off."),
-        click.option("--results", default="runs/results.jsonl", show_default=True,
-                     help="JSON-lines file the result rows are appended to."),
-        click.option("--device", default="auto", show_default=True, help="auto, cpu, cuda, cuda:1, ..."),
-        click.option("--quiet", is_flag=True, help="No progress bars."),
-    ]):
-        fn = option(fn)
-    return fn
-
-
-def train_options(fn: Callable) -> Callable:
-    defaults = FusionConfig()
-    for option in reversed([
-        click.option("--loss", default=defaults.loss, show_default=True, help="Loss name (see 'ucmfh losses')."),
-        click.option("--loss-param", "loss_params", multiple=True, metavar="KEY=VALUE",
-                     help="Loss hyper-parameter, e.g. temperature=0.1 (repeatable)."),
-        click.option("--supervised", is_flag=True, help="Pass the training labels to the loss (pairwise uses them)."),
-        click.option("--epochs", type=int, default=None, help="Epochs [default: 100, or the reference's for known datasets]."),
-        click.option("--batch-size", default=defaults.batch_size, show_default=True),
-        click.option("--seed", default=defaults.seed, show_default=True),
-        click.option("--modality-dropout", default=defaults.modality_dropout, show_default=True,
-                     help="Share of items trained with image and text kept apart (0 = UCMFH's fused-only training)."),
-        click.option("--out", default="runs", show_default=True, help="Root folder of checkpoints."),
-        click.option("--amp", type=click.Choice(AMP_MODES), default=defaults.amp, show_default=True,
-                     help="Mixed-precision training: bf16 autocasts the forward pass (CPU with bf16 support, or GPU)."),
-    ]):
-        fn = option(fn)
-    return fn
-
-
-def default_epochs(dataset: str, epochs: Optional[int]) -> int:
-    """``epochs``, else the reference code's for a known dataset name, else 100."""
-    return epochs if epochs is not None else REFERENCE_EPOCHS.get(os.path.splitext(os.path.basename(dataset))[0], 100)
-
-
-def report(rows: List[Dict[str, Any]], results: str) -> None:
-    from ucmfh.app.experiment import append_results, format_table
-
-    click.echo(format_table(rows))
-    if results:
-        os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
-        append_results(results, rows)
-        click.echo(f"results appended to {results}")
-
+from ucmfh.utils import resolve_device
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ucmfh")
 def main() -> None:
     """ucmfh: deep cross-modal hashing (UCMFH and its loss variants) on precomputed features."""
+    configure_from_env()
 
 
 @main.command("make-synthetic")
@@ -135,36 +65,24 @@ def losses_cmd() -> None:
 
 
 def _load(dataset: str, data_dir: str):
-    from ucmfh.app.experiment import resolve_dataset
-
     path = resolve_dataset(dataset, data_dir)
     click.echo(f"dataset: {path}")
     return load_dataset(path)
 
 
-def fusion_config(dataset: str, device: str, loss: str, loss_params: Tuple[str, ...], supervised: bool,
-                  epochs: Optional[int], batch_size: int, seed: int, modality_dropout: float, amp: str,
-                  **_: Any) -> FusionConfig:
-    """The fusion stage's config from the shared training options."""
-    return FusionConfig(loss=loss, loss_params=parse_loss_params(loss_params), supervised=supervised,
-                        epochs=default_epochs(dataset, epochs), batch_size=batch_size, seed=seed,
-                        modality_dropout=modality_dropout, device=device, amp=amp).validate()
-
-
 @main.command("train-fusion")
 @data_options
 @train_options
-@click.option("--lr", default=FusionConfig.lr, show_default=True)
+@click.option("--lr", default=FusionConfig.lr, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @user_errors
 def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr, **train) -> None:
     """Task 0: train the fusion encoder and score its embeddings (cosine ranking)."""
-    from ucmfh.app.experiment import run_dir, train_fusion_stage
+    from ucmfh.app.experiment import train_fusion_stage
 
+    cfg = fusion_config(dataset, device, lr=lr, **train)
     data = _load(dataset, data_dir)
-    cfg = fusion_config(dataset, device, **train)
-    cfg.lr = lr
-    out = run_dir(train["out"], data.name, cfg.loss, cfg.seed)
-    report(train_fusion_stage(data, cfg, out, protocols_of(protocol), k, not quiet), results)
+    rows = train_fusion_stage(data, cfg, run_options(train, quiet), protocols_of(protocol), k, log=click.echo)
+    report(rows, results, click.echo)
 
 
 @main.command("train-hash")
@@ -172,28 +90,30 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
 @train_options
 @click.option("--n-bits", "-b", multiple=True, type=int, default=(64,), show_default=True,
               help="Code length (repeatable: -b 16 -b 32 ...).")
-@click.option("--beta-schedule", type=click.Choice(["none", "hashnet", "step"]), default="none", show_default=True,
+@click.option("--beta-schedule", type=click.Choice(BETA_SCHEDULES), default="none", show_default=True,
               help="Tanh continuation: none is UCMFH's plain tanh.")
-@click.option("--fusion-epochs", type=int, default=None, help="Epochs of the fusion stage when it must be trained first.")
-@click.option("--lr-fusion", type=float, default=HashConfig.lr_fusion, show_default=True,
+@click.option("--fusion-epochs", type=click.IntRange(min=1), default=None,
+              help="Epochs of the fusion stage [default: as --epochs].")
+@click.option("--lr-fusion", type=click.FloatRange(min=0), default=HashConfig.lr_fusion, show_default=True,
               help="Learning rate of the fusion encoder while the heads train (UCMFH's; 0 keeps it as trained).")
 @user_errors
 def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, n_bits, beta_schedule, fusion_epochs,
                    lr_fusion, **train) -> None:
-    """Task 1: train hash heads (training the fusion stage first if needed) and score the codes."""
-    from ucmfh.app.experiment import run_dir, train_hash_stage
+    """Task 1: train hash heads (training the fusion stage first if needed) and score the codes.
 
+    Each code length's results are appended as soon as it is done.
+    """
+    from ucmfh.app.experiment import train_hash_stage
+
+    fcfg = fusion_config(dataset, device, **{**train, "epochs": fusion_epochs or train["epochs"]})
+    # every code length is checked before anything trains
+    hcfgs = hash_configs(fcfg, n_bits, default_epochs(dataset, train["epochs"]), train["overrides"],
+                         beta_schedule=beta_schedule, lr_fusion=lr_fusion)
     data = _load(dataset, data_dir)
-    fcfg = fusion_config(dataset, device, **{**train, "epochs": fusion_epochs if fusion_epochs is not None else train["epochs"]})
-    out = run_dir(train["out"], data.name, fcfg.loss, fcfg.seed)
-    rows = []
-    for bits in n_bits:
-        hcfg = HashConfig(n_bits=bits, loss=fcfg.loss, loss_params=fcfg.loss_params, supervised=fcfg.supervised,
-                          epochs=default_epochs(dataset, train["epochs"]), batch_size=fcfg.batch_size,
-                          seed=fcfg.seed, modality_dropout=fcfg.modality_dropout, beta_schedule=beta_schedule,
-                          lr_fusion=lr_fusion, device=device, amp=fcfg.amp).validate()
-        rows += train_hash_stage(data, fcfg, hcfg, out, protocols_of(protocol), k, not quiet, log=click.echo)
-    report(rows, results)
+    opts = run_options(train, quiet)
+    for hcfg in hcfgs:
+        rows = train_hash_stage(data, fcfg, hcfg, opts, protocols_of(protocol), k, log=click.echo)
+        report(rows, results, click.echo)
 
 
 @main.command("evaluate")
@@ -201,7 +121,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, n_bit
 @click.option("--checkpoint", "-c", type=click.Path(dir_okay=False),
               help="A fusion.pt or hashN.pt checkpoint.")
 @click.option("--codes", type=click.Path(dir_okay=False),
-              help="A codes file (ucmfh.codes.save_codes): every metric, both directions; no dataset needed.")
+              help="A codes file (ucmfh encode): every metric, both directions; no dataset needed.")
 @click.option("--metrics-out", type=click.Path(dir_okay=False),
               help="With --codes: write all metrics as JSON here.")
 @click.option("--plot", metavar="PREFIX", help="With --codes: draw PREFIX_pr.png and PREFIX_pk.png (needs matplotlib).")
@@ -211,22 +131,18 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
     if (checkpoint is None) == (codes is None):
         raise click.UsageError("give exactly one of --checkpoint and --codes")
     if codes is not None:
+        from ucmfh.app.experiment import append_results
+        from ucmfh.files import write_json_atomic
         from ucmfh.metrics import codes_file_row, evaluate_codes_file
-        from ucmfh.utils import resolve_device
 
         metrics = evaluate_codes_file(codes, k=k, device=resolve_device(device))
         if metrics_out:
-            os.makedirs(os.path.dirname(os.path.abspath(metrics_out)), exist_ok=True)
-            with open(metrics_out, "w", encoding="utf-8") as f:
-                json.dump(metrics, f, indent=1)
+            write_json_atomic(metrics_out, metrics)
             click.echo(f"metrics written to {metrics_out}")
         row = codes_file_row(metrics)
         click.echo(f"{codes}: {row['n_bits']} bits, protocol {row['protocol']}: "
                    f"MAP@{k} I->T {row['map_i2t']:.4f}, T->I {row['map_t2i']:.4f}")
         if results:
-            from ucmfh.app.experiment import append_results
-
-            os.makedirs(os.path.dirname(os.path.abspath(results)), exist_ok=True)
             append_results(results, [row])
         if plot:
             from ucmfh.metrics.plots import plot_curves
@@ -237,7 +153,8 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
     from ucmfh.app.experiment import evaluate_checkpoint
 
     data = _load(dataset, data_dir)
-    report(evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet), results)
+    rows = evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet, log=click.echo)
+    report(rows, results, click.echo)
 
 
 @main.command("encode")
@@ -246,25 +163,54 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
 @click.option("--checkpoint", "-c", required=True, type=click.Path(dir_okay=False), help="A hashN.pt checkpoint.")
 @click.option("--protocol", type=click.Choice(PROTOCOLS), default="unimodal", show_default=True)
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Codes file to write (HDF5, packed bits).")
-@click.option("--device", default="auto", show_default=True)
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+@click.option("--device", default="auto", show_default=True, callback=check_device)
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @user_errors
-def encode_cmd(dataset, data_dir, checkpoint, protocol, out, device, quiet) -> None:
+def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, quiet) -> None:
     """Write the query and retrieval codes of a hashing checkpoint to OUT (for 'evaluate --codes')."""
     from ucmfh.app.experiment import encode_checkpoint
 
+    if os.path.exists(out) and not overwrite:
+        raise FileExistsError(f"{out}: exists; not replaced")
     data = _load(dataset, data_dir)
-    click.echo(f"wrote {encode_checkpoint(data, checkpoint, out, protocol, device, not quiet)} ({protocol} protocol)")
+    path = encode_checkpoint(data, checkpoint, out, protocol, device, not quiet, overwrite)
+    click.echo(f"wrote {path} ({protocol} protocol)")
 
 
-def _add_data_commands() -> None:
+@main.command("runs")
+@click.option("--results", default="runs/results.jsonl", show_default=True, help="The results file to read.")
+@click.option("--dataset", "-d", multiple=True, help="Only these datasets (repeatable).")
+@click.option("--method", multiple=True, help="Only these methods (repeatable).")
+@click.option("--loss", multiple=True, help="Only these losses (repeatable).")
+@click.option("--n-bits", "-b", multiple=True, type=int, help="Only these code lengths (repeatable).")
+@click.option("--protocol", type=click.Choice(PROTOCOLS), help="Only this protocol.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON lines.")
+@user_errors
+def runs_cmd(results, dataset, method, loss, n_bits, protocol, as_json) -> None:
+    """Summarise past runs from a results file: mean ± std over seeds, one line per setting."""
+    from ucmfh.app.runs import filter_rows, format_summary, read_results, summarize
+
+    rows = filter_rows(read_results(results), dataset=dataset, method=method, loss=loss, n_bits=n_bits,
+                       protocol=protocol)
+    groups = summarize(rows)
+    if as_json:
+        for g in groups:
+            click.echo(json.dumps(g, sort_keys=True))
+    else:
+        click.echo(format_summary(groups))
+
+
+def _add_commands() -> None:
     from ucmfh.app.data_cli import convert, extract
+    from ucmfh.app.grid import grid
 
     main.add_command(convert)
     main.add_command(extract)
+    main.add_command(grid)
 
 
-_add_data_commands()
+_add_commands()
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -9,6 +9,7 @@ the hint is added here, worded for the command line.
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any, Callable
 
 import click
@@ -16,6 +17,7 @@ import click
 # What counts as bad input (or an environment the user must fix), not a bug of ucmfh.
 USER_ERRORS = (ValueError, OSError, ImportError)
 EXIT_USER_ERROR = 2
+EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by SIGINT
 
 
 class UserError(click.ClickException):
@@ -43,5 +45,10 @@ def user_errors(fn: Callable) -> Callable:
             raise
         except USER_ERRORS as err:
             raise UserError(describe(err)) from None
+        except KeyboardInterrupt as err:
+            if getattr(err, "state_path", None) is None:  # not a training run's saved interrupt
+                raise
+            click.echo(f"{err}; run the same command with --resume to continue", err=True)
+            sys.exit(EXIT_INTERRUPTED)
 
     return wrapper

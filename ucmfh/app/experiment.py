@@ -1,29 +1,76 @@
-"""Whole experiments for the front doors (``ucmfh`` and ``demo.py``): train, save, evaluate, record."""
+"""Whole runs for the front doors (``ucmfh`` and ``demo.py``): identity, train, save, score, record.
+
+A run's identity is the dataset file's content (a SHA-256 fingerprint; its
+resolved path is recorded beside it) plus every setting that changes the
+result (:func:`ucmfh.config.identity_dict`: all but the device). Runs live in
+folders named by it::
+
+    OUT/DATASET-FP/                    one dataset file's content (FP: its fingerprint)
+      LOSS-seedSEED-KEY/               a fusion stage: fusion.pt, identity.json
+        hash-KEY/                      hashing settings on it: hash16.pt, hash64.pt, identity.json
+
+A saved stage is reused only when the identity saved inside it equals the one
+asked for, and the log says which was reused. Two files with the same name
+never share a folder; two runs that differ in any setting never share a
+checkpoint. Result rows carry the dataset's path and fingerprint, the
+settings and the run key.
+"""
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import functools
+import hashlib
 import json
 import os
 import subprocess
 import time
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ucmfh.checkpoint import load_model, read_checkpoint, save_checkpoint
-from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
-from ucmfh.data.h5 import Dataset
-from ucmfh.files import PathLike, append_jsonl
-from ucmfh.data.synthetic import make_synthetic
 from ucmfh.codes import save_codes
-from ucmfh.scoring import encode_split, evaluate_fusion, evaluate_hashing, random_codes_map
+from ucmfh.config import PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig, identity_dict
+from ucmfh.data.h5 import Dataset
+from ucmfh.data.synthetic import make_synthetic
+from ucmfh.files import PathLike, append_jsonl, write_json_atomic
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.train import fit_fusion, fit_hashing
+from ucmfh.scoring import encode_split, evaluate_fusion, evaluate_hashing, random_codes_map
+from ucmfh.train import StateFile, discard_state, fit_fusion, fit_hashing, read_state
 from ucmfh.utils import resolve_device
 
 PROTOCOL_NOTES = {
     "unimodal": "cross-modal: image codes from images alone, text codes from texts alone",
     "fused": "UCMFH's protocol: every code also sees its item's paired modality (not cross-modal retrieval)",
 }
+Log = Callable[[str], None]
+
+
+# ------------------------------------------------------------- the environment
+
+
+def default_data_dir() -> str:
+    """Where dataset names resolve to ``NAME.h5``: ``$UCMFH_DATA_DIR``, else ``data``."""
+    return os.environ.get("UCMFH_DATA_DIR", "data")
+
+
+def configure_from_env() -> None:
+    """Apply the environment's settings to the library: ``UCMFH_NATIVE=0`` ranks on the torch path."""
+    value = os.environ.get("UCMFH_NATIVE")
+    if value is None:
+        return
+    from ucmfh.metrics import set_backend
+
+    set_backend("torch" if value == "0" else "auto")
+
+
+def default_epochs(dataset: str, epochs: Optional[int]) -> int:
+    """``epochs``, else the reference code's for a known dataset name, else 100."""
+    return epochs if epochs is not None else REFERENCE_EPOCHS.get(dataset_label(dataset), 100)
+
+
+def protocols_of(protocol: str) -> Tuple[str, ...]:
+    return PROTOCOLS if protocol == "both" else (protocol,)
 
 
 def resolve_dataset(name: str, data_dir: PathLike) -> str:
@@ -44,17 +91,91 @@ def resolve_dataset(name: str, data_dir: PathLike) -> str:
     )
 
 
-def run_dir(root: PathLike, dataset: str, loss: str, seed: int) -> str:
-    """Where a run's checkpoints go: ``ROOT/DATASET/LOSS-seedSEED``."""
-    return os.path.join(os.fspath(root), dataset, f"{loss}-seed{seed}")
+# ---------------------------------------------------------------- run identity
 
 
-def fusion_path(directory: str) -> str:
-    return os.path.join(directory, "fusion.pt")
+def dataset_label(path: str) -> str:
+    """What tables call a dataset: its file's stem (what ``-d NAME`` names)."""
+    return os.path.splitext(os.path.basename(path))[0]
 
 
-def hash_path(directory: str, n_bits: int) -> str:
-    return os.path.join(directory, f"hash{n_bits}.pt")
+@functools.lru_cache(maxsize=32)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(functools.partial(f.read, 1 << 23), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fingerprint(path: str) -> str:
+    """SHA-256 of a file's bytes (cached per path, size and modification time within a process)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return _file_sha256(real, st.st_size, st.st_mtime_ns)
+
+
+def dataset_identity(data: Dataset) -> Dict[str, str]:
+    """The dataset part of a run's identity: label, resolved path, content fingerprint."""
+    if data.path is None:
+        raise ValueError("a run needs a dataset read from a file (its fingerprint is part of the run's identity)")
+    return {"label": dataset_label(data.path), "path": os.path.realpath(data.path), "fingerprint": fingerprint(data.path)}
+
+
+def key_of(value: Any) -> str:
+    """A short stable key of a JSON-able value (SHA-256 of its canonical JSON, 12 hex digits)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass
+class Run:
+    """Where a run's stages live, and what identifies each."""
+
+    out: str
+    dataset: Dict[str, str]
+    fusion_cfg: FusionConfig
+    hash_cfg: Optional[HashConfig] = None
+
+    @property
+    def fusion_identity(self) -> Dict[str, Any]:
+        return {"dataset_fingerprint": self.dataset["fingerprint"], "fusion": identity_dict(self.fusion_cfg)}
+
+    @property
+    def hash_identity(self) -> Dict[str, Any]:
+        return {**self.fusion_identity, "hash": identity_dict(self.hash_cfg)}
+
+    @property
+    def fusion_dir(self) -> str:
+        cfg = self.fusion_cfg
+        return os.path.join(self.out, f"{self.dataset['label']}-{self.dataset['fingerprint'][:8]}",
+                            f"{cfg.loss}-seed{cfg.seed}-{key_of(self.fusion_identity)[:8]}")
+
+    @property
+    def hash_dir(self) -> str:
+        settings = {k: v for k, v in identity_dict(self.hash_cfg).items() if k != "n_bits"}
+        return os.path.join(self.fusion_dir, f"hash-{key_of(settings)[:8]}")
+
+    @property
+    def fusion_path(self) -> str:
+        return os.path.join(self.fusion_dir, "fusion.pt")
+
+    @property
+    def hash_path(self) -> str:
+        return os.path.join(self.hash_dir, f"hash{self.hash_cfg.n_bits}.pt")
+
+    def settings(self) -> Dict[str, Any]:
+        return {"fusion": identity_dict(self.fusion_cfg),
+                "hash": None if self.hash_cfg is None else identity_dict(self.hash_cfg)}
+
+
+@dataclass
+class RunOptions:
+    """How a run is carried out (none of it changes the result)."""
+
+    out: str = "runs"
+    resume: bool = False  # continue interrupted stages; reuse finished ones
+    save_interval: float = 120.0  # seconds between saves of the training state
+    progress: bool = True
 
 
 def git_commit() -> Optional[str]:
@@ -72,100 +193,153 @@ def git_commit() -> Optional[str]:
 
 
 def _rows(
-    scores: List[Dict[str, Any]], data: Dataset, task: str, loss: str, seed: int,
-    epochs: int, seconds: float, device: str, checkpoint: str, n_bits: Optional[int] = None,
-    extra: Optional[Dict[str, Any]] = None,
+    scores: List[Dict[str, Any]], run: Run, task: str, seconds: float, device: str, checkpoint: str,
+    source: str, extra: Optional[Dict[str, Any]] = None,
 ) -> List[Dict[str, Any]]:
+    cfg = run.hash_cfg if task == "hashing" else run.fusion_cfg
+    n_bits = run.hash_cfg.n_bits if task == "hashing" else None
     common = {
-        "dataset": data.name, "task": task, "loss": loss, "n_bits": n_bits,
-        "ranking": "hamming" if n_bits else "cosine", "seed": seed, "epochs": epochs,
-        "train_time_s": round(seconds, 2), "device": str(resolve_device(device)),
-        "checkpoint": checkpoint, "git_commit": git_commit(),
+        "dataset": run.dataset["label"], "dataset_path": run.dataset["path"],
+        "dataset_fingerprint": run.dataset["fingerprint"], "task": task, "method": "ucmfh", "loss": cfg.loss,
+        "n_bits": n_bits, "ranking": "hamming" if n_bits else "cosine", "seed": cfg.seed, "epochs": cfg.epochs,
+        "run": key_of(run.hash_identity if task == "hashing" else run.fusion_identity),
+        "settings": run.settings() if task == "hashing" else {"fusion": identity_dict(run.fusion_cfg), "hash": None},
+        "train_time_s": round(seconds, 2), "device": str(resolve_device(device)), "checkpoint": checkpoint,
+        "source": source, "git_commit": git_commit(),
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return [{**common, **row, **(extra or {})} for row in scores]
 
 
-def train_fusion_stage(
-    data: Dataset, cfg: FusionConfig, out_dir: str, protocols: Sequence[str] = PROTOCOLS,
-    k: int = 50, progress: bool = True,
-) -> List[Dict[str, Any]]:
-    """Task 0: train the fusion encoder, save it, and score its embeddings by cosine ranking."""
-    start = time.perf_counter()
-    fusion, history = fit_fusion(data, cfg, progress=progress)
-    seconds = time.perf_counter() - start
-    path = save_checkpoint(fusion_path(out_dir), fusion, cfg, meta={"dataset": data.name, "loss_history": history})
-    scores = evaluate_fusion(fusion, data, protocols, k, cfg.device, progress)
-    return _rows(scores, data, "fusion", cfg.loss, cfg.seed, cfg.epochs, seconds, cfg.device, path)
+# ------------------------------------------------------------------- the stages
 
 
-def load_or_train_fusion(
-    data: Dataset, cfg: FusionConfig, out_dir: str, progress: bool = True, log=print,
-) -> Tuple[FusionEncoder, FusionConfig]:
-    """The run's saved fusion encoder and its config, or a new one trained (and saved) when there is none."""
-    path = fusion_path(out_dir)
+def _load_stage(path: str, kind: str, identity: Dict[str, Any], data: Dataset) -> tuple:
+    """A saved stage, refused unless the identity inside it is the one asked for."""
+    model, fusion_cfg, hash_cfg, meta = load_model(path, kind, d_img=data.d_img, d_txt=data.d_txt)
+    if meta.get("identity") != identity:
+        raise ValueError(f"{path}: holds a {kind} stage of another run (its identity differs from the one asked "
+                         "for); not reused. Move it away or use another --out")
+    return model, fusion_cfg, hash_cfg, meta
+
+
+def _state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
+    """The training state beside a checkpoint; an interrupted run is continued only with ``resume``."""
+    state = StateFile(os.path.splitext(checkpoint)[0] + ".state.pt", opts.save_interval, opts.resume)
+    if os.path.exists(state.path):
+        saved = read_state(state.path, resolve_device("cpu"))
+        where = f"epoch {saved['epoch'] + 1} of {saved['config']['epochs']}"
+        if not opts.resume:
+            raise FileExistsError(f"{state.path}: an interrupted run of these settings is saved here ({where}); "
+                                  "continue it with --resume, or delete the file to start over")
+        log(f"resuming {state.path} at {where}")
+    elif opts.resume:
+        log(f"nothing to resume at {state.path}; training from the start")
+    return state
+
+
+def _write_identity(directory: str, identity: Dict[str, Any], dataset: Dict[str, str]) -> None:
+    write_json_atomic(os.path.join(directory, "identity.json"), {**identity, "dataset": dataset})
+
+
+def load_or_train_fusion(data: Dataset, run: Run, opts: RunOptions, log: Log = print) -> Tuple[FusionEncoder, float]:
+    """The run's fusion encoder: reused when saved with the same identity, else trained and saved.
+
+    Returns the encoder and the seconds spent training it (0 when reused).
+    """
+    path, identity = run.fusion_path, run.fusion_identity
     if os.path.exists(path):
-        fusion, saved_cfg, _, _ = load_model(path, "fusion", d_img=data.d_img, d_txt=data.d_txt)
-        log(f"fusion encoder: {path} (trained {saved_cfg.epochs} epochs, loss {saved_cfg.loss})")
-        differ = [
-            f"{name}={getattr(saved_cfg, name)!r} (asked: {getattr(cfg, name)!r})"
-            for name in (f.name for f in dataclasses.fields(FusionConfig))
-            if name != "device" and getattr(saved_cfg, name) != getattr(cfg, name)
-        ]
-        if differ:
-            log(f"note: the saved fusion encoder was trained with other settings: {', '.join(differ)}; "
-                f"it is used as saved. Delete {path} (or train-fusion again) to use the new settings.")
-        return fusion, saved_cfg
-    log(f"fusion encoder: none at {path}; training it first (task 0)")
-    fusion, history = fit_fusion(data, cfg, progress=progress)
-    save_checkpoint(path, fusion, cfg, meta={"dataset": data.name, "loss_history": history})
-    return fusion, cfg
+        fusion, cfg, _, _ = _load_stage(path, "fusion", identity, data)
+        log(f"fusion encoder: reused {path} (run {key_of(identity)}, {cfg.epochs} epochs, loss {cfg.loss})")
+        return fusion, 0.0
+    log(f"fusion encoder: training {path} (run {key_of(identity)})")
+    state = _state_for(path, opts, log)
+    start = time.perf_counter()
+    fusion, history = fit_fusion(data, run.fusion_cfg, progress=opts.progress, state=state)
+    seconds = time.perf_counter() - start
+    _write_identity(run.fusion_dir, identity, run.dataset)
+    save_checkpoint(path, fusion, run.fusion_cfg,
+                    meta={"identity": identity, "dataset": run.dataset, "loss_history": history, "seconds": seconds})
+    discard_state(state)
+    return fusion, seconds
+
+
+def train_fusion_stage(
+    data: Dataset, cfg: FusionConfig, opts: RunOptions, protocols: Sequence[str] = PROTOCOLS, k: int = 50,
+    log: Log = print,
+) -> List[Dict[str, Any]]:
+    """Task 0: train (or reuse) the fusion encoder and score its embeddings by cosine ranking."""
+    run = Run(opts.out, dataset_identity(data), cfg)
+    fusion, seconds = load_or_train_fusion(data, run, opts, log)
+    scores = evaluate_fusion(fusion, data, protocols, k, cfg.device, opts.progress)
+    return _rows(scores, run, "fusion", seconds, cfg.device, run.fusion_path, "train")
 
 
 def train_hash_stage(
-    data: Dataset, fusion_cfg: FusionConfig, hash_cfg: HashConfig, out_dir: str,
-    protocols: Sequence[str] = PROTOCOLS, k: int = 50, progress: bool = True, log=print,
+    data: Dataset, fusion_cfg: FusionConfig, hash_cfg: HashConfig, opts: RunOptions,
+    protocols: Sequence[str] = PROTOCOLS, k: int = 50, log: Log = print,
 ) -> List[Dict[str, Any]]:
-    """Task 1: train hash heads on the run's fusion encoder, save the model, score its codes."""
-    fusion, fusion_cfg = load_or_train_fusion(data, fusion_cfg, out_dir, progress, log)
-    start = time.perf_counter()
-    model, history = fit_hashing(data, hash_cfg, fusion, progress=progress)
-    seconds = time.perf_counter() - start
-    path = save_checkpoint(hash_path(out_dir, hash_cfg.n_bits), model, fusion_cfg, hash_cfg,
-                           meta={"dataset": data.name, "loss_history": history})
-    return score_hash_model(model, data, hash_cfg, path, seconds, protocols, k, progress)
+    """Task 1: train hash heads on the run's fusion encoder (trained first if needed), save, score.
+
+    With ``opts.resume`` a finished checkpoint of the same identity is scored again, not retrained.
+    """
+    run = Run(opts.out, dataset_identity(data), fusion_cfg, hash_cfg)
+    path, identity = run.hash_path, run.hash_identity
+    if opts.resume and os.path.exists(path):
+        model, _, _, meta = _load_stage(path, "hash", identity, data)
+        log(f"hashing {hash_cfg.n_bits} bits: already trained, {path} (run {key_of(identity)})")
+        seconds = meta.get("seconds", 0.0)
+    else:
+        fusion, _ = load_or_train_fusion(data, run, opts, log)
+        state = _state_for(path, opts, log)
+        start = time.perf_counter()
+        model, history = fit_hashing(data, hash_cfg, fusion, progress=opts.progress, state=state)
+        seconds = time.perf_counter() - start
+        _write_identity(run.hash_dir, identity, run.dataset)
+        save_checkpoint(path, model, fusion_cfg, hash_cfg,
+                        meta={"identity": identity, "dataset": run.dataset, "loss_history": history,
+                              "seconds": seconds})
+        discard_state(state)
+    return score_hash_model(model, data, run, path, seconds, protocols, k, opts.progress, "train")
 
 
 def score_hash_model(
-    model, data: Dataset, hash_cfg: HashConfig, checkpoint: str, seconds: float,
-    protocols: Sequence[str] = PROTOCOLS, k: int = 50, progress: bool = False,
+    model, data: Dataset, run: Run, checkpoint: str, seconds: float, protocols: Sequence[str] = PROTOCOLS,
+    k: int = 50, progress: bool = False, source: str = "train",
 ) -> List[Dict[str, Any]]:
+    hash_cfg = run.hash_cfg
     scores = evaluate_hashing(model, data, protocols, k, hash_cfg.device, progress)
     floor = random_codes_map(data, hash_cfg.n_bits, k, seed=hash_cfg.seed)
     extra = {"random_map_i2t": floor["map_i2t"], "random_map_t2i": floor["map_t2i"]}
-    return _rows(scores, data, "hashing", hash_cfg.loss, hash_cfg.seed, hash_cfg.epochs, seconds,
-                 hash_cfg.device, checkpoint, hash_cfg.n_bits, extra)
+    return _rows(scores, run, "hashing", seconds, hash_cfg.device, checkpoint, source, extra)
 
 
 def evaluate_checkpoint(
     data: Dataset, path: str, protocols: Sequence[str] = PROTOCOLS, k: int = 50,
-    device: str = "auto", n_bits: Optional[int] = None, progress: bool = True,
+    device: str = "auto", n_bits: Optional[int] = None, progress: bool = True, out: str = "runs",
+    log: Log = print,
 ) -> List[Dict[str, Any]]:
     """Tasks 2/3: reload a fusion or hashing checkpoint and score it on ``data``."""
     kind = read_checkpoint(path)["kind"]
-    model, fusion_cfg, hash_cfg, _ = load_model(path, kind, d_img=data.d_img, d_txt=data.d_txt, n_bits=n_bits)
+    model, fusion_cfg, hash_cfg, meta = load_model(path, kind, d_img=data.d_img, d_txt=data.d_txt, n_bits=n_bits)
+    run = Run(out, dataset_identity(data), fusion_cfg, hash_cfg)
+    trained_on = (meta.get("dataset") or {}).get("fingerprint")
+    if trained_on is not None and trained_on != run.dataset["fingerprint"]:
+        log(f"note: {path} was trained on {meta['dataset'].get('path')}, scored here on {data.path}")
     if kind == "fusion":
         scores = evaluate_fusion(model, data, protocols, k, device, progress)
-        return _rows(scores, data, "fusion", fusion_cfg.loss, fusion_cfg.seed, fusion_cfg.epochs, 0.0, device, path)
-    hash_cfg.device = device
-    return score_hash_model(model, data, hash_cfg, path, 0.0, protocols, k, progress)
+        return _rows(scores, run, "fusion", 0.0, device, path, "evaluate")
+    run.hash_cfg = dataclasses.replace(hash_cfg, device=device)
+    return score_hash_model(model, data, run, path, 0.0, protocols, k, progress, "evaluate")
 
 
 def encode_checkpoint(
     data: Dataset, checkpoint: str, out: PathLike, protocol: str = "unimodal",
-    device: str = "auto", progress: bool = True,
+    device: str = "auto", progress: bool = True, overwrite: bool = False,
 ) -> str:
     """Write the query and retrieval codes of a hashing checkpoint to a codes file (packed bits)."""
+    if os.path.exists(out) and not overwrite:
+        raise FileExistsError(f"{out}: exists; not replaced")
     model, fusion_cfg, hash_cfg, _ = load_model(checkpoint, "hash", d_img=data.d_img, d_txt=data.d_txt)
     query = encode_split(model, data.query, protocol, device, progress=progress)
     retrieval = encode_split(model, data.retrieval, protocol, device, progress=progress)
@@ -174,9 +348,12 @@ def encode_checkpoint(
         retrieval_img=retrieval[0].cpu(), retrieval_txt=retrieval[1].cpu(),
         query_labels=data.query.labels, retrieval_labels=data.retrieval.labels,
         query_ids=data.query.ids, retrieval_ids=data.retrieval.ids,
-        attrs={"dataset": data.name, "protocol": protocol, "loss": hash_cfg.loss,
+        attrs={"dataset": dataset_label(data.path or "dataset"), "protocol": protocol, "loss": hash_cfg.loss,
                "checkpoint": os.path.abspath(checkpoint), "seed": hash_cfg.seed},
     )
+
+
+# --------------------------------------------------------------------- results
 
 
 def append_results(path: PathLike, rows: List[Dict[str, Any]]) -> None:
@@ -199,3 +376,10 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
         lines.append(f"  {protocol}: {PROTOCOL_NOTES[protocol]}")
     return "\n".join(lines)
 
+
+def report(rows: List[Dict[str, Any]], results: Optional[str], echo: Log = print) -> None:
+    """Print rows as a table and append them to the results file (when one is given)."""
+    echo(format_table(rows))
+    if results:
+        append_results(results, rows)
+        echo(f"results appended to {results}")

@@ -1,0 +1,126 @@
+"""Options shared by the commands, and the configs they build (the CLI stays thin)."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import click
+
+from ucmfh.app.experiment import RunOptions, default_data_dir, default_epochs
+from ucmfh.config import AMP_MODES, PROTOCOLS, FusionConfig, HashConfig
+from ucmfh.utils import resolve_device
+
+STAGES = {"fusion": FusionConfig, "hash": HashConfig}
+
+
+def parse_params(pairs: Tuple[str, ...], option: str) -> Dict[str, Any]:
+    """``key=value`` pairs to a dict; values are read as JSON when they parse (numbers, true/false)."""
+    params: Dict[str, Any] = {}
+    for pair in pairs:
+        key, sep, value = pair.partition("=")
+        if not sep or not key:
+            raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint=option)
+        try:
+            params[key] = json.loads(value)
+        except json.JSONDecodeError:
+            params[key] = value
+    return params
+
+
+def parse_overrides(pairs: Tuple[str, ...]) -> Dict[str, Dict[str, Any]]:
+    """``--set fusion.d_model=256 --set hash.hidden=1024`` -> {"fusion": {...}, "hash": {...}}."""
+    out: Dict[str, Dict[str, Any]] = {stage: {} for stage in STAGES}
+    for key, value in parse_params(pairs, "--set").items():
+        stage, _, name = key.partition(".")
+        if stage not in STAGES:
+            raise click.BadParameter(f"{key!r}: expected fusion.FIELD or hash.FIELD", param_hint="--set")
+        fields = [f.name for f in dataclasses.fields(STAGES[stage])]
+        if name not in fields:
+            raise click.BadParameter(f"{key!r}: {stage} settings are {', '.join(fields)}", param_hint="--set")
+        out[stage][name] = value
+    return out
+
+
+def check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    try:
+        resolve_device(value)
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+    return value
+
+
+def data_options(fn: Callable) -> Callable:
+    for option in reversed([
+        click.option("--dataset", "-d", default="synthetic", show_default=True,
+                     help="Dataset name (DATA_DIR/NAME.h5) or path to an .h5 file; 'synthetic' is made on first use."),
+        click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data",
+                     help="Folder of NAME.h5 dataset files."),
+        click.option("--protocol", type=click.Choice(["both", *PROTOCOLS]), default="both", show_default=True,
+                     help="unimodal: codes from one modality (cross-modal); fused: UCMFH's protocol."),
+        click.option("--k", default=50, show_default=True, type=click.IntRange(min=1), help="MAP@k cut-off."),
+        click.option("--results", default="runs/results.jsonl", show_default=True,
+                     help="JSON-lines file the result rows are appended to."),
+        click.option("--device", default="auto", show_default=True, callback=check_device,
+                     help="auto (CUDA when present), cpu, cuda, cuda:1, ..."),
+        click.option("--quiet", is_flag=True, help="No progress bars."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def train_options(fn: Callable) -> Callable:
+    defaults = FusionConfig()
+    for option in reversed([
+        click.option("--loss", default=defaults.loss, show_default=True, help="Loss name (see 'ucmfh losses')."),
+        click.option("--loss-param", "loss_params", multiple=True, metavar="KEY=VALUE",
+                     help="Loss hyper-parameter, e.g. temperature=0.1 (repeatable)."),
+        click.option("--supervised", is_flag=True, help="Pass the training labels to the loss (pairwise uses them)."),
+        click.option("--epochs", type=click.IntRange(min=1), default=None,
+                     help="Epochs [default: 100, or the reference's for known datasets]."),
+        click.option("--batch-size", default=defaults.batch_size, show_default=True, type=click.IntRange(min=2)),
+        click.option("--seed", default=defaults.seed, show_default=True),
+        click.option("--modality-dropout", default=defaults.modality_dropout, show_default=True,
+                     help="Share of items trained with image and text kept apart (0 = UCMFH's fused-only training)."),
+        click.option("--amp", type=click.Choice(AMP_MODES), default=defaults.amp, show_default=True,
+                     help="Mixed-precision training: bf16 autocasts the forward pass (CPU with bf16 support, or GPU)."),
+        click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
+                     help="Any other setting, e.g. fusion.d_model=256 or hash.hidden=1024 (repeatable)."),
+        click.option("--out", default="runs", show_default=True, help="Root folder of runs (checkpoints)."),
+        click.option("--resume", is_flag=True,
+                     help="Continue an interrupted run of the same settings; reuse its finished stages."),
+        click.option("--save-interval", default=RunOptions.save_interval, show_default=True,
+                     type=click.FloatRange(min=0), help="Seconds between saves of the training state (0: every epoch)."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def run_options(train: Dict[str, Any], quiet: bool) -> RunOptions:
+    return RunOptions(out=train["out"], resume=train["resume"], save_interval=train["save_interval"],
+                      progress=not quiet)
+
+
+def fusion_config(dataset: str, device: str, loss: str, loss_params: Tuple[str, ...], supervised: bool,
+                  epochs: Optional[int], batch_size: int, seed: int, modality_dropout: float, amp: str,
+                  overrides: Tuple[str, ...] = (), lr: Optional[float] = None, **_: Any) -> FusionConfig:
+    """The fusion stage's config from the shared training options."""
+    values = dict(loss=loss, loss_params=parse_params(loss_params, "--loss-param"), supervised=supervised,
+                  epochs=default_epochs(dataset, epochs), batch_size=batch_size, seed=seed,
+                  modality_dropout=modality_dropout, device=device, amp=amp)
+    if lr is not None:
+        values["lr"] = lr
+    return FusionConfig(**{**values, **parse_overrides(overrides)["fusion"]})
+
+
+
+
+def hash_configs(fusion_cfg: FusionConfig, n_bits: Iterable[int], epochs: int, overrides: Tuple[str, ...] = (),
+                 **settings: Any) -> List[HashConfig]:
+    """One hashing config per code length (each checked now), sharing the fusion stage's training settings."""
+    base = dict(loss=fusion_cfg.loss, loss_params=fusion_cfg.loss_params, supervised=fusion_cfg.supervised,
+                epochs=epochs, batch_size=fusion_cfg.batch_size, seed=fusion_cfg.seed,
+                modality_dropout=fusion_cfg.modality_dropout, device=fusion_cfg.device, amp=fusion_cfg.amp,
+                **settings)
+    extra = parse_overrides(overrides)["hash"]
+    return [HashConfig(**{**base, "n_bits": bits, **extra}) for bits in dict.fromkeys(n_bits)]
