@@ -9,7 +9,8 @@ import click
 
 from ucmfh.app.errors import user_errors
 from ucmfh.app.experiment import (
-    configure_from_env, default_data_dir, default_epochs, protocols_of, report, resolve_dataset,
+    Run, check_interrupted, configure_from_env, dataset_identity, default_data_dir, default_epochs, protocols_of,
+    report, resolve_dataset,
 )
 from ucmfh.app.options import (
     check_device, data_options, fusion_config, hash_configs, run_options, train_options,
@@ -111,6 +112,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, n_bit
                          beta_schedule=beta_schedule, lr_fusion=lr_fusion)
     data = _load(dataset, data_dir)
     opts = run_options(train, quiet)
+    check_interrupted([Run(opts.out, dataset_identity(data), fcfg, hcfg) for hcfg in hcfgs], opts)
     for hcfg in hcfgs:
         rows = train_hash_stage(data, fcfg, hcfg, opts, protocols_of(protocol), k, log=click.echo)
         report(rows, results, click.echo)

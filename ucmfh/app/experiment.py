@@ -223,16 +223,35 @@ def _load_stage(path: str, kind: str, identity: Dict[str, Any], data: Dataset) -
     return model, fusion_cfg, hash_cfg, meta
 
 
+def _state_path(checkpoint: str) -> str:
+    return os.path.splitext(checkpoint)[0] + ".state.pt"
+
+
+def _interrupted_at(path: str) -> str:
+    saved = read_state(path, resolve_device("cpu"))
+    return f"epoch {saved['epoch'] + 1} of {saved['config']['epochs']}"
+
+
+def _refuse_interrupted(path: str) -> None:
+    raise FileExistsError(f"{path}: an interrupted run of these settings is saved here ({_interrupted_at(path)}); "
+                          "continue it with --resume, or delete the file to start over")
+
+
+def check_interrupted(runs: Sequence[Run], opts: RunOptions) -> None:
+    """Refuse to start over an interrupted run unless ``opts.resume``; call it before anything trains."""
+    for run in runs:
+        for checkpoint in (run.fusion_path, *([run.hash_path] if run.hash_cfg else [])):
+            if not opts.resume and os.path.exists(_state_path(checkpoint)):
+                _refuse_interrupted(_state_path(checkpoint))
+
+
 def _state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
     """The training state beside a checkpoint; an interrupted run is continued only with ``resume``."""
-    state = StateFile(os.path.splitext(checkpoint)[0] + ".state.pt", opts.save_interval, opts.resume)
+    state = StateFile(_state_path(checkpoint), opts.save_interval, opts.resume)
     if os.path.exists(state.path):
-        saved = read_state(state.path, resolve_device("cpu"))
-        where = f"epoch {saved['epoch'] + 1} of {saved['config']['epochs']}"
         if not opts.resume:
-            raise FileExistsError(f"{state.path}: an interrupted run of these settings is saved here ({where}); "
-                                  "continue it with --resume, or delete the file to start over")
-        log(f"resuming {state.path} at {where}")
+            _refuse_interrupted(state.path)
+        log(f"resuming {state.path} at {_interrupted_at(state.path)}")
     elif opts.resume:
         log(f"nothing to resume at {state.path}; training from the start")
     return state

@@ -1,0 +1,263 @@
+"""Runs you can trust: identity, safe results, per-length reporting, resume, clean errors (the app layer)."""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from ucmfh.app.cli import main
+from ucmfh.app.runs import summarize
+from ucmfh.files import append_jsonl, read_jsonl
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY_ARGS = ["--n-query", "40", "--n-retrieval", "200", "--n-train", "120", "--d-img", "24", "--d-txt", "16",
+             "--n-classes", "6"]
+SMALL = ["--set", "fusion.d_model=32", "--set", "fusion.d_ff=64", "--set", "hash.hidden=64", "--batch-size", "32",
+         "--device", "cpu", "--quiet"]
+
+
+def _make(tmp_path: Path, name: str, seed: int = 0) -> str:
+    path = tmp_path / f"{name}.h5"
+    result = CliRunner().invoke(main, ["make-synthetic", str(path), *TINY_ARGS, "--seed", str(seed)])
+    assert result.exit_code == 0, result.output
+    return str(path)
+
+
+def _train(*args: str) -> str:
+    result = CliRunner().invoke(main, ["train-hash", *SMALL, *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def _rows(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def _dead_pid() -> int:
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
+
+
+def test_two_files_with_one_name_never_share_a_run(tmp_path):
+    """Finding 1: two make-synthetic files (both named 'synthetic' inside) trained into one --out."""
+    a, b = _make(tmp_path, "A", seed=1), _make(tmp_path, "B", seed=2)
+    out, results = str(tmp_path / "runs"), tmp_path / "r.jsonl"
+    _train("-d", a, "--out", out, "--results", str(results), "--epochs", "1", "-b", "16")
+    [row_a] = [r for r in _rows(results) if r["protocol"] == "unimodal"]
+    before = Path(row_a["checkpoint"]).read_bytes()
+    log_b = _train("-d", b, "--out", out, "--results", str(results), "--epochs", "1", "-b", "16")
+    assert "fusion encoder: training" in log_b and "reused" not in log_b  # B trains its own fusion stage
+    [row_b] = [r for r in _rows(results)[2:] if r["protocol"] == "unimodal"]
+    assert (row_a["dataset"], row_b["dataset"]) == ("A", "B")
+    assert row_a["dataset_fingerprint"] != row_b["dataset_fingerprint"]
+    assert row_a["dataset_path"] == os.path.realpath(a) and row_b["dataset_path"] == os.path.realpath(b)
+    assert row_a["checkpoint"] != row_b["checkpoint"] and row_a["run"] != row_b["run"]
+    assert Path(row_a["checkpoint"]).read_bytes() == before  # A's checkpoint untouched, its row still true
+
+
+@pytest.mark.parametrize("option", [
+    ["--lr-fusion", "0"], ["--loss-param", "temperature=0.3"], ["--beta-schedule", "hashnet"],
+    ["--modality-dropout", "0.2"], ["--batch-size", "40"], ["--amp", "bf16"], ["--set", "hash.code_weight=1"],
+])
+def test_every_setting_is_part_of_a_runs_identity(tmp_path, tiny_path, option):
+    """Finding 2: runs that differ in one setting write different checkpoints and say so in their rows."""
+    out, results = str(tmp_path / "runs"), tmp_path / "r.jsonl"
+    common = ["-d", tiny_path, "--out", out, "--results", str(results), "--epochs", "1", "-b", "8",
+              "--protocol", "unimodal"]
+    _train(*common)
+    _train(*common, *option)
+    first, second = _rows(results)
+    assert first["checkpoint"] != second["checkpoint"] and first["run"] != second["run"]
+    assert first["settings"] != second["settings"]
+    assert Path(first["checkpoint"]).exists() and Path(second["checkpoint"]).exists()
+
+
+def _append_many(path: str, tag: int) -> None:
+    for i in range(200):
+        append_jsonl(path, [{"writer": tag, "i": i, "pad": "x" * 300}])
+
+
+def test_concurrent_appends_keep_every_row(tmp_path):
+    """Finding 3: two processes appending 200 rows each to one results file keep all 400."""
+    path = str(tmp_path / "results.jsonl")
+    ctx = multiprocessing.get_context("spawn")
+    procs = [ctx.Process(target=_append_many, args=(path, tag)) for tag in (0, 1)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(60)
+        assert p.exitcode == 0
+    rows = read_jsonl(path)
+    assert len(rows) == 400
+    assert sorted((r["writer"], r["i"]) for r in rows) == [(w, i) for w in (0, 1) for i in range(200)]
+
+
+# one thread per process: the reference and the resumed run compute alike, and busy cores are not oversubscribed
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+
+
+def _cli(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "ucmfh", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, env=ENV)
+
+
+def _run(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "ucmfh", *args], capture_output=True, text=True, cwd=ROOT, env=ENV)
+
+
+def test_two_concurrent_runs_into_one_results_file(tmp_path, tiny_path):
+    results = tmp_path / "r.jsonl"
+    procs = [_cli("train-hash", *SMALL, "-d", tiny_path, "--out", str(tmp_path / "runs"), "--results", str(results),
+                  "--epochs", "2", "-b", "8", "-b", "16", "--seed", str(seed)) for seed in (1, 2)]
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        assert p.returncode == 0, err
+    rows = _rows(results)
+    assert sorted((r["seed"], r["n_bits"], r["protocol"]) for r in rows) == sorted(
+        (s, b, p) for s in (1, 2) for b in (8, 16) for p in ("unimodal", "fused"))
+
+
+def test_every_code_length_is_checked_before_training(tmp_path, tiny_path):
+    """Finding 4: -b 16 -b 7 fails at once, before any training."""
+    result = CliRunner().invoke(main, ["train-hash", *SMALL, "-d", tiny_path, "--out", str(tmp_path / "runs"),
+                                       "--results", str(tmp_path / "r.jsonl"), "-b", "16", "-b", "7"])
+    assert result.exit_code == 2 and "n_bits must be between 8 and 256, got 7" in result.output
+    assert "Traceback" not in result.output
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "r.jsonl").exists()
+
+
+def _wait_for(predicate, proc: subprocess.Popen, timeout: float = 240.0) -> None:
+    end = time.monotonic() + timeout
+    while not predicate():
+        if proc.poll() is not None:
+            raise AssertionError(f"finished before the condition held: {proc.communicate()}")
+        if time.monotonic() > end:
+            proc.kill()
+            raise AssertionError("timed out")
+        time.sleep(0.02)
+
+
+def _weights(path: str) -> dict:
+    return torch.load(path, weights_only=False)["state_dict"]
+
+
+def test_sigint_keeps_finished_lengths_and_resume_finishes_the_rest(tmp_path, tiny_path):
+    """Finding 4: SIGINT during -b 16 keeps -b 8's rows; --resume ends as an uninterrupted run does."""
+    common = ["train-hash", *SMALL, "-d", tiny_path, "--epochs", "30", "-b", "8", "-b", "16",
+              "--protocol", "unimodal", "--save-interval", "0"]
+    ref = _cli(*common, "--out", str(tmp_path / "ref"), "--results", str(tmp_path / "ref.jsonl"))
+    out, results = tmp_path / "runs", tmp_path / "r.jsonl"
+    proc = _cli(*common, "--out", str(out), "--results", str(results))
+    _wait_for(lambda: results.exists() and list(out.rglob("hash16.state.pt")), proc)
+    proc.send_signal(signal.SIGINT)
+    stdout, stderr = proc.communicate(timeout=120)
+    assert proc.returncode == 130, stderr
+    assert "interrupted by SIGINT" in stderr and "--resume" in stderr and "Traceback" not in stderr
+    assert [r["n_bits"] for r in _rows(results)] == [8]  # the finished length's result is kept
+    refused = _run(*common, "--out", str(out), "--results", str(results))
+    assert refused.returncode == 2 and "interrupted run of these settings" in refused.stderr
+    done = _run(*common, "--out", str(out), "--results", str(results), "--resume")
+    assert done.returncode == 0, done.stderr
+    assert "already trained" in done.stdout and "resuming" in done.stdout
+    assert ref.wait(300) == 0
+    mine, theirs = _rows(results), _rows(tmp_path / "ref.jsonl")
+    assert [(r["n_bits"], r["map_i2t"], r["map_t2i"]) for r in mine[1:]] == \
+        [(r["n_bits"], r["map_i2t"], r["map_t2i"]) for r in theirs]
+    assert not list(out.rglob("*.state.pt"))
+
+
+def test_sigkill_at_a_random_moment_then_resume_gives_identical_codes(tmp_path, tiny_path):
+    """Finding 5: a run killed at a random epoch continues with --resume to the same codes and MAP."""
+    delay = random.Random().uniform(0.0, 1.0)
+    print(f"killing {delay:.3f} s after the first training state appears")
+    common = ["train-hash", *SMALL, "-d", tiny_path, "--epochs", "40", "-b", "16", "--save-interval", "0"]
+    ref = _cli(*common, "--out", str(tmp_path / "ref"), "--results", str(tmp_path / "ref.jsonl"))
+    out, results = tmp_path / "runs", tmp_path / "r.jsonl"
+    proc = _cli(*common, "--out", str(out), "--results", str(results))
+    _wait_for(lambda: list(out.rglob("*.state.pt")), proc)
+    time.sleep(delay)
+    assert proc.poll() is None, "the run ended before it could be killed"
+    proc.kill()
+    proc.wait()
+    # a temporary file of a killed writer, as SIGKILL during a save leaves one
+    [state] = list(out.rglob("*.state.pt"))
+    stale = state.parent / f".{state.name}.tmp{_dead_pid()}"
+    stale.write_bytes(b"half a file")
+    done = _run(*common, "--out", str(out), "--results", str(results), "--resume")
+    assert done.returncode == 0, done.stderr
+    assert ref.wait(300) == 0
+    mine, theirs = _rows(results), _rows(tmp_path / "ref.jsonl")
+    assert [(r["protocol"], r["map_i2t"], r["map_t2i"]) for r in mine] == \
+        [(r["protocol"], r["map_i2t"], r["map_t2i"]) for r in theirs]
+    a, b = _weights(mine[0]["checkpoint"]), _weights(theirs[0]["checkpoint"])
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert not stale.exists() and not list(out.rglob(".*.tmp*")) and not list(out.rglob("*.state.pt"))
+
+
+@pytest.mark.parametrize("device, message", [
+    ("cuda", "torch sees no CUDA GPU"), ("foo", "device 'foo': unknown"),
+])
+def test_bad_device_is_one_line_on_both_front_doors(tmp_path, tiny_path, device, message):
+    """Finding 6: --device cuda without a GPU and --device foo, from ucmfh and demo.py."""
+    if device == "cuda" and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--device", device])
+    assert result.exit_code == 2 and message in result.output and "Traceback" not in result.output
+    demo = subprocess.run([sys.executable, str(ROOT / "demo.py"), "--dataset", tiny_path, "--device", device,
+                           "--out", str(tmp_path / "runs")], capture_output=True, text=True, cwd=tmp_path, env=ENV)
+    assert demo.returncode == 2 and message in demo.stderr and "Traceback" not in demo.stderr
+    assert len(demo.stderr.strip().splitlines()) == 1
+
+
+def test_encode_refuses_to_overwrite_and_epochs_must_be_positive(tmp_path, tiny_path):
+    """Finding 6: encode -o over an existing file needs --overwrite; --epochs 0 is refused."""
+    results = tmp_path / "r.jsonl"
+    _train("-d", tiny_path, "--out", str(tmp_path / "runs"), "--results", str(results), "--epochs", "1", "-b", "8")
+    checkpoint = _rows(results)[0]["checkpoint"]
+    out = tmp_path / "codes.h5"
+    out.write_bytes(b"precious")
+    runner = CliRunner()
+    result = runner.invoke(main, ["encode", "-d", tiny_path, "-c", checkpoint, "-o", str(out), "--quiet"])
+    assert result.exit_code == 2 and "exists" in result.output and "--overwrite" in result.output
+    assert "overwrite=True" not in result.output and out.read_bytes() == b"precious"
+    result = runner.invoke(main, ["encode", "-d", tiny_path, "-c", checkpoint, "-o", str(out), "--quiet",
+                                  "--overwrite"])
+    assert result.exit_code == 0 and out.read_bytes() != b"precious"
+    result = runner.invoke(main, ["train-hash", "-d", tiny_path, "--epochs", "0"])
+    assert result.exit_code == 2 and "--epochs" in result.output and "Traceback" not in result.output
+    result = runner.invoke(main, ["train-hash", "-d", tiny_path, "--set", "hash.epochs=0"])
+    assert result.exit_code == 2 and "epochs must be >= 1, got 0" in result.output
+
+
+def test_runs_summarises_over_seeds(tmp_path):
+    rows = []
+    for seed, (i2t, t2i) in zip((1, 2, 3), ((0.5, 0.6), (0.7, 0.8), (0.6, 0.7))):
+        settings = {"fusion": {"seed": seed, "epochs": 5}, "hash": {"seed": seed, "n_bits": 16}}
+        rows.append({"dataset": "d", "dataset_fingerprint": "f", "task": "hashing", "method": "ucmfh",
+                     "loss": "original", "n_bits": 16, "protocol": "unimodal", "k": 50, "seed": seed,
+                     "run": f"r{seed}", "settings": settings, "map_i2t": i2t, "map_t2i": t2i})
+    rows.append({**rows[0], "map_i2t": 0.5, "source": "evaluate"})  # the same run scored again: one measurement
+    other = {"fusion": {"seed": 1, "epochs": 9}, "hash": {"seed": 1, "n_bits": 16}}
+    rows.append({**rows[0], "run": "r9", "settings": other, "map_i2t": 0.9})
+    path = tmp_path / "results.jsonl"
+    append_jsonl(path, rows)
+    groups = summarize(read_jsonl(path))
+    assert [g["n_seeds"] for g in groups] in ([3, 1], [1, 3])
+    [three] = [g for g in groups if g["n_seeds"] == 3]
+    assert three["map_i2t_mean"] == pytest.approx(0.6) and three["map_i2t_std"] == pytest.approx(0.1)
+    result = CliRunner().invoke(main, ["runs", "--results", str(path), "-d", "d", "-b", "16"])
+    assert result.exit_code == 0, result.output
+    assert "0.6000 ± 0.1000" in result.output and "fusion.epochs=9" in result.output
+    result = CliRunner().invoke(main, ["runs", "--results", str(tmp_path / "none.jsonl")])
+    assert result.exit_code == 2 and "no such results file" in result.output
