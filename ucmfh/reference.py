@@ -94,8 +94,9 @@ class RefFuseTransEncoder(nn.Module):
 
 
 class RefHashMlp(nn.Module):
-    """UCMFH's ImageMlp and TextMlp (identical code): ``normalize -> d -> 4096 -> ReLU -> dropout 0.3 -> n_bits -> tanh -> normalize``.
+    """UCMFH's ImageMlp and TextMlp, which are identical code: one class for both modalities.
 
+    ``normalize -> input_dim -> 4096 -> ReLU -> dropout 0.3 -> hash_lens -> tanh -> normalize``.
     The attribute names are the reference's, so its state dicts load.
 
     Shape: x [B, input_dim] -> [B, hash_lens], rows of unit norm.
@@ -159,7 +160,11 @@ class RefFit(NamedTuple):
 
 
 def ref_optimizer(module: nn.Module, lr: float) -> _Opt:
-    """The reference's Adam (betas 0.5, 0.999) and MultiStepLR([30, 80], gamma 1.2), the latter stepped per batch (defect 4)."""
+    """The reference's Adam (betas 0.5, 0.999) and MultiStepLR([30, 80], gamma 1.2).
+
+    The reference steps the scheduler once per batch (defect 4): the learning rate
+    rises to 1.2 · lr after 30 batches and 1.44 · lr after 80.
+    """
     opt = torch.optim.Adam(module.parameters(), lr=lr, betas=(0.5, 0.999))
     return opt, torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[30, 80], gamma=1.2)
 
