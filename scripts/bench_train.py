@@ -1,14 +1,14 @@
 #!/usr/bin/env python3
 """Training and encoding speed of ucmfh against a faithful re-implementation of UCMFH's code (not a test).
 
-(a) ``ref``: UCMFH's training step as its code does it: a per-item Dataset of
-CPU tensors behind a DataLoader (batch 128, shuffle, drop_last=True), one
-``concat(img, txt)`` 1024-d token through ``nn.TransformerEncoder`` (4 heads,
-2 layers, dim_feedforward 2048, batch_first=False) on ``(1, B, 1024)``,
-NT-Xent through the broadcast ``F.cosine_similarity`` over (2B, 2B, d),
-separate ImageMlp / TextMlp classes, one Adam + per-batch MultiStepLR
-(gamma 1.2) per module, ``loss.item()`` every batch; hashing loss =
-loss(fused) + 0.5 * loss(heads).
+(a) ``ref``: UCMFH's training step as its code does it, from ``ucmfh.reference``
+(its defects included): a per-item Dataset of CPU tensors behind a DataLoader
+(batch 128, shuffle, drop_last=True), one ``concat(img, txt)`` 1024-d token
+through ``nn.TransformerEncoder`` (4 heads, 2 layers, dim_feedforward 2048,
+batch_first=False) on ``(1, B, 1024)``, NT-Xent through the broadcast
+``F.cosine_similarity`` over (2B, 2B, d), one hash MLP per modality, one Adam +
+per-batch MultiStepLR (gamma 1.2) per module, ``loss.item()`` every batch;
+hashing loss = loss(fused) + 0.5 * loss(heads).
 (b) ``ours``: ``ucmfh.train.fit_fusion`` / ``fit_hashing`` with default
 settings (and each ``--amp`` mode asked for).
 
@@ -32,14 +32,9 @@ import statistics
 import subprocess
 import sys
 import time
-import warnings
 from typing import Callable, Dict, List, Tuple
 
 import torch
-import torch.nn.functional as F
-from torch import nn
-from torch.utils.data import DataLoader
-from torch.utils.data import Dataset as TorchDataset
 
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset, Split
@@ -48,167 +43,8 @@ from ucmfh.scoring import encode_split, evaluate_hashing
 from ucmfh.metrics import map_at_k
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
-from ucmfh.similarity import sign_codes
+from ucmfh.reference import RefFuseTransEncoder, RefHashMlp, ref_encode, ref_fit_fusion, ref_fit_hashing
 from ucmfh.train import fit_fusion, fit_hashing
-from ucmfh.utils import seed_everything
-
-warnings.filterwarnings("ignore", message=".*enable_nested_tensor.*")
-
-# ---------------------------------------------------------------- (a) the reference
-
-
-class RefDataSet(TorchDataset):
-    """UCMFH's CustomDataSet: one item per __getitem__."""
-
-    def __init__(self, img: torch.Tensor, txt: torch.Tensor, labels: torch.Tensor) -> None:
-        self.img, self.txt, self.labels = img, txt, labels
-
-    def __getitem__(self, index: int):
-        return self.img[index], self.txt[index], self.labels[index], index
-
-    def __len__(self) -> int:
-        return len(self.img)
-
-
-class RefFuseTransEncoder(nn.Module):
-    def __init__(self, num_layers: int = 2, hidden_size: int = 1024, nhead: int = 4) -> None:
-        super().__init__()
-        layer = nn.TransformerEncoderLayer(d_model=hidden_size, nhead=nhead, batch_first=False)
-        self.transformerEncoder = nn.TransformerEncoder(encoder_layer=layer, num_layers=num_layers)
-        self.d_model, self.sigal_d = hidden_size, hidden_size // 2
-
-    def forward(self, tokens: torch.Tensor):
-        out = self.transformerEncoder(tokens).reshape(-1, self.d_model)
-        out = F.normalize(out, p=2, dim=1)
-        return out[:, : self.sigal_d], out[:, self.sigal_d :]
-
-
-class ImageMlp(nn.Module):
-    def __init__(self, input_dim: int, hash_lens: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(input_dim, 4096)
-        self.relu = nn.ReLU(inplace=True)
-        self.dp = nn.Dropout(0.3)
-        self.tohash = nn.Linear(4096, hash_lens)
-        self.tanh = nn.Tanh()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.normalize(x, p=2, dim=1)
-        out = self.tanh(self.tohash(self.dp(self.relu(self.fc1(x)))))
-        return F.normalize(out, p=2, dim=1)
-
-
-class TextMlp(nn.Module):
-    def __init__(self, input_dim: int, hash_lens: int) -> None:
-        super().__init__()
-        self.fc1 = nn.Linear(input_dim, 4096)
-        self.relu = nn.ReLU(inplace=True)
-        self.dp = nn.Dropout(0.3)
-        self.tohash = nn.Linear(4096, hash_lens)
-        self.tanh = nn.Tanh()
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        x = F.normalize(x, p=2, dim=1)
-        out = self.tanh(self.tohash(self.dp(self.relu(self.fc1(x)))))
-        return F.normalize(out, p=2, dim=1)
-
-
-class RefContrastiveLoss(nn.Module):
-    """UCMFH's ContrastiveLoss (SimCLR NT-Xent), mask fixed to the batch size."""
-
-    def __init__(self, batch_size: int, device: torch.device, temperature: float = 0.5) -> None:
-        super().__init__()
-        self.batch_size = batch_size
-        self.register_buffer("temperature", torch.tensor(temperature).to(device))
-        self.register_buffer("negatives_mask", (~torch.eye(batch_size * 2, batch_size * 2, dtype=bool).to(device)).float())
-
-    def forward(self, emb_i: torch.Tensor, emb_j: torch.Tensor) -> torch.Tensor:
-        z_i, z_j = F.normalize(emb_i, dim=1), F.normalize(emb_j, dim=1)
-        representations = torch.cat([z_i, z_j], dim=0)
-        similarity = F.cosine_similarity(representations.unsqueeze(1), representations.unsqueeze(0), dim=2)
-        sim_ij = torch.diag(similarity, self.batch_size)
-        sim_ji = torch.diag(similarity, -self.batch_size)
-        positives = torch.cat([sim_ij, sim_ji], dim=0)
-        nominator = torch.exp(positives / self.temperature)
-        denominator = self.negatives_mask * torch.exp(similarity / self.temperature)
-        loss_partial = -torch.log(nominator / torch.sum(denominator, dim=1))
-        return torch.sum(loss_partial) / (2 * self.batch_size)
-
-
-def _ref_opt(module: nn.Module, lr: float):
-    opt = torch.optim.Adam(module.parameters(), lr=lr, betas=(0.5, 0.999))
-    return opt, torch.optim.lr_scheduler.MultiStepLR(opt, milestones=[30, 80], gamma=1.2)
-
-
-def ref_fit_fusion(split: Split, epochs: int, device: torch.device, batch_size: int = 128, seed: int = 2023):
-    seed_everything(seed)
-    model = RefFuseTransEncoder().to(device).train()
-    loss_fn = RefContrastiveLoss(batch_size, device).to(device)
-    opt, sched = _ref_opt(model, 1e-4)
-    loader = DataLoader(RefDataSet(split.img, split.txt, split.labels), batch_size=batch_size, shuffle=True,
-                        drop_last=True)
-    for _ in range(epochs):
-        running = 0.0
-        for img, txt, _, _ in loader:
-            img, txt = img.to(device), txt.to(device)
-            tokens = torch.concat((img, txt), dim=1).unsqueeze(0)
-            z_img, z_txt = model(tokens)
-            loss = loss_fn(z_img, z_txt)
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            running += loss.item()
-            sched.step()
-    return model, len(loader) * batch_size * epochs
-
-
-def ref_fit_hashing(split: Split, fusion: RefFuseTransEncoder, n_bits: int, epochs: int, device: torch.device,
-                    batch_size: int = 128, seed: int = 2023):
-    seed_everything(seed)
-    fusion.to(device).train()
-    img_mlp, txt_mlp = ImageMlp(512, n_bits).to(device).train(), TextMlp(512, n_bits).to(device).train()
-    loss_fn = RefContrastiveLoss(batch_size, device).to(device)
-    opts = [_ref_opt(fusion, 1e-4), _ref_opt(img_mlp, 1e-3), _ref_opt(txt_mlp, 1e-3)]
-    loader = DataLoader(RefDataSet(split.img, split.txt, split.labels), batch_size=batch_size, shuffle=True,
-                        drop_last=True)
-    for _ in range(epochs):
-        running = 0.0
-        for img, txt, _, _ in loader:
-            img, txt = img.to(device), txt.to(device)
-            tokens = torch.concat((img, txt), dim=1).unsqueeze(0)
-            z_img, z_txt = fusion(tokens)
-            loss1 = loss_fn(z_img, z_txt)
-            loss2 = loss_fn(img_mlp(z_img), txt_mlp(z_txt))
-            loss = loss1 + loss2 * 0.5
-            for opt, _ in opts:
-                opt.zero_grad()
-            loss.backward()
-            for opt, sched in opts:
-                opt.step()
-            running += loss.item()
-            for _, sched in opts:
-                sched.step()
-    return (fusion, img_mlp, txt_mlp), len(loader) * batch_size * epochs
-
-
-@torch.no_grad()
-def ref_encode(models, split: Split, device: torch.device, batch_size: int = 128, itemwise: bool = False):
-    """Codes as the reference computes them: batches of 128 with drop_last, (B, 1024) = one sequence of B tokens.
-
-    ``itemwise`` feeds (1, B, 1024) instead, as in training (each item alone, no drop_last): used for MAP so
-    that the reference is scored without its batch-dependence defect.
-    """
-    fusion, img_mlp, txt_mlp = (m.eval() for m in models)
-    loader = DataLoader(RefDataSet(split.img, split.txt, split.labels), batch_size=batch_size, shuffle=False,
-                        drop_last=not itemwise)
-    codes_img, codes_txt = [], []
-    for img, txt, _, _ in loader:
-        tokens = torch.concat((img.to(device), txt.to(device)), dim=1)
-        z_img, z_txt = fusion(tokens.unsqueeze(0) if itemwise else tokens)
-        codes_img.append(sign_codes(img_mlp(z_img)))
-        codes_txt.append(sign_codes(txt_mlp(z_txt)))
-    return torch.cat(codes_img), torch.cat(codes_txt)
-
 
 # ---------------------------------------------------------------- helpers
 
@@ -263,9 +99,11 @@ def run_stage(variant: str, stage: str, data: Dataset, args, epochs: int):
     device = args.device
     if variant == "ref":
         if stage == "fusion":
-            return ref_fit_fusion(data.train, epochs, device, args.batch_size)[::-1]
-        model, n = ref_fit_hashing(data.train, RefFuseTransEncoder(), args.n_bits, epochs, device, args.batch_size)
-        return n, model
+            fit = ref_fit_fusion(data.train, epochs, device, args.batch_size)
+        else:
+            fusion = RefFuseTransEncoder(hidden_size=data.d_img + data.d_txt)
+            fit = ref_fit_hashing(data.train, fusion, args.n_bits, epochs, device, args.batch_size)
+        return fit.n_items, fit.model
     amp = variant.split("-", 1)[1]
     if stage == "fusion":
         fusion, _ = fit_fusion(data, fusion_cfg(args, amp, epochs), progress=False)
@@ -302,8 +140,9 @@ def bench_encode(args) -> Dict[str, float]:
     data = make_data(spec)
     device = args.device
     torch.manual_seed(0)
-    ref_models = (RefFuseTransEncoder().to(device), ImageMlp(512, args.n_bits).to(device),
-                  TextMlp(512, args.n_bits).to(device))
+    fusion = RefFuseTransEncoder(hidden_size=data.d_img + data.d_txt).to(device)
+    ref_models = (fusion, RefHashMlp(fusion.sigal_d, args.n_bits).to(device),
+                  RefHashMlp(fusion.sigal_d, args.n_bits).to(device))
     ours = CrossModalHasher(FusionEncoder(data.d_img, data.d_txt, FusionConfig()), HashConfig(n_bits=args.n_bits))
     jobs = {
         "ref": lambda: len(ref_encode(ref_models, data.retrieval, device)[0]),
@@ -369,8 +208,9 @@ def bench_map(args) -> Dict[str, Dict[str, float]]:
     out: Dict[str, Dict[str, float]] = {}
     for v in variants(args) if args.map_ref else variants(args)[1:]:
         if v == "ref":
-            fusion, _ = ref_fit_fusion(data.train, args.map_epochs, args.device, args.batch_size)
-            models, _ = ref_fit_hashing(data.train, fusion, args.n_bits, args.map_epochs, args.device, args.batch_size)
+            fusion = ref_fit_fusion(data.train, args.map_epochs, args.device, args.batch_size).model
+            models = ref_fit_hashing(data.train, fusion, args.n_bits, args.map_epochs, args.device,
+                                     args.batch_size).model
             q = ref_encode(models, data.query, args.device, itemwise=True)
             r = ref_encode(models, data.retrieval, args.device, itemwise=True)
             ql, rl = data.query.labels.to(args.device), data.retrieval.labels.to(args.device)

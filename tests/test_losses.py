@@ -18,7 +18,7 @@ from ucmfh.losses import (
 )
 
 # ----------------------------------------------------------------------------
-# Slow references: plain Python loops over pairs in float64, from REFERENCE §4.
+# Slow references: plain Python loops over pairs in float64, from docs/reference.md §4.
 # ----------------------------------------------------------------------------
 
 
@@ -269,7 +269,7 @@ def test_orthogonal_pairs_closed_forms(b):
 
 
 def test_balanced_weights_at_batch_128():
-    # REFERENCE §4: w_pos = 128, w_neg = 128/127 for B = 128 with identical rows (all logits equal)
+    # docs/reference.md §4: w_pos = 128, w_neg = 128/127 for B = 128 with identical rows (all logits equal)
     v = torch.ones(128, 4, dtype=torch.float64)
     got = BalancedContrastiveLoss(0.5)(v, v).item()
     assert got == pytest.approx(128 * math.log(1 + 128 / 127 * 127))
@@ -419,7 +419,7 @@ def test_swapping_modalities_where_symmetric(name, hp):
     loss = build_loss(name, **hp)
     lab = labels if name == "pairwise" else None
     assert loss(img, txt, labels=lab).item() == pytest.approx(loss(txt, img, labels=lab).item(), rel=1e-12)
-    if name != "triplet":  # REFERENCE's t2i anchor is the row mean, so triplet with ids is not symmetric
+    if name != "triplet":  # docs/reference.md §4: the t2i anchor is the row mean, so triplet with ids is not symmetric
         assert loss(img, txt, ids=ids, labels=lab).item() == pytest.approx(
             loss(txt, img, ids=ids, labels=lab).item(), rel=1e-12
         )

@@ -1,7 +1,7 @@
 """Cross-modal losses for the fusion and hashing stages; pick one by name with :func:`build_loss`.
 
 Every loss is an ``nn.Module`` called as ``loss(img, txt, ids=None, labels=None)``
-on two [B, d] batches (REFERENCE §4).
+on two [B, d] batches (docs/reference.md §4).
 """
 from __future__ import annotations
 

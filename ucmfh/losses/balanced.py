@@ -1,4 +1,7 @@
-"""UCMFH's ``ContrastiveLossBalanced``: image→text InfoNCE with HashNet's S/S1, S/S0 weights (REFERENCE §4 'balanced')."""
+"""UCMFH's ``ContrastiveLossBalanced``: image→text InfoNCE with HashNet's S/S1, S/S0 weights.
+
+docs/reference.md §4 'balanced'.
+"""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""UCMFH's ``ContrastiveLoss``: SimCLR's NT-Xent over both modalities (REFERENCE §4 'original')."""
+"""UCMFH's ``ContrastiveLoss``: SimCLR's NT-Xent over both modalities (docs/reference.md §4 'original')."""
 from __future__ import annotations
 
 from typing import Optional

@@ -1,4 +1,4 @@
-"""HashNet's weighted pairwise loss (``pairwise_loss_updated``; REFERENCE §4 'pairwise')."""
+"""HashNet's weighted pairwise loss (``pairwise_loss_updated``; docs/reference.md §4 'pairwise')."""
 from __future__ import annotations
 
 import math

@@ -1,4 +1,4 @@
-"""VSE++ hinge triplet loss with the multi-positive mask of seed 004 (REFERENCE §4 'triplet')."""
+"""VSE++ hinge triplet loss with the multi-positive mask of seed 004 (docs/reference.md §4 'triplet')."""
 from __future__ import annotations
 
 import math
@@ -26,7 +26,7 @@ class TripletLoss(CrossModalLoss):
 
     both zeroed on P. The loss is the sum of both; with ``max_violation`` only
     the hardest negative of each row (i2t) and each column (t2i) counts.
-    Following REFERENCE §4, the t2i anchor of column j is the row anchor a_j;
+    Following docs/reference.md §4, the t2i anchor of column j is the row anchor a_j;
     without ids it is s_jj either way. ``labels`` are ignored.
 
     Args:

@@ -86,7 +86,7 @@ class FusionEncoder(nn.Module):
     def embed(
         self, img: torch.Tensor, txt: torch.Tensor, protocol: str
     ) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Image and text embeddings of items under an evaluation protocol (REFERENCE §3)."""
+        """Image and text embeddings of items under an evaluation protocol (docs/reference.md §3)."""
         if protocol == "fused":
             return self(img, txt)
         if protocol == "unimodal":
