@@ -1,59 +1,69 @@
-"""The grid runner on a tiny synthetic file: cells, resume, and the mean ± std table."""
+"""``ucmfh grid`` on a tiny synthetic file: cells, skip and resume, the tables."""
 from __future__ import annotations
 
 import csv
-import importlib.util
 import json
 from pathlib import Path
 
 import pytest
+from click.testing import CliRunner
 
-ROOT = Path(__file__).resolve().parents[1]
-TINY_MODEL = ["--d-model", "32", "--d-ff", "64", "--hidden", "64", "--batch-size", "64", "--lr-fusion", "1e-3",
-              "--epochs", "1", "--device", "cpu", "--quiet"]
+from ucmfh.app.cli import main
 
-
-@pytest.fixture(scope="module")
-def grid():
-    spec = importlib.util.spec_from_file_location("run_grid", ROOT / "scripts" / "run_grid.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+TINY_MODEL = ["--set", "fusion.d_model=32", "--set", "fusion.d_ff=64", "--set", "hash.hidden=64",
+              "--batch-size", "64", "--set", "fusion.lr=1e-3", "--set", "hash.lr_fusion=1e-3", "--epochs", "1",
+              "--device", "cpu", "--quiet"]
 
 
-def test_grid_runs_every_cell_once_and_tabulates_seeds(grid, tiny_path, tmp_path, capsys):
+def _grid(*args: str) -> str:
+    result = CliRunner().invoke(main, ["grid", *args])
+    assert result.exit_code == 0, result.output
+    return result.output
+
+
+def test_grid_runs_every_cell_once_and_tabulates_seeds(tiny_path, tmp_path):
     results, table = tmp_path / "grid.jsonl", tmp_path / "table"
-    argv = ["-d", tiny_path, "-b", "8", "-b", "16", "--seeds", "1,2", "--out", str(tmp_path / "runs"),
-            "--results", str(results), "--table", str(table), *TINY_MODEL]
-    grid.main(argv)
+    argv = ["-d", tiny_path, "-b", "8", "-b", "16", "--seeds", "1,2", "--losses", "original,balanced",
+            "--out", str(tmp_path / "runs"), "--results", str(results), "--table", str(table), *TINY_MODEL]
+    output = _grid(*argv)
     rows = [json.loads(line) for line in results.read_text().splitlines()]
-    assert len(rows) == 2 * 2 * 2  # bits x seeds x protocols
-    assert {(r["n_bits"], r["seed"]) for r in rows} == {(8, 1), (8, 2), (16, 1), (16, 2)}
-    # one fusion encoder per (dataset, loss, seed), shared by both bit lengths
-    assert sorted(p.name for p in (tmp_path / "runs" / "tiny" / "original-seed1").glob("*.pt")) == \
-        ["fusion.pt", "hash16.pt", "hash8.pt"]
+    assert len(rows) == 2 * 2 * 2 * 2  # losses x bits x seeds x protocols
+    assert {(r["loss"], r["n_bits"], r["seed"]) for r in rows} == {
+        (loss, b, s) for loss in ("original", "balanced") for b in (8, 16) for s in (1, 2)}
+    # one fusion encoder per (loss, seed), trained once and reused by the other code length
+    assert output.count("fusion encoder: training") == 4 and output.count("fusion encoder: reused") == 4
 
     with open(f"{table}.csv", newline="") as f:
         summary = list(csv.DictReader(f))
-    assert len(summary) == 2 * 2  # bits x protocols
+    assert len(summary) == 2 * 2 * 2  # losses x bits x protocols
     for s in summary:
-        mine = [r["map_i2t"] for r in rows if r["n_bits"] == int(s["n_bits"]) and r["protocol"] == s["protocol"]]
+        mine = [r["map_i2t"] for r in rows
+                if (r["loss"], r["n_bits"], r["protocol"]) == (s["loss"], int(s["n_bits"]), s["protocol"])]
         assert s["n_seeds"] == "2" and float(s["map_i2t_mean"]) == pytest.approx(sum(mine) / 2)
         assert float(s["map_i2t_std"]) == pytest.approx(abs(mine[0] - mine[1]) / 2 ** 0.5)
-    assert "±" in Path(f"{table}.md").read_text()
+    md = Path(f"{table}.md").read_text()
+    assert "protocol `unimodal`" in md and "random codes" in md and "against `original`" in md and "±" in md
 
-    capsys.readouterr()
-    grid.main(argv)  # everything finished: nothing trained, nothing appended
-    assert capsys.readouterr().out.count("skip") == 4
+    again = _grid(*argv)  # everything finished: nothing trained, nothing appended
+    assert again.count("skip") == 8 and "training" not in again
     assert len(results.read_text().splitlines()) == len(rows)
 
-    grid.main([*argv[:2], "-b", "8", *argv[6:], "--k", "20"])  # other settings: the cells run again
-    assert len(results.read_text().splitlines()) == len(rows) + 2 * 2
+    other = _grid(*argv, "--k", "20")  # another setting: the cells are scored again (training reused)
+    assert "skip" not in other and "training" not in other
+    assert len(results.read_text().splitlines()) == 2 * len(rows)
 
 
-def test_grid_refuses_a_fusion_encoder_trained_otherwise(grid, tiny_path, tmp_path):
+def test_grid_cells_with_other_settings_train_their_own_fusion_encoder(tiny_path, tmp_path):
     common = ["-d", tiny_path, "-b", "8", "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "g.jsonl"),
               "--table", str(tmp_path / "t"), *TINY_MODEL]
-    grid.main(common)
-    with pytest.raises(ValueError, match="fusion encoder was trained with other settings"):
-        grid.main([*common, "--fusion-epochs", "2"])
+    _grid(*common)
+    output = _grid(*common, "--fusion-epochs", "2")
+    assert "fusion encoder: training" in output and "skip" not in output
+    rows = [json.loads(line) for line in (tmp_path / "g.jsonl").read_text().splitlines()]
+    assert len({r["checkpoint"] for r in rows}) == 2
+
+
+def test_grid_rejects_an_unknown_loss_before_training(tiny_path, tmp_path):
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--losses", "original,nosuch",
+                                       "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "nosuch" in result.output and not (tmp_path / "runs").exists()

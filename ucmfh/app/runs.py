@@ -39,8 +39,12 @@ def filter_rows(
             and (protocol is None or r.get("protocol") == protocol)]
 
 
-def _without_seed(settings: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    return {stage: (None if values is None else {k: v for k, v in values.items() if k != "seed"})
+# settings that are columns of the summary already
+COLUMNS = ("seed", "loss", "n_bits")
+
+
+def _beyond_columns(settings: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    return {stage: (None if values is None else {k: v for k, v in values.items() if k not in COLUMNS})
             for stage, values in (settings or {}).items()}
 
 
@@ -50,13 +54,13 @@ def _measurement(row: Dict[str, Any]) -> tuple:
 
 
 def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One entry per (dataset file, task, method, loss, n_bits, protocol, k, settings but the seed)."""
+    """One entry per (dataset file, task, method, loss, n_bits, protocol, k, other settings but the seed)."""
     latest: Dict[tuple, Dict[str, Any]] = {}
     for row in rows:
         latest[_measurement(row)] = row
     groups: Dict[tuple, List[Dict[str, Any]]] = {}
     for row in latest.values():
-        settings = _without_seed(row.get("settings"))
+        settings = _beyond_columns(row.get("settings"))
         key = (row.get("dataset_fingerprint") or row.get("dataset"), row.get("dataset"), row.get("task"),
                row.get("method", "ucmfh"), row.get("loss"), row.get("n_bits"), row.get("protocol"), row.get("k"),
                key_of(settings))
@@ -67,7 +71,7 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
         entry: Dict[str, Any] = {
             "dataset": dataset, "task": task, "method": method, "loss": loss, "n_bits": n_bits,
             "protocol": protocol, "k": k, "n_seeds": len(group), "seeds": sorted(r.get("seed") for r in group),
-            "settings_key": settings_key[:6], "settings": _without_seed(group[0].get("settings")),
+            "settings_key": settings_key[:6], "settings": _beyond_columns(group[0].get("settings")),
         }
         for field in (*DIRECTIONS, *(f"random_{d}" for d in DIRECTIONS)):
             values = [r[field] for r in group if r.get(field) is not None]
