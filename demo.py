@@ -12,7 +12,7 @@ import sys
 
 from ucmfh.app.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, USER_ERRORS, describe
 from ucmfh.app.experiment import (
-    Run, RunOptions, configure_from_env, dataset_identity, default_data_dir, default_epochs, evaluate_checkpoint,
+    Run, RunOptions, check_interrupted, configure_from_env, dataset_identity, default_data_dir, default_epochs, evaluate_checkpoint,
     protocols_of, report, resolve_dataset, train_fusion_stage, train_hash_stage,
 )
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
@@ -57,6 +57,9 @@ def main(argv=None) -> int:
         print(f"dataset: {path}")
         data = load_dataset(path)
         protocols = protocols_of(args.protocol)
+        if args.task in (0, 1):
+            check_interrupted([Run(args.out, dataset_identity(data), fusion_cfg, hash_cfg if args.task else None)],
+                              opts)
         if args.task == 0:
             rows = train_fusion_stage(data, fusion_cfg, opts, protocols)
         elif args.task == 1:

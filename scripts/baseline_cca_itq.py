@@ -1,6 +1,6 @@
 """MAP@50 of the CCA-ITQ baseline on a dataset, both directions, per code length.
 
-    python scripts/baseline_cca_itq.py ../shared/data/wiki.h5 --bits 16 32 64 128
+    python scripts/baseline_cca_itq.py ../shared/data/wiki.h5 -b 16 32 64 128
 """
 from __future__ import annotations
 
@@ -15,14 +15,14 @@ from ucmfh.scoring import random_codes_map, score_both_directions
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("dataset")
-    p.add_argument("--bits", type=int, nargs="+", default=[16, 32, 64, 128])
+    p.add_argument("--n-bits", "-b", type=int, nargs="+", default=[16, 32, 64, 128])
     p.add_argument("--k", type=int, default=50)
     p.add_argument("--json", help="also write the rows to this JSON file")
     args = p.parse_args()
     data = load_dataset(args.dataset)
     rows = []
     print(f"{'dataset':<14}{'bits asked':>11}{'bits':>6}{'I->T':>8}{'T->I':>8}{'rand I->T':>11}{'rand T->I':>11}")
-    for bits in args.bits:
+    for bits in args.n_bits:
         model = fit_cca_itq(data, bits)
         scores = score_both_directions(model.codes(data.query), model.codes(data.retrieval),
                                        data.query.labels, data.retrieval.labels, args.k)

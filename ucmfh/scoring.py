@@ -58,10 +58,15 @@ def score_both_directions(
     query_labels: torch.Tensor,
     retrieval_labels: torch.Tensor,
     k: int = 50,
-    hamming: bool = True,
+    ranking: str = "hamming",
 ) -> Dict[str, float]:
-    """MAP@k image→text (image queries against text retrieval items) and text→image."""
-    metric = map_at_k if hamming else map_at_k_cosine
+    """MAP@k image→text (image queries against text retrieval items) and text→image.
+
+    ``ranking``: ``"hamming"`` for ±1 codes, ``"cosine"`` for real-valued embeddings.
+    """
+    if ranking not in ("hamming", "cosine"):
+        raise ValueError(f"ranking must be 'hamming' or 'cosine', got {ranking!r}")
+    metric = map_at_k if ranking == "hamming" else map_at_k_cosine
     return {
         "map_i2t": metric(query[0], retrieval[1], query_labels, retrieval_labels, k=k),
         "map_t2i": metric(query[1], retrieval[0], query_labels, retrieval_labels, k=k),
@@ -99,7 +104,7 @@ def evaluate_fusion(
     for protocol in protocols:
         query = embed_split(fusion, data.query, protocol, device, progress=progress)
         retrieval = embed_split(fusion, data.retrieval, protocol, device, progress=progress)
-        scores = score_both_directions(query, retrieval, data.query.labels, data.retrieval.labels, k, hamming=False)
+        scores = score_both_directions(query, retrieval, data.query.labels, data.retrieval.labels, k, ranking="cosine")
         rows.append({"protocol": protocol, "k": k, **scores})
     return rows
 

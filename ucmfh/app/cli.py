@@ -82,7 +82,9 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
 
     cfg = fusion_config(dataset, device, lr=lr, **train)
     data = _load(dataset, data_dir)
-    rows = train_fusion_stage(data, cfg, run_options(train, quiet), protocols_of(protocol), k, log=click.echo)
+    opts = run_options(train, quiet)
+    check_interrupted([Run(opts.out, dataset_identity(data), cfg)], opts)
+    rows = train_fusion_stage(data, cfg, opts, protocols_of(protocol), k, log=click.echo)
     report(rows, results, click.echo)
 
 
