@@ -151,9 +151,14 @@ class Run:
                             f"{cfg.loss}-seed{cfg.seed}-{key_of(self.fusion_identity)[:8]}")
 
     @property
-    def hash_dir(self) -> str:
+    def hash_dir_identity(self) -> Dict[str, Any]:
+        """What the hashing folder's runs share: all but the code length, which names each checkpoint."""
         settings = {k: v for k, v in identity_dict(self.hash_cfg).items() if k != "n_bits"}
-        return os.path.join(self.fusion_dir, f"hash-{key_of(settings)[:8]}")
+        return {**self.fusion_identity, "hash": settings}
+
+    @property
+    def hash_dir(self) -> str:
+        return os.path.join(self.fusion_dir, f"hash-{key_of(self.hash_dir_identity['hash'])[:8]}")
 
     @property
     def fusion_path(self) -> str:
@@ -227,6 +232,12 @@ def _state_path(checkpoint: str) -> str:
     return os.path.splitext(checkpoint)[0] + ".state.pt"
 
 
+def _drop_leftover_state(checkpoint: str) -> None:
+    """A finished stage's training state outlives its checkpoint only if the run died in between."""
+    if os.path.exists(checkpoint) and os.path.exists(_state_path(checkpoint)):
+        os.remove(_state_path(checkpoint))
+
+
 def _interrupted_at(path: str) -> str:
     saved = read_state(path, resolve_device("cpu"))
     return f"epoch {saved['epoch'] + 1} of {saved['config']['epochs']}"
@@ -241,12 +252,14 @@ def check_interrupted(runs: Sequence[Run], opts: RunOptions) -> None:
     """Refuse to start over an interrupted run unless ``opts.resume``; call it before anything trains."""
     for run in runs:
         for checkpoint in (run.fusion_path, *([run.hash_path] if run.hash_cfg else [])):
+            _drop_leftover_state(checkpoint)
             if not opts.resume and os.path.exists(_state_path(checkpoint)):
                 _refuse_interrupted(_state_path(checkpoint))
 
 
 def _state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
     """The training state beside a checkpoint; an interrupted run is continued only with ``resume``."""
+    _drop_leftover_state(checkpoint)
     state = StateFile(_state_path(checkpoint), opts.save_interval, opts.resume)
     if os.path.exists(state.path):
         if not opts.resume:
@@ -269,6 +282,7 @@ def load_or_train_fusion(data: Dataset, run: Run, opts: RunOptions, log: Log = p
     path, identity = run.fusion_path, run.fusion_identity
     if os.path.exists(path):
         fusion, cfg, _, _ = _load_stage(path, "fusion", identity, data)
+        _drop_leftover_state(path)
         log(f"fusion encoder: reused {path} (run {key_of(identity)}, {cfg.epochs} epochs, loss {cfg.loss})")
         return fusion, 0.0
     log(f"fusion encoder: training {path} (run {key_of(identity)})")
@@ -306,6 +320,7 @@ def train_hash_stage(
     path, identity = run.hash_path, run.hash_identity
     if opts.resume and os.path.exists(path):
         model, _, _, meta = _load_stage(path, "hash", identity, data)
+        _drop_leftover_state(path)
         log(f"hashing {hash_cfg.n_bits} bits: already trained, {path} (run {key_of(identity)})")
         seconds = meta.get("seconds", 0.0)
     else:
@@ -314,7 +329,7 @@ def train_hash_stage(
         start = time.perf_counter()
         model, history = fit_hashing(data, hash_cfg, fusion, progress=opts.progress, state=state)
         seconds = time.perf_counter() - start
-        _write_identity(run.hash_dir, identity, run.dataset)
+        _write_identity(run.hash_dir, run.hash_dir_identity, run.dataset)
         save_checkpoint(path, model, fusion_cfg, hash_cfg,
                         meta={"identity": identity, "dataset": run.dataset, "loss_history": history,
                               "seconds": seconds})
