@@ -55,3 +55,23 @@ def test_validate_float_ids(small_file):
         del f["retrieval"]["ids"]
         f["retrieval"].create_dataset("ids", data=ids / 10.0)  # 0.0, 0.1, ..., 0.9 would all load as id 0
     user_error(["validate", path], f"{path}: /retrieval/ids: ids must be integers, got float64")
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--n-classes", "0"], "n_classes must be at least 1, got 0"),
+    (["--d-img", "-3"], "d_img must be at least 1, got -3"),
+    (["--n-retrieval", "10", "--n-train", "20"], "n_train (20) must be at most n_retrieval (10)"),
+    (["--seed", "-1"], "seed must be >= 0, got -1"),
+])
+def test_make_synthetic_bad_sizes(tmp_path, args, message):
+    user_error(["make-synthetic", tmp_path / "s.h5", *args], message)
+    assert not (tmp_path / "s.h5").exists()
+
+
+def test_synthetic_spec_checks_itself():
+    with pytest.raises(ValueError, match="noise must be >= 0, got -0.5"):
+        SyntheticSpec(noise=-0.5)
+    with pytest.raises(ValueError, match="item_scale must be a finite number, got nan"):
+        SyntheticSpec(item_scale=float("nan"))
+    with pytest.raises(ValueError, match="n_query must be an integer, got 2.5"):
+        SyntheticSpec(n_query=2.5)
