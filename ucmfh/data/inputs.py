@@ -80,7 +80,7 @@ def load_npy(path: PathLike) -> np.ndarray:
         raise DataError(f"{path}: empty file (0 bytes)")
     start = _start(path)
     if start.startswith(ZIP_MAGIC):
-        raise DataError(f"{path}: an .npz archive, not an .npy array; name it .npz")
+        raise DataError(f"{path}: an .npz archive, not an .npy array")
     if not start.startswith(NPY_MAGIC):
         raise DataError(f"{path}: not an .npy array (no NumPy header)")
     with open(path, "rb") as f:
@@ -107,7 +107,7 @@ def open_npz(path: PathLike) -> "np.lib.npyio.NpzFile":
         raise DataError(f"{path}: empty file (0 bytes)")
     start = _start(path)
     if start.startswith(NPY_MAGIC):
-        raise DataError(f"{path}: an .npy array, not an .npz archive; name it .npy")
+        raise DataError(f"{path}: an .npy array, not an .npz archive")
     try:
         return np.load(path, allow_pickle=False)
     except _ZIP_ERRORS as err:
