@@ -51,6 +51,11 @@ def test_write_refuses_to_overwrite_and_leaves_no_temp_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.h5"]
 
 
+def _replace(f, name, data):
+    del f[name]
+    f.create_dataset(name, data=data)
+
+
 def _break(tmp_path, edit):
     path = write_dataset(tmp_path / "d.h5", arrays())
     with h5py.File(path, "a") as f:
@@ -74,6 +79,20 @@ def _break(tmp_path, edit):
         (lambda f: f["retrieval"]["ids"].__setitem__(0, 10), r"/query/ids: 1 ids also appear in /retrieval/ids"),
         (lambda f: f["query"]["labels"].__setitem__(0, np.full(4, 2, np.uint8)), r"multi-hot 0/1"),
         (lambda f: f.attrs.__setitem__("classes", ["a", "b"]), r"2 names for 4 label columns"),
+        (lambda f: f.attrs.__setitem__("classes", "abcd"), r"attribute 'classes': a single str for 4 label columns"),
+        # an object of the wrong kind: a dataset where a group belongs, and the reverse
+        (lambda f: (f.__delitem__("query"), f.create_dataset("query", data=np.zeros(3))),
+         r"/query: expected a group, found a dataset"),
+        (lambda f: (f["train"].__delitem__("image"), f["train"].create_group("image")),
+         r"/train/image: expected a dataset, found a group"),
+        (lambda f: (f["train"].__delitem__("ids"), f["train"].create_group("ids")),
+         r"/train/ids: expected a dataset, found a group"),
+        (lambda f: f["query"].create_dataset("text_bow", data=np.ones((3, 5), np.uint8)),
+         r"/query/text_bow: expected shape \(4, V\), got \(3, 5\)"),
+        # ids: integers (a float id is truncated on loading), one per row, >= 0
+        (lambda f: _replace(f, "retrieval/ids", np.arange(12) + 0.5), r"/retrieval/ids: ids must be integers, got float64"),
+        (lambda f: _replace(f, "retrieval/ids", np.arange(12).reshape(12, 1)), r"/retrieval/ids: expected shape \(12,\), got \(12, 1\)"),
+        (lambda f: _replace(f, "query/ids", np.array([-1, 11, 12, 13])), r"/query/ids: 1 negative ids \(first: -1 at row 0\)"),
     ],
 )
 def test_validation_names_file_dataset_and_problem(tmp_path, edit, message):
@@ -81,6 +100,33 @@ def test_validation_names_file_dataset_and_problem(tmp_path, edit, message):
     with pytest.raises(DataError, match=message) as info:
         load_dataset(path)
     assert str(info.value).startswith(path)
+
+
+def test_float_ids_are_refused_not_truncated(tmp_path):
+    # 0.0, 0.5, ..., 9.5 as int64 would be 0, 0, 1, 1, ...: 20 distinct items collapsing into 10
+    src = arrays()
+    src["train"]["ids"] = np.arange(10) / 2
+    with pytest.raises(DataError, match=r"d\.h5: /train/ids: ids must be integers, got float64"):
+        write_dataset(tmp_path / "d.h5", src)
+    src = arrays()
+    src["query"]["labels"] = src["query"]["labels"] * 0.5  # 0.5 would become 0
+    with pytest.raises(DataError, match=r"/query/labels: labels must be multi-hot 0/1 values"):
+        write_dataset(tmp_path / "d.h5", src)
+    src = arrays()
+    src["query"]["text_bow"] = np.full((4, 3), 300)  # 300 would become 44 in uint8
+    with pytest.raises(DataError, match=r"/query/text_bow: bag-of-words counts must be whole numbers from 0 to 255"):
+        write_dataset(tmp_path / "d.h5", src)
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_output_where_no_file_can_be(tmp_path):
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(OSError, match=r"file/sub/d\.h5: cannot create the folder .*file/sub") as info:
+        write_dataset(tmp_path / "file" / "sub" / "d.h5", arrays())
+    assert not isinstance(info.value, FileExistsError)  # no output to overwrite: no --overwrite hint
+    (tmp_path / "folder.h5").mkdir()
+    with pytest.raises(IsADirectoryError, match=r"folder\.h5: is a folder"):
+        write_dataset(tmp_path / "folder.h5", arrays(), overwrite=True)
 
 
 def test_not_hdf5_and_missing_file(tmp_path):

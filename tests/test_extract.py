@@ -2,12 +2,17 @@
 import io
 import json
 import logging
+import os
+import socket
 
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
 Image = pytest.importorskip("PIL.Image", reason="pillow is not installed (pip install 'ucmfh[extract]')")
 
+from test_data_errors import dead_pid, user_error
+from ucmfh.app.cli import main
 from ucmfh.data import DataError, load_dataset
 from ucmfh.data.extract import ExtractConfig, extract_features, list_images, read_captions, read_labels
 from ucmfh.data.splits import SplitSizes
@@ -173,9 +178,11 @@ def test_bad_images_fail_by_name_or_are_skipped_never_zero(tmp_path, caplog):
     break_images(tmp_path / "imgs", names)
     caps, labels = write_inputs(tmp_path, names)
     cfg = ExtractConfig(batch_size=4, chunk_items=4, workers=2)
-    with pytest.raises(DataError, match=r"img0\.jpg: unreadable image"):
+    with pytest.raises(DataError, match=r"img0\.jpg: unreadable image") as info:
         extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=FakeEncoder(),
                          config=cfg, progress=False)
+    # the setting that would accept it travels beside the message, which names no Python keyword
+    assert info.value.remedy[:2] == ("bad_images", "skip") and "bad_images=" not in str(info.value)
     cfg.bad_images = "skip"
     with caplog.at_level(logging.WARNING):
         report = extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES,
@@ -265,8 +272,6 @@ def test_clip_extraction_end_to_end_on_cpu(tmp_path, tiny_clip):
 
 
 def test_extract_command(tmp_path, tiny_clip):
-    from click.testing import CliRunner
-
     from ucmfh.app.data_cli import extract
 
     names = make_images(tmp_path / "imgs", 5)
@@ -279,3 +284,99 @@ def test_extract_command(tmp_path, tiny_clip):
     import torch
 
     torch.testing.assert_close(ds.train.img.norm(dim=1), torch.ones(len(ds.train)))
+
+
+# ------------------------------------------------------------------ bad input through the command
+
+
+@pytest.fixture
+def no_network(monkeypatch):
+    """Any attempt to open a network connection fails the test."""
+    def refuse(*args, **kwargs):
+        raise AssertionError(f"network access attempted: {args}")
+
+    monkeypatch.setattr(socket.socket, "connect", refuse)
+    monkeypatch.setattr(socket, "create_connection", refuse)
+    monkeypatch.setattr(socket, "getaddrinfo", refuse)
+
+
+@pytest.fixture
+def extract_inputs(tmp_path):
+    names = make_images(tmp_path / "imgs", 5)
+    caps, labels = write_inputs(tmp_path, names)
+    return [tmp_path / "imgs", caps, labels]
+
+
+def test_extract_scratch_chunks_leave_no_temp_file(tmp_path, extract_inputs, monkeypatch):
+    parts = tmp_path / "o.h5.parts"
+    parts.mkdir()
+    stale = parts / f".image-000000.npz.tmp{dead_pid()}"  # left by a killed run
+    stale.write_bytes(b"half a chunk")
+    savez, calls = np.savez, []
+
+    def disk_full_on_second_chunk(file, **arrays):
+        calls.append(file)
+        if len(calls) == 2:
+            with open(file, "wb") if isinstance(file, (str, os.PathLike)) else file as f:
+                f.write(b"half a chunk")
+            raise OSError(28, "No space left on device")
+        return savez(file, **arrays)
+
+    monkeypatch.setattr(np, "savez", disk_full_on_second_chunk)
+    with pytest.raises(OSError, match="No space left"):
+        extract_features(*extract_inputs, tmp_path / "o.h5", sizes=SplitSizes(query=1, train=2), encoder=FakeEncoder(),
+                         config=ExtractConfig(chunk_items=2, workers=1), progress=False)
+    assert sorted(p.name for p in parts.iterdir()) == ["image-000000.npz", "manifest.json"]
+
+
+def test_extract_missing_model_never_downloads(tmp_path, extract_inputs, no_network):
+    pytest.importorskip("transformers", reason="transformers is not installed (pip install 'ucmfh[extract]')")
+    out = tmp_path / "o.h5"
+    user_error(["extract", *extract_inputs, out, "--model", tmp_path / "no" / "model", "--query", "1", "--train", "2"],
+               f"{tmp_path / 'no' / 'model'}: no such local model folder")
+    user_error(["extract", *extract_inputs, out, "--model", "./clip-folder", "--query", "1", "--train", "2"],
+               "./clip-folder: no such local model folder")
+    message = user_error(["extract", *extract_inputs, out, "--model", "someone/clip-not-cached", "--query", "1",
+                          "--train", "2"], "someone/clip-not-cached: not found locally",
+                         "not in the local Hugging Face cache", "does not download")
+    assert "huggingface.co" not in message
+    user_error(["extract", *extract_inputs, out, "--model", extract_inputs[1], "--query", "1", "--train", "2"],
+               "captions.tsv: not a model folder (it is a file)")
+
+
+def test_extract_bad_inputs(tmp_path, extract_inputs, tiny_clip):
+    imgs, caps, labels = extract_inputs
+    out = tmp_path / "o.h5"
+    (tmp_path / "cp1252.tsv").write_bytes(caps.read_bytes().replace(b"photo", "caf\u00e9".encode("cp1252")))
+    user_error(["extract", imgs, tmp_path / "cp1252.tsv", labels, out, "--query", "1", "--train", "2"],
+               "cp1252.tsv: line 1: not UTF-8 text (byte 0xe9); save the file as UTF-8")
+    (tmp_path / "other.tsv").write_text(caps.read_text() + "zzz.jpg\ta caption of no listed image\n")
+    user_error(["extract", imgs, tmp_path / "other.tsv", labels, out, "--query", "1", "--train", "2"],
+               "other.tsv: 1 captions name images that are not in the image list (first: 'zzz.jpg')")
+    (tmp_path / "c.json").write_text('{"img0.jpg": "one"')
+    user_error(["extract", imgs, tmp_path / "c.json", labels, out, "--query", "1", "--train", "2"],
+               "c.json: not valid JSON")
+    (tmp_path / "empty.txt").write_text("")
+    user_error(["extract", tmp_path / "empty.txt", caps, labels, out, "--query", "1", "--train", "2"],
+               "empty.txt: empty image list")
+    user_error(["extract", imgs, caps, labels, out, "--query", "1", "--train", "2", "--device", "nonsense"],
+               "device 'nonsense'")
+    (tmp_path / "o.h5.parts").write_text("a file where the scratch folder goes")
+    user_error(["extract", imgs, caps, labels, out, "--query", "1", "--train", "2", "--device", "cpu",
+                "--model", tiny_clip], "o.h5: cannot create the folder", "o.h5.parts")
+
+
+def test_extract_remedies_worded_as_options(tmp_path, extract_inputs, tiny_clip):
+    imgs, caps, labels = extract_inputs
+    out = tmp_path / "o.h5"
+    args = ["extract", imgs, caps, labels, out, "--model", tiny_clip, "--device", "cpu", "--workers", "1",
+            "--query", "1", "--train", "2"]
+    assert CliRunner().invoke(main, [str(a) for a in args + ["--keep-scratch"]]).exit_code == 0
+    caps.write_text(caps.read_text().replace("photo", "drawing"))
+    message = user_error(args + ["--overwrite"], "o.h5.parts: scratch of a different extraction",
+                         "; use --restart to discard it and start over")
+    assert "restart=True" not in message
+    break_images(imgs, sorted(p.name for p in imgs.iterdir()))
+    message = user_error(args + ["--overwrite", "--restart"], "unreadable image",
+                         "; use --bad-images skip to leave such images out")
+    assert "bad_images=" not in message

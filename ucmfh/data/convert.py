@@ -1,4 +1,4 @@
-"""Convert released feature files into the ucmfh HDF5 format (REFERENCE §1).
+"""Convert released feature files into the ucmfh HDF5 format (docs/reference.md §1).
 
 Three inputs, one output format:
 
@@ -19,7 +19,9 @@ from __future__ import annotations
 import logging
 import os
 import pickle
+import struct
 import time
+import zlib
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -28,8 +30,9 @@ import h5py
 import numpy as np
 from tqdm.auto import tqdm
 
-from ucmfh.data.h5 import SPLITS, DataError, PathLike, create_split_dataset, open_writer
-from ucmfh.data.splits import DEFAULT_SEED, SplitIndex, SplitSizes, load_split_index, sample_split
+from ucmfh.data.h5 import SPLITS, DataError, PathLike, check_finite, create_split_dataset, is_multi_hot, open_writer
+from ucmfh.data.inputs import load_npy, npz_member, open_npz, read_lines
+from ucmfh.data.splits import DEFAULT_SEED, SplitIndex, SplitSizes, check_seed, load_split_index, sample_split
 
 log = logging.getLogger(__name__)
 
@@ -69,7 +72,10 @@ class ArraySource:
         return self.shape[0]
 
     def read(self, start: int, stop: int) -> np.ndarray:
-        return np.asarray(self._reader(start, stop))
+        try:
+            return np.asarray(self._reader(start, stop))
+        except (OSError, ValueError, EOFError, zlib.error) as err:  # a damaged block of a lazily read file
+            raise DataError(f"{self.name}: rows {start}..{stop - 1}: unreadable ({err})") from None
 
     def read_all(self) -> np.ndarray:
         return self.read(0, self.shape[0])
@@ -92,7 +98,8 @@ def _pick_key(path: str, names: Sequence[str], key: Optional[str], role: str) ->
             return candidate
     if len(names) == 1:
         return names[0]
-    raise DataError(f"{path}: {len(names)} variables {sorted(names)}; name the {role} one with a key option")
+    raise DataError(f"{path}: {len(names)} variables {sorted(names)}, none with a usual {role or 'matrix'} name",
+                    remedy=(f"{role}_key", "NAME", "to choose one") if role else None)
 
 
 def open_array(path: PathLike, key: Optional[str] = None, role: str = "", stack: Optional[ExitStack] = None) -> ArraySource:
@@ -108,36 +115,43 @@ def open_array(path: PathLike, key: Optional[str] = None, role: str = "", stack:
         raise DataError(f"{path}: no such file")
     ext = os.path.splitext(path)[1].lower()
     if ext == ".npy":
-        try:
-            array = np.load(path, mmap_mode="r", allow_pickle=False)
-        except ValueError as err:
-            raise DataError(f"{path}: not a readable .npy array ({err})") from None
-        return _in_memory(path, array)
+        return _in_memory(path, load_npy(path))
     if ext == ".npz":
-        try:
-            npz = np.load(path, allow_pickle=False)
-        except (ValueError, OSError) as err:
-            raise DataError(f"{path}: not a readable .npz archive ({err})") from None
-        with npz:
+        with open_npz(path) as npz:
             name = _pick_key(path, list(npz.files), key, role)
-            return _in_memory(f"{path}:{name}", npz[name])
+            return _in_memory(f"{path}:{name}", npz_member(npz, path, name))
     if ext == ".mat":
         if h5py.is_hdf5(path):
             return _open_mat73(path, key, role, stack)
-        import scipy.io
-
-        try:
-            names = [n for n, _, _ in scipy.io.whosmat(path)]
-            name = _pick_key(path, names, key, role)
-            array = scipy.io.loadmat(path, variable_names=[name])[name]
-        except (ValueError, OSError, TypeError) as err:
-            raise DataError(f"{path}: not a readable .mat file ({err})") from None
-        return _in_memory(f"{path}:{name}", array)
+        return _open_mat5(path, key, role)
     raise DataError(f"{path}: unknown array file type {ext!r} (expected .mat, .npy or .npz)")
 
 
+def _open_mat5(path: str, key: Optional[str], role: str) -> ArraySource:
+    import scipy.io
+    from scipy.io.matlab import MatReadError
+
+    # what scipy's reader raises on a cut or damaged file, depending on where the damage is
+    errors = (MatReadError, ValueError, OSError, TypeError, IndexError, KeyError, EOFError, struct.error, zlib.error)
+    try:
+        names = [n for n, _, _ in scipy.io.whosmat(path)]
+    except NotImplementedError:  # a v7.3 header, but h5py found no readable HDF5 file behind it
+        raise DataError(f"{path}: a MATLAB v7.3 file that is not readable as HDF5 (truncated or damaged)") from None
+    except errors as err:
+        raise DataError(f"{path}: not a readable .mat file, truncated or damaged ({err})") from None
+    name = _pick_key(path, names, key, role)
+    try:
+        array = scipy.io.loadmat(path, variable_names=[name])[name]
+    except errors as err:
+        raise DataError(f"{path}:{name}: not readable, truncated or damaged ({err})") from None
+    return _in_memory(f"{path}:{name}", array)
+
+
 def _open_mat73(path: str, key: Optional[str], role: str, stack: Optional[ExitStack]) -> ArraySource:
-    f = h5py.File(path, "r")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as err:
+        raise DataError(f"{path}: a MATLAB v7.3 (HDF5) file that cannot be read, truncated or damaged ({err})") from None
     if stack is not None:
         stack.callback(f.close)
     names = [n for n in f.keys() if n not in _MAT_META]
@@ -146,6 +160,8 @@ def _open_mat73(path: str, key: Optional[str], role: str, stack: Optional[ExitSt
     where = f"{path}:{name}"
     if not isinstance(dset, h5py.Dataset):
         raise DataError(f"{where}: a MATLAB struct, cell or sparse matrix; store it as a full numeric matrix")
+    if dset.attrs.get("MATLAB_class") in (b"char", "char"):  # stored as uint16 codes: numbers, but text
+        raise DataError(f"{where}: a MATLAB char array (text), not a numeric matrix")
     if dset.ndim != 2:
         # MATLAB [N, d] is stored as [d, N]; more axes mean raw pixels, not features
         raise DataError(
@@ -156,9 +172,9 @@ def _open_mat73(path: str, key: Optional[str], role: str, stack: Optional[ExitSt
 
 
 def _check_labels(labels: np.ndarray, where: str) -> np.ndarray:
-    if labels.ndim != 2:
-        raise DataError(f"{where}: labels must be a 2-D [N, C] matrix, got shape {labels.shape}")
-    if labels.dtype.kind not in "biuf" or not np.isin(labels, (0, 1)).all():
+    if labels.ndim != 2 or labels.shape[1] == 0:
+        raise DataError(f"{where}: labels must be a 2-D [N, C] multi-hot matrix, got shape {labels.shape}")
+    if not is_multi_hot(labels):
         raise DataError(f"{where}: labels must be multi-hot 0/1 values")
     return labels.astype(np.uint8)
 
@@ -172,10 +188,8 @@ def empty_label_rows(labels: np.ndarray, where: str, empty_labels: str) -> np.nd
     if n_empty:
         first = int(np.flatnonzero(empty)[0])
         if empty_labels == "fail":
-            raise DataError(
-                f"{where}: {n_empty} rows have no label (first: row {first}); "
-                "pass empty_labels='drop' to leave them out"
-            )
+            raise DataError(f"{where}: {n_empty} rows have no label (first: row {first})",
+                            remedy=("empty_labels", "drop", "to leave them out"))
         log.warning("%s: dropped %d of %d rows that have no label (first: row %d)", where, n_empty, len(labels), first)
     return ~empty
 
@@ -204,8 +218,7 @@ def root_attrs(
 
 def read_classes(path: PathLike) -> List[str]:
     """Class names, one per line (blank lines ignored)."""
-    with open(path, encoding="utf-8") as f:
-        names = [line.strip() for line in f if line.strip()]
+    names = read_lines(path)
     if not names:
         raise DataError(f"{path}: no class names")
     if len(set(names)) != len(names):
@@ -214,11 +227,14 @@ def read_classes(path: PathLike) -> List[str]:
 
 
 def _as_numpy(value, where: str) -> np.ndarray:
-    if hasattr(value, "detach"):  # a torch tensor
-        value = value.detach().cpu().numpy()
-    array = np.asarray(value)
-    if array.dtype == object:
-        raise DataError(f"{where}: not a numeric array")
+    try:
+        if hasattr(value, "detach"):  # a torch tensor
+            value = value.detach().cpu().numpy()
+        array = np.asarray(value)
+    except (ValueError, TypeError) as err:  # ragged lists, a dtype numpy lacks
+        raise DataError(f"{where}: not a numeric array ({err})") from None
+    if array.dtype.kind not in "biuf":
+        raise DataError(f"{where}: not a numeric array (dtype {array.dtype})")
     return array
 
 
@@ -228,8 +244,8 @@ def _load_pkl(path: str) -> Dict[str, np.ndarray]:
     try:
         with open(path, "rb") as f:
             data = pickle.load(f)
-    except (pickle.UnpicklingError, EOFError, AttributeError, ImportError) as err:
-        raise DataError(f"{path}: not a readable pickle ({err})") from None
+    except Exception as err:  # an unpickler runs the file's own instructions: any failure means this file
+        raise DataError(f"{path}: not a readable pickle, truncated or damaged ({type(err).__name__}: {err})") from None
     if not isinstance(data, dict):
         raise DataError(f"{path}: expected a dict with 'image', 'text', 'label', got {type(data).__name__}")
     label_key = "labels" if "labels" in data and "label" not in data else "label"
@@ -246,6 +262,9 @@ def _load_pkl(path: str) -> Dict[str, np.ndarray]:
             raise DataError(f"{path}: '{k}': expected a 2-D array, got shape {v.shape}")
         if len(v) != len(arrays["image"]):
             raise DataError(f"{path}: '{k}' has {len(v)} rows, 'image' has {len(arrays['image'])}")
+        if k != "labels":
+            with np.errstate(over="ignore"):  # beyond float32's range: reported as inf
+                check_finite(v.astype(np.float32), f"{path}: '{k}'")
     if len(arrays["image"]) == 0:
         raise DataError(f"{path}: empty split (0 rows)")
     return arrays
@@ -285,10 +304,15 @@ def convert_pkl(
         source="UCMFH pkl release: " + ", ".join(f"{s}={paths[s]}" for s in SPLITS),
         split_rule="as released: train.pkl, query.pkl, retrieval.pkl",
     )
+    columns = {key: (paths["train"], array.shape[1]) for key, array in first.items()}
     with open_writer(out, attrs, overwrite) as f:
         for split in SPLITS:
             arrays = first if split == "train" else _load_pkl(paths[split])
             first = None
+            for key, array in arrays.items():
+                if array.shape[1] != columns[key][1]:
+                    raise DataError(f"{paths[split]}: '{key}' has {array.shape[1]} columns, "
+                                    f"but {columns[key][0]} has {columns[key][1]}")
             labels = _check_labels(arrays["labels"], f"{paths[split]}: 'label'")
             keep = empty_label_rows(labels, paths[split], empty_labels)
             report.dropped[split] = int((~keep).sum())
@@ -321,7 +345,9 @@ def _scatter(
         stop = min(n, start + chunk_rows)
         spans = {s: np.searchsorted(rows, (start, stop)) for s, rows in index.items()}
         if any(hi > lo for lo, hi in spans.values()):
-            block = src.read(start, stop).astype(np.float32, copy=False)
+            with np.errstate(over="ignore"):  # beyond float32's range: reported as inf
+                block = src.read(start, stop).astype(np.float32, copy=False)
+            check_finite(block, src.name, start)
             for s, (lo, hi) in spans.items():
                 if hi > lo:
                     dsets[s][lo:hi] = block[index[s][lo:hi] - start]
@@ -365,15 +391,16 @@ def convert_arrays(
         raise ValueError("give exactly one of sizes (a drawn split) or split_index (a given split)")
     if chunk_rows <= 0:
         raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
+    check_seed(seed)
     with ExitStack() as stack:
         img_src = open_array(image, image_key, "image", stack)
         txt_src = open_array(text, text_key, "text", stack)
         lab_src = open_array(labels, labels_key, "labels", stack)
-        for src, role in ((img_src, "image"), (txt_src, "text")):
-            if len(src.shape) != 2:
-                raise DataError(f"{src.name}: expected a 2-D [N, d] {role} feature matrix, got shape {src.shape}")
+        for src, role in ((img_src, "image"), (txt_src, "text"), (lab_src, "labels")):
+            if len(src.shape) != 2 or src.shape[1] == 0:
+                raise DataError(f"{src.name}: expected a 2-D [N, d] {role} matrix, got shape {src.shape}")
             if src.dtype.kind not in "biuf":
-                raise DataError(f"{src.name}: expected numeric {role} features, got {src.dtype}")
+                raise DataError(f"{src.name}: expected numeric {role} values, got {src.dtype}")
         n = len(img_src)
         for src in (txt_src, lab_src):
             if len(src) != n:
@@ -388,8 +415,10 @@ def convert_arrays(
         else:
             index = split_index if isinstance(split_index, SplitIndex) else load_split_index(os.fspath(split_index))
             for s, rows in index.as_dict().items():
-                if rows.size and (rows[0] < 0 or rows[-1] >= n):
-                    raise DataError(f"{index.rule}: {s}: row {rows[-1]} out of range for {n} rows")
+                outside = rows[(rows < 0) | (rows >= n)]
+                if outside.size:
+                    raise DataError(f"{index.rule}: {s}: {outside.size} rows out of range for {n} source rows "
+                                    f"(first: {outside[0]})")
                 bad = rows[~keep[rows]]
                 if bad.size:
                     raise DataError(f"{index.rule}: {s}: {bad.size} rows have no label (first: row {bad[0]})")

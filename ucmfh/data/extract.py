@@ -38,15 +38,20 @@ import torch
 from tqdm.auto import tqdm
 
 from ucmfh.data.convert import empty_label_rows, read_classes, root_attrs
-from ucmfh.data.h5 import SPLITS, DataError, create_split_dataset, open_writer
-from ucmfh.files import PathLike, write_text_atomic
-from ucmfh.data.splits import DEFAULT_SEED, SplitSizes, sample_split
+from ucmfh.data.h5 import SPLITS, DataError, create_split_dataset, make_folder, open_writer
+from ucmfh.data.inputs import npz_member, open_npz, read_lines, read_text
+from ucmfh.data.splits import DEFAULT_SEED, SplitSizes, check_seed, sample_split
+from ucmfh.files import PathLike, atomic_file, write_text_atomic
+from ucmfh.utils import resolve_device
 
 log = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "openai/clip-vit-base-patch32"
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
 BAD_IMAGES = ("fail", "skip")
+# remedies of refused input (DataError.remedy): the setting that would accept it
+_SKIP_BAD = ("bad_images", "skip", "to leave such images out")
+_RESTART = ("restart", True, "to discard it and start over")
 
 
 @dataclass
@@ -63,8 +68,9 @@ class ExtractConfig:
     keep_scratch: bool = False
 
     def __post_init__(self) -> None:
-        if self.batch_size <= 0 or self.chunk_items <= 0 or self.workers <= 0:
-            raise ValueError("batch_size, chunk_items and workers must be positive")
+        for name in ("batch_size", "chunk_items", "workers"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"{name} must be positive, got {getattr(self, name)}")
         if self.bad_images not in BAD_IMAGES:
             raise ValueError(f"bad_images must be one of {BAD_IMAGES}, got {self.bad_images!r}")
 
@@ -100,8 +106,7 @@ def list_images(images: PathLike) -> Tuple[List[str], List[str]]:
     if not os.path.exists(images):
         raise DataError(f"{images}: no such file or folder")
     base = os.path.dirname(os.path.abspath(images))
-    with open(images, encoding="utf-8") as f:
-        names = [line.strip() for line in f if line.strip()]
+    names = read_lines(images)
     if not names:
         raise DataError(f"{images}: empty image list")
     if len(set(names)) != len(names):
@@ -112,13 +117,11 @@ def list_images(images: PathLike) -> Tuple[List[str], List[str]]:
 
 def _read_name_map(path: str, what: str) -> List[Tuple[str, object, int]]:
     """(image name, value, line/record number) from a TSV or JSON file."""
-    if not os.path.exists(path):
-        raise DataError(f"{path}: no such file")
     entries: List[Tuple[str, object, int]] = []
+    text = read_text(path)
     if path.lower().endswith(".json"):
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = json.loads(text)
         except json.JSONDecodeError as err:
             raise DataError(f"{path}: not valid JSON ({err})") from None
         if isinstance(data, dict):
@@ -133,15 +136,13 @@ def _read_name_map(path: str, what: str) -> List[Tuple[str, object, int]]:
         else:
             raise DataError(f"{path}: expected a JSON object or list of records")
         return entries
-    with open(path, encoding="utf-8") as f:
-        for n, line in enumerate(f, 1):
-            line = line.rstrip("\r\n")
-            if not line.strip():
-                continue
-            if "\t" not in line:
-                raise DataError(f"{path}: line {n}: expected 'image_name<TAB>{what}'")
-            name, value = line.split("\t", 1)
-            entries.append((name.strip(), value, n))
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        if "\t" not in line:
+            raise DataError(f"{path}: line {n}: expected 'image_name<TAB>{what}'")
+        name, value = line.split("\t", 1)
+        entries.append((name.strip(), value, n))
     if not entries:
         raise DataError(f"{path}: no entries")
     return entries
@@ -219,12 +220,49 @@ def read_labels(path: PathLike, names: Sequence[str], classes: Optional[Sequence
 # ---------------------------------------------------------------- encoder
 
 
-class ClipEncoder:
-    """CLIP image and text embeddings (projected) from ``transformers``.
+def _looks_like_path(model: str) -> bool:
+    """A hub name is ``name`` or ``owner/name``; anything else can only be meant as a folder."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
 
-    ``model`` is a Hugging Face model name (downloaded once into the local
-    cache, e.g. ``openai/clip-vit-base-patch32``) or a local folder written by
-    ``save_pretrained`` holding the model, tokenizer and image processor.
+    if model.startswith((".", "~", "/", os.sep)) or model.endswith(("/", os.sep)):
+        return True
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        return True
+    return False
+
+
+def find_model(model: str) -> str:
+    """``model`` when it is on this machine: a local folder, or a hub name in the local Hugging Face cache.
+
+    Nothing is ever downloaded; a model that is not here is a
+    :class:`FileNotFoundError` naming it.
+    """
+    if os.path.exists(model):
+        if not os.path.isdir(model):
+            raise NotADirectoryError(f"{model}: not a model folder (it is a file)")
+        return model
+    if _looks_like_path(model):
+        raise FileNotFoundError(f"{model}: no such local model folder")
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(model, "config.json"), str):
+        raise FileNotFoundError(
+            f"{model}: not found locally (no such folder, and not in the local Hugging Face cache); "
+            "extraction does not download models: download it once on a machine with network access "
+            f"(`hf download {model}`) or pass a folder written by save_pretrained"
+        )
+    return model
+
+
+class ClipEncoder:
+    """CLIP image and text embeddings (projected) from ``transformers``, offline.
+
+    ``model`` is a local folder written by ``save_pretrained`` holding the
+    model, tokenizer and image processor, or a Hugging Face model name (e.g.
+    ``openai/clip-vit-base-patch32``) already in the local Hugging Face cache.
+    Nothing is downloaded (:func:`find_model`).
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, device: Optional[str] = None, normalize: bool = False):
@@ -234,10 +272,18 @@ class ClipEncoder:
             raise ImportError(
                 "feature extraction needs transformers: pip install 'ucmfh[extract]'"
             ) from err
-        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        self.model = CLIPModel.from_pretrained(model).eval().to(self.device)
-        self.tokenizer = AutoTokenizer.from_pretrained(model)
-        self.processor = AutoImageProcessor.from_pretrained(model)
+        try:
+            self.device = resolve_device(device or "auto")
+        except RuntimeError as err:  # torch's own error for an unknown name, or CUDA where there is none
+            raise ValueError(f"device {device!r} cannot be used ({err})") from None
+        find_model(model)
+        try:
+            self.model = CLIPModel.from_pretrained(model, local_files_only=True).eval().to(self.device)
+            self.tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+            self.processor = AutoImageProcessor.from_pretrained(model, local_files_only=True)
+        except (OSError, ValueError, KeyError) as err:  # files missing or of another kind of model
+            raise DataError(f"{model}: not a complete CLIP model (model, tokenizer and image processor): "
+                            f"{type(err).__name__}: {err}") from None
         self.max_length = int(self.model.config.text_config.max_position_embeddings)
         self.normalize = normalize
         self.name = model
@@ -292,18 +338,18 @@ def _fingerprint(*parts: object) -> str:
 class _Scratch:
     """Finished chunks as ``kind-NNNNNN.npz`` files, each written atomically."""
 
-    def __init__(self, folder: str, fingerprint: str):
+    def __init__(self, folder: str, fingerprint: str, out: str):
         self.folder = folder
-        os.makedirs(folder, exist_ok=True)
+        make_folder(folder, out)
         manifest = os.path.join(folder, "manifest.json")
         if os.path.exists(manifest):
-            with open(manifest, encoding="utf-8") as f:
-                old = json.load(f).get("fingerprint")
+            try:
+                old = json.loads(read_text(manifest)).get("fingerprint")
+            except (ValueError, AttributeError):  # not JSON, or not an object
+                raise DataError(f"{manifest}: unreadable scratch manifest", remedy=_RESTART) from None
             if old != fingerprint:
-                raise DataError(
-                    f"{folder}: scratch of a different extraction (other inputs, model or settings); "
-                    "remove the folder or pass restart=True"
-                )
+                raise DataError(f"{folder}: scratch of a different extraction (other inputs, model or settings)",
+                                remedy=_RESTART)
         else:
             write_text_atomic(manifest, json.dumps({"fingerprint": fingerprint}))
 
@@ -314,14 +360,16 @@ class _Scratch:
         return os.path.exists(self.path(kind, chunk))
 
     def save(self, kind: str, chunk: int, features: np.ndarray, ok: np.ndarray) -> None:
-        final = self.path(kind, chunk)
-        tmp = final[:-4] + ".tmp.npz"
-        np.savez(tmp, features=features, ok=ok)
-        os.replace(tmp, final)
+        with atomic_file(self.path(kind, chunk)) as tmp, open(tmp, "wb") as f:
+            np.savez(f, features=features, ok=ok)  # a file object: savez would add ".npz" to a name
 
     def load(self, kind: str, chunk: int) -> Tuple[np.ndarray, np.ndarray]:
-        with np.load(self.path(kind, chunk)) as f:
-            return f["features"], f["ok"]
+        path = self.path(kind, chunk)
+        try:
+            with open_npz(path) as f:
+                return npz_member(f, path, "features"), npz_member(f, path, "ok")
+        except DataError as err:
+            raise DataError(f"{err}; a damaged scratch chunk", remedy=_RESTART) from None
 
 
 def _run_chunks(
@@ -384,7 +432,8 @@ def extract_features(
     cfg = config or ExtractConfig()
     out = os.fspath(out)
     if os.path.exists(out) and not overwrite:
-        raise FileExistsError(f"{out}: exists; pass overwrite=True to replace it")
+        raise FileExistsError(f"{out}: exists; not replaced")
+    check_seed(seed)
     names, paths = list_images(images)
     caption_list, image_of = read_captions(captions, names)
     label_matrix, class_names = read_labels(labels, names, read_classes(classes) if classes else None)
@@ -396,7 +445,7 @@ def extract_features(
     scratch_dir = out + ".parts"
     if restart and os.path.isdir(scratch_dir):
         shutil.rmtree(scratch_dir)
-    scratch = _Scratch(scratch_dir, _fingerprint(model_name, cfg.normalize, paths, caption_list))
+    scratch = _Scratch(scratch_dir, _fingerprint(model_name, cfg.normalize, paths, caption_list), out)
     report = ExtractReport(path=out, rows={}, n_images=len(names), n_captions=len(caption_list))
 
     def image_chunk(start: int, stop: int, bar: tqdm) -> Tuple[np.ndarray, np.ndarray]:
@@ -411,7 +460,7 @@ def extract_features(
                         good.append(img)
                         continue
                     if cfg.bad_images == "fail":
-                        raise DataError(f"{err}; pass bad_images='skip' to leave it out")
+                        raise DataError(err, remedy=_SKIP_BAD)
                     log.warning("%s; skipped", err)
                     ok[b - start + i] = False
                 if good:
@@ -440,8 +489,8 @@ def extract_features(
         raise DataError(f"{images}: no readable image")
     report.skipped_images = [names[i] for i in np.flatnonzero(~img_ok)]
     if report.skipped_images and cfg.bad_images == "fail":  # chunks from an earlier run with skip
-        raise DataError(f"{paths[np.flatnonzero(~img_ok)[0]]}: unreadable image (found by an earlier run); "
-                        "pass bad_images='skip' to leave it out")
+        raise DataError(f"{paths[np.flatnonzero(~img_ok)[0]]}: unreadable image (found by an earlier run)",
+                        remedy=_SKIP_BAD)
     if report.skipped_images:
         log.warning("skipped %d unreadable images (first: %s)", len(report.skipped_images),
                     ", ".join(report.skipped_images[:10]))

@@ -1,4 +1,4 @@
-"""Read, validate and write datasets in the ucmfh HDF5 format (REFERENCE §1).
+"""Read, validate and write datasets in the ucmfh HDF5 format (docs/reference.md §1).
 
 One file per dataset, groups ``train``, ``query``, ``retrieval``, each holding
 ``image`` [N, d_img] float32, ``text`` [N, d_txt] float32, ``labels`` [N, C]
@@ -10,7 +10,7 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Union
+from typing import Dict, Iterator, Optional, Tuple, Union
 
 import h5py
 import numpy as np
@@ -25,7 +25,17 @@ ROOT_ATTRS = ("name", "classes", "image_feature", "text_feature", "source", "spl
 _CHECK_ROWS = 65536
 
 class DataError(ValueError):
-    """A dataset file breaks the format; the message names file, dataset and problem."""
+    """A dataset or input file breaks the format; the message names file, dataset and problem.
+
+    ``remedy``, when given, is ``(setting, value, effect)``: the setting under
+    which the input would be accepted, e.g. ``("bad_images", "skip", "to leave
+    such images out")``. The message itself names no setting; each front door
+    words the remedy as its own option.
+    """
+
+    def __init__(self, message: str, remedy: Optional[Tuple[str, object, str]] = None):
+        super().__init__(message)
+        self.remedy = remedy
 
 
 @dataclass
@@ -97,25 +107,124 @@ def _fail(path: PathLike, where: str, problem: str) -> DataError:
     return DataError(f"{path}: {where}: {problem}")
 
 
-def _check_finite(path: PathLike, where: str, dset: h5py.Dataset) -> None:
+def is_multi_hot(values: np.ndarray) -> bool:
+    """Whether every value is exactly 0 or 1 (any numeric dtype)."""
+    return values.dtype.kind in "biuf" and bool(np.isin(values, (0, 1)).all())
+
+
+def _kind(obj: object) -> str:
+    if isinstance(obj, h5py.Group):
+        return "a group"
+    if isinstance(obj, h5py.Dataset):
+        return "a dataset"
+    return f"an HDF5 {type(obj).__name__}"
+
+
+def _member(path: str, parent: h5py.Group, name: str, where: str, want: type,
+            required: bool = True) -> Optional[Union[h5py.Group, h5py.Dataset]]:
+    """``parent[name]`` when it is a ``want`` (group or dataset); None when absent and not required."""
+    noun = "group" if want is h5py.Group else "dataset"
+    try:
+        obj = parent.get(name)
+    except (KeyError, OSError) as err:  # a link to a file or object that is gone
+        raise _fail(path, where, f"unreadable {noun} ({err})") from None
+    if obj is None:
+        if not required:
+            return None
+        holder = "file" if parent.name == "/" else "group"
+        raise _fail(path, where, f"missing {noun} (the {holder} has: {sorted(parent.keys())})")
+    if not isinstance(obj, want):
+        raise _fail(path, where, f"expected a {noun}, found {_kind(obj)}")
+    return obj
+
+
+def _read(path: str, where: str, dset: h5py.Dataset, rows: slice = slice(None)) -> np.ndarray:
+    try:
+        return dset[rows]
+    except (OSError, ValueError, TypeError) as err:  # a damaged chunk, an unreadable type
+        raise _fail(path, where, f"unreadable data ({err})") from None
+
+
+def check_finite(block: np.ndarray, where: str, first_row: int = 0) -> None:
+    """Fail on NaN or inf in a [rows, d] ``block`` whose rows are numbered from ``first_row``."""
+    bad = ~np.isfinite(block)
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        kind = "NaN" if np.isnan(block[row, col]) else "inf"
+        raise DataError(
+            f"{where}: {int(bad.sum())} non-finite values in rows {first_row}..{first_row + len(block) - 1} "
+            f"(first: {kind} at row {first_row + row}, column {col})"
+        )
+
+
+def _check_finite(path: str, where: str, dset: h5py.Dataset) -> None:
     for start in range(0, dset.shape[0], _CHECK_ROWS):
-        block = dset[start : start + _CHECK_ROWS]
-        bad = ~np.isfinite(block)
-        if bad.any():
-            row, col = np.argwhere(bad)[0]
-            kind = "NaN" if np.isnan(block[row, col]) else "inf"
-            raise _fail(
-                path, where,
-                f"{int(bad.sum())} non-finite values in rows {start}..{start + len(block) - 1} "
-                f"(first: {kind} at row {start + row}, column {col})",
-            )
+        check_finite(_read(path, where, dset, slice(start, start + _CHECK_ROWS)), f"{path}: {where}", start)
+
+
+def _check_ids(path: str, where: str, dset: h5py.Dataset, n_rows: int) -> np.ndarray:
+    """The ids: integers (a float id would be truncated on loading), >= 0, fitting int64."""
+    if dset.dtype.kind not in "iu":
+        raise _fail(path, where, f"ids must be integers, got {dset.dtype}")
+    if dset.shape != (n_rows,):
+        raise _fail(path, where, f"expected shape ({n_rows},), got {dset.shape}")
+    ids = _read(path, where, dset)
+    if ids.size and ids.min() < 0:
+        # equal ids mean the same item: a -1 "unknown" marker would make strangers positives
+        row = int(np.argmax(ids < 0))
+        raise _fail(path, where, f"{int((ids < 0).sum())} negative ids (first: {ids[row]} at row {row}); "
+                                 "ids must be >= 0")
+    if ids.size and ids.dtype == np.uint64 and ids.max() > np.iinfo(np.int64).max:
+        raise _fail(path, where, f"id {ids.max()} does not fit int64")
+    return ids
+
+
+def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple]) -> Optional[np.ndarray]:
+    """Check one split's datasets; ``dims`` collects each dataset's column count across splits. Returns its ids."""
+    n_rows = None
+    for name in REQUIRED:
+        where = f"/{split}/{name}"
+        dset = _member(path, group, name, where, h5py.Dataset)
+        if dset.ndim != 2:
+            raise _fail(path, where, f"expected a 2-D array, got shape {dset.shape}")
+        if n_rows is None:
+            n_rows = dset.shape[0]
+        elif dset.shape[0] != n_rows:
+            raise _fail(path, where, f"{dset.shape[0]} rows, but /{split}/image has {n_rows}")
+        if dset.shape[0] == 0:
+            raise _fail(path, where, "empty split (0 rows)")
+        if dset.shape[1] == 0:
+            raise _fail(path, where, "0 columns")
+        previous = dims.setdefault(name, (split, dset.shape[1]))
+        if previous[1] != dset.shape[1]:
+            raise _fail(path, where, f"{dset.shape[1]} columns, but /{previous[0]}/{name} has {previous[1]}")
+        if name == "labels":
+            labels = _read(path, where, dset)
+            if not is_multi_hot(labels):
+                raise _fail(path, where, "labels must be multi-hot 0/1 values")
+            empty = np.flatnonzero(labels.sum(axis=1) == 0)
+            if empty.size:
+                raise _fail(
+                    path, where,
+                    f"{empty.size} rows have no label (first: row {empty[0]}); "
+                    "relevance is 'shares a label', so such an item can never be relevant",
+                )
+        else:
+            if dset.dtype.kind != "f":
+                raise _fail(path, where, f"expected floating-point features, got {dset.dtype}")
+            _check_finite(path, where, dset)
+    bow = _member(path, group, "text_bow", f"/{split}/text_bow", h5py.Dataset, required=False)
+    if bow is not None and (bow.ndim != 2 or bow.shape[0] != n_rows):
+        raise _fail(path, f"/{split}/text_bow", f"expected shape ({n_rows}, V), got {bow.shape}")
+    ids = _member(path, group, "ids", f"/{split}/ids", h5py.Dataset, required=False)
+    return None if ids is None else _check_ids(path, f"/{split}/ids", ids, n_rows)
 
 
 def validate_file(path: PathLike) -> Dict[str, object]:
     """Check a dataset file against the format without loading it whole.
 
     Returns the root attributes. Raises :class:`DataError` naming the file,
-    the HDF5 dataset and the problem.
+    the HDF5 object and the problem.
     """
     path = os.fspath(path)
     if not os.path.exists(path):
@@ -128,54 +237,18 @@ def validate_file(path: PathLike) -> Dict[str, object]:
         dims: Dict[str, tuple] = {}
         ids: Dict[str, np.ndarray] = {}
         for split in SPLITS:
-            if split not in f:
-                raise _fail(path, f"/{split}", f"missing group (the file has: {sorted(f.keys())})")
-            group = f[split]
-            n_rows = None
-            for name in REQUIRED:
-                where = f"/{split}/{name}"
-                if name not in group:
-                    raise _fail(path, where, f"missing dataset (the group has: {sorted(group.keys())})")
-                dset = group[name]
-                if dset.ndim != 2:
-                    raise _fail(path, where, f"expected a 2-D array, got shape {dset.shape}")
-                if n_rows is None:
-                    n_rows = dset.shape[0]
-                elif dset.shape[0] != n_rows:
-                    raise _fail(path, where, f"{dset.shape[0]} rows, but /{split}/image has {n_rows}")
-                if dset.shape[0] == 0:
-                    raise _fail(path, where, "empty split (0 rows)")
-                if dset.shape[1] == 0:
-                    raise _fail(path, where, "0 columns")
-                previous = dims.setdefault(name, (split, dset.shape[1]))
-                if previous[1] != dset.shape[1]:
-                    raise _fail(
-                        path, where,
-                        f"{dset.shape[1]} columns, but /{previous[0]}/{name} has {previous[1]}",
-                    )
-                if name == "labels":
-                    labels = dset[()]
-                    if labels.dtype.kind not in "biuf" or not np.isin(labels, (0, 1)).all():
-                        raise _fail(path, where, "labels must be multi-hot 0/1 values")
-                    empty = np.flatnonzero(labels.sum(axis=1) == 0)
-                    if empty.size:
-                        raise _fail(
-                            path, where,
-                            f"{empty.size} rows have no label (first: row {empty[0]}); "
-                            "relevance is 'shares a label', so such an item can never be relevant",
-                        )
-                else:
-                    if dset.dtype.kind != "f":
-                        raise _fail(path, where, f"expected floating-point features, got {dset.dtype}")
-                    _check_finite(path, where, dset)
-            if "ids" in group:
-                dset = group["ids"]
-                if dset.shape != (n_rows,):
-                    raise _fail(path, f"/{split}/ids", f"expected shape ({n_rows},), got {dset.shape}")
-                ids[split] = dset[()]
-        classes = f.attrs.get("classes")
-        if classes is not None and len(classes) != dims["labels"][1]:
-            raise _fail(path, "attribute 'classes'", f"{len(classes)} names for {dims['labels'][1]} label columns")
+            split_ids = _check_split(path, _member(path, f, split, f"/{split}", h5py.Group), split, dims)
+            if split_ids is not None:
+                ids[split] = split_ids
+        try:
+            attrs = read_attrs(f)
+        except (OSError, TypeError, ValueError) as err:
+            raise _fail(path, "root attributes", f"unreadable ({err})") from None
+        classes = attrs.get("classes")
+        n_classes = dims["labels"][1]
+        if classes is not None and (not isinstance(classes, list) or len(classes) != n_classes):
+            got = f"{len(classes)} names" if isinstance(classes, list) else f"a single {type(classes).__name__}"
+            raise _fail(path, "attribute 'classes'", f"{got} for {n_classes} label columns")
         if "query" in ids and "retrieval" in ids:
             shared = np.intersect1d(ids["query"], ids["retrieval"])
             if shared.size:
@@ -184,7 +257,7 @@ def validate_file(path: PathLike) -> Dict[str, object]:
                     f"{shared.size} ids also appear in /retrieval/ids (first: {shared[0]}); "
                     "query and retrieval must be disjoint",
                 )
-        return read_attrs(f)
+        return attrs
 
 
 def load_dataset(path: PathLike, validate: bool = True) -> Dataset:
@@ -209,6 +282,15 @@ def load_dataset(path: PathLike, validate: bool = True) -> Dataset:
 DTYPES = {"image": np.float32, "text": np.float32, "labels": np.uint8, "ids": np.int64, "text_bow": np.uint8}
 
 
+def make_folder(folder: str, for_path: str) -> None:
+    """Create ``folder`` (for writing ``for_path``); a failure is an OSError naming both."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        # not a FileExistsError: a file in the way of a folder is no output to overwrite
+        raise OSError(f"{for_path}: cannot create the folder {folder} ({err.strerror or err})") from None
+
+
 @contextmanager
 def open_writer(
     path: PathLike,
@@ -224,10 +306,18 @@ def open_writer(
     removed and ``path`` is left as it was.
     """
     path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: is a folder, not a file name")
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f"{path}: exists; not replaced")
+    make_folder(os.path.dirname(os.path.abspath(path)), path)
     with atomic_file(path) as tmp:
-        with h5py.File(tmp, "w") as f:
+        try:
+            f = h5py.File(tmp, "w")
+        except OSError as err:
+            reason = os.strerror(err.errno) if err.errno else str(err)
+            raise OSError(f"{path}: cannot create a file in {os.path.dirname(tmp)} ({reason})") from None
+        with f:
             write_attrs(f, attrs)
             yield f
         try:
@@ -272,6 +362,20 @@ def write_dataset(
                     raise DataError(f"{path}: /{split}/{name}: unknown dataset name")
                 if array is None:
                     continue
-                array = np.asarray(array, dtype=DTYPES[name])
+                array = _as_format(path, f"/{split}/{name}", name, np.asarray(array))
                 f[split].create_dataset(name, data=array, chunks=True if array.ndim == 2 and array.size else None)
     return path
+
+
+def _as_format(path: str, where: str, name: str, array: np.ndarray) -> np.ndarray:
+    """``array`` in the format's dtype for ``name``, refusing a cast that would change a value."""
+    if array.dtype.kind not in "biuf":
+        raise _fail(path, where, f"expected numbers, got {array.dtype}")
+    if name == "ids" and array.dtype.kind not in "iu":
+        raise _fail(path, where, f"ids must be integers, got {array.dtype}")  # 2.7 would become 2
+    if name == "labels" and not is_multi_hot(array):
+        raise _fail(path, where, "labels must be multi-hot 0/1 values")
+    if name == "text_bow" and array.size and not (
+            np.array_equal(array, np.round(array)) and 0 <= array.min() and array.max() <= 255):
+        raise _fail(path, where, "bag-of-words counts must be whole numbers from 0 to 255 (uint8)")
+    return array.astype(DTYPES[name], copy=False)

@@ -1,4 +1,4 @@
-"""Seeded query / retrieval / train split of a whole-set release (REFERENCE §1).
+"""Seeded query / retrieval / train split of a whole-set release (docs/reference.md §1).
 
 The field's standard split: draw ``query`` items at random, the rest (or a given
 number) is ``retrieval``, and ``train`` is drawn from ``retrieval``. The rule
@@ -11,6 +11,9 @@ from dataclasses import dataclass
 from typing import Dict, Optional
 
 import numpy as np
+
+from ucmfh.data.h5 import DataError
+from ucmfh.data.inputs import npz_member, open_npz
 
 # UCMFH's seed; a split is reproducible from (sizes, seed, n_items)
 DEFAULT_SEED = 2023
@@ -57,6 +60,12 @@ class SplitIndex:
         return {"train": self.train, "query": self.query, "retrieval": self.retrieval}
 
 
+def check_seed(seed: int) -> None:
+    """A split's seed is a non-negative integer (what ``numpy.random.default_rng`` takes)."""
+    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)) or seed < 0:
+        raise ValueError(f"seed must be a non-negative integer, got {seed!r}")
+
+
 def resolve_sizes(standard_split: Optional[str] = None, query: Optional[int] = None, train: Optional[int] = None,
                   retrieval: Optional[int] = None) -> SplitSizes:
     """Sizes from a named standard split, each overridable; or fully custom sizes."""
@@ -99,6 +108,7 @@ def sample_split(
     Raises:
         ValueError: when the sizes ask for more units than there are.
     """
+    check_seed(seed)
     rows = np.arange(n_items, dtype=np.int64)
     if keep is not None:
         rows = rows[np.asarray(keep, dtype=bool)]
@@ -138,14 +148,22 @@ def sample_split(
 
 def load_split_index(path: str) -> SplitIndex:
     """A given split from an ``.npz`` with integer arrays ``query``, ``retrieval``, ``train`` (source rows)."""
-    with np.load(path) as f:
+    parts = {}
+    with open_npz(path) as f:
         missing = [k for k in ("query", "retrieval", "train") if k not in f.files]
         if missing:
-            raise ValueError(f"{path}: split index file lacks {missing} (has {f.files})")
-        parts = {k: np.sort(np.asarray(f[k], dtype=np.int64).ravel()) for k in ("query", "retrieval", "train")}
+            raise DataError(f"{path}: split index file lacks {missing} (has {f.files})")
+        for k in ("query", "retrieval", "train"):
+            rows = npz_member(f, path, k).ravel()
+            if rows.dtype.kind not in "iu":  # a float row number would be truncated to another row
+                raise DataError(f"{path}: {k}: row numbers must be integers, got {rows.dtype}")
+            parts[k] = np.sort(rows.astype(np.int64))
     for k, v in parts.items():
         if v.size == 0:
-            raise ValueError(f"{path}: {k}: empty split")
+            raise DataError(f"{path}: {k}: empty split")
+        repeated = v[1:][v[1:] == v[:-1]]  # sorted: a repeat sits next to itself
+        if repeated.size:
+            raise DataError(f"{path}: {k}: row {repeated[0]} listed more than once")
     if np.intersect1d(parts["query"], parts["retrieval"]).size:
-        raise ValueError(f"{path}: query and retrieval share rows; they must be disjoint")
+        raise DataError(f"{path}: query and retrieval share rows; they must be disjoint")
     return SplitIndex(rule=f"given: source rows from {path}", **parts)

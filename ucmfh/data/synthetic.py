@@ -10,7 +10,8 @@ random-code MAP), and a trained one must learn the cross-modal alignment.
 """
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+import math
+from dataclasses import asdict, dataclass, fields
 from typing import Dict
 
 import numpy as np
@@ -20,7 +21,10 @@ from ucmfh.data.h5 import PathLike, write_dataset
 
 @dataclass
 class SyntheticSpec:
-    """Sizes and difficulty of a synthetic dataset (MIRFlickr-shaped defaults, REFERENCE §1)."""
+    """Sizes and difficulty of a synthetic dataset (MIRFlickr-shaped defaults, docs/reference.md §1).
+
+    Checked on construction: a :class:`ValueError` names the field.
+    """
 
     n_query: int = 2000
     n_retrieval: int = 18015
@@ -33,6 +37,26 @@ class SyntheticSpec:
     item_scale: float = 1.0  # item-specific part of the latent, relative to the class part
     noise: float = 2.0  # modality-specific noise, relative to the signal
     seed: int = 0
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> "SyntheticSpec":
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type in ("int", int):
+                if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+                    raise ValueError(f"{f.name} must be an integer, got {value!r}")
+                if f.name != "seed" and value < 1:
+                    raise ValueError(f"{f.name} must be at least 1, got {value}")
+            elif isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not math.isfinite(value):
+                raise ValueError(f"{f.name} must be a finite number, got {value!r}")
+            if value < 0:
+                raise ValueError(f"{f.name} must be >= 0, got {value}")
+        if self.n_train > self.n_retrieval:
+            raise ValueError(f"n_train ({self.n_train}) must be at most n_retrieval ({self.n_retrieval}): "
+                             "train is drawn from retrieval")
+        return self
 
 
 def _labels(rng: np.random.Generator, n: int, spec: SyntheticSpec) -> np.ndarray:
@@ -55,8 +79,7 @@ def _modality(rng: np.random.Generator, latent: np.ndarray, d_out: int, noise: f
 
 def make_synthetic_arrays(spec: SyntheticSpec) -> Dict[str, Dict[str, np.ndarray]]:
     """The three splits as arrays; the same spec gives the same arrays on every machine."""
-    if min(spec.n_query, spec.n_retrieval, spec.n_train) < 1 or spec.n_train > spec.n_retrieval:
-        raise ValueError(f"need n_query, n_retrieval >= 1 and 1 <= n_train <= n_retrieval, got {spec}")
+    spec.validate()  # again: a spec's fields may have been changed since it was made
     rng = np.random.default_rng(spec.seed)
     n = spec.n_query + spec.n_retrieval
     labels = _labels(rng, n, spec)
