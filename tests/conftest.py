@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -50,6 +52,13 @@ def shared_file(name: str) -> str:
     if not path.exists():
         pytest.skip(f"{path} not present: the shared real datasets exist only beside the project's CI checkout")
     return str(path)
+
+
+def dead_pid() -> int:
+    """The pid of a process that has ended (for temporary files left by a killed writer)."""
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    child.wait()
+    return child.pid
 
 
 def pytest_configure(config):

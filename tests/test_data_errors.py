@@ -22,6 +22,8 @@ from click.testing import CliRunner
 from ucmfh.app.cli import main
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 
+from conftest import dead_pid
+
 ROOT = Path(__file__).resolve().parents[1]
 N = 30
 SPLIT = ["--query", "5", "--train", "10"]
@@ -275,12 +277,6 @@ def test_one_line_on_stderr_in_a_real_process(tmp_path, arrays):
 
 
 # ------------------------------------------------------------------ stale temporary files
-
-
-def dead_pid() -> int:
-    proc = subprocess.Popen([sys.executable, "-c", "pass"])
-    proc.wait()
-    return proc.pid
 
 
 def test_stale_temp_of_a_dead_writer_is_removed_a_live_ones_kept(tmp_path, arrays):

@@ -11,7 +11,8 @@ from click.testing import CliRunner
 
 Image = pytest.importorskip("PIL.Image", reason="pillow is not installed (pip install 'ucmfh[extract]')")
 
-from test_data_errors import dead_pid, user_error
+from conftest import dead_pid
+from test_data_errors import user_error
 from ucmfh.app.cli import main
 from ucmfh.data import DataError, load_dataset
 from ucmfh.data.extract import ExtractConfig, extract_features, list_images, read_captions, read_labels

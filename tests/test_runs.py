@@ -19,6 +19,8 @@ from ucmfh.app.cli import main
 from ucmfh.app.runs import summarize
 from ucmfh.files import append_jsonl, read_jsonl
 
+from conftest import dead_pid
+
 ROOT = Path(__file__).resolve().parents[1]
 TINY_ARGS = ["--n-query", "40", "--n-retrieval", "200", "--n-train", "120", "--d-img", "24", "--d-txt", "16",
              "--n-classes", "6"]
@@ -41,12 +43,6 @@ def _train(*args: str) -> str:
 
 def _rows(path: Path) -> list:
     return [json.loads(line) for line in path.read_text().splitlines()]
-
-
-def _dead_pid() -> int:
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
 
 
 def test_two_files_with_one_name_never_share_a_run(tmp_path):
@@ -195,7 +191,7 @@ def test_sigkill_at_a_random_moment_then_resume_gives_identical_codes(tmp_path, 
     proc.wait()
     # a temporary file of a killed writer, as SIGKILL during a save leaves one
     [state] = list(out.rglob("*.state.pt"))
-    stale = state.parent / f".{state.name}.tmp{_dead_pid()}"
+    stale = state.parent / f".{state.name}.tmp{dead_pid()}"
     stale.write_bytes(b"half a file")
     done = _run(*common, "--out", str(out), "--results", str(results), "--resume")
     assert done.returncode == 0, done.stderr

@@ -3,43 +3,18 @@
 Thin: each command parses options and calls one library function. The main
 ``ucmfh`` group adds them with ``main.add_command(convert)`` and
 ``main.add_command(extract)``. Bad input ends in one line and exit code 2
-(:func:`data_errors`).
+(:func:`ucmfh.app.errors.user_errors`).
 """
 from __future__ import annotations
 
-import functools
 import logging
-from typing import Any, Callable
 
 import click
 
-from ucmfh.app.errors import UserError, describe, user_errors
+from ucmfh.app.errors import user_errors
 from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
-from ucmfh.data.h5 import DataError
 from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features
 from ucmfh.data.splits import DEFAULT_SEED, STANDARD_SPLITS, resolve_sizes
-
-
-def option_hint(setting: str, value: object) -> str:
-    """A library setting as this command line's option: ``bad_images='skip'`` is ``--bad-images skip``."""
-    flag = "--" + setting.replace("_", "-")
-    return flag if value is True else f"{flag} {value}"
-
-
-def data_errors(fn: Callable) -> Callable:
-    """:func:`user_errors`, and a :class:`DataError`'s remedy worded as this command's option."""
-
-    @functools.wraps(fn)
-    def wrapper(*args: Any, **kwargs: Any) -> Any:
-        try:
-            return fn(*args, **kwargs)
-        except DataError as err:
-            if err.remedy is None:
-                raise
-            setting, value, effect = err.remedy
-            raise UserError(f"{describe(err)}; use {option_hint(setting, value)} {effect}") from None
-
-    return user_errors(wrapper)
 
 
 def _summary(report: ConvertReport) -> None:
@@ -75,7 +50,7 @@ def convert() -> None:
 @click.argument("folder", type=click.Path(exists=True, file_okay=False))
 @click.argument("out", type=click.Path(dir_okay=False))
 @_common
-@data_errors
+@user_errors
 def convert_pkl_cmd(folder, out, name, classes_file, image_feature, text_feature, empty_labels, overwrite):
     """UCMFH's FOLDER/{train,query,retrieval}.pkl -> OUT, split as released."""
     kwargs = {k: v for k, v in (("image_feature", image_feature), ("text_feature", text_feature)) if v}
@@ -101,7 +76,7 @@ def _arrays_command(kind: str, help_text: str):
     @click.option("--seed", type=int, default=DEFAULT_SEED, show_default=True, help="Seed of the drawn split.")
     @click.option("--chunk-rows", type=int, default=4096, show_default=True, help="Rows read per block.")
     @_common
-    @data_errors
+    @user_errors
     def command(image, text, labels, out, image_key, text_key, labels_key, standard_split, query, train, retrieval,
                 split_index, seed, chunk_rows, name, classes_file, image_feature, text_feature, empty_labels,
                 overwrite):
@@ -157,7 +132,7 @@ _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with
 @click.option("--empty-labels", type=click.Choice(EMPTY_LABELS), default="drop", show_default=True,
               help="Images with no label: drop them (count is logged) or fail.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
-@data_errors
+@user_errors
 def extract(images, captions, labels, out, model, batch_size, chunk_items, device, normalize, bad_images, workers,
             keep_scratch, restart, standard_split, query, train, retrieval, seed, name, classes_file, empty_labels,
             overwrite):

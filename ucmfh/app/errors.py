@@ -26,11 +26,25 @@ class UserError(click.ClickException):
     exit_code = EXIT_USER_ERROR
 
 
+def option_hint(setting: str, value: object) -> str:
+    """A library setting as a command-line option: ``bad_images='skip'`` is ``--bad-images skip``."""
+    flag = "--" + setting.replace("_", "-")
+    return flag if value is True else f"{flag} {value}"
+
+
 def describe(err: BaseException) -> str:
-    """The one line shown for a user error."""
+    """The one line shown for a user error, with its remedy worded as an option.
+
+    A library error may carry ``remedy = (setting, value, effect)`` (``DataError``
+    does): the setting under which the input would be accepted.
+    """
     text = str(err) or type(err).__name__
     if isinstance(err, FileExistsError):
         text += " (pass --overwrite to replace it)"
+    remedy = getattr(err, "remedy", None)
+    if remedy is not None:
+        setting, value, effect = remedy
+        text += f"; use {option_hint(setting, value)} {effect}"
     return " ".join(text.split())
 
 

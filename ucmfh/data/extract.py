@@ -272,10 +272,7 @@ class ClipEncoder:
             raise ImportError(
                 "feature extraction needs transformers: pip install 'ucmfh[extract]'"
             ) from err
-        try:
-            self.device = resolve_device(device or "auto")
-        except RuntimeError as err:  # torch's own error for an unknown name, or CUDA where there is none
-            raise ValueError(f"device {device!r} cannot be used ({err})") from None
+        self.device = resolve_device(device or "auto")  # ValueError naming the device
         find_model(model)
         try:
             self.model = CLIPModel.from_pretrained(model, local_files_only=True).eval().to(self.device)
