@@ -94,8 +94,11 @@ def test_evaluate_without_ids_and_cosine():
     result = evaluate_codes(**data, k=5)
     assert "recall_at_ranks" not in result["i2t"]
     real = {k: (v + 0.1 * torch.randn(v.shape) if "labels" not in k else v) for k, v in data.items()}
-    cos = evaluate_codes(**real, k=5, similarity="cosine")
-    assert "pr_curve" not in cos["t2i"] and cos["settings"]["similarity"] == "cosine"
+    cos = evaluate_codes(**real, k=5, ranking="cosine")
+    assert "pr_curve" not in cos["t2i"]
+    assert cos["settings"]["ranking"] == "cosine" and cos["settings"]["order"] == "cosine similarity descending"
+    assert result["settings"]["ranking"] == "hamming" and result["settings"]["order"] == "Hamming distance ascending"
+    assert "similarity" not in cos["settings"]
 
 
 def test_plots(tmp_path):

@@ -25,11 +25,11 @@ from ucmfh.metrics import (
 # ------------------------------------------------------------ slow references
 
 
-def ref_ranking(q, retrieval, similarity="hamming"):
+def ref_ranking(q, retrieval, ranking="hamming"):
     """Indices of the retrieval set in ranking order, by a plain Python sort."""
     q = q.tolist()
     rows = retrieval.tolist()
-    if similarity == "hamming":
+    if ranking == "hamming":
         keys = [(sum(a != b for a, b in zip(q, r)), j) for j, r in enumerate(rows)]
     else:
         inv_q = 1.0 / max(math.sqrt(sum(a * a for a in q)), 1e-300)
@@ -60,19 +60,19 @@ def ref_mean(values, keep, empty):
     return sum(vals) / len(vals) if vals else 0.0
 
 
-def ref_per_query(query, retrieval, ql, rl, similarity="hamming"):
+def ref_per_query(query, retrieval, ql, rl, ranking="hamming"):
     """(ranked relevance, total relevant) of each query."""
     out = []
     for i in range(query.shape[0]):
         rel = ref_relevant(ql[i], rl)
-        order = ref_ranking(query[i], retrieval, similarity)
+        order = ref_ranking(query[i], retrieval, ranking)
         out.append(([rel[j] for j in order], sum(rel)))
     return out
 
 
-def ref_map(query, retrieval, ql, rl, k, similarity="hamming", empty="zero"):
+def ref_map(query, retrieval, ql, rl, k, ranking="hamming", empty="zero"):
     k = retrieval.shape[0] if k is None else k
-    per = ref_per_query(query, retrieval, ql, rl, similarity)
+    per = ref_per_query(query, retrieval, ql, rl, ranking)
     return ref_mean([ref_ap(r, k) for r, _ in per], [t > 0 for _, t in per], empty)
 
 
@@ -195,28 +195,28 @@ def cosine_case(seed, n_query=15, n_retrieval=70, dim=3):
 @pytest.mark.parametrize("k", [1, 9, None])
 def test_cosine_matches_reference(seed, k):
     query, retrieval, ql, rl = cosine_case(seed)
-    expected = ref_map(query, retrieval, ql, rl, k, similarity="cosine")
+    expected = ref_map(query, retrieval, ql, rl, k, ranking="cosine")
     for chunk, r_chunk in [(1024, 16384), (4, 6)]:
         got = map_at_k_cosine(query, retrieval, ql, rl, k=k, chunk_size=chunk, retrieval_chunk_size=r_chunk)
         assert got == pytest.approx(expected, abs=1e-10)
-    _, idx = top_k(query, retrieval, 70, similarity="cosine", retrieval_chunk_size=8)
+    _, idx = top_k(query, retrieval, 70, ranking="cosine", retrieval_chunk_size=8)
     for i in range(query.shape[0]):
         assert idx[i].tolist() == ref_ranking(query[i], retrieval, "cosine")
 
 
-@pytest.mark.parametrize("similarity", ["hamming", "cosine"])
+@pytest.mark.parametrize("ranking", ["hamming", "cosine"])
 @pytest.mark.parametrize("empty", ["zero", "skip"])
-def test_precision_recall_at_k_match_reference(similarity, empty):
-    if similarity == "hamming":
+def test_precision_recall_at_k_match_reference(ranking, empty):
+    if ranking == "hamming":
         query, retrieval, ql, rl = make_case(5, 19, 90, 8)
     else:
         query, retrieval, ql, rl = cosine_case(5, 19, 90)
     ks = [1, 3, 10, 90, 200]
-    per = ref_per_query(query, retrieval, ql, rl, similarity)
+    per = ref_per_query(query, retrieval, ql, rl, ranking)
     keep = [t > 0 for _, t in per]
     exp_p = [ref_mean([sum(r[:k]) / min(k, 90) for r, _ in per], keep, empty) for k in ks]
     exp_r = [ref_mean([sum(r[:k]) / t if t else 0.0 for r, t in per], keep, empty) for k in ks]
-    kw = dict(empty=empty, similarity=similarity, chunk_size=4, retrieval_chunk_size=11)
+    kw = dict(empty=empty, ranking=ranking, chunk_size=4, retrieval_chunk_size=11)
     assert precision_at_k(query, retrieval, ql, rl, ks=ks, **kw) == pytest.approx(exp_p, abs=1e-12)
     assert recall_at_k(query, retrieval, ql, rl, ks=ks, **kw) == pytest.approx(exp_r, abs=1e-12)
 
@@ -246,9 +246,9 @@ def test_pr_curve_and_radius_match_reference(empty):
     )
 
 
-@pytest.mark.parametrize("similarity", ["hamming", "cosine"])
-def test_recall_at_ranks_matches_reference(similarity):
-    if similarity == "hamming":
+@pytest.mark.parametrize("ranking", ["hamming", "cosine"])
+def test_recall_at_ranks_matches_reference(ranking):
+    if ranking == "hamming":
         query, retrieval, _, _ = make_case(7, 25, 100, 8)
     else:
         query, retrieval, _, _ = cosine_case(7, 25, 100)
@@ -258,12 +258,12 @@ def test_recall_at_ranks_matches_reference(similarity):
         hits = {r: [] for r in (1, 5, 10)}
         keep = []
         for i in range(25):
-            order = ref_ranking(query[i], retrieval, similarity)
+            order = ref_ranking(query[i], retrieval, ranking)
             match = [int(retrieval_ids[j]) == int(query_ids[i]) for j in order]
             keep.append(any(match))
             for r in hits:
                 hits[r].append(1.0 if any(match[:r]) else 0.0)
-        got = recall_at_ranks(query, retrieval, query_ids, retrieval_ids, similarity=similarity, empty=empty, chunk_size=6)
+        got = recall_at_ranks(query, retrieval, query_ids, retrieval_ids, ranking=ranking, empty=empty, chunk_size=6)
         assert got == pytest.approx([ref_mean(hits[r], keep, empty) for r in (1, 5, 10)])
 
 
@@ -287,8 +287,8 @@ def test_validation_errors():
         map_at_k(query, retrieval, ql[:3], rl)
     with pytest.raises(ValueError, match="empty"):
         map_at_k(query, retrieval, ql, rl, empty="nan")
-    with pytest.raises(ValueError, match="similarity"):
-        map_at_k(query, retrieval, ql, rl, similarity="dot")
+    with pytest.raises(ValueError, match="ranking"):
+        map_at_k(query, retrieval, ql, rl, ranking="dot")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")

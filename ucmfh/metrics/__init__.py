@@ -1,7 +1,7 @@
 """Retrieval metrics: exact, chunked, device-following (REFERENCE §6).
 
 Ranking is by Hamming distance of ±1 codes (or packed uint8 bits), or by
-cosine similarity with ``similarity="cosine"``; ties by retrieval index.
+cosine similarity with ``ranking="cosine"``; ties by retrieval index.
 """
 from ucmfh.metrics.engine import native_kernels, relevant_counts, top_k
 from ucmfh.metrics.report import codes_file_row, evaluate_codes, evaluate_codes_file, evaluate_direction

@@ -42,7 +42,7 @@ try:  # the compiled CPU kernels; optional at install (setup.py)
 except ImportError:  # pragma: no cover - exercised only where the build failed
     _hamming = None
 
-Similarity = Literal["hamming", "cosine"]
+Ranking = Literal["hamming", "cosine"]
 Empty = Literal["zero", "skip"]
 
 DEFAULT_CHUNK_SIZE = 256
@@ -60,16 +60,16 @@ def _check_chunks(chunk_size: int, retrieval_chunk_size: int) -> None:
         raise ValueError(f"chunk sizes must be >= 1, got {chunk_size} and {retrieval_chunk_size}")
 
 
-def check_pair(query: torch.Tensor, retrieval: torch.Tensor, similarity: str) -> None:
+def check_pair(query: torch.Tensor, retrieval: torch.Tensor, ranking: str) -> None:
     """Validate a query/retrieval pair of codes or embeddings."""
-    _check_choice("similarity", similarity, ("hamming", "cosine"))
+    _check_choice("ranking", ranking, ("hamming", "cosine"))
     if query.ndim != 2 or retrieval.ndim != 2:
         raise ValueError(f"query and retrieval must be 2-D, got {tuple(query.shape)} and {tuple(retrieval.shape)}")
     if query.shape[1] != retrieval.shape[1]:
         raise ValueError(f"query and retrieval differ in width: {query.shape[1]} and {retrieval.shape[1]}")
     if (query.dtype == torch.uint8) != (retrieval.dtype == torch.uint8):
         raise ValueError("query and retrieval must both be packed (uint8) or both ±1 codes")
-    if similarity == "cosine" and query.dtype == torch.uint8:
+    if ranking == "cosine" and query.dtype == torch.uint8:
         raise ValueError("cosine ranking needs real-valued embeddings, got packed codes")
     if retrieval.shape[0] == 0:
         raise ValueError("the retrieval set is empty")
@@ -324,7 +324,7 @@ def iter_top_k(
     query: torch.Tensor,
     retrieval: torch.Tensor,
     k: int,
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> Iterator[Tuple[int, torch.Tensor, torch.Tensor]]:
@@ -333,20 +333,20 @@ def iter_top_k(
     scores are Hamming distances (int64) or cosine similarities (float64);
     both [q, min(k, N)], in ranking order.
     """
-    check_pair(query, retrieval, similarity)
+    check_pair(query, retrieval, ranking)
     _check_chunks(chunk_size, retrieval_chunk_size)
     k = min(k, retrieval.shape[0])
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     device = query.device
-    native = similarity == "hamming" and _use_native(device)
+    native = ranking == "hamming" and _use_native(device)
     if native:
         rw, n_bits = _code_words(retrieval), n_bits_of(retrieval)
     for start in range(0, query.shape[0], chunk_size):
         q = query[start : start + chunk_size]
         if native:
             yield (start, *_native_top_k(_code_words(q), rw, n_bits, k))
-        elif similarity == "hamming":
+        elif ranking == "hamming":
             yield (start, *_hamming_top_k_chunk(as_pm1(q, device), retrieval, k, retrieval_chunk_size))
         else:
             yield (start, *_cosine_top_k_chunk(q, retrieval, k, retrieval_chunk_size))
@@ -356,7 +356,7 @@ def top_k(
     query: torch.Tensor,
     retrieval: torch.Tensor,
     k: int,
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -365,7 +365,7 @@ def top_k(
     Shape: query [Q, d], retrieval [N, d] -> (scores, indices) [Q, min(k, N)];
     scores are Hamming distances (int64) or cosine similarities (float64).
     """
-    parts = list(iter_top_k(query, retrieval, k, similarity, chunk_size, retrieval_chunk_size))
+    parts = list(iter_top_k(query, retrieval, k, ranking, chunk_size, retrieval_chunk_size))
     return torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
 
 

@@ -1,7 +1,7 @@
 """Ranking metrics: MAP@K, MAP@all, precision@K, recall@K, Recall@ranks (REFERENCE §6).
 
 Every function ranks by Hamming distance of ±1 (or packed) codes by default, or
-by cosine similarity of real-valued embeddings with ``similarity="cosine"``;
+by cosine similarity of real-valued embeddings with ``ranking="cosine"``;
 ties by retrieval index ascending. ``empty`` decides what happens to a query
 with no relevant item in the whole retrieval set: ``"zero"`` (default, the
 field's standard for MAP) scores it 0 and keeps it in the mean, ``"skip"``
@@ -17,7 +17,7 @@ from ucmfh.metrics.engine import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
     Empty,
-    Similarity,
+    Ranking,
     _check_choice,
     _use_native,
     average_precision_all_hamming,
@@ -58,7 +58,7 @@ def average_precision_at_k(
     k: Optional[int] = 50,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> torch.Tensor:
     """AP@K of every query (``k=None``: over the whole ranking). Shape: -> [Q] float64.
@@ -68,16 +68,16 @@ def average_precision_at_k(
     """
     _check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
     n = retrieval_codes.shape[0]
-    if similarity == "hamming" and _use_native(query_codes.device):
+    if ranking == "hamming" and _use_native(query_codes.device):
         return native_average_precision(query_codes, retrieval_codes, query_labels, retrieval_labels, k)
-    if k is None and similarity == "hamming":
+    if k is None and ranking == "hamming":
         return average_precision_all_hamming(
             query_codes, retrieval_codes, query_labels, retrieval_labels, chunk_size, retrieval_chunk_size
         )
     k = n if k is None else k
     out = []
     for start, _, idx in iter_top_k(
-        query_codes, retrieval_codes, k, similarity, chunk_size, retrieval_chunk_size
+        query_codes, retrieval_codes, k, ranking, chunk_size, retrieval_chunk_size
     ):
         rel = gather_relevance(query_labels[start : start + chunk_size], retrieval_labels, idx)
         out.append(average_precision_ranked(rel))
@@ -93,7 +93,7 @@ def map_at_k(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     empty: Empty = "zero",
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> float:
     """MAP@K with Hamming ranking of ±1 (or packed uint8) codes; ``k=None`` gives MAP@all.
@@ -108,7 +108,7 @@ def map_at_k(
     keep = _keep(empty, query_labels, retrieval_labels)
     ap = average_precision_at_k(
         query_codes, retrieval_codes, query_labels, retrieval_labels, k, chunk_size,
-        similarity=similarity, retrieval_chunk_size=retrieval_chunk_size,
+        ranking=ranking, retrieval_chunk_size=retrieval_chunk_size,
     )
     return mean(ap, keep)
 
@@ -121,13 +121,13 @@ def map_at_all(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     empty: Empty = "zero",
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> float:
     """MAP over the whole ranking: ``map_at_k(..., k=None)``."""
     return map_at_k(
         query_codes, retrieval_codes, query_labels, retrieval_labels, None, chunk_size,
-        empty=empty, similarity=similarity, retrieval_chunk_size=retrieval_chunk_size,
+        empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size,
     )
 
 
@@ -148,7 +148,7 @@ def map_at_k_cosine(
     """
     return map_at_k(
         query, retrieval, query_labels, retrieval_labels, k, chunk_size,
-        empty=empty, similarity="cosine", retrieval_chunk_size=retrieval_chunk_size,
+        empty=empty, ranking="cosine", retrieval_chunk_size=retrieval_chunk_size,
     )
 
 
@@ -157,7 +157,7 @@ def _hits_at(
     retrieval: torch.Tensor,
     ks: Sequence[int],
     match,
-    similarity: str,
+    ranking: str,
     chunk_size: int,
     retrieval_chunk_size: int,
 ) -> torch.Tensor:
@@ -168,7 +168,7 @@ def _hits_at(
     n = retrieval.shape[0]
     cols = torch.tensor([min(k, n) - 1 for k in ks], device=query.device)
     out = []
-    for start, _, idx in iter_top_k(query, retrieval, max(ks), similarity, chunk_size, retrieval_chunk_size):
+    for start, _, idx in iter_top_k(query, retrieval, max(ks), ranking, chunk_size, retrieval_chunk_size):
         hits = match(start, idx).long().cumsum(dim=1)
         out.append(hits[:, cols])
     return torch.cat(out)
@@ -183,7 +183,7 @@ def precision_recall_at_k(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     empty: Empty = "zero",
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> Tuple[List[float], List[float]]:
     """(precision@K curve, recall@K curve) from one ranking pass; see the two functions below."""
@@ -193,7 +193,7 @@ def precision_recall_at_k(
     hits = _hits_at(
         query_codes, retrieval_codes, ks,
         lambda s, idx: gather_relevance(query_labels[s : s + chunk_size], retrieval_labels, idx),
-        similarity, chunk_size, retrieval_chunk_size,
+        ranking, chunk_size, retrieval_chunk_size,
     ).double()
     denom = torch.tensor([min(k, n) for k in ks], dtype=torch.float64, device=hits.device)
     total = relevant_counts(query_labels.to(query_codes.device), retrieval_labels)
@@ -210,7 +210,7 @@ def precision_at_k(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     empty: Empty = "zero",
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> List[float]:
     """Precision@K curve: mean over queries of (relevant among the first K) / K, one value per K.
@@ -219,7 +219,7 @@ def precision_at_k(
     """
     return precision_recall_at_k(
         query_codes, retrieval_codes, query_labels, retrieval_labels, ks, chunk_size,
-        empty=empty, similarity=similarity, retrieval_chunk_size=retrieval_chunk_size,
+        empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size,
     )[0]
 
 
@@ -232,13 +232,13 @@ def recall_at_k(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     empty: Empty = "zero",
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> List[float]:
     """Recall@K curve: mean over queries of (relevant among the first K) / (relevant in the set)."""
     return precision_recall_at_k(
         query_codes, retrieval_codes, query_labels, retrieval_labels, ks, chunk_size,
-        empty=empty, similarity=similarity, retrieval_chunk_size=retrieval_chunk_size,
+        empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size,
     )[1]
 
 
@@ -251,7 +251,7 @@ def recall_at_ranks(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     empty: Empty = "zero",
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> List[float]:
     """Recall@1/5/10 of caption retrieval: the fraction of queries with a true match among the first R.
@@ -273,6 +273,6 @@ def recall_at_ranks(
     hits = _hits_at(
         query_codes, retrieval_codes, ranks,
         lambda s, idx: gather_id_match(query_ids[s : s + chunk_size], retrieval_ids, idx),
-        similarity, chunk_size, retrieval_chunk_size,
+        ranking, chunk_size, retrieval_chunk_size,
     )
     return mean_columns((hits > 0).double(), keep)

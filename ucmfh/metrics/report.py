@@ -6,12 +6,13 @@ from typing import Dict, Optional, Sequence, Union
 
 import torch
 
-from ucmfh.metrics.engine import DEFAULT_CHUNK_SIZE, DEFAULT_RETRIEVAL_CHUNK_SIZE, Empty, Similarity
+from ucmfh.metrics.engine import DEFAULT_CHUNK_SIZE, DEFAULT_RETRIEVAL_CHUNK_SIZE, Empty, Ranking
 from ucmfh.metrics.radius import pr_curve_hamming
 from ucmfh.metrics.ranking import map_at_k, precision_recall_at_k, recall_at_ranks
 
 DEFAULT_KS = (1, 5, 10, 20, 50, 100, 200, 500, 1000)
 DIRECTIONS = {"i2t": ("img", "txt"), "t2i": ("txt", "img")}
+ORDER = {"hamming": "Hamming distance ascending", "cosine": "cosine similarity descending"}
 
 
 def evaluate_direction(
@@ -28,12 +29,12 @@ def evaluate_direction(
     radius: int = 2,
     map_all: bool = True,
     empty: Empty = "zero",
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> Dict[str, object]:
     """Every metric of one direction. Radius metrics only for Hamming; Recall@ranks only with ids."""
-    kw = dict(empty=empty, similarity=similarity, retrieval_chunk_size=retrieval_chunk_size)
+    kw = dict(empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size)
     out: Dict[str, object] = {
         f"map@{k}": map_at_k(query, retrieval, query_labels, retrieval_labels, k, chunk_size, **kw),
     }
@@ -42,7 +43,7 @@ def evaluate_direction(
     ks = list(ks)
     precision, recall = precision_recall_at_k(query, retrieval, query_labels, retrieval_labels, ks, chunk_size, **kw)
     out["precision_at_k"] = {"k": ks, "precision": precision, "recall": recall}
-    if similarity == "hamming":
+    if ranking == "hamming":
         curve = pr_curve_hamming(
             query, retrieval, query_labels, retrieval_labels, chunk_size,
             empty=empty, retrieval_chunk_size=retrieval_chunk_size,
@@ -69,11 +70,13 @@ def evaluate_codes(
     """All metrics for I→T (image queries vs text retrieval) and T→I.
 
     Shape: codes [Q or N, n_bits] ±1 (or packed uint8, or real-valued with
-    ``similarity="cosine"``); labels [Q or N, C]; ids [Q or N] or None.
+    ``ranking="cosine"``); labels [Q or N, C]; ids [Q or N] or None.
     ``options`` are those of :func:`evaluate_direction` (k, ks, ranks, radius,
-    map_all, empty, similarity, chunk_size, retrieval_chunk_size).
+    map_all, empty, ranking, chunk_size, retrieval_chunk_size).
 
-    Returns ``{"settings": {...}, "i2t": {...}, "t2i": {...}}``, JSON-able.
+    Returns ``{"settings": {...}, "i2t": {...}, "t2i": {...}}``, JSON-able;
+    ``settings["ranking"]`` is ``"hamming"`` or ``"cosine"``, ``settings["order"]``
+    says it in words.
     """
     codes = {"query": {"img": query_img, "txt": query_txt}, "retrieval": {"img": retrieval_img, "txt": retrieval_txt}}
     result: Dict[str, object] = {}
@@ -82,14 +85,14 @@ def evaluate_codes(
             codes["query"][q_mod], codes["retrieval"][r_mod], query_labels, retrieval_labels,
             query_ids, retrieval_ids, **options,
         )
+    ranking = options.get("ranking", "hamming")
     settings = {
         "k": options.get("k", 50),
         "empty": options.get("empty", "zero"),
-        "similarity": options.get("similarity", "hamming"),
+        "ranking": ranking,
         "n_query": int(query_img.shape[0]),
         "n_retrieval": int(retrieval_img.shape[0]),
-        "ranking": "Hamming distance ascending" if options.get("similarity", "hamming") == "hamming"
-        else "cosine similarity descending",
+        "order": ORDER[ranking],
         "ties": "retrieval index ascending",
     }
     return {"settings": settings, **result}
