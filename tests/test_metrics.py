@@ -1,4 +1,4 @@
-"""Every metric against a slow, obviously-correct per-query Python loop (REFERENCE §6)."""
+"""Every metric against a slow, obviously-correct per-query Python loop (docs/reference.md §6)."""
 from __future__ import annotations
 
 import math
@@ -9,11 +9,14 @@ import pytest
 import torch
 
 from ucmfh.codes import pack_codes
+from ucmfh.metrics.topk import hamming_top_k_torch
 from ucmfh.metrics import (
     average_precision_at_k,
+    backend,
     map_at_all,
     map_at_k,
     map_at_k_cosine,
+    native_kernels,
     pr_curve_hamming,
     precision_at_k,
     precision_within_radius,
@@ -80,19 +83,17 @@ def ref_map(query, retrieval, ql, rl, k, ranking="hamming", empty="zero"):
 
 
 @pytest.fixture(autouse=True, params=["native", "torch"])
-def engine_path(request, monkeypatch):
+def each_backend(request):
     """Every test runs on both CPU paths: the compiled kernels and the torch (GPU) path."""
-    import ucmfh.metrics.engine as engine
-
     if request.param == "native":
-        if engine.native_kernels() is None:
+        if native_kernels() is None:
             if os.environ.get("UCMFH_REQUIRE_NATIVE") == "1":
                 pytest.fail("UCMFH_REQUIRE_NATIVE=1 but ucmfh.metrics._hamming is not built")
             pytest.skip("the compiled Hamming kernels are not built")
         if request.node.get_closest_marker("torch_path"):
             pytest.skip("tests an internal of the torch path")
-    monkeypatch.setattr(engine, "FORCE_NATIVE", request.param == "native")
-    return request.param
+    with backend(request.param):
+        yield request.param
 
 
 def make_case(seed, n_query, n_retrieval, n_bits, n_classes=5, p_label=0.25):
@@ -316,16 +317,13 @@ def test_group_preselection_exact_with_ties(n_bits, k):
 @pytest.mark.torch_path
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n_bits", [8, 16, 128])
-def test_every_score_dtype_is_exact(dtype, n_bits, monkeypatch):
+def test_every_score_dtype_is_exact(dtype, n_bits):
     """The matmul dtype is chosen per device (bf16 on CPUs with native bf16, fp16 on GPUs): all are exact."""
-    import ucmfh.metrics.engine as engine
-
-    monkeypatch.setattr(engine, "FORCE_SCORE_DTYPE", dtype)
     query, retrieval, _, _ = make_case(20 + n_bits, 5, 2500, n_bits)
     retrieval[1000:1500] = retrieval[3]
     expected = [ref_ranking(query[i], retrieval)[:40] for i in range(5)]
     for r_chunk in (2500, 1000, 777):
-        dist, idx = top_k(query, retrieval, 40, chunk_size=3, retrieval_chunk_size=r_chunk)
+        dist, idx = hamming_top_k_torch(query, retrieval, 40, r_chunk, dtype)
         assert idx.tolist() == expected
         assert dist.tolist() == [[int((query[i] != retrieval[j]).sum()) for j in row] for i, row in enumerate(expected)]
 
@@ -355,3 +353,4 @@ def test_relevant_counts(n_classes):
     ql[:, n_classes - 1] = 1
     expected = [sum(ref_relevant(ql[i], rl)) for i in range(30)]
     assert relevant_counts(ql, rl).tolist() == expected
+

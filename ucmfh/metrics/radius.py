@@ -12,21 +12,22 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from ucmfh.metrics.engine import (
+from ucmfh.metrics.ap import mean_columns
+from ucmfh.metrics.histograms import iter_hamming_histograms
+from ucmfh.metrics.inputs import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
     Empty,
-    iter_hamming_histograms,
-    mean_columns,
+    check_labels,
 )
-from ucmfh.metrics.ranking import _check_labels, _keep
+from ucmfh.metrics.relevance import queries_to_keep
 
 
 def _radius_counts(
     query_codes, retrieval_codes, query_labels, retrieval_labels, chunk_size, retrieval_chunk_size
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Items and relevant items within radius r, for every r. Shape: [Q, n_bits + 1] int64 each."""
-    _check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
+    check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
     returned, relevant = [], []
     for _, h_all, h_rel in iter_hamming_histograms(
         query_codes, retrieval_codes, query_labels, retrieval_labels, chunk_size, retrieval_chunk_size
@@ -56,7 +57,7 @@ def pr_curve_hamming(
 
     Returns ``{"radius": [0..n_bits], "precision": [...], "recall": [...]}``.
     """
-    keep = _keep(empty, query_labels, retrieval_labels)
+    keep = queries_to_keep(empty, query_labels, retrieval_labels)
     returned, relevant = _radius_counts(
         query_codes, retrieval_codes, query_labels, retrieval_labels, chunk_size, retrieval_chunk_size
     )

@@ -1,4 +1,4 @@
-"""Ranking metrics: MAP@K, MAP@all, precision@K, recall@K, Recall@ranks (REFERENCE §6).
+"""Ranking metrics: MAP@K, MAP@all, precision@K, recall@K, Recall@ranks (docs/reference.md §6).
 
 Every function ranks by Hamming distance of ±1 (or packed) codes by default, or
 by cosine similarity of real-valued embeddings with ``ranking="cosine"``;
@@ -13,41 +13,31 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ucmfh.metrics.engine import (
+from ucmfh.metrics.ap import (
+    average_precision_all_hamming,
+    average_precision_native,
+    average_precision_ranked,
+    mean,
+    mean_columns,
+)
+from ucmfh.metrics.inputs import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
     Empty,
     Ranking,
-    _check_choice,
-    _use_native,
-    average_precision_all_hamming,
-    average_precision_ranked,
+    check_choice,
+    check_ids,
+    check_labels,
+)
+from ucmfh.metrics.native import use_native
+from ucmfh.metrics.relevance import (
     gather_id_match,
     gather_relevance,
     id_match_counts,
-    iter_top_k,
-    mean,
-    mean_columns,
-    native_average_precision,
+    queries_to_keep,
     relevant_counts,
 )
-
-
-def _keep(empty: str, query_labels: torch.Tensor, retrieval_labels: torch.Tensor) -> Optional[torch.Tensor]:
-    _check_choice("empty", empty, ("zero", "skip"))
-    if empty == "zero":
-        return None
-    return relevant_counts(query_labels, retrieval_labels) > 0
-
-
-def _check_labels(query: torch.Tensor, retrieval: torch.Tensor, ql: torch.Tensor, rl: torch.Tensor) -> None:
-    if ql.shape[0] != query.shape[0] or rl.shape[0] != retrieval.shape[0]:
-        raise ValueError(
-            f"labels do not match the codes: {ql.shape[0]} query labels for {query.shape[0]} queries, "
-            f"{rl.shape[0]} retrieval labels for {retrieval.shape[0]} items"
-        )
-    if ql.ndim != 2 or rl.ndim != 2 or ql.shape[1] != rl.shape[1]:
-        raise ValueError(f"labels must be [N, C] with the same C, got {tuple(ql.shape)} and {tuple(rl.shape)}")
+from ucmfh.metrics.topk import iter_top_k
 
 
 def average_precision_at_k(
@@ -66,10 +56,10 @@ def average_precision_at_k(
     AP@K = (1/r) Σ_i i / p_i over the r relevant items among the first K, at
     positions p_1 < … < p_r; 0 when r = 0. K larger than N means N.
     """
-    _check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
+    check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
     n = retrieval_codes.shape[0]
-    if ranking == "hamming" and _use_native(query_codes.device):
-        return native_average_precision(query_codes, retrieval_codes, query_labels, retrieval_labels, k)
+    if ranking == "hamming" and use_native(query_codes.device):
+        return average_precision_native(query_codes, retrieval_codes, query_labels, retrieval_labels, k)
     if k is None and ranking == "hamming":
         return average_precision_all_hamming(
             query_codes, retrieval_codes, query_labels, retrieval_labels, chunk_size, retrieval_chunk_size
@@ -105,7 +95,7 @@ def map_at_k(
     Example:
         >>> map_at_k(img_codes, txt_codes, query_labels, retrieval_labels, k=50)  # I→T
     """
-    keep = _keep(empty, query_labels, retrieval_labels)
+    keep = queries_to_keep(empty, query_labels, retrieval_labels)
     ap = average_precision_at_k(
         query_codes, retrieval_codes, query_labels, retrieval_labels, k, chunk_size,
         ranking=ranking, retrieval_chunk_size=retrieval_chunk_size,
@@ -187,8 +177,8 @@ def precision_recall_at_k(
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> Tuple[List[float], List[float]]:
     """(precision@K curve, recall@K curve) from one ranking pass; see the two functions below."""
-    _check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
-    keep = _keep(empty, query_labels, retrieval_labels)
+    check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
+    keep = queries_to_keep(empty, query_labels, retrieval_labels)
     n = retrieval_codes.shape[0]
     hits = _hits_at(
         query_codes, retrieval_codes, ks,
@@ -260,12 +250,8 @@ def recall_at_ranks(
     captions of one COCO image). Shape: query_ids [Q], retrieval_ids [N] int64.
     ``empty="skip"`` leaves out queries whose id occurs nowhere in the retrieval set.
     """
-    if query_ids.shape != (query_codes.shape[0],) or retrieval_ids.shape != (retrieval_codes.shape[0],):
-        raise ValueError(
-            f"ids must be 1-D and match the codes: got {tuple(query_ids.shape)} for {query_codes.shape[0]} "
-            f"queries and {tuple(retrieval_ids.shape)} for {retrieval_codes.shape[0]} items"
-        )
-    _check_choice("empty", empty, ("zero", "skip"))
+    check_ids(query_codes, retrieval_codes, query_ids, retrieval_ids)
+    check_choice("empty", empty, ("zero", "skip"))
     device = query_codes.device
     query_ids = query_ids.to(device).long()
     retrieval_ids = retrieval_ids.long()

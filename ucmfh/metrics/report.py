@@ -6,7 +6,12 @@ from typing import Dict, Optional, Sequence, Union
 
 import torch
 
-from ucmfh.metrics.engine import DEFAULT_CHUNK_SIZE, DEFAULT_RETRIEVAL_CHUNK_SIZE, Empty, Ranking
+from ucmfh.metrics.inputs import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    Empty,
+    Ranking,
+)
 from ucmfh.metrics.radius import pr_curve_hamming
 from ucmfh.metrics.ranking import map_at_k, precision_recall_at_k, recall_at_ranks
 
@@ -33,7 +38,12 @@ def evaluate_direction(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> Dict[str, object]:
-    """Every metric of one direction. Radius metrics only for Hamming; Recall@ranks only with ids."""
+    """Every metric of one direction, as a JSON-able dict.
+
+    Keys: ``map@{k}``, ``map@all`` (with ``map_all``), ``precision_at_k``; for Hamming
+    ranking ``pr_curve`` and ``precision_within_radius_{radius}``; with ids,
+    ``recall_at_ranks`` ({"1": …, "5": …, "10": …}).
+    """
     kw = dict(empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size)
     out: Dict[str, object] = {
         f"map@{k}": map_at_k(query, retrieval, query_labels, retrieval_labels, k, chunk_size, **kw),
