@@ -101,6 +101,21 @@ def test_evaluate_without_ids_and_cosine():
     assert "similarity" not in cos["settings"]
 
 
+def test_recall_at_ranks_left_out_when_no_query_id_occurs(tmp_path):
+    """A labelled set whose ids only number the items: Recall@ranks by id would be 0.0 by
+    construction, so it is not reported; a note says why."""
+    data = make_file_inputs(6)
+    data["retrieval_ids"] = torch.arange(40) + 1000  # no query id (0 .. 11) occurs here
+    path = tmp_path / "codes.h5"
+    save_codes(path, **data, attrs={"protocol": "unimodal"})
+    for result in (evaluate_codes(**data, k=5), evaluate_codes_file(path, k=5)):
+        for name in ("i2t", "t2i"):
+            assert "recall_at_ranks" not in result[name]
+            assert result[name]["recall_at_ranks_note"] == "not computed: no query id occurs in the retrieval set"
+    one_match = {**data, "retrieval_ids": torch.cat([torch.tensor([3]), data["retrieval_ids"][1:]])}
+    assert set(evaluate_codes(**one_match, k=5)["i2t"]["recall_at_ranks"]) == {"1", "5", "10"}
+
+
 def test_plots(tmp_path):
     pytest.importorskip("matplotlib")
     from ucmfh.metrics.plots import plot_curves

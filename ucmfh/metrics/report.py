@@ -11,13 +11,16 @@ from ucmfh.metrics.inputs import (
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
     Empty,
     Ranking,
+    check_ids,
 )
 from ucmfh.metrics.radius import pr_curve_hamming
 from ucmfh.metrics.ranking import map_at_k, precision_recall_at_k, recall_at_ranks
+from ucmfh.metrics.relevance import id_match_counts
 
 DEFAULT_KS = (1, 5, 10, 20, 50, 100, 200, 500, 1000)
 DIRECTIONS = {"i2t": ("img", "txt"), "t2i": ("txt", "img")}
 ORDER = {"hamming": "Hamming distance ascending", "cosine": "cosine similarity descending"}
+NO_ID_MATCH = "not computed: no query id occurs in the retrieval set"
 
 
 def evaluate_direction(
@@ -42,7 +45,10 @@ def evaluate_direction(
 
     Keys: ``map@{k}``, ``map@all`` (with ``map_all``), ``precision_at_k``; for Hamming
     ranking ``pr_curve`` and ``precision_within_radius_{radius}``; with ids,
-    ``recall_at_ranks`` ({"1": …, "5": …, "10": …}).
+    ``recall_at_ranks`` ({"1": …, "5": …, "10": …}). Recall@ranks by id means
+    something only where a query's id can occur in the retrieval set: when no
+    query id occurs there (e.g. a labelled set whose ids number items), the key
+    is left out and ``recall_at_ranks_note`` says why instead.
     """
     kw = dict(empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size)
     out: Dict[str, object] = {
@@ -61,8 +67,12 @@ def evaluate_direction(
         out["pr_curve"] = curve
         out[f"precision_within_radius_{radius}"] = curve["precision"][min(radius, len(curve["radius"]) - 1)]
     if query_ids is not None and retrieval_ids is not None:
-        values = recall_at_ranks(query, retrieval, query_ids, retrieval_ids, ranks, chunk_size, **kw)
-        out["recall_at_ranks"] = {str(r): v for r, v in zip(ranks, values)}
+        check_ids(query, retrieval, query_ids, retrieval_ids)
+        if bool((id_match_counts(query_ids.long(), retrieval_ids.long()) > 0).any()):
+            values = recall_at_ranks(query, retrieval, query_ids, retrieval_ids, ranks, chunk_size, **kw)
+            out["recall_at_ranks"] = {str(r): v for r, v in zip(ranks, values)}
+        else:
+            out["recall_at_ranks_note"] = NO_ID_MATCH
     return out
 
 
