@@ -116,6 +116,63 @@ def test_recall_at_ranks_left_out_when_no_query_id_occurs(tmp_path):
     assert set(evaluate_codes(**one_match, k=5)["i2t"]["recall_at_ranks"]) == {"1", "5", "10"}
 
 
+def saved_figures(monkeypatch):
+    """Record every figure the plots save, with its axes' title extents and its own box in pixels,
+    measured right after saving (after the layout, before the figure is closed)."""
+    from matplotlib.figure import Figure
+
+    figures = []
+    savefig = Figure.savefig
+
+    def record(fig, *args, **kwargs):
+        savefig(fig, *args, **kwargs)
+        renderer = fig.canvas.get_renderer()
+        titles = [(ax.get_title(), ax.title.get_window_extent(renderer)) for ax in fig.axes]
+        figures.append((fig, titles, fig.bbox.frozen()))
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    return figures
+
+
+def test_plot_titles_fit_in_the_figure(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from ucmfh.metrics.plots import plot_curves
+
+    figures = saved_figures(monkeypatch)
+    result = evaluate_codes(**make_file_inputs(3), k=5)
+    datasets = ["mirflickr25k", "nuswide_clip_vitl14_336px_top21_with_a_long_descriptive_name"]
+    for dataset in datasets:
+        result["settings"].update(n_bits=128, attrs={"dataset": dataset, "protocol": "unimodal"})
+        plot_curves(result, str(tmp_path / "curves"))
+    assert len(figures) == 4
+    for (_, [(title, box)], inside), dataset in zip(figures, [d for d in datasets for _ in "pr"]):
+        assert title.startswith(("precision–recall", "precision@K"))
+        assert dataset in title and "unimodal" in title and "128 bits" in title
+        assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1, (
+            title, box, inside)
+
+
+def test_precision_at_k_plot_stops_at_the_retrieval_set_size(tmp_path, monkeypatch):
+    """With N = 40 items, P@K for K = 50 … 1000 is P@40 repeated: only K <= N is drawn."""
+    pytest.importorskip("matplotlib")
+    from ucmfh.metrics.plots import plot_precision_at_k
+
+    figures = saved_figures(monkeypatch)
+    result = evaluate_codes(**make_file_inputs(3), k=5)
+    n = result["settings"]["n_retrieval"]
+    assert n == 40 and max(result["i2t"]["precision_at_k"]["k"]) > n
+    plot_precision_at_k(result, str(tmp_path / "pk.png"))
+    [(fig, _, _)] = figures
+    lines = fig.axes[0].get_lines()
+    assert len(lines) == 2
+    for line, name in zip(lines, ("i2t", "t2i")):
+        x, y = list(line.get_xdata()), list(line.get_ydata())
+        assert max(x) == n and x == sorted(set(x))
+        pk = result[name]["precision_at_k"]
+        beyond = next(i for i, k in enumerate(pk["k"]) if k > n)  # its value is P@N
+        assert y == [p for k, p in zip(pk["k"], pk["precision"]) if k <= n] + [pk["precision"][beyond]]
+
+
 def test_plots(tmp_path):
     pytest.importorskip("matplotlib")
     from ucmfh.metrics.plots import plot_curves
