@@ -10,8 +10,7 @@ import torch
 
 from ucmfh.codes import load_codes, pack_codes, save_codes, unpack_codes
 from ucmfh.data.h5 import DataError
-from ucmfh.metrics import evaluate_codes, evaluate_codes_file, map_at_k
-from ucmfh.similarity import hamming_distance, hamming_distance_packed
+from ucmfh.metrics import evaluate_codes, evaluate_codes_file, map_at_k, top_k
 
 
 def pm1(g, *shape):
@@ -32,13 +31,18 @@ def test_pack_bit_order_and_sign_zero():
     assert packed.tolist() == [[0b10000001, 0b10000000]]  # sign(0) = +1
 
 
-def test_packed_hamming_equals_matmul():
+def test_packed_distances_equal_sign_differences():
+    """Packed bytes XOR-ed and counted by numpy, and the metrics' packed path, give the number of
+    differing signs of the ±1 codes (21 bits: 3 padding bits in the last byte)."""
     g = torch.Generator().manual_seed(0)
     a, b = pm1(g, 7, 21), pm1(g, 9, 21)
-    pa, pb = torch.from_numpy(pack_codes(a)), torch.from_numpy(pack_codes(b))
-    expected = torch.tensor([[int((x != y).sum()) for y in b] for x in a])
-    assert torch.equal(hamming_distance_packed(pa, pb), expected)
-    assert torch.equal(hamming_distance(a, b), expected)
+    pa, pb = pack_codes(a), pack_codes(b)
+    expected = np.array([[int((x != y).sum()) for y in b] for x in a])
+    by_numpy = np.unpackbits(pa[:, None, :] ^ pb[None, :, :], axis=-1).sum(axis=-1)
+    assert np.array_equal(by_numpy, expected)
+    dist, idx = top_k(torch.from_numpy(pa), torch.from_numpy(pb), 9)
+    assert np.array_equal(np.sort(idx.numpy(), axis=1), np.tile(np.arange(9), (7, 1)))
+    assert np.array_equal(np.take_along_axis(expected, idx.numpy(), axis=1), dist.numpy())
 
 
 def make_file_inputs(seed=0, n_query=12, n_retrieval=40, n_bits=12, n_classes=4, ids=True):
