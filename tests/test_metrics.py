@@ -354,3 +354,93 @@ def test_relevant_counts(n_classes):
     expected = [sum(ref_relevant(ql[i], rl)) for i in range(30)]
     assert relevant_counts(ql, rl).tolist() == expected
 
+
+# ------------------------------------------------------- numpy arrays as input
+
+
+def every_public_metric(query, retrieval, ql, rl, query_ids, retrieval_ids, emb_query, emb_retrieval):
+    """Each public metric of ucmfh.metrics, called once on the given inputs."""
+    import ucmfh.metrics as m
+
+    args = (query, retrieval, ql, rl)
+    return {
+        "map_at_k": m.map_at_k(*args, k=9),
+        "map_at_all": m.map_at_all(*args, empty="skip"),
+        "map_at_k_cosine": m.map_at_k_cosine(emb_query, emb_retrieval, ql, rl, k=9),
+        "average_precision_at_k": m.average_precision_at_k(*args, k=None),
+        "precision_at_k": m.precision_at_k(*args, ks=[1, 5, 40]),
+        "recall_at_k": m.recall_at_k(*args, ks=[1, 5, 40]),
+        "precision_recall_at_k": m.precision_recall_at_k(*args, ks=[3, 100]),
+        "recall_at_ranks": m.recall_at_ranks(query, retrieval, query_ids, retrieval_ids),
+        "pr_curve_hamming": m.pr_curve_hamming(*args),
+        "precision_within_radius": m.precision_within_radius(*args, radius=1),
+        "top_k": m.top_k(query, retrieval, 12),
+        "relevant_counts": m.relevant_counts(ql, rl),
+        "evaluate_direction": m.evaluate_direction(*args, query_ids, retrieval_ids, k=9),
+        "evaluate_codes": m.evaluate_codes(query, query, retrieval, retrieval, ql, rl, query_ids, retrieval_ids, k=9),
+    }
+
+
+def assert_same(a, b, where="result"):
+    """Exactly equal, tensors included (same dtype, same values)."""
+    assert type(a) is type(b), (where, type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, (where, a, b)
+
+
+@pytest.mark.parametrize("codes", ["pm1", "packed"])
+@pytest.mark.parametrize("label_dtype", [np.uint8, np.bool_, np.int64])
+def test_numpy_inputs_give_the_tensor_results(codes, label_dtype):
+    """FAISS and scikit-learn users hold numpy arrays: every public metric takes them and gives
+    exactly what the same data as tensors give (top_k still returns tensors)."""
+    query, retrieval, ql, rl = make_case(12, 13, 70, 13)
+    emb_query, emb_retrieval, _, _ = cosine_case(12, 13, 70)
+    query_ids, retrieval_ids = torch.arange(13) % 5, torch.arange(70) // 7
+    if codes == "packed":
+        query, retrieval = torch.from_numpy(pack_codes(query)), torch.from_numpy(pack_codes(retrieval))
+    tensors = (query, retrieval, ql, rl, query_ids, retrieval_ids, emb_query, emb_retrieval)
+    arrays = [t.numpy() for t in tensors]
+    arrays[2], arrays[3] = arrays[2].astype(label_dtype), arrays[3].astype(label_dtype)
+    expected = every_public_metric(*tensors)
+    got = every_public_metric(*arrays)
+    import ucmfh.metrics
+
+    not_metrics = {"backend", "set_backend", "native_kernels", "codes_file_row", "evaluate_codes_file"}
+    assert set(got) == set(ucmfh.metrics.__all__) - not_metrics
+    assert_same(got, expected)
+    assert all(isinstance(t, torch.Tensor) for t in got["top_k"])
+
+
+@pytest.mark.torch_path  # no ranking here: once is enough
+def test_numpy_arrays_are_shared_not_copied():
+    """Arrays torch can view are shared (zero-copy); the others are copied once, without warnings."""
+    import warnings
+
+    from ucmfh.metrics.inputs import as_tensor
+
+    codes = np.where(np.random.default_rng(0).random((6, 8)) > 0.5, 1.0, -1.0).astype(np.float32)
+    for view in (codes, codes[:, ::2]):  # contiguous, and strided
+        t = as_tensor(view)
+        assert t.data_ptr() == view.__array_interface__["data"][0]
+        assert np.array_equal(t.numpy(), view)
+    read_only = codes.copy()
+    read_only.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for awkward in (codes[::-1], read_only, codes.astype(">f4")):
+            t = as_tensor(awkward)
+            assert t.dtype == torch.float32 and np.array_equal(t.numpy(), awkward)
+    tensor = torch.from_numpy(codes)
+    assert as_tensor(tensor) is tensor and as_tensor(None) is None
+    with pytest.raises(TypeError, match="numpy array"):
+        as_tensor(codes.tolist())

@@ -1,15 +1,15 @@
 """Retrieval metrics: exact, chunked, device-following (docs/reference.md §6).
 
 Ranking is by Hamming distance of ±1 codes (or packed uint8 bits), or by
-cosine similarity with ``ranking="cosine"``; ties by retrieval index.
-:func:`set_backend` (or the context manager :func:`backend`) chooses what
-computes Hamming metrics of CPU tensors: the compiled kernels
-(:func:`native_kernels` names their build) or torch.
+cosine similarity with ``ranking="cosine"``; ties by retrieval index. Every
+metric takes tensors or numpy arrays. :func:`set_backend` (or the context
+manager :func:`backend`) chooses what computes Hamming metrics of CPU tensors:
+the compiled kernels (:func:`native_kernels` names their build) or torch.
 
 Modules: ``ranking`` (MAP@K, precision/recall@K, Recall@ranks), ``radius``
 (PR by Hamming radius), ``report`` (every metric of both directions), ``plots``;
 their building blocks ``topk``, ``relevance``, ``ap``, ``histograms``,
-``native`` (kernel bindings, backend) and ``inputs`` (types, defaults, checks).
+``native`` (kernel bindings, backend) and ``inputs`` (checks, conversions).
 """
 from ucmfh.metrics.native import backend, native_kernels, set_backend
 from ucmfh.metrics.radius import pr_curve_hamming, precision_within_radius

@@ -3,14 +3,17 @@
 Codes are ±1 tensors [N, n_bits], or packed bits [N, n_bytes] uint8 (see
 :mod:`ucmfh.codes`); embeddings (cosine ranking) are real-valued [N, d];
 labels are multi-hot [N, C] (any integer or bool dtype); ids are integers [N].
+The public metric functions take numpy arrays as well as tensors
+(:func:`as_tensors`).
 """
 from __future__ import annotations
 
 from typing import Literal, Optional, Tuple
 
+import numpy as np
 import torch
 
-from ucmfh.codes import unpack_codes
+from ucmfh.codes import ArrayLike, unpack_codes
 
 Ranking = Literal["hamming", "cosine"]
 """Hamming distance ascending (±1 or packed codes), or cosine similarity descending (embeddings)."""
@@ -19,6 +22,24 @@ Empty = Literal["zero", "skip"]
 
 DEFAULT_CHUNK_SIZE = 256
 DEFAULT_RETRIEVAL_CHUNK_SIZE = 65536
+
+
+def as_tensor(x: Optional[ArrayLike]) -> Optional[torch.Tensor]:
+    """A tensor of ``x``: tensors and None pass through; a numpy array shares its memory
+    (``torch.from_numpy``) unless torch cannot share it (negative strides, read-only,
+    non-native byte order), and then it is copied once."""
+    if x is None or isinstance(x, torch.Tensor):
+        return x
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"expected a torch tensor or a numpy array, got {type(x).__name__}")
+    if not x.flags.writeable or not x.dtype.isnative or any(s < 0 for s in x.strides):
+        x = np.array(x, dtype=x.dtype.newbyteorder("="))
+    return torch.from_numpy(x)
+
+
+def as_tensors(*xs: Optional[ArrayLike]) -> Tuple[Optional[torch.Tensor], ...]:
+    """:func:`as_tensor` of each argument, as a tuple."""
+    return tuple(as_tensor(x) for x in xs)
 
 
 def check_choice(name: str, value: str, choices: Tuple[str, ...]) -> None:

@@ -5,6 +5,7 @@ so no tie rule is needed). For each query: precision(r) = relevant returned /
 returned, 0 when nothing is returned (the usual convention, e.g. KSH, DPSH);
 recall(r) = relevant returned / relevant in the set. Both are averaged over
 queries; ``empty`` treats queries with no relevant item as in ranking.py.
+Codes and labels are tensors or numpy arrays.
 """
 from __future__ import annotations
 
@@ -17,7 +18,9 @@ from ucmfh.metrics.histograms import iter_hamming_histograms
 from ucmfh.metrics.inputs import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ArrayLike,
     Empty,
+    as_tensors,
     check_labels,
 )
 from ucmfh.metrics.relevance import queries_to_keep
@@ -44,10 +47,10 @@ def _precision_recall(returned: torch.Tensor, relevant: torch.Tensor) -> Tuple[t
 
 
 def pr_curve_hamming(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     empty: Empty = "zero",
@@ -57,6 +60,9 @@ def pr_curve_hamming(
 
     Returns ``{"radius": [0..n_bits], "precision": [...], "recall": [...]}``.
     """
+    query_codes, retrieval_codes, query_labels, retrieval_labels = as_tensors(
+        query_codes, retrieval_codes, query_labels, retrieval_labels
+    )
     keep = queries_to_keep(empty, query_labels, retrieval_labels)
     returned, relevant = _radius_counts(
         query_codes, retrieval_codes, query_labels, retrieval_labels, chunk_size, retrieval_chunk_size
@@ -70,10 +76,10 @@ def pr_curve_hamming(
 
 
 def precision_within_radius(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     radius: int = 2,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,

@@ -6,6 +6,10 @@ ties by retrieval index ascending. ``empty`` decides what happens to a query
 with no relevant item in the whole retrieval set: ``"zero"`` (default, the
 field's standard for MAP) scores it 0 and keeps it in the mean, ``"skip"``
 leaves it out of the mean. Results are identical for every chunk size.
+
+Codes, labels and ids are tensors or numpy arrays (shared, not copied, where
+numpy allows); results are floats, lists of floats, or for
+:func:`average_precision_at_k` a tensor on the device of the query codes.
 """
 from __future__ import annotations
 
@@ -23,8 +27,10 @@ from ucmfh.metrics.ap import (
 from ucmfh.metrics.inputs import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ArrayLike,
     Empty,
     Ranking,
+    as_tensors,
     check_choice,
     check_ids,
     check_labels,
@@ -41,10 +47,10 @@ from ucmfh.metrics.topk import iter_top_k
 
 
 def average_precision_at_k(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     k: Optional[int] = 50,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
@@ -56,6 +62,9 @@ def average_precision_at_k(
     AP@K = (1/r) Σ_i i / p_i over the r relevant items among the first K, at
     positions p_1 < … < p_r; 0 when r = 0. K larger than N means N.
     """
+    query_codes, retrieval_codes, query_labels, retrieval_labels = as_tensors(
+        query_codes, retrieval_codes, query_labels, retrieval_labels
+    )
     check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
     n = retrieval_codes.shape[0]
     if ranking == "hamming" and use_native(query_codes.device):
@@ -75,10 +84,10 @@ def average_precision_at_k(
 
 
 def map_at_k(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     k: Optional[int] = 50,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
@@ -95,6 +104,9 @@ def map_at_k(
     Example:
         >>> map_at_k(img_codes, txt_codes, query_labels, retrieval_labels, k=50)  # I→T
     """
+    query_codes, retrieval_codes, query_labels, retrieval_labels = as_tensors(
+        query_codes, retrieval_codes, query_labels, retrieval_labels
+    )
     keep = queries_to_keep(empty, query_labels, retrieval_labels)
     ap = average_precision_at_k(
         query_codes, retrieval_codes, query_labels, retrieval_labels, k, chunk_size,
@@ -104,10 +116,10 @@ def map_at_k(
 
 
 def map_at_all(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     empty: Empty = "zero",
@@ -122,10 +134,10 @@ def map_at_all(
 
 
 def map_at_k_cosine(
-    query: torch.Tensor,
-    retrieval: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query: ArrayLike,
+    retrieval: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     k: Optional[int] = 50,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
@@ -165,10 +177,10 @@ def _hits_at(
 
 
 def precision_recall_at_k(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     ks: Sequence[int] = (1, 5, 10, 50, 100, 500, 1000),
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
@@ -177,6 +189,9 @@ def precision_recall_at_k(
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> Tuple[List[float], List[float]]:
     """(precision@K curve, recall@K curve) from one ranking pass; see the two functions below."""
+    query_codes, retrieval_codes, query_labels, retrieval_labels = as_tensors(
+        query_codes, retrieval_codes, query_labels, retrieval_labels
+    )
     check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
     keep = queries_to_keep(empty, query_labels, retrieval_labels)
     n = retrieval_codes.shape[0]
@@ -192,10 +207,10 @@ def precision_recall_at_k(
 
 
 def precision_at_k(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     ks: Sequence[int] = (1, 5, 10, 50, 100, 500, 1000),
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
@@ -214,10 +229,10 @@ def precision_at_k(
 
 
 def recall_at_k(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     ks: Sequence[int] = (1, 5, 10, 50, 100, 500, 1000),
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
@@ -233,10 +248,10 @@ def recall_at_k(
 
 
 def recall_at_ranks(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_ids: torch.Tensor,
-    retrieval_ids: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_ids: ArrayLike,
+    retrieval_ids: ArrayLike,
     ranks: Sequence[int] = (1, 5, 10),
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
@@ -250,6 +265,9 @@ def recall_at_ranks(
     captions of one COCO image). Shape: query_ids [Q], retrieval_ids [N] int64.
     ``empty="skip"`` leaves out queries whose id occurs nowhere in the retrieval set.
     """
+    query_codes, retrieval_codes, query_ids, retrieval_ids = as_tensors(
+        query_codes, retrieval_codes, query_ids, retrieval_ids
+    )
     check_ids(query_codes, retrieval_codes, query_ids, retrieval_ids)
     check_choice("empty", empty, ("zero", "skip"))
     device = query_codes.device

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from ucmfh.metrics.inputs import check_choice
+from ucmfh.metrics.inputs import ArrayLike, as_tensors, check_choice
 
 
 def gather_relevance(
@@ -32,12 +32,14 @@ def gather_id_match(q_ids: torch.Tensor, retrieval_ids: torch.Tensor, indices: t
     return retrieval_ids.to(device)[indices] == q_ids.to(device)[:, None]
 
 
-def relevant_counts(query_labels: torch.Tensor, retrieval_labels: torch.Tensor) -> torch.Tensor:
+def relevant_counts(query_labels: ArrayLike, retrieval_labels: ArrayLike) -> torch.Tensor:
     """Number of retrieval items sharing a label with each query. Shape: [Q, C], [N, C] -> [Q] int64.
 
+    Tensors or numpy arrays; the result is a tensor on the device of ``query_labels``.
     Counts over the distinct label vectors of the retrieval set, so the cost is
     Q * (distinct vectors), not Q * N.
     """
+    query_labels, retrieval_labels = as_tensors(query_labels, retrieval_labels)
     device = query_labels.device
     retrieval_labels = retrieval_labels.to(device) != 0
     if retrieval_labels.shape[1] <= 62:  # one integer per label vector: a 1-D unique is a fast sort

@@ -9,8 +9,10 @@ import torch
 from ucmfh.metrics.inputs import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ArrayLike,
     Empty,
     Ranking,
+    as_tensors,
     check_ids,
 )
 from ucmfh.metrics.radius import pr_curve_hamming
@@ -24,12 +26,12 @@ NO_ID_MATCH = "not computed: no query id occurs in the retrieval set"
 
 
 def evaluate_direction(
-    query: torch.Tensor,
-    retrieval: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
-    query_ids: Optional[torch.Tensor] = None,
-    retrieval_ids: Optional[torch.Tensor] = None,
+    query: ArrayLike,
+    retrieval: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
+    query_ids: Optional[ArrayLike] = None,
+    retrieval_ids: Optional[ArrayLike] = None,
     *,
     k: int = 50,
     ks: Sequence[int] = DEFAULT_KS,
@@ -41,7 +43,7 @@ def evaluate_direction(
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> Dict[str, object]:
-    """Every metric of one direction, as a JSON-able dict.
+    """Every metric of one direction, as a JSON-able dict; tensors or numpy arrays in.
 
     Keys: ``map@{k}``, ``map@all`` (with ``map_all``), ``precision_at_k``; for Hamming
     ranking ``pr_curve`` and ``precision_within_radius_{radius}``; with ids,
@@ -50,6 +52,9 @@ def evaluate_direction(
     query id occurs there (e.g. a labelled set whose ids number items), the key
     is left out and ``recall_at_ranks_note`` says why instead.
     """
+    query, retrieval, query_labels, retrieval_labels, query_ids, retrieval_ids = as_tensors(
+        query, retrieval, query_labels, retrieval_labels, query_ids, retrieval_ids
+    )
     kw = dict(empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size)
     out: Dict[str, object] = {
         f"map@{k}": map_at_k(query, retrieval, query_labels, retrieval_labels, k, chunk_size, **kw),
@@ -77,27 +82,31 @@ def evaluate_direction(
 
 
 def evaluate_codes(
-    query_img: torch.Tensor,
-    query_txt: torch.Tensor,
-    retrieval_img: torch.Tensor,
-    retrieval_txt: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
-    query_ids: Optional[torch.Tensor] = None,
-    retrieval_ids: Optional[torch.Tensor] = None,
+    query_img: ArrayLike,
+    query_txt: ArrayLike,
+    retrieval_img: ArrayLike,
+    retrieval_txt: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
+    query_ids: Optional[ArrayLike] = None,
+    retrieval_ids: Optional[ArrayLike] = None,
     **options,
 ) -> Dict[str, object]:
     """All metrics for I→T (image queries vs text retrieval) and T→I.
 
     Shape: codes [Q or N, n_bits] ±1 (or packed uint8, or real-valued with
-    ``ranking="cosine"``); labels [Q or N, C]; ids [Q or N] or None.
-    ``options`` are those of :func:`evaluate_direction` (k, ks, ranks, radius,
-    map_all, empty, ranking, chunk_size, retrieval_chunk_size).
+    ``ranking="cosine"``); labels [Q or N, C]; ids [Q or N] or None; tensors or
+    numpy arrays. ``options`` are those of :func:`evaluate_direction` (k, ks,
+    ranks, radius, map_all, empty, ranking, chunk_size, retrieval_chunk_size).
 
     Returns ``{"settings": {...}, "i2t": {...}, "t2i": {...}}``, JSON-able;
     ``settings["ranking"]`` is ``"hamming"`` or ``"cosine"``, ``settings["order"]``
     says it in words.
     """
+    query_img, query_txt, retrieval_img, retrieval_txt, query_labels, retrieval_labels, query_ids, retrieval_ids = (
+        as_tensors(query_img, query_txt, retrieval_img, retrieval_txt, query_labels, retrieval_labels,
+                   query_ids, retrieval_ids)
+    )
     codes = {"query": {"img": query_img, "txt": query_txt}, "retrieval": {"img": retrieval_img, "txt": retrieval_txt}}
     result: Dict[str, object] = {}
     for name, (q_mod, r_mod) in DIRECTIONS.items():

@@ -26,8 +26,10 @@ import torch
 from ucmfh.metrics.inputs import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ArrayLike,
     Ranking,
     as_pm1,
+    as_tensors,
     check_chunks,
     check_pair,
     n_bits_of,
@@ -181,8 +183,8 @@ def iter_top_k(
 
 
 def top_k(
-    query: torch.Tensor,
-    retrieval: torch.Tensor,
+    query: ArrayLike,
+    retrieval: ArrayLike,
     k: int,
     ranking: Ranking = "hamming",
     chunk_size: int = DEFAULT_CHUNK_SIZE,
@@ -190,8 +192,10 @@ def top_k(
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """The first ``k`` retrieval items of every query, in ranking order.
 
-    Shape: query [Q, d], retrieval [N, d] -> (scores, indices) [Q, min(k, N)];
+    Shape: query [Q, d], retrieval [N, d] (tensors or numpy arrays) -> (scores, indices)
+    [Q, min(k, N)], always tensors, on the device of ``query`` (the CPU for numpy input);
     scores are Hamming distances (int64) or cosine similarities (float64).
     """
+    query, retrieval = as_tensors(query, retrieval)
     parts = list(iter_top_k(query, retrieval, k, ranking, chunk_size, retrieval_chunk_size))
     return torch.cat([p[1] for p in parts]), torch.cat([p[2] for p in parts])
