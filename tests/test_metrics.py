@@ -9,7 +9,6 @@ import pytest
 import torch
 
 from ucmfh.codes import pack_codes
-from ucmfh.metrics.topk import hamming_top_k_torch
 from ucmfh.metrics import (
     average_precision_at_k,
     backend,
@@ -24,6 +23,7 @@ from ucmfh.metrics import (
     recall_at_ranks,
     top_k,
 )
+from ucmfh.metrics.topk import hamming_top_k_torch
 
 # ------------------------------------------------------------ slow references
 
@@ -323,7 +323,7 @@ def test_every_score_dtype_is_exact(dtype, n_bits):
     retrieval[1000:1500] = retrieval[3]
     expected = [ref_ranking(query[i], retrieval)[:40] for i in range(5)]
     for r_chunk in (2500, 1000, 777):
-        dist, idx = hamming_top_k_torch(query, retrieval, 40, r_chunk, dtype)
+        dist, idx = hamming_top_k_torch(query, retrieval, 40, r_chunk, dtype=dtype)
         assert idx.tolist() == expected
         assert dist.tolist() == [[int((query[i] != retrieval[j]).sum()) for j in row] for i, row in enumerate(expected)]
 
