@@ -3,12 +3,12 @@
 Methods, each timed in its own subprocess so that its peak memory can be read:
 
 * ``ucmfh``: :func:`ucmfh.metrics.average_precision_at_k` (exact); on the CPU the
-  compiled popcount kernels, on a GPU the chunked matmul + top-K.
-* ``ucmfh_torch``: the same call with ``UCMFH_NATIVE=0``, i.e. the torch (GPU) path
-  run on the CPU; only with ``--device cpu``.
+  compiled popcount kernels (``--backend``), on a GPU the chunked matmul + top-K.
+* ``ucmfh_torch``: the same call under ``ucmfh.metrics.set_backend("torch")``, i.e.
+  the torch (GPU) path run on the CPU; only with ``--device cpu``.
 * ``reference``: a per-query loop that computes all N distances and sorts the
   whole retrieval set, as UCMFH's ``calc_map_k`` does, in numpy with a stable
-  sort (so its MAP is the REFERENCE §6 value); timed on ``--ref-queries``
+  sort (so its MAP is the docs/reference.md §6 value); timed on ``--ref-queries``
   queries and extrapolated to all of them.
 * ``faiss``: ``faiss.IndexBinaryFlat`` top-K search, then the same AP step;
   skipped when faiss is not importable. Its tie order is its own, so its MAP
@@ -82,7 +82,7 @@ def _reset_peak() -> None:
 
 
 def _ap_from_ranked_relevance(rel: np.ndarray) -> np.ndarray:
-    """REFERENCE §6 AP of each row of ranked relevance [Q, K]."""
+    """docs/reference.md §6 AP of each row of ranked relevance [Q, K]."""
     hits = np.cumsum(rel, axis=1)
     pos = np.arange(1, rel.shape[1] + 1)
     found = rel.sum(axis=1)
@@ -112,8 +112,10 @@ def worker(args) -> dict:
     qB, rB, qL, rL = make_data(args.n_query, args.n_retrieval, args.n_bits, args.n_classes, args.seed)
     result = {"method": args.worker, "n_bits": args.n_bits}
     if args.worker == "ucmfh":
-        from ucmfh.metrics import average_precision_at_k
+        from ucmfh.metrics import average_precision_at_k, native_kernels, set_backend
+        from ucmfh.metrics.native import use_native
 
+        set_backend(args.backend)
         device = torch.device(args.device)
         q = torch.from_numpy(qB).float().to(device)
         r = torch.from_numpy(rB).float().to(device)
@@ -133,13 +135,10 @@ def worker(args) -> dict:
             if device.type == "cuda":
                 torch.cuda.synchronize()
             times.append(time.perf_counter() - start)
-        from ucmfh.metrics import native_kernels
-        from ucmfh.metrics.engine import _use_native
-
         result.update(
             seconds=min(times), seconds_all=times, map=float(ap.mean().item()),
             peak_extra_mb=_peak_rss_mb() - base,
-            path=f"native ({native_kernels()})" if _use_native(device) else "torch",
+            path=f"native ({native_kernels()})" if use_native(device) else "torch",
         )
         if device.type == "cuda":
             result["peak_gpu_mb"] = torch.cuda.max_memory_allocated() / 2**20
@@ -216,6 +215,9 @@ def main(argv=None) -> None:
     p.add_argument("--retrieval-chunk-size", type=int, default=65536)
     p.add_argument("--device", default="cpu")
     p.add_argument("--threads", type=int, default=0, help="CPU threads for every method (0: library default)")
+    p.add_argument("--backend", choices=("auto", "native", "torch"), default="auto",
+                   help="what computes method ucmfh on the CPU (ucmfh.metrics.set_backend); "
+                        "method ucmfh_torch always uses torch")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--json", help="write all results here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
@@ -241,14 +243,12 @@ def main(argv=None) -> None:
     for n_bits in args.bits:
         res = {}
         for method in methods:
-            role = "ucmfh" if method == "ucmfh_torch" else method
-            cmd = [sys.executable, __file__, "--worker", role, "--n-bits", str(n_bits)]
+            role, backend = ("ucmfh", "torch") if method == "ucmfh_torch" else (method, args.backend)
+            cmd = [sys.executable, __file__, "--worker", role, "--backend", backend, "--n-bits", str(n_bits)]
             for name in ("n_query", "n_retrieval", "n_classes", "k", "ref_queries", "repeat",
                          "chunk_size", "retrieval_chunk_size", "device", "seed", "threads"):
                 cmd += ["--" + name.replace("_", "-"), str(getattr(args, name))]
             env = dict(os.environ)
-            if method == "ucmfh_torch":
-                env["UCMFH_NATIVE"] = "0"
             if args.threads:
                 for var in ("OMP_NUM_THREADS", "OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS"):
                     env[var] = str(args.threads)

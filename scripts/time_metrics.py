@@ -3,6 +3,7 @@
 Example::
 
     python scripts/time_metrics.py --bits 64 --threads 1
+    python scripts/time_metrics.py --bits 64 --backend torch   # the torch path on the CPU
 """
 from __future__ import annotations
 
@@ -22,6 +23,7 @@ from ucmfh.metrics import (  # noqa: E402
     map_at_k,
     pr_curve_hamming,
     precision_at_k,
+    set_backend,
 )
 
 
@@ -33,7 +35,10 @@ def main(argv=None) -> None:
     p.add_argument("--bits", type=int, default=64)
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--device", default="cpu")
+    p.add_argument("--backend", choices=("auto", "native", "torch"), default="auto",
+                   help="what computes Hamming metrics on the CPU (ucmfh.metrics.set_backend)")
     args = p.parse_args(argv)
+    set_backend(args.backend)
     if args.threads:
         torch.set_num_threads(args.threads)
     qB, rB, qL, rL = make_data(args.n_query, args.n_retrieval, args.bits, args.n_classes)
@@ -47,8 +52,8 @@ def main(argv=None) -> None:
         ("P@K curve, K up to 1000", lambda: precision_at_k(q, r, ql, rl)),
         ("evaluate_direction (all of one direction)", lambda: evaluate_direction(q, r, ql, rl)),
     ]
-    print(f"{args.n_query} x {args.n_retrieval}, {args.bits} bits, threads {torch.get_num_threads()}, "
-          f"load {os.getloadavg()}")
+    print(f"{args.n_query} x {args.n_retrieval}, {args.bits} bits, backend {args.backend}, "
+          f"threads {torch.get_num_threads()}, load {os.getloadavg()}")
     for name, job in jobs:
         start = time.perf_counter()
         job()

@@ -10,8 +10,7 @@ import torch
 
 from ucmfh.codes import load_codes, pack_codes, save_codes, unpack_codes
 from ucmfh.data.h5 import DataError
-from ucmfh.metrics import evaluate_codes, evaluate_codes_file, map_at_k
-from ucmfh.similarity import hamming_distance, hamming_distance_packed
+from ucmfh.metrics import evaluate_codes, evaluate_codes_file, map_at_k, top_k
 
 
 def pm1(g, *shape):
@@ -32,13 +31,18 @@ def test_pack_bit_order_and_sign_zero():
     assert packed.tolist() == [[0b10000001, 0b10000000]]  # sign(0) = +1
 
 
-def test_packed_hamming_equals_matmul():
+def test_packed_distances_equal_sign_differences():
+    """Packed bytes XOR-ed and counted by numpy, and the metrics' packed path, give the number of
+    differing signs of the ±1 codes (21 bits: 3 padding bits in the last byte)."""
     g = torch.Generator().manual_seed(0)
     a, b = pm1(g, 7, 21), pm1(g, 9, 21)
-    pa, pb = torch.from_numpy(pack_codes(a)), torch.from_numpy(pack_codes(b))
-    expected = torch.tensor([[int((x != y).sum()) for y in b] for x in a])
-    assert torch.equal(hamming_distance_packed(pa, pb), expected)
-    assert torch.equal(hamming_distance(a, b), expected)
+    pa, pb = pack_codes(a), pack_codes(b)
+    expected = np.array([[int((x != y).sum()) for y in b] for x in a])
+    by_numpy = np.unpackbits(pa[:, None, :] ^ pb[None, :, :], axis=-1).sum(axis=-1)
+    assert np.array_equal(by_numpy, expected)
+    dist, idx = top_k(torch.from_numpy(pa), torch.from_numpy(pb), 9)
+    assert np.array_equal(np.sort(idx.numpy(), axis=1), np.tile(np.arange(9), (7, 1)))
+    assert np.array_equal(np.take_along_axis(expected, idx.numpy(), axis=1), dist.numpy())
 
 
 def make_file_inputs(seed=0, n_query=12, n_retrieval=40, n_bits=12, n_classes=4, ids=True):
@@ -94,8 +98,83 @@ def test_evaluate_without_ids_and_cosine():
     result = evaluate_codes(**data, k=5)
     assert "recall_at_ranks" not in result["i2t"]
     real = {k: (v + 0.1 * torch.randn(v.shape) if "labels" not in k else v) for k, v in data.items()}
-    cos = evaluate_codes(**real, k=5, similarity="cosine")
-    assert "pr_curve" not in cos["t2i"] and cos["settings"]["similarity"] == "cosine"
+    cos = evaluate_codes(**real, k=5, ranking="cosine")
+    assert "pr_curve" not in cos["t2i"]
+    assert cos["settings"]["ranking"] == "cosine" and cos["settings"]["order"] == "cosine similarity descending"
+    assert result["settings"]["ranking"] == "hamming" and result["settings"]["order"] == "Hamming distance ascending"
+    assert "similarity" not in cos["settings"]
+
+
+def test_recall_at_ranks_left_out_when_no_query_id_occurs(tmp_path):
+    """A labelled set whose ids only number the items: Recall@ranks by id would be 0.0 by
+    construction, so it is not reported; a note says why."""
+    data = make_file_inputs(6)
+    data["retrieval_ids"] = torch.arange(40) + 1000  # no query id (0 .. 11) occurs here
+    path = tmp_path / "codes.h5"
+    save_codes(path, **data, attrs={"protocol": "unimodal"})
+    for result in (evaluate_codes(**data, k=5), evaluate_codes_file(path, k=5)):
+        for name in ("i2t", "t2i"):
+            assert "recall_at_ranks" not in result[name]
+            assert result[name]["recall_at_ranks_note"] == "not computed: no query id occurs in the retrieval set"
+    one_match = {**data, "retrieval_ids": torch.cat([torch.tensor([3]), data["retrieval_ids"][1:]])}
+    assert set(evaluate_codes(**one_match, k=5)["i2t"]["recall_at_ranks"]) == {"1", "5", "10"}
+
+
+def saved_figures(monkeypatch):
+    """Record every figure the plots save, with its axes' title extents and its own box in pixels,
+    measured right after saving (after the layout, before the figure is closed)."""
+    from matplotlib.figure import Figure
+
+    figures = []
+    savefig = Figure.savefig
+
+    def record(fig, *args, **kwargs):
+        savefig(fig, *args, **kwargs)
+        renderer = fig.canvas.get_renderer()
+        titles = [(ax.get_title(), ax.title.get_window_extent(renderer)) for ax in fig.axes]
+        figures.append((fig, titles, fig.bbox.frozen()))
+
+    monkeypatch.setattr(Figure, "savefig", record)
+    return figures
+
+
+def test_plot_titles_fit_in_the_figure(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from ucmfh.metrics.plots import plot_curves
+
+    figures = saved_figures(monkeypatch)
+    result = evaluate_codes(**make_file_inputs(3), k=5)
+    datasets = ["mirflickr25k", "nuswide_clip_vitl14_336px_top21_with_a_long_descriptive_name"]
+    for dataset in datasets:
+        result["settings"].update(n_bits=128, attrs={"dataset": dataset, "protocol": "unimodal"})
+        plot_curves(result, str(tmp_path / "curves"))
+    assert len(figures) == 4
+    for (_, [(title, box)], inside), dataset in zip(figures, [d for d in datasets for _ in "pr"]):
+        assert title.startswith(("precision–recall", "precision@K"))
+        assert dataset in title and "unimodal" in title and "128 bits" in title
+        assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1, (
+            title, box, inside)
+
+
+def test_precision_at_k_plot_stops_at_the_retrieval_set_size(tmp_path, monkeypatch):
+    """With N = 40 items, P@K for K = 50 … 1000 is P@40 repeated: only K <= N is drawn."""
+    pytest.importorskip("matplotlib")
+    from ucmfh.metrics.plots import plot_precision_at_k
+
+    figures = saved_figures(monkeypatch)
+    result = evaluate_codes(**make_file_inputs(3), k=5)
+    n = result["settings"]["n_retrieval"]
+    assert n == 40 and max(result["i2t"]["precision_at_k"]["k"]) > n
+    plot_precision_at_k(result, str(tmp_path / "pk.png"))
+    [(fig, _, _)] = figures
+    lines = fig.axes[0].get_lines()
+    assert len(lines) == 2
+    for line, name in zip(lines, ("i2t", "t2i")):
+        x, y = list(line.get_xdata()), list(line.get_ydata())
+        assert max(x) == n and x == sorted(set(x))
+        pk = result[name]["precision_at_k"]
+        beyond = next(i for i, k in enumerate(pk["k"]) if k > n)  # its value is P@N
+        assert y == [p for k, p in zip(pk["k"], pk["precision"]) if k <= n] + [pk["precision"][beyond]]
 
 
 def test_plots(tmp_path):

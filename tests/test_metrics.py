@@ -1,4 +1,4 @@
-"""Every metric against a slow, obviously-correct per-query Python loop (REFERENCE §6)."""
+"""Every metric against a slow, obviously-correct per-query Python loop (docs/reference.md §6)."""
 from __future__ import annotations
 
 import math
@@ -11,9 +11,11 @@ import torch
 from ucmfh.codes import pack_codes
 from ucmfh.metrics import (
     average_precision_at_k,
+    backend,
     map_at_all,
     map_at_k,
     map_at_k_cosine,
+    native_kernels,
     pr_curve_hamming,
     precision_at_k,
     precision_within_radius,
@@ -21,15 +23,16 @@ from ucmfh.metrics import (
     recall_at_ranks,
     top_k,
 )
+from ucmfh.metrics.topk import hamming_top_k_torch
 
 # ------------------------------------------------------------ slow references
 
 
-def ref_ranking(q, retrieval, similarity="hamming"):
+def ref_ranking(q, retrieval, ranking="hamming"):
     """Indices of the retrieval set in ranking order, by a plain Python sort."""
     q = q.tolist()
     rows = retrieval.tolist()
-    if similarity == "hamming":
+    if ranking == "hamming":
         keys = [(sum(a != b for a, b in zip(q, r)), j) for j, r in enumerate(rows)]
     else:
         inv_q = 1.0 / max(math.sqrt(sum(a * a for a in q)), 1e-300)
@@ -60,19 +63,19 @@ def ref_mean(values, keep, empty):
     return sum(vals) / len(vals) if vals else 0.0
 
 
-def ref_per_query(query, retrieval, ql, rl, similarity="hamming"):
+def ref_per_query(query, retrieval, ql, rl, ranking="hamming"):
     """(ranked relevance, total relevant) of each query."""
     out = []
     for i in range(query.shape[0]):
         rel = ref_relevant(ql[i], rl)
-        order = ref_ranking(query[i], retrieval, similarity)
+        order = ref_ranking(query[i], retrieval, ranking)
         out.append(([rel[j] for j in order], sum(rel)))
     return out
 
 
-def ref_map(query, retrieval, ql, rl, k, similarity="hamming", empty="zero"):
+def ref_map(query, retrieval, ql, rl, k, ranking="hamming", empty="zero"):
     k = retrieval.shape[0] if k is None else k
-    per = ref_per_query(query, retrieval, ql, rl, similarity)
+    per = ref_per_query(query, retrieval, ql, rl, ranking)
     return ref_mean([ref_ap(r, k) for r, _ in per], [t > 0 for _, t in per], empty)
 
 
@@ -80,19 +83,17 @@ def ref_map(query, retrieval, ql, rl, k, similarity="hamming", empty="zero"):
 
 
 @pytest.fixture(autouse=True, params=["native", "torch"])
-def engine_path(request, monkeypatch):
+def each_backend(request):
     """Every test runs on both CPU paths: the compiled kernels and the torch (GPU) path."""
-    import ucmfh.metrics.engine as engine
-
     if request.param == "native":
-        if engine.native_kernels() is None:
+        if native_kernels() is None:
             if os.environ.get("UCMFH_REQUIRE_NATIVE") == "1":
                 pytest.fail("UCMFH_REQUIRE_NATIVE=1 but ucmfh.metrics._hamming is not built")
             pytest.skip("the compiled Hamming kernels are not built")
         if request.node.get_closest_marker("torch_path"):
             pytest.skip("tests an internal of the torch path")
-    monkeypatch.setattr(engine, "FORCE_NATIVE", request.param == "native")
-    return request.param
+    with backend(request.param):
+        yield request.param
 
 
 def make_case(seed, n_query, n_retrieval, n_bits, n_classes=5, p_label=0.25):
@@ -195,28 +196,28 @@ def cosine_case(seed, n_query=15, n_retrieval=70, dim=3):
 @pytest.mark.parametrize("k", [1, 9, None])
 def test_cosine_matches_reference(seed, k):
     query, retrieval, ql, rl = cosine_case(seed)
-    expected = ref_map(query, retrieval, ql, rl, k, similarity="cosine")
+    expected = ref_map(query, retrieval, ql, rl, k, ranking="cosine")
     for chunk, r_chunk in [(1024, 16384), (4, 6)]:
         got = map_at_k_cosine(query, retrieval, ql, rl, k=k, chunk_size=chunk, retrieval_chunk_size=r_chunk)
         assert got == pytest.approx(expected, abs=1e-10)
-    _, idx = top_k(query, retrieval, 70, similarity="cosine", retrieval_chunk_size=8)
+    _, idx = top_k(query, retrieval, 70, ranking="cosine", retrieval_chunk_size=8)
     for i in range(query.shape[0]):
         assert idx[i].tolist() == ref_ranking(query[i], retrieval, "cosine")
 
 
-@pytest.mark.parametrize("similarity", ["hamming", "cosine"])
+@pytest.mark.parametrize("ranking", ["hamming", "cosine"])
 @pytest.mark.parametrize("empty", ["zero", "skip"])
-def test_precision_recall_at_k_match_reference(similarity, empty):
-    if similarity == "hamming":
+def test_precision_recall_at_k_match_reference(ranking, empty):
+    if ranking == "hamming":
         query, retrieval, ql, rl = make_case(5, 19, 90, 8)
     else:
         query, retrieval, ql, rl = cosine_case(5, 19, 90)
     ks = [1, 3, 10, 90, 200]
-    per = ref_per_query(query, retrieval, ql, rl, similarity)
+    per = ref_per_query(query, retrieval, ql, rl, ranking)
     keep = [t > 0 for _, t in per]
     exp_p = [ref_mean([sum(r[:k]) / min(k, 90) for r, _ in per], keep, empty) for k in ks]
     exp_r = [ref_mean([sum(r[:k]) / t if t else 0.0 for r, t in per], keep, empty) for k in ks]
-    kw = dict(empty=empty, similarity=similarity, chunk_size=4, retrieval_chunk_size=11)
+    kw = dict(empty=empty, ranking=ranking, chunk_size=4, retrieval_chunk_size=11)
     assert precision_at_k(query, retrieval, ql, rl, ks=ks, **kw) == pytest.approx(exp_p, abs=1e-12)
     assert recall_at_k(query, retrieval, ql, rl, ks=ks, **kw) == pytest.approx(exp_r, abs=1e-12)
 
@@ -246,9 +247,9 @@ def test_pr_curve_and_radius_match_reference(empty):
     )
 
 
-@pytest.mark.parametrize("similarity", ["hamming", "cosine"])
-def test_recall_at_ranks_matches_reference(similarity):
-    if similarity == "hamming":
+@pytest.mark.parametrize("ranking", ["hamming", "cosine"])
+def test_recall_at_ranks_matches_reference(ranking):
+    if ranking == "hamming":
         query, retrieval, _, _ = make_case(7, 25, 100, 8)
     else:
         query, retrieval, _, _ = cosine_case(7, 25, 100)
@@ -258,12 +259,12 @@ def test_recall_at_ranks_matches_reference(similarity):
         hits = {r: [] for r in (1, 5, 10)}
         keep = []
         for i in range(25):
-            order = ref_ranking(query[i], retrieval, similarity)
+            order = ref_ranking(query[i], retrieval, ranking)
             match = [int(retrieval_ids[j]) == int(query_ids[i]) for j in order]
             keep.append(any(match))
             for r in hits:
                 hits[r].append(1.0 if any(match[:r]) else 0.0)
-        got = recall_at_ranks(query, retrieval, query_ids, retrieval_ids, similarity=similarity, empty=empty, chunk_size=6)
+        got = recall_at_ranks(query, retrieval, query_ids, retrieval_ids, ranking=ranking, empty=empty, chunk_size=6)
         assert got == pytest.approx([ref_mean(hits[r], keep, empty) for r in (1, 5, 10)])
 
 
@@ -287,8 +288,8 @@ def test_validation_errors():
         map_at_k(query, retrieval, ql[:3], rl)
     with pytest.raises(ValueError, match="empty"):
         map_at_k(query, retrieval, ql, rl, empty="nan")
-    with pytest.raises(ValueError, match="similarity"):
-        map_at_k(query, retrieval, ql, rl, similarity="dot")
+    with pytest.raises(ValueError, match="ranking"):
+        map_at_k(query, retrieval, ql, rl, ranking="dot")
 
 
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
@@ -316,16 +317,13 @@ def test_group_preselection_exact_with_ties(n_bits, k):
 @pytest.mark.torch_path
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 @pytest.mark.parametrize("n_bits", [8, 16, 128])
-def test_every_score_dtype_is_exact(dtype, n_bits, monkeypatch):
+def test_every_score_dtype_is_exact(dtype, n_bits):
     """The matmul dtype is chosen per device (bf16 on CPUs with native bf16, fp16 on GPUs): all are exact."""
-    import ucmfh.metrics.engine as engine
-
-    monkeypatch.setattr(engine, "FORCE_SCORE_DTYPE", dtype)
     query, retrieval, _, _ = make_case(20 + n_bits, 5, 2500, n_bits)
     retrieval[1000:1500] = retrieval[3]
     expected = [ref_ranking(query[i], retrieval)[:40] for i in range(5)]
     for r_chunk in (2500, 1000, 777):
-        dist, idx = top_k(query, retrieval, 40, chunk_size=3, retrieval_chunk_size=r_chunk)
+        dist, idx = hamming_top_k_torch(query, retrieval, 40, r_chunk, dtype=dtype)
         assert idx.tolist() == expected
         assert dist.tolist() == [[int((query[i] != retrieval[j]).sum()) for j in row] for i, row in enumerate(expected)]
 
@@ -355,3 +353,94 @@ def test_relevant_counts(n_classes):
     ql[:, n_classes - 1] = 1
     expected = [sum(ref_relevant(ql[i], rl)) for i in range(30)]
     assert relevant_counts(ql, rl).tolist() == expected
+
+
+# ------------------------------------------------------- numpy arrays as input
+
+
+def every_public_metric(query, retrieval, ql, rl, query_ids, retrieval_ids, emb_query, emb_retrieval):
+    """Each public metric of ucmfh.metrics, called once on the given inputs."""
+    import ucmfh.metrics as m
+
+    args = (query, retrieval, ql, rl)
+    return {
+        "map_at_k": m.map_at_k(*args, k=9),
+        "map_at_all": m.map_at_all(*args, empty="skip"),
+        "map_at_k_cosine": m.map_at_k_cosine(emb_query, emb_retrieval, ql, rl, k=9),
+        "average_precision_at_k": m.average_precision_at_k(*args, k=None),
+        "precision_at_k": m.precision_at_k(*args, ks=[1, 5, 40]),
+        "recall_at_k": m.recall_at_k(*args, ks=[1, 5, 40]),
+        "precision_recall_at_k": m.precision_recall_at_k(*args, ks=[3, 100]),
+        "recall_at_ranks": m.recall_at_ranks(query, retrieval, query_ids, retrieval_ids),
+        "pr_curve_hamming": m.pr_curve_hamming(*args),
+        "precision_within_radius": m.precision_within_radius(*args, radius=1),
+        "top_k": m.top_k(query, retrieval, 12),
+        "relevant_counts": m.relevant_counts(ql, rl),
+        "evaluate_direction": m.evaluate_direction(*args, query_ids, retrieval_ids, k=9),
+        "evaluate_codes": m.evaluate_codes(query, query, retrieval, retrieval, ql, rl, query_ids, retrieval_ids, k=9),
+    }
+
+
+def assert_same(a, b, where="result"):
+    """Exactly equal, tensors included (same dtype, same values)."""
+    assert type(a) is type(b), (where, type(a), type(b))
+    if isinstance(a, torch.Tensor):
+        assert a.dtype == b.dtype and torch.equal(a, b), where
+    elif isinstance(a, dict):
+        assert a.keys() == b.keys(), where
+        for key in a:
+            assert_same(a[key], b[key], f"{where}[{key!r}]")
+    elif isinstance(a, (list, tuple)):
+        assert len(a) == len(b), where
+        for i, (x, y) in enumerate(zip(a, b)):
+            assert_same(x, y, f"{where}[{i}]")
+    else:
+        assert a == b, (where, a, b)
+
+
+@pytest.mark.parametrize("codes", ["pm1", "packed"])
+@pytest.mark.parametrize("label_dtype", [np.uint8, np.bool_, np.int64])
+def test_numpy_inputs_give_the_tensor_results(codes, label_dtype):
+    """FAISS and scikit-learn users hold numpy arrays: every public metric takes them and gives
+    exactly what the same data as tensors give (top_k still returns tensors)."""
+    query, retrieval, ql, rl = make_case(12, 13, 70, 13)
+    emb_query, emb_retrieval, _, _ = cosine_case(12, 13, 70)
+    query_ids, retrieval_ids = torch.arange(13) % 5, torch.arange(70) // 7
+    if codes == "packed":
+        query, retrieval = torch.from_numpy(pack_codes(query)), torch.from_numpy(pack_codes(retrieval))
+    tensors = (query, retrieval, ql, rl, query_ids, retrieval_ids, emb_query, emb_retrieval)
+    arrays = [t.numpy() for t in tensors]
+    arrays[2], arrays[3] = arrays[2].astype(label_dtype), arrays[3].astype(label_dtype)
+    expected = every_public_metric(*tensors)
+    got = every_public_metric(*arrays)
+    import ucmfh.metrics
+
+    not_metrics = {"backend", "set_backend", "native_kernels", "codes_file_row", "evaluate_codes_file"}
+    assert set(got) == set(ucmfh.metrics.__all__) - not_metrics
+    assert_same(got, expected)
+    assert all(isinstance(t, torch.Tensor) for t in got["top_k"])
+
+
+@pytest.mark.torch_path  # no ranking here: once is enough
+def test_numpy_arrays_are_shared_not_copied():
+    """Arrays torch can view are shared (zero-copy); the others are copied once, without warnings."""
+    import warnings
+
+    from ucmfh.metrics.inputs import as_tensor
+
+    codes = np.where(np.random.default_rng(0).random((6, 8)) > 0.5, 1.0, -1.0).astype(np.float32)
+    for view in (codes, codes[:, ::2]):  # contiguous, and strided
+        t = as_tensor(view)
+        assert t.data_ptr() == view.__array_interface__["data"][0]
+        assert np.array_equal(t.numpy(), view)
+    read_only = codes.copy()
+    read_only.flags.writeable = False
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        for awkward in (codes[::-1], read_only, codes.astype(">f4")):
+            t = as_tensor(awkward)
+            assert t.dtype == torch.float32 and np.array_equal(t.numpy(), awkward)
+    tensor = torch.from_numpy(codes)
+    assert as_tensor(tensor) is tensor and as_tensor(None) is None
+    with pytest.raises(TypeError, match="numpy array"):
+        as_tensor(codes.tolist())

@@ -13,11 +13,10 @@ import numpy as np
 import pytest
 import torch
 
-import ucmfh.metrics.engine as engine
 from ucmfh.codes import pack_codes
-from ucmfh.metrics import average_precision_at_k, pr_curve_hamming, top_k
+from ucmfh.metrics import average_precision_at_k, backend, native_kernels, pr_curve_hamming, top_k
 
-if engine.native_kernels() is None:
+if native_kernels() is None:
     if os.environ.get("UCMFH_REQUIRE_NATIVE") == "1":
         raise RuntimeError("UCMFH_REQUIRE_NATIVE=1 but ucmfh.metrics._hamming is not built")
     pytest.skip("the compiled Hamming kernels are not built", allow_module_level=True)
@@ -54,12 +53,8 @@ def numpy_ranking(q, r):
 
 
 def torch_path(fn, *args, **kw):
-    old = engine.FORCE_NATIVE
-    engine.FORCE_NATIVE = False
-    try:
+    with backend("torch"):
         return fn(*args, **kw)
-    finally:
-        engine.FORCE_NATIVE = old
 
 
 @pytest.mark.parametrize("n_bits,k", [(8, 1), (12, 50), (16, 50), (64, 50), (64, 1000), (128, 600), (200, 37)])
@@ -125,15 +120,3 @@ def test_kernels_check_their_buffers():
         _hamming.top_k(q, r, 3, 10, 1, 65, 4, idx, idx.copy())
     with pytest.raises(ValueError, match="C-contiguous"):
         _hamming.top_k(q, r, 3, 10, 1, 64, 4, idx, np.empty((4, 3), dtype=np.int64).T)
-
-
-def test_environment_switch(monkeypatch):
-    """UCMFH_NATIVE=0 sends CPU work to the torch path; results do not change."""
-    q, r = codes(5, 16, 11), codes(300, 16, 12)
-    monkeypatch.setenv("UCMFH_NATIVE", "0")
-    assert not engine._use_native(torch.device("cpu"))
-    d0, i0 = top_k(q, r, 20)
-    monkeypatch.setenv("UCMFH_NATIVE", "1")
-    assert engine._use_native(torch.device("cpu"))
-    d1, i1 = top_k(q, r, 20)
-    assert torch.equal(i0, i1) and torch.equal(d0, d1)

@@ -22,17 +22,6 @@ def dot_similarity(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     return a @ b.T
 
 
-def hamming_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Hamming distances between ±1 codes by one matmul. Shape: [N, n_bits], [M, n_bits] -> [N, M] int64.
-
-    Exact for any n_bits: float32 represents the integer dot products exactly
-    (|a·b| <= n_bits << 2**24).
-    """
-    n_bits = a.shape[1]
-    dots = a.float() @ b.float().T
-    return ((n_bits - dots) / 2).round().long()
-
-
 def label_relevance(labels_a: torch.Tensor, labels_b: torch.Tensor) -> torch.Tensor:
     """Relevance by shared labels: ``labels_a[i] · labels_b[j] > 0``. Shape: [N, C], [M, C] -> [N, M] bool."""
     return (labels_a.float() @ labels_b.float().T) > 0
@@ -52,35 +41,8 @@ def positive_mask(
 
 
 def sign_codes(x: torch.Tensor) -> torch.Tensor:
-    """Binary codes as ±1 float tensor, with sign(0) = +1 (REFERENCE §5)."""
+    """Binary codes as ±1 float tensor, with sign(0) = +1 (docs/reference.md §5)."""
     return torch.where(x >= 0, 1.0, -1.0).to(torch.float32)
-
-
-# popcount of every byte value, built once per device on first use
-_POPCOUNT: dict = {}
-
-
-def _popcount_table(device: torch.device) -> torch.Tensor:
-    if device not in _POPCOUNT:
-        table = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.uint8)
-        _POPCOUNT[device] = table.to(device)
-    return _POPCOUNT[device]
-
-
-def hamming_distance_packed(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Hamming distances between packed codes by XOR and popcount.
-
-    Shape: [N, n_bytes] uint8, [M, n_bytes] uint8 -> [N, M] int64. Zero padding
-    bits are equal in both codes, so they add nothing. Memory is N * M * n_bytes
-    bytes: call it on chunks.
-    """
-    if a.dtype != torch.uint8 or b.dtype != torch.uint8:
-        raise ValueError(f"packed codes must be uint8, got {a.dtype} and {b.dtype}")
-    if a.shape[1] != b.shape[1]:
-        raise ValueError(f"packed codes differ in length: {a.shape[1]} and {b.shape[1]} bytes")
-    table = _popcount_table(a.device)
-    xor = torch.bitwise_xor(a[:, None, :], b[None, :, :])
-    return table[xor.long()].sum(dim=-1, dtype=torch.int64)
 
 
 def cosine_similarity_float64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:

@@ -1,10 +1,17 @@
-"""Retrieval metrics: exact, chunked, device-following (REFERENCE §6).
+"""Retrieval metrics: exact, chunked, device-following (docs/reference.md §6).
 
 Ranking is by Hamming distance of ±1 codes (or packed uint8 bits), or by
-cosine similarity with ``similarity="cosine"``; ties by retrieval index.
+cosine similarity with ``ranking="cosine"``; ties by retrieval index. Every
+metric takes tensors or numpy arrays. :func:`set_backend` (or the context
+manager :func:`backend`) chooses what computes Hamming metrics of CPU tensors:
+the compiled kernels (:func:`native_kernels` names their build) or torch.
+
+Modules: ``ranking`` (MAP@K, precision/recall@K, Recall@ranks), ``radius``
+(PR by Hamming radius), ``report`` (every metric of both directions), ``plots``;
+their building blocks ``topk``, ``relevance``, ``ap``, ``histograms``,
+``native`` (kernel bindings, backend) and ``inputs`` (checks, conversions).
 """
-from ucmfh.metrics.engine import native_kernels, relevant_counts, top_k
-from ucmfh.metrics.report import codes_file_row, evaluate_codes, evaluate_codes_file, evaluate_direction
+from ucmfh.metrics.native import backend, native_kernels, set_backend
 from ucmfh.metrics.radius import pr_curve_hamming, precision_within_radius
 from ucmfh.metrics.ranking import (
     average_precision_at_k,
@@ -16,9 +23,13 @@ from ucmfh.metrics.ranking import (
     recall_at_k,
     recall_at_ranks,
 )
+from ucmfh.metrics.relevance import relevant_counts
+from ucmfh.metrics.report import codes_file_row, evaluate_codes, evaluate_codes_file, evaluate_direction
+from ucmfh.metrics.topk import top_k
 
 __all__ = [
     "average_precision_at_k",
+    "backend",
     "codes_file_row",
     "evaluate_codes",
     "evaluate_codes_file",
@@ -34,5 +45,6 @@ __all__ = [
     "recall_at_k",
     "recall_at_ranks",
     "relevant_counts",
+    "set_backend",
     "top_k",
 ]

@@ -5,7 +5,7 @@
  * Codes are packed bits viewed as uint64 words, [n, words] row-major (padding
  * bits zero in both sets, so they add no distance); labels are multi-hot bits
  * likewise, [n, label_words]. Ranking is Hamming distance ascending, ties by
- * retrieval index ascending (REFERENCE §6). Nothing is sorted: distances are
+ * retrieval index ascending (docs/reference.md §6). Nothing is sorted: distances are
  * small integers, so a ranking is a counting sort, and a top-K keeps, per
  * distance, the first K items met in index order.
  *
@@ -621,7 +621,7 @@ static PyMethodDef methods[] = {
 };
 
 static struct PyModuleDef module = {
-    PyModuleDef_HEAD_INIT, "_hamming", "Exact Hamming ranking kernels (see ucmfh.metrics.engine).", -1, methods,
+    PyModuleDef_HEAD_INIT, "_hamming", "Exact Hamming ranking kernels (see ucmfh.metrics.native).", -1, methods,
 };
 
 PyMODINIT_FUNC PyInit__hamming(void)

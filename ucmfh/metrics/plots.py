@@ -6,7 +6,7 @@ and only when a plot is drawn.
 from __future__ import annotations
 
 import os
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 
 def _pyplot():
@@ -44,13 +44,18 @@ def plot_pr_curve(results: Dict[str, object], path: str) -> str:
 
 
 def plot_precision_at_k(results: Dict[str, object], path: str) -> str:
-    """Precision@K curves, both directions, from :func:`evaluate_codes` results."""
+    """Precision@K curves, both directions, from :func:`evaluate_codes` results.
+
+    Only K <= N (``settings["n_retrieval"]``) is drawn: beyond N the metric counts K as N
+    and repeats P@N, which is drawn once, at K = N.
+    """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5, 4))
+    n = results.get("settings", {}).get("n_retrieval")
     for name, label in _NAMES.items():
         pk = results.get(name, {}).get("precision_at_k")
         if pk:
-            ax.plot(pk["k"], pk["precision"], marker=".", label=label)
+            ax.plot(*_up_to(pk["k"], pk["precision"], n), marker=".", label=label)
     ax.set_xscale("log")
     ax.set_xlabel("K (retrieved items)")
     ax.set_ylabel("precision@K")
@@ -59,6 +64,18 @@ def plot_precision_at_k(results: Dict[str, object], path: str) -> str:
     ax.grid(alpha=0.3)
     ax.legend()
     return _save(fig, plt, path)
+
+
+def _up_to(ks: List[int], values: List[float], n: Optional[int]) -> Tuple[List[int], List[float]]:
+    """The points (min(K, n), value) of a curve over K, each x once (the first K that gives it)."""
+    xs: List[int] = []
+    ys: List[float] = []
+    for k, v in zip(ks, values):
+        x = k if n is None else min(k, n)
+        if x not in xs:
+            xs.append(x)
+            ys.append(v)
+    return xs, ys
 
 
 def plot_curves(results: Dict[str, object], prefix: str) -> List[str]:
@@ -71,18 +88,36 @@ def plot_curves(results: Dict[str, object], prefix: str) -> List[str]:
 
 
 def _title(results: Dict[str, object], what: str) -> str:
+    """``what``, and on a second line the dataset, protocol and code length where known."""
     settings = results.get("settings", {})
     attrs = settings.get("attrs", {}) if isinstance(settings, dict) else {}
     parts = [str(attrs[key]) for key in ("dataset", "protocol") if key in attrs]
     if "n_bits" in settings:
         parts.append(f"{settings['n_bits']} bits")
-    return what + (f" ({', '.join(parts)})" if parts else "")
+    return what + ("\n" + ", ".join(parts) if parts else "")
 
 
 def _save(fig, plt, path: str) -> str:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fig.tight_layout()
+    _fit_titles(fig)
     fig.savefig(path, dpi=120)
     plt.close(fig)
     return path
+
+
+def _fit_titles(fig) -> None:
+    """Shrink a title that runs past the figure's edges (a long dataset name) so that it fits
+    where it stands, centred over its axes; then lay out again."""
+    renderer = fig.canvas.get_renderer()
+    shrunk = False
+    for ax in fig.axes:
+        box = ax.title.get_window_extent(renderer)
+        centre = (box.x0 + box.x1) / 2
+        room = 2 * min(centre - fig.bbox.x0, fig.bbox.x1 - centre) * 0.96
+        if box.width > room:
+            ax.title.set_fontsize(ax.title.get_fontsize() * room / box.width)
+            shrunk = True
+    if shrunk:
+        fig.tight_layout()

@@ -5,6 +5,7 @@ so no tie rule is needed). For each query: precision(r) = relevant returned /
 returned, 0 when nothing is returned (the usual convention, e.g. KSH, DPSH);
 recall(r) = relevant returned / relevant in the set. Both are averaged over
 queries; ``empty`` treats queries with no relevant item as in ranking.py.
+Codes and labels are tensors or numpy arrays.
 """
 from __future__ import annotations
 
@@ -12,21 +13,24 @@ from typing import Dict, List, Tuple
 
 import torch
 
-from ucmfh.metrics.engine import (
+from ucmfh.metrics.ap import mean_columns
+from ucmfh.metrics.histograms import iter_hamming_histograms
+from ucmfh.metrics.inputs import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ArrayLike,
     Empty,
-    iter_hamming_histograms,
-    mean_columns,
+    as_tensors,
+    check_labels,
 )
-from ucmfh.metrics.ranking import _check_labels, _keep
+from ucmfh.metrics.relevance import queries_to_keep
 
 
 def _radius_counts(
     query_codes, retrieval_codes, query_labels, retrieval_labels, chunk_size, retrieval_chunk_size
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Items and relevant items within radius r, for every r. Shape: [Q, n_bits + 1] int64 each."""
-    _check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
+    check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
     returned, relevant = [], []
     for _, h_all, h_rel in iter_hamming_histograms(
         query_codes, retrieval_codes, query_labels, retrieval_labels, chunk_size, retrieval_chunk_size
@@ -43,10 +47,10 @@ def _precision_recall(returned: torch.Tensor, relevant: torch.Tensor) -> Tuple[t
 
 
 def pr_curve_hamming(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     empty: Empty = "zero",
@@ -56,7 +60,10 @@ def pr_curve_hamming(
 
     Returns ``{"radius": [0..n_bits], "precision": [...], "recall": [...]}``.
     """
-    keep = _keep(empty, query_labels, retrieval_labels)
+    query_codes, retrieval_codes, query_labels, retrieval_labels = as_tensors(
+        query_codes, retrieval_codes, query_labels, retrieval_labels
+    )
+    keep = queries_to_keep(empty, query_labels, retrieval_labels)
     returned, relevant = _radius_counts(
         query_codes, retrieval_codes, query_labels, retrieval_labels, chunk_size, retrieval_chunk_size
     )
@@ -69,10 +76,10 @@ def pr_curve_hamming(
 
 
 def precision_within_radius(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     radius: int = 2,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,

@@ -1,11 +1,15 @@
-"""Ranking metrics: MAP@K, MAP@all, precision@K, recall@K, Recall@ranks (REFERENCE §6).
+"""Ranking metrics: MAP@K, MAP@all, precision@K, recall@K, Recall@ranks (docs/reference.md §6).
 
 Every function ranks by Hamming distance of ±1 (or packed) codes by default, or
-by cosine similarity of real-valued embeddings with ``similarity="cosine"``;
+by cosine similarity of real-valued embeddings with ``ranking="cosine"``;
 ties by retrieval index ascending. ``empty`` decides what happens to a query
 with no relevant item in the whole retrieval set: ``"zero"`` (default, the
 field's standard for MAP) scores it 0 and keeps it in the mean, ``"skip"``
 leaves it out of the mean. Results are identical for every chunk size.
+
+Codes, labels and ids are tensors or numpy arrays (shared, not copied, where
+numpy allows); results are floats, lists of floats, or for
+:func:`average_precision_at_k` a tensor on the device of the query codes.
 """
 from __future__ import annotations
 
@@ -13,52 +17,44 @@ from typing import List, Optional, Sequence, Tuple
 
 import torch
 
-from ucmfh.metrics.engine import (
+from ucmfh.metrics.ap import (
+    average_precision_all_hamming,
+    average_precision_native,
+    average_precision_ranked,
+    mean,
+    mean_columns,
+)
+from ucmfh.metrics.inputs import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ArrayLike,
     Empty,
-    Similarity,
-    _check_choice,
-    _use_native,
-    average_precision_all_hamming,
-    average_precision_ranked,
+    Ranking,
+    as_tensors,
+    check_choice,
+    check_ids,
+    check_labels,
+)
+from ucmfh.metrics.native import use_native
+from ucmfh.metrics.relevance import (
     gather_id_match,
     gather_relevance,
     id_match_counts,
-    iter_top_k,
-    mean,
-    mean_columns,
-    native_average_precision,
+    queries_to_keep,
     relevant_counts,
 )
-
-
-def _keep(empty: str, query_labels: torch.Tensor, retrieval_labels: torch.Tensor) -> Optional[torch.Tensor]:
-    _check_choice("empty", empty, ("zero", "skip"))
-    if empty == "zero":
-        return None
-    return relevant_counts(query_labels, retrieval_labels) > 0
-
-
-def _check_labels(query: torch.Tensor, retrieval: torch.Tensor, ql: torch.Tensor, rl: torch.Tensor) -> None:
-    if ql.shape[0] != query.shape[0] or rl.shape[0] != retrieval.shape[0]:
-        raise ValueError(
-            f"labels do not match the codes: {ql.shape[0]} query labels for {query.shape[0]} queries, "
-            f"{rl.shape[0]} retrieval labels for {retrieval.shape[0]} items"
-        )
-    if ql.ndim != 2 or rl.ndim != 2 or ql.shape[1] != rl.shape[1]:
-        raise ValueError(f"labels must be [N, C] with the same C, got {tuple(ql.shape)} and {tuple(rl.shape)}")
+from ucmfh.metrics.topk import iter_top_k
 
 
 def average_precision_at_k(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     k: Optional[int] = 50,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> torch.Tensor:
     """AP@K of every query (``k=None``: over the whole ranking). Shape: -> [Q] float64.
@@ -66,18 +62,21 @@ def average_precision_at_k(
     AP@K = (1/r) Σ_i i / p_i over the r relevant items among the first K, at
     positions p_1 < … < p_r; 0 when r = 0. K larger than N means N.
     """
-    _check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
+    query_codes, retrieval_codes, query_labels, retrieval_labels = as_tensors(
+        query_codes, retrieval_codes, query_labels, retrieval_labels
+    )
+    check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
     n = retrieval_codes.shape[0]
-    if similarity == "hamming" and _use_native(query_codes.device):
-        return native_average_precision(query_codes, retrieval_codes, query_labels, retrieval_labels, k)
-    if k is None and similarity == "hamming":
+    if ranking == "hamming" and use_native(query_codes.device):
+        return average_precision_native(query_codes, retrieval_codes, query_labels, retrieval_labels, k)
+    if k is None and ranking == "hamming":
         return average_precision_all_hamming(
             query_codes, retrieval_codes, query_labels, retrieval_labels, chunk_size, retrieval_chunk_size
         )
     k = n if k is None else k
     out = []
     for start, _, idx in iter_top_k(
-        query_codes, retrieval_codes, k, similarity, chunk_size, retrieval_chunk_size
+        query_codes, retrieval_codes, k, ranking, chunk_size, retrieval_chunk_size
     ):
         rel = gather_relevance(query_labels[start : start + chunk_size], retrieval_labels, idx)
         out.append(average_precision_ranked(rel))
@@ -85,15 +84,15 @@ def average_precision_at_k(
 
 
 def map_at_k(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     k: Optional[int] = 50,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     empty: Empty = "zero",
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> float:
     """MAP@K with Hamming ranking of ±1 (or packed uint8) codes; ``k=None`` gives MAP@all.
@@ -105,37 +104,40 @@ def map_at_k(
     Example:
         >>> map_at_k(img_codes, txt_codes, query_labels, retrieval_labels, k=50)  # I→T
     """
-    keep = _keep(empty, query_labels, retrieval_labels)
+    query_codes, retrieval_codes, query_labels, retrieval_labels = as_tensors(
+        query_codes, retrieval_codes, query_labels, retrieval_labels
+    )
+    keep = queries_to_keep(empty, query_labels, retrieval_labels)
     ap = average_precision_at_k(
         query_codes, retrieval_codes, query_labels, retrieval_labels, k, chunk_size,
-        similarity=similarity, retrieval_chunk_size=retrieval_chunk_size,
+        ranking=ranking, retrieval_chunk_size=retrieval_chunk_size,
     )
     return mean(ap, keep)
 
 
 def map_at_all(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     empty: Empty = "zero",
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> float:
     """MAP over the whole ranking: ``map_at_k(..., k=None)``."""
     return map_at_k(
         query_codes, retrieval_codes, query_labels, retrieval_labels, None, chunk_size,
-        empty=empty, similarity=similarity, retrieval_chunk_size=retrieval_chunk_size,
+        empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size,
     )
 
 
 def map_at_k_cosine(
-    query: torch.Tensor,
-    retrieval: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query: ArrayLike,
+    retrieval: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     k: Optional[int] = 50,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
@@ -148,7 +150,7 @@ def map_at_k_cosine(
     """
     return map_at_k(
         query, retrieval, query_labels, retrieval_labels, k, chunk_size,
-        empty=empty, similarity="cosine", retrieval_chunk_size=retrieval_chunk_size,
+        empty=empty, ranking="cosine", retrieval_chunk_size=retrieval_chunk_size,
     )
 
 
@@ -157,7 +159,7 @@ def _hits_at(
     retrieval: torch.Tensor,
     ks: Sequence[int],
     match,
-    similarity: str,
+    ranking: str,
     chunk_size: int,
     retrieval_chunk_size: int,
 ) -> torch.Tensor:
@@ -168,32 +170,35 @@ def _hits_at(
     n = retrieval.shape[0]
     cols = torch.tensor([min(k, n) - 1 for k in ks], device=query.device)
     out = []
-    for start, _, idx in iter_top_k(query, retrieval, max(ks), similarity, chunk_size, retrieval_chunk_size):
+    for start, _, idx in iter_top_k(query, retrieval, max(ks), ranking, chunk_size, retrieval_chunk_size):
         hits = match(start, idx).long().cumsum(dim=1)
         out.append(hits[:, cols])
     return torch.cat(out)
 
 
 def precision_recall_at_k(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     ks: Sequence[int] = (1, 5, 10, 50, 100, 500, 1000),
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     empty: Empty = "zero",
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> Tuple[List[float], List[float]]:
     """(precision@K curve, recall@K curve) from one ranking pass; see the two functions below."""
-    _check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
-    keep = _keep(empty, query_labels, retrieval_labels)
+    query_codes, retrieval_codes, query_labels, retrieval_labels = as_tensors(
+        query_codes, retrieval_codes, query_labels, retrieval_labels
+    )
+    check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
+    keep = queries_to_keep(empty, query_labels, retrieval_labels)
     n = retrieval_codes.shape[0]
     hits = _hits_at(
         query_codes, retrieval_codes, ks,
         lambda s, idx: gather_relevance(query_labels[s : s + chunk_size], retrieval_labels, idx),
-        similarity, chunk_size, retrieval_chunk_size,
+        ranking, chunk_size, retrieval_chunk_size,
     ).double()
     denom = torch.tensor([min(k, n) for k in ks], dtype=torch.float64, device=hits.device)
     total = relevant_counts(query_labels.to(query_codes.device), retrieval_labels)
@@ -202,15 +207,15 @@ def precision_recall_at_k(
 
 
 def precision_at_k(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     ks: Sequence[int] = (1, 5, 10, 50, 100, 500, 1000),
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     empty: Empty = "zero",
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> List[float]:
     """Precision@K curve: mean over queries of (relevant among the first K) / K, one value per K.
@@ -219,39 +224,39 @@ def precision_at_k(
     """
     return precision_recall_at_k(
         query_codes, retrieval_codes, query_labels, retrieval_labels, ks, chunk_size,
-        empty=empty, similarity=similarity, retrieval_chunk_size=retrieval_chunk_size,
+        empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size,
     )[0]
 
 
 def recall_at_k(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
     ks: Sequence[int] = (1, 5, 10, 50, 100, 500, 1000),
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     empty: Empty = "zero",
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> List[float]:
     """Recall@K curve: mean over queries of (relevant among the first K) / (relevant in the set)."""
     return precision_recall_at_k(
         query_codes, retrieval_codes, query_labels, retrieval_labels, ks, chunk_size,
-        empty=empty, similarity=similarity, retrieval_chunk_size=retrieval_chunk_size,
+        empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size,
     )[1]
 
 
 def recall_at_ranks(
-    query_codes: torch.Tensor,
-    retrieval_codes: torch.Tensor,
-    query_ids: torch.Tensor,
-    retrieval_ids: torch.Tensor,
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_ids: ArrayLike,
+    retrieval_ids: ArrayLike,
     ranks: Sequence[int] = (1, 5, 10),
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     empty: Empty = "zero",
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> List[float]:
     """Recall@1/5/10 of caption retrieval: the fraction of queries with a true match among the first R.
@@ -260,12 +265,11 @@ def recall_at_ranks(
     captions of one COCO image). Shape: query_ids [Q], retrieval_ids [N] int64.
     ``empty="skip"`` leaves out queries whose id occurs nowhere in the retrieval set.
     """
-    if query_ids.shape != (query_codes.shape[0],) or retrieval_ids.shape != (retrieval_codes.shape[0],):
-        raise ValueError(
-            f"ids must be 1-D and match the codes: got {tuple(query_ids.shape)} for {query_codes.shape[0]} "
-            f"queries and {tuple(retrieval_ids.shape)} for {retrieval_codes.shape[0]} items"
-        )
-    _check_choice("empty", empty, ("zero", "skip"))
+    query_codes, retrieval_codes, query_ids, retrieval_ids = as_tensors(
+        query_codes, retrieval_codes, query_ids, retrieval_ids
+    )
+    check_ids(query_codes, retrieval_codes, query_ids, retrieval_ids)
+    check_choice("empty", empty, ("zero", "skip"))
     device = query_codes.device
     query_ids = query_ids.to(device).long()
     retrieval_ids = retrieval_ids.long()
@@ -273,6 +277,6 @@ def recall_at_ranks(
     hits = _hits_at(
         query_codes, retrieval_codes, ranks,
         lambda s, idx: gather_id_match(query_ids[s : s + chunk_size], retrieval_ids, idx),
-        similarity, chunk_size, retrieval_chunk_size,
+        ranking, chunk_size, retrieval_chunk_size,
     )
     return mean_columns((hits > 0).double(), keep)

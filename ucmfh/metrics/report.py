@@ -6,21 +6,32 @@ from typing import Dict, Optional, Sequence, Union
 
 import torch
 
-from ucmfh.metrics.engine import DEFAULT_CHUNK_SIZE, DEFAULT_RETRIEVAL_CHUNK_SIZE, Empty, Similarity
+from ucmfh.metrics.inputs import (
+    DEFAULT_CHUNK_SIZE,
+    DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ArrayLike,
+    Empty,
+    Ranking,
+    as_tensors,
+    check_ids,
+)
 from ucmfh.metrics.radius import pr_curve_hamming
 from ucmfh.metrics.ranking import map_at_k, precision_recall_at_k, recall_at_ranks
+from ucmfh.metrics.relevance import id_match_counts
 
 DEFAULT_KS = (1, 5, 10, 20, 50, 100, 200, 500, 1000)
 DIRECTIONS = {"i2t": ("img", "txt"), "t2i": ("txt", "img")}
+ORDER = {"hamming": "Hamming distance ascending", "cosine": "cosine similarity descending"}
+NO_ID_MATCH = "not computed: no query id occurs in the retrieval set"
 
 
 def evaluate_direction(
-    query: torch.Tensor,
-    retrieval: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
-    query_ids: Optional[torch.Tensor] = None,
-    retrieval_ids: Optional[torch.Tensor] = None,
+    query: ArrayLike,
+    retrieval: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
+    query_ids: Optional[ArrayLike] = None,
+    retrieval_ids: Optional[ArrayLike] = None,
     *,
     k: int = 50,
     ks: Sequence[int] = DEFAULT_KS,
@@ -28,12 +39,23 @@ def evaluate_direction(
     radius: int = 2,
     map_all: bool = True,
     empty: Empty = "zero",
-    similarity: Similarity = "hamming",
+    ranking: Ranking = "hamming",
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> Dict[str, object]:
-    """Every metric of one direction. Radius metrics only for Hamming; Recall@ranks only with ids."""
-    kw = dict(empty=empty, similarity=similarity, retrieval_chunk_size=retrieval_chunk_size)
+    """Every metric of one direction, as a JSON-able dict; tensors or numpy arrays in.
+
+    Keys: ``map@{k}``, ``map@all`` (with ``map_all``), ``precision_at_k``; for Hamming
+    ranking ``pr_curve`` and ``precision_within_radius_{radius}``; with ids,
+    ``recall_at_ranks`` ({"1": …, "5": …, "10": …}). Recall@ranks by id means
+    something only where a query's id can occur in the retrieval set: when no
+    query id occurs there (e.g. a labelled set whose ids number items), the key
+    is left out and ``recall_at_ranks_note`` says why instead.
+    """
+    query, retrieval, query_labels, retrieval_labels, query_ids, retrieval_ids = as_tensors(
+        query, retrieval, query_labels, retrieval_labels, query_ids, retrieval_ids
+    )
+    kw = dict(empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size)
     out: Dict[str, object] = {
         f"map@{k}": map_at_k(query, retrieval, query_labels, retrieval_labels, k, chunk_size, **kw),
     }
@@ -42,7 +64,7 @@ def evaluate_direction(
     ks = list(ks)
     precision, recall = precision_recall_at_k(query, retrieval, query_labels, retrieval_labels, ks, chunk_size, **kw)
     out["precision_at_k"] = {"k": ks, "precision": precision, "recall": recall}
-    if similarity == "hamming":
+    if ranking == "hamming":
         curve = pr_curve_hamming(
             query, retrieval, query_labels, retrieval_labels, chunk_size,
             empty=empty, retrieval_chunk_size=retrieval_chunk_size,
@@ -50,31 +72,41 @@ def evaluate_direction(
         out["pr_curve"] = curve
         out[f"precision_within_radius_{radius}"] = curve["precision"][min(radius, len(curve["radius"]) - 1)]
     if query_ids is not None and retrieval_ids is not None:
-        values = recall_at_ranks(query, retrieval, query_ids, retrieval_ids, ranks, chunk_size, **kw)
-        out["recall_at_ranks"] = {str(r): v for r, v in zip(ranks, values)}
+        check_ids(query, retrieval, query_ids, retrieval_ids)
+        if bool((id_match_counts(query_ids.long(), retrieval_ids.long()) > 0).any()):
+            values = recall_at_ranks(query, retrieval, query_ids, retrieval_ids, ranks, chunk_size, **kw)
+            out["recall_at_ranks"] = {str(r): v for r, v in zip(ranks, values)}
+        else:
+            out["recall_at_ranks_note"] = NO_ID_MATCH
     return out
 
 
 def evaluate_codes(
-    query_img: torch.Tensor,
-    query_txt: torch.Tensor,
-    retrieval_img: torch.Tensor,
-    retrieval_txt: torch.Tensor,
-    query_labels: torch.Tensor,
-    retrieval_labels: torch.Tensor,
-    query_ids: Optional[torch.Tensor] = None,
-    retrieval_ids: Optional[torch.Tensor] = None,
+    query_img: ArrayLike,
+    query_txt: ArrayLike,
+    retrieval_img: ArrayLike,
+    retrieval_txt: ArrayLike,
+    query_labels: ArrayLike,
+    retrieval_labels: ArrayLike,
+    query_ids: Optional[ArrayLike] = None,
+    retrieval_ids: Optional[ArrayLike] = None,
     **options,
 ) -> Dict[str, object]:
     """All metrics for I→T (image queries vs text retrieval) and T→I.
 
     Shape: codes [Q or N, n_bits] ±1 (or packed uint8, or real-valued with
-    ``similarity="cosine"``); labels [Q or N, C]; ids [Q or N] or None.
-    ``options`` are those of :func:`evaluate_direction` (k, ks, ranks, radius,
-    map_all, empty, similarity, chunk_size, retrieval_chunk_size).
+    ``ranking="cosine"``); labels [Q or N, C]; ids [Q or N] or None; tensors or
+    numpy arrays. ``options`` are those of :func:`evaluate_direction` (k, ks,
+    ranks, radius, map_all, empty, ranking, chunk_size, retrieval_chunk_size).
 
-    Returns ``{"settings": {...}, "i2t": {...}, "t2i": {...}}``, JSON-able.
+    Returns ``{"settings": {...}, "i2t": {...}, "t2i": {...}}``, JSON-able;
+    ``settings["ranking"]`` is ``"hamming"`` or ``"cosine"``, ``settings["order"]``
+    says it in words.
     """
+    query_img, query_txt, retrieval_img, retrieval_txt, query_labels, retrieval_labels, query_ids, retrieval_ids = (
+        as_tensors(query_img, query_txt, retrieval_img, retrieval_txt, query_labels, retrieval_labels,
+                   query_ids, retrieval_ids)
+    )
     codes = {"query": {"img": query_img, "txt": query_txt}, "retrieval": {"img": retrieval_img, "txt": retrieval_txt}}
     result: Dict[str, object] = {}
     for name, (q_mod, r_mod) in DIRECTIONS.items():
@@ -82,14 +114,14 @@ def evaluate_codes(
             codes["query"][q_mod], codes["retrieval"][r_mod], query_labels, retrieval_labels,
             query_ids, retrieval_ids, **options,
         )
+    ranking = options.get("ranking", "hamming")
     settings = {
         "k": options.get("k", 50),
         "empty": options.get("empty", "zero"),
-        "similarity": options.get("similarity", "hamming"),
+        "ranking": ranking,
         "n_query": int(query_img.shape[0]),
         "n_retrieval": int(retrieval_img.shape[0]),
-        "ranking": "Hamming distance ascending" if options.get("similarity", "hamming") == "hamming"
-        else "cosine similarity descending",
+        "order": ORDER[ranking],
         "ties": "retrieval index ascending",
     }
     return {"settings": settings, **result}

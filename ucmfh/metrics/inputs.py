@@ -1,0 +1,107 @@
+"""What callers pass to the metrics: option types and defaults, checks, and conversions.
+
+Codes are ±1 tensors [N, n_bits], or packed bits [N, n_bytes] uint8 (see
+:mod:`ucmfh.codes`); embeddings (cosine ranking) are real-valued [N, d];
+labels are multi-hot [N, C] (any integer or bool dtype); ids are integers [N].
+The public metric functions take numpy arrays as well as tensors
+(:func:`as_tensors`).
+"""
+from __future__ import annotations
+
+from typing import Literal, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ucmfh.codes import ArrayLike, unpack_codes
+
+Ranking = Literal["hamming", "cosine"]
+"""Hamming distance ascending (±1 or packed codes), or cosine similarity descending (embeddings)."""
+Empty = Literal["zero", "skip"]
+"""A query with no relevant item in the retrieval set scores 0 and counts ("zero"), or is left out ("skip")."""
+
+DEFAULT_CHUNK_SIZE = 256
+DEFAULT_RETRIEVAL_CHUNK_SIZE = 65536
+
+
+def as_tensor(x: Optional[ArrayLike]) -> Optional[torch.Tensor]:
+    """A tensor of ``x``: tensors and None pass through; a numpy array shares its memory
+    (``torch.from_numpy``) unless torch cannot share it (negative strides, read-only,
+    non-native byte order), and then it is copied once."""
+    if x is None or isinstance(x, torch.Tensor):
+        return x
+    if not isinstance(x, np.ndarray):
+        raise TypeError(f"expected a torch tensor or a numpy array, got {type(x).__name__}")
+    if not x.flags.writeable or not x.dtype.isnative or any(s < 0 for s in x.strides):
+        x = np.array(x, dtype=x.dtype.newbyteorder("="))
+    return torch.from_numpy(x)
+
+
+def as_tensors(*xs: Optional[ArrayLike]) -> Tuple[Optional[torch.Tensor], ...]:
+    """:func:`as_tensor` of each argument, as a tuple."""
+    return tuple(as_tensor(x) for x in xs)
+
+
+def check_choice(name: str, value: str, choices: Tuple[str, ...]) -> None:
+    """Raise ValueError naming the option unless ``value`` is one of ``choices``."""
+    if value not in choices:
+        raise ValueError(f"{name} must be one of {choices}, got {value!r}")
+
+
+def check_chunks(chunk_size: int, retrieval_chunk_size: int) -> None:
+    """Raise ValueError unless both chunk sizes are positive."""
+    if chunk_size < 1 or retrieval_chunk_size < 1:
+        raise ValueError(f"chunk sizes must be >= 1, got {chunk_size} and {retrieval_chunk_size}")
+
+
+def check_pair(query: torch.Tensor, retrieval: torch.Tensor, ranking: str) -> None:
+    """Validate a query/retrieval pair of codes or embeddings for ``ranking``."""
+    check_choice("ranking", ranking, ("hamming", "cosine"))
+    if query.ndim != 2 or retrieval.ndim != 2:
+        raise ValueError(f"query and retrieval must be 2-D, got {tuple(query.shape)} and {tuple(retrieval.shape)}")
+    if query.shape[1] != retrieval.shape[1]:
+        raise ValueError(f"query and retrieval differ in width: {query.shape[1]} and {retrieval.shape[1]}")
+    if (query.dtype == torch.uint8) != (retrieval.dtype == torch.uint8):
+        raise ValueError("query and retrieval must both be packed (uint8) or both ±1 codes")
+    if ranking == "cosine" and query.dtype == torch.uint8:
+        raise ValueError("cosine ranking needs real-valued embeddings, got packed codes")
+    if retrieval.shape[0] == 0:
+        raise ValueError("the retrieval set is empty")
+
+
+def check_labels(
+    query: torch.Tensor, retrieval: torch.Tensor, query_labels: torch.Tensor, retrieval_labels: torch.Tensor
+) -> None:
+    """Validate labels [Q, C], [N, C] against codes [Q, ·], [N, ·]."""
+    ql, rl = query_labels, retrieval_labels
+    if ql.shape[0] != query.shape[0] or rl.shape[0] != retrieval.shape[0]:
+        raise ValueError(
+            f"labels do not match the codes: {ql.shape[0]} query labels for {query.shape[0]} queries, "
+            f"{rl.shape[0]} retrieval labels for {retrieval.shape[0]} items"
+        )
+    if ql.ndim != 2 or rl.ndim != 2 or ql.shape[1] != rl.shape[1]:
+        raise ValueError(f"labels must be [N, C] with the same C, got {tuple(ql.shape)} and {tuple(rl.shape)}")
+
+
+def check_ids(
+    query: torch.Tensor, retrieval: torch.Tensor, query_ids: torch.Tensor, retrieval_ids: torch.Tensor
+) -> None:
+    """Validate ids [Q], [N] against codes [Q, ·], [N, ·]."""
+    if query_ids.shape != (query.shape[0],) or retrieval_ids.shape != (retrieval.shape[0],):
+        raise ValueError(
+            f"ids must be 1-D and match the codes: got {tuple(query_ids.shape)} for {query.shape[0]} "
+            f"queries and {tuple(retrieval_ids.shape)} for {retrieval.shape[0]} items"
+        )
+
+
+def n_bits_of(codes: torch.Tensor) -> int:
+    """Code length as ranked: packed codes count their padding bits, which add no distance."""
+    return 8 * codes.shape[1] if codes.dtype == torch.uint8 else codes.shape[1]
+
+
+def as_pm1(codes: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """±1 float32 codes on ``device`` from ±1 or packed codes."""
+    codes = codes.to(device)
+    if codes.dtype == torch.uint8:
+        return unpack_codes(codes, 8 * codes.shape[1])
+    return codes.float()
