@@ -8,7 +8,8 @@ from tqdm.auto import tqdm
 
 from ucmfh.config import PROTOCOLS
 from ucmfh.data.h5 import Dataset, Split
-from ucmfh.metrics import map_at_k, map_at_k_cosine
+from ucmfh.metrics import map_at_k
+from ucmfh.metrics.inputs import Ranking
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 from ucmfh.utils import resolve_device
@@ -58,18 +59,15 @@ def score_both_directions(
     query_labels: torch.Tensor,
     retrieval_labels: torch.Tensor,
     k: int = 50,
-    ranking: str = "hamming",
+    ranking: Ranking = "hamming",
 ) -> Dict[str, float]:
     """MAP@k image→text (image queries against text retrieval items) and text→image.
 
     ``ranking``: ``"hamming"`` for ±1 codes, ``"cosine"`` for real-valued embeddings.
     """
-    if ranking not in ("hamming", "cosine"):
-        raise ValueError(f"ranking must be 'hamming' or 'cosine', got {ranking!r}")
-    metric = map_at_k if ranking == "hamming" else map_at_k_cosine
     return {
-        "map_i2t": metric(query[0], retrieval[1], query_labels, retrieval_labels, k=k),
-        "map_t2i": metric(query[1], retrieval[0], query_labels, retrieval_labels, k=k),
+        "map_i2t": map_at_k(query[0], retrieval[1], query_labels, retrieval_labels, k=k, ranking=ranking),
+        "map_t2i": map_at_k(query[1], retrieval[0], query_labels, retrieval_labels, k=k, ranking=ranking),
     }
 
 
