@@ -260,3 +260,17 @@ def test_runs_summarises_over_seeds(tmp_path):
     assert "0.6000 ± 0.1000" in result.output and "fusion.epochs=9" in result.output
     result = CliRunner().invoke(main, ["runs", "--results", str(tmp_path / "none.jsonl")])
     assert result.exit_code == 2 and "no such results file" in result.output
+
+
+@pytest.mark.parametrize("value, expected", [("0", "torch"), ("1", "auto")])
+def test_the_app_passes_ucmfh_native_down_to_the_library(monkeypatch, value, expected):
+    """The library reads no environment variable: the ucmfh command reads UCMFH_NATIVE and sets the backend."""
+    from ucmfh.metrics import set_backend
+
+    monkeypatch.setenv("UCMFH_NATIVE", value)
+    previous = set_backend("auto" if expected == "torch" else "torch")
+    try:
+        assert CliRunner().invoke(main, ["losses"]).exit_code == 0
+        assert set_backend("auto") == expected
+    finally:
+        set_backend(previous)
