@@ -5,10 +5,10 @@
 from __future__ import annotations
 
 import argparse
-import json
 
 from ucmfh.baselines import fit_cca_itq
 from ucmfh.data.h5 import load_dataset
+from ucmfh.files import write_json_atomic
 from ucmfh.scoring import random_codes_map, score_both_directions
 
 
@@ -33,8 +33,7 @@ def main() -> None:
         print(f"{data.name:<14}{bits:>11}{model.n_bits:>6}{scores['map_i2t']:>8.4f}{scores['map_t2i']:>8.4f}"
               f"{floor['map_i2t']:>11.4f}{floor['map_t2i']:>11.4f}")
     if args.json:
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(rows, f, indent=2)
+        write_json_atomic(args.json, rows)
 
 
 if __name__ == "__main__":

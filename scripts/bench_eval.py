@@ -32,6 +32,8 @@ import time
 
 import numpy as np
 
+from ucmfh.files import write_json_atomic
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
@@ -291,9 +293,7 @@ def main(argv=None) -> None:
               f"{row.get('speedup_vs_faiss', float('nan')):>7.2f} {row['ucmfh_map']:>8.4f} "
               f"{row['max_abs_ap_diff_vs_reference']:>9.1e} {row['ucmfh_peak_mb']:>8.0f}")
     if args.json:
-        os.makedirs(os.path.dirname(os.path.abspath(args.json)), exist_ok=True)
-        with open(args.json, "w") as f:
-            json.dump({"machine": info, "args": vars(args), "rows": rows}, f, indent=1)
+        write_json_atomic(args.json, {"machine": info, "args": vars(args), "rows": rows})
 
 
 if __name__ == "__main__":

@@ -8,12 +8,10 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from ucmfh.metrics import evaluate_codes_file  # noqa: E402
+from ucmfh.files import write_text_atomic
+from ucmfh.metrics import evaluate_codes_file
 
 
 def main(argv=None) -> None:
@@ -35,9 +33,7 @@ def main(argv=None) -> None:
     )
     text = json.dumps(results, indent=1)
     if args.out:
-        os.makedirs(os.path.dirname(os.path.abspath(args.out)), exist_ok=True)
-        with open(args.out, "w") as f:
-            f.write(text + "\n")
+        write_text_atomic(args.out, text + "\n")
     else:
         print(text)
     for name in ("i2t", "t2i"):

@@ -8,6 +8,8 @@ from __future__ import annotations
 import os
 from typing import Dict, List, Optional, Tuple
 
+from ucmfh.files import atomic_file
+
 
 def _pyplot():
     try:
@@ -98,11 +100,10 @@ def _title(results: Dict[str, object], what: str) -> str:
 
 
 def _save(fig, plt, path: str) -> str:
-    directory = os.path.dirname(os.path.abspath(path))
-    os.makedirs(directory, exist_ok=True)
     fig.tight_layout()
     _fit_titles(fig)
-    fig.savefig(path, dpi=120)
+    with atomic_file(path) as tmp:
+        fig.savefig(tmp, dpi=120, format=os.path.splitext(path)[1][1:] or "png")
     plt.close(fig)
     return path
 
