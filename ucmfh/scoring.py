@@ -8,7 +8,7 @@ from tqdm.auto import tqdm
 
 from ucmfh.config import PROTOCOLS
 from ucmfh.data.h5 import Dataset, Split
-from ucmfh.metrics import map_at_k
+from ucmfh.metrics import evaluate_caption_set, map_at_k
 from ucmfh.metrics.inputs import Ranking
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
@@ -77,18 +77,38 @@ def _check_protocols(protocols: Sequence[str]) -> None:
         raise ValueError(f"unknown protocol(s) {bad}; choose from {PROTOCOLS}")
 
 
+def score_splits(
+    query: Tuple[torch.Tensor, torch.Tensor],
+    retrieval: Tuple[torch.Tensor, torch.Tensor],
+    data: Dataset,
+    k: int = 50,
+    ranking: Ranking = "hamming",
+) -> List[Dict[str, object]]:
+    """Scores of encoded query and retrieval splits: one row, or one per database of a caption set.
+
+    Labelled data: MAP@k by shared label (docs/reference.md §6). Caption sets
+    (no labels): the ``test`` and ``collection`` databases of §7, each with
+    Recall@1/5/10 in %, rSum and MAP@k by id.
+    """
+    if not data.caption_set:
+        return [{"k": k, **score_both_directions(query, retrieval, data.query.labels, data.retrieval.labels, k,
+                                                 ranking)}]
+    scores = evaluate_caption_set(query[0], query[1], data.query.ids, retrieval[0], retrieval[1], data.retrieval.ids,
+                                  k=k, ranking=ranking)
+    return list(scores.values())
+
+
 def evaluate_hashing(
     model: CrossModalHasher, data: Dataset, protocols: Sequence[str] = PROTOCOLS,
     k: int = 50, device: str = "auto", progress: bool = False,
 ) -> List[Dict[str, object]]:
-    """Hamming-ranking MAP@k in both directions, one row per protocol."""
+    """Hamming-ranking scores of both directions, one row per protocol (and database of a caption set)."""
     _check_protocols(protocols)
     rows = []
     for protocol in protocols:
         query = encode_split(model, data.query, protocol, device, progress=progress)
         retrieval = encode_split(model, data.retrieval, protocol, device, progress=progress)
-        scores = score_both_directions(query, retrieval, data.query.labels, data.retrieval.labels, k)
-        rows.append({"protocol": protocol, "k": k, **scores})
+        rows += [{"protocol": protocol, **row} for row in score_splits(query, retrieval, data, k)]
     return rows
 
 
@@ -96,19 +116,18 @@ def evaluate_fusion(
     fusion: FusionEncoder, data: Dataset, protocols: Sequence[str] = PROTOCOLS,
     k: int = 50, device: str = "auto", progress: bool = False,
 ) -> List[Dict[str, object]]:
-    """Cosine-ranking MAP@k of the real-valued fusion embeddings, one row per protocol."""
+    """Cosine-ranking scores of the real-valued fusion embeddings, one row per protocol (and database)."""
     _check_protocols(protocols)
     rows = []
     for protocol in protocols:
         query = embed_split(fusion, data.query, protocol, device, progress=progress)
         retrieval = embed_split(fusion, data.retrieval, protocol, device, progress=progress)
-        scores = score_both_directions(query, retrieval, data.query.labels, data.retrieval.labels, k, ranking="cosine")
-        rows.append({"protocol": protocol, "k": k, **scores})
+        rows += [{"protocol": protocol, **row} for row in score_splits(query, retrieval, data, k, "cosine")]
     return rows
 
 
-def random_codes_map(data: Dataset, n_bits: int, k: int = 50, seed: int = 0) -> Dict[str, float]:
-    """MAP@k of uniformly random ±1 codes: the floor a trained model must clear."""
+def random_codes_scores(data: Dataset, n_bits: int, k: int = 50, seed: int = 0) -> List[Dict[str, object]]:
+    """:func:`score_splits` of uniformly random ±1 codes: the floor a trained model must clear."""
     generator = torch.Generator().manual_seed(seed)
 
     def draw(n: int) -> torch.Tensor:
@@ -116,4 +135,12 @@ def random_codes_map(data: Dataset, n_bits: int, k: int = 50, seed: int = 0) -> 
 
     query = (draw(len(data.query)), draw(len(data.query)))
     retrieval = (draw(len(data.retrieval)), draw(len(data.retrieval)))
-    return score_both_directions(query, retrieval, data.query.labels, data.retrieval.labels, k)
+    return score_splits(query, retrieval, data, k)
+
+
+def random_codes_map(data: Dataset, n_bits: int, k: int = 50, seed: int = 0) -> Dict[str, float]:
+    """MAP@k of uniformly random ±1 codes (labelled data; see :func:`random_codes_scores`)."""
+    if data.caption_set:
+        raise ValueError("a caption set has one floor per database: use random_codes_scores")
+    row = random_codes_scores(data, n_bits, k, seed)[0]
+    return {"map_i2t": row["map_i2t"], "map_t2i": row["map_t2i"]}

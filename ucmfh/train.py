@@ -91,6 +91,12 @@ def adam(params: Iterable, **kwargs) -> torch.optim.Adam:
         return torch.optim.Adam(params, **kwargs)
 
 
+def _check_supervision(data: Dataset, cfg: Any) -> None:
+    if cfg.supervised and data.caption_set:
+        raise ValueError(f"{data.path or 'the dataset'}: supervised training needs labels; this caption set has "
+                         "none (its ids already make the captions of one image positives of each other)")
+
+
 def _batch(split: Split, index: torch.Tensor, supervised: bool) -> Tuple[torch.Tensor, ...]:
     ids = None if split.ids is None else split.ids[index]
     labels = split.labels[index] if supervised else None
@@ -270,6 +276,7 @@ def fit_fusion(
     With ``state``, the run saves and (``state.resume``) continues its training
     state; interrupted by SIGINT/SIGTERM it raises :class:`TrainingInterrupted`.
     """
+    _check_supervision(data, cfg)
     device = resolve_device(cfg.device)
     generator = seed_everything(cfg.seed)
     if fusion is None:
@@ -307,6 +314,7 @@ def fit_hashing(
     Loss = loss(fused img, fused txt) + code_weight · loss(img codes, txt codes),
     codes relaxed as L2-normalised ``tanh(β · logits)``. ``state`` as in :func:`fit_fusion`.
     """
+    _check_supervision(data, cfg)
     device = resolve_device(cfg.device)
     generator = seed_everything(cfg.seed)
     # a copy: the caller's encoder stays as it was (e.g. one fusion stage serving several n_bits)

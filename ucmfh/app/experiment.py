@@ -35,7 +35,7 @@ from ucmfh.data.h5 import Dataset
 from ucmfh.data.synthetic import make_synthetic
 from ucmfh.files import PathLike, append_jsonl, write_json_atomic
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.scoring import encode_split, evaluate_fusion, evaluate_hashing, random_codes_map
+from ucmfh.scoring import encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
 from ucmfh.train import StateFile, discard_state, fit_fusion, fit_hashing, read_state
 from ucmfh.utils import resolve_device
 
@@ -199,7 +199,7 @@ def git_commit() -> Optional[str]:
 
 def _rows(
     scores: List[Dict[str, Any]], run: Run, task: str, seconds: float, device: str, checkpoint: str,
-    source: str, extra: Optional[Dict[str, Any]] = None,
+    source: str,
 ) -> List[Dict[str, Any]]:
     cfg = run.hash_cfg if task == "hashing" else run.fusion_cfg
     n_bits = run.hash_cfg.n_bits if task == "hashing" else None
@@ -213,7 +213,7 @@ def _rows(
         "source": source, "git_commit": git_commit(),
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
-    return [{**common, **row, **(extra or {})} for row in scores]
+    return [{**common, **row} for row in scores]
 
 
 # ------------------------------------------------------------------- the stages
@@ -343,9 +343,11 @@ def score_hash_model(
 ) -> List[Dict[str, Any]]:
     hash_cfg = run.hash_cfg
     scores = evaluate_hashing(model, data, protocols, k, hash_cfg.device, progress)
-    floor = random_codes_map(data, hash_cfg.n_bits, k, seed=hash_cfg.seed)
-    extra = {"random_map_i2t": floor["map_i2t"], "random_map_t2i": floor["map_t2i"]}
-    return _rows(scores, run, "hashing", seconds, hash_cfg.device, checkpoint, source, extra)
+    floors = {row.get("database"): row for row in random_codes_scores(data, hash_cfg.n_bits, k, seed=hash_cfg.seed)}
+    for row in scores:
+        floor = floors[row.get("database")]
+        row.update({f"random_{key}": floor[key] for key in ("map_i2t", "map_t2i", "rsum") if key in floor})
+    return _rows(scores, run, "hashing", seconds, hash_cfg.device, checkpoint, source)
 
 
 def evaluate_checkpoint(
@@ -374,6 +376,9 @@ def encode_checkpoint(
     """Write the query and retrieval codes of a hashing checkpoint to a codes file (packed bits)."""
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f"{out}: exists; not replaced")
+    if data.caption_set:
+        raise ValueError(f"{data.path}: a caption set (no labels); codes files hold labels, so encode a labelled "
+                         "set, or score the checkpoint with 'ucmfh evaluate -c'")
     model, fusion_cfg, hash_cfg, _ = load_model(checkpoint, "hash", d_img=data.d_img, d_txt=data.d_txt)
     query = encode_split(model, data.query, protocol, device, progress=progress)
     retrieval = encode_split(model, data.retrieval, protocol, device, progress=progress)
@@ -396,16 +401,32 @@ def append_results(path: PathLike, rows: List[Dict[str, Any]]) -> None:
 
 
 def format_table(rows: List[Dict[str, Any]]) -> str:
-    """A small plain-text table of MAP rows, with what each protocol means."""
-    lines = [f"{'dataset':<14}{'task':<9}{'loss':<10}{'bits':>5}  {'protocol':<9}{'MAP@k':>6}{'I->T':>8}{'T->I':>8}"]
-    for r in rows:
-        bits = r["n_bits"] or "-"
-        lines.append(f"{r['dataset']:<14}{r['task']:<9}{r['loss']:<10}{bits:>5}  {r['protocol']:<9}"
-                     f"{r['k']:>6}{r['map_i2t']:>8.4f}{r['map_t2i']:>8.4f}")
-    floors = {(r["dataset"], r["n_bits"]): r for r in rows if "random_map_i2t" in r}
-    for (name, bits), r in floors.items():
-        lines.append(f"{name:<14}{'random':<9}{'-':<10}{bits:>5}  {'-':<9}{r['k']:>6}"
-                     f"{r['random_map_i2t']:>8.4f}{r['random_map_t2i']:>8.4f}")
+    """A small plain-text table of result rows, with what each protocol (and database) means."""
+    captions = [r for r in rows if "database" in r]
+    labelled = [r for r in rows if "database" not in r]
+    lines = []
+    if labelled:
+        lines.append(f"{'dataset':<14}{'task':<9}{'loss':<10}{'bits':>5}  {'protocol':<9}{'MAP@k':>6}"
+                     f"{'I->T':>8}{'T->I':>8}")
+        for r in labelled:
+            lines.append(f"{r['dataset']:<14}{r['task']:<9}{r['loss']:<10}{r['n_bits'] or '-':>5}  {r['protocol']:<9}"
+                         f"{r['k']:>6}{r['map_i2t']:>8.4f}{r['map_t2i']:>8.4f}")
+        floors = {(r["dataset"], r["n_bits"]): r for r in labelled if "random_map_i2t" in r}
+        for (name, bits), r in floors.items():
+            lines.append(f"{name:<14}{'random':<9}{'-':<10}{bits:>5}  {'-':<9}{r['k']:>6}"
+                         f"{r['random_map_i2t']:>8.4f}{r['random_map_t2i']:>8.4f}")
+    if captions:
+        lines.append(f"{'dataset':<14}{'task':<9}{'loss':<10}{'bits':>5}  {'protocol':<9}{'database':<11}"
+                     f"{'I->T R@1/5/10':>18}{'T->I R@1/5/10':>18}{'rSum':>7}{'MAP@k I->T':>11}{'T->I':>7}")
+        for r in captions:
+            recall = ["/".join(f"{r[key][rank]:.1f}" for rank in ("1", "5", "10")) for key in ("recall_i2t", "recall_t2i")]
+            floor = f" (random codes: rSum {r['random_rsum']:.1f})" if "random_rsum" in r else ""
+            lines.append(f"{r['dataset']:<14}{r['task']:<9}{r['loss']:<10}{r['n_bits'] or '-':>5}  {r['protocol']:<9}"
+                         f"{r['database']:<11}{recall[0]:>18}{recall[1]:>18}{r['rsum']:>7.1f}"
+                         f"{r['map_i2t']:>11.4f}{r['map_t2i']:>7.4f}{floor}")
+        lines.append("  caption set (relevance = same id): image->text queries are the unique query images, "
+                     "text->image queries every query caption; R@K in %")
+        lines.append("  test: the query split as database; collection: query and retrieval together")
     for protocol in dict.fromkeys(r["protocol"] for r in rows):
         lines.append(f"  {protocol}: {PROTOCOL_NOTES[protocol]}")
     return "\n".join(lines)

@@ -15,7 +15,7 @@ import dataclasses
 import io
 import statistics
 from itertools import product
-from typing import Any, Dict, List, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import click
 
@@ -60,11 +60,12 @@ def finished(rows: List[Dict[str, Any]], run_key: str, protocols: Sequence[str],
     return [mine[p] for p in protocols] if all(p in mine for p in protocols) else []
 
 
-def paired_deltas(rows: List[Dict[str, Any]], base: str, loss: str, dataset: str, protocol: str) -> List[float]:
+def paired_deltas(rows: List[Dict[str, Any]], base: str, loss: str, dataset: str, protocol: str,
+                  database: Optional[str] = None) -> List[float]:
     """``loss`` − ``base`` MAP, paired by (seed, n_bits, direction)."""
     def index(name: str) -> Dict[tuple, float]:
         return {(r["seed"], r["n_bits"], d): r[d] for r in rows for d in DIRECTIONS
-                if r["loss"] == name and r["dataset"] == dataset and r["protocol"] == protocol}
+                if (r["loss"], r["dataset"], r["protocol"], r.get("database")) == (name, dataset, protocol, database)}
 
     mine, ref = index(loss), index(base)
     return [mine[key] - ref[key] for key in mine if key in ref]
@@ -73,19 +74,23 @@ def paired_deltas(rows: List[Dict[str, Any]], base: str, loss: str, dataset: str
 def markdown(rows: List[Dict[str, Any]], losses: Sequence[str], bits: Sequence[int]) -> str:
     """One table per dataset and protocol (loss × code length), then each loss against the first."""
     summary = summarize(rows)
-    cell = {(s["dataset"], s["protocol"], s["loss"], s["n_bits"]): s for s in summary}
+    cell = {(s["dataset"], s["protocol"], s["database"], s["loss"], s["n_bits"]): s for s in summary}
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     protocols = list(dict.fromkeys(r["protocol"] for r in rows))
+    databases = list(dict.fromkeys(r.get("database") for r in rows))  # [None] unless a caption set
     k = rows[0]["k"] if rows else 50
     md: List[str] = []
-    for dataset, protocol in product(datasets, protocols):
-        md += [f"### {dataset}, protocol `{protocol}`: MAP@{k} I→T / T→I (mean ± std over seeds)", "",
+    for dataset, protocol, database in product(datasets, protocols, databases):
+        if not any((s["dataset"], s["protocol"], s["database"]) == (dataset, protocol, database) for s in summary):
+            continue
+        where = f", database `{database}`, MAP by id" if database else ""
+        md += [f"### {dataset}, protocol `{protocol}`{where}: MAP@{k} I→T / T→I (mean ± std over seeds)", "",
                "| loss | " + " | ".join(f"{n} bits" for n in bits) + " | seeds | hashing s |",
                "|---|" + "---|" * (len(bits) + 2)]
         for loss in [*losses, "random codes"]:
             line, seeds, times = [f"`{loss}`" if loss in losses else loss], set(), []
             for n in bits:
-                s = cell.get((dataset, protocol, losses[0] if loss == "random codes" else loss, n))
+                s = cell.get((dataset, protocol, database, losses[0] if loss == "random codes" else loss, n))
                 prefix = "random_" if loss == "random codes" else ""
                 if s is None or f"{prefix}map_i2t_mean" not in s:
                     line.append("–")
@@ -101,20 +106,20 @@ def markdown(rows: List[Dict[str, Any]], losses: Sequence[str], bits: Sequence[i
     if len(losses) > 1:
         md += [f"### Each loss against `{losses[0]}`: Δ MAP@{k} paired by (seed, code length, direction), "
                "mean ± std over the pairs; wins = pairs where the loss is higher", "",
-               "| dataset | protocol | loss | Δ | wins |", "|---|---|---|---|---|"]
-        for dataset, protocol, loss in product(datasets, protocols, losses[1:]):
-            deltas = paired_deltas(rows, losses[0], loss, dataset, protocol)
+               "| dataset | protocol | database | loss | Δ | wins |", "|---|---|---|---|---|---|"]
+        for dataset, protocol, database, loss in product(datasets, protocols, databases, losses[1:]):
+            deltas = paired_deltas(rows, losses[0], loss, dataset, protocol, database)
             if deltas:
                 std = statistics.stdev(deltas) if len(deltas) > 1 else 0.0
-                md.append(f"| {dataset} | {protocol} | `{loss}` | {statistics.fmean(deltas):+.3f} ± {std:.3f} "
-                          f"| {sum(d > 0 for d in deltas)}/{len(deltas)} |")
+                md.append(f"| {dataset} | {protocol} | {database or '-'} | `{loss}` | {statistics.fmean(deltas):+.3f} "
+                          f"± {std:.3f} | {sum(d > 0 for d in deltas)}/{len(deltas)} |")
         md.append("")
     return "\n".join(md)
 
 
 def write_tables(rows: List[Dict[str, Any]], losses: Sequence[str], bits: Sequence[int], prefix: str) -> Tuple[str, str]:
     """``PREFIX.md`` (the tables above) and ``PREFIX.csv`` (one line per group of :func:`summarize`)."""
-    columns = ["dataset", "method", "loss", "n_bits", "protocol", "k", "n_seeds",
+    columns = ["dataset", "method", "loss", "n_bits", "protocol", "database", "k", "n_seeds",
                *(f"{p}{d}_{s}" for p in ("", "random_") for d in DIRECTIONS for s in ("mean", "std")),
                "train_time_s_mean", "settings_key"]
     text = io.StringIO()

@@ -50,7 +50,7 @@ def _beyond_columns(settings: Optional[Dict[str, Any]]) -> Dict[str, Any]:
 
 def _measurement(row: Dict[str, Any]) -> tuple:
     run = row.get("run") or (row.get("checkpoint"), row.get("codes"), row.get("seed"))
-    return (json.dumps(run, sort_keys=True), row.get("protocol"), row.get("k"))
+    return (json.dumps(run, sort_keys=True), row.get("protocol"), row.get("database"), row.get("k"))
 
 
 def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -62,18 +62,18 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     for row in latest.values():
         settings = _beyond_columns(row.get("settings"))
         key = (row.get("dataset_fingerprint") or row.get("dataset"), row.get("dataset"), row.get("task"),
-               row.get("method", "ucmfh"), row.get("loss"), row.get("n_bits"), row.get("protocol"), row.get("k"),
-               key_of(settings))
+               row.get("method", "ucmfh"), row.get("loss"), row.get("n_bits"), row.get("protocol"),
+               row.get("database"), row.get("k"), key_of(settings))
         groups.setdefault(key, []).append(row)
     out = []
     for key, group in groups.items():
-        _, dataset, task, method, loss, n_bits, protocol, k, settings_key = key
+        _, dataset, task, method, loss, n_bits, protocol, database, k, settings_key = key
         entry: Dict[str, Any] = {
             "dataset": dataset, "task": task, "method": method, "loss": loss, "n_bits": n_bits,
-            "protocol": protocol, "k": k, "n_seeds": len(group), "seeds": sorted(r.get("seed") for r in group),
+            "protocol": protocol, "database": database, "k": k, "n_seeds": len(group), "seeds": sorted(r.get("seed") for r in group),
             "settings_key": settings_key[:6], "settings": _beyond_columns(group[0].get("settings")),
         }
-        for field in (*DIRECTIONS, *(f"random_{d}" for d in DIRECTIONS)):
+        for field in (*DIRECTIONS, *(f"random_{d}" for d in DIRECTIONS), "rsum", "random_rsum"):
             values = [r[field] for r in group if r.get(field) is not None]
             if values:
                 entry[f"{field}_mean"] = statistics.fmean(values)
@@ -82,7 +82,7 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
         entry["train_time_s_mean"] = statistics.fmean(times) if times else None
         out.append(entry)
     out.sort(key=lambda e: (str(e["dataset"]), str(e["task"]), str(e["method"]), str(e["loss"]),
-                            e["n_bits"] or 0, str(e["protocol"]), e["settings_key"]))
+                            e["n_bits"] or 0, str(e["protocol"]), str(e["database"]), e["settings_key"]))
     return out
 
 
@@ -115,14 +115,23 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
     """A plain-text table of :func:`summarize` output, with a legend of the settings keys."""
     if not groups:
         return "no runs match"
-    header = (f"{'dataset':<14}{'task':<9}{'method':<8}{'loss':<10}{'bits':>5}  {'protocol':<9}{'k':>4}{'seeds':>6}"
-              f"  {'MAP I->T':<17}{'MAP T->I':<17}{'random I->T':<12}{'settings':<8}")
+    captions = any(g["database"] for g in groups)
+    header = (f"{'dataset':<14}{'task':<9}{'method':<8}{'loss':<10}{'bits':>5}  {'protocol':<9}"
+              + (f"{'database':<11}" if captions else "") + f"{'k':>4}{'seeds':>6}"
+              f"  {'MAP I->T':<17}{'MAP T->I':<17}" + (f"{'rSum':<15}" if captions else "")
+              + f"{'random I->T':<12}{'settings':<8}")
     lines = [header]
     for g in groups:
         rand = f"{g['random_map_i2t_mean']:.4f}" if "random_map_i2t_mean" in g else "-"
+        rsum = f"{g['rsum_mean']:.1f} ± {g['rsum_std']:.1f}" if "rsum_mean" in g else "-"
         lines.append(f"{str(g['dataset']):<14}{str(g['task']):<9}{str(g['method']):<8}{str(g['loss']):<10}"
-                     f"{g['n_bits'] or '-':>5}  {str(g['protocol']):<9}{g['k'] or '-':>4}{g['n_seeds']:>6}"
-                     f"  {_cell(g, 'map_i2t'):<17}{_cell(g, 'map_t2i'):<17}{rand:<12}{g['settings_key']:<8}")
+                     f"{g['n_bits'] or '-':>5}  {str(g['protocol']):<9}"
+                     + (f"{g['database'] or '-':<11}" if captions else "") + f"{g['k'] or '-':>4}{g['n_seeds']:>6}"
+                     f"  {_cell(g, 'map_i2t'):<17}{_cell(g, 'map_t2i'):<17}" + (f"{rsum:<15}" if captions else "")
+                     + f"{rand:<12}{g['settings_key']:<8}")
     lines.append("mean ± sample standard deviation over seeds; unimodal = cross-modal retrieval, "
                  "fused = UCMFH's protocol (leaks the paired modality)")
+    if captions:
+        lines.append("caption sets: MAP by id, rSum = R@1+R@5+R@10 of both directions in %; database test = the "
+                     "query split, collection = query and retrieval together")
     return "\n".join(lines + settings_legend(groups))

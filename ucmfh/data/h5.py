@@ -3,6 +3,8 @@
 One file per dataset, groups ``train``, ``query``, ``retrieval``, each holding
 ``image`` [N, d_img] float32, ``text`` [N, d_txt] float32, ``labels`` [N, C]
 uint8 (multi-hot) and optionally ``ids`` [N] int64 and ``text_bow`` [N, V].
+A caption set (docs/reference.md §7) has no ``labels`` in any split and
+``ids`` in every split: relevance is then "same id".
 """
 from __future__ import annotations
 
@@ -44,12 +46,12 @@ class Split:
 
     Shape:
         img: [N, d_img] float32; txt: [N, d_txt] float32;
-        labels: [N, C] uint8 multi-hot; ids: [N] int64 or None.
+        labels: [N, C] uint8 multi-hot, or None in a caption set; ids: [N] int64 or None.
     """
 
     img: torch.Tensor
     txt: torch.Tensor
-    labels: torch.Tensor
+    labels: Optional[torch.Tensor]
     ids: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
@@ -59,7 +61,7 @@ class Split:
         return Split(
             self.img.to(device),
             self.txt.to(device),
-            self.labels.to(device),
+            None if self.labels is None else self.labels.to(device),
             None if self.ids is None else self.ids.to(device),
         )
 
@@ -67,7 +69,7 @@ class Split:
         return Split(
             self.img[index],
             self.txt[index],
-            self.labels[index],
+            None if self.labels is None else self.labels[index],
             None if self.ids is None else self.ids[index],
         )
 
@@ -96,7 +98,12 @@ class Dataset:
 
     @property
     def n_classes(self) -> int:
-        return self.train.labels.shape[1]
+        return 0 if self.caption_set else self.train.labels.shape[1]
+
+    @property
+    def caption_set(self) -> bool:
+        """No labels: relevance is "same id" (several captions of one image share an id)."""
+        return self.train.labels is None
 
     def splits(self) -> Iterator[tuple]:
         for name in SPLITS:
@@ -184,6 +191,8 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
     n_rows = None
     for name in REQUIRED:
         where = f"/{split}/{name}"
+        if name == "labels" and name not in group:  # a caption set: relevance is "same id" (checked below)
+            continue
         dset = _member(path, group, name, where, h5py.Dataset)
         if dset.ndim != 2:
             raise _fail(path, where, f"expected a 2-D array, got shape {dset.shape}")
@@ -217,6 +226,9 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
     if bow is not None and (bow.ndim != 2 or bow.shape[0] != n_rows):
         raise _fail(path, f"/{split}/text_bow", f"expected shape ({n_rows}, V), got {bow.shape}")
     ids = _member(path, group, "ids", f"/{split}/ids", h5py.Dataset, required=False)
+    if "labels" not in group and ids is None:
+        raise _fail(path, f"/{split}/labels", "missing dataset, and no /ids either: a file without labels "
+                                               "(a caption set) needs ids, whose equality is then relevance")
     return None if ids is None else _check_ids(path, f"/{split}/ids", ids, n_rows)
 
 
@@ -244,8 +256,13 @@ def validate_file(path: PathLike) -> Dict[str, object]:
             attrs = read_attrs(f)
         except (OSError, TypeError, ValueError) as err:
             raise _fail(path, "root attributes", f"unreadable ({err})") from None
+        labelled = [split for split in SPLITS if "labels" in f[split]]
+        if labelled and len(labelled) < len(SPLITS):
+            missing = next(split for split in SPLITS if split not in labelled)
+            raise _fail(path, f"/{missing}/labels", f"missing dataset, but /{labelled[0]}/labels exists: "
+                                                    "either every split has labels or none (a caption set)")
         classes = attrs.get("classes")
-        n_classes = dims["labels"][1]
+        n_classes = dims["labels"][1] if labelled else 0
         if classes is not None and (not isinstance(classes, list) or len(classes) != n_classes):
             got = f"{len(classes)} names" if isinstance(classes, list) else f"a single {type(classes).__name__}"
             raise _fail(path, "attribute 'classes'", f"{got} for {n_classes} label columns")
@@ -273,7 +290,8 @@ def load_dataset(path: PathLike, validate: bool = True) -> Dataset:
             splits[split] = Split(
                 img=torch.from_numpy(np.asarray(group["image"][()], dtype=np.float32)),
                 txt=torch.from_numpy(np.asarray(group["text"][()], dtype=np.float32)),
-                labels=torch.from_numpy(np.asarray(group["labels"][()], dtype=np.uint8)),
+                labels=(torch.from_numpy(np.asarray(group["labels"][()], dtype=np.uint8))
+                        if "labels" in group else None),
                 ids=torch.from_numpy(np.asarray(group["ids"][()], dtype=np.int64)) if "ids" in group else None,
             )
     return Dataset(attrs=attrs, path=path, **splits)

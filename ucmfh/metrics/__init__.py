@@ -6,17 +6,20 @@ metric takes tensors or numpy arrays. :func:`set_backend` (or the context
 manager :func:`backend`) chooses what computes Hamming metrics of CPU tensors:
 the compiled kernels (:func:`native_kernels` names their build) or torch.
 
-Modules: ``ranking`` (MAP@K, precision/recall@K, Recall@ranks), ``radius``
+Modules: ``ranking`` (MAP@K, precision/recall@K, Recall@ranks), ``captions``
+(caption sets: unique-image queries, both databases, R@K, MAP by id), ``radius``
 (PR by Hamming radius), ``report`` (every metric of both directions), ``plots``;
 their building blocks ``topk``, ``relevance``, ``ap``, ``histograms``,
 ``native`` (kernel bindings, backend) and ``inputs`` (checks, conversions).
 """
+from ucmfh.metrics.captions import evaluate_caption_set
 from ucmfh.metrics.native import backend, native_kernels, set_backend
 from ucmfh.metrics.radius import pr_curve_hamming, precision_within_radius
 from ucmfh.metrics.ranking import (
     average_precision_at_k,
     map_at_all,
     map_at_k,
+    map_at_k_by_id,
     map_at_k_cosine,
     precision_at_k,
     precision_recall_at_k,
@@ -31,11 +34,13 @@ __all__ = [
     "average_precision_at_k",
     "backend",
     "codes_file_row",
+    "evaluate_caption_set",
     "evaluate_codes",
     "evaluate_codes_file",
     "evaluate_direction",
     "map_at_all",
     "map_at_k",
+    "map_at_k_by_id",
     "map_at_k_cosine",
     "native_kernels",
     "pr_curve_hamming",

@@ -280,3 +280,30 @@ def recall_at_ranks(
         ranking, chunk_size, retrieval_chunk_size,
     )
     return mean_columns((hits > 0).double(), keep)
+
+
+def map_at_k_by_id(
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_ids: ArrayLike,
+    retrieval_ids: ArrayLike,
+    k: int = 50,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    ranking: Ranking = "hamming",
+    retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+) -> float:
+    """MAP@K with relevance "same id" (caption sets, docs/reference.md §7): AP@K as in §6, 0 for a
+    query with no match among its first K, averaged over all queries.
+
+    Shape: codes [Q, d], [N, d]; query_ids [Q], retrieval_ids [N] int64.
+    """
+    query_codes, retrieval_codes, query_ids, retrieval_ids = as_tensors(
+        query_codes, retrieval_codes, query_ids, retrieval_ids
+    )
+    check_ids(query_codes, retrieval_codes, query_ids, retrieval_ids)
+    query_ids = query_ids.to(query_codes.device).long()
+    retrieval_ids = retrieval_ids.long()
+    ap = [average_precision_ranked(gather_id_match(query_ids[start : start + chunk_size], retrieval_ids, idx))
+          for start, _, idx in iter_top_k(query_codes, retrieval_codes, k, ranking, chunk_size, retrieval_chunk_size)]
+    return mean(torch.cat(ap))

@@ -1,0 +1,163 @@
+"""Caption sets (docs/reference.md §7): relevance by id, unique-image queries, two databases."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from ucmfh.app.cli import main
+from ucmfh.data.h5 import DataError, load_dataset, validate_file, write_dataset
+from ucmfh.metrics import evaluate_caption_set
+
+from conftest import shared_file
+
+
+def _slow_rank(q: np.ndarray, db: np.ndarray, ranking: str) -> np.ndarray:
+    """Database order for one query: Hamming ascending or cosine descending, ties by index (stable)."""
+    if ranking == "hamming":
+        score = (q.shape[0] - db @ q) / 2
+    else:
+        score = -(db @ q) / (np.linalg.norm(db, axis=1) * np.linalg.norm(q))
+    return np.argsort(score, kind="stable")
+
+
+def _slow(q_codes, q_ids, db_codes, db_ids, k, ranks, ranking):
+    recalls, aps = np.zeros(len(ranks)), []
+    for code, qid in zip(q_codes, q_ids):
+        rel = db_ids[_slow_rank(code, db_codes, ranking)] == qid
+        for j, r in enumerate(ranks):
+            recalls[j] += rel[:r].any()
+        top = rel[:k]
+        hits = np.cumsum(top)
+        aps.append(sum(hits[i] / (i + 1) for i in np.flatnonzero(top)) / max(top.sum(), 1))
+    return 100 * recalls / len(q_ids), float(np.mean(aps))
+
+
+def _slow_caption_set(query, retrieval, k, ranks, ranking):
+    """docs/reference.md §7 written out: first row of each id, both databases, loops over queries."""
+    (qi, qt, qid), (ri, rt, rid) = query, retrieval
+    first = sorted(np.unique(qid, return_index=True)[1])
+    out = {}
+    for name in ("test", "collection"):
+        if name == "test":
+            di, dt, did = qi, qt, qid
+        else:
+            order = np.argsort(np.concatenate([qid, rid]), kind="stable")
+            di, dt, did = (np.concatenate(pair)[order] for pair in ((qi, ri), (qt, rt), (qid, rid)))
+        unique = sorted(np.unique(did, return_index=True)[1])
+        r_i2t, m_i2t = _slow(qi[first], qid[first], dt, did, k, ranks, ranking)
+        r_t2i, m_t2i = _slow(qt, qid, di[unique], did[unique], k, ranks, ranking)
+        out[name] = (r_i2t, r_t2i, m_i2t, m_t2i)
+    return out
+
+
+def _caption_arrays(rng, n_images, first_id, n_bits):
+    counts = rng.integers(1, 5, size=n_images)  # 1..4 captions per image
+    ids = np.repeat(first_id + 3 * np.arange(n_images), counts)  # gaps between ids
+    img = np.repeat(rng.choice([-1.0, 1.0], size=(n_images, n_bits)), counts, axis=0)
+    txt = rng.choice([-1.0, 1.0], size=(len(ids), n_bits))
+    return img, txt, ids
+
+
+@pytest.mark.parametrize("ranking, n_bits", [("hamming", 4), ("hamming", 16), ("cosine", 6)])
+def test_caption_metrics_equal_a_slow_reference(ranking, n_bits):
+    rng = np.random.default_rng(n_bits)
+    query = _caption_arrays(rng, 7, 1, n_bits)
+    retrieval = _caption_arrays(rng, 30, 1000, n_bits)
+    if ranking == "cosine":
+        query = (query[0] + rng.normal(size=query[0].shape), query[1] + rng.normal(size=query[1].shape), query[2])
+        retrieval = tuple(x + rng.normal(size=x.shape) if x.dtype.kind == "f" else x for x in retrieval)
+    # interleave ids between the splits: the collection must be put in id order
+    retrieval = (retrieval[0], retrieval[1], retrieval[2] % 37 * 3 + 2)
+    k, ranks = 5, (1, 2, 5)
+    got = evaluate_caption_set(*query, *retrieval, k=k, ranks=ranks, ranking=ranking)
+    want = _slow_caption_set(query, retrieval, k, ranks, ranking)
+    for name in ("test", "collection"):
+        r_i2t, r_t2i, m_i2t, m_t2i = want[name]
+        row = got[name]
+        assert [row["recall_i2t"][str(r)] for r in ranks] == pytest.approx(list(r_i2t), abs=1e-9)
+        assert [row["recall_t2i"][str(r)] for r in ranks] == pytest.approx(list(r_t2i), abs=1e-9)
+        assert (row["map_i2t"], row["map_t2i"]) == pytest.approx((m_i2t, m_t2i), abs=1e-12)
+        assert row["rsum"] == pytest.approx(sum(r_i2t) + sum(r_t2i))
+        assert row["n_queries_i2t"] == len(np.unique(query[2])) and row["n_queries_t2i"] == len(query[2])
+    assert got["test"]["n_database_img"] == len(np.unique(query[2]))
+    assert got["collection"]["n_database_txt"] == len(query[2]) + len(retrieval[2])
+
+
+def test_flickr8k1000_cca_itq_matches_the_contracts_figures():
+    """docs/reference.md §7 gives CCA-ITQ's R@K on flickr8k1000, test database: the evaluator reproduces them."""
+    from ucmfh.baselines import fit_cca_itq
+
+    data = load_dataset(shared_file("flickr8k1000.h5"))
+    assert data.caption_set and data.n_classes == 0
+    model = fit_cca_itq(data, 64)
+    scores = evaluate_caption_set(*model.codes(data.query), data.query.ids, *model.codes(data.retrieval),
+                                  data.retrieval.ids)
+    test = scores["test"]
+    assert [round(test["recall_i2t"][r]) for r in ("1", "5", "10")] == [32, 55, 69]
+    assert [round(test["recall_t2i"][r], 1) for r in ("1", "5", "10")] == [18.6, 42.4, 56.4]
+
+
+def _caption_file(path, rng=np.random.default_rng(0), n_query=8, n_retrieval=40, labels=False):
+    latent = rng.normal(size=(n_query + n_retrieval, 8))
+    a, b = rng.normal(size=(8, 12)), rng.normal(size=(8, 10))
+
+    def split(images):
+        ids = np.repeat(images, 3)
+        img = np.repeat(latent[images] @ a, 3, axis=0)
+        txt = latent[ids] @ b + 0.3 * rng.normal(size=(len(ids), 10))
+        arrays = {"image": img, "text": txt, "ids": ids}
+        if labels:
+            arrays["labels"] = np.ones((len(ids), 1))
+        return arrays
+
+    query, retrieval = np.arange(n_query), np.arange(n_query, n_query + n_retrieval)
+    return write_dataset(path, {"train": split(retrieval), "query": split(query), "retrieval": split(retrieval)},
+                         {"name": "captions"})
+
+
+def test_a_caption_set_needs_ids_and_labels_everywhere_or_nowhere(tmp_path):
+    data = load_dataset(_caption_file(tmp_path / "c.h5"))
+    assert data.caption_set and data.query.labels is None and len(data.query) == 24
+    import h5py
+
+    bad = tmp_path / "half.h5"
+    _caption_file(bad, labels=True)
+    with h5py.File(bad, "a") as f:
+        del f["query/labels"]
+    with pytest.raises(DataError, match="/query/labels: missing dataset, but /train/labels exists"):
+        validate_file(bad)
+    with h5py.File(bad, "a") as f:
+        del f["train/labels"], f["retrieval/labels"], f["train/ids"]
+    with pytest.raises(DataError, match="/train/labels: missing dataset, and no /ids either"):
+        validate_file(bad)
+
+
+def test_train_hash_on_a_caption_set_reports_recall_on_both_databases(tmp_path):
+    path = _caption_file(tmp_path / "captions.h5")
+    results = tmp_path / "r.jsonl"
+    runner = CliRunner()
+    result = runner.invoke(main, ["train-hash", "-d", path, "-b", "16", "--epochs", "2", "--batch-size", "16",
+                                  "--set", "fusion.d_model=32", "--set", "fusion.d_ff=64", "--set", "hash.hidden=64",
+                                  "--out", str(tmp_path / "runs"), "--results", str(results), "--device", "cpu",
+                                  "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "R@1/5/10" in result.output and "collection" in result.output
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert [(r["protocol"], r["database"]) for r in rows] == [
+        (p, d) for p in ("unimodal", "fused") for d in ("test", "collection")]
+    for r in rows:
+        assert set(r["recall_i2t"]) == set(r["recall_t2i"]) == {"1", "5", "10"}
+        assert all(0 <= v <= 100 for v in (*r["recall_i2t"].values(), *r["recall_t2i"].values()))
+        assert r["rsum"] == pytest.approx(sum(r["recall_i2t"].values()) + sum(r["recall_t2i"].values()))
+        assert 0 <= r["random_rsum"] <= 600
+    summary = runner.invoke(main, ["runs", "--results", str(results)])
+    assert summary.exit_code == 0 and "collection" in summary.output and "rSum" in summary.output
+    supervised = runner.invoke(main, ["train-hash", "-d", path, "--supervised", "--epochs", "1", "--device", "cpu",
+                                      "--out", str(tmp_path / "runs"), "--results", str(results)])
+    assert supervised.exit_code == 2 and "supervised training needs labels" in supervised.output
+    encode = runner.invoke(main, ["encode", "-d", path, "-c", rows[0]["checkpoint"], "-o", str(tmp_path / "c.h5")])
+    assert encode.exit_code == 2 and "caption set" in encode.output

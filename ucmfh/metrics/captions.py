@@ -1,0 +1,91 @@
+"""Caption sets (docs/reference.md §7): several captions per image, relevance "same id".
+
+Image→text queries are the unique query images (the first row of each id);
+text→image queries are all query captions. Two databases, both reported:
+
+* ``test``: the query split itself (the Flickr/COCO "1K test" protocol);
+* ``collection``: query ∪ retrieval in id order (stable), the whole collection.
+
+The database side is deduplicated by id where it holds images. Metrics:
+Recall@1/5/10 in % (a query scores at K if any item with its id is among its
+first K), rSum (the six recalls added), and MAP@K by id. Ties by database index.
+"""
+from __future__ import annotations
+
+from typing import Dict, Sequence, Tuple
+
+import numpy as np
+import torch
+
+from ucmfh.metrics.inputs import ArrayLike, Ranking, as_tensors
+from ucmfh.metrics.ranking import map_at_k_by_id, recall_at_ranks
+
+DATABASES = ("test", "collection")
+
+
+def first_of_each_id(ids: torch.Tensor) -> torch.Tensor:
+    """Rows holding the first occurrence of each id, in the order of those rows. Shape: [N] -> [M] int64."""
+    _, first = np.unique(ids.cpu().numpy(), return_index=True)
+    return torch.from_numpy(np.sort(first))
+
+
+def databases(
+    query: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    retrieval: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> Dict[str, Dict[str, torch.Tensor]]:
+    """The two databases from (img, txt, ids) of the query and retrieval splits.
+
+    Returns per database: ``img``, ``img_ids`` (one row per id), ``txt``, ``txt_ids`` (every caption).
+    """
+    out = {}
+    for name in DATABASES:
+        if name == "test":
+            img, txt, ids = query
+        else:  # query ∪ retrieval in id order; stable, so each id keeps its captions' order
+            img, txt, ids = (torch.cat([q, r.to(q.device)]) for q, r in zip(query, retrieval))
+            order = torch.from_numpy(np.argsort(ids.cpu().numpy(), kind="stable")).to(ids.device)
+            img, txt, ids = img[order], txt[order], ids[order]
+        unique = first_of_each_id(ids).to(ids.device)
+        out[name] = {"img": img[unique], "img_ids": ids[unique], "txt": txt, "txt_ids": ids}
+    return out
+
+
+def evaluate_caption_set(
+    query_img: ArrayLike,
+    query_txt: ArrayLike,
+    query_ids: ArrayLike,
+    retrieval_img: ArrayLike,
+    retrieval_txt: ArrayLike,
+    retrieval_ids: ArrayLike,
+    *,
+    k: int = 50,
+    ranks: Sequence[int] = (1, 5, 10),
+    ranking: Ranking = "hamming",
+) -> Dict[str, Dict[str, object]]:
+    """Both directions on both databases. Shape: codes or embeddings [N, d]; ids [N] int64.
+
+    Returns ``{"test": row, "collection": row}``, each row with ``recall_i2t`` and
+    ``recall_t2i`` (``{"1": %, "5": %, "10": %}``), ``rsum``, ``map_i2t``, ``map_t2i``
+    (MAP@k by id) and the numbers of queries and database items.
+    """
+    query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids = as_tensors(
+        query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids
+    )
+    queries = first_of_each_id(query_ids).to(query_ids.device)
+    q_img, q_img_ids = query_img[queries], query_ids[queries]
+    out = {}
+    for name, db in databases((query_img, query_txt, query_ids), (retrieval_img, retrieval_txt, retrieval_ids)).items():
+        i2t = recall_at_ranks(q_img, db["txt"], q_img_ids, db["txt_ids"], ranks, ranking=ranking)
+        t2i = recall_at_ranks(query_txt, db["img"], query_ids, db["img_ids"], ranks, ranking=ranking)
+        recall_i2t = {str(r): 100.0 * v for r, v in zip(ranks, i2t)}
+        recall_t2i = {str(r): 100.0 * v for r, v in zip(ranks, t2i)}
+        out[name] = {
+            "database": name, "k": k,
+            "map_i2t": map_at_k_by_id(q_img, db["txt"], q_img_ids, db["txt_ids"], k, ranking=ranking),
+            "map_t2i": map_at_k_by_id(query_txt, db["img"], query_ids, db["img_ids"], k, ranking=ranking),
+            "recall_i2t": recall_i2t, "recall_t2i": recall_t2i,
+            "rsum": sum(recall_i2t.values()) + sum(recall_t2i.values()),
+            "n_queries_i2t": int(q_img.shape[0]), "n_queries_t2i": int(query_txt.shape[0]),
+            "n_database_txt": int(db["txt"].shape[0]), "n_database_img": int(db["img"].shape[0]),
+        }
+    return out
