@@ -180,7 +180,8 @@ def test_sigkill_at_a_random_moment_then_resume_gives_identical_codes(tmp_path, 
     rng = random.Random()
     stage, delay = rng.choice(["fusion", "hash16"]), rng.uniform(0.0, 0.5)
     print(f"killing {delay:.3f} s after {stage}.state.pt appears")
-    common = ["train-hash", *SMALL, "-d", tiny_path, "--epochs", "40", "-b", "16", "--save-interval", "0"]
+    common = ["train-hash", *SMALL, "-d", tiny_path, "--epochs", "40", "-b", "16", "--save-interval", "0",
+              "--val-fraction", "0.2"]
     ref = _cli(*common, "--out", str(tmp_path / "ref"), "--results", str(tmp_path / "ref.jsonl"))
     out, results = tmp_path / "runs", tmp_path / "r.jsonl"
     proc = _cli(*common, "--out", str(out), "--results", str(results))
@@ -197,8 +198,8 @@ def test_sigkill_at_a_random_moment_then_resume_gives_identical_codes(tmp_path, 
     assert done.returncode == 0, done.stderr
     assert ref.wait(300) == 0
     mine, theirs = _rows(results), _rows(tmp_path / "ref.jsonl")
-    assert [(r["protocol"], r["map_i2t"], r["map_t2i"]) for r in mine] == \
-        [(r["protocol"], r["map_i2t"], r["map_t2i"]) for r in theirs]
+    assert [(r["protocol"], r["map_i2t"], r["map_t2i"], r["best_epoch"]) for r in mine] == \
+        [(r["protocol"], r["map_i2t"], r["map_t2i"], r["best_epoch"]) for r in theirs]
     a, b = _weights(mine[0]["checkpoint"]), _weights(theirs[0]["checkpoint"])
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert not stale.exists() and not list(out.rglob(".*.tmp*")) and not list(out.rglob("*.state.pt"))

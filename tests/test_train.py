@@ -132,3 +132,35 @@ def test_lr_fusion_zero_keeps_the_encoder_and_trains_the_heads(tiny):
     assert history[1] < history[0]  # the heads still learn
     with pytest.raises(ValueError, match="lr_fusion"):
         small_hash(lr_fusion=-1.0).validate()
+
+
+def test_validation_split_is_seeded_disjoint_and_keeps_ids_together(tiny):
+    from ucmfh.data.h5 import Split
+    from ucmfh.train import validation_split
+
+    rest, val = validation_split(tiny.train, 0.2, seed=3)
+    again_rest, again_val = validation_split(tiny.train, 0.2, seed=3)
+    assert torch.equal(val.ids, again_val.ids) and torch.equal(rest.ids, again_rest.ids)
+    assert len(val) == round(0.2 * len(tiny.train)) and len(rest) + len(val) == len(tiny.train)
+    assert not set(val.ids.tolist()) & set(rest.ids.tolist())
+    whole, none = validation_split(tiny.train, 0.0, seed=3)
+    assert whole is tiny.train and none is None
+    captions = Split(tiny.train.img[:40], tiny.train.txt[:40], None, torch.arange(40) // 5)  # 8 images x 5
+    rest, val = validation_split(captions, 0.25, seed=0)
+    assert len(val) == 10 and set(val.ids.tolist()).isdisjoint(rest.ids.tolist())
+
+
+def test_validation_keeps_the_best_epoch_and_patience_stops_early(tiny):
+    """With a validation split the returned weights are the best epoch's: training just that long gives them."""
+    fusion, _ = fit_fusion(tiny, small_fusion(epochs=2), progress=False)
+    model, history = fit_hashing(tiny, small_hash(epochs=6, val_fraction=0.2), fusion, progress=False)
+    scores = [score for _, score in history.validation]
+    assert [epoch for epoch, _ in history.validation] == list(range(1, 7))
+    assert history.best_epoch == 1 + scores.index(max(scores))
+    shorter, _ = fit_hashing(tiny, small_hash(epochs=history.best_epoch, val_fraction=0.2), fusion, progress=False)
+    a, b = model.state_dict(), shorter.state_dict()
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    _, stopped = fit_hashing(tiny, small_hash(epochs=30, val_fraction=0.2, patience=1), fusion, progress=False)
+    assert len(stopped) < 30 and len(stopped) == stopped.best_epoch + 1
+    with pytest.raises(ValueError, match="patience"):
+        small_hash(patience=2)  # patience without a validation split

@@ -48,6 +48,11 @@ class FusionConfig:
     # mixed precision of the training forward pass: 'bf16' runs matmuls under
     # torch.autocast in bfloat16 (weights, optimizer and losses stay float32)
     amp: str = "none"
+    # model selection on a validation split carved from the training split (seeded by `seed`; the
+    # items of one id stay together): after each epoch, unimodal MAP@50 of the validation items
+    # against the rest; the best epoch's weights are kept. 0 trains on every item, keeps the last epoch.
+    val_fraction: float = 0.0
+    patience: int = 0  # with a validation split: stop after this many epochs without improvement (0: never)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -89,6 +94,8 @@ class HashConfig:
     seed: int = 2023
     device: str = "auto"
     amp: str = "none"  # as in FusionConfig
+    val_fraction: float = 0.0  # as in FusionConfig (codes ranked by Hamming distance)
+    patience: int = 0  # as in FusionConfig
 
     def __post_init__(self) -> None:
         self.validate()
@@ -115,6 +122,11 @@ def _check_training(cfg: Any) -> None:
         raise ValueError(f"batch_size must be >= 2 (contrastive losses need negatives), got {cfg.batch_size}")
     if cfg.amp not in AMP_MODES:
         raise ValueError(f"amp must be one of {AMP_MODES}, got {cfg.amp!r}")
+    if not 0.0 <= cfg.val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {cfg.val_fraction}")
+    if cfg.patience < 0 or (cfg.patience and not cfg.val_fraction):
+        raise ValueError(f"patience must be >= 0 and needs a validation split (val_fraction > 0), "
+                         f"got patience={cfg.patience}, val_fraction={cfg.val_fraction}")
 
 
 def to_dict(cfg: Any) -> Dict[str, Any]:

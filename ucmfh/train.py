@@ -18,6 +18,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -27,6 +28,7 @@ from ucmfh.data.h5 import Dataset, Split
 from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
+from ucmfh.scoring import embed_split, encode_split, score_splits
 from ucmfh.similarity import normalize
 from ucmfh.files import atomic_file
 from ucmfh.utils import resolve_device, seed_everything
@@ -103,6 +105,47 @@ def _batch(split: Split, index: torch.Tensor, supervised: bool) -> Tuple[torch.T
     return split.img[index], split.txt[index], ids, labels
 
 
+# ------------------------------------------------------------ model selection
+
+
+class History(list):
+    """The mean training loss of each epoch; with a validation split also ``validation``
+    (``[epoch, score]`` after each epoch) and ``best_epoch``, whose weights the model keeps."""
+
+    def __init__(self, losses: Iterable[float] = (), validation: Optional[List[List[float]]] = None,
+                 best_epoch: Optional[int] = None) -> None:
+        super().__init__(losses)
+        self.validation = list(validation or [])
+        self.best_epoch = best_epoch
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"loss": list(self), "validation": self.validation, "best_epoch": self.best_epoch}
+
+
+def validation_split(split: Split, fraction: float, seed: int) -> Tuple[Split, Optional[Split]]:
+    """``(rest, validation)``: a seeded share of a training split held out for model selection.
+
+    Items that share an id (the captions of one image) go to the same side. ``fraction = 0``
+    returns the split whole and no validation part.
+    """
+    if fraction <= 0:
+        return split, None
+    units = np.arange(len(split)) if split.ids is None else np.unique(split.ids.numpy())
+    n_val = max(1, int(round(fraction * len(units))))
+    if len(units) - n_val < 2:
+        raise ValueError(f"val_fraction {fraction} of {len(units)} training units leaves fewer than 2 to train on")
+    held = np.random.default_rng(seed).choice(units, size=n_val, replace=False)
+    member = np.isin(np.arange(len(split)) if split.ids is None else split.ids.numpy(), held)
+    return split.subset(torch.from_numpy(np.flatnonzero(~member))), split.subset(torch.from_numpy(np.flatnonzero(member)))
+
+
+def _validation_score(query: Tuple[torch.Tensor, torch.Tensor], retrieval: Tuple[torch.Tensor, torch.Tensor],
+                      val: Split, rest: Split, ranking: str) -> float:
+    """Mean of both directions' MAP@50 (by id on a caption set), validation items against the rest."""
+    rows = score_splits(query, retrieval, Dataset(train=rest, query=val, retrieval=rest), 50, ranking)
+    return sum(r["map_i2t"] + r["map_t2i"] for r in rows) / (2 * len(rows))
+
+
 # ------------------------------------------------------------ training state
 
 STATE_FORMAT = "ucmfh-training-state"
@@ -177,7 +220,8 @@ def _run_epochs(
     state: Optional[StateFile],
     progress: bool,
     postfix: Callable[[int, int], Dict[str, str]] = lambda epoch, iteration: {},
-) -> List[float]:
+    validate: Optional[Callable[[], float]] = None,
+) -> History:
     """The epoch loop both stages share; returns the mean loss of each epoch.
 
     ``step(index, separate, epoch, iteration)`` does one optimisation step and
@@ -187,7 +231,8 @@ def _run_epochs(
     saved and restored, so a resumed run replays the rest of the run exactly.
     """
     identity = identity_dict(cfg)
-    history: List[float] = []
+    history = History()
+    best: Dict[str, Any] = {"score": -math.inf, "epoch": None, "weights": None}
     start_epoch, skip, iteration = 0, 0, 0
     total = torch.zeros((), device=device)
     resumed_gen = None
@@ -202,7 +247,8 @@ def _run_epochs(
             module.load_state_dict(saved["modules"][name])
         optimizer.load_state_dict(saved["optimizer"])
         start_epoch, skip, iteration = saved["epoch"], saved["step"], saved["iteration"]
-        history = list(saved["history"])
+        history = History(saved["history"], saved["validation"])
+        best = saved["best"]
         total = saved["total"].to(device)
         resumed_gen = saved["generator"].cpu()
         torch.set_rng_state(saved["rng"].cpu())
@@ -212,7 +258,8 @@ def _run_epochs(
     def save(epoch: int, done: int, epoch_start_gen: torch.Tensor, epoch_total: torch.Tensor) -> None:
         payload = {
             "format": STATE_FORMAT, "stage": stage, "config": identity,
-            "epoch": epoch, "step": done, "iteration": iteration, "history": history, "total": epoch_total.detach(),
+            "epoch": epoch, "step": done, "iteration": iteration, "history": list(history),
+            "validation": history.validation, "best": best, "total": epoch_total.detach(),
             "modules": {name: m.state_dict() for name, m in modules.items()},
             "optimizer": optimizer.state_dict(), "generator": epoch_start_gen,
             "rng": torch.get_rng_state(),
@@ -246,12 +293,27 @@ def _run_epochs(
                     raise TrainingInterrupted(f"{where}; training state saved to {state.path}", state.path)
             skip = 0
             history.append(total.item() / n)  # one sync per epoch
+            shown = {"loss": f"{history[-1]:.4f}", **postfix(epoch, iteration)}
+            if validate is not None:
+                score = validate()
+                history.validation.append([epoch + 1, score])
+                shown["val"] = f"{score:.4f}"
+                if score > best["score"]:
+                    weights = {name: {k: v.detach().clone() for k, v in m.state_dict().items()}
+                               for name, m in modules.items()}
+                    best = {"score": score, "epoch": epoch + 1, "weights": weights}
             bar.update(1)
-            bar.set_postfix(loss=f"{history[-1]:.4f}", **postfix(epoch, iteration))
+            bar.set_postfix(**shown)
+            if cfg.patience and best["epoch"] is not None and epoch + 1 - best["epoch"] >= cfg.patience:
+                break  # early stop: `patience` epochs without a better validation score
             if state is not None and epoch + 1 < cfg.epochs and time.monotonic() - last_save >= state.interval_s:
                 save(epoch + 1, 0, generator.get_state(), torch.zeros((), device=device))
                 last_save = time.monotonic()
     bar.close()
+    if best["weights"] is not None:  # keep the best validation epoch
+        for name, module in modules.items():
+            module.load_state_dict(best["weights"][name])
+        history.best_epoch = best["epoch"]
     return history
 
 
@@ -270,8 +332,11 @@ def fit_fusion(
     fusion: Optional[FusionEncoder] = None,
     progress: bool = True,
     state: Optional[StateFile] = None,
-) -> Tuple[FusionEncoder, List[float]]:
-    """Train the fusion encoder (task 0) on ``data.train``; returns it (on CPU) and the mean loss per epoch.
+) -> Tuple[FusionEncoder, History]:
+    """Train the fusion encoder (task 0) on ``data.train``; returns it (on CPU) and its :class:`History`.
+
+    With ``cfg.val_fraction`` > 0 a validation part of ``data.train`` is held out
+    and the weights of the epoch with the best validation score are returned.
 
     With ``state``, the run saves and (``state.resume``) continues its training
     state; interrupted by SIGINT/SIGTERM it raises :class:`TrainingInterrupted`.
@@ -279,13 +344,20 @@ def fit_fusion(
     _check_supervision(data, cfg)
     device = resolve_device(cfg.device)
     generator = seed_everything(cfg.seed)
+    rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
     if fusion is None:
         fusion = FusionEncoder(data.d_img, data.d_txt, cfg)
-        fusion.fit_feature_stats(data.train.img, data.train.txt)
+        fusion.fit_feature_stats(rest.img, rest.txt)
     fusion.to(device).train()
     loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
     optimizer = adam([*fusion.parameters(), *loss_fn.parameters()], lr=cfg.lr, betas=tuple(cfg.betas))
-    train = data.train.to(device)
+    train = rest.to(device)
+
+    def validate() -> float:
+        score = _validation_score(embed_split(fusion, val, "unimodal", device),
+                                  embed_split(fusion, rest, "unimodal", device), val, rest, "cosine")
+        fusion.train()
+        return score
 
     def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
         img, txt, ids, labels = _batch(train, index, cfg.supervised)
@@ -298,7 +370,8 @@ def fit_fusion(
         return loss.detach()
 
     modules = {"fusion": fusion, "loss": loss_fn}
-    history = _run_epochs("fusion", cfg, modules, optimizer, generator, len(train), device, step, state, progress)
+    history = _run_epochs("fusion", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
+                          validate=None if val is None else validate)
     return fusion.cpu().eval(), history
 
 
@@ -308,7 +381,7 @@ def fit_hashing(
     fusion: FusionEncoder,
     progress: bool = True,
     state: Optional[StateFile] = None,
-) -> Tuple[CrossModalHasher, List[float]]:
+) -> Tuple[CrossModalHasher, History]:
     """Train hash heads and fine-tune the fusion encoder (task 1; ``cfg.lr_fusion = 0`` keeps it fixed).
 
     Loss = loss(fused img, fused txt) + code_weight · loss(img codes, txt codes),
@@ -329,7 +402,14 @@ def fit_hashing(
     else:  # lr_fusion = 0 keeps the encoder as trained: no gradients through it
         model.fusion.requires_grad_(False)
     optimizer = adam(groups, betas=tuple(cfg.betas))
-    train = data.train.to(device)
+    rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
+    train = rest.to(device)
+
+    def validate() -> float:
+        score = _validation_score(encode_split(model, val, "unimodal", device),
+                                  encode_split(model, rest, "unimodal", device), val, rest, "hamming")
+        model.train()
+        return score
 
     def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
         beta = beta_at(cfg, iteration, epoch)
@@ -351,5 +431,6 @@ def fit_hashing(
     history = _run_epochs(
         f"hashing {cfg.n_bits} bits", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
         postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
+        validate=None if val is None else validate,
     )
     return model.cpu().eval(), history

@@ -292,7 +292,7 @@ def load_or_train_fusion(data: Dataset, run: Run, opts: RunOptions, log: Log = p
     seconds = time.perf_counter() - start
     _write_identity(run.fusion_dir, identity, run.dataset)
     save_checkpoint(path, fusion, run.fusion_cfg,
-                    meta={"identity": identity, "dataset": run.dataset, "loss_history": history, "seconds": seconds})
+                    meta={"identity": identity, "dataset": run.dataset, "history": history.as_dict(), "seconds": seconds})
     discard_state(state)
     return fusion, seconds
 
@@ -322,7 +322,7 @@ def train_hash_stage(
         model, _, _, meta = _load_stage(path, "hash", identity, data)
         _drop_leftover_state(path)
         log(f"hashing {hash_cfg.n_bits} bits: already trained, {path} (run {key_of(identity)})")
-        seconds = meta.get("seconds", 0.0)
+        seconds, history = meta.get("seconds", 0.0), meta["history"]
     else:
         fusion, _ = load_or_train_fusion(data, run, opts, log)
         state = _state_for(path, opts, log)
@@ -330,11 +330,16 @@ def train_hash_stage(
         model, history = fit_hashing(data, hash_cfg, fusion, progress=opts.progress, state=state)
         seconds = time.perf_counter() - start
         _write_identity(run.hash_dir, run.hash_dir_identity, run.dataset)
+        history = history.as_dict()
         save_checkpoint(path, model, fusion_cfg, hash_cfg,
-                        meta={"identity": identity, "dataset": run.dataset, "loss_history": history,
-                              "seconds": seconds})
+                        meta={"identity": identity, "dataset": run.dataset, "history": history, "seconds": seconds})
         discard_state(state)
-    return score_hash_model(model, data, run, path, seconds, protocols, k, opts.progress, "train")
+    rows = score_hash_model(model, data, run, path, seconds, protocols, k, opts.progress, "train")
+    if history["best_epoch"] is not None:  # the epoch kept by validation, and its score
+        chosen = dict(history["validation"])[history["best_epoch"]]
+        for row in rows:
+            row.update(best_epoch=history["best_epoch"], val_score=chosen, epochs_run=len(history["loss"]))
+    return rows
 
 
 def score_hash_model(

@@ -82,6 +82,10 @@ def train_options(fn: Callable) -> Callable:
         click.option("--seed", default=defaults.seed, show_default=True),
         click.option("--modality-dropout", default=defaults.modality_dropout, show_default=True,
                      help="Share of items trained with image and text kept apart (0 = UCMFH's fused-only training)."),
+        click.option("--val-fraction", default=defaults.val_fraction, show_default=True, type=click.FloatRange(0, 1, max_open=True),
+                     help="Share of the training split held out to pick the best epoch (0: keep the last epoch)."),
+        click.option("--patience", default=defaults.patience, show_default=True, type=click.IntRange(min=0),
+                     help="With --val-fraction: stop after this many epochs without a better validation score."),
         click.option("--amp", type=click.Choice(AMP_MODES), default=defaults.amp, show_default=True,
                      help="Mixed-precision training: bf16 autocasts the forward pass (CPU with bf16 support, or GPU)."),
         click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
@@ -103,11 +107,13 @@ def run_options(train: Dict[str, Any], quiet: bool) -> RunOptions:
 
 def fusion_config(dataset: str, device: str, loss: str, loss_params: Tuple[str, ...], supervised: bool,
                   epochs: Optional[int], batch_size: int, seed: int, modality_dropout: float, amp: str,
-                  overrides: Tuple[str, ...] = (), lr: Optional[float] = None, **_: Any) -> FusionConfig:
+                  val_fraction: float = 0.0, patience: int = 0, overrides: Tuple[str, ...] = (),
+                  lr: Optional[float] = None, **_: Any) -> FusionConfig:
     """The fusion stage's config from the shared training options."""
     values = dict(loss=loss, loss_params=parse_params(loss_params, "--loss-param"), supervised=supervised,
                   epochs=default_epochs(dataset, epochs), batch_size=batch_size, seed=seed,
-                  modality_dropout=modality_dropout, device=device, amp=amp)
+                  modality_dropout=modality_dropout, device=device, amp=amp, val_fraction=val_fraction,
+                  patience=patience)
     if lr is not None:
         values["lr"] = lr
     return FusionConfig(**{**values, **parse_overrides(overrides)["fusion"]})
@@ -121,6 +127,6 @@ def hash_configs(fusion_cfg: FusionConfig, n_bits: Iterable[int], epochs: int, o
     base = dict(loss=fusion_cfg.loss, loss_params=fusion_cfg.loss_params, supervised=fusion_cfg.supervised,
                 epochs=epochs, batch_size=fusion_cfg.batch_size, seed=fusion_cfg.seed,
                 modality_dropout=fusion_cfg.modality_dropout, device=fusion_cfg.device, amp=fusion_cfg.amp,
-                **settings)
+                val_fraction=fusion_cfg.val_fraction, patience=fusion_cfg.patience, **settings)
     extra = parse_overrides(overrides)["hash"]
     return [HashConfig(**{**base, "n_bits": bits, **extra}) for bits in dict.fromkeys(n_bits)]
