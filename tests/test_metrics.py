@@ -372,6 +372,8 @@ def every_public_metric(query, retrieval, ql, rl, query_ids, retrieval_ids, emb_
         "recall_at_k": m.recall_at_k(*args, ks=[1, 5, 40]),
         "precision_recall_at_k": m.precision_recall_at_k(*args, ks=[3, 100]),
         "recall_at_ranks": m.recall_at_ranks(query, retrieval, query_ids, retrieval_ids),
+        "map_at_k_by_id": m.map_at_k_by_id(query, retrieval, query_ids, retrieval_ids, k=9),
+        "evaluate_caption_set": m.evaluate_caption_set(query, query, query_ids, retrieval, retrieval, retrieval_ids),
         "pr_curve_hamming": m.pr_curve_hamming(*args),
         "precision_within_radius": m.precision_within_radius(*args, radius=1),
         "top_k": m.top_k(query, retrieval, 12),
