@@ -222,13 +222,16 @@ def _run_epochs(
     postfix: Callable[[int, int], Dict[str, str]] = lambda epoch, iteration: {},
     validate: Optional[Callable[[], float]] = None,
 ) -> History:
-    """The epoch loop both stages share; returns the mean loss of each epoch.
+    """The epoch loop both stages share; returns its :class:`History`.
 
     ``step(index, separate, epoch, iteration)`` does one optimisation step and
-    returns its (detached) loss. Everything that decides what comes next — the
-    modules and optimizer, the batch generator's state at the epoch's start,
-    torch's own generators (dropout), the position and the running loss — is
-    saved and restored, so a resumed run replays the rest of the run exactly.
+    returns its (detached) loss; ``validate()``, when given, scores the model
+    after each epoch, and the best epoch's weights are loaded at the end.
+    Everything that decides what comes next — the modules and optimizer, the
+    batch generator's state at the epoch's start, torch's own generators
+    (dropout), the position, the running loss, the validation record and the
+    best weights so far — is saved and restored, so a resumed run replays the
+    rest of the run exactly.
     """
     identity = identity_dict(cfg)
     history = History()
