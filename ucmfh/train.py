@@ -139,11 +139,21 @@ def validation_split(split: Split, fraction: float, seed: int) -> Tuple[Split, O
     return split.subset(torch.from_numpy(np.flatnonzero(~member))), split.subset(torch.from_numpy(np.flatnonzero(member)))
 
 
-def _validation_score(query: Tuple[torch.Tensor, torch.Tensor], retrieval: Tuple[torch.Tensor, torch.Tensor],
-                      val: Split, rest: Split, ranking: str) -> float:
-    """Mean of both directions' MAP@50 (by id on a caption set), validation items against the rest."""
-    rows = score_splits(query, retrieval, Dataset(train=rest, query=val, retrieval=rest), 50, ranking)
-    return sum(r["map_i2t"] + r["map_t2i"] for r in rows) / (2 * len(rows))
+def _validator(encode: Callable, model: nn.Module, val: Optional[Split], rest: Split, ranking: str,
+               device: torch.device) -> Optional[Callable[[], float]]:
+    """The validation score of ``model``: mean of both directions' unimodal MAP@50 (by id on a
+    caption set), the validation items against the rest of the training split."""
+    if val is None:
+        return None
+    data = Dataset(train=rest, query=val, retrieval=rest)
+
+    def validate() -> float:
+        query, retrieval = encode(model, val, "unimodal", device), encode(model, rest, "unimodal", device)
+        model.train()
+        rows = score_splits(query, retrieval, data, 50, ranking)
+        return sum(r["map_i2t"] + r["map_t2i"] for r in rows) / (2 * len(rows))
+
+    return validate
 
 
 # ------------------------------------------------------------ training state
@@ -356,12 +366,6 @@ def fit_fusion(
     optimizer = adam([*fusion.parameters(), *loss_fn.parameters()], lr=cfg.lr, betas=tuple(cfg.betas))
     train = rest.to(device)
 
-    def validate() -> float:
-        score = _validation_score(embed_split(fusion, val, "unimodal", device),
-                                  embed_split(fusion, rest, "unimodal", device), val, rest, "cosine")
-        fusion.train()
-        return score
-
     def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
         img, txt, ids, labels = _batch(train, index, cfg.supervised)
         with autocast(device, cfg.amp):
@@ -374,7 +378,7 @@ def fit_fusion(
 
     modules = {"fusion": fusion, "loss": loss_fn}
     history = _run_epochs("fusion", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
-                          validate=None if val is None else validate)
+                          validate=_validator(embed_split, fusion, val, rest, "cosine", device))
     return fusion.cpu().eval(), history
 
 
@@ -408,12 +412,6 @@ def fit_hashing(
     rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
     train = rest.to(device)
 
-    def validate() -> float:
-        score = _validation_score(encode_split(model, val, "unimodal", device),
-                                  encode_split(model, rest, "unimodal", device), val, rest, "hamming")
-        model.train()
-        return score
-
     def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
         beta = beta_at(cfg, iteration, epoch)
         img, txt, ids, labels = _batch(train, index, cfg.supervised)
@@ -434,6 +432,6 @@ def fit_hashing(
     history = _run_epochs(
         f"hashing {cfg.n_bits} bits", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
         postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
-        validate=None if val is None else validate,
+        validate=_validator(encode_split, model, val, rest, "hamming", device),
     )
     return model.cpu().eval(), history
