@@ -5,7 +5,6 @@ import json
 
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
 
 from ucmfh.app.cli import main

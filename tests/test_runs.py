@@ -194,6 +194,8 @@ def test_sigkill_at_a_random_moment_then_resume_gives_identical_codes(tmp_path, 
     [state] = list(out.rglob("*.state.pt"))
     stale = state.parent / f".{state.name}.tmp{dead_pid()}"
     stale.write_bytes(b"half a file")
+    refused = _run(*common, "--out", str(out), "--results", str(results))  # without --resume: refused, …
+    assert refused.returncode == 2 and not stale.exists()  # … but the killed run's temporary file is gone
     done = _run(*common, "--out", str(out), "--results", str(results), "--resume")
     assert done.returncode == 0, done.stderr
     assert ref.wait(300) == 0

@@ -33,7 +33,7 @@ from ucmfh.codes import save_codes
 from ucmfh.config import PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig, identity_dict
 from ucmfh.data.h5 import Dataset
 from ucmfh.data.synthetic import make_synthetic
-from ucmfh.files import PathLike, append_jsonl, write_json_atomic
+from ucmfh.files import PathLike, append_jsonl, remove_stale_temps, write_json_atomic
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.scoring import encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
 from ucmfh.train import StateFile, discard_state, fit_fusion, fit_hashing, read_state
@@ -233,7 +233,10 @@ def _state_path(checkpoint: str) -> str:
 
 
 def _drop_leftover_state(checkpoint: str) -> None:
-    """A finished stage's training state outlives its checkpoint only if the run died in between."""
+    """What a killed run may have left of a stage: temporary files of its writes, and a training
+    state beside a finished checkpoint (the run died between saving one and removing the other)."""
+    for path in (checkpoint, _state_path(checkpoint)):
+        remove_stale_temps(path)
     if os.path.exists(checkpoint) and os.path.exists(_state_path(checkpoint)):
         os.remove(_state_path(checkpoint))
 
