@@ -130,12 +130,13 @@ def validation_split(split: Split, fraction: float, seed: int) -> Tuple[Split, O
     """
     if fraction <= 0:
         return split, None
-    units = np.arange(len(split)) if split.ids is None else np.unique(split.ids.numpy())
+    keys = np.arange(len(split)) if split.ids is None else split.ids.numpy()  # the unit of each item
+    units = np.unique(keys)
     n_val = max(1, int(round(fraction * len(units))))
     if len(units) - n_val < 2:
         raise ValueError(f"val_fraction {fraction} of {len(units)} training units leaves fewer than 2 to train on")
     held = np.random.default_rng(seed).choice(units, size=n_val, replace=False)
-    member = np.isin(np.arange(len(split)) if split.ids is None else split.ids.numpy(), held)
+    member = np.isin(keys, held)
     return split.subset(torch.from_numpy(np.flatnonzero(~member))), split.subset(torch.from_numpy(np.flatnonzero(member)))
 
 

@@ -183,8 +183,9 @@ class RunOptions:
     progress: bool = True
 
 
+@functools.lru_cache(maxsize=1)
 def git_commit() -> Optional[str]:
-    """The commit of the ucmfh source tree, when it is a git checkout."""
+    """The commit of the ucmfh source tree, when it is a git checkout (asked once per process)."""
     try:
         out = subprocess.run(
             ["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
@@ -208,7 +209,7 @@ def _rows(
         "dataset_fingerprint": run.dataset["fingerprint"], "task": task, "method": "ucmfh", "loss": cfg.loss,
         "n_bits": n_bits, "ranking": "hamming" if n_bits else "cosine", "seed": cfg.seed, "epochs": cfg.epochs,
         "run": key_of(run.hash_identity if task == "hashing" else run.fusion_identity),
-        "settings": run.settings() if task == "hashing" else {"fusion": identity_dict(run.fusion_cfg), "hash": None},
+        "settings": run.settings(),
         "train_time_s": round(seconds, 2), "device": str(resolve_device(device)), "checkpoint": checkpoint,
         "source": source, "git_commit": git_commit(),
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),

@@ -174,6 +174,7 @@ def grid(datasets, data_dir, losses, per_loss, n_bits, seeds, fusion_epochs, pro
         for hcfg in hash_configs(fcfg, bits, default_epochs(dataset, train["epochs"]), train["overrides"]):
             cells.append((dataset, fcfg, hcfg))
     grid_rows: List[Dict[str, Any]] = []
+    recorded = read_jsonl(results)  # the rows of earlier runs, and of the cells run below
     loaded: Dict[str, Any] = {}
     for dataset, fcfg, hcfg in cells:
         if dataset not in loaded:
@@ -181,7 +182,7 @@ def grid(datasets, data_dir, losses, per_loss, n_bits, seeds, fusion_epochs, pro
         data = loaded[dataset]
         run_key = key_of(Run(opts.out, dataset_identity(data), fcfg, hcfg).hash_identity)
         name = f"{dataset} {fcfg.loss} seed {fcfg.seed} {hcfg.n_bits} bits"
-        done = finished(read_jsonl(results), run_key, protocols, k)
+        done = finished(recorded, run_key, protocols, k)
         if done:
             click.echo(f"skip {name}: finished (run {run_key})")
             grid_rows += done
@@ -189,6 +190,7 @@ def grid(datasets, data_dir, losses, per_loss, n_bits, seeds, fusion_epochs, pro
         click.echo(f"run  {name}")
         rows = train_hash_stage(data, fcfg, hcfg, opts, protocols, k, log=click.echo)
         append_results(results, rows)
+        recorded += rows
         grid_rows += rows
     for path in write_tables(grid_rows, losses, bits, table):
         click.echo(f"wrote {path}")
