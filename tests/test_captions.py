@@ -10,6 +10,7 @@ from click.testing import CliRunner
 from ucmfh.app.cli import main
 from ucmfh.data.h5 import DataError, load_dataset, validate_file, write_dataset
 from ucmfh.metrics import evaluate_caption_set
+from ucmfh.scoring import encode_split
 
 from conftest import shared_file
 
@@ -92,9 +93,9 @@ def test_flickr8k1000_cca_itq_matches_the_contracts_figures():
 
     data = load_dataset(shared_file("flickr8k1000.h5"))
     assert data.caption_set and data.n_classes == 0
-    model = fit_cca_itq(data, 64)
-    scores = evaluate_caption_set(*model.codes(data.query), data.query.ids, *model.codes(data.retrieval),
-                                  data.retrieval.ids)
+    model, _ = fit_cca_itq(data.train, 64)
+    scores = evaluate_caption_set(*encode_split(model, data.query, "unimodal", "cpu"), data.query.ids,
+                                  *encode_split(model, data.retrieval, "unimodal", "cpu"), data.retrieval.ids)
     test = scores["test"]
     assert [round(test["recall_i2t"][r]) for r in ("1", "5", "10")] == [32, 55, 69]
     assert [round(test["recall_t2i"][r], 1) for r in ("1", "5", "10")] == [18.6, 42.4, 56.4]
@@ -140,7 +141,7 @@ def test_train_hash_on_a_caption_set_reports_recall_on_both_databases(tmp_path):
     results = tmp_path / "r.jsonl"
     runner = CliRunner()
     result = runner.invoke(main, ["train-hash", "-d", path, "-b", "16", "--epochs", "2", "--batch-size", "16",
-                                  "--set", "fusion.d_model=32", "--set", "fusion.d_ff=64", "--set", "hash.hidden=64",
+                                  "--method", "ucmfh", "--set", "fusion.d_model=32", "--set", "fusion.d_ff=64", "--set", "hash.hidden=64",
                                   "--out", str(tmp_path / "runs"), "--results", str(results), "--device", "cpu",
                                   "--quiet"])
     assert result.exit_code == 0, result.output

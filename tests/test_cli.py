@@ -26,7 +26,7 @@ def test_ucmfh_make_train_evaluate(tmp_path):
     results = tmp_path / "results.jsonl"
     common = ["-d", str(data), "--results", str(results), "--quiet", "--device", "cpu"]
     result = runner.invoke(main, ["train-hash", *common, "--out", str(tmp_path / "runs"), "--epochs", "1",
-                                  "-b", "8", "-b", "16", "--amp", "bf16"])
+                                  "--method", "ucmfh", "-b", "8", "-b", "16", "--amp", "bf16"])
     assert result.exit_code == 0, result.output
     assert "fusion encoder: training" in result.output and "unimodal" in result.output and "random" in result.output
     rows = [json.loads(line) for line in results.read_text().splitlines()]
@@ -53,7 +53,7 @@ def test_ucmfh_make_train_evaluate(tmp_path):
     assert abs(metrics["i2t"]["map@50"] - rows[2]["map_i2t"]) < 1e-9, metrics["i2t"]
     # a second train-hash with other hashing settings reuses the fusion encoder of the same identity
     result = runner.invoke(main, ["train-hash", *common, "--out", str(tmp_path / "runs"), "--epochs", "1",
-                                  "-b", "8", "--amp", "bf16", "--lr-fusion", "0"])
+                                  "--method", "ucmfh", "-b", "8", "--amp", "bf16", "--lr-fusion", "0"])
     assert result.exit_code == 0, result.output
     assert f"fusion encoder: reused {checkpoint.parent.parent / 'fusion.pt'}" in result.output
     last = json.loads(results.read_text().splitlines()[-1])

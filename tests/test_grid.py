@@ -10,7 +10,7 @@ from click.testing import CliRunner
 
 from ucmfh.app.cli import main
 
-TINY_MODEL = ["--set", "fusion.d_model=32", "--set", "fusion.d_ff=64", "--set", "hash.hidden=64",
+TINY_MODEL = ["--methods", "ucmfh", "--set", "fusion.d_model=32", "--set", "fusion.d_ff=64", "--set", "hash.hidden=64",
               "--batch-size", "64", "--set", "fusion.lr=1e-3", "--set", "hash.lr_fusion=1e-3", "--epochs", "1",
               "--device", "cpu", "--quiet"]
 
@@ -42,7 +42,7 @@ def test_grid_runs_every_cell_once_and_tabulates_seeds(tiny_path, tmp_path):
         assert s["n_seeds"] == "2" and float(s["map_i2t_mean"]) == pytest.approx(sum(mine) / 2)
         assert float(s["map_i2t_std"]) == pytest.approx(abs(mine[0] - mine[1]) / 2 ** 0.5)
     md = Path(f"{table}.md").read_text()
-    assert "protocol `unimodal`" in md and "random codes" in md and "against `original`" in md and "±" in md
+    assert "protocol `unimodal`" in md and "random codes" in md and "against `ucmfh`" in md and "±" in md
 
     again = _grid(*argv)  # everything finished: nothing trained, nothing appended
     assert again.count("skip") == 8 and "training" not in again

@@ -24,7 +24,7 @@ from conftest import dead_pid
 ROOT = Path(__file__).resolve().parents[1]
 TINY_ARGS = ["--n-query", "40", "--n-retrieval", "200", "--n-train", "120", "--d-img", "24", "--d-txt", "16",
              "--n-classes", "6"]
-SMALL = ["--set", "fusion.d_model=32", "--set", "fusion.d_ff=64", "--set", "hash.hidden=64", "--batch-size", "32",
+SMALL = ["--method", "ucmfh", "--set", "fusion.d_model=32", "--set", "fusion.d_ff=64", "--set", "hash.hidden=64", "--batch-size", "32",
          "--device", "cpu", "--quiet"]
 
 

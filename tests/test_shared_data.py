@@ -8,12 +8,13 @@ import numpy as np
 import pytest
 
 from ucmfh.baselines import fit_cca_itq
+from ucmfh.config import DEFAULT_METHOD, hash_config
 from ucmfh.data.h5 import load_dataset, validate_file
-from ucmfh.scoring import evaluate_hashing, random_codes_map, score_both_directions
+from ucmfh.scoring import encode_split, evaluate_hashing, random_codes_map, score_both_directions
 from ucmfh.metrics import backend, evaluate_codes, native_kernels
-from ucmfh.train import fit_fusion, fit_hashing
+from ucmfh.train import fit_hashing
 
-from conftest import shared_file, small_fusion, small_hash
+from conftest import shared_file
 
 
 @pytest.mark.parametrize("name, shape", [("wiki.h5", (128, 10, 10)), ("mirflickr730.h5", (1280, 384, 24))])
@@ -24,13 +25,15 @@ def test_shared_files_are_valid(name, shape):
     assert (data.d_img, data.d_txt, data.n_classes) == shape
 
 
-def test_wiki_trained_unimodal_codes_beat_cca_itq():
+def test_wiki_default_method_codes_beat_cca_itq():
     data = load_dataset(shared_file("wiki.h5"))
-    baseline = fit_cca_itq(data, 32)
-    cca = score_both_directions(baseline.codes(data.query), baseline.codes(data.retrieval),
+    baseline, _ = fit_cca_itq(data.train, 32)
+    cca = score_both_directions(encode_split(baseline, data.query, "unimodal", "cpu"),
+                                encode_split(baseline, data.retrieval, "unimodal", "cpu"),
                                 data.query.labels, data.retrieval.labels)
-    fusion, _ = fit_fusion(data, small_fusion(d_model=128, d_ff=256, epochs=8), progress=False)
-    model, _ = fit_hashing(data, small_hash(n_bits=32, hidden=512, epochs=8), fusion, progress=False)
+    # the default method, with validation off and fewer epochs to stay quick
+    model, _ = fit_hashing(data, hash_config(DEFAULT_METHOD, n_bits=32, epochs=30, val_fraction=0, device="cpu"),
+                           progress=False)
     [ours] = evaluate_hashing(model, data, ["unimodal"], device="cpu")
     floor = random_codes_map(data, 32)
     for direction in ("map_i2t", "map_t2i"):
@@ -44,8 +47,9 @@ def test_every_metric_on_real_codes_is_the_same_on_both_paths(n_bits):
     if native_kernels() is None:
         pytest.skip("the compiled Hamming kernels are not built")
     data = load_dataset(shared_file("mirflickr730.h5"))
-    baseline = fit_cca_itq(data, n_bits)
-    (q_img, q_txt), (r_img, r_txt) = baseline.codes(data.query), baseline.codes(data.retrieval)
+    baseline, _ = fit_cca_itq(data.train, n_bits)
+    (q_img, q_txt), (r_img, r_txt) = (encode_split(baseline, split, "unimodal", "cpu")
+                                      for split in (data.query, data.retrieval))
     ql, rl = data.query.labels, data.retrieval.labels
     results = {}
     for native in (True, False):

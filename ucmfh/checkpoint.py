@@ -7,10 +7,10 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 
-from ucmfh.config import FusionConfig, HashConfig, from_dict, to_dict
+from ucmfh.config import FusionConfig, HashConfig, from_dict, to_dict, uses_fusion
 from ucmfh.files import PathLike, atomic_file, write_text_atomic
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.models.hashing import CrossModalHasher
+from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
 
 FORMAT = "ucmfh-checkpoint"
 VERSION = 1
@@ -22,21 +22,24 @@ class CheckpointError(ValueError):
 
 def save_checkpoint(
     path: PathLike,
-    model: Union[FusionEncoder, CrossModalHasher],
-    fusion_cfg: FusionConfig,
+    model: Union[FusionEncoder, CrossModalHasher, FeatureHasher],
+    fusion_cfg: Optional[FusionConfig],
     hash_cfg: Optional[HashConfig] = None,
     meta: Optional[Dict[str, Any]] = None,
 ) -> str:
-    """Save weights, configs and dims; the file appears only once fully written."""
+    """Save weights, configs and dims; the file appears only once fully written.
+
+    ``fusion_cfg`` is None for a hashing method without a fusion encoder (``uses_fusion``).
+    """
     path = os.fspath(path)
-    fusion = model.fusion if isinstance(model, CrossModalHasher) else model
+    dims = model.fusion if isinstance(model, CrossModalHasher) else model
     payload = {
         "format": FORMAT,
         "version": VERSION,
-        "kind": "hash" if isinstance(model, CrossModalHasher) else "fusion",
-        "d_img": fusion.d_img,
-        "d_txt": fusion.d_txt,
-        "fusion_config": to_dict(fusion_cfg),
+        "kind": "fusion" if isinstance(model, FusionEncoder) else "hash",
+        "d_img": dims.d_img,
+        "d_txt": dims.d_txt,
+        "fusion_config": None if fusion_cfg is None else to_dict(fusion_cfg),
         "hash_config": None if hash_cfg is None else to_dict(hash_cfg),
         "meta": dict(meta or {}),
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
@@ -79,19 +82,28 @@ def load_model(
 ) -> tuple:
     """Rebuild a model from a checkpoint, refusing one made for other settings.
 
-    Returns ``(model, fusion_cfg, hash_cfg, meta)``; ``kind`` is 'fusion' or 'hash'.
+    Returns ``(model, fusion_cfg, hash_cfg, meta)``; ``kind`` is 'fusion' or 'hash'; ``fusion_cfg``
+    is None for a hashing method without a fusion encoder.
     """
     path = os.fspath(path)
     payload = read_checkpoint(path)
     _expect(path, payload, "kind", payload["kind"], kind)
     _expect(path, payload, "image feature dim", payload["d_img"], d_img)
     _expect(path, payload, "text feature dim", payload["d_txt"], d_txt)
-    fusion_cfg = from_dict(FusionConfig, payload["fusion_config"], source=path)
     hash_cfg = None if payload["hash_config"] is None else from_dict(HashConfig, payload["hash_config"], source=path)
+    if payload["kind"] == "hash" and hash_cfg is None:
+        raise CheckpointError(f"{path}: a hashing checkpoint without its hashing settings")
     if hash_cfg is not None:
         _expect(path, payload, "n_bits", hash_cfg.n_bits, n_bits)
-    fusion = FusionEncoder(payload["d_img"], payload["d_txt"], fusion_cfg)
-    model = fusion if kind == "fusion" else CrossModalHasher(fusion, hash_cfg)
+    fusion_cfg = None
+    if hash_cfg is not None and not uses_fusion(hash_cfg):
+        model = FeatureHasher(payload["d_img"], payload["d_txt"], hash_cfg)
+    elif payload["fusion_config"] is None:
+        raise CheckpointError(f"{path}: a {payload['kind']} checkpoint without its fusion settings")
+    else:
+        fusion_cfg = from_dict(FusionConfig, payload["fusion_config"], source=path)
+        fusion = FusionEncoder(payload["d_img"], payload["d_txt"], fusion_cfg)
+        model = fusion if kind == "fusion" else CrossModalHasher(fusion, hash_cfg)
     try:
         model.load_state_dict(payload["state_dict"])
     except RuntimeError as err:

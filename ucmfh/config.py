@@ -15,6 +15,29 @@ PROTOCOLS = ("unimodal", "fused")
 BETA_SCHEDULES = ("none", "hashnet", "step")
 AMP_MODES = ("none", "bf16")
 
+# How the hashing stage learns its codes (docs/quality.md compares them).
+HASH_METHODS = {
+    "ucmfh": "UCMFH: hash heads on the fusion encoder, which is trained first (the only method with a 'fused' view)",
+    "two-tower": "one hash head per modality on its own features, trained with the loss on their relaxed codes",
+    "cca-itq": "the linear baseline: PCA, CCA and an ITQ rotation fitted on the training split (no epochs)",
+}
+# Methods whose hash heads sit on a fusion encoder (trained by the fusion stage first).
+FUSION_METHODS = ("ucmfh",)
+# Methods fitted in closed form: no loss, no epochs.
+CLOSED_FORM_METHODS = ("cca-itq",)
+# Each method's departures from HashConfig's defaults, which are UCMFH's; the front doors start from
+# these (hash_config). two-tower's were chosen on the validation split of the training data
+# (docs/quality.md), never on a query split.
+METHOD_DEFAULTS: Dict[str, Dict[str, Any]] = {
+    "ucmfh": {},
+    "two-tower": {"hidden": 1024, "loss": "infonce", "loss_params": {"temperature": 0.3},
+                  "val_fraction": 0.1, "patience": 10},
+    "cca-itq": {"epochs": 1},
+}
+# The method of the front doors (`ucmfh train-hash`, the grid): the best leak-free one measured
+# (docs/quality.md). demo.py keeps 'ucmfh', the way to reproduce the paper.
+DEFAULT_METHOD = "two-tower"
+
 # Epochs of the reference code per dataset; a front door may use them as
 # defaults, the trainer never looks at a dataset's name.
 REFERENCE_EPOCHS = {"mirflickr": 100, "nuswide": 150, "nus-wide": 150, "mscoco": 500, "coco": 500}
@@ -70,8 +93,9 @@ class FusionConfig:
 class HashConfig:
     """Hashing stage (task 1): one hash head per modality on the fusion embeddings."""
 
+    method: str = "ucmfh"  # one of HASH_METHODS
     n_bits: int = 64
-    hidden: int = 4096
+    hidden: int = 4096  # 0: a linear head
     dropout: float = 0.3
     # loss = loss(fused img, fused txt) + code_weight * loss(img codes, txt codes)
     code_weight: float = 0.5
@@ -101,8 +125,14 @@ class HashConfig:
         self.validate()
 
     def validate(self) -> "HashConfig":
+        if self.method not in HASH_METHODS:
+            raise ValueError(f"method must be one of {tuple(HASH_METHODS)}, got {self.method!r}")
         if not 8 <= self.n_bits <= 256:
             raise ValueError(f"n_bits must be between 8 and 256, got {self.n_bits}")
+        if self.hidden < 0:
+            raise ValueError(f"hidden must be >= 0 (0: a linear head), got {self.hidden}")
+        if self.method in CLOSED_FORM_METHODS:
+            self.hidden = 0  # a linear map whatever was asked (e.g. one --set for every method of a grid)
         if self.beta_schedule not in BETA_SCHEDULES:
             raise ValueError(f"beta_schedule must be one of {BETA_SCHEDULES}, got {self.beta_schedule!r}")
         if not 0.0 <= self.modality_dropout <= 1.0:
@@ -113,6 +143,24 @@ class HashConfig:
             raise ValueError(f"lr_fusion must be >= 0 and lr_head > 0, got {self.lr_fusion} and {self.lr_head}")
         _check_training(self)
         return self
+
+
+def uses_fusion(cfg: HashConfig) -> bool:
+    """Whether the method's hash heads sit on a fusion encoder (trained by the fusion stage)."""
+    return cfg.method in FUSION_METHODS
+
+
+def hash_config(method: str = "ucmfh", **settings: Any) -> HashConfig:
+    """A hashing config of ``method``: its defaults (METHOD_DEFAULTS), then ``settings``.
+
+    Turning validation off (``val_fraction=0``) also turns off a default patience.
+    """
+    if method not in HASH_METHODS:
+        raise ValueError(f"method must be one of {tuple(HASH_METHODS)}, got {method!r}")
+    values = {**METHOD_DEFAULTS[method], **settings, "method": method}
+    if not values.get("val_fraction") and "patience" not in settings:
+        values["patience"] = 0
+    return HashConfig(**values)
 
 
 def _check_training(cfg: Any) -> None:

@@ -23,11 +23,12 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ucmfh.baselines import fit_cca_itq
 from ucmfh.config import FusionConfig, HashConfig, identity_dict
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.models.hashing import CrossModalHasher
+from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
 from ucmfh.scoring import embed_split, encode_split, score_splits
 from ucmfh.similarity import normalize
 from ucmfh.files import atomic_file
@@ -386,16 +387,31 @@ def fit_fusion(
 def fit_hashing(
     data: Dataset,
     cfg: HashConfig,
-    fusion: FusionEncoder,
+    fusion: Optional[FusionEncoder] = None,
     progress: bool = True,
     state: Optional[StateFile] = None,
-) -> Tuple[CrossModalHasher, History]:
-    """Train hash heads and fine-tune the fusion encoder (task 1; ``cfg.lr_fusion = 0`` keeps it fixed).
+) -> Tuple[nn.Module, History]:
+    """Train the hashing stage (task 1) by ``cfg.method``; returns the model (on CPU) and its :class:`History`.
 
-    Loss = loss(fused img, fused txt) + code_weight · loss(img codes, txt codes),
-    codes relaxed as L2-normalised ``tanh(β · logits)``. ``state`` as in :func:`fit_fusion`.
+    'ucmfh' needs the ``fusion`` encoder of the fusion stage; the other methods learn from
+    the features alone. With ``cfg.val_fraction`` > 0 the best validation epoch's weights
+    are kept; ``state`` as in :func:`fit_fusion`.
     """
     _check_supervision(data, cfg)
+    fit = {"ucmfh": _fit_ucmfh, "two-tower": _fit_two_tower, "cca-itq": _fit_cca_itq}[cfg.method]
+    return fit(data, cfg, fusion, progress, state)
+
+
+def _fit_ucmfh(
+    data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder], progress: bool, state: Optional[StateFile],
+) -> Tuple[CrossModalHasher, History]:
+    """Method 'ucmfh': hash heads on the fusion encoder, which is fine-tuned (``cfg.lr_fusion = 0`` keeps it).
+
+    Loss = loss(fused img, fused txt) + code_weight · loss(img codes, txt codes),
+    codes relaxed as L2-normalised ``tanh(β · logits)``.
+    """
+    if fusion is None:
+        raise ValueError("method 'ucmfh' trains its hash heads on a fusion encoder: train one first (fit_fusion)")
     device = resolve_device(cfg.device)
     generator = seed_everything(cfg.seed)
     # a copy: the caller's encoder stays as it was (e.g. one fusion stage serving several n_bits)
@@ -436,3 +452,48 @@ def fit_hashing(
         validate=_validator(encode_split, model, val, rest, "hamming", device),
     )
     return model.cpu().eval(), history
+
+
+def _fit_two_tower(
+    data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder], progress: bool, state: Optional[StateFile],
+) -> Tuple[FeatureHasher, History]:
+    """Method 'two-tower': one hash head per modality on its own (centred, L2-normalised) features,
+    trained with ``cfg.loss`` on the relaxed codes ``normalize(tanh(β · logits))`` of each pair;
+    ids (the captions of one image) are positives of each other in every loss."""
+    device = resolve_device(cfg.device)
+    generator = seed_everything(cfg.seed)
+    rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
+    model = FeatureHasher(data.d_img, data.d_txt, cfg)
+    model.fit_feature_stats(rest.img, rest.txt)
+    model.to(device).train()
+    loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
+    optimizer = adam([*model.parameters(), *loss_fn.parameters()], lr=cfg.lr_head, betas=tuple(cfg.betas))
+    train = rest.to(device)
+
+    def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
+        beta = beta_at(cfg, iteration, epoch)
+        img, txt, ids, labels = _batch(train, index, cfg.supervised)
+        with autocast(device, cfg.amp):
+            h_img, h_txt = model.logits(img, txt)
+        codes_img, codes_txt = normalize(torch.tanh(beta * h_img.float())), normalize(torch.tanh(beta * h_txt.float()))
+        loss = loss_fn(codes_img, codes_txt, ids=ids, labels=labels)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    history = _run_epochs(
+        f"two-tower {cfg.n_bits} bits", cfg, {"model": model, "loss": loss_fn}, optimizer, generator, len(train),
+        device, step, state, progress, postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
+        validate=_validator(encode_split, model, val, rest, "hamming", device),
+    )
+    return model.cpu().eval(), history
+
+
+def _fit_cca_itq(
+    data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder], progress: bool, state: Optional[StateFile],
+) -> Tuple[FeatureHasher, History]:
+    """Method 'cca-itq': the linear baseline, fitted in closed form on the whole training split
+    (no epochs, so nothing to select on a validation split)."""
+    model, _ = fit_cca_itq(data.train, cfg.n_bits, seed=cfg.seed)
+    return model, History()

@@ -15,7 +15,7 @@ from ucmfh.app.experiment import (
 from ucmfh.app.options import (
     check_device, data_options, fusion_config, hash_configs, run_options, train_options,
 )
-from ucmfh.config import BETA_SCHEDULES, PROTOCOLS, FusionConfig, HashConfig
+from ucmfh.config import BETA_SCHEDULES, DEFAULT_METHOD, FUSION_METHODS, HASH_METHODS, PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import load_dataset, validate_file
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 from ucmfh.utils import resolve_device
@@ -91,6 +91,8 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
 @main.command("train-hash")
 @data_options
 @train_options
+@click.option("--method", type=click.Choice(list(HASH_METHODS)), default=DEFAULT_METHOD, show_default=True,
+              help="How codes are learnt: " + "; ".join(f"{k}: {v}" for k, v in HASH_METHODS.items()) + ".")
 @click.option("--n-bits", "-b", multiple=True, type=int, default=(64,), show_default=True,
               help="Code length (repeatable: -b 16 -b 32 ...).")
 @click.option("--beta-schedule", type=click.Choice(BETA_SCHEDULES), default="none", show_default=True,
@@ -100,17 +102,19 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
 @click.option("--lr-fusion", type=click.FloatRange(min=0), default=HashConfig.lr_fusion, show_default=True,
               help="Learning rate of the fusion encoder while the heads train (UCMFH's; 0 keeps it as trained).")
 @user_errors
-def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, n_bits, beta_schedule, fusion_epochs,
-                   lr_fusion, **train) -> None:
-    """Task 1: train hash heads (training the fusion stage first if needed) and score the codes.
+def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, method, n_bits, beta_schedule,
+                   fusion_epochs, lr_fusion, **train) -> None:
+    """Task 1: learn codes by --method and score them (method ucmfh trains its fusion stage first if needed).
 
-    Each code length's results are appended as soon as it is done.
+    Each code length's results are appended as soon as it is done. Methods other than ucmfh
+    are leak-free by construction and are scored under the unimodal protocol only.
     """
     from ucmfh.app.experiment import train_hash_stage
 
     fcfg = fusion_config(dataset, device, **{**train, "epochs": fusion_epochs or train["epochs"]})
     # every code length is checked before anything trains
-    hcfgs = hash_configs(fcfg, n_bits, default_epochs(dataset, train["epochs"]), train["overrides"],
+    epochs = default_epochs(dataset, train["epochs"]) if method in FUSION_METHODS else train["epochs"]
+    hcfgs = hash_configs(fcfg, n_bits, epochs, train["overrides"], method, train,
                          beta_schedule=beta_schedule, lr_fusion=lr_fusion)
     data = _load(dataset, data_dir)
     opts = run_options(train, quiet)

@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ucmfh.checkpoint import load_model, read_checkpoint, save_checkpoint
 from ucmfh.codes import save_codes
-from ucmfh.config import PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig, identity_dict
+from ucmfh.config import CLOSED_FORM_METHODS, PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig, identity_dict, uses_fusion
 from ucmfh.data.h5 import Dataset
 from ucmfh.data.synthetic import make_synthetic
 from ucmfh.files import PathLike, append_jsonl, remove_stale_temps, write_json_atomic
@@ -129,12 +129,24 @@ def key_of(value: Any) -> str:
 
 @dataclass
 class Run:
-    """Where a run's stages live, and what identifies each."""
+    """Where a run's stages live, and what identifies each.
+
+    ``fusion_cfg`` is None for a hashing method without a fusion encoder: its run is the
+    hashing stage alone, in ``OUT/DATASET-FP/METHOD-seedS-KEY/hashN.pt``.
+    """
 
     out: str
     dataset: Dict[str, str]
-    fusion_cfg: FusionConfig
+    fusion_cfg: Optional[FusionConfig]
     hash_cfg: Optional[HashConfig] = None
+
+    def __post_init__(self) -> None:
+        if self.hash_cfg is not None and not uses_fusion(self.hash_cfg):
+            self.fusion_cfg = None  # not part of this run: its method trains no fusion encoder
+
+    @property
+    def dataset_dir(self) -> str:
+        return os.path.join(self.out, f"{self.dataset['label']}-{self.dataset['fingerprint'][:8]}")
 
     @property
     def fusion_identity(self) -> Dict[str, Any]:
@@ -142,23 +154,28 @@ class Run:
 
     @property
     def hash_identity(self) -> Dict[str, Any]:
+        if self.fusion_cfg is None:
+            return {"dataset_fingerprint": self.dataset["fingerprint"], "hash": identity_dict(self.hash_cfg)}
         return {**self.fusion_identity, "hash": identity_dict(self.hash_cfg)}
 
     @property
     def fusion_dir(self) -> str:
         cfg = self.fusion_cfg
-        return os.path.join(self.out, f"{self.dataset['label']}-{self.dataset['fingerprint'][:8]}",
-                            f"{cfg.loss}-seed{cfg.seed}-{key_of(self.fusion_identity)[:8]}")
+        return os.path.join(self.dataset_dir, f"{cfg.loss}-seed{cfg.seed}-{key_of(self.fusion_identity)[:8]}")
 
     @property
     def hash_dir_identity(self) -> Dict[str, Any]:
         """What the hashing folder's runs share: all but the code length, which names each checkpoint."""
         settings = {k: v for k, v in identity_dict(self.hash_cfg).items() if k != "n_bits"}
-        return {**self.fusion_identity, "hash": settings}
+        return {**self.hash_identity, "hash": settings}
 
     @property
     def hash_dir(self) -> str:
-        return os.path.join(self.fusion_dir, f"hash-{key_of(self.hash_dir_identity['hash'])[:8]}")
+        key = key_of(self.hash_dir_identity["hash"])[:8]
+        if self.fusion_cfg is None:
+            cfg = self.hash_cfg
+            return os.path.join(self.dataset_dir, f"{cfg.method}-seed{cfg.seed}-{key}")
+        return os.path.join(self.fusion_dir, f"hash-{key}")
 
     @property
     def fusion_path(self) -> str:
@@ -168,8 +185,13 @@ class Run:
     def hash_path(self) -> str:
         return os.path.join(self.hash_dir, f"hash{self.hash_cfg.n_bits}.pt")
 
+    @property
+    def checkpoints(self) -> List[str]:
+        """The checkpoint of each of the run's stages."""
+        return ([] if self.fusion_cfg is None else [self.fusion_path]) + ([self.hash_path] if self.hash_cfg else [])
+
     def settings(self) -> Dict[str, Any]:
-        return {"fusion": identity_dict(self.fusion_cfg),
+        return {"fusion": None if self.fusion_cfg is None else identity_dict(self.fusion_cfg),
                 "hash": None if self.hash_cfg is None else identity_dict(self.hash_cfg)}
 
 
@@ -204,9 +226,11 @@ def _rows(
 ) -> List[Dict[str, Any]]:
     cfg = run.hash_cfg if task == "hashing" else run.fusion_cfg
     n_bits = run.hash_cfg.n_bits if task == "hashing" else None
+    method = run.hash_cfg.method if task == "hashing" else "ucmfh"
     common = {
         "dataset": run.dataset["label"], "dataset_path": run.dataset["path"],
-        "dataset_fingerprint": run.dataset["fingerprint"], "task": task, "method": "ucmfh", "loss": cfg.loss,
+        "dataset_fingerprint": run.dataset["fingerprint"], "task": task, "method": method,
+        "loss": None if method in CLOSED_FORM_METHODS else cfg.loss,
         "n_bits": n_bits, "ranking": "hamming" if n_bits else "cosine", "seed": cfg.seed, "epochs": cfg.epochs,
         "run": key_of(run.hash_identity if task == "hashing" else run.fusion_identity),
         "settings": run.settings(),
@@ -255,7 +279,7 @@ def _refuse_interrupted(path: str) -> None:
 def check_interrupted(runs: Sequence[Run], opts: RunOptions) -> None:
     """Refuse to start over an interrupted run unless ``opts.resume``; call it before anything trains."""
     for run in runs:
-        for checkpoint in (run.fusion_path, *([run.hash_path] if run.hash_cfg else [])):
+        for checkpoint in run.checkpoints:
             _drop_leftover_state(checkpoint)
             if not opts.resume and os.path.exists(_state_path(checkpoint)):
                 _refuse_interrupted(_state_path(checkpoint))
@@ -316,7 +340,8 @@ def train_hash_stage(
     data: Dataset, fusion_cfg: FusionConfig, hash_cfg: HashConfig, opts: RunOptions,
     protocols: Sequence[str] = PROTOCOLS, k: int = 50, log: Log = print,
 ) -> List[Dict[str, Any]]:
-    """Task 1: train hash heads on the run's fusion encoder (trained first if needed), save, score.
+    """Task 1: train the hashing stage by ``hash_cfg.method``, save, score. Method 'ucmfh' trains
+    hash heads on the run's fusion encoder (trained first if needed); the others ignore ``fusion_cfg``.
 
     With ``opts.resume`` a finished checkpoint of the same identity is scored again, not retrained.
     """
@@ -328,14 +353,14 @@ def train_hash_stage(
         log(f"hashing {hash_cfg.n_bits} bits: already trained, {path} (run {key_of(identity)})")
         seconds, history = meta.get("seconds", 0.0), meta["history"]
     else:
-        fusion, _ = load_or_train_fusion(data, run, opts, log)
+        fusion = None if run.fusion_cfg is None else load_or_train_fusion(data, run, opts, log)[0]
         state = _state_for(path, opts, log)
         start = time.perf_counter()
         model, history = fit_hashing(data, hash_cfg, fusion, progress=opts.progress, state=state)
         seconds = time.perf_counter() - start
         _write_identity(run.hash_dir, run.hash_dir_identity, run.dataset)
         history = history.as_dict()
-        save_checkpoint(path, model, fusion_cfg, hash_cfg,
+        save_checkpoint(path, model, run.fusion_cfg, hash_cfg,
                         meta={"identity": identity, "dataset": run.dataset, "history": history, "seconds": seconds})
         discard_state(state)
     rows = score_hash_model(model, data, run, path, seconds, protocols, k, opts.progress, "train")
@@ -351,6 +376,8 @@ def score_hash_model(
     k: int = 50, progress: bool = False, source: str = "train",
 ) -> List[Dict[str, Any]]:
     hash_cfg = run.hash_cfg
+    if not uses_fusion(hash_cfg):  # leak-free by construction: 'fused' would repeat 'unimodal'
+        protocols = ("unimodal",)
     scores = evaluate_hashing(model, data, protocols, k, hash_cfg.device, progress)
     floors = {row.get("database"): row for row in random_codes_scores(data, hash_cfg.n_bits, k, seed=hash_cfg.seed)}
     for row in scores:
@@ -415,22 +442,22 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
     labelled = [r for r in rows if "database" not in r]
     lines = []
     if labelled:
-        lines.append(f"{'dataset':<14}{'task':<9}{'loss':<10}{'bits':>5}  {'protocol':<9}{'MAP@k':>6}"
+        lines.append(f"{'dataset':<14}{'task':<9}{'method':<11}{'loss':<10}{'bits':>5}  {'protocol':<9}{'MAP@k':>6}"
                      f"{'I->T':>8}{'T->I':>8}")
         for r in labelled:
-            lines.append(f"{r['dataset']:<14}{r['task']:<9}{r['loss']:<10}{r['n_bits'] or '-':>5}  {r['protocol']:<9}"
+            lines.append(f"{r['dataset']:<14}{r['task']:<9}{r.get('method') or 'ucmfh':<11}{r['loss'] or '-':<10}{r['n_bits'] or '-':>5}  {r['protocol']:<9}"
                          f"{r['k']:>6}{r['map_i2t']:>8.4f}{r['map_t2i']:>8.4f}")
         floors = {(r["dataset"], r["n_bits"]): r for r in labelled if "random_map_i2t" in r}
         for (name, bits), r in floors.items():
-            lines.append(f"{name:<14}{'random':<9}{'-':<10}{bits:>5}  {'-':<9}{r['k']:>6}"
+            lines.append(f"{name:<14}{'random':<9}{'-':<11}{'-':<10}{bits:>5}  {'-':<9}{r['k']:>6}"
                          f"{r['random_map_i2t']:>8.4f}{r['random_map_t2i']:>8.4f}")
     if captions:
-        lines.append(f"{'dataset':<14}{'task':<9}{'loss':<10}{'bits':>5}  {'protocol':<9}{'database':<11}"
+        lines.append(f"{'dataset':<14}{'task':<9}{'method':<11}{'loss':<10}{'bits':>5}  {'protocol':<9}{'database':<11}"
                      f"{'I->T R@1/5/10':>18}{'T->I R@1/5/10':>18}{'rSum':>7}{'MAP@k I->T':>11}{'T->I':>7}")
         for r in captions:
             recall = ["/".join(f"{r[key][rank]:.1f}" for rank in ("1", "5", "10")) for key in ("recall_i2t", "recall_t2i")]
             floor = f" (random codes: rSum {r['random_rsum']:.1f})" if "random_rsum" in r else ""
-            lines.append(f"{r['dataset']:<14}{r['task']:<9}{r['loss']:<10}{r['n_bits'] or '-':>5}  {r['protocol']:<9}"
+            lines.append(f"{r['dataset']:<14}{r['task']:<9}{r.get('method') or 'ucmfh':<11}{r['loss'] or '-':<10}{r['n_bits'] or '-':>5}  {r['protocol']:<9}"
                          f"{r['database']:<11}{recall[0]:>18}{recall[1]:>18}{r['rsum']:>7.1f}"
                          f"{r['map_i2t']:>11.4f}{r['map_t2i']:>7.4f}{floor}")
         lines.append("  caption set (relevance = same id): image->text queries are the unique query images, "

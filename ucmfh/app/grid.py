@@ -1,12 +1,13 @@
-"""``ucmfh grid``: datasets × losses × code lengths × seeds, resumable, one table.
+"""``ucmfh grid``: datasets × methods × losses × code lengths × seeds, resumable, one table.
 
 Each cell is one hashing run (:func:`ucmfh.app.experiment.train_hash_stage`),
 so cells share a fusion encoder exactly when its identity is the same. A cell
 whose rows (same run identity, same k, every protocol asked) are already in
 the results file is skipped: an interrupted grid resumes where it stopped, and
 a cell whose settings changed runs again. The table (mean ± sample std over
-seeds; the MAP of random codes as the floor; each loss against the first,
-paired by seed, code length and direction) is written as Markdown and CSV.
+seeds; the MAP of random codes as the floor; each variant — a method with a
+loss — against the first, paired by seed, code length and direction) is
+written as Markdown and CSV.
 """
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from ucmfh.app.experiment import (
 )
 from ucmfh.app.options import check_device, fusion_config, hash_configs, parse_params, train_options
 from ucmfh.app.runs import DIRECTIONS, summarize
-from ucmfh.config import PROTOCOLS
+from ucmfh.config import CLOSED_FORM_METHODS, DEFAULT_METHOD, FUSION_METHODS, HASH_METHODS, METHOD_DEFAULTS, PROTOCOLS, HashConfig, uses_fusion
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import read_jsonl, write_text_atomic
 from ucmfh.losses import LOSSES
@@ -54,27 +55,40 @@ def loss_params_by_name(items: Sequence[str]) -> Dict[str, Dict[str, Any]]:
     return out
 
 
+def variant_of(row: Dict[str, Any]) -> str:
+    """A row's method, with its loss when that is not the method's default: 'two-tower', 'ucmfh:infonce'."""
+    method = row.get("method") or "ucmfh"
+    if method in CLOSED_FORM_METHODS:
+        return method
+    default = METHOD_DEFAULTS[method].get("loss", HashConfig.loss) if method in METHOD_DEFAULTS else None
+    loss = row.get("loss")
+    return method if loss in (None, default) else f"{method}:{loss}"
+
+
 def finished(rows: List[Dict[str, Any]], run_key: str, protocols: Sequence[str], k: int) -> List[Dict[str, Any]]:
     """A cell's rows, one per protocol, or [] when any protocol is missing."""
     mine = {r["protocol"]: r for r in rows if r.get("run") == run_key and r.get("k") == k}
     return [mine[p] for p in protocols] if all(p in mine for p in protocols) else []
 
 
-def paired_deltas(rows: List[Dict[str, Any]], base: str, loss: str, dataset: str, protocol: str,
+def paired_deltas(rows: List[Dict[str, Any]], base: str, variant: str, dataset: str, protocol: str,
                   database: Optional[str] = None) -> List[float]:
-    """``loss`` − ``base`` MAP, paired by (seed, n_bits, direction)."""
+    """``variant`` − ``base`` MAP, paired by (seed, n_bits, direction)."""
     def index(name: str) -> Dict[tuple, float]:
         return {(r["seed"], r["n_bits"], d): r[d] for r in rows for d in DIRECTIONS
-                if (r["loss"], r["dataset"], r["protocol"], r.get("database")) == (name, dataset, protocol, database)}
+                if (variant_of(r), r["dataset"], r["protocol"], r.get("database")) == (name, dataset, protocol, database)}
 
-    mine, ref = index(loss), index(base)
+    mine, ref = index(variant), index(base)
     return [mine[key] - ref[key] for key in mine if key in ref]
 
 
-def markdown(rows: List[Dict[str, Any]], losses: Sequence[str], bits: Sequence[int]) -> str:
-    """One table per dataset and protocol (loss × code length), then each loss against the first."""
+def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence[int]) -> str:
+    """One table per dataset and protocol (method × code length), then each method against the first.
+
+    ``variants``: the methods (:func:`variant_of`) in the order of the table.
+    """
     summary = summarize(rows)
-    cell = {(s["dataset"], s["protocol"], s["database"], s["loss"], s["n_bits"]): s for s in summary}
+    cell = {(s["dataset"], s["protocol"], s["database"], variant_of(s), s["n_bits"]): s for s in summary}
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     protocols = list(dict.fromkeys(r["protocol"] for r in rows))
     databases = list(dict.fromkeys(r.get("database") for r in rows))  # [None] unless a caption set
@@ -85,13 +99,13 @@ def markdown(rows: List[Dict[str, Any]], losses: Sequence[str], bits: Sequence[i
             continue
         where = f", database `{database}`, MAP by id" if database else ""
         md += [f"### {dataset}, protocol `{protocol}`{where}: MAP@{k} I→T / T→I (mean ± std over seeds)", "",
-               "| loss | " + " | ".join(f"{n} bits" for n in bits) + " | seeds | hashing s |",
+               "| method | " + " | ".join(f"{n} bits" for n in bits) + " | seeds | hashing s |",
                "|---|" + "---|" * (len(bits) + 2)]
-        for loss in [*losses, "random codes"]:
-            line, seeds, times = [f"`{loss}`" if loss in losses else loss], set(), []
+        for variant in [*variants, "random codes"]:
+            line, seeds, times = [f"`{variant}`" if variant in variants else variant], set(), []
             for n in bits:
-                s = cell.get((dataset, protocol, database, losses[0] if loss == "random codes" else loss, n))
-                prefix = "random_" if loss == "random codes" else ""
+                s = cell.get((dataset, protocol, database, variants[0] if variant == "random codes" else variant, n))
+                prefix = "random_" if variant == "random codes" else ""
                 if s is None or f"{prefix}map_i2t_mean" not in s:
                     line.append("–")
                     continue
@@ -100,24 +114,24 @@ def markdown(rows: List[Dict[str, Any]], losses: Sequence[str], bits: Sequence[i
                 seeds |= set(s["seeds"])
                 if s["train_time_s_mean"]:
                     times.append(s["train_time_s_mean"])
-            line += [str(len(seeds)), f"{statistics.fmean(times):.1f}" if times and loss in losses else "–"]
+            line += [str(len(seeds)), f"{statistics.fmean(times):.1f}" if times and variant in variants else "–"]
             md.append("| " + " | ".join(line) + " |")
         md.append("")
-    if len(losses) > 1:
-        md += [f"### Each loss against `{losses[0]}`: Δ MAP@{k} paired by (seed, code length, direction), "
-               "mean ± std over the pairs; wins = pairs where the loss is higher", "",
-               "| dataset | protocol | database | loss | Δ | wins |", "|---|---|---|---|---|---|"]
-        for dataset, protocol, database, loss in product(datasets, protocols, databases, losses[1:]):
-            deltas = paired_deltas(rows, losses[0], loss, dataset, protocol, database)
+    if len(variants) > 1:
+        md += [f"### Each method against `{variants[0]}`: Δ MAP@{k} paired by (seed, code length, direction), "
+               "mean ± std over the pairs; wins = pairs where the method is higher", "",
+               "| dataset | protocol | database | method | Δ | wins |", "|---|---|---|---|---|---|"]
+        for dataset, protocol, database, variant in product(datasets, protocols, databases, variants[1:]):
+            deltas = paired_deltas(rows, variants[0], variant, dataset, protocol, database)
             if deltas:
                 std = statistics.stdev(deltas) if len(deltas) > 1 else 0.0
-                md.append(f"| {dataset} | {protocol} | {database or '-'} | `{loss}` | {statistics.fmean(deltas):+.3f} "
+                md.append(f"| {dataset} | {protocol} | {database or '-'} | `{variant}` | {statistics.fmean(deltas):+.3f} "
                           f"± {std:.3f} | {sum(d > 0 for d in deltas)}/{len(deltas)} |")
         md.append("")
     return "\n".join(md)
 
 
-def write_tables(rows: List[Dict[str, Any]], losses: Sequence[str], bits: Sequence[int], prefix: str) -> Tuple[str, str]:
+def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence[int], prefix: str) -> Tuple[str, str]:
     """``PREFIX.md`` (the tables above) and ``PREFIX.csv`` (one line per group of :func:`summarize`)."""
     columns = ["dataset", "method", "loss", "n_bits", "protocol", "database", "k", "n_seeds",
                *(f"{p}{d}_{s}" for p in ("", "random_") for d in DIRECTIONS for s in ("mean", "std")),
@@ -126,7 +140,7 @@ def write_tables(rows: List[Dict[str, Any]], losses: Sequence[str], bits: Sequen
     writer = csv.DictWriter(text, columns, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(summarize(rows))
-    return (write_text_atomic(prefix + ".md", markdown(rows, losses, bits) + "\n"),
+    return (write_text_atomic(prefix + ".md", markdown(rows, variants, bits) + "\n"),
             write_text_atomic(prefix + ".csv", text.getvalue()))
 
 
@@ -134,7 +148,10 @@ def write_tables(rows: List[Dict[str, Any]], losses: Sequence[str], bits: Sequen
 @click.option("--dataset", "-d", "datasets", multiple=True, required=True,
               help="Dataset name or .h5 path (repeatable).")
 @click.option("--data-dir", default=None, help="Folder of NAME.h5 files [default: $UCMFH_DATA_DIR or data].")
-@click.option("--losses", default="original", show_default=True, callback=_list(str), help="Comma-separated losses.")
+@click.option("--methods", default=DEFAULT_METHOD, show_default=True, callback=_list(str),
+              help=f"Comma-separated methods ({', '.join(HASH_METHODS)}).")
+@click.option("--losses", default="", callback=_list(str),
+              help="Comma-separated losses, each run with every method [default: each method's own].")
 @click.option("--loss-params", "per_loss", multiple=True, metavar="NAME:KEY=VALUE,...",
               help="Hyper-parameters of one loss, e.g. infonce:temperature=0.5 (repeatable).")
 @click.option("--n-bits", "-b", multiple=True, type=int, default=(16, 32, 64, 128), show_default=True,
@@ -151,15 +168,19 @@ def write_tables(rows: List[Dict[str, Any]], losses: Sequence[str], bits: Sequen
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @train_options
 @user_errors
-def grid(datasets, data_dir, losses, per_loss, n_bits, seeds, fusion_epochs, protocol, k, results, table, device,
-         quiet, **train) -> None:
-    """Train and score datasets × losses × code lengths × seeds; skip finished cells; write one table."""
+def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_epochs, protocol, k, results, table,
+         device, quiet, **train) -> None:
+    """Train and score datasets × methods × losses × code lengths × seeds; skip finished cells; write one table."""
     from ucmfh.app.experiment import default_data_dir, protocols_of
 
+    unknown = [name for name in methods if name not in HASH_METHODS]
+    if unknown:
+        raise click.BadParameter(f"unknown methods {unknown} (methods: {', '.join(HASH_METHODS)})",
+                                 param_hint="--methods")
     unknown = [name for name in losses if name not in LOSSES]
     if unknown:
         raise click.BadParameter(f"unknown losses {unknown} (losses: {', '.join(LOSSES)})", param_hint="--losses")
-    if train["loss"] != "original" or train["loss_params"]:
+    if train["loss"] is not None or train["loss_params"]:
         raise click.UsageError("the grid takes its losses from --losses and --loss-params NAME:KEY=VALUE")
     params = loss_params_by_name(per_loss)
     protocols = protocols_of(protocol)
@@ -167,12 +188,16 @@ def grid(datasets, data_dir, losses, per_loss, n_bits, seeds, fusion_epochs, pro
     bits = list(dict.fromkeys(n_bits))
     # every cell's settings are checked before anything trains
     cells = []
-    for dataset, loss, seed in product(datasets, losses, seeds):
-        settings = {**train, "loss": loss, "loss_params": (), "seed": seed,
-                    "epochs": fusion_epochs or train["epochs"]}
-        fcfg = dataclasses.replace(fusion_config(dataset, device, **settings), loss_params=params.get(loss, {}))
-        for hcfg in hash_configs(fcfg, bits, default_epochs(dataset, train["epochs"]), train["overrides"]):
-            cells.append((dataset, fcfg, hcfg))
+    # a closed-form method has no loss: one cell per seed, whatever --losses lists
+    variants_asked = [(m, loss) for m in methods for loss in ([None] if m in CLOSED_FORM_METHODS else losses or [None])]
+    for dataset, (method, loss), seed in product(datasets, variants_asked, seeds):
+        settings = {**train, "loss": loss, "loss_params": (), "seed": seed}
+        fcfg = fusion_config(dataset, device, **{**settings, "epochs": fusion_epochs or train["epochs"]})
+        fcfg = dataclasses.replace(fcfg, loss_params=params.get(fcfg.loss, {}))
+        epochs = default_epochs(dataset, train["epochs"]) if method in FUSION_METHODS else train["epochs"]
+        for hcfg in hash_configs(fcfg, bits, epochs, train["overrides"], method, settings):
+            cells.append((dataset, fcfg, dataclasses.replace(hcfg, loss_params=params.get(hcfg.loss, hcfg.loss_params))))
+    variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
     grid_rows: List[Dict[str, Any]] = []
     recorded = read_jsonl(results)  # the rows of earlier runs, and of the cells run below
     loaded: Dict[str, Any] = {}
@@ -181,8 +206,9 @@ def grid(datasets, data_dir, losses, per_loss, n_bits, seeds, fusion_epochs, pro
             loaded[dataset] = load_dataset(resolve_dataset(dataset, data_dir or default_data_dir()))
         data = loaded[dataset]
         run_key = key_of(Run(opts.out, dataset_identity(data), fcfg, hcfg).hash_identity)
-        name = f"{dataset} {fcfg.loss} seed {fcfg.seed} {hcfg.n_bits} bits"
-        done = finished(recorded, run_key, protocols, k)
+        name = f"{dataset} {variant_of({'method': hcfg.method, 'loss': hcfg.loss})} seed {hcfg.seed} {hcfg.n_bits} bits"
+        cell_protocols = protocols if uses_fusion(hcfg) else ("unimodal",)  # leak-free: one protocol
+        done = finished(recorded, run_key, cell_protocols, k)
         if done:
             click.echo(f"skip {name}: finished (run {run_key})")
             grid_rows += done
@@ -192,5 +218,5 @@ def grid(datasets, data_dir, losses, per_loss, n_bits, seeds, fusion_epochs, pro
         append_results(results, rows)
         recorded += rows
         grid_rows += rows
-    for path in write_tables(grid_rows, losses, bits, table):
+    for path in write_tables(grid_rows, variants, bits, table):
         click.echo(f"wrote {path}")

@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import click
 
 from ucmfh.app.experiment import RunOptions, default_data_dir, default_epochs
-from ucmfh.config import AMP_MODES, PROTOCOLS, FusionConfig, HashConfig
+from ucmfh.config import AMP_MODES, FUSION_METHODS, PROTOCOLS, FusionConfig, HashConfig, hash_config
 from ucmfh.utils import resolve_device
 
 STAGES = {"fusion": FusionConfig, "hash": HashConfig}
@@ -72,7 +72,8 @@ def data_options(fn: Callable) -> Callable:
 def train_options(fn: Callable) -> Callable:
     defaults = FusionConfig()
     for option in reversed([
-        click.option("--loss", default=defaults.loss, show_default=True, help="Loss name (see 'ucmfh losses')."),
+        click.option("--loss", default=None,
+                     help="Loss name (see 'ucmfh losses') [default: original; the method's for train-hash --method]."),
         click.option("--loss-param", "loss_params", multiple=True, metavar="KEY=VALUE",
                      help="Loss hyper-parameter, e.g. temperature=0.1 (repeatable)."),
         click.option("--supervised", is_flag=True, help="Pass the training labels to the loss (pairwise uses them)."),
@@ -80,12 +81,15 @@ def train_options(fn: Callable) -> Callable:
                      help="Epochs [default: 100, or the reference's for known datasets]."),
         click.option("--batch-size", default=defaults.batch_size, show_default=True, type=click.IntRange(min=2)),
         click.option("--seed", default=defaults.seed, show_default=True),
-        click.option("--modality-dropout", default=defaults.modality_dropout, show_default=True,
-                     help="Share of items trained with image and text kept apart (0 = UCMFH's fused-only training)."),
-        click.option("--val-fraction", default=defaults.val_fraction, show_default=True, type=click.FloatRange(0, 1, max_open=True),
-                     help="Share of the training split held out to pick the best epoch (0: keep the last epoch)."),
-        click.option("--patience", default=defaults.patience, show_default=True, type=click.IntRange(min=0),
-                     help="With --val-fraction: stop after this many epochs without a better validation score."),
+        click.option("--modality-dropout", default=None, type=click.FloatRange(0, 1),
+                     help=f"Share of items trained with image and text kept apart (0 = UCMFH's fused-only training) "
+                          f"[default: {defaults.modality_dropout}]."),
+        click.option("--val-fraction", default=None, type=click.FloatRange(0, 1, max_open=True),
+                     help="Share of the training split held out to pick the best epoch (0: keep the last epoch) "
+                          "[default: 0; the method's for train-hash --method]."),
+        click.option("--patience", default=None, type=click.IntRange(min=0),
+                     help="With --val-fraction: stop after this many epochs without a better validation score "
+                          "[default: 0; the method's for train-hash --method]."),
         click.option("--amp", type=click.Choice(AMP_MODES), default=defaults.amp, show_default=True,
                      help="Mixed-precision training: bf16 autocasts the forward pass (CPU with bf16 support, or GPU)."),
         click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
@@ -105,28 +109,44 @@ def run_options(train: Dict[str, Any], quiet: bool) -> RunOptions:
                       progress=not quiet)
 
 
-def fusion_config(dataset: str, device: str, loss: str, loss_params: Tuple[str, ...], supervised: bool,
-                  epochs: Optional[int], batch_size: int, seed: int, modality_dropout: float, amp: str,
-                  val_fraction: float = 0.0, patience: int = 0, overrides: Tuple[str, ...] = (),
-                  lr: Optional[float] = None, **_: Any) -> FusionConfig:
-    """The fusion stage's config from the shared training options."""
+def fusion_config(dataset: str, device: str, loss: Optional[str], loss_params: Tuple[str, ...], supervised: bool,
+                  epochs: Optional[int], batch_size: int, seed: int, modality_dropout: Optional[float], amp: str,
+                  val_fraction: Optional[float] = None, patience: Optional[int] = None,
+                  overrides: Tuple[str, ...] = (), lr: Optional[float] = None, **_: Any) -> FusionConfig:
+    """The fusion stage's config from the shared training options (None: the config's default)."""
     values = dict(loss=loss, loss_params=parse_params(loss_params, "--loss-param"), supervised=supervised,
                   epochs=default_epochs(dataset, epochs), batch_size=batch_size, seed=seed,
                   modality_dropout=modality_dropout, device=device, amp=amp, val_fraction=val_fraction,
-                  patience=patience)
-    if lr is not None:
-        values["lr"] = lr
+                  patience=patience, lr=lr)
+    values = {k: v for k, v in values.items() if v is not None}
     return FusionConfig(**{**values, **parse_overrides(overrides)["fusion"]})
 
 
+# what method 'ucmfh' takes from its fusion stage's config
+SHARED_WITH_FUSION = ("loss", "loss_params", "supervised", "batch_size", "seed", "modality_dropout", "device", "amp",
+                      "val_fraction", "patience")
 
 
-def hash_configs(fusion_cfg: FusionConfig, n_bits: Iterable[int], epochs: int, overrides: Tuple[str, ...] = (),
+def hash_configs(fusion_cfg: FusionConfig, n_bits: Iterable[int], epochs: Optional[int],
+                 overrides: Tuple[str, ...] = (), method: str = "ucmfh", train: Optional[Dict[str, Any]] = None,
                  **settings: Any) -> List[HashConfig]:
-    """One hashing config per code length (each checked now), sharing the fusion stage's training settings."""
-    base = dict(loss=fusion_cfg.loss, loss_params=fusion_cfg.loss_params, supervised=fusion_cfg.supervised,
-                epochs=epochs, batch_size=fusion_cfg.batch_size, seed=fusion_cfg.seed,
-                modality_dropout=fusion_cfg.modality_dropout, device=fusion_cfg.device, amp=fusion_cfg.amp,
-                val_fraction=fusion_cfg.val_fraction, patience=fusion_cfg.patience, **settings)
+    """One hashing config per code length (each checked now).
+
+    Method 'ucmfh' shares the fusion stage's training settings. Another method starts from
+    its own defaults (``METHOD_DEFAULTS``) and takes only the settings given: the raw training
+    options ``train``, where None means not given; seed, device, precision and batch size
+    always come from ``fusion_cfg``. ``epochs`` None is the method's default.
+    """
+    if method in FUSION_METHODS:
+        base = {name: getattr(fusion_cfg, name) for name in SHARED_WITH_FUSION}
+    else:
+        train = train or {}
+        given = dict(loss=train.get("loss"), val_fraction=train.get("val_fraction"), patience=train.get("patience"),
+                     modality_dropout=train.get("modality_dropout"),
+                     loss_params=parse_params(train.get("loss_params", ()), "--loss-param") or None)
+        base = {k: v for k, v in given.items() if v is not None}
+        base.update({name: getattr(fusion_cfg, name) for name in ("supervised", "batch_size", "seed", "device", "amp")})
+    if epochs is not None:
+        base["epochs"] = epochs
     extra = parse_overrides(overrides)["hash"]
-    return [HashConfig(**{**base, "n_bits": bits, **extra}) for bits in dict.fromkeys(n_bits)]
+    return [hash_config(method, **{**base, **settings, "n_bits": bits, **extra}) for bits in dict.fromkeys(n_bits)]

@@ -8,20 +8,24 @@ from torch import nn
 
 from ucmfh.config import HashConfig
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.similarity import sign_codes
+from ucmfh.similarity import normalize, sign_codes
 
 
 class HashHead(nn.Module):
-    """``d -> hidden -> ReLU -> dropout -> n_bits``, one class for both modalities (UCMFH's ImageMlp/TextMlp).
+    """``d -> hidden -> ReLU -> dropout -> n_bits``, one class for both modalities (UCMFH's ImageMlp/TextMlp);
+    ``hidden = 0`` is one linear map ``d -> n_bits``.
 
     Shape: x [B, d] -> logits [B, n_bits]; codes are ``sign(logits)``, relaxed as ``tanh(beta * logits)``.
     """
 
     def __init__(self, d_in: int, n_bits: int, hidden: int = 4096, dropout: float = 0.3) -> None:
         super().__init__()
-        self.net = nn.Sequential(
-            nn.Linear(d_in, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout), nn.Linear(hidden, n_bits)
-        )
+        if hidden:
+            self.net = nn.Sequential(
+                nn.Linear(d_in, hidden), nn.ReLU(inplace=True), nn.Dropout(dropout), nn.Linear(hidden, n_bits)
+            )
+        else:
+            self.net = nn.Sequential(nn.Linear(d_in, n_bits))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.net(x)
@@ -45,4 +49,44 @@ class CrossModalHasher(nn.Module):
     def codes(self, img: torch.Tensor, txt: torch.Tensor, protocol: str) -> Tuple[torch.Tensor, torch.Tensor]:
         """±1 image and text codes of items under an evaluation protocol. Shape: -> two [B, n_bits]."""
         img_logits, txt_logits = self.logits(*self.fusion.embed(img, txt, protocol))
+        return sign_codes(img_logits), sign_codes(txt_logits)
+
+
+class FeatureHasher(nn.Module):
+    """One hash head per modality on that modality's own features (methods 'two-tower' and 'cca-itq').
+
+    Each input is centred by its training mean and L2-normalised, then hashed by its
+    own head: image codes never see a text, nor text codes an image, so every protocol
+    gives the same codes (leak-free by construction).
+
+    Shape: img [B, d_img], txt [B, d_txt] -> codes two [B, n_bits].
+    """
+
+    def __init__(self, d_img: int, d_txt: int, cfg: HashConfig = HashConfig(method="two-tower")) -> None:
+        super().__init__()
+        cfg.validate()
+        self.d_img, self.d_txt, self.n_bits = d_img, d_txt, cfg.n_bits
+        self.register_buffer("img_mean", torch.zeros(d_img))
+        self.register_buffer("txt_mean", torch.zeros(d_txt))
+        self.img_head = HashHead(d_img, cfg.n_bits, cfg.hidden, cfg.dropout)
+        self.txt_head = HashHead(d_txt, cfg.n_bits, cfg.hidden, cfg.dropout)
+
+    @torch.no_grad()
+    def fit_feature_stats(self, img: torch.Tensor, txt: torch.Tensor) -> None:
+        """Set the centring means from training features. Shape: [N, d_img], [N, d_txt]."""
+        self.img_mean.copy_(img.double().mean(dim=0))
+        self.txt_mean.copy_(txt.double().mean(dim=0))
+
+    def inputs(self, img: torch.Tensor, txt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The centred, L2-normalised features the heads see."""
+        return normalize(img - self.img_mean), normalize(txt - self.txt_mean)
+
+    def logits(self, img: torch.Tensor, txt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        img, txt = self.inputs(img, txt)
+        return self.img_head(img), self.txt_head(txt)
+
+    @torch.no_grad()
+    def codes(self, img: torch.Tensor, txt: torch.Tensor, protocol: str) -> Tuple[torch.Tensor, torch.Tensor]:
+        """±1 codes; the same under every protocol (``protocol`` is accepted for a common interface)."""
+        img_logits, txt_logits = self.logits(img, txt)
         return sign_codes(img_logits), sign_codes(txt_logits)

@@ -1,0 +1,190 @@
+"""The hashing methods (--method): two-tower and cca-itq beside ucmfh, on tiny synthetic data."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+from sklearn.cross_decomposition import CCA
+from sklearn.decomposition import PCA
+
+from ucmfh.app.cli import main
+from ucmfh.baselines import fit_cca_itq
+from ucmfh.checkpoint import load_model, save_checkpoint
+from ucmfh.config import METHOD_DEFAULTS, HashConfig, hash_config
+from ucmfh.data.h5 import Dataset, Split
+from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
+from ucmfh.models.hashing import FeatureHasher
+from ucmfh.scoring import encode_split, evaluate_hashing, random_codes_map
+from ucmfh.train import fit_hashing
+
+from conftest import small_hash
+
+
+def two_tower(**kw) -> HashConfig:
+    return hash_config("two-tower", **{"n_bits": 16, "hidden": 64, "epochs": 15, "batch_size": 64, "device": "cpu", **kw})
+
+
+def test_a_method_starts_from_its_defaults_and_takes_what_is_given():
+    cfg = hash_config("two-tower", n_bits=32)
+    assert cfg.method == "two-tower" and cfg.n_bits == 32
+    for name, value in METHOD_DEFAULTS["two-tower"].items():
+        assert getattr(cfg, name) == value
+    assert hash_config("two-tower", patience=3).patience == 3
+    assert hash_config("ucmfh") == HashConfig()  # ucmfh's defaults are the dataclass's: UCMFH's reference
+    with pytest.raises(ValueError, match="method must be one of"):
+        hash_config("nosuch")
+    with pytest.raises(ValueError, match="method must be one of"):
+        HashConfig(method="nosuch")
+    with pytest.raises(ValueError, match="hidden must be >= 0"):
+        HashConfig(hidden=-1)
+
+
+def test_two_tower_learns_leak_free_codes_that_beat_random_ones(tiny):
+    model, history = fit_hashing(tiny, two_tower(), progress=False)
+    assert isinstance(model, FeatureHasher) and history.best_epoch is not None
+    assert 1 <= history.best_epoch <= len(history) <= 15  # patience 10 may stop it early
+    # image codes from images alone: another text beside each image changes nothing
+    img, txt = tiny.query.img, tiny.query.txt
+    assert torch.equal(model.codes(img, txt, "unimodal")[0], model.codes(img, txt.flip(0), "fused")[0])
+    assert torch.equal(model.codes(img, txt, "unimodal")[1], model.codes(img.flip(0), txt, "fused")[1])
+    [row] = evaluate_hashing(model, tiny, ["unimodal"], device="cpu")
+    floor = random_codes_map(tiny, 16)
+    for direction in ("map_i2t", "map_t2i"):
+        assert row[direction] > floor[direction] + 0.1, (row, floor)
+
+
+def test_two_tower_without_validation_trains_every_epoch_and_is_deterministic(tiny):
+    cfg = two_tower(epochs=3, val_fraction=0.0, patience=0)
+    (a, history), (b, _) = (fit_hashing(tiny, cfg, progress=False) for _ in range(2))
+    assert len(history) == 3 and history.best_epoch is None
+    assert torch.equal(encode_split(a, tiny.query, "unimodal", "cpu")[0], encode_split(b, tiny.query, "unimodal", "cpu")[0])
+
+
+def test_cca_itq_is_pca_then_cca_then_the_itq_rotation(tiny):
+    """The fitted linear heads give the codes of the textbook pipeline computed here step by step."""
+    model, n_used = fit_cca_itq(tiny.train, 16, max_pca=32, seed=3)
+    assert n_used == 16
+    img, txt = tiny.train.img.double().numpy(), tiny.train.txt.double().numpy()
+    pca_img, pca_txt = PCA(32, random_state=3).fit(img), PCA(min(32, txt.shape[1]), random_state=3).fit(txt)
+    cca = CCA(16, max_iter=1000).fit(pca_img.transform(img), pca_txt.transform(txt))
+    proj = np.vstack(cca.transform(pca_img.transform(img), pca_txt.transform(txt)))
+    rotation, _ = np.linalg.qr(np.random.default_rng(3).normal(size=(16, 16)))
+    for _ in range(50):
+        u, _, vt = np.linalg.svd(proj.T @ np.where(proj @ rotation >= 0, 1.0, -1.0))
+        rotation = u @ vt
+    q_img, q_txt = cca.transform(pca_img.transform(tiny.query.img.double().numpy()),
+                                 pca_txt.transform(tiny.query.txt.double().numpy()))
+    want_img, want_txt = np.where(q_img @ rotation >= 0, 1.0, -1.0), np.where(q_txt @ rotation >= 0, 1.0, -1.0)
+    got_img, got_txt = (c.numpy() for c in model.codes(tiny.query.img, tiny.query.txt, "unimodal"))
+    assert (got_img == want_img).mean() > 0.999 and (got_txt == want_txt).mean() > 0.999
+
+
+def test_cca_itq_bits_beyond_what_the_features_allow_are_constant(tmp_path):
+    """Text features that sum to one (Wiki's topic proportions) have one direction of no variance."""
+    rng = np.random.default_rng(0)
+    txt = rng.dirichlet(np.ones(6), size=300).astype(np.float32)  # 6-d, rank 5 once centred
+    img = np.concatenate([txt @ rng.normal(size=(6, 20)), rng.normal(size=(300, 4))], 1).astype(np.float32)
+    split = Split(torch.from_numpy(img), torch.from_numpy(txt), None)
+    model, n_used = fit_cca_itq(split, 16)
+    assert n_used == 5
+    codes_img, codes_txt = model.codes(split.img, split.txt, "unimodal")
+    assert (codes_img[:, 5:] == 1).all() and (codes_txt[:, 5:] == 1).all()
+    assert (codes_img[:, :5].mean(0).abs() < 0.9).all()  # the informative bits do vary
+
+
+@pytest.mark.parametrize("method", ["two-tower", "cca-itq"])
+def test_a_feature_hasher_checkpoint_gives_back_the_same_codes(tiny, tmp_path, method):
+    cfg = two_tower(epochs=2, n_bits=16) if method == "two-tower" else hash_config("cca-itq", n_bits=16, device="cpu")
+    model, _ = fit_hashing(tiny, cfg, progress=False)
+    path = save_checkpoint(tmp_path / "hash16.pt", model, None, cfg)
+    loaded, fusion_cfg, hash_cfg, _ = load_model(path, "hash", d_img=tiny.d_img, d_txt=tiny.d_txt, n_bits=16)
+    assert fusion_cfg is None and hash_cfg == cfg and isinstance(loaded, FeatureHasher)
+    for a, b in zip(encode_split(model, tiny.query, "unimodal", "cpu"), encode_split(loaded, tiny.query, "unimodal", "cpu")):
+        assert torch.equal(a, b)
+
+
+def test_ucmfh_without_its_fusion_encoder_is_refused(tiny):
+    with pytest.raises(ValueError, match="fusion encoder"):
+        fit_hashing(tiny, small_hash(), progress=False)
+
+
+def test_two_tower_on_a_caption_set_keeps_the_captions_of_an_image_together(tmp_path):
+    """Every caption of an image is a positive of it; validation holds out whole images."""
+    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+
+    from ucmfh.data.h5 import load_dataset
+
+    data = load_dataset(_caption_file(tmp_path / "captions.h5", n_retrieval=60))
+    model, history = fit_hashing(data, two_tower(n_bits=16, epochs=5, batch_size=32), progress=False)
+    assert history.best_epoch is not None and len(history.validation) == len(history)
+    rows = evaluate_hashing(model, data, ["unimodal"], device="cpu")
+    assert [r["database"] for r in rows] == ["test", "collection"]
+    assert all(set(r["recall_i2t"]) == {"1", "5", "10"} for r in rows)
+
+
+def _rows(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_train_hash_method_from_the_command_line(tiny_path, tmp_path):
+    runner, results, out = CliRunner(), tmp_path / "r.jsonl", str(tmp_path / "runs")
+    common = ["-d", tiny_path, "-b", "16", "--results", str(results), "--out", out, "--device", "cpu", "--quiet"]
+    result = runner.invoke(main, ["train-hash", *common, "--epochs", "3", "--set", "hash.hidden=64"])
+    assert result.exit_code == 0, result.output
+    assert "fusion encoder" not in result.output  # the default method trains no fusion stage
+    [row] = _rows(results)  # leak-free: the unimodal protocol only
+    assert (row["method"], row["loss"], row["protocol"]) == ("two-tower", "infonce", "unimodal")
+    assert row["settings"]["fusion"] is None and row["settings"]["hash"]["val_fraction"] == 0.1
+    assert row["best_epoch"] in (1, 2, 3) and row["epochs_run"] == 3
+    checkpoint = Path(row["checkpoint"])
+    assert checkpoint.parent.name.startswith("two-tower-seed2023-") and checkpoint.parent.parent.name.startswith("tiny-")
+    result = runner.invoke(main, ["evaluate", "-d", tiny_path, "-c", str(checkpoint), "--results", str(results),
+                                  "--device", "cpu", "--quiet"])
+    assert result.exit_code == 0, result.output
+    again = _rows(results)[-1]
+    assert (again["method"], again["protocol"], again["map_i2t"]) == ("two-tower", "unimodal", row["map_i2t"])
+
+    result = runner.invoke(main, ["train-hash", *common, "--method", "cca-itq"])
+    assert result.exit_code == 0, result.output
+    cca = _rows(results)[-1]
+    assert (cca["method"], cca["loss"], cca["protocol"]) == ("cca-itq", None, "unimodal")
+    assert cca["map_i2t"] > cca["random_map_i2t"]
+    # the loss option reaches two-tower; an explicit validation setting replaces the method's
+    result = runner.invoke(main, ["train-hash", *common, "--epochs", "2", "--set", "hash.hidden=64",
+                                  "--loss", "original", "--val-fraction", "0"])
+    assert result.exit_code == 0, result.output
+    last = _rows(results)[-1]
+    assert last["loss"] == "original" and last["settings"]["hash"]["val_fraction"] == 0 and "best_epoch" not in last
+
+    bad = runner.invoke(main, ["train-hash", *common, "--method", "nosuch"])
+    assert bad.exit_code == 2 and "nosuch" in bad.output
+
+
+def test_grid_compares_methods_and_runs_a_closed_form_one_once(tiny_path, tmp_path):
+    results, table = tmp_path / "g.jsonl", tmp_path / "t"
+    argv = ["grid", "-d", tiny_path, "-b", "8", "--seeds", "1,2", "--methods", "two-tower,cca-itq",
+            "--losses", "infonce,original", "--epochs", "2", "--set", "hash.hidden=32", "--out", str(tmp_path / "runs"),
+            "--results", str(results), "--table", str(table), "--device", "cpu", "--quiet"]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 0, result.output
+    rows = _rows(results)
+    assert sorted((r["method"], r["loss"] or "-", r["seed"]) for r in rows) == sorted(
+        [("two-tower", loss, s) for loss in ("infonce", "original") for s in (1, 2)] + [("cca-itq", "-", 1), ("cca-itq", "-", 2)])
+    assert {r["protocol"] for r in rows} == {"unimodal"}
+    md = Path(f"{table}.md").read_text()
+    assert "| `two-tower` |" in md and "| `two-tower:original` |" in md and "| `cca-itq` |" in md
+    assert "against `two-tower`" in md
+    again = CliRunner().invoke(main, argv)
+    assert again.output.count("skip") == 6 and len(_rows(results)) == len(rows)
+
+
+def test_a_d_img_mismatch_is_refused_for_a_feature_hasher(tiny, tmp_path):
+    cfg = hash_config("cca-itq", n_bits=16, device="cpu")
+    model, _ = fit_hashing(tiny, cfg, progress=False)
+    path = save_checkpoint(tmp_path / "h.pt", model, None, cfg)
+    with pytest.raises(ValueError, match="image feature dim"):
+        load_model(path, "hash", d_img=tiny.d_img + 1)
