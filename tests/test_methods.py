@@ -188,3 +188,60 @@ def test_a_d_img_mismatch_is_refused_for_a_feature_hasher(tiny, tmp_path):
     path = save_checkpoint(tmp_path / "h.pt", model, None, cfg)
     with pytest.raises(ValueError, match="image feature dim"):
         load_model(path, "hash", d_img=tiny.d_img + 1)
+
+
+def test_distill_without_its_teacher_weight_is_infonce():
+    from ucmfh.losses import build_loss
+    from ucmfh.similarity import normalize
+    from ucmfh.train import _soft_infonce  # noqa: PLC2701 - the distillation loss itself
+
+    g = torch.Generator().manual_seed(0)
+    img, txt, teacher = (normalize(torch.randn(12, 16, generator=g)) for _ in range(3))
+    plain = build_loss("infonce", temperature=0.3)(img, txt)
+    assert torch.allclose(_soft_infonce(img, txt, teacher, None, 0.0, 0.2, 0.3), plain, atol=1e-6)
+    # with weight, the targets follow the teacher: a teacher that agrees with the student lowers the loss
+    agree = _soft_infonce(img, txt, img, None, 0.8, 0.2, 0.3)
+    disagree = _soft_infonce(img, txt, teacher, None, 0.8, 0.2, 0.3)
+    assert agree < disagree
+
+
+def test_distill_needs_infonce_and_a_teacher(tiny):
+    with pytest.raises(ValueError, match="loss must be 'infonce'"):
+        hash_config("distill", loss="original")
+    with pytest.raises(ValueError, match="teacher"):
+        fit_hashing(tiny, hash_config("distill", n_bits=16, device="cpu"), progress=False)
+
+
+def test_distill_student_codes_are_leak_free_and_learnt(tiny):
+    from ucmfh.train import fit_fusion
+
+    from conftest import small_fusion
+
+    fusion, _ = fit_fusion(tiny, small_fusion(epochs=3), progress=False)
+    model, history = fit_hashing(tiny, hash_config("distill", n_bits=16, hidden=64, epochs=10, device="cpu"),
+                                 fusion, progress=False)
+    assert isinstance(model, FeatureHasher) and history.best_epoch is not None
+    img, txt = tiny.query.img, tiny.query.txt
+    assert torch.equal(model.codes(img, txt, "unimodal")[0], model.codes(img, txt.flip(0), "fused")[0])
+    [row] = evaluate_hashing(model, tiny, ["unimodal"], device="cpu")
+    floor = random_codes_map(tiny, 16)
+    assert row["map_i2t"] > floor["map_i2t"] + 0.05 and row["map_t2i"] > floor["map_t2i"] + 0.05
+
+
+def test_train_hash_distill_trains_its_teacher_with_the_students_validation_split(tiny_path, tmp_path):
+    runner, results = CliRunner(), tmp_path / "r.jsonl"
+    result = runner.invoke(main, ["train-hash", "-d", tiny_path, "-b", "16", "--method", "distill", "--epochs", "3",
+                                  "--set", "fusion.d_model=32", "--set", "fusion.d_ff=64", "--set", "hash.hidden=64",
+                                  "--results", str(results), "--out", str(tmp_path / "runs"), "--device", "cpu",
+                                  "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert "fusion encoder: training" in result.output
+    [row] = _rows(results)
+    assert (row["method"], row["loss"], row["protocol"]) == ("distill", "infonce", "unimodal")
+    fusion, student = row["settings"]["fusion"], row["settings"]["hash"]
+    assert fusion["loss"] == "original" and (fusion["val_fraction"], fusion["seed"]) == (student["val_fraction"], student["seed"])
+    result = runner.invoke(main, ["evaluate", "-d", tiny_path, "-c", row["checkpoint"], "--results", str(results),
+                                  "--device", "cpu", "--quiet"])
+    assert result.exit_code == 0, result.output
+    again = _rows(results)[-1]
+    assert (again["run"], again["map_i2t"], again["map_t2i"]) == (row["run"], row["map_i2t"], row["map_t2i"])

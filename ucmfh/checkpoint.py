@@ -7,7 +7,7 @@ from typing import Any, Dict, Optional, Union
 
 import torch
 
-from ucmfh.config import FusionConfig, HashConfig, from_dict, to_dict, uses_fusion
+from ucmfh.config import FusionConfig, HashConfig, from_dict, leak_free, to_dict
 from ucmfh.files import PathLike, atomic_file, write_text_atomic
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
@@ -29,7 +29,7 @@ def save_checkpoint(
 ) -> str:
     """Save weights, configs and dims; the file appears only once fully written.
 
-    ``fusion_cfg`` is None for a hashing method without a fusion encoder (``uses_fusion``).
+    ``fusion_cfg`` is None for a hashing method trained without a fusion encoder (``uses_fusion``).
     """
     path = os.fspath(path)
     dims = model.fusion if isinstance(model, CrossModalHasher) else model
@@ -83,7 +83,7 @@ def load_model(
     """Rebuild a model from a checkpoint, refusing one made for other settings.
 
     Returns ``(model, fusion_cfg, hash_cfg, meta)``; ``kind`` is 'fusion' or 'hash'; ``fusion_cfg``
-    is None for a hashing method without a fusion encoder.
+    is None for a hashing method trained without a fusion encoder.
     """
     path = os.fspath(path)
     payload = read_checkpoint(path)
@@ -95,13 +95,12 @@ def load_model(
         raise CheckpointError(f"{path}: a hashing checkpoint without its hashing settings")
     if hash_cfg is not None:
         _expect(path, payload, "n_bits", hash_cfg.n_bits, n_bits)
-    fusion_cfg = None
-    if hash_cfg is not None and not uses_fusion(hash_cfg):
+    fusion_cfg = None if payload["fusion_config"] is None else from_dict(FusionConfig, payload["fusion_config"], source=path)
+    if hash_cfg is not None and leak_free(hash_cfg.method):  # 'distill' records its teacher's settings too
         model = FeatureHasher(payload["d_img"], payload["d_txt"], hash_cfg)
-    elif payload["fusion_config"] is None:
+    elif fusion_cfg is None:
         raise CheckpointError(f"{path}: a {payload['kind']} checkpoint without its fusion settings")
     else:
-        fusion_cfg = from_dict(FusionConfig, payload["fusion_config"], source=path)
         fusion = FusionEncoder(payload["d_img"], payload["d_txt"], fusion_cfg)
         model = fusion if kind == "fusion" else CrossModalHasher(fusion, hash_cfg)
     try:

@@ -20,9 +20,11 @@ HASH_METHODS = {
     "ucmfh": "UCMFH: hash heads on the fusion encoder, which is trained first (the only method with a 'fused' view)",
     "two-tower": "one hash head per modality on its own features, trained with the loss on their relaxed codes",
     "cca-itq": "the linear baseline: PCA, CCA and an ITQ rotation fitted on the training split (no epochs)",
+    "distill": "two-tower whose InfoNCE targets are mixed with the neighbours of each pair under the fused "
+               "UCMFH encoder, trained first: a leaky teacher, an honest student",
 }
-# Methods whose hash heads sit on a fusion encoder (trained by the fusion stage first).
-FUSION_METHODS = ("ucmfh",)
+# Methods trained with a fusion encoder (the fusion stage runs first); only 'ucmfh' keeps it in its model.
+FUSION_METHODS = ("ucmfh", "distill")
 # Methods fitted in closed form: no loss, no epochs.
 CLOSED_FORM_METHODS = ("cca-itq",)
 # Each method's departures from HashConfig's defaults, which are UCMFH's; the front doors start from
@@ -33,7 +35,12 @@ METHOD_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "two-tower": {"hidden": 1024, "loss": "infonce", "loss_params": {"temperature": 0.3},
                   "val_fraction": 0.1, "patience": 10},
     "cca-itq": {"epochs": 1},
+    "distill": {"hidden": 1024, "loss": "infonce", "loss_params": {"temperature": 0.3},
+                "val_fraction": 0.1, "patience": 10},
 }
+# The fusion stage's departures from FusionConfig's defaults when it trains a method's teacher: the
+# same validation split as the student's, so the teacher never sees the items that pick its epoch.
+METHOD_FUSION_DEFAULTS: Dict[str, Dict[str, Any]] = {"distill": {"val_fraction": 0.1, "patience": 10}}
 # The method of the front doors (`ucmfh train-hash`, the grid): the best leak-free one measured
 # (docs/quality.md). demo.py keeps 'ucmfh', the way to reproduce the paper.
 DEFAULT_METHOD = "two-tower"
@@ -110,6 +117,10 @@ class HashConfig:
     loss: str = "original"
     loss_params: Dict[str, Any] = field(default_factory=dict)
     supervised: bool = False  # as in FusionConfig
+    # method 'distill': the share of the targets taken from the teacher (softmax of the fused
+    # embeddings' cosine similarities at teacher_temperature); the rest is the pair itself
+    teacher_weight: float = 0.8
+    teacher_temperature: float = 0.2
     epochs: int = 100
     batch_size: int = 128
     lr_fusion: float = 1e-4
@@ -131,6 +142,12 @@ class HashConfig:
             raise ValueError(f"n_bits must be between 8 and 256, got {self.n_bits}")
         if self.hidden < 0:
             raise ValueError(f"hidden must be >= 0 (0: a linear head), got {self.hidden}")
+        if not 0.0 <= self.teacher_weight <= 1.0 or self.teacher_temperature <= 0:
+            raise ValueError(f"teacher_weight must be in [0, 1] and teacher_temperature > 0, got "
+                             f"{self.teacher_weight} and {self.teacher_temperature}")
+        if self.method == "distill" and self.loss != "infonce":
+            raise ValueError(f"method 'distill' mixes the teacher into InfoNCE's targets: loss must be 'infonce', "
+                             f"got {self.loss!r}")
         if self.method in CLOSED_FORM_METHODS:
             self.hidden = 0  # a linear map whatever was asked (e.g. one --set for every method of a grid)
         if self.beta_schedule not in BETA_SCHEDULES:
@@ -145,9 +162,15 @@ class HashConfig:
         return self
 
 
-def uses_fusion(cfg: HashConfig) -> bool:
-    """Whether the method's hash heads sit on a fusion encoder (trained by the fusion stage)."""
-    return cfg.method in FUSION_METHODS
+def uses_fusion(method: str) -> bool:
+    """Whether a hashing method trains with a fusion encoder (the fusion stage runs first)."""
+    return method in FUSION_METHODS
+
+
+def leak_free(method: str) -> bool:
+    """Whether a method's codes of one modality never see the other (its model is a FeatureHasher):
+    every method but 'ucmfh', whose encoder also has UCMFH's fused view."""
+    return method != "ucmfh"
 
 
 def hash_config(method: str = "ucmfh", **settings: Any) -> HashConfig:

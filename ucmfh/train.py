@@ -30,7 +30,7 @@ from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
 from ucmfh.scoring import embed_split, encode_split, score_splits
-from ucmfh.similarity import normalize
+from ucmfh.similarity import normalize, positive_mask
 from ucmfh.files import atomic_file
 from ucmfh.utils import resolve_device, seed_everything
 
@@ -393,12 +393,12 @@ def fit_hashing(
 ) -> Tuple[nn.Module, History]:
     """Train the hashing stage (task 1) by ``cfg.method``; returns the model (on CPU) and its :class:`History`.
 
-    'ucmfh' needs the ``fusion`` encoder of the fusion stage; the other methods learn from
-    the features alone. With ``cfg.val_fraction`` > 0 the best validation epoch's weights
+    'ucmfh' and 'distill' need the ``fusion`` encoder of the fusion stage; the other methods
+    learn from the features alone. With ``cfg.val_fraction`` > 0 the best validation epoch's weights
     are kept; ``state`` as in :func:`fit_fusion`.
     """
     _check_supervision(data, cfg)
-    fit = {"ucmfh": _fit_ucmfh, "two-tower": _fit_two_tower, "cca-itq": _fit_cca_itq}[cfg.method]
+    fit = {"ucmfh": _fit_ucmfh, "two-tower": _fit_two_tower, "cca-itq": _fit_cca_itq, "distill": _fit_distill}[cfg.method]
     return fit(data, cfg, fusion, progress, state)
 
 
@@ -460,6 +460,44 @@ def _fit_two_tower(
     """Method 'two-tower': one hash head per modality on its own (centred, L2-normalised) features,
     trained with ``cfg.loss`` on the relaxed codes ``normalize(tanh(β · logits))`` of each pair;
     ids (the captions of one image) are positives of each other in every loss."""
+    return _fit_feature_hasher(data, cfg, None, progress, state)
+
+
+def _fit_distill(
+    data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder], progress: bool, state: Optional[StateFile],
+) -> Tuple[FeatureHasher, History]:
+    """Method 'distill': two-tower, with InfoNCE's targets mixed with a teacher's.
+
+    The teacher is the fused view of the fusion encoder, which sees each training pair's image
+    and text together (docs/reference.md §3): its embedding ``t_i = normalize(normalize(z_img) +
+    normalize(z_txt))``. The targets of a batch are ``(1 - w) · P + w · softmax(t tᵀ / τ_t)``,
+    P the pair itself (and the items of its id), ``w = teacher_weight``, ``τ_t =
+    teacher_temperature``, for the student's InfoNCE logits at the loss's temperature, both
+    directions. The teacher only trains: codes come from each modality alone.
+    """
+    if fusion is None:
+        raise ValueError("method 'distill' learns from a fusion encoder (the teacher): train one first (fit_fusion)")
+    rest, _ = validation_split(data.train, cfg.val_fraction, cfg.seed)
+    z_img, z_txt = embed_split(fusion, rest, "fused", cfg.device)
+    return _fit_feature_hasher(data, cfg, normalize(normalize(z_img) + normalize(z_txt)), progress, state)
+
+
+def _soft_infonce(codes_img: torch.Tensor, codes_txt: torch.Tensor, teacher: torch.Tensor,
+                  ids: Optional[torch.Tensor], weight: float, teacher_temperature: float,
+                  temperature: float) -> torch.Tensor:
+    """Symmetric cross-entropy of the student's logits against the mixed targets of :func:`_fit_distill`."""
+    pairs = positive_mask(len(codes_img), ids, device=codes_img.device).float()
+    targets = (1 - weight) * pairs / pairs.sum(1, keepdim=True) + weight * torch.softmax(
+        teacher @ teacher.T / teacher_temperature, dim=1)
+    logits = codes_img @ codes_txt.T / temperature
+    return -0.5 * ((targets * logits.log_softmax(1)).sum(1).mean() + (targets * logits.T.log_softmax(1)).sum(1).mean())
+
+
+def _fit_feature_hasher(
+    data: Dataset, cfg: HashConfig, teacher: Optional[torch.Tensor], progress: bool, state: Optional[StateFile],
+) -> Tuple[FeatureHasher, History]:
+    """Train a :class:`FeatureHasher` on ``cfg.loss``, or on :func:`_soft_infonce` with a ``teacher``
+    embedding of each item of the training part (aligned with it)."""
     device = resolve_device(cfg.device)
     generator = seed_everything(cfg.seed)
     rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
@@ -469,6 +507,7 @@ def _fit_two_tower(
     loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
     optimizer = adam([*model.parameters(), *loss_fn.parameters()], lr=cfg.lr_head, betas=tuple(cfg.betas))
     train = rest.to(device)
+    teacher = None if teacher is None else teacher.to(device)
 
     def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
         beta = beta_at(cfg, iteration, epoch)
@@ -476,14 +515,18 @@ def _fit_two_tower(
         with autocast(device, cfg.amp):
             h_img, h_txt = model.logits(img, txt)
         codes_img, codes_txt = normalize(torch.tanh(beta * h_img.float())), normalize(torch.tanh(beta * h_txt.float()))
-        loss = loss_fn(codes_img, codes_txt, ids=ids, labels=labels)
+        if teacher is None:
+            loss = loss_fn(codes_img, codes_txt, ids=ids, labels=labels)
+        else:
+            loss = _soft_infonce(codes_img, codes_txt, teacher[index], ids, cfg.teacher_weight,
+                                 cfg.teacher_temperature, float(loss_fn.temperature))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
         return loss.detach()
 
     history = _run_epochs(
-        f"two-tower {cfg.n_bits} bits", cfg, {"model": model, "loss": loss_fn}, optimizer, generator, len(train),
+        f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model, "loss": loss_fn}, optimizer, generator, len(train),
         device, step, state, progress, postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
         validate=_validator(encode_split, model, val, rest, "hamming", device),
     )

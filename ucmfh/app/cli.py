@@ -13,9 +13,9 @@ from ucmfh.app.experiment import (
     report, resolve_dataset,
 )
 from ucmfh.app.options import (
-    check_device, data_options, fusion_config, hash_configs, run_options, train_options,
+    check_device, data_options, fusion_config, hash_configs, method_fusion_config, run_options, train_options,
 )
-from ucmfh.config import BETA_SCHEDULES, DEFAULT_METHOD, FUSION_METHODS, HASH_METHODS, PROTOCOLS, FusionConfig, HashConfig
+from ucmfh.config import BETA_SCHEDULES, DEFAULT_METHOD, HASH_METHODS, PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import load_dataset, validate_file
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 from ucmfh.utils import resolve_device
@@ -111,9 +111,9 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
     """
     from ucmfh.app.experiment import train_hash_stage
 
-    fcfg = fusion_config(dataset, device, **{**train, "epochs": fusion_epochs or train["epochs"]})
+    fcfg = method_fusion_config(method, dataset, device, train, fusion_epochs)
     # every code length is checked before anything trains
-    epochs = default_epochs(dataset, train["epochs"]) if method in FUSION_METHODS else train["epochs"]
+    epochs = default_epochs(dataset, train["epochs"]) if method == "ucmfh" else train["epochs"]
     hcfgs = hash_configs(fcfg, n_bits, epochs, train["overrides"], method, train,
                          beta_schedule=beta_schedule, lr_fusion=lr_fusion)
     data = _load(dataset, data_dir)

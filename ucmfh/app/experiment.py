@@ -30,7 +30,7 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ucmfh.checkpoint import load_model, read_checkpoint, save_checkpoint
 from ucmfh.codes import save_codes
-from ucmfh.config import CLOSED_FORM_METHODS, PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig, identity_dict, uses_fusion
+from ucmfh.config import CLOSED_FORM_METHODS, PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig, identity_dict, leak_free, uses_fusion
 from ucmfh.data.h5 import Dataset
 from ucmfh.data.synthetic import make_synthetic
 from ucmfh.files import PathLike, append_jsonl, remove_stale_temps, write_json_atomic
@@ -141,7 +141,7 @@ class Run:
     hash_cfg: Optional[HashConfig] = None
 
     def __post_init__(self) -> None:
-        if self.hash_cfg is not None and not uses_fusion(self.hash_cfg):
+        if self.hash_cfg is not None and not uses_fusion(self.hash_cfg.method):
             self.fusion_cfg = None  # not part of this run: its method trains no fusion encoder
 
     @property
@@ -376,7 +376,7 @@ def score_hash_model(
     k: int = 50, progress: bool = False, source: str = "train",
 ) -> List[Dict[str, Any]]:
     hash_cfg = run.hash_cfg
-    if not uses_fusion(hash_cfg):  # leak-free by construction: 'fused' would repeat 'unimodal'
+    if leak_free(hash_cfg.method):  # 'fused' would repeat 'unimodal'
         protocols = ("unimodal",)
     scores = evaluate_hashing(model, data, protocols, k, hash_cfg.device, progress)
     floors = {row.get("database"): row for row in random_codes_scores(data, hash_cfg.n_bits, k, seed=hash_cfg.seed)}

@@ -24,9 +24,9 @@ from ucmfh.app.errors import user_errors
 from ucmfh.app.experiment import (
     Run, RunOptions, append_results, dataset_identity, default_epochs, key_of, resolve_dataset, train_hash_stage,
 )
-from ucmfh.app.options import check_device, fusion_config, hash_configs, parse_params, train_options
+from ucmfh.app.options import check_device, hash_configs, method_fusion_config, parse_params, train_options
 from ucmfh.app.runs import DIRECTIONS, summarize
-from ucmfh.config import CLOSED_FORM_METHODS, DEFAULT_METHOD, FUSION_METHODS, HASH_METHODS, METHOD_DEFAULTS, PROTOCOLS, HashConfig, uses_fusion
+from ucmfh.config import CLOSED_FORM_METHODS, DEFAULT_METHOD, HASH_METHODS, METHOD_DEFAULTS, PROTOCOLS, HashConfig, leak_free
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import read_jsonl, write_text_atomic
 from ucmfh.losses import LOSSES
@@ -192,9 +192,9 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     variants_asked = [(m, loss) for m in methods for loss in ([None] if m in CLOSED_FORM_METHODS else losses or [None])]
     for dataset, (method, loss), seed in product(datasets, variants_asked, seeds):
         settings = {**train, "loss": loss, "loss_params": (), "seed": seed}
-        fcfg = fusion_config(dataset, device, **{**settings, "epochs": fusion_epochs or train["epochs"]})
+        fcfg = method_fusion_config(method, dataset, device, settings, fusion_epochs)
         fcfg = dataclasses.replace(fcfg, loss_params=params.get(fcfg.loss, {}))
-        epochs = default_epochs(dataset, train["epochs"]) if method in FUSION_METHODS else train["epochs"]
+        epochs = default_epochs(dataset, train["epochs"]) if method == "ucmfh" else train["epochs"]
         for hcfg in hash_configs(fcfg, bits, epochs, train["overrides"], method, settings):
             cells.append((dataset, fcfg, dataclasses.replace(hcfg, loss_params=params.get(hcfg.loss, hcfg.loss_params))))
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
@@ -207,7 +207,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         data = loaded[dataset]
         run_key = key_of(Run(opts.out, dataset_identity(data), fcfg, hcfg).hash_identity)
         name = f"{dataset} {variant_of({'method': hcfg.method, 'loss': hcfg.loss})} seed {hcfg.seed} {hcfg.n_bits} bits"
-        cell_protocols = protocols if uses_fusion(hcfg) else ("unimodal",)  # leak-free: one protocol
+        cell_protocols = ("unimodal",) if leak_free(hcfg.method) else protocols
         done = finished(recorded, run_key, cell_protocols, k)
         if done:
             click.echo(f"skip {name}: finished (run {run_key})")

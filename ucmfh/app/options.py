@@ -8,7 +8,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import click
 
 from ucmfh.app.experiment import RunOptions, default_data_dir, default_epochs
-from ucmfh.config import AMP_MODES, FUSION_METHODS, PROTOCOLS, FusionConfig, HashConfig, hash_config
+from ucmfh.config import AMP_MODES, METHOD_FUSION_DEFAULTS, PROTOCOLS, FusionConfig, HashConfig, hash_config
 from ucmfh.utils import resolve_device
 
 STAGES = {"fusion": FusionConfig, "hash": HashConfig}
@@ -122,6 +122,23 @@ def fusion_config(dataset: str, device: str, loss: Optional[str], loss_params: T
     return FusionConfig(**{**values, **parse_overrides(overrides)["fusion"]})
 
 
+def method_fusion_config(method: str, dataset: str, device: str, train: Dict[str, Any],
+                         fusion_epochs: Optional[int] = None) -> FusionConfig:
+    """The fusion stage's config for a hashing method. 'ucmfh' shares every training option with it.
+    For another method ``--loss`` is the method's own; the fusion stage of a teacher ('distill')
+    shares the validation options, else takes ``METHOD_FUSION_DEFAULTS`` (``--set fusion.FIELD=...``
+    reaches it too)."""
+    settings = {**train, "epochs": fusion_epochs or train["epochs"]}
+    if method != "ucmfh":
+        settings.update(loss=None, loss_params=())
+        if settings.get("val_fraction") == 0 and settings.get("patience") is None:
+            settings["patience"] = 0  # validation off: no default patience
+        for name, value in METHOD_FUSION_DEFAULTS.get(method, {}).items():
+            if settings.get(name) is None:  # the student's validation options reach its teacher
+                settings[name] = value
+    return fusion_config(dataset, device, **settings)
+
+
 # what method 'ucmfh' takes from its fusion stage's config
 SHARED_WITH_FUSION = ("loss", "loss_params", "supervised", "batch_size", "seed", "modality_dropout", "device", "amp",
                       "val_fraction", "patience")
@@ -137,7 +154,7 @@ def hash_configs(fusion_cfg: FusionConfig, n_bits: Iterable[int], epochs: Option
     options ``train``, where None means not given; seed, device, precision and batch size
     always come from ``fusion_cfg``. ``epochs`` None is the method's default.
     """
-    if method in FUSION_METHODS:
+    if method == "ucmfh":
         base = {name: getattr(fusion_cfg, name) for name in SHARED_WITH_FUSION}
     else:
         train = train or {}
