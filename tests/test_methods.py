@@ -191,17 +191,19 @@ def test_a_d_img_mismatch_is_refused_for_a_feature_hasher(tiny, tmp_path):
 
 
 def test_distill_without_its_teacher_weight_is_infonce():
-    from ucmfh.losses import build_loss
+    from ucmfh.losses import build_loss, soft_infonce
     from ucmfh.similarity import normalize
-    from ucmfh.train import _soft_infonce  # noqa: PLC2701 - the distillation loss itself
+    from ucmfh.train import distill_targets
 
     g = torch.Generator().manual_seed(0)
     img, txt, teacher = (normalize(torch.randn(12, 16, generator=g)) for _ in range(3))
     plain = build_loss("infonce", temperature=0.3)(img, txt)
-    assert torch.allclose(_soft_infonce(img, txt, teacher, None, 0.0, 0.2, 0.3), plain, atol=1e-6)
+    assert torch.allclose(soft_infonce(img, txt, distill_targets(teacher, None, 0.0, 0.2), 0.3), plain, atol=1e-6)
+    targets = distill_targets(teacher, torch.tensor([0, 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10]), 0.8, 0.2)
+    assert torch.allclose(targets.sum(1), torch.ones(12)) and targets[0, 1] > 0.1  # an id's items share the pair's share
     # with weight, the targets follow the teacher: a teacher that agrees with the student lowers the loss
-    agree = _soft_infonce(img, txt, img, None, 0.8, 0.2, 0.3)
-    disagree = _soft_infonce(img, txt, teacher, None, 0.8, 0.2, 0.3)
+    agree = soft_infonce(img, txt, distill_targets(normalize(img + txt), None, 0.8, 0.2), 0.3)
+    disagree = soft_infonce(img, txt, distill_targets(teacher, None, 0.8, 0.2), 0.3)
     assert agree < disagree
 
 

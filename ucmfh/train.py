@@ -26,7 +26,7 @@ from tqdm.auto import tqdm
 from ucmfh.baselines import fit_cca_itq
 from ucmfh.config import FusionConfig, HashConfig, identity_dict
 from ucmfh.data.h5 import Dataset, Split
-from ucmfh.losses import build_loss
+from ucmfh.losses import build_loss, soft_infonce
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
 from ucmfh.scoring import embed_split, encode_split, score_splits
@@ -482,21 +482,20 @@ def _fit_distill(
     return _fit_feature_hasher(data, cfg, normalize(normalize(z_img) + normalize(z_txt)), progress, state)
 
 
-def _soft_infonce(codes_img: torch.Tensor, codes_txt: torch.Tensor, teacher: torch.Tensor,
-                  ids: Optional[torch.Tensor], weight: float, teacher_temperature: float,
-                  temperature: float) -> torch.Tensor:
-    """Symmetric cross-entropy of the student's logits against the mixed targets of :func:`_fit_distill`."""
-    pairs = positive_mask(len(codes_img), ids, device=codes_img.device).float()
-    targets = (1 - weight) * pairs / pairs.sum(1, keepdim=True) + weight * torch.softmax(
-        teacher @ teacher.T / teacher_temperature, dim=1)
-    logits = codes_img @ codes_txt.T / temperature
-    return -0.5 * ((targets * logits.log_softmax(1)).sum(1).mean() + (targets * logits.T.log_softmax(1)).sum(1).mean())
+def distill_targets(teacher: torch.Tensor, ids: Optional[torch.Tensor], weight: float,
+                    temperature: float) -> torch.Tensor:
+    """The targets of :func:`_fit_distill` for a batch: ``(1 - weight) · P + weight · softmax(t tᵀ / τ_t)``,
+    P the pair itself (shared among the items of an id), rows summing to one. Shape: t [B, d] -> [B, B]."""
+    pairs = positive_mask(len(teacher), ids, device=teacher.device).float()
+    return (1 - weight) * pairs / pairs.sum(1, keepdim=True) + weight * torch.softmax(
+        teacher @ teacher.T / temperature, dim=1)
 
 
 def _fit_feature_hasher(
     data: Dataset, cfg: HashConfig, teacher: Optional[torch.Tensor], progress: bool, state: Optional[StateFile],
 ) -> Tuple[FeatureHasher, History]:
-    """Train a :class:`FeatureHasher` on ``cfg.loss``, or on :func:`_soft_infonce` with a ``teacher``
+    """Train a :class:`FeatureHasher` on ``cfg.loss``, or on :func:`soft_infonce` against
+    :func:`distill_targets` with a ``teacher``
     embedding of each item of the training part (aligned with it)."""
     device = resolve_device(cfg.device)
     generator = seed_everything(cfg.seed)
@@ -518,8 +517,8 @@ def _fit_feature_hasher(
         if teacher is None:
             loss = loss_fn(codes_img, codes_txt, ids=ids, labels=labels)
         else:
-            loss = _soft_infonce(codes_img, codes_txt, teacher[index], ids, cfg.teacher_weight,
-                                 cfg.teacher_temperature, float(loss_fn.temperature))
+            targets = distill_targets(teacher[index], ids, cfg.teacher_weight, cfg.teacher_temperature)
+            loss = soft_infonce(codes_img, codes_txt, targets, float(loss_fn.temperature))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()

@@ -9,7 +9,7 @@ from typing import Dict, Type
 
 from ucmfh.losses.balanced import BalancedContrastiveLoss
 from ucmfh.losses.base import CrossModalLoss
-from ucmfh.losses.infonce import InfoNCELoss
+from ucmfh.losses.infonce import InfoNCELoss, soft_infonce
 from ucmfh.losses.ntxent import NTXentLoss
 from ucmfh.losses.pairwise import WeightedPairwiseLoss
 from ucmfh.losses.triplet import TripletLoss
@@ -46,4 +46,5 @@ __all__ = [
     "WeightedPairwiseLoss",
     "InfoNCELoss",
     "TripletLoss",
+    "soft_infonce",
 ]

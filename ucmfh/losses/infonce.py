@@ -99,3 +99,17 @@ class InfoNCELoss(CrossModalLoss):
         i2t = torch.logsumexp(logits, dim=1) - s.diagonal()
         t2i = torch.logsumexp(logits, dim=0) - s.diagonal()
         return 0.5 * (i2t.mean() + t2i.mean())
+
+
+def soft_infonce(img: torch.Tensor, txt: torch.Tensor, targets: torch.Tensor, temperature: float) -> torch.Tensor:
+    """Symmetric cross-modal InfoNCE against soft targets (knowledge distillation; method 'distill').
+
+    With ``s = cos(img, txt) / τ``, the mean of the image→text cross-entropy ``-Σ_j T_ij log
+    softmax(s_i)_j`` and the text→image one, ``T`` a row-stochastic [B, B] target matrix; the
+    identity gives plain :class:`InfoNCELoss` (without ids).
+
+    Shape: img [B, d], txt [B, d], targets [B, B] -> scalar.
+    """
+    check_temperature(temperature)
+    logits = cosine_similarity(img, txt) / temperature
+    return -0.5 * ((targets * logits.log_softmax(1)).sum(1).mean() + (targets * logits.T.log_softmax(1)).sum(1).mean())
