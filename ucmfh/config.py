@@ -98,7 +98,13 @@ class FusionConfig:
 
 @dataclass
 class HashConfig:
-    """Hashing stage (task 1): one hash head per modality on the fusion embeddings."""
+    """Hashing stage (task 1): how codes are learnt (``method``) and its settings.
+
+    'ucmfh' puts one hash head per modality on the fusion embeddings; the other methods put them
+    on each modality's own features (docs/quality.md). A field a method has no use for is kept
+    but does nothing (``code_weight``, ``lr_fusion`` and ``modality_dropout`` are UCMFH's,
+    ``teacher_*`` are distill's); :func:`hash_config` starts from a method's own defaults.
+    """
 
     method: str = "ucmfh"  # one of HASH_METHODS
     n_bits: int = 64

@@ -494,9 +494,8 @@ def distill_targets(teacher: torch.Tensor, ids: Optional[torch.Tensor], weight: 
 def _fit_feature_hasher(
     data: Dataset, cfg: HashConfig, teacher: Optional[torch.Tensor], progress: bool, state: Optional[StateFile],
 ) -> Tuple[FeatureHasher, History]:
-    """Train a :class:`FeatureHasher` on ``cfg.loss``, or on :func:`soft_infonce` against
-    :func:`distill_targets` with a ``teacher``
-    embedding of each item of the training part (aligned with it)."""
+    """Train a :class:`FeatureHasher` on ``cfg.loss``; with a ``teacher`` embedding of each item of
+    the training part (aligned with it), on :func:`soft_infonce` against :func:`distill_targets`."""
     device = resolve_device(cfg.device)
     generator = seed_everything(cfg.seed)
     rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
