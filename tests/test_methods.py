@@ -247,3 +247,21 @@ def test_train_hash_distill_trains_its_teacher_with_the_students_validation_spli
     assert result.exit_code == 0, result.output
     again = _rows(results)[-1]
     assert (again["run"], again["map_i2t"], again["map_t2i"]) == (row["run"], row["map_i2t"], row["map_t2i"])
+
+
+def test_sign_relaxation_trains_on_the_codes_with_tanhs_gradient():
+    from ucmfh.train import relaxed_codes
+
+    logits = torch.randn(5, 16, dtype=torch.float32, requires_grad=True)
+    codes = relaxed_codes(logits, hash_config("two-tower", n_bits=16), 1.0)
+    assert hash_config("two-tower").relaxation == "sign" and HashConfig().relaxation == "tanh"
+    assert torch.allclose(codes.abs(), torch.full_like(codes, 16 ** -0.5))  # the ±1 codes, L2-normalised
+    assert torch.equal(codes.sign(), torch.where(logits >= 0, 1.0, -1.0))
+    weights = torch.randn(5, 16)
+    (codes * weights).sum().backward()
+    unit = torch.where(logits >= 0, 1.0, -1.0).detach() / 4  # the normalised codes; |±1 codes| = √16 = 4
+    through_norm = (weights - unit * (unit * weights).sum(1, keepdim=True)) / 4
+    want = through_norm * (1 - torch.tanh(logits.detach()) ** 2)  # the sign passes tanh's gradient through
+    assert torch.allclose(logits.grad, want, atol=1e-6)
+    with pytest.raises(ValueError, match="relaxation must be one of"):
+        HashConfig(relaxation="round")

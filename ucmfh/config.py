@@ -14,6 +14,10 @@ from typing import Any, Dict, Optional
 PROTOCOLS = ("unimodal", "fused")
 BETA_SCHEDULES = ("none", "hashnet", "step")
 AMP_MODES = ("none", "bf16")
+# How training relaxes the codes: 'tanh' trains on tanh(beta * logits) (UCMFH); 'sign' trains on
+# sign(tanh(logits)) itself, with tanh's gradient passed straight through the sign (Greedy Hash, Su et
+# al., NeurIPS 2018), so the loss sees the codes that are searched.
+RELAXATIONS = ("tanh", "sign")
 
 # How the hashing stage learns its codes (docs/quality.md compares them).
 HASH_METHODS = {
@@ -32,10 +36,10 @@ CLOSED_FORM_METHODS = ("cca-itq",)
 # (docs/quality.md), never on a query split.
 METHOD_DEFAULTS: Dict[str, Dict[str, Any]] = {
     "ucmfh": {},
-    "two-tower": {"hidden": 1024, "loss": "infonce", "loss_params": {"temperature": 0.3},
+    "two-tower": {"hidden": 1024, "loss": "infonce", "loss_params": {"temperature": 0.3}, "relaxation": "sign",
                   "val_fraction": 0.1, "patience": 10},
     "cca-itq": {"epochs": 1},
-    "distill": {"hidden": 1024, "loss": "infonce", "loss_params": {"temperature": 0.3},
+    "distill": {"hidden": 1024, "loss": "infonce", "loss_params": {"temperature": 0.3}, "relaxation": "sign",
                 "val_fraction": 0.1, "patience": 10},
 }
 # The fusion stage's departures from FusionConfig's defaults when it trains a method's teacher: the
@@ -116,6 +120,7 @@ class HashConfig:
     # tanh continuation (docs/reference.md §5): 'none' is UCMFH's plain tanh (beta = 1),
     # 'hashnet' beta = (1 + gamma * iter) ** 0.5 recomputed every `beta_step_iters` iterations,
     # 'step' beta = (epoch // beta_step_epochs + 1) ** 0.5 (DeepHash-pytorch).
+    relaxation: str = "tanh"  # one of RELAXATIONS; the beta schedule applies to 'tanh'
     beta_schedule: str = "none"
     beta_gamma: float = 0.005
     beta_step_iters: int = 200
@@ -156,6 +161,8 @@ class HashConfig:
                              f"got {self.loss!r}")
         if self.method in CLOSED_FORM_METHODS:
             self.hidden = 0  # a linear map whatever was asked (e.g. one --set for every method of a grid)
+        if self.relaxation not in RELAXATIONS:
+            raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {self.relaxation!r}")
         if self.beta_schedule not in BETA_SCHEDULES:
             raise ValueError(f"beta_schedule must be one of {BETA_SCHEDULES}, got {self.beta_schedule!r}")
         if not 0.0 <= self.modality_dropout <= 1.0:

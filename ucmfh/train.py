@@ -30,7 +30,7 @@ from ucmfh.losses import build_loss, soft_infonce
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
 from ucmfh.scoring import embed_split, encode_split, score_splits
-from ucmfh.similarity import normalize, positive_mask
+from ucmfh.similarity import normalize, positive_mask, sign_codes
 from ucmfh.files import atomic_file
 from ucmfh.utils import resolve_device, seed_everything
 
@@ -57,6 +57,15 @@ def beta_at(cfg: HashConfig, iteration: int, epoch: int) -> float:
     if cfg.beta_schedule == "step":
         return math.sqrt(epoch // cfg.beta_step_epochs + 1)
     return 1.0
+
+
+def relaxed_codes(logits: torch.Tensor, cfg: HashConfig, beta: float) -> torch.Tensor:
+    """The codes a hashing loss sees, L2-normalised: ``tanh(β · logits)``, or with
+    ``cfg.relaxation = 'sign'`` the ±1 codes themselves with tanh's gradient (straight-through)."""
+    relaxed = torch.tanh(beta * logits.float())
+    if cfg.relaxation == "sign":
+        relaxed = relaxed + (sign_codes(relaxed) - relaxed).detach()
+    return normalize(relaxed)
 
 
 def epoch_plan(
@@ -408,7 +417,7 @@ def _fit_ucmfh(
     """Method 'ucmfh': hash heads on the fusion encoder, which is fine-tuned (``cfg.lr_fusion = 0`` keeps it).
 
     Loss = loss(fused img, fused txt) + code_weight · loss(img codes, txt codes),
-    codes relaxed as L2-normalised ``tanh(β · logits)``.
+    codes relaxed by :func:`relaxed_codes` (UCMFH's ``tanh(β · logits)`` by default).
     """
     if fusion is None:
         raise ValueError("method 'ucmfh' trains its hash heads on a fusion encoder: train one first (fit_fusion)")
@@ -437,7 +446,7 @@ def _fit_ucmfh(
             h_img, h_txt = model.logits(z_img, z_txt)
         # codes and losses always in float32: bf16's 8-bit mantissa would blur tanh near ±1
         z_img, z_txt, h_img, h_txt = z_img.float(), z_txt.float(), h_img.float(), h_txt.float()
-        codes_img, codes_txt = normalize(torch.tanh(beta * h_img)), normalize(torch.tanh(beta * h_txt))
+        codes_img, codes_txt = relaxed_codes(h_img, cfg, beta), relaxed_codes(h_txt, cfg, beta)
         loss = (fusion_loss(z_img, z_txt, ids=ids, labels=labels)
                 + cfg.code_weight * code_loss(codes_img, codes_txt, ids=ids, labels=labels))
         optimizer.zero_grad(set_to_none=True)
@@ -458,8 +467,8 @@ def _fit_two_tower(
     data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder], progress: bool, state: Optional[StateFile],
 ) -> Tuple[FeatureHasher, History]:
     """Method 'two-tower': one hash head per modality on its own (centred, L2-normalised) features,
-    trained with ``cfg.loss`` on the relaxed codes ``normalize(tanh(β · logits))`` of each pair;
-    ids (the captions of one image) are positives of each other in every loss."""
+    trained with ``cfg.loss`` on the codes of each pair (:func:`relaxed_codes`; by default the ±1
+    codes, straight-through); ids (the captions of one image) are positives of each other in every loss."""
     return _fit_feature_hasher(data, cfg, None, progress, state)
 
 
@@ -512,7 +521,7 @@ def _fit_feature_hasher(
         img, txt, ids, labels = _batch(train, index, cfg.supervised)
         with autocast(device, cfg.amp):
             h_img, h_txt = model.logits(img, txt)
-        codes_img, codes_txt = normalize(torch.tanh(beta * h_img.float())), normalize(torch.tanh(beta * h_txt.float()))
+        codes_img, codes_txt = relaxed_codes(h_img, cfg, beta), relaxed_codes(h_txt, cfg, beta)
         if teacher is None:
             loss = loss_fn(codes_img, codes_txt, ids=ids, labels=labels)
         else:
