@@ -265,3 +265,24 @@ def test_sign_relaxation_trains_on_the_codes_with_tanhs_gradient():
     assert torch.allclose(logits.grad, want, atol=1e-6)
     with pytest.raises(ValueError, match="relaxation must be one of"):
         HashConfig(relaxation="round")
+
+
+def test_grid_on_a_caption_set_keeps_both_databases_and_tabulates_recall(tmp_path):
+    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+
+    path = _caption_file(tmp_path / "captions.h5", n_retrieval=60)
+    results, table = tmp_path / "g.jsonl", tmp_path / "t"
+    argv = ["grid", "-d", path, "-b", "16", "--methods", "two-tower,cca-itq", "--epochs", "2", "--set",
+            "hash.hidden=32", "--batch-size", "32", "--out", str(tmp_path / "runs"), "--results", str(results),
+            "--table", str(table), "--device", "cpu", "--quiet"]
+    first = CliRunner().invoke(main, argv)
+    assert first.exit_code == 0, first.output
+    first_md = Path(f"{table}.md").read_text()
+    again = CliRunner().invoke(main, argv)  # every cell skipped: the table is made from the recorded rows
+    assert again.exit_code == 0 and again.output.count("skip") == 2
+    md = Path(f"{table}.md").read_text()
+    assert md == first_md
+    for database in ("test", "collection"):
+        assert f"database `{database}`, MAP by id" in md and f"R@1 I→T / T→I in % (rSum), database `{database}`" in md
+    assert {(r["method"], r["database"]) for r in _rows(results)} == {
+        (m, d) for m in ("two-tower", "cca-itq") for d in ("test", "collection")}

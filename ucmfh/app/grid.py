@@ -66,9 +66,11 @@ def variant_of(row: Dict[str, Any]) -> str:
 
 
 def finished(rows: List[Dict[str, Any]], run_key: str, protocols: Sequence[str], k: int) -> List[Dict[str, Any]]:
-    """A cell's rows, one per protocol, or [] when any protocol is missing."""
-    mine = {r["protocol"]: r for r in rows if r.get("run") == run_key and r.get("k") == k}
-    return [mine[p] for p in protocols] if all(p in mine for p in protocols) else []
+    """A cell's rows, one per protocol (and database of a caption set), or [] when any protocol is missing."""
+    mine = {(r["protocol"], r.get("database")): r for r in rows if r.get("run") == run_key and r.get("k") == k}
+    if not all(any(protocol == p for protocol, _ in mine) for p in protocols):
+        return []
+    return [row for p in protocols for (protocol, _), row in mine.items() if protocol == p]
 
 
 def paired_deltas(rows: List[Dict[str, Any]], base: str, variant: str, dataset: str, protocol: str,
@@ -117,6 +119,17 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
             line += [str(len(seeds)), f"{statistics.fmean(times):.1f}" if times and variant in variants else "–"]
             md.append("| " + " | ".join(line) + " |")
         md.append("")
+        if database:  # a caption set: the field's own figure too
+            md += [f"R@1 I→T / T→I in % (rSum), database `{database}`, mean over seeds:", "",
+                   "| method | " + " | ".join(f"{n} bits" for n in bits) + " |", "|---|" + "---|" * len(bits)]
+            for variant in variants:
+                line = [f"`{variant}`"]
+                for n in bits:
+                    s = cell.get((dataset, protocol, database, variant, n))
+                    line.append("–" if s is None or "r1_i2t_mean" not in s else
+                                f"{s['r1_i2t_mean']:.1f} / {s['r1_t2i_mean']:.1f} ({s['rsum_mean']:.1f})")
+                md.append("| " + " | ".join(line) + " |")
+            md.append("")
     if len(variants) > 1:
         md += [f"### Each method against `{variants[0]}`: Δ MAP@{k} paired by (seed, code length, direction), "
                "mean ± std over the pairs; wins = pairs where the method is higher", "",

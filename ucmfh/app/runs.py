@@ -16,6 +16,16 @@ from ucmfh.app.experiment import key_of
 from ucmfh.files import read_jsonl
 
 DIRECTIONS = ("map_i2t", "map_t2i")
+# R@1 of a caption set's row, in %: summarised like a field of its own
+RECALL_AT_1 = ("r1_i2t", "r1_t2i")
+
+
+def _value(row: Dict[str, Any], field: str) -> Optional[float]:
+    """A row's figure; ``r1_i2t`` / ``r1_t2i`` read R@1 from its recall dict."""
+    if field in RECALL_AT_1:
+        recall = row.get("recall_" + field[3:])
+        return None if recall is None else recall.get("1")
+    return row.get(field)
 
 
 def read_results(path: str) -> List[Dict[str, Any]]:
@@ -73,8 +83,8 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
             "protocol": protocol, "database": database, "k": k, "n_seeds": len(group), "seeds": sorted(r.get("seed") for r in group),
             "settings_key": settings_key[:6], "settings": _beyond_columns(group[0].get("settings")),
         }
-        for field in (*DIRECTIONS, *(f"random_{d}" for d in DIRECTIONS), "rsum", "random_rsum"):
-            values = [r[field] for r in group if r.get(field) is not None]
+        for field in (*DIRECTIONS, *(f"random_{d}" for d in DIRECTIONS), "rsum", "random_rsum", *RECALL_AT_1):
+            values = [_value(r, field) for r in group if _value(r, field) is not None]
             if values:
                 entry[f"{field}_mean"] = statistics.fmean(values)
                 entry[f"{field}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
