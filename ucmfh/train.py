@@ -486,9 +486,7 @@ def _fit_distill(
     """
     if fusion is None:
         raise ValueError("method 'distill' learns from a fusion encoder (the teacher): train one first (fit_fusion)")
-    rest, _ = validation_split(data.train, cfg.val_fraction, cfg.seed)
-    z_img, z_txt = embed_split(fusion, rest, "fused", cfg.device)
-    return _fit_feature_hasher(data, cfg, normalize(normalize(z_img) + normalize(z_txt)), progress, state)
+    return _fit_feature_hasher(data, cfg, fusion, progress, state)
 
 
 def distill_targets(teacher: torch.Tensor, ids: Optional[torch.Tensor], weight: float,
@@ -501,10 +499,10 @@ def distill_targets(teacher: torch.Tensor, ids: Optional[torch.Tensor], weight: 
 
 
 def _fit_feature_hasher(
-    data: Dataset, cfg: HashConfig, teacher: Optional[torch.Tensor], progress: bool, state: Optional[StateFile],
+    data: Dataset, cfg: HashConfig, teacher: Optional[FusionEncoder], progress: bool, state: Optional[StateFile],
 ) -> Tuple[FeatureHasher, History]:
-    """Train a :class:`FeatureHasher` on ``cfg.loss``; with a ``teacher`` embedding of each item of
-    the training part (aligned with it), on :func:`soft_infonce` against :func:`distill_targets`."""
+    """Train a :class:`FeatureHasher` on ``cfg.loss``; with a ``teacher`` fusion encoder, on
+    :func:`soft_infonce` against :func:`distill_targets` of its fused embeddings (:func:`_fit_distill`)."""
     device = resolve_device(cfg.device)
     generator = seed_everything(cfg.seed)
     rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
@@ -514,7 +512,10 @@ def _fit_feature_hasher(
     loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
     optimizer = adam([*model.parameters(), *loss_fn.parameters()], lr=cfg.lr_head, betas=tuple(cfg.betas))
     train = rest.to(device)
-    teacher = None if teacher is None else teacher.to(device)
+    fused = None  # the teacher's fused embedding of each training item, computed once
+    if teacher is not None:
+        z_img, z_txt = embed_split(teacher, rest, "fused", device)
+        fused = normalize(normalize(z_img) + normalize(z_txt))
 
     def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
         beta = beta_at(cfg, iteration, epoch)
@@ -522,10 +523,10 @@ def _fit_feature_hasher(
         with autocast(device, cfg.amp):
             h_img, h_txt = model.logits(img, txt)
         codes_img, codes_txt = relaxed_codes(h_img, cfg, beta), relaxed_codes(h_txt, cfg, beta)
-        if teacher is None:
+        if fused is None:
             loss = loss_fn(codes_img, codes_txt, ids=ids, labels=labels)
         else:
-            targets = distill_targets(teacher[index], ids, cfg.teacher_weight, cfg.teacher_temperature)
+            targets = distill_targets(fused[index], ids, cfg.teacher_weight, cfg.teacher_temperature)
             loss = soft_infonce(codes_img, codes_txt, targets, float(loss_fn.temperature))
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
