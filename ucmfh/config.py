@@ -193,10 +193,16 @@ def hash_config(method: str = "ucmfh", **settings: Any) -> HashConfig:
     """
     if method not in HASH_METHODS:
         raise ValueError(f"method must be one of {tuple(HASH_METHODS)}, got {method!r}")
-    values = {**METHOD_DEFAULTS[method], **settings, "method": method}
+    return HashConfig(**with_defaults(METHOD_DEFAULTS[method], settings), method=method)
+
+
+def with_defaults(defaults: Dict[str, Any], settings: Dict[str, Any]) -> Dict[str, Any]:
+    """``defaults`` overridden by ``settings``; turning validation off (``val_fraction=0``) also
+    turns off a default patience, which needs a validation split."""
+    values = {**defaults, **settings}
     if not values.get("val_fraction") and "patience" not in settings:
         values["patience"] = 0
-    return HashConfig(**values)
+    return values
 
 
 def _check_training(cfg: Any) -> None:

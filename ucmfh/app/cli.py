@@ -9,11 +9,12 @@ import click
 
 from ucmfh.app.errors import user_errors
 from ucmfh.app.experiment import (
-    Run, check_interrupted, configure_from_env, dataset_identity, default_data_dir, default_epochs, protocols_of,
+    Run, check_interrupted, configure_from_env, dataset_identity, default_data_dir, protocols_of,
     report, resolve_dataset,
 )
 from ucmfh.app.options import (
-    check_device, data_options, fusion_config, hash_configs, method_fusion_config, run_options, train_options,
+    check_device, data_options, fusion_config, hash_configs, hash_epochs, method_fusion_config, run_options,
+    train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, DEFAULT_METHOD, HASH_METHODS, PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import load_dataset, validate_file
@@ -113,7 +114,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
 
     fcfg = method_fusion_config(method, dataset, device, train, fusion_epochs)
     # every code length is checked before anything trains
-    epochs = default_epochs(dataset, train["epochs"]) if method == "ucmfh" else train["epochs"]
+    epochs = hash_epochs(method, dataset, train["epochs"])
     hcfgs = hash_configs(fcfg, n_bits, epochs, train["overrides"], method, train,
                          beta_schedule=beta_schedule, lr_fusion=lr_fusion)
     data = _load(dataset, data_dir)

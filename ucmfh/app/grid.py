@@ -22,9 +22,11 @@ import click
 
 from ucmfh.app.errors import user_errors
 from ucmfh.app.experiment import (
-    Run, RunOptions, append_results, dataset_identity, default_epochs, key_of, resolve_dataset, train_hash_stage,
+    Run, RunOptions, append_results, dataset_identity, key_of, resolve_dataset, train_hash_stage,
 )
-from ucmfh.app.options import check_device, hash_configs, method_fusion_config, parse_params, train_options
+from ucmfh.app.options import (
+    check_device, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
+)
 from ucmfh.app.runs import DIRECTIONS, summarize
 from ucmfh.config import CLOSED_FORM_METHODS, DEFAULT_METHOD, HASH_METHODS, METHOD_DEFAULTS, PROTOCOLS, HashConfig, leak_free
 from ucmfh.data.h5 import load_dataset
@@ -207,7 +209,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         settings = {**train, "loss": loss, "loss_params": (), "seed": seed}
         fcfg = method_fusion_config(method, dataset, device, settings, fusion_epochs)
         fcfg = dataclasses.replace(fcfg, loss_params=params.get(fcfg.loss, {}))
-        epochs = default_epochs(dataset, train["epochs"]) if method == "ucmfh" else train["epochs"]
+        epochs = hash_epochs(method, dataset, train["epochs"])
         for hcfg in hash_configs(fcfg, bits, epochs, train["overrides"], method, settings):
             cells.append((dataset, fcfg, dataclasses.replace(hcfg, loss_params=params.get(hcfg.loss, hcfg.loss_params))))
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))

@@ -8,7 +8,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import click
 
 from ucmfh.app.experiment import RunOptions, default_data_dir, default_epochs
-from ucmfh.config import AMP_MODES, METHOD_FUSION_DEFAULTS, PROTOCOLS, FusionConfig, HashConfig, hash_config
+from ucmfh.config import (
+    AMP_MODES, METHOD_FUSION_DEFAULTS, PROTOCOLS, FusionConfig, HashConfig, hash_config, with_defaults,
+)
 from ucmfh.utils import resolve_device
 
 STAGES = {"fusion": FusionConfig, "hash": HashConfig}
@@ -130,13 +132,16 @@ def method_fusion_config(method: str, dataset: str, device: str, train: Dict[str
     reaches it too)."""
     settings = {**train, "epochs": fusion_epochs or train["epochs"]}
     if method != "ucmfh":
-        settings.update(loss=None, loss_params=())
-        if settings.get("val_fraction") == 0 and settings.get("patience") is None:
-            settings["patience"] = 0  # validation off: no default patience
-        for name, value in METHOD_FUSION_DEFAULTS.get(method, {}).items():
-            if settings.get(name) is None:  # the student's validation options reach its teacher
-                settings[name] = value
+        given = {name: settings[name] for name in ("val_fraction", "patience") if settings.get(name) is not None}
+        # the student's validation options reach its teacher
+        settings.update(loss=None, loss_params=(), **with_defaults(METHOD_FUSION_DEFAULTS.get(method, {}), given))
     return fusion_config(dataset, device, **settings)
+
+
+def hash_epochs(method: str, dataset: str, epochs: Optional[int]) -> Optional[int]:
+    """The hashing stage's epochs: 'ucmfh' follows the reference's per dataset; another method
+    takes ``--epochs`` when given, else its own default (None)."""
+    return default_epochs(dataset, epochs) if method == "ucmfh" else epochs
 
 
 # what method 'ucmfh' takes from its fusion stage's config
