@@ -30,7 +30,9 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ucmfh.checkpoint import load_model, read_checkpoint, save_checkpoint
 from ucmfh.codes import save_codes
-from ucmfh.config import CLOSED_FORM_METHODS, PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig, identity_dict, leak_free, uses_fusion
+from ucmfh.config import (
+    CLOSED_FORM_METHODS, PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig, identity_dict, leak_free, uses_fusion,
+)
 from ucmfh.data.h5 import Dataset
 from ucmfh.data.synthetic import make_synthetic
 from ucmfh.files import PathLike, append_jsonl, remove_stale_temps, write_json_atomic
@@ -436,29 +438,35 @@ def append_results(path: PathLike, rows: List[Dict[str, Any]]) -> None:
     append_jsonl(path, rows)
 
 
+# the first columns of every line of format_table
+HEAD = f"{'dataset':<14}{'task':<9}{'method':<11}{'loss':<10}{'bits':>5}  {'protocol':<9}"
+
+
+def _head(r: Dict[str, Any]) -> str:
+    return (f"{r['dataset']:<14}{r['task']:<9}{r.get('method') or 'ucmfh':<11}{r['loss'] or '-':<10}"
+            f"{r['n_bits'] or '-':>5}  {r['protocol']:<9}")
+
+
 def format_table(rows: List[Dict[str, Any]]) -> str:
     """A small plain-text table of result rows, with what each protocol (and database) means."""
     captions = [r for r in rows if "database" in r]
     labelled = [r for r in rows if "database" not in r]
     lines = []
     if labelled:
-        lines.append(f"{'dataset':<14}{'task':<9}{'method':<11}{'loss':<10}{'bits':>5}  {'protocol':<9}{'MAP@k':>6}"
-                     f"{'I->T':>8}{'T->I':>8}")
+        lines.append(f"{HEAD}{'MAP@k':>6}{'I->T':>8}{'T->I':>8}")
         for r in labelled:
-            lines.append(f"{r['dataset']:<14}{r['task']:<9}{r.get('method') or 'ucmfh':<11}{r['loss'] or '-':<10}{r['n_bits'] or '-':>5}  {r['protocol']:<9}"
-                         f"{r['k']:>6}{r['map_i2t']:>8.4f}{r['map_t2i']:>8.4f}")
+            lines.append(f"{_head(r)}{r['k']:>6}{r['map_i2t']:>8.4f}{r['map_t2i']:>8.4f}")
         floors = {(r["dataset"], r["n_bits"]): r for r in labelled if "random_map_i2t" in r}
         for (name, bits), r in floors.items():
-            lines.append(f"{name:<14}{'random':<9}{'-':<11}{'-':<10}{bits:>5}  {'-':<9}{r['k']:>6}"
-                         f"{r['random_map_i2t']:>8.4f}{r['random_map_t2i']:>8.4f}")
+            floor = {"dataset": name, "task": "random", "method": "-", "loss": None, "n_bits": bits, "protocol": "-"}
+            lines.append(f"{_head(floor)}{r['k']:>6}{r['random_map_i2t']:>8.4f}{r['random_map_t2i']:>8.4f}")
     if captions:
-        lines.append(f"{'dataset':<14}{'task':<9}{'method':<11}{'loss':<10}{'bits':>5}  {'protocol':<9}{'database':<11}"
+        lines.append(f"{HEAD}{'database':<11}"
                      f"{'I->T R@1/5/10':>18}{'T->I R@1/5/10':>18}{'rSum':>7}{'MAP@k I->T':>11}{'T->I':>7}")
         for r in captions:
             recall = ["/".join(f"{r[key][rank]:.1f}" for rank in ("1", "5", "10")) for key in ("recall_i2t", "recall_t2i")]
             floor = f" (random codes: rSum {r['random_rsum']:.1f})" if "random_rsum" in r else ""
-            lines.append(f"{r['dataset']:<14}{r['task']:<9}{r.get('method') or 'ucmfh':<11}{r['loss'] or '-':<10}{r['n_bits'] or '-':>5}  {r['protocol']:<9}"
-                         f"{r['database']:<11}{recall[0]:>18}{recall[1]:>18}{r['rsum']:>7.1f}"
+            lines.append(f"{_head(r)}{r['database']:<11}{recall[0]:>18}{recall[1]:>18}{r['rsum']:>7.1f}"
                          f"{r['map_i2t']:>11.4f}{r['map_t2i']:>7.4f}{floor}")
         lines.append("  caption set (relevance = same id): image->text queries are the unique query images, "
                      "text->image queries every query caption; R@K in %")

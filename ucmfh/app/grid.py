@@ -28,7 +28,9 @@ from ucmfh.app.options import (
     check_device, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
 )
 from ucmfh.app.runs import DIRECTIONS, summarize
-from ucmfh.config import CLOSED_FORM_METHODS, DEFAULT_METHOD, HASH_METHODS, METHOD_DEFAULTS, PROTOCOLS, HashConfig, leak_free
+from ucmfh.config import (
+    CLOSED_FORM_METHODS, DEFAULT_METHOD, HASH_METHODS, METHOD_DEFAULTS, PROTOCOLS, HashConfig, leak_free,
+)
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import read_jsonl, write_text_atomic
 from ucmfh.losses import LOSSES
