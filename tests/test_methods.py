@@ -160,6 +160,11 @@ def test_train_hash_method_from_the_command_line(tiny_path, tmp_path):
     last = _rows(results)[-1]
     assert last["loss"] == "original" and last["settings"]["hash"]["val_fraction"] == 0 and "best_epoch" not in last
 
+    # a patience alone suits two-tower, whose validation is on by default (no fusion stage to refuse it)
+    result = runner.invoke(main, ["train-hash", *common, "--epochs", "2", "--set", "hash.hidden=64", "--patience", "3"])
+    assert result.exit_code == 0, result.output
+    assert _rows(results)[-1]["settings"]["hash"]["patience"] == 3
+
     bad = runner.invoke(main, ["train-hash", *common, "--method", "nosuch"])
     assert bad.exit_code == 2 and "nosuch" in bad.output
 

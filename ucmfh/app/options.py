@@ -9,7 +9,7 @@ import click
 
 from ucmfh.app.experiment import RunOptions, default_data_dir, default_epochs
 from ucmfh.config import (
-    AMP_MODES, METHOD_FUSION_DEFAULTS, PROTOCOLS, FusionConfig, HashConfig, hash_config, with_defaults,
+    AMP_MODES, METHOD_FUSION_DEFAULTS, PROTOCOLS, FusionConfig, HashConfig, hash_config, uses_fusion, with_defaults,
 )
 from ucmfh.utils import resolve_device
 
@@ -132,9 +132,12 @@ def method_fusion_config(method: str, dataset: str, device: str, train: Dict[str
     reaches it too)."""
     settings = {**train, "epochs": fusion_epochs or train["epochs"]}
     if method != "ucmfh":
-        given = {name: settings[name] for name in ("val_fraction", "patience") if settings.get(name) is not None}
-        # the student's validation options reach its teacher
-        settings.update(loss=None, loss_params=(), **with_defaults(METHOD_FUSION_DEFAULTS.get(method, {}), given))
+        # the student's validation options reach its teacher; a method without a fusion stage
+        # passes none of its own (they may not suit a fusion config, which it never trains)
+        given = {name: settings[name] for name in ("val_fraction", "patience")
+                 if settings.get(name) is not None and uses_fusion(method)}
+        settings.update(loss=None, loss_params=(), val_fraction=None, patience=None)
+        settings.update(with_defaults(METHOD_FUSION_DEFAULTS.get(method, {}), given))
     return fusion_config(dataset, device, **settings)
 
 
