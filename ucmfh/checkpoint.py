@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Optional, Union
+from typing import Any, Dict, Optional, Tuple, Union
 
 import torch
 
-from ucmfh.config import FusionConfig, HashConfig, from_dict, leak_free, to_dict
+from ucmfh.config import FusionConfig, HashConfig, SepsConfig, from_dict, leak_free, to_dict
 from ucmfh.files import PathLike, atomic_file, write_text_atomic
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
+from ucmfh.models.seps import SEPS
 
 FORMAT = "ucmfh-checkpoint"
 VERSION = 1
@@ -44,12 +45,47 @@ def save_checkpoint(
         "meta": dict(meta or {}),
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
     }
+    return _write(path, payload)
+
+
+def _write(path: str, payload: Dict[str, Any]) -> str:
+    """Write a checkpoint atomically, and its settings (everything but the weights) as JSON beside it."""
     with atomic_file(path) as tmp:
         torch.save(payload, tmp)
     # the settings, readable without torch, beside the weights
-    settings = {k: payload[k] for k in ("kind", "d_img", "d_txt", "fusion_config", "hash_config", "meta")}
+    settings = {k: v for k, v in payload.items() if k not in ("format", "version", "state_dict")}
     write_text_atomic(os.path.splitext(path)[0] + ".json", json.dumps(settings, indent=2))
     return path
+
+
+def save_seps(path: PathLike, model: SEPS, meta: Optional[Dict[str, Any]] = None) -> str:
+    """Save a SEPS matcher: weights, its :class:`SepsConfig` and the token shapes it was built for."""
+    payload = {
+        "format": FORMAT, "version": VERSION, "kind": "seps",
+        "d_img": model.img_proj.in_features, "d_txt": model.txt_proj.in_features,
+        "n_image_tokens": model.n_patches + int(model.image_cls), "image_cls": model.image_cls,
+        "dense": model.dense, "seps_config": to_dict(model.cfg), "meta": dict(meta or {}),
+        "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
+    }
+    return _write(os.fspath(path), payload)
+
+
+def load_seps(path: PathLike, d_img: Optional[int] = None, d_txt: Optional[int] = None,
+              n_image_tokens: Optional[int] = None) -> Tuple[SEPS, SepsConfig, Dict[str, Any]]:
+    """Rebuild a SEPS matcher, refusing one made for other token shapes. Returns ``(model, cfg, meta)``."""
+    path = os.fspath(path)
+    payload = read_checkpoint(path)
+    _expect(path, payload, "kind", payload["kind"], "seps")
+    for name, wanted in (("d_img", d_img), ("d_txt", d_txt), ("n_image_tokens", n_image_tokens)):
+        _expect(path, payload, name, payload[name], wanted)
+    cfg = from_dict(SepsConfig, payload["seps_config"], source=path)
+    model = SEPS(payload["d_img"], payload["d_txt"], payload["n_image_tokens"], cfg, image_cls=payload["image_cls"],
+                 dense=payload["dense"])
+    try:
+        model.load_state_dict(payload["state_dict"])
+    except RuntimeError as err:
+        raise CheckpointError(f"{path}: weights do not fit the saved config ({err})") from None
+    return model.eval(), cfg, payload["meta"]
 
 
 def read_checkpoint(path: PathLike) -> Dict[str, Any]:

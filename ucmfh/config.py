@@ -175,6 +175,79 @@ class HashConfig:
         return self
 
 
+# SEPS (docs/reference.md §8, docs/seps.md): which form of the model, how the patch selection learns,
+# where a dense description of an image may come from.
+SEPS_VERSIONS = ("code", "paper")
+SEPS_SELECTIONS = {
+    "frozen": "the released code: scores under no_grad, a hard top-K; nothing in the selection learns (defect 2)",
+    "learned": "hard top-K forward; backward through a sigmoid of each score's margin to the K-th (straight "
+               "through), and the masked aggregation passes gradient to every kept or dropped patch",
+    "gumbel": "the paper's option: straight-through Gumbel-softmax over the patches (noise while training)",
+}
+DENSE_TEXT = {
+    "none": "no dense text",
+    "image": "the description of the candidate image being scored (leak-free)",
+    "leak": "the description of the caption's own image, for every candidate (the released code; leaks the answer)",
+}
+
+
+@dataclass
+class SepsConfig:
+    """The SEPS matcher (docs/reference.md §8) and its training on frozen tokens.
+
+    ``version`` 'code' is the released code (score = s_im + s_st, HRPA with LeakyReLU(0.1), with dense
+    text two branches whose similarities add); 'paper' the paper (predictor MLP and β, plain cosine
+    HRPA with top-K MLPs, one joint aggregation). Defaults of the training follow the released code
+    (AdamW 2e-4, 30 epochs, batch 128), with the best epoch on a validation tenth of the training
+    split (R@1+R@5+R@10 of both directions), never on the query split.
+    """
+
+    version: str = "code"
+    selection: str = "learned"  # one of SEPS_SELECTIONS; 'frozen' reproduces defect 2
+    dense_text: str = "none"  # one of DENSE_TEXT; used only when the file has dense_text_tokens
+    embed_dim: int = 512  # the linear projection of each side's tokens
+    keep_ratio: float = 0.5  # ρ: K = ceil(N ρ) patches kept
+    aggr_ratio: float = 0.4  # N_c = int(N ρ aggr_ratio) aggregated tokens
+    aggr_hidden_ratio: float = 0.2  # TokenAggregation's hidden width, × embed_dim
+    beta: float = 0.25  # paper: weight of the attention scores against the predictor
+    select_temperature: float = 0.1  # 'learned': sigmoid slope; 'gumbel': softmax temperature
+    hrpa_top_k: int = 5  # paper: top-K row / column maxima into an MLP
+    margin: float = 0.2  # VSE++ hinge
+    max_violation_from: int = 1  # the epoch (0-based) from which only the hardest negative counts
+    ratio_weight: float = 2.0  # 'learned': (mean(soft mask) − ρ)², the one form with a gradient
+    epochs: int = 30
+    batch_size: int = 128
+    lr: float = 2e-4
+    weight_decay: float = 1e-4
+    val_fraction: float = 0.1
+    patience: int = 5
+    pair_chunk: int = 8192  # image–text pairs scored at a time when scoring a database
+    seed: int = 2023
+    device: str = "auto"
+    amp: str = "none"
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> "SepsConfig":
+        for name, allowed in (("version", SEPS_VERSIONS), ("selection", tuple(SEPS_SELECTIONS)),
+                              ("dense_text", tuple(DENSE_TEXT))):
+            if getattr(self, name) not in allowed:
+                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
+        if not 0.0 < self.keep_ratio <= 1.0 or not 0.0 < self.aggr_ratio <= 1.0:
+            raise ValueError(f"keep_ratio and aggr_ratio must be in (0, 1], got {self.keep_ratio}, {self.aggr_ratio}")
+        if self.embed_dim < 1 or self.aggr_hidden_ratio <= 0 or self.hrpa_top_k < 1 or self.pair_chunk < 1:
+            raise ValueError("embed_dim, aggr_hidden_ratio, hrpa_top_k and pair_chunk must be positive")
+        if not 0.0 <= self.beta <= 0.5:
+            raise ValueError(f"beta must be in [0, 0.5] (the predictor's weight is 1 − 2β), got {self.beta}")
+        if self.select_temperature <= 0 or self.margin < 0 or self.ratio_weight < 0 or self.lr <= 0:
+            raise ValueError("select_temperature and lr must be > 0, margin and ratio_weight >= 0")
+        if self.max_violation_from < 0:
+            raise ValueError(f"max_violation_from must be >= 0, got {self.max_violation_from}")
+        _check_training(self)
+        return self
+
+
 def uses_fusion(method: str) -> bool:
     """Whether a hashing method trains with a fusion encoder (the fusion stage runs first)."""
     return method in FUSION_METHODS
@@ -222,7 +295,8 @@ def _check_training(cfg: Any) -> None:
 def to_dict(cfg: Any) -> Dict[str, Any]:
     """A JSON-able dict of a config."""
     out = dataclasses.asdict(cfg)
-    out["betas"] = list(out["betas"])
+    if "betas" in out:
+        out["betas"] = list(out["betas"])
     return out
 
 

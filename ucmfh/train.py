@@ -132,22 +132,28 @@ class History(list):
         return {"loss": list(self), "validation": self.validation, "best_epoch": self.best_epoch}
 
 
-def validation_split(split: Split, fraction: float, seed: int) -> Tuple[Split, Optional[Split]]:
-    """``(rest, validation)``: a seeded share of a training split held out for model selection.
-
-    Items that share an id (the captions of one image) go to the same side. ``fraction = 0``
-    returns the split whole and no validation part.
-    """
-    if fraction <= 0:
-        return split, None
-    keys = np.arange(len(split)) if split.ids is None else split.ids.numpy()  # the unit of each item
+def validation_items(keys: np.ndarray, fraction: float, seed: int) -> Tuple[np.ndarray, np.ndarray]:
+    """``(rest, validation)`` item indices: a seeded share of the units (distinct ``keys``: the ids, or
+    the items themselves) held out for model selection; items of one unit go to the same side."""
     units = np.unique(keys)
     n_val = max(1, int(round(fraction * len(units))))
     if len(units) - n_val < 2:
         raise ValueError(f"val_fraction {fraction} of {len(units)} training units leaves fewer than 2 to train on")
     held = np.random.default_rng(seed).choice(units, size=n_val, replace=False)
     member = np.isin(keys, held)
-    return split.subset(torch.from_numpy(np.flatnonzero(~member))), split.subset(torch.from_numpy(np.flatnonzero(member)))
+    return np.flatnonzero(~member), np.flatnonzero(member)
+
+
+def validation_split(split: Split, fraction: float, seed: int) -> Tuple[Split, Optional[Split]]:
+    """``(rest, validation)``: a seeded share of a training split held out for model selection
+    (:func:`validation_items`; the captions of one image go to the same side). ``fraction = 0``
+    returns the split whole and no validation part.
+    """
+    if fraction <= 0:
+        return split, None
+    keys = np.arange(len(split)) if split.ids is None else split.ids.numpy()  # the unit of each item
+    rest, val = validation_items(keys, fraction, seed)
+    return split.subset(torch.from_numpy(rest)), split.subset(torch.from_numpy(val))
 
 
 def _validator(encode: Callable, model: nn.Module, val: Optional[Split], rest: Split, ranking: str,
@@ -302,7 +308,7 @@ def _run_epochs(
             else:
                 total = torch.zeros((), device=device)
             epoch_start_gen = generator.get_state()
-            plan = epoch_plan(n, cfg.batch_size, cfg.modality_dropout, generator, device)
+            plan = epoch_plan(n, cfg.batch_size, getattr(cfg, "modality_dropout", 0.0), generator, device)
             for done, (index, separate) in enumerate(plan, 1):
                 if done <= skip:
                     continue

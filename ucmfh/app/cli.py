@@ -213,10 +213,13 @@ def runs_cmd(results, dataset, method, loss, n_bits, protocol, as_json) -> None:
 def _add_commands() -> None:
     from ucmfh.app.data_cli import convert, extract
     from ucmfh.app.grid import grid
+    from ucmfh.app.seps_cli import rerank, train_seps
 
     main.add_command(convert)
     main.add_command(extract)
     main.add_command(grid)
+    main.add_command(train_seps)
+    main.add_command(rerank)
 
 
 _add_commands()

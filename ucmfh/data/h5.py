@@ -186,8 +186,12 @@ def _check_ids(path: str, where: str, dset: h5py.Dataset, n_rows: int) -> np.nda
     return ids
 
 
-def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple]) -> Optional[np.ndarray]:
-    """Check one split's datasets; ``dims`` collects each dataset's column count across splits. Returns its ids."""
+def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple],
+                 tokens: Dict[str, list]) -> Optional[np.ndarray]:
+    """Check one split's datasets; ``dims`` collects each dataset's column count across splits and
+    ``tokens`` the token datasets (§9) each split has. Returns its ids."""
+    from ucmfh.data.tokens import check_tokens  # tokens.py builds on this module
+
     n_rows = None
     for name in REQUIRED:
         where = f"/{split}/{name}"
@@ -229,6 +233,7 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
     if "labels" not in group and ids is None:
         raise _fail(path, f"/{split}/labels", "missing dataset, and no /ids either: a file without labels "
                                                "(a caption set) needs ids, whose equality is then relevance")
+    tokens[split] = check_tokens(path, group, split, n_rows, dims)
     return None if ids is None else _check_ids(path, f"/{split}/ids", ids, n_rows)
 
 
@@ -248,10 +253,13 @@ def validate_file(path: PathLike) -> Dict[str, object]:
     with f:
         dims: Dict[str, tuple] = {}
         ids: Dict[str, np.ndarray] = {}
+        tokens: Dict[str, list] = {}
         for split in SPLITS:
-            split_ids = _check_split(path, _member(path, f, split, f"/{split}", h5py.Group), split, dims)
+            split_ids = _check_split(path, _member(path, f, split, f"/{split}", h5py.Group), split, dims, tokens)
             if split_ids is not None:
                 ids[split] = split_ids
+        from ucmfh.data.tokens import check_token_splits
+        check_token_splits(path, tokens)
         try:
             attrs = read_attrs(f)
         except (OSError, TypeError, ValueError) as err:
@@ -297,7 +305,10 @@ def load_dataset(path: PathLike, validate: bool = True) -> Dataset:
     return Dataset(attrs=attrs, path=path, **splits)
 
 
-DTYPES = {"image": np.float32, "text": np.float32, "labels": np.uint8, "ids": np.int64, "text_bow": np.uint8}
+DTYPES = {"image": np.float32, "text": np.float32, "labels": np.uint8, "ids": np.int64, "text_bow": np.uint8,
+          # token features (docs/reference.md §9)
+          "image_tokens": np.float16, "text_tokens": np.float16, "text_offsets": np.int64,
+          "dense_text_tokens": np.float16, "dense_text_offsets": np.int64}
 
 
 def make_folder(folder: str, for_path: str) -> None:
@@ -366,7 +377,8 @@ def write_dataset(
     """Write a dataset file atomically and validate it.
 
     ``splits`` maps each of train/query/retrieval to a dict with ``image``,
-    ``text``, ``labels`` and optionally ``ids`` and ``text_bow`` arrays.
+    ``text``, ``labels`` and optionally ``ids``, ``text_bow`` and the token arrays of
+    docs/reference.md §9 (``image_tokens``, ``text_tokens``, ``text_offsets``, ``dense_text_*``).
     The file appears under its final name only once complete and valid.
     """
     path = os.fspath(path)
@@ -381,7 +393,8 @@ def write_dataset(
                 if array is None:
                     continue
                 array = _as_format(path, f"/{split}/{name}", name, np.asarray(array))
-                f[split].create_dataset(name, data=array, chunks=True if array.ndim == 2 and array.size else None)
+                chunks = (1, *array.shape[1:]) if array.ndim == 3 else True if array.ndim == 2 else None
+                f[split].create_dataset(name, data=array, chunks=chunks if array.size else None)
     return path
 
 

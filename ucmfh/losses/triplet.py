@@ -69,13 +69,19 @@ class TripletLoss(CrossModalLoss):
         ids: Optional[torch.Tensor],
         labels: Optional[torch.Tensor],
     ) -> torch.Tensor:
-        b = img.shape[0]
         s = cosine_similarity(img, txt) if self.normalize else dot_similarity(img, txt)  # [B, B]
-        pos = positive_mask(b, ids, device=img.device)  # [B, B], symmetric
-        pos_f = pos.to(s.dtype)
-        anchor = (s * pos_f).sum(dim=1) / pos_f.sum(dim=1)  # [B], each row has its own pair
-        cost_i2t = (self.margin + s - anchor[:, None]).clamp(min=0).masked_fill(pos, 0.0)
-        cost_t2i = (self.margin + s - anchor[None, :]).clamp(min=0).masked_fill(pos, 0.0)
-        if self.max_violation:
-            return cost_i2t.max(dim=1).values.sum() + cost_t2i.max(dim=0).values.sum()
-        return cost_i2t.sum() + cost_t2i.sum()
+        return vse_hinge(s, positive_mask(img.shape[0], ids, device=img.device), self.margin, self.max_violation)
+
+
+def vse_hinge(s: torch.Tensor, pos: torch.Tensor, margin: float, max_violation: bool) -> torch.Tensor:
+    """The multi-positive VSE++ hinge of :class:`TripletLoss` on a similarity matrix (also SEPS's loss).
+
+    Shape: s [B, B] (image i, text j), pos [B, B] bool, symmetric, true on the diagonal -> scalar.
+    """
+    pos_f = pos.to(s.dtype)
+    anchor = (s * pos_f).sum(dim=1) / pos_f.sum(dim=1)  # [B], each row has its own pair
+    cost_i2t = (margin + s - anchor[:, None]).clamp(min=0).masked_fill(pos, 0.0)
+    cost_t2i = (margin + s - anchor[None, :]).clamp(min=0).masked_fill(pos, 0.0)
+    if max_violation:
+        return cost_i2t.max(dim=1).values.sum() + cost_t2i.max(dim=0).values.sum()
+    return cost_i2t.sum() + cost_t2i.sum()

@@ -1,0 +1,323 @@
+"""SEPS (docs/reference.md §8) and its token data (§9): contract, model, training, re-ranking, front doors."""
+from __future__ import annotations
+
+import json
+import math
+
+import h5py
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+from click.testing import CliRunner
+
+from ucmfh.app.cli import main
+from ucmfh.checkpoint import load_seps, save_seps
+from ucmfh.config import HashConfig, SepsConfig
+from ucmfh.data.h5 import DataError, load_dataset, validate_file, write_dataset
+from ucmfh.data.tokens import Tokens
+from ucmfh.metrics.captions import evaluate_caption_set
+from ucmfh.models.seps import SEPS
+from ucmfh.rerank import Reranking
+from ucmfh.seps import build_model, database_scores, databases, fit_seps, recall_rows
+from ucmfh.similarity import normalize
+from ucmfh.train import fit_hashing
+
+T, D_IMG, D_TXT = 8, 16, 12
+
+
+def token_splits(seed: int = 0, images=(12, 40), captions: int = 2, dense: bool = False, cls: bool = False):
+    """A caption set with tokens: each image's concept sits on 2 of its patches and in 2 words of each caption."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(size=(8, D_IMG)), rng.normal(size=(8, D_TXT))
+    out, next_id = {}, 0
+    for split, n_img in zip(("query", "retrieval"), images):
+        ids = np.repeat(np.arange(next_id, next_id + n_img), captions)
+        next_id += n_img
+        concept = rng.normal(size=(n_img, 8))
+        img_tok = rng.normal(scale=0.5, size=(n_img, T, D_IMG))
+        where = rng.integers(int(cls), T, size=(n_img, 2))
+        for i in range(n_img):
+            img_tok[i, where[i]] += concept[i] @ a
+        img_tok = np.repeat(img_tok, captions, axis=0)
+        lengths = rng.integers(3, 7, size=len(ids))
+        words = []
+        for item, length in enumerate(lengths):
+            w = rng.normal(scale=0.5, size=(length, D_TXT))
+            w[:2] += concept[ids[item] - ids[0]] @ b
+            words.append(w)
+        arrays = {
+            "image": img_tok.mean(axis=1), "ids": ids,
+            "text": np.stack([w.mean(axis=0) for w in words]),
+            "image_tokens": img_tok, "text_tokens": np.concatenate(words),
+            "text_offsets": np.concatenate([[0], np.cumsum(lengths)]),
+        }
+        if dense:  # a description of each item's image: its concept in every word
+            d_len = np.full(len(ids), 4)
+            arrays["dense_text_tokens"] = np.concatenate(
+                [np.tile(concept[i - ids[0]] @ b, (4, 1)) + rng.normal(scale=0.1, size=(4, D_TXT)) for i in ids])
+            arrays["dense_text_offsets"] = np.concatenate([[0], np.cumsum(d_len)])
+        out[split] = arrays
+    out["train"] = out["retrieval"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def token_path(tmp_path_factory):
+    return write_dataset(tmp_path_factory.mktemp("tok") / "tok.h5", token_splits(), attrs={"name": "tok"})
+
+
+def small_seps(**kw) -> SepsConfig:
+    base = dict(embed_dim=32, epochs=4, batch_size=32, lr=3e-3, device="cpu", val_fraction=0.2, patience=0,
+                pair_chunk=256)
+    return SepsConfig(**{**base, **kw})
+
+
+# ---------------------------------------------------------------- the token contract (§9)
+
+def _broken(tmp_path, edit) -> str:
+    splits = token_splits()
+    edit(splits)
+    path = str(tmp_path / "bad.h5")
+    with h5py.File(path, "w") as f:
+        for split, arrays in splits.items():
+            for name, array in arrays.items():
+                f.create_dataset(f"{split}/{name}", data=array)
+    return path
+
+
+@pytest.mark.parametrize("edit, where, problem", [
+    (lambda s: s["query"].update(text_offsets=s["query"]["text_offsets"][[0, 2, 1, *range(3, 25)]]),
+     "/query/text_offsets", "offsets not increasing"),
+    (lambda s: s["query"].update(text_offsets=s["query"]["text_offsets"] + np.r_[0, np.ones(24, int)]),
+     "/query/text_offsets", "the last offset is"),
+    (lambda s: s["query"].update(image_tokens=s["query"]["image_tokens"][:, :5]),
+     "/query/image_tokens", "but /train/image_tokens has"),
+    (lambda s: s["query"].update(text_tokens=s["query"]["text_tokens"][:, :7]),
+     "/query/text_tokens", "but /train/text_tokens has"),
+    (lambda s: s["query"]["text_tokens"].__setitem__((3, 1), np.nan), "/query/text_tokens", "NaN at row 3"),
+    (lambda s: s["query"]["image_tokens"].__setitem__((2, 1, 0), np.inf), "/query/image_tokens", "item 2"),
+    (lambda s: s["query"].pop("text_offsets"), "/query/text_offsets", "they come in pairs"),
+    (lambda s: [s[k].pop("image_tokens") for k in ("query",)], "/query/image_tokens", "either every split"),
+])
+def test_token_datasets_are_validated_with_one_clear_line(tmp_path, edit, where, problem):
+    path = _broken(tmp_path, edit)
+    with pytest.raises(DataError) as err:
+        validate_file(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: {where}: ") and problem in message and "\n" not in message
+
+
+def test_token_reader_reads_csr_rows_and_one_copy_per_image(token_path):
+    splits = token_splits()
+    q = splits["query"]
+    items = np.array([5, 0, 3])
+    for memory in (1 << 30, 0):  # in memory, and streamed from the file (sorted reads)
+        with Tokens(token_path, "query", max_memory_bytes=memory) as tok:
+            assert tok.in_memory == bool(memory)
+            np.testing.assert_array_equal(tok.images(items).numpy(), q["image_tokens"][items].astype(np.float16))
+            words, mask = tok.texts(items)
+            for row, item in enumerate(items):
+                a, b = q["text_offsets"][item], q["text_offsets"][item + 1]
+                assert mask[row].sum() == b - a and not mask[row, b - a:].any()
+                np.testing.assert_array_equal(words[row, :b - a].numpy(), q["text_tokens"][a:b].astype(np.float16))
+            assert tok.n_images == 12 and (tok.image_index([0, 1, 2]) == [0, 0, 1]).all()
+    with pytest.raises(DataError, match="no token features"):
+        Tokens(write_dataset(str(token_path) + ".plain.h5", {
+            s: {k: v for k, v in a.items() if k in ("image", "text", "ids")} for s, a in token_splits().items()}),
+            "query")
+
+
+# ---------------------------------------------------------------- the model (§8)
+
+def reference_pair(model: SEPS, img_tok: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
+    """One pair the released code's way: select with top-K, gather, aggregate, HRPA. No batching tricks."""
+    cfg = model.cfg
+    v = model.img_proj(img_tok)
+    patches = v[int(model.image_cls):]
+    vn = normalize(patches)
+    s_im = vn @ normalize(patches.mean(0))
+    w = model.txt_proj(words)
+    s_st = vn @ normalize(w.mean(0))
+    if cfg.version == "code":
+        score = s_im + s_st
+    else:
+        mm = lambda s: (s - s.min()) / (s.max() - s.min() + 1e-8)  # noqa: E731
+        pred = torch.sigmoid(model.predictor(vn)).squeeze(-1)
+        score = (1 - 2 * cfg.beta) * pred + cfg.beta * (mm(s_st) + 2 * mm(s_im))
+    order = score.argsort(descending=True)
+    keep, drop = order[:model.n_keep], order[model.n_keep:]
+    kept = vn[keep]
+    weights = torch.softmax(model.aggr["sparse"](kept).T, dim=1)  # [N_c, K]
+    tokens = [normalize(v[0]) if model.image_cls else vn.mean(0), *(weights @ kept)]
+    if len(drop):
+        tokens.append(torch.softmax(score[drop], 0) @ vn[drop])
+    tokens = normalize(torch.stack(tokens))
+    a = normalize(w) @ tokens.T
+    if cfg.version == "code":
+        a = F.leaky_relu(a, 0.1)
+    row, col = a.max(dim=1).values, a.max(dim=0).values
+    sim = row.mean() + col.mean()
+    if cfg.version == "paper":
+        top = lambda x: F.pad(x.topk(min(5, len(x))).values, (0, max(0, 5 - len(x))))  # noqa: E731
+        sim = sim + model.row_mlp(top(row)).squeeze() + model.col_mlp(top(col)).squeeze()
+    return sim
+
+
+@pytest.mark.parametrize("version", ["code", "paper"])
+@pytest.mark.parametrize("cls", [False, True])
+@pytest.mark.parametrize("selection", ["frozen", "learned"])
+def test_grid_equals_the_released_per_pair_computation(version, cls, selection):
+    torch.manual_seed(0)
+    model = SEPS(D_IMG, D_TXT, T + int(cls), SepsConfig(version=version, selection=selection, embed_dim=24),
+                 image_cls=cls).eval()
+    img_tok = torch.randn(5, T + int(cls), D_IMG)
+    lengths = [4, 1, 6, 3]
+    words = torch.zeros(4, 6, D_TXT)
+    mask = torch.arange(6)[None] < torch.tensor(lengths)[:, None]
+    words[mask] = torch.randn(int(mask.sum()), D_TXT)
+    with torch.no_grad():
+        grid, _ = model.grid(model.encode_images(img_tok), model.encode_texts(words, mask), text_chunk=3)
+        expected = torch.tensor([[reference_pair(model, img_tok[v], words[t, :lengths[t]]) for v in range(5)]
+                                 for t in range(4)])
+    torch.testing.assert_close(grid, expected, rtol=1e-4, atol=1e-5)
+
+
+@pytest.mark.parametrize("selection, learns", [("frozen", False), ("learned", True), ("gumbel", True)])
+def test_the_selection_learns_unless_frozen(selection, learns):
+    """Defect 2: the released code's selection gets no gradient; 'learned' and 'gumbel' give it one."""
+    torch.manual_seed(0)
+    model = SEPS(D_IMG, D_TXT, T, SepsConfig(version="paper", selection=selection, embed_dim=24)).train()
+    words, mask = torch.randn(3, 5, D_TXT), torch.ones(3, 5, dtype=torch.bool)
+    sims, soft = model.grid(model.encode_images(torch.randn(4, T, D_IMG)), model.encode_texts(words, mask))
+    (sims.sum() + (0 if soft is None else (soft - 0.5) ** 2)).backward()
+    grads = [p.grad for p in model.predictor.parameters()]
+    if learns:
+        assert all(g is not None and g.abs().sum() > 0 for g in grads)
+    else:
+        assert all(g is None or g.abs().sum() == 0 for g in grads)
+
+
+def test_dense_text_of_the_candidate_image_never_leaks_the_caption_s_own():
+    """dense_text='image': a pair's score uses the candidate's description only; 'leak' uses the caption's."""
+    torch.manual_seed(0)
+    img_tok = torch.randn(3, T, D_IMG)
+    dense = torch.randn(3, 4, D_TXT)
+    dmask = torch.ones(3, 4, dtype=torch.bool)
+    words, mask = torch.randn(2, 5, D_TXT), torch.ones(2, 5, dtype=torch.bool)
+    for version in ("code", "paper"):
+        model = SEPS(D_IMG, D_TXT, T, SepsConfig(version=version, dense_text="image", embed_dim=24), dense=True).eval()
+        base = model.grid(model.encode_images(img_tok, dense, dmask), model.encode_texts(words, mask))[0]
+        changed = dense.clone()
+        changed[0] += 5.0  # another description for image 0: only its column may move
+        after = model.grid(model.encode_images(img_tok, changed, dmask), model.encode_texts(words, mask))[0]
+        torch.testing.assert_close(after[:, 1:], base[:, 1:])
+        assert not torch.allclose(after[:, 0], base[:, 0])
+        leak = SEPS(D_IMG, D_TXT, T, SepsConfig(version=version, dense_text="leak", embed_dim=24), dense=True).eval()
+        own = leak.grid(leak.encode_images(img_tok), leak.encode_texts(words, mask, dense[:2], dmask[:2]))[0]
+        assert own.shape == (2, 3)
+
+
+# ---------------------------------------------------------------- training and scoring
+
+@pytest.fixture(scope="module")
+def trained(token_path):
+    return fit_seps(token_path, small_seps(), progress=False)
+
+
+def test_training_learns_and_keeps_the_best_validation_epoch(token_path, trained):
+    model, history = trained
+    assert history.best_epoch == max(history.validation, key=lambda e: e[1])[0]
+    q, r = Tokens(token_path, "query"), Tokens(token_path, "retrieval")
+    db = databases(q, r, ["test"])[0]
+    untrained = build_model(q, small_seps()).eval()
+    before = recall_rows(database_scores(untrained, db, torch.device("cpu"), 64)[0], db.txt_ids, db.img_ids,
+                         db.query_txt, db.query_img)
+    after = recall_rows(database_scores(model, db, torch.device("cpu"), 64)[0], db.txt_ids, db.img_ids,
+                        db.query_txt, db.query_img)
+    assert after["rsum"] > before["rsum"] + 60, (before, after)
+
+
+def test_seps_checkpoint_round_trip(tmp_path, trained, token_path):
+    model, _ = trained
+    path = save_seps(tmp_path / "seps.pt", model, meta={"x": 1})
+    again, cfg, meta = load_seps(path, d_img=D_IMG, d_txt=D_TXT, n_image_tokens=T)
+    assert cfg == model.cfg and meta == {"x": 1}
+    for a, b in zip(model.state_dict().values(), again.state_dict().values()):
+        torch.testing.assert_close(a, b)
+    with pytest.raises(ValueError, match="n_image_tokens"):
+        load_seps(path, n_image_tokens=T + 1)
+
+
+def test_rerank_stages_agree_with_the_full_rankings(token_path, trained):
+    """Hamming = the caption protocol's Hamming ranking; with M = every item, re-ranking = ranking all pairs."""
+    model, _ = trained
+    data = load_dataset(token_path)
+    hasher, _ = fit_hashing(data, HashConfig(method="two-tower", n_bits=16, hidden=0, epochs=3, device="cpu",
+                                             val_fraction=0, patience=0))
+    q, r = Tokens(token_path, "query"), Tokens(token_path, "retrieval")
+    for db in databases(q, r):
+        rr = Reranking(db, data, hasher, model)
+        n_all = max(len(db.txt_ids), len(db.img_ids))
+        with torch.no_grad():
+            img, txt = hasher.codes(data.query.img, data.query.txt, "unimodal")
+            ri, rt = hasher.codes(data.retrieval.img, data.retrieval.txt, "unimodal")
+        expected = evaluate_caption_set(img, txt, data.query.ids, ri, rt, data.retrieval.ids)[db.name]
+        hamming = rr.run("hamming", 20)
+        assert hamming["recall_i2t"] == pytest.approx(expected["recall_i2t"])
+        assert hamming["recall_t2i"] == pytest.approx(expected["recall_t2i"])
+        full = rr.run("seps-full", 0)
+        reranked = rr.run("seps-rerank", n_all)
+        assert reranked["recall_i2t"] == pytest.approx(full["recall_i2t"])
+        assert reranked["recall_t2i"] == pytest.approx(full["recall_t2i"])
+        assert reranked["recall_at_m_i2t"] == 100.0
+        for direction in ("i2t", "t2i"):
+            assert set(reranked["latency_ms"][direction]) == {"search", "fetch", "score"}
+
+
+# ---------------------------------------------------------------- front doors
+
+def test_train_seps_and_rerank_commands(tmp_path, token_path):
+    runner = CliRunner()
+    results = str(tmp_path / "results.jsonl")
+    common = ["-d", str(token_path), "--results", results, "--quiet", "--device", "cpu"]
+    args = ["train-seps", *common, "--out", str(tmp_path / "runs"), "--epochs", "2", "--batch-size", "32",
+            "--set", "embed_dim=32", "--set", "pair_chunk=256"]
+    first = runner.invoke(main, args)
+    assert first.exit_code == 0, first.output
+    assert "seps-full" in first.output
+    again = runner.invoke(main, args)
+    assert again.exit_code == 0 and "reused" in again.output
+    seps_ckpt = next((tmp_path / "runs").rglob("seps.pt"))
+    hash_run = runner.invoke(main, ["train-hash", *common, "--out", str(tmp_path / "runs"), "-b", "16",
+                                    "--epochs", "2", "--set", "hash.hidden=0"])
+    assert hash_run.exit_code == 0, hash_run.output
+    hash_ckpt = next((tmp_path / "runs").rglob("hash16.pt"))
+    out = runner.invoke(main, ["rerank", *common, "-c", str(hash_ckpt), "--seps", str(seps_ckpt), "-m", "10",
+                               "--full"])
+    assert out.exit_code == 0, out.output
+    rows = [json.loads(line) for line in open(results)]
+    stages = [(r.get("stage"), r.get("database")) for r in rows if r["task"] == "rerank"]
+    assert stages == [(s, db) for db in ("test", "collection")
+                      for s in ("hamming", "cosine-rerank", "seps-rerank", "seps-full")]
+    assert all(r["protocol"] == "unimodal" for r in rows if r["task"] in ("rerank", "seps"))
+    bad = runner.invoke(main, ["train-seps", *common, "--set", "nonsense=1"])
+    assert bad.exit_code == 2 and "nonsense" in bad.output
+
+
+def test_a_file_without_tokens_is_one_clear_line(tmp_path, tiny_path):
+    out = CliRunner().invoke(main, ["train-seps", "-d", tiny_path, "--quiet", "--out", str(tmp_path)])
+    assert out.exit_code == 2
+    assert "no token features" in out.output and "Traceback" not in out.output
+
+
+def test_leaking_dense_text_is_labelled_in_every_row(tmp_path):
+    path = write_dataset(tmp_path / "dense.h5", token_splits(dense=True))
+    results = str(tmp_path / "r.jsonl")
+    out = CliRunner().invoke(main, ["train-seps", "-d", str(path), "--quiet", "--device", "cpu", "--results", results,
+                                    "--out", str(tmp_path / "runs"), "--epochs", "1", "--dense-text", "leak",
+                                    "--set", "embed_dim=16"])
+    assert out.exit_code == 0, out.output
+    assert "LEAKS" in out.output and "dense-text-leak:" in out.output
+    assert all(json.loads(line)["protocol"] == "dense-text-leak" for line in open(results))
+    assert math.isfinite(json.loads(open(results).readline())["rsum"])

@@ -1,0 +1,159 @@
+"""The SEPS stage and two-stage search as runs: training (resumable, reused when saved), result rows.
+
+A SEPS run lives in ``OUT/DATASET-FP/seps-seedS-KEY/seps.pt`` (KEY: the hash of its settings and the
+dataset's fingerprint), beside ``identity.json``; its rows go to the results file like the other stages'.
+Rows carry ``stage`` (``hamming``, ``cosine-rerank``, ``seps-rerank``, ``seps-full``), ``database``
+(``test`` or ``collection``, docs/reference.md §7) and ``protocol``: ``unimodal``, or
+``dense-text-leak`` for the released code's dense text of the caption's own image.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import time
+from typing import Any, Dict, List, Optional, Sequence
+
+from ucmfh.app.experiment import (
+    Log, RunOptions, _drop_leftover_state, _state_for, _write_identity, dataset_identity, git_commit, key_of,
+)
+from ucmfh.checkpoint import load_model, load_seps, save_seps
+from ucmfh.config import SepsConfig, identity_dict, leak_free
+from ucmfh.data.h5 import Dataset
+from ucmfh.data.tokens import Tokens
+from ucmfh.metrics.captions import DATABASES
+from ucmfh.rerank import Reranking
+from ucmfh.seps import build_model, database_scores, databases, fit_seps, recall_rows
+from ucmfh.train import discard_state
+from ucmfh.utils import resolve_device
+
+LEAK_NOTE = ("dense-text-leak: each caption scored with the dense description of its own ground-truth image, "
+             "for every candidate (the released code's test; not a search anyone can run)")
+
+
+def protocol_of(cfg: SepsConfig) -> str:
+    return "dense-text-leak" if cfg.dense_text == "leak" else "unimodal"
+
+
+def seps_paths(out: str, dataset: Dict[str, str], cfg: SepsConfig) -> Dict[str, Any]:
+    identity = {"dataset_fingerprint": dataset["fingerprint"], "seps": identity_dict(cfg)}
+    folder = os.path.join(out, f"{dataset['label']}-{dataset['fingerprint'][:8]}",
+                          f"seps-seed{cfg.seed}-{key_of(identity)[:8]}")
+    return {"identity": identity, "dir": folder, "checkpoint": os.path.join(folder, "seps.pt")}
+
+
+def _readers(data: Dataset) -> Dict[str, Tokens]:
+    return {split: Tokens(data.path, split) for split in ("query", "retrieval")}
+
+
+def _common(data: Dataset, device: str) -> Dict[str, Any]:
+    dataset = dataset_identity(data)
+    return {"dataset": dataset["label"], "dataset_path": dataset["path"], "dataset_fingerprint": dataset["fingerprint"],
+            "device": str(resolve_device(device)), "git_commit": git_commit(),
+            "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+
+
+def _seps_fields(cfg: SepsConfig, checkpoint: str) -> Dict[str, Any]:
+    return {"protocol": protocol_of(cfg), "seps_checkpoint": checkpoint, "seps_version": cfg.version,
+            "selection": cfg.selection, "dense_text": cfg.dense_text, "seed": cfg.seed, "seps_settings": identity_dict(cfg)}
+
+
+def train_seps_stage(data: Dataset, cfg: SepsConfig, opts: RunOptions, names: Sequence[str] = ("test",),
+                     log: Log = print) -> List[Dict[str, Any]]:
+    """Train SEPS on ``data``'s training split (reused when saved with the same identity), then score
+    every pair of each database in ``names``."""
+    paths = seps_paths(opts.out, dataset_identity(data), cfg)
+    path, identity = paths["checkpoint"], paths["identity"]
+    if os.path.exists(path):
+        model, _, meta = load_seps(path)
+        if meta.get("identity") != identity:
+            raise ValueError(f"{path}: holds a SEPS model of another run; not reused. Move it away or use another --out")
+        _drop_leftover_state(path)
+        log(f"seps: reused {path} (run {key_of(identity)})")
+        seconds, history = meta.get("seconds", 0.0), meta["history"]
+    else:
+        log(f"seps: training {path} (run {key_of(identity)})")
+        state = _state_for(path, opts, log)
+        start = time.perf_counter()
+        model, history = fit_seps(data.path, cfg, progress=opts.progress, state=state)
+        seconds = time.perf_counter() - start
+        history = history.as_dict()
+        _write_identity(paths["dir"], identity, dataset_identity(data))
+        save_seps(path, model, meta={"identity": identity, "dataset": dataset_identity(data), "history": history,
+                                     "seconds": seconds})
+        discard_state(state)
+    rows = score_seps(data, model, cfg, path, names, opts.progress)
+    for row in rows:
+        row.update(train_time_s=round(seconds, 2), run=key_of(identity), epochs=cfg.epochs,
+                   best_epoch=history["best_epoch"], epochs_run=len(history["loss"]))
+        if history["best_epoch"] is not None:
+            row["val_score"] = dict(history["validation"])[history["best_epoch"]]
+    return rows
+
+
+def score_seps(data: Dataset, model, cfg: SepsConfig, checkpoint: str, names: Sequence[str],
+               progress: bool = False) -> List[Dict[str, Any]]:
+    """``seps-full`` rows: every pair of each database scored by SEPS."""
+    device = resolve_device(cfg.device)
+    readers = _readers(data)
+    rows = []
+    for db in databases(readers["query"], readers["retrieval"], names):
+        scores, seconds = database_scores(model, db, device, cfg.pair_chunk, progress)
+        rows.append({**_common(data, cfg.device), "task": "seps", "stage": "seps-full", "candidates": None,
+                     "database": db.name, **recall_rows(scores, db.txt_ids, db.img_ids, db.query_txt, db.query_img),
+                     "score_seconds": round(seconds, 3), "pairs": scores.numel(), **_seps_fields(cfg, checkpoint)})
+    return rows
+
+
+def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[str], candidates: Sequence[int],
+                names: Sequence[str] = DATABASES, full: bool = False, device: str = "auto",
+                progress: bool = False, log: Log = print) -> List[Dict[str, Any]]:
+    """Two-stage search on each database: Hamming top-M of the hashing checkpoint, re-ranked by cosine and
+    (with ``seps_checkpoint``) by SEPS, for every M in ``candidates``; ``full`` adds SEPS over every pair."""
+    hasher, _, hash_cfg, _ = load_model(hash_checkpoint, "hash", d_img=data.d_img, d_txt=data.d_txt)
+    if not leak_free(hash_cfg.method):
+        raise ValueError(f"{hash_checkpoint}: method {hash_cfg.method!r} has no leak-free real-valued output to "
+                         "re-rank by; use a checkpoint of a leak-free method (two-tower, distill, cca-itq)")
+    readers = _readers(data)
+    seps, cfg = None, None
+    if seps_checkpoint is not None:
+        q = readers["query"]
+        seps, cfg, _ = load_seps(seps_checkpoint, d_img=q.d_img, d_txt=q.d_txt, n_image_tokens=q.n_image_tokens)
+    rows = []
+    common = {**_common(data, device), "task": "rerank", "hash_checkpoint": hash_checkpoint, "n_bits": hash_cfg.n_bits,
+              "method": hash_cfg.method, "protocol": "unimodal"}
+    for db in databases(readers["query"], readers["retrieval"], names):
+        log(f"{db.name} database: {len(db.img_ids)} images, {len(db.txt_ids)} captions")
+        rr = Reranking(db, data, hasher, seps, device=str(resolve_device(device)), progress=progress)
+        extra = {"database": db.name, "store_bytes_per_item": rr.store_bytes(), "store_seconds": round(rr.store_seconds, 2)}
+        stages = ["hamming", "cosine-rerank"] + (["seps-rerank"] if seps is not None else [])
+        for m in candidates:
+            for stage in stages:
+                row = {**common, **extra, **rr.run(stage, m)}
+                if stage.startswith("seps"):
+                    row.update(_seps_fields(cfg, seps_checkpoint))
+                rows.append(row)
+        if full and seps is not None:
+            rows.append({**common, **extra, **rr.run("seps-full", 0), **_seps_fields(cfg, seps_checkpoint)})
+    return rows
+
+
+def format_stages(rows: List[Dict[str, Any]]) -> str:
+    """A plain-text table of stage rows (R@K in %, the first stage's ceiling, latency per query)."""
+    lines = [f"{'dataset':<14}{'database':<11}{'stage':<15}{'M':>5}{'I->T R@1/5/10':>18}{'T->I R@1/5/10':>18}"
+             f"{'rSum':>7}{'R@M I->T/T->I':>15}{'score ms p50 I->T/T->I':>24}"]
+    for r in rows:
+        recall = ["/".join(f"{r[key][rank]:.1f}" for rank in ("1", "5", "10")) for key in ("recall_i2t", "recall_t2i")]
+        ceiling = (f"{r['recall_at_m_i2t']:.1f}/{r['recall_at_m_t2i']:.1f}" if "recall_at_m_i2t" in r else "-")
+        latency = r.get("latency_ms") or {}
+        score = ("/".join(f"{latency[d]['score']['p50']:.2f}" for d in ("i2t", "t2i"))
+                 if latency and "score" in latency.get("i2t", {}) else "-")
+        stage = r["stage"] + (" LEAKS" if r.get("protocol") == "dense-text-leak" else "")
+        lines.append(f"{r['dataset']:<14}{r['database']:<11}{stage:<15}{r.get('candidates') or '-':>5}{recall[0]:>18}"
+                     f"{recall[1]:>18}{r['rsum']:>7.1f}{ceiling:>15}{score:>24}")
+    lines.append("  caption protocol of docs/reference.md §7 (relevance = same id), R@K in %; test: the query split as "
+                 "database; collection: query and retrieval together")
+    lines.append("  unimodal: each side from its own modality; M: Hamming candidates re-ranked (R@M: the first stage's "
+                 "ceiling)")
+    if any(r.get("protocol") == "dense-text-leak" for r in rows):
+        lines.append("  " + LEAK_NOTE)
+    return "\n".join(lines)

@@ -1,0 +1,120 @@
+"""Click commands of the token-level stage: ``ucmfh train-seps`` and ``ucmfh rerank``.
+
+Registered on the main group by :mod:`ucmfh.app.cli`; the work is in :mod:`ucmfh.app.matching`.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import click
+
+from ucmfh.app.errors import user_errors
+from ucmfh.app.experiment import RunOptions, default_data_dir, resolve_dataset
+from ucmfh.app.matching import format_stages, rerank_rows, train_seps_stage
+from ucmfh.app.options import check_device, parse_params
+from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig
+from ucmfh.data.h5 import load_dataset
+from ucmfh.files import append_jsonl
+from ucmfh.metrics.captions import DATABASES
+
+_DEFAULTS = SepsConfig()
+
+
+def _common(fn):
+    for option in reversed([
+        click.option("--dataset", "-d", required=True,
+                     help="Dataset name (DATA_DIR/NAME.h5) or path to an .h5 file with token features."),
+        click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data",
+                     help="Folder of NAME.h5 dataset files."),
+        click.option("--database", type=click.Choice(["both", *DATABASES]), default=None,
+                     help="Which database of the caption protocol to score (test: the query split; collection: "
+                          "query and retrieval together)."),
+        click.option("--results", default="runs/results.jsonl", show_default=True,
+                     help="JSON-lines file the result rows are appended to."),
+        click.option("--device", default="auto", show_default=True, callback=check_device,
+                     help="auto (CUDA when present), cpu, cuda, cuda:1, ..."),
+        click.option("--quiet", is_flag=True, help="No progress bars."),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def _databases(choice, default):
+    choice = choice or default
+    return DATABASES if choice == "both" else (choice,)
+
+
+def _report(rows, results) -> None:
+    click.echo(format_stages(rows))
+    if results:
+        append_jsonl(results, rows)
+        click.echo(f"results appended to {results}")
+
+
+@click.command("train-seps")
+@_common
+@click.option("--version", "version", type=click.Choice(SEPS_VERSIONS), default=_DEFAULTS.version, show_default=True,
+              help="code: the released code's SEPS; paper: the paper's (predictor MLP and β, top-K MLPs in HRPA).")
+@click.option("--selection", type=click.Choice(list(SEPS_SELECTIONS)), default=_DEFAULTS.selection, show_default=True,
+              help="How the patch selection learns: " + "; ".join(f"{k}: {v}" for k, v in SEPS_SELECTIONS.items()) + ".")
+@click.option("--dense-text", type=click.Choice(list(DENSE_TEXT)), default=_DEFAULTS.dense_text, show_default=True,
+              help="Dense descriptions (files with dense_text_tokens): " + "; ".join(
+                  f"{k}: {v}" for k, v in DENSE_TEXT.items()) + ".")
+@click.option("--epochs", type=click.IntRange(min=1), default=_DEFAULTS.epochs, show_default=True)
+@click.option("--batch-size", type=click.IntRange(min=2), default=_DEFAULTS.batch_size, show_default=True)
+@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=_DEFAULTS.lr, show_default=True)
+@click.option("--seed", default=_DEFAULTS.seed, show_default=True)
+@click.option("--val-fraction", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULTS.val_fraction,
+              show_default=True, help="Share of the training images held out to pick the best epoch (0: keep the last).")
+@click.option("--patience", type=click.IntRange(min=0), default=_DEFAULTS.patience, show_default=True,
+              help="Stop after this many epochs without a better validation rSum (0: never).")
+@click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
+              help="Any other SEPS setting, e.g. keep_ratio=0.8 or embed_dim=256 (repeatable).")
+@click.option("--out", default="runs", show_default=True, help="Root folder of runs (checkpoints).")
+@click.option("--resume", is_flag=True, help="Continue an interrupted run of the same settings.")
+@click.option("--save-interval", default=RunOptions.save_interval, show_default=True, type=click.FloatRange(min=0),
+              help="Seconds between saves of the training state (0: every epoch).")
+@user_errors
+def train_seps(dataset, data_dir, database, results, device, quiet, overrides, out, resume, save_interval,
+               **settings) -> None:
+    """Train SEPS on a file's token features and score every pair of its test database (R@K, §7).
+
+    The model is saved in OUT/DATASET-FP/seps-seedS-KEY/seps.pt; an existing run of the same
+    settings is reused. Re-rank a hashing model's candidates with it by 'ucmfh rerank'.
+    """
+    extra = parse_params(overrides, "--set")
+    fields = {f.name for f in dataclasses.fields(SepsConfig)}
+    unknown = sorted(set(extra) - fields)
+    if unknown:
+        raise click.BadParameter(f"unknown settings {unknown}; SEPS settings are {', '.join(sorted(fields))}",
+                                 param_hint="--set")
+    cfg = SepsConfig(**{**settings, **extra, "device": device})
+    path = resolve_dataset(dataset, data_dir)
+    click.echo(f"dataset: {path}")
+    data = load_dataset(path)
+    opts = RunOptions(out=out, resume=resume, save_interval=save_interval, progress=not quiet)
+    _report(train_seps_stage(data, cfg, opts, _databases(database, "test"), log=click.echo), results)
+
+
+@click.command("rerank")
+@_common
+@click.option("--checkpoint", "-c", required=True, type=click.Path(dir_okay=False),
+              help="Hashing checkpoint of a leak-free method (the first stage: Hamming top-M).")
+@click.option("--seps", "seps_checkpoint", type=click.Path(dir_okay=False), default=None,
+              help="SEPS checkpoint ('ucmfh train-seps') that re-ranks the candidates.")
+@click.option("--candidates", "-m", multiple=True, type=click.IntRange(min=1), default=(100,), show_default=True,
+              help="M, the Hamming candidates re-ranked (repeatable).")
+@click.option("--full", is_flag=True, help="Also score every pair of each database by SEPS (no first stage).")
+@user_errors
+def rerank(dataset, data_dir, database, results, device, quiet, checkpoint, seps_checkpoint, candidates, full) -> None:
+    """Two-stage search: Hamming top-M, then re-ranked by cosine of the pooled embeddings and by SEPS.
+
+    Every query runs alone; the rows give R@1/5/10 of both directions, the first stage's ceiling
+    R@M and per-query latency (search / fetch / score, p50 and p95), on both databases of §7.
+    """
+    path = resolve_dataset(dataset, data_dir)
+    click.echo(f"dataset: {path}")
+    data = load_dataset(path)
+    rows = rerank_rows(data, checkpoint, seps_checkpoint, candidates, _databases(database, "both"), full, device,
+                       progress=not quiet, log=click.echo)
+    _report(rows, results)

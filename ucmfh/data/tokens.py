@@ -1,0 +1,234 @@
+"""Token features in the HDF5 format (docs/reference.md §9): validation and a lazy reader.
+
+Beside the pooled ``image`` / ``text`` of a split, a file may hold
+
+* ``image_tokens`` [N, T, C_img] (patch or grid tokens; may be a virtual dataset),
+* ``text_tokens`` [ΣL, C_txt] with ``text_offsets`` [N+1] int64 (CSR: item i owns rows
+  ``text_offsets[i]:text_offsets[i+1]``),
+* ``dense_text_tokens`` / ``dense_text_offsets``: long descriptions, the same CSR rule,
+* ``text_raw`` [N] and ``text_words`` [ΣL]: strings.
+
+Every split has a token dataset or none does; T and the widths agree between splits.
+:func:`check_tokens` validates them in blocks (bounded memory); :class:`Tokens` reads the
+rows asked for, from memory when the split's tokens fit ``max_memory_bytes`` and from the
+file otherwise (sorted reads, as HDF5 wants).
+"""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Tuple
+
+import h5py
+import numpy as np
+import torch
+
+from ucmfh.data.h5 import SPLITS, DataError, check_finite
+from ucmfh.files import read_attrs
+
+IMAGE_TOKENS = "image_tokens"
+# (tokens, offsets) pairs, CSR
+TEXT_SETS = {"text": ("text_tokens", "text_offsets"), "dense_text": ("dense_text_tokens", "dense_text_offsets")}
+TOKEN_DATASETS = (IMAGE_TOKENS, *(name for pair in TEXT_SETS.values() for name in pair))
+_CHECK_ROWS = 65536  # token rows (text) checked at a time
+_CHECK_ITEMS = 256  # items (image tokens) checked at a time
+DEFAULT_MAX_MEMORY = 2 << 30  # a split's tokens are read into memory below this many bytes
+
+
+def _fail(path: str, where: str, problem: str) -> DataError:
+    return DataError(f"{path}: {where}: {problem}")
+
+
+def _dataset(path: str, group: h5py.Group, name: str, split: str) -> Optional[h5py.Dataset]:
+    obj = group.get(name)
+    if obj is not None and not isinstance(obj, h5py.Dataset):
+        raise _fail(path, f"/{split}/{name}", "expected a dataset")
+    return obj
+
+
+def _read(path: str, where: str, dset: h5py.Dataset, rows=slice(None)) -> np.ndarray:
+    try:
+        return dset[rows]
+    except (OSError, ValueError, TypeError) as err:  # a damaged chunk, a virtual source that is gone
+        raise _fail(path, where, f"unreadable data ({err})") from None
+
+
+def _same_width(path: str, where: str, dims: Dict[str, tuple], key: str, split: str, value: tuple) -> None:
+    previous = dims.setdefault(key, (split, value))
+    if previous[1] != value:
+        raise _fail(path, where, f"shape {value} per item, but /{previous[0]}/{key} has {previous[1]}")
+
+
+def check_offsets(path: str, where: str, offsets: np.ndarray, n_items: int, n_rows: int) -> None:
+    """The CSR rule: [N+1] integers, ``[0] = 0``, non-decreasing, ``[N] = ΣL`` (the token rows)."""
+    if offsets.dtype.kind not in "iu":
+        raise _fail(path, where, f"offsets must be integers, got {offsets.dtype}")
+    if offsets.shape != (n_items + 1,):
+        raise _fail(path, where, f"expected shape ({n_items + 1},) (items + 1), got {offsets.shape}")
+    if offsets[0] != 0:
+        raise _fail(path, where, f"the first offset must be 0, got {offsets[0]}")
+    steps = np.diff(offsets.astype(np.int64))
+    if (steps < 0).any():
+        item = int(np.argmax(steps < 0))
+        raise _fail(path, where, f"offsets not increasing: item {item} ends at {offsets[item + 1]}, "
+                                 f"before it starts at {offsets[item]}")
+    if offsets[-1] != n_rows:
+        raise _fail(path, where, f"the last offset is {offsets[-1]}, but the token dataset has {n_rows} rows")
+
+
+def check_tokens(path: str, group: h5py.Group, split: str, n_items: int, dims: Dict[str, tuple]) -> List[str]:
+    """Check one split's token datasets (if any); ``dims`` collects shapes across splits.
+
+    Returns the token datasets the split has.
+    """
+    present = []
+    image = _dataset(path, group, IMAGE_TOKENS, split)
+    if image is not None:
+        where = f"/{split}/{IMAGE_TOKENS}"
+        if image.ndim != 3 or image.shape[0] != n_items or 0 in image.shape:
+            raise _fail(path, where, f"expected shape ({n_items}, T, C) with T, C > 0, got {image.shape}")
+        if image.dtype.kind != "f":
+            raise _fail(path, where, f"expected floating-point tokens, got {image.dtype}")
+        _same_width(path, where, dims, IMAGE_TOKENS, split, image.shape[1:])
+        for start in range(0, n_items, _CHECK_ITEMS):
+            block = _read(path, where, image, slice(start, start + _CHECK_ITEMS))
+            bad = ~np.isfinite(block)
+            if bad.any():
+                item, token, col = np.argwhere(bad)[0]
+                raise _fail(path, where, f"{int(bad.sum())} non-finite values (first: item {start + item}, "
+                                         f"token {token}, column {col})")
+        present.append(IMAGE_TOKENS)
+    for tokens_name, offsets_name in TEXT_SETS.values():
+        tokens = _dataset(path, group, tokens_name, split)
+        offsets = _dataset(path, group, offsets_name, split)
+        if tokens is None and offsets is None:
+            continue
+        if tokens is None or offsets is None:
+            have, lack = (tokens_name, offsets_name) if offsets is None else (offsets_name, tokens_name)
+            raise _fail(path, f"/{split}/{lack}", f"missing dataset, but /{split}/{have} exists (they come in pairs)")
+        where = f"/{split}/{tokens_name}"
+        if tokens.ndim != 2 or tokens.shape[1] == 0:
+            raise _fail(path, where, f"expected shape (rows, C) with C > 0, got {tokens.shape}")
+        if tokens.dtype.kind != "f":
+            raise _fail(path, where, f"expected floating-point tokens, got {tokens.dtype}")
+        _same_width(path, where, dims, tokens_name, split, tokens.shape[1:])
+        check_offsets(path, f"/{split}/{offsets_name}", _read(path, f"/{split}/{offsets_name}", offsets),
+                      n_items, tokens.shape[0])
+        for start in range(0, tokens.shape[0], _CHECK_ROWS):
+            check_finite(_read(path, where, tokens, slice(start, start + _CHECK_ROWS)), f"{path}: {where}", start)
+        present += [tokens_name, offsets_name]
+    for name, length in (("text_raw", n_items), ("text_words", None)):
+        dset = _dataset(path, group, name, split)
+        if dset is None:
+            continue
+        if length is None:
+            length = group["text_tokens"].shape[0] if "text_tokens" in group else None
+        if dset.ndim != 1 or (length is not None and dset.shape[0] != length):
+            raise _fail(path, f"/{split}/{name}", f"expected shape ({length},), got {dset.shape}")
+    return present
+
+
+def check_token_splits(path: str, present: Dict[str, List[str]]) -> None:
+    """Every split has each token dataset or none does."""
+    for name in TOKEN_DATASETS:
+        having = [split for split in SPLITS if name in present[split]]
+        if having and len(having) < len(SPLITS):
+            missing = next(split for split in SPLITS if split not in having)
+            raise _fail(path, f"/{missing}/{name}", f"missing dataset, but /{having[0]}/{name} exists: "
+                                                    "either every split has it or none")
+
+
+class Tokens:
+    """Reads one split's tokens by item, lazily.
+
+    ``images(rows)`` → [n, T, C_img] float32; ``texts(rows)`` → padded [n, L_max, C_txt] float32
+    and a [n, L_max] bool mask of real rows (``dense=True``: the dense descriptions). Items that share
+    an id are the same image (docs/reference.md §1), so with ``ids`` the image tokens are read and
+    kept once per id. Below ``max_memory_bytes`` a split's tokens are read whole on first use.
+
+    Example:
+        >>> tok = Tokens("data/flickr8k1000.h5", "query")      # doctest: +SKIP
+        >>> v = tok.images(np.arange(4)); words, mask = tok.texts(np.arange(4))  # doctest: +SKIP
+    """
+
+    def __init__(self, path: str, split: str, max_memory_bytes: int = DEFAULT_MAX_MEMORY) -> None:
+        self.path, self.split = os.fspath(path), split
+        self._file = h5py.File(self.path, "r")
+        group = self._file[split]
+        missing = [name for name in (IMAGE_TOKENS, "text_tokens", "text_offsets") if name not in group]
+        if missing:
+            raise DataError(f"{self.path}: /{split}: no token features ({', '.join(missing)} missing; "
+                            "docs/reference.md §9, `ucmfh extract --tokens` writes them)")
+        self._group = group
+        self.n_items = group[IMAGE_TOKENS].shape[0]
+        self.ids = (group["ids"][()] if "ids" in group else np.arange(self.n_items)).astype(np.int64)
+        self.attrs = read_attrs(self._file)
+        _, first, self._image_of = np.unique(self.ids, return_index=True, return_inverse=True)
+        self._first = first  # the row read for each distinct image
+        self.n_image_tokens, self.d_img = group[IMAGE_TOKENS].shape[1:]
+        self.d_txt = group["text_tokens"].shape[1]
+        self.has_dense = "dense_text_tokens" in group
+        self._offsets = {kind: group[offsets][()].astype(np.int64) for kind, (_, offsets) in TEXT_SETS.items()
+                         if offsets in group}
+        self._memory: Dict[str, np.ndarray] = {}
+        size = len(first) * self.n_image_tokens * self.d_img * 2 + sum(
+            group[tokens].shape[0] * group[tokens].shape[1] * 2 for tokens, _ in TEXT_SETS.values() if tokens in group)
+        self.in_memory = size <= max_memory_bytes
+
+    def close(self) -> None:
+        self._file.close()
+
+    def __enter__(self) -> "Tokens":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _rows(self, name: str, rows: np.ndarray) -> np.ndarray:
+        """Rows of a dataset, from memory or by one sorted read."""
+        dset = self._group[name]
+        where = f"/{self.split}/{name}"
+        if self.in_memory:
+            if name not in self._memory:
+                if name == IMAGE_TOKENS:  # one row per distinct image
+                    self._memory[name] = _read(self.path, where, dset, np.sort(self._first))[
+                        np.argsort(np.argsort(self._first))]
+                else:
+                    self._memory[name] = _read(self.path, where, dset)
+            return self._memory[name][rows]
+        unique, inverse = np.unique(rows, return_inverse=True)
+        return _read(self.path, where, dset, unique)[inverse]
+
+    def text_lengths(self, dense: bool = False) -> np.ndarray:
+        """Word tokens per item. Shape: [N] int64."""
+        return np.diff(self._offsets["dense_text" if dense else "text"])
+
+    def image_index(self, items: np.ndarray) -> np.ndarray:
+        """The distinct image of each item (0..n_images-1)."""
+        return self._image_of[np.asarray(items)]
+
+    @property
+    def n_images(self) -> int:
+        return len(self._first)
+
+    def images(self, items: np.ndarray) -> torch.Tensor:
+        """Image tokens of ``items``. Shape: [n] -> [n, T, C_img] float32."""
+        index = self.image_index(items)
+        rows = index if self.in_memory else self._first[index]
+        return torch.from_numpy(self._rows(IMAGE_TOKENS, rows).astype(np.float32))
+
+    def texts(self, items: np.ndarray, dense: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Word tokens of ``items``, padded. Shape: [n] -> [n, L_max, C_txt] float32, [n, L_max] bool."""
+        kind = "dense_text" if dense else "text"
+        if kind not in self._offsets:
+            raise DataError(f"{self.path}: /{self.split}: no {TEXT_SETS[kind][0]}")
+        offsets = self._offsets[kind]
+        items = np.asarray(items)
+        starts, ends = offsets[items], offsets[items + 1]
+        lengths = ends - starts
+        flat = np.concatenate([np.arange(s, e) for s, e in zip(starts, ends)]) if len(items) else np.zeros(0, int)
+        rows = self._rows(TEXT_SETS[kind][0], flat).astype(np.float32)
+        width = max(1, int(lengths.max()) if len(items) else 1)
+        out = np.zeros((len(items), width, rows.shape[1]), dtype=np.float32)
+        mask = np.arange(width)[None, :] < lengths[:, None]
+        out[mask] = rows
+        return torch.from_numpy(out), torch.from_numpy(mask)

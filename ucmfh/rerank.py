@@ -1,0 +1,181 @@
+"""Two-stage search on a caption set: Hamming top-M from the hashing stage, then a re-ranker.
+
+Stages (the ``stage`` of a result row):
+
+* ``hamming``: the codes alone (ties by database index);
+* ``cosine-rerank``: the M candidates re-ordered by the cosine of the hashing model's real-valued
+  outputs before the sign (the pooled embeddings an index keeps; the cheap baseline);
+* ``seps-rerank``: the M candidates re-ordered by SEPS;
+* ``seps-full``: SEPS over every pair of the database (no first stage).
+
+Every query runs alone, as a search does: ``search`` (the Hamming top-M of one query), ``fetch``
+(the candidates' stored data: the word tokens of candidate captions, the precomputed SEPS state of
+candidate images) and ``score`` (encoding the query's side and scoring its M pairs) are timed per
+query. Re-ranking keeps the M candidates and orders them by the re-ranker's score (ties by their
+Hamming order); R@K for K ≤ M is read from that list; ``recall_at_m`` is the first stage's ceiling
+(a relevant item among the M). All codes are ``unimodal``: each from its own modality.
+"""
+from __future__ import annotations
+
+import time
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ucmfh.data.h5 import Dataset
+from ucmfh.metrics.topk import top_k
+from ucmfh.models.hashing import FeatureHasher
+from ucmfh.models.seps import SEPS, State
+from ucmfh.seps import (RANKS, Database, cat_states, database_scores, encode_images, encode_texts, image_states,
+                        recall_rows, take, text_states)
+from ucmfh.similarity import normalize
+
+STAGES = ("hamming", "cosine-rerank", "seps-rerank", "seps-full")
+
+
+def _per_axis(db: Database, data: Dataset, field: str) -> torch.Tensor:
+    """A per-item tensor of the dataset (``img`` or ``txt``) on one axis of ``db``, in its order."""
+    sides = db.images if field == "img" else db.texts
+    order = db.img_order if field == "img" else db.txt_order
+    return torch.cat([getattr(getattr(data, s.tokens.split), field)[torch.from_numpy(s.items)] for s in sides])[order]
+
+
+def _quantiles(ms: List[float]) -> Dict[str, float]:
+    return {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95))}
+
+
+def _recalls(lists: torch.Tensor, query_ids: torch.Tensor, db_ids: torch.Tensor,
+             ranks: Sequence[int]) -> Tuple[Dict[str, float], float]:
+    """R@K in % of ranked candidate lists [Q, M], and the share of queries with a hit among all M."""
+    hit = db_ids[lists] == query_ids[:, None]
+    recall = {str(r): 100.0 * hit[:, :r].any(dim=1).double().mean().item() for r in ranks}
+    return recall, 100.0 * hit.any(dim=1).double().mean().item()
+
+
+class Reranking:
+    """The stages of one database for one hashing model and (optionally) one SEPS model.
+
+    Args:
+        db: the database (:func:`ucmfh.seps.databases`).
+        data: the pooled features of the same file (``load_dataset``).
+        hasher: a leak-free hashing model (:class:`FeatureHasher`).
+        seps: the SEPS matcher, or None for the Hamming and cosine stages only.
+    """
+
+    def __init__(self, db: Database, data: Dataset, hasher: FeatureHasher, seps: Optional[SEPS] = None,
+                 device: str = "cpu", progress: bool = False) -> None:
+        self.db, self.hasher, self.seps = db, hasher.eval(), seps
+        self.device = torch.device(device)
+        self.progress = progress
+        with torch.no_grad():
+            img, txt = _per_axis(db, data, "img"), _per_axis(db, data, "txt")
+            self.img_codes, self.txt_codes = hasher.codes(img, txt, "unimodal")
+            img_real, txt_real = hasher.logits(*hasher.inputs(img, txt))
+            self.img_real, self.txt_real = normalize(img_real), normalize(txt_real)
+        # the re-ranker's stores: the SEPS state of every image and every caption, computed once
+        self.img_store: Optional[State] = None
+        self.txt_store: Optional[State] = None
+        self.store_seconds = 0.0
+        if seps is not None:
+            start = time.perf_counter()
+            self.img_store = take(cat_states([image_states(seps, s, self.device, progress=progress)
+                                              for s in db.images]), db.img_order.to(self.device))
+            self.txt_store = take(cat_states([text_states(seps, s, self.device, progress=progress)
+                                              for s in db.texts]), db.txt_order.to(self.device))
+            self.store_seconds = time.perf_counter() - start
+
+    # ------------------------------------------------------------ the two directions, query by query
+
+    def _query_state(self, direction: str, q: int) -> State:
+        """A query's SEPS state, encoded from its tokens (a query is not in the store)."""
+        sides, order = (self.db.images, self.db.img_order) if direction == "i2t" else (self.db.texts, self.db.txt_order)
+        row = int(order[q])
+        for side in sides:
+            if row < len(side):
+                encode = encode_images if direction == "i2t" else encode_texts
+                return encode(self.seps, side.tokens, side.items[row:row + 1], self.device)
+            row -= len(side)
+        raise IndexError(q)
+
+    def run(self, stage: str, m: int, ranks: Sequence[int] = RANKS) -> Dict[str, object]:
+        """One stage with M candidates: both directions' recalls, the ceiling and the per-query timings."""
+        if stage not in STAGES:
+            raise ValueError(f"stage must be one of {STAGES}, got {stage!r}")
+        if stage.startswith("seps") and self.seps is None:
+            raise ValueError(f"stage {stage!r} needs a SEPS model")
+        if stage == "seps-full":
+            return self._full(ranks)
+        db = self.db
+        out: Dict[str, object] = {"stage": stage, "candidates": m}
+        timings = {}
+        for direction, queries, q_codes, db_codes, q_ids, db_ids in (
+            ("i2t", db.query_img, self.img_codes, self.txt_codes, db.img_ids, db.txt_ids),
+            ("t2i", db.query_txt, self.txt_codes, self.img_codes, db.txt_ids, db.img_ids),
+        ):
+            lists, times = [], {"search": [], "fetch": [], "score": []}
+            rescore = self._rescorer(stage, direction)
+            for q in tqdm(queries.tolist(), desc=f"{stage} {direction}", disable=not self.progress):
+                t0 = time.perf_counter()
+                cand = top_k(q_codes[q:q + 1], db_codes, m, ranking="hamming")[1][0]
+                t1 = time.perf_counter()
+                if rescore is not None:
+                    fetch_s, scores = rescore(q, cand)
+                    order = torch.sort(scores.cpu(), descending=True, stable=True).indices
+                    cand = cand[order]
+                    times["fetch"].append(1000 * fetch_s)
+                    times["score"].append(1000 * (time.perf_counter() - t1 - fetch_s))
+                times["search"].append(1000 * (t1 - t0))
+                lists.append(cand)
+            recall, ceiling = _recalls(torch.stack(lists), q_ids[queries], db_ids, ranks)
+            out[f"recall_{direction}"] = recall
+            out[f"recall_at_m_{direction}"] = ceiling
+            timings[direction] = {k: _quantiles(v) for k, v in times.items() if v}
+        out["rsum"] = sum(out["recall_i2t"].values()) + sum(out["recall_t2i"].values())
+        out["latency_ms"] = timings
+        return out
+
+    def _rescorer(self, stage: str, direction: str) -> Optional[Callable[[int, torch.Tensor], Tuple[float, torch.Tensor]]]:
+        """``(query row, candidate rows) -> (fetch seconds, scores)`` of a re-ranking stage."""
+        if stage == "hamming":
+            return None
+        if stage == "cosine-rerank":
+            q_real, db_real = (self.img_real, self.txt_real) if direction == "i2t" else (self.txt_real, self.img_real)
+
+            def cosine(q: int, cand: torch.Tensor) -> Tuple[float, torch.Tensor]:
+                t0 = time.perf_counter()
+                stored = db_real[cand]
+                return time.perf_counter() - t0, stored @ q_real[q]
+            return cosine
+        seps = self.seps
+
+        @torch.no_grad()
+        def by_seps(q: int, cand: torch.Tensor) -> Tuple[float, torch.Tensor]:
+            t0 = time.perf_counter()
+            index = cand.to(self.device)
+            stored = take(self.txt_store if direction == "i2t" else self.img_store, index)
+            fetch_s = time.perf_counter() - t0
+            query = self._query_state(direction, q)
+            if direction == "i2t":  # one image, M captions
+                return fetch_s, seps.grid(query, stored)[0][:, 0]
+            return fetch_s, seps.grid(stored, query)[0][0]  # one caption, M images
+        return by_seps
+
+    def _full(self, ranks: Sequence[int]) -> Dict[str, object]:
+        db = self.db
+        scores, seconds = database_scores(self.seps, db, self.device, self.seps.cfg.pair_chunk, self.progress)
+        row = recall_rows(scores, db.txt_ids, db.img_ids, db.query_txt, db.query_img)
+        n_pairs = scores.numel()
+        return {"stage": "seps-full", "candidates": None, **row, "score_seconds": seconds,
+                "pairs": n_pairs, "ms_per_1000_pairs": 1000 * seconds / n_pairs * 1000}
+
+    def store_bytes(self) -> Dict[str, float]:
+        """Bytes per item of each store: codes, pooled embeddings, SEPS image state, caption word tokens."""
+        out = {"codes": self.img_codes.shape[1] / 8,
+               "pooled_float16": 2 * self.img_real.shape[1]}
+        for name, store in (("seps_image_state", self.img_store), ("seps_caption_state", self.txt_store)):
+            if store is not None:
+                n = store["mask_sparse" if "caption" in name else "basis"].shape[0]
+                out[name + "_float32"] = sum(v.numel() * v.element_size() for v in store.values()) / n
+        return out

@@ -1,0 +1,264 @@
+"""SEPS on token features: training, scoring every pair, and the R@K protocol of docs/reference.md §7.
+
+The model is :class:`ucmfh.models.seps.SEPS`; the tokens are read by :class:`ucmfh.data.tokens.Tokens`.
+Training follows the released code (VSE++ hinge with ids as positives, max-violation from the second
+epoch, AdamW), keeps the best epoch on a validation part of the training split (rSum of the validation
+images against the validation captions) and never looks at the query split.
+
+Scoring a database computes each image's state once (:func:`image_states`), each chunk of captions'
+state once, and the pairs of an image chunk × caption chunk in one :meth:`SEPS.grid` call, so memory
+is bounded by ``cfg.pair_chunk`` pairs.
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ucmfh.config import SepsConfig
+from ucmfh.data.h5 import DataError
+from ucmfh.data.tokens import Tokens
+from ucmfh.losses.triplet import vse_hinge
+from ucmfh.metrics.captions import DATABASES, first_of_each_id
+from ucmfh.models.seps import SEPS, State
+from ucmfh.similarity import positive_mask
+from ucmfh.train import History, StateFile, _run_epochs, seed_everything, validation_items
+from ucmfh.utils import resolve_device
+
+RANKS = (1, 5, 10)
+
+
+@dataclass
+class Side:
+    """Items of a token reader, in order (one side of a database: its images or its captions)."""
+
+    tokens: Tokens
+    items: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.items)
+
+    def chunks(self, size: int) -> Iterator[np.ndarray]:
+        for start in range(0, len(self.items), size):
+            yield self.items[start:start + size]
+
+
+def _dense(model: SEPS, tokens: Tokens, items: np.ndarray, device: torch.device,
+           where: str) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
+    if not (model.dense and model.cfg.dense_text == where):
+        return None, None
+    words, mask = tokens.texts(items, dense=True)
+    return words.to(device), mask.to(device)
+
+
+def encode_images(model: SEPS, tokens: Tokens, items: np.ndarray, device: torch.device) -> State:
+    """The per-image state of ``items`` (their images' tokens, and their own dense text when used)."""
+    return model.encode_images(tokens.images(items).to(device), *_dense(model, tokens, items, device, "image"))
+
+
+def encode_texts(model: SEPS, tokens: Tokens, items: np.ndarray, device: torch.device) -> State:
+    """The per-caption state of ``items`` (and, in the leaking reproduction mode, their image's dense text)."""
+    words, mask = tokens.texts(items)
+    return model.encode_texts(words.to(device), mask.to(device), *_dense(model, tokens, items, device, "leak"))
+
+
+def cat_states(states: Sequence[State]) -> State:
+    """Concatenate states along their first axis, padding word axes to the longest."""
+    out = {}
+    for key in states[0]:
+        parts = [s[key] for s in states]
+        if parts[0].dim() >= 2 and (key.startswith("words_") or key.startswith("mask_")):
+            width = max(p.shape[1] for p in parts)
+            parts = [torch.nn.functional.pad(p, (0, 0) * (p.dim() - 2) + (0, width - p.shape[1])) for p in parts]
+        out[key] = torch.cat(parts)
+    return out
+
+
+def take(state: State, index: torch.Tensor) -> State:
+    """The rows ``index`` of a state."""
+    return {key: value[index] for key, value in state.items()}
+
+
+@torch.no_grad()
+def image_states(model: SEPS, side: Side, device: torch.device, batch: int = 128, progress: bool = False) -> State:
+    """The state of every image of ``side``, computed once (the store a re-ranker keeps per image)."""
+    model.to(device).eval()
+    states = [encode_images(model, side.tokens, items, device)
+              for items in tqdm(list(side.chunks(batch)), desc="SEPS images", disable=not progress)]
+    return cat_states(states)
+
+
+@torch.no_grad()
+def text_states(model: SEPS, side: Side, device: torch.device, batch: int = 512, progress: bool = False) -> State:
+    """The state of every caption of ``side`` (padded to the longest)."""
+    model.to(device).eval()
+    return cat_states([encode_texts(model, side.tokens, items, device)
+                       for items in tqdm(list(side.chunks(batch)), desc="SEPS captions", disable=not progress)])
+
+
+@torch.no_grad()
+def score_matrix(model: SEPS, images: State, texts: Side, device: torch.device, pair_chunk: int,
+                 progress: bool = False) -> torch.Tensor:
+    """SEPS scores of every (caption, image) pair. Shape: -> [n_texts, n_images] float32 on the CPU."""
+    model.to(device).eval()
+    n_img = images["basis"].shape[0]
+    text_batch = max(1, min(len(texts), pair_chunk // max(1, min(n_img, pair_chunk))))
+    image_batch = max(1, pair_chunk // text_batch)
+    out = torch.empty(len(texts), n_img)
+    start = 0
+    for items in tqdm(list(texts.chunks(text_batch)), desc="SEPS pairs", disable=not progress):
+        txt = encode_texts(model, texts.tokens, items, device)
+        for i in range(0, n_img, image_batch):
+            out[start:start + len(items), i:i + image_batch] = model.grid(
+                take(images, torch.arange(i, min(i + image_batch, n_img), device=device)), txt)[0].float().cpu()
+        start += len(items)
+    return out
+
+
+def recall_from_scores(scores: torch.Tensor, query_ids: torch.Tensor, db_ids: torch.Tensor,
+                       ranks: Sequence[int] = RANKS) -> Dict[str, float]:
+    """Recall@R in % from a score matrix (higher first, ties by database index). Shape: [Q, N], [Q], [N]."""
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :max(ranks)]
+    hit = db_ids[order] == query_ids[:, None]
+    return {str(r): 100.0 * hit[:, :r].any(dim=1).double().mean().item() for r in ranks}
+
+
+def recall_rows(scores: torch.Tensor, txt_ids: torch.Tensor, img_ids: torch.Tensor,
+                query_txt: torch.Tensor, query_img: torch.Tensor) -> Dict[str, object]:
+    """Both directions from one [texts, images] score matrix: the images ``query_img`` (rows of the
+    image axis) query the texts, the captions ``query_txt`` query the images."""
+    i2t = recall_from_scores(scores[:, query_img].T, img_ids[query_img], txt_ids)
+    t2i = recall_from_scores(scores[query_txt], txt_ids[query_txt], img_ids)
+    return {"recall_i2t": i2t, "recall_t2i": t2i, "rsum": sum(i2t.values()) + sum(t2i.values())}
+
+
+# ---------------------------------------------------------------- training
+
+def build_model(tokens: Tokens, cfg: SepsConfig) -> SEPS:
+    """A SEPS model for the token shapes of ``tokens``; the file's root attribute ``image_tokens_cls``
+    says whether image token 0 is a [CLS] token."""
+    cls = bool(tokens.attrs.get("image_tokens_cls", False))
+    return SEPS(tokens.d_img, tokens.d_txt, tokens.n_image_tokens, cfg, image_cls=cls, dense=tokens.has_dense)
+
+
+def _check_dense(tokens: Tokens, cfg: SepsConfig) -> None:
+    if cfg.dense_text != "none" and not tokens.has_dense:
+        raise DataError(f"{tokens.path}: /{tokens.split}: dense_text={cfg.dense_text!r} but the file has no "
+                        "dense_text_tokens")
+
+
+def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
+             state: Optional[StateFile] = None) -> Tuple[SEPS, History]:
+    """Train SEPS on the ``train`` split of ``path``; returns the model (on CPU, the best validation
+    epoch's weights when ``cfg.val_fraction`` > 0) and its :class:`History`."""
+    device = resolve_device(cfg.device)
+    generator = seed_everything(cfg.seed)
+    tokens = Tokens(path, "train")
+    _check_dense(tokens, cfg)
+    ids = tokens.ids
+    if cfg.val_fraction > 0:
+        rest, val = validation_items(ids, cfg.val_fraction, cfg.seed)
+    else:
+        rest, val = np.arange(tokens.n_items), None
+    model = build_model(tokens, cfg).to(device).train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
+    ids_t = torch.from_numpy(ids).to(device)
+
+    def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
+        items = rest[index.cpu().numpy()]
+        img = encode_images(model, tokens, items, device)
+        txt = encode_texts(model, tokens, items, device)
+        sims, soft_mean = model.grid(img, txt)  # [texts, images]
+        batch_ids = ids_t[torch.from_numpy(items).to(device)]
+        loss = vse_hinge(sims.T, positive_mask(len(items), batch_ids, device=device), cfg.margin,
+                         epoch >= cfg.max_violation_from)
+        if soft_mean is not None and cfg.ratio_weight:
+            loss = loss + cfg.ratio_weight * (soft_mean - cfg.keep_ratio) ** 2
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+        return loss.detach()
+
+    validate = None
+    if val is not None:
+        val_images = val[first_of_each_id(torch.from_numpy(ids[val])).numpy()]
+
+        def validate() -> float:
+            row = evaluate_pairs(model, Side(tokens, val_images), Side(tokens, val), device, cfg.pair_chunk)
+            model.train()
+            return row["rsum"]
+
+    history = _run_epochs("seps", cfg, {"model": model}, optimizer, generator, len(rest), device, step, state,
+                          progress, validate=validate)
+    tokens.close()
+    return model.cpu().eval(), history
+
+
+def evaluate_pairs(model: SEPS, images: Side, texts: Side, device: torch.device, pair_chunk: int,
+                   progress: bool = False) -> Dict[str, object]:
+    """R@1/5/10 and rSum of both directions, every pair scored: ``images`` (one item per image) query
+    ``texts`` and the reverse."""
+    scores = score_matrix(model, image_states(model, images, device), texts, device, pair_chunk, progress)
+    img_ids = torch.from_numpy(images.tokens.ids[images.items])
+    txt_ids = torch.from_numpy(texts.tokens.ids[texts.items])
+    return recall_rows(scores, txt_ids, img_ids, torch.arange(len(texts)), torch.arange(len(images)))
+
+
+# ---------------------------------------------------------------- the databases of §7
+
+@dataclass
+class Database:
+    """One database of §7 with token readers.
+
+    ``texts`` and ``images`` (one item per id) are read in their order, split by split; ``txt_order``
+    and ``img_order`` then put the axes in the database's order (§7: the query split, or query ∪
+    retrieval in id order), in which ``txt_ids``, ``img_ids`` and the query rows are given.
+    """
+
+    name: str
+    texts: List[Side]
+    images: List[Side]
+    txt_order: torch.Tensor
+    img_order: torch.Tensor
+    txt_ids: torch.Tensor
+    img_ids: torch.Tensor
+    query_txt: torch.Tensor  # rows of the text axis that are queries (every query caption)
+    query_img: torch.Tensor  # rows of the image axis that are queries (the unique query images)
+
+
+def _in_id_order(sides: List[Side], n_query: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    ids = np.concatenate([s.tokens.ids[s.items] for s in sides])
+    order = np.argsort(ids, kind="stable") if len(sides) > 1 else np.arange(len(ids))
+    position = np.empty_like(order)
+    position[order] = np.arange(len(order))
+    return torch.from_numpy(order), torch.from_numpy(ids[order]), torch.from_numpy(np.sort(position[:n_query]))
+
+
+def databases(query: Tokens, retrieval: Tokens, names: Sequence[str] = DATABASES) -> List[Database]:
+    """The ``test`` and ``collection`` databases of §7 over the query and retrieval readers."""
+    out = []
+    q_first = first_of_each_id(torch.from_numpy(query.ids)).numpy()
+    for name in names:
+        texts, images = [Side(query, np.arange(query.n_items))], [Side(query, q_first)]
+        if name == "collection":
+            texts.append(Side(retrieval, np.arange(retrieval.n_items)))
+            images.append(Side(retrieval, first_of_each_id(torch.from_numpy(retrieval.ids)).numpy()))
+        elif name != "test":
+            raise ValueError(f"database must be one of {DATABASES}, got {name!r}")
+        txt_order, txt_ids, query_txt = _in_id_order(texts, query.n_items)
+        img_order, img_ids, query_img = _in_id_order(images, len(q_first))
+        out.append(Database(name, texts, images, txt_order, img_order, txt_ids, img_ids, query_txt, query_img))
+    return out
+
+
+def database_scores(model: SEPS, db: Database, device: torch.device, pair_chunk: int,
+                    progress: bool = False) -> Tuple[torch.Tensor, float]:
+    """Every pair of a database scored: [texts, images], and the seconds it took."""
+    start = time.perf_counter()
+    images = cat_states([image_states(model, side, device, progress=progress) for side in db.images])
+    scores = torch.cat([score_matrix(model, images, side, device, pair_chunk, progress) for side in db.texts])
+    return scores[db.txt_order][:, db.img_order], time.perf_counter() - start
