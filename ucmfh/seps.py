@@ -26,7 +26,7 @@ from ucmfh.losses.triplet import vse_hinge
 from ucmfh.metrics.captions import DATABASES, first_of_each_id
 from ucmfh.models.seps import SEPS, State
 from ucmfh.similarity import positive_mask
-from ucmfh.train import History, StateFile, _run_epochs, seed_everything, validation_items
+from ucmfh.train import History, StateFile, run_epochs, seed_everything, validation_items
 from ucmfh.utils import resolve_device
 
 RANKS = (1, 5, 10)
@@ -192,7 +192,7 @@ def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
             model.train()
             return row["rsum"]
 
-    history = _run_epochs("seps", cfg, {"model": model}, optimizer, generator, len(rest), device, step, state,
+    history = run_epochs("seps", cfg, {"model": model}, optimizer, generator, len(rest), device, step, state,
                           progress, validate=validate)
     tokens.close()
     return model.cpu().eval(), history

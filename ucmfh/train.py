@@ -235,7 +235,7 @@ def _stop_on_signals() -> Iterator[Dict[str, Optional[int]]]:
             signal.signal(s, h)
 
 
-def _run_epochs(
+def run_epochs(
     stage: str,
     cfg: Any,
     modules: Dict[str, nn.Module],
@@ -394,7 +394,7 @@ def fit_fusion(
         return loss.detach()
 
     modules = {"fusion": fusion, "loss": loss_fn}
-    history = _run_epochs("fusion", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
+    history = run_epochs("fusion", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
                           validate=_validator(embed_split, fusion, val, rest, "cosine", device))
     return fusion.cpu().eval(), history
 
@@ -461,7 +461,7 @@ def _fit_ucmfh(
         return loss.detach()
 
     modules = {"model": model, "fusion_loss": fusion_loss, "code_loss": code_loss}
-    history = _run_epochs(
+    history = run_epochs(
         f"hashing {cfg.n_bits} bits", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
         postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
         validate=_validator(encode_split, model, val, rest, "hamming", device),
@@ -539,7 +539,7 @@ def _fit_feature_hasher(
         optimizer.step()
         return loss.detach()
 
-    history = _run_epochs(
+    history = run_epochs(
         f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model, "loss": loss_fn}, optimizer, generator, len(train),
         device, step, state, progress, postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
         validate=_validator(encode_split, model, val, rest, "hamming", device),

@@ -259,7 +259,7 @@ def _state_path(checkpoint: str) -> str:
     return os.path.splitext(checkpoint)[0] + ".state.pt"
 
 
-def _drop_leftover_state(checkpoint: str) -> None:
+def drop_leftover_state(checkpoint: str) -> None:
     """What a killed run may have left of a stage: temporary files of its writes, and a training
     state beside a finished checkpoint (the run died between saving one and removing the other)."""
     for path in (checkpoint, _state_path(checkpoint)):
@@ -282,14 +282,14 @@ def check_interrupted(runs: Sequence[Run], opts: RunOptions) -> None:
     """Refuse to start over an interrupted run unless ``opts.resume``; call it before anything trains."""
     for run in runs:
         for checkpoint in run.checkpoints:
-            _drop_leftover_state(checkpoint)
+            drop_leftover_state(checkpoint)
             if not opts.resume and os.path.exists(_state_path(checkpoint)):
                 _refuse_interrupted(_state_path(checkpoint))
 
 
-def _state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
+def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
     """The training state beside a checkpoint; an interrupted run is continued only with ``resume``."""
-    _drop_leftover_state(checkpoint)
+    drop_leftover_state(checkpoint)
     state = StateFile(_state_path(checkpoint), opts.save_interval, opts.resume)
     if os.path.exists(state.path):
         if not opts.resume:
@@ -300,7 +300,7 @@ def _state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
     return state
 
 
-def _write_identity(directory: str, identity: Dict[str, Any], dataset: Dict[str, str]) -> None:
+def write_identity(directory: str, identity: Dict[str, Any], dataset: Dict[str, str]) -> None:
     write_json_atomic(os.path.join(directory, "identity.json"), {**identity, "dataset": dataset})
 
 
@@ -312,15 +312,15 @@ def load_or_train_fusion(data: Dataset, run: Run, opts: RunOptions, log: Log = p
     path, identity = run.fusion_path, run.fusion_identity
     if os.path.exists(path):
         fusion, cfg, _, _ = _load_stage(path, "fusion", identity, data)
-        _drop_leftover_state(path)
+        drop_leftover_state(path)
         log(f"fusion encoder: reused {path} (run {key_of(identity)}, {cfg.epochs} epochs, loss {cfg.loss})")
         return fusion, 0.0
     log(f"fusion encoder: training {path} (run {key_of(identity)})")
-    state = _state_for(path, opts, log)
+    state = state_for(path, opts, log)
     start = time.perf_counter()
     fusion, history = fit_fusion(data, run.fusion_cfg, progress=opts.progress, state=state)
     seconds = time.perf_counter() - start
-    _write_identity(run.fusion_dir, identity, run.dataset)
+    write_identity(run.fusion_dir, identity, run.dataset)
     save_checkpoint(path, fusion, run.fusion_cfg,
                     meta={"identity": identity, "dataset": run.dataset, "history": history.as_dict(), "seconds": seconds})
     discard_state(state)
@@ -351,16 +351,16 @@ def train_hash_stage(
     path, identity = run.hash_path, run.hash_identity
     if opts.resume and os.path.exists(path):
         model, _, _, meta = _load_stage(path, "hash", identity, data)
-        _drop_leftover_state(path)
+        drop_leftover_state(path)
         log(f"hashing {hash_cfg.n_bits} bits: already trained, {path} (run {key_of(identity)})")
         seconds, history = meta.get("seconds", 0.0), meta["history"]
     else:
         fusion = None if run.fusion_cfg is None else load_or_train_fusion(data, run, opts, log)[0]
-        state = _state_for(path, opts, log)
+        state = state_for(path, opts, log)
         start = time.perf_counter()
         model, history = fit_hashing(data, hash_cfg, fusion, progress=opts.progress, state=state)
         seconds = time.perf_counter() - start
-        _write_identity(run.hash_dir, run.hash_dir_identity, run.dataset)
+        write_identity(run.hash_dir, run.hash_dir_identity, run.dataset)
         history = history.as_dict()
         save_checkpoint(path, model, run.fusion_cfg, hash_cfg,
                         meta={"identity": identity, "dataset": run.dataset, "history": history, "seconds": seconds})

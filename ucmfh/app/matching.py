@@ -14,7 +14,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence
 
 from ucmfh.app.experiment import (
-    Log, RunOptions, _drop_leftover_state, _state_for, _write_identity, dataset_identity, git_commit, key_of,
+    Log, RunOptions, drop_leftover_state, state_for, write_identity, dataset_identity, git_commit, key_of,
 )
 from ucmfh.checkpoint import load_model, load_seps, save_seps
 from ucmfh.config import SepsConfig, identity_dict, leak_free
@@ -67,17 +67,17 @@ def train_seps_stage(data: Dataset, cfg: SepsConfig, opts: RunOptions, names: Se
         model, _, meta = load_seps(path)
         if meta.get("identity") != identity:
             raise ValueError(f"{path}: holds a SEPS model of another run; not reused. Move it away or use another --out")
-        _drop_leftover_state(path)
+        drop_leftover_state(path)
         log(f"seps: reused {path} (run {key_of(identity)})")
         seconds, history = meta.get("seconds", 0.0), meta["history"]
     else:
         log(f"seps: training {path} (run {key_of(identity)})")
-        state = _state_for(path, opts, log)
+        state = state_for(path, opts, log)
         start = time.perf_counter()
         model, history = fit_seps(data.path, cfg, progress=opts.progress, state=state)
         seconds = time.perf_counter() - start
         history = history.as_dict()
-        _write_identity(paths["dir"], identity, dataset_identity(data))
+        write_identity(paths["dir"], identity, dataset_identity(data))
         save_seps(path, model, meta={"identity": identity, "dataset": dataset_identity(data), "history": history,
                                      "seconds": seconds})
         discard_state(state)
@@ -139,7 +139,8 @@ def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[s
 
 def format_stages(rows: List[Dict[str, Any]]) -> str:
     """A plain-text table of stage rows (R@K in %, the first stage's ceiling, latency per query)."""
-    lines = [f"{'dataset':<14}{'database':<11}{'stage':<15}{'M':>5}{'I->T R@1/5/10':>18}{'T->I R@1/5/10':>18}"
+    width = max([14] + [len(r["dataset"]) + 2 for r in rows])
+    lines = [f"{'dataset':<{width}}{'database':<11}{'stage':<15}{'M':>5}{'I->T R@1/5/10':>18}{'T->I R@1/5/10':>18}"
              f"{'rSum':>7}{'R@M I->T/T->I':>15}{'score ms p50 I->T/T->I':>24}"]
     for r in rows:
         recall = ["/".join(f"{r[key][rank]:.1f}" for rank in ("1", "5", "10")) for key in ("recall_i2t", "recall_t2i")]
@@ -148,7 +149,7 @@ def format_stages(rows: List[Dict[str, Any]]) -> str:
         score = ("/".join(f"{latency[d]['score']['p50']:.2f}" for d in ("i2t", "t2i"))
                  if latency and "score" in latency.get("i2t", {}) else "-")
         stage = r["stage"] + (" LEAKS" if r.get("protocol") == "dense-text-leak" else "")
-        lines.append(f"{r['dataset']:<14}{r['database']:<11}{stage:<15}{r.get('candidates') or '-':>5}{recall[0]:>18}"
+        lines.append(f"{r['dataset']:<{width}}{r['database']:<11}{stage:<15}{r.get('candidates') or '-':>5}{recall[0]:>18}"
                      f"{recall[1]:>18}{r['rsum']:>7.1f}{ceiling:>15}{score:>24}")
     lines.append("  caption protocol of docs/reference.md §7 (relevance = same id), R@K in %; test: the query split as "
                  "database; collection: query and retrieval together")

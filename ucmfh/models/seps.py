@@ -7,9 +7,9 @@ the Hamming top-M candidates of the hashing stage and on its own for the R@K pro
 Cost (the released code's defect 3). Everything that depends on one side only is computed once per
 image or text (:meth:`SEPS.encode_images`, :meth:`SEPS.encode_texts`): the projections, s_im, the
 predictor, and the aggregation MLP's logits, which work token by token. A pair then needs only its
-selection and a few small contractions: every image-side token of a pair (the global token, the N_c
-aggregated tokens, the extra token) is a weighting ``R`` of the image's normalised patches, so the
-pair's word–token similarities are ``(words · patchesᵀ) Rᵀ``, normalised by ``sqrt(diag(R G Rᵀ))``
+selection and a few small contractions: its image-side tokens (the N_c aggregated tokens and the extra
+token; the global token is one per image) are weightings ``R`` of the image's normalised patches, so
+the pair's word–token similarities are ``(words · patchesᵀ) Rᵀ``, normalised by ``sqrt(diag(R G Rᵀ))``
 with G the image's patch Gram matrix. No [pairs, N_c, C] tensor is ever built, and
 :meth:`SEPS.grid` scores every (text, image) pair of two batches with one matrix product for
 ``words · patchesᵀ``; no Python loop over captions or images.
@@ -24,7 +24,7 @@ the loss reaches the scores — the predictor MLP, the projections — through w
 from __future__ import annotations
 
 import math
-from typing import Dict, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -119,12 +119,12 @@ class SEPS(nn.Module):
         patches = v[:, int(self.image_cls):]
         basis = normalize(patches)  # [V, N, C]
         s_im = basis @ normalize(patches.mean(dim=1)).unsqueeze(-1)  # [V, N, 1]
-        if self.image_cls:
-            basis = torch.cat([basis, normalize(v[:, :1])], dim=1)  # the [CLS] row last: [V, N + 1, C]
-        state = {"basis": basis, "gram": basis @ basis.transpose(1, 2), "s_im": s_im.squeeze(-1),
-                 **{f"aggr_{b}": m(basis[:, :self.n_patches]) for b, m in self.aggr.items()}}
+        # the global token: [CLS] when there is one, else the patches' mean
+        glob = normalize(v[:, 0]) if self.image_cls else normalize(basis.mean(dim=1))
+        state = {"basis": basis, "gram": basis @ basis.transpose(1, 2), "s_im": s_im.squeeze(-1), "glob_token": glob,
+                 **{f"aggr_{b}": m(basis) for b, m in self.aggr.items()}}
         if self.cfg.version == "paper":
-            state["pred"] = torch.sigmoid(self.predictor(basis[:, :self.n_patches])).squeeze(-1)
+            state["pred"] = torch.sigmoid(self.predictor(basis)).squeeze(-1)
         if self.dense and self.cfg.dense_text == "image":
             if dense_words is None:
                 raise ValueError("dense_text='image' needs the dense descriptions of the images")
@@ -193,24 +193,26 @@ class SEPS(nn.Module):
         if self.cfg.version == "paper":
             attention = _minmax(s_st) + 2 * _minmax(s_im) + (0 if s_dt is None else _minmax(s_dt))
             score = (1 - 2 * self.cfg.beta) * img["pred"][None] + self.cfg.beta * attention
-            weights, soft = self._select(score, img["aggr_sparse"])
-            if self.dense:  # one joint aggregation: the two aggregators' tokens add (each token is normalised
-                weights = weights + self._select(score, img["aggr_dense"])[0]  # later, so global and extra stay)
-            sims = self._hrpa(weights, img, txt, "sparse")
-            return sims, soft
-        weights, soft = self._select(s_im + s_st, img["aggr_sparse"])
-        sims = self._hrpa(weights, img, txt, "sparse")
+            parts, soft = self._select(score, img["aggr_sparse"], joint=self.dense)
+            if self.dense:  # one joint aggregation: the two aggregators' tokens add
+                parts[0] = parts[0] + self._select(score, img["aggr_dense"], joint=True)[0][0]
+            return self._hrpa(parts, img, txt, "sparse"), soft
+        parts, soft = self._select(s_im + s_st, img["aggr_sparse"])
+        sims = self._hrpa(parts, img, txt, "sparse")
         if self.dense:  # the released code's second branch: its own selection and tokens, scored on its text
-            weights_d, soft_d = self._select(s_im + s_dt.expand_as(s_st), img["aggr_dense"])
-            sims = sims + self._hrpa(weights_d, img, txt, "dense")
+            parts_d, soft_d = self._select(s_im + s_dt.expand_as(s_st), img["aggr_dense"])
+            sims = sims + self._hrpa(parts_d, img, txt, "dense")
             soft = None if soft is None else (soft + soft_d) / 2
         return sims, soft
 
-    def _select(self, score: torch.Tensor, aggr_logits: torch.Tensor) -> Tuple[torch.Tensor, Optional[torch.Tensor]]:
-        """The image-side tokens of every pair as weights over the image's basis rows.
+    def _select(self, score: torch.Tensor, aggr_logits: torch.Tensor,
+                joint: bool = False) -> Tuple[List[torch.Tensor], Optional[torch.Tensor]]:
+        """The selected image-side tokens of every pair, as weights over the image's patches.
 
-        Shape: score [T, V, N]; aggr_logits [V, N, N_c] -> weights [T, V, J, N'] with J = 1 + N_c
-        (+ 1 extra token when patches are dropped) and N' the basis rows; the soft mask's mean or None.
+        Shape: score [T, V, N]; aggr_logits [V, N, N_c] -> parts ``[aggregated [T, V, N_c, N]]``, plus
+        ``extra [T, V, 1, N]`` when patches are dropped; and the soft mask's mean or None. A token is
+        normalised later, so its weights need not sum to 1; ``joint`` makes the aggregated ones do (two
+        aggregations are then added).
         """
         cfg = self.cfg
         n, k = self.n_patches, self.n_keep
@@ -236,53 +238,46 @@ class SEPS(nn.Module):
             mask = hard + soft - soft.detach()
         # aggregation: a softmax over the kept patches, written as D exp(l) / Σ D exp(l)
         logits = aggr_logits.transpose(1, 2)[None]  # [1, V, N_c, N]
-        e = torch.exp(logits - logits.amax(dim=-1, keepdim=True).detach())
-        w = mask[:, :, None, :] * e
-        aggr = w / w.sum(dim=-1, keepdim=True).clamp(min=_EPS)  # [T, V, N_c, N]
-        t, v = score.shape[:2]
-        rows = [self._global_row(t, v, score), aggr]
+        aggr = mask[:, :, None, :] * torch.exp(logits - logits.amax(dim=-1, keepdim=True).detach())
+        if joint:
+            aggr = aggr / aggr.sum(dim=-1, keepdim=True).clamp(min=_EPS)
+        parts = [aggr]
         if k < n:  # the dropped patches, softmax(score)-weighted, as one extra token
-            e = torch.exp(score - score.amax(dim=-1, keepdim=True).detach())
-            u = (1 - mask) * e
-            rows.append((u / u.sum(dim=-1, keepdim=True).clamp(min=_EPS))[:, :, None, :])
-        weights = torch.cat(rows, dim=2)
-        if self.image_cls:  # the [CLS] row of the basis: weight 1 for the global token, 0 for the rest
-            cls = torch.zeros(*weights.shape[:3], 1, dtype=weights.dtype, device=weights.device)
-            cls[:, :, 0] = 1.0
-            weights = torch.cat([weights, cls], dim=-1)
-        return weights, soft_mean
+            parts.append(((1 - mask) * torch.exp(score - score.amax(dim=-1, keepdim=True).detach()))[:, :, None, :])
+        return parts, soft_mean
 
-    def _global_row(self, t: int, v: int, like: torch.Tensor) -> torch.Tensor:
-        """The global token: [CLS] when there is one (weights 0 on the patches), else the patches' mean."""
-        value = 0.0 if self.image_cls else 1.0 / self.n_patches
-        return torch.full((t, v, 1, self.n_patches), value, dtype=like.dtype, device=like.device)
-
-    def _hrpa(self, weights: torch.Tensor, img: State, txt: State, branch: str) -> torch.Tensor:
+    def _hrpa(self, parts: List[torch.Tensor], img: State, txt: State, branch: str) -> torch.Tensor:
         """HRPA of every pair: ``mean_i max_j A_ij + mean_j max_i A_ij`` (+ the paper's top-K MLPs).
 
-        A = words · tokensᵀ with the image-side tokens ``weights · basis``, normalised; their word
-        products come from ``words · basisᵀ`` and their norms from the Gram matrix.
+        A = words · tokensᵀ, the tokens normalised: the image's global token, then each part's tokens
+        ``weights · patches``, whose word products come from ``words · patchesᵀ`` and whose norms
+        from the patches' Gram matrix.
         """
         holder = txt if f"words_{branch}" in txt else img  # dense words may belong to the image
         words, mask = holder[f"words_{branch}"], holder[f"mask_{branch}"]
+        basis, gram = img["basis"], img["gram"]
         if holder is txt:
             t, m, c = words.shape
-            v, nb = img["basis"].shape[:2]
+            v, n = basis.shape[:2]
             # one matrix product over the real words only (captions are padded to the longest)
             flat = mask.reshape(-1)
-            g = words.new_zeros(t * m, v * nb)
-            g[flat] = words.reshape(t * m, c)[flat] @ img["basis"].reshape(v * nb, c).T
-            g = g.reshape(t, m, v, nb)
-            raw = torch.einsum("tmvn,tvjn->tvmj", g, weights)
+            g = words.new_zeros(t * m, v * n)
+            g[flat] = words.reshape(t * m, c)[flat] @ basis.reshape(v * n, c).T
+            g = g.reshape(t, m, v, n)
+            columns = [torch.einsum("tmc,vc->tvm", words, img["glob_token"])[..., None]]
             word_mask = mask[:, None, :]  # [T, 1, M]
-        else:  # [V, M, N'] per image
-            g = torch.einsum("vmc,vnc->vmn", words, img["basis"])
-            raw = torch.einsum("vmn,tvjn->tvmj", g, weights)
+            contract = "tmvn,tvjn->tvmj"
+        else:  # [V, M, N] per image
+            g = torch.einsum("vmc,vnc->vmn", words, basis)
+            columns = [torch.einsum("vmc,vc->vm", words, img["glob_token"])[None, ..., None]]
             word_mask = mask[None]  # [1, V, M]
-        t, v, j, nb = weights.shape  # squared norms of the tokens: diag(R G Rᵀ), one product per image
-        rg = weights.transpose(0, 1).reshape(v, t * j, nb) @ img["gram"]
-        sq = (rg.reshape(v, t, j, nb).transpose(0, 1) * weights).sum(dim=-1)
-        a = raw / sq.clamp(min=_EPS).sqrt()[:, :, None, :]  # [T, V, M, J]
+            contract = "vmn,tvjn->tvmj"
+        for weights in parts:
+            t, v, j, n = weights.shape  # squared norms of the tokens: diag(R G Rᵀ), one product per image
+            rg = weights.transpose(0, 1).reshape(v, t * j, n) @ gram
+            sq = (rg.reshape(v, t, j, n).transpose(0, 1) * weights).sum(dim=-1)
+            columns.append(torch.einsum(contract, g, weights) / sq.clamp(min=_EPS).sqrt()[:, :, None, :])
+        a = torch.cat([col.expand(*columns[-1].shape[:3], col.shape[-1]) for col in columns], dim=-1)
         if self.cfg.version == "code":
             a = F.leaky_relu(a, negative_slope=0.1)
         row = a.amax(dim=-1)  # each word's best token: [T, V, M]
