@@ -197,10 +197,10 @@ class SepsConfig:
 
     ``version`` 'code' is the released code (score = s_im + s_st, HRPA with LeakyReLU(0.1), with dense
     text two branches whose similarities add); 'paper' the paper (predictor MLP and β, plain cosine
-    HRPA with top-K MLPs, one joint aggregation). Defaults of the training follow the released code
-    (AdamW 2e-4, 30 epochs, batch 128), with the best epoch on a validation tenth of the training
-    split (R@1+R@5+R@10 of both directions), never on the query split; the learning rate is 1e-3
-    (chosen on that validation split, docs/seps.md).
+    HRPA with top-K MLPs, one joint aggregation). Training follows the released code (AdamW, 30
+    epochs, batch 128) but for the learning rate, 1e-3 (chosen on validation, docs/seps.md), and
+    keeps the best epoch on a validation tenth of the training split (R@1+R@5+R@10 of both
+    directions), never on the query split.
     """
 
     version: str = "code"

@@ -120,7 +120,7 @@ def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[s
         seps, cfg, _ = load_seps(seps_checkpoint, d_img=q.d_img, d_txt=q.d_txt, n_image_tokens=q.n_image_tokens)
     rows = []
     common = {**_common(data, device), "task": "rerank", "hash_checkpoint": hash_checkpoint, "n_bits": hash_cfg.n_bits,
-              "method": hash_cfg.method, "protocol": "unimodal"}
+              "method": hash_cfg.method, "hash_settings": identity_dict(hash_cfg), "protocol": "unimodal"}
     for db in databases(readers["query"], readers["retrieval"], names):
         log(f"{db.name} database: {len(db.img_ids)} images, {len(db.txt_ids)} captions")
         rr = Reranking(db, data, hasher, seps, device=str(resolve_device(device)), progress=progress)
