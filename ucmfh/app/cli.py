@@ -213,10 +213,13 @@ def runs_cmd(results, dataset, method, loss, n_bits, protocol, as_json) -> None:
 def _add_commands() -> None:
     from ucmfh.app.data_cli import convert, extract
     from ucmfh.app.grid import grid
+    from ucmfh.app.search_cli import index_cmd, search_cmd
 
     main.add_command(convert)
     main.add_command(extract)
     main.add_command(grid)
+    main.add_command(index_cmd)
+    main.add_command(search_cmd)
 
 
 _add_commands()
