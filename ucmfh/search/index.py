@@ -28,15 +28,17 @@ added) ascending, as everywhere in ucmfh (docs/reference.md §6).
 """
 from __future__ import annotations
 
+import glob
+import importlib.util
 import json
 import os
 import shutil
+import sys
+from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
-import torch
 
-from ucmfh.data.h5 import DataError
 from ucmfh.files import PathLike, atomic_path, locked, write_json_atomic
 
 FORMAT = "ucmfh-index"
@@ -44,7 +46,7 @@ VERSION = 1
 MANIFEST = "index.json"
 MODALITIES = ("img", "txt")
 STRINGS = ("text", "paths")
-ArrayLike = Union[np.ndarray, torch.Tensor]
+ArrayLike = Any  # numpy arrays or torch tensors (torch is not imported to search on the CPU)
 # fixed-width columns besides codes and ids: name -> dtype
 _EXTRA = {"embed": np.float16, "labels": np.uint8}
 
@@ -53,8 +55,16 @@ def n_words(n_bits: int) -> int:
     return -(-n_bits // 64)
 
 
+def DataError(message: str) -> ValueError:
+    """:class:`ucmfh.data.h5.DataError`, imported only when raised (it brings torch)."""
+    from ucmfh.data.h5 import DataError as error
+
+    return error(message)
+
+
 def _numpy(x: ArrayLike) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
+    torch = sys.modules.get("torch")  # a tensor exists only where torch was imported
+    if torch is not None and isinstance(x, torch.Tensor):
         return x.detach().cpu().numpy()
     return np.asarray(x)
 
@@ -328,21 +338,21 @@ class Index:
     # ------------------------------------------------------------- search
 
     def search(
-        self, queries: ArrayLike, k: int, modality: str = "txt", device: Union[str, torch.device] = "cpu"
+        self, queries: ArrayLike, k: int, modality: str = "txt", device: Any = "cpu", threads: Optional[int] = None
     ) -> Tuple[np.ndarray, np.ndarray]:
         """Exact top-k items of ``modality`` for each query, by (Hamming distance, position).
 
         Shape: queries [Q, n_bits] ±1 or real (sign), or packed (:func:`as_words`) ->
         (distances, positions) [Q, min(k, count)] int64 numpy. On the CPU the
-        compiled popcount kernels run, threaded over queries
-        (``torch.set_num_threads``); on a GPU the torch path. ``self.ids(modality)[positions]``
-        gives the items' ids.
+        compiled popcount kernels run (without importing torch), on ``threads`` threads over
+        queries (default: the CPUs this process may use); on a GPU the torch path.
+        ``self.ids(modality)[positions]`` gives the items' ids.
         """
         modality = _modality(modality)
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         qw = as_words(queries, self.n_bits, "queries")
-        return hamming_search(qw, self.codes(modality), self.n_bits, int(k), device)
+        return hamming_search(qw, self.codes(modality), self.n_bits, int(k), device, threads)
 
     # --------------------------------------------------------------- files
 
@@ -563,29 +573,81 @@ def _map(folder: str, name: str, dtype: np.dtype, shape: Tuple[int, ...], mmap: 
 # ----------------------------------------------------------------- the search
 
 
+def _kernels() -> Any:
+    """The compiled kernels (``ucmfh.metrics._hamming``), loaded without importing ``ucmfh.metrics``
+    (which imports torch: 200 MB of memory that a CPU search does not need); None when not built."""
+    name = "ucmfh.metrics._hamming"
+    if name in sys.modules:
+        return sys.modules[name]
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics")
+    for path in sorted(glob.glob(os.path.join(here, "_hamming*.so")) + glob.glob(os.path.join(here, "_hamming*.pyd"))):
+        spec = importlib.util.spec_from_file_location(name, path)
+        try:
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        except ImportError:
+            continue
+        sys.modules[name] = module
+        return module
+    return None
+
+
+def _cpu_kernels(device: Any) -> Any:
+    """The kernels when they serve this search: a CPU device, built, and the backend not set to torch."""
+    if str(device) != "cpu":
+        return None
+    native = sys.modules.get("ucmfh.metrics.native")
+    if native is not None and getattr(native, "_backend", "auto") == "torch":
+        return None
+    return _kernels()
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
 def hamming_search(
-    qw: np.ndarray, rw: np.ndarray, n_bits: int, k: int, device: Union[str, torch.device] = "cpu"
+    qw: np.ndarray, rw: np.ndarray, n_bits: int, k: int, device: Any = "cpu", threads: Optional[int] = None
 ) -> Tuple[np.ndarray, np.ndarray]:
     """Exact top-k of query words [Q, W] among item words [N, W] by (distance, position).
 
     Shape: -> (distances, positions) [Q, min(k, N)] int64. CPU: the compiled kernels
-    (:func:`ucmfh.metrics.native.native_top_k`) when built, else the torch path; a GPU
-    device: the torch path, reading the items in blocks.
+    (those of :func:`ucmfh.metrics.native.native_top_k`) on ``threads`` threads over
+    queries, else the torch path; a GPU device: the torch path, reading the items in blocks.
     """
-    from ucmfh.metrics.native import native_top_k, use_native
+    n = rw.shape[0]
+    k = min(k, n)
+    nq = qw.shape[0]
+    if k == 0 or nq == 0:
+        return np.zeros((nq, k), dtype=np.int64), np.zeros((nq, k), dtype=np.int64)
+    kernels = _cpu_kernels(device)
+    if kernels is not None:
+        qw = np.ascontiguousarray(qw)
+        dist = np.empty((nq, k), dtype=np.int64)
+        pos = np.empty((nq, k), dtype=np.int64)
+
+        def work(a: int, b: int) -> None:
+            kernels.top_k(qw[a:b], rw, b - a, n, qw.shape[1], n_bits, k, pos[a:b], dist[a:b])
+
+        parts = max(1, min(threads or default_threads(), nq))
+        bounds = [nq * i // parts for i in range(parts + 1)]
+        if parts == 1:
+            work(0, nq)
+        else:  # the kernel releases the GIL
+            with ThreadPoolExecutor(parts) as pool:
+                for f in [pool.submit(work, a, b) for a, b in zip(bounds[:-1], bounds[1:])]:
+                    f.result()
+        return dist, pos
+    import torch
+
+    from ucmfh.codes import unpack_codes
     from ucmfh.metrics.topk import hamming_top_k_torch
     from ucmfh.utils import resolve_device
 
-    n = rw.shape[0]
-    k = min(k, n)
-    if k == 0 or qw.shape[0] == 0:
-        return np.zeros((qw.shape[0], k), dtype=np.int64), np.zeros((qw.shape[0], k), dtype=np.int64)
     device = resolve_device(device) if isinstance(device, str) else device
-    if use_native(device):
-        dist, pos = native_top_k(np.ascontiguousarray(qw), rw, n_bits, k)
-        return dist.numpy(), pos.numpy()
-    from ucmfh.codes import unpack_codes
-
     # packed items count their padding bits, which are clear in both sets and add no distance
     n_bytes = -(-n_bits // 8)
     q = unpack_codes(torch.from_numpy(packed_bytes(qw, n_bits).copy()), 8 * n_bytes).to(device)

@@ -2,14 +2,14 @@
 from __future__ import annotations
 
 import os
-from typing import Any, List, Sequence, Tuple, Union
+from typing import Any, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
-import torch
 
-from ucmfh.data.h5 import DataError
 from ucmfh.files import PathLike
-from ucmfh.search.index import ArrayLike, Index, _modality, _numpy, as_words, hamming_search, merge_top_k
+from ucmfh.search.index import (
+    ArrayLike, DataError, Index, _modality, _numpy, as_words, hamming_search, merge_top_k,
+)
 
 
 class Shards:
@@ -44,8 +44,8 @@ class Shards:
     def _offsets(self, modality: str) -> np.ndarray:
         return np.cumsum([0] + [s.count(modality) for s in self.shards])
 
-    def search(self, queries: ArrayLike, k: int, modality: str = "txt",
-               device: Union[str, torch.device] = "cpu") -> Tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: ArrayLike, k: int, modality: str = "txt", device: Any = "cpu",
+               threads: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
         """As :meth:`Index.search`, over every shard's items; positions are global."""
         modality = _modality(modality)
         if int(k) < 1:
@@ -54,7 +54,7 @@ class Shards:
         dists, positions = [], []
         for offset, shard in zip(self._offsets(modality), self.shards):
             if shard.count(modality):
-                d, p = hamming_search(qw, shard.codes(modality), self.n_bits, int(k), device)
+                d, p = hamming_search(qw, shard.codes(modality), self.n_bits, int(k), device, threads)
                 dists.append(d)
                 positions.append(p + offset)
         if not dists:
