@@ -213,6 +213,7 @@ def runs_cmd(results, dataset, method, loss, n_bits, protocol, as_json) -> None:
 def _add_commands() -> None:
     from ucmfh.app.data_cli import convert, extract
     from ucmfh.app.grid import grid
+    from ucmfh.app.search_cli import index_cmd, search_cmd
     from ucmfh.app.seps_cli import rerank, train_seps
 
     main.add_command(convert)
@@ -220,6 +221,8 @@ def _add_commands() -> None:
     main.add_command(grid)
     main.add_command(train_seps)
     main.add_command(rerank)
+    main.add_command(index_cmd)
+    main.add_command(search_cmd)
 
 
 _add_commands()

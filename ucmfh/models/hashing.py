@@ -46,6 +46,16 @@ class CrossModalHasher(nn.Module):
         return self.img_head(img_emb), self.txt_head(txt_emb)
 
     @torch.no_grad()
+    def modality_logits(self, x: torch.Tensor, modality: str) -> torch.Tensor:
+        """Head outputs (pre-sign) of one modality from its own features alone (``unimodal``).
+
+        Shape: x [B, d_img] or [B, d_txt] for modality 'img' or 'txt' -> [B, n_bits].
+        """
+        if modality == "img":
+            return self.img_head(self.fusion.encode_img(x))
+        return self.txt_head(self.fusion.encode_txt(x))
+
+    @torch.no_grad()
     def codes(self, img: torch.Tensor, txt: torch.Tensor, protocol: str) -> Tuple[torch.Tensor, torch.Tensor]:
         """±1 image and text codes of items under an evaluation protocol. Shape: -> two [B, n_bits]."""
         img_logits, txt_logits = self.logits(*self.fusion.embed(img, txt, protocol))
@@ -84,6 +94,16 @@ class FeatureHasher(nn.Module):
     def logits(self, img: torch.Tensor, txt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         img, txt = self.inputs(img, txt)
         return self.img_head(img), self.txt_head(txt)
+
+    @torch.no_grad()
+    def modality_logits(self, x: torch.Tensor, modality: str) -> torch.Tensor:
+        """Head outputs (pre-sign) of one modality from its own features (as :meth:`logits`).
+
+        Shape: x [B, d_img] or [B, d_txt] for modality 'img' or 'txt' -> [B, n_bits].
+        """
+        if modality == "img":
+            return self.img_head(normalize(x - self.img_mean))
+        return self.txt_head(normalize(x - self.txt_mean))
 
     @torch.no_grad()
     def codes(self, img: torch.Tensor, txt: torch.Tensor, protocol: str) -> Tuple[torch.Tensor, torch.Tensor]:

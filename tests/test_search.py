@@ -1,0 +1,276 @@
+"""Search: exact top-K against a brute-force ranking, shards as one, mmap, appends, resumable builds, refusals."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from ucmfh.checkpoint import save_checkpoint
+from ucmfh.codes import pack_codes
+from ucmfh.config import HashConfig
+from ucmfh.data.h5 import DataError
+from ucmfh.metrics import backend
+from ucmfh.models.hashing import FeatureHasher
+from ucmfh.scoring import encode_split
+from ucmfh.search import Index
+from ucmfh.search.build import Encoder, build_index
+from ucmfh.search.collection import read_queries
+from ucmfh.search.html import write_html
+from ucmfh.search.results import search_queries
+from ucmfh.search.shards import Shards, open_index
+
+
+def brute_force(q: np.ndarray, r: np.ndarray, k: int):
+    """Hamming distances of ±1 codes by counting unequal signs; a stable sort: ties by index."""
+    d = (q[:, None, :] != r[None, :, :]).sum(axis=2)
+    order = np.argsort(d, axis=1, kind="stable")[:, :k]
+    return np.take_along_axis(d, order, axis=1), order
+
+
+def pm1(rng, n, bits):
+    return rng.choice(np.array([-1.0, 1.0], dtype=np.float32), size=(n, bits))
+
+
+@pytest.mark.parametrize("bits", [8, 20, 64, 100, 128])
+def test_search_equals_brute_force_with_ties_by_index(bits):
+    rng = np.random.default_rng(bits)
+    r, q = pm1(rng, 700, bits), pm1(rng, 37, bits)
+    r[100:110] = r[5]  # exact duplicates: their order must be by position
+    q[0] = r[5]
+    index = Index(bits)
+    index.add("txt", r)
+    for k in (1, 10, 700, 1000):
+        dist, pos = index.search(q, k, "text")
+        want_d, want_i = brute_force(q, r, min(k, 700))
+        assert np.array_equal(pos, want_i) and np.array_equal(dist, want_d)
+    assert list(index.search(q[:1], 11, "txt")[1][0]) == [5, *range(100, 110)]
+    with backend("torch"):  # the torch path (the GPU's) gives the same
+        assert np.array_equal(index.search(q, 10, "txt")[1], brute_force(q, r, 10)[1])
+    # packed bytes and torch tensors in, the same out
+    assert np.array_equal(index.search(pack_codes(q), 10, "txt")[1], index.search(torch.from_numpy(q), 10, "txt")[1])
+
+
+def test_bad_arguments_are_clear():
+    index = Index(16)
+    index.add("img", pm1(np.random.default_rng(0), 5, 16))
+    with pytest.raises(ValueError, match="k must be >= 1"):
+        index.search(pm1(np.random.default_rng(1), 2, 16), 0, "img")
+    with pytest.raises(ValueError, match="codes of 32 bits, the index has 16"):
+        index.search(np.ones((2, 32)), 3, "img")
+    with pytest.raises(ValueError, match="modality must be"):
+        index.search(np.ones((2, 16)), 3, "audio")
+    with pytest.raises(ValueError, match="columns"):
+        index.add("img", np.ones((2, 16)), text=["a", "b"])  # a column the first items did not have
+    packed = np.full((1, 2), 0xFF, dtype=np.uint8)
+    with pytest.raises(ValueError, match="beyond bit 12"):
+        Index(12).add("img", packed)
+
+
+def test_save_load_mmap_append_and_shards(tmp_path):
+    rng = np.random.default_rng(0)
+    r, q = pm1(rng, 900, 64), pm1(rng, 20, 64)
+    ids = np.arange(900) // 3
+    text = [f"caption {i} é" for i in range(900)]
+    whole = Index(64, {"note": "x"})
+    whole.add("txt", r, ids=ids, text=text, embeddings=r[:, :8])
+    path = whole.save(tmp_path / "whole")
+    loaded = Index.load(path)
+    assert isinstance(loaded.codes("txt"), np.memmap) and loaded.meta == {"note": "x"}
+    assert np.array_equal(loaded.search(q, 15, "txt")[1], whole.search(q, 15, "txt")[1])
+    assert loaded.strings("txt", "text", [0, 899]) == ["caption 0 é", "caption 899 é"]
+    with pytest.raises(FileExistsError):
+        whole.save(path)
+    # appends: a folder grown in three adds equals one add; what a reader opened before stays as it was
+    grown = Index(64)
+    grown.save(tmp_path / "grown")
+    grown.add("txt", r[:100], ids=ids[:100], text=text[:100], embeddings=r[:100, :8])
+    before = Index.load(tmp_path / "grown")
+    grown.add("txt", r[100:500], ids=ids[100:500], text=text[100:500], embeddings=r[100:500, :8])
+    grown.add("txt", r[500:], ids=ids[500:], text=text[500:], embeddings=r[500:, :8])
+    again = Index.load(tmp_path / "grown", mmap=False)
+    assert before.count("txt") == 100 and again.count("txt") == 900
+    assert np.array_equal(again.ids("txt"), ids) and again.strings("txt", "text", [450]) == [text[450]]
+    assert np.array_equal(again.search(q, 50, "txt")[1], brute_force(q, r, 50)[1])
+    # shards searched as one equal one index of their items in order, ties included
+    r[600:610] = r[3]
+    q[0] = r[3]
+    single = Index(64)
+    single.add("txt", r, ids=ids, text=text)
+    parts = []
+    for i, (a, b) in enumerate([(0, 250), (250, 605), (605, 900)]):
+        part = Index(64)
+        part.add("txt", r[a:b], ids=ids[a:b], text=text[a:b])
+        parts.append(part.save(tmp_path / f"shard{i}"))
+    shards = open_index(parts)
+    assert isinstance(shards, Shards) and shards.count("txt") == 900
+    for k in (1, 12, 300, 900):
+        d1, p1 = single.search(q, k, "txt")
+        d2, p2 = shards.search(q, k, "txt")
+        assert np.array_equal(p1, p2) and np.array_equal(d1, d2)
+    assert shards.take("txt", "text", p2[:2, :3]) == single.take("txt", "text", p1[:2, :3])
+    assert np.array_equal(shards.take("txt", "ids", p2), ids[p1])
+
+
+def test_rows_of_a_killed_append_are_never_seen(tmp_path):
+    rng = np.random.default_rng(1)
+    r = pm1(rng, 50, 32)
+    index = Index(32)
+    index.add("img", r[:30], paths=[f"p{i}.jpg" for i in range(30)])
+    index.save(tmp_path / "ix")
+    # a writer killed after writing rows but before committing them
+    with open(tmp_path / "ix" / "img.codes", "ab") as f:
+        f.write(b"\xff" * 8 * 7)
+    with open(tmp_path / "ix" / "img.paths.bytes", "ab") as f:
+        f.write(b"garbage")
+    reader = Index.load(tmp_path / "ix")
+    assert reader.count("img") == 30
+    reader.add("img", r[30:], paths=[f"p{i}.jpg" for i in range(30, 50)])
+    full = Index.load(tmp_path / "ix")
+    assert np.array_equal(full.search(r, 1, "img")[1][:, 0], np.arange(50))
+    assert full.strings("img", "paths", [29, 30, 49]) == ["p29.jpg", "p30.jpg", "p49.jpg"]
+    assert os.path.getsize(tmp_path / "ix" / "img.codes") == 50 * 8
+
+
+# ------------------------------------------------------------ collections and checkpoints
+
+
+@pytest.fixture(scope="module")
+def collection(tmp_path_factory):
+    """A caption set: 40 images x 3 captions (ids repeat), with paths and captions; a checkpoint for it."""
+    folder = tmp_path_factory.mktemp("search")
+    rng = np.random.default_rng(0)
+    n_img, per = 40, 3
+    img = np.repeat(rng.normal(size=(n_img, 12)).astype(np.float32), per, axis=0)
+    txt = rng.normal(size=(n_img * per, 10)).astype(np.float32)
+    ids = np.repeat(np.arange(100, 100 + n_img), per)
+    path = folder / "coll.h5"
+    with h5py.File(path, "w") as f:
+        f.attrs["image_feature"] = "toy image features"
+        f.attrs["text_feature"] = "toy text features"
+        f["image"], f["text"], f["ids"] = img, txt, ids
+        f.create_dataset("text_raw", data=[f"a caption of image {i}" for i in ids], dtype=h5py.string_dtype())
+        f.create_dataset("paths", data=[f"img/{i}.jpg" for i in ids], dtype=h5py.string_dtype())
+    checkpoints = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        cfg = HashConfig(method="two-tower", n_bits=24, hidden=16)
+        model = FeatureHasher(12, 10, cfg)
+        model.fit_feature_stats(torch.from_numpy(img), torch.from_numpy(txt))
+        checkpoints.append(save_checkpoint(folder / f"hash24_{seed}.pt", model.eval(), None, cfg))
+    return {"path": str(path), "img": img, "txt": txt, "ids": ids, "ckpt": checkpoints, "folder": folder}
+
+
+def test_build_encodes_unimodal_codes_dedupes_images_and_resumes(collection, tmp_path):
+    c = collection
+    out = tmp_path / "ix"
+    report = build_index(c["path"], c["ckpt"][0], str(out), chunk_size=7)
+    index = report.index
+    assert report.added == {"img": 40, "txt": 120} and not report.already
+    # the codes of `ucmfh encode --protocol unimodal`
+    from ucmfh.checkpoint import load_model
+    from ucmfh.data.h5 import Split
+
+    model = load_model(c["ckpt"][0], "hash")[0]
+    split = Split(torch.from_numpy(c["img"]), torch.from_numpy(c["txt"]), None, torch.from_numpy(c["ids"]))
+    img_codes, txt_codes = encode_split(model, split, "unimodal", "cpu")
+    assert np.array_equal(index.codes("txt").view(np.uint8)[:, :3], pack_codes(txt_codes))
+    assert np.array_equal(index.codes("img").view(np.uint8)[:, :3], pack_codes(img_codes[::3]))  # one per id
+    assert np.array_equal(index.ids("img"), np.arange(100, 140))
+    assert index.strings("txt", "text", [5]) == ["a caption of image 101"]
+    assert index.strings("img", "paths", [2]) == ["img/102.jpg"]
+    # the same collection again adds nothing
+    assert build_index(c["path"], c["ckpt"][0], str(out)).already
+    # a build killed after 5 chunks, resumed, equals the uninterrupted one
+    killed = tmp_path / "killed"
+    build_index(c["path"], c["ckpt"][0], str(killed), chunk_size=7, stop_after=5)
+    assert Index.load(killed).count("txt") == 35
+    resumed = build_index(c["path"], c["ckpt"][0], str(killed), chunk_size=7)
+    assert resumed.resumed_at == 35
+    for name in ("img.codes", "img.ids", "txt.codes", "txt.ids", "txt.embed", "txt.text.bytes", "img.paths.offsets"):
+        assert (killed / name).read_bytes() == (out / name).read_bytes(), name
+    # another collection appends
+    other = tmp_path / "other.h5"
+    shutil.copy(c["path"], other)
+    with h5py.File(other, "a") as f:
+        f.attrs["name"] = "a second collection"
+    appended = build_index(str(other), c["ckpt"][0], str(out))
+    assert appended.added == {"img": 40, "txt": 120} and appended.index.count("txt") == 240
+
+
+def test_search_queries_refuses_other_checkpoints_dims_and_extractors(collection, tmp_path):
+    c = collection
+    index = build_index(c["path"], c["ckpt"][0], str(tmp_path / "ix")).index
+    encoder = Encoder(c["ckpt"][0])
+    queries = read_queries(c["path"], "txt", encoder.dims, ids=[101, 130])
+    assert len(queries) == 6 and queries.text[0] == "a caption of image 101"
+    results = search_queries(index, encoder, queries, 5, "image")
+    logits = encoder.encode(c["txt"][3:6], "txt")
+    assert np.array_equal(results.positions[:3], index.search(logits, 5, "img")[1])
+    assert results.relevance == "same id" and np.array_equal(results.relevant, results.ids == queries.ids[:, None])
+    # cosine re-ranking of the Hamming candidates, checked by hand
+    reranked = search_queries(index, encoder, queries, 4, "image", rerank="cosine", candidates=12)
+    d, p = index.search(encoder.encode(queries.features, "txt"), 12, "img")
+    emb = index.embeddings("img")[p].astype(np.float64)
+    q = encoder.encode(queries.features, "txt").astype(np.float64)
+    cos = np.einsum("qme,qe->qm", emb, q) / (np.linalg.norm(emb, axis=2) * np.linalg.norm(q, axis=1)[:, None])
+    for i in range(len(queries)):
+        order = sorted(range(12), key=lambda j: (-cos[i, j], p[i, j]))[:4]
+        assert list(reranked.positions[i]) == [p[i, j] for j in order]
+    with pytest.raises(DataError, match="made by checkpoint .*hash24_0.pt"):
+        search_queries(index, Encoder(c["ckpt"][1]), queries, 5, "image")
+    with pytest.raises(DataError, match="made by checkpoint"):
+        build_index(c["path"], c["ckpt"][1], str(tmp_path / "ix"))
+    wide = tmp_path / "wide.npy"
+    np.save(wide, np.ones((2, 11), dtype=np.float32))
+    with pytest.raises(DataError, match="fit neither modality"):
+        read_queries(str(wide), None, encoder.dims)
+    bad = read_queries(str(wide), "txt", encoder.dims)
+    with pytest.raises(DataError, match="11-d text features, the checkpoint .* takes 10-d"):
+        search_queries(index, encoder, bad, 5, "image")
+    queries.feature = "another extractor"
+    with pytest.raises(DataError, match="features by 'another extractor', the index's by 'toy text features'"):
+        search_queries(index, encoder, queries, 5, "image")
+    with pytest.raises(DataError, match="no item with id 7"):
+        read_queries(c["path"], "txt", encoder.dims, ids=[7])
+
+
+def test_faiss_flat_gives_the_same_ids(collection):
+    faiss = pytest.importorskip("faiss", reason="faiss-cpu not installed (optional extra 'faiss')")
+    rng = np.random.default_rng(3)
+    r, q = pm1(rng, 3000, 64), pm1(rng, 25, 64)
+    r[1000:1020] = r[7]
+    index = Index(64)
+    index.add("txt", r)
+    flat = faiss.IndexBinaryFlat(64)
+    flat.add(pack_codes(r))
+    for k in (1, 10, 100):
+        fd, fi = flat.search(pack_codes(q), k)
+        d, p = index.search(q, k, "txt")
+        assert np.array_equal(p, fi) and np.array_equal(d, fd)
+
+
+def test_html_page_renders_in_headless_chromium(collection, tmp_path):
+    c = collection
+    index = build_index(c["path"], c["ckpt"][0], str(tmp_path / "ix")).index
+    encoder = Encoder(c["ckpt"][0])
+    queries = read_queries(c["path"], "img", encoder.dims, ids=[101, 102])
+    results = search_queries(index, encoder, queries, 3, "text")
+    page = write_html(tmp_path / "page.html", results, title="toy <search>")
+    text = open(page, encoding="utf-8").read()
+    assert text.count("class='meta'") == 6 and text.count("alt='query'") == 2 and "toy &lt;search&gt;" in text and "a caption of image" in text
+    chromium = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if os.path.exists(p)), None)
+    if chromium is None:
+        pytest.skip("no headless Chromium at /usr/bin/chromium: the page is checked as text only")
+    args = [chromium, "--headless", "--no-sandbox", "--disable-gpu", "--user-data-dir=" + str(tmp_path / "profile")]
+    dom = subprocess.run(args + ["--dump-dom", f"file://{page}"], capture_output=True, text=True, timeout=120)
+    assert dom.returncode == 0, dom.stderr[-2000:]
+    assert dom.stdout.count('class="meta"') == 6 and "a caption of image" in dom.stdout
+    shot = tmp_path / "page.png"
+    subprocess.run(args + [f"--screenshot={shot}", "--window-size=900,700", f"file://{page}"],
+                   capture_output=True, timeout=120)
+    assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 2000

@@ -1,0 +1,87 @@
+"""``ucmfh index`` and ``ucmfh search`` end to end on a tiny synthetic dataset; user errors in one line."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from ucmfh.app.cli import main
+from ucmfh.checkpoint import save_checkpoint
+from ucmfh.config import HashConfig
+from ucmfh.models.hashing import FeatureHasher
+from ucmfh.search import Index
+
+
+@pytest.fixture()
+def trained(tiny_path, tiny, tmp_path):
+    torch.manual_seed(0)
+    cfg = HashConfig(method="two-tower", n_bits=16, hidden=0)
+    model = FeatureHasher(tiny.d_img, tiny.d_txt, cfg)
+    model.fit_feature_stats(tiny.train.img, tiny.train.txt)
+    return save_checkpoint(tmp_path / "hash16.pt", model.eval(), None, cfg)
+
+
+def test_index_then_search_table_json_html(tiny_path, tiny, trained, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "ix"
+    result = runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", str(out), "--quiet", "--chunk-size", "100"])
+    assert result.exit_code == 0, result.output
+    n = len(tiny.query) + len(tiny.retrieval)
+    assert f"added {n} images and {n} texts" in result.output
+    result = runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", str(out), "--quiet"])
+    assert "already indexed" in result.output and Index.load(out).count("txt") == n
+    qid = int(tiny.query.ids[0])
+    result = runner.invoke(main, ["search", str(out), "-q", tiny_path, "--ids", str(qid), "-k", "4"])
+    assert result.exit_code == 0, result.output
+    assert f"query 0 (id {qid})  [image -> text]" in result.output and "relevant (shared label)" in result.output
+    result = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", "3", "--json", "--modality", "image",
+                                  "--query-modality", "text", "--rerank", "cosine", "--html", str(tmp_path / "p.html")])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    assert len(rows) == 3 * len(tiny.query) and {"query", "rank", "id", "distance", "cosine", "relevant"} <= set(rows[0])
+    assert [r["rank"] for r in rows[:3]] == [1, 2, 3] and (tmp_path / "p.html").exists()
+    # the JSON rows are the library's exact top-k: text queries of the query split against the indexed images
+    index = Index.load(out)
+    from ucmfh.search.build import Encoder
+
+    logits = Encoder(trained).encode(tiny.query.txt.numpy(), "txt")
+    d, p = index.search(logits, 30, "img")
+    first = [r["position"] for r in rows[:3]]
+    assert set(first) <= set(p[0])  # re-ranked among the 30 Hamming candidates
+    # queries from an .npy file of features
+    np.save(tmp_path / "q.npy", tiny.query.txt[:2].numpy())
+    result = runner.invoke(main, ["search", str(out), "-q", str(tmp_path / "q.npy"), "-k", "5", "--json",
+                                  "-m", "image"])
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    assert [r["position"] for r in rows[:5]] == list(p[0, :5])
+
+
+def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
+    runner = CliRunner()
+    out = tmp_path / "ix"
+    assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", str(out), "--quiet"]).exit_code == 0
+    np.save(tmp_path / "bad.npy", np.ones((2, 5), dtype=np.float32))
+    cases = [
+        (["search", str(out), "-q", tiny_path, "-k", "0"], "-k"),
+        (["search", str(tmp_path / "nope"), "-q", tiny_path], "no such index folder"),
+        (["search", str(out), "-q", str(tmp_path / "nope.h5")], "nope.h5: no such query file"),
+        (["search", str(out), "-q", str(tmp_path / "bad.npy"), "--query-modality", "text"],
+         "5-d text features, the checkpoint"),
+        (["search", str(out), "-q", tiny_path, "--ids", "999999"], "no item with id 999999"),
+        (["search", str(out), "--text", "a dog"], "not a CLIP model"),
+        (["index", tiny_path, "-c", str(tmp_path / "nope.pt"), "-o", str(tmp_path / "ix2")], "no such checkpoint"),
+        (["index", str(tmp_path / "nope.h5"), "-c", trained, "-o", str(tmp_path / "ix2")], "no such collection file"),
+    ]
+    for args, expected in cases:
+        result = runner.invoke(main, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert expected in result.output and "Traceback" not in result.output, (args, result.output)
+    # an index made by another checkpoint is refused
+    torch.manual_seed(1)
+    cfg = HashConfig(method="two-tower", n_bits=16, hidden=0)
+    other = save_checkpoint(tmp_path / "other.pt", FeatureHasher(tiny.d_img, tiny.d_txt, cfg).eval(), None, cfg)
+    result = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-c", other])
+    assert result.exit_code == 2 and "made by checkpoint" in result.output

@@ -1,0 +1,144 @@
+"""``ucmfh index`` and ``ucmfh search``: thin click wrappers over :mod:`ucmfh.search`."""
+from __future__ import annotations
+
+import json
+import os
+from typing import Optional, Tuple
+
+import click
+
+from ucmfh.app.errors import user_errors
+from ucmfh.app.options import check_device
+
+MODALITY = click.Choice(["image", "text"])
+SHORT = {"image": "img", "text": "txt"}
+
+
+@click.command("index")
+@click.argument("collection", type=click.Path(dir_okay=False))
+@click.option("--checkpoint", "-c", required=True, type=click.Path(dir_okay=False), help="A hashN.pt checkpoint.")
+@click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
+              help="The index folder: created, or resumed / appended to when it exists.")
+@click.option("--split", "splits", multiple=True,
+              help="Groups of COLLECTION to index (repeatable) [default: the root's items, or query and retrieval "
+                   "of a dataset file].")
+@click.option("--chunk-size", default=16384, show_default=True, type=click.IntRange(min=1),
+              help="Items encoded and committed at a time (a killed build resumes at the last chunk).")
+@click.option("--embeddings/--no-embeddings", default=True, show_default=True,
+              help="Keep the float16 real-valued embeddings (for --rerank cosine).")
+@click.option("--device", default="cpu", show_default=True, callback=check_device)
+@click.option("--quiet", is_flag=True, help="No progress bar.")
+@user_errors
+def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, device, quiet) -> None:
+    """Encode every item of COLLECTION (unimodal protocol) into the index folder OUT."""
+    from ucmfh.search.build import build_index
+
+    report = build_index(collection, checkpoint, out, splits=splits or None, chunk_size=chunk_size,
+                         embeddings=embeddings, device=device, progress=not quiet)
+    index = report.index
+    if report.already:
+        click.echo(f"{out}: {collection} is already indexed ({report.rows} rows); nothing added")
+    else:
+        if report.resumed_at:
+            click.echo(f"resumed at row {report.resumed_at} of {report.rows}")
+        click.echo(f"{out}: added {report.added['img']} images and {report.added['txt']} texts from {collection}")
+    click.echo(f"{out}: {index.count('img')} images, {index.count('txt')} texts, {index.n_bits} bits")
+
+
+@click.command("search")
+@click.argument("index", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--queries", "-q", type=click.Path(dir_okay=False),
+              help="Query features: an .npy [Q, d], or an HDF5 collection / dataset file (its query split).")
+@click.option("--split", help="With an HDF5 --queries: the group holding the queries.")
+@click.option("--ids", help="With an HDF5 --queries: only the items with these ids (comma-separated).")
+@click.option("--query-modality", type=MODALITY,
+              help="What the query features are [default: the file's only modality, else the one not searched].")
+@click.option("--text", "text", multiple=True, help="A caption as a query (repeatable; needs the index's CLIP model).")
+@click.option("--image", "image", multiple=True, type=click.Path(dir_okay=False),
+              help="An image file as a query (repeatable; needs the index's CLIP model).")
+@click.option("-k", default=10, show_default=True, type=int, help="Results per query.")
+@click.option("--modality", "-m", type=MODALITY, default="text", show_default=True, help="What is searched.")
+@click.option("--rerank", type=click.Choice(["cosine"]),
+              help="Re-rank the Hamming candidates by the cosine of the real-valued embeddings kept in the index.")
+@click.option("--candidates", type=click.IntRange(min=1), help="Candidates re-ranked [default: 10 k].")
+@click.option("--checkpoint", "-c", type=click.Path(dir_okay=False),
+              help="The index's checkpoint, where it has moved from the path recorded in the index.")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON lines (one per hit) instead of a table.")
+@click.option("--html", type=click.Path(dir_okay=False), help="Also write a static results page here.")
+@click.option("--threads", type=click.IntRange(min=1), help="CPU threads over queries [default: torch's].")
+@click.option("--device", default="cpu", show_default=True, callback=check_device)
+@user_errors
+def search_cmd(index, queries, split, ids, query_modality, text, image, k, modality, rerank, candidates,
+               checkpoint, as_json, html, threads, device) -> None:
+    """Search INDEX (several folders: searched as one) with queries; print the top-k items of each."""
+    from ucmfh.search.build import Encoder
+    from ucmfh.search.collection import read_queries
+    from ucmfh.search.results import format_results, result_rows, search_queries
+    from ucmfh.search.shards import open_index
+
+    if k < 1:
+        raise click.BadParameter(f"must be >= 1, got {k}", param_hint="-k")
+    given = [name for name, v in (("--queries", queries), ("--text", text), ("--image", image)) if v]
+    if len(given) != 1:
+        raise click.UsageError("give queries by exactly one of --queries, --text and --image")
+    if (split or ids) and not queries:
+        raise click.UsageError("--split and --ids select rows of an HDF5 --queries file")
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    opened = open_index(index)
+    encoder = Encoder(checkpoint or _recorded_checkpoint(opened, index[0]), device)
+    searched = SHORT[modality]
+    if queries:
+        wanted = _parse_ids(ids)
+        asked = SHORT[query_modality] if query_modality else None
+        if asked is None and not queries.endswith(".npy"):
+            asked = _default_query_modality(queries, split, searched)
+        q = read_queries(queries, asked, encoder.dims, split=split, ids=wanted)
+    else:
+        from ucmfh.search.clip import clip_queries
+
+        q = clip_queries(opened, text=list(text), images=list(image), device=device)
+    results = search_queries(opened, encoder, q, k, searched, rerank=rerank, candidates=candidates, device=device)
+    if as_json:
+        for row in result_rows(results):
+            click.echo(json.dumps(row, ensure_ascii=False))
+    else:
+        click.echo(format_results(results))
+    if html:
+        from ucmfh.search.html import write_html
+
+        write_html(html, results, title=f"ucmfh search: {', '.join(index)}")
+        click.echo(f"wrote {html}", err=as_json)
+
+
+def _recorded_checkpoint(index, path: str) -> str:
+    recorded = (index.meta.get("checkpoint") or {}).get("path")
+    if not recorded:
+        raise ValueError(f"{path}: records no checkpoint; give it with --checkpoint")
+    if not os.path.exists(recorded):
+        raise FileNotFoundError(f"{path}: its checkpoint {recorded} is gone; give it with --checkpoint")
+    return recorded
+
+
+def _parse_ids(ids: Optional[str]) -> Optional[Tuple[int, ...]]:
+    if ids is None:
+        return None
+    try:
+        return tuple(int(v) for v in ids.replace(" ", "").split(",") if v)
+    except ValueError:
+        raise click.BadParameter(f"expected comma-separated integers, got {ids!r}", param_hint="--ids") from None
+
+
+def _default_query_modality(path: str, split: Optional[str], searched: str) -> Optional[str]:
+    """The file's only modality; with both, the one not searched (a cross-modal query)."""
+    from ucmfh.search.collection import open_collection
+
+    if not os.path.exists(path):
+        return None  # read_queries names the missing file
+    coll = open_collection(path, [split] if split else None)
+    both = coll.has("image") and coll.has("text")
+    if not both:
+        return None
+    return "img" if searched == "txt" else "txt"

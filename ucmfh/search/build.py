@@ -1,0 +1,190 @@
+"""Encode a collection with a hashing checkpoint into an index: chunked, resumable, appending.
+
+Codes are computed under the ``unimodal`` protocol (docs/reference.md §3): an
+image's code from the image alone, a caption's from the caption alone, so a
+user with only one modality can compute the same code for a query. The index
+records the checkpoint (SHA-256 of the file) and the feature extractors (the
+collection's root attributes); queries encoded by another checkpoint, or
+features of another extractor, are refused.
+
+Each chunk of rows is appended and committed with the build's progress
+(``Index.sources``): a killed build continues at its last committed chunk, and
+building the same collection into the same index again adds nothing. Another
+collection built into an existing index is appended.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from ucmfh.checkpoint import load_model
+from ucmfh.data.h5 import DataError
+from ucmfh.search.collection import FEATURES, Collection, first_of_each_id, open_collection
+from ucmfh.search.index import Index, as_words
+from ucmfh.utils import resolve_device
+
+PROTOCOL = "unimodal"
+Log = Callable[[str], None]
+
+
+def file_sha256(path: str) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 23), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+class Encoder:
+    """A hashing checkpoint as an encoder of one modality at a time (``unimodal``).
+
+    ``encode`` gives the heads' real-valued outputs; their signs are the codes
+    (sign(0) = +1), the same codes as ``ucmfh encode --protocol unimodal``.
+    """
+
+    def __init__(self, checkpoint: str, device: str = "cpu", batch_size: int = 4096) -> None:
+        checkpoint = os.fspath(checkpoint)
+        model, _, hash_cfg, _ = load_model(checkpoint, "hash")
+        self.device = resolve_device(device)
+        self.model = model.to(self.device).eval()
+        self.batch_size = batch_size
+        dims = model.fusion if hasattr(model, "fusion") else model
+        self.dims = {"img": int(dims.d_img), "txt": int(dims.d_txt)}
+        self.n_bits = int(hash_cfg.n_bits)
+        self.identity = {"path": os.path.abspath(checkpoint), "sha256": file_sha256(checkpoint),
+                         "method": hash_cfg.method, "n_bits": self.n_bits,
+                         "d_img": self.dims["img"], "d_txt": self.dims["txt"]}
+
+    def check_dim(self, features: np.ndarray, modality: str, where: str) -> None:
+        if features.ndim != 2 or features.shape[1] != self.dims[modality]:
+            got = features.shape[1] if features.ndim == 2 else f"shape {features.shape}"
+            raise DataError(f"{where}: {got}-d {FEATURES[modality]} features, the checkpoint "
+                            f"{self.identity['path']} takes {self.dims[modality]}-d")
+
+    @torch.no_grad()
+    def encode(self, features: np.ndarray, modality: str) -> np.ndarray:
+        """Head outputs of one modality. Shape: [N, d] -> [N, n_bits] float32."""
+        out = []
+        for start in range(0, features.shape[0], self.batch_size):
+            x = torch.from_numpy(np.ascontiguousarray(features[start : start + self.batch_size], dtype=np.float32))
+            out.append(self.model.modality_logits(x.to(self.device), modality).float().cpu().numpy())
+        return np.concatenate(out) if out else np.zeros((0, self.n_bits), dtype=np.float32)
+
+
+def check_same_checkpoint(index: Index, encoder: Encoder) -> None:
+    """Refuse an encoder other than the one that made the index."""
+    made = (index.meta.get("checkpoint") or {})
+    if made.get("sha256") != encoder.identity["sha256"]:
+        raise DataError(f"{index.path or 'index'}: made by checkpoint {made.get('path')} "
+                        f"(sha256 {str(made.get('sha256'))[:12]}), not {encoder.identity['path']} "
+                        f"(sha256 {encoder.identity['sha256'][:12]}); codes of different models are not comparable")
+
+
+def check_same_feature(index: Index, modality: str, feature: Optional[str], where: str) -> None:
+    """Refuse features of another extractor than the index's, when both are recorded."""
+    recorded = (index.meta.get("features") or {}).get(modality)
+    if recorded and feature and recorded != feature:
+        raise DataError(f"{where}: {FEATURES[modality]} features by '{_short(feature)}', the index's by "
+                        f"'{_short(recorded)}'")
+
+
+def _short(text: str, n: int = 80) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+@dataclass
+class BuildReport:
+    index: Index
+    added: Dict[str, int]  # items added per modality by this call
+    resumed_at: int  # the row the build started at (0: from the start)
+    rows: int  # rows of the collection
+    already: bool  # the collection was already complete in the index
+
+
+def build_index(
+    collection: str,
+    checkpoint: str,
+    out: str,
+    splits: Optional[Sequence[str]] = None,
+    chunk_size: int = 16384,
+    embeddings: bool = True,
+    device: str = "cpu",
+    progress: bool = False,
+    stop_after: Optional[int] = None,
+) -> BuildReport:
+    """Encode every item of a collection file into the index folder ``out`` (created, resumed or appended to).
+
+    Images are indexed once per id (the first row of each id in this collection);
+    captions, every row. ``embeddings`` keeps the float16 head outputs for cosine
+    re-ranking. ``stop_after`` stops after that many chunks (tests simulate a kill with it).
+    """
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    coll = open_collection(collection, splits)
+    encoder = Encoder(checkpoint, device)
+    for modality, name in FEATURES.items():
+        if coll.has(name) and coll.columns[name] != encoder.dims[modality]:
+            raise DataError(f"{coll.path}: {coll.where(name)}: {coll.columns[name]}-d features, the checkpoint "
+                            f"{encoder.identity['path']} takes {encoder.dims[modality]}-d")
+    features = {m: coll.feature(m) for m in FEATURES if coll.has(FEATURES[m])}
+    if os.path.exists(out):
+        index = Index.load(out)
+        check_same_checkpoint(index, encoder)
+        for modality, feature in features.items():
+            check_same_feature(index, modality, feature, coll.path)
+        if not index.meta.get("features"):
+            index.meta["features"] = {}
+        for m, f in features.items():
+            index.meta["features"].setdefault(m, f)
+    else:
+        index = Index.create(out, encoder.n_bits, {"checkpoint": encoder.identity, "features": features,
+                                                   "protocol": PROTOCOL})
+    key = f"{file_sha256(coll.path)}:{','.join(coll.groups)}"
+    done = next((int(s["done"]) for s in index.sources if s["key"] == key), 0)
+    n = len(coll)
+    if done >= n:
+        return BuildReport(index, {"img": 0, "txt": 0}, done, n, True)
+    ids = coll.ids()
+    keep_img = first_of_each_id(ids, n)
+    before = {m: index.count(m) for m in FEATURES}
+    source = {"key": key, "path": os.path.abspath(coll.path), "groups": coll.groups, "rows": n}
+    bar = tqdm(total=n, initial=done, desc=f"index {os.path.basename(coll.path)}", unit="item", disable=not progress)
+    chunks = 0
+    for start in range(done, n, chunk_size):
+        stop = min(start + chunk_size, n)
+        items = {}
+        chunk_ids = ids[start:stop] if ids is not None else None
+        for modality, name in FEATURES.items():
+            if not coll.has(name):
+                continue
+            rows = keep_img[start:stop] if modality == "img" else np.ones(stop - start, dtype=bool)
+            x = coll.read(name, start, stop)[rows]
+            logits = encoder.encode(x, modality)
+            item: Dict[str, Any] = {"codes": as_words(logits, encoder.n_bits)}
+            if chunk_ids is not None:
+                item["ids"] = chunk_ids[rows]
+            else:  # no ids: an item's id is its row in the collection
+                item["ids"] = np.arange(start, stop, dtype=np.int64)[rows]
+            if embeddings:
+                item["embeddings"] = logits.astype(np.float16)
+            if coll.has("labels"):
+                item["labels"] = (coll.read("labels", start, stop)[rows] != 0).astype(np.uint8)
+            for column, kind in (("text_raw", "txt"), ("paths", "img")):
+                if modality == kind and coll.has(column):
+                    values = coll.read(column, start, stop)
+                    item["text" if column == "text_raw" else "paths"] = [v for v, r in zip(values, rows) if r]
+            items[modality] = item
+        index.add_many(items, {**source, "done": stop})
+        bar.update(stop - start)
+        chunks += 1
+        if stop_after is not None and chunks >= stop_after and stop < n:
+            break
+    bar.close()
+    added = {m: index.count(m) - before[m] for m in FEATURES}
+    return BuildReport(index, added, done, n, False)

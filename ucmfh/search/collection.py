@@ -1,0 +1,273 @@
+"""Collection files and query files: features (and what shows a result) read in row ranges.
+
+A collection is an HDF5 file with, at its root or in groups (a ucmfh dataset
+file's splits, docs/reference.md §1):
+
+    image [N, d_img] float, text [N, d_txt] float   at least one of the two
+    ids [N] int (optional; equal id = the same image), labels [N, C] 0/1 (optional)
+    paths [N] str (optional: the image files), text_raw [N] str (optional: the captions)
+
+and the root attributes ``image_feature`` / ``text_feature`` naming the
+extractors. Rows of several groups are read as one sequence, group by group.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional, Sequence
+
+import h5py
+import numpy as np
+
+from ucmfh.data.h5 import DataError, check_finite
+from ucmfh.files import read_attrs
+
+FEATURES = {"img": "image", "txt": "text"}  # modality -> dataset name
+COLUMNS = ("image", "text", "ids", "labels", "paths", "text_raw")
+DEFAULT_SPLITS = ("query", "retrieval")  # a dataset file's collection (§7): train is drawn from retrieval
+
+
+@dataclass
+class Collection:
+    """A collection file opened for reading by row ranges (across its groups, in order)."""
+
+    path: str
+    groups: List[str]
+    rows: List[int]
+    columns: Dict[str, Optional[int]]  # present column -> width (None for 1-D)
+    attrs: Dict[str, Any] = field(default_factory=dict)
+
+    def __len__(self) -> int:
+        return sum(self.rows)
+
+    def has(self, name: str) -> bool:
+        return name in self.columns
+
+    def feature(self, modality: str) -> Optional[str]:
+        """The extractor that made a modality's features (root attribute), when recorded."""
+        value = self.attrs.get(f"{FEATURES[modality]}_feature")
+        return None if value is None else str(value)
+
+    def where(self, name: str) -> str:
+        return ", ".join(f"{g.rstrip('/')}/{name}" for g in self.groups)
+
+    def read(self, name: str, start: int = 0, stop: Optional[int] = None) -> Any:
+        """Rows [start, stop) of a column: an array, or a list of str for strings."""
+        stop = len(self) if stop is None else stop
+        parts: List[Any] = []
+        with h5py.File(self.path, "r") as f:
+            first = 0
+            for group, n in zip(self.groups, self.rows):
+                a, b = max(start - first, 0), min(stop - first, n)
+                if a < b:
+                    parts.append(_read(self.path, f[group][name], f"{group.rstrip('/')}/{name}", a, b))
+                first += n
+        if name in ("paths", "text_raw"):
+            return [s for part in parts for s in part]
+        if not parts:
+            shape = (0,) if self.columns[name] is None else (0, self.columns[name])
+            return np.zeros(shape, dtype=np.float32)
+        out = np.concatenate(parts) if len(parts) > 1 else parts[0]
+        if name in FEATURES.values():
+            check_finite(out, f"{self.path}: {self.where(name)}", start)
+        return out
+
+    def ids(self) -> Optional[np.ndarray]:
+        return self.read("ids").astype(np.int64) if self.has("ids") else None
+
+
+def _read(path: str, dset: h5py.Dataset, where: str, a: int, b: int) -> Any:
+    try:
+        if dset.dtype.kind in "OSU":
+            return [s if isinstance(s, str) else s.decode("utf-8") for s in dset[a:b].tolist()]
+        return dset[a:b]
+    except (OSError, ValueError, TypeError, UnicodeDecodeError) as err:
+        raise DataError(f"{path}: {where}: unreadable data ({err})") from None
+
+
+def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collection:
+    """Check a collection file's layout (not its values) and open it.
+
+    ``splits``: the groups to read; default the root when it holds ``image`` or
+    ``text``, else the groups ``query`` and ``retrieval`` that exist.
+    Raises :class:`DataError` naming the file, the dataset and the problem.
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such collection file")
+    try:
+        f = h5py.File(path, "r")
+    except OSError as err:
+        raise DataError(f"{path}: not a readable HDF5 file ({err})") from None
+    with f:
+        flat = "image" in f or "text" in f
+        if splits:
+            missing = [s for s in splits if s not in f or not isinstance(f[s], h5py.Group)]
+            if missing:
+                groups = sorted(k for k in f if isinstance(f[k], h5py.Group))
+                raise DataError(f"{path}: /{missing[0]}: no such group (the file has: {groups or 'none'})")
+            groups = [f"/{s}" for s in splits]
+        elif flat:
+            groups = ["/"]
+        else:
+            groups = [f"/{s}" for s in DEFAULT_SPLITS if s in f]
+            if not groups:
+                raise DataError(f"{path}: /: no image or text dataset, and no query or retrieval group "
+                                f"(the file has: {sorted(f.keys())})")
+        columns: Dict[str, Optional[int]] = {}
+        rows = []
+        for g in groups:
+            group = f[g]
+            present = [name for name in COLUMNS if name in group]
+            if not {"image", "text"} & set(present):
+                raise DataError(f"{path}: {g}: no image or text dataset (it has: {sorted(group.keys())})")
+            n = None
+            for name in present:
+                dset = group[name]
+                where = f"{g.rstrip('/')}/{name}"
+                if not isinstance(dset, h5py.Dataset):
+                    raise DataError(f"{path}: {where}: expected a dataset")
+                two_d = name in ("image", "text", "labels")
+                if dset.ndim != (2 if two_d else 1):
+                    raise DataError(f"{path}: {where}: expected a {2 if two_d else 1}-D array, got shape {dset.shape}")
+                if n is None:
+                    n = dset.shape[0]
+                elif dset.shape[0] != n:
+                    raise DataError(f"{path}: {where}: {dset.shape[0]} rows, {g.rstrip('/')}/{present[0]} has {n}")
+                if name in FEATURES.values() and dset.dtype.kind != "f":
+                    raise DataError(f"{path}: {where}: expected floating-point features, got {dset.dtype}")
+                if name == "ids" and dset.dtype.kind not in "iu":
+                    raise DataError(f"{path}: {where}: ids must be integers, got {dset.dtype}")
+                if name in ("paths", "text_raw") and dset.dtype.kind not in "OSU":
+                    raise DataError(f"{path}: {where}: expected strings, got {dset.dtype}")
+                width = dset.shape[1] if two_d else None
+                if name in columns and columns[name] != width:
+                    raise DataError(f"{path}: {where}: {width} columns, an earlier group has {columns[name]}")
+                columns.setdefault(name, width)
+            if len(groups) > 1 and set(present) != set(columns):
+                raise DataError(f"{path}: {g}: has {sorted(present)}, an earlier group {sorted(columns)}")
+            rows.append(int(n))
+        try:
+            attrs = read_attrs(f)
+        except (OSError, TypeError, ValueError) as err:
+            raise DataError(f"{path}: root attributes: unreadable ({err})") from None
+    return Collection(path, groups, rows, columns, attrs)
+
+
+def first_of_each_id(ids: Optional[np.ndarray], n: int) -> np.ndarray:
+    """A mask of the rows that are the first with their id (all rows without ids).
+
+    Equal ids are the same image (§7): an image is indexed, or asked, once.
+    """
+    keep = np.zeros(n, dtype=bool)
+    if ids is None:
+        keep[:] = True
+    else:
+        keep[np.unique(ids, return_index=True)[1]] = True
+    return keep
+
+
+@dataclass
+class Queries:
+    """Query items of one modality: features and what describes them.
+
+    Shape: features [Q, d] float32; ids [Q] int64 or None; labels [Q, C] or None.
+    """
+
+    modality: str
+    features: np.ndarray
+    source: str
+    ids: Optional[np.ndarray] = None
+    labels: Optional[np.ndarray] = None
+    text: Optional[List[str]] = None
+    paths: Optional[List[str]] = None
+    feature: Optional[str] = None  # the extractor, when the file records it
+
+    def __len__(self) -> int:
+        return self.features.shape[0]
+
+    def describe(self, i: int) -> str:
+        if self.text is not None:
+            return self.text[i]
+        if self.paths is not None:
+            return self.paths[i]
+        return f"{self.source} row {i}" if self.ids is None else f"id {self.ids[i]}"
+
+
+def read_queries(
+    path: str,
+    modality: Optional[str],
+    dims: Dict[str, int],
+    split: Optional[str] = None,
+    ids: Optional[Sequence[int]] = None,
+) -> Queries:
+    """Queries from features in an ``.npy`` file [Q, d] or an HDF5 collection (``split``: one group,
+    default ``query`` in a dataset file), optionally only the items with the given ``ids``.
+
+    ``modality`` ('img'/'txt') may be None when the file settles it (one feature
+    dataset, or an ``.npy`` whose width fits one modality of ``dims``). Image
+    queries are one per id (equal ids are the same image).
+    """
+    path = os.fspath(path)
+    if not os.path.exists(path):
+        raise FileNotFoundError(f"{path}: no such query file")
+    if path.endswith(".npy"):
+        if ids is not None or split is not None:
+            raise ValueError(f"{path}: an .npy file has no ids or splits; select rows from an HDF5 file")
+        try:
+            x = np.load(path, allow_pickle=False)
+        except (OSError, ValueError) as err:
+            raise DataError(f"{path}: not a readable .npy file ({err})") from None
+        if x.ndim == 1:
+            x = x[None]
+        if x.ndim != 2 or x.dtype.kind not in "fiu":
+            raise DataError(f"{path}: expected numeric features [Q, d], got {x.dtype} {x.shape}")
+        if modality is None:
+            fits = [m for m, d in dims.items() if d == x.shape[1]]
+            if len(fits) != 1:
+                raise DataError(f"{path}: {x.shape[1]}-d features fit "
+                                f"{'both modalities' if fits else 'neither modality'} of the checkpoint "
+                                f"(image {dims['img']}-d, text {dims['txt']}-d); say which they are")
+            modality = fits[0]
+        check_finite(x.astype(np.float32), path)
+        return Queries(modality, x.astype(np.float32), path)
+    coll = open_collection(path, [split] if split else None)
+    if split is None and coll.groups != ["/"]:  # a dataset file: its query split
+        coll = open_collection(path, ["query"])
+    available = [m for m, name in FEATURES.items() if coll.has(name)]
+    if modality is None:
+        if len(available) != 1:
+            raise DataError(f"{path}: has image and text features; say which modality the queries are")
+        modality = available[0]
+    name = FEATURES[modality]
+    if not coll.has(name):
+        raise DataError(f"{path}: {coll.where(name)}: missing dataset (the queries are {name} features)")
+    all_ids = coll.ids()
+    n = len(coll)
+    if ids is not None:
+        if all_ids is None:
+            raise DataError(f"{path}: {coll.where('ids')}: missing dataset, so no query can be chosen by id")
+        wanted = np.asarray(list(ids), dtype=np.int64)
+        missing = wanted[~np.isin(wanted, all_ids)]
+        if missing.size:
+            raise DataError(f"{path}: {coll.where('ids')}: no item with id {', '.join(map(str, missing[:5]))}")
+        rows = []
+        for i in wanted:
+            match = np.flatnonzero(all_ids == i)
+            rows.extend(match[:1] if modality == "img" else match)
+        rows = np.asarray(rows, dtype=np.int64)
+    else:
+        rows = np.flatnonzero(first_of_each_id(all_ids, n) if modality == "img" else np.ones(n, dtype=bool))
+    features = coll.read(name)[rows].astype(np.float32)
+    text = paths = None
+    if modality == "txt" and coll.has("text_raw"):
+        raw = coll.read("text_raw")
+        text = [raw[i] for i in rows]
+    if modality == "img" and coll.has("paths"):
+        raw = coll.read("paths")
+        paths = [raw[i] for i in rows]
+    return Queries(
+        modality, features, f"{path}:{coll.groups[0]}", ids=None if all_ids is None else all_ids[rows],
+        labels=coll.read("labels")[rows] if coll.has("labels") else None, text=text, paths=paths,
+        feature=coll.feature(modality),
+    )

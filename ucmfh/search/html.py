@@ -1,0 +1,74 @@
+"""A static results page: per query, its top-k thumbnails (image paths) or captions, distances, relevance."""
+from __future__ import annotations
+
+import html
+import os
+import pathlib
+from typing import Optional
+
+from ucmfh.files import PathLike, write_text_atomic
+from ucmfh.search.results import NAMES, Results
+
+_STYLE = """
+body { font-family: sans-serif; margin: 1.5em; color: #222; }
+h1 { font-size: 1.3em; } h2 { font-size: 1.05em; margin: 1.4em 0 .4em; }
+.hits { display: flex; flex-wrap: wrap; gap: .6em; }
+.hit { width: 180px; border: 2px solid #ccc; border-radius: 6px; padding: .4em; font-size: .85em; }
+.hit.relevant { border-color: #2a9d3a; background: #effaf0; }
+.hit img { width: 100%; height: 120px; object-fit: cover; display: block; background: #eee; }
+.meta { color: #555; font-size: .8em; margin-bottom: .3em; }
+.mark { color: #2a9d3a; font-weight: bold; }
+.note { color: #555; font-size: .85em; }
+"""
+
+
+def _src(path: str, page_dir: str) -> str:
+    """An image path as a link from the page: relative where it can be, else a file URI."""
+    absolute = os.path.abspath(path)
+    try:
+        return pathlib.PurePath(os.path.relpath(absolute, page_dir)).as_posix()
+    except ValueError:  # another drive (Windows)
+        return pathlib.Path(absolute).as_uri()
+
+
+def render_html(results: Results, title: str = "ucmfh search", page_dir: str = ".") -> str:
+    """The page as a string (self-contained: inline style, no script)."""
+    q = results.queries
+    e = html.escape
+    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
+           f"<style>{_STYLE}</style></head><body>", f"<h1>{e(title)}</h1>",
+           f"<p class='note'>{len(q)} {NAMES[q.modality]} queries against {NAMES[results.modality]} items; "
+           f"ranked by Hamming distance{', re-ranked by cosine' if results.cosine is not None else ''}"
+           f"{'; relevant: ' + e(results.relevance) + ' (green)' if results.relevance else ''}.</p>"]
+    for i in range(results.positions.shape[0]):
+        head = f"Query {i + 1}" + (f" (id {q.ids[i]})" if q.ids is not None else "")
+        out.append(f"<section class='query'><h2>{e(head)}</h2>")
+        if q.text is not None:
+            out.append(f"<p class='qtext'>{e(q.text[i])}</p>")
+        elif q.paths is not None:
+            out.append(f"<div class='hit'><img src='{e(_src(q.paths[i], page_dir))}' alt='query'></div>")
+        out.append("<div class='hits'>")
+        for r in range(results.positions.shape[1]):
+            relevant = results.relevant is not None and bool(results.relevant[i, r])
+            meta = f"#{r + 1} · id {results.ids[i, r]} · distance {results.distances[i, r]}"
+            if results.cosine is not None:
+                meta += f" · cos {results.cosine[i, r]:.3f}"
+            body = ""
+            shown = results.shown[i][r]
+            if shown is not None and results.modality == "img":
+                body = f"<img src='{e(_src(shown, page_dir))}' alt='id {results.ids[i, r]}'>"
+            elif shown is not None:
+                body = f"<div class='caption'>{e(shown)}</div>"
+            mark = "<span class='mark'>✓ relevant</span>" if relevant else ""
+            out.append(f"<div class='hit{' relevant' if relevant else ''}'><div class='meta'>{e(meta)} {mark}</div>"
+                       f"{body}</div>")
+        out.append("</div></section>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def write_html(path: PathLike, results: Results, title: Optional[str] = None) -> str:
+    """Write the results page atomically; image links are relative to the page's folder."""
+    path = os.fspath(path)
+    page_dir = os.path.dirname(os.path.abspath(path))
+    return write_text_atomic(path, render_html(results, title or "ucmfh search", page_dir))

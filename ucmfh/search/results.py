@@ -1,0 +1,151 @@
+"""Queries in, ranked items out: encode, search, optionally re-rank by cosine, judge relevance, format."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Union
+
+import numpy as np
+
+from ucmfh.search.build import Encoder, check_same_checkpoint, check_same_feature
+from ucmfh.search.collection import FEATURES, Queries
+from ucmfh.search.index import Index, _modality
+from ucmfh.search.shards import Shards
+
+RERANKS = ("cosine",)
+NAMES = {"img": "image", "txt": "text"}
+
+
+@dataclass
+class Results:
+    """The top-k items of each query. Shape: every array [Q, k'] with k' = min(k, items)."""
+
+    queries: Queries
+    modality: str  # what was searched
+    distances: np.ndarray  # Hamming, int64
+    positions: np.ndarray  # in the index (global over shards), int64
+    ids: np.ndarray  # int64
+    shown: List[List[Optional[str]]]  # caption or image path of each hit, when the index has them
+    cosine: Optional[np.ndarray] = None  # re-ranking score, float64
+    relevant: Optional[np.ndarray] = None  # bool, when relevance can be judged
+    relevance: Optional[str] = None  # 'shared label' or 'same id'
+
+
+def search_queries(
+    index: Union[Index, Shards],
+    encoder: Encoder,
+    queries: Queries,
+    k: int,
+    modality: str,
+    rerank: Optional[str] = None,
+    candidates: Optional[int] = None,
+    device: str = "cpu",
+) -> Results:
+    """Encode ``queries`` with the index's checkpoint and return each one's top-k items of ``modality``.
+
+    ``rerank='cosine'`` takes the ``candidates`` (default 10 k) nearest by Hamming distance and
+    orders them by the cosine of the real-valued head outputs kept in the index (ties by position).
+    """
+    modality = _modality(modality)
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    check_same_checkpoint(index, encoder)
+    check_same_feature(index, queries.modality, queries.feature, queries.source)
+    encoder.check_dim(queries.features, queries.modality, queries.source)
+    if index.count(modality) == 0:
+        raise ValueError(f"{index.path}: holds no {NAMES[modality]} items to search")
+    logits = encoder.encode(queries.features, queries.modality)
+    cosine = None
+    if rerank is None:
+        distances, positions = index.search(logits, k, modality, device)
+    elif rerank == "cosine":
+        if not index.has(modality, "embed"):
+            raise ValueError(f"{index.path}: keeps no embeddings of its {NAMES[modality]} items; "
+                             "build it with embeddings to re-rank by cosine")
+        depth = candidates if candidates is not None else 10 * k
+        if depth < k:
+            raise ValueError(f"candidates must be >= k ({k}), got {depth}")
+        distances, positions = index.search(logits, depth, modality, device)
+        emb = index.take(modality, "embed", positions).astype(np.float64)  # [Q, M, E]
+        q = logits.astype(np.float64)
+        sim = np.einsum("qme,qe->qm", emb, q)
+        sim /= np.maximum(np.linalg.norm(emb, axis=2) * np.linalg.norm(q, axis=1)[:, None], 1e-12)
+        order = np.lexsort((positions, -sim), axis=1)[:, :k]
+        distances, positions = (np.take_along_axis(a, order, axis=1) for a in (distances, positions))
+        cosine = np.take_along_axis(sim, order, axis=1)
+    else:
+        raise ValueError(f"rerank must be one of {RERANKS}, got {rerank!r}")
+    ids = index.take(modality, "ids", positions)
+    shown_column = "text" if index.has(modality, "text") else "paths" if index.has(modality, "paths") else None
+    flat = index.take(modality, shown_column, positions) if shown_column else [None] * positions.size
+    width = positions.shape[1]
+    shown = [list(flat[i * width : (i + 1) * width]) for i in range(positions.shape[0])]
+    relevant, relevance = None, None
+    if queries.labels is not None and index.has(modality, "labels"):
+        labels = index.take(modality, "labels", positions)  # [Q, k, C]
+        if labels.shape[-1] == queries.labels.shape[1]:
+            relevant = (labels & (queries.labels[:, None, :] != 0)).any(axis=2)
+            relevance = "shared label"
+    if relevant is None and queries.ids is not None:
+        relevant = ids == queries.ids[:, None]
+        relevance = "same id"
+    return Results(queries, modality, distances, positions, ids, shown, cosine, relevant, relevance)
+
+
+def result_rows(results: Results) -> List[Dict[str, Any]]:
+    """One JSON-able row per hit: query, rank (1-based), id, distance, and what is known of it."""
+    rows = []
+    q = results.queries
+    column = "text" if results.modality == "txt" else "path"
+    for i in range(results.positions.shape[0]):
+        for r in range(results.positions.shape[1]):
+            row: Dict[str, Any] = {"query": i, "rank": r + 1, "id": int(results.ids[i, r]),
+                                   "position": int(results.positions[i, r]),
+                                   "distance": int(results.distances[i, r])}
+            if q.ids is not None:
+                row["query_id"] = int(q.ids[i])
+            if results.cosine is not None:
+                row["cosine"] = round(float(results.cosine[i, r]), 6)
+            if results.shown[i][r] is not None:
+                row[column] = results.shown[i][r]
+            if results.relevant is not None:
+                row["relevant"] = bool(results.relevant[i, r])
+            rows.append(row)
+    return rows
+
+
+def format_results(results: Results, width: int = 72) -> str:
+    """A plain-text table: per query a heading, then one line per hit."""
+    q = results.queries
+    lines = []
+    for i in range(results.positions.shape[0]):
+        head = f"query {i}"
+        if q.ids is not None:
+            head += f" (id {q.ids[i]})"
+        described = q.text[i] if q.text is not None else q.paths[i] if q.paths is not None else None
+        if described:
+            head += f": {described}"
+        lines.append(f"{head}  [{NAMES[q.modality]} -> {NAMES[results.modality]}]")
+        cols = f"  {'rank':>4} {'id':>10} {'dist':>4}"
+        if results.cosine is not None:
+            cols += f" {'cosine':>7}"
+        if results.relevant is not None:
+            cols += " rel"
+        lines.append(cols + "  " + ("caption" if results.modality == "txt" else "path"))
+        for r in range(results.positions.shape[1]):
+            line = f"  {r + 1:>4} {results.ids[i, r]:>10} {results.distances[i, r]:>4}"
+            if results.cosine is not None:
+                line += f" {results.cosine[i, r]:>7.4f}"
+            if results.relevant is not None:
+                line += "  * " if results.relevant[i, r] else "    "
+            shown = results.shown[i][r]
+            if shown is not None:
+                shown = shown if len(shown) <= width else shown[: width - 1] + "…"
+                line += "  " + shown
+            lines.append(line.rstrip())
+    if results.relevant is not None:
+        lines.append(f"  * relevant ({results.relevance})")
+    return "\n".join(lines)
+
+
+def feature_dataset(modality: str) -> str:
+    return FEATURES[_modality(modality)]

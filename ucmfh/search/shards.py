@@ -1,0 +1,95 @@
+"""Several index files searched as one: the same results as one index of their items in order."""
+from __future__ import annotations
+
+import os
+from typing import Any, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
+
+from ucmfh.files import PathLike
+from ucmfh.search.index import (
+    ArrayLike, DataError, Index, _modality, _numpy, as_words, hamming_search, merge_top_k,
+)
+
+
+class Shards:
+    """Indexes made by one checkpoint, searched as the concatenation of their items (in the order given).
+
+    A position is global: shard ``s``'s item ``j`` is at ``offset(s) + j``. Each
+    shard's exact top-k is merged by (distance, position), so results equal
+    those of one index holding every item in that order.
+    """
+
+    def __init__(self, shards: Sequence[Index]) -> None:
+        if not shards:
+            raise ValueError("no index given")
+        first = shards[0]
+        for shard in shards[1:]:
+            if shard.n_bits != first.n_bits:
+                raise DataError(f"{shard.path}: {shard.n_bits}-bit codes, {first.path} has {first.n_bits}")
+            a = (first.meta.get("checkpoint") or {}).get("sha256")
+            b = (shard.meta.get("checkpoint") or {}).get("sha256")
+            if a != b:
+                raise DataError(f"{shard.path}: made by another checkpoint than {first.path} "
+                                f"(sha256 {str(b)[:12]} vs {str(a)[:12]})")
+        self.shards = list(shards)
+        self.n_bits, self.meta, self.path = first.n_bits, first.meta, first.path
+
+    def count(self, modality: str) -> int:
+        return sum(s.count(modality) for s in self.shards)
+
+    def has(self, modality: str, name: str) -> bool:
+        return all(s.has(modality, name) or not s.count(modality) for s in self.shards)
+
+    def _offsets(self, modality: str) -> np.ndarray:
+        return np.cumsum([0] + [s.count(modality) for s in self.shards])
+
+    def search(self, queries: ArrayLike, k: int, modality: str = "txt", device: Any = "cpu",
+               threads: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+        """As :meth:`Index.search`, over every shard's items; positions are global."""
+        modality = _modality(modality)
+        if int(k) < 1:
+            raise ValueError(f"k must be >= 1, got {k}")
+        qw = as_words(queries, self.n_bits, "queries")
+        dists, positions = [], []
+        for offset, shard in zip(self._offsets(modality), self.shards):
+            if shard.count(modality):
+                d, p = hamming_search(qw, shard.codes(modality), self.n_bits, int(k), device, threads)
+                dists.append(d)
+                positions.append(p + offset)
+        if not dists:
+            empty = np.zeros((qw.shape[0], 0), dtype=np.int64)
+            return empty, empty.copy()
+        return merge_top_k(dists, positions, int(k))
+
+    def take(self, modality: str, name: str, positions: ArrayLike) -> Any:
+        """As :meth:`Index.take`, by global position."""
+        positions = _numpy(positions)
+        flat = positions.ravel()
+        offsets = self._offsets(modality)
+        shard_of = np.searchsorted(offsets, flat, side="right") - 1
+        parts: List[Any] = [None] * len(flat)
+        out = None
+        for s in np.unique(shard_of):
+            where = np.flatnonzero(shard_of == s)
+            values = self.shards[s].take(modality, name, flat[where] - offsets[s])
+            if isinstance(values, list):
+                for i, v in zip(where, values):
+                    parts[i] = v
+            else:
+                if out is None:
+                    out = np.zeros((len(flat),) + values.shape[1:], dtype=values.dtype)
+                out[where] = values
+        if out is None and any(p is not None for p in parts):
+            return parts
+        if out is None:
+            return np.zeros(positions.shape, dtype=np.int64)
+        return out.reshape(positions.shape + out.shape[1:])
+
+
+def open_index(paths: Union[PathLike, Sequence[PathLike]], mmap: bool = True) -> Union[Index, Shards]:
+    """One index folder, or several searched as one (:class:`Shards`)."""
+    if isinstance(paths, (str, os.PathLike)):
+        paths = [paths]
+    indexes = [Index.load(p, mmap=mmap) for p in paths]
+    return indexes[0] if len(indexes) == 1 else Shards(indexes)
