@@ -61,14 +61,21 @@ def data_options(fn: Callable) -> Callable:
         click.option("--protocol", type=click.Choice(["both", *PROTOCOLS]), default="both", show_default=True,
                      help="unimodal: codes from one modality (cross-modal); fused: UCMFH's protocol."),
         click.option("--k", default=50, show_default=True, type=click.IntRange(min=1), help="MAP@k cut-off."),
+        *output_options(),
+    ]):
+        fn = option(fn)
+    return fn
+
+
+def output_options() -> List[Callable]:
+    """--results, --device and --quiet, as every scoring command has them."""
+    return [
         click.option("--results", default="runs/results.jsonl", show_default=True,
                      help="JSON-lines file the result rows are appended to."),
         click.option("--device", default="auto", show_default=True, callback=check_device,
                      help="auto (CUDA when present), cpu, cuda, cuda:1, ..."),
         click.option("--quiet", is_flag=True, help="No progress bars."),
-    ]):
-        fn = option(fn)
-    return fn
+    ]
 
 
 def train_options(fn: Callable) -> Callable:

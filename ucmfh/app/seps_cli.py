@@ -11,7 +11,7 @@ import click
 from ucmfh.app.errors import user_errors
 from ucmfh.app.experiment import RunOptions, default_data_dir, resolve_dataset
 from ucmfh.app.matching import format_stages, rerank_rows, train_seps_stage
-from ucmfh.app.options import check_device, parse_params
+from ucmfh.app.options import output_options, parse_params
 from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import append_jsonl
@@ -29,11 +29,7 @@ def _common(fn):
         click.option("--database", type=click.Choice(["both", *DATABASES]), default=None,
                      help="Which database of the caption protocol to score (test: the query split; collection: "
                           "query and retrieval together)."),
-        click.option("--results", default="runs/results.jsonl", show_default=True,
-                     help="JSON-lines file the result rows are appended to."),
-        click.option("--device", default="auto", show_default=True, callback=check_device,
-                     help="auto (CUDA when present), cpu, cuda, cuda:1, ..."),
-        click.option("--quiet", is_flag=True, help="No progress bars."),
+        *output_options(),
     ]):
         fn = option(fn)
     return fn
