@@ -62,7 +62,7 @@ def DataError(message: str) -> ValueError:
     return error(message)
 
 
-def _numpy(x: ArrayLike) -> np.ndarray:
+def to_numpy(x: ArrayLike) -> np.ndarray:
     torch = sys.modules.get("torch")  # a tensor exists only where torch was imported
     if torch is not None and isinstance(x, torch.Tensor):
         return x.detach().cpu().numpy()
@@ -76,7 +76,7 @@ def as_words(codes: ArrayLike, n_bits: int, what: str = "codes") -> np.ndarray:
     :mod:`ucmfh.codes`), packed bytes uint8 [N, ceil(n_bits / 8)] (``numpy.packbits``
     order) or words uint64 [N, ceil(n_bits / 64)]. Padding bits must be clear.
     """
-    codes = _numpy(codes)
+    codes = to_numpy(codes)
     words = n_words(n_bits)
     if codes.ndim != 2:
         raise ValueError(f"{what}: expected a 2-D array [N, {n_bits}], got shape {codes.shape}")
@@ -160,7 +160,7 @@ class Index:
 
     def count(self, modality: str) -> int:
         """Items of a modality."""
-        return self._count[_modality(modality)]
+        return self._count[modality_name(modality)]
 
     @property
     def ntotal(self) -> int:
@@ -169,7 +169,7 @@ class Index:
 
     def fields(self, modality: str) -> Dict[str, Optional[int]]:
         """Columns beyond codes and ids: name -> width (None for strings)."""
-        cols = self._columns[_modality(modality)]
+        cols = self._columns[modality_name(modality)]
         return {name: col.width for name, col in cols.items() if name not in ("codes", "ids")}
 
     def __repr__(self) -> str:
@@ -211,35 +211,35 @@ class Index:
 
     def codes(self, modality: str) -> np.ndarray:
         """Packed words of every item. Shape: [count, words] uint64."""
-        return self._column(_modality(modality), "codes")
+        return self._column(modality_name(modality), "codes")
 
     def ids(self, modality: str) -> np.ndarray:
         """Ids of every item. Shape: [count] int64."""
-        return self._column(_modality(modality), "ids")
+        return self._column(modality_name(modality), "ids")
 
     def embeddings(self, modality: str) -> np.ndarray:
         """Real-valued embeddings of every item. Shape: [count, d] float16."""
-        return self._column(_modality(modality), "embed")
+        return self._column(modality_name(modality), "embed")
 
     def labels(self, modality: str) -> np.ndarray:
         """Multi-hot labels of every item. Shape: [count, C] uint8."""
-        return self._column(_modality(modality), "labels")
+        return self._column(modality_name(modality), "labels")
 
     def take(self, modality: str, name: str, positions: ArrayLike) -> Any:
         """Column ``name`` (ids, embed, labels, text, paths) of the items at ``positions``:
         an array of shape positions.shape (+ width), or a flat list of str."""
-        modality = _modality(modality)
+        modality = modality_name(modality)
         if self._columns[modality].get(name) is not None and self._columns[modality][name].dtype is None:
             return self.strings(modality, name, positions)
-        return np.asarray(self._column(modality, name)[_numpy(positions)])
+        return np.asarray(self._column(modality, name)[to_numpy(positions)])
 
     def has(self, modality: str, name: str) -> bool:
-        return name in self._columns[_modality(modality)]
+        return name in self._columns[modality_name(modality)]
 
     def strings(self, modality: str, name: str, positions: ArrayLike) -> List[str]:
         """``text`` or ``paths`` of the items at ``positions`` (any shape; flattened)."""
-        offsets, blob = self._column(_modality(modality), name)
-        return [bytes(blob[offsets[p] : offsets[p + 1]]).decode("utf-8") for p in _numpy(positions).ravel()]
+        offsets, blob = self._column(modality_name(modality), name)
+        return [bytes(blob[offsets[p] : offsets[p + 1]]).decode("utf-8") for p in to_numpy(positions).ravel()]
 
     # ----------------------------------------------------------------- add
 
@@ -266,7 +266,7 @@ class Index:
     def add_many(self, items: Mapping[str, Mapping[str, Any]], source: Optional[Dict[str, Any]] = None) -> None:
         """Append items to several modalities in one commit (``add``'s keywords per modality);
         ``source`` (a built collection's progress, :mod:`ucmfh.search.build`) is recorded with them."""
-        rows = {_modality(m): self._prepare(_modality(m), dict(v)) for m, v in items.items()}
+        rows = {modality_name(m): self._prepare(modality_name(m), dict(v)) for m, v in items.items()}
         if self.path is None:
             for modality, columns in rows.items():
                 self._append_memory(modality, columns)
@@ -282,7 +282,7 @@ class Index:
         ids = given.get("ids")
         if ids is None:
             ids = np.arange(self._count[modality], self._count[modality] + n, dtype=np.int64)
-        ids = _numpy(ids)
+        ids = to_numpy(ids)
         if ids.dtype.kind not in "iu":
             raise ValueError(f"{where} ids: must be integers, got {ids.dtype}")
         _check_rows(f"{where} ids", ids, n)
@@ -290,7 +290,7 @@ class Index:
         for name, key in (("embed", "embeddings"), ("labels", "labels")):
             value = given.get(key)
             if value is not None:
-                value = _numpy(value)
+                value = to_numpy(value)
                 if value.ndim != 2:
                     raise ValueError(f"{where} {key}: expected a 2-D array, got shape {value.shape}")
                 _check_rows(f"{where} {key}", value, n, value.shape[1])
@@ -348,7 +348,7 @@ class Index:
         queries (default: the CPUs this process may use); on a GPU the torch path.
         ``self.ids(modality)[positions]`` gives the items' ids.
         """
-        modality = _modality(modality)
+        modality = modality_name(modality)
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         qw = as_words(queries, self.n_bits, "queries")
@@ -511,7 +511,7 @@ class Index:
         return index
 
 
-def _modality(name: str) -> str:
+def modality_name(name: str) -> str:
     aliases = {"image": "img", "text": "txt"}
     name = aliases.get(name, name)
     if name not in MODALITIES:
@@ -573,7 +573,7 @@ def _map(folder: str, name: str, dtype: np.dtype, shape: Tuple[int, ...], mmap: 
 # ----------------------------------------------------------------- the search
 
 
-def _kernels() -> Any:
+def kernels_module() -> Any:
     """The compiled kernels (``ucmfh.metrics._hamming``), loaded without importing ``ucmfh.metrics``
     (which imports torch: 200 MB of memory that a CPU search does not need); None when not built."""
     name = "ucmfh.metrics._hamming"
@@ -599,7 +599,7 @@ def _cpu_kernels(device: Any) -> Any:
     native = sys.modules.get("ucmfh.metrics.native")
     if native is not None and getattr(native, "_backend", "auto") == "torch":
         return None
-    return _kernels()
+    return kernels_module()
 
 
 def default_threads() -> int:

@@ -8,7 +8,7 @@ import numpy as np
 
 from ucmfh.search.build import Encoder, check_same_checkpoint, check_same_feature
 from ucmfh.search.collection import FEATURES, Queries
-from ucmfh.search.index import Index, _modality
+from ucmfh.search.index import Index, modality_name
 from ucmfh.search.shards import Shards
 
 RERANKS = ("cosine",)
@@ -45,7 +45,7 @@ def search_queries(
     ``rerank='cosine'`` takes the ``candidates`` (default 10 k) nearest by Hamming distance and
     orders them by the cosine of the real-valued head outputs kept in the index (ties by position).
     """
-    modality = _modality(modality)
+    modality = modality_name(modality)
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
     check_same_checkpoint(index, encoder)
@@ -148,4 +148,4 @@ def format_results(results: Results, width: int = 72) -> str:
 
 
 def feature_dataset(modality: str) -> str:
-    return FEATURES[_modality(modality)]
+    return FEATURES[modality_name(modality)]

@@ -8,7 +8,7 @@ import numpy as np
 
 from ucmfh.files import PathLike
 from ucmfh.search.index import (
-    ArrayLike, DataError, Index, _modality, _numpy, as_words, hamming_search, merge_top_k,
+    ArrayLike, DataError, Index, modality_name, to_numpy, as_words, hamming_search, merge_top_k,
 )
 
 
@@ -47,7 +47,7 @@ class Shards:
     def search(self, queries: ArrayLike, k: int, modality: str = "txt", device: Any = "cpu",
                threads: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
         """As :meth:`Index.search`, over every shard's items; positions are global."""
-        modality = _modality(modality)
+        modality = modality_name(modality)
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         qw = as_words(queries, self.n_bits, "queries")
@@ -64,7 +64,7 @@ class Shards:
 
     def take(self, modality: str, name: str, positions: ArrayLike) -> Any:
         """As :meth:`Index.take`, by global position."""
-        positions = _numpy(positions)
+        positions = to_numpy(positions)
         flat = positions.ravel()
         offsets = self._offsets(modality)
         shard_of = np.searchsorted(offsets, flat, side="right") - 1
