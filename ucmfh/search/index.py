@@ -573,7 +573,7 @@ def _map(folder: str, name: str, dtype: np.dtype, shape: Tuple[int, ...], mmap: 
 # ----------------------------------------------------------------- the search
 
 
-def _kernels() -> Any:
+def kernels_module() -> Any:
     """The compiled kernels (``ucmfh.metrics._hamming``), loaded without importing ``ucmfh.metrics``
     (which imports torch: 200 MB of memory that a CPU search does not need); None when not built."""
     name = "ucmfh.metrics._hamming"
@@ -599,7 +599,7 @@ def _cpu_kernels(device: Any) -> Any:
     native = sys.modules.get("ucmfh.metrics.native")
     if native is not None and getattr(native, "_backend", "auto") == "torch":
         return None
-    return _kernels()
+    return kernels_module()
 
 
 def default_threads() -> int:
