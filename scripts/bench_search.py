@@ -17,6 +17,7 @@ import os
 import shutil
 import subprocess
 import sys
+import tempfile
 import time
 
 import numpy as np
@@ -72,7 +73,8 @@ def main() -> None:
     ap.add_argument("--latency-queries", type=int, default=30, help="single-query calls timed (p50/p99)")
     ap.add_argument("--ivf-nprobe", type=int, nargs="*", default=[1, 4, 16, 64])
     ap.add_argument("--ivf-max-size", type=int, default=1_000_000, help="IVF only up to this size (its training is slow)")
-    ap.add_argument("--out", default="/tmp/bench_search", help="scratch folder for the saved indexes")
+    ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "bench_search"),
+                    help="scratch folder for the saved indexes [default: TMPDIR/bench_search]")
     ap.add_argument("--memory", metavar="FOLDER", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.memory:

@@ -22,7 +22,7 @@ from ucmfh.data.h5 import Dataset
 from ucmfh.data.tokens import Tokens
 from ucmfh.metrics.captions import DATABASES
 from ucmfh.rerank import Reranking
-from ucmfh.seps import build_model, database_scores, databases, fit_seps, recall_rows
+from ucmfh.seps import database_scores, databases, fit_seps, recall_rows
 from ucmfh.train import discard_state
 from ucmfh.utils import resolve_device
 
