@@ -22,6 +22,7 @@ from tqdm.auto import tqdm
 from ucmfh.config import SepsConfig
 from ucmfh.data.h5 import DataError
 from ucmfh.data.tokens import Tokens
+from ucmfh.distributed import current_group
 from ucmfh.losses.triplet import vse_hinge
 from ucmfh.metrics.captions import DATABASES, first_of_each_id
 from ucmfh.models.seps import SEPS, State
@@ -155,6 +156,9 @@ def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
              state: Optional[StateFile] = None) -> Tuple[SEPS, History]:
     """Train SEPS on the ``train`` split of ``path``; returns the model (on CPU, the best validation
     epoch's weights when ``cfg.val_fraction`` > 0) and its :class:`History`."""
+    if current_group().world_size > 1:
+        raise ValueError("SEPS trains on one process: its data-parallel form is not built yet (run train-seps "
+                         "without torchrun)")
     device = resolve_device(cfg.device)
     generator = seed_everything(cfg.seed)
     tokens = Tokens(path, "train")

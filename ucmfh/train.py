@@ -26,6 +26,7 @@ from tqdm.auto import tqdm
 from ucmfh.baselines import fit_cca_itq
 from ucmfh.config import FusionConfig, HashConfig, identity_dict
 from ucmfh.data.h5 import Dataset, Split
+from ucmfh.distributed import Group, current_group
 from ucmfh.losses import build_loss, soft_infonce
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
@@ -109,10 +110,23 @@ def _check_supervision(data: Dataset, cfg: Any) -> None:
                          "none (its ids already make the captions of one image positives of each other)")
 
 
-def _batch(split: Split, index: torch.Tensor, supervised: bool) -> Tuple[torch.Tensor, ...]:
+def _batch(split: Split, index: torch.Tensor, separate: Optional[torch.Tensor], supervised: bool,
+           group: Group) -> Tuple[Optional[torch.Tensor], ...]:
+    """A step's inputs: the features (and modality-dropout draws) of this rank's part of the global
+    batch ``index`` (all of it on one process), the ids and labels of the whole global batch."""
     ids = None if split.ids is None else split.ids[index]
     labels = split.labels[index] if supervised else None
-    return split.img[index], split.txt[index], ids, labels
+    local = group.local(index)
+    return split.img[local], split.txt[local], None if separate is None else group.local(separate), ids, labels
+
+
+def optimize(loss: torch.Tensor, optimizer: torch.optim.Optimizer, group: Group) -> torch.Tensor:
+    """One optimisation step on ``loss``, its gradients averaged over the ranks; returns the loss, detached."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    group.average_gradients(p for g in optimizer.param_groups for p in g["params"])
+    optimizer.step()
+    return loss.detach()
 
 
 # ------------------------------------------------------------ model selection
@@ -259,7 +273,15 @@ def run_epochs(
     (dropout), the position, the running loss, the validation record and the
     best weights so far — is saved and restored, so a resumed run replays the
     rest of the run exactly.
+
+    On several ranks (:mod:`ucmfh.distributed`) every rank runs this loop over the same global
+    batches; rank 0 alone validates (its score is shared), writes the state and shows progress,
+    and decisions (stop on a signal, save now) are taken by all ranks together.
     """
+    group = current_group()
+    group.broadcast_modules(modules.values())
+    if group.rank:  # dropout masks of its own on each rank; rank 0 draws what one process would
+        torch.manual_seed(cfg.seed + 7919 * group.rank)
     identity = identity_dict(cfg)
     history = History()
     best: Dict[str, Any] = {"score": -math.inf, "epoch": None, "weights": None}
@@ -273,6 +295,9 @@ def run_epochs(
                             if saved["config"].get(k) != identity.get(k))
             raise ValueError(f"{state.path}: saved by another {saved['stage']} run "
                              f"(settings that differ: {differ or 'stage'}); not resumed")
+        if saved.get("world_size", 1) != group.world_size:
+            raise ValueError(f"{state.path}: saved by a run on {saved.get('world_size', 1)} process(es), not "
+                             f"{group.world_size}; resume it with the same number of processes")
         for name, module in modules.items():
             module.load_state_dict(saved["modules"][name])
         optimizer.load_state_dict(saved["optimizer"])
@@ -281,25 +306,33 @@ def run_epochs(
         best = saved["best"]
         total = saved["total"].to(device)
         resumed_gen = saved["generator"].cpu()
-        torch.set_rng_state(saved["rng"].cpu())
-        if device.type == "cuda" and saved.get("cuda_rng") is not None:
-            torch.cuda.set_rng_state_all([s.cpu() for s in saved["cuda_rng"]])
+        rngs = saved["rng"]
+        if isinstance(rngs, torch.Tensor):  # a state saved before runs had ranks
+            rngs = [(rngs, saved.get("cuda_rng"))]
+        rng, cuda_rng = rngs[group.rank]
+        torch.set_rng_state(rng.cpu())
+        if device.type == "cuda" and cuda_rng is not None:
+            torch.cuda.set_rng_state_all([s.cpu() for s in cuda_rng])
 
     def save(epoch: int, done: int, epoch_start_gen: torch.Tensor, epoch_total: torch.Tensor) -> None:
-        payload = {
-            "format": STATE_FORMAT, "stage": stage, "config": identity,
-            "epoch": epoch, "step": done, "iteration": iteration, "history": list(history),
-            "validation": history.validation, "best": best, "total": epoch_total.detach(),
-            "modules": {name: m.state_dict() for name, m in modules.items()},
-            "optimizer": optimizer.state_dict(), "generator": epoch_start_gen,
-            "rng": torch.get_rng_state(),
-            "cuda_rng": torch.cuda.get_rng_state_all() if device.type == "cuda" else None,
-        }
-        with atomic_file(state.path) as tmp:
-            torch.save(payload, tmp)
+        """Write the training state (rank 0; every rank calls it, for its random-number state)."""
+        rngs = group.gather_objects(
+            (torch.get_rng_state(), torch.cuda.get_rng_state_all() if device.type == "cuda" else None))
+        if group.is_main:
+            payload = {
+                "format": STATE_FORMAT, "stage": stage, "config": identity, "world_size": group.world_size,
+                "epoch": epoch, "step": done, "iteration": iteration, "history": list(history),
+                "validation": history.validation, "best": best, "total": epoch_total.detach(),
+                "modules": {name: m.state_dict() for name, m in modules.items()},
+                "optimizer": optimizer.state_dict(), "generator": epoch_start_gen, "rng": rngs,
+            }
+            with atomic_file(state.path) as tmp:
+                torch.save(payload, tmp)
+        group.barrier()  # no rank goes on (or exits) before the state is written
 
     last_save = time.monotonic()
-    bar = tqdm(total=cfg.epochs, initial=start_epoch, desc=stage, unit="epoch", disable=not progress)
+    bar = tqdm(total=cfg.epochs, initial=start_epoch, desc=stage, unit="epoch",
+               disable=not (progress and group.is_main))
     with _stop_on_signals() as stop:
         for epoch in range(start_epoch, cfg.epochs):
             if resumed_gen is not None:  # replay the interrupted epoch's draws
@@ -314,8 +347,8 @@ def run_epochs(
                     continue
                 total += step(index, separate, epoch, iteration) * len(index)
                 iteration += 1
-                if stop["signal"] is not None:
-                    name = signal.Signals(stop["signal"]).name
+                if group.any(stop["signal"] is not None, device):
+                    name = signal.Signals(stop["signal"]).name if stop["signal"] else "a signal to another rank"
                     where = f"{stage} interrupted by {name} at epoch {epoch + 1}/{cfg.epochs}, step {done}/{len(plan)}"
                     if state is None:
                         raise TrainingInterrupted(f"{where}; nothing saved", None)
@@ -325,7 +358,7 @@ def run_epochs(
             history.append(total.item() / n)  # one sync per epoch
             shown = {"loss": f"{history[-1]:.4f}", **postfix(epoch, iteration)}
             if validate is not None:
-                score = validate()
+                score = group.broadcast_float(validate() if group.is_main else 0.0, device)
                 history.validation.append([epoch + 1, score])
                 shown["val"] = f"{score:.4f}"
                 if score > best["score"]:
@@ -336,7 +369,8 @@ def run_epochs(
             bar.set_postfix(**shown)
             if cfg.patience and best["epoch"] is not None and epoch + 1 - best["epoch"] >= cfg.patience:
                 break  # early stop: `patience` epochs without a better validation score
-            if state is not None and epoch + 1 < cfg.epochs and time.monotonic() - last_save >= state.interval_s:
+            due = state is not None and time.monotonic() - last_save >= state.interval_s  # rank 0's clock decides
+            if state is not None and epoch + 1 < cfg.epochs and group.any(due and group.is_main, device):
                 save(epoch + 1, 0, generator.get_state(), torch.zeros((), device=device))
                 last_save = time.monotonic()
     bar.close()
@@ -383,15 +417,14 @@ def fit_fusion(
     optimizer = adam([*fusion.parameters(), *loss_fn.parameters()], lr=cfg.lr, betas=tuple(cfg.betas))
     train = rest.to(device)
 
+    group = current_group()
+
     def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
-        img, txt, ids, labels = _batch(train, index, cfg.supervised)
+        img, txt, separate, ids, labels = _batch(train, index, separate, cfg.supervised, group)
         with autocast(device, cfg.amp):
             z_img, z_txt = fusion(img, txt, separate)
-        loss = loss_fn(z_img.float(), z_txt.float(), ids=ids, labels=labels)  # losses always in float32
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
+        z_img, z_txt = group.gather((z_img.float(), z_txt.float()), len(index))  # losses always in float32
+        return optimize(loss_fn(z_img, z_txt, ids=ids, labels=labels), optimizer, group)
 
     modules = {"fusion": fusion, "loss": loss_fn}
     history = run_epochs("fusion", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
@@ -444,21 +477,21 @@ def _fit_ucmfh(
     rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
     train = rest.to(device)
 
+    group = current_group()
+
     def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
         beta = beta_at(cfg, iteration, epoch)
-        img, txt, ids, labels = _batch(train, index, cfg.supervised)
+        img, txt, separate, ids, labels = _batch(train, index, separate, cfg.supervised, group)
         with autocast(device, cfg.amp):
             z_img, z_txt = model.fusion(img, txt, separate)
             h_img, h_txt = model.logits(z_img, z_txt)
         # codes and losses always in float32: bf16's 8-bit mantissa would blur tanh near ±1
-        z_img, z_txt, h_img, h_txt = z_img.float(), z_txt.float(), h_img.float(), h_txt.float()
+        z_img, z_txt, h_img, h_txt = group.gather(
+            (z_img.float(), z_txt.float(), h_img.float(), h_txt.float()), len(index))
         codes_img, codes_txt = relaxed_codes(h_img, cfg, beta), relaxed_codes(h_txt, cfg, beta)
         loss = (fusion_loss(z_img, z_txt, ids=ids, labels=labels)
                 + cfg.code_weight * code_loss(codes_img, codes_txt, ids=ids, labels=labels))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
+        return optimize(loss, optimizer, group)
 
     modules = {"model": model, "fusion_loss": fusion_loss, "code_loss": code_loss}
     history = run_epochs(
@@ -523,21 +556,21 @@ def _fit_feature_hasher(
         z_img, z_txt = embed_split(teacher, rest, "fused", device)
         fused = normalize(normalize(z_img) + normalize(z_txt))
 
+    group = current_group()
+
     def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
         beta = beta_at(cfg, iteration, epoch)
-        img, txt, ids, labels = _batch(train, index, cfg.supervised)
+        img, txt, _, ids, labels = _batch(train, index, None, cfg.supervised, group)
         with autocast(device, cfg.amp):
             h_img, h_txt = model.logits(img, txt)
+        h_img, h_txt = group.gather((h_img.float(), h_txt.float()), len(index))
         codes_img, codes_txt = relaxed_codes(h_img, cfg, beta), relaxed_codes(h_txt, cfg, beta)
         if fused is None:
             loss = loss_fn(codes_img, codes_txt, ids=ids, labels=labels)
         else:
             targets = distill_targets(fused[index], ids, cfg.teacher_weight, cfg.teacher_temperature)
             loss = soft_infonce(codes_img, codes_txt, targets, float(loss_fn.temperature))
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
+        return optimize(loss, optimizer, group)
 
     history = run_epochs(
         f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model, "loss": loss_fn}, optimizer, generator, len(train),

@@ -9,8 +9,8 @@ import click
 
 from ucmfh.app.errors import user_errors
 from ucmfh.app.experiment import (
-    Run, check_interrupted, configure_from_env, dataset_identity, default_data_dir, protocols_of,
-    report, resolve_dataset,
+    Run, check_interrupted, configure_from_env, dataset_identity, default_data_dir, join_process_group,
+    protocols_of, report, resolve_dataset,
 )
 from ucmfh.app.options import (
     check_device, data_options, fusion_config, hash_configs, hash_epochs, method_fusion_config, run_options,
@@ -26,6 +26,7 @@ from ucmfh.utils import resolve_device
 def main() -> None:
     """ucmfh: deep cross-modal hashing (UCMFH and its loss variants) on precomputed features."""
     configure_from_env()
+    join_process_group()
 
 
 @main.command("make-synthetic")

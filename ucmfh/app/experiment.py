@@ -35,6 +35,7 @@ from ucmfh.config import (
 )
 from ucmfh.data.h5 import Dataset
 from ucmfh.data.synthetic import make_synthetic
+from ucmfh.distributed import current_group
 from ucmfh.files import PathLike, append_jsonl, remove_stale_temps, write_json_atomic
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.scoring import encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
@@ -64,6 +65,40 @@ def configure_from_env() -> None:
     from ucmfh.metrics import set_backend
 
     set_backend("torch" if value == "0" else "auto")
+
+
+def join_process_group() -> None:
+    """Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment): join the run's process group
+    (gloo for CPU tensors, NCCL for CUDA ones), each rank on its own GPU (``LOCAL_RANK``), and
+    silence the standard output of every rank but 0, which reports for all (docs/distributed.md)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import atexit
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    if not dist.is_initialized():
+        cuda = torch.cuda.is_available()
+        if cuda:
+            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
+        atexit.register(_leave_process_group)
+    if dist.get_rank() > 0:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+
+
+def _leave_process_group() -> None:
+    """At exit: wait for the other ranks (rank 0 may still be scoring), then leave the group; a rank
+    that leaves while another still uses the connection can abort it."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
 
 
 def default_epochs(dataset: str, epochs: Optional[int]) -> int:
@@ -282,14 +317,16 @@ def check_interrupted(runs: Sequence[Run], opts: RunOptions) -> None:
     """Refuse to start over an interrupted run unless ``opts.resume``; call it before anything trains."""
     for run in runs:
         for checkpoint in run.checkpoints:
-            drop_leftover_state(checkpoint)
+            if current_group().is_main:
+                drop_leftover_state(checkpoint)
             if not opts.resume and os.path.exists(_state_path(checkpoint)):
                 _refuse_interrupted(_state_path(checkpoint))
 
 
 def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
     """The training state beside a checkpoint; an interrupted run is continued only with ``resume``."""
-    drop_leftover_state(checkpoint)
+    if current_group().is_main:
+        drop_leftover_state(checkpoint)
     state = StateFile(_state_path(checkpoint), opts.save_interval, opts.resume)
     if os.path.exists(state.path):
         if not opts.resume:
@@ -310,9 +347,11 @@ def load_or_train_fusion(data: Dataset, run: Run, opts: RunOptions, log: Log = p
     Returns the encoder and the seconds spent training it (0 when reused).
     """
     path, identity = run.fusion_path, run.fusion_identity
+    group = current_group()
     if os.path.exists(path):
         fusion, cfg, _, _ = _load_stage(path, "fusion", identity, data)
-        drop_leftover_state(path)
+        if group.is_main:
+            drop_leftover_state(path)
         log(f"fusion encoder: reused {path} (run {key_of(identity)}, {cfg.epochs} epochs, loss {cfg.loss})")
         return fusion, 0.0
     log(f"fusion encoder: training {path} (run {key_of(identity)})")
@@ -320,10 +359,13 @@ def load_or_train_fusion(data: Dataset, run: Run, opts: RunOptions, log: Log = p
     start = time.perf_counter()
     fusion, history = fit_fusion(data, run.fusion_cfg, progress=opts.progress, state=state)
     seconds = time.perf_counter() - start
-    write_identity(run.fusion_dir, identity, run.dataset)
-    save_checkpoint(path, fusion, run.fusion_cfg,
-                    meta={"identity": identity, "dataset": run.dataset, "history": history.as_dict(), "seconds": seconds})
-    discard_state(state)
+    if group.is_main:
+        write_identity(run.fusion_dir, identity, run.dataset)
+        save_checkpoint(path, fusion, run.fusion_cfg, meta={
+            "identity": identity, "dataset": run.dataset, "history": history.as_dict(), "seconds": seconds,
+            "world_size": group.world_size})
+        discard_state(state)
+    group.barrier()  # every rank sees the checkpoint from here on
     return fusion, seconds
 
 
@@ -334,6 +376,8 @@ def train_fusion_stage(
     """Task 0: train (or reuse) the fusion encoder and score its embeddings by cosine ranking."""
     run = Run(opts.out, dataset_identity(data), cfg)
     fusion, seconds = load_or_train_fusion(data, run, opts, log)
+    if not current_group().is_main:  # rank 0 scores and reports for all
+        return []
     scores = evaluate_fusion(fusion, data, protocols, k, cfg.device, opts.progress)
     return _rows(scores, run, "fusion", seconds, cfg.device, run.fusion_path, "train")
 
@@ -349,9 +393,11 @@ def train_hash_stage(
     """
     run = Run(opts.out, dataset_identity(data), fusion_cfg, hash_cfg)
     path, identity = run.hash_path, run.hash_identity
+    group = current_group()
     if opts.resume and os.path.exists(path):
         model, _, _, meta = _load_stage(path, "hash", identity, data)
-        drop_leftover_state(path)
+        if group.is_main:
+            drop_leftover_state(path)
         log(f"hashing {hash_cfg.n_bits} bits: already trained, {path} (run {key_of(identity)})")
         seconds, history = meta.get("seconds", 0.0), meta["history"]
     else:
@@ -360,11 +406,16 @@ def train_hash_stage(
         start = time.perf_counter()
         model, history = fit_hashing(data, hash_cfg, fusion, progress=opts.progress, state=state)
         seconds = time.perf_counter() - start
-        write_identity(run.hash_dir, run.hash_dir_identity, run.dataset)
         history = history.as_dict()
-        save_checkpoint(path, model, run.fusion_cfg, hash_cfg,
-                        meta={"identity": identity, "dataset": run.dataset, "history": history, "seconds": seconds})
-        discard_state(state)
+        if group.is_main:
+            write_identity(run.hash_dir, run.hash_dir_identity, run.dataset)
+            save_checkpoint(path, model, run.fusion_cfg, hash_cfg, meta={
+                "identity": identity, "dataset": run.dataset, "history": history, "seconds": seconds,
+                "world_size": group.world_size})
+            discard_state(state)
+        group.barrier()
+    if not group.is_main:  # rank 0 scores and reports for all
+        return []
     rows = score_hash_model(model, data, run, path, seconds, protocols, k, opts.progress, "train")
     if history["best_epoch"] is not None:  # the epoch kept by validation, and its score
         chosen = dict(history["validation"])[history["best_epoch"]]
@@ -477,7 +528,10 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
 
 
 def report(rows: List[Dict[str, Any]], results: Optional[str], echo: Log = print) -> None:
-    """Print rows as a table and append them to the results file (when one is given)."""
+    """Print rows as a table and append them to the results file (when one is given); nothing without rows
+    (a rank other than 0 of a distributed run)."""
+    if not rows:
+        return
     echo(format_table(rows))
     if results:
         append_results(results, rows)

@@ -1,0 +1,138 @@
+"""Data-parallel training (ucmfh.distributed): 2 gloo processes under torchrun against one process."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ucmfh.distributed import Group, current_group
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKER = str(ROOT / "tests" / "distributed_worker.py")
+ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
+TIMEOUT = 240  # seconds: a hung collective fails the test instead of hanging CI
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def torchrun(*args: str, n: int = 2) -> list:
+    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
+            "--master-port", str(free_port()), *args]
+
+
+def run(cmd: list, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
+    """Run to the end, or kill the whole process group (torchrun and its workers) on timeout."""
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)
+        out, err = proc.communicate()
+        raise AssertionError(f"timed out after {timeout} s:\n{out}\n{err}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def test_group_of_one_is_the_identity():
+    group = current_group()
+    assert (group.rank, group.world_size, group.is_main) == (0, 1, True)
+    x = torch.randn(5, 3, requires_grad=True)
+    assert group.local(x) is x and group.gather((x,), 5)[0] is x
+    assert group.any(True, torch.device("cpu")) and not group.any(False, torch.device("cpu"))
+
+
+def test_parts_of_a_batch_cover_it_once():
+    for world in (2, 3, 4):
+        for n in (1, 5, 13, 64):
+            sizes = Group(0, world).sizes(n)
+            index = torch.arange(n)
+            parts = [Group(r, world).local(index) for r in range(world)]
+            assert [len(p) for p in parts] == sizes and torch.equal(torch.cat(parts), index)
+
+
+def test_two_ranks_give_the_one_process_gradient(tmp_path):
+    """Every loss, each stage, by id and supervised: one step on 2 ranks × B/2 items (parts of 7 and 6)
+    has the parameter gradient of one process on B items; the last case runs three steps."""
+    one, two = tmp_path / "one.pt", tmp_path / "two.pt"
+    single = run([sys.executable, WORKER, str(one)])
+    assert single.returncode == 0, single.stderr
+    ranks = run(torchrun(WORKER, str(two)))
+    assert ranks.returncode == 0, ranks.stderr
+    a, b = torch.load(one), torch.load(two)
+    assert a.keys() == b.keys() and len(a) == 14
+    for case in a:
+        assert a[case].keys() == b[case].keys() and a[case], case
+        for name, (_, grad) in a[case].items():
+            other = b[case][name][1]
+            scale = grad.abs().max().item() + 1e-12
+            assert (grad - other).abs().max().item() <= 1e-5 * scale, (case, name)
+
+
+SMALL = ["--method", "ucmfh", "--set", "fusion.d_model=32", "--set", "fusion.d_ff=64", "--set", "hash.hidden=64",
+         "--set", "fusion.dropout=0", "--set", "hash.dropout=0", "--batch-size", "32", "--device", "cpu", "--quiet",
+         "-b", "16", "--protocol", "unimodal"]
+
+
+def _rows(path: Path) -> list:
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_torchrun_train_hash_writes_once_and_matches_one_process(tmp_path, tiny_path):
+    """`torchrun -m ucmfh train-hash` on 2 ranks: rank 0 alone writes the checkpoints and the results,
+    which match a 1-process run of the same seed (the same global batches; dropout off)."""
+    args = ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "3"]
+    single = run([sys.executable, "-m", "ucmfh", *args, "--out", str(tmp_path / "one"),
+                  "--results", str(tmp_path / "one.jsonl")])
+    assert single.returncode == 0, single.stderr
+    ranks = run(torchrun("-m", "ucmfh", *args, "--out", str(tmp_path / "two"), "--results", str(tmp_path / "two.jsonl")))
+    assert ranks.returncode == 0, ranks.stderr
+    assert ranks.stdout.count("results appended") == 1  # only rank 0 reports
+    [mine], [theirs] = _rows(tmp_path / "two.jsonl"), _rows(tmp_path / "one.jsonl")
+    assert abs(mine["map_i2t"] - theirs["map_i2t"]) < 0.01 and abs(mine["map_t2i"] - theirs["map_t2i"]) < 0.01
+    assert sorted(p.name for p in (tmp_path / "two").rglob("*.pt")) == ["fusion.pt", "hash16.pt"]
+    meta = torch.load(next((tmp_path / "two").rglob("hash16.pt")), weights_only=False)["meta"]
+    assert meta["world_size"] == 2
+
+
+def test_torchrun_interrupted_then_resumed_equals_uninterrupted(tmp_path, tiny_path):
+    """SIGINT to torchrun mid-run: the ranks stop at the same step, rank 0 saves the state; `--resume` on 2
+    ranks ends with the results of an uninterrupted 2-rank run; on 1 process it is refused."""
+    args = ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "40", "--save-interval", "0",
+            "--set", "fusion.dropout=0.1"]  # dropout on: each rank's own random state must be restored too
+    ref = run(torchrun("-m", "ucmfh", *args, "--out", str(tmp_path / "ref"), "--results", str(tmp_path / "ref.jsonl")))
+    assert ref.returncode == 0, ref.stderr
+    out, results = tmp_path / "runs", tmp_path / "r.jsonl"
+    cmd = torchrun("-m", "ucmfh", *args, "--out", str(out), "--results", str(results))
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV,
+                            start_new_session=True)
+    try:
+        end = time.monotonic() + TIMEOUT
+        while not list(out.rglob("hash16.state.pt")):
+            assert proc.poll() is None, proc.communicate()
+            assert time.monotonic() < end, "no training state appeared"
+            time.sleep(0.05)
+        proc.send_signal(signal.SIGINT)
+        _, stderr = proc.communicate(timeout=TIMEOUT)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    assert "interrupted by" in stderr, stderr
+    assert list(out.rglob("hash16.state.pt")) and not results.exists()
+    refused = run([sys.executable, "-m", "ucmfh", *args, "--out", str(out), "--results", str(results), "--resume"])
+    assert refused.returncode == 2 and "resume it with the same number of processes" in refused.stderr
+    done = run(torchrun("-m", "ucmfh", *args, "--out", str(out), "--results", str(results), "--resume"))
+    assert done.returncode == 0, done.stderr
+    [mine], [theirs] = _rows(results), _rows(tmp_path / "ref.jsonl")
+    assert (mine["map_i2t"], mine["map_t2i"]) == (theirs["map_i2t"], theirs["map_t2i"])
+    assert not list(out.rglob("*.state.pt"))
