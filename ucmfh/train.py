@@ -36,15 +36,21 @@ from ucmfh.files import atomic_file
 from ucmfh.utils import resolve_device, seed_everything
 
 
-def batches(n: int, batch_size: int, generator: torch.Generator) -> Iterator[torch.Tensor]:
+Shuffle = Callable[[torch.Generator], torch.Tensor]
+
+
+def batches(n: int, batch_size: int, generator: torch.Generator,
+            shuffle: Optional[Shuffle] = None) -> Iterator[torch.Tensor]:
     """A shuffled pass over ``range(n)`` in batches; every item is used once.
 
-    The last partial batch is kept (UCMFH's defect 3); a last batch of one
+    The order is ``shuffle(generator)`` (a streamed split's, :meth:`Split.shuffle`), by default
+    a uniform permutation. The last partial batch is kept (UCMFH's defect 3); a last batch of one
     item, which has no negative, joins the batch before it.
     """
     if n < 2:
         raise ValueError(f"training needs at least 2 items, got {n}")
-    chunks = list(torch.randperm(n, generator=generator).split(batch_size))
+    order = torch.randperm(n, generator=generator) if shuffle is None else shuffle(generator)
+    chunks = list(order.split(batch_size))
     if len(chunks) > 1 and len(chunks[-1]) == 1:
         last = chunks.pop()
         chunks[-1] = torch.cat([chunks[-1], last])
@@ -70,7 +76,8 @@ def relaxed_codes(logits: torch.Tensor, cfg: HashConfig, beta: float) -> torch.T
 
 
 def epoch_plan(
-    n: int, batch_size: int, p_separate: float, generator: torch.Generator, device: torch.device
+    n: int, batch_size: int, p_separate: float, generator: torch.Generator, device: torch.device,
+    shuffle: Optional[Shuffle] = None,
 ) -> List[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
     """One epoch's batches (item indices) and modality-dropout draws, already on ``device``.
 
@@ -79,7 +86,7 @@ def epoch_plan(
     each goes to the device in one copy per epoch instead of two per step,
     each of which would make the host wait for the GPU.
     """
-    chunks = list(batches(n, batch_size, generator))
+    chunks = list(batches(n, batch_size, generator, shuffle))
     sizes = [len(c) for c in chunks]
     index = torch.cat(chunks).to(device).split(sizes)
     if p_separate <= 0:
@@ -262,12 +269,14 @@ def run_epochs(
     progress: bool,
     postfix: Callable[[int, int], Dict[str, str]] = lambda epoch, iteration: {},
     validate: Optional[Callable[[], float]] = None,
+    shuffle: Optional[Shuffle] = None,
 ) -> History:
     """The epoch loop both stages share; returns its :class:`History`.
 
     ``step(index, separate, epoch, iteration)`` does one optimisation step and
     returns its (detached) loss; ``validate()``, when given, scores the model
-    after each epoch, and the best epoch's weights are loaded at the end.
+    after each epoch, and the best epoch's weights are loaded at the end;
+    ``shuffle`` orders each epoch's items (:func:`batches`).
     Everything that decides what comes next — the modules and optimizer, the
     batch generator's state at the epoch's start, torch's own generators
     (dropout), the position, the running loss, the validation record and the
@@ -341,7 +350,7 @@ def run_epochs(
             else:
                 total = torch.zeros((), device=device)
             epoch_start_gen = generator.get_state()
-            plan = epoch_plan(n, cfg.batch_size, getattr(cfg, "modality_dropout", 0.0), generator, device)
+            plan = epoch_plan(n, cfg.batch_size, getattr(cfg, "modality_dropout", 0.0), generator, device, shuffle)
             for done, (index, separate) in enumerate(plan, 1):
                 if done <= skip:
                     continue
@@ -428,7 +437,7 @@ def fit_fusion(
 
     modules = {"fusion": fusion, "loss": loss_fn}
     history = run_epochs("fusion", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
-                          validate=_validator(embed_split, fusion, val, rest, "cosine", device))
+                          validate=_validator(embed_split, fusion, val, rest, "cosine", device), shuffle=train.shuffle)
     return fusion.cpu().eval(), history
 
 
@@ -497,7 +506,7 @@ def _fit_ucmfh(
     history = run_epochs(
         f"hashing {cfg.n_bits} bits", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
         postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
-        validate=_validator(encode_split, model, val, rest, "hamming", device),
+        validate=_validator(encode_split, model, val, rest, "hamming", device), shuffle=train.shuffle,
     )
     return model.cpu().eval(), history
 
@@ -528,6 +537,11 @@ def _fit_distill(
     return _fit_feature_hasher(data, cfg, fusion, progress, state)
 
 
+def fused_embedding(z_img: torch.Tensor, z_txt: torch.Tensor) -> torch.Tensor:
+    """The teacher's view of a pair in :func:`_fit_distill`: ``normalize(normalize(z_img) + normalize(z_txt))``."""
+    return normalize(normalize(z_img) + normalize(z_txt))
+
+
 def distill_targets(teacher: torch.Tensor, ids: Optional[torch.Tensor], weight: float,
                     temperature: float) -> torch.Tensor:
     """The targets of :func:`_fit_distill` for a batch: ``(1 - weight) · P + weight · softmax(t tᵀ / τ_t)``,
@@ -551,10 +565,11 @@ def _fit_feature_hasher(
     loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
     optimizer = adam([*model.parameters(), *loss_fn.parameters()], lr=cfg.lr_head, betas=tuple(cfg.betas))
     train = rest.to(device)
-    fused = None  # the teacher's fused embedding of each training item, computed once
-    if teacher is not None:
-        z_img, z_txt = embed_split(teacher, rest, "fused", device)
-        fused = normalize(normalize(z_img) + normalize(z_txt))
+    fused = None  # the teacher's fused embedding of each training item, computed once (in memory)
+    if teacher is not None and not train.streamed:
+        fused = fused_embedding(*embed_split(teacher, rest, "fused", device))
+    elif teacher is not None:  # streamed: each batch's, when it comes
+        teacher.to(device).eval()
 
     group = current_group()
 
@@ -565,17 +580,22 @@ def _fit_feature_hasher(
             h_img, h_txt = model.logits(img, txt)
         h_img, h_txt = group.gather((h_img.float(), h_txt.float()), len(index))
         codes_img, codes_txt = relaxed_codes(h_img, cfg, beta), relaxed_codes(h_txt, cfg, beta)
-        if fused is None:
+        if teacher is None:
             loss = loss_fn(codes_img, codes_txt, ids=ids, labels=labels)
         else:
-            targets = distill_targets(fused[index], ids, cfg.teacher_weight, cfg.teacher_temperature)
+            if fused is not None:
+                t = fused[index]
+            else:
+                with torch.no_grad():
+                    t = group.gather((fused_embedding(*teacher.embed(img, txt, "fused")),), len(index))[0]
+            targets = distill_targets(t, ids, cfg.teacher_weight, cfg.teacher_temperature)
             loss = soft_infonce(codes_img, codes_txt, targets, float(loss_fn.temperature))
         return optimize(loss, optimizer, group)
 
     history = run_epochs(
         f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model, "loss": loss_fn}, optimizer, generator, len(train),
         device, step, state, progress, postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
-        validate=_validator(encode_split, model, val, rest, "hamming", device),
+        validate=_validator(encode_split, model, val, rest, "hamming", device), shuffle=train.shuffle,
     )
     return model.cpu().eval(), history
 
@@ -585,5 +605,8 @@ def _fit_cca_itq(
 ) -> Tuple[FeatureHasher, History]:
     """Method 'cca-itq': the linear baseline, fitted in closed form on the whole training split
     (no epochs, so nothing to select on a validation split)."""
+    if data.train.streamed:
+        raise ValueError(f"{data.path}: method 'cca-itq' fits on the whole training split in memory, and this one "
+                         "is streamed (larger than the memory threshold); choose another method")
     model, _ = fit_cca_itq(data.train, cfg.n_bits, seed=cfg.seed)
     return model, History()

@@ -4,6 +4,7 @@ from __future__ import annotations
 import json
 import os
 import sys
+from typing import Optional
 
 import click
 
@@ -17,7 +18,7 @@ from ucmfh.app.options import (
     train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, DEFAULT_METHOD, HASH_METHODS, PROTOCOLS, FusionConfig, HashConfig
-from ucmfh.data.h5 import load_dataset, validate_file
+from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset, validate_file
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 from ucmfh.utils import resolve_device
 
@@ -67,10 +68,12 @@ def losses_cmd() -> None:
         click.echo(f"{name:<10} {(cls.__doc__ or '').strip().splitlines()[0]}")
 
 
-def _load(dataset: str, data_dir: str):
+def _load(dataset: str, data_dir: str, max_memory: Optional[int] = DEFAULT_MAX_MEMORY):
     path = resolve_dataset(dataset, data_dir)
-    click.echo(f"dataset: {path}")
-    return load_dataset(path)
+    data = load_dataset(path, max_memory_bytes=max_memory)
+    streamed = [name for name in ("train", "query", "retrieval") if getattr(data, name).streamed]
+    click.echo(f"dataset: {path}" + (f" (streamed from the file: {', '.join(streamed)})" if streamed else ""))
+    return data
 
 
 @main.command("train-fusion")
@@ -83,7 +86,7 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
     from ucmfh.app.experiment import train_fusion_stage
 
     cfg = fusion_config(dataset, device, lr=lr, **train)
-    data = _load(dataset, data_dir)
+    data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
     check_interrupted([Run(opts.out, dataset_identity(data), cfg)], opts)
     rows = train_fusion_stage(data, cfg, opts, protocols_of(protocol), k, log=click.echo)
@@ -118,7 +121,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
     epochs = hash_epochs(method, dataset, train["epochs"])
     hcfgs = hash_configs(fcfg, n_bits, epochs, train["overrides"], method, train,
                          beta_schedule=beta_schedule, lr_fusion=lr_fusion)
-    data = _load(dataset, data_dir)
+    data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
     check_interrupted([Run(opts.out, dataset_identity(data), fcfg, hcfg) for hcfg in hcfgs], opts)
     for hcfg in hcfgs:

@@ -220,7 +220,8 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     loaded: Dict[str, Any] = {}
     for dataset, fcfg, hcfg in cells:
         if dataset not in loaded:
-            loaded[dataset] = load_dataset(resolve_dataset(dataset, data_dir or default_data_dir()))
+            loaded[dataset] = load_dataset(resolve_dataset(dataset, data_dir or default_data_dir()),
+                                           max_memory_bytes=train["max_memory"])
         data = loaded[dataset]
         run_key = key_of(Run(opts.out, dataset_identity(data), fcfg, hcfg).hash_identity)
         name = f"{dataset} {variant_of({'method': hcfg.method, 'loss': hcfg.loss})} seed {hcfg.seed} {hcfg.n_bits} bits"

@@ -11,6 +11,7 @@ from ucmfh.app.experiment import RunOptions, default_data_dir, default_epochs
 from ucmfh.config import (
     AMP_MODES, METHOD_FUSION_DEFAULTS, PROTOCOLS, FusionConfig, HashConfig, hash_config, uses_fusion, with_defaults,
 )
+from ucmfh.data.h5 import DEFAULT_MAX_MEMORY
 from ucmfh.utils import resolve_device
 
 STAGES = {"fusion": FusionConfig, "hash": HashConfig}
@@ -78,6 +79,28 @@ def output_options() -> List[Callable]:
     ]
 
 
+class ByteSize(click.ParamType):
+    """A size in bytes: ``500MB``, ``8GiB``, ``1e9`` (k, M, G, T: powers of 1000; Ki, Mi, Gi, Ti: of 1024)."""
+
+    name = "size"
+    UNITS = {"": 1, "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
+             "ki": 2**10, "mi": 2**20, "gi": 2**30, "ti": 2**40}
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> int:
+        if isinstance(value, int):
+            return value
+        text = str(value).strip().lower().removesuffix("b")
+        number = text.rstrip("kmgti")
+        unit = text[len(number):]
+        try:
+            size = float(number) * self.UNITS[unit]
+        except (ValueError, KeyError):
+            self.fail(f"{value!r}: expected a size such as 500MB or 8GiB", param, ctx)
+        if size <= 0:
+            self.fail(f"{value!r}: must be positive", param, ctx)
+        return int(size)
+
+
 def train_options(fn: Callable) -> Callable:
     defaults = FusionConfig()
     for option in reversed([
@@ -108,6 +131,9 @@ def train_options(fn: Callable) -> Callable:
                      help="Continue an interrupted run of the same settings; reuse its finished stages."),
         click.option("--save-interval", default=RunOptions.save_interval, show_default=True,
                      type=click.FloatRange(min=0), help="Seconds between saves of the training state (0: every epoch)."),
+        click.option("--max-memory", default=DEFAULT_MAX_MEMORY, type=ByteSize(),
+                     help="Features held in memory at most; the largest splits beyond it are read from the file "
+                          "as training goes (streamed) [default: 8GiB]."),
     ]):
         fn = option(fn)
     return fn

@@ -18,6 +18,7 @@ import h5py
 import numpy as np
 import torch
 
+from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, take
 from ucmfh.files import PathLike, atomic_file, read_attrs, write_attrs
 
 SPLITS = ("train", "query", "retrieval")
@@ -42,20 +43,29 @@ class DataError(ValueError):
 
 @dataclass
 class Split:
-    """One split held in memory.
+    """One split: its features in memory, or streamed from the file (:class:`ucmfh.data.stream.Rows`).
 
     Shape:
-        img: [N, d_img] float32; txt: [N, d_txt] float32;
+        img: [N, d_img] float32; txt: [N, d_txt] float32 (tensors, or Rows read as such);
         labels: [N, C] uint8 multi-hot, or None in a caption set; ids: [N] int64 or None.
     """
 
-    img: torch.Tensor
-    txt: torch.Tensor
+    img: Features
+    txt: Features
     labels: Optional[torch.Tensor]
     ids: Optional[torch.Tensor] = None
 
     def __len__(self) -> int:
         return self.img.shape[0]
+
+    @property
+    def streamed(self) -> bool:
+        """Whether the features are read from the file on demand (:mod:`ucmfh.data.stream`)."""
+        return is_streamed(self.img)
+
+    def shuffle(self, generator: torch.Generator) -> torch.Tensor:
+        """A training epoch's order of the items: a permutation, by blocks when streamed."""
+        return self.img.shuffle(generator) if self.streamed else torch.randperm(len(self), generator=generator)
 
     def to(self, device: Union[str, torch.device]) -> "Split":
         return Split(
@@ -67,8 +77,8 @@ class Split:
 
     def subset(self, index: Union[slice, torch.Tensor]) -> "Split":
         return Split(
-            self.img[index],
-            self.txt[index],
+            take(self.img, index),
+            take(self.txt, index),
             None if self.labels is None else self.labels[index],
             None if self.ids is None else self.ids[index],
         )
@@ -285,19 +295,38 @@ def validate_file(path: PathLike) -> Dict[str, object]:
         return attrs
 
 
-def load_dataset(path: PathLike, validate: bool = True) -> Dataset:
-    """Load a dataset file into memory as CPU tensors (validated first)."""
+DEFAULT_MAX_MEMORY = 8 * 2**30  # bytes of features held in memory; the largest splits beyond it are streamed
+
+
+def load_dataset(path: PathLike, validate: bool = True, max_memory_bytes: Optional[int] = DEFAULT_MAX_MEMORY,
+                 stream: StreamSettings = StreamSettings()) -> Dataset:
+    """Load a dataset file (validated first): ids and labels into memory as CPU tensors, and the features
+    too while all splits' features fit in ``max_memory_bytes`` (None: always); beyond that the largest
+    splits' features are :class:`Rows` read from the file on demand, as ``stream`` says.
+    """
     path = os.fspath(path)
     attrs = validate_file(path) if validate else None
     with h5py.File(path, "r") as f:
         if attrs is None:
             attrs = read_attrs(f)
+        size = {s: 4 * f[s]["image"].shape[0] * (f[s]["image"].shape[1] + f[s]["text"].shape[1]) for s in SPLITS}
+        streamed, held = set(), sum(size.values())
+        for split in sorted(SPLITS, key=size.get, reverse=True):
+            if max_memory_bytes is not None and held > max_memory_bytes:
+                streamed.add(split)
+                held -= size[split]
+
+        def features(split: str, name: str) -> Features:
+            if split in streamed:
+                return Rows(path, f"{split}/{name}", stream)
+            return torch.from_numpy(np.asarray(f[split][name][()], dtype=np.float32))
+
         splits = {}
         for split in SPLITS:
             group = f[split]
             splits[split] = Split(
-                img=torch.from_numpy(np.asarray(group["image"][()], dtype=np.float32)),
-                txt=torch.from_numpy(np.asarray(group["text"][()], dtype=np.float32)),
+                img=features(split, "image"),
+                txt=features(split, "text"),
                 labels=(torch.from_numpy(np.asarray(group["labels"][()], dtype=np.uint8))
                         if "labels" in group else None),
                 ids=torch.from_numpy(np.asarray(group["ids"][()], dtype=np.int64)) if "ids" in group else None,

@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ucmfh.config import FusionConfig
+from ucmfh.data.stream import Features, column_stats
 from ucmfh.similarity import normalize
 
 
@@ -43,12 +44,11 @@ class FusionEncoder(nn.Module):
         self.encoder = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
 
     @torch.no_grad()
-    def fit_feature_stats(self, img: torch.Tensor, txt: torch.Tensor) -> None:
+    def fit_feature_stats(self, img: Features, txt: Features) -> None:
         """Set the input standardisation from training features. Shape: [N, d_img], [N, d_txt]."""
         for name, x in (("img", img), ("txt", txt)):
-            x = x.double()
-            std = x.std(dim=0, correction=0) if x.shape[0] > 1 else torch.ones_like(x[0])
-            getattr(self, f"{name}_mean").copy_(x.mean(dim=0))
+            mean, std = column_stats(x)  # in one pass over streamed features
+            getattr(self, f"{name}_mean").copy_(mean)
             getattr(self, f"{name}_std").copy_(torch.where(std > 0, std, torch.ones_like(std)))
 
     def _img_token(self, img: torch.Tensor) -> torch.Tensor:

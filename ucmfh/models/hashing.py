@@ -7,6 +7,7 @@ import torch
 from torch import nn
 
 from ucmfh.config import HashConfig
+from ucmfh.data.stream import Features, column_stats
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.similarity import normalize, sign_codes
 
@@ -82,10 +83,10 @@ class FeatureHasher(nn.Module):
         self.txt_head = HashHead(d_txt, cfg.n_bits, cfg.hidden, cfg.dropout)
 
     @torch.no_grad()
-    def fit_feature_stats(self, img: torch.Tensor, txt: torch.Tensor) -> None:
+    def fit_feature_stats(self, img: Features, txt: Features) -> None:
         """Set the centring means from training features. Shape: [N, d_img], [N, d_txt]."""
-        self.img_mean.copy_(img.double().mean(dim=0))
-        self.txt_mean.copy_(txt.double().mean(dim=0))
+        self.img_mean.copy_(column_stats(img)[0])  # in one pass over streamed features
+        self.txt_mean.copy_(column_stats(txt)[0])
 
     def inputs(self, img: torch.Tensor, txt: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The centred, L2-normalised features the heads see."""

@@ -1,0 +1,98 @@
+"""Training on data larger than memory (ucmfh.data.stream): streamed splits read by blocks."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+from click.testing import CliRunner
+
+from ucmfh.app.cli import main
+from ucmfh.data.h5 import load_dataset
+from ucmfh.data.stream import Rows, StreamSettings
+from ucmfh.scoring import evaluate_hashing
+from ucmfh.train import fit_fusion, fit_hashing
+
+from conftest import small_fusion, small_hash
+
+SMALL_BLOCKS = StreamSettings(block_rows=32, window=3)
+
+
+def test_streamed_rows_read_what_is_in_memory(tiny_path, tiny):
+    rows = Rows(tiny_path, "train/image", SMALL_BLOCKS)
+    assert rows.shape == tuple(tiny.train.img.shape) and len(rows) == len(tiny.train)
+    assert torch.equal(rows[10:150], tiny.train.img[10:150])
+    index = torch.tensor([399, 3, 3, 200, 0, 77, 64])  # any order, repeats, several blocks
+    assert torch.equal(rows[index], tiny.train.img[index])
+    positions = torch.tensor([1, 5, 40, 41, 300, 390])
+    part = rows.subset(positions)
+    assert torch.equal(part[:], tiny.train.img[positions]) and torch.equal(part[[5, 0]], tiny.train.img[[390, 1]])
+    assert len(rows.blocks.cache) <= 2 * SMALL_BLOCKS.window  # the cache never grows beyond its bound
+    mean, std = rows.column_stats()
+    x = tiny.train.img.double()
+    assert torch.allclose(mean, x.mean(0)) and torch.allclose(std, x.std(0, correction=0))
+    with pytest.raises(ValueError, match="increasing positions"):
+        rows.subset(torch.tensor([3, 1]))
+
+
+def test_block_shuffle_is_a_permutation_read_window_by_window(tiny_path):
+    rows = Rows(tiny_path, "train/image", SMALL_BLOCKS)
+    order = rows.shuffle(torch.Generator().manual_seed(0))
+    assert torch.equal(order.sort().values, torch.arange(len(rows)))
+    block = order // SMALL_BLOCKS.block_rows
+    for b in block.unique():  # a block's items lie in one window: a stretch of `window` blocks at most
+        where = torch.nonzero(block == b).flatten()
+        assert len(block[where.min():where.max() + 1].unique()) <= SMALL_BLOCKS.window
+    assert len(block[:SMALL_BLOCKS.block_rows].unique()) > 1  # shuffled inside the window
+    one_block = Rows(tiny_path, "train/image", StreamSettings(block_rows=10**6))
+    g1, g2 = torch.Generator().manual_seed(5), torch.Generator().manual_seed(5)
+    assert torch.equal(one_block.shuffle(g1), torch.randperm(len(rows), generator=g2))  # as in memory
+
+
+def test_dataset_beyond_the_threshold_streams_its_largest_splits(tiny_path):
+    whole = load_dataset(tiny_path)
+    assert not any(s.streamed for s in (whole.train, whole.query, whole.retrieval))
+    # features: train 400, retrieval 600, query 80 items of 48 + 32 floats; room for query and train only
+    data = load_dataset(tiny_path, max_memory_bytes=4 * 80 * 500)
+    assert [s.streamed for s in (data.train, data.query, data.retrieval)] == [False, False, True]
+    data = load_dataset(tiny_path, max_memory_bytes=4 * 80 * 100)
+    assert [s.streamed for s in (data.train, data.query, data.retrieval)] == [True, False, True]
+    assert data.d_img == 48 and len(data.train) == 400
+
+
+def test_training_on_a_streamed_split_equals_memory_when_one_block_holds_it(tiny_path, tiny):
+    """One block: the same batches as in memory, so the same weights; validation and stats stream too."""
+    data = load_dataset(tiny_path, max_memory_bytes=1, stream=StreamSettings(block_rows=10**6))
+    assert data.train.streamed
+    cfg = small_hash(method="two-tower", epochs=2, val_fraction=0.2)
+    streamed, _ = fit_hashing(data, cfg, progress=False)
+    held, _ = fit_hashing(tiny, cfg, progress=False)
+    for (name, a), b in zip(streamed.state_dict().items(), held.state_dict().values()):
+        assert torch.allclose(a, b, atol=1e-6), name
+
+
+def test_training_on_small_blocks_learns_as_well_as_in_memory(tiny_path, tiny):
+    """Fusion, then hash heads on it (method ucmfh), on a training split read 32 rows at a time."""
+    data = load_dataset(tiny_path, max_memory_bytes=4 * 80 * 100, stream=SMALL_BLOCKS)
+    assert data.train.streamed and data.retrieval.streamed
+    maps = {}
+    for name, d in (("streamed", data), ("memory", tiny)):
+        fusion, _ = fit_fusion(d, small_fusion(epochs=4), progress=False)
+        model, history = fit_hashing(d, small_hash(epochs=4), fusion, progress=False)
+        [row] = evaluate_hashing(model, d, ("unimodal",), 50, "cpu")
+        maps[name] = (row["map_i2t"] + row["map_t2i"]) / 2
+        assert np.isfinite(history).all()
+    assert maps["streamed"] > 0.9 * maps["memory"], maps
+    assert len(data.train.img.blocks.cache) <= 2 * SMALL_BLOCKS.window
+
+
+def test_cli_streams_beyond_max_memory(tmp_path, tiny_path):
+    result = CliRunner().invoke(main, [
+        "train-hash", "-d", tiny_path, "--method", "two-tower", "-b", "16", "--epochs", "2", "--device", "cpu",
+        "--quiet", "--max-memory", "100kB", "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl")])
+    assert result.exit_code == 0, result.output
+    assert "streamed from the file: train, retrieval" in result.output
+    bad = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--max-memory", "lots"])
+    assert bad.exit_code == 2 and "expected a size such as 500MB" in bad.output
+    cca = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--method", "cca-itq", "-b", "16", "--device", "cpu",
+                                    "--max-memory", "100kB", "--out", str(tmp_path / "runs")])
+    assert cca.exit_code == 2 and "is streamed" in cca.output and "Traceback" not in cca.output
