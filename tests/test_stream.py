@@ -7,7 +7,7 @@ import torch
 from click.testing import CliRunner
 
 from ucmfh.app.cli import main
-from ucmfh.data.h5 import load_dataset
+from ucmfh.data.h5 import Split, load_dataset
 from ucmfh.data.stream import Rows, StreamSettings
 from ucmfh.scoring import evaluate_hashing
 from ucmfh.train import fit_fusion, fit_hashing
@@ -57,11 +57,19 @@ def test_dataset_beyond_the_threshold_streams_its_largest_splits(tiny_path):
     data = load_dataset(tiny_path, max_memory_bytes=4 * 80 * 100)
     assert [s.streamed for s in (data.train, data.query, data.retrieval)] == [True, False, True]
     assert data.d_img == 48 and len(data.train) == 400
+    # the block caches fit in what is left: 6.4 kB here, so blocks of the smallest size
+    assert data.train.img.settings.block_rows == 256
+    default = StreamSettings()  # blocks of 16384 rows, windows of 8 blocks: a cache of 16 blocks
+    assert default.within(16 * 4 * 512 * 1000, 512).block_rows == 1000
+    assert default.within(0, 512).block_rows == 256 and default.within(10**12, 512).block_rows == 16384
 
 
 def test_training_on_a_streamed_split_equals_memory_when_one_block_holds_it(tiny_path, tiny):
     """One block: the same batches as in memory, so the same weights; validation and stats stream too."""
-    data = load_dataset(tiny_path, max_memory_bytes=1, stream=StreamSettings(block_rows=10**6))
+    data = load_dataset(tiny_path)
+    one = StreamSettings(block_rows=10**6)
+    data.train = Split(Rows(tiny_path, "train/image", one), Rows(tiny_path, "train/text", one), data.train.labels,
+                       data.train.ids)
     assert data.train.streamed
     cfg = small_hash(method="two-tower", epochs=2, val_fraction=0.2)
     streamed, _ = fit_hashing(data, cfg, progress=False)

@@ -177,12 +177,25 @@ def validation_split(split: Split, fraction: float, seed: int) -> Tuple[Split, O
     return split.subset(torch.from_numpy(rest)), split.subset(torch.from_numpy(val))
 
 
+# the most validation queries and database items scored after each epoch: evenly spaced ones
+# beyond (a large training split would make validation cost as much as training)
+VALIDATION_QUERIES, VALIDATION_DATABASE = 5_000, 50_000
+
+
+def _spread(split: Split, most: int) -> Split:
+    if len(split) <= most:
+        return split
+    return split.subset(torch.from_numpy(np.linspace(0, len(split) - 1, most).round().astype(np.int64)))
+
+
 def _validator(encode: Callable, model: nn.Module, val: Optional[Split], rest: Split, ranking: str,
                device: torch.device) -> Optional[Callable[[], float]]:
     """The validation score of ``model``: mean of both directions' unimodal MAP@50 (by id on a
-    caption set), the validation items against the rest of the training split."""
+    caption set), the validation items against the rest of the training split (at most
+    ``VALIDATION_QUERIES`` and ``VALIDATION_DATABASE`` of them, evenly spaced)."""
     if val is None:
         return None
+    val, rest = _spread(val, VALIDATION_QUERIES), _spread(rest, VALIDATION_DATABASE)
     data = Dataset(train=rest, query=val, retrieval=rest)
 
     def validate() -> float:

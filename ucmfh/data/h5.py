@@ -302,7 +302,8 @@ def load_dataset(path: PathLike, validate: bool = True, max_memory_bytes: Option
                  stream: StreamSettings = StreamSettings()) -> Dataset:
     """Load a dataset file (validated first): ids and labels into memory as CPU tensors, and the features
     too while all splits' features fit in ``max_memory_bytes`` (None: always); beyond that the largest
-    splits' features are :class:`Rows` read from the file on demand, as ``stream`` says.
+    splits' features are :class:`Rows` read from the file on demand, as ``stream`` says, their block
+    caches within what the splits held in memory leave of ``max_memory_bytes``.
     """
     path = os.fspath(path)
     attrs = validate_file(path) if validate else None
@@ -316,9 +317,13 @@ def load_dataset(path: PathLike, validate: bool = True, max_memory_bytes: Option
                 streamed.add(split)
                 held -= size[split]
 
+        # the block caches of the streamed features share what the splits held in memory leave
+        per_dataset = (max_memory_bytes or 0) - held if streamed else 0
+        per_dataset //= max(1, 2 * len(streamed))
+
         def features(split: str, name: str) -> Features:
             if split in streamed:
-                return Rows(path, f"{split}/{name}", stream)
+                return Rows(path, f"{split}/{name}", stream.within(per_dataset, f[split][name].shape[1]))
             return torch.from_numpy(np.asarray(f[split][name][()], dtype=np.float32))
 
         splits = {}

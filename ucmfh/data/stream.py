@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import itertools
 from collections import OrderedDict
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Optional, Tuple, Union
 
 import h5py
@@ -34,6 +34,12 @@ class StreamSettings:
     def __post_init__(self) -> None:
         if self.block_rows < 1 or self.window < 1:
             raise ValueError(f"block_rows and window must be positive, got {self.block_rows}, {self.window}")
+
+    def within(self, cache_bytes: int, d: int, least: int = 256) -> "StreamSettings":
+        """These settings with blocks small enough for the cache of one float32 dataset of ``d``
+        columns to fit in ``cache_bytes`` (blocks of ``least`` rows at the smallest)."""
+        fit = cache_bytes // (2 * self.window * 4 * d)
+        return replace(self, block_rows=int(max(min(least, self.block_rows), min(self.block_rows, fit))))
 
 
 class _Blocks:

@@ -1,0 +1,158 @@
+#!/usr/bin/env python3
+"""Data-parallel and streamed training, measured (not a test); figures in docs/distributed.md.
+
+``ranks``: ``ucmfh train-hash`` on one process (``--threads`` threads) and under
+``torchrun --nproc-per-node N`` (threads / N each), same data, settings and seed: MAP (or R@K
+and rSum on a caption set), training seconds and items per second.
+
+``stream``: a synthetic collection of ``--items`` items written chunk by chunk (never whole in
+memory; labelled like ``ucmfh make-synthetic``), then one training run on it with features
+streamed beyond ``--max-memory``: wall time, items/s and the peak resident memory of the
+training process against the file's size.
+
+    python scripts/bench_distributed.py ranks --data-dir ../shared/data -d mirflickr730 -d flickr8k1000
+    python scripts/bench_distributed.py stream --items 5000000 --file /tmp/big.h5
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List
+
+import numpy as np
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def run_cli(args: List[str], procs: int, threads: int) -> float:
+    """Run ``ucmfh ARGS`` on ``procs`` processes; returns the wall seconds."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads)}
+    cmd = [sys.executable, "-m", "ucmfh", *args]
+    if procs > 1:
+        cmd = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(procs),
+               "--master-addr", "127.0.0.1", "--master-port", str(free_port()), "-m", "ucmfh", *args]
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True, cwd=ROOT, env=env, stdout=subprocess.DEVNULL)
+    return time.perf_counter() - start
+
+
+def ranks(a: argparse.Namespace) -> None:
+    import h5py
+
+    print(f"| set | processes × threads | bits | database | I→T | T→I | rSum | best epoch / run | "
+          f"train s | items/s | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for dataset in a.dataset:
+            with h5py.File(os.path.join(a.data_dir, dataset + ".h5"), "r") as f:
+                n_train = f["train/image"].shape[0]
+            for procs in (1, a.procs):
+                threads = max(1, a.threads // procs)
+                results = os.path.join(tmp, f"{dataset}-{procs}.jsonl")
+                wall = run_cli(["train-hash", "-d", dataset, "--data-dir", a.data_dir, "-b", str(a.bits), "--quiet",
+                                "--seed", str(a.seed), "--out", os.path.join(tmp, f"runs{procs}"),
+                                "--results", results, *a.extra], procs, threads)
+                for line in open(results):
+                    r = json.loads(line)
+                    fmt = (lambda d: "/".join(f"{d[k]:.1f}" for k in ("1", "5", "10")))
+                    i2t, t2i = ((fmt(r["recall_i2t"]), fmt(r["recall_t2i"])) if "recall_i2t" in r
+                                else (f"{r['map_i2t']:.3f}", f"{r['map_t2i']:.3f}"))
+                    speed = r["epochs_run"] * n_train * (1 - (r["settings"]["hash"].get("val_fraction") or 0)) \
+                        / r["train_time_s"]
+                    print(f"| {dataset} | {procs} × {threads} | {r['n_bits']} | {r.get('database', 'retrieval')} | "
+                          f"{i2t} | {t2i} | {r.get('rsum', float('nan')):.1f} | {r['best_epoch']} / "
+                          f"{r['epochs_run']} | {r['train_time_s']:.1f} | {speed:,.0f} | {wall:.1f} |", flush=True)
+
+
+def write_collection(path: str, n_train: int, d: int, n_classes: int = 24, d_latent: int = 32,
+                     n_query: int = 2000, n_retrieval: int = 20000, chunk: int = 100_000, seed: int = 0) -> None:
+    """A labelled synthetic collection written chunk by chunk: MIRFlickr-like class structure."""
+    from ucmfh.data.h5 import create_split_dataset, open_writer
+
+    rng = np.random.default_rng(seed)
+    prototypes = rng.normal(size=(n_classes, d_latent))
+    maps = [rng.normal(size=(d_latent, d)) / np.sqrt(d_latent) for _ in range(2)]
+    attrs = {"name": f"collection{n_train}", "classes": [f"class{c:02d}" for c in range(n_classes)],
+             "image_feature": f"synthetic {d}-d", "text_feature": f"synthetic {d}-d",
+             "source": "scripts/bench_distributed.py write_collection", "split": "chunks drawn independently"}
+    with open_writer(path, attrs, overwrite=True) as f:
+        first_id = 0
+        for split, n in (("train", n_train), ("query", n_query), ("retrieval", n_retrieval)):
+            out = {name: create_split_dataset(f, split, name, shape) for name, shape in
+                   (("image", (n, d)), ("text", (n, d)), ("labels", (n, n_classes)), ("ids", (n,)))}
+            for start in range(0, n, chunk):
+                m = min(chunk, n - start)
+                labels = (rng.random((m, n_classes)) < 0.08).astype(np.uint8)
+                labels[np.arange(m), rng.integers(0, n_classes, m)] = 1
+                latent = labels @ prototypes / np.sqrt(labels.sum(1, keepdims=True)) + 0.7 * rng.normal(size=(m, d_latent))
+                for name, w in (("image", maps[0]), ("text", maps[1])):
+                    x = np.tanh(latent @ w) + 0.5 * rng.normal(size=(m, d))
+                    out[name][start:start + m] = (x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32)
+                out["labels"][start:start + m] = labels
+                out["ids"][start:start + m] = first_id + np.arange(start, start + m)
+                print(f"\r{split}: {start + m:,}/{n:,}", end="", file=sys.stderr, flush=True)
+            print(file=sys.stderr)
+            first_id += n  # every item its own id, distinct across splits
+
+
+def stream(a: argparse.Namespace) -> None:
+    if not os.path.exists(a.file):
+        start = time.perf_counter()
+        write_collection(a.file, a.items, a.d)
+        print(f"wrote {a.file} in {time.perf_counter() - start:.0f} s")
+    size = os.path.getsize(a.file)
+    with tempfile.TemporaryDirectory() as tmp:
+        results = os.path.join(tmp, "r.jsonl")
+        args = ["train-hash", "-d", a.file, "--method", "two-tower", "-b", "64", "--epochs", str(a.epochs),
+                "--val-fraction", "0.01", "--max-memory", a.max_memory, "--out", os.path.join(tmp, "runs"),
+                "--results", results, "--device", "cpu", "--quiet", "--batch-size", "1024", *a.extra]
+        before = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+        wall = run_cli(args, 1, a.threads)
+        peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB on Linux
+        [r] = [json.loads(line) for line in open(results)]
+    print(f"| items | file GB | --max-memory | epochs | train s | items/s | peak RSS GB | MAP@50 I→T / T→I | wall s |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    speed = r["epochs_run"] * a.items * 0.99 / r["train_time_s"]
+    print(f"| {a.items:,} | {size / 1e9:.2f} | {a.max_memory} | {r['epochs_run']} | {r['train_time_s']:.0f} | "
+          f"{speed:,.0f} | {peak / 1e9:.2f}{' (earlier child)' if before * 1024 > peak else ''} | "
+          f"{r['map_i2t']:.3f} / {r['map_t2i']:.3f} | {wall:.0f} |")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="what", required=True)
+    r = sub.add_parser("ranks")
+    r.add_argument("--data-dir", default="data")
+    r.add_argument("-d", "--dataset", action="append", required=True)
+    r.add_argument("--procs", type=int, default=2)
+    r.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    r.add_argument("--bits", type=int, default=64)
+    r.add_argument("--seed", type=int, default=2023)
+    r.add_argument("extra", nargs="*", help="more train-hash options (after --)")
+    s = sub.add_parser("stream")
+    s.add_argument("--items", type=int, default=5_000_000)
+    s.add_argument("--d", type=int, default=512)
+    s.add_argument("--file", default=os.path.join(tempfile.gettempdir(), "ucmfh-collection.h5"))
+    s.add_argument("--max-memory", default="1GiB")
+    s.add_argument("--epochs", type=int, default=1)
+    s.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    s.add_argument("extra", nargs="*", help="more train-hash options (after --)")
+    a = p.parse_args()
+    {"ranks": ranks, "stream": stream}[a.what](a)
+
+
+if __name__ == "__main__":
+    main()
