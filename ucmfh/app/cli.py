@@ -24,10 +24,12 @@ from ucmfh.utils import resolve_device
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ucmfh")
-def main() -> None:
+@click.pass_context
+def main(ctx: click.Context) -> None:
     """ucmfh: deep cross-modal hashing (UCMFH and its loss variants) on precomputed features."""
     configure_from_env()
-    join_process_group()
+    if ctx.invoked_subcommand != "extract":  # extraction's ranks are independent shards, never a group
+        join_process_group()
 
 
 @main.command("make-synthetic")

@@ -8,12 +8,13 @@ Thin: each command parses options and calls one library function. The main
 from __future__ import annotations
 
 import logging
+import os
 
 import click
 
 from ucmfh.app.errors import user_errors
 from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
-from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features
+from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features, parse_shard
 from ucmfh.data.splits import DEFAULT_SEED, STANDARD_SPLITS, resolve_sizes
 
 
@@ -103,6 +104,14 @@ _arrays_command("mat", "Whole-set .mat matrices (DJSRH/UCCH, v5 or v7.3) IMAGE T
 _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with a seeded split.")
 
 
+def _use_local_gpu() -> None:
+    """Under torchrun: each rank on its own GPU (``LOCAL_RANK``), where there are GPUs."""
+    import torch
+
+    if torch.cuda.is_available():
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
+
+
 @click.command()
 @click.argument("images", type=click.Path(exists=True))
 @click.argument("captions", type=click.Path(exists=True, dir_okay=False))
@@ -121,6 +130,10 @@ _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with
 @click.option("--workers", type=int, default=ExtractConfig.workers, show_default=True, help="Image-decoding threads.")
 @click.option("--keep-scratch", is_flag=True, help="Keep OUT.parts/ after success.")
 @click.option("--restart", is_flag=True, help="Discard finished chunks in OUT.parts/ and start over.")
+@click.option("--shard", metavar="I/N",
+              help="Compute only shard I of N (chunks c with c %% N == I) into OUT.parts/, then stop; under "
+                   "torchrun the ranks are the shards and rank 0 merges.")
+@click.option("--merge", is_flag=True, help="Write OUT from the chunks the shards finished; computes none.")
 @click.option("--standard-split", type=click.Choice(sorted(STANDARD_SPLITS)), help="Standard split sizes (in images).")
 @click.option("--query", type=int, help="Query images.")
 @click.option("--train", type=int, help="Train images, drawn from retrieval.")
@@ -134,11 +147,24 @@ _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with
 @click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
 @user_errors
 def extract(images, captions, labels, out, model, batch_size, chunk_items, device, normalize, bad_images, workers,
-            keep_scratch, restart, standard_split, query, train, retrieval, seed, name, classes_file, empty_labels,
-            overwrite):
-    """CLIP features of IMAGES (folder or list file) and CAPTIONS (TSV/JSON), LABELS (TSV/JSON) -> OUT."""
+            keep_scratch, restart, shard, merge, standard_split, query, train, retrieval, seed, name, classes_file,
+            empty_labels, overwrite):
+    """CLIP features of IMAGES (folder or list file) and CAPTIONS (TSV/JSON), LABELS (TSV/JSON) -> OUT.
+
+    Sharded (docs/data.md): run ``--shard I/N`` for every I (any machines sharing OUT.parts/), then
+    ``--merge``; or ``torchrun --nproc-per-node N -m ucmfh extract ...``.
+    """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     try:
+        shard_of = parse_shard(shard) if shard else None
+        world = int(os.environ.get("WORLD_SIZE", "1"))
+        if shard_of is None and world > 1 and not merge:  # torchrun: ranks are the shards, rank 0 merges
+            rank = int(os.environ.get("RANK", "0"))
+            shard_of, merge = (rank, world), rank == 0
+            _use_local_gpu()
+        if restart and (shard_of or merge):
+            raise ValueError("--restart would discard the chunks of every shard; delete OUT.parts/ yourself to "
+                             "start the shards over")
         sizes = resolve_sizes(standard_split, query, train, retrieval)
         config = ExtractConfig(model=model, batch_size=batch_size, chunk_items=chunk_items, device=device,
                                normalize=normalize, bad_images=bad_images, workers=workers,
@@ -147,7 +173,12 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
         raise click.UsageError(str(err)) from None
     report = extract_features(images, captions, labels, out, sizes=sizes, seed=seed, classes=classes_file,
                               config=config, name=name, empty_labels=empty_labels, restart=restart,
-                              overwrite=overwrite)
+                              overwrite=overwrite, shard=shard_of, merge=merge)
+    if report.path is None:
+        click.echo(f"shard {shard_of[0]}/{shard_of[1]} done: chunks computed {report.chunks_computed}, reused "
+                   f"{report.chunks_reused} ({report.seconds:.1f} s); write {out} with --merge once every shard "
+                   f"is done")
+        return
     rows = ", ".join(f"{s} {n}" for s, n in report.rows.items())
     click.echo(f"wrote {report.path}: {rows} ({report.n_images} images, {report.n_captions} captions; "
                f"{len(report.skipped_images)} unreadable images skipped; chunks computed {report.chunks_computed}, "

@@ -19,6 +19,13 @@ Work is done in chunks of items; each finished chunk is saved as a small
 interrupted run resumes without recomputing finished chunks. The scratch is
 removed once the output file is written and validated.
 
+Sharded extraction (clip-retrieval's independent partitions): shard ``i`` of
+``n`` computes the chunks ``c`` with ``c % n == i`` into the same scratch folder
+(a shared filesystem when the shards run on several machines), resumes its own
+chunks, and marks itself done (``shard-I-of-N.done``); a merge writes the one
+output file from the finished chunks and refuses, naming the shards, when any
+chunk is missing. The merged file is the file an unsharded run writes.
+
 The CLIP implementation is ``transformers`` (the ``extract`` extra).
 """
 from __future__ import annotations
@@ -27,7 +34,9 @@ import hashlib
 import json
 import logging
 import os
+import re
 import shutil
+import socket
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -53,6 +62,8 @@ BAD_IMAGES = ("fail", "skip")
 _SKIP_BAD = ("bad_images", "skip", "to leave such images out")
 _RESTART = ("restart", True, "to discard it and start over")
 
+Shard = Tuple[int, int]  # (index, count): a process that computes the chunks c with c % count == index
+
 
 @dataclass
 class ExtractConfig:
@@ -77,7 +88,7 @@ class ExtractConfig:
 
 @dataclass
 class ExtractReport:
-    path: str
+    path: Optional[str]
     rows: Dict[str, int]
     n_images: int
     n_captions: int
@@ -85,6 +96,7 @@ class ExtractReport:
     chunks_computed: int = 0
     chunks_reused: int = 0
     seconds: float = 0.0
+    shard: Optional[Shard] = None  # set by a shard's run, whose path is None unless it merged
 
 
 # ---------------------------------------------------------------- inputs
@@ -324,6 +336,17 @@ def load_image(path: str):
 # ---------------------------------------------------------------- chunks
 
 
+def parse_shard(text: str) -> Shard:
+    """``"i/n"`` -> ``(i, n)`` with ``0 <= i < n``."""
+    try:
+        index, count = (int(part) for part in text.split("/"))
+    except ValueError:
+        raise ValueError(f"shard {text!r}: expected I/N, e.g. 0/4") from None
+    if not 0 <= index < count:
+        raise ValueError(f"shard {text!r}: needs 0 <= I < N")
+    return index, count
+
+
 def _fingerprint(*parts: object) -> str:
     h = hashlib.sha256()
     for part in parts:
@@ -339,16 +362,23 @@ class _Scratch:
         self.folder = folder
         make_folder(folder, out)
         manifest = os.path.join(folder, "manifest.json")
-        if os.path.exists(manifest):
+        if not os.path.exists(manifest):
+            # shards may start together, on several machines: the first complete manifest linked wins
+            mine = f"{manifest}.{socket.gethostname()}.{os.getpid()}"
+            write_text_atomic(mine, json.dumps({"fingerprint": fingerprint}))
             try:
-                old = json.loads(read_text(manifest)).get("fingerprint")
-            except (ValueError, AttributeError):  # not JSON, or not an object
-                raise DataError(f"{manifest}: unreadable scratch manifest", remedy=_RESTART) from None
-            if old != fingerprint:
-                raise DataError(f"{folder}: scratch of a different extraction (other inputs, model or settings)",
-                                remedy=_RESTART)
-        else:
-            write_text_atomic(manifest, json.dumps({"fingerprint": fingerprint}))
+                os.link(mine, manifest)
+            except FileExistsError:
+                pass
+            finally:
+                os.remove(mine)
+        try:
+            old = json.loads(read_text(manifest)).get("fingerprint")
+        except (ValueError, AttributeError):  # not JSON, or not an object
+            raise DataError(f"{manifest}: unreadable scratch manifest", remedy=_RESTART) from None
+        if old != fingerprint:
+            raise DataError(f"{folder}: scratch of a different extraction (other inputs, model or settings)",
+                            remedy=_RESTART)
 
     def path(self, kind: str, chunk: int) -> str:
         return os.path.join(self.folder, f"{kind}-{chunk:06d}.npz")
@@ -360,6 +390,13 @@ class _Scratch:
         with atomic_file(self.path(kind, chunk)) as tmp, open(tmp, "wb") as f:
             np.savez(f, features=features, ok=ok)  # a file object: savez would add ".npz" to a name
 
+    def marker(self, shard: Shard) -> str:
+        return os.path.join(self.folder, f"shard-{shard[0]}-of-{shard[1]}.done")
+
+    def finished_shards(self) -> List[Shard]:
+        found = (re.fullmatch(r"shard-(\d+)-of-(\d+)\.done", name) for name in os.listdir(self.folder))
+        return sorted((int(m.group(1)), int(m.group(2))) for m in found if m)
+
     def load(self, kind: str, chunk: int) -> Tuple[np.ndarray, np.ndarray]:
         path = self.path(kind, chunk)
         try:
@@ -367,6 +404,13 @@ class _Scratch:
                 return npz_member(f, path, "features"), npz_member(f, path, "ok")
         except DataError as err:
             raise DataError(f"{err}; a damaged scratch chunk", remedy=_RESTART) from None
+
+
+def _chunks(n_items: int, cfg: ExtractConfig, shard: Optional[Shard] = None) -> List[Tuple[int, int, int]]:
+    """``(chunk, start, stop)`` of every chunk, or of the chunks of ``shard``."""
+    every = [(c, start, min(n_items, start + cfg.chunk_items))
+             for c, start in enumerate(range(0, n_items, cfg.chunk_items))]
+    return every if shard is None else [t for t in every if t[0] % shard[1] == shard[0]]
 
 
 def _run_chunks(
@@ -377,10 +421,10 @@ def _run_chunks(
     compute: Callable[[int, int, tqdm], Tuple[np.ndarray, np.ndarray]],
     bar: tqdm,
     report: ExtractReport,
+    shard: Optional[Shard] = None,
 ) -> None:
-    """Compute every chunk that has no file yet; ``compute`` advances the bar per batch."""
-    for chunk, start in enumerate(range(0, n_items, cfg.chunk_items)):
-        stop = min(n_items, start + cfg.chunk_items)
+    """Compute every chunk (of ``shard``) that has no file yet; ``compute`` advances the bar per batch."""
+    for chunk, start, stop in _chunks(n_items, cfg, shard):
         if scratch.done(kind, chunk):
             report.chunks_reused += 1
             bar.update(stop - start)
@@ -390,8 +434,45 @@ def _run_chunks(
             report.chunks_computed += 1
 
 
+def _missing_chunks(counts: Dict[str, int], scratch: _Scratch, cfg: ExtractConfig) -> None:
+    """Refuse a merge while any chunk has no file, naming the shards that owe one."""
+    missing = {kind: [c for c, _, _ in _chunks(n, cfg) if not scratch.done(kind, c)] for kind, n in counts.items()}
+    if not any(missing.values()):
+        return
+    where = "; ".join(f"{kind} chunks {_some(chunks)}" for kind, chunks in missing.items() if chunks)
+    finished = scratch.finished_shards()
+    counts_seen = sorted({n for _, n in finished})
+    if len(counts_seen) == 1:
+        n = counts_seen[0]
+        owing = sorted({c % n for chunks in missing.values() for c in chunks})
+        hint = f"shard{'s' if len(owing) > 1 else ''} {', '.join(f'{i}/{n}' for i in owing)} not done"
+    else:
+        hint = "no shard has finished" if not finished else "shards of different counts finished"
+    raise DataError(f"{scratch.folder}: cannot merge, {hint} ({where} missing); run the missing shards first")
+
+
+def _some(items: List[int], most: int = 5) -> str:
+    text = ", ".join(map(str, items[:most]))
+    return text + (f" and {len(items) - most} more" if len(items) > most else "")
+
+
+def _wait_for_shards(scratch: _Scratch, count: int, poll_seconds: float) -> None:
+    """Block until every shard of ``count`` has marked itself done (``torchrun`` ranks as shards: a
+    failed rank ends the whole job, so no timeout is needed here)."""
+    told = False
+    while True:
+        done = {i for i, n in scratch.finished_shards() if n == count}
+        if len(done) == count:
+            return
+        if not told:
+            log.info("waiting for shards %s of %d to finish", ", ".join(str(i) for i in range(count) if i not in done),
+                     count)
+            told = True
+        time.sleep(poll_seconds)
+
+
 def _gather(kind: str, n_items: int, scratch: _Scratch, cfg: ExtractConfig) -> Tuple[np.ndarray, np.ndarray]:
-    parts = [scratch.load(kind, c) for c in range((n_items + cfg.chunk_items - 1) // cfg.chunk_items)]
+    parts = [scratch.load(kind, c) for c, _, _ in _chunks(n_items, cfg)]
     d = max(p[0].shape[1] for p in parts)
     # a chunk whose images were all unreadable has no columns: NaN rows, never used
     feats = [p[0] if p[0].shape[1] == d else np.full((len(p[1]), d), np.nan, np.float32) for p in parts]
@@ -417,6 +498,9 @@ def extract_features(
     restart: bool = False,
     overwrite: bool = False,
     progress: bool = True,
+    shard: Optional[Shard] = None,
+    merge: bool = False,
+    poll_seconds: float = 5.0,
 ) -> ExtractReport:
     """Compute CLIP features of images and captions and write a dataset file.
 
@@ -424,26 +508,37 @@ def extract_features(
     ``encoder`` (anything with ``encode_images``/``encode_texts`` and ``name``)
     replaces the CLIP model built from ``config.model``. Resumes from the
     scratch folder ``OUT.parts`` unless ``restart``.
+
+    ``shard=(i, n)``: compute only the chunks of shard ``i`` of ``n``, mark it done and
+    write nothing (``report.path`` is None), unless ``merge``: then wait for the
+    other shards and write the file. ``merge`` without ``shard``: write the file
+    from the finished chunks, computing none.
     """
     t0 = time.perf_counter()
     cfg = config or ExtractConfig()
     out = os.fspath(out)
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f"{out}: exists; not replaced")
+    if restart and (shard is not None or merge):
+        raise ValueError(f"{out}.parts: restarting would discard the chunks of every shard; delete that folder "
+                         "to start the shards over")
     check_seed(seed)
     names, paths = list_images(images)
     caption_list, image_of = read_captions(captions, names)
     label_matrix, class_names = read_labels(labels, names, read_classes(classes) if classes else None)
     keep_image = empty_label_rows(label_matrix, os.fspath(labels), empty_labels)
 
-    if encoder is None:
+    computing = shard is not None or not merge
+    if encoder is None and computing:
         encoder = ClipEncoder(cfg.model, cfg.device, cfg.normalize)
     model_name = getattr(encoder, "name", None) or cfg.model
     scratch_dir = out + ".parts"
     if restart and os.path.isdir(scratch_dir):
         shutil.rmtree(scratch_dir)
-    scratch = _Scratch(scratch_dir, _fingerprint(model_name, cfg.normalize, paths, caption_list), out)
-    report = ExtractReport(path=out, rows={}, n_images=len(names), n_captions=len(caption_list))
+    scratch = _Scratch(scratch_dir, _fingerprint(model_name, cfg.normalize, cfg.chunk_items, paths, caption_list),
+                       out)
+    report = ExtractReport(path=out, rows={}, n_images=len(names), n_captions=len(caption_list), shard=shard)
+    counts = {"image": len(names), "text": len(caption_list)}
 
     def image_chunk(start: int, stop: int, bar: tqdm) -> Tuple[np.ndarray, np.ndarray]:
         feats, ok = [], np.ones(stop - start, dtype=bool)
@@ -477,9 +572,21 @@ def extract_features(
             bar.update(len(batch))
         return np.concatenate(feats), np.ones(stop - start, dtype=bool)
 
-    with tqdm(total=len(names) + len(caption_list), unit="item", desc="extract", disable=not progress) as bar:
-        _run_chunks("image", len(names), scratch, cfg, image_chunk, bar, report)
-        _run_chunks("text", len(caption_list), scratch, cfg, text_chunk, bar, report)
+    if computing:
+        total = sum(stop - start for n in counts.values() for _, start, stop in _chunks(n, cfg, shard))
+        desc = "extract" if shard is None else f"extract shard {shard[0]}/{shard[1]}"
+        with tqdm(total=total, unit="item", desc=desc, disable=not progress) as bar:
+            _run_chunks("image", len(names), scratch, cfg, image_chunk, bar, report, shard)
+            _run_chunks("text", len(caption_list), scratch, cfg, text_chunk, bar, report, shard)
+    if shard is not None:
+        write_text_atomic(scratch.marker(shard), json.dumps(
+            {"chunks_computed": report.chunks_computed, "chunks_reused": report.chunks_reused}))
+        if not merge:
+            report.path = None
+            report.seconds = time.perf_counter() - t0
+            return report
+        _wait_for_shards(scratch, shard[1], poll_seconds)
+    _missing_chunks(counts, scratch, cfg)
     img_feats, img_ok = _gather("image", len(names), scratch, cfg)
     txt_feats, _ = _gather("text", len(caption_list), scratch, cfg)
     if img_feats.shape[1] == 0 or not img_ok.any():

@@ -1,0 +1,153 @@
+"""Sharded extraction: shards compute disjoint chunks, resume their own, and a merge writes the unsharded file."""
+import os
+import socket
+import subprocess
+import sys
+
+import h5py
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+pytest.importorskip("PIL.Image", reason="pillow is not installed (pip install 'ucmfh[extract]')")
+
+from test_data_errors import user_error
+from test_extract import SIZES, FakeEncoder, make_images, tiny_clip, write_inputs  # noqa: F401 - a fixture
+from ucmfh.data import DataError
+from ucmfh.data.extract import ExtractConfig, extract_features, parse_shard
+
+CFG = ExtractConfig(batch_size=2, chunk_items=2, workers=1)  # 7 images: 4 chunks; 14 captions: 7 chunks
+
+
+def file_content(path):
+    """Every dataset and attribute of an HDF5 file, for equality."""
+    content = {}
+    with h5py.File(path, "r") as f:
+        content["/"] = dict(f.attrs)
+        f.visititems(lambda name, obj: content.__setitem__(name, obj[()] if isinstance(obj, h5py.Dataset) else None))
+    return content
+
+
+def assert_same_file(a, b):
+    """Same datasets, values and attributes (files of one name: the name is an attribute)."""
+    ca, cb = file_content(a), file_content(b)
+    assert ca.keys() == cb.keys() and ca["/"].keys() == cb["/"].keys()
+    for key in ca["/"]:
+        np.testing.assert_array_equal(ca["/"][key], cb["/"][key], err_msg=f"attribute {key}")
+    for key in set(ca) - {"/"}:
+        np.testing.assert_array_equal(ca[key], cb[key], err_msg=key)
+
+
+def reference(tmp_path, name="set.h5"):
+    (tmp_path / "ref").mkdir(exist_ok=True)
+    return tmp_path / "ref" / name
+
+
+@pytest.fixture
+def inputs(tmp_path):
+    names = make_images(tmp_path / "imgs")
+    caps, labels = write_inputs(tmp_path, names)
+    return tmp_path / "imgs", caps, labels
+
+
+def extract(inputs, out, **kwargs):
+    kwargs.setdefault("encoder", FakeEncoder())
+    return extract_features(*inputs, out, sizes=SIZES, config=CFG, progress=False, **kwargs)
+
+
+def test_shards_killed_and_resumed_merge_into_the_unsharded_file(tmp_path, inputs):
+    ref = extract(inputs, reference(tmp_path))
+    out, parts = tmp_path / "set.h5", tmp_path / "set.h5.parts"
+    first = extract(inputs, out, shard=(0, 3))
+    # shard 0 of 3: image chunks 0, 3 and text chunks 0, 3, 6; nothing written but its chunks and marker
+    assert first.path is None and first.chunks_computed == 5 and not out.exists()
+    assert sorted(p.name for p in parts.iterdir() if p.suffix == ".npz") == [
+        "image-000000.npz", "image-000003.npz", "text-000000.npz", "text-000003.npz", "text-000006.npz"]
+    extract(inputs, out, shard=(2, 3))
+    with pytest.raises(DataError, match=r"set\.h5\.parts: cannot merge, shard 1/3 not done \(image chunks 1; "
+                                        r"text chunks 1, 4 missing\)"):
+        extract(inputs, out, merge=True)
+
+    # shard 1 (image chunk 1, text chunks 1 and 4; one batch each) killed in its third batch, then resumed
+    with pytest.raises(KeyboardInterrupt):
+        extract(inputs, out, shard=(1, 3), encoder=FakeEncoder(fail_after=2))
+    assert (parts / "text-000001.npz").exists() and not (parts / "text-000004.npz").exists()
+    assert not (parts / "shard-1-of-3.done").exists()
+    with pytest.raises(DataError, match="shard 1/3 not done"):
+        extract(inputs, out, merge=True)
+    again = FakeEncoder()
+    resumed = extract(inputs, out, shard=(1, 3), encoder=again)
+    assert (resumed.chunks_reused, resumed.chunks_computed) == (2, 1) and again.calls == {"image": 0, "text": 1}
+
+    merging = FakeEncoder()
+    merged = extract(inputs, out, merge=True, encoder=merging)
+    assert merged.path == str(out) and merged.rows == ref.rows and merging.calls == {"image": 0, "text": 0}
+    assert_same_file(ref.path, out)
+    assert not parts.exists()
+
+
+def test_a_shard_that_merges_waits_for_the_others(tmp_path, inputs):
+    ref = extract(inputs, reference(tmp_path))
+    out = tmp_path / "set.h5"
+    extract(inputs, out, shard=(1, 2))
+    report = extract(inputs, out, shard=(0, 2), merge=True, poll_seconds=0.01)
+    assert report.path == str(out)
+    assert_same_file(ref.path, out)
+
+
+def test_merge_before_any_shard_and_bad_shards(tmp_path, inputs):
+    with pytest.raises(DataError, match=r"cannot merge, no shard has finished \(image chunks 0, 1, 2, 3; text chunks "
+                                        r"0, 1, 2, 3, 4 and 2 more missing\)"):
+        extract(inputs, tmp_path / "set.h5", merge=True)
+    for text, problem in [("1", "expected I/N"), ("2/2", "needs 0 <= I < N"), ("a/b", "expected I/N")]:
+        with pytest.raises(ValueError, match=problem):
+            parse_shard(text)
+    with pytest.raises(ValueError, match="restarting would discard the chunks of every shard"):
+        extract(inputs, tmp_path / "set.h5", shard=(0, 2), restart=True)
+
+
+def test_shard_and_merge_options(tmp_path, tiny_clip):  # noqa: F811 - the fixture
+    names = make_images(tmp_path / "imgs", 5)
+    caps, labels = write_inputs(tmp_path, names)
+    args = [str(tmp_path / "imgs"), str(caps), str(labels), str(tmp_path / "c.h5"), "--model", tiny_clip,
+            "--device", "cpu", "--query", "1", "--train", "2", "--workers", "1", "--chunk-items", "3"]
+    user_error(["extract", *args, "--shard", "2/2"], "shard '2/2': needs 0 <= I < N")
+    user_error(["extract", *args, "--shard", "0/2", "--restart"], "--restart would discard the chunks of every shard")
+    user_error(["extract", *args, "--merge"], "c.h5.parts: cannot merge, no shard has finished")
+    from ucmfh.app.cli import main
+
+    result = CliRunner().invoke(main, ["extract", *args, "--shard", "1/2"])
+    assert result.exit_code == 0 and "shard 1/2 done: chunks computed 3, reused 0" in result.output, result.output
+    user_error(["extract", *args, "--merge"], "c.h5.parts: cannot merge, shard 0/2 not done")
+    assert CliRunner().invoke(main, ["extract", *args, "--shard", "0/2"]).exit_code == 0
+    result = CliRunner().invoke(main, ["extract", *args, "--merge"])
+    assert result.exit_code == 0 and "chunks computed 0, reused 0" in result.output, result.output
+    assert CliRunner().invoke(main, ["extract", *args[:3], str(reference(tmp_path, "c.h5")), *args[4:]]).exit_code == 0
+    assert_same_file(reference(tmp_path, "c.h5"), tmp_path / "c.h5")
+
+
+def free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_torchrun_ranks_are_the_shards(tmp_path, tiny_clip):  # noqa: F811 - the fixture
+    names = make_images(tmp_path / "imgs", 6)
+    caps, labels = write_inputs(tmp_path, names)
+    args = [str(tmp_path / "imgs"), str(caps), str(labels), "--model", tiny_clip, "--device", "cpu", "--query", "1",
+            "--train", "2", "--workers", "1", "--chunk-items", "2"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+
+    def run(launcher, out):  # both in processes of one thread: the same arithmetic
+        done = subprocess.run([sys.executable, "-m", *launcher, "ucmfh", "extract", *args[:3], str(out), *args[3:]],
+                              env=env, capture_output=True, text=True, timeout=240)
+        assert done.returncode == 0, done.stderr[-3000:]
+        return done.stdout
+
+    output = run(["torch.distributed.run", "--nproc-per-node", "2", f"--master-port={free_port()}", "-m"],
+                 tmp_path / "c.h5")
+    assert "shard 1/2 done" in output and f"wrote {tmp_path / 'c.h5'}" in output, output
+    assert not (tmp_path / "c.h5.parts").exists()
+    run([], reference(tmp_path, "c.h5"))
+    assert_same_file(reference(tmp_path, "c.h5"), tmp_path / "c.h5")
