@@ -9,11 +9,13 @@ import sys
 
 import torch
 
+from test_seps import token_splits
 from ucmfh.app.experiment import join_process_group
-from ucmfh.config import FusionConfig, HashConfig
-from ucmfh.data.h5 import Dataset, Split
+from ucmfh.config import FusionConfig, HashConfig, SepsConfig
+from ucmfh.data.h5 import Dataset, Split, write_dataset
 from ucmfh.distributed import current_group
 from ucmfh.losses import LOSSES
+from ucmfh.seps import fit_seps
 from ucmfh.train import fit_fusion, fit_hashing
 
 N = 13  # odd: the ranks' parts of a batch differ in size
@@ -44,17 +46,29 @@ def cases():
     # three steps (batches of 5, 5, 3): the optimizer's state and the ranks stay in step
     yield "two-tower-3-steps", "hash", "labelled", HashConfig(method="two-tower", hidden=32, n_bits=16,
                                                              **{**common, "batch_size": 5, "epochs": 2})
+    # SEPS on 26 captions of 16 images, two steps of 13 (parts of 7 and 6): the patch selection learns
+    seps = dict(embed_dim=16, epochs=1, batch_size=13, val_fraction=0.0, patience=0, device="cpu", pair_chunk=256)
+    yield "seps-code", "seps", "tokens", SepsConfig(**seps)
+    yield "seps-paper", "seps", "tokens", SepsConfig(version="paper", **seps)
+    yield "seps-max-violation", "seps", "tokens", SepsConfig(max_violation_from=0, **seps)
+    yield "seps-dense-text", "seps", "dense", SepsConfig(dense_text="image", **seps)
 
 
 def main(out: str) -> None:
     join_process_group()
     data = datasets()
+    rank = current_group().rank  # each rank writes its own copy of the token files
+    for name, dense in (("tokens", False), ("dense", True)):
+        data[name] = write_dataset(f"{out}.{name}{rank}.h5", token_splits(images=(3, 13), dense=dense),
+                                   attrs={"name": name}, overwrite=True)
     teacher = fit_fusion(data["captions"], FusionConfig(d_model=16, n_heads=2, d_ff=32, epochs=1, batch_size=N,
                                                         val_fraction=0.0, dropout=0.0, device="cpu"),
                          progress=False)[0]
     result = {}
     for name, stage, dataset, cfg in cases():
-        if stage == "fusion":
+        if stage == "seps":
+            model, _ = fit_seps(data[dataset], cfg, progress=False)
+        elif stage == "fusion":
             model, _ = fit_fusion(data[dataset], cfg, progress=False)
         else:
             model, _ = fit_hashing(data[dataset], cfg, teacher if cfg.method in ("ucmfh", "distill") else None,

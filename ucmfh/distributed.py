@@ -86,6 +86,14 @@ class Group:
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         return bool(t.item())
 
+    def max(self, values: Sequence[int], device: torch.device) -> List[int]:
+        """Each of ``values``' largest value over the ranks, on every rank (one collective)."""
+        if self.world_size == 1 or not values:
+            return list(values)
+        t = torch.tensor(list(values), dtype=torch.int64, device=device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return t.tolist()
+
     def broadcast_float(self, value: float, device: torch.device) -> float:
         """Rank 0's ``value`` on every rank."""
         if self.world_size == 1:

@@ -22,12 +22,12 @@ from tqdm.auto import tqdm
 from ucmfh.config import SepsConfig
 from ucmfh.data.h5 import DataError
 from ucmfh.data.tokens import Tokens
-from ucmfh.distributed import current_group
+from ucmfh.distributed import Group, current_group
 from ucmfh.losses.triplet import vse_hinge
 from ucmfh.metrics.captions import DATABASES, first_of_each_id
 from ucmfh.models.seps import SEPS, State
 from ucmfh.similarity import positive_mask
-from ucmfh.train import History, StateFile, run_epochs, seed_everything, validation_items
+from ucmfh.train import History, StateFile, optimize, run_epochs, seed_everything, validation_items
 from ucmfh.utils import resolve_device
 
 RANKS = (1, 5, 10)
@@ -152,14 +152,38 @@ def _check_dense(tokens: Tokens, cfg: SepsConfig) -> None:
                         "dense_text_tokens")
 
 
+def gather_state(group: Group, state: State, n: int) -> State:
+    """The state of a global batch of ``n`` items from each rank's part of it (:meth:`Group.local`),
+    with gradient, word axes padded to the longest of any rank."""
+    if group.world_size == 1:
+        return state
+    keys = sorted(state)
+    padded = [key for key in keys if key.startswith(("words_", "mask_"))]
+    widths = dict(zip(padded, group.max([state[key].shape[1] for key in padded], state[keys[0]].device)))
+    parts, shapes = [], {}
+    for key in keys:
+        value = state[key].float()
+        if key in widths:
+            value = torch.nn.functional.pad(value, (0, 0) * (value.dim() - 2) + (0, widths[key] - value.shape[1]))
+        shapes[key] = value.shape[1:]
+        parts.append(value.reshape(len(value), -1))
+    gathered = group.gather(parts, n)
+    return {key: (part.reshape(n, *shapes[key]) > 0.5 if state[key].dtype == torch.bool
+                  else part.reshape(n, *shapes[key]).to(state[key].dtype))
+            for key, part in zip(keys, gathered)}
+
+
 def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
              state: Optional[StateFile] = None) -> Tuple[SEPS, History]:
     """Train SEPS on the ``train`` split of ``path``; returns the model (on CPU, the best validation
-    epoch's weights when ``cfg.val_fraction`` > 0) and its :class:`History`."""
-    if current_group().world_size > 1:
-        raise ValueError("SEPS trains on one process: its data-parallel form is not built yet (run train-seps "
-                         "without torchrun)")
+    epoch's weights when ``cfg.val_fraction`` > 0) and its :class:`History`.
+
+    Under ``torchrun`` each rank encodes its part of the global batch (its images and its captions);
+    the image states are gathered with gradient, each rank scores its captions against every image
+    of the batch, and the score rows are gathered with gradient, so the hinge sees the whole batch's
+    negatives and one step equals one process's step (docs/distributed.md)."""
     device = resolve_device(cfg.device)
+    group = current_group()
     generator = seed_everything(cfg.seed)
     tokens = Tokens(path, "train")
     _check_dense(tokens, cfg)
@@ -174,18 +198,18 @@ def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
 
     def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
         items = rest[index.cpu().numpy()]
-        img = encode_images(model, tokens, items, device)
-        txt = encode_texts(model, tokens, items, device)
-        sims, soft_mean = model.grid(img, txt)  # [texts, images]
+        mine = group.local(torch.from_numpy(items)).numpy()  # this rank's part of the global batch
+        img = gather_state(group, encode_images(model, tokens, mine, device), len(items))
+        sims, soft_mean = model.grid(img, encode_texts(model, tokens, mine, device))  # [my texts, images]
+        sims = group.gather((sims,), len(items))[0]
+        if soft_mean is not None and group.world_size > 1:  # the mean over every pair of the batch
+            soft_mean = group.gather(((soft_mean * len(mine)).reshape(1, 1),), group.world_size)[0].sum() / len(items)
         batch_ids = ids_t[torch.from_numpy(items).to(device)]
         loss = vse_hinge(sims.T, positive_mask(len(items), batch_ids, device=device), cfg.margin,
                          epoch >= cfg.max_violation_from)
         if soft_mean is not None and cfg.ratio_weight:
             loss = loss + cfg.ratio_weight * (soft_mean - cfg.keep_ratio) ** 2
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        optimizer.step()
-        return loss.detach()
+        return optimize(loss, optimizer, group)
 
     validate = None
     if val is not None:

@@ -20,6 +20,7 @@ from ucmfh.checkpoint import load_model, load_seps, save_seps
 from ucmfh.config import SepsConfig, identity_dict, leak_free
 from ucmfh.data.h5 import Dataset
 from ucmfh.data.tokens import Tokens
+from ucmfh.distributed import current_group
 from ucmfh.metrics.captions import DATABASES
 from ucmfh.rerank import Reranking
 from ucmfh.seps import database_scores, databases, fit_seps, recall_rows
@@ -63,11 +64,13 @@ def train_seps_stage(data: Dataset, cfg: SepsConfig, opts: RunOptions, names: Se
     every pair of each database in ``names``."""
     paths = seps_paths(opts.out, dataset_identity(data), cfg)
     path, identity = paths["checkpoint"], paths["identity"]
+    group = current_group()
     if os.path.exists(path):
         model, _, meta = load_seps(path)
         if meta.get("identity") != identity:
             raise ValueError(f"{path}: holds a SEPS model of another run; not reused. Move it away or use another --out")
-        drop_leftover_state(path)
+        if group.is_main:
+            drop_leftover_state(path)
         log(f"seps: reused {path} (run {key_of(identity)})")
         seconds, history = meta.get("seconds", 0.0), meta["history"]
     else:
@@ -77,10 +80,14 @@ def train_seps_stage(data: Dataset, cfg: SepsConfig, opts: RunOptions, names: Se
         model, history = fit_seps(data.path, cfg, progress=opts.progress, state=state)
         seconds = time.perf_counter() - start
         history = history.as_dict()
-        write_identity(paths["dir"], identity, dataset_identity(data))
-        save_seps(path, model, meta={"identity": identity, "dataset": dataset_identity(data), "history": history,
-                                     "seconds": seconds})
-        discard_state(state)
+        if group.is_main:
+            write_identity(paths["dir"], identity, dataset_identity(data))
+            save_seps(path, model, meta={"identity": identity, "dataset": dataset_identity(data), "history": history,
+                                         "seconds": seconds, "world_size": group.world_size})
+            discard_state(state)
+        group.barrier()
+    if not group.is_main:  # rank 0 scores and reports for all
+        return []
     rows = score_seps(data, model, cfg, path, names, opts.progress)
     for row in rows:
         row.update(train_time_s=round(seconds, 2), run=key_of(identity), epochs=cfg.epochs,
