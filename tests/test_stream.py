@@ -34,6 +34,30 @@ def test_streamed_rows_read_what_is_in_memory(tiny_path, tiny):
         rows.subset(torch.tensor([3, 1]))
 
 
+class CountingReads:
+    """An HDF5 dataset that records the number of rows of each read."""
+
+    def __init__(self, dataset):
+        self.dataset, self.shape, self.reads = dataset, dataset.shape, []
+
+    def __getitem__(self, key):
+        out = self.dataset[key]
+        self.reads.append(len(out))
+        return out
+
+
+def test_spread_rows_are_read_a_block_at_a_time(tiny_path, tiny):
+    """A subset spread through the file (a validation part) is read span by span, never as one read
+    from its first row to its last: memory stays bounded by a block."""
+    rows = Rows(tiny_path, "train/image", SMALL_BLOCKS)
+    rows.blocks.dataset = counting = CountingReads(rows.blocks.dataset)
+    positions = torch.arange(0, len(rows), 37)  # one row in 37: a view-block spans about 1,200 file rows
+    assert torch.equal(rows.subset(positions)[:], tiny.train.img[positions])
+    assert max(counting.reads) <= SMALL_BLOCKS.block_rows
+    counting.reads.clear()
+    assert torch.equal(rows[5:70], tiny.train.img[5:70]) and counting.reads == [32, 32, 32]  # dense: whole blocks
+
+
 def test_block_shuffle_is_a_permutation_read_window_by_window(tiny_path):
     rows = Rows(tiny_path, "train/image", SMALL_BLOCKS)
     order = rows.shuffle(torch.Generator().manual_seed(0))

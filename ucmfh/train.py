@@ -15,7 +15,7 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple
 
 import numpy as np
@@ -188,6 +188,10 @@ def _spread(split: Split, most: int) -> Split:
     return split.subset(torch.from_numpy(np.linspace(0, len(split) - 1, most).round().astype(np.int64)))
 
 
+def _in_memory(split: Split) -> Split:
+    return replace(split, img=split.img[:], txt=split.txt[:]) if split.streamed else split
+
+
 def _validator(encode: Callable, model: nn.Module, val: Optional[Split], rest: Split, ranking: str,
                device: torch.device) -> Optional[Callable[[], float]]:
     """The validation score of ``model``: mean of both directions' unimodal MAP@50 (by id on a
@@ -195,7 +199,9 @@ def _validator(encode: Callable, model: nn.Module, val: Optional[Split], rest: S
     ``VALIDATION_QUERIES`` and ``VALIDATION_DATABASE`` of them, evenly spaced)."""
     if val is None:
         return None
-    val, rest = _spread(val, VALIDATION_QUERIES), _spread(rest, VALIDATION_DATABASE)
+    # read once, into memory (at most VALIDATION_QUERIES + VALIDATION_DATABASE items): a streamed
+    # split's validation items are spread through the file, and would be read again every epoch
+    val, rest = _in_memory(_spread(val, VALIDATION_QUERIES)), _in_memory(_spread(rest, VALIDATION_DATABASE))
     data = Dataset(train=rest, query=val, retrieval=rest)
 
     def validate() -> float:

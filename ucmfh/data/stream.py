@@ -56,14 +56,27 @@ class _Blocks:
         if key in self.cache:
             self.cache.move_to_end(key)
             return self.cache[key]
-        lo, hi = int(rows[0]), int(rows[-1]) + 1
-        data = np.asarray(self.dataset[lo:hi], dtype=np.float32)  # one contiguous read
-        if hi - lo != len(rows):
-            data = data[rows - lo]
-        self.cache[key] = data
+        self.cache[key] = data = self.read(rows)
         while len(self.cache) > 2 * self.settings.window:
             self.cache.popitem(last=False)
         return data
+
+
+    def read(self, rows: np.ndarray) -> np.ndarray:
+        """The file rows ``rows`` (sorted) as float32: one contiguous read when they are dense, else one
+        per span of ``block_rows`` file rows that holds any (a spread subset, e.g. a validation part),
+        so that memory stays bounded by a block whatever the rows' spread."""
+        span = self.settings.block_rows
+        lo, hi = int(rows[0]), int(rows[-1]) + 1
+        if hi - lo <= max(span, 2 * len(rows)):
+            data = np.asarray(self.dataset[lo:hi], dtype=np.float32)
+            return data if hi - lo == len(rows) else data[rows - lo]
+        out = np.empty((len(rows), self.dataset.shape[1]), dtype=np.float32)
+        cuts = np.flatnonzero(np.diff(rows // span)) + 1
+        for group in np.split(np.arange(len(rows)), cuts):
+            a, b = int(rows[group[0]]), int(rows[group[-1]]) + 1
+            out[group] = np.asarray(self.dataset[a:b], dtype=np.float32)[rows[group] - a]
+        return out
 
 
 _VIEWS = itertools.count()  # cache keys: views of one file (a split and its subsets) never share a key
