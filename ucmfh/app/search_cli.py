@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 
 import click
 
-from ucmfh.app.errors import user_errors
+from ucmfh.app.errors import UserError, user_errors
 from ucmfh.app.options import check_device
 
 MODALITY = click.Choice(["image", "text"])
@@ -58,8 +58,11 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
               help="An image file as a query (repeatable; needs the index's CLIP model).")
 @click.option("-k", default=10, show_default=True, type=int, help="Results per query.")
 @click.option("--modality", "-m", type=MODALITY, default="text", show_default=True, help="What is searched.")
-@click.option("--rerank", type=click.Choice(["cosine"]),
-              help="Re-rank the Hamming candidates by the cosine of the real-valued embeddings kept in the index.")
+@click.option("--rerank", type=click.Choice(["cosine", "seps"]),
+              help="Re-rank the Hamming candidates: cosine of the real-valued embeddings kept in the index, or "
+                   "SEPS on the token features of the queries' file and of the indexed collection (needs --seps).")
+@click.option("--seps", "seps_checkpoint", type=click.Path(dir_okay=False),
+              help="With --rerank seps: the SEPS checkpoint ('ucmfh train-seps').")
 @click.option("--candidates", type=click.IntRange(min=1), help="Candidates re-ranked [default: 10 k].")
 @click.option("--checkpoint", "-c", type=click.Path(dir_okay=False),
               help="The index's checkpoint, where it has moved from the path recorded in the index.")
@@ -68,8 +71,8 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads over queries [default: torch's].")
 @click.option("--device", default="cpu", show_default=True, callback=check_device)
 @user_errors
-def search_cmd(index, queries, split, ids, query_modality, text, image, k, modality, rerank, candidates,
-               checkpoint, as_json, html, threads, device) -> None:
+def search_cmd(index, queries, split, ids, query_modality, text, image, k, modality, rerank, seps_checkpoint,
+               candidates, checkpoint, as_json, html, threads, device) -> None:
     """Search INDEX (several folders: searched as one) with queries; print the top-k items of each."""
     from ucmfh.search.build import Encoder
     from ucmfh.search.collection import read_queries
@@ -83,6 +86,11 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         raise click.UsageError("give queries by exactly one of --queries, --text and --image")
     if (split or ids) and not queries:
         raise click.UsageError("--split and --ids select rows of an HDF5 --queries file")
+    if (rerank == "seps") != bool(seps_checkpoint):
+        raise click.UsageError("--rerank seps and --seps SEPS.pt go together")
+    if rerank == "seps" and not queries:
+        raise UserError("--rerank seps needs the queries' token features, and --text and --image queries have "
+                        "none: give an HDF5 --queries file with token datasets")
     if threads:
         import torch
 
@@ -100,7 +108,13 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         from ucmfh.search.clip import clip_queries
 
         q = clip_queries(opened, text=list(text), images=list(image), device=device)
-    results = search_queries(opened, encoder, q, k, searched, rerank=rerank, candidates=candidates, device=device)
+    matcher = None
+    if seps_checkpoint:
+        from ucmfh.search.tokens import load_matcher
+
+        matcher = load_matcher(seps_checkpoint, device)
+    results = search_queries(opened, encoder, q, k, searched, rerank=rerank, candidates=candidates, device=device,
+                             matcher=matcher)
     if as_json:
         for row in result_rows(results):
             click.echo(json.dumps(row, ensure_ascii=False))
@@ -111,6 +125,9 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
 
         write_html(html, results, title=f"ucmfh search: {', '.join(index)}")
         click.echo(f"wrote {html}", err=as_json)
+    n = max(1, len(q))
+    click.echo(f"{len(q)} queries, ms per query: " + ", ".join(
+        f"{stage} {1000 * s / n:.3f}" for stage, s in results.seconds.items()), err=True)
 
 
 def _recorded_checkpoint(index, path: str) -> str:
