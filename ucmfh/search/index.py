@@ -157,6 +157,7 @@ class Index:
         self.path: Optional[str] = None  # the folder, once saved or loaded
         self._count = {m: 0 for m in MODALITIES}
         self._columns: Dict[str, Dict[str, _Column]] = {m: {} for m in MODALITIES}
+        self.faiss_cache: Dict[str, Any] = {}  # FAISS indexes of the codes, by cache name (ucmfh.search.approx)
 
     # ------------------------------------------------------------------ facts
 
@@ -377,7 +378,8 @@ class Index:
     # ------------------------------------------------------------- search
 
     def search(
-        self, queries: ArrayLike, k: int, modality: str = "txt", device: Any = "cpu", threads: Optional[int] = None
+        self, queries: ArrayLike, k: int, modality: str = "txt", device: Any = "cpu", threads: Optional[int] = None,
+        backend: Optional[Any] = None,
     ) -> Tuple[np.ndarray, np.ndarray]:
         """Exact top-k items of ``modality`` for each query, by (Hamming distance, position).
 
@@ -385,12 +387,18 @@ class Index:
         (distances, positions) [Q, min(k, count)] int64 numpy. On the CPU the
         compiled popcount kernels run (without importing torch), on ``threads`` threads over
         queries (default: the CPUs this process may use); on a GPU the torch path.
-        ``self.ids(modality)[positions]`` gives the items' ids.
+        ``self.ids(modality)[positions]`` gives the items' ids. ``backend``
+        (:class:`ucmfh.config.BackendConfig`) other than ``exact``: FAISS's approximate
+        search (:mod:`ucmfh.search.approx`; positions -1 where it found fewer than k).
         """
         modality = modality_name(modality)
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         qw = as_words(queries, self.n_bits, "queries")
+        if backend is not None and backend.backend != "exact":
+            from ucmfh.search import approx
+
+            return approx.search(self, qw, int(k), modality, backend, threads)
         return hamming_search(qw, self.codes(modality), self.n_bits, int(k), device, threads)
 
     # --------------------------------------------------------------- files

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 
+from ucmfh.config import BackendConfig
 from ucmfh.search.build import Encoder, check_same_checkpoint, check_same_feature
 from ucmfh.search.collection import FEATURES, Queries
 from ucmfh.search.index import Index, modality_name
@@ -31,6 +32,8 @@ class Results:
     relevance: Optional[str] = None  # 'shared label' or 'same id'
     seps: Optional[np.ndarray] = None  # SEPS re-ranking score, float64
     seconds: Dict[str, float] = field(default_factory=dict)  # encode / search / rerank, all queries together
+    backend: str = "exact"
+    recall: Optional[Dict[str, float]] = None  # an approximate backend's candidates against the exact ones
 
 
 def search_queries(
@@ -43,6 +46,9 @@ def search_queries(
     candidates: Optional[int] = None,
     device: str = "cpu",
     matcher: Optional[Any] = None,
+    backend: Optional[BackendConfig] = None,
+    threads: Optional[int] = None,
+    check_recall: bool = False,
 ) -> Results:
     """Encode ``queries`` with the index's checkpoint and return each one's top-k items of ``modality``.
 
@@ -50,6 +56,8 @@ def search_queries(
     orders them by the cosine of the real-valued head outputs kept in the index; ``rerank='seps'``
     by the SEPS scores of ``matcher`` (:func:`ucmfh.search.tokens.load_matcher`) on the token
     features of the queries' file and of the collections the items were built from. Ties by position.
+    ``backend`` other than ``exact`` finds the Hamming candidates with FAISS (approximate);
+    ``check_recall`` then also runs the exact search and reports the candidates' recall against it.
     """
     modality = modality_name(modality)
     if k < 1:
@@ -74,8 +82,20 @@ def search_queries(
     logits = encoder.encode(queries.features, queries.modality)
     seconds["encode"] = time.perf_counter() - start
     start = time.perf_counter()
-    distances, positions = index.search(logits, depth, modality, device)
+    backend = backend or BackendConfig()
+    distances, positions = index.search(logits, depth, modality, device, threads, backend)
     seconds["search"] = time.perf_counter() - start
+    recall = None
+    if backend.backend != "exact":
+        missing = (positions < 0).any(axis=1)
+        if missing.any():
+            raise ValueError(f"{index.path}: {backend.backend} found fewer than {positions.shape[1]} items for "
+                             f"{int(missing.sum())} of {len(missing)} queries; visit more lists (nprobe "
+                             f"{backend.nprobe}) or ask for fewer")
+        if check_recall:
+            from ucmfh.search.approx import recall as approx_recall
+
+            recall = approx_recall((distances, positions), index.search(logits, depth, modality, device, threads))
     cosine = seps = None
     if rerank is not None:
         start = time.perf_counter()
@@ -107,7 +127,8 @@ def search_queries(
     if relevant is None and queries.ids is not None:
         relevant = ids == queries.ids[:, None]
         relevance = "same id"
-    return Results(queries, modality, distances, positions, ids, shown, cosine, relevant, relevance, seps, seconds)
+    return Results(queries, modality, distances, positions, ids, shown, cosine, relevant, relevance, seps, seconds,
+                   backend.backend, recall)
 
 
 def result_rows(results: Results) -> List[Dict[str, Any]]:

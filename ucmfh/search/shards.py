@@ -8,7 +8,7 @@ import numpy as np
 
 from ucmfh.files import PathLike
 from ucmfh.search.index import (
-    ArrayLike, DataError, Index, modality_name, to_numpy, as_words, hamming_search, merge_top_k,
+    ArrayLike, DataError, Index, modality_name, to_numpy, as_words, merge_top_k,
 )
 
 
@@ -45,7 +45,7 @@ class Shards:
         return np.cumsum([0] + [s.count(modality) for s in self.shards])
 
     def search(self, queries: ArrayLike, k: int, modality: str = "txt", device: Any = "cpu",
-               threads: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+               threads: Optional[int] = None, backend: Optional[Any] = None) -> Tuple[np.ndarray, np.ndarray]:
         """As :meth:`Index.search`, over every shard's items; positions are global."""
         modality = modality_name(modality)
         if int(k) < 1:
@@ -54,9 +54,9 @@ class Shards:
         dists, positions = [], []
         for offset, shard in zip(self._offsets(modality), self.shards):
             if shard.count(modality):
-                d, p = hamming_search(qw, shard.codes(modality), self.n_bits, int(k), device, threads)
+                d, p = shard.search(qw, int(k), modality, device, threads, backend)
                 dists.append(d)
-                positions.append(p + offset)
+                positions.append(np.where(p < 0, -1, p + offset))  # -1: not found (approximate backends)
         if not dists:
             empty = np.zeros((qw.shape[0], 0), dtype=np.int64)
             return empty, empty.copy()
