@@ -196,3 +196,19 @@ def test_query_tokens_are_read_from_the_query_rows(files):
     with Tokens(files["path"], "query") as tokens:
         assert torch.equal(tokens.images(q.rows), torch.from_numpy(files["splits"]["query"]["image_tokens"][[6, 10]]
                                                                     .astype(np.float16).astype(np.float32)))
+
+
+def test_batches_of_queries_give_the_scores_of_one_batch(files):
+    """Candidates encoded per small batch of queries (a small budget) score as all encoded at once."""
+    from ucmfh.search.collection import read_queries
+    from ucmfh.search.tokens import _batches, load_matcher, seps_scores
+
+    index = Index.load(files["index"])
+    encoder = Encoder(files["hash"])
+    queries = read_queries(files["path"], "txt", encoder.dims)
+    _, positions = index.search(encoder.encode(queries.features, "txt"), 9, "img")
+    matcher = load_matcher(files["seps"])
+    whole = seps_scores(index, "img", positions, queries, matcher)
+    assert len(_batches(positions, 20)) > 3
+    np.testing.assert_allclose(seps_scores(index, "img", positions, queries, matcher, budget=20), whole, atol=1e-6)
+    assert _batches(np.array([[1, 2], [2, 3], [4, 5], [6, 6], [7, 8]]), 3) == [(0, 2), (2, 4), (4, 5)]
