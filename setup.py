@@ -39,7 +39,7 @@ setup(
         # the tests cover the optional pieces too (extraction, plots)
         "test": ["pytest>=7", "transformers>=4.30", "pillow>=9", "matplotlib>=3.5"],
         "plot": ["matplotlib>=3.5"],
-        # only scripts/bench_eval.py's comparison uses it; the metrics never import it
+        # `ucmfh search --backend faiss-ivf|faiss-hnsw` and the benchmarks; the metrics never import it
         "faiss": ["faiss-cpu>=1.7"],
         # CLIP feature extraction (`ucmfh extract`); needs no torchvision
         "extract": ["transformers>=4.30", "pillow>=9"],

@@ -249,6 +249,40 @@ class SepsConfig:
         return self
 
 
+SEARCH_BACKENDS = ("exact", "faiss-ivf", "faiss-hnsw")
+
+
+@dataclass
+class BackendConfig:
+    """How a search ranks the items (docs/search.md): ``exact`` Hamming top-k (the default), or a FAISS
+    approximate index over the same packed codes (``faiss-ivf``: ``IndexBinaryIVF``; ``faiss-hnsw``:
+    ``IndexBinaryHNSW``), built on first use and cached in the index folder.
+
+    ``nlist`` and ``hnsw_m`` are built into the cached index; ``nprobe`` and ``ef_search`` are per search.
+    """
+
+    backend: str = "exact"
+    nlist: Optional[int] = None  # IVF lists; None: round(sqrt(items))
+    nprobe: int = 16  # IVF lists visited per query
+    train_per_list: int = 40  # IVF training codes per list (evenly spaced over the items); FAISS asks >= 39
+    hnsw_m: int = 32  # HNSW neighbours per node
+    ef_construction: int = 40  # HNSW candidate list while adding
+    ef_search: int = 64  # HNSW candidate list per query (raised to k when smaller)
+
+    def __post_init__(self) -> None:
+        self.validate()
+
+    def validate(self) -> "BackendConfig":
+        if self.backend not in SEARCH_BACKENDS:
+            raise ValueError(f"backend must be one of {SEARCH_BACKENDS}, got {self.backend!r}")
+        for name in ("nprobe", "train_per_list", "hnsw_m", "ef_construction", "ef_search"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
+        if self.nlist is not None and self.nlist < 1:
+            raise ValueError(f"nlist must be >= 1, got {self.nlist}")
+        return self
+
+
 def uses_fusion(method: str) -> bool:
     """Whether a hashing method trains with a fusion encoder (the fusion stage runs first)."""
     return method in FUSION_METHODS

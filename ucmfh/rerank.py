@@ -29,7 +29,7 @@ from ucmfh.metrics.topk import top_k
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.models.seps import SEPS, State
 from ucmfh.seps import (RANKS, Database, cat_states, database_scores, encode_images, encode_texts, image_states,
-                        recall_rows, take, text_states)
+                        recall_rows, score_candidates, take, text_states)
 from ucmfh.similarity import normalize
 
 STAGES = ("hamming", "cosine-rerank", "seps-rerank", "seps-full")
@@ -157,9 +157,7 @@ class Reranking:
             stored = take(self.txt_store if direction == "i2t" else self.img_store, index)
             fetch_s = time.perf_counter() - t0
             query = self._query_state(direction, q)
-            if direction == "i2t":  # one image, M captions
-                return fetch_s, seps.grid(query, stored)[0][:, 0]
-            return fetch_s, seps.grid(stored, query)[0][0]  # one caption, M images
+            return fetch_s, score_candidates(seps, query, stored, "img" if direction == "i2t" else "txt")
         return by_seps
 
     def _full(self, ranks: Sequence[int]) -> Dict[str, object]:

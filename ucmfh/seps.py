@@ -85,6 +85,20 @@ def take(state: State, index: torch.Tensor) -> State:
 
 
 @torch.no_grad()
+def score_candidates(model: SEPS, query: State, candidates: State, query_modality: str) -> torch.Tensor:
+    """SEPS scores of one query against its candidates of the other modality (a re-ranker's step).
+
+    Shape: ``query``: the state of one image (``query_modality='img'``) or one caption (``'txt'``);
+    ``candidates``: the states of M captions or M images -> [M].
+    """
+    if query_modality == "img":
+        return model.grid(query, candidates)[0][:, 0]  # [M captions, 1 image]
+    if query_modality == "txt":
+        return model.grid(candidates, query)[0][0]  # [1 caption, M images]
+    raise ValueError(f"query_modality must be 'img' or 'txt', got {query_modality!r}")
+
+
+@torch.no_grad()
 def image_states(model: SEPS, side: Side, device: torch.device, batch: int = 128, progress: bool = False) -> State:
     """The state of every image of ``side``, computed once (the store a re-ranker keeps per image)."""
     model.to(device).eval()

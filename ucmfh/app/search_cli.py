@@ -7,10 +7,12 @@ from typing import Optional, Tuple
 
 import click
 
-from ucmfh.app.errors import user_errors
+from ucmfh.app.errors import UserError, user_errors
 from ucmfh.app.options import check_device
+from ucmfh.config import SEARCH_BACKENDS, BackendConfig
 
 MODALITY = click.Choice(["image", "text"])
+_BACKEND = BackendConfig()
 SHORT = {"image": "img", "text": "txt"}
 
 
@@ -58,9 +60,23 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
               help="An image file as a query (repeatable; needs the index's CLIP model).")
 @click.option("-k", default=10, show_default=True, type=int, help="Results per query.")
 @click.option("--modality", "-m", type=MODALITY, default="text", show_default=True, help="What is searched.")
-@click.option("--rerank", type=click.Choice(["cosine"]),
-              help="Re-rank the Hamming candidates by the cosine of the real-valued embeddings kept in the index.")
+@click.option("--rerank", type=click.Choice(["cosine", "seps"]),
+              help="Re-rank the Hamming candidates: cosine of the real-valued embeddings kept in the index, or "
+                   "SEPS on the token features of the queries' file and of the indexed collection (needs --seps).")
+@click.option("--seps", "seps_checkpoint", type=click.Path(dir_okay=False),
+              help="With --rerank seps: the SEPS checkpoint ('ucmfh train-seps').")
 @click.option("--candidates", type=click.IntRange(min=1), help="Candidates re-ranked [default: 10 k].")
+@click.option("--backend", type=click.Choice(SEARCH_BACKENDS), default=_BACKEND.backend, show_default=True,
+              help="exact: every code compared; faiss-ivf / faiss-hnsw: FAISS's approximate search (needs the extra "
+                   "'faiss'), its index built on first use and cached in the index folder.")
+@click.option("--nlist", type=click.IntRange(min=1),
+              help="faiss-ivf: lists the codes are clustered into [default: sqrt(items)].")
+@click.option("--nprobe", type=click.IntRange(min=1), default=_BACKEND.nprobe, show_default=True,
+              help="faiss-ivf: lists scanned per query.")
+@click.option("--ef-search", type=click.IntRange(min=1), default=_BACKEND.ef_search, show_default=True,
+              help="faiss-hnsw: the candidate list of the graph walk (at least k).")
+@click.option("--recall", "check_recall", is_flag=True,
+              help="With a FAISS backend: also search exactly and print the approximate candidates' recall.")
 @click.option("--checkpoint", "-c", type=click.Path(dir_okay=False),
               help="The index's checkpoint, where it has moved from the path recorded in the index.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines (one per hit) instead of a table.")
@@ -68,8 +84,9 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads over queries [default: torch's].")
 @click.option("--device", default="cpu", show_default=True, callback=check_device)
 @user_errors
-def search_cmd(index, queries, split, ids, query_modality, text, image, k, modality, rerank, candidates,
-               checkpoint, as_json, html, threads, device) -> None:
+def search_cmd(index, queries, split, ids, query_modality, text, image, k, modality, rerank, seps_checkpoint,
+               candidates, backend, nlist, nprobe, ef_search, check_recall, checkpoint, as_json, html, threads,
+               device) -> None:
     """Search INDEX (several folders: searched as one) with queries; print the top-k items of each."""
     from ucmfh.search.build import Encoder
     from ucmfh.search.collection import read_queries
@@ -83,6 +100,16 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         raise click.UsageError("give queries by exactly one of --queries, --text and --image")
     if (split or ids) and not queries:
         raise click.UsageError("--split and --ids select rows of an HDF5 --queries file")
+    approximate = {"--nlist": nlist is not None, "--nprobe": nprobe != _BACKEND.nprobe,
+                   "--ef-search": ef_search != _BACKEND.ef_search, "--recall": check_recall}
+    wrong = [name for name, given in approximate.items() if given and not _backend_takes(backend, name)]
+    if wrong:
+        raise click.UsageError(f"{wrong[0]} does not apply to --backend {backend}")
+    if (rerank == "seps") != bool(seps_checkpoint):
+        raise click.UsageError("--rerank seps and --seps SEPS.pt go together")
+    if rerank == "seps" and not queries:
+        raise UserError("--rerank seps needs the queries' token features, and --text and --image queries have "
+                        "none: give an HDF5 --queries file with token datasets")
     if threads:
         import torch
 
@@ -100,7 +127,14 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         from ucmfh.search.clip import clip_queries
 
         q = clip_queries(opened, text=list(text), images=list(image), device=device)
-    results = search_queries(opened, encoder, q, k, searched, rerank=rerank, candidates=candidates, device=device)
+    matcher = None
+    if seps_checkpoint:
+        from ucmfh.search.tokens import load_matcher
+
+        matcher = load_matcher(seps_checkpoint, device)
+    config = BackendConfig(backend=backend, nlist=nlist, nprobe=nprobe, ef_search=ef_search)
+    results = search_queries(opened, encoder, q, k, searched, rerank=rerank, candidates=candidates, device=device,
+                             matcher=matcher, backend=config, threads=threads, check_recall=check_recall)
     if as_json:
         for row in result_rows(results):
             click.echo(json.dumps(row, ensure_ascii=False))
@@ -111,6 +145,18 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
 
         write_html(html, results, title=f"ucmfh search: {', '.join(index)}")
         click.echo(f"wrote {html}", err=as_json)
+    n = max(1, len(q))
+    click.echo(f"{len(q)} queries, ms per query: " + ", ".join(
+        f"{stage} {1000 * s / n:.3f}" for stage, s in results.seconds.items()), err=True)
+    if results.recall is not None:
+        depth = results.positions.shape[1] if rerank is None else (candidates or 10 * k)
+        click.echo(f"{backend} recall@{depth} against exact search: {results.recall['ids']:.4f} of the items, "
+                   f"{results.recall['distances']:.4f} of the distances", err=True)
+
+
+def _backend_takes(backend: str, option: str) -> bool:
+    return {"--nlist": backend == "faiss-ivf", "--nprobe": backend == "faiss-ivf",
+            "--ef-search": backend == "faiss-hnsw", "--recall": backend != "exact"}[option]
 
 
 def _recorded_checkpoint(index, path: str) -> str:

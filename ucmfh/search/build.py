@@ -10,7 +10,9 @@ features of another extractor, are refused.
 Each chunk of rows is appended and committed with the build's progress
 (``Index.sources``): a killed build continues at its last committed chunk, and
 building the same collection into the same index again adds nothing. Another
-collection built into an existing index is appended.
+collection built into an existing index is appended. Each item keeps its
+origin (the source's number and its row in the collection), which re-ranking by
+the collection's token features reads (:mod:`ucmfh.search.tokens`).
 """
 from __future__ import annotations
 
@@ -153,7 +155,13 @@ def build_index(
     ids = coll.ids()
     keep_img = first_of_each_id(ids, n)
     before = {m: index.count(m) for m in FEATURES}
-    source = {"key": key, "path": os.path.abspath(coll.path), "groups": coll.groups, "rows": n}
+    stat = os.stat(coll.path)
+    # size and mtime identify the file cheaply at search time (re-ranking reads its tokens by row)
+    source = {"key": key, "path": os.path.abspath(coll.path), "groups": coll.groups, "rows": n,
+              "group_rows": list(coll.rows), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    number = next((i for i, s in enumerate(index.sources) if s["key"] == key), len(index.sources))
+    # an index built before items kept their origin stays without it (its columns are fixed)
+    origins = {m: index.count(m) == 0 or index.has(m, "origin") for m in FEATURES}
     bar = tqdm(total=n, initial=done, desc=f"index {os.path.basename(coll.path)}", unit="item", disable=not progress)
     chunks = 0
     for start in range(done, n, chunk_size):
@@ -173,6 +181,9 @@ def build_index(
                 item["ids"] = np.arange(start, stop, dtype=np.int64)[rows]
             if embeddings:
                 item["embeddings"] = logits.astype(np.float16)
+            if origins[modality]:
+                item["origin"] = np.stack([np.full(int(rows.sum()), number, dtype=np.int64),
+                                           np.arange(start, stop, dtype=np.int64)[rows]], axis=1)
             if coll.has("labels"):
                 item["labels"] = (coll.read("labels", start, stop)[rows] != 0).astype(np.uint8)
             for column, kind in (("text_raw", "txt"), ("paths", "img")):

@@ -182,6 +182,10 @@ class Queries:
     text: Optional[List[str]] = None
     paths: Optional[List[str]] = None
     feature: Optional[str] = None  # the extractor, when the file records it
+    # where an HDF5 query file's items lie (their token features are read from there): file, group, rows
+    path: Optional[str] = None
+    group: Optional[str] = None
+    rows: Optional[np.ndarray] = None
 
     def __len__(self) -> int:
         return self.features.shape[0]
@@ -269,5 +273,5 @@ def read_queries(
     return Queries(
         modality, features, f"{path}:{coll.groups[0]}", ids=None if all_ids is None else all_ids[rows],
         labels=coll.read("labels")[rows] if coll.has("labels") else None, text=text, paths=paths,
-        feature=coll.feature(modality),
+        feature=coll.feature(modality), path=path, group=coll.groups[0], rows=rows,
     )

@@ -39,6 +39,7 @@ def render_html(results: Results, title: str = "ucmfh search", page_dir: str = "
            f"<style>{_STYLE}</style></head><body>", f"<h1>{e(title)}</h1>",
            f"<p class='note'>{len(q)} {NAMES[q.modality]} queries against {NAMES[results.modality]} items; "
            f"ranked by Hamming distance{', re-ranked by cosine' if results.cosine is not None else ''}"
+           f"{', re-ranked by SEPS' if results.seps is not None else ''}"
            f"{'; relevant: ' + e(results.relevance) + ' (green)' if results.relevance else ''}.</p>"]
     for i in range(results.positions.shape[0]):
         head = f"Query {i + 1}" + (f" (id {q.ids[i]})" if q.ids is not None else "")
@@ -53,6 +54,8 @@ def render_html(results: Results, title: str = "ucmfh search", page_dir: str = "
             meta = f"#{r + 1} · id {results.ids[i, r]} · distance {results.distances[i, r]}"
             if results.cosine is not None:
                 meta += f" · cos {results.cosine[i, r]:.3f}"
+            if results.seps is not None:
+                meta += f" · SEPS {results.seps[i, r]:.3f}"
             body = ""
             shown = results.shown[i][r]
             if shown is not None and results.modality == "img":

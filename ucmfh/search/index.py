@@ -3,8 +3,9 @@
 An index holds, per modality (``img``, ``txt``), the items' codes as packed
 uint64 words and their ids, and optionally what shows or re-ranks a result:
 labels (multi-hot), float16 real-valued embeddings (the hash heads' pre-sign
-outputs, for cosine re-ranking), and strings (``text`` for captions, ``paths``
-for image files). Verbs as in FAISS: :meth:`Index.add`, :meth:`Index.search`,
+outputs, for cosine re-ranking), strings (``text`` for captions, ``paths``
+for image files) and ``origin``: where a built item was read (for re-ranking by
+the collection's token features). Verbs as in FAISS: :meth:`Index.add`, :meth:`Index.search`,
 :meth:`Index.save`, :meth:`Index.load`; :meth:`Index.build` (in
 :mod:`ucmfh.search.build`) encodes a collection file with a checkpoint.
 
@@ -14,6 +15,7 @@ On disk an index is a folder (docs/search.md)::
     img.codes  txt.codes    uint64 [count, words], row-major, raw
     img.ids    txt.ids      int64 [count]
     *.embed  *.labels       float16 [count, d], uint8 [count, C] (when present)
+    *.origin                int64 [count, 2]: (number in ``sources``, row of that collection) (built items)
     *.text.offsets/.bytes   strings as CSR: int64 [count + 1] offsets into UTF-8 bytes (likewise paths)
 
 Every data file only grows, and only the manifest says how many rows are
@@ -48,7 +50,7 @@ MODALITIES = ("img", "txt")
 STRINGS = ("text", "paths")
 ArrayLike = Any  # numpy arrays or torch tensors (torch is not imported to search on the CPU)
 # fixed-width columns besides codes and ids: name -> dtype
-_EXTRA = {"embed": np.float16, "labels": np.uint8}
+_EXTRA = {"embed": np.float16, "labels": np.uint8, "origin": np.int64}
 
 
 def n_words(n_bits: int) -> int:
@@ -155,6 +157,7 @@ class Index:
         self.path: Optional[str] = None  # the folder, once saved or loaded
         self._count = {m: 0 for m in MODALITIES}
         self._columns: Dict[str, Dict[str, _Column]] = {m: {} for m in MODALITIES}
+        self.faiss_cache: Dict[str, Any] = {}  # FAISS indexes of the codes, by cache name (ucmfh.search.approx)
 
     # ------------------------------------------------------------------ facts
 
@@ -236,6 +239,39 @@ class Index:
     def has(self, modality: str, name: str) -> bool:
         return name in self._columns[modality_name(modality)]
 
+    def origins(self, modality: str, positions: ArrayLike) -> Tuple[List[Dict[str, Any]], np.ndarray, np.ndarray]:
+        """Where the built items at ``positions`` were read: ``(places, place, row)``.
+
+        ``places``: one dict per (collection file, group) met, with the source's ``path``,
+        ``group``, ``size`` and ``mtime_ns`` as recorded at build; ``place`` [P] int64: each
+        item's entry in ``places``; ``row`` [P] int64: its row in that group. Shape: positions
+        of any shape, flattened to P. Raises ValueError for an index that keeps no origins.
+        """
+        modality = modality_name(modality)
+        if not self.has(modality, "origin"):
+            raise ValueError(f"{self.path or 'index'}: records no collection row of its {modality} items "
+                             "(built before ucmfh kept them); build the index again to re-rank by tokens")
+        origin = self.take(modality, "origin", to_numpy(positions).ravel()).reshape(-1, 2)
+        keys = np.unique(origin[:, 0])
+        places: List[Dict[str, Any]] = []
+        place = np.empty(len(origin), dtype=np.int64)
+        row = np.empty(len(origin), dtype=np.int64)
+        for number in keys:
+            source = self.sources[int(number)] if int(number) < len(self.sources) else None
+            if source is None or "group_rows" not in source:
+                raise DataError(f"{self.path}: {MANIFEST}: no source {int(number)} with its group rows, "
+                                f"but {modality}.origin refers to it")
+            which = np.flatnonzero(origin[:, 0] == number)
+            starts = np.cumsum([0] + list(source["group_rows"]))
+            group = np.searchsorted(starts, origin[which, 1], side="right") - 1
+            for g in np.unique(group):
+                at = which[group == g]
+                place[at] = len(places)
+                row[at] = origin[at, 1] - starts[g]
+                places.append({"path": source["path"], "group": source["groups"][int(g)],
+                               "size": source.get("size"), "mtime_ns": source.get("mtime_ns")})
+        return places, place, row
+
     def strings(self, modality: str, name: str, positions: ArrayLike) -> List[str]:
         """``text`` or ``paths`` of the items at ``positions`` (any shape; flattened)."""
         offsets, blob = self._column(modality_name(modality), name)
@@ -253,15 +289,17 @@ class Index:
         labels: Optional[ArrayLike] = None,
         text: Optional[Sequence[str]] = None,
         paths: Optional[Sequence[str]] = None,
+        origin: Optional[ArrayLike] = None,
     ) -> None:
         """Append items to one modality (appended to the folder at once when the index has one).
 
         Shape: codes [N, n_bits] ±1 (or packed, see :func:`as_words`); ids [N] int
-        (default: the positions the items take); embeddings [N, d]; labels [N, C].
+        (default: the positions the items take); embeddings [N, d]; labels [N, C];
+        origin [N, 2] int (number in :attr:`sources`, row of that collection).
         The first items added to a modality fix which of the optional columns it has.
         """
         self.add_many({modality: dict(codes=codes, ids=ids, embeddings=embeddings, labels=labels,
-                                      text=text, paths=paths)})
+                                      text=text, paths=paths, origin=origin)})
 
     def add_many(self, items: Mapping[str, Mapping[str, Any]], source: Optional[Dict[str, Any]] = None) -> None:
         """Append items to several modalities in one commit (``add``'s keywords per modality);
@@ -287,15 +325,17 @@ class Index:
             raise ValueError(f"{where} ids: must be integers, got {ids.dtype}")
         _check_rows(f"{where} ids", ids, n)
         columns: Dict[str, Any] = {"codes": words, "ids": ids.astype(np.int64)}
-        for name, key in (("embed", "embeddings"), ("labels", "labels")):
+        for name, key in (("embed", "embeddings"), ("labels", "labels"), ("origin", "origin")):
             value = given.get(key)
             if value is not None:
                 value = to_numpy(value)
                 if value.ndim != 2:
                     raise ValueError(f"{where} {key}: expected a 2-D array, got shape {value.shape}")
-                _check_rows(f"{where} {key}", value, n, value.shape[1])
+                _check_rows(f"{where} {key}", value, n, 2 if name == "origin" else value.shape[1])
                 if name == "labels" and value.size and not np.isin(value, (0, 1)).all():
                     raise ValueError(f"{where} labels: values other than 0 and 1")
+                if name == "origin" and (value.dtype.kind not in "iu" or (value < 0).any()):
+                    raise ValueError(f"{where} origin: expected non-negative integers")
                 columns[name] = np.ascontiguousarray(value.astype(_EXTRA[name]))
         for name in STRINGS:
             value = given.get(name)
@@ -338,7 +378,8 @@ class Index:
     # ------------------------------------------------------------- search
 
     def search(
-        self, queries: ArrayLike, k: int, modality: str = "txt", device: Any = "cpu", threads: Optional[int] = None
+        self, queries: ArrayLike, k: int, modality: str = "txt", device: Any = "cpu", threads: Optional[int] = None,
+        backend: Optional[Any] = None,
     ) -> Tuple[np.ndarray, np.ndarray]:
         """Exact top-k items of ``modality`` for each query, by (Hamming distance, position).
 
@@ -346,12 +387,18 @@ class Index:
         (distances, positions) [Q, min(k, count)] int64 numpy. On the CPU the
         compiled popcount kernels run (without importing torch), on ``threads`` threads over
         queries (default: the CPUs this process may use); on a GPU the torch path.
-        ``self.ids(modality)[positions]`` gives the items' ids.
+        ``self.ids(modality)[positions]`` gives the items' ids. ``backend``
+        (:class:`ucmfh.config.BackendConfig`) other than ``exact``: FAISS's approximate
+        search (:mod:`ucmfh.search.approx`; positions -1 where it found fewer than k).
         """
         modality = modality_name(modality)
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         qw = as_words(queries, self.n_bits, "queries")
+        if backend is not None and backend.backend != "exact":
+            from ucmfh.search import approx
+
+            return approx.search(self, qw, int(k), modality, backend, threads)
         return hamming_search(qw, self.codes(modality), self.n_bits, int(k), device, threads)
 
     # --------------------------------------------------------------- files

@@ -1,17 +1,19 @@
-"""Queries in, ranked items out: encode, search, optionally re-rank by cosine, judge relevance, format."""
+"""Queries in, ranked items out: encode, search, optionally re-rank (cosine or SEPS), judge relevance, format."""
 from __future__ import annotations
 
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any, Dict, List, Optional, Union
 
 import numpy as np
 
+from ucmfh.config import BackendConfig
 from ucmfh.search.build import Encoder, check_same_checkpoint, check_same_feature
 from ucmfh.search.collection import FEATURES, Queries
 from ucmfh.search.index import Index, modality_name
 from ucmfh.search.shards import Shards
 
-RERANKS = ("cosine",)
+RERANKS = ("cosine", "seps")
 NAMES = {"img": "image", "txt": "text"}
 
 
@@ -28,6 +30,10 @@ class Results:
     cosine: Optional[np.ndarray] = None  # re-ranking score, float64
     relevant: Optional[np.ndarray] = None  # bool, when relevance can be judged
     relevance: Optional[str] = None  # 'shared label' or 'same id'
+    seps: Optional[np.ndarray] = None  # SEPS re-ranking score, float64
+    seconds: Dict[str, float] = field(default_factory=dict)  # encode / search / rerank, all queries together
+    backend: str = "exact"
+    recall: Optional[Dict[str, float]] = None  # an approximate backend's candidates against the exact ones
 
 
 def search_queries(
@@ -39,11 +45,19 @@ def search_queries(
     rerank: Optional[str] = None,
     candidates: Optional[int] = None,
     device: str = "cpu",
+    matcher: Optional[Any] = None,
+    backend: Optional[BackendConfig] = None,
+    threads: Optional[int] = None,
+    check_recall: bool = False,
 ) -> Results:
     """Encode ``queries`` with the index's checkpoint and return each one's top-k items of ``modality``.
 
     ``rerank='cosine'`` takes the ``candidates`` (default 10 k) nearest by Hamming distance and
-    orders them by the cosine of the real-valued head outputs kept in the index (ties by position).
+    orders them by the cosine of the real-valued head outputs kept in the index; ``rerank='seps'``
+    by the SEPS scores of ``matcher`` (:func:`ucmfh.search.tokens.load_matcher`) on the token
+    features of the queries' file and of the collections the items were built from. Ties by position.
+    ``backend`` other than ``exact`` finds the Hamming candidates with FAISS (approximate);
+    ``check_recall`` then also runs the exact search and reports the candidates' recall against it.
     """
     modality = modality_name(modality)
     if k < 1:
@@ -53,27 +67,52 @@ def search_queries(
     encoder.check_dim(queries.features, queries.modality, queries.source)
     if index.count(modality) == 0:
         raise ValueError(f"{index.path}: holds no {NAMES[modality]} items to search")
-    logits = encoder.encode(queries.features, queries.modality)
-    cosine = None
-    if rerank is None:
-        distances, positions = index.search(logits, k, modality, device)
-    elif rerank == "cosine":
-        if not index.has(modality, "embed"):
-            raise ValueError(f"{index.path}: keeps no embeddings of its {NAMES[modality]} items; "
-                             "build it with embeddings to re-rank by cosine")
-        depth = candidates if candidates is not None else 10 * k
-        if depth < k:
-            raise ValueError(f"candidates must be >= k ({k}), got {depth}")
-        distances, positions = index.search(logits, depth, modality, device)
-        emb = index.take(modality, "embed", positions).astype(np.float64)  # [Q, M, E]
-        q = logits.astype(np.float64)
-        sim = np.einsum("qme,qe->qm", emb, q)
-        sim /= np.maximum(np.linalg.norm(emb, axis=2) * np.linalg.norm(q, axis=1)[:, None], 1e-12)
-        order = np.lexsort((positions, -sim), axis=1)[:, :k]
-        distances, positions = (np.take_along_axis(a, order, axis=1) for a in (distances, positions))
-        cosine = np.take_along_axis(sim, order, axis=1)
-    else:
+    if rerank not in (None, *RERANKS):
         raise ValueError(f"rerank must be one of {RERANKS}, got {rerank!r}")
+    if rerank == "cosine" and not index.has(modality, "embed"):
+        raise ValueError(f"{index.path}: keeps no embeddings of its {NAMES[modality]} items; "
+                         "build it with embeddings to re-rank by cosine")
+    if rerank == "seps" and matcher is None:
+        raise ValueError("re-ranking by SEPS needs a SEPS checkpoint")
+    depth = k if rerank is None else (candidates if candidates is not None else 10 * k)
+    if depth < k:
+        raise ValueError(f"candidates must be >= k ({k}), got {depth}")
+    seconds = {}
+    start = time.perf_counter()
+    logits = encoder.encode(queries.features, queries.modality)
+    seconds["encode"] = time.perf_counter() - start
+    start = time.perf_counter()
+    backend = backend or BackendConfig()
+    distances, positions = index.search(logits, depth, modality, device, threads, backend)
+    seconds["search"] = time.perf_counter() - start
+    recall = None
+    if backend.backend != "exact":
+        missing = (positions < 0).any(axis=1)
+        if missing.any():
+            raise ValueError(f"{index.path}: {backend.backend} found fewer than {positions.shape[1]} items for "
+                             f"{int(missing.sum())} of {len(missing)} queries; visit more lists (nprobe "
+                             f"{backend.nprobe}) or ask for fewer")
+        if check_recall:
+            from ucmfh.search.approx import recall as approx_recall
+
+            recall = approx_recall((distances, positions), index.search(logits, depth, modality, device, threads))
+    cosine = seps = None
+    if rerank is not None:
+        start = time.perf_counter()
+        if rerank == "cosine":
+            emb = index.take(modality, "embed", positions).astype(np.float64)  # [Q, M, E]
+            q = logits.astype(np.float64)
+            score = np.einsum("qme,qe->qm", emb, q)
+            score /= np.maximum(np.linalg.norm(emb, axis=2) * np.linalg.norm(q, axis=1)[:, None], 1e-12)
+        else:
+            from ucmfh.search.tokens import seps_scores
+
+            score = seps_scores(index, modality, positions, queries, matcher)
+        order = np.lexsort((positions, -score), axis=1)[:, :k]
+        distances, positions = (np.take_along_axis(a, order, axis=1) for a in (distances, positions))
+        score = np.take_along_axis(score, order, axis=1)
+        cosine, seps = (score, None) if rerank == "cosine" else (None, score)
+        seconds["rerank"] = time.perf_counter() - start
     ids = index.take(modality, "ids", positions)
     shown_column = "text" if index.has(modality, "text") else "paths" if index.has(modality, "paths") else None
     flat = index.take(modality, shown_column, positions) if shown_column else [None] * positions.size
@@ -88,7 +127,8 @@ def search_queries(
     if relevant is None and queries.ids is not None:
         relevant = ids == queries.ids[:, None]
         relevance = "same id"
-    return Results(queries, modality, distances, positions, ids, shown, cosine, relevant, relevance)
+    return Results(queries, modality, distances, positions, ids, shown, cosine, relevant, relevance, seps, seconds,
+                   backend.backend, recall)
 
 
 def result_rows(results: Results) -> List[Dict[str, Any]]:
@@ -105,6 +145,8 @@ def result_rows(results: Results) -> List[Dict[str, Any]]:
                 row["query_id"] = int(q.ids[i])
             if results.cosine is not None:
                 row["cosine"] = round(float(results.cosine[i, r]), 6)
+            if results.seps is not None:
+                row["seps"] = round(float(results.seps[i, r]), 6)
             if results.shown[i][r] is not None:
                 row[column] = results.shown[i][r]
             if results.relevant is not None:
@@ -128,6 +170,8 @@ def format_results(results: Results, width: int = 72) -> str:
         cols = f"  {'rank':>4} {'id':>10} {'dist':>4}"
         if results.cosine is not None:
             cols += f" {'cosine':>7}"
+        if results.seps is not None:
+            cols += f" {'seps':>7}"
         if results.relevant is not None:
             cols += " rel"
         lines.append(cols + "  " + ("caption" if results.modality == "txt" else "path"))
@@ -135,6 +179,8 @@ def format_results(results: Results, width: int = 72) -> str:
             line = f"  {r + 1:>4} {results.ids[i, r]:>10} {results.distances[i, r]:>4}"
             if results.cosine is not None:
                 line += f" {results.cosine[i, r]:>7.4f}"
+            if results.seps is not None:
+                line += f" {results.seps[i, r]:>7.4f}"
             if results.relevant is not None:
                 line += "  * " if results.relevant[i, r] else "    "
             shown = results.shown[i][r]

@@ -2,13 +2,13 @@
 from __future__ import annotations
 
 import os
-from typing import Any, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
 from ucmfh.files import PathLike
 from ucmfh.search.index import (
-    ArrayLike, DataError, Index, modality_name, to_numpy, as_words, hamming_search, merge_top_k,
+    ArrayLike, DataError, Index, modality_name, to_numpy, as_words, merge_top_k,
 )
 
 
@@ -45,7 +45,7 @@ class Shards:
         return np.cumsum([0] + [s.count(modality) for s in self.shards])
 
     def search(self, queries: ArrayLike, k: int, modality: str = "txt", device: Any = "cpu",
-               threads: Optional[int] = None) -> Tuple[np.ndarray, np.ndarray]:
+               threads: Optional[int] = None, backend: Optional[Any] = None) -> Tuple[np.ndarray, np.ndarray]:
         """As :meth:`Index.search`, over every shard's items; positions are global."""
         modality = modality_name(modality)
         if int(k) < 1:
@@ -54,9 +54,9 @@ class Shards:
         dists, positions = [], []
         for offset, shard in zip(self._offsets(modality), self.shards):
             if shard.count(modality):
-                d, p = hamming_search(qw, shard.codes(modality), self.n_bits, int(k), device, threads)
+                d, p = shard.search(qw, int(k), modality, device, threads, backend)
                 dists.append(d)
-                positions.append(p + offset)
+                positions.append(np.where(p < 0, -1, p + offset))  # -1: not found (approximate backends)
         if not dists:
             empty = np.zeros((qw.shape[0], 0), dtype=np.int64)
             return empty, empty.copy()
@@ -85,6 +85,29 @@ class Shards:
         if out is None:
             return np.zeros(positions.shape, dtype=np.int64)
         return out.reshape(positions.shape + out.shape[1:])
+
+    def origins(self, modality: str, positions: ArrayLike) -> Tuple[List[Dict[str, Any]], np.ndarray, np.ndarray]:
+        """As :meth:`Index.origins`, by global position (places met in several shards listed once)."""
+        flat = to_numpy(positions).ravel()
+        offsets = self._offsets(modality)
+        shard_of = np.searchsorted(offsets, flat, side="right") - 1
+        places: List[Dict[str, Any]] = []
+        seen: Dict[Tuple[Any, ...], int] = {}
+        place = np.empty(len(flat), dtype=np.int64)
+        row = np.empty(len(flat), dtype=np.int64)
+        for s in np.unique(shard_of):
+            where = np.flatnonzero(shard_of == s)
+            found, p, r = self.shards[s].origins(modality, flat[where] - offsets[s])
+            local = np.array([seen.setdefault(_place_key(f), len(seen)) for f in found], dtype=np.int64)
+            for f in found:
+                if seen[_place_key(f)] == len(places):
+                    places.append(f)
+            place[where], row[where] = local[p], r
+        return places, place, row
+
+
+def _place_key(place: Dict[str, Any]) -> Tuple[Any, ...]:
+    return place["path"], place["group"], place["size"], place["mtime_ns"]
 
 
 def open_index(paths: Union[PathLike, Sequence[PathLike]], mmap: bool = True) -> Union[Index, Shards]:
