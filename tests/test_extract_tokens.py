@@ -253,3 +253,18 @@ def test_shards_with_tokens_merge_into_the_unsharded_file(tmp_path, inputs, tiny
     merged = extract(inputs, out, tiny_clip, merge=True)
     assert merged.chunks_computed == 0
     assert_same_file(ref.path, merged.path)
+
+
+def test_virtual_tokens_read_in_reopened_blocks(tmp_path, inputs, tiny_clip, monkeypatch):
+    """Validation and the in-memory reader reopen a virtual dataset every few items (bounded HDF5 handles):
+    the values are those of one read."""
+    import ucmfh.data.tokens as tokens_module
+
+    report = extract(inputs, tmp_path / "tok.h5", tiny_clip)
+    with Tokens(report.path, "retrieval") as tok:
+        whole = tok.images(np.arange(tok.n_items))
+    monkeypatch.setattr(tokens_module, "_REOPEN_ITEMS", 2)
+    load_dataset(report.path)
+    with Tokens(report.path, "retrieval") as tok:
+        assert tok.in_memory and tok.n_images > 2
+        torch.testing.assert_close(tok.images(np.arange(tok.n_items)), whole, rtol=0, atol=0)

@@ -53,7 +53,6 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ucmfh import __version__ as ucmfh_version
 from ucmfh.data.convert import empty_label_rows, read_classes, root_attrs
 from ucmfh.data.h5 import SPLITS, DataError, create_split_dataset, make_folder, open_writer
 from ucmfh.data.inputs import npz_member, open_npz, read_lines, read_text
@@ -664,6 +663,15 @@ def _write_tokens(f: h5py.File, rows: Dict[str, np.ndarray], image_of: np.ndarra
     return shape[0], shape[1], d_txt
 
 
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
 def _token_attrs(describe: Callable[..., Dict[str, str]], model: str, n_image_tokens: int, d_img: int,
                  d_txt: int) -> Dict[str, object]:
     """The root attributes of a token run: what was stored, and how (as the shared token files say)."""
@@ -675,7 +683,8 @@ def _token_attrs(describe: Callable[..., Dict[str, str]], model: str, n_image_to
             "image_tokens [N,T,C] is an HDF5 virtual dataset (source '.', this file) over that store."),
         "text_tokens": described["text_tokens"] + " gzip 4, 1024-row chunks.",
         "image_tokens_cls": True,
-        "tokens_build": f"ucmfh {ucmfh_version} extract --tokens (torch {torch.__version__})",
+        "tokens_build": "ucmfh extract --tokens (" + ", ".join(
+            f"{package} {_version(package)}" for package in ("ucmfh", "transformers", "torch", "h5py")) + ")",
     }
 
 
