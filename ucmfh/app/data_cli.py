@@ -128,6 +128,9 @@ def _use_local_gpu() -> None:
 @click.option("--bad-images", type=click.Choice(BAD_IMAGES), default=ExtractConfig.bad_images, show_default=True,
               help="Unreadable or truncated image: fail, or skip it and its captions (named in the log).")
 @click.option("--workers", type=int, default=ExtractConfig.workers, show_default=True, help="Image-decoding threads.")
+@click.option("--tokens", is_flag=True,
+              help="Also store CLIP's image tokens ([CLS] + patches, once per image) and the captions' word tokens "
+                   "(docs/data.md; what SEPS trains on).")
 @click.option("--keep-scratch", is_flag=True, help="Keep OUT.parts/ after success.")
 @click.option("--restart", is_flag=True, help="Discard finished chunks in OUT.parts/ and start over.")
 @click.option("--shard", metavar="I/N",
@@ -147,7 +150,7 @@ def _use_local_gpu() -> None:
 @click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
 @user_errors
 def extract(images, captions, labels, out, model, batch_size, chunk_items, device, normalize, bad_images, workers,
-            keep_scratch, restart, shard, merge, standard_split, query, train, retrieval, seed, name, classes_file,
+            tokens, keep_scratch, restart, shard, merge, standard_split, query, train, retrieval, seed, name, classes_file,
             empty_labels, overwrite):
     """CLIP features of IMAGES (folder or list file) and CAPTIONS (TSV/JSON), LABELS (TSV/JSON) -> OUT.
 
@@ -168,7 +171,7 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
         sizes = resolve_sizes(standard_split, query, train, retrieval)
         config = ExtractConfig(model=model, batch_size=batch_size, chunk_items=chunk_items, device=device,
                                normalize=normalize, bad_images=bad_images, workers=workers,
-                               keep_scratch=keep_scratch)
+                               keep_scratch=keep_scratch, tokens=tokens)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
     report = extract_features(images, captions, labels, out, sizes=sizes, seed=seed, classes=classes_file,

@@ -26,6 +26,12 @@ chunks, and marks itself done (``shard-I-of-N.done``); a merge writes the one
 output file from the finished chunks and refuses, naming the shards, when any
 chunk is missing. The merged file is the file an unsharded run writes.
 
+With ``ExtractConfig.tokens`` (``ucmfh extract --tokens``) each split also gets the
+token features of docs/reference.md §9: CLIP's image tokens ([CLS] and patches) stored once
+per image with a virtual ``image_tokens`` over them, and the word tokens of each caption
+in CSR form. They travel in the same chunk files and are written split by split from
+them, one chunk in memory at a time.
+
 The CLIP implementation is ``transformers`` (the ``extract`` extra).
 """
 from __future__ import annotations
@@ -42,6 +48,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+import h5py
 import numpy as np
 import torch
 from tqdm.auto import tqdm
@@ -50,7 +57,7 @@ from ucmfh.data.convert import empty_label_rows, read_classes, root_attrs
 from ucmfh.data.h5 import SPLITS, DataError, create_split_dataset, make_folder, open_writer
 from ucmfh.data.inputs import npz_member, open_npz, read_lines, read_text
 from ucmfh.data.splits import DEFAULT_SEED, SplitSizes, check_seed, sample_split
-from ucmfh.files import PathLike, atomic_file, write_text_atomic
+from ucmfh.files import PathLike, atomic_file, write_attrs, write_text_atomic
 from ucmfh.utils import resolve_device
 
 log = logging.getLogger(__name__)
@@ -77,6 +84,7 @@ class ExtractConfig:
     bad_images: str = "fail"  # unreadable image: fail, or skip its captions
     workers: int = 4  # image-decoding threads
     keep_scratch: bool = False
+    tokens: bool = False  # also store image and word tokens (docs/reference.md §9)
 
     def __post_init__(self) -> None:
         for name in ("batch_size", "chunk_items", "workers"):
@@ -318,6 +326,60 @@ class ClipEncoder:
                                        attention_mask=tokens["attention_mask"]).pooler_output
         return self._finish(self.model.text_projection(pooled))
 
+    @torch.inference_mode()
+    def encode_images_tokens(self, images: list) -> Tuple[np.ndarray, np.ndarray]:
+        """[B] PIL images → the pooled [B, d] float32 of :meth:`encode_images` and the tokens [B, T, C] float16.
+
+        The tokens are the vision tower's last hidden state after its post-layernorm, not projected:
+        token 0 is [CLS] (post-layernorm [CLS] is CLIP's pooled output), tokens 1.. the patches row by row.
+        """
+        pixels = self.processor(images=images, return_tensors="pt")["pixel_values"].to(self.device)
+        vision = self.model.vision_model(pixel_values=pixels)
+        tokens = self.model.vision_model.post_layernorm(vision.last_hidden_state)
+        pooled = self._finish(self.model.visual_projection(vision.pooler_output))
+        return pooled, tokens.to(torch.float16).cpu().numpy()
+
+    @torch.inference_mode()
+    def encode_texts_tokens(self, texts: List[str]) -> Tuple[np.ndarray, np.ndarray, np.ndarray, List[str]]:
+        """[B] strings → the pooled [B, d] float32 of :meth:`encode_texts`, the word tokens [ΣL, C] float16,
+        their count per text [B] int64 and the token string of each row [ΣL].
+
+        The rows are the text tower's last hidden state (after its final layernorm, not projected) at the
+        real tokens only: no start/end token, no padding. CLIP's attention is causal, so padding a batch
+        changes none of them.
+        """
+        tokens = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
+                                return_special_tokens_mask=True, return_tensors="pt")
+        text = self.model.text_model(input_ids=tokens["input_ids"].to(self.device),
+                                     attention_mask=tokens["attention_mask"].to(self.device))
+        real = tokens["attention_mask"].bool() & ~tokens["special_tokens_mask"].bool()  # [B, L_max]
+        rows = text.last_hidden_state[real.to(self.device)]  # row-major: text by text, in order
+        words = self.tokenizer.convert_ids_to_tokens(tokens["input_ids"][real].tolist())
+        pooled = self._finish(self.model.text_projection(text.pooler_output))
+        return pooled, rows.to(torch.float16).cpu().numpy(), real.sum(dim=1).numpy().astype(np.int64), words
+
+    @staticmethod
+    def describe_tokens(model: str, n_image_tokens: int, d_img: int, d_txt: int) -> Dict[str, str]:
+        """What :meth:`encode_images_tokens` and :meth:`encode_texts_tokens` compute, for the root attributes."""
+        grid = int(round((n_image_tokens - 1) ** 0.5))
+        patches = f"the {grid}x{grid} patches row by row" if grid * grid == n_image_tokens - 1 else "the patches"
+        return {
+            "image_tokens": (
+                f"image_tokens [N,{n_image_tokens},{d_img}] float16: CLIP {model} vision tower (transformers "
+                f"CLIPModel.vision_model), last hidden state after post_layernorm, all {n_image_tokens} tokens: "
+                f"token 0 = [CLS] (root attribute image_tokens_cls), tokens 1..{n_image_tokens - 1} = {patches}; "
+                f"NOT projected (the tower's width {d_img}; visual_projection of token 0 is the pooled image "
+                "feature before any normalisation), NOT normalised, cast to float16 from the model's float32"),
+            "text_tokens": (
+                f"text_tokens [sumL,{d_txt}] float16: CLIP {model} text tower (CLIPModel.text_model), last "
+                "hidden state (after final_layer_norm) of each caption, batched with padding (causal attention: "
+                "padding changes no real token), truncated to the model's context length; rows of the real "
+                "tokens only (start token, end token and padding dropped), NOT projected, NOT normalised, cast "
+                "to float16. CSR: item i owns rows text_offsets[i]:text_offsets[i+1] (text_offsets [N+1] "
+                "int64). text_words [sumL] UTF-8: the tokenizer's token string of each row (CLIP BPE, '</w>' "
+                "ends a word). text_raw [N] UTF-8: the caption encoded."),
+        }
+
 
 def load_image(path: str):
     """An RGB PIL image, decoded in full; raises OSError for unreadable or truncated files."""
@@ -386,9 +448,12 @@ class _Scratch:
     def done(self, kind: str, chunk: int) -> bool:
         return os.path.exists(self.path(kind, chunk))
 
-    def save(self, kind: str, chunk: int, features: np.ndarray, ok: np.ndarray) -> None:
+    def save(self, kind: str, chunk: int, features: np.ndarray, ok: np.ndarray,
+             tokens: Optional[Dict[str, np.ndarray]] = None) -> None:
+        """One chunk: pooled ``features``, ``ok`` rows and, in a token run, its token arrays (one file)."""
         with atomic_file(self.path(kind, chunk)) as tmp, open(tmp, "wb") as f:
-            np.savez(f, features=features, ok=ok)  # a file object: savez would add ".npz" to a name
+            # a file object: savez would add ".npz" to a name
+            np.savez(f, features=features, ok=ok, **{f"tokens_{k}": v for k, v in (tokens or {}).items()})
 
     def marker(self, shard: Shard) -> str:
         return os.path.join(self.folder, f"shard-{shard[0]}-of-{shard[1]}.done")
@@ -405,6 +470,18 @@ class _Scratch:
         except DataError as err:
             raise DataError(f"{err}; a damaged scratch chunk", remedy=_RESTART) from None
 
+    def load_tokens(self, kind: str, chunk: int, names: Sequence[str]) -> Dict[str, np.ndarray]:
+        """The token arrays ``names`` of a chunk saved by a token run (only those are read)."""
+        path = self.path(kind, chunk)
+        try:
+            with open_npz(path) as f:
+                missing = [n for n in names if f"tokens_{n}" not in f.files]
+                if missing:
+                    raise DataError(f"{path}: no tokens_{missing[0]} member (a chunk without tokens)")
+                return {n: npz_member(f, path, f"tokens_{n}") for n in names}
+        except DataError as err:
+            raise DataError(f"{err}; a damaged scratch chunk", remedy=_RESTART) from None
+
 
 def _chunks(n_items: int, cfg: ExtractConfig, shard: Optional[Shard] = None) -> List[Tuple[int, int, int]]:
     """``(chunk, start, stop)`` of every chunk, or of the chunks of ``shard``."""
@@ -418,7 +495,7 @@ def _run_chunks(
     n_items: int,
     scratch: _Scratch,
     cfg: ExtractConfig,
-    compute: Callable[[int, int, tqdm], Tuple[np.ndarray, np.ndarray]],
+    compute: Callable[[int, int, tqdm], tuple],
     bar: tqdm,
     report: ExtractReport,
     shard: Optional[Shard] = None,
@@ -429,8 +506,7 @@ def _run_chunks(
             report.chunks_reused += 1
             bar.update(stop - start)
         else:
-            features, ok = compute(start, stop, bar)
-            scratch.save(kind, chunk, features, ok)
+            scratch.save(kind, chunk, *compute(start, stop, bar))  # features, ok[, tokens]
             report.chunks_computed += 1
 
 
@@ -477,6 +553,139 @@ def _gather(kind: str, n_items: int, scratch: _Scratch, cfg: ExtractConfig) -> T
     # a chunk whose images were all unreadable has no columns: NaN rows, never used
     feats = [p[0] if p[0].shape[1] == d else np.full((len(p[1]), d), np.nan, np.float32) for p in parts]
     return np.concatenate(feats), np.concatenate([p[1] for p in parts])
+
+
+# ---------------------------------------------------------------- tokens (docs/reference.md §9)
+
+TEXT_CHUNK_ROWS = 1024  # text_tokens rows per HDF5 chunk, as the shared token files
+WORDS_CHUNK_ROWS = 4096
+
+
+def _spans(sorted_values: np.ndarray, start: int, stop: int) -> Tuple[int, int]:
+    """The positions ``lo:hi`` of the values in ``[start, stop)`` of a sorted array."""
+    lo, hi = np.searchsorted(sorted_values, [start, stop])
+    return int(lo), int(hi)
+
+
+def _gather_rows(offsets: np.ndarray, items: np.ndarray) -> np.ndarray:
+    """The CSR rows of ``items``, concatenated. Shape: offsets [n+1], items [k] -> [Σ lengths of items]."""
+    starts, lengths = offsets[items], offsets[items + 1] - offsets[items]
+    shift = np.repeat(starts - (np.cumsum(lengths) - lengths), lengths)
+    return np.arange(int(lengths.sum()), dtype=np.int64) + shift
+
+
+def _virtual_tokens(group: h5py.Group, n_items: int, image_row: np.ndarray, shape: Tuple[int, int]) -> None:
+    """``image_tokens`` [N, T, C]: item i reads ``image_tokens_per_image[image_row[i]]`` (same file)."""
+    store = group["image_tokens_per_image"]
+    layout = h5py.VirtualLayout(shape=(n_items, *shape), dtype=np.float16)
+    source = h5py.VirtualSource(".", store.name, shape=store.shape, dtype=np.float16)
+    # one mapping per run of items on consecutive images; the captions of one image map one by one
+    cuts = np.flatnonzero(np.diff(image_row) != 1) + 1
+    for a, b in zip(np.r_[0, cuts], np.r_[cuts, n_items]):
+        layout[a:b] = source[int(image_row[a]) : int(image_row[a]) + (b - a)]
+    group.create_virtual_dataset("image_tokens", layout, fillvalue=np.nan)
+
+
+def _write_tokens(f: h5py.File, rows: Dict[str, np.ndarray], image_of: np.ndarray, names: Sequence[str],
+                  captions: Sequence[str], scratch: _Scratch, cfg: ExtractConfig) -> Tuple[int, int, int]:
+    """Write every split's token datasets from the scratch chunks, one chunk in memory at a time.
+
+    ``rows[s]`` are the split's caption rows (sorted, as :func:`sample_split` gives them); a split's
+    images are the images of its captions, in image order. Returns (T, C_img, C_txt).
+    """
+    strings = h5py.string_dtype()
+    images = {s: np.unique(image_of[r]) for s, r in rows.items()}  # sorted
+    stores: Dict[str, h5py.Dataset] = {}
+    shape = None
+    for chunk, start, stop in _chunks(len(names), cfg):
+        spans = {s: _spans(images[s], start, stop) for s in SPLITS}
+        if all(lo == hi for lo, hi in spans.values()):
+            continue  # no image of any split (e.g. all unreadable)
+        tokens = scratch.load_tokens("image", chunk, ["image"])["image"]  # [n, T, C]
+        if shape is None:
+            shape = tokens.shape[1:]
+            for s in SPLITS:
+                stores[s] = f[s].create_dataset("image_tokens_per_image", shape=(len(images[s]), *shape),
+                                                dtype=np.float16, chunks=(1, *shape), compression="gzip",
+                                                compression_opts=4)
+        elif tokens.shape[1:] != shape:
+            raise DataError(f"{scratch.path('image', chunk)}: image tokens of shape {tokens.shape[1:]}, but "
+                            f"earlier chunks have {shape}; a damaged scratch chunk", remedy=_RESTART)
+        for s, (lo, hi) in spans.items():
+            if hi > lo:
+                stores[s][lo:hi] = tokens[images[s][lo:hi] - start]
+    for s in SPLITS:
+        image_row = np.searchsorted(images[s], image_of[rows[s]]).astype(np.int64)
+        f[s].create_dataset("image_row", data=image_row)
+        f[s].create_dataset("image_files", data=np.array([names[i] for i in images[s]], dtype=object),
+                            dtype=strings)
+        _virtual_tokens(f[s], len(rows[s]), image_row, shape)
+
+    text_chunks = _chunks(len(captions), cfg)
+    lengths = np.concatenate([scratch.load_tokens("text", c, ["lengths"])["lengths"] for c, _, _ in text_chunks])
+    if lengths.shape != (len(captions),) or (lengths < 0).any():
+        raise DataError(f"{scratch.folder}: token counts of {lengths.shape} captions for {len(captions)}; "
+                        "a damaged scratch folder", remedy=_RESTART)
+    offsets = {s: np.r_[0, np.cumsum(lengths[r])].astype(np.int64) for s, r in rows.items()}
+    text_sets: Dict[str, Tuple[h5py.Dataset, h5py.Dataset]] = {}
+    d_txt = None
+    for chunk, start, stop in text_chunks:
+        spans = {s: _spans(r, start, stop) for s, r in rows.items()}
+        if d_txt is not None and all(lo == hi for lo, hi in spans.values()):
+            continue  # captions of skipped images only
+        part = scratch.load_tokens("text", chunk, ["text", "lengths", "words"])
+        local = np.r_[0, np.cumsum(part["lengths"])]
+        if local[-1] != len(part["text"]) or len(part["words"]) != len(part["text"]):
+            raise DataError(f"{scratch.path('text', chunk)}: {len(part['text'])} token rows and "
+                            f"{len(part['words'])} words for {local[-1]} counted; a damaged scratch chunk",
+                            remedy=_RESTART)
+        if d_txt is None:
+            d_txt = part["text"].shape[1]
+            for s in SPLITS:
+                n_rows = int(offsets[s][-1])
+                gzip = dict(compression="gzip", compression_opts=4) if n_rows else {}
+                text_sets[s] = (
+                    f[s].create_dataset("text_tokens", shape=(n_rows, d_txt), dtype=np.float16,
+                                        chunks=(min(TEXT_CHUNK_ROWS, n_rows), d_txt) if n_rows else None, **gzip),
+                    f[s].create_dataset("text_words", shape=(n_rows,), dtype=strings,
+                                        chunks=(min(WORDS_CHUNK_ROWS, n_rows),) if n_rows else None, **gzip))
+        for s, (lo, hi) in spans.items():
+            if hi > lo:
+                take_rows = _gather_rows(local, rows[s][lo:hi] - start)
+                a, b = offsets[s][lo], offsets[s][hi]
+                if b == a:
+                    continue  # captions without a real token
+                text_sets[s][0][a:b] = part["text"][take_rows]
+                text_sets[s][1][a:b] = part["words"][take_rows].astype(object)
+    for s, r in rows.items():
+        f[s].create_dataset("text_offsets", data=offsets[s])
+        f[s].create_dataset("text_raw", data=np.array([captions[i] for i in r], dtype=object), dtype=strings)
+    return shape[0], shape[1], d_txt
+
+
+def _version(package: str) -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return version(package)
+    except PackageNotFoundError:
+        return "(not installed)"
+
+
+def _token_attrs(describe: Callable[..., Dict[str, str]], model: str, n_image_tokens: int, d_img: int,
+                 d_txt: int) -> Dict[str, object]:
+    """The root attributes of a token run: what was stored, and how (as the shared token files say)."""
+    described = describe(model, n_image_tokens, d_img, d_txt)
+    return {
+        "image_tokens": described["image_tokens"] + (
+            ". Stored once per image: image_tokens_per_image [M,T,C] float16 (one image per chunk, gzip 4) "
+            "with image_row [N] int64 (item i -> row image_row[i]) and image_files [M] (the image names); "
+            "image_tokens [N,T,C] is an HDF5 virtual dataset (source '.', this file) over that store."),
+        "text_tokens": described["text_tokens"] + " gzip 4, 1024-row chunks.",
+        "image_tokens_cls": True,
+        "tokens_build": "ucmfh extract --tokens (" + ", ".join(
+            f"{package} {_version(package)}" for package in ("ucmfh", "transformers", "torch", "h5py")) + ")",
+    }
 
 
 # ---------------------------------------------------------------- main entry
@@ -535,13 +744,18 @@ def extract_features(
     scratch_dir = out + ".parts"
     if restart and os.path.isdir(scratch_dir):
         shutil.rmtree(scratch_dir)
-    scratch = _Scratch(scratch_dir, _fingerprint(model_name, cfg.normalize, cfg.chunk_items, paths, caption_list),
-                       out)
+    if cfg.tokens and computing and not all(hasattr(encoder, m) for m in ("encode_images_tokens",
+                                                                           "encode_texts_tokens")):
+        raise TypeError(f"encoder {model_name!r} has no encode_images_tokens/encode_texts_tokens: it cannot "
+                        "extract tokens")
+    # a token run's chunks hold more than a pooled run's: their scratch folders never mix
+    scratch = _Scratch(scratch_dir, _fingerprint(model_name, cfg.normalize, cfg.chunk_items, paths, caption_list,
+                                                 *(["tokens"] if cfg.tokens else [])), out)
     report = ExtractReport(path=out, rows={}, n_images=len(names), n_captions=len(caption_list), shard=shard)
     counts = {"image": len(names), "text": len(caption_list)}
 
-    def image_chunk(start: int, stop: int, bar: tqdm) -> Tuple[np.ndarray, np.ndarray]:
-        feats, ok = [], np.ones(stop - start, dtype=bool)
+    def image_chunk(start: int, stop: int, bar: tqdm) -> tuple:
+        feats, ok, tokens = [], np.ones(stop - start, dtype=bool), []
         with ThreadPoolExecutor(cfg.workers) as pool:
             for b in range(start, stop, cfg.batch_size):
                 batch_paths = paths[b : min(stop, b + cfg.batch_size)]
@@ -555,22 +769,43 @@ def extract_features(
                         raise DataError(err, remedy=_SKIP_BAD)
                     log.warning("%s; skipped", err)
                     ok[b - start + i] = False
-                if good:
+                if good and cfg.tokens:
+                    pooled, batch_tokens = encoder.encode_images_tokens(good)
+                    feats.append(np.asarray(pooled, dtype=np.float32))
+                    tokens.append(np.asarray(batch_tokens, dtype=np.float16))
+                elif good:
                     feats.append(np.asarray(encoder.encode_images(good), dtype=np.float32))
                 bar.update(len(batch_paths))
         d = feats[0].shape[1] if feats else 0
         full = np.full((stop - start, d), np.nan, dtype=np.float32)  # skipped rows never reach the output
         if feats:
             full[ok] = np.concatenate(feats)
-        return full, ok
+        if not cfg.tokens:
+            return full, ok
+        # [n, T, C]; NaN rows for skipped images, (n, 0, 0) when none was readable
+        shape = tokens[0].shape[1:] if tokens else (0, 0)
+        full_tokens = np.full((stop - start, *shape), np.nan, dtype=np.float16)
+        if tokens:
+            full_tokens[ok] = np.concatenate(tokens)
+        return full, ok, {"image": full_tokens}
 
-    def text_chunk(start: int, stop: int, bar: tqdm) -> Tuple[np.ndarray, np.ndarray]:
-        feats = []
+    def text_chunk(start: int, stop: int, bar: tqdm) -> tuple:
+        feats, rows, lengths, words = [], [], [], []
         for b in range(start, stop, cfg.batch_size):
             batch = caption_list[b : min(stop, b + cfg.batch_size)]
-            feats.append(np.asarray(encoder.encode_texts(batch), dtype=np.float32))
+            if cfg.tokens:
+                pooled, batch_rows, batch_lengths, batch_words = encoder.encode_texts_tokens(batch)
+                rows.append(np.asarray(batch_rows, dtype=np.float16))
+                lengths.append(np.asarray(batch_lengths, dtype=np.int64))
+                words += batch_words
+            else:
+                pooled = encoder.encode_texts(batch)
+            feats.append(np.asarray(pooled, dtype=np.float32))
             bar.update(len(batch))
-        return np.concatenate(feats), np.ones(stop - start, dtype=bool)
+        if not cfg.tokens:
+            return np.concatenate(feats), np.ones(stop - start, dtype=bool)
+        return np.concatenate(feats), np.ones(stop - start, dtype=bool), {
+            "text": np.concatenate(rows), "lengths": np.concatenate(lengths), "words": np.array(words, dtype=str)}
 
     if computing:
         total = sum(stop - start for n in counts.values() for _, start, stop in _chunks(n, cfg, shard))
@@ -620,6 +855,10 @@ def extract_features(
             create_split_dataset(f, s, "labels", (len(r), len(class_names)))[...] = label_matrix[image_of[r]]
             create_split_dataset(f, s, "ids", (len(r),))[...] = image_of[r]
             report.rows[s] = len(r)
+        if cfg.tokens:
+            shapes = _write_tokens(f, rows, image_of, names, caption_list, scratch, cfg)
+            write_attrs(f, _token_attrs(getattr(encoder, "describe_tokens", ClipEncoder.describe_tokens),
+                                        model_name, *shapes))
     if not cfg.keep_scratch:
         shutil.rmtree(scratch_dir, ignore_errors=True)
     report.seconds = time.perf_counter() - t0

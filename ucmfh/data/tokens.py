@@ -32,6 +32,10 @@ TOKEN_DATASETS = (IMAGE_TOKENS, *(name for pair in TEXT_SETS.values() for name i
 _CHECK_ROWS = 65536  # token rows (text) checked at a time
 _CHECK_ITEMS = 256  # items (image tokens) checked at a time
 DEFAULT_MAX_MEMORY = 2 << 30  # a split's tokens are read into memory below this many bytes
+# HDF5 keeps a source dataset open for every mapping of a virtual dataset it has read through (about 26 kB
+# each; one mapping per item in the §9 layout) until the virtual dataset is closed: long reads reopen it
+# after this many items, bounding that memory (each reopen parses the mappings, about 3 us each)
+_REOPEN_ITEMS = 8192
 
 
 def _fail(path: str, where: str, problem: str) -> DataError:
@@ -50,6 +54,18 @@ def _read(path: str, where: str, dset: h5py.Dataset, rows=slice(None)) -> np.nda
         return dset[rows]
     except (OSError, ValueError, TypeError) as err:  # a damaged chunk, a virtual source that is gone
         raise _fail(path, where, f"unreadable data ({err})") from None
+
+
+def _read_rows(path: str, where: str, group: h5py.Group, name: str, rows: np.ndarray) -> np.ndarray:
+    """Sorted ``rows`` of ``group[name]``, read ``_REOPEN_ITEMS`` at a time, each time from a fresh handle."""
+    first = _read(path, where, group[name], rows[:_REOPEN_ITEMS])
+    if len(rows) <= _REOPEN_ITEMS:
+        return first
+    out = np.empty((len(rows), *first.shape[1:]), dtype=first.dtype)
+    out[:len(first)] = first
+    for start in range(_REOPEN_ITEMS, len(rows), _REOPEN_ITEMS):
+        out[start:start + _REOPEN_ITEMS] = _read(path, where, group[name], rows[start:start + _REOPEN_ITEMS])
+    return out
 
 
 def _same_width(path: str, where: str, dims: Dict[str, tuple], key: str, split: str, value: tuple) -> None:
@@ -90,6 +106,8 @@ def check_tokens(path: str, group: h5py.Group, split: str, n_items: int, dims: D
             raise _fail(path, where, f"expected floating-point tokens, got {image.dtype}")
         _same_width(path, where, dims, IMAGE_TOKENS, split, image.shape[1:])
         for start in range(0, n_items, _CHECK_ITEMS):
+            if start and start % _REOPEN_ITEMS < _CHECK_ITEMS:
+                image = group[IMAGE_TOKENS]
             block = _read(path, where, image, slice(start, start + _CHECK_ITEMS))
             bad = ~np.isfinite(block)
             if bad.any():
@@ -190,7 +208,7 @@ class Tokens:
         if self.in_memory:
             if name not in self._memory:
                 if name == IMAGE_TOKENS:  # one row per distinct image
-                    self._memory[name] = _read(self.path, where, dset, np.sort(self._first))[
+                    self._memory[name] = _read_rows(self.path, where, self._group, name, np.sort(self._first))[
                         np.argsort(np.argsort(self._first))]
                 else:
                     self._memory[name] = _read(self.path, where, dset)
