@@ -7,13 +7,11 @@ import sys
 
 import numpy as np
 import pytest
-import torch
 from click.testing import CliRunner
 
+from test_search_cli import trained  # noqa: F401 - a fixture
 from ucmfh.app.cli import main
-from ucmfh.checkpoint import save_checkpoint
-from ucmfh.config import BackendConfig, HashConfig
-from ucmfh.models.hashing import FeatureHasher
+from ucmfh.config import BackendConfig
 from ucmfh.search import Index
 from ucmfh.search.approx import faiss_index, recall
 from ucmfh.search.shards import Shards
@@ -116,14 +114,9 @@ def test_shards_map_faiss_positions_back_to_global_ones(tmp_path):
 
 
 @pytest.fixture()
-def cli_index(tiny_path, tiny, tmp_path):
-    torch.manual_seed(0)
-    cfg = HashConfig(method="two-tower", n_bits=16, hidden=0)
-    model = FeatureHasher(tiny.d_img, tiny.d_txt, cfg)
-    model.fit_feature_stats(tiny.train.img, tiny.train.txt)
-    ckpt = save_checkpoint(tmp_path / "hash16.pt", model.eval(), None, cfg)
+def cli_index(tiny_path, trained, tmp_path):
     out = tmp_path / "ix"
-    assert CliRunner().invoke(main, ["index", tiny_path, "-c", ckpt, "-o", str(out), "--quiet"]).exit_code == 0
+    assert CliRunner().invoke(main, ["index", tiny_path, "-c", trained, "-o", str(out), "--quiet"]).exit_code == 0
     return str(out)
 
 
