@@ -18,6 +18,7 @@ from ucmfh.config import METHOD_DEFAULTS, HashConfig, hash_config
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 from ucmfh.models.hashing import FeatureHasher
+from ucmfh.metrics import map_at_k
 from ucmfh.scoring import encode_split, evaluate_hashing, random_codes_map
 from ucmfh.train import fit_hashing
 
@@ -291,3 +292,55 @@ def test_grid_on_a_caption_set_keeps_both_databases_and_tabulates_recall(tmp_pat
         assert f"database `{database}`, MAP by id" in md and f"R@1 I→T / T→I in % (rSum), database `{database}`" in md
     assert {(r["method"], r["database"]) for r in _rows(results)} == {
         (m, d) for m in ("two-tower", "cca-itq") for d in ("test", "collection")}
+
+
+def test_real_valued_scores_are_the_cosine_ranking_of_the_head_outputs_whose_signs_are_the_codes(tiny):
+    model, _ = fit_hashing(tiny, two_tower(epochs=2, val_fraction=0.0, patience=0), progress=False)
+    outputs = model.head_outputs(tiny.query.img, tiny.query.txt, "unimodal")
+    codes = model.codes(tiny.query.img, tiny.query.txt, "unimodal")
+    assert all(torch.equal(torch.where(o >= 0, 1.0, -1.0), c) for o, c in zip(outputs, codes))
+    [row] = evaluate_hashing(model, tiny, ["unimodal"], device="cpu", real_valued=True)
+    retrieval = model.head_outputs(tiny.retrieval.img, tiny.retrieval.txt, "unimodal")
+    want_i2t = map_at_k(outputs[0], retrieval[1], tiny.query.labels, tiny.retrieval.labels, k=50, ranking="cosine")
+    want_t2i = map_at_k(outputs[1], retrieval[0], tiny.query.labels, tiny.retrieval.labels, k=50, ranking="cosine")
+    assert row["real_valued"] == {"map_i2t": want_i2t, "map_t2i": want_t2i}
+    assert row["real_valued"]["map_i2t"] != row["map_i2t"]  # the codes are scored by Hamming distance
+    assert "real_valued" not in evaluate_hashing(model, tiny, ["unimodal"], device="cpu")[0]
+
+
+def test_real_valued_cca_itq_is_real_valued_cca(tiny):
+    """ITQ's rotation keeps cosines: the real-valued output of cca-itq ranks as plain PCA → CCA."""
+    model, n_used = fit_cca_itq(tiny.train, 16, max_pca=32, seed=3)
+    img, txt = tiny.train.img.double().numpy(), tiny.train.txt.double().numpy()
+    pca_img, pca_txt = PCA(32, random_state=3).fit(img), PCA(min(32, txt.shape[1]), random_state=3).fit(txt)
+    cca = CCA(n_used, max_iter=1000).fit(pca_img.transform(img), pca_txt.transform(txt))
+    want = cca.transform(pca_img.transform(tiny.query.img.double().numpy()),
+                         pca_txt.transform(tiny.query.txt.double().numpy()))
+    got = model.head_outputs(tiny.query.img, tiny.query.txt, "unimodal")
+    for g, w in zip(got, want):
+        g, w = torch.nn.functional.normalize(g.double()[:, :n_used]), torch.nn.functional.normalize(torch.from_numpy(w))
+        assert torch.allclose(g @ g.T, w @ w.T, atol=1e-4)
+
+
+def test_a_caption_set_row_carries_the_real_valued_recall_and_the_grid_tabulates_it(tmp_path):
+    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+
+    path = _caption_file(tmp_path / "captions.h5", n_retrieval=60)
+    results, table = tmp_path / "g.jsonl", tmp_path / "t"
+    argv = ["grid", "-d", path, "-b", "16", "--methods", "cca-itq", "--out", str(tmp_path / "runs"),
+            "--results", str(results), "--table", str(table), "--device", "cpu", "--quiet"]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 0, result.output
+    rows = _rows(results)
+    for row in rows:
+        assert set(row["real_valued"]) == {"map_i2t", "map_t2i", "recall_i2t", "recall_t2i", "rsum"}
+        assert row["real_valued"]["rsum"] == pytest.approx(
+            sum(row["real_valued"]["recall_i2t"].values()) + sum(row["real_valued"]["recall_t2i"].values()))
+    md = Path(f"{table}.md").read_text()
+    test = next(r for r in rows if r["database"] == "test")["real_valued"]
+    assert "Real-valued head outputs ranked by cosine (before the sign), R@1 I→T / T→I in % (rSum), database `test`" in md
+    assert f"| `cca-itq` | {test['recall_i2t']['1']:.1f} / {test['recall_t2i']['1']:.1f} ({test['rsum']:.1f}) |" in md
+    shown = CliRunner().invoke(main, ["train-hash", "-d", path, "-b", "16", "--method", "cca-itq", "--out",
+                                      str(tmp_path / "runs"), "--results", str(results), "--device", "cpu",
+                                      "--quiet", "--resume"])
+    assert shown.exit_code == 0 and shown.output.count("(cosine of the real-valued head outputs)") == 2, shown.output

@@ -43,6 +43,19 @@ def encode_split(
     return _encode(lambda i, t: model.codes(i, t, protocol), split, device, batch_size, f"encode ({protocol})", progress)
 
 
+def head_outputs_split(
+    model: CrossModalHasher, split: Split, protocol: str, device: str = "auto",
+    batch_size: int = 4096, progress: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Real-valued (pre-sign) image and text head outputs of every item: the codes before their sign.
+
+    Shape: -> two [N, n_bits] on ``device``."""
+    device = resolve_device(device)
+    model.to(device).eval()
+    return _encode(lambda i, t: model.head_outputs(i, t, protocol), split, device, batch_size,
+                   f"head outputs ({protocol})", progress)
+
+
 def embed_split(
     fusion: FusionEncoder, split: Split, protocol: str, device: str = "auto",
     batch_size: int = 4096, progress: bool = False,
@@ -98,18 +111,32 @@ def score_splits(
     return list(scores.values())
 
 
+_METRICS = ("map_", "recall_", "rsum")  # the score keys of a row (the rest describe it)
+
+
 def evaluate_hashing(
     model: CrossModalHasher, data: Dataset, protocols: Sequence[str] = PROTOCOLS,
-    k: int = 50, device: str = "auto", progress: bool = False,
+    k: int = 50, device: str = "auto", progress: bool = False, real_valued: bool = False,
 ) -> List[Dict[str, object]]:
-    """Hamming-ranking scores of both directions, one row per protocol (and database of a caption set)."""
+    """Hamming-ranking scores of both directions, one row per protocol (and database of a caption set).
+
+    With ``real_valued`` each row also holds ``real_valued``: the same scores of the heads'
+    real-valued outputs ranked by cosine, what the codes lose to their sign (docs/reference.md §5).
+    """
     _check_protocols(protocols)
     rows = []
     for protocol in protocols:
         query = encode_split(model, data.query, protocol, device, progress=progress)
         retrieval = encode_split(model, data.retrieval, protocol, device, progress=progress)
-        rows += [{"protocol": protocol, **row} for row in score_splits(query, retrieval, data, k)]
+        scores = score_splits(query, retrieval, data, k)
+        if real_valued:
+            query = head_outputs_split(model, data.query, protocol, device, progress=progress)
+            retrieval = head_outputs_split(model, data.retrieval, protocol, device, progress=progress)
+            for row, real in zip(scores, score_splits(query, retrieval, data, k, "cosine")):
+                row["real_valued"] = {key: value for key, value in real.items() if key.startswith(_METRICS)}
+        rows += [{"protocol": protocol, **row} for row in scores]
     return rows
+
 
 
 def evaluate_fusion(

@@ -431,7 +431,7 @@ def score_hash_model(
     hash_cfg = run.hash_cfg
     if leak_free(hash_cfg.method):  # 'fused' would repeat 'unimodal'
         protocols = ("unimodal",)
-    scores = evaluate_hashing(model, data, protocols, k, hash_cfg.device, progress)
+    scores = evaluate_hashing(model, data, protocols, k, hash_cfg.device, progress, real_valued=True)
     floors = {row.get("database"): row for row in random_codes_scores(data, hash_cfg.n_bits, k, seed=hash_cfg.seed)}
     for row in scores:
         floor = floors[row.get("database")]
@@ -498,15 +498,22 @@ def _head(r: Dict[str, Any]) -> str:
             f"{r['n_bits'] or '-':>5}  {r['protocol']:<9}")
 
 
+def _caption_scores(r: Dict[str, Any]) -> str:
+    recall = ["/".join(f"{r[key][rank]:.1f}" for rank in ("1", "5", "10")) for key in ("recall_i2t", "recall_t2i")]
+    return f"{recall[0]:>18}{recall[1]:>18}{r['rsum']:>7.1f}{r['map_i2t']:>11.4f}{r['map_t2i']:>7.4f}"
+
+
 def format_table(rows: List[Dict[str, Any]]) -> str:
     """A small plain-text table of result rows, with what each protocol (and database) means."""
     captions = [r for r in rows if "database" in r]
     labelled = [r for r in rows if "database" not in r]
     lines = []
     if labelled:
-        lines.append(f"{HEAD}{'MAP@k':>6}{'I->T':>8}{'T->I':>8}")
+        real = any("real_valued" in r for r in labelled)
+        lines.append(f"{HEAD}{'MAP@k':>6}{'I->T':>8}{'T->I':>8}" + (f"{'cosine I->T':>13}{'T->I':>8}" if real else ""))
         for r in labelled:
-            lines.append(f"{_head(r)}{r['k']:>6}{r['map_i2t']:>8.4f}{r['map_t2i']:>8.4f}")
+            cosine = f"{r['real_valued']['map_i2t']:>13.4f}{r['real_valued']['map_t2i']:>8.4f}" if "real_valued" in r else ""
+            lines.append(f"{_head(r)}{r['k']:>6}{r['map_i2t']:>8.4f}{r['map_t2i']:>8.4f}{cosine}")
         floors = {(r["dataset"], r["n_bits"]): r for r in labelled if "random_map_i2t" in r}
         for (name, bits), r in floors.items():
             floor = {"dataset": name, "task": "random", "method": "-", "loss": None, "n_bits": bits, "protocol": "-"}
@@ -515,13 +522,17 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
         lines.append(f"{HEAD}{'database':<11}"
                      f"{'I->T R@1/5/10':>18}{'T->I R@1/5/10':>18}{'rSum':>7}{'MAP@k I->T':>11}{'T->I':>7}")
         for r in captions:
-            recall = ["/".join(f"{r[key][rank]:.1f}" for rank in ("1", "5", "10")) for key in ("recall_i2t", "recall_t2i")]
             floor = f" (random codes: rSum {r['random_rsum']:.1f})" if "random_rsum" in r else ""
-            lines.append(f"{_head(r)}{r['database']:<11}{recall[0]:>18}{recall[1]:>18}{r['rsum']:>7.1f}"
-                         f"{r['map_i2t']:>11.4f}{r['map_t2i']:>7.4f}{floor}")
+            lines.append(f"{_head(r)}{r['database']:<11}{_caption_scores(r)}{floor}")
+            if "real_valued" in r:
+                lines.append(f"{'  (cosine of the real-valued head outputs)':<{len(HEAD)}}{r['database']:<11}"
+                             f"{_caption_scores(r['real_valued'])}")
         lines.append("  caption set (relevance = same id): image->text queries are the unique query images, "
                      "text->image queries every query caption; R@K in %")
         lines.append("  test: the query split as database; collection: query and retrieval together")
+    if any("real_valued" in r for r in rows):
+        lines.append("  cosine: the hash heads' real-valued outputs before the sign, ranked by cosine (what the "
+                     "codes lose to their sign)")
     for protocol in dict.fromkeys(r["protocol"] for r in rows):
         lines.append(f"  {protocol}: {PROTOCOL_NOTES[protocol]}")
     return "\n".join(lines)

@@ -27,7 +27,7 @@ from ucmfh.app.experiment import (
 from ucmfh.app.options import (
     check_device, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
 )
-from ucmfh.app.runs import DIRECTIONS, summarize
+from ucmfh.app.runs import DIRECTIONS, REAL, summarize
 from ucmfh.config import (
     CLOSED_FORM_METHODS, DEFAULT_METHOD, HASH_METHODS, METHOD_DEFAULTS, PROTOCOLS, HashConfig, leak_free,
 )
@@ -134,6 +134,7 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
                                 f"{s['r1_i2t_mean']:.1f} / {s['r1_t2i_mean']:.1f} ({s['rsum_mean']:.1f})")
                 md.append("| " + " | ".join(line) + " |")
             md.append("")
+        md += _real_valued_table(cell, variants, bits, (dataset, protocol, database), k)
     if len(variants) > 1:
         md += [f"### Each method against `{variants[0]}`: Δ MAP@{k} paired by (seed, code length, direction), "
                "mean ± std over the pairs; wins = pairs where the method is higher", "",
@@ -148,10 +149,31 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
     return "\n".join(md)
 
 
+def _real_valued_table(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], bits: Sequence[int],
+                       where: tuple, k: int) -> List[str]:
+    """The methods' real-valued head outputs ranked by cosine (rows' ``real_valued``): what the codes lose
+    to their sign. MAP@k for a labelled set, R@1 (rSum) for a caption set; mean over seeds."""
+    dataset, protocol, database = where
+    figure = (lambda s: f"{s['real_r1_i2t_mean']:.1f} / {s['real_r1_t2i_mean']:.1f} ({s['real_rsum_mean']:.1f})") \
+        if database else (lambda s: f"{s['real_map_i2t_mean']:.3f} / {s['real_map_t2i_mean']:.3f}")
+    lines = []
+    for variant in variants:
+        entries = [cell.get((dataset, protocol, database, variant, n)) for n in bits]
+        if any(s is not None and "real_map_i2t_mean" in s for s in entries):
+            lines.append("| " + " | ".join([f"`{variant}`", *("–" if s is None or "real_map_i2t_mean" not in s
+                                                                 else figure(s) for s in entries)]) + " |")
+    if not lines:
+        return []
+    what = f"R@1 I→T / T→I in % (rSum), database `{database}`" if database else f"MAP@{k} I→T / T→I"
+    return [f"Real-valued head outputs ranked by cosine (before the sign), {what}, mean over seeds:", "",
+            "| method | " + " | ".join(f"{n} bits" for n in bits) + " |", "|---|" + "---|" * len(bits),
+            *lines, ""]
+
+
 def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence[int], prefix: str) -> Tuple[str, str]:
     """``PREFIX.md`` (the tables above) and ``PREFIX.csv`` (one line per group of :func:`summarize`)."""
     columns = ["dataset", "method", "loss", "n_bits", "protocol", "database", "k", "n_seeds",
-               *(f"{p}{d}_{s}" for p in ("", "random_") for d in DIRECTIONS for s in ("mean", "std")),
+               *(f"{p}{d}_{s}" for p in ("", "random_", REAL) for d in DIRECTIONS for s in ("mean", "std")),
                "train_time_s_mean", "settings_key"]
     text = io.StringIO()
     writer = csv.DictWriter(text, columns, extrasaction="ignore")

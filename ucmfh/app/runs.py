@@ -18,10 +18,16 @@ from ucmfh.files import read_jsonl
 DIRECTIONS = ("map_i2t", "map_t2i")
 # R@1 of a caption set's row, in %: summarised like a field of its own
 RECALL_AT_1 = ("r1_i2t", "r1_t2i")
+# the prefix of a figure of the hash heads' real-valued outputs ranked by cosine (a row's ``real_valued``)
+REAL = "real_"
 
 
 def _value(row: Dict[str, Any], field: str) -> Optional[float]:
-    """A row's figure; ``r1_i2t`` / ``r1_t2i`` read R@1 from its recall dict."""
+    """A row's figure; ``r1_i2t`` / ``r1_t2i`` read R@1 from its recall dict, and ``real_`` + a field
+    reads it from the scores of the real-valued head outputs (``real_valued``)."""
+    if field.startswith(REAL):
+        real = row.get("real_valued")
+        return None if real is None else _value(real, field[len(REAL):])
     if field in RECALL_AT_1:
         recall = row.get("recall_" + field[3:])
         return None if recall is None else recall.get("1")
@@ -83,7 +89,8 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
             "protocol": protocol, "database": database, "k": k, "n_seeds": len(group), "seeds": sorted(r.get("seed") for r in group),
             "settings_key": settings_key[:6], "settings": _beyond_columns(group[0].get("settings")),
         }
-        for field in (*DIRECTIONS, *(f"random_{d}" for d in DIRECTIONS), "rsum", "random_rsum", *RECALL_AT_1):
+        scores = (*DIRECTIONS, "rsum", *RECALL_AT_1)
+        for field in (*scores, *(f"random_{d}" for d in DIRECTIONS), "random_rsum", *(REAL + f for f in scores)):
             values = [_value(r, field) for r in group if _value(r, field) is not None]
             if values:
                 entry[f"{field}_mean"] = statistics.fmean(values)

@@ -57,9 +57,16 @@ class CrossModalHasher(nn.Module):
         return self.txt_head(self.fusion.encode_txt(x))
 
     @torch.no_grad()
+    def head_outputs(self, img: torch.Tensor, txt: torch.Tensor, protocol: str) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Real-valued (pre-sign) image and text head outputs under an evaluation protocol.
+
+        Shape: -> two [B, n_bits]."""
+        return self.logits(*self.fusion.embed(img, txt, protocol))
+
+    @torch.no_grad()
     def codes(self, img: torch.Tensor, txt: torch.Tensor, protocol: str) -> Tuple[torch.Tensor, torch.Tensor]:
-        """±1 image and text codes of items under an evaluation protocol. Shape: -> two [B, n_bits]."""
-        img_logits, txt_logits = self.logits(*self.fusion.embed(img, txt, protocol))
+        """±1 image and text codes of items under an evaluation protocol: the signs of :meth:`head_outputs`."""
+        img_logits, txt_logits = self.head_outputs(img, txt, protocol)
         return sign_codes(img_logits), sign_codes(txt_logits)
 
 
@@ -107,7 +114,13 @@ class FeatureHasher(nn.Module):
         return self.txt_head(normalize(x - self.txt_mean))
 
     @torch.no_grad()
+    def head_outputs(self, img: torch.Tensor, txt: torch.Tensor, protocol: str) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Real-valued (pre-sign) head outputs; the same under every protocol (``protocol`` is accepted
+        for a common interface)."""
+        return self.logits(img, txt)
+
+    @torch.no_grad()
     def codes(self, img: torch.Tensor, txt: torch.Tensor, protocol: str) -> Tuple[torch.Tensor, torch.Tensor]:
-        """±1 codes; the same under every protocol (``protocol`` is accepted for a common interface)."""
-        img_logits, txt_logits = self.logits(img, txt)
+        """±1 codes, the signs of :meth:`head_outputs`; the same under every protocol."""
+        img_logits, txt_logits = self.head_outputs(img, txt, protocol)
         return sign_codes(img_logits), sign_codes(txt_logits)
