@@ -12,6 +12,7 @@ from ucmfh.metrics import evaluate_caption_set, map_at_k
 from ucmfh.metrics.inputs import Ranking
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
+from ucmfh.similarity import sign_codes
 from ucmfh.utils import resolve_device
 
 
@@ -125,18 +126,19 @@ def evaluate_hashing(
     """
     _check_protocols(protocols)
     rows = []
-    for protocol in protocols:
-        query = encode_split(model, data.query, protocol, device, progress=progress)
-        retrieval = encode_split(model, data.retrieval, protocol, device, progress=progress)
-        scores = score_splits(query, retrieval, data, k)
+    for protocol in protocols:  # one forward pass: the codes are the signs of the head outputs
+        query = head_outputs_split(model, data.query, protocol, device, progress=progress)
+        retrieval = head_outputs_split(model, data.retrieval, protocol, device, progress=progress)
+        scores = score_splits(_signs(query), _signs(retrieval), data, k)
         if real_valued:
-            query = head_outputs_split(model, data.query, protocol, device, progress=progress)
-            retrieval = head_outputs_split(model, data.retrieval, protocol, device, progress=progress)
             for row, real in zip(scores, score_splits(query, retrieval, data, k, "cosine")):
                 row["real_valued"] = {key: value for key, value in real.items() if key.startswith(_METRICS)}
         rows += [{"protocol": protocol, **row} for row in scores]
     return rows
 
+
+def _signs(outputs: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    return sign_codes(outputs[0]), sign_codes(outputs[1])
 
 
 def evaluate_fusion(
