@@ -344,3 +344,64 @@ def test_a_caption_set_row_carries_the_real_valued_recall_and_the_grid_tabulates
                                       str(tmp_path / "runs"), "--results", str(results), "--device", "cpu",
                                       "--quiet", "--resume"])
     assert shown.exit_code == 0 and shown.output.count("(cosine of the real-valued head outputs)") == 2, shown.output
+
+
+def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
+    sa, sb = a.state_dict(), b.state_dict()
+    return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
+
+
+def test_auto_relaxation_keeps_the_candidate_with_the_better_validation_score(tiny, tmp_path, monkeypatch):
+    from ucmfh import train  # noqa: PLC0415 - its optimize is counted below
+    from ucmfh.train import StateFile, candidate_path, discard_state
+
+    runs = {name: fit_hashing(tiny, two_tower(epochs=6, relaxation=name), progress=False) for name in ("sign", "tanh")}
+    state = StateFile(str(tmp_path / "hash16.state.pt"), interval_s=0)
+    model, history = fit_hashing(tiny, two_tower(epochs=6, relaxation="auto"), progress=False, state=state)
+    # each candidate is the run asked for by name; the kept one scores higher on validation
+    assert history.candidates == {name: h.best_score for name, (_, h) in runs.items()}
+    assert history.relaxation == max(runs, key=lambda name: (runs[name][1].best_score, name == "sign"))
+    kept_model, kept = runs[history.relaxation]
+    assert _same_weights(model, kept_model) and history.validation == kept.validation
+    assert history.as_dict()["relaxation"] == history.relaxation and "relaxation" not in kept.as_dict()
+    # every candidate left a finished state: resuming the choice trains nothing and returns the same model
+    assert all(Path(candidate_path(state.path, c)).exists() for c in ("sign", "tanh"))
+    steps = []
+    monkeypatch.setattr(train, "optimize", lambda *a: steps.append(1))
+    again, history_again = fit_hashing(tiny, two_tower(epochs=6, relaxation="auto"), progress=False,
+                                       state=StateFile(state.path, resume=True))
+    assert not steps and _same_weights(again, model) and history_again.as_dict() == history.as_dict()
+    discard_state(state)
+    assert not list(tmp_path.iterdir())
+    with pytest.raises(ValueError, match="'auto' chooses on a validation split"):
+        two_tower(relaxation="auto", val_fraction=0.0)
+    assert HashConfig(method="cca-itq", relaxation="auto").relaxation == "auto"  # nothing to choose: one fit
+
+
+def test_train_hash_auto_relaxation_reports_its_choice_and_refuses_to_restart_a_saved_candidate(tiny_path, tmp_path):
+    from ucmfh.train import StateFile, candidate_path, fit_hashing as fit  # noqa: PLC0415
+
+    runner, results, out = CliRunner(), tmp_path / "r.jsonl", tmp_path / "runs"
+    argv = ["train-hash", "-d", tiny_path, "-b", "16", "--results", str(results), "--out", str(out), "--device",
+            "cpu", "--quiet", "--epochs", "3", "--set", "hash.hidden=64", "--set", "hash.relaxation=auto"]
+    result = runner.invoke(main, argv)
+    assert result.exit_code == 0, result.output
+    [row] = _rows(results)
+    assert "relaxation auto: kept " + row["relaxation_chosen"] in result.output
+    assert set(row["relaxation_val_scores"]) == {"sign", "tanh"} and row["settings"]["hash"]["relaxation"] == "auto"
+    assert row["val_score"] == row["relaxation_val_scores"][row["relaxation_chosen"]]
+    assert not list(out.rglob("*.state.pt"))  # both candidates' states are gone with the result saved
+    # a candidate's saved state beside a checkpoint still to train is an interrupted run
+    checkpoint = Path(row["checkpoint"])
+    checkpoint.unlink()
+    from ucmfh.data.h5 import load_dataset  # noqa: PLC0415
+
+    cfg = hash_config("two-tower", n_bits=16, hidden=64, epochs=3, device="cpu")
+    fit(load_dataset(tiny_path), cfg, progress=False,
+        state=StateFile(candidate_path(str(checkpoint.with_suffix(".state.pt")), "sign"), interval_s=0))
+    refused = runner.invoke(main, argv)
+    assert refused.exit_code == 2 and "interrupted run of these settings" in refused.output
+    assert "sign: finished" in refused.output and "Traceback" not in refused.output
+    resumed = runner.invoke(main, [*argv, "--resume"])
+    assert resumed.exit_code == 0, resumed.output
+    assert "resuming" in resumed.output and _rows(results)[-1]["map_i2t"] == row["map_i2t"]

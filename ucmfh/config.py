@@ -16,8 +16,10 @@ BETA_SCHEDULES = ("none", "hashnet", "step")
 AMP_MODES = ("none", "bf16")
 # How training relaxes the codes: 'tanh' trains on tanh(beta * logits) (UCMFH); 'sign' trains on
 # sign(tanh(logits)) itself, with tanh's gradient passed straight through the sign (Greedy Hash, Su et
-# al., NeurIPS 2018), so the loss sees the codes that are searched.
-RELAXATIONS = ("tanh", "sign")
+# al., NeurIPS 2018), so the loss sees the codes that are searched; 'auto' trains one run with each of
+# RELAXATION_CANDIDATES and keeps the one with the better validation score (it needs a validation split).
+RELAXATION_CANDIDATES = ("sign", "tanh")
+RELAXATIONS = (*RELAXATION_CANDIDATES, "auto")
 
 # How the hashing stage learns its codes (docs/quality.md compares them).
 HASH_METHODS = {
@@ -163,6 +165,8 @@ class HashConfig:
             self.hidden = 0  # a linear map whatever was asked (e.g. one --set for every method of a grid)
         if self.relaxation not in RELAXATIONS:
             raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {self.relaxation!r}")
+        if self.relaxation == "auto" and self.val_fraction <= 0 and self.method not in CLOSED_FORM_METHODS:
+            raise ValueError("relaxation 'auto' chooses on a validation split: val_fraction must be > 0")
         if self.beta_schedule not in BETA_SCHEDULES:
             raise ValueError(f"beta_schedule must be one of {BETA_SCHEDULES}, got {self.beta_schedule!r}")
         if not 0.0 <= self.modality_dropout <= 1.0:

@@ -2,9 +2,11 @@
 
 A run given a :class:`StateFile` saves its whole training state (weights,
 optimizer, random-number generators, position, loss history) atomically
-every ``interval_s`` seconds at an epoch's end, and at once when SIGINT or
-SIGTERM arrives; the same call with ``resume=True`` continues from it and
-ends with the same weights, codes and MAP as a run that was never stopped.
+every ``interval_s`` seconds at an epoch's end, at once when SIGINT or
+SIGTERM arrives, and when it ends; the same call with ``resume=True`` continues
+from it and ends with the same weights, codes and MAP as a run that was never
+stopped (a finished state returns its result without training). The caller
+removes the state (:func:`discard_state`) once it has saved the result.
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ucmfh.baselines import fit_cca_itq
-from ucmfh.config import FusionConfig, HashConfig, identity_dict
+from ucmfh.config import CLOSED_FORM_METHODS, RELAXATION_CANDIDATES, FusionConfig, HashConfig, identity_dict
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.distributed import Group, current_group
 from ucmfh.losses import build_loss, soft_infonce
@@ -141,16 +143,28 @@ def optimize(loss: torch.Tensor, optimizer: torch.optim.Optimizer, group: Group)
 
 class History(list):
     """The mean training loss of each epoch; with a validation split also ``validation``
-    (``[epoch, score]`` after each epoch) and ``best_epoch``, whose weights the model keeps."""
+    (``[epoch, score]`` after each epoch) and ``best_epoch``, whose weights the model keeps.
+    A run that chose its relaxation (``relaxation = 'auto'``) also records ``relaxation``, the one
+    kept, and ``candidates``, each candidate's best validation score."""
 
     def __init__(self, losses: Iterable[float] = (), validation: Optional[List[List[float]]] = None,
                  best_epoch: Optional[int] = None) -> None:
         super().__init__(losses)
         self.validation = list(validation or [])
         self.best_epoch = best_epoch
+        self.relaxation: Optional[str] = None
+        self.candidates: Dict[str, float] = {}
+
+    @property
+    def best_score(self) -> float:
+        """The validation score of the kept epoch (-inf without a validation split)."""
+        return dict(self.validation).get(self.best_epoch, -math.inf)
 
     def as_dict(self) -> Dict[str, Any]:
-        return {"loss": list(self), "validation": self.validation, "best_epoch": self.best_epoch}
+        out = {"loss": list(self), "validation": self.validation, "best_epoch": self.best_epoch}
+        if self.relaxation is not None:
+            out.update(relaxation=self.relaxation, candidates=self.candidates)
+        return out
 
 
 def validation_items(keys: np.ndarray, fraction: float, seed: int) -> Tuple[np.ndarray, np.ndarray]:
@@ -402,6 +416,8 @@ def run_epochs(
                 save(epoch + 1, 0, generator.get_state(), torch.zeros((), device=device))
                 last_save = time.monotonic()
     bar.close()
+    if state is not None and start_epoch < cfg.epochs:  # finished: resuming returns the result at once
+        save(cfg.epochs, 0, generator.get_state(), torch.zeros((), device=device))
     if best["weights"] is not None:  # keep the best validation epoch
         for name, module in modules.items():
             module.load_state_dict(best["weights"][name])
@@ -409,10 +425,26 @@ def run_epochs(
     return history
 
 
+def candidate_path(path: str, candidate: str) -> str:
+    """Where the candidate ``candidate`` of a run that chooses (``relaxation = 'auto'``) keeps its
+    training state: ``hash64.state.pt`` -> ``hash64.sign.state.pt``."""
+    head, tail = os.path.split(path)
+    stem, dot, rest = tail.partition(".")
+    return os.path.join(head, f"{stem}.{candidate}{dot}{rest}")
+
+
+def state_paths(path: str) -> List[str]:
+    """Every file a run with its state at ``path`` may have saved: its own and its candidates'."""
+    return [path, *(candidate_path(path, c) for c in RELAXATION_CANDIDATES)]
+
+
 def discard_state(state: Optional[StateFile]) -> None:
-    """Remove a finished run's training state (call once its result is saved)."""
-    if state is not None and os.path.exists(state.path):
-        os.remove(state.path)
+    """Remove a finished run's training state, its candidates' too (call once its result is saved)."""
+    if state is None:
+        return
+    for path in state_paths(state.path):
+        if os.path.exists(path):
+            os.remove(path)
 
 
 # ------------------------------------------------------------------ the stages
@@ -475,7 +507,30 @@ def fit_hashing(
     """
     _check_supervision(data, cfg)
     fit = {"ucmfh": _fit_ucmfh, "two-tower": _fit_two_tower, "cca-itq": _fit_cca_itq, "distill": _fit_distill}[cfg.method]
-    return fit(data, cfg, fusion, progress, state)
+    if cfg.relaxation != "auto" or cfg.method in CLOSED_FORM_METHODS:
+        return fit(data, cfg, fusion, progress, state)
+    return _choose_relaxation(fit, data, cfg, fusion, progress, state)
+
+
+def _choose_relaxation(
+    fit: Callable, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder], progress: bool,
+    state: Optional[StateFile],
+) -> Tuple[nn.Module, History]:
+    """``relaxation = 'auto'``: one run of ``fit`` per relaxation of RELAXATION_CANDIDATES, each on
+    the same validation split and seed (the same run as asking for it by name); the model whose best
+    epoch scores higher on validation is kept, the first candidate on a tie. Each candidate keeps its
+    own training state (:func:`candidate_path`), so an interrupted choice resumes where it stopped."""
+    best: Optional[Tuple[nn.Module, History, str]] = None
+    scores: Dict[str, float] = {}
+    for candidate in RELAXATION_CANDIDATES:
+        sub = None if state is None else replace(state, path=candidate_path(state.path, candidate))
+        model, history = fit(data, replace(cfg, relaxation=candidate), fusion, progress, sub)
+        scores[candidate] = history.best_score
+        if best is None or scores[candidate] > best[1].best_score:
+            best = (model, history, candidate)
+    model, history, chosen = best
+    history.relaxation, history.candidates = chosen, scores
+    return model, history
 
 
 def _fit_ucmfh(

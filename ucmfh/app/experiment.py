@@ -39,7 +39,7 @@ from ucmfh.distributed import current_group
 from ucmfh.files import PathLike, append_jsonl, remove_stale_temps, write_json_atomic
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.scoring import encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
-from ucmfh.train import StateFile, discard_state, fit_fusion, fit_hashing, read_state
+from ucmfh.train import StateFile, discard_state, fit_fusion, fit_hashing, read_state, state_paths
 from ucmfh.utils import resolve_device
 
 PROTOCOL_NOTES = {
@@ -297,20 +297,37 @@ def _state_path(checkpoint: str) -> str:
 def drop_leftover_state(checkpoint: str) -> None:
     """What a killed run may have left of a stage: temporary files of its writes, and a training
     state beside a finished checkpoint (the run died between saving one and removing the other)."""
-    for path in (checkpoint, _state_path(checkpoint)):
+    states = state_paths(_state_path(checkpoint))
+    for path in (checkpoint, *states):
         remove_stale_temps(path)
-    if os.path.exists(checkpoint) and os.path.exists(_state_path(checkpoint)):
-        os.remove(_state_path(checkpoint))
+    if os.path.exists(checkpoint):
+        for path in states:
+            if os.path.exists(path):
+                os.remove(path)
 
 
-def _interrupted_at(path: str) -> str:
-    saved = read_state(path, resolve_device("cpu"))
-    return f"epoch {saved['epoch'] + 1} of {saved['config']['epochs']}"
+def _saved_states(checkpoint: str) -> List[str]:
+    """The training states saved beside ``checkpoint``: its run's, or its candidates' (relaxation 'auto')."""
+    return [path for path in state_paths(_state_path(checkpoint)) if os.path.exists(path)]
 
 
-def _refuse_interrupted(path: str) -> None:
-    raise FileExistsError(f"{path}: an interrupted run of these settings is saved here ({_interrupted_at(path)}); "
-                          "continue it with --resume, or delete the file to start over")
+def _interrupted_at(checkpoint: str) -> str:
+    """Where the states saved beside ``checkpoint`` stand: ``epoch 3 of 100``, or for the candidates of
+    relaxation 'auto' ``sign: finished, tanh: epoch 3 of 100``."""
+    where = []
+    for path in _saved_states(checkpoint):
+        saved = read_state(path, resolve_device("cpu"))
+        epochs = saved["config"]["epochs"]
+        at = "finished" if saved["epoch"] >= epochs else f"epoch {saved['epoch'] + 1} of {epochs}"
+        where.append(at if path == _state_path(checkpoint) else f"{saved['config']['relaxation']}: {at}")
+    return ", ".join(where)
+
+
+def _refuse_interrupted(checkpoint: str) -> None:
+    saved = _saved_states(checkpoint)
+    raise FileExistsError(f"{saved[0]}: an interrupted run of these settings is saved here "
+                          f"({_interrupted_at(checkpoint)}); continue it with --resume, or delete "
+                          f"{'the file' if len(saved) == 1 else 'the files'} to start over")
 
 
 def check_interrupted(runs: Sequence[Run], opts: RunOptions) -> None:
@@ -319,8 +336,8 @@ def check_interrupted(runs: Sequence[Run], opts: RunOptions) -> None:
         for checkpoint in run.checkpoints:
             if current_group().is_main:
                 drop_leftover_state(checkpoint)
-            if not opts.resume and os.path.exists(_state_path(checkpoint)):
-                _refuse_interrupted(_state_path(checkpoint))
+            if not opts.resume and _saved_states(checkpoint):
+                _refuse_interrupted(checkpoint)
 
 
 def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
@@ -328,10 +345,11 @@ def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
     if current_group().is_main:
         drop_leftover_state(checkpoint)
     state = StateFile(_state_path(checkpoint), opts.save_interval, opts.resume)
-    if os.path.exists(state.path):
+    saved = _saved_states(checkpoint)
+    if saved:
         if not opts.resume:
-            _refuse_interrupted(state.path)
-        log(f"resuming {state.path} at {_interrupted_at(state.path)}")
+            _refuse_interrupted(checkpoint)
+        log(f"resuming {', '.join(saved)} at {_interrupted_at(checkpoint)}")
     elif opts.resume:
         log(f"nothing to resume at {state.path}; training from the start")
     return state
@@ -421,6 +439,11 @@ def train_hash_stage(
         chosen = dict(history["validation"])[history["best_epoch"]]
         for row in rows:
             row.update(best_epoch=history["best_epoch"], val_score=chosen, epochs_run=len(history["loss"]))
+    if history.get("relaxation"):  # relaxation 'auto': the one kept, and each candidate's validation score
+        scores = ", ".join(f"{name} {score:.4f}" for name, score in history["candidates"].items())
+        log(f"relaxation auto: kept {history['relaxation']} (validation {scores})")
+        for row in rows:
+            row.update(relaxation_chosen=history["relaxation"], relaxation_val_scores=history["candidates"])
     return rows
 
 
