@@ -259,8 +259,8 @@ def test_sign_relaxation_trains_on_the_codes_with_tanhs_gradient():
     from ucmfh.train import relaxed_codes
 
     logits = torch.randn(5, 16, dtype=torch.float32, requires_grad=True)
-    codes = relaxed_codes(logits, hash_config("two-tower", n_bits=16), 1.0)
-    assert hash_config("two-tower").relaxation == "sign" and HashConfig().relaxation == "tanh"
+    codes = relaxed_codes(logits, hash_config("two-tower", n_bits=16, relaxation="sign"), 1.0)
+    assert hash_config("two-tower").relaxation == "auto" and HashConfig().relaxation == "tanh"
     assert torch.allclose(codes.abs(), torch.full_like(codes, 16 ** -0.5))  # the ±1 codes, L2-normalised
     assert torch.equal(codes.sign(), torch.where(logits >= 0, 1.0, -1.0))
     weights = torch.randn(5, 16)
@@ -371,10 +371,13 @@ def test_auto_relaxation_keeps_the_candidate_with_the_better_validation_score(ti
     again, history_again = fit_hashing(tiny, two_tower(epochs=6, relaxation="auto"), progress=False,
                                        state=StateFile(state.path, resume=True))
     assert not steps and _same_weights(again, model) and history_again.as_dict() == history.as_dict()
+    monkeypatch.undo()
     discard_state(state)
     assert not list(tmp_path.iterdir())
-    with pytest.raises(ValueError, match="'auto' chooses on a validation split"):
-        two_tower(relaxation="auto", val_fraction=0.0)
+    # without a validation split there is nothing to choose on: the first candidate, alone
+    lone, lone_history = fit_hashing(tiny, two_tower(epochs=2, relaxation="auto", val_fraction=0.0), progress=False)
+    sign, _ = fit_hashing(tiny, two_tower(epochs=2, relaxation="sign", val_fraction=0.0), progress=False)
+    assert _same_weights(lone, sign) and (lone_history.relaxation, lone_history.candidates) == ("sign", {})
     assert HashConfig(method="cca-itq", relaxation="auto").relaxation == "auto"  # nothing to choose: one fit
 
 
@@ -396,7 +399,7 @@ def test_train_hash_auto_relaxation_reports_its_choice_and_refuses_to_restart_a_
     checkpoint.unlink()
     from ucmfh.data.h5 import load_dataset  # noqa: PLC0415
 
-    cfg = hash_config("two-tower", n_bits=16, hidden=64, epochs=3, device="cpu")
+    cfg = hash_config("two-tower", n_bits=16, hidden=64, epochs=3, device="cpu", relaxation="sign")
     fit(load_dataset(tiny_path), cfg, progress=False,
         state=StateFile(candidate_path(str(checkpoint.with_suffix(".state.pt")), "sign"), interval_s=0))
     refused = runner.invoke(main, argv)

@@ -518,18 +518,17 @@ def _choose_relaxation(
 ) -> Tuple[nn.Module, History]:
     """``relaxation = 'auto'``: one run of ``fit`` per relaxation of RELAXATION_CANDIDATES, each on
     the same validation split and seed (the same run as asking for it by name); the model whose best
-    epoch scores higher on validation is kept, the first candidate on a tie. Each candidate keeps its
-    own training state (:func:`candidate_path`), so an interrupted choice resumes where it stopped."""
-    best: Optional[Tuple[nn.Module, History, str]] = None
-    scores: Dict[str, float] = {}
-    for candidate in RELAXATION_CANDIDATES:
+    epoch scores higher on validation is kept, the first candidate on a tie; without a validation split
+    (``val_fraction = 0``) the first candidate is trained alone. Each candidate keeps its own training
+    state (:func:`candidate_path`), so an interrupted choice resumes where it stopped."""
+    runs: Dict[str, Tuple[nn.Module, History]] = {}
+    for candidate in RELAXATION_CANDIDATES if cfg.val_fraction > 0 else RELAXATION_CANDIDATES[:1]:
         sub = None if state is None else replace(state, path=candidate_path(state.path, candidate))
-        model, history = fit(data, replace(cfg, relaxation=candidate), fusion, progress, sub)
-        scores[candidate] = history.best_score
-        if best is None or scores[candidate] > best[1].best_score:
-            best = (model, history, candidate)
-    model, history, chosen = best
-    history.relaxation, history.candidates = chosen, scores
+        runs[candidate] = fit(data, replace(cfg, relaxation=candidate), fusion, progress, sub)
+    chosen = max(runs, key=lambda name: runs[name][1].best_score)  # the first of equals
+    model, history = runs[chosen]
+    history.relaxation = chosen
+    history.candidates = {name: h.best_score for name, (_, h) in runs.items()} if cfg.val_fraction > 0 else {}
     return model, history
 
 
