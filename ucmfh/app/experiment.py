@@ -441,7 +441,8 @@ def train_hash_stage(
             row.update(best_epoch=history["best_epoch"], val_score=chosen, epochs_run=len(history["loss"]))
     if history.get("relaxation"):  # relaxation 'auto': the one kept, and each candidate's validation score
         scores = ", ".join(f"{name} {score:.4f}" for name, score in history["candidates"].items())
-        log(f"relaxation auto: kept {history['relaxation']} (validation {scores})")
+        log(f"relaxation auto: kept {history['relaxation']} "
+            f"({'validation ' + scores if scores else 'no validation split to choose on'})")
         for row in rows:
             row.update(relaxation_chosen=history["relaxation"], relaxation_val_scores=history["candidates"])
     return rows
