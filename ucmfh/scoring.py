@@ -34,16 +34,6 @@ def _encode(
     return torch.cat(outs_img), torch.cat(outs_txt)
 
 
-def encode_split(
-    model: CrossModalHasher, split: Split, protocol: str, device: str = "auto",
-    batch_size: int = 4096, progress: bool = False,
-) -> Tuple[torch.Tensor, torch.Tensor]:
-    """±1 image and text codes of every item of a split. Shape: -> two [N, n_bits] on ``device``."""
-    device = resolve_device(device)
-    model.to(device).eval()
-    return _encode(lambda i, t: model.codes(i, t, protocol), split, device, batch_size, f"encode ({protocol})", progress)
-
-
 def head_outputs_split(
     model: CrossModalHasher, split: Split, protocol: str, device: str = "auto",
     batch_size: int = 4096, progress: bool = False,
@@ -55,6 +45,19 @@ def head_outputs_split(
     model.to(device).eval()
     return _encode(lambda i, t: model.head_outputs(i, t, protocol), split, device, batch_size,
                    f"head outputs ({protocol})", progress)
+
+
+def _signs(outputs: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    return sign_codes(outputs[0]), sign_codes(outputs[1])
+
+
+def encode_split(
+    model: CrossModalHasher, split: Split, protocol: str, device: str = "auto",
+    batch_size: int = 4096, progress: bool = False,
+) -> Tuple[torch.Tensor, torch.Tensor]:
+    """±1 image and text codes of every item of a split (the model's ``codes``: the signs of its head
+    outputs). Shape: -> two [N, n_bits] on ``device``."""
+    return _signs(head_outputs_split(model, split, protocol, device, batch_size, progress))
 
 
 def embed_split(
@@ -135,10 +138,6 @@ def evaluate_hashing(
                 row["real_valued"] = {key: value for key, value in real.items() if key.startswith(_METRICS)}
         rows += [{"protocol": protocol, **row} for row in scores]
     return rows
-
-
-def _signs(outputs: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-    return sign_codes(outputs[0]), sign_codes(outputs[1])
 
 
 def evaluate_fusion(

@@ -297,13 +297,10 @@ def _state_path(checkpoint: str) -> str:
 def drop_leftover_state(checkpoint: str) -> None:
     """What a killed run may have left of a stage: temporary files of its writes, and a training
     state beside a finished checkpoint (the run died between saving one and removing the other)."""
-    states = state_paths(_state_path(checkpoint))
-    for path in (checkpoint, *states):
+    for path in (checkpoint, *state_paths(_state_path(checkpoint))):
         remove_stale_temps(path)
     if os.path.exists(checkpoint):
-        for path in states:
-            if os.path.exists(path):
-                os.remove(path)
+        discard_state(StateFile(_state_path(checkpoint)))
 
 
 def _saved_states(checkpoint: str) -> List[str]:
