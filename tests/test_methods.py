@@ -273,6 +273,26 @@ def test_sign_relaxation_trains_on_the_codes_with_tanhs_gradient():
         HashConfig(relaxation="round")
 
 
+def test_no_relaxation_trains_a_real_valued_embedding_and_validates_it_by_cosine(tiny):
+    from ucmfh.scoring import head_outputs_split  # noqa: PLC0415
+    from ucmfh.train import _validator, relaxed_codes, validation_split  # noqa: PLC0415
+
+    logits = torch.randn(5, 16, requires_grad=True)
+    embedding = relaxed_codes(logits, two_tower(relaxation="none"), 3.0)  # beta does nothing here
+    assert torch.allclose(embedding, logits / logits.norm(dim=1, keepdim=True))
+    embedding.sum().backward()
+    assert logits.grad.abs().sum() > 0
+    model, history = fit_hashing(tiny, two_tower(epochs=6, relaxation="none"), progress=False)
+    assert history.best_epoch is not None and history.relaxation is None  # trained as asked, nothing chosen
+    rest, val = validation_split(tiny.train, 0.1, 2023)
+    by_cosine = _validator(head_outputs_split, "cosine", model, val, rest, torch.device("cpu"))()
+    assert by_cosine == pytest.approx(history.best_score, abs=1e-6)  # the kept epoch's score: its head outputs by cosine
+    [row] = evaluate_hashing(model, tiny, ["unimodal"], device="cpu", real_valued=True)
+    floor = random_codes_map(tiny, 16)
+    for direction in ("map_i2t", "map_t2i"):
+        assert row["real_valued"][direction] > floor[direction] + 0.1, (row, floor)
+
+
 def test_grid_on_a_caption_set_keeps_both_databases_and_tabulates_recall(tmp_path):
     from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
 

@@ -18,9 +18,11 @@ AMP_MODES = ("none", "bf16")
 # sign(tanh(logits)) itself, with tanh's gradient passed straight through the sign (Greedy Hash, Su et
 # al., NeurIPS 2018), so the loss sees the codes that are searched; 'auto' trains one run with each of
 # RELAXATION_CANDIDATES and keeps the one with the better validation score (without a validation split,
-# val_fraction = 0, it trains the first candidate alone).
+# val_fraction = 0, it trains the first candidate alone); 'none' trains no codes: the loss sees the
+# L2-normalised head outputs, a real-valued embedding that validation ranks by cosine, and the codes are
+# their signs, which training never saw (a row's `real_valued` figures are its measure; docs/quality.md).
 RELAXATION_CANDIDATES = ("sign", "tanh")
-RELAXATIONS = (*RELAXATION_CANDIDATES, "auto")
+RELAXATIONS = (*RELAXATION_CANDIDATES, "auto", "none")
 
 # How the hashing stage learns its codes (docs/quality.md compares them).
 HASH_METHODS = {

@@ -32,7 +32,7 @@ from ucmfh.distributed import Group, current_group
 from ucmfh.losses import build_loss, soft_infonce
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
-from ucmfh.scoring import embed_split, encode_split, score_splits
+from ucmfh.scoring import embed_split, encode_split, head_outputs_split, score_splits
 from ucmfh.similarity import normalize, positive_mask, sign_codes
 from ucmfh.files import atomic_file
 from ucmfh.utils import resolve_device, seed_everything
@@ -70,7 +70,10 @@ def beta_at(cfg: HashConfig, iteration: int, epoch: int) -> float:
 
 def relaxed_codes(logits: torch.Tensor, cfg: HashConfig, beta: float) -> torch.Tensor:
     """The codes a hashing loss sees, L2-normalised: ``tanh(β · logits)``, or with
-    ``cfg.relaxation = 'sign'`` the ±1 codes themselves with tanh's gradient (straight-through)."""
+    ``cfg.relaxation = 'sign'`` the ±1 codes themselves with tanh's gradient (straight-through), or
+    with 'none' the logits themselves (a real-valued embedding)."""
+    if cfg.relaxation == "none":
+        return normalize(logits.float())
     relaxed = torch.tanh(beta * logits.float())
     if cfg.relaxation == "sign":
         relaxed = relaxed + (sign_codes(relaxed) - relaxed).detach()
@@ -206,7 +209,13 @@ def _in_memory(split: Split) -> Split:
     return replace(split, img=split.img[:], txt=split.txt[:]) if split.streamed else split
 
 
-def _validator(encode: Callable, model: nn.Module, val: Optional[Split], rest: Split, ranking: str,
+def _validation_view(cfg: HashConfig) -> Tuple[Callable, str]:
+    """What a hashing stage's validation ranks: the codes by Hamming distance, or the head outputs
+    by cosine with ``relaxation = 'none'`` (what that training learns)."""
+    return (head_outputs_split, "cosine") if cfg.relaxation == "none" else (encode_split, "hamming")
+
+
+def _validator(encode: Callable, ranking: str, model: nn.Module, val: Optional[Split], rest: Split,
                device: torch.device) -> Optional[Callable[[], float]]:
     """The validation score of ``model``: mean of both directions' unimodal MAP@50 (by id on a
     caption set), the validation items against the rest of the training split (at most
@@ -488,7 +497,7 @@ def fit_fusion(
 
     modules = {"fusion": fusion, "loss": loss_fn}
     history = run_epochs("fusion", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
-                          validate=_validator(embed_split, fusion, val, rest, "cosine", device), shuffle=train.shuffle)
+                          validate=_validator(embed_split, "cosine", fusion, val, rest, device), shuffle=train.shuffle)
     return fusion.cpu().eval(), history
 
 
@@ -579,7 +588,7 @@ def _fit_ucmfh(
     history = run_epochs(
         f"hashing {cfg.n_bits} bits", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
         postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
-        validate=_validator(encode_split, model, val, rest, "hamming", device), shuffle=train.shuffle,
+        validate=_validator(*_validation_view(cfg), model, val, rest, device), shuffle=train.shuffle,
     )
     return model.cpu().eval(), history
 
@@ -668,7 +677,7 @@ def _fit_feature_hasher(
     history = run_epochs(
         f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model, "loss": loss_fn}, optimizer, generator, len(train),
         device, step, state, progress, postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
-        validate=_validator(encode_split, model, val, rest, "hamming", device), shuffle=train.shuffle,
+        validate=_validator(*_validation_view(cfg), model, val, rest, device), shuffle=train.shuffle,
     )
     return model.cpu().eval(), history
 
