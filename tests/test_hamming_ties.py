@@ -1,0 +1,67 @@
+"""scripts/hamming_ties.py: R@1 by index equals the metric's, its tie-free bounds hold it, and the
+script runs end to end on a tiny caption set."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from ucmfh.metrics import evaluate_caption_set
+
+SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "hamming_ties.py")
+
+
+@pytest.fixture(scope="module")
+def ties():
+    spec = importlib.util.spec_from_file_location("hamming_ties", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_a_tie_is_won_by_the_smaller_index_and_bounded_both_ways(ties):
+    query = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 1]])
+    database = torch.tensor([[1.0, 1, 1, 1], [1, 1, 1, 1], [1, 1, 1, -1]])
+    with pytest.raises(ValueError, match="true match"):
+        ties.tie_bounds(query, database, torch.tensor([7, 9]), torch.tensor([5, 7, 8]))
+    query_ids, database_ids = torch.tensor([7, 8]), torch.tensor([5, 7, 8])
+    out = ties.tie_bounds(query, database, query_ids, database_ids)
+    # query 0: match at 0, index 0 (not a match) first -> lost; query 1: its match at 1 has two items nearer
+    assert out == {"r1": 0.0, "r1_ties_won": 50.0, "r1_alone": 0.0, "as_near": 1.5}
+
+
+def test_r1_by_index_is_the_metrics_on_both_databases(ties):
+    g = torch.Generator().manual_seed(0)
+    ids_q, ids_r = torch.arange(20).repeat_interleave(5), torch.arange(20, 60).repeat_interleave(5)
+    codes_q = [torch.randint(0, 2, (100, 8), generator=g).float() * 2 - 1 for _ in range(2)]
+    codes_r = [torch.randint(0, 2, (200, 8), generator=g).float() * 2 - 1 for _ in range(2)]
+    out = ties.caption_set_ties(codes_q, codes_r, ids_q, ids_r)
+    metric = evaluate_caption_set(codes_q[0], codes_q[1], ids_q, codes_r[0], codes_r[1], ids_r)
+    for db in ("test", "collection"):
+        for direction in ("i2t", "t2i"):
+            row = out[db][direction]
+            assert row["r1"] == pytest.approx(metric[db][f"recall_{direction}"]["1"])
+            assert row["r1_alone"] <= row["r1"] <= row["r1_ties_won"]
+    assert out["collection"]["i2t"]["as_near"] > out["test"]["i2t"]["as_near"]  # a larger database, more items as near
+
+
+def test_the_script_prints_each_run_and_the_means(tmp_path):
+    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+
+    path = str(_caption_file(tmp_path / "c.h5"))
+    out = subprocess.run([sys.executable, SCRIPT, path, "--methods", "cca-itq", "-b", "8", "--seeds", "0,1"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [(r["method"], r["n_bits"], r["seed"]) for r in rows] == [("cca-itq", 8, 0), ("cca-itq", 8, 1)]
+    assert set(rows[0]) >= {"test", "collection"}
+    assert "cca-itq   8 bits       test:" in out.split("mean over seeds")[1]
+
+
+def test_a_labelled_set_is_refused_in_one_line(tiny_path):
+    run = subprocess.run([sys.executable, SCRIPT, tiny_path], capture_output=True, text=True)
+    assert run.returncode == 2 and "not a caption set" in run.stderr and "Traceback" not in run.stderr
