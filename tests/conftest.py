@@ -1,10 +1,12 @@
 """Shared fixtures: tiny synthetic datasets and small model settings, all CPU."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import subprocess
 import sys
 from pathlib import Path
+from types import ModuleType
 
 import pytest
 import torch
@@ -14,9 +16,18 @@ from ucmfh.data.h5 import load_dataset
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 
 SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
+SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 TINY = SyntheticSpec(n_query=80, n_retrieval=600, n_train=400, n_classes=24, mean_extra_labels=1.0,
                      d_img=48, d_txt=32, d_latent=16, noise=1.0, item_scale=0.5)
+
+
+def load_script(name: str) -> ModuleType:
+    """A script of scripts/ (``name`` without .py) imported as a module, for its functions."""
+    spec = importlib.util.spec_from_file_location(name, SCRIPTS / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
 
 
 def small_fusion(**kw) -> FusionConfig:

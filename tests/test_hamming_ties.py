@@ -2,9 +2,7 @@
 script runs end to end on a tiny caption set."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 
@@ -13,15 +11,14 @@ import torch
 
 from ucmfh.metrics import evaluate_caption_set
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "hamming_ties.py")
+from conftest import SCRIPTS, load_script
+
+SCRIPT = str(SCRIPTS / "hamming_ties.py")
 
 
 @pytest.fixture(scope="module")
 def ties():
-    spec = importlib.util.spec_from_file_location("hamming_ties", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("hamming_ties")
 
 
 def test_a_tie_is_won_by_the_smaller_index_and_bounded_both_ways(ties):

@@ -2,24 +2,21 @@
 trained without codes, and the script runs end to end on a tiny synthetic set."""
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import subprocess
 import sys
 
 import pytest
 import torch
 
-SCRIPT = os.path.join(os.path.dirname(__file__), "..", "scripts", "real_valued_probe.py")
+from conftest import SCRIPTS, load_script
+
+SCRIPT = str(SCRIPTS / "real_valued_probe.py")
 
 
 @pytest.fixture(scope="module")
 def probe():
-    spec = importlib.util.spec_from_file_location("real_valued_probe", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return load_script("real_valued_probe")
 
 
 def test_the_embedding_is_linear_and_keeps_its_best_validation_epoch(probe, tiny):
