@@ -3,11 +3,12 @@
 One linear map per modality, on the centred, L2-normalised features, trained with InfoNCE on the
 cosine of its outputs (the captions of an image are never each other's negatives), its best epoch
 chosen on a seeded tenth of the training split (the trainer's validation score, by cosine), never on
-the query split: method 'two-tower' with linear heads and ``relaxation = 'none'``. Real-valued CCA is method 'cca-itq' before its sign (PCA → CCA; ITQ's rotation keeps
+the query split: method 'two-tower' with linear heads trained without codes (``relaxation =
+'none'``). Real-valued CCA is method 'cca-itq' before its sign (PCA → CCA; ITQ's rotation keeps
 cosines), fitted on the whole training split, at each ``--components``. Both are scored as a results
 row's ``real_valued`` figures are (docs/evaluation.md): what issue 11 asks of "the real-valued
-embeddings", measured outside the hashing methods, whose real-valued outputs are their codes before
-the sign (docs/quality.md).
+embeddings", measured on an embedding trained as one, where the hashing methods' real-valued outputs
+are their codes before the sign (docs/quality.md).
 
     python scripts/real_valued_probe.py ../shared/data/flickr8k1000.h5 --seeds 2023,1,2
 """
