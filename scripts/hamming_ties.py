@@ -27,7 +27,7 @@ import torch
 
 from ucmfh.config import hash_config
 from ucmfh.data.h5 import load_dataset
-from ucmfh.metrics.captions import databases, first_of_each_id
+from ucmfh.metrics.captions import DATABASES, databases, first_of_each_id
 from ucmfh.scoring import encode_split
 from ucmfh.train import fit_hashing
 
@@ -93,9 +93,7 @@ def main() -> None:
     print("\nmean over seeds, `unimodal`, R@1 I→T / T→I in %: by index | ties won | alone; other items as near")
     for method, n_bits in dict.fromkeys((r["method"], r["n_bits"]) for r in rows):
         mine = [r for r in rows if (r["method"], r["n_bits"]) == (method, n_bits)]
-        for db in mine[0]:
-            if not isinstance(mine[0][db], dict):
-                continue
+        for db in DATABASES:
             m = {d: {k: np.mean([r[db][d][k] for r in mine]) for k in mine[0][db][d]} for d in ("i2t", "t2i")}
             print(f"{method:>10} {n_bits:>3} bits {db:>10}: {m['i2t']['r1']:.1f} / {m['t2i']['r1']:.1f} | "
                   f"{m['i2t']['r1_ties_won']:.1f} / {m['t2i']['r1_ties_won']:.1f} | "
