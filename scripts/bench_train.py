@@ -44,7 +44,8 @@ from ucmfh.metrics import map_at_k
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 from ucmfh.reference import RefFuseTransEncoder, RefHashMlp, ref_encode, ref_fit_fusion, ref_fit_hashing
-from ucmfh.train import fit_fusion, fit_hashing
+from ucmfh.methods import fit_hashing
+from ucmfh.train import fit_fusion
 
 # ---------------------------------------------------------------- helpers
 

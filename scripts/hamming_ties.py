@@ -25,11 +25,11 @@ from typing import Dict, List, Tuple
 import numpy as np
 import torch
 
-from ucmfh.config import hash_config
+from ucmfh.methods import hash_config
 from ucmfh.data.h5 import load_dataset
 from ucmfh.metrics.captions import DATABASES, databases, first_of_each_id
 from ucmfh.scoring import encode_split
-from ucmfh.train import fit_hashing
+from ucmfh.methods import fit_hashing
 
 
 def tie_bounds(query: torch.Tensor, database: torch.Tensor, query_ids: torch.Tensor,

@@ -22,12 +22,12 @@ import numpy as np
 import torch
 from torch import nn
 
-from ucmfh.baselines import fit_cca_itq
-from ucmfh.config import hash_config
+from ucmfh.methods.cca_itq import fit_cca_itq
+from ucmfh.methods import hash_config
 from ucmfh.data.h5 import Dataset, load_dataset
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.scoring import head_outputs_split, score_splits
-from ucmfh.train import fit_hashing
+from ucmfh.methods import fit_hashing
 
 
 def fit_embedding(data: Dataset, seed: int, dim: int, temperature: float, lr: float,

@@ -16,7 +16,8 @@ from ucmfh.data.h5 import Dataset, Split, write_dataset
 from ucmfh.distributed import current_group
 from ucmfh.losses import LOSSES
 from ucmfh.seps import fit_seps
-from ucmfh.train import fit_fusion, fit_hashing
+from ucmfh.methods import fit_hashing
+from ucmfh.train import fit_fusion
 
 N = 13  # odd: the ranks' parts of a batch differ in size
 

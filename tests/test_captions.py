@@ -89,7 +89,7 @@ def test_caption_metrics_equal_a_slow_reference(ranking, n_bits):
 
 def test_flickr8k1000_cca_itq_matches_the_contracts_figures():
     """docs/reference.md §7 gives CCA-ITQ's R@K on flickr8k1000, test database: the evaluator reproduces them."""
-    from ucmfh.baselines import fit_cca_itq
+    from ucmfh.methods.cca_itq import fit_cca_itq
 
     data = load_dataset(shared_file("flickr8k1000.h5"))
     assert data.caption_set and data.n_classes == 0

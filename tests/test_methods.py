@@ -12,15 +12,16 @@ from sklearn.cross_decomposition import CCA
 from sklearn.decomposition import PCA
 
 from ucmfh.app.cli import main
-from ucmfh.baselines import fit_cca_itq
+from ucmfh.methods.cca_itq import fit_cca_itq
 from ucmfh.checkpoint import load_model, save_checkpoint
-from ucmfh.config import METHOD_DEFAULTS, HashConfig, hash_config
+from ucmfh.config import HashConfig
+from ucmfh.methods import METHODS, hash_config
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.metrics import map_at_k
 from ucmfh.scoring import encode_split, evaluate_hashing, random_codes_map
-from ucmfh.train import fit_hashing
+from ucmfh.methods import fit_hashing
 
 from conftest import small_hash
 
@@ -32,14 +33,14 @@ def two_tower(**kw) -> HashConfig:
 def test_a_method_starts_from_its_defaults_and_takes_what_is_given():
     cfg = hash_config("two-tower", n_bits=32)
     assert cfg.method == "two-tower" and cfg.n_bits == 32
-    for name, value in METHOD_DEFAULTS["two-tower"].items():
+    for name, value in METHODS["two-tower"].defaults.items():
         assert getattr(cfg, name) == value
     assert hash_config("two-tower", patience=3).patience == 3
     assert hash_config("ucmfh") == HashConfig()  # ucmfh's defaults are the dataclass's: UCMFH's reference
-    with pytest.raises(ValueError, match="method must be one of"):
+    with pytest.raises(ValueError, match="unknown method 'nosuch'; methods: ucmfh, two-tower"):
         hash_config("nosuch")
-    with pytest.raises(ValueError, match="method must be one of"):
-        HashConfig(method="nosuch")
+    with pytest.raises(ValueError, match="unknown method 'nosuch'"):
+        fit_hashing(None, HashConfig(method="nosuch"))
     with pytest.raises(ValueError, match="hidden must be >= 0"):
         HashConfig(hidden=-1)
 
@@ -199,7 +200,7 @@ def test_a_d_img_mismatch_is_refused_for_a_feature_hasher(tiny, tmp_path):
 def test_distill_without_its_teacher_weight_is_infonce():
     from ucmfh.losses import build_loss, soft_infonce
     from ucmfh.similarity import normalize
-    from ucmfh.train import distill_targets
+    from ucmfh.losses.distill import distill_targets
 
     g = torch.Generator().manual_seed(0)
     img, txt, teacher = (normalize(torch.randn(12, 16, generator=g)) for _ in range(3))
@@ -216,7 +217,7 @@ def test_distill_without_its_teacher_weight_is_infonce():
 def test_distill_needs_infonce_and_a_teacher(tiny):
     with pytest.raises(ValueError, match="loss must be 'infonce'"):
         hash_config("distill", loss="original")
-    with pytest.raises(ValueError, match="teacher"):
+    with pytest.raises(ValueError, match="learns from a fusion encoder"):
         fit_hashing(tiny, hash_config("distill", n_bits=16, device="cpu"), progress=False)
 
 
@@ -275,7 +276,7 @@ def test_sign_relaxation_trains_on_the_codes_with_tanhs_gradient():
 
 def test_no_relaxation_trains_a_real_valued_embedding_and_validates_it_by_cosine(tiny):
     from ucmfh.scoring import head_outputs_split  # noqa: PLC0415
-    from ucmfh.train import _validator, relaxed_codes, validation_split  # noqa: PLC0415
+    from ucmfh.train import relaxed_codes, validation_split, validator  # noqa: PLC0415
 
     logits = torch.randn(5, 16, requires_grad=True)
     embedding = relaxed_codes(logits, two_tower(relaxation="none"), 3.0)  # beta does nothing here
@@ -285,7 +286,7 @@ def test_no_relaxation_trains_a_real_valued_embedding_and_validates_it_by_cosine
     model, history = fit_hashing(tiny, two_tower(epochs=6, relaxation="none"), progress=False)
     assert history.best_epoch is not None and history.relaxation is None  # trained as asked, nothing chosen
     rest, val = validation_split(tiny.train, 0.1, 2023)
-    by_cosine = _validator(head_outputs_split, "cosine", model, val, rest, torch.device("cpu"))()
+    by_cosine = validator(head_outputs_split, "cosine", model, val, rest, torch.device("cpu"))()
     assert by_cosine == pytest.approx(history.best_score, abs=1e-6)  # the kept epoch's score: its head outputs by cosine
     [row] = evaluate_hashing(model, tiny, ["unimodal"], device="cpu", real_valued=True)
     floor = random_codes_map(tiny, 16)
@@ -402,7 +403,8 @@ def test_auto_relaxation_keeps_the_candidate_with_the_better_validation_score(ti
 
 
 def test_train_hash_auto_relaxation_reports_its_choice_and_refuses_to_restart_a_saved_candidate(tiny_path, tmp_path):
-    from ucmfh.train import StateFile, candidate_path, fit_hashing as fit  # noqa: PLC0415
+    from ucmfh.methods import fit_hashing as fit  # noqa: PLC0415
+    from ucmfh.train import StateFile, candidate_path  # noqa: PLC0415
 
     runner, results, out = CliRunner(), tmp_path / "r.jsonl", tmp_path / "runs"
     argv = ["train-hash", "-d", tiny_path, "-b", "16", "--results", str(results), "--out", str(out), "--device",

@@ -21,7 +21,7 @@ from ucmfh.models.seps import SEPS
 from ucmfh.rerank import Reranking
 from ucmfh.seps import build_model, database_scores, databases, fit_seps, recall_rows
 from ucmfh.similarity import normalize
-from ucmfh.train import fit_hashing
+from ucmfh.methods import fit_hashing
 
 T, D_IMG, D_TXT = 8, 16, 12
 

@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ucmfh.baselines import fit_cca_itq
-from ucmfh.config import DEFAULT_METHOD, hash_config
+from ucmfh.methods.cca_itq import fit_cca_itq
+from ucmfh.methods import DEFAULT_METHOD, hash_config
 from ucmfh.data.h5 import load_dataset, validate_file
 from ucmfh.scoring import encode_split, evaluate_hashing, random_codes_map, score_both_directions
 from ucmfh.metrics import backend, evaluate_codes, native_kernels
-from ucmfh.train import fit_hashing
+from ucmfh.methods import fit_hashing
 
 from conftest import shared_file
 

@@ -10,7 +10,8 @@ from ucmfh.config import HashConfig
 from ucmfh.scoring import encode_split, evaluate_hashing, random_codes_map
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
-from ucmfh.train import batches, beta_at, epoch_plan, fit_fusion, fit_hashing
+from ucmfh.methods import fit_hashing
+from ucmfh.train import batches, beta_at, epoch_plan, fit_fusion
 
 from conftest import small_fusion, small_hash
 
@@ -95,6 +96,7 @@ def test_amp_mode_is_validated():
 
 
 def test_supervised_training_passes_labels_and_fit_hashing_keeps_the_callers_encoder(tiny, monkeypatch):
+    import ucmfh.methods.ucmfh as ucmfh_method
     import ucmfh.train as train_mod
     from ucmfh.losses import build_loss
 
@@ -112,6 +114,7 @@ def test_supervised_training_passes_labels_and_fit_hashing_keeps_the_callers_enc
         return loss
 
     monkeypatch.setattr(train_mod, "build_loss", recording)
+    monkeypatch.setattr(ucmfh_method, "build_loss", recording)
     fusion, history = fit_fusion(tiny, small_fusion(epochs=1, loss="pairwise", supervised=True), progress=False)
     assert all(labels is not None and labels.shape[1] == tiny.n_classes for labels in seen)
     assert all(h == h for h in history)  # finite, not NaN

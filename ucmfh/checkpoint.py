@@ -3,14 +3,15 @@ from __future__ import annotations
 
 import json
 import os
-from typing import Any, Dict, Optional, Tuple, Union
+from typing import Any, Dict, Optional, Tuple
 
 import torch
+from torch import nn
 
-from ucmfh.config import FusionConfig, HashConfig, SepsConfig, from_dict, leak_free, to_dict
+from ucmfh.config import FusionConfig, HashConfig, SepsConfig, from_dict, to_dict
 from ucmfh.files import PathLike, atomic_file, write_text_atomic
+from ucmfh.methods import build_method
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
 from ucmfh.models.seps import SEPS
 
 FORMAT = "ucmfh-checkpoint"
@@ -23,7 +24,7 @@ class CheckpointError(ValueError):
 
 def save_checkpoint(
     path: PathLike,
-    model: Union[FusionEncoder, CrossModalHasher, FeatureHasher],
+    model: nn.Module,
     fusion_cfg: Optional[FusionConfig],
     hash_cfg: Optional[HashConfig] = None,
     meta: Optional[Dict[str, Any]] = None,
@@ -33,7 +34,7 @@ def save_checkpoint(
     ``fusion_cfg`` is None for a hashing method trained without a fusion encoder (``uses_fusion``).
     """
     path = os.fspath(path)
-    dims = model.fusion if isinstance(model, CrossModalHasher) else model
+    dims = getattr(model, "fusion", model)  # a model on a fusion encoder has the encoder's dims
     payload = {
         "format": FORMAT,
         "version": VERSION,
@@ -132,13 +133,15 @@ def load_model(
     if hash_cfg is not None:
         _expect(path, payload, "n_bits", hash_cfg.n_bits, n_bits)
     fusion_cfg = None if payload["fusion_config"] is None else from_dict(FusionConfig, payload["fusion_config"], source=path)
-    if hash_cfg is not None and leak_free(hash_cfg.method):  # 'distill' records its teacher's settings too
-        model = FeatureHasher(payload["d_img"], payload["d_txt"], hash_cfg)
-    elif fusion_cfg is None:
-        raise CheckpointError(f"{path}: a {payload['kind']} checkpoint without its fusion settings")
+    if payload["kind"] == "fusion":
+        if fusion_cfg is None:
+            raise CheckpointError(f"{path}: a fusion checkpoint without its fusion settings")
+        model = FusionEncoder(payload["d_img"], payload["d_txt"], fusion_cfg)
     else:
-        fusion = FusionEncoder(payload["d_img"], payload["d_txt"], fusion_cfg)
-        model = fusion if kind == "fusion" else CrossModalHasher(fusion, hash_cfg)
+        try:  # the method's own model ('distill' records its teacher's settings too, but has no encoder)
+            model = build_method(hash_cfg.method).build_model(payload["d_img"], payload["d_txt"], hash_cfg, fusion_cfg)
+        except ValueError as err:
+            raise CheckpointError(f"{path}: {err}") from None
     try:
         model.load_state_dict(payload["state_dict"])
     except RuntimeError as err:

@@ -24,36 +24,6 @@ AMP_MODES = ("none", "bf16")
 RELAXATION_CANDIDATES = ("sign", "tanh")
 RELAXATIONS = (*RELAXATION_CANDIDATES, "auto", "none")
 
-# How the hashing stage learns its codes (docs/quality.md compares them).
-HASH_METHODS = {
-    "ucmfh": "UCMFH: hash heads on the fusion encoder, which is trained first (the only method with a 'fused' view)",
-    "two-tower": "one hash head per modality on its own features, trained with the loss on their relaxed codes",
-    "cca-itq": "the linear baseline: PCA, CCA and an ITQ rotation fitted on the training split (no epochs)",
-    "distill": "two-tower whose InfoNCE targets are mixed with the neighbours of each pair under the fused "
-               "UCMFH encoder, trained first: a leaky teacher, an honest student",
-}
-# Methods trained with a fusion encoder (the fusion stage runs first); only 'ucmfh' keeps it in its model.
-FUSION_METHODS = ("ucmfh", "distill")
-# Methods fitted in closed form: no loss, no epochs.
-CLOSED_FORM_METHODS = ("cca-itq",)
-# Each method's departures from HashConfig's defaults, which are UCMFH's; the front doors start from
-# these (hash_config). two-tower's were chosen on the validation split of the training data
-# (docs/quality.md), never on a query split; its relaxation is chosen per run on that split ('auto').
-METHOD_DEFAULTS: Dict[str, Dict[str, Any]] = {
-    "ucmfh": {},
-    "two-tower": {"hidden": 1024, "loss": "infonce", "loss_params": {"temperature": 0.3}, "relaxation": "auto",
-                  "val_fraction": 0.1, "patience": 10},
-    "cca-itq": {"epochs": 1},
-    "distill": {"hidden": 1024, "loss": "infonce", "loss_params": {"temperature": 0.3}, "relaxation": "sign",
-                "val_fraction": 0.1, "patience": 10},
-}
-# The fusion stage's departures from FusionConfig's defaults when it trains a method's teacher: the
-# same validation split as the student's, so the teacher never sees the items that pick its epoch.
-METHOD_FUSION_DEFAULTS: Dict[str, Dict[str, Any]] = {"distill": {"val_fraction": 0.1, "patience": 10}}
-# The method of the front doors (`ucmfh train-hash`, the grid): the best leak-free one measured
-# (docs/quality.md). demo.py keeps 'ucmfh', the way to reproduce the paper.
-DEFAULT_METHOD = "two-tower"
-
 # Epochs of the reference code per dataset; a front door may use them as
 # defaults, the trainer never looks at a dataset's name.
 REFERENCE_EPOCHS = {"mirflickr": 100, "nuswide": 150, "nus-wide": 150, "mscoco": 500, "coco": 500}
@@ -109,13 +79,14 @@ class FusionConfig:
 class HashConfig:
     """Hashing stage (task 1): how codes are learnt (``method``) and its settings.
 
-    'ucmfh' puts one hash head per modality on the fusion embeddings; the other methods put them
-    on each modality's own features (docs/quality.md). A field a method has no use for is kept
-    but does nothing (``code_weight``, ``lr_fusion`` and ``modality_dropout`` are UCMFH's,
-    ``teacher_*`` are distill's); :func:`hash_config` starts from a method's own defaults.
+    The defaults are UCMFH's (docs/reference.md §2). A method (:mod:`ucmfh.methods`) starts from its own
+    departures from them (``ucmfh.methods.hash_config``) and checks what it cannot train; its own
+    hyper-parameters are ``method_params``. A field a method has no use for is kept but does nothing
+    (``code_weight``, ``lr_fusion`` and ``modality_dropout`` are UCMFH's, ``teacher_*`` are distill's).
     """
 
-    method: str = "ucmfh"  # one of HASH_METHODS
+    method: str = "ucmfh"  # a name of ucmfh.methods.METHODS
+    method_params: Dict[str, Any] = field(default_factory=dict)  # the method's own (ucmfh.methods.Method.params)
     n_bits: int = 64
     hidden: int = 4096  # 0: a linear head
     dropout: float = 0.3
@@ -152,8 +123,10 @@ class HashConfig:
         self.validate()
 
     def validate(self) -> "HashConfig":
-        if self.method not in HASH_METHODS:
-            raise ValueError(f"method must be one of {tuple(HASH_METHODS)}, got {self.method!r}")
+        if not isinstance(self.method, str) or not self.method:
+            raise ValueError(f"method must be a method's name, got {self.method!r}")
+        if not isinstance(self.method_params, dict):
+            raise ValueError(f"method_params must be a dict of the method's parameters, got {self.method_params!r}")
         if not 8 <= self.n_bits <= 256:
             raise ValueError(f"n_bits must be between 8 and 256, got {self.n_bits}")
         if self.hidden < 0:
@@ -161,11 +134,6 @@ class HashConfig:
         if not 0.0 <= self.teacher_weight <= 1.0 or self.teacher_temperature <= 0:
             raise ValueError(f"teacher_weight must be in [0, 1] and teacher_temperature > 0, got "
                              f"{self.teacher_weight} and {self.teacher_temperature}")
-        if self.method == "distill" and self.loss != "infonce":
-            raise ValueError(f"method 'distill' mixes the teacher into InfoNCE's targets: loss must be 'infonce', "
-                             f"got {self.loss!r}")
-        if self.method in CLOSED_FORM_METHODS:
-            self.hidden = 0  # a linear map whatever was asked (e.g. one --set for every method of a grid)
         if self.relaxation not in RELAXATIONS:
             raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {self.relaxation!r}")
         if self.beta_schedule not in BETA_SCHEDULES:
@@ -286,27 +254,6 @@ class BackendConfig:
         if self.nlist is not None and self.nlist < 1:
             raise ValueError(f"nlist must be >= 1, got {self.nlist}")
         return self
-
-
-def uses_fusion(method: str) -> bool:
-    """Whether a hashing method trains with a fusion encoder (the fusion stage runs first)."""
-    return method in FUSION_METHODS
-
-
-def leak_free(method: str) -> bool:
-    """Whether a method's codes of one modality never see the other (its model is a FeatureHasher):
-    every method but 'ucmfh', whose encoder also has UCMFH's fused view."""
-    return method != "ucmfh"
-
-
-def hash_config(method: str = "ucmfh", **settings: Any) -> HashConfig:
-    """A hashing config of ``method``: its defaults (METHOD_DEFAULTS), then ``settings``.
-
-    Turning validation off (``val_fraction=0``) also turns off a default patience.
-    """
-    if method not in HASH_METHODS:
-        raise ValueError(f"method must be one of {tuple(HASH_METHODS)}, got {method!r}")
-    return HashConfig(**with_defaults(METHOD_DEFAULTS[method], settings), method=method)
 
 
 def with_defaults(defaults: Dict[str, Any], settings: Dict[str, Any]) -> Dict[str, Any]:

@@ -1,4 +1,6 @@
-"""The two training stages as plain loops over in-memory tensors, resumable.
+"""Training as plain loops over in-memory tensors, resumable: the epoch loop every trained method
+shares (:func:`run_epochs`), model selection on a validation split carved from the training split, and
+the fusion stage (task 0, :func:`fit_fusion`). Each hashing method's fit is in :mod:`ucmfh.methods`.
 
 A run given a :class:`StateFile` saves its whole training state (weights,
 optimizer, random-number generators, position, loss history) atomically
@@ -11,7 +13,6 @@ removes the state (:func:`discard_state`) once it has saved the result.
 from __future__ import annotations
 
 import contextlib
-import copy
 import math
 import os
 import signal
@@ -25,15 +26,13 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ucmfh.baselines import fit_cca_itq
-from ucmfh.config import CLOSED_FORM_METHODS, RELAXATION_CANDIDATES, FusionConfig, HashConfig, identity_dict
+from ucmfh.config import RELAXATION_CANDIDATES, FusionConfig, HashConfig, identity_dict
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.distributed import Group, current_group
-from ucmfh.losses import build_loss, soft_infonce
+from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
 from ucmfh.scoring import embed_split, encode_split, head_outputs_split, score_splits
-from ucmfh.similarity import normalize, positive_mask, sign_codes
+from ucmfh.similarity import normalize, sign_codes
 from ucmfh.files import atomic_file
 from ucmfh.utils import resolve_device, seed_everything
 
@@ -116,13 +115,13 @@ def adam(params: Iterable, **kwargs) -> torch.optim.Adam:
         return torch.optim.Adam(params, **kwargs)
 
 
-def _check_supervision(data: Dataset, cfg: Any) -> None:
+def check_supervision(data: Dataset, cfg: Any) -> None:
     if cfg.supervised and data.caption_set:
         raise ValueError(f"{data.path or 'the dataset'}: supervised training needs labels; this caption set has "
                          "none (its ids already make the captions of one image positives of each other)")
 
 
-def _batch(split: Split, index: torch.Tensor, separate: Optional[torch.Tensor], supervised: bool,
+def batch_inputs(split: Split, index: torch.Tensor, separate: Optional[torch.Tensor], supervised: bool,
            group: Group) -> Tuple[Optional[torch.Tensor], ...]:
     """A step's inputs: the features (and modality-dropout draws) of this rank's part of the global
     batch ``index`` (all of it on one process), the ids and labels of the whole global batch."""
@@ -209,14 +208,14 @@ def _in_memory(split: Split) -> Split:
     return replace(split, img=split.img[:], txt=split.txt[:]) if split.streamed else split
 
 
-def _validation_view(cfg: HashConfig) -> Tuple[Callable, str]:
+def validation_view(cfg: HashConfig) -> Tuple[Callable, str]:
     """What a hashing stage's validation ranks: the codes by Hamming distance, or the head outputs
     by cosine with ``relaxation = 'none'`` (what that training learns)."""
     return (head_outputs_split, "cosine") if cfg.relaxation == "none" else (encode_split, "hamming")
 
 
-def _validator(encode: Callable, ranking: str, model: nn.Module, val: Optional[Split], rest: Split,
-               device: torch.device) -> Optional[Callable[[], float]]:
+def validator(encode: Callable, ranking: str, model: nn.Module, val: Optional[Split], rest: Split,
+              device: torch.device) -> Optional[Callable[[], float]]:
     """The validation score of ``model``: mean of both directions' unimodal MAP@50 (by id on a
     caption set), the validation items against the rest of the training split (at most
     ``VALIDATION_QUERIES`` and ``VALIDATION_DATABASE`` of them, evenly spaced)."""
@@ -474,7 +473,7 @@ def fit_fusion(
     With ``state``, the run saves and (``state.resume``) continues its training
     state; interrupted by SIGINT/SIGTERM it raises :class:`TrainingInterrupted`.
     """
-    _check_supervision(data, cfg)
+    check_supervision(data, cfg)
     device = resolve_device(cfg.device)
     generator = seed_everything(cfg.seed)
     rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
@@ -489,7 +488,7 @@ def fit_fusion(
     group = current_group()
 
     def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
-        img, txt, separate, ids, labels = _batch(train, index, separate, cfg.supervised, group)
+        img, txt, separate, ids, labels = batch_inputs(train, index, separate, cfg.supervised, group)
         with autocast(device, cfg.amp):
             z_img, z_txt = fusion(img, txt, separate)
         z_img, z_txt = group.gather((z_img.float(), z_txt.float()), len(index))  # losses always in float32
@@ -497,198 +496,5 @@ def fit_fusion(
 
     modules = {"fusion": fusion, "loss": loss_fn}
     history = run_epochs("fusion", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
-                          validate=_validator(embed_split, "cosine", fusion, val, rest, device), shuffle=train.shuffle)
+                          validate=validator(embed_split, "cosine", fusion, val, rest, device), shuffle=train.shuffle)
     return fusion.cpu().eval(), history
-
-
-def fit_hashing(
-    data: Dataset,
-    cfg: HashConfig,
-    fusion: Optional[FusionEncoder] = None,
-    progress: bool = True,
-    state: Optional[StateFile] = None,
-) -> Tuple[nn.Module, History]:
-    """Train the hashing stage (task 1) by ``cfg.method``; returns the model (on CPU) and its :class:`History`.
-
-    'ucmfh' and 'distill' need the ``fusion`` encoder of the fusion stage; the other methods
-    learn from the features alone. With ``cfg.val_fraction`` > 0 the best validation epoch's weights
-    are kept; ``state`` as in :func:`fit_fusion`.
-    """
-    _check_supervision(data, cfg)
-    fit = {"ucmfh": _fit_ucmfh, "two-tower": _fit_two_tower, "cca-itq": _fit_cca_itq, "distill": _fit_distill}[cfg.method]
-    if cfg.relaxation != "auto" or cfg.method in CLOSED_FORM_METHODS:
-        return fit(data, cfg, fusion, progress, state)
-    return _choose_relaxation(fit, data, cfg, fusion, progress, state)
-
-
-def _choose_relaxation(
-    fit: Callable, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder], progress: bool,
-    state: Optional[StateFile],
-) -> Tuple[nn.Module, History]:
-    """``relaxation = 'auto'``: one run of ``fit`` per relaxation of RELAXATION_CANDIDATES, each on
-    the same validation split and seed (the same run as asking for it by name); the model whose best
-    epoch scores higher on validation is kept, the first candidate on a tie; without a validation split
-    (``val_fraction = 0``) the first candidate is trained alone. Each candidate keeps its own training
-    state (:func:`candidate_path`), so an interrupted choice resumes where it stopped."""
-    runs: Dict[str, Tuple[nn.Module, History]] = {}
-    for candidate in RELAXATION_CANDIDATES if cfg.val_fraction > 0 else RELAXATION_CANDIDATES[:1]:
-        sub = None if state is None else replace(state, path=candidate_path(state.path, candidate))
-        runs[candidate] = fit(data, replace(cfg, relaxation=candidate), fusion, progress, sub)
-    chosen = max(runs, key=lambda name: runs[name][1].best_score)  # the first of equals
-    model, history = runs[chosen]
-    history.relaxation = chosen
-    history.candidates = {name: h.best_score for name, (_, h) in runs.items()} if cfg.val_fraction > 0 else {}
-    return model, history
-
-
-def _fit_ucmfh(
-    data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder], progress: bool, state: Optional[StateFile],
-) -> Tuple[CrossModalHasher, History]:
-    """Method 'ucmfh': hash heads on the fusion encoder, which is fine-tuned (``cfg.lr_fusion = 0`` keeps it).
-
-    Loss = loss(fused img, fused txt) + code_weight · loss(img codes, txt codes),
-    codes relaxed by :func:`relaxed_codes` (UCMFH's ``tanh(β · logits)`` by default).
-    """
-    if fusion is None:
-        raise ValueError("method 'ucmfh' trains its hash heads on a fusion encoder: train one first (fit_fusion)")
-    device = resolve_device(cfg.device)
-    generator = seed_everything(cfg.seed)
-    # a copy: the caller's encoder stays as it was (e.g. one fusion stage serving several n_bits)
-    model = CrossModalHasher(copy.deepcopy(fusion), cfg).to(device).train()
-    fusion_loss = build_loss(cfg.loss, **cfg.loss_params).to(device)
-    code_loss = build_loss(cfg.loss, **cfg.loss_params).to(device)
-    head_params = [*model.img_head.parameters(), *model.txt_head.parameters(),
-                   *fusion_loss.parameters(), *code_loss.parameters()]
-    groups = [{"params": head_params, "lr": cfg.lr_head}]
-    if cfg.lr_fusion > 0:
-        groups.insert(0, {"params": list(model.fusion.parameters()), "lr": cfg.lr_fusion})
-    else:  # lr_fusion = 0 keeps the encoder as trained: no gradients through it
-        model.fusion.requires_grad_(False)
-    optimizer = adam(groups, betas=tuple(cfg.betas))
-    rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
-    train = rest.to(device)
-
-    group = current_group()
-
-    def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
-        beta = beta_at(cfg, iteration, epoch)
-        img, txt, separate, ids, labels = _batch(train, index, separate, cfg.supervised, group)
-        with autocast(device, cfg.amp):
-            z_img, z_txt = model.fusion(img, txt, separate)
-            h_img, h_txt = model.logits(z_img, z_txt)
-        # codes and losses always in float32: bf16's 8-bit mantissa would blur tanh near ±1
-        z_img, z_txt, h_img, h_txt = group.gather(
-            (z_img.float(), z_txt.float(), h_img.float(), h_txt.float()), len(index))
-        codes_img, codes_txt = relaxed_codes(h_img, cfg, beta), relaxed_codes(h_txt, cfg, beta)
-        loss = (fusion_loss(z_img, z_txt, ids=ids, labels=labels)
-                + cfg.code_weight * code_loss(codes_img, codes_txt, ids=ids, labels=labels))
-        return optimize(loss, optimizer, group)
-
-    modules = {"model": model, "fusion_loss": fusion_loss, "code_loss": code_loss}
-    history = run_epochs(
-        f"hashing {cfg.n_bits} bits", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
-        postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
-        validate=_validator(*_validation_view(cfg), model, val, rest, device), shuffle=train.shuffle,
-    )
-    return model.cpu().eval(), history
-
-
-def _fit_two_tower(
-    data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder], progress: bool, state: Optional[StateFile],
-) -> Tuple[FeatureHasher, History]:
-    """Method 'two-tower': one hash head per modality on its own (centred, L2-normalised) features,
-    trained with ``cfg.loss`` on the codes of each pair (:func:`relaxed_codes`; by default the ±1
-    codes, straight-through); ids (the captions of one image) are positives of each other in every loss."""
-    return _fit_feature_hasher(data, cfg, None, progress, state)
-
-
-def _fit_distill(
-    data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder], progress: bool, state: Optional[StateFile],
-) -> Tuple[FeatureHasher, History]:
-    """Method 'distill': two-tower, with InfoNCE's targets mixed with a teacher's.
-
-    The teacher is the fused view of the fusion encoder, which sees each training pair's image
-    and text together (docs/reference.md §3): its embedding ``t_i = normalize(normalize(z_img) +
-    normalize(z_txt))``. The targets of a batch are ``(1 - w) · P + w · softmax(t tᵀ / τ_t)``,
-    P the pair itself (and the items of its id), ``w = teacher_weight``, ``τ_t =
-    teacher_temperature``, for the student's InfoNCE logits at the loss's temperature, both
-    directions. The teacher only trains: codes come from each modality alone.
-    """
-    if fusion is None:
-        raise ValueError("method 'distill' learns from a fusion encoder (the teacher): train one first (fit_fusion)")
-    return _fit_feature_hasher(data, cfg, fusion, progress, state)
-
-
-def fused_embedding(z_img: torch.Tensor, z_txt: torch.Tensor) -> torch.Tensor:
-    """The teacher's view of a pair in :func:`_fit_distill`: ``normalize(normalize(z_img) + normalize(z_txt))``."""
-    return normalize(normalize(z_img) + normalize(z_txt))
-
-
-def distill_targets(teacher: torch.Tensor, ids: Optional[torch.Tensor], weight: float,
-                    temperature: float) -> torch.Tensor:
-    """The targets of :func:`_fit_distill` for a batch: ``(1 - weight) · P + weight · softmax(t tᵀ / τ_t)``,
-    P the pair itself (shared among the items of an id), rows summing to one. Shape: t [B, d] -> [B, B]."""
-    pairs = positive_mask(len(teacher), ids, device=teacher.device).float()
-    return (1 - weight) * pairs / pairs.sum(1, keepdim=True) + weight * torch.softmax(
-        teacher @ teacher.T / temperature, dim=1)
-
-
-def _fit_feature_hasher(
-    data: Dataset, cfg: HashConfig, teacher: Optional[FusionEncoder], progress: bool, state: Optional[StateFile],
-) -> Tuple[FeatureHasher, History]:
-    """Train a :class:`FeatureHasher` on ``cfg.loss``; with a ``teacher`` fusion encoder, on
-    :func:`soft_infonce` against :func:`distill_targets` of its fused embeddings (:func:`_fit_distill`)."""
-    device = resolve_device(cfg.device)
-    generator = seed_everything(cfg.seed)
-    rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
-    model = FeatureHasher(data.d_img, data.d_txt, cfg)
-    model.fit_feature_stats(rest.img, rest.txt)
-    model.to(device).train()
-    loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
-    optimizer = adam([*model.parameters(), *loss_fn.parameters()], lr=cfg.lr_head, betas=tuple(cfg.betas))
-    train = rest.to(device)
-    fused = None  # the teacher's fused embedding of each training item, computed once (in memory)
-    if teacher is not None and not train.streamed:
-        fused = fused_embedding(*embed_split(teacher, rest, "fused", device))
-    elif teacher is not None:  # streamed: each batch's, when it comes
-        teacher.to(device).eval()
-
-    group = current_group()
-
-    def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
-        beta = beta_at(cfg, iteration, epoch)
-        img, txt, _, ids, labels = _batch(train, index, None, cfg.supervised, group)
-        with autocast(device, cfg.amp):
-            h_img, h_txt = model.logits(img, txt)
-        h_img, h_txt = group.gather((h_img.float(), h_txt.float()), len(index))
-        codes_img, codes_txt = relaxed_codes(h_img, cfg, beta), relaxed_codes(h_txt, cfg, beta)
-        if teacher is None:
-            loss = loss_fn(codes_img, codes_txt, ids=ids, labels=labels)
-        else:
-            if fused is not None:
-                t = fused[index]
-            else:
-                with torch.no_grad():
-                    t = group.gather((fused_embedding(*teacher.embed(img, txt, "fused")),), len(index))[0]
-            targets = distill_targets(t, ids, cfg.teacher_weight, cfg.teacher_temperature)
-            loss = soft_infonce(codes_img, codes_txt, targets, float(loss_fn.temperature))
-        return optimize(loss, optimizer, group)
-
-    history = run_epochs(
-        f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model, "loss": loss_fn}, optimizer, generator, len(train),
-        device, step, state, progress, postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
-        validate=_validator(*_validation_view(cfg), model, val, rest, device), shuffle=train.shuffle,
-    )
-    return model.cpu().eval(), history
-
-
-def _fit_cca_itq(
-    data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder], progress: bool, state: Optional[StateFile],
-) -> Tuple[FeatureHasher, History]:
-    """Method 'cca-itq': the linear baseline, fitted in closed form on the whole training split
-    (no epochs, so nothing to select on a validation split)."""
-    if data.train.streamed:
-        raise ValueError(f"{data.path}: method 'cca-itq' fits on the whole training split in memory, and this one "
-                         "is streamed (larger than the memory threshold); choose another method")
-    model, _ = fit_cca_itq(data.train, cfg.n_bits, seed=cfg.seed)
-    return model, History()

@@ -17,9 +17,10 @@ from ucmfh.app.options import (
     check_device, data_options, fusion_config, hash_configs, hash_epochs, method_fusion_config, run_options,
     train_options,
 )
-from ucmfh.config import BETA_SCHEDULES, DEFAULT_METHOD, HASH_METHODS, PROTOCOLS, FusionConfig, HashConfig
+from ucmfh.config import BETA_SCHEDULES, PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset, validate_file
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
+from ucmfh.methods import DEFAULT_METHOD, METHODS
 from ucmfh.utils import resolve_device
 
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
@@ -61,6 +62,15 @@ def validate_cmd(path: str) -> None:
                f"retrieval {len(data.retrieval)})")
 
 
+@main.command("methods")
+def methods_cmd() -> None:
+    """List the hashing methods, their parameters (--method-param) and their defaults."""
+    for name, spec in METHODS.items():
+        click.echo(f"{name:<10} {spec.description}")
+        if spec.params:
+            click.echo(f"{'':<10} parameters: " + ", ".join(f"{k}={v}" for k, v in spec.params.items()))
+
+
 @main.command("losses")
 def losses_cmd() -> None:
     """List the loss names."""
@@ -98,8 +108,10 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
 @main.command("train-hash")
 @data_options
 @train_options
-@click.option("--method", type=click.Choice(list(HASH_METHODS)), default=DEFAULT_METHOD, show_default=True,
-              help="How codes are learnt: " + "; ".join(f"{k}: {v}" for k, v in HASH_METHODS.items()) + ".")
+@click.option("--method", type=click.Choice(list(METHODS)), default=DEFAULT_METHOD, show_default=True,
+              help="How codes are learnt (see 'ucmfh methods').")
+@click.option("--method-param", "method_params", multiple=True, metavar="KEY=VALUE",
+              help="A hyper-parameter of the method, e.g. alpha=1.5 (repeatable; see 'ucmfh methods').")
 @click.option("--n-bits", "-b", multiple=True, type=int, default=(64,), show_default=True,
               help="Code length (repeatable: -b 16 -b 32 ...).")
 @click.option("--beta-schedule", type=click.Choice(BETA_SCHEDULES), default="none", show_default=True,

@@ -30,16 +30,15 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 from ucmfh.checkpoint import load_model, read_checkpoint, save_checkpoint
 from ucmfh.codes import save_codes
-from ucmfh.config import (
-    CLOSED_FORM_METHODS, PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig, identity_dict, leak_free, uses_fusion,
-)
+from ucmfh.config import PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig, identity_dict
 from ucmfh.data.h5 import Dataset
 from ucmfh.data.synthetic import make_synthetic
 from ucmfh.distributed import current_group
 from ucmfh.files import PathLike, append_jsonl, remove_stale_temps, write_json_atomic
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.scoring import encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
-from ucmfh.train import StateFile, discard_state, fit_fusion, fit_hashing, read_state, state_paths
+from ucmfh.methods import build_method, fit_hashing
+from ucmfh.train import StateFile, discard_state, fit_fusion, read_state, state_paths
 from ucmfh.utils import resolve_device
 
 PROTOCOL_NOTES = {
@@ -178,7 +177,7 @@ class Run:
     hash_cfg: Optional[HashConfig] = None
 
     def __post_init__(self) -> None:
-        if self.hash_cfg is not None and not uses_fusion(self.hash_cfg.method):
+        if self.hash_cfg is not None and not build_method(self.hash_cfg.method).uses_fusion:
             self.fusion_cfg = None  # not part of this run: its method trains no fusion encoder
 
     @property
@@ -267,7 +266,7 @@ def _rows(
     common = {
         "dataset": run.dataset["label"], "dataset_path": run.dataset["path"],
         "dataset_fingerprint": run.dataset["fingerprint"], "task": task, "method": method,
-        "loss": None if method in CLOSED_FORM_METHODS else cfg.loss,
+        "loss": cfg.loss if build_method(method).takes_loss else None,
         "n_bits": n_bits, "ranking": "hamming" if n_bits else "cosine", "seed": cfg.seed, "epochs": cfg.epochs,
         "run": key_of(run.hash_identity if task == "hashing" else run.fusion_identity),
         "settings": run.settings(),
@@ -450,7 +449,7 @@ def score_hash_model(
     k: int = 50, progress: bool = False, source: str = "train",
 ) -> List[Dict[str, Any]]:
     hash_cfg = run.hash_cfg
-    if leak_free(hash_cfg.method):  # 'fused' would repeat 'unimodal'
+    if build_method(hash_cfg.method).leak_free:  # 'fused' would repeat 'unimodal'
         protocols = ("unimodal",)
     scores = evaluate_hashing(model, data, protocols, k, hash_cfg.device, progress, real_valued=True)
     floors = {row.get("database"): row for row in random_codes_scores(data, hash_cfg.n_bits, k, seed=hash_cfg.seed)}

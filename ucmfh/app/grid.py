@@ -28,12 +28,11 @@ from ucmfh.app.options import (
     check_device, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
 )
 from ucmfh.app.runs import DIRECTIONS, REAL, summarize
-from ucmfh.config import (
-    CLOSED_FORM_METHODS, DEFAULT_METHOD, HASH_METHODS, METHOD_DEFAULTS, PROTOCOLS, HashConfig, leak_free,
-)
+from ucmfh.config import PROTOCOLS, HashConfig
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import read_jsonl, write_text_atomic
 from ucmfh.losses import LOSSES
+from ucmfh.methods import DEFAULT_METHOD, METHODS, build_method
 
 ARROWS = {"map_i2t": "I→T", "map_t2i": "T→I"}
 
@@ -62,9 +61,9 @@ def loss_params_by_name(items: Sequence[str]) -> Dict[str, Dict[str, Any]]:
 def variant_of(row: Dict[str, Any]) -> str:
     """A row's method, with its loss when that is not the method's default: 'two-tower', 'ucmfh:infonce'."""
     method = row.get("method") or "ucmfh"
-    if method in CLOSED_FORM_METHODS:
+    if method not in METHODS or not METHODS[method].takes_loss:
         return method
-    default = METHOD_DEFAULTS[method].get("loss", HashConfig.loss) if method in METHOD_DEFAULTS else None
+    default = METHODS[method].defaults.get("loss", HashConfig.loss)
     loss = row.get("loss")
     return method if loss in (None, default) else f"{method}:{loss}"
 
@@ -188,7 +187,7 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
               help="Dataset name or .h5 path (repeatable).")
 @click.option("--data-dir", default=None, help="Folder of NAME.h5 files [default: $UCMFH_DATA_DIR or data].")
 @click.option("--methods", default=DEFAULT_METHOD, show_default=True, callback=_list(str),
-              help=f"Comma-separated methods ({', '.join(HASH_METHODS)}).")
+              help=f"Comma-separated methods ({', '.join(METHODS)}).")
 @click.option("--losses", default="", callback=_list(str),
               help="Comma-separated losses, each run with every method [default: each method's own].")
 @click.option("--loss-params", "per_loss", multiple=True, metavar="NAME:KEY=VALUE,...",
@@ -212,9 +211,9 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     """Train and score datasets × methods × losses × code lengths × seeds; skip finished cells; write one table."""
     from ucmfh.app.experiment import default_data_dir, protocols_of
 
-    unknown = [name for name in methods if name not in HASH_METHODS]
+    unknown = [name for name in methods if name not in METHODS]
     if unknown:
-        raise click.BadParameter(f"unknown methods {unknown} (methods: {', '.join(HASH_METHODS)})",
+        raise click.BadParameter(f"unknown methods {unknown} (methods: {', '.join(METHODS)})",
                                  param_hint="--methods")
     unknown = [name for name in losses if name not in LOSSES]
     if unknown:
@@ -227,8 +226,8 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     bits = list(dict.fromkeys(n_bits))
     # every cell's settings are checked before anything trains
     cells = []
-    # a closed-form method has no loss: one cell per seed, whatever --losses lists
-    variants_asked = [(m, loss) for m in methods for loss in ([None] if m in CLOSED_FORM_METHODS else losses or [None])]
+    # a method with a loss of its own: one cell per seed, whatever --losses lists
+    variants_asked = [(m, loss) for m in methods for loss in (losses or [None] if METHODS[m].takes_loss else [None])]
     for dataset, (method, loss), seed in product(datasets, variants_asked, seeds):
         settings = {**train, "loss": loss, "loss_params": (), "seed": seed}
         fcfg = method_fusion_config(method, dataset, device, settings, fusion_epochs)
@@ -247,7 +246,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         data = loaded[dataset]
         run_key = key_of(Run(opts.out, dataset_identity(data), fcfg, hcfg).hash_identity)
         name = f"{dataset} {variant_of({'method': hcfg.method, 'loss': hcfg.loss})} seed {hcfg.seed} {hcfg.n_bits} bits"
-        cell_protocols = ("unimodal",) if leak_free(hcfg.method) else protocols
+        cell_protocols = ("unimodal",) if build_method(hcfg.method).leak_free else protocols
         done = finished(recorded, run_key, cell_protocols, k)
         if done:
             click.echo(f"skip {name}: finished (run {run_key})")

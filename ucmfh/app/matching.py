@@ -17,10 +17,11 @@ from ucmfh.app.experiment import (
     Log, RunOptions, drop_leftover_state, state_for, write_identity, dataset_identity, git_commit, key_of,
 )
 from ucmfh.checkpoint import load_model, load_seps, save_seps
-from ucmfh.config import SepsConfig, identity_dict, leak_free
+from ucmfh.config import SepsConfig, identity_dict
 from ucmfh.data.h5 import Dataset
 from ucmfh.data.tokens import Tokens
 from ucmfh.distributed import current_group
+from ucmfh.methods import build_method
 from ucmfh.metrics.captions import DATABASES
 from ucmfh.rerank import Reranking
 from ucmfh.seps import database_scores, databases, fit_seps, recall_rows
@@ -117,7 +118,7 @@ def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[s
     """Two-stage search on each database: Hamming top-M of the hashing checkpoint, re-ranked by cosine and
     (with ``seps_checkpoint``) by SEPS, for every M in ``candidates``; ``full`` adds SEPS over every pair."""
     hasher, _, hash_cfg, _ = load_model(hash_checkpoint, "hash", d_img=data.d_img, d_txt=data.d_txt)
-    if not leak_free(hash_cfg.method):
+    if not build_method(hash_cfg.method).leak_free:
         raise ValueError(f"{hash_checkpoint}: method {hash_cfg.method!r} has no leak-free real-valued output to "
                          "re-rank by; use a checkpoint of a leak-free method (two-tower, distill, cca-itq)")
     readers = _readers(data)

@@ -8,10 +8,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import click
 
 from ucmfh.app.experiment import RunOptions, default_data_dir, default_epochs
-from ucmfh.config import (
-    AMP_MODES, METHOD_FUSION_DEFAULTS, PROTOCOLS, FusionConfig, HashConfig, hash_config, uses_fusion, with_defaults,
-)
+from ucmfh.config import AMP_MODES, PROTOCOLS, FusionConfig, HashConfig, with_defaults
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY
+from ucmfh.methods import build_method
 from ucmfh.utils import resolve_device
 
 STAGES = {"fusion": FusionConfig, "hash": HashConfig}
@@ -111,7 +110,8 @@ def train_options(fn: Callable) -> Callable:
         click.option("--supervised", is_flag=True, help="Pass the training labels to the loss (pairwise uses them)."),
         click.option("--epochs", type=click.IntRange(min=1), default=None,
                      help="Epochs [default: 100, or the reference's for known datasets]."),
-        click.option("--batch-size", default=defaults.batch_size, show_default=True, type=click.IntRange(min=2)),
+        click.option("--batch-size", default=None, type=click.IntRange(min=2),
+                     help=f"Items per step [default: {defaults.batch_size}; the method's for train-hash --method]."),
         click.option("--seed", default=defaults.seed, show_default=True),
         click.option("--modality-dropout", default=None, type=click.FloatRange(0, 1),
                      help=f"Share of items trained with image and text kept apart (0 = UCMFH's fused-only training) "
@@ -159,28 +159,29 @@ def fusion_config(dataset: str, device: str, loss: Optional[str], loss_params: T
 
 def method_fusion_config(method: str, dataset: str, device: str, train: Dict[str, Any],
                          fusion_epochs: Optional[int] = None) -> FusionConfig:
-    """The fusion stage's config for a hashing method. 'ucmfh' shares every training option with it.
-    For another method ``--loss`` is the method's own; the fusion stage of a teacher ('distill')
-    shares the validation options, else takes ``METHOD_FUSION_DEFAULTS`` (``--set fusion.FIELD=...``
-    reaches it too)."""
+    """The fusion stage's config for a hashing method. A method that shares the fusion stage's options
+    ('ucmfh') shares every training option with it. For another method ``--loss`` is the method's own;
+    the fusion stage of a teacher ('distill') shares the validation options, else takes the method's
+    ``fusion_defaults`` (``--set fusion.FIELD=...`` reaches it too)."""
+    spec = build_method(method)
     settings = {**train, "epochs": fusion_epochs or train["epochs"]}
-    if method != "ucmfh":
+    if not spec.shares_fusion_options:
         # the student's validation options reach its teacher; a method without a fusion stage
         # passes none of its own (they may not suit a fusion config, which it never trains)
         given = {name: settings[name] for name in ("val_fraction", "patience")
-                 if settings.get(name) is not None and uses_fusion(method)}
+                 if settings.get(name) is not None and spec.uses_fusion}
         settings.update(loss=None, loss_params=(), val_fraction=None, patience=None)
-        settings.update(with_defaults(METHOD_FUSION_DEFAULTS.get(method, {}), given))
+        settings.update(with_defaults(spec.fusion_defaults, given))
     return fusion_config(dataset, device, **settings)
 
 
 def hash_epochs(method: str, dataset: str, epochs: Optional[int]) -> Optional[int]:
-    """The hashing stage's epochs: 'ucmfh' follows the reference's per dataset; another method
-    takes ``--epochs`` when given, else its own default (None)."""
-    return default_epochs(dataset, epochs) if method == "ucmfh" else epochs
+    """The hashing stage's epochs: a method that shares the fusion stage's options ('ucmfh') follows
+    the reference's per dataset; another takes ``--epochs`` when given, else its own default (None)."""
+    return default_epochs(dataset, epochs) if build_method(method).shares_fusion_options else epochs
 
 
-# what method 'ucmfh' takes from its fusion stage's config
+# what a method that shares the fusion stage's options ('ucmfh') takes from its fusion stage's config
 SHARED_WITH_FUSION = ("loss", "loss_params", "supervised", "batch_size", "seed", "modality_dropout", "device", "amp",
                       "val_fraction", "patience")
 
@@ -190,21 +191,31 @@ def hash_configs(fusion_cfg: FusionConfig, n_bits: Iterable[int], epochs: Option
                  **settings: Any) -> List[HashConfig]:
     """One hashing config per code length (each checked now).
 
-    Method 'ucmfh' shares the fusion stage's training settings. Another method starts from
-    its own defaults (``METHOD_DEFAULTS``) and takes only the settings given: the raw training
-    options ``train``, where None means not given; seed, device, precision and batch size
-    always come from ``fusion_cfg``. ``epochs`` None is the method's default.
+    A method that shares the fusion stage's options ('ucmfh') takes its training settings from it.
+    Another method starts from its own defaults (:meth:`ucmfh.methods.Method.config`) and takes only
+    the settings given: the raw training options ``train``, where None means not given; seed, device
+    and precision always come from ``fusion_cfg``. ``epochs`` None is the method's default.
+    A loss given to a method that has its own is refused (``--loss``).
     """
-    if method == "ucmfh":
+    spec = build_method(method)
+    if spec.shares_fusion_options:
         base = {name: getattr(fusion_cfg, name) for name in SHARED_WITH_FUSION}
     else:
         train = train or {}
+        if not spec.takes_loss and (train.get("loss") is not None or train.get("loss_params")):
+            raise click.BadParameter(f"method {method!r} has a loss of its own; --loss and --loss-param do not "
+                                     "apply to it", param_hint="--loss")
         given = dict(loss=train.get("loss"), val_fraction=train.get("val_fraction"), patience=train.get("patience"),
                      modality_dropout=train.get("modality_dropout"),
                      loss_params=parse_params(train.get("loss_params", ()), "--loss-param") or None)
         base = {k: v for k, v in given.items() if v is not None}
-        base.update({name: getattr(fusion_cfg, name) for name in ("supervised", "batch_size", "seed", "device", "amp")})
+        base.update({name: getattr(fusion_cfg, name) for name in ("supervised", "seed", "device", "amp")})
+        if train.get("batch_size") is not None:
+            base["batch_size"] = train["batch_size"]
     if epochs is not None:
         base["epochs"] = epochs
     extra = parse_overrides(overrides)["hash"]
-    return [hash_config(method, **{**base, **settings, "n_bits": bits, **extra}) for bits in dict.fromkeys(n_bits)]
+    params = parse_params((train or {}).get("method_params", ()), "--method-param")
+    if params:
+        extra["method_params"] = {**extra.get("method_params", {}), **params}
+    return [spec.config(**{**base, **settings, "n_bits": bits, **extra}) for bits in dict.fromkeys(n_bits)]

@@ -1,7 +1,7 @@
 """Hash heads and the full two-stage model."""
 from __future__ import annotations
 
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
 from torch import nn
@@ -71,7 +71,7 @@ class CrossModalHasher(nn.Module):
 
 
 class FeatureHasher(nn.Module):
-    """One hash head per modality on that modality's own features (methods 'two-tower' and 'cca-itq').
+    """One hash head per modality on that modality's own features (every leak-free method's model).
 
     Each input is centred by its training mean and L2-normalised, then hashed by its
     own head: image codes never see a text, nor text codes an image, so every protocol
@@ -80,14 +80,16 @@ class FeatureHasher(nn.Module):
     Shape: img [B, d_img], txt [B, d_txt] -> codes two [B, n_bits].
     """
 
-    def __init__(self, d_img: int, d_txt: int, cfg: HashConfig = HashConfig(method="two-tower")) -> None:
+    def __init__(self, d_img: int, d_txt: int, cfg: HashConfig = HashConfig(method="two-tower"),
+                 img_hidden: Optional[int] = None, txt_hidden: Optional[int] = None) -> None:
         super().__init__()
         cfg.validate()
         self.d_img, self.d_txt, self.n_bits = d_img, d_txt, cfg.n_bits
         self.register_buffer("img_mean", torch.zeros(d_img))
         self.register_buffer("txt_mean", torch.zeros(d_txt))
-        self.img_head = HashHead(d_img, cfg.n_bits, cfg.hidden, cfg.dropout)
-        self.txt_head = HashHead(d_txt, cfg.n_bits, cfg.hidden, cfg.dropout)
+        # each head's hidden width: cfg.hidden unless a method gives the modalities different ones
+        self.img_head = HashHead(d_img, cfg.n_bits, cfg.hidden if img_hidden is None else img_hidden, cfg.dropout)
+        self.txt_head = HashHead(d_txt, cfg.n_bits, cfg.hidden if txt_hidden is None else txt_hidden, cfg.dropout)
 
     @torch.no_grad()
     def fit_feature_stats(self, img: Features, txt: Features) -> None:

@@ -1,25 +1,58 @@
-"""CCA-ITQ (Gong & Lazebnik, CVPR 2011): the classic leak-free cross-modal hashing baseline.
+"""Method 'cca-itq' (Gong & Lazebnik, CVPR 2011): the classic leak-free cross-modal hashing baseline.
 
-Each modality is centred (and PCA-reduced when it is wide), CCA finds paired
-directions on the training split, and ITQ learns one rotation of the stacked
-projected training items that minimises quantisation error. Codes are the
-signs of the rotated projections: image codes from images alone and text
-codes from texts alone. The whole map is linear, so the fitted model is a
-:class:`~ucmfh.models.hashing.FeatureHasher` with linear heads: it is saved,
-loaded, encoded and scored like any other hashing model (method 'cca-itq').
+Each modality is centred (and PCA-reduced when it is wide), CCA finds paired directions on the
+training split, and ITQ learns one rotation of the stacked projected training items that minimises
+quantisation error. Codes are the signs of the rotated projections: image codes from images alone and
+text codes from texts alone. The whole map is linear, so the fitted model is a
+:class:`~ucmfh.models.hashing.FeatureHasher` with linear heads: it is saved, loaded, encoded and scored
+like any other hashing model.
 """
 from __future__ import annotations
 
-from typing import Callable, Tuple
+from typing import Callable, Optional, Tuple
 
 import numpy as np
 import torch
 from sklearn.cross_decomposition import CCA
 from sklearn.decomposition import PCA
 
-from ucmfh.config import hash_config
-from ucmfh.data.h5 import Split
+from ucmfh.config import FusionConfig, HashConfig
+from ucmfh.data.h5 import Dataset, Split
+from ucmfh.methods.base import Method
+from ucmfh.methods.registry import register
+from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
+from ucmfh.train import History, StateFile
+
+
+@register
+class CcaItq(Method):
+    """PCA (at most ``max_pca`` dims, without directions of no variance), CCA and an ITQ rotation, fitted
+    in closed form on the whole training split (no epochs, so nothing to select on a validation split)."""
+
+    name = "cca-itq"
+    description = "the linear baseline: PCA, CCA and an ITQ rotation fitted on the training split (no epochs)"
+    params = {"max_pca": 128, "iterations": 50}
+    # a linear map whatever was asked (e.g. one --set for every method of a grid), fitted once
+    fixed = {"hidden": 0, "epochs": 1, "val_fraction": 0.0, "patience": 0}
+    takes_loss = False
+    closed_form = True
+
+    def check(self, cfg: HashConfig) -> None:
+        super().check(cfg)
+        params = self.method_params(cfg.method_params)
+        if params["max_pca"] < 1 or params["iterations"] < 0:
+            raise ValueError(f"method 'cca-itq': max_pca must be >= 1 and iterations >= 0, got {params}")
+
+    def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
+                    fusion_cfg: Optional[FusionConfig] = None) -> FeatureHasher:
+        return FeatureHasher(d_img, d_txt, cfg)
+
+    def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
+            state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
+        params = self.method_params(cfg.method_params)
+        model, _ = fit_cca_itq(data.train, cfg.n_bits, params["max_pca"], params["iterations"], cfg.seed)
+        return model, History()
 
 
 def _linear_map(fn: Callable[[np.ndarray], np.ndarray], mean: np.ndarray) -> np.ndarray:
@@ -46,6 +79,8 @@ def fit_cca_itq(train: Split, n_bits: int, max_pca: int = 128, iterations: int =
     """
     img, txt = train.img.numpy().astype(np.float64), train.txt.numpy().astype(np.float64)
     n = img.shape[0]
+    if n < 8:
+        raise ValueError(f"method 'cca-itq' needs at least 8 training items (PCA keeps a quarter of them), got {n}")
     pca_img, pca_txt = _pca(img, min(max_pca, n // 4), seed), _pca(txt, min(max_pca, n // 4), seed)
     n_components = min(n_bits, pca_img.n_components_, pca_txt.n_components_)
     cca = CCA(n_components, max_iter=1000).fit(pca_img.transform(img), pca_txt.transform(txt))
@@ -61,7 +96,8 @@ def fit_cca_itq(train: Split, n_bits: int, max_pca: int = 128, iterations: int =
     img_map = _linear_map(lambda x: cca.transform(pca_img.transform(x)), pca_img.mean_) @ rotation
     txt_map = _linear_map(lambda y: cca.transform(np.zeros((len(y), pca_img.n_components_)),
                                                   pca_txt.transform(y))[1], pca_txt.mean_) @ rotation
-    model = FeatureHasher(img.shape[1], txt.shape[1], hash_config("cca-itq", n_bits=n_bits))
+    model = FeatureHasher(img.shape[1], txt.shape[1], CcaItq().config(
+        n_bits=n_bits, seed=seed, method_params={"max_pca": max_pca, "iterations": iterations}))
     with torch.no_grad():
         model.img_mean.copy_(torch.from_numpy(pca_img.mean_))
         model.txt_mean.copy_(torch.from_numpy(pca_txt.mean_))

@@ -1,0 +1,17 @@
+"""The hashing methods, one file each, and their registry.
+
+``build_method(name)`` gives a method (:class:`Method`): its defaults, the model it produces and its
+fit. ``hash_config(name, **settings)`` makes a config of it, ``fit_hashing(data, cfg)`` trains one.
+Adding a method is one file with a registered :class:`Method` subclass, imported below, and its tests.
+"""
+from ucmfh.methods.base import Method, choose_relaxation
+from ucmfh.methods.registry import DEFAULT_METHOD, METHODS, build_method, fit_hashing, hash_config, register
+
+# each import registers its method; the order is the order of --help and of the tables
+from ucmfh.methods import ucmfh as _ucmfh  # noqa: E402,F401
+from ucmfh.methods import two_tower as _two_tower  # noqa: E402,F401
+from ucmfh.methods import distill as _distill  # noqa: E402,F401
+from ucmfh.methods import cca_itq as _cca_itq  # noqa: E402,F401
+
+__all__ = ["DEFAULT_METHOD", "METHODS", "Method", "build_method", "choose_relaxation", "fit_hashing", "hash_config",
+           "register"]

@@ -1,0 +1,150 @@
+"""What a hashing method is: its name, its defaults, the model it produces and how it is fitted.
+
+A method is a small class registered under its name (:func:`ucmfh.methods.register`); everything that
+``--method NAME`` means is read from it: the front doors' defaults, whether a fusion stage trains
+first, which protocols it is scored under, the model a checkpoint of it rebuilds, and ``fit``.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, ClassVar, Dict, Optional, Tuple
+
+from torch import nn
+
+from ucmfh.config import RELAXATION_CANDIDATES, FusionConfig, HashConfig, with_defaults
+from ucmfh.data.h5 import Dataset
+from ucmfh.models.fusion import FusionEncoder
+from ucmfh.train import History, StateFile, candidate_path
+
+
+class Method:
+    """A hashing method. Subclasses set the class attributes and implement :meth:`build_model` and
+    :meth:`fit`; :meth:`check` refuses a config the method cannot train.
+
+    ``defaults``: the method's departures from :class:`HashConfig`'s defaults (which are UCMFH's), the one
+    home of them. ``params``: the method's own hyper-parameters (``HashConfig.method_params``), each
+    with its default; a given value must have its default's type. ``fixed``: settings the method
+    always has whatever is asked (a closed-form method has one epoch), so no ignored setting tells two
+    identical runs apart.
+    """
+
+    name: ClassVar[str] = ""
+    description: ClassVar[str] = ""
+    defaults: ClassVar[Dict[str, Any]] = {}
+    params: ClassVar[Dict[str, Any]] = {}
+    fixed: ClassVar[Dict[str, Any]] = {}
+    # a fusion encoder is trained first (task 0) and passed to fit; `fusion_defaults` are the fusion
+    # stage's departures from FusionConfig's defaults when it serves this method
+    uses_fusion: ClassVar[bool] = False
+    fusion_defaults: ClassVar[Dict[str, Any]] = {}
+    # the hashing stage shares the fusion stage's training options (UCMFH: one set of options, two stages)
+    shares_fusion_options: ClassVar[bool] = False
+    # image codes from the image alone, text codes from the text alone: scored under 'unimodal' only
+    leak_free: ClassVar[bool] = True
+    # cfg.loss and cfg.loss_params choose the loss it trains with (else its loss is its own)
+    takes_loss: ClassVar[bool] = True
+    # cfg.relaxation chooses how the codes are relaxed, 'auto' included (else the method relaxes its own way)
+    takes_relaxation: ClassVar[bool] = False
+    # fitted in closed form: no epochs, nothing to select on a validation split
+    closed_form: ClassVar[bool] = False
+
+    def config(self, **settings: Any) -> HashConfig:
+        """A hashing config of this method: its ``defaults``, then ``settings``, then ``fixed``;
+        ``method_params`` are the method's ``params`` updated by those given. Checked (:meth:`check`).
+
+        Turning validation off (``val_fraction=0``) also turns off a default patience.
+        """
+        settings = dict(settings)
+        given = settings.pop("method_params", None) or {}
+        values = {**with_defaults(self.defaults, settings), **self.fixed}
+        cfg = HashConfig(**values, method=self.name, method_params=self.method_params(given))
+        self.check(cfg)
+        return cfg
+
+    def method_params(self, given: Dict[str, Any]) -> Dict[str, Any]:
+        """``params`` updated by ``given``; an unknown name or a value of another type than the default's
+        is refused (``ValueError`` naming it)."""
+        unknown = sorted(set(given) - set(self.params))
+        if unknown:
+            known = ", ".join(self.params) or "none"
+            raise ValueError(f"method {self.name!r} has no parameter {', '.join(map(repr, unknown))} "
+                             f"(its parameters: {known})")
+        out = dict(self.params)
+        for key, value in given.items():
+            out[key] = _typed(self.name, key, value, self.params[key])
+        return out
+
+    def check(self, cfg: HashConfig) -> None:
+        """Refuse a config this method cannot train (``ValueError`` naming the setting)."""
+        if cfg.method != self.name:
+            raise ValueError(f"a config of method {cfg.method!r} given to method {self.name!r}")
+        self.method_params(cfg.method_params)
+
+    def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
+                    fusion_cfg: Optional[FusionConfig] = None) -> nn.Module:
+        """The (untrained) model this method produces for features of these widths: what a checkpoint
+        of it is loaded into. It has ``modality_logits``, ``head_outputs`` and ``codes``."""
+        raise NotImplementedError
+
+    def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None,
+            progress: bool = True, state: Optional[StateFile] = None) -> Tuple[nn.Module, History]:
+        """Train on ``data.train`` (and a validation part of it, ``cfg.val_fraction``); returns the model on
+        the CPU in eval mode and its :class:`History`. ``fusion``: the fusion encoder when ``uses_fusion``.
+        ``state``: the resumable training state (:func:`ucmfh.train.run_epochs`)."""
+        raise NotImplementedError
+
+    def train(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None,
+              progress: bool = True, state: Optional[StateFile] = None) -> Tuple[nn.Module, History]:
+        """:meth:`fit`, after checking ``cfg`` and the data; with ``relaxation = 'auto'`` (a method that
+        ``takes_relaxation``) one fit per candidate relaxation, the better on validation kept
+        (:func:`choose_relaxation`)."""
+        self.check(cfg)
+        if cfg.supervised and data.caption_set:
+            raise ValueError(f"{data.path or 'the dataset'}: supervised training needs labels; this caption set "
+                             "has none (its ids already make the captions of one image positives of each other)")
+        if self.uses_fusion and fusion is None:
+            raise ValueError(f"method {self.name!r} learns from a fusion encoder: train one first (fit_fusion)")
+        if self.closed_form and data.train.streamed:
+            raise ValueError(f"{data.path}: method {self.name!r} fits on the whole training split in memory, and "
+                             "this one is streamed (larger than the memory threshold); choose another method")
+        if self.takes_relaxation and cfg.relaxation == "auto":
+            return choose_relaxation(self.fit, data, cfg, fusion, progress, state)
+        return self.fit(data, cfg, fusion, progress, state)
+
+
+def choose_relaxation(fit: Callable, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder],
+                      progress: bool, state: Optional[StateFile]) -> Tuple[nn.Module, History]:
+    """``relaxation = 'auto'``: one run of ``fit`` per relaxation of RELAXATION_CANDIDATES, each on
+    the same validation split and seed (the same run as asking for it by name); the model whose best
+    epoch scores higher on validation is kept, the first candidate on a tie; without a validation split
+    (``val_fraction = 0``) the first candidate is trained alone. Each candidate keeps its own training
+    state (:func:`ucmfh.train.candidate_path`), so an interrupted choice resumes where it stopped."""
+    runs: Dict[str, Tuple[nn.Module, History]] = {}
+    for candidate in RELAXATION_CANDIDATES if cfg.val_fraction > 0 else RELAXATION_CANDIDATES[:1]:
+        sub = None if state is None else dataclasses.replace(state, path=candidate_path(state.path, candidate))
+        runs[candidate] = fit(data, dataclasses.replace(cfg, relaxation=candidate), fusion, progress, sub)
+    chosen = max(runs, key=lambda name: runs[name][1].best_score)  # the first of equals
+    model, history = runs[chosen]
+    history.relaxation = chosen
+    history.candidates = {name: h.best_score for name, (_, h) in runs.items()} if cfg.val_fraction > 0 else {}
+    return model, history
+
+
+def _typed(method: str, key: str, value: Any, default: Any) -> Any:
+    """``value`` as the type of ``default`` (an int is accepted where a float is expected)."""
+    if isinstance(default, bool):
+        ok = isinstance(value, bool)
+    elif isinstance(default, float):
+        ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+        value = float(value) if ok else value
+    elif isinstance(default, int):
+        ok = isinstance(value, int) and not isinstance(value, bool)
+    elif isinstance(default, str):
+        ok = isinstance(value, str)
+    else:
+        ok = True
+    if not ok:
+        raise ValueError(f"method {method!r}: parameter {key!r} must be a {type(default).__name__} "
+                         f"like its default {default!r}, got {value!r}")
+    return value
+

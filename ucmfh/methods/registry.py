@@ -1,0 +1,47 @@
+"""The registry of hashing methods: a name to its :class:`~ucmfh.methods.base.Method`."""
+from __future__ import annotations
+
+from typing import Any, Dict, Optional, Tuple, Type, TypeVar
+
+from torch import nn
+
+from ucmfh.config import HashConfig
+from ucmfh.data.h5 import Dataset
+from ucmfh.methods.base import Method
+from ucmfh.models.fusion import FusionEncoder
+from ucmfh.train import History, StateFile
+
+METHODS: Dict[str, Method] = {}
+# The method of the front doors (`ucmfh train-hash`, the grid): the best leak-free one measured on the
+# validation split (docs/quality.md). demo.py keeps 'ucmfh', the way to reproduce the paper.
+DEFAULT_METHOD = "two-tower"
+
+M = TypeVar("M", bound=Type[Method])
+
+
+def register(cls: M) -> M:
+    """Class decorator: register one instance of a :class:`Method` under its ``name``."""
+    if not cls.name or cls.name in METHODS:
+        raise ValueError(f"a method needs a name of its own, got {cls.name!r}")
+    METHODS[cls.name] = cls()
+    return cls
+
+
+def build_method(name: str) -> Method:
+    """The method registered under ``name`` (``ValueError`` naming the known ones otherwise)."""
+    try:
+        return METHODS[name]
+    except (KeyError, TypeError):
+        raise ValueError(f"unknown method {name!r}; methods: {', '.join(METHODS)}") from None
+
+
+def hash_config(method: str = "ucmfh", **settings: Any) -> HashConfig:
+    """A hashing config of ``method``: its defaults, then ``settings`` (:meth:`Method.config`)."""
+    return build_method(method).config(**settings)
+
+
+def fit_hashing(data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
+                state: Optional[StateFile] = None) -> Tuple[nn.Module, History]:
+    """Train the hashing stage by ``cfg.method`` (:meth:`Method.train`); returns the model (on CPU) and
+    its :class:`~ucmfh.train.History`. Methods that ``uses_fusion`` need the ``fusion`` encoder."""
+    return build_method(cfg.method).train(data, cfg, fusion, progress, state)

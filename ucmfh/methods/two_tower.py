@@ -1,0 +1,93 @@
+"""Method 'two-tower': one hash head per modality on its own features, trained with a cross-modal loss."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import torch
+
+from ucmfh.config import FusionConfig, HashConfig
+from ucmfh.data.h5 import Dataset
+from ucmfh.distributed import current_group
+from ucmfh.losses import build_loss, soft_infonce
+from ucmfh.losses.distill import distill_targets, fused_embedding
+from ucmfh.methods.base import Method
+from ucmfh.methods.registry import register
+from ucmfh.models.fusion import FusionEncoder
+from ucmfh.models.hashing import FeatureHasher
+from ucmfh.scoring import embed_split
+from ucmfh.train import (
+    History, StateFile, adam, autocast, batch_inputs, beta_at, optimize, relaxed_codes, run_epochs, validation_split,
+    validation_view, validator,
+)
+from ucmfh.utils import resolve_device, seed_everything
+
+
+@register
+class TwoTower(Method):
+    """One hash head per modality on its own (centred, L2-normalised) features, trained with ``cfg.loss``
+    on the codes of each pair (:func:`ucmfh.train.relaxed_codes`); ids (the captions of one image) are
+    positives of each other in every loss. Its defaults were chosen on the validation split of the
+    training data (docs/quality.md), never on a query split; its relaxation is chosen per run on that
+    split ('auto')."""
+
+    name = "two-tower"
+    description = "one hash head per modality on its own features, trained with the loss on their relaxed codes"
+    defaults = {"hidden": 1024, "loss": "infonce", "loss_params": {"temperature": 0.3}, "relaxation": "auto",
+                "val_fraction": 0.1, "patience": 10}
+    takes_relaxation = True
+
+    def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
+                    fusion_cfg: Optional[FusionConfig] = None) -> FeatureHasher:
+        return FeatureHasher(d_img, d_txt, cfg)
+
+    def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
+            state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
+        return fit_feature_hasher(data, cfg, None, progress, state)
+
+
+def fit_feature_hasher(
+    data: Dataset, cfg: HashConfig, teacher: Optional[FusionEncoder], progress: bool, state: Optional[StateFile],
+) -> Tuple[FeatureHasher, History]:
+    """Train a :class:`FeatureHasher` on ``cfg.loss``; with a ``teacher`` fusion encoder, on
+    :func:`soft_infonce` against :func:`distill_targets` of its fused embeddings (method 'distill')."""
+    device = resolve_device(cfg.device)
+    generator = seed_everything(cfg.seed)
+    rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
+    model = FeatureHasher(data.d_img, data.d_txt, cfg)
+    model.fit_feature_stats(rest.img, rest.txt)
+    model.to(device).train()
+    loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
+    optimizer = adam([*model.parameters(), *loss_fn.parameters()], lr=cfg.lr_head, betas=tuple(cfg.betas))
+    train = rest.to(device)
+    fused = None  # the teacher's fused embedding of each training item, computed once (in memory)
+    if teacher is not None and not train.streamed:
+        fused = fused_embedding(*embed_split(teacher, rest, "fused", device))
+    elif teacher is not None:  # streamed: each batch's, when it comes
+        teacher.to(device).eval()
+    group = current_group()
+
+    def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
+        beta = beta_at(cfg, iteration, epoch)
+        img, txt, _, ids, labels = batch_inputs(train, index, None, cfg.supervised, group)
+        with autocast(device, cfg.amp):
+            h_img, h_txt = model.logits(img, txt)
+        h_img, h_txt = group.gather((h_img.float(), h_txt.float()), len(index))
+        codes_img, codes_txt = relaxed_codes(h_img, cfg, beta), relaxed_codes(h_txt, cfg, beta)
+        if teacher is None:
+            loss = loss_fn(codes_img, codes_txt, ids=ids, labels=labels)
+        else:
+            if fused is not None:
+                t = fused[index]
+            else:
+                with torch.no_grad():
+                    t = group.gather((fused_embedding(*teacher.embed(img, txt, "fused")),), len(index))[0]
+            targets = distill_targets(t, ids, cfg.teacher_weight, cfg.teacher_temperature)
+            loss = soft_infonce(codes_img, codes_txt, targets, float(loss_fn.temperature))
+        return optimize(loss, optimizer, group)
+
+    history = run_epochs(
+        f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model, "loss": loss_fn}, optimizer, generator, len(train),
+        device, step, state, progress, postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
+        validate=validator(*validation_view(cfg), model, val, rest, device), shuffle=train.shuffle,
+    )
+    return model.cpu().eval(), history
