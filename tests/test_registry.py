@@ -1,0 +1,128 @@
+"""What every registered hashing method must do: leak-free codes when it says so, exact resume,
+a checkpoint that gives back its codes, a config that refuses what it does not know."""
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+import ucmfh.train as train_module
+from ucmfh.checkpoint import load_model, save_checkpoint
+from ucmfh.config import HashConfig
+from ucmfh.methods import METHODS, build_method, fit_hashing, hash_config
+from ucmfh.scoring import encode_split
+from ucmfh.train import StateFile, TrainingInterrupted, fit_fusion
+
+from conftest import small_fusion
+
+TRAINED = [name for name, spec in METHODS.items() if not spec.closed_form]
+
+
+def config(name: str, **kw) -> HashConfig:
+    """A small config of method ``name`` for tiny data; its own parameters stay its defaults."""
+    return hash_config(name, **{"n_bits": 16, "hidden": 32, "epochs": 3, "batch_size": 64, "device": "cpu",
+                                "val_fraction": 0.2, "patience": 0, **kw})
+
+
+@pytest.fixture(scope="module")
+def fusion(tiny):
+    return fit_fusion(tiny, small_fusion(epochs=1), progress=False)[0]
+
+
+def fit(tiny, fusion, cfg: HashConfig, state=None):
+    teacher = fusion if build_method(cfg.method).uses_fusion else None
+    return fit_hashing(tiny, cfg, teacher, progress=False, state=state)
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_a_leak_free_method_codes_each_modality_from_itself(tiny, fusion, name):
+    """Another text beside each image changes no image code, and another image no text code, through
+    the encoder a search uses (unimodal); a method that is not leak-free says so ('ucmfh')."""
+    model, _ = fit(tiny, fusion, config(name))
+    split = tiny.query
+    shuffled = type(split)(img=split.img.flip(0), txt=split.txt.flip(0), labels=split.labels)
+    img, txt = encode_split(model, split, "unimodal", "cpu")
+    img_other_txt, _ = encode_split(model, type(split)(img=split.img, txt=shuffled.txt, labels=split.labels),
+                                    "unimodal", "cpu")
+    _, txt_other_img = encode_split(model, type(split)(img=shuffled.img, txt=split.txt, labels=split.labels),
+                                    "unimodal", "cpu")
+    assert torch.equal(img, img_other_txt) and torch.equal(txt, txt_other_img)  # unimodal: every method
+    fused_img, _ = encode_split(model, type(split)(img=split.img, txt=shuffled.txt, labels=split.labels),
+                                "fused", "cpu")
+    assert torch.equal(fused_img, img) == METHODS[name].leak_free  # only a method with a fused view differs
+    assert len(img.unique(dim=0)) > 1 and len(txt.unique(dim=0)) > 1  # not one code for everything
+
+
+class _StopAfter:
+    """A progress bar that sends this process SIGINT after ``epochs`` epochs (a Ctrl-C at a known moment)
+    and records the epoch each run starts at."""
+
+    def __init__(self, epochs: int):
+        self.epochs = epochs
+        self.starts = []
+
+    def __call__(self, *args, **kwargs):
+        outer = self
+        self.starts.append(kwargs.get("initial", 0))
+
+        class Bar:
+            def __init__(self):
+                self.n = kwargs.get("initial", 0)
+
+            def update(self, k):
+                self.n += k
+                if self.n == outer.epochs:
+                    os.kill(os.getpid(), signal.SIGINT)
+
+            def set_postfix(self, **_):
+                pass
+
+            def close(self):
+                pass
+
+        return Bar()
+
+
+@pytest.mark.parametrize("name", TRAINED)
+def test_an_interrupted_run_resumes_to_the_same_model(tiny, fusion, name, tmp_path, monkeypatch):
+    """Interrupted after its second epoch and resumed from its state, a run ends with the weights, codes and
+    validation record of a run never stopped."""
+    cfg = config(name, epochs=4)
+    reference, ref_history = fit(tiny, fusion, cfg)
+    state = StateFile(str(tmp_path / "hash.state.pt"), interval_s=1e9)
+    bars = _StopAfter(2)
+    monkeypatch.setattr(train_module, "tqdm", bars)
+    with pytest.raises(TrainingInterrupted):
+        fit(tiny, fusion, cfg, state)
+    bars.epochs, first = None, len(bars.starts)  # no more interruptions
+    resumed, history = fit(tiny, fusion, cfg, StateFile(state.path, resume=True))
+    assert bars.starts[first] == 2  # went on from the saved state, in the third epoch
+    a, b = reference.state_dict(), resumed.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert history.validation == ref_history.validation and list(history) == list(ref_history)
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_a_checkpoint_gives_back_the_same_codes(tiny, fusion, name, tmp_path):
+    cfg = config(name, epochs=1)
+    model, _ = fit(tiny, fusion, cfg)
+    path = save_checkpoint(tmp_path / "hash.pt", model, small_fusion(epochs=1), cfg)
+    loaded, _, loaded_cfg, _ = load_model(path, "hash", d_img=tiny.d_img, d_txt=tiny.d_txt, n_bits=16)
+    assert loaded_cfg == cfg and type(loaded) is type(model)
+    assert all(torch.equal(a, b) for a, b in zip(encode_split(model, tiny.query, "unimodal", "cpu"),
+                                                 encode_split(loaded, tiny.query, "unimodal", "cpu")))
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_a_method_config_refuses_an_unknown_or_ill_typed_parameter(name):
+    spec = METHODS[name]
+    assert spec.name == name and spec.description
+    with pytest.raises(ValueError, match=f"method '{name}' has no parameter 'nosuch'"):
+        hash_config(name, method_params={"nosuch": 1})
+    for key, default in spec.params.items():
+        assert hash_config(name).method_params[key] == default
+        wrong = "text" if not isinstance(default, str) else 1
+        with pytest.raises(ValueError, match=f"parameter '{key}' must be a"):
+            hash_config(name, method_params={key: wrong})
