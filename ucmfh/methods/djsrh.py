@@ -1,6 +1,6 @@
 """Method 'djsrh': Deep Joint-Semantics Reconstructing Hashing (Su, Zhong & Zhang, ICCV 2019).
 
-Transcribed from the released code, zs-zhong/DJSRH (commit f6deff2): ``train.py`` (``Session.train``),
+Transcribed from the released code, zs-zhong/DJSRH (commit 6041c2d): ``train.py`` (``Session.train``),
 ``models.py`` (``ImgNet``, ``TxtNet``) and ``settings.py`` (the MIRFlickr settings).
 
 What the released code does, per batch of ``m`` pairs (``Session.train``):
