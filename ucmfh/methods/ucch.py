@@ -14,6 +14,9 @@ items, indices ``y`` into the training split):
   item itself may be drawn). During the warm-up epochs (``epoch < warmup_epoch``, momentum 0) the
   keys are instead ``sign((h_img + h_txt) / 2)`` of the batch itself: positive its own, negatives
   the B - 1 others. Keys carry no gradient.
+- Binarisation: the only sign while training is the keys' (no gradient through it); the networks'
+  outputs stay continuous in both losses (no sign, no straight-through estimator, no tanh
+  schedule). Codes are ``sign`` of the outputs at encoding time alone.
 - Contrastive hashing loss L_c (``NCEAverage.forward`` + ``NCE/NCECriterion.py: NCESoftmaxLoss``):
   scores ``<key, h> / (T sqrt(n_bits))`` (keys are ±1, so this is the paper's ``<h, k> / t`` with
   ``k`` L2-normalised and ``t = T``), ``L_c = mean_i -log softmax_0(scores of h_img_i)
@@ -40,8 +43,8 @@ Departures, each deliberate:
 - Inputs are our precomputed features, centred by their training mean and L2-normalised (as every
   method here); the released code feeds its raw VGG/BoW features.
 - Model selection: the epoch kept is the best on our validation split (``val_fraction`` of the
-  training units, held out from training; mean unimodal MAP@50 of both directions), over all 20
-  epochs (patience 0). The released code (``UCCH.py: test(is_eval=True)``) keeps the epoch with the
+  training units, held out from training, so the networks and the bank see the other 90%; mean
+  unimodal MAP@50 of both directions), over all 20 epochs (patience 0). The released code (``UCCH.py: test(is_eval=True)``) keeps the epoch with the
   best MAP@all on the first 2000 items of its retrieval set, which is its training set, as both
   queries and database; it then reports the query set.
 - The last partial batch of an epoch is trained on (``batches``); the released loader drops it.
@@ -72,9 +75,9 @@ from ucmfh.distributed import current_group
 from ucmfh.methods.base import Method
 from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
+from ucmfh.scoring import encode_split
 from ucmfh.similarity import normalize, sign_codes
 from ucmfh.train import History, StateFile, adam, autocast, batch_inputs, run_epochs, validation_split, validator
-from ucmfh.scoring import encode_split
 from ucmfh.utils import resolve_device, seed_everything
 
 # UCCH.py: MultiStepLR(optimizer, [30, 60, 90, 120], gamma=0.1), stepped with the epoch
