@@ -181,7 +181,7 @@ def test_learning_rate_follows_the_released_multistep_schedule():
 
 
 def test_networks_have_the_released_widths_and_layers():
-    cfg = hash_config("ucch", n_bits=32)
+    cfg = hash_config("ucch", n_bits=32, hidden=8192)  # the released width (the default is narrower)
     with torch.device("meta"):  # the shapes alone: 8192 x 8192 weights are not drawn
         model = METHODS["ucch"].build_model(4096, 1386, cfg)
     assert isinstance(model, UcchHasher)
@@ -193,10 +193,10 @@ def test_networks_have_the_released_widths_and_layers():
     assert widths(linear.img_head) == [(12, 64)] and widths(linear.txt_head) == [(10, 64)]
 
 
-def test_defaults_are_the_published_mirflickr_settings():
+def test_defaults_are_the_published_mirflickr_settings_but_the_width():
     cfg = hash_config("ucch")
     assert (cfg.hidden, cfg.epochs, cfg.batch_size, cfg.lr_head, tuple(cfg.betas), cfg.dropout) == \
-        (8192, 20, 256, 1e-4, (0.9, 0.999), 0.0)
+        (1024, 20, 256, 1e-4, (0.9, 0.999), 0.0)  # hidden: 8192 released, a named departure
     assert cfg.method_params == {"alpha": 0.7, "n_negatives": 4096, "temperature": 0.9, "momentum": 0.4,
                                  "margin": 0.2, "shift": 0.1, "warmup_epochs": 1, "img_layers": 3,
                                  "txt_layers": 2, "weight_decay": 1e-6, "clip_norm": 1.0}
