@@ -277,3 +277,69 @@ def test_the_app_passes_ucmfh_native_down_to_the_library(monkeypatch, value, exp
         assert set_backend("auto") == expected
     finally:
         set_backend(previous)
+
+
+def _row(**kw) -> dict:
+    base = {"dataset": "d", "dataset_fingerprint": "f", "task": "hashing", "method": "two-tower", "loss": "infonce",
+            "n_bits": 16, "protocol": "unimodal", "k": 50, "seed": 1, "run": "r1", "checkpoint": "runs/a/hash16.pt",
+            "settings": {"fusion": None, "hash": {"seed": 1, "n_bits": 16, "hidden": 8}},
+            "map_i2t": 0.5, "map_t2i": 0.6}
+    return {**base, **kw}
+
+
+def test_runs_summarises_every_row_shape_readably(tmp_path):
+    """Issue 26.1: rows of every command (training, fusion, codes files, SEPS, re-ranking without a seed) in one
+    results file summarise; the table keeps its columns apart and says '-' for what a row lacks."""
+    caption = {"database": "test", "recall_i2t": {"1": 10.0, "5": 20.0, "10": 30.0},
+               "recall_t2i": {"1": 5.0, "5": 15.0, "10": 25.0}, "rsum": 105.0}
+    rerank = {"task": "rerank", "method": "two-tower", "n_bits": 16, "protocol": "unimodal", "dataset": "d",
+              "hash_checkpoint": "runs/a/hash16.pt", "hash_settings": {"seed": 1, "n_bits": 16}, **caption}
+    rows = [
+        _row(), _row(seed=2, run="r2", checkpoint="runs/b/hash16.pt", map_i2t=0.7,
+                     settings={"fusion": None, "hash": {"seed": 2, "n_bits": 16, "hidden": 8}}),
+        _row(task="fusion", method="ucmfh", loss="original", n_bits=None, run="f1", checkpoint="runs/f/fusion.pt",
+             settings={"fusion": {"seed": 1}, "hash": None}),
+        _row(method="cca-itq", loss=None, run="c1", checkpoint="runs/c/hash16.pt", **caption),
+        {"task": "codes", "codes": "codes.h5", "dataset": "d", "protocol": "unimodal", "loss": "-", "n_bits": 16,
+         "k": 50, "map_i2t": 0.4, "map_t2i": 0.3},
+        {"task": "seps", "stage": "seps-full", "candidates": None, "dataset": "d", "protocol": "unimodal", "seed": 7,
+         "run": "s1", "seps_settings": {"seed": 7}, **caption},
+        {**rerank, "stage": "hamming", "candidates": 100},
+        {**rerank, "stage": "cosine-rerank", "candidates": 100, "rsum": 120.0},
+        {**rerank, "stage": "seps-rerank", "candidates": 100, "seed": 7, "seps_settings": {"seed": 7}, "rsum": 130.0},
+    ]
+    path = tmp_path / "r.jsonl"
+    append_jsonl(path, rows)
+    result = CliRunner().invoke(main, ["runs", "--results", str(path)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    header = lines[0].split()
+    assert header[:5] == ["dataset", "task", "method", "loss", "bits"] and "stage" in header
+    table = [line.split() for line in lines[1:len(rows)]]  # one line per group: the two seeds are one
+    assert lines[len(rows)].startswith("mean ± sample standard deviation")
+    assert len({tuple(line[1:3]) for line in table}) == 6 and "None" not in result.output
+    [two_tower] = [line for line in table if line[2] == "two-tower" and line[1] == "hashing"]
+    assert two_tower[3] == "infonce" and "0.6000 ± 0.1414" in " ".join(two_tower)
+    [cca] = [line for line in table if line[2] == "cca-itq"]
+    assert cca[3] == "-" and "±" not in " ".join(cca)  # no loss of its own; one seed: its mean alone
+    stages = [" ".join(line) for line in table if line[1] == "rerank"]
+    assert [s for s in stages if "hamming m=100" in s] and [s for s in stages if "seps-rerank m=100" in s]
+    assert "hash." not in result.output.split("settings (each against the first key):")[-1]  # stages, not fields
+    groups = summarize(read_jsonl(path))
+    assert {g["stage"] for g in groups} == {None, "seps-full", "hamming m=100", "cosine-rerank m=100",
+                                             "seps-rerank m=100"}
+
+
+def test_runs_names_one_checkpoint_or_says_why_not(tmp_path):
+    """Issue 26: a stable way to name a run's checkpoint, whatever else was trained since (no glob)."""
+    path = tmp_path / "r.jsonl"
+    append_jsonl(path, [_row(), _row(seed=2, run="r2", checkpoint="runs/b/hash16.pt")])
+    runner = CliRunner()
+    one = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--seed", "2"])
+    assert one.exit_code == 0 and one.output == "runs/b/hash16.pt\n"
+    two = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "-d", "d"])
+    assert two.exit_code == 2 and two.output.strip().splitlines() == [
+        f"Error: {path}: 2 checkpoints match (runs/a/hash16.pt, runs/b/hash16.pt); "
+        "name one run with -d, --method, --loss, -b and --seed"]
+    none = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--seed", "3"])
+    assert none.exit_code == 2 and f"{path}: no run with a checkpoint matches" in none.output

@@ -8,7 +8,7 @@ from typing import Optional
 
 import click
 
-from ucmfh.app.errors import user_errors
+from ucmfh.app.errors import UserError, user_errors
 from ucmfh.app.experiment import (
     Run, check_interrupted, configure_from_env, dataset_identity, default_data_dir, join_process_group,
     protocols_of, report, resolve_dataset,
@@ -103,6 +103,8 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
     check_interrupted([Run(opts.out, dataset_identity(data), cfg)], opts)
     rows = train_fusion_stage(data, cfg, opts, protocols_of(protocol), k, log=click.echo)
     report(rows, results, click.echo)
+    if rows:
+        click.echo(f"checkpoint: {rows[0]['checkpoint']}")
 
 
 @main.command("train-hash")
@@ -141,6 +143,8 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
     for hcfg in hcfgs:
         rows = train_hash_stage(data, fcfg, hcfg, opts, protocols_of(protocol), k, log=click.echo)
         report(rows, results, click.echo)
+        if rows:
+            click.echo(f"checkpoint: {rows[0]['checkpoint']}")
 
 
 @main.command("evaluate")
@@ -211,15 +215,25 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
 @click.option("--method", multiple=True, help="Only these methods (repeatable).")
 @click.option("--loss", multiple=True, help="Only these losses (repeatable).")
 @click.option("--n-bits", "-b", multiple=True, type=int, help="Only these code lengths (repeatable).")
+@click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable).")
 @click.option("--protocol", type=click.Choice(PROTOCOLS), help="Only this protocol.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON lines.")
+@click.option("--checkpoint", "checkpoint", is_flag=True,
+              help="Print only the checkpoint of the one run that matches (for 'index -c', 'evaluate -c', ...); "
+                   "an error when several match.")
 @user_errors
-def runs_cmd(results, dataset, method, loss, n_bits, protocol, as_json) -> None:
+def runs_cmd(results, dataset, method, loss, n_bits, seed, protocol, as_json, checkpoint) -> None:
     """Summarise past runs from a results file: mean ± std over seeds, one line per setting."""
-    from ucmfh.app.runs import filter_rows, format_summary, read_results, summarize
+    from ucmfh.app.runs import filter_rows, format_summary, read_results, summarize, the_checkpoint
 
     rows = filter_rows(read_results(results), dataset=dataset, method=method, loss=loss, n_bits=n_bits,
-                       protocol=protocol)
+                       protocol=protocol, seed=seed)
+    if checkpoint:
+        try:
+            click.echo(the_checkpoint(rows, results))
+        except ValueError as err:  # the filters are the remedy
+            raise UserError(f"{err}; name one run with -d, --method, --loss, -b and --seed") from None
+        return
     groups = summarize(rows)
     if as_json:
         for g in groups:
