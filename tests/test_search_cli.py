@@ -85,3 +85,31 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
     other = save_checkpoint(tmp_path / "other.pt", FeatureHasher(tiny.d_img, tiny.d_txt, cfg).eval(), None, cfg)
     result = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-c", other])
     assert result.exit_code == 2 and "made by checkpoint" in result.output
+
+
+def test_training_again_keeps_the_checkpoint_an_index_was_built_from(tiny_path, tmp_path):
+    """Issue 26.2: the same train-hash command again reuses its finished checkpoint (never retrains or replaces
+    it), so the index built from it still searches; a checkpoint that did change is named as changed."""
+    runner = CliRunner()
+    train = ["train-hash", "-d", tiny_path, "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl"),
+             "-b", "16", "--method", "cca-itq", "--device", "cpu", "--quiet"]
+    first = runner.invoke(main, train)
+    assert first.exit_code == 0, first.output
+    [checkpoint] = [line.split(": ", 1)[1] for line in first.output.splitlines() if line.startswith("checkpoint: ")]
+    before = open(checkpoint, "rb").read()
+    out = tmp_path / "ix"
+    assert runner.invoke(main, ["index", tiny_path, "-c", checkpoint, "-o", str(out), "--quiet"]).exit_code == 0
+    again = runner.invoke(main, train)  # no --resume
+    assert again.exit_code == 0, again.output
+    assert f"already trained, reused {checkpoint}" in again.output and open(checkpoint, "rb").read() == before
+    search = ["search", str(out), "-q", tiny_path, "-k", "3"]
+    assert runner.invoke(main, search).exit_code == 0
+    # a checkpoint replaced under the same name: the refusal says what happened
+    other = runner.invoke(main, [*train, "--seed", "5"])
+    [replacement] = [line.split(": ", 1)[1] for line in other.output.splitlines() if line.startswith("checkpoint: ")]
+    with open(checkpoint, "wb") as f:
+        f.write(open(replacement, "rb").read())
+    refused = runner.invoke(main, search)
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1
+    assert f"made by checkpoint {checkpoint} (sha256 " in refused.output
+    assert "which has changed since" in refused.output and "build a new index" in refused.output

@@ -403,16 +403,17 @@ def train_hash_stage(
     """Task 1: train the hashing stage by ``hash_cfg.method``, save, score. Method 'ucmfh' trains
     hash heads on the run's fusion encoder (trained first if needed); the others ignore ``fusion_cfg``.
 
-    With ``opts.resume`` a finished checkpoint of the same identity is scored again, not retrained.
+    A finished checkpoint of the same identity is scored again, never retrained or replaced (an index
+    built from it stays valid), as a finished fusion stage is reused.
     """
     run = Run(opts.out, dataset_identity(data), fusion_cfg, hash_cfg)
     path, identity = run.hash_path, run.hash_identity
     group = current_group()
-    if opts.resume and os.path.exists(path):
+    if os.path.exists(path):
         model, _, _, meta = _load_stage(path, "hash", identity, data)
         if group.is_main:
             drop_leftover_state(path)
-        log(f"hashing {hash_cfg.n_bits} bits: already trained, {path} (run {key_of(identity)})")
+        log(f"hashing {hash_cfg.n_bits} bits: already trained, reused {path} (run {key_of(identity)})")
         seconds, history = meta.get("seconds", 0.0), meta["history"]
     else:
         fusion = None if run.fusion_cfg is None else load_or_train_fusion(data, run, opts, log)[0]

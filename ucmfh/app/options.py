@@ -128,7 +128,7 @@ def train_options(fn: Callable) -> Callable:
                      help="Any other setting, e.g. fusion.d_model=256 or hash.hidden=1024 (repeatable)."),
         click.option("--out", default="runs", show_default=True, help="Root folder of runs (checkpoints)."),
         click.option("--resume", is_flag=True,
-                     help="Continue an interrupted run of the same settings; reuse its finished stages."),
+                     help="Continue an interrupted run of the same settings (finished stages are always reused)."),
         click.option("--save-interval", default=RunOptions.save_interval, show_default=True,
                      type=click.FloatRange(min=0), help="Seconds between saves of the training state (0: every epoch)."),
         click.option("--max-memory", default=DEFAULT_MAX_MEMORY, type=ByteSize(),

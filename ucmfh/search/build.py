@@ -82,10 +82,15 @@ class Encoder:
 def check_same_checkpoint(index: Index, encoder: Encoder) -> None:
     """Refuse an encoder other than the one that made the index."""
     made = (index.meta.get("checkpoint") or {})
-    if made.get("sha256") != encoder.identity["sha256"]:
-        raise DataError(f"{index.path or 'index'}: made by checkpoint {made.get('path')} "
-                        f"(sha256 {str(made.get('sha256'))[:12]}), not {encoder.identity['path']} "
-                        f"(sha256 {encoder.identity['sha256'][:12]}); codes of different models are not comparable")
+    if made.get("sha256") == encoder.identity["sha256"]:
+        return
+    before, now = str(made.get("sha256"))[:12], encoder.identity["sha256"][:12]
+    if made.get("path") == encoder.identity["path"]:
+        raise DataError(f"{index.path or 'index'}: made by checkpoint {made.get('path')} (sha256 {before}), which "
+                        f"has changed since (sha256 {now}: trained again or replaced); codes of another model are "
+                        "not comparable: build a new index with it, or use the checkpoint the index was built with")
+    raise DataError(f"{index.path or 'index'}: made by checkpoint {made.get('path')} (sha256 {before}), not "
+                    f"{encoder.identity['path']} (sha256 {now}); codes of different models are not comparable")
 
 
 def check_same_feature(index: Index, modality: str, feature: Optional[str], where: str) -> None:
