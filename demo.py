@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from ucmfh.app.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, USER_ERRORS, describe
+from ucmfh.app.errors import EXIT_USER_ERROR, USER_ERRORS, describe, interrupted
 from ucmfh.app.experiment import (
     Run, RunOptions, check_interrupted, configure_from_env, dataset_identity, default_data_dir, default_epochs, evaluate_checkpoint,
     protocols_of, report, resolve_dataset, train_fusion_stage, train_hash_stage,
@@ -77,10 +77,7 @@ def main(argv=None) -> int:
         print(f"error: {describe(err)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt as err:
-        if getattr(err, "state_path", None) is None:
-            raise
-        print(f"{err}; run the same command with --resume to continue", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        interrupted(err)
     return 0
 
 

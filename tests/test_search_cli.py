@@ -2,6 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +19,8 @@ from ucmfh.checkpoint import save_checkpoint
 from ucmfh.config import HashConfig
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.search import Index
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
@@ -113,3 +121,40 @@ def test_training_again_keeps_the_checkpoint_an_index_was_built_from(tiny_path, 
     assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1
     assert f"made by checkpoint {checkpoint} (sha256 " in refused.output
     assert "which has changed since" in refused.output and "build a new index" in refused.output
+
+
+def test_an_interrupted_index_is_refused_until_the_same_command_finishes_it(tiny_path, tiny, trained, tmp_path):
+    """Issue 26.3: Ctrl-C (a real SIGINT) during 'ucmfh index' says how far it got and how to go on (exit 130);
+    search refuses the unfinished folder in one line; the same command finishes it, and search then works."""
+    out = tmp_path / "ix"
+    argv = [sys.executable, "-m", "ucmfh", "index", tiny_path, "-c", trained, "-o", str(out), "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([*argv, "--chunk-size", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, env=env)
+
+    def committed() -> int:
+        try:
+            return json.loads((out / "index.json").read_text())["sources"][0]["done"]
+        except (OSError, ValueError, LookupError):
+            return 0
+
+    end = time.monotonic() + 120
+    while committed() < 1:
+        assert proc.poll() is None and time.monotonic() < end, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    n = len(tiny.query) + len(tiny.retrieval)
+    assert proc.returncode == 130, stderr
+    [line] = stderr.strip().splitlines()
+    assert line.startswith(f"interrupted: {out} holds ") and f"of {n} rows of {tiny_path}" in line
+    assert "run the same command" in line or "same command has continued" in line
+    runner = CliRunner()
+    refused = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", "3"])
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1
+    assert f"{out}: unfinished: its build from {tiny_path} stopped at row " in refused.output
+    assert f"of {n} (interrupted)" in refused.output and "run the same 'ucmfh index' command again" in refused.output
+    done = runner.invoke(main, argv[3:])
+    assert done.exit_code == 0 and "resumed at row" in done.output, done.output
+    assert runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", "3"]).exit_code == 0
+    assert Index.load(out).count("txt") == n

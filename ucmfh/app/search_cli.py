@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 
 import click
 
-from ucmfh.app.errors import UserError, user_errors
+from ucmfh.app.errors import UserError, describe, user_errors
 from ucmfh.app.options import check_device
 from ucmfh.config import SEARCH_BACKENDS, BackendConfig
 
@@ -35,8 +35,11 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
     """Encode every item of COLLECTION (unimodal protocol) into the index folder OUT."""
     from ucmfh.search.build import build_index
 
-    report = build_index(collection, checkpoint, out, splits=splits or None, chunk_size=chunk_size,
-                         embeddings=embeddings, device=device, progress=not quiet)
+    try:
+        report = build_index(collection, checkpoint, out, splits=splits or None, chunk_size=chunk_size,
+                             embeddings=embeddings, device=device, progress=not quiet)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(_interrupted_build(out, collection)) from None
     index = report.index
     if report.already:
         click.echo(f"{out}: {collection} is already indexed ({report.rows} rows); nothing added")
@@ -91,6 +94,7 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
     from ucmfh.search.build import Encoder
     from ucmfh.search.collection import read_queries
     from ucmfh.search.results import format_results, result_rows, search_queries
+    from ucmfh.search.index import UnfinishedIndex
     from ucmfh.search.shards import open_index
 
     if k < 1:
@@ -114,7 +118,10 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         import torch
 
         torch.set_num_threads(threads)
-    opened = open_index(index)
+    try:
+        opened = open_index(index)
+    except UnfinishedIndex as err:
+        raise UserError(f"{describe(err)}; run the same 'ucmfh index' command again to finish it") from None
     encoder = Encoder(checkpoint or _recorded_checkpoint(opened, index[0]), device)
     searched = SHORT[modality]
     if queries:
@@ -152,6 +159,24 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         depth = results.positions.shape[1] if rerank is None else (candidates or 10 * k)
         click.echo(f"{backend} recall@{depth} against exact search: {results.recall['ids']:.4f} of the items, "
                    f"{results.recall['distances']:.4f} of the distances", err=True)
+
+
+def _interrupted_build(out: str, collection: str) -> str:
+    """What an interrupted ``index`` left, and how to go on."""
+    from ucmfh.search import Index
+
+    try:
+        sources = Index.load(out).sources
+    except (OSError, ValueError):  # stopped before the folder was made
+        return f"interrupted before {out} was created; nothing was written"
+    mine = [s for s in sources if s.get("path") == os.path.abspath(collection)]
+    if not mine:
+        return f"interrupted before any row of {collection} was added to {out}"
+    if all(s["done"] >= s["rows"] for s in mine):
+        return f"interrupted after {collection} was indexed: {out} is complete"
+    done = ", ".join(f"{s['done']} of {s['rows']} rows" for s in mine if s["done"] < s["rows"])
+    return (f"interrupted: {out} holds {done} of {collection}, and 'ucmfh search' refuses it until the same "
+            "command has continued the build to the end")
 
 
 def _backend_takes(backend: str, option: str) -> bool:

@@ -8,8 +8,10 @@ collection's root attributes); queries encoded by another checkpoint, or
 features of another extractor, are refused.
 
 Each chunk of rows is appended and committed with the build's progress
-(``Index.sources``): a killed build continues at its last committed chunk, and
-building the same collection into the same index again adds nothing. Another
+(``Index.sources``, where a collection is recorded before its first chunk): a
+killed build continues at its last committed chunk, an index with an unfinished
+build is refused by search (:meth:`Index.check_finished`), and building the same
+collection into the same index again adds nothing. Another
 collection built into an existing index is appended. Each item keeps its
 origin (the source's number and its row in the collection), which re-ranking by
 the collection's token features reads (:mod:`ucmfh.search.tokens`).
@@ -140,6 +142,12 @@ def build_index(
             raise DataError(f"{coll.path}: {coll.where(name)}: {coll.columns[name]}-d features, the checkpoint "
                             f"{encoder.identity['path']} takes {encoder.dims[modality]}-d")
     features = {m: coll.feature(m) for m in FEATURES if coll.has(FEATURES[m])}
+    key = f"{file_sha256(coll.path)}:{','.join(coll.groups)}"
+    n = len(coll)
+    stat = os.stat(coll.path)
+    # size and mtime identify the file cheaply at search time (re-ranking reads its tokens by row)
+    source = {"key": key, "path": os.path.abspath(coll.path), "groups": coll.groups, "rows": n,
+              "group_rows": list(coll.rows), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     if os.path.exists(out):
         index = Index.load(out)
         check_same_checkpoint(index, encoder)
@@ -149,21 +157,18 @@ def build_index(
             index.meta["features"] = {}
         for m, f in features.items():
             index.meta["features"].setdefault(m, f)
-    else:
-        index = Index.create(out, encoder.n_bits, {"checkpoint": encoder.identity, "features": features,
-                                                   "protocol": PROTOCOL})
-    key = f"{file_sha256(coll.path)}:{','.join(coll.groups)}"
+    else:  # the collection is recorded from the start, so an interrupted first build is seen as unfinished
+        index = Index(encoder.n_bits, {"checkpoint": encoder.identity, "features": features, "protocol": PROTOCOL})
+        index.sources = [{**source, "done": 0}]
+        index.save(out)
     done = next((int(s["done"]) for s in index.sources if s["key"] == key), 0)
-    n = len(coll)
     if done >= n:
         return BuildReport(index, {"img": 0, "txt": 0}, done, n, True)
+    if all(s["key"] != key for s in index.sources):  # announced before its first chunk (Index.unfinished)
+        index.add_many({}, {**source, "done": 0})
     ids = coll.ids()
     keep_img = first_of_each_id(ids, n)
     before = {m: index.count(m) for m in FEATURES}
-    stat = os.stat(coll.path)
-    # size and mtime identify the file cheaply at search time (re-ranking reads its tokens by row)
-    source = {"key": key, "path": os.path.abspath(coll.path), "groups": coll.groups, "rows": n,
-              "group_rows": list(coll.rows), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     number = next((i for i, s in enumerate(index.sources) if s["key"] == key), len(index.sources))
     # an index built before items kept their origin stays without it (its columns are fixed)
     origins = {m: index.count(m) == 0 or index.has(m, "origin") for m in FEATURES}
