@@ -343,3 +343,19 @@ def test_runs_names_one_checkpoint_or_says_why_not(tmp_path):
         "name one run with -d, --method, --loss, -b and --seed"]
     none = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--seed", "3"])
     assert none.exit_code == 2 and f"{path}: no run with a checkpoint matches" in none.output
+
+
+def test_a_row_appended_to_a_last_line_without_newline_is_kept(tmp_path):
+    """Issue 26.4: a results file whose last line has no newline (an editor's) keeps the next row on a line of
+    its own; rows glued by older versions are read back; a line that is not rows is skipped with a warning."""
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"a": 1}\n{"b": 2}')  # no newline at the end
+    append_jsonl(path, [{"c": 3}, {"d": 4}])
+    assert path.read_text() == '{"a": 1}\n{"b": 2}\n{"c": 3}\n{"d": 4}\n'
+    assert read_jsonl(path) == [{"a": 1}, {"b": 2}, {"c": 3}, {"d": 4}]
+    glued = tmp_path / "glued.jsonl"
+    glued.write_text('{"a": 1}{"b": 2}\n[1, 2]\n{"c": \n{"d": 4}\n')
+    with pytest.warns(UserWarning) as caught:
+        assert read_jsonl(glued) == [{"a": 1}, {"b": 2}, {"d": 4}]
+    assert [str(w.message) for w in caught] == [f"{glued}: line 2: not a JSON row ([1, 2]); skipped",
+                                                f'{glued}: line 3: not a JSON row ({{"c":); skipped']

@@ -126,8 +126,11 @@ def append_jsonl(path: PathLike, rows: List[Mapping[str, Any]]) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     lines = [(json.dumps(row, sort_keys=True) + "\n").encode("utf-8") for row in rows]
     with locked(path):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            size = os.fstat(fd).st_size
+            if lines and size and os.pread(fd, 1, size - 1) != b"\n":  # a last line without its newline (an
+                lines[0] = b"\n" + lines[0]  # editor's, or a killed writer's): the row starts a line of its own
             for line in lines:
                 written = os.write(fd, line)
                 if written != len(line):  # a full disk; name it rather than leave half a row unexplained
@@ -136,8 +139,26 @@ def append_jsonl(path: PathLike, rows: List[Mapping[str, Any]]) -> None:
             os.close(fd)
 
 
+def _rows_of_line(text: str) -> Optional[List[Dict[str, Any]]]:
+    """The rows (JSON objects) one line holds, in order, or None unless the whole line is rows (one, or
+    several glued together by a writer that appended to a last line without its newline)."""
+    decoder, rows, pos = json.JSONDecoder(), [], 0
+    while pos < len(text):
+        try:
+            row, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(row, dict):
+            return None
+        rows.append(row)
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return rows
+
+
 def read_jsonl(path: PathLike) -> List[Dict[str, Any]]:
-    """The rows of a JSON-lines file ([] when it does not exist); an unreadable line is skipped with a warning."""
+    """The rows of a JSON-lines file ([] when it does not exist). Rows glued onto one line (appended to a
+    last line without its newline) are all read; an unreadable line is skipped with a warning."""
     path = os.fspath(path)
     if not os.path.exists(path):
         return []
@@ -146,10 +167,12 @@ def read_jsonl(path: PathLike) -> List[Dict[str, Any]]:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                warnings.warn(f"{path}: line {number}: not a JSON row ({err}); skipped", stacklevel=2)
+            found = _rows_of_line(line.strip())
+            if found is None:
+                text = line.strip()
+                warnings.warn(f"{path}: line {number}: not a JSON row "
+                              f"({text if len(text) <= 60 else text[:59] + '…'}); skipped", stacklevel=2)
+            rows += found or []
     return rows
 
 
