@@ -15,6 +15,7 @@ from ucmfh.app.experiment import (
     Run, RunOptions, check_interrupted, configure_from_env, dataset_identity, default_data_dir, default_epochs, evaluate_checkpoint,
     protocols_of, report, resolve_dataset, train_fusion_stage, train_hash_stage,
 )
+from ucmfh.app.outputs import check_outputs
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import load_dataset
 from ucmfh.losses import LOSSES
@@ -53,6 +54,7 @@ def main(argv=None) -> int:
         hash_cfg = HashConfig(n_bits=args.hash_lens, loss=args.loss, epochs=epochs, batch_size=args.batch_size,
                               seed=args.seed, device=args.device)
         opts = RunOptions(out=args.out, resume=args.resume, save_interval=args.save_interval)
+        check_outputs({"--results": args.results}, {"--out": args.out if args.task in (0, 1) else None})
         path = resolve_dataset(args.dataset, args.data_dir)
         print(f"dataset: {path}")
         data = load_dataset(path)

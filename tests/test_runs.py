@@ -359,3 +359,42 @@ def test_a_row_appended_to_a_last_line_without_newline_is_kept(tmp_path):
         assert read_jsonl(glued) == [{"a": 1}, {"b": 2}, {"d": 4}]
     assert [str(w.message) for w in caught] == [f"{glued}: line 2: not a JSON row ([1, 2]); skipped",
                                                 f'{glued}: line 3: not a JSON row ({{"c":); skipped']
+
+
+def test_every_output_is_checked_before_any_work_and_named_by_its_flag(tmp_path, tiny_path, read_only_dir):
+    """Issue 26.5: an output that cannot be written is refused before anything trains or is read, in one
+    line naming the flag and the path, exit 2: --out and --results of train-hash (both front doors) and
+    the outputs of the other commands."""
+    ro, ok = read_only_dir, tmp_path / "ok"
+    train = ["train-hash", *SMALL, "-d", tiny_path, "--epochs", "1", "-b", "8"]
+    cases = [
+        ([*train, "--out", str(ro / "runs"), "--results", str(ok / "r.jsonl")], f"--out {ro / 'runs'}: cannot be written"),
+        ([*train, "--out", str(ok / "runs"), "--results", str(ro / "r.jsonl")], f"--results {ro / 'r.jsonl'}: cannot"),
+        ([*train, "--out", str(ok / "runs"), "--results", str(tmp_path)], f"--results {tmp_path}: is a folder, not"),
+        (["train-fusion", *SMALL[2:], "-d", tiny_path, "--out", str(ro / "runs")], f"--out {ro / 'runs'}: cannot"),
+        (["grid", "-d", tiny_path, "--methods", "cca-itq", "--out", str(ok / "runs"), "--results", str(ok / "g.jsonl"),
+          "--table", str(ro / "t")], f"--table {ro / 't.md'}: cannot be written"),
+        (["evaluate", "-d", tiny_path, "--codes", str(ok / "c.h5"), "--metrics-out", str(ro / "m.json")],
+         f"--metrics-out {ro / 'm.json'}: cannot be written"),
+        (["encode", "-d", tiny_path, "-c", str(ok / "h.pt"), "-o", str(ro / "c.h5")], f"--out {ro / 'c.h5'}: cannot"),
+        (["index", tiny_path, "-c", str(ok / "h.pt"), "-o", str(ro / "ix")], f"--out {ro / 'ix'}: cannot be written"),
+        (["make-synthetic", str(ro / "s.h5")], f"OUT {ro / 's.h5'}: cannot be written"),
+    ]
+    for args, message in cases:
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.splitlines() == [result.output.splitlines()[0]], result.output  # nothing else ran
+        assert result.output.startswith(f"Error: {message}"), (args, result.output)
+    assert not ok.exists() and not list(ro.iterdir())
+    demo = subprocess.run([sys.executable, str(ROOT / "demo.py"), "--dataset", tiny_path, "--epoch", "1",
+                           "--out", str(ro / "runs"), "--results", str(tmp_path / "r.jsonl")],
+                          capture_output=True, text=True, cwd=tmp_path, env=ENV)
+    assert demo.returncode == 2 and demo.stdout == ""
+    assert demo.stderr.splitlines() == [f"error: --out {ro / 'runs'}: cannot be written (in {ro}): "
+                                        f"{'Operation not permitted' if os.geteuid() == 0 else 'Permission denied'}"]
+    # a results file that fails after the run all the same (a full disk): the rows' fate and the way on
+    from ucmfh.app.experiment import report
+
+    with pytest.raises(OSError, match=r"--results .*: the rows above were not appended \(.*\); the checkpoints are "
+                                      "saved, so the same command scores them again without training"):
+        report([{**_row(), "ranking": "hamming", "dataset": "d"}], str(tmp_path), lambda line: None)

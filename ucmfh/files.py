@@ -17,6 +17,7 @@ import errno
 import json
 import os
 import re
+import tempfile
 import warnings
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
@@ -62,6 +63,35 @@ def remove_stale_temps(path: PathLike) -> List[str]:
             except OSError:
                 pass
     return removed
+
+
+def check_writable(path: PathLike, folder: bool = False) -> None:
+    """Refuse, before any work, an output that could not be written: ``OSError`` naming ``path`` and why.
+
+    A file (``folder=False``) is written beside itself and renamed (:func:`atomic_file`) or appended to,
+    so its folder must take new files; a folder must be one, or be creatable under the nearest folder
+    that exists. Whether a folder takes files is tried with a temporary file, removed at once (root
+    ignores permission bits, a read-only mount does not): nothing is left behind.
+    """
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path) and not folder:
+        raise OSError(f"{path}: is a folder, not a file")
+    if os.path.exists(path) and folder and not os.path.isdir(path):
+        raise OSError(f"{path}: is a file, not a folder")
+    existing = path if folder and os.path.isdir(path) else os.path.dirname(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise OSError(f"{path}: cannot be made: {existing} is a file, not a folder")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".ucmfh-probe-", dir=existing)
+    except OSError as err:
+        where = "" if existing == path else f" (in {existing})"
+        raise OSError(f"{path}: cannot be written{where}: {err.strerror or err}") from None
+    os.close(fd)
+    os.remove(probe)
+    if os.path.isfile(path) and not os.access(path, os.W_OK):
+        raise OSError(f"{path}: cannot be written: the file is read-only")
 
 
 def atomic_path(path: PathLike) -> str:

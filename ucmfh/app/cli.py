@@ -13,6 +13,7 @@ from ucmfh.app.experiment import (
     Run, check_interrupted, configure_from_env, dataset_identity, default_data_dir, join_process_group,
     protocols_of, report, resolve_dataset,
 )
+from ucmfh.app.outputs import check_outputs
 from ucmfh.app.options import (
     check_device, data_options, fusion_config, hash_configs, hash_epochs, method_fusion_config, run_options,
     train_options,
@@ -46,6 +47,7 @@ def main(ctx: click.Context) -> None:
 @user_errors
 def make_synthetic_cmd(out: str, overwrite: bool, **sizes: int) -> None:
     """Write a deterministic synthetic dataset (MIRFlickr-shaped by default) to OUT."""
+    check_outputs({"OUT": out})
     path = make_synthetic(out, SyntheticSpec(**sizes), overwrite=overwrite)
     click.echo(f"wrote {path}")
 
@@ -98,6 +100,7 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
     from ucmfh.app.experiment import train_fusion_stage
 
     cfg = fusion_config(dataset, device, lr=lr, **train)
+    check_outputs({"--results": results}, {"--out": train["out"]})
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
     check_interrupted([Run(opts.out, dataset_identity(data), cfg)], opts)
@@ -137,6 +140,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
     epochs = hash_epochs(method, dataset, train["epochs"])
     hcfgs = hash_configs(fcfg, n_bits, epochs, train["overrides"], method, train,
                          beta_schedule=beta_schedule, lr_fusion=lr_fusion)
+    check_outputs({"--results": results}, {"--out": train["out"]})
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
     check_interrupted([Run(opts.out, dataset_identity(data), fcfg, hcfg) for hcfg in hcfgs], opts)
@@ -161,6 +165,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
     """Tasks 2/3: reload a checkpoint and score it on a dataset; or score a saved codes file."""
     if (checkpoint is None) == (codes is None):
         raise click.UsageError("give exactly one of --checkpoint and --codes")
+    check_outputs({"--results": results, "--metrics-out": metrics_out, "--plot": plot})
     if codes is not None:
         from ucmfh.app.experiment import append_results
         from ucmfh.files import write_json_atomic
@@ -204,6 +209,7 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
 
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f"{out}: exists; not replaced")
+    check_outputs({"--out": out})
     data = _load(dataset, data_dir)
     path = encode_checkpoint(data, checkpoint, out, protocol, device, not quiet, overwrite)
     click.echo(f"wrote {path} ({protocol} protocol)")

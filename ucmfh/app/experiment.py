@@ -566,5 +566,9 @@ def report(rows: List[Dict[str, Any]], results: Optional[str], echo: Log = print
         return
     echo(format_table(rows))
     if results:
-        append_results(results, rows)
+        try:
+            append_results(results, rows)
+        except OSError as err:  # checked before the run (ucmfh.app.outputs); the disk may still fill up
+            raise OSError(f"--results {results}: the rows above were not appended ({err.strerror or err}); the "
+                          "checkpoints are saved, so the same command scores them again without training") from None
         echo(f"results appended to {results}")

@@ -27,6 +27,7 @@ from ucmfh.app.experiment import (
 from ucmfh.app.options import (
     check_device, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
 )
+from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import DIRECTIONS, REAL, summarize
 from ucmfh.config import PROTOCOLS, HashConfig
 from ucmfh.data.h5 import load_dataset
@@ -235,6 +236,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         epochs = hash_epochs(method, dataset, train["epochs"])
         for hcfg in hash_configs(fcfg, bits, epochs, train["overrides"], method, settings):
             cells.append((dataset, fcfg, dataclasses.replace(hcfg, loss_params=params.get(hcfg.loss, hcfg.loss_params))))
+    check_outputs({"--results": results, "--table": table}, {"--out": train["out"]})
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
     grid_rows: List[Dict[str, Any]] = []
     recorded = read_jsonl(results)  # the rows of earlier runs, and of the cells run below

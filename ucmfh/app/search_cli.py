@@ -9,6 +9,7 @@ import click
 
 from ucmfh.app.errors import UserError, describe, user_errors
 from ucmfh.app.options import check_device
+from ucmfh.app.outputs import check_outputs
 from ucmfh.config import SEARCH_BACKENDS, BackendConfig
 
 MODALITY = click.Choice(["image", "text"])
@@ -35,6 +36,7 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
     """Encode every item of COLLECTION (unimodal protocol) into the index folder OUT."""
     from ucmfh.search.build import build_index
 
+    check_outputs(folders={"--out": out})
     try:
         report = build_index(collection, checkpoint, out, splits=splits or None, chunk_size=chunk_size,
                              embeddings=embeddings, device=device, progress=not quiet)
@@ -114,6 +116,7 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
     if rerank == "seps" and not queries:
         raise UserError("--rerank seps needs the queries' token features, and --text and --image queries have "
                         "none: give an HDF5 --queries file with token datasets")
+    check_outputs({"--html": html})
     if threads:
         import torch
 
