@@ -16,9 +16,11 @@ import contextlib
 import errno
 import json
 import os
+import pickle
 import re
 import tempfile
 import warnings
+import zipfile
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 import numpy as np
@@ -92,6 +94,22 @@ def check_writable(path: PathLike, folder: bool = False) -> None:
     os.remove(probe)
     if os.path.isfile(path) and not os.access(path, os.W_OK):
         raise OSError(f"{path}: cannot be written: the file is read-only")
+
+
+def torch_file_problem(path: PathLike, err: BaseException) -> str:
+    """Why ``torch.load`` could not read ``path``, in a few words (not torch's advice on ``weights_only``):
+    what a user can act on. ``err`` is what it raised."""
+    path = os.fspath(path)
+    if isinstance(err, OSError) and err.strerror and not os.path.isfile(path):
+        return err.strerror.lower()
+    if os.path.getsize(path) == 0:
+        return "an empty file"
+    if not zipfile.is_zipfile(path):  # what torch.save writes; a copy cut short has no central directory
+        return "truncated, or not a file torch saved"
+    if isinstance(err, pickle.UnpicklingError):  # weights_only refuses anything but tensors and plain values
+        return "it holds objects other than tensors and plain values"
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return f"damaged: {first if len(first) <= 100 else first[:99] + '…'}"
 
 
 def atomic_path(path: PathLike) -> str:

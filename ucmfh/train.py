@@ -33,7 +33,7 @@ from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.scoring import embed_split, encode_split, head_outputs_split, score_splits
 from ucmfh.similarity import normalize, sign_codes
-from ucmfh.files import atomic_file
+from ucmfh.files import atomic_file, torch_file_problem
 from ucmfh.utils import resolve_device, seed_everything
 
 
@@ -272,7 +272,7 @@ def read_state(path: str, device: torch.device) -> Dict[str, Any]:
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as err:  # torch raises several types for a damaged file
-        raise ValueError(f"{path}: not a readable training state ({err})") from None
+        raise ValueError(f"{path}: not a readable training state ({torch_file_problem(path, err)})") from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise ValueError(f"{path}: not a ucmfh training state")
     return state

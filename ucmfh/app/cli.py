@@ -187,7 +187,9 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
                 click.echo(f"wrote {path}")
         return
     from ucmfh.app.experiment import evaluate_checkpoint
+    from ucmfh.checkpoint import read_checkpoint
 
+    read_checkpoint(checkpoint)  # a damaged file is named before the dataset is read
     data = _load(dataset, data_dir)
     rows = evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet, log=click.echo)
     report(rows, results, click.echo)
@@ -206,10 +208,12 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
 def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, quiet) -> None:
     """Write the query and retrieval codes of a hashing checkpoint to OUT (for 'evaluate --codes')."""
     from ucmfh.app.experiment import encode_checkpoint
+    from ucmfh.checkpoint import load_model
 
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f"{out}: exists; not replaced")
     check_outputs({"--out": out})
+    load_model(checkpoint, "hash")  # a damaged or fusion checkpoint is named before the dataset is read
     data = _load(dataset, data_dir)
     path = encode_checkpoint(data, checkpoint, out, protocol, device, not quiet, overwrite)
     click.echo(f"wrote {path} ({protocol} protocol)")
