@@ -398,3 +398,23 @@ def test_every_output_is_checked_before_any_work_and_named_by_its_flag(tmp_path,
     with pytest.raises(OSError, match=r"--results .*: the rows above were not appended \(.*\); the checkpoints are "
                                       "saved, so the same command scores them again without training"):
         report([{**_row(), "ranking": "hamming", "dataset": "d"}], str(tmp_path), lambda line: None)
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--set", "hash.hidden=abc"], "Error: Invalid value for --set: 'hash.hidden': hidden must be an integer, got 'abc'"),
+    (["--method", "ucmfh", "--set", "fusion.d_model=abc"],
+     "Error: Invalid value for --set: 'fusion.d_model': d_model must be an integer, got 'abc'"),
+    (["--set", "hash.supervised=1"], "Error: Invalid value for --set: 'hash.supervised': supervised must be true or false, "
+                                     "got 1"),
+    (["--loss-param", "temperature=abc"], "Error: loss 'infonce': temperature must be a number, got 'abc'"),
+    (["--method", "ucmfh", "--loss", "triplet", "--loss-param", "margin=x"],
+     "Error: loss 'triplet': margin must be a number, got 'x'"),
+    (["--loss-param", "foo=1"], "Error: loss 'infonce' has no parameter 'foo' (its parameters: temperature, learnable, "
+                                "min_temperature, max_temperature)"),
+])
+def test_ill_typed_settings_are_one_line_naming_the_setting(tmp_path, tiny_path, args, error):
+    """Issue 26: an ill-typed --set or --loss-param is refused before the dataset is read, naming the setting."""
+    result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--out", str(tmp_path / "runs"), *args])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert [line for line in result.output.splitlines() if line.startswith("Error")] == [error]
+    assert "dataset:" not in result.output and not (tmp_path / "runs").exists()

@@ -25,7 +25,7 @@ from ucmfh.app.experiment import (
     Run, RunOptions, append_results, dataset_identity, key_of, resolve_dataset, train_hash_stage,
 )
 from ucmfh.app.options import (
-    check_device, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
+    check_device, check_loss, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import DIRECTIONS, REAL, summarize
@@ -232,10 +232,11 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     for dataset, (method, loss), seed in product(datasets, variants_asked, seeds):
         settings = {**train, "loss": loss, "loss_params": (), "seed": seed}
         fcfg = method_fusion_config(method, dataset, device, settings, fusion_epochs)
-        fcfg = dataclasses.replace(fcfg, loss_params=params.get(fcfg.loss, {}))
+        fcfg = check_loss(dataclasses.replace(fcfg, loss_params=params.get(fcfg.loss, {})))
         epochs = hash_epochs(method, dataset, train["epochs"])
         for hcfg in hash_configs(fcfg, bits, epochs, train["overrides"], method, settings):
-            cells.append((dataset, fcfg, dataclasses.replace(hcfg, loss_params=params.get(hcfg.loss, hcfg.loss_params))))
+            hcfg = check_loss(dataclasses.replace(hcfg, loss_params=params.get(hcfg.loss, hcfg.loss_params)))
+            cells.append((dataset, fcfg, hcfg))
     check_outputs({"--results": results, "--table": table}, {"--out": train["out"]})
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
     grid_rows: List[Dict[str, Any]] = []

@@ -8,8 +8,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import click
 
 from ucmfh.app.experiment import RunOptions, default_data_dir, default_epochs
-from ucmfh.config import AMP_MODES, PROTOCOLS, FusionConfig, HashConfig, with_defaults
+from ucmfh.config import AMP_MODES, PROTOCOLS, FusionConfig, HashConfig, check_type, with_defaults
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY
+from ucmfh.losses import build_loss
 from ucmfh.methods import build_method
 from ucmfh.utils import resolve_device
 
@@ -40,6 +41,10 @@ def parse_overrides(pairs: Tuple[str, ...]) -> Dict[str, Dict[str, Any]]:
         fields = [f.name for f in dataclasses.fields(STAGES[stage])]
         if name not in fields:
             raise click.BadParameter(f"{key!r}: {stage} settings are {', '.join(fields)}", param_hint="--set")
+        try:
+            check_type(STAGES[stage], name, value)
+        except ValueError as err:
+            raise click.BadParameter(f"{key!r}: {err}", param_hint="--set") from None
         out[stage][name] = value
     return out
 
@@ -154,7 +159,7 @@ def fusion_config(dataset: str, device: str, loss: Optional[str], loss_params: T
                   modality_dropout=modality_dropout, device=device, amp=amp, val_fraction=val_fraction,
                   patience=patience, lr=lr)
     values = {k: v for k, v in values.items() if v is not None}
-    return FusionConfig(**{**values, **parse_overrides(overrides)["fusion"]})
+    return check_loss(FusionConfig(**{**values, **parse_overrides(overrides)["fusion"]}))
 
 
 def method_fusion_config(method: str, dataset: str, device: str, train: Dict[str, Any],
@@ -218,4 +223,14 @@ def hash_configs(fusion_cfg: FusionConfig, n_bits: Iterable[int], epochs: Option
     params = parse_params((train or {}).get("method_params", ()), "--method-param")
     if params:
         extra["method_params"] = {**extra.get("method_params", {}), **params}
-    return [spec.config(**{**base, **settings, "n_bits": bits, **extra}) for bits in dict.fromkeys(n_bits)]
+    return [check_loss(spec.config(**{**base, **settings, "n_bits": bits, **extra}))
+            for bits in dict.fromkeys(n_bits)]
+
+
+def check_loss(cfg: Any) -> Any:
+    """``cfg``, after building its loss once (a method with a loss of its own has none to check): an unknown
+    loss, parameter or value is refused before anything is read or trained (``ValueError`` naming it)."""
+    if isinstance(cfg, HashConfig) and not build_method(cfg.method).takes_loss:
+        return cfg
+    build_loss(cfg.loss, **cfg.loss_params)
+    return cfg

@@ -13,7 +13,7 @@ from ucmfh.app.experiment import RunOptions, default_data_dir, resolve_dataset
 from ucmfh.app.matching import format_stages, rerank_rows, train_seps_stage
 from ucmfh.app.options import output_options, parse_params
 from ucmfh.app.outputs import check_outputs
-from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig
+from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, check_type
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import append_jsonl
 from ucmfh.metrics.captions import DATABASES
@@ -85,6 +85,11 @@ def train_seps(dataset, data_dir, database, results, device, quiet, overrides, o
     if unknown:
         raise click.BadParameter(f"unknown settings {unknown}; SEPS settings are {', '.join(sorted(fields))}",
                                  param_hint="--set")
+    for name, value in extra.items():
+        try:
+            check_type(SepsConfig, name, value)
+        except ValueError as err:
+            raise click.BadParameter(f"{name!r}: {err}", param_hint="--set") from None
     cfg = SepsConfig(**{**settings, **extra, "device": device})
     check_outputs({"--results": results}, {"--out": out})
     path = resolve_dataset(dataset, data_dir)
