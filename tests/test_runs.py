@@ -1,6 +1,7 @@
 """Runs you can trust: identity, safe results, per-length reporting, resume, clean errors (the app layer)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -418,3 +419,24 @@ def test_ill_typed_settings_are_one_line_naming_the_setting(tmp_path, tiny_path,
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert [line for line in result.output.splitlines() if line.startswith("Error")] == [error]
     assert "dataset:" not in result.output and not (tmp_path / "runs").exists()
+
+
+def test_demo_evaluates_the_run_it_trained_without_repeating_epoch(tmp_path, capsys):
+    """Issue 26: README's `demo.py --task 1 --epoch 20`, then `--task 2/3` without --epoch: the saved run of these
+    settings is evaluated; a --epoch that was never trained is one line naming the epochs that were."""
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    common = ["--dataset", _make(tmp_path, "small"), "--hash_lens", "16", "--out", str(tmp_path / "runs"),
+              "--results", str(tmp_path / "r.jsonl"), "--device", "cpu", "--protocol", "unimodal", "--batch_size", "64"]
+    assert demo.main(["--task", "1", "--epoch", "1", *common]) == 0
+    trained = _rows(tmp_path / "r.jsonl")[-1]
+    capsys.readouterr()
+    for task, checkpoint in ((3, trained["checkpoint"]), (2, str(Path(trained["checkpoint"]).parents[1] / "fusion.pt"))):
+        assert demo.main(["--task", str(task), *common]) == 0
+        assert f"evaluating {checkpoint}: the saved run of these settings (1 epochs)" in capsys.readouterr().out
+    assert _rows(tmp_path / "r.jsonl")[-2]["map_i2t"] == trained["map_i2t"]  # task 3 scored the trained model
+    assert demo.main(["--task", "3", "--epoch", "5", *common]) == 2
+    [error] = capsys.readouterr().err.strip().splitlines()
+    assert error.startswith("error: ") and error.endswith(
+        "no checkpoint of these settings (5 epochs); saved runs of them with other epochs: use --epoch 1")

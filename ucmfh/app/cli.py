@@ -15,8 +15,8 @@ from ucmfh.app.experiment import (
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.options import (
-    check_device, data_options, fusion_config, hash_configs, hash_epochs, method_fusion_config, run_options,
-    train_options,
+    check_device, check_method_options, data_options, fusion_config, hash_configs, hash_epochs, method_fusion_config, parse_overrides,
+    run_options, train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset, validate_file
@@ -71,6 +71,10 @@ def methods_cmd() -> None:
         click.echo(f"{name:<10} {spec.description}")
         if spec.params:
             click.echo(f"{'':<10} parameters: " + ", ".join(f"{k}={v}" for k, v in spec.params.items()))
+        own = {**spec.defaults, **spec.fixed}
+        click.echo(f"{'':<10} defaults: " + (", ".join(f"{k}={v}" for k, v in own.items()) + " (else as ucmfh)"
+                                             if own else "UCMFH's (HashConfig's)")
+                   + ("" if spec.takes_loss else "; a loss of its own"))
 
 
 @main.command("losses")
@@ -92,13 +96,14 @@ def _load(dataset: str, data_dir: str, max_memory: Optional[int] = DEFAULT_MAX_M
 
 @main.command("train-fusion")
 @data_options
-@train_options
+@train_options("train-fusion")
 @click.option("--lr", default=FusionConfig.lr, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @user_errors
 def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr, **train) -> None:
     """Task 0: train the fusion encoder and score its embeddings (cosine ranking)."""
     from ucmfh.app.experiment import train_fusion_stage
 
+    parse_overrides(train["overrides"], ("fusion",))  # a hash.FIELD would do nothing here
     cfg = fusion_config(dataset, device, lr=lr, **train)
     check_outputs({"--results": results}, {"--out": train["out"]})
     data = _load(dataset, data_dir, train["max_memory"])
@@ -112,7 +117,7 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
 
 @main.command("train-hash")
 @data_options
-@train_options
+@train_options("train-hash")
 @click.option("--method", type=click.Choice(list(METHODS)), default=DEFAULT_METHOD, show_default=True,
               help="How codes are learnt (see 'ucmfh methods').")
 @click.option("--method-param", "method_params", multiple=True, metavar="KEY=VALUE",
@@ -135,6 +140,11 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
     """
     from ucmfh.app.experiment import train_hash_stage
 
+    source = click.get_current_context().get_parameter_source
+    fusion_set = [f"--set fusion.{name}" for name in parse_overrides(train["overrides"])["fusion"]]
+    check_method_options(method, protocol, {
+        "--fusion-epochs": fusion_epochs is not None, "--lr-fusion": source("lr_fusion").name == "COMMANDLINE",
+        **{flag: True for flag in fusion_set}})
     fcfg = method_fusion_config(method, dataset, device, train, fusion_epochs)
     # every code length is checked before anything trains
     epochs = hash_epochs(method, dataset, train["epochs"])
@@ -189,7 +199,9 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
     from ucmfh.app.experiment import evaluate_checkpoint
     from ucmfh.checkpoint import read_checkpoint
 
-    read_checkpoint(checkpoint)  # a damaged file is named before the dataset is read
+    saved = read_checkpoint(checkpoint)  # a damaged file is named before the dataset is read
+    if saved["kind"] == "hash":
+        check_method_options((saved["hash_config"] or {}).get("method", "ucmfh"), protocol, {})
     data = _load(dataset, data_dir)
     rows = evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet, log=click.echo)
     report(rows, results, click.echo)

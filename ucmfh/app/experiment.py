@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import glob
 import hashlib
 import json
 import os
@@ -349,6 +350,33 @@ def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
     elif opts.resume:
         log(f"nothing to resume at {state.path}; training from the start")
     return state
+
+
+def saved_epochs(run: Run, kind: str) -> Dict[int, str]:
+    """The saved checkpoints (``kind`` 'fusion' or 'hash') of runs that differ from ``run`` in their
+    epochs alone, by epochs: what a user who trained with ``--epoch 20`` and evaluates without it has."""
+    def without_epochs(identity: Dict[str, Any]) -> Dict[str, Any]:
+        return {stage: {k: v for k, v in (identity.get(stage) or {}).items() if k != "epochs"}
+                for stage in ("fusion", "hash")}
+
+    if kind == "fusion":
+        wanted, pattern = without_epochs(run.fusion_identity), os.path.join(run.dataset_dir, "*", "identity.json")
+    else:
+        wanted = without_epochs(run.hash_dir_identity)
+        pattern = os.path.join(run.dataset_dir, "*", *(["hash-*"] if run.fusion_cfg is not None else []),
+                               "identity.json")
+    found = {}
+    for path in sorted(glob.glob(pattern)):
+        try:
+            with open(path, encoding="utf-8") as f:
+                identity = json.load(f)
+        except (OSError, ValueError):
+            continue
+        checkpoint = os.path.join(os.path.dirname(path), "fusion.pt" if kind == "fusion" else
+                                  os.path.basename(run.hash_path))
+        if without_epochs(identity) == wanted and os.path.exists(checkpoint):
+            found[(identity.get(kind) or {}).get("epochs")] = checkpoint
+    return found
 
 
 def write_identity(directory: str, identity: Dict[str, Any], dataset: Dict[str, str]) -> None:

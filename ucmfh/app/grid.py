@@ -25,7 +25,7 @@ from ucmfh.app.experiment import (
     Run, RunOptions, append_results, dataset_identity, key_of, resolve_dataset, train_hash_stage,
 )
 from ucmfh.app.options import (
-    check_device, check_loss, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
+    check_device, check_loss, check_method_options, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import DIRECTIONS, REAL, summarize
@@ -205,7 +205,7 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
 @click.option("--table", default="runs/grid", show_default=True, help="Table path without extension (.md, .csv).")
 @click.option("--device", default="auto", show_default=True, callback=check_device)
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-@train_options
+@train_options("grid", without=("loss", "loss_params", "seed", "resume"))  # --losses, --loss-params, --seeds; always resumes
 @user_errors
 def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_epochs, protocol, k, results, table,
          device, quiet, **train) -> None:
@@ -219,9 +219,9 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     unknown = [name for name in losses if name not in LOSSES]
     if unknown:
         raise click.BadParameter(f"unknown losses {unknown} (losses: {', '.join(LOSSES)})", param_hint="--losses")
-    if train["loss"] is not None or train["loss_params"]:
-        raise click.UsageError("the grid takes its losses from --losses and --loss-params NAME:KEY=VALUE")
     params = loss_params_by_name(per_loss)
+    if all(build_method(m).leak_free for m in methods):  # --protocol fused would have nothing to score
+        check_method_options(methods[0], protocol, {})
     protocols = protocols_of(protocol)
     opts = RunOptions(out=train["out"], resume=True, save_interval=train["save_interval"], progress=not quiet)
     bits = list(dict.fromkeys(n_bits))
