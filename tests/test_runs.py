@@ -341,9 +341,13 @@ def test_runs_names_one_checkpoint_or_says_why_not(tmp_path):
     two = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "-d", "d"])
     assert two.exit_code == 2 and two.output.strip().splitlines() == [
         f"Error: {path}: 2 checkpoints match (runs/a/hash16.pt, runs/b/hash16.pt); "
-        "name one run with -d, --method, --loss, -b and --seed"]
+        "name one run with -d, --task, --method, --loss, -b and --seed"]
     none = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--seed", "3"])
     assert none.exit_code == 2 and f"{path}: no run with a checkpoint matches" in none.output
+    append_jsonl(path, [{"task": "seps", "dataset": "d", "seed": 2, "seps_checkpoint": "runs/s/seps.pt"},
+                        {"task": "rerank", "dataset": "d", "seps_checkpoint": "runs/s/seps.pt", "seed": 2}])
+    seps = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--task", "seps"])
+    assert seps.exit_code == 0 and seps.output == "runs/s/seps.pt\n"
 
 
 def test_a_row_appended_to_a_last_line_without_newline_is_kept(tmp_path):

@@ -238,23 +238,25 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
 @click.option("--loss", multiple=True, help="Only these losses (repeatable).")
 @click.option("--n-bits", "-b", multiple=True, type=int, help="Only these code lengths (repeatable).")
 @click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable).")
+@click.option("--task", multiple=True, type=click.Choice(["fusion", "hashing", "seps", "rerank", "codes"]),
+              help="Only rows of these tasks (repeatable).")
 @click.option("--protocol", type=click.Choice(PROTOCOLS), help="Only this protocol.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON lines.")
 @click.option("--checkpoint", "checkpoint", is_flag=True,
               help="Print only the checkpoint of the one run that matches (for 'index -c', 'evaluate -c', ...); "
                    "an error when several match.")
 @user_errors
-def runs_cmd(results, dataset, method, loss, n_bits, seed, protocol, as_json, checkpoint) -> None:
+def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_json, checkpoint) -> None:
     """Summarise past runs from a results file: mean ± std over seeds, one line per setting."""
     from ucmfh.app.runs import filter_rows, format_summary, read_results, summarize, the_checkpoint
 
     rows = filter_rows(read_results(results), dataset=dataset, method=method, loss=loss, n_bits=n_bits,
-                       protocol=protocol, seed=seed)
+                       protocol=protocol, seed=seed, task=task)
     if checkpoint:
         try:
             click.echo(the_checkpoint(rows, results))
         except ValueError as err:  # the filters are the remedy
-            raise UserError(f"{err}; name one run with -d, --method, --loss, -b and --seed") from None
+            raise UserError(f"{err}; name one run with -d, --task, --method, --loss, -b and --seed") from None
         return
     groups = summarize(rows)
     if as_json:

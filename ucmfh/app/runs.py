@@ -50,17 +50,19 @@ def _matches(value: Any, wanted: Sequence[Any]) -> bool:
 def filter_rows(
     rows: Iterable[Dict[str, Any]], dataset: Sequence[str] = (), method: Sequence[str] = (),
     loss: Sequence[str] = (), n_bits: Sequence[int] = (), protocol: Optional[str] = None, seed: Sequence[int] = (),
+    task: Sequence[str] = (),
 ) -> List[Dict[str, Any]]:
     return [r for r in rows
-            if _matches(r.get("dataset"), dataset) and _matches(method_of(r), method)
+            if _matches(r.get("dataset"), dataset) and _matches(method_of(r), method) and _matches(r.get("task"), task)
             and _matches(r.get("loss"), loss) and _matches(r.get("n_bits"), n_bits)
             and _matches(seed_of(r), seed) and (protocol is None or r.get("protocol") == protocol)]
 
 
 def the_checkpoint(rows: Iterable[Dict[str, Any]], where: str) -> str:
-    """The one checkpoint the rows were scored with (a run's stable name, whatever else was trained since);
-    ``ValueError`` when they name none or several (``where``: the results file, for the message)."""
-    found = list(dict.fromkeys(r["checkpoint"] for r in rows if r.get("checkpoint")))
+    """The one checkpoint the rows were scored with (a run's stable name, whatever else was trained since; a
+    SEPS run's ``seps.pt``); ``ValueError`` when they name none or several (``where``: the results file)."""
+    found = list(dict.fromkeys(r.get("checkpoint") or r.get("seps_checkpoint") for r in rows
+                               if r.get("checkpoint") or r.get("task") == "seps" and r.get("seps_checkpoint")))
     if not found:
         raise ValueError(f"{where}: no run with a checkpoint matches")
     if len(found) > 1:
