@@ -140,11 +140,11 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
     """
     from ucmfh.app.experiment import train_hash_stage
 
-    source = click.get_current_context().get_parameter_source
-    fusion_set = [f"--set fusion.{name}" for name in parse_overrides(train["overrides"])["fusion"]]
-    check_method_options(method, protocol, {
-        "--fusion-epochs": fusion_epochs is not None, "--lr-fusion": source("lr_fusion").name == "COMMANDLINE",
-        **{flag: True for flag in fusion_set}})
+    context = click.get_current_context()
+    given = {"--" + p.name.replace("_", "-"): context.get_parameter_source(p.name).name == "COMMANDLINE"
+             for p in context.command.params}
+    given.update({f"--set fusion.{name}": True for name in parse_overrides(train["overrides"])["fusion"]})
+    check_method_options(method, protocol, given)
     fcfg = method_fusion_config(method, dataset, device, train, fusion_epochs)
     # every code length is checked before anything trains
     epochs = hash_epochs(method, dataset, train["epochs"])

@@ -249,17 +249,27 @@ def hash_configs(fusion_cfg: FusionConfig, n_bits: Iterable[int], epochs: Option
             for bits in dict.fromkeys(n_bits)]
 
 
+# options a method without a fusion stage has no use for, and those a method fitted in closed form ignores
+FUSION_OPTIONS = ("--fusion-epochs", "--lr-fusion", "--modality-dropout")
+EPOCH_OPTIONS = ("--epochs", "--batch-size", "--val-fraction", "--patience", "--amp", "--beta-schedule",
+                 "--supervised")
+
+
 def check_method_options(method: str, protocol: str, given: Dict[str, bool]) -> None:
     """Refuse what a method would ignore: ``--protocol fused`` for a leak-free method (it has no fused
-    view), and fusion-stage options for a method that trains no fusion stage. ``given``: option -> whether
-    the command line gave it."""
+    view), the options of a fusion stage (FUSION_OPTIONS, ``--set fusion.*``) for a method that trains
+    none, the options of epochs (EPOCH_OPTIONS) for a method fitted in closed form. ``given``: option ->
+    whether the command line gave it."""
     spec = build_method(method)
     if protocol == "fused" and spec.leak_free:
         raise click.BadParameter(f"method {method!r} is leak-free: its codes have no fused view (scored under "
                                  "unimodal only)", param_hint="--protocol")
-    if not spec.uses_fusion:
-        for option in (name for name, was_given in given.items() if was_given):
+    for option in (name for name, was_given in given.items() if was_given):
+        if not spec.uses_fusion and (option in FUSION_OPTIONS or option.startswith("--set fusion.")):
             raise click.BadParameter(f"method {method!r} trains no fusion stage", param_hint=option)
+        if spec.closed_form and option in EPOCH_OPTIONS:
+            raise click.BadParameter(f"method {method!r} is fitted in closed form: it has no use for it",
+                                     param_hint=option)
 
 
 def check_loss(cfg: Any) -> Any:
