@@ -158,3 +158,28 @@ def test_an_interrupted_index_is_refused_until_the_same_command_finishes_it(tiny
     assert done.exit_code == 0 and "resumed at row" in done.output, done.output
     assert runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", "3"]).exit_code == 0
     assert Index.load(out).count("txt") == n
+
+
+def test_search_metrics_are_those_of_the_printed_hits(tiny_path, tiny, trained, tmp_path):
+    """Issue 26: R@K and MAP@k of a search run, without hand-parsing its JSON; one line when relevance is unknown."""
+    runner = CliRunner()
+    out = tmp_path / "ix"
+    assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", str(out), "--quiet"]).exit_code == 0
+    result = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", "10", "--json", "--metrics"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    rel = np.array([r["relevant"] for r in rows]).reshape(len(tiny.query), 10)
+    ap = [sum(rel[q, :i + 1].sum() / (i + 1) for i in range(10) if rel[q, i]) / max(rel[q].sum(), 1)
+          for q in range(len(rel))]
+    [line] = [line for line in result.stderr.splitlines() if "(relevant: " in line]
+    head, figures = line.split("): ", 1)
+    assert head == f"{len(rel)} queries (relevant: shared label"
+    shown = dict(figure.rsplit(" ", 1) for figure in figures.split(", "))
+    assert list(shown) == ["R@1", "R@5", "R@10", "MAP@10"]
+    for cut in (1, 5, 10):
+        assert float(shown[f"R@{cut}"]) == pytest.approx(100 * rel[:, :cut].any(1).mean(), abs=0.051)
+    assert float(shown["MAP@10"]) == pytest.approx(np.mean(ap), abs=5e-5)
+    np.save(tmp_path / "q.npy", tiny.query.txt[:2].numpy())  # features alone: nothing to judge relevance by
+    bare = runner.invoke(main, ["search", str(out), "-q", str(tmp_path / "q.npy"), "-m", "image", "--metrics"])
+    assert bare.exit_code == 2 and bare.output == ("Error: no relevance to score by: the queries and the indexed "
+                                                   "items need labels, or ids\n")

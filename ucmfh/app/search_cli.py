@@ -85,17 +85,20 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
 @click.option("--checkpoint", "-c", type=click.Path(dir_okay=False),
               help="The index's checkpoint, where it has moved from the path recorded in the index.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines (one per hit) instead of a table.")
+@click.option("--metrics", "with_metrics", is_flag=True,
+              help="Also print R@1/5/10 (in %) and MAP@k of the queries, judged by shared labels or the same id "
+                   "(on stderr with --json).")
 @click.option("--html", type=click.Path(dir_okay=False), help="Also write a static results page here.")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads over queries [default: torch's].")
 @click.option("--device", default="cpu", show_default=True, callback=check_device)
 @user_errors
 def search_cmd(index, queries, split, ids, query_modality, text, image, k, modality, rerank, seps_checkpoint,
-               candidates, backend, nlist, nprobe, ef_search, check_recall, checkpoint, as_json, html, threads,
-               device) -> None:
+               candidates, backend, nlist, nprobe, ef_search, check_recall, checkpoint, as_json, with_metrics, html,
+               threads, device) -> None:
     """Search INDEX (several folders: searched as one) with queries; print the top-k items of each."""
     from ucmfh.search.build import Encoder
     from ucmfh.search.collection import read_queries
-    from ucmfh.search.results import format_results, result_rows, search_queries
+    from ucmfh.search.results import format_results, format_scores, result_rows, scores, search_queries
     from ucmfh.search.index import UnfinishedIndex
     from ucmfh.search.shards import open_index
 
@@ -145,11 +148,14 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
     config = BackendConfig(backend=backend, nlist=nlist, nprobe=nprobe, ef_search=ef_search)
     results = search_queries(opened, encoder, q, k, searched, rerank=rerank, candidates=candidates, device=device,
                              matcher=matcher, backend=config, threads=threads, check_recall=check_recall)
+    found = scores(results) if with_metrics else None  # refused before anything is printed
     if as_json:
         for row in result_rows(results):
             click.echo(json.dumps(row, ensure_ascii=False))
     else:
         click.echo(format_results(results))
+    if found is not None:
+        click.echo(format_scores(found), err=as_json)
     if html:
         from ucmfh.search.html import write_html
 

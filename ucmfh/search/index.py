@@ -99,7 +99,8 @@ def as_words(codes: ArrayLike, n_bits: int, what: str = "codes") -> np.ndarray:
             packed = codes
         else:
             if codes.shape[1] != n_bits:
-                raise ValueError(f"{what}: codes of {codes.shape[1]} bits, the index has {n_bits}")
+                raise ValueError(f"{what}: {codes.shape[1]} columns, the index holds {n_bits}-bit codes; features are "
+                                 "encoded first: ucmfh.search.Encoder(checkpoint).encode(features, modality)")
             if codes.dtype.kind == "f" and not np.isfinite(codes).all():
                 raise ValueError(f"{what}: non-finite values")
             packed = np.packbits(codes >= 0, axis=1)
