@@ -35,13 +35,18 @@ SHORT = {"image": "img", "text": "txt"}
 def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, device, quiet) -> None:
     """Encode every item of COLLECTION (unimodal protocol) into the index folder OUT."""
     from ucmfh.search.build import build_index
+    from ucmfh.train import stop_on_signals
 
     check_outputs(folders={"--out": out})
-    try:
-        report = build_index(collection, checkpoint, out, splits=splits or None, chunk_size=chunk_size,
-                             embeddings=embeddings, device=device, progress=not quiet)
+    try:  # SIGINT and SIGTERM end the build once the chunk in progress is committed
+        with stop_on_signals() as signalled:
+            report = build_index(collection, checkpoint, out, splits=splits or None, chunk_size=chunk_size,
+                                 embeddings=embeddings, device=device, progress=not quiet,
+                                 should_stop=lambda: signalled["signal"])
     except KeyboardInterrupt:
-        raise KeyboardInterrupt(_interrupted_build(out, collection)) from None
+        report = None
+    if report is None or report.stopped:
+        raise KeyboardInterrupt(_interrupted_build(out, collection))
     index = report.index
     if report.already:
         click.echo(f"{out}: {collection} is already indexed ({report.rows} rows); nothing added")

@@ -114,6 +114,7 @@ class BuildReport:
     resumed_at: int  # the row the build started at (0: from the start)
     rows: int  # rows of the collection
     already: bool  # the collection was already complete in the index
+    stopped: bool = False  # should_stop ended the build before its end (the same call continues it)
 
 
 def build_index(
@@ -126,12 +127,15 @@ def build_index(
     device: str = "cpu",
     progress: bool = False,
     stop_after: Optional[int] = None,
+    should_stop: Optional[Callable[[], Any]] = None,
 ) -> BuildReport:
     """Encode every item of a collection file into the index folder ``out`` (created, resumed or appended to).
 
     Images are indexed once per id (the first row of each id in this collection);
     captions, every row. ``embeddings`` keeps the float16 head outputs for cosine
-    re-ranking. ``stop_after`` stops after that many chunks (tests simulate a kill with it).
+    re-ranking. ``stop_after`` stops after that many chunks (tests simulate a kill with it); ``should_stop``,
+    when it returns something true after a committed chunk, stops there too (a signal: the report says
+    ``stopped``, and the same call continues the build).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -173,7 +177,7 @@ def build_index(
     # an index built before items kept their origin stays without it (its columns are fixed)
     origins = {m: index.count(m) == 0 or index.has(m, "origin") for m in FEATURES}
     bar = tqdm(total=n, initial=done, desc=f"index {os.path.basename(coll.path)}", unit="item", disable=not progress)
-    chunks = 0
+    chunks, stopped = 0, False
     for start in range(done, n, chunk_size):
         stop = min(start + chunk_size, n)
         items = {}
@@ -206,6 +210,9 @@ def build_index(
         chunks += 1
         if stop_after is not None and chunks >= stop_after and stop < n:
             break
+        if should_stop is not None and should_stop() and stop < n:
+            stopped = True
+            break
     bar.close()
     added = {m: index.count(m) - before[m] for m in FEATURES}
-    return BuildReport(index, added, done, n, False)
+    return BuildReport(index, added, done, n, False, stopped)
