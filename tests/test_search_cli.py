@@ -183,3 +183,21 @@ def test_search_metrics_are_those_of_the_printed_hits(tiny_path, tiny, trained, 
     bare = runner.invoke(main, ["search", str(out), "-q", str(tmp_path / "q.npy"), "-m", "image", "--metrics"])
     assert bare.exit_code == 2 and bare.output == ("Error: no relevance to score by: the queries and the indexed "
                                                    "items need labels, or ids\n")
+
+
+def test_validate_accepts_a_search_collection(tmp_path):
+    """Issue 26: 'ucmfh validate' on a collection to index says what it is, instead of '/train: missing group'."""
+    import h5py
+
+    path = tmp_path / "coll.h5"
+    with h5py.File(path, "w") as f:
+        f["image"], f["text"] = np.ones((5, 4), dtype=np.float32), np.ones((5, 3), dtype=np.float32)
+        f["ids"] = np.arange(5)
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0 and result.output == (
+        f"{path}: a valid search collection for 'ucmfh index' (not a training dataset: no /train): 5 rows in /; "
+        "image 4-d, text 3-d; ids\n")
+    with h5py.File(path, "a") as f:
+        del f["image"], f["text"]
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2 and result.output == f"Error: {path}: /train: missing group (the file has: ['ids'])\n"

@@ -56,12 +56,38 @@ def make_synthetic_cmd(out: str, overwrite: bool, **sizes: int) -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 @user_errors
 def validate_cmd(path: str) -> None:
-    """Check a dataset file against the ucmfh HDF5 format."""
-    attrs = validate_file(path)
+    """Check a dataset file against the ucmfh HDF5 format, or a search collection (docs/search.md)."""
+    try:
+        attrs = validate_file(path)
+    except ValueError as err:
+        described = _as_collection(path)  # a file without /train may be a collection to index
+        if described is None:
+            raise err from None
+        click.echo(described)
+        return
     data = load_dataset(path, validate=False)
     click.echo(f"{path}: valid ({attrs.get('name', '?')}: d_img {data.d_img}, d_txt {data.d_txt}, "
                f"{data.n_classes} classes; train {len(data.train)}, query {len(data.query)}, "
                f"retrieval {len(data.retrieval)})")
+
+
+def _as_collection(path: str) -> Optional[str]:
+    """What ``validate`` says of a search collection (no training splits): None when the file is not one."""
+    import h5py
+
+    from ucmfh.search.collection import open_collection
+
+    try:
+        with h5py.File(path, "r") as f:
+            if "train" in f:
+                return None  # a dataset: its own error stands
+        coll = open_collection(path)
+    except (OSError, ValueError):
+        return None
+    widths = ", ".join(f"{name} {coll.columns[name]}-d" for name in ("image", "text") if coll.has(name))
+    extra = [name for name in ("ids", "labels", "text_raw", "paths") if coll.has(name)]
+    return (f"{path}: a valid search collection for 'ucmfh index' (not a training dataset: no /train): "
+            f"{len(coll)} rows in {', '.join(coll.groups)}; {widths}" + (f"; {', '.join(extra)}" if extra else ""))
 
 
 @main.command("methods")

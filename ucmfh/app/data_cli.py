@@ -178,9 +178,13 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
                                keep_scratch=keep_scratch, tokens=tokens)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
-    report = extract_features(images, captions, labels, out, sizes=sizes, seed=seed, classes=classes_file,
-                              config=config, name=name, empty_labels=empty_labels, restart=restart,
-                              overwrite=overwrite, shard=shard_of, merge=merge)
+    try:
+        report = extract_features(images, captions, labels, out, sizes=sizes, seed=seed, classes=classes_file,
+                                  config=config, name=name, empty_labels=empty_labels, restart=restart,
+                                  overwrite=overwrite, shard=shard_of, merge=merge)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"interrupted: the finished chunks are kept in {out}.parts; run the same command "
+                                "to continue") from None
     if report.path is None:
         click.echo(f"shard {shard_of[0]}/{shard_of[1]} done: chunks computed {report.chunks_computed}, reused "
                    f"{report.chunks_reused} ({report.seconds:.1f} s); write {out} with --merge once every shard "
