@@ -84,7 +84,8 @@ def check_writable(path: PathLike, folder: bool = False) -> None:
     while not os.path.exists(existing):
         existing = os.path.dirname(existing)
     if not os.path.isdir(existing):
-        raise OSError(f"{path}: cannot be made: {existing} is a file, not a folder")
+        folder_of = path if folder else os.path.dirname(path)
+        raise OSError(f"{path}: cannot create the folder {folder_of} ({existing} is a file, not a folder)")
     try:
         fd, probe = tempfile.mkstemp(prefix=".ucmfh-probe-", dir=existing)
     except OSError as err:
