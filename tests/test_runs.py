@@ -325,7 +325,10 @@ def test_runs_summarises_every_row_shape_readably(tmp_path):
     assert cca[3] == "-" and "±" not in " ".join(cca)  # no loss of its own; one seed: its mean alone
     stages = [" ".join(line) for line in table if line[1] == "rerank"]
     assert [s for s in stages if "hamming m=100" in s] and [s for s in stages if "seps-rerank m=100" in s]
-    assert "hash." not in result.output.split("settings (each against the first key):")[-1]  # stages, not fields
+    legend = result.output.split("settings (each against the first key of the same stages):\n")[1].splitlines()
+    assert "fusion." not in " ".join(legend)  # a fusion row is not compared field by field with hashing rows
+    assert "  " + next(g for g in summarize(rows) if g["task"] == "fusion")["settings_key"] + \
+        ": the first with stages fusion" in legend
     groups = summarize(read_jsonl(path))
     assert {g["stage"] for g in groups} == {None, "seps-full", "hamming m=100", "cosine-rerank m=100",
                                              "seps-rerank m=100"}

@@ -150,28 +150,25 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
 
 
 def _differences(base: Dict[str, Any], other: Dict[str, Any]) -> List[str]:
-    """Where one group's settings differ from the first's, stage by stage; a stage only one of them has is
-    named once (``hash: none``), not field by field."""
-    out = []
-    for stage in dict.fromkeys([*base, *other]):
-        mine, theirs = other.get(stage), base.get(stage)
-        if not mine or not theirs:
-            out.append(f"no {stage} stage" if theirs else f"a {stage} stage")
-            continue
-        out += [f"{stage}.{name}={mine.get(name)!r}" for name in sorted(set(mine) | set(theirs))
-                if mine.get(name) != theirs.get(name)]
-    return out
+    """Where one group's settings differ from another's of the same stages, field by field ('-': it has none)."""
+    return [f"{stage}.{name}={repr(other[stage][name]) if name in other[stage] else '-'}" for stage in other
+            for name in sorted(set(other[stage]) | set(base[stage])) if other[stage].get(name) != base[stage].get(name)]
 
 
 def settings_legend(groups: List[Dict[str, Any]]) -> List[str]:
-    """For each settings key, the settings in which it differs from the first group's."""
+    """For each settings key, the settings in which it differs from the first key of the same stages (a
+    fusion stage alone, a hashing stage alone, both, a SEPS stage ...), which is that stages' reference."""
     keys = {g["settings_key"]: g["settings"] for g in groups}
     if len(keys) < 2:
         return []
-    base = next(iter(keys.values()))
-    lines = ["settings (each against the first key):"]
+    bases: Dict[tuple, Dict[str, Any]] = {}
+    lines = ["settings (each against the first key of the same stages):"]
     for key, settings in keys.items():
-        lines.append(f"  {key}: {', '.join(_differences(base, settings)) or 'the reference'}")
+        stages = tuple(settings)
+        base = bases.setdefault(stages, settings)
+        differ = _differences(base, settings)
+        first = f"the first with stages {' + '.join(stages)}" if stages else "the first without settings"
+        lines.append(f"  {key}: {', '.join(differ) or first}")
     return lines
 
 
