@@ -10,11 +10,12 @@ import argparse
 import os
 import sys
 
-from ucmfh.app.errors import EXIT_INTERRUPTED, EXIT_USER_ERROR, USER_ERRORS, describe
+from ucmfh.app.errors import EXIT_USER_ERROR, USER_ERRORS, describe, interrupted
 from ucmfh.app.experiment import (
     Run, RunOptions, check_interrupted, configure_from_env, dataset_identity, default_data_dir, default_epochs, evaluate_checkpoint,
-    protocols_of, report, resolve_dataset, train_fusion_stage, train_hash_stage,
+    protocols_of, report, resolve_dataset, saved_epochs, train_fusion_stage, train_hash_stage,
 )
+from ucmfh.app.outputs import check_outputs
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import load_dataset
 from ucmfh.losses import LOSSES
@@ -42,6 +43,24 @@ def parse_args(argv=None) -> argparse.Namespace:
     return p.parse_args(argv)
 
 
+def _other_epochs(run: Run, args: argparse.Namespace) -> str:
+    """Tasks 2/3 without a checkpoint of the asked settings: the one saved run of these settings with other
+    epochs when --epoch was not given (the README trains with --epoch 20, then evaluates without it), else
+    an error that names the epochs saved."""
+    kind = "fusion" if args.task == 2 else "hash"
+    wanted = run.fusion_path if kind == "fusion" else run.hash_path
+    saved = saved_epochs(run, kind)
+    if args.epoch is None and len(saved) == 1:
+        [(epochs, path)] = saved.items()
+        print(f"evaluating {path}: the saved run of these settings ({epochs} epochs)")
+        return path
+    if saved:
+        listed = " or ".join(f"--epoch {e}" for e in sorted(saved))
+        raise FileNotFoundError(f"{wanted}: no checkpoint of these settings ({run.fusion_cfg.epochs} epochs); "
+                                f"saved runs of them with other epochs: use {listed}")
+    raise FileNotFoundError(f"{wanted}: no checkpoint of these settings; train it first with --task {args.task - 2}")
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     configure_from_env()
@@ -53,6 +72,7 @@ def main(argv=None) -> int:
         hash_cfg = HashConfig(n_bits=args.hash_lens, loss=args.loss, epochs=epochs, batch_size=args.batch_size,
                               seed=args.seed, device=args.device)
         opts = RunOptions(out=args.out, resume=args.resume, save_interval=args.save_interval)
+        check_outputs({"--results": args.results}, {"--out": args.out if args.task in (0, 1) else None})
         path = resolve_dataset(args.dataset, args.data_dir)
         print(f"dataset: {path}")
         data = load_dataset(path)
@@ -68,8 +88,7 @@ def main(argv=None) -> int:
             run = Run(args.out, dataset_identity(data), fusion_cfg, hash_cfg)
             checkpoint = run.fusion_path if args.task == 2 else run.hash_path
             if not os.path.exists(checkpoint):
-                raise FileNotFoundError(f"{checkpoint}: no checkpoint of these settings; "
-                                        f"train it first with --task {args.task - 2}")
+                checkpoint = _other_epochs(run, args)
             rows = evaluate_checkpoint(data, checkpoint, protocols, device=args.device, n_bits=args.hash_lens,
                                        out=args.out)
         report(rows, args.results)
@@ -77,10 +96,7 @@ def main(argv=None) -> int:
         print(f"error: {describe(err)}", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt as err:
-        if getattr(err, "state_path", None) is None:
-            raise
-        print(f"{err}; run the same command with --resume to continue", file=sys.stderr)
-        return EXIT_INTERRUPTED
+        interrupted(err)
     return 0
 
 

@@ -65,6 +65,27 @@ def shared_file(name: str) -> str:
     return str(path)
 
 
+@pytest.fixture()
+def read_only_dir(tmp_path):
+    """A folder nothing can be created in, root included: mode 0555, or for root the immutable attribute
+    (``chattr +i``, the ``Operation not permitted`` a user meets on such a folder); a skip where neither holds."""
+    folder = tmp_path / "read-only"
+    folder.mkdir()
+    immutable = os.geteuid() == 0 if hasattr(os, "geteuid") else False
+    if immutable:
+        if subprocess.run(["chattr", "+i", str(folder)], capture_output=True).returncode != 0:
+            pytest.skip("root without chattr +i: no folder is read-only to this process")
+    else:
+        folder.chmod(0o555)
+    try:
+        yield folder
+    finally:
+        if immutable:
+            subprocess.run(["chattr", "-i", str(folder)], check=True)
+        else:
+            folder.chmod(0o755)
+
+
 def dead_pid() -> int:
     """The pid of a process that has ended (for temporary files left by a killed writer)."""
     child = subprocess.Popen([sys.executable, "-c", "pass"])

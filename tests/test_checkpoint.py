@@ -59,3 +59,28 @@ def test_damaged_or_foreign_files_are_refused(tmp_path):
         load_model(tmp_path / "other.pt", "hash")
     with pytest.raises(CheckpointError, match="no such checkpoint"):
         load_model(tmp_path / "absent.pt", "hash")
+
+
+def test_a_garbage_or_truncated_file_is_named_in_a_few_words(saved, tmp_path, tiny_path):
+    """Issue 26: not torch's 600-character weights_only advice nor '[Errno 22]': what is wrong with the file,
+    one line and exit 2 from the command line (checkpoints and training states alike)."""
+    import pickle
+
+    from click.testing import CliRunner
+
+    from ucmfh.app.cli import main
+    from ucmfh.train import read_state
+
+    cut = tmp_path / "cut.pt"
+    cut.write_bytes(open(saved[0], "rb").read()[:5000])
+    empty = tmp_path / "empty.pt"
+    empty.write_bytes(b"")
+    pickled = tmp_path / "pickled.pt"
+    torch.save({"format": "ucmfh-checkpoint", "thing": pickle.PickleError()}, pickled)
+    for path, why in ((cut, "truncated, or not a file torch saved"), (empty, "an empty file"),
+                      (pickled, "it holds objects other than tensors and plain values")):
+        result = CliRunner().invoke(main, ["evaluate", "-d", tiny_path, "-c", str(path), "--quiet", "--results", ""])
+        assert result.exit_code == 2
+        assert result.output == f"Error: {path}: not a readable checkpoint ({why})\n"
+    with pytest.raises(ValueError, match=r"cut.pt: not a readable training state \(truncated, or not a file torch"):
+        read_state(str(cut), torch.device("cpu"))

@@ -1,6 +1,7 @@
 """Runs you can trust: identity, safe results, per-length reporting, resume, clean errors (the app layer)."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import multiprocessing
 import os
@@ -277,3 +278,173 @@ def test_the_app_passes_ucmfh_native_down_to_the_library(monkeypatch, value, exp
         assert set_backend("auto") == expected
     finally:
         set_backend(previous)
+
+
+def _row(**kw) -> dict:
+    base = {"dataset": "d", "dataset_fingerprint": "f", "task": "hashing", "method": "two-tower", "loss": "infonce",
+            "n_bits": 16, "protocol": "unimodal", "k": 50, "seed": 1, "run": "r1", "checkpoint": "runs/a/hash16.pt",
+            "settings": {"fusion": None, "hash": {"seed": 1, "n_bits": 16, "hidden": 8}},
+            "map_i2t": 0.5, "map_t2i": 0.6}
+    return {**base, **kw}
+
+
+def test_runs_summarises_every_row_shape_readably(tmp_path):
+    """Issue 26.1: rows of every command (training, fusion, codes files, SEPS, re-ranking without a seed) in one
+    results file summarise; the table keeps its columns apart and says '-' for what a row lacks."""
+    caption = {"database": "test", "recall_i2t": {"1": 10.0, "5": 20.0, "10": 30.0},
+               "recall_t2i": {"1": 5.0, "5": 15.0, "10": 25.0}, "rsum": 105.0}
+    rerank = {"task": "rerank", "method": "two-tower", "n_bits": 16, "protocol": "unimodal", "dataset": "d",
+              "hash_checkpoint": "runs/a/hash16.pt", "hash_settings": {"seed": 1, "n_bits": 16}, **caption}
+    rows = [
+        _row(), _row(seed=2, run="r2", checkpoint="runs/b/hash16.pt", map_i2t=0.7,
+                     settings={"fusion": None, "hash": {"seed": 2, "n_bits": 16, "hidden": 8}}),
+        _row(task="fusion", method="ucmfh", loss="original", n_bits=None, run="f1", checkpoint="runs/f/fusion.pt",
+             settings={"fusion": {"seed": 1}, "hash": None}),
+        _row(method="cca-itq", loss=None, run="c1", checkpoint="runs/c/hash16.pt", **caption),
+        {"task": "codes", "codes": "codes.h5", "dataset": "d", "protocol": "unimodal", "loss": "-", "n_bits": 16,
+         "k": 50, "map_i2t": 0.4, "map_t2i": 0.3},
+        {"task": "seps", "stage": "seps-full", "candidates": None, "dataset": "d", "protocol": "unimodal", "seed": 7,
+         "run": "s1", "seps_settings": {"seed": 7}, **caption},
+        {**rerank, "stage": "hamming", "candidates": 100},
+        {**rerank, "stage": "cosine-rerank", "candidates": 100, "rsum": 120.0},
+        {**rerank, "stage": "seps-rerank", "candidates": 100, "seed": 7, "seps_settings": {"seed": 7}, "rsum": 130.0},
+    ]
+    path = tmp_path / "r.jsonl"
+    append_jsonl(path, rows)
+    result = CliRunner().invoke(main, ["runs", "--results", str(path)])
+    assert result.exit_code == 0, result.output
+    lines = result.output.splitlines()
+    header = lines[0].split()
+    assert header[:5] == ["dataset", "task", "method", "loss", "bits"] and "stage" in header
+    table = [line.split() for line in lines[1:len(rows)]]  # one line per group: the two seeds are one
+    assert lines[len(rows)].startswith("mean ± sample standard deviation")
+    assert len({tuple(line[1:3]) for line in table}) == 6 and "None" not in result.output
+    [two_tower] = [line for line in table if line[2] == "two-tower" and line[1] == "hashing"]
+    assert two_tower[3] == "infonce" and "0.6000 ± 0.1414" in " ".join(two_tower)
+    [cca] = [line for line in table if line[2] == "cca-itq"]
+    assert cca[3] == "-" and "±" not in " ".join(cca)  # no loss of its own; one seed: its mean alone
+    stages = [" ".join(line) for line in table if line[1] == "rerank"]
+    assert [s for s in stages if "hamming m=100" in s] and [s for s in stages if "seps-rerank m=100" in s]
+    legend = result.output.split("settings (each against the first key of the same stages):\n")[1].splitlines()
+    assert "fusion." not in " ".join(legend)  # a fusion row is not compared field by field with hashing rows
+    assert "  " + next(g for g in summarize(rows) if g["task"] == "fusion")["settings_key"] + \
+        ": the first with stages fusion" in legend
+    groups = summarize(read_jsonl(path))
+    assert {g["stage"] for g in groups} == {None, "seps-full", "hamming m=100", "cosine-rerank m=100",
+                                             "seps-rerank m=100"}
+
+
+def test_runs_names_one_checkpoint_or_says_why_not(tmp_path):
+    """Issue 26: a stable way to name a run's checkpoint, whatever else was trained since (no glob)."""
+    path = tmp_path / "r.jsonl"
+    append_jsonl(path, [_row(), _row(seed=2, run="r2", checkpoint="runs/b/hash16.pt")])
+    runner = CliRunner()
+    one = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--seed", "2"])
+    assert one.exit_code == 0 and one.output == "runs/b/hash16.pt\n"
+    two = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "-d", "d"])
+    assert two.exit_code == 2 and two.output.strip().splitlines() == [
+        f"Error: {path}: 2 checkpoints match (runs/a/hash16.pt, runs/b/hash16.pt); "
+        "name one run with -d, --task, --method, --loss, -b and --seed"]
+    none = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--seed", "3"])
+    assert none.exit_code == 2 and f"{path}: no run with a checkpoint matches" in none.output
+    append_jsonl(path, [{"task": "seps", "dataset": "d", "seed": 2, "seps_checkpoint": "runs/s/seps.pt"},
+                        {"task": "rerank", "dataset": "d", "seps_checkpoint": "runs/s/seps.pt", "seed": 2}])
+    seps = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--task", "seps"])
+    assert seps.exit_code == 0 and seps.output == "runs/s/seps.pt\n"
+
+
+def test_a_row_appended_to_a_last_line_without_newline_is_kept(tmp_path):
+    """Issue 26.4: a results file whose last line has no newline (an editor's) keeps the next row on a line of
+    its own; rows glued by older versions are read back; a line that is not rows is skipped with a warning."""
+    path = tmp_path / "r.jsonl"
+    path.write_text('{"a": 1}\n{"b": 2}')  # no newline at the end
+    append_jsonl(path, [{"c": 3}, {"d": 4}])
+    assert path.read_text() == '{"a": 1}\n{"b": 2}\n{"c": 3}\n{"d": 4}\n'
+    assert read_jsonl(path) == [{"a": 1}, {"b": 2}, {"c": 3}, {"d": 4}]
+    glued = tmp_path / "glued.jsonl"
+    glued.write_text('{"a": 1}{"b": 2}\n[1, 2]\n{"c": \n{"d": 4}\n')
+    with pytest.warns(UserWarning) as caught:
+        assert read_jsonl(glued) == [{"a": 1}, {"b": 2}, {"d": 4}]
+    assert [str(w.message) for w in caught] == [f"{glued}: line 2: not a JSON row ([1, 2]); skipped",
+                                                f'{glued}: line 3: not a JSON row ({{"c":); skipped']
+
+
+def test_every_output_is_checked_before_any_work_and_named_by_its_flag(tmp_path, tiny_path, read_only_dir):
+    """Issue 26.5: an output that cannot be written is refused before anything trains or is read, in one
+    line naming the flag and the path, exit 2: --out and --results of train-hash (both front doors) and
+    the outputs of the other commands."""
+    ro, ok = read_only_dir, tmp_path / "ok"
+    train = ["train-hash", *SMALL, "-d", tiny_path, "--epochs", "1", "-b", "8"]
+    cases = [
+        ([*train, "--out", str(ro / "runs"), "--results", str(ok / "r.jsonl")], f"--out {ro / 'runs'}: cannot be written"),
+        ([*train, "--out", str(ok / "runs"), "--results", str(ro / "r.jsonl")], f"--results {ro / 'r.jsonl'}: cannot"),
+        ([*train, "--out", str(ok / "runs"), "--results", str(tmp_path)], f"--results {tmp_path}: is a folder, not"),
+        (["train-fusion", "--set", "fusion.d_model=32", "-d", tiny_path, "--out", str(ro / "runs")],
+         f"--out {ro / 'runs'}: cannot"),
+        (["grid", "-d", tiny_path, "--methods", "cca-itq", "--out", str(ok / "runs"), "--results", str(ok / "g.jsonl"),
+          "--table", str(ro / "t")], f"--table {ro / 't.md'}: cannot be written"),
+        (["evaluate", "-d", tiny_path, "--codes", str(ok / "c.h5"), "--metrics-out", str(ro / "m.json")],
+         f"--metrics-out {ro / 'm.json'}: cannot be written"),
+        (["encode", "-d", tiny_path, "-c", str(ok / "h.pt"), "-o", str(ro / "c.h5")], f"--out {ro / 'c.h5'}: cannot"),
+        (["index", tiny_path, "-c", str(ok / "h.pt"), "-o", str(ro / "ix")], f"--out {ro / 'ix'}: cannot be written"),
+        (["make-synthetic", str(ro / "s.h5")], f"OUT {ro / 's.h5'}: cannot be written"),
+    ]
+    for args, message in cases:
+        result = CliRunner().invoke(main, args)
+        assert result.exit_code == 2, (args, result.output)
+        assert result.output.splitlines() == [result.output.splitlines()[0]], result.output  # nothing else ran
+        assert result.output.startswith(f"Error: {message}"), (args, result.output)
+    assert not ok.exists() and not list(ro.iterdir())
+    demo = subprocess.run([sys.executable, str(ROOT / "demo.py"), "--dataset", tiny_path, "--epoch", "1",
+                           "--out", str(ro / "runs"), "--results", str(tmp_path / "r.jsonl")],
+                          capture_output=True, text=True, cwd=tmp_path, env=ENV)
+    assert demo.returncode == 2 and demo.stdout == ""
+    assert demo.stderr.splitlines() == [f"error: --out {ro / 'runs'}: cannot be written (in {ro}): "
+                                        f"{'Operation not permitted' if os.geteuid() == 0 else 'Permission denied'}"]
+    # a results file that fails after the run all the same (a full disk): the rows' fate and the way on
+    from ucmfh.app.experiment import report
+
+    with pytest.raises(OSError, match=r"--results .*: the rows above were not appended \(.*\); the checkpoints are "
+                                      "saved, so the same command scores them again without training"):
+        report([{**_row(), "ranking": "hamming", "dataset": "d"}], str(tmp_path), lambda line: None)
+
+
+@pytest.mark.parametrize("args, error", [
+    (["--set", "hash.hidden=abc"], "Error: Invalid value for --set: 'hash.hidden': hidden must be an integer, got 'abc'"),
+    (["--method", "ucmfh", "--set", "fusion.d_model=abc"],
+     "Error: Invalid value for --set: 'fusion.d_model': d_model must be an integer, got 'abc'"),
+    (["--set", "hash.supervised=1"], "Error: Invalid value for --set: 'hash.supervised': supervised must be true or false, "
+                                     "got 1"),
+    (["--loss-param", "temperature=abc"], "Error: loss 'infonce': temperature must be a number, got 'abc'"),
+    (["--method", "ucmfh", "--loss", "triplet", "--loss-param", "margin=x"],
+     "Error: loss 'triplet': margin must be a number, got 'x'"),
+    (["--loss-param", "foo=1"], "Error: loss 'infonce' has no parameter 'foo' (its parameters: temperature, learnable, "
+                                "min_temperature, max_temperature)"),
+])
+def test_ill_typed_settings_are_one_line_naming_the_setting(tmp_path, tiny_path, args, error):
+    """Issue 26: an ill-typed --set or --loss-param is refused before the dataset is read, naming the setting."""
+    result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--out", str(tmp_path / "runs"), *args])
+    assert result.exit_code == 2 and "Traceback" not in result.output
+    assert [line for line in result.output.splitlines() if line.startswith("Error")] == [error]
+    assert "dataset:" not in result.output and not (tmp_path / "runs").exists()
+
+
+def test_demo_evaluates_the_run_it_trained_without_repeating_epoch(tmp_path, capsys):
+    """Issue 26: README's `demo.py --task 1 --epoch 20`, then `--task 2/3` without --epoch: the saved run of these
+    settings is evaluated; a --epoch that was never trained is one line naming the epochs that were."""
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    common = ["--dataset", _make(tmp_path, "small"), "--hash_lens", "16", "--out", str(tmp_path / "runs"),
+              "--results", str(tmp_path / "r.jsonl"), "--device", "cpu", "--protocol", "unimodal", "--batch_size", "64"]
+    assert demo.main(["--task", "1", "--epoch", "1", *common]) == 0
+    trained = _rows(tmp_path / "r.jsonl")[-1]
+    capsys.readouterr()
+    for task, checkpoint in ((3, trained["checkpoint"]), (2, str(Path(trained["checkpoint"]).parents[1] / "fusion.pt"))):
+        assert demo.main(["--task", str(task), *common]) == 0
+        assert f"evaluating {checkpoint}: the saved run of these settings (1 epochs)" in capsys.readouterr().out
+    assert _rows(tmp_path / "r.jsonl")[-2]["map_i2t"] == trained["map_i2t"]  # task 3 scored the trained model
+    assert demo.main(["--task", "3", "--epoch", "5", *common]) == 2
+    [error] = capsys.readouterr().err.strip().splitlines()
+    assert error.startswith("error: ") and error.endswith(
+        "no checkpoint of these settings (5 epochs); saved runs of them with other epochs: use --epoch 1")

@@ -60,8 +60,9 @@ def test_bad_arguments_are_clear():
     index.add("img", pm1(np.random.default_rng(0), 5, 16))
     with pytest.raises(ValueError, match="k must be >= 1"):
         index.search(pm1(np.random.default_rng(1), 2, 16), 0, "img")
-    with pytest.raises(ValueError, match="codes of 32 bits, the index has 16"):
-        index.search(np.ones((2, 32)), 3, "img")
+    with pytest.raises(ValueError, match=r"queries: 32 columns, the index holds 16-bit codes; features are encoded "
+                                         r"first: ucmfh.search.Encoder\(checkpoint\).encode\(features, modality\)"):
+        index.search(np.ones((2, 32)), 3, "img")  # features where codes belong (issue 26)
     with pytest.raises(ValueError, match="modality must be"):
         index.search(np.ones((2, 16)), 3, "audio")
     with pytest.raises(ValueError, match="columns"):
@@ -274,3 +275,18 @@ def test_html_page_renders_in_headless_chromium(collection, tmp_path):
     subprocess.run(args + [f"--screenshot={shot}", "--window-size=900,700", f"file://{page}"],
                    capture_output=True, timeout=120)
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 2000
+
+
+def test_features_become_codes_by_the_encoder_as_docs_search_shows(collection, tmp_path):
+    """Issue 26: the Python snippet of docs/search.md, raw features -> Encoder -> Index.search, finds what a
+    search of the index 'ucmfh index' builds finds."""
+    from ucmfh.search import Encoder as Exported
+
+    c = collection
+    encoder = Exported(c["ckpt"][0])
+    index = Index(n_bits=encoder.n_bits)
+    index.add("txt", encoder.encode(c["txt"], "txt"), ids=c["ids"])
+    queries = encoder.encode(c["img"][::3], "img")
+    built = build_index(c["path"], c["ckpt"][0], str(tmp_path / "ix")).index
+    assert Exported is Encoder
+    assert np.array_equal(index.search(queries, k=5, modality="txt")[1], built.search(queries, k=5, modality="txt")[1])

@@ -2,6 +2,12 @@
 from __future__ import annotations
 
 import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,6 +19,8 @@ from ucmfh.checkpoint import save_checkpoint
 from ucmfh.config import HashConfig
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.search import Index
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture()
@@ -85,3 +93,111 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
     other = save_checkpoint(tmp_path / "other.pt", FeatureHasher(tiny.d_img, tiny.d_txt, cfg).eval(), None, cfg)
     result = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-c", other])
     assert result.exit_code == 2 and "made by checkpoint" in result.output
+
+
+def test_training_again_keeps_the_checkpoint_an_index_was_built_from(tiny_path, tmp_path):
+    """Issue 26.2: the same train-hash command again reuses its finished checkpoint (never retrains or replaces
+    it), so the index built from it still searches; a checkpoint that did change is named as changed."""
+    runner = CliRunner()
+    train = ["train-hash", "-d", tiny_path, "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl"),
+             "-b", "16", "--method", "cca-itq", "--device", "cpu", "--quiet"]
+    first = runner.invoke(main, train)
+    assert first.exit_code == 0, first.output
+    [checkpoint] = [line.split(": ", 1)[1] for line in first.output.splitlines() if line.startswith("checkpoint: ")]
+    before = open(checkpoint, "rb").read()
+    out = tmp_path / "ix"
+    assert runner.invoke(main, ["index", tiny_path, "-c", checkpoint, "-o", str(out), "--quiet"]).exit_code == 0
+    again = runner.invoke(main, train)  # no --resume
+    assert again.exit_code == 0, again.output
+    assert f"already trained, reused {checkpoint}" in again.output and open(checkpoint, "rb").read() == before
+    search = ["search", str(out), "-q", tiny_path, "-k", "3"]
+    assert runner.invoke(main, search).exit_code == 0
+    # a checkpoint replaced under the same name: the refusal says what happened
+    other = runner.invoke(main, [*train, "--seed", "5"])
+    [replacement] = [line.split(": ", 1)[1] for line in other.output.splitlines() if line.startswith("checkpoint: ")]
+    with open(checkpoint, "wb") as f:
+        f.write(open(replacement, "rb").read())
+    refused = runner.invoke(main, search)
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1
+    assert f"made by checkpoint {checkpoint} (sha256 " in refused.output
+    assert "which has changed since" in refused.output and "build a new index" in refused.output
+
+
+def test_an_interrupted_index_is_refused_until_the_same_command_finishes_it(tiny_path, tiny, trained, tmp_path):
+    """Issue 26.3: Ctrl-C (a real SIGINT) during 'ucmfh index' says how far it got and how to go on (exit 130);
+    search refuses the unfinished folder in one line; the same command finishes it, and search then works."""
+    out = tmp_path / "ix"
+    argv = [sys.executable, "-m", "ucmfh", "index", tiny_path, "-c", trained, "-o", str(out), "--quiet"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen([*argv, "--chunk-size", "1"], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, cwd=ROOT, env=env)
+
+    def committed() -> int:
+        try:
+            return json.loads((out / "index.json").read_text())["sources"][0]["done"]
+        except (OSError, ValueError, LookupError):
+            return 0
+
+    end = time.monotonic() + 120
+    while committed() < 1:
+        assert proc.poll() is None and time.monotonic() < end, proc.communicate()
+        time.sleep(0.02)
+    proc.send_signal(signal.SIGINT)
+    _, stderr = proc.communicate(timeout=60)
+    n = len(tiny.query) + len(tiny.retrieval)
+    assert proc.returncode == 130, stderr
+    [line] = stderr.strip().splitlines()
+    assert line.startswith(f"interrupted: {out} holds ") and f"of {n} rows of {tiny_path}" in line
+    assert "run the same command" in line or "same command has continued" in line
+    runner = CliRunner()
+    refused = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", "3"])
+    assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1
+    assert f"{out}: unfinished: its build from {tiny_path} stopped at row " in refused.output
+    assert f"of {n} (interrupted)" in refused.output and "run the same 'ucmfh index' command again" in refused.output
+    done = runner.invoke(main, argv[3:])
+    assert done.exit_code == 0 and "resumed at row" in done.output, done.output
+    assert runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", "3"]).exit_code == 0
+    assert Index.load(out).count("txt") == n
+
+
+def test_search_metrics_are_those_of_the_printed_hits(tiny_path, tiny, trained, tmp_path):
+    """Issue 26: R@K and MAP@k of a search run, without hand-parsing its JSON; one line when relevance is unknown."""
+    runner = CliRunner()
+    out = tmp_path / "ix"
+    assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", str(out), "--quiet"]).exit_code == 0
+    result = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", "10", "--json", "--metrics"])
+    assert result.exit_code == 0, result.output
+    rows = [json.loads(line) for line in result.stdout.splitlines()]
+    rel = np.array([r["relevant"] for r in rows]).reshape(len(tiny.query), 10)
+    ap = [sum(rel[q, :i + 1].sum() / (i + 1) for i in range(10) if rel[q, i]) / max(rel[q].sum(), 1)
+          for q in range(len(rel))]
+    [line] = [line for line in result.stderr.splitlines() if "(relevant: " in line]
+    head, figures = line.split("): ", 1)
+    assert head == f"{len(rel)} queries (relevant: shared label"
+    shown = dict(figure.rsplit(" ", 1) for figure in figures.split(", "))
+    assert list(shown) == ["R@1", "R@5", "R@10", "MAP@10"]
+    for cut in (1, 5, 10):
+        assert float(shown[f"R@{cut}"]) == pytest.approx(100 * rel[:, :cut].any(1).mean(), abs=0.051)
+    assert float(shown["MAP@10"]) == pytest.approx(np.mean(ap), abs=5e-5)
+    np.save(tmp_path / "q.npy", tiny.query.txt[:2].numpy())  # features alone: nothing to judge relevance by
+    bare = runner.invoke(main, ["search", str(out), "-q", str(tmp_path / "q.npy"), "-m", "image", "--metrics"])
+    assert bare.exit_code == 2 and bare.output == ("Error: no relevance to score by: the queries and the indexed "
+                                                   "items need labels, or ids\n")
+
+
+def test_validate_accepts_a_search_collection(tmp_path):
+    """Issue 26: 'ucmfh validate' on a collection to index says what it is, instead of '/train: missing group'."""
+    import h5py
+
+    path = tmp_path / "coll.h5"
+    with h5py.File(path, "w") as f:
+        f["image"], f["text"] = np.ones((5, 4), dtype=np.float32), np.ones((5, 3), dtype=np.float32)
+        f["ids"] = np.arange(5)
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0 and result.output == (
+        f"{path}: a valid search collection for 'ucmfh index' (not a training dataset: no /train): 5 rows in /; "
+        "image 4-d, text 3-d; ids\n")
+    with h5py.File(path, "a") as f:
+        del f["image"], f["text"]
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2 and result.output == f"Error: {path}: /train: missing group (the file has: ['ids'])\n"

@@ -301,6 +301,12 @@ def test_train_seps_and_rerank_commands(tmp_path, token_path):
     assert stages == [(s, db) for db in ("test", "collection")
                       for s in ("hamming", "cosine-rerank", "seps-rerank", "seps-full")]
     assert all(r["protocol"] == "unimodal" for r in rows if r["task"] in ("rerank", "seps"))
+    # issue 26.1: a results file with re-ranking rows (no seed) and SEPS rows (a seed) still summarises,
+    # each stage and M on a line of its own
+    summary = runner.invoke(main, ["runs", "--results", results])
+    assert summary.exit_code == 0, summary.output
+    for stage in ("hamming m=10", "cosine-rerank m=10", "seps-rerank m=10", "seps-full"):
+        assert sum(stage in line for line in summary.output.splitlines()) >= 2, stage  # both databases
     bad = runner.invoke(main, ["train-seps", *common, "--set", "nonsense=1"])
     assert bad.exit_code == 2 and "nonsense" in bad.output
 

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ucmfh.config import FusionConfig, HashConfig, SepsConfig, from_dict, to_dict
-from ucmfh.files import PathLike, atomic_file, write_text_atomic
+from ucmfh.files import PathLike, atomic_file, torch_file_problem, write_text_atomic
 from ucmfh.methods import build_method
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.seps import SEPS
@@ -97,7 +97,7 @@ def read_checkpoint(path: PathLike) -> Dict[str, Any]:
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for a damaged file
-        raise CheckpointError(f"{path}: not a readable checkpoint ({err})") from None
+        raise CheckpointError(f"{path}: not a readable checkpoint ({torch_file_problem(path, err)})") from None
     if not isinstance(payload, dict) or payload.get("format") != FORMAT:
         raise CheckpointError(f"{path}: not a ucmfh checkpoint")
     if payload.get("version") != VERSION:

@@ -8,6 +8,7 @@ never exists; change one with :func:`dataclasses.replace`, which checks again.
 from __future__ import annotations
 
 import dataclasses
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
 
@@ -67,6 +68,7 @@ class FusionConfig:
         self.validate()
 
     def validate(self) -> "FusionConfig":
+        _check_types(self)
         if self.d_model % self.n_heads:
             raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
         if not 0.0 <= self.modality_dropout <= 1.0:
@@ -123,6 +125,7 @@ class HashConfig:
         self.validate()
 
     def validate(self) -> "HashConfig":
+        _check_types(self)
         if not isinstance(self.method, str) or not self.method:
             raise ValueError(f"method must be a method's name, got {self.method!r}")
         if not isinstance(self.method_params, dict):
@@ -204,6 +207,7 @@ class SepsConfig:
         self.validate()
 
     def validate(self) -> "SepsConfig":
+        _check_types(self)
         for name, allowed in (("version", SEPS_VERSIONS), ("selection", tuple(SEPS_SELECTIONS)),
                               ("dense_text", tuple(DENSE_TEXT))):
             if getattr(self, name) not in allowed:
@@ -246,6 +250,7 @@ class BackendConfig:
         self.validate()
 
     def validate(self) -> "BackendConfig":
+        _check_types(self)
         if self.backend not in SEARCH_BACKENDS:
             raise ValueError(f"backend must be one of {SEARCH_BACKENDS}, got {self.backend!r}")
         for name in ("nprobe", "train_per_list", "hnsw_m", "ef_construction", "ef_search"):
@@ -254,6 +259,37 @@ class BackendConfig:
         if self.nlist is not None and self.nlist < 1:
             raise ValueError(f"nlist must be >= 1, got {self.nlist}")
         return self
+
+
+# what a setting's default's type accepts (an int where a float is expected; a JSON list for a tuple)
+_ACCEPTS = {bool: (bool,), int: (numbers.Integral,), float: (numbers.Real,), str: (str,), tuple: (tuple, list),
+            dict: (dict,)}
+_NAMES = {bool: "true or false", int: "an integer", float: "a number", str: "a string", tuple: "a list",
+          dict: "a dict"}
+
+
+def check_type(cls: type, name: str, value: Any) -> None:
+    """Refuse a value of another type than the setting's default (``ValueError`` naming both), e.g.
+    ``hidden='abc'``; a setting whose default is None takes anything its own check allows."""
+    default = _default(cls, name)
+    kind = type(default)
+    if default is None or kind not in _ACCEPTS:
+        return
+    if isinstance(value, bool) and kind is not bool or not isinstance(value, _ACCEPTS[kind]):
+        raise ValueError(f"{name} must be {_NAMES[kind]}, got {value!r}")
+
+
+def _default(cls: type, name: str) -> Any:
+    f = next(f for f in dataclasses.fields(cls) if f.name == name)
+    return f.default_factory() if f.default is dataclasses.MISSING else f.default
+
+
+def _check_types(cfg: Any) -> None:
+    for f in dataclasses.fields(cfg):
+        value = getattr(cfg, f.name)
+        check_type(type(cfg), f.name, value)
+        if isinstance(value, list) and isinstance(_default(type(cfg), f.name), tuple):
+            setattr(cfg, f.name, tuple(value))  # as a checkpoint's JSON gives it back
 
 
 def with_defaults(defaults: Dict[str, Any], settings: Dict[str, Any]) -> Dict[str, Any]:
@@ -305,4 +341,7 @@ def from_dict(cls: type, values: Dict[str, Any], source: Optional[str] = None) -
     values = dict(values)
     if "betas" in values:
         values["betas"] = tuple(values["betas"])
-    return cls(**values)
+    try:
+        return cls(**values)
+    except ValueError as err:
+        raise ValueError(f"{source}: {err}" if source else str(err)) from None

@@ -16,8 +16,11 @@ import contextlib
 import errno
 import json
 import os
+import pickle
 import re
+import tempfile
 import warnings
+import zipfile
 from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
 
 import numpy as np
@@ -62,6 +65,52 @@ def remove_stale_temps(path: PathLike) -> List[str]:
             except OSError:
                 pass
     return removed
+
+
+def check_writable(path: PathLike, folder: bool = False) -> None:
+    """Refuse, before any work, an output that could not be written: ``OSError`` naming ``path`` and why.
+
+    A file (``folder=False``) is written beside itself and renamed (:func:`atomic_file`) or appended to,
+    so its folder must take new files; a folder must be one, or be creatable under the nearest folder
+    that exists. Whether a folder takes files is tried with a temporary file, removed at once (root
+    ignores permission bits, a read-only mount does not): nothing is left behind.
+    """
+    path = os.path.abspath(os.fspath(path))
+    if os.path.isdir(path) and not folder:
+        raise OSError(f"{path}: is a folder, not a file")
+    if os.path.exists(path) and folder and not os.path.isdir(path):
+        raise OSError(f"{path}: is a file, not a folder")
+    existing = path if folder and os.path.isdir(path) else os.path.dirname(path)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        folder_of = path if folder else os.path.dirname(path)
+        raise OSError(f"{path}: cannot create the folder {folder_of} ({existing} is a file, not a folder)")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".ucmfh-probe-", dir=existing)
+    except OSError as err:
+        where = "" if existing == path else f" (in {existing})"
+        raise OSError(f"{path}: cannot be written{where}: {err.strerror or err}") from None
+    os.close(fd)
+    os.remove(probe)
+    if os.path.isfile(path) and not os.access(path, os.W_OK):
+        raise OSError(f"{path}: cannot be written: the file is read-only")
+
+
+def torch_file_problem(path: PathLike, err: BaseException) -> str:
+    """Why ``torch.load`` could not read ``path``, in a few words (not torch's advice on ``weights_only``):
+    what a user can act on. ``err`` is what it raised."""
+    path = os.fspath(path)
+    if isinstance(err, OSError) and err.strerror and not os.path.isfile(path):
+        return err.strerror.lower()
+    if os.path.getsize(path) == 0:
+        return "an empty file"
+    if not zipfile.is_zipfile(path):  # what torch.save writes; a copy cut short has no central directory
+        return "truncated, or not a file torch saved"
+    if isinstance(err, pickle.UnpicklingError):  # weights_only refuses anything but tensors and plain values
+        return "it holds objects other than tensors and plain values"
+    first = (str(err).strip().splitlines() or [type(err).__name__])[0]
+    return f"damaged: {first if len(first) <= 100 else first[:99] + '…'}"
 
 
 def atomic_path(path: PathLike) -> str:
@@ -126,8 +175,11 @@ def append_jsonl(path: PathLike, rows: List[Mapping[str, Any]]) -> None:
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     lines = [(json.dumps(row, sort_keys=True) + "\n").encode("utf-8") for row in rows]
     with locked(path):
-        fd = os.open(path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
+        fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
+            size = os.fstat(fd).st_size
+            if lines and size and os.pread(fd, 1, size - 1) != b"\n":  # a last line without its newline (an
+                lines[0] = b"\n" + lines[0]  # editor's, or a killed writer's): the row starts a line of its own
             for line in lines:
                 written = os.write(fd, line)
                 if written != len(line):  # a full disk; name it rather than leave half a row unexplained
@@ -136,8 +188,26 @@ def append_jsonl(path: PathLike, rows: List[Mapping[str, Any]]) -> None:
             os.close(fd)
 
 
+def _rows_of_line(text: str) -> Optional[List[Dict[str, Any]]]:
+    """The rows (JSON objects) one line holds, in order, or None unless the whole line is rows (one, or
+    several glued together by a writer that appended to a last line without its newline)."""
+    decoder, rows, pos = json.JSONDecoder(), [], 0
+    while pos < len(text):
+        try:
+            row, pos = decoder.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return None
+        if not isinstance(row, dict):
+            return None
+        rows.append(row)
+        while pos < len(text) and text[pos].isspace():
+            pos += 1
+    return rows
+
+
 def read_jsonl(path: PathLike) -> List[Dict[str, Any]]:
-    """The rows of a JSON-lines file ([] when it does not exist); an unreadable line is skipped with a warning."""
+    """The rows of a JSON-lines file ([] when it does not exist). Rows glued onto one line (appended to a
+    last line without its newline) are all read; an unreadable line is skipped with a warning."""
     path = os.fspath(path)
     if not os.path.exists(path):
         return []
@@ -146,10 +216,12 @@ def read_jsonl(path: PathLike) -> List[Dict[str, Any]]:
         for number, line in enumerate(f, 1):
             if not line.strip():
                 continue
-            try:
-                rows.append(json.loads(line))
-            except json.JSONDecodeError as err:
-                warnings.warn(f"{path}: line {number}: not a JSON row ({err}); skipped", stacklevel=2)
+            found = _rows_of_line(line.strip())
+            if found is None:
+                text = line.strip()
+                warnings.warn(f"{path}: line {number}: not a JSON row "
+                              f"({text if len(text) <= 60 else text[:59] + '…'}); skipped", stacklevel=2)
+            rows += found or []
     return rows
 
 

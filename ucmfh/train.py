@@ -33,7 +33,7 @@ from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.scoring import embed_split, encode_split, head_outputs_split, score_splits
 from ucmfh.similarity import normalize, sign_codes
-from ucmfh.files import atomic_file
+from ucmfh.files import atomic_file, torch_file_problem
 from ucmfh.utils import resolve_device, seed_everything
 
 
@@ -272,15 +272,17 @@ def read_state(path: str, device: torch.device) -> Dict[str, Any]:
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as err:  # torch raises several types for a damaged file
-        raise ValueError(f"{path}: not a readable training state ({err})") from None
+        raise ValueError(f"{path}: not a readable training state ({torch_file_problem(path, err)})") from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
         raise ValueError(f"{path}: not a ucmfh training state")
     return state
 
 
 @contextlib.contextmanager
-def _stop_on_signals() -> Iterator[Dict[str, Optional[int]]]:
-    """While training, SIGINT and SIGTERM set a flag instead of killing the step in progress."""
+def stop_on_signals() -> Iterator[Dict[str, Optional[int]]]:
+    """While training (or another long loop that commits its work step by step, as an index build does),
+    SIGINT and SIGTERM set ``flag["signal"]`` instead of killing the step in progress; the loop stops at its
+    next safe point. (A KeyboardInterrupt could land anywhere, even in a callback that swallows it.)"""
     flag: Dict[str, Optional[int]] = {"signal": None}
     if threading.current_thread() is not threading.main_thread():
         yield flag
@@ -383,7 +385,7 @@ def run_epochs(
     last_save = time.monotonic()
     bar = tqdm(total=cfg.epochs, initial=start_epoch, desc=stage, unit="epoch",
                disable=not (progress and group.is_main))
-    with _stop_on_signals() as stop:
+    with stop_on_signals() as stop:
         for epoch in range(start_epoch, cfg.epochs):
             if resumed_gen is not None:  # replay the interrupted epoch's draws
                 generator.set_state(resumed_gen)

@@ -8,14 +8,15 @@ from typing import Optional
 
 import click
 
-from ucmfh.app.errors import user_errors
+from ucmfh.app.errors import UserError, user_errors
 from ucmfh.app.experiment import (
     Run, check_interrupted, configure_from_env, dataset_identity, default_data_dir, join_process_group,
     protocols_of, report, resolve_dataset,
 )
+from ucmfh.app.outputs import check_outputs
 from ucmfh.app.options import (
-    check_device, data_options, fusion_config, hash_configs, hash_epochs, method_fusion_config, run_options,
-    train_options,
+    check_device, check_method_options, data_options, fusion_config, hash_configs, hash_epochs, method_fusion_config, parse_overrides,
+    run_options, train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset, validate_file
@@ -46,6 +47,7 @@ def main(ctx: click.Context) -> None:
 @user_errors
 def make_synthetic_cmd(out: str, overwrite: bool, **sizes: int) -> None:
     """Write a deterministic synthetic dataset (MIRFlickr-shaped by default) to OUT."""
+    check_outputs({"OUT": out})
     path = make_synthetic(out, SyntheticSpec(**sizes), overwrite=overwrite)
     click.echo(f"wrote {path}")
 
@@ -54,12 +56,38 @@ def make_synthetic_cmd(out: str, overwrite: bool, **sizes: int) -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 @user_errors
 def validate_cmd(path: str) -> None:
-    """Check a dataset file against the ucmfh HDF5 format."""
-    attrs = validate_file(path)
+    """Check a dataset file against the ucmfh HDF5 format, or a search collection (docs/search.md)."""
+    try:
+        attrs = validate_file(path)
+    except ValueError as err:
+        described = _as_collection(path)  # a file without /train may be a collection to index
+        if described is None:
+            raise err from None
+        click.echo(described)
+        return
     data = load_dataset(path, validate=False)
     click.echo(f"{path}: valid ({attrs.get('name', '?')}: d_img {data.d_img}, d_txt {data.d_txt}, "
                f"{data.n_classes} classes; train {len(data.train)}, query {len(data.query)}, "
                f"retrieval {len(data.retrieval)})")
+
+
+def _as_collection(path: str) -> Optional[str]:
+    """What ``validate`` says of a search collection (no training splits): None when the file is not one."""
+    import h5py
+
+    from ucmfh.search.collection import open_collection
+
+    try:
+        with h5py.File(path, "r") as f:
+            if "train" in f:
+                return None  # a dataset: its own error stands
+        coll = open_collection(path)
+    except (OSError, ValueError):
+        return None
+    widths = ", ".join(f"{name} {coll.columns[name]}-d" for name in ("image", "text") if coll.has(name))
+    extra = [name for name in ("ids", "labels", "text_raw", "paths") if coll.has(name)]
+    return (f"{path}: a valid search collection for 'ucmfh index' (not a training dataset: no /train): "
+            f"{len(coll)} rows in {', '.join(coll.groups)}; {widths}" + (f"; {', '.join(extra)}" if extra else ""))
 
 
 @main.command("methods")
@@ -69,6 +97,10 @@ def methods_cmd() -> None:
         click.echo(f"{name:<10} {spec.description}")
         if spec.params:
             click.echo(f"{'':<10} parameters: " + ", ".join(f"{k}={v}" for k, v in spec.params.items()))
+        own = {**spec.defaults, **spec.fixed}
+        click.echo(f"{'':<10} defaults: " + (", ".join(f"{k}={v}" for k, v in own.items()) + " (else as ucmfh)"
+                                             if own else "UCMFH's (HashConfig's)")
+                   + ("" if spec.takes_loss else "; a loss of its own"))
 
 
 @main.command("losses")
@@ -90,24 +122,28 @@ def _load(dataset: str, data_dir: str, max_memory: Optional[int] = DEFAULT_MAX_M
 
 @main.command("train-fusion")
 @data_options
-@train_options
+@train_options("train-fusion")
 @click.option("--lr", default=FusionConfig.lr, show_default=True, type=click.FloatRange(min=0, min_open=True))
 @user_errors
 def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr, **train) -> None:
     """Task 0: train the fusion encoder and score its embeddings (cosine ranking)."""
     from ucmfh.app.experiment import train_fusion_stage
 
+    parse_overrides(train["overrides"], ("fusion",))  # a hash.FIELD would do nothing here
     cfg = fusion_config(dataset, device, lr=lr, **train)
+    check_outputs({"--results": results}, {"--out": train["out"]})
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
     check_interrupted([Run(opts.out, dataset_identity(data), cfg)], opts)
     rows = train_fusion_stage(data, cfg, opts, protocols_of(protocol), k, log=click.echo)
     report(rows, results, click.echo)
+    if rows:
+        click.echo(f"checkpoint: {rows[0]['checkpoint']}")
 
 
 @main.command("train-hash")
 @data_options
-@train_options
+@train_options("train-hash")
 @click.option("--method", type=click.Choice(list(METHODS)), default=DEFAULT_METHOD, show_default=True,
               help="How codes are learnt (see 'ucmfh methods').")
 @click.option("--method-param", "method_params", multiple=True, metavar="KEY=VALUE",
@@ -130,17 +166,25 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
     """
     from ucmfh.app.experiment import train_hash_stage
 
+    context = click.get_current_context()
+    given = {"--" + p.name.replace("_", "-"): context.get_parameter_source(p.name).name == "COMMANDLINE"
+             for p in context.command.params}
+    given.update({f"--set fusion.{name}": True for name in parse_overrides(train["overrides"])["fusion"]})
+    check_method_options(method, protocol, given)
     fcfg = method_fusion_config(method, dataset, device, train, fusion_epochs)
     # every code length is checked before anything trains
     epochs = hash_epochs(method, dataset, train["epochs"])
     hcfgs = hash_configs(fcfg, n_bits, epochs, train["overrides"], method, train,
                          beta_schedule=beta_schedule, lr_fusion=lr_fusion)
+    check_outputs({"--results": results}, {"--out": train["out"]})
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
     check_interrupted([Run(opts.out, dataset_identity(data), fcfg, hcfg) for hcfg in hcfgs], opts)
     for hcfg in hcfgs:
         rows = train_hash_stage(data, fcfg, hcfg, opts, protocols_of(protocol), k, log=click.echo)
         report(rows, results, click.echo)
+        if rows:
+            click.echo(f"checkpoint: {rows[0]['checkpoint']}")
 
 
 @main.command("evaluate")
@@ -157,6 +201,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
     """Tasks 2/3: reload a checkpoint and score it on a dataset; or score a saved codes file."""
     if (checkpoint is None) == (codes is None):
         raise click.UsageError("give exactly one of --checkpoint and --codes")
+    check_outputs({"--results": results, "--metrics-out": metrics_out, "--plot": plot})
     if codes is not None:
         from ucmfh.app.experiment import append_results
         from ucmfh.files import write_json_atomic
@@ -178,7 +223,11 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
                 click.echo(f"wrote {path}")
         return
     from ucmfh.app.experiment import evaluate_checkpoint
+    from ucmfh.checkpoint import read_checkpoint
 
+    saved = read_checkpoint(checkpoint)  # a damaged file is named before the dataset is read
+    if saved["kind"] == "hash":
+        check_method_options((saved["hash_config"] or {}).get("method", "ucmfh"), protocol, {})
     data = _load(dataset, data_dir)
     rows = evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet, log=click.echo)
     report(rows, results, click.echo)
@@ -197,9 +246,12 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
 def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, quiet) -> None:
     """Write the query and retrieval codes of a hashing checkpoint to OUT (for 'evaluate --codes')."""
     from ucmfh.app.experiment import encode_checkpoint
+    from ucmfh.checkpoint import load_model
 
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f"{out}: exists; not replaced")
+    check_outputs({"--out": out})
+    load_model(checkpoint, "hash")  # a damaged or fusion checkpoint is named before the dataset is read
     data = _load(dataset, data_dir)
     path = encode_checkpoint(data, checkpoint, out, protocol, device, not quiet, overwrite)
     click.echo(f"wrote {path} ({protocol} protocol)")
@@ -211,15 +263,27 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
 @click.option("--method", multiple=True, help="Only these methods (repeatable).")
 @click.option("--loss", multiple=True, help="Only these losses (repeatable).")
 @click.option("--n-bits", "-b", multiple=True, type=int, help="Only these code lengths (repeatable).")
+@click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable).")
+@click.option("--task", multiple=True, type=click.Choice(["fusion", "hashing", "seps", "rerank", "codes"]),
+              help="Only rows of these tasks (repeatable).")
 @click.option("--protocol", type=click.Choice(PROTOCOLS), help="Only this protocol.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON lines.")
+@click.option("--checkpoint", "checkpoint", is_flag=True,
+              help="Print only the checkpoint of the one run that matches (for 'index -c', 'evaluate -c', ...); "
+                   "an error when several match.")
 @user_errors
-def runs_cmd(results, dataset, method, loss, n_bits, protocol, as_json) -> None:
+def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_json, checkpoint) -> None:
     """Summarise past runs from a results file: mean ± std over seeds, one line per setting."""
-    from ucmfh.app.runs import filter_rows, format_summary, read_results, summarize
+    from ucmfh.app.runs import filter_rows, format_summary, read_results, summarize, the_checkpoint
 
     rows = filter_rows(read_results(results), dataset=dataset, method=method, loss=loss, n_bits=n_bits,
-                       protocol=protocol)
+                       protocol=protocol, seed=seed, task=task)
+    if checkpoint:
+        try:
+            click.echo(the_checkpoint(rows, results))
+        except ValueError as err:  # the filters are the remedy
+            raise UserError(f"{err}; name one run with -d, --task, --method, --loss, -b and --seed") from None
+        return
     groups = summarize(rows)
     if as_json:
         for g in groups:

@@ -13,6 +13,7 @@ import os
 import click
 
 from ucmfh.app.errors import user_errors
+from ucmfh.app.outputs import check_outputs
 from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
 from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features, parse_shard
 from ucmfh.data.splits import DEFAULT_SEED, STANDARD_SPLITS, resolve_sizes
@@ -54,6 +55,7 @@ def convert() -> None:
 @user_errors
 def convert_pkl_cmd(folder, out, name, classes_file, image_feature, text_feature, empty_labels, overwrite):
     """UCMFH's FOLDER/{train,query,retrieval}.pkl -> OUT, split as released."""
+    check_outputs({"OUT": out})
     kwargs = {k: v for k, v in (("image_feature", image_feature), ("text_feature", text_feature)) if v}
     _summary(convert_pkl(folder, out, name=name, classes=read_classes(classes_file) if classes_file else None,
                          empty_labels=empty_labels, overwrite=overwrite, **kwargs))
@@ -81,6 +83,7 @@ def _arrays_command(kind: str, help_text: str):
     def command(image, text, labels, out, image_key, text_key, labels_key, standard_split, query, train, retrieval,
                 split_index, seed, chunk_rows, name, classes_file, image_feature, text_feature, empty_labels,
                 overwrite):
+        check_outputs({"OUT": out})
         sizes = None
         if split_index is None:
             try:
@@ -158,6 +161,7 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
     ``--merge``; or ``torchrun --nproc-per-node N -m ucmfh extract ...``.
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    check_outputs({"OUT": out})
     try:
         shard_of = parse_shard(shard) if shard else None
         world = int(os.environ.get("WORLD_SIZE", "1"))
@@ -174,9 +178,13 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
                                keep_scratch=keep_scratch, tokens=tokens)
     except ValueError as err:
         raise click.UsageError(str(err)) from None
-    report = extract_features(images, captions, labels, out, sizes=sizes, seed=seed, classes=classes_file,
-                              config=config, name=name, empty_labels=empty_labels, restart=restart,
-                              overwrite=overwrite, shard=shard_of, merge=merge)
+    try:
+        report = extract_features(images, captions, labels, out, sizes=sizes, seed=seed, classes=classes_file,
+                                  config=config, name=name, empty_labels=empty_labels, restart=restart,
+                                  overwrite=overwrite, shard=shard_of, merge=merge)
+    except KeyboardInterrupt:
+        raise KeyboardInterrupt(f"interrupted: the finished chunks are kept in {out}.parts; run the same command "
+                                "to continue") from None
     if report.path is None:
         click.echo(f"shard {shard_of[0]}/{shard_of[1]} done: chunks computed {report.chunks_computed}, reused "
                    f"{report.chunks_reused} ({report.seconds:.1f} s); write {out} with --merge once every shard "

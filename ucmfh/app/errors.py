@@ -48,6 +48,17 @@ def describe(err: BaseException) -> str:
     return " ".join(text.split())
 
 
+def interrupted(err: KeyboardInterrupt) -> None:
+    """End a command stopped by Ctrl-C (or a training run stopped by SIGTERM): one line on stderr saying how
+    to go on, exit code 130. A training run's interrupt carries its saved state (``state_path``): the same
+    command with --resume continues it; another's message says what was kept, or it is a plain Ctrl-C."""
+    text = str(err) or "interrupted"
+    if getattr(err, "state_path", None) is not None:
+        text += "; run the same command with --resume to continue"
+    click.echo(text, err=True)
+    sys.exit(EXIT_INTERRUPTED)
+
+
 def user_errors(fn: Callable) -> Callable:
     """Decorator for click commands: report user errors as :class:`UserError`."""
 
@@ -60,9 +71,6 @@ def user_errors(fn: Callable) -> Callable:
         except USER_ERRORS as err:
             raise UserError(describe(err)) from None
         except KeyboardInterrupt as err:
-            if getattr(err, "state_path", None) is None:  # not a training run's saved interrupt
-                raise
-            click.echo(f"{err}; run the same command with --resume to continue", err=True)
-            sys.exit(EXIT_INTERRUPTED)
+            interrupted(err)
 
     return wrapper

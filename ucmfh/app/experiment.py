@@ -20,6 +20,7 @@ from __future__ import annotations
 import dataclasses
 import datetime
 import functools
+import glob
 import hashlib
 import json
 import os
@@ -351,6 +352,33 @@ def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
     return state
 
 
+def saved_epochs(run: Run, kind: str) -> Dict[int, str]:
+    """The saved checkpoints (``kind`` 'fusion' or 'hash') of runs that differ from ``run`` in their
+    epochs alone, by epochs: what a user who trained with ``--epoch 20`` and evaluates without it has."""
+    def without_epochs(identity: Dict[str, Any]) -> Dict[str, Any]:
+        return {stage: {k: v for k, v in (identity.get(stage) or {}).items() if k != "epochs"}
+                for stage in ("fusion", "hash")}
+
+    if kind == "fusion":
+        wanted, pattern = without_epochs(run.fusion_identity), os.path.join(run.dataset_dir, "*", "identity.json")
+    else:
+        wanted = without_epochs(run.hash_dir_identity)
+        pattern = os.path.join(run.dataset_dir, "*", *(["hash-*"] if run.fusion_cfg is not None else []),
+                               "identity.json")
+    found = {}
+    for path in sorted(glob.glob(pattern)):
+        try:
+            with open(path, encoding="utf-8") as f:
+                identity = json.load(f)
+        except (OSError, ValueError):
+            continue
+        checkpoint = os.path.join(os.path.dirname(path), "fusion.pt" if kind == "fusion" else
+                                  os.path.basename(run.hash_path))
+        if without_epochs(identity) == wanted and os.path.exists(checkpoint):
+            found[(identity.get(kind) or {}).get("epochs")] = checkpoint
+    return found
+
+
 def write_identity(directory: str, identity: Dict[str, Any], dataset: Dict[str, str]) -> None:
     write_json_atomic(os.path.join(directory, "identity.json"), {**identity, "dataset": dataset})
 
@@ -403,16 +431,17 @@ def train_hash_stage(
     """Task 1: train the hashing stage by ``hash_cfg.method``, save, score. Method 'ucmfh' trains
     hash heads on the run's fusion encoder (trained first if needed); the others ignore ``fusion_cfg``.
 
-    With ``opts.resume`` a finished checkpoint of the same identity is scored again, not retrained.
+    A finished checkpoint of the same identity is scored again, never retrained or replaced (an index
+    built from it stays valid), as a finished fusion stage is reused.
     """
     run = Run(opts.out, dataset_identity(data), fusion_cfg, hash_cfg)
     path, identity = run.hash_path, run.hash_identity
     group = current_group()
-    if opts.resume and os.path.exists(path):
+    if os.path.exists(path):
         model, _, _, meta = _load_stage(path, "hash", identity, data)
         if group.is_main:
             drop_leftover_state(path)
-        log(f"hashing {hash_cfg.n_bits} bits: already trained, {path} (run {key_of(identity)})")
+        log(f"hashing {hash_cfg.n_bits} bits: already trained, reused {path} (run {key_of(identity)})")
         seconds, history = meta.get("seconds", 0.0), meta["history"]
     else:
         fusion = None if run.fusion_cfg is None else load_or_train_fusion(data, run, opts, log)[0]
@@ -565,5 +594,9 @@ def report(rows: List[Dict[str, Any]], results: Optional[str], echo: Log = print
         return
     echo(format_table(rows))
     if results:
-        append_results(results, rows)
+        try:
+            append_results(results, rows)
+        except OSError as err:  # checked before the run (ucmfh.app.outputs); the disk may still fill up
+            raise OSError(f"--results {results}: the rows above were not appended ({err.strerror or err}); the "
+                          "checkpoints are saved, so the same command scores them again without training") from None
         echo(f"results appended to {results}")

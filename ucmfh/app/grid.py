@@ -25,8 +25,9 @@ from ucmfh.app.experiment import (
     Run, RunOptions, append_results, dataset_identity, key_of, resolve_dataset, train_hash_stage,
 )
 from ucmfh.app.options import (
-    check_device, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
+    check_device, check_loss, check_method_options, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
 )
+from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import DIRECTIONS, REAL, summarize
 from ucmfh.config import PROTOCOLS, HashConfig
 from ucmfh.data.h5 import load_dataset
@@ -204,7 +205,7 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
 @click.option("--table", default="runs/grid", show_default=True, help="Table path without extension (.md, .csv).")
 @click.option("--device", default="auto", show_default=True, callback=check_device)
 @click.option("--quiet", is_flag=True, help="No progress bars.")
-@train_options
+@train_options("grid", without=("loss", "loss_params", "seed", "resume"))  # --losses, --loss-params, --seeds; always resumes
 @user_errors
 def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_epochs, protocol, k, results, table,
          device, quiet, **train) -> None:
@@ -218,9 +219,9 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     unknown = [name for name in losses if name not in LOSSES]
     if unknown:
         raise click.BadParameter(f"unknown losses {unknown} (losses: {', '.join(LOSSES)})", param_hint="--losses")
-    if train["loss"] is not None or train["loss_params"]:
-        raise click.UsageError("the grid takes its losses from --losses and --loss-params NAME:KEY=VALUE")
     params = loss_params_by_name(per_loss)
+    if all(build_method(m).leak_free for m in methods):  # --protocol fused would have nothing to score
+        check_method_options(methods[0], protocol, {})
     protocols = protocols_of(protocol)
     opts = RunOptions(out=train["out"], resume=True, save_interval=train["save_interval"], progress=not quiet)
     bits = list(dict.fromkeys(n_bits))
@@ -231,10 +232,12 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     for dataset, (method, loss), seed in product(datasets, variants_asked, seeds):
         settings = {**train, "loss": loss, "loss_params": (), "seed": seed}
         fcfg = method_fusion_config(method, dataset, device, settings, fusion_epochs)
-        fcfg = dataclasses.replace(fcfg, loss_params=params.get(fcfg.loss, {}))
+        fcfg = check_loss(dataclasses.replace(fcfg, loss_params=params.get(fcfg.loss, {})))
         epochs = hash_epochs(method, dataset, train["epochs"])
         for hcfg in hash_configs(fcfg, bits, epochs, train["overrides"], method, settings):
-            cells.append((dataset, fcfg, dataclasses.replace(hcfg, loss_params=params.get(hcfg.loss, hcfg.loss_params))))
+            hcfg = check_loss(dataclasses.replace(hcfg, loss_params=params.get(hcfg.loss, hcfg.loss_params)))
+            cells.append((dataset, fcfg, hcfg))
+    check_outputs({"--results": results, "--table": table}, {"--out": train["out"]})
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
     grid_rows: List[Dict[str, Any]] = []
     recorded = read_jsonl(results)  # the rows of earlier runs, and of the cells run below

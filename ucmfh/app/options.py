@@ -8,8 +8,9 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import click
 
 from ucmfh.app.experiment import RunOptions, default_data_dir, default_epochs
-from ucmfh.config import AMP_MODES, PROTOCOLS, FusionConfig, HashConfig, with_defaults
+from ucmfh.config import AMP_MODES, PROTOCOLS, FusionConfig, HashConfig, check_type, with_defaults
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY
+from ucmfh.losses import build_loss
 from ucmfh.methods import build_method
 from ucmfh.utils import resolve_device
 
@@ -30,16 +31,23 @@ def parse_params(pairs: Tuple[str, ...], option: str) -> Dict[str, Any]:
     return params
 
 
-def parse_overrides(pairs: Tuple[str, ...]) -> Dict[str, Dict[str, Any]]:
-    """``--set fusion.d_model=256 --set hash.hidden=1024`` -> {"fusion": {...}, "hash": {...}}."""
+def parse_overrides(pairs: Tuple[str, ...], stages: Tuple[str, ...] = tuple(STAGES)) -> Dict[str, Dict[str, Any]]:
+    """``--set fusion.d_model=256 --set hash.hidden=1024`` -> {"fusion": {...}, "hash": {...}}; ``stages``:
+    those the command trains (train-fusion trains no hashing stage)."""
     out: Dict[str, Dict[str, Any]] = {stage: {} for stage in STAGES}
     for key, value in parse_params(pairs, "--set").items():
         stage, _, name = key.partition(".")
-        if stage not in STAGES:
-            raise click.BadParameter(f"{key!r}: expected fusion.FIELD or hash.FIELD", param_hint="--set")
+        if stage not in stages:
+            trains = f"this command trains no {stage} stage; " if stage in STAGES else ""
+            raise click.BadParameter(f"{key!r}: {trains}expected {' or '.join(f'{s}.FIELD' for s in stages)}",
+                                     param_hint="--set")
         fields = [f.name for f in dataclasses.fields(STAGES[stage])]
         if name not in fields:
             raise click.BadParameter(f"{key!r}: {stage} settings are {', '.join(fields)}", param_hint="--set")
+        try:
+            check_type(STAGES[stage], name, value)
+        except ValueError as err:
+            raise click.BadParameter(f"{key!r}: {err}", param_hint="--set") from None
         out[stage][name] = value
     return out
 
@@ -100,43 +108,62 @@ class ByteSize(click.ParamType):
         return int(size)
 
 
-def train_options(fn: Callable) -> Callable:
+def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
+    """The training options of ``command`` ('train-fusion', 'train-hash' or 'grid'), each default said as
+    that command has it; ``without``: options (by parameter name) the command has no use for."""
     defaults = FusionConfig()
-    for option in reversed([
-        click.option("--loss", default=None,
-                     help="Loss name (see 'ucmfh losses') [default: original; the method's for train-hash --method]."),
-        click.option("--loss-param", "loss_params", multiple=True, metavar="KEY=VALUE",
-                     help="Loss hyper-parameter, e.g. temperature=0.1 (repeatable)."),
-        click.option("--supervised", is_flag=True, help="Pass the training labels to the loss (pairwise uses them)."),
-        click.option("--epochs", type=click.IntRange(min=1), default=None,
-                     help="Epochs [default: 100, or the reference's for known datasets]."),
-        click.option("--batch-size", default=None, type=click.IntRange(min=2),
-                     help=f"Items per step [default: {defaults.batch_size}; the method's for train-hash --method]."),
-        click.option("--seed", default=defaults.seed, show_default=True),
-        click.option("--modality-dropout", default=None, type=click.FloatRange(0, 1),
-                     help=f"Share of items trained with image and text kept apart (0 = UCMFH's fused-only training) "
-                          f"[default: {defaults.modality_dropout}]."),
-        click.option("--val-fraction", default=None, type=click.FloatRange(0, 1, max_open=True),
-                     help="Share of the training split held out to pick the best epoch (0: keep the last epoch) "
-                          "[default: 0; the method's for train-hash --method]."),
-        click.option("--patience", default=None, type=click.IntRange(min=0),
-                     help="With --val-fraction: stop after this many epochs without a better validation score "
-                          "[default: 0; the method's for train-hash --method]."),
-        click.option("--amp", type=click.Choice(AMP_MODES), default=defaults.amp, show_default=True,
-                     help="Mixed-precision training: bf16 autocasts the forward pass (CPU with bf16 support, or GPU)."),
-        click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
-                     help="Any other setting, e.g. fusion.d_model=256 or hash.hidden=1024 (repeatable)."),
-        click.option("--out", default="runs", show_default=True, help="Root folder of runs (checkpoints)."),
-        click.option("--resume", is_flag=True,
-                     help="Continue an interrupted run of the same settings; reuse its finished stages."),
-        click.option("--save-interval", default=RunOptions.save_interval, show_default=True,
-                     type=click.FloatRange(min=0), help="Seconds between saves of the training state (0: every epoch)."),
-        click.option("--max-memory", default=DEFAULT_MAX_MEMORY, type=ByteSize(),
-                     help="Features held in memory at most; the largest splits beyond it are read from the file "
-                          "as training goes (streamed) [default: 8GiB]."),
-    ]):
-        fn = option(fn)
-    return fn
+    # train-hash and grid train a method, whose own defaults come first ('ucmfh methods')
+    by_method = command != "train-fusion"
+    unless = "; the method's if it has its own (see 'ucmfh methods')" if by_method else ""
+    stage = "fusion.d_model=256" if not by_method else "fusion.d_model=256 or hash.hidden=1024"
+    options = {
+        "loss": click.option("--loss", default=None, help="Loss name (see 'ucmfh losses') [default: "
+                             + ("the method's (see 'ucmfh methods'); original for ucmfh]." if by_method
+                                else f"{defaults.loss}].")),
+        "loss_params": click.option("--loss-param", "loss_params", multiple=True, metavar="KEY=VALUE",
+                                    help="Loss hyper-parameter, e.g. temperature=0.1 (repeatable)."),
+        "supervised": click.option("--supervised", is_flag=True,
+                                   help="Pass the training labels to the loss (pairwise uses them)."),
+        "epochs": click.option("--epochs", type=click.IntRange(min=1), default=None,
+                               help="Epochs [default: 100, or the reference's for known datasets"
+                                    + ("; the method's if it has its own]." if by_method else "].")),
+        "batch_size": click.option("--batch-size", default=None, type=click.IntRange(min=2),
+                                   help=f"Items per step [default: {defaults.batch_size}{unless}]."),
+        "seed": click.option("--seed", default=defaults.seed, show_default=True),
+        "modality_dropout": click.option(
+            "--modality-dropout", default=None, type=click.FloatRange(0, 1),
+            help=f"Share of items trained with image and text kept apart (0 = UCMFH's fused-only training) "
+                 f"[default: {defaults.modality_dropout}]."),
+        "val_fraction": click.option(
+            "--val-fraction", default=None, type=click.FloatRange(0, 1, max_open=True),
+            help=f"Share of the training split held out to pick the best epoch (0: keep the last epoch) "
+                 f"[default: {defaults.val_fraction:g}{unless}]."),
+        "patience": click.option("--patience", default=None, type=click.IntRange(min=0),
+                                 help=f"With --val-fraction: stop after this many epochs without a better validation "
+                                      f"score [default: {defaults.patience}{unless}]."),
+        "amp": click.option("--amp", type=click.Choice(AMP_MODES), default=defaults.amp, show_default=True,
+                            help="Mixed-precision training: bf16 autocasts the forward pass (CPU with bf16 support, "
+                                 "or GPU)."),
+        "overrides": click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
+                                  help=f"Any other setting, e.g. {stage} (repeatable)."),
+        "out": click.option("--out", default="runs", show_default=True, help="Root folder of runs (checkpoints)."),
+        "resume": click.option("--resume", is_flag=True, help="Continue an interrupted run of the same settings "
+                                                              "(finished stages are always reused)."),
+        "save_interval": click.option("--save-interval", default=RunOptions.save_interval, show_default=True,
+                                      type=click.FloatRange(min=0),
+                                      help="Seconds between saves of the training state (0: every epoch)."),
+        "max_memory": click.option("--max-memory", default=DEFAULT_MAX_MEMORY, type=ByteSize(),
+                                   help="Features held in memory at most; the largest splits beyond it are read from "
+                                        "the file as training goes (streamed) [default: 8GiB]."),
+    }
+
+    def decorate(fn: Callable) -> Callable:
+        for name, option in reversed(list(options.items())):
+            if name not in without:
+                fn = option(fn)
+        return fn
+
+    return decorate
 
 
 def run_options(train: Dict[str, Any], quiet: bool) -> RunOptions:
@@ -154,7 +181,7 @@ def fusion_config(dataset: str, device: str, loss: Optional[str], loss_params: T
                   modality_dropout=modality_dropout, device=device, amp=amp, val_fraction=val_fraction,
                   patience=patience, lr=lr)
     values = {k: v for k, v in values.items() if v is not None}
-    return FusionConfig(**{**values, **parse_overrides(overrides)["fusion"]})
+    return check_loss(FusionConfig(**{**values, **parse_overrides(overrides)["fusion"]}))
 
 
 def method_fusion_config(method: str, dataset: str, device: str, train: Dict[str, Any],
@@ -218,4 +245,37 @@ def hash_configs(fusion_cfg: FusionConfig, n_bits: Iterable[int], epochs: Option
     params = parse_params((train or {}).get("method_params", ()), "--method-param")
     if params:
         extra["method_params"] = {**extra.get("method_params", {}), **params}
-    return [spec.config(**{**base, **settings, "n_bits": bits, **extra}) for bits in dict.fromkeys(n_bits)]
+    return [check_loss(spec.config(**{**base, **settings, "n_bits": bits, **extra}))
+            for bits in dict.fromkeys(n_bits)]
+
+
+# options a method without a fusion stage has no use for, and those a method fitted in closed form ignores
+FUSION_OPTIONS = ("--fusion-epochs", "--lr-fusion", "--modality-dropout")
+EPOCH_OPTIONS = ("--epochs", "--batch-size", "--val-fraction", "--patience", "--amp", "--beta-schedule",
+                 "--supervised")
+
+
+def check_method_options(method: str, protocol: str, given: Dict[str, bool]) -> None:
+    """Refuse what a method would ignore: ``--protocol fused`` for a leak-free method (it has no fused
+    view), the options of a fusion stage (FUSION_OPTIONS, ``--set fusion.*``) for a method that trains
+    none, the options of epochs (EPOCH_OPTIONS) for a method fitted in closed form. ``given``: option ->
+    whether the command line gave it."""
+    spec = build_method(method)
+    if protocol == "fused" and spec.leak_free:
+        raise click.BadParameter(f"method {method!r} is leak-free: its codes have no fused view (scored under "
+                                 "unimodal only)", param_hint="--protocol")
+    for option in (name for name, was_given in given.items() if was_given):
+        if not spec.uses_fusion and (option in FUSION_OPTIONS or option.startswith("--set fusion.")):
+            raise click.BadParameter(f"method {method!r} trains no fusion stage", param_hint=option)
+        if spec.closed_form and option in EPOCH_OPTIONS:
+            raise click.BadParameter(f"method {method!r} is fitted in closed form: it has no use for it",
+                                     param_hint=option)
+
+
+def check_loss(cfg: Any) -> Any:
+    """``cfg``, after building its loss once (a method with a loss of its own has none to check): an unknown
+    loss, parameter or value is refused before anything is read or trained (``ValueError`` naming it)."""
+    if isinstance(cfg, HashConfig) and not build_method(cfg.method).takes_loss:
+        return cfg
+    build_loss(cfg.loss, **cfg.loss_params)
+    return cfg

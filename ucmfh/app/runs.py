@@ -1,9 +1,11 @@
 """Past runs from a results file: filtered, deduplicated, and summarised over seeds.
 
-Rows that score the same run the same way (``run``, ``protocol``, ``k``) are
-one measurement: the last one counts (``ucmfh evaluate`` of a checkpoint
-scores its run again). Runs that differ only in their seed form one group,
-summarised as mean ± sample standard deviation.
+Rows that score the same run the same way (``run``, ``protocol``, ``k``, and for
+two-stage search its ``stage`` and candidates) are one measurement: the last one
+counts (``ucmfh evaluate`` of a checkpoint scores its run again). Runs that differ
+only in their seed form one group, summarised as mean ± sample standard deviation.
+Every row any command appends (training, evaluation, codes files, SEPS, re-ranking)
+is summarised; a field a row lacks is shown as ``-``.
 """
 from __future__ import annotations
 
@@ -47,26 +49,67 @@ def _matches(value: Any, wanted: Sequence[Any]) -> bool:
 
 def filter_rows(
     rows: Iterable[Dict[str, Any]], dataset: Sequence[str] = (), method: Sequence[str] = (),
-    loss: Sequence[str] = (), n_bits: Sequence[int] = (), protocol: Optional[str] = None,
+    loss: Sequence[str] = (), n_bits: Sequence[int] = (), protocol: Optional[str] = None, seed: Sequence[int] = (),
+    task: Sequence[str] = (),
 ) -> List[Dict[str, Any]]:
     return [r for r in rows
-            if _matches(r.get("dataset"), dataset) and _matches(r.get("method", "ucmfh"), method)
+            if _matches(r.get("dataset"), dataset) and _matches(method_of(r), method) and _matches(r.get("task"), task)
             and _matches(r.get("loss"), loss) and _matches(r.get("n_bits"), n_bits)
-            and (protocol is None or r.get("protocol") == protocol)]
+            and _matches(seed_of(r), seed) and (protocol is None or r.get("protocol") == protocol)]
+
+
+def the_checkpoint(rows: Iterable[Dict[str, Any]], where: str) -> str:
+    """The one checkpoint the rows were scored with (a run's stable name, whatever else was trained since; a
+    SEPS run's ``seps.pt``); ``ValueError`` when they name none or several (``where``: the results file)."""
+    found = list(dict.fromkeys(r.get("checkpoint") or r.get("seps_checkpoint") for r in rows
+                               if r.get("checkpoint") or r.get("task") == "seps" and r.get("seps_checkpoint")))
+    if not found:
+        raise ValueError(f"{where}: no run with a checkpoint matches")
+    if len(found) > 1:
+        shown = ", ".join(found[:3]) + (", ..." if len(found) > 3 else "")
+        raise ValueError(f"{where}: {len(found)} checkpoints match ({shown})")
+    return found[0]
 
 
 # settings that are columns of the summary already
 COLUMNS = ("seed", "loss", "n_bits")
 
 
-def _beyond_columns(settings: Optional[Dict[str, Any]]) -> Dict[str, Any]:
-    return {stage: (None if values is None else {k: v for k, v in values.items() if k not in COLUMNS})
-            for stage, values in (settings or {}).items()}
+def _beyond_columns(settings: Dict[str, Any]) -> Dict[str, Any]:
+    return {stage: {k: v for k, v in values.items() if k not in COLUMNS} for stage, values in settings.items()}
+
+
+def settings_of(row: Dict[str, Any]) -> Dict[str, Any]:
+    """A row's settings by stage: ``settings`` of a training or evaluation row; the hashing and SEPS
+    settings of a re-ranking or SEPS row (``hash_settings``, ``seps_settings``)."""
+    settings = row.get("settings") or {stage: row.get(f"{stage}_settings") for stage in ("hash", "seps")}
+    return {stage: values for stage, values in settings.items() if values is not None}
+
+
+def method_of(row: Dict[str, Any]) -> Optional[str]:
+    """A row's hashing method; a training row from before methods existed is 'ucmfh'; a SEPS row has none."""
+    return row.get("method") or ("ucmfh" if row.get("task") in ("fusion", "hashing") else None)
+
+
+def seed_of(row: Dict[str, Any]) -> Optional[int]:
+    """A row's seed: its own, else its hashing model's (a re-ranking row without SEPS); None if it has none."""
+    seed = row.get("seed")
+    return seed if seed is not None else (row.get("hash_settings") or {}).get("seed")
+
+
+def _stage(row: Dict[str, Any]) -> Optional[str]:
+    """What a two-stage search row measured: ``seps-rerank m=100``; None for any other row."""
+    stage = row.get("stage")
+    if stage is None:
+        return None
+    return f"{stage} m={row['candidates']}" if row.get("candidates") else stage
 
 
 def _measurement(row: Dict[str, Any]) -> tuple:
-    run = row.get("run") or (row.get("checkpoint"), row.get("codes"), row.get("seed"))
-    return (json.dumps(run, sort_keys=True), row.get("protocol"), row.get("database"), row.get("k"))
+    run = row.get("run") or (row.get("checkpoint"), row.get("hash_checkpoint"), row.get("seps_checkpoint"),
+                             row.get("codes"), row.get("seed"))
+    return (json.dumps(run, sort_keys=True), row.get("task"), _stage(row), row.get("protocol"), row.get("database"),
+            row.get("k"))
 
 
 def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -76,18 +119,20 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
         latest[_measurement(row)] = row
     groups: Dict[tuple, List[Dict[str, Any]]] = {}
     for row in latest.values():
-        settings = _beyond_columns(row.get("settings"))
+        settings = _beyond_columns(settings_of(row))
         key = (row.get("dataset_fingerprint") or row.get("dataset"), row.get("dataset"), row.get("task"),
-               row.get("method", "ucmfh"), row.get("loss"), row.get("n_bits"), row.get("protocol"),
+               method_of(row), row.get("loss"), row.get("n_bits"), _stage(row), row.get("protocol"),
                row.get("database"), row.get("k"), key_of(settings))
         groups.setdefault(key, []).append(row)
     out = []
     for key, group in groups.items():
-        _, dataset, task, method, loss, n_bits, protocol, database, k, settings_key = key
+        _, dataset, task, method, loss, n_bits, stage, protocol, database, k, settings_key = key
         entry: Dict[str, Any] = {
-            "dataset": dataset, "task": task, "method": method, "loss": loss, "n_bits": n_bits,
-            "protocol": protocol, "database": database, "k": k, "n_seeds": len(group), "seeds": sorted(r.get("seed") for r in group),
-            "settings_key": settings_key[:6], "settings": _beyond_columns(group[0].get("settings")),
+            "dataset": dataset, "task": task, "method": method, "loss": loss, "n_bits": n_bits, "stage": stage,
+            "protocol": protocol, "database": database, "k": k, "n_seeds": len(group),
+            "seeds": sorted(seed for seed in map(seed_of, group) if seed is not None),
+            "checkpoints": sorted({r["checkpoint"] for r in group if r.get("checkpoint")}),
+            "settings_key": settings_key[:6], "settings": _beyond_columns(settings_of(group[0])),
         }
         scores = (*DIRECTIONS, "rsum", *RECALL_AT_1)
         for field in (*scores, *(f"random_{d}" for d in DIRECTIONS), "random_rsum", *(REAL + f for f in scores)):
@@ -99,33 +144,44 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
         entry["train_time_s_mean"] = statistics.fmean(times) if times else None
         out.append(entry)
     out.sort(key=lambda e: (str(e["dataset"]), str(e["task"]), str(e["method"]), str(e["loss"]),
-                            e["n_bits"] or 0, str(e["protocol"]), str(e["database"]), e["settings_key"]))
+                            e["n_bits"] or 0, str(e["stage"]), str(e["protocol"]), str(e["database"]),
+                            e["settings_key"]))
     return out
 
 
-def _flat(settings: Dict[str, Any]) -> Dict[str, Any]:
-    return {f"{stage}.{k}": v for stage, values in settings.items() if values for k, v in values.items()}
+def _differences(base: Dict[str, Any], other: Dict[str, Any]) -> List[str]:
+    """Where one group's settings differ from another's of the same stages, field by field ('-': it has none)."""
+    return [f"{stage}.{name}={repr(other[stage][name]) if name in other[stage] else '-'}" for stage in other
+            for name in sorted(set(other[stage]) | set(base[stage])) if other[stage].get(name) != base[stage].get(name)]
 
 
 def settings_legend(groups: List[Dict[str, Any]]) -> List[str]:
-    """For each settings key, the settings in which it differs from the first group's."""
-    keys = dict.fromkeys(g["settings_key"] for g in groups)
+    """For each settings key, the settings in which it differs from the first key of the same stages (a
+    fusion stage alone, a hashing stage alone, both, a SEPS stage ...), which is that stages' reference."""
+    keys = {g["settings_key"]: g["settings"] for g in groups}
     if len(keys) < 2:
         return []
-    flat = {g["settings_key"]: _flat(g["settings"]) for g in groups}
-    base = flat[next(iter(keys))]
-    lines = ["settings (each against the first key):"]
-    for key in keys:
-        differ = [f"{name}={flat[key].get(name)!r}" for name in sorted(set(base) | set(flat[key]))
-                  if flat[key].get(name) != base.get(name)]
-        lines.append(f"  {key}: {', '.join(differ) or 'the reference'}")
+    bases: Dict[tuple, Dict[str, Any]] = {}
+    lines = ["settings (each against the first key of the same stages):"]
+    for key, settings in keys.items():
+        stages = tuple(settings)
+        base = bases.setdefault(stages, settings)
+        differ = _differences(base, settings)
+        first = f"the first with stages {' + '.join(stages)}" if stages else "the first without settings"
+        lines.append(f"  {key}: {', '.join(differ) or first}")
     return lines
 
 
-def _cell(entry: Dict[str, Any], field: str) -> str:
+def _cell(entry: Dict[str, Any], field: str, digits: int = 4) -> str:
+    """``mean ± std`` of a field over the group's seeds; the mean alone for one seed; ``-`` when absent."""
     if f"{field}_mean" not in entry:
         return "-"
-    return f"{entry[f'{field}_mean']:.4f} ± {entry[f'{field}_std']:.4f}"
+    mean = f"{entry[f'{field}_mean']:.{digits}f}"
+    return mean if entry["n_seeds"] < 2 else f"{mean} ± {entry[f'{field}_std']:.{digits}f}"
+
+
+def _text(value: Any) -> str:
+    return "-" if value is None else str(value)
 
 
 def format_summary(groups: List[Dict[str, Any]]) -> str:
@@ -133,22 +189,29 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
     if not groups:
         return "no runs match"
     captions = any(g["database"] for g in groups)
-    header = (f"{'dataset':<14}{'task':<9}{'method':<8}{'loss':<10}{'bits':>5}  {'protocol':<9}"
-              + (f"{'database':<11}" if captions else "") + f"{'k':>4}{'seeds':>6}"
-              f"  {'MAP I->T':<17}{'MAP T->I':<17}" + (f"{'rSum':<15}" if captions else "")
-              + f"{'random I->T':<12}{'settings':<8}")
-    lines = [header]
-    for g in groups:
-        rand = f"{g['random_map_i2t_mean']:.4f}" if "random_map_i2t_mean" in g else "-"
-        rsum = f"{g['rsum_mean']:.1f} ± {g['rsum_std']:.1f}" if "rsum_mean" in g else "-"
-        lines.append(f"{str(g['dataset']):<14}{str(g['task']):<9}{str(g['method']):<8}{str(g['loss']):<10}"
-                     f"{g['n_bits'] or '-':>5}  {str(g['protocol']):<9}"
-                     + (f"{g['database'] or '-':<11}" if captions else "") + f"{g['k'] or '-':>4}{g['n_seeds']:>6}"
-                     f"  {_cell(g, 'map_i2t'):<17}{_cell(g, 'map_t2i'):<17}" + (f"{rsum:<15}" if captions else "")
-                     + f"{rand:<12}{g['settings_key']:<8}")
-    lines.append("mean ± sample standard deviation over seeds; unimodal = cross-modal retrieval, "
-                 "fused = UCMFH's protocol (leaks the paired modality)")
+    columns = [("dataset", lambda g: _text(g["dataset"])), ("task", lambda g: _text(g["task"])),
+               ("method", lambda g: _text(g["method"])), ("loss", lambda g: _text(g["loss"])),
+               ("bits", lambda g: _text(g["n_bits"]))]
+    if any(g["stage"] for g in groups):
+        columns.append(("stage", lambda g: _text(g["stage"])))
+    columns.append(("protocol", lambda g: _text(g["protocol"])))
+    if captions:
+        columns.append(("database", lambda g: _text(g["database"])))
+    columns += [("k", lambda g: _text(g["k"])), ("seeds", lambda g: str(g["n_seeds"])),
+                ("MAP I->T", lambda g: _cell(g, "map_i2t")), ("MAP T->I", lambda g: _cell(g, "map_t2i"))]
+    if captions:
+        columns.append(("rSum", lambda g: _cell(g, "rsum", 1)))
+    columns += [("random I->T", lambda g: _cell({**g, "n_seeds": 1}, "random_map_i2t")),
+                ("settings", lambda g: g["settings_key"])]
+    cells = [[show(g) for _, show in columns] for g in groups]
+    widths = [max(len(name), *(len(row[i]) for row in cells)) for i, (name, _) in enumerate(columns)]
+    lines = ["  ".join(name.ljust(w) for (name, _), w in zip(columns, widths)).rstrip()]
+    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells]
+    lines.append("mean ± sample standard deviation over seeds (the mean alone for one seed); unimodal = cross-modal "
+                 "retrieval, fused = UCMFH's protocol (leaks the paired modality)")
     if captions:
         lines.append("caption sets: MAP by id, rSum = R@1+R@5+R@10 of both directions in %; database test = the "
                      "query split, collection = query and retrieval together")
+    if any(g["stage"] for g in groups):
+        lines.append("stage: two-stage search ('ucmfh rerank'), m = the Hamming candidates re-ranked")
     return "\n".join(lines + settings_legend(groups))

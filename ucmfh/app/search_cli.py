@@ -7,8 +7,9 @@ from typing import Optional, Tuple
 
 import click
 
-from ucmfh.app.errors import UserError, user_errors
+from ucmfh.app.errors import UserError, describe, user_errors
 from ucmfh.app.options import check_device
+from ucmfh.app.outputs import check_outputs
 from ucmfh.config import SEARCH_BACKENDS, BackendConfig
 
 MODALITY = click.Choice(["image", "text"])
@@ -34,9 +35,18 @@ SHORT = {"image": "img", "text": "txt"}
 def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, device, quiet) -> None:
     """Encode every item of COLLECTION (unimodal protocol) into the index folder OUT."""
     from ucmfh.search.build import build_index
+    from ucmfh.train import stop_on_signals
 
-    report = build_index(collection, checkpoint, out, splits=splits or None, chunk_size=chunk_size,
-                         embeddings=embeddings, device=device, progress=not quiet)
+    check_outputs(folders={"--out": out})
+    try:  # SIGINT and SIGTERM end the build once the chunk in progress is committed
+        with stop_on_signals() as signalled:
+            report = build_index(collection, checkpoint, out, splits=splits or None, chunk_size=chunk_size,
+                                 embeddings=embeddings, device=device, progress=not quiet,
+                                 should_stop=lambda: signalled["signal"])
+    except KeyboardInterrupt:
+        report = None
+    if report is None or report.stopped:
+        raise KeyboardInterrupt(_interrupted_build(out, collection))
     index = report.index
     if report.already:
         click.echo(f"{out}: {collection} is already indexed ({report.rows} rows); nothing added")
@@ -80,17 +90,21 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
 @click.option("--checkpoint", "-c", type=click.Path(dir_okay=False),
               help="The index's checkpoint, where it has moved from the path recorded in the index.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines (one per hit) instead of a table.")
+@click.option("--metrics", "with_metrics", is_flag=True,
+              help="Also print R@1/5/10 (in %) and MAP@k of the queries, judged by shared labels or the same id "
+                   "(on stderr with --json).")
 @click.option("--html", type=click.Path(dir_okay=False), help="Also write a static results page here.")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads over queries [default: torch's].")
 @click.option("--device", default="cpu", show_default=True, callback=check_device)
 @user_errors
 def search_cmd(index, queries, split, ids, query_modality, text, image, k, modality, rerank, seps_checkpoint,
-               candidates, backend, nlist, nprobe, ef_search, check_recall, checkpoint, as_json, html, threads,
-               device) -> None:
+               candidates, backend, nlist, nprobe, ef_search, check_recall, checkpoint, as_json, with_metrics, html,
+               threads, device) -> None:
     """Search INDEX (several folders: searched as one) with queries; print the top-k items of each."""
     from ucmfh.search.build import Encoder
     from ucmfh.search.collection import read_queries
-    from ucmfh.search.results import format_results, result_rows, search_queries
+    from ucmfh.search.results import format_results, format_scores, result_rows, scores, search_queries
+    from ucmfh.search.index import UnfinishedIndex
     from ucmfh.search.shards import open_index
 
     if k < 1:
@@ -110,11 +124,15 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
     if rerank == "seps" and not queries:
         raise UserError("--rerank seps needs the queries' token features, and --text and --image queries have "
                         "none: give an HDF5 --queries file with token datasets")
+    check_outputs({"--html": html})
     if threads:
         import torch
 
         torch.set_num_threads(threads)
-    opened = open_index(index)
+    try:
+        opened = open_index(index)
+    except UnfinishedIndex as err:
+        raise UserError(f"{describe(err)}; run the same 'ucmfh index' command again to finish it") from None
     encoder = Encoder(checkpoint or _recorded_checkpoint(opened, index[0]), device)
     searched = SHORT[modality]
     if queries:
@@ -135,11 +153,14 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
     config = BackendConfig(backend=backend, nlist=nlist, nprobe=nprobe, ef_search=ef_search)
     results = search_queries(opened, encoder, q, k, searched, rerank=rerank, candidates=candidates, device=device,
                              matcher=matcher, backend=config, threads=threads, check_recall=check_recall)
+    found = scores(results) if with_metrics else None  # refused before anything is printed
     if as_json:
         for row in result_rows(results):
             click.echo(json.dumps(row, ensure_ascii=False))
     else:
         click.echo(format_results(results))
+    if found is not None:
+        click.echo(format_scores(found), err=as_json)
     if html:
         from ucmfh.search.html import write_html
 
@@ -152,6 +173,24 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         depth = results.positions.shape[1] if rerank is None else (candidates or 10 * k)
         click.echo(f"{backend} recall@{depth} against exact search: {results.recall['ids']:.4f} of the items, "
                    f"{results.recall['distances']:.4f} of the distances", err=True)
+
+
+def _interrupted_build(out: str, collection: str) -> str:
+    """What an interrupted ``index`` left, and how to go on."""
+    from ucmfh.search import Index
+
+    try:
+        sources = Index.load(out).sources
+    except (OSError, ValueError):  # stopped before the folder was made
+        return f"interrupted before {out} was created; nothing was written"
+    mine = [s for s in sources if s.get("path") == os.path.abspath(collection)]
+    if not mine:
+        return f"interrupted before any row of {collection} was added to {out}"
+    if all(s["done"] >= s["rows"] for s in mine):
+        return f"interrupted after {collection} was indexed: {out} is complete"
+    done = ", ".join(f"{s['done']} of {s['rows']} rows" for s in mine if s["done"] < s["rows"])
+    return (f"interrupted: {out} holds {done} of {collection}, and 'ucmfh search' refuses it until the same "
+            "command has continued the build to the end")
 
 
 def _backend_takes(backend: str, option: str) -> bool:

@@ -12,7 +12,8 @@ from ucmfh.app.errors import user_errors
 from ucmfh.app.experiment import RunOptions, default_data_dir, resolve_dataset
 from ucmfh.app.matching import format_stages, rerank_rows, train_seps_stage
 from ucmfh.app.options import output_options, parse_params
-from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig
+from ucmfh.app.outputs import check_outputs
+from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, check_type
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import append_jsonl
 from ucmfh.metrics.captions import DATABASES
@@ -84,7 +85,13 @@ def train_seps(dataset, data_dir, database, results, device, quiet, overrides, o
     if unknown:
         raise click.BadParameter(f"unknown settings {unknown}; SEPS settings are {', '.join(sorted(fields))}",
                                  param_hint="--set")
+    for name, value in extra.items():
+        try:
+            check_type(SepsConfig, name, value)
+        except ValueError as err:
+            raise click.BadParameter(f"{name!r}: {err}", param_hint="--set") from None
     cfg = SepsConfig(**{**settings, **extra, "device": device})
+    check_outputs({"--results": results}, {"--out": out})
     path = resolve_dataset(dataset, data_dir)
     click.echo(f"dataset: {path}")
     data = load_dataset(path)
@@ -108,6 +115,7 @@ def rerank(dataset, data_dir, database, results, device, quiet, checkpoint, seps
     Every query runs alone; the rows give R@1/5/10 of both directions, the first stage's ceiling
     R@M and per-query latency (search / fetch / score, p50 and p95), on both databases of §7.
     """
+    check_outputs({"--results": results})
     path = resolve_dataset(dataset, data_dir)
     click.echo(f"dataset: {path}")
     data = load_dataset(path)

@@ -5,6 +5,7 @@ on two [B, d] batches (docs/reference.md §4).
 """
 from __future__ import annotations
 
+import inspect
 from typing import Dict, Type
 
 from ucmfh.losses.balanced import BalancedContrastiveLoss
@@ -31,10 +32,15 @@ def build_loss(name: str, **hparams: object) -> CrossModalLoss:
     """
     if name not in LOSSES:
         raise ValueError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}")
+    known = [p for p in inspect.signature(LOSSES[name]).parameters if p != "self"]
+    unknown = sorted(set(hparams) - set(known))
+    if unknown:
+        raise ValueError(f"loss {name!r} has no parameter {', '.join(map(repr, unknown))} "
+                         f"(its parameters: {', '.join(known) or 'none'})")
     try:
         return LOSSES[name](**hparams)
-    except TypeError as err:  # unexpected keyword
-        raise ValueError(f"bad hyper-parameters for loss {name!r}: {err}") from err
+    except ValueError as err:  # a value the loss refuses, named by the loss
+        raise ValueError(f"loss {name!r}: {err}") from None
 
 
 __all__ = [

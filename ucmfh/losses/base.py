@@ -7,9 +7,16 @@ import torch
 from torch import nn
 
 
+def as_number(value: object, name: str) -> float:
+    """``value`` as a float, or ValueError naming the hyper-parameter (a string or a bool is not a number)."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise ValueError(f"{name} must be a number, got {value!r}")
+    return float(value)
+
+
 def check_temperature(temperature: float, name: str = "temperature") -> float:
     """``temperature`` as a float, or ValueError unless it is finite and > 0."""
-    t = float(temperature)
+    t = as_number(temperature, name)
     if not (t > 0 and t < float("inf")):
         raise ValueError(f"{name} must be a finite number > 0, got {temperature!r}")
     return t

@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from ucmfh.losses.base import CrossModalLoss
+from ucmfh.losses.base import CrossModalLoss, as_number
 from ucmfh.similarity import cosine_similarity, dot_similarity, label_relevance, positive_mask
 
 
@@ -50,7 +50,7 @@ class WeightedPairwiseLoss(CrossModalLoss):
 
     def __init__(self, alpha: float = 10.0, normalize: bool = True) -> None:
         super().__init__()
-        alpha = float(alpha)
+        alpha = as_number(alpha, "alpha")
         if not (alpha > 0 and math.isfinite(alpha)):
             raise ValueError(f"alpha must be a finite number > 0, got {alpha!r}")
         if not isinstance(normalize, bool):

@@ -6,7 +6,7 @@ from typing import Optional
 
 import torch
 
-from ucmfh.losses.base import CrossModalLoss
+from ucmfh.losses.base import CrossModalLoss, as_number
 from ucmfh.similarity import cosine_similarity, dot_similarity, positive_mask
 
 
@@ -49,7 +49,7 @@ class TripletLoss(CrossModalLoss):
 
     def __init__(self, margin: float = 0.2, max_violation: bool = False, normalize: bool = True) -> None:
         super().__init__()
-        margin = float(margin)
+        margin = as_number(margin, "margin")
         if not (margin >= 0 and math.isfinite(margin)):
             raise ValueError(f"margin must be a finite number >= 0, got {margin!r}")
         for name, flag in (("max_violation", max_violation), ("normalize", normalize)):

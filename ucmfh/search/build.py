@@ -8,8 +8,10 @@ collection's root attributes); queries encoded by another checkpoint, or
 features of another extractor, are refused.
 
 Each chunk of rows is appended and committed with the build's progress
-(``Index.sources``): a killed build continues at its last committed chunk, and
-building the same collection into the same index again adds nothing. Another
+(``Index.sources``, where a collection is recorded before its first chunk): a
+killed build continues at its last committed chunk, an index with an unfinished
+build is refused by search (:meth:`Index.check_finished`), and building the same
+collection into the same index again adds nothing. Another
 collection built into an existing index is appended. Each item keeps its
 origin (the source's number and its row in the collection), which re-ranking by
 the collection's token features reads (:mod:`ucmfh.search.tokens`).
@@ -82,10 +84,15 @@ class Encoder:
 def check_same_checkpoint(index: Index, encoder: Encoder) -> None:
     """Refuse an encoder other than the one that made the index."""
     made = (index.meta.get("checkpoint") or {})
-    if made.get("sha256") != encoder.identity["sha256"]:
-        raise DataError(f"{index.path or 'index'}: made by checkpoint {made.get('path')} "
-                        f"(sha256 {str(made.get('sha256'))[:12]}), not {encoder.identity['path']} "
-                        f"(sha256 {encoder.identity['sha256'][:12]}); codes of different models are not comparable")
+    if made.get("sha256") == encoder.identity["sha256"]:
+        return
+    before, now = str(made.get("sha256"))[:12], encoder.identity["sha256"][:12]
+    if made.get("path") == encoder.identity["path"]:
+        raise DataError(f"{index.path or 'index'}: made by checkpoint {made.get('path')} (sha256 {before}), which "
+                        f"has changed since (sha256 {now}: trained again or replaced); codes of another model are "
+                        "not comparable: build a new index with it, or use the checkpoint the index was built with")
+    raise DataError(f"{index.path or 'index'}: made by checkpoint {made.get('path')} (sha256 {before}), not "
+                    f"{encoder.identity['path']} (sha256 {now}); codes of different models are not comparable")
 
 
 def check_same_feature(index: Index, modality: str, feature: Optional[str], where: str) -> None:
@@ -107,6 +114,7 @@ class BuildReport:
     resumed_at: int  # the row the build started at (0: from the start)
     rows: int  # rows of the collection
     already: bool  # the collection was already complete in the index
+    stopped: bool = False  # should_stop ended the build before its end (the same call continues it)
 
 
 def build_index(
@@ -119,12 +127,15 @@ def build_index(
     device: str = "cpu",
     progress: bool = False,
     stop_after: Optional[int] = None,
+    should_stop: Optional[Callable[[], Any]] = None,
 ) -> BuildReport:
     """Encode every item of a collection file into the index folder ``out`` (created, resumed or appended to).
 
     Images are indexed once per id (the first row of each id in this collection);
     captions, every row. ``embeddings`` keeps the float16 head outputs for cosine
-    re-ranking. ``stop_after`` stops after that many chunks (tests simulate a kill with it).
+    re-ranking. ``stop_after`` stops after that many chunks (tests simulate a kill with it); ``should_stop``,
+    when it returns something true after a committed chunk, stops there too (a signal: the report says
+    ``stopped``, and the same call continues the build).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
@@ -135,6 +146,12 @@ def build_index(
             raise DataError(f"{coll.path}: {coll.where(name)}: {coll.columns[name]}-d features, the checkpoint "
                             f"{encoder.identity['path']} takes {encoder.dims[modality]}-d")
     features = {m: coll.feature(m) for m in FEATURES if coll.has(FEATURES[m])}
+    key = f"{file_sha256(coll.path)}:{','.join(coll.groups)}"
+    n = len(coll)
+    stat = os.stat(coll.path)
+    # size and mtime identify the file cheaply at search time (re-ranking reads its tokens by row)
+    source = {"key": key, "path": os.path.abspath(coll.path), "groups": coll.groups, "rows": n,
+              "group_rows": list(coll.rows), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     if os.path.exists(out):
         index = Index.load(out)
         check_same_checkpoint(index, encoder)
@@ -144,26 +161,23 @@ def build_index(
             index.meta["features"] = {}
         for m, f in features.items():
             index.meta["features"].setdefault(m, f)
-    else:
-        index = Index.create(out, encoder.n_bits, {"checkpoint": encoder.identity, "features": features,
-                                                   "protocol": PROTOCOL})
-    key = f"{file_sha256(coll.path)}:{','.join(coll.groups)}"
+    else:  # the collection is recorded from the start, so an interrupted first build is seen as unfinished
+        index = Index(encoder.n_bits, {"checkpoint": encoder.identity, "features": features, "protocol": PROTOCOL})
+        index.sources = [{**source, "done": 0}]
+        index.save(out)
     done = next((int(s["done"]) for s in index.sources if s["key"] == key), 0)
-    n = len(coll)
     if done >= n:
         return BuildReport(index, {"img": 0, "txt": 0}, done, n, True)
+    if all(s["key"] != key for s in index.sources):  # announced before its first chunk (Index.unfinished)
+        index.add_many({}, {**source, "done": 0})
     ids = coll.ids()
     keep_img = first_of_each_id(ids, n)
     before = {m: index.count(m) for m in FEATURES}
-    stat = os.stat(coll.path)
-    # size and mtime identify the file cheaply at search time (re-ranking reads its tokens by row)
-    source = {"key": key, "path": os.path.abspath(coll.path), "groups": coll.groups, "rows": n,
-              "group_rows": list(coll.rows), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     number = next((i for i, s in enumerate(index.sources) if s["key"] == key), len(index.sources))
     # an index built before items kept their origin stays without it (its columns are fixed)
     origins = {m: index.count(m) == 0 or index.has(m, "origin") for m in FEATURES}
     bar = tqdm(total=n, initial=done, desc=f"index {os.path.basename(coll.path)}", unit="item", disable=not progress)
-    chunks = 0
+    chunks, stopped = 0, False
     for start in range(done, n, chunk_size):
         stop = min(start + chunk_size, n)
         items = {}
@@ -196,6 +210,9 @@ def build_index(
         chunks += 1
         if stop_after is not None and chunks >= stop_after and stop < n:
             break
+        if should_stop is not None and should_stop() and stop < n:
+            stopped = True
+            break
     bar.close()
     added = {m: index.count(m) - before[m] for m in FEATURES}
-    return BuildReport(index, added, done, n, False)
+    return BuildReport(index, added, done, n, False, stopped)

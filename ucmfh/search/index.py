@@ -64,6 +64,11 @@ def DataError(message: str) -> ValueError:
     return error(message)
 
 
+class UnfinishedIndex(ValueError):
+    """An index whose build stopped before every row of a collection was added (an interrupted or killed
+    ``ucmfh index``): a search of it would miss those rows without a word. The same build continues it."""
+
+
 def to_numpy(x: ArrayLike) -> np.ndarray:
     torch = sys.modules.get("torch")  # a tensor exists only where torch was imported
     if torch is not None and isinstance(x, torch.Tensor):
@@ -94,7 +99,8 @@ def as_words(codes: ArrayLike, n_bits: int, what: str = "codes") -> np.ndarray:
             packed = codes
         else:
             if codes.shape[1] != n_bits:
-                raise ValueError(f"{what}: codes of {codes.shape[1]} bits, the index has {n_bits}")
+                raise ValueError(f"{what}: {codes.shape[1]} columns, the index holds {n_bits}-bit codes; features are "
+                                 "encoded first: ucmfh.search.Encoder(checkpoint).encode(features, modality)")
             if codes.dtype.kind == "f" and not np.isfinite(codes).all():
                 raise ValueError(f"{what}: non-finite values")
             packed = np.packbits(codes >= 0, axis=1)
@@ -367,6 +373,19 @@ class Index:
             else:
                 col.parts.append(np.array(value, copy=True))
         self._count[modality] += len(columns["ids"])
+
+    def unfinished(self) -> List[Dict[str, Any]]:
+        """The collections built in only partly (their build was interrupted): ``sources`` entries
+        whose ``done`` rows are fewer than their ``rows``."""
+        return [s for s in self.sources if "rows" in s and int(s.get("done", 0)) < int(s["rows"])]
+
+    def check_finished(self) -> None:
+        """Refuse an index whose build was interrupted (:class:`UnfinishedIndex` naming the folder, the
+        collection and how far its build went)."""
+        for source in self.unfinished():
+            raise UnfinishedIndex(f"{self.path or 'index'}: unfinished: its build from {source['path']} stopped at "
+                                  f"row {source['done']} of {source['rows']} (interrupted), so a search would miss "
+                                  "the rest")
 
     def _record_source(self, source: Dict[str, Any]) -> None:
         for i, s in enumerate(self.sources):

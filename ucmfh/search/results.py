@@ -1,9 +1,10 @@
 """Queries in, ranked items out: encode, search, optionally re-rank (cosine or SEPS), judge relevance, format."""
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
@@ -129,6 +130,33 @@ def search_queries(
         relevance = "same id"
     return Results(queries, modality, distances, positions, ids, shown, cosine, relevant, relevance, seps, seconds,
                    backend.backend, recall)
+
+
+def scores(results: Results, ks: Sequence[int] = (1, 5, 10)) -> Dict[str, Any]:
+    """How well the queries were answered, from the hits' relevance: R@K in % (a relevant item among the
+    first K, for each K in ``ks`` up to k) and MAP@k over the returned top k (each AP normalised by the
+    relevant items among them, as ucmfh's MAP@k), means over the queries. ``ValueError`` when relevance
+    cannot be judged (neither labels nor ids on both sides)."""
+    if results.relevant is None:
+        raise ValueError("no relevance to score by: the queries and the indexed items need labels, or ids")
+    rel = np.asarray(results.relevant, dtype=bool)
+    k = rel.shape[1]
+    out: Dict[str, Any] = {"queries": len(rel), "relevance": results.relevance, "k": k}
+    for cut in ks:
+        if cut <= k:
+            out[f"recall@{cut}"] = 100.0 * math.fsum(rel[:, :cut].any(axis=1)) / max(len(rel), 1)
+    hits = np.cumsum(rel, axis=1)
+    ap = np.where(rel, hits / np.arange(1, k + 1), 0.0).sum(axis=1) / np.maximum(rel.sum(axis=1), 1)
+    out[f"map@{k}"] = math.fsum(ap) / max(len(rel), 1)
+    return out
+
+
+def format_scores(found: Dict[str, Any]) -> str:
+    """One line of :func:`scores`."""
+    k = found["k"]
+    figures = [f"R@{key[7:]} {value:.1f}" for key, value in found.items() if key.startswith("recall@")]
+    figures.append(f"MAP@{k} {found[f'map@{k}']:.4f}")
+    return f"{found['queries']} queries (relevant: {found['relevance']}): {', '.join(figures)}"
 
 
 def result_rows(results: Results) -> List[Dict[str, Any]]:

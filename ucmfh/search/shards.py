@@ -111,8 +111,11 @@ def _place_key(place: Dict[str, Any]) -> Tuple[Any, ...]:
 
 
 def open_index(paths: Union[PathLike, Sequence[PathLike]], mmap: bool = True) -> Union[Index, Shards]:
-    """One index folder, or several searched as one (:class:`Shards`)."""
+    """One index folder, or several searched as one (:class:`Shards`); an index whose build was interrupted
+    is refused (:class:`ucmfh.search.index.UnfinishedIndex`)."""
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     indexes = [Index.load(p, mmap=mmap) for p in paths]
+    for index in indexes:
+        index.check_finished()
     return indexes[0] if len(indexes) == 1 else Shards(indexes)
