@@ -13,6 +13,7 @@ from ucmfh.methods import two_tower as _two_tower  # noqa: E402,F401
 from ucmfh.methods import distill as _distill  # noqa: E402,F401
 from ucmfh.methods import cca_itq as _cca_itq  # noqa: E402,F401
 from ucmfh.methods import cirh as _cirh  # noqa: E402,F401
+from ucmfh.methods import daeh as _daeh  # noqa: E402,F401
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "Method", "build_method", "choose_relaxation", "fit_hashing", "hash_config",
            "register"]
