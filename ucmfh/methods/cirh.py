@@ -37,10 +37,11 @@ before the network's update on that batch either way, so the result is the same.
 
 Departures, each on purpose:
 
-* Inputs are the dataset's precomputed features (the paper: VGG-19 fc7 and bag-of-words tags), each centred
-  by its training mean and L2-normalised (:class:`~ucmfh.models.hashing.FeatureHasher`), for the similarity,
-  the network and the heads alike. The released code L2-normalises without centring, and feeds the network
-  the raw, unnormalised features (its reconstruction targets are raw features too).
+* Inputs are the dataset's precomputed features (the paper: VGG-19 fc7 and bag-of-words tags). The network
+  and the heads see them centred by their training mean and L2-normalised
+  (:class:`~ucmfh.models.hashing.FeatureHasher`); the released heads see them L2-normalised, not centred, and
+  the released network raw (its reconstruction targets, the mixed features, are raw too). The similarity is
+  computed as released, from the L2-normalised features, not centred.
 * ``K`` is a share of the training split, ``k_fraction`` (K / N), not a count: the released K = 3000 of
   MIRFlickr's N = 5000 training items is 0.6. The similarity is never stored whole: the K-th smallest of each
   row is found once (rows in chunks; the threshold midway to the next) and each batch's ``S`` rebuilt from its
@@ -76,7 +77,7 @@ from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.scoring import encode_split
-from ucmfh.similarity import cosine_similarity
+from ucmfh.similarity import cosine_similarity, normalize
 from ucmfh.train import History, StateFile, adam, autocast, optimize, run_epochs, validation_split, validator
 from ucmfh.utils import resolve_device, seed_everything
 
@@ -270,14 +271,15 @@ class Cirh(Method):
         net.to(device).train()
         optimizer = adam([{"params": list(net.parameters()), "lr": p["lr_net"]},
                           {"params": list(model.parameters()), "lr": cfg.lr_head}], betas=tuple(cfg.betas))
-        with torch.no_grad():  # the inputs of everything, once
+        with torch.no_grad():  # once: the networks' inputs (centred), the similarity's (not centred, as released)
             img_all, txt_all = model.inputs(rest.img.to(device), rest.txt.to(device))
-        thresholds = row_thresholds(img_all, txt_all, p["a1"], int(round(p["k_fraction"] * len(rest))))
+            sim_img, sim_txt = normalize(rest.img.to(device)), normalize(rest.txt.to(device))
+        thresholds = row_thresholds(sim_img, sim_txt, p["a1"], int(round(p["k_fraction"] * len(rest))))
         group = current_group()
 
         def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
             img, txt = img_all[index], txt_all[index]  # the whole global batch on every rank
-            s = batch_similarity(img, txt, thresholds[index], p["a1"], p["a2"])
+            s = batch_similarity(sim_img[index], sim_txt[index], thresholds[index], p["a1"], p["a2"])
             img_mix, txt_mix = neighbour_mix(img, s), neighbour_mix(txt, s)
             with autocast(device, cfg.amp):
                 out = net(img_mix, txt_mix, s)

@@ -38,17 +38,19 @@ What the released code does:
 
 Departures, each on purpose:
 
-* Precomputed features only (the dataset's image and text features, each centred by its training mean and
-  L2-normalised, :class:`~ucmfh.models.hashing.FeatureHasher`). The teacher's ViT, fine-tuned on pixels, is
-  not available: the teacher is its ``ModelWrapper`` heads (ReLU, Linear, tanh; the attribute MLPs) on the same
-  image features the image student sees.
+* Precomputed features only. The networks see them centred by their training mean and L2-normalised
+  (:class:`~ucmfh.models.hashing.FeatureHasher`; the released students see raw VGG features and tag vectors);
+  the similarity is computed as released, from the features themselves (cosines of the uncentred features).
+  The teacher's ViT, fine-tuned on pixels, is not available: the teacher is its ``ModelWrapper`` heads (ReLU,
+  Linear, tanh; the attribute MLPs) on the same image features the image student sees.
 * The attribute target (a frozen ImageNet classifier's 1000 logits of each image) is not available: its term
   is dropped; the teacher's code reconstruction through the fake attribute (``code_loss``) stays, at ``γ / B``.
 * The text rule ``≤ 1`` / ``≥ 5`` is a rule of raw tag counts (a squared euclidean distance of binary tags is a
   count of differing tags) with no counterpart for dense text embeddings: the text side gets the image side's
   rule (``generate_similarity_matrix`` on text cosine distances, the same α and β).
-* The histogram, the two Gaussian fits and every batch's ``S`` are computed in chunks, never N x N at once
-  (the released code builds N x N numpy matrices, on its 10,000 training items).
+* The histogram and the two Gaussian fits are computed in one pass over the rows in chunks, and every batch's
+  ``S`` from its features, never N x N at once (the released code builds N x N numpy matrices, on its 10,000
+  training items).
 * All training items are used (the released code draws 10,000 of the database).
 * Model selection: the best epoch on the validation split carved from the training split (``val_fraction``,
   with ``patience``), not the best query-set MAP every 2 epochs of ``process``.
@@ -104,31 +106,33 @@ def cosine_distances(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def distance_split(x: torch.Tensor, chunk: int = 1024) -> Tuple[float, float, float]:
+def distance_split(x: torch.Tensor, chunk: int = 256) -> Tuple[float, float, float]:
     """``(m, σ_l, σ_r)`` of ``generate_similarity_matrix`` over the cosine distances of every pair of rows of ``x``
     (the diagonal 0, as ``squareform``): ``m`` the lower edge of the fullest bin ``(e_k, e_{k+1})`` (the first of
     equals), ``σ_l`` and ``σ_r`` the standard deviations (``norm.fit``) of the distances ``≤ m`` and ``> m``, each
-    mirrored about ``m`` (so their means are ``m``). Two passes over the rows in chunks.
+    mirrored about ``m`` (so their means are ``m``). One pass over the rows in chunks: each distance's bucket
+    ``e_{k-1} < d ≤ e_k`` gets its count, sum and sum of squares, so that any ``m`` (an edge) splits them.
 
     Shape: x [N, d] -> three floats."""
-    n = x.shape[0]
     edges = bin_edges(x.device)
-    counts = torch.zeros(N_BINS + 2, dtype=torch.int64, device=x.device)
-    for start in range(0, n, chunk):
+    n_buckets = N_BINS + 2  # k = 0 (d <= 0) .. N_BINS + 1 (d > the last edge)
+    counts = torch.zeros(n_buckets, dtype=torch.int64, device=x.device)  # the open bins' counts, by k
+    stats = torch.zeros(3, n_buckets, dtype=torch.float64, device=x.device)  # per bucket: count, Σd, Σd²
+    for start in range(0, x.shape[0], chunk):
         d = _chunk_distances(x, start, chunk).flatten()
         k = torch.bucketize(d, edges)  # edges[k-1] < d <= edges[k]
-        inside = (k >= 1) & (k <= N_BINS) & (d < edges[k.clamp(max=N_BINS)])  # open bins
-        counts += torch.bincount(torch.where(inside, k, 0), minlength=N_BINS + 2)
-    m = float(edges[int(counts[1:N_BINS + 1].argmax())])
-    sums = torch.zeros(4, dtype=torch.float64, device=x.device)  # left: sum sq, count; right: sum sq, count
-    for start in range(0, n, chunk):
-        d = _chunk_distances(x, start, chunk).flatten()
-        left = d <= m
-        sq = (d - m) ** 2
-        sums += torch.stack([sq[left].sum(), left.sum(), sq[~left].sum(), (~left).sum()])
-    sigma_l = math.sqrt(float(sums[0] / sums[1])) if sums[1] > 0 else 0.0
-    sigma_r = math.sqrt(float(sums[2] / sums[3])) if sums[3] > 0 else 0.0
-    return m, sigma_l, sigma_r
+        inside = (k >= 1) & (k <= N_BINS) & (d < edges[k.clamp(max=N_BINS)])  # open bins: d = an edge is in none
+        counts += torch.bincount(k[inside], minlength=n_buckets)
+        weights = (torch.ones_like(d), d, d * d)
+        stats += torch.stack([torch.bincount(k, weights=w, minlength=n_buckets) for w in weights])
+    j = int(counts[1:N_BINS + 1].argmax())  # bin (edges[j], edges[j+1]): m = edges[j]; buckets <= j hold d <= m
+    m = float(edges[j])
+
+    def sigma(part: torch.Tensor) -> float:  # sqrt(mean((d - m)²)) from count, Σd, Σd²
+        n, s1, s2 = part.sum(dim=1).tolist()
+        return math.sqrt(max(s2 - 2 * m * s1 + m * m * n, 0.0) / n) if n else 0.0
+
+    return m, sigma(stats[:, :j + 1]), sigma(stats[:, j + 1:])
 
 
 def _chunk_distances(x: torch.Tensor, start: int, chunk: int) -> torch.Tensor:
@@ -294,14 +298,15 @@ class Daeh(Method):
         teacher.to(device).train()
         optimizer = torch.optim.SGD([*model.parameters(), *teacher.parameters()], lr=cfg.lr_head,
                                     momentum=p["momentum"], weight_decay=p["weight_decay"])
-        with torch.no_grad():  # the inputs of everything, once
+        with torch.no_grad():  # once: the networks' inputs (centred), the similarity's (not centred, as released)
             img_all, txt_all = model.inputs(rest.img.to(device), rest.txt.to(device))
-        img_split, txt_split = distance_split(img_all), distance_split(txt_all)
+            sim_img, sim_txt = normalize(rest.img.to(device)), normalize(rest.txt.to(device))
+        img_split, txt_split = distance_split(sim_img), distance_split(sim_txt)
         group = current_group()
 
         def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
             img, txt = img_all[index], txt_all[index]  # the whole global batch on every rank
-            s = batch_similarity(img, txt, img_split, txt_split, p["alpha"], p["beta"], p["a1"])
+            s = batch_similarity(sim_img[index], sim_txt[index], img_split, txt_split, p["alpha"], p["beta"], p["a1"])
             with autocast(device, cfg.amp):
                 logits = model.img_head(img), model.txt_head(txt)
                 out = teacher(img)
