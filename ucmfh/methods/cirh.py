@@ -37,13 +37,15 @@ before the network's update on that batch either way, so the result is the same.
 
 Departures, each on purpose:
 
-* Inputs are the dataset's precomputed features (the paper: VGG-19 fc7 and bag-of-words tags). The network
+* Inputs are the dataset's precomputed features (the released ones: image features and tag vectors of
+  ``.mat`` files, ``load_data.py``, not in the repository). The network
   and the heads see them centred by their training mean and L2-normalised
   (:class:`~ucmfh.models.hashing.FeatureHasher`); the released heads see them L2-normalised, not centred, and
   the released network raw (its reconstruction targets, the mixed features, are raw too). The similarity is
   computed as released, from the L2-normalised features, not centred.
-* ``K`` is a share of the training split, ``k_fraction`` (K / N), not a count: the released K = 3000 of
-  MIRFlickr's N = 5000 training items is 0.6. The similarity is never stored whole: the K-th smallest of each
+* ``K`` is a share of the training split, ``k_fraction`` (K / N), not a count: the released K = 3000 with
+  MIRFlickr's N = 5000 training items (the field's usual split; the ``.mat`` files are not released with the
+  code) is 0.6. The similarity is never stored whole: the K-th smallest of each
   row is found once (rows in chunks; the threshold midway to the next) and each batch's ``S`` rebuilt from its
   features, zeroing the entries below their row's threshold: exactly ``S[idx][:, idx]`` but for ties.
 * The released ``train_Hashfunc`` takes ``S_cmm[k·bs:(k+1)·bs, k·bs:(k+1)·bs]``, a block by *position* in the

@@ -21,7 +21,7 @@ What the released code does:
    on the tag vector, last layer's weights N(0, 0.3)). The teacher also maps its code to a fake 1000-d attribute
    (Linear 256, 512, 1000, ReLUs) and back to a code (Linear 512, 256, bits, tanh).
 3. **Loss** (``process``): with unit-normalised codes, ``I`` the identity of the batch and mse a mean,
-   ``tri_loss(f, g, c_tea)``: ``w_tri · P(f, g) + w_tea · (P(f, c_tea) + P(g, c_tea))``, each ``P(a, b) =
+   ``tri_loss(f, g, c_tea)``: ``w_tri · P(f, g) + w_teacher · (P(f, c_tea) + P(g, c_tea))``, each ``P(a, b) =
    mse(diag(a bᵀ), 1.5) + mse(a bᵀ ∘ (1 - I), S ∘ (1 - I)) + mse(a aᵀ, b bᵀ)`` (in ``tri_loss`` the pair, the
    off-diagonal and the consistency terms are summed group by group, the same sum); plus ``γ · (Σ(code' -
    c_tea)² + Σ(att' - att)²) / B`` (``att`` the frozen ViT's ImageNet logits of the image); plus ``w_cross ·
@@ -58,8 +58,9 @@ Departures, each on purpose:
   features). On several processes each rank computes the whole global batch (the mutual information and the
   batch's ``S`` need it); the gradients are the same on every rank.
 
-Defaults are ``run.py``'s (``test.sh`` runs MIRFlickr-25K): α = β = 2, γ = 10⁻³, w_tri = 4, w_tea = 1,
-w_cross = 0.1, a1 = 0.3, batch 18, 30 epochs, SGD as above.
+Defaults are ``run.py``'s (``test.sh`` runs MIRFlickr-25K): α = β = 2, γ = 10⁻³ (``--gamma -3``, an
+exponent), w_tri = 4 (``--ceshi-tri``), w_teacher = 1 (``--ceshi-tea``), w_cross = 0.1 (``--ceshi-cross``),
+a1 = 0.3, batch 18, 30 epochs, SGD as above.
 """
 from __future__ import annotations
 
