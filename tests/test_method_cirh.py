@@ -155,6 +155,16 @@ def test_cirh_learns_on_tiny_data(tiny):
     assert row["map_i2t"] > floor["map_i2t"] + 0.1 and row["map_t2i"] > floor["map_t2i"] + 0.1
 
 
+def test_cirh_similarity_from_centred_features_is_an_option(tiny):
+    """Off by default (the released similarity); on, the similarity and so the run differ."""
+    base = dict(n_bits=16, hidden=64, epochs=2, batch_size=64, device="cpu", val_fraction=0.2, patience=0)
+    runs = [fit_hashing(tiny, hash_config("cirh", **base, method_params={"width": 64, "centred_similarity": c}),
+                        progress=False)[0] for c in (False, True)]
+    assert hash_config("cirh").method_params["centred_similarity"] is False
+    a, b = (m.codes(tiny.query.img, tiny.query.txt, "unimodal")[0] for m in runs)
+    assert not torch.equal(a, b)
+
+
 def test_cirh_refuses_parameters_out_of_range():
     with pytest.raises(ValueError, match="k_fraction"):
         hash_config("cirh", method_params={"k_fraction": 1.0})

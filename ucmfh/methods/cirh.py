@@ -42,7 +42,8 @@ Departures, each on purpose:
   and the heads see them centred by their training mean and L2-normalised
   (:class:`~ucmfh.models.hashing.FeatureHasher`); the released heads see them L2-normalised, not centred, and
   the released network raw (its reconstruction targets, the mixed features, are raw too). The similarity is
-  computed as released, from the L2-normalised features, not centred.
+  computed as released, from the L2-normalised features, not centred; ``centred_similarity = True`` (not
+  released) computes it from the networks' centred inputs.
 * ``K`` is a share of the training split, ``k_fraction`` (K / N), not a count: the released K = 3000 with
   MIRFlickr's N = 5000 training items (the field's usual split; the ``.mat`` files are not released with the
   code) is 0.6. The similarity is never stored whole: the K-th smallest of each
@@ -236,7 +237,7 @@ class Cirh(Method):
     defaults = {"hidden": 4096, "dropout": 0.3, "lr_head": 1e-4, "betas": (0.9, 0.999), "batch_size": 512,
                 "epochs": 60, "val_fraction": 0.1, "patience": 10}
     params = {"lambda1": 10.0, "lambda2": 1.0, "beta": 0.01, "a1": 0.6, "a2": 0.6, "k_fraction": 0.6,
-              "lr_net": 1e-3, "width": 512}
+              "lr_net": 1e-3, "width": 512, "centred_similarity": False}
     takes_loss = False
 
     def check(self, cfg: HashConfig) -> None:
@@ -275,7 +276,8 @@ class Cirh(Method):
                           {"params": list(model.parameters()), "lr": cfg.lr_head}], betas=tuple(cfg.betas))
         with torch.no_grad():  # once: the networks' inputs (centred), the similarity's (not centred, as released)
             img_all, txt_all = model.inputs(rest.img.to(device), rest.txt.to(device))
-            sim_img, sim_txt = normalize(rest.img.to(device)), normalize(rest.txt.to(device))
+            sim_img, sim_txt = ((img_all, txt_all) if p["centred_similarity"]
+                                else (normalize(rest.img.to(device)), normalize(rest.txt.to(device))))
         thresholds = row_thresholds(sim_img, sim_txt, p["a1"], int(round(p["k_fraction"] * len(rest))))
         group = current_group()
 
