@@ -16,6 +16,8 @@ from ucmfh.methods import djsrh as _djsrh  # noqa: E402,F401
 from ucmfh.methods import jdsh as _jdsh  # noqa: E402,F401
 from ucmfh.methods import ucch as _ucch  # noqa: E402,F401
 from ucmfh.methods import dgcpn as _dgcpn  # noqa: E402,F401
+from ucmfh.methods import cirh as _cirh  # noqa: E402,F401
+from ucmfh.methods import daeh as _daeh  # noqa: E402,F401
 
 __all__ = ["DEFAULT_METHOD", "METHODS", "Method", "build_method", "choose_relaxation", "fit_hashing", "hash_config",
            "register"]

@@ -1,0 +1,324 @@
+"""Method 'daeh': Deep Adaptively-Enhanced Hashing with Discriminative Similarity Guidance (Shi, Zhao, Liu, Zheng,
+Ou, You & Peng, IEEE TCSVT 2022), transcribed from its released code (reresearcher/DAEH: ``daeh.py`` functions
+``process``, ``distance_fusion``, ``generate_similarity_matrix``, ``tri_loss``, ``cross_loss``;
+``model_loader.py`` classes ``ModelWrapper``, ``myImgNet``, ``myTxtNet`` and functions ``guassianMatrix``,
+``mutual_information``; ``run.py`` and ``test.sh`` for the defaults).
+
+What the released code does:
+
+1. **Similarity** (``distance_fusion``, once, over the training items). On the image features, the cosine
+   distances ``D`` of every pair (``pdist``, the diagonal 0) are split by ``generate_similarity_matrix``: the
+   mode ``m`` is the lower edge of the fullest of 100 bins ``(k/100, (k+1)/100)``; the distances ``≤ m``,
+   mirrored about ``m``, and those ``> m``, mirrored, are each fitted by a Gaussian (mean ``m``, standard
+   deviations ``σ_l``, ``σ_r``); ``S_img = 1`` where ``D < m - α σ_l``, ``-1`` where ``D > m + β σ_r``, else 0.
+   Text: ``S_txt = 1`` where the euclidean distance of the raw tag vectors is ``≤ 1``, ``-1`` where ``≥ 5``.
+   ``S = 1`` where both are 1, ``-1`` where either is -1, else 0; where ``S = 0`` it is filled with
+   ``2 · (a1 · cos_T + (1 - a1) · cos_I) - 1`` (cosines of the L2-normalised features). A batch uses
+   ``S[idx][:, idx]``.
+2. **Three code sets** per batch: the teacher's ``c_tea`` (``ModelWrapper``: an ImageNet ViT-B/16 fine-tuned on
+   the pixels, then ReLU, Linear, tanh), the image student's ``f`` (``myImgNet``: Linear(4096, 4096), ReLU,
+   Dropout(0.5), Linear(4096, bits), tanh, on VGG features) and the text student's ``g`` (``myTxtNet``: the same
+   on the tag vector, last layer's weights N(0, 0.3)). The teacher also maps its code to a fake 1000-d attribute
+   (Linear 256, 512, 1000, ReLUs) and back to a code (Linear 512, 256, bits, tanh).
+3. **Loss** (``process``): with unit-normalised codes, ``I`` the identity of the batch and mse a mean,
+   ``tri_loss(f, g, c_tea)``: ``w_tri · P(f, g) + w_teacher · (P(f, c_tea) + P(g, c_tea))``, each ``P(a, b) =
+   mse(diag(a bᵀ), 1.5) + mse(a bᵀ ∘ (1 - I), S ∘ (1 - I)) + mse(a aᵀ, b bᵀ)`` (in ``tri_loss`` the pair, the
+   off-diagonal and the consistency terms are summed group by group, the same sum); plus ``γ · (Σ(code' -
+   c_tea)² + Σ(att' - att)²) / B`` (``att`` the frozen ViT's ImageNet logits of the image); plus ``w_cross ·
+   P(...)``, the **adaptive enhancement**: the matrix-based Rényi mutual information (α = 2, σ = 1) of ``S``'s
+   rows with ``f`` and with ``g`` is compared; the student of the higher one leaves the other to be pulled to
+   the teacher: ``P(c_tea, g)`` when ``MI(S, f) > MI(S, g)``, else ``P(f, c_tea)`` (``cross_loss``).
+   ``guassianMatrix`` is transcribed as released: ``K_ij = exp((G_ij - G_jj) / σ²)``, ``G = X Xᵀ`` (not the
+   symmetric Gaussian kernel), its eigenvalues taken by ``torch.eig`` (real and imaginary parts, each
+   ``|.|^α`` summed).
+4. SGD (lr 1e-3, momentum 0.9, weight decay 5e-4) on the three networks, one step on the summed loss.
+5. **Codes** (``evaluate``, ``generate_code(..., 'stu')``): ``sign(myImgNet(image features))`` from the image
+   alone, ``sign(myTxtNet(text))`` from the text alone. The teacher sees only images and encodes nothing:
+   **leak-free**.
+
+Departures, each on purpose:
+
+* Precomputed features only. The networks see them centred by their training mean and L2-normalised
+  (:class:`~ucmfh.models.hashing.FeatureHasher`; the released students see raw VGG features and tag vectors);
+  the similarity is computed as released, from the features themselves (cosines of the uncentred features).
+  The teacher's ViT, fine-tuned on pixels, is not available: the teacher is its ``ModelWrapper`` heads (ReLU,
+  Linear, tanh; the attribute MLPs) on the same image features the image student sees.
+* The attribute target (a frozen ImageNet classifier's 1000 logits of each image) is not available: its term
+  is dropped; the teacher's code reconstruction through the fake attribute (``code_loss``) stays, at ``γ / B``.
+* The text rule ``≤ 1`` / ``≥ 5`` is a rule of raw tag counts (a squared euclidean distance of binary tags is a
+  count of differing tags) with no counterpart for dense text embeddings: the text side gets the image side's
+  rule (``generate_similarity_matrix`` on text cosine distances, the same α and β).
+* The histogram and the two Gaussian fits are computed in one pass over the rows in chunks, and every batch's
+  ``S`` from its features, never N x N at once (the released code builds N x N numpy matrices, on its 10,000
+  training items).
+* All training items are used (the released code draws 10,000 of the database).
+* Model selection: the best epoch on the validation split carved from the training split (``val_fraction``,
+  with ``patience``), not the best query-set MAP every 2 epochs of ``process``.
+* The captions of one image (ids of a caption set) are not used (DAEH is unsupervised; they share the image's
+  features). On several processes each rank computes the whole global batch (the mutual information and the
+  batch's ``S`` need it); the gradients are the same on every rank.
+
+Defaults are ``run.py``'s (``test.sh`` runs MIRFlickr-25K): α = β = 2, γ = 10⁻³ (``--gamma -3``, an
+exponent), w_tri = 4 (``--ceshi-tri``), w_teacher = 1 (``--ceshi-tea``), w_cross = 0.1 (``--ceshi-cross``),
+a1 = 0.3, batch 18, 30 epochs, SGD as above.
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ucmfh.config import FusionConfig, HashConfig
+from ucmfh.data.h5 import Dataset
+from ucmfh.distributed import current_group
+from ucmfh.methods.base import Method
+from ucmfh.methods.registry import register
+from ucmfh.models.fusion import FusionEncoder
+from ucmfh.models.hashing import FeatureHasher
+from ucmfh.scoring import encode_split
+from ucmfh.similarity import cosine_similarity, normalize
+from ucmfh.train import History, StateFile, autocast, optimize, run_epochs, validation_split, validator
+from ucmfh.utils import resolve_device, seed_everything
+
+N_BINS = 100  # generate_similarity_matrix: bins of width 1/100 from 0
+PAIR_TARGET = 1.5  # tri_loss, cross_loss: the target of a pair's cosine
+MI_SIGMA, MI_ALPHA = 1.0, 2.0  # process: mutual_information(targets, codes, 1.0, 1.0, 2.0)
+ATTRIBUTE_WIDTHS = (256, 512, 1000)  # ModelWrapper.fake_attribute
+
+
+# ------------------------------------------------------------ similarity
+
+
+def bin_edges(device: Optional[torch.device] = None) -> torch.Tensor:
+    """The histogram's edges as ``generate_similarity_matrix`` accumulates them (``cur += 1/100``). Shape: [101]."""
+    edges, cur = [], 0.0
+    for _ in range(N_BINS + 1):
+        edges.append(cur)
+        cur += 1.0 / N_BINS
+    return torch.tensor(edges, dtype=torch.float64, device=device)
+
+
+def cosine_distances(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """``1 - cos``, as ``pdist(..., 'cosine')``. Shape: [N, d], [M, d] -> [N, M]."""
+    return 1.0 - cosine_similarity(x, y)
+
+
+@torch.no_grad()
+def distance_split(x: torch.Tensor, chunk: int = 256) -> Tuple[float, float, float]:
+    """``(m, σ_l, σ_r)`` of ``generate_similarity_matrix`` over the cosine distances of every pair of rows of ``x``
+    (the diagonal 0, as ``squareform``): ``m`` the lower edge of the fullest bin ``(e_k, e_{k+1})`` (the first of
+    equals), ``σ_l`` and ``σ_r`` the standard deviations (``norm.fit``) of the distances ``≤ m`` and ``> m``, each
+    mirrored about ``m`` (so their means are ``m``). One pass over the rows in chunks: each distance's bucket
+    ``e_{k-1} < d ≤ e_k`` gets its count, sum and sum of squares, so that any ``m`` (an edge) splits them.
+
+    Shape: x [N, d] -> three floats."""
+    edges = bin_edges(x.device)
+    n_buckets = N_BINS + 2  # k = 0 (d <= 0) .. N_BINS + 1 (d > the last edge)
+    counts = torch.zeros(n_buckets, dtype=torch.int64, device=x.device)  # the open bins' counts, by k
+    stats = torch.zeros(3, n_buckets, dtype=torch.float64, device=x.device)  # per bucket: count, Σd, Σd²
+    for start in range(0, x.shape[0], chunk):
+        d = _chunk_distances(x, start, chunk).flatten()
+        k = torch.bucketize(d, edges)  # edges[k-1] < d <= edges[k]
+        inside = (k >= 1) & (k <= N_BINS) & (d < edges[k.clamp(max=N_BINS)])  # open bins: d = an edge is in none
+        counts += torch.bincount(k[inside], minlength=n_buckets)
+        weights = (torch.ones_like(d), d, d * d)
+        stats += torch.stack([torch.bincount(k, weights=w, minlength=n_buckets) for w in weights])
+    j = int(counts[1:N_BINS + 1].argmax())  # bin (edges[j], edges[j+1]): m = edges[j]; buckets <= j hold d <= m
+    m = float(edges[j])
+
+    def sigma(part: torch.Tensor) -> float:  # sqrt(mean((d - m)²)) from count, Σd, Σd²
+        n, s1, s2 = part.sum(dim=1).tolist()
+        return math.sqrt(max(s2 - 2 * m * s1 + m * m * n, 0.0) / n) if n else 0.0
+
+    return m, sigma(stats[:, :j + 1]), sigma(stats[:, j + 1:])
+
+
+def _chunk_distances(x: torch.Tensor, start: int, chunk: int) -> torch.Tensor:
+    """Cosine distances of rows ``start:start+chunk`` to all rows, in float64, the diagonal exactly 0."""
+    d = cosine_distances(x[start:start + chunk], x).double()
+    rows = torch.arange(d.shape[0], device=x.device)
+    d[rows, rows + start] = 0.0
+    return d
+
+
+def split_similarity(d: torch.Tensor, split: Tuple[float, float, float], alpha: float, beta: float) -> torch.Tensor:
+    """``generate_similarity_matrix``'s decision: 1 below ``m - α σ_l``, -1 above ``m + β σ_r``, else 0.
+
+    Shape: d [B, B] -> [B, B]."""
+    m, sigma_l, sigma_r = split
+    return (d < m - alpha * sigma_l).to(d.dtype) - (d > m + beta * sigma_r).to(d.dtype)
+
+
+def batch_similarity(img: torch.Tensor, txt: torch.Tensor, img_split: Tuple[float, float, float],
+                     txt_split: Tuple[float, float, float], alpha: float, beta: float, a1: float) -> torch.Tensor:
+    """The batch's block of ``distance_fusion``'s ``conS``: ±1 where the two modalities' decisions agree on near
+    (both 1) or either says far (-1), else ``2 · (a1 cos_T + (1 - a1) cos_I) - 1``.
+
+    Shape: img [B, d_img], txt [B, d_txt] -> S [B, B]."""
+    s_img = split_similarity(cosine_distances(img, img), img_split, alpha, beta)
+    s_txt = split_similarity(cosine_distances(txt, txt), txt_split, alpha, beta)
+    s = (s_img + s_txt == 2).to(img.dtype) - ((s_img == -1) | (s_txt == -1)).to(img.dtype)
+    pair = 2.0 * (a1 * cosine_similarity(txt, txt) + (1.0 - a1) * cosine_similarity(img, img)) - 1.0
+    return torch.where(s != 0, s, pair)
+
+
+# ------------------------------------------------------------ mutual information (the enhancement's choice)
+
+
+def released_kernel(x: torch.Tensor, sigma: float) -> torch.Tensor:
+    """``guassianMatrix`` as released: ``exp((G_ij - G_jj) / σ²)``, ``G = X Xᵀ``. Shape: [B, d] -> [B, B]."""
+    g = x @ x.T
+    return torch.exp((g - g.diagonal()[None, :]) / sigma ** 2)
+
+
+def _renyi_entropy(k: torch.Tensor, alpha: float) -> torch.Tensor:
+    eig = torch.linalg.eigvals(k)  # torch.eig's [B, 2] (real, imaginary), each part's |.|^α summed
+    return torch.log(eig.real.abs().pow(alpha).sum() + eig.imag.abs().pow(alpha).sum()) / (1 - alpha)
+
+
+@torch.no_grad()
+def mutual_information(x: torch.Tensor, y: torch.Tensor, sigma_x: float = MI_SIGMA, sigma_y: float = MI_SIGMA,
+                       alpha: float = MI_ALPHA) -> torch.Tensor:
+    """``model_loader.mutual_information``: the matrix-based Rényi α-entropies of the kernels of ``x`` and ``y``
+    (each divided by B, NaN and inf set to 0) and of their Hadamard product (times B): ``H_x + H_y - H_xy``.
+
+    Shape: x [B, d_x], y [B, d_y] -> scalar."""
+    n = x.shape[0]
+
+    def clean(k: torch.Tensor) -> torch.Tensor:
+        return torch.where(torch.isfinite(k), k, torch.zeros_like(k))
+
+    k_x, k_y = clean(released_kernel(x, sigma_x) / n), clean(released_kernel(y, sigma_y) / n)
+    k_xy = clean(k_x * k_y * n)
+    return _renyi_entropy(k_x, alpha) + _renyi_entropy(k_y, alpha) - _renyi_entropy(k_xy, alpha)
+
+
+# ------------------------------------------------------------ losses
+
+
+def pair_loss(a: torch.Tensor, b: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+    """``cross_loss(a, b)``: each pair's cosine to 1.5, the other pairs' cosines to ``S``, and the two code sets'
+    own cosine matrices to each other.
+
+    Shape: a, b [B, n_bits]; s [B, B] -> scalar."""
+    a, b = normalize(a), normalize(b)
+    ab = a @ b.T
+    off = 1.0 - torch.eye(len(s), device=s.device, dtype=s.dtype)
+    return (F.mse_loss(ab.diagonal(), torch.full_like(ab.diagonal(), PAIR_TARGET)) + F.mse_loss(ab * off, s * off)
+            + F.mse_loss(b @ b.T, a @ a.T))
+
+
+def daeh_loss(f: torch.Tensor, g: torch.Tensor, teacher: torch.Tensor, code: torch.Tensor, s: torch.Tensor,
+              w_tri: float, w_teacher: float, w_cross: float, gamma: float) -> torch.Tensor:
+    """``process``'s loss without the attribute term: ``tri_loss + γ · code_loss / B + w_cross · cross_loss``, the
+    enhanced pair chosen by mutual information with ``S`` (:func:`mutual_information`).
+
+    Shape: f, g, teacher, code [B, n_bits] (``code`` the teacher's code reconstructed through the fake attribute);
+    s [B, B] -> scalar."""
+    tri = w_tri * pair_loss(f, g, s) + w_teacher * (pair_loss(f, teacher, s) + pair_loss(g, teacher, s))
+    reconstruction = ((code - teacher) ** 2).sum() / len(s)
+    if mutual_information(s, f) > mutual_information(s, g):
+        enhance = pair_loss(teacher, g, s)
+    else:
+        enhance = pair_loss(f, teacher, s)
+    return tri + gamma * reconstruction + w_cross * enhance
+
+
+# ------------------------------------------------------------ the teacher (training only)
+
+
+class DaehTeacher(nn.Module):
+    """``ModelWrapper``'s heads on image features (its ViT backbone replaced by the precomputed features):
+    ReLU, Linear, tanh gives the teacher's code; an MLP to a fake 1000-d attribute and one back to a code.
+
+    Shape: img [B, d_img] -> code [B, n_bits], reconstructed code [B, n_bits]."""
+
+    def __init__(self, d_img: int, n_bits: int) -> None:
+        super().__init__()
+        w1, w2, w3 = ATTRIBUTE_WIDTHS
+        self.hash_layer = nn.Sequential(nn.ReLU(), nn.Linear(d_img, n_bits), nn.Tanh())
+        self.fake_attribute = nn.Sequential(nn.Linear(n_bits, w1), nn.ReLU(), nn.Linear(w1, w2), nn.ReLU(),
+                                            nn.Linear(w2, w3), nn.ReLU())
+        self.attribute_code = nn.Sequential(nn.Linear(w3, w2), nn.ReLU(), nn.Linear(w2, w1), nn.ReLU(),
+                                            nn.Linear(w1, n_bits), nn.Tanh())
+
+    def forward(self, img: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        code = self.hash_layer(img)
+        return code, self.attribute_code(self.fake_attribute(code))
+
+
+# ------------------------------------------------------------ the method
+
+
+@register
+class Daeh(Method):
+    """DAEH (TCSVT 2022): an image teacher and two students learn from a similarity split by Gaussian fits,
+    the student the similarity explains less pulled to the teacher each batch. The transcription, its sources
+    and every departure are in this module's docstring."""
+
+    name = "daeh"
+    description = ("DAEH (Shi et al., TCSVT 2022): image teacher and per-modality students on a discriminative "
+                   "similarity, adaptively enhanced by mutual information (released code reresearcher/DAEH)")
+    defaults = {"hidden": 4096, "dropout": 0.5, "lr_head": 1e-3, "batch_size": 18, "epochs": 30,
+                "val_fraction": 0.1, "patience": 10}
+    params = {"alpha": 2.0, "beta": 2.0, "gamma": 1e-3, "w_tri": 4.0, "w_teacher": 1.0, "w_cross": 0.1, "a1": 0.3,
+              "momentum": 0.9, "weight_decay": 5e-4}
+    takes_loss = False
+
+    def check(self, cfg: HashConfig) -> None:
+        super().check(cfg)
+        p = self.method_params(cfg.method_params)
+        if not 0.0 <= p["a1"] <= 1.0 or min(p["gamma"], p["w_tri"], p["w_teacher"], p["w_cross"]) < 0:
+            raise ValueError(f"method 'daeh': a1 must be in [0, 1] and gamma and the weights >= 0, got {p}")
+        if not 0.0 <= p["momentum"] < 1.0 or p["weight_decay"] < 0:
+            raise ValueError(f"method 'daeh': momentum must be in [0, 1) and weight_decay >= 0, got {p}")
+
+    def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
+                    fusion_cfg: Optional[FusionConfig] = None) -> FeatureHasher:
+        model = FeatureHasher(d_img, d_txt, cfg)  # myImgNet, myTxtNet: hidden 4096, dropout 0.5
+        with torch.no_grad():
+            model.txt_head.net[-1].weight.normal_(0.0, 0.3)  # myTxtNet: fc_encode ~ N(0, 0.3)
+        return model
+
+    def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
+            state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
+        p = self.method_params(cfg.method_params)
+        device = resolve_device(cfg.device)
+        generator = seed_everything(cfg.seed)
+        rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
+        if rest.streamed:
+            raise ValueError(f"{data.path}: method 'daeh' fits its similarity to the distances of every pair of "
+                             "training items; this split is streamed, too large for it")
+        model = self.build_model(data.d_img, data.d_txt, cfg)
+        model.fit_feature_stats(rest.img, rest.txt)
+        teacher = DaehTeacher(data.d_img, cfg.n_bits)
+        model.to(device).train()
+        teacher.to(device).train()
+        optimizer = torch.optim.SGD([*model.parameters(), *teacher.parameters()], lr=cfg.lr_head,
+                                    momentum=p["momentum"], weight_decay=p["weight_decay"])
+        with torch.no_grad():  # once: the networks' inputs (centred), the similarity's (not centred, as released)
+            img_all, txt_all = model.inputs(rest.img.to(device), rest.txt.to(device))
+            sim_img, sim_txt = normalize(rest.img.to(device)), normalize(rest.txt.to(device))
+        img_split, txt_split = distance_split(sim_img), distance_split(sim_txt)
+        group = current_group()
+
+        def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
+            img, txt = img_all[index], txt_all[index]  # the whole global batch on every rank
+            s = batch_similarity(sim_img[index], sim_txt[index], img_split, txt_split, p["alpha"], p["beta"], p["a1"])
+            with autocast(device, cfg.amp):
+                logits = model.img_head(img), model.txt_head(txt)
+                out = teacher(img)
+            f, g = (torch.tanh(x.float()) for x in logits)
+            code_teacher, code = (x.float() for x in out)
+            loss = daeh_loss(f, g, code_teacher, code, s, p["w_tri"], p["w_teacher"], p["w_cross"], p["gamma"])
+            return optimize(loss, optimizer, group)
+
+        history = run_epochs(
+            f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model, "teacher": teacher}, optimizer, generator,
+            len(rest), device, step, state, progress,
+            validate=validator(encode_split, "hamming", model, val, rest, device),
+        )
+        return model.cpu().eval(), history
