@@ -9,12 +9,14 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, Callable, ClassVar, Dict, Optional, Tuple
 
+import torch
 from torch import nn
 
 from ucmfh.config import RELAXATION_CANDIDATES, FusionConfig, HashConfig, with_defaults
-from ucmfh.data.h5 import Dataset
+from ucmfh.data.h5 import Dataset, Split
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.train import History, StateFile, candidate_path
+from ucmfh.train import History, StateFile, candidate_path, validation_split
+from ucmfh.utils import resolve_device, seed_everything
 
 
 class Method:
@@ -47,6 +49,8 @@ class Method:
     takes_relaxation: ClassVar[bool] = False
     # fitted in closed form: no epochs, nothing to select on a validation split
     closed_form: ClassVar[bool] = False
+    # why the method needs the whole training split in memory ('' when it trains on a streamed one too)
+    in_memory: ClassVar[str] = ""
 
     def config(self, **settings: Any) -> HashConfig:
         """A hashing config of this method: its ``defaults``, then ``settings``, then ``fixed``;
@@ -92,6 +96,23 @@ class Method:
         the CPU in eval mode and its :class:`History`. ``fusion``: the fusion encoder when ``uses_fusion``.
         ``state``: the resumable training state (:func:`ucmfh.train.run_epochs`)."""
         raise NotImplementedError
+
+    def prepare(self, data: Dataset, cfg: HashConfig) -> Tuple[torch.device, torch.Generator, Split, Optional[Split],
+                                                            nn.Module]:
+        """What every trained fit starts with, in this order (the seeded draws depend on it): the device,
+        the seeded batch generator (:func:`ucmfh.utils.seed_everything`), the training part and the
+        validation part of ``data.train`` (:func:`ucmfh.train.validation_split`), and the untrained model
+        (:meth:`build_model`) with its feature statistics fitted on the training part, on the CPU.
+        A streamed training split is refused when the method needs it ``in_memory``."""
+        device = resolve_device(cfg.device)
+        generator = seed_everything(cfg.seed)
+        rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
+        if self.in_memory and rest.streamed:
+            raise ValueError(f"{data.path}: method {self.name!r} {self.in_memory}; this training split is streamed "
+                             "(larger than the memory threshold), too large for it")
+        model = self.build_model(data.d_img, data.d_txt, cfg)
+        model.fit_feature_stats(rest.img, rest.txt)
+        return device, generator, rest, val, model
 
     def train(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None,
               progress: bool = True, state: Optional[StateFile] = None) -> Tuple[nn.Module, History]:

@@ -81,8 +81,7 @@ from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.scoring import encode_split
 from ucmfh.similarity import cosine_similarity, normalize
-from ucmfh.train import History, StateFile, adam, autocast, optimize, run_epochs, validation_split, validator
-from ucmfh.utils import resolve_device, seed_everything
+from ucmfh.train import History, StateFile, adam, autocast, optimize, run_epochs, validator
 
 # an item, its third and fourth most similar item of the batch (my_opt.PCIRH.train_method)
 MIX_WEIGHTS = (0.7, 0.2, 0.1)
@@ -232,6 +231,7 @@ class Cirh(Method):
     The transcription, its sources and every departure are in this module's docstring."""
 
     name = "cirh"
+    in_memory = "ranks every training item against all the others (its similarity's zeroing is per row)"
     description = ("CIRH (Zhu et al., TKDE 2022): a graph network over both modalities learns codes, per-modality "
                    "hash functions learn them (released code XizeWu/CIRH)")
     defaults = {"hidden": 4096, "dropout": 0.3, "lr_head": 1e-4, "betas": (0.9, 0.999), "batch_size": 512,
@@ -261,14 +261,7 @@ class Cirh(Method):
     def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
             state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
         p = self.method_params(cfg.method_params)
-        device = resolve_device(cfg.device)
-        generator = seed_everything(cfg.seed)
-        rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
-        if rest.streamed:
-            raise ValueError(f"{data.path}: method 'cirh' ranks every training item against all the others "
-                             "(its similarity's zeroing is per row); this split is streamed, too large for it")
-        model = self.build_model(data.d_img, data.d_txt, cfg)
-        model.fit_feature_stats(rest.img, rest.txt)
+        device, generator, rest, val, model = self.prepare(data, cfg)
         net = CirhNet(data.d_img, data.d_txt, cfg.n_bits, p["width"])
         model.to(device).train()
         net.to(device).train()

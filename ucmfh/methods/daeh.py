@@ -80,8 +80,7 @@ from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.scoring import encode_split
 from ucmfh.similarity import cosine_similarity, normalize
-from ucmfh.train import History, StateFile, autocast, optimize, run_epochs, validation_split, validator
-from ucmfh.utils import resolve_device, seed_everything
+from ucmfh.train import History, StateFile, autocast, optimize, run_epochs, validator
 
 N_BINS = 100  # generate_similarity_matrix: bins of width 1/100 from 0
 PAIR_TARGET = 1.5  # tri_loss, cross_loss: the target of a pair's cosine
@@ -260,6 +259,7 @@ class Daeh(Method):
     and every departure are in this module's docstring."""
 
     name = "daeh"
+    in_memory = 'fits its similarity to the distances of every pair of training items'
     description = ("DAEH (Shi et al., TCSVT 2022): image teacher and per-modality students on a discriminative "
                    "similarity, adaptively enhanced by mutual information (released code reresearcher/DAEH)")
     defaults = {"hidden": 4096, "dropout": 0.5, "lr_head": 1e-3, "batch_size": 18, "epochs": 30,
@@ -286,14 +286,7 @@ class Daeh(Method):
     def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
             state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
         p = self.method_params(cfg.method_params)
-        device = resolve_device(cfg.device)
-        generator = seed_everything(cfg.seed)
-        rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
-        if rest.streamed:
-            raise ValueError(f"{data.path}: method 'daeh' fits its similarity to the distances of every pair of "
-                             "training items; this split is streamed, too large for it")
-        model = self.build_model(data.d_img, data.d_txt, cfg)
-        model.fit_feature_stats(rest.img, rest.txt)
+        device, generator, rest, val, model = self.prepare(data, cfg)
         teacher = DaehTeacher(data.d_img, cfg.n_bits)
         model.to(device).train()
         teacher.to(device).train()

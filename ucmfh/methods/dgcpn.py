@@ -90,10 +90,7 @@ from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.similarity import normalize
-from ucmfh.train import (
-    History, StateFile, autocast, batch_inputs, optimize, run_epochs, validation_split, validation_view, validator,
-)
-from ucmfh.utils import resolve_device, seed_everything
+from ucmfh.train import History, StateFile, autocast, batch_inputs, optimize, run_epochs, validation_view, validator
 
 # rows of the training split whose similarities to all the others are held at once while the
 # neighbours are found ([KNN_CHUNK, N] floats: 128 MiB at N = 32,000)
@@ -205,6 +202,7 @@ class Dgcpn(Method):
     for the formulas, their sources and every departure."""
 
     name = "dgcpn"
+    in_memory = 'builds its neighbour graph from the whole training split'
     description = ("DGCPN (AAAI 2021): codes fitted to feature similarity plus kNN-graph neighbour coherence, "
                    "half-real half-binary steps")
     # the release's train.py: batch 32, lr 0.005, 100 epochs, stop after 11 without a better validation MAP;
@@ -247,15 +245,8 @@ class Dgcpn(Method):
     def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
             state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
         p = self.method_params(cfg.method_params)
-        device = resolve_device(cfg.device)
-        generator = seed_everything(cfg.seed)
-        rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
-        if rest.streamed:
-            raise ValueError(f"{data.path}: method 'dgcpn' builds its neighbour graph from the whole training "
-                             "split in memory, and this one is streamed (larger than the memory threshold)")
-        model = self.build_model(data.d_img, data.d_txt, cfg)
+        device, generator, rest, val, model = self.prepare(data, cfg)
         nn.init.normal_(model.txt_head.net[-1].weight, 0.0, p["txt_init_std"])
-        model.fit_feature_stats(rest.img, rest.txt)
         model.to(device).train()
         train = rest.to(device)
         graph = NeighbourGraph.build(train.img, train.txt, p["knn"], p["text_weight"])

@@ -53,15 +53,14 @@ from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset
 from ucmfh.distributed import current_group
 from ucmfh.methods.base import Method
-from ucmfh.methods.registry import register
+from ucmfh.methods.registry import METHODS, register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.similarity import normalize
 from ucmfh.train import (
-    History, StateFile, autocast, batch_inputs, beta_at, optimize, relaxed_codes, run_epochs, validation_split,
-    validation_view, validator,
+    History, StateFile, autocast, batch_inputs, beta_at, optimize, relaxed_codes, run_epochs, validation_view,
+    validator,
 )
-from ucmfh.utils import resolve_device, seed_everything
 
 SIM_INPUTS = ("raw", "centred")
 
@@ -135,11 +134,7 @@ def fit_similarity_hasher(data: Dataset, cfg: HashConfig, target_fn, loss_fn, si
     """Train :func:`feature_model` by SGD on ``loss_fn(codes_img, codes_txt, target_fn(img, txt))``,
     the target built from each (global) batch's features; the codes are ``tanh(sqrt(epoch + 1) h)``.
     The best validation epoch is kept (:func:`ucmfh.train.run_epochs`)."""
-    device = resolve_device(cfg.device)
-    generator = seed_everything(cfg.seed)
-    rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
-    model = feature_model(data.d_img, data.d_txt, cfg)
-    model.fit_feature_stats(rest.img, rest.txt)
+    device, generator, rest, val, model = METHODS[cfg.method].prepare(data, cfg)
     model.to(device).train()
     optimizer = sgd(model, lr_img, cfg.lr_head, momentum, weight_decay)
     train = rest.to(device)

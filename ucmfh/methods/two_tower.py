@@ -11,15 +11,14 @@ from ucmfh.distributed import current_group
 from ucmfh.losses import build_loss, soft_infonce
 from ucmfh.losses.distill import distill_targets, fused_embedding
 from ucmfh.methods.base import Method
-from ucmfh.methods.registry import register
+from ucmfh.methods.registry import METHODS, register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.scoring import embed_split
 from ucmfh.train import (
-    History, StateFile, adam, autocast, batch_inputs, beta_at, optimize, relaxed_codes, run_epochs, validation_split,
-    validation_view, validator,
+    History, StateFile, adam, autocast, batch_inputs, beta_at, optimize, relaxed_codes, run_epochs, validation_view,
+    validator,
 )
-from ucmfh.utils import resolve_device, seed_everything
 
 
 @register
@@ -50,11 +49,7 @@ def fit_feature_hasher(
 ) -> Tuple[FeatureHasher, History]:
     """Train a :class:`FeatureHasher` on ``cfg.loss``; with a ``teacher`` fusion encoder, on
     :func:`soft_infonce` against :func:`distill_targets` of its fused embeddings (method 'distill')."""
-    device = resolve_device(cfg.device)
-    generator = seed_everything(cfg.seed)
-    rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
-    model = FeatureHasher(data.d_img, data.d_txt, cfg)
-    model.fit_feature_stats(rest.img, rest.txt)
+    device, generator, rest, val, model = METHODS[cfg.method].prepare(data, cfg)
     model.to(device).train()
     loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
     optimizer = adam([*model.parameters(), *loss_fn.parameters()], lr=cfg.lr_head, betas=tuple(cfg.betas))

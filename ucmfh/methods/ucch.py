@@ -77,12 +77,11 @@ from ucmfh.data.h5 import Dataset
 from ucmfh.data.stream import Features, column_stats
 from ucmfh.distributed import current_group
 from ucmfh.methods.base import Method
-from ucmfh.methods.registry import register
+from ucmfh.methods.registry import METHODS, register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.scoring import encode_split
 from ucmfh.similarity import normalize, sign_codes
-from ucmfh.train import History, StateFile, adam, autocast, batch_inputs, run_epochs, validation_split, validator
-from ucmfh.utils import resolve_device, seed_everything
+from ucmfh.train import History, StateFile, adam, autocast, batch_inputs, run_epochs, validator
 
 # UCCH.py: MultiStepLR(optimizer, [30, 60, 90, 120], gamma=0.1), stepped with the epoch
 LR_MILESTONES = (30, 60, 90, 120)
@@ -300,11 +299,7 @@ def fit_ucch(data: Dataset, cfg: HashConfig, p: Dict[str, Any], progress: bool,
              state: Optional[StateFile]) -> Tuple[UcchHasher, History]:
     """Train UCCH's networks on ``data.train`` less its validation part; returns the model of the best
     validation epoch (on the CPU, eval mode) and its :class:`History`."""
-    device = resolve_device(cfg.device)
-    generator = seed_everything(cfg.seed)
-    rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
-    model = UcchHasher(data.d_img, data.d_txt, cfg, p["img_layers"], p["txt_layers"])
-    model.fit_feature_stats(rest.img, rest.txt)
+    device, generator, rest, val, model = METHODS["ucch"].prepare(data, cfg)
     model.to(device).train()
     bank = MemoryBank(len(rest), cfg.n_bits, cfg.seed).to(device)
     parameters = list(model.parameters())
