@@ -126,3 +126,25 @@ def test_a_method_config_refuses_an_unknown_or_ill_typed_parameter(name):
         wrong = "text" if not isinstance(default, str) else 1
         with pytest.raises(ValueError, match=f"parameter '{key}' must be a"):
             hash_config(name, method_params={key: wrong})
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_a_method_trains_on_a_streamed_split_or_says_why_not(tiny_path, fusion, name):
+    """A training split read from the file by blocks: the same model as in memory (one block holds it), or a
+    one-line refusal naming the file and why the method needs the split in memory."""
+    from ucmfh.data.h5 import Split, load_dataset
+    from ucmfh.data.stream import Rows, StreamSettings
+
+    data, held = load_dataset(tiny_path), load_dataset(tiny_path)
+    one = StreamSettings(block_rows=10**6)
+    data.train = Split(Rows(tiny_path, "train/image", one), Rows(tiny_path, "train/text", one), data.train.labels,
+                       data.train.ids)
+    spec, cfg = METHODS[name], config(name, epochs=1)
+    if spec.in_memory or spec.closed_form:
+        with pytest.raises(ValueError, match=f"{tiny_path}: method '{name}' .*streamed"):
+            fit(data, fusion, cfg)
+        return
+    streamed, _ = fit(data, fusion, cfg)
+    model, _ = fit(held, fusion, cfg)
+    a, b = streamed.state_dict(), model.state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
