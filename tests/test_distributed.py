@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -10,6 +11,7 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from ucmfh.distributed import Group, current_group
@@ -109,7 +111,7 @@ def test_torchrun_train_hash_writes_once_and_matches_one_process(tmp_path, tiny_
 def test_torchrun_interrupted_then_resumed_equals_uninterrupted(tmp_path, tiny_path):
     """SIGINT to torchrun mid-run: the ranks stop at the same step, rank 0 saves the state; `--resume` on 2
     ranks ends with the results of an uninterrupted 2-rank run; on 1 process it is refused."""
-    args = ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "40", "--save-interval", "0",
+    args = ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "40", "--fusion-epochs", "4", "--save-interval", "0",
             "--set", "fusion.dropout=0.1"]  # dropout on: each rank's own random state must be restored too
     ref = run(torchrun("-m", "ucmfh", *args, "--out", str(tmp_path / "ref"), "--results", str(tmp_path / "ref.jsonl")))
     assert ref.returncode == 0, ref.stderr
@@ -155,3 +157,38 @@ def test_torchrun_train_seps_writes_once(tmp_path):
     assert row["stage"] == "seps-full" and row["database"] == "test" and row["epochs_run"] == 2
     [checkpoint] = (tmp_path / "runs").rglob("seps.pt")
     assert torch.load(checkpoint, weights_only=False)["meta"]["world_size"] == 2
+
+
+def test_more_ranks_than_gpus_each_take_local_rank_modulo_the_gpus(monkeypatch):
+    """Issue 30, finding 1: on a one-GPU machine rank 1 set GPU 1 and died ("invalid device ordinal")."""
+    from ucmfh.distributed import use_local_gpu
+
+    chosen = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 1)
+    monkeypatch.setattr(torch.cuda, "set_device", chosen.append)
+    for rank in (0, 1, 3):
+        use_local_gpu(rank)
+    assert chosen == [0, 0, 0]
+
+
+@pytest.mark.parametrize("device, gpus, message", [
+    ("cuda", 1, "torchrun started 2 processes on this machine, which has 1 GPU(s): NCCL needs one GPU per process; "
+                "use --nproc-per-node 1, or --device cpu"),
+    ("cuda:1", 2, "device 'cuda:1' under torchrun would put all 2 processes of this machine on one GPU"),
+])
+def test_cuda_under_torchrun_needs_one_gpu_per_process(monkeypatch, device, gpus, message):
+    from ucmfh.app.experiment import torchrun_sizes
+    from ucmfh.distributed import check_device
+
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    assert torchrun_sizes() == (2, 2)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        check_device(torch.device(device), *torchrun_sizes())
+    check_device(torch.device("cpu"), 2, 2)  # the CPU takes any number of ranks
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    check_device(torch.device("cuda"), 2, 2)  # one GPU per process: fine
+    check_device(torch.device(device), 1, 1)  # one process: any GPU
+    check_device(torch.device("cuda"), 4, 2)  # two machines of two processes, each with two GPUs

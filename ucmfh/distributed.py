@@ -141,3 +141,27 @@ def current_group() -> Group:
     if dist.is_available() and dist.is_initialized():
         return Group(dist.get_rank(), dist.get_world_size())
     return Group()
+
+
+
+def use_local_gpu(local_rank: int) -> None:
+    """On a machine with GPUs: make GPU ``local_rank`` (modulo the GPUs) this process's current device, so
+    that ``cuda`` means one GPU per rank under torchrun. More ranks than GPUs are left to
+    :func:`check_device`, which refuses them on CUDA; on the CPU they are fine."""
+    if torch.cuda.is_available():
+        torch.cuda.set_device(local_rank % torch.cuda.device_count())
+
+
+def check_device(device: torch.device, world_size: int, local_world_size: int) -> None:
+    """A run of ``world_size`` processes, ``local_world_size`` of them on this machine, on ``device``: on
+    CUDA each process needs its own GPU (NCCL refuses two ranks on one): a ``ValueError`` that says what
+    to do otherwise."""
+    if device.type != "cuda" or world_size <= 1:
+        return
+    if device.index is not None and local_world_size > 1:
+        raise ValueError(f"device '{device}' under torchrun would put all {local_world_size} processes of this "
+                         f"machine on one GPU: use --device cuda (each process takes GPU LOCAL_RANK)")
+    gpus = torch.cuda.device_count()
+    if local_world_size > gpus:
+        raise ValueError(f"torchrun started {local_world_size} processes on this machine, which has {gpus} GPU(s): "
+                         f"NCCL needs one GPU per process; use --nproc-per-node {gpus}, or --device cpu")

@@ -107,14 +107,6 @@ _arrays_command("mat", "Whole-set .mat matrices (DJSRH/UCCH, v5 or v7.3) IMAGE T
 _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with a seeded split.")
 
 
-def _use_local_gpu() -> None:
-    """Under torchrun: each rank on its own GPU (``LOCAL_RANK``), where there are GPUs."""
-    import torch
-
-    if torch.cuda.is_available():
-        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
-
-
 @click.command()
 @click.argument("images", type=click.Path(exists=True))
 @click.argument("captions", type=click.Path(exists=True, dir_okay=False))
@@ -168,7 +160,9 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
         if shard_of is None and world > 1 and not merge:  # torchrun: ranks are the shards, rank 0 merges
             rank = int(os.environ.get("RANK", "0"))
             shard_of, merge = (rank, world), rank == 0
-            _use_local_gpu()
+            from ucmfh.distributed import use_local_gpu  # noqa: PLC0415 - torch only when extracting
+
+            use_local_gpu(int(os.environ.get("LOCAL_RANK", "0")))
         if restart and (shard_of or merge):
             raise ValueError("--restart would discard the chunks of every shard; delete OUT.parts/ yourself to "
                              "start the shards over")

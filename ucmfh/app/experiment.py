@@ -39,7 +39,7 @@ from ucmfh.files import PathLike, append_jsonl, remove_stale_temps, write_json_a
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.scoring import encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
 from ucmfh.methods import build_method, fit_hashing
-from ucmfh.train import StateFile, discard_state, fit_fusion, read_state, state_paths
+from ucmfh.train import StateFile, candidate_name, discard_state, fit_fusion, read_state, state_paths
 from ucmfh.utils import resolve_device
 
 PROTOCOL_NOTES = {
@@ -67,6 +67,12 @@ def configure_from_env() -> None:
     set_backend("torch" if value == "0" else "auto")
 
 
+def torchrun_sizes() -> Tuple[int, int]:
+    """``(WORLD_SIZE, LOCAL_WORLD_SIZE)`` of the environment torchrun sets (1, 1 outside it)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return world, int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+
+
 def join_process_group() -> None:
     """Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment): join the run's process group
     (gloo for CPU tensors, NCCL for CUDA ones), each rank on its own GPU (``LOCAL_RANK``), and
@@ -79,11 +85,11 @@ def join_process_group() -> None:
     import torch
     import torch.distributed as dist
 
+    from ucmfh.distributed import use_local_gpu
+
     if not dist.is_initialized():
-        cuda = torch.cuda.is_available()
-        if cuda:
-            torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("cpu:gloo,cuda:nccl" if cuda else "gloo")
+        use_local_gpu(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
         atexit.register(_leave_process_group)
     if dist.get_rank() > 0:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
@@ -304,19 +310,21 @@ def drop_leftover_state(checkpoint: str) -> None:
 
 
 def _saved_states(checkpoint: str) -> List[str]:
-    """The training states saved beside ``checkpoint``: its run's, or its candidates' (relaxation 'auto')."""
+    """The training states saved beside ``checkpoint``: its run's, or its candidates' (a run that chooses
+    on validation, :meth:`ucmfh.methods.Method.choices`)."""
     return [path for path in state_paths(_state_path(checkpoint)) if os.path.exists(path)]
 
 
 def _interrupted_at(checkpoint: str) -> str:
-    """Where the states saved beside ``checkpoint`` stand: ``epoch 3 of 100``, or for the candidates of
-    relaxation 'auto' ``sign: finished, tanh: epoch 3 of 100``."""
+    """Where the states saved beside ``checkpoint`` stand: ``epoch 3 of 100``, or for the candidates of a
+    run that chooses ``t0.3: finished, t0.1: epoch 3 of 100``."""
     where = []
     for path in _saved_states(checkpoint):
         saved = read_state(path, resolve_device("cpu"))
         epochs = saved["config"]["epochs"]
         at = "finished" if saved["epoch"] >= epochs else f"epoch {saved['epoch'] + 1} of {epochs}"
-        where.append(at if path == _state_path(checkpoint) else f"{saved['config']['relaxation']}: {at}")
+        own = _state_path(checkpoint)
+        where.append(at if path == own else f"{candidate_name(own, path)}: {at}")
     return ", ".join(where)
 
 
@@ -464,12 +472,12 @@ def train_hash_stage(
         chosen = dict(history["validation"])[history["best_epoch"]]
         for row in rows:
             row.update(best_epoch=history["best_epoch"], val_score=chosen, epochs_run=len(history["loss"]))
-    if history.get("relaxation"):  # relaxation 'auto': the one kept, and each candidate's validation score
-        scores = ", ".join(f"{name} {score:.4f}" for name, score in history["candidates"].items())
-        log(f"relaxation auto: kept {history['relaxation']} "
-            f"({'validation ' + scores if scores else 'no validation split to choose on'})")
+    if history.get("chosen"):  # a run that chose on validation: the candidate kept, and each one's score
+        scores = ", ".join(f"{name} {score:.4f}" for name, score in history["choice_scores"].items())
+        log(f"chosen on validation: {history['chosen']} "
+            f"({'validation ' + scores if scores else 'no validation split to choose on: the first candidate'})")
         for row in rows:
-            row.update(relaxation_chosen=history["relaxation"], relaxation_val_scores=history["candidates"])
+            row.update(chosen=history["chosen"], choice_val_scores=history["choice_scores"])
     return rows
 
 

@@ -7,7 +7,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import click
 
-from ucmfh.app.experiment import RunOptions, default_data_dir, default_epochs
+from ucmfh import distributed
+from ucmfh.app.experiment import RunOptions, default_data_dir, default_epochs, torchrun_sizes
 from ucmfh.config import AMP_MODES, PROTOCOLS, FusionConfig, HashConfig, check_type, with_defaults
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY
 from ucmfh.losses import build_loss
@@ -54,7 +55,7 @@ def parse_overrides(pairs: Tuple[str, ...], stages: Tuple[str, ...] = tuple(STAG
 
 def check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
     try:
-        resolve_device(value)
+        distributed.check_device(resolve_device(value), *torchrun_sizes())
     except ValueError as err:
         raise click.BadParameter(str(err)) from None
     return value
