@@ -1,0 +1,67 @@
+#!/usr/bin/env bash
+# The GPU checklist: every path that runs on CUDA, on a one-GPU machine, each step under a time cap,
+# every figure and log written to $OUT (default gpu-out/). Run from the repository root:
+#
+#   DATA=../shared/data OUT=gpu-out bash scripts/gpu_checklist.sh
+#
+# DATA holds wiki.h5 (the per-method runs and search use it). Steps: the machine; the C kernels built in
+# place; timed one at a time: the main job (both UCMFH stages, 100 epochs each, synthetic MIRFlickr size),
+# bench_train and bench_eval on CUDA; then side by side: the test suite on the GPU machine (CLI tests take
+# --device auto = CUDA, the CUDA tests run), one short CUDA run of every method followed by index + search
+# on CUDA against the CPU, torchrun with 2 ranks on one GPU. summary.txt gets one line per step: its exit status and seconds.
+set -u
+OUT=${OUT:-gpu-out}
+DATA=${DATA:-../shared/data}
+PY=${PYTHON:-python3}
+DEVICE=${DEVICE:-cuda}  # DEVICE=cpu SKIP="tests main-job" walks the list on a machine without a GPU
+SKIP=${SKIP:-}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
+WORK=$(mktemp -d)
+export OUT DATA PY DEVICE WORK
+
+step() {  # step NAME SECONDS COMMAND...: run COMMAND (or a function below) under a cap, its output in $OUT/NAME.txt
+    local name=$1 cap=$2; shift 2
+    case " $SKIP " in *" $name "*) return 0 ;; esac
+    local t0; t0=$(date +%s%N)
+    timeout --kill-after=10 "$cap" bash -c '"$@"' _ "$@" >"$OUT/$name.txt" 2>&1
+    local rc=$? ms=$(( ($(date +%s%N) - t0) / 1000000 ))
+    printf '%-12s rc=%-3s %4d.%03d s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) | tee -a "$OUT/summary.txt"
+}
+
+methods() {  # one short CUDA run of every method on wiki, four at a time (closed-form methods take no epochs)
+    $PY -c "from ucmfh.methods import METHODS
+for name, m in METHODS.items(): print(name, '' if m.closed_form else '--epochs 3')" |
+    xargs -P 4 -L 1 sh -c "$PY -m ucmfh train-hash -d wiki --data-dir $DATA -b 32 --method \$0 \$@ \
+        --device $DEVICE --out $WORK/runs --results $OUT/methods.jsonl --quiet > $WORK/method-\$0.txt 2>&1; \
+        echo \"\$0 rc=\$?\"; tail -3 $WORK/method-\$0.txt"
+}
+
+search() {  # the two-tower checkpoint of methods(): index and search on CUDA and on the CPU, results compared
+    local ckpt; ckpt=$(find "$WORK/runs" -path '*two-tower*' -name 'hash32.pt' | head -1)
+    [ -n "$ckpt" ] || ckpt=$(find "$WORK/runs" -name 'hash32.pt' | head -1)
+    echo "checkpoint: $ckpt"
+    for dev in $DEVICE cpu; do
+        $PY -m ucmfh index "$DATA/wiki.h5" -c "$ckpt" -o "$WORK/index-$dev" --device "$dev" --quiet || return 1
+        $PY -m ucmfh search "$WORK/index-$dev" -q "$DATA/wiki.h5" -k 20 --json --metrics --device "$dev" > "$WORK/search-$dev.json" || return 1
+    done
+    cmp "$WORK/search-$DEVICE.json" "$WORK/search-cpu.json" && echo "search: $DEVICE and CPU results identical"
+}
+
+export -f methods search
+step env 30 sh -c "nvidia-smi -L; $PY -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))'"
+step build 60 $PY setup.py -q build_ext --inplace
+step native 20 $PY -c "import ucmfh; print(ucmfh.native_kernels())"
+# timed, one at a time
+step main-job 120 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100
+step bench-train 160 $PY scripts/bench_train.py --device $DEVICE --only throughput --only encode --only memory \
+    --n-train 5120 --repeats 3 --encode-n 190000
+step bench-eval 100 $PY scripts/bench_eval.py --device $DEVICE --bits 16 64 128 --ref-queries 20 --json "$OUT/bench_eval.json"
+# not timed, side by side: the suite, every method then search, torchrun
+step tests 240 $PY -m pytest tests -q -rf -p no:cacheprovider -n 6 --timeout 150 &
+{ step methods 170 methods; step search 120 search; } &
+step torchrun 60 $PY -m torch.distributed.run --nproc-per-node 2 --master-addr 127.0.0.1 -m ucmfh train-hash \
+    -d wiki --data-dir "$DATA" -b 32 --epochs 2 --device $DEVICE --out "$WORK/ddp" --results "$OUT/ddp.jsonl" --quiet &
+wait
+rm -rf "$WORK"
