@@ -261,7 +261,7 @@ def test_sign_relaxation_trains_on_the_codes_with_tanhs_gradient():
 
     logits = torch.randn(5, 16, dtype=torch.float32, requires_grad=True)
     codes = relaxed_codes(logits, hash_config("two-tower", n_bits=16, relaxation="sign"), 1.0)
-    assert hash_config("two-tower").relaxation == "auto" and HashConfig().relaxation == "tanh"
+    assert hash_config("two-tower").relaxation == "sign" and HashConfig().relaxation == "tanh"
     assert torch.allclose(codes.abs(), torch.full_like(codes, 16 ** -0.5))  # the ±1 codes, L2-normalised
     assert torch.equal(codes.sign(), torch.where(logits >= 0, 1.0, -1.0))
     weights = torch.randn(5, 16)
@@ -283,8 +283,8 @@ def test_no_relaxation_trains_a_real_valued_embedding_and_validates_it_by_cosine
     assert torch.allclose(embedding, logits / logits.norm(dim=1, keepdim=True))
     embedding.sum().backward()
     assert logits.grad.abs().sum() > 0
-    model, history = fit_hashing(tiny, two_tower(epochs=6, relaxation="none"), progress=False)
-    assert history.best_epoch is not None and history.relaxation is None  # trained as asked, nothing chosen
+    model, history = fit_hashing(tiny, two_tower(epochs=6, relaxation="none", loss_params=T03), progress=False)
+    assert history.best_epoch is not None and history.chosen is None  # trained as asked, nothing chosen
     rest, val = validation_split(tiny.train, 0.1, 2023)
     by_cosine = validator(head_outputs_split, "cosine", model, val, rest, torch.device("cpu"))()
     assert by_cosine == pytest.approx(history.best_score, abs=1e-6)  # the kept epoch's score: its head outputs by cosine
@@ -372,33 +372,40 @@ def _same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
     return sa.keys() == sb.keys() and all(torch.equal(sa[k], sb[k]) for k in sa)
 
 
+T03 = {"temperature": 0.3}  # a temperature given: two-tower has no temperature to choose
+
+
 def test_auto_relaxation_keeps_the_candidate_with_the_better_validation_score(tiny, tmp_path, monkeypatch):
     from ucmfh import train  # noqa: PLC0415 - its optimize is counted below
     from ucmfh.train import StateFile, candidate_path, discard_state
 
-    runs = {name: fit_hashing(tiny, two_tower(epochs=6, relaxation=name), progress=False) for name in ("sign", "tanh")}
+    runs = {name: fit_hashing(tiny, two_tower(epochs=6, relaxation=name, loss_params=T03), progress=False)
+            for name in ("sign", "tanh")}
     state = StateFile(str(tmp_path / "hash16.state.pt"), interval_s=0)
-    model, history = fit_hashing(tiny, two_tower(epochs=6, relaxation="auto"), progress=False, state=state)
+    model, history = fit_hashing(tiny, two_tower(epochs=6, relaxation="auto", loss_params=T03), progress=False,
+                                 state=state)
     # each candidate is the run asked for by name; the kept one scores higher on validation
-    assert history.candidates == {name: h.best_score for name, (_, h) in runs.items()}
-    assert history.relaxation == max(runs, key=lambda name: (runs[name][1].best_score, name == "sign"))
-    kept_model, kept = runs[history.relaxation]
+    assert history.choice_scores == {name: h.best_score for name, (_, h) in runs.items()}
+    assert history.chosen == max(runs, key=lambda name: (runs[name][1].best_score, name == "sign"))
+    kept_model, kept = runs[history.chosen]
     assert _same_weights(model, kept_model) and history.validation == kept.validation
-    assert history.as_dict()["relaxation"] == history.relaxation and "relaxation" not in kept.as_dict()
+    assert history.as_dict()["chosen"] == history.chosen and "chosen" not in kept.as_dict()
     # every candidate left a finished state: resuming the choice trains nothing and returns the same model
     assert all(Path(candidate_path(state.path, c)).exists() for c in ("sign", "tanh"))
     steps = []
     monkeypatch.setattr(train, "optimize", lambda *a: steps.append(1))
-    again, history_again = fit_hashing(tiny, two_tower(epochs=6, relaxation="auto"), progress=False,
+    again, history_again = fit_hashing(tiny, two_tower(epochs=6, relaxation="auto", loss_params=T03), progress=False,
                                        state=StateFile(state.path, resume=True))
     assert not steps and _same_weights(again, model) and history_again.as_dict() == history.as_dict()
     monkeypatch.undo()
     discard_state(state)
     assert not list(tmp_path.iterdir())
     # without a validation split there is nothing to choose on: the first candidate, alone
-    lone, lone_history = fit_hashing(tiny, two_tower(epochs=2, relaxation="auto", val_fraction=0.0), progress=False)
-    sign, _ = fit_hashing(tiny, two_tower(epochs=2, relaxation="sign", val_fraction=0.0), progress=False)
-    assert _same_weights(lone, sign) and (lone_history.relaxation, lone_history.candidates) == ("sign", {})
+    lone, lone_history = fit_hashing(tiny, two_tower(epochs=2, relaxation="auto", val_fraction=0.0, loss_params=T03),
+                                     progress=False)
+    sign, _ = fit_hashing(tiny, two_tower(epochs=2, relaxation="sign", val_fraction=0.0, loss_params=T03),
+                          progress=False)
+    assert _same_weights(lone, sign) and (lone_history.chosen, lone_history.choice_scores) == ("sign", {})
     assert HashConfig(method="cca-itq", relaxation="auto").relaxation == "auto"  # nothing to choose: one fit
 
 
@@ -408,20 +415,21 @@ def test_train_hash_auto_relaxation_reports_its_choice_and_refuses_to_restart_a_
 
     runner, results, out = CliRunner(), tmp_path / "r.jsonl", tmp_path / "runs"
     argv = ["train-hash", "-d", tiny_path, "-b", "16", "--results", str(results), "--out", str(out), "--device",
-            "cpu", "--quiet", "--epochs", "3", "--set", "hash.hidden=64", "--set", "hash.relaxation=auto"]
+            "cpu", "--quiet", "--epochs", "3", "--set", "hash.hidden=64", "--set", "hash.relaxation=auto",
+            "--loss-param", "temperature=0.3"]
     result = runner.invoke(main, argv)
     assert result.exit_code == 0, result.output
     [row] = _rows(results)
-    assert "relaxation auto: kept " + row["relaxation_chosen"] in result.output
-    assert set(row["relaxation_val_scores"]) == {"sign", "tanh"} and row["settings"]["hash"]["relaxation"] == "auto"
-    assert row["val_score"] == row["relaxation_val_scores"][row["relaxation_chosen"]]
+    assert "chosen on validation: " + row["chosen"] in result.output
+    assert set(row["choice_val_scores"]) == {"sign", "tanh"} and row["settings"]["hash"]["relaxation"] == "auto"
+    assert row["val_score"] == row["choice_val_scores"][row["chosen"]]
     assert not list(out.rglob("*.state.pt"))  # both candidates' states are gone with the result saved
     # a candidate's saved state beside a checkpoint still to train is an interrupted run
     checkpoint = Path(row["checkpoint"])
     checkpoint.unlink()
     from ucmfh.data.h5 import load_dataset  # noqa: PLC0415
 
-    cfg = hash_config("two-tower", n_bits=16, hidden=64, epochs=3, device="cpu", relaxation="sign")
+    cfg = hash_config("two-tower", n_bits=16, hidden=64, epochs=3, device="cpu", relaxation="sign", loss_params=T03)
     fit(load_dataset(tiny_path), cfg, progress=False,
         state=StateFile(candidate_path(str(checkpoint.with_suffix(".state.pt")), "sign"), interval_s=0))
     refused = runner.invoke(main, argv)
@@ -430,3 +438,25 @@ def test_train_hash_auto_relaxation_reports_its_choice_and_refuses_to_restart_a_
     resumed = runner.invoke(main, [*argv, "--resume"])
     assert resumed.exit_code == 0, resumed.output
     assert "resuming" in resumed.output and _rows(results)[-1]["map_i2t"] == row["map_i2t"]
+
+
+def test_two_tower_chooses_infonces_temperature_on_validation_unless_one_is_given(tiny):
+    method = METHODS["two-tower"]
+    assert list(method.choices(two_tower())) == ["t0.3", "t0.1"]
+    assert list(method.choices(two_tower(relaxation="auto"))) == ["sign-t0.3", "tanh-t0.3", "sign-t0.1", "tanh-t0.1"]
+    assert method.choices(two_tower(loss_params=T03)) == {}  # a temperature given: trained as asked
+    assert method.choices(two_tower(loss="ntxent")) == {}  # no InfoNCE temperature to choose
+    assert list(method.choices(two_tower(method_params={"temperatures": "0.2"}))) == ["t0.2"]
+    assert method.choices(hash_config("distill")) == {} and "temperatures" not in METHODS["distill"].params
+    with pytest.raises(ValueError, match="parameter 'temperatures' must be positive numbers separated by commas"):
+        two_tower(method_params={"temperatures": "0.3,x"})
+    # each candidate is the run asked for with that temperature; the better on validation is kept
+    runs = {t: fit_hashing(tiny, two_tower(epochs=3, loss_params={"temperature": t}), progress=False)
+            for t in (0.3, 0.1)}
+    model, history = fit_hashing(tiny, two_tower(epochs=3), progress=False)
+    assert history.choice_scores == {f"t{t:g}": h.best_score for t, (_, h) in runs.items()}
+    best = max(runs, key=lambda t: (runs[t][1].best_score, t == 0.3))
+    assert history.chosen == f"t{best:g}" and _same_weights(model, runs[best][0])
+    # one temperature: nothing to choose, the run itself
+    one, one_history = fit_hashing(tiny, two_tower(epochs=3, method_params={"temperatures": "0.1"}), progress=False)
+    assert one_history.chosen is None and _same_weights(one, runs[0.1][0])

@@ -13,6 +13,7 @@ removes the state (:func:`discard_state`) once it has saved the result.
 from __future__ import annotations
 
 import contextlib
+import glob
 import math
 import os
 import signal
@@ -26,7 +27,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ucmfh.config import RELAXATION_CANDIDATES, FusionConfig, HashConfig, identity_dict
+from ucmfh.config import FusionConfig, HashConfig, identity_dict
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.distributed import Group, current_group
 from ucmfh.losses import build_loss
@@ -154,8 +155,8 @@ class History(list):
         super().__init__(losses)
         self.validation = list(validation or [])
         self.best_epoch = best_epoch
-        self.relaxation: Optional[str] = None
-        self.candidates: Dict[str, float] = {}
+        self.chosen: Optional[str] = None  # a run that chose on validation: the candidate kept
+        self.choice_scores: Dict[str, float] = {}  # ... and each candidate's best validation score
 
     @property
     def best_score(self) -> float:
@@ -164,8 +165,8 @@ class History(list):
 
     def as_dict(self) -> Dict[str, Any]:
         out = {"loss": list(self), "validation": self.validation, "best_epoch": self.best_epoch}
-        if self.relaxation is not None:
-            out.update(relaxation=self.relaxation, candidates=self.candidates)
+        if self.chosen is not None:
+            out.update(chosen=self.chosen, choice_scores=self.choice_scores)
         return out
 
 
@@ -436,16 +437,29 @@ def run_epochs(
 
 
 def candidate_path(path: str, candidate: str) -> str:
-    """Where the candidate ``candidate`` of a run that chooses (``relaxation = 'auto'``) keeps its
-    training state: ``hash64.state.pt`` -> ``hash64.sign.state.pt``."""
+    """Where the candidate ``candidate`` of a run that chooses on validation
+    (:meth:`ucmfh.methods.Method.choices`) keeps its training state: ``hash64.state.pt`` ->
+    ``hash64.sign.state.pt``."""
     head, tail = os.path.split(path)
     stem, dot, rest = tail.partition(".")
     return os.path.join(head, f"{stem}.{candidate}{dot}{rest}")
 
 
+def candidate_name(path: str, candidate_state: str) -> str:
+    """The candidate whose state :func:`candidate_path` put at ``candidate_state``."""
+    stem, dot, rest = os.path.basename(path).partition(".")
+    return os.path.basename(candidate_state)[len(stem) + 1: -len(dot + rest)]
+
+
 def state_paths(path: str) -> List[str]:
     """Every file a run with its state at ``path`` may have saved: its own and its candidates'."""
-    return [path, *(candidate_path(path, c) for c in RELAXATION_CANDIDATES)]
+    head, tail = os.path.split(path)
+    stem, dot, rest = tail.partition(".")
+    name = f"{glob.escape(stem)}.*{glob.escape(dot + rest)}"
+    found = set(glob.glob(os.path.join(glob.escape(head), name)))
+    for temp in glob.glob(os.path.join(glob.escape(head), f".{name}.tmp*")):  # a candidate's first save, unfinished
+        found.add(os.path.join(head, os.path.basename(temp)[1:].rsplit(".tmp", 1)[0]))
+    return [path, *sorted(found - {path})]
 
 
 def discard_state(state: Optional[StateFile]) -> None:

@@ -4,7 +4,7 @@
 fit. ``hash_config(name, **settings)`` makes a config of it, ``fit_hashing(data, cfg)`` trains one.
 Adding a method is one file with a registered :class:`Method` subclass, imported below, and its tests.
 """
-from ucmfh.methods.base import Method, choose_relaxation
+from ucmfh.methods.base import Method, choose
 from ucmfh.methods.registry import DEFAULT_METHOD, METHODS, build_method, fit_hashing, hash_config, register
 
 # each import registers its method; the order is the order of --help and of the tables
@@ -19,5 +19,5 @@ from ucmfh.methods import dgcpn as _dgcpn  # noqa: E402,F401
 from ucmfh.methods import cirh as _cirh  # noqa: E402,F401
 from ucmfh.methods import daeh as _daeh  # noqa: E402,F401
 
-__all__ = ["DEFAULT_METHOD", "METHODS", "Method", "build_method", "choose_relaxation", "fit_hashing", "hash_config",
+__all__ = ["DEFAULT_METHOD", "METHODS", "Method", "build_method", "choose", "fit_hashing", "hash_config",
            "register"]

@@ -116,9 +116,8 @@ class Method:
 
     def train(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None,
               progress: bool = True, state: Optional[StateFile] = None) -> Tuple[nn.Module, History]:
-        """:meth:`fit`, after checking ``cfg`` and the data; with ``relaxation = 'auto'`` (a method that
-        ``takes_relaxation``) one fit per candidate relaxation, the better on validation kept
-        (:func:`choose_relaxation`)."""
+        """:meth:`fit`, after checking ``cfg`` and the data; where ``cfg`` leaves a choice to validation
+        (:meth:`choices`), one fit per candidate, the best on validation kept (:func:`choose`)."""
         self.check(cfg)
         if cfg.supervised and data.caption_set:
             raise ValueError(f"{data.path or 'the dataset'}: supervised training needs labels; this caption set "
@@ -128,26 +127,38 @@ class Method:
         if self.closed_form and data.train.streamed:
             raise ValueError(f"{data.path}: method {self.name!r} fits on the whole training split in memory, and "
                              "this one is streamed (larger than the memory threshold); choose another method")
-        if self.takes_relaxation and cfg.relaxation == "auto":
-            return choose_relaxation(self.fit, data, cfg, fusion, progress, state)
+        candidates = self.choices(cfg)
+        if len(candidates) == 1:  # nothing to choose: the one candidate is the run
+            return self.fit(data, next(iter(candidates.values())), fusion, progress, state)
+        if candidates:
+            return choose(self.fit, data, cfg, candidates, fusion, progress, state)
         return self.fit(data, cfg, fusion, progress, state)
 
+    def choices(self, cfg: HashConfig) -> Dict[str, HashConfig]:
+        """The settings a run of ``cfg`` tries, by name, where ``cfg`` leaves a choice to the validation
+        split (:func:`choose`); empty where it trains ``cfg`` as given. Here: ``relaxation = 'auto'``
+        (a method that ``takes_relaxation``) is one candidate per relaxation of RELAXATION_CANDIDATES;
+        a method may add its own (two-tower: InfoNCE's temperature)."""
+        if self.takes_relaxation and cfg.relaxation == "auto":
+            return {name: dataclasses.replace(cfg, relaxation=name) for name in RELAXATION_CANDIDATES}
+        return {}
 
-def choose_relaxation(fit: Callable, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder],
-                      progress: bool, state: Optional[StateFile]) -> Tuple[nn.Module, History]:
-    """``relaxation = 'auto'``: one run of ``fit`` per relaxation of RELAXATION_CANDIDATES, each on
-    the same validation split and seed (the same run as asking for it by name); the model whose best
-    epoch scores higher on validation is kept, the first candidate on a tie; without a validation split
-    (``val_fraction = 0``) the first candidate is trained alone. Each candidate keeps its own training
-    state (:func:`ucmfh.train.candidate_path`), so an interrupted choice resumes where it stopped."""
+
+def choose(fit: Callable, data: Dataset, cfg: HashConfig, candidates: Dict[str, HashConfig],
+           fusion: Optional[FusionEncoder], progress: bool, state: Optional[StateFile]) -> Tuple[nn.Module, History]:
+    """One run of ``fit`` per candidate config (:meth:`Method.choices`), each on the same validation split
+    and seed (the same run as asking for it by its settings); the model whose best epoch scores higher
+    on validation is kept, the first candidate on a tie; without a validation split (``val_fraction =
+    0``) the first candidate is trained alone. Each candidate keeps its own training state
+    (:func:`ucmfh.train.candidate_path`), so an interrupted choice resumes where it stopped."""
     runs: Dict[str, Tuple[nn.Module, History]] = {}
-    for candidate in RELAXATION_CANDIDATES if cfg.val_fraction > 0 else RELAXATION_CANDIDATES[:1]:
-        sub = None if state is None else dataclasses.replace(state, path=candidate_path(state.path, candidate))
-        runs[candidate] = fit(data, dataclasses.replace(cfg, relaxation=candidate), fusion, progress, sub)
+    for name in list(candidates) if cfg.val_fraction > 0 else list(candidates)[:1]:
+        sub = None if state is None else dataclasses.replace(state, path=candidate_path(state.path, name))
+        runs[name] = fit(data, candidates[name], fusion, progress, sub)
     chosen = max(runs, key=lambda name: runs[name][1].best_score)  # the first of equals
     model, history = runs[chosen]
-    history.relaxation = chosen
-    history.candidates = {name: h.best_score for name, (_, h) in runs.items()} if cfg.val_fraction > 0 else {}
+    history.chosen = chosen
+    history.choice_scores = {name: h.best_score for name, (_, h) in runs.items()} if cfg.val_fraction > 0 else {}
     return model, history
 
 

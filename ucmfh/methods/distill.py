@@ -31,6 +31,7 @@ class Distill(TwoTower):
                    "UCMFH encoder, trained first: a leaky teacher, an honest student")
     defaults = {"hidden": 1024, "loss": "infonce", "loss_params": {"temperature": 0.3}, "relaxation": "sign",
                 "val_fraction": 0.1, "patience": 10}
+    params = {}  # the loss's temperature is fixed: no temperatures to choose among
     uses_fusion = True
     fusion_defaults = {"val_fraction": 0.1, "patience": 10}
 
