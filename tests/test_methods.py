@@ -460,3 +460,13 @@ def test_two_tower_chooses_infonces_temperature_on_validation_unless_one_is_give
     # one temperature: nothing to choose, the run itself
     one, one_history = fit_hashing(tiny, two_tower(epochs=3, method_params={"temperatures": "0.1"}), progress=False)
     assert one_history.chosen is None and _same_weights(one, runs[0.1][0])
+
+
+def test_cca_itq_keeps_no_setting_of_training_by_steps_and_names_a_file_too_small():
+    plain = hash_config("cca-itq", n_bits=16)
+    asked = hash_config("cca-itq", n_bits=16, batch_size=7, amp="bf16", dropout=0.1, loss="infonce",
+                        modality_dropout=0.0, supervised=True, lr_head=0.5, relaxation="sign")
+    assert asked == plain  # nothing that does nothing tells two runs apart
+    few = Split(torch.randn(5, 6), torch.randn(5, 4), None)
+    with pytest.raises(ValueError, match=r"^small\.h5: method 'cca-itq' needs at least 8 training items .*got 5$"):
+        fit_cca_itq(few, 16, source="small.h5")

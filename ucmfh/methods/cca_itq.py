@@ -33,8 +33,13 @@ class CcaItq(Method):
     name = "cca-itq"
     description = "the linear baseline: PCA, CCA and an ITQ rotation fitted on the training split (no epochs)"
     params = {"max_pca": 128, "iterations": 50}
-    # a linear map whatever was asked (e.g. one --set for every method of a grid), fitted once
-    fixed = {"hidden": 0, "epochs": 1, "val_fraction": 0.0, "patience": 0}
+    # a linear map whatever was asked (e.g. one --set for every method of a grid), fitted once; the
+    # settings of training by steps do nothing here, so they stay HashConfig's and never split a run's identity
+    fixed = {"hidden": 0, "epochs": 1, "val_fraction": 0.0, "patience": 0,
+             **{name: getattr(HashConfig(), name) for name in (
+                 "dropout", "code_weight", "modality_dropout", "relaxation", "beta_schedule", "beta_gamma",
+                 "beta_step_iters", "beta_step_epochs", "loss", "loss_params", "supervised", "teacher_weight",
+                 "teacher_temperature", "batch_size", "lr_fusion", "lr_head", "betas", "amp")}}
     takes_loss = False
     closed_form = True
 
@@ -51,7 +56,8 @@ class CcaItq(Method):
     def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
             state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
         params = self.method_params(cfg.method_params)
-        model, _ = fit_cca_itq(data.train, cfg.n_bits, params["max_pca"], params["iterations"], cfg.seed)
+        model, _ = fit_cca_itq(data.train, cfg.n_bits, params["max_pca"], params["iterations"], cfg.seed,
+                               data.path or "the training split")
         return model, History()
 
 
@@ -70,7 +76,7 @@ def _pca(x: np.ndarray, max_dims: int, seed: int) -> PCA:
 
 
 def fit_cca_itq(train: Split, n_bits: int, max_pca: int = 128, iterations: int = 50,
-                seed: int = 0) -> Tuple[FeatureHasher, int]:
+                seed: int = 0, source: str = "the training split") -> Tuple[FeatureHasher, int]:
     """Fit CCA-ITQ on a training split; PCA keeps at most ``max_pca`` dims and a quarter of the items.
 
     Returns the model and the number of bits CCA could fill: ``min(n_bits, PCA dims of each
@@ -80,7 +86,8 @@ def fit_cca_itq(train: Split, n_bits: int, max_pca: int = 128, iterations: int =
     img, txt = train.img.numpy().astype(np.float64), train.txt.numpy().astype(np.float64)
     n = img.shape[0]
     if n < 8:
-        raise ValueError(f"method 'cca-itq' needs at least 8 training items (PCA keeps a quarter of them), got {n}")
+        raise ValueError(f"{source}: method 'cca-itq' needs at least 8 training items (PCA keeps a quarter of "
+                         f"them), got {n}")
     pca_img, pca_txt = _pca(img, min(max_pca, n // 4), seed), _pca(txt, min(max_pca, n // 4), seed)
     n_components = min(n_bits, pca_img.n_components_, pca_txt.n_components_)
     cca = CCA(n_components, max_iter=1000).fit(pca_img.transform(img), pca_txt.transform(txt))
