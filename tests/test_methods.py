@@ -470,3 +470,9 @@ def test_cca_itq_keeps_no_setting_of_training_by_steps_and_names_a_file_too_smal
     few = Split(torch.randn(5, 6), torch.randn(5, 4), None)
     with pytest.raises(ValueError, match=r"^small\.h5: method 'cca-itq' needs at least 8 training items .*got 5$"):
         fit_cca_itq(few, 16, source="small.h5")
+
+
+def test_temperatures_from_the_command_line_one_or_several():
+    assert hash_config("two-tower", method_params={"temperatures": 0.2}).method_params["temperatures"] == "0.2"
+    with pytest.raises(ValueError, match="parameter 'temperatures' must be a str"):
+        hash_config("two-tower", method_params={"temperatures": True})

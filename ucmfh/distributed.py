@@ -143,7 +143,6 @@ def current_group() -> Group:
     return Group()
 
 
-
 def use_local_gpu(local_rank: int) -> None:
     """On a machine with GPUs: make GPU ``local_rank`` (modulo the GPUs) this process's current device, so
     that ``cuda`` means one GPU per rank under torchrun. More ranks than GPUs are left to

@@ -171,8 +171,9 @@ def _typed(method: str, key: str, value: Any, default: Any) -> Any:
         value = float(value) if ok else value
     elif isinstance(default, int):
         ok = isinstance(value, int) and not isinstance(value, bool)
-    elif isinstance(default, str):
-        ok = isinstance(value, str)
+    elif isinstance(default, str):  # a number given where text is expected (temperatures=0.2) is its text
+        ok = isinstance(value, (str, int, float)) and not isinstance(value, bool)
+        value = value if isinstance(value, str) or not ok else str(value)
     else:
         ok = True
     if not ok:
