@@ -55,6 +55,26 @@ def test_search_equals_brute_force_with_ties_by_index(bits):
     assert np.array_equal(index.search(pack_codes(q), 10, "txt")[1], index.search(torch.from_numpy(q), 10, "txt")[1])
 
 
+def test_the_torch_path_searches_queries_in_chunks_of_bounded_memory(monkeypatch):
+    """Issue 30, finding 4: every query at once made the GPU top-k's candidates grow with the queries."""
+    from ucmfh.metrics import topk
+    from ucmfh.search import index as index_module
+
+    rng = np.random.default_rng(0)
+    r, q = pm1(rng, 500, 64), pm1(rng, 23, 64)
+    index = Index(64)
+    index.add("txt", r)
+    rows = []
+    real = topk.hamming_top_k_torch
+    monkeypatch.setattr(topk, "hamming_top_k_torch", lambda qq, *a: rows.append(qq.shape[0]) or real(qq, *a))
+    monkeypatch.setattr(index_module, "QUERY_CHUNK_BYTES", index_module.CANDIDATE_BYTES * 40 * 5)  # 5 queries at k=40
+    with backend("torch"):
+        dist, pos = index.search(q, 40, "txt")
+    assert rows == [5, 5, 5, 5, 3]
+    want_d, want_i = brute_force(q, r, 40)
+    assert np.array_equal(pos, want_i) and np.array_equal(dist, want_d)
+
+
 def test_bad_arguments_are_clear():
     index = Index(16)
     index.add("img", pm1(np.random.default_rng(0), 5, 16))

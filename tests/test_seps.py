@@ -1,6 +1,7 @@
 """SEPS (docs/reference.md §8) and its token data (§9): contract, model, training, re-ranking, front doors."""
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 
@@ -223,6 +224,21 @@ def test_dense_text_of_the_candidate_image_never_leaks_the_caption_s_own():
 @pytest.fixture(scope="module")
 def trained(token_path):
     return fit_seps(token_path, small_seps(), progress=False)
+
+
+def test_amp_bf16_autocasts_the_forward_pass_and_keeps_the_loss_in_float32(token_path, monkeypatch):
+    """Issue 30, finding 7: SepsConfig.amp changed the run's key but fit_seps trained float32 whatever it said."""
+    from ucmfh import seps as seps_module
+
+    seen = []
+    real = seps_module.vse_hinge
+    monkeypatch.setattr(seps_module, "vse_hinge", lambda sims, *a: seen.append(
+        (torch.is_autocast_enabled("cpu"), sims.dtype)) or real(sims, *a))
+    model, history = fit_seps(token_path, small_seps(epochs=1, amp="bf16", val_fraction=0.0), progress=False)
+    assert seen and all(s == (False, torch.float32) for s in seen) and math.isfinite(history[-1])
+    monkeypatch.setattr(seps_module, "autocast", lambda device, amp: seen.append(amp) or contextlib.nullcontext())
+    fit_seps(token_path, small_seps(epochs=1, amp="bf16", val_fraction=0.0), progress=False)
+    assert "bf16" in seen
 
 
 def test_training_learns_and_keeps_the_best_validation_epoch(token_path, trained):

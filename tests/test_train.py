@@ -167,3 +167,21 @@ def test_validation_keeps_the_best_epoch_and_patience_stops_early(tiny):
     assert len(stopped) < 30 and len(stopped) == stopped.best_epoch + 1
     with pytest.raises(ValueError, match="patience"):
         small_hash(patience=2)  # patience without a validation split
+
+
+def test_resume_restores_the_training_devices_cuda_generator_whatever_gpus_saved_it(monkeypatch):
+    """Issue 30, finding 2: a state held every visible GPU's generator and was restored with set_rng_state_all,
+    which fails (or restores the wrong one) on another number of GPUs; only the training device's counts."""
+    from ucmfh.train import restore_cuda_rng
+
+    restored = []
+    monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((int(state[0]), str(device))))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    mine, other = torch.tensor([7], dtype=torch.uint8), torch.tensor([9], dtype=torch.uint8)
+    restore_cuda_rng(mine, torch.device("cuda:1"))  # saved since: the device's own
+    restore_cuda_rng([mine, other], torch.device("cuda"))  # saved on two GPUs, resumed on the current one
+    restore_cuda_rng([mine, other], torch.device("cuda:1"))
+    restore_cuda_rng([mine], torch.device("cuda:1"))  # saved on one GPU, resumed on a second: nothing to restore
+    restore_cuda_rng(mine, torch.device("cpu"))
+    restore_cuda_rng(None, torch.device("cuda"))
+    assert restored == [(7, "cuda:1"), (7, "cuda"), (9, "cuda:1")]

@@ -146,6 +146,7 @@ class Reranking:
             def cosine(q: int, cand: torch.Tensor) -> Tuple[float, torch.Tensor]:
                 t0 = time.perf_counter()
                 stored = db_real[cand]
+                _synchronize(stored.device)
                 return time.perf_counter() - t0, stored @ q_real[q]
             return cosine
         seps = self.seps
@@ -155,6 +156,7 @@ class Reranking:
             t0 = time.perf_counter()
             index = cand.to(self.device)
             stored = take(self.txt_store if direction == "i2t" else self.img_store, index)
+            _synchronize(index.device)  # a GPU gathers asynchronously: its time is the fetch's, not the scoring's
             fetch_s = time.perf_counter() - t0
             query = self._query_state(direction, q)
             return fetch_s, score_candidates(seps, query, stored, "img" if direction == "i2t" else "txt")
@@ -177,3 +179,9 @@ class Reranking:
                 n = store["mask_sparse" if "caption" in name else "basis"].shape[0]
                 out[name + "_float32"] = sum(v.numel() * v.element_size() for v in store.values()) / n
         return out
+
+
+def _synchronize(device: torch.device) -> None:
+    """Wait for a CUDA device's queued work (a timer read right after a launch would miss it)."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)

@@ -27,7 +27,7 @@ from ucmfh.losses.triplet import vse_hinge
 from ucmfh.metrics.captions import DATABASES, first_of_each_id
 from ucmfh.models.seps import SEPS, State
 from ucmfh.similarity import positive_mask
-from ucmfh.train import History, StateFile, optimize, run_epochs, seed_everything, validation_items
+from ucmfh.train import History, StateFile, autocast, optimize, run_epochs, seed_everything, validation_items
 from ucmfh.utils import resolve_device
 
 RANKS = (1, 5, 10)
@@ -213,8 +213,10 @@ def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
     def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
         items = rest[index.cpu().numpy()]
         mine = group.local(torch.from_numpy(items)).numpy()  # this rank's part of the global batch
-        img = gather_state(group, encode_images(model, tokens, mine, device), len(items))
-        sims, soft_mean = model.grid(img, encode_texts(model, tokens, mine, device))  # [my texts, images]
+        with autocast(device, cfg.amp):  # the forward pass; the gathers and the hinge in float32
+            img = gather_state(group, encode_images(model, tokens, mine, device), len(items))
+            sims, soft_mean = model.grid(img, encode_texts(model, tokens, mine, device))  # [my texts, images]
+        sims, soft_mean = sims.float(), None if soft_mean is None else soft_mean.float()
         sims = group.gather((sims,), len(items))[0]
         if soft_mean is not None and group.world_size > 1:  # the mean over every pair of the batch
             soft_mean = group.gather(((soft_mean * len(mine)).reshape(1, 1),), group.world_size)[0].sum() / len(items)

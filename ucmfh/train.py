@@ -364,13 +364,12 @@ def run_epochs(
             rngs = [(rngs, saved.get("cuda_rng"))]
         rng, cuda_rng = rngs[group.rank]
         torch.set_rng_state(rng.cpu())
-        if device.type == "cuda" and cuda_rng is not None:
-            torch.cuda.set_rng_state_all([s.cpu() for s in cuda_rng])
+        restore_cuda_rng(cuda_rng, device)
 
     def save(epoch: int, done: int, epoch_start_gen: torch.Tensor, epoch_total: torch.Tensor) -> None:
         """Write the training state (rank 0; every rank calls it, for its random-number state)."""
         rngs = group.gather_objects(
-            (torch.get_rng_state(), torch.cuda.get_rng_state_all() if device.type == "cuda" else None))
+            (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None))
         if group.is_main:
             payload = {
                 "format": STATE_FORMAT, "stage": stage, "config": identity, "world_size": group.world_size,
@@ -400,7 +399,9 @@ def run_epochs(
                     continue
                 total += step(index, separate, epoch, iteration) * len(index)
                 iteration += 1
-                if group.any(stop["signal"] is not None, device):
+                # a stop is one decision of every rank: a collective (and a host sync) every STOP_EVERY steps
+                shared = group.world_size == 1 or done % STOP_EVERY == 0 or done == len(plan)
+                if shared and group.any(stop["signal"] is not None, device):
                     name = signal.Signals(stop["signal"]).name if stop["signal"] else "a signal to another rank"
                     where = f"{stage} interrupted by {name} at epoch {epoch + 1}/{cfg.epochs}, step {done}/{len(plan)}"
                     if state is None:
@@ -434,6 +435,25 @@ def run_epochs(
             module.load_state_dict(best["weights"][name])
         history.best_epoch = best["epoch"]
     return history
+
+
+# Under torchrun the ranks decide together whether to stop (a signal may reach one rank only), at
+# every STOP_EVERY-th step and an epoch's last: one collective per step would stall a GPU every step.
+STOP_EVERY = 16
+
+
+def restore_cuda_rng(saved: Any, device: torch.device) -> None:
+    """Restore the training device's CUDA generator (the one that drives dropout) from a saved state: a
+    tensor, that device's; a list (states saved before 2026-11-26 held every visible GPU's) is indexed
+    by the device, and an entry the list does not have (another number of GPUs) is left as it is."""
+    if device.type != "cuda" or saved is None:
+        return
+    if isinstance(saved, (list, tuple)):
+        index = device.index if device.index is not None else torch.cuda.current_device()
+        if index >= len(saved):
+            return
+        saved = saved[index]
+    torch.cuda.set_rng_state(saved.cpu(), device)
 
 
 def candidate_path(path: str, candidate: str) -> str:

@@ -143,8 +143,9 @@ class SEPS(nn.Module):
         return state
 
     def _words(self, words: torch.Tensor, mask: torch.Tensor, name: str) -> State:
-        w = words.new_zeros(*words.shape[:2], self.cfg.embed_dim)
-        w[mask] = self.txt_proj(words[mask])  # the real word rows only
+        rows = self.txt_proj(words[mask])  # the real word rows only (bfloat16 under autocast)
+        w = rows.new_zeros(*words.shape[:2], self.cfg.embed_dim)
+        w[mask] = rows
         m = mask.to(w.dtype).unsqueeze(-1)
         glob = normalize((w * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0))
         return {f"words_{name}": normalize(w) * m, f"mask_{name}": mask, f"glob_{name}": glob}

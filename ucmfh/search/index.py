@@ -668,6 +668,13 @@ def _cpu_kernels(device: Any) -> Any:
     return kernels_module()
 
 
+# The torch path's memory: its top-k holds about 8 candidates of 32 bytes per query and result
+# (issue 30, finding 4: depth 10,000 × 2,100 queries at once reached ~43 GB); queries are searched in
+# chunks of at most QUERY_CHUNK_BYTES of such candidates.
+CANDIDATE_BYTES = 8 * 32
+QUERY_CHUNK_BYTES = 1 << 30
+
+
 def default_threads() -> int:
     try:
         return len(os.sched_getaffinity(0))
@@ -716,16 +723,22 @@ def hamming_search(
     device = resolve_device(device) if isinstance(device, str) else device
     # packed items count their padding bits, which are clear in both sets and add no distance
     n_bytes = -(-n_bits // 8)
-    q = unpack_codes(torch.from_numpy(packed_bytes(qw, n_bits).copy()), 8 * n_bytes).to(device)
-    dists, positions = [], []
     block = 1 << 22
-    for start in range(0, n, block):
-        # packed bytes of one block of items (a copy: a mapped file is read-only); unpacked on the device
-        r = torch.from_numpy(np.array(packed_bytes(rw[start : start + block], n_bits)))
-        d, p = hamming_top_k_torch(q, r, min(k, r.shape[0]), 65536)
-        dists.append(d.cpu())
-        positions.append(p.cpu() + start)
-    return merge_top_k([x.numpy() for x in dists], [x.numpy() for x in positions], k)
+    # the top-k's candidate keys take about CANDIDATE_BYTES per query and k: queries go in chunks
+    chunk = max(1, QUERY_CHUNK_BYTES // (CANDIDATE_BYTES * k))
+    out_d, out_p = np.empty((nq, k), dtype=np.int64), np.empty((nq, k), dtype=np.int64)
+    for a in range(0, nq, chunk):
+        q = unpack_codes(torch.from_numpy(packed_bytes(qw[a : a + chunk], n_bits).copy()), 8 * n_bytes).to(device)
+        dists, positions = [], []
+        for start in range(0, n, block):
+            # packed bytes of one block of items (a copy: a mapped file is read-only); unpacked on the device
+            r = torch.from_numpy(np.array(packed_bytes(rw[start : start + block], n_bits)))
+            d, p = hamming_top_k_torch(q, r, min(k, r.shape[0]), 65536)
+            dists.append(d.cpu())
+            positions.append(p.cpu() + start)
+        out_d[a : a + chunk], out_p[a : a + chunk] = merge_top_k([x.numpy() for x in dists],
+                                                                 [x.numpy() for x in positions], k)
+    return out_d, out_p
 
 
 def merge_top_k(dists: List[np.ndarray], positions: List[np.ndarray], k: int) -> Tuple[np.ndarray, np.ndarray]:
