@@ -246,6 +246,7 @@ class RunOptions:
     resume: bool = False  # continue interrupted stages; reuse finished ones
     save_interval: float = 120.0  # seconds between saves of the training state
     progress: bool = True
+    always_resumes: bool = False  # a grid: resuming is its way, so a fresh start is not news
 
 
 @functools.lru_cache(maxsize=1)
@@ -355,7 +356,7 @@ def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
         if not opts.resume:
             _refuse_interrupted(checkpoint)
         log(f"resuming {', '.join(saved)} at {_interrupted_at(checkpoint)}")
-    elif opts.resume:
+    elif opts.resume and not opts.always_resumes:
         log(f"nothing to resume at {state.path}; training from the start")
     return state
 

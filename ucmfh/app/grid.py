@@ -223,7 +223,8 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     if all(build_method(m).leak_free for m in methods):  # --protocol fused would have nothing to score
         check_method_options(methods[0], protocol, {})
     protocols = protocols_of(protocol)
-    opts = RunOptions(out=train["out"], resume=True, save_interval=train["save_interval"], progress=not quiet)
+    opts = RunOptions(out=train["out"], resume=True, save_interval=train["save_interval"], progress=not quiet,
+                      always_resumes=True)
     bits = list(dict.fromkeys(n_bits))
     # every cell's settings are checked before anything trains
     cells = []
