@@ -57,6 +57,23 @@ def _threads():
     yield
 
 
+CHECKOUT_OUTPUTS = [Path(__file__).resolve().parents[1] / "runs", Path(__file__).resolve().parents[1] / "data"]
+
+
+def _outputs_state():
+    return {str(p): p.stat().st_mtime_ns for root in CHECKOUT_OUTPUTS if root.exists() for p in root.glob("*")}
+
+
+@pytest.fixture(autouse=True)
+def _nothing_written_to_the_checkout():
+    """A test writes in its temporary folder only: a command run without --results or --out would add
+    to the checkout's runs/ (issue 31, finding 6)."""
+    before = _outputs_state()
+    yield
+    after = _outputs_state()
+    assert after == before, f"the test wrote in the checkout: {sorted(set(after.items()) ^ set(before.items()))[:3]}"
+
+
 def shared_file(name: str) -> str:
     """A dataset of ../shared/data, or a skip that says why it is absent."""
     path = SHARED_DATA / name

@@ -47,7 +47,8 @@ def test_ucmfh_make_train_evaluate(tmp_path):
     result = runner.invoke(main, ["encode", "-d", str(data), "-c", str(checkpoint), "-o", str(codes), "--quiet"])
     assert result.exit_code == 0, result.output
     metrics_out = tmp_path / "metrics.json"
-    result = runner.invoke(main, ["evaluate", "--codes", str(codes), "--metrics-out", str(metrics_out), "--quiet"])
+    result = runner.invoke(main, ["evaluate", "--codes", str(codes), "--metrics-out", str(metrics_out), "--quiet",
+                                  "--results", str(results)])
     assert result.exit_code == 0, result.output
     metrics = json.loads(metrics_out.read_text())
     assert abs(metrics["i2t"]["map@50"] - rows[2]["map_i2t"]) < 1e-9, metrics["i2t"]
@@ -65,10 +66,11 @@ def test_ucmfh_make_train_evaluate(tmp_path):
 def test_ucmfh_reports_bad_input_without_traceback(tmp_path):
     runner = CliRunner()
     result = runner.invoke(main, ["train-fusion", "-d", "nosuch", "--data-dir", str(tmp_path)])
-    assert result.exit_code != 0 and "nosuch.h5: no such dataset file" in result.output
+    assert result.exit_code == 2 and "nosuch.h5: no such dataset file" in result.output
     assert "Traceback" not in result.output
     result = runner.invoke(main, ["train-hash", "-d", "x.h5", "-b", "4"])
-    assert result.exit_code != 0 and "Traceback" not in result.output
+    assert result.exit_code == 2 and "n_bits must be between 8 and 256, got 4" in result.output
+    assert "Traceback" not in result.output
 
 
 def test_demo_tasks_0_to_3(tmp_path):

@@ -266,8 +266,8 @@ def test_cli_evaluate_codes(tmp_path):
     assert row["map_i2t"] == expected["i2t"]["map@5"] and row["protocol"] == "unimodal" and row["n_bits"] == 12
     assert "unimodal" in out.output
     both = runner.invoke(main, ["evaluate", "--codes", str(path), "-c", "x.pt"])
-    assert both.exit_code != 0 and "exactly one of --checkpoint and --codes" in both.output
+    assert both.exit_code == 2 and "exactly one of --checkpoint and --codes" in both.output
     broken = tmp_path / "broken.h5"
     broken.write_text("x")
     bad = runner.invoke(main, ["evaluate", "--codes", str(broken), "--results", ""])
-    assert bad.exit_code != 0 and "not an HDF5 file" in bad.output and "Traceback" not in bad.output
+    assert bad.exit_code == 2 and "not an HDF5 file" in bad.output and "Traceback" not in bad.output

@@ -268,4 +268,4 @@ def test_convert_commands(tmp_path):
     assert ds.attrs["classes"] == [f"k{i}" for i in range(C)] and "seed=4" in ds.attrs["split"]
     check_values(ds, image, text, labels)
     result = CliRunner().invoke(convert, ["npz", *save_npy(tmp_path, image, text, labels), out])
-    assert result.exit_code != 0 and "give a standard split" in result.output
+    assert result.exit_code == 2 and "give a standard split" in result.output

@@ -238,6 +238,7 @@ def test_command_tokens_then_train_seps(tmp_path, tiny_clip):
         assert tok.n_items == 12 and tok.n_images == 6
     out = runner.invoke(main, ["train-seps", "-d", "tiny", "--data-dir", str(tmp_path / "data"), "--quiet",
                                "--device", "cpu", "--out", str(tmp_path / "runs"), "--epochs", "1",
+                               "--results", str(tmp_path / "r.jsonl"),
                                "--batch-size", "4", "--val-fraction", "0", "--patience", "0", "--set", "embed_dim=8"])
     assert out.exit_code == 0, out.output
     assert "seps-full" in out.output
