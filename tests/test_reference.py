@@ -106,3 +106,29 @@ def test_learning_rate_rises_per_batch():
         lrs.append(opt.param_groups[0]["lr"])
     assert lrs[28] == pytest.approx(1e-3) and lrs[29] == pytest.approx(1.2e-3)
     assert lrs[78] == pytest.approx(1.2e-3) and lrs[79] == pytest.approx(1.44e-3)
+
+
+def test_the_ucmfh_settings_are_the_ones_docs_reference_states():
+    """Issue 31, finding 7: UCMFH's settings as docs/reference.md §2 states them, read from the page, are the
+    ones `--method ucmfh` trains with (a changed default fails here, not silently in a reproduction)."""
+    import re
+    from pathlib import Path
+
+    from ucmfh.config import REFERENCE_EPOCHS, FusionConfig
+    from ucmfh.losses import build_loss
+    from ucmfh.methods import hash_config
+
+    page = (Path(__file__).resolve().parents[1] / "docs" / "reference.md").read_text()
+    head = re.search(r"`d → (\d+) → ReLU → dropout ([\d.]+) → n_bits → tanh`", page)
+    weight = re.search(r"Loss = loss\(fused img, fused txt\) \+ ([\d.]+) · loss\(img head, txt head\)", page)
+    settings = re.search(r"batch (\d+); Adam betas \(([\d.]+), ([\d.]+)\), lr ([\de.-]+) fusion, ([\de.-]+) heads; "
+                         r"temperature ([\d.]+); epochs MIRFlickr (\d+), NUS-WIDE (\d+), COCO (\d+); seed (\d+)", page)
+    assert head and weight and settings, "docs/reference.md §2 no longer states UCMFH's settings in these words"
+    cfg, fusion = hash_config("ucmfh"), FusionConfig()
+    batch, b1, b2, lr_fusion, lr_heads, tau, mir, nus, coco, seed = settings.groups()
+    assert (cfg.hidden, cfg.dropout, cfg.code_weight) == (int(head[1]), float(head[2]), float(weight[1]))
+    assert cfg.batch_size == fusion.batch_size == int(batch) and cfg.seed == fusion.seed == int(seed)
+    assert tuple(cfg.betas) == tuple(fusion.betas) == (float(b1), float(b2))
+    assert fusion.lr == cfg.lr_fusion == float(lr_fusion) and cfg.lr_head == float(lr_heads)
+    assert cfg.loss == "original" and build_loss(cfg.loss, **cfg.loss_params).temperature == float(tau)
+    assert (REFERENCE_EPOCHS["mirflickr"], REFERENCE_EPOCHS["nuswide"], REFERENCE_EPOCHS["coco"]) == (int(mir), int(nus), int(coco))
