@@ -5,7 +5,6 @@ import json
 import os
 import re
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -22,15 +21,15 @@ ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TIMEOUT = 240  # seconds: a hung collective fails the test instead of hanging CI
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def torchrun(*args: str, n: int = 2) -> list:
-    return [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(n), "--master-addr", "127.0.0.1",
-            "--master-port", str(free_port()), *args]
+    """torchrun on this machine; ``--standalone`` picks a free port itself (no port probed, closed, then raced for)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(n), *args]
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _torchrun_tmp(tmp_path_factory):
+    """torchrun's own temporary folders (/tmp/torchelastic_*) go to pytest's, not /tmp."""
+    ENV["TMPDIR"] = str(tmp_path_factory.mktemp("torchelastic"))
 
 
 def run(cmd: list, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:

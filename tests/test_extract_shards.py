@@ -1,6 +1,5 @@
 """Sharded extraction: shards compute disjoint chunks, resume their own, and a merge writes the unsharded file."""
 import os
-import socket
 import subprocess
 import sys
 
@@ -126,18 +125,12 @@ def test_shard_and_merge_options(tmp_path, tiny_clip):  # noqa: F811 - the fixtu
     assert_same_file(reference(tmp_path, "c.h5"), tmp_path / "c.h5")
 
 
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_torchrun_ranks_are_the_shards(tmp_path, tiny_clip):  # noqa: F811 - the fixture
     names = make_images(tmp_path / "imgs", 6)
     caps, labels = write_inputs(tmp_path, names)
     args = [str(tmp_path / "imgs"), str(caps), str(labels), "--model", tiny_clip, "--device", "cpu", "--query", "1",
             "--train", "2", "--workers", "1", "--chunk-items", "2"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path)}
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": os.pathsep.join(sys.path), "TMPDIR": str(tmp_path)}
 
     def run(launcher, out):  # both in processes of one thread: the same arithmetic
         done = subprocess.run([sys.executable, "-m", *launcher, "ucmfh", "extract", *args[:3], str(out), *args[3:]],
@@ -145,7 +138,7 @@ def test_torchrun_ranks_are_the_shards(tmp_path, tiny_clip):  # noqa: F811 - the
         assert done.returncode == 0, done.stderr[-3000:]
         return done.stdout
 
-    output = run(["torch.distributed.run", "--nproc-per-node", "2", f"--master-port={free_port()}", "-m"],
+    output = run(["torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m"],
                  tmp_path / "c.h5")
     assert "shard 1/2 done" in output and f"wrote {tmp_path / 'c.h5'}" in output, output
     assert not (tmp_path / "c.h5.parts").exists()
