@@ -104,10 +104,15 @@ def read_only_dir(tmp_path):
 
 
 def dead_pid() -> int:
-    """The pid of a process that has ended (for temporary files left by a killed writer)."""
-    child = subprocess.Popen([sys.executable, "-c", "pass"])
-    child.wait()
-    return child.pid
+    """A pid no process has (for temporary files left by a killed writer): above the kernel's largest pid
+    where Linux says which that is (an ended child's pid could be reused before the test looks)."""
+    try:
+        with open("/proc/sys/kernel/pid_max") as f:
+            return int(f.read()) + 1
+    except OSError:  # pragma: no cover - not Linux
+        child = subprocess.Popen([sys.executable, "-c", "pass"])
+        child.wait()
+        return child.pid
 
 
 def pytest_configure(config):
