@@ -53,7 +53,8 @@ def tiny(tiny_path):
 
 @pytest.fixture(autouse=True)
 def _threads():
-    torch.set_num_threads(min(2, os.cpu_count() or 1))
+    """Two torch threads per test (the CI machine's cores), or OMP_NUM_THREADS where the caller set it."""
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or min(2, os.cpu_count() or 1)))
     yield
 
 
