@@ -37,10 +37,13 @@ def fit(tiny, fusion, cfg: HashConfig, state=None):
 
 
 @pytest.mark.parametrize("name", list(METHODS))
-def test_a_leak_free_method_codes_each_modality_from_itself(tiny, fusion, name):
+def test_a_leak_free_method_codes_each_modality_from_itself(tiny, fusion, name, tmp_path):
     """Another text beside each image changes no image code, and another image no text code, through
     the encoder a search uses (unimodal); a method that is not leak-free says so ('ucmfh')."""
-    model, _ = fit(tiny, fusion, config(name))
+    from ucmfh.search.build import Encoder  # noqa: PLC0415
+
+    cfg = config(name)
+    model, _ = fit(tiny, fusion, cfg)
     split = tiny.query
     shuffled = type(split)(img=split.img.flip(0), txt=split.txt.flip(0), labels=split.labels)
     img, txt = encode_split(model, split, "unimodal", "cpu")
@@ -53,6 +56,12 @@ def test_a_leak_free_method_codes_each_modality_from_itself(tiny, fusion, name):
                                 "fused", "cpu")
     assert torch.equal(fused_img, img) == METHODS[name].leak_free  # only a method with a fused view differs
     assert len(img.unique(dim=0)) > 1 and len(txt.unique(dim=0)) > 1  # not one code for everything
+    # `ucmfh index` and `search` encode with the checkpoint's modality_logits: one modality each, the same codes
+    fusion_cfg = small_fusion(epochs=1) if METHODS[name].uses_fusion else None
+    encoder = Encoder(save_checkpoint(tmp_path / "hash16.pt", model, fusion_cfg, cfg))
+    for features, modality, codes in ((split.img, "image", img), (split.txt, "text", txt)):
+        signs = torch.from_numpy(encoder.encode(features.numpy(), modality)) >= 0
+        assert torch.equal(signs, codes > 0), modality
 
 
 class _StopAfter:

@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from ucmfh.checkpoint import load_model
 from ucmfh.data.h5 import DataError
 from ucmfh.search.collection import FEATURES, Collection, first_of_each_id, open_collection
-from ucmfh.search.index import Index, as_words
+from ucmfh.search.index import Index, as_words, modality_name
 from ucmfh.utils import resolve_device
 
 PROTOCOL = "unimodal"
@@ -73,7 +73,8 @@ class Encoder:
 
     @torch.no_grad()
     def encode(self, features: np.ndarray, modality: str) -> np.ndarray:
-        """Head outputs of one modality. Shape: [N, d] -> [N, n_bits] float32."""
+        """Head outputs of one modality ('image'/'img' or 'text'/'txt'). Shape: [N, d] -> [N, n_bits] float32."""
+        modality = modality_name(modality)
         out = []
         for start in range(0, features.shape[0], self.batch_size):
             x = torch.from_numpy(np.ascontiguousarray(features[start : start + self.batch_size], dtype=np.float32))
