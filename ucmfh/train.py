@@ -147,8 +147,8 @@ def optimize(loss: torch.Tensor, optimizer: torch.optim.Optimizer, group: Group)
 class History(list):
     """The mean training loss of each epoch; with a validation split also ``validation``
     (``[epoch, score]`` after each epoch) and ``best_epoch``, whose weights the model keeps.
-    A run that chose its relaxation (``relaxation = 'auto'``) also records ``relaxation``, the one
-    kept, and ``candidates``, each candidate's best validation score."""
+    A run that chose among candidate settings on validation (:func:`ucmfh.methods.choose`) also
+    records ``chosen``, the one kept, and ``choice_scores``, each candidate's best validation score."""
 
     def __init__(self, losses: Iterable[float] = (), validation: Optional[List[List[float]]] = None,
                  best_epoch: Optional[int] = None) -> None:
