@@ -184,9 +184,15 @@ def test_plots(tmp_path):
     result = evaluate_codes(**make_file_inputs(3), k=5)
     paths = plot_curves(result, str(tmp_path / "curves"))
     assert [p.rsplit("_", 1)[1] for p in paths] == ["pr.png", "pk.png"]
+    from matplotlib.image import imread
+
     for p in paths:
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
+        pixels = imread(p)[..., :3]
+        ink = (pixels.min(axis=2) < 0.9).mean()  # not white: axes, labels and the curves
+        coloured = (pixels.max(axis=2) - pixels.min(axis=2) > 0.2).mean()  # the curves (the axes are grey)
+        assert pixels.shape[0] > 200 and pixels.shape[1] > 200 and 0.01 < ink < 0.5 and coloured > 0.001, (p, ink, coloured)
 
 
 def test_save_rejects_bad_inputs(tmp_path):
