@@ -217,6 +217,13 @@ def test_dense_text_of_the_candidate_image_never_leaks_the_caption_s_own():
         leak = SEPS(D_IMG, D_TXT, T, SepsConfig(version=version, dense_text="leak", embed_dim=24), dense=True).eval()
         own = leak.grid(leak.encode_images(img_tok), leak.encode_texts(words, mask, dense[:2], dmask[:2]))[0]
         assert own.shape == (2, 3)
+        # 'leak': a caption's row moves with its own image's description, and with nothing else's
+        moved = leak.grid(leak.encode_images(img_tok), leak.encode_texts(words, mask, changed[:2], dmask[:2]))[0]
+        assert not torch.allclose(moved[0], own[0])  # caption 0 carries image 0's (changed) description
+        torch.testing.assert_close(moved[1], own[1])
+        still = leak.grid(leak.encode_images(img_tok, changed, dmask), leak.encode_texts(words, mask, dense[:2],
+                                                                                          dmask[:2]))[0]
+        torch.testing.assert_close(still, own)  # the candidate images' descriptions play no part
 
 
 # ---------------------------------------------------------------- training and scoring
