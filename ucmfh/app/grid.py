@@ -115,8 +115,9 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
                 if s is None or f"{prefix}map_i2t_mean" not in s:
                     line.append("–")
                     continue
-                line.append(" / ".join(f"{s[f'{prefix}{d}_mean']:.3f} ± {s[f'{prefix}{d}_std']:.3f}"
-                                       for d in DIRECTIONS))
+                spread = len(s["seeds"]) > 1  # one seed has no spread to show (not ± 0.000)
+                line.append(" / ".join(f"{s[f'{prefix}{d}_mean']:.3f}"
+                                       + (f" ± {s[f'{prefix}{d}_std']:.3f}" if spread else "") for d in DIRECTIONS))
                 seeds |= set(s["seeds"])
                 if s["train_time_s_mean"]:
                     times.append(s["train_time_s_mean"])
