@@ -65,11 +65,11 @@ def test_a_leak_free_method_codes_each_modality_from_itself(tiny, fusion, name, 
 
 
 class _StopAfter:
-    """A progress bar that sends this process SIGINT after ``epochs`` epochs (a Ctrl-C at a known moment)
-    and records the epoch each run starts at."""
+    """A progress bar that sends this process SIGINT (or ``signum``) after ``epochs`` epochs (a Ctrl-C at a
+    known moment) and records the epoch each run starts at."""
 
-    def __init__(self, epochs: int):
-        self.epochs = epochs
+    def __init__(self, epochs: int, signum: int = signal.SIGINT):
+        self.epochs, self.signum = epochs, signum
         self.starts = []
 
     def __call__(self, *args, **kwargs):
@@ -83,7 +83,7 @@ class _StopAfter:
             def update(self, k):
                 self.n += k
                 if self.n == outer.epochs:
-                    os.kill(os.getpid(), signal.SIGINT)
+                    os.kill(os.getpid(), outer.signum)
 
             def set_postfix(self, **_):
                 pass
@@ -94,14 +94,15 @@ class _StopAfter:
         return Bar()
 
 
-@pytest.mark.parametrize("name", TRAINED)
-def test_an_interrupted_run_resumes_to_the_same_model(tiny, fusion, name, tmp_path, monkeypatch):
+@pytest.mark.parametrize("name, signum", [(name, signal.SIGINT) for name in TRAINED]
+                         + [("two-tower", signal.SIGTERM)])  # the README promises a save on SIGTERM too
+def test_an_interrupted_run_resumes_to_the_same_model(tiny, fusion, name, signum, tmp_path, monkeypatch):
     """Interrupted after its second epoch and resumed from its state, a run ends with the weights, codes and
-    validation record of a run never stopped."""
+    validation record of a run never stopped. The state is saved on the signal alone (save interval 1e9 s)."""
     cfg = config(name, epochs=4)
     reference, ref_history = fit(tiny, fusion, cfg)
     state = StateFile(str(tmp_path / "hash.state.pt"), interval_s=1e9)
-    bars = _StopAfter(2)
+    bars = _StopAfter(2, signum)
     monkeypatch.setattr(train_module, "tqdm", bars)
     with pytest.raises(TrainingInterrupted):
         fit(tiny, fusion, cfg, state)
