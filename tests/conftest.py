@@ -118,3 +118,18 @@ def dead_pid() -> int:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "torch_path: tests an internal of the metrics' torch path only")
+    config.addinivalue_line("markers", "slow: over half a minute on the 2-core CI machine; run with --slow")
+
+
+def pytest_addoption(parser):
+    parser.addoption("--slow", action="store_true", help="also run the tests marked slow")
+
+
+def pytest_collection_modifyitems(config, items):
+    """The default suite stays under 5 minutes on 2 cores: tests marked slow run with --slow only."""
+    if config.getoption("--slow"):
+        return
+    skip = pytest.mark.skip(reason="slow: run with python -m pytest tests --slow")
+    for item in items:
+        if "slow" in item.keywords:
+            item.add_marker(skip)

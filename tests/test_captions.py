@@ -87,6 +87,7 @@ def test_caption_metrics_equal_a_slow_reference(ranking, n_bits):
     assert got["collection"]["n_database_txt"] == len(query[2]) + len(retrieval[2])
 
 
+@pytest.mark.slow  # 33 s: sklearn's iterative CCA on flickr8k1000
 def test_flickr8k1000_cca_itq_matches_the_contracts_figures():
     """docs/reference.md §7 gives CCA-ITQ's R@K on flickr8k1000, test database: the evaluator reproduces them."""
     from ucmfh.methods.cca_itq import fit_cca_itq
