@@ -2,11 +2,13 @@
 from __future__ import annotations
 
 import importlib.util
+import math
 import os
 import subprocess
 import sys
 from pathlib import Path
 from types import ModuleType
+from typing import List
 
 import pytest
 import torch
@@ -28,6 +30,21 @@ def load_script(name: str) -> ModuleType:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
+
+
+# Plain-float helpers of the loop-level transcriptions of released code (tests/test_method_*.py)
+def unit(v: List[float]) -> List[float]:
+    n = math.sqrt(sum(x * x for x in v))
+    return [x / n for x in v]
+
+
+def dot(a: List[float], b: List[float]) -> float:
+    return sum(x * y for x, y in zip(a, b))
+
+
+def float_rows(x: torch.Tensor) -> List[List[float]]:
+    """A tensor's rows as lists of Python floats (float64)."""
+    return [[float(v) for v in row] for row in x.double()]
 
 
 def small_fusion(**kw) -> FusionConfig:

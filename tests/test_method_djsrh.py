@@ -2,7 +2,6 @@
 (zs-zhong/DJSRH ``train.py``, ``Session.train``), its model, and that it learns on tiny data."""
 from __future__ import annotations
 
-import math
 from typing import List
 
 import pytest
@@ -12,31 +11,20 @@ from ucmfh.methods import fit_hashing, hash_config
 from ucmfh.methods.djsrh import djsrh_loss, joint_semantics, scaled_cosines
 from ucmfh.scoring import evaluate_hashing, random_codes_map
 
+from conftest import dot, float_rows, unit
+
 # ----------------------------------------------------------------------------
 # Slow reference: plain loops in float64, line by line from Session.train.
 # ----------------------------------------------------------------------------
 
 
-def _unit(v: List[float]) -> List[float]:
-    n = math.sqrt(sum(x * x for x in v))
-    return [x / n for x in v]
-
-
-def _dot(a: List[float], b: List[float]) -> float:
-    return sum(x * y for x, y in zip(a, b))
-
-
-def _rows(x: torch.Tensor) -> List[List[float]]:
-    return [[float(v) for v in row] for row in x.double()]
-
-
 def ref_target(img, txt, beta, eta, mu) -> List[List[float]]:
     """F_I = F.normalize(F_I); S_I = F_I F_Iᵀ * 2 - 1 (and S_T); S_tilde = β S_I + (1 - β) S_T;
     S = (1 - η) S_tilde + η S_tilde S_tilde / BATCH_SIZE; S = S * μ."""
-    fi, ft = [_unit(r) for r in _rows(img)], [_unit(r) for r in _rows(txt)]
+    fi, ft = [unit(r) for r in float_rows(img)], [unit(r) for r in float_rows(txt)]
     m = len(fi)
-    s_i = [[_dot(fi[a], fi[b]) * 2 - 1 for b in range(m)] for a in range(m)]
-    s_t = [[_dot(ft[a], ft[b]) * 2 - 1 for b in range(m)] for a in range(m)]
+    s_i = [[dot(fi[a], fi[b]) * 2 - 1 for b in range(m)] for a in range(m)]
+    s_t = [[dot(ft[a], ft[b]) * 2 - 1 for b in range(m)] for a in range(m)]
     tilde = [[beta * s_i[a][b] + (1 - beta) * s_t[a][b] for b in range(m)] for a in range(m)]
     return [[mu * ((1 - eta) * tilde[a][b] + eta * sum(tilde[a][k] * tilde[k][b] for k in range(m)) / m)
              for b in range(m)] for a in range(m)]
@@ -44,11 +32,11 @@ def ref_target(img, txt, beta, eta, mu) -> List[List[float]]:
 
 def ref_loss(code_i, code_t, s, lambda1, lambda2) -> float:
     """B = F.normalize(code); loss = λ1 mse(B_I B_Iᵀ, S) + mse(B_I B_Tᵀ, S) + λ2 mse(B_T B_Tᵀ, S)."""
-    bi, bt = [_unit(r) for r in _rows(code_i)], [_unit(r) for r in _rows(code_t)]
+    bi, bt = [unit(r) for r in float_rows(code_i)], [unit(r) for r in float_rows(code_t)]
     m = len(bi)
 
     def mse(x, y) -> float:
-        return sum((_dot(x[a], y[b]) - s[a][b]) ** 2 for a in range(m) for b in range(m)) / (m * m)
+        return sum((dot(x[a], y[b]) - s[a][b]) ** 2 for a in range(m) for b in range(m)) / (m * m)
 
     return lambda1 * mse(bi, bi) + mse(bi, bt) + lambda2 * mse(bt, bt)
 

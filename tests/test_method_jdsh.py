@@ -12,6 +12,8 @@ from ucmfh.methods import build_method, fit_hashing, hash_config
 from ucmfh.methods.jdsh import dsdw, jdsh_loss, joint_modal_similarity
 from ucmfh.scoring import evaluate_hashing, random_codes_map
 
+from conftest import dot, float_rows, unit
+
 # ----------------------------------------------------------------------------
 # Slow reference: plain loops in float64, line by line from JDSH.py.
 # ----------------------------------------------------------------------------
@@ -20,28 +22,15 @@ MIR = dict(alpha=0.5, beta=0.1, lamb=0.4, mu=1.4, MIN=-0.52, MAX=0.68, ALPHA=2, 
            BETA=4, LOC_RIGHT=-0.49, SCALE_RIGHT=0.088, L1=0.1, L2=0.2)  # config/JDSH_MIRFlickr.json
 
 
-def _unit(v: List[float]) -> List[float]:
-    n = math.sqrt(sum(x * x for x in v))
-    return [x / n for x in v]
-
-
-def _dot(a: List[float], b: List[float]) -> float:
-    return sum(x * y for x, y in zip(a, b))
-
-
-def _rows(x: torch.Tensor) -> List[List[float]]:
-    return [[float(v) for v in row] for row in x.double()]
-
-
 def ref_similarity(img, txt, c) -> List[List[float]]:
     """cal_similarity_matrix: S_I, S_T = 2 cos - 1; S_high = norm(S_I) norm(S_T)ᵀ;
     S_ = α S_I + β S_T + λ (S_high + S_highᵀ) / 2; S_[S_ < left] = ...; S_[S_ > right] = ...; S = S_ μ."""
-    fi, ft = [_unit(r) for r in _rows(img)], [_unit(r) for r in _rows(txt)]
+    fi, ft = [unit(r) for r in float_rows(img)], [unit(r) for r in float_rows(txt)]
     m = len(fi)
-    s_i = [[_dot(fi[a], fi[b]) * 2 - 1 for b in range(m)] for a in range(m)]
-    s_t = [[_dot(ft[a], ft[b]) * 2 - 1 for b in range(m)] for a in range(m)]
-    ni, nt = [_unit(r) for r in s_i], [_unit(r) for r in s_t]
-    high = [[_dot(ni[a], nt[b]) for b in range(m)] for a in range(m)]
+    s_i = [[dot(fi[a], fi[b]) * 2 - 1 for b in range(m)] for a in range(m)]
+    s_t = [[dot(ft[a], ft[b]) * 2 - 1 for b in range(m)] for a in range(m)]
+    ni, nt = [unit(r) for r in s_i], [unit(r) for r in s_t]
+    high = [[dot(ni[a], nt[b]) for b in range(m)] for a in range(m)]
     s = [[c["alpha"] * s_i[a][b] + c["beta"] * s_t[a][b] + c["lamb"] * (high[a][b] + high[b][a]) / 2
           for b in range(m)] for a in range(m)]
     left = c["LOC_LEFT"] - c["ALPHA"] * c["SCALE_LEFT"]
@@ -60,13 +49,13 @@ def ref_similarity(img, txt, c) -> List[List[float]]:
 def ref_loss(code_i, code_t, s, intra) -> float:
     """cal_loss: loss1 = mse(BI_BI, S); loss2 = mse(BI_BT, S) + mse(BT_BI, S) - (B_I * B_T).sum(1).mean();
     loss3 = mse(BT_BT, S); loss = INTRA loss1 + loss2 + INTRA loss3."""
-    bi, bt = [_unit(r) for r in _rows(code_i)], [_unit(r) for r in _rows(code_t)]
+    bi, bt = [unit(r) for r in float_rows(code_i)], [unit(r) for r in float_rows(code_t)]
     m = len(bi)
 
     def mse(x, y) -> float:
-        return sum((_dot(x[a], y[b]) - s[a][b]) ** 2 for a in range(m) for b in range(m)) / (m * m)
+        return sum((dot(x[a], y[b]) - s[a][b]) ** 2 for a in range(m) for b in range(m)) / (m * m)
 
-    diag = sum(_dot(bi[a], bt[a]) for a in range(m)) / m
+    diag = sum(dot(bi[a], bt[a]) for a in range(m)) / m
     return intra * mse(bi, bi) + (mse(bi, bt) + mse(bt, bi) - diag) + intra * mse(bt, bt)
 
 
