@@ -185,3 +185,17 @@ def test_resume_restores_the_training_devices_cuda_generator_whatever_gpus_saved
     restore_cuda_rng(mine, torch.device("cpu"))
     restore_cuda_rng(None, torch.device("cuda"))
     assert restored == [(7, "cuda:1"), (7, "cuda"), (9, "cuda:1")]
+
+
+def test_state_paths_find_every_candidates_state_and_unfinished_first_save(tmp_path):
+    from ucmfh.files import temp_destination
+    from ucmfh.train import candidate_name, candidate_path, state_paths
+
+    own = str(tmp_path / "hash64.state.pt")
+    saved = candidate_path(own, "t0.3")
+    open(saved, "wb").close()
+    (tmp_path / ".hash64.sign-t0.1.state.pt.tmp123").write_bytes(b"half")  # a candidate's first save, cut short
+    (tmp_path / "hash16.t0.3.state.pt").write_bytes(b"")  # another length's: not this run's
+    assert state_paths(own) == [own, str(tmp_path / "hash64.sign-t0.1.state.pt"), saved]
+    assert candidate_name(own, saved) == "t0.3" and temp_destination("x/.a.pt.tmp7") == "a.pt"
+    assert temp_destination(".a.pt.tmpx") is None and temp_destination("a.pt") is None

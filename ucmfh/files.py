@@ -43,6 +43,15 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
+_TEMP = re.compile(r"^\.(.+)\.tmp(\d+)$")
+
+
+def temp_destination(name: str) -> Optional[str]:
+    """The file name a temporary file ``.NAME.tmpPID`` (:func:`atomic_path`) is written for, else None."""
+    match = _TEMP.match(os.path.basename(name))
+    return match.group(1) if match else None
+
+
 def remove_stale_temps(path: PathLike) -> List[str]:
     """Remove ``.NAME.tmpPID`` files beside ``path`` whose writing process is gone; return them."""
     path = os.fspath(path)

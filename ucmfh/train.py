@@ -34,7 +34,7 @@ from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.scoring import embed_split, encode_split, head_outputs_split, score_splits
 from ucmfh.similarity import normalize, sign_codes
-from ucmfh.files import atomic_file, torch_file_problem
+from ucmfh.files import atomic_file, temp_destination, torch_file_problem
 from ucmfh.utils import resolve_device, seed_everything
 
 
@@ -478,7 +478,9 @@ def state_paths(path: str) -> List[str]:
     name = f"{glob.escape(stem)}.*{glob.escape(dot + rest)}"
     found = set(glob.glob(os.path.join(glob.escape(head), name)))
     for temp in glob.glob(os.path.join(glob.escape(head), f".{name}.tmp*")):  # a candidate's first save, unfinished
-        found.add(os.path.join(head, os.path.basename(temp)[1:].rsplit(".tmp", 1)[0]))
+        destination = temp_destination(temp)
+        if destination is not None:
+            found.add(os.path.join(head, destination))
     return [path, *sorted(found - {path})]
 
 

@@ -319,12 +319,11 @@ def _saved_states(checkpoint: str) -> List[str]:
 def _interrupted_at(checkpoint: str) -> str:
     """Where the states saved beside ``checkpoint`` stand: ``epoch 3 of 100``, or for the candidates of a
     run that chooses ``t0.3: finished, t0.1: epoch 3 of 100``."""
-    where = []
+    where, own = [], _state_path(checkpoint)
     for path in _saved_states(checkpoint):
         saved = read_state(path, resolve_device("cpu"))
         epochs = saved["config"]["epochs"]
         at = "finished" if saved["epoch"] >= epochs else f"epoch {saved['epoch'] + 1} of {epochs}"
-        own = _state_path(checkpoint)
         where.append(at if path == own else f"{candidate_name(own, path)}: {at}")
     return ", ".join(where)
 

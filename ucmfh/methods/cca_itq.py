@@ -36,7 +36,7 @@ class CcaItq(Method):
     # a linear map whatever was asked (e.g. one --set for every method of a grid), fitted once; the
     # settings of training by steps do nothing here, so they stay HashConfig's and never split a run's identity
     fixed = {"hidden": 0, "epochs": 1, "val_fraction": 0.0, "patience": 0,
-             **{name: getattr(HashConfig(), name) for name in (
+             **{name: value for name, value in vars(HashConfig()).items() if name in (
                  "dropout", "code_weight", "modality_dropout", "relaxation", "beta_schedule", "beta_gamma",
                  "beta_step_iters", "beta_step_epochs", "loss", "loss_params", "supervised", "teacher_weight",
                  "teacher_temperature", "batch_size", "lr_fusion", "lr_head", "betas", "amp")}}
