@@ -49,7 +49,8 @@ class Method:
     takes_relaxation: ClassVar[bool] = False
     # fitted in closed form: no epochs, nothing to select on a validation split
     closed_form: ClassVar[bool] = False
-    # why the method needs the whole training split in memory ('' when it trains on a streamed one too)
+    # why the method needs the whole training split in memory ('' when it trains on a streamed one too);
+    # a streamed split is refused before anything trains
     in_memory: ClassVar[str] = ""
 
     def config(self, **settings: Any) -> HashConfig:
@@ -102,14 +103,10 @@ class Method:
         """What every trained fit starts with, in this order (the seeded draws depend on it): the device,
         the seeded batch generator (:func:`ucmfh.utils.seed_everything`), the training part and the
         validation part of ``data.train`` (:func:`ucmfh.train.validation_split`), and the untrained model
-        (:meth:`build_model`) with its feature statistics fitted on the training part, on the CPU.
-        A streamed training split is refused when the method needs it ``in_memory``."""
+        (:meth:`build_model`) with its feature statistics fitted on the training part, on the CPU."""
         device = resolve_device(cfg.device)
         generator = seed_everything(cfg.seed)
         rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
-        if self.in_memory and rest.streamed:
-            raise ValueError(f"{data.path}: method {self.name!r} {self.in_memory}; this training split is streamed "
-                             "(larger than the memory threshold), too large for it")
         model = self.build_model(data.d_img, data.d_txt, cfg)
         model.fit_feature_stats(rest.img, rest.txt)
         return device, generator, rest, val, model
@@ -124,9 +121,9 @@ class Method:
                              "has none (its ids already make the captions of one image positives of each other)")
         if self.uses_fusion and fusion is None:
             raise ValueError(f"method {self.name!r} learns from a fusion encoder: train one first (fit_fusion)")
-        if self.closed_form and data.train.streamed:
-            raise ValueError(f"{data.path}: method {self.name!r} fits on the whole training split in memory, and "
-                             "this one is streamed (larger than the memory threshold); choose another method")
+        if self.in_memory and data.train.streamed:
+            raise ValueError(f"{data.path}: method {self.name!r} {self.in_memory}; this training split is streamed "
+                             "(larger than the memory threshold), too large for it")
         candidates = self.choices(cfg)
         if len(candidates) == 1:  # nothing to choose: the one candidate is the run
             return self.fit(data, next(iter(candidates.values())), fusion, progress, state)

@@ -42,6 +42,7 @@ class CcaItq(Method):
                  "teacher_temperature", "batch_size", "lr_fusion", "lr_head", "betas", "amp")}}
     takes_loss = False
     closed_form = True
+    in_memory = "fits in closed form on the whole training split"
 
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)
