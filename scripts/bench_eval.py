@@ -6,6 +6,8 @@ Methods, each timed in its own subprocess so that its peak memory can be read:
   compiled popcount kernels (``--backend``), on a GPU the chunked matmul + top-K.
 * ``ucmfh_torch``: the same call under ``ucmfh.metrics.set_backend("torch")``, i.e.
   the torch (GPU) path run on the CPU; only with ``--device cpu``.
+* ``ucmfh_expected``: the same call with ``ties="expected"`` (the mean over every order of tied
+  items, :mod:`ucmfh.metrics.ties`): histograms by distance instead of a top-K, same backend.
 * ``reference``: a per-query loop that computes all N distances and sorts the
   whole retrieval set, as UCMFH's ``calc_map_k`` does, in numpy with a stable
   sort (so its MAP is the docs/reference.md §6 value); timed on ``--ref-queries``
@@ -123,7 +125,8 @@ def worker(args) -> dict:
         r = torch.from_numpy(rB).float().to(device)
         ql = torch.from_numpy(qL).to(device)
         rl = torch.from_numpy(rL).to(device)
-        kw = dict(k=args.k, chunk_size=args.chunk_size, retrieval_chunk_size=args.retrieval_chunk_size)
+        kw = dict(k=args.k, chunk_size=args.chunk_size, retrieval_chunk_size=args.retrieval_chunk_size,
+                  ties=args.ties)
         times = []
         base = _rss_mb()
         _reset_peak()
@@ -224,6 +227,7 @@ def main(argv=None) -> None:
     p.add_argument("--json", help="write all results here")
     p.add_argument("--worker", help=argparse.SUPPRESS)
     p.add_argument("--n-bits", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--ties", default="index", help=argparse.SUPPRESS)
     args = p.parse_args(argv)
     if args.worker:
         print(json.dumps(worker(args)))
@@ -232,9 +236,9 @@ def main(argv=None) -> None:
     try:
         import faiss  # noqa: F401
 
-        methods = ["ucmfh", "ucmfh_torch", "reference", "faiss"]
+        methods = ["ucmfh", "ucmfh_expected", "ucmfh_torch", "reference", "faiss"]
     except ImportError:
-        methods = ["ucmfh", "ucmfh_torch", "reference"]
+        methods = ["ucmfh", "ucmfh_expected", "ucmfh_torch", "reference"]
         print("faiss not importable: skipping (b); pip install faiss-cpu to include it")
     if args.device != "cpu":
         methods.remove("ucmfh_torch")
@@ -245,8 +249,11 @@ def main(argv=None) -> None:
     for n_bits in args.bits:
         res = {}
         for method in methods:
-            role, backend = ("ucmfh", "torch") if method == "ucmfh_torch" else (method, args.backend)
-            cmd = [sys.executable, __file__, "--worker", role, "--backend", backend, "--n-bits", str(n_bits)]
+            role, backend, ties = {"ucmfh_torch": ("ucmfh", "torch", "index"),
+                                   "ucmfh_expected": ("ucmfh", args.backend, "expected")}.get(
+                method, (method, args.backend, "index"))
+            cmd = [sys.executable, __file__, "--worker", role, "--backend", backend, "--n-bits", str(n_bits),
+                   "--ties", ties]
             for name in ("n_query", "n_retrieval", "n_classes", "k", "ref_queries", "repeat",
                          "chunk_size", "retrieval_chunk_size", "device", "seed", "threads"):
                 cmd += ["--" + name.replace("_", "-"), str(getattr(args, name))]
@@ -269,6 +276,8 @@ def main(argv=None) -> None:
         }
         if "peak_gpu_mb" in ours:
             row["ucmfh_peak_gpu_mb"] = ours["peak_gpu_mb"]
+        ex = res["ucmfh_expected"]
+        row.update(expected_s=ex["seconds"], expected_map=ex["map"], expected_over_index=ex["seconds"] / ours["seconds"])
         if "ucmfh_torch" in res:
             tp = res["ucmfh_torch"]
             assert tp["path"] == "torch", tp["path"]
@@ -283,14 +292,14 @@ def main(argv=None) -> None:
 
     print()
     print(f"ucmfh path: {rows[0]['ucmfh_path']}" if rows else "")
-    header = f"{'bits':>4} {'ucmfh s':>8} {'torch s':>8} {'ref s':>8} {'x ref':>7} {'faiss s':>8} {'x faiss':>7} " \
-             f"{'MAP@' + str(args.k):>8} {'|dAP| ref':>9} {'peak MB':>8}"
+    header = f"{'bits':>4} {'ucmfh s':>8} {'expect s':>8} {'torch s':>8} {'ref s':>8} {'x ref':>7} {'faiss s':>8} {'x faiss':>7} " \
+             f"{'MAP@' + str(args.k):>8} {'expected':>8} {'|dAP| ref':>9} {'peak MB':>8}"
     print(header)
     for row in rows:
-        print(f"{row['n_bits']:>4} {row['ucmfh_s']:>8.3f} {row.get('torch_path_s', float('nan')):>8.3f} "
+        print(f"{row['n_bits']:>4} {row['ucmfh_s']:>8.3f} {row['expected_s']:>8.3f} {row.get('torch_path_s', float('nan')):>8.3f} "
               f"{row['reference_s']:>8.1f} "
               f"{row['speedup_vs_reference']:>7.1f} {row.get('faiss_s', float('nan')):>8.3f} "
-              f"{row.get('speedup_vs_faiss', float('nan')):>7.2f} {row['ucmfh_map']:>8.4f} "
+              f"{row.get('speedup_vs_faiss', float('nan')):>7.2f} {row['ucmfh_map']:>8.4f} {row['expected_map']:>8.4f} "
               f"{row['max_abs_ap_diff_vs_reference']:>9.1e} {row['ucmfh_peak_mb']:>8.0f}")
     if args.json:
         write_json_atomic(args.json, {"machine": info, "args": vars(args), "rows": rows})

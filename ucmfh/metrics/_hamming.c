@@ -170,6 +170,70 @@ histogram_body(const Job *job, int64_t *h_all, int64_t *h_rel)
     }
 }
 
+/* ---------------------------------------------------------- histograms cut at k
+ *
+ * The counts of the histograms above that a top k depends on, ties and all: per
+ * query, every item at a distance up to the cut distance (the distance of the
+ * k-th item), the group that the cut splits included. th bounds the cut from
+ * above: the smallest distance with k items counted at or below it. Counts only
+ * grow, so the cut never exceeds th, and an item (or a block) beyond th is
+ * skipped. Counts beyond the final cut are partial.
+ */
+static inline __attribute__((always_inline)) void
+cut_histogram_body(const Job *job, Py_ssize_t k, int64_t *h_all, int64_t *h_rel)
+{
+    const int nd = job->n_bits + 1;
+    uint16_t dist[BLOCK];
+    uint8_t rel[BLOCK];
+    int *thr = malloc((size_t)(job->nq ? job->nq : 1) * sizeof(int));
+    int64_t *within = malloc((size_t)(job->nq ? job->nq : 1) * sizeof(int64_t));
+    if (!thr || !within) {
+        free(thr);
+        free(within);
+        histogram_body(job, h_all, h_rel);
+        return;
+    }
+    for (Py_ssize_t i = 0; i < job->nq; i++) {
+        thr[i] = job->n_bits;
+        within[i] = 0;
+    }
+    for (Py_ssize_t t0 = 0; t0 < job->nr; t0 += TILE) {
+        const Py_ssize_t t1 = t0 + TILE < job->nr ? t0 + TILE : job->nr;
+        for (Py_ssize_t i = 0; i < job->nq; i++) {
+            const uint64_t *q = job->q + i * job->words;
+            int64_t *ha = h_all + i * nd;
+            int64_t *hr = h_rel + i * nd;
+            int th = thr[i];
+            int64_t in = within[i]; /* items counted at distances <= th */
+            for (Py_ssize_t b0 = t0; b0 < t1; b0 += BLOCK) {
+                const Py_ssize_t m = b0 + BLOCK < t1 ? BLOCK : t1 - b0;
+                distances(q, job->r + b0 * job->words, m, job->words, dist);
+                if ((int)block_min(dist, m) > th)
+                    continue;
+                relevance(job->ql + i * job->lwords, job->rl + b0 * job->lwords, m, job->lwords, rel);
+                for (Py_ssize_t j = 0; j < m; j++) {
+                    const int d = dist[j];
+                    if (d > th)
+                        continue;
+                    ha[d]++;
+                    hr[d] += rel[j];
+                    in++;
+                    if (d == th)
+                        continue; /* in - ha[th] is unchanged: th holds */
+                    while (th > 0 && in - ha[th] >= k) {
+                        in -= ha[th];
+                        th--;
+                    }
+                }
+            }
+            thr[i] = th;
+            within[i] = in;
+        }
+    }
+    free(thr);
+    free(within);
+}
+
 static inline __attribute__((always_inline)) void
 topk_counting_body(const Job *job, Py_ssize_t k, int64_t *hist, int *cut, int64_t *take, int64_t *out_idx,
                    int64_t *out_dist)
@@ -285,6 +349,8 @@ ap_all_body(const Job *job, double scale, int64_t *h_all, int64_t *h_rel, int64_
     { topk_counting_body(j, k, h, c, t, o, od); }                                                      \
     ATTR static void histogram_##SUFFIX(const Job *j, int64_t *a, int64_t *r)                          \
     { histogram_body(j, a, r); }                                                                       \
+    ATTR static void cut_histogram_##SUFFIX(const Job *j, Py_ssize_t k, int64_t *a, int64_t *r)        \
+    { cut_histogram_body(j, k, a, r); }                                                                \
     ATTR static void ap_all_##SUFFIX(const Job *j, double s, int64_t *a, int64_t *r, int64_t *t)       \
     { ap_all_body(j, s, a, r, t); }
 
@@ -293,11 +359,13 @@ typedef struct {
     void (*topk_buckets)(const Job *, Py_ssize_t, int32_t *, int64_t *, int *, Py_ssize_t *);
     void (*topk_counting)(const Job *, Py_ssize_t, int64_t *, int *, int64_t *, int64_t *, int64_t *);
     void (*histogram)(const Job *, int64_t *, int64_t *);
+    void (*cut_histogram)(const Job *, Py_ssize_t, int64_t *, int64_t *);
     void (*ap_all)(const Job *, double, int64_t *, int64_t *, int64_t *);
 } Kernels;
 
 #define KERNELS(SUFFIX, NAME) \
-    { NAME, topk_buckets_##SUFFIX, topk_counting_##SUFFIX, histogram_##SUFFIX, ap_all_##SUFFIX }
+    { NAME, topk_buckets_##SUFFIX, topk_counting_##SUFFIX, histogram_##SUFFIX, cut_histogram_##SUFFIX, \
+      ap_all_##SUFFIX }
 
 DEFINE_KERNELS(generic, )
 static const Kernels GENERIC = KERNELS(generic, "generic");
@@ -564,16 +632,19 @@ fail:
 
 PyDoc_STRVAR(histograms_doc,
 "histograms(query, retrieval, n_query, n_retrieval, words, n_bits, query_labels, retrieval_labels,\n"
-"           label_words, out_all, out_relevant)\n--\n\n"
+"           label_words, out_all, out_relevant, k=0)\n--\n\n"
 "Count, per query and distance 0..n_bits, the retrieval items (out_all) and those sharing a\n"
-"label with the query (out_relevant); both int64 [n_query, n_bits + 1], overwritten.");
+"label with the query (out_relevant); both int64 [n_query, n_bits + 1], overwritten.\n"
+"With 1 <= k < n_retrieval, only the counts up to the distance of the k-th item are exact\n"
+"(the rest are partial): what a top k depends on, at a fraction of the cost.");
 
 static PyObject *py_histograms(PyObject *self, PyObject *args)
 {
     PyObject *q, *r, *ql, *rl, *oa, *orel;
-    Py_ssize_t nq, nr;
+    Py_ssize_t nq, nr, k = 0;
     int words, n_bits, lwords;
-    if (!PyArg_ParseTuple(args, "OOnniiOOiOO", &q, &r, &nq, &nr, &words, &n_bits, &ql, &rl, &lwords, &oa, &orel))
+    if (!PyArg_ParseTuple(args, "OOnniiOOiOO|n", &q, &r, &nq, &nr, &words, &n_bits, &ql, &rl, &lwords, &oa, &orel,
+                          &k))
         return NULL;
     Buffers b = {.n = 0};
     Job job;
@@ -587,7 +658,10 @@ static PyObject *py_histograms(PyObject *self, PyObject *args)
     Py_BEGIN_ALLOW_THREADS
     memset(h_all, 0, (size_t)nbytes);
     memset(h_rel, 0, (size_t)nbytes);
-    kernels->histogram(&job, h_all, h_rel);
+    if (k >= 1 && k < nr)
+        kernels->cut_histogram(&job, k, h_all, h_rel);
+    else
+        kernels->histogram(&job, h_all, h_rel);
     Py_END_ALLOW_THREADS
     return finish(&b, 0);
 fail:

@@ -8,7 +8,8 @@ text→image queries are all query captions. Two databases, both reported:
 
 The database side is deduplicated by id where it holds images. Metrics:
 Recall@1/5/10 in % (a query scores at K if any item with its id is among its
-first K), rSum (the six recalls added), and MAP@K by id. Ties by database index.
+first K), rSum (the six recalls added), and MAP@K by id. Ties by database index, or with
+``ties="expected"`` the exact mean over every order of tied items (:mod:`ucmfh.metrics.ties`).
 """
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 import torch
 
-from ucmfh.metrics.inputs import ArrayLike, Ranking, as_tensors
+from ucmfh.metrics.inputs import TIES, ArrayLike, Ranking, Ties, as_tensors, check_choice
 from ucmfh.metrics.ranking import map_at_k_by_id, recall_at_ranks
 
 DATABASES = ("test", "collection")
@@ -61,13 +62,15 @@ def evaluate_caption_set(
     k: int = 50,
     ranks: Sequence[int] = (1, 5, 10),
     ranking: Ranking = "hamming",
+    ties: Ties = "index",
 ) -> Dict[str, Dict[str, object]]:
     """Both directions on both databases. Shape: codes or embeddings [N, d]; ids [N] int64.
 
     Returns ``{"test": row, "collection": row}``, each row with ``recall_i2t`` and
     ``recall_t2i`` (``{"1": %, "5": %, "10": %}``), ``rsum``, ``map_i2t``, ``map_t2i``
-    (MAP@k by id) and the numbers of queries and database items.
+    (MAP@k by id), ``ties`` and the numbers of queries and database items.
     """
+    check_choice("ties", ties, TIES)
     query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids = as_tensors(
         query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids
     )
@@ -75,14 +78,15 @@ def evaluate_caption_set(
     q_img, q_img_ids = query_img[queries], query_ids[queries]
     out = {}
     for name, db in databases((query_img, query_txt, query_ids), (retrieval_img, retrieval_txt, retrieval_ids)).items():
-        i2t = recall_at_ranks(q_img, db["txt"], q_img_ids, db["txt_ids"], ranks, ranking=ranking)
-        t2i = recall_at_ranks(query_txt, db["img"], query_ids, db["img_ids"], ranks, ranking=ranking)
+        kw = dict(ranking=ranking, ties=ties)
+        i2t = recall_at_ranks(q_img, db["txt"], q_img_ids, db["txt_ids"], ranks, **kw)
+        t2i = recall_at_ranks(query_txt, db["img"], query_ids, db["img_ids"], ranks, **kw)
         recall_i2t = {str(r): 100.0 * v for r, v in zip(ranks, i2t)}
         recall_t2i = {str(r): 100.0 * v for r, v in zip(ranks, t2i)}
         out[name] = {
-            "database": name, "k": k,
-            "map_i2t": map_at_k_by_id(q_img, db["txt"], q_img_ids, db["txt_ids"], k, ranking=ranking),
-            "map_t2i": map_at_k_by_id(query_txt, db["img"], query_ids, db["img_ids"], k, ranking=ranking),
+            "database": name, "k": k, "ties": ties,
+            "map_i2t": map_at_k_by_id(q_img, db["txt"], q_img_ids, db["txt_ids"], k, **kw),
+            "map_t2i": map_at_k_by_id(query_txt, db["img"], query_ids, db["img_ids"], k, **kw),
             "recall_i2t": recall_i2t, "recall_t2i": recall_t2i,
             "rsum": sum(recall_i2t.values()) + sum(recall_t2i.values()),
             "n_queries_i2t": int(q_img.shape[0]), "n_queries_t2i": int(query_txt.shape[0]),

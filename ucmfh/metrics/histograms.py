@@ -7,7 +7,7 @@ scattered into counters. Memory: ``chunk_size * retrieval_chunk_size``.
 """
 from __future__ import annotations
 
-from typing import Iterator, Tuple
+from typing import Iterator, Optional, Tuple
 
 import torch
 
@@ -61,11 +61,14 @@ def iter_hamming_histograms(
     retrieval_labels: torch.Tensor,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    k: Optional[int] = None,
 ) -> Iterator[Tuple[int, torch.Tensor, torch.Tensor]]:
     """Yield ``(first query index, all, relevant)`` per query chunk.
 
     ``all[i, d]`` counts retrieval items at Hamming distance d from query i,
     ``relevant[i, d]`` those of them sharing a label. Shape: [q, n_bits + 1] int64.
+    With ``k``, only the counts up to the distance of the k-th item need be exact
+    (those a top k depends on): the compiled kernels then skip the items beyond.
     """
     check_pair(query, retrieval, "hamming")
     check_chunks(chunk_size, retrieval_chunk_size)
@@ -76,7 +79,7 @@ def iter_hamming_histograms(
         for start in range(0, query.shape[0], chunk_size):
             stop = start + chunk_size
             qw, qlw = code_words(query[start:stop]), label_words(query_labels[start:stop])
-            yield (start, *native_histograms(qw, rw, qlw, rlw, n_bits))
+            yield (start, *native_histograms(qw, rw, qlw, rlw, n_bits, k))
         return
     for start in range(0, query.shape[0], chunk_size):
         q = as_pm1(query[start : start + chunk_size], device)

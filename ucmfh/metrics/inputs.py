@@ -19,6 +19,10 @@ Ranking = Literal["hamming", "cosine"]
 """Hamming distance ascending (±1 or packed codes), or cosine similarity descending (embeddings)."""
 Empty = Literal["zero", "skip"]
 """A query with no relevant item in the retrieval set scores 0 and counts ("zero"), or is left out ("skip")."""
+Ties = Literal["index", "expected"]
+"""Order of tied items: by retrieval index ("index", reproducible, the field's), or the exact mean over
+every order, all equally likely ("expected", :mod:`ucmfh.metrics.ties`)."""
+TIES = ("index", "expected")
 
 DEFAULT_CHUNK_SIZE = 256
 DEFAULT_RETRIEVAL_CHUNK_SIZE = 65536

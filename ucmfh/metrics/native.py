@@ -140,11 +140,13 @@ def native_top_k(qw: np.ndarray, rw: np.ndarray, n_bits: int, k: int) -> Tuple[t
 
 
 def native_histograms(
-    qw: np.ndarray, rw: np.ndarray, qlw: np.ndarray, rlw: np.ndarray, n_bits: int
+    qw: np.ndarray, rw: np.ndarray, qlw: np.ndarray, rlw: np.ndarray, n_bits: int, k: Optional[int] = None
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Per query, items (all, and sharing a label) at each Hamming distance, from code and label words.
 
-    Shape: -> (all, relevant) [q, n_bits + 1] int64.
+    With ``k``, only the counts up to the distance of the k-th item are exact (the cut group
+    included); the rest are partial, and items beyond are skipped, which costs a fraction of
+    the full count. Shape: -> (all, relevant) [q, n_bits + 1] int64.
     """
     nq = qw.shape[0]
     h_all = np.empty((nq, n_bits + 1), dtype=np.int64)
@@ -152,7 +154,7 @@ def native_histograms(
 
     def work(a: int, b: int) -> None:
         _hamming.histograms(qw[a:b], rw, b - a, rw.shape[0], qw.shape[1], n_bits,
-                            qlw[a:b], rlw, qlw.shape[1], h_all[a:b], h_rel[a:b])
+                            qlw[a:b], rlw, qlw.shape[1], h_all[a:b], h_rel[a:b], k or 0)
 
     _split_queries(nq, work)
     return torch.from_numpy(h_all), torch.from_numpy(h_rel)

@@ -2,7 +2,8 @@
 
 Every function ranks by Hamming distance of ±1 (or packed) codes by default, or
 by cosine similarity of real-valued embeddings with ``ranking="cosine"``;
-ties by retrieval index ascending. ``empty`` decides what happens to a query
+ties by retrieval index ascending, or with ``ties="expected"`` the exact mean
+over every order of tied items (:mod:`ucmfh.metrics.ties`). ``empty`` decides what happens to a query
 with no relevant item in the whole retrieval set: ``"zero"`` (default, the
 field's standard for MAP) scores it 0 and keeps it in the mean, ``"skip"``
 leaves it out of the mean. Results are identical for every chunk size.
@@ -29,11 +30,15 @@ from ucmfh.metrics.inputs import (
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
     ArrayLike,
     Empty,
+    TIES,
     Ranking,
+    Ties,
     as_tensors,
     check_choice,
     check_ids,
+    check_chunks,
     check_labels,
+    check_pair,
 )
 from ucmfh.metrics.native import use_native
 from ucmfh.metrics.relevance import (
@@ -43,6 +48,7 @@ from ucmfh.metrics.relevance import (
     queries_to_keep,
     relevant_counts,
 )
+from ucmfh.metrics.ties import tie_aware_average_precision, tie_aware_hits
 from ucmfh.metrics.topk import iter_top_k
 
 
@@ -56,17 +62,29 @@ def average_precision_at_k(
     *,
     ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ties: Ties = "index",
 ) -> torch.Tensor:
     """AP@K of every query (``k=None``: over the whole ranking). Shape: -> [Q] float64.
 
     AP@K = (1/r) Σ_i i / p_i over the r relevant items among the first K, at
     positions p_1 < … < p_r; 0 when r = 0. K larger than N means N.
+    ``ties="expected"``: its mean over every order of tied items.
     """
     query_codes, retrieval_codes, query_labels, retrieval_labels = as_tensors(
         query_codes, retrieval_codes, query_labels, retrieval_labels
     )
     check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
+    check_choice("ties", ties, TIES)
+    if k is not None and k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
     n = retrieval_codes.shape[0]
+    if ties == "expected":
+        check_pair(query_codes, retrieval_codes, ranking)
+        check_chunks(chunk_size, retrieval_chunk_size)
+        return tie_aware_average_precision(
+            query_codes, retrieval_codes, query_labels, retrieval_labels, by_id=False, k=k, ranking=ranking,
+            chunk_size=chunk_size, retrieval_chunk_size=retrieval_chunk_size,
+        )
     if ranking == "hamming" and use_native(query_codes.device):
         return average_precision_native(query_codes, retrieval_codes, query_labels, retrieval_labels, k)
     if k is None and ranking == "hamming":
@@ -94,6 +112,7 @@ def map_at_k(
     empty: Empty = "zero",
     ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ties: Ties = "index",
 ) -> float:
     """MAP@K with Hamming ranking of ±1 (or packed uint8) codes; ``k=None`` gives MAP@all.
 
@@ -110,7 +129,7 @@ def map_at_k(
     keep = queries_to_keep(empty, query_labels, retrieval_labels)
     ap = average_precision_at_k(
         query_codes, retrieval_codes, query_labels, retrieval_labels, k, chunk_size,
-        ranking=ranking, retrieval_chunk_size=retrieval_chunk_size,
+        ranking=ranking, retrieval_chunk_size=retrieval_chunk_size, ties=ties,
     )
     return mean(ap, keep)
 
@@ -125,11 +144,12 @@ def map_at_all(
     empty: Empty = "zero",
     ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ties: Ties = "index",
 ) -> float:
     """MAP over the whole ranking: ``map_at_k(..., k=None)``."""
     return map_at_k(
         query_codes, retrieval_codes, query_labels, retrieval_labels, None, chunk_size,
-        empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size,
+        empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size, ties=ties,
     )
 
 
@@ -143,6 +163,7 @@ def map_at_k_cosine(
     *,
     empty: Empty = "zero",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ties: Ties = "index",
 ) -> float:
     """MAP@K with cosine ranking of real-valued embeddings (descending, ties by retrieval index).
 
@@ -150,30 +171,45 @@ def map_at_k_cosine(
     """
     return map_at_k(
         query, retrieval, query_labels, retrieval_labels, k, chunk_size,
-        empty=empty, ranking="cosine", retrieval_chunk_size=retrieval_chunk_size,
+        empty=empty, ranking="cosine", retrieval_chunk_size=retrieval_chunk_size, ties=ties,
     )
 
 
 def _hits_at(
     query: torch.Tensor,
     retrieval: torch.Tensor,
+    query_side: torch.Tensor,
+    retrieval_side: torch.Tensor,
     ks: Sequence[int],
-    match,
+    *,
+    by_id: bool,
+    any_hit: bool,
     ranking: str,
+    ties: str,
     chunk_size: int,
     retrieval_chunk_size: int,
 ) -> torch.Tensor:
-    """Relevant items among the first k, for each k of ``ks``. Shape: -> [Q, len(ks)] int64."""
+    """Relevant items among the first k (``any_hit``: whether there is one), for each k of ``ks``,
+    relevance by label or (``by_id``) by id; with ``ties="expected"`` their mean over every order
+    of tied items. Shape: -> [Q, len(ks)] float64."""
     ks = list(ks)
     if not ks or min(ks) < 1:
         raise ValueError(f"ks must be a non-empty list of positive integers, got {ks}")
+    check_choice("ties", ties, TIES)
+    if ties == "expected":
+        check_pair(query, retrieval, ranking)
+        check_chunks(chunk_size, retrieval_chunk_size)
+        return tie_aware_hits(query, retrieval, query_side, retrieval_side, ks, by_id=by_id, any_hit=any_hit,
+                              ranking=ranking, chunk_size=chunk_size, retrieval_chunk_size=retrieval_chunk_size)
     n = retrieval.shape[0]
     cols = torch.tensor([min(k, n) - 1 for k in ks], device=query.device)
     out = []
     for start, _, idx in iter_top_k(query, retrieval, max(ks), ranking, chunk_size, retrieval_chunk_size):
-        hits = match(start, idx).long().cumsum(dim=1)
-        out.append(hits[:, cols])
-    return torch.cat(out)
+        q_side = query_side[start : start + chunk_size]
+        match = gather_id_match(q_side, retrieval_side, idx) if by_id else gather_relevance(q_side, retrieval_side, idx)
+        hits = match.long().cumsum(dim=1)[:, cols]
+        out.append((hits > 0) if any_hit else hits)
+    return torch.cat(out).double()
 
 
 def precision_recall_at_k(
@@ -187,6 +223,7 @@ def precision_recall_at_k(
     empty: Empty = "zero",
     ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ties: Ties = "index",
 ) -> Tuple[List[float], List[float]]:
     """(precision@K curve, recall@K curve) from one ranking pass; see the two functions below."""
     query_codes, retrieval_codes, query_labels, retrieval_labels = as_tensors(
@@ -196,10 +233,9 @@ def precision_recall_at_k(
     keep = queries_to_keep(empty, query_labels, retrieval_labels)
     n = retrieval_codes.shape[0]
     hits = _hits_at(
-        query_codes, retrieval_codes, ks,
-        lambda s, idx: gather_relevance(query_labels[s : s + chunk_size], retrieval_labels, idx),
-        ranking, chunk_size, retrieval_chunk_size,
-    ).double()
+        query_codes, retrieval_codes, query_labels, retrieval_labels, ks, by_id=False, any_hit=False,
+        ranking=ranking, ties=ties, chunk_size=chunk_size, retrieval_chunk_size=retrieval_chunk_size,
+    )
     denom = torch.tensor([min(k, n) for k in ks], dtype=torch.float64, device=hits.device)
     total = relevant_counts(query_labels.to(query_codes.device), retrieval_labels)
     recall = hits / total.clamp(min=1).double().to(hits.device)[:, None]
@@ -217,6 +253,7 @@ def precision_at_k(
     empty: Empty = "zero",
     ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ties: Ties = "index",
 ) -> List[float]:
     """Precision@K curve: mean over queries of (relevant among the first K) / K, one value per K.
 
@@ -224,7 +261,7 @@ def precision_at_k(
     """
     return precision_recall_at_k(
         query_codes, retrieval_codes, query_labels, retrieval_labels, ks, chunk_size,
-        empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size,
+        empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size, ties=ties,
     )[0]
 
 
@@ -239,11 +276,12 @@ def recall_at_k(
     empty: Empty = "zero",
     ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ties: Ties = "index",
 ) -> List[float]:
     """Recall@K curve: mean over queries of (relevant among the first K) / (relevant in the set)."""
     return precision_recall_at_k(
         query_codes, retrieval_codes, query_labels, retrieval_labels, ks, chunk_size,
-        empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size,
+        empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size, ties=ties,
     )[1]
 
 
@@ -258,6 +296,7 @@ def recall_at_ranks(
     empty: Empty = "zero",
     ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ties: Ties = "index",
 ) -> List[float]:
     """Recall@1/5/10 of caption retrieval: the fraction of queries with a true match among the first R.
 
@@ -275,11 +314,10 @@ def recall_at_ranks(
     retrieval_ids = retrieval_ids.long()
     keep = None if empty == "zero" else id_match_counts(query_ids, retrieval_ids.to(device)) > 0
     hits = _hits_at(
-        query_codes, retrieval_codes, ranks,
-        lambda s, idx: gather_id_match(query_ids[s : s + chunk_size], retrieval_ids, idx),
-        ranking, chunk_size, retrieval_chunk_size,
+        query_codes, retrieval_codes, query_ids, retrieval_ids, ranks, by_id=True, any_hit=True,
+        ranking=ranking, ties=ties, chunk_size=chunk_size, retrieval_chunk_size=retrieval_chunk_size,
     )
-    return mean_columns((hits > 0).double(), keep)
+    return mean_columns(hits, keep)
 
 
 def map_at_k_by_id(
@@ -292,6 +330,7 @@ def map_at_k_by_id(
     *,
     ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ties: Ties = "index",
 ) -> float:
     """MAP@K with relevance "same id" (caption sets, docs/reference.md §7): AP@K as in §6, 0 for a
     query with no match among its first K, averaged over all queries.
@@ -304,6 +343,14 @@ def map_at_k_by_id(
     check_ids(query_codes, retrieval_codes, query_ids, retrieval_ids)
     query_ids = query_ids.to(query_codes.device).long()
     retrieval_ids = retrieval_ids.long()
+    check_choice("ties", ties, TIES)
+    if ties == "expected":
+        check_pair(query_codes, retrieval_codes, ranking)
+        check_chunks(chunk_size, retrieval_chunk_size)
+        return mean(tie_aware_average_precision(
+            query_codes, retrieval_codes, query_ids, retrieval_ids, by_id=True, k=k, ranking=ranking,
+            chunk_size=chunk_size, retrieval_chunk_size=retrieval_chunk_size,
+        ))
     ap = [average_precision_ranked(gather_id_match(query_ids[start : start + chunk_size], retrieval_ids, idx))
           for start, _, idx in iter_top_k(query_codes, retrieval_codes, k, ranking, chunk_size, retrieval_chunk_size)]
     return mean(torch.cat(ap))
