@@ -8,8 +8,10 @@ from tqdm.auto import tqdm
 
 from ucmfh.config import PROTOCOLS
 from ucmfh.data.h5 import Dataset, Split
-from ucmfh.metrics import evaluate_caption_set, map_at_k
-from ucmfh.metrics.inputs import Ranking
+from ucmfh.metrics import average_precision_at_k, evaluate_caption_set
+from ucmfh.metrics.ap import mean
+from ucmfh.metrics.inputs import Ranking, Ties
+from ucmfh.metrics.report import EXPECTED
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 from ucmfh.similarity import sign_codes
@@ -77,15 +79,23 @@ def score_both_directions(
     retrieval_labels: torch.Tensor,
     k: int = 50,
     ranking: Ranking = "hamming",
+    ties: Ties = "index",
 ) -> Dict[str, float]:
     """MAP@k image→text (image queries against text retrieval items) and text→image.
 
-    ``ranking``: ``"hamming"`` for ±1 codes, ``"cosine"`` for real-valued embeddings.
+    ``ranking``: ``"hamming"`` for ±1 codes, ``"cosine"`` for real-valued embeddings; ``ties``:
+    see :mod:`ucmfh.metrics.ties`.
     """
-    return {
-        "map_i2t": map_at_k(query[0], retrieval[1], query_labels, retrieval_labels, k=k, ranking=ranking),
-        "map_t2i": map_at_k(query[1], retrieval[0], query_labels, retrieval_labels, k=k, ranking=ranking),
-    }
+    return {f"map_{d}": mean(ap) for d, ap in _average_precisions(query, retrieval, query_labels, retrieval_labels,
+                                                                   k, ranking, ties).items()}
+
+
+def _average_precisions(query, retrieval, query_labels, retrieval_labels, k: int, ranking: Ranking,
+                        ties: Ties) -> Dict[str, torch.Tensor]:
+    """AP@k of every query, both directions: {"i2t": [Q], "t2i": [Q]} float64."""
+    kw = dict(k=k, ranking=ranking, ties=ties)
+    return {"i2t": average_precision_at_k(query[0], retrieval[1], query_labels, retrieval_labels, **kw),
+            "t2i": average_precision_at_k(query[1], retrieval[0], query_labels, retrieval_labels, **kw)}
 
 
 def _check_protocols(protocols: Sequence[str]) -> None:
@@ -100,19 +110,41 @@ def score_splits(
     data: Dataset,
     k: int = 50,
     ranking: Ranking = "hamming",
+    expected: bool = False,
+    per_query: bool = False,
 ) -> List[Dict[str, object]]:
     """Scores of encoded query and retrieval splits: one row, or one per database of a caption set.
 
     Labelled data: MAP@k by shared label (docs/reference.md §6). Caption sets
     (no labels): the ``test`` and ``collection`` databases of §7, each with
-    Recall@1/5/10 in %, rSum and MAP@k by id.
+    Recall@1/5/10 in %, rSum and MAP@k by id. Ties by retrieval index; with ``expected``
+    each score also has its tie-aware twin, the mean over every order of tied items
+    (``map_i2t_expected``, ``recall_i2t_expected``, ``rsum_expected``, …; :mod:`ucmfh.metrics.ties`).
+    With ``per_query`` each row also holds ``per_query``, the per-query scores its means are taken
+    over (tie-aware with ``expected``): ``ap_i2t``, ``ap_t2i`` and, for a caption set, ``hits_i2t``,
+    ``hits_t2i`` [Q, 3] (R@1/5/10), float32 numpy arrays.
     """
+    rows = _score_splits(query, retrieval, data, k, ranking, "index")
+    if expected:
+        for row, twin in zip(rows, _score_splits(query, retrieval, data, k, ranking, "expected")):
+            row.update({f"{key}{EXPECTED}": value for key, value in twin.items() if key.startswith(_METRICS)})
+            row["per_query"] = twin["per_query"]
+    for row in rows:
+        scores = row.pop("per_query")
+        if per_query:
+            row["per_query"] = {name: values.float().cpu().numpy() for name, values in scores.items()}
+    return rows
+
+
+def _score_splits(query, retrieval, data: Dataset, k: int, ranking: Ranking, ties: Ties) -> List[Dict[str, object]]:
+    """One tie rule's rows, each with its ``per_query`` scores (tensors)."""
     if not data.caption_set:
-        return [{"k": k, **score_both_directions(query, retrieval, data.query.labels, data.retrieval.labels, k,
-                                                 ranking)}]
+        ap = _average_precisions(query, retrieval, data.query.labels, data.retrieval.labels, k, ranking, ties)
+        return [{"k": k, **{f"map_{d}": mean(values) for d, values in ap.items()},
+                 "per_query": {f"ap_{d}": values for d, values in ap.items()}}]
     scores = evaluate_caption_set(query[0], query[1], data.query.ids, retrieval[0], retrieval[1], data.retrieval.ids,
-                                  k=k, ranking=ranking)
-    return list(scores.values())
+                                  k=k, ranking=ranking, ties=ties, per_query=True)
+    return [{key: value for key, value in row.items() if key != "ties"} for row in scores.values()]
 
 
 _METRICS = ("map_", "recall_", "rsum")  # the score keys of a row (the rest describe it)
@@ -120,21 +152,22 @@ _METRICS = ("map_", "recall_", "rsum")  # the score keys of a row (the rest desc
 
 def evaluate_hashing(
     model: CrossModalHasher, data: Dataset, protocols: Sequence[str] = PROTOCOLS,
-    k: int = 50, device: str = "auto", progress: bool = False, real_valued: bool = False,
+    k: int = 50, device: str = "auto", progress: bool = False, real_valued: bool = False, per_query: bool = False,
 ) -> List[Dict[str, object]]:
     """Hamming-ranking scores of both directions, one row per protocol (and database of a caption set).
 
     With ``real_valued`` each row also holds ``real_valued``: the same scores of the heads'
     real-valued outputs ranked by cosine, what the codes lose to their sign (docs/reference.md §5).
+    With ``per_query``, the codes' tie-aware per-query scores too (:func:`score_splits`).
     """
     _check_protocols(protocols)
     rows = []
     for protocol in protocols:  # one forward pass: the codes are the signs of the head outputs
         query = head_outputs_split(model, data.query, protocol, device, progress=progress)
         retrieval = head_outputs_split(model, data.retrieval, protocol, device, progress=progress)
-        scores = score_splits(_signs(query), _signs(retrieval), data, k)
+        scores = score_splits(_signs(query), _signs(retrieval), data, k, expected=True, per_query=per_query)
         if real_valued:
-            for row, real in zip(scores, score_splits(query, retrieval, data, k, "cosine")):
+            for row, real in zip(scores, score_splits(query, retrieval, data, k, "cosine", expected=True)):
                 row["real_valued"] = {key: value for key, value in real.items() if key.startswith(_METRICS)}
         rows += [{"protocol": protocol, **row} for row in scores]
     return rows
@@ -150,7 +183,8 @@ def evaluate_fusion(
     for protocol in protocols:
         query = embed_split(fusion, data.query, protocol, device, progress=progress)
         retrieval = embed_split(fusion, data.retrieval, protocol, device, progress=progress)
-        rows += [{"protocol": protocol, **row} for row in score_splits(query, retrieval, data, k, "cosine")]
+        rows += [{"protocol": protocol, **row}
+                 for row in score_splits(query, retrieval, data, k, "cosine", expected=True)]
     return rows
 
 

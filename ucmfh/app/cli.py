@@ -213,7 +213,8 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
             click.echo(f"metrics written to {metrics_out}")
         row = codes_file_row(metrics)
         click.echo(f"{codes}: {row['n_bits']} bits, protocol {row['protocol']}: "
-                   f"MAP@{k} I->T {row['map_i2t']:.4f}, T->I {row['map_t2i']:.4f}")
+                   f"MAP@{k} I->T {row['map_i2t_expected']:.4f}, T->I {row['map_t2i_expected']:.4f} "
+                   f"(mean over every order of tied items; ties by index: {row['map_i2t']:.4f}, {row['map_t2i']:.4f})")
         if results:
             append_results(results, [row])
         if plot:
@@ -293,6 +294,7 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
 
 
 def _add_commands() -> None:
+    from ucmfh.app.compare import compare
     from ucmfh.app.data_cli import convert, extract
     from ucmfh.app.grid import grid
     from ucmfh.app.search_cli import index_cmd, search_cmd
@@ -301,6 +303,7 @@ def _add_commands() -> None:
     main.add_command(convert)
     main.add_command(extract)
     main.add_command(grid)
+    main.add_command(compare)
     main.add_command(train_seps)
     main.add_command(rerank)
     main.add_command(index_cmd)

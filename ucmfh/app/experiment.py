@@ -29,6 +29,7 @@ import time
 from dataclasses import dataclass
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
+from ucmfh.app.per_query import save_per_query
 from ucmfh.checkpoint import load_model, read_checkpoint, save_checkpoint
 from ucmfh.codes import save_codes
 from ucmfh.config import PROTOCOLS, REFERENCE_EPOCHS, FusionConfig, HashConfig, identity_dict
@@ -37,7 +38,7 @@ from ucmfh.data.synthetic import make_synthetic
 from ucmfh.distributed import current_group
 from ucmfh.files import PathLike, append_jsonl, remove_stale_temps, write_json_atomic
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.scoring import encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
+from ucmfh.scoring import EXPECTED, encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
 from ucmfh.methods import build_method, fit_hashing
 from ucmfh.train import StateFile, candidate_name, discard_state, fit_fusion, read_state, state_paths
 from ucmfh.utils import resolve_device
@@ -488,12 +489,14 @@ def score_hash_model(
     hash_cfg = run.hash_cfg
     if build_method(hash_cfg.method).leak_free:  # 'fused' would repeat 'unimodal'
         protocols = ("unimodal",)
-    scores = evaluate_hashing(model, data, protocols, k, hash_cfg.device, progress, real_valued=True)
+    scores = evaluate_hashing(model, data, protocols, k, hash_cfg.device, progress, real_valued=True, per_query=True)
     floors = {row.get("database"): row for row in random_codes_scores(data, hash_cfg.n_bits, k, seed=hash_cfg.seed)}
     for row in scores:
         floor = floors[row.get("database")]
         row.update({f"random_{key}": floor[key] for key in ("map_i2t", "map_t2i", "rsum") if key in floor})
-    return _rows(scores, run, "hashing", seconds, hash_cfg.device, checkpoint, source)
+    rows = _rows(scores, run, "hashing", seconds, hash_cfg.device, checkpoint, source)
+    save_per_query(rows, checkpoint)
+    return rows
 
 
 def evaluate_checkpoint(
@@ -555,9 +558,18 @@ def _head(r: Dict[str, Any]) -> str:
             f"{r['n_bits'] or '-':>5}  {r['protocol']:<9}")
 
 
-def _caption_scores(r: Dict[str, Any]) -> str:
-    recall = ["/".join(f"{r[key][rank]:.1f}" for rank in ("1", "5", "10")) for key in ("recall_i2t", "recall_t2i")]
-    return f"{recall[0]:>18}{recall[1]:>18}{r['rsum']:>7.1f}{r['map_i2t']:>11.4f}{r['map_t2i']:>7.4f}"
+def _lead(r: Dict[str, Any], key: str) -> Any:
+    """A row's score as tables lead with it: the tie-aware twin where the row has one."""
+    return r.get(key + EXPECTED, r[key])
+
+
+def _caption_scores(r: Dict[str, Any], pick=_lead) -> str:
+    recall = ["/".join(f"{pick(r, key)[rank]:.1f}" for rank in ("1", "5", "10")) for key in ("recall_i2t", "recall_t2i")]
+    return f"{recall[0]:>18}{recall[1]:>18}{pick(r, 'rsum'):>7.1f}{pick(r, 'map_i2t'):>11.4f}{pick(r, 'map_t2i'):>7.4f}"
+
+
+def _index_order(r: Dict[str, Any], key: str) -> Any:
+    return r[key]
 
 
 def format_table(rows: List[Dict[str, Any]]) -> str:
@@ -567,10 +579,14 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
     lines = []
     if labelled:
         real = any("real_valued" in r for r in labelled)
-        lines.append(f"{HEAD}{'MAP@k':>6}{'I->T':>8}{'T->I':>8}" + (f"{'cosine I->T':>13}{'T->I':>8}" if real else ""))
+        tie_aware = any("map_i2t" + EXPECTED in r for r in labelled)
+        lines.append(f"{HEAD}{'MAP@k':>6}{'I->T':>8}{'T->I':>8}" + (f"{'index I->T':>12}{'T->I':>8}" if tie_aware else "")
+                     + (f"{'cosine I->T':>13}{'T->I':>8}" if real else ""))
         for r in labelled:
-            cosine = f"{r['real_valued']['map_i2t']:>13.4f}{r['real_valued']['map_t2i']:>8.4f}" if "real_valued" in r else ""
-            lines.append(f"{_head(r)}{r['k']:>6}{r['map_i2t']:>8.4f}{r['map_t2i']:>8.4f}{cosine}")
+            index = f"{r['map_i2t']:>12.4f}{r['map_t2i']:>8.4f}" if "map_i2t" + EXPECTED in r else " " * 20 * tie_aware
+            cosine = (f"{_lead(r['real_valued'], 'map_i2t'):>13.4f}{_lead(r['real_valued'], 'map_t2i'):>8.4f}"
+                      if "real_valued" in r else "")
+            lines.append(f"{_head(r)}{r['k']:>6}{_lead(r, 'map_i2t'):>8.4f}{_lead(r, 'map_t2i'):>8.4f}{index}{cosine}")
         floors = {(r["dataset"], r["n_bits"]): r for r in labelled if "random_map_i2t" in r}
         for (name, bits), r in floors.items():
             floor = {"dataset": name, "task": "random", "method": "-", "loss": None, "n_bits": bits, "protocol": "-"}
@@ -581,12 +597,18 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
         for r in captions:
             floor = f" (random codes: rSum {r['random_rsum']:.1f})" if "random_rsum" in r else ""
             lines.append(f"{_head(r)}{r['database']:<11}{_caption_scores(r)}{floor}")
+            if "rsum" + EXPECTED in r:
+                lines.append(f"{'  (ties by database index)':<{len(HEAD)}}{r['database']:<11}"
+                             f"{_caption_scores(r, _index_order)}")
             if "real_valued" in r:
                 lines.append(f"{'  (cosine of the real-valued head outputs)':<{len(HEAD)}}{r['database']:<11}"
                              f"{_caption_scores(r['real_valued'])}")
         lines.append("  caption set (relevance = same id): image->text queries are the unique query images, "
                      "text->image queries every query caption; R@K in %")
         lines.append("  test: the query split as database; collection: query and retrieval together")
+    if any("map_i2t" + EXPECTED in r for r in rows):
+        lines.append("  scores: the mean over every order of tied items (tie-aware, docs/evaluation.md); index: "
+                     "ties broken by database index, as the field's code does")
     if any("real_valued" in r for r in rows):
         lines.append("  cosine: the hash heads' real-valued outputs before the sign, ranked by cosine (what the "
                      "codes lose to their sign)")

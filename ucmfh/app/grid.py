@@ -28,12 +28,13 @@ from ucmfh.app.options import (
     check_device, check_loss, check_method_options, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
 )
 from ucmfh.app.outputs import check_outputs
-from ucmfh.app.runs import DIRECTIONS, REAL, summarize
-from ucmfh.config import PROTOCOLS, HashConfig
+from ucmfh.app.runs import DIRECTIONS, REAL, headline, summarize, variant_of
+from ucmfh.config import PROTOCOLS
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import read_jsonl, write_text_atomic
 from ucmfh.losses import LOSSES
 from ucmfh.methods import DEFAULT_METHOD, METHODS, build_method
+from ucmfh.scoring import EXPECTED
 
 ARROWS = {"map_i2t": "I→T", "map_t2i": "T→I"}
 
@@ -59,16 +60,6 @@ def loss_params_by_name(items: Sequence[str]) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def variant_of(row: Dict[str, Any]) -> str:
-    """A row's method, with its loss when that is not the method's default: 'two-tower', 'ucmfh:infonce'."""
-    method = row.get("method") or "ucmfh"
-    if method not in METHODS or not METHODS[method].takes_loss:
-        return method
-    default = METHODS[method].defaults.get("loss", HashConfig.loss)
-    loss = row.get("loss")
-    return method if loss in (None, default) else f"{method}:{loss}"
-
-
 def finished(rows: List[Dict[str, Any]], run_key: str, protocols: Sequence[str], k: int) -> List[Dict[str, Any]]:
     """A cell's rows, one per protocol (and database of a caption set), or [] when any protocol is missing."""
     mine = {(r["protocol"], r.get("database")): r for r in rows if r.get("run") == run_key and r.get("k") == k}
@@ -79,13 +70,14 @@ def finished(rows: List[Dict[str, Any]], run_key: str, protocols: Sequence[str],
 
 def paired_deltas(rows: List[Dict[str, Any]], base: str, variant: str, dataset: str, protocol: str,
                   database: Optional[str] = None) -> List[float]:
-    """``variant`` − ``base`` MAP, paired by (seed, n_bits, direction)."""
-    def index(name: str) -> Dict[tuple, float]:
-        return {(r["seed"], r["n_bits"], d): r[d] for r in rows for d in DIRECTIONS
+    """``variant`` − ``base`` MAP, paired by (seed, n_bits, direction): tie-aware where both rows have it."""
+    def index(name: str) -> Dict[tuple, tuple]:
+        return {(r["seed"], r["n_bits"], d): (r.get(d + EXPECTED), r[d]) for r in rows for d in DIRECTIONS
                 if (variant_of(r), r["dataset"], r["protocol"], r.get("database")) == (name, dataset, protocol, database)}
 
     mine, ref = index(variant), index(base)
-    return [mine[key] - ref[key] for key in mine if key in ref]
+    return [mine[key][0] - ref[key][0] if None not in (mine[key][0], ref[key][0]) else mine[key][1] - ref[key][1]
+            for key in mine if key in ref]
 
 
 def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence[int]) -> str:
@@ -104,7 +96,8 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
         if not any((s["dataset"], s["protocol"], s["database"]) == (dataset, protocol, database) for s in summary):
             continue
         where = f", database `{database}`, MAP by id" if database else ""
-        md += [f"### {dataset}, protocol `{protocol}`{where}: MAP@{k} I→T / T→I (mean ± std over seeds)", "",
+        md += [f"### {dataset}, protocol `{protocol}`{where}: MAP@{k} I→T / T→I (mean ± std over seeds; tie-aware: "
+               "the mean over every order of tied items)", "",
                "| method | " + " | ".join(f"{n} bits" for n in bits) + " | seeds | hashing s |",
                "|---|" + "---|" * (len(bits) + 2)]
         for variant in [*variants, "random codes"]:
@@ -116,29 +109,28 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
                     line.append("–")
                     continue
                 spread = len(s["seeds"]) > 1  # one seed has no spread to show (not ± 0.000)
-                line.append(" / ".join(f"{s[f'{prefix}{d}_mean']:.3f}"
-                                       + (f" ± {s[f'{prefix}{d}_std']:.3f}" if spread else "") for d in DIRECTIONS))
+                fields = [prefix + d if prefix else headline(s, d) for d in DIRECTIONS]
+                line.append(" / ".join(f"{s[f'{f}_mean']:.3f}" + (f" ± {s[f'{f}_std']:.3f}" if spread else "")
+                                       for f in fields))
                 seeds |= set(s["seeds"])
                 if s["train_time_s_mean"]:
                     times.append(s["train_time_s_mean"])
             line += [str(len(seeds)), f"{statistics.fmean(times):.1f}" if times and variant in variants else "–"]
             md.append("| " + " | ".join(line) + " |")
         md.append("")
+        where = (dataset, protocol, database)
         if database:  # a caption set: the field's own figure too
-            md += [f"R@1 I→T / T→I in % (rSum), database `{database}`, mean over seeds:", "",
-                   "| method | " + " | ".join(f"{n} bits" for n in bits) + " |", "|---|" + "---|" * len(bits)]
-            for variant in variants:
-                line = [f"`{variant}`"]
-                for n in bits:
-                    s = cell.get((dataset, protocol, database, variant, n))
-                    line.append("–" if s is None or "r1_i2t_mean" not in s else
-                                f"{s['r1_i2t_mean']:.1f} / {s['r1_t2i_mean']:.1f} ({s['rsum_mean']:.1f})")
-                md.append("| " + " | ".join(line) + " |")
-            md.append("")
-        md += _real_valued_table(cell, variants, bits, (dataset, protocol, database), k)
+            md += _means_table(cell, variants, bits, where, "", f"R@1 I→T / T→I in % (rSum), database `{database}`, "
+                               "tie-aware, mean over seeds:", True)
+        md += _means_table(cell, variants, bits, where, "", f"Ties broken by database index (the field's code), "
+                           f"{f'R@1 I→T / T→I in % (rSum), database `{database}`' if database else f'MAP@{k} I→T / T→I'}, mean over "
+                           "seeds:", bool(database), index_order=True)
+        md += _means_table(cell, variants, bits, where, REAL, "Real-valued head outputs ranked by cosine (before the "
+                           f"sign), {f'R@1 I→T / T→I in % (rSum), database `{database}`' if database else f'MAP@{k} I→T / T→I'}, mean over "
+                           "seeds:", bool(database))
     if len(variants) > 1:
         md += [f"### Each method against `{variants[0]}`: Δ MAP@{k} paired by (seed, code length, direction), "
-               "mean ± std over the pairs; wins = pairs where the method is higher", "",
+               "mean ± std over the pairs (tie-aware where both rows are); wins = pairs where the method is higher", "",
                "| dataset | protocol | database | method | Δ | wins |", "|---|---|---|---|---|---|"]
         for dataset, protocol, database, variant in product(datasets, protocols, databases, variants[1:]):
             deltas = paired_deltas(rows, variants[0], variant, dataset, protocol, database)
@@ -150,31 +142,39 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
     return "\n".join(md)
 
 
-def _real_valued_table(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], bits: Sequence[int],
-                       where: tuple, k: int) -> List[str]:
-    """The methods' real-valued head outputs ranked by cosine (rows' ``real_valued``): what the codes lose
-    to their sign. MAP@k for a labelled set, R@1 (rSum) for a caption set; mean over seeds."""
-    dataset, protocol, database = where
-    figure = (lambda s: f"{s['real_r1_i2t_mean']:.1f} / {s['real_r1_t2i_mean']:.1f} ({s['real_rsum_mean']:.1f})") \
-        if database else (lambda s: f"{s['real_map_i2t_mean']:.3f} / {s['real_map_t2i_mean']:.3f}")
+def _means_table(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], bits: Sequence[int],
+                where: tuple, prefix: str, title: str, recall: bool, index_order: bool = False) -> List[str]:
+    """A table of means over seeds, method × code length: R@1 I→T / T→I (rSum) with ``recall``, else
+    MAP. Tie-aware where the rows have it, or with ``index_order`` the figures with ties by index
+    (only for groups that have both). ``prefix`` ``real_``: the real-valued head outputs (rows'
+    ``real_valued``), what the codes lose to their sign. Nothing when no group has the figures."""
+    fields = ("r1_i2t", "r1_t2i", "rsum") if recall else DIRECTIONS
+
+    def figure(s: Optional[Dict[str, Any]]) -> Optional[str]:
+        if s is None or f"{prefix}{fields[0]}_mean" not in s:
+            return None
+        if index_order and headline(s, fields[0]) == fields[0]:
+            return None
+        names = [prefix + (f if index_order else headline(s, prefix + f)[len(prefix):]) for f in fields]
+        values = [s[f"{name}_mean"] for name in names]
+        return f"{values[0]:.1f} / {values[1]:.1f} ({values[2]:.1f})" if recall else " / ".join(f"{v:.3f}" for v in values)
+
     lines = []
     for variant in variants:
-        entries = [cell.get((dataset, protocol, database, variant, n)) for n in bits]
-        if any(s is not None and "real_map_i2t_mean" in s for s in entries):
-            lines.append("| " + " | ".join([f"`{variant}`", *("–" if s is None or "real_map_i2t_mean" not in s
-                                                                 else figure(s) for s in entries)]) + " |")
+        figures = [figure(cell.get((*where, variant, n))) for n in bits]
+        if any(figures):
+            lines.append("| " + " | ".join([f"`{variant}`", *(f or "–" for f in figures)]) + " |")
     if not lines:
         return []
-    what = f"R@1 I→T / T→I in % (rSum), database `{database}`" if database else f"MAP@{k} I→T / T→I"
-    return [f"Real-valued head outputs ranked by cosine (before the sign), {what}, mean over seeds:", "",
-            "| method | " + " | ".join(f"{n} bits" for n in bits) + " |", "|---|" + "---|" * len(bits),
+    return [title, "", "| method | " + " | ".join(f"{n} bits" for n in bits) + " |", "|---|" + "---|" * len(bits),
             *lines, ""]
 
 
 def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence[int], prefix: str) -> Tuple[str, str]:
     """``PREFIX.md`` (the tables above) and ``PREFIX.csv`` (one line per group of :func:`summarize`)."""
     columns = ["dataset", "method", "loss", "n_bits", "protocol", "database", "k", "n_seeds",
-               *(f"{p}{d}_{s}" for p in ("", "random_", REAL) for d in DIRECTIONS for s in ("mean", "std")),
+               *(f"{p}{d}{t}_{s}" for p in ("", "random_", REAL) for d in DIRECTIONS for t in ("", EXPECTED)
+                 for s in ("mean", "std") if not (p == "random_" and t)),
                "train_time_s_mean", "settings_key"]
     text = io.StringIO()
     writer = csv.DictWriter(text, columns, extrasaction="ignore")

@@ -15,7 +15,10 @@ import statistics
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
 from ucmfh.app.experiment import key_of
+from ucmfh.config import HashConfig
 from ucmfh.files import read_jsonl
+from ucmfh.methods import METHODS
+from ucmfh.scoring import EXPECTED
 
 DIRECTIONS = ("map_i2t", "map_t2i")
 # R@1 of a caption set's row, in %: summarised like a field of its own
@@ -25,15 +28,23 @@ REAL = "real_"
 
 
 def _value(row: Dict[str, Any], field: str) -> Optional[float]:
-    """A row's figure; ``r1_i2t`` / ``r1_t2i`` read R@1 from its recall dict, and ``real_`` + a field
-    reads it from the scores of the real-valued head outputs (``real_valued``)."""
+    """A row's figure; ``r1_i2t`` / ``r1_t2i`` read R@1 from its recall dict, ``real_`` + a field
+    reads it from the scores of the real-valued head outputs (``real_valued``), and a field +
+    ``_expected`` its tie-aware twin."""
     if field.startswith(REAL):
         real = row.get("real_valued")
         return None if real is None else _value(real, field[len(REAL):])
-    if field in RECALL_AT_1:
-        recall = row.get("recall_" + field[3:])
+    base, twin = (field[: -len(EXPECTED)], EXPECTED) if field.endswith(EXPECTED) else (field, "")
+    if base in RECALL_AT_1:
+        recall = row.get("recall_" + base[3:] + twin)
         return None if recall is None else recall.get("1")
     return row.get(field)
+
+
+def headline(entry: Dict[str, Any], field: str) -> str:
+    """The field a table leads with: its tie-aware twin where the rows have one, else the field itself
+    (rows from before tie-aware scores, or of a stage without ties)."""
+    return field + EXPECTED if f"{field}{EXPECTED}_mean" in entry else field
 
 
 def read_results(path: str) -> List[Dict[str, Any]]:
@@ -91,6 +102,16 @@ def method_of(row: Dict[str, Any]) -> Optional[str]:
     return row.get("method") or ("ucmfh" if row.get("task") in ("fusion", "hashing") else None)
 
 
+def variant_of(row: Dict[str, Any]) -> str:
+    """A row's method, with its loss when that is not the method's default: 'two-tower', 'ucmfh:infonce'."""
+    method = row.get("method") or "ucmfh"
+    if method not in METHODS or not METHODS[method].takes_loss:
+        return method
+    default = METHODS[method].defaults.get("loss", HashConfig.loss)
+    loss = row.get("loss")
+    return method if loss in (None, default) else f"{method}:{loss}"
+
+
 def seed_of(row: Dict[str, Any]) -> Optional[int]:
     """A row's seed: its own, else its hashing model's (a re-ranking row without SEPS); None if it has none."""
     seed = row.get("seed")
@@ -112,29 +133,39 @@ def _measurement(row: Dict[str, Any]) -> tuple:
             row.get("k"))
 
 
+def latest(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The last row of each measurement (a run scored again replaces its earlier rows)."""
+    last: Dict[tuple, Dict[str, Any]] = {}
+    for row in rows:
+        last[_measurement(row)] = row
+    return list(last.values())
+
+
+def settings_key(row: Dict[str, Any]) -> str:
+    """The key of a row's settings beyond the summary's columns (seed, loss, code length)."""
+    return key_of(_beyond_columns(settings_of(row)))
+
+
 def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One entry per (dataset file, task, method, loss, n_bits, protocol, k, other settings but the seed)."""
-    latest: Dict[tuple, Dict[str, Any]] = {}
-    for row in rows:
-        latest[_measurement(row)] = row
     groups: Dict[tuple, List[Dict[str, Any]]] = {}
-    for row in latest.values():
-        settings = _beyond_columns(settings_of(row))
+    for row in latest(rows):
         key = (row.get("dataset_fingerprint") or row.get("dataset"), row.get("dataset"), row.get("task"),
                method_of(row), row.get("loss"), row.get("n_bits"), _stage(row), row.get("protocol"),
-               row.get("database"), row.get("k"), key_of(settings))
+               row.get("database"), row.get("k"), settings_key(row))
         groups.setdefault(key, []).append(row)
     out = []
     for key, group in groups.items():
-        _, dataset, task, method, loss, n_bits, stage, protocol, database, k, settings_key = key
+        _, dataset, task, method, loss, n_bits, stage, protocol, database, k, settings = key
         entry: Dict[str, Any] = {
             "dataset": dataset, "task": task, "method": method, "loss": loss, "n_bits": n_bits, "stage": stage,
             "protocol": protocol, "database": database, "k": k, "n_seeds": len(group),
             "seeds": sorted(seed for seed in map(seed_of, group) if seed is not None),
             "checkpoints": sorted({r["checkpoint"] for r in group if r.get("checkpoint")}),
-            "settings_key": settings_key[:6], "settings": _beyond_columns(settings_of(group[0])),
+            "settings_key": settings[:6], "settings": _beyond_columns(settings_of(group[0])),
         }
         scores = (*DIRECTIONS, "rsum", *RECALL_AT_1)
+        scores += tuple(f + EXPECTED for f in scores)
         for field in (*scores, *(f"random_{d}" for d in DIRECTIONS), "random_rsum", *(REAL + f for f in scores)):
             values = [_value(r, field) for r in group if _value(r, field) is not None]
             if values:
@@ -198,9 +229,14 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
     if captions:
         columns.append(("database", lambda g: _text(g["database"])))
     columns += [("k", lambda g: _text(g["k"])), ("seeds", lambda g: str(g["n_seeds"])),
-                ("MAP I->T", lambda g: _cell(g, "map_i2t")), ("MAP T->I", lambda g: _cell(g, "map_t2i"))]
+                ("MAP I->T", lambda g: _cell(g, headline(g, "map_i2t"))),
+                ("MAP T->I", lambda g: _cell(g, headline(g, "map_t2i")))]
     if captions:
-        columns.append(("rSum", lambda g: _cell(g, "rsum", 1)))
+        columns.append(("rSum", lambda g: _cell(g, headline(g, "rsum"), 1)))
+    tie_aware = any(headline(g, "map_i2t") != "map_i2t" for g in groups)
+    if tie_aware:
+        columns.append(("ties by index", lambda g: "-" if headline(g, "map_i2t") == "map_i2t" else " / ".join(
+            f"{g[f'{d}_mean']:.4f}" for d in DIRECTIONS) + (f", rSum {g['rsum_mean']:.1f}" if "rsum_mean" in g else "")))
     columns += [("random I->T", lambda g: _cell({**g, "n_seeds": 1}, "random_map_i2t")),
                 ("settings", lambda g: g["settings_key"])]
     cells = [[show(g) for _, show in columns] for g in groups]
@@ -209,6 +245,10 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
     lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells]
     lines.append("mean ± sample standard deviation over seeds (the mean alone for one seed); unimodal = cross-modal "
                  "retrieval, fused = UCMFH's protocol (leaks the paired modality)")
+    if tie_aware:
+        lines.append("MAP and rSum: the mean over every order of tied items (tie-aware, docs/evaluation.md); "
+                     "'ties by index': the same with ties broken by database index, as the field's code does "
+                     "(means over seeds); '-': rows scored by index order only, whose figure leads")
     if captions:
         lines.append("caption sets: MAP by id, rSum = R@1+R@5+R@10 of both directions in %; database test = the "
                      "query split, collection = query and retrieval together")

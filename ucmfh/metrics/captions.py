@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from ucmfh.metrics.inputs import TIES, ArrayLike, Ranking, Ties, as_tensors, check_choice
-from ucmfh.metrics.ranking import map_at_k_by_id, recall_at_ranks
+from ucmfh.metrics.ap import mean, mean_columns
+from ucmfh.metrics.ranking import average_precision_by_id, hits_at_ranks
 
 DATABASES = ("test", "collection")
 
@@ -63,12 +64,16 @@ def evaluate_caption_set(
     ranks: Sequence[int] = (1, 5, 10),
     ranking: Ranking = "hamming",
     ties: Ties = "index",
+    per_query: bool = False,
 ) -> Dict[str, Dict[str, object]]:
     """Both directions on both databases. Shape: codes or embeddings [N, d]; ids [N] int64.
 
     Returns ``{"test": row, "collection": row}``, each row with ``recall_i2t`` and
     ``recall_t2i`` (``{"1": %, "5": %, "10": %}``), ``rsum``, ``map_i2t``, ``map_t2i``
-    (MAP@k by id), ``ties`` and the numbers of queries and database items.
+    (MAP@k by id), ``ties`` and the numbers of queries and database items. With ``per_query``,
+    each row also holds ``per_query``: the scores the means are taken over, ``ap_i2t`` [Q_img],
+    ``ap_t2i`` [Q_txt] (AP@k by id) and ``hits_i2t`` [Q_img, len(ranks)], ``hits_t2i`` (a true
+    match among the first R: 0/1, or its probability with ``ties="expected"``), float64 tensors.
     """
     check_choice("ties", ties, TIES)
     query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids = as_tensors(
@@ -79,17 +84,22 @@ def evaluate_caption_set(
     out = {}
     for name, db in databases((query_img, query_txt, query_ids), (retrieval_img, retrieval_txt, retrieval_ids)).items():
         kw = dict(ranking=ranking, ties=ties)
-        i2t = recall_at_ranks(q_img, db["txt"], q_img_ids, db["txt_ids"], ranks, **kw)
-        t2i = recall_at_ranks(query_txt, db["img"], query_ids, db["img_ids"], ranks, **kw)
-        recall_i2t = {str(r): 100.0 * v for r, v in zip(ranks, i2t)}
-        recall_t2i = {str(r): 100.0 * v for r, v in zip(ranks, t2i)}
+        scores = {
+            "ap_i2t": average_precision_by_id(q_img, db["txt"], q_img_ids, db["txt_ids"], k, **kw),
+            "ap_t2i": average_precision_by_id(query_txt, db["img"], query_ids, db["img_ids"], k, **kw),
+            "hits_i2t": hits_at_ranks(q_img, db["txt"], q_img_ids, db["txt_ids"], ranks, **kw),
+            "hits_t2i": hits_at_ranks(query_txt, db["img"], query_ids, db["img_ids"], ranks, **kw),
+        }
+        recall_i2t = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_i2t"]))}
+        recall_t2i = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_t2i"]))}
         out[name] = {
             "database": name, "k": k, "ties": ties,
-            "map_i2t": map_at_k_by_id(q_img, db["txt"], q_img_ids, db["txt_ids"], k, **kw),
-            "map_t2i": map_at_k_by_id(query_txt, db["img"], query_ids, db["img_ids"], k, **kw),
+            "map_i2t": mean(scores["ap_i2t"]), "map_t2i": mean(scores["ap_t2i"]),
             "recall_i2t": recall_i2t, "recall_t2i": recall_t2i,
             "rsum": sum(recall_i2t.values()) + sum(recall_t2i.values()),
             "n_queries_i2t": int(q_img.shape[0]), "n_queries_t2i": int(query_txt.shape[0]),
             "n_database_txt": int(db["txt"].shape[0]), "n_database_img": int(db["img"].shape[0]),
         }
+        if per_query:
+            out[name]["per_query"] = scores
     return out

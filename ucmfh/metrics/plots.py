@@ -49,7 +49,8 @@ def plot_precision_at_k(results: Dict[str, object], path: str) -> str:
     """Precision@K curves, both directions, from :func:`evaluate_codes` results.
 
     Only K <= N (``settings["n_retrieval"]``) is drawn: beyond N the metric counts K as N
-    and repeats P@N, which is drawn once, at K = N.
+    and repeats P@N, which is drawn once, at K = N. The tie-aware curve where the results have
+    it (``precision_expected``), else the one with ties by index.
     """
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5, 4))
@@ -57,7 +58,7 @@ def plot_precision_at_k(results: Dict[str, object], path: str) -> str:
     for name, label in _NAMES.items():
         pk = results.get(name, {}).get("precision_at_k")
         if pk:
-            ax.plot(*_up_to(pk["k"], pk["precision"], n), marker=".", label=label)
+            ax.plot(*_up_to(pk["k"], pk.get("precision_expected", pk["precision"]), n), marker=".", label=label)
     ax.set_xscale("log")
     ax.set_xlabel("K (retrieved items)")
     ax.set_ylabel("precision@K")

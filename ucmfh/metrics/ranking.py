@@ -304,20 +304,38 @@ def recall_at_ranks(
     captions of one COCO image). Shape: query_ids [Q], retrieval_ids [N] int64.
     ``empty="skip"`` leaves out queries whose id occurs nowhere in the retrieval set.
     """
+    check_choice("empty", empty, ("zero", "skip"))
+    hits = hits_at_ranks(query_codes, retrieval_codes, query_ids, retrieval_ids, ranks, chunk_size, ranking=ranking,
+                         retrieval_chunk_size=retrieval_chunk_size, ties=ties)
+    query_ids, retrieval_ids = as_tensors(query_ids, retrieval_ids)
+    keep = None if empty == "zero" else id_match_counts(query_ids.long(), retrieval_ids.long().to(query_ids.device)) > 0
+    return mean_columns(hits, keep)
+
+
+def hits_at_ranks(
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_ids: ArrayLike,
+    retrieval_ids: ArrayLike,
+    ranks: Sequence[int] = (1, 5, 10),
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    ranking: Ranking = "hamming",
+    retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ties: Ties = "index",
+) -> torch.Tensor:
+    """Per query, whether a true match (same id) is among its first R, for each R: 1.0 or 0.0, or with
+    ``ties="expected"`` the probability over every order of tied items. :func:`recall_at_ranks` is
+    their mean. Shape: -> [Q, len(ranks)] float64."""
     query_codes, retrieval_codes, query_ids, retrieval_ids = as_tensors(
         query_codes, retrieval_codes, query_ids, retrieval_ids
     )
     check_ids(query_codes, retrieval_codes, query_ids, retrieval_ids)
-    check_choice("empty", empty, ("zero", "skip"))
-    device = query_codes.device
-    query_ids = query_ids.to(device).long()
-    retrieval_ids = retrieval_ids.long()
-    keep = None if empty == "zero" else id_match_counts(query_ids, retrieval_ids.to(device)) > 0
-    hits = _hits_at(
-        query_codes, retrieval_codes, query_ids, retrieval_ids, ranks, by_id=True, any_hit=True,
-        ranking=ranking, ties=ties, chunk_size=chunk_size, retrieval_chunk_size=retrieval_chunk_size,
+    return _hits_at(
+        query_codes, retrieval_codes, query_ids.to(query_codes.device).long(), retrieval_ids.long(), ranks,
+        by_id=True, any_hit=True, ranking=ranking, ties=ties, chunk_size=chunk_size,
+        retrieval_chunk_size=retrieval_chunk_size,
     )
-    return mean_columns(hits, keep)
 
 
 def map_at_k_by_id(
@@ -337,6 +355,23 @@ def map_at_k_by_id(
 
     Shape: codes [Q, d], [N, d]; query_ids [Q], retrieval_ids [N] int64.
     """
+    return mean(average_precision_by_id(query_codes, retrieval_codes, query_ids, retrieval_ids, k, chunk_size,
+                                        ranking=ranking, retrieval_chunk_size=retrieval_chunk_size, ties=ties))
+
+
+def average_precision_by_id(
+    query_codes: ArrayLike,
+    retrieval_codes: ArrayLike,
+    query_ids: ArrayLike,
+    retrieval_ids: ArrayLike,
+    k: int = 50,
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    *,
+    ranking: Ranking = "hamming",
+    retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    ties: Ties = "index",
+) -> torch.Tensor:
+    """AP@K of every query with relevance "same id" (:func:`map_at_k_by_id` is their mean). Shape: -> [Q] float64."""
     query_codes, retrieval_codes, query_ids, retrieval_ids = as_tensors(
         query_codes, retrieval_codes, query_ids, retrieval_ids
     )
@@ -347,10 +382,10 @@ def map_at_k_by_id(
     if ties == "expected":
         check_pair(query_codes, retrieval_codes, ranking)
         check_chunks(chunk_size, retrieval_chunk_size)
-        return mean(tie_aware_average_precision(
+        return tie_aware_average_precision(
             query_codes, retrieval_codes, query_ids, retrieval_ids, by_id=True, k=k, ranking=ranking,
             chunk_size=chunk_size, retrieval_chunk_size=retrieval_chunk_size,
-        ))
+        )
     ap = [average_precision_ranked(gather_id_match(query_ids[start : start + chunk_size], retrieval_ids, idx))
           for start, _, idx in iter_top_k(query_codes, retrieval_codes, k, ranking, chunk_size, retrieval_chunk_size)]
-    return mean(torch.cat(ap))
+    return torch.cat(ap)

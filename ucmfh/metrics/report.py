@@ -23,6 +23,7 @@ DEFAULT_KS = (1, 5, 10, 20, 50, 100, 200, 500, 1000)
 DIRECTIONS = {"i2t": ("img", "txt"), "t2i": ("txt", "img")}
 ORDER = {"hamming": "Hamming distance ascending", "cosine": "cosine similarity descending"}
 NO_ID_MATCH = "not computed: no query id occurs in the retrieval set"
+EXPECTED = "_expected"  # the suffix of a metric's tie-aware twin
 
 
 def evaluate_direction(
@@ -42,12 +43,18 @@ def evaluate_direction(
     ranking: Ranking = "hamming",
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    expected: bool = True,
 ) -> Dict[str, object]:
     """Every metric of one direction, as a JSON-able dict; tensors or numpy arrays in.
 
     Keys: ``map@{k}``, ``map@all`` (with ``map_all``), ``precision_at_k``; for Hamming
     ranking ``pr_curve`` and ``precision_within_radius_{radius}``; with ids,
-    ``recall_at_ranks`` ({"1": …, "5": …, "10": …}). Recall@ranks by id means
+    ``recall_at_ranks`` ({"1": …, "5": …, "10": …}). Ties by retrieval index; with
+    ``expected`` each ranked metric also has its tie-aware twin (the mean over every order of
+    tied items, :mod:`ucmfh.metrics.ties`): ``map@{k}_expected``, ``map@all_expected``,
+    ``precision_at_k["precision_expected"]`` and ``["recall_expected"]``,
+    ``recall_at_ranks_expected`` (the radius metrics take whole distances: no ties to break).
+    Recall@ranks by id means
     something only where a query's id can occur in the retrieval set: when no
     query id occurs there (e.g. a labelled set whose ids number items), the key
     is left out and ``recall_at_ranks_note`` says why instead.
@@ -56,14 +63,21 @@ def evaluate_direction(
         query, retrieval, query_labels, retrieval_labels, query_ids, retrieval_ids
     )
     kw = dict(empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size)
-    out: Dict[str, object] = {
-        f"map@{k}": map_at_k(query, retrieval, query_labels, retrieval_labels, k, chunk_size, **kw),
-    }
+    rules = {"": "index", EXPECTED: "expected"} if expected else {"": "index"}
+    out: Dict[str, object] = {}
+    for twin, ties in rules.items():
+        out[f"map@{k}{twin}"] = map_at_k(query, retrieval, query_labels, retrieval_labels, k, chunk_size, **kw,
+                                        ties=ties)
     if map_all:
-        out["map@all"] = map_at_k(query, retrieval, query_labels, retrieval_labels, None, chunk_size, **kw)
+        for twin, ties in rules.items():
+            out[f"map@all{twin}"] = map_at_k(query, retrieval, query_labels, retrieval_labels, None, chunk_size,
+                                            **kw, ties=ties)
     ks = list(ks)
-    precision, recall = precision_recall_at_k(query, retrieval, query_labels, retrieval_labels, ks, chunk_size, **kw)
-    out["precision_at_k"] = {"k": ks, "precision": precision, "recall": recall}
+    out["precision_at_k"] = {"k": ks}
+    for twin, ties in rules.items():
+        precision, recall = precision_recall_at_k(query, retrieval, query_labels, retrieval_labels, ks, chunk_size,
+                                                  **kw, ties=ties)
+        out["precision_at_k"].update({f"precision{twin}": precision, f"recall{twin}": recall})
     if ranking == "hamming":
         curve = pr_curve_hamming(
             query, retrieval, query_labels, retrieval_labels, chunk_size,
@@ -74,8 +88,9 @@ def evaluate_direction(
     if query_ids is not None and retrieval_ids is not None:
         check_ids(query, retrieval, query_ids, retrieval_ids)
         if bool((id_match_counts(query_ids.long(), retrieval_ids.long()) > 0).any()):
-            values = recall_at_ranks(query, retrieval, query_ids, retrieval_ids, ranks, chunk_size, **kw)
-            out["recall_at_ranks"] = {str(r): v for r, v in zip(ranks, values)}
+            for twin, ties in rules.items():
+                values = recall_at_ranks(query, retrieval, query_ids, retrieval_ids, ranks, chunk_size, **kw, ties=ties)
+                out[f"recall_at_ranks{twin}"] = {str(r): v for r, v in zip(ranks, values)}
         else:
             out["recall_at_ranks_note"] = NO_ID_MATCH
     return out
@@ -97,7 +112,7 @@ def evaluate_codes(
     Shape: codes [Q or N, n_bits] ±1 (or packed uint8, or real-valued with
     ``ranking="cosine"``); labels [Q or N, C]; ids [Q or N] or None; tensors or
     numpy arrays. ``options`` are those of :func:`evaluate_direction` (k, ks,
-    ranks, radius, map_all, empty, ranking, chunk_size, retrieval_chunk_size).
+    ranks, radius, map_all, empty, ranking, chunk_size, retrieval_chunk_size, expected).
 
     Returns ``{"settings": {...}, "i2t": {...}, "t2i": {...}}``, JSON-able;
     ``settings["ranking"]`` is ``"hamming"`` or ``"cosine"``, ``settings["order"]``
@@ -122,7 +137,8 @@ def evaluate_codes(
         "n_query": int(query_img.shape[0]),
         "n_retrieval": int(retrieval_img.shape[0]),
         "order": ORDER[ranking],
-        "ties": "retrieval index ascending",
+        "ties": "retrieval index ascending" + ("; *_expected: the mean over every order of tied items"
+                                               if options.get("expected", True) else ""),
     }
     return {"settings": settings, **result}
 
@@ -172,6 +188,8 @@ def codes_file_row(metrics: Dict[str, object]) -> Dict[str, object]:
         "k": k,
         "map_i2t": metrics["i2t"][f"map@{k}"],
         "map_t2i": metrics["t2i"][f"map@{k}"],
+        **{f"map_{d}{EXPECTED}": metrics[d][f"map@{k}{EXPECTED}"] for d in ("i2t", "t2i")
+           if f"map@{k}{EXPECTED}" in metrics[d]},
     }
 
 

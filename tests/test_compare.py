@@ -1,0 +1,96 @@
+"""Intervals of a difference between methods: the paired bootstrap, the per-query side files, ``ucmfh compare``."""
+import json
+import math
+
+import numpy as np
+import pytest
+from click.testing import CliRunner
+
+from ucmfh.app.cli import main
+from ucmfh.app.per_query import load_per_query, per_query_path
+from ucmfh.metrics.intervals import paired_bootstrap, verdict
+
+
+def test_the_interval_of_a_mean_difference_matches_the_normal_one():
+    rng = np.random.default_rng(0)
+    d = rng.normal(0.3, 1.0, size=(1, 2000))
+    got = paired_bootstrap([d], resamples=4000, seed=1)
+    half = 1.96 * d.std(ddof=1) / math.sqrt(d.shape[1])
+    assert got["mean"] == pytest.approx(d.mean())
+    assert got["low"] == pytest.approx(d.mean() - half, abs=0.15 * half)
+    assert got["high"] == pytest.approx(d.mean() + half, abs=0.15 * half)
+    assert verdict(got) == "ahead" and verdict({"low": -1, "high": -0.1}) == "behind"
+    assert verdict({"low": -0.1, "high": 0.2}) == "level"
+    assert paired_bootstrap([d], resamples=500, seed=3) == paired_bootstrap([d], resamples=500, seed=3)
+
+
+def test_seeds_that_disagree_widen_the_interval_and_parts_add_up():
+    rng = np.random.default_rng(1)
+    queries = rng.normal(0.0, 1.0, size=500)
+    agree = np.stack([queries, queries, queries])
+    disagree = agree + np.array([[-0.5], [0.0], [0.5]])  # the seeds differ by more than the query noise
+    narrow = paired_bootstrap([agree], resamples=2000)
+    wide = paired_bootstrap([disagree], resamples=2000)
+    assert wide["high"] - wide["low"] > 2 * (narrow["high"] - narrow["low"])
+    both = paired_bootstrap([agree, agree + 1.0], resamples=2000)
+    assert both["mean"] == pytest.approx(2 * agree.mean() + 1.0)
+    with pytest.raises(ValueError, match="same number of seeds"):
+        paired_bootstrap([agree, agree[:2]])
+
+
+def _grid(tmp_path, path, methods, seeds="2023,1", extra=()):
+    results = tmp_path / "r.jsonl"
+    argv = ["grid", "-d", path, "-b", "16", "--methods", methods, "--seeds", seeds, "--epochs", "2",
+            "--out", str(tmp_path / "runs"), "--results", str(results), "--table", str(tmp_path / "t"),
+            "--device", "cpu", "--quiet", *extra]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 0, result.output
+    return results, [json.loads(line) for line in results.read_text().splitlines()]
+
+
+def test_compare_pairs_the_per_query_scores_of_two_methods_on_a_caption_set(tmp_path):
+    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+
+    path = _caption_file(tmp_path / "captions.h5", n_retrieval=60)
+    results, rows = _grid(tmp_path, path, "cca-itq,two-tower")
+    for row in rows:  # every row points at its side file, which holds the tie-aware per-query scores
+        assert row["per_query"] == per_query_path(row["checkpoint"], row["dataset_fingerprint"])
+        scores = load_per_query(row)
+        assert set(scores) == {"ap_i2t", "ap_t2i", "hits_i2t", "hits_t2i"}
+        assert 100 * scores["hits_i2t"][:, 0].mean() == pytest.approx(row["recall_i2t_expected"]["1"], abs=1e-4)
+        assert scores["ap_t2i"].mean() == pytest.approx(row["map_t2i_expected"], abs=1e-6)
+    shown = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "--json",
+                                      "--resamples", "500"])
+    assert shown.exit_code == 0, shown.output
+    lines = [json.loads(line) for line in shown.output.splitlines()]
+    assert {(x["database"], x["figure"]) for x in lines} == {
+        (d, f) for d in ("test", "collection") for f in ("R@1 I->T", "R@1 T->I", "rSum", "MAP I->T", "MAP T->I")}
+    for x in lines:
+        mine = {r["method"]: r for r in rows if r["database"] == x["database"] and r["seed"] == 2023}
+        assert x["seeds"] == [1, 2023]
+        if x["figure"] == "rSum":
+            means = {m: np.mean([r["rsum_expected"] for r in rows if r["method"] == m and r["database"] == x["database"]])
+                     for m in mine}
+            assert x["two-tower"] - x["cca-itq"] == pytest.approx(means["two-tower"] - means["cca-itq"], abs=1e-3)
+        d = x["difference"]
+        assert d["low"] <= d["mean"] <= d["high"] and x["verdict"] == verdict(d)
+    table = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results),
+                                      "--resamples", "500"])
+    assert table.exit_code == 0 and "difference [95% interval]" in table.output and "rSum" in table.output
+
+
+def test_compare_says_what_is_missing(tmp_path, tiny_path):
+    results, rows = _grid(tmp_path, tiny_path, "cca-itq", seeds="2023")
+    runner = CliRunner()
+    absent = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results)])
+    assert absent.exit_code == 2 and "no cell has rows of both cca-itq and two-tower" in absent.output
+    assert "methods there: cca-itq" in absent.output
+    same = runner.invoke(main, ["compare", "cca-itq", "cca-itq", "--results", str(results)])
+    assert same.exit_code == 2 and "two different methods" in same.output
+    # a row from before per-query scores were kept: named, with the command that writes them
+    old = dict(rows[0], method="two-tower", run="old")
+    old.pop("per_query")
+    with open(results, "a") as f:
+        f.write(json.dumps(old) + "\n")
+    before = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results)])
+    assert before.exit_code == 2 and "no per-query scores" in before.output and "ucmfh evaluate -c" in before.output

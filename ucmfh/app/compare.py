@@ -1,0 +1,131 @@
+"""``ucmfh compare BASE OTHER``: two methods on the same cells, the difference with a 95% interval.
+
+For every cell both methods were scored on (dataset, code length, protocol, database of a
+caption set, k) it reads the runs' per-query tie-aware scores (:mod:`ucmfh.app.per_query`),
+pairs them by seed and query, and prints OTHER − BASE with a paired bootstrap interval over
+queries and, where there are several, seeds (:mod:`ucmfh.metrics.intervals`): ``ahead`` or
+``behind`` when the interval excludes zero, else ``level``.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any, Dict, List, Tuple
+
+import click
+import numpy as np
+
+from ucmfh.app.errors import UserError, user_errors
+from ucmfh.app.per_query import load_per_query
+from ucmfh.app.runs import filter_rows, latest, read_results, seed_of, settings_key, variant_of
+from ucmfh.config import PROTOCOLS
+from ucmfh.metrics.intervals import RESAMPLES, paired_bootstrap, verdict
+
+# figure -> per part: (per-query score name, column of a [Q, 3] hits array or None, scale)
+LABELLED = {"MAP I->T": [("ap_i2t", None, 1.0)], "MAP T->I": [("ap_t2i", None, 1.0)]}
+CAPTIONS = {"R@1 I->T": [("hits_i2t", 0, 100.0)], "R@1 T->I": [("hits_t2i", 0, 100.0)],
+            "rSum": [("hits_i2t", "all", 100.0), ("hits_t2i", "all", 100.0)], **LABELLED}
+
+
+def _part(scores: Dict[str, np.ndarray], name: str, column: Any, scale: float) -> np.ndarray:
+    values = scores[name].astype(np.float64)
+    if column == "all":
+        values = values.sum(axis=1)
+    elif column is not None:
+        values = values[:, column]
+    return scale * values
+
+
+def cells(rows: List[Dict[str, Any]], base: str, other: str) -> Dict[tuple, Dict[str, Dict[int, Dict[str, Any]]]]:
+    """The cells both methods were scored on: {(dataset, n_bits, protocol, database, k): {method: {seed: row}}}.
+
+    ``ValueError`` when a method has several settings in one cell (say which to compare by
+    keeping one per results file, or filtering by seed and length)."""
+    found: Dict[tuple, Dict[str, Dict[int, Dict[str, Any]]]] = {}
+    keys: Dict[tuple, set] = {}
+    for row in rows:
+        variant = variant_of(row)
+        if variant not in (base, other):
+            continue
+        cell = (row.get("dataset"), row.get("n_bits"), row.get("protocol"), row.get("database"), row.get("k"))
+        where = (row.get("dataset_fingerprint"), *cell)
+        keys.setdefault((where, variant), set()).add(settings_key(row))
+        found.setdefault(where, {}).setdefault(variant, {})[seed_of(row)] = row
+    for (where, variant), settings in keys.items():
+        if len(settings) > 1:
+            raise ValueError(f"{variant} has {len(settings)} settings in {where[1]}, {where[2]} bits "
+                             f"({', '.join(sorted(settings))}): keep one per results file to compare")
+    return {where[1:]: methods for where, methods in found.items() if base in methods and other in methods}
+
+
+def compare_cell(methods: Dict[str, Dict[int, Dict[str, Any]]], base: str, other: str, resamples: int,
+                 ) -> List[Dict[str, Any]]:
+    """Every figure of one cell: the two means and the paired difference with its interval."""
+    seeds = sorted(set(methods[base]) & set(methods[other]), key=lambda s: (s is None, s))
+    if not seeds:
+        return []
+    scores = {m: [load_per_query(methods[m][s]) for s in seeds] for m in (base, other)}
+    figures = CAPTIONS if "hits_i2t" in scores[base][0] else LABELLED
+    out = []
+    for figure, parts in figures.items():
+        per_method = {m: [np.stack([_part(sc, *part) for sc in scores[m]]) for part in parts] for m in (base, other)}
+        for a, b in zip(per_method[base], per_method[other]):
+            if a.shape != b.shape:
+                raise ValueError(f"{base} and {other} were scored on different queries ({a.shape[1]} and {b.shape[1]})")
+        interval = paired_bootstrap([b - a for a, b in zip(per_method[base], per_method[other])], resamples)
+        out.append({"figure": figure, "seeds": seeds, base: float(sum(p.mean() for p in per_method[base])),
+                    other: float(sum(p.mean() for p in per_method[other])), "difference": interval,
+                    "verdict": verdict(interval)})
+    return out
+
+
+def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) -> str:
+    header = ["dataset", "bits", "protocol", "database", "seeds", "figure", base, other, "difference [95% interval]",
+              "verdict"]
+    lines = []
+    for (dataset, n_bits, protocol, database, _), r in results:
+        d = r["difference"]
+        digits = 1 if r["figure"].startswith(("R@", "rSum")) else 4
+        lines.append([str(dataset), str(n_bits), str(protocol), database or "-", str(len(r["seeds"])), r["figure"],
+                      f"{r[base]:.{digits}f}", f"{r[other]:.{digits}f}",
+                      f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]", r["verdict"]])
+    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
+    text = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
+    text += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    text.append(f"{other} − {base} on tie-aware per-query scores, paired by seed and query; interval: 95% paired "
+                "bootstrap over queries and seeds; ahead / behind: it excludes zero, level: it does not")
+    return "\n".join(text)
+
+
+@click.command("compare")
+@click.argument("base")
+@click.argument("other")
+@click.option("--results", default="runs/results.jsonl", show_default=True, help="The results file to read.")
+@click.option("--dataset", "-d", multiple=True, help="Only these datasets (repeatable).")
+@click.option("--n-bits", "-b", multiple=True, type=int, help="Only these code lengths (repeatable).")
+@click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable).")
+@click.option("--protocol", type=click.Choice(PROTOCOLS), help="Only this protocol.")
+@click.option("--resamples", type=click.IntRange(min=100), default=RESAMPLES, show_default=True,
+              help="Bootstrap resamples.")
+@click.option("--json", "as_json", is_flag=True, help="Print one JSON line per cell and figure.")
+@user_errors
+def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, as_json) -> None:
+    """OTHER − BASE (two methods, e.g. cca-itq two-tower) on every cell both were scored on, with a 95%
+    interval over queries and seeds."""
+    if base == other:
+        raise UserError(f"compare two different methods, got {base!r} twice")
+    rows = latest(filter_rows(read_results(results), dataset=dataset, n_bits=n_bits, protocol=protocol, seed=seed,
+                              task=("hashing",)))
+    shared = cells(rows, base, other)
+    if not shared:
+        present = sorted({variant_of(r) for r in rows})
+        raise UserError(f"{results}: no cell has rows of both {base} and {other} (methods there: "
+                        f"{', '.join(present) or 'none'})")
+    out = []
+    for cell in sorted(shared, key=lambda c: tuple(str(x) for x in c)):
+        out += [(cell, r) for r in compare_cell(shared[cell], base, other, resamples)]
+    if as_json:
+        for (dataset_, n_bits_, protocol_, database, k), r in out:
+            click.echo(json.dumps({"dataset": dataset_, "n_bits": n_bits_, "protocol": protocol_,
+                                   "database": database, "k": k, "base": base, "other": other, **r}, sort_keys=True))
+    else:
+        click.echo(_format(out, base, other))
