@@ -29,7 +29,9 @@ def test_a_tie_is_won_by_the_smaller_index_and_bounded_both_ways(ties):
     query_ids, database_ids = torch.tensor([7, 8]), torch.tensor([5, 7, 8])
     out = ties.tie_bounds(query, database, query_ids, database_ids)
     # query 0: match at 0, index 0 (not a match) first -> lost; query 1: its match at 1 has two items nearer
-    assert out == {"r1": 0.0, "r1_ties_won": 50.0, "r1_alone": 0.0, "as_near": 1.5}
+    # tie-aware: query 0 wins its two-way tie half the time; query 1 never (two items strictly nearer)
+    assert out == pytest.approx({"r1": 0.0, "r1_expected": 25.0, "r1_ties_won": 50.0,
+                                 "r1_alone": 0.0, "as_near": 1.5})
 
 
 def test_r1_by_index_is_the_metrics_on_both_databases(ties):
@@ -39,11 +41,14 @@ def test_r1_by_index_is_the_metrics_on_both_databases(ties):
     codes_r = [torch.randint(0, 2, (200, 8), generator=g).float() * 2 - 1 for _ in range(2)]
     out = ties.caption_set_ties(codes_q, codes_r, ids_q, ids_r)
     metric = evaluate_caption_set(codes_q[0], codes_q[1], ids_q, codes_r[0], codes_r[1], ids_r)
+    expected = evaluate_caption_set(codes_q[0], codes_q[1], ids_q, codes_r[0], codes_r[1], ids_r, ties="expected")
     for db in ("test", "collection"):
         for direction in ("i2t", "t2i"):
             row = out[db][direction]
             assert row["r1"] == pytest.approx(metric[db][f"recall_{direction}"]["1"])
+            assert row["r1_expected"] == pytest.approx(expected[db][f"recall_{direction}"]["1"])
             assert row["r1_alone"] <= row["r1"] <= row["r1_ties_won"]
+            assert row["r1_alone"] <= row["r1_expected"] <= row["r1_ties_won"]
     assert out["collection"]["i2t"]["as_near"] > out["test"]["i2t"]["as_near"]  # a larger database, more items as near
 
 
