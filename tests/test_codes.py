@@ -85,10 +85,14 @@ def test_evaluate_codes_file_matches_direct_metrics(tmp_path):
                                               data["retrieval_labels"], k=5)
     assert result["t2i"]["map@all"] == map_at_k(data["query_txt"], data["retrieval_img"], data["query_labels"],
                                                 data["retrieval_labels"], k=None)
+    assert result["i2t"]["map@5_expected"] == map_at_k(data["query_img"], data["retrieval_txt"], data["query_labels"],
+                                                       data["retrieval_labels"], k=5, ties="expected")
     direct = evaluate_codes(**data, k=5)
-    for name in ("i2t", "t2i"):
-        assert set(result[name]) == {"map@5", "map@all", "precision_at_k", "pr_curve",
-                                     "precision_within_radius_2", "recall_at_ranks"}
+    for name in ("i2t", "t2i"):  # every ranked metric beside its tie-aware twin; radius metrics have no ties
+        assert set(result[name]) == {"map@5", "map@all", "precision_at_k", "pr_curve", "precision_within_radius_2",
+                                     "recall_at_ranks", "map@5_expected", "map@all_expected", "recall_at_ranks_expected"}
+        assert set(result[name]["precision_at_k"]) == {"k", "precision", "recall", "precision_expected",
+                                                       "recall_expected"}
         assert result[name] == direct[name]
         assert len(result[name]["pr_curve"]["radius"]) == 13
 
@@ -174,7 +178,8 @@ def test_precision_at_k_plot_stops_at_the_retrieval_set_size(tmp_path, monkeypat
         assert max(x) == n and x == sorted(set(x))
         pk = result[name]["precision_at_k"]
         beyond = next(i for i, k in enumerate(pk["k"]) if k > n)  # its value is P@N
-        assert y == [p for k, p in zip(pk["k"], pk["precision"]) if k <= n] + [pk["precision"][beyond]]
+        drawn = pk["precision_expected"]  # the tie-aware curve
+        assert y == [p for k, p in zip(pk["k"], drawn) if k <= n] + [drawn[beyond]]
 
 
 def test_plots(tmp_path):

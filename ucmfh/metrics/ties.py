@@ -39,9 +39,6 @@ from ucmfh.metrics.inputs import as_pm1, n_bits_of
 from ucmfh.metrics.topk import iter_top_k
 from ucmfh.similarity import cosine_similarity_float64
 
-_EULER_GAMMA = 0.57721566490153286061
-
-
 def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
     return x.cumsum(dim=1) - x
 
