@@ -36,9 +36,6 @@ from ucmfh.losses import LOSSES
 from ucmfh.methods import DEFAULT_METHOD, METHODS, build_method
 from ucmfh.scoring import EXPECTED
 
-ARROWS = {"map_i2t": "I→T", "map_t2i": "T→I"}
-
-
 def _list(kind: type) -> Any:
     def parse(ctx: click.Context, param: click.Parameter, text: str) -> List[Any]:
         try:

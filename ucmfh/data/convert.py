@@ -444,5 +444,3 @@ def convert_arrays(
         seconds=time.perf_counter() - t0,
     )
 
-
-convert_mat = convert_arrays

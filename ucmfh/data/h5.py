@@ -23,7 +23,6 @@ from ucmfh.files import PathLike, atomic_file, read_attrs, write_attrs
 
 SPLITS = ("train", "query", "retrieval")
 REQUIRED = ("image", "text", "labels")
-ROOT_ATTRS = ("name", "classes", "image_feature", "text_feature", "source", "split")
 # rows checked for NaN/inf at a time: bounded memory on NUS-WIDE-sized files
 _CHECK_ROWS = 65536
 

@@ -31,7 +31,7 @@ TEXT_SETS = {"text": ("text_tokens", "text_offsets"), "dense_text": ("dense_text
 TOKEN_DATASETS = (IMAGE_TOKENS, *(name for pair in TEXT_SETS.values() for name in pair))
 _CHECK_ROWS = 65536  # token rows (text) checked at a time
 _CHECK_ITEMS = 256  # items (image tokens) checked at a time
-DEFAULT_MAX_MEMORY = 2 << 30  # a split's tokens are read into memory below this many bytes
+DEFAULT_TOKEN_MEMORY = 2 << 30  # a split's tokens are read into memory below this many bytes
 # HDF5 keeps a source dataset open for every mapping of a virtual dataset it has read through (about 26 kB
 # each; one mapping per item in the §9 layout) until the virtual dataset is closed: long reads reopen it
 # after this many items, bounding that memory (each reopen parses the mappings, about 3 us each)
@@ -168,7 +168,7 @@ class Tokens:
         >>> v = tok.images(np.arange(4)); words, mask = tok.texts(np.arange(4))  # doctest: +SKIP
     """
 
-    def __init__(self, path: str, split: str, max_memory_bytes: int = DEFAULT_MAX_MEMORY) -> None:
+    def __init__(self, path: str, split: str, max_memory_bytes: int = DEFAULT_TOKEN_MEMORY) -> None:
         self.path, self.split = os.fspath(path), split
         self._file = h5py.File(self.path, "r")
         group = self._file[split]

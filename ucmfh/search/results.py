@@ -10,7 +10,7 @@ import numpy as np
 
 from ucmfh.config import BackendConfig
 from ucmfh.search.build import Encoder, check_same_checkpoint, check_same_feature
-from ucmfh.search.collection import FEATURES, Queries
+from ucmfh.search.collection import Queries
 from ucmfh.search.index import Index, modality_name
 from ucmfh.search.shards import Shards
 
@@ -220,6 +220,3 @@ def format_results(results: Results, width: int = 72) -> str:
         lines.append(f"  * relevant ({results.relevance})")
     return "\n".join(lines)
 
-
-def feature_dataset(modality: str) -> str:
-    return FEATURES[modality_name(modality)]
