@@ -425,6 +425,8 @@ def test_every_output_is_checked_before_any_work_and_named_by_its_flag(tmp_path,
      "Error: Invalid value for --set: 'fusion.d_model': d_model must be an integer, got 'abc'"),
     (["--set", "hash.supervised=1"], "Error: Invalid value for --set: 'hash.supervised': supervised must be true or false, "
                                      "got 1"),
+    (["-b", "16", "--set", "hash.n_bits=32"], "Error: Invalid value for --set: 'hash.n_bits': use -b/--n-bits"),
+    (["--set", "hash.seed=3"], "Error: Invalid value for --set: 'hash.seed': use --seed"),
     (["--loss-param", "temperature=abc"], "Error: loss 'infonce': temperature must be a number, got 'abc'"),
     (["--method", "ucmfh", "--loss", "triplet", "--loss-param", "margin=x"],
      "Error: loss 'triplet': margin must be a number, got 'x'"),

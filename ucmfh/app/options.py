@@ -32,6 +32,10 @@ def parse_params(pairs: Tuple[str, ...], option: str) -> Dict[str, Any]:
     return params
 
 
+# settings with an option of their own, which --set must not replace behind its back
+OWN_OPTIONS = {"n_bits": "-b/--n-bits", "method": "--method", "seed": "--seed", "device": "--device"}
+
+
 def parse_overrides(pairs: Tuple[str, ...], stages: Tuple[str, ...] = tuple(STAGES)) -> Dict[str, Dict[str, Any]]:
     """``--set fusion.d_model=256 --set hash.hidden=1024`` -> {"fusion": {...}, "hash": {...}}; ``stages``:
     those the command trains (train-fusion trains no hashing stage)."""
@@ -43,6 +47,8 @@ def parse_overrides(pairs: Tuple[str, ...], stages: Tuple[str, ...] = tuple(STAG
             raise click.BadParameter(f"{key!r}: {trains}expected {' or '.join(f'{s}.FIELD' for s in stages)}",
                                      param_hint="--set")
         fields = [f.name for f in dataclasses.fields(STAGES[stage])]
+        if name in OWN_OPTIONS:  # one way to say each: --set would silently replace the option
+            raise click.BadParameter(f"{key!r}: use {OWN_OPTIONS[name]}", param_hint="--set")
         if name not in fields:
             raise click.BadParameter(f"{key!r}: {stage} settings are {', '.join(fields)}", param_hint="--set")
         try:
