@@ -1,4 +1,4 @@
-"""CLIP's symmetric cross-modal InfoNCE, with a fixed or learnable temperature (issue 3 'infonce')."""
+"""CLIP's symmetric cross-modal InfoNCE, with a fixed or learnable temperature (docs/losses.md 'infonce')."""
 from __future__ import annotations
 
 import math

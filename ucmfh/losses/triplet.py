@@ -1,4 +1,4 @@
-"""VSE++ hinge triplet loss with the multi-positive mask of seed 004 (docs/reference.md §4 'triplet')."""
+"""VSE++ hinge triplet loss with SEPS's multi-positive mask (docs/reference.md §4 'triplet')."""
 from __future__ import annotations
 
 import math
@@ -14,8 +14,8 @@ class TripletLoss(CrossModalLoss):
     """Bidirectional hinge ranking loss, summed, optionally over the hardest negatives only.
 
     Faghri et al., "VSE++: Improving Visual-Semantic Embeddings with Hard
-    Negatives", BMVC 2018; the multi-positive mask is seed 004's fix, as used
-    by SEPS.
+    Negatives", BMVC 2018; the multi-positive mask (every pair with the query's id
+    is a positive) is SEPS's fix (docs/reference.md §8).
 
     With ``s = img txtᵀ`` (B × B; cosine when ``normalize=True``), P the
     positives (the diagonal, and equal ids where given) and the anchor of row

@@ -5,7 +5,7 @@ descending, ties by retrieval index ascending. Hamming results are exact and the
 same for every chunk size, device and backend; cosine results are too wherever
 float64 gives every pair the same similarity, which a device's or a block
 shape's summation order can change in the last bit (two items whose cosines tie
-on one machine may be ordered by that bit on another; issue 30, finding 5):
+on one machine may be ordered by that bit on another):
 
 * On the CPU, Hamming top-K runs in the compiled kernels when they serve the
   CPU (:mod:`ucmfh.metrics.native`).

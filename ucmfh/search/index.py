@@ -669,7 +669,7 @@ def _cpu_kernels(device: Any) -> Any:
 
 
 # The torch path's memory: its top-k holds about 8 candidates of 32 bytes per query and result
-# (issue 30, finding 4: depth 10,000 × 2,100 queries at once reached ~43 GB); queries are searched in
+# (depth 10,000 × 2,100 queries at once would reach ~43 GB); queries are searched in
 # chunks of at most QUERY_CHUNK_BYTES of such candidates.
 CANDIDATE_BYTES = 8 * 32
 QUERY_CHUNK_BYTES = 1 << 30
