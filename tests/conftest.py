@@ -85,7 +85,7 @@ def _outputs_state():
 @pytest.fixture(autouse=True)
 def _nothing_written_to_the_checkout():
     """A test writes in its temporary folder only: a command run without --results or --out would add
-    to the checkout's runs/ (issue 31, finding 6)."""
+    to the checkout's runs/."""
     before = _outputs_state()
     yield
     after = _outputs_state()

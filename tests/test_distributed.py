@@ -105,7 +105,7 @@ def test_torchrun_train_hash_writes_once_and_matches_one_process(tmp_path, tiny_
     assert sorted(p.name for p in (tmp_path / "two").rglob("*.pt")) == ["fusion.pt", "hash16.pt"]
     meta = torch.load(next((tmp_path / "two").rglob("hash16.pt")), weights_only=False)["meta"]
     assert meta["world_size"] == 2
-    # the trained weights, not only MAP (issue 31, finding 4): summation order alone, amplified by Adam,
+    # the trained weights, not only MAP: summation order alone, amplified by Adam,
     # moved them by 1.4e-4 at most here; other batches or a rank's part trained twice would not stay that
     # close. (A
     # uniformly scaled gradient, a gather without gradient, barely moves Adam's steps: the gradient
@@ -170,7 +170,7 @@ def test_torchrun_train_seps_writes_once(tmp_path):
 
 
 def test_more_ranks_than_gpus_each_take_local_rank_modulo_the_gpus(monkeypatch):
-    """Issue 30, finding 1: on a one-GPU machine rank 1 set GPU 1 and died ("invalid device ordinal")."""
+    """on a one-GPU machine rank 1 set GPU 1 and died ("invalid device ordinal")."""
     from ucmfh.distributed import use_local_gpu
 
     chosen = []

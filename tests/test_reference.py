@@ -109,7 +109,7 @@ def test_learning_rate_rises_per_batch():
 
 
 def test_the_ucmfh_settings_are_the_ones_docs_reference_states():
-    """Issue 31, finding 7: UCMFH's settings as docs/reference.md §2 states them, read from the page, are the
+    """UCMFH's settings as docs/reference.md §2 states them, read from the page, are the
     ones `--method ucmfh` trains with (a changed default fails here, not silently in a reproduction)."""
     import re
     from pathlib import Path

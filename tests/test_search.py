@@ -56,7 +56,7 @@ def test_search_equals_brute_force_with_ties_by_index(bits):
 
 
 def test_the_torch_path_searches_queries_in_chunks_of_bounded_memory(monkeypatch):
-    """Issue 30, finding 4: every query at once made the GPU top-k's candidates grow with the queries."""
+    """every query at once made the GPU top-k's candidates grow with the queries."""
     from ucmfh.metrics import topk
     from ucmfh.search import index as index_module
 
@@ -82,7 +82,7 @@ def test_bad_arguments_are_clear():
         index.search(pm1(np.random.default_rng(1), 2, 16), 0, "img")
     with pytest.raises(ValueError, match=r"queries: 32 columns, the index holds 16-bit codes; features are encoded "
                                          r"first: ucmfh.search.Encoder\(checkpoint\).encode\(features, modality\)"):
-        index.search(np.ones((2, 32)), 3, "img")  # features where codes belong (issue 26)
+        index.search(np.ones((2, 32)), 3, "img")  # features where codes belong
     with pytest.raises(ValueError, match="modality must be"):
         index.search(np.ones((2, 16)), 3, "audio")
     with pytest.raises(ValueError, match="columns"):
@@ -298,7 +298,7 @@ def test_html_page_renders_in_headless_chromium(collection, tmp_path):
 
 
 def test_features_become_codes_by_the_encoder_as_docs_search_shows(collection, tmp_path):
-    """Issue 26: the Python snippet of docs/search.md, raw features -> Encoder -> Index.search, finds what a
+    """the Python snippet of docs/search.md, raw features -> Encoder -> Index.search, finds what a
     search of the index 'ucmfh index' builds finds."""
     from ucmfh.search import Encoder as Exported
 

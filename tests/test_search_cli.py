@@ -96,7 +96,7 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
 
 
 def test_training_again_keeps_the_checkpoint_an_index_was_built_from(tiny_path, tmp_path):
-    """Issue 26.2: the same train-hash command again reuses its finished checkpoint (never retrains or replaces
+    """the same train-hash command again reuses its finished checkpoint (never retrains or replaces
     it), so the index built from it still searches; a checkpoint that did change is named as changed."""
     runner = CliRunner()
     train = ["train-hash", "-d", tiny_path, "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl"),
@@ -124,7 +124,7 @@ def test_training_again_keeps_the_checkpoint_an_index_was_built_from(tiny_path, 
 
 
 def test_an_interrupted_index_is_refused_until_the_same_command_finishes_it(tiny_path, tiny, trained, tmp_path):
-    """Issue 26.3: Ctrl-C (a real SIGINT) during 'ucmfh index' says how far it got and how to go on (exit 130);
+    """Ctrl-C (a real SIGINT) during 'ucmfh index' says how far it got and how to go on (exit 130);
     search refuses the unfinished folder in one line; the same command finishes it, and search then works."""
     out = tmp_path / "ix"
     argv = [sys.executable, "-m", "ucmfh", "index", tiny_path, "-c", trained, "-o", str(out), "--quiet"]
@@ -161,7 +161,7 @@ def test_an_interrupted_index_is_refused_until_the_same_command_finishes_it(tiny
 
 
 def test_search_metrics_are_those_of_the_printed_hits(tiny_path, tiny, trained, tmp_path):
-    """Issue 26: R@K and MAP@k of a search run, without hand-parsing its JSON; one line when relevance is unknown."""
+    """R@K and MAP@k of a search run, without hand-parsing its JSON; one line when relevance is unknown."""
     runner = CliRunner()
     out = tmp_path / "ix"
     assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", str(out), "--quiet"]).exit_code == 0
@@ -186,7 +186,7 @@ def test_search_metrics_are_those_of_the_printed_hits(tiny_path, tiny, trained, 
 
 
 def test_validate_accepts_a_search_collection(tmp_path):
-    """Issue 26: 'ucmfh validate' on a collection to index says what it is, instead of '/train: missing group'."""
+    """'ucmfh validate' on a collection to index says what it is, instead of '/train: missing group'."""
     import h5py
 
     path = tmp_path / "coll.h5"

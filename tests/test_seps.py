@@ -234,7 +234,7 @@ def trained(token_path):
 
 
 def test_amp_bf16_autocasts_the_forward_pass_and_keeps_the_loss_in_float32(token_path, monkeypatch):
-    """Issue 30, finding 7: SepsConfig.amp changed the run's key but fit_seps trained float32 whatever it said."""
+    """SepsConfig.amp changed the run's key but fit_seps trained float32 whatever it said."""
     from ucmfh import seps as seps_module
 
     seen = []
@@ -324,7 +324,7 @@ def test_train_seps_and_rerank_commands(tmp_path, token_path):
     assert stages == [(s, db) for db in ("test", "collection")
                       for s in ("hamming", "cosine-rerank", "seps-rerank", "seps-full")]
     assert all(r["protocol"] == "unimodal" for r in rows if r["task"] in ("rerank", "seps"))
-    # issue 26.1: a results file with re-ranking rows (no seed) and SEPS rows (a seed) still summarises,
+    # a results file with re-ranking rows (no seed) and SEPS rows (a seed) still summarises,
     # each stage and M on a line of its own
     summary = runner.invoke(main, ["runs", "--results", results])
     assert summary.exit_code == 0, summary.output
