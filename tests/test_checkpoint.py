@@ -62,7 +62,7 @@ def test_damaged_or_foreign_files_are_refused(tmp_path):
 
 
 def test_a_garbage_or_truncated_file_is_named_in_a_few_words(saved, tmp_path, tiny_path):
-    """not torch's 600-character weights_only advice nor '[Errno 22]': what is wrong with the file,
+    """Not torch's 600-character weights_only advice nor '[Errno 22]': what is wrong with the file,
     one line and exit 2 from the command line (checkpoints and training states alike)."""
     import pickle
 

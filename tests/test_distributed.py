@@ -170,7 +170,7 @@ def test_torchrun_train_seps_writes_once(tmp_path):
 
 
 def test_more_ranks_than_gpus_each_take_local_rank_modulo_the_gpus(monkeypatch):
-    """on a one-GPU machine rank 1 set GPU 1 and died ("invalid device ordinal")."""
+    """On a one-GPU machine rank 1 set GPU 1 and died ("invalid device ordinal")."""
     from ucmfh.distributed import use_local_gpu
 
     chosen = []

@@ -187,7 +187,7 @@ def _saved_epoch(out: Path, stage: str) -> int:
 
 
 def test_sigkill_late_in_a_stage_then_resume_gives_identical_codes(tmp_path, tiny_path):
-    """a run killed late in its hashing stage (once a seeded epoch of
+    """A run killed late in its hashing stage (once a seeded epoch of
     14-24 of 40 is saved; the process is stopped first, so no race decides where) continues with --resume
     to the same codes, MAP and best epoch: the best-so-far record is restored, not only the weights."""
     target = random.Random(31).randint(14, 24)
@@ -299,7 +299,7 @@ def _row(**kw) -> dict:
 
 
 def test_runs_summarises_every_row_shape_readably(tmp_path):
-    """rows of every command (training, fusion, codes files, SEPS, re-ranking without a seed) in one
+    """Rows of every command (training, fusion, codes files, SEPS, re-ranking without a seed) in one
     results file summarise; the table keeps its columns apart and says '-' for what a row lacks."""
     caption = {"database": "test", "recall_i2t": {"1": 10.0, "5": 20.0, "10": 30.0},
                "recall_t2i": {"1": 5.0, "5": 15.0, "10": 25.0}, "rsum": 105.0}
@@ -345,7 +345,7 @@ def test_runs_summarises_every_row_shape_readably(tmp_path):
 
 
 def test_runs_names_one_checkpoint_or_says_why_not(tmp_path):
-    """a stable way to name a run's checkpoint, whatever else was trained since (no glob)."""
+    """A stable way to name a run's checkpoint, whatever else was trained since (no glob)."""
     path = tmp_path / "r.jsonl"
     append_jsonl(path, [_row(), _row(seed=2, run="r2", checkpoint="runs/b/hash16.pt")])
     runner = CliRunner()
@@ -364,7 +364,7 @@ def test_runs_names_one_checkpoint_or_says_why_not(tmp_path):
 
 
 def test_a_row_appended_to_a_last_line_without_newline_is_kept(tmp_path):
-    """a results file whose last line has no newline (an editor's) keeps the next row on a line of
+    """A results file whose last line has no newline (an editor's) keeps the next row on a line of
     its own; rows glued by older versions are read back; a line that is not rows is skipped with a warning."""
     path = tmp_path / "r.jsonl"
     path.write_text('{"a": 1}\n{"b": 2}')  # no newline at the end
@@ -380,7 +380,7 @@ def test_a_row_appended_to_a_last_line_without_newline_is_kept(tmp_path):
 
 
 def test_every_output_is_checked_before_any_work_and_named_by_its_flag(tmp_path, tiny_path, read_only_dir):
-    """an output that cannot be written is refused before anything trains or is read, in one
+    """An output that cannot be written is refused before anything trains or is read, in one
     line naming the flag and the path, exit 2: --out and --results of train-hash (both front doors) and
     the outputs of the other commands."""
     ro, ok = read_only_dir, tmp_path / "ok"
@@ -434,7 +434,7 @@ def test_every_output_is_checked_before_any_work_and_named_by_its_flag(tmp_path,
                                 "min_temperature, max_temperature)"),
 ])
 def test_ill_typed_settings_are_one_line_naming_the_setting(tmp_path, tiny_path, args, error):
-    """an ill-typed --set or --loss-param is refused before the dataset is read, naming the setting."""
+    """An ill-typed --set or --loss-param is refused before the dataset is read, naming the setting."""
     result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--out", str(tmp_path / "runs"), *args])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert [line for line in result.output.splitlines() if line.startswith("Error")] == [error]

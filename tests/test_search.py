@@ -56,7 +56,7 @@ def test_search_equals_brute_force_with_ties_by_index(bits):
 
 
 def test_the_torch_path_searches_queries_in_chunks_of_bounded_memory(monkeypatch):
-    """every query at once made the GPU top-k's candidates grow with the queries."""
+    """Every query at once made the GPU top-k's candidates grow with the queries."""
     from ucmfh.metrics import topk
     from ucmfh.search import index as index_module
 
@@ -298,7 +298,7 @@ def test_html_page_renders_in_headless_chromium(collection, tmp_path):
 
 
 def test_features_become_codes_by_the_encoder_as_docs_search_shows(collection, tmp_path):
-    """the Python snippet of docs/search.md, raw features -> Encoder -> Index.search, finds what a
+    """The Python snippet of docs/search.md, raw features -> Encoder -> Index.search, finds what a
     search of the index 'ucmfh index' builds finds."""
     from ucmfh.search import Encoder as Exported
 

@@ -96,7 +96,7 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
 
 
 def test_training_again_keeps_the_checkpoint_an_index_was_built_from(tiny_path, tmp_path):
-    """the same train-hash command again reuses its finished checkpoint (never retrains or replaces
+    """The same train-hash command again reuses its finished checkpoint (never retrains or replaces
     it), so the index built from it still searches; a checkpoint that did change is named as changed."""
     runner = CliRunner()
     train = ["train-hash", "-d", tiny_path, "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl"),

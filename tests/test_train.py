@@ -170,7 +170,7 @@ def test_validation_keeps_the_best_epoch_and_patience_stops_early(tiny):
 
 
 def test_resume_restores_the_training_devices_cuda_generator_whatever_gpus_saved_it(monkeypatch):
-    """a state held every visible GPU's generator and was restored with set_rng_state_all,
+    """A state held every visible GPU's generator and was restored with set_rng_state_all,
     which fails (or restores the wrong one) on another number of GPUs; only the training device's counts."""
     from ucmfh.train import restore_cuda_rng
 
