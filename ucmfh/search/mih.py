@@ -1,0 +1,155 @@
+"""Multi-index hashing: the exact k nearest codes without scanning them all.
+
+Norouzi, Punjani & Fleet, "Fast Search in Hamming Space with Multi-Index Hashing", CVPR 2012
+(TPAMI 2014). Each b-bit code is cut into m disjoint substrings; one table per substring groups
+the items by the value of that substring. Two codes at Hamming distance d differ in some
+substring by at most ⌊d / m⌋ (pigeonhole), so probing every substring's buckets within a
+growing radius finds every item, nearest first: once radius r has been probed in substrings
+0..j (and r − 1 in the rest), every item not yet found is at distance m·r + j + 1 or more. The
+search stops when k found items lie below that bound, so the result is the exact top k by
+(distance, position) — the linear scan's, ties and all.
+
+Numpy only (no torch): the tables are, per substring, the positions sorted by substring value
+and the offsets of each value's bucket (2^width + 1 entries). Memory: 4 bytes per item and
+substring, plus 8 bytes per substring value.
+"""
+from __future__ import annotations
+
+import itertools
+import math
+from typing import List, Optional, Tuple
+
+import numpy as np
+
+MAX_WIDTH = 24  # bits per substring: its bucket offsets take 8 · 2^width bytes
+_BYTE_COUNTS = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
+
+
+def popcount(words: np.ndarray) -> np.ndarray:
+    """Set bits of each uint64 (numpy >= 2 counts them itself; older numpy by a byte table)."""
+    if hasattr(np, "bitwise_count"):
+        return np.bitwise_count(words)
+    return _BYTE_COUNTS[words.view(np.uint8)].reshape(*words.shape, 8).sum(axis=-1)
+
+
+def default_substrings(n_bits: int, n_items: int) -> int:
+    """m ≈ b / log2 N (the paper's choice), with every substring at most MAX_WIDTH bits, none wider
+    than its 64-bit word."""
+    width = min(MAX_WIDTH, max(4, round(math.log2(max(n_items, 2)))))
+    return max(-(-n_bits // width), -(-n_bits // 64))
+
+
+def _layout(n_bits: int, m: int) -> List[Tuple[int, int, int]]:
+    """(word, bit offset, width) of each of m substrings: the bits of every word cut into nearly equal
+    parts, none crossing a word (the padding bits beyond n_bits are clear everywhere: harmless)."""
+    n_words = -(-n_bits // 64)
+    if m < n_words:
+        raise ValueError(f"{m} substrings for {n_bits}-bit codes: need at least {n_words} (one per 64-bit word)")
+    per_word = [m // n_words + (w < m % n_words) for w in range(n_words)]
+    out = []
+    for w, parts in enumerate(per_word):
+        bits = min(64, n_bits - 64 * w)
+        widths = [bits // parts + (i < bits % parts) for i in range(parts)]
+        if max(widths) > MAX_WIDTH:
+            raise ValueError(f"{m} substrings for {n_bits}-bit codes make {max(widths)}-bit substrings; at most "
+                             f"{MAX_WIDTH} (use more substrings)")
+        offset = 0
+        for width in widths:
+            out.append((w, offset, width))
+            offset += width
+    return out
+
+
+def _masks(width: int, radius: int) -> np.ndarray:
+    """Every width-bit value with exactly ``radius`` bits set. Shape: [C(width, radius)] uint64."""
+    if radius == 0:
+        return np.zeros(1, dtype=np.uint64)
+    bits = np.uint64(1) << np.arange(width, dtype=np.uint64)
+    combos = np.array(list(itertools.combinations(range(width), radius)), dtype=np.int64)
+    return np.bitwise_or.reduce(bits[combos], axis=1)
+
+
+class MultiIndex:
+    """The substring tables of a set of codes (packed uint64 words [N, W], as :func:`ucmfh.search.index.as_words`
+    makes them). :meth:`search` returns what :func:`ucmfh.search.index.hamming_search` does.
+
+    Example:
+        >>> mih = MultiIndex(words, 64)
+        >>> distances, positions = mih.search(query_words, k=10)
+    """
+
+    def __init__(self, words: np.ndarray, n_bits: int, m: Optional[int] = None) -> None:
+        self.words = np.ascontiguousarray(words, dtype=np.uint64)
+        self.n_bits = n_bits
+        n = self.words.shape[0]
+        if n >= 2**32:
+            raise ValueError(f"{n} items: positions are kept as uint32, at most 2^32 - 1 items")
+        self.m = default_substrings(n_bits, n) if m is None else m
+        self.layout = _layout(n_bits, self.m)
+        self.positions: List[np.ndarray] = []  # per substring: item positions by substring value (stable)
+        self.offsets: List[np.ndarray] = []  # per substring: where each value's bucket starts, [2^width + 1]
+        for j in range(self.m):
+            values = self._values(self.words, j)
+            order = np.argsort(values, kind="stable").astype(np.uint32)
+            counts = np.bincount(values.astype(np.int64), minlength=1 << self.layout[j][2])
+            self.positions.append(order)
+            self.offsets.append(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+
+    def _values(self, words: np.ndarray, j: int) -> np.ndarray:
+        w, offset, width = self.layout[j]
+        return (words[:, w] >> np.uint64(offset)) & np.uint64((1 << width) - 1)
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the tables (not counting the codes)."""
+        return sum(p.nbytes + o.nbytes for p, o in zip(self.positions, self.offsets))
+
+    def _distances(self, q: np.ndarray, positions: np.ndarray) -> np.ndarray:
+        return popcount(self.words[positions] ^ q).sum(axis=1, dtype=np.int64)
+
+    def search_one(self, q: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray, int]:
+        """The top k of one query word row [W] by (distance, position), and the items whose distance
+        was computed. Shape: -> (distances, positions) [min(k, N)] int64, candidates."""
+        n = self.words.shape[0]
+        k = min(k, n)
+        if k == 0:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64), 0
+        seen = np.zeros(0, dtype=np.int64)
+        found_d = np.zeros(0, dtype=np.int64)
+        values = [int(self._values(q[None, :], j)[0]) for j in range(self.m)]
+        widest = max(width for _, _, width in self.layout)
+        for radius in range(widest + 1):
+            for j, (_, _, width) in enumerate(self.layout):
+                if radius <= width:
+                    buckets = (np.uint64(values[j]) ^ _masks(width, radius)).astype(np.int64)
+                    starts, stops = self.offsets[j][buckets], self.offsets[j][buckets + 1]
+                    sizes = stops - starts
+                    if sizes.sum():
+                        take = np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(sizes.sum())
+                        new = np.setdiff1d(self.positions[j][take].astype(np.int64), seen, assume_unique=False)
+                        if new.size:
+                            seen = np.concatenate([seen, new])
+                            found_d = np.concatenate([found_d, self._distances(q, new)])
+                # every item not found yet is at this distance or more
+                bound = self.m * radius + j + 1
+                if found_d.size >= k and np.partition(found_d, k - 1)[k - 1] < bound:
+                    return (*self._top(found_d, seen, k), seen.size)
+                if seen.size == n:
+                    return (*self._top(found_d, seen, k), seen.size)
+        return (*self._top(found_d, seen, k), seen.size)
+
+    @staticmethod
+    def _top(d: np.ndarray, p: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        order = np.lexsort((p, d))[:k]
+        return d[order], p[order]
+
+    def search(self, queries: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+        """Exact top k of each query by (distance, position). Shape: words [Q, W] -> (distances, positions)
+        [Q, min(k, N)] int64."""
+        queries = np.ascontiguousarray(queries, dtype=np.uint64)
+        k = min(k, self.words.shape[0])
+        dist = np.empty((queries.shape[0], k), dtype=np.int64)
+        pos = np.empty((queries.shape[0], k), dtype=np.int64)
+        for i, q in enumerate(queries):
+            dist[i], pos[i], _ = self.search_one(q, k)
+        return dist, pos
