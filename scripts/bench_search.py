@@ -84,13 +84,14 @@ def main() -> None:
     import faiss
 
     from ucmfh.search import Index
-    from ucmfh.search.index import default_threads, packed_bytes
+    from ucmfh.search.index import packed_bytes
+    from ucmfh.search.kernels import default_threads, kernels_module
 
     all_threads = default_threads()
     thread_counts = args.threads or sorted({1, all_threads})
     os.makedirs(args.out, exist_ok=True)
     print(f"# {os.uname().nodename}: {all_threads} CPUs; faiss {faiss.__version__}; kernels: "
-          f"{__import__('ucmfh.search.index', fromlist=['kernels_module']).kernels_module().kernel_name()}")
+          f"{kernels_module().kernel_name()}")
     rows = []
     for bits in args.bits:
         for n in args.sizes:

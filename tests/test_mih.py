@@ -3,7 +3,10 @@ import numpy as np
 import pytest
 
 from ucmfh.search.index import as_words, hamming_search
+from ucmfh.search.kernels import kernels_module
 from ucmfh.search.mih import MultiIndex, _layout, default_substrings, popcount
+
+COMPILED = (True, False) if kernels_module() is not None else (False,)
 
 
 def codes(kind: str, n: int, n_bits: int, rng) -> np.ndarray:
@@ -28,8 +31,9 @@ def test_the_top_k_is_the_linear_scans(n_bits, kind):
         mih = MultiIndex(rw, n_bits, m)
         for k in (1, 10, 100, 2000):  # 2000: more than the collection
             want = hamming_search(qw, rw, n_bits, k, threads=1)
-            got = mih.search(qw, k)
-            assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), (m, k)
+            for compiled in COMPILED:  # the kernel, and the numpy reference
+                got = mih.search(qw, k, threads=2, compiled=compiled)
+                assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), (m, k, compiled)
 
 
 def test_a_near_query_computes_few_distances():

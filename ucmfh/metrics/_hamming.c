@@ -396,6 +396,126 @@ static void choose_kernels(void)
 #endif
 }
 
+/* ------------------------------------------------ multi-index hashing search
+ *
+ * The exact top k of each query among items held in substring tables (ucmfh.search.mih):
+ * per substring j, the item positions sorted by substring value (pos[j * nr ...]) and where
+ * each value's bucket starts (off[start_j + value], 2^width + 1 entries). Buckets are probed
+ * radius by radius (all substrings at r before any at r + 1), so an item is first met at
+ * r = its smallest substring distance, in the first substring at that distance: it is kept
+ * only there, which its own code says (no per-item memory, one read of its code). After
+ * radius r in substrings 0..j, an item not found is at distance m * r + j + 1 or more
+ * (pigeonhole), so the search stops when k found items lie below that.
+ */
+typedef struct {
+    const uint64_t *q, *r;  /* query words [nq, words], item words [nr, words] */
+    const int32_t *layout;  /* [m, 4]: word, bit offset, width, start of the substring's offsets */
+    const uint32_t *pos;    /* [m * nr] */
+    const int64_t *off;     /* concatenated bucket offsets */
+    Py_ssize_t nq, nr, k;
+    int words, m, n_bits;
+} MihJob;
+
+static int cmp_int64(const void *a, const void *b)
+{
+    const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
+    return (x > y) - (x < y);
+}
+
+static inline __attribute__((always_inline)) int
+mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
+{
+    const Py_ssize_t nr = job->nr, k = job->k;
+    const int m = job->m, words = job->words, nd = job->n_bits + 1;
+    int64_t *hist = malloc((size_t)nd * sizeof(int64_t));
+    Py_ssize_t cap = 1024, n_found;
+    int64_t *keys = malloc((size_t)cap * sizeof(int64_t));
+    int maxw = 0;
+    for (int j = 0; j < m; j++)
+        maxw = job->layout[4 * j + 2] > maxw ? job->layout[4 * j + 2] : maxw;
+    if (!hist || !keys) {
+        free(hist), free(keys);
+        return -1;
+    }
+    for (Py_ssize_t i = 0; i < job->nq; i++) {
+        const uint64_t *q = job->q + i * words;
+        memset(hist, 0, (size_t)nd * sizeof(int64_t));
+        n_found = 0;
+        int done = 0;
+        for (int r = 0; r <= maxw && !done; r++) {
+            for (int j = 0; j < m && !done; j++) {
+                const int32_t *lay = job->layout + 4 * j;
+                const int width = lay[2];
+                if (r <= width) {
+                    const uint64_t value = (q[lay[0]] >> lay[1]) & ((width == 64 ? 0 : (1ULL << width)) - 1);
+                    const int64_t *off = job->off + lay[3];
+                    const uint32_t *pos = job->pos + (Py_ssize_t)j * nr;
+                    const uint64_t limit = 1ULL << width;
+                    uint64_t x = r ? (1ULL << r) - 1 : 0;
+                    for (;;) { /* every width-bit x with r bits set (Gosper's hack) */
+                        const uint64_t bucket = value ^ x;
+                        for (int64_t t = off[bucket]; t < off[bucket + 1]; t++) {
+                            const uint32_t p = pos[t];
+                            const uint64_t *item = job->r + (Py_ssize_t)p * words;
+                            int first = 1; /* met here first: no substring before j at r or less, none after below r */
+                            for (int jj = 0; jj < m && first; jj++) {
+                                if (jj == j)
+                                    continue;
+                                const int32_t *o = job->layout + 4 * jj;
+                                const uint64_t mask = (1ULL << o[2]) - 1;
+                                const int dj = __builtin_popcountll(((q[o[0]] ^ item[o[0]]) >> o[1]) & mask);
+                                first = jj < j ? dj > r : dj >= r;
+                            }
+                            if (!first)
+                                continue;
+                            int d = 0;
+                            for (int w = 0; w < words; w++)
+                                d += __builtin_popcountll(q[w] ^ item[w]);
+                            if (n_found == cap) {
+                                int64_t *grown = realloc(keys, (size_t)(2 * cap) * sizeof(int64_t));
+                                if (!grown) {
+                                    free(hist), free(keys);
+                                    return -1;
+                                }
+                                keys = grown, cap *= 2;
+                            }
+                            keys[n_found++] = (int64_t)d * nr + p;
+                            hist[d]++;
+                        }
+                        if (r == 0)
+                            break;
+                        const uint64_t c = x & (~x + 1), rr = x + c;
+                        x = (((rr ^ x) >> 2) / c) | rr;
+                        if (x >= limit)
+                            break;
+                    }
+                }
+                const int64_t bound = (int64_t)m * r + j + 1; /* every item nearer than this is found */
+                int64_t below = 0;
+                for (int d = 0; d < nd && d < bound; d++)
+                    below += hist[d];
+                if (below >= k || n_found == nr)
+                    done = 1;
+            }
+        }
+        qsort(keys, (size_t)n_found, sizeof(int64_t), cmp_int64); /* by (distance, position) */
+        for (Py_ssize_t t = 0; t < k; t++) {
+            out_d[i * k + t] = keys[t] / nr;
+            out_p[i * k + t] = keys[t] % nr;
+        }
+    }
+    free(hist), free(keys);
+    return 0;
+}
+
+static int mih_generic(const MihJob *job, int64_t *d, int64_t *p) { return mih_body(job, d, p); }
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+__attribute__((target("popcnt"))) static int mih_popcnt(const MihJob *job, int64_t *d, int64_t *p)
+{
+    return mih_body(job, d, p);
+}
+#endif
+
 /* ------------------------------------------------------- Python interface */
 
 typedef struct {
@@ -669,6 +789,58 @@ fail:
     return NULL;
 }
 
+PyDoc_STRVAR(mih_search_doc,
+"mih_search(queries, n_query, items, n_items, words, n_bits, k, layout, m, positions, offsets, n_offsets,\n"
+"           out_distance, out_position)\n--\n\n"
+"Exact top k (1 <= k <= n_items) of each query by (Hamming distance, position) from multi-index\n"
+"tables: layout int32 [m, 4] (word, bit offset, width, start in offsets), positions uint32\n"
+"[m * n_items], offsets int64 [n_offsets]; outputs int64 [n_query, k].");
+
+static PyObject *py_mih_search(PyObject *self, PyObject *args)
+{
+    PyObject *q, *r, *lay, *pos, *off, *od, *op;
+    Py_ssize_t nq, nr, k, n_off;
+    int words, n_bits, m, failed = 0;
+    if (!PyArg_ParseTuple(args, "OnOniinOiOOnOO", &q, &nq, &r, &nr, &words, &n_bits, &k, &lay, &m, &pos, &off, &n_off,
+                          &od, &op))
+        return NULL;
+    if (nq < 0 || nr < 1 || words < 1 || m < 1 || k < 1 || k > nr || n_bits < 1 || n_bits > 64 * words ||
+        nr > 0xFFFFFFFFLL || nq >= 0xFFFFFFFFLL) {
+        PyErr_SetString(PyExc_ValueError, "mih_search: sizes out of range");
+        return NULL;
+    }
+    Buffers b = {.n = 0};
+    MihJob job = {.nq = nq, .nr = nr, .k = k, .words = words, .m = m, .n_bits = n_bits};
+    job.q = take(&b, q, nq * words * 8, 0, "queries");
+    job.r = job.q ? take(&b, r, nr * words * 8, 0, "items") : NULL;
+    job.layout = job.r ? take(&b, lay, (Py_ssize_t)m * 16, 0, "layout") : NULL;
+    job.pos = job.layout ? take(&b, pos, (Py_ssize_t)m * nr * 4, 0, "positions") : NULL;
+    job.off = job.pos ? take(&b, off, n_off * 8, 0, "offsets") : NULL;
+    int64_t *out_d = job.off ? take(&b, od, nq * k * 8, 1, "out_distance") : NULL;
+    int64_t *out_p = out_d ? take(&b, op, nq * k * 8, 1, "out_position") : NULL;
+    if (!out_p) {
+        release(&b);
+        return NULL;
+    }
+    for (int j = 0; j < m; j++) { /* every bucket offset read must lie in the array */
+        const int32_t *l = job.layout + 4 * j;
+        if (l[0] < 0 || l[0] >= words || l[1] < 0 || l[2] < 1 || l[2] > 30 || l[1] + l[2] > 64 || l[3] < 0 ||
+            (int64_t)l[3] + (1LL << l[2]) + 1 > n_off) {
+            release(&b);
+            PyErr_Format(PyExc_ValueError, "mih_search: substring %d of the layout is out of range", j);
+            return NULL;
+        }
+    }
+    Py_BEGIN_ALLOW_THREADS
+#if defined(__GNUC__) && (defined(__x86_64__) || defined(__i386__))
+    failed = (__builtin_cpu_supports("popcnt") && kernels != &GENERIC ? mih_popcnt : mih_generic)(&job, out_d, out_p);
+#else
+    failed = mih_generic(&job, out_d, out_p);
+#endif
+    Py_END_ALLOW_THREADS
+    return finish(&b, failed < 0);
+}
+
 static PyObject *py_kernel_name(PyObject *self, PyObject *unused)
 {
     return PyUnicode_FromString(kernels->name);
@@ -689,6 +861,7 @@ static PyMethodDef methods[] = {
     {"top_k", py_top_k, METH_VARARGS, top_k_doc},
     {"average_precision", py_average_precision, METH_VARARGS, average_precision_doc},
     {"histograms", py_histograms, METH_VARARGS, histograms_doc},
+    {"mih_search", py_mih_search, METH_VARARGS, mih_search_doc},
     {"kernel_name", py_kernel_name, METH_NOARGS, "The build of the loops chosen for this CPU."},
     {"use_generic", py_use_generic, METH_O, "use_generic(True) forces the portable loops (tests); False re-chooses."},
     {NULL, NULL, 0, NULL},

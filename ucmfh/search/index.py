@@ -30,18 +30,16 @@ added) ascending, as everywhere in ucmfh (docs/reference.md §6).
 """
 from __future__ import annotations
 
-import glob
-import importlib.util
 import json
 import os
 import shutil
 import sys
-from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from ucmfh.files import PathLike, atomic_path, locked, write_json_atomic
+from ucmfh.search.kernels import cpu_kernels, over_query_ranges
 
 FORMAT = "ucmfh-index"
 VERSION = 1
@@ -639,47 +637,11 @@ def _map(folder: str, name: str, dtype: np.dtype, shape: Tuple[int, ...], mmap: 
 # ----------------------------------------------------------------- the search
 
 
-def kernels_module() -> Any:
-    """The compiled kernels (``ucmfh.metrics._hamming``), loaded without importing ``ucmfh.metrics``
-    (which imports torch: 200 MB of memory that a CPU search does not need); None when not built."""
-    name = "ucmfh.metrics._hamming"
-    if name in sys.modules:
-        return sys.modules[name]
-    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics")
-    for path in sorted(glob.glob(os.path.join(here, "_hamming*.so")) + glob.glob(os.path.join(here, "_hamming*.pyd"))):
-        spec = importlib.util.spec_from_file_location(name, path)
-        try:
-            module = importlib.util.module_from_spec(spec)
-            spec.loader.exec_module(module)
-        except ImportError:
-            continue
-        sys.modules[name] = module
-        return module
-    return None
-
-
-def _cpu_kernels(device: Any) -> Any:
-    """The kernels when they serve this search: a CPU device, built, and the backend not set to torch."""
-    if str(device) != "cpu":
-        return None
-    native = sys.modules.get("ucmfh.metrics.native")
-    if native is not None and getattr(native, "_backend", "auto") == "torch":
-        return None
-    return kernels_module()
-
-
 # The torch path's memory: its top-k holds about 8 candidates of 32 bytes per query and result
 # (depth 10,000 × 2,100 queries at once would reach ~43 GB); queries are searched in
 # chunks of at most QUERY_CHUNK_BYTES of such candidates.
 CANDIDATE_BYTES = 8 * 32
 QUERY_CHUNK_BYTES = 1 << 30
-
-
-def default_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def hamming_search(
@@ -696,7 +658,7 @@ def hamming_search(
     nq = qw.shape[0]
     if k == 0 or nq == 0:
         return np.zeros((nq, k), dtype=np.int64), np.zeros((nq, k), dtype=np.int64)
-    kernels = _cpu_kernels(device)
+    kernels = cpu_kernels(device)
     if kernels is not None:
         qw = np.ascontiguousarray(qw)
         dist = np.empty((nq, k), dtype=np.int64)
@@ -705,14 +667,7 @@ def hamming_search(
         def work(a: int, b: int) -> None:
             kernels.top_k(qw[a:b], rw, b - a, n, qw.shape[1], n_bits, k, pos[a:b], dist[a:b])
 
-        parts = max(1, min(threads or default_threads(), nq))
-        bounds = [nq * i // parts for i in range(parts + 1)]
-        if parts == 1:
-            work(0, nq)
-        else:  # the kernel releases the GIL
-            with ThreadPoolExecutor(parts) as pool:
-                for f in [pool.submit(work, a, b) for a, b in zip(bounds[:-1], bounds[1:])]:
-                    f.result()
+        over_query_ranges(nq, threads, work)
         return dist, pos
     import torch
 

@@ -9,9 +9,10 @@ growing radius finds every item, nearest first: once radius r has been probed in
 search stops when k found items lie below that bound, so the result is the exact top k by
 (distance, position) — the linear scan's, ties and all.
 
-Numpy only (no torch): the tables are, per substring, the positions sorted by substring value
-and the offsets of each value's bucket (2^width + 1 entries). Memory: 4 bytes per item and
-substring, plus 8 bytes per substring value.
+The tables are, per substring, the positions sorted by substring value and the offsets of each
+value's bucket (2^width + 1 entries). Memory: 4 bytes per item and substring, plus 8 bytes per
+substring value. The search runs in the compiled kernels (``mih_search`` of ``_hamming.c``, threads
+over queries) where they are built, else in numpy, one query at a time (slow: a reference).
 """
 from __future__ import annotations
 
@@ -20,6 +21,8 @@ import math
 from typing import List, Optional, Tuple
 
 import numpy as np
+
+from ucmfh.search.kernels import kernels_module, over_query_ranges
 
 MAX_WIDTH = 24  # bits per substring: its bucket offsets take 8 · 2^width bytes
 _BYTE_COUNTS = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
@@ -86,14 +89,18 @@ class MultiIndex:
             raise ValueError(f"{n} items: positions are kept as uint32, at most 2^32 - 1 items")
         self.m = default_substrings(n_bits, n) if m is None else m
         self.layout = _layout(n_bits, self.m)
-        self.positions: List[np.ndarray] = []  # per substring: item positions by substring value (stable)
-        self.offsets: List[np.ndarray] = []  # per substring: where each value's bucket starts, [2^width + 1]
-        for j in range(self.m):
+        # substring j: item positions by substring value (stable), positions[j * N : (j + 1) * N], and where
+        # each value's bucket starts, offsets[starts[j] : starts[j] + 2^width + 1]
+        widths = [width for _, _, width in self.layout]
+        self.starts = np.concatenate([[0], np.cumsum([(1 << w) + 1 for w in widths])]).astype(np.int64)
+        self.positions = np.empty(self.m * n, dtype=np.uint32)
+        self.offsets = np.empty(int(self.starts[-1]), dtype=np.int64)
+        for j, width in enumerate(widths):
             values = self._values(self.words, j)
-            order = np.argsort(values, kind="stable").astype(np.uint32)
-            counts = np.bincount(values.astype(np.int64), minlength=1 << self.layout[j][2])
-            self.positions.append(order)
-            self.offsets.append(np.concatenate([[0], np.cumsum(counts)]).astype(np.int64))
+            self.positions[j * n : (j + 1) * n] = np.argsort(values, kind="stable")
+            counts = np.bincount(values.astype(np.int64), minlength=1 << width)
+            self.offsets[self.starts[j]] = 0
+            np.cumsum(counts, out=self.offsets[self.starts[j] + 1 : self.starts[j + 1]])
 
     def _values(self, words: np.ndarray, j: int) -> np.ndarray:
         w, offset, width = self.layout[j]
@@ -102,7 +109,11 @@ class MultiIndex:
     @property
     def nbytes(self) -> int:
         """Bytes of the tables (not counting the codes)."""
-        return sum(p.nbytes + o.nbytes for p, o in zip(self.positions, self.offsets))
+        return self.positions.nbytes + self.offsets.nbytes
+
+    def _bucket(self, j: int, buckets: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+        offsets = self.offsets[self.starts[j] : self.starts[j + 1]]
+        return offsets[buckets], offsets[buckets + 1]
 
     def _distances(self, q: np.ndarray, positions: np.ndarray) -> np.ndarray:
         return popcount(self.words[positions] ^ q).sum(axis=1, dtype=np.int64)
@@ -122,11 +133,11 @@ class MultiIndex:
             for j, (_, _, width) in enumerate(self.layout):
                 if radius <= width:
                     buckets = (np.uint64(values[j]) ^ _masks(width, radius)).astype(np.int64)
-                    starts, stops = self.offsets[j][buckets], self.offsets[j][buckets + 1]
+                    starts, stops = self._bucket(j, buckets)
                     sizes = stops - starts
                     if sizes.sum():
-                        take = np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(sizes.sum())
-                        new = np.setdiff1d(self.positions[j][take].astype(np.int64), seen, assume_unique=False)
+                        take = np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(sizes.sum()) + j * n
+                        new = np.setdiff1d(self.positions[take].astype(np.int64), seen, assume_unique=False)
                         if new.size:
                             seen = np.concatenate([seen, new])
                             found_d = np.concatenate([found_d, self._distances(q, new)])
@@ -143,13 +154,28 @@ class MultiIndex:
         order = np.lexsort((p, d))[:k]
         return d[order], p[order]
 
-    def search(self, queries: np.ndarray, k: int) -> Tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, threads: Optional[int] = None,
+               compiled: bool = True) -> Tuple[np.ndarray, np.ndarray]:
         """Exact top k of each query by (distance, position). Shape: words [Q, W] -> (distances, positions)
-        [Q, min(k, N)] int64."""
+        [Q, min(k, N)] int64. ``compiled=False``: the numpy reference, one query at a time."""
         queries = np.ascontiguousarray(queries, dtype=np.uint64)
-        k = min(k, self.words.shape[0])
-        dist = np.empty((queries.shape[0], k), dtype=np.int64)
-        pos = np.empty((queries.shape[0], k), dtype=np.int64)
-        for i, q in enumerate(queries):
-            dist[i], pos[i], _ = self.search_one(q, k)
+        n, nq = self.words.shape[0], queries.shape[0]
+        k = min(k, n)
+        dist = np.empty((nq, k), dtype=np.int64)
+        pos = np.empty((nq, k), dtype=np.int64)
+        if k == 0 or nq == 0:
+            return dist, pos
+        kernels = kernels_module() if compiled else None
+        if kernels is None or not hasattr(kernels, "mih_search"):
+            for i, q in enumerate(queries):
+                dist[i], pos[i], _ = self.search_one(q, k)
+            return dist, pos
+        layout = np.array([[w, offset, width, start] for (w, offset, width), start in zip(self.layout, self.starts)],
+                          dtype=np.int32)
+
+        def work(a: int, b: int) -> None:
+            kernels.mih_search(queries[a:b], b - a, self.words, n, self.words.shape[1], self.n_bits, k, layout,
+                               self.m, self.positions, self.offsets, self.offsets.size, dist[a:b], pos[a:b])
+
+        over_query_ranges(nq, threads, work)
         return dist, pos

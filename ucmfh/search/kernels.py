@@ -1,0 +1,58 @@
+"""The compiled Hamming kernels for search, loaded without torch, and queries spread over threads."""
+from __future__ import annotations
+
+import glob
+import importlib.util
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, Callable, Optional
+
+
+def kernels_module() -> Any:
+    """The compiled kernels (``ucmfh.metrics._hamming``), loaded without importing ``ucmfh.metrics``
+    (which imports torch: 200 MB of memory that a CPU search does not need); None when not built."""
+    name = "ucmfh.metrics._hamming"
+    if name in sys.modules:
+        return sys.modules[name]
+    here = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "metrics")
+    for path in sorted(glob.glob(os.path.join(here, "_hamming*.so")) + glob.glob(os.path.join(here, "_hamming*.pyd"))):
+        spec = importlib.util.spec_from_file_location(name, path)
+        try:
+            module = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(module)
+        except ImportError:
+            continue
+        sys.modules[name] = module
+        return module
+    return None
+
+
+def cpu_kernels(device: Any) -> Any:
+    """The kernels when they serve this search: a CPU device, built, and the backend not set to torch."""
+    if str(device) != "cpu":
+        return None
+    native = sys.modules.get("ucmfh.metrics.native")
+    if native is not None and getattr(native, "_backend", "auto") == "torch":
+        return None
+    return kernels_module()
+
+
+def default_threads() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
+
+
+def over_query_ranges(n_queries: int, threads: Optional[int], work: Callable[[int, int], None]) -> None:
+    """Call ``work(a, b)`` on contiguous query ranges, one per thread (``threads``, default: every
+    CPU this process may use); the kernels release the GIL, so the ranges run in parallel."""
+    parts = max(1, min(threads or default_threads(), n_queries))
+    bounds = [n_queries * i // parts for i in range(parts + 1)]
+    if parts == 1:
+        work(0, n_queries)
+        return
+    with ThreadPoolExecutor(parts) as pool:
+        for f in [pool.submit(work, a, b) for a, b in zip(bounds[:-1], bounds[1:])]:
+            f.result()
