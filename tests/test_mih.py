@@ -1,7 +1,12 @@
 """Multi-index hashing (ucmfh.search.mih): the linear scan's exact top k, item for item, ties by position."""
+import os
+
 import numpy as np
 import pytest
+from click.testing import CliRunner
 
+from test_search_cli import trained  # noqa: F401 - a fixture
+from ucmfh.app.cli import main
 from ucmfh.search.index import as_words, hamming_search
 from ucmfh.search.kernels import kernels_module
 from ucmfh.search.mih import MultiIndex, _layout, default_substrings, popcount
@@ -57,3 +62,68 @@ def test_layout_and_its_limits():
 def test_popcount_matches_a_bit_count():
     words = np.array([0, 1, 2**63, 2**64 - 1, 0x0F0F], dtype=np.uint64)
     assert popcount(words).tolist() == [0, 1, 1, 64, 8]
+
+
+def test_the_index_backend_equals_the_scan_and_caches_its_tables(tmp_path):
+    from ucmfh.config import BackendConfig
+    from ucmfh.search import Index
+    from ucmfh.search.mih import multi_index
+    from ucmfh.search.shards import Shards
+
+    rng = np.random.default_rng(4)
+    items = codes("clustered", 4000, 64, rng)
+    index = Index(64)
+    index.add("txt", items[:3000])
+    index.save(tmp_path / "ix")
+    cfg = BackendConfig(backend="mih")
+    opened = Index.load(tmp_path / "ix")
+    assert multi_index(opened, "txt")[1] == "built"
+    stem = f"txt.m{default_substrings(64, 3000)}.n3000"
+    assert sorted(os.listdir(tmp_path / "ix" / "mih")) == [f"{stem}.lock", f"{stem}.offsets.npy", f"{stem}.positions.npy"]
+    reopened = Index.load(tmp_path / "ix")
+    assert multi_index(reopened, "txt")[1] == "cached"
+    queries = np.concatenate([items[:20], items[3000:3020]])
+    served = {}
+    got = reopened.search(queries, 10, "txt", backend=cfg, served=served)
+    want = reopened.search(queries, 10, "txt")
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert served["mih"] + served["scan"] == len(queries)
+    reopened.add("txt", items[3000:])  # the index grew: the tables are built again, the old ones removed
+    tables, how = multi_index(reopened, "txt")
+    assert how == "built" and tables.words.shape[0] == 4000
+    assert not any(name.startswith(stem) and name.endswith(".npy")
+                   for name in os.listdir(tmp_path / "ix" / "mih"))
+    whole = Index(64)
+    whole.add("txt", items)
+    a, b = Index(64), Index(64)
+    a.add("txt", items[:1500])
+    b.add("txt", items[1500:])
+    got = Shards([a, b]).search(queries, 25, "txt", backend=cfg)
+    want = whole.search(queries, 25, "txt")
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_far_queries_fall_back_to_the_scan(tmp_path):
+    """Uniform random codes: probing would read more than the scan, so the planner scans, with the same result."""
+    rng = np.random.default_rng(5)
+    rw = as_words(codes("random", 20000, 64, rng), 64)
+    qw = as_words(codes("random", 40, 64, rng), 64)
+    mih = MultiIndex(rw, 64)
+    served = {}
+    got = mih.search(qw, 10, scan=lambda q, k: hamming_search(q, rw, 64, k, threads=1), stats=served)
+    want = hamming_search(qw, rw, 64, 10, threads=1)
+    assert served == {"mih": 0, "scan": 40}
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+
+
+def test_the_cli_backend(tiny_path, tmp_path, trained):
+    out = str(tmp_path / "ix")
+    runner = CliRunner()
+    assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", out, "--quiet"]).exit_code == 0
+    base = ["search", out, "-q", tiny_path, "-k", "5", "--json", "-m", "text"]
+    exact, mih = runner.invoke(main, base), runner.invoke(main, [*base, "--backend", "mih", "--substrings", "4"])
+    assert exact.exit_code == 0 and mih.exit_code == 0, mih.output
+    assert exact.stdout == mih.stdout  # the same hits, in the same order
+    assert "queries by multi-index hashing" in mih.stderr
+    wrong = runner.invoke(main, [*base, "--substrings", "4"])
+    assert wrong.exit_code == 2 and "--substrings does not apply to --backend exact" in wrong.output

@@ -226,12 +226,15 @@ class SepsConfig:
         return self
 
 
-SEARCH_BACKENDS = ("exact", "faiss-ivf", "faiss-hnsw")
+SEARCH_BACKENDS = ("exact", "mih", "faiss-ivf", "faiss-hnsw")
+APPROXIMATE_BACKENDS = ("faiss-ivf", "faiss-hnsw")  # the others return the exact top k
 
 
 @dataclass
 class BackendConfig:
-    """How a search ranks the items (docs/search.md): ``exact`` Hamming top-k (the default), or a FAISS
+    """How a search ranks the items (docs/search.md): ``exact`` Hamming top-k by a scan of every code (the
+    default); ``mih``, the same top k by multi-index hashing (:mod:`ucmfh.search.mih`: the substring tables
+    built on first use and cached in the index folder; the scan where probing would cost more); or a FAISS
     approximate index over the same packed codes (``faiss-ivf``: ``IndexBinaryIVF``; ``faiss-hnsw``:
     ``IndexBinaryHNSW``), built on first use and cached in the index folder.
 
@@ -245,6 +248,7 @@ class BackendConfig:
     hnsw_m: int = 32  # HNSW neighbours per node
     ef_construction: int = 40  # HNSW candidate list while adding
     ef_search: int = 64  # HNSW candidate list per query (raised to k when smaller)
+    substrings: Optional[int] = None  # mih: substrings per code; None: about n_bits / log2(items)
 
     def __post_init__(self) -> None:
         self.validate()
@@ -258,6 +262,8 @@ class BackendConfig:
                 raise ValueError(f"{name} must be >= 1, got {getattr(self, name)}")
         if self.nlist is not None and self.nlist < 1:
             raise ValueError(f"nlist must be >= 1, got {self.nlist}")
+        if self.substrings is not None and self.substrings < 1:
+            raise ValueError(f"substrings must be >= 1, got {self.substrings}")
         return self
 
 

@@ -10,7 +10,7 @@ import click
 from ucmfh.app.errors import UserError, describe, user_errors
 from ucmfh.app.options import check_device
 from ucmfh.app.outputs import check_outputs
-from ucmfh.config import SEARCH_BACKENDS, BackendConfig
+from ucmfh.config import APPROXIMATE_BACKENDS, SEARCH_BACKENDS, BackendConfig
 
 MODALITY = click.Choice(["image", "text"])
 _BACKEND = BackendConfig()
@@ -77,8 +77,12 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
               help="With --rerank seps: the SEPS checkpoint ('ucmfh train-seps').")
 @click.option("--candidates", type=click.IntRange(min=1), help="Candidates re-ranked [default: 10 k].")
 @click.option("--backend", type=click.Choice(SEARCH_BACKENDS), default=_BACKEND.backend, show_default=True,
-              help="exact: every code compared; faiss-ivf / faiss-hnsw: FAISS's approximate search (needs the extra "
+              help="exact: every code compared; mih: the same results by multi-index hashing, its tables built on "
+                   "first use and cached in the index folder (the scan where probing would cost more); "
+                   "faiss-ivf / faiss-hnsw: FAISS's approximate search (needs the extra "
                    "'faiss'), its index built on first use and cached in the index folder.")
+@click.option("--substrings", type=click.IntRange(min=1),
+              help="mih: substrings per code [default: about bits / log2(items)].")
 @click.option("--nlist", type=click.IntRange(min=1),
               help="faiss-ivf: lists the codes are clustered into [default: sqrt(items)].")
 @click.option("--nprobe", type=click.IntRange(min=1), default=_BACKEND.nprobe, show_default=True,
@@ -98,8 +102,8 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
 @click.option("--device", default="cpu", show_default=True, callback=check_device)
 @user_errors
 def search_cmd(index, queries, split, ids, query_modality, text, image, k, modality, rerank, seps_checkpoint,
-               candidates, backend, nlist, nprobe, ef_search, check_recall, checkpoint, as_json, with_metrics, html,
-               threads, device) -> None:
+               candidates, backend, substrings, nlist, nprobe, ef_search, check_recall, checkpoint, as_json,
+               with_metrics, html, threads, device) -> None:
     """Search INDEX (several folders: searched as one) with queries; print the top-k items of each."""
     from ucmfh.search.build import Encoder
     from ucmfh.search.collection import read_queries
@@ -114,9 +118,9 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         raise click.UsageError("give queries by exactly one of --queries, --text and --image")
     if (split or ids) and not queries:
         raise click.UsageError("--split and --ids select rows of an HDF5 --queries file")
-    approximate = {"--nlist": nlist is not None, "--nprobe": nprobe != _BACKEND.nprobe,
-                   "--ef-search": ef_search != _BACKEND.ef_search, "--recall": check_recall}
-    wrong = [name for name, given in approximate.items() if given and not _backend_takes(backend, name)]
+    given = {"--nlist": nlist is not None, "--nprobe": nprobe != _BACKEND.nprobe, "--substrings": substrings is not None,
+             "--ef-search": ef_search != _BACKEND.ef_search, "--recall": check_recall}
+    wrong = [name for name, on in given.items() if on and not _backend_takes(backend, name)]
     if wrong:
         raise click.UsageError(f"{wrong[0]} does not apply to --backend {backend}")
     if (rerank == "seps") != bool(seps_checkpoint):
@@ -150,7 +154,7 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         from ucmfh.search.tokens import load_matcher
 
         matcher = load_matcher(seps_checkpoint, device)
-    config = BackendConfig(backend=backend, nlist=nlist, nprobe=nprobe, ef_search=ef_search)
+    config = BackendConfig(backend=backend, nlist=nlist, nprobe=nprobe, ef_search=ef_search, substrings=substrings)
     results = search_queries(opened, encoder, q, k, searched, rerank=rerank, candidates=candidates, device=device,
                              matcher=matcher, backend=config, threads=threads, check_recall=check_recall)
     found = scores(results) if with_metrics else None  # refused before anything is printed
@@ -169,6 +173,9 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
     n = max(1, len(q))
     click.echo(f"{len(q)} queries, ms per query: " + ", ".join(
         f"{stage} {1000 * s / n:.3f}" for stage, s in results.seconds.items()), err=True)
+    if results.served is not None:
+        click.echo(f"mih: {results.served.get('mih', 0)} queries by multi-index hashing, "
+                   f"{results.served.get('scan', 0)} by the scan (where probing would read more)", err=True)
     if results.recall is not None:
         depth = results.positions.shape[1] if rerank is None else (candidates or 10 * k)
         click.echo(f"{backend} recall@{depth} against exact search: {results.recall['ids']:.4f} of the items, "
@@ -194,8 +201,8 @@ def _interrupted_build(out: str, collection: str) -> str:
 
 
 def _backend_takes(backend: str, option: str) -> bool:
-    return {"--nlist": backend == "faiss-ivf", "--nprobe": backend == "faiss-ivf",
-            "--ef-search": backend == "faiss-hnsw", "--recall": backend != "exact"}[option]
+    return {"--nlist": backend == "faiss-ivf", "--nprobe": backend == "faiss-ivf", "--substrings": backend == "mih",
+            "--ef-search": backend == "faiss-hnsw", "--recall": backend in APPROXIMATE_BACKENDS}[option]
 
 
 def _recorded_checkpoint(index, path: str) -> str:

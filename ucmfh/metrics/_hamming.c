@@ -413,6 +413,7 @@ typedef struct {
     const uint32_t *pos;    /* [m * nr] */
     const int64_t *off;     /* concatenated bucket offsets */
     Py_ssize_t nq, nr, k;
+    int64_t budget; /* bucket entries a query may read before it is left to the scan (out_p = -1) */
     int words, m, n_bits;
 } MihJob;
 
@@ -441,7 +442,8 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
         const uint64_t *q = job->q + i * words;
         memset(hist, 0, (size_t)nd * sizeof(int64_t));
         n_found = 0;
-        int done = 0;
+        int64_t read = 0;
+        int done = 0, gave_up = 0;
         for (int r = 0; r <= maxw && !done; r++) {
             for (int j = 0; j < m && !done; j++) {
                 const int32_t *lay = job->layout + 4 * j;
@@ -454,6 +456,11 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
                     uint64_t x = r ? (1ULL << r) - 1 : 0;
                     for (;;) { /* every width-bit x with r bits set (Gosper's hack) */
                         const uint64_t bucket = value ^ x;
+                        read += off[bucket + 1] - off[bucket] + 1;
+                        if (read > job->budget) {
+                            gave_up = done = 1;
+                            break;
+                        }
                         for (int64_t t = off[bucket]; t < off[bucket + 1]; t++) {
                             const uint32_t p = pos[t];
                             const uint64_t *item = job->r + (Py_ssize_t)p * words;
@@ -490,6 +497,8 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
                             break;
                     }
                 }
+                if (gave_up)
+                    break;
                 const int64_t bound = (int64_t)m * r + j + 1; /* every item nearer than this is found */
                 int64_t below = 0;
                 for (int d = 0; d < nd && d < bound; d++)
@@ -497,6 +506,11 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
                 if (below >= k || n_found == nr)
                     done = 1;
             }
+        }
+        if (gave_up) {
+            for (Py_ssize_t t = 0; t < k; t++)
+                out_d[i * k + t] = out_p[i * k + t] = -1;
+            continue;
         }
         qsort(keys, (size_t)n_found, sizeof(int64_t), cmp_int64); /* by (distance, position) */
         for (Py_ssize_t t = 0; t < k; t++) {
@@ -791,18 +805,20 @@ fail:
 
 PyDoc_STRVAR(mih_search_doc,
 "mih_search(queries, n_query, items, n_items, words, n_bits, k, layout, m, positions, offsets, n_offsets,\n"
-"           out_distance, out_position)\n--\n\n"
+"           budget, out_distance, out_position)\n--\n\n"
 "Exact top k (1 <= k <= n_items) of each query by (Hamming distance, position) from multi-index\n"
 "tables: layout int32 [m, 4] (word, bit offset, width, start in offsets), positions uint32\n"
-"[m * n_items], offsets int64 [n_offsets]; outputs int64 [n_query, k].");
+"[m * n_items], offsets int64 [n_offsets]; outputs int64 [n_query, k]. A query that would read\n"
+"more than budget bucket entries (and buckets) stops: its row is -1, for the linear scan.");
 
 static PyObject *py_mih_search(PyObject *self, PyObject *args)
 {
     PyObject *q, *r, *lay, *pos, *off, *od, *op;
     Py_ssize_t nq, nr, k, n_off;
+    long long budget;
     int words, n_bits, m, failed = 0;
-    if (!PyArg_ParseTuple(args, "OnOniinOiOOnOO", &q, &nq, &r, &nr, &words, &n_bits, &k, &lay, &m, &pos, &off, &n_off,
-                          &od, &op))
+    if (!PyArg_ParseTuple(args, "OnOniinOiOOnLOO", &q, &nq, &r, &nr, &words, &n_bits, &k, &lay, &m, &pos, &off, &n_off,
+                          &budget, &od, &op))
         return NULL;
     if (nq < 0 || nr < 1 || words < 1 || m < 1 || k < 1 || k > nr || n_bits < 1 || n_bits > 64 * words ||
         nr > 0xFFFFFFFFLL || nq >= 0xFFFFFFFFLL) {
@@ -810,7 +826,7 @@ static PyObject *py_mih_search(PyObject *self, PyObject *args)
         return NULL;
     }
     Buffers b = {.n = 0};
-    MihJob job = {.nq = nq, .nr = nr, .k = k, .words = words, .m = m, .n_bits = n_bits};
+    MihJob job = {.nq = nq, .nr = nr, .k = k, .budget = budget, .words = words, .m = m, .n_bits = n_bits};
     job.q = take(&b, q, nq * words * 8, 0, "queries");
     job.r = job.q ? take(&b, r, nr * words * 8, 0, "items") : NULL;
     job.layout = job.r ? take(&b, lay, (Py_ssize_t)m * 16, 0, "layout") : NULL;

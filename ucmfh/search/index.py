@@ -162,6 +162,7 @@ class Index:
         self._count = {m: 0 for m in MODALITIES}
         self._columns: Dict[str, Dict[str, _Column]] = {m: {} for m in MODALITIES}
         self.faiss_cache: Dict[str, Any] = {}  # FAISS indexes of the codes, by cache name (ucmfh.search.approx)
+        self.mih_cache: Dict[str, Any] = {}  # multi-index tables of the codes, by cache name (ucmfh.search.mih)
 
     # ------------------------------------------------------------------ facts
 
@@ -396,7 +397,7 @@ class Index:
 
     def search(
         self, queries: ArrayLike, k: int, modality: str = "txt", device: Any = "cpu", threads: Optional[int] = None,
-        backend: Optional[Any] = None,
+        backend: Optional[Any] = None, served: Optional[Dict[str, int]] = None,
     ) -> Tuple[np.ndarray, np.ndarray]:
         """Exact top-k items of ``modality`` for each query, by (Hamming distance, position).
 
@@ -405,18 +406,30 @@ class Index:
         compiled popcount kernels run (without importing torch), on ``threads`` threads over
         queries (default: the CPUs this process may use); on a GPU the torch path.
         ``self.ids(modality)[positions]`` gives the items' ids. ``backend``
-        (:class:`ucmfh.config.BackendConfig`) other than ``exact``: FAISS's approximate
-        search (:mod:`ucmfh.search.approx`; positions -1 where it found fewer than k).
+        (:class:`ucmfh.config.BackendConfig`) ``mih``: the same result by multi-index hashing on
+        the CPU (:mod:`ucmfh.search.mih`; ``served`` gets how many queries it and the scan served);
+        ``faiss-*``: FAISS's approximate search (:mod:`ucmfh.search.approx`; positions -1 where it
+        found fewer than k).
         """
         modality = modality_name(modality)
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         qw = as_words(queries, self.n_bits, "queries")
-        if backend is not None and backend.backend != "exact":
+        codes = self.codes(modality)
+        if backend is not None and backend.backend == "mih" and str(device) == "cpu":
+            from ucmfh.search import mih
+
+            tables, _ = mih.multi_index(self, modality, backend.substrings)
+            return tables.search(qw, int(k), threads, scan=lambda q, k: hamming_search(q, codes, self.n_bits, k,
+                                                                                         device, threads),
+                                 stats=served)
+        if backend is not None and backend.backend not in ("exact", "mih"):
             from ucmfh.search import approx
 
             return approx.search(self, qw, int(k), modality, backend, threads)
-        return hamming_search(qw, self.codes(modality), self.n_bits, int(k), device, threads)
+        if served is not None:
+            served.update(scan=served.get("scan", 0) + qw.shape[0])
+        return hamming_search(qw, codes, self.n_bits, int(k), device, threads)
 
     # --------------------------------------------------------------- files
 

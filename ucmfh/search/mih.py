@@ -16,15 +16,23 @@ over queries) where they are built, else in numpy, one query at a time (slow: a 
 """
 from __future__ import annotations
 
+import glob
 import itertools
 import math
-from typing import List, Optional, Tuple
+import os
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
+from ucmfh.files import atomic_path, locked
 from ucmfh.search.kernels import kernels_module, over_query_ranges
 
 MAX_WIDTH = 24  # bits per substring: its bucket offsets take 8 · 2^width bytes
+# Probing pays when a query reads fewer bucket entries than this share of the items the scan would read:
+# a scanned code costs well under a nanosecond, an entry's code read at random about a hundred times more.
+BUDGET_PER_ITEM = 1 / 128
+PILOT = 16  # queries scanned first; the entries probing them would have read decide for the rest
+MAX_MASKS = 1 << 17  # a radius with more substring values than this to probe is not estimated: too far
 _BYTE_COUNTS = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 
 
@@ -81,7 +89,7 @@ class MultiIndex:
         >>> distances, positions = mih.search(query_words, k=10)
     """
 
-    def __init__(self, words: np.ndarray, n_bits: int, m: Optional[int] = None) -> None:
+    def __init__(self, words: np.ndarray, n_bits: int, m: Optional[int] = None, build: bool = True) -> None:
         self.words = np.ascontiguousarray(words, dtype=np.uint64)
         self.n_bits = n_bits
         n = self.words.shape[0]
@@ -93,6 +101,8 @@ class MultiIndex:
         # each value's bucket starts, offsets[starts[j] : starts[j] + 2^width + 1]
         widths = [width for _, _, width in self.layout]
         self.starts = np.concatenate([[0], np.cumsum([(1 << w) + 1 for w in widths])]).astype(np.int64)
+        if not build:
+            return
         self.positions = np.empty(self.m * n, dtype=np.uint32)
         self.offsets = np.empty(int(self.starts[-1]), dtype=np.int64)
         for j, width in enumerate(widths):
@@ -101,6 +111,18 @@ class MultiIndex:
             counts = np.bincount(values.astype(np.int64), minlength=1 << width)
             self.offsets[self.starts[j]] = 0
             np.cumsum(counts, out=self.offsets[self.starts[j] + 1 : self.starts[j + 1]])
+
+    @classmethod
+    def from_tables(cls, words: np.ndarray, n_bits: int, m: int, positions: np.ndarray,
+                    offsets: np.ndarray) -> "MultiIndex":
+        """Tables saved before (e.g. memory-mapped), checked against the codes' count and the layout."""
+        tables = cls(words, n_bits, m, build=False)
+        n = tables.words.shape[0]
+        if positions.shape != (m * n,) or positions.dtype != np.uint32 or offsets.dtype != np.int64 \
+                or offsets.shape != (int(tables.starts[-1]),) or offsets[tables.starts[1:] - 1].tolist() != [n] * m:
+            raise ValueError(f"multi-index tables for {m} substrings of {n} items do not fit these codes")
+        tables.positions, tables.offsets = positions, offsets
+        return tables
 
     def _values(self, words: np.ndarray, j: int) -> np.ndarray:
         w, offset, width = self.layout[j]
@@ -154,10 +176,17 @@ class MultiIndex:
         order = np.lexsort((p, d))[:k]
         return d[order], p[order]
 
-    def search(self, queries: np.ndarray, k: int, threads: Optional[int] = None,
-               compiled: bool = True) -> Tuple[np.ndarray, np.ndarray]:
+    def search(self, queries: np.ndarray, k: int, threads: Optional[int] = None, compiled: bool = True,
+               scan: Optional[Callable[[np.ndarray, int], Tuple[np.ndarray, np.ndarray]]] = None,
+               stats: Optional[Dict[str, int]] = None) -> Tuple[np.ndarray, np.ndarray]:
         """Exact top k of each query by (distance, position). Shape: words [Q, W] -> (distances, positions)
-        [Q, min(k, N)] int64. ``compiled=False``: the numpy reference, one query at a time."""
+        [Q, min(k, N)] int64. ``compiled=False``: the numpy reference, one query at a time.
+
+        With ``scan`` (the linear scan: words, k -> distances, positions) the planner runs: the first
+        ``PILOT`` queries are scanned, and from their k-th distances it counts the bucket entries probing
+        would have read (:meth:`entries_to_read`); past ``BUDGET_PER_ITEM`` per item the scan serves every
+        query. Probed queries that read four times that are left to the scan too. ``stats`` gets ``mih``
+        and ``scan``: how many queries each served."""
         queries = np.ascontiguousarray(queries, dtype=np.uint64)
         n, nq = self.words.shape[0], queries.shape[0]
         k = min(k, n)
@@ -165,6 +194,8 @@ class MultiIndex:
         pos = np.empty((nq, k), dtype=np.int64)
         if k == 0 or nq == 0:
             return dist, pos
+        stats = {} if stats is None else stats
+        stats.update(mih=nq, scan=0)
         kernels = kernels_module() if compiled else None
         if kernels is None or not hasattr(kernels, "mih_search"):
             for i, q in enumerate(queries):
@@ -172,10 +203,102 @@ class MultiIndex:
             return dist, pos
         layout = np.array([[w, offset, width, start] for (w, offset, width), start in zip(self.layout, self.starts)],
                           dtype=np.int32)
+        budget = max(1024, int(4 * n * BUDGET_PER_ITEM)) if scan is not None else 2**62
 
         def work(a: int, b: int) -> None:
             kernels.mih_search(queries[a:b], b - a, self.words, n, self.words.shape[1], self.n_bits, k, layout,
-                               self.m, self.positions, self.offsets, self.offsets.size, dist[a:b], pos[a:b])
+                               self.m, self.positions, self.offsets, self.offsets.size, budget, dist[a:b], pos[a:b])
 
-        over_query_ranges(nq, threads, work)
+        pilot = min(PILOT, nq) if scan is not None else 0
+        if pilot:
+            dist[:pilot], pos[:pilot] = scan(queries[:pilot], k)
+            limit = n * BUDGET_PER_ITEM * pilot
+            reads = 0.0
+            for q, d in zip(queries[:pilot], dist[:pilot, -1]):
+                reads += self.entries_to_read(q, int(d), limit - reads)
+                if reads > limit:
+                    break
+            if reads > limit:  # probing would cost more than the scan here
+                if nq > pilot:
+                    dist[pilot:], pos[pilot:] = scan(queries[pilot:], k)
+                stats.update(mih=0, scan=nq)
+                return dist, pos
+        over_query_ranges(nq - pilot, threads, lambda a, b: work(pilot + a, pilot + b))
+        left = np.flatnonzero(pos[:, 0] < 0)
+        stats.update(mih=nq - pilot - left.size, scan=pilot + int(left.size))
+        if left.size:
+            dist[left], pos[left] = scan(queries[left], k)
         return dist, pos
+
+    def entries_to_read(self, q: np.ndarray, kth: int, limit: float = math.inf) -> float:
+        """The bucket entries (and buckets) that probing one query word row [W] reads before it can stop,
+        given its k-th distance: radius r = kth // m in substrings 0..kth % m and r − 1 in the rest (then
+        the bound m·r + j + 1 exceeds kth). Counting stops once past ``limit``; infinite when a radius
+        has more than MAX_MASKS values to probe."""
+        r, last = divmod(kth, self.m)
+        total = 0.0
+        for j, (_, _, width) in enumerate(self.layout):
+            value = np.uint64(int(self._values(q[None, :], j)[0]))
+            for radius in range(min(r if j <= last else r - 1, width) + 1):
+                if math.comb(width, radius) > MAX_MASKS:
+                    return math.inf
+                buckets = (value ^ _masks(width, radius)).astype(np.int64)
+                starts, stops = self._bucket(j, buckets)
+                total += float((stops - starts).sum()) + buckets.size
+                if total > limit:
+                    return total
+        return total
+
+
+CACHE = "mih"  # the cache folder inside an index folder
+
+
+def cache_name(modality: str, m: int, count: int) -> str:
+    """The file names' stem of one modality's tables: the substrings and the items they were built for."""
+    return f"{modality}.m{m}.n{count}"
+
+
+def multi_index(index: Any, modality: str, substrings: Optional[int] = None) -> Tuple["MultiIndex", str]:
+    """The multi-index tables of one modality of ``index`` (an :class:`~ucmfh.search.index.Index`): held in
+    memory, read (memory-mapped) from the index folder's cache, else built and cached where the folder can
+    be written. Tables for another number of items (the index grew) or substrings are replaced. Returns
+    them and how they were got: ``in memory``, ``cached`` or ``built``."""
+    words = index.codes(modality)
+    count = words.shape[0]
+    m = default_substrings(index.n_bits, count) if substrings is None else substrings
+    name = cache_name(modality, m, count)
+    memo: Dict[str, Any] = index.mih_cache
+    if name in memo:
+        return memo[name], "in memory"
+    if index.path is None:
+        memo[name] = MultiIndex(words, index.n_bits, m)
+        return memo[name], "in memory"
+    folder = os.path.join(index.path, CACHE)
+    stem = os.path.join(folder, name)
+    try:
+        os.makedirs(folder, exist_ok=True)
+        lock = locked(stem)
+        lock.__enter__()
+    except PermissionError:  # a read-only folder: built in memory, once per opening of the index
+        memo[name] = MultiIndex(words, index.n_bits, m)
+        return memo[name], "in memory"
+    try:
+        paths = {part: f"{stem}.{part}.npy" for part in ("positions", "offsets")}
+        if all(os.path.exists(p) for p in paths.values()):
+            tables = MultiIndex.from_tables(words, index.n_bits, m, *(np.load(paths[part], mmap_mode="r")
+                                                                      for part in ("positions", "offsets")))
+            memo[name] = tables
+            return tables, "cached"
+        tables = MultiIndex(words, index.n_bits, m)
+        for part, path in paths.items():
+            tmp = atomic_path(path)
+            with open(tmp, "wb") as f:
+                np.save(f, getattr(tables, part))
+            os.replace(tmp, path)
+        for old in glob.glob(os.path.join(folder, f"{modality}.m*.n*.*")):  # other substrings, fewer items: stale
+            if not os.path.basename(old).startswith(name + "."):
+                os.remove(old)
+        memo[name] = tables
+    finally:
+        lock.__exit__(None, None, None)
+    return memo[name], "built"

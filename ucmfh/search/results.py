@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from ucmfh.config import BackendConfig
+from ucmfh.config import APPROXIMATE_BACKENDS, BackendConfig
 from ucmfh.search.build import Encoder, check_same_checkpoint, check_same_feature
 from ucmfh.search.collection import Queries
 from ucmfh.search.index import Index, modality_name
@@ -35,6 +35,7 @@ class Results:
     seconds: Dict[str, float] = field(default_factory=dict)  # encode / search / rerank, all queries together
     backend: str = "exact"
     recall: Optional[Dict[str, float]] = None  # an approximate backend's candidates against the exact ones
+    served: Optional[Dict[str, int]] = None  # backend mih: queries served by multi-index hashing and by the scan
 
 
 def search_queries(
@@ -57,8 +58,9 @@ def search_queries(
     orders them by the cosine of the real-valued head outputs kept in the index; ``rerank='seps'``
     by the SEPS scores of ``matcher`` (:func:`ucmfh.search.tokens.load_matcher`) on the token
     features of the queries' file and of the collections the items were built from. Ties by position.
-    ``backend`` other than ``exact`` finds the Hamming candidates with FAISS (approximate);
-    ``check_recall`` then also runs the exact search and reports the candidates' recall against it.
+    ``backend`` ``mih`` finds the same candidates by multi-index hashing (``served`` says which queries
+    it served and which the scan did); a FAISS backend finds them approximately, and ``check_recall``
+    then also runs the exact search and reports the candidates' recall against it.
     """
     modality = modality_name(modality)
     if k < 1:
@@ -84,10 +86,11 @@ def search_queries(
     seconds["encode"] = time.perf_counter() - start
     start = time.perf_counter()
     backend = backend or BackendConfig()
-    distances, positions = index.search(logits, depth, modality, device, threads, backend)
+    served: Dict[str, int] = {}
+    distances, positions = index.search(logits, depth, modality, device, threads, backend, served)
     seconds["search"] = time.perf_counter() - start
     recall = None
-    if backend.backend != "exact":
+    if backend.backend in APPROXIMATE_BACKENDS:
         missing = (positions < 0).any(axis=1)
         if missing.any():
             raise ValueError(f"{index.path}: {backend.backend} found fewer than {positions.shape[1]} items for "
@@ -129,7 +132,7 @@ def search_queries(
         relevant = ids == queries.ids[:, None]
         relevance = "same id"
     return Results(queries, modality, distances, positions, ids, shown, cosine, relevant, relevance, seps, seconds,
-                   backend.backend, recall)
+                   backend.backend, recall, served if backend.backend == "mih" else None)
 
 
 def scores(results: Results, ks: Sequence[int] = (1, 5, 10)) -> Dict[str, Any]:

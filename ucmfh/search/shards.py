@@ -45,7 +45,8 @@ class Shards:
         return np.cumsum([0] + [s.count(modality) for s in self.shards])
 
     def search(self, queries: ArrayLike, k: int, modality: str = "txt", device: Any = "cpu",
-               threads: Optional[int] = None, backend: Optional[Any] = None) -> Tuple[np.ndarray, np.ndarray]:
+               threads: Optional[int] = None, backend: Optional[Any] = None,
+               served: Optional[Dict[str, int]] = None) -> Tuple[np.ndarray, np.ndarray]:
         """As :meth:`Index.search`, over every shard's items; positions are global."""
         modality = modality_name(modality)
         if int(k) < 1:
@@ -54,7 +55,11 @@ class Shards:
         dists, positions = [], []
         for offset, shard in zip(self._offsets(modality), self.shards):
             if shard.count(modality):
-                d, p = shard.search(qw, int(k), modality, device, threads, backend)
+                part: Dict[str, int] = {}
+                d, p = shard.search(qw, int(k), modality, device, threads, backend, part)
+                if served is not None:  # queries served, counted once per shard searched
+                    for how, n in part.items():
+                        served[how] = served.get(how, 0) + n
                 dists.append(d)
                 positions.append(np.where(p < 0, -1, p + offset))  # -1: not found (approximate backends)
         if not dists:
