@@ -361,7 +361,7 @@ def _stop(child: subprocess.Popen) -> None:
 
 def pytest(tests: Sequence[str], copy: Path, scratch: Path, timeout: float) -> Outcome:
     """``python -m pytest TESTS -q -x`` in the copy, its temporary folders under ``scratch``."""
-    cmd = [sys.executable, "-m", "pytest", *tests, "-q", "-x", "-rfE", "-p", "no:cacheprovider",
+    cmd = [sys.executable, "-m", "pytest", *tests, "-q", "-x", "-rfE", "--tb=line", "-p", "no:cacheprovider",
            f"--basetemp={scratch / 'pytest'}"]
     rc, out, seconds = run(cmd, copy, environment(copy, scratch), timeout)
     outcome = Outcome(rc, seconds, tail="\n".join(out.strip().splitlines()[-15:]))
