@@ -2,6 +2,7 @@
 a checkpoint that gives back its codes, a config that refuses what it does not know."""
 from __future__ import annotations
 
+import dataclasses
 import os
 import signal
 
@@ -12,8 +13,8 @@ import ucmfh.train as train_module
 from ucmfh.checkpoint import load_model, save_checkpoint
 from ucmfh.config import HashConfig
 from ucmfh.methods import METHODS, build_method, fit_hashing, hash_config
-from ucmfh.scoring import encode_split
-from ucmfh.train import StateFile, TrainingInterrupted, fit_fusion
+from ucmfh.scoring import encode_split, score_splits
+from ucmfh.train import StateFile, TrainingInterrupted, fit_fusion, validation_split, validation_view
 
 from conftest import small_fusion
 
@@ -62,6 +63,24 @@ def test_a_leak_free_method_codes_each_modality_from_itself(tiny, fusion, name, 
     for features, modality, codes in ((split.img, "image", img), (split.txt, "text", txt)):
         signs = torch.from_numpy(encoder.encode(features.numpy(), modality)) >= 0
         assert torch.equal(signs, codes > 0), modality
+
+
+@pytest.mark.parametrize("name", TRAINED)
+def test_validation_items_never_train_and_only_they_pick_the_epoch(tiny, fusion, name):
+    """Honest selection (issue 31): a run with a validation split trains exactly as a run on the rest of the
+    training split alone, so no validation item trains; and its validation score is the MAP@50 of the
+    validation items against that rest, never of the query split."""
+    cfg = config(name, epochs=1)
+    cfg = next(iter(build_method(name).choices(cfg).values()), cfg)  # one candidate: no choice to make
+    model, history = fit(tiny, fusion, cfg)
+    rest, val = validation_split(tiny.train, cfg.val_fraction, cfg.seed)
+    alone, _ = fit(dataclasses.replace(tiny, train=rest), fusion, dataclasses.replace(cfg, val_fraction=0.0))
+    a, b = model.state_dict(), alone.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    encode, ranking = validation_view(cfg)
+    rows = score_splits(encode(model, val, "unimodal", "cpu"), encode(model, rest, "unimodal", "cpu"),
+                        dataclasses.replace(tiny, train=rest, query=val, retrieval=rest), 50, ranking)
+    assert history.validation == [[1, sum(r["map_i2t"] + r["map_t2i"] for r in rows) / (2 * len(rows))]]
 
 
 class _StopAfter:

@@ -1,0 +1,564 @@
+"""Planted bugs: does the test suite catch the slips that would break ucmfh's headline claims?
+
+Each planted bug is a tiny textual patch (a file, an exact old text that occurs once in it, the new
+text, one line saying what it breaks, and the test files that should notice). The script copies the
+checkout (its tracked and untracked, not ignored, files, plus the compiled kernel
+``ucmfh/metrics/_hamming*.so``) into a temporary folder, runs every selected bug's test files on the
+unpatched copy (they must pass: else "baseline fails"), then for each bug in turn applies its patch,
+runs ``python -m pytest <its tests> -q -x`` in the copy, and restores the file.
+
+A bug is *caught* when pytest exits 1 with at least one test failing (a failure, or an error in a
+test's set-up); a patch that no longer imports, or that makes pytest fail to collect, is a *broken
+patch*, never counted as caught. Nothing is written into the checkout: the copy, pytest's temporary
+folders and ``TMPDIR`` all live under one ``tempfile.mkdtemp()`` folder, removed at the end (also on
+Ctrl-C) unless ``--keep``.
+
+    OMP_NUM_THREADS=1 python scripts/planted_bugs.py --json /tmp/planted.json
+    python scripts/planted_bugs.py --list
+    python scripts/planted_bugs.py --only infonce-ignores-ids --only sign-of-zero
+
+Exit status: 0 when every selected bug is caught, 1 when one is not (or the baseline fails), 2 for a
+bad option or a patch whose old text is not in its file exactly once, 130 on Ctrl-C.
+Results: docs/planted_bugs.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Dict, List, NoReturn, Optional, Sequence, Tuple
+
+ROOT = Path(__file__).resolve().parents[1]
+KERNELS = "ucmfh/metrics/_hamming*.so"
+
+
+@dataclass(frozen=True)
+class Bug:
+    """One planted bug: replace ``old`` (exactly once in ``file``) by ``new``; ``tests`` are pytest
+    arguments (files or node ids) that should fail with it."""
+
+    name: str
+    file: str
+    old: str
+    new: str
+    what: str
+    tests: Tuple[str, ...]
+
+
+REGISTRY_LEAK = "tests/test_registry.py::test_a_leak_free_method_codes_each_modality_from_itself"
+REGISTRY_RESUME = "tests/test_registry.py::test_an_interrupted_run_resumes_to_the_same_model"
+RUNS_SIGKILL = "tests/test_runs.py::test_sigkill_late_in_a_stage_then_resume_gives_identical_codes"
+REGISTRY_HELD_OUT = "tests/test_registry.py::test_validation_items_never_train_and_only_they_pick_the_epoch"
+
+BUGS: Tuple[Bug, ...] = (
+    # --- leak-free: each modality's code from that modality alone (README, "Two evaluation protocols")
+    Bug("hasher-text-via-image-head", "ucmfh/models/hashing.py",
+        "        return self.txt_head(self.fusion.encode_txt(x))",
+        "        return self.img_head(self.fusion.encode_txt(x))",
+        "CrossModalHasher.modality_logits (index/search of a ucmfh checkpoint) hashes texts with the image head",
+        ("tests/test_models.py", REGISTRY_LEAK)),
+    Bug("fusion-unimodal-text-fused", "ucmfh/models/fusion.py",
+        "            return self.encode_img(img), self.encode_txt(txt)",
+        "            return self.encode_img(img), self(img, txt)[1]",
+        "the unimodal protocol's text embeddings come from the fused pass (they see the paired image)",
+        ("tests/test_models.py", REGISTRY_LEAK)),
+    Bug("feature-hasher-text-uncentred", "ucmfh/models/hashing.py",
+        "        return self.txt_head(normalize(x - self.txt_mean))",
+        "        return self.txt_head(normalize(x))",
+        "FeatureHasher.modality_logits (two-tower/distill index and search) forgets to centre the texts",
+        ("tests/test_search.py", REGISTRY_LEAK)),
+    Bug("search-text-as-image", "ucmfh/search/index.py",
+        'aliases = {"image": "img", "text": "txt"}',
+        'aliases = {"image": "img", "text": "img"}',
+        "modality_name maps 'text' to the image side: search encodes text queries with the image encoder",
+        ("tests/test_search.py", "tests/test_search_cli.py")),
+    Bug("fusion-attends-across-batch", "ucmfh/models/fusion.py",
+        "cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, batch_first=True",
+        "cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, batch_first=False",
+        "the fusion Transformer reads [B, 2, d] as [seq, batch, d]: items attend to other items of the batch",
+        ("tests/test_models.py",)),
+    Bug("fused-protocol-unimodal", "ucmfh/models/fusion.py",
+        "            return self(img, txt)",
+        "            return self.encode_img(img), self.encode_txt(txt)",
+        "the fused protocol (UCMFH's own evaluation, to reproduce its numbers) silently encodes one modality alone",
+        ("tests/test_models.py",)),
+    Bug("fusion-ignores-separate", "ucmfh/models/fusion.py",
+        "        out = self.encoder(tokens, mask=mask)",
+        "        out = self.encoder(tokens)",
+        "training's modality dropout does nothing: separated items still attend across modalities",
+        ("tests/test_models.py",)),
+    Bug("seed-not-applied", "ucmfh/utils.py",
+        "    torch.manual_seed(seed)\n",
+        "",
+        "seed_everything leaves torch's global generator unseeded: weights and dropout differ run to run",
+        ("tests/test_train.py",)),
+    Bug("sign-of-zero", "ucmfh/similarity.py",
+        "torch.where(x >= 0, 1.0, -1.0)",
+        "torch.where(x > 0, 1.0, -1.0)",
+        "sign(0) becomes -1, not +1 (docs/reference.md §5)",
+        ("tests/test_models.py",)),
+    # --- MAP@K: ties by retrieval index
+    Bug("map-unstable-argsort", "ucmfh/metrics/ap.py",
+        'np.argsort(dist.to(torch.uint8).numpy(), axis=1, kind="stable")',
+        "np.argsort(dist.to(torch.uint8).numpy(), axis=1)",
+        "MAP's CPU argsort of distances loses kind='stable': tied items no longer in index order",
+        ("tests/test_metrics.py",)),
+    Bug("topk-tie-group-order", "ucmfh/metrics/topk.py",
+        "group_key = group_max * n_groups - torch.arange(n_groups, device=device)",
+        "group_key = group_max * n_groups + torch.arange(n_groups, device=device)",
+        "torch top-K prefers later groups among equal maxima: tied items not taken in index order",
+        ("tests/test_metrics.py",)),
+    # --- losses: the positives of a batch
+    Bug("infonce-ignores-ids", "ucmfh/losses/infonce.py",
+        "others = positive_mask(b, ids, device=img.device) & ~diag",
+        "others = positive_mask(b, None, device=img.device) & ~diag",
+        "InfoNCE ignores ids: captions of one image are pushed apart as negatives",
+        ("tests/test_losses.py",)),
+    Bug("positive-mask-diagonal-only", "ucmfh/similarity.py",
+        "    return ids[:, None] == ids[None, :]",
+        "    return torch.eye(n, dtype=torch.bool, device=device)",
+        "positive_mask forgets equal ids: only each pair itself is a positive, in every loss",
+        ("tests/test_losses.py",)),
+    # --- distributed training
+    Bug("gather-without-gradient", "ucmfh/distributed.py",
+        "        dist.all_reduce(grad)  # every rank's loss depends on this rank's part\n",
+        "",
+        "the all-gather's backward keeps only this rank's own gradient (a gather without gradient)",
+        ("tests/test_distributed.py::test_two_ranks_give_the_one_process_gradient",
+         "tests/test_distributed.py::test_torchrun_train_hash_writes_once_and_matches_one_process")),
+    Bug("check-device-world-size", "ucmfh/distributed.py",
+        "    if local_world_size > gpus:",
+        "    if world_size > gpus:",
+        "check_device counts every machine's processes against this machine's GPUs",
+        ("tests/test_distributed.py::test_cuda_under_torchrun_needs_one_gpu_per_process",)),
+    # --- resume: a resumed run equals one never stopped
+    Bug("resume-no-torch-rng", "ucmfh/train.py",
+        "        torch.set_rng_state(rng.cpu())\n",
+        "",
+        "resume does not restore torch's random state (dropout masks differ after a resume)",
+        (REGISTRY_RESUME, RUNS_SIGKILL)),
+    Bug("resume-forgets-best", "ucmfh/train.py",
+        '        best = saved["best"]\n',
+        "",
+        "resume forgets the best-so-far validation record (best epoch and its weights)",
+        (REGISTRY_RESUME, RUNS_SIGKILL)),
+    # --- honest selection: validation carved from the training split, disjoint from what trains
+    Bug("validation-overlaps-training", "ucmfh/train.py",
+        "return np.flatnonzero(~member), np.flatnonzero(member)",
+        "return np.arange(len(keys)), np.flatnonzero(member)",
+        "validation_items leaves the validation items in the training part too",
+        ("tests/test_train.py",)),
+    Bug("two-tower-trains-on-validation", "ucmfh/methods/two_tower.py",
+        "    train = rest.to(device)\n",
+        "    train = data.train.to(device)\n",
+        "two-tower/distill train on the whole training split, validation items included",
+        (REGISTRY_HELD_OUT, "tests/test_methods.py", "tests/test_train.py")),
+    Bug("ucmfh-trains-on-validation", "ucmfh/methods/ucmfh.py",
+        "        train = rest.to(device)\n",
+        "        train = data.train.to(device)\n",
+        "ucmfh's hashing stage trains on the whole training split, validation items included",
+        (REGISTRY_HELD_OUT, "tests/test_methods.py", "tests/test_train.py")),
+    Bug("two-tower-validates-on-query", "ucmfh/methods/two_tower.py",
+        "validate=validator(*validation_view(cfg), model, val, rest, device)",
+        "validate=validator(*validation_view(cfg), model, data.query, rest, device)",
+        "two-tower/distill pick their epoch on the query (test) split",
+        (REGISTRY_HELD_OUT, "tests/test_methods.py", "tests/test_train.py")),
+    # --- identity of a run
+    Bug("run-identity-ignores-amp", "ucmfh/config.py",
+        'NOT_IDENTITY = ("device",)',
+        'NOT_IDENTITY = ("device", "amp")',
+        "--amp is left out of a run's identity: a bf16 run reuses the float32 run's checkpoint",
+        ("tests/test_runs.py::test_every_setting_is_part_of_a_runs_identity",)),
+    # --- SEPS: which dense description a pair's score sees
+    Bug("seps-leak-mode-no-leak", "ucmfh/models/seps.py",
+        "each caption's image\")\n            state.update(self._words(dense_words, dense_mask, \"dense\"))",
+        "each caption's image\")\n            state.update(self._words(words, mask, \"dense\"))",
+        "dense_text='leak' (the reference's reproduction mode) uses the caption itself, not its image's description",
+        ("tests/test_seps.py",)),
+    # --- plots
+    Bug("pr-plot-draws-nothing", "ucmfh/metrics/plots.py",
+        'curve = results.get(name, {}).get("pr_curve")',
+        'curve = results.get(name, {}).get("pr")',
+        "the precision-recall plot reads a wrong key and draws no curve",
+        ("tests/test_codes.py",)),
+    Bug("pk-plot-draws-nothing", "ucmfh/metrics/plots.py",
+        'pk = results.get(name, {}).get("precision_at_k")',
+        'pk = results.get(name, {}).get("precision_at")',
+        "the precision@K plot reads a wrong key and draws no curve",
+        ("tests/test_codes.py",)),
+    # --- re-ranking order
+    Bug("search-cosine-rerank-reversed", "ucmfh/search/results.py",
+        "order = np.lexsort((positions, -score), axis=1)[:, :k]",
+        "order = np.lexsort((positions, score), axis=1)[:, :k]",
+        "`ucmfh search --rerank` puts the least similar candidates first",
+        ("tests/test_search.py", "tests/test_search_cli.py")),
+    Bug("rerank-stage-reversed", "ucmfh/rerank.py",
+        "order = torch.sort(scores.cpu(), descending=True, stable=True).indices",
+        "order = torch.sort(scores.cpu(), descending=False, stable=True).indices",
+        "`ucmfh rerank` (cosine and SEPS stages) orders candidates by ascending score",
+        ("tests/test_seps.py",)),
+    # --- tie-aware metrics (docs/evaluation.md)
+    Bug("expected-ap-whole-normaliser", "ucmfh/metrics/ties.py",
+        "denom = (cut_before_r + xs).double()",
+        "denom = cut_before_r.double()",
+        "expected AP@K divides by the whole groups' relevant items only, not R + x",
+        ("tests/test_ties.py",)),
+    Bug("hit-probability-cut-as-whole", "ucmfh/metrics/ties.py",
+        "whole = ((taken == n) & (n > 0) & (r > 0)).any(dim=1)",
+        "whole = ((taken > 0) & (n > 0) & (r > 0)).any(dim=1)",
+        "hit_probability treats the group the cut splits as if it were whole (a sure hit)",
+        ("tests/test_ties.py",)),
+    Bug("bootstrap-fixed-queries", "ucmfh/metrics/intervals.py",
+        "queries = rng.integers(0, p.shape[1], (b, p.shape[1]))",
+        "queries = np.broadcast_to(np.arange(p.shape[1]), (b, p.shape[1]))",
+        "paired_bootstrap resamples the seeds but not the queries",
+        ("tests/test_compare.py",)),
+    # --- UCMFH's settings as docs/reference.md states them
+    Bug("ucmfh-adam-betas", "ucmfh/config.py",
+        "    lr_head: float = 1e-3\n    betas: tuple = (0.5, 0.999)",
+        "    lr_head: float = 1e-3\n    betas: tuple = (0.9, 0.999)",
+        "the hashing stage's Adam betas become torch's default (0.9, 0.999), not UCMFH's (0.5, 0.999)",
+        ("tests/test_reference.py",)),
+    Bug("ucmfh-head-dropout", "ucmfh/config.py",
+        "    dropout: float = 0.3\n",
+        "    dropout: float = 0.1\n",
+        "the hash head's dropout default becomes 0.1, not UCMFH's 0.3",
+        ("tests/test_reference.py",)),
+)
+
+
+# ------------------------------------------------------------------ bookkeeping
+
+class PlantError(ValueError):
+    """A planted bug that cannot be applied as written (its file or its old text)."""
+
+
+def check_bugs(bugs: Sequence[Bug], root: Path = ROOT) -> None:
+    """Refuse duplicate names, missing files and old texts that do not occur exactly once in their file."""
+    seen = set()
+    for bug in bugs:
+        if bug.name in seen:
+            raise PlantError(f"bug {bug.name!r} is listed twice")
+        seen.add(bug.name)
+        if not bug.tests:
+            raise PlantError(f"bug {bug.name!r} names no test to run")
+        path = root / bug.file
+        if not path.is_file():
+            raise PlantError(f"bug {bug.name!r}: {bug.file} does not exist")
+        count = path.read_text(encoding="utf-8").count(bug.old)
+        if count != 1:
+            raise PlantError(f"bug {bug.name!r}: its old text occurs {count} times in {bug.file}, not once "
+                             "(the code moved on: update the patch)")
+        if bug.old == bug.new:
+            raise PlantError(f"bug {bug.name!r}: old and new text are the same")
+
+
+def select(bugs: Sequence[Bug], only: Sequence[str]) -> List[Bug]:
+    """The bugs named in ``only`` (all when empty), in the listed order; an unknown name is refused."""
+    if not only:
+        return list(bugs)
+    names = {bug.name for bug in bugs}
+    unknown = [name for name in only if name not in names]
+    if unknown:
+        raise PlantError(f"unknown bug {unknown[0]!r} (see --list)")
+    return [bug for bug in bugs if bug.name in only]
+
+
+def union_of_tests(bugs: Sequence[Bug]) -> List[str]:
+    """Every test argument of ``bugs`` once, in first-seen order; a node id whose file is given whole is dropped."""
+    args: List[str] = []
+    for bug in bugs:
+        args += [t for t in bug.tests if t not in args]
+    whole = {a for a in args if "::" not in a}
+    return [a for a in args if a.split("::")[0] not in whole or "::" not in a]
+
+
+def module_of(file: str) -> Optional[str]:
+    """The dotted module of a package file (``ucmfh/models/fusion.py`` -> ``ucmfh.models.fusion``)."""
+    if not file.endswith(".py") or not file.startswith("ucmfh/"):
+        return None
+    return file[:-3].replace("/", ".").removesuffix(".__init__")
+
+
+# ------------------------------------------------------------------ the copy
+
+def copy_checkout(root: Path, dest: Path) -> int:
+    """Copy the checkout's tracked and untracked, not ignored, files and its compiled kernels into ``dest``;
+    returns the number of kernels copied (0: the copy evaluates with torch)."""
+    listed = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+                            capture_output=True, check=True).stdout.decode().split("\0")
+    for name in filter(None, listed):
+        source = root / name
+        if source.is_file():  # a tracked file deleted in the working tree is skipped
+            (dest / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, dest / name)
+    kernels = sorted(root.glob(KERNELS))
+    for kernel in kernels:
+        shutil.copy2(kernel, dest / kernel.relative_to(root))
+    return len(kernels)
+
+
+def environment(copy: Path, scratch: Path) -> Dict[str, str]:
+    """The tests' environment: the copy's ucmfh first, one thread, no bytecode files, TMPDIR in the scratch folder."""
+    env = dict(os.environ)
+    env.update(PYTHONPATH=str(copy), OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", PYTHONDONTWRITEBYTECODE="1",
+               TMPDIR=str(scratch))
+    return env
+
+
+# ------------------------------------------------------------------ running
+
+@dataclass
+class Outcome:
+    """What one pytest run gave."""
+
+    rc: Optional[int]  # None: stopped at the timeout
+    seconds: float
+    failed: List[str] = field(default_factory=list)  # node ids of FAILED tests
+    errors: List[str] = field(default_factory=list)  # node ids (or files) of ERRORs
+    tail: str = ""
+
+
+# "FAILED tests/a.py::t[x - y] - AssertionError: ...": the node id, its parameters kept whole
+SUMMARY = re.compile(r"^(FAILED|ERROR) (\S+?(?:\[.*?\])?)(?: - .*)?$")
+
+
+def run(cmd: List[str], cwd: Path, env: Dict[str, str], timeout: float) -> Tuple[Optional[int], str, float]:
+    """Run ``cmd`` in its own session (a Ctrl-C here does not reach it; it is stopped on the way out):
+    (exit status or None at the timeout, stdout and stderr, seconds)."""
+    start = time.monotonic()
+    child = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                             start_new_session=True, text=True)
+    try:
+        out, _ = child.communicate(timeout=timeout)
+        return child.returncode, out, time.monotonic() - start
+    except subprocess.TimeoutExpired:
+        _stop(child)
+        out, _ = child.communicate()
+        return None, out, time.monotonic() - start
+    except BaseException:
+        _stop(child)
+        raise
+
+
+def _stop(child: subprocess.Popen) -> None:
+    """End the child's session (pytest and what it started: torchrun and its workers)."""
+    try:
+        os.killpg(child.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    child.wait()
+
+
+def pytest(tests: Sequence[str], copy: Path, scratch: Path, timeout: float) -> Outcome:
+    """``python -m pytest TESTS -q -x`` in the copy, its temporary folders under ``scratch``."""
+    cmd = [sys.executable, "-m", "pytest", *tests, "-q", "-x", "-rfE", "--tb=line", "-p", "no:cacheprovider",
+           f"--basetemp={scratch / 'pytest'}"]
+    rc, out, seconds = run(cmd, copy, environment(copy, scratch), timeout)
+    outcome = Outcome(rc, seconds, tail="\n".join(out.strip().splitlines()[-15:]))
+    for line in out.splitlines():
+        match = SUMMARY.match(line)
+        if match:
+            (outcome.failed if match[1] == "FAILED" else outcome.errors).append(match[2])
+    return outcome
+
+
+def import_error(module: Optional[str], copy: Path, scratch: Path) -> Optional[str]:
+    """The last line of the error importing ``module`` from the copy, or None when it imports."""
+    if module is None:
+        return None
+    rc, out, _ = run([sys.executable, "-c", f"import {module}"], copy, environment(copy, scratch), 300)
+    return None if rc == 0 else (out.strip().splitlines() or ["no output"])[-1]
+
+
+def imported_from(copy: Path, scratch: Path) -> str:
+    """Where ``import ucmfh`` resolves in the copy's environment (it must be the copy)."""
+    rc, out, _ = run([sys.executable, "-c", "import ucmfh; print(ucmfh.__file__)"], copy,
+                     environment(copy, scratch), 300)
+    return out.strip().splitlines()[-1] if out.strip() else f"nothing (exit {rc})"
+
+
+def verdict(outcome: Outcome) -> str:
+    """caught / not caught / broken patch / timeout / error, from a pytest run on a patched copy.
+
+    pytest exits 1 when a test failed (or erred in its set-up), 2 when collecting a file failed (with
+    -x: an import error), 0 when everything passed."""
+    if outcome.rc is None:
+        return "timeout"
+    if outcome.rc == 0:
+        return "not caught"
+    if outcome.rc == 1 and (outcome.failed or outcome.errors):
+        return "caught"
+    if outcome.rc == 2 and outcome.errors:
+        return "broken patch"
+    return f"error (pytest exit {outcome.rc})"
+
+
+def plant_and_test(bug: Bug, copy: Path, scratch: Path, timeout: float) -> Dict[str, object]:
+    """Apply ``bug`` to the copy, run its tests, restore the file; the result as a JSON-able dict."""
+    path = copy / bug.file
+    original = path.read_text(encoding="utf-8")
+    path.write_text(original.replace(bug.old, bug.new, 1), encoding="utf-8")
+    try:
+        broken = import_error(module_of(bug.file), copy, scratch)
+        outcome = Outcome(2, 0.0, tail=broken) if broken else pytest(bug.tests, copy, scratch, timeout)
+    finally:
+        path.write_text(original, encoding="utf-8")
+    status = "broken patch" if broken else verdict(outcome)
+    caught_by = outcome.failed or [f"{e} (error)" for e in outcome.errors]
+    return {**asdict(bug), "status": status, "caught_by": caught_by if status == "caught" else [],
+            "seconds": round(outcome.seconds, 1), "rc": outcome.rc, "tail": outcome.tail}
+
+
+# ------------------------------------------------------------------ output
+
+def table(rows: Sequence[Dict[str, object]]) -> str:
+    """The results as a plain table: bug, file, caught by (or the status), seconds."""
+    lines = [("bug", "file", "caught by", "s")]
+    for row in rows:
+        by = ", ".join(map(_short, row["caught_by"])) if row["status"] == "caught" else f"NOT CAUGHT: {row['status']}"
+        lines.append((str(row["name"]), str(row["file"]), by, f"{row['seconds']:.1f}"))
+    widths = [max(len(line[i]) for line in lines) for i in range(3)]
+    return "\n".join(f"{a:<{widths[0]}}  {b:<{widths[1]}}  {c:<{widths[2]}}  {d:>6}" for a, b, c, d in lines)
+
+
+def _short(test: str, most: int = 100) -> str:
+    """A node id cut to ``most`` characters (a long parameter) for the table; the JSON keeps it whole."""
+    return test if len(test) <= most else test[: most - 1] + "…"
+
+
+def list_bugs(bugs: Sequence[Bug]) -> str:
+    return "\n".join(f"{bug.name}\n    {bug.file}: {bug.what}\n    tests: {' '.join(bug.tests)}" for bug in bugs)
+
+
+def git_commit(root: Path) -> str:
+    """HEAD of the checkout, with '+changes' when its working tree differs."""
+    head = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"], capture_output=True, text=True)
+    dirty = subprocess.run(["git", "-C", str(root), "status", "--porcelain"], capture_output=True, text=True)
+    return head.stdout.strip() + ("+changes" if dirty.stdout.strip() else "")
+
+
+def write_json(path: str, report: Dict[str, object]) -> None:
+    tmp = f"{path}.tmp{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(report, f, indent=1)
+    os.replace(tmp, path)
+
+
+# ------------------------------------------------------------------ main
+
+class Parser(argparse.ArgumentParser):
+    """argparse whose errors are one line and exit 2."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"planted_bugs.py: error: {message}", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def fail(message: str, code: int = 2) -> NoReturn:
+    print(f"planted_bugs.py: error: {message}", file=sys.stderr)
+    raise SystemExit(code)
+
+
+def _terminate(signum, frame):  # noqa: ARG001 - signal handler signature
+    raise KeyboardInterrupt
+
+
+def check_json_path(path: Optional[str]) -> None:
+    """Refuse a --json path that cannot be written, before any test runs."""
+    if path is None:
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder) or not os.access(folder, os.W_OK):
+        fail(f"--json {path}: folder {folder} does not exist or is not writable")
+    if os.path.isdir(path):
+        fail(f"--json {path}: is a folder")
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    parser = Parser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--only", action="append", default=[], metavar="NAME", help="run this bug only (repeatable)")
+    parser.add_argument("--list", action="store_true", help="list the planted bugs and their tests, run nothing")
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--keep", action="store_true", help="keep the temporary copy (its path is printed)")
+    parser.add_argument("--timeout", type=float, default=600.0, help="seconds per pytest run (default 600)")
+    args = parser.parse_args(argv)
+    if args.timeout <= 0:
+        fail(f"--timeout must be > 0, got {args.timeout}")
+    try:
+        bugs = select(BUGS, args.only)
+        if args.list:
+            print(list_bugs(bugs))
+            return 0
+        check_bugs(bugs)
+    except PlantError as err:
+        fail(str(err))
+    check_json_path(args.json)
+    signal.signal(signal.SIGTERM, _terminate)
+    scratch = Path(tempfile.mkdtemp(prefix="planted-bugs-"))
+    try:
+        return plant_all(bugs, scratch, args)
+    except KeyboardInterrupt:
+        print("planted_bugs.py: interrupted; the temporary copy is removed", file=sys.stderr)
+        return 130
+    finally:
+        if args.keep:
+            print(f"kept: {scratch / 'repo'}")
+        else:
+            shutil.rmtree(scratch, ignore_errors=True)
+
+
+def plant_all(bugs: Sequence[Bug], scratch: Path, args: argparse.Namespace) -> int:
+    """The baseline, then every bug; prints the table, writes --json; the exit status."""
+    copy = scratch / "repo"
+    copy.mkdir()
+    kernels = copy_checkout(ROOT, copy)
+    report: Dict[str, object] = {"checkout": str(ROOT), "commit": git_commit(ROOT), "python": sys.version.split()[0],
+                                 "kernels_copied": kernels, "bugs": []}
+    if not kernels:
+        print("note: no compiled kernel in the checkout: the copy evaluates with torch")
+    where = imported_from(copy, scratch)
+    if not where.startswith(str(copy)):
+        fail(f"the copy imports ucmfh from {where}, not from the copy", 1)
+    tests = union_of_tests(bugs)
+    print(f"baseline: {len(tests)} test argument(s) on the unpatched copy ...", flush=True)
+    base = pytest(tests, copy, scratch, args.timeout * len(bugs))
+    report["baseline"] = {"tests": tests, "rc": base.rc, "seconds": round(base.seconds, 1),
+                          "failed": base.failed + base.errors}
+    print(f"baseline: exit {base.rc} in {base.seconds:.0f} s")
+    if base.rc != 0:
+        print(f"baseline fails: {', '.join(base.failed + base.errors) or 'see below'}\n{base.tail}")
+        report["status"] = "baseline fails"
+        if args.json:
+            write_json(args.json, report)
+        return 1
+    rows = []
+    for bug in bugs:
+        row = plant_and_test(bug, copy, scratch, args.timeout)
+        rows.append(row)
+        by = ", ".join(row["caught_by"]) if row["caught_by"] else (row["tail"].splitlines() or [""])[-1]
+        print(f"{bug.name}: {row['status']} in {row['seconds']:.0f} s ({by})", flush=True)
+        report["bugs"] = rows
+        if args.json:  # written after every bug: a long run shows its progress, and an interrupted one what it had
+            write_json(args.json, report)
+    print()
+    print(table(rows))
+    missed = [row["name"] for row in rows if row["status"] != "caught"]
+    report["status"] = "all caught" if not missed else f"not caught: {', '.join(missed)}"
+    print(f"\n{len(rows) - len(missed)} of {len(rows)} caught" + (f"; not caught: {', '.join(missed)}" if missed else ""))
+    if args.json:
+        write_json(args.json, report)
+    return 0 if not missed else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
