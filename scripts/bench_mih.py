@@ -2,10 +2,11 @@
 
     python scripts/bench_mih.py --sizes 1000000 10000000 --bits 64 --kinds clustered random
     python scripts/bench_mih.py --words codes.npy        # codes of your own (uint64 words [N, W], e.g. an index's)
+    python scripts/bench_mih.py --words texts.npy --query-words images.npy   # and queries of your own
 
 Codes: ``clustered`` are what learned codes look like — 10,000 random centres, every bit of an item
 flipped with probability 1/16 — and ``random`` uniform bits, the worst case, where the planner should
-keep the scan. Queries are drawn the same way (or, with ``--words``, taken from the codes). Per size,
+keep the scan. Queries are drawn the same way (with ``--words``: ``--query-words``, else taken from the codes). Per size,
 length, kind and k: queries per second of each method on one thread and on all, the share of queries
 multi-index hashing served (the planner scans the rest), the tables' build time and bytes per item,
 and whether every id and distance equals the scan's.
@@ -84,6 +85,7 @@ def main() -> None:
     parser.add_argument("--ks", type=int, nargs="+", default=[1, 10, 100])
     parser.add_argument("--queries", type=int, default=1000)
     parser.add_argument("--words", help="a .npy of uint64 words [N, W] to search instead of drawn codes")
+    parser.add_argument("--query-words", help="with --words: a .npy of query words [Q, W] [default: drawn from --words]")
     parser.add_argument("--n-bits", type=int, help="with --words: the code length [default: 64 W]")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", help="write the rows here")
@@ -93,8 +95,11 @@ def main() -> None:
     if args.words:
         items = np.ascontiguousarray(np.load(args.words), dtype=np.uint64)
         n_bits = args.n_bits or 64 * items.shape[1]
-        picked = rng.choice(len(items), size=min(args.queries, len(items)), replace=False)
-        rows += bench(items, items[picked], n_bits, args.ks, {"codes": args.words})
+        if args.query_words:
+            queries = np.ascontiguousarray(np.load(args.query_words), dtype=np.uint64)[: args.queries]
+        else:
+            queries = items[rng.choice(len(items), size=min(args.queries, len(items)), replace=False)]
+        rows += bench(items, queries, n_bits, args.ks, {"codes": args.words})
     for n_bits in ([] if args.words else args.bits):
         if n_bits % 64:
             parser.error("--bits: whole 64-bit words only")

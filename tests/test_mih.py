@@ -64,8 +64,11 @@ def test_popcount_matches_a_bit_count():
     assert popcount(words).tolist() == [0, 1, 1, 64, 8]
 
 
-def test_the_index_backend_equals_the_scan_and_caches_its_tables(tmp_path):
+def test_the_index_backend_equals_the_scan_and_caches_its_tables(tmp_path, monkeypatch):
     from ucmfh.config import BackendConfig
+    from ucmfh.search import mih as mih_module
+
+    monkeypatch.setattr(mih_module, "BUDGET_PER_ITEM", 1 / 8)  # a small collection probed all the same
     from ucmfh.search import Index
     from ucmfh.search.mih import multi_index
     from ucmfh.search.shards import Shards
@@ -87,7 +90,7 @@ def test_the_index_backend_equals_the_scan_and_caches_its_tables(tmp_path):
     got = reopened.search(queries, 10, "txt", backend=cfg, served=served)
     want = reopened.search(queries, 10, "txt")
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
-    assert served["mih"] + served["scan"] == len(queries)
+    assert served["mih"] + served["scan"] == len(queries) and served["mih"] >= len(queries) // 2
     reopened.add("txt", items[3000:])  # the index grew: the tables are built again, the old ones removed
     tables, how = multi_index(reopened, "txt")
     assert how == "built" and tables.words.shape[0] == 4000
@@ -103,8 +106,12 @@ def test_the_index_backend_equals_the_scan_and_caches_its_tables(tmp_path):
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
-def test_far_queries_fall_back_to_the_scan(tmp_path):
-    """Uniform random codes: probing would read more than the scan, so the planner scans, with the same result."""
+def test_far_queries_fall_back_to_the_scan(monkeypatch):
+    """Uniform random codes: probing would read more than the scan, so the planner scans, with the same result
+    (and a collection too small to probe is scanned outright)."""
+    from ucmfh.search import mih as mih_module
+
+    monkeypatch.setattr(mih_module, "BUDGET_PER_ITEM", 1 / 64)  # probing is tried on these 20,000 items
     rng = np.random.default_rng(5)
     rw = as_words(codes("random", 20000, 64, rng), 64)
     qw = as_words(codes("random", 40, 64, rng), 64)

@@ -29,10 +29,11 @@ from ucmfh.search.kernels import kernels_module, over_query_ranges
 
 MAX_WIDTH = 24  # bits per substring: its bucket offsets take 8 · 2^width bytes
 # Probing pays when a query reads fewer bucket entries than this share of the items the scan would read:
-# a scanned code costs well under a nanosecond, an entry's code read at random about a hundred times more.
-BUDGET_PER_ITEM = 1 / 128
-PILOT = 16  # queries scanned first; the entries probing them would have read decide for the rest
-MAX_MASKS = 1 << 17  # a radius with more substring values than this to probe is not estimated: too far
+# measured on one core (scripts/bench_mih.py), the scan takes about 0.3 ns per code, probing 150-250 ns
+# per bucket entry (a code read at random, and the buckets' bookkeeping).
+BUDGET_PER_ITEM = 1 / 1024
+PILOT = 16  # queries probed first within the budget: when most of them give up, the scan serves the rest
+MIN_BUDGET = 64  # a budget below this many entries (under 64k items) leaves every query to the scan
 _BYTE_COUNTS = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 
 
@@ -183,10 +184,10 @@ class MultiIndex:
         [Q, min(k, N)] int64. ``compiled=False``: the numpy reference, one query at a time.
 
         With ``scan`` (the linear scan: words, k -> distances, positions) the planner runs: the first
-        ``PILOT`` queries are scanned, and from their k-th distances it counts the bucket entries probing
-        would have read (:meth:`entries_to_read`); past ``BUDGET_PER_ITEM`` per item the scan serves every
-        query. Probed queries that read four times that are left to the scan too. ``stats`` gets ``mih``
-        and ``scan``: how many queries each served."""
+        ``PILOT`` queries are probed within a budget of ``BUDGET_PER_ITEM`` bucket entries per item, those
+        that reach it are scanned, and when most of them do the scan serves every other query too; the
+        rest are probed within four times the budget (outliers are scanned). ``stats`` gets ``mih`` and
+        ``scan``: how many queries each served."""
         queries = np.ascontiguousarray(queries, dtype=np.uint64)
         n, nq = self.words.shape[0], queries.shape[0]
         k = min(k, n)
@@ -203,51 +204,27 @@ class MultiIndex:
             return dist, pos
         layout = np.array([[w, offset, width, start] for (w, offset, width), start in zip(self.layout, self.starts)],
                           dtype=np.int32)
-        budget = max(1024, int(4 * n * BUDGET_PER_ITEM)) if scan is not None else 2**62
+        budget = int(n * BUDGET_PER_ITEM) if scan is not None else 2**60
+        if budget < MIN_BUDGET:  # a small collection: the scan is faster than any probing
+            dist[:], pos[:] = scan(queries, k)
+            stats.update(mih=0, scan=nq)
+            return dist, pos
 
-        def work(a: int, b: int) -> None:
+        def work(a: int, b: int, most: int) -> None:
             kernels.mih_search(queries[a:b], b - a, self.words, n, self.words.shape[1], self.n_bits, k, layout,
-                               self.m, self.positions, self.offsets, self.offsets.size, budget, dist[a:b], pos[a:b])
+                               self.m, self.positions, self.offsets, self.offsets.size, most, dist[a:b], pos[a:b])
 
         pilot = min(PILOT, nq) if scan is not None else 0
-        if pilot:
-            dist[:pilot], pos[:pilot] = scan(queries[:pilot], k)
-            limit = n * BUDGET_PER_ITEM * pilot
-            reads = 0.0
-            for q, d in zip(queries[:pilot], dist[:pilot, -1]):
-                reads += self.entries_to_read(q, int(d), limit - reads)
-                if reads > limit:
-                    break
-            if reads > limit:  # probing would cost more than the scan here
-                if nq > pilot:
-                    dist[pilot:], pos[pilot:] = scan(queries[pilot:], k)
-                stats.update(mih=0, scan=nq)
-                return dist, pos
-        over_query_ranges(nq - pilot, threads, lambda a, b: work(pilot + a, pilot + b))
+        over_query_ranges(pilot, threads, lambda a, b: work(a, b, budget))
+        if pilot and (pos[:pilot, 0] < 0).sum() * 2 > pilot:  # probing costs more than the scan here
+            pos[pilot:] = -1
+        else:
+            over_query_ranges(nq - pilot, threads, lambda a, b: work(pilot + a, pilot + b, 4 * budget))
         left = np.flatnonzero(pos[:, 0] < 0)
-        stats.update(mih=nq - pilot - left.size, scan=pilot + int(left.size))
+        stats.update(mih=nq - int(left.size), scan=int(left.size))
         if left.size:
             dist[left], pos[left] = scan(queries[left], k)
         return dist, pos
-
-    def entries_to_read(self, q: np.ndarray, kth: int, limit: float = math.inf) -> float:
-        """The bucket entries (and buckets) that probing one query word row [W] reads before it can stop,
-        given its k-th distance: radius r = kth // m in substrings 0..kth % m and r − 1 in the rest (then
-        the bound m·r + j + 1 exceeds kth). Counting stops once past ``limit``; infinite when a radius
-        has more than MAX_MASKS values to probe."""
-        r, last = divmod(kth, self.m)
-        total = 0.0
-        for j, (_, _, width) in enumerate(self.layout):
-            value = np.uint64(int(self._values(q[None, :], j)[0]))
-            for radius in range(min(r if j <= last else r - 1, width) + 1):
-                if math.comb(width, radius) > MAX_MASKS:
-                    return math.inf
-                buckets = (value ^ _masks(width, radius)).astype(np.int64)
-                starts, stops = self._bucket(j, buckets)
-                total += float((stops - starts).sum()) + buckets.size
-                if total > limit:
-                    return total
-        return total
 
 
 CACHE = "mih"  # the cache folder inside an index folder
