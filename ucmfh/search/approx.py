@@ -17,7 +17,6 @@ k items for that query (IVF with few lists probed).
 """
 from __future__ import annotations
 
-import glob
 import math
 import os
 from typing import Any, Dict, Optional, Tuple
@@ -25,7 +24,7 @@ from typing import Any, Dict, Optional, Tuple
 import numpy as np
 
 from ucmfh.config import BackendConfig
-from ucmfh.files import atomic_path, locked
+from ucmfh.files import atomic_path
 
 EXTRA = "faiss"  # the extra of setup.py that installs faiss-cpu
 CACHE = "faiss"  # the cache folder inside an index folder
@@ -86,50 +85,29 @@ def build(words: np.ndarray, n_bits: int, cfg: BackendConfig, threads: Optional[
 
 def faiss_index(index: Any, modality: str, cfg: BackendConfig, threads: Optional[int] = None) -> Tuple[Any, str]:
     """The FAISS index of one modality of ``index`` (an :class:`~ucmfh.search.index.Index`): read from the
-    cache, else built (and cached where the folder can be written). Returns it and how it was got:
-    ``cached``, ``built`` (and cached) or ``in memory``."""
+    cache, else built (and cached where the folder can be written; :meth:`Index.derived`). Returns it and
+    how it was got: ``cached``, ``built`` (and cached) or ``in memory``."""
     faiss = import_faiss()
     if index.n_bits % 8:
         raise ValueError(f"{index.path or 'index'}: FAISS's binary indexes take whole bytes; "
                          f"these codes have {index.n_bits} bits")
     count = index.count(modality)
     name = cache_name(modality, cfg, count)
-    memo: Dict[str, Any] = index.faiss_cache
-    held = memo.get(name)
-    if held is not None and held.ntotal == count:
-        return held, "in memory"
-    if index.path is None:
-        memo[name] = build(index.codes(modality), index.n_bits, cfg, threads)
-        return memo[name], "in memory"
-    folder = os.path.join(index.path, CACHE)
-    path = os.path.join(folder, name)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        lock = locked(path)
-        lock.__enter__()
-    except PermissionError:  # a read-only folder: built in memory, once per opening of the index
-        memo[name] = build(index.codes(modality), index.n_bits, cfg, threads)
-        return memo[name], "in memory"
-    try:
-        if os.path.exists(path):
-            cached = faiss.read_index_binary(path)
-            if cached.ntotal == count and cached.d == index.n_bits:
-                memo[name] = cached
-                return cached, "cached"
-        memo[name] = build(index.codes(modality), index.n_bits, cfg, threads)
+
+    def read(path: str) -> Any:
+        if not os.path.exists(path):
+            return None
+        cached = faiss.read_index_binary(path)
+        return cached if cached.ntotal == count and cached.d == index.n_bits else None
+
+    def write(built: Any, path: str) -> None:
         tmp = atomic_path(path)
-        faiss.write_index_binary(memo[name], tmp)
+        faiss.write_index_binary(built, tmp)
         os.replace(tmp, path)
-        # the same kind built with other settings, or for fewer items, is stale
-        kind = name.split(".")[1].split("-")[0]
-        for old in glob.glob(os.path.join(folder, f"{modality}.{kind}-*.faiss")):
-            if old != path:
-                os.remove(old)
-                if os.path.exists(old + ".lock"):
-                    os.remove(old + ".lock")
-    finally:
-        lock.__exit__(None, None, None)
-    return memo[name], "built"
+
+    kind = name.split(".")[1].split("-")[0]  # the same kind built with other settings, or for fewer items, is stale
+    return index.derived(CACHE, name, lambda: build(index.codes(modality), index.n_bits, cfg, threads), read, write,
+                         f"{modality}.{kind}-*")
 
 
 def search(index: Any, queries: np.ndarray, k: int, modality: str, cfg: BackendConfig,

@@ -30,11 +30,12 @@ added) ascending, as everywhere in ucmfh (docs/reference.md §6).
 """
 from __future__ import annotations
 
+import glob
 import json
 import os
 import shutil
 import sys
-from typing import Any, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -161,8 +162,7 @@ class Index:
         self.path: Optional[str] = None  # the folder, once saved or loaded
         self._count = {m: 0 for m in MODALITIES}
         self._columns: Dict[str, Dict[str, _Column]] = {m: {} for m in MODALITIES}
-        self.faiss_cache: Dict[str, Any] = {}  # FAISS indexes of the codes, by cache name (ucmfh.search.approx)
-        self.mih_cache: Dict[str, Any] = {}  # multi-index tables of the codes, by cache name (ucmfh.search.mih)
+        self._derived: Dict[Tuple[str, str, int], Any] = {}  # structures built from the codes (:meth:`derived`)
 
     # ------------------------------------------------------------------ facts
 
@@ -430,6 +430,45 @@ class Index:
         if served is not None:
             served.update(scan=served.get("scan", 0) + qw.shape[0])
         return hamming_search(qw, codes, self.n_bits, int(k), device, threads)
+
+    def derived(self, cache: str, name: str, build: Callable[[], Any], read: Callable[[str], Optional[Any]],
+                write: Callable[[Any, str], None], stale: str) -> Tuple[Any, str]:
+        """A structure built from the codes (a FAISS index, multi-index tables), kept for this opening of
+        the index and cached inside its folder, in ``INDEX/cache/``: ``read(path)`` (None when absent or
+        out of date), else ``build()`` and ``write(it, path)`` (under a lock on ``path``: two searches never
+        build it twice; write to temporary names and rename). ``name`` holds every setting built in and
+        the item count; other files matching ``stale`` (a glob in the cache folder) are then removed. A
+        folder that cannot be written gets it built in memory. Returns it and how it was got: ``in
+        memory``, ``cached`` or ``built``."""
+        key = (cache, name, self.ntotal)
+        if key in self._derived:
+            return self._derived[key], "in memory"
+        if self.path is None:
+            self._derived[key] = build()
+            return self._derived[key], "in memory"
+        folder = os.path.join(self.path, cache)
+        path = os.path.join(folder, name)
+        try:
+            os.makedirs(folder, exist_ok=True)
+            lock = locked(path)
+            lock.__enter__()
+        except PermissionError:  # a read-only folder: built in memory, once per opening of the index
+            self._derived[key] = build()
+            return self._derived[key], "in memory"
+        try:
+            found = read(path)
+            if found is not None:
+                self._derived[key] = found
+                return found, "cached"
+            self._derived[key] = build()
+            write(self._derived[key], path)
+            for old in glob.glob(os.path.join(folder, stale)):
+                base = os.path.basename(old)
+                if base != name and not base.startswith(name + "."):  # name, name.lock, name.PART.npy stay
+                    os.remove(old)
+        finally:
+            lock.__exit__(None, None, None)
+        return self._derived[key], "built"
 
     # --------------------------------------------------------------- files
 

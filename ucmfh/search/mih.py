@@ -16,7 +16,6 @@ over queries) where they are built, else in numpy, one query at a time (slow: a 
 """
 from __future__ import annotations
 
-import glob
 import itertools
 import math
 import os
@@ -24,7 +23,7 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import numpy as np
 
-from ucmfh.files import atomic_path, locked
+from ucmfh.files import atomic_path
 from ucmfh.search.kernels import kernels_module, over_query_ranges
 
 MAX_WIDTH = 24  # bits per substring: its bucket offsets take 8 · 2^width bytes
@@ -236,46 +235,26 @@ def cache_name(modality: str, m: int, count: int) -> str:
 
 
 def multi_index(index: Any, modality: str, substrings: Optional[int] = None) -> Tuple["MultiIndex", str]:
-    """The multi-index tables of one modality of ``index`` (an :class:`~ucmfh.search.index.Index`): held in
-    memory, read (memory-mapped) from the index folder's cache, else built and cached where the folder can
-    be written. Tables for another number of items (the index grew) or substrings are replaced. Returns
-    them and how they were got: ``in memory``, ``cached`` or ``built``."""
+    """The multi-index tables of one modality of ``index`` (an :class:`~ucmfh.search.index.Index`): read
+    (memory-mapped) from the index folder's cache, else built and cached (:meth:`Index.derived`); tables
+    for another number of items (the index grew) or substrings are replaced. Returns them and how they
+    were got: ``in memory``, ``cached`` or ``built``."""
     words = index.codes(modality)
-    count = words.shape[0]
-    m = default_substrings(index.n_bits, count) if substrings is None else substrings
-    name = cache_name(modality, m, count)
-    memo: Dict[str, Any] = index.mih_cache
-    if name in memo:
-        return memo[name], "in memory"
-    if index.path is None:
-        memo[name] = MultiIndex(words, index.n_bits, m)
-        return memo[name], "in memory"
-    folder = os.path.join(index.path, CACHE)
-    stem = os.path.join(folder, name)
-    try:
-        os.makedirs(folder, exist_ok=True)
-        lock = locked(stem)
-        lock.__enter__()
-    except PermissionError:  # a read-only folder: built in memory, once per opening of the index
-        memo[name] = MultiIndex(words, index.n_bits, m)
-        return memo[name], "in memory"
-    try:
-        paths = {part: f"{stem}.{part}.npy" for part in ("positions", "offsets")}
-        if all(os.path.exists(p) for p in paths.values()):
-            tables = MultiIndex.from_tables(words, index.n_bits, m, *(np.load(paths[part], mmap_mode="r")
-                                                                      for part in ("positions", "offsets")))
-            memo[name] = tables
-            return tables, "cached"
-        tables = MultiIndex(words, index.n_bits, m)
-        for part, path in paths.items():
-            tmp = atomic_path(path)
+    m = default_substrings(index.n_bits, words.shape[0]) if substrings is None else substrings
+    parts = ("positions", "offsets")
+
+    def read(stem: str) -> Optional[MultiIndex]:
+        if not all(os.path.exists(f"{stem}.{part}.npy") for part in parts):
+            return None
+        return MultiIndex.from_tables(words, index.n_bits, m, *(np.load(f"{stem}.{part}.npy", mmap_mode="r")
+                                                                for part in parts))
+
+    def write(tables: MultiIndex, stem: str) -> None:
+        for part in parts:
+            tmp = atomic_path(f"{stem}.{part}.npy")
             with open(tmp, "wb") as f:
                 np.save(f, getattr(tables, part))
-            os.replace(tmp, path)
-        for old in glob.glob(os.path.join(folder, f"{modality}.m*.n*.*")):  # other substrings, fewer items: stale
-            if not os.path.basename(old).startswith(name + "."):
-                os.remove(old)
-        memo[name] = tables
-    finally:
-        lock.__exit__(None, None, None)
-    return memo[name], "built"
+            os.replace(tmp, f"{stem}.{part}.npy")
+
+    return index.derived(CACHE, cache_name(modality, m, words.shape[0]), lambda: MultiIndex(words, index.n_bits, m),
+                         read, write, f"{modality}.m*.n*.*")
