@@ -411,7 +411,7 @@ typedef struct {
     const uint64_t *q, *r;  /* query words [nq, words], item words [nr, words] */
     const int32_t *layout;  /* [m, 4]: word, bit offset, width, start of the substring's offsets */
     const uint32_t *pos;    /* [m * nr] */
-    const int64_t *off;     /* concatenated bucket offsets */
+    const uint32_t *off;    /* concatenated bucket offsets (into a substring's nr positions) */
     Py_ssize_t nq, nr, k;
     int64_t budget; /* bucket entries a query may read before it is left to the scan (out_p = -1) */
     int words, m, n_bits;
@@ -450,18 +450,18 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
                 const int width = lay[2];
                 if (r <= width) {
                     const uint64_t value = (q[lay[0]] >> lay[1]) & ((width == 64 ? 0 : (1ULL << width)) - 1);
-                    const int64_t *off = job->off + lay[3];
+                    const uint32_t *off = job->off + lay[3];
                     const uint32_t *pos = job->pos + (Py_ssize_t)j * nr;
                     const uint64_t limit = 1ULL << width;
                     uint64_t x = r ? (1ULL << r) - 1 : 0;
                     for (;;) { /* every width-bit x with r bits set (Gosper's hack) */
                         const uint64_t bucket = value ^ x;
-                        read += off[bucket + 1] - off[bucket] + 1;
+                        read += (int64_t)off[bucket + 1] - off[bucket] + 1;
                         if (read > job->budget) {
                             gave_up = done = 1;
                             break;
                         }
-                        for (int64_t t = off[bucket]; t < off[bucket + 1]; t++) {
+                        for (uint32_t t = off[bucket]; t < off[bucket + 1]; t++) {
                             const uint32_t p = pos[t];
                             const uint64_t *item = job->r + (Py_ssize_t)p * words;
                             int first = 1; /* met here first: no substring before j at r or less, none after below r */
@@ -808,7 +808,7 @@ PyDoc_STRVAR(mih_search_doc,
 "           budget, out_distance, out_position)\n--\n\n"
 "Exact top k (1 <= k <= n_items) of each query by (Hamming distance, position) from multi-index\n"
 "tables: layout int32 [m, 4] (word, bit offset, width, start in offsets), positions uint32\n"
-"[m * n_items], offsets int64 [n_offsets]; outputs int64 [n_query, k]. A query that would read\n"
+"[m * n_items], offsets uint32 [n_offsets]; outputs int64 [n_query, k]. A query that would read\n"
 "more than budget bucket entries (and buckets) stops: its row is -1, for the linear scan.");
 
 static PyObject *py_mih_search(PyObject *self, PyObject *args)
@@ -831,7 +831,7 @@ static PyObject *py_mih_search(PyObject *self, PyObject *args)
     job.r = job.q ? take(&b, r, nr * words * 8, 0, "items") : NULL;
     job.layout = job.r ? take(&b, lay, (Py_ssize_t)m * 16, 0, "layout") : NULL;
     job.pos = job.layout ? take(&b, pos, (Py_ssize_t)m * nr * 4, 0, "positions") : NULL;
-    job.off = job.pos ? take(&b, off, n_off * 8, 0, "offsets") : NULL;
+    job.off = job.pos ? take(&b, off, n_off * 4, 0, "offsets") : NULL;
     int64_t *out_d = job.off ? take(&b, od, nq * k * 8, 1, "out_distance") : NULL;
     int64_t *out_p = out_d ? take(&b, op, nq * k * 8, 1, "out_position") : NULL;
     if (!out_p) {

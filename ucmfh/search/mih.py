@@ -10,7 +10,7 @@ search stops when k found items lie below that bound, so the result is the exact
 (distance, position) — the linear scan's, ties and all.
 
 The tables are, per substring, the positions sorted by substring value and the offsets of each
-value's bucket (2^width + 1 entries). Memory: 4 bytes per item and substring, plus 8 bytes per
+value's bucket (2^width + 1 entries). Memory: 4 bytes per item and substring, plus 4 bytes per
 substring value. The search runs in the compiled kernels (``mih_search`` of ``_hamming.c``, threads
 over queries) where they are built, else in numpy, one query at a time (slow: a reference).
 """
@@ -26,7 +26,7 @@ import numpy as np
 from ucmfh.files import atomic_path
 from ucmfh.search.kernels import kernels_module, over_query_ranges
 
-MAX_WIDTH = 24  # bits per substring: its bucket offsets take 8 · 2^width bytes
+MAX_WIDTH = 24  # bits per substring: its bucket offsets take 4 · 2^width bytes
 # Probing pays when a query reads fewer bucket entries than this share of the items the scan would read:
 # measured on one core (scripts/bench_mih.py), the scan takes about 0.3 ns per code, probing 150-250 ns
 # per bucket entry (a code read at random, and the buckets' bookkeeping).
@@ -104,7 +104,7 @@ class MultiIndex:
         if not build:
             return
         self.positions = np.empty(self.m * n, dtype=np.uint32)
-        self.offsets = np.empty(int(self.starts[-1]), dtype=np.int64)
+        self.offsets = np.empty(int(self.starts[-1]), dtype=np.uint32)
         for j, width in enumerate(widths):
             values = self._values(self.words, j)
             self.positions[j * n : (j + 1) * n] = np.argsort(values, kind="stable")
@@ -118,7 +118,7 @@ class MultiIndex:
         """Tables saved before (e.g. memory-mapped), checked against the codes' count and the layout."""
         tables = cls(words, n_bits, m, build=False)
         n = tables.words.shape[0]
-        if positions.shape != (m * n,) or positions.dtype != np.uint32 or offsets.dtype != np.int64 \
+        if positions.shape != (m * n,) or positions.dtype != np.uint32 or offsets.dtype != np.uint32 \
                 or offsets.shape != (int(tables.starts[-1]),) or offsets[tables.starts[1:] - 1].tolist() != [n] * m:
             raise ValueError(f"multi-index tables for {m} substrings of {n} items do not fit these codes")
         tables.positions, tables.offsets = positions, offsets
@@ -135,7 +135,7 @@ class MultiIndex:
 
     def _bucket(self, j: int, buckets: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         offsets = self.offsets[self.starts[j] : self.starts[j + 1]]
-        return offsets[buckets], offsets[buckets + 1]
+        return offsets[buckets].astype(np.int64), offsets[buckets + 1].astype(np.int64)
 
     def _distances(self, q: np.ndarray, positions: np.ndarray) -> np.ndarray:
         return popcount(self.words[positions] ^ q).sum(axis=1, dtype=np.int64)
@@ -246,8 +246,11 @@ def multi_index(index: Any, modality: str, substrings: Optional[int] = None) -> 
     def read(stem: str) -> Optional[MultiIndex]:
         if not all(os.path.exists(f"{stem}.{part}.npy") for part in parts):
             return None
-        return MultiIndex.from_tables(words, index.n_bits, m, *(np.load(f"{stem}.{part}.npy", mmap_mode="r")
-                                                                for part in parts))
+        try:
+            return MultiIndex.from_tables(words, index.n_bits, m, *(np.load(f"{stem}.{part}.npy", mmap_mode="r")
+                                                                    for part in parts))
+        except ValueError:  # tables of another format or a damaged file: built again
+            return None
 
     def write(tables: MultiIndex, stem: str) -> None:
         for part in parts:
