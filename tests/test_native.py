@@ -120,3 +120,23 @@ def test_kernels_check_their_buffers():
         _hamming.top_k(q, r, 3, 10, 1, 65, 4, idx, idx.copy())
     with pytest.raises(ValueError, match="C-contiguous"):
         _hamming.top_k(q, r, 3, 10, 1, 64, 4, idx, np.empty((4, 3), dtype=np.int64).T)
+
+
+@pytest.mark.parametrize("n_bits", [12, 64, 128])
+def test_tie_aware_map_and_multi_index_on_every_build(build, n_bits):
+    """The histograms cut at k (tie-aware metrics) and the multi-index probing, in the build chosen for
+    this CPU and in the portable one, against the torch path and the scan; past a retrieval tile."""
+    from ucmfh.metrics import map_at_k
+    from ucmfh.search.index import as_words, hamming_search
+    from ucmfh.search.mih import MultiIndex
+
+    q, r = codes(40, n_bits, 1), codes(9000, n_bits, 2)
+    ql, rl = labels(40, 70, 3), labels(9000, 70, 4)
+    for k in (1, 50, 700):
+        want = torch_path(map_at_k, q, r, ql, rl, k, ties="expected")
+        assert map_at_k(q, r, ql, rl, k, ties="expected") == pytest.approx(want, abs=1e-12)
+    rw, qw = as_words(r.numpy(), n_bits), as_words(q.numpy(), n_bits)
+    for k in (1, 10, 300):
+        got = MultiIndex(rw, n_bits).search(qw, k)
+        scan = hamming_search(qw, rw, n_bits, k, threads=1)
+        assert np.array_equal(got[0], scan[0]) and np.array_equal(got[1], scan[1])
