@@ -1,4 +1,5 @@
 """Multi-index hashing (ucmfh.search.mih): the linear scan's exact top k, item for item, ties by position."""
+import json
 import os
 
 import numpy as np
@@ -91,6 +92,7 @@ def test_the_index_backend_equals_the_scan_and_caches_its_tables(tmp_path, monke
     want = reopened.search(queries, 10, "txt")
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
     assert served["mih"] + served["scan"] == len(queries) and served["mih"] >= len(queries) // 2
+    assert len(served["scanned"]) == served["scan"]
     reopened.add("txt", items[3000:])  # the index grew: the tables are built again, the old ones removed
     tables, how = multi_index(reopened, "txt")
     assert how == "built" and tables.words.shape[0] == 4000
@@ -101,9 +103,11 @@ def test_the_index_backend_equals_the_scan_and_caches_its_tables(tmp_path, monke
     a, b = Index(64), Index(64)
     a.add("txt", items[:1500])
     b.add("txt", items[1500:])
-    got = Shards([a, b]).search(queries, 25, "txt", backend=cfg)
+    served = {}
+    got = Shards([a, b]).search(queries, 25, "txt", backend=cfg, served=served)
     want = whole.search(queries, 25, "txt")
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+    assert served["mih"] + served["scan"] == len(queries) == 40  # each query once, whatever the shards
 
 
 def test_far_queries_fall_back_to_the_scan(monkeypatch):
@@ -119,7 +123,7 @@ def test_far_queries_fall_back_to_the_scan(monkeypatch):
     served = {}
     got = mih.search(qw, 10, scan=lambda q, k: hamming_search(q, rw, 64, k, threads=1), stats=served)
     want = hamming_search(qw, rw, 64, 10, threads=1)
-    assert served == {"mih": 0, "scan": 40}
+    assert served["mih"] == 0 and served["scan"] == 40 and served["scanned"].tolist() == list(range(40))
     assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
 
 
@@ -130,7 +134,9 @@ def test_the_cli_backend(tiny_path, tmp_path, trained):
     base = ["search", out, "-q", tiny_path, "-k", "5", "--json", "-m", "text"]
     exact, mih = runner.invoke(main, base), runner.invoke(main, [*base, "--backend", "mih", "--substrings", "4"])
     assert exact.exit_code == 0 and mih.exit_code == 0, mih.output
-    assert exact.stdout == mih.stdout  # the same hits, in the same order
+    rows = [[json.loads(line) for line in r.stdout.splitlines()] for r in (exact, mih)]
+    assert {row.pop("searched_by") for row in rows[1]} == {"scan"}  # a collection this small is scanned
+    assert rows[0] == rows[1]  # the same hits, in the same order
     assert "queries by multi-index hashing" in mih.stderr
     wrong = runner.invoke(main, [*base, "--substrings", "4"])
     assert wrong.exit_code == 2 and "--substrings does not apply to --backend exact" in wrong.output

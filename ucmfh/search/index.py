@@ -407,7 +407,8 @@ class Index:
         queries (default: the CPUs this process may use); on a GPU the torch path.
         ``self.ids(modality)[positions]`` gives the items' ids. ``backend``
         (:class:`ucmfh.config.BackendConfig`) ``mih``: the same result by multi-index hashing on
-        the CPU (:mod:`ucmfh.search.mih`; ``served`` gets how many queries it and the scan served);
+        the CPU (:mod:`ucmfh.search.mih`; ``served`` gets how many queries it and the scan served, and
+        ``scanned``, which the scan did);
         ``faiss-*``: FAISS's approximate search (:mod:`ucmfh.search.approx`; positions -1 where it
         found fewer than k).
         """
@@ -428,7 +429,7 @@ class Index:
 
             return approx.search(self, qw, int(k), modality, backend, threads)
         if served is not None:
-            served.update(scan=served.get("scan", 0) + qw.shape[0])
+            served.update(mih=0, scan=qw.shape[0], scanned=np.arange(qw.shape[0]))
         return hamming_search(qw, codes, self.n_bits, int(k), device, threads)
 
     def derived(self, cache: str, name: str, build: Callable[[], Any], read: Callable[[str], Optional[Any]],

@@ -186,7 +186,7 @@ class MultiIndex:
         ``PILOT`` queries are probed within a budget of ``BUDGET_PER_ITEM`` bucket entries per item, those
         that reach it are scanned, and when most of them do the scan serves every other query too; the
         rest are probed within four times the budget (outliers are scanned). ``stats`` gets ``mih`` and
-        ``scan``: how many queries each served."""
+        ``scan``, how many queries each served, and ``scanned``, which (indices, int64)."""
         queries = np.ascontiguousarray(queries, dtype=np.uint64)
         n, nq = self.words.shape[0], queries.shape[0]
         k = min(k, n)
@@ -195,7 +195,7 @@ class MultiIndex:
         if k == 0 or nq == 0:
             return dist, pos
         stats = {} if stats is None else stats
-        stats.update(mih=nq, scan=0)
+        stats.update(mih=nq, scan=0, scanned=np.zeros(0, dtype=np.int64))
         kernels = kernels_module() if compiled else None
         if kernels is None or not hasattr(kernels, "mih_search"):
             for i, q in enumerate(queries):
@@ -206,7 +206,7 @@ class MultiIndex:
         budget = int(n * BUDGET_PER_ITEM) if scan is not None else 2**60
         if budget < MIN_BUDGET:  # a small collection: the scan is faster than any probing
             dist[:], pos[:] = scan(queries, k)
-            stats.update(mih=0, scan=nq)
+            stats.update(mih=0, scan=nq, scanned=np.arange(nq))
             return dist, pos
 
         def work(a: int, b: int, most: int) -> None:
@@ -220,7 +220,7 @@ class MultiIndex:
         else:
             over_query_ranges(nq - pilot, threads, lambda a, b: work(pilot + a, pilot + b, 4 * budget))
         left = np.flatnonzero(pos[:, 0] < 0)
-        stats.update(mih=nq - int(left.size), scan=int(left.size))
+        stats.update(mih=nq - int(left.size), scan=int(left.size), scanned=left)
         if left.size:
             dist[left], pos[left] = scan(queries[left], k)
         return dist, pos

@@ -35,7 +35,7 @@ class Results:
     seconds: Dict[str, float] = field(default_factory=dict)  # encode / search / rerank, all queries together
     backend: str = "exact"
     recall: Optional[Dict[str, float]] = None  # an approximate backend's candidates against the exact ones
-    served: Optional[Dict[str, int]] = None  # backend mih: queries served by multi-index hashing and by the scan
+    served: Optional[Dict[str, Any]] = None  # backend mih: queries served by multi-index hashing and by the scan
 
 
 def search_queries(
@@ -86,7 +86,7 @@ def search_queries(
     seconds["encode"] = time.perf_counter() - start
     start = time.perf_counter()
     backend = backend or BackendConfig()
-    served: Dict[str, int] = {}
+    served: Dict[str, Any] = {}
     distances, positions = index.search(logits, depth, modality, device, threads, backend, served)
     seconds["search"] = time.perf_counter() - start
     recall = None
@@ -163,10 +163,12 @@ def format_scores(found: Dict[str, Any]) -> str:
 
 
 def result_rows(results: Results) -> List[Dict[str, Any]]:
-    """One JSON-able row per hit: query, rank (1-based), id, distance, and what is known of it."""
+    """One JSON-able row per hit: query, rank (1-based), id, distance, and what is known of it (with
+    ``--backend mih``, ``searched_by``: ``mih`` or ``scan``)."""
     rows = []
     q = results.queries
     column = "text" if results.modality == "txt" else "path"
+    scanned = set(results.served["scanned"].tolist()) if results.served is not None else set()
     for i in range(results.positions.shape[0]):
         for r in range(results.positions.shape[1]):
             row: Dict[str, Any] = {"query": i, "rank": r + 1, "id": int(results.ids[i, r]),
@@ -182,6 +184,8 @@ def result_rows(results: Results) -> List[Dict[str, Any]]:
                 row[column] = results.shown[i][r]
             if results.relevant is not None:
                 row["relevant"] = bool(results.relevant[i, r])
+            if results.served is not None:
+                row["searched_by"] = "scan" if i in scanned else "mih"
             rows.append(row)
     return rows
 

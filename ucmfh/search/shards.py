@@ -53,15 +53,17 @@ class Shards:
             raise ValueError(f"k must be >= 1, got {k}")
         qw = as_words(queries, self.n_bits, "queries")
         dists, positions = [], []
+        scanned: set = set()  # queries the scan served in some shard
         for offset, shard in zip(self._offsets(modality), self.shards):
             if shard.count(modality):
-                part: Dict[str, int] = {}
+                part: Dict[str, Any] = {}
                 d, p = shard.search(qw, int(k), modality, device, threads, backend, part)
-                if served is not None:  # queries served, counted once per shard searched
-                    for how, n in part.items():
-                        served[how] = served.get(how, 0) + n
+                scanned.update(part.get("scanned", []))
                 dists.append(d)
                 positions.append(np.where(p < 0, -1, p + offset))  # -1: not found (approximate backends)
+        if served is not None:  # a query counts as multi-index hashing's where it served every shard
+            served.update(mih=qw.shape[0] - len(scanned), scan=len(scanned),
+                          scanned=np.array(sorted(scanned), dtype=np.int64))
         if not dists:
             empty = np.zeros((qw.shape[0], 0), dtype=np.int64)
             return empty, empty.copy()
