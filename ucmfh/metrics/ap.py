@@ -87,7 +87,8 @@ def _stable_argsort(dist: torch.Tensor, n_bits: int) -> torch.Tensor:
     return dist.sort(dim=1, stable=True).indices
 
 
-def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+def exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
+    """Sums of the entries before each one, along dim 1. Shape: [q, m] -> [q, m]."""
     return x.cumsum(dim=1) - x
 
 
@@ -114,8 +115,8 @@ def average_precision_all_hamming(
     hists = iter_hamming_histograms(query, retrieval, query_labels, retrieval_labels, chunk_size, retrieval_chunk_size)
     for start, h_all, h_rel in hists:
         q = as_pm1(query[start : start + chunk_size], device)
-        nearer_all = _exclusive_cumsum(h_all)  # items strictly nearer than d
-        nearer_rel = _exclusive_cumsum(h_rel)
+        nearer_all = exclusive_cumsum(h_all)  # items strictly nearer than d
+        nearer_rel = exclusive_cumsum(h_rel)
         seen_all = torch.zeros_like(h_all)  # items at distance d in earlier blocks
         seen_rel = torch.zeros_like(h_rel)
         total = torch.zeros(q.shape[0], dtype=torch.int64, device=device)
@@ -134,8 +135,8 @@ def average_precision_all_hamming(
             first = per_row.cumsum(0) - per_row  # index in row/place of each row's first relevant item
             rank_in_block = torch.arange(1, row.numel() + 1, device=device) - first[row]
             # 1-based position in the whole ranking and rank among the relevant items
-            position = (nearer_all + seen_all - _exclusive_cumsum(b_all))[row, d] + place + 1
-            rank = (nearer_rel + seen_rel - _exclusive_cumsum(b_rel))[row, d] + rank_in_block
+            position = (nearer_all + seen_all - exclusive_cumsum(b_all))[row, d] + place + 1
+            rank = (nearer_rel + seen_rel - exclusive_cumsum(b_rel))[row, d] + rank_in_block
             terms = torch.round(rank.double() / position.double() * scale).long()
             total.index_add_(0, row, terms)
             seen_all += b_all

@@ -34,14 +34,12 @@ from typing import Iterator, Optional, Sequence, Tuple
 
 import torch
 
+from ucmfh.metrics.ap import exclusive_cumsum
 from ucmfh.metrics.histograms import iter_hamming_histograms
 from ucmfh.metrics.inputs import as_pm1, n_bits_of
+from ucmfh.metrics.relevance import gather_id_match, gather_relevance
 from ucmfh.metrics.topk import iter_top_k
 from ucmfh.similarity import cosine_similarity_float64
-
-def _exclusive_cumsum(x: torch.Tensor) -> torch.Tensor:
-    return x.cumsum(dim=1) - x
-
 
 def _harmonic_span(before: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """Σ_{p=1..count} 1 / (before + p), float64, elementwise: a difference of harmonic numbers
@@ -70,7 +68,7 @@ def _log_choose(n: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
 
 def _cut(n: torch.Tensor, k: Optional[int]) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Items before each group and the places each group has among the first k: ([Q, G] ×3 int64)."""
-    before_n = _exclusive_cumsum(n)
+    before_n = exclusive_cumsum(n)
     taken = n if k is None else (k - before_n).clamp(min=0).minimum(n)
     return before_n, taken, (taken > 0) & (taken < n)
 
@@ -101,7 +99,7 @@ def expected_average_precision(n: torch.Tensor, r: torch.Tensor, k: Optional[int
     ``n[q, g]`` items, ``r[q, g]`` of them relevant, in group (rank) order; empty groups are allowed.
     """
     before_n, taken, partial = _cut(n, k)
-    before_r = _exclusive_cumsum(r)
+    before_r = exclusive_cumsum(r)
     whole = (taken == n) & (n > 0)
     s = torch.where(whole, _group_sum(before_n, before_r, n, r), torch.zeros(n.shape, dtype=torch.float64,
                                                                              device=n.device)).sum(dim=1)
@@ -183,10 +181,8 @@ def iter_cosine_groups(
     n = retrieval.shape[0]
     for start, sim, idx in iter_top_k(query, retrieval, k, "cosine", chunk_size, retrieval_chunk_size):
         q_side = query_side[start : start + chunk_size].to(device)
-        if by_id:
-            rel = retrieval_side.to(device).long()[idx] == q_side.long()[:, None]
-        else:
-            rel = _block_relevance(q_side, retrieval_side.to(device), False).gather(1, idx)
+        gather = gather_id_match if by_id else gather_relevance
+        rel = gather(q_side, retrieval_side, idx)
         new = torch.ones_like(rel)
         new[:, 1:] = sim[:, 1:] != sim[:, :-1]
         group = new.long().cumsum(dim=1) - 1
