@@ -84,7 +84,7 @@ def main() -> None:
     import faiss
 
     from ucmfh.search import Index
-    from ucmfh.search.index import packed_bytes
+    from ucmfh.bits import packed_bytes
     from ucmfh.search.kernels import default_threads, kernels_module
 
     all_threads = default_threads()

@@ -8,7 +8,8 @@ from click.testing import CliRunner
 
 from test_search_cli import trained  # noqa: F401 - a fixture
 from ucmfh.app.cli import main
-from ucmfh.search.index import as_words, hamming_search
+from ucmfh.bits import as_words
+from ucmfh.search.index import hamming_search
 from ucmfh.search.kernels import kernels_module
 from ucmfh.search.mih import MultiIndex, _layout, default_substrings, popcount
 

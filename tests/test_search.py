@@ -4,6 +4,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import sys
 
 import h5py
 import numpy as np
@@ -73,6 +74,34 @@ def test_the_torch_path_searches_queries_in_chunks_of_bounded_memory(monkeypatch
     assert rows == [5, 5, 5, 5, 3]
     want_d, want_i = brute_force(q, r, 40)
     assert np.array_equal(pos, want_i) and np.array_equal(dist, want_d)
+
+
+def test_a_cpu_search_never_imports_torch(tmp_path):
+    """Loading an index and searching it, by the scan and by multi-index hashing, and a refused input,
+    run without torch (200 MB of memory a CPU search does not need)."""
+    rng = np.random.default_rng(0)
+    index = Index(n_bits=64)
+    index.add("txt", rng.choice([-1, 1], size=(70000, 64)).astype(np.int8))
+    index.save(tmp_path / "i.index")
+    script = f"""
+import sys
+import numpy as np
+from ucmfh.config import BackendConfig
+from ucmfh.data.format import DataError
+from ucmfh.search import Index
+index = Index.load({str(tmp_path / "i.index")!r})
+q = np.random.default_rng(1).choice([-1, 1], size=(20, 64)).astype(np.int8)
+d, p = index.search(q, 5, "txt")
+d2, p2 = index.search(q, 5, "txt", backend=BackendConfig(backend="mih"))
+assert (p == p2).all() and (d == d2).all()
+try:
+    index.search(q[:, :8], 5, "txt")
+except ValueError:
+    pass
+assert "torch" not in sys.modules, "torch was imported"
+"""
+    run = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
 
 
 def test_bad_arguments_are_clear():

@@ -1,8 +1,6 @@
-"""Binary codes as packed bits, and the HDF5 file that holds a model's codes for evaluation.
+"""Binary codes as torch tensors of packed bits, and the HDF5 file that holds a model's codes for evaluation.
 
-Bit convention: a ±1 code is packed with ``numpy.packbits`` order (bit 0 of a
-code is the most significant bit of its first byte); +1 is a set bit, -1 (and
-sign(0) = +1, docs/reference.md §5) a clear one; the last byte is padded with zeros.
+The bit convention is :mod:`ucmfh.bits`'s (``numpy.packbits`` order, sign >= 0 a set bit).
 """
 from __future__ import annotations
 
@@ -13,24 +11,18 @@ from typing import Dict, Optional, Union
 import numpy as np
 import torch
 
+from ucmfh import bits
+from ucmfh.data.format import DataError
 from ucmfh.files import atomic_file, read_attrs, write_attrs
 
 ArrayLike = Union[np.ndarray, torch.Tensor]
 
-_BIT_WEIGHTS = (1 << np.arange(7, -1, -1)).astype(np.uint8)  # packbits order: MSB first
-
-
 def pack_codes(codes: ArrayLike) -> np.ndarray:
     """Pack ±1 codes into bits. Shape: [N, n_bits] -> [N, ceil(n_bits / 8)] uint8.
 
-    Values >= 0 become set bits, so real-valued head outputs pack as their sign.
+    Values >= 0 become set bits, so real-valued head outputs pack as their sign (:func:`ucmfh.bits.pack`).
     """
-    if isinstance(codes, torch.Tensor):
-        codes = codes.detach().cpu().numpy()
-    codes = np.asarray(codes)
-    if codes.ndim != 2:
-        raise ValueError(f"codes must be 2-D [N, n_bits], got shape {codes.shape}")
-    return np.packbits(codes >= 0, axis=1)
+    return bits.pack(codes)
 
 
 def unpack_codes(packed: ArrayLike, n_bits: int) -> torch.Tensor:
@@ -44,10 +36,10 @@ def unpack_codes(packed: ArrayLike, n_bits: int) -> torch.Tensor:
         raise ValueError(f"packed codes must be 2-D uint8, got {packed.dtype} {tuple(packed.shape)}")
     if not 0 < n_bits <= 8 * packed.shape[1]:
         raise ValueError(f"n_bits={n_bits} does not fit {packed.shape[1]} bytes per code")
-    weights = torch.from_numpy(_BIT_WEIGHTS).to(packed.device)
-    bits = (packed[:, :, None] & weights) != 0  # [N, bytes, 8]
-    bits = bits.reshape(packed.shape[0], -1)[:, :n_bits]
-    return torch.where(bits, 1.0, -1.0)
+    weights = torch.from_numpy(bits.BIT_WEIGHTS).to(packed.device)
+    is_set = (packed[:, :, None] & weights) != 0  # [N, bytes, 8]
+    is_set = is_set.reshape(packed.shape[0], -1)[:, :n_bits]
+    return torch.where(is_set, 1.0, -1.0)
 
 
 # ------------------------------------------------------------------ codes file
@@ -80,12 +72,6 @@ class Codes:
         return unpack_codes(self.packed[(group, modality)], self.n_bits)
 
 
-def _to_numpy(x: ArrayLike) -> np.ndarray:
-    if isinstance(x, torch.Tensor):
-        return x.detach().cpu().numpy()
-    return np.asarray(x)
-
-
 def save_codes(
     path: Union[str, "os.PathLike[str]"],
     *,
@@ -111,14 +97,14 @@ def save_codes(
         ("query", "img"): query_img, ("query", "txt"): query_txt,
         ("retrieval", "img"): retrieval_img, ("retrieval", "txt"): retrieval_txt,
     }
-    arrays = {key: _to_numpy(value) for key, value in given.items()}
+    arrays = {key: bits.to_numpy(value) for key, value in given.items()}
     n_bits = arrays[("query", "img")].shape[1] if arrays[("query", "img")].ndim == 2 else -1
     for (group, modality), codes in arrays.items():
         if codes.ndim != 2 or codes.shape[1] != n_bits:
             raise ValueError(f"{path}: {group}_{modality}: codes must be [N, {n_bits}], got shape {codes.shape}")
         if codes.dtype == np.uint8:
             raise ValueError(f"{path}: {group}_{modality}: pass ±1 codes, not uint8 (packed bits are ambiguous)")
-    labels = {"query": _to_numpy(query_labels), "retrieval": _to_numpy(retrieval_labels)}
+    labels = {"query": bits.to_numpy(query_labels), "retrieval": bits.to_numpy(retrieval_labels)}
     ids = {"query": query_ids, "retrieval": retrieval_ids}
     for group in GROUPS:
         n = arrays[(group, "img")].shape[0]
@@ -128,7 +114,7 @@ def save_codes(
                 f"{arrays[(group, 'img')].shape[0]}, {arrays[(group, 'txt')].shape[0]}, {labels[group].shape}"
             )
         if ids[group] is not None:
-            ids[group] = _to_numpy(ids[group]).astype(np.int64)
+            ids[group] = bits.to_numpy(ids[group]).astype(np.int64)
             if ids[group].shape != (n,):
                 raise ValueError(f"{path}: {group}_ids: must have shape ({n},), got {ids[group].shape}")
     if labels["query"].shape[1] != labels["retrieval"].shape[1]:
@@ -159,12 +145,10 @@ def save_codes(
 def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
     """Read and validate a codes file written by :func:`save_codes`.
 
-    Raises :class:`ucmfh.data.h5.DataError` (a ValueError) naming the file, the
+    Raises :class:`ucmfh.data.format.DataError` (a ValueError) naming the file, the
     dataset and the problem.
     """
     import h5py
-
-    from ucmfh.data.h5 import DataError
 
     path = os.fspath(path)
 

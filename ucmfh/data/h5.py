@@ -18,27 +18,13 @@ import h5py
 import numpy as np
 import torch
 
+from ucmfh.data.format import REQUIRED, SPLITS, DataError, check_finite
 from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, take
+from ucmfh.data.tokens import check_token_splits, check_tokens
 from ucmfh.files import PathLike, atomic_file, read_attrs, write_attrs
 
-SPLITS = ("train", "query", "retrieval")
-REQUIRED = ("image", "text", "labels")
 # rows checked for NaN/inf at a time: bounded memory on NUS-WIDE-sized files
 _CHECK_ROWS = 65536
-
-class DataError(ValueError):
-    """A dataset or input file breaks the format; the message names file, dataset and problem.
-
-    ``remedy``, when given, is ``(setting, value, effect)``: the setting under
-    which the input would be accepted, e.g. ``("bad_images", "skip", "to leave
-    such images out")``. The message itself names no setting; each front door
-    words the remedy as its own option.
-    """
-
-    def __init__(self, message: str, remedy: Optional[Tuple[str, object, str]] = None):
-        super().__init__(message)
-        self.remedy = remedy
-
 
 @dataclass
 class Split:
@@ -161,18 +147,6 @@ def _read(path: str, where: str, dset: h5py.Dataset, rows: slice = slice(None)) 
         raise _fail(path, where, f"unreadable data ({err})") from None
 
 
-def check_finite(block: np.ndarray, where: str, first_row: int = 0) -> None:
-    """Fail on NaN or inf in a [rows, d] ``block`` whose rows are numbered from ``first_row``."""
-    bad = ~np.isfinite(block)
-    if bad.any():
-        row, col = np.argwhere(bad)[0]
-        kind = "NaN" if np.isnan(block[row, col]) else "inf"
-        raise DataError(
-            f"{where}: {int(bad.sum())} non-finite values in rows {first_row}..{first_row + len(block) - 1} "
-            f"(first: {kind} at row {first_row + row}, column {col})"
-        )
-
-
 def _check_finite(path: str, where: str, dset: h5py.Dataset) -> None:
     for start in range(0, dset.shape[0], _CHECK_ROWS):
         check_finite(_read(path, where, dset, slice(start, start + _CHECK_ROWS)), f"{path}: {where}", start)
@@ -199,8 +173,6 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
                  tokens: Dict[str, list]) -> Optional[np.ndarray]:
     """Check one split's datasets; ``dims`` collects each dataset's column count across splits and
     ``tokens`` the token datasets (§9) each split has. Returns its ids."""
-    from ucmfh.data.tokens import check_tokens  # tokens.py builds on this module
-
     n_rows = None
     for name in REQUIRED:
         where = f"/{split}/{name}"
@@ -267,7 +239,6 @@ def validate_file(path: PathLike) -> Dict[str, object]:
             split_ids = _check_split(path, _member(path, f, split, f"/{split}", h5py.Group), split, dims, tokens)
             if split_ids is not None:
                 ids[split] = split_ids
-        from ucmfh.data.tokens import check_token_splits
         check_token_splits(path, tokens)
         try:
             attrs = read_attrs(f)

@@ -14,7 +14,7 @@ from typing import IO, List, Tuple
 
 import numpy as np
 
-from ucmfh.data.h5 import DataError
+from ucmfh.data.format import DataError
 from ucmfh.files import PathLike
 
 NPY_MAGIC = b"\x93NUMPY"

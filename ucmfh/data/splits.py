@@ -12,7 +12,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
-from ucmfh.data.h5 import DataError
+from ucmfh.data.format import DataError
 from ucmfh.data.inputs import npz_member, open_npz
 
 # UCMFH's seed; a split is reproducible from (sizes, seed, n_items)

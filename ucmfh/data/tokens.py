@@ -22,7 +22,7 @@ import h5py
 import numpy as np
 import torch
 
-from ucmfh.data.h5 import SPLITS, DataError, check_finite
+from ucmfh.data.format import SPLITS, DataError, check_finite
 from ucmfh.files import read_attrs
 
 IMAGE_TOKENS = "image_tokens"

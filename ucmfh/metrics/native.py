@@ -22,6 +22,8 @@ from typing import Callable, Iterator, Literal, Optional, Tuple
 import numpy as np
 import torch
 
+from ucmfh import bits
+
 try:  # the compiled CPU kernels; optional at install (setup.py)
     from ucmfh.metrics import _hamming
 except ImportError:  # pragma: no cover - exercised only where the build failed
@@ -66,6 +68,11 @@ def set_backend(name: Backend) -> Backend:
     return previous
 
 
+def chosen_backend() -> str:
+    """The choice :func:`set_backend` last made for this process (``"auto"`` until then)."""
+    return _backend
+
+
 @contextlib.contextmanager
 def backend(name: Backend) -> Iterator[None]:
     """:func:`set_backend` for the ``with`` block; the previous choice comes back after it.
@@ -88,26 +95,18 @@ def use_native(device: torch.device) -> bool:
     return _hamming is not None
 
 
-def _words(bits: np.ndarray) -> np.ndarray:
-    """Packed bits [N, bytes] uint8 -> [N, ceil(bytes / 8)] uint64, zero-padded."""
-    n, n_bytes = bits.shape
-    out = np.zeros((n, -(-n_bytes // 8) * 8), dtype=np.uint8)
-    out[:, :n_bytes] = bits
-    return out.view(np.uint64)
-
-
 def code_words(codes: torch.Tensor) -> np.ndarray:
-    """The kernels' form of codes: ±1 (sign >= 0 is a set bit, as in ucmfh.codes) or packed codes
+    """The kernels' form of codes: ±1 (sign >= 0 is a set bit, :mod:`ucmfh.bits`) or packed codes
     [N, ·] -> uint64 words [N, W]."""
     codes = codes.detach().cpu()
     if codes.dtype == torch.uint8:
-        return _words(codes.numpy())
-    return _words(np.packbits(codes.numpy() >= 0, axis=1))
+        return bits.words(codes.numpy())
+    return bits.words(bits.pack(codes))
 
 
 def label_words(labels: torch.Tensor) -> np.ndarray:
     """The kernels' form of labels: multi-hot [N, C] -> uint64 words [N, ceil(C / 64)], a set bit per label."""
-    return _words(np.packbits(labels.detach().cpu().numpy() != 0, axis=1))
+    return bits.words(bits.pack_labels(labels))
 
 
 def _split_queries(n: int, work: Callable[[int, int], None]) -> None:

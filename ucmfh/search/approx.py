@@ -23,6 +23,7 @@ from typing import Any, Dict, Optional, Tuple
 
 import numpy as np
 
+from ucmfh.bits import packed_bytes
 from ucmfh.config import BackendConfig
 from ucmfh.files import atomic_path
 
@@ -55,7 +56,7 @@ def n_lists(cfg: BackendConfig, count: int) -> int:
 
 def _packed(words: np.ndarray, n_bits: int) -> np.ndarray:
     """Words [N, W] uint64 -> FAISS's packed bytes [N, n_bits / 8] uint8, contiguous."""
-    return np.ascontiguousarray(words.view(np.uint8).reshape(words.shape[0], -1)[:, : n_bits // 8])
+    return np.ascontiguousarray(packed_bytes(words, n_bits))
 
 
 def build(words: np.ndarray, n_bits: int, cfg: BackendConfig, threads: Optional[int] = None) -> Any:

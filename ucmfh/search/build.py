@@ -28,9 +28,10 @@ import torch
 from tqdm.auto import tqdm
 
 from ucmfh.checkpoint import load_model
-from ucmfh.data.h5 import DataError
+from ucmfh.bits import as_words
+from ucmfh.data.format import DataError
 from ucmfh.search.collection import FEATURES, Collection, first_of_each_id, open_collection
-from ucmfh.search.index import Index, as_words, modality_name
+from ucmfh.search.index import Index, modality_name
 from ucmfh.utils import resolve_device
 
 PROTOCOL = "unimodal"

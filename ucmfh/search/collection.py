@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import h5py
 import numpy as np
 
-from ucmfh.data.h5 import DataError, check_finite
+from ucmfh.data.format import DataError, check_finite
 from ucmfh.files import read_attrs
 
 FEATURES = {"img": "image", "txt": "text"}  # modality -> dataset name

@@ -6,8 +6,8 @@ labels (multi-hot), float16 real-valued embeddings (the hash heads' pre-sign
 outputs, for cosine re-ranking), strings (``text`` for captions, ``paths``
 for image files) and ``origin``: where a built item was read (for re-ranking by
 the collection's token features). Verbs as in FAISS: :meth:`Index.add`, :meth:`Index.search`,
-:meth:`Index.save`, :meth:`Index.load`; :meth:`Index.build` (in
-:mod:`ucmfh.search.build`) encodes a collection file with a checkpoint.
+:meth:`Index.save`, :meth:`Index.load`; :func:`ucmfh.search.build.build_index` encodes a
+collection file with a checkpoint into an index folder.
 
 On disk an index is a folder (docs/search.md)::
 
@@ -34,11 +34,12 @@ import glob
 import json
 import os
 import shutil
-import sys
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
+from ucmfh.bits import as_words, n_words, packed_bytes, to_numpy
+from ucmfh.data.format import DataError
 from ucmfh.files import PathLike, atomic_path, locked, write_json_atomic
 from ucmfh.search.kernels import cpu_kernels, over_query_ranges
 
@@ -52,74 +53,9 @@ ArrayLike = Any  # numpy arrays or torch tensors (torch is not imported to searc
 _EXTRA = {"embed": np.float16, "labels": np.uint8, "origin": np.int64}
 
 
-def n_words(n_bits: int) -> int:
-    return -(-n_bits // 64)
-
-
-def DataError(message: str) -> ValueError:
-    """:class:`ucmfh.data.h5.DataError`, imported only when raised (it brings torch)."""
-    from ucmfh.data.h5 import DataError as error
-
-    return error(message)
-
-
 class UnfinishedIndex(ValueError):
     """An index whose build stopped before every row of a collection was added (an interrupted or killed
     ``ucmfh index``): a search of it would miss those rows without a word. The same build continues it."""
-
-
-def to_numpy(x: ArrayLike) -> np.ndarray:
-    torch = sys.modules.get("torch")  # a tensor exists only where torch was imported
-    if torch is not None and isinstance(x, torch.Tensor):
-        return x.detach().cpu().numpy()
-    return np.asarray(x)
-
-
-def as_words(codes: ArrayLike, n_bits: int, what: str = "codes") -> np.ndarray:
-    """Codes as the kernels' packed uint64 words [N, ceil(n_bits / 64)], C-contiguous.
-
-    Accepts ±1 or real-valued codes [N, n_bits] (sign >= 0 is a set bit, as in
-    :mod:`ucmfh.codes`), packed bytes uint8 [N, ceil(n_bits / 8)] (``numpy.packbits``
-    order) or words uint64 [N, ceil(n_bits / 64)]. Padding bits must be clear.
-    """
-    codes = to_numpy(codes)
-    words = n_words(n_bits)
-    if codes.ndim != 2:
-        raise ValueError(f"{what}: expected a 2-D array [N, {n_bits}], got shape {codes.shape}")
-    if codes.dtype == np.uint64:
-        if codes.shape[1] != words:
-            raise ValueError(f"{what}: {codes.shape[1]} uint64 words per code, expected {words} for {n_bits} bits")
-        out = np.ascontiguousarray(codes)
-    else:
-        if codes.dtype == np.uint8:
-            if codes.shape[1] != -(-n_bits // 8):
-                raise ValueError(f"{what}: {codes.shape[1]} packed bytes per code, expected {-(-n_bits // 8)} "
-                                 f"for {n_bits} bits (pass ±1 codes as a signed or float array)")
-            packed = codes
-        else:
-            if codes.shape[1] != n_bits:
-                raise ValueError(f"{what}: {codes.shape[1]} columns, the index holds {n_bits}-bit codes; features are "
-                                 "encoded first: ucmfh.search.Encoder(checkpoint).encode(features, modality)")
-            if codes.dtype.kind == "f" and not np.isfinite(codes).all():
-                raise ValueError(f"{what}: non-finite values")
-            packed = np.packbits(codes >= 0, axis=1)
-        buf = np.zeros((codes.shape[0], words * 8), dtype=np.uint8)
-        buf[:, : packed.shape[1]] = packed
-        out = buf.view(np.uint64)
-    if n_bits % 64 and len(out):
-        # bit b of a code is bit 7 - b % 8 of byte b // 8; the padding is every bit from n_bits on
-        pad = np.zeros(words * 8, dtype=np.uint8)
-        pad[n_bits // 8 :] = 0xFF
-        if n_bits % 8:
-            pad[n_bits // 8] = (1 << (8 - n_bits % 8)) - 1
-        if (out & pad.view(np.uint64)).any():
-            raise ValueError(f"{what}: bits beyond bit {n_bits} are set")
-    return out
-
-
-def packed_bytes(words: np.ndarray, n_bits: int) -> np.ndarray:
-    """Words [N, W] uint64 -> packed bytes [N, ceil(n_bits / 8)] uint8 (a view where possible)."""
-    return words.view(np.uint8).reshape(words.shape[0], -1)[:, : -(-n_bits // 8)]
 
 
 class _Column:
@@ -530,7 +466,7 @@ class Index:
     def load(cls, path: PathLike, mmap: bool = True) -> "Index":
         """Open an index folder; with ``mmap`` its columns are memory-mapped (read on demand), else read in.
 
-        Raises :class:`ucmfh.data.h5.DataError` naming the folder, the file and the problem.
+        Raises :class:`ucmfh.data.format.DataError` naming the folder, the file and the problem.
         """
         path = os.path.abspath(os.fspath(path))
         manifest = read_manifest(path)
@@ -611,14 +547,6 @@ class Index:
             modalities[modality] = entry
         return {"format": FORMAT, "version": VERSION, "n_bits": self.n_bits, "words": self.words,
                 "meta": self.meta, "sources": self.sources, "modalities": modalities}
-
-    @classmethod
-    def build(cls, collection: PathLike, checkpoint: PathLike, path: PathLike, **kw: Any) -> "Index":
-        """Encode a collection file with a hashing checkpoint into the index folder ``path``
-        (created, resumed or appended to; see :func:`ucmfh.search.build.build_index`)."""
-        from ucmfh.search.build import build_index
-
-        return build_index(os.fspath(collection), os.fspath(checkpoint), os.fspath(path), **kw).index
 
     @classmethod
     def create(cls, path: PathLike, n_bits: int, meta: Optional[Mapping[str, Any]] = None) -> "Index":

@@ -32,8 +32,8 @@ def cpu_kernels(device: Any) -> Any:
     """The kernels when they serve this search: a CPU device, built, and the backend not set to torch."""
     if str(device) != "cpu":
         return None
-    native = sys.modules.get("ucmfh.metrics.native")
-    if native is not None and getattr(native, "_backend", "auto") == "torch":
+    native = sys.modules.get("ucmfh.metrics.native")  # never imported: nobody chose torch
+    if native is not None and native.chosen_backend() == "torch":
         return None
     return kernels_module()
 

@@ -6,10 +6,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
+from ucmfh.bits import as_words, to_numpy
+from ucmfh.data.format import DataError
 from ucmfh.files import PathLike
-from ucmfh.search.index import (
-    ArrayLike, DataError, Index, modality_name, to_numpy, as_words, merge_top_k,
-)
+from ucmfh.search.index import ArrayLike, Index, merge_top_k, modality_name
 
 
 class Shards:

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from ucmfh.checkpoint import load_seps
-from ucmfh.data.h5 import DataError
+from ucmfh.data.format import DataError
 from ucmfh.data.tokens import IMAGE_TOKENS, Tokens
 from ucmfh.models.seps import SEPS, State
 from ucmfh.search.collection import Queries

@@ -1,0 +1,106 @@
+"""Binary codes as bits: the one packing of the package, in numpy alone (a search never imports torch).
+
+Bit convention: a ±1 code is packed in ``numpy.packbits`` order (bit 0 of a code is the most
+significant bit of its first byte); +1 is a set bit, -1 (and sign(0) = +1, docs/reference.md §5) a
+clear one; the last byte is padded with zeros. The compiled kernels take the same bytes as uint64
+words, zero-padded to whole words.
+
+    codes [N, n_bits] ±1 or real ──pack──► bytes uint8 [N, ceil(n_bits / 8)] ──words──► uint64 [N, ceil(n_bits / 64)]
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any
+
+import numpy as np
+
+BIT_WEIGHTS = (1 << np.arange(7, -1, -1)).astype(np.uint8)  # packbits order: the first bit is the MSB
+
+
+def n_words(n_bits: int) -> int:
+    """uint64 words per code."""
+    return -(-n_bits // 64)
+
+
+def n_bytes(n_bits: int) -> int:
+    """Packed bytes per code."""
+    return -(-n_bits // 8)
+
+
+def to_numpy(x: Any) -> np.ndarray:
+    """A numpy array of ``x``: a torch tensor (detached, on the host) or anything ``np.asarray`` takes."""
+    torch = sys.modules.get("torch")  # a tensor exists only where torch was imported
+    if torch is not None and isinstance(x, torch.Tensor):
+        return x.detach().cpu().numpy()
+    return np.asarray(x)
+
+
+def pack(codes: Any) -> np.ndarray:
+    """±1 or real-valued codes, numpy or torch, as bits: sign >= 0 is a set bit.
+
+    Shape: [N, n_bits] -> [N, ceil(n_bits / 8)] uint8.
+    """
+    codes = to_numpy(codes)
+    if codes.ndim != 2:
+        raise ValueError(f"codes must be 2-D [N, n_bits], got shape {codes.shape}")
+    return np.packbits(codes >= 0, axis=1)
+
+
+def pack_labels(labels: Any) -> np.ndarray:
+    """Multi-hot labels, a set bit per nonzero entry. Shape: [N, C] -> [N, ceil(C / 8)] uint8."""
+    return np.packbits(to_numpy(labels) != 0, axis=1)
+
+
+def words(packed: np.ndarray) -> np.ndarray:
+    """Packed bytes [N, B] uint8 -> uint64 words [N, ceil(B / 8)], zero-padded, C-contiguous."""
+    n, width = packed.shape
+    out = np.zeros((n, -(-width // 8) * 8), dtype=np.uint8)
+    out[:, :width] = packed
+    return out.view(np.uint64)
+
+
+def packed_bytes(codes: np.ndarray, n_bits: int) -> np.ndarray:
+    """Words [N, W] uint64 -> packed bytes [N, ceil(n_bits / 8)] uint8 (a view where possible)."""
+    return codes.view(np.uint8).reshape(codes.shape[0], -1)[:, : n_bytes(n_bits)]
+
+
+def as_words(codes: Any, n_bits: int, what: str = "codes") -> np.ndarray:
+    """Codes as the kernels' packed uint64 words [N, ceil(n_bits / 64)], C-contiguous.
+
+    Accepts ±1 or real-valued codes [N, n_bits] (sign >= 0 is a set bit), packed bytes uint8
+    [N, ceil(n_bits / 8)] (``numpy.packbits`` order) or words uint64 [N, ceil(n_bits / 64)], numpy or
+    torch. Padding bits must be clear. ``what`` names the input in errors.
+    """
+    codes = to_numpy(codes)
+    width = n_words(n_bits)
+    if codes.ndim != 2:
+        raise ValueError(f"{what}: expected a 2-D array [N, {n_bits}], got shape {codes.shape}")
+    if codes.dtype == np.uint64:
+        if codes.shape[1] != width:
+            raise ValueError(f"{what}: {codes.shape[1]} uint64 words per code, expected {width} for {n_bits} bits")
+        out = np.ascontiguousarray(codes)
+    else:
+        if codes.dtype == np.uint8:
+            if codes.shape[1] != n_bytes(n_bits):
+                raise ValueError(f"{what}: {codes.shape[1]} packed bytes per code, expected {n_bytes(n_bits)} "
+                                 f"for {n_bits} bits (pass ±1 codes as a signed or float array)")
+            packed = codes
+        else:
+            if codes.shape[1] != n_bits:
+                raise ValueError(f"{what}: {codes.shape[1]} columns, the index holds {n_bits}-bit codes; features are "
+                                 "encoded first: ucmfh.search.Encoder(checkpoint).encode(features, modality)")
+            if codes.dtype.kind == "f" and not np.isfinite(codes).all():
+                raise ValueError(f"{what}: non-finite values")
+            packed = np.packbits(codes >= 0, axis=1)
+        buf = np.zeros((codes.shape[0], width * 8), dtype=np.uint8)
+        buf[:, : packed.shape[1]] = packed
+        out = buf.view(np.uint64)
+    if n_bits % 64 and len(out):
+        # bit b of a code is bit 7 - b % 8 of byte b // 8; the padding is every bit from n_bits on
+        pad = np.zeros(width * 8, dtype=np.uint8)
+        pad[n_bits // 8 :] = 0xFF
+        if n_bits % 8:
+            pad[n_bits // 8] = (1 << (8 - n_bits % 8)) - 1
+        if (out & pad.view(np.uint64)).any():
+            raise ValueError(f"{what}: bits beyond bit {n_bits} are set")
+    return out

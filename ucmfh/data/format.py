@@ -1,0 +1,37 @@
+"""The vocabulary of the ucmfh HDF5 format (docs/reference.md §1): its splits, its required datasets,
+the error a file that breaks it raises, and the check every feature block passes. numpy only, so
+that the token files (:mod:`ucmfh.data.tokens`) and a CPU search use it without the loaders."""
+from __future__ import annotations
+
+from typing import Optional, Tuple
+
+import numpy as np
+
+SPLITS = ("train", "query", "retrieval")
+REQUIRED = ("image", "text", "labels")
+
+
+class DataError(ValueError):
+    """A dataset or input file breaks the format; the message names file, dataset and problem.
+
+    ``remedy``, when given, is ``(setting, value, effect)``: the setting under
+    which the input would be accepted, e.g. ``("bad_images", "skip", "to leave
+    such images out")``. The message itself names no setting; each front door
+    words the remedy as its own option.
+    """
+
+    def __init__(self, message: str, remedy: Optional[Tuple[str, object, str]] = None):
+        super().__init__(message)
+        self.remedy = remedy
+
+
+def check_finite(block: np.ndarray, where: str, first_row: int = 0) -> None:
+    """Fail on NaN or inf in a [rows, d] ``block`` whose rows are numbered from ``first_row``."""
+    bad = ~np.isfinite(block)
+    if bad.any():
+        row, col = np.argwhere(bad)[0]
+        kind = "NaN" if np.isnan(block[row, col]) else "inf"
+        raise DataError(
+            f"{where}: {int(bad.sum())} non-finite values in rows {first_row}..{first_row + len(block) - 1} "
+            f"(first: {kind} at row {first_row + row}, column {col})"
+        )
