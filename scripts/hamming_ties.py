@@ -29,7 +29,8 @@ import torch
 
 from ucmfh.methods import hash_config
 from ucmfh.data.h5 import load_dataset
-from ucmfh.metrics.captions import DATABASES, databases, first_of_each_id
+from ucmfh.data.format import first_of_each_id
+from ucmfh.metrics.captions import DATABASES, databases
 from ucmfh.metrics.ranking import hits_at_ranks
 from ucmfh.scoring import encode_split
 from ucmfh.methods import fit_hashing
@@ -65,7 +66,7 @@ def caption_set_ties(codes_query: Tuple[torch.Tensor, torch.Tensor], codes_retri
                      query_ids: torch.Tensor, retrieval_ids: torch.Tensor) -> Dict[str, Dict[str, Dict[str, float]]]:
     """:func:`tie_bounds` of both directions on both databases of a caption set (docs/reference.md §7):
     unique query images against captions, every query caption against images."""
-    unique = first_of_each_id(query_ids)
+    unique = torch.from_numpy(first_of_each_id(query_ids.cpu().numpy())).to(query_ids.device)
     out = {}
     for name, db in databases((*codes_query, query_ids), (*codes_retrieval, retrieval_ids)).items():
         out[name] = {

@@ -21,7 +21,7 @@ from ucmfh.models.hashing import FeatureHasher
 from ucmfh.models.seps import SEPS
 from ucmfh.search import Index
 from ucmfh.search.build import Encoder, build_index
-from ucmfh.search.collection import first_of_each_id
+from ucmfh.data.format import first_of_each_id
 from ucmfh.search.shards import open_index
 
 
@@ -77,12 +77,13 @@ def test_cli_order_is_the_seps_order_of_the_hamming_candidates(files, searched):
         s = splits[split]
         offsets = s["text_offsets"]
         words += [s["text_tokens"][offsets[i]:offsets[i + 1]] for i in range(len(s["ids"]))]
-        images += [s["image_tokens"][i] for i in np.flatnonzero(first_of_each_id(s["ids"], len(s["ids"])))]
+        images += [s["image_tokens"][i] for i in first_of_each_id(s["ids"])]
     encoder = Encoder(files["hash"])
     index = Index.load(files["index"])
     asked = np.isin(query["ids"], [0, 3, 4, 9])
     if searched == "text":  # the unique query images ask
-        q_rows = np.flatnonzero(first_of_each_id(query["ids"], len(query["ids"])) & asked)
+        q_rows = first_of_each_id(query["ids"])
+        q_rows = q_rows[asked[q_rows]]
         logits = encoder.encode(query["image"][q_rows].astype(np.float32), "img")
         _, cand = index.search(logits, m, "txt")
         scores = [[_direct_pair(model, query["image_tokens"][r], words[p]) for p in cand[i]]

@@ -25,6 +25,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ucmfh.data.h5 import Dataset
+from ucmfh.metrics.captions import recall_of_lists
 from ucmfh.metrics.topk import top_k
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.models.seps import SEPS, State
@@ -44,14 +45,6 @@ def _per_axis(db: Database, data: Dataset, field: str) -> torch.Tensor:
 
 def _quantiles(ms: List[float]) -> Dict[str, float]:
     return {"p50": float(np.percentile(ms, 50)), "p95": float(np.percentile(ms, 95))}
-
-
-def _recalls(lists: torch.Tensor, query_ids: torch.Tensor, db_ids: torch.Tensor,
-             ranks: Sequence[int]) -> Tuple[Dict[str, float], float]:
-    """R@K in % of ranked candidate lists [Q, M], and the share of queries with a hit among all M."""
-    hit = db_ids[lists] == query_ids[:, None]
-    recall = {str(r): 100.0 * hit[:, :r].any(dim=1).double().mean().item() for r in ranks}
-    return recall, 100.0 * hit.any(dim=1).double().mean().item()
 
 
 class Reranking:
@@ -128,9 +121,10 @@ class Reranking:
                     times["score"].append(1000 * (time.perf_counter() - t1 - fetch_s))
                 times["search"].append(1000 * (t1 - t0))
                 lists.append(cand)
-            recall, ceiling = _recalls(torch.stack(lists), q_ids[queries], db_ids, ranks)
-            out[f"recall_{direction}"] = recall
-            out[f"recall_at_m_{direction}"] = ceiling
+            ranked = torch.stack(lists)
+            out[f"recall_{direction}"] = recall_of_lists(ranked, q_ids[queries], db_ids, ranks)
+            # the first stage's ceiling: a hit anywhere among the M candidates
+            out[f"recall_at_m_{direction}"] = recall_of_lists(ranked, q_ids[queries], db_ids, [m])[str(m)]
             timings[direction] = {k: _quantiles(v) for k, v in times.items() if v}
         out["rsum"] = sum(out["recall_i2t"].values()) + sum(out["recall_t2i"].values())
         out["latency_ms"] = timings

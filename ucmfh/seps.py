@@ -20,11 +20,11 @@ import torch
 from tqdm.auto import tqdm
 
 from ucmfh.config import SepsConfig
-from ucmfh.data.h5 import DataError
+from ucmfh.data.format import DataError, first_of_each_id
 from ucmfh.data.tokens import Tokens
 from ucmfh.distributed import Group, current_group
 from ucmfh.losses.triplet import vse_hinge
-from ucmfh.metrics.captions import DATABASES, first_of_each_id
+from ucmfh.metrics.captions import DATABASES, database_rows, recall_from_scores
 from ucmfh.models.seps import SEPS, State
 from ucmfh.similarity import positive_mask
 from ucmfh.train import History, StateFile, autocast, optimize, run_epochs, seed_everything, validation_items
@@ -134,14 +134,6 @@ def score_matrix(model: SEPS, images: State, texts: Side, device: torch.device, 
     return out
 
 
-def recall_from_scores(scores: torch.Tensor, query_ids: torch.Tensor, db_ids: torch.Tensor,
-                       ranks: Sequence[int] = RANKS) -> Dict[str, float]:
-    """Recall@R in % from a score matrix (higher first, ties by database index). Shape: [Q, N], [Q], [N]."""
-    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :max(ranks)]
-    hit = db_ids[order] == query_ids[:, None]
-    return {str(r): 100.0 * hit[:, :r].any(dim=1).double().mean().item() for r in ranks}
-
-
 def recall_rows(scores: torch.Tensor, txt_ids: torch.Tensor, img_ids: torch.Tensor,
                 query_txt: torch.Tensor, query_img: torch.Tensor) -> Dict[str, object]:
     """Both directions from one [texts, images] score matrix: the images ``query_img`` (rows of the
@@ -229,7 +221,7 @@ def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
 
     validate = None
     if val is not None:
-        val_images = val[first_of_each_id(torch.from_numpy(ids[val])).numpy()]
+        val_images = val[first_of_each_id(ids[val])]
 
         def validate() -> float:
             row = evaluate_pairs(model, Side(tokens, val_images), Side(tokens, val), device, cfg.pair_chunk)
@@ -274,28 +266,28 @@ class Database:
     query_img: torch.Tensor  # rows of the image axis that are queries (the unique query images)
 
 
-def _in_id_order(sides: List[Side], n_query: int) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    ids = np.concatenate([s.tokens.ids[s.items] for s in sides])
-    order = np.argsort(ids, kind="stable") if len(sides) > 1 else np.arange(len(ids))
-    position = np.empty_like(order)
-    position[order] = np.arange(len(order))
-    return torch.from_numpy(order), torch.from_numpy(ids[order]), torch.from_numpy(np.sort(position[:n_query]))
+def _sides(query: Tokens, retrieval: Tokens, rows: np.ndarray) -> Tuple[List[Side], torch.Tensor]:
+    """Database rows (:func:`ucmfh.metrics.captions.database_rows`) as the sides that read them, split by
+    split in ascending rows, and the order that puts what they read in the database's order."""
+    n = query.n_items
+    read = np.sort(rows)
+    sides = [Side(query, read[read < n])]
+    if (read >= n).any():
+        sides.append(Side(retrieval, read[read >= n] - n))
+    return sides, torch.from_numpy(np.searchsorted(read, rows))
 
 
 def databases(query: Tokens, retrieval: Tokens, names: Sequence[str] = DATABASES) -> List[Database]:
     """The ``test`` and ``collection`` databases of §7 over the query and retrieval readers."""
+    ids = np.concatenate([query.ids, retrieval.ids])
     out = []
-    q_first = first_of_each_id(torch.from_numpy(query.ids)).numpy()
     for name in names:
-        texts, images = [Side(query, np.arange(query.n_items))], [Side(query, q_first)]
-        if name == "collection":
-            texts.append(Side(retrieval, np.arange(retrieval.n_items)))
-            images.append(Side(retrieval, first_of_each_id(torch.from_numpy(retrieval.ids)).numpy()))
-        elif name != "test":
-            raise ValueError(f"database must be one of {DATABASES}, got {name!r}")
-        txt_order, txt_ids, query_txt = _in_id_order(texts, query.n_items)
-        img_order, img_ids, query_img = _in_id_order(images, len(q_first))
-        out.append(Database(name, texts, images, txt_order, img_order, txt_ids, img_ids, query_txt, query_img))
+        txt, img = database_rows(name, query.ids, retrieval.ids)
+        texts, txt_order = _sides(query, retrieval, txt)
+        images, img_order = _sides(query, retrieval, img)
+        out.append(Database(name, texts, images, txt_order, img_order, torch.from_numpy(ids[txt]),
+                            torch.from_numpy(ids[img]), torch.from_numpy(np.flatnonzero(txt < query.n_items)),
+                            torch.from_numpy(np.flatnonzero(img < query.n_items))))
     return out
 
 

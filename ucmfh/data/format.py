@@ -25,6 +25,12 @@ class DataError(ValueError):
         self.remedy = remedy
 
 
+def first_of_each_id(ids: np.ndarray) -> np.ndarray:
+    """Rows holding the first occurrence of each id, ascending: equal ids are the same image
+    (docs/reference.md §7), which a caption set indexes, or asks, once. Shape: [N] -> [M] int64."""
+    return np.sort(np.unique(np.asarray(ids), return_index=True)[1]).astype(np.int64)
+
+
 def check_finite(block: np.ndarray, where: str, first_row: int = 0) -> None:
     """Fail on NaN or inf in a [rows, d] ``block`` whose rows are numbered from ``first_row``."""
     bad = ~np.isfinite(block)

@@ -18,6 +18,7 @@ from typing import Dict, Sequence, Tuple
 import numpy as np
 import torch
 
+from ucmfh.data.format import first_of_each_id
 from ucmfh.metrics.inputs import TIES, ArrayLike, Ranking, Ties, as_tensors, check_choice
 from ucmfh.metrics.ap import mean, mean_columns
 from ucmfh.metrics.ranking import average_precision_by_id, hits_at_ranks
@@ -25,10 +26,29 @@ from ucmfh.metrics.ranking import average_precision_by_id, hits_at_ranks
 DATABASES = ("test", "collection")
 
 
-def first_of_each_id(ids: torch.Tensor) -> torch.Tensor:
-    """Rows holding the first occurrence of each id, in the order of those rows. Shape: [N] -> [M] int64."""
-    _, first = np.unique(ids.cpu().numpy(), return_index=True)
-    return torch.from_numpy(np.sort(first))
+def database_rows(name: str, query_ids: np.ndarray, retrieval_ids: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+    """The rows of a caption set's database (docs/reference.md §7), in its order: its texts (every
+    caption) and its images (the first row of each id). Rows are numbered across the query split, then
+    the retrieval split (retrieval row r is ``len(query_ids) + r``). ``test``: the query split;
+    ``collection``: query ∪ retrieval in id order, stable, so each id keeps its captions' order.
+    Shape: ids [Q], [R] -> texts [T], images [I] int64."""
+    if name == "test":
+        txt, ids = np.arange(len(query_ids)), np.asarray(query_ids)
+    elif name == "collection":
+        ids = np.concatenate([query_ids, retrieval_ids])
+        txt = np.argsort(ids, kind="stable")
+        ids = ids[txt]
+    else:
+        raise ValueError(f"database must be one of {DATABASES}, got {name!r}")
+    return txt.astype(np.int64), txt[first_of_each_id(ids)].astype(np.int64)
+
+
+def _take(query: torch.Tensor, retrieval: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
+    """Rows numbered across query then retrieval (:func:`database_rows`); no copy of retrieval for ``test``."""
+    index = torch.from_numpy(rows).to(query.device)
+    if len(rows) == 0 or rows.max() < len(query):
+        return query[index]
+    return torch.cat([query, retrieval.to(query.device)])[index]
 
 
 def databases(
@@ -39,17 +59,28 @@ def databases(
 
     Returns per database: ``img``, ``img_ids`` (one row per id), ``txt``, ``txt_ids`` (every caption).
     """
+    (q_img, q_txt, q_ids), (r_img, r_txt, r_ids) = query, retrieval
     out = {}
     for name in DATABASES:
-        if name == "test":
-            img, txt, ids = query
-        else:  # query ∪ retrieval in id order; stable, so each id keeps its captions' order
-            img, txt, ids = (torch.cat([q, r.to(q.device)]) for q, r in zip(query, retrieval))
-            order = torch.from_numpy(np.argsort(ids.cpu().numpy(), kind="stable")).to(ids.device)
-            img, txt, ids = img[order], txt[order], ids[order]
-        unique = first_of_each_id(ids).to(ids.device)
-        out[name] = {"img": img[unique], "img_ids": ids[unique], "txt": txt, "txt_ids": ids}
+        txt, img = database_rows(name, q_ids.cpu().numpy(), r_ids.cpu().numpy())
+        out[name] = {"img": _take(q_img, r_img, img), "img_ids": _take(q_ids, r_ids, img),
+                     "txt": _take(q_txt, r_txt, txt), "txt_ids": _take(q_ids, r_ids, txt)}
     return out
+
+
+def recall_of_lists(lists: torch.Tensor, query_ids: torch.Tensor, db_ids: torch.Tensor,
+                    ranks: Sequence[int] = (1, 5, 10)) -> Dict[str, float]:
+    """Recall@R in % of ranked lists: the share of queries with a true match (the same id) among their
+    first R. Shape: lists [Q, M] database rows, best first; query_ids [Q]; db_ids [N]."""
+    hit = db_ids[lists] == query_ids[:, None]
+    return {str(r): 100.0 * hit[:, :r].any(dim=1).double().mean().item() for r in ranks}
+
+
+def recall_from_scores(scores: torch.Tensor, query_ids: torch.Tensor, db_ids: torch.Tensor,
+                       ranks: Sequence[int] = (1, 5, 10)) -> Dict[str, float]:
+    """Recall@R in % from a score matrix (higher first, ties by database index). Shape: [Q, N], [Q], [N]."""
+    order = torch.sort(scores, dim=1, descending=True, stable=True).indices[:, :max(ranks)]
+    return recall_of_lists(order, query_ids, db_ids, ranks)
 
 
 def evaluate_caption_set(
@@ -79,7 +110,7 @@ def evaluate_caption_set(
     query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids = as_tensors(
         query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids
     )
-    queries = first_of_each_id(query_ids).to(query_ids.device)
+    queries = torch.from_numpy(first_of_each_id(query_ids.cpu().numpy())).to(query_ids.device)
     q_img, q_img_ids = query_img[queries], query_ids[queries]
     out = {}
     for name, db in databases((query_img, query_txt, query_ids), (retrieval_img, retrieval_txt, retrieval_ids)).items():

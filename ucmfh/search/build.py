@@ -21,7 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Optional, Sequence
 
 import numpy as np
 import torch
@@ -29,8 +29,8 @@ from tqdm.auto import tqdm
 
 from ucmfh.checkpoint import load_model
 from ucmfh.bits import as_words
-from ucmfh.data.format import DataError
-from ucmfh.search.collection import FEATURES, Collection, first_of_each_id, open_collection
+from ucmfh.data.format import DataError, first_of_each_id
+from ucmfh.search.collection import FEATURES, open_collection
 from ucmfh.search.index import Index, modality_name
 from ucmfh.utils import resolve_device
 
@@ -173,7 +173,10 @@ def build_index(
     if all(s["key"] != key for s in index.sources):  # announced before its first chunk (Index.unfinished)
         index.add_many({}, {**source, "done": 0})
     ids = coll.ids()
-    keep_img = first_of_each_id(ids, n)
+    keep_img = np.ones(n, dtype=bool)  # an image is indexed once per id (all rows of a set without ids)
+    if ids is not None:
+        keep_img[:] = False
+        keep_img[first_of_each_id(ids)] = True
     before = {m: index.count(m) for m in FEATURES}
     number = next((i for i, s in enumerate(index.sources) if s["key"] == key), len(index.sources))
     # an index built before items kept their origin stays without it (its columns are fixed)

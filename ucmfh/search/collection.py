@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import h5py
 import numpy as np
 
-from ucmfh.data.format import DataError, check_finite
+from ucmfh.data.format import DataError, check_finite, first_of_each_id
 from ucmfh.files import read_attrs
 
 FEATURES = {"img": "image", "txt": "text"}  # modality -> dataset name
@@ -154,19 +154,6 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
     return Collection(path, groups, rows, columns, attrs)
 
 
-def first_of_each_id(ids: Optional[np.ndarray], n: int) -> np.ndarray:
-    """A mask of the rows that are the first with their id (all rows without ids).
-
-    Equal ids are the same image (§7): an image is indexed, or asked, once.
-    """
-    keep = np.zeros(n, dtype=bool)
-    if ids is None:
-        keep[:] = True
-    else:
-        keep[np.unique(ids, return_index=True)[1]] = True
-    return keep
-
-
 @dataclass
 class Queries:
     """Query items of one modality: features and what describes them.
@@ -261,7 +248,7 @@ def read_queries(
             rows.extend(match[:1] if modality == "img" else match)
         rows = np.asarray(rows, dtype=np.int64)
     else:
-        rows = np.flatnonzero(first_of_each_id(all_ids, n) if modality == "img" else np.ones(n, dtype=bool))
+        rows = first_of_each_id(all_ids) if modality == "img" and all_ids is not None else np.arange(n)
     features = coll.read(name)[rows].astype(np.float32)
     text = paths = None
     if modality == "txt" and coll.has("text_raw"):
