@@ -15,13 +15,13 @@ from test_seps import D_IMG, D_TXT, T, small_seps, token_splits
 from ucmfh.app.cli import main
 from ucmfh.checkpoint import save_checkpoint, save_seps
 from ucmfh.config import HashConfig
+from ucmfh.data.format import first_of_each_id
 from ucmfh.data.h5 import write_dataset
 from ucmfh.data.tokens import Tokens
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.models.seps import SEPS
 from ucmfh.search import Index
 from ucmfh.search.build import Encoder, build_index
-from ucmfh.data.format import first_of_each_id
 from ucmfh.search.shards import open_index
 
 
@@ -213,3 +213,31 @@ def test_batches_of_queries_give_the_scores_of_one_batch(files):
     assert len(_batches(positions, 20)) > 3
     np.testing.assert_allclose(seps_scores(index, "img", positions, queries, matcher, budget=20), whole, atol=1e-6)
     assert _batches(np.array([[1, 2], [2, 3], [4, 5], [6, 6], [7, 8]]), 3) == [(0, 2), (2, 4), (4, 5)]
+
+
+@pytest.mark.parametrize("modality", ["img", "txt"])
+def test_the_measured_cosine_stage_is_the_search_users_run(files, modality):
+    """``ucmfh rerank``'s cosine stage (:class:`ucmfh.rerank.Reranking`) and ``ucmfh search --rerank cosine``
+    score and order alike: over every item of the collection (M = all of them, so the Hamming stage
+    decides nothing), the same R@K from the same float16 embeddings and the same ordering step."""
+    from ucmfh.checkpoint import load_model
+    from ucmfh.data.h5 import load_dataset
+    from ucmfh.rerank import Reranking
+    from ucmfh.search.collection import read_queries
+    from ucmfh.search.results import scores, search_queries
+    from ucmfh.seps import databases
+
+    data = load_dataset(files["path"])
+    encoder, index = Encoder(files["hash"]), Index.load(files["index"])
+    searched = "txt" if modality == "img" else "img"
+    n = index.count(searched)
+    queries = read_queries(files["path"], modality, encoder.dims)
+    found = scores(search_queries(index, encoder, queries, 10, searched, rerank="cosine", candidates=n))
+    hasher = load_model(files["hash"], "hash", d_img=data.d_img, d_txt=data.d_txt)[0]
+    with Tokens(files["path"], "query") as q, Tokens(files["path"], "retrieval") as r:
+        db = databases(q, r, ["collection"])[0]
+        assert len(db.txt_ids if searched == "txt" else db.img_ids) == n
+        row = Reranking(db, data, hasher).run("cosine-rerank", n)
+    measured = row["recall_i2t" if modality == "img" else "recall_t2i"]
+    assert 0 < found["recall@10"] < 100  # neither all nor nothing: the order matters
+    assert measured == pytest.approx({str(k): found[f"recall@{k}"] for k in (1, 5, 10)})

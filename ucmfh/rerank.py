@@ -11,8 +11,9 @@ Stages (the ``stage`` of a result row):
 Every query runs alone, as a search does: ``search`` (the Hamming top-M of one query), ``fetch``
 (the candidates' stored data: the word tokens of candidate captions, the precomputed SEPS state of
 candidate images) and ``score`` (encoding the query's side and scoring its M pairs) are timed per
-query. Re-ranking keeps the M candidates and orders them by the re-ranker's score (ties by their
-Hamming order); R@K for K ≤ M is read from that list; ``recall_at_m`` is the first stage's ceiling
+query. Re-ranking keeps the M candidates and orders them by the re-ranker's score, ties by database
+index: the step of ``ucmfh search --rerank`` itself (:mod:`ucmfh.search.rerank`), on the float16
+embeddings an index keeps; R@K for K ≤ M is read from that list; ``recall_at_m`` is the first stage's ceiling
 (a relevant item among the M). All codes are ``unimodal``: each from its own modality.
 """
 from __future__ import annotations
@@ -31,7 +32,8 @@ from ucmfh.models.hashing import FeatureHasher
 from ucmfh.models.seps import SEPS, State
 from ucmfh.seps import (RANKS, Database, cat_states, database_scores, encode_images, encode_texts, image_states,
                         recall_rows, score_candidates, take, text_states)
-from ucmfh.similarity import normalize
+from ucmfh.search.index import EMBEDDING_DTYPE
+from ucmfh.search.rerank import cosine_scores, rerank
 
 STAGES = ("hamming", "cosine-rerank", "seps-rerank", "seps-full")
 
@@ -65,8 +67,9 @@ class Reranking:
         with torch.no_grad():
             img, txt = _per_axis(db, data, "img"), _per_axis(db, data, "txt")
             self.img_codes, self.txt_codes = hasher.codes(img, txt, "unimodal")
-            img_real, txt_real = hasher.logits(*hasher.inputs(img, txt))
-            self.img_real, self.txt_real = normalize(img_real), normalize(txt_real)
+            # the real-valued head outputs as an index keeps them, for the cosine stage
+            self.img_real, self.txt_real = (x.cpu().numpy().astype(EMBEDDING_DTYPE)
+                                            for x in hasher.head_outputs(img, txt, "unimodal"))
         # the re-ranker's stores: the SEPS state of every image and every caption, computed once
         self.img_store: Optional[State] = None
         self.txt_store: Optional[State] = None
@@ -115,8 +118,8 @@ class Reranking:
                 t1 = time.perf_counter()
                 if rescore is not None:
                     fetch_s, scores = rescore(q, cand)
-                    order = torch.sort(scores.cpu(), descending=True, stable=True).indices
-                    cand = cand[order]
+                    order, _ = rerank(scores[None], cand.numpy()[None], m)
+                    cand = cand[torch.from_numpy(order[0])]
                     times["fetch"].append(1000 * fetch_s)
                     times["score"].append(1000 * (time.perf_counter() - t1 - fetch_s))
                 times["search"].append(1000 * (t1 - t0))
@@ -130,30 +133,31 @@ class Reranking:
         out["latency_ms"] = timings
         return out
 
-    def _rescorer(self, stage: str, direction: str) -> Optional[Callable[[int, torch.Tensor], Tuple[float, torch.Tensor]]]:
-        """``(query row, candidate rows) -> (fetch seconds, scores)`` of a re-ranking stage."""
+    def _rescorer(self, stage: str, direction: str) -> Optional[Callable[[int, torch.Tensor], Tuple[float, np.ndarray]]]:
+        """``(query row, candidate rows) -> (fetch seconds, scores [M] float64)`` of a re-ranking stage: the
+        scores ``ucmfh search --rerank`` orders by (:mod:`ucmfh.search.rerank`)."""
         if stage == "hamming":
             return None
         if stage == "cosine-rerank":
             q_real, db_real = (self.img_real, self.txt_real) if direction == "i2t" else (self.txt_real, self.img_real)
 
-            def cosine(q: int, cand: torch.Tensor) -> Tuple[float, torch.Tensor]:
+            def cosine(q: int, cand: torch.Tensor) -> Tuple[float, np.ndarray]:
                 t0 = time.perf_counter()
-                stored = db_real[cand]
-                _synchronize(stored.device)
-                return time.perf_counter() - t0, stored @ q_real[q]
+                stored = db_real[cand.numpy()]
+                return time.perf_counter() - t0, cosine_scores(q_real[q:q + 1], stored[None])[0]
             return cosine
         seps = self.seps
 
         @torch.no_grad()
-        def by_seps(q: int, cand: torch.Tensor) -> Tuple[float, torch.Tensor]:
+        def by_seps(q: int, cand: torch.Tensor) -> Tuple[float, np.ndarray]:
             t0 = time.perf_counter()
             index = cand.to(self.device)
             stored = take(self.txt_store if direction == "i2t" else self.img_store, index)
             _synchronize(index.device)  # a GPU gathers asynchronously: its time is the fetch's, not the scoring's
             fetch_s = time.perf_counter() - t0
             query = self._query_state(direction, q)
-            return fetch_s, score_candidates(seps, query, stored, "img" if direction == "i2t" else "txt")
+            scores = score_candidates(seps, query, stored, "img" if direction == "i2t" else "txt")
+            return fetch_s, scores.double().cpu().numpy()
         return by_seps
 
     def _full(self, ranks: Sequence[int]) -> Dict[str, object]:
@@ -167,7 +171,7 @@ class Reranking:
     def store_bytes(self) -> Dict[str, float]:
         """Bytes per item of each store: codes, pooled embeddings, SEPS image state, caption word tokens."""
         out = {"codes": self.img_codes.shape[1] / 8,
-               "pooled_float16": 2 * self.img_real.shape[1]}
+               "pooled_float16": self.img_real.itemsize * self.img_real.shape[1]}
         for name, store in (("seps_image_state", self.img_store), ("seps_caption_state", self.txt_store)):
             if store is not None:
                 n = store["mask_sparse" if "caption" in name else "basis"].shape[0]

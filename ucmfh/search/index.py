@@ -49,8 +49,9 @@ MANIFEST = "index.json"
 MODALITIES = ("img", "txt")
 STRINGS = ("text", "paths")
 ArrayLike = Any  # numpy arrays or torch tensors (torch is not imported to search on the CPU)
+EMBEDDING_DTYPE = np.float16  # the real-valued head outputs kept for re-ranking by cosine
 # fixed-width columns besides codes and ids: name -> dtype
-_EXTRA = {"embed": np.float16, "labels": np.uint8, "origin": np.int64}
+_EXTRA = {"embed": EMBEDDING_DTYPE, "labels": np.uint8, "origin": np.int64}
 
 
 class UnfinishedIndex(ValueError):

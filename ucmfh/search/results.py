@@ -12,9 +12,10 @@ from ucmfh.config import APPROXIMATE_BACKENDS, BackendConfig
 from ucmfh.search.build import Encoder, check_same_checkpoint, check_same_feature
 from ucmfh.search.collection import Queries
 from ucmfh.search.index import Index, modality_name
+from ucmfh.search.rerank import RERANKS, cosine_scores
+from ucmfh.search.rerank import rerank as rerank_step
 from ucmfh.search.shards import Shards
 
-RERANKS = ("cosine", "seps")
 NAMES = {"img": "image", "txt": "text"}
 
 
@@ -104,17 +105,13 @@ def search_queries(
     if rerank is not None:
         start = time.perf_counter()
         if rerank == "cosine":
-            emb = index.take(modality, "embed", positions).astype(np.float64)  # [Q, M, E]
-            q = logits.astype(np.float64)
-            score = np.einsum("qme,qe->qm", emb, q)
-            score /= np.maximum(np.linalg.norm(emb, axis=2) * np.linalg.norm(q, axis=1)[:, None], 1e-12)
+            score = cosine_scores(logits, index.take(modality, "embed", positions))
         else:
             from ucmfh.search.tokens import seps_scores
 
             score = seps_scores(index, modality, positions, queries, matcher)
-        order = np.lexsort((positions, -score), axis=1)[:, :k]
+        order, score = rerank_step(score, positions, k)
         distances, positions = (np.take_along_axis(a, order, axis=1) for a in (distances, positions))
-        score = np.take_along_axis(score, order, axis=1)
         cosine, seps = (score, None) if rerank == "cosine" else (None, score)
         seconds["rerank"] = time.perf_counter() - start
     ids = index.take(modality, "ids", positions)
