@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 
 from ucmfh.config import SepsConfig
-from ucmfh.models.seps import SEPS
+from ucmfh.seps.model import SEPS
 from ucmfh.similarity import normalize
 
 

@@ -19,7 +19,7 @@ from ucmfh.data.format import first_of_each_id
 from ucmfh.data.h5 import write_dataset
 from ucmfh.data.tokens import Tokens
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.models.seps import SEPS
+from ucmfh.seps.model import SEPS
 from ucmfh.search import Index
 from ucmfh.search.build import Encoder, build_index
 from ucmfh.search.shards import open_index
@@ -217,12 +217,12 @@ def test_batches_of_queries_give_the_scores_of_one_batch(files):
 
 @pytest.mark.parametrize("modality", ["img", "txt"])
 def test_the_measured_cosine_stage_is_the_search_users_run(files, modality):
-    """``ucmfh rerank``'s cosine stage (:class:`ucmfh.rerank.Reranking`) and ``ucmfh search --rerank cosine``
+    """``ucmfh rerank``'s cosine stage (:class:`ucmfh.two_stage.Reranking`) and ``ucmfh search --rerank cosine``
     score and order alike: over every item of the collection (M = all of them, so the Hamming stage
     decides nothing), the same R@K from the same float16 embeddings and the same ordering step."""
     from ucmfh.checkpoint import load_model
     from ucmfh.data.h5 import load_dataset
-    from ucmfh.rerank import Reranking
+    from ucmfh.two_stage import Reranking
     from ucmfh.search.collection import read_queries
     from ucmfh.search.results import scores, search_queries
     from ucmfh.seps import databases

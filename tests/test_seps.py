@@ -18,8 +18,8 @@ from ucmfh.config import HashConfig, SepsConfig
 from ucmfh.data.h5 import DataError, load_dataset, validate_file, write_dataset
 from ucmfh.data.tokens import Tokens
 from ucmfh.metrics.captions import evaluate_caption_set
-from ucmfh.models.seps import SEPS
-from ucmfh.rerank import Reranking
+from ucmfh.seps.model import SEPS
+from ucmfh.two_stage import Reranking
 from ucmfh.seps import build_model, database_scores, databases, fit_seps, recall_rows
 from ucmfh.similarity import normalize
 from ucmfh.methods import fit_hashing
@@ -235,7 +235,7 @@ def trained(token_path):
 
 def test_amp_bf16_autocasts_the_forward_pass_and_keeps_the_loss_in_float32(token_path, monkeypatch):
     """SepsConfig.amp changed the run's key but fit_seps trained float32 whatever it said."""
-    from ucmfh import seps as seps_module
+    from ucmfh.seps import fit as seps_module
 
     seen = []
     real = seps_module.vse_hinge

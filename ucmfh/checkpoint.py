@@ -12,7 +12,7 @@ from ucmfh.config import FusionConfig, HashConfig, SepsConfig, from_dict, to_dic
 from ucmfh.files import PathLike, atomic_file, torch_file_problem, write_text_atomic
 from ucmfh.methods import build_method
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.models.seps import SEPS
+from ucmfh.seps.model import SEPS
 
 FORMAT = "ucmfh-checkpoint"
 VERSION = 1

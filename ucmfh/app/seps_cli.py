@@ -1,6 +1,6 @@
 """Click commands of the token-level stage: ``ucmfh train-seps`` and ``ucmfh rerank``.
 
-Registered on the main group by :mod:`ucmfh.app.cli`; the work is in :mod:`ucmfh.app.matching`.
+Registered on the main group by :mod:`ucmfh.app.cli`; the work is in :mod:`ucmfh.app.seps_runs`.
 """
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import click
 
 from ucmfh.app.errors import user_errors
 from ucmfh.app.experiment import RunOptions, default_data_dir, resolve_dataset
-from ucmfh.app.matching import format_stages, rerank_rows, train_seps_stage
+from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
 from ucmfh.app.options import output_options, parse_params
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, check_type

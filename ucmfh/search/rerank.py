@@ -1,10 +1,10 @@
 """The re-ranking step: a first stage's candidates ordered by a finer score, the top k kept.
 
 One step serves ``ucmfh search --rerank`` (:mod:`ucmfh.search.results`) and the measurement of
-two-stage retrieval, ``ucmfh rerank`` (:class:`ucmfh.rerank.Reranking`, docs/seps.md), so that
+two-stage retrieval, ``ucmfh rerank`` (:class:`ucmfh.two_stage.Reranking`, docs/seps.md), so that
 what the docs measure is what a user runs. The scores are the cosine of the real-valued head
 outputs an index keeps (:data:`ucmfh.search.index.EMBEDDING_DTYPE`, compared in float64), or the SEPS matcher's
-(:mod:`ucmfh.search.tokens`, :func:`ucmfh.seps.score_candidates`). numpy only.
+(:mod:`ucmfh.search.tokens`, :func:`ucmfh.seps.scoring.score_candidates`). numpy only.
 """
 from __future__ import annotations
 

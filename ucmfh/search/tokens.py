@@ -3,7 +3,7 @@
 An indexed item keeps its origin (``Index.origins``: the collection file, the group and the row it
 was read from); its image or word tokens (docs/reference.md §9) are read from there, by row, with
 :class:`ucmfh.data.tokens.Tokens`. A query's tokens come from the HDF5 query file it was read from.
-Scoring is :func:`ucmfh.seps.score_candidates`, the step of ``ucmfh rerank``'s re-ranker: one query
+Scoring is :func:`ucmfh.seps.scoring.score_candidates`, the step of ``ucmfh rerank``'s re-ranker: one query
 against its M candidates, one :meth:`SEPS.grid` call. The candidates of consecutive queries are encoded
 once for all of them (bounded: ``budget`` distinct candidate states at a time).
 
@@ -24,11 +24,11 @@ import torch
 from ucmfh.checkpoint import load_seps
 from ucmfh.data.format import DataError
 from ucmfh.data.tokens import IMAGE_TOKENS, Tokens
-from ucmfh.models.seps import SEPS, State
+from ucmfh.seps.model import SEPS, State
 from ucmfh.search.collection import Queries
 from ucmfh.search.index import Index
 from ucmfh.search.shards import Shards
-from ucmfh.seps import cat_states, encode_images, encode_texts, score_candidates, take
+from ucmfh.seps.scoring import cat_states, encode_images, encode_texts, score_candidates, take
 from ucmfh.utils import resolve_device
 
 NAMES = {"img": "image", "txt": "text"}

@@ -1,13 +1,9 @@
-"""SEPS on token features: training, scoring every pair, and the R@K protocol of docs/reference.md §7.
+"""SEPS scoring on token features: states, pairs, every pair of a database, and the databases of §7.
 
-The model is :class:`ucmfh.models.seps.SEPS`; the tokens are read by :class:`ucmfh.data.tokens.Tokens`.
-Training follows the released code (VSE++ hinge with ids as positives, max-violation from the second
-epoch, AdamW), keeps the best epoch on a validation part of the training split (rSum of the validation
-images against the validation captions) and never looks at the query split.
-
+The model is :class:`ucmfh.seps.model.SEPS`; the tokens are read by :class:`ucmfh.data.tokens.Tokens`.
 Scoring a database computes each image's state once (:func:`image_states`), each chunk of captions'
 state once, and the pairs of an image chunk × caption chunk in one :meth:`SEPS.grid` call, so memory
-is bounded by ``cfg.pair_chunk`` pairs.
+is bounded by ``cfg.pair_chunk`` pairs. R@K comes from :mod:`ucmfh.metrics.captions`.
 """
 from __future__ import annotations
 
@@ -19,16 +15,9 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ucmfh.config import SepsConfig
-from ucmfh.data.format import DataError, first_of_each_id
 from ucmfh.data.tokens import Tokens
-from ucmfh.distributed import Group, current_group
-from ucmfh.losses.triplet import vse_hinge
 from ucmfh.metrics.captions import DATABASES, database_rows, recall_from_scores
-from ucmfh.models.seps import SEPS, State
-from ucmfh.similarity import positive_mask
-from ucmfh.train import History, StateFile, autocast, optimize, run_epochs, seed_everything, validation_items
-from ucmfh.utils import resolve_device
+from ucmfh.seps.model import SEPS, State
 
 RANKS = (1, 5, 10)
 
@@ -141,97 +130,6 @@ def recall_rows(scores: torch.Tensor, txt_ids: torch.Tensor, img_ids: torch.Tens
     i2t = recall_from_scores(scores[:, query_img].T, img_ids[query_img], txt_ids)
     t2i = recall_from_scores(scores[query_txt], txt_ids[query_txt], img_ids)
     return {"recall_i2t": i2t, "recall_t2i": t2i, "rsum": sum(i2t.values()) + sum(t2i.values())}
-
-
-# ---------------------------------------------------------------- training
-
-def build_model(tokens: Tokens, cfg: SepsConfig) -> SEPS:
-    """A SEPS model for the token shapes of ``tokens``; the file's root attribute ``image_tokens_cls``
-    says whether image token 0 is a [CLS] token."""
-    cls = bool(tokens.attrs.get("image_tokens_cls", False))
-    return SEPS(tokens.d_img, tokens.d_txt, tokens.n_image_tokens, cfg, image_cls=cls, dense=tokens.has_dense)
-
-
-def _check_dense(tokens: Tokens, cfg: SepsConfig) -> None:
-    if cfg.dense_text != "none" and not tokens.has_dense:
-        raise DataError(f"{tokens.path}: /{tokens.split}: dense_text={cfg.dense_text!r} but the file has no "
-                        "dense_text_tokens")
-
-
-def gather_state(group: Group, state: State, n: int) -> State:
-    """The state of a global batch of ``n`` items from each rank's part of it (:meth:`Group.local`),
-    with gradient, word axes padded to the longest of any rank."""
-    if group.world_size == 1:
-        return state
-    keys = sorted(state)
-    padded = [key for key in keys if key.startswith(("words_", "mask_"))]
-    widths = dict(zip(padded, group.max([state[key].shape[1] for key in padded], state[keys[0]].device)))
-    parts, shapes = [], {}
-    for key in keys:
-        value = state[key].float()
-        if key in widths:
-            value = torch.nn.functional.pad(value, (0, 0) * (value.dim() - 2) + (0, widths[key] - value.shape[1]))
-        shapes[key] = value.shape[1:]
-        parts.append(value.reshape(len(value), -1))
-    gathered = group.gather(parts, n)
-    return {key: (part.reshape(n, *shapes[key]) > 0.5 if state[key].dtype == torch.bool
-                  else part.reshape(n, *shapes[key]).to(state[key].dtype))
-            for key, part in zip(keys, gathered)}
-
-
-def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
-             state: Optional[StateFile] = None) -> Tuple[SEPS, History]:
-    """Train SEPS on the ``train`` split of ``path``; returns the model (on CPU, the best validation
-    epoch's weights when ``cfg.val_fraction`` > 0) and its :class:`History`.
-
-    Under ``torchrun`` each rank encodes its part of the global batch (its images and its captions);
-    the image states are gathered with gradient, each rank scores its captions against every image
-    of the batch, and the score rows are gathered with gradient, so the hinge sees the whole batch's
-    negatives and one step equals one process's step (docs/distributed.md)."""
-    device = resolve_device(cfg.device)
-    group = current_group()
-    generator = seed_everything(cfg.seed)
-    tokens = Tokens(path, "train")
-    _check_dense(tokens, cfg)
-    ids = tokens.ids
-    if cfg.val_fraction > 0:
-        rest, val = validation_items(ids, cfg.val_fraction, cfg.seed)
-    else:
-        rest, val = np.arange(tokens.n_items), None
-    model = build_model(tokens, cfg).to(device).train()
-    optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    ids_t = torch.from_numpy(ids).to(device)
-
-    def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
-        items = rest[index.cpu().numpy()]
-        mine = group.local(torch.from_numpy(items)).numpy()  # this rank's part of the global batch
-        with autocast(device, cfg.amp):  # the forward pass; the gathers and the hinge in float32
-            img = gather_state(group, encode_images(model, tokens, mine, device), len(items))
-            sims, soft_mean = model.grid(img, encode_texts(model, tokens, mine, device))  # [my texts, images]
-        sims, soft_mean = sims.float(), None if soft_mean is None else soft_mean.float()
-        sims = group.gather((sims,), len(items))[0]
-        if soft_mean is not None and group.world_size > 1:  # the mean over every pair of the batch
-            soft_mean = group.gather(((soft_mean * len(mine)).reshape(1, 1),), group.world_size)[0].sum() / len(items)
-        batch_ids = ids_t[torch.from_numpy(items).to(device)]
-        loss = vse_hinge(sims.T, positive_mask(len(items), batch_ids, device=device), cfg.margin,
-                         epoch >= cfg.max_violation_from)
-        if soft_mean is not None and cfg.ratio_weight:
-            loss = loss + cfg.ratio_weight * (soft_mean - cfg.keep_ratio) ** 2
-        return optimize(loss, optimizer, group)
-
-    validate = None
-    if val is not None:
-        val_images = val[first_of_each_id(ids[val])]
-
-        def validate() -> float:
-            row = evaluate_pairs(model, Side(tokens, val_images), Side(tokens, val), device, cfg.pair_chunk)
-            model.train()
-            return row["rsum"]
-
-    history = run_epochs("seps", cfg, {"model": model}, optimizer, generator, len(rest), device, step, state,
-                          progress, validate=validate)
-    tokens.close()
-    return model.cpu().eval(), history
 
 
 def evaluate_pairs(model: SEPS, images: Side, texts: Side, device: torch.device, pair_chunk: int,

@@ -29,8 +29,8 @@ from ucmfh.data.h5 import Dataset
 from ucmfh.metrics.captions import recall_of_lists
 from ucmfh.metrics.topk import top_k
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.models.seps import SEPS, State
-from ucmfh.seps import (RANKS, Database, cat_states, database_scores, encode_images, encode_texts, image_states,
+from ucmfh.seps.model import SEPS, State
+from ucmfh.seps.scoring import (RANKS, Database, cat_states, database_scores, encode_images, encode_texts, image_states,
                         recall_rows, score_candidates, take, text_states)
 from ucmfh.search.index import EMBEDDING_DTYPE
 from ucmfh.search.rerank import cosine_scores, rerank
@@ -53,7 +53,7 @@ class Reranking:
     """The stages of one database for one hashing model and (optionally) one SEPS model.
 
     Args:
-        db: the database (:func:`ucmfh.seps.databases`).
+        db: the database (:func:`ucmfh.seps.scoring.databases`).
         data: the pooled features of the same file (``load_dataset``).
         hasher: a leak-free hashing model (:class:`FeatureHasher`).
         seps: the SEPS matcher, or None for the Hamming and cosine stages only.

@@ -23,8 +23,9 @@ from ucmfh.data.tokens import Tokens
 from ucmfh.distributed import current_group
 from ucmfh.methods import build_method
 from ucmfh.metrics.captions import DATABASES
-from ucmfh.rerank import Reranking
-from ucmfh.seps import database_scores, databases, fit_seps, recall_rows
+from ucmfh.two_stage import Reranking
+from ucmfh.seps.fit import fit_seps
+from ucmfh.seps.scoring import database_scores, databases, recall_rows
 from ucmfh.train import discard_state
 from ucmfh.utils import resolve_device
 
