@@ -27,7 +27,7 @@ from sklearn.svm import SVC
 
 from ucmfh.data.h5 import load_dataset
 from ucmfh.metrics import map_at_k
-from ucmfh.train import validation_items
+from ucmfh.selection import validation_items
 
 FEATURE_MAPS = {"raw": lambda x: x, "sqrt": lambda x: np.sqrt(np.clip(x, 0, None))}  # sqrt: Hellinger, for histograms
 CLASSIFIERS = {

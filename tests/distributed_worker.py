@@ -17,7 +17,7 @@ from ucmfh.distributed import current_group
 from ucmfh.losses import LOSSES
 from ucmfh.seps import fit_seps
 from ucmfh.methods import fit_hashing
-from ucmfh.train import fit_fusion
+from ucmfh.fusion_stage import fit_fusion
 
 N = 13  # odd: the ranks' parts of a batch differ in size
 

@@ -69,7 +69,7 @@ def test_a_garbage_or_truncated_file_is_named_in_a_few_words(saved, tmp_path, ti
     from click.testing import CliRunner
 
     from ucmfh.app.cli import main
-    from ucmfh.train import read_state
+    from ucmfh.epochs import read_state
 
     cut = tmp_path / "cut.pt"
     cut.write_bytes(open(saved[0], "rb").read()[:5000])

@@ -16,7 +16,7 @@ from ucmfh.methods import fit_hashing, hash_config
 from ucmfh.methods.dgcpn import NeighbourGraph, dgcpn_loss, dgcpn_step
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.scoring import evaluate_hashing, random_codes_map
-from ucmfh.train import validation_split
+from ucmfh.selection import validation_split
 
 # ----------------------------------------------------------------------------
 # Slow references: loops over entries in float64, read off train_div.py.

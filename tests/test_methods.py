@@ -222,7 +222,7 @@ def test_distill_needs_infonce_and_a_teacher(tiny):
 
 
 def test_distill_student_codes_are_leak_free_and_learnt(tiny):
-    from ucmfh.train import fit_fusion
+    from ucmfh.fusion_stage import fit_fusion
 
     from conftest import small_fusion
 
@@ -257,7 +257,7 @@ def test_train_hash_distill_trains_its_teacher_with_the_students_validation_spli
 
 
 def test_sign_relaxation_trains_on_the_codes_with_tanhs_gradient():
-    from ucmfh.train import relaxed_codes
+    from ucmfh.models.relaxation import relaxed_codes
 
     logits = torch.randn(5, 16, dtype=torch.float32, requires_grad=True)
     codes = relaxed_codes(logits, hash_config("two-tower", n_bits=16, relaxation="sign"), 1.0)
@@ -276,7 +276,8 @@ def test_sign_relaxation_trains_on_the_codes_with_tanhs_gradient():
 
 def test_no_relaxation_trains_a_real_valued_embedding_and_validates_it_by_cosine(tiny):
     from ucmfh.scoring import head_outputs_split  # noqa: PLC0415
-    from ucmfh.train import relaxed_codes, validation_split, validator  # noqa: PLC0415
+    from ucmfh.models.relaxation import relaxed_codes  # noqa: PLC0415
+    from ucmfh.selection import validation_split, validator
 
     logits = torch.randn(5, 16, requires_grad=True)
     embedding = relaxed_codes(logits, two_tower(relaxation="none"), 3.0)  # beta does nothing here
@@ -383,8 +384,8 @@ T03 = {"temperature": 0.3}  # a temperature given: two-tower has no temperature 
 
 
 def test_auto_relaxation_keeps_the_candidate_with_the_better_validation_score(tiny, tmp_path, monkeypatch):
-    from ucmfh import train  # noqa: PLC0415 - its optimize is counted below
-    from ucmfh.train import StateFile, candidate_path, discard_state
+    import ucmfh.methods.two_tower as two_tower_module  # noqa: PLC0415 - its optimize is counted below
+    from ucmfh.epochs import StateFile, candidate_path, discard_state
 
     runs = {name: fit_hashing(tiny, two_tower(epochs=6, relaxation=name, loss_params=T03), progress=False)
             for name in ("sign", "tanh")}
@@ -400,7 +401,7 @@ def test_auto_relaxation_keeps_the_candidate_with_the_better_validation_score(ti
     # every candidate left a finished state: resuming the choice trains nothing and returns the same model
     assert all(Path(candidate_path(state.path, c)).exists() for c in ("sign", "tanh"))
     steps = []
-    monkeypatch.setattr(train, "optimize", lambda *a: steps.append(1))
+    monkeypatch.setattr(two_tower_module, "optimize", lambda *a: steps.append(1))
     again, history_again = fit_hashing(tiny, two_tower(epochs=6, relaxation="auto", loss_params=T03), progress=False,
                                        state=StateFile(state.path, resume=True))
     assert not steps and _same_weights(again, model) and history_again.as_dict() == history.as_dict()
@@ -418,7 +419,7 @@ def test_auto_relaxation_keeps_the_candidate_with_the_better_validation_score(ti
 
 def test_train_hash_auto_relaxation_reports_its_choice_and_refuses_to_restart_a_saved_candidate(tiny_path, tmp_path):
     from ucmfh.methods import fit_hashing as fit  # noqa: PLC0415
-    from ucmfh.train import StateFile, candidate_path  # noqa: PLC0415
+    from ucmfh.epochs import StateFile, candidate_path  # noqa: PLC0415
 
     runner, results, out = CliRunner(), tmp_path / "r.jsonl", tmp_path / "runs"
     argv = ["train-hash", "-d", tiny_path, "-b", "16", "--results", str(results), "--out", str(out), "--device",

@@ -9,12 +9,14 @@ import signal
 import pytest
 import torch
 
-import ucmfh.train as train_module
+import ucmfh.epochs as epochs_module
 from ucmfh.checkpoint import load_model, save_checkpoint
 from ucmfh.config import HashConfig
 from ucmfh.methods import METHODS, build_method, fit_hashing, hash_config
 from ucmfh.scoring import encode_split, score_splits
-from ucmfh.train import StateFile, TrainingInterrupted, fit_fusion, validation_split, validation_view
+from ucmfh.epochs import StateFile, TrainingInterrupted
+from ucmfh.fusion_stage import fit_fusion
+from ucmfh.selection import validation_split, validation_view
 
 from conftest import small_fusion
 
@@ -122,7 +124,7 @@ def test_an_interrupted_run_resumes_to_the_same_model(tiny, fusion, name, signum
     reference, ref_history = fit(tiny, fusion, cfg)
     state = StateFile(str(tmp_path / "hash.state.pt"), interval_s=1e9)
     bars = _StopAfter(2, signum)
-    monkeypatch.setattr(train_module, "tqdm", bars)
+    monkeypatch.setattr(epochs_module, "tqdm", bars)
     with pytest.raises(TrainingInterrupted):
         fit(tiny, fusion, cfg, state)
     bars.epochs, first = None, len(bars.starts)  # no more interruptions

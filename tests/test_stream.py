@@ -11,7 +11,7 @@ from ucmfh.data.h5 import Split, load_dataset
 from ucmfh.data.stream import Rows, StreamSettings
 from ucmfh.scoring import evaluate_hashing
 from ucmfh.methods import fit_hashing
-from ucmfh.train import fit_fusion
+from ucmfh.fusion_stage import fit_fusion
 
 from conftest import small_fusion, small_hash
 

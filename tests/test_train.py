@@ -11,7 +11,9 @@ from ucmfh.scoring import encode_split, evaluate_hashing, random_codes_map
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 from ucmfh.methods import fit_hashing
-from ucmfh.train import batches, beta_at, epoch_plan, fit_fusion
+from ucmfh.fusion_stage import fit_fusion
+from ucmfh.models.relaxation import beta_at
+from ucmfh.step import batches, epoch_plan
 
 from conftest import small_fusion, small_hash
 
@@ -97,7 +99,7 @@ def test_amp_mode_is_validated():
 
 def test_supervised_training_passes_labels_and_fit_hashing_keeps_the_callers_encoder(tiny, monkeypatch):
     import ucmfh.methods.ucmfh as ucmfh_method
-    import ucmfh.train as train_mod
+    import ucmfh.fusion_stage as fusion_stage
     from ucmfh.losses import build_loss
 
     seen = []
@@ -113,7 +115,7 @@ def test_supervised_training_passes_labels_and_fit_hashing_keeps_the_callers_enc
         loss.forward = forward
         return loss
 
-    monkeypatch.setattr(train_mod, "build_loss", recording)
+    monkeypatch.setattr(fusion_stage, "build_loss", recording)
     monkeypatch.setattr(ucmfh_method, "build_loss", recording)
     fusion, history = fit_fusion(tiny, small_fusion(epochs=1, loss="pairwise", supervised=True), progress=False)
     assert all(labels is not None and labels.shape[1] == tiny.n_classes for labels in seen)
@@ -139,7 +141,7 @@ def test_lr_fusion_zero_keeps_the_encoder_and_trains_the_heads(tiny):
 
 def test_validation_split_is_seeded_disjoint_and_keeps_ids_together(tiny):
     from ucmfh.data.h5 import Split
-    from ucmfh.train import validation_split
+    from ucmfh.selection import validation_split
 
     rest, val = validation_split(tiny.train, 0.2, seed=3)
     again_rest, again_val = validation_split(tiny.train, 0.2, seed=3)
@@ -172,7 +174,7 @@ def test_validation_keeps_the_best_epoch_and_patience_stops_early(tiny):
 def test_resume_restores_the_training_devices_cuda_generator_whatever_gpus_saved_it(monkeypatch):
     """A state held every visible GPU's generator and was restored with set_rng_state_all,
     which fails (or restores the wrong one) on another number of GPUs; only the training device's counts."""
-    from ucmfh.train import restore_cuda_rng
+    from ucmfh.epochs import restore_cuda_rng
 
     restored = []
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((int(state[0]), str(device))))
@@ -189,7 +191,7 @@ def test_resume_restores_the_training_devices_cuda_generator_whatever_gpus_saved
 
 def test_state_paths_find_every_candidates_state_and_unfinished_first_save(tmp_path):
     from ucmfh.files import temp_destination
-    from ucmfh.train import candidate_name, candidate_path, state_paths
+    from ucmfh.epochs import candidate_name, candidate_path, state_paths
 
     own = str(tmp_path / "hash64.state.pt")
     saved = candidate_path(own, "t0.3")

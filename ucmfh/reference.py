@@ -1,7 +1,7 @@
 """UCMFH's reference training and encoding code, reproduced with its defects, for benchmarks and comparisons.
 
 This is **not** the model ucmfh trains (that is :mod:`ucmfh.models` with
-:mod:`ucmfh.train`). It re-implements the reference code of Xia et al., "When
+:mod:`ucmfh.fusion_stage`, :mod:`ucmfh.methods`). It re-implements the reference code of Xia et al., "When
 CLIP meets cross-modal hashing retrieval" (Information Fusion 2023) step for
 step, so that ucmfh's speed and MAP can be compared with it, and it keeps the
 reference's known defects (docs/reference.md §2) on purpose:

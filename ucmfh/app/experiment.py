@@ -40,7 +40,8 @@ from ucmfh.files import PathLike, append_jsonl, remove_stale_temps, write_json_a
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.scoring import EXPECTED, encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
 from ucmfh.methods import build_method, fit_hashing
-from ucmfh.train import StateFile, candidate_name, discard_state, fit_fusion, read_state, state_paths
+from ucmfh.epochs import StateFile, candidate_name, discard_state, read_state, state_paths
+from ucmfh.fusion_stage import fit_fusion
 from ucmfh.utils import resolve_device
 
 PROTOCOL_NOTES = {

@@ -35,7 +35,7 @@ SHORT = {"image": "img", "text": "txt"}
 def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, device, quiet) -> None:
     """Encode every item of COLLECTION (unimodal protocol) into the index folder OUT."""
     from ucmfh.search.build import build_index
-    from ucmfh.train import stop_on_signals
+    from ucmfh.epochs import stop_on_signals
 
     check_outputs(folders={"--out": out})
     try:  # SIGINT and SIGTERM end the build once the chunk in progress is committed

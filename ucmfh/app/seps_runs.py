@@ -26,7 +26,7 @@ from ucmfh.metrics.captions import DATABASES
 from ucmfh.two_stage import Reranking
 from ucmfh.seps.fit import fit_seps
 from ucmfh.seps.scoring import database_scores, databases, recall_rows
-from ucmfh.train import discard_state
+from ucmfh.epochs import discard_state
 from ucmfh.utils import resolve_device
 
 LEAK_NOTE = ("dense-text-leak: each caption scored with the dense description of its own ground-truth image, "

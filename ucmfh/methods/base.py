@@ -15,7 +15,8 @@ from torch import nn
 from ucmfh.config import RELAXATION_CANDIDATES, FusionConfig, HashConfig, with_defaults
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.train import History, StateFile, candidate_path, validation_split
+from ucmfh.epochs import StateFile, candidate_path
+from ucmfh.selection import History, validation_split
 from ucmfh.utils import resolve_device, seed_everything
 
 
@@ -95,14 +96,14 @@ class Method:
             progress: bool = True, state: Optional[StateFile] = None) -> Tuple[nn.Module, History]:
         """Train on ``data.train`` (and a validation part of it, ``cfg.val_fraction``); returns the model on
         the CPU in eval mode and its :class:`History`. ``fusion``: the fusion encoder when ``uses_fusion``.
-        ``state``: the resumable training state (:func:`ucmfh.train.run_epochs`)."""
+        ``state``: the resumable training state (:func:`ucmfh.epochs.run_epochs`)."""
         raise NotImplementedError
 
     def prepare(self, data: Dataset, cfg: HashConfig) -> Tuple[torch.device, torch.Generator, Split, Optional[Split],
                                                             nn.Module]:
         """What every trained fit starts with, in this order (the seeded draws depend on it): the device,
         the seeded batch generator (:func:`ucmfh.utils.seed_everything`), the training part and the
-        validation part of ``data.train`` (:func:`ucmfh.train.validation_split`), and the untrained model
+        validation part of ``data.train`` (:func:`ucmfh.selection.validation_split`), and the untrained model
         (:meth:`build_model`) with its feature statistics fitted on the training part, on the CPU."""
         device = resolve_device(cfg.device)
         generator = seed_everything(cfg.seed)
@@ -147,7 +148,7 @@ def choose(fit: Callable, data: Dataset, cfg: HashConfig, candidates: Dict[str, 
     and seed (the same run as asking for it by its settings); the model whose best epoch scores higher
     on validation is kept, the first candidate on a tie; without a validation split (``val_fraction =
     0``) the first candidate is trained alone. Each candidate keeps its own training state
-    (:func:`ucmfh.train.candidate_path`), so an interrupted choice resumes where it stopped."""
+    (:func:`ucmfh.epochs.candidate_path`), so an interrupted choice resumes where it stopped."""
     runs: Dict[str, Tuple[nn.Module, History]] = {}
     for name in list(candidates) if cfg.val_fraction > 0 else list(candidates)[:1]:
         sub = None if state is None else dataclasses.replace(state, path=candidate_path(state.path, name))

@@ -22,7 +22,8 @@ from ucmfh.methods.base import Method
 from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.train import History, StateFile
+from ucmfh.epochs import StateFile
+from ucmfh.selection import History
 
 
 @register

@@ -81,7 +81,9 @@ from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.scoring import encode_split
 from ucmfh.similarity import cosine_similarity, normalize
-from ucmfh.train import History, StateFile, adam, autocast, optimize, run_epochs, validator
+from ucmfh.epochs import StateFile, run_epochs
+from ucmfh.selection import History, validator
+from ucmfh.step import adam, autocast, optimize
 
 # an item, its third and fourth most similar item of the batch (my_opt.PCIRH.train_method)
 MIX_WEIGHTS = (0.7, 0.2, 0.1)

@@ -35,7 +35,7 @@ against the detached signs of the text codes, the image network stepped; then th
 detached signs of the image codes (that same forward pass) against the relaxed text codes, the text
 network stepped. Two SGD optimisers in the release (lr 0.005, momentum 0.9, weight decay 5e-4); here
 one SGD over both heads, which is the same update: a step whose loss leaves one head without a
-gradient leaves that head, and its momentum, untouched (:func:`ucmfh.train.optimize` clears the
+gradient leaves that head, and its momentum, untouched (:func:`ucmfh.step.optimize` clears the
 gradients to None).
 
 **The model (``models.py``).** ``ImgNet``: Linear(4096, 4096) → ReLU → Dropout(0.5) → Linear(4096,
@@ -68,7 +68,7 @@ Departures, each named:
 - Model selection: the release evaluates MAP on its validation items against its database after
   every epoch, keeps the best epoch and stops after 11 epochs without a better one; here the same
   with this package's validator (unimodal MAP@50 of both directions on a validation tenth of the
-  training split against the rest, :func:`ucmfh.train.validator`), ``patience = 11``.
+  training split against the rest, :func:`ucmfh.selection.validator`), ``patience = 11``.
 - The codes are ``sign`` with sign(0) = +1 (this package's codes); the release's ``torch.sign`` gives
   0 at 0. Inside the loss the half-binary steps use ``torch.sign`` as the release does.
 """
@@ -90,7 +90,9 @@ from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.similarity import normalize
-from ucmfh.train import History, StateFile, autocast, batch_inputs, optimize, run_epochs, validation_view, validator
+from ucmfh.epochs import StateFile, run_epochs
+from ucmfh.selection import History, validation_view, validator
+from ucmfh.step import autocast, batch_inputs, optimize
 
 # rows of the training split whose similarities to all the others are held at once while the
 # neighbours are found ([KNN_CHUNK, N] floats: 128 MiB at N = 32,000)
@@ -176,7 +178,7 @@ def dgcpn_step(model: FeatureHasher, optimizer: torch.optim.Optimizer, img: torc
        image head alone has gradients, and alone is stepped;
     3. ``loss_of(sign(tanh(h_img)), tanh(h_txt))`` on that same forward pass: the text head alone.
 
-    ``optimizer`` holds both heads; :func:`ucmfh.train.optimize` sets every gradient to None first,
+    ``optimizer`` holds both heads; :func:`ucmfh.step.optimize` sets every gradient to None first,
     so SGD leaves a head without a gradient (and its momentum) as it is: two optimisers, as released.
     Shape: img [b, d_img], txt [b, d_txt] (this rank's part of the batch of ``n``), target [n, n].
     """

@@ -9,7 +9,8 @@ from ucmfh.methods.registry import register
 from ucmfh.methods.two_tower import TwoTower, fit_feature_hasher
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.train import History, StateFile
+from ucmfh.epochs import StateFile
+from ucmfh.selection import History
 
 
 @register

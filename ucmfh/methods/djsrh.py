@@ -57,10 +57,10 @@ from ucmfh.methods.registry import METHODS, register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.similarity import normalize
-from ucmfh.train import (
-    History, StateFile, autocast, batch_inputs, beta_at, optimize, relaxed_codes, run_epochs, validation_view,
-    validator,
-)
+from ucmfh.epochs import StateFile, run_epochs
+from ucmfh.models.relaxation import beta_at, relaxed_codes
+from ucmfh.selection import History, validation_view, validator
+from ucmfh.step import autocast, batch_inputs, optimize
 
 SIM_INPUTS = ("raw", "centred")
 
@@ -133,7 +133,7 @@ def fit_similarity_hasher(data: Dataset, cfg: HashConfig, target_fn, loss_fn, si
                           state: Optional[StateFile]) -> Tuple[FeatureHasher, History]:
     """Train :func:`feature_model` by SGD on ``loss_fn(codes_img, codes_txt, target_fn(img, txt))``,
     the target built from each (global) batch's features; the codes are ``tanh(sqrt(epoch + 1) h)``.
-    The best validation epoch is kept (:func:`ucmfh.train.run_epochs`)."""
+    The best validation epoch is kept (:func:`ucmfh.epochs.run_epochs`)."""
     device, generator, rest, val, model = METHODS[cfg.method].prepare(data, cfg)
     model.to(device).train()
     optimizer = sgd(model, lr_img, cfg.lr_head, momentum, weight_decay)

@@ -61,7 +61,8 @@ from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.similarity import normalize
-from ucmfh.train import History, StateFile
+from ucmfh.epochs import StateFile
+from ucmfh.selection import History
 
 
 def joint_modal_similarity(img: torch.Tensor, txt: torch.Tensor, alpha: float = 0.5, beta: float = 0.1,

@@ -9,7 +9,8 @@ from ucmfh.config import HashConfig
 from ucmfh.data.h5 import Dataset
 from ucmfh.methods.base import Method
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.train import History, StateFile
+from ucmfh.epochs import StateFile
+from ucmfh.selection import History
 
 METHODS: Dict[str, Method] = {}
 # The method of the front doors (`ucmfh train-hash`, the grid): the best leak-free one measured on the
@@ -43,5 +44,5 @@ def hash_config(method: str = "ucmfh", **settings: Any) -> HashConfig:
 def fit_hashing(data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
                 state: Optional[StateFile] = None) -> Tuple[nn.Module, History]:
     """Train the hashing stage by ``cfg.method`` (:meth:`Method.train`); returns the model (on CPU) and
-    its :class:`~ucmfh.train.History`. Methods that ``uses_fusion`` need the ``fusion`` encoder."""
+    its :class:`~ucmfh.selection.History`. Methods that ``uses_fusion`` need the ``fusion`` encoder."""
     return build_method(cfg.method).train(data, cfg, fusion, progress, state)

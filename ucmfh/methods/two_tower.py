@@ -16,16 +16,16 @@ from ucmfh.methods.registry import METHODS, register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.scoring import embed_split
-from ucmfh.train import (
-    History, StateFile, adam, autocast, batch_inputs, beta_at, optimize, relaxed_codes, run_epochs, validation_view,
-    validator,
-)
+from ucmfh.epochs import StateFile, run_epochs
+from ucmfh.models.relaxation import beta_at, relaxed_codes
+from ucmfh.selection import History, validation_view, validator
+from ucmfh.step import adam, autocast, batch_inputs, optimize
 
 
 @register
 class TwoTower(Method):
     """One hash head per modality on its own (centred, L2-normalised) features, trained with ``cfg.loss``
-    on the codes of each pair (:func:`ucmfh.train.relaxed_codes`); ids (the captions of one image) are
+    on the codes of each pair (:func:`ucmfh.models.relaxation.relaxed_codes`); ids (the captions of one image) are
     positives of each other in every loss. Its defaults were chosen on the validation split of the
     training data (docs/quality.md), never on a query split; InfoNCE's temperature is chosen per run on
     that split among ``temperatures`` (unless ``loss_params`` names one): a low temperature wins on

@@ -81,7 +81,9 @@ from ucmfh.methods.registry import METHODS, register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.scoring import encode_split
 from ucmfh.similarity import normalize, sign_codes
-from ucmfh.train import History, StateFile, adam, autocast, batch_inputs, run_epochs, validator
+from ucmfh.epochs import StateFile, run_epochs
+from ucmfh.selection import History, validator
+from ucmfh.step import adam, autocast, batch_inputs
 
 # UCCH.py: MultiStepLR(optimizer, [30, 60, 90, 120], gamma=0.1), stepped with the epoch
 LR_MILESTONES = (30, 60, 90, 120)

@@ -14,10 +14,10 @@ from ucmfh.methods.base import Method
 from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
-from ucmfh.train import (
-    History, StateFile, adam, autocast, batch_inputs, beta_at, optimize, relaxed_codes, run_epochs, validation_split,
-    validation_view, validator,
-)
+from ucmfh.epochs import StateFile, run_epochs
+from ucmfh.models.relaxation import beta_at, relaxed_codes
+from ucmfh.selection import History, validation_split, validation_view, validator
+from ucmfh.step import adam, autocast, batch_inputs, optimize
 from ucmfh.utils import resolve_device, seed_everything
 
 
@@ -26,7 +26,7 @@ class UCMFH(Method):
     """Hash heads on the fusion encoder, which is fine-tuned (``cfg.lr_fusion = 0`` keeps it).
 
     Loss = loss(fused img, fused txt) + code_weight · loss(img codes, txt codes), codes relaxed by
-    :func:`ucmfh.train.relaxed_codes` (UCMFH's ``tanh(β · logits)`` by default). Its defaults are
+    :func:`ucmfh.models.relaxation.relaxed_codes` (UCMFH's ``tanh(β · logits)`` by default). Its defaults are
     :class:`HashConfig`'s, UCMFH's reference code's; its hashing stage shares the fusion stage's
     training options. The only method with a 'fused' view (defect 2 of docs/reference.md §3).
     """

@@ -19,7 +19,10 @@ from ucmfh.losses.triplet import vse_hinge
 from ucmfh.seps.model import SEPS, State
 from ucmfh.seps.scoring import Side, encode_images, encode_texts, evaluate_pairs
 from ucmfh.similarity import positive_mask
-from ucmfh.train import History, StateFile, autocast, optimize, run_epochs, seed_everything, validation_items
+from ucmfh.epochs import StateFile, run_epochs
+from ucmfh.selection import History, validation_items
+from ucmfh.step import autocast, optimize
+from ucmfh.utils import seed_everything
 from ucmfh.utils import resolve_device
 
 

@@ -1,6 +1,4 @@
-"""Training as plain loops over in-memory tensors, resumable: the epoch loop every trained method
-shares (:func:`run_epochs`), model selection on a validation split carved from the training split, and
-the fusion stage (task 0, :func:`fit_fusion`). Each hashing method's fit is in :mod:`ucmfh.methods`.
+"""The epoch loop every trained stage shares (:func:`run_epochs`), resumable, and its training state.
 
 A run given a :class:`StateFile` saves its whole training state (weights,
 optimizer, random-number generators, position, loss history) atomically
@@ -19,224 +17,19 @@ import os
 import signal
 import threading
 import time
-from dataclasses import dataclass, replace
-from typing import Any, Callable, ContextManager, Dict, Iterable, Iterator, List, Optional, Tuple
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterator, List, Optional
 
-import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ucmfh.config import FusionConfig, HashConfig, identity_dict
-from ucmfh.data.h5 import Dataset, Split
-from ucmfh.distributed import Group, current_group
-from ucmfh.losses import build_loss
-from ucmfh.models.fusion import FusionEncoder
-from ucmfh.scoring import embed_split, encode_split, head_outputs_split, score_splits
-from ucmfh.similarity import normalize, sign_codes
+from ucmfh.config import identity_dict
+from ucmfh.distributed import current_group
 from ucmfh.files import atomic_file, temp_destination, torch_file_problem
-from ucmfh.utils import resolve_device, seed_everything
+from ucmfh.selection import History
+from ucmfh.step import Shuffle, epoch_plan
 
-
-Shuffle = Callable[[torch.Generator], torch.Tensor]
-
-
-def batches(n: int, batch_size: int, generator: torch.Generator,
-            shuffle: Optional[Shuffle] = None) -> Iterator[torch.Tensor]:
-    """A shuffled pass over ``range(n)`` in batches; every item is used once.
-
-    The order is ``shuffle(generator)`` (a streamed split's, :meth:`Split.shuffle`), by default
-    a uniform permutation. The last partial batch is kept (UCMFH's defect 3); a last batch of one
-    item, which has no negative, joins the batch before it.
-    """
-    if n < 2:
-        raise ValueError(f"training needs at least 2 items, got {n}")
-    order = torch.randperm(n, generator=generator) if shuffle is None else shuffle(generator)
-    chunks = list(order.split(batch_size))
-    if len(chunks) > 1 and len(chunks[-1]) == 1:
-        last = chunks.pop()
-        chunks[-1] = torch.cat([chunks[-1], last])
-    return iter(chunks)
-
-
-def beta_at(cfg: HashConfig, iteration: int, epoch: int) -> float:
-    """The tanh continuation scale β for a training step (docs/reference.md §5)."""
-    if cfg.beta_schedule == "hashnet":
-        return math.sqrt(1.0 + cfg.beta_gamma * (iteration // cfg.beta_step_iters) * cfg.beta_step_iters)
-    if cfg.beta_schedule == "step":
-        return math.sqrt(epoch // cfg.beta_step_epochs + 1)
-    return 1.0
-
-
-def relaxed_codes(logits: torch.Tensor, cfg: HashConfig, beta: float) -> torch.Tensor:
-    """The codes a hashing loss sees, L2-normalised: ``tanh(β · logits)``, or with
-    ``cfg.relaxation = 'sign'`` the ±1 codes themselves with tanh's gradient (straight-through), or
-    with 'none' the logits themselves (a real-valued embedding)."""
-    if cfg.relaxation == "none":
-        return normalize(logits.float())
-    relaxed = torch.tanh(beta * logits.float())
-    if cfg.relaxation == "sign":
-        relaxed = relaxed + (sign_codes(relaxed) - relaxed).detach()
-    return normalize(relaxed)
-
-
-def epoch_plan(
-    n: int, batch_size: int, p_separate: float, generator: torch.Generator, device: torch.device,
-    shuffle: Optional[Shuffle] = None,
-) -> List[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
-    """One epoch's batches (item indices) and modality-dropout draws, already on ``device``.
-
-    Drawn from the CPU generator in the order a per-step loop would draw them
-    (the shuffle, then one ``rand`` per batch), so the run is the same; but
-    each goes to the device in one copy per epoch instead of two per step,
-    each of which would make the host wait for the GPU.
-    """
-    chunks = list(batches(n, batch_size, generator, shuffle))
-    sizes = [len(c) for c in chunks]
-    index = torch.cat(chunks).to(device).split(sizes)
-    if p_separate <= 0:
-        return [(i, None) for i in index]
-    draws = torch.cat([torch.rand(k, generator=generator) for k in sizes])
-    return list(zip(index, (draws < p_separate).to(device).split(sizes)))
-
-
-def autocast(device: torch.device, amp: str) -> ContextManager:
-    """The training forward pass's precision: ``bf16`` autocasts matmuls to bfloat16, ``none`` does nothing."""
-    if amp == "none":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
-
-
-def adam(params: Iterable, **kwargs) -> torch.optim.Adam:
-    """Adam with its fused kernel where this torch has one for the parameters' device (same update rule)."""
-    params = list(params)
-    try:
-        return torch.optim.Adam(params, fused=True, **kwargs)
-    except (RuntimeError, TypeError):
-        return torch.optim.Adam(params, **kwargs)
-
-
-def check_supervision(data: Dataset, cfg: Any) -> None:
-    if cfg.supervised and data.caption_set:
-        raise ValueError(f"{data.path or 'the dataset'}: supervised training needs labels; this caption set has "
-                         "none (its ids already make the captions of one image positives of each other)")
-
-
-def batch_inputs(split: Split, index: torch.Tensor, separate: Optional[torch.Tensor], supervised: bool,
-           group: Group) -> Tuple[Optional[torch.Tensor], ...]:
-    """A step's inputs: the features (and modality-dropout draws) of this rank's part of the global
-    batch ``index`` (all of it on one process), the ids and labels of the whole global batch."""
-    ids = None if split.ids is None else split.ids[index]
-    labels = split.labels[index] if supervised else None
-    local = group.local(index)
-    return split.img[local], split.txt[local], None if separate is None else group.local(separate), ids, labels
-
-
-def optimize(loss: torch.Tensor, optimizer: torch.optim.Optimizer, group: Group) -> torch.Tensor:
-    """One optimisation step on ``loss``, its gradients averaged over the ranks; returns the loss, detached."""
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    group.average_gradients(p for g in optimizer.param_groups for p in g["params"])
-    optimizer.step()
-    return loss.detach()
-
-
-# ------------------------------------------------------------ model selection
-
-
-class History(list):
-    """The mean training loss of each epoch; with a validation split also ``validation``
-    (``[epoch, score]`` after each epoch) and ``best_epoch``, whose weights the model keeps.
-    A run that chose among candidate settings on validation (:func:`ucmfh.methods.choose`) also
-    records ``chosen``, the one kept, and ``choice_scores``, each candidate's best validation score."""
-
-    def __init__(self, losses: Iterable[float] = (), validation: Optional[List[List[float]]] = None,
-                 best_epoch: Optional[int] = None) -> None:
-        super().__init__(losses)
-        self.validation = list(validation or [])
-        self.best_epoch = best_epoch
-        self.chosen: Optional[str] = None  # a run that chose on validation: the candidate kept
-        self.choice_scores: Dict[str, float] = {}  # ... and each candidate's best validation score
-
-    @property
-    def best_score(self) -> float:
-        """The validation score of the kept epoch (-inf without a validation split)."""
-        return dict(self.validation).get(self.best_epoch, -math.inf)
-
-    def as_dict(self) -> Dict[str, Any]:
-        out = {"loss": list(self), "validation": self.validation, "best_epoch": self.best_epoch}
-        if self.chosen is not None:
-            out.update(chosen=self.chosen, choice_scores=self.choice_scores)
-        return out
-
-
-def validation_items(keys: np.ndarray, fraction: float, seed: int) -> Tuple[np.ndarray, np.ndarray]:
-    """``(rest, validation)`` item indices: a seeded share of the units (distinct ``keys``: the ids, or
-    the items themselves) held out for model selection; items of one unit go to the same side."""
-    units = np.unique(keys)
-    n_val = max(1, int(round(fraction * len(units))))
-    if len(units) - n_val < 2:
-        raise ValueError(f"val_fraction {fraction} of {len(units)} training units leaves fewer than 2 to train on")
-    held = np.random.default_rng(seed).choice(units, size=n_val, replace=False)
-    member = np.isin(keys, held)
-    return np.flatnonzero(~member), np.flatnonzero(member)
-
-
-def validation_split(split: Split, fraction: float, seed: int) -> Tuple[Split, Optional[Split]]:
-    """``(rest, validation)``: a seeded share of a training split held out for model selection
-    (:func:`validation_items`; the captions of one image go to the same side). ``fraction = 0``
-    returns the split whole and no validation part.
-    """
-    if fraction <= 0:
-        return split, None
-    keys = np.arange(len(split)) if split.ids is None else split.ids.numpy()  # the unit of each item
-    rest, val = validation_items(keys, fraction, seed)
-    return split.subset(torch.from_numpy(rest)), split.subset(torch.from_numpy(val))
-
-
-# the most validation queries and database items scored after each epoch: evenly spaced ones
-# beyond (a large training split would make validation cost as much as training)
-VALIDATION_QUERIES, VALIDATION_DATABASE = 5_000, 50_000
-
-
-def _spread(split: Split, most: int) -> Split:
-    if len(split) <= most:
-        return split
-    return split.subset(torch.from_numpy(np.linspace(0, len(split) - 1, most).round().astype(np.int64)))
-
-
-def _in_memory(split: Split) -> Split:
-    return replace(split, img=split.img[:], txt=split.txt[:]) if split.streamed else split
-
-
-def validation_view(cfg: HashConfig) -> Tuple[Callable, str]:
-    """What a hashing stage's validation ranks: the codes by Hamming distance, or the head outputs
-    by cosine with ``relaxation = 'none'`` (what that training learns)."""
-    return (head_outputs_split, "cosine") if cfg.relaxation == "none" else (encode_split, "hamming")
-
-
-def validator(encode: Callable, ranking: str, model: nn.Module, val: Optional[Split], rest: Split,
-              device: torch.device) -> Optional[Callable[[], float]]:
-    """The validation score of ``model``: mean of both directions' unimodal MAP@50 (by id on a
-    caption set), the validation items against the rest of the training split (at most
-    ``VALIDATION_QUERIES`` and ``VALIDATION_DATABASE`` of them, evenly spaced)."""
-    if val is None:
-        return None
-    # read once, into memory (at most VALIDATION_QUERIES + VALIDATION_DATABASE items): a streamed
-    # split's validation items are spread through the file, and would be read again every epoch
-    val, rest = _in_memory(_spread(val, VALIDATION_QUERIES)), _in_memory(_spread(rest, VALIDATION_DATABASE))
-    data = Dataset(train=rest, query=val, retrieval=rest)
-
-    def validate() -> float:
-        query, retrieval = encode(model, val, "unimodal", device), encode(model, rest, "unimodal", device)
-        model.train()
-        rows = score_splits(query, retrieval, data, 50, ranking)
-        return sum(r["map_i2t"] + r["map_t2i"] for r in rows) / (2 * len(rows))
-
-    return validate
-
-
-# ------------------------------------------------------------ training state
 
 STATE_FORMAT = "ucmfh-training-state"
 
@@ -491,48 +284,3 @@ def discard_state(state: Optional[StateFile]) -> None:
     for path in state_paths(state.path):
         if os.path.exists(path):
             os.remove(path)
-
-
-# ------------------------------------------------------------------ the stages
-
-
-def fit_fusion(
-    data: Dataset,
-    cfg: FusionConfig,
-    fusion: Optional[FusionEncoder] = None,
-    progress: bool = True,
-    state: Optional[StateFile] = None,
-) -> Tuple[FusionEncoder, History]:
-    """Train the fusion encoder (task 0) on ``data.train``; returns it (on CPU) and its :class:`History`.
-
-    With ``cfg.val_fraction`` > 0 a validation part of ``data.train`` is held out
-    and the weights of the epoch with the best validation score are returned.
-
-    With ``state``, the run saves and (``state.resume``) continues its training
-    state; interrupted by SIGINT/SIGTERM it raises :class:`TrainingInterrupted`.
-    """
-    check_supervision(data, cfg)
-    device = resolve_device(cfg.device)
-    generator = seed_everything(cfg.seed)
-    rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
-    if fusion is None:
-        fusion = FusionEncoder(data.d_img, data.d_txt, cfg)
-        fusion.fit_feature_stats(rest.img, rest.txt)
-    fusion.to(device).train()
-    loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
-    optimizer = adam([*fusion.parameters(), *loss_fn.parameters()], lr=cfg.lr, betas=tuple(cfg.betas))
-    train = rest.to(device)
-
-    group = current_group()
-
-    def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
-        img, txt, separate, ids, labels = batch_inputs(train, index, separate, cfg.supervised, group)
-        with autocast(device, cfg.amp):
-            z_img, z_txt = fusion(img, txt, separate)
-        z_img, z_txt = group.gather((z_img.float(), z_txt.float()), len(index))  # losses always in float32
-        return optimize(loss_fn(z_img, z_txt, ids=ids, labels=labels), optimizer, group)
-
-    modules = {"fusion": fusion, "loss": loss_fn}
-    history = run_epochs("fusion", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
-                          validate=validator(embed_split, "cosine", fusion, val, rest, device), shuffle=train.shuffle)
-    return fusion.cpu().eval(), history

@@ -1,0 +1,107 @@
+"""Model selection on a validation split carved from the training split, never the query split: the
+held-out items, the score after each epoch, and the :class:`History` that records it."""
+from __future__ import annotations
+
+import math
+from dataclasses import replace
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+import torch
+from torch import nn
+
+from ucmfh.config import HashConfig
+from ucmfh.data.h5 import Dataset, Split
+from ucmfh.scoring import encode_split, head_outputs_split, score_splits
+
+
+class History(list):
+    """The mean training loss of each epoch; with a validation split also ``validation``
+    (``[epoch, score]`` after each epoch) and ``best_epoch``, whose weights the model keeps.
+    A run that chose among candidate settings on validation (:func:`ucmfh.methods.choose`) also
+    records ``chosen``, the one kept, and ``choice_scores``, each candidate's best validation score."""
+
+    def __init__(self, losses: Iterable[float] = (), validation: Optional[List[List[float]]] = None,
+                 best_epoch: Optional[int] = None) -> None:
+        super().__init__(losses)
+        self.validation = list(validation or [])
+        self.best_epoch = best_epoch
+        self.chosen: Optional[str] = None  # a run that chose on validation: the candidate kept
+        self.choice_scores: Dict[str, float] = {}  # ... and each candidate's best validation score
+
+    @property
+    def best_score(self) -> float:
+        """The validation score of the kept epoch (-inf without a validation split)."""
+        return dict(self.validation).get(self.best_epoch, -math.inf)
+
+    def as_dict(self) -> Dict[str, Any]:
+        out = {"loss": list(self), "validation": self.validation, "best_epoch": self.best_epoch}
+        if self.chosen is not None:
+            out.update(chosen=self.chosen, choice_scores=self.choice_scores)
+        return out
+
+
+def validation_items(keys: np.ndarray, fraction: float, seed: int) -> Tuple[np.ndarray, np.ndarray]:
+    """``(rest, validation)`` item indices: a seeded share of the units (distinct ``keys``: the ids, or
+    the items themselves) held out for model selection; items of one unit go to the same side."""
+    units = np.unique(keys)
+    n_val = max(1, int(round(fraction * len(units))))
+    if len(units) - n_val < 2:
+        raise ValueError(f"val_fraction {fraction} of {len(units)} training units leaves fewer than 2 to train on")
+    held = np.random.default_rng(seed).choice(units, size=n_val, replace=False)
+    member = np.isin(keys, held)
+    return np.flatnonzero(~member), np.flatnonzero(member)
+
+
+def validation_split(split: Split, fraction: float, seed: int) -> Tuple[Split, Optional[Split]]:
+    """``(rest, validation)``: a seeded share of a training split held out for model selection
+    (:func:`validation_items`; the captions of one image go to the same side). ``fraction = 0``
+    returns the split whole and no validation part.
+    """
+    if fraction <= 0:
+        return split, None
+    keys = np.arange(len(split)) if split.ids is None else split.ids.numpy()  # the unit of each item
+    rest, val = validation_items(keys, fraction, seed)
+    return split.subset(torch.from_numpy(rest)), split.subset(torch.from_numpy(val))
+
+
+# the most validation queries and database items scored after each epoch: evenly spaced ones
+# beyond (a large training split would make validation cost as much as training)
+VALIDATION_QUERIES, VALIDATION_DATABASE = 5_000, 50_000
+
+
+def _spread(split: Split, most: int) -> Split:
+    if len(split) <= most:
+        return split
+    return split.subset(torch.from_numpy(np.linspace(0, len(split) - 1, most).round().astype(np.int64)))
+
+
+def _in_memory(split: Split) -> Split:
+    return replace(split, img=split.img[:], txt=split.txt[:]) if split.streamed else split
+
+
+def validation_view(cfg: HashConfig) -> Tuple[Callable, str]:
+    """What a hashing stage's validation ranks: the codes by Hamming distance, or the head outputs
+    by cosine with ``relaxation = 'none'`` (what that training learns)."""
+    return (head_outputs_split, "cosine") if cfg.relaxation == "none" else (encode_split, "hamming")
+
+
+def validator(encode: Callable, ranking: str, model: nn.Module, val: Optional[Split], rest: Split,
+              device: torch.device) -> Optional[Callable[[], float]]:
+    """The validation score of ``model``: mean of both directions' unimodal MAP@50 (by id on a
+    caption set), the validation items against the rest of the training split (at most
+    ``VALIDATION_QUERIES`` and ``VALIDATION_DATABASE`` of them, evenly spaced)."""
+    if val is None:
+        return None
+    # read once, into memory (at most VALIDATION_QUERIES + VALIDATION_DATABASE items): a streamed
+    # split's validation items are spread through the file, and would be read again every epoch
+    val, rest = _in_memory(_spread(val, VALIDATION_QUERIES)), _in_memory(_spread(rest, VALIDATION_DATABASE))
+    data = Dataset(train=rest, query=val, retrieval=rest)
+
+    def validate() -> float:
+        query, retrieval = encode(model, val, "unimodal", device), encode(model, rest, "unimodal", device)
+        model.train()
+        rows = score_splits(query, retrieval, data, 50, ranking)
+        return sum(r["map_i2t"] + r["map_t2i"] for r in rows) / (2 * len(rows))
+
+    return validate

@@ -1,0 +1,92 @@
+"""What one training step uses: its batches (a shuffled pass, modality-dropout draws), its precision,
+its optimizer and its update with gradients averaged over the ranks (:mod:`ucmfh.distributed`)."""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, ContextManager, Iterable, Iterator, List, Optional, Tuple
+
+import torch
+
+from ucmfh.data.h5 import Dataset, Split
+from ucmfh.distributed import Group
+
+Shuffle = Callable[[torch.Generator], torch.Tensor]
+
+
+def batches(n: int, batch_size: int, generator: torch.Generator,
+            shuffle: Optional[Shuffle] = None) -> Iterator[torch.Tensor]:
+    """A shuffled pass over ``range(n)`` in batches; every item is used once.
+
+    The order is ``shuffle(generator)`` (a streamed split's, :meth:`Split.shuffle`), by default
+    a uniform permutation. The last partial batch is kept (UCMFH's defect 3); a last batch of one
+    item, which has no negative, joins the batch before it.
+    """
+    if n < 2:
+        raise ValueError(f"training needs at least 2 items, got {n}")
+    order = torch.randperm(n, generator=generator) if shuffle is None else shuffle(generator)
+    chunks = list(order.split(batch_size))
+    if len(chunks) > 1 and len(chunks[-1]) == 1:
+        last = chunks.pop()
+        chunks[-1] = torch.cat([chunks[-1], last])
+    return iter(chunks)
+
+
+def epoch_plan(
+    n: int, batch_size: int, p_separate: float, generator: torch.Generator, device: torch.device,
+    shuffle: Optional[Shuffle] = None,
+) -> List[Tuple[torch.Tensor, Optional[torch.Tensor]]]:
+    """One epoch's batches (item indices) and modality-dropout draws, already on ``device``.
+
+    Drawn from the CPU generator in the order a per-step loop would draw them
+    (the shuffle, then one ``rand`` per batch), so the run is the same; but
+    each goes to the device in one copy per epoch instead of two per step,
+    each of which would make the host wait for the GPU.
+    """
+    chunks = list(batches(n, batch_size, generator, shuffle))
+    sizes = [len(c) for c in chunks]
+    index = torch.cat(chunks).to(device).split(sizes)
+    if p_separate <= 0:
+        return [(i, None) for i in index]
+    draws = torch.cat([torch.rand(k, generator=generator) for k in sizes])
+    return list(zip(index, (draws < p_separate).to(device).split(sizes)))
+
+
+def autocast(device: torch.device, amp: str) -> ContextManager:
+    """The training forward pass's precision: ``bf16`` autocasts matmuls to bfloat16, ``none`` does nothing."""
+    if amp == "none":
+        return contextlib.nullcontext()
+    return torch.autocast(device.type, dtype=torch.bfloat16)
+
+
+def adam(params: Iterable, **kwargs) -> torch.optim.Adam:
+    """Adam with its fused kernel where this torch has one for the parameters' device (same update rule)."""
+    params = list(params)
+    try:
+        return torch.optim.Adam(params, fused=True, **kwargs)
+    except (RuntimeError, TypeError):
+        return torch.optim.Adam(params, **kwargs)
+
+
+def check_supervision(data: Dataset, cfg: Any) -> None:
+    if cfg.supervised and data.caption_set:
+        raise ValueError(f"{data.path or 'the dataset'}: supervised training needs labels; this caption set has "
+                         "none (its ids already make the captions of one image positives of each other)")
+
+
+def batch_inputs(split: Split, index: torch.Tensor, separate: Optional[torch.Tensor], supervised: bool,
+           group: Group) -> Tuple[Optional[torch.Tensor], ...]:
+    """A step's inputs: the features (and modality-dropout draws) of this rank's part of the global
+    batch ``index`` (all of it on one process), the ids and labels of the whole global batch."""
+    ids = None if split.ids is None else split.ids[index]
+    labels = split.labels[index] if supervised else None
+    local = group.local(index)
+    return split.img[local], split.txt[local], None if separate is None else group.local(separate), ids, labels
+
+
+def optimize(loss: torch.Tensor, optimizer: torch.optim.Optimizer, group: Group) -> torch.Tensor:
+    """One optimisation step on ``loss``, its gradients averaged over the ranks; returns the loss, detached."""
+    optimizer.zero_grad(set_to_none=True)
+    loss.backward()
+    group.average_gradients(p for g in optimizer.param_groups for p in g["params"])
+    optimizer.step()
+    return loss.detach()
