@@ -11,10 +11,11 @@ import os
 import sys
 
 from ucmfh.app.errors import EXIT_USER_ERROR, USER_ERRORS, describe, interrupted
-from ucmfh.app.experiment import (
-    Run, RunOptions, check_interrupted, configure_from_env, dataset_identity, default_data_dir, default_epochs, evaluate_checkpoint,
-    protocols_of, report, resolve_dataset, saved_epochs, train_fusion_stage, train_hash_stage,
-)
+from ucmfh.app.environment import configure_from_env, default_data_dir, default_epochs, protocols_of, resolve_dataset
+from ucmfh.app.experiment import evaluate_checkpoint, train_fusion_stage, train_hash_stage
+from ucmfh.app.identity import Run, RunOptions, dataset_identity
+from ucmfh.app.stage import check_interrupted, saved_epochs
+from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import load_dataset

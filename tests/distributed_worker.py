@@ -10,7 +10,7 @@ import sys
 import torch
 
 from test_seps import token_splits
-from ucmfh.app.experiment import join_process_group
+from ucmfh.app.environment import join_process_group
 from ucmfh.config import FusionConfig, HashConfig, SepsConfig
 from ucmfh.data.h5 import Dataset, Split, write_dataset
 from ucmfh.distributed import current_group

@@ -56,7 +56,7 @@ def test_ucmfh_make_train_evaluate(tmp_path):
     result = runner.invoke(main, ["train-hash", *common, "--out", str(tmp_path / "runs"), "--epochs", "1",
                                   "--method", "ucmfh", "-b", "8", "--amp", "bf16", "--lr-fusion", "0"])
     assert result.exit_code == 0, result.output
-    assert f"fusion encoder: reused {checkpoint.parent.parent / 'fusion.pt'}" in result.output
+    assert f"fusion encoder: already trained, reused {checkpoint.parent.parent / 'fusion.pt'}" in result.output
     last = json.loads(results.read_text().splitlines()[-1])
     saved = torch.load(last["checkpoint"], weights_only=False)
     assert saved["hash_config"]["lr_fusion"] == 0.0 and last["checkpoint"] != rows[0]["checkpoint"]

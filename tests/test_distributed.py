@@ -188,7 +188,7 @@ def test_more_ranks_than_gpus_each_take_local_rank_modulo_the_gpus(monkeypatch):
     ("cuda:1", 2, "device 'cuda:1' under torchrun would put all 2 processes of this machine on one GPU"),
 ])
 def test_cuda_under_torchrun_needs_one_gpu_per_process(monkeypatch, device, gpus, message):
-    from ucmfh.app.experiment import torchrun_sizes
+    from ucmfh.app.environment import torchrun_sizes
     from ucmfh.distributed import check_device
 
     monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)

@@ -31,7 +31,7 @@ def test_grid_runs_every_cell_once_and_tabulates_seeds(tiny_path, tmp_path):
     assert {(r["loss"], r["n_bits"], r["seed"]) for r in rows} == {
         (loss, b, s) for loss in ("original", "balanced") for b in (8, 16) for s in (1, 2)}
     # one fusion encoder per (loss, seed), trained once and reused by the other code length
-    assert output.count("fusion encoder: training") == 4 and output.count("fusion encoder: reused") == 4
+    assert output.count("fusion encoder: training") == 4 and output.count("fusion encoder: already trained, reused") == 4
     assert "nothing to resume" not in output  # a grid always resumes: a fresh cell is not news
 
     with open(f"{table}.csv", newline="") as f:

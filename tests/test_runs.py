@@ -415,7 +415,7 @@ def test_every_output_is_checked_before_any_work_and_named_by_its_flag(tmp_path,
     assert demo.stderr.splitlines() == [f"error: --out {ro / 'runs'}: cannot be written (in {ro}): "
                                         f"{'Operation not permitted' if os.geteuid() == 0 else 'Permission denied'}"]
     # a results file that fails after the run all the same (a full disk): the rows' fate and the way on
-    from ucmfh.app.experiment import report
+    from ucmfh.app.table import report
 
     with pytest.raises(OSError, match=r"--results .*: the rows above were not appended \(.*\); the checkpoints are "
                                       "saved, so the same command scores them again without training"):

@@ -9,10 +9,12 @@ from typing import Optional
 import click
 
 from ucmfh.app.errors import UserError, user_errors
-from ucmfh.app.experiment import (
-    Run, check_interrupted, configure_from_env, dataset_identity, default_data_dir, join_process_group,
-    protocols_of, report, resolve_dataset,
+from ucmfh.app.environment import (
+    configure_from_env, default_data_dir, join_process_group, protocols_of, resolve_dataset,
 )
+from ucmfh.app.identity import Run, dataset_identity
+from ucmfh.app.stage import check_interrupted
+from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.options import (
     check_device, check_method_options, data_options, fusion_config, hash_configs, hash_epochs, method_fusion_config, parse_overrides,
@@ -203,7 +205,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
         raise click.UsageError("give exactly one of --checkpoint and --codes")
     check_outputs({"--results": results, "--metrics-out": metrics_out, "--plot": plot})
     if codes is not None:
-        from ucmfh.app.experiment import append_results
+        from ucmfh.app.table import append_results
         from ucmfh.files import write_json_atomic
         from ucmfh.metrics import codes_file_row, evaluate_codes_file
 

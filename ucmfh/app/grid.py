@@ -21,9 +21,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import click
 
 from ucmfh.app.errors import user_errors
-from ucmfh.app.experiment import (
-    Run, RunOptions, append_results, dataset_identity, key_of, resolve_dataset, train_hash_stage,
-)
+from ucmfh.app.environment import resolve_dataset
+from ucmfh.app.experiment import train_hash_stage
+from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
+from ucmfh.app.table import append_results
 from ucmfh.app.options import (
     check_device, check_loss, check_method_options, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
 )
@@ -208,7 +209,7 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
 def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_epochs, protocol, k, results, table,
          device, quiet, **train) -> None:
     """Train and score datasets × methods × losses × code lengths × seeds; skip finished cells; write one table."""
-    from ucmfh.app.experiment import default_data_dir, protocols_of
+    from ucmfh.app.environment import default_data_dir, protocols_of
 
     unknown = [name for name in methods if name not in METHODS]
     if unknown:

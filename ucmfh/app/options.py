@@ -8,7 +8,8 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 import click
 
 from ucmfh import distributed
-from ucmfh.app.experiment import RunOptions, default_data_dir, default_epochs, torchrun_sizes
+from ucmfh.app.environment import default_data_dir, default_epochs, torchrun_sizes
+from ucmfh.app.identity import RunOptions
 from ucmfh.config import AMP_MODES, PROTOCOLS, FusionConfig, HashConfig, check_type, with_defaults
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY
 from ucmfh.losses import build_loss

@@ -14,7 +14,7 @@ import os
 import statistics
 from typing import Any, Dict, Iterable, List, Optional, Sequence
 
-from ucmfh.app.experiment import key_of
+from ucmfh.app.identity import key_of
 from ucmfh.config import HashConfig
 from ucmfh.files import read_jsonl
 from ucmfh.methods import METHODS

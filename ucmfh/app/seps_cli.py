@@ -9,7 +9,8 @@ import dataclasses
 import click
 
 from ucmfh.app.errors import user_errors
-from ucmfh.app.experiment import RunOptions, default_data_dir, resolve_dataset
+from ucmfh.app.environment import default_data_dir, resolve_dataset
+from ucmfh.app.identity import RunOptions
 from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
 from ucmfh.app.options import output_options, parse_params
 from ucmfh.app.outputs import check_outputs

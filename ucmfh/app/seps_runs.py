@@ -10,12 +10,10 @@ from __future__ import annotations
 
 import datetime
 import os
-import time
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ucmfh.app.experiment import (
-    Log, RunOptions, drop_leftover_state, state_for, write_identity, dataset_identity, git_commit, key_of,
-)
+from ucmfh.app.identity import RunOptions, dataset_identity, git_commit, key_of
+from ucmfh.app.stage import Log, Stage, reuse_or_fit
 from ucmfh.checkpoint import load_model, load_seps, save_seps
 from ucmfh.config import SepsConfig, identity_dict
 from ucmfh.data.h5 import Dataset
@@ -23,10 +21,9 @@ from ucmfh.data.tokens import Tokens
 from ucmfh.distributed import current_group
 from ucmfh.methods import build_method
 from ucmfh.metrics.captions import DATABASES
-from ucmfh.two_stage import Reranking
 from ucmfh.seps.fit import fit_seps
 from ucmfh.seps.scoring import database_scores, databases, recall_rows
-from ucmfh.epochs import discard_state
+from ucmfh.two_stage import Reranking
 from ucmfh.utils import resolve_device
 
 LEAK_NOTE = ("dense-text-leak: each caption scored with the dense description of its own ground-truth image, "
@@ -66,33 +63,21 @@ def train_seps_stage(data: Dataset, cfg: SepsConfig, opts: RunOptions, names: Se
     every pair of each database in ``names``."""
     paths = seps_paths(opts.out, dataset_identity(data), cfg)
     path, identity = paths["checkpoint"], paths["identity"]
-    group = current_group()
-    if os.path.exists(path):
+
+    def load() -> Tuple[Any, Dict[str, Any]]:
         model, _, meta = load_seps(path)
-        if meta.get("identity") != identity:
-            raise ValueError(f"{path}: holds a SEPS model of another run; not reused. Move it away or use another --out")
-        if group.is_main:
-            drop_leftover_state(path)
-        log(f"seps: reused {path} (run {key_of(identity)})")
-        seconds, history = meta.get("seconds", 0.0), meta["history"]
-    else:
-        log(f"seps: training {path} (run {key_of(identity)})")
-        state = state_for(path, opts, log)
-        start = time.perf_counter()
-        model, history = fit_seps(data.path, cfg, progress=opts.progress, state=state)
-        seconds = time.perf_counter() - start
-        history = history.as_dict()
-        if group.is_main:
-            write_identity(paths["dir"], identity, dataset_identity(data))
-            save_seps(path, model, meta={"identity": identity, "dataset": dataset_identity(data), "history": history,
-                                         "seconds": seconds, "world_size": group.world_size})
-            discard_state(state)
-        group.barrier()
-    if not group.is_main:  # rank 0 scores and reports for all
+        return model, meta
+
+    fitted = reuse_or_fit(
+        Stage("seps", path, paths["dir"], identity, dataset_identity(data)), opts, load=load,
+        fit=lambda state: fit_seps(data.path, cfg, progress=opts.progress, state=state),
+        save=lambda model, meta: save_seps(path, model, meta=meta), log=log)
+    if not current_group().is_main:  # rank 0 scores and reports for all
         return []
-    rows = score_seps(data, model, cfg, path, names, opts.progress)
+    history = fitted.history
+    rows = score_seps(data, fitted.model, cfg, path, names, opts.progress)
     for row in rows:
-        row.update(train_time_s=round(seconds, 2), run=key_of(identity), epochs=cfg.epochs,
+        row.update(train_time_s=round(fitted.seconds, 2), run=key_of(identity), epochs=cfg.epochs,
                    best_epoch=history["best_epoch"], epochs_run=len(history["loss"]))
         if history["best_epoch"] is not None:
             row["val_score"] = dict(history["validation"])[history["best_epoch"]]

@@ -1,0 +1,93 @@
+"""What the program takes from its environment: where datasets live (``$UCMFH_DATA_DIR``), the kernels'
+backend (``$UCMFH_NATIVE``), torchrun's process group, and the defaults a dataset's name implies."""
+from __future__ import annotations
+
+import os
+from typing import Optional, Tuple
+
+from ucmfh.app.identity import dataset_label
+from ucmfh.config import PROTOCOLS, REFERENCE_EPOCHS
+from ucmfh.data.synthetic import make_synthetic
+from ucmfh.files import PathLike
+
+
+def default_data_dir() -> str:
+    """Where dataset names resolve to ``NAME.h5``: ``$UCMFH_DATA_DIR``, else ``data``."""
+    return os.environ.get("UCMFH_DATA_DIR", "data")
+
+
+def configure_from_env() -> None:
+    """Apply the environment's settings to the library: ``UCMFH_NATIVE=0`` ranks on the torch path."""
+    value = os.environ.get("UCMFH_NATIVE")
+    if value is None:
+        return
+    from ucmfh.metrics import set_backend
+
+    set_backend("torch" if value == "0" else "auto")
+
+
+def torchrun_sizes() -> Tuple[int, int]:
+    """``(WORLD_SIZE, LOCAL_WORLD_SIZE)`` of the environment torchrun sets (1, 1 outside it)."""
+    world = int(os.environ.get("WORLD_SIZE", "1"))
+    return world, int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+
+
+def join_process_group() -> None:
+    """Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment): join the run's process group
+    (gloo for CPU tensors, NCCL for CUDA ones), each rank on its own GPU (``LOCAL_RANK``), and
+    silence the standard output of every rank but 0, which reports for all (docs/distributed.md)."""
+    if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
+        return
+    import atexit
+    import sys
+
+    import torch
+    import torch.distributed as dist
+
+    from ucmfh.distributed import use_local_gpu
+
+    if not dist.is_initialized():
+        use_local_gpu(int(os.environ.get("LOCAL_RANK", "0")))
+        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+        atexit.register(_leave_process_group)
+    if dist.get_rank() > 0:
+        sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
+
+
+def _leave_process_group() -> None:
+    """At exit: wait for the other ranks (rank 0 may still be scoring), then leave the group; a rank
+    that leaves while another still uses the connection can abort it."""
+    import torch.distributed as dist
+
+    if dist.is_initialized():
+        try:
+            dist.barrier()
+        finally:
+            dist.destroy_process_group()
+
+
+def default_epochs(dataset: str, epochs: Optional[int]) -> int:
+    """``epochs``, else the reference code's for a known dataset name, else 100."""
+    return epochs if epochs is not None else REFERENCE_EPOCHS.get(dataset_label(dataset), 100)
+
+
+def protocols_of(protocol: str) -> Tuple[str, ...]:
+    return PROTOCOLS if protocol == "both" else (protocol,)
+
+
+def resolve_dataset(name: str, data_dir: PathLike) -> str:
+    """The file for a dataset name (``DATA_DIR/NAME.h5``) or path; ``synthetic`` is created on first use."""
+    if name.endswith((".h5", ".hdf5")) or os.sep in name:
+        if not os.path.exists(name):
+            raise FileNotFoundError(f"{name}: no such dataset file")
+        return name
+    path = os.path.join(os.fspath(data_dir), f"{name}.h5")
+    if os.path.exists(path):
+        return path
+    if name == "synthetic":
+        return make_synthetic(path)
+    found = sorted(f[:-3] for f in os.listdir(data_dir) if f.endswith(".h5")) if os.path.isdir(data_dir) else []
+    raise FileNotFoundError(
+        f"{path}: no such dataset file (datasets in {data_dir}: {found or 'none'}); "
+        "convert yours with 'ucmfh convert', or use --dataset synthetic"
+    )

@@ -1,0 +1,152 @@
+"""A run's identity: the dataset file's content (a SHA-256 fingerprint; its resolved path is recorded
+beside it) plus every setting that changes the result (:func:`ucmfh.config.identity_dict`: all but the
+device). Runs live in folders named by it::
+
+    OUT/DATASET-FP/                    one dataset file's content (FP: its fingerprint)
+      LOSS-seedSEED-KEY/               a fusion stage: fusion.pt, identity.json
+        hash-KEY/                      hashing settings on it: hash16.pt, hash64.pt, identity.json
+      METHOD-seedSEED-KEY/             a method without a fusion stage: hash16.pt, ..., identity.json
+
+Two files with the same name never share a folder; two runs that differ in any setting never share a
+checkpoint. Result rows carry the dataset's path and fingerprint, the settings and the run key.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import json
+import os
+import subprocess
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional
+
+from ucmfh.config import FusionConfig, HashConfig, identity_dict
+from ucmfh.data.h5 import Dataset
+from ucmfh.methods import build_method
+
+
+def dataset_label(path: str) -> str:
+    """What tables call a dataset: its file's stem (what ``-d NAME`` names)."""
+    return os.path.splitext(os.path.basename(path))[0]
+
+
+@functools.lru_cache(maxsize=32)
+def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(functools.partial(f.read, 1 << 23), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fingerprint(path: str) -> str:
+    """SHA-256 of a file's bytes (cached per path, size and modification time within a process)."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return _file_sha256(real, st.st_size, st.st_mtime_ns)
+
+
+def dataset_identity(data: Dataset) -> Dict[str, str]:
+    """The dataset part of a run's identity: label, resolved path, content fingerprint."""
+    if data.path is None:
+        raise ValueError("a run needs a dataset read from a file (its fingerprint is part of the run's identity)")
+    return {"label": dataset_label(data.path), "path": os.path.realpath(data.path), "fingerprint": fingerprint(data.path)}
+
+
+def key_of(value: Any) -> str:
+    """A short stable key of a JSON-able value (SHA-256 of its canonical JSON, 12 hex digits)."""
+    return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
+
+
+@dataclass
+class Run:
+    """Where a run's stages live, and what identifies each.
+
+    ``fusion_cfg`` is None for a hashing method without a fusion encoder: its run is the
+    hashing stage alone, in ``OUT/DATASET-FP/METHOD-seedS-KEY/hashN.pt``.
+    """
+
+    out: str
+    dataset: Dict[str, str]
+    fusion_cfg: Optional[FusionConfig]
+    hash_cfg: Optional[HashConfig] = None
+
+    def __post_init__(self) -> None:
+        if self.hash_cfg is not None and not build_method(self.hash_cfg.method).uses_fusion:
+            self.fusion_cfg = None  # not part of this run: its method trains no fusion encoder
+
+    @property
+    def dataset_dir(self) -> str:
+        return os.path.join(self.out, f"{self.dataset['label']}-{self.dataset['fingerprint'][:8]}")
+
+    @property
+    def fusion_identity(self) -> Dict[str, Any]:
+        return {"dataset_fingerprint": self.dataset["fingerprint"], "fusion": identity_dict(self.fusion_cfg)}
+
+    @property
+    def hash_identity(self) -> Dict[str, Any]:
+        if self.fusion_cfg is None:
+            return {"dataset_fingerprint": self.dataset["fingerprint"], "hash": identity_dict(self.hash_cfg)}
+        return {**self.fusion_identity, "hash": identity_dict(self.hash_cfg)}
+
+    @property
+    def fusion_dir(self) -> str:
+        cfg = self.fusion_cfg
+        return os.path.join(self.dataset_dir, f"{cfg.loss}-seed{cfg.seed}-{key_of(self.fusion_identity)[:8]}")
+
+    @property
+    def hash_dir_identity(self) -> Dict[str, Any]:
+        """What the hashing folder's runs share: all but the code length, which names each checkpoint."""
+        settings = {k: v for k, v in identity_dict(self.hash_cfg).items() if k != "n_bits"}
+        return {**self.hash_identity, "hash": settings}
+
+    @property
+    def hash_dir(self) -> str:
+        key = key_of(self.hash_dir_identity["hash"])[:8]
+        if self.fusion_cfg is None:
+            cfg = self.hash_cfg
+            return os.path.join(self.dataset_dir, f"{cfg.method}-seed{cfg.seed}-{key}")
+        return os.path.join(self.fusion_dir, f"hash-{key}")
+
+    @property
+    def fusion_path(self) -> str:
+        return os.path.join(self.fusion_dir, "fusion.pt")
+
+    @property
+    def hash_path(self) -> str:
+        return os.path.join(self.hash_dir, f"hash{self.hash_cfg.n_bits}.pt")
+
+    @property
+    def checkpoints(self) -> List[str]:
+        """The checkpoint of each of the run's stages."""
+        return ([] if self.fusion_cfg is None else [self.fusion_path]) + ([self.hash_path] if self.hash_cfg else [])
+
+    def settings(self) -> Dict[str, Any]:
+        return {"fusion": None if self.fusion_cfg is None else identity_dict(self.fusion_cfg),
+                "hash": None if self.hash_cfg is None else identity_dict(self.hash_cfg)}
+
+
+@dataclass
+class RunOptions:
+    """How a run is carried out (none of it changes the result)."""
+
+    out: str = "runs"
+    resume: bool = False  # continue interrupted stages; reuse finished ones
+    save_interval: float = 120.0  # seconds between saves of the training state
+    progress: bool = True
+    always_resumes: bool = False  # a grid: resuming is its way, so a fresh start is not news
+
+
+@functools.lru_cache(maxsize=1)
+def git_commit() -> Optional[str]:
+    """The commit of the ucmfh source tree, when it is a git checkout (asked once per process)."""
+    try:
+        out = subprocess.run(
+            ["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
+            capture_output=True, text=True, timeout=5,
+        )
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    return out.stdout.strip() or None

@@ -1,0 +1,182 @@
+"""A stage's life, written once for the fusion, hashing and SEPS stages (:func:`reuse_or_fit`): reused when
+its checkpoint holds the identity asked for, else trained — continuing its saved training state only with
+``--resume``, refusing to start over an interrupted one without it — then saved by rank 0 with its
+identity, its training state removed, and every rank past a barrier before anyone reads it.
+"""
+from __future__ import annotations
+
+import glob
+import json
+import os
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+from ucmfh.app.identity import Run, RunOptions, key_of
+from ucmfh.distributed import current_group
+from ucmfh.epochs import StateFile, candidate_name, discard_state, read_state, state_paths
+from ucmfh.files import remove_stale_temps, write_json_atomic
+from ucmfh.selection import History
+from ucmfh.utils import resolve_device
+
+Log = Callable[[str], None]
+
+
+def _state_path(checkpoint: str) -> str:
+    return os.path.splitext(checkpoint)[0] + ".state.pt"
+
+
+def drop_leftover_state(checkpoint: str) -> None:
+    """What a killed run may have left of a stage: temporary files of its writes, and a training
+    state beside a finished checkpoint (the run died between saving one and removing the other)."""
+    for path in (checkpoint, *state_paths(_state_path(checkpoint))):
+        remove_stale_temps(path)
+    if os.path.exists(checkpoint):
+        discard_state(StateFile(_state_path(checkpoint)))
+
+
+def _saved_states(checkpoint: str) -> List[str]:
+    """The training states saved beside ``checkpoint``: its run's, or its candidates' (a run that chooses
+    on validation, :meth:`ucmfh.methods.Method.choices`)."""
+    return [path for path in state_paths(_state_path(checkpoint)) if os.path.exists(path)]
+
+
+def _interrupted_at(checkpoint: str) -> str:
+    """Where the states saved beside ``checkpoint`` stand: ``epoch 3 of 100``, or for the candidates of a
+    run that chooses ``t0.3: finished, t0.1: epoch 3 of 100``."""
+    where, own = [], _state_path(checkpoint)
+    for path in _saved_states(checkpoint):
+        saved = read_state(path, resolve_device("cpu"))
+        epochs = saved["config"]["epochs"]
+        at = "finished" if saved["epoch"] >= epochs else f"epoch {saved['epoch'] + 1} of {epochs}"
+        where.append(at if path == own else f"{candidate_name(own, path)}: {at}")
+    return ", ".join(where)
+
+
+def _refuse_interrupted(checkpoint: str) -> None:
+    saved = _saved_states(checkpoint)
+    raise FileExistsError(f"{saved[0]}: an interrupted run of these settings is saved here "
+                          f"({_interrupted_at(checkpoint)}); continue it with --resume, or delete "
+                          f"{'the file' if len(saved) == 1 else 'the files'} to start over")
+
+
+def check_interrupted(runs: Sequence[Run], opts: RunOptions) -> None:
+    """Refuse to start over an interrupted run unless ``opts.resume``; call it before anything trains."""
+    for run in runs:
+        for checkpoint in run.checkpoints:
+            if current_group().is_main:
+                drop_leftover_state(checkpoint)
+            if not opts.resume and _saved_states(checkpoint):
+                _refuse_interrupted(checkpoint)
+
+
+def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
+    """The training state beside a checkpoint; an interrupted run is continued only with ``resume``."""
+    if current_group().is_main:
+        drop_leftover_state(checkpoint)
+    state = StateFile(_state_path(checkpoint), opts.save_interval, opts.resume)
+    saved = _saved_states(checkpoint)
+    if saved:
+        if not opts.resume:
+            _refuse_interrupted(checkpoint)
+        log(f"resuming {', '.join(saved)} at {_interrupted_at(checkpoint)}")
+    elif opts.resume and not opts.always_resumes:
+        log(f"nothing to resume at {state.path}; training from the start")
+    return state
+
+
+def saved_epochs(run: Run, kind: str) -> Dict[int, str]:
+    """The saved checkpoints (``kind`` 'fusion' or 'hash') of runs that differ from ``run`` in their
+    epochs alone, by epochs: what a user who trained with ``--epoch 20`` and evaluates without it has."""
+    def without_epochs(identity: Dict[str, Any]) -> Dict[str, Any]:
+        return {stage: {k: v for k, v in (identity.get(stage) or {}).items() if k != "epochs"}
+                for stage in ("fusion", "hash")}
+
+    if kind == "fusion":
+        wanted, pattern = without_epochs(run.fusion_identity), os.path.join(run.dataset_dir, "*", "identity.json")
+    else:
+        wanted = without_epochs(run.hash_dir_identity)
+        pattern = os.path.join(run.dataset_dir, "*", *(["hash-*"] if run.fusion_cfg is not None else []),
+                               "identity.json")
+    found = {}
+    for path in sorted(glob.glob(pattern)):
+        try:
+            with open(path, encoding="utf-8") as f:
+                identity = json.load(f)
+        except (OSError, ValueError):
+            continue
+        checkpoint = os.path.join(os.path.dirname(path), "fusion.pt" if kind == "fusion" else
+                                  os.path.basename(run.hash_path))
+        if without_epochs(identity) == wanted and os.path.exists(checkpoint):
+            found[(identity.get(kind) or {}).get("epochs")] = checkpoint
+    return found
+
+
+def write_identity(directory: str, identity: Dict[str, Any], dataset: Dict[str, str]) -> None:
+    write_json_atomic(os.path.join(directory, "identity.json"), {**identity, "dataset": dataset})
+
+
+@dataclass
+class Stage:
+    """A stage of a run: what the log calls it, its checkpoint, the folder its ``identity.json`` goes to,
+    its identity and the dataset's; ``folder_identity``, what that file says when the folder holds
+    several such checkpoints (the code lengths of one hashing run), else the stage's identity."""
+
+    name: str
+    path: str
+    directory: str
+    identity: Dict[str, Any]
+    dataset: Dict[str, str]
+    folder_identity: Optional[Dict[str, Any]] = None
+
+
+@dataclass
+class Fitted:
+    """A stage reused or trained: the model, the seconds its training took (as saved, when reused), its
+    history (:meth:`History.as_dict`), and whether it was reused."""
+
+    model: Any
+    seconds: float
+    history: Dict[str, Any]
+    reused: bool
+
+
+def reuse_or_fit(
+    stage: Stage,
+    opts: RunOptions,
+    load: Callable[[], Tuple[Any, Dict[str, Any]]],
+    fit: Callable[[StateFile], Tuple[Any, History]],
+    save: Callable[[Any, Dict[str, Any]], None],
+    log: Log = print,
+    note: str = "",
+) -> Fitted:
+    """The stage's model: reused when its checkpoint is saved with the same identity, else trained and saved.
+
+    ``load()`` reads the checkpoint (model, meta); a checkpoint whose identity is another run's is refused.
+    ``fit(state)`` trains, saving and resuming its training state in ``state``. ``save(model, meta)`` writes
+    the checkpoint (rank 0 only). ``note`` ends the line that says it was reused.
+    """
+    group = current_group()
+    key = key_of(stage.identity)
+    if os.path.exists(stage.path):
+        model, meta = load()
+        if meta.get("identity") != stage.identity:
+            raise ValueError(f"{stage.path}: holds a {stage.name} of another run (its identity differs from the one "
+                             "asked for); not reused. Move it away or use another --out")
+        if group.is_main:
+            drop_leftover_state(stage.path)
+        log(f"{stage.name}: already trained, reused {stage.path} (run {key}{note})")
+        return Fitted(model, meta.get("seconds", 0.0), meta["history"], True)
+    log(f"{stage.name}: training {stage.path} (run {key})")
+    state = state_for(stage.path, opts, log)
+    start = time.perf_counter()
+    model, history = fit(state)
+    seconds = time.perf_counter() - start
+    meta = {"identity": stage.identity, "dataset": stage.dataset, "history": history.as_dict(), "seconds": seconds,
+            "world_size": group.world_size}
+    if group.is_main:
+        write_identity(stage.directory, stage.folder_identity or stage.identity, stage.dataset)
+        save(model, meta)
+        discard_state(state)
+    group.barrier()  # every rank sees the checkpoint from here on
+    return Fitted(model, seconds, meta["history"], False)

@@ -1,0 +1,102 @@
+"""Result rows as people read them (a small plain-text table, what each protocol and database means) and
+as machines keep them (appended to a JSON-lines results file)."""
+from __future__ import annotations
+
+from typing import Any, Callable, Dict, List, Optional
+
+from ucmfh.files import PathLike, append_jsonl
+from ucmfh.scoring import EXPECTED
+
+PROTOCOL_NOTES = {
+    "unimodal": "cross-modal: image codes from images alone, text codes from texts alone",
+    "fused": "UCMFH's protocol: every code also sees its item's paired modality (not cross-modal retrieval)",
+}
+Log = Callable[[str], None]
+
+
+def append_results(path: PathLike, rows: List[Dict[str, Any]]) -> None:
+    """Append result rows to a JSON-lines file (locked, one write per row: concurrent runs keep every row)."""
+    append_jsonl(path, rows)
+
+
+# the first columns of every line of format_table
+HEAD = f"{'dataset':<14}{'task':<9}{'method':<11}{'loss':<10}{'bits':>5}  {'protocol':<9}"
+
+
+def _head(r: Dict[str, Any]) -> str:
+    return (f"{r['dataset']:<14}{r['task']:<9}{r.get('method') or 'ucmfh':<11}{r['loss'] or '-':<10}"
+            f"{r['n_bits'] or '-':>5}  {r['protocol']:<9}")
+
+
+def _lead(r: Dict[str, Any], key: str) -> Any:
+    """A row's score as tables lead with it: the tie-aware twin where the row has one."""
+    return r.get(key + EXPECTED, r[key])
+
+
+def _caption_scores(r: Dict[str, Any], pick=_lead) -> str:
+    recall = ["/".join(f"{pick(r, key)[rank]:.1f}" for rank in ("1", "5", "10")) for key in ("recall_i2t", "recall_t2i")]
+    return f"{recall[0]:>18}{recall[1]:>18}{pick(r, 'rsum'):>7.1f}{pick(r, 'map_i2t'):>11.4f}{pick(r, 'map_t2i'):>7.4f}"
+
+
+def _index_order(r: Dict[str, Any], key: str) -> Any:
+    return r[key]
+
+
+def format_table(rows: List[Dict[str, Any]]) -> str:
+    """A small plain-text table of result rows, with what each protocol (and database) means."""
+    captions = [r for r in rows if "database" in r]
+    labelled = [r for r in rows if "database" not in r]
+    lines = []
+    if labelled:
+        real = any("real_valued" in r for r in labelled)
+        tie_aware = any("map_i2t" + EXPECTED in r for r in labelled)
+        lines.append(f"{HEAD}{'MAP@k':>6}{'I->T':>8}{'T->I':>8}" + (f"{'index I->T':>12}{'T->I':>8}" if tie_aware else "")
+                     + (f"{'cosine I->T':>13}{'T->I':>8}" if real else ""))
+        for r in labelled:
+            index = f"{r['map_i2t']:>12.4f}{r['map_t2i']:>8.4f}" if "map_i2t" + EXPECTED in r else " " * 20 * tie_aware
+            cosine = (f"{_lead(r['real_valued'], 'map_i2t'):>13.4f}{_lead(r['real_valued'], 'map_t2i'):>8.4f}"
+                      if "real_valued" in r else "")
+            lines.append(f"{_head(r)}{r['k']:>6}{_lead(r, 'map_i2t'):>8.4f}{_lead(r, 'map_t2i'):>8.4f}{index}{cosine}")
+        floors = {(r["dataset"], r["n_bits"]): r for r in labelled if "random_map_i2t" in r}
+        for (name, bits), r in floors.items():
+            floor = {"dataset": name, "task": "random", "method": "-", "loss": None, "n_bits": bits, "protocol": "-"}
+            lines.append(f"{_head(floor)}{r['k']:>6}{r['random_map_i2t']:>8.4f}{r['random_map_t2i']:>8.4f}")
+    if captions:
+        lines.append(f"{HEAD}{'database':<11}"
+                     f"{'I->T R@1/5/10':>18}{'T->I R@1/5/10':>18}{'rSum':>7}{'MAP@k I->T':>11}{'T->I':>7}")
+        for r in captions:
+            floor = f" (random codes: rSum {r['random_rsum']:.1f})" if "random_rsum" in r else ""
+            lines.append(f"{_head(r)}{r['database']:<11}{_caption_scores(r)}{floor}")
+            if "rsum" + EXPECTED in r:
+                lines.append(f"{'  (ties by database index)':<{len(HEAD)}}{r['database']:<11}"
+                             f"{_caption_scores(r, _index_order)}")
+            if "real_valued" in r:
+                lines.append(f"{'  (cosine of the real-valued head outputs)':<{len(HEAD)}}{r['database']:<11}"
+                             f"{_caption_scores(r['real_valued'])}")
+        lines.append("  caption set (relevance = same id): image->text queries are the unique query images, "
+                     "text->image queries every query caption; R@K in %")
+        lines.append("  test: the query split as database; collection: query and retrieval together")
+    if any("map_i2t" + EXPECTED in r for r in rows):
+        lines.append("  scores: the mean over every order of tied items (tie-aware, docs/evaluation.md); index: "
+                     "ties broken by database index, as the field's code does")
+    if any("real_valued" in r for r in rows):
+        lines.append("  cosine: the hash heads' real-valued outputs before the sign, ranked by cosine (what the "
+                     "codes lose to their sign)")
+    for protocol in dict.fromkeys(r["protocol"] for r in rows):
+        lines.append(f"  {protocol}: {PROTOCOL_NOTES[protocol]}")
+    return "\n".join(lines)
+
+
+def report(rows: List[Dict[str, Any]], results: Optional[str], echo: Log = print) -> None:
+    """Print rows as a table and append them to the results file (when one is given); nothing without rows
+    (a rank other than 0 of a distributed run)."""
+    if not rows:
+        return
+    echo(format_table(rows))
+    if results:
+        try:
+            append_results(results, rows)
+        except OSError as err:  # checked before the run (ucmfh.app.outputs); the disk may still fill up
+            raise OSError(f"--results {results}: the rows above were not appended ({err.strerror or err}); the "
+                          "checkpoints are saved, so the same command scores them again without training") from None
+        echo(f"results appended to {results}")
