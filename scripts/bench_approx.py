@@ -15,17 +15,15 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import tempfile
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from ucmfh.config import BackendConfig  # noqa: E402
-from ucmfh.search import Index  # noqa: E402
-from ucmfh.search.approx import faiss_index, import_faiss, recall  # noqa: E402
+from ucmfh.config import BackendConfig
+from ucmfh.search import Index
+from ucmfh.search.approx import faiss_index, import_faiss, recall
 
 
 def timed(fn):

@@ -37,7 +37,6 @@ import numpy as np
 from ucmfh.files import write_json_atomic
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
 
 
 def make_data(n_query: int, n_retrieval: int, n_bits: int, n_classes: int, seed: int = 0):

@@ -9,16 +9,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import torch  # noqa: E402
+import torch
 
-from bench_eval import make_data  # noqa: E402
-from ucmfh.metrics import (  # noqa: E402
+from bench_eval import make_data
+from ucmfh.metrics import (
     evaluate_direction,
     map_at_k,
     pr_curve_hamming,

@@ -245,20 +245,6 @@ def test_load_not_hdf5(tmp_path):
         load_codes(tmp_path / "missing.h5")
 
 
-def test_eval_script(tmp_path):
-    import subprocess
-    import sys
-    import os
-
-    path = tmp_path / "codes.h5"
-    save_codes(path, **make_file_inputs(4), attrs={"protocol": "unimodal"})
-    out = tmp_path / "m.json"
-    script = os.path.join(os.path.dirname(__file__), "..", "scripts", "eval_map.py")
-    subprocess.run([sys.executable, script, str(path), "--k", "5", "--out", str(out)], check=True, capture_output=True)
-    result = json.loads(out.read_text())
-    assert result["i2t"]["map@5"] == evaluate_codes_file(path, k=5)["i2t"]["map@5"]
-
-
 def test_cli_evaluate_codes(tmp_path):
     from click.testing import CliRunner
 

@@ -340,6 +340,25 @@ def test_metrics_importable_from_the_package():
 
 
 @pytest.mark.torch_path  # no ranking here: once is enough
+def test_what_the_docs_use_is_importable_from_the_package_and_loads_on_first_use():
+    """``from ucmfh import Index, build_index, fit_hashing, load_model, ...``: each the object of its home module;
+    ``import ucmfh`` alone imports neither torch nor a submodule."""
+    import importlib
+    import subprocess
+    import sys
+
+    import ucmfh
+
+    for name, home in ucmfh._HOMES.items():
+        assert getattr(ucmfh, name) is getattr(importlib.import_module(home), name), name
+    assert set(ucmfh.__all__) == {"__version__", *ucmfh._HOMES}
+    light = subprocess.run([sys.executable, "-c", "import sys, ucmfh; print('torch' in sys.modules, "
+                            "sorted(m for m in sys.modules if m.startswith('ucmfh.')))"],
+                           capture_output=True, text=True, check=True)
+    assert light.stdout.strip() == "False []"
+
+
+@pytest.mark.torch_path  # no ranking here: once is enough
 @pytest.mark.parametrize("n_classes", [5, 62, 70])
 def test_relevant_counts(n_classes):
     """Counted over distinct label vectors (one integer key up to 62 labels, rows beyond)."""

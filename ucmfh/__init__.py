@@ -1,8 +1,16 @@
 """ucmfh: deep cross-modal hashing on precomputed image and text features.
 
-The retrieval metrics are also importable from here (``from ucmfh import map_at_k``);
-they load on first use, so ``import ucmfh`` stays light.
+What a user of the docs needs is importable from here, loaded on first use, so ``import ucmfh``
+stays light (and a CPU search never imports torch):
+
+* data: ``load_dataset``, ``write_dataset``, ``validate_file``, ``DataError`` (docs/data.md);
+* training: ``HashConfig``, ``FusionConfig``, ``fit_hashing``, ``fit_fusion``, ``build_method``, ``METHODS``;
+* checkpoints: ``save_checkpoint``, ``load_model``;
+* search: ``Index``, ``build_index``, ``Encoder`` (docs/search.md);
+* the retrieval metrics (``from ucmfh import map_at_k``, docs/evaluation.md).
 """
+from importlib import import_module
+
 __version__ = "0.1.0"
 
 _METRICS = (
@@ -10,12 +18,20 @@ _METRICS = (
     "map_at_k", "map_at_k_by_id", "map_at_k_cosine", "native_kernels", "pr_curve_hamming", "precision_at_k",
     "precision_recall_at_k", "precision_within_radius", "recall_at_k", "recall_at_ranks", "set_backend", "top_k",
 )
-__all__ = ["__version__", *_METRICS]
+_HOMES = {
+    **{name: "ucmfh.metrics" for name in _METRICS},
+    "load_dataset": "ucmfh.data.h5", "write_dataset": "ucmfh.data.h5", "validate_file": "ucmfh.data.h5",
+    "DataError": "ucmfh.data.format",
+    "HashConfig": "ucmfh.config", "FusionConfig": "ucmfh.config",
+    "fit_hashing": "ucmfh.methods", "build_method": "ucmfh.methods", "METHODS": "ucmfh.methods",
+    "fit_fusion": "ucmfh.fusion_stage",
+    "save_checkpoint": "ucmfh.checkpoint", "load_model": "ucmfh.checkpoint",
+    "Index": "ucmfh.search", "build_index": "ucmfh.search", "Encoder": "ucmfh.search",
+}
+__all__ = ["__version__", *_HOMES]
 
 
 def __getattr__(name):
-    if name in _METRICS:
-        from ucmfh import metrics
-
-        return getattr(metrics, name)
+    if name in _HOMES:
+        return getattr(import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'ucmfh' has no attribute {name!r}")
