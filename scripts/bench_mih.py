@@ -19,7 +19,7 @@ import time
 
 import numpy as np
 
-from ucmfh.search.index import hamming_search
+from ucmfh.search.scan import hamming_search
 from ucmfh.search.kernels import default_threads
 from ucmfh.search.mih import MultiIndex
 

@@ -76,7 +76,7 @@ BUGS: Tuple[Bug, ...] = (
         "        return self.txt_head(normalize(x))",
         "FeatureHasher.modality_logits (two-tower/distill index and search) forgets to centre the texts",
         ("tests/test_search.py", REGISTRY_LEAK)),
-    Bug("search-text-as-image", "ucmfh/search/index.py",
+    Bug("search-text-as-image", "ucmfh/search/folder.py",
         'aliases = {"image": "img", "text": "txt"}',
         'aliases = {"image": "img", "text": "img"}',
         "modality_name maps 'text' to the image side: search encodes text queries with the image encoder",

@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from test_search_cli import trained  # noqa: F401 - a fixture
 from ucmfh.app.cli import main
 from ucmfh.bits import as_words
-from ucmfh.search.index import hamming_search
+from ucmfh.search.scan import hamming_search
 from ucmfh.search.kernels import kernels_module
 from ucmfh.search.mih import MultiIndex, _layout, default_substrings, popcount
 

@@ -128,7 +128,7 @@ def test_tie_aware_map_and_multi_index_on_every_build(build, n_bits):
     this CPU and in the portable one, against the torch path and the scan; past a retrieval tile."""
     from ucmfh.metrics import map_at_k
     from ucmfh.bits import as_words
-    from ucmfh.search.index import hamming_search
+    from ucmfh.search.scan import hamming_search
     from ucmfh.search.mih import MultiIndex
 
     q, r = codes(40, n_bits, 1), codes(9000, n_bits, 2)

@@ -59,7 +59,7 @@ def test_search_equals_brute_force_with_ties_by_index(bits):
 def test_the_torch_path_searches_queries_in_chunks_of_bounded_memory(monkeypatch):
     """Every query at once made the GPU top-k's candidates grow with the queries."""
     from ucmfh.metrics import topk
-    from ucmfh.search import index as index_module
+    from ucmfh.search import scan as scan_module
 
     rng = np.random.default_rng(0)
     r, q = pm1(rng, 500, 64), pm1(rng, 23, 64)
@@ -68,7 +68,7 @@ def test_the_torch_path_searches_queries_in_chunks_of_bounded_memory(monkeypatch
     rows = []
     real = topk.hamming_top_k_torch
     monkeypatch.setattr(topk, "hamming_top_k_torch", lambda qq, *a: rows.append(qq.shape[0]) or real(qq, *a))
-    monkeypatch.setattr(index_module, "QUERY_CHUNK_BYTES", index_module.CANDIDATE_BYTES * 40 * 5)  # 5 queries at k=40
+    monkeypatch.setattr(scan_module, "QUERY_CHUNK_BYTES", scan_module.CANDIDATE_BYTES * 40 * 5)  # 5 queries at k=40
     with backend("torch"):
         dist, pos = index.search(q, 40, "txt")
     assert rows == [5, 5, 5, 5, 3]

@@ -2,7 +2,8 @@
 from typing import Any
 
 from ucmfh.bits import as_words
-from ucmfh.search.index import Index, hamming_search, merge_top_k
+from ucmfh.search.index import Index
+from ucmfh.search.scan import hamming_search, merge_top_k
 
 __all__ = ["Encoder", "Index", "as_words", "build_index", "hamming_search", "merge_top_k"]
 

@@ -1,6 +1,6 @@
 """Approximate search over an index's codes with FAISS (``faiss-cpu``, the optional extra ``faiss``).
 
-Never the default: ``exact`` is (:func:`ucmfh.search.index.hamming_search`). ``faiss-ivf``
+Never the default: ``exact`` is (:func:`ucmfh.search.scan.hamming_search`). ``faiss-ivf``
 (``IndexBinaryIVF``: the codes clustered into ``nlist`` lists, ``nprobe`` of them scanned per query)
 and ``faiss-hnsw`` (``IndexBinaryHNSW``: a graph walked with a candidate list of ``ef_search``) are
 for collections where the exact scan is too slow (10⁸+ items); :func:`recall` says what they miss.

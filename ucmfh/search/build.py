@@ -31,7 +31,8 @@ from ucmfh.checkpoint import load_model
 from ucmfh.bits import as_words
 from ucmfh.data.format import DataError, first_of_each_id
 from ucmfh.search.collection import FEATURES, open_collection
-from ucmfh.search.index import Index, modality_name
+from ucmfh.search.folder import modality_name
+from ucmfh.search.index import Index
 from ucmfh.utils import resolve_device
 
 PROTOCOL = "unimodal"

@@ -9,21 +9,9 @@ the collection's token features). Verbs as in FAISS: :meth:`Index.add`, :meth:`I
 :meth:`Index.save`, :meth:`Index.load`; :func:`ucmfh.search.build.build_index` encodes a
 collection file with a checkpoint into an index folder.
 
-On disk an index is a folder (docs/search.md)::
-
-    index.json              manifest: n_bits, counts, fields, meta (checkpoint, features), sources
-    img.codes  txt.codes    uint64 [count, words], row-major, raw
-    img.ids    txt.ids      int64 [count]
-    *.embed  *.labels       float16 [count, d], uint8 [count, C] (when present)
-    *.origin                int64 [count, 2]: (number in ``sources``, row of that collection) (built items)
-    *.text.offsets/.bytes   strings as CSR: int64 [count + 1] offsets into UTF-8 bytes (likewise paths)
-
-Every data file only grows, and only the manifest says how many rows are
-committed: an append writes past the committed rows, then replaces the
-manifest atomically. A write killed midway leaves rows that no reader sees
-and the next append overwrites. A new folder appears under its name only once
-complete. Loading maps the files (``mmap=True``): an index larger than RAM is
-searched from the page cache.
+On disk an index is a folder whose manifest alone says how many rows are committed
+(:mod:`ucmfh.search.folder`, docs/search.md); loading maps its files, so an index larger
+than RAM is searched from the page cache. The scan is :mod:`ucmfh.search.scan`.
 
 Ranking: Hamming distance ascending, ties by position (the order items were
 added) ascending, as everywhere in ucmfh (docs/reference.md §6).
@@ -31,23 +19,17 @@ added) ascending, as everywhere in ucmfh (docs/reference.md §6).
 from __future__ import annotations
 
 import glob
-import json
 import os
-import shutil
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ucmfh.bits import as_words, n_words, packed_bytes, to_numpy
+from ucmfh.bits import as_words, n_words, to_numpy
 from ucmfh.data.format import DataError
-from ucmfh.files import PathLike, atomic_path, locked, write_json_atomic
-from ucmfh.search.kernels import cpu_kernels, over_query_ranges
+from ucmfh.files import locked
+from ucmfh.search.folder import MANIFEST, MODALITIES, STRINGS, Column, IndexFolder, modality_name
+from ucmfh.search.scan import hamming_search
 
-FORMAT = "ucmfh-index"
-VERSION = 1
-MANIFEST = "index.json"
-MODALITIES = ("img", "txt")
-STRINGS = ("text", "paths")
 ArrayLike = Any  # numpy arrays or torch tensors (torch is not imported to search on the CPU)
 EMBEDDING_DTYPE = np.float16  # the real-valued head outputs kept for re-ranking by cosine
 # fixed-width columns besides codes and ids: name -> dtype
@@ -59,18 +41,6 @@ class UnfinishedIndex(ValueError):
     ``ucmfh index``): a search of it would miss those rows without a word. The same build continues it."""
 
 
-class _Column:
-    """One column of one modality: a fixed-width array (in memory or a mapped file) or strings."""
-
-    def __init__(self, dtype: Optional[np.dtype], width: Optional[int]) -> None:
-        self.dtype, self.width = dtype, width  # dtype None: strings
-        self.parts: List[Any] = []
-        self.mapped: Any = None  # np.memmap / (offsets, bytes) of the committed rows of a folder
-
-    def shape(self, n: int) -> Tuple[int, ...]:
-        return (n,) if self.width is None else (n, self.width)
-
-
 def _check_rows(name: str, value: Any, n: int, width: Optional[int] = None) -> None:
     shape = getattr(value, "shape", (len(value),))
     if shape[0] != n or (width is not None and (len(shape) != 2 or shape[1] != width)):
@@ -78,7 +48,7 @@ def _check_rows(name: str, value: Any, n: int, width: Optional[int] = None) -> N
         raise ValueError(f"{name}: expected shape {want}, got {tuple(shape)}")
 
 
-class Index:
+class Index(IndexFolder):
     """Binary codes of items of two modalities, searched by exact Hamming top-K.
 
     Example:
@@ -98,7 +68,7 @@ class Index:
         self.sources: List[Dict[str, Any]] = []  # collection files built in (ucmfh.search.build)
         self.path: Optional[str] = None  # the folder, once saved or loaded
         self._count = {m: 0 for m in MODALITIES}
-        self._columns: Dict[str, Dict[str, _Column]] = {m: {} for m in MODALITIES}
+        self._columns: Dict[str, Dict[str, Column]] = {m: {} for m in MODALITIES}
         self._derived: Dict[Tuple[str, str, int], Any] = {}  # structures built from the codes (:meth:`derived`)
 
     # ------------------------------------------------------------------ facts
@@ -296,9 +266,9 @@ class Index:
         else:
             for name, value in columns.items():
                 if isinstance(value, list):
-                    have[name] = _Column(None, None)
+                    have[name] = Column(None, None)
                 else:
-                    have[name] = _Column(value.dtype, value.shape[1] if value.ndim == 2 else None)
+                    have[name] = Column(value.dtype, value.shape[1] if value.ndim == 2 else None)
         return columns
 
     def _append_memory(self, modality: str, columns: Dict[str, Any]) -> None:
@@ -407,287 +377,3 @@ class Index:
         finally:
             lock.__exit__(None, None, None)
         return self._derived[key], "built"
-
-    # --------------------------------------------------------------- files
-
-    def save(self, path: PathLike, overwrite: bool = False) -> str:
-        """Write the index to a new folder, atomically (a temporary folder renamed when complete).
-
-        The index is then bound to the folder: later :meth:`add` calls append to it.
-        """
-        path = os.path.abspath(os.fspath(path))
-        if os.path.exists(path) and not overwrite:
-            raise FileExistsError(f"{path}: exists; not replaced")
-        tmp = atomic_path(path)
-        if os.path.exists(tmp):
-            shutil.rmtree(tmp)
-        os.makedirs(tmp)
-        try:
-            counts = {}
-            for modality in MODALITIES:
-                counts[modality] = self._count[modality]
-                for name, col in self._columns[modality].items():
-                    if col.dtype is None:
-                        offsets, blob = self._strings(modality, name)
-                        _write_raw(os.path.join(tmp, f"{modality}.{name}.offsets"), offsets)
-                        _write_raw(os.path.join(tmp, f"{modality}.{name}.bytes"), blob)
-                    else:
-                        _write_raw(os.path.join(tmp, f"{modality}.{name}"), self._column(modality, name))
-            write_json_atomic(os.path.join(tmp, MANIFEST), self._manifest())
-            if os.path.exists(path):
-                old = atomic_path(path + ".old")
-                os.replace(path, old)
-                os.replace(tmp, path)
-                shutil.rmtree(old)
-            else:
-                os.replace(tmp, path)
-        finally:
-            if os.path.exists(tmp):
-                shutil.rmtree(tmp)
-        loaded = Index.load(path)
-        self.__dict__.update(loaded.__dict__)
-        return path
-
-    def _manifest(self) -> Dict[str, Any]:
-        modalities = {}
-        for modality in MODALITIES:
-            cols = self._columns[modality]
-            modalities[modality] = {
-                "count": self._count[modality],
-                "columns": {name: (None if c.dtype is None else [np.dtype(c.dtype).str, c.width])
-                            for name, c in cols.items()},
-            }
-            strings = {name: int(self._strings(modality, name)[0][-1]) for name, c in cols.items() if c.dtype is None}
-            if strings:
-                modalities[modality]["string_bytes"] = strings
-        return {"format": FORMAT, "version": VERSION, "n_bits": self.n_bits, "words": self.words,
-                "meta": self.meta, "sources": self.sources, "modalities": modalities}
-
-    @classmethod
-    def load(cls, path: PathLike, mmap: bool = True) -> "Index":
-        """Open an index folder; with ``mmap`` its columns are memory-mapped (read on demand), else read in.
-
-        Raises :class:`ucmfh.data.format.DataError` naming the folder, the file and the problem.
-        """
-        path = os.path.abspath(os.fspath(path))
-        manifest = read_manifest(path)
-        index = cls(manifest["n_bits"], manifest.get("meta"))
-        index.sources = list(manifest.get("sources") or [])
-        index.path = path
-        for modality in MODALITIES:
-            entry = manifest["modalities"].get(modality) or {"count": 0, "columns": {}}
-            n = int(entry["count"])
-            index._count[modality] = n
-            for name, spec in entry["columns"].items():
-                if spec is None:
-                    col = _Column(None, None)
-                    size = int(entry.get("string_bytes", {}).get(name, -1))
-                    offsets = _map(path, f"{modality}.{name}.offsets", np.int64, (n + 1,), mmap)
-                    if offsets[0] != 0 or offsets[-1] != size:
-                        raise DataError(f"{path}: {modality}.{name}.offsets: do not match the manifest "
-                                        f"({offsets[-1]} bytes, manifest {size})")
-                    col.mapped = (offsets, _map(path, f"{modality}.{name}.bytes", np.uint8, (size,), mmap))
-                else:
-                    dtype, width = np.dtype(spec[0]), spec[1]
-                    col = _Column(dtype, width)
-                    col.mapped = _map(path, f"{modality}.{name}", dtype, col.shape(n), mmap)
-                index._columns[modality][name] = col
-            if n and set(index._columns[modality]) < {"codes", "ids"}:
-                raise DataError(f"{path}: {MANIFEST}: modality {modality!r} has no codes or ids")
-            if "codes" in index._columns[modality] and index._columns[modality]["codes"].width != index.words:
-                raise DataError(f"{path}: {modality}.codes: {index._columns[modality]['codes'].width} words per "
-                                f"code, expected {index.words} for {index.n_bits} bits")
-        return index
-
-    def _append_folder(self, rows: Dict[str, Dict[str, Any]], source: Optional[Dict[str, Any]]) -> None:
-        """Write rows past the committed ones, then commit them with one atomic manifest replace."""
-        with locked(os.path.join(self.path, MANIFEST)):
-            on_disk = read_manifest(self.path)
-            for modality in MODALITIES:
-                if on_disk["modalities"].get(modality, {}).get("count", 0) != self._count[modality]:
-                    raise DataError(f"{self.path}: changed by another writer since it was opened; open it again")
-            for modality, columns in rows.items():
-                n = self._count[modality]
-                for name, value in columns.items():
-                    col = self._columns[modality][name]
-                    if col.dtype is None:
-                        offsets, _ = self._strings(modality, name)
-                        start = int(offsets[-1])
-                        encoded = [s.encode("utf-8") for s in value]
-                        new = start + np.cumsum([len(b) for b in encoded], dtype=np.int64)
-                        _write_at(os.path.join(self.path, f"{modality}.{name}.offsets"), (n + 1) * 8, new)
-                        _write_at(os.path.join(self.path, f"{modality}.{name}.bytes"), start,
-                                  np.frombuffer(b"".join(encoded), dtype=np.uint8))
-                    else:
-                        itemsize = np.dtype(col.dtype).itemsize * (col.width or 1)
-                        _write_at(os.path.join(self.path, f"{modality}.{name}"), n * itemsize,
-                                  np.ascontiguousarray(value, dtype=col.dtype))
-                self._count[modality] = n + len(columns["ids"])
-            if source is not None:
-                self._record_source(source)
-            write_json_atomic(os.path.join(self.path, MANIFEST), self._manifest_from_disk())
-        fresh = Index.load(self.path, mmap=True)
-        self.__dict__.update(fresh.__dict__)
-
-    def _manifest_from_disk(self) -> Dict[str, Any]:
-        """The manifest of the rows now written: counts from ``_count``, string sizes from their offsets."""
-        modalities = {}
-        for modality in MODALITIES:
-            n = self._count[modality]
-            cols = self._columns[modality]
-            entry: Dict[str, Any] = {"count": n, "columns": {
-                name: (None if c.dtype is None else [np.dtype(c.dtype).str, c.width]) for name, c in cols.items()}}
-            sizes = {}
-            for name, c in cols.items():
-                if c.dtype is None:
-                    offsets = np.fromfile(os.path.join(self.path, f"{modality}.{name}.offsets"), dtype=np.int64,
-                                          count=n + 1)
-                    sizes[name] = int(offsets[-1])
-            if sizes:
-                entry["string_bytes"] = sizes
-            modalities[modality] = entry
-        return {"format": FORMAT, "version": VERSION, "n_bits": self.n_bits, "words": self.words,
-                "meta": self.meta, "sources": self.sources, "modalities": modalities}
-
-    @classmethod
-    def create(cls, path: PathLike, n_bits: int, meta: Optional[Mapping[str, Any]] = None) -> "Index":
-        """A new, empty index folder (atomically created), bound for appends."""
-        index = cls(n_bits, meta)
-        index.save(path)
-        return index
-
-
-def modality_name(name: str) -> str:
-    aliases = {"image": "img", "text": "txt"}
-    name = aliases.get(name, name)
-    if name not in MODALITIES:
-        raise ValueError(f"modality must be 'image' or 'text' ('img'/'txt'), got {name!r}")
-    return name
-
-
-def _write_raw(path: str, array: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        np.ascontiguousarray(array).tofile(f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _write_at(path: str, offset: int, array: np.ndarray) -> None:
-    """Write ``array`` at byte ``offset``, dropping whatever lay beyond it (rows of a killed write)."""
-    mode = "r+b" if os.path.exists(path) else "w+b"
-    with open(path, mode) as f:
-        f.truncate(offset)
-        f.seek(offset)
-        np.ascontiguousarray(array).tofile(f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def read_manifest(path: str) -> Dict[str, Any]:
-    """The manifest of an index folder, checked."""
-    file = os.path.join(path, MANIFEST)
-    if not os.path.isdir(path):
-        raise FileNotFoundError(f"{path}: no such index folder")
-    if not os.path.exists(file):
-        raise DataError(f"{path}: not an index (no {MANIFEST})")
-    try:
-        with open(file, encoding="utf-8") as f:
-            manifest = json.load(f)
-    except (OSError, ValueError) as err:
-        raise DataError(f"{file}: unreadable ({err})") from None
-    if not isinstance(manifest, dict) or manifest.get("format") != FORMAT:
-        raise DataError(f"{file}: not a ucmfh index manifest")
-    if manifest.get("version") != VERSION:
-        raise DataError(f"{file}: index version {manifest.get('version')}, this ucmfh reads {VERSION}")
-    return manifest
-
-
-def _map(folder: str, name: str, dtype: np.dtype, shape: Tuple[int, ...], mmap: bool) -> np.ndarray:
-    path = os.path.join(folder, name)
-    need = int(np.prod(shape)) * np.dtype(dtype).itemsize
-    size = os.path.getsize(path) if os.path.exists(path) else -1
-    if size < need:
-        raise DataError(f"{folder}: {name}: {'missing' if size < 0 else f'{size} bytes'}, "
-                        f"the manifest's rows need {need}")
-    if need == 0:
-        return np.zeros(shape, dtype=dtype)
-    if mmap:
-        return np.memmap(path, dtype=dtype, mode="r", shape=shape)
-    return np.fromfile(path, dtype=dtype, count=int(np.prod(shape))).reshape(shape)
-
-
-# ----------------------------------------------------------------- the search
-
-
-# The torch path's memory: its top-k holds about 8 candidates of 32 bytes per query and result
-# (depth 10,000 × 2,100 queries at once would reach ~43 GB); queries are searched in
-# chunks of at most QUERY_CHUNK_BYTES of such candidates.
-CANDIDATE_BYTES = 8 * 32
-QUERY_CHUNK_BYTES = 1 << 30
-
-
-def hamming_search(
-    qw: np.ndarray, rw: np.ndarray, n_bits: int, k: int, device: Any = "cpu", threads: Optional[int] = None
-) -> Tuple[np.ndarray, np.ndarray]:
-    """Exact top-k of query words [Q, W] among item words [N, W] by (distance, position).
-
-    Shape: -> (distances, positions) [Q, min(k, N)] int64. CPU: the compiled kernels
-    (those of :func:`ucmfh.metrics.native.native_top_k`) on ``threads`` threads over
-    queries, else the torch path; a GPU device: the torch path, reading the items in blocks.
-    """
-    n = rw.shape[0]
-    k = min(k, n)
-    nq = qw.shape[0]
-    if k == 0 or nq == 0:
-        return np.zeros((nq, k), dtype=np.int64), np.zeros((nq, k), dtype=np.int64)
-    kernels = cpu_kernels(device)
-    if kernels is not None:
-        qw = np.ascontiguousarray(qw)
-        dist = np.empty((nq, k), dtype=np.int64)
-        pos = np.empty((nq, k), dtype=np.int64)
-
-        def work(a: int, b: int) -> None:
-            kernels.top_k(qw[a:b], rw, b - a, n, qw.shape[1], n_bits, k, pos[a:b], dist[a:b])
-
-        over_query_ranges(nq, threads, work)
-        return dist, pos
-    import torch
-
-    from ucmfh.codes import unpack_codes
-    from ucmfh.metrics.topk import hamming_top_k_torch
-    from ucmfh.utils import resolve_device
-
-    device = resolve_device(device) if isinstance(device, str) else device
-    # packed items count their padding bits, which are clear in both sets and add no distance
-    n_bytes = -(-n_bits // 8)
-    block = 1 << 22
-    # the top-k's candidate keys take about CANDIDATE_BYTES per query and k: queries go in chunks
-    chunk = max(1, QUERY_CHUNK_BYTES // (CANDIDATE_BYTES * k))
-    out_d, out_p = np.empty((nq, k), dtype=np.int64), np.empty((nq, k), dtype=np.int64)
-    for a in range(0, nq, chunk):
-        q = unpack_codes(torch.from_numpy(packed_bytes(qw[a : a + chunk], n_bits).copy()), 8 * n_bytes).to(device)
-        dists, positions = [], []
-        for start in range(0, n, block):
-            # packed bytes of one block of items (a copy: a mapped file is read-only); unpacked on the device
-            r = torch.from_numpy(np.array(packed_bytes(rw[start : start + block], n_bits)))
-            d, p = hamming_top_k_torch(q, r, min(k, r.shape[0]), 65536)
-            dists.append(d.cpu())
-            positions.append(p.cpu() + start)
-        out_d[a : a + chunk], out_p[a : a + chunk] = merge_top_k([x.numpy() for x in dists],
-                                                                 [x.numpy() for x in positions], k)
-    return out_d, out_p
-
-
-def merge_top_k(dists: List[np.ndarray], positions: List[np.ndarray], k: int) -> Tuple[np.ndarray, np.ndarray]:
-    """Merge per-part top-k lists (global positions) into one, by (distance, position).
-
-    Shape: lists of [Q, k_i] -> [Q, min(k, sum k_i)] int64.
-    """
-    if len(dists) == 1:
-        return dists[0][:, :k], positions[0][:, :k]
-    d = np.concatenate(dists, axis=1)
-    p = np.concatenate(positions, axis=1)
-    span = int(p.max()) + 1 if p.size else 1
-    key = d * span + p  # unique: distances <= 65535, positions < 2**40
-    order = np.argsort(key, axis=1, kind="stable")[:, :k]
-    return np.take_along_axis(d, order, axis=1), np.take_along_axis(p, order, axis=1)

@@ -81,8 +81,8 @@ def _masks(width: int, radius: int) -> np.ndarray:
 
 
 class MultiIndex:
-    """The substring tables of a set of codes (packed uint64 words [N, W], as :func:`ucmfh.search.index.as_words`
-    makes them). :meth:`search` returns what :func:`ucmfh.search.index.hamming_search` does.
+    """The substring tables of a set of codes (packed uint64 words [N, W], as :func:`ucmfh.bits.as_words`
+    makes them). :meth:`search` returns what :func:`ucmfh.search.scan.hamming_search` does.
 
     Example:
         >>> mih = MultiIndex(words, 64)

@@ -11,7 +11,8 @@ import numpy as np
 from ucmfh.config import APPROXIMATE_BACKENDS, BackendConfig
 from ucmfh.search.build import Encoder, check_same_checkpoint, check_same_feature
 from ucmfh.search.collection import Queries
-from ucmfh.search.index import Index, modality_name
+from ucmfh.search.folder import modality_name
+from ucmfh.search.index import Index
 from ucmfh.search.rerank import RERANKS, cosine_scores
 from ucmfh.search.rerank import rerank as rerank_step
 from ucmfh.search.shards import Shards

@@ -9,7 +9,9 @@ import numpy as np
 from ucmfh.bits import as_words, to_numpy
 from ucmfh.data.format import DataError
 from ucmfh.files import PathLike
-from ucmfh.search.index import ArrayLike, Index, merge_top_k, modality_name
+from ucmfh.search.folder import modality_name
+from ucmfh.search.index import ArrayLike, Index
+from ucmfh.search.scan import merge_top_k
 
 
 class Shards:
