@@ -15,7 +15,8 @@ from conftest import dead_pid
 from test_data_errors import user_error
 from ucmfh.app.cli import main
 from ucmfh.data import DataError, load_dataset
-from ucmfh.data.extract import ExtractConfig, extract_features, list_images, read_captions, read_labels
+from ucmfh.data.annotations import list_images, read_captions, read_labels
+from ucmfh.data.extract import ExtractConfig, extract_features
 from ucmfh.data.splits import SplitSizes
 
 CLASSES = ["sky", "sea", "tree"]

@@ -13,7 +13,8 @@ pytest.importorskip("PIL.Image", reason="pillow is not installed (pip install 'u
 from test_data_errors import user_error
 from test_extract import SIZES, FakeEncoder, make_images, tiny_clip, write_inputs  # noqa: F401 - a fixture
 from ucmfh.data import DataError
-from ucmfh.data.extract import ExtractConfig, extract_features, parse_shard
+from ucmfh.data.extract import ExtractConfig, extract_features
+from ucmfh.data.scratch import parse_shard
 
 CFG = ExtractConfig(batch_size=2, chunk_items=2, workers=1)  # 7 images: 4 chunks; 14 captions: 7 chunks
 

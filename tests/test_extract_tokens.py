@@ -12,7 +12,8 @@ from test_extract import SIZES, break_images, make_images, tiny_clip, write_inpu
 from test_extract_shards import assert_same_file
 from ucmfh.app.cli import main
 from ucmfh.data import DataError, load_dataset
-from ucmfh.data.extract import ClipEncoder, ExtractConfig, _gather_rows, extract_features
+from ucmfh.data.clip_encoder import ClipEncoder
+from ucmfh.data.extract import ExtractConfig, _gather_rows, extract_features
 from ucmfh.data.tokens import Tokens
 
 # 7 images in chunks of 3: 3 image chunks; 14 captions: 5 text chunks; batches of 2

@@ -15,7 +15,8 @@ import click
 from ucmfh.app.errors import user_errors
 from ucmfh.app.outputs import check_outputs
 from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
-from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features, parse_shard
+from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features
+from ucmfh.data.scratch import parse_shard
 from ucmfh.data.splits import DEFAULT_SEED, STANDARD_SPLITS, resolve_sizes
 
 

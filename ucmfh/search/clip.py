@@ -25,7 +25,7 @@ def clip_model_of(feature: Optional[str]) -> Optional[Tuple[str, bool]]:
 
 def clip_queries(index, text: List[str], images: List[str], device: str = "cpu") -> Queries:
     """Queries of one kind (captions or image files) encoded by the index's CLIP model."""
-    from ucmfh.data.extract import ClipEncoder, load_image
+    from ucmfh.data.clip_encoder import ClipEncoder, load_image
 
     modality = "txt" if text else "img"
     feature = (index.meta.get("features") or {}).get(modality)

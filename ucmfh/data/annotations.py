@@ -1,0 +1,145 @@
+"""What ``ucmfh extract`` is given besides the model (formats in docs/data.md): the images (a folder, or a
+list file), the captions (TSV or JSON, several per image allowed) and the labels (TSV or JSON, with an
+optional classes file that fixes the column order)."""
+from __future__ import annotations
+
+import json
+import os
+from typing import List, Optional, Sequence, Tuple
+
+import numpy as np
+
+from ucmfh.data.format import DataError
+from ucmfh.data.inputs import read_lines, read_text
+from ucmfh.files import PathLike
+
+IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")
+
+
+def list_images(images: PathLike) -> Tuple[List[str], List[str]]:
+    """Names and paths of the images: a folder (recursive, sorted) or a list file."""
+    images = os.fspath(images)
+    if os.path.isdir(images):
+        names = []
+        for root, _, files in os.walk(images):
+            for f in files:
+                if f.lower().endswith(IMAGE_EXTENSIONS):
+                    names.append(os.path.relpath(os.path.join(root, f), images).replace(os.sep, "/"))
+        names.sort()
+        if not names:
+            raise DataError(f"{images}: no image files ({', '.join(IMAGE_EXTENSIONS)})")
+        return names, [os.path.join(images, n) for n in names]
+    if not os.path.exists(images):
+        raise DataError(f"{images}: no such file or folder")
+    base = os.path.dirname(os.path.abspath(images))
+    names = read_lines(images)
+    if not names:
+        raise DataError(f"{images}: empty image list")
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise DataError(f"{images}: image {dup!r} listed twice")
+    return names, [n if os.path.isabs(n) else os.path.join(base, n) for n in names]
+
+
+def _read_name_map(path: str, what: str) -> List[Tuple[str, object, int]]:
+    """(image name, value, line/record number) from a TSV or JSON file."""
+    entries: List[Tuple[str, object, int]] = []
+    text = read_text(path)
+    if path.lower().endswith(".json"):
+        try:
+            data = json.loads(text)
+        except json.JSONDecodeError as err:
+            raise DataError(f"{path}: not valid JSON ({err})") from None
+        if isinstance(data, dict):
+            for n, (name, value) in enumerate(data.items(), 1):
+                entries.append((name, value, n))
+        elif isinstance(data, list):
+            key = "caption" if what == "caption" else "labels"
+            for n, record in enumerate(data, 1):
+                if not isinstance(record, dict) or "image" not in record or key not in record:
+                    raise DataError(f"{path}: record {n}: expected {{\"image\": ..., \"{key}\": ...}}")
+                entries.append((str(record["image"]), record[key], n))
+        else:
+            raise DataError(f"{path}: expected a JSON object or list of records")
+        return entries
+    for n, line in enumerate(text.split("\n"), 1):
+        if not line.strip():
+            continue
+        if "\t" not in line:
+            raise DataError(f"{path}: line {n}: expected 'image_name<TAB>{what}'")
+        name, value = line.split("\t", 1)
+        entries.append((name.strip(), value, n))
+    if not entries:
+        raise DataError(f"{path}: no entries")
+    return entries
+
+
+def read_captions(path: PathLike, names: Sequence[str]) -> Tuple[List[str], np.ndarray]:
+    """Captions and the index of each one's image, in image order then file order.
+
+    Every image needs at least one caption and every caption a known image.
+    """
+    path = os.fspath(path)
+    index = {name: i for i, name in enumerate(names)}
+    per_image: List[List[str]] = [[] for _ in names]
+    unknown = []
+    for name, value, n in _read_name_map(path, "caption"):
+        values = value if isinstance(value, list) else [value]
+        for caption in values:
+            if not isinstance(caption, str) or not caption.strip():
+                raise DataError(f"{path}: line/record {n}: empty or non-text caption for {name!r}")
+        if name not in index:
+            unknown.append(name)
+            continue
+        per_image[index[name]].extend(c.strip() for c in values)
+    if unknown:
+        raise DataError(
+            f"{path}: {len(unknown)} captions name images that are not in the image list "
+            f"(first: {unknown[0]!r}); images and captions do not match"
+        )
+    missing = [names[i] for i, caps in enumerate(per_image) if not caps]
+    if missing:
+        raise DataError(
+            f"{path}: {len(missing)} of {len(names)} images have no caption (first: {missing[0]!r}); "
+            "images and captions do not match"
+        )
+    captions = [c for caps in per_image for c in caps]
+    image_of = np.repeat(np.arange(len(names), dtype=np.int64), [len(c) for c in per_image])
+    return captions, image_of
+
+
+def read_labels(path: PathLike, names: Sequence[str], classes: Optional[Sequence[str]] = None
+                ) -> Tuple[np.ndarray, List[str]]:
+    """Multi-hot labels [n_images, C] of the named images, and the class names.
+
+    Unknown label names (not in ``classes``) and images without a line fail.
+    """
+    path = os.fspath(path)
+    entries = {}
+    for name, value, n in _read_name_map(path, "labels"):
+        if isinstance(value, str):
+            value = [v.strip() for v in value.split(",") if v.strip()]
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise DataError(f"{path}: line/record {n}: labels of {name!r} must be names")
+        if name in entries:
+            raise DataError(f"{path}: line/record {n}: {name!r} appears twice")
+        entries[name] = (value, n)
+    if classes is None:
+        classes = sorted({v for value, _ in entries.values() for v in value})
+        if not classes:
+            raise DataError(f"{path}: no label names at all")
+    column = {c: j for j, c in enumerate(classes)}
+    labels = np.zeros((len(names), len(classes)), dtype=np.uint8)
+    missing = [name for name in names if name not in entries]
+    if missing:
+        raise DataError(f"{path}: {len(missing)} images have no labels line (first: {missing[0]!r})")
+    for i, name in enumerate(names):
+        value, n = entries[name]
+        for v in value:
+            if v not in column:
+                raise DataError(f"{path}: line/record {n}: unknown label {v!r} for {name!r} "
+                                f"(known: {', '.join(classes[:10])}{', ...' if len(classes) > 10 else ''})")
+            labels[i, column[v]] = 1
+    return labels, list(classes)
+
+

@@ -1,0 +1,171 @@
+"""CLIP image and text features (pooled and, for SEPS, tokens) from ``transformers``, offline: a model is
+a local folder or already in the local Hugging Face cache; nothing is ever downloaded."""
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Optional, Tuple
+
+import numpy as np
+import torch
+
+from ucmfh.data.format import DataError
+from ucmfh.utils import resolve_device
+
+DEFAULT_MODEL = "openai/clip-vit-base-patch32"
+
+
+def _looks_like_path(model: str) -> bool:
+    """A hub name is ``name`` or ``owner/name``; anything else can only be meant as a folder."""
+    from huggingface_hub.utils import HFValidationError, validate_repo_id
+
+    if model.startswith((".", "~", "/", os.sep)) or model.endswith(("/", os.sep)):
+        return True
+    try:
+        validate_repo_id(model)
+    except HFValidationError:
+        return True
+    return False
+
+
+def find_model(model: str) -> str:
+    """``model`` when it is on this machine: a local folder, or a hub name in the local Hugging Face cache.
+
+    Nothing is ever downloaded; a model that is not here is a
+    :class:`FileNotFoundError` naming it.
+    """
+    if os.path.exists(model):
+        if not os.path.isdir(model):
+            raise NotADirectoryError(f"{model}: not a model folder (it is a file)")
+        return model
+    if _looks_like_path(model):
+        raise FileNotFoundError(f"{model}: no such local model folder")
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(model, "config.json"), str):
+        raise FileNotFoundError(
+            f"{model}: not found locally (no such folder, and not in the local Hugging Face cache); "
+            "extraction does not download models: download it once on a machine with network access "
+            f"(`hf download {model}`) or pass a folder written by save_pretrained"
+        )
+    return model
+
+
+class ClipEncoder:
+    """CLIP image and text embeddings (projected) from ``transformers``, offline.
+
+    ``model`` is a local folder written by ``save_pretrained`` holding the
+    model, tokenizer and image processor, or a Hugging Face model name (e.g.
+    ``openai/clip-vit-base-patch32``) already in the local Hugging Face cache.
+    Nothing is downloaded (:func:`find_model`).
+    """
+
+    def __init__(self, model: str = DEFAULT_MODEL, device: Optional[str] = None, normalize: bool = False):
+        try:
+            from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+        except ImportError as err:
+            raise ImportError(
+                "feature extraction needs transformers: pip install 'ucmfh[extract]'"
+            ) from err
+        self.device = resolve_device(device or "auto")  # ValueError naming the device
+        find_model(model)
+        try:
+            self.model = CLIPModel.from_pretrained(model, local_files_only=True).eval().to(self.device)
+            self.tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+            self.processor = AutoImageProcessor.from_pretrained(model, local_files_only=True)
+        except (OSError, ValueError, KeyError) as err:  # files missing or of another kind of model
+            raise DataError(f"{model}: not a complete CLIP model (model, tokenizer and image processor): "
+                            f"{type(err).__name__}: {err}") from None
+        self.max_length = int(self.model.config.text_config.max_position_embeddings)
+        self.normalize = normalize
+        self.name = model
+
+    def _finish(self, x: torch.Tensor) -> np.ndarray:
+        if self.normalize:
+            x = torch.nn.functional.normalize(x, dim=-1)
+        return x.float().cpu().numpy()
+
+    @torch.inference_mode()
+    def encode_images(self, images: list) -> np.ndarray:
+        """[B] PIL images → [B, d] float32."""
+        pixels = self.processor(images=images, return_tensors="pt")["pixel_values"].to(self.device)
+        pooled = self.model.vision_model(pixel_values=pixels).pooler_output
+        return self._finish(self.model.visual_projection(pooled))
+
+    @torch.inference_mode()
+    def encode_texts(self, texts: List[str]) -> np.ndarray:
+        """[B] strings → [B, d] float32 (truncated to the model's context length)."""
+        tokens = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
+                                return_tensors="pt").to(self.device)
+        pooled = self.model.text_model(input_ids=tokens["input_ids"],
+                                       attention_mask=tokens["attention_mask"]).pooler_output
+        return self._finish(self.model.text_projection(pooled))
+
+    @torch.inference_mode()
+    def encode_images_tokens(self, images: list) -> Tuple[np.ndarray, np.ndarray]:
+        """[B] PIL images → the pooled [B, d] float32 of :meth:`encode_images` and the tokens [B, T, C] float16.
+
+        The tokens are the vision tower's last hidden state after its post-layernorm, not projected:
+        token 0 is [CLS] (post-layernorm [CLS] is CLIP's pooled output), tokens 1.. the patches row by row.
+        """
+        pixels = self.processor(images=images, return_tensors="pt")["pixel_values"].to(self.device)
+        vision = self.model.vision_model(pixel_values=pixels)
+        tokens = self.model.vision_model.post_layernorm(vision.last_hidden_state)
+        pooled = self._finish(self.model.visual_projection(vision.pooler_output))
+        return pooled, tokens.to(torch.float16).cpu().numpy()
+
+    @torch.inference_mode()
+    def encode_texts_tokens(self, texts: List[str]) -> Tuple[np.ndarray, np.ndarray, np.ndarray, List[str]]:
+        """[B] strings → the pooled [B, d] float32 of :meth:`encode_texts`, the word tokens [ΣL, C] float16,
+        their count per text [B] int64 and the token string of each row [ΣL].
+
+        The rows are the text tower's last hidden state (after its final layernorm, not projected) at the
+        real tokens only: no start/end token, no padding. CLIP's attention is causal, so padding a batch
+        changes none of them.
+        """
+        tokens = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
+                                return_special_tokens_mask=True, return_tensors="pt")
+        text = self.model.text_model(input_ids=tokens["input_ids"].to(self.device),
+                                     attention_mask=tokens["attention_mask"].to(self.device))
+        real = tokens["attention_mask"].bool() & ~tokens["special_tokens_mask"].bool()  # [B, L_max]
+        rows = text.last_hidden_state[real.to(self.device)]  # row-major: text by text, in order
+        words = self.tokenizer.convert_ids_to_tokens(tokens["input_ids"][real].tolist())
+        pooled = self._finish(self.model.text_projection(text.pooler_output))
+        return pooled, rows.to(torch.float16).cpu().numpy(), real.sum(dim=1).numpy().astype(np.int64), words
+
+    @staticmethod
+    def describe_tokens(model: str, n_image_tokens: int, d_img: int, d_txt: int) -> Dict[str, str]:
+        """What :meth:`encode_images_tokens` and :meth:`encode_texts_tokens` compute, for the root attributes."""
+        grid = int(round((n_image_tokens - 1) ** 0.5))
+        patches = f"the {grid}x{grid} patches row by row" if grid * grid == n_image_tokens - 1 else "the patches"
+        return {
+            "image_tokens": (
+                f"image_tokens [N,{n_image_tokens},{d_img}] float16: CLIP {model} vision tower (transformers "
+                f"CLIPModel.vision_model), last hidden state after post_layernorm, all {n_image_tokens} tokens: "
+                f"token 0 = [CLS] (root attribute image_tokens_cls), tokens 1..{n_image_tokens - 1} = {patches}; "
+                f"NOT projected (the tower's width {d_img}; visual_projection of token 0 is the pooled image "
+                "feature before any normalisation), NOT normalised, cast to float16 from the model's float32"),
+            "text_tokens": (
+                f"text_tokens [sumL,{d_txt}] float16: CLIP {model} text tower (CLIPModel.text_model), last "
+                "hidden state (after final_layer_norm) of each caption, batched with padding (causal attention: "
+                "padding changes no real token), truncated to the model's context length; rows of the real "
+                "tokens only (start token, end token and padding dropped), NOT projected, NOT normalised, cast "
+                "to float16. CSR: item i owns rows text_offsets[i]:text_offsets[i+1] (text_offsets [N+1] "
+                "int64). text_words [sumL] UTF-8: the tokenizer's token string of each row (CLIP BPE, '</w>' "
+                "ends a word). text_raw [N] UTF-8: the caption encoded."),
+        }
+
+
+def load_image(path: str):
+    """An RGB PIL image, decoded in full; raises OSError for unreadable or truncated files."""
+    from PIL import Image, ImageFile
+
+    if ImageFile.LOAD_TRUNCATED_IMAGES:
+        # someone allowed truncated images globally; a half-grey image must not become a feature
+        raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set; unset it for extraction")
+    try:
+        with Image.open(path) as im:
+            return im.convert("RGB")
+    except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
+        raise OSError(f"{path}: unreadable image ({type(err).__name__}: {err})") from None
+
+
