@@ -10,7 +10,7 @@ to the classifier's query accuracy (the top 50 are all of the predicted class).
 
     python scripts/feature_ceiling.py ../shared/data/wiki.h5 --modality img
 
-docs/quality.md reports it for Wiki's SIFT image features against the goal of CCA-ITQ + 0.05.
+docs/history.md reports it for Wiki's SIFT image features against the goal of CCA-ITQ + 0.05.
 """
 from __future__ import annotations
 
