@@ -15,13 +15,11 @@ from ucmfh.codes import save_codes
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset
 from ucmfh.distributed import current_group
-from ucmfh.epochs import StateFile
 from ucmfh.files import PathLike
 from ucmfh.fusion_stage import fit_fusion
 from ucmfh.methods import build_method, fit_hashing
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.scoring import encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
-from ucmfh.selection import History
 from ucmfh.utils import resolve_device
 
 
@@ -61,7 +59,7 @@ def load_or_train_fusion(data: Dataset, run: Run, opts: RunOptions, log: Log = p
     fitted = reuse_or_fit(
         Stage("fusion encoder", path, run.fusion_dir, run.fusion_identity, run.dataset), opts,
         load=lambda: _load(path, "fusion", data),
-        fit=lambda state: fit_fusion(data, cfg, progress=opts.progress, state=state),
+        fit=lambda state, _: fit_fusion(data, cfg, progress=opts.progress, state=state),
         save=lambda model, meta: save_checkpoint(path, model, cfg, meta=meta),
         log=log, note=f", {cfg.epochs} epochs, loss {cfg.loss}")
     return fitted.model, 0.0 if fitted.reused else fitted.seconds
@@ -93,14 +91,12 @@ def train_hash_stage(
     run = Run(opts.out, dataset_identity(data), fusion_cfg, hash_cfg)
     path = run.hash_path
 
-    def fit(state: StateFile) -> Tuple[Any, History]:
-        fusion = None if run.fusion_cfg is None else load_or_train_fusion(data, run, opts, log)[0]
-        return fit_hashing(data, hash_cfg, fusion, progress=opts.progress, state=state)
-
     fitted = reuse_or_fit(
         Stage(f"hashing {hash_cfg.n_bits} bits", path, run.hash_dir, run.hash_identity, run.dataset,
               run.hash_dir_identity), opts,
-        load=lambda: _load(path, "hash", data), fit=fit,
+        load=lambda: _load(path, "hash", data),
+        prepare=lambda: None if run.fusion_cfg is None else load_or_train_fusion(data, run, opts, log)[0],
+        fit=lambda state, fusion: fit_hashing(data, hash_cfg, fusion, progress=opts.progress, state=state),
         save=lambda model, meta: save_checkpoint(path, model, run.fusion_cfg, hash_cfg, meta=meta), log=log)
     if not current_group().is_main:  # rank 0 scores and reports for all
         return []

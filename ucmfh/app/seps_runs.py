@@ -70,7 +70,7 @@ def train_seps_stage(data: Dataset, cfg: SepsConfig, opts: RunOptions, names: Se
 
     fitted = reuse_or_fit(
         Stage("seps", path, paths["dir"], identity, dataset_identity(data)), opts, load=load,
-        fit=lambda state: fit_seps(data.path, cfg, progress=opts.progress, state=state),
+        fit=lambda state, _: fit_seps(data.path, cfg, progress=opts.progress, state=state),
         save=lambda model, meta: save_seps(path, model, meta=meta), log=log)
     if not current_group().is_main:  # rank 0 scores and reports for all
         return []

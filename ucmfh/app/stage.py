@@ -145,16 +145,19 @@ def reuse_or_fit(
     stage: Stage,
     opts: RunOptions,
     load: Callable[[], Tuple[Any, Dict[str, Any]]],
-    fit: Callable[[StateFile], Tuple[Any, History]],
+    fit: Callable[[StateFile, Any], Tuple[Any, History]],
     save: Callable[[Any, Dict[str, Any]], None],
     log: Log = print,
     note: str = "",
+    prepare: Callable[[], Any] = lambda: None,
 ) -> Fitted:
     """The stage's model: reused when its checkpoint is saved with the same identity, else trained and saved.
 
     ``load()`` reads the checkpoint (model, meta); a checkpoint whose identity is another run's is refused.
-    ``fit(state)`` trains, saving and resuming its training state in ``state``. ``save(model, meta)`` writes
-    the checkpoint (rank 0 only). ``note`` ends the line that says it was reused.
+    ``fit(state, base)`` trains, saving and resuming its training state in ``state``. ``save(model, meta)`` writes
+    the checkpoint (rank 0 only). ``note`` ends the line that says it was reused. ``prepare()``, called
+    only when the stage trains and before its clock starts, gets what it builds on (the fusion encoder of a
+    hashing stage) and ``fit`` receives its result.
     """
     group = current_group()
     key = key_of(stage.identity)
@@ -168,9 +171,10 @@ def reuse_or_fit(
         log(f"{stage.name}: already trained, reused {stage.path} (run {key}{note})")
         return Fitted(model, meta.get("seconds", 0.0), meta["history"], True)
     log(f"{stage.name}: training {stage.path} (run {key})")
+    base = prepare()
     state = state_for(stage.path, opts, log)
     start = time.perf_counter()
-    model, history = fit(state)
+    model, history = fit(state, base)
     seconds = time.perf_counter() - start
     meta = {"identity": stage.identity, "dataset": stage.dataset, "history": history.as_dict(), "seconds": seconds,
             "world_size": group.world_size}
