@@ -170,8 +170,8 @@ def reuse_or_fit(
             drop_leftover_state(stage.path)
         log(f"{stage.name}: already trained, reused {stage.path} (run {key}{note})")
         return Fitted(model, meta.get("seconds", 0.0), meta["history"], True)
+    base = prepare()  # before this stage's own line: what it builds on says its own first
     log(f"{stage.name}: training {stage.path} (run {key})")
-    base = prepare()
     state = state_for(stage.path, opts, log)
     start = time.perf_counter()
     model, history = fit(state, base)
