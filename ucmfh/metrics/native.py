@@ -16,13 +16,13 @@ library reads no environment variable; the ``ucmfh`` command maps
 from __future__ import annotations
 
 import contextlib
-from concurrent.futures import ThreadPoolExecutor
 from typing import Callable, Iterator, Literal, Optional, Tuple
 
 import numpy as np
 import torch
 
 from ucmfh import bits
+from ucmfh.parallel import over_ranges
 
 try:  # the compiled CPU kernels; optional at install (setup.py)
     from ucmfh.metrics import _hamming
@@ -112,14 +112,7 @@ def label_words(labels: torch.Tensor) -> np.ndarray:
 def _split_queries(n: int, work: Callable[[int, int], None]) -> None:
     """Run ``work(start, stop)`` over query ranges on ``torch.get_num_threads()`` threads
     (the kernels release the GIL); each range is written to its own rows."""
-    parts = max(1, min(torch.get_num_threads(), n // _MIN_QUERIES_PER_THREAD))
-    bounds = [n * i // parts for i in range(parts + 1)]
-    if parts == 1:
-        work(0, n)
-        return
-    with ThreadPoolExecutor(parts) as pool:
-        for f in [pool.submit(work, a, b) for a, b in zip(bounds[:-1], bounds[1:])]:
-            f.result()
+    over_ranges(n, min(torch.get_num_threads(), n // _MIN_QUERIES_PER_THREAD), work)
 
 
 def native_top_k(qw: np.ndarray, rw: np.ndarray, n_bits: int, k: int) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -5,8 +5,9 @@ import glob
 import importlib.util
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Optional
+
+from ucmfh.parallel import over_ranges
 
 
 def kernels_module() -> Any:
@@ -48,11 +49,4 @@ def default_threads() -> int:
 def over_query_ranges(n_queries: int, threads: Optional[int], work: Callable[[int, int], None]) -> None:
     """Call ``work(a, b)`` on contiguous query ranges, one per thread (``threads``, default: every
     CPU this process may use); the kernels release the GIL, so the ranges run in parallel."""
-    parts = max(1, min(threads or default_threads(), n_queries))
-    bounds = [n_queries * i // parts for i in range(parts + 1)]
-    if parts == 1:
-        work(0, n_queries)
-        return
-    with ThreadPoolExecutor(parts) as pool:
-        for f in [pool.submit(work, a, b) for a, b in zip(bounds[:-1], bounds[1:])]:
-            f.result()
+    over_ranges(n_queries, min(threads or default_threads(), n_queries), work)
