@@ -205,6 +205,49 @@ def test_cosine_matches_reference(seed, k):
         assert idx[i].tolist() == ref_ranking(query[i], retrieval, "cosine")
 
 
+def permuted_ties(seed, dim=256, n_copies=12):
+    """A constant query and retrieval items that are permutations of one random vector, between
+    others: every copy has the same cosine with the query, but a float sum meets its terms in
+    another order for each copy."""
+    g = torch.Generator().manual_seed(seed)
+    base = torch.randn(dim, generator=g)
+    copies = torch.stack([base[torch.randperm(dim, generator=g)] for _ in range(n_copies)])
+    others = torch.randn(n_copies, dim, generator=g)
+    retrieval = torch.stack([row for pair in zip(others, copies) for row in pair])  # copies at odd indices
+    return torch.full((3, dim), 0.7), retrieval
+
+
+def test_cosine_is_the_same_whatever_the_summation_order():
+    """What a device or a block shape changes (the order of a dot product's sum) changes no bit."""
+    from ucmfh.similarity import cosine_similarity_float64
+    g = torch.Generator().manual_seed(0)
+    query, retrieval = torch.randn(7, 300, generator=g), torch.randn(200, 300, generator=g)
+    base = cosine_similarity_float64(query, retrieval)
+    perm = torch.randperm(300, generator=g)
+    assert torch.equal(cosine_similarity_float64(query[:, perm], retrieval[:, perm]), base)
+    assert torch.equal(torch.cat([cosine_similarity_float64(query, retrieval[i:i + 7]) for i in range(0, 200, 7)], 1),
+                       base)
+    exact = torch.nn.functional.normalize(query.double(), dim=1) @ torch.nn.functional.normalize(retrieval.double(), dim=1).T
+    assert (base - exact).abs().max() < 1e-6  # the rounding moves a cosine below a float32 input's precision
+
+
+@pytest.mark.parametrize("chunk,r_chunk", [(1024, 16384), (1, 5), (2, 3)])
+def test_cosine_ties_of_permuted_items_go_by_index(chunk, r_chunk):
+    query, retrieval = permuted_ties(1)
+    copies = list(range(1, retrieval.shape[0], 2))
+    sim, idx = top_k(query, retrieval, retrieval.shape[0], ranking="cosine", chunk_size=chunk,
+                     retrieval_chunk_size=r_chunk)
+    for row_sim, row_idx in zip(sim, idx):
+        at = [row_idx.tolist().index(j) for j in copies]
+        assert at == list(range(at[0], at[0] + len(copies)))  # one run, in index order
+        assert len(set(row_sim[at].tolist())) == 1
+    labels = torch.ones(retrieval.shape[0], 1, dtype=torch.uint8)
+    labels[copies] = 0  # the tied run holds every irrelevant item: the tie-aware figure sees one group
+    ql = torch.ones(3, 1, dtype=torch.uint8)
+    assert map_at_k_cosine(query, retrieval, ql, labels, k=20, chunk_size=chunk, retrieval_chunk_size=r_chunk) == \
+        pytest.approx(map_at_k_cosine(query, retrieval, ql, labels, k=20))
+
+
 @pytest.mark.parametrize("ranking", ["hamming", "cosine"])
 @pytest.mark.parametrize("empty", ["zero", "skip"])
 def test_precision_recall_at_k_match_reference(ranking, empty):

@@ -1,7 +1,7 @@
 """The one home of similarities and distances, shared by every loss and the evaluation."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -45,16 +45,41 @@ def sign_codes(x: torch.Tensor) -> torch.Tensor:
     return torch.where(x >= 0, 1.0, -1.0).to(torch.float32)
 
 
-def cosine_similarity_float64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    """Cosine similarity in float64, for ranking. Shape: [N, d], [M, d] -> [N, M] float64.
+def _power_of_two(exponent: torch.Tensor) -> torch.Tensor:
+    """2 ** exponent as float64, built from its bits: exact on every device (``pow`` need not be)."""
+    return ((exponent.to(torch.int64) + 1023) << 52).view(torch.float64)
 
-    Products of float32 inputs are exact in float64, so rounding is ~1e-16; for
-    small-integer inputs every similarity is computed exactly alike, so equal
-    cosines tie exactly and the ranking's tie rule (retrieval index) decides
-    them. A zero row scores 0.
+
+def exact_rows(x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Each row scaled by a power of two and rounded to integers of at most ``S`` bits, and their
+    norms: the parts of :func:`cosine_similarity_float64`. Shape: [N, d] -> ([N, d], [N]) float64.
+
+    ``S = (53 - ceil(log2 d)) // 2`` (23 bits at 64 dims, 22 at 512, 20 at 4096: a float32 carries
+    24), so every dot product of two such rows, and every partial sum of it, is an integer below
+    2**53: exact in float64 whatever the order of summation. Scaling by a power of two and rounding
+    are exact too, so the parts are the same bits on every device.
     """
-    a = a.double()
-    b = b.double()
-    inv_a = 1.0 / a.norm(dim=1).clamp(min=1e-300)
-    inv_b = 1.0 / b.norm(dim=1).clamp(min=1e-300)
-    return (a @ b.T) * inv_a[:, None] * inv_b[None, :]
+    x = x.double()
+    bits = (53 - max(x.shape[1] - 1, 1).bit_length()) // 2
+    _, exponent = torch.frexp(x.abs().amax(dim=1))  # largest |x| of the row in [2**(e-1), 2**e)
+    rows = torch.round(x * _power_of_two(bits - exponent)[:, None])
+    return rows, (rows * rows).sum(dim=1).sqrt()
+
+
+def cosine_similarity_float64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Cosine similarity for ranking, the same float64 on every device and block shape.
+    Shape: [N, d], [M, d] -> [N, M] float64.
+
+    Computed from :func:`exact_rows`: the dot products are exact integers, and the norms' square
+    root, their product and the division are each rounded once, as IEEE 754 prescribes on every
+    device. So two items with the same cosine tie exactly and the ranking's tie rule (retrieval
+    index) decides them, whichever device, chunk size or BLAS computes it; a plain float64 matmul
+    sums in an order that the device and the block shape choose, and can order such a tie by its
+    last bit. The rounding moves a cosine by about 2**-S (``S`` as in :func:`exact_rows`), below a
+    float32 input's own precision. A zero row scores 0.
+    """
+    if a.shape[1] != b.shape[1]:
+        raise ValueError(f"rows of {a.shape[1]} and {b.shape[1]} dimensions")
+    rows_a, norm_a = exact_rows(a)
+    rows_b, norm_b = exact_rows(b)
+    return (rows_a @ rows_b.T) / (norm_a.clamp(min=1.0)[:, None] * norm_b.clamp(min=1.0)[None, :])

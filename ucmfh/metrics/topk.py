@@ -2,10 +2,9 @@
 
 Ranking (docs/reference.md §6): Hamming distance ascending, or cosine similarity
 descending, ties by retrieval index ascending. Hamming results are exact and the
-same for every chunk size, device and backend; cosine results are too wherever
-float64 gives every pair the same similarity, which a device's or a block
-shape's summation order can change in the last bit (two items whose cosines tie
-on one machine may be ordered by that bit on another):
+same for every chunk size, device and backend, and so are cosine results: the
+similarities are computed from rows rounded to integers, whose dot products are
+exact in any summation order (:func:`ucmfh.similarity.cosine_similarity_float64`):
 
 * On the CPU, Hamming top-K runs in the compiled kernels when they serve the
   CPU (:mod:`ucmfh.metrics.native`).
@@ -14,7 +13,8 @@ on one machine may be ordered by that bit on another):
   unique integer key ``dist * N + index``, after an exact pre-selection by
   group maxima (see :func:`hamming_top_k_torch`), without sorting the
   retrieval set.
-* Cosine: float64 similarities, stable sorts per block, stable merges.
+* Cosine: float64 similarities, the same on every device, stable sorts per block,
+  stable merges.
 
 Memory is bounded by ``chunk_size * retrieval_chunk_size`` whatever the set
 sizes; a query chunk's top-K lists add ``chunk_size * K``.
