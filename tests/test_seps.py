@@ -248,6 +248,31 @@ def test_amp_bf16_autocasts_the_forward_pass_and_keeps_the_loss_in_float32(token
     assert "bf16" in seen
 
 
+def test_token_rows_are_read_ahead_of_the_step_and_train_the_same(token_path, monkeypatch):
+    """Each batch's token rows are read on the read-ahead thread while the step before it runs (the
+    device does not wait for the file), and training ends with the weights of reading them in the step."""
+    import threading
+
+    from ucmfh.seps import fit as seps_module
+
+    readers = []
+    images = Tokens.images
+    monkeypatch.setattr(Tokens, "images", lambda self, items: readers.append(threading.current_thread().name)
+                        or images(self, items))
+    cfg = small_seps(epochs=2, val_fraction=0.0)
+    ahead, _ = fit_seps(token_path, cfg, progress=False)
+    n_steps = len(readers)
+    ahead_of_step = sum(name.startswith("ucmfh-read-ahead") for name in readers)
+    assert n_steps >= 6 and ahead_of_step == n_steps - cfg.epochs  # all but each epoch's first batch
+    real = seps_module.run_epochs
+    monkeypatch.setattr(seps_module, "run_epochs", lambda *a, ahead=None, **k: real(*a, **k))
+    readers.clear()
+    in_step, _ = fit_seps(token_path, cfg, progress=False)
+    assert len(readers) == n_steps and not any(name.startswith("ucmfh-read-ahead") for name in readers)
+    for (name, a), b in zip(ahead.state_dict().items(), in_step.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
 def test_training_learns_and_keeps_the_best_validation_epoch(token_path, trained):
     model, history = trained
     assert history.best_epoch == max(history.validation, key=lambda e: e[1])[0]

@@ -118,6 +118,51 @@ def test_training_on_small_blocks_learns_as_well_as_in_memory(tiny_path, tiny):
     assert len(data.train.img.blocks.cache) <= 2 * SMALL_BLOCKS.window
 
 
+def test_streamed_rows_are_read_ahead_of_the_step_and_train_the_same(tiny_path, monkeypatch):
+    """The blocks of each batch are read on the read-ahead thread while the step before it runs, and
+    training ends with the weights of reading them in the step."""
+    import threading
+
+    from ucmfh.data.stream import _Blocks
+    from ucmfh.methods import two_tower
+
+    readers = []
+    read = _Blocks.read
+    monkeypatch.setattr(_Blocks, "read", lambda self, rows: readers.append(threading.current_thread().name)
+                        or read(self, rows))
+    cfg = small_hash(method="two-tower", epochs=2)
+    blocks = StreamSettings(block_rows=32, window=4)  # a window holds two batches: the cache holds both
+    data = load_dataset(tiny_path, max_memory_bytes=4 * 80 * 100, stream=blocks)
+    ahead, _ = fit_hashing(data, cfg, progress=False)
+    n_blocks = -(-len(data.train) // blocks.block_rows)
+    training = readers[2 * n_blocks:]  # after the column statistics, one pass over each feature's blocks
+    in_the_step = [name for name in training if not name.startswith("ucmfh-read-ahead")]
+    # in the step: each epoch's first batch alone (two features, a batch within three blocks)
+    assert len(in_the_step) <= 2 * cfg.epochs * 3 and len(training) > 4 * len(in_the_step), readers
+    monkeypatch.setattr(two_tower, "split_ahead", lambda split, group: None)
+    readers.clear()
+    data = load_dataset(tiny_path, max_memory_bytes=4 * 80 * 100, stream=blocks)
+    in_step, _ = fit_hashing(data, cfg, progress=False)
+    assert readers and not any(name.startswith("ucmfh-read-ahead") for name in readers)
+    for (name, a), b in zip(ahead.state_dict().items(), in_step.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+def test_an_error_reading_ahead_is_raised_by_the_training_loop():
+    from ucmfh.config import HashConfig
+    from ucmfh.epochs import run_epochs
+
+    def ahead(index):
+        raise OSError("the file went away")
+
+    model = torch.nn.Linear(2, 2)
+    cfg = HashConfig(epochs=1, batch_size=4, val_fraction=0.0)
+    step = lambda index, separate, epoch, iteration: torch.zeros(())  # noqa: E731
+    with pytest.raises(OSError, match="went away"):
+        run_epochs("hash", cfg, {"m": model}, torch.optim.SGD(model.parameters(), lr=0.1), torch.Generator(), 12,
+                   torch.device("cpu"), step, None, False, ahead=ahead)
+
+
 def test_cli_streams_beyond_max_memory(tmp_path, tiny_path):
     result = CliRunner().invoke(main, [
         "train-hash", "-d", tiny_path, "--method", "two-tower", "-b", "16", "--epochs", "2", "--device", "cpu",

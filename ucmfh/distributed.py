@@ -27,6 +27,8 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from ucmfh.utils import keep_host_copy, known_host_copy
+
 
 class Group:
     """The ranks of a run; one process alone is a group of one, where every method is the identity."""
@@ -47,7 +49,11 @@ class Group:
         """This rank's part of a global batch (its first dimension)."""
         if self.world_size == 1:
             return batch
-        return batch.tensor_split(self.world_size)[self.rank]
+        part = batch.tensor_split(self.world_size)[self.rank]
+        host = known_host_copy(batch)
+        if host is not None:  # a training plan's batch: its part is known on the host too
+            keep_host_copy(part, host.tensor_split(self.world_size)[self.rank])
+        return part
 
     def gather(self, parts: Sequence[torch.Tensor], n: int) -> Tuple[torch.Tensor, ...]:
         """The global batch of each of ``parts`` (this rank's [n_r, d_j] rows of a global batch of

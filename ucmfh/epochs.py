@@ -28,7 +28,7 @@ from ucmfh.config import identity_dict
 from ucmfh.distributed import current_group
 from ucmfh.files import atomic_file, temp_destination, torch_file_problem
 from ucmfh.selection import History
-from ucmfh.step import Shuffle, epoch_plan
+from ucmfh.step import ReadAhead, Shuffle, epoch_plan
 
 
 STATE_FORMAT = "ucmfh-training-state"
@@ -107,13 +107,16 @@ def run_epochs(
     postfix: Callable[[int, int], Dict[str, str]] = lambda epoch, iteration: {},
     validate: Optional[Callable[[], float]] = None,
     shuffle: Optional[Shuffle] = None,
+    ahead: Optional[Callable[[torch.Tensor], None]] = None,
 ) -> History:
     """The epoch loop both stages share; returns its :class:`History`.
 
     ``step(index, separate, epoch, iteration)`` does one optimisation step and
     returns its (detached) loss; ``validate()``, when given, scores the model
     after each epoch, and the best epoch's weights are loaded at the end;
-    ``shuffle`` orders each epoch's items (:func:`batches`).
+    ``shuffle`` orders each epoch's items (:func:`batches`); ``ahead(index)``, when given, reads what
+    the step of batch ``index`` will read from a file (into the cache it reads from) on a worker
+    thread, while the step before it runs (:func:`ucmfh.step.split_ahead`; SEPS's token rows).
     Everything that decides what comes next — the modules and optimizer, the
     batch generator's state at the epoch's start, torch's own generators
     (dropout), the position, the running loss, the validation record and the
@@ -178,7 +181,7 @@ def run_epochs(
     last_save = time.monotonic()
     bar = tqdm(total=cfg.epochs, initial=start_epoch, desc=stage, unit="epoch",
                disable=not (progress and group.is_main))
-    with stop_on_signals() as stop:
+    with stop_on_signals() as stop, ReadAhead() as reads:
         for epoch in range(start_epoch, cfg.epochs):
             if resumed_gen is not None:  # replay the interrupted epoch's draws
                 generator.set_state(resumed_gen)
@@ -190,6 +193,10 @@ def run_epochs(
             for done, (index, separate) in enumerate(plan, 1):
                 if done <= skip:
                     continue
+                if ahead is not None:
+                    reads.wait()  # this batch's reads, done while the step before ran
+                    if done < len(plan):
+                        reads.start(ahead, plan[done][0])
                 total += step(index, separate, epoch, iteration) * len(index)
                 iteration += 1
                 # a stop is one decision of every rank: a collective (and a host sync) every STOP_EVERY steps
@@ -202,6 +209,7 @@ def run_epochs(
                     save(epoch, done, epoch_start_gen, total)
                     raise TrainingInterrupted(f"{where}; training state saved to {state.path}", state.path)
             skip = 0
+            reads.wait()
             history.append(total.item() / n)  # one sync per epoch
             shown = {"loss": f"{history[-1]:.4f}", **postfix(epoch, iteration)}
             if validate is not None:

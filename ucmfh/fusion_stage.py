@@ -14,7 +14,7 @@ from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.scoring import embed_split
 from ucmfh.selection import History, validation_split, validator
-from ucmfh.step import adam, autocast, batch_inputs, check_supervision, optimize
+from ucmfh.step import adam, autocast, batch_inputs, check_supervision, optimize, split_ahead
 from ucmfh.utils import resolve_device, seed_everything
 
 
@@ -56,5 +56,6 @@ def fit_fusion(
 
     modules = {"fusion": fusion, "loss": loss_fn}
     history = run_epochs("fusion", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
-                          validate=validator(embed_split, "cosine", fusion, val, rest, device), shuffle=train.shuffle)
+                          validate=validator(embed_split, "cosine", fusion, val, rest, device), shuffle=train.shuffle,
+                          ahead=split_ahead(train, group))
     return fusion.cpu().eval(), history

@@ -15,7 +15,7 @@ from ucmfh.metrics.report import EXPECTED
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 from ucmfh.similarity import sign_codes
-from ucmfh.utils import resolve_device
+from ucmfh.utils import resolve_device, to_device
 
 
 @torch.no_grad()
@@ -30,7 +30,8 @@ def _encode(
     """Apply ``fn(img, txt)`` to a split in batches; every item is encoded (no drop_last)."""
     outs_img, outs_txt = [], []
     for start in tqdm(range(0, len(split), batch_size), desc=desc, unit="batch", disable=not progress, leave=False):
-        a, b = fn(split.img[start : start + batch_size].to(device), split.txt[start : start + batch_size].to(device))
+        a, b = fn(to_device(split.img[start : start + batch_size], device),
+                  to_device(split.txt[start : start + batch_size], device))
         outs_img.append(a)
         outs_txt.append(b)
     return torch.cat(outs_img), torch.cat(outs_txt)

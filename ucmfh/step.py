@@ -3,12 +3,15 @@ its optimizer and its update with gradients averaged over the ranks (:mod:`ucmfh
 from __future__ import annotations
 
 import contextlib
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any, Callable, ContextManager, Iterable, Iterator, List, Optional, Tuple
 
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.distributed import Group
+from ucmfh.utils import keep_host_copy, to_device
 
 Shuffle = Callable[[torch.Generator], torch.Tensor]
 
@@ -44,11 +47,69 @@ def epoch_plan(
     """
     chunks = list(batches(n, batch_size, generator, shuffle))
     sizes = [len(c) for c in chunks]
-    index = torch.cat(chunks).to(device).split(sizes)
+    index = to_device(torch.cat(chunks), device).split(sizes)
+    for on_device, on_host in zip(index, chunks):
+        keep_host_copy(on_device, on_host)
     if p_separate <= 0:
         return [(i, None) for i in index]
     draws = torch.cat([torch.rand(k, generator=generator) for k in sizes])
-    return list(zip(index, (draws < p_separate).to(device).split(sizes)))
+    return list(zip(index, to_device(draws < p_separate, device).split(sizes)))
+
+
+class ReadAhead:
+    """One worker thread that runs the reads of a step's batch (``ahead(index)``, :func:`run_epochs`)
+    while the step before it runs; a read's error is raised by :meth:`wait`."""
+
+    def __init__(self) -> None:
+        self.pool: Optional[ThreadPoolExecutor] = None
+        self.pending: Optional[Future] = None
+
+    def start(self, ahead: Callable[[torch.Tensor], None], index: torch.Tensor) -> None:
+        self.wait()
+        if self.pool is None:
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="ucmfh-read-ahead")
+        self.pending = self.pool.submit(ahead, index)
+
+    def wait(self) -> None:
+        pending, self.pending = self.pending, None
+        if pending is not None:
+            pending.result()
+
+    def __enter__(self) -> "ReadAhead":
+        return self
+
+    def __exit__(self, kind, value, trace) -> None:
+        try:
+            if kind is None:
+                self.wait()
+        finally:
+            if self.pool is not None:
+                self.pool.shutdown(wait=True)
+
+
+class BatchReads:
+    """A step's reads from files (``read(index)``, the step's batch -> what the step takes), done ahead
+    on :class:`ReadAhead`'s thread (:meth:`ahead`, :func:`run_epochs`'s ``ahead``) or when the step
+    asks (:meth:`__call__`) for a batch that was not."""
+
+    def __init__(self, read: Callable[[torch.Tensor], Any]) -> None:
+        self.read = read
+        self.done = WeakIdKeyDictionary()
+
+    def ahead(self, index: torch.Tensor) -> None:
+        self.done[index] = self.read(index)
+
+    def __call__(self, index: torch.Tensor) -> Any:
+        found = self.done.pop(index, None)
+        return self.read(index) if found is None else found
+
+
+def split_ahead(split: Split, group: Group) -> Optional[Callable[[torch.Tensor], None]]:
+    """What :func:`batch_inputs` will read of a streamed split for a batch, read into its cache ahead of
+    the step (:func:`run_epochs`'s ``ahead``); None for a split in memory."""
+    if not split.streamed:
+        return None
+    return lambda index: split.read_ahead(group.local(index))
 
 
 def autocast(device: torch.device, amp: str) -> ContextManager:

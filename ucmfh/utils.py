@@ -2,9 +2,11 @@
 from __future__ import annotations
 
 import random
+from typing import Optional
 
 import numpy as np
 import torch
+from torch.utils.weak import WeakIdKeyDictionary
 
 
 def seed_everything(seed: int) -> torch.Generator:
@@ -44,3 +46,34 @@ def resolve_device(device: str = "auto") -> torch.device:
     elif resolved.type != "cpu":
         raise ValueError(f"device {device!r}: ucmfh runs on cpu or cuda")
     return resolved
+
+
+# Each batch of a plan on the device, and the same indices on the host: what a step reads from a file
+# needs them on the host, and asking the device for them would wait for every step queued before.
+_HOST_TWIN = WeakIdKeyDictionary()
+
+
+def keep_host_copy(on_device: torch.Tensor, on_host: torch.Tensor) -> None:
+    """Remember that ``on_host`` holds the values of ``on_device`` (for as long as ``on_device`` lives)."""
+    _HOST_TWIN[on_device] = on_host
+
+
+def known_host_copy(index: torch.Tensor) -> Optional[torch.Tensor]:
+    """The host copy :func:`keep_host_copy` remembered for ``index``, or None."""
+    return _HOST_TWIN.get(index)
+
+
+def host_index(index: torch.Tensor) -> torch.Tensor:
+    """``index`` on the host: the copy a training plan kept of its batches (:func:`keep_host_copy`),
+    without asking the device (which would wait for the steps queued before); else a copy."""
+    twin = _HOST_TWIN.get(index)
+    return twin if twin is not None else index.cpu()
+
+
+def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+    """Rows onto ``device``: from the host to a GPU through pinned memory, without waiting for the device
+    (a copy from pageable memory waits for every kernel queued before it); ``.to(device)`` otherwise."""
+    device = torch.device(device)
+    if device.type != "cuda" or x.device.type != "cpu":
+        return x.to(device)
+    return x.pin_memory().to(device, non_blocking=True)

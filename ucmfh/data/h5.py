@@ -52,6 +52,13 @@ class Split:
         """A training epoch's order of the items: a permutation, by blocks when streamed."""
         return self.img.shuffle(generator) if self.streamed else torch.randperm(len(self), generator=generator)
 
+    def read_ahead(self, index: torch.Tensor) -> None:
+        """Read the streamed rows ``index`` into the cache that reading them will find them in (on a
+        worker thread, ahead of the step that reads them); nothing for a split in memory."""
+        if self.streamed:
+            self.img.read_ahead(index)
+            self.txt.read_ahead(index)
+
     def to(self, device: Union[str, torch.device]) -> "Split":
         return Split(
             self.img.to(device),

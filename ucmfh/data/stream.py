@@ -14,6 +14,7 @@ most two windows, all of which the cache holds.
 from __future__ import annotations
 
 import itertools
+import threading
 from collections import OrderedDict
 from dataclasses import dataclass, replace
 from typing import Optional, Tuple, Union
@@ -21,6 +22,8 @@ from typing import Optional, Tuple, Union
 import h5py
 import numpy as np
 import torch
+
+from ucmfh.utils import host_index, to_device
 
 
 @dataclass(frozen=True)
@@ -50,17 +53,18 @@ class _Blocks:
         self.file = h5py.File(path, "r")
         self.dataset = self.file[name]
         self.cache: "OrderedDict[Tuple[int, int], np.ndarray]" = OrderedDict()
+        self.lock = threading.Lock()  # a step reads while the next step's rows are read ahead
 
     def block(self, rows: np.ndarray, key: Tuple[int, int]) -> np.ndarray:
         """The file rows ``rows`` (sorted) as float32, cached under ``key``."""
-        if key in self.cache:
-            self.cache.move_to_end(key)
-            return self.cache[key]
-        self.cache[key] = data = self.read(rows)
-        while len(self.cache) > 2 * self.settings.window:
-            self.cache.popitem(last=False)
-        return data
-
+        with self.lock:
+            if key in self.cache:
+                self.cache.move_to_end(key)
+                return self.cache[key]
+            self.cache[key] = data = self.read(rows)
+            while len(self.cache) > 2 * self.settings.window:
+                self.cache.popitem(last=False)
+            return data
 
     def read(self, rows: np.ndarray) -> np.ndarray:
         """The file rows ``rows`` (sorted) as float32: one contiguous read when they are dense, else one
@@ -119,19 +123,29 @@ class Rows:
         return Rows(self.blocks.path, self.blocks.name, self.settings, self.index[positions], self.device,
                     self.blocks)
 
-    def __getitem__(self, key: Union[slice, torch.Tensor, np.ndarray]) -> torch.Tensor:
+    def _positions(self, key: Union[slice, torch.Tensor, np.ndarray]) -> np.ndarray:
         if isinstance(key, slice):
-            positions = np.arange(len(self))[key]
-        else:
-            positions = np.asarray(key.cpu() if isinstance(key, torch.Tensor) else key, dtype=np.int64)
+            return np.arange(len(self))[key]
+        return np.asarray(host_index(key) if isinstance(key, torch.Tensor) else key, dtype=np.int64)
+
+    def _blocks_of(self, positions: np.ndarray) -> Tuple[np.ndarray, list]:
+        """The blocks that hold ``positions``, and their rows (read, or found in the cache)."""
         size = self.settings.block_rows
-        block_of = positions // size
-        wanted = np.unique(block_of)
-        parts = [self.blocks.block(self.index[b * size:(b + 1) * size], (self.view, int(b))) for b in wanted]
+        wanted = np.unique(positions // size)
+        return wanted, [self.blocks.block(self.index[b * size:(b + 1) * size], (self.view, int(b))) for b in wanted]
+
+    def read_ahead(self, key: Union[slice, torch.Tensor, np.ndarray]) -> None:
+        """Read the blocks that ``self[key]`` will need into the cache."""
+        self._blocks_of(self._positions(key))
+
+    def __getitem__(self, key: Union[slice, torch.Tensor, np.ndarray]) -> torch.Tensor:
+        positions = self._positions(key)
+        size = self.settings.block_rows
+        wanted, parts = self._blocks_of(positions)
         starts = np.zeros(len(wanted), dtype=np.int64)
         starts[1:] = np.cumsum([len(p) for p in parts])[:-1]
-        rows = np.concatenate(parts)[starts[np.searchsorted(wanted, block_of)] + positions % size]
-        return torch.from_numpy(rows).to(self.device)
+        rows = np.concatenate(parts)[starts[np.searchsorted(wanted, positions // size)] + positions % size]
+        return to_device(torch.from_numpy(rows), self.device)
 
     def shuffle(self, generator: torch.Generator) -> torch.Tensor:
         """A permutation of the positions in which each window of items comes from ``window`` blocks."""

@@ -92,7 +92,7 @@ from ucmfh.models.hashing import FeatureHasher
 from ucmfh.similarity import normalize
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validation_view, validator
-from ucmfh.step import autocast, batch_inputs, optimize
+from ucmfh.step import autocast, batch_inputs, optimize, split_ahead
 
 # rows of the training split whose similarities to all the others are held at once while the
 # neighbours are found ([KNN_CHUNK, N] floats: 128 MiB at N = 32,000)
@@ -268,6 +268,6 @@ class Dgcpn(Method):
         history = run_epochs(
             f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model}, optimizer, generator, len(train), device, step,
             state, progress, validate=validator(*validation_view(cfg), model, val, rest, device),
-            shuffle=train.shuffle,
+            shuffle=train.shuffle, ahead=split_ahead(train, group),
         )
         return model.cpu().eval(), history

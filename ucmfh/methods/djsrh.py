@@ -60,7 +60,7 @@ from ucmfh.similarity import normalize
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.models.relaxation import beta_at, relaxed_codes
 from ucmfh.selection import History, validation_view, validator
-from ucmfh.step import autocast, batch_inputs, optimize
+from ucmfh.step import autocast, batch_inputs, optimize, split_ahead
 
 SIM_INPUTS = ("raw", "centred")
 
@@ -155,6 +155,7 @@ def fit_similarity_hasher(data: Dataset, cfg: HashConfig, target_fn, loss_fn, si
         f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model}, optimizer, generator, len(train), device, step,
         state, progress, postfix=lambda epoch, iteration: {"alpha": f"{beta_at(cfg, iteration, epoch):.2f}"},
         validate=validator(*validation_view(cfg), model, val, rest, device), shuffle=train.shuffle,
+        ahead=split_ahead(train, group),
     )
     return model.cpu().eval(), history
 

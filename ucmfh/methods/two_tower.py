@@ -19,7 +19,7 @@ from ucmfh.scoring import embed_split
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.models.relaxation import beta_at, relaxed_codes
 from ucmfh.selection import History, validation_view, validator
-from ucmfh.step import adam, autocast, batch_inputs, optimize
+from ucmfh.step import adam, autocast, batch_inputs, optimize, split_ahead
 
 
 @register
@@ -119,5 +119,6 @@ def fit_feature_hasher(
         f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model, "loss": loss_fn}, optimizer, generator, len(train),
         device, step, state, progress, postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
         validate=validator(*validation_view(cfg), model, val, rest, device), shuffle=train.shuffle,
+        ahead=split_ahead(train, group),
     )
     return model.cpu().eval(), history

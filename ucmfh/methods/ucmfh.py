@@ -17,7 +17,7 @@ from ucmfh.models.hashing import CrossModalHasher
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.models.relaxation import beta_at, relaxed_codes
 from ucmfh.selection import History, validation_split, validation_view, validator
-from ucmfh.step import adam, autocast, batch_inputs, optimize
+from ucmfh.step import adam, autocast, batch_inputs, optimize, split_ahead
 from ucmfh.utils import resolve_device, seed_everything
 
 
@@ -83,5 +83,6 @@ class UCMFH(Method):
             f"hashing {cfg.n_bits} bits", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
             postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
             validate=validator(*validation_view(cfg), model, val, rest, device), shuffle=train.shuffle,
+            ahead=split_ahead(train, group),
         )
         return model.cpu().eval(), history

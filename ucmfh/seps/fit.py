@@ -17,13 +17,12 @@ from ucmfh.data.tokens import Tokens
 from ucmfh.distributed import Group, current_group
 from ucmfh.losses.triplet import vse_hinge
 from ucmfh.seps.model import SEPS, State
-from ucmfh.seps.scoring import Side, encode_images, encode_texts, evaluate_pairs
+from ucmfh.seps.scoring import Side, evaluate_pairs, image_inputs, text_inputs
 from ucmfh.similarity import positive_mask
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validation_items
-from ucmfh.step import autocast, optimize
-from ucmfh.utils import seed_everything
-from ucmfh.utils import resolve_device
+from ucmfh.step import BatchReads, autocast, optimize
+from ucmfh.utils import host_index, resolve_device, seed_everything, to_device
 
 
 def build_model(tokens: Tokens, cfg: SepsConfig) -> SEPS:
@@ -81,19 +80,26 @@ def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
         rest, val = np.arange(tokens.n_items), None
     model = build_model(tokens, cfg).to(device).train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
-    ids_t = torch.from_numpy(ids).to(device)
+
+    def read(index: torch.Tensor) -> Tuple:
+        """A batch's items and the token rows of this rank's part of it, on their way to the device."""
+        items = rest[host_index(index).numpy()]
+        mine = group.local(torch.from_numpy(items)).numpy()  # this rank's part of the global batch
+        return (items, to_device(torch.from_numpy(ids[items]), device), image_inputs(model, tokens, mine, device),
+                text_inputs(model, tokens, mine, device))
+
+    reads = BatchReads(read)
 
     def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
-        items = rest[index.cpu().numpy()]
-        mine = group.local(torch.from_numpy(items)).numpy()  # this rank's part of the global batch
+        items, batch_ids, image_in, text_in = reads(index)
         with autocast(device, cfg.amp):  # the forward pass; the gathers and the hinge in float32
-            img = gather_state(group, encode_images(model, tokens, mine, device), len(items))
-            sims, soft_mean = model.grid(img, encode_texts(model, tokens, mine, device))  # [my texts, images]
+            img = gather_state(group, model.encode_images(*image_in), len(items))
+            sims, soft_mean = model.grid(img, model.encode_texts(*text_in))  # [my texts, images]
         sims, soft_mean = sims.float(), None if soft_mean is None else soft_mean.float()
         sims = group.gather((sims,), len(items))[0]
         if soft_mean is not None and group.world_size > 1:  # the mean over every pair of the batch
-            soft_mean = group.gather(((soft_mean * len(mine)).reshape(1, 1),), group.world_size)[0].sum() / len(items)
-        batch_ids = ids_t[torch.from_numpy(items).to(device)]
+            mean_of_mine = (soft_mean * len(text_in[0])).reshape(1, 1)
+            soft_mean = group.gather((mean_of_mine,), group.world_size)[0].sum() / len(items)
         loss = vse_hinge(sims.T, positive_mask(len(items), batch_ids, device=device), cfg.margin,
                          epoch >= cfg.max_violation_from)
         if soft_mean is not None and cfg.ratio_weight:
@@ -108,6 +114,6 @@ def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
         return row["rsum"]
 
     history = run_epochs("seps", cfg, {"model": model}, optimizer, generator, len(rest), device, step, state,
-                          progress, validate=None if val is None else validate)
+                          progress, validate=None if val is None else validate, ahead=reads.ahead)
     tokens.close()
     return model.cpu().eval(), history

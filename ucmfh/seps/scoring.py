@@ -18,6 +18,7 @@ from tqdm.auto import tqdm
 from ucmfh.data.tokens import Tokens
 from ucmfh.metrics.captions import DATABASES, database_rows, recall_from_scores
 from ucmfh.seps.model import SEPS, State
+from ucmfh.utils import to_device
 
 RANKS = (1, 5, 10)
 
@@ -42,18 +43,30 @@ def _dense(model: SEPS, tokens: Tokens, items: np.ndarray, device: torch.device,
     if not (model.dense and model.cfg.dense_text == where):
         return None, None
     words, mask = tokens.texts(items, dense=True)
-    return words.to(device), mask.to(device)
+    return to_device(words, device), to_device(mask, device)
+
+
+def image_inputs(model: SEPS, tokens: Tokens, items: np.ndarray, device: torch.device) -> Tuple:
+    """What :meth:`SEPS.encode_images` takes for ``items``: their images' tokens, and their own dense
+    text when used, read and on their way to ``device``."""
+    return (to_device(tokens.images(items), device), *_dense(model, tokens, items, device, "image"))
+
+
+def text_inputs(model: SEPS, tokens: Tokens, items: np.ndarray, device: torch.device) -> Tuple:
+    """What :meth:`SEPS.encode_texts` takes for ``items``: their words and mask (and, in the leaking
+    reproduction mode, their image's dense text), read and on their way to ``device``."""
+    words, mask = tokens.texts(items)
+    return (to_device(words, device), to_device(mask, device), *_dense(model, tokens, items, device, "leak"))
 
 
 def encode_images(model: SEPS, tokens: Tokens, items: np.ndarray, device: torch.device) -> State:
     """The per-image state of ``items`` (their images' tokens, and their own dense text when used)."""
-    return model.encode_images(tokens.images(items).to(device), *_dense(model, tokens, items, device, "image"))
+    return model.encode_images(*image_inputs(model, tokens, items, device))
 
 
 def encode_texts(model: SEPS, tokens: Tokens, items: np.ndarray, device: torch.device) -> State:
     """The per-caption state of ``items`` (and, in the leaking reproduction mode, their image's dense text)."""
-    words, mask = tokens.texts(items)
-    return model.encode_texts(words.to(device), mask.to(device), *_dense(model, tokens, items, device, "leak"))
+    return model.encode_texts(*text_inputs(model, tokens, items, device))
 
 
 def cat_states(states: Sequence[State]) -> State:
