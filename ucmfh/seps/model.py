@@ -143,9 +143,9 @@ class SEPS(nn.Module):
         return state
 
     def _words(self, words: torch.Tensor, mask: torch.Tensor, name: str) -> State:
-        rows = self.txt_proj(words[mask])  # the real word rows only (bfloat16 under autocast)
-        w = rows.new_zeros(*words.shape[:2], self.cfg.embed_dim)
-        w[mask] = rows
+        # every row projected and the padding zeroed: selecting the real rows by the mask would make the
+        # host wait for the device to count them (bfloat16 under autocast)
+        w = torch.where(mask.unsqueeze(-1), self.txt_proj(words), 0)
         m = mask.to(w.dtype).unsqueeze(-1)
         glob = normalize((w * m).sum(dim=1) / m.sum(dim=1).clamp(min=1.0))
         return {f"words_{name}": normalize(w) * m, f"mask_{name}": mask, f"glob_{name}": glob}
@@ -163,14 +163,17 @@ class SEPS(nn.Module):
         if n_text <= text_chunk:
             return self._grid(img, txt)
         order = txt["mask_sparse"].sum(dim=1).argsort()
+        chunks = order.split(text_chunk)
+        masks = [key for key in txt if key.startswith("mask_")]
+        widths = torch.stack([torch.stack([txt[key][index].sum(dim=1).max() for key in masks])
+                              for index in chunks]).clamp(min=1).tolist()  # each chunk's longest: one sync
         sims, softs = [], []
-        for start in range(0, n_text, text_chunk):
-            index = order[start:start + text_chunk]
+        for index, width in zip(chunks, widths):
             part = {}
             for key, value in txt.items():
                 value = value[index]
                 if key.startswith("words_") or key.startswith("mask_"):
-                    value = value[:, :max(1, int(txt["mask_" + key.split("_", 1)[1]][index].sum(dim=1).max()))]
+                    value = value[:, :width[masks.index("mask_" + key.split("_", 1)[1])]]
                 part[key] = value
             s, soft = self._grid(img, part)
             sims.append(s)
