@@ -3,6 +3,7 @@
 and each path gives the CPU's result."""
 from __future__ import annotations
 
+import contextlib
 import copy
 
 import numpy as np
@@ -10,7 +11,7 @@ import pytest
 import torch
 
 from conftest import small_fusion, small_hash
-from cuda_standin import FakeCuda, cuda_standin
+from cuda_standin import cuda_standin, on_cuda
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
 from ucmfh.scoring import evaluate_fusion, evaluate_hashing
@@ -19,7 +20,7 @@ from ucmfh.scoring import evaluate_fusion, evaluate_hashing
 def test_the_standin_refuses_what_a_gpu_refuses(monkeypatch):
     with cuda_standin(monkeypatch) as stats:
         x = torch.randn(4, 3).to("cuda")
-        assert isinstance(x, FakeCuda) and x.device == torch.device("cuda", 0) and torch.cuda.is_available()
+        assert on_cuda(x) and x.device == torch.device("cuda", 0) and torch.cuda.is_available()
         with pytest.raises(RuntimeError, match="device mixing"):
             x + torch.ones(4, 3)
         with pytest.raises(RuntimeError, match="device mixing"):
@@ -28,7 +29,7 @@ def test_the_standin_refuses_what_a_gpu_refuses(monkeypatch):
         with pytest.raises(TypeError, match="numpy"):
             x.numpy()
         host = x.cpu()
-        assert type(host) is torch.Tensor and host.device.type == "cpu"
+        assert not on_cuda(host) and host.device.type == "cpu"
         assert torch.zeros(2, device="cuda").device.type == "cuda"
         head = torch.nn.Linear(3, 2).to(torch.device("cuda"))
         out = head(x)
@@ -129,3 +130,101 @@ def test_two_stage_search_and_seps_scoring_on_cuda_give_the_cpu_s_figures(tmp_pa
         got = figures("cuda")
     for (name, stage, i2t, t2i), (_, _, gi2t, gt2i) in zip(want, got):
         assert gi2t == pytest.approx(i2t) and gt2i == pytest.approx(t2i), (name, stage)
+
+
+def test_a_training_plan_s_batches_reach_the_host_and_streamed_rows_the_device_without_waiting(tiny_path,
+                                                                                               monkeypatch):
+    """What a step reads from a file needs its batch on the host: the plan keeps each batch's host copy, so
+    nothing asks the device (which would wait for every step queued before), on one rank or on several;
+    streamed rows go to the device through pinned memory."""
+    from ucmfh.data.h5 import load_dataset
+    from ucmfh.data.stream import StreamSettings
+    from ucmfh.distributed import Group
+    from ucmfh.step import epoch_plan
+    from ucmfh.utils import host_index
+
+    data = load_dataset(tiny_path, max_memory_bytes=4 * 80 * 100, stream=StreamSettings(block_rows=32, window=4))
+    assert data.train.streamed
+    with cuda_standin(monkeypatch) as stats:
+        plan = epoch_plan(len(data.train), 64, 0.5, torch.Generator().manual_seed(0), torch.device("cuda"),
+                          data.train.shuffle)
+        rows = data.train.img.to("cuda")
+        group = Group(rank=1, world_size=2)
+        for index, separate in plan:
+            assert on_cuda(index) and on_cuda(separate)
+            host = host_index(index)
+            assert not on_cuda(host) and torch.equal(host, index.cpu())
+            part = group.local(index)
+            assert torch.equal(host_index(part), group.local(host))
+            got = rows[index]
+            assert on_cuda(got) and torch.equal(got.cpu(), data.train.img[host])
+        assert stats["syncs"] == 0 and stats["pageable"] == 0 and stats["pinned"] == 2 + len(plan)  # the plan's two copies
+
+
+def _fit_on(device, monkeypatch, data, method, fusion, epochs):
+    """A hashing method trained ``epochs`` epochs on ``device`` (the stand-in's, for ``cuda``), and the
+    stand-in's counts."""
+    from ucmfh.methods import fit_hashing, hash_config
+
+    cfg = hash_config(method, n_bits=16, hidden=64, epochs=epochs, val_fraction=0.0, device=device)
+    block = cuda_standin(monkeypatch) if device == "cuda" else contextlib.nullcontext({})
+    with block as stats:
+        model, _ = fit_hashing(data, cfg, copy.deepcopy(fusion), progress=False)
+        return model, dict(stats)
+
+
+@pytest.fixture(scope="module")
+def teacher(tiny):
+    from ucmfh.fusion_stage import fit_fusion
+
+    return fit_fusion(tiny, small_fusion(epochs=1), progress=False)[0]
+
+
+@pytest.mark.parametrize("method", ["two-tower", "ucmfh", "distill", "cca-itq", "djsrh", "jdsh", "ucch", "dgcpn",
+                                    "cirh", "daeh"])
+def test_every_method_trains_on_cuda_as_on_the_cpu_without_waiting_for_it_each_step(tiny, teacher, monkeypatch,
+                                                                                    method):
+    """Training, the optimizer's step included, with every tensor on the stand-in's ``cuda``: no device
+    mixing, the CPU's weights (within float rounding: the fusion encoder's fast path, which a torch function
+    mode turns off, sums in another order), and no host sync or pageable copy per step: a second epoch adds
+    the epoch loop's one sync and nothing else."""
+    from ucmfh.methods.registry import METHODS
+
+    assert set(METHODS) <= set(test_every_method_trains_on_cuda_as_on_the_cpu_without_waiting_for_it_each_step
+                               .pytestmark[0].args[1])  # every registered method is here
+    fusion = teacher if METHODS[method].uses_fusion else None
+    want, _ = _fit_on("cpu", monkeypatch, tiny, method, fusion, 2)
+    got, two = _fit_on("cuda", monkeypatch, tiny, method, fusion, 2)
+    for (name, a), b in zip(want.state_dict().items(), got.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=name)
+    _, one = _fit_on("cuda", monkeypatch, tiny, method, fusion, 1)
+    if method != "cca-itq":  # cca-itq fits with numpy on the host
+        assert two["syncs"] - one["syncs"] == 1 and two["pageable"] == one["pageable"], (one, two)
+
+
+def test_seps_and_the_fusion_stage_train_on_cuda_as_on_the_cpu(tmp_path, tiny, monkeypatch):
+    """The other two trained stages: SEPS on token rows read ahead (pinned, no pageable copy per step) and
+    the fusion encoder, on the stand-in's ``cuda`` as on the CPU."""
+    from test_seps import small_seps, token_splits
+    from ucmfh.data.h5 import write_dataset
+    from ucmfh.fusion_stage import fit_fusion
+    from ucmfh.seps.fit import fit_seps
+
+    path = write_dataset(tmp_path / "tok.h5", token_splits(seed=3), attrs={"name": "tok"})
+    runs = {}
+    for device in ("cpu", "cuda"):
+        block = cuda_standin(monkeypatch) if device == "cuda" else contextlib.nullcontext({})
+        with block as stats:
+            counts = []
+            for epochs in (1, 2):
+                seps, _ = fit_seps(path, small_seps(epochs=epochs, val_fraction=0.0, device=device), progress=False)
+                counts.append(dict(stats))
+            fusion, _ = fit_fusion(tiny, small_fusion(epochs=2, device=device), progress=False)
+        runs[device] = seps, fusion, counts
+    for want, got in zip(runs["cpu"][:2], runs["cuda"][:2]):
+        for (name, a), b in zip(want.state_dict().items(), got.state_dict().values()):
+            torch.testing.assert_close(b, a, msg=name)
+    one, both = runs["cuda"][2]
+    second = {key: both[key] - one[key] for key in one}  # the run of two epochs
+    assert second["pageable"] == one["pageable"] and second["syncs"] == one["syncs"] + 1, (one, second)
+    assert second["pinned"] > one["pinned"]  # each step's token rows

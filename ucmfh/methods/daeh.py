@@ -221,10 +221,10 @@ def daeh_loss(f: torch.Tensor, g: torch.Tensor, teacher: torch.Tensor, code: tor
     s [B, B] -> scalar."""
     tri = w_tri * pair_loss(f, g, s) + w_teacher * (pair_loss(f, teacher, s) + pair_loss(g, teacher, s))
     reconstruction = ((code - teacher) ** 2).sum() / len(s)
-    if mutual_information(s, f) > mutual_information(s, g):
-        enhance = pair_loss(teacher, g, s)
-    else:
-        enhance = pair_loss(f, teacher, s)
+    # both candidates computed and one kept on the device: an ``if`` on the comparison would make the host
+    # wait for the device every step; the gradient is the kept one's alone, as with the branch
+    enhance = torch.where(mutual_information(s, f) > mutual_information(s, g), pair_loss(teacher, g, s),
+                          pair_loss(f, teacher, s))
     return tri + gamma * reconstruction + w_cross * enhance
 
 

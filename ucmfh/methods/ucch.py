@@ -83,7 +83,8 @@ from ucmfh.scoring import encode_split
 from ucmfh.similarity import normalize, sign_codes
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validator
-from ucmfh.step import adam, autocast, batch_inputs
+from ucmfh.step import adam, autocast, batch_inputs, split_ahead
+from ucmfh.utils import to_device
 
 # UCCH.py: MultiStepLR(optimizer, [30, 60, 90, 120], gamma=0.1), stepped with the epoch
 LR_MILESTONES = (30, 60, 90, 120)
@@ -181,10 +182,10 @@ class MemoryBank(nn.Module):
             b = len(index)
             if momentum <= 0:
                 others = torch.arange(b).expand(b, b)[~torch.eye(b, dtype=torch.bool)].view(b, b - 1)
-                rows = torch.cat([torch.arange(b)[:, None], others], 1).to(h_img.device)
+                rows = to_device(torch.cat([torch.arange(b)[:, None], others], 1), h_img.device)
                 return torch.sign((h_img + h_txt) / 2), rows
             drawn = torch.randint(len(self.memory), (b, n_negatives), generator=generator)
-            return torch.sign(self.memory), torch.cat([index[:, None], drawn.to(index.device)], 1)
+            return torch.sign(self.memory), torch.cat([index[:, None], to_device(drawn, index.device)], 1)
 
     @torch.no_grad()
     def update(self, index: torch.Tensor, h_img: torch.Tensor, h_txt: torch.Tensor, momentum: float) -> None:
@@ -332,6 +333,6 @@ def fit_ucch(data: Dataset, cfg: HashConfig, p: Dict[str, Any], progress: bool,
     history = run_epochs(
         f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model, "bank": bank}, optimizer, generator, len(train),
         device, step, state, progress, validate=validator(encode_split, "hamming", model, val, rest, device),
-        shuffle=train.shuffle,
+        shuffle=train.shuffle, ahead=split_ahead(train, group),
     )
     return model.cpu().eval(), history
