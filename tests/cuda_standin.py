@@ -10,7 +10,8 @@ mixing`` (CUDA allows 0-d CPU scalars only); ``.numpy()`` of one raises, as on a
 ``.to("cpu")`` give a host tensor back. Autograd computes on the CPU tensors as it would anywhere (its
 backward runs below the stand-in, and a parameter's ``.grad`` is on the parameter's device), so training
 runs on it. ``torch.cuda`` says one device is there (``is_available``, ``synchronize``, the generator's
-state, peak memory: stubs), and the read-ahead worker's threads run under it too.
+state, peak memory: stubs), ``torch.load(map_location="cuda")`` loads onto it, and the read-ahead
+worker's threads run under it too.
 
 It counts host syncs (``.item()``, ``.tolist()``, ``bool()``) in ``stats["syncs"]``, copies to the device
 from pinned host memory (``pin_memory()``: a copy, remembered) in ``stats["pinned"]``, and from pageable
@@ -20,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 from concurrent.futures import ThreadPoolExecutor
-from typing import Any, Dict, Iterator
+from typing import Any, Callable, Dict, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -159,9 +160,21 @@ def cuda_standin(monkeypatch) -> Iterator[Dict[str, int]]:
     for name, stub in stubs.items():
         monkeypatch.setattr(torch.cuda, name, stub)
     monkeypatch.setattr(ucmfh.step, "ThreadPoolExecutor", _ThreadsUnderTheStandin)
+    monkeypatch.setattr(torch, "load", _loader(torch.load))
     STATS.update(syncs=0, pinned=0, pageable=0)
     with _CudaMode():
         yield STATS
+
+
+def _loader(load: Callable) -> Callable:
+    """``torch.load`` whose ``map_location`` may be ``cuda``: read on the CPU, the tensors then on the device."""
+
+    def load_on(*args: Any, map_location: Any = None, **kwargs: Any) -> Any:
+        if not _is_cuda(map_location):
+            return load(*args, map_location=map_location, **kwargs)
+        return _mark(load(*args, map_location="cpu", **kwargs))
+
+    return load_on
 
 
 class _ThreadsUnderTheStandin(ThreadPoolExecutor):

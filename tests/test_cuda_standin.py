@@ -275,3 +275,27 @@ def test_seps_and_the_fusion_stage_train_on_cuda_as_on_the_cpu(tmp_path, tiny, c
     second = {key: both[key] - one[key] for key in one}  # the run of two epochs
     assert second["pageable"] == one["pageable"] and second["syncs"] == one["syncs"] + 1, (one, second)
     assert second["pinned"] > one["pinned"]  # each step's token rows
+
+
+def test_a_run_interrupted_on_cuda_resumes_to_the_model_of_one_never_stopped(tiny, cuda, tmp_path, monkeypatch):
+    """The training state saved on ``cuda`` (the training device's generator included) and read back onto it:
+    the weights and the loss record of the uninterrupted run on ``cuda``."""
+    import ucmfh.epochs as epochs_module
+    from test_registry import _StopAfter, config
+    from ucmfh.epochs import StateFile, TrainingInterrupted
+    from ucmfh.methods import fit_hashing
+
+    cfg = config("two-tower", epochs=4, device="cuda")
+    with cuda.block():
+        reference, ref_history = fit_hashing(tiny, cfg, progress=False)
+        state = StateFile(str(tmp_path / "hash.state.pt"), interval_s=1e9)
+        bars = _StopAfter(2)
+        monkeypatch.setattr(epochs_module, "tqdm", bars)
+        with pytest.raises(TrainingInterrupted):
+            fit_hashing(tiny, cfg, progress=False, state=state)
+        bars.epochs, first = None, len(bars.starts)
+        resumed, history = fit_hashing(tiny, cfg, progress=False, state=StateFile(state.path, resume=True))
+    assert bars.starts[first] == 2  # went on from the saved state, in the third epoch
+    a, b = reference.state_dict(), resumed.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert list(history) == list(ref_history) and history.validation == ref_history.validation
