@@ -4,7 +4,7 @@
 #
 #   DATA=../shared/data OUT=gpu-out bash scripts/gpu_checklist.sh
 #
-# DATA holds wiki.h5 (the per-method runs and search use it). Steps: the machine; the C kernels built in
+# DATA holds wiki.h5 (the per-method runs and search use it) and mirflickr730_tokens.h5 (SEPS, rerank). Steps: the machine; the C kernels built in
 # place; timed one at a time: the main job (both UCMFH stages, 100 epochs each, synthetic MIRFlickr size),
 # bench_train and bench_eval on CUDA; then side by side: the test suite on the GPU machine (CLI tests take
 # --device auto = CUDA, the CUDA tests run), one short CUDA run of every method followed by index + search
@@ -49,7 +49,17 @@ search() {  # the two-tower checkpoint of methods(): index and search on CUDA an
     cmp "$WORK/search-$DEVICE.json" "$WORK/search-cpu.json" && echo "search: $DEVICE and CPU results identical"
 }
 
-export -f methods search
+seps() {  # SEPS trained on tokens, then ucmfh rerank (Hamming, cosine and SEPS re-ranking) on $DEVICE
+    $PY -m ucmfh train-hash -d mirflickr730_tokens --data-dir "$DATA" -b 32 --epochs 3 --device $DEVICE \
+        --out "$WORK/seps-runs" --results "$OUT/seps.jsonl" --quiet || return 1
+    $PY -m ucmfh train-seps -d mirflickr730_tokens --data-dir "$DATA" --epochs 2 --device $DEVICE \
+        --out "$WORK/seps-runs" --results "$OUT/seps.jsonl" --quiet || return 1
+    $PY -m ucmfh rerank -d mirflickr730_tokens --data-dir "$DATA" --device $DEVICE --results "$OUT/seps.jsonl" \
+        -c "$(find "$WORK/seps-runs" -name 'hash32.pt' | head -1)" --seps "$(find "$WORK/seps-runs" -name 'seps.pt' | head -1)" \
+        -m 50 --full --quiet
+}
+
+export -f methods search seps
 step env 30 sh -c "nvidia-smi -L; $PY -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))'"
 step build 60 $PY setup.py -q build_ext --inplace
 step native 20 $PY -c "import ucmfh; print(ucmfh.native_kernels())"
@@ -58,6 +68,10 @@ step main-job 120 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoc
 step bench-train 160 $PY scripts/bench_train.py --device $DEVICE --only throughput --only encode --only memory \
     --n-train 5120 --repeats 3 --encode-n 190000
 step bench-eval 100 $PY scripts/bench_eval.py --device $DEVICE --bits 16 64 128 --ref-queries 20 --json "$OUT/bench_eval.json"
+step metrics 100 $PY scripts/time_metrics.py --device $DEVICE --bits 64  # MAP@all, tie-aware, cosine, PR, at NUS-WIDE scale
+step bf16 100 $PY -m ucmfh train-hash -d wiki --data-dir "$DATA" -b 32 --method ucmfh --epochs 3 --amp bf16 \
+    --device $DEVICE --out "$WORK/bf16" --results "$OUT/bf16.jsonl" --quiet  # both stages, bf16 through the model
+step seps 200 seps
 # not timed, side by side: the suite, every method then search, torchrun
 step tests 240 $PY -m pytest tests -q -rf -p no:cacheprovider -n 6 --timeout 150 &
 { step methods 170 methods; step search 120 search; } &
