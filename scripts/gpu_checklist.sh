@@ -8,7 +8,7 @@
 # place; timed one at a time: the main job (both UCMFH stages, 100 epochs each, synthetic MIRFlickr size),
 # bench_train and bench_eval on CUDA; then side by side: the test suite on the GPU machine (CLI tests take
 # --device auto = CUDA, the CUDA tests run), one short CUDA run of every method followed by index + search
-# on CUDA against the CPU, torchrun with 2 ranks on one GPU. summary.txt gets one line per step: its exit status and seconds.
+# on CUDA against the CPU, torchrun with 2 ranks. summary.txt gets one line per step: its exit status and seconds.
 set -u
 OUT=${OUT:-gpu-out}
 DATA=${DATA:-../shared/data}
@@ -75,7 +75,10 @@ step seps 200 seps
 # not timed, side by side: the suite, every method then search, torchrun
 step tests 240 $PY -m pytest tests -q -rf -p no:cacheprovider -n 6 --timeout 150 &
 { step methods 170 methods; step search 120 search; } &
+# 2 ranks: NCCL on two GPUs where they exist; on one GPU, gloo (--device cpu: NCCL refuses two ranks on one GPU)
+NGPU=$($PY -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+DDP_DEVICE=$([ "$DEVICE" = cuda ] && [ "${NGPU:-0}" -ge 2 ] && echo cuda || echo cpu)
 step torchrun 60 $PY -m torch.distributed.run --nproc-per-node 2 --master-addr 127.0.0.1 -m ucmfh train-hash \
-    -d wiki --data-dir "$DATA" -b 32 --epochs 2 --device $DEVICE --out "$WORK/ddp" --results "$OUT/ddp.jsonl" --quiet &
+    -d wiki --data-dir "$DATA" -b 32 --epochs 2 --device $DDP_DEVICE --out "$WORK/ddp" --results "$OUT/ddp.jsonl" --quiet &
 wait
 rm -rf "$WORK"
