@@ -417,10 +417,48 @@ typedef struct {
     int words, m, n_bits;
 } MihJob;
 
+#ifndef MIH_AHEAD
+#define MIH_AHEAD 32 /* bucket entries between a code's prefetch and its check */
+#endif
+/* a bucket's probe (two reads of its offsets, at random) costs about as much as this many of its entries */
+#define MIH_BUCKET_COST 4
+
 static int cmp_int64(const void *a, const void *b)
 {
     const int64_t x = *(const int64_t *)a, y = *(const int64_t *)b;
     return (x > y) - (x < y);
+}
+
+/* Reorder a[0..n) so that its kk smallest values come first, in any order (quickselect, median of three). */
+static void select_smallest(int64_t *a, Py_ssize_t n, Py_ssize_t kk)
+{
+    Py_ssize_t lo = 0, hi = n - 1;
+    if (kk <= 0 || kk >= n)
+        return;
+    while (lo < hi) {
+        const Py_ssize_t mid = lo + (hi - lo) / 2;
+        int64_t x = a[lo], y = a[mid], z = a[hi];
+        const int64_t pivot = x < y ? (y < z ? y : (x < z ? z : x)) : (x < z ? x : (y < z ? z : y));
+        Py_ssize_t i = lo, j = hi;
+        while (i <= j) {
+            while (a[i] < pivot)
+                i++;
+            while (a[j] > pivot)
+                j--;
+            if (i <= j) {
+                const int64_t t = a[i];
+                a[i++] = a[j];
+                a[j--] = t;
+            }
+        }
+        /* a[lo..j] <= pivot <= a[i..hi]; between them, values equal to the pivot */
+        if (kk - 1 <= j)
+            hi = j;
+        else if (kk - 1 >= i)
+            lo = i;
+        else
+            return;
+    }
 }
 
 static inline __attribute__((always_inline)) int
@@ -456,12 +494,17 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
                     uint64_t x = r ? (1ULL << r) - 1 : 0;
                     for (;;) { /* every width-bit x with r bits set (Gosper's hack) */
                         const uint64_t bucket = value ^ x;
-                        read += (int64_t)off[bucket + 1] - off[bucket] + 1;
+                        read += (int64_t)off[bucket + 1] - off[bucket] + MIH_BUCKET_COST;
                         if (read > job->budget) {
                             gave_up = done = 1;
                             break;
                         }
-                        for (uint32_t t = off[bucket]; t < off[bucket + 1]; t++) {
+                        const uint32_t end = off[bucket + 1];
+                        for (uint32_t t = off[bucket]; t < end; t++) {
+                            /* the codes are read at random: ask for one MIH_AHEAD entries on while this
+                             * one is checked, so that the misses overlap instead of queueing */
+                            if (t + MIH_AHEAD < end)
+                                __builtin_prefetch(job->r + (Py_ssize_t)pos[t + MIH_AHEAD] * words, 0, 0);
                             const uint32_t p = pos[t];
                             const uint64_t *item = job->r + (Py_ssize_t)p * words;
                             int first = 1; /* met here first: no substring before j at r or less, none after below r */
@@ -512,7 +555,19 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
                 out_d[i * k + t] = out_p[i * k + t] = -1;
             continue;
         }
-        qsort(keys, (size_t)n_found, sizeof(int64_t), cmp_int64); /* by (distance, position) */
+        /* the k smallest keys (distance, position) without sorting all that were found: those below the
+         * distance where the histogram reaches k, and the ties at it, then a selection among them */
+        int64_t before = 0;
+        int at = 0;
+        while (at < nd - 1 && before + hist[at] < k)
+            before += hist[at++];
+        const int64_t cut = ((int64_t)at + 1) * nr;
+        Py_ssize_t n_sel = 0;
+        for (Py_ssize_t t = 0; t < n_found; t++)
+            if (keys[t] < cut)
+                keys[n_sel++] = keys[t];
+        select_smallest(keys, n_sel, k);
+        qsort(keys, (size_t)k, sizeof(int64_t), cmp_int64); /* by (distance, position) */
         for (Py_ssize_t t = 0; t < k; t++) {
             out_d[i * k + t] = keys[t] / nr;
             out_p[i * k + t] = keys[t] % nr;

@@ -28,11 +28,14 @@ from ucmfh.search.kernels import kernels_module, over_query_ranges
 
 MAX_WIDTH = 24  # bits per substring: its bucket offsets take 4 · 2^width bytes
 # Probing pays when a query reads fewer bucket entries than this share of the items the scan would read:
-# measured on one core (scripts/bench_mih.py), the scan takes about 0.3 ns per code, probing 150-250 ns
-# per bucket entry (a code read at random, and the buckets' bookkeeping).
-BUDGET_PER_ITEM = 1 / 1024
-PILOT = 16  # queries probed first within the budget: when most of them give up, the scan serves the rest
-MIN_BUDGET = 64  # a budget below this many entries (under 64k items) leaves every query to the scan
+# measured on one core (scripts/bench_mih.py, 10M codes, random and of a trained model), the scan takes
+# about 0.2-0.3 ns per code, probing 25-45 ns per bucket entry (a code read at random, prefetched ahead)
+# and about four entries' worth per bucket (its offsets, read at random): the kernel counts a bucket as
+# four entries. (Before the prefetch, and a selection of the top k in place of a sort of all that were
+# found, an entry took 150-250 ns and the budget was 1 / 1024.)
+BUDGET_PER_ITEM = 1 / 160
+PILOT = 8  # queries probed first within the budget: when most of them give up, the scan serves the rest
+MIN_BUDGET = 400  # a budget below this many entries (under 64k items) leaves every query to the scan
 _BYTE_COUNTS = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 
 
