@@ -80,7 +80,7 @@ def ranks(a: argparse.Namespace) -> None:
 def write_collection(path: str, n_train: int, d: int, n_classes: int = 24, d_latent: int = 32,
                      n_query: int = 2000, n_retrieval: int = 20000, chunk: int = 100_000, seed: int = 0) -> None:
     """A labelled synthetic collection written chunk by chunk: MIRFlickr-like class structure."""
-    from ucmfh.data.h5 import create_split_dataset, open_writer
+    from ucmfh.data.writer import create_split_dataset, open_writer
 
     rng = np.random.default_rng(seed)
     prototypes = rng.normal(size=(n_classes, d_latent))

@@ -17,7 +17,7 @@ import os
 import h5py
 import numpy as np
 
-from ucmfh.data.h5 import write_dataset
+from ucmfh.data.writer import write_dataset
 from ucmfh.data.splits import SplitSizes, sample_split
 from ucmfh.files import read_attrs
 

@@ -30,7 +30,7 @@ import time
 import numpy as np
 
 from ucmfh.bits import as_words
-from ucmfh.data.h5 import write_dataset
+from ucmfh.data.writer import write_dataset
 from ucmfh.search.build import Encoder
 
 

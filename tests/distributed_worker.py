@@ -12,7 +12,8 @@ import torch
 from test_seps import token_splits
 from ucmfh.app.environment import join_process_group
 from ucmfh.config import FusionConfig, HashConfig, SepsConfig
-from ucmfh.data.h5 import Dataset, Split, write_dataset
+from ucmfh.data.h5 import Dataset, Split
+from ucmfh.data.writer import write_dataset
 from ucmfh.distributed import current_group
 from ucmfh.losses import LOSSES
 from ucmfh.seps import fit_seps

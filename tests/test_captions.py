@@ -8,7 +8,8 @@ import pytest
 from click.testing import CliRunner
 
 from ucmfh.app.cli import main
-from ucmfh.data.h5 import DataError, load_dataset, validate_file, write_dataset
+from ucmfh.data.h5 import DataError, load_dataset, validate_file
+from ucmfh.data.writer import write_dataset
 from ucmfh.metrics import evaluate_caption_set
 from ucmfh.scoring import encode_split
 

@@ -12,7 +12,7 @@ import torch
 from ucmfh.data import DataError, load_dataset
 from ucmfh.data.arrays import open_array
 from ucmfh.data.convert import convert_arrays, convert_pkl
-from ucmfh.data.h5 import open_writer
+from ucmfh.data.writer import open_writer
 from ucmfh.data.splits import STANDARD_SPLITS, SplitSizes, load_split_index, resolve_sizes, sample_split
 
 N, D_IMG, D_TXT, C = 60, 12, 7, 5

@@ -128,7 +128,8 @@ def test_two_stage_search_and_seps_scoring_on_cuda_give_the_cpu_s_figures(tmp_pa
     and stores on ``cuda``: the CPU's recalls."""
     from test_seps import D_IMG, D_TXT, T, small_seps, token_splits
     from ucmfh.config import HashConfig
-    from ucmfh.data.h5 import load_dataset, write_dataset
+    from ucmfh.data.h5 import load_dataset
+    from ucmfh.data.writer import write_dataset
     from ucmfh.data.tokens import Tokens
     from ucmfh.seps.model import SEPS
     from ucmfh.seps.scoring import databases
@@ -274,7 +275,7 @@ def test_seps_and_the_fusion_stage_train_on_cuda_as_on_the_cpu(tmp_path, tiny, c
     from ucmfh.data.tokens import Tokens
     from ucmfh.seps import database_scores, databases, recall_rows
     from test_seps import small_seps, token_splits
-    from ucmfh.data.h5 import write_dataset
+    from ucmfh.data.writer import write_dataset
     from ucmfh.fusion_stage import fit_fusion
     from ucmfh.seps.fit import fit_seps
 

@@ -5,7 +5,8 @@ import h5py
 import numpy as np
 import pytest
 
-from ucmfh.data.h5 import DataError, load_dataset, validate_file, write_dataset
+from ucmfh.data.h5 import DataError, load_dataset, validate_file
+from ucmfh.data.writer import write_dataset
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic, make_synthetic_arrays
 
 from conftest import TINY

@@ -155,7 +155,7 @@ def test_torchrun_train_seps_writes_once(tmp_path):
     """`torchrun -m ucmfh train-seps` on 2 ranks: one checkpoint, one results row per database, by rank 0."""
     sys.path.insert(0, str(ROOT / "tests"))
     from test_seps import token_splits
-    from ucmfh.data.h5 import write_dataset
+    from ucmfh.data.writer import write_dataset
 
     path = write_dataset(tmp_path / "tok.h5", token_splits(), attrs={"name": "tok"})
     args = ["train-seps", "-d", path, "--quiet", "--device", "cpu", "--epochs", "2", "--batch-size", "32",

@@ -16,7 +16,7 @@ from ucmfh.app.cli import main
 from ucmfh.checkpoint import save_checkpoint, save_seps
 from ucmfh.config import HashConfig
 from ucmfh.data.format import first_of_each_id
-from ucmfh.data.h5 import write_dataset
+from ucmfh.data.writer import write_dataset
 from ucmfh.data.tokens import Tokens
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.seps.model import SEPS

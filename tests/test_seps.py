@@ -15,7 +15,8 @@ from click.testing import CliRunner
 from ucmfh.app.cli import main
 from ucmfh.checkpoint import load_seps, save_seps
 from ucmfh.config import HashConfig, SepsConfig
-from ucmfh.data.h5 import DataError, load_dataset, validate_file, write_dataset
+from ucmfh.data.h5 import DataError, load_dataset, validate_file
+from ucmfh.data.writer import write_dataset
 from ucmfh.data.tokens import Tokens
 from ucmfh.metrics.captions import evaluate_caption_set
 from ucmfh.seps.model import SEPS

@@ -20,7 +20,7 @@ _METRICS = (
 )
 _HOMES = {
     **{name: "ucmfh.metrics" for name in _METRICS},
-    "load_dataset": "ucmfh.data.h5", "write_dataset": "ucmfh.data.h5", "validate_file": "ucmfh.data.h5",
+    "load_dataset": "ucmfh.data.h5", "write_dataset": "ucmfh.data.writer", "validate_file": "ucmfh.data.h5",
     "DataError": "ucmfh.data.format",
     "HashConfig": "ucmfh.config", "FusionConfig": "ucmfh.config",
     "fit_hashing": "ucmfh.methods", "build_method": "ucmfh.methods", "METHODS": "ucmfh.methods",

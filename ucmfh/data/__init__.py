@@ -1,6 +1,6 @@
 """Datasets in the ucmfh HDF5 format.
 
-The loaders (:mod:`ucmfh.data.h5`, which imports torch) load on first use, so that
+The loaders (:mod:`ucmfh.data.h5`, which imports torch) and the writer (:mod:`ucmfh.data.writer`) load on first use, so that
 ``ucmfh.data.format`` serves a CPU search without them.
 """
 from typing import Any
@@ -9,6 +9,10 @@ __all__ = ["DataError", "Dataset", "Split", "load_dataset", "validate_file", "wr
 
 
 def __getattr__(name: str) -> Any:
+    if name == "write_dataset":
+        from ucmfh.data import writer
+
+        return writer.write_dataset
     if name in __all__:
         from ucmfh.data import h5
 

@@ -28,7 +28,8 @@ import h5py
 import numpy as np
 from tqdm.auto import tqdm
 
-from ucmfh.data.h5 import SPLITS, DataError, PathLike, check_finite, create_split_dataset, is_multi_hot, open_writer
+from ucmfh.data.h5 import SPLITS, DataError, PathLike, check_finite, is_multi_hot
+from ucmfh.data.writer import create_split_dataset, open_writer
 from ucmfh.data.arrays import ArraySource, open_array
 from ucmfh.data.inputs import read_lines
 from ucmfh.data.splits import DEFAULT_SEED, SplitIndex, SplitSizes, check_seed, load_split_index, sample_split

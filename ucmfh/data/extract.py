@@ -52,7 +52,8 @@ from tqdm.auto import tqdm
 from ucmfh.data.annotations import list_images, read_captions, read_labels
 from ucmfh.data.clip_encoder import DEFAULT_MODEL, ClipEncoder, load_image
 from ucmfh.data.convert import empty_label_rows, read_classes, root_attrs
-from ucmfh.data.h5 import SPLITS, DataError, create_split_dataset, open_writer
+from ucmfh.data.h5 import SPLITS, DataError
+from ucmfh.data.writer import create_split_dataset, open_writer
 from ucmfh.data.scratch import (
     RESTART, Scratch, Shard, chunks, fingerprint, gather_chunks, missing_chunks, run_chunks, wait_for_shards,
 )

@@ -16,7 +16,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ucmfh.data.format import DataError
-from ucmfh.data.h5 import make_folder
+from ucmfh.data.writer import make_folder
 from ucmfh.data.inputs import npz_member, open_npz, read_text
 from ucmfh.files import atomic_file, write_text_atomic
 

@@ -16,7 +16,8 @@ from typing import Dict
 
 import numpy as np
 
-from ucmfh.data.h5 import PathLike, write_dataset
+from ucmfh.data.h5 import PathLike
+from ucmfh.data.writer import write_dataset
 
 
 @dataclass

@@ -1,0 +1,121 @@
+"""Write dataset files in the ucmfh HDF5 format (docs/reference.md §1, tokens §9): atomically, validated
+before they appear under their name (:func:`write_dataset` from arrays, :func:`open_writer` piece by piece)."""
+from __future__ import annotations
+
+import os
+from contextlib import contextmanager
+from typing import Dict, Iterator, Optional
+
+import h5py
+import numpy as np
+
+from ucmfh.data.format import SPLITS, DataError
+from ucmfh.data.h5 import is_multi_hot, validate_file
+from ucmfh.files import PathLike, atomic_file, write_attrs
+
+
+DTYPES = {"image": np.float32, "text": np.float32, "labels": np.uint8, "ids": np.int64, "text_bow": np.uint8,
+          # token features (docs/reference.md §9)
+          "image_tokens": np.float16, "text_tokens": np.float16, "text_offsets": np.int64,
+          "dense_text_tokens": np.float16, "dense_text_offsets": np.int64}
+
+
+def make_folder(folder: str, for_path: str) -> None:
+    """Create ``folder`` (for writing ``for_path``); a failure is an OSError naming both."""
+    try:
+        os.makedirs(folder, exist_ok=True)
+    except OSError as err:
+        # not a FileExistsError: a file in the way of a folder is no output to overwrite
+        raise OSError(f"{for_path}: cannot create the folder {folder} ({err.strerror or err})") from None
+
+
+@contextmanager
+def open_writer(
+    path: PathLike,
+    attrs: Optional[Dict[str, object]] = None,
+    overwrite: bool = False,
+) -> Iterator[h5py.File]:
+    """Stream a dataset file: yield an open temporary file, then validate and rename.
+
+    The caller creates the groups and datasets (use :func:`create_split_dataset`
+    for the right dtype and chunking) and fills them piece by piece, so a file
+    larger than memory can be written. On normal exit the file is validated
+    and only then appears under ``path``; on any error the temporary file is
+    removed and ``path`` is left as it was.
+    """
+    path = os.fspath(path)
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: is a folder, not a file name")
+    if os.path.exists(path) and not overwrite:
+        raise FileExistsError(f"{path}: exists; not replaced")
+    make_folder(os.path.dirname(os.path.abspath(path)), path)
+    with atomic_file(path) as tmp:
+        try:
+            f = h5py.File(tmp, "w")
+        except OSError as err:
+            reason = os.strerror(err.errno) if err.errno else str(err)
+            raise OSError(f"{path}: cannot create a file in {os.path.dirname(tmp)} ({reason})") from None
+        with f:
+            write_attrs(f, attrs)
+            yield f
+        try:
+            validate_file(tmp)
+        except DataError as err:
+            raise DataError(str(err).replace(tmp, path)) from None
+
+
+def create_split_dataset(f: h5py.File, split: str, name: str, shape: tuple) -> h5py.Dataset:
+    """Create ``/split/name`` with the format's dtype for ``name``, chunked by rows."""
+    if name not in DTYPES:
+        raise DataError(f"{f.filename}: /{split}/{name}: unknown dataset name")
+    group = f.require_group(split)
+    chunks = None
+    if len(shape) == 2 and shape[0] and shape[1]:
+        # about 1 MiB per chunk, whole rows: row-block reads and writes touch few chunks
+        rows = max(1, min(shape[0], (1 << 20) // (shape[1] * np.dtype(DTYPES[name]).itemsize)))
+        chunks = (rows, shape[1])
+    return group.create_dataset(name, shape=shape, dtype=DTYPES[name], chunks=chunks)
+
+
+def write_dataset(
+    path: PathLike,
+    splits: Dict[str, Dict[str, np.ndarray]],
+    attrs: Optional[Dict[str, object]] = None,
+    overwrite: bool = False,
+) -> str:
+    """Write a dataset file atomically and validate it.
+
+    ``splits`` maps each of train/query/retrieval to a dict with ``image``,
+    ``text``, ``labels`` and optionally ``ids``, ``text_bow`` and the token arrays of
+    docs/reference.md §9 (``image_tokens``, ``text_tokens``, ``text_offsets``, ``dense_text_*``).
+    The file appears under its final name only once complete and valid.
+    """
+    path = os.fspath(path)
+    with open_writer(path, attrs, overwrite) as f:
+        for split in SPLITS:
+            if split not in splits:
+                raise DataError(f"{path}: /{split}: missing split in the arrays to write")
+            f.create_group(split)
+            for name, array in splits[split].items():
+                if name not in DTYPES:
+                    raise DataError(f"{path}: /{split}/{name}: unknown dataset name")
+                if array is None:
+                    continue
+                array = _as_format(path, f"/{split}/{name}", name, np.asarray(array))
+                chunks = (1, *array.shape[1:]) if array.ndim == 3 else True if array.ndim == 2 else None
+                f[split].create_dataset(name, data=array, chunks=chunks if array.size else None)
+    return path
+
+
+def _as_format(path: str, where: str, name: str, array: np.ndarray) -> np.ndarray:
+    """``array`` in the format's dtype for ``name``, refusing a cast that would change a value."""
+    if array.dtype.kind not in "biuf":
+        raise DataError(f"{path}: {where}: expected numbers, got {array.dtype}")
+    if name == "ids" and array.dtype.kind not in "iu":
+        raise DataError(f"{path}: {where}: ids must be integers, got {array.dtype}")  # 2.7 would become 2
+    if name == "labels" and not is_multi_hot(array):
+        raise DataError(f"{path}: {where}: labels must be multi-hot 0/1 values")
+    if name == "text_bow" and array.size and not (
+            np.array_equal(array, np.round(array)) and 0 <= array.min() and array.max() <= 255):
+        raise DataError(f"{path}: {where}: bag-of-words counts must be whole numbers from 0 to 255 (uint8)")
+    return array.astype(DTYPES[name], copy=False)
