@@ -78,13 +78,13 @@ def _move(args: tuple, kwargs: dict, name: str) -> Any:
     elif target is None or _is_cuda(target) == on_cuda(tensor):
         return tensor  # already there, as torch's .to returns
     else:
-        moved = tensor.view_as(tensor)  # a new tensor object, still in the graph
+        moved = tensor.clone()  # a copy on the other device, as a move makes: still in the graph
     if target is None:
         return _mark(moved) if on_cuda(tensor) else moved
     if _is_cuda(target):
         if not on_cuda(tensor) and tensor not in _PINNED:
             STATS["pageable"] += 1  # a copy that waits for the device's queue
-        return _mark(moved.clone() if moved is tensor else moved)
+        return _mark(moved)
     return moved
 
 
