@@ -128,11 +128,13 @@ class Rows:
             return np.arange(len(self))[key]
         return np.asarray(host_index(key) if isinstance(key, torch.Tensor) else key, dtype=np.int64)
 
-    def _blocks_of(self, positions: np.ndarray) -> Tuple[np.ndarray, list]:
-        """The blocks that hold ``positions``, and their rows (read, or found in the cache)."""
+    def _blocks_of(self, positions: np.ndarray) -> Tuple[np.ndarray, np.ndarray, list]:
+        """The block of each position, the blocks that hold them, and their rows (read, or found in the cache)."""
         size = self.settings.block_rows
-        wanted = np.unique(positions // size)
-        return wanted, [self.blocks.block(self.index[b * size:(b + 1) * size], (self.view, int(b))) for b in wanted]
+        block_of = positions // size
+        wanted = np.unique(block_of)
+        parts = [self.blocks.block(self.index[b * size:(b + 1) * size], (self.view, int(b))) for b in wanted]
+        return block_of, wanted, parts
 
     def read_ahead(self, key: Union[slice, torch.Tensor, np.ndarray]) -> None:
         """Read the blocks that ``self[key]`` will need into the cache."""
@@ -140,11 +142,10 @@ class Rows:
 
     def __getitem__(self, key: Union[slice, torch.Tensor, np.ndarray]) -> torch.Tensor:
         positions = self._positions(key)
-        size = self.settings.block_rows
-        wanted, parts = self._blocks_of(positions)
+        block_of, wanted, parts = self._blocks_of(positions)
         starts = np.zeros(len(wanted), dtype=np.int64)
         starts[1:] = np.cumsum([len(p) for p in parts])[:-1]
-        rows = np.concatenate(parts)[starts[np.searchsorted(wanted, positions // size)] + positions % size]
+        rows = np.concatenate(parts)[starts[np.searchsorted(wanted, block_of)] + positions % self.settings.block_rows]
         return to_device(torch.from_numpy(rows), self.device)
 
     def shuffle(self, generator: torch.Generator) -> torch.Tensor:
