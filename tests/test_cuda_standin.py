@@ -269,9 +269,10 @@ def test_every_method_trains_on_cuda_as_on_the_cpu_without_waiting_for_it_each_s
         assert second["syncs"] - first["syncs"] == 1 and second["pageable"] == first["pageable"], epochs
 
 
-def test_seps_and_the_fusion_stage_train_on_cuda_as_on_the_cpu(tmp_path, tiny, cuda):
+def test_seps_and_the_fusion_stage_train_on_cuda_as_on_the_cpu(tmp_path, tiny, cuda, monkeypatch):
     """The other two trained stages: SEPS on token rows read ahead (on the stand-in: pinned, no pageable copy
     or sync per step) and the fusion encoder, on ``cuda`` as on the CPU."""
+    import ucmfh.epochs as epochs_module
     from ucmfh.data.tokens import Tokens
     from ucmfh.seps import database_scores, databases, recall_rows
     from test_seps import small_seps, token_splits
@@ -282,13 +283,14 @@ def test_seps_and_the_fusion_stage_train_on_cuda_as_on_the_cpu(tmp_path, tiny, c
     path = write_dataset(tmp_path / "tok.h5", token_splits(seed=3), attrs={"name": "tok"})
     runs = {}
     for device in ("cpu", "cuda"):
-        with cuda.block() if device == "cuda" else contextlib.nullcontext({}) as stats:
-            counts = []
-            for epochs in (1, 2):
-                seps, _ = fit_seps(path, small_seps(epochs=epochs, val_fraction=0.0, device=device), progress=False)
-                counts.append(None if stats is None else dict(stats))
+        counts = _EpochCounts()
+        monkeypatch.setattr(epochs_module, "tqdm", counts)
+        with cuda.block() if device == "cuda" else contextlib.nullcontext() as stats:
+            counts.stats = stats
+            seps, _ = fit_seps(path, small_seps(epochs=2, val_fraction=0.0, device=device), progress=False)
+            counts.stats = None
             fusion, _ = fit_fusion(tiny, small_fusion(epochs=2, device=device), progress=False)
-        runs[device] = seps, fusion, counts
+        runs[device] = seps, fusion, counts.at_epoch_end
 
     def rsum(model):
         with Tokens(path, "query") as q, Tokens(path, "retrieval") as r:
@@ -301,10 +303,9 @@ def test_seps_and_the_fusion_stage_train_on_cuda_as_on_the_cpu(tmp_path, tiny, c
         model, tiny, ("unimodal",), 20, "cpu")[0]["map_i2t"])
     if not cuda.standin:
         return
-    one, both = runs["cuda"][2]
-    second = {key: both[key] - one[key] for key in one}  # the run of two epochs
-    assert second["pageable"] == one["pageable"] and second["syncs"] == one["syncs"] + 1, (one, second)
-    assert second["pinned"] > one["pinned"]  # each step's token rows
+    first, second = runs["cuda"][2]  # SEPS's two epochs
+    assert second["pageable"] == first["pageable"] and second["syncs"] == first["syncs"] + 1, (first, second)
+    assert second["pinned"] > first["pinned"]  # each step's token rows
 
 
 def test_a_run_interrupted_on_cuda_resumes_to_the_model_of_one_never_stopped(tiny, cuda, tmp_path, monkeypatch):
