@@ -6,7 +6,8 @@
 #
 # DATA holds wiki.h5 (the per-method runs and search use it) and mirflickr730_tokens.h5 (SEPS, rerank). Steps: the machine; the C kernels built in
 # place; timed one at a time: the main job (both UCMFH stages, 100 epochs each, synthetic MIRFlickr size),
-# bench_train and bench_eval on CUDA; then side by side: the test suite on the GPU machine (CLI tests take
+# bench_train, bench_eval and time_metrics on CUDA, device_agreement (each method's model on CUDA against
+# the CPU's), bf16, SEPS and rerank; then side by side: the test suite on the GPU machine (CLI tests take
 # --device auto = CUDA, the CUDA tests run), one short CUDA run of every method followed by index + search
 # on CUDA against the CPU, torchrun with 2 ranks. summary.txt gets one line per step: its exit status and seconds.
 set -u
@@ -32,7 +33,7 @@ step() {  # step NAME SECONDS COMMAND...: run COMMAND (or a function below) unde
 
 methods() {  # one short CUDA run of every method on wiki, four at a time (closed-form methods take no epochs)
     $PY -c "from ucmfh.methods import METHODS
-for name, m in METHODS.items(): print(name, '' if m.closed_form else '--epochs 3')" |
+for name, m in METHODS.items(): print(name if m.closed_form else name + ' --epochs 3')" |  # no trailing blank: xargs -L would join the next line
     xargs -P 4 -L 1 sh -c "$PY -m ucmfh train-hash -d wiki --data-dir $DATA -b 32 --method \$0 \$@ \
         --device $DEVICE --out $WORK/runs --results $OUT/methods.jsonl --quiet > $WORK/method-\$0.txt 2>&1; \
         echo \"\$0 rc=\$?\"; tail -3 $WORK/method-\$0.txt"
@@ -69,6 +70,7 @@ step bench-train 160 $PY scripts/bench_train.py --device $DEVICE --only throughp
     --n-train 5120 --repeats 3 --encode-n 190000
 step bench-eval 100 $PY scripts/bench_eval.py --device $DEVICE --bits 16 64 128 --ref-queries 20 --json "$OUT/bench_eval.json"
 step metrics 100 $PY scripts/time_metrics.py --device $DEVICE --bits 64  # MAP@all, tie-aware, cosine, PR, at NUS-WIDE scale
+step agreement 150 $PY scripts/device_agreement.py --device $DEVICE --seeds 2  # same model as on the CPU? dropout's stream or arithmetic
 step bf16 100 $PY -m ucmfh train-hash -d wiki --data-dir "$DATA" -b 32 --method ucmfh --epochs 3 --amp bf16 \
     --device $DEVICE --out "$WORK/bf16" --results "$OUT/bf16.jsonl" --quiet  # both stages, bf16 through the model
 step seps 200 seps
