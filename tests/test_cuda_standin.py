@@ -293,7 +293,9 @@ def test_seps_and_the_fusion_stage_train_on_cuda_as_on_the_cpu(tmp_path, tiny, c
         monkeypatch.setattr(epochs_module, "tqdm", counts)
         with cuda.block() if device == "cuda" else contextlib.nullcontext() as stats:
             counts.stats = stats
-            seps, _ = fit_seps(path, small_seps(epochs=2, val_fraction=0.0, device=device), progress=False)
+            # batches of 64 captions: two text chunks of SEPS.grid, planned from the masks' host copies
+            seps, _ = fit_seps(path, small_seps(epochs=2, val_fraction=0.0, batch_size=64, device=device),
+                               progress=False)
             counts.stats = None
             fusion, _ = fit_fusion(tiny, small_fusion(epochs=2, device=device), progress=False)
         runs[device] = seps, fusion, counts.at_epoch_end

@@ -70,10 +70,14 @@ def host_index(index: torch.Tensor) -> torch.Tensor:
     return twin if twin is not None else index.cpu()
 
 
-def to_device(x: torch.Tensor, device: torch.device) -> torch.Tensor:
+def to_device(x: torch.Tensor, device: torch.device, keep_host: bool = False) -> torch.Tensor:
     """Rows onto ``device``: from the host to a GPU through pinned memory, without waiting for the device
-    (a copy from pageable memory waits for every kernel queued before it); ``.to(device)`` otherwise."""
+    (a copy from pageable memory waits for every kernel queued before it); ``.to(device)`` otherwise.
+    ``keep_host``: remember ``x`` as the copy's host twin (:func:`known_host_copy`)."""
     device = torch.device(device)
     if device.type != "cuda" or x.device.type != "cpu":
         return x.to(device)
-    return x.pin_memory().to(device, non_blocking=True)
+    out = x.pin_memory().to(device, non_blocking=True)
+    if keep_host:
+        keep_host_copy(out, x)
+    return out

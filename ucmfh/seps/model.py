@@ -32,6 +32,7 @@ from torch import nn
 
 from ucmfh.config import SepsConfig
 from ucmfh.similarity import normalize
+from ucmfh.utils import known_host_copy, to_device
 
 State = Dict[str, torch.Tensor]
 _EPS = 1e-12
@@ -39,6 +40,23 @@ _EPS = 1e-12
 
 def _mlp(d_in: int, d_hidden: int, d_out: int) -> nn.Sequential:
     return nn.Sequential(nn.Linear(d_in, d_hidden), nn.GELU(), nn.Linear(d_hidden, d_out))
+
+
+def _chunk_plan(txt: State, masks: List[str], text_chunk: int) -> Tuple[torch.Tensor, List[List[int]]]:
+    """The texts in order of length (of the sparse mask; ties by position) and, for each chunk of
+    ``text_chunk`` of them, its longest row of each mask in ``masks``. From the masks' host copies where
+    the inputs kept them (:func:`ucmfh.seps.scoring.text_inputs`): no wait for the device; else on the
+    device, with one sync for every chunk's width."""
+    hosts = [known_host_copy(txt[key]) for key in masks]
+    if all(host is not None for host in hosts):
+        lengths = [host.sum(dim=1) for host in hosts]
+        order = lengths[masks.index("mask_sparse")].argsort(stable=True)
+        widths = [[max(1, int(length[index].max())) for length in lengths] for index in order.split(text_chunk)]
+        return to_device(order, txt["mask_sparse"].device), widths
+    order = txt["mask_sparse"].sum(dim=1).argsort(stable=True)
+    widths = torch.stack([torch.stack([txt[key][index].sum(dim=1).max() for key in masks])
+                          for index in order.split(text_chunk)]).clamp(min=1).tolist()
+    return order, widths
 
 
 def _minmax(s: torch.Tensor) -> torch.Tensor:
@@ -162,11 +180,9 @@ class SEPS(nn.Module):
         n_text = txt["mask_sparse"].shape[0]
         if n_text <= text_chunk:
             return self._grid(img, txt)
-        order = txt["mask_sparse"].sum(dim=1).argsort()
-        chunks = order.split(text_chunk)
         masks = [key for key in txt if key.startswith("mask_")]
-        widths = torch.stack([torch.stack([txt[key][index].sum(dim=1).max() for key in masks])
-                              for index in chunks]).clamp(min=1).tolist()  # each chunk's longest: one sync
+        order, widths = _chunk_plan(txt, masks, text_chunk)
+        chunks = order.split(text_chunk)
         sims, softs = [], []
         for index, width in zip(chunks, widths):
             part = {}

@@ -43,7 +43,7 @@ def _dense(model: SEPS, tokens: Tokens, items: np.ndarray, device: torch.device,
     if not (model.dense and model.cfg.dense_text == where):
         return None, None
     words, mask = tokens.texts(items, dense=True)
-    return to_device(words, device), to_device(mask, device)
+    return to_device(words, device), to_device(mask, device, keep_host=True)
 
 
 def image_inputs(model: SEPS, tokens: Tokens, items: np.ndarray, device: torch.device) -> Tuple:
@@ -55,8 +55,9 @@ def image_inputs(model: SEPS, tokens: Tokens, items: np.ndarray, device: torch.d
 def text_inputs(model: SEPS, tokens: Tokens, items: np.ndarray, device: torch.device) -> Tuple:
     """What :meth:`SEPS.encode_texts` takes for ``items``: their words and mask (and, in the leaking
     reproduction mode, their image's dense text), read and on their way to ``device``."""
-    words, mask = tokens.texts(items)
-    return (to_device(words, device), to_device(mask, device), *_dense(model, tokens, items, device, "leak"))
+    words, mask = tokens.texts(items)  # the masks keep their host copy: SEPS.grid plans its chunks from it
+    return (to_device(words, device), to_device(mask, device, keep_host=True),
+            *_dense(model, tokens, items, device, "leak"))
 
 
 def encode_images(model: SEPS, tokens: Tokens, items: np.ndarray, device: torch.device) -> State:
