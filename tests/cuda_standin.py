@@ -13,7 +13,8 @@ runs on it. ``torch.cuda`` says one device is there (``is_available``, ``synchro
 state, peak memory: stubs), ``torch.load(map_location="cuda")`` loads onto it, and the read-ahead
 worker's threads run under it too.
 
-It counts host syncs (``.item()``, ``.tolist()``, ``bool()``) in ``stats["syncs"]``, copies to the device
+It counts host syncs (``.item()``, ``.tolist()``, ``bool()``, and a copy to the host: ``.cpu()``,
+``.to("cpu")``; :func:`peek` reads a value for a test without counting) in ``stats["syncs"]``, copies to the device
 from pinned host memory (``pin_memory()``: a copy, remembered) in ``stats["pinned"]``, and from pageable
 memory (which wait for the device) in ``stats["pageable"]``.
 """
@@ -85,6 +86,8 @@ def _move(args: tuple, kwargs: dict, name: str) -> Any:
         if not on_cuda(tensor) and tensor not in _PINNED:
             STATS["pageable"] += 1  # a copy that waits for the device's queue
         return _mark(moved)
+    if on_cuda(tensor):
+        STATS["syncs"] += 1  # a copy to the host waits for the device's queue
     return moved
 
 
@@ -161,9 +164,33 @@ def cuda_standin(monkeypatch) -> Iterator[Dict[str, int]]:
         monkeypatch.setattr(torch.cuda, name, stub)
     monkeypatch.setattr(ucmfh.step, "ThreadPoolExecutor", _ThreadsUnderTheStandin)
     monkeypatch.setattr(torch, "load", _loader(torch.load))
+    monkeypatch.setattr(torch.nn.utils.clip_grad, "_group_tensors_by_device_and_dtype",
+                        _grouped_on_the_device(torch.nn.utils.clip_grad._group_tensors_by_device_and_dtype))
     STATS.update(syncs=0, pinned=0, pageable=0)
     with _CudaMode():
         yield STATS
+
+
+def peek(x: torch.Tensor) -> torch.Tensor:
+    """``x``'s values on the host, for a test's own checks: not counted as a sync."""
+    with torch._C.DisableTorchFunction():
+        return x.detach().clone()
+
+
+def _grouped_on_the_device(group: Callable) -> Callable:
+    """torch's grouping of tensors by device (``clip_grad_norm_``'s), which reads the CPU tensors' own device:
+    the stand-in's tensors grouped under ``cuda``, as a GPU's would be, so that the norm is not copied to the
+    host for them."""
+
+    def grouped(tensorlistlist: Any, with_indices: bool = False) -> Dict:
+        out = {}
+        for (device, dtype), value in group(tensorlistlist, with_indices).items():
+            lists = value[0]
+            on = any(on_cuda(t) for t in lists[0] if isinstance(t, torch.Tensor))
+            out[(CUDA if on else device, dtype)] = value
+        return out
+
+    return grouped
 
 
 def _loader(load: Callable) -> Callable:

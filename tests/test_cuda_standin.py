@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from conftest import small_fusion, small_hash
-from cuda_standin import cuda_standin, on_cuda
+from cuda_standin import cuda_standin, on_cuda, peek
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
 from ucmfh.scoring import evaluate_fusion, evaluate_hashing
@@ -40,7 +40,8 @@ def test_the_standin_refuses_what_a_gpu_refuses(monkeypatch):
         with pytest.raises(RuntimeError, match="device mixing"):
             head(torch.randn(4, 3))  # the input left on the CPU
         out.sum().item()
-        assert stats["syncs"] == 1
+        assert stats["syncs"] == 2  # the copy to the host (x.cpu() above) and .item()
+        assert not on_cuda(peek(out)) and stats["syncs"] == 2  # a test's own look: not counted
     assert torch.randn(2).device.type == "cpu"  # and outside the block, nothing changed
 
 
@@ -181,11 +182,11 @@ def test_a_training_plan_s_batches_reach_the_host_and_streamed_rows_the_device_w
         for index, separate in plan:
             assert on_cuda(index) and on_cuda(separate)
             host = host_index(index)
-            assert not on_cuda(host) and torch.equal(host, index.cpu())
+            assert not on_cuda(host) and torch.equal(host, peek(index))
             part = group.local(index)
             assert torch.equal(host_index(part), group.local(host))
             got = rows[index]
-            assert on_cuda(got) and torch.equal(got.cpu(), data.train.img[host])
+            assert on_cuda(got) and torch.equal(peek(got), data.train.img[host])
         # pinned: the plan's two copies (indices, draws) and each batch's rows
         assert stats["syncs"] == 0 and stats["pageable"] == 0 and stats["pinned"] == 2 + len(plan)
 
