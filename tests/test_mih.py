@@ -34,7 +34,8 @@ def test_the_top_k_is_the_linear_scans(n_bits, kind):
     items = codes(kind, 1500, n_bits, rng)
     queries = np.concatenate([items[:4], rng.choice([-1, 1], (4, n_bits))])
     rw, qw = as_words(items, n_bits), as_words(queries, n_bits)
-    for m in (None, default_substrings(n_bits, 1500) + 1):
+    # m = 1 (one table: no sketch) where a substring may hold the whole code
+    for m in (None, default_substrings(n_bits, 1500) + 1) + ((1,) if n_bits <= 24 else ()):
         mih = MultiIndex(rw, n_bits, m)
         for k in (1, 10, 100, 2000):  # 2000: more than the collection
             want = hamming_search(qw, rw, n_bits, k, threads=1)
@@ -84,9 +85,14 @@ def test_the_index_backend_equals_the_scan_and_caches_its_tables(tmp_path, monke
     opened = Index.load(tmp_path / "ix")
     assert multi_index(opened, "txt")[1] == "built"
     stem = f"txt.m{default_substrings(64, 3000)}.n3000"
-    assert sorted(os.listdir(tmp_path / "ix" / "mih")) == [f"{stem}.lock", f"{stem}.offsets.npy", f"{stem}.positions.npy"]
+    assert sorted(os.listdir(tmp_path / "ix" / "mih")) == [f"{stem}.lock", f"{stem}.offsets.npy", f"{stem}.positions.npy",
+                                                             f"{stem}.sketches.npy"]
     reopened = Index.load(tmp_path / "ix")
     assert multi_index(reopened, "txt")[1] == "cached"
+    sketches = tmp_path / "ix" / "mih" / f"{stem}.sketches.npy"
+    sketches.unlink()  # tables cached before sketches were kept: built again, not read half
+    assert multi_index(Index.load(tmp_path / "ix"), "txt")[1] == "built" and sketches.exists()
+    assert multi_index(Index.load(tmp_path / "ix"), "txt")[1] == "cached"
     queries = np.concatenate([items[:20], items[3000:3020]])
     served = {}
     got = reopened.search(queries, 10, "txt", backend=cfg, served=served)

@@ -406,21 +406,32 @@ static void choose_kernels(void)
  * only there, which its own code says (no per-item memory, one read of its code). After
  * radius r in substrings 0..j, an item not found is at distance m * r + j + 1 or more
  * (pigeonhole), so the search stops when k found items lie below that.
+ *
+ * Beside each position, its item's sketch in that substring's table (sk[j * nr ...]):
+ * up to 16 bits of the next substring ((j + 1) mod m, its low bits). An item kept in substring
+ * j's bucket at radius r is at distance r there, more than r in each substring before j and at
+ * least r in each after it (else it was met before), and in the next substring at least as far
+ * as its sketch is from the query's (mih_least). An entry whose bound exceeds the k-th smallest
+ * distance found so far is passed over without reading its code, a read at random: it is not
+ * among the k nearest, since that distance only falls. The stopping rule is unchanged: such an
+ * item lies beyond k found items.
  */
 typedef struct {
     const uint64_t *q, *r;  /* query words [nq, words], item words [nr, words] */
     const int32_t *layout;  /* [m, 4]: word, bit offset, width, start of the substring's offsets */
     const uint32_t *pos;    /* [m * nr] */
     const uint32_t *off;    /* concatenated bucket offsets (into a substring's nr positions) */
+    const uint16_t *sk;     /* [m * nr] each position's sketch */
     Py_ssize_t nq, nr, k;
-    int64_t budget; /* bucket entries a query may read before it is left to the scan (out_p = -1) */
+    int64_t budget; /* what a query may cost (MIH_BUCKET_COST) before it is left to the scan (out_p = -1) */
     int words, m, n_bits;
 } MihJob;
 
 #ifndef MIH_AHEAD
 #define MIH_AHEAD 32 /* bucket entries between a code's prefetch and its check */
 #endif
-/* a bucket's probe (two reads of its offsets, at random) costs about as much as this many of its entries */
+/* The budget's unit is one entry whose code is read (at random). A bucket's probe (two reads of its offsets,
+ * at random) costs about as much as this many; an entry passed over by its sketch, an eighth of one. */
 #define MIH_BUCKET_COST 4
 
 static int cmp_int64(const void *a, const void *b)
@@ -461,12 +472,20 @@ static void select_smallest(int64_t *a, Py_ssize_t n, Py_ssize_t kk)
     }
 }
 
+/* The least distance of an entry met first where it is (base: its substring's r and the pigeonhole's share of
+ * the others but the next; the next substring's: at least next_least, and at least its sketch's bits apart). */
+static inline __attribute__((always_inline)) int mih_least(int base, int next_least, unsigned sketch_xor)
+{
+    const int apart = __builtin_popcount(sketch_xor);
+    return base + (apart > next_least ? apart : next_least);
+}
+
 static inline __attribute__((always_inline)) int
 mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
 {
     const Py_ssize_t nr = job->nr, k = job->k;
     const int m = job->m, words = job->words, nd = job->n_bits + 1;
-    int64_t *hist = malloc((size_t)nd * sizeof(int64_t));
+    int64_t *hist = malloc((size_t)(nd + 1) * sizeof(int64_t)); /* [nd]: 0, above every distance */
     Py_ssize_t cap = 1024, n_found;
     int64_t *keys = malloc((size_t)cap * sizeof(int64_t));
     int maxw = 0;
@@ -478,9 +497,11 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
     }
     for (Py_ssize_t i = 0; i < job->nq; i++) {
         const uint64_t *q = job->q + i * words;
-        memset(hist, 0, (size_t)nd * sizeof(int64_t));
+        memset(hist, 0, (size_t)(nd + 1) * sizeof(int64_t));
         n_found = 0;
-        int64_t read = 0;
+        int kth = nd;           /* the k-th smallest distance found (nd: fewer than k found) */
+        int64_t within_kth = 0; /* found items at distance kth or less */
+        int64_t cost8 = 0; /* in eighths of the budget's unit */
         int done = 0, gave_up = 0;
         for (int r = 0; r <= maxw && !done; r++) {
             for (int j = 0; j < m && !done; j++) {
@@ -490,12 +511,19 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
                     const uint64_t value = (q[lay[0]] >> lay[1]) & ((width == 64 ? 0 : (1ULL << width)) - 1);
                     const uint32_t *off = job->off + lay[3];
                     const uint32_t *pos = job->pos + (Py_ssize_t)j * nr;
+                    const uint16_t *sk = job->sk + (Py_ssize_t)j * nr;
+                    const int32_t *next = job->layout + 4 * ((j + 1) % m);
+                    const int sk_width = m > 1 ? (next[2] < 16 ? next[2] : 16) : 0;
+                    const unsigned qsk = (unsigned)((q[next[0]] >> next[1]) & ((1ULL << sk_width) - 1));
+                    /* an item kept here (met here first) is at distance r in substring j, more than r in each
+                     * substring before j and at least r in each after it; the next one's at least its sketch's */
+                    const int base = (m - 1) * r + (j < m - 1 ? j : m - 2), next_least = r + (j == m - 1);
                     const uint64_t limit = 1ULL << width;
                     uint64_t x = r ? (1ULL << r) - 1 : 0;
                     for (;;) { /* every width-bit x with r bits set (Gosper's hack) */
                         const uint64_t bucket = value ^ x;
-                        read += (int64_t)off[bucket + 1] - off[bucket] + MIH_BUCKET_COST;
-                        if (read > job->budget) {
+                        cost8 += (int64_t)off[bucket + 1] - off[bucket] + 8 * MIH_BUCKET_COST;
+                        if ((cost8 >> 3) > job->budget) {
                             gave_up = done = 1;
                             break;
                         }
@@ -503,8 +531,11 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
                         for (uint32_t t = off[bucket]; t < end; t++) {
                             /* the codes are read at random: ask for one MIH_AHEAD entries on while this
                              * one is checked, so that the misses overlap instead of queueing */
-                            if (t + MIH_AHEAD < end)
+                            if (t + MIH_AHEAD < end && mih_least(base, next_least, qsk ^ sk[t + MIH_AHEAD]) <= kth)
                                 __builtin_prefetch(job->r + (Py_ssize_t)pos[t + MIH_AHEAD] * words, 0, 0);
+                            if (mih_least(base, next_least, qsk ^ sk[t]) > kth)
+                                continue; /* beyond the k nearest found: its code is not read */
+                            cost8 += 7; /* its code read: a whole unit with the eighth above */
                             const uint32_t p = pos[t];
                             const uint64_t *item = job->r + (Py_ssize_t)p * words;
                             int first = 1; /* met here first: no substring before j at r or less, none after below r */
@@ -531,6 +562,11 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
                             }
                             keys[n_found++] = (int64_t)d * nr + p;
                             hist[d]++;
+                            if (d <= kth) { /* the k-th smallest distance can only fall */
+                                within_kth++;
+                                while (within_kth - hist[kth] >= k)
+                                    within_kth -= hist[kth--];
+                            }
                         }
                         if (r == 0)
                             break;
@@ -588,7 +624,7 @@ __attribute__((target("popcnt"))) static int mih_popcnt(const MihJob *job, int64
 /* ------------------------------------------------------- Python interface */
 
 typedef struct {
-    Py_buffer bufs[8];
+    Py_buffer bufs[10];
     int n;
 } Buffers;
 
@@ -860,20 +896,22 @@ fail:
 
 PyDoc_STRVAR(mih_search_doc,
 "mih_search(queries, n_query, items, n_items, words, n_bits, k, layout, m, positions, offsets, n_offsets,\n"
-"           budget, out_distance, out_position)\n--\n\n"
+"           sketches, budget, out_distance, out_position)\n--\n\n"
 "Exact top k (1 <= k <= n_items) of each query by (Hamming distance, position) from multi-index\n"
 "tables: layout int32 [m, 4] (word, bit offset, width, start in offsets), positions uint32\n"
-"[m * n_items], offsets uint32 [n_offsets]; outputs int64 [n_query, k]. A query that would read\n"
-"more than budget bucket entries (and buckets) stops: its row is -1, for the linear scan.");
+"[m * n_items], offsets uint32 [n_offsets], sketches uint16 [m * n_items] (each position's low\n"
+"16 bits of the next substring); outputs int64 [n_query, k]. A query that would cost more than\n"
+"budget (entries whose code is read, buckets and passed-over entries as their share) stops: its\n"
+"row is -1, for the linear scan.");
 
 static PyObject *py_mih_search(PyObject *self, PyObject *args)
 {
-    PyObject *q, *r, *lay, *pos, *off, *od, *op;
+    PyObject *q, *r, *lay, *pos, *off, *sk, *od, *op;
     Py_ssize_t nq, nr, k, n_off;
     long long budget;
     int words, n_bits, m, failed = 0;
-    if (!PyArg_ParseTuple(args, "OnOniinOiOOnLOO", &q, &nq, &r, &nr, &words, &n_bits, &k, &lay, &m, &pos, &off, &n_off,
-                          &budget, &od, &op))
+    if (!PyArg_ParseTuple(args, "OnOniinOiOOnOLOO", &q, &nq, &r, &nr, &words, &n_bits, &k, &lay, &m, &pos, &off, &n_off,
+                          &sk, &budget, &od, &op))
         return NULL;
     if (nq < 0 || nr < 1 || words < 1 || m < 1 || k < 1 || k > nr || n_bits < 1 || n_bits > 64 * words ||
         nr > 0xFFFFFFFFLL || nq >= 0xFFFFFFFFLL) {
@@ -887,7 +925,8 @@ static PyObject *py_mih_search(PyObject *self, PyObject *args)
     job.layout = job.r ? take(&b, lay, (Py_ssize_t)m * 16, 0, "layout") : NULL;
     job.pos = job.layout ? take(&b, pos, (Py_ssize_t)m * nr * 4, 0, "positions") : NULL;
     job.off = job.pos ? take(&b, off, n_off * 4, 0, "offsets") : NULL;
-    int64_t *out_d = job.off ? take(&b, od, nq * k * 8, 1, "out_distance") : NULL;
+    job.sk = job.off ? take(&b, sk, (Py_ssize_t)m * nr * 2, 0, "sketches") : NULL;
+    int64_t *out_d = job.sk ? take(&b, od, nq * k * 8, 1, "out_distance") : NULL;
     int64_t *out_p = out_d ? take(&b, op, nq * k * 8, 1, "out_position") : NULL;
     if (!out_p) {
         release(&b);

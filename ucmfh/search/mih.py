@@ -9,9 +9,12 @@ growing radius finds every item, nearest first: once radius r has been probed in
 search stops when k found items lie below that bound, so the result is the exact top k by
 (distance, position) — the linear scan's, ties and all.
 
-The tables are, per substring, the positions sorted by substring value and the offsets of each
-value's bucket (2^width + 1 entries). Memory: 4 bytes per item and substring, plus 4 bytes per
-substring value. The search runs in the compiled kernels (``mih_search`` of ``_hamming.c``, threads
+The tables are, per substring, the positions sorted by substring value, the offsets of each
+value's bucket (2^width + 1 entries), and beside each position its item's sketch: up to 16 bits of
+the next substring. In a bucket at radius r an item lies at r + (the sketch's distance to the query's)
+or more, so the kernel passes over an entry whose bound exceeds the k-th smallest distance found so
+far without reading its code, a read at random. Memory: 6 bytes per item and substring, plus 4 bytes
+per substring value. The search runs in the compiled kernels (``mih_search`` of ``_hamming.c``, threads
 over queries) where they are built, else in numpy, one query at a time (slow: a reference).
 """
 from __future__ import annotations
@@ -27,12 +30,12 @@ from ucmfh.files import atomic_path
 from ucmfh.search.kernels import kernels_module, over_query_ranges
 
 MAX_WIDTH = 24  # bits per substring: its bucket offsets take 4 · 2^width bytes
-# Probing pays when a query reads fewer bucket entries than this share of the items the scan would read:
+# Probing pays when a query reads fewer codes than this share of the items the scan would read:
 # measured on one core (scripts/bench_mih.py, 10M codes, random and of a trained model), the scan takes
-# about 0.2-0.3 ns per code, probing 25-45 ns per bucket entry (a code read at random, prefetched ahead)
-# and about four entries' worth per bucket (its offsets, read at random): the kernel counts a bucket as
-# four entries. (Before the prefetch, and a selection of the top k in place of a sort of all that were
-# found, an entry took 150-250 ns and the budget was 1 / 1024.)
+# about 0.2-0.3 ns per code, probing 25-45 ns per bucket entry whose code it reads (at random, prefetched
+# ahead), about four such entries' worth per bucket (its offsets, read at random), and an eighth of one
+# per entry its sketch passes over: the kernel counts them so. (Before the prefetch, and a selection of the
+# top k in place of a sort of all that were found, an entry took 150-250 ns and the budget was 1 / 1024.)
 BUDGET_PER_ITEM = 1 / 160
 PILOT = 8  # queries probed first within the budget: when most of them give up, the scan serves the rest
 MIN_BUDGET = 400  # a budget below this many entries (under 64k items) leaves every query to the scan
@@ -108,33 +111,45 @@ class MultiIndex:
             return
         self.positions = np.empty(self.m * n, dtype=np.uint32)
         self.offsets = np.empty(int(self.starts[-1]), dtype=np.uint32)
+        self.sketches = np.empty(self.m * n, dtype=np.uint16)
         for j, width in enumerate(widths):
             values = self._values(self.words, j)
-            self.positions[j * n : (j + 1) * n] = np.argsort(values, kind="stable")
+            order = np.argsort(values, kind="stable")
+            self.positions[j * n : (j + 1) * n] = order
             counts = np.bincount(values.astype(np.int64), minlength=1 << width)
             self.offsets[self.starts[j]] = 0
             np.cumsum(counts, out=self.offsets[self.starts[j] + 1 : self.starts[j + 1]])
+            self.sketches[j * n : (j + 1) * n] = self._sketch(self.words[order], j)
 
     @classmethod
     def from_tables(cls, words: np.ndarray, n_bits: int, m: int, positions: np.ndarray,
-                    offsets: np.ndarray) -> "MultiIndex":
+                    offsets: np.ndarray, sketches: np.ndarray) -> "MultiIndex":
         """Tables saved before (e.g. memory-mapped), checked against the codes' count and the layout."""
         tables = cls(words, n_bits, m, build=False)
         n = tables.words.shape[0]
         if positions.shape != (m * n,) or positions.dtype != np.uint32 or offsets.dtype != np.uint32 \
-                or offsets.shape != (int(tables.starts[-1]),) or offsets[tables.starts[1:] - 1].tolist() != [n] * m:
+                or offsets.shape != (int(tables.starts[-1]),) or offsets[tables.starts[1:] - 1].tolist() != [n] * m \
+                or sketches.shape != (m * n,) or sketches.dtype != np.uint16:
             raise ValueError(f"multi-index tables for {m} substrings of {n} items do not fit these codes")
-        tables.positions, tables.offsets = positions, offsets
+        tables.positions, tables.offsets, tables.sketches = positions, offsets, sketches
         return tables
 
     def _values(self, words: np.ndarray, j: int) -> np.ndarray:
         w, offset, width = self.layout[j]
         return (words[:, w] >> np.uint64(offset)) & np.uint64((1 << width) - 1)
 
+    def _sketch(self, words: np.ndarray, j: int) -> np.ndarray:
+        """Substring j's sketch of each row: the low (at most 16) bits of substring (j + 1) mod m; none where
+        m is 1 (the kernel's ``sk_width``)."""
+        if self.m == 1:
+            return np.zeros(words.shape[0], dtype=np.uint16)
+        w, offset, width = self.layout[(j + 1) % self.m]
+        return ((words[:, w] >> np.uint64(offset)) & np.uint64((1 << min(width, 16)) - 1)).astype(np.uint16)
+
     @property
     def nbytes(self) -> int:
         """Bytes of the tables (not counting the codes)."""
-        return self.positions.nbytes + self.offsets.nbytes
+        return self.positions.nbytes + self.offsets.nbytes + self.sketches.nbytes
 
     def _bucket(self, j: int, buckets: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
         offsets = self.offsets[self.starts[j] : self.starts[j + 1]]
@@ -214,7 +229,8 @@ class MultiIndex:
 
         def work(a: int, b: int, most: int) -> None:
             kernels.mih_search(queries[a:b], b - a, self.words, n, self.words.shape[1], self.n_bits, k, layout,
-                               self.m, self.positions, self.offsets, self.offsets.size, most, dist[a:b], pos[a:b])
+                               self.m, self.positions, self.offsets, self.offsets.size, self.sketches, most,
+                               dist[a:b], pos[a:b])
 
         pilot = min(PILOT, nq) if scan is not None else 0
         over_query_ranges(pilot, threads, lambda a, b: work(a, b, budget))
@@ -244,7 +260,7 @@ def multi_index(index: Any, modality: str, substrings: Optional[int] = None) -> 
     were got: ``in memory``, ``cached`` or ``built``."""
     words = index.codes(modality)
     m = default_substrings(index.n_bits, words.shape[0]) if substrings is None else substrings
-    parts = ("positions", "offsets")
+    parts = ("positions", "offsets", "sketches")
 
     def read(stem: str) -> Optional[MultiIndex]:
         if not all(os.path.exists(f"{stem}.{part}.npy") for part in parts):
