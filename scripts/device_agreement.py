@@ -7,8 +7,9 @@ bits, on the CPU and on ``--device``, with its dropout as configured and with dr
 and dropout: MAP@20 I→T + T→I (`unimodal`, tie-aware) on the CPU and on the device, the largest weight
 difference, and the CPU's range over ``--seeds`` other seeds (how far a different random stream moves the
 figure). With dropout 0 the two devices share every random draw (the model's initial weights and the
-batches are drawn on the CPU either way), so a gap that stays there is arithmetic; one that goes is the
-device's own dropout stream, which is a different draw, not a defect.
+batches are drawn on the CPU either way; the fusion encoder that ``ucmfh`` and ``distill`` train on has
+its dropout at 0 here), so a gap that stays there is arithmetic; one that goes is the device's own
+dropout stream, which is a different draw, not a defect.
 
     python scripts/device_agreement.py --device cuda
     python scripts/device_agreement.py --device cuda --methods dgcpn,daeh --seeds 5
@@ -56,8 +57,8 @@ def main(argv=None) -> None:
     torch.set_num_threads(2)
     with tempfile.TemporaryDirectory() as tmp:
         data = load_dataset(make_synthetic(Path(tmp) / "tiny.h5", TINY))
-        fusion = fit_fusion(data, FusionConfig(d_model=64, n_heads=4, d_ff=128, epochs=1, batch_size=64, lr=1e-3,
-                                               device="cpu"), progress=False)[0]
+        fusion = fit_fusion(data, FusionConfig(d_model=64, n_heads=4, d_ff=128, dropout=0.0, epochs=1, batch_size=64,
+                                               lr=1e-3, device="cpu"), progress=False)[0]
         print(f"{'method':<10} {'dropout':>8} {'cpu':>7} {args.device:>7} {'Δ':>7} {'max|Δw|':>9} "
               f"{'cpu seed range':>15}", flush=True)
         for method in methods:

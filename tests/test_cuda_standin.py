@@ -264,7 +264,8 @@ def test_every_method_trains_on_cuda_as_on_the_cpu_without_waiting_for_it_each_s
     fusion = teacher if METHODS[method].uses_fusion else None
     # on a GPU without dropout: there dropout draws from the GPU's generator, another stream than the CPU's;
     # at this size five CPU streams of dropout alone move DGCPN's and DAEH's figure by up to 0.05 and 0.08,
-    # and an H100 gave 0.14 and 0.13 (docs/benchmarks.md). Without it both devices share every random draw;
+    # and an H100 gave 0.14 and 0.13 (docs/benchmarks.md). Without it both devices share the heads' draws (the
+    # fusion encoder's own dropout, in the methods on one, stays);
     # scripts/device_agreement.py tells the two causes apart on a GPU
     dropout = None if cuda.standin else 0.0
     want, _ = _fit_on(None, tiny, method, fusion, monkeypatch, dropout)
