@@ -11,9 +11,10 @@ search stops when k found items lie below that bound, so the result is the exact
 
 The tables are, per substring, the positions sorted by substring value, the offsets of each
 value's bucket (2^width + 1 entries), and beside each position its item's sketch: up to 16 bits of
-the next substring. In a bucket at radius r an item lies at r + (the sketch's distance to the query's)
-or more, so the kernel passes over an entry whose bound exceeds the k-th smallest distance found so
-far without reading its code, a read at random. Memory: 6 bytes per item and substring, plus 4 bytes
+the next substring. An item kept where it is first met, in a bucket at radius r, is at distance r
+there, at the pigeonhole's least in the other substrings, and in the next one at least as far as its
+sketch is from the query's: the kernel passes over an entry whose least distance exceeds the k-th
+smallest found so far without reading its code, a read at random. Memory: 6 bytes per item and substring, plus 4 bytes
 per substring value. The search runs in the compiled kernels (``mih_search`` of ``_hamming.c``, threads
 over queries) where they are built, else in numpy, one query at a time (slow: a reference).
 """
@@ -38,7 +39,7 @@ MAX_WIDTH = 24  # bits per substring: its bucket offsets take 4 · 2^width bytes
 # top k in place of a sort of all that were found, an entry took 150-250 ns and the budget was 1 / 1024.)
 BUDGET_PER_ITEM = 1 / 160
 PILOT = 8  # queries probed first within the budget: when most of them give up, the scan serves the rest
-MIN_BUDGET = 400  # a budget below this many entries (under 64k items) leaves every query to the scan
+MIN_BUDGET = 400  # a budget below this many code reads (under 64k items) leaves every query to the scan
 _BYTE_COUNTS = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 
 
