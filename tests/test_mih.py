@@ -11,7 +11,7 @@ from ucmfh.app.cli import main
 from ucmfh.bits import as_words
 from ucmfh.search.scan import hamming_search
 from ucmfh.search.kernels import kernels_module
-from ucmfh.search.mih import MultiIndex, _layout, default_substrings, popcount
+from ucmfh.search.mih import MultiIndex, _layout, cache_name, default_substrings, popcount
 
 COMPILED = (True, False) if kernels_module() is not None else (False,)
 
@@ -42,6 +42,31 @@ def test_the_top_k_is_the_linear_scans(n_bits, kind):
             for compiled in COMPILED:  # the kernel, and the numpy reference
                 got = mih.search(qw, k, threads=2, compiled=compiled)
                 assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), (m, k, compiled)
+
+
+@pytest.mark.parametrize("kind", ["random", "clustered"])
+def test_both_formats_of_the_tables_give_the_scans_top_k(kind, monkeypatch):
+    """Up to 2^24 items a position's top byte holds 8 more sketch bits (24 in all); above, positions take
+    32 bits and sketches 16: the second format forced here on a small collection."""
+    from ucmfh.search import mih as mih_module
+
+    rng = np.random.default_rng(7)
+    items = codes(kind, 3000, 64, rng)
+    rw, qw = as_words(items, 64), as_words(np.concatenate([items[:5], rng.choice([-1, 1], (5, 64))]), 64)
+    small = MultiIndex(rw, 64, 3)  # 21-22-bit substrings: sketches wider than 16 bits
+    assert (small.positions >> 24).any()  # sketch bits 16-23 above the positions
+    monkeypatch.setattr(mih_module, "SMALL", 0)
+    large = MultiIndex(rw, 64, 3)
+    assert not (large.positions >> 24).any() and np.array_equal(large.sketches, small.sketches)
+    for k in (1, 10, 100):
+        want = hamming_search(qw, rw, 64, k, threads=1)
+        for tables in (small, large):
+            monkeypatch.setattr(mih_module, "SMALL", 1 << 24 if tables is small else 0)
+            # the kernel, and the numpy reference on clustered codes' near queries (quick there)
+            for compiled in COMPILED if kind == "clustered" else COMPILED[:1]:
+                n = len(qw) if compiled else 5
+                got = tables.search(qw[:n], k, threads=1, compiled=compiled)
+                assert np.array_equal(got[0], want[0][:n]) and np.array_equal(got[1], want[1][:n]), (k, compiled)
 
 
 def test_a_near_query_computes_few_distances():
@@ -84,7 +109,7 @@ def test_the_index_backend_equals_the_scan_and_caches_its_tables(tmp_path, monke
     cfg = BackendConfig(backend="mih")
     opened = Index.load(tmp_path / "ix")
     assert multi_index(opened, "txt")[1] == "built"
-    stem = f"txt.m{default_substrings(64, 3000)}.n3000"
+    stem = cache_name("txt", default_substrings(64, 3000), 3000)
     assert sorted(os.listdir(tmp_path / "ix" / "mih")) == [f"{stem}.lock", f"{stem}.offsets.npy", f"{stem}.positions.npy",
                                                              f"{stem}.sketches.npy"]
     reopened = Index.load(tmp_path / "ix")

@@ -407,8 +407,9 @@ static void choose_kernels(void)
  * radius r in substrings 0..j, an item not found is at distance m * r + j + 1 or more
  * (pigeonhole), so the search stops when k found items lie below that.
  *
- * Beside each position, its item's sketch in that substring's table (sk[j * nr ...]):
- * up to 16 bits of the next substring ((j + 1) mod m, its low bits). An item kept in substring
+ * Beside each position, its item's sketch in that substring's table (sk[j * nr ...]): the
+ * low bits of the next substring ((j + 1) mod m), 16 of them, and 8 more in the position's top
+ * byte where positions take 24 bits (job->small, up to 2^24 items; MIH_SKETCH_BITS). An item kept in substring
  * j's bucket at radius r is at distance r there, more than r in each substring before j and at
  * least r in each after it (else it was met before), and in the next substring at least as far
  * as its sketch is from the query's (mih_least). An entry whose bound exceeds the k-th smallest
@@ -421,10 +422,11 @@ typedef struct {
     const int32_t *layout;  /* [m, 4]: word, bit offset, width, start of the substring's offsets */
     const uint32_t *pos;    /* [m * nr] */
     const uint32_t *off;    /* concatenated bucket offsets (into a substring's nr positions) */
-    const uint16_t *sk;     /* [m * nr] each position's sketch */
+    const uint16_t *sk;     /* [m * nr] each position's sketch (its low 16 bits) */
     Py_ssize_t nq, nr, k;
     int64_t budget; /* what a query may cost (MIH_BUCKET_COST) before it is left to the scan (out_p = -1) */
     int words, m, n_bits;
+    int small; /* positions take 24 bits, their top byte 8 more sketch bits */
 } MihJob;
 
 #ifndef MIH_AHEAD
@@ -472,6 +474,10 @@ static void select_smallest(int64_t *a, Py_ssize_t n, Py_ssize_t kk)
     }
 }
 
+/* Sketch bits where positions need all 32 bits, and where they take 24 (the top byte holding 8 more). */
+#define MIH_SKETCH_BITS 16
+#define MIH_SKETCH_BITS_SMALL 24
+
 /* The least distance of an entry met first where it is (base: its substring's r and the pigeonhole's share of
  * the others but the next; the next substring's: at least next_least, and at least its sketch's bits apart). */
 static inline __attribute__((always_inline)) int mih_least(int base, int next_least, unsigned sketch_xor)
@@ -480,11 +486,21 @@ static inline __attribute__((always_inline)) int mih_least(int base, int next_le
     return base + (apart > next_least ? apart : next_least);
 }
 
+/* Entry t's sketch: its 16 low bits, and where positions take 24 bits, the 8 above them. */
+static inline __attribute__((always_inline)) unsigned
+mih_sketch(const uint32_t *pos, const uint16_t *sk, uint32_t t, int small)
+{
+    return (unsigned)sk[t] | (small ? (pos[t] >> 24) << 16 : 0u);
+}
+
 static inline __attribute__((always_inline)) int
 mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
 {
     const Py_ssize_t nr = job->nr, k = job->k;
     const int m = job->m, words = job->words, nd = job->n_bits + 1;
+    const int small = job->small;
+    const uint32_t pos_mask = small ? 0xFFFFFFu : 0xFFFFFFFFu;
+    const int sketch_bits = small ? MIH_SKETCH_BITS_SMALL : MIH_SKETCH_BITS;
     int64_t *hist = malloc((size_t)(nd + 1) * sizeof(int64_t)); /* [nd]: 0, above every distance */
     Py_ssize_t cap = 1024, n_found;
     int64_t *keys = malloc((size_t)cap * sizeof(int64_t));
@@ -513,7 +529,7 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
                     const uint32_t *pos = job->pos + (Py_ssize_t)j * nr;
                     const uint16_t *sk = job->sk + (Py_ssize_t)j * nr;
                     const int32_t *next = job->layout + 4 * ((j + 1) % m);
-                    const int sk_width = m > 1 ? (next[2] < 16 ? next[2] : 16) : 0;
+                    const int sk_width = m > 1 ? (next[2] < sketch_bits ? next[2] : sketch_bits) : 0;
                     const unsigned qsk = (unsigned)((q[next[0]] >> next[1]) & ((1ULL << sk_width) - 1));
                     /* an item kept here (met here first) is at distance r in substring j, more than r in each
                      * substring before j and at least r in each after it; the next one's at least its sketch's */
@@ -531,12 +547,13 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
                         for (uint32_t t = off[bucket]; t < end; t++) {
                             /* the codes are read at random: ask for one MIH_AHEAD entries on while this
                              * one is checked, so that the misses overlap instead of queueing */
-                            if (t + MIH_AHEAD < end && mih_least(base, next_least, qsk ^ sk[t + MIH_AHEAD]) <= kth)
-                                __builtin_prefetch(job->r + (Py_ssize_t)pos[t + MIH_AHEAD] * words, 0, 0);
-                            if (mih_least(base, next_least, qsk ^ sk[t]) > kth)
+                            if (t + MIH_AHEAD < end &&
+                                mih_least(base, next_least, qsk ^ mih_sketch(pos, sk, t + MIH_AHEAD, small)) <= kth)
+                                __builtin_prefetch(job->r + (Py_ssize_t)(pos[t + MIH_AHEAD] & pos_mask) * words, 0, 0);
+                            if (mih_least(base, next_least, qsk ^ mih_sketch(pos, sk, t, small)) > kth)
                                 continue; /* beyond the k nearest found: its code is not read */
                             cost8 += 7; /* its code read: a whole unit with the eighth above */
-                            const uint32_t p = pos[t];
+                            const uint32_t p = pos[t] & pos_mask;
                             const uint64_t *item = job->r + (Py_ssize_t)p * words;
                             int first = 1; /* met here first: no substring before j at r or less, none after below r */
                             for (int jj = 0; jj < m && first; jj++) {
@@ -896,11 +913,12 @@ fail:
 
 PyDoc_STRVAR(mih_search_doc,
 "mih_search(queries, n_query, items, n_items, words, n_bits, k, layout, m, positions, offsets, n_offsets,\n"
-"           sketches, budget, out_distance, out_position)\n--\n\n"
+"           sketches, small, budget, out_distance, out_position)\n--\n\n"
 "Exact top k (1 <= k <= n_items) of each query by (Hamming distance, position) from multi-index\n"
 "tables: layout int32 [m, 4] (word, bit offset, width, start in offsets), positions uint32\n"
-"[m * n_items], offsets uint32 [n_offsets], sketches uint16 [m * n_items] (each position's low\n"
-"16 bits of the next substring); outputs int64 [n_query, k]. A query that would cost more than\n"
+"[m * n_items] (with small, n_items <= 2^24 and the top byte holds sketch bits 16-23), offsets uint32\n"
+"[n_offsets], sketches uint16 [m * n_items] (each position's low 16 bits of the next substring);\n"
+"outputs int64 [n_query, k]. A query that would cost more than\n"
 "budget (entries whose code is read, buckets and passed-over entries as their share) stops: its\n"
 "row is -1, for the linear scan.");
 
@@ -909,17 +927,18 @@ static PyObject *py_mih_search(PyObject *self, PyObject *args)
     PyObject *q, *r, *lay, *pos, *off, *sk, *od, *op;
     Py_ssize_t nq, nr, k, n_off;
     long long budget;
-    int words, n_bits, m, failed = 0;
-    if (!PyArg_ParseTuple(args, "OnOniinOiOOnOLOO", &q, &nq, &r, &nr, &words, &n_bits, &k, &lay, &m, &pos, &off, &n_off,
-                          &sk, &budget, &od, &op))
+    int words, n_bits, m, small, failed = 0;
+    if (!PyArg_ParseTuple(args, "OnOniinOiOOnOpLOO", &q, &nq, &r, &nr, &words, &n_bits, &k, &lay, &m, &pos, &off, &n_off,
+                          &sk, &small, &budget, &od, &op))
         return NULL;
     if (nq < 0 || nr < 1 || words < 1 || m < 1 || k < 1 || k > nr || n_bits < 1 || n_bits > 64 * words ||
-        nr > 0xFFFFFFFFLL || nq >= 0xFFFFFFFFLL) {
+        nr > 0xFFFFFFFFLL || nq >= 0xFFFFFFFFLL || (small && nr > (1LL << 24))) {
         PyErr_SetString(PyExc_ValueError, "mih_search: sizes out of range");
         return NULL;
     }
     Buffers b = {.n = 0};
-    MihJob job = {.nq = nq, .nr = nr, .k = k, .budget = budget, .words = words, .m = m, .n_bits = n_bits};
+    MihJob job = {.nq = nq, .nr = nr, .k = k, .budget = budget, .words = words, .m = m, .n_bits = n_bits,
+                  .small = small};
     job.q = take(&b, q, nq * words * 8, 0, "queries");
     job.r = job.q ? take(&b, r, nr * words * 8, 0, "items") : NULL;
     job.layout = job.r ? take(&b, lay, (Py_ssize_t)m * 16, 0, "layout") : NULL;

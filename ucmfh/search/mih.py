@@ -10,8 +10,9 @@ search stops when k found items lie below that bound, so the result is the exact
 (distance, position) — the linear scan's, ties and all.
 
 The tables are, per substring, the positions sorted by substring value, the offsets of each
-value's bucket (2^width + 1 entries), and beside each position its item's sketch: up to 16 bits of
-the next substring. An item kept where it is first met, in a bucket at radius r, is at distance r
+value's bucket (2^width + 1 entries), and beside each position its item's sketch: the low bits of
+the next substring, 16 of them, and 24 where positions fit in 24 bits (up to 2^24 items: the top byte
+of each position holds the 8 more). An item kept where it is first met, in a bucket at radius r, is at distance r
 there, at the pigeonhole's least in the other substrings, and in the next one at least as far as its
 sketch is from the query's: the kernel passes over an entry whose least distance exceeds the k-th
 smallest found so far without reading its code, a read at random. Memory: 6 bytes per item and substring, plus 4 bytes
@@ -31,6 +32,8 @@ from ucmfh.files import atomic_path
 from ucmfh.search.kernels import kernels_module, over_query_ranges
 
 MAX_WIDTH = 24  # bits per substring: its bucket offsets take 4 · 2^width bytes
+SMALL = 1 << 24  # up to this many items a position takes 24 bits, its top byte 8 more sketch bits
+POSITION_BITS = 0xFFFFFF
 # Probing pays when a query reads fewer codes than this share of the items the scan would read:
 # measured on one core (scripts/bench_mih.py, 10M codes, random and of a trained model), the scan takes
 # about 0.2-0.3 ns per code, probing 25-45 ns per bucket entry whose code it reads (at random, prefetched
@@ -116,11 +119,12 @@ class MultiIndex:
         for j, width in enumerate(widths):
             values = self._values(self.words, j)
             order = np.argsort(values, kind="stable")
-            self.positions[j * n : (j + 1) * n] = order
             counts = np.bincount(values.astype(np.int64), minlength=1 << width)
             self.offsets[self.starts[j]] = 0
             np.cumsum(counts, out=self.offsets[self.starts[j] + 1 : self.starts[j + 1]])
-            self.sketches[j * n : (j + 1) * n] = self._sketch(self.words[order], j)
+            sketch = self._sketch(self.words[order], j)
+            self.sketches[j * n : (j + 1) * n] = sketch & 0xFFFF
+            self.positions[j * n : (j + 1) * n] = order | ((sketch >> 16) << 24 if n <= SMALL else 0)
 
     @classmethod
     def from_tables(cls, words: np.ndarray, n_bits: int, m: int, positions: np.ndarray,
@@ -140,12 +144,13 @@ class MultiIndex:
         return (words[:, w] >> np.uint64(offset)) & np.uint64((1 << width) - 1)
 
     def _sketch(self, words: np.ndarray, j: int) -> np.ndarray:
-        """Substring j's sketch of each row: the low (at most 16) bits of substring (j + 1) mod m; none where
-        m is 1 (the kernel's ``sk_width``)."""
+        """Substring j's sketch of each row: the low bits of substring (j + 1) mod m, at most 24 up to
+        ``SMALL`` items and 16 above; none where m is 1 (the kernel's ``sk_width``). Shape: [N] uint32."""
         if self.m == 1:
-            return np.zeros(words.shape[0], dtype=np.uint16)
+            return np.zeros(words.shape[0], dtype=np.uint32)
         w, offset, width = self.layout[(j + 1) % self.m]
-        return ((words[:, w] >> np.uint64(offset)) & np.uint64((1 << min(width, 16)) - 1)).astype(np.uint16)
+        bits = min(width, 24 if self.words.shape[0] <= SMALL else 16)
+        return ((words[:, w] >> np.uint64(offset)) & np.uint64((1 << bits) - 1)).astype(np.uint32)
 
     @property
     def nbytes(self) -> int:
@@ -178,7 +183,10 @@ class MultiIndex:
                     sizes = stops - starts
                     if sizes.sum():
                         take = np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(sizes.sum()) + j * n
-                        new = np.setdiff1d(self.positions[take].astype(np.int64), seen, assume_unique=False)
+                        found = self.positions[take].astype(np.int64)
+                        if n <= SMALL:  # the top byte is sketch
+                            found &= POSITION_BITS
+                        new = np.setdiff1d(found, seen, assume_unique=False)
                         if new.size:
                             seen = np.concatenate([seen, new])
                             found_d = np.concatenate([found_d, self._distances(q, new)])
@@ -230,8 +238,8 @@ class MultiIndex:
 
         def work(a: int, b: int, most: int) -> None:
             kernels.mih_search(queries[a:b], b - a, self.words, n, self.words.shape[1], self.n_bits, k, layout,
-                               self.m, self.positions, self.offsets, self.offsets.size, self.sketches, most,
-                               dist[a:b], pos[a:b])
+                               self.m, self.positions, self.offsets, self.offsets.size, self.sketches,
+                               n <= SMALL, most, dist[a:b], pos[a:b])
 
         pilot = min(PILOT, nq) if scan is not None else 0
         over_query_ranges(pilot, threads, lambda a, b: work(a, b, budget))
@@ -249,9 +257,13 @@ class MultiIndex:
 CACHE = "mih"  # the cache folder inside an index folder
 
 
+FORMAT = "s24"  # the tables' format: 24-bit sketches up to SMALL items (positions' top byte), 16 above
+
+
 def cache_name(modality: str, m: int, count: int) -> str:
-    """The file names' stem of one modality's tables: the substrings and the items they were built for."""
-    return f"{modality}.m{m}.n{count}"
+    """The file names' stem of one modality's tables: the substrings, the items they were built for and
+    the format (tables of another are built again, not misread)."""
+    return f"{modality}.m{m}.n{count}.{FORMAT}"
 
 
 def multi_index(index: Any, modality: str, substrings: Optional[int] = None) -> Tuple["MultiIndex", str]:
