@@ -48,15 +48,12 @@ def _chunk_plan(txt: State, masks: List[str], text_chunk: int) -> Tuple[torch.Te
     the inputs kept them (:func:`ucmfh.seps.scoring.text_inputs`): no wait for the device; else on the
     device, with one sync for every chunk's width."""
     hosts = [known_host_copy(txt[key]) for key in masks]
-    if all(host is not None for host in hosts):
-        lengths = [host.sum(dim=1) for host in hosts]
-        order = lengths[masks.index("mask_sparse")].argsort(stable=True)
-        widths = [[max(1, int(length[index].max())) for length in lengths] for index in order.split(text_chunk)]
-        return to_device(order, txt["mask_sparse"].device), widths
-    order = txt["mask_sparse"].sum(dim=1).argsort(stable=True)
-    widths = torch.stack([torch.stack([txt[key][index].sum(dim=1).max() for key in masks])
+    on_host = all(host is not None for host in hosts)
+    lengths = [mask.sum(dim=1) for mask in (hosts if on_host else [txt[key] for key in masks])]
+    order = lengths[masks.index("mask_sparse")].argsort(stable=True)
+    widths = torch.stack([torch.stack([length[index].max() for length in lengths])
                           for index in order.split(text_chunk)]).clamp(min=1).tolist()
-    return order, widths
+    return (to_device(order, txt["mask_sparse"].device) if on_host else order), widths
 
 
 def _minmax(s: torch.Tensor) -> torch.Tensor:
