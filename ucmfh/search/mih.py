@@ -122,9 +122,9 @@ class MultiIndex:
             counts = np.bincount(values.astype(np.int64), minlength=1 << width)
             self.offsets[self.starts[j]] = 0
             np.cumsum(counts, out=self.offsets[self.starts[j] + 1 : self.starts[j + 1]])
-            sketch = self._sketch(self.words[order], j)
+            sketch = self._sketch(j)[order]
             self.sketches[j * n : (j + 1) * n] = sketch & 0xFFFF
-            self.positions[j * n : (j + 1) * n] = order | ((sketch >> 16) << 24 if n <= SMALL else 0)
+            self.positions[j * n : (j + 1) * n] = order | ((sketch >> 16) << 24 if self.small else 0)
 
     @classmethod
     def from_tables(cls, words: np.ndarray, n_bits: int, m: int, positions: np.ndarray,
@@ -143,14 +143,19 @@ class MultiIndex:
         w, offset, width = self.layout[j]
         return (words[:, w] >> np.uint64(offset)) & np.uint64((1 << width) - 1)
 
-    def _sketch(self, words: np.ndarray, j: int) -> np.ndarray:
-        """Substring j's sketch of each row: the low bits of substring (j + 1) mod m, at most 24 up to
-        ``SMALL`` items and 16 above; none where m is 1 (the kernel's ``sk_width``). Shape: [N] uint32."""
+    @property
+    def small(self) -> bool:
+        """Whether positions take 24 bits, their top byte holding 8 more sketch bits (up to ``SMALL`` items)."""
+        return self.words.shape[0] <= SMALL
+
+    def _sketch(self, j: int) -> np.ndarray:
+        """Substring j's sketch of each item: the low bits of substring (j + 1) mod m, at most 24 where
+        :attr:`small` and 16 above; none where m is 1 (the kernel's ``sk_width``). Shape: [N] uint32."""
         if self.m == 1:
-            return np.zeros(words.shape[0], dtype=np.uint32)
+            return np.zeros(self.words.shape[0], dtype=np.uint32)
         w, offset, width = self.layout[(j + 1) % self.m]
-        bits = min(width, 24 if self.words.shape[0] <= SMALL else 16)
-        return ((words[:, w] >> np.uint64(offset)) & np.uint64((1 << bits) - 1)).astype(np.uint32)
+        bits = min(width, 24 if self.small else 16)
+        return ((self.words[:, w] >> np.uint64(offset)) & np.uint64((1 << bits) - 1)).astype(np.uint32)
 
     @property
     def nbytes(self) -> int:
@@ -184,7 +189,7 @@ class MultiIndex:
                     if sizes.sum():
                         take = np.repeat(starts - np.cumsum(sizes) + sizes, sizes) + np.arange(sizes.sum()) + j * n
                         found = self.positions[take].astype(np.int64)
-                        if n <= SMALL:  # the top byte is sketch
+                        if self.small:  # the top byte is sketch
                             found &= POSITION_BITS
                         new = np.setdiff1d(found, seen, assume_unique=False)
                         if new.size:
@@ -239,7 +244,7 @@ class MultiIndex:
         def work(a: int, b: int, most: int) -> None:
             kernels.mih_search(queries[a:b], b - a, self.words, n, self.words.shape[1], self.n_bits, k, layout,
                                self.m, self.positions, self.offsets, self.offsets.size, self.sketches,
-                               n <= SMALL, most, dist[a:b], pos[a:b])
+                               self.small, most, dist[a:b], pos[a:b])
 
         pilot = min(PILOT, nq) if scan is not None else 0
         over_query_ranges(pilot, threads, lambda a, b: work(a, b, budget))
