@@ -96,7 +96,8 @@ def test_the_index_backend_equals_the_scan_and_caches_its_tables(tmp_path, monke
     from ucmfh.config import BackendConfig
     from ucmfh.search import mih as mih_module
 
-    monkeypatch.setattr(mih_module, "BUDGET_PER_ITEM", 1 / 4)  # a small collection probed all the same
+    monkeypatch.setattr(mih_module, "MIN_ITEMS", 0)  # a small collection probed all the same
+    monkeypatch.setattr(mih_module, "BUDGET_PER_WORD", 1 / 4)
     from ucmfh.search import Index
     from ucmfh.search.mih import multi_index
     from ucmfh.search.shards import Shards
@@ -147,7 +148,8 @@ def test_far_queries_fall_back_to_the_scan(monkeypatch):
     (and a collection too small to probe is scanned outright)."""
     from ucmfh.search import mih as mih_module
 
-    monkeypatch.setattr(mih_module, "BUDGET_PER_ITEM", 1 / 32)  # probing is tried on these 20,000 items
+    monkeypatch.setattr(mih_module, "MIN_ITEMS", 0)  # probing is tried on these 20,000 items
+    monkeypatch.setattr(mih_module, "BUDGET_PER_WORD", 1 / 32)
     rng = np.random.default_rng(5)
     rw = as_words(codes("random", 20000, 64, rng), 64)
     qw = as_words(codes("random", 40, 64, rng), 64)

@@ -412,10 +412,16 @@ static void choose_kernels(void)
  * byte where positions take 24 bits (job->small, up to 2^24 items; MIH_SKETCH_BITS). An item kept in substring
  * j's bucket at radius r is at distance r there, more than r in each substring before j and at
  * least r in each after it (else it was met before), and in the next substring at least as far
- * as its sketch is from the query's (mih_least). An entry whose bound exceeds the k-th smallest
- * distance found so far is passed over without reading its code, a read at random: it is not
- * among the k nearest, since that distance only falls. The stopping rule is unchanged: such an
- * item lies beyond k found items.
+ * as its sketch is from the query's. An entry whose bound exceeds the k-th smallest distance found
+ * so far is passed over without reading its code, a read at random: it is not among the k nearest,
+ * since that distance only falls. The stopping rule is unchanged: such an item lies beyond k found
+ * items.
+ *
+ * Every read at random is asked for (__builtin_prefetch) well before it is made, so that the cache
+ * misses overlap instead of queueing: a bucket's offsets MIH_OFFSETS_AHEAD buckets of the probing
+ * order before it is probed, its first entries MIH_ENTRIES_AHEAD buckets before, and the code of an
+ * entry its sketch keeps MIH_LAG kept entries before it is read (the rest at the end of each
+ * substring's radius, before the stopping rule counts what was found).
  */
 typedef struct {
     const uint64_t *q, *r;  /* query words [nq, words], item words [nr, words] */
@@ -429,8 +435,24 @@ typedef struct {
     int small; /* positions take 24 bits, their top byte 8 more sketch bits */
 } MihJob;
 
-#ifndef MIH_AHEAD
-#define MIH_AHEAD 32 /* bucket entries between a code's prefetch and its check */
+/* How far ahead reads are asked for: the offsets of the bucket MIH_OFFSETS_AHEAD on in the probing order, the first
+ * MIH_ENTRY_LINES cache lines of the positions and sketches of the one MIH_ENTRIES_AHEAD on (its offsets asked for
+ * before), and an entry's code MIH_LAG kept entries before it is read. A bucket's sketches are checked MIH_CHUNK
+ * entries at a time, branch-free. Measured on one core, 10M trained 64-bit codes (scripts/bench_mih.py). */
+#ifndef MIH_OFFSETS_AHEAD
+#define MIH_OFFSETS_AHEAD 16
+#endif
+#ifndef MIH_ENTRIES_AHEAD
+#define MIH_ENTRIES_AHEAD 8
+#endif
+#ifndef MIH_ENTRY_LINES
+#define MIH_ENTRY_LINES 4
+#endif
+#ifndef MIH_CHUNK
+#define MIH_CHUNK 256
+#endif
+#ifndef MIH_LAG
+#define MIH_LAG 32
 #endif
 /* The budget's unit is one entry whose code is read (at random). A bucket's probe (two reads of its offsets,
  * at random) costs about as much as this many; an entry passed over by its sketch, an eighth of one. */
@@ -478,19 +500,81 @@ static void select_smallest(int64_t *a, Py_ssize_t n, Py_ssize_t kk)
 #define MIH_SKETCH_BITS 16
 #define MIH_SKETCH_BITS_SMALL 24
 
-/* The least distance of an entry met first where it is (base: its substring's r and the pigeonhole's share of
- * the others but the next; the next substring's: at least next_least, and at least its sketch's bits apart). */
-static inline __attribute__((always_inline)) int mih_least(int base, int next_least, unsigned sketch_xor)
+/* A place in the probing order: substring j's bucket value ^ x at radius r (x has r bits set). The order is
+ * every substring at radius r, 0 to m - 1, before any at r + 1; a substring narrower than r has no buckets there. */
+typedef struct {
+    int r, j;
+    uint64_t x;
+} MihCursor;
+
+/* Move c to the next bucket of the order (Gosper's hack: the next x with as many bits set). Returns 1 where
+ * c left substring j's radius r (that step of the order is over); c->r > maxw: past the last bucket. */
+static inline __attribute__((always_inline)) int mih_next(MihCursor *c, const int32_t *layout, int m, int maxw)
 {
-    const int apart = __builtin_popcount(sketch_xor);
-    return base + (apart > next_least ? apart : next_least);
+    if (c->r) {
+        const uint64_t low = c->x & (~c->x + 1), rr = c->x + low;
+        c->x = (((rr ^ c->x) >> 2) >> __builtin_ctzll(low)) | rr;
+        if (c->x < (1ULL << layout[4 * c->j + 2]))
+            return 0;
+    }
+    do {
+        if (++c->j == m)
+            c->j = 0, c->r++;
+    } while (c->r <= maxw && c->r > layout[4 * c->j + 2]);
+    c->x = c->r <= maxw ? (1ULL << c->r) - 1 : 0;
+    return 1;
 }
 
-/* Entry t's sketch: its 16 low bits, and where positions take 24 bits, the 8 above them. */
-static inline __attribute__((always_inline)) unsigned
-mih_sketch(const uint32_t *pos, const uint16_t *sk, uint32_t t, int small)
+/* The items found so far for one query: their keys (distance * nr + position), a histogram of their distances
+ * and the k-th smallest of them (nd while fewer than k). */
+typedef struct {
+    int64_t *keys, *hist;
+    Py_ssize_t cap, n;
+    int kth;
+    int64_t within_kth; /* found items at distance kth or less */
+} MihFound;
+
+/* Read the codes of entries cand[from..to) of substring j's buckets at radius r, whose sketches were
+ * apart[..] from the query's, and keep each met there first. Returns -1 when out of memory. */
+static inline __attribute__((always_inline)) int
+mih_check(MihFound *f, const MihJob *job, const uint64_t *q, int r, int j, int base, const uint32_t *cand,
+          const uint8_t *apart, int from, int to)
 {
-    return (unsigned)sk[t] | (small ? (pos[t] >> 24) << 16 : 0u);
+    const int m = job->m, words = job->words;
+    for (int c = from; c < to; c++) {
+        if (base + apart[c] > f->kth)
+            continue; /* beyond the k-th found, which fell since it was kept */
+        const uint32_t p = cand[c];
+        const uint64_t *item = job->r + (Py_ssize_t)p * words;
+        int first = 1; /* met here first: no substring before j at r or less, none after below r */
+        for (int jj = 0; jj < m && first; jj++) {
+            if (jj == j)
+                continue;
+            const int32_t *o = job->layout + 4 * jj;
+            const uint64_t mask = (1ULL << o[2]) - 1;
+            const int dj = __builtin_popcountll(((q[o[0]] ^ item[o[0]]) >> o[1]) & mask);
+            first = jj < j ? dj > r : dj >= r;
+        }
+        if (!first)
+            continue;
+        int d = 0;
+        for (int w = 0; w < words; w++)
+            d += __builtin_popcountll(q[w] ^ item[w]);
+        if (f->n == f->cap) {
+            int64_t *grown = realloc(f->keys, (size_t)(2 * f->cap) * sizeof(int64_t));
+            if (!grown)
+                return -1;
+            f->keys = grown, f->cap *= 2;
+        }
+        f->keys[f->n++] = (int64_t)d * job->nr + p;
+        f->hist[d]++;
+        if (d <= f->kth) { /* the k-th smallest distance can only fall */
+            f->within_kth++;
+            while (f->within_kth - f->hist[f->kth] >= job->k)
+                f->within_kth -= f->hist[f->kth--];
+        }
+    }
+    return 0;
 }
 
 static inline __attribute__((always_inline)) int
@@ -498,111 +582,124 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
 {
     const Py_ssize_t nr = job->nr, k = job->k;
     const int m = job->m, words = job->words, nd = job->n_bits + 1;
+    const int32_t *layout = job->layout;
     const int small = job->small;
     const uint32_t pos_mask = small ? 0xFFFFFFu : 0xFFFFFFFFu;
     const int sketch_bits = small ? MIH_SKETCH_BITS_SMALL : MIH_SKETCH_BITS;
-    int64_t *hist = malloc((size_t)(nd + 1) * sizeof(int64_t)); /* [nd]: 0, above every distance */
-    Py_ssize_t cap = 1024, n_found;
-    int64_t *keys = malloc((size_t)cap * sizeof(int64_t));
-    int maxw = 0;
+    MihFound f = {.keys = malloc(1024 * sizeof(int64_t)), .hist = malloc((size_t)(nd + 1) * sizeof(int64_t)),
+                  .cap = 1024}; /* hist[nd]: 0, above every distance */
+    uint64_t *value = malloc((size_t)m * sizeof(uint64_t)); /* the query's substrings */
+    unsigned *qsk = malloc((size_t)m * sizeof(unsigned)); /* its sketch in each substring's table */
+    /* entries of the step probed (substring j, radius r) that their sketches keep, their codes asked for and read
+     * MIH_LAG entries later (all of them at the step's end): positions and sketch distances */
+    uint32_t cand[MIH_CHUNK + MIH_LAG];
+    uint8_t apart[MIH_CHUNK + MIH_LAG];
+    int maxw = 0, failed = 0;
     for (int j = 0; j < m; j++)
-        maxw = job->layout[4 * j + 2] > maxw ? job->layout[4 * j + 2] : maxw;
-    if (!hist || !keys) {
-        free(hist), free(keys);
-        return -1;
-    }
-    for (Py_ssize_t i = 0; i < job->nq; i++) {
+        maxw = layout[4 * j + 2] > maxw ? layout[4 * j + 2] : maxw;
+    if (!f.keys || !f.hist || !value || !qsk)
+        failed = 1;
+    for (Py_ssize_t i = 0; i < job->nq && !failed; i++) {
         const uint64_t *q = job->q + i * words;
-        memset(hist, 0, (size_t)(nd + 1) * sizeof(int64_t));
-        n_found = 0;
-        int kth = nd;           /* the k-th smallest distance found (nd: fewer than k found) */
-        int64_t within_kth = 0; /* found items at distance kth or less */
+        for (int j = 0; j < m; j++) {
+            const int32_t *lay = layout + 4 * j, *next = layout + 4 * ((j + 1) % m);
+            const int sk_width = m > 1 ? (next[2] < sketch_bits ? next[2] : sketch_bits) : 0;
+            value[j] = (q[lay[0]] >> lay[1]) & ((1ULL << lay[2]) - 1);
+            qsk[j] = (unsigned)((q[next[0]] >> next[1]) & ((1ULL << sk_width) - 1));
+        }
+        memset(f.hist, 0, (size_t)(nd + 1) * sizeof(int64_t));
+        f.n = 0, f.kth = nd, f.within_kth = 0;
         int64_t cost8 = 0; /* in eighths of the budget's unit */
-        int done = 0, gave_up = 0;
-        for (int r = 0; r <= maxw && !done; r++) {
-            for (int j = 0; j < m && !done; j++) {
-                const int32_t *lay = job->layout + 4 * j;
-                const int width = lay[2];
-                if (r <= width) {
-                    const uint64_t value = (q[lay[0]] >> lay[1]) & ((width == 64 ? 0 : (1ULL << width)) - 1);
-                    const uint32_t *off = job->off + lay[3];
-                    const uint32_t *pos = job->pos + (Py_ssize_t)j * nr;
-                    const uint16_t *sk = job->sk + (Py_ssize_t)j * nr;
-                    const int32_t *next = job->layout + 4 * ((j + 1) % m);
-                    const int sk_width = m > 1 ? (next[2] < sketch_bits ? next[2] : sketch_bits) : 0;
-                    const unsigned qsk = (unsigned)((q[next[0]] >> next[1]) & ((1ULL << sk_width) - 1));
-                    /* an item kept here (met here first) is at distance r in substring j, more than r in each
-                     * substring before j and at least r in each after it; the next one's at least its sketch's */
-                    const int base = (m - 1) * r + (j < m - 1 ? j : m - 2), next_least = r + (j == m - 1);
-                    const uint64_t limit = 1ULL << width;
-                    uint64_t x = r ? (1ULL << r) - 1 : 0;
-                    for (;;) { /* every width-bit x with r bits set (Gosper's hack) */
-                        const uint64_t bucket = value ^ x;
-                        cost8 += (int64_t)off[bucket + 1] - off[bucket] + 8 * MIH_BUCKET_COST;
-                        if ((cost8 >> 3) > job->budget) {
-                            gave_up = done = 1;
-                            break;
-                        }
-                        const uint32_t end = off[bucket + 1];
-                        for (uint32_t t = off[bucket]; t < end; t++) {
-                            /* the codes are read at random: ask for one MIH_AHEAD entries on while this
-                             * one is checked, so that the misses overlap instead of queueing */
-                            if (t + MIH_AHEAD < end &&
-                                mih_least(base, next_least, qsk ^ mih_sketch(pos, sk, t + MIH_AHEAD, small)) <= kth)
-                                __builtin_prefetch(job->r + (Py_ssize_t)(pos[t + MIH_AHEAD] & pos_mask) * words, 0, 0);
-                            if (mih_least(base, next_least, qsk ^ mih_sketch(pos, sk, t, small)) > kth)
-                                continue; /* beyond the k nearest found: its code is not read */
-                            cost8 += 7; /* its code read: a whole unit with the eighth above */
-                            const uint32_t p = pos[t] & pos_mask;
-                            const uint64_t *item = job->r + (Py_ssize_t)p * words;
-                            int first = 1; /* met here first: no substring before j at r or less, none after below r */
-                            for (int jj = 0; jj < m && first; jj++) {
-                                if (jj == j)
-                                    continue;
-                                const int32_t *o = job->layout + 4 * jj;
-                                const uint64_t mask = (1ULL << o[2]) - 1;
-                                const int dj = __builtin_popcountll(((q[o[0]] ^ item[o[0]]) >> o[1]) & mask);
-                                first = jj < j ? dj > r : dj >= r;
-                            }
-                            if (!first)
-                                continue;
-                            int d = 0;
-                            for (int w = 0; w < words; w++)
-                                d += __builtin_popcountll(q[w] ^ item[w]);
-                            if (n_found == cap) {
-                                int64_t *grown = realloc(keys, (size_t)(2 * cap) * sizeof(int64_t));
-                                if (!grown) {
-                                    free(hist), free(keys);
-                                    return -1;
-                                }
-                                keys = grown, cap *= 2;
-                            }
-                            keys[n_found++] = (int64_t)d * nr + p;
-                            hist[d]++;
-                            if (d <= kth) { /* the k-th smallest distance can only fall */
-                                within_kth++;
-                                while (within_kth - hist[kth] >= k)
-                                    within_kth -= hist[kth--];
-                            }
-                        }
-                        if (r == 0)
-                            break;
-                        const uint64_t c = x & (~x + 1), rr = x + c;
-                        x = (((rr ^ x) >> 2) / c) | rr;
-                        if (x >= limit)
-                            break;
-                    }
+        int done = 0, gave_up = 0, head = 0, tail = 0;
+        /* the bucket probed, and two ahead of it: one whose offsets, one whose first entries are asked for */
+        MihCursor here = {0, 0, 0}, ahead_off = here, ahead_ent = here;
+#define MIH_OFFSETS(c) (job->off + layout[4 * (c).j + 3] + (value[(c).j] ^ (c).x))
+#define MIH_ASK_OFFSETS(c) __builtin_prefetch(MIH_OFFSETS(c), 0, 0)
+#define MIH_ASK_ENTRIES(c)                                                                                 \
+        do {                                                                                               \
+            const uint32_t *o = MIH_OFFSETS(c), e0 = o[0], e1 = o[1];                                      \
+            const Py_ssize_t at = (Py_ssize_t)(c).j * nr;                                                  \
+            for (uint32_t e = e0; e < e1 && e < e0 + 16 * MIH_ENTRY_LINES; e += 16)                        \
+                __builtin_prefetch(job->pos + at + e, 0, 0);                                               \
+            for (uint32_t e = e0; e < e1 && e < e0 + 16 * MIH_ENTRY_LINES; e += 32)                        \
+                __builtin_prefetch(job->sk + at + e, 0, 0);                                                \
+        } while (0)
+        for (int a = 0; a < MIH_OFFSETS_AHEAD && ahead_off.r <= maxw; a++) {
+            MIH_ASK_OFFSETS(ahead_off);
+            mih_next(&ahead_off, layout, m, maxw);
+        }
+        for (int a = 0; a < MIH_ENTRIES_AHEAD && ahead_ent.r <= maxw; a++) {
+            MIH_ASK_ENTRIES(ahead_ent);
+            mih_next(&ahead_ent, layout, m, maxw);
+        }
+        while (!done) {
+            const int r = here.r, j = here.j;
+            const uint32_t *off = MIH_OFFSETS(here);
+            const uint32_t *pos = job->pos + (Py_ssize_t)j * nr;
+            const uint16_t *sk = job->sk + (Py_ssize_t)j * nr;
+            const unsigned qs = qsk[j];
+            /* an item kept here (met here first) is at distance r in substring j, more than r in each substring
+             * before j and at least r in each after it; in the next one at least as far as its sketch is */
+            const int base = (m - 1) * r + (j < m - 1 ? j : m - 2), next_least = r + (j == m - 1);
+            if (ahead_off.r <= maxw) {
+                MIH_ASK_OFFSETS(ahead_off);
+                mih_next(&ahead_off, layout, m, maxw);
+            }
+            if (ahead_ent.r <= maxw) {
+                MIH_ASK_ENTRIES(ahead_ent);
+                mih_next(&ahead_ent, layout, m, maxw);
+            }
+            const uint32_t end = off[1];
+            cost8 += (int64_t)end - off[0] + 8 * MIH_BUCKET_COST;
+            if ((cost8 >> 3) > job->budget) {
+                gave_up = 1;
+                break;
+            }
+            const int step_over = mih_next(&here, layout, m, maxw);
+            for (uint32_t t0 = off[0]; t0 < end; t0 += MIH_CHUNK) {
+                const int lim = f.kth - base; /* an entry whose sketch is farther is beyond the k-th found */
+                if (next_least > lim)
+                    break; /* every entry here is: the k-th distance only falls */
+                if (tail + MIH_CHUNK > MIH_CHUNK + MIH_LAG) { /* room for a chunk */
+                    memmove(cand, cand + head, (size_t)(tail - head) * sizeof *cand);
+                    memmove(apart, apart + head, (size_t)(tail - head) * sizeof *apart);
+                    tail -= head, head = 0;
                 }
-                if (gave_up)
-                    break;
+                const uint32_t t1 = end - t0 < MIH_CHUNK ? end : t0 + MIH_CHUNK;
+                const int from = tail;
+                for (uint32_t t = t0; t < t1; t++) { /* branch-free */
+                    const uint32_t p = pos[t];
+                    const int d = __builtin_popcount(qs ^ ((unsigned)sk[t] | (small ? (p >> 24) << 16 : 0u)));
+                    cand[tail] = p & pos_mask;
+                    apart[tail] = (uint8_t)d;
+                    tail += d <= lim;
+                }
+                for (int c = from; c < tail; c++)
+                    __builtin_prefetch(job->r + (Py_ssize_t)cand[c] * words, 0, 0);
+                cost8 += (int64_t)7 * (tail - from); /* a code read: a whole unit with the eighth above */
+                if (tail - head > MIH_LAG) {
+                    failed = mih_check(&f, job, q, r, j, base, cand, apart, head, tail - MIH_LAG);
+                    head = tail - MIH_LAG;
+                    if (failed)
+                        break;
+                }
+            }
+            if (step_over && !failed) { /* substring j's radius r probed: the codes kept, then the bound */
+                failed = mih_check(&f, job, q, r, j, base, cand, apart, head, tail);
+                head = tail = 0;
                 const int64_t bound = (int64_t)m * r + j + 1; /* every item nearer than this is found */
                 int64_t below = 0;
                 for (int d = 0; d < nd && d < bound; d++)
-                    below += hist[d];
-                if (below >= k || n_found == nr)
-                    done = 1;
+                    below += f.hist[d];
+                done = below >= k || f.n == nr || here.r > maxw;
             }
+            done |= failed;
         }
+#undef MIH_OFFSETS
+#undef MIH_ASK_OFFSETS
+#undef MIH_ASK_ENTRIES
+        if (failed)
+            break;
         if (gave_up) {
             for (Py_ssize_t t = 0; t < k; t++)
                 out_d[i * k + t] = out_p[i * k + t] = -1;
@@ -612,22 +709,22 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
          * distance where the histogram reaches k, and the ties at it, then a selection among them */
         int64_t before = 0;
         int at = 0;
-        while (at < nd - 1 && before + hist[at] < k)
-            before += hist[at++];
+        while (at < nd - 1 && before + f.hist[at] < k)
+            before += f.hist[at++];
         const int64_t cut = ((int64_t)at + 1) * nr;
         Py_ssize_t n_sel = 0;
-        for (Py_ssize_t t = 0; t < n_found; t++)
-            if (keys[t] < cut)
-                keys[n_sel++] = keys[t];
-        select_smallest(keys, n_sel, k);
-        qsort(keys, (size_t)k, sizeof(int64_t), cmp_int64); /* by (distance, position) */
+        for (Py_ssize_t t = 0; t < f.n; t++)
+            if (f.keys[t] < cut)
+                f.keys[n_sel++] = f.keys[t];
+        select_smallest(f.keys, n_sel, k);
+        qsort(f.keys, (size_t)k, sizeof(int64_t), cmp_int64); /* by (distance, position) */
         for (Py_ssize_t t = 0; t < k; t++) {
-            out_d[i * k + t] = keys[t] / nr;
-            out_p[i * k + t] = keys[t] % nr;
+            out_d[i * k + t] = f.keys[t] / nr;
+            out_p[i * k + t] = f.keys[t] % nr;
         }
     }
-    free(hist), free(keys);
-    return 0;
+    free(f.keys), free(f.hist), free(value), free(qsk);
+    return failed ? -1 : 0;
 }
 
 static int mih_generic(const MihJob *job, int64_t *d, int64_t *p) { return mih_body(job, d, p); }

@@ -34,15 +34,15 @@ from ucmfh.search.kernels import kernels_module, over_query_ranges
 MAX_WIDTH = 24  # bits per substring: its bucket offsets take 4 · 2^width bytes
 SMALL = 1 << 24  # up to this many items a position takes 24 bits, its top byte 8 more sketch bits
 POSITION_BITS = 0xFFFFFF
-# Probing pays when a query reads fewer codes than this share of the items the scan would read:
-# measured on one core (scripts/bench_mih.py, 10M codes, random and of a trained model), the scan takes
-# about 0.2-0.3 ns per code, probing 25-45 ns per bucket entry whose code it reads (at random, prefetched
-# ahead), about four such entries' worth per bucket (its offsets, read at random), and an eighth of one
-# per entry its sketch passes over: the kernel counts them so. (Before the prefetch, and a selection of the
-# top k in place of a sort of all that were found, an entry took 150-250 ns and the budget was 1 / 1024.)
-BUDGET_PER_ITEM = 1 / 160
+# Probing pays when a query costs less than the scan, which reads every word of every item: measured on one core
+# (scripts/bench_mih.py, 10M trained codes, 64 and 128 bits), the scan takes about 0.2-0.3 ns per 64-bit word and
+# probing about 20 ns per unit of the kernel's count: a code read at random (asked for ahead of its read), a bucket
+# four of them (its offsets and first entries, at random too), an entry passed over by its sketch an eighth. The
+# budget, in those units, is one per 160 words of the items: about 60 % of the scan's time. (At 128 bits one per
+# 160 items left probing, 1.3x the scan at k = 100, to the scan.)
+BUDGET_PER_WORD = 1 / 160
 PILOT = 8  # queries probed first within the budget: when most of them give up, the scan serves the rest
-MIN_BUDGET = 400  # a budget below this many code reads (under 64k items) leaves every query to the scan
+MIN_ITEMS = 64_000  # a collection smaller than this is scanned: no probing pays there
 _BYTE_COUNTS = np.array([bin(i).count("1") for i in range(256)], dtype=np.uint8)
 
 
@@ -215,7 +215,7 @@ class MultiIndex:
         [Q, min(k, N)] int64. ``compiled=False``: the numpy reference, one query at a time.
 
         With ``scan`` (the linear scan: words, k -> distances, positions) the planner runs: the first
-        ``PILOT`` queries are probed within a budget of ``BUDGET_PER_ITEM`` bucket entries per item, those
+        ``PILOT`` queries are probed within a budget of ``BUDGET_PER_WORD`` code reads per word of the items, those
         that reach it are scanned, and when most of them do the scan serves every other query too; the
         rest are probed within four times the budget (outliers are scanned). ``stats`` gets ``mih`` and
         ``scan``, how many queries each served, and ``scanned``, which (indices, int64)."""
@@ -235,8 +235,8 @@ class MultiIndex:
             return dist, pos
         layout = np.array([[w, offset, width, start] for (w, offset, width), start in zip(self.layout, self.starts)],
                           dtype=np.int32)
-        budget = int(n * BUDGET_PER_ITEM) if scan is not None else 2**60
-        if budget < MIN_BUDGET:  # a small collection: the scan is faster than any probing
+        budget = int(n * self.words.shape[1] * BUDGET_PER_WORD) if scan is not None else 2**60
+        if scan is not None and n < MIN_ITEMS:  # a small collection: the scan is faster than any probing
             dist[:], pos[:] = scan(queries, k)
             stats.update(mih=0, scan=nq, scanned=np.arange(nq))
             return dist, pos
