@@ -9,7 +9,7 @@ flipped with probability 1/16 — and ``random`` uniform bits, the worst case, w
 keep the scan. Queries are drawn the same way (with ``--words``: ``--query-words``, else taken from the codes). Per size,
 length, kind and k: queries per second of each method on one thread and on all, the share of queries
 multi-index hashing served (the planner scans the rest), the tables' build time and bytes per item,
-and whether every id and distance equals the scan's.
+the process's peak resident memory so far, and whether every id and distance equals the scan's.
 """
 from __future__ import annotations
 
@@ -72,9 +72,16 @@ def bench(items: np.ndarray, queries: np.ndarray, n_bits: int, ks, label: dict) 
                 qps_flat, _ = per_second(lambda: flat.search(np.ascontiguousarray(
                     queries.view(np.uint8)[:, : n_bits // 8]), k), len(queries))
                 row["faiss_flat_qps"] = round(qps_flat)
+            row["peak_rss_mib"] = peak_rss_mib()
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
+
+
+def peak_rss_mib() -> float:
+    """This process's peak resident set so far (VmHWM): the codes, the tables, faiss's copy and the drawing."""
+    with open("/proc/self/status") as f:
+        return round(int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) / 1024, 1)
 
 
 def main() -> None:
