@@ -525,6 +525,24 @@ static inline __attribute__((always_inline)) int mih_next(MihCursor *c, const in
     return 1;
 }
 
+/* Where the bucket at c starts and ends in its substring's positions (its two offsets). */
+static inline __attribute__((always_inline)) const uint32_t *
+mih_offsets(const MihJob *job, const uint64_t *value, MihCursor c)
+{
+    return job->off + job->layout[4 * c.j + 3] + (value[c.j] ^ c.x);
+}
+
+/* Ask for the first MIH_ENTRY_LINES cache lines of the bucket at c's positions and sketches. */
+static inline __attribute__((always_inline)) void mih_ask_entries(const MihJob *job, const uint64_t *value, MihCursor c)
+{
+    const uint32_t *o = mih_offsets(job, value, c);
+    const uint64_t e0 = o[0], e1 = o[1], at = (uint64_t)c.j * (uint64_t)job->nr;
+    for (uint64_t e = e0; e < e1 && e < e0 + 16 * MIH_ENTRY_LINES; e += 16)
+        __builtin_prefetch(job->pos + at + e, 0, 0);
+    for (uint64_t e = e0; e < e1 && e < e0 + 16 * MIH_ENTRY_LINES; e += 32)
+        __builtin_prefetch(job->sk + at + e, 0, 0);
+}
+
 /* The items found so far for one query: their keys (distance * nr + position), a histogram of their distances
  * and the k-th smallest of them (nd while fewer than k). */
 typedef struct {
@@ -613,28 +631,17 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
         int done = 0, gave_up = 0, head = 0, tail = 0;
         /* the bucket probed, and two ahead of it: one whose offsets, one whose first entries are asked for */
         MihCursor here = {0, 0, 0}, ahead_off = here, ahead_ent = here;
-#define MIH_OFFSETS(c) (job->off + layout[4 * (c).j + 3] + (value[(c).j] ^ (c).x))
-#define MIH_ASK_OFFSETS(c) __builtin_prefetch(MIH_OFFSETS(c), 0, 0)
-#define MIH_ASK_ENTRIES(c)                                                                                 \
-        do {                                                                                               \
-            const uint32_t *o = MIH_OFFSETS(c), e0 = o[0], e1 = o[1];                                      \
-            const Py_ssize_t at = (Py_ssize_t)(c).j * nr;                                                  \
-            for (uint32_t e = e0; e < e1 && e < e0 + 16 * MIH_ENTRY_LINES; e += 16)                        \
-                __builtin_prefetch(job->pos + at + e, 0, 0);                                               \
-            for (uint32_t e = e0; e < e1 && e < e0 + 16 * MIH_ENTRY_LINES; e += 32)                        \
-                __builtin_prefetch(job->sk + at + e, 0, 0);                                                \
-        } while (0)
         for (int a = 0; a < MIH_OFFSETS_AHEAD && ahead_off.r <= maxw; a++) {
-            MIH_ASK_OFFSETS(ahead_off);
+            __builtin_prefetch(mih_offsets(job, value, ahead_off), 0, 0);
             mih_next(&ahead_off, layout, m, maxw);
         }
         for (int a = 0; a < MIH_ENTRIES_AHEAD && ahead_ent.r <= maxw; a++) {
-            MIH_ASK_ENTRIES(ahead_ent);
+            mih_ask_entries(job, value, ahead_ent);
             mih_next(&ahead_ent, layout, m, maxw);
         }
         while (!done) {
             const int r = here.r, j = here.j;
-            const uint32_t *off = MIH_OFFSETS(here);
+            const uint32_t *off = mih_offsets(job, value, here);
             const uint32_t *pos = job->pos + (Py_ssize_t)j * nr;
             const uint16_t *sk = job->sk + (Py_ssize_t)j * nr;
             const unsigned qs = qsk[j];
@@ -642,11 +649,11 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
              * before j and at least r in each after it; in the next one at least as far as its sketch is */
             const int base = (m - 1) * r + (j < m - 1 ? j : m - 2), next_least = r + (j == m - 1);
             if (ahead_off.r <= maxw) {
-                MIH_ASK_OFFSETS(ahead_off);
+                __builtin_prefetch(mih_offsets(job, value, ahead_off), 0, 0);
                 mih_next(&ahead_off, layout, m, maxw);
             }
             if (ahead_ent.r <= maxw) {
-                MIH_ASK_ENTRIES(ahead_ent);
+                mih_ask_entries(job, value, ahead_ent);
                 mih_next(&ahead_ent, layout, m, maxw);
             }
             const uint32_t end = off[1];
@@ -656,7 +663,7 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
                 break;
             }
             const int step_over = mih_next(&here, layout, m, maxw);
-            for (uint32_t t0 = off[0]; t0 < end; t0 += MIH_CHUNK) {
+            for (uint64_t t0 = off[0]; t0 < end; t0 += MIH_CHUNK) {
                 const int lim = f.kth - base; /* an entry whose sketch is farther is beyond the k-th found */
                 if (next_least > lim)
                     break; /* every entry here is: the k-th distance only falls */
@@ -665,9 +672,9 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
                     memmove(apart, apart + head, (size_t)(tail - head) * sizeof *apart);
                     tail -= head, head = 0;
                 }
-                const uint32_t t1 = end - t0 < MIH_CHUNK ? end : t0 + MIH_CHUNK;
+                const uint64_t t1 = end - t0 < MIH_CHUNK ? end : t0 + MIH_CHUNK;
                 const int from = tail;
-                for (uint32_t t = t0; t < t1; t++) { /* branch-free */
+                for (uint64_t t = t0; t < t1; t++) { /* branch-free */
                     const uint32_t p = pos[t];
                     const int d = __builtin_popcount(qs ^ ((unsigned)sk[t] | (small ? (p >> 24) << 16 : 0u)));
                     cand[tail] = p & pos_mask;
@@ -695,9 +702,6 @@ mih_body(const MihJob *job, int64_t *out_d, int64_t *out_p)
             }
             done |= failed;
         }
-#undef MIH_OFFSETS
-#undef MIH_ASK_OFFSETS
-#undef MIH_ASK_ENTRIES
         if (failed)
             break;
         if (gave_up) {
