@@ -19,6 +19,7 @@ import time
 
 import numpy as np
 
+from bench_search import peak_rss_mib  # scripts/: the directory of this script
 from ucmfh.search.scan import hamming_search
 from ucmfh.search.kernels import default_threads
 from ucmfh.search.mih import MultiIndex
@@ -72,16 +73,10 @@ def bench(items: np.ndarray, queries: np.ndarray, n_bits: int, ks, label: dict) 
                 qps_flat, _ = per_second(lambda: flat.search(np.ascontiguousarray(
                     queries.view(np.uint8)[:, : n_bits // 8]), k), len(queries))
                 row["faiss_flat_qps"] = round(qps_flat)
-            row["peak_rss_mib"] = peak_rss_mib()
+            row["peak_rss_mib"] = round(peak_rss_mib(), 1)  # so far: the codes, tables, faiss's copy, the drawing
             rows.append(row)
             print(json.dumps(row), flush=True)
     return rows
-
-
-def peak_rss_mib() -> float:
-    """This process's peak resident set so far (VmHWM): the codes, the tables, faiss's copy and the drawing."""
-    with open("/proc/self/status") as f:
-        return round(int(next(line for line in f if line.startswith("VmHWM:")).split()[1]) / 1024, 1)
 
 
 def main() -> None:
