@@ -24,6 +24,7 @@ from typing import Dict, Optional
 import numpy as np
 import torch
 
+from ucmfh.bits import pack
 from ucmfh.checkpoint import CheckpointError, load_model
 from ucmfh.data.format import DataError, first_of_each_id
 from ucmfh.data.h5 import load_dataset
@@ -33,9 +34,10 @@ SPLITS = ("query", "retrieval", "train")
 
 
 def modality_stats(codes: np.ndarray) -> Dict[str, float]:
-    """The statistics of one modality's codes. Shape: ±1 (or 0/1) codes [N, n_bits], N >= 1."""
-    bits = np.asarray(codes) > 0
-    _, counts = np.unique(np.packbits(bits, axis=1), axis=0, return_counts=True)
+    """The statistics of one modality's codes. Shape: ±1 or real-valued codes [N, n_bits], N >= 1 (sign >= 0
+    is a set bit, as everywhere: :func:`ucmfh.bits.pack`)."""
+    bits = np.asarray(codes) >= 0
+    _, counts = np.unique(pack(codes), axis=0, return_counts=True)
     with np.errstate(invalid="ignore", divide="ignore"):
         corr = np.corrcoef(bits.T.astype(np.float64)) if len(bits) > 1 else np.full((bits.shape[1],) * 2, np.nan)
     off = corr[~np.eye(bits.shape[1], dtype=bool)]
@@ -51,7 +53,7 @@ def code_stats(codes_img: torch.Tensor, codes_txt: torch.Tensor, ids: Optional[t
     img, txt = codes_img.cpu().numpy(), codes_txt.cpu().numpy()
     images = img if ids is None else img[first_of_each_id(ids.cpu().numpy())]
     return {"img": modality_stats(images), "txt": modality_stats(txt),
-            "pair_agreement": float(((img > 0) == (txt > 0)).mean())}
+            "pair_agreement": float(((img >= 0) == (txt >= 0)).mean())}
 
 
 def main() -> None:
