@@ -13,21 +13,26 @@ that are at least as near, and reports, per database (`test`, `collection`) and 
 * ``as_near``: the mean number of other items at the nearest true match's distance or nearer.
 
 The methods are trained as the grid trains them (`hash_config(method, n_bits=…, seed=…)`, their
-defaults), on the training split, and scored on the query split, `unimodal`: an analysis of the
-codes, nothing is selected on it.
+defaults), on the training split, or read from saved hashing checkpoints (``--checkpoints``: any run's
+``hashN.pt``, trained on the file's features), and scored on the query split, `unimodal`: an analysis
+of the codes, nothing is selected on it.
 
     python scripts/hamming_ties.py ../shared/data/flickr8k1000.h5 --methods two-tower,cca-itq -b 16 -b 32
+    python scripts/hamming_ties.py ../shared/data/flickr8k.h5 --checkpoints runs/flickr8k-*/*/hash16.pt
 """
 from __future__ import annotations
 
 import argparse
 import json
+import sys
 from typing import Dict, List, Tuple
 
 import numpy as np
 import torch
 
+from ucmfh.checkpoint import CheckpointError, load_model
 from ucmfh.methods import hash_config
+from ucmfh.data.format import DataError
 from ucmfh.data.h5 import load_dataset
 from ucmfh.data.format import first_of_each_id
 from ucmfh.metrics.captions import DATABASES, databases
@@ -82,32 +87,46 @@ def main() -> None:
     parser.add_argument("--methods", default="two-tower,cca-itq")
     parser.add_argument("-b", "--bits", type=int, action="append", help="code lengths (default 16, 32)")
     parser.add_argument("--seeds", default="2023,1,2")
+    parser.add_argument("--checkpoints", nargs="+", metavar="HASH_PT",
+                        help="score these saved hashing checkpoints instead of training (--methods, -b, --seeds unused)")
     args = parser.parse_args()
     torch.set_num_threads(1)
-    data = load_dataset(args.dataset)
-    if not data.caption_set:
-        parser.error(f"{args.dataset}: not a caption set (it has labels); R@1 by id needs one")
+    try:
+        data = load_dataset(args.dataset)
+        if not data.caption_set:
+            raise DataError(f"{args.dataset}: not a caption set (it has labels); R@1 by id needs one")
+        saved = [(path, *load_model(path, "hash", data.d_img, data.d_txt)) for path in args.checkpoints or ()]
+    except (DataError, CheckpointError, OSError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        raise SystemExit(2)
+
+    def runs():
+        """(row label, model) of each checkpoint, or of each run trained here."""
+        for path, model, _, cfg, _ in saved:
+            yield {"checkpoint": path, "method": cfg.method, "n_bits": cfg.n_bits, "seed": cfg.seed}, model
+        for method in args.methods.split(",") if not saved else ():
+            for n_bits in args.bits or [16, 32]:
+                for seed in (int(s) for s in args.seeds.split(",")):
+                    cfg = hash_config(method, n_bits=n_bits, seed=seed, device="cpu")
+                    yield {"method": method, "n_bits": n_bits, "seed": seed}, fit_hashing(data, cfg, progress=False)[0]
+
     rows: List[Dict] = []
-    for method in args.methods.split(","):
-        for n_bits in args.bits or [16, 32]:
-            for seed in (int(s) for s in args.seeds.split(",")):
-                model, _ = fit_hashing(data, hash_config(method, n_bits=n_bits, seed=seed, device="cpu"), progress=False)
-                query, retrieval = (encode_split(model, split, "unimodal", "cpu") for split in (data.query, data.retrieval))
-                rows.append({"method": method, "n_bits": n_bits, "seed": seed,
-                             **caption_set_ties(query, retrieval, data.query.ids, data.retrieval.ids)})
-                print(json.dumps(rows[-1]), flush=True)
-    print("\nmean over seeds, `unimodal`, R@1 I→T / T→I in %: by index | tie-aware | ties won | alone; "
-          "other items as near")
-    for method, n_bits in dict.fromkeys((r["method"], r["n_bits"]) for r in rows):
-        mine = [r for r in rows if (r["method"], r["n_bits"]) == (method, n_bits)]
+    for label, model in runs():
+        query, retrieval = (encode_split(model, split, "unimodal", "cpu") for split in (data.query, data.retrieval))
+        rows.append({**label, **caption_set_ties(query, retrieval, data.query.ids, data.retrieval.ids)})
+        print(json.dumps(rows[-1]), flush=True)
+    print("\nmean over seeds (each checkpoint alone), `unimodal`, R@1 I→T / T→I in %: by index | tie-aware | "
+          "ties won | alone; other items as near")
+    for key in dict.fromkeys((r.get("checkpoint"), r["method"], r["n_bits"]) for r in rows):
+        mine = [r for r in rows if (r.get("checkpoint"), r["method"], r["n_bits"]) == key]
+        name = f"{key[1]:>10} {key[2]:>3} bits" if key[0] is None else key[0]
         for db in DATABASES:
             m = {d: {k: np.mean([r[db][d][k] for r in mine]) for k in mine[0][db][d]} for d in ("i2t", "t2i")}
-            print(f"{method:>10} {n_bits:>3} bits {db:>10}: {m['i2t']['r1']:.1f} / {m['t2i']['r1']:.1f} | "
+            print(f"{name} {db:>10}: {m['i2t']['r1']:.1f} / {m['t2i']['r1']:.1f} | "
                   f"{m['i2t']['r1_expected']:.1f} / {m['t2i']['r1_expected']:.1f} | "
                   f"{m['i2t']['r1_ties_won']:.1f} / {m['t2i']['r1_ties_won']:.1f} | "
                   f"{m['i2t']['r1_alone']:.1f} / {m['t2i']['r1_alone']:.1f}; "
                   f"{m['i2t']['as_near']:.1f} / {m['t2i']['as_near']:.1f}")
-
 
 if __name__ == "__main__":
     main()

@@ -9,7 +9,11 @@ import sys
 import pytest
 import torch
 
+from ucmfh.checkpoint import save_checkpoint
+from ucmfh.data.h5 import load_dataset
+from ucmfh.methods import fit_hashing, hash_config
 from ucmfh.metrics import evaluate_caption_set
+from ucmfh.scoring import encode_split
 
 from conftest import SCRIPTS, load_script
 
@@ -64,6 +68,35 @@ def test_the_script_prints_each_run_and_the_means(tmp_path):
     assert "cca-itq   8 bits       test:" in out.split("mean over seeds")[1]
 
 
-def test_a_labelled_set_is_refused_in_one_line(tiny_path):
-    run = subprocess.run([sys.executable, SCRIPT, tiny_path], capture_output=True, text=True)
-    assert run.returncode == 2 and "not a caption set" in run.stderr and "Traceback" not in run.stderr
+def test_the_script_scores_saved_checkpoints_each_alone(tmp_path, ties):
+    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+
+    path = str(_caption_file(tmp_path / "c.h5"))
+    data = load_dataset(path)
+    saved = []
+    for seed in (0, 1):
+        cfg = hash_config("cca-itq", n_bits=8, seed=seed, device="cpu")
+        model = fit_hashing(data, cfg, progress=False)[0]
+        saved.append((save_checkpoint(tmp_path / f"hash8-{seed}.pt", model, None, cfg), model))
+    out = subprocess.run([sys.executable, SCRIPT, path, "--checkpoints", *(p for p, _ in saved)],
+                         capture_output=True, text=True, check=True).stdout
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [(r["checkpoint"], r["method"], r["n_bits"], r["seed"]) for r in rows] == [
+        (saved[0][0], "cca-itq", 8, 0), (saved[1][0], "cca-itq", 8, 1)]
+    for row, (_, model) in zip(rows, saved):
+        query, retrieval = (encode_split(model, split, "unimodal", "cpu") for split in (data.query, data.retrieval))
+        expected = ties.caption_set_ties(query, retrieval, data.query.ids, data.retrieval.ids)
+        assert row["test"]["i2t"] == pytest.approx(expected["test"]["i2t"])
+        assert row["collection"]["t2i"] == pytest.approx(expected["collection"]["t2i"])
+    summary = out.split("mean over seeds")[1]
+    assert f"{saved[0][0]}       test:" in summary and f"{saved[1][0]}       test:" in summary  # never averaged
+
+
+@pytest.mark.parametrize("bad, message", [("labels", "not a caption set"), ("checkpoint", "none.pt: no such checkpoint")])
+def test_bad_input_is_refused_in_one_line(tiny_path, tmp_path, bad, message):
+    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+
+    args = [tiny_path] if bad == "labels" else [str(_caption_file(tmp_path / "c.h5")), "--checkpoints",
+                                                 str(tmp_path / "none.pt")]
+    run = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True)
+    assert run.returncode == 2 and message in run.stderr and len(run.stderr.strip().splitlines()) == 1
