@@ -68,7 +68,26 @@ def test_the_script_prints_each_run_and_the_means(tmp_path):
     assert "cca-itq   8 bits       test:" in out.split("mean over seeds")[1]
 
 
-def test_the_script_scores_saved_checkpoints_each_alone(tmp_path, ties):
+@pytest.fixture
+def run_main(ties, monkeypatch, capsys):
+    """The script's main() in this process (no interpreter to start): (exit code, stdout, stderr)."""
+    threads = torch.get_num_threads()
+
+    def run(*args):
+        monkeypatch.setattr(sys, "argv", ["hamming_ties.py", *args])
+        try:
+            ties.main()
+            code = 0
+        except SystemExit as exit_:
+            code = exit_.code
+        finally:
+            torch.set_num_threads(threads)  # main() runs on one thread
+        out = capsys.readouterr()
+        return code, out.out, out.err
+    return run
+
+
+def test_the_script_scores_saved_checkpoints_each_alone(tmp_path, ties, run_main):
     from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
 
     path = str(_caption_file(tmp_path / "c.h5"))
@@ -78,8 +97,8 @@ def test_the_script_scores_saved_checkpoints_each_alone(tmp_path, ties):
         cfg = hash_config("cca-itq", n_bits=8, seed=seed, device="cpu")
         model = fit_hashing(data, cfg, progress=False)[0]
         saved.append((save_checkpoint(tmp_path / f"hash8-{seed}.pt", model, None, cfg), model))
-    out = subprocess.run([sys.executable, SCRIPT, path, "--checkpoints", *(p for p, _ in saved)],
-                         capture_output=True, text=True, check=True).stdout
+    code, out, _ = run_main(path, "--checkpoints", *(p for p, _ in saved))
+    assert code == 0
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
     assert [(r["checkpoint"], r["method"], r["n_bits"], r["seed"]) for r in rows] == [
         (saved[0][0], "cca-itq", 8, 0), (saved[1][0], "cca-itq", 8, 1)]
@@ -93,10 +112,10 @@ def test_the_script_scores_saved_checkpoints_each_alone(tmp_path, ties):
 
 
 @pytest.mark.parametrize("bad, message", [("labels", "not a caption set"), ("checkpoint", "none.pt: no such checkpoint")])
-def test_bad_input_is_refused_in_one_line(tiny_path, tmp_path, bad, message):
+def test_bad_input_is_refused_in_one_line(tiny_path, tmp_path, run_main, bad, message):
     from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
 
     args = [tiny_path] if bad == "labels" else [str(_caption_file(tmp_path / "c.h5")), "--checkpoints",
                                                  str(tmp_path / "none.pt")]
-    run = subprocess.run([sys.executable, SCRIPT, *args], capture_output=True, text=True)
-    assert run.returncode == 2 and message in run.stderr and len(run.stderr.strip().splitlines()) == 1
+    code, out, err = run_main(*args)
+    assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and not out
