@@ -32,9 +32,8 @@ import torch
 
 from ucmfh.checkpoint import CheckpointError, load_model
 from ucmfh.methods import hash_config
-from ucmfh.data.format import DataError
+from ucmfh.data.format import DataError, first_of_each_id
 from ucmfh.data.h5 import load_dataset
-from ucmfh.data.format import first_of_each_id
 from ucmfh.metrics.captions import DATABASES, databases
 from ucmfh.metrics.ranking import hits_at_ranks
 from ucmfh.scoring import encode_split
@@ -127,6 +126,7 @@ def main() -> None:
                   f"{m['i2t']['r1_ties_won']:.1f} / {m['t2i']['r1_ties_won']:.1f} | "
                   f"{m['i2t']['r1_alone']:.1f} / {m['t2i']['r1_alone']:.1f}; "
                   f"{m['i2t']['as_near']:.1f} / {m['t2i']['as_near']:.1f}")
+
 
 if __name__ == "__main__":
     main()
