@@ -101,9 +101,11 @@ def main() -> None:
 
     def runs():
         """(row label, model) of each checkpoint, or of each run trained here."""
-        for path, model, _, cfg, _ in saved:
-            yield {"checkpoint": path, "method": cfg.method, "n_bits": cfg.n_bits, "seed": cfg.seed}, model
-        for method in args.methods.split(",") if not saved else ():
+        if saved:
+            for path, model, _, cfg, _ in saved:
+                yield {"checkpoint": path, "method": cfg.method, "n_bits": cfg.n_bits, "seed": cfg.seed}, model
+            return
+        for method in args.methods.split(","):
             for n_bits in args.bits or [16, 32]:
                 for seed in (int(s) for s in args.seeds.split(",")):
                     cfg = hash_config(method, n_bits=n_bits, seed=seed, device="cpu")

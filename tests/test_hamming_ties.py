@@ -70,8 +70,8 @@ def test_the_script_prints_each_run_and_the_means(tmp_path):
 
 @pytest.fixture
 def run_main(ties, monkeypatch, capsys):
-    """The script's main() in this process (no interpreter to start): (exit code, stdout, stderr)."""
-    threads = torch.get_num_threads()
+    """The script's main() in this process (no interpreter to start): (exit code, stdout, stderr). The
+    threads main() sets are reset for the next test by conftest's ``_threads``."""
 
     def run(*args):
         monkeypatch.setattr(sys, "argv", ["hamming_ties.py", *args])
@@ -80,8 +80,6 @@ def run_main(ties, monkeypatch, capsys):
             code = 0
         except SystemExit as exit_:
             code = exit_.code
-        finally:
-            torch.set_num_threads(threads)  # main() runs on one thread
         out = capsys.readouterr()
         return code, out.out, out.err
     return run
