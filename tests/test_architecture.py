@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import ast
 import re
+import subprocess
+import sys
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
@@ -172,3 +174,13 @@ def test_no_import_circle():
         if name not in state:
             visit(name, [])
     assert not circles, circles
+
+
+def test_the_command_starts_without_the_libraries_only_some_commands_need():
+    """scikit-learn alone added ~1 s to every `ucmfh` start (and to each torchrun rank); the libraries one
+    method or command needs are imported where it runs."""
+    heavy = ("sklearn", "matplotlib", "faiss", "transformers", "PIL")
+    code = f"import sys, ucmfh.app.cli; print(*sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.split() == []

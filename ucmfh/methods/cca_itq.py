@@ -13,8 +13,6 @@ from typing import Callable, Optional, Tuple
 
 import numpy as np
 import torch
-from sklearn.cross_decomposition import CCA
-from sklearn.decomposition import PCA
 
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset, Split
@@ -69,9 +67,10 @@ def _linear_map(fn: Callable[[np.ndarray], np.ndarray], mean: np.ndarray) -> np.
     return fn(mean[None] + np.eye(mean.shape[0])) - at_mean
 
 
-def _pca(x: np.ndarray, max_dims: int, seed: int) -> PCA:
+def _pca(x: np.ndarray, max_dims: int, seed: int):
     """PCA to at most ``max_dims``, without directions of no variance (features that sum to one,
     like Wiki's topic proportions, have one): CCA would scale their rounding noise up to whole bits."""
+    from sklearn.decomposition import PCA  # here, not at the top: scikit-learn adds ~1 s to every `ucmfh` start
     pca = PCA(min(x.shape[1], max_dims), random_state=seed).fit(x)
     kept = int((pca.explained_variance_ > 1e-10 * pca.explained_variance_[0]).sum())
     return pca if kept == pca.n_components_ else PCA(kept, random_state=seed).fit(x)
@@ -92,6 +91,7 @@ def fit_cca_itq(train: Split, n_bits: int, max_pca: int = 128, iterations: int =
                          f"them), got {n}")
     pca_img, pca_txt = _pca(img, min(max_pca, n // 4), seed), _pca(txt, min(max_pca, n // 4), seed)
     n_components = min(n_bits, pca_img.n_components_, pca_txt.n_components_)
+    from sklearn.cross_decomposition import CCA
     cca = CCA(n_components, max_iter=1000).fit(pca_img.transform(img), pca_txt.transform(txt))
     proj = np.vstack(cca.transform(pca_img.transform(img), pca_txt.transform(txt)))
     rng = np.random.default_rng(seed)
