@@ -32,10 +32,15 @@ def _torchrun_tmp(tmp_path_factory):
     ENV["TMPDIR"] = str(tmp_path_factory.mktemp("torchelastic"))
 
 
+def start(cmd: list) -> subprocess.Popen:
+    """Start ``cmd`` in a process group of its own (torchrun and its workers), its output piped."""
+    return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV,
+                            start_new_session=True)
+
+
 def run(cmd: list, timeout: float = TIMEOUT) -> subprocess.CompletedProcess:
     """Run to the end, or kill the whole process group (torchrun and its workers) on timeout."""
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV,
-                            start_new_session=True)
+    proc = start(cmd)
     try:
         out, err = proc.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -124,9 +129,7 @@ def test_torchrun_interrupted_then_resumed_equals_uninterrupted(tmp_path, tiny_p
     args = ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "40", "--fusion-epochs", "4", "--save-interval", "0",
             "--set", "fusion.dropout=0.1"]  # dropout on: each rank's own random state must be restored too
     # the uninterrupted reference runs beside the rest
-    ref = subprocess.Popen(torchrun("-m", "ucmfh", *args, "--out", str(tmp_path / "ref"), "--results",
-                                    str(tmp_path / "ref.jsonl")), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                           text=True, cwd=ROOT, env=ENV, start_new_session=True)
+    ref = start(torchrun("-m", "ucmfh", *args, "--out", str(tmp_path / "ref"), "--results", str(tmp_path / "ref.jsonl")))
     try:
         _interrupt_then_resume(args, tmp_path)
         _, stderr = ref.communicate(timeout=TIMEOUT)
@@ -140,9 +143,7 @@ def test_torchrun_interrupted_then_resumed_equals_uninterrupted(tmp_path, tiny_p
 
 def _interrupt_then_resume(args: list, tmp_path: Path) -> None:
     out, results = tmp_path / "runs", tmp_path / "r.jsonl"
-    cmd = torchrun("-m", "ucmfh", *args, "--out", str(out), "--results", str(results))
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=ENV,
-                            start_new_session=True)
+    proc = start(torchrun("-m", "ucmfh", *args, "--out", str(out), "--results", str(results)))
     try:
         end = time.monotonic() + TIMEOUT
         while not list(out.rglob("hash16.state.pt")):

@@ -9,7 +9,7 @@ like any other hashing model.
 """
 from __future__ import annotations
 
-from typing import Callable, Optional, Tuple
+from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 import numpy as np
 import torch
@@ -22,6 +22,9 @@ from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.epochs import StateFile
 from ucmfh.selection import History
+
+if TYPE_CHECKING:  # imported where it runs: scikit-learn adds ~1 s to every `ucmfh` start
+    from sklearn.decomposition import PCA
 
 
 @register
@@ -67,10 +70,10 @@ def _linear_map(fn: Callable[[np.ndarray], np.ndarray], mean: np.ndarray) -> np.
     return fn(mean[None] + np.eye(mean.shape[0])) - at_mean
 
 
-def _pca(x: np.ndarray, max_dims: int, seed: int):
+def _pca(x: np.ndarray, max_dims: int, seed: int) -> "PCA":
     """PCA to at most ``max_dims``, without directions of no variance (features that sum to one,
     like Wiki's topic proportions, have one): CCA would scale their rounding noise up to whole bits."""
-    from sklearn.decomposition import PCA  # here, not at the top: scikit-learn adds ~1 s to every `ucmfh` start
+    from sklearn.decomposition import PCA  # noqa: F811 - here, not at the top (above)
     pca = PCA(min(x.shape[1], max_dims), random_state=seed).fit(x)
     kept = int((pca.explained_variance_ > 1e-10 * pca.explained_variance_[0]).sum())
     return pca if kept == pca.n_components_ else PCA(kept, random_state=seed).fit(x)
@@ -92,8 +95,9 @@ def fit_cca_itq(train: Split, n_bits: int, max_pca: int = 128, iterations: int =
     pca_img, pca_txt = _pca(img, min(max_pca, n // 4), seed), _pca(txt, min(max_pca, n // 4), seed)
     n_components = min(n_bits, pca_img.n_components_, pca_txt.n_components_)
     from sklearn.cross_decomposition import CCA
-    cca = CCA(n_components, max_iter=1000).fit(pca_img.transform(img), pca_txt.transform(txt))
-    proj = np.vstack(cca.transform(pca_img.transform(img), pca_txt.transform(txt)))
+    reduced = pca_img.transform(img), pca_txt.transform(txt)
+    cca = CCA(n_components, max_iter=1000).fit(*reduced)
+    proj = np.vstack(cca.transform(*reduced))
     rng = np.random.default_rng(seed)
     rotation, _ = np.linalg.qr(rng.normal(size=(n_components, n_components)))
     for _ in range(iterations):
