@@ -77,6 +77,14 @@ def test_compare_pairs_the_per_query_scores_of_two_methods_on_a_caption_set(tmp_
     table = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results),
                                       "--resamples", "500"])
     assert table.exit_code == 0 and "difference [95% interval]" in table.output and "rSum" in table.output
+    # the rows split over two results files (grids run side by side) compare as one file does
+    lines_of = results.read_text().splitlines(keepends=True)
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    first.write_text("".join(lines_of[::2]))
+    second.write_text("".join(lines_of[1::2]))
+    split = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(first), "--results",
+                                      str(second), "--json", "--resamples", "500"])
+    assert split.exit_code == 0 and split.output == shown.output
 
 
 def test_compare_says_what_is_missing(tmp_path, tiny_path):

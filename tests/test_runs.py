@@ -277,6 +277,15 @@ def test_runs_summarises_over_seeds(tmp_path):
     assert "0.6000 ± 0.1000" in result.output and "fusion.epochs=9" in result.output
     result = CliRunner().invoke(main, ["runs", "--results", str(tmp_path / "none.jsonl")])
     assert result.exit_code == 2 and "no such results file" in result.output
+    # grids run side by side keep a file each: the files are read as one, a seed's group spans them
+    first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
+    append_jsonl(first, rows[:2])
+    append_jsonl(second, rows[2:])
+    both = CliRunner().invoke(main, ["runs", "--results", str(first), "--results", str(second), "-d", "d", "--json"])
+    assert both.exit_code == 0, both.output
+    assert sorted(json.loads(line)["n_seeds"] for line in both.output.splitlines()) == [1, 3]
+    missing = CliRunner().invoke(main, ["runs", "--results", str(first), "--results", str(tmp_path / "none.jsonl")])
+    assert missing.exit_code == 2 and f"{tmp_path / 'none.jsonl'}: no such results file" in missing.output
 
 
 @pytest.mark.parametrize("value, expected", [("0", "torch"), ("1", "auto")])
@@ -336,6 +345,8 @@ def test_runs_summarises_every_row_shape_readably(tmp_path):
     assert two_tower[3] == "infonce" and "0.6000 ± 0.1414" in " ".join(two_tower)
     [cca] = [line for line in table if line[2] == "cca-itq"]
     assert cca[3] == "-" and "±" not in " ".join(cca)  # no loss of its own; one seed: its mean alone
+    assert header[header.index("seeds") + 1:header.index("seeds") + 5] == ["R@1", "I->T", "R@1", "T->I"]
+    assert cca[cca.index("test") + 3:cca.index("test") + 5] == ["10.0", "5.0"]  # a caption set's headline: R@1
     stages = [" ".join(line) for line in table if line[1] == "rerank"]
     assert [s for s in stages if "hamming m=100" in s] and [s for s in stages if "seps-rerank m=100" in s]
     legend = result.output.split("settings (each against the first key of the same stages):\n")[1].splitlines()

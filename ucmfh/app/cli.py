@@ -261,7 +261,9 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
 
 
 @main.command("runs")
-@click.option("--results", default="runs/results.jsonl", show_default=True, help="The results file to read.")
+@click.option("--results", multiple=True, default=["runs/results.jsonl"], show_default=True,
+              help="A results file to read (repeatable: the rows of all are read as one, e.g. of grids run side "
+                   "by side).")
 @click.option("--dataset", "-d", multiple=True, help="Only these datasets (repeatable).")
 @click.option("--method", multiple=True, help="Only these methods (repeatable).")
 @click.option("--loss", multiple=True, help="Only these losses (repeatable).")
@@ -276,14 +278,14 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
                    "an error when several match.")
 @user_errors
 def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_json, checkpoint) -> None:
-    """Summarise past runs from a results file: mean ± std over seeds, one line per setting."""
+    """Summarise past runs from results files: mean ± std over seeds, one line per setting."""
     from ucmfh.app.runs import filter_rows, format_summary, read_results, summarize, the_checkpoint
 
     rows = filter_rows(read_results(results), dataset=dataset, method=method, loss=loss, n_bits=n_bits,
                        protocol=protocol, seed=seed, task=task)
     if checkpoint:
         try:
-            click.echo(the_checkpoint(rows, results))
+            click.echo(the_checkpoint(rows, ", ".join(results)))
         except ValueError as err:  # the filters are the remedy
             raise UserError(f"{err}; name one run with -d, --task, --method, --loss, -b and --seed") from None
         return

@@ -99,7 +99,9 @@ def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) 
 @click.command("compare")
 @click.argument("base")
 @click.argument("other")
-@click.option("--results", default="runs/results.jsonl", show_default=True, help="The results file to read.")
+@click.option("--results", multiple=True, default=["runs/results.jsonl"], show_default=True,
+              help="A results file to read (repeatable: the rows of all are read as one, e.g. of grids run side "
+                   "by side).")
 @click.option("--dataset", "-d", multiple=True, help="Only these datasets (repeatable).")
 @click.option("--n-bits", "-b", multiple=True, type=int, help="Only these code lengths (repeatable).")
 @click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable).")
@@ -118,7 +120,7 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, as
     shared = cells(rows, base, other)
     if not shared:
         present = sorted({variant_of(r) for r in rows})
-        raise UserError(f"{results}: no cell has rows of both {base} and {other} (methods there: "
+        raise UserError(f"{', '.join(results)}: no cell has rows of both {base} and {other} (methods there: "
                         f"{', '.join(present) or 'none'})")
     out = []
     for cell in sorted(shared, key=lambda c: tuple(str(x) for x in c)):

@@ -1,4 +1,4 @@
-"""Past runs from a results file: filtered, deduplicated, and summarised over seeds.
+"""Past runs from results files: filtered, deduplicated, and summarised over seeds.
 
 Rows that score the same run the same way (``run``, ``protocol``, ``k``, and for
 two-stage search its ``stage`` and candidates) are one measurement: the last one
@@ -47,11 +47,13 @@ def headline(entry: Dict[str, Any], field: str) -> str:
     return field + EXPECTED if f"{field}{EXPECTED}_mean" in entry else field
 
 
-def read_results(path: str) -> List[Dict[str, Any]]:
-    """The rows of a results file; a missing file is an error that names it."""
-    if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such results file (runs append their rows to --results)")
-    return read_jsonl(path)
+def read_results(paths: Sequence[str]) -> List[Dict[str, Any]]:
+    """The rows of one or more results files, in order (grids run side by side each keep their own file);
+    a missing file is an error that names it, before any is read."""
+    for path in paths:
+        if not os.path.exists(path):
+            raise FileNotFoundError(f"{path}: no such results file (runs append their rows to --results)")
+    return [row for path in paths for row in read_jsonl(path)]
 
 
 def _matches(value: Any, wanted: Sequence[Any]) -> bool:
@@ -228,8 +230,11 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
     columns.append(("protocol", lambda g: _text(g["protocol"])))
     if captions:
         columns.append(("database", lambda g: _text(g["database"])))
-    columns += [("k", lambda g: _text(g["k"])), ("seeds", lambda g: str(g["n_seeds"])),
-                ("MAP I->T", lambda g: _cell(g, headline(g, "map_i2t"))),
+    columns += [("k", lambda g: _text(g["k"])), ("seeds", lambda g: str(g["n_seeds"]))]
+    if captions:  # a caption set's headline
+        columns += [("R@1 I->T", lambda g: _cell(g, headline(g, "r1_i2t"), 1)),
+                    ("R@1 T->I", lambda g: _cell(g, headline(g, "r1_t2i"), 1))]
+    columns += [("MAP I->T", lambda g: _cell(g, headline(g, "map_i2t"))),
                 ("MAP T->I", lambda g: _cell(g, headline(g, "map_t2i")))]
     if captions:
         columns.append(("rSum", lambda g: _cell(g, headline(g, "rsum"), 1)))
@@ -246,12 +251,12 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
     lines.append("mean ± sample standard deviation over seeds (the mean alone for one seed); unimodal = cross-modal "
                  "retrieval, fused = UCMFH's protocol (leaks the paired modality)")
     if tie_aware:
-        lines.append("MAP and rSum: the mean over every order of tied items (tie-aware, docs/evaluation.md); "
-                     "'ties by index': the same with ties broken by database index, as the field's code does "
+        lines.append("R@1, MAP and rSum: the mean over every order of tied items (tie-aware, docs/evaluation.md); "
+                     "'ties by index': MAP (and rSum) with ties broken by database index, as the field's code does "
                      "(means over seeds); '-': rows scored by index order only, whose figure leads")
     if captions:
-        lines.append("caption sets: MAP by id, rSum = R@1+R@5+R@10 of both directions in %; database test = the "
-                     "query split, collection = query and retrieval together")
+        lines.append("caption sets: R@1 in %, MAP by id, rSum = R@1+R@5+R@10 of both directions in %; database "
+                     "test = the query split, collection = query and retrieval together")
     if any(g["stage"] for g in groups):
         lines.append("stage: two-stage search ('ucmfh rerank'), m = the Hamming candidates re-ranked")
     return "\n".join(lines + settings_legend(groups))
