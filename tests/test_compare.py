@@ -102,3 +102,30 @@ def test_compare_says_what_is_missing(tmp_path, tiny_path):
         f.write(json.dumps(old) + "\n")
     before = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results)])
     assert before.exit_code == 2 and "no per-query scores" in before.output and "ucmfh evaluate -c" in before.output
+
+
+def test_compare_pools_other_query_draws_of_the_same_items(tmp_path):
+    """--pool: the datasets are query draws of the same items; a seed's queries are those of every draw it was
+    scored on, and a seed missing from a draw is left out."""
+    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+
+    draws = [_caption_file(tmp_path / f"draw{i}.h5", rng=np.random.default_rng(i)) for i in (1, 2)]
+    results = tmp_path / "r.jsonl"
+    common = ["grid", "-b", "16", "--methods", "cca-itq,two-tower", "--epochs", "2", "--out", str(tmp_path / "runs"),
+              "--results", str(results), "--table", str(tmp_path / "t"), "--device", "cpu", "--quiet"]
+    for path, seeds in ((draws[0], "2023,1"), (draws[1], "2023")):  # seed 1: the first draw only
+        done = CliRunner().invoke(main, [*common, "-d", path, "--seeds", seeds])
+        assert done.exit_code == 0, done.output
+    args = ["compare", "cca-itq", "two-tower", "--results", str(results), "--json", "--resamples", "300"]
+    apart = [json.loads(line) for line in CliRunner().invoke(main, args + ["--seed", "2023"]).output.splitlines()]
+    shown = CliRunner().invoke(main, args + ["--pool"])
+    assert shown.exit_code == 0, shown.output
+    pooled = [json.loads(line) for line in shown.output.splitlines()]
+    assert len(apart) == 2 * len(pooled) and {tuple(x["seeds"]) for x in pooled} == {(2023,)}
+    for x in pooled:
+        per_draw = [y for y in apart if (y["database"], y["figure"]) == (x["database"], x["figure"])]
+        assert len(per_draw) == 2 and x["dataset"] == "draw1+draw2"
+        for method in ("cca-itq", "two-tower"):  # the draws have as many queries each: the mean of their means
+            assert x[method] == pytest.approx(sum(y[method] for y in per_draw) / 2, abs=1e-9)
+        assert x["difference"]["queries"] == [sum(y["difference"]["queries"][i] for y in per_draw)
+                                              for i in range(len(x["difference"]["queries"]))]

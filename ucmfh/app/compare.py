@@ -5,6 +5,10 @@ caption set, k) it reads the runs' per-query tie-aware scores (:mod:`ucmfh.app.p
 pairs them by seed and query, and prints OTHER − BASE with a paired bootstrap interval over
 queries and, where there are several, seeds (:mod:`ucmfh.metrics.intervals`): ``ahead`` or
 ``behind`` when the interval excludes zero, else ``level``.
+
+With ``--pool`` the datasets are other query draws of the same items (``scripts/query_draws.py``):
+each length is one cell, and a seed's queries are those of every draw, trained and scored apart, so a
+small query split (mirflickr730's 100) is measured on several times as many queries.
 """
 from __future__ import annotations
 
@@ -35,39 +39,50 @@ def _part(scores: Dict[str, np.ndarray], name: str, column: Any, scale: float) -
     return scale * values
 
 
-def cells(rows: List[Dict[str, Any]], base: str, other: str) -> Dict[tuple, Dict[str, Dict[int, Dict[str, Any]]]]:
-    """The cells both methods were scored on: {(dataset, n_bits, protocol, database, k): {method: {seed: row}}}.
+def cells(rows: List[Dict[str, Any]], base: str, other: str, pool: bool = False,
+          ) -> Dict[tuple, Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]]:
+    """The cells both methods were scored on: {(dataset, n_bits, protocol, database, k): {method: {seed:
+    {dataset fingerprint: row}}}}, one dataset a cell; with ``pool`` every dataset in one cell per length
+    (named by the datasets joined with '+').
 
     ``ValueError`` when a method has several settings in one cell (say which to compare by
     keeping one per results file, or filtering by seed and length)."""
-    found: Dict[tuple, Dict[str, Dict[int, Dict[str, Any]]]] = {}
+    found: Dict[tuple, Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]] = {}
     keys: Dict[tuple, set] = {}
+    names: Dict[tuple, set] = {}
     for row in rows:
         variant = variant_of(row)
         if variant not in (base, other):
             continue
-        cell = (row.get("dataset"), row.get("n_bits"), row.get("protocol"), row.get("database"), row.get("k"))
-        where = (row.get("dataset_fingerprint"), *cell)
+        scored = (row.get("n_bits"), row.get("protocol"), row.get("database"), row.get("k"))
+        where = (None if pool else row.get("dataset_fingerprint"), None if pool else row.get("dataset"), *scored)
+        names.setdefault(where, set()).add(str(row.get("dataset")))
         keys.setdefault((where, variant), set()).add(settings_key(row))
-        found.setdefault(where, {}).setdefault(variant, {})[seed_of(row)] = row
+        by_seed = found.setdefault(where, {}).setdefault(variant, {}).setdefault(seed_of(row), {})
+        by_seed[str(row.get("dataset_fingerprint") or row.get("dataset"))] = row
     for (where, variant), settings in keys.items():
         if len(settings) > 1:
-            raise ValueError(f"{variant} has {len(settings)} settings in {where[1]}, {where[2]} bits "
-                             f"({', '.join(sorted(settings))}): keep one per results file to compare")
-    return {where[1:]: methods for where, methods in found.items() if base in methods and other in methods}
+            raise ValueError(f"{variant} has {len(settings)} settings in {'+'.join(sorted(names[where]))}, "
+                             f"{where[2]} bits ({', '.join(sorted(settings))}): keep one per results file to compare")
+    return {("+".join(sorted(names[where])), *where[2:]): methods for where, methods in found.items()
+            if base in methods and other in methods}
 
 
-def compare_cell(methods: Dict[str, Dict[int, Dict[str, Any]]], base: str, other: str, resamples: int,
+def compare_cell(methods: Dict[str, Dict[int, Dict[str, Dict[str, Any]]]], base: str, other: str, resamples: int,
                  ) -> List[Dict[str, Any]]:
-    """Every figure of one cell: the two means and the paired difference with its interval."""
-    seeds = sorted(set(methods[base]) & set(methods[other]), key=lambda s: (s is None, s))
+    """Every figure of one cell: the two means and the paired difference with its interval. A seed counts
+    where both methods were scored on every dataset of the cell; its queries are theirs, one after another."""
+    datasets = sorted({d for by_seed in methods.values() for runs in by_seed.values() for d in runs})
+    seeds = sorted((s for s in set(methods[base]) & set(methods[other])
+                    if all(sorted(methods[m][s]) == datasets for m in (base, other))), key=lambda s: (s is None, s))
     if not seeds:
         return []
-    scores = {m: [load_per_query(methods[m][s]) for s in seeds] for m in (base, other)}
-    figures = CAPTIONS if "hits_i2t" in scores[base][0] else LABELLED
+    scores = {m: [[load_per_query(methods[m][s][d]) for d in datasets] for s in seeds] for m in (base, other)}
+    figures = CAPTIONS if "hits_i2t" in scores[base][0][0] else LABELLED
     out = []
     for figure, parts in figures.items():
-        per_method = {m: [np.stack([_part(sc, *part) for sc in scores[m]]) for part in parts] for m in (base, other)}
+        per_method = {m: [np.stack([np.concatenate([_part(sc, *part) for sc in per_seed]) for per_seed in scores[m]])
+                          for part in parts] for m in (base, other)}
         for a, b in zip(per_method[base], per_method[other]):
             if a.shape != b.shape:
                 raise ValueError(f"{base} and {other} were scored on different queries ({a.shape[1]} and {b.shape[1]})")
@@ -108,16 +123,19 @@ def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) 
 @click.option("--protocol", type=click.Choice(PROTOCOLS), help="Only this protocol.")
 @click.option("--resamples", type=click.IntRange(min=100), default=RESAMPLES, show_default=True,
               help="Bootstrap resamples.")
+@click.option("--pool", is_flag=True,
+              help="The datasets are other query draws of the same items (scripts/query_draws.py): one cell per "
+                   "length, each seed's queries those of every draw.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line per cell and figure.")
 @user_errors
-def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, as_json) -> None:
+def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, pool, as_json) -> None:
     """OTHER − BASE (two methods, e.g. cca-itq two-tower) on every cell both were scored on, with a 95%
     interval over queries and seeds."""
     if base == other:
         raise UserError(f"compare two different methods, got {base!r} twice")
     rows = latest(filter_rows(read_results(results), dataset=dataset, n_bits=n_bits, protocol=protocol, seed=seed,
                               task=("hashing",)))
-    shared = cells(rows, base, other)
+    shared = cells(rows, base, other, pool)
     if not shared:
         present = sorted({variant_of(r) for r in rows})
         raise UserError(f"{', '.join(results)}: no cell has rows of both {base} and {other} (methods there: "
