@@ -118,7 +118,9 @@ def test_compare_pools_other_query_draws_of_the_same_items(tmp_path):
         assert done.exit_code == 0, done.output
     args = ["compare", "cca-itq", "two-tower", "--results", str(results), "--json", "--resamples", "300"]
     apart = [json.loads(line) for line in CliRunner().invoke(main, args + ["--seed", "2023"]).output.splitlines()]
-    shown = CliRunner().invoke(main, args + ["--pool"])
+    unnamed = CliRunner().invoke(main, args + ["--pool"])
+    assert unnamed.exit_code == 2 and "--pool: name the query draws to pool with -d" in unnamed.output
+    shown = CliRunner().invoke(main, args + ["--pool", "-d", "draw1", "-d", "draw2"])
     assert shown.exit_code == 0, shown.output
     pooled = [json.loads(line) for line in shown.output.splitlines()]
     assert len(apart) == 2 * len(pooled) and {tuple(x["seeds"]) for x in pooled} == {(2023,)}

@@ -124,8 +124,8 @@ def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) 
 @click.option("--resamples", type=click.IntRange(min=100), default=RESAMPLES, show_default=True,
               help="Bootstrap resamples.")
 @click.option("--pool", is_flag=True,
-              help="The datasets are other query draws of the same items (scripts/query_draws.py): one cell per "
-                   "length, each seed's queries those of every draw.")
+              help="The datasets named with -d are other query draws of the same items (scripts/query_draws.py): "
+                   "one cell per length, each seed's queries those of every draw.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line per cell and figure.")
 @user_errors
 def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, pool, as_json) -> None:
@@ -133,6 +133,9 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     interval over queries and seeds."""
     if base == other:
         raise UserError(f"compare two different methods, got {base!r} twice")
+    if pool and len(set(dataset)) < 2:
+        raise UserError("--pool: name the query draws to pool with -d, at least two (a results file may hold "
+                        "unrelated datasets)")
     rows = latest(filter_rows(read_results(results), dataset=dataset, n_bits=n_bits, protocol=protocol, seed=seed,
                               task=("hashing",)))
     shared = cells(rows, base, other, pool)
