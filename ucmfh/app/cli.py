@@ -18,7 +18,7 @@ from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.options import (
     check_device, check_method_options, data_options, fusion_config, hash_configs, hash_epochs, method_fusion_config, parse_overrides,
-    run_options, train_options,
+    results_to_read, run_options, train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset, validate_file
@@ -261,9 +261,7 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
 
 
 @main.command("runs")
-@click.option("--results", multiple=True, default=["runs/results.jsonl"], show_default=True,
-              help="A results file to read (repeatable: the rows of all are read as one, e.g. of grids run side "
-                   "by side).")
+@results_to_read
 @click.option("--dataset", "-d", multiple=True, help="Only these datasets (repeatable).")
 @click.option("--method", multiple=True, help="Only these methods (repeatable).")
 @click.option("--loss", multiple=True, help="Only these losses (repeatable).")

@@ -19,6 +19,7 @@ import click
 import numpy as np
 
 from ucmfh.app.errors import UserError, user_errors
+from ucmfh.app.options import results_to_read
 from ucmfh.app.per_query import load_per_query
 from ucmfh.app.runs import filter_rows, latest, read_results, seed_of, settings_key, variant_of
 from ucmfh.config import PROTOCOLS
@@ -114,9 +115,7 @@ def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) 
 @click.command("compare")
 @click.argument("base")
 @click.argument("other")
-@click.option("--results", multiple=True, default=["runs/results.jsonl"], show_default=True,
-              help="A results file to read (repeatable: the rows of all are read as one, e.g. of grids run side "
-                   "by side).")
+@results_to_read
 @click.option("--dataset", "-d", multiple=True, help="Only these datasets (repeatable).")
 @click.option("--n-bits", "-b", multiple=True, type=int, help="Only these code lengths (repeatable).")
 @click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable).")

@@ -94,6 +94,12 @@ def output_options() -> List[Callable]:
     ]
 
 
+# the results files a summary reads (`ucmfh runs`, `ucmfh compare`)
+results_to_read = click.option(
+    "--results", multiple=True, default=["runs/results.jsonl"], show_default=True,
+    help="A results file to read (repeatable: the rows of all are read as one, e.g. of grids run side by side).")
+
+
 class ByteSize(click.ParamType):
     """A size in bytes: ``500MB``, ``8GiB``, ``1e9`` (k, M, G, T: powers of 1000; Ki, Mi, Gi, Ti: of 1024)."""
 
