@@ -120,6 +120,10 @@ class HashConfig:
     amp: str = "none"  # as in FusionConfig
     val_fraction: float = 0.0  # as in FusionConfig (codes ranked by Hamming distance)
     patience: int = 0  # as in FusionConfig
+    # once validation has chosen the epoch (and the candidate, where the method chooses one), train that
+    # setting again on the whole training split, validation items included, for as many epochs; the
+    # model kept is that one (needs a validation split; a method fitted in closed form has nothing to refit)
+    refit: bool = False
 
     def __post_init__(self) -> None:
         self.validate()
@@ -148,6 +152,9 @@ class HashConfig:
         if self.lr_fusion < 0 or self.lr_head <= 0:
             raise ValueError(f"lr_fusion must be >= 0 and lr_head > 0, got {self.lr_fusion} and {self.lr_head}")
         _check_training(self)
+        if self.refit and not self.val_fraction:
+            raise ValueError("refit needs a validation split to choose the epoch (val_fraction > 0), got "
+                             f"val_fraction={self.val_fraction}")
         return self
 
 
@@ -300,10 +307,10 @@ def _check_types(cfg: Any) -> None:
 
 def with_defaults(defaults: Dict[str, Any], settings: Dict[str, Any]) -> Dict[str, Any]:
     """``defaults`` overridden by ``settings``; turning validation off (``val_fraction=0``) also
-    turns off a default patience, which needs a validation split."""
+    turns off a default patience and a default refit, which need a validation split."""
     values = {**defaults, **settings}
-    if not values.get("val_fraction") and "patience" not in settings:
-        values["patience"] = 0
+    if not values.get("val_fraction"):
+        values.update({name: off for name, off in (("patience", 0), ("refit", False)) if name not in settings})
     return values
 
 
@@ -331,11 +338,16 @@ def to_dict(cfg: Any) -> Dict[str, Any]:
 
 # Settings that choose where a run computes, not what it computes: left out of its identity.
 NOT_IDENTITY = ("device",)
+# Settings added after runs were recorded, with the value every earlier run had: at that value they are
+# left out of a run's identity, so the runs, states and results rows recorded before them keep theirs.
+ADDED_LATER = {"refit": False}
 
 
 def identity_dict(cfg: Any) -> Dict[str, Any]:
-    """The settings of a config that change a run's result (all but the device), JSON-able."""
-    return {k: v for k, v in to_dict(cfg).items() if k not in NOT_IDENTITY}
+    """The settings of a config that change a run's result (all but the device, and ADDED_LATER's settings
+    at their earlier value), JSON-able."""
+    return {k: v for k, v in to_dict(cfg).items()
+            if k not in NOT_IDENTITY and not (k in ADDED_LATER and v == ADDED_LATER[k])}
 
 
 def from_dict(cls: type, values: Dict[str, Any], source: Optional[str] = None) -> Any:

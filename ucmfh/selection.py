@@ -19,7 +19,8 @@ class History(list):
     """The mean training loss of each epoch; with a validation split also ``validation``
     (``[epoch, score]`` after each epoch) and ``best_epoch``, whose weights the model keeps.
     A run that chose among candidate settings on validation (:func:`ucmfh.methods.choose`) also
-    records ``chosen``, the one kept, and ``choice_scores``, each candidate's best validation score."""
+    records ``chosen``, the one kept, and ``choice_scores``, each candidate's best validation score; a run
+    trained again on the whole training split (``HashConfig.refit``) ``refit_epochs`` and ``refit_loss``."""
 
     def __init__(self, losses: Iterable[float] = (), validation: Optional[List[List[float]]] = None,
                  best_epoch: Optional[int] = None) -> None:
@@ -28,6 +29,8 @@ class History(list):
         self.best_epoch = best_epoch
         self.chosen: Optional[str] = None  # a run that chose on validation: the candidate kept
         self.choice_scores: Dict[str, float] = {}  # ... and each candidate's best validation score
+        self.refit_epochs: Optional[int] = None  # a refit run (HashConfig.refit): the epochs it trained again
+        self.refit_loss: List[float] = []  # ... on the whole training split, and their mean losses
 
     @property
     def best_score(self) -> float:
@@ -38,6 +41,8 @@ class History(list):
         out = {"loss": list(self), "validation": self.validation, "best_epoch": self.best_epoch}
         if self.chosen is not None:
             out.update(chosen=self.chosen, choice_scores=self.choice_scores)
+        if self.refit_epochs is not None:
+            out.update(refit_epochs=self.refit_epochs, refit_loss=self.refit_loss)
         return out
 
 

@@ -112,6 +112,11 @@ def train_hash_stage(
             f"({'validation ' + scores if scores else 'no validation split to choose on: the first candidate'})")
         for row in rows:
             row.update(chosen=history["chosen"], choice_val_scores=history["choice_scores"])
+    if history.get("refit_epochs") is not None:  # the kept model: trained again on the whole training split
+        log(f"refit: the chosen setting trained again for {history['refit_epochs']} epochs on the whole training "
+            "split (validation items included); that model is kept")
+        for row in rows:
+            row.update(refit_epochs=history["refit_epochs"])
     return rows
 
 

@@ -1,6 +1,6 @@
 """A run's identity: the dataset file's content (a SHA-256 fingerprint; its resolved path is recorded
 beside it) plus every setting that changes the result (:func:`ucmfh.config.identity_dict`: all but the
-device). Runs live in folders named by it::
+device, and a setting added later at the value earlier runs had). Runs live in folders named by it::
 
     OUT/DATASET-FP/                    one dataset file's content (FP: its fingerprint)
       LOSS-seedSEED-KEY/               a fusion stage: fusion.pt, identity.json

@@ -155,6 +155,10 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
         "patience": click.option("--patience", default=None, type=click.IntRange(min=0),
                                  help=f"With --val-fraction: stop after this many epochs without a better validation "
                                       f"score [default: {defaults.patience}{unless}]."),
+        "refit": click.option("--refit/--no-refit", default=None,
+                              help="Once validation has chosen the epoch (and the candidate), train that setting "
+                                   "again on the whole training split, validation items included, and keep that "
+                                   f"model [default: off{unless}]."),
         "amp": click.option("--amp", type=click.Choice(AMP_MODES), default=defaults.amp, show_default=True,
                             help="Mixed-precision training: bf16 autocasts the forward pass (CPU with bf16 support, "
                                  "or GPU)."),
@@ -170,6 +174,9 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
                                    help="Features held in memory at most; the largest splits beyond it are read from "
                                         "the file as training goes (streamed) [default: 8GiB]."),
     }
+
+    if not by_method:  # the fusion stage has nothing to refit
+        del options["refit"]
 
     def decorate(fn: Callable) -> Callable:
         for name, option in reversed(list(options.items())):
@@ -247,7 +254,7 @@ def hash_configs(fusion_cfg: FusionConfig, n_bits: Iterable[int], epochs: Option
             raise click.BadParameter(f"method {method!r} has a loss of its own; --loss and --loss-param do not "
                                      "apply to it", param_hint="--loss")
         given = dict(loss=train.get("loss"), val_fraction=train.get("val_fraction"), patience=train.get("patience"),
-                     modality_dropout=train.get("modality_dropout"),
+                     refit=train.get("refit"), modality_dropout=train.get("modality_dropout"),
                      loss_params=parse_params(train.get("loss_params", ()), "--loss-param") or None)
         base = {k: v for k, v in given.items() if v is not None}
         base.update({name: getattr(fusion_cfg, name) for name in ("supervised", "seed", "device", "amp")})
@@ -265,7 +272,7 @@ def hash_configs(fusion_cfg: FusionConfig, n_bits: Iterable[int], epochs: Option
 
 # options a method without a fusion stage has no use for, and those a method fitted in closed form ignores
 FUSION_OPTIONS = ("--fusion-epochs", "--lr-fusion", "--modality-dropout")
-EPOCH_OPTIONS = ("--epochs", "--batch-size", "--val-fraction", "--patience", "--amp", "--beta-schedule",
+EPOCH_OPTIONS = ("--epochs", "--batch-size", "--val-fraction", "--patience", "--refit", "--amp", "--beta-schedule",
                  "--supervised")
 
 

@@ -58,7 +58,7 @@ class Method:
         """A hashing config of this method: its ``defaults``, then ``settings``, then ``fixed``;
         ``method_params`` are the method's ``params`` updated by those given. Checked (:meth:`check`).
 
-        Turning validation off (``val_fraction=0``) also turns off a default patience.
+        Turning validation off (``val_fraction=0``) also turns off a default patience and a default refit.
         """
         settings = dict(settings)
         given = settings.pop("method_params", None) or {}
@@ -127,10 +127,15 @@ class Method:
                              "(larger than the memory threshold), too large for it")
         candidates = self.choices(cfg)
         if len(candidates) == 1:  # nothing to choose: the one candidate is the run
-            return self.fit(data, next(iter(candidates.values())), fusion, progress, state)
-        if candidates:
-            return choose(self.fit, data, cfg, candidates, fusion, progress, state)
-        return self.fit(data, cfg, fusion, progress, state)
+            model, history = self.fit(data, next(iter(candidates.values())), fusion, progress, state)
+        elif candidates:
+            model, history = choose(self.fit, data, cfg, candidates, fusion, progress, state)
+        else:
+            model, history = self.fit(data, cfg, fusion, progress, state)
+        if not cfg.refit or self.closed_form:
+            return model, history
+        chosen = candidates[history.chosen] if history.chosen else next(iter(candidates.values()), cfg)
+        return refit(self.fit, data, chosen, history, fusion, progress, state)
 
     def choices(self, cfg: HashConfig) -> Dict[str, HashConfig]:
         """The settings a run of ``cfg`` tries, by name, where ``cfg`` leaves a choice to the validation
@@ -157,6 +162,21 @@ def choose(fit: Callable, data: Dataset, cfg: HashConfig, candidates: Dict[str, 
     model, history = runs[chosen]
     history.chosen = chosen
     history.choice_scores = {name: h.best_score for name, (_, h) in runs.items()} if cfg.val_fraction > 0 else {}
+    return model, history
+
+
+def refit(fit: Callable, data: Dataset, chosen: HashConfig, history: History, fusion: Optional[FusionEncoder],
+          progress: bool, state: Optional[StateFile]) -> Tuple[nn.Module, History]:
+    """``cfg.refit``: the ``chosen`` setting trained again, the same seed, on the whole training split (the
+    validation items too) for as many epochs as validation kept (``history.best_epoch``); returns that model
+    and ``history`` with ``refit_epochs`` and ``refit_loss`` added. Its training state is the candidate
+    'refit''s (:func:`ucmfh.epochs.candidate_path`), so an interrupted refit resumes where it stopped."""
+    if history.best_epoch is None:
+        raise ValueError("refit: validation chose no epoch (every validation score was -inf or NaN)")
+    whole = dataclasses.replace(chosen, val_fraction=0.0, patience=0, epochs=history.best_epoch, refit=False)
+    sub = None if state is None else dataclasses.replace(state, path=candidate_path(state.path, "refit"))
+    model, again = fit(data, whole, fusion, progress, sub)
+    history.refit_epochs, history.refit_loss = history.best_epoch, list(again)
     return model, history
 
 

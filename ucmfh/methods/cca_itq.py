@@ -41,7 +41,7 @@ class CcaItq(Method):
              **{name: value for name, value in vars(HashConfig()).items() if name in (
                  "dropout", "code_weight", "modality_dropout", "relaxation", "beta_schedule", "beta_gamma",
                  "beta_step_iters", "beta_step_epochs", "loss", "loss_params", "supervised", "teacher_weight",
-                 "teacher_temperature", "batch_size", "lr_fusion", "lr_head", "betas", "amp")}}
+                 "teacher_temperature", "batch_size", "lr_fusion", "lr_head", "betas", "amp", "refit")}}
     takes_loss = False
     closed_form = True
     in_memory = "fits in closed form on the whole training split"
