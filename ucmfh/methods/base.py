@@ -115,7 +115,8 @@ class Method:
     def train(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None,
               progress: bool = True, state: Optional[StateFile] = None) -> Tuple[nn.Module, History]:
         """:meth:`fit`, after checking ``cfg`` and the data; where ``cfg`` leaves a choice to validation
-        (:meth:`choices`), one fit per candidate, the best on validation kept (:func:`choose`)."""
+        (:meth:`choices`), one fit per candidate, the best on validation kept (:func:`choose`); with
+        ``cfg.refit``, the kept setting trained again on the whole training split (:func:`refit`)."""
         self.check(cfg)
         if cfg.supervised and data.caption_set:
             raise ValueError(f"{data.path or 'the dataset'}: supervised training needs labels; this caption set "
