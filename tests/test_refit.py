@@ -102,3 +102,4 @@ def test_refit_from_the_command_line(tiny_path, tmp_path):
                        (["train-fusion", "-d", tiny_path, "--refit"], "No such option")):
         bad = runner.invoke(main, argv)
         assert bad.exit_code == 2 and hint in bad.output, bad.output
+

@@ -137,6 +137,7 @@ def run_epochs(
     start_epoch, skip, iteration = 0, 0, 0
     total = torch.zeros((), device=device)
     resumed_gen = None
+    elapsed, clock = 0.0, time.monotonic()  # seconds this run trained before it was resumed, and since
     if state is not None and state.resume and os.path.exists(state.path):
         saved = read_state(state.path, device)
         if saved["stage"] != stage or saved["config"] != identity:
@@ -155,6 +156,7 @@ def run_epochs(
         best = saved["best"]
         total = saved["total"].to(device)
         resumed_gen = saved["generator"].cpu()
+        elapsed = saved.get("elapsed", 0.0)  # states saved before 2026-11-27 did not count it
         rngs = saved["rng"]
         if isinstance(rngs, torch.Tensor):  # a state saved before runs had ranks
             rngs = [(rngs, saved.get("cuda_rng"))]
@@ -173,6 +175,7 @@ def run_epochs(
                 "validation": history.validation, "best": best, "total": epoch_total.detach(),
                 "modules": {name: m.state_dict() for name, m in modules.items()},
                 "optimizer": optimizer.state_dict(), "generator": epoch_start_gen, "rng": rngs,
+                "elapsed": elapsed + time.monotonic() - clock,
             }
             with atomic_file(state.path) as tmp:
                 torch.save(payload, tmp)

@@ -70,6 +70,12 @@ def check_interrupted(runs: Sequence[Run], opts: RunOptions) -> None:
                 _refuse_interrupted(checkpoint)
 
 
+def trained_seconds(checkpoint: str) -> float:
+    """The seconds of training that the states saved beside ``checkpoint`` hold (its run's, its candidates',
+    its refit's), up to their last save: what a resumed run adds to its own time."""
+    return sum(read_state(path, resolve_device("cpu")).get("elapsed", 0.0) for path in _saved_states(checkpoint))
+
+
 def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
     """The training state beside a checkpoint; an interrupted run is continued only with ``resume``."""
     if current_group().is_main:
@@ -173,9 +179,10 @@ def reuse_or_fit(
     base = prepare()  # before this stage's own line: what it builds on says its own first
     log(f"{stage.name}: training {stage.path} (run {key})")
     state = state_for(stage.path, opts, log)
+    earlier = trained_seconds(stage.path)  # a resumed run: the time its interrupted part trained
     start = time.perf_counter()
     model, history = fit(state, base)
-    seconds = time.perf_counter() - start
+    seconds = earlier + time.perf_counter() - start
     meta = {"identity": stage.identity, "dataset": stage.dataset, "history": history.as_dict(), "seconds": seconds,
             "world_size": group.world_size}
     if group.is_main:
