@@ -4,13 +4,13 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-import torch
 
 import ucmfh.epochs as epochs_module
 from ucmfh.config import HashConfig, identity_dict
 from ucmfh.epochs import StateFile, TrainingInterrupted
 from ucmfh.methods import METHODS, build_method, fit_hashing, hash_config
 
+from test_methods import _same_weights as same_weights
 from test_registry import _StopAfter
 
 TRAINED = [name for name, spec in METHODS.items() if not spec.closed_form and not spec.uses_fusion]
@@ -19,11 +19,6 @@ TRAINED = [name for name, spec in METHODS.items() if not spec.closed_form and no
 def config(name: str, **kw) -> HashConfig:
     return hash_config(name, **{"n_bits": 16, "hidden": 32, "epochs": 4, "batch_size": 64, "device": "cpu",
                                 "val_fraction": 0.2, "patience": 0, "refit": True, **kw})
-
-
-def same_weights(a: torch.nn.Module, b: torch.nn.Module) -> bool:
-    x, y = a.state_dict(), b.state_dict()
-    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
 
 
 @pytest.mark.parametrize("name", TRAINED)

@@ -175,9 +175,6 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
                                         "the file as training goes (streamed) [default: 8GiB]."),
     }
 
-    if not by_method:  # the fusion stage has nothing to refit
-        del options["refit"]
-
     def decorate(fn: Callable) -> Callable:
         for name, option in reversed(list(options.items())):
             if name not in without:
