@@ -48,13 +48,14 @@ def describe(err: BaseException) -> str:
     return " ".join(text.split())
 
 
-def interrupted(err: KeyboardInterrupt) -> None:
+def interrupted(err: KeyboardInterrupt, always_resumes: bool = False) -> None:
     """End a command stopped by Ctrl-C (or a training run stopped by SIGTERM): one line on stderr saying how
     to go on, exit code 130. A training run's interrupt carries its saved state (``state_path``): the same
-    command with --resume continues it; another's message says what was kept, or it is a plain Ctrl-C."""
+    command with --resume continues it (the same command alone, for one that ``always_resumes``: a grid);
+    another's message says what was kept, or it is a plain Ctrl-C."""
     text = str(err) or "interrupted"
     if getattr(err, "state_path", None) is not None:
-        text += "; run the same command with --resume to continue"
+        text += f"; run the same command{'' if always_resumes else ' with --resume'} to continue"
     click.echo(text, err=True)
     sys.exit(EXIT_INTERRUPTED)
 

@@ -20,7 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import click
 
-from ucmfh.app.errors import user_errors
+from ucmfh.app.errors import interrupted, user_errors
 from ucmfh.app.environment import resolve_dataset
 from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
@@ -256,7 +256,10 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
             grid_rows += done
             continue
         click.echo(f"run  {name}")
-        rows = train_hash_stage(data, fcfg, hcfg, opts, protocols, k, log=click.echo)
+        try:
+            rows = train_hash_stage(data, fcfg, hcfg, opts, protocols, k, log=click.echo)
+        except KeyboardInterrupt as err:  # a grid has no --resume: it resumes what it finds
+            interrupted(err, always_resumes=True)
         append_results(results, rows)
         recorded += rows
         grid_rows += rows
