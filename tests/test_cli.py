@@ -69,7 +69,7 @@ def test_ucmfh_reports_bad_input_without_traceback(tmp_path):
     assert result.exit_code == 2 and "nosuch.h5: no such dataset file" in result.output
     assert "Traceback" not in result.output
     result = runner.invoke(main, ["train-hash", "-d", "x.h5", "-b", "4"])
-    assert result.exit_code == 2 and "n_bits must be between 8 and 256, got 4" in result.output
+    assert result.exit_code == 2 and "'--n-bits' / '-b': 4 is not in the range 8<=x<=256" in result.output
     assert "Traceback" not in result.output
 
 

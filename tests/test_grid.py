@@ -69,6 +69,9 @@ def test_grid_rejects_an_unknown_loss_before_training(tiny_path, tmp_path):
     result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--losses", "original,nosuch",
                                        "--out", str(tmp_path / "runs")])
     assert result.exit_code == 2 and "nosuch" in result.output and not (tmp_path / "runs").exists()
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "-b", "16", "-b", "300", "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "'--n-bits' / '-b': 300 is not in the range" in result.output
+    assert not (tmp_path / "runs").exists()
 
 
 def test_an_interrupted_grid_says_to_run_it_again_and_that_finishes_it(tiny_path, tmp_path, monkeypatch):

@@ -131,7 +131,7 @@ def test_every_code_length_is_checked_before_training(tmp_path, tiny_path):
     """Finding 4: -b 16 -b 7 fails at once, before any training."""
     result = CliRunner().invoke(main, ["train-hash", *SMALL, "-d", tiny_path, "--out", str(tmp_path / "runs"),
                                        "--results", str(tmp_path / "r.jsonl"), "-b", "16", "-b", "7"])
-    assert result.exit_code == 2 and "n_bits must be between 8 and 256, got 7" in result.output
+    assert result.exit_code == 2 and "'--n-bits' / '-b': 7 is not in the range 8<=x<=256" in result.output
     assert "Traceback" not in result.output
     assert not (tmp_path / "runs").exists() and not (tmp_path / "r.jsonl").exists()
 

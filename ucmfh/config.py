@@ -15,6 +15,7 @@ from typing import Any, Dict, Optional
 PROTOCOLS = ("unimodal", "fused")
 BETA_SCHEDULES = ("none", "hashnet", "step")
 AMP_MODES = ("none", "bf16")
+CODE_LENGTHS = (8, 256)  # the shortest and the longest code, in bits
 # How training relaxes the codes: 'tanh' trains on tanh(beta * logits) (UCMFH); 'sign' trains on
 # sign(tanh(logits)) itself, with tanh's gradient passed straight through the sign (Greedy Hash, Su et
 # al., NeurIPS 2018), so the loss sees the codes that are searched; 'auto' trains one run with each of
@@ -134,8 +135,8 @@ class HashConfig:
             raise ValueError(f"method must be a method's name, got {self.method!r}")
         if not isinstance(self.method_params, dict):
             raise ValueError(f"method_params must be a dict of the method's parameters, got {self.method_params!r}")
-        if not 8 <= self.n_bits <= 256:
-            raise ValueError(f"n_bits must be between 8 and 256, got {self.n_bits}")
+        if not CODE_LENGTHS[0] <= self.n_bits <= CODE_LENGTHS[1]:
+            raise ValueError(f"n_bits must be between {CODE_LENGTHS[0]} and {CODE_LENGTHS[1]}, got {self.n_bits}")
         if self.hidden < 0:
             raise ValueError(f"hidden must be >= 0 (0: a linear head), got {self.hidden}")
         if not 0.0 <= self.teacher_weight <= 1.0 or self.teacher_temperature <= 0:

@@ -20,7 +20,7 @@ from ucmfh.app.options import (
     check_device, check_method_options, data_options, fusion_config, hash_configs, hash_epochs, method_fusion_config, parse_overrides,
     results_to_read, run_options, train_options,
 )
-from ucmfh.config import BETA_SCHEDULES, PROTOCOLS, FusionConfig, HashConfig
+from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset, validate_file
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 from ucmfh.methods import DEFAULT_METHOD, METHODS
@@ -150,7 +150,7 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
               help="How codes are learnt (see 'ucmfh methods').")
 @click.option("--method-param", "method_params", multiple=True, metavar="KEY=VALUE",
               help="A hyper-parameter of the method, e.g. alpha=1.5 (repeatable; see 'ucmfh methods').")
-@click.option("--n-bits", "-b", multiple=True, type=int, default=(64,), show_default=True,
+@click.option("--n-bits", "-b", multiple=True, type=click.IntRange(*CODE_LENGTHS), default=(64,), show_default=True,
               help="Code length (repeatable: -b 16 -b 32 ...).")
 @click.option("--beta-schedule", type=click.Choice(BETA_SCHEDULES), default="none", show_default=True,
               help="Tanh continuation: none is UCMFH's plain tanh.")

@@ -30,7 +30,7 @@ from ucmfh.app.options import (
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import DIRECTIONS, REAL, headline, summarize, variant_of
-from ucmfh.config import PROTOCOLS
+from ucmfh.config import CODE_LENGTHS, PROTOCOLS
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import read_jsonl, write_text_atomic
 from ucmfh.losses import LOSSES
@@ -192,7 +192,8 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
               help="Comma-separated losses, each run with every method [default: each method's own].")
 @click.option("--loss-params", "per_loss", multiple=True, metavar="NAME:KEY=VALUE,...",
               help="Hyper-parameters of one loss, e.g. infonce:temperature=0.5 (repeatable).")
-@click.option("--n-bits", "-b", multiple=True, type=int, default=(16, 32, 64, 128), show_default=True,
+@click.option("--n-bits", "-b", multiple=True, type=click.IntRange(*CODE_LENGTHS), default=(16, 32, 64, 128),
+              show_default=True,
               help="Code length (repeatable).")
 @click.option("--seeds", default="2023", show_default=True, callback=_list(int), help="Comma-separated seeds.")
 @click.option("--fusion-epochs", type=click.IntRange(min=1), default=None,
