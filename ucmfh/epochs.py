@@ -54,11 +54,13 @@ class StateFile:
 
 
 class TrainingInterrupted(KeyboardInterrupt):
-    """Training was stopped by a signal; ``state_path`` holds its saved state (or None)."""
+    """Training was stopped by a signal (``signum``; None: one that reached another rank); ``state_path``
+    holds its saved state (or None)."""
 
-    def __init__(self, message: str, state_path: Optional[str]) -> None:
+    def __init__(self, message: str, state_path: Optional[str], signum: Optional[int] = None) -> None:
         super().__init__(message)
         self.state_path = state_path
+        self.signum = signum
 
 
 def read_state(path: str, device: torch.device) -> Dict[str, Any]:
@@ -208,9 +210,10 @@ def run_epochs(
                     name = signal.Signals(stop["signal"]).name if stop["signal"] else "a signal to another rank"
                     where = f"{stage} interrupted by {name} at epoch {epoch + 1}/{cfg.epochs}, step {done}/{len(plan)}"
                     if state is None:
-                        raise TrainingInterrupted(f"{where}; nothing saved", None)
+                        raise TrainingInterrupted(f"{where}; nothing saved", None, stop["signal"])
                     save(epoch, done, epoch_start_gen, total)
-                    raise TrainingInterrupted(f"{where}; training state saved to {state.path}", state.path)
+                    raise TrainingInterrupted(f"{where}; training state saved to {state.path}", state.path,
+                                              stop["signal"])
             skip = 0
             reads.wait()
             history.append(total.item() / n)  # one sync per epoch

@@ -21,7 +21,7 @@ import re
 import tempfile
 import warnings
 import zipfile
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Union
 
 import numpy as np
 
@@ -106,6 +106,62 @@ def check_writable(path: PathLike, folder: bool = False) -> None:
         raise OSError(f"{path}: cannot be written: the file is read-only")
 
 
+# The mark each kind of whole file ucmfh writes carries in its first bytes (:func:`check_replaceable`).
+MARKS = {
+    "page": b'<meta name="generator" content="ucmfh">',  # ucmfh search --html
+    "table": b"<!-- generator: ucmfh -->",  # a grid's PREFIX.md
+    "table-csv": b"dataset,method,loss,n_bits,protocol,",  # a grid's PREFIX.csv: its header
+    "figure": b"Software\x00ucmfh",  # a PNG's text chunk (matplotlib's metadata)
+    "metrics": b'{\n "generator": "ucmfh',  # ucmfh evaluate --metrics-out
+}
+KINDS = {"page": "results page", "table": "grid table", "table-csv": "grid table", "figure": "figure",
+         "metrics": "metrics file"}
+_HEAD = 4096  # every mark stands within the first bytes
+
+
+def check_replaceable(path: PathLike, kind: str, overwrite: bool = False) -> None:
+    """Refuse, before any work, to replace a file that ucmfh did not write as ``kind`` (a key of
+    :data:`MARKS`): ``FileExistsError`` naming it. A page, a table, a figure or a metrics file that an
+    earlier run wrote at ``path`` is written again; any other file there is the user's, replaced only
+    with ``overwrite`` (a dataset named as ``--html`` by a slip of the hand is never lost)."""
+    path = os.fspath(path)
+    if overwrite or not os.path.isfile(path) or os.path.getsize(path) == 0:
+        return
+    with open(path, "rb") as f:
+        head = f.read(_HEAD)
+    if MARKS[kind] not in head:
+        raise FileExistsError(f"{path}: exists and is not a {KINDS[kind]} ucmfh wrote; not replaced")
+
+
+def check_jsonl(path: PathLike) -> None:
+    """Refuse to append rows to a file that is not JSON lines (an HDF5 dataset, a picture, a text): a
+    ``ValueError`` naming it. An absent or empty file, or one whose first line is a JSON object, passes."""
+    path = os.fspath(path)
+    if not os.path.isfile(path):
+        return
+    with open(path, "rb") as f:
+        head = f.read(_JSONL_HEAD).lstrip()
+    first, newline, _ = head.partition(b"\n")
+    if not first:
+        return
+    try:
+        text = first.decode("utf-8") if newline or len(head) < _JSONL_HEAD - 1 else None  # a whole first line
+    except UnicodeDecodeError:
+        text = "\x00"
+    if b"\x00" in head or text == "\x00":
+        raise ValueError(f"{path}: is not a JSON-lines results file (it holds binary data); not appended to")
+    if text is not None and _rows_of_line(text.strip()) is None:
+        raise ValueError(f"{path}: is not a JSON-lines results file (line 1: {_shown(text.strip())}); "
+                         "not appended to")
+
+
+_JSONL_HEAD = 64 * 1024  # a results row is far shorter
+
+
+def _shown(text: str, width: int = 60) -> str:
+    return text if len(text) <= width else text[:width - 1] + "…"
+
+
 def torch_file_problem(path: PathLike, err: BaseException) -> str:
     """Why ``torch.load`` could not read ``path``, in a few words (not torch's advice on ``weights_only``):
     what a user can act on. ``err`` is what it raised."""
@@ -178,12 +234,14 @@ def locked(path: PathLike) -> Iterator[int]:
 def append_jsonl(path: PathLike, rows: List[Mapping[str, Any]]) -> None:
     """Append rows to a JSON-lines file: under a lock, one ``O_APPEND`` write per row.
 
-    Concurrent writers (other processes, other runs) never lose or interleave rows.
+    Concurrent writers (other processes, other runs) never lose or interleave rows; a file that is not
+    JSON lines is refused (:func:`check_jsonl`), never written into.
     """
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     lines = [(json.dumps(row, sort_keys=True) + "\n").encode("utf-8") for row in rows]
     with locked(path):
+        check_jsonl(path)
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:
             size = os.fstat(fd).st_size
@@ -214,22 +272,29 @@ def _rows_of_line(text: str) -> Optional[List[Dict[str, Any]]]:
     return rows
 
 
-def read_jsonl(path: PathLike) -> List[Dict[str, Any]]:
+def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) -> List[Dict[str, Any]]:
     """The rows of a JSON-lines file ([] when it does not exist). Rows glued onto one line (appended to a
-    last line without its newline) are all read; an unreadable line is skipped with a warning."""
+    last line without its newline) are all read; a line that is not rows is skipped and said to
+    ``on_skip`` (default: a warning). A file that is not text is a ``ValueError`` naming it."""
     path = os.fspath(path)
     if not os.path.exists(path):
         return []
     rows = []
-    with open(path, encoding="utf-8") as f:
-        for number, line in enumerate(f, 1):
-            if not line.strip():
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            try:
+                line = raw.decode("utf-8").strip()
+            except UnicodeDecodeError:
+                raise ValueError(f"{path}: is not a JSON-lines results file (line {number} is binary data)") from None
+            if not line:
                 continue
-            found = _rows_of_line(line.strip())
+            found = _rows_of_line(line)
             if found is None:
-                text = line.strip()
-                warnings.warn(f"{path}: line {number}: not a JSON row "
-                              f"({text if len(text) <= 60 else text[:59] + '…'}); skipped", stacklevel=2)
+                message = f"{path}: line {number}: not a JSON row ({_shown(line)}); skipped"
+                if on_skip is None:
+                    warnings.warn(message, stacklevel=2)
+                else:
+                    on_skip(message)
             rows += found or []
     return rows
 

@@ -8,7 +8,7 @@ from typing import Optional
 
 import click
 
-from ucmfh.app.errors import UserError, user_errors
+from ucmfh.app.errors import UserError, reader_gone, user_errors, warn
 from ucmfh.app.environment import (
     configure_from_env, default_data_dir, join_process_group, protocols_of, resolve_dataset,
 )
@@ -26,7 +26,24 @@ from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 from ucmfh.methods import DEFAULT_METHOD, METHODS
 from ucmfh.utils import resolve_device
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+class Commands(click.Group):
+    """The ``ucmfh`` group: a reader that closes the output early (``ucmfh runs | head -1``) ends every
+    command quietly, as it ends ``yes | head -1`` (:func:`ucmfh.app.errors.reader_gone`)."""
+
+    def make_context(self, *args, **kwargs) -> click.Context:  # where 'ucmfh --help' prints
+        try:
+            return super().make_context(*args, **kwargs)
+        except BrokenPipeError:
+            reader_gone()
+
+    def invoke(self, ctx: click.Context):
+        try:
+            return super().invoke(ctx)
+        except BrokenPipeError:
+            reader_gone()
+
+
+@click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ucmfh")
 @click.pass_context
 def main(ctx: click.Context) -> None:
@@ -198,12 +215,17 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
 @click.option("--metrics-out", type=click.Path(dir_okay=False),
               help="With --codes: write all metrics as JSON here.")
 @click.option("--plot", metavar="PREFIX", help="With --codes: draw PREFIX_pr.png and PREFIX_pk.png (needs matplotlib).")
+@click.option("--overwrite", is_flag=True,
+              help="Replace a --metrics-out or --plot file that is not a metrics file or figure ucmfh wrote.")
 @user_errors
-def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpoint, codes, metrics_out, plot) -> None:
+def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpoint, codes, metrics_out, plot,
+                 overwrite) -> None:
     """Tasks 2/3: reload a checkpoint and score it on a dataset; or score a saved codes file."""
     if (checkpoint is None) == (codes is None):
         raise click.UsageError("give exactly one of --checkpoint and --codes")
-    check_outputs({"--results": results, "--metrics-out": metrics_out, "--plot": plot})
+    if codes is None and (metrics_out or plot):
+        raise click.UsageError(f"{'--metrics-out' if metrics_out else '--plot'} goes with --codes")
+    check_outputs({"--results": results, "--metrics-out": metrics_out, "--plot": plot}, overwrite=overwrite)
     if codes is not None:
         from ucmfh.app.table import append_results
         from ucmfh.files import write_json_atomic
@@ -211,7 +233,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
 
         metrics = evaluate_codes_file(codes, k=k, device=resolve_device(device))
         if metrics_out:
-            write_json_atomic(metrics_out, metrics)
+            write_json_atomic(metrics_out, {"generator": "ucmfh evaluate", **metrics})  # its mark (ucmfh.files.MARKS)
             click.echo(f"metrics written to {metrics_out}")
         row = codes_file_row(metrics)
         click.echo(f"{codes}: {row['n_bits']} bits, protocol {row['protocol']}: "
@@ -279,7 +301,7 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
     """Summarise past runs from results files: mean ± std over seeds, one line per setting."""
     from ucmfh.app.runs import filter_rows, format_summary, read_results, summarize, the_checkpoint
 
-    rows = filter_rows(read_results(results), dataset=dataset, method=method, loss=loss, n_bits=n_bits,
+    rows = filter_rows(read_results(results, warn), dataset=dataset, method=method, loss=loss, n_bits=n_bits,
                        protocol=protocol, seed=seed, task=task)
     if checkpoint:
         try:

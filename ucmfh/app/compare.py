@@ -18,7 +18,7 @@ from typing import Any, Dict, List, Tuple
 import click
 import numpy as np
 
-from ucmfh.app.errors import UserError, user_errors
+from ucmfh.app.errors import UserError, user_errors, warn
 from ucmfh.app.options import results_to_read
 from ucmfh.app.per_query import load_per_query
 from ucmfh.app.runs import filter_rows, latest, read_results, seed_of, settings_key, variant_of
@@ -42,14 +42,15 @@ def _part(scores: Dict[str, np.ndarray], name: str, column: Any, scale: float) -
 
 def cells(rows: List[Dict[str, Any]], base: str, other: str, pool: bool = False,
           ) -> Dict[tuple, Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]]:
-    """The cells both methods were scored on: {(dataset, n_bits, protocol, database, k): {method: {seed:
-    {dataset fingerprint: row}}}}, one dataset a cell; with ``pool`` every dataset in one cell per length
-    (named by the datasets joined with '+').
+    """The cells both methods were scored on: {(dataset, n_bits, protocol, database, k, base settings,
+    other settings): {method: {seed: {dataset fingerprint: row}}}}, one dataset a cell; with ``pool``
+    every dataset in one cell per length (named by the datasets joined with '+').
 
-    ``ValueError`` when a method has several settings in one cell (say which to compare by
-    keeping one per results file, or filtering by seed and length)."""
-    found: Dict[tuple, Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]] = {}
-    keys: Dict[tuple, set] = {}
+    A method scored with several settings in one cell (a grid's ``--set``, a ``--refit`` run beside a
+    plain one) is compared setting by setting: one cell for each pair of settings (the key of each,
+    :func:`ucmfh.app.runs.settings_key`); a cell that only one method has is left out, whatever its
+    settings."""
+    found: Dict[tuple, Dict[str, Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]]] = {}
     names: Dict[tuple, set] = {}
     for row in rows:
         variant = variant_of(row)
@@ -58,15 +59,18 @@ def cells(rows: List[Dict[str, Any]], base: str, other: str, pool: bool = False,
         scored = (row.get("n_bits"), row.get("protocol"), row.get("database"), row.get("k"))
         where = (None if pool else row.get("dataset_fingerprint"), None if pool else row.get("dataset"), *scored)
         names.setdefault(where, set()).add(str(row.get("dataset")))
-        keys.setdefault((where, variant), set()).add(settings_key(row))
-        by_seed = found.setdefault(where, {}).setdefault(variant, {}).setdefault(seed_of(row), {})
+        by_setting = found.setdefault(where, {}).setdefault(variant, {})
+        by_seed = by_setting.setdefault(settings_key(row), {}).setdefault(seed_of(row), {})
         by_seed[str(row.get("dataset_fingerprint") or row.get("dataset"))] = row
-    for (where, variant), settings in keys.items():
-        if len(settings) > 1:
-            raise ValueError(f"{variant} has {len(settings)} settings in {'+'.join(sorted(names[where]))}, "
-                             f"{where[2]} bits ({', '.join(sorted(settings))}): keep one per results file to compare")
-    return {("+".join(sorted(names[where])), *where[2:]): methods for where, methods in found.items()
-            if base in methods and other in methods}
+    out = {}
+    for where, methods in found.items():
+        if base not in methods or other not in methods:
+            continue
+        for base_key, base_runs in methods[base].items():
+            for other_key, other_runs in methods[other].items():
+                out[("+".join(sorted(names[where])), *where[2:], base_key, other_key)] = {base: base_runs,
+                                                                                         other: other_runs}
+    return out
 
 
 def compare_cell(methods: Dict[str, Dict[int, Dict[str, Dict[str, Any]]]], base: str, other: str, resamples: int,
@@ -95,20 +99,29 @@ def compare_cell(methods: Dict[str, Dict[int, Dict[str, Dict[str, Any]]]], base:
 
 
 def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) -> str:
-    header = ["dataset", "bits", "protocol", "database", "seeds", "figure", base, other, "difference [95% interval]",
-              "verdict"]
+    # a settings column where a method has several settings in a cell: the key of each (as 'ucmfh runs' shows it)
+    pairs: Dict[tuple, set] = {}
+    for cell, _ in results:
+        pairs.setdefault(cell[:5], set()).add(cell[5:])
+    several = any(len(found) > 1 for found in pairs.values())
+    header = ["dataset", "bits", "protocol", "database", *(["settings"] if several else []), "seeds", "figure",
+              base, other, "difference [95% interval]", "verdict"]
     lines = []
-    for (dataset, n_bits, protocol, database, _), r in results:
+    for (dataset, n_bits, protocol, database, _, base_key, other_key), r in results:
         d = r["difference"]
         digits = 1 if r["figure"].startswith(("R@", "rSum")) else 4
-        lines.append([str(dataset), str(n_bits), str(protocol), database or "-", str(len(r["seeds"])), r["figure"],
-                      f"{r[base]:.{digits}f}", f"{r[other]:.{digits}f}",
+        settings = [f"{base_key[:6]} / {other_key[:6]}"] if several else []
+        lines.append([str(dataset), str(n_bits), str(protocol), database or "-", *settings, str(len(r["seeds"])),
+                      r["figure"], f"{r[base]:.{digits}f}", f"{r[other]:.{digits}f}",
                       f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]", r["verdict"]])
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     text = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
     text += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
     text.append(f"{other} − {base} on tie-aware per-query scores, paired by seed and query; interval: 95% paired "
                 "bootstrap over queries and seeds; ahead / behind: it excludes zero, level: it does not")
+    if several:
+        text.append(f"settings: {base}'s / {other}'s (the key 'ucmfh runs' shows): a method scored with several "
+                    "settings in a cell is compared with each")
     return "\n".join(text)
 
 
@@ -135,7 +148,7 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     if pool and len(set(dataset)) < 2:
         raise UserError("--pool: name the query draws to pool with -d, at least two (a results file may hold "
                         "unrelated datasets)")
-    rows = latest(filter_rows(read_results(results), dataset=dataset, n_bits=n_bits, protocol=protocol, seed=seed,
+    rows = latest(filter_rows(read_results(results, warn), dataset=dataset, n_bits=n_bits, protocol=protocol, seed=seed,
                               task=("hashing",)))
     shared = cells(rows, base, other, pool)
     if not shared:
@@ -146,8 +159,9 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     for cell in sorted(shared, key=lambda c: tuple(str(x) for x in c)):
         out += [(cell, r) for r in compare_cell(shared[cell], base, other, resamples)]
     if as_json:
-        for (dataset_, n_bits_, protocol_, database, k), r in out:
+        for (dataset_, n_bits_, protocol_, database, k, base_key, other_key), r in out:
             click.echo(json.dumps({"dataset": dataset_, "n_bits": n_bits_, "protocol": protocol_,
-                                   "database": database, "k": k, "base": base, "other": other, **r}, sort_keys=True))
+                                   "database": database, "k": k, "base": base, "other": other,
+                                   "base_settings": base_key, "other_settings": other_key, **r}, sort_keys=True))
     else:
         click.echo(_format(out, base, other))

@@ -76,11 +76,17 @@ def protocols_of(protocol: str) -> Tuple[str, ...]:
 
 
 def resolve_dataset(name: str, data_dir: PathLike) -> str:
-    """The file for a dataset name (``DATA_DIR/NAME.h5``) or path; ``synthetic`` is created on first use."""
+    """The file for a dataset name (``DATA_DIR/NAME.h5``) or path (a relative one is looked for here, then
+    in ``data_dir``); ``synthetic`` is created on first use."""
     if name.endswith((".h5", ".hdf5")) or os.sep in name:
-        if not os.path.exists(name):
-            raise FileNotFoundError(f"{name}: no such dataset file")
-        return name
+        tried = [name] if os.path.isabs(name) else [name, os.path.join(os.fspath(data_dir), name)]
+        found = [path for path in tried if os.path.exists(path)]
+        if not found:
+            raise FileNotFoundError(f"{name}: no such dataset file"
+                                    + (f" (nor {tried[1]} in --data-dir)" if len(tried) > 1 else ""))
+        if os.path.isdir(found[0]):
+            raise IsADirectoryError(f"{found[0]}: is a folder, not a dataset file")
+        return found[0]
     path = os.path.join(os.fspath(data_dir), f"{name}.h5")
     if os.path.exists(path):
         return path

@@ -9,15 +9,17 @@ the hint is added here, worded for the command line.
 from __future__ import annotations
 
 import functools
+import os
 import sys
-from typing import Any, Callable
+from typing import Any, Callable, Optional
 
 import click
 
 # What counts as bad input (or an environment the user must fix), not a bug of ucmfh.
 USER_ERRORS = (ValueError, OSError, ImportError)
 EXIT_USER_ERROR = 2
-EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by SIGINT
+EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by SIGINT (128 + the signal's number)
+EXIT_BROKEN_PIPE = 128 + 13  # the shell's code for a writer whose reader has gone (SIGPIPE), as ``yes | head``
 
 
 class UserError(click.ClickException):
@@ -32,32 +34,69 @@ def option_hint(setting: str, value: object) -> str:
     return flag if value is True else f"{flag} {value}"
 
 
+def warn(message: str) -> None:
+    """One line on stderr for something skipped that the user should know of (not a Python warning)."""
+    click.echo(f"warning: {message}", err=True)
+
+
+def has_option(flag: str) -> bool:
+    """Whether the command running now has ``flag`` (``--overwrite``); outside a command, True (a library
+    caller reads the hint as the setting's name)."""
+    context = click.get_current_context(silent=True)
+    if context is None:
+        return True
+    return any(flag in param.opts or flag in param.secondary_opts for param in context.command.params)
+
+
 def describe(err: BaseException) -> str:
-    """The one line shown for a user error, with its remedy worded as an option.
+    """The one line shown for a user error, with its remedy worded as an option of the command running.
 
     A library error may carry ``remedy = (setting, value, effect)`` (``DataError``
-    does): the setting under which the input would be accepted.
+    does): the setting under which the input would be accepted. A remedy is named only where the
+    command has the option: a message never sends the user to a flag that is not there.
     """
     text = str(err) or type(err).__name__
-    if isinstance(err, FileExistsError):
+    if isinstance(err, FileExistsError) and has_option("--overwrite"):
         text += " (pass --overwrite to replace it)"
     remedy = getattr(err, "remedy", None)
     if remedy is not None:
         setting, value, effect = remedy
-        text += f"; use {option_hint(setting, value)} {effect}"
+        if has_option(option_hint(setting, True)):
+            text += f"; use {option_hint(setting, value)} {effect}"
     return " ".join(text.split())
 
 
 def interrupted(err: KeyboardInterrupt, always_resumes: bool = False) -> None:
-    """End a command stopped by Ctrl-C (or a training run stopped by SIGTERM): one line on stderr saying how
-    to go on, exit code 130. A training run's interrupt carries its saved state (``state_path``): the same
-    command with --resume continues it (the same command alone, for one that ``always_resumes``: a grid);
-    another's message says what was kept, or it is a plain Ctrl-C."""
+    """End a command stopped by Ctrl-C or SIGTERM: one line on stderr saying how to go on, and the shell's
+    exit code of the signal (128 + its number: 130 for SIGINT, 143 for SIGTERM; an interrupt that names
+    no signal, ``signum``, is Ctrl-C's). A training run's interrupt carries its saved state
+    (``state_path``): the same command with --resume continues it (the same command alone, for one that
+    ``always_resumes``: a grid); another's message says what was kept, or it is a plain Ctrl-C."""
     text = str(err) or "interrupted"
     if getattr(err, "state_path", None) is not None:
         text += f"; run the same command{'' if always_resumes else ' with --resume'} to continue"
     click.echo(text, err=True)
-    sys.exit(EXIT_INTERRUPTED)
+    signum: Optional[int] = getattr(err, "signum", None)
+    sys.exit(128 + signum if signum else EXIT_INTERRUPTED)
+
+
+def stopped_by(message: str, signum: Optional[int]) -> KeyboardInterrupt:
+    """An interrupt saying ``message`` that remembers the signal that stopped the work (None: Ctrl-C's)."""
+    err = KeyboardInterrupt(message)
+    err.signum = signum  # type: ignore[attr-defined]
+    return err
+
+
+def reader_gone() -> None:
+    """End a command whose standard output was closed by its reader (``ucmfh methods | head -1``): nothing
+    more to say, and nowhere to say it; exit as a writer killed by SIGPIPE would (141), without
+    Python's complaint about the output it could not flush."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):  # no file descriptor behind stdout (a test's capture): nothing to flush
+        pass
+    sys.exit(EXIT_BROKEN_PIPE)
 
 
 def user_errors(fn: Callable) -> Callable:
@@ -69,6 +108,8 @@ def user_errors(fn: Callable) -> Callable:
             return fn(*args, **kwargs)
         except click.ClickException:
             raise
+        except BrokenPipeError:
+            reader_gone()
         except USER_ERRORS as err:
             raise UserError(describe(err)) from None
         except KeyboardInterrupt as err:

@@ -20,19 +20,19 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import click
 
-from ucmfh.app.errors import interrupted, user_errors
+from ucmfh.app.errors import interrupted, user_errors, warn
 from ucmfh.app.environment import resolve_dataset
 from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.table import append_results
 from ucmfh.app.options import (
-    check_device, check_loss, check_method_options, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
+    DEFAULT_RESULTS, check_device, check_loss, check_method_options, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import DIRECTIONS, REAL, headline, summarize, variant_of
 from ucmfh.config import CODE_LENGTHS, PROTOCOLS
 from ucmfh.data.h5 import load_dataset
-from ucmfh.files import read_jsonl, write_text_atomic
+from ucmfh.files import MARKS, read_jsonl, write_text_atomic
 from ucmfh.losses import LOSSES
 from ucmfh.methods import DEFAULT_METHOD, METHODS, build_method
 from ucmfh.scoring import EXPECTED
@@ -178,7 +178,7 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
     writer = csv.DictWriter(text, columns, extrasaction="ignore")
     writer.writeheader()
     writer.writerows(summarize(rows))
-    return (write_text_atomic(prefix + ".md", markdown(rows, variants, bits) + "\n"),
+    return (write_text_atomic(prefix + ".md", MARKS["table"].decode() + "\n" + markdown(rows, variants, bits) + "\n"),
             write_text_atomic(prefix + ".csv", text.getvalue()))
 
 
@@ -200,15 +200,17 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
               help="Epochs of the fusion stage [default: as --epochs].")
 @click.option("--protocol", type=click.Choice(["both", *PROTOCOLS]), default="both", show_default=True)
 @click.option("--k", default=50, show_default=True, type=click.IntRange(min=1), help="MAP@k cut-off.")
-@click.option("--results", default="runs/grid.jsonl", show_default=True,
-              help="JSON-lines file of result rows (read to skip finished cells).")
-@click.option("--table", default="runs/grid", show_default=True, help="Table path without extension (.md, .csv).")
+@click.option("--results", default=DEFAULT_RESULTS, show_default=True,
+              help="JSON-lines file of result rows (read to skip finished cells; 'ucmfh runs' reads it too).")
+@click.option("--table", default="runs/grid", show_default=True,
+              help="Table path without extension (.md, .csv); a grid table there is written anew.")
+@click.option("--overwrite", is_flag=True, help="Replace --table files that are not a grid table ucmfh wrote.")
 @click.option("--device", default="auto", show_default=True, callback=check_device)
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @train_options("grid", without=("loss", "loss_params", "seed", "resume"))  # --losses, --loss-params, --seeds; always resumes
 @user_errors
 def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_epochs, protocol, k, results, table,
-         device, quiet, **train) -> None:
+         overwrite, device, quiet, **train) -> None:
     """Train and score datasets × methods × losses × code lengths × seeds; skip finished cells; write one table."""
     from ucmfh.app.environment import default_data_dir, protocols_of
 
@@ -238,14 +240,15 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         for hcfg in hash_configs(fcfg, bits, epochs, train["overrides"], method, settings):
             hcfg = check_loss(dataclasses.replace(hcfg, loss_params=params.get(hcfg.loss, hcfg.loss_params)))
             cells.append((dataset, fcfg, hcfg))
-    check_outputs({"--results": results, "--table": table}, {"--out": train["out"]})
+    check_outputs({"--results": results, "--table": table}, {"--out": train["out"]}, overwrite=overwrite)
+    paths = {dataset: resolve_dataset(dataset, data_dir or default_data_dir()) for dataset in datasets}
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
     grid_rows: List[Dict[str, Any]] = []
-    recorded = read_jsonl(results)  # the rows of earlier runs, and of the cells run below
+    recorded = read_jsonl(results, on_skip=warn)  # the rows of earlier runs, and of the cells run below
     loaded: Dict[str, Any] = {}
     for dataset, fcfg, hcfg in cells:
         if dataset not in loaded:
-            loaded[dataset] = load_dataset(resolve_dataset(dataset, data_dir or default_data_dir()),
+            loaded[dataset] = load_dataset(paths[dataset],
                                            max_memory_bytes=train["max_memory"])
         data = loaded[dataset]
         run_key = key_of(Run(opts.out, dataset_identity(data), fcfg, hcfg).hash_identity)

@@ -17,6 +17,7 @@ from ucmfh.methods import build_method
 from ucmfh.utils import resolve_device
 
 STAGES = {"fusion": FusionConfig, "hash": HashConfig}
+DEFAULT_RESULTS = "runs/results.jsonl"  # where every command appends its rows, and runs and compare read them
 
 
 def parse_params(pairs: Tuple[str, ...], option: str) -> Dict[str, Any]:
@@ -86,7 +87,7 @@ def data_options(fn: Callable) -> Callable:
 def output_options() -> List[Callable]:
     """--results, --device and --quiet, as every scoring command has them."""
     return [
-        click.option("--results", default="runs/results.jsonl", show_default=True,
+        click.option("--results", default=DEFAULT_RESULTS, show_default=True,
                      help="JSON-lines file the result rows are appended to."),
         click.option("--device", default="auto", show_default=True, callback=check_device,
                      help="auto (CUDA when present), cpu, cuda, cuda:1, ..."),
@@ -96,7 +97,7 @@ def output_options() -> List[Callable]:
 
 # the results files a summary reads (`ucmfh runs`, `ucmfh compare`)
 results_to_read = click.option(
-    "--results", multiple=True, default=["runs/results.jsonl"], show_default=True,
+    "--results", multiple=True, default=[DEFAULT_RESULTS], show_default=True,
     help="A results file to read (repeatable: the rows of all are read as one, e.g. of grids run side by side).")
 
 

@@ -4,28 +4,44 @@ A run that trains for an hour and then cannot save its checkpoint or its result 
 hour: every command checks each of its outputs first (:func:`ucmfh.files.check_writable`) and
 refuses in one line (``OSError``, a user error for :mod:`ucmfh.app.errors`):
 ``--results /ro/r.jsonl: cannot be written (in /ro): Permission denied``.
+
+Nothing the user saved is lost: a page, a table, a figure or a metrics file is written over only where
+ucmfh wrote that kind of file before (:func:`ucmfh.files.check_replaceable`), any other file only with
+``--overwrite``; result rows are appended only to a JSON-lines file (:func:`ucmfh.files.check_jsonl`).
 """
 from __future__ import annotations
 
 from typing import Dict, Optional
 
-from ucmfh.files import check_writable
+from ucmfh.files import check_jsonl, check_replaceable, check_writable
 
-# the files a --table PREFIX or --plot PREFIX stands for
-SUFFIXES = {"--table": (".md", ".csv"), "--plot": ("_pr.png", "_pk.png")}
+# the whole files each flag writes: (suffix of its path, kind of file); a --table PREFIX or --plot PREFIX
+# stands for two
+WRITES = {
+    "--html": (("", "page"),),
+    "--metrics-out": (("", "metrics"),),
+    "--plot": (("_pr.png", "figure"), ("_pk.png", "figure")),
+    "--table": ((".md", "table"), (".csv", "table-csv")),
+}
+APPENDS = ("--results",)  # JSON-lines files that rows are appended to
 
 
 def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
-                  folders: Optional[Dict[str, Optional[str]]] = None) -> None:
-    """Refuse an output that could not be written, naming its flag: ``files`` and ``folders`` map a flag
-    (``"--results"``, ``"--out"``) to its path (None or '': no output). A ``--table`` or ``--plot`` path
-    is the prefix of the files it stands for."""
-    outputs = [(flag, path, True) for flag, path in (folders or {}).items()]
+                  folders: Optional[Dict[str, Optional[str]]] = None, overwrite: bool = False) -> None:
+    """Refuse an output that could not be written, or would replace a file of the user's, naming its flag:
+    ``files`` and ``folders`` map a flag (``"--results"``, ``"--out"``) to its path (None or '': no
+    output). ``overwrite``: the command's --overwrite was given."""
+    outputs = [(flag, path, True, None) for flag, path in (folders or {}).items()]
     for flag, path in (files or {}).items():
-        outputs += [(flag, path and path + suffix, False) for suffix in SUFFIXES.get(flag, ("",))]
-    for flag, path, folder in outputs:
-        if path:
-            try:
-                check_writable(path, folder=folder)
-            except OSError as err:
-                raise OSError(f"{flag} {err}") from None  # a user error (ucmfh.app.errors): one line, exit 2
+        outputs += [(flag, path and path + suffix, False, kind) for suffix, kind in WRITES.get(flag, (("", None),))]
+    for flag, path, folder, kind in outputs:
+        if not path:
+            continue
+        try:
+            check_writable(path, folder=folder)
+            if kind is not None:
+                check_replaceable(path, kind, overwrite)
+            if flag in APPENDS:
+                check_jsonl(path)
+        except (OSError, ValueError) as err:  # a user error (ucmfh.app.errors): one line, exit 2
+            raise type(err)(f"{flag} {err}") from None

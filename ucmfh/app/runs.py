@@ -12,7 +12,8 @@ from __future__ import annotations
 import json
 import os
 import statistics
-from typing import Any, Dict, Iterable, List, Optional, Sequence
+import warnings
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from ucmfh.app.identity import key_of
 from ucmfh.config import HashConfig
@@ -47,13 +48,24 @@ def headline(entry: Dict[str, Any], field: str) -> str:
     return field + EXPECTED if f"{field}{EXPECTED}_mean" in entry else field
 
 
-def read_results(paths: Sequence[str]) -> List[Dict[str, Any]]:
+def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = None) -> List[Dict[str, Any]]:
     """The rows of one or more results files, in order (grids run side by side each keep their own file);
-    a missing file is an error that names it, before any is read."""
+    a missing file is an error that names it, before any is read. A line that is not a JSON row, and a
+    row that names no dataset and task (no command wrote it), are skipped and said to ``warn`` (default:
+    a warning)."""
     for path in paths:
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such results file (runs append their rows to --results)")
-    return [row for path in paths for row in read_jsonl(path)]
+    rows = []
+    for path in paths:
+        found = read_jsonl(path, on_skip=warn)
+        kept = [row for row in found if row.get("dataset") is not None and row.get("task") is not None]
+        if len(kept) < len(found):
+            message = (f"{path}: {len(found) - len(kept)} row(s) without a dataset and a task (not results of a "
+                       "ucmfh command); skipped")
+            warnings.warn(message, stacklevel=2) if warn is None else warn(message)
+        rows += kept
+    return rows
 
 
 def _matches(value: Any, wanted: Sequence[Any]) -> bool:

@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 
 import click
 
-from ucmfh.app.errors import UserError, describe, user_errors
+from ucmfh.app.errors import UserError, describe, stopped_by, user_errors
 from ucmfh.app.options import check_device
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import APPROXIMATE_BACKENDS, SEARCH_BACKENDS, BackendConfig
@@ -38,6 +38,7 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
     from ucmfh.epochs import stop_on_signals
 
     check_outputs(folders={"--out": out})
+    signalled = {"signal": None}
     try:  # SIGINT and SIGTERM end the build once the chunk in progress is committed
         with stop_on_signals() as signalled:
             report = build_index(collection, checkpoint, out, splits=splits or None, chunk_size=chunk_size,
@@ -46,7 +47,7 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
     except KeyboardInterrupt:
         report = None
     if report is None or report.stopped:
-        raise KeyboardInterrupt(_interrupted_build(out, collection))
+        raise stopped_by(_interrupted_build(out, collection), signalled["signal"])
     index = report.index
     if report.already:
         click.echo(f"{out}: {collection} is already indexed ({report.rows} rows); nothing added")
@@ -97,13 +98,15 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
 @click.option("--metrics", "with_metrics", is_flag=True,
               help="Also print R@1/5/10 (in %) and MAP@k of the queries, judged by shared labels or the same id "
                    "(on stderr with --json).")
-@click.option("--html", type=click.Path(dir_okay=False), help="Also write a static results page here.")
+@click.option("--html", type=click.Path(dir_okay=False),
+              help="Also write a static results page here (a file other than a page ucmfh wrote: with --overwrite).")
+@click.option("--overwrite", is_flag=True, help="Replace an --html file that is not a page ucmfh wrote.")
 @click.option("--threads", type=click.IntRange(min=1), help="CPU threads over queries [default: torch's].")
 @click.option("--device", default="cpu", show_default=True, callback=check_device)
 @user_errors
 def search_cmd(index, queries, split, ids, query_modality, text, image, k, modality, rerank, seps_checkpoint,
                candidates, backend, substrings, nlist, nprobe, ef_search, check_recall, checkpoint, as_json,
-               with_metrics, html, threads, device) -> None:
+               with_metrics, html, overwrite, threads, device) -> None:
     """Search INDEX (several folders: searched as one) with queries; print the top-k items of each."""
     from ucmfh.search.build import Encoder
     from ucmfh.search.collection import read_queries
@@ -128,7 +131,7 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
     if rerank == "seps" and not queries:
         raise UserError("--rerank seps needs the queries' token features, and --text and --image queries have "
                         "none: give an HDF5 --queries file with token datasets")
-    check_outputs({"--html": html})
+    check_outputs({"--html": html}, overwrite=overwrite)
     if threads:
         import torch
 

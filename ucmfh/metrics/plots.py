@@ -104,7 +104,7 @@ def _save(fig, plt, path: str) -> str:
     fig.tight_layout()
     _fit_titles(fig)
     with atomic_file(path) as tmp:
-        fig.savefig(tmp, dpi=120, format=os.path.splitext(path)[1][1:] or "png")
+        fig.savefig(tmp, dpi=120, format="png", metadata={"Software": "ucmfh"})  # its mark (ucmfh.files.MARKS)
     plt.close(fig)
     return path
 

@@ -6,7 +6,7 @@ import os
 import pathlib
 from typing import Optional
 
-from ucmfh.files import PathLike, write_text_atomic
+from ucmfh.files import MARKS, PathLike, write_text_atomic
 from ucmfh.search.results import NAMES, Results
 
 _STYLE = """
@@ -35,7 +35,7 @@ def render_html(results: Results, title: str = "ucmfh search", page_dir: str = "
     """The page as a string (self-contained: inline style, no script)."""
     q = results.queries
     e = html.escape
-    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'><title>{e(title)}</title>",
+    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'>{MARKS['page'].decode()}<title>{e(title)}</title>",
            f"<style>{_STYLE}</style></head><body>", f"<h1>{e(title)}</h1>",
            f"<p class='note'>{len(q)} {NAMES[q.modality]} queries against {NAMES[results.modality]} items; "
            f"ranked by Hamming distance{', re-ranked by cosine' if results.cosine is not None else ''}"

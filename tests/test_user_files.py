@@ -1,0 +1,286 @@
+"""What a new user meets: no file of theirs written over or into, every message true, no traceback.
+
+Every output flag of every command is listed here with what it writes; a flag added later without a
+line here fails :func:`test_every_output_flag_is_covered`.
+"""
+from __future__ import annotations
+
+import ast
+import hashlib
+import io
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from ucmfh.app.cli import main
+from ucmfh.app.errors import EXIT_BROKEN_PIPE
+from ucmfh.files import MARKS, check_replaceable
+
+ROOT = Path(__file__).resolve().parents[1]
+SMALL = ["--set", "hash.hidden=64", "--batch-size", "64", "--device", "cpu", "--quiet"]
+
+
+def _commands(group: click.Group = main, prefix: tuple = ()):
+    for name, command in group.commands.items():
+        if isinstance(command, click.Group):
+            yield from _commands(command, prefix + (name,))
+        else:
+            yield " ".join(prefix + (name,)), command
+
+
+def _md5(path) -> str:
+    return hashlib.md5(Path(path).read_bytes()).hexdigest()
+
+
+# every flag that names a file or folder a command writes, and how it treats one that is there already:
+# "refuses" an existing file without --overwrite, "own" rewrites only a file of the kind it writes,
+# "appends" rows to a JSON-lines file only, "folder" is a folder of ucmfh's (runs, an index)
+OUTPUTS = {
+    ("make-synthetic", "out"): "refuses", ("encode", "out"): "refuses", ("extract", "out"): "refuses",
+    ("convert pkl", "out"): "refuses", ("convert mat", "out"): "refuses", ("convert npz", "out"): "refuses",
+    ("search", "html"): "own", ("evaluate", "metrics_out"): "own", ("evaluate", "plot"): "own",
+    ("grid", "table"): "own",
+    **{(command, "results"): "appends" for command in ("train-fusion", "train-hash", "evaluate", "grid", "train-seps",
+                                                      "rerank")},
+    **{(command, "out"): "folder" for command in ("train-fusion", "train-hash", "grid", "train-seps", "index")},
+}
+OUTPUT_NAMES = {"out", "results", "html", "table", "plot", "metrics_out"}
+
+
+def test_every_output_flag_is_covered():
+    """Each option or argument that names a written file is in OUTPUTS; one whose help speaks of writing
+    has an output's name."""
+    found = set()
+    for name, command in _commands():
+        for param in command.params:
+            help_text = (getattr(param, "help", None) or "").lower()
+            if param.name in OUTPUT_NAMES and not (name in ("runs", "compare") and param.name == "results"):
+                found.add((name, param.name))
+            elif re.search(r"\b(write|writes|written|append|appended) (to|here|a|the)\b", help_text):
+                raise AssertionError(f"{name} {param.opts}: writes a file but is not an output ({help_text})")
+    assert found == set(OUTPUTS)
+    for (name, param), kind in OUTPUTS.items():
+        command = dict(_commands())[name]
+        if kind in ("refuses", "own"):  # the remedy the refusal names is there
+            assert "overwrite" in {p.name for p in command.params}, name
+
+
+@pytest.fixture()
+def victim(tmp_path, tiny_path) -> Path:
+    """A user's dataset (binary HDF5) in the way of an output."""
+    path = tmp_path / "victim.h5"
+    shutil.copy(tiny_path, path)
+    return path
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["search", "IDX", "-q", "Q.npy", "--html", "{victim}"], "--html"),
+    (["evaluate", "--codes", "C.h5", "--metrics-out", "{victim}"], "--metrics-out"),
+    (["evaluate", "--codes", "C.h5", "--plot", "{prefix}"], "--plot"),
+    (["grid", "-d", "{data}", "-b", "8", "--table", "{prefix}"], "--table"),
+])
+def test_a_whole_file_output_never_replaces_a_users_file(tmp_path, victim, tiny_path, argv, flag):
+    """search --html, evaluate --metrics-out / --plot and grid --table pointed at a user's file: refused
+    before any work, naming the flag, the file untouched; --overwrite is the remedy it names."""
+    if flag == "--plot":
+        shutil.move(victim, tmp_path / "victim_pk.png")
+        victim = tmp_path / "victim_pk.png"
+    if flag == "--table":
+        shutil.move(victim, tmp_path / "victim.csv")
+        victim = tmp_path / "victim.csv"
+    before = _md5(victim)
+    args = [a.format(victim=victim, prefix=tmp_path / "victim", data=tiny_path) for a in argv]
+    result = CliRunner().invoke(main, [*args, "--results", str(tmp_path / "r.jsonl")] if argv[0] == "grid" else args)
+    assert result.exit_code == 2, result.output
+    assert f"Error: {flag} {victim}: exists and is not a" in result.output, result.output
+    assert "ucmfh wrote; not replaced (pass --overwrite to replace it)" in result.output
+    assert _md5(victim) == before and "Traceback" not in result.output
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "r.jsonl").exists()
+
+
+def test_own_files_are_recognised_by_their_mark(tmp_path):
+    """A page, a table, a figure and a metrics file ucmfh wrote carry their mark in their first bytes and
+    are written again; the same path with another file in it needs --overwrite."""
+    import numpy as np
+
+    pytest.importorskip("matplotlib")
+    from ucmfh.metrics.plots import plot_precision_at_k
+
+    figure = plot_precision_at_k({"i2t": {"precision_at_k": {"k": [1, 2], "precision": [0.5, 0.4]}}},
+                                 str(tmp_path / "f.png"))
+    check_replaceable(figure, "figure")
+    for kind, mark in MARKS.items():
+        path = tmp_path / f"{kind}.out"
+        path.write_bytes(b"x" * 100 + mark + b"y")
+        check_replaceable(path, kind)
+        path.write_bytes(b"\x89HDF\r\n" + bytes(np.arange(200, dtype=np.uint8)))
+        with pytest.raises(FileExistsError, match="not replaced"):
+            check_replaceable(path, kind)
+        check_replaceable(path, kind, overwrite=True)
+
+
+def test_search_page_and_metrics_file_carry_their_mark(tmp_path):
+    from ucmfh.app.grid import write_tables
+
+    md, csv = write_tables([], ["two-tower"], [16], str(tmp_path / "t"))
+    check_replaceable(md, "table") and check_replaceable(csv, "table-csv")
+    assert Path(md).read_text().startswith(MARKS["table"].decode())
+
+
+def test_results_are_appended_to_a_results_file_only(tmp_path, victim, tiny_path):
+    """--results naming an HDF5 file: refused before the data are read, the file untouched; reading it as
+    results names the file; a text that is not JSON lines is refused too."""
+    before = _md5(victim)
+    result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "1", "-b", "8",
+                                       "--out", str(tmp_path / "runs"), "--results", str(victim)])
+    assert result.exit_code == 2, result.output
+    assert f"Error: --results {victim}: is not a JSON-lines results file (it holds binary data)" in result.output
+    assert _md5(victim) == before and not (tmp_path / "runs").exists() and "dataset:" not in result.output
+    result = CliRunner().invoke(main, ["runs", "--results", str(victim)])
+    assert result.exit_code == 2 and f"Error: {victim}: is not a JSON-lines results file" in result.output
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    result = CliRunner().invoke(main, ["evaluate", "-d", tiny_path, "-c", "x.pt", "--results", str(notes)])
+    assert result.exit_code == 2 and "(line 1: my notes)" in result.output and notes.read_text() == "my notes\n"
+
+
+def test_a_results_file_with_foreign_lines_is_read_with_one_line_warnings(tmp_path):
+    """A line that is not JSON and a {} row are skipped with a 'warning:' line each, not a Python warning
+    with its source line, and the {} row is no line of dashes in the table."""
+    path = tmp_path / "r.jsonl"
+    row = {"dataset": "wiki", "task": "hashing", "method": "cca-itq", "n_bits": 16, "protocol": "unimodal", "k": 50,
+           "seed": 1, "map_i2t": 0.25, "map_t2i": 0.38, "run": "a", "settings": {"hash": {"n_bits": 16}}}
+    path.write_text("{}\nnot json at all\n" + json.dumps(row) + "\n")
+    result = CliRunner().invoke(main, ["runs", "--results", str(path)])
+    assert result.exit_code == 0, result.output
+    assert f"warning: {path}: line 2: not a JSON row (not json at all); skipped" in result.output
+    assert "1 row(s) without a dataset and a task" in result.output
+    assert "UserWarning" not in result.output and "warnings.warn" not in result.output
+    table = [line for line in result.output.splitlines() if line.startswith(("wiki", "-  "))]
+    assert len(table) == 1 and table[0].startswith("wiki")
+
+
+class _Closed(io.TextIOBase):
+    """A standard output whose reader has gone."""
+
+    def write(self, text):
+        raise BrokenPipeError(32, "Broken pipe")
+
+    def flush(self):
+        pass
+
+
+@pytest.mark.parametrize("argv", [["methods"], ["losses"], ["runs", "--results", "{results}"],
+                                  ["runs", "--results", "{results}", "--json"], ["validate", "{data}"],
+                                  ["--help"], ["search", "--help"]])
+def test_a_closed_pipe_ends_every_command_quietly(monkeypatch, capsys, tmp_path, tiny_path, argv):
+    """``ucmfh … | head -1``: the reader goes, the command ends with SIGPIPE's code (141) and says
+    nothing (no 'Error: [Errno 32] Broken pipe', no exit 1 or 2)."""
+    results = tmp_path / "r.jsonl"
+    results.write_text(json.dumps({"dataset": "d", "task": "hashing", "n_bits": 8, "map_i2t": 0.5}) + "\n")
+    args = [a.format(results=results, data=tiny_path) for a in argv]
+    monkeypatch.setattr(sys, "stdout", _Closed())
+    with pytest.raises(SystemExit) as ended:
+        main.main(args, prog_name="ucmfh")
+    assert ended.value.code == EXIT_BROKEN_PIPE
+    assert capsys.readouterr().err == ""
+
+
+def test_a_closed_pipe_in_a_shell(tmp_path):
+    """The same through a real pipe: ``ucmfh methods`` whose reader closed at once."""
+    proc = subprocess.Popen([sys.executable, "-m", "ucmfh", "methods"], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, cwd=tmp_path)
+    proc.stdout.close()
+    stderr = proc.stderr.read().decode()
+    assert proc.wait(timeout=120) == EXIT_BROKEN_PIPE and stderr == "", stderr
+
+
+def test_a_folder_as_dataset_and_a_file_in_data_dir(tmp_path, tiny_path):
+    """-d FOLDER is refused in one line; -d NAME.h5 is looked for in --data-dir too."""
+    result = CliRunner().invoke(main, ["train-hash", "-d", str(tmp_path), "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and f"Error: {tmp_path}: is a folder, not a dataset file" in result.output
+    data_dir = tmp_path / "data"
+    data_dir.mkdir()
+    shutil.copy(tiny_path, data_dir / "mine.h5")
+    result = CliRunner().invoke(main, ["train-hash", "-d", "mine.h5", "--data-dir", str(data_dir), *SMALL,
+                                       "--epochs", "1", "-b", "8", "--protocol", "unimodal",
+                                       "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl")])
+    assert result.exit_code == 0, result.output
+    assert f"dataset: {data_dir / 'mine.h5'}" in result.output
+    result = CliRunner().invoke(main, ["train-hash", "-d", "gone.h5", "--data-dir", str(data_dir)])
+    assert result.exit_code == 2
+    assert f"gone.h5: no such dataset file (nor {data_dir / 'gone.h5'} in --data-dir)" in result.output
+
+
+def test_sigterm_exits_with_its_own_code(tmp_path, tiny_path, monkeypatch):
+    """A training run stopped by SIGTERM exits 143 (128 + 15), as the shell reports a process it ended."""
+    from tests.test_registry import _StopAfter
+    from ucmfh import epochs
+
+    monkeypatch.setattr(epochs, "tqdm", _StopAfter(1, signal.SIGTERM))
+    result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "3", "-b", "8",
+                                       "--protocol", "unimodal", "--save-interval", "0",
+                                       "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl")])
+    assert result.exit_code == 143, result.output
+    assert "interrupted by SIGTERM" in result.output and "--resume" in result.output
+    again = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "3", "-b", "8",
+                                      "--protocol", "unimodal", "--out", str(tmp_path / "runs"),
+                                      "--results", str(tmp_path / "r.jsonl")])
+    assert again.exit_code == 2 and "continue it with --resume" in again.output
+    assert "--overwrite" not in again.output  # train-hash has no --overwrite: the message does not name it
+
+
+# flags of other programs that messages may name
+OTHERS = {"--help", "--nproc-per-node"}
+
+
+def _messages(path: Path):
+    """The string constants of a module, docstrings left out (they cite the released code's own flags)."""
+    tree = ast.parse(path.read_text())
+    docstrings = {id(node.body[0].value) for node in ast.walk(tree)
+                  if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))
+                  and node.body and isinstance(node.body[0], ast.Expr) and isinstance(node.body[0].value, ast.Constant)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in docstrings:
+            yield node.lineno, node.value
+
+
+def test_every_flag_a_message_names_exists():
+    """Each --flag in a message of the package is an option of a ucmfh command (or another program's,
+    OTHERS); the remedies added to errors are checked against the command running (errors.describe)."""
+    options = {opt for _, command in _commands() for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+    wrong = []
+    for path in sorted((ROOT / "ucmfh").rglob("*.py")):
+        for line, text in _messages(path):
+            wrong += [f"{path.relative_to(ROOT)}:{line}: {flag}" for flag in re.findall(r"(?<![\w-])--[a-z][a-z0-9-]*", text)
+                      if flag not in options | OTHERS]
+    assert not wrong, wrong
+
+
+def test_compare_takes_the_cells_both_methods_have(tmp_path):
+    """A method with two settings in a cell the other method lacks does not stop the comparison; two
+    settings in a shared cell are each compared (a settings column), none refused."""
+    from ucmfh.app.compare import cells
+
+    def row(method, dataset, key, seed=1):
+        return {"dataset": dataset, "dataset_fingerprint": dataset, "task": "hashing", "method": method,
+                "n_bits": 16, "protocol": "unimodal", "k": 50, "seed": seed, "run": f"{method}{dataset}{key}",
+                "settings": {"hash": {"n_bits": 16, "method": method, "hidden": key}}}
+
+    rows = [row("cca-itq", "big", 0), row("two-tower", "big", 1), row("two-tower", "small", 1),
+            row("two-tower", "small", 2)]
+    found = cells(rows, "cca-itq", "two-tower")
+    assert [cell[0] for cell in found] == ["big"]
+    rows.append(row("two-tower", "big", 2))
+    found = cells(rows, "cca-itq", "two-tower")
+    assert len(found) == 2 and {cell[:5] for cell in found} == {("big", 16, "unimodal", None, 50)}
+    assert len({cell[6] for cell in found}) == 2
