@@ -93,7 +93,7 @@ def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
 
 def saved_epochs(run: Run, kind: str) -> Dict[int, str]:
     """The saved checkpoints (``kind`` 'fusion' or 'hash') of runs that differ from ``run`` in their
-    epochs alone, by epochs: what a user who trained with ``--epoch 20`` and evaluates without it has."""
+    epochs alone, by epochs: what a user who trained with ``--epochs 20`` and evaluates without it has."""
     def without_epochs(identity: Dict[str, Any]) -> Dict[str, Any]:
         return {stage: {k: v for k, v in (identity.get(stage) or {}).items() if k != "epochs"}
                 for stage in ("fusion", "hash")}
