@@ -84,3 +84,37 @@ def test_a_garbage_or_truncated_file_is_named_in_a_few_words(saved, tmp_path, ti
         assert result.output == f"Error: {path}: not a readable checkpoint ({why})\n"
     with pytest.raises(ValueError, match=r"cut.pt: not a readable training state \(truncated, or not a file torch"):
         read_state(str(cut), torch.device("cpu"))
+
+
+class _RunsCode:
+    """Pickles as ``os.system('touch MARKER')``: what a checkpoint from a sharing link may hold."""
+
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return os.system, (f"touch {self.marker}",)
+
+
+def test_a_checkpoint_that_runs_code_is_refused_and_never_runs(tmp_path):
+    """Every torch.load of a user's file (checkpoints, SEPS checkpoints, training states) reads with
+    weights_only: a pickled call is refused, not made."""
+    from ucmfh.checkpoint import FORMAT, VERSION, load_seps
+    from ucmfh.epochs import STATE_FORMAT, read_state
+
+    marker = tmp_path / "MARKER"
+    evil = tmp_path / "evil.pt"
+    torch.save({"format": FORMAT, "version": VERSION, "kind": "hash", "thing": _RunsCode(marker)}, evil)
+    torch.load(evil, weights_only=False)
+    assert marker.exists(), "the payload is live: an unrestricted torch.load runs it"
+    marker.unlink()
+    refused = "it holds objects other than tensors and plain values"
+    with pytest.raises(CheckpointError, match=f"evil.pt: not a readable checkpoint \\({refused}\\)"):
+        load_model(evil, "hash")
+    with pytest.raises(CheckpointError, match=f"evil.pt: not a readable checkpoint \\({refused}\\)"):
+        load_seps(evil)
+    state = tmp_path / "state.pt"
+    torch.save({"format": STATE_FORMAT, "thing": _RunsCode(marker)}, state)
+    with pytest.raises(ValueError, match=f"state.pt: not a readable training state \\({refused}\\)"):
+        read_state(str(state), torch.device("cpu"))
+    assert not marker.exists()

@@ -4,7 +4,7 @@ Three inputs, one output format:
 
 * :func:`convert_pkl` — UCMFH's ``train.pkl`` / ``query.pkl`` / ``retrieval.pkl``
   (each a dict with ``image`` [N, 512], ``text`` [N, 512], ``label`` [N, C]),
-  split as released.
+  split as released; read by :func:`ucmfh.data.safe_pickle.load_pickle`, which runs none of a file's code.
 * :func:`convert_arrays` — whole-set matrices (image, text, labels) from
   DJSRH/UCCH-style ``.mat`` files (v5 via :mod:`scipy.io`, v7.3 via h5py,
   which stores MATLAB's [N, d] as [d, N]) or from ``.npy`` / ``.npz`` files,
@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import logging
 import os
-import pickle
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
@@ -32,6 +31,7 @@ from ucmfh.data.h5 import SPLITS, DataError, PathLike, check_finite, is_multi_ho
 from ucmfh.data.writer import create_split_dataset, open_writer
 from ucmfh.data.arrays import ArraySource, open_array
 from ucmfh.data.inputs import read_lines
+from ucmfh.data.safe_pickle import load_pickle
 from ucmfh.data.splits import DEFAULT_SEED, SplitIndex, SplitSizes, check_seed, load_split_index, sample_split
 
 log = logging.getLogger(__name__)
@@ -117,11 +117,7 @@ def _as_numpy(value, where: str) -> np.ndarray:
 def _load_pkl(path: str) -> Dict[str, np.ndarray]:
     if not os.path.exists(path):
         raise DataError(f"{path}: no such file")
-    try:
-        with open(path, "rb") as f:
-            data = pickle.load(f)
-    except Exception as err:  # an unpickler runs the file's own instructions: any failure means this file
-        raise DataError(f"{path}: not a readable pickle, truncated or damaged ({type(err).__name__}: {err})") from None
+    data = load_pickle(path)  # runs none of the file's code: a released file may come from anyone
     if not isinstance(data, dict):
         raise DataError(f"{path}: expected a dict with 'image', 'text', 'label', got {type(data).__name__}")
     label_key = "labels" if "labels" in data and "label" not in data else "label"
