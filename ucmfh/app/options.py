@@ -10,7 +10,7 @@ import click
 from ucmfh import distributed
 from ucmfh.app.environment import default_data_dir, default_epochs, torchrun_sizes
 from ucmfh.app.identity import RunOptions
-from ucmfh.config import AMP_MODES, PROTOCOLS, FusionConfig, HashConfig, check_type, with_defaults
+from ucmfh.config import AMP_MODES, PROTOCOLS, FusionConfig, HashConfig, check_setting, with_defaults
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY
 from ucmfh.losses import build_loss
 from ucmfh.methods import build_method
@@ -53,11 +53,36 @@ def parse_overrides(pairs: Tuple[str, ...], stages: Tuple[str, ...] = tuple(STAG
         if name not in fields:
             raise click.BadParameter(f"{key!r}: {stage} settings are {', '.join(fields)}", param_hint="--set")
         try:
-            check_type(STAGES[stage], name, value)
+            check_setting(STAGES[stage], name, value)  # its type and its range, whatever the other settings
         except ValueError as err:
             raise click.BadParameter(f"{key!r}: {err}", param_hint="--set") from None
         out[stage][name] = value
     return out
+
+
+def blame_overrides(build: Callable[[Dict[str, Any]], Any], stage: str, overrides: Dict[str, Any]) -> Any:
+    """``build(overrides)``, where ``overrides`` are a stage's ``--set`` settings ('' for a command of one stage). A ``ValueError`` that
+    ``build({})`` does not raise comes of the overrides (``--set fusion.d_model=30`` with 4 heads, ``--set
+    hash.refit=true`` without a validation split): it is refused as ``--set``, naming those of them that raise
+    it alone (else all). One that ``build({})`` raises too is another option's, raised as it is."""
+    try:
+        return build(overrides)
+    except ValueError as err:
+        if not overrides:
+            raise
+        error = err
+    build({})
+    alone = [name for name in overrides if _raises(build, {name: overrides[name]})]
+    names = ", ".join(repr(f"{stage}.{name}" if stage else name) for name in alone or overrides)
+    raise click.BadParameter(f"{names}: {error}", param_hint="--set")
+
+
+def _raises(build: Callable[[Dict[str, Any]], Any], overrides: Dict[str, Any]) -> bool:
+    try:
+        build(overrides)
+    except ValueError:
+        return True
+    return False
 
 
 def check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -199,7 +224,8 @@ def fusion_config(dataset: str, device: str, loss: Optional[str], loss_params: T
                   modality_dropout=modality_dropout, device=device, amp=amp, val_fraction=val_fraction,
                   patience=patience, lr=lr)
     values = {k: v for k, v in values.items() if v is not None}
-    return check_loss(FusionConfig(**{**values, **parse_overrides(overrides)["fusion"]}))
+    return blame_overrides(lambda extra: check_loss(FusionConfig(**{**values, **extra})), "fusion",
+                           parse_overrides(overrides)["fusion"])
 
 
 def method_fusion_config(method: str, dataset: str, device: str, train: Dict[str, Any],
@@ -259,12 +285,15 @@ def hash_configs(fusion_cfg: FusionConfig, n_bits: Iterable[int], epochs: Option
             base["batch_size"] = train["batch_size"]
     if epochs is not None:
         base["epochs"] = epochs
-    extra = parse_overrides(overrides)["hash"]
     params = parse_params((train or {}).get("method_params", ()), "--method-param")
-    if params:
-        extra["method_params"] = {**extra.get("method_params", {}), **params}
-    return [check_loss(spec.config(**{**base, **settings, "n_bits": bits, **extra}))
-            for bits in dict.fromkeys(n_bits)]
+
+    def build(extra: Dict[str, Any]) -> List[HashConfig]:
+        if params:
+            extra = {**extra, "method_params": {**extra.get("method_params", {}), **params}}
+        return [check_loss(spec.config(**{**base, **settings, "n_bits": bits, **extra}))
+                for bits in dict.fromkeys(n_bits)]
+
+    return blame_overrides(build, "hash", parse_overrides(overrides)["hash"])
 
 
 # options a method without a fusion stage has no use for, and those a method fitted in closed form ignores
