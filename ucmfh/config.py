@@ -134,7 +134,7 @@ class HashConfig:
         _check_training(self)
         if self.refit and not self.val_fraction:
             raise ValueError("refit needs a validation split to choose the epoch (val_fraction > 0), got "
-                             f"val_fraction={self.val_fraction}")
+                             f"refit={self.refit}, val_fraction={self.val_fraction}")
         return self
 
 

@@ -10,7 +10,7 @@ import click
 from ucmfh import distributed
 from ucmfh.app.environment import default_data_dir, default_epochs, torchrun_sizes
 from ucmfh.app.identity import RunOptions
-from ucmfh.config import AMP_MODES, PROTOCOLS, FusionConfig, HashConfig, check_setting, with_defaults
+from ucmfh.config import AMP_MODES, PROTOCOLS, SEED, FusionConfig, HashConfig, check_setting, with_defaults
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY
 from ucmfh.losses import build_loss
 from ucmfh.methods import build_method
@@ -147,6 +147,10 @@ class ByteSize(click.ParamType):
         return int(size)
 
 
+# what torch's generators take
+seed_type = click.IntRange(SEED.low, SEED.high, max_open=SEED.high_open)
+
+
 def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
     """The training options of ``command`` ('train-fusion', 'train-hash' or 'grid'), each default said as
     that command has it; ``without``: options (by parameter name) the command has no use for."""
@@ -168,7 +172,7 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
                                     + ("; the method's if it has its own]." if by_method else "].")),
         "batch_size": click.option("--batch-size", default=None, type=click.IntRange(min=2),
                                    help=f"Items per step [default: {defaults.batch_size}{unless}]."),
-        "seed": click.option("--seed", default=defaults.seed, show_default=True),
+        "seed": click.option("--seed", default=defaults.seed, show_default=True, type=seed_type),
         "modality_dropout": click.option(
             "--modality-dropout", default=None, type=click.FloatRange(0, 1),
             help=f"Share of items trained with image and text kept apart (0 = UCMFH's fused-only training) "

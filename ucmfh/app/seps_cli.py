@@ -12,7 +12,7 @@ from ucmfh.app.errors import user_errors
 from ucmfh.app.environment import default_data_dir, resolve_dataset
 from ucmfh.app.identity import RunOptions
 from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
-from ucmfh.app.options import blame_overrides, output_options, parse_params
+from ucmfh.app.options import blame_overrides, output_options, parse_params, seed_type
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, check_setting
 from ucmfh.data.h5 import load_dataset
@@ -61,7 +61,7 @@ def _report(rows, results) -> None:
 @click.option("--epochs", type=click.IntRange(min=1), default=_DEFAULTS.epochs, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=2), default=_DEFAULTS.batch_size, show_default=True)
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=_DEFAULTS.lr, show_default=True)
-@click.option("--seed", default=_DEFAULTS.seed, show_default=True)
+@click.option("--seed", default=_DEFAULTS.seed, show_default=True, type=seed_type)
 @click.option("--val-fraction", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULTS.val_fraction,
               show_default=True, help="Share of the training images held out to pick the best epoch (0: keep the last).")
 @click.option("--patience", type=click.IntRange(min=0), default=_DEFAULTS.patience, show_default=True,
