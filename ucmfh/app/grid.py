@@ -26,7 +26,8 @@ from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.table import append_results
 from ucmfh.app.options import (
-    check_device, check_loss, check_method_options, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
+    check_device, check_loss, check_method_options, given_options, hash_configs, hash_epochs, method_fusion_config,
+    parse_params, train_options, unused_options,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import DIRECTIONS, REAL, headline, summarize, variant_of
@@ -209,7 +210,12 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
 @user_errors
 def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_epochs, protocol, k, results, table,
          device, quiet, **train) -> None:
-    """Train and score datasets × methods × losses × code lengths × seeds; skip finished cells; write one table."""
+    """Train and score datasets × methods × losses × code lengths × seeds; skip finished cells; write one table.
+
+    One set of options serves every method: an option a method has no use for (the options of epochs for a
+    method fitted in closed form, cca-itq; those of a fusion stage for a method that trains none) applies to
+    the other methods only, and the grid says so in one line; one that no method of the grid uses is refused.
+    """
     from ucmfh.app.environment import default_data_dir, protocols_of
 
     unknown = [name for name in methods if name not in METHODS]
@@ -222,6 +228,14 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     params = loss_params_by_name(per_loss)
     if all(build_method(m).leak_free for m in methods):  # --protocol fused would have nothing to score
         check_method_options(methods[0], protocol, {})
+    given = given_options(click.get_current_context(), train["overrides"])
+    unused = {m: unused_options(m, given) for m in methods}
+    for option in (o for o in given if all(o in u for u in unused.values())):  # no method uses it
+        reasons = ", ".join(f"{m!r} {u[option]}" for m, u in unused.items())
+        raise click.BadParameter(f"no method of the grid has a use for it: {reasons}", param_hint=option)
+    notes = [f"method {m!r}: " + "; ".join(f"{', '.join(o for o in u if u[o] == why)} not applied (it {why})"
+                                        for why in dict.fromkeys(u.values())) + "; the other methods apply them"
+             for m, u in unused.items() if u]
     protocols = protocols_of(protocol)
     opts = RunOptions(out=train["out"], resume=True, save_interval=train["save_interval"], progress=not quiet,
                       always_resumes=True)
@@ -239,6 +253,8 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
             hcfg = check_loss(dataclasses.replace(hcfg, loss_params=params.get(hcfg.loss, hcfg.loss_params)))
             cells.append((dataset, fcfg, hcfg))
     check_outputs({"--results": results, "--table": table}, {"--out": train["out"]})
+    for note in notes:
+        click.echo(note)
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
     grid_rows: List[Dict[str, Any]] = []
     recorded = read_jsonl(results)  # the rows of earlier runs, and of the cells run below

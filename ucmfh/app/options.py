@@ -315,12 +315,33 @@ def check_method_options(method: str, protocol: str, given: Dict[str, bool]) -> 
     if protocol == "fused" and spec.leak_free:
         raise click.BadParameter(f"method {method!r} is leak-free: its codes have no fused view (scored under "
                                  "unimodal only)", param_hint="--protocol")
+    unused = unused_options(method, given)
+    if unused:
+        option, why = next(iter(unused.items()))
+        raise click.BadParameter(f"method {method!r} {why}: it has no use for it", param_hint=option)
+
+
+def unused_options(method: str, given: Dict[str, bool]) -> Dict[str, str]:
+    """The options given (``given``: option -> whether the command line gave it) that ``method`` has no use
+    for, each with why: those of a fusion stage (FUSION_OPTIONS, ``--set fusion.*``) for a method that trains
+    none, those of epochs (EPOCH_OPTIONS) for a method fitted in closed form."""
+    spec = build_method(method)
+    unused = {}
     for option in (name for name, was_given in given.items() if was_given):
         if not spec.uses_fusion and (option in FUSION_OPTIONS or option.startswith("--set fusion.")):
-            raise click.BadParameter(f"method {method!r} trains no fusion stage", param_hint=option)
-        if spec.closed_form and option in EPOCH_OPTIONS:
-            raise click.BadParameter(f"method {method!r} is fitted in closed form: it has no use for it",
-                                     param_hint=option)
+            unused[option] = "trains no fusion stage"
+        elif spec.closed_form and option in EPOCH_OPTIONS:
+            unused[option] = "is fitted in closed form"
+    return unused
+
+
+def given_options(context: click.Context, overrides: Tuple[str, ...]) -> Dict[str, bool]:
+    """Each option of the command -> whether the command line gave it; ``--set fusion.FIELD`` for each
+    fusion setting given by ``--set`` (for :func:`check_method_options`)."""
+    given = {"--" + p.name.replace("_", "-"): context.get_parameter_source(p.name).name == "COMMANDLINE"
+             for p in context.command.params}
+    given.update({f"--set fusion.{name}": True for name in parse_overrides(overrides)["fusion"]})
+    return given
 
 
 def check_loss(cfg: Any) -> Any:
