@@ -26,9 +26,9 @@ from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.table import append_results
 from ucmfh.app.options import (
-    check_device, check_loss, check_method_options, given_options, hash_configs, hash_epochs, method_fusion_config,
-    parse_params, train_options, unused_options,
+    check_device, check_loss, check_method_options, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
 )
+from ucmfh.app.options import given_options, unused_options
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import DIRECTIONS, REAL, headline, summarize, variant_of
 from ucmfh.config import CODE_LENGTHS, PROTOCOLS
