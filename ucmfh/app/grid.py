@@ -188,7 +188,10 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
               help="Dataset name or .h5 path (repeatable).")
 @click.option("--data-dir", default=None, help="Folder of NAME.h5 files [default: $UCMFH_DATA_DIR or data].")
 @click.option("--methods", default=DEFAULT_METHOD, show_default=True, callback=_list(str),
-              help=f"Comma-separated methods ({', '.join(METHODS)}).")
+              help=f"Comma-separated methods ({', '.join(METHODS)}). The other options serve every method: one a "
+                   "method has no use for (those of epochs for a method fitted in closed form, those of a fusion "
+                   "stage for a method that trains none) applies to the other methods only, said in one line; one "
+                   "that no method uses is refused.")
 @click.option("--losses", default="", callback=_list(str),
               help="Comma-separated losses, each run with every method [default: each method's own].")
 @click.option("--loss-params", "per_loss", multiple=True, metavar="NAME:KEY=VALUE,...",
@@ -210,12 +213,7 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
 @user_errors
 def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_epochs, protocol, k, results, table,
          device, quiet, **train) -> None:
-    """Train and score datasets × methods × losses × code lengths × seeds; skip finished cells; write one table.
-
-    One set of options serves every method: an option a method has no use for (the options of epochs for a
-    method fitted in closed form, cca-itq; those of a fusion stage for a method that trains none) applies to
-    the other methods only, and the grid says so in one line; one that no method of the grid uses is refused.
-    """
+    """Train and score datasets × methods × losses × code lengths × seeds; skip finished cells; write one table."""
     from ucmfh.app.environment import default_data_dir, protocols_of
 
     unknown = [name for name in methods if name not in METHODS]
@@ -236,6 +234,8 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     notes = [f"method {m!r}: " + "; ".join(f"{', '.join(o for o in u if u[o] == why)} not applied (it {why})"
                                         for why in dict.fromkeys(u.values())) + "; the other methods apply them"
              for m, u in unused.items() if u]
+    for note in notes:
+        click.echo(note)
     protocols = protocols_of(protocol)
     opts = RunOptions(out=train["out"], resume=True, save_interval=train["save_interval"], progress=not quiet,
                       always_resumes=True)
@@ -253,8 +253,6 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
             hcfg = check_loss(dataclasses.replace(hcfg, loss_params=params.get(hcfg.loss, hcfg.loss_params)))
             cells.append((dataset, fcfg, hcfg))
     check_outputs({"--results": results, "--table": table}, {"--out": train["out"]})
-    for note in notes:
-        click.echo(note)
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
     grid_rows: List[Dict[str, Any]] = []
     recorded = read_jsonl(results)  # the rows of earlier runs, and of the cells run below
