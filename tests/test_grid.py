@@ -101,7 +101,8 @@ def test_grid_applies_an_option_only_to_the_methods_that_use_it_and_says_so(tmp_
     closed form, as train-hash --method cca-itq --epochs refuses), said in one line before anything is read;
     an option that no method of the grid uses is refused, as train-hash refuses it."""
     common = ["grid", "-d", str(tmp_path / "missing.h5"), "--out", str(tmp_path / "runs")]
-    result = CliRunner().invoke(main, [*common, "--methods", "two-tower,cca-itq", "--epochs", "3", "--batch-size", "32"])
+    result = CliRunner().invoke(main, [*common, "--methods", "two-tower,cca-itq", "--epochs", "3",
+                                       "--batch-size", "32"])
     assert result.exit_code == 2 and "missing.h5: no such dataset file" in result.output  # accepted: the data was next
     assert result.output.splitlines()[0] == ("method 'cca-itq': --epochs, --batch-size not applied (it is fitted in "
                                              "closed form); the other methods apply them")

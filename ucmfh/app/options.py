@@ -61,10 +61,10 @@ def parse_overrides(pairs: Tuple[str, ...], stages: Tuple[str, ...] = tuple(STAG
 
 
 def blame_overrides(build: Callable[[Dict[str, Any]], Any], stage: str, overrides: Dict[str, Any]) -> Any:
-    """``build(overrides)``, where ``overrides`` are a stage's ``--set`` settings ('' for a command of one stage). A ``ValueError`` that
-    ``build({})`` does not raise comes of the overrides (``--set fusion.d_model=30`` with 4 heads, ``--set
-    hash.refit=true`` without a validation split): it is refused as ``--set``, naming those of them that raise
-    it alone (else all). One that ``build({})`` raises too is another option's, raised as it is."""
+    """``build(overrides)``, where ``overrides`` are the ``--set`` settings of ``stage`` ('' for a command of one
+    stage). A ``ValueError`` that ``build({})`` does not raise comes of the overrides (``--set fusion.d_model=30``
+    with 4 heads, ``--set hash.refit=true`` without a validation split): it is refused as ``--set``, naming those
+    of them that raise it alone (else all). One that ``build({})`` raises too is another option's, raised as is."""
     try:
         return build(overrides)
     except ValueError as err:
