@@ -94,3 +94,28 @@ def test_an_interrupted_grid_says_to_run_it_again_and_that_finishes_it(tiny_path
     output = _grid(*argv[1:])
     assert "resuming" in output and 2 in bars.starts  # the stopped cell went on from its third epoch
     assert sorted(json.loads(line)["n_bits"] for line in results.read_text().splitlines()) == [8, 16]
+
+
+def test_grid_applies_an_option_only_to_the_methods_that_use_it_and_says_so(tmp_path):
+    """One set of options serves every method of a grid: --epochs reaches two-tower, not cca-itq (fitted in
+    closed form, as train-hash --method cca-itq --epochs refuses), said in one line before anything is read;
+    an option that no method of the grid uses is refused, as train-hash refuses it."""
+    common = ["grid", "-d", str(tmp_path / "missing.h5"), "--out", str(tmp_path / "runs")]
+    result = CliRunner().invoke(main, [*common, "--methods", "two-tower,cca-itq", "--epochs", "3",
+                                       "--batch-size", "32"])
+    assert result.exit_code == 2 and "missing.h5: no such dataset file" in result.output  # accepted: the data was next
+    assert result.output.splitlines()[0] == ("method 'cca-itq': --epochs, --batch-size not applied (it is fitted in "
+                                             "closed form); the other methods apply them")
+    for methods, option, error in (
+            ("cca-itq", ["--epochs", "3"], "Invalid value for --epochs: no method of the grid has a use for it: "
+                                           "'cca-itq' is fitted in closed form"),
+            ("two-tower,cca-itq", ["--fusion-epochs", "2"], "Invalid value for --fusion-epochs: no method of the grid "
+             "has a use for it: 'two-tower' trains no fusion stage, 'cca-itq' trains no fusion stage"),
+            ("two-tower", ["--set", "fusion.d_model=32"], "Invalid value for --set fusion.d_model: no method of the "
+                                                          "grid has a use for it: 'two-tower' trains no fusion stage")):
+        result = CliRunner().invoke(main, [*common, "--methods", methods, *option])
+        assert result.exit_code == 2 and f"Error: {error}" in result.output, result.output
+        assert "no such dataset file" not in result.output and "Traceback" not in result.output
+    result = CliRunner().invoke(main, ["train-hash", "-d", str(tmp_path / "missing.h5"), "--method", "cca-itq",
+                                       "--epochs", "3"])
+    assert result.exit_code == 2 and "method 'cca-itq' is fitted in closed form: it has no use for it" in result.output

@@ -3,7 +3,9 @@ a checkpoint that gives back its codes, a config that refuses what it does not k
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
+import re
 import signal
 
 import pytest
@@ -179,3 +181,33 @@ def test_a_method_trains_on_a_streamed_split_or_says_why_not(tiny_path, fusion, 
     model, _ = fit(held, fusion, cfg)
     a, b = streamed.state_dict(), model.state_dict()
     assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+
+
+@pytest.mark.parametrize("name", [name for name, spec in METHODS.items() if spec.params])
+def test_a_method_parameter_that_is_nan_infinite_or_out_of_range_is_refused_before_the_data_is_read(tmp_path, name):
+    """NaN passes every check written as ``x < 0``: a float parameter must be finite. The command line refuses
+    it with exit 2, naming the parameter, before the dataset is opened."""
+    from click.testing import CliRunner
+
+    from ucmfh.app.cli import main
+
+    for key, default in METHODS[name].params.items():
+        for bad in ((math.nan, math.inf) if isinstance(default, float) else ()):
+            with pytest.raises(ValueError, match=f"method '{name}': parameter '{key}' must be a finite number"):
+                hash_config(name, method_params={key: bad})
+        if isinstance(default, float):
+            result = CliRunner().invoke(main, ["train-hash", "-d", str(tmp_path / "missing.h5"), "--method", name,
+                                               "--method-param", f"{key}=NaN"])
+            assert result.exit_code == 2 and f"parameter '{key}' must be a finite number, got nan" in result.output
+            assert "no such dataset file" not in result.output and "Traceback" not in result.output
+
+
+@pytest.mark.parametrize("name, params, error", [
+    ("jdsh", {"lamb": -0.4}, "method 'jdsh': lamb must be >= 0, got lamb=-0.4"),
+    ("jdsh", {"scale_left": -1.0, "k_right": -2.0}, "method 'jdsh': scale_left, k_right must be >= 0"),
+    ("daeh", {"alpha": -2.0}, "method 'daeh': alpha and beta must be >= 0, got alpha=-2.0"),
+    ("two-tower", {"temperatures": "0.3,inf"}, "parameter 'temperatures' must be positive numbers"),
+])
+def test_a_method_parameter_out_of_its_range_is_refused(name, params, error):
+    with pytest.raises(ValueError, match=re.escape(error)):
+        hash_config(name, method_params=params)

@@ -8,6 +8,7 @@ never exists; change one with :func:`dataclasses.replace`, which checks again.
 from __future__ import annotations
 
 import dataclasses
+import math
 import numbers
 from dataclasses import dataclass, field
 from typing import Any, Dict, Optional
@@ -69,11 +70,10 @@ class FusionConfig:
         self.validate()
 
     def validate(self) -> "FusionConfig":
-        _check_types(self)
+        _check_settings(self)
         if self.d_model % self.n_heads:
-            raise ValueError(f"d_model ({self.d_model}) must be divisible by n_heads ({self.n_heads})")
-        if not 0.0 <= self.modality_dropout <= 1.0:
-            raise ValueError(f"modality_dropout must be in [0, 1], got {self.modality_dropout}")
+            raise ValueError(f"n_heads must divide d_model (each head attends over d_model / n_heads dimensions), "
+                             f"got n_heads={self.n_heads} and d_model={self.d_model}")
         _check_training(self)
         return self
 
@@ -130,32 +130,11 @@ class HashConfig:
         self.validate()
 
     def validate(self) -> "HashConfig":
-        _check_types(self)
-        if not isinstance(self.method, str) or not self.method:
-            raise ValueError(f"method must be a method's name, got {self.method!r}")
-        if not isinstance(self.method_params, dict):
-            raise ValueError(f"method_params must be a dict of the method's parameters, got {self.method_params!r}")
-        if not CODE_LENGTHS[0] <= self.n_bits <= CODE_LENGTHS[1]:
-            raise ValueError(f"n_bits must be between {CODE_LENGTHS[0]} and {CODE_LENGTHS[1]}, got {self.n_bits}")
-        if self.hidden < 0:
-            raise ValueError(f"hidden must be >= 0 (0: a linear head), got {self.hidden}")
-        if not 0.0 <= self.teacher_weight <= 1.0 or self.teacher_temperature <= 0:
-            raise ValueError(f"teacher_weight must be in [0, 1] and teacher_temperature > 0, got "
-                             f"{self.teacher_weight} and {self.teacher_temperature}")
-        if self.relaxation not in RELAXATIONS:
-            raise ValueError(f"relaxation must be one of {RELAXATIONS}, got {self.relaxation!r}")
-        if self.beta_schedule not in BETA_SCHEDULES:
-            raise ValueError(f"beta_schedule must be one of {BETA_SCHEDULES}, got {self.beta_schedule!r}")
-        if not 0.0 <= self.modality_dropout <= 1.0:
-            raise ValueError(f"modality_dropout must be in [0, 1], got {self.modality_dropout}")
-        if self.beta_step_iters < 1 or self.beta_step_epochs < 1:
-            raise ValueError("beta_step_iters and beta_step_epochs must be >= 1")
-        if self.lr_fusion < 0 or self.lr_head <= 0:
-            raise ValueError(f"lr_fusion must be >= 0 and lr_head > 0, got {self.lr_fusion} and {self.lr_head}")
+        _check_settings(self)
         _check_training(self)
         if self.refit and not self.val_fraction:
             raise ValueError("refit needs a validation split to choose the epoch (val_fraction > 0), got "
-                             f"val_fraction={self.val_fraction}")
+                             f"refit={self.refit}, val_fraction={self.val_fraction}")
         return self
 
 
@@ -215,21 +194,7 @@ class SepsConfig:
         self.validate()
 
     def validate(self) -> "SepsConfig":
-        _check_types(self)
-        for name, allowed in (("version", SEPS_VERSIONS), ("selection", tuple(SEPS_SELECTIONS)),
-                              ("dense_text", tuple(DENSE_TEXT))):
-            if getattr(self, name) not in allowed:
-                raise ValueError(f"{name} must be one of {allowed}, got {getattr(self, name)!r}")
-        if not 0.0 < self.keep_ratio <= 1.0 or not 0.0 < self.aggr_ratio <= 1.0:
-            raise ValueError(f"keep_ratio and aggr_ratio must be in (0, 1], got {self.keep_ratio}, {self.aggr_ratio}")
-        if self.embed_dim < 1 or self.aggr_hidden_ratio <= 0 or self.hrpa_top_k < 1 or self.pair_chunk < 1:
-            raise ValueError("embed_dim, aggr_hidden_ratio, hrpa_top_k and pair_chunk must be positive")
-        if not 0.0 <= self.beta <= 0.5:
-            raise ValueError(f"beta must be in [0, 0.5] (the predictor's weight is 1 − 2β), got {self.beta}")
-        if self.select_temperature <= 0 or self.margin < 0 or self.ratio_weight < 0 or self.lr <= 0:
-            raise ValueError("select_temperature and lr must be > 0, margin and ratio_weight >= 0")
-        if self.max_violation_from < 0:
-            raise ValueError(f"max_violation_from must be >= 0, got {self.max_violation_from}")
+        _check_settings(self)
         _check_training(self)
         return self
 
@@ -306,6 +271,97 @@ def _check_types(cfg: Any) -> None:
             setattr(cfg, f.name, tuple(value))  # as a checkpoint's JSON gives it back
 
 
+@dataclass(frozen=True)
+class Range:
+    """The values a numeric setting may take: finite, from ``low`` to ``high`` (None: unbounded), each end
+    included unless it is open; ``why`` says what the bound is for."""
+
+    low: Optional[float] = None
+    high: Optional[float] = None
+    low_open: bool = False
+    high_open: bool = False
+    why: str = ""
+
+    def __contains__(self, value: Any) -> bool:
+        if isinstance(value, float) and not math.isfinite(value):
+            return False  # NaN compares False with everything: it would pass a check written as `value < low`
+        return ((self.low is None or (self.low < value if self.low_open else self.low <= value))
+                and (self.high is None or (value < self.high if self.high_open else value <= self.high)))
+
+    def __str__(self) -> str:
+        if self.high is None:
+            text = f"{'>' if self.low_open else '>='} {self.low}"
+        else:
+            text = f"in {'(' if self.low_open else '['}{self.low}, {self.high}{')' if self.high_open else ']'}"
+        return text + (f" ({self.why})" if self.why else "")
+
+
+POSITIVE, NON_NEGATIVE, AT_LEAST_ONE = Range(0, low_open=True), Range(0), Range(1)
+SHARE, SHARE_BELOW_ONE = Range(0, 1), Range(0, 1, high_open=True)
+SEED = Range(-2**63, 2**64, high_open=True, why="what torch's generators take")
+
+
+def _betas(name: str, value: Any) -> None:
+    """Adam's betas: two decay rates, each in [0, 1) (torch refuses others only once the optimizer is made)."""
+    if (len(value) != 2 or any(isinstance(b, bool) or not isinstance(b, numbers.Real) for b in value)
+            or not all(b in SHARE_BELOW_ONE for b in value)):
+        raise ValueError(f"{name} must be two numbers, each in [0, 1) (Adam's decay rates), got {list(value)!r}")
+
+
+def _name(name: str, value: Any) -> None:
+    if not value:
+        raise ValueError(f"{name} must be a method's name, got {value!r}")
+
+
+# Each setting's own range: a Range, the tuple of its choices, or a function that raises ValueError. What a
+# setting asks of another (n_heads must divide d_model) is its config's validate()'s. Settings not listed take
+# every value of their type: the booleans, `device` (resolved where it is used: ucmfh.utils.resolve_device),
+# `loss` and `loss_params` (checked by building the loss: ucmfh.losses.build_loss), `method_params` (checked by
+# the method: ucmfh.methods.Method.check).
+_TRAINING = {"epochs": AT_LEAST_ONE, "batch_size": Range(2, why="contrastive losses need negatives"),
+             "seed": SEED, "amp": AMP_MODES, "val_fraction": SHARE_BELOW_ONE, "patience": NON_NEGATIVE}
+SETTINGS: Dict[type, Dict[str, Any]] = {
+    FusionConfig: {
+        "d_model": AT_LEAST_ONE, "n_layers": AT_LEAST_ONE, "n_heads": AT_LEAST_ONE, "d_ff": AT_LEAST_ONE,
+        "dropout": SHARE_BELOW_ONE, "modality_dropout": SHARE, "lr": POSITIVE, "betas": _betas, **_TRAINING},
+    HashConfig: {
+        "method": _name, "n_bits": Range(*CODE_LENGTHS), "hidden": Range(0, why="0: a linear head"),
+        "dropout": SHARE_BELOW_ONE, "code_weight": NON_NEGATIVE, "modality_dropout": SHARE,
+        "relaxation": RELAXATIONS, "beta_schedule": BETA_SCHEDULES, "beta_gamma": NON_NEGATIVE,
+        "beta_step_iters": AT_LEAST_ONE, "beta_step_epochs": AT_LEAST_ONE, "teacher_weight": SHARE,
+        "teacher_temperature": POSITIVE, "lr_fusion": Range(0, why="0 keeps the fusion encoder as trained"),
+        "lr_head": POSITIVE, "betas": _betas, **_TRAINING},
+    SepsConfig: {
+        "version": SEPS_VERSIONS, "selection": tuple(SEPS_SELECTIONS), "dense_text": tuple(DENSE_TEXT),
+        "embed_dim": AT_LEAST_ONE, "keep_ratio": Range(0, 1, low_open=True), "aggr_ratio": Range(0, 1, low_open=True),
+        "aggr_hidden_ratio": POSITIVE, "beta": Range(0, 0.5, why="the predictor's weight is 1 − 2β"),
+        "select_temperature": POSITIVE, "hrpa_top_k": AT_LEAST_ONE, "margin": NON_NEGATIVE,
+        "max_violation_from": NON_NEGATIVE, "ratio_weight": NON_NEGATIVE, "lr": POSITIVE,
+        "weight_decay": NON_NEGATIVE, "pair_chunk": AT_LEAST_ONE, **_TRAINING},
+}
+
+
+def check_setting(cls: type, name: str, value: Any) -> None:
+    """Refuse a value that setting ``name`` of config class ``cls`` can never take, whatever the other settings
+    are (``ValueError`` naming the setting, what it may be and the value): its type (:func:`check_type`),
+    then its range or its choices (``SETTINGS``)."""
+    check_type(cls, name, value)
+    rule = SETTINGS.get(cls, {}).get(name)
+    if isinstance(rule, Range) and value not in rule:
+        finite = "a finite number " if isinstance(value, float) and not math.isfinite(value) else ""
+        raise ValueError(f"{name} must be {finite}{rule}, got {value!r}")
+    if isinstance(rule, tuple) and value not in rule:
+        raise ValueError(f"{name} must be one of {rule}, got {value!r}")
+    if callable(rule):
+        rule(name, value)
+
+
+def _check_settings(cfg: Any) -> None:
+    _check_types(cfg)
+    for f in dataclasses.fields(cfg):
+        check_setting(type(cfg), f.name, getattr(cfg, f.name))
+
+
 def with_defaults(defaults: Dict[str, Any], settings: Dict[str, Any]) -> Dict[str, Any]:
     """``defaults`` overridden by ``settings``; turning validation off (``val_fraction=0``) also
     turns off a default patience and a default refit, which need a validation split."""
@@ -316,16 +372,9 @@ def with_defaults(defaults: Dict[str, Any], settings: Dict[str, Any]) -> Dict[st
 
 
 def _check_training(cfg: Any) -> None:
-    if cfg.epochs < 1:
-        raise ValueError(f"epochs must be >= 1, got {cfg.epochs}")
-    if cfg.batch_size < 2:
-        raise ValueError(f"batch_size must be >= 2 (contrastive losses need negatives), got {cfg.batch_size}")
-    if cfg.amp not in AMP_MODES:
-        raise ValueError(f"amp must be one of {AMP_MODES}, got {cfg.amp!r}")
-    if not 0.0 <= cfg.val_fraction < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {cfg.val_fraction}")
-    if cfg.patience < 0 or (cfg.patience and not cfg.val_fraction):
-        raise ValueError(f"patience must be >= 0 and needs a validation split (val_fraction > 0), "
+    """What the settings of training ask of each other (each one's own range is checked by check_setting)."""
+    if cfg.patience and not cfg.val_fraction:
+        raise ValueError(f"patience needs a validation split (val_fraction > 0), "
                          f"got patience={cfg.patience}, val_fraction={cfg.val_fraction}")
 
 

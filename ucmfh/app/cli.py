@@ -17,8 +17,8 @@ from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.options import (
-    check_device, check_method_options, data_options, fusion_config, hash_configs, hash_epochs, method_fusion_config, parse_overrides,
-    results_to_read, run_options, train_options,
+    check_device, check_method_options, data_options, fusion_config, given_options, hash_configs, hash_epochs,
+    method_fusion_config, parse_overrides, results_to_read, run_options, train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset, validate_file
@@ -185,11 +185,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
     """
     from ucmfh.app.experiment import train_hash_stage
 
-    context = click.get_current_context()
-    given = {"--" + p.name.replace("_", "-"): context.get_parameter_source(p.name).name == "COMMANDLINE"
-             for p in context.command.params}
-    given.update({f"--set fusion.{name}": True for name in parse_overrides(train["overrides"])["fusion"]})
-    check_method_options(method, protocol, given)
+    check_method_options(method, protocol, given_options(click.get_current_context(), train["overrides"]))
     fcfg = method_fusion_config(method, dataset, device, train, fusion_epochs)
     # every code length is checked before anything trains
     epochs = hash_epochs(method, dataset, train["epochs"])

@@ -28,6 +28,7 @@ from ucmfh.app.table import append_results
 from ucmfh.app.options import (
     DEFAULT_RESULTS, check_device, check_loss, check_method_options, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
 )
+from ucmfh.app.options import given_options, unused_options
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import DIRECTIONS, REAL, headline, summarize, variant_of
 from ucmfh.config import CODE_LENGTHS, PROTOCOLS
@@ -187,7 +188,10 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
               help="Dataset name or .h5 path (repeatable).")
 @click.option("--data-dir", default=None, help="Folder of NAME.h5 files [default: $UCMFH_DATA_DIR or data].")
 @click.option("--methods", default=DEFAULT_METHOD, show_default=True, callback=_list(str),
-              help=f"Comma-separated methods ({', '.join(METHODS)}).")
+              help=f"Comma-separated methods ({', '.join(METHODS)}). The other options serve every method: one a "
+                   "method has no use for (those of epochs for a method fitted in closed form, those of a fusion "
+                   "stage for a method that trains none) applies to the other methods only, said in one line; one "
+                   "that no method uses is refused.")
 @click.option("--losses", default="", callback=_list(str),
               help="Comma-separated losses, each run with every method [default: each method's own].")
 @click.option("--loss-params", "per_loss", multiple=True, metavar="NAME:KEY=VALUE,...",
@@ -224,6 +228,16 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     params = loss_params_by_name(per_loss)
     if all(build_method(m).leak_free for m in methods):  # --protocol fused would have nothing to score
         check_method_options(methods[0], protocol, {})
+    given = given_options(click.get_current_context(), train["overrides"])
+    unused = {m: unused_options(m, given) for m in methods}
+    for option in (o for o in given if all(o in u for u in unused.values())):  # no method uses it
+        reasons = ", ".join(f"{m!r} {u[option]}" for m, u in unused.items())
+        raise click.BadParameter(f"no method of the grid has a use for it: {reasons}", param_hint=option)
+    notes = [f"method {m!r}: " + "; ".join(f"{', '.join(o for o in u if u[o] == why)} not applied (it {why})"
+                                        for why in dict.fromkeys(u.values())) + "; the other methods apply them"
+             for m, u in unused.items() if u]
+    for note in notes:
+        click.echo(note)
     protocols = protocols_of(protocol)
     opts = RunOptions(out=train["out"], resume=True, save_interval=train["save_interval"], progress=not quiet,
                       always_resumes=True)

@@ -10,7 +10,7 @@ import click
 from ucmfh import distributed
 from ucmfh.app.environment import default_data_dir, default_epochs, torchrun_sizes
 from ucmfh.app.identity import RunOptions
-from ucmfh.config import AMP_MODES, PROTOCOLS, FusionConfig, HashConfig, check_type, with_defaults
+from ucmfh.config import AMP_MODES, PROTOCOLS, SEED, FusionConfig, HashConfig, check_setting, with_defaults
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY
 from ucmfh.losses import build_loss
 from ucmfh.methods import build_method
@@ -54,11 +54,36 @@ def parse_overrides(pairs: Tuple[str, ...], stages: Tuple[str, ...] = tuple(STAG
         if name not in fields:
             raise click.BadParameter(f"{key!r}: {stage} settings are {', '.join(fields)}", param_hint="--set")
         try:
-            check_type(STAGES[stage], name, value)
+            check_setting(STAGES[stage], name, value)  # its type and its range, whatever the other settings
         except ValueError as err:
             raise click.BadParameter(f"{key!r}: {err}", param_hint="--set") from None
         out[stage][name] = value
     return out
+
+
+def blame_overrides(build: Callable[[Dict[str, Any]], Any], stage: str, overrides: Dict[str, Any]) -> Any:
+    """``build(overrides)``, where ``overrides`` are the ``--set`` settings of ``stage`` ('' for a command of one
+    stage). A ``ValueError`` that ``build({})`` does not raise comes of the overrides (``--set fusion.d_model=30``
+    with 4 heads, ``--set hash.refit=true`` without a validation split): it is refused as ``--set``, naming those
+    of them that raise it alone (else all). One that ``build({})`` raises too is another option's, raised as is."""
+    try:
+        return build(overrides)
+    except ValueError as err:
+        if not overrides:
+            raise
+        error = err
+    build({})
+    alone = [name for name in overrides if _raises(build, {name: overrides[name]})]
+    names = ", ".join(repr(f"{stage}.{name}" if stage else name) for name in alone or overrides)
+    raise click.BadParameter(f"{names}: {error}", param_hint="--set")
+
+
+def _raises(build: Callable[[Dict[str, Any]], Any], overrides: Dict[str, Any]) -> bool:
+    try:
+        build(overrides)
+    except ValueError:
+        return True
+    return False
 
 
 def check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -123,6 +148,10 @@ class ByteSize(click.ParamType):
         return int(size)
 
 
+# what torch's generators take
+seed_type = click.IntRange(SEED.low, SEED.high, max_open=SEED.high_open)
+
+
 def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
     """The training options of ``command`` ('train-fusion', 'train-hash' or 'grid'), each default said as
     that command has it; ``without``: options (by parameter name) the command has no use for."""
@@ -144,7 +173,7 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
                                     + ("; the method's if it has its own]." if by_method else "].")),
         "batch_size": click.option("--batch-size", default=None, type=click.IntRange(min=2),
                                    help=f"Items per step [default: {defaults.batch_size}{unless}]."),
-        "seed": click.option("--seed", default=defaults.seed, show_default=True),
+        "seed": click.option("--seed", default=defaults.seed, show_default=True, type=seed_type),
         "modality_dropout": click.option(
             "--modality-dropout", default=None, type=click.FloatRange(0, 1),
             help=f"Share of items trained with image and text kept apart (0 = UCMFH's fused-only training) "
@@ -200,7 +229,8 @@ def fusion_config(dataset: str, device: str, loss: Optional[str], loss_params: T
                   modality_dropout=modality_dropout, device=device, amp=amp, val_fraction=val_fraction,
                   patience=patience, lr=lr)
     values = {k: v for k, v in values.items() if v is not None}
-    return check_loss(FusionConfig(**{**values, **parse_overrides(overrides)["fusion"]}))
+    return blame_overrides(lambda extra: check_loss(FusionConfig(**{**values, **extra})), "fusion",
+                           parse_overrides(overrides)["fusion"])
 
 
 def method_fusion_config(method: str, dataset: str, device: str, train: Dict[str, Any],
@@ -260,12 +290,15 @@ def hash_configs(fusion_cfg: FusionConfig, n_bits: Iterable[int], epochs: Option
             base["batch_size"] = train["batch_size"]
     if epochs is not None:
         base["epochs"] = epochs
-    extra = parse_overrides(overrides)["hash"]
     params = parse_params((train or {}).get("method_params", ()), "--method-param")
-    if params:
-        extra["method_params"] = {**extra.get("method_params", {}), **params}
-    return [check_loss(spec.config(**{**base, **settings, "n_bits": bits, **extra}))
-            for bits in dict.fromkeys(n_bits)]
+
+    def build(extra: Dict[str, Any]) -> List[HashConfig]:
+        if params:
+            extra = {**extra, "method_params": {**extra.get("method_params", {}), **params}}
+        return [check_loss(spec.config(**{**base, **settings, "n_bits": bits, **extra}))
+                for bits in dict.fromkeys(n_bits)]
+
+    return blame_overrides(build, "hash", parse_overrides(overrides)["hash"])
 
 
 # options a method without a fusion stage has no use for, and those a method fitted in closed form ignores
@@ -283,12 +316,33 @@ def check_method_options(method: str, protocol: str, given: Dict[str, bool]) -> 
     if protocol == "fused" and spec.leak_free:
         raise click.BadParameter(f"method {method!r} is leak-free: its codes have no fused view (scored under "
                                  "unimodal only)", param_hint="--protocol")
+    unused = unused_options(method, given)
+    if unused:
+        option, why = next(iter(unused.items()))
+        raise click.BadParameter(f"method {method!r} {why}: it has no use for it", param_hint=option)
+
+
+def unused_options(method: str, given: Dict[str, bool]) -> Dict[str, str]:
+    """The options given (``given``: option -> whether the command line gave it) that ``method`` has no use
+    for, each with why: those of a fusion stage (FUSION_OPTIONS, ``--set fusion.*``) for a method that trains
+    none, those of epochs (EPOCH_OPTIONS) for a method fitted in closed form."""
+    spec = build_method(method)
+    unused = {}
     for option in (name for name, was_given in given.items() if was_given):
         if not spec.uses_fusion and (option in FUSION_OPTIONS or option.startswith("--set fusion.")):
-            raise click.BadParameter(f"method {method!r} trains no fusion stage", param_hint=option)
-        if spec.closed_form and option in EPOCH_OPTIONS:
-            raise click.BadParameter(f"method {method!r} is fitted in closed form: it has no use for it",
-                                     param_hint=option)
+            unused[option] = "trains no fusion stage"
+        elif spec.closed_form and option in EPOCH_OPTIONS:
+            unused[option] = "is fitted in closed form"
+    return unused
+
+
+def given_options(context: click.Context, overrides: Tuple[str, ...]) -> Dict[str, bool]:
+    """Each option of the command -> whether the command line gave it; ``--set fusion.FIELD`` for each
+    fusion setting given by ``--set`` (for :func:`check_method_options`)."""
+    given = {"--" + p.name.replace("_", "-"): context.get_parameter_source(p.name).name == "COMMANDLINE"
+             for p in context.command.params}
+    given.update({f"--set fusion.{name}": True for name in parse_overrides(overrides)["fusion"]})
+    return given
 
 
 def check_loss(cfg: Any) -> Any:

@@ -12,9 +12,9 @@ from ucmfh.app.errors import user_errors
 from ucmfh.app.environment import default_data_dir, resolve_dataset
 from ucmfh.app.identity import RunOptions
 from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
-from ucmfh.app.options import output_options, parse_params
+from ucmfh.app.options import blame_overrides, output_options, parse_params, seed_type
 from ucmfh.app.outputs import check_outputs
-from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, check_type
+from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, check_setting
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import append_jsonl
 from ucmfh.metrics.captions import DATABASES
@@ -61,7 +61,7 @@ def _report(rows, results) -> None:
 @click.option("--epochs", type=click.IntRange(min=1), default=_DEFAULTS.epochs, show_default=True)
 @click.option("--batch-size", type=click.IntRange(min=2), default=_DEFAULTS.batch_size, show_default=True)
 @click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=_DEFAULTS.lr, show_default=True)
-@click.option("--seed", default=_DEFAULTS.seed, show_default=True)
+@click.option("--seed", default=_DEFAULTS.seed, show_default=True, type=seed_type)
 @click.option("--val-fraction", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULTS.val_fraction,
               show_default=True, help="Share of the training images held out to pick the best epoch (0: keep the last).")
 @click.option("--patience", type=click.IntRange(min=0), default=_DEFAULTS.patience, show_default=True,
@@ -87,11 +87,13 @@ def train_seps(dataset, data_dir, database, results, device, quiet, overrides, o
         raise click.BadParameter(f"unknown settings {unknown}; SEPS settings are {', '.join(sorted(fields))}",
                                  param_hint="--set")
     for name, value in extra.items():
+        if name in settings or name == "device":  # one way to say each: --set would silently replace the option
+            raise click.BadParameter(f"{name!r}: use --{name.replace('_', '-')}", param_hint="--set")
         try:
-            check_type(SepsConfig, name, value)
+            check_setting(SepsConfig, name, value)  # its type and its range, whatever the other settings
         except ValueError as err:
             raise click.BadParameter(f"{name!r}: {err}", param_hint="--set") from None
-    cfg = SepsConfig(**{**settings, **extra, "device": device})
+    cfg = blame_overrides(lambda given: SepsConfig(**{**settings, **given, "device": device}), "", extra)
     check_outputs({"--results": results}, {"--out": out})
     path = resolve_dataset(dataset, data_dir)
     click.echo(f"dataset: {path}")

@@ -7,6 +7,7 @@ first, which protocols it is scored under, the model a checkpoint of it rebuilds
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Any, Callable, ClassVar, Dict, Optional, Tuple
 
 import torch
@@ -198,5 +199,7 @@ def _typed(method: str, key: str, value: Any, default: Any) -> Any:
     if not ok:
         raise ValueError(f"method {method!r}: parameter {key!r} must be a {type(default).__name__} "
                          f"like its default {default!r}, got {value!r}")
+    if isinstance(value, float) and not math.isfinite(value):  # NaN would pass every check written as `x < 0`
+        raise ValueError(f"method {method!r}: parameter {key!r} must be a finite number, got {value!r}")
     return value
 

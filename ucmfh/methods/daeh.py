@@ -275,6 +275,8 @@ class Daeh(Method):
         p = self.method_params(cfg.method_params)
         if not 0.0 <= p["a1"] <= 1.0 or min(p["gamma"], p["w_tri"], p["w_teacher"], p["w_cross"]) < 0:
             raise ValueError(f"method 'daeh': a1 must be in [0, 1] and gamma and the weights >= 0, got {p}")
+        if min(p["alpha"], p["beta"]) < 0:  # how many sigmas below / above the mode a pair is similar / dissimilar
+            raise ValueError(f"method 'daeh': alpha and beta must be >= 0, got alpha={p['alpha']}, beta={p['beta']}")
         if not 0.0 <= p["momentum"] < 1.0 or p["weight_decay"] < 0:
             raise ValueError(f"method 'daeh': momentum must be in [0, 1) and weight_decay >= 0, got {p}")
 

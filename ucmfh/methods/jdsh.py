@@ -126,6 +126,12 @@ class Jdsh(Method):
         check_sgd_params(self.name, params)
         if not (params["mu"] > 0 and params["intra"] >= 0 and params["l1"] >= 0 and params["l2"] >= 0):
             raise ValueError(f"method 'jdsh': mu must be > 0, intra, l1 and l2 >= 0, got {params}")
+        # the weights of S' and the widths of DSDW's thresholds (a threshold is loc -/+ k * scale)
+        negative = [k for k in ("alpha", "beta", "lamb", "scale_left", "k_left", "scale_right", "k_right")
+                    if params[k] < 0]
+        if negative:
+            raise ValueError(f"method 'jdsh': {', '.join(negative)} must be >= 0, got "
+                             + ", ".join(f"{k}={params[k]}" for k in negative))
 
     def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
                     fusion_cfg: Optional[FusionConfig] = None) -> FeatureHasher:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 from typing import Dict, Optional, Tuple
 
 import torch
@@ -52,7 +53,7 @@ class TwoTower(Method):
             values = tuple(float(t) for t in text.split(","))
         except ValueError:
             values = ()
-        if not values or not all(v > 0 for v in values):
+        if not values or not all(0 < v < math.inf for v in values):
             raise ValueError(f"method {self.name!r}: parameter 'temperatures' must be positive numbers separated "
                              f"by commas, like its default '0.3,0.1', got {text!r}")
         return values

@@ -1,0 +1,174 @@
+"""Every setting of the stage configs has its range, checked before anything is read or trained.
+
+One table of values each setting can never take walks every field of FusionConfig, HashConfig and
+SepsConfig: the library refuses each (``ValueError`` naming the setting) and the command line refuses
+each given by ``--set`` with exit 2, naming ``--set`` and the setting, before the dataset is opened.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+
+import pytest
+from click.testing import CliRunner
+
+from ucmfh.app.cli import main
+from ucmfh.config import FusionConfig, HashConfig, Range, SepsConfig, check_setting
+
+NAN, INF = float("nan"), float("inf")
+
+# values each setting can never take (with the defaults of the other settings, train-hash --method ucmfh)
+BAD = {
+    FusionConfig: {
+        "d_model": [0, -8, 30],  # 30: not divisible by the 4 heads
+        "n_layers": [0],
+        "n_heads": [0, -4, 3],  # 3 does not divide d_model 512
+        "d_ff": [0],
+        "dropout": [-0.1, 1, 5, NAN],
+        "modality_dropout": [-0.1, 1.5],
+        "loss": ["nope"],
+        "loss_params": [{"nope": 1}, {"temperature": -1}],
+        "epochs": [0],
+        "batch_size": [1],
+        "lr": [0, -1e-4, INF],
+        "betas": [[0.5, 2], [-0.1, 0.9], [0.5], ["a", 0.9]],
+        "seed": [2**64],
+        "amp": ["fp16"],
+        "val_fraction": [1, -0.1],
+        "patience": [-1, 3],  # 3: without a validation split
+    },
+    HashConfig: {
+        "method": ["nope"],
+        "method_params": [{"nope": 1}],
+        "n_bits": [4, 512],
+        "hidden": [-1],
+        "dropout": [1, 2, NAN],
+        "code_weight": [-1, INF],
+        "modality_dropout": [2],
+        "relaxation": ["nope"],
+        "beta_schedule": ["nope"],
+        "beta_gamma": [-0.1],
+        "beta_step_iters": [0],
+        "beta_step_epochs": [0],
+        "loss": ["nope"],
+        "loss_params": [{"nope": 1}],
+        "teacher_weight": [1.5, -0.1],
+        "teacher_temperature": [0, -1],
+        "epochs": [0],
+        "batch_size": [1],
+        "lr_fusion": [-1],
+        "lr_head": [0, NAN],
+        "betas": [[0.5, 2], [0.9, 0.999, 0.5]],
+        "seed": [-2**63 - 1],
+        "amp": ["fp16"],
+        "val_fraction": [1],
+        "patience": [-1],
+        "refit": [True],  # without a validation split
+    },
+    SepsConfig: {
+        "version": ["nope"],
+        "selection": ["nope"],
+        "dense_text": ["nope"],
+        "embed_dim": [0],
+        "keep_ratio": [0, 1.5],
+        "aggr_ratio": [0, 2],
+        "aggr_hidden_ratio": [0],
+        "beta": [0.6, -0.1],
+        "select_temperature": [0],
+        "hrpa_top_k": [0],
+        "margin": [-0.1],
+        "max_violation_from": [-1],
+        "ratio_weight": [-1],
+        "epochs": [0],
+        "batch_size": [1],
+        "lr": [0],
+        "weight_decay": [-1e-4],
+        "val_fraction": [1],
+        "patience": [-1],
+        "pair_chunk": [0],
+        "seed": [2**64],
+        "amp": ["fp16"],
+    },
+}
+
+# settings with no value a config can refuse, and why
+NO_BAD_VALUE = {
+    (FusionConfig, "supervised"): "a flag: true and false are both valid (another type is refused: tests/test_runs.py)",
+    (HashConfig, "supervised"): "a flag: true and false are both valid (another type is refused: tests/test_runs.py)",
+    (FusionConfig, "device"): "depends on the machine (a checkpoint's config is loaded elsewhere): --device checks it",
+    (HashConfig, "device"): "depends on the machine (a checkpoint's config is loaded elsewhere): --device checks it",
+    (SepsConfig, "device"): "depends on the machine (a checkpoint's config is loaded elsewhere): --device checks it",
+}
+# settings the config takes as given and whose check is where they are used (still before anything trains)
+CHECKED_WHERE_USED = {"loss": "build_loss", "loss_params": "build_loss", "method": "build_method",
+                      "method_params": "the method"}
+STAGE = {FusionConfig: "fusion", HashConfig: "hash", SepsConfig: ""}
+# settings with an option of their own: --set refuses them ('use OPTION'), the option checks the value
+OWN_OPTIONS = {
+    (FusionConfig, "seed"): "--seed", (HashConfig, "seed"): "--seed", (HashConfig, "n_bits"): "--n-bits",
+    (HashConfig, "method"): "--method", **{(SepsConfig, name): "--" + name.replace("_", "-") for name in (
+        "version", "selection", "dense_text", "epochs", "batch_size", "lr", "val_fraction", "patience", "seed")},
+}
+
+CASES = [(cls, name, value) for cls, table in BAD.items() for name, values in table.items() for value in values]
+
+
+def _id(case) -> str:
+    cls, name, value = case
+    return f"{cls.__name__}.{name}={value!r}"
+
+
+def test_the_table_walks_every_field():
+    for cls in BAD:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        listed = set(BAD[cls]) | {name for c, name in NO_BAD_VALUE if c is cls}
+        assert listed == fields, f"{cls.__name__}: no bad value listed for {sorted(fields - listed)}"
+
+
+@pytest.mark.parametrize("cls, name, value", CASES, ids=map(_id, CASES))
+def test_an_out_of_range_setting_is_refused_before_anything_is_read(tmp_path, cls, name, value):
+    """Library: ``ValueError`` naming the setting. Command line: exit 2, one line naming ``--set`` and the
+    setting (or, for a setting with an option of its own, the option), before the dataset is opened."""
+    if name not in CHECKED_WHERE_USED:
+        with pytest.raises(ValueError, match=name):
+            cls(**{name: value})
+    missing = str(tmp_path / "missing.h5")
+    stage = STAGE[cls]
+    command = ["train-seps", "-d", missing] if cls is SepsConfig else ["train-hash", "--method", "ucmfh", "-d", missing]
+    out = ["--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl")]
+    key = f"{stage}.{name}" if stage else name
+    result = CliRunner().invoke(main, [*command, *out, "--set", f"{key}={json.dumps(value)}"])
+    assert result.exit_code == 2, result.output
+    errors = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert len(errors) == 1 and errors[0].startswith(f"Error: Invalid value for --set: {key!r}: "), result.output
+    assert "Traceback" not in result.output and "no such dataset file" not in result.output
+    assert not (tmp_path / "runs").exists()
+    option = OWN_OPTIONS.get((cls, name))
+    if option is not None:
+        assert errors[0].endswith(f"use {option}") or errors[0].endswith(f"use -b/{option}")
+        given = [option, str(value)] if not isinstance(value, list) else []
+        result = CliRunner().invoke(main, [*command, *out, *given])
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        assert option in result.output and "no such dataset file" not in result.output, result.output
+    elif name not in CHECKED_WHERE_USED and not isinstance(value, list):
+        assert repr(value) in errors[0] or f"{value}" in errors[0], errors[0]  # the value given is named
+
+
+@pytest.mark.parametrize("cls, name", sorted(NO_BAD_VALUE, key=lambda k: (k[0].__name__, k[1])),
+                         ids=lambda x: getattr(x, "__name__", x))
+def test_a_setting_with_no_bad_value_has_no_range(cls, name):
+    from ucmfh.config import SETTINGS
+
+    assert name not in SETTINGS[cls], NO_BAD_VALUE[(cls, name)]
+
+
+def test_ranges_refuse_nan_and_infinities_and_say_what_they_allow():
+    share = Range(0, 1, high_open=True)
+    assert 0 in share and 0.5 in share and 1 not in share and NAN not in share and INF not in Range(0)
+    assert str(share) == "in [0, 1)" and str(Range(0, low_open=True)) == "> 0" and str(Range(1)) == ">= 1"
+    with pytest.raises(ValueError, match=r"^lr must be a finite number > 0, got inf$"):
+        check_setting(FusionConfig, "lr", math.inf)
+    with pytest.raises(ValueError, match=r"^n_heads must be >= 1, got 0$"):
+        check_setting(FusionConfig, "n_heads", 0)
+    check_setting(HashConfig, "betas", [0.0, 0.999])  # a list, as JSON gives it
