@@ -559,3 +559,37 @@ def test_two_processes_started_together_on_one_run_train_it_once(tmp_path, tiny_
         outcomes.append("trained" if trained else "reused" if reused else "refused")
     assert sorted(outcomes) in (["refused", "trained"], ["reused", "trained"]), outcomes
 
+
+def test_a_checkpoint_scored_on_another_dataset_is_not_a_run_of_that_dataset(tmp_path):
+    """``ucmfh evaluate -c`` of a model trained on A, scored on B: its rows say so (``trained_on``, A's
+    identity as the checkpoint records it), their run key is not B's run of the same settings, and ``ucmfh
+    runs`` shows them apart, marked, leaving B's own run as it was."""
+    a, b = _make(tmp_path, "A", seed=1), _make(tmp_path, "B", seed=2)
+    out, results = str(tmp_path / "runs"), tmp_path / "r.jsonl"
+    for path in (a, b):
+        trained = CliRunner().invoke(main, [*TWO_TOWER, "-d", path, "--epochs", "1", "--out", out,
+                                            "--results", str(results)])
+        assert trained.exit_code == 0, trained.output
+    row_a, row_b = _rows(results)
+    assert "trained_on" not in row_a and "trained_on" not in row_b
+    scored = CliRunner().invoke(main, ["evaluate", "-c", row_a["checkpoint"], "-d", b, "--device", "cpu", "--quiet",
+                                       "--results", str(results)])
+    assert scored.exit_code == 0, scored.output
+    assert f"trained on {os.path.realpath(a)}, scored here on {b}" in scored.output
+    [cross] = _rows(results)[2:]
+    assert cross["dataset"] == "B" and cross["trained_on"] == {
+        "label": "A", "path": os.path.realpath(a), "fingerprint": row_a["dataset_fingerprint"]}
+    assert cross["run"] not in (row_a["run"], row_b["run"]) and cross["settings"] == row_b["settings"]
+    groups = summarize(_rows(results))
+    assert [(g["dataset"], g["trained_on"], g["map_i2t_mean"]) for g in groups] == [
+        ("A", None, row_a["map_i2t"]), ("B", None, row_b["map_i2t"]), ("B", "A", cross["map_i2t"])]
+    table = CliRunner().invoke(main, ["runs", "--results", str(results), "-d", "B"])
+    assert table.exit_code == 0, table.output
+    header, *lines = table.output.splitlines()
+    assert header.split()[:4] == ["dataset", "trained", "on", "task"]
+    assert lines[0].split()[:3] == ["B", "-", "hashing"] and lines[1].split()[:3] == ["B", "A", "hashing"]
+    assert "trained on: a checkpoint trained on that dataset, scored on this one" in table.output
+    again = CliRunner().invoke(main, ["evaluate", "-c", row_b["checkpoint"], "-d", b, "--device", "cpu", "--quiet",
+                                      "--results", str(results)])  # its own dataset: the run scored again
+    assert again.exit_code == 0 and "trained on" not in again.output, again.output
+    assert "trained_on" not in _rows(results)[-1] and _rows(results)[-1]["run"] == row_b["run"]
