@@ -169,8 +169,8 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     for key, group in groups.items():
         _, dataset, _, trained, task, method, loss, n_bits, stage, protocol, database, k, settings = key
         entry: Dict[str, Any] = {
-            "dataset": dataset, "trained_on": trained, "task": task, "method": method, "loss": loss, "n_bits": n_bits, "stage": stage,
-            "protocol": protocol, "database": database, "k": k, "n_seeds": len(group),
+            "dataset": dataset, "trained_on": trained, "task": task, "method": method, "loss": loss,
+            "n_bits": n_bits, "stage": stage, "protocol": protocol, "database": database, "k": k, "n_seeds": len(group),
             "seeds": sorted(seed for seed in map(seed_of, group) if seed is not None),
             "checkpoints": sorted({r["checkpoint"] for r in group if r.get("checkpoint")}),
             "settings_key": settings[:6], "settings": _beyond_columns(settings_of(group[0])),
@@ -185,8 +185,8 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
         times = [r["train_time_s"] for r in group if r.get("train_time_s")]
         entry["train_time_s_mean"] = statistics.fmean(times) if times else None
         out.append(entry)
-    out.sort(key=lambda e: (str(e["dataset"]), str(e["trained_on"] or ""), str(e["task"]), str(e["method"]), str(e["loss"]),
-                            e["n_bits"] or 0, str(e["stage"]), str(e["protocol"]), str(e["database"]),
+    out.sort(key=lambda e: (str(e["dataset"]), str(e["trained_on"] or ""), str(e["task"]), str(e["method"]),
+                            str(e["loss"]), e["n_bits"] or 0, str(e["stage"]), str(e["protocol"]), str(e["database"]),
                             e["settings_key"]))
     return out
 
