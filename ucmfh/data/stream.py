@@ -155,8 +155,8 @@ class Rows:
         return np.asarray(host_index(key) if isinstance(key, torch.Tensor) else key, dtype=np.int64)
 
     def _read(self, positions: np.ndarray) -> np.ndarray:
-        """The rows at ``positions``: through the block cache, or row by row where they are scattered over
-        more blocks than the cache holds and would use little of each (a training batch of a large split)."""
+        """The rows at ``positions``: through the block cache, or row by row where the view has more blocks
+        than the cache holds and the positions would use little of each block they touch (a training batch)."""
         size = self.settings.block_rows
         block_of = positions // size
         wanted = np.unique(block_of)
