@@ -500,3 +500,96 @@ def test_a_resumed_run_counts_the_training_time_of_its_interrupted_part(tiny_pat
     [row] = [json.loads(line) for line in results.read_text().splitlines()]
     assert 1000 < row["train_time_s"] < 1000 + 600 and row["refit_epochs"] is not None
     assert not list(out.rglob("*.state.pt"))  # the run's, and its refit's, removed once it is saved
+
+
+TWO_TOWER = ["train-hash", "--method", "two-tower", "--set", "hash.hidden=32", "-b", "16", "--device", "cpu", "--quiet"]
+
+# holds the lock of a run the way a training process does (ucmfh.app.stage.training_lock), until killed
+HOLD_LOCK = ("import fcntl, os, sys, time\n"
+             "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)\n"
+             "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+             "os.write(fd, f'{os.getpid()}\\n'.encode())\n"
+             "print('held', flush=True)\n"
+             "time.sleep(120)\n")
+
+
+def test_a_second_process_training_the_same_run_is_refused_until_the_first_ends(tmp_path, tiny_path):
+    """While a process trains a run (holds its lock), the same run asked for by another process is one line,
+    exit 2, naming the run folder and the pid, whether or not a training state is saved there yet; once
+    that process is gone (killed: the kernel drops its lock, the lock file stays) the run trains."""
+    out, results = tmp_path / "runs", tmp_path / "r.jsonl"
+    argv = [*TWO_TOWER, "-d", tiny_path, "--epochs", "1", "--out", str(out), "--results", str(results)]
+    first = CliRunner().invoke(main, argv)
+    assert first.exit_code == 0, first.output
+    checkpoint = Path(json.loads(results.read_text().splitlines()[0])["checkpoint"])
+    checkpoint.unlink()  # the run not trained yet, as when the first process is still at it
+    holder = subprocess.Popen([sys.executable, "-c", HOLD_LOCK, str(checkpoint.with_suffix(".lock"))],
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        message = (f"{checkpoint.parent}: another process (pid {holder.pid}) is training this run; wait for it or "
+                   "use another --out")
+        refused = CliRunner().invoke(main, argv)
+        assert refused.exit_code == 2 and refused.output.strip().endswith(message), refused.output
+        state = checkpoint.with_name("hash16.state.pt")
+        state.write_bytes(b"")  # the first process has saved its training state: still not an interrupted run
+        refused = CliRunner().invoke(main, argv)
+        assert refused.exit_code == 2 and refused.output.strip().endswith(message), refused.output
+        state.unlink()
+        assert not checkpoint.exists()
+    finally:
+        holder.kill()
+        holder.wait()
+    assert checkpoint.with_suffix(".lock").exists()  # left by the killed process: blocks nothing
+    again = CliRunner().invoke(main, argv)
+    assert again.exit_code == 0 and "training" in again.output and checkpoint.exists(), again.output
+
+
+def test_two_processes_started_together_on_one_run_train_it_once(tmp_path, tiny_path):
+    """Two processes started at once on the same run: one trains it, the other is refused (or, started after
+    the first saved it, reuses it); never both train and write the checkpoint."""
+    argv = [*TWO_TOWER, "-d", tiny_path, "--epochs", "3", "--out", str(tmp_path / "runs")]
+    procs = [_cli(*argv, "--results", str(tmp_path / f"r{i}.jsonl")) for i in range(2)]
+    outcomes = []
+    for p in procs:
+        out, err = p.communicate(timeout=300)
+        trained, reused = "hashing 16 bits: training" in out, "already trained, reused" in out
+        refused = p.returncode == 2 and "is training this run; wait for it or use another --out" in err
+        assert (p.returncode == 0 and trained != reused) or refused, (p.returncode, out, err)
+        outcomes.append("trained" if trained else "reused" if reused else "refused")
+    assert sorted(outcomes) in (["refused", "trained"], ["reused", "trained"]), outcomes
+
+
+def test_a_checkpoint_scored_on_another_dataset_is_not_a_run_of_that_dataset(tmp_path):
+    """``ucmfh evaluate -c`` of a model trained on A, scored on B: its rows say so (``trained_on``, A's
+    identity as the checkpoint records it), their run key is not B's run of the same settings, and ``ucmfh
+    runs`` shows them apart, marked, leaving B's own run as it was."""
+    a, b = _make(tmp_path, "A", seed=1), _make(tmp_path, "B", seed=2)
+    out, results = str(tmp_path / "runs"), tmp_path / "r.jsonl"
+    for path in (a, b):
+        trained = CliRunner().invoke(main, [*TWO_TOWER, "-d", path, "--epochs", "1", "--out", out,
+                                            "--results", str(results)])
+        assert trained.exit_code == 0, trained.output
+    row_a, row_b = _rows(results)
+    assert "trained_on" not in row_a and "trained_on" not in row_b
+    scored = CliRunner().invoke(main, ["evaluate", "-c", row_a["checkpoint"], "-d", b, "--device", "cpu", "--quiet",
+                                       "--results", str(results)])
+    assert scored.exit_code == 0, scored.output
+    assert f"trained on {os.path.realpath(a)}, scored here on {b}" in scored.output
+    [cross] = _rows(results)[2:]
+    assert cross["dataset"] == "B" and cross["trained_on"] == {
+        "label": "A", "path": os.path.realpath(a), "fingerprint": row_a["dataset_fingerprint"]}
+    assert cross["run"] not in (row_a["run"], row_b["run"]) and cross["settings"] == row_b["settings"]
+    groups = summarize(_rows(results))
+    assert [(g["dataset"], g["trained_on"], g["map_i2t_mean"]) for g in groups] == [
+        ("A", None, row_a["map_i2t"]), ("B", None, row_b["map_i2t"]), ("B", "A", cross["map_i2t"])]
+    table = CliRunner().invoke(main, ["runs", "--results", str(results), "-d", "B"])
+    assert table.exit_code == 0, table.output
+    header, *lines = table.output.splitlines()
+    assert header.split()[:4] == ["dataset", "trained", "on", "task"]
+    assert lines[0].split()[:3] == ["B", "-", "hashing"] and lines[1].split()[:3] == ["B", "A", "hashing"]
+    assert "trained on: a checkpoint trained on that dataset, scored on this one" in table.output
+    again = CliRunner().invoke(main, ["evaluate", "-c", row_b["checkpoint"], "-d", b, "--device", "cpu", "--quiet",
+                                      "--results", str(results)])  # its own dataset: the run scored again
+    assert again.exit_code == 0 and "trained on" not in again.output, again.output
+    assert "trained_on" not in _rows(results)[-1] and _rows(results)[-1]["run"] == row_b["run"]

@@ -25,17 +25,23 @@ from ucmfh.utils import resolve_device
 
 def _rows(
     scores: List[Dict[str, Any]], run: Run, task: str, seconds: float, device: str, checkpoint: str,
-    source: str,
+    source: str, trained_on: Optional[Dict[str, str]] = None,
 ) -> List[Dict[str, Any]]:
+    """Result rows of ``scores``; ``trained_on``: the dataset a checkpoint scored on another was trained on
+    (its identity as the checkpoint records it), which the rows then carry and their run key holds: they
+    are not the run of these settings trained on this dataset."""
     cfg = run.hash_cfg if task == "hashing" else run.fusion_cfg
     n_bits = run.hash_cfg.n_bits if task == "hashing" else None
     method = run.hash_cfg.method if task == "hashing" else "ucmfh"
+    identity = run.hash_identity if task == "hashing" else run.fusion_identity
+    if trained_on is not None:
+        identity = {**identity, "trained_on": trained_on["fingerprint"]}
     common = {
         "dataset": run.dataset["label"], "dataset_path": run.dataset["path"],
         "dataset_fingerprint": run.dataset["fingerprint"], "task": task, "method": method,
         "loss": cfg.loss if build_method(method).takes_loss else None,
         "n_bits": n_bits, "ranking": "hamming" if n_bits else "cosine", "seed": cfg.seed, "epochs": cfg.epochs,
-        "run": key_of(run.hash_identity if task == "hashing" else run.fusion_identity),
+        "run": key_of(identity), **({} if trained_on is None else {"trained_on": trained_on}),
         "settings": run.settings(),
         "train_time_s": round(seconds, 2), "device": str(resolve_device(device)), "checkpoint": checkpoint,
         "source": source, "git_commit": git_commit(),
@@ -122,7 +128,7 @@ def train_hash_stage(
 
 def score_hash_model(
     model, data: Dataset, run: Run, checkpoint: str, seconds: float, protocols: Sequence[str] = PROTOCOLS,
-    k: int = 50, progress: bool = False, source: str = "train",
+    k: int = 50, progress: bool = False, source: str = "train", trained_on: Optional[Dict[str, str]] = None,
 ) -> List[Dict[str, Any]]:
     hash_cfg = run.hash_cfg
     if build_method(hash_cfg.method).leak_free:  # 'fused' would repeat 'unimodal'
@@ -132,7 +138,7 @@ def score_hash_model(
     for row in scores:
         floor = floors[row.get("database")]
         row.update({f"random_{key}": floor[key] for key in ("map_i2t", "map_t2i", "rsum") if key in floor})
-    rows = _rows(scores, run, "hashing", seconds, hash_cfg.device, checkpoint, source)
+    rows = _rows(scores, run, "hashing", seconds, hash_cfg.device, checkpoint, source, trained_on)
     save_per_query(rows, checkpoint)
     return rows
 
@@ -142,18 +148,21 @@ def evaluate_checkpoint(
     device: str = "auto", n_bits: Optional[int] = None, progress: bool = True, out: str = "runs",
     log: Log = print,
 ) -> List[Dict[str, Any]]:
-    """Tasks 2/3: reload a fusion or hashing checkpoint and score it on ``data``."""
+    """Tasks 2/3: reload a fusion or hashing checkpoint and score it on ``data``. A checkpoint trained on
+    another dataset file (the one it records) gives rows that say so (``trained_on``: that file's identity)."""
     kind = read_checkpoint(path)["kind"]
     model, fusion_cfg, hash_cfg, meta = load_model(path, kind, d_img=data.d_img, d_txt=data.d_txt, n_bits=n_bits)
     run = Run(out, dataset_identity(data), fusion_cfg, hash_cfg)
-    trained_on = (meta.get("dataset") or {}).get("fingerprint")
-    if trained_on is not None and trained_on != run.dataset["fingerprint"]:
-        log(f"note: {path} was trained on {meta['dataset'].get('path')}, scored here on {data.path}")
+    trained_on = meta.get("dataset")
+    if trained_on is not None and trained_on.get("fingerprint") == run.dataset["fingerprint"]:
+        trained_on = None
+    if trained_on is not None:
+        log(f"note: {path} was trained on {trained_on.get('path')}, scored here on {data.path}")
     if kind == "fusion":
         scores = evaluate_fusion(model, data, protocols, k, device, progress)
-        return _rows(scores, run, "fusion", 0.0, device, path, "evaluate")
+        return _rows(scores, run, "fusion", 0.0, device, path, "evaluate", trained_on)
     run.hash_cfg = dataclasses.replace(hash_cfg, device=device)
-    return score_hash_model(model, data, run, path, 0.0, protocols, k, progress, "evaluate")
+    return score_hash_model(model, data, run, path, 0.0, protocols, k, progress, "evaluate", trained_on)
 
 
 def encode_checkpoint(

@@ -3,7 +3,9 @@
 Rows that score the same run the same way (``run``, ``protocol``, ``k``, and for
 two-stage search its ``stage`` and candidates) are one measurement: the last one
 counts (``ucmfh evaluate`` of a checkpoint scores its run again). Runs that differ
-only in their seed form one group, summarised as mean ± sample standard deviation.
+only in their seed form one group, summarised as mean ± sample standard deviation. A
+checkpoint scored on another dataset than its training's (a row's ``trained_on``) is a
+group of its own, marked with the dataset it was trained on.
 Every row any command appends (training, evaluation, codes files, SEPS, re-ranking)
 is summarised; a field a row lacks is shown as ``-``.
 """
@@ -140,6 +142,11 @@ def _stage(row: Dict[str, Any]) -> Optional[str]:
     return f"{stage} m={row['candidates']}" if row.get("candidates") else stage
 
 
+def trained_on(row: Dict[str, Any]) -> Optional[str]:
+    """The dataset (label) a row's model was trained on, when that is not the dataset it was scored on."""
+    return (row.get("trained_on") or {}).get("label")
+
+
 def _measurement(row: Dict[str, Any]) -> tuple:
     run = row.get("run") or (row.get("checkpoint"), row.get("hash_checkpoint"), row.get("seps_checkpoint"),
                              row.get("codes"), row.get("seed"))
@@ -161,19 +168,21 @@ def settings_key(row: Dict[str, Any]) -> str:
 
 
 def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
-    """One entry per (dataset file, task, method, loss, n_bits, protocol, k, other settings but the seed)."""
+    """One entry per (dataset file, the dataset file trained on when another, task, method, loss, n_bits,
+    protocol, k, other settings but the seed)."""
     groups: Dict[tuple, List[Dict[str, Any]]] = {}
     for row in latest(rows):
-        key = (row.get("dataset_fingerprint") or row.get("dataset"), row.get("dataset"), row.get("task"),
+        key = (row.get("dataset_fingerprint") or row.get("dataset"), row.get("dataset"),
+               (row.get("trained_on") or {}).get("fingerprint"), trained_on(row), row.get("task"),
                method_of(row), row.get("loss"), row.get("n_bits"), _stage(row), row.get("protocol"),
                row.get("database"), row.get("k"), settings_key(row))
         groups.setdefault(key, []).append(row)
     out = []
     for key, group in groups.items():
-        _, dataset, task, method, loss, n_bits, stage, protocol, database, k, settings = key
+        _, dataset, _, trained, task, method, loss, n_bits, stage, protocol, database, k, settings = key
         entry: Dict[str, Any] = {
-            "dataset": dataset, "task": task, "method": method, "loss": loss, "n_bits": n_bits, "stage": stage,
-            "protocol": protocol, "database": database, "k": k, "n_seeds": len(group),
+            "dataset": dataset, "trained_on": trained, "task": task, "method": method, "loss": loss,
+            "n_bits": n_bits, "stage": stage, "protocol": protocol, "database": database, "k": k, "n_seeds": len(group),
             "seeds": sorted(seed for seed in map(seed_of, group) if seed is not None),
             "checkpoints": sorted({r["checkpoint"] for r in group if r.get("checkpoint")}),
             "settings_key": settings[:6], "settings": _beyond_columns(settings_of(group[0])),
@@ -188,8 +197,8 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
         times = [r["train_time_s"] for r in group if r.get("train_time_s")]
         entry["train_time_s_mean"] = statistics.fmean(times) if times else None
         out.append(entry)
-    out.sort(key=lambda e: (str(e["dataset"]), str(e["task"]), str(e["method"]), str(e["loss"]),
-                            e["n_bits"] or 0, str(e["stage"]), str(e["protocol"]), str(e["database"]),
+    out.sort(key=lambda e: (str(e["dataset"]), str(e["trained_on"] or ""), str(e["task"]), str(e["method"]),
+                            str(e["loss"]), e["n_bits"] or 0, str(e["stage"]), str(e["protocol"]), str(e["database"]),
                             e["settings_key"]))
     return out
 
@@ -234,9 +243,11 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
     if not groups:
         return "no runs match"
     captions = any(g["database"] for g in groups)
-    columns = [("dataset", lambda g: _text(g["dataset"])), ("task", lambda g: _text(g["task"])),
-               ("method", lambda g: _text(g["method"])), ("loss", lambda g: _text(g["loss"])),
-               ("bits", lambda g: _text(g["n_bits"]))]
+    columns = [("dataset", lambda g: _text(g["dataset"]))]
+    if any(g.get("trained_on") for g in groups):
+        columns.append(("trained on", lambda g: _text(g.get("trained_on"))))
+    columns += [("task", lambda g: _text(g["task"])), ("method", lambda g: _text(g["method"])),
+                ("loss", lambda g: _text(g["loss"])), ("bits", lambda g: _text(g["n_bits"]))]
     if any(g["stage"] for g in groups):
         columns.append(("stage", lambda g: _text(g["stage"])))
     columns.append(("protocol", lambda g: _text(g["protocol"])))
@@ -269,6 +280,9 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
     if captions:
         lines.append("caption sets: R@1 in %, MAP by id, rSum = R@1+R@5+R@10 of both directions in %; database "
                      "test = the query split, collection = query and retrieval together")
+    if any(g.get("trained_on") for g in groups):
+        lines.append("trained on: a checkpoint trained on that dataset, scored on this one ('ucmfh evaluate -c'); "
+                     "'-': trained on this one")
     if any(g["stage"] for g in groups):
         lines.append("stage: two-stage search ('ucmfh rerank'), m = the Hamming candidates re-ranked")
     return "\n".join(lines + settings_legend(groups))

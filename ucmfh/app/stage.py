@@ -1,16 +1,18 @@
 """A stage's life, written once for the fusion, hashing and SEPS stages (:func:`reuse_or_fit`): reused when
 its checkpoint holds the identity asked for, else trained — continuing its saved training state only with
 ``--resume``, refusing to start over an interrupted one without it — then saved by rank 0 with its
-identity, its training state removed, and every rank past a barrier before anyone reads it.
+identity, its training state removed, and every rank past a barrier before anyone reads it. One process at a
+time trains a run (:func:`training_lock`): a second asking for the same run is refused.
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 from ucmfh.app.identity import Run, RunOptions, key_of
 from ucmfh.distributed import current_group
@@ -19,11 +21,77 @@ from ucmfh.files import remove_stale_temps, write_json_atomic
 from ucmfh.selection import History
 from ucmfh.utils import resolve_device
 
+try:  # POSIX advisory locks; elsewhere no run is locked
+    import fcntl
+except ImportError:  # pragma: no cover - Windows
+    fcntl = None
+
 Log = Callable[[str], None]
 
 
 def _state_path(checkpoint: str) -> str:
     return os.path.splitext(checkpoint)[0] + ".state.pt"
+
+
+class RunInProgress(OSError):
+    """Another process is training the run asked for (it holds the run's :func:`training_lock`)."""
+
+
+def _lock_path(checkpoint: str) -> str:
+    return os.path.splitext(checkpoint)[0] + ".lock"
+
+
+def _try_lock(checkpoint: str) -> Tuple[Optional[int], Optional[str]]:
+    """The run's lock taken (its file descriptor; closing it releases the lock), or why not: the refusal's text."""
+    if fcntl is None:  # pragma: no cover
+        return None, None
+    os.makedirs(os.path.dirname(checkpoint) or ".", exist_ok=True)
+    fd = os.open(_lock_path(checkpoint), os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
+        os.close(fd)
+        who = f"another process (pid {holder})" if holder.isdigit() else "another process"
+        return None, (f"{os.path.dirname(checkpoint)}: {who} is training this run; wait for it or use "
+                      "another --out")
+    except BaseException:
+        os.close(fd)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
+    return fd, None
+
+
+@contextlib.contextmanager
+def training_lock(checkpoint: str) -> Iterator[None]:
+    """Hold the lock of the run whose checkpoint is ``checkpoint`` while this process trains it; a second
+    process asking to train the same run is refused (:class:`RunInProgress`, one line) instead of training
+    it again beside the first and writing the same checkpoint.
+
+    ``fcntl.flock`` on ``STEM.lock`` beside the checkpoint (``hash64.lock``: the code lengths of a folder
+    are runs of their own), non-blocking; the file holds the holder's pid, for the refusal. The kernel
+    releases the lock when its process ends, however it ends, so a killed run's lock file blocks nothing.
+    Under ``torchrun`` rank 0 takes it for all ranks, and every rank is refused with it."""
+    group = current_group()
+    fd, refusal = _try_lock(checkpoint) if group.is_main else (None, None)
+    refusal = group.gather_objects(refusal)[0]
+    if refusal is not None:
+        raise RunInProgress(refusal)
+    try:
+        yield
+    finally:
+        if fd is not None:
+            os.close(fd)  # releases the lock
+
+
+def _refuse_busy(checkpoint: str) -> None:
+    """Refuse a run another process is training now (its lock is held), else nothing."""
+    fd, refusal = _try_lock(checkpoint)
+    if fd is not None:
+        os.close(fd)
+    if refusal is not None:
+        raise RunInProgress(refusal)
 
 
 def drop_leftover_state(checkpoint: str) -> None:
@@ -54,6 +122,8 @@ def _interrupted_at(checkpoint: str) -> str:
 
 
 def _refuse_interrupted(checkpoint: str) -> None:
+    if current_group().is_main:  # rank 0 alone: ranks trying the lock at once would see each other
+        _refuse_busy(checkpoint)  # its state is a running run's, not an interrupted one's
     saved = _saved_states(checkpoint)
     raise FileExistsError(f"{saved[0]}: an interrupted run of these settings is saved here "
                           f"({_interrupted_at(checkpoint)}); continue it with --resume, or delete "
@@ -163,11 +233,13 @@ def reuse_or_fit(
     ``fit(state, base)`` trains, saving and resuming its training state in ``state``. ``save(model, meta)`` writes
     the checkpoint (rank 0 only). ``note`` ends the line that says it was reused. ``prepare()``, called
     only when the stage trains and before its clock starts, gets what it builds on (the fusion encoder of a
-    hashing stage) and ``fit`` receives its result.
+    hashing stage) and ``fit`` receives its result. The stage trains under its :func:`training_lock` (a
+    second process asking for it meanwhile is refused).
     """
     group = current_group()
     key = key_of(stage.identity)
-    if os.path.exists(stage.path):
+
+    def reuse() -> Fitted:
         model, meta = load()
         if meta.get("identity") != stage.identity:
             raise ValueError(f"{stage.path}: holds a {stage.name} of another run (its identity differs from the one "
@@ -176,6 +248,19 @@ def reuse_or_fit(
             drop_leftover_state(stage.path)
         log(f"{stage.name}: already trained, reused {stage.path} (run {key}{note})")
         return Fitted(model, meta.get("seconds", 0.0), meta["history"], True)
+
+    if os.path.exists(stage.path):
+        return reuse()
+    with training_lock(stage.path):
+        if os.path.exists(stage.path):  # trained by another process between the look above and the lock
+            return reuse()
+        return _train(stage, opts, fit, save, log, prepare, key)
+
+
+def _train(stage: Stage, opts: RunOptions, fit: Callable[[StateFile, Any], Tuple[Any, History]],
+           save: Callable[[Any, Dict[str, Any]], None], log: Log, prepare: Callable[[], Any], key: str) -> Fitted:
+    """:func:`reuse_or_fit`'s training of a stage not saved yet, under its lock."""
+    group = current_group()
     base = prepare()  # before this stage's own line: what it builds on says its own first
     log(f"{stage.name}: training {stage.path} (run {key})")
     state = state_for(stage.path, opts, log)

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ucmfh.data.format import REQUIRED, SPLITS, DataError, check_finite
-from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, take
+from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, open_without_chunk_cache, take
 from ucmfh.data.tokens import check_token_splits, check_tokens
 from ucmfh.files import PathLike, read_attrs
 
@@ -49,12 +49,13 @@ class Split:
         return is_streamed(self.img)
 
     def shuffle(self, generator: torch.Generator) -> torch.Tensor:
-        """A training epoch's order of the items: a permutation, by blocks when streamed."""
-        return self.img.shuffle(generator) if self.streamed else torch.randperm(len(self), generator=generator)
+        """A training epoch's order of the items: a uniform permutation, the same whether the features are
+        in memory or streamed (streaming changes no batch, hence no result; a run's identity leaves it out)."""
+        return torch.randperm(len(self), generator=generator)
 
     def read_ahead(self, index: torch.Tensor) -> None:
-        """Read the streamed rows ``index`` into the cache that reading them will find them in (on a
-        worker thread, ahead of the step that reads them); nothing for a split in memory."""
+        """Read the streamed rows ``index`` and keep them for the step that asks for them (on a worker
+        thread, ahead of that step); nothing for a split in memory."""
         if self.streamed:
             self.img.read_ahead(index)
             self.txt.read_ahead(index)
@@ -284,7 +285,7 @@ def load_dataset(path: PathLike, validate: bool = True, max_memory_bytes: Option
     """
     path = os.fspath(path)
     attrs = validate_file(path) if validate else None
-    with h5py.File(path, "r") as f:
+    with open_without_chunk_cache(path) as f:  # the streamed splits' files share its cache
         if attrs is None:
             attrs = read_attrs(f)
         size = {s: 4 * f[s]["image"].shape[0] * (f[s]["image"].shape[1] + f[s]["text"].shape[1]) for s in SPLITS}

@@ -5,11 +5,11 @@ and gives them as :class:`Rows` above it. ``Rows`` look like the ``[N, d]`` tens
 where the library reads features (``rows[a:b]``, ``rows[index]``, ``len``, ``shape``, ``to``),
 and read through a cache of row blocks of bounded size, whatever N is.
 
-Random batches over the whole split would touch a different block for nearly every item. A
-streamed split is therefore shuffled by blocks (:meth:`Rows.shuffle`): the blocks are permuted,
-taken ``window`` at a time, and the items of each window permuted among themselves, as a
-shuffle buffer does. Every item is still used once per epoch, and a batch reads blocks of at
-most two windows, all of which the cache holds.
+A streamed split is trained on in the order of the same split in memory (a uniform permutation),
+so that streaming changes no batch, no value and no weight. A training batch, drawn from the whole
+split, would touch a different block for nearly every item: such scattered rows are read row by
+row instead (nearby rows in one read), past the block cache, and a batch's rows are read ahead of
+its step (:meth:`Rows.read_ahead`) and kept for it.
 """
 from __future__ import annotations
 
@@ -28,8 +28,8 @@ from ucmfh.utils import host_index, to_device
 
 @dataclass(frozen=True)
 class StreamSettings:
-    """How a streamed split is read: ``block_rows`` rows per block, ``window`` blocks shuffled
-    together; the cache holds ``2 · window`` blocks per feature dataset (a batch may span two windows)."""
+    """How a streamed split is read: ``block_rows`` rows per block; the cache holds ``2 · window`` blocks
+    per feature dataset."""
 
     block_rows: int = 16384
     window: int = 8
@@ -45,14 +45,28 @@ class StreamSettings:
         return replace(self, block_rows=int(max(min(least, self.block_rows), min(self.block_rows, fit))))
 
 
+def open_without_chunk_cache(path: str) -> h5py.File:
+    """An HDF5 file opened read-only without HDF5's chunk cache: a row read through that cache reads its
+    whole chunk (about 1 MiB, :mod:`ucmfh.data.writer`), 40 µs a row against 6 for the row alone, measured;
+    blocks are cached here. HDF5 shares a file opened twice in a process, with the first opening's cache:
+    :func:`ucmfh.data.h5.load_dataset` opens it so too."""
+    return h5py.File(path, "r", rdcc_nbytes=0)
+
+
+GAP = 32  # file rows read past rather than apart: a read of the rows between two wanted ones costs less than a call
+AHEAD = 2  # the most batches read ahead and kept for their step, per dataset
+
+
 class _Blocks:
-    """One HDF5 dataset's blocks of rows, least recently used first out; shared by the views of it."""
+    """One HDF5 dataset's blocks of rows, least recently used first out, and the batches read ahead of their
+    step; shared by the views of it."""
 
     def __init__(self, path: str, name: str, settings: StreamSettings) -> None:
         self.path, self.name, self.settings = path, name, settings
-        self.file = h5py.File(path, "r")
+        self.file = open_without_chunk_cache(path)
         self.dataset = self.file[name]
         self.cache: "OrderedDict[Tuple[int, int], np.ndarray]" = OrderedDict()
+        self.ahead: "OrderedDict[Tuple[int, bytes], np.ndarray]" = OrderedDict()
         self.lock = threading.Lock()  # a step reads while the next step's rows are read ahead
 
     def block(self, rows: np.ndarray, key: Tuple[int, int]) -> np.ndarray:
@@ -66,17 +80,29 @@ class _Blocks:
                 self.cache.popitem(last=False)
             return data
 
+    def keep(self, key: Tuple[int, bytes], rows: np.ndarray) -> None:
+        """Keep a batch's rows read ahead until its step takes them (:meth:`take`)."""
+        with self.lock:
+            self.ahead[key] = rows
+            while len(self.ahead) > AHEAD:
+                self.ahead.popitem(last=False)
+
+    def take(self, key: Tuple[int, bytes]) -> Optional[np.ndarray]:
+        with self.lock:
+            return self.ahead.pop(key, None)
+
     def read(self, rows: np.ndarray) -> np.ndarray:
         """The file rows ``rows`` (sorted) as float32: one contiguous read when they are dense, else one
-        per span of ``block_rows`` file rows that holds any (a spread subset, e.g. a validation part),
-        so that memory stays bounded by a block whatever the rows' spread."""
+        per run of rows less than ``GAP`` apart within a span of ``block_rows`` file rows (a spread subset,
+        e.g. a validation part; a training batch), so that memory stays bounded by a block whatever the
+        rows' spread, and rows far apart are read alone."""
         span = self.settings.block_rows
         lo, hi = int(rows[0]), int(rows[-1]) + 1
         if hi - lo <= max(span, 2 * len(rows)):
             data = np.asarray(self.dataset[lo:hi], dtype=np.float32)
             return data if hi - lo == len(rows) else data[rows - lo]
         out = np.empty((len(rows), self.dataset.shape[1]), dtype=np.float32)
-        cuts = np.flatnonzero(np.diff(rows // span)) + 1
+        cuts = np.flatnonzero((np.diff(rows // span) != 0) | (np.diff(rows) > GAP)) + 1
         for group in np.split(np.arange(len(rows)), cuts):
             a, b = int(rows[group[0]]), int(rows[group[-1]]) + 1
             out[group] = np.asarray(self.dataset[a:b], dtype=np.float32)[rows[group] - a]
@@ -128,39 +154,31 @@ class Rows:
             return np.arange(len(self))[key]
         return np.asarray(host_index(key) if isinstance(key, torch.Tensor) else key, dtype=np.int64)
 
-    def _blocks_of(self, positions: np.ndarray) -> Tuple[np.ndarray, np.ndarray, list]:
-        """The block of each position, the blocks that hold them, and their rows (read, or found in the cache)."""
+    def _read(self, positions: np.ndarray) -> np.ndarray:
+        """The rows at ``positions``: through the block cache, or row by row where the view has more blocks
+        than the cache holds and the positions would use little of each block they touch (a training batch)."""
         size = self.settings.block_rows
         block_of = positions // size
         wanted = np.unique(block_of)
+        scattered = -(-len(self) // size) > 2 * self.settings.window and len(wanted) * size > 4 * len(positions)
+        if scattered:
+            rows, inverse = np.unique(self.index[positions], return_inverse=True)
+            return self.blocks.read(rows)[inverse.reshape(-1)]
         parts = [self.blocks.block(self.index[b * size:(b + 1) * size], (self.view, int(b))) for b in wanted]
-        return block_of, wanted, parts
+        starts = np.zeros(len(wanted), dtype=np.int64)
+        starts[1:] = np.cumsum([len(p) for p in parts])[:-1]
+        return np.concatenate(parts)[starts[np.searchsorted(wanted, block_of)] + positions % size]
 
     def read_ahead(self, key: Union[slice, torch.Tensor, np.ndarray]) -> None:
-        """Read the blocks that ``self[key]`` will need into the cache."""
-        self._blocks_of(self._positions(key))
+        """Read the rows ``self[key]`` will give now (on a worker thread, ahead of the step that asks), and
+        keep them for it."""
+        positions = self._positions(key)
+        self.blocks.keep((self.view, positions.tobytes()), self._read(positions))
 
     def __getitem__(self, key: Union[slice, torch.Tensor, np.ndarray]) -> torch.Tensor:
         positions = self._positions(key)
-        block_of, wanted, parts = self._blocks_of(positions)
-        starts = np.zeros(len(wanted), dtype=np.int64)
-        starts[1:] = np.cumsum([len(p) for p in parts])[:-1]
-        rows = np.concatenate(parts)[starts[np.searchsorted(wanted, block_of)] + positions % self.settings.block_rows]
-        return to_device(torch.from_numpy(rows), self.device)
-
-    def shuffle(self, generator: torch.Generator) -> torch.Tensor:
-        """A permutation of the positions in which each window of items comes from ``window`` blocks."""
-        size, n = self.settings.block_rows, len(self)
-        n_blocks = -(-n // size)
-        if n_blocks == 1:  # the order of an in-memory split
-            return torch.randperm(n, generator=generator)
-        order = torch.randperm(n_blocks, generator=generator)
-        out = []
-        for start in range(0, n_blocks, self.settings.window):
-            blocks = order[start:start + self.settings.window].tolist()
-            items = torch.cat([torch.arange(b * size, min(n, (b + 1) * size)) for b in blocks])
-            out.append(items[torch.randperm(len(items), generator=generator)])
-        return torch.cat(out)
+        rows = self.blocks.take((self.view, positions.tobytes()))
+        return to_device(torch.from_numpy(self._read(positions) if rows is None else rows), self.device)
 
     def column_stats(self) -> Tuple[torch.Tensor, torch.Tensor]:
         """Mean and (population) standard deviation of every column, float64, in one pass by blocks."""
