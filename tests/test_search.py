@@ -339,3 +339,30 @@ def test_features_become_codes_by_the_encoder_as_docs_search_shows(collection, t
     built = build_index(c["path"], c["ckpt"][0], str(tmp_path / "ix")).index
     assert Exported is Encoder
     assert np.array_equal(index.search(queries, k=5, modality="txt")[1], built.search(queries, k=5, modality="txt")[1])
+
+
+# ------------------------------------------------------- one item once, one extraction, one backend name
+
+
+def test_search_takes_a_backend_name_as_faiss_users_write_it():
+    from ucmfh.config import BackendConfig
+
+    rng = np.random.default_rng(2)
+    r, q = pm1(rng, 500, 32), pm1(rng, 9, 32)
+    index = Index(32)
+    index.add("txt", r)
+    want = index.search(q, 7, "txt")
+    for backend in ("mih", "exact", BackendConfig(backend="mih"), None):
+        got = index.search(q, 7, "txt", backend=backend)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), backend
+    half = Index(32)
+    half.add("txt", r[:250])
+    rest = Index(32)
+    rest.add("txt", r[250:])
+    assert np.array_equal(Shards([half, rest]).search(q, 7, "txt", backend="mih")[1], want[1])
+    with pytest.raises(ValueError, match=r"backend must be one of \('exact', 'mih', 'faiss-ivf', 'faiss-hnsw'\), "
+                                         r"got 'MIH'"):
+        index.search(q, 7, "txt", backend="MIH")
+    with pytest.raises(TypeError, match=r"backend must be a name \(exact, mih, faiss-ivf, faiss-hnsw\) or a "
+                                        r"BackendConfig, got dict"):
+        index.search(q, 7, "txt", backend={"backend": "mih"})

@@ -7,6 +7,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ucmfh.bits import as_words, to_numpy
+from ucmfh.config import backend_config
 from ucmfh.data.format import DataError
 from ucmfh.files import PathLike
 from ucmfh.search.folder import modality_name
@@ -53,6 +54,7 @@ class Shards:
         modality = modality_name(modality)
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        backend = backend_config(backend)
         qw = as_words(queries, self.n_bits, "queries")
         dists, positions = [], []
         scanned: set = set()  # queries the scan served in some shard
