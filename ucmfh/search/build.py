@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from ucmfh.checkpoint import load_model
 from ucmfh.bits import as_words
 from ucmfh.data.format import DataError, first_of_each_id
-from ucmfh.search.collection import FEATURES, open_collection
+from ucmfh.search.collection import FEATURES, differing, open_collection
 from ucmfh.search.folder import modality_name
 from ucmfh.search.index import Index
 from ucmfh.utils import resolve_device
@@ -102,12 +102,9 @@ def check_same_feature(index: Index, modality: str, feature: Optional[str], wher
     """Refuse features of another extractor than the index's, when both are recorded."""
     recorded = (index.meta.get("features") or {}).get(modality)
     if recorded and feature and recorded != feature:
-        raise DataError(f"{where}: {FEATURES[modality]} features by '{_short(feature)}', the index's by "
-                        f"'{_short(recorded)}'")
-
-
-def _short(text: str, n: int = 80) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
+        given, made = differing(feature, recorded)
+        raise DataError(f"{where}: its {FEATURES[modality]} features were made by '{given}', but the index's by "
+                        f"'{made}'; codes of features of different extractors are not comparable")
 
 
 @dataclass

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import h5py
 import numpy as np
@@ -74,6 +74,26 @@ class Collection:
 
     def ids(self) -> Optional[np.ndarray]:
         return self.read("ids").astype(np.int64) if self.has("ids") else None
+
+
+def differing(a: str, b: str, context: int = 16, width: int = 60) -> Tuple[str, str]:
+    """Where two extractor descriptions differ: each cut to the part that differs, with ``context`` characters
+    around it and ``…`` where cut. Descriptions run long and often share a long beginning (the same
+    extractor, another preprocessing), so cutting both to one prefix would print them the same."""
+    same = len(os.path.commonprefix([a, b]))
+    tail = len(os.path.commonprefix([a[same:][::-1], b[same:][::-1]]))
+    start = max(same - context, 0)
+    space = a.rfind(" ", max(start - context, 0), start)  # begin at a word where one is near
+    start = space + 1 if start and space >= 0 else start
+
+    def cut(text: str) -> str:
+        stop = min(len(text) - tail + context, len(text))
+        part = text[start:stop]
+        if len(part) > width:
+            part, stop = part[: width - 1], start + width - 1
+        return ("…" if start else "") + part + ("…" if stop < len(text) else "")
+
+    return cut(a), cut(b)
 
 
 def _read(path: str, dset: h5py.Dataset, where: str, a: int, b: int) -> Any:
