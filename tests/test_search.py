@@ -413,6 +413,52 @@ def test_indexes_searched_as_one_share_checkpoint_bits_and_extractors(collection
         search_queries(shards, Encoder(c["ckpt"][0]), queries, 3, "img")
 
 
+def test_a_group_indexed_already_is_never_added_again(collection, tmp_path):
+    """Whatever groups a later build names (--split query, --split train, both defaults), the index holds each
+    item of the collection once; only really new groups are added."""
+    c = collection
+    dataset = split_file(c, tmp_path / "split.h5")
+    ck = c["ckpt"][0]
+    whole = tmp_path / "whole"
+    first = build_index(dataset, ck, str(whole))
+    assert first.added == {"img": 40, "txt": 120} and first.skipped == {}
+    for splits in (None, ["query"], ["train"], ["/retrieval/"], ["query", "train"], ["train", "retrieval"]):
+        again = build_index(dataset, ck, str(whole), splits=splits)
+        assert again.already and again.added == {"img": 0, "txt": 0}, splits
+        assert Index.load(whole).count("txt") == 120 and Index.load(whole).count("img") == 40
+    assert build_index(dataset, ck, str(whole), splits=["train"]).skipped == {"/train": "/retrieval"}
+    assert build_index(dataset, ck, str(whole), splits=["query"]).skipped == {"/query": "/query"}
+    # a byte-identical copy is the same collection
+    shutil.copy(dataset, tmp_path / "copy.h5")
+    assert build_index(str(tmp_path / "copy.h5"), ck, str(whole)).already
+    # query first, then the default: only retrieval is added, and the index equals the one-build one
+    grown = tmp_path / "grown"
+    assert build_index(dataset, ck, str(grown), splits=["query"]).added == {"img": 10, "txt": 30}
+    more = build_index(dataset, ck, str(grown))
+    assert more.skipped == {"/query": "/query"} and more.added == {"img": 30, "txt": 90} and not more.already
+    for name in ("img.codes", "img.ids", "txt.codes", "txt.ids"):
+        assert (grown / name).read_bytes() == (whole / name).read_bytes(), name
+    # train and retrieval named together: train's items come once, by retrieval
+    both = build_index(dataset, ck, str(tmp_path / "both"), splits=["train", "retrieval"])
+    assert both.skipped == {"/train": "/retrieval"} and both.added == {"img": 30, "txt": 90}
+    # train indexed first: retrieval would add its items again, and is refused; query alone is added
+    trained = tmp_path / "trained"
+    build_index(dataset, ck, str(trained), splits=["train"])
+    with pytest.raises(DataError, match=r"split.h5: /retrieval holds the items of /train \(a dataset file's train "
+                                        r"split is drawn from its retrieval split\), which .*trained holds already"):
+        build_index(dataset, ck, str(trained))
+    assert Index.load(trained).count("txt") == 90
+    assert build_index(dataset, ck, str(trained), splits=["query"]).added == {"img": 10, "txt": 30}
+    # another build of the file, interrupted: finished by its own call, not doubled by another
+    cut = tmp_path / "cut"
+    build_index(dataset, ck, str(cut), chunk_size=20, stop_after=1)
+    with pytest.raises(DataError, match=r"cut: its build of /query, /retrieval from .*split.h5 stopped at row 20 of "
+                                        r"120 \(interrupted\)"):
+        build_index(dataset, ck, str(cut), splits=["query"])
+    assert build_index(dataset, ck, str(cut), chunk_size=20).resumed_at == 20
+    assert np.array_equal(np.sort(Index.load(cut).ids("txt")), np.sort(c["ids"]))
+
+
 def test_search_takes_a_backend_name_as_faiss_users_write_it():
     from ucmfh.config import BackendConfig
 

@@ -235,6 +235,33 @@ def test_one_index_folder_named_twice_is_refused(tiny_path, tiny, trained, tmp_p
     assert found == hits(one)  # the same ids at the same positions as one index of both groups
 
 
+def test_indexing_a_group_again_adds_nothing(tiny_path, tiny, trained, tmp_path):
+    """'index' again with --split query or --split train (groups indexed already) added their items again;
+    now it says so and the index keeps its rows; the hits of a search never repeat an item."""
+    runner = CliRunner()
+    out = str(tmp_path / "ix")
+    n = len(tiny.query) + len(tiny.retrieval)
+    assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", out, "--quiet"]).exit_code == 0
+    for split, why in (("query", "it is indexed already"), ("train", "its items are those of /retrieval")):
+        result = runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", out, "--split", split, "--quiet"])
+        assert result.exit_code == 0, result.output
+        assert result.output.splitlines()[:2] == [
+            f"{out}: /{split} of {tiny_path} is not added again: {why}",
+            f"{out}: {tiny_path} is already indexed ({len(getattr(tiny, split))} rows); nothing added"]
+        index = Index.load(out)
+        assert index.count("img") == index.count("txt") == n and len(index.sources) == 1
+    result = runner.invoke(main, ["search", out, "-q", tiny_path, "-k", "10", "--json"])
+    assert all(len(set(h)) == 10 for h in hits(result))
+    # query first, then the default: retrieval alone is added
+    grown = str(tmp_path / "grown")
+    assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", grown, "--split", "query",
+                                "--quiet"]).exit_code == 0
+    result = runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", grown, "--quiet"])
+    assert f"{grown}: /query of {tiny_path} is not added again: it is indexed already" in result.output
+    assert f"added {len(tiny.retrieval)} images and {len(tiny.retrieval)} texts" in result.output
+    assert Index.load(grown).count("txt") == n
+
+
 def test_every_index_folder_must_share_the_extraction(tiny_path, tiny, trained, tmp_path):
     """'search A B' checked A alone: B, of features by another extractor, was mixed in. Now one line naming
     both folders and where the two descriptions differ (not one common prefix)."""
