@@ -283,7 +283,8 @@ def test_search_queries_refuses_other_checkpoints_dims_and_extractors(collection
     with pytest.raises(DataError, match="11-d text features, the checkpoint .* takes 10-d"):
         search_queries(index, encoder, bad, 5, "image")
     queries.feature = "another extractor"
-    with pytest.raises(DataError, match="features by 'another extractor', the index's by 'toy text features'"):
+    with pytest.raises(DataError, match="its text features were made by 'another extractor', but the index's by "
+                                        "'toy text features'; codes of features of different extractors"):
         search_queries(index, encoder, queries, 5, "image")
     with pytest.raises(DataError, match="no item with id 7"):
         read_queries(c["path"], "txt", encoder.dims, ids=[7])
@@ -339,3 +340,144 @@ def test_features_become_codes_by_the_encoder_as_docs_search_shows(collection, t
     built = build_index(c["path"], c["ckpt"][0], str(tmp_path / "ix")).index
     assert Exported is Encoder
     assert np.array_equal(index.search(queries, k=5, modality="txt")[1], built.search(queries, k=5, modality="txt")[1])
+
+
+# ------------------------------------------------------- one item once, one extraction, one backend name
+
+
+def split_file(c, path, **attrs):
+    """``c``'s collection as a dataset file: query (ids 100..109), retrieval (ids 110..139) and train, the
+    retrieval items again (the field's standard: train drawn from retrieval)."""
+    with h5py.File(path, "w") as f:
+        f.attrs["image_feature"] = attrs.get("image_feature", "toy image features")
+        f.attrs["text_feature"] = "toy text features"
+        for group, rows in (("query", slice(0, 30)), ("retrieval", slice(30, 120)), ("train", slice(30, 120))):
+            f[f"{group}/image"], f[f"{group}/text"], f[f"{group}/ids"] = c["img"][rows], c["txt"][rows], c["ids"][rows]
+    return str(path)
+
+
+def test_one_index_folder_named_twice_is_refused(collection, tmp_path, monkeypatch):
+    """IDX twice, IDX and IDX/, a relative and an absolute path: one folder, whose hits would all come twice."""
+    c = collection
+    path = build_index(c["path"], c["ckpt"][0], str(tmp_path / "ix")).index.path
+    monkeypatch.chdir(tmp_path)
+    for spellings in ([path, path], [path, path + "/"], ["ix", path], [path, "./ix/"]):
+        with pytest.raises(ValueError) as err:
+            open_index(spellings)
+        assert str(err.value) == (f"{path}: index folder named twice (as '{spellings[0]}' and '{spellings[1]}'); "
+                                  "its items would be searched twice and every hit returned twice")
+    index = Index.load(path)
+    with pytest.raises(ValueError, match="given twice"):
+        Shards([index, Index.load(path + "/")])
+    with pytest.raises(ValueError, match="given twice"):
+        Shards([index, index])
+    # two folders of different groups searched as one: every item once, as in one index of both
+    dataset = split_file(c, tmp_path / "split.h5")
+    build_index(dataset, c["ckpt"][0], str(tmp_path / "q"), splits=["query"])
+    build_index(dataset, c["ckpt"][0], str(tmp_path / "r"), splits=["retrieval"])
+    whole = build_index(dataset, c["ckpt"][0], str(tmp_path / "both")).index
+    shards = open_index([str(tmp_path / "q"), str(tmp_path / "r")])
+    queries = Encoder(c["ckpt"][0]).encode(c["img"][::3], "img")
+    d, p = shards.search(queries, 120, "txt")
+    assert p.shape == (40, 120) and sorted(shards.take("txt", "ids", p[0])) == sorted(c["ids"])
+    assert np.array_equal(p, whole.search(queries, 120, "txt")[1]) and np.array_equal(d, whole.search(queries, 120, "txt")[0])
+
+
+def test_indexes_searched_as_one_share_checkpoint_bits_and_extractors(collection, tmp_path):
+    """Every folder is checked, not the first alone: a second one of another extraction is refused, naming
+    both folders and showing where the descriptions differ (they share a long beginning)."""
+    c = collection
+    long = "a long description of the image extractor, its weights, preprocessing and pooling, " * 2
+    a = split_file(c, tmp_path / "a.h5", image_feature=long + "L2-normalised")
+    b = split_file(c, tmp_path / "b.h5", image_feature=long + "not normalised")
+    build_index(a, c["ckpt"][0], str(tmp_path / "A"))
+    build_index(b, c["ckpt"][0], str(tmp_path / "B"))
+    build_index(a, c["ckpt"][1], str(tmp_path / "C"))  # another checkpoint
+    with pytest.raises(DataError) as err:
+        open_index([str(tmp_path / "A"), str(tmp_path / "B")])
+    assert str(err.value) == (f"{tmp_path / 'B'}: its image features were made by '…preprocessing and pooling, not normalised', but "
+                              f"those of {tmp_path / 'A'} by '…preprocessing and pooling, L2-normalised'; indexes searched as one "
+                              "must share their extractors")
+    with pytest.raises(DataError, match=f"{tmp_path / 'C'}: was made by another checkpoint than {tmp_path / 'A'}"):
+        open_index([str(tmp_path / "A"), str(tmp_path / "C")])
+    with pytest.raises(DataError, match=f"{tmp_path / 'C'}: was made by another checkpoint than {tmp_path / 'A'}"):
+        open_index([str(tmp_path / "A"), str(tmp_path / "A"), str(tmp_path / "C")][::2])
+    # a shard recording no extractor takes the others': queries of another extractor are refused for all
+    bare = Index(24, {"checkpoint": Index.load(tmp_path / "A").meta["checkpoint"]})
+    bare.add("img", pm1(np.random.default_rng(0), 3, 24))
+    shards = Shards([bare, Index.load(tmp_path / "B")])
+    queries = read_queries(b, "img", Encoder(c["ckpt"][0]).dims)
+    queries.feature = long + "L2-normalised"
+    with pytest.raises(DataError, match="its image features were made by '…preprocessing and pooling, L2-normalised', but the "
+                                        "index's by '…preprocessing and pooling, not normalised'"):
+        search_queries(shards, Encoder(c["ckpt"][0]), queries, 3, "img")
+
+
+def test_a_group_indexed_already_is_never_added_again(collection, tmp_path):
+    """Whatever groups a later build names (--split query, --split train, both defaults), the index holds each
+    item of the collection once; only really new groups are added."""
+    c = collection
+    dataset = split_file(c, tmp_path / "split.h5")
+    ck = c["ckpt"][0]
+    whole = tmp_path / "whole"
+    first = build_index(dataset, ck, str(whole))
+    assert first.added == {"img": 40, "txt": 120} and first.skipped == {}
+    for splits in (None, ["query"], ["train"], ["/retrieval/"], ["query", "train"], ["train", "retrieval"]):
+        again = build_index(dataset, ck, str(whole), splits=splits)
+        assert again.already and again.added == {"img": 0, "txt": 0}, splits
+        assert Index.load(whole).count("txt") == 120 and Index.load(whole).count("img") == 40
+    assert build_index(dataset, ck, str(whole), splits=["train"]).skipped == {"/train": "/retrieval"}
+    assert build_index(dataset, ck, str(whole), splits=["query"]).skipped == {"/query": "/query"}
+    # a byte-identical copy is the same collection
+    shutil.copy(dataset, tmp_path / "copy.h5")
+    assert build_index(str(tmp_path / "copy.h5"), ck, str(whole)).already
+    # query first, then the default: only retrieval is added, and the index equals the one-build one
+    grown = tmp_path / "grown"
+    assert build_index(dataset, ck, str(grown), splits=["query"]).added == {"img": 10, "txt": 30}
+    more = build_index(dataset, ck, str(grown))
+    assert more.skipped == {"/query": "/query"} and more.added == {"img": 30, "txt": 90} and not more.already
+    for name in ("img.codes", "img.ids", "txt.codes", "txt.ids"):
+        assert (grown / name).read_bytes() == (whole / name).read_bytes(), name
+    # train and retrieval named together: train's items come once, by retrieval
+    both = build_index(dataset, ck, str(tmp_path / "both"), splits=["train", "retrieval"])
+    assert both.skipped == {"/train": "/retrieval"} and both.added == {"img": 30, "txt": 90}
+    # train indexed first: retrieval would add its items again, and is refused; query alone is added
+    trained = tmp_path / "trained"
+    build_index(dataset, ck, str(trained), splits=["train"])
+    with pytest.raises(DataError, match=r"split.h5: /retrieval holds the items of /train \(a dataset file's train "
+                                        r"split is drawn from its retrieval split\), which .*trained holds already"):
+        build_index(dataset, ck, str(trained))
+    assert Index.load(trained).count("txt") == 90
+    assert build_index(dataset, ck, str(trained), splits=["query"]).added == {"img": 10, "txt": 30}
+    # another build of the file, interrupted: finished by its own call, not doubled by another
+    cut = tmp_path / "cut"
+    build_index(dataset, ck, str(cut), chunk_size=20, stop_after=1)
+    with pytest.raises(DataError, match=r"cut: its build of /query, /retrieval from .*split.h5 stopped at row 20 of "
+                                        r"120 \(interrupted\)"):
+        build_index(dataset, ck, str(cut), splits=["query"])
+    assert build_index(dataset, ck, str(cut), chunk_size=20).resumed_at == 20
+    assert np.array_equal(np.sort(Index.load(cut).ids("txt")), np.sort(c["ids"]))
+
+
+def test_search_takes_a_backend_name_as_faiss_users_write_it():
+    from ucmfh.config import BackendConfig
+
+    rng = np.random.default_rng(2)
+    r, q = pm1(rng, 500, 32), pm1(rng, 9, 32)
+    index = Index(32)
+    index.add("txt", r)
+    want = index.search(q, 7, "txt")
+    for backend in ("mih", "exact", BackendConfig(backend="mih"), None):
+        got = index.search(q, 7, "txt", backend=backend)
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]), backend
+    half = Index(32)
+    half.add("txt", r[:250])
+    rest = Index(32)
+    rest.add("txt", r[250:])
+    assert np.array_equal(Shards([half, rest]).search(q, 7, "txt", backend="mih")[1], want[1])
+    with pytest.raises(ValueError, match=r"backend must be one of \('exact', 'mih', 'faiss-ivf', 'faiss-hnsw'\), "
+                                         r"got 'MIH'"):
+        index.search(q, 7, "txt", backend="MIH")
+    with pytest.raises(TypeError, match=r"backend must be a name \(exact, mih, faiss-ivf, faiss-hnsw\) or a "
+                                        r"BackendConfig, got dict"):
+        index.search(q, 7, "txt", backend={"backend": "mih"})

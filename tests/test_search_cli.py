@@ -201,3 +201,89 @@ def test_validate_accepts_a_search_collection(tmp_path):
         del f["image"], f["text"]
     result = CliRunner().invoke(main, ["validate", str(path)])
     assert result.exit_code == 2 and result.output == f"Error: {path}: /train: missing group (the file has: ['ids'])\n"
+
+
+def hits(result):
+    """The JSON rows of a search, by query: [[(id, position), ...], ...]."""
+    rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    by_query = {}
+    for row in rows:
+        by_query.setdefault(row["query"], []).append((row["id"], row["position"]))
+    return [by_query[q] for q in sorted(by_query)]
+
+
+def test_one_index_folder_named_twice_is_refused(tiny_path, tiny, trained, tmp_path, monkeypatch):
+    """'search IDX IDX/' returned every hit twice (and lowered R@5); now one line naming the folder. Two
+    folders of different groups are still searched as one: k hits per query, each item once."""
+    runner = CliRunner()
+    out = tmp_path / "ix"
+    assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", str(out), "--quiet"]).exit_code == 0
+    monkeypatch.chdir(tmp_path)
+    for spellings in ([str(out), str(out)], [str(out), f"{out}/"], ["ix", str(out)]):
+        result = runner.invoke(main, ["search", *spellings, "-q", tiny_path, "-k", "5", "--json"])
+        assert result.exit_code == 2 and result.output == (
+            f"Error: {out}: index folder named twice (as '{spellings[0]}' and '{spellings[1]}'); its items would be "
+            "searched twice and every hit returned twice\n"), result.output
+    one = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", "5", "--json"])
+    for split in ("query", "retrieval"):
+        assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", split, "--split", split,
+                                    "--quiet"]).exit_code == 0
+    two = runner.invoke(main, ["search", "query", "retrieval", "-q", tiny_path, "-k", "5", "--json"])
+    assert two.exit_code == 0, two.output
+    found = hits(two)
+    assert len(found) == len(tiny.query) and all(len(h) == 5 and len(set(h)) == 5 for h in found)
+    assert found == hits(one)  # the same ids at the same positions as one index of both groups
+
+
+def test_indexing_a_group_again_adds_nothing(tiny_path, tiny, trained, tmp_path):
+    """'index' again with --split query or --split train (groups indexed already) added their items again;
+    now it says so and the index keeps its rows; the hits of a search never repeat an item."""
+    runner = CliRunner()
+    out = str(tmp_path / "ix")
+    n = len(tiny.query) + len(tiny.retrieval)
+    assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", out, "--quiet"]).exit_code == 0
+    for split, why in (("query", "it is indexed already"), ("train", "its items are those of /retrieval")):
+        result = runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", out, "--split", split, "--quiet"])
+        assert result.exit_code == 0, result.output
+        assert result.output.splitlines()[:2] == [
+            f"{out}: /{split} of {tiny_path} is not added again: {why}",
+            f"{out}: {tiny_path} is already indexed ({len(getattr(tiny, split))} rows); nothing added"]
+        index = Index.load(out)
+        assert index.count("img") == index.count("txt") == n and len(index.sources) == 1
+    result = runner.invoke(main, ["search", out, "-q", tiny_path, "-k", "10", "--json"])
+    assert all(len(set(h)) == 10 for h in hits(result))
+    # query first, then the default: retrieval alone is added
+    grown = str(tmp_path / "grown")
+    assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", grown, "--split", "query",
+                                "--quiet"]).exit_code == 0
+    result = runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", grown, "--quiet"])
+    assert f"{grown}: /query of {tiny_path} is not added again: it is indexed already" in result.output
+    assert f"added {len(tiny.retrieval)} images and {len(tiny.retrieval)} texts" in result.output
+    assert Index.load(grown).count("txt") == n
+
+
+def test_every_index_folder_must_share_the_extraction(tiny_path, tiny, trained, tmp_path):
+    """'search A B' checked A alone: B, of features by another extractor, was mixed in. Now one line naming
+    both folders and where the two descriptions differ (not one common prefix)."""
+    import h5py
+    import shutil
+
+    other = tmp_path / "other.h5"
+    shutil.copy(tiny_path, other)
+    with h5py.File(other, "a") as f:
+        described = f.attrs["image_feature"]
+        f.attrs["image_feature"] = described.replace("L2-normalised", "not normalised")
+    runner = CliRunner()
+    for name, path in (("A", tiny_path), ("B", str(other))):
+        assert runner.invoke(main, ["index", path, "-c", trained, "-o", str(tmp_path / name), "--quiet"]).exit_code == 0
+    result = runner.invoke(main, ["search", str(tmp_path / "A"), str(tmp_path / "B"), "-q", tiny_path])
+    assert result.exit_code == 2 and result.output == (
+        f"Error: {tmp_path / 'B'}: its image features were made by '…class+item latent, not normalised', but "
+        f"those of {tmp_path / 'A'} by '…class+item latent, L2-normalised'; indexes searched as one must share "
+        "their extractors\n")
+    alone = runner.invoke(main, ["search", str(tmp_path / "B"), "-q", tiny_path, "-m", "image",
+                                 "--query-modality", "image"])
+    assert alone.exit_code == 2 and alone.output == (
+        f"Error: {tiny_path}:/query: its image features were made by '…class+item latent, L2-normalised', but "
+        "the index's by '…class+item latent, not normalised'; codes of features of different extractors are not "
+        "comparable\n")

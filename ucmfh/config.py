@@ -240,6 +240,20 @@ class BackendConfig:
         return self
 
 
+def backend_config(backend: Any) -> BackendConfig:
+    """A search's backend from what a caller gives: None (``exact``), a name as the CLI's ``--backend`` takes
+    (``"mih"``, as one writes it coming from FAISS) or a :class:`BackendConfig` (for its other settings);
+    anything else is a TypeError, an unknown name a ValueError."""
+    if backend is None:
+        return BackendConfig()
+    if isinstance(backend, str):
+        return BackendConfig(backend=backend)
+    if isinstance(backend, BackendConfig):
+        return backend
+    raise TypeError(f"backend must be a name ({', '.join(SEARCH_BACKENDS)}) or a BackendConfig, "
+                    f"got {type(backend).__name__}")
+
+
 # what a setting's default's type accepts (an int where a float is expected; a JSON list for a tuple)
 _ACCEPTS = {bool: (bool,), int: (numbers.Integral,), float: (numbers.Real,), str: (str,), tuple: (tuple, list),
             dict: (dict,)}

@@ -24,7 +24,7 @@ SHORT = {"image": "img", "text": "txt"}
               help="The index folder: created, or resumed / appended to when it exists.")
 @click.option("--split", "splits", multiple=True,
               help="Groups of COLLECTION to index (repeatable) [default: the root's items, or query and retrieval "
-                   "of a dataset file].")
+                   "of a dataset file]; groups already in OUT are not added again.")
 @click.option("--chunk-size", default=16384, show_default=True, type=click.IntRange(min=1),
               help="Items encoded and committed at a time (a killed build resumes at the last chunk).")
 @click.option("--embeddings/--no-embeddings", default=True, show_default=True,
@@ -49,6 +49,9 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
     if report is None or report.stopped:
         raise stopped_by(_interrupted_build(out, collection), signalled["signal"])
     index = report.index
+    for group, holder in report.skipped.items():
+        click.echo(f"{out}: {group} of {collection} is not added again: " +
+                   ("it is indexed already" if group == holder else f"its items are those of {holder}"))
     if report.already:
         click.echo(f"{out}: {collection} is already indexed ({report.rows} rows); nothing added")
     else:

@@ -10,18 +10,21 @@ features of another extractor, are refused.
 Each chunk of rows is appended and committed with the build's progress
 (``Index.sources``, where a collection is recorded before its first chunk): a
 killed build continues at its last committed chunk, an index with an unfinished
-build is refused by search (:meth:`Index.check_finished`), and building the same
-collection into the same index again adds nothing. Another
+build is refused by search (:meth:`Index.check_finished`), and an index never holds
+the same items twice: a group of a collection already indexed (the same file content
+and group name; a dataset file's train split is its retrieval split's items) is not
+added again, whatever groups a later build names (:func:`groups_to_add`). Another
 collection built into an existing index is appended. Each item keeps its
 origin (the source's number and its row in the collection), which re-ranking by
 the collection's token features reads (:mod:`ucmfh.search.tokens`).
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import os
-from dataclasses import dataclass
-from typing import Any, Callable, Dict, Optional, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -30,7 +33,7 @@ from tqdm.auto import tqdm
 from ucmfh.checkpoint import load_model
 from ucmfh.bits import as_words
 from ucmfh.data.format import DataError, first_of_each_id
-from ucmfh.search.collection import FEATURES, open_collection
+from ucmfh.search.collection import FEATURES, Collection, differing, open_collection
 from ucmfh.search.folder import modality_name
 from ucmfh.search.index import Index
 from ucmfh.utils import resolve_device
@@ -102,12 +105,9 @@ def check_same_feature(index: Index, modality: str, feature: Optional[str], wher
     """Refuse features of another extractor than the index's, when both are recorded."""
     recorded = (index.meta.get("features") or {}).get(modality)
     if recorded and feature and recorded != feature:
-        raise DataError(f"{where}: {FEATURES[modality]} features by '{_short(feature)}', the index's by "
-                        f"'{_short(recorded)}'")
-
-
-def _short(text: str, n: int = 80) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
+        given, made = differing(feature, recorded)
+        raise DataError(f"{where}: its {FEATURES[modality]} features were made by '{given}', but the index's by "
+                        f"'{made}'; codes of features of different extractors are not comparable")
 
 
 @dataclass
@@ -118,6 +118,45 @@ class BuildReport:
     rows: int  # rows of the collection
     already: bool  # the collection was already complete in the index
     stopped: bool = False  # should_stop ended the build before its end (the same call continues it)
+    skipped: Dict[str, str] = field(default_factory=dict)  # group asked for, not added -> the group holding its items
+
+
+def groups_to_add(coll: Collection, sources: Sequence[Dict[str, Any]], sha: str, out: str
+                  ) -> Tuple[Collection, Dict[str, str]]:
+    """The groups of ``coll`` whose items the index does not hold yet (``coll`` cut to them), and those it
+    does: group -> the group holding its items, an indexed one or another asked for (a dataset file's
+    train split is its retrieval split's items, :data:`ucmfh.search.collection.PART_OF`).
+
+    A group is identified by the file's content (``sha``, its SHA-256: a copy of the file is the same
+    collection) and its name, not by comparing rows, which would read every item: an index holds the
+    same items of the same collection once. Refused (:class:`DataError`): a group holding items another
+    group put in the index (a retrieval split after its train split: only some of its items are new),
+    and a group of another build of this file that was interrupted (that build's own command finishes it).
+    """
+    ours = [s for s in sources if s["key"].split(":", 1)[0] == sha]
+    indexed = [g for s in ours if int(s.get("done", 0)) >= int(s.get("rows", 0)) for g in s["groups"]]
+    new: List[str] = []
+    skipped: Dict[str, str] = {}
+    for i, group in enumerate(coll.groups):
+        holder = next((h for h in indexed + coll.groups[i + 1:] + new if coll.holds(h, group)), None)
+        if holder is not None:
+            skipped[group] = holder
+            continue
+        part = next((h for h in indexed if coll.holds(group, h)), None)
+        if part is not None:
+            raise DataError(f"{coll.path}: {group} holds the items of {part} (a dataset file's {part.strip('/')} "
+                            f"split is drawn from its {group.strip('/')} split), which {out} holds already; "
+                            "adding it would index them twice: index the other groups alone, or build a new index")
+        new.append(group)
+    key = f"{sha}:{','.join(new)}"
+    for s in ours:
+        if s["key"] != key and int(s.get("done", 0)) < int(s.get("rows", 0)) and \
+                any(coll.holds(a, b) or coll.holds(b, a) for a in new for b in s["groups"]):
+            raise DataError(f"{out}: its build of {', '.join(s['groups'])} from {coll.path} stopped at row "
+                            f"{s['done']} of {s['rows']} (interrupted); finish that build first (the same build "
+                            "again continues it)")
+    rows = [r for g, r in zip(coll.groups, coll.rows) if g in new]
+    return dataclasses.replace(coll, groups=new, rows=rows), skipped
 
 
 def build_index(
@@ -135,7 +174,8 @@ def build_index(
     """Encode every item of a collection file into the index folder ``out`` (created, resumed or appended to).
 
     Images are indexed once per id (the first row of each id in this collection);
-    captions, every row. ``embeddings`` keeps the float16 head outputs for cosine
+    captions, every row. Groups whose items the index holds already are not added again (the report's
+    ``skipped``; ``already`` when none is left). ``embeddings`` keeps the float16 head outputs for cosine
     re-ranking. ``stop_after`` stops after that many chunks (tests simulate a kill with it); ``should_stop``,
     when it returns something true after a committed chunk, stops there too (a signal: the report says
     ``stopped``, and the same call continues the build).
@@ -149,12 +189,8 @@ def build_index(
             raise DataError(f"{coll.path}: {coll.where(name)}: {coll.columns[name]}-d features, the checkpoint "
                             f"{encoder.identity['path']} takes {encoder.dims[modality]}-d")
     features = {m: coll.feature(m) for m in FEATURES if coll.has(FEATURES[m])}
-    key = f"{file_sha256(coll.path)}:{','.join(coll.groups)}"
-    n = len(coll)
-    stat = os.stat(coll.path)
-    # size and mtime identify the file cheaply at search time (re-ranking reads its tokens by row)
-    source = {"key": key, "path": os.path.abspath(coll.path), "groups": coll.groups, "rows": n,
-              "group_rows": list(coll.rows), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    sha = file_sha256(coll.path)
+    index = None
     if os.path.exists(out):
         index = Index.load(out)
         check_same_checkpoint(index, encoder)
@@ -164,13 +200,23 @@ def build_index(
             index.meta["features"] = {}
         for m, f in features.items():
             index.meta["features"].setdefault(m, f)
-    else:  # the collection is recorded from the start, so an interrupted first build is seen as unfinished
+    asked = len(coll)
+    coll, skipped = groups_to_add(coll, index.sources if index is not None else [], sha, out)
+    if not coll.groups:  # every group asked for is indexed already (index exists: a new one holds nothing)
+        return BuildReport(index, {"img": 0, "txt": 0}, asked, asked, True, skipped=skipped)
+    key = f"{sha}:{','.join(coll.groups)}"
+    n = len(coll)
+    stat = os.stat(coll.path)
+    # size and mtime identify the file cheaply at search time (re-ranking reads its tokens by row)
+    source = {"key": key, "path": os.path.abspath(coll.path), "groups": coll.groups, "rows": n,
+              "group_rows": list(coll.rows), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    if index is None:  # the collection is recorded from the start, so an interrupted first build is seen as unfinished
         index = Index(encoder.n_bits, {"checkpoint": encoder.identity, "features": features, "protocol": PROTOCOL})
         index.sources = [{**source, "done": 0}]
         index.save(out)
     done = next((int(s["done"]) for s in index.sources if s["key"] == key), 0)
     if done >= n:
-        return BuildReport(index, {"img": 0, "txt": 0}, done, n, True)
+        return BuildReport(index, {"img": 0, "txt": 0}, done, n, True, skipped=skipped)
     if all(s["key"] != key for s in index.sources):  # announced before its first chunk (Index.unfinished)
         index.add_many({}, {**source, "done": 0})
     ids = coll.ids()
@@ -221,4 +267,4 @@ def build_index(
             break
     bar.close()
     added = {m: index.count(m) - before[m] for m in FEATURES}
-    return BuildReport(index, added, done, n, False, stopped)
+    return BuildReport(index, added, done, n, False, stopped, skipped)

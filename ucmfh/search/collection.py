@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import h5py
 import numpy as np
@@ -25,6 +25,9 @@ from ucmfh.files import read_attrs
 FEATURES = {"img": "image", "txt": "text"}  # modality -> dataset name
 COLUMNS = ("image", "text", "ids", "labels", "paths", "text_raw")
 DEFAULT_SPLITS = ("query", "retrieval")  # a dataset file's collection (§7): train is drawn from retrieval
+# a dataset file's groups whose items another group holds: its train split is drawn from its retrieval split
+# (docs/reference.md §1, the field's standard; the same items in wiki, flickr8k1000 and mirflickr730)
+PART_OF = {"/train": "/retrieval"}
 
 
 @dataclass
@@ -36,6 +39,12 @@ class Collection:
     rows: List[int]
     columns: Dict[str, Optional[int]]  # present column -> width (None for 1-D)
     attrs: Dict[str, Any] = field(default_factory=dict)
+    part_of: Dict[str, str] = field(default_factory=dict)  # group -> the group of the file that holds its items
+
+    def holds(self, group: str, other: str) -> bool:
+        """Whether ``group``'s items include every item of ``other`` (groups of this file): the same group, or
+        a dataset file's retrieval split and its train split (:data:`PART_OF`)."""
+        return group == other or self.part_of.get(other) == group
 
     def __len__(self) -> int:
         return sum(self.rows)
@@ -76,6 +85,26 @@ class Collection:
         return self.read("ids").astype(np.int64) if self.has("ids") else None
 
 
+def differing(a: str, b: str, context: int = 16, width: int = 60) -> Tuple[str, str]:
+    """Where two extractor descriptions differ: each cut to the part that differs, with ``context`` characters
+    around it and ``…`` where cut. Descriptions run long and often share a long beginning (the same
+    extractor, another preprocessing), so cutting both to one prefix would print them the same."""
+    same = len(os.path.commonprefix([a, b]))
+    tail = len(os.path.commonprefix([a[same:][::-1], b[same:][::-1]]))
+    start = max(same - context, 0)
+    space = a.rfind(" ", max(start - context, 0), start)  # begin at a word where one is near
+    start = space + 1 if start and space >= 0 else start
+
+    def cut(text: str) -> str:
+        stop = min(len(text) - tail + context, len(text))
+        part = text[start:stop]
+        if len(part) > width:
+            part, stop = part[: width - 1], start + width - 1
+        return ("…" if start else "") + part + ("…" if stop < len(text) else "")
+
+    return cut(a), cut(b)
+
+
 def _read(path: str, dset: h5py.Dataset, where: str, a: int, b: int) -> Any:
     try:
         if dset.dtype.kind in "OSU":
@@ -106,7 +135,8 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
             if missing:
                 groups = sorted(k for k in f if isinstance(f[k], h5py.Group))
                 raise DataError(f"{path}: /{missing[0]}: no such group (the file has: {groups or 'none'})")
-            groups = [f"/{s}" for s in splits]
+            # 'query', '/query' and 'query/' are one group, and a group named twice is read once
+            groups = list(dict.fromkeys(f"/{s.strip('/')}" for s in splits))
         elif flat:
             groups = ["/"]
         else:
@@ -151,7 +181,8 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
             attrs = read_attrs(f)
         except (OSError, TypeError, ValueError) as err:
             raise DataError(f"{path}: root attributes: unreadable ({err})") from None
-    return Collection(path, groups, rows, columns, attrs)
+        dataset = all(g.strip("/") in f and isinstance(f[g], h5py.Group) for pair in PART_OF.items() for g in pair)
+    return Collection(path, groups, rows, columns, attrs, dict(PART_OF) if dataset else {})
 
 
 @dataclass

@@ -25,6 +25,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 import numpy as np
 
 from ucmfh.bits import as_words, n_words, to_numpy
+from ucmfh.config import backend_config
 from ucmfh.data.format import DataError
 from ucmfh.files import locked
 from ucmfh.search.folder import MANIFEST, MODALITIES, STRINGS, Column, IndexFolder, modality_name
@@ -312,8 +313,8 @@ class Index(IndexFolder):
         (distances, positions) [Q, min(k, count)] int64 numpy. On the CPU the
         compiled popcount kernels run (without importing torch), on ``threads`` threads over
         queries (default: the CPUs this process may use); on a GPU the torch path.
-        ``self.ids(modality)[positions]`` gives the items' ids. ``backend``
-        (:class:`ucmfh.config.BackendConfig`) ``mih``: the same result by multi-index hashing on
+        ``self.ids(modality)[positions]`` gives the items' ids. ``backend`` (a name, ``"mih"``, or a
+        :class:`ucmfh.config.BackendConfig`; None: ``exact``) ``mih``: the same result by multi-index hashing on
         the CPU (:mod:`ucmfh.search.mih`; ``served`` gets how many queries it and the scan served, and
         ``scanned``, which the scan did);
         ``faiss-*``: FAISS's approximate search (:mod:`ucmfh.search.approx`; positions -1 where it
@@ -322,16 +323,17 @@ class Index(IndexFolder):
         modality = modality_name(modality)
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        backend = backend_config(backend)
         qw = as_words(queries, self.n_bits, "queries")
         codes = self.codes(modality)
-        if backend is not None and backend.backend == "mih" and str(device) == "cpu":
+        if backend.backend == "mih" and str(device) == "cpu":
             from ucmfh.search import mih
 
             tables, _ = mih.multi_index(self, modality, backend.substrings)
             return tables.search(qw, int(k), threads, scan=lambda q, k: hamming_search(q, codes, self.n_bits, k,
                                                                                          device, threads),
                                  stats=served)
-        if backend is not None and backend.backend not in ("exact", "mih"):
+        if backend.backend not in ("exact", "mih"):
             from ucmfh.search import approx
 
             return approx.search(self, qw, int(k), modality, backend, threads)

@@ -8,7 +8,7 @@ from typing import Any, Dict, List, Optional, Sequence, Union
 
 import numpy as np
 
-from ucmfh.config import APPROXIMATE_BACKENDS, BackendConfig
+from ucmfh.config import APPROXIMATE_BACKENDS, BackendConfig, backend_config
 from ucmfh.search.build import Encoder, check_same_checkpoint, check_same_feature
 from ucmfh.search.collection import Queries
 from ucmfh.search.folder import modality_name
@@ -50,7 +50,7 @@ def search_queries(
     candidates: Optional[int] = None,
     device: str = "cpu",
     matcher: Optional[Any] = None,
-    backend: Optional[BackendConfig] = None,
+    backend: Union[None, str, BackendConfig] = None,
     threads: Optional[int] = None,
     check_recall: bool = False,
 ) -> Results:
@@ -87,7 +87,7 @@ def search_queries(
     logits = encoder.encode(queries.features, queries.modality)
     seconds["encode"] = time.perf_counter() - start
     start = time.perf_counter()
-    backend = backend or BackendConfig()
+    backend = backend_config(backend)
     served: Dict[str, Any] = {}
     distances, positions = index.search(logits, depth, modality, device, threads, backend, served)
     seconds["search"] = time.perf_counter() - start

@@ -7,8 +7,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ucmfh.bits import as_words, to_numpy
+from ucmfh.config import backend_config
 from ucmfh.data.format import DataError
 from ucmfh.files import PathLike
+from ucmfh.search.collection import FEATURES, differing
 from ucmfh.search.folder import modality_name
 from ucmfh.search.index import ArrayLike, Index
 from ucmfh.search.scan import merge_top_k
@@ -25,17 +27,39 @@ class Shards:
     def __init__(self, shards: Sequence[Index]) -> None:
         if not shards:
             raise ValueError("no index given")
+        seen: Dict[Any, Index] = {}
+        for shard in shards:  # one index twice would return each of its hits twice
+            key = os.path.realpath(shard.path) if shard.path else id(shard)
+            if key in seen:
+                raise ValueError(f"{shard.path or 'index'}: given twice; its items would be searched twice and "
+                                 "every hit returned twice")
+            seen[key] = shard
         first = shards[0]
-        for shard in shards[1:]:
+        features: Dict[str, str] = {}  # modality -> the extractor, as the shards that record one record it
+        described: Dict[str, Index] = {}
+        for shard in shards:
             if shard.n_bits != first.n_bits:
-                raise DataError(f"{shard.path}: {shard.n_bits}-bit codes, {first.path} has {first.n_bits}")
+                raise DataError(f"{shard.path}: holds {shard.n_bits}-bit codes, but {first.path} holds "
+                                f"{first.n_bits}-bit ones; indexes searched as one must share their code length")
             a = (first.meta.get("checkpoint") or {}).get("sha256")
             b = (shard.meta.get("checkpoint") or {}).get("sha256")
             if a != b:
-                raise DataError(f"{shard.path}: made by another checkpoint than {first.path} "
-                                f"(sha256 {str(b)[:12]} vs {str(a)[:12]})")
+                raise DataError(f"{shard.path}: was made by another checkpoint than {first.path} "
+                                f"(sha256 {str(b)[:12]} vs {str(a)[:12]}); indexes searched as one must share it")
+            for modality, feature in (shard.meta.get("features") or {}).items():
+                if not feature:
+                    continue
+                if modality in features and features[modality] != feature:
+                    mine, theirs = differing(feature, features[modality])
+                    raise DataError(f"{shard.path}: its {FEATURES[modality]} features were made by '{mine}', but "
+                                    f"those of {described[modality].path} by '{theirs}'; indexes searched as one "
+                                    "must share their extractors")
+                features.setdefault(modality, feature)
+                described.setdefault(modality, shard)
         self.shards = list(shards)
-        self.n_bits, self.meta, self.path = first.n_bits, first.meta, first.path
+        # the features every shard that records them shares: queries of another extractor are refused for all
+        self.n_bits, self.path = first.n_bits, first.path
+        self.meta = {**first.meta, "features": features}
 
     def count(self, modality: str) -> int:
         return sum(s.count(modality) for s in self.shards)
@@ -53,6 +77,7 @@ class Shards:
         modality = modality_name(modality)
         if int(k) < 1:
             raise ValueError(f"k must be >= 1, got {k}")
+        backend = backend_config(backend)
         qw = as_words(queries, self.n_bits, "queries")
         dists, positions = [], []
         scanned: set = set()  # queries the scan served in some shard
@@ -125,6 +150,14 @@ def open_index(paths: Union[PathLike, Sequence[PathLike]], mmap: bool = True) ->
     if isinstance(paths, (str, os.PathLike)):
         paths = [paths]
     indexes = [Index.load(p, mmap=mmap) for p in paths]
+    named: Dict[Tuple[int, int], int] = {}
+    for i, index in enumerate(indexes):  # IDX and IDX/, or a relative and an absolute path: one folder
+        stat = os.stat(index.path)
+        first = named.setdefault((stat.st_dev, stat.st_ino), i)
+        if first != i:
+            raise ValueError(f"{index.path}: index folder named twice (as '{os.fspath(paths[first])}' and "
+                             f"'{os.fspath(paths[i])}'); its items would be searched twice and every hit "
+                             "returned twice")
     for index in indexes:
         index.check_finished()
     return indexes[0] if len(indexes) == 1 else Shards(indexes)
