@@ -2,9 +2,10 @@
 from __future__ import annotations
 
 import math
+import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -129,8 +130,30 @@ def search_queries(
     if relevant is None and queries.ids is not None:
         relevant = ids == queries.ids[:, None]
         relevance = "same id"
+    if relevant is not None:
+        relevant, relevance = _within_own_collection(index, modality, positions, queries, relevant, relevance)
     return Results(queries, modality, distances, positions, ids, shown, cosine, relevant, relevance, seps, seconds,
                    backend.backend, recall, served if backend.backend == "mih" else None)
+
+
+def _within_own_collection(index: Any, modality: str, positions: np.ndarray, queries: Queries,
+                           relevant: np.ndarray, relevance: str) -> Tuple[Optional[np.ndarray], Optional[str]]:
+    """Relevance judged where ids and labels mean the same: an index of several collection files numbers
+    (and labels) each file's items its own way, so a hit of another file than the queries' is not relevant,
+    whatever its id. Hits of one file alone are judged as they are (the queries' file may be another
+    export of the same items); hits of several files when the queries' file is none of them cannot be
+    judged (None)."""
+    if not index.has(modality, "origin"):
+        return relevant, relevance  # an index built before items kept their origin: one collection or none
+    places, place, _ = index.origins(modality, positions)
+    files = [os.path.realpath(p["path"]) for p in places]
+    if len(set(files)) <= 1:
+        return relevant, relevance
+    own = os.path.realpath(queries.path) if queries.path else None
+    if own not in files:
+        return None, None
+    from_own = np.array([f == own for f in files])[place].reshape(relevant.shape)
+    return relevant & from_own, f"{relevance}, in the queries' collection"
 
 
 def scores(results: Results, ks: Sequence[int] = (1, 5, 10)) -> Dict[str, Any]:
@@ -139,7 +162,8 @@ def scores(results: Results, ks: Sequence[int] = (1, 5, 10)) -> Dict[str, Any]:
     relevant items among them, as ucmfh's MAP@k), means over the queries. ``ValueError`` when relevance
     cannot be judged (neither labels nor ids on both sides)."""
     if results.relevant is None:
-        raise ValueError("no relevance to score by: the queries and the indexed items need labels, or ids")
+        raise ValueError("no relevance to score by: the queries and the indexed items need labels, or ids, and hits "
+                         "of several collections are judged only when the queries come from one of them")
     rel = np.asarray(results.relevant, dtype=bool)
     k = rel.shape[1]
     out: Dict[str, Any] = {"queries": len(rel), "relevance": results.relevance, "k": k}
