@@ -7,7 +7,7 @@ the query split: method 'two-tower' with linear heads trained without codes (``r
 'none'``). Real-valued CCA is method 'cca-itq' before its sign (PCA → CCA; ITQ's rotation keeps
 cosines), fitted on the whole training split, at each ``--components``. Both are scored as a results
 row's ``real_valued`` figures are (docs/evaluation.md): the real-valued embeddings, measured on an embedding trained as one, where the hashing methods' real-valued outputs
-are their codes before the sign (docs/history.md).
+are their codes before the sign.
 
     python scripts/real_valued_probe.py ../shared/data/flickr8k1000.h5 --seeds 2023,1,2
 """

@@ -71,7 +71,7 @@ def test_a_leak_free_method_codes_each_modality_from_itself(tiny, fusion, name, 
 
 @pytest.mark.parametrize("name", TRAINED)
 def test_validation_items_never_train_and_only_they_pick_the_epoch(tiny, fusion, name):
-    """Honest selection (issue 31): a run with a validation split trains exactly as a run on the rest of the
+    """Honest selection: a run with a validation split trains exactly as a run on the rest of the
     training split alone, so no validation item trains; and its validation score is the MAP@50 of the
     validation items against that rest, never of the query split."""
     cfg = config(name, epochs=1)

@@ -47,7 +47,7 @@ def _rows(path: Path) -> list:
 
 
 def test_two_files_with_one_name_never_share_a_run(tmp_path):
-    """Finding 1: two make-synthetic files (both named 'synthetic' inside) trained into one --out."""
+    """Two make-synthetic files (both named 'synthetic' inside) trained into one --out."""
     a, b = _make(tmp_path, "A", seed=1), _make(tmp_path, "B", seed=2)
     out, results = str(tmp_path / "runs"), tmp_path / "r.jsonl"
     _train("-d", a, "--out", out, "--results", str(results), "--epochs", "1", "-b", "16")
@@ -68,7 +68,7 @@ VARIANTS = [["--lr-fusion", "0"], ["--loss-param", "temperature=0.3"], ["--beta-
 
 
 def test_every_setting_is_part_of_a_runs_identity(tmp_path, tiny_path):
-    """Finding 2: runs that differ in one setting write different checkpoints and say so in their rows."""
+    """Runs that differ in one setting write different checkpoints and say so in their rows."""
     out, results = str(tmp_path / "runs"), tmp_path / "r.jsonl"
     common = ["-d", tiny_path, "--out", out, "--results", str(results), "--epochs", "1", "-b", "8",
               "--protocol", "unimodal"]
@@ -88,7 +88,7 @@ def _append_many(path: str, tag: int) -> None:
 
 
 def test_concurrent_appends_keep_every_row(tmp_path):
-    """Finding 3: two processes appending 200 rows each to one results file keep all 400."""
+    """Two processes appending 200 rows each to one results file keep all 400."""
     path = str(tmp_path / "results.jsonl")
     ctx = multiprocessing.get_context("spawn")
     procs = [ctx.Process(target=_append_many, args=(path, tag)) for tag in (0, 1)]
@@ -128,7 +128,7 @@ def test_two_concurrent_runs_into_one_results_file(tmp_path, tiny_path):
 
 
 def test_every_code_length_is_checked_before_training(tmp_path, tiny_path):
-    """Finding 4: -b 16 -b 7 fails at once, before any training."""
+    """-b 16 -b 7 fails at once, before any training."""
     result = CliRunner().invoke(main, ["train-hash", *SMALL, "-d", tiny_path, "--out", str(tmp_path / "runs"),
                                        "--results", str(tmp_path / "r.jsonl"), "-b", "16", "-b", "7"])
     assert result.exit_code == 2 and "'--n-bits' / '-b': 7 is not in the range 8<=x<=256" in result.output
@@ -152,7 +152,7 @@ def _weights(path: str) -> dict:
 
 
 def test_sigint_keeps_finished_lengths_and_resume_finishes_the_rest(tmp_path, tiny_path):
-    """Finding 4: SIGINT during -b 16 keeps -b 8's rows; --resume ends as an uninterrupted run does."""
+    """SIGINT during -b 16 keeps -b 8's rows; --resume ends as an uninterrupted run does."""
     common = ["train-hash", *SMALL, "-d", tiny_path, "--epochs", "30", "-b", "8", "-b", "16",
               "--protocol", "unimodal", "--save-interval", "0"]
     ref = _cli(*common, "--out", str(tmp_path / "ref"), "--results", str(tmp_path / "ref.jsonl"))
@@ -225,7 +225,7 @@ def test_sigkill_late_in_a_stage_then_resume_gives_identical_codes(tmp_path, tin
     ("cuda", "torch sees no CUDA GPU"), ("foo", "device 'foo': unknown"),
 ])
 def test_bad_device_is_one_line_on_both_front_doors(tmp_path, tiny_path, device, message):
-    """Finding 6: --device cuda without a GPU and --device foo, from ucmfh and demo.py."""
+    """--device cuda without a GPU and --device foo, from ucmfh and demo.py."""
     if device == "cuda" and torch.cuda.is_available():
         pytest.skip("this machine has a GPU")
     result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--device", device])
@@ -237,7 +237,7 @@ def test_bad_device_is_one_line_on_both_front_doors(tmp_path, tiny_path, device,
 
 
 def test_encode_refuses_to_overwrite_and_epochs_must_be_positive(tmp_path, tiny_path):
-    """Finding 6: encode -o over an existing file needs --overwrite; --epochs 0 is refused."""
+    """encode -o over an existing file needs --overwrite; --epochs 0 is refused."""
     results = tmp_path / "r.jsonl"
     _train("-d", tiny_path, "--out", str(tmp_path / "runs"), "--results", str(results), "--epochs", "1", "-b", "8")
     checkpoint = _rows(results)[0]["checkpoint"]
@@ -478,8 +478,8 @@ def test_demo_evaluates_the_run_it_trained_without_repeating_epoch(tmp_path, cap
 
 def test_a_resumed_run_counts_the_training_time_of_its_interrupted_part(tiny_path, tmp_path, monkeypatch):
     """A run's ``train_time_s`` is the time of all its training: an interrupted run's state holds the seconds
-    it trained (``elapsed``), and the run resumed from it adds them to its own (before 2026-11-27 a resumed
-    run counted only the time since it resumed). The state's seconds are set to 1,000 to tell the two apart."""
+    it trained (``elapsed``), and the run resumed from it adds them to its own, not only the time since it
+    resumed. The state's seconds are set to 1,000 to tell the two apart."""
     import ucmfh.epochs as epochs_module
     from test_registry import _StopAfter
 

@@ -23,7 +23,7 @@ CODE_LENGTHS = (8, 256)  # the shortest and the longest code, in bits
 # RELAXATION_CANDIDATES and keeps the one with the better validation score (without a validation split,
 # val_fraction = 0, it trains the first candidate alone); 'none' trains no codes: the loss sees the
 # L2-normalised head outputs, a real-valued embedding that validation ranks by cosine, and the codes are
-# their signs, which training never saw (a row's `real_valued` figures are its measure; docs/history.md).
+# their signs, which training never saw (a row's `real_valued` figures measure that embedding).
 RELAXATION_CANDIDATES = ("sign", "tanh")
 RELAXATIONS = (*RELAXATION_CANDIDATES, "auto", "none")
 

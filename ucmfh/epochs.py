@@ -158,7 +158,7 @@ def run_epochs(
         best = saved["best"]
         total = saved["total"].to(device)
         resumed_gen = saved["generator"].cpu()
-        elapsed = saved.get("elapsed", 0.0)  # states saved before 2026-11-27 did not count it
+        elapsed = saved.get("elapsed", 0.0)  # older states did not record their seconds: count them as 0
         rngs = saved["rng"]
         if isinstance(rngs, torch.Tensor):  # a state saved before runs had ranks
             rngs = [(rngs, saved.get("cuda_rng"))]
@@ -251,7 +251,7 @@ STOP_EVERY = 16
 
 def restore_cuda_rng(saved: Any, device: torch.device) -> None:
     """Restore the training device's CUDA generator (the one that drives dropout) from a saved state: a
-    tensor, that device's; a list (states saved before 2026-11-26 held every visible GPU's) is indexed
+    tensor, that device's; a list (older states held every visible GPU's) is indexed
     by the device, and an entry the list does not have (another number of GPUs) is left as it is."""
     if device.type != "cuda" or saved is None:
         return
