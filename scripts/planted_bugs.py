@@ -19,7 +19,6 @@ Ctrl-C) unless ``--keep``.
 
 Exit status: 0 when every selected bug is caught, 1 when one is not (or the baseline fails), 2 for a
 bad option or a patch whose old text is not in its file exactly once, 130 on Ctrl-C.
-Results: docs/notebook/planted_bugs.md.
 """
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """scripts/planted_bugs.py's bookkeeping: every patch still applies to this tree, options and verdicts.
-No test is run inside a test here: the script itself is run by hand (docs/notebook/planted_bugs.md)."""
+No test is run inside a test here: the script itself is run by hand, and takes minutes."""
 from __future__ import annotations
 
 import importlib.util
