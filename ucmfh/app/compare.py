@@ -153,8 +153,11 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     shared = cells(rows, base, other, pool)
     if not shared:
         present = sorted({variant_of(r) for r in rows})
+        scored = {m: sorted({f"{r.get('dataset')} {r.get('n_bits')} bits" for r in rows if variant_of(r) == m})
+                  for m in (base, other) if m in present}
+        where = "; ".join(f"{m} on {', '.join(cells_of)}" for m, cells_of in scored.items())
         raise UserError(f"{', '.join(results)}: no cell has rows of both {base} and {other} (methods there: "
-                        f"{', '.join(present) or 'none'})")
+                        f"{', '.join(present) or 'none'}" + (f"; {where}" if len(scored) == 2 else "") + ")")
     out = []
     for cell in sorted(shared, key=lambda c: tuple(str(x) for x in c)):
         out += [(cell, r) for r in compare_cell(shared[cell], base, other, resamples)]
