@@ -38,8 +38,8 @@ def other_items(split: Split, seed: int) -> Split:
 
 @pytest.fixture(scope="module")
 def swapped(tiny) -> Dataset:
-    """``tiny`` with its own, unchanged training split (its features are not the retrieval split's, though in
-    the file train is drawn from retrieval) and query and retrieval splits of other items."""
+    """``tiny`` with its training split unchanged, the same tensors, and query and retrieval splits of other
+    items. In the file train is drawn from retrieval; here the splits are separate, so only train is real."""
     return dataclasses.replace(tiny, query=other_items(tiny.query, 1), retrieval=other_items(tiny.retrieval, 2))
 
 
