@@ -57,6 +57,7 @@ REGISTRY_LEAK = "tests/test_registry.py::test_a_leak_free_method_codes_each_moda
 REGISTRY_RESUME = "tests/test_registry.py::test_an_interrupted_run_resumes_to_the_same_model"
 RUNS_SIGKILL = "tests/test_runs.py::test_sigkill_late_in_a_stage_then_resume_gives_identical_codes"
 REGISTRY_HELD_OUT = "tests/test_registry.py::test_validation_items_never_train_and_only_they_pick_the_epoch"
+TRAIN_ONLY = "tests/test_train_only.py"
 
 BUGS: Tuple[Bug, ...] = (
     # --- leak-free: each modality's code from that modality alone (README, "Two evaluation protocols")
@@ -232,6 +233,24 @@ BUGS: Tuple[Bug, ...] = (
         "    dropout: float = 0.1\n",
         "the hash head's dropout default becomes 0.1, not UCMFH's 0.3",
         ("tests/test_reference.py",)),
+    # --- only train may matter (issue 50)
+    Bug("cca-itq-fits-retrieval", "ucmfh/methods/cca_itq.py",
+        "        model, _ = fit_cca_itq(data.train, cfg.n_bits,",
+        "        model, _ = fit_cca_itq(data.retrieval, cfg.n_bits,",
+        "cca-itq fits its PCA, CCA and ITQ rotation on the retrieval split, not the training split",
+        (TRAIN_ONLY,)),
+    Bug("fusion-trains-on-query-items", "ucmfh/fusion_stage.py",
+        "    train = rest.to(device)\n",
+        "    train = type(rest)(*(None if a is None else torch.cat([a, b[:8]]) for a, b in zip(\n"
+        "        (rest.img, rest.txt, rest.labels, rest.ids),\n"
+        "        (data.query.img, data.query.txt, data.query.labels, data.query.ids)))).to(device)\n",
+        "the fusion stage trains on its training part plus 8 query items",
+        (TRAIN_ONLY,)),
+    Bug("feature-hasher-centred-on-retrieval", "ucmfh/methods/base.py",
+        "        model.fit_feature_stats(rest.img, rest.txt)",
+        "        model.fit_feature_stats(data.retrieval.img, data.retrieval.txt)",
+        "the feature hashers' centring means (Method.prepare) are fitted on the retrieval split",
+        (TRAIN_ONLY,)),
 )
 
 
