@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 import torch
 
-import ucmfh.files
 import ucmfh.search.folder
 from ucmfh.checkpoint import load_model, save_checkpoint
 from ucmfh.config import HashConfig
@@ -183,6 +182,8 @@ def test_an_index_write_cut_short_leaves_the_previous_index(tmp_path, monkeypatc
 def test_a_results_row_cut_short_leaves_the_rows_before_it_readable(tmp_path, monkeypatch):
     """A row whose write stops halfway (a full disk, a killed writer) spoils no earlier row: a reader reads
     them all and skips the cut line, saying so, and the next row appended starts a line of its own."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("no /proc/self/fd to tell the results file's writes from others")
     path = tmp_path / "results.jsonl"
     append_jsonl(path, [{"run": "a", "map_i2t": 0.5}, {"run": "b", "map_i2t": 0.25}])
     real_write = os.write
@@ -193,9 +194,7 @@ def test_a_results_row_cut_short_leaves_the_rows_before_it_readable(tmp_path, mo
         real_write(fd, data[: len(data) // 2])
         raise _full_disk()
 
-    if not os.path.isdir("/proc/self/fd"):
-        pytest.skip("no /proc/self/fd to tell the results file's writes from others")
-    monkeypatch.setattr(ucmfh.files.os, "write", write_cut_short)
+    monkeypatch.setattr(os, "write", write_cut_short)  # append_jsonl's one write per row
     with pytest.raises(OSError, match="No space left"):
         append_jsonl(path, [{"run": "c", "map_i2t": 0.75}, {"run": "d", "map_i2t": 1.0}])
     monkeypatch.undo()
