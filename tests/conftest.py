@@ -6,12 +6,14 @@ import math
 import os
 import subprocess
 import sys
+import traceback
 from pathlib import Path
 from types import ModuleType
 from typing import List
 
 import pytest
 import torch
+from click.testing import CliRunner
 
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import load_dataset
@@ -75,6 +77,61 @@ def _threads():
     yield
 
 
+def runs_a_front_door(argv) -> bool:
+    """Whether a subprocess's command line runs one of ucmfh's front doors: ``python -m ucmfh``, demo.py, or a
+    script of scripts/."""
+    if isinstance(argv, (str, bytes, os.PathLike)):
+        return False  # a shell line or a bare program: none of the tests' CLI calls
+    argv = [os.fspath(a) if isinstance(a, os.PathLike) else str(a) for a in argv]
+    if argv[1:3] == ["-m", "ucmfh"]:
+        return True
+    return len(argv) > 1 and argv[0] == sys.executable and argv[1].endswith(".py") and (
+        Path(argv[1]).name == "demo.py" or Path(argv[1]).resolve().parent == SCRIPTS)
+
+
+def no_traceback(output, argv) -> None:
+    """Fail the test where a command's output holds a Python traceback: an error the CLI did not turn into
+    its one line (exit 2)."""
+    text = output.decode("utf-8", "replace") if isinstance(output, bytes) else output
+    if text and "Traceback (most recent call last)" in text:
+        pytest.fail(f"{' '.join(map(str, argv))} crashed (a traceback, not a one-line error):\n{text[-3000:]}",
+                    pytrace=False)
+
+
+@pytest.fixture(autouse=True)
+def _no_crash_passes(request):
+    """No test passes on a crash (issue 50): a command run by click's CliRunner that ends in an exception
+    other than SystemExit (a traceback and exit 1 for a user) fails the test, and so does a traceback in
+    the output of a front door run as a subprocess (:func:`no_traceback`). A test of a crash on purpose says
+    so with ``@pytest.mark.crash_ok``."""
+    if request.node.get_closest_marker("crash_ok"):
+        yield
+        return
+    invoke = CliRunner.invoke
+
+    def guarded_invoke(self, cli, args=None, *a, **kw):
+        result = invoke(self, cli, args, *a, **kw)
+        if result.exception is not None and not isinstance(result.exception, SystemExit):
+            shown = "".join(traceback.format_exception(*result.exc_info)) if result.exc_info else repr(result.exception)
+            pytest.fail(f"{getattr(cli, 'name', cli)} {args}: raised {type(result.exception).__name__} instead of "
+                        f"a one-line error (exit 2):\n{shown}\n{result.output[-2000:]}", pytrace=False)
+        return result
+
+    communicate = subprocess.Popen.communicate
+
+    def guarded_communicate(self, *a, **kw):
+        out, err = communicate(self, *a, **kw)
+        if runs_a_front_door(self.args):
+            no_traceback(err, self.args)
+            no_traceback(out, self.args)
+        return out, err
+
+    with pytest.MonkeyPatch.context() as patch:  # not the test's monkeypatch: its undo() keeps the guard
+        patch.setattr(CliRunner, "invoke", guarded_invoke)
+        patch.setattr(subprocess.Popen, "communicate", guarded_communicate)
+        yield
+
+
 CHECKOUT_OUTPUTS = [Path(__file__).resolve().parents[1] / "runs", Path(__file__).resolve().parents[1] / "data"]
 
 
@@ -135,6 +192,7 @@ def dead_pid() -> int:
 
 def pytest_configure(config):
     config.addinivalue_line("markers", "torch_path: tests an internal of the metrics' torch path only")
+    config.addinivalue_line("markers", "crash_ok: a CLI command of this test may end in an exception (no guard)")
     config.addinivalue_line("markers", "slow: over half a minute on the 2-core CI machine; run with --slow")
 
 

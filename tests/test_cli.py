@@ -7,9 +7,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import click
+import pytest
 import torch
 from click.testing import CliRunner
 
+from conftest import no_traceback, runs_a_front_door
 from ucmfh.app.cli import main
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -89,3 +92,32 @@ def test_demo_tasks_0_to_3(tmp_path):
     assert missing.returncode == 2 and "train it first with --task 1" in missing.stderr
     # task 3 found the checkpoint task 1 wrote: the same MAP
     assert (rows[7]["map_i2t"], rows[7]["map_t2i"]) == (rows[3]["map_i2t"], rows[3]["map_t2i"])
+
+
+
+@click.command("crash")
+def _crash():
+    raise RuntimeError("a bug, not a user error")
+
+
+def test_a_command_that_crashes_fails_the_test_that_ran_it():
+    """The guard of conftest.py: a CliRunner result ending in an exception other than SystemExit fails the
+    test at once, whatever the test then asserts (no test passes on a crash)."""
+    with pytest.raises(pytest.fail.Exception, match="raised RuntimeError instead of a one-line error"):
+        CliRunner().invoke(_crash, [])
+    assert CliRunner().invoke(main, ["methods", "--bogus"]).exit_code == 2  # click's usage error: a SystemExit
+
+
+@pytest.mark.crash_ok
+def test_a_test_marked_crash_ok_sees_the_crash_itself():
+    result = CliRunner().invoke(_crash, [])
+    assert result.exit_code == 1 and isinstance(result.exception, RuntimeError)
+
+
+def test_a_traceback_of_a_front_door_in_a_subprocess_fails_the_test():
+    assert runs_a_front_door([sys.executable, "-m", "ucmfh", "runs"]) and runs_a_front_door([sys.executable, str(ROOT / "demo.py")])
+    assert runs_a_front_door([sys.executable, str(ROOT / "scripts" / "planted_bugs.py"), "--list"])
+    assert not runs_a_front_door([sys.executable, "-c", "pass"]) and not runs_a_front_door("ucmfh runs")
+    no_traceback("Error: x.h5: no such dataset file\n", ["ucmfh"])
+    with pytest.raises(pytest.fail.Exception, match="crashed"):
+        no_traceback(b"Traceback (most recent call last):\n  File ...\nRuntimeError: x\n", ["ucmfh"])

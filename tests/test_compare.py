@@ -103,6 +103,16 @@ def test_compare_says_what_is_missing(tmp_path, tiny_path):
         f.write(json.dumps(old) + "\n")
     before = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results)])
     assert before.exit_code == 2 and "no per-query scores" in before.output and "ucmfh evaluate -c" in before.output
+    # per-query scores of fewer queries than the other method's (a file of another query split): refused
+    scores = load_per_query(rows[0])
+    fewer = tmp_path / "fewer.npz"
+    np.savez(fewer, **{f"{rows[0]['protocol']}/-/{name}": values[:-1] for name, values in scores.items()})
+    with open(results, "a") as f:
+        f.write(json.dumps(dict(rows[0], method="two-tower", run="fewer", per_query=str(fewer))) + "\n")
+    n = len(scores["ap_i2t"])
+    other = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results)])
+    assert other.exit_code == 2, other.output
+    assert other.output == f"Error: cca-itq and two-tower were scored on different queries ({n} and {n - 1})\n"
 
 
 def test_compare_pools_other_query_draws_of_the_same_items(tmp_path):

@@ -93,6 +93,11 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
     other = save_checkpoint(tmp_path / "other.pt", FeatureHasher(tiny.d_img, tiny.d_txt, cfg).eval(), None, cfg)
     result = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-c", other])
     assert result.exit_code == 2 and "made by checkpoint" in result.output
+    # the checkpoint the index records, moved away: named, with the option that gives it
+    os.replace(trained, tmp_path / "moved.pt")
+    result = runner.invoke(main, ["search", str(out), "-q", tiny_path])
+    assert result.exit_code == 2, result.output
+    assert result.output == f"Error: {out}: its checkpoint {trained} is gone; give it with --checkpoint\n"
 
 
 def test_training_again_keeps_the_checkpoint_an_index_was_built_from(tiny_path, tmp_path):

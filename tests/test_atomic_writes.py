@@ -1,0 +1,206 @@
+"""Atomic writes shown by failure (README: "atomic writes"; issue 50): a write that stops halfway — a full disk,
+a killed process — leaves the previous checkpoint, training state, index and results file readable and whole,
+and no half-written file under any name."""
+from __future__ import annotations
+
+import builtins
+import errno
+import io
+import os
+
+import numpy as np
+import pytest
+import torch
+
+import ucmfh.search.folder
+from ucmfh.checkpoint import load_model, save_checkpoint
+from ucmfh.config import HashConfig
+from ucmfh.epochs import StateFile, read_state, run_epochs
+from ucmfh.files import append_jsonl, read_jsonl
+from ucmfh.models.hashing import FeatureHasher
+from ucmfh.search import Index
+
+
+def _full_disk() -> OSError:
+    return OSError(errno.ENOSPC, "No space left on device (the test's, halfway through a write)")
+
+
+def _torch_save_cut_short(monkeypatch, after: int = 0) -> None:
+    """``torch.save`` writes its first ``after`` files whole, then half of the next one's bytes, and fails."""
+    real_save, calls = torch.save, []
+
+    def save(obj, f, *args, **kwargs):
+        calls.append(f)
+        if len(calls) <= after:
+            return real_save(obj, f, *args, **kwargs)
+        whole = io.BytesIO()
+        real_save(obj, whole, *args, **kwargs)
+        with open(f, "wb") as out:
+            out.write(whole.getvalue()[: len(whole.getvalue()) // 2])
+        raise _full_disk()
+
+    monkeypatch.setattr(torch, "save", save)
+
+
+class _CutShort:
+    """A file whose first write stops halfway: half the bytes reach the disk, then the disk is full."""
+
+    def __init__(self, f):
+        self._f = f
+
+    def write(self, data):
+        self._f.write(data[: len(data) // 2])
+        self._f.flush()
+        raise _full_disk()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self._f.close()
+
+    def __getattr__(self, name):
+        return getattr(self._f, name)
+
+
+def _writes_to_cut_short(monkeypatch, name: str) -> None:
+    """Every file opened for writing whose name holds ``name`` (the destination, or a temporary file beside
+    it) is cut short at its first write."""
+    real_open = builtins.open
+
+    def cut_open(file, mode="r", *args, **kwargs):
+        f = real_open(file, mode, *args, **kwargs)
+        if isinstance(file, (str, os.PathLike)) and set(mode) & set("wax+") and name in os.path.basename(file):
+            return _CutShort(f)
+        return f
+
+    monkeypatch.setattr(builtins, "open", cut_open)
+
+
+def _hasher(seed: int) -> FeatureHasher:
+    torch.manual_seed(seed)
+    return FeatureHasher(12, 10, HashConfig(method="two-tower", n_bits=16, hidden=0)).eval()
+
+
+def test_a_checkpoint_write_cut_short_leaves_the_previous_checkpoint(tmp_path, monkeypatch):
+    path = tmp_path / "hash16.pt"
+    cfg = HashConfig(method="two-tower", n_bits=16, hidden=0)
+    save_checkpoint(path, _hasher(0), None, cfg)
+    before = {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)}
+    _torch_save_cut_short(monkeypatch)
+    with pytest.raises(OSError, match="No space left"):
+        save_checkpoint(path, _hasher(1), None, cfg)
+    monkeypatch.undo()
+    assert {name: (tmp_path / name).read_bytes() for name in os.listdir(tmp_path)} == before  # no temporary file
+    model, _, _, _ = load_model(path, "hash", d_img=12, d_txt=10)
+    for (name, saved), first in zip(model.state_dict().items(), _hasher(0).state_dict().values(), strict=True):
+        assert torch.equal(saved, first), name
+
+
+def test_a_training_state_write_cut_short_leaves_the_previous_state(tmp_path, monkeypatch):
+    """The state saved after epoch 1 survives the save after epoch 2 failing halfway; a resume continues
+    from it."""
+    path = str(tmp_path / "hash16.state.pt")
+    cfg = HashConfig(epochs=3, batch_size=4, val_fraction=0.0)
+
+    def train(resume: bool) -> torch.nn.Module:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(2, 1)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+        x = torch.randn(12, 2, generator=torch.Generator().manual_seed(0))
+
+        def step(index, separate, epoch, iteration):
+            optimizer.zero_grad()
+            loss = model(x[index]).pow(2).mean()
+            loss.backward()
+            optimizer.step()
+            return loss.detach()
+
+        run_epochs("hash", cfg, {"m": model}, optimizer, torch.Generator().manual_seed(1), 12, torch.device("cpu"),
+                   step, StateFile(path, interval_s=0, resume=resume), False)
+        return model
+
+    _torch_save_cut_short(monkeypatch, after=1)  # epoch 1's state whole, epoch 2's cut short
+    with pytest.raises(OSError, match="No space left"):
+        train(resume=False)
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["hash16.state.pt"]
+    saved = read_state(path, torch.device("cpu"))
+    assert (saved["epoch"], saved["step"], len(saved["history"])) == (1, 0, 1)
+    resumed = train(resume=True)
+    os.remove(path)
+    never_stopped = train(resume=False)
+    for a, b in zip(resumed.state_dict().values(), never_stopped.state_dict().values(), strict=True):
+        assert torch.equal(a, b)
+
+
+def _pm1(rng, n: int, bits: int) -> np.ndarray:
+    return np.where(rng.random((n, bits)) < 0.5, -1.0, 1.0).astype(np.float32)
+
+
+def test_an_index_write_cut_short_leaves_the_previous_index(tmp_path, monkeypatch):
+    """A replacement of a saved index, and an append's commit (its manifest), each cut short halfway: the
+    index reads as it was, and takes the same append again."""
+    rng = np.random.default_rng(0)
+    r = _pm1(rng, 60, 32)
+    first = Index(32, {"note": "first"})
+    first.add("img", r[:30], paths=[f"p{i}.jpg" for i in range(30)])
+    path = first.save(tmp_path / "ix")
+
+    def unchanged() -> Index:
+        index = Index.load(path, mmap=False)
+        assert index.count("img") == 30 and index.meta == {"note": "first"}
+        assert np.array_equal(index.search(r[:30], 1, "img")[1][:, 0], np.arange(30))
+        assert index.strings("img", "paths", [0, 29]) == ["p0.jpg", "p29.jpg"]
+        return index
+
+    real_write_raw = ucmfh.search.folder.write_raw
+
+    def write_raw_cut_short(file, array):
+        real_write_raw(file, np.ascontiguousarray(array).reshape(-1)[: max(1, array.size // 2)])
+        raise _full_disk()
+
+    other = Index(32, {"note": "other"})
+    other.add("img", r[30:], paths=[f"q{i}.jpg" for i in range(30)])
+    monkeypatch.setattr(ucmfh.search.folder, "write_raw", write_raw_cut_short)
+    with pytest.raises(OSError, match="No space left"):
+        other.save(path, overwrite=True)
+    monkeypatch.undo()
+    assert os.listdir(tmp_path) == ["ix"]
+    unchanged()
+    # an append: its rows are written past the committed ones, then the manifest commits them
+    _writes_to_cut_short(monkeypatch, "index.json")
+    with pytest.raises(OSError, match="No space left"):
+        Index.load(path).add("img", r[30:], paths=[f"p{i}.jpg" for i in range(30, 60)])
+    monkeypatch.undo()
+    assert not [name for name in os.listdir(path) if ".tmp" in name]
+    unchanged().add("img", r[30:], paths=[f"p{i}.jpg" for i in range(30, 60)])
+    grown = Index.load(path)
+    assert grown.count("img") == 60 and np.array_equal(grown.search(r, 1, "img")[1][:, 0], np.arange(60))
+
+
+def test_a_results_row_cut_short_leaves_the_rows_before_it_readable(tmp_path, monkeypatch):
+    """A row whose write stops halfway (a full disk, a killed writer) spoils no earlier row: a reader reads
+    them all and skips the cut line, saying so, and the next row appended starts a line of its own."""
+    if not os.path.isdir("/proc/self/fd"):
+        pytest.skip("no /proc/self/fd to tell the results file's writes from others")
+    path = tmp_path / "results.jsonl"
+    append_jsonl(path, [{"run": "a", "map_i2t": 0.5}, {"run": "b", "map_i2t": 0.25}])
+    real_write = os.write
+
+    def write_cut_short(fd, data):
+        if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")) != path.name:
+            return real_write(fd, data)
+        real_write(fd, data[: len(data) // 2])
+        raise _full_disk()
+
+    monkeypatch.setattr(os, "write", write_cut_short)  # append_jsonl's one write per row
+    with pytest.raises(OSError, match="No space left"):
+        append_jsonl(path, [{"run": "c", "map_i2t": 0.75}, {"run": "d", "map_i2t": 1.0}])
+    monkeypatch.undo()
+    skipped = []
+    assert read_jsonl(path, skipped.append) == [{"run": "a", "map_i2t": 0.5}, {"run": "b", "map_i2t": 0.25}]
+    assert len(skipped) == 1 and "line 3: not a JSON row" in skipped[0]
+    append_jsonl(path, [{"run": "e", "map_i2t": 0.125}])
+    skipped.clear()
+    assert [row["run"] for row in read_jsonl(path, skipped.append)] == ["a", "b", "e"] and len(skipped) == 1
