@@ -233,6 +233,23 @@ BUGS: Tuple[Bug, ...] = (
         "    dropout: float = 0.1\n",
         "the hash head's dropout default becomes 0.1, not UCMFH's 0.3",
         ("tests/test_reference.py",)),
+    # --- guards (issue 50)
+    # image and text features of one width (CLIP's 512 and 512): a head chosen by width takes the wrong modality
+    Bug("feature-hasher-search-head-by-width", "ucmfh/models/hashing.py",
+        "        if modality == \"img\":\n            return self.img_head(normalize(x - self.img_mean))\n"
+        "        return self.txt_head(normalize(x - self.txt_mean))",
+        "        head = self.img_head if x.shape[-1] == self.d_img else self.txt_head\n"
+        "        return head(normalize(x - (self.img_mean if modality == \"img\" else self.txt_mean)))",
+        "FeatureHasher.modality_logits (index and search) picks the head by the features' width: with equal "
+        "widths texts are hashed by the image head",
+        ("tests/test_models.py", "tests/test_search.py", REGISTRY_LEAK)),
+    Bug("feature-hasher-text-head-by-width", "ucmfh/models/hashing.py",
+        "        img, txt = self.inputs(img, txt)\n        return self.img_head(img), self.txt_head(txt)",
+        "        img, txt = self.inputs(img, txt)\n"
+        "        return self.img_head(img), (self.img_head if txt.shape[-1] == self.d_img else self.txt_head)(txt)",
+        "FeatureHasher.logits (training and every code) picks the text head by width: with equal widths the "
+        "image head codes the texts",
+        ("tests/test_models.py", "tests/test_search.py", REGISTRY_LEAK)),
 )
 
 
