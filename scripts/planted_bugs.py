@@ -250,6 +250,13 @@ BUGS: Tuple[Bug, ...] = (
         "FeatureHasher.logits (training and every code) picks the text head by width: with equal widths the "
         "image head codes the texts",
         ("tests/test_models.py", "tests/test_search.py", REGISTRY_LEAK)),
+    # the intervals of `ucmfh compare`: a difference paired by query (docs/evaluation.md)
+    Bug("compare-unpaired", "ucmfh/app/compare.py",
+        "paired_bootstrap([b - a for a, b in zip(",
+        "paired_bootstrap([b[:, ::-1] - a for a, b in zip(",
+        "`ucmfh compare` subtracts the base's scores from the other's queries reversed: the means stay, the "
+        "interval and its verdict are those of an unpaired comparison",
+        ("tests/test_compare.py",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before issue 50 only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/epochs.py",
