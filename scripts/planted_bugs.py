@@ -257,6 +257,19 @@ BUGS: Tuple[Bug, ...] = (
         "`ucmfh compare` subtracts the base's scores from the other's queries reversed: the means stay, the "
         "interval and its verdict are those of an unpaired comparison",
         ("tests/test_compare.py",)),
+    # extraction shards merged: chunk 10 after chunk 9, chunk 100 after chunk 99
+    Bug("shard-merge-string-order", "ucmfh/data/scratch.py",
+        "    parts = [scratch.load(kind, c) for c, _, _ in chunks(n_items, chunk_items)]",
+        "    parts = [scratch.load(kind, c) for c in sorted((c for c, _, _ in chunks(n_items, chunk_items)), key=str)]",
+        "an extraction's merge reads its chunks in string order (chunk 10 before chunk 2): rows past the tenth "
+        "chunk hold other items' features",
+        ("tests/test_extract_shards.py",)),
+    Bug("shard-merge-two-digit-order", "ucmfh/data/scratch.py",
+        "    parts = [scratch.load(kind, c) for c, _, _ in chunks(n_items, chunk_items)]",
+        "    parts = [scratch.load(kind, c) for c in sorted((c for c, _, _ in chunks(n_items, chunk_items)),\n"
+        "                                                     key=lambda c: f\"{c:02d}\")]",
+        "an extraction's merge sorts its chunks by two-digit names: past 100 chunks, chunk 100 comes before 11",
+        ("tests/test_extract_shards.py",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before issue 50 only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/epochs.py",
