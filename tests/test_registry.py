@@ -7,6 +7,7 @@ import math
 import os
 import re
 import signal
+from typing import Optional
 
 import pytest
 import torch
@@ -104,7 +105,7 @@ class _StopAfter:
     """A progress bar that sends this process SIGINT (or ``signum``) after ``epochs`` epochs (a Ctrl-C at a
     known moment) and records the epoch each run starts at, and the epoch the run is in (``epoch``, from 1)."""
 
-    def __init__(self, epochs: int, signum: int = signal.SIGINT):
+    def __init__(self, epochs: Optional[int], signum: int = signal.SIGINT):
         self.epochs, self.signum = epochs, signum
         self.starts = []
         self.bar = None
