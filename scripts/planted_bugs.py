@@ -233,7 +233,7 @@ BUGS: Tuple[Bug, ...] = (
         "    dropout: float = 0.1\n",
         "the hash head's dropout default becomes 0.1, not UCMFH's 0.3",
         ("tests/test_reference.py",)),
-    # --- only train may matter (issue 50)
+    # --- only the training split may shape a model
     Bug("cca-itq-fits-retrieval", "ucmfh/methods/cca_itq.py",
         "        model, _ = fit_cca_itq(data.train, cfg.n_bits,",
         "        model, _ = fit_cca_itq(data.retrieval, cfg.n_bits,",
@@ -251,7 +251,7 @@ BUGS: Tuple[Bug, ...] = (
         "        model.fit_feature_stats(data.retrieval.img, data.retrieval.txt)",
         "the feature hashers' centring means (Method.prepare) are fitted on the retrieval split",
         (TRAIN_ONLY,)),
-    # --- rows, writes, errors (issue 50)
+    # --- results rows, atomic writes, no crash behind a passing test
     Bug("expected-twins-by-index", "ucmfh/scoring.py",
         '_score_splits(query, retrieval, data, k, ranking, "expected")',
         '_score_splits(query, retrieval, data, k, ranking, "index")',
@@ -289,6 +289,51 @@ BUGS: Tuple[Bug, ...] = (
         "            if a.shape != b.shape:\n                raise AssertionError(",
         "'ucmfh compare' of runs scored on different queries ends in a traceback and exit 1, not one line, exit 2",
         ("tests/test_compare.py::test_compare_says_what_is_missing",)),
+    # --- equal widths, paired comparisons, shard order, resume after the best epoch
+    # image and text features of one width (CLIP's 512 and 512): a head chosen by width takes the wrong modality
+    Bug("feature-hasher-search-head-by-width", "ucmfh/models/hashing.py",
+        "        if modality == \"img\":\n            return self.img_head(normalize(x - self.img_mean))\n"
+        "        return self.txt_head(normalize(x - self.txt_mean))",
+        "        head = self.img_head if x.shape[-1] == self.d_img else self.txt_head\n"
+        "        return head(normalize(x - (self.img_mean if modality == \"img\" else self.txt_mean)))",
+        "FeatureHasher.modality_logits (index and search) picks the head by the features' width: with equal "
+        "widths texts are hashed by the image head",
+        ("tests/test_models.py", "tests/test_search.py", REGISTRY_LEAK)),
+    Bug("feature-hasher-text-head-by-width", "ucmfh/models/hashing.py",
+        "        img, txt = self.inputs(img, txt)\n        return self.img_head(img), self.txt_head(txt)",
+        "        img, txt = self.inputs(img, txt)\n"
+        "        return self.img_head(img), (self.img_head if txt.shape[-1] == self.d_img else self.txt_head)(txt)",
+        "FeatureHasher.logits (training and every code) picks the text head by width: with equal widths the "
+        "image head codes the texts",
+        ("tests/test_models.py", "tests/test_search.py", REGISTRY_LEAK)),
+    # the intervals of `ucmfh compare`: a difference paired by query (docs/evaluation.md)
+    Bug("compare-unpaired", "ucmfh/app/compare.py",
+        "paired_bootstrap([b - a for a, b in zip(",
+        "paired_bootstrap([b[:, ::-1] - a for a, b in zip(",
+        "`ucmfh compare` subtracts the base's scores from the other's queries reversed: the means stay, the "
+        "interval and its verdict are those of an unpaired comparison",
+        ("tests/test_compare.py",)),
+    # extraction shards merged: chunk 10 after chunk 9, chunk 100 after chunk 99
+    Bug("shard-merge-string-order", "ucmfh/data/scratch.py",
+        "    parts = [scratch.load(kind, c) for c, _, _ in chunks(n_items, chunk_items)]",
+        "    parts = [scratch.load(kind, c) for c in sorted((c for c, _, _ in chunks(n_items, chunk_items)), key=str)]",
+        "an extraction's merge reads its chunks in string order (chunk 10 before chunk 2): rows past the tenth "
+        "chunk hold other items' features",
+        ("tests/test_extract_shards.py",)),
+    Bug("shard-merge-two-digit-order", "ucmfh/data/scratch.py",
+        "    parts = [scratch.load(kind, c) for c, _, _ in chunks(n_items, chunk_items)]",
+        "    parts = [scratch.load(kind, c) for c in sorted((c for c, _, _ in chunks(n_items, chunk_items)),\n"
+        "                                                     key=lambda c: f\"{c:02d}\")]",
+        "an extraction's merge sorts its chunks by two-digit names: past 100 chunks, chunk 100 comes before 11",
+        ("tests/test_extract_shards.py",)),
+    # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
+    # is made the one before the interruption; before issue 50 only distill's and djsrh's fell there)
+    *(Bug(f"resume-forgets-best-{method}", "ucmfh/epochs.py",
+          '        best = saved["best"]\n',
+          "",
+          f"{method}: resume forgets the best-so-far validation record (best epoch and its weights)",
+          (f"{REGISTRY_RESUME}[{method}-2]",))
+      for method in ("ucmfh", "two-tower", "distill", "djsrh", "jdsh", "ucch", "dgcpn", "cirh", "daeh")),
 )
 
 

@@ -1,6 +1,7 @@
 """Shared fixtures: tiny synthetic datasets and small model settings, all CPU."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import math
 import os
@@ -24,6 +25,9 @@ SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
 
 TINY = SyntheticSpec(n_query=80, n_retrieval=600, n_train=400, n_classes=24, mean_extra_labels=1.0,
                      d_img=48, d_txt=32, d_latent=16, noise=1.0, item_scale=0.5)
+# image and text features of one width, as CLIP's are (512 and 512): a text hashed by the image head (or an
+# image by the text head) shows by value there, where with TINY's widths it could only break a shape
+TINY_EQUAL = dataclasses.replace(TINY, d_txt=TINY.d_img)
 
 
 def load_script(name: str) -> ModuleType:
@@ -68,6 +72,12 @@ def tiny_path(tmp_path_factory) -> str:
 @pytest.fixture(scope="session")
 def tiny(tiny_path):
     return load_dataset(tiny_path)
+
+
+@pytest.fixture(scope="session")
+def tiny_equal(tmp_path_factory):
+    """TINY with text features as wide as the image features (48 and 48)."""
+    return load_dataset(make_synthetic(tmp_path_factory.mktemp("data") / "tiny_equal.h5", TINY_EQUAL))
 
 
 @pytest.fixture(autouse=True)

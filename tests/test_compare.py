@@ -38,6 +38,40 @@ def test_seeds_that_disagree_widen_the_interval_and_parts_add_up():
         paired_bootstrap([agree, agree[:2]])
 
 
+def test_compare_pairs_each_query_with_itself_which_can_change_the_verdict(tmp_path):
+    """A hand-made cell: two-tower scores every query 0.02 above cca-itq (MAP I->T) or 0.02 below (MAP T->I),
+    give or take 0.002, on queries whose scores spread over [0, 1]. Paired by query the difference is clearly
+    ahead (behind); the same scores unpaired would be level, as a bootstrap of queries drawn apart shows."""
+    rng = np.random.default_rng(0)
+    n = 200
+    base = {"ap_i2t": rng.permutation(np.linspace(0.0, 0.96, n)), "ap_t2i": rng.permutation(np.linspace(0.02, 1.0, n))}
+    other = {"ap_i2t": base["ap_i2t"] + 0.02 + rng.uniform(-0.002, 0.002, n),
+             "ap_t2i": base["ap_t2i"] - 0.02 + rng.uniform(-0.002, 0.002, n)}
+    rows = []
+    for method, scores in (("cca-itq", base), ("two-tower", other)):
+        path = tmp_path / f"{method}.queries.npz"
+        np.savez(path, **{f"unimodal/-/{name}": values.astype(np.float32) for name, values in scores.items()})
+        rows.append({"task": "hashing", "method": method, "run": method, "dataset": "hand",
+                     "dataset_fingerprint": "0" * 64, "n_bits": 16, "protocol": "unimodal", "database": None,
+                     "k": 50, "seed": 2023, "per_query": str(path)})
+    results = tmp_path / "r.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    shown = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "--json",
+                                      "--resamples", "1000"])
+    assert shown.exit_code == 0, shown.output
+    lines = {x["figure"]: x for x in map(json.loads, shown.output.splitlines())}
+    assert set(lines) == {"MAP I->T", "MAP T->I"}
+    for figure, name, sign in (("MAP I->T", "ap_i2t", 1), ("MAP T->I", "ap_t2i", -1)):
+        d, x = lines[figure]["difference"], lines[figure]
+        expected = (other[name].astype(np.float32) - base[name].astype(np.float32)).astype(np.float64)
+        assert x["cca-itq"] == pytest.approx(base[name].astype(np.float32).mean(), abs=1e-6)
+        assert d["mean"] == pytest.approx(expected.mean(), abs=1e-6) and d["queries"] == [n]
+        assert x["verdict"] == ("ahead" if sign > 0 else "behind")
+        assert 0.019 < sign * d["low"] < 0.021 and 0.019 < sign * d["high"] < 0.021  # paired: +-0.002 a query
+        apart = paired_bootstrap([other[name][None, rng.permutation(n)] - base[name][None]], resamples=1000)
+        assert verdict(apart) == "level"  # the same scores, unpaired
+
+
 def _grid(tmp_path, path, methods, seeds="2023,1", extra=()):
     results = tmp_path / "r.jsonl"
     epochs = [] if methods == "cca-itq" else ["--epochs", "2"]  # a grid of closed-form fits only refuses --epochs

@@ -14,7 +14,7 @@ from test_data_errors import user_error
 from test_extract import SIZES, FakeEncoder, make_images, tiny_clip, write_inputs  # noqa: F401 - a fixture
 from ucmfh.data import DataError
 from ucmfh.data.extract import ExtractConfig, extract_features
-from ucmfh.data.scratch import parse_shard
+from ucmfh.data.scratch import Scratch, chunks, gather_chunks, parse_shard
 
 CFG = ExtractConfig(batch_size=2, chunk_items=2, workers=1)  # 7 images: 4 chunks; 14 captions: 7 chunks
 
@@ -84,6 +84,47 @@ def test_shards_killed_and_resumed_merge_into_the_unsharded_file(tmp_path, input
     assert merged.path == str(out) and merged.rows == ref.rows and merging.calls == {"image": 0, "text": 0}
     assert_same_file(ref.path, out)
     assert not parts.exists()
+
+
+@pytest.mark.parametrize("n_chunks", [11, 101])
+def test_a_merge_puts_the_chunks_in_number_order(tmp_path, n_chunks):
+    """Chunk 10 after chunk 9 (string order puts it after chunk 1), chunk 100 after 99, whatever order the
+    shards wrote them in."""
+    scratch = Scratch(str(tmp_path / "set.h5.parts"), "fingerprint", str(tmp_path / "set.h5"))
+    n_items = 2 * n_chunks - 1  # chunks of 2 items, the last of 1
+    for shard in (2, 0, 1):
+        for chunk, start, stop in chunks(n_items, 2, (shard, 3)):
+            scratch.save("text", chunk, np.arange(start, stop, dtype=np.float32)[:, None], np.ones(stop - start, bool))
+    features, ok = gather_chunks("text", n_items, scratch, 2)
+    assert features[:, 0].tolist() == list(range(n_items)) and ok.shape == (n_items,) and ok.all()
+
+
+def test_shards_of_more_than_ten_chunks_merge_each_item_in_its_row(tmp_path):
+    """11 images and 22 captions in chunks of one item, 3 shards: every row of the merged file holds the
+    features of its own image and caption (the fake encoder's: an image's height is 30 + its index; a
+    caption's length and checksum). An unsharded extraction merges its chunks the same way, so the rows are
+    checked against the encoder itself."""
+    names = make_images(tmp_path / "imgs", 11)
+    caps, labels = write_inputs(tmp_path, names)
+    cfg = ExtractConfig(batch_size=1, chunk_items=1, workers=1)
+    args = (tmp_path / "imgs", caps, labels, tmp_path / "set.h5")
+    for shard in range(3):
+        extract_features(*args, sizes=SIZES, config=cfg, progress=False, encoder=FakeEncoder(), shard=(shard, 3))
+    merged = extract_features(*args, sizes=SIZES, config=cfg, progress=False, encoder=FakeEncoder(), merge=True)
+    listed = sorted(names)  # an id is the image's place in the folder's sorted listing: img10 after img1
+    captions = {name: [] for name in names}
+    for line in caps.read_text().splitlines():
+        name, caption = line.split("\t")
+        captions[name].append(caption)
+    with h5py.File(merged.path, "r") as f:
+        for split in ("query", "retrieval", "train"):
+            ids, img, txt = f[split]["ids"][:], f[split]["image"][:], f[split]["text"][:]
+            assert len(ids) == merged.rows[split] > 0
+            heights = [30 + names.index(listed[i]) for i in ids]  # make_images: image i is 30 + i high
+            np.testing.assert_array_equal(img[:, 4], heights, err_msg=split)
+            for i, features in zip(ids, txt):
+                its_own = FakeEncoder().encode_texts(captions[listed[i]])
+                assert (its_own == features).all(axis=1).any(), (split, listed[i], features)
 
 
 def test_a_shard_that_merges_waits_for_the_others(tmp_path, inputs):

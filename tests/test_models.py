@@ -1,11 +1,14 @@
-"""The fusion encoder: per-item encoding, and image codes that do not see texts under 'unimodal'."""
+"""The fusion encoder: per-item encoding, and image codes that do not see texts under 'unimodal'; each modality's
+own hash head."""
 from __future__ import annotations
 
 import pytest
 import torch
 
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.models.hashing import CrossModalHasher
+from ucmfh.config import HashConfig
+from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
+from ucmfh.similarity import normalize
 
 from conftest import small_fusion, small_hash
 
@@ -72,3 +75,22 @@ def test_inputs_are_standardised_with_training_statistics():
         for x, y in zip(a.embed(img, txt, protocol), b.embed(img * 1000 + 3, txt * 0.01, protocol)):
             torch.testing.assert_close(x, y, rtol=1e-4, atol=1e-5)
     assert torch.isfinite(a.embed(torch.rand(4, 12), torch.rand(4, 7), "unimodal")[0]).all()
+
+
+@pytest.mark.parametrize("d_txt", [7, 12])  # 12: as wide as the images (CLIP's 512 and 512)
+@torch.no_grad()
+def test_each_modality_is_hashed_by_its_own_head_whatever_the_widths(d_txt):
+    """FeatureHasher's training outputs (logits) and a search's (modality_logits) are each modality's own
+    head on its own centred, normalised features; with one width, the other head would give other values."""
+    torch.manual_seed(0)
+    model = FeatureHasher(12, d_txt, HashConfig(method="two-tower", n_bits=16, hidden=8)).eval()
+    img, txt = torch.randn(20, 12), torch.randn(20, d_txt)
+    model.fit_feature_stats(img + 1.0, txt - 1.0)
+    own_img = model.img_head(normalize(img - model.img_mean))
+    own_txt = model.txt_head(normalize(txt - model.txt_mean))
+    for got, own in zip(model.logits(img, txt), (own_img, own_txt)):
+        torch.testing.assert_close(got, own)
+    torch.testing.assert_close(model.modality_logits(img, "img"), own_img)
+    torch.testing.assert_close(model.modality_logits(txt, "txt"), own_txt)
+    if d_txt == 12:  # one width: the image head takes the texts too, and gives other values
+        assert not torch.allclose(model.img_head(normalize(txt - model.txt_mean)), own_txt)

@@ -7,11 +7,13 @@ import math
 import os
 import re
 import signal
+from typing import Optional
 
 import pytest
 import torch
 
 import ucmfh.epochs as epochs_module
+import ucmfh.selection as selection_module
 from ucmfh.checkpoint import load_model, save_checkpoint
 from ucmfh.config import HashConfig
 from ucmfh.methods import METHODS, build_method, fit_hashing, hash_config
@@ -36,17 +38,29 @@ def fusion(tiny):
     return fit_fusion(tiny, small_fusion(epochs=1), progress=False)[0]
 
 
+@pytest.fixture(scope="module")
+def fusion_equal(tiny_equal):
+    return fit_fusion(tiny_equal, small_fusion(epochs=1), progress=False)[0]
+
+
+# the data and fusion encoder of each feature width: image and text 48- and 32-d, or both 48-d (as CLIP's both 512-d)
+WIDTHS = {"d_txt=32": ("tiny", "fusion"), "d_txt=48": ("tiny_equal", "fusion_equal")}
+
+
 def fit(tiny, fusion, cfg: HashConfig, state=None):
     teacher = fusion if build_method(cfg.method).uses_fusion else None
     return fit_hashing(tiny, cfg, teacher, progress=False, state=state)
 
 
+@pytest.mark.parametrize("widths", list(WIDTHS))
 @pytest.mark.parametrize("name", list(METHODS))
-def test_a_leak_free_method_codes_each_modality_from_itself(tiny, fusion, name, tmp_path):
+def test_a_leak_free_method_codes_each_modality_from_itself(request, name, widths, tmp_path):
     """Another text beside each image changes no image code, and another image no text code, through
-    the encoder a search uses (unimodal); a method that is not leak-free says so ('ucmfh')."""
+    the encoder a search uses (unimodal); a method that is not leak-free says so ('ucmfh'). With image and
+    text features of one width, a modality hashed by the other's head is a wrong value, not a shape error."""
     from ucmfh.search.build import Encoder  # noqa: PLC0415
 
+    tiny, fusion = (request.getfixturevalue(f) for f in WIDTHS[widths])
     cfg = config(name)
     model, _ = fit(tiny, fusion, cfg)
     split = tiny.query
@@ -89,11 +103,16 @@ def test_validation_items_never_train_and_only_they_pick_the_epoch(tiny, fusion,
 
 class _StopAfter:
     """A progress bar that sends this process SIGINT (or ``signum``) after ``epochs`` epochs (a Ctrl-C at a
-    known moment) and records the epoch each run starts at."""
+    known moment) and records the epoch each run starts at, and the epoch the run is in (``epoch``, from 1)."""
 
-    def __init__(self, epochs: int, signum: int = signal.SIGINT):
+    def __init__(self, epochs: Optional[int], signum: int = signal.SIGINT):
         self.epochs, self.signum = epochs, signum
         self.starts = []
+        self.bar = None
+
+    @property
+    def epoch(self) -> int:
+        return self.bar.n + 1
 
     def __call__(self, *args, **kwargs):
         outer = self
@@ -102,6 +121,7 @@ class _StopAfter:
         class Bar:
             def __init__(self):
                 self.n = kwargs.get("initial", 0)
+                outer.bar = self
 
             def update(self, k):
                 self.n += k
@@ -121,12 +141,24 @@ class _StopAfter:
                          + [("two-tower", signal.SIGTERM)])  # the README promises a save on SIGTERM too
 def test_an_interrupted_run_resumes_to_the_same_model(tiny, fusion, name, signum, tmp_path, monkeypatch):
     """Interrupted after its second epoch and resumed from its state, a run ends with the weights, codes and
-    validation record of a run never stopped. The state is saved on the signal alone (save interval 1e9 s)."""
+    validation record of a run never stopped. The state is saved on the signal alone (save interval 1e9 s).
+    The second epoch is made the best (its validation score raised by 1), so the best-so-far record the
+    resumed run must keep is one from before the interruption, for every method."""
     cfg = config(name, epochs=4)
-    reference, ref_history = fit(tiny, fusion, cfg)
-    state = StateFile(str(tmp_path / "hash.state.pt"), interval_s=1e9)
-    bars = _StopAfter(2, signum)
+    bars = _StopAfter(None, signum)
     monkeypatch.setattr(epochs_module, "tqdm", bars)
+    validation_scores = selection_module.score_splits
+
+    def best_second(*args, **kwargs):
+        rows = validation_scores(*args, **kwargs)
+        raise_by = 1.0 if bars.epoch == 2 else 0.0
+        return [dict(row, map_i2t=row["map_i2t"] + raise_by, map_t2i=row["map_t2i"] + raise_by) for row in rows]
+
+    monkeypatch.setattr(selection_module, "score_splits", best_second)
+    reference, ref_history = fit(tiny, fusion, cfg)
+    assert ref_history.best_epoch == 2 and [e for e, _ in ref_history.validation] == [1, 2, 3, 4]
+    state = StateFile(str(tmp_path / "hash.state.pt"), interval_s=1e9)
+    bars.epochs = 2
     with pytest.raises(TrainingInterrupted):
         fit(tiny, fusion, cfg, state)
     bars.epochs, first = None, len(bars.starts)  # no more interruptions
@@ -135,6 +167,7 @@ def test_an_interrupted_run_resumes_to_the_same_model(tiny, fusion, name, signum
     a, b = reference.state_dict(), resumed.state_dict()
     assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
     assert history.validation == ref_history.validation and list(history) == list(ref_history)
+    assert history.best_epoch == 2
 
 
 @pytest.mark.parametrize("name", list(METHODS))

@@ -190,13 +190,15 @@ def test_rows_of_a_killed_append_are_never_seen(tmp_path):
 
 
 @pytest.fixture(scope="module")
-def collection(tmp_path_factory):
-    """A caption set: 40 images x 3 captions (ids repeat), with paths and captions; a checkpoint for it."""
+def collection(tmp_path_factory, request):
+    """A caption set: 40 images x 3 captions (ids repeat), with paths and captions; a checkpoint for it.
+    Image features 12-d, text features 10-d, or as many as a test parametrises (indirect)."""
+    d_txt = getattr(request, "param", 10)
     folder = tmp_path_factory.mktemp("search")
     rng = np.random.default_rng(0)
     n_img, per = 40, 3
     img = np.repeat(rng.normal(size=(n_img, 12)).astype(np.float32), per, axis=0)
-    txt = rng.normal(size=(n_img * per, 10)).astype(np.float32)
+    txt = rng.normal(size=(n_img * per, d_txt)).astype(np.float32)
     ids = np.repeat(np.arange(100, 100 + n_img), per)
     path = folder / "coll.h5"
     with h5py.File(path, "w") as f:
@@ -209,7 +211,7 @@ def collection(tmp_path_factory):
     for seed in (0, 1):
         torch.manual_seed(seed)
         cfg = HashConfig(method="two-tower", n_bits=24, hidden=16)
-        model = FeatureHasher(12, 10, cfg)
+        model = FeatureHasher(12, d_txt, cfg)
         model.fit_feature_stats(torch.from_numpy(img), torch.from_numpy(txt))
         checkpoints.append(save_checkpoint(folder / f"hash24_{seed}.pt", model.eval(), None, cfg))
     return {"path": str(path), "img": img, "txt": txt, "ids": ids, "ckpt": checkpoints, "folder": folder}
@@ -250,6 +252,31 @@ def test_build_encodes_unimodal_codes_dedupes_images_and_resumes(collection, tmp
         f.attrs["name"] = "a second collection"
     appended = build_index(str(other), c["ckpt"][0], str(out))
     assert appended.added == {"img": 40, "txt": 120} and appended.index.count("txt") == 240
+
+
+@pytest.mark.parametrize("collection", [10, 12], ids=["d_txt=10", "d_txt=12"], indirect=True)
+def test_an_index_and_a_search_hash_each_modality_by_its_own_head(collection, tmp_path):
+    """`ucmfh index` and a search's Encoder give the codes of `ucmfh encode --protocol unimodal` and the heads'
+    own outputs: images by the image head, texts by the text head, also with features of one width (12 and
+    12, as CLIP's 512 and 512), where the other head would take them without a shape error."""
+    from ucmfh.checkpoint import load_model  # noqa: PLC0415
+    from ucmfh.data.h5 import Split  # noqa: PLC0415
+    from ucmfh.similarity import normalize  # noqa: PLC0415
+
+    c = collection
+    index = build_index(c["path"], c["ckpt"][0], str(tmp_path / "ix")).index
+    model = load_model(c["ckpt"][0], "hash")[0].eval()
+    img, txt = torch.from_numpy(c["img"]), torch.from_numpy(c["txt"])
+    img_codes, txt_codes = encode_split(model, Split(img, txt, None, torch.from_numpy(c["ids"])), "unimodal", "cpu")
+    assert np.array_equal(index.codes("txt").view(np.uint8)[:, :3], pack_codes(txt_codes))
+    assert np.array_equal(index.codes("img").view(np.uint8)[:, :3], pack_codes(img_codes[::3]))
+    with torch.no_grad():
+        own = {"img": model.img_head(normalize(img - model.img_mean)),
+               "txt": model.txt_head(normalize(txt - model.txt_mean))}
+    encoder = Encoder(c["ckpt"][0])
+    for modality, short, codes in (("image", "img", img_codes), ("text", "txt", txt_codes)):
+        torch.testing.assert_close(torch.from_numpy(encoder.encode(c[short], modality)), own[short])
+        assert torch.equal(torch.where(own[short] >= 0, 1.0, -1.0), codes)
 
 
 def test_search_queries_refuses_other_checkpoints_dims_and_extractors(collection, tmp_path):
