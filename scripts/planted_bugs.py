@@ -327,7 +327,7 @@ BUGS: Tuple[Bug, ...] = (
         "an extraction's merge sorts its chunks by two-digit names: past 100 chunks, chunk 100 comes before 11",
         ("tests/test_extract_shards.py",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
-    # is made the one before the interruption; before issue 50 only distill's and djsrh's fell there)
+    # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/epochs.py",
           '        best = saved["best"]\n',
           "",

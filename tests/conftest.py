@@ -110,7 +110,7 @@ def no_traceback(output, argv) -> None:
 
 @pytest.fixture(autouse=True)
 def _no_crash_passes(request):
-    """No test passes on a crash (issue 50): a command run by click's CliRunner that ends in an exception
+    """No test passes on a crash: a command run by click's CliRunner that ends in an exception
     other than SystemExit (a traceback and exit 1 for a user) fails the test, and so does a traceback in
     the output of a front door run as a subprocess (:func:`no_traceback`). A test of a crash on purpose says
     so with ``@pytest.mark.crash_ok``."""

@@ -1,4 +1,4 @@
-"""Atomic writes shown by failure (README: "atomic writes"; issue 50): a write that stops halfway — a full disk,
+"""Atomic writes shown by failure (README: "atomic writes"): a write that stops halfway — a full disk,
 a killed process — leaves the previous checkpoint, training state, index and results file readable and whole,
 and no half-written file under any name."""
 from __future__ import annotations

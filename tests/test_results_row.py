@@ -1,4 +1,4 @@
-"""A results row checked end to end (issue 50): a run trained and scored through the CLI on 8-bit codes, where
+"""A results row checked end to end: a run trained and scored through the CLI on 8-bit codes, where
 Hamming ties are everywhere, and every figure its row holds recomputed — from its per-query file, and from
 :mod:`ucmfh.metrics` on the checkpoint's own codes with ties handled both ways — the tie-aware twins
 (``*_expected``, what ``ucmfh runs`` and ``ucmfh compare`` lead with) included."""

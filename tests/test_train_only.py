@@ -1,4 +1,4 @@
-"""Only the training split may matter (issue 50): every registered method, through the entry every front
+"""Only the training split may matter: every registered method, through the entry every front
 door trains it by (:func:`ucmfh.methods.fit_hashing`, i.e. ``Method.train``), and the fusion stage
 (:func:`ucmfh.fusion_stage.fit_fusion`) give the same model, bit for bit, on a dataset whose query and
 retrieval splits hold other items (same shapes). Half their rows are NaN: a query or retrieval row that
