@@ -39,7 +39,7 @@ import torch
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic_arrays
-from ucmfh.scoring import encode_split, evaluate_hashing
+from ucmfh.evaluation import encode_split, evaluate_hashing
 from ucmfh.metrics import map_at_k
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher

@@ -12,7 +12,7 @@ from ucmfh.distributed import current_group
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.scoring import embed_split
+from ucmfh.evaluation import embed_split
 from ucmfh.selection import History, validation_split, validator
 from ucmfh.step import adam, autocast, batch_inputs, check_supervision, optimize, split_ahead
 from ucmfh.utils import resolve_device, seed_everything

@@ -78,7 +78,7 @@ from ucmfh.methods.base import Method
 from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.scoring import encode_split
+from ucmfh.evaluation import encode_split
 from ucmfh.similarity import cosine_similarity, normalize
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validator

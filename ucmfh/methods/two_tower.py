@@ -16,7 +16,7 @@ from ucmfh.methods.base import Method
 from ucmfh.methods.registry import METHODS, register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.scoring import embed_split
+from ucmfh.evaluation import embed_split
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.models.relaxation import beta_at, relaxed_codes
 from ucmfh.selection import History, validation_view, validator

@@ -79,7 +79,7 @@ from ucmfh.distributed import current_group
 from ucmfh.methods.base import Method
 from ucmfh.methods.registry import METHODS, register
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.scoring import encode_split
+from ucmfh.evaluation import encode_split
 from ucmfh.similarity import normalize, sign_codes
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validator
