@@ -83,7 +83,8 @@ from ucmfh.evaluation import encode_split
 from ucmfh.similarity import cosine_similarity, normalize
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validator
-from ucmfh.step import adam, autocast, optimize
+from ucmfh.step import autocast
+from ucmfh.optim import adam, optimize
 
 # an item, its third and fourth most similar item of the batch (my_opt.PCIRH.train_method)
 MIX_WEIGHTS = (0.7, 0.2, 0.1)
