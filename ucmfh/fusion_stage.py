@@ -14,7 +14,8 @@ from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.evaluation import embed_split
 from ucmfh.selection import History, validation_split, validator
-from ucmfh.step import autocast, batch_inputs, check_supervision, split_ahead
+from ucmfh.step import batch_inputs, check_supervision, split_ahead
+from ucmfh.amp import autocast
 from ucmfh.optim import adam, optimize
 from ucmfh.utils import resolve_device, seed_everything
 

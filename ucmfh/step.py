@@ -1,10 +1,9 @@
-"""What one training step uses: its batches (a shuffled pass, modality-dropout draws) and its precision;
-its optimizer and update are :mod:`ucmfh.optim`."""
+"""What one training step uses: its batches (a shuffled pass, modality-dropout draws), read ahead of it;
+its precision is :mod:`ucmfh.amp`, its optimizer and update :mod:`ucmfh.optim`."""
 from __future__ import annotations
 
-import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, ContextManager, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -110,13 +109,6 @@ def split_ahead(split: Split, group: Group) -> Optional[Callable[[torch.Tensor],
     if not split.streamed:
         return None
     return lambda index: split.read_ahead(group.local(index))
-
-
-def autocast(device: torch.device, amp: str) -> ContextManager:
-    """The training forward pass's precision: ``bf16`` autocasts matmuls to bfloat16, ``none`` does nothing."""
-    if amp == "none":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
 
 
 def check_supervision(data: Dataset, cfg: Any) -> None:

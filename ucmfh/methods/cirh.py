@@ -83,7 +83,7 @@ from ucmfh.evaluation import encode_split
 from ucmfh.similarity import cosine_similarity, normalize
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validator
-from ucmfh.step import autocast
+from ucmfh.amp import autocast
 from ucmfh.optim import adam, optimize
 
 # an item, its third and fourth most similar item of the batch (my_opt.PCIRH.train_method)

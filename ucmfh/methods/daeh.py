@@ -82,7 +82,7 @@ from ucmfh.evaluation import encode_split
 from ucmfh.similarity import cosine_similarity, normalize
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validator
-from ucmfh.step import autocast
+from ucmfh.amp import autocast
 from ucmfh.optim import optimize
 
 N_BINS = 100  # generate_similarity_matrix: bins of width 1/100 from 0

@@ -92,7 +92,8 @@ from ucmfh.models.hashing import FeatureHasher
 from ucmfh.similarity import normalize
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validation_view, validator
-from ucmfh.step import autocast, batch_inputs, split_ahead
+from ucmfh.step import batch_inputs, split_ahead
+from ucmfh.amp import autocast
 from ucmfh.optim import optimize
 
 # rows of the training split whose similarities to all the others are held at once while the

@@ -83,7 +83,8 @@ from ucmfh.evaluation import encode_split
 from ucmfh.similarity import normalize, sign_codes
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validator
-from ucmfh.step import autocast, batch_inputs, split_ahead
+from ucmfh.step import batch_inputs, split_ahead
+from ucmfh.amp import autocast
 from ucmfh.optim import adam
 from ucmfh.utils import to_device
 
