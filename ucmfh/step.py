@@ -8,7 +8,7 @@ from typing import Any, Callable, Iterator, List, Optional, Tuple
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ucmfh.data.h5 import Dataset, Split
+from ucmfh.data.h5 import Split
 from ucmfh.distributed import Group
 from ucmfh.utils import keep_host_copy, to_device
 
@@ -109,12 +109,6 @@ def split_ahead(split: Split, group: Group) -> Optional[Callable[[torch.Tensor],
     if not split.streamed:
         return None
     return lambda index: split.read_ahead(group.local(index))
-
-
-def check_supervision(data: Dataset, cfg: Any) -> None:
-    if cfg.supervised and data.caption_set:
-        raise ValueError(f"{data.path or 'the dataset'}: supervised training needs labels; this caption set has "
-                         "none (its ids already make the captions of one image positives of each other)")
 
 
 def batch_inputs(split: Split, index: torch.Tensor, separate: Optional[torch.Tensor], supervised: bool,
