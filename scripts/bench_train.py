@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Training and encoding speed of ucmfh against a faithful re-implementation of UCMFH's code (not a test).
 
-(a) ``ref``: UCMFH's training step as its code does it, from ``ucmfh.reference``
+(a) ``ref``: UCMFH's training step as its code does it, from ``scripts/ucmfh_reference.py``
 (its defects included): a per-item Dataset of CPU tensors behind a DataLoader
 (batch 128, shuffle, drop_last=True), one ``concat(img, txt)`` 1024-d token
 through ``nn.TransformerEncoder`` (4 heads, 2 layers, dim_feedforward 2048,
@@ -39,11 +39,11 @@ import torch
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic_arrays
-from ucmfh.scoring import encode_split, evaluate_hashing
+from ucmfh.evaluation import encode_split, evaluate_hashing
 from ucmfh.metrics import map_at_k
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
-from ucmfh.reference import RefFuseTransEncoder, RefHashMlp, ref_encode, ref_fit_fusion, ref_fit_hashing
+from ucmfh_reference import RefFuseTransEncoder, RefHashMlp, ref_encode, ref_fit_fusion, ref_fit_hashing  # scripts/: the directory of this script
 from ucmfh.methods import fit_hashing
 from ucmfh.fusion_stage import fit_fusion
 

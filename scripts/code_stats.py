@@ -28,7 +28,7 @@ from ucmfh.bits import pack
 from ucmfh.checkpoint import CheckpointError, load_model
 from ucmfh.data.format import DataError, first_of_each_id
 from ucmfh.data.h5 import load_dataset
-from ucmfh.scoring import encode_split
+from ucmfh.evaluation import encode_split
 
 SPLITS = ("query", "retrieval", "train")
 

@@ -28,7 +28,7 @@ from ucmfh.data.h5 import load_dataset
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 from ucmfh.fusion_stage import fit_fusion
 from ucmfh.methods import METHODS, fit_hashing, hash_config
-from ucmfh.scoring import evaluate_hashing
+from ucmfh.evaluation import evaluate_hashing
 
 TINY = SyntheticSpec(n_query=80, n_retrieval=600, n_train=400, n_classes=24, mean_extra_labels=1.0,
                      d_img=48, d_txt=32, d_latent=16, noise=1.0, item_scale=0.5)

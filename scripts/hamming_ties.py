@@ -36,7 +36,7 @@ from ucmfh.data.format import DataError, first_of_each_id
 from ucmfh.data.h5 import load_dataset
 from ucmfh.metrics.captions import DATABASES, databases
 from ucmfh.metrics.ranking import hits_at_ranks
-from ucmfh.scoring import encode_split
+from ucmfh.evaluation import encode_split
 from ucmfh.methods import fit_hashing
 
 

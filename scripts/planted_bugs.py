@@ -252,7 +252,7 @@ BUGS: Tuple[Bug, ...] = (
         "the feature hashers' centring means (Method.prepare) are fitted on the retrieval split",
         (TRAIN_ONLY,)),
     # --- results rows, atomic writes, no crash behind a passing test
-    Bug("expected-twins-by-index", "ucmfh/scoring.py",
+    Bug("expected-twins-by-index", "ucmfh/evaluation.py",
         '_score_splits(query, retrieval, data, k, ranking, "expected")',
         '_score_splits(query, retrieval, data, k, ranking, "index")',
         "a results row's tie-aware twins (*_expected, what 'ucmfh runs' and 'ucmfh compare' lead with) and its "

@@ -25,7 +25,7 @@ from ucmfh.methods.cca_itq import fit_cca_itq
 from ucmfh.methods import hash_config
 from ucmfh.data.h5 import Dataset, load_dataset
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.scoring import head_outputs_split, score_splits
+from ucmfh.evaluation import head_outputs_split, score_splits
 from ucmfh.methods import fit_hashing
 
 

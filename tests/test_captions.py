@@ -11,7 +11,7 @@ from ucmfh.app.cli import main
 from ucmfh.data.h5 import DataError, load_dataset, validate_file
 from ucmfh.data.writer import write_dataset
 from ucmfh.metrics import evaluate_caption_set
-from ucmfh.scoring import encode_split
+from ucmfh.evaluation import encode_split
 
 from conftest import shared_file
 

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ucmfh.checkpoint import CheckpointError, load_model, save_checkpoint
-from ucmfh.scoring import encode_split
+from ucmfh.evaluation import encode_split
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 

@@ -12,7 +12,7 @@ import torch
 
 from ucmfh.checkpoint import save_checkpoint
 from ucmfh.methods import fit_hashing, hash_config
-from ucmfh.scoring import encode_split
+from ucmfh.evaluation import encode_split
 
 from conftest import SCRIPTS, load_script
 

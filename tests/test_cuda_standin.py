@@ -17,7 +17,7 @@ from conftest import small_fusion, small_hash
 from cuda_standin import cuda_standin, on_cuda, peek
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
-from ucmfh.scoring import evaluate_fusion, evaluate_hashing
+from ucmfh.evaluation import evaluate_fusion, evaluate_hashing
 
 
 def test_the_standin_refuses_what_a_gpu_refuses(monkeypatch):

@@ -13,7 +13,7 @@ from ucmfh.checkpoint import save_checkpoint
 from ucmfh.data.h5 import load_dataset
 from ucmfh.methods import fit_hashing, hash_config
 from ucmfh.metrics import evaluate_caption_set
-from ucmfh.scoring import encode_split
+from ucmfh.evaluation import encode_split
 
 from conftest import SCRIPTS, load_script
 

@@ -12,7 +12,7 @@ from ucmfh.methods import fit_hashing, hash_config
 from ucmfh.methods.cirh import (
     CirhNet, batch_similarity, head_loss, neighbour_mix, net_loss, row_thresholds,
 )
-from ucmfh.scoring import evaluate_hashing, random_codes_map
+from ucmfh.evaluation import evaluate_hashing, random_codes_map
 
 # ----------------------------------------------------------------------------
 # Slow references: lists and loops in float64, each line a line of my_opt.PCIRH.

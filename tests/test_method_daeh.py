@@ -15,7 +15,7 @@ from ucmfh.methods import fit_hashing, hash_config
 from ucmfh.methods.daeh import (
     DaehTeacher, batch_similarity, daeh_loss, distance_split, mutual_information, pair_loss,
 )
-from ucmfh.scoring import evaluate_hashing, random_codes_map
+from ucmfh.evaluation import evaluate_hashing, random_codes_map
 
 # ----------------------------------------------------------------------------
 # Slow references: numpy / scipy and loops in float64, each line a line of the released code.

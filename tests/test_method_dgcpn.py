@@ -15,7 +15,7 @@ from ucmfh.distributed import current_group
 from ucmfh.methods import fit_hashing, hash_config
 from ucmfh.methods.dgcpn import NeighbourGraph, dgcpn_loss, dgcpn_step
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.scoring import evaluate_hashing, random_codes_map
+from ucmfh.evaluation import evaluate_hashing, random_codes_map
 from ucmfh.selection import validation_split
 
 # ----------------------------------------------------------------------------

@@ -9,7 +9,7 @@ import torch
 
 from ucmfh.methods import fit_hashing, hash_config
 from ucmfh.methods.djsrh import djsrh_loss, joint_semantics, scaled_cosines
-from ucmfh.scoring import evaluate_hashing, random_codes_map
+from ucmfh.evaluation import evaluate_hashing, random_codes_map
 
 from conftest import dot, float_rows, unit
 

@@ -10,7 +10,7 @@ import torch
 
 from ucmfh.methods import build_method, fit_hashing, hash_config
 from ucmfh.methods.jdsh import dsdw, jdsh_loss, joint_modal_similarity
-from ucmfh.scoring import evaluate_hashing, random_codes_map
+from ucmfh.evaluation import evaluate_hashing, random_codes_map
 
 from conftest import dot, float_rows, unit
 

@@ -13,7 +13,7 @@ from ucmfh.methods.ucch import (
     MemoryBank, UcchHasher, contrastive_hashing_loss, cross_modal_ranking_loss, hash_outputs, learning_rate,
     negatives_generator, ucch_loss,
 )
-from ucmfh.scoring import evaluate_hashing, random_codes_map
+from ucmfh.evaluation import evaluate_hashing, random_codes_map
 
 # ----------------------------------------------------------------------------
 # Slow references: loops over items and pairs in float64, transcribing the released code.

@@ -20,7 +20,7 @@ from ucmfh.data.h5 import Dataset, Split
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.metrics import map_at_k
-from ucmfh.scoring import encode_split, evaluate_hashing, random_codes_map
+from ucmfh.evaluation import encode_split, evaluate_hashing, random_codes_map
 from ucmfh.methods import fit_hashing
 
 from conftest import small_hash
@@ -275,7 +275,7 @@ def test_sign_relaxation_trains_on_the_codes_with_tanhs_gradient():
 
 
 def test_no_relaxation_trains_a_real_valued_embedding_and_validates_it_by_cosine(tiny):
-    from ucmfh.scoring import head_outputs_split  # noqa: PLC0415
+    from ucmfh.evaluation import head_outputs_split  # noqa: PLC0415
     from ucmfh.models.relaxation import relaxed_codes  # noqa: PLC0415
     from ucmfh.selection import validation_split, validator
 

@@ -490,7 +490,7 @@ def test_numpy_arrays_are_shared_not_copied():
     """Arrays torch can view are shared (zero-copy); the others are copied once, without warnings."""
     import warnings
 
-    from ucmfh.metrics.inputs import as_tensor
+    from ucmfh.metrics.arguments import as_tensor
 
     codes = np.where(np.random.default_rng(0).random((6, 8)) > 0.5, 1.0, -1.0).astype(np.float32)
     for view in (codes, codes[:, ::2]):  # contiguous, and strided

@@ -1,4 +1,4 @@
-"""ucmfh.reference: UCMFH's code runs, keeps its defects (docs/reference.md §2), and its loss is NT-Xent."""
+"""scripts/ucmfh_reference.py: UCMFH's code runs, keeps its defects (docs/reference.md §2), and its loss is NT-Xent."""
 from __future__ import annotations
 
 import dataclasses
@@ -9,15 +9,16 @@ import torch
 from torch import nn
 
 from ucmfh.losses import NTXentLoss
-from ucmfh.reference import (
-    RefContrastiveLoss,
-    RefFuseTransEncoder,
-    RefHashMlp,
-    ref_encode,
-    ref_fit_fusion,
-    ref_fit_hashing,
-    ref_optimizer,
-)
+from conftest import load_script
+
+_reference = load_script("ucmfh_reference")  # scripts/: used by bench_train.py and here only
+RefContrastiveLoss = _reference.RefContrastiveLoss
+RefFuseTransEncoder = _reference.RefFuseTransEncoder
+RefHashMlp = _reference.RefHashMlp
+ref_encode = _reference.ref_encode
+ref_fit_fusion = _reference.ref_fit_fusion
+ref_fit_hashing = _reference.ref_fit_hashing
+ref_optimizer = _reference.ref_optimizer
 
 CPU = torch.device("cpu")
 

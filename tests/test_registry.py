@@ -17,7 +17,7 @@ import ucmfh.selection as selection_module
 from ucmfh.checkpoint import load_model, save_checkpoint
 from ucmfh.config import HashConfig
 from ucmfh.methods import METHODS, build_method, fit_hashing, hash_config
-from ucmfh.scoring import encode_split, score_splits
+from ucmfh.evaluation import encode_split, score_splits
 from ucmfh.epochs import StateFile, TrainingInterrupted
 from ucmfh.fusion_stage import fit_fusion
 from ucmfh.selection import validation_split, validation_view

@@ -19,7 +19,7 @@ from ucmfh.app.per_query import load_per_query
 from ucmfh.checkpoint import load_model
 from ucmfh.data.h5 import load_dataset
 from ucmfh.metrics import average_precision_at_k, evaluate_caption_set
-from ucmfh.scoring import head_outputs_split, random_codes_scores
+from ucmfh.evaluation import head_outputs_split, random_codes_scores
 from ucmfh.similarity import sign_codes
 
 TIES = ("index", "expected")

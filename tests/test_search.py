@@ -17,7 +17,7 @@ from ucmfh.config import HashConfig
 from ucmfh.data.h5 import DataError
 from ucmfh.metrics import backend
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.scoring import encode_split
+from ucmfh.evaluation import encode_split
 from ucmfh.search import Index
 from ucmfh.search.build import Encoder, build_index
 from ucmfh.search.collection import read_queries

@@ -202,7 +202,7 @@ def test_query_tokens_are_read_from_the_query_rows(files):
 def test_batches_of_queries_give_the_scores_of_one_batch(files):
     """Candidates encoded per small batch of queries (a small budget) score as all encoded at once."""
     from ucmfh.search.collection import read_queries
-    from ucmfh.search.tokens import _batches, load_matcher, seps_scores
+    from ucmfh.search.seps_rerank import _batches, load_matcher, seps_scores
 
     index = Index.load(files["index"])
     encoder = Encoder(files["hash"])

@@ -10,7 +10,7 @@ import pytest
 from ucmfh.methods.cca_itq import fit_cca_itq
 from ucmfh.methods import DEFAULT_METHOD, hash_config
 from ucmfh.data.h5 import load_dataset, validate_file
-from ucmfh.scoring import encode_split, evaluate_hashing, random_codes_map, score_both_directions
+from ucmfh.evaluation import encode_split, evaluate_hashing, random_codes_map, score_both_directions
 from ucmfh.metrics import backend, evaluate_codes, native_kernels
 from ucmfh.methods import fit_hashing
 

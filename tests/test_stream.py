@@ -10,7 +10,7 @@ from click.testing import CliRunner
 from ucmfh.app.cli import main
 from ucmfh.data.h5 import load_dataset
 from ucmfh.data.stream import Rows, StreamSettings
-from ucmfh.scoring import evaluate_hashing
+from ucmfh.evaluation import evaluate_hashing
 from ucmfh.methods import METHODS, fit_hashing, hash_config
 from ucmfh.fusion_stage import fit_fusion
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from ucmfh.config import HashConfig
-from ucmfh.scoring import encode_split, evaluate_hashing, random_codes_map
+from ucmfh.evaluation import encode_split, evaluate_hashing, random_codes_map
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 from ucmfh.methods import fit_hashing

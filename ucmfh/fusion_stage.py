@@ -2,7 +2,7 @@
 by a contrastive loss, through the shared epoch loop (:func:`ucmfh.epochs.run_epochs`)."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Optional, Tuple
 
 import torch
 
@@ -12,10 +12,18 @@ from ucmfh.distributed import current_group
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.scoring import embed_split
+from ucmfh.evaluation import embed_split
 from ucmfh.selection import History, validation_split, validator
-from ucmfh.step import adam, autocast, batch_inputs, check_supervision, optimize, split_ahead
+from ucmfh.step import batch_inputs, split_ahead
+from ucmfh.amp import autocast
+from ucmfh.optim import adam, optimize
 from ucmfh.utils import resolve_device, seed_everything
+
+
+def check_supervision(data: Dataset, cfg: Any) -> None:
+    if cfg.supervised and data.caption_set:
+        raise ValueError(f"{data.path or 'the dataset'}: supervised training needs labels; this caption set has "
+                         "none (its ids already make the captions of one image positives of each other)")
 
 
 def fit_fusion(

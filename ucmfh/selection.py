@@ -12,7 +12,7 @@ from torch import nn
 
 from ucmfh.config import HashConfig
 from ucmfh.data.h5 import Dataset, Split
-from ucmfh.scoring import encode_split, head_outputs_split, score_splits
+from ucmfh.evaluation import encode_split, head_outputs_split, score_splits
 
 
 class History(list):

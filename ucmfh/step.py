@@ -1,15 +1,14 @@
-"""What one training step uses: its batches (a shuffled pass, modality-dropout draws), its precision,
-its optimizer and its update with gradients averaged over the ranks (:mod:`ucmfh.distributed`)."""
+"""What one training step uses: its batches (a shuffled pass, modality-dropout draws), read ahead of it;
+its precision is :mod:`ucmfh.amp`, its optimizer and update :mod:`ucmfh.optim`."""
 from __future__ import annotations
 
-import contextlib
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, ContextManager, Iterable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ucmfh.data.h5 import Dataset, Split
+from ucmfh.data.h5 import Split
 from ucmfh.distributed import Group
 from ucmfh.utils import keep_host_copy, to_device
 
@@ -112,28 +111,6 @@ def split_ahead(split: Split, group: Group) -> Optional[Callable[[torch.Tensor],
     return lambda index: split.read_ahead(group.local(index))
 
 
-def autocast(device: torch.device, amp: str) -> ContextManager:
-    """The training forward pass's precision: ``bf16`` autocasts matmuls to bfloat16, ``none`` does nothing."""
-    if amp == "none":
-        return contextlib.nullcontext()
-    return torch.autocast(device.type, dtype=torch.bfloat16)
-
-
-def adam(params: Iterable, **kwargs) -> torch.optim.Adam:
-    """Adam with its fused kernel where this torch has one for the parameters' device (same update rule)."""
-    params = list(params)
-    try:
-        return torch.optim.Adam(params, fused=True, **kwargs)
-    except (RuntimeError, TypeError):
-        return torch.optim.Adam(params, **kwargs)
-
-
-def check_supervision(data: Dataset, cfg: Any) -> None:
-    if cfg.supervised and data.caption_set:
-        raise ValueError(f"{data.path or 'the dataset'}: supervised training needs labels; this caption set has "
-                         "none (its ids already make the captions of one image positives of each other)")
-
-
 def batch_inputs(split: Split, index: torch.Tensor, separate: Optional[torch.Tensor], supervised: bool,
            group: Group) -> Tuple[Optional[torch.Tensor], ...]:
     """A step's inputs: the features (and modality-dropout draws) of this rank's part of the global
@@ -142,12 +119,3 @@ def batch_inputs(split: Split, index: torch.Tensor, separate: Optional[torch.Ten
     labels = split.labels[index] if supervised else None
     local = group.local(index)
     return split.img[local], split.txt[local], None if separate is None else group.local(separate), ids, labels
-
-
-def optimize(loss: torch.Tensor, optimizer: torch.optim.Optimizer, group: Group) -> torch.Tensor:
-    """One optimisation step on ``loss``, its gradients averaged over the ranks; returns the loss, detached."""
-    optimizer.zero_grad(set_to_none=True)
-    loss.backward()
-    group.average_gradients(p for g in optimizer.param_groups for p in g["params"])
-    optimizer.step()
-    return loss.detach()

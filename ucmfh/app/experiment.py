@@ -19,7 +19,7 @@ from ucmfh.files import PathLike
 from ucmfh.fusion_stage import fit_fusion
 from ucmfh.methods import build_method, fit_hashing
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.scoring import encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
+from ucmfh.evaluation import encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
 from ucmfh.utils import resolve_device
 
 

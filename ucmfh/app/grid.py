@@ -36,7 +36,7 @@ from ucmfh.data.h5 import load_dataset
 from ucmfh.files import MARKS, read_jsonl, write_text_atomic
 from ucmfh.losses import LOSSES
 from ucmfh.methods import DEFAULT_METHOD, METHODS, build_method
-from ucmfh.scoring import EXPECTED
+from ucmfh.evaluation import EXPECTED
 
 def _list(kind: type) -> Any:
     def parse(ctx: click.Context, param: click.Parameter, text: str) -> List[Any]:

@@ -21,7 +21,7 @@ from ucmfh.app.identity import key_of
 from ucmfh.config import HashConfig
 from ucmfh.files import read_jsonl
 from ucmfh.methods import METHODS
-from ucmfh.scoring import EXPECTED
+from ucmfh.evaluation import EXPECTED
 
 DIRECTIONS = ("map_i2t", "map_t2i")
 # R@1 of a caption set's row, in %: summarised like a field of its own

@@ -157,7 +157,7 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         q = clip_queries(opened, text=list(text), images=list(image), device=device)
     matcher = None
     if seps_checkpoint:
-        from ucmfh.search.tokens import load_matcher
+        from ucmfh.search.seps_rerank import load_matcher
 
         matcher = load_matcher(seps_checkpoint, device)
     config = BackendConfig(backend=backend, nlist=nlist, nprobe=nprobe, ef_search=ef_search, substrings=substrings)

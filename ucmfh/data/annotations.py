@@ -10,7 +10,7 @@ from typing import List, Optional, Sequence, Tuple
 import numpy as np
 
 from ucmfh.data.format import DataError
-from ucmfh.data.inputs import read_lines, read_text
+from ucmfh.data.input_files import read_lines, read_text
 from ucmfh.files import PathLike
 
 IMAGE_EXTENSIONS = (".jpg", ".jpeg", ".png", ".bmp", ".gif", ".webp", ".tif", ".tiff")

@@ -13,7 +13,7 @@ import h5py
 import numpy as np
 
 from ucmfh.data.format import DataError
-from ucmfh.data.inputs import load_npy, npz_member, open_npz
+from ucmfh.data.input_files import load_npy, npz_member, open_npz
 from ucmfh.files import PathLike
 
 # variable names tried, in order, when a file holds several arrays and no key is given

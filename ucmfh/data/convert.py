@@ -30,7 +30,7 @@ from tqdm.auto import tqdm
 from ucmfh.data.h5 import SPLITS, DataError, PathLike, check_finite, is_multi_hot
 from ucmfh.data.writer import create_split_dataset, open_writer
 from ucmfh.data.arrays import ArraySource, open_array
-from ucmfh.data.inputs import read_lines
+from ucmfh.data.input_files import read_lines
 from ucmfh.data.safe_pickle import load_pickle
 from ucmfh.data.splits import DEFAULT_SEED, SplitIndex, SplitSizes, check_seed, load_split_index, sample_split
 

@@ -17,7 +17,7 @@ from tqdm.auto import tqdm
 
 from ucmfh.data.format import DataError
 from ucmfh.data.writer import make_folder
-from ucmfh.data.inputs import npz_member, open_npz, read_text
+from ucmfh.data.input_files import npz_member, open_npz, read_text
 from ucmfh.files import atomic_file, write_text_atomic
 
 log = logging.getLogger(__name__)

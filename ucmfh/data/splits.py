@@ -13,7 +13,7 @@ from typing import Dict, Optional
 import numpy as np
 
 from ucmfh.data.format import DataError
-from ucmfh.data.inputs import npz_member, open_npz
+from ucmfh.data.input_files import npz_member, open_npz
 
 # UCMFH's seed; a split is reproducible from (sizes, seed, n_items)
 DEFAULT_SEED = 2023

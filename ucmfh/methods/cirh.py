@@ -79,11 +79,12 @@ from ucmfh.methods.base import Method
 from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.scoring import encode_split
+from ucmfh.evaluation import encode_split
 from ucmfh.similarity import cosine_similarity, normalize
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validator
-from ucmfh.step import adam, autocast, optimize
+from ucmfh.amp import autocast
+from ucmfh.optim import adam, optimize
 
 # an item, its third and fourth most similar item of the batch (my_opt.PCIRH.train_method)
 MIX_WEIGHTS = (0.7, 0.2, 0.1)

@@ -78,11 +78,12 @@ from ucmfh.methods.base import Method
 from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.scoring import encode_split
+from ucmfh.evaluation import encode_split
 from ucmfh.similarity import cosine_similarity, normalize
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validator
-from ucmfh.step import autocast, optimize
+from ucmfh.amp import autocast
+from ucmfh.optim import optimize
 
 N_BINS = 100  # generate_similarity_matrix: bins of width 1/100 from 0
 PAIR_TARGET = 1.5  # tri_loss, cross_loss: the target of a pair's cosine

@@ -35,7 +35,7 @@ against the detached signs of the text codes, the image network stepped; then th
 detached signs of the image codes (that same forward pass) against the relaxed text codes, the text
 network stepped. Two SGD optimisers in the release (lr 0.005, momentum 0.9, weight decay 5e-4); here
 one SGD over both heads, which is the same update: a step whose loss leaves one head without a
-gradient leaves that head, and its momentum, untouched (:func:`ucmfh.step.optimize` clears the
+gradient leaves that head, and its momentum, untouched (:func:`ucmfh.optim.optimize` clears the
 gradients to None).
 
 **The model (``models.py``).** ``ImgNet``: Linear(4096, 4096) → ReLU → Dropout(0.5) → Linear(4096,
@@ -92,7 +92,9 @@ from ucmfh.models.hashing import FeatureHasher
 from ucmfh.similarity import normalize
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validation_view, validator
-from ucmfh.step import autocast, batch_inputs, optimize, split_ahead
+from ucmfh.step import batch_inputs, split_ahead
+from ucmfh.amp import autocast
+from ucmfh.optim import optimize
 
 # rows of the training split whose similarities to all the others are held at once while the
 # neighbours are found ([KNN_CHUNK, N] floats: 128 MiB at N = 32,000)
@@ -178,7 +180,7 @@ def dgcpn_step(model: FeatureHasher, optimizer: torch.optim.Optimizer, img: torc
        image head alone has gradients, and alone is stepped;
     3. ``loss_of(sign(tanh(h_img)), tanh(h_txt))`` on that same forward pass: the text head alone.
 
-    ``optimizer`` holds both heads; :func:`ucmfh.step.optimize` sets every gradient to None first,
+    ``optimizer`` holds both heads; :func:`ucmfh.optim.optimize` sets every gradient to None first,
     so SGD leaves a head without a gradient (and its momentum) as it is: two optimisers, as released.
     Shape: img [b, d_img], txt [b, d_txt] (this rank's part of the batch of ``n``), target [n, n].
     """

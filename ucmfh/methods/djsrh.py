@@ -60,7 +60,9 @@ from ucmfh.similarity import normalize
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.models.relaxation import beta_at, relaxed_codes
 from ucmfh.selection import History, validation_view, validator
-from ucmfh.step import autocast, batch_inputs, optimize, split_ahead
+from ucmfh.step import batch_inputs, split_ahead
+from ucmfh.amp import autocast
+from ucmfh.optim import optimize
 
 SIM_INPUTS = ("raw", "centred")
 

@@ -16,11 +16,13 @@ from ucmfh.methods.base import Method
 from ucmfh.methods.registry import METHODS, register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.scoring import embed_split
+from ucmfh.evaluation import embed_split
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.models.relaxation import beta_at, relaxed_codes
 from ucmfh.selection import History, validation_view, validator
-from ucmfh.step import adam, autocast, batch_inputs, optimize, split_ahead
+from ucmfh.step import batch_inputs, split_ahead
+from ucmfh.amp import autocast
+from ucmfh.optim import adam, optimize
 
 
 @register

@@ -79,11 +79,13 @@ from ucmfh.distributed import current_group
 from ucmfh.methods.base import Method
 from ucmfh.methods.registry import METHODS, register
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.scoring import encode_split
+from ucmfh.evaluation import encode_split
 from ucmfh.similarity import normalize, sign_codes
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validator
-from ucmfh.step import adam, autocast, batch_inputs, split_ahead
+from ucmfh.step import batch_inputs, split_ahead
+from ucmfh.amp import autocast
+from ucmfh.optim import adam
 from ucmfh.utils import to_device
 
 # UCCH.py: MultiStepLR(optimizer, [30, 60, 90, 120], gamma=0.1), stepped with the epoch

@@ -17,7 +17,9 @@ from ucmfh.models.hashing import CrossModalHasher
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.models.relaxation import beta_at, relaxed_codes
 from ucmfh.selection import History, validation_split, validation_view, validator
-from ucmfh.step import adam, autocast, batch_inputs, optimize, split_ahead
+from ucmfh.step import batch_inputs, split_ahead
+from ucmfh.amp import autocast
+from ucmfh.optim import adam, optimize
 from ucmfh.utils import resolve_device, seed_everything
 
 

@@ -10,7 +10,7 @@ Modules: ``ranking`` (MAP@K, precision/recall@K, Recall@ranks), ``captions``
 (caption sets: unique-image queries, both databases, R@K, MAP by id), ``radius``
 (PR by Hamming radius), ``report`` (every metric of both directions), ``plots``;
 their building blocks ``topk``, ``relevance``, ``ap``, ``histograms``,
-``native`` (kernel bindings, backend) and ``inputs`` (checks, conversions).
+``native`` (kernel bindings, backend) and ``arguments`` (checks, conversions).
 """
 from ucmfh.metrics.captions import evaluate_caption_set
 from ucmfh.metrics.native import backend, native_kernels, set_backend

@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from ucmfh.metrics.histograms import iter_distance_blocks, iter_hamming_histograms
-from ucmfh.metrics.inputs import (
+from ucmfh.metrics.arguments import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
     as_pm1,

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ucmfh.data.format import first_of_each_id
-from ucmfh.metrics.inputs import TIES, ArrayLike, Ranking, Ties, as_tensors, check_choice
+from ucmfh.metrics.arguments import TIES, ArrayLike, Ranking, Ties, as_tensors, check_choice
 from ucmfh.metrics.ap import mean, mean_columns
 from ucmfh.metrics.ranking import average_precision_by_id, hits_at_ranks
 

@@ -11,7 +11,7 @@ from typing import Iterator, Optional, Tuple
 
 import torch
 
-from ucmfh.metrics.inputs import (
+from ucmfh.metrics.arguments import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
     as_pm1,

@@ -15,7 +15,7 @@ import torch
 
 from ucmfh.metrics.ap import mean_columns
 from ucmfh.metrics.histograms import iter_hamming_histograms
-from ucmfh.metrics.inputs import (
+from ucmfh.metrics.arguments import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
     ArrayLike,

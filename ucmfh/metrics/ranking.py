@@ -25,7 +25,7 @@ from ucmfh.metrics.ap import (
     mean,
     mean_columns,
 )
-from ucmfh.metrics.inputs import (
+from ucmfh.metrics.arguments import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
     ArrayLike,

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from ucmfh.metrics.inputs import ArrayLike, as_tensors, check_choice
+from ucmfh.metrics.arguments import ArrayLike, as_tensors, check_choice
 
 
 def gather_relevance(

@@ -6,7 +6,7 @@ from typing import Dict, Optional, Sequence, Union
 
 import torch
 
-from ucmfh.metrics.inputs import (
+from ucmfh.metrics.arguments import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
     ArrayLike,

@@ -36,7 +36,7 @@ import torch
 
 from ucmfh.metrics.ap import exclusive_cumsum
 from ucmfh.metrics.histograms import iter_hamming_histograms
-from ucmfh.metrics.inputs import as_pm1, n_bits_of
+from ucmfh.metrics.arguments import as_pm1, n_bits_of
 from ucmfh.metrics.relevance import gather_id_match, gather_relevance
 from ucmfh.metrics.topk import iter_top_k
 from ucmfh.similarity import cosine_similarity_float64

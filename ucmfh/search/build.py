@@ -16,7 +16,7 @@ and group name; a dataset file's train split is its retrieval split's items) is 
 added again, whatever groups a later build names (:func:`groups_to_add`). Another
 collection built into an existing index is appended. Each item keeps its
 origin (the source's number and its row in the collection), which re-ranking by
-the collection's token features reads (:mod:`ucmfh.search.tokens`).
+the collection's token features reads (:mod:`ucmfh.search.seps_rerank`).
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ One step serves ``ucmfh search --rerank`` (:mod:`ucmfh.search.results`) and the 
 two-stage retrieval, ``ucmfh rerank`` (:class:`ucmfh.two_stage.Reranking`, docs/seps.md), so that
 what the docs measure is what a user runs. The scores are the cosine of the real-valued head
 outputs an index keeps (:data:`ucmfh.search.index.EMBEDDING_DTYPE`, compared in float64), or the SEPS matcher's
-(:mod:`ucmfh.search.tokens`, :func:`ucmfh.seps.scoring.score_candidates`). numpy only.
+(:mod:`ucmfh.search.seps_rerank`, :func:`ucmfh.seps.scoring.score_candidates`). numpy only.
 """
 from __future__ import annotations
 

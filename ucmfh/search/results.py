@@ -59,7 +59,7 @@ def search_queries(
 
     ``rerank='cosine'`` takes the ``candidates`` (default 10 k) nearest by Hamming distance and
     orders them by the cosine of the real-valued head outputs kept in the index; ``rerank='seps'``
-    by the SEPS scores of ``matcher`` (:func:`ucmfh.search.tokens.load_matcher`) on the token
+    by the SEPS scores of ``matcher`` (:func:`ucmfh.search.seps_rerank.load_matcher`) on the token
     features of the queries' file and of the collections the items were built from. Ties by position.
     ``backend`` ``mih`` finds the same candidates by multi-index hashing (``served`` says which queries
     it served and which the scan did); a FAISS backend finds them approximately, and ``check_recall``
@@ -109,7 +109,7 @@ def search_queries(
         if rerank == "cosine":
             score = cosine_scores(logits, index.take(modality, "embed", positions))
         else:
-            from ucmfh.search.tokens import seps_scores
+            from ucmfh.search.seps_rerank import seps_scores
 
             score = seps_scores(index, modality, positions, queries, matcher)
         order, score = rerank_step(score, positions, k)

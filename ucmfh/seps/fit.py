@@ -21,7 +21,9 @@ from ucmfh.seps.scoring import Side, evaluate_pairs, image_inputs, text_inputs
 from ucmfh.similarity import positive_mask
 from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validation_items
-from ucmfh.step import BatchReads, autocast, optimize
+from ucmfh.step import BatchReads
+from ucmfh.amp import autocast
+from ucmfh.optim import optimize
 from ucmfh.utils import host_index, resolve_device, seed_everything, to_device
 
 

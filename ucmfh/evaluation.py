@@ -10,7 +10,7 @@ from ucmfh.config import PROTOCOLS
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.metrics import average_precision_at_k, evaluate_caption_set
 from ucmfh.metrics.ap import mean
-from ucmfh.metrics.inputs import Ranking, Ties
+from ucmfh.metrics.arguments import Ranking, Ties
 from ucmfh.metrics.report import EXPECTED
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
