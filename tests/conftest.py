@@ -1,4 +1,5 @@
-"""Shared fixtures: tiny synthetic datasets and small model settings, all CPU."""
+"""Shared by every test folder: tiny synthetic datasets, small model settings, the helpers several test
+files use (the interrupting progress bar, caption and token sets), the guards every test runs under; all CPU."""
 from __future__ import annotations
 
 import dataclasses
@@ -43,7 +44,7 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
-# Plain-float helpers of the loop-level transcriptions of released code (tests/test_method_*.py)
+# Plain-float helpers of the loop-level transcriptions of released code (tests/methods/test_method_*.py)
 def unit(v: List[float]) -> List[float]:
     n = math.sqrt(sum(x * x for x in v))
     return [x / n for x in v]
