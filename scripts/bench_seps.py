@@ -4,7 +4,7 @@ code's loop over captions (docs/reference.md §8, defect 3), on random tokens of
 The released code's way, per caption: score every image's patches, top-K, gather the kept patches,
 run the aggregation MLP on them (again for every caption), build the tokens, HRPA. ucmfh's way:
 everything that depends on one side once (:meth:`SEPS.encode_images`), then :meth:`SEPS.grid`.
-Both give the same scores (tests/test_seps.py checks it pair by pair); this prints ms per pair.
+Both give the same scores (tests/seps/test_seps.py checks it pair by pair); this prints ms per pair.
 
     python scripts/bench_seps.py --patches 49 --patches 196 --threads 1
 """

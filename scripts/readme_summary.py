@@ -3,7 +3,7 @@
 One small table: every method at 64 bits, three seeds, tie-aware, `unimodal`: flickr8k's R@1 (and
 rSum) from quality.md's 64-bit table, mirflickr730's and Wiki's MAP@50 from their three-seed tables
 (the means; quality.md has the ± std and the intervals). It is written between the marker comments
-of README.md, so the README cannot drift from the page it summarises (tests/test_readme_summary.py).
+of README.md, so the README cannot drift from the page it summarises (tests/scripts/test_readme_summary.py).
 
     python scripts/readme_summary.py           # rewrite the README's block
     python scripts/readme_summary.py --check   # exit 1 if the README's block is not what this writes

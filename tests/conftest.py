@@ -1,27 +1,33 @@
-"""Shared fixtures: tiny synthetic datasets and small model settings, all CPU."""
+"""Shared by every test folder: tiny synthetic datasets, small model settings, the helpers several test
+files use (the interrupting progress bar, caption and token sets), the guards every test runs under; all CPU."""
 from __future__ import annotations
 
 import dataclasses
 import importlib.util
 import math
 import os
+import signal
 import subprocess
 import sys
 import traceback
 from pathlib import Path
 from types import ModuleType
-from typing import List
+from typing import List, Optional
 
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
 
-from ucmfh.config import FusionConfig, HashConfig
+from ucmfh.config import FusionConfig, HashConfig, SepsConfig
 from ucmfh.data.h5 import load_dataset
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
+from ucmfh.data.writer import write_dataset
+from ucmfh.methods import hash_config
 
-SHARED_DATA = Path(__file__).resolve().parents[1].parent / "shared" / "data"
-SCRIPTS = Path(__file__).resolve().parents[1] / "scripts"
+ROOT = Path(__file__).resolve().parents[1]  # the checkout: tests/ is one folder below it
+SHARED_DATA = ROOT.parent / "shared" / "data"
+SCRIPTS = ROOT / "scripts"
 
 TINY = SyntheticSpec(n_query=80, n_retrieval=600, n_train=400, n_classes=24, mean_extra_labels=1.0,
                      d_img=48, d_txt=32, d_latent=16, noise=1.0, item_scale=0.5)
@@ -38,7 +44,7 @@ def load_script(name: str) -> ModuleType:
     return module
 
 
-# Plain-float helpers of the loop-level transcriptions of released code (tests/test_method_*.py)
+# Plain-float helpers of the loop-level transcriptions of released code (tests/methods/test_method_*.py)
 def unit(v: List[float]) -> List[float]:
     n = math.sqrt(sum(x * x for x in v))
     return [x / n for x in v]
@@ -62,6 +68,114 @@ def small_fusion(**kw) -> FusionConfig:
 def small_hash(**kw) -> HashConfig:
     base = dict(n_bits=16, hidden=128, epochs=2, batch_size=64, lr_fusion=1e-3, device="cpu")
     return HashConfig(**{**base, **kw})
+
+
+def method_config(name: str, **kw) -> HashConfig:
+    """A small config of method ``name`` for tiny data; its own parameters stay its defaults."""
+    return hash_config(name, **{"n_bits": 16, "hidden": 32, "epochs": 3, "batch_size": 64, "device": "cpu",
+                                "val_fraction": 0.2, "patience": 0, **kw})
+
+
+class StopAfter:
+    """A progress bar that sends this process SIGINT (or ``signum``) after ``epochs`` epochs (a Ctrl-C at a
+    known moment) and records the epoch each run starts at, and the epoch the run is in (``epoch``, from 1)."""
+
+    def __init__(self, epochs: Optional[int], signum: int = signal.SIGINT):
+        self.epochs, self.signum = epochs, signum
+        self.starts = []
+        self.bar = None
+
+    @property
+    def epoch(self) -> int:
+        return self.bar.n + 1
+
+    def __call__(self, *args, **kwargs):
+        outer = self
+        self.starts.append(kwargs.get("initial", 0))
+
+        class Bar:
+            def __init__(self):
+                self.n = kwargs.get("initial", 0)
+                outer.bar = self
+
+            def update(self, k):
+                self.n += k
+                if self.n == outer.epochs:
+                    os.kill(os.getpid(), outer.signum)
+
+            def set_postfix(self, **_):
+                pass
+
+            def close(self):
+                pass
+
+        return Bar()
+
+
+# Caption sets (docs/reference.md §7) and token sets (§9), for the tests of captions, SEPS and search
+def caption_file(path, rng=np.random.default_rng(0), n_query=8, n_retrieval=40, labels=False):
+    """A tiny caption set: 3 captions per image, relevance by id (no labels unless ``labels``)."""
+    latent = rng.normal(size=(n_query + n_retrieval, 8))
+    a, b = rng.normal(size=(8, 12)), rng.normal(size=(8, 10))
+
+    def split(images):
+        ids = np.repeat(images, 3)
+        img = np.repeat(latent[images] @ a, 3, axis=0)
+        txt = latent[ids] @ b + 0.3 * rng.normal(size=(len(ids), 10))
+        arrays = {"image": img, "text": txt, "ids": ids}
+        if labels:
+            arrays["labels"] = np.ones((len(ids), 1))
+        return arrays
+
+    query, retrieval = np.arange(n_query), np.arange(n_query, n_query + n_retrieval)
+    return write_dataset(path, {"train": split(retrieval), "query": split(query), "retrieval": split(retrieval)},
+                         {"name": "captions"})
+
+
+T, D_IMG, D_TXT = 8, 16, 12
+
+
+def token_splits(seed: int = 0, images=(12, 40), captions: int = 2, dense: bool = False, cls: bool = False):
+    """A caption set with tokens: each image's concept sits on 2 of its patches and in 2 words of each caption."""
+    rng = np.random.default_rng(seed)
+    a, b = rng.normal(size=(8, D_IMG)), rng.normal(size=(8, D_TXT))
+    out, next_id = {}, 0
+    for split, n_img in zip(("query", "retrieval"), images):
+        ids = np.repeat(np.arange(next_id, next_id + n_img), captions)
+        next_id += n_img
+        concept = rng.normal(size=(n_img, 8))
+        img_tok = rng.normal(scale=0.5, size=(n_img, T, D_IMG))
+        where = rng.integers(int(cls), T, size=(n_img, 2))
+        for i in range(n_img):
+            img_tok[i, where[i]] += concept[i] @ a
+        img_tok = np.repeat(img_tok, captions, axis=0)
+        lengths = rng.integers(3, 7, size=len(ids))
+        words = []
+        for item, length in enumerate(lengths):
+            w = rng.normal(scale=0.5, size=(length, D_TXT))
+            w[:2] += concept[ids[item] - ids[0]] @ b
+            words.append(w)
+        arrays = {
+            "image": img_tok.mean(axis=1), "ids": ids,
+            "text": np.stack([w.mean(axis=0) for w in words]),
+            "image_tokens": img_tok, "text_tokens": np.concatenate(words),
+            "text_offsets": np.concatenate([[0], np.cumsum(lengths)]),
+        }
+        if dense:  # a description of each item's image: its concept in every word
+            d_len = np.full(len(ids), 4)
+            arrays["dense_text_tokens"] = np.concatenate(
+                [np.tile(concept[i - ids[0]] @ b, (4, 1)) + rng.normal(scale=0.1, size=(4, D_TXT)) for i in ids])
+            arrays["dense_text_offsets"] = np.concatenate([[0], np.cumsum(d_len)])
+        out[split] = arrays
+    out["train"] = out["retrieval"]
+    return out
+
+
+def small_seps(**kw) -> SepsConfig:
+    """A SEPS model small enough for CPU tests."""
+    base = dict(embed_dim=32, epochs=4, batch_size=32, lr=3e-3, device="cpu", val_fraction=0.2, patience=0,
+                pair_chunk=256)
+    return SepsConfig(**{**base, **kw})
 
 
 @pytest.fixture(scope="session")
@@ -142,7 +256,7 @@ def _no_crash_passes(request):
         yield
 
 
-CHECKOUT_OUTPUTS = [Path(__file__).resolve().parents[1] / "runs", Path(__file__).resolve().parents[1] / "data"]
+CHECKOUT_OUTPUTS = [ROOT / "runs", ROOT / "data"]
 
 
 def _outputs_state():

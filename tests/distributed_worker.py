@@ -9,7 +9,7 @@ import sys
 
 import torch
 
-from test_seps import token_splits
+from conftest import token_splits
 from ucmfh.app.environment import join_process_group
 from ucmfh.config import FusionConfig, HashConfig, SepsConfig
 from ucmfh.data.h5 import Dataset, Split

@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
-PACKAGE = Path(__file__).resolve().parents[1] / "ucmfh"
+from conftest import ROOT
+
+PACKAGE = ROOT / "ucmfh"
 APP = PACKAGE / "app"
 
 

@@ -94,8 +94,8 @@ BAD = {
 
 # settings with no value a config can refuse, and why
 NO_BAD_VALUE = {
-    (FusionConfig, "supervised"): "a flag: true and false are both valid (another type is refused: tests/test_runs.py)",
-    (HashConfig, "supervised"): "a flag: true and false are both valid (another type is refused: tests/test_runs.py)",
+    (FusionConfig, "supervised"): "a flag: true and false are both valid (another type is refused: tests/app/test_runs.py)",
+    (HashConfig, "supervised"): "a flag: true and false are both valid (another type is refused: tests/app/test_runs.py)",
     (FusionConfig, "device"): "depends on the machine (a checkpoint's config is loaded elsewhere): --device checks it",
     (HashConfig, "device"): "depends on the machine (a checkpoint's config is loaded elsewhere): --device checks it",
     (SepsConfig, "device"): "depends on the machine (a checkpoint's config is loaded elsewhere): --device checks it",

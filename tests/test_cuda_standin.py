@@ -127,7 +127,7 @@ def test_search_on_cuda_gives_the_scan_s_hits(cuda):
 def test_two_stage_search_and_seps_scoring_on_cuda_give_the_cpu_s_figures(tmp_path, cuda):
     """``ucmfh rerank``'s stages (Hamming, cosine, SEPS re-ranking, SEPS over every pair) with the models
     and stores on ``cuda``: the CPU's recalls."""
-    from test_seps import D_IMG, D_TXT, T, small_seps, token_splits
+    from conftest import D_IMG, D_TXT, T, small_seps, token_splits
     from ucmfh.config import HashConfig
     from ucmfh.data.h5 import load_dataset
     from ucmfh.data.writer import write_dataset
@@ -283,7 +283,7 @@ def test_seps_and_the_fusion_stage_train_on_cuda_as_on_the_cpu(tmp_path, tiny, c
     import ucmfh.epochs as epochs_module
     from ucmfh.data.tokens import Tokens
     from ucmfh.seps import database_scores, databases, recall_rows
-    from test_seps import small_seps, token_splits
+    from conftest import small_seps, token_splits
     from ucmfh.data.writer import write_dataset
     from ucmfh.fusion_stage import fit_fusion
     from ucmfh.seps.fit import fit_seps
@@ -322,15 +322,15 @@ def test_a_run_interrupted_on_cuda_resumes_to_the_model_of_one_never_stopped(tin
     """The training state saved on ``cuda`` (the training device's generator included) and read back onto it:
     the weights and the loss record of the uninterrupted run on ``cuda``."""
     import ucmfh.epochs as epochs_module
-    from test_registry import _StopAfter, config
+    from conftest import StopAfter, method_config
     from ucmfh.epochs import StateFile, TrainingInterrupted
     from ucmfh.methods import fit_hashing
 
-    cfg = config("two-tower", epochs=4, device="cuda")
+    cfg = method_config("two-tower", epochs=4, device="cuda")
     with cuda.block():
         reference, ref_history = fit_hashing(tiny, cfg, progress=False)
         state = StateFile(str(tmp_path / "hash.state.pt"), interval_s=1e9)
-        bars = _StopAfter(2)
+        bars = StopAfter(2)
         monkeypatch.setattr(epochs_module, "tqdm", bars)
         with pytest.raises(TrainingInterrupted):
             fit_hashing(tiny, cfg, progress=False, state=state)

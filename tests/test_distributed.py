@@ -15,7 +15,8 @@ import torch
 
 from ucmfh.distributed import Group, current_group
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 WORKER = str(ROOT / "tests" / "distributed_worker.py")
 ENV = {**os.environ, "OMP_NUM_THREADS": "1"}
 TIMEOUT = 240  # seconds: a hung collective fails the test instead of hanging CI
@@ -166,8 +167,7 @@ def _interrupt_then_resume(args: list, tmp_path: Path) -> None:
 
 def test_torchrun_train_seps_writes_once(tmp_path):
     """`torchrun -m ucmfh train-seps` on 2 ranks: one checkpoint, one results row per database, by rank 0."""
-    sys.path.insert(0, str(ROOT / "tests"))
-    from test_seps import token_splits
+    from conftest import token_splits
     from ucmfh.data.writer import write_dataset
 
     path = write_dataset(tmp_path / "tok.h5", token_splits(), attrs={"name": "tok"})

@@ -11,7 +11,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from test_seps import D_IMG, D_TXT, T, small_seps, token_splits
+from conftest import D_IMG, D_TXT, T, small_seps, token_splits
 from ucmfh.app.cli import main
 from ucmfh.checkpoint import save_checkpoint, save_seps
 from ucmfh.config import HashConfig

@@ -84,9 +84,9 @@ def _grid(tmp_path, path, methods, seeds="2023,1", extra=()):
 
 
 def test_compare_pairs_the_per_query_scores_of_two_methods_on_a_caption_set(tmp_path):
-    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+    from conftest import caption_file  # noqa: PLC0415 - the shared tiny caption set
 
-    path = _caption_file(tmp_path / "captions.h5", n_retrieval=60)
+    path = caption_file(tmp_path / "captions.h5", n_retrieval=60)
     results, rows = _grid(tmp_path, path, "cca-itq,two-tower")
     for row in rows:  # every row points at its side file, which holds the tie-aware per-query scores
         assert row["per_query"] == per_query_path(row["checkpoint"], row["dataset_fingerprint"])
@@ -152,9 +152,9 @@ def test_compare_says_what_is_missing(tmp_path, tiny_path):
 def test_compare_pools_other_query_draws_of_the_same_items(tmp_path):
     """--pool: the datasets are query draws of the same items; a seed's queries are those of every draw it was
     scored on, and a seed missing from a draw is left out."""
-    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+    from conftest import caption_file  # noqa: PLC0415 - the shared tiny caption set
 
-    draws = [_caption_file(tmp_path / f"draw{i}.h5", rng=np.random.default_rng(i)) for i in (1, 2)]
+    draws = [caption_file(tmp_path / f"draw{i}.h5", rng=np.random.default_rng(i)) for i in (1, 2)]
     results = tmp_path / "r.jsonl"
     common = ["grid", "-b", "16", "--methods", "cca-itq,two-tower", "--epochs", "2", "--out", str(tmp_path / "runs"),
               "--results", str(results), "--table", str(tmp_path / "t"), "--device", "cpu", "--quiet"]

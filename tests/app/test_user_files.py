@@ -25,7 +25,8 @@ from ucmfh.app.cli import main
 from ucmfh.app.errors import EXIT_BROKEN_PIPE
 from ucmfh.files import MARKS, check_replaceable
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 SMALL = ["--set", "hash.hidden=64", "--batch-size", "64", "--device", "cpu", "--quiet"]
 
 
@@ -223,10 +224,10 @@ def test_a_folder_as_dataset_and_a_file_in_data_dir(tmp_path, tiny_path):
 
 def test_sigterm_exits_with_its_own_code(tmp_path, tiny_path, monkeypatch):
     """A training run stopped by SIGTERM exits 143 (128 + 15), as the shell reports a process it ended."""
-    from tests.test_registry import _StopAfter
+    from conftest import StopAfter
     from ucmfh import epochs
 
-    monkeypatch.setattr(epochs, "tqdm", _StopAfter(1, signal.SIGTERM))
+    monkeypatch.setattr(epochs, "tqdm", StopAfter(1, signal.SIGTERM))
     result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "3", "-b", "8",
                                        "--protocol", "unimodal", "--save-interval", "0",
                                        "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl")])

@@ -10,8 +10,8 @@ from ucmfh.config import HashConfig, identity_dict
 from ucmfh.epochs import StateFile, TrainingInterrupted
 from ucmfh.methods import METHODS, build_method, fit_hashing, hash_config
 
+from conftest import StopAfter
 from test_methods import _same_weights as same_weights
-from test_registry import _StopAfter
 
 TRAINED = [name for name, spec in METHODS.items() if not spec.closed_form and not spec.uses_fusion]
 
@@ -43,7 +43,7 @@ def test_an_interrupted_refit_resumes_to_the_same_model(tiny, tmp_path, monkeypa
     state and ends with the model of a run never stopped."""
     cfg = config("two-tower", epochs=3)
     reference, _ = fit_hashing(tiny, cfg, progress=False)
-    bars = _StopAfter(None)
+    bars = StopAfter(None)
     monkeypatch.setattr(epochs_module, "tqdm", bars)
     state = StateFile(str(tmp_path / "hash16.state.pt"), interval_s=1e9)
     original = epochs_module.run_epochs

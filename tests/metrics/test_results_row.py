@@ -12,7 +12,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from test_captions import _caption_file
+from conftest import caption_file
 from test_metrics import ref_map
 from ucmfh.app.cli import main
 from ucmfh.app.per_query import load_per_query
@@ -85,7 +85,7 @@ def test_every_figure_of_a_labelled_row_is_its_per_query_files_and_the_metrics(t
 
 def test_every_figure_of_a_caption_set_row_is_its_per_query_files_and_the_metrics(tmp_path):
     """R@1/5/10, rSum and MAP by id of both databases, each by index and tie-aware."""
-    _, rows, data, outputs = _scored_run(tmp_path, _caption_file(tmp_path / "captions.h5"))
+    _, rows, data, outputs = _scored_run(tmp_path, caption_file(tmp_path / "captions.h5"))
     assert {row["database"] for row in rows} == {"test", "collection"}
     (q_img, q_txt), (r_img, r_txt) = _codes(outputs)
     ids = (data.query.ids, data.retrieval.ids)

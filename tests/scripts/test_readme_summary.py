@@ -2,9 +2,8 @@
 README, the docs and the code's comments name only docs that exist."""
 import importlib.util
 import re
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
 
 
 def _script():

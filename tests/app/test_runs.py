@@ -20,9 +20,8 @@ from ucmfh.app.cli import main
 from ucmfh.app.runs import summarize
 from ucmfh.files import append_jsonl, read_jsonl
 
-from conftest import dead_pid
+from conftest import ROOT, dead_pid
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY_ARGS = ["--n-query", "40", "--n-retrieval", "200", "--n-train", "120", "--d-img", "24", "--d-txt", "16",
              "--n-classes", "6"]
 SMALL = ["--method", "ucmfh", "--set", "fusion.d_model=32", "--set", "fusion.d_ff=64", "--set", "hash.hidden=64", "--batch-size", "32",
@@ -481,20 +480,20 @@ def test_a_resumed_run_counts_the_training_time_of_its_interrupted_part(tiny_pat
     it trained (``elapsed``), and the run resumed from it adds them to its own, not only the time since it
     resumed. The state's seconds are set to 1,000 to tell the two apart."""
     import ucmfh.epochs as epochs_module
-    from test_registry import _StopAfter
+    from conftest import StopAfter
 
     results, out = tmp_path / "r.jsonl", tmp_path / "runs"
     argv = ["train-hash", "-d", tiny_path, "-b", "16", "--results", str(results), "--out", str(out), "--device", "cpu",
             "--quiet", "--epochs", "4", "--set", "hash.hidden=32", "--loss-param", "temperature=0.3", "--refit",
             "--save-interval", "1e9"]
-    monkeypatch.setattr(epochs_module, "tqdm", _StopAfter(2))
+    monkeypatch.setattr(epochs_module, "tqdm", StopAfter(2))
     stopped = CliRunner().invoke(main, argv)
     assert stopped.exit_code != 0 and not results.exists()
     [path] = out.rglob("hash16.state.pt")
     state = torch.load(path, weights_only=False)
     assert 0 < state["elapsed"] < 1000
     torch.save({**state, "elapsed": 1000.0}, path)
-    monkeypatch.setattr(epochs_module, "tqdm", _StopAfter(None))
+    monkeypatch.setattr(epochs_module, "tqdm", StopAfter(None))
     done = CliRunner().invoke(main, [*argv, "--resume"])
     assert done.exit_code == 0, done.output
     [row] = [json.loads(line) for line in results.read_text().splitlines()]

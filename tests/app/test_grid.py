@@ -77,14 +77,14 @@ def test_grid_rejects_an_unknown_loss_before_training(tiny_path, tmp_path):
 def test_an_interrupted_grid_says_to_run_it_again_and_that_finishes_it(tiny_path, tmp_path, monkeypatch):
     """A grid has no --resume (it always resumes): stopped inside a cell, it says to run the same command,
     and that command goes on from the cell's saved state and ends with every cell's rows."""
-    from tests.test_registry import _StopAfter
+    from conftest import StopAfter
     from ucmfh import epochs
 
     results = tmp_path / "grid.jsonl"
     argv = ["grid", "-d", tiny_path, "-b", "8", "-b", "16", "--methods", "two-tower", "--set", "hash.hidden=64",
             "--batch-size", "64", "--epochs", "3", "--device", "cpu", "--protocol", "unimodal",
             "--out", str(tmp_path / "runs"), "--results", str(results), "--table", str(tmp_path / "table")]
-    bars = _StopAfter(2, signal.SIGINT)
+    bars = StopAfter(2, signal.SIGINT)
     monkeypatch.setattr(epochs, "tqdm", bars)
     stopped = CliRunner().invoke(main, argv)
     assert stopped.exit_code == 130, stopped.output

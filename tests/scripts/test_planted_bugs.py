@@ -5,13 +5,11 @@ from __future__ import annotations
 import importlib.util
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-from conftest import SCRIPTS
+from conftest import ROOT, SCRIPTS
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def _load():

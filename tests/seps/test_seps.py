@@ -25,54 +25,12 @@ from ucmfh.seps import build_model, database_scores, databases, fit_seps, recall
 from ucmfh.similarity import normalize
 from ucmfh.methods import fit_hashing
 
-T, D_IMG, D_TXT = 8, 16, 12
-
-
-def token_splits(seed: int = 0, images=(12, 40), captions: int = 2, dense: bool = False, cls: bool = False):
-    """A caption set with tokens: each image's concept sits on 2 of its patches and in 2 words of each caption."""
-    rng = np.random.default_rng(seed)
-    a, b = rng.normal(size=(8, D_IMG)), rng.normal(size=(8, D_TXT))
-    out, next_id = {}, 0
-    for split, n_img in zip(("query", "retrieval"), images):
-        ids = np.repeat(np.arange(next_id, next_id + n_img), captions)
-        next_id += n_img
-        concept = rng.normal(size=(n_img, 8))
-        img_tok = rng.normal(scale=0.5, size=(n_img, T, D_IMG))
-        where = rng.integers(int(cls), T, size=(n_img, 2))
-        for i in range(n_img):
-            img_tok[i, where[i]] += concept[i] @ a
-        img_tok = np.repeat(img_tok, captions, axis=0)
-        lengths = rng.integers(3, 7, size=len(ids))
-        words = []
-        for item, length in enumerate(lengths):
-            w = rng.normal(scale=0.5, size=(length, D_TXT))
-            w[:2] += concept[ids[item] - ids[0]] @ b
-            words.append(w)
-        arrays = {
-            "image": img_tok.mean(axis=1), "ids": ids,
-            "text": np.stack([w.mean(axis=0) for w in words]),
-            "image_tokens": img_tok, "text_tokens": np.concatenate(words),
-            "text_offsets": np.concatenate([[0], np.cumsum(lengths)]),
-        }
-        if dense:  # a description of each item's image: its concept in every word
-            d_len = np.full(len(ids), 4)
-            arrays["dense_text_tokens"] = np.concatenate(
-                [np.tile(concept[i - ids[0]] @ b, (4, 1)) + rng.normal(scale=0.1, size=(4, D_TXT)) for i in ids])
-            arrays["dense_text_offsets"] = np.concatenate([[0], np.cumsum(d_len)])
-        out[split] = arrays
-    out["train"] = out["retrieval"]
-    return out
+from conftest import D_IMG, D_TXT, T, small_seps, token_splits
 
 
 @pytest.fixture(scope="module")
 def token_path(tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp("tok") / "tok.h5", token_splits(), attrs={"name": "tok"})
-
-
-def small_seps(**kw) -> SepsConfig:
-    base = dict(embed_dim=32, epochs=4, batch_size=32, lr=3e-3, device="cpu", val_fraction=0.2, patience=0,
-                pair_chunk=256)
-    return SepsConfig(**{**base, **kw})
 
 
 # ---------------------------------------------------------------- the token contract (§9)

@@ -57,9 +57,9 @@ def test_r1_by_index_is_the_metrics_on_both_databases(ties):
 
 
 def test_the_script_prints_each_run_and_the_means(tmp_path):
-    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+    from conftest import caption_file  # noqa: PLC0415 - the shared tiny caption set
 
-    path = str(_caption_file(tmp_path / "c.h5"))
+    path = str(caption_file(tmp_path / "c.h5"))
     out = subprocess.run([sys.executable, SCRIPT, path, "--methods", "cca-itq", "-b", "8", "--seeds", "0,1"],
                          capture_output=True, text=True, check=True).stdout
     rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
@@ -86,9 +86,9 @@ def run_main(ties, monkeypatch, capsys):
 
 
 def test_the_script_scores_saved_checkpoints_each_alone(tmp_path, ties, run_main):
-    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+    from conftest import caption_file  # noqa: PLC0415 - the shared tiny caption set
 
-    path = str(_caption_file(tmp_path / "c.h5"))
+    path = str(caption_file(tmp_path / "c.h5"))
     data = load_dataset(path)
     saved = []
     for seed in (0, 1):
@@ -111,9 +111,9 @@ def test_the_script_scores_saved_checkpoints_each_alone(tmp_path, ties, run_main
 
 @pytest.mark.parametrize("bad, message", [("labels", "not a caption set"), ("checkpoint", "none.pt: no such checkpoint")])
 def test_bad_input_is_refused_in_one_line(tiny_path, tmp_path, run_main, bad, message):
-    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+    from conftest import caption_file  # noqa: PLC0415 - the shared tiny caption set
 
-    args = [tiny_path] if bad == "labels" else [str(_caption_file(tmp_path / "c.h5")), "--checkpoints",
+    args = [tiny_path] if bad == "labels" else [str(caption_file(tmp_path / "c.h5")), "--checkpoints",
                                                  str(tmp_path / "none.pt")]
     code, out, err = run_main(*args)
     assert code == 2 and message in err and len(err.strip().splitlines()) == 1 and not out

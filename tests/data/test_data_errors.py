@@ -11,7 +11,6 @@ import os
 import pickle
 import subprocess
 import sys
-from pathlib import Path
 
 import h5py
 import numpy as np
@@ -22,9 +21,8 @@ from click.testing import CliRunner
 from ucmfh.app.cli import main
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 
-from conftest import dead_pid
+from conftest import ROOT, dead_pid
 
-ROOT = Path(__file__).resolve().parents[1]
 N = 30
 SPLIT = ["--query", "5", "--train", "10"]
 

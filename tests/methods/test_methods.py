@@ -116,11 +116,11 @@ def test_ucmfh_without_its_fusion_encoder_is_refused(tiny):
 
 def test_two_tower_on_a_caption_set_keeps_the_captions_of_an_image_together(tmp_path):
     """Every caption of an image is a positive of it; validation holds out whole images."""
-    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+    from conftest import caption_file  # noqa: PLC0415 - the shared tiny caption set
 
     from ucmfh.data.h5 import load_dataset
 
-    data = load_dataset(_caption_file(tmp_path / "captions.h5", n_retrieval=60))
+    data = load_dataset(caption_file(tmp_path / "captions.h5", n_retrieval=60))
     model, history = fit_hashing(data, two_tower(n_bits=16, epochs=5, batch_size=32), progress=False)
     assert history.best_epoch is not None and len(history.validation) == len(history)
     rows = evaluate_hashing(model, data, ["unimodal"], device="cpu")
@@ -296,9 +296,9 @@ def test_no_relaxation_trains_a_real_valued_embedding_and_validates_it_by_cosine
 
 
 def test_grid_on_a_caption_set_keeps_both_databases_and_tabulates_recall(tmp_path):
-    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+    from conftest import caption_file  # noqa: PLC0415 - the shared tiny caption set
 
-    path = _caption_file(tmp_path / "captions.h5", n_retrieval=60)
+    path = caption_file(tmp_path / "captions.h5", n_retrieval=60)
     results, table = tmp_path / "g.jsonl", tmp_path / "t"
     argv = ["grid", "-d", path, "-b", "16", "--methods", "two-tower,cca-itq", "--epochs", "2", "--set",
             "hash.hidden=32", "--batch-size", "32", "--out", str(tmp_path / "runs"), "--results", str(results),
@@ -348,9 +348,9 @@ def test_real_valued_cca_itq_is_real_valued_cca(tiny):
 
 
 def test_a_caption_set_row_carries_the_real_valued_recall_and_the_grid_tabulates_it(tmp_path):
-    from test_captions import _caption_file  # noqa: PLC0415 - the shared tiny caption set
+    from conftest import caption_file  # noqa: PLC0415 - the shared tiny caption set
 
-    path = _caption_file(tmp_path / "captions.h5", n_retrieval=60)
+    path = caption_file(tmp_path / "captions.h5", n_retrieval=60)
     results, table = tmp_path / "g.jsonl", tmp_path / "t"
     argv = ["grid", "-d", path, "-b", "16", "--methods", "cca-itq", "--out", str(tmp_path / "runs"),
             "--results", str(results), "--table", str(table), "--device", "cpu", "--quiet"]

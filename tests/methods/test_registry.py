@@ -4,10 +4,8 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import os
 import re
 import signal
-from typing import Optional
 
 import pytest
 import torch
@@ -22,15 +20,9 @@ from ucmfh.epochs import StateFile, TrainingInterrupted
 from ucmfh.fusion_stage import fit_fusion
 from ucmfh.selection import validation_split, validation_view
 
-from conftest import small_fusion
+from conftest import StopAfter, method_config as config, small_fusion
 
 TRAINED = [name for name, spec in METHODS.items() if not spec.closed_form]
-
-
-def config(name: str, **kw) -> HashConfig:
-    """A small config of method ``name`` for tiny data; its own parameters stay its defaults."""
-    return hash_config(name, **{"n_bits": 16, "hidden": 32, "epochs": 3, "batch_size": 64, "device": "cpu",
-                                "val_fraction": 0.2, "patience": 0, **kw})
 
 
 @pytest.fixture(scope="module")
@@ -101,42 +93,6 @@ def test_validation_items_never_train_and_only_they_pick_the_epoch(tiny, fusion,
     assert history.validation == [[1, sum(r["map_i2t"] + r["map_t2i"] for r in rows) / (2 * len(rows))]]
 
 
-class _StopAfter:
-    """A progress bar that sends this process SIGINT (or ``signum``) after ``epochs`` epochs (a Ctrl-C at a
-    known moment) and records the epoch each run starts at, and the epoch the run is in (``epoch``, from 1)."""
-
-    def __init__(self, epochs: Optional[int], signum: int = signal.SIGINT):
-        self.epochs, self.signum = epochs, signum
-        self.starts = []
-        self.bar = None
-
-    @property
-    def epoch(self) -> int:
-        return self.bar.n + 1
-
-    def __call__(self, *args, **kwargs):
-        outer = self
-        self.starts.append(kwargs.get("initial", 0))
-
-        class Bar:
-            def __init__(self):
-                self.n = kwargs.get("initial", 0)
-                outer.bar = self
-
-            def update(self, k):
-                self.n += k
-                if self.n == outer.epochs:
-                    os.kill(os.getpid(), outer.signum)
-
-            def set_postfix(self, **_):
-                pass
-
-            def close(self):
-                pass
-
-        return Bar()
-
-
 @pytest.mark.parametrize("name, signum", [(name, signal.SIGINT) for name in TRAINED]
                          + [("two-tower", signal.SIGTERM)])  # the README promises a save on SIGTERM too
 def test_an_interrupted_run_resumes_to_the_same_model(tiny, fusion, name, signum, tmp_path, monkeypatch):
@@ -145,7 +101,7 @@ def test_an_interrupted_run_resumes_to_the_same_model(tiny, fusion, name, signum
     The second epoch is made the best (its validation score raised by 1), so the best-so-far record the
     resumed run must keep is one from before the interruption, for every method."""
     cfg = config(name, epochs=4)
-    bars = _StopAfter(None, signum)
+    bars = StopAfter(None, signum)
     monkeypatch.setattr(epochs_module, "tqdm", bars)
     validation_scores = selection_module.score_splits
 

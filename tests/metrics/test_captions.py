@@ -9,11 +9,10 @@ from click.testing import CliRunner
 
 from ucmfh.app.cli import main
 from ucmfh.data.h5 import DataError, load_dataset, validate_file
-from ucmfh.data.writer import write_dataset
 from ucmfh.metrics import evaluate_caption_set
 from ucmfh.evaluation import encode_split
 
-from conftest import shared_file
+from conftest import caption_file, shared_file
 
 
 def _slow_rank(q: np.ndarray, db: np.ndarray, ranking: str) -> np.ndarray:
@@ -103,31 +102,13 @@ def test_flickr8k1000_cca_itq_matches_the_contracts_figures():
     assert [round(test["recall_t2i"][r], 1) for r in ("1", "5", "10")] == [18.6, 42.4, 56.4]
 
 
-def _caption_file(path, rng=np.random.default_rng(0), n_query=8, n_retrieval=40, labels=False):
-    latent = rng.normal(size=(n_query + n_retrieval, 8))
-    a, b = rng.normal(size=(8, 12)), rng.normal(size=(8, 10))
-
-    def split(images):
-        ids = np.repeat(images, 3)
-        img = np.repeat(latent[images] @ a, 3, axis=0)
-        txt = latent[ids] @ b + 0.3 * rng.normal(size=(len(ids), 10))
-        arrays = {"image": img, "text": txt, "ids": ids}
-        if labels:
-            arrays["labels"] = np.ones((len(ids), 1))
-        return arrays
-
-    query, retrieval = np.arange(n_query), np.arange(n_query, n_query + n_retrieval)
-    return write_dataset(path, {"train": split(retrieval), "query": split(query), "retrieval": split(retrieval)},
-                         {"name": "captions"})
-
-
 def test_a_caption_set_needs_ids_and_labels_everywhere_or_nowhere(tmp_path):
-    data = load_dataset(_caption_file(tmp_path / "c.h5"))
+    data = load_dataset(caption_file(tmp_path / "c.h5"))
     assert data.caption_set and data.query.labels is None and len(data.query) == 24
     import h5py
 
     bad = tmp_path / "half.h5"
-    _caption_file(bad, labels=True)
+    caption_file(bad, labels=True)
     with h5py.File(bad, "a") as f:
         del f["query/labels"]
     with pytest.raises(DataError, match="/query/labels: missing dataset, but /train/labels exists"):
@@ -139,7 +120,7 @@ def test_a_caption_set_needs_ids_and_labels_everywhere_or_nowhere(tmp_path):
 
 
 def test_train_hash_on_a_caption_set_reports_recall_on_both_databases(tmp_path):
-    path = _caption_file(tmp_path / "captions.h5")
+    path = caption_file(tmp_path / "captions.h5")
     results = tmp_path / "r.jsonl"
     runner = CliRunner()
     result = runner.invoke(main, ["train-hash", "-d", path, "-b", "16", "--epochs", "2", "--batch-size", "16",

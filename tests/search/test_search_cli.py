@@ -7,7 +7,6 @@ import signal
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -20,7 +19,8 @@ from ucmfh.config import HashConfig
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.search import Index
 
-ROOT = Path(__file__).resolve().parents[1]
+from conftest import ROOT
+
 
 
 @pytest.fixture()

@@ -12,10 +12,9 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import no_traceback, runs_a_front_door
+from conftest import ROOT, no_traceback, runs_a_front_door
 from ucmfh.app.cli import main
 
-ROOT = Path(__file__).resolve().parents[1]
 TINY_ARGS = ["--n-query", "40", "--n-retrieval", "200", "--n-train", "120", "--d-img", "24", "--d-txt", "16",
              "--n-classes", "6"]
 
