@@ -10,7 +10,7 @@ from ucmfh.config import PROTOCOLS
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.metrics import average_precision_at_k, evaluate_caption_set
 from ucmfh.metrics.ap import mean
-from ucmfh.metrics.arguments import Ranking, Ties
+from ucmfh.metrics.arguments import DEFAULT_K, Ranking, Ties
 from ucmfh.metrics.report import EXPECTED
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
@@ -78,7 +78,7 @@ def score_both_directions(
     retrieval: Tuple[torch.Tensor, torch.Tensor],
     query_labels: torch.Tensor,
     retrieval_labels: torch.Tensor,
-    k: int = 50,
+    k: int = DEFAULT_K,
     ranking: Ranking = "hamming",
     ties: Ties = "index",
 ) -> Dict[str, float]:
@@ -109,7 +109,7 @@ def score_splits(
     query: Tuple[torch.Tensor, torch.Tensor],
     retrieval: Tuple[torch.Tensor, torch.Tensor],
     data: Dataset,
-    k: int = 50,
+    k: int = DEFAULT_K,
     ranking: Ranking = "hamming",
     expected: bool = False,
     per_query: bool = False,
@@ -153,7 +153,7 @@ _METRICS = ("map_", "recall_", "rsum")  # the score keys of a row (the rest desc
 
 def evaluate_hashing(
     model: CrossModalHasher, data: Dataset, protocols: Sequence[str] = PROTOCOLS,
-    k: int = 50, device: str = "auto", progress: bool = False, real_valued: bool = False, per_query: bool = False,
+    k: int = DEFAULT_K, device: str = "auto", progress: bool = False, real_valued: bool = False, per_query: bool = False,
 ) -> List[Dict[str, object]]:
     """Hamming-ranking scores of both directions, one row per protocol (and database of a caption set).
 
@@ -176,7 +176,7 @@ def evaluate_hashing(
 
 def evaluate_fusion(
     fusion: FusionEncoder, data: Dataset, protocols: Sequence[str] = PROTOCOLS,
-    k: int = 50, device: str = "auto", progress: bool = False,
+    k: int = DEFAULT_K, device: str = "auto", progress: bool = False,
 ) -> List[Dict[str, object]]:
     """Cosine-ranking scores of the real-valued fusion embeddings, one row per protocol (and database)."""
     _check_protocols(protocols)
@@ -189,7 +189,7 @@ def evaluate_fusion(
     return rows
 
 
-def random_codes_scores(data: Dataset, n_bits: int, k: int = 50, seed: int = 0) -> List[Dict[str, object]]:
+def random_codes_scores(data: Dataset, n_bits: int, k: int = DEFAULT_K, seed: int = 0) -> List[Dict[str, object]]:
     """:func:`score_splits` of uniformly random ±1 codes: the floor a trained model must clear."""
     generator = torch.Generator().manual_seed(seed)
 
@@ -201,7 +201,7 @@ def random_codes_scores(data: Dataset, n_bits: int, k: int = 50, seed: int = 0) 
     return score_splits(query, retrieval, data, k)
 
 
-def random_codes_map(data: Dataset, n_bits: int, k: int = 50, seed: int = 0) -> Dict[str, float]:
+def random_codes_map(data: Dataset, n_bits: int, k: int = DEFAULT_K, seed: int = 0) -> Dict[str, float]:
     """MAP@k of uniformly random ±1 codes (labelled data; see :func:`random_codes_scores`)."""
     if data.caption_set:
         raise ValueError("a caption set has one floor per database: use random_codes_scores")

@@ -167,9 +167,9 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
               help="How codes are learnt (see 'ucmfh methods').")
 @click.option("--method-param", "method_params", multiple=True, metavar="KEY=VALUE",
               help="A hyper-parameter of the method, e.g. alpha=1.5 (repeatable; see 'ucmfh methods').")
-@click.option("--n-bits", "-b", multiple=True, type=click.IntRange(*CODE_LENGTHS), default=(64,), show_default=True,
+@click.option("--n-bits", "-b", multiple=True, type=click.IntRange(*CODE_LENGTHS), default=(HashConfig.n_bits,), show_default=True,
               help="Code length (repeatable: -b 16 -b 32 ...).")
-@click.option("--beta-schedule", type=click.Choice(BETA_SCHEDULES), default="none", show_default=True,
+@click.option("--beta-schedule", type=click.Choice(BETA_SCHEDULES), default=HashConfig.beta_schedule, show_default=True,
               help="Tanh continuation: none is UCMFH's plain tanh.")
 @click.option("--fusion-epochs", type=click.IntRange(min=1), default=None,
               help="Epochs of the fusion stage [default: as --epochs].")

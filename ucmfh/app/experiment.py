@@ -18,6 +18,7 @@ from ucmfh.distributed import current_group
 from ucmfh.files import PathLike
 from ucmfh.fusion_stage import fit_fusion
 from ucmfh.methods import build_method, fit_hashing
+from ucmfh.metrics.arguments import DEFAULT_K
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.evaluation import encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
 from ucmfh.utils import resolve_device
@@ -72,7 +73,7 @@ def load_or_train_fusion(data: Dataset, run: Run, opts: RunOptions, log: Log = p
 
 
 def train_fusion_stage(
-    data: Dataset, cfg: FusionConfig, opts: RunOptions, protocols: Sequence[str] = PROTOCOLS, k: int = 50,
+    data: Dataset, cfg: FusionConfig, opts: RunOptions, protocols: Sequence[str] = PROTOCOLS, k: int = DEFAULT_K,
     log: Log = print,
 ) -> List[Dict[str, Any]]:
     """Task 0: train (or reuse) the fusion encoder and score its embeddings by cosine ranking."""
@@ -86,7 +87,7 @@ def train_fusion_stage(
 
 def train_hash_stage(
     data: Dataset, fusion_cfg: FusionConfig, hash_cfg: HashConfig, opts: RunOptions,
-    protocols: Sequence[str] = PROTOCOLS, k: int = 50, log: Log = print,
+    protocols: Sequence[str] = PROTOCOLS, k: int = DEFAULT_K, log: Log = print,
 ) -> List[Dict[str, Any]]:
     """Task 1: train the hashing stage by ``hash_cfg.method``, save, score. Method 'ucmfh' trains
     hash heads on the run's fusion encoder (trained first if needed); the others ignore ``fusion_cfg``.
@@ -128,7 +129,7 @@ def train_hash_stage(
 
 def score_hash_model(
     model, data: Dataset, run: Run, checkpoint: str, seconds: float, protocols: Sequence[str] = PROTOCOLS,
-    k: int = 50, progress: bool = False, source: str = "train", trained_on: Optional[Dict[str, str]] = None,
+    k: int = DEFAULT_K, progress: bool = False, source: str = "train", trained_on: Optional[Dict[str, str]] = None,
 ) -> List[Dict[str, Any]]:
     hash_cfg = run.hash_cfg
     if build_method(hash_cfg.method).leak_free:  # 'fused' would repeat 'unimodal'
@@ -144,7 +145,7 @@ def score_hash_model(
 
 
 def evaluate_checkpoint(
-    data: Dataset, path: str, protocols: Sequence[str] = PROTOCOLS, k: int = 50,
+    data: Dataset, path: str, protocols: Sequence[str] = PROTOCOLS, k: int = DEFAULT_K,
     device: str = "auto", n_bits: Optional[int] = None, progress: bool = True, out: str = "runs",
     log: Log = print,
 ) -> List[Dict[str, Any]]:

@@ -35,6 +35,7 @@ from ucmfh.config import CODE_LENGTHS, PROTOCOLS
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import MARKS, read_jsonl, write_text_atomic
 from ucmfh.losses import LOSSES
+from ucmfh.metrics.arguments import DEFAULT_K
 from ucmfh.methods import DEFAULT_METHOD, METHODS, build_method
 from ucmfh.evaluation import EXPECTED
 
@@ -203,7 +204,7 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
 @click.option("--fusion-epochs", type=click.IntRange(min=1), default=None,
               help="Epochs of the fusion stage [default: as --epochs].")
 @click.option("--protocol", type=click.Choice(["both", *PROTOCOLS]), default="both", show_default=True)
-@click.option("--k", default=50, show_default=True, type=click.IntRange(min=1), help="MAP@k cut-off.")
+@click.option("--k", default=DEFAULT_K, show_default=True, type=click.IntRange(min=1), help="MAP@k cut-off.")
 @click.option("--results", default=DEFAULT_RESULTS, show_default=True,
               help="JSON-lines file of result rows (read to skip finished cells; 'ucmfh runs' reads it too).")
 @click.option("--table", default="runs/grid", show_default=True,

@@ -13,6 +13,7 @@ from ucmfh.app.identity import RunOptions
 from ucmfh.config import AMP_MODES, PROTOCOLS, SEED, FusionConfig, HashConfig, check_setting, with_defaults
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY
 from ucmfh.losses import build_loss
+from ucmfh.metrics.arguments import DEFAULT_K
 from ucmfh.methods import build_method
 from ucmfh.utils import resolve_device
 
@@ -102,7 +103,7 @@ def data_options(fn: Callable) -> Callable:
                      help="Folder of NAME.h5 dataset files."),
         click.option("--protocol", type=click.Choice(["both", *PROTOCOLS]), default="both", show_default=True,
                      help="unimodal: codes from one modality (cross-modal); fused: UCMFH's protocol."),
-        click.option("--k", default=50, show_default=True, type=click.IntRange(min=1), help="MAP@k cut-off."),
+        click.option("--k", default=DEFAULT_K, show_default=True, type=click.IntRange(min=1), help="MAP@k cut-off."),
         *output_options(),
     ]):
         fn = option(fn)

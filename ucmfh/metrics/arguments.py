@@ -24,6 +24,7 @@ Ties = Literal["index", "expected"]
 every order, all equally likely ("expected", :mod:`ucmfh.metrics.ties`)."""
 TIES = ("index", "expected")
 
+DEFAULT_K = 50  # MAP@50: the field's cut-off, the default of every metric, stage and command that takes k
 DEFAULT_CHUNK_SIZE = 256
 DEFAULT_RETRIEVAL_CHUNK_SIZE = 65536
 

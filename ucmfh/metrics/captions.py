@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from ucmfh.data.format import first_of_each_id
-from ucmfh.metrics.arguments import TIES, ArrayLike, Ranking, Ties, as_tensors, check_choice
+from ucmfh.metrics.arguments import DEFAULT_K, TIES, ArrayLike, Ranking, Ties, as_tensors, check_choice
 from ucmfh.metrics.ap import mean, mean_columns
 from ucmfh.metrics.ranking import average_precision_by_id, hits_at_ranks
 
@@ -91,7 +91,7 @@ def evaluate_caption_set(
     retrieval_txt: ArrayLike,
     retrieval_ids: ArrayLike,
     *,
-    k: int = 50,
+    k: int = DEFAULT_K,
     ranks: Sequence[int] = (1, 5, 10),
     ranking: Ranking = "hamming",
     ties: Ties = "index",

@@ -27,6 +27,7 @@ from ucmfh.metrics.ap import (
 )
 from ucmfh.metrics.arguments import (
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_K,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
     ArrayLike,
     Empty,
@@ -343,7 +344,7 @@ def map_at_k_by_id(
     retrieval_codes: ArrayLike,
     query_ids: ArrayLike,
     retrieval_ids: ArrayLike,
-    k: int = 50,
+    k: int = DEFAULT_K,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     ranking: Ranking = "hamming",
@@ -364,7 +365,7 @@ def average_precision_by_id(
     retrieval_codes: ArrayLike,
     query_ids: ArrayLike,
     retrieval_ids: ArrayLike,
-    k: int = 50,
+    k: int = DEFAULT_K,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
     ranking: Ranking = "hamming",

@@ -8,6 +8,7 @@ import torch
 
 from ucmfh.metrics.arguments import (
     DEFAULT_CHUNK_SIZE,
+    DEFAULT_K,
     DEFAULT_RETRIEVAL_CHUNK_SIZE,
     ArrayLike,
     Empty,
@@ -34,7 +35,7 @@ def evaluate_direction(
     query_ids: Optional[ArrayLike] = None,
     retrieval_ids: Optional[ArrayLike] = None,
     *,
-    k: int = 50,
+    k: int = DEFAULT_K,
     ks: Sequence[int] = DEFAULT_KS,
     ranks: Sequence[int] = (1, 5, 10),
     radius: int = 2,
@@ -131,7 +132,7 @@ def evaluate_codes(
         )
     ranking = options.get("ranking", "hamming")
     settings = {
-        "k": options.get("k", 50),
+        "k": options.get("k", DEFAULT_K),
         "empty": options.get("empty", "zero"),
         "ranking": ranking,
         "n_query": int(query_img.shape[0]),
@@ -145,7 +146,7 @@ def evaluate_codes(
 
 def evaluate_codes_file(
     path: Union[str, "os.PathLike[str]"],
-    k: int = 50,
+    k: int = DEFAULT_K,
     *,
     device: Union[str, torch.device] = "cpu",
     **options,
