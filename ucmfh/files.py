@@ -112,10 +112,11 @@ MARKS = {
     "table": b"<!-- generator: ucmfh -->",  # a grid's PREFIX.md
     "table-csv": b"dataset,method,loss,n_bits,protocol,",  # a grid's PREFIX.csv: its header
     "figure": b"Software\x00ucmfh",  # a PNG's text chunk (matplotlib's metadata)
+    "figure-svg": b"<dc:title>ucmfh</dc:title>",  # an SVG's creator (matplotlib's metadata {"Creator": "ucmfh"})
     "metrics": b'{\n "generator": "ucmfh',  # ucmfh evaluate --metrics-out
 }
 KINDS = {"page": "results page", "table": "grid table", "table-csv": "grid table", "figure": "figure",
-         "metrics": "metrics file"}
+         "figure-svg": "figure", "metrics": "metrics file"}
 _HEAD = 4096  # every mark stands within the first bytes
 
 

@@ -292,11 +292,23 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
 @click.option("--checkpoint", "checkpoint", is_flag=True,
               help="Print only the checkpoint of the one run that matches (for 'index -c', 'evaluate -c', ...); "
                    "an error when several match.")
+@click.option("--plot", metavar="PREFIX",
+              help="Draw each dataset's scores against code length, one line per method: "
+                   "PREFIX_<dataset>_<score>.png and .svg (needs matplotlib).")
+@click.option("--overwrite", is_flag=True, help="Replace a --plot file that is not a figure ucmfh wrote.")
 @user_errors
-def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_json, checkpoint) -> None:
+def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_json, checkpoint, plot,
+             overwrite) -> None:
     """Summarise past runs from results files: mean ± std over seeds, one line per setting."""
     from ucmfh.app.runs import filter_rows, format_summary, read_results, summarize, the_checkpoint
 
+    if plot is not None and (as_json or checkpoint):
+        raise click.UsageError(f"--plot does not go with {'--json' if as_json else '--checkpoint'}")
+    if plot is not None:
+        from ucmfh.metrics.plots import pyplot
+
+        pyplot()  # a missing matplotlib is said before anything is read
+        check_outputs(folders={"--plot": os.path.dirname(os.path.abspath(plot))})
     rows = filter_rows(read_results(results, warn), dataset=dataset, method=method, loss=loss, n_bits=n_bits,
                        protocol=protocol, seed=seed, task=task)
     if checkpoint:
@@ -306,6 +318,16 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
             raise UserError(f"{err}; name one run with -d, --task, --method, --loss, -b and --seed") from None
         return
     groups = summarize(rows)
+    if plot is not None:
+        from ucmfh.app.length_plot import check_figure_paths, draw_length_figures, length_figures
+
+        figures = length_figures(groups)
+        if not figures:
+            raise UserError("--plot: no run with a code length and a score matches; nothing drawn")
+        check_figure_paths(plot, figures, overwrite)
+        for path in draw_length_figures(figures, plot):
+            click.echo(f"wrote {path}")
+        return
     if as_json:
         for g in groups:
             click.echo(json.dumps(g, sort_keys=True))

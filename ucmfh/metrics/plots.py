@@ -11,7 +11,9 @@ from typing import Dict, List, Optional, Tuple
 from ucmfh.files import atomic_file
 
 
-def _pyplot():
+def pyplot():
+    """matplotlib's pyplot on the file-only Agg backend; ``ImportError`` in one line naming the extra
+    ``ucmfh[plot]`` when matplotlib is missing."""
     try:
         import matplotlib
 
@@ -29,7 +31,7 @@ _NAMES = {"i2t": "I→T", "t2i": "T→I"}
 
 def plot_pr_curve(results: Dict[str, object], path: str) -> str:
     """Precision–recall by Hamming radius, both directions, from :func:`evaluate_codes` results."""
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 4))
     for name, label in _NAMES.items():
         curve = results.get(name, {}).get("pr_curve")
@@ -52,7 +54,7 @@ def plot_precision_at_k(results: Dict[str, object], path: str) -> str:
     and repeats P@N, which is drawn once, at K = N. The tie-aware curve where the results have
     it (``precision_expected``), else the one with ties by index.
     """
-    plt = _pyplot()
+    plt = pyplot()
     fig, ax = plt.subplots(figsize=(5, 4))
     n = results.get("settings", {}).get("n_retrieval")
     for name, label in _NAMES.items():

@@ -1,0 +1,156 @@
+"""Figures of a score against code length from :func:`ucmfh.app.runs.summarize` (``ucmfh runs --plot``).
+
+One figure per dataset and score: MAP@k I→T and T→I of a labelled set, R@1 I→T and T→I of a caption set
+per database; the headline figure of :mod:`ucmfh.app.runs` (the tie-aware one where the rows have it).
+One line per method (its loss when not the method's default), the sample standard deviation over seeds
+as error bars, and random codes as a dashed reference where the rows scored them. What is drawn is
+computed apart from the drawing (:func:`length_figures`: plain data), so it can be checked against the
+summary value by value.
+"""
+from __future__ import annotations
+
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple
+
+from ucmfh.app.runs import headline, variant_of
+from ucmfh.files import atomic_file, check_replaceable, check_writable
+
+# a figure's score: (field, label); a labelled set's MAP, a caption set's R@1 in %
+MAP_FIELDS = (("map_i2t", "MAP@{k} I→T"), ("map_t2i", "MAP@{k} T→I"))
+RECALL_FIELDS = (("r1_i2t", "R@1 I→T (%)"), ("r1_t2i", "R@1 T→I (%)"))
+# what tells two lines of one figure apart beyond the method, shown only where it varies
+_QUALIFIERS = (("trained_on", "trained on {}"), ("task", "{}"), ("protocol", "{}"), ("stage", "{}"),
+               ("k", "k={}"), ("settings_key", "settings {}"))
+SUFFIXES = ((".png", "figure"), (".svg", "figure-svg"))
+
+
+def safe_name(text: str) -> str:
+    """``text`` as a file-name part: letters, digits, ``.``, ``_`` and ``-`` only."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "x"
+
+
+def _line_key(entry: Dict[str, Any]) -> Tuple[Any, ...]:
+    method = variant_of(entry) if entry.get("method") else entry.get("task")
+    return (method, *(entry.get(name) for name, _ in _QUALIFIERS))
+
+
+def length_figures(groups: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """The figures of :func:`summarize` output ``groups``, as plain data; entries without a code length
+    (fusion, SEPS) are left out. Each figure: ``name`` (for its files), ``dataset``, ``trained_on``,
+    ``database``, ``field`` (``map_i2t``, ``r1_t2i`` ...), ``title``, ``ylabel``, ``n_bits`` (every code
+    length drawn, ascending), ``lines`` (each: ``label``, ``n_bits``, ``mean``, ``std``, ``n_seeds`` and
+    ``fields``, the summary's field of each point, its tie-aware twin where it has one) and ``reference``
+    (random codes: ``n_bits`` and ``mean``, the mean over the figure's entries of each length; None when
+    no entry has them)."""
+    figures: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
+    for entry in groups:
+        if entry.get("n_bits") is None:
+            continue
+        fields = RECALL_FIELDS if entry.get("database") else MAP_FIELDS
+        for field, label in fields:
+            shown = headline(entry, field)
+            if f"{shown}_mean" not in entry:
+                continue
+            key = (str(entry["dataset"]), entry.get("trained_on") or "", entry.get("database") or "", field)
+            figure = figures.setdefault(key, {"entries": [], "label": label})
+            figure["entries"].append((entry, shown))
+    out, names = [], set()
+    for (dataset, trained, database, field), figure in sorted(figures.items()):
+        out.append(_figure(dataset, trained or None, database or None, field, figure["label"], figure["entries"]))
+        name = out[-1]["name"]
+        while out[-1]["name"] in names:  # two datasets whose names differ only in unsafe characters
+            out[-1]["name"] = f"{name}-{len(names)}"
+        names.add(out[-1]["name"])
+    return out
+
+
+def _figure(dataset: str, trained: Optional[str], database: Optional[str], field: str, label: str,
+            entries: List[Tuple[Dict[str, Any], str]]) -> Dict[str, Any]:
+    keys = [_line_key(e) for e, _ in entries]
+    # a qualifier is shown where one method's lines differ in it (methods differ in their settings anyway)
+    varying = [i for i, (name, _) in enumerate(_QUALIFIERS) if name != "trained_on" and any(
+        len({k[1 + i] for k in keys if k[0] == method}) > 1 for method in {k[0] for k in keys})]
+    lines: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
+    for entry, shown in sorted(entries, key=lambda x: (str(_line_key(x[0])), x[0]["n_bits"])):
+        key = _line_key(entry)
+        parts = [_QUALIFIERS[i][1].format(key[1 + i]) for i in varying if key[1 + i] is not None]
+        copy = 0  # same names, another dataset file: a line of its own
+        while True:
+            name = " ".join([str(key[0]), *parts]) + (f" ({copy + 1})" if copy else "")
+            line = lines.setdefault((*key, copy), {"label": name, "n_bits": [], "mean": [], "std": [],
+                                                   "n_seeds": [], "fields": []})
+            if entry["n_bits"] not in line["n_bits"]:
+                break
+            copy += 1
+        line["n_bits"].append(entry["n_bits"])
+        line["mean"].append(entry[f"{shown}_mean"])
+        line["std"].append(entry[f"{shown}_std"])
+        line["n_seeds"].append(entry["n_seeds"])
+        line["fields"].append(shown)
+    random: Dict[int, List[float]] = {}
+    for entry, _ in entries:
+        if f"random_{field}_mean" in entry:
+            random.setdefault(entry["n_bits"], []).append(entry[f"random_{field}_mean"])
+    reference = None if not random else {
+        "n_bits": sorted(random), "mean": [sum(random[b]) / len(random[b]) for b in sorted(random)]}
+    ks = {e.get("k") for e, _ in entries}
+    ylabel = label.format(k=ks.pop() if len(ks) == 1 and None not in ks else "k")
+    where = dataset + (f" (trained on {trained})" if trained else "") + (f", database {database}" if database else "")
+    name = "_".join(safe_name(p) for p in (dataset, *([f"from-{trained}"] if trained else []), field,
+                                            *([database] if database else [])))
+    return {"name": name, "dataset": dataset, "trained_on": trained, "database": database, "field": field,
+            "title": f"{ylabel} by code length\n{where}", "ylabel": ylabel,
+            "n_bits": sorted({b for line in lines.values() for b in line["n_bits"]}),
+            "lines": list(lines.values()), "reference": reference}
+
+
+def figure_paths(prefix: str, figures: Sequence[Dict[str, Any]]) -> List[Tuple[str, str]]:
+    """(path, kind of file) of every file the figures are written to: ``PREFIX_<name>.png`` and ``.svg``."""
+    return [(f"{prefix}_{f['name']}{suffix}", kind) for f in figures for suffix, kind in SUFFIXES]
+
+
+def check_figure_paths(prefix: str, figures: Sequence[Dict[str, Any]], overwrite: bool = False,
+                       flag: str = "--plot") -> None:
+    """Refuse, before drawing, a figure that could not be written or would replace a file that is not a
+    figure ucmfh wrote (without ``overwrite``), naming ``flag`` as :func:`ucmfh.app.outputs.check_outputs`
+    does."""
+    for path, kind in figure_paths(prefix, figures):
+        try:
+            check_writable(path)
+            check_replaceable(path, kind, overwrite)
+        except (OSError, ValueError) as err:  # a user error (ucmfh.app.errors): one line, exit 2
+            raise type(err)(f"{flag} {err}") from None
+
+
+def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[str]:
+    """Draw each of :func:`length_figures` to ``PREFIX_<name>.png`` and ``.svg``, atomically, with
+    ucmfh's mark; return the paths. matplotlib is imported here (``ImportError`` naming ``ucmfh[plot]``)."""
+    from ucmfh.metrics.plots import pyplot
+
+    plt = pyplot()
+    paths = []
+    for figure in figures:
+        fig, ax = plt.subplots(figsize=(5.5, 4))
+        for line in figure["lines"]:
+            ax.errorbar(line["n_bits"], line["mean"], yerr=line["std"], marker="o", capsize=3, label=line["label"])
+        if figure["reference"]:
+            ref = figure["reference"]
+            ax.plot(ref["n_bits"], ref["mean"], linestyle="--", color="grey", label="random codes")
+        ax.set_xscale("log", base=2)
+        ax.set_xticks(figure["n_bits"])
+        ax.set_xticklabels([str(b) for b in figure["n_bits"]])
+        ax.minorticks_off()
+        ax.set_xlabel("code length (bits)")
+        ax.set_ylabel(figure["ylabel"])
+        ax.set_title(figure["title"], fontsize=10)
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=8, title="error bars: std over seeds", title_fontsize=7)
+        fig.tight_layout()
+        png, svg = (f"{prefix}_{figure['name']}{suffix}" for suffix, _ in SUFFIXES)
+        with atomic_file(png) as tmp:
+            fig.savefig(tmp, dpi=120, format="png", metadata={"Software": "ucmfh"})  # its mark (ucmfh.files.MARKS)
+        with atomic_file(svg) as tmp:
+            fig.savefig(tmp, format="svg", metadata={"Creator": "ucmfh", "Date": None})  # its mark, reproducible
+        plt.close(fig)
+        paths += [png, svg]
+    return paths
