@@ -1,0 +1,123 @@
+"""``ucmfh runs --plot``: the figures of a score against code length hold the summary's values."""
+from __future__ import annotations
+
+import sys
+
+import pytest
+from click.testing import CliRunner
+
+from ucmfh.app.cli import main
+from ucmfh.app.length_plot import check_figure_paths, draw_length_figures, length_figures
+from ucmfh.app.runs import headline, summarize, variant_of
+from ucmfh.files import MARKS, append_jsonl, check_replaceable
+
+
+def _row(method: str, n_bits: int, seed: int, i2t: float, **kw) -> dict:
+    return {"dataset": "wiki", "dataset_fingerprint": "f", "task": "hashing", "method": method, "loss": None,
+            "n_bits": n_bits, "protocol": "unimodal", "k": 50, "seed": seed, "run": f"{method}{n_bits}-{seed}",
+            "settings": {"fusion": None, "hash": {"seed": seed, "n_bits": n_bits, "method": method}},
+            "map_i2t": i2t, "map_t2i": i2t + 0.1, "map_i2t_expected": i2t - 0.01, "map_t2i_expected": i2t + 0.09,
+            "random_map_i2t": 0.1 + n_bits / 1000 + seed / 100, "random_map_t2i": 0.2, **kw}
+
+
+def _caption(n_bits: int, seed: int, database: str, r1: float) -> dict:
+    return {**_row("two-tower", n_bits, seed, 0.3), "dataset": "coco/5k", "dataset_fingerprint": "g",
+            "database": database, "recall_i2t": {"1": r1}, "recall_t2i": {"1": r1 / 2}}
+
+
+ROWS = [_row(m, b, s, 0.2 + b / 500 + s / 50 + (m == "cca-itq") / 20)
+        for m in ("two-tower", "cca-itq") for b in (16, 32, 64) for s in (1, 2, 3)]
+ROWS += [_row("two-tower", 128, 1, 0.5)]  # one seed: std 0
+ROWS += [{**_row("ucmfh", 0, 1, 0.0), "task": "fusion", "n_bits": None, "run": "f"}]  # no code length: not drawn
+ROWS += [_caption(b, s, db, 10.0 * s + b / 8) for b in (16, 32) for s in (1, 2) for db in ("test", "collection")]
+
+
+def test_every_point_is_the_summary_s_mean_and_std():
+    groups = summarize(ROWS)
+    figures = length_figures(groups)
+    names = [f["name"] for f in figures]
+    assert names == ["coco-5k_r1_i2t_collection", "coco-5k_r1_t2i_collection", "coco-5k_r1_i2t_test",
+                     "coco-5k_r1_t2i_test", "wiki_map_i2t", "wiki_map_t2i"]
+    checked = 0
+    for figure in figures:
+        field = figure["field"]
+        entries = [g for g in groups if g["dataset"] == figure["dataset"] and g["n_bits"] is not None
+                   and g["database"] == figure["database"]]
+        assert sorted(line["label"] for line in figure["lines"]) == sorted({variant_of(g) for g in entries})
+        for line in figure["lines"]:
+            mine = sorted((g for g in entries if variant_of(g) == line["label"]), key=lambda g: g["n_bits"])
+            assert line["n_bits"] == [g["n_bits"] for g in mine]
+            shown = [headline(g, field) for g in mine]
+            assert line["fields"] == shown
+            assert line["mean"] == [g[f"{s}_mean"] for g, s in zip(mine, shown)]
+            assert line["std"] == [g[f"{s}_std"] for g, s in zip(mine, shown)]
+            assert line["n_seeds"] == [g["n_seeds"] for g in mine]
+            checked += len(mine)
+        if figure["database"] is None:  # the tie-aware figure leads; random codes are the reference
+            assert all(f == field + "_expected" for line in figure["lines"] for f in line["fields"])
+            by_bits = {}
+            for g in entries:
+                by_bits.setdefault(g["n_bits"], []).append(g[f"random_{field}_mean"])
+            assert figure["reference"] == {"n_bits": sorted(by_bits),
+                                           "mean": [sum(v) / len(v) for _, v in sorted(by_bits.items())]}
+            assert figure["ylabel"] == ("MAP@50 I→T" if field == "map_i2t" else "MAP@50 T→I")
+        else:
+            assert figure["reference"] is None and figure["ylabel"].startswith("R@1")
+    assert checked == 2 * 7 + 4 * 2
+    two_tower = next(line for line in figures[-2]["lines"] if line["label"] == "two-tower")
+    assert two_tower["n_bits"] == [16, 32, 64, 128] and two_tower["std"][-1] == 0.0
+    assert two_tower["std"][0] == pytest.approx(0.02)  # sample std of 3 seeds 0.02 apart
+
+
+def test_figures_are_written_as_png_and_svg_with_ucmfh_s_mark(tmp_path):
+    pytest.importorskip("matplotlib")
+    figures = length_figures(summarize(ROWS[:6]))
+    prefix = str(tmp_path / "out" / "fig")
+    paths = draw_length_figures(figures, prefix)
+    assert paths == [prefix + s for s in ("_wiki_map_i2t.png", "_wiki_map_i2t.svg", "_wiki_map_t2i.png",
+                                          "_wiki_map_t2i.svg")]
+    for path in paths:
+        head = open(path, "rb").read(4096)
+        kind = "figure" if path.endswith(".png") else "figure-svg"
+        assert MARKS[kind] in head
+        check_replaceable(path, kind)
+    assert open(paths[0], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    check_figure_paths(prefix, figures)  # ucmfh's own figures are written again
+    (tmp_path / "out" / "fig_wiki_map_t2i.svg").write_text("<svg>mine</svg>")
+    with pytest.raises(FileExistsError, match="^--plot .*fig_wiki_map_t2i.svg: exists and is not a figure"):
+        check_figure_paths(prefix, figures)
+    check_figure_paths(prefix, figures, overwrite=True)
+
+
+def test_runs_plot_draws_the_selected_runs(tmp_path):
+    pytest.importorskip("matplotlib")
+    results = tmp_path / "r.jsonl"
+    append_jsonl(results, ROWS)
+    prefix = tmp_path / "fig"
+    result = CliRunner().invoke(main, ["runs", "--results", str(results), "-d", "wiki", "--method", "cca-itq",
+                                       "--plot", str(prefix)])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines() == [f"wrote {prefix}_wiki_map_{d}.{e}" for d in ("i2t", "t2i")
+                                          for e in ("png", "svg")]
+    assert sorted(p.name for p in tmp_path.glob("fig_*")) == sorted(
+        f"fig_wiki_map_{d}.{e}" for d in ("i2t", "t2i") for e in ("png", "svg"))
+    (tmp_path / "fig_wiki_map_i2t.png").write_bytes(b"a picture of the user's")
+    refused = CliRunner().invoke(main, ["runs", "--results", str(results), "-d", "wiki", "--plot", str(prefix)])
+    assert refused.exit_code == 2 and "pass --overwrite to replace it" in refused.output
+    assert (tmp_path / "fig_wiki_map_i2t.png").read_bytes() == b"a picture of the user's"
+    nothing = CliRunner().invoke(main, ["runs", "--results", str(results), "-d", "nus", "--plot", str(prefix)])
+    assert nothing.exit_code == 2 and "nothing drawn" in nothing.output
+    both = CliRunner().invoke(main, ["runs", "--results", str(results), "--json", "--plot", str(prefix)])
+    assert both.exit_code == 2 and "--plot does not go with --json" in both.output
+
+
+def test_a_missing_matplotlib_is_one_line_naming_the_extra(tmp_path, monkeypatch):
+    results = tmp_path / "r.jsonl"
+    append_jsonl(results, ROWS)
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # import matplotlib raises ImportError
+    monkeypatch.setitem(sys.modules, "matplotlib.pyplot", None)
+    result = CliRunner().invoke(main, ["runs", "--results", str(results), "--plot", str(tmp_path / "fig")])
+    assert result.exit_code == 2
+    [line] = result.output.strip().splitlines()
+    assert "ucmfh[plot]" in line and "Traceback" not in result.output
+    assert not list(tmp_path.glob("fig*"))
