@@ -98,12 +98,25 @@ def compare_cell(methods: Dict[str, Dict[int, Dict[str, Dict[str, Any]]]], base:
     return out
 
 
-def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) -> str:
-    # a settings column where a method has several settings in a cell: the key of each (as 'ucmfh runs' shows it)
+def several_settings(results: List[Tuple[tuple, Dict[str, Any]]]) -> bool:
+    """Whether a method has several settings in a cell of ``results``: then the table has a settings column
+    (the key of each, as 'ucmfh runs' shows it) and a plot's labels name the pair."""
     pairs: Dict[tuple, set] = {}
     for cell, _ in results:
         pairs.setdefault(cell[:5], set()).add(cell[5:])
-    several = any(len(found) > 1 for found in pairs.values())
+    return any(len(found) > 1 for found in pairs.values())
+
+
+def cell_label(cell: tuple, several: bool) -> str:
+    """A cell in one line, with the table's columns: dataset, bits, protocol, database and, where
+    ``several``, the settings pair."""
+    dataset, n_bits, protocol, database, _, base_key, other_key = cell
+    settings = [f"{base_key[:6]} / {other_key[:6]}"] if several else []
+    return "  ".join([str(dataset), f"{n_bits} bits", str(protocol), *([database] if database else []), *settings])
+
+
+def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) -> str:
+    several = several_settings(results)
     header = ["dataset", "bits", "protocol", "database", *(["settings"] if several else []), "seeds", "figure",
               base, other, "difference [95% interval]", "verdict"]
     lines = []
@@ -139,12 +152,23 @@ def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) 
               help="The datasets named with -d are other query draws of the same items (scripts/query_draws.py): "
                    "one cell per length, each seed's queries those of every draw.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line per cell and figure.")
+@click.option("--plot", type=click.Path(dir_okay=False), default=None,
+              help="Also draw a forest plot of the differences and their intervals to this file (PNG, or SVG "
+                   "where it ends in .svg; needs ucmfh[plot]).")
+@click.option("--overwrite", is_flag=True, help="Replace a file at --plot that is not a figure ucmfh wrote.")
 @user_errors
-def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, pool, as_json) -> None:
+def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, pool, as_json, plot, overwrite,
+            ) -> None:
     """OTHER − BASE (two methods, e.g. cca-itq two-tower) on every cell both were scored on, with a 95%
     interval over queries and seeds."""
     if base == other:
         raise UserError(f"compare two different methods, got {base!r} twice")
+    if plot:
+        from ucmfh.app.forest_plot import check_plot_path  # only where a figure is asked for
+        from ucmfh.metrics.plots import pyplot
+
+        check_plot_path(plot, overwrite)
+        pyplot()  # a missing matplotlib is said before the work, in one line naming ucmfh[plot]
     if pool and len(set(dataset)) < 2:
         raise UserError("--pool: name the query draws to pool with -d, at least two (a results file may hold "
                         "unrelated datasets)")
@@ -168,3 +192,10 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
                                    "base_settings": base_key, "other_settings": other_key, **r}, sort_keys=True))
     else:
         click.echo(_format(out, base, other))
+    if plot:
+        from ucmfh.app.forest_plot import draw_forest, forest_panels
+
+        several = several_settings(out)
+        panels = forest_panels([(cell_label(cell, several), r) for cell, r in out])
+        draw_forest(panels, plot, f"{other} − {base}: paired difference, 95% interval over queries and seeds")
+        click.echo(f"wrote {plot}", err=True)

@@ -1,0 +1,88 @@
+"""A forest plot of ``ucmfh compare``'s paired differences (``ucmfh compare BASE OTHER --plot PATH``).
+
+One row per cell and figure, as the table prints them: OTHER − BASE as a point, its 95% interval as a
+horizontal bar, coloured and marked by verdict (ahead / level / behind), and a vertical line at zero.
+The figures have different scales (a MAP in [0, 1], an R@1 in %, an rSum a sum of six recalls in %), so
+the rows are drawn in one panel per kind of figure, stacked in the one file PATH names, each panel with
+its own axis: one file keeps ``--plot PATH`` a single output, as ``--html`` is.
+
+What is drawn is computed apart from the drawing (:func:`forest_panels`: plain data), so it can be
+checked against ``compare --json`` row by row.
+"""
+from __future__ import annotations
+
+from typing import Any, Dict, List, Sequence, Tuple
+
+from ucmfh.files import atomic_file, check_replaceable, check_writable
+
+# the kind of a figure (the first word of its name) -> the axis label of its panel
+KINDS = {"MAP": "MAP difference", "R@1": "R@1 difference (% points)", "rSum": "rSum difference (% points)"}
+STYLES = {"ahead": ("tab:green", "^"), "level": ("tab:gray", "o"), "behind": ("tab:red", "v")}
+
+
+def figure_kind(path: str) -> str:
+    """The kind of file (a key of :data:`ucmfh.files.MARKS`) that ``path`` is written as: SVG or PNG."""
+    return "figure-svg" if path.lower().endswith(".svg") else "figure"
+
+
+def check_plot_path(path: str, overwrite: bool = False, flag: str = "--plot") -> None:
+    """Refuse, before any work, a figure that could not be written or would replace a file ucmfh did not
+    write as a figure (without ``overwrite``), naming ``flag`` as :func:`ucmfh.app.outputs.check_outputs`
+    does."""
+    try:
+        check_writable(path)
+        check_replaceable(path, figure_kind(path), overwrite)
+    except (OSError, ValueError) as err:  # a user error (ucmfh.app.errors): one line, exit 2
+        raise type(err)(f"{flag} {err}") from None
+
+
+def forest_panels(rows: Sequence[Tuple[str, Dict[str, Any]]]) -> List[Dict[str, Any]]:
+    """The panels of a forest plot, as plain data, from ``(label, compare result)`` pairs in the table's
+    order (:func:`ucmfh.app.compare.compare_cell` results, labelled by their cell). Each panel: ``kind``
+    (``MAP``, ``R@1``, ``rSum``), ``xlabel`` and ``rows`` (each: ``label``, ``figure``, ``mean``, ``low``,
+    ``high``, ``verdict``), in the order of :data:`KINDS` and, within a panel, the table's."""
+    panels: Dict[str, Dict[str, Any]] = {}
+    for label, result in rows:
+        kind = result["figure"].split()[0]
+        panel = panels.setdefault(kind, {"kind": kind, "xlabel": KINDS.get(kind, f"{kind} difference"), "rows": []})
+        d = result["difference"]
+        panel["rows"].append({"label": f"{label}  {result['figure']}", "figure": result["figure"],
+                              "mean": d["mean"], "low": d["low"], "high": d["high"], "verdict": result["verdict"]})
+    order = list(KINDS)
+    return sorted(panels.values(), key=lambda p: (order.index(p["kind"]) if p["kind"] in order else len(order),
+                                                  p["kind"]))
+
+
+def draw_forest(panels: Sequence[Dict[str, Any]], path: str, title: str) -> str:
+    """Draw :func:`forest_panels` to ``path`` (PNG, or SVG where it ends in ``.svg``), atomically, with
+    ucmfh's mark; return it. matplotlib is imported here (``ImportError`` naming ``ucmfh[plot]``)."""
+    from ucmfh.metrics.plots import pyplot
+
+    plt = pyplot()
+    heights = [len(p["rows"]) + 1.5 for p in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 0.9 + 0.32 * sum(heights)), squeeze=False,
+                             gridspec_kw={"height_ratios": heights})
+    for ax, panel in zip(axes[:, 0], panels):
+        rows = panel["rows"]
+        ys = list(range(len(rows)))[::-1]  # the table's first row at the top
+        for y, row in zip(ys, rows):
+            colour, marker = STYLES.get(row["verdict"], ("black", "s"))
+            ax.hlines(y, row["low"], row["high"], color=colour, linewidth=2)
+            ax.plot([row["mean"]], [y], marker=marker, color=colour, markersize=7, linestyle="none")
+        ax.axvline(0.0, color="black", linewidth=0.8)
+        ax.set_yticks(ys)
+        ax.set_yticklabels([row["label"] for row in rows], fontsize=8)
+        ax.set_ylim(-0.75, len(rows) - 0.25)
+        ax.set_xlabel(panel["xlabel"], fontsize=9)
+        ax.grid(axis="x", alpha=0.3)
+    handles = [plt.Line2D([], [], color=c, marker=m, linestyle="-", label=v) for v, (c, m) in STYLES.items()]
+    axes[0, 0].legend(handles=handles, fontsize=7, loc="best", title="verdict", title_fontsize=7)
+    axes[0, 0].set_title(title, fontsize=10)
+    fig.tight_layout()
+    with atomic_file(path) as tmp:
+        if figure_kind(path) == "figure-svg":
+            fig.savefig(tmp, format="svg", metadata={"Creator": "ucmfh", "Date": None})  # its mark, reproducible
+        else:
+            fig.savefig(tmp, dpi=120, format="png", metadata={"Software": "ucmfh"})  # its mark (ucmfh.files.MARKS)
+    plt.close(fig)
+    return path
