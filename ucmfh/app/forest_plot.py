@@ -76,7 +76,8 @@ def draw_forest(panels: Sequence[Dict[str, Any]], path: str, title: str) -> str:
         ax.set_xlabel(panel["xlabel"], fontsize=9)
         ax.grid(axis="x", alpha=0.3)
     handles = [plt.Line2D([], [], color=c, marker=m, linestyle="-", label=v) for v, (c, m) in STYLES.items()]
-    axes[0, 0].legend(handles=handles, fontsize=7, loc="best", title="verdict", title_fontsize=7)
+    axes[0, 0].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="verdict",
+                     title_fontsize=7)  # beside the rows, never over one
     axes[0, 0].set_title(title, fontsize=10)
     fig.tight_layout()
     with atomic_file(path) as tmp:
