@@ -13,27 +13,18 @@ from __future__ import annotations
 
 from typing import Any, Dict, List, Sequence, Tuple
 
-from ucmfh.files import atomic_file, check_replaceable, check_writable
+from ucmfh.app.outputs import check_figures
+from ucmfh.metrics.plots import save_figure
 
 # the kind of a figure (the first word of its name) -> the axis label of its panel
 KINDS = {"MAP": "MAP difference", "R@1": "R@1 difference (% points)", "rSum": "rSum difference (% points)"}
 STYLES = {"ahead": ("tab:green", "^"), "level": ("tab:gray", "o"), "behind": ("tab:red", "v")}
 
 
-def figure_kind(path: str) -> str:
-    """The kind of file (a key of :data:`ucmfh.files.MARKS`) that ``path`` is written as: SVG or PNG."""
-    return "figure-svg" if path.lower().endswith(".svg") else "figure"
-
-
 def check_plot_path(path: str, overwrite: bool = False, flag: str = "--plot") -> None:
     """Refuse, before any work, a figure that could not be written or would replace a file ucmfh did not
-    write as a figure (without ``overwrite``), naming ``flag`` as :func:`ucmfh.app.outputs.check_outputs`
-    does."""
-    try:
-        check_writable(path)
-        check_replaceable(path, figure_kind(path), overwrite)
-    except (OSError, ValueError) as err:  # a user error (ucmfh.app.errors): one line, exit 2
-        raise type(err)(f"{flag} {err}") from None
+    write as a figure (without ``overwrite``), naming ``flag``."""
+    check_figures(flag, [path], overwrite)
 
 
 def forest_panels(rows: Sequence[Tuple[str, Dict[str, Any]]]) -> List[Dict[str, Any]]:
@@ -80,10 +71,6 @@ def draw_forest(panels: Sequence[Dict[str, Any]], path: str, title: str) -> str:
                      title_fontsize=7)  # beside the rows, never over one
     axes[0, 0].set_title(title, fontsize=10)
     fig.tight_layout()
-    with atomic_file(path) as tmp:
-        if figure_kind(path) == "figure-svg":
-            fig.savefig(tmp, format="svg", metadata={"Creator": "ucmfh", "Date": None})  # its mark, reproducible
-        else:
-            fig.savefig(tmp, dpi=120, format="png", metadata={"Software": "ucmfh"})  # its mark (ucmfh.files.MARKS)
+    save_figure(fig, path)
     plt.close(fig)
     return path

@@ -13,7 +13,7 @@ import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ucmfh.app.runs import headline, variant_of
-from ucmfh.files import atomic_file, check_replaceable, check_writable
+from ucmfh.app.outputs import check_figures
 
 # a figure's score: (field, label); a labelled set's MAP, a caption set's R@1 in %
 MAP_FIELDS = (("map_i2t", "MAP@{k} I→T"), ("map_t2i", "MAP@{k} T→I"))
@@ -21,7 +21,7 @@ RECALL_FIELDS = (("r1_i2t", "R@1 I→T (%)"), ("r1_t2i", "R@1 T→I (%)"))
 # what tells two lines of one figure apart beyond the method, shown only where it varies
 _QUALIFIERS = (("trained_on", "trained on {}"), ("task", "{}"), ("protocol", "{}"), ("stage", "{}"),
                ("k", "k={}"), ("settings_key", "settings {}"))
-SUFFIXES = ((".png", "figure"), (".svg", "figure-svg"))
+SUFFIXES = (".png", ".svg")
 
 
 def safe_name(text: str) -> str:
@@ -104,9 +104,9 @@ def _figure(dataset: str, trained: Optional[str], database: Optional[str], field
             "lines": list(lines.values()), "reference": reference}
 
 
-def figure_paths(prefix: str, figures: Sequence[Dict[str, Any]]) -> List[Tuple[str, str]]:
-    """(path, kind of file) of every file the figures are written to: ``PREFIX_<name>.png`` and ``.svg``."""
-    return [(f"{prefix}_{f['name']}{suffix}", kind) for f in figures for suffix, kind in SUFFIXES]
+def figure_paths(prefix: str, figure: Dict[str, Any]) -> List[str]:
+    """The files one figure is written to: ``PREFIX_<name>.png`` and ``.svg``."""
+    return [f"{prefix}_{figure['name']}{suffix}" for suffix in SUFFIXES]
 
 
 def check_figure_paths(prefix: str, figures: Sequence[Dict[str, Any]], overwrite: bool = False,
@@ -114,18 +114,13 @@ def check_figure_paths(prefix: str, figures: Sequence[Dict[str, Any]], overwrite
     """Refuse, before drawing, a figure that could not be written or would replace a file that is not a
     figure ucmfh wrote (without ``overwrite``), naming ``flag`` as :func:`ucmfh.app.outputs.check_outputs`
     does."""
-    for path, kind in figure_paths(prefix, figures):
-        try:
-            check_writable(path)
-            check_replaceable(path, kind, overwrite)
-        except (OSError, ValueError) as err:  # a user error (ucmfh.app.errors): one line, exit 2
-            raise type(err)(f"{flag} {err}") from None
+    check_figures(flag, [path for figure in figures for path in figure_paths(prefix, figure)], overwrite)
 
 
 def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[str]:
     """Draw each of :func:`length_figures` to ``PREFIX_<name>.png`` and ``.svg``, atomically, with
     ucmfh's mark; return the paths. matplotlib is imported here (``ImportError`` naming ``ucmfh[plot]``)."""
-    from ucmfh.metrics.plots import pyplot
+    from ucmfh.metrics.plots import pyplot, save_figure
 
     plt = pyplot()
     paths = []
@@ -146,11 +141,7 @@ def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[
         ax.grid(alpha=0.3)
         ax.legend(fontsize=8, title="error bars: std over seeds", title_fontsize=7)
         fig.tight_layout()
-        png, svg = (f"{prefix}_{figure['name']}{suffix}" for suffix, _ in SUFFIXES)
-        with atomic_file(png) as tmp:
-            fig.savefig(tmp, dpi=120, format="png", metadata={"Software": "ucmfh"})  # its mark (ucmfh.files.MARKS)
-        with atomic_file(svg) as tmp:
-            fig.savefig(tmp, format="svg", metadata={"Creator": "ucmfh", "Date": None})  # its mark, reproducible
+        for path in figure_paths(prefix, figure):
+            paths.append(save_figure(fig, path))
         plt.close(fig)
-        paths += [png, svg]
     return paths

@@ -11,9 +11,10 @@ ucmfh wrote that kind of file before (:func:`ucmfh.files.check_replaceable`), an
 """
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 from ucmfh.files import check_jsonl, check_replaceable, check_writable
+from ucmfh.metrics.plots import figure_kind
 
 # the whole files each flag writes: (suffix of its path, kind of file); a --table PREFIX or --plot PREFIX
 # stands for two
@@ -43,5 +44,16 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
                 check_replaceable(path, kind, overwrite)
             if flag in APPENDS:
                 check_jsonl(path)
+        except (OSError, ValueError) as err:  # a user error (ucmfh.app.errors): one line, exit 2
+            raise type(err)(f"{flag} {err}") from None
+
+
+def check_figures(flag: str, paths: Sequence[str], overwrite: bool = False) -> None:
+    """:func:`check_outputs` for figures whose names a command works out itself (``runs --plot PREFIX``
+    draws one per dataset and score, ``compare --plot PATH`` one, PNG or SVG by its suffix)."""
+    for path in paths:
+        try:
+            check_writable(path)
+            check_replaceable(path, figure_kind(path), overwrite)
         except (OSError, ValueError) as err:  # a user error (ucmfh.app.errors): one line, exit 2
             raise type(err)(f"{flag} {err}") from None

@@ -102,11 +102,26 @@ def _title(results: Dict[str, object], what: str) -> str:
     return what + ("\n" + ", ".join(parts) if parts else "")
 
 
+def figure_kind(path: str) -> str:
+    """The kind of figure file ``path`` is written as (:data:`ucmfh.files.MARKS`): SVG by its suffix, else PNG."""
+    return "figure-svg" if path.lower().endswith(".svg") else "figure"
+
+
+def save_figure(fig, path: str) -> str:
+    """Write ``fig`` to ``path`` atomically, as SVG or PNG by its suffix, with ucmfh's mark
+    (:data:`ucmfh.files.MARKS`: the PNG's Software chunk, the SVG's creator; no date, so it is reproducible)."""
+    with atomic_file(path) as tmp:
+        if figure_kind(path) == "figure-svg":
+            fig.savefig(tmp, format="svg", metadata={"Creator": "ucmfh", "Date": None})
+        else:
+            fig.savefig(tmp, dpi=120, format="png", metadata={"Software": "ucmfh"})
+    return path
+
+
 def _save(fig, plt, path: str) -> str:
     fig.tight_layout()
     _fit_titles(fig)
-    with atomic_file(path) as tmp:
-        fig.savefig(tmp, dpi=120, format="png", metadata={"Software": "ucmfh"})  # its mark (ucmfh.files.MARKS)
+    save_figure(fig, path)
     plt.close(fig)
     return path
 
