@@ -32,7 +32,7 @@ from ucmfh.config import FusionConfig, SepsConfig  # noqa: E402
 from ucmfh.data.h5 import load_dataset  # noqa: E402
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic  # noqa: E402
 from ucmfh.data.writer import write_dataset  # noqa: E402
-from ucmfh.epochs import StateFile  # noqa: E402
+from ucmfh.training_state import StateFile  # noqa: E402
 from ucmfh.fusion_stage import fit_fusion  # noqa: E402
 from ucmfh.methods import METHODS, fit_hashing, hash_config  # noqa: E402
 from ucmfh.seps.fit import fit_seps  # noqa: E402

@@ -29,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._pytree import tree_flatten, tree_map
 from torch.utils.weak import WeakIdKeyDictionary
 
-import ucmfh.step
+import ucmfh.batches
 
 CUDA = torch.device("cuda", 0)
 
@@ -162,7 +162,7 @@ def cuda_standin(monkeypatch) -> Iterator[Dict[str, int]]:
              "manual_seed": lambda *a, **k: None, "manual_seed_all": lambda *a, **k: None}
     for name, stub in stubs.items():
         monkeypatch.setattr(torch.cuda, name, stub)
-    monkeypatch.setattr(ucmfh.step, "ThreadPoolExecutor", _ThreadsUnderTheStandin)
+    monkeypatch.setattr(ucmfh.batches, "ThreadPoolExecutor", _ThreadsUnderTheStandin)
     monkeypatch.setattr(torch, "load", _loader(torch.load))
     monkeypatch.setattr(torch.nn.utils.clip_grad, "_group_tensors_by_device_and_dtype",
                         _grouped_on_the_device(torch.nn.utils.clip_grad._group_tensors_by_device_and_dtype))
@@ -205,7 +205,7 @@ def _loader(load: Callable) -> Callable:
 
 
 class _ThreadsUnderTheStandin(ThreadPoolExecutor):
-    """The read-ahead worker's threads (:class:`ucmfh.step.ReadAhead`), under the stand-in too: a torch
+    """The read-ahead worker's threads (:class:`ucmfh.batches.ReadAhead`), under the stand-in too: a torch
     function mode holds for the thread that enters it."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

@@ -15,7 +15,8 @@ import torch
 import ucmfh.search.folder
 from ucmfh.checkpoint import load_model, save_checkpoint
 from ucmfh.config import HashConfig
-from ucmfh.epochs import StateFile, read_state, run_epochs
+from ucmfh.trainer import Plan, train
+from ucmfh.training_state import StateFile, read_state
 from ucmfh.files import append_jsonl, read_jsonl
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.search import Index
@@ -103,33 +104,27 @@ def test_a_training_state_write_cut_short_leaves_the_previous_state(tmp_path, mo
     path = str(tmp_path / "hash16.state.pt")
     cfg = HashConfig(epochs=3, batch_size=4, val_fraction=0.0)
 
-    def train(resume: bool) -> torch.nn.Module:
+    def fit(resume: bool) -> torch.nn.Module:
         torch.manual_seed(0)
         model = torch.nn.Linear(2, 1)
         optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
         x = torch.randn(12, 2, generator=torch.Generator().manual_seed(0))
 
-        def step(index, separate, epoch, iteration):
-            optimizer.zero_grad()
-            loss = model(x[index]).pow(2).mean()
-            loss.backward()
-            optimizer.step()
-            return loss.detach()
-
-        run_epochs("hash", cfg, {"m": model}, optimizer, torch.Generator().manual_seed(1), 12, torch.device("cpu"),
-                   step, StateFile(path, interval_s=0, resume=resume), False)
+        plan = Plan("hash", model, {"m": model}, optimizer, 12, loss=lambda batch: model(x[batch.index]).pow(2).mean())
+        train(plan, cfg, torch.device("cpu"), torch.Generator().manual_seed(1),
+              StateFile(path, interval_s=0, resume=resume), False)
         return model
 
     _torch_save_cut_short(monkeypatch, after=1)  # epoch 1's state whole, epoch 2's cut short
     with pytest.raises(OSError, match="No space left"):
-        train(resume=False)
+        fit(resume=False)
     monkeypatch.undo()
     assert os.listdir(tmp_path) == ["hash16.state.pt"]
     saved = read_state(path, torch.device("cpu"))
     assert (saved["epoch"], saved["step"], len(saved["history"])) == (1, 0, 1)
-    resumed = train(resume=True)
+    resumed = fit(resume=True)
     os.remove(path)
-    never_stopped = train(resume=False)
+    never_stopped = fit(resume=False)
     for a, b in zip(resumed.state_dict().values(), never_stopped.state_dict().values(), strict=True):
         assert torch.equal(a, b)
 

@@ -69,7 +69,7 @@ def test_a_garbage_or_truncated_file_is_named_in_a_few_words(saved, tmp_path, ti
     from click.testing import CliRunner
 
     from ucmfh.app.cli import main
-    from ucmfh.epochs import read_state
+    from ucmfh.training_state import read_state
 
     cut = tmp_path / "cut.pt"
     cut.write_bytes(open(saved[0], "rb").read()[:5000])
@@ -100,7 +100,7 @@ def test_a_checkpoint_that_runs_code_is_refused_and_never_runs(tmp_path):
     """Every torch.load of a user's file (checkpoints, SEPS checkpoints, training states) reads with
     weights_only: a pickled call is refused, not made."""
     from ucmfh.checkpoint import FORMAT, VERSION, load_seps
-    from ucmfh.epochs import STATE_FORMAT, read_state
+    from ucmfh.training_state import STATE_FORMAT, read_state
 
     marker = tmp_path / "MARKER"
     evil = tmp_path / "evil.pt"

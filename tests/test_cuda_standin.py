@@ -169,7 +169,7 @@ def test_a_training_plan_s_batches_reach_the_host_and_streamed_rows_the_device_w
     from ucmfh.data.h5 import load_dataset
     from ucmfh.data.stream import StreamSettings
     from ucmfh.distributed import Group
-    from ucmfh.step import epoch_plan
+    from ucmfh.batches import epoch_plan
     from ucmfh.utils import host_index
 
     data = load_dataset(tiny_path, max_memory_bytes=4 * 80 * 100, stream=StreamSettings(block_rows=32, window=4))
@@ -192,7 +192,7 @@ def test_a_training_plan_s_batches_reach_the_host_and_streamed_rows_the_device_w
 
 
 class _EpochCounts:
-    """A progress bar (``ucmfh.epochs.tqdm``) that keeps the stand-in's counts at the end of each epoch."""
+    """A progress bar (``ucmfh.trainer.tqdm``) that keeps the stand-in's counts at the end of each epoch."""
 
     def __init__(self) -> None:
         self.stats: Optional[dict] = None
@@ -219,13 +219,13 @@ def _fit_on(cuda, data, method, fusion, monkeypatch, dropout=None):
     """A hashing method trained two epochs on ``cuda`` (a :class:`Cuda`) or, given None, on the CPU, and
     the stand-in's counts at the end of each epoch (empty elsewhere). ``dropout``: the heads' (default:
     the method's)."""
-    import ucmfh.epochs as epochs_module
+    import ucmfh.trainer as trainer_module
     from ucmfh.methods import fit_hashing, hash_config
 
     cfg = hash_config(method, n_bits=16, hidden=64, epochs=2, val_fraction=0.0,
                       device="cpu" if cuda is None else "cuda", **({} if dropout is None else {"dropout": dropout}))
     counts = _EpochCounts()
-    monkeypatch.setattr(epochs_module, "tqdm", counts)
+    monkeypatch.setattr(trainer_module, "tqdm", counts)
     with contextlib.nullcontext() if cuda is None else cuda.block() as stats:
         counts.stats = stats
         model, _ = fit_hashing(data, cfg, copy.deepcopy(fusion), progress=False)
@@ -280,7 +280,7 @@ def test_every_method_trains_on_cuda_as_on_the_cpu_without_waiting_for_it_each_s
 def test_seps_and_the_fusion_stage_train_on_cuda_as_on_the_cpu(tmp_path, tiny, cuda, monkeypatch):
     """The other two trained stages: SEPS on token rows read ahead (on the stand-in: pinned, no pageable copy
     or sync per step) and the fusion encoder, on ``cuda`` as on the CPU."""
-    import ucmfh.epochs as epochs_module
+    import ucmfh.trainer as trainer_module
     from ucmfh.data.tokens import Tokens
     from ucmfh.seps import database_scores, databases, recall_rows
     from conftest import small_seps, token_splits
@@ -292,7 +292,7 @@ def test_seps_and_the_fusion_stage_train_on_cuda_as_on_the_cpu(tmp_path, tiny, c
     runs = {}
     for device in ("cpu", "cuda"):
         counts = _EpochCounts()
-        monkeypatch.setattr(epochs_module, "tqdm", counts)
+        monkeypatch.setattr(trainer_module, "tqdm", counts)
         with cuda.block() if device == "cuda" else contextlib.nullcontext() as stats:
             counts.stats = stats
             # batches of 64 captions: two text chunks of SEPS.grid, planned from the masks' host copies
@@ -321,9 +321,10 @@ def test_seps_and_the_fusion_stage_train_on_cuda_as_on_the_cpu(tmp_path, tiny, c
 def test_a_run_interrupted_on_cuda_resumes_to_the_model_of_one_never_stopped(tiny, cuda, tmp_path, monkeypatch):
     """The training state saved on ``cuda`` (the training device's generator included) and read back onto it:
     the weights and the loss record of the uninterrupted run on ``cuda``."""
-    import ucmfh.epochs as epochs_module
+    import ucmfh.trainer as trainer_module
     from conftest import StopAfter, method_config
-    from ucmfh.epochs import StateFile, TrainingInterrupted
+    from ucmfh.signals import TrainingInterrupted
+    from ucmfh.training_state import StateFile
     from ucmfh.methods import fit_hashing
 
     cfg = method_config("two-tower", epochs=4, device="cuda")
@@ -331,7 +332,7 @@ def test_a_run_interrupted_on_cuda_resumes_to_the_model_of_one_never_stopped(tin
         reference, ref_history = fit_hashing(tiny, cfg, progress=False)
         state = StateFile(str(tmp_path / "hash.state.pt"), interval_s=1e9)
         bars = StopAfter(2)
-        monkeypatch.setattr(epochs_module, "tqdm", bars)
+        monkeypatch.setattr(trainer_module, "tqdm", bars)
         with pytest.raises(TrainingInterrupted):
             fit_hashing(tiny, cfg, progress=False, state=state)
         bars.epochs, first = None, len(bars.starts)

@@ -13,7 +13,7 @@ from ucmfh.models.hashing import CrossModalHasher
 from ucmfh.methods import fit_hashing
 from ucmfh.fusion_stage import fit_fusion
 from ucmfh.models.relaxation import beta_at
-from ucmfh.step import batches, epoch_plan
+from ucmfh.batches import batches, epoch_plan
 
 from conftest import small_fusion, small_hash
 
@@ -174,7 +174,7 @@ def test_validation_keeps_the_best_epoch_and_patience_stops_early(tiny):
 def test_resume_restores_the_training_devices_cuda_generator_whatever_gpus_saved_it(monkeypatch):
     """A state held every visible GPU's generator and was restored with set_rng_state_all,
     which fails (or restores the wrong one) on another number of GPUs; only the training device's counts."""
-    from ucmfh.epochs import restore_cuda_rng
+    from ucmfh.training_state import restore_cuda_rng
 
     restored = []
     monkeypatch.setattr(torch.cuda, "set_rng_state", lambda state, device: restored.append((int(state[0]), str(device))))
@@ -191,7 +191,7 @@ def test_resume_restores_the_training_devices_cuda_generator_whatever_gpus_saved
 
 def test_state_paths_find_every_candidates_state_and_unfinished_first_save(tmp_path):
     from ucmfh.files import temp_destination
-    from ucmfh.epochs import candidate_name, candidate_path, state_paths
+    from ucmfh.training_state import candidate_name, candidate_path, state_paths
 
     own = str(tmp_path / "hash64.state.pt")
     saved = candidate_path(own, "t0.3")

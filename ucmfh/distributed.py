@@ -1,7 +1,7 @@
 """Data-parallel training on ``torch.distributed``: every rank's items are negatives in every loss.
 
 One process per rank, started by ``torchrun`` (the app layer joins the process group:
-:func:`ucmfh.app.environment.join_process_group`). The training loop of :mod:`ucmfh.epochs` runs the
+:func:`ucmfh.app.environment.join_process_group`). The training loop of :mod:`ucmfh.trainer` runs the
 same code on one process and on many; :func:`current_group` is what they ask.
 
 The scheme, exact for every loss (``tests/test_distributed.py`` compares the gradients):

@@ -1,23 +1,23 @@
 """The fusion stage (UCMFH's task 0, docs/reference.md §3): the fusion encoder trained on ``data.train``
-by a contrastive loss, through the shared epoch loop (:func:`ucmfh.epochs.run_epochs`)."""
+by a contrastive loss, a :class:`~ucmfh.trainer.Plan` run by :func:`ucmfh.trainer.fit`."""
 from __future__ import annotations
 
 from typing import Any, Optional, Tuple
 
 import torch
 
+from ucmfh.amp import autocast
+from ucmfh.batches import batch_inputs
 from ucmfh.config import FusionConfig
 from ucmfh.data.h5 import Dataset
 from ucmfh.distributed import current_group
-from ucmfh.epochs import StateFile, run_epochs
+from ucmfh.evaluation import embed_split
 from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.evaluation import embed_split
-from ucmfh.selection import History, validation_split, validator
-from ucmfh.step import batch_inputs, split_ahead
-from ucmfh.amp import autocast
-from ucmfh.optim import adam, optimize
-from ucmfh.utils import resolve_device, seed_everything
+from ucmfh.optim import adam
+from ucmfh.selection import History, validator
+from ucmfh.trainer import Batch, Plan, Setup, fit
+from ucmfh.training_state import StateFile
 
 
 def check_supervision(data: Dataset, cfg: Any) -> None:
@@ -42,28 +42,27 @@ def fit_fusion(
     state; interrupted by SIGINT/SIGTERM it raises :class:`TrainingInterrupted`.
     """
     check_supervision(data, cfg)
-    device = resolve_device(cfg.device)
-    generator = seed_everything(cfg.seed)
-    rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
-    if fusion is None:
-        fusion = FusionEncoder(data.d_img, data.d_txt, cfg)
-        fusion.fit_feature_stats(rest.img, rest.txt)
-    fusion.to(device).train()
-    loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
-    optimizer = adam([*fusion.parameters(), *loss_fn.parameters()], lr=cfg.lr, betas=tuple(cfg.betas))
-    train = rest.to(device)
 
-    group = current_group()
+    def plan(setup: Setup) -> Plan:
+        model = fusion
+        if model is None:
+            model = FusionEncoder(data.d_img, data.d_txt, cfg)
+            model.fit_feature_stats(setup.rest.img, setup.rest.txt)
+        device = setup.device
+        model.to(device).train()
+        loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
+        optimizer = adam([*model.parameters(), *loss_fn.parameters()], lr=cfg.lr, betas=tuple(cfg.betas))
+        train = setup.rest.to(device)
+        group = current_group()
 
-    def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
-        img, txt, separate, ids, labels = batch_inputs(train, index, separate, cfg.supervised, group)
-        with autocast(device, cfg.amp):
-            z_img, z_txt = fusion(img, txt, separate)
-        z_img, z_txt = group.gather((z_img.float(), z_txt.float()), len(index))  # losses always in float32
-        return optimize(loss_fn(z_img, z_txt, ids=ids, labels=labels), optimizer, group)
+        def loss(batch: Batch) -> torch.Tensor:
+            img, txt, separate, ids, labels = batch_inputs(train, batch.index, batch.separate, cfg.supervised, group)
+            with autocast(device, cfg.amp):
+                z_img, z_txt = model(img, txt, separate)
+            z_img, z_txt = group.gather((z_img.float(), z_txt.float()), len(batch.index))  # losses always in float32
+            return loss_fn(z_img, z_txt, ids=ids, labels=labels)
 
-    modules = {"fusion": fusion, "loss": loss_fn}
-    history = run_epochs("fusion", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
-                          validate=validator(embed_split, "cosine", fusion, val, rest, device), shuffle=train.shuffle,
-                          ahead=split_ahead(train, group))
-    return fusion.cpu().eval(), history
+        return Plan("fusion", model, {"fusion": model, "loss": loss_fn}, optimizer, train, loss=loss,
+                    validate=validator(embed_split, "cosine", model, setup.val, setup.rest, device))
+
+    return fit(plan, data.train, cfg, state, progress)

@@ -2,9 +2,10 @@
 averaged over the ranks (:mod:`ucmfh.distributed`)."""
 from __future__ import annotations
 
-from typing import Iterable
+from typing import Iterable, Optional
 
 import torch
+from torch import nn
 
 from ucmfh.distributed import Group
 
@@ -18,10 +19,15 @@ def adam(params: Iterable, **kwargs) -> torch.optim.Adam:
         return torch.optim.Adam(params, **kwargs)
 
 
-def optimize(loss: torch.Tensor, optimizer: torch.optim.Optimizer, group: Group) -> torch.Tensor:
-    """One optimisation step on ``loss``, its gradients averaged over the ranks; returns the loss, detached."""
+def optimize(loss: torch.Tensor, optimizer: torch.optim.Optimizer, group: Group,
+             clip_norm: Optional[float] = None) -> torch.Tensor:
+    """One optimisation step on ``loss``, its gradients averaged over the ranks (then clipped to a total norm
+    of ``clip_norm`` when given); returns the loss, detached."""
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
-    group.average_gradients(p for g in optimizer.param_groups for p in g["params"])
+    params = [p for g in optimizer.param_groups for p in g["params"]]
+    group.average_gradients(params)
+    if clip_norm is not None:
+        nn.utils.clip_grad_norm_(params, clip_norm)
     optimizer.step()
     return loss.detach()

@@ -78,14 +78,14 @@ def test_an_interrupted_grid_says_to_run_it_again_and_that_finishes_it(tiny_path
     """A grid has no --resume (it always resumes): stopped inside a cell, it says to run the same command,
     and that command goes on from the cell's saved state and ends with every cell's rows."""
     from conftest import StopAfter
-    from ucmfh import epochs
+    from ucmfh import trainer
 
     results = tmp_path / "grid.jsonl"
     argv = ["grid", "-d", tiny_path, "-b", "8", "-b", "16", "--methods", "two-tower", "--set", "hash.hidden=64",
             "--batch-size", "64", "--epochs", "3", "--device", "cpu", "--protocol", "unimodal",
             "--out", str(tmp_path / "runs"), "--results", str(results), "--table", str(tmp_path / "table")]
     bars = StopAfter(2, signal.SIGINT)
-    monkeypatch.setattr(epochs, "tqdm", bars)
+    monkeypatch.setattr(trainer, "tqdm", bars)
     stopped = CliRunner().invoke(main, argv)
     assert stopped.exit_code == 130, stopped.output
     assert "interrupted by SIGINT" in stopped.output and "run the same command to continue" in stopped.output

@@ -479,21 +479,21 @@ def test_a_resumed_run_counts_the_training_time_of_its_interrupted_part(tiny_pat
     """A run's ``train_time_s`` is the time of all its training: an interrupted run's state holds the seconds
     it trained (``elapsed``), and the run resumed from it adds them to its own, not only the time since it
     resumed. The state's seconds are set to 1,000 to tell the two apart."""
-    import ucmfh.epochs as epochs_module
+    import ucmfh.trainer as trainer_module
     from conftest import StopAfter
 
     results, out = tmp_path / "r.jsonl", tmp_path / "runs"
     argv = ["train-hash", "-d", tiny_path, "-b", "16", "--results", str(results), "--out", str(out), "--device", "cpu",
             "--quiet", "--epochs", "4", "--set", "hash.hidden=32", "--loss-param", "temperature=0.3", "--refit",
             "--save-interval", "1e9"]
-    monkeypatch.setattr(epochs_module, "tqdm", StopAfter(2))
+    monkeypatch.setattr(trainer_module, "tqdm", StopAfter(2))
     stopped = CliRunner().invoke(main, argv)
     assert stopped.exit_code != 0 and not results.exists()
     [path] = out.rglob("hash16.state.pt")
     state = torch.load(path, weights_only=False)
     assert 0 < state["elapsed"] < 1000
     torch.save({**state, "elapsed": 1000.0}, path)
-    monkeypatch.setattr(epochs_module, "tqdm", StopAfter(None))
+    monkeypatch.setattr(trainer_module, "tqdm", StopAfter(None))
     done = CliRunner().invoke(main, [*argv, "--resume"])
     assert done.exit_code == 0, done.output
     [row] = [json.loads(line) for line in results.read_text().splitlines()]

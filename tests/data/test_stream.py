@@ -133,8 +133,8 @@ def test_streamed_rows_are_read_ahead_of_the_step_and_train_the_same(tiny_path, 
     training ends with the weights of reading them in the step."""
     import threading
 
+    from ucmfh import trainer
     from ucmfh.data.stream import _Blocks
-    from ucmfh.methods import two_tower
 
     readers = []
     read = _Blocks.read
@@ -149,7 +149,7 @@ def test_streamed_rows_are_read_ahead_of_the_step_and_train_the_same(tiny_path, 
     in_the_step = [name for name in training if not name.startswith("ucmfh-read-ahead")]
     # in the step: each epoch's first batch alone (two features, a batch within three blocks)
     assert len(in_the_step) <= 2 * cfg.epochs * 3 and len(training) > 4 * len(in_the_step), readers
-    monkeypatch.setattr(two_tower, "split_ahead", lambda split, group: None)
+    monkeypatch.setattr(trainer, "split_ahead", lambda split, group: None)
     readers.clear()
     data = load_dataset(tiny_path, max_memory_bytes=4 * 80 * 100, stream=blocks)
     in_step, _ = fit_hashing(data, cfg, progress=False)
@@ -160,17 +160,17 @@ def test_streamed_rows_are_read_ahead_of_the_step_and_train_the_same(tiny_path, 
 
 def test_an_error_reading_ahead_is_raised_by_the_training_loop():
     from ucmfh.config import HashConfig
-    from ucmfh.epochs import run_epochs
+    from ucmfh.trainer import Plan, train
 
     def ahead(index):
         raise OSError("the file went away")
 
     model = torch.nn.Linear(2, 2)
     cfg = HashConfig(epochs=1, batch_size=4, val_fraction=0.0)
-    step = lambda index, separate, epoch, iteration: torch.zeros(())  # noqa: E731
+    plan = Plan("hash", model, {"m": model}, torch.optim.SGD(model.parameters(), lr=0.1), 12,
+                step=lambda batch: torch.zeros(()), ahead=ahead)
     with pytest.raises(OSError, match="went away"):
-        run_epochs("hash", cfg, {"m": model}, torch.optim.SGD(model.parameters(), lr=0.1), torch.Generator(), 12,
-                   torch.device("cpu"), step, None, False, ahead=ahead)
+        train(plan, cfg, torch.device("cpu"), torch.Generator(), None, False)
 
 
 def test_cli_streams_beyond_max_memory_with_the_result_of_memory(tmp_path, tiny_path):

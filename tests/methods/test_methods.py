@@ -384,8 +384,8 @@ T03 = {"temperature": 0.3}  # a temperature given: two-tower has no temperature 
 
 
 def test_auto_relaxation_keeps_the_candidate_with_the_better_validation_score(tiny, tmp_path, monkeypatch):
-    import ucmfh.methods.two_tower as two_tower_module  # noqa: PLC0415 - its optimize is counted below
-    from ucmfh.epochs import StateFile, candidate_path, discard_state
+    import ucmfh.trainer as trainer_module  # noqa: PLC0415 - its optimize is counted below
+    from ucmfh.training_state import StateFile, candidate_path, discard_state
 
     runs = {name: fit_hashing(tiny, two_tower(epochs=6, relaxation=name, loss_params=T03), progress=False)
             for name in ("sign", "tanh")}
@@ -401,7 +401,7 @@ def test_auto_relaxation_keeps_the_candidate_with_the_better_validation_score(ti
     # every candidate left a finished state: resuming the choice trains nothing and returns the same model
     assert all(Path(candidate_path(state.path, c)).exists() for c in ("sign", "tanh"))
     steps = []
-    monkeypatch.setattr(two_tower_module, "optimize", lambda *a: steps.append(1))
+    monkeypatch.setattr(trainer_module, "optimize", lambda *a: steps.append(1))
     again, history_again = fit_hashing(tiny, two_tower(epochs=6, relaxation="auto", loss_params=T03), progress=False,
                                        state=StateFile(state.path, resume=True))
     assert not steps and _same_weights(again, model) and history_again.as_dict() == history.as_dict()
@@ -419,7 +419,7 @@ def test_auto_relaxation_keeps_the_candidate_with_the_better_validation_score(ti
 
 def test_train_hash_auto_relaxation_reports_its_choice_and_refuses_to_restart_a_saved_candidate(tiny_path, tmp_path):
     from ucmfh.methods import fit_hashing as fit  # noqa: PLC0415
-    from ucmfh.epochs import StateFile, candidate_path  # noqa: PLC0415
+    from ucmfh.training_state import StateFile, candidate_path  # noqa: PLC0415
 
     runner, results, out = CliRunner(), tmp_path / "r.jsonl", tmp_path / "runs"
     argv = ["train-hash", "-d", tiny_path, "-b", "16", "--results", str(results), "--out", str(out), "--device",

@@ -5,9 +5,10 @@ import dataclasses
 
 import pytest
 
-import ucmfh.epochs as epochs_module
+import ucmfh.trainer as trainer_module
 from ucmfh.config import HashConfig, identity_dict
-from ucmfh.epochs import StateFile, TrainingInterrupted
+from ucmfh.signals import TrainingInterrupted
+from ucmfh.training_state import StateFile
 from ucmfh.methods import METHODS, build_method, fit_hashing, hash_config
 
 from conftest import StopAfter
@@ -44,18 +45,18 @@ def test_an_interrupted_refit_resumes_to_the_same_model(tiny, tmp_path, monkeypa
     cfg = config("two-tower", epochs=3)
     reference, _ = fit_hashing(tiny, cfg, progress=False)
     bars = StopAfter(None)
-    monkeypatch.setattr(epochs_module, "tqdm", bars)
+    monkeypatch.setattr(trainer_module, "tqdm", bars)
     state = StateFile(str(tmp_path / "hash16.state.pt"), interval_s=1e9)
-    original = epochs_module.run_epochs
+    original = trainer_module.train
 
-    def stop_in_refit(stage, run_cfg, *args, **kwargs):  # the refit is the run without validation
+    def stop_in_refit(plan, run_cfg, *args, **kwargs):  # the refit is the run without validation
         bars.epochs = 1 if run_cfg.val_fraction == 0 else None
-        return original(stage, run_cfg, *args, **kwargs)
+        return original(plan, run_cfg, *args, **kwargs)
 
-    monkeypatch.setattr("ucmfh.methods.two_tower.run_epochs", stop_in_refit)
+    monkeypatch.setattr(trainer_module, "train", stop_in_refit)
     with pytest.raises(TrainingInterrupted, match=r"hash16\.refit\.state\.pt"):
         fit_hashing(tiny, cfg, progress=False, state=state)
-    monkeypatch.setattr("ucmfh.methods.two_tower.run_epochs", original)
+    monkeypatch.setattr(trainer_module, "train", original)
     bars.epochs, first = None, len(bars.starts)
     resumed, history = fit_hashing(tiny, cfg, progress=False, state=StateFile(state.path, resume=True))
     assert bars.starts[-1] == 1  # the refit went on from its saved epoch

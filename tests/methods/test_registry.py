@@ -10,13 +10,14 @@ import signal
 import pytest
 import torch
 
-import ucmfh.epochs as epochs_module
+import ucmfh.trainer as trainer_module
 import ucmfh.selection as selection_module
 from ucmfh.checkpoint import load_model, save_checkpoint
 from ucmfh.config import HashConfig
 from ucmfh.methods import METHODS, build_method, fit_hashing, hash_config
 from ucmfh.evaluation import encode_split, score_splits
-from ucmfh.epochs import StateFile, TrainingInterrupted
+from ucmfh.signals import TrainingInterrupted
+from ucmfh.training_state import StateFile
 from ucmfh.fusion_stage import fit_fusion
 from ucmfh.selection import validation_split, validation_view
 
@@ -102,7 +103,7 @@ def test_an_interrupted_run_resumes_to_the_same_model(tiny, fusion, name, signum
     resumed run must keep is one from before the interruption, for every method."""
     cfg = config(name, epochs=4)
     bars = StopAfter(None, signum)
-    monkeypatch.setattr(epochs_module, "tqdm", bars)
+    monkeypatch.setattr(trainer_module, "tqdm", bars)
     validation_scores = selection_module.score_splits
 
     def best_second(*args, **kwargs):

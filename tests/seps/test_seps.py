@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import json
 import math
 
@@ -223,8 +224,8 @@ def test_token_rows_are_read_ahead_of_the_step_and_train_the_same(token_path, mo
     n_steps = len(readers)
     ahead_of_step = sum(name.startswith("ucmfh-read-ahead") for name in readers)
     assert n_steps >= 6 and ahead_of_step == n_steps - cfg.epochs  # all but each epoch's first batch
-    real = seps_module.run_epochs
-    monkeypatch.setattr(seps_module, "run_epochs", lambda *a, ahead=None, **k: real(*a, **k))
+    real = seps_module.train
+    monkeypatch.setattr(seps_module, "train", lambda plan, *a, **k: real(dataclasses.replace(plan, ahead=None), *a, **k))
     readers.clear()
     in_step, _ = fit_seps(token_path, cfg, progress=False)
     assert len(readers) == n_steps and not any(name.startswith("ucmfh-read-ahead") for name in readers)

@@ -35,7 +35,7 @@ SHORT = {"image": "img", "text": "txt"}
 def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, device, quiet) -> None:
     """Encode every item of COLLECTION (unimodal protocol) into the index folder OUT."""
     from ucmfh.search.build import build_index
-    from ucmfh.epochs import stop_on_signals
+    from ucmfh.signals import stop_on_signals
 
     check_outputs(folders={"--out": out})
     signalled = {"signal": None}

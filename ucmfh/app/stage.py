@@ -12,14 +12,14 @@ import json
 import os
 import time
 from dataclasses import dataclass
-from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 from ucmfh.app.identity import Run, RunOptions, key_of
 from ucmfh.distributed import current_group
-from ucmfh.epochs import StateFile, candidate_name, discard_state, read_state, state_paths
-from ucmfh.files import remove_stale_temps, write_json_atomic
+from ucmfh.training_state import (StateFile, discard_state, drop_leftover_state, interrupted_at, saved_states,
+                                  state_path_of, trained_seconds)
+from ucmfh.files import write_json_atomic
 from ucmfh.selection import History
-from ucmfh.utils import resolve_device
 
 try:  # POSIX advisory locks; elsewhere no run is locked
     import fcntl
@@ -27,10 +27,6 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None
 
 Log = Callable[[str], None]
-
-
-def _state_path(checkpoint: str) -> str:
-    return os.path.splitext(checkpoint)[0] + ".state.pt"
 
 
 class RunInProgress(OSError):
@@ -94,39 +90,12 @@ def _refuse_busy(checkpoint: str) -> None:
         raise RunInProgress(refusal)
 
 
-def drop_leftover_state(checkpoint: str) -> None:
-    """What a killed run may have left of a stage: temporary files of its writes, and a training
-    state beside a finished checkpoint (the run died between saving one and removing the other)."""
-    for path in (checkpoint, *state_paths(_state_path(checkpoint))):
-        remove_stale_temps(path)
-    if os.path.exists(checkpoint):
-        discard_state(StateFile(_state_path(checkpoint)))
-
-
-def _saved_states(checkpoint: str) -> List[str]:
-    """The training states saved beside ``checkpoint``: its run's, or its candidates' (a run that chooses
-    on validation, :meth:`ucmfh.methods.Method.choices`)."""
-    return [path for path in state_paths(_state_path(checkpoint)) if os.path.exists(path)]
-
-
-def _interrupted_at(checkpoint: str) -> str:
-    """Where the states saved beside ``checkpoint`` stand: ``epoch 3 of 100``, or for the candidates of a
-    run that chooses ``t0.3: finished, t0.1: epoch 3 of 100``."""
-    where, own = [], _state_path(checkpoint)
-    for path in _saved_states(checkpoint):
-        saved = read_state(path, resolve_device("cpu"))
-        epochs = saved["config"]["epochs"]
-        at = "finished" if saved["epoch"] >= epochs else f"epoch {saved['epoch'] + 1} of {epochs}"
-        where.append(at if path == own else f"{candidate_name(own, path)}: {at}")
-    return ", ".join(where)
-
-
 def _refuse_interrupted(checkpoint: str) -> None:
     if current_group().is_main:  # rank 0 alone: ranks trying the lock at once would see each other
         _refuse_busy(checkpoint)  # its state is a running run's, not an interrupted one's
-    saved = _saved_states(checkpoint)
+    saved = saved_states(checkpoint)
     raise FileExistsError(f"{saved[0]}: an interrupted run of these settings is saved here "
-                          f"({_interrupted_at(checkpoint)}); continue it with --resume, or delete "
+                          f"({interrupted_at(checkpoint)}); continue it with --resume, or delete "
                           f"{'the file' if len(saved) == 1 else 'the files'} to start over")
 
 
@@ -136,26 +105,20 @@ def check_interrupted(runs: Sequence[Run], opts: RunOptions) -> None:
         for checkpoint in run.checkpoints:
             if current_group().is_main:
                 drop_leftover_state(checkpoint)
-            if not opts.resume and _saved_states(checkpoint):
+            if not opts.resume and saved_states(checkpoint):
                 _refuse_interrupted(checkpoint)
-
-
-def trained_seconds(checkpoint: str) -> float:
-    """The seconds of training that the states saved beside ``checkpoint`` hold (its run's, its candidates',
-    its refit's), up to their last save: what a resumed run adds to its own time."""
-    return sum(read_state(path, resolve_device("cpu")).get("elapsed", 0.0) for path in _saved_states(checkpoint))
 
 
 def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
     """The training state beside a checkpoint; an interrupted run is continued only with ``resume``."""
     if current_group().is_main:
         drop_leftover_state(checkpoint)
-    state = StateFile(_state_path(checkpoint), opts.save_interval, opts.resume)
-    saved = _saved_states(checkpoint)
+    state = StateFile(state_path_of(checkpoint), opts.save_interval, opts.resume)
+    saved = saved_states(checkpoint)
     if saved:
         if not opts.resume:
             _refuse_interrupted(checkpoint)
-        log(f"resuming {', '.join(saved)} at {_interrupted_at(checkpoint)}")
+        log(f"resuming {', '.join(saved)} at {interrupted_at(checkpoint)}")
     elif opts.resume and not opts.always_resumes:
         log(f"nothing to resume at {state.path}; training from the start")
     return state

@@ -10,15 +10,15 @@ import dataclasses
 import math
 from typing import Any, Callable, ClassVar, Dict, Optional, Tuple
 
-import torch
 from torch import nn
 
 from ucmfh.config import RELAXATION_CANDIDATES, FusionConfig, HashConfig, with_defaults
-from ucmfh.data.h5 import Dataset, Split
+from ucmfh.data.h5 import Dataset
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.epochs import StateFile, candidate_path
-from ucmfh.selection import History, validation_split
-from ucmfh.utils import resolve_device, seed_everything
+from ucmfh import trainer
+from ucmfh.selection import History
+from ucmfh.trainer import Plan, Setup
+from ucmfh.training_state import StateFile, candidate_path
 
 
 class Method:
@@ -95,23 +95,25 @@ class Method:
 
     def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None,
             progress: bool = True, state: Optional[StateFile] = None) -> Tuple[nn.Module, History]:
-        """Train on ``data.train`` (and a validation part of it, ``cfg.val_fraction``); returns the model on
-        the CPU in eval mode and its :class:`History`. ``fusion``: the fusion encoder when ``uses_fusion``.
-        ``state``: the resumable training state (:func:`ucmfh.epochs.run_epochs`)."""
+        """Train on ``data.train`` less a validation part of it (``cfg.val_fraction``,
+        :func:`ucmfh.selection.validation_split`); returns the model on the CPU in eval mode and its
+        :class:`History`. ``fusion``: the fusion encoder when ``uses_fusion``. ``state``: the resumable
+        training state (:func:`ucmfh.trainer.train`). A trained method says what it trains (:meth:`plan`);
+        a method fitted in closed form replaces this."""
+        return trainer.fit(lambda setup: self.plan(data, cfg, setup, fusion), data.train, cfg, state, progress)
+
+    def plan(self, data: Dataset, cfg: HashConfig, setup: Setup, fusion: Optional[FusionEncoder] = None) -> Plan:
+        """What a run of ``cfg`` trains (:class:`ucmfh.trainer.Plan`), on ``setup.rest`` (the training part of
+        ``data.train``), validated on ``setup.val``; its model starts as :meth:`initial_model`."""
         raise NotImplementedError
 
-    def prepare(self, data: Dataset, cfg: HashConfig) -> Tuple[torch.device, torch.Generator, Split, Optional[Split],
-                                                            nn.Module]:
-        """What every trained fit starts with, in this order (the seeded draws depend on it): the device,
-        the seeded batch generator (:func:`ucmfh.utils.seed_everything`), the training part and the
-        validation part of ``data.train`` (:func:`ucmfh.selection.validation_split`), and the untrained model
-        (:meth:`build_model`) with its feature statistics fitted on the training part, on the CPU."""
-        device = resolve_device(cfg.device)
-        generator = seed_everything(cfg.seed)
-        rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
+    def initial_model(self, data: Dataset, cfg: HashConfig, setup: Setup,
+                      fusion: Optional[FusionEncoder] = None) -> nn.Module:
+        """The untrained model (:meth:`build_model`) with its feature statistics fitted on the training
+        part, on the CPU."""
         model = self.build_model(data.d_img, data.d_txt, cfg)
-        model.fit_feature_stats(rest.img, rest.txt)
-        return device, generator, rest, val, model
+        model.fit_feature_stats(setup.rest.img, setup.rest.txt)
+        return model
 
     def train(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None,
               progress: bool = True, state: Optional[StateFile] = None) -> Tuple[nn.Module, History]:
@@ -155,7 +157,7 @@ def choose(fit: Callable, data: Dataset, cfg: HashConfig, candidates: Dict[str, 
     and seed (the same run as asking for it by its settings); the model whose best epoch scores higher
     on validation is kept, the first candidate on a tie; without a validation split (``val_fraction =
     0``) the first candidate is trained alone. Each candidate keeps its own training state
-    (:func:`ucmfh.epochs.candidate_path`), so an interrupted choice resumes where it stopped."""
+    (:func:`ucmfh.training_state.candidate_path`), so an interrupted choice resumes where it stopped."""
     runs: Dict[str, Tuple[nn.Module, History]] = {}
     for name in list(candidates) if cfg.val_fraction > 0 else list(candidates)[:1]:
         sub = None if state is None else dataclasses.replace(state, path=candidate_path(state.path, name))
@@ -172,7 +174,7 @@ def refit(fit: Callable, data: Dataset, chosen: HashConfig, history: History, fu
     """``cfg.refit``: the ``chosen`` setting trained again, the same seed, on the whole training split (the
     validation items too) for as many epochs as validation kept (``history.best_epoch``); returns that model
     and ``history`` with ``refit_epochs`` and ``refit_loss`` added. Its training state is the candidate
-    'refit''s (:func:`ucmfh.epochs.candidate_path`), so an interrupted refit resumes where it stopped."""
+    'refit''s (:func:`ucmfh.training_state.candidate_path`), so an interrupted refit resumes where it stopped."""
     if history.best_epoch is None:
         raise ValueError("refit: validation chose no epoch (every validation score was -inf or NaN)")
     whole = dataclasses.replace(chosen, val_fraction=0.0, patience=0, epochs=history.best_epoch, refit=False)

@@ -20,7 +20,7 @@ from ucmfh.methods.base import Method
 from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.epochs import StateFile
+from ucmfh.training_state import StateFile
 from ucmfh.selection import History
 
 if TYPE_CHECKING:  # imported where it runs: scikit-learn adds ~1 s to every `ucmfh` start

@@ -74,17 +74,16 @@ from torch import nn
 
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset
-from ucmfh.distributed import current_group
 from ucmfh.methods.base import Method
-from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
+from ucmfh.methods.registry import register
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.evaluation import encode_split
 from ucmfh.similarity import cosine_similarity, normalize
-from ucmfh.epochs import StateFile, run_epochs
-from ucmfh.selection import History, validator
+from ucmfh.trainer import Batch, Plan, Setup
+from ucmfh.selection import validator
 from ucmfh.amp import autocast
-from ucmfh.optim import adam, optimize
+from ucmfh.optim import adam
 
 # an item, its third and fourth most similar item of the batch (my_opt.PCIRH.train_method)
 MIX_WEIGHTS = (0.7, 0.2, 0.1)
@@ -261,10 +260,10 @@ class Cirh(Method):
                 head.net[-1].weight.normal_(0.0, 1.0)  # models.Img_Net / Txt_Net: tohash ~ N(0, 1)
         return model
 
-    def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
-            state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
+    def plan(self, data: Dataset, cfg: HashConfig, setup: Setup, fusion: Optional[FusionEncoder] = None) -> Plan:
         p = self.method_params(cfg.method_params)
-        device, generator, rest, val, model = self.prepare(data, cfg)
+        device, rest = setup.device, setup.rest
+        model = self.initial_model(data, cfg, setup, fusion)
         net = CirhNet(data.d_img, data.d_txt, cfg.n_bits, p["width"])
         model.to(device).train()
         net.to(device).train()
@@ -275,9 +274,9 @@ class Cirh(Method):
             sim_img, sim_txt = ((img_all, txt_all) if p["centred_similarity"]
                                 else (normalize(rest.img.to(device)), normalize(rest.txt.to(device))))
         thresholds = row_thresholds(sim_img, sim_txt, p["a1"], int(round(p["k_fraction"] * len(rest))))
-        group = current_group()
 
-        def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
+        def loss(batch: Batch) -> torch.Tensor:
+            index = batch.index
             img, txt = img_all[index], txt_all[index]  # the whole global batch on every rank
             s = batch_similarity(sim_img[index], sim_txt[index], thresholds[index], p["a1"], p["a2"])
             img_mix, txt_mix = neighbour_mix(img, s), neighbour_mix(txt, s)
@@ -286,12 +285,8 @@ class Cirh(Method):
                 logits = model.img_head(img), model.txt_head(txt)
             h_img, h_txt, h, dec_img, dec_txt = (x.float() for x in out)
             u_img, u_txt = (torch.tanh(x.float()) for x in logits)
-            loss = (net_loss(h_img, h_txt, h, dec_img, dec_txt, img_mix, txt_mix, s, p["lambda1"], p["lambda2"])
+            return (net_loss(h_img, h_txt, h, dec_img, dec_txt, img_mix, txt_mix, s, p["lambda1"], p["lambda2"])
                     + head_loss(u_img, u_txt, torch.sign(h), s, p["beta"]))
-            return optimize(loss, optimizer, group)
 
-        history = run_epochs(
-            f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model, "net": net}, optimizer, generator, len(rest),
-            device, step, state, progress, validate=validator(encode_split, "hamming", model, val, rest, device),
-        )
-        return model.cpu().eval(), history
+        return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "net": net}, optimizer, rest, loss=loss,
+                    validate=validator(encode_split, "hamming", model, setup.val, rest, device))

@@ -73,17 +73,15 @@ from torch import nn
 
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset
-from ucmfh.distributed import current_group
 from ucmfh.methods.base import Method
-from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
+from ucmfh.methods.registry import register
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.evaluation import encode_split
 from ucmfh.similarity import cosine_similarity, normalize
-from ucmfh.epochs import StateFile, run_epochs
-from ucmfh.selection import History, validator
+from ucmfh.trainer import Batch, Plan, Setup
+from ucmfh.selection import validator
 from ucmfh.amp import autocast
-from ucmfh.optim import optimize
 
 N_BINS = 100  # generate_similarity_matrix: bins of width 1/100 from 0
 PAIR_TARGET = 1.5  # tri_loss, cross_loss: the target of a pair's cosine
@@ -288,10 +286,10 @@ class Daeh(Method):
             model.txt_head.net[-1].weight.normal_(0.0, 0.3)  # myTxtNet: fc_encode ~ N(0, 0.3)
         return model
 
-    def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
-            state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
+    def plan(self, data: Dataset, cfg: HashConfig, setup: Setup, fusion: Optional[FusionEncoder] = None) -> Plan:
         p = self.method_params(cfg.method_params)
-        device, generator, rest, val, model = self.prepare(data, cfg)
+        device, rest = setup.device, setup.rest
+        model = self.initial_model(data, cfg, setup, fusion)
         teacher = DaehTeacher(data.d_img, cfg.n_bits)
         model.to(device).train()
         teacher.to(device).train()
@@ -301,9 +299,9 @@ class Daeh(Method):
             img_all, txt_all = model.inputs(rest.img.to(device), rest.txt.to(device))
             sim_img, sim_txt = normalize(rest.img.to(device)), normalize(rest.txt.to(device))
         img_split, txt_split = distance_split(sim_img), distance_split(sim_txt)
-        group = current_group()
 
-        def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
+        def loss(batch: Batch) -> torch.Tensor:
+            index = batch.index
             img, txt = img_all[index], txt_all[index]  # the whole global batch on every rank
             s = batch_similarity(sim_img[index], sim_txt[index], img_split, txt_split, p["alpha"], p["beta"], p["a1"])
             with autocast(device, cfg.amp):
@@ -311,12 +309,7 @@ class Daeh(Method):
                 out = teacher(img)
             f, g = (torch.tanh(x.float()) for x in logits)
             code_teacher, code = (x.float() for x in out)
-            loss = daeh_loss(f, g, code_teacher, code, s, p["w_tri"], p["w_teacher"], p["w_cross"], p["gamma"])
-            return optimize(loss, optimizer, group)
+            return daeh_loss(f, g, code_teacher, code, s, p["w_tri"], p["w_teacher"], p["w_cross"], p["gamma"])
 
-        history = run_epochs(
-            f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model, "teacher": teacher}, optimizer, generator,
-            len(rest), device, step, state, progress,
-            validate=validator(encode_split, "hamming", model, val, rest, device),
-        )
-        return model.cpu().eval(), history
+        return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "teacher": teacher}, optimizer, rest,
+                    loss=loss, validate=validator(encode_split, "hamming", model, setup.val, rest, device))

@@ -76,7 +76,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional, Tuple
+from typing import Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -86,14 +86,14 @@ from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset
 from ucmfh.distributed import Group, current_group
 from ucmfh.methods.base import Method
-from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
+from ucmfh.methods.registry import register
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.similarity import normalize
-from ucmfh.epochs import StateFile, run_epochs
-from ucmfh.selection import History, validation_view, validator
-from ucmfh.step import batch_inputs, split_ahead
+from ucmfh.selection import validation_view, validator
+from ucmfh.trainer import Batch, Plan, Setup
 from ucmfh.amp import autocast
+from ucmfh.batches import batch_inputs
 from ucmfh.optim import optimize
 
 # rows of the training split whose similarities to all the others are held at once while the
@@ -246,13 +246,13 @@ class Dgcpn(Method):
                     fusion_cfg: Optional[FusionConfig] = None) -> FeatureHasher:
         return FeatureHasher(d_img, d_txt, cfg)
 
-    def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
-            state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
+    def plan(self, data: Dataset, cfg: HashConfig, setup: Setup, fusion: Optional[FusionEncoder] = None) -> Plan:
         p = self.method_params(cfg.method_params)
-        device, generator, rest, val, model = self.prepare(data, cfg)
+        device = setup.device
+        model = self.initial_model(data, cfg, setup, fusion)
         nn.init.normal_(model.txt_head.net[-1].weight, 0.0, p["txt_init_std"])
         model.to(device).train()
-        train = rest.to(device)
+        train = setup.rest.to(device)
         graph = NeighbourGraph.build(train.img, train.txt, p["knn"], p["text_weight"])
         scale = p["scale_ratio"] * min(p["knn"], len(train))
         optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr_head, momentum=p["momentum"],
@@ -262,14 +262,10 @@ class Dgcpn(Method):
         def loss_of(img: torch.Tensor, txt: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
             return dgcpn_loss(img, txt, target, p["pair_target"], p["preserve_weight"], p["consistency_weight"])
 
-        def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
-            img, txt, _, _, _ = batch_inputs(train, index, None, False, group)
-            target = graph.similarity(index, p["coherence_weight"], scale)
-            return dgcpn_step(model, optimizer, img, txt, target, loss_of, group, len(index), device, cfg.amp)
+        def step(batch: Batch) -> torch.Tensor:  # three updates a batch: a step of its own
+            img, txt, _, _, _ = batch_inputs(train, batch.index, None, False, group)
+            target = graph.similarity(batch.index, p["coherence_weight"], scale)
+            return dgcpn_step(model, optimizer, img, txt, target, loss_of, group, len(batch.index), device, cfg.amp)
 
-        history = run_epochs(
-            f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model}, optimizer, generator, len(train), device, step,
-            state, progress, validate=validator(*validation_view(cfg), model, val, rest, device),
-            shuffle=train.shuffle, ahead=split_ahead(train, group),
-        )
-        return model.cpu().eval(), history
+        return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model}, optimizer, train, step=step,
+                    validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))

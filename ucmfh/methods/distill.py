@@ -1,16 +1,21 @@
 """Method 'distill': two-tower whose InfoNCE targets are mixed with a fused teacher's neighbours."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Callable, Optional
+
+import torch
+from torch import nn
 
 from ucmfh.config import HashConfig
-from ucmfh.data.h5 import Dataset
-from ucmfh.methods.registry import register
-from ucmfh.methods.two_tower import TwoTower, fit_feature_hasher
+from ucmfh.data.h5 import Split
+from ucmfh.distributed import current_group
+from ucmfh.evaluation import embed_split
+from ucmfh.losses import soft_infonce
+from ucmfh.losses.distill import distill_targets, fused_embedding
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.models.hashing import FeatureHasher
-from ucmfh.epochs import StateFile
-from ucmfh.selection import History
+from ucmfh.methods.registry import register
+from ucmfh.trainer import Setup
+from ucmfh.methods.two_tower import CodeBatch, TwoTower
 
 
 @register
@@ -42,6 +47,25 @@ class Distill(TwoTower):
             raise ValueError(f"method 'distill' mixes the teacher into InfoNCE's targets: loss must be 'infonce', "
                              f"got {cfg.loss!r}")
 
-    def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
-            state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
-        return fit_feature_hasher(data, cfg, fusion, progress, state)
+    def code_loss(self, cfg: HashConfig, loss_fn: nn.Module, train: Split, setup: Setup,
+                  fusion: Optional[FusionEncoder]) -> Callable[[torch.Tensor, torch.Tensor, CodeBatch], torch.Tensor]:
+        """:func:`soft_infonce` of the codes against :func:`distill_targets` of the teacher's fused embeddings
+        (computed once for a split in memory, per batch for a streamed one)."""
+        teacher, group = fusion, current_group()
+        fused = None  # the teacher's fused embedding of each training item, computed once (in memory)
+        if not train.streamed:
+            fused = fused_embedding(*embed_split(teacher, setup.rest, "fused", setup.device))
+        else:  # streamed: each batch's, when it comes
+            teacher.to(setup.device).eval()
+
+        def loss(codes_img: torch.Tensor, codes_txt: torch.Tensor, batch: CodeBatch) -> torch.Tensor:
+            if fused is not None:
+                t = fused[batch.index]
+            else:
+                with torch.no_grad():
+                    t = group.gather((fused_embedding(*teacher.embed(batch.img, batch.txt, "fused")),),
+                                     len(batch.index))[0]
+            targets = distill_targets(t, batch.ids, cfg.teacher_weight, cfg.teacher_temperature)
+            return soft_infonce(codes_img, codes_txt, targets, float(loss_fn.temperature))
+
+        return loss

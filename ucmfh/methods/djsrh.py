@@ -44,25 +44,24 @@ Departures, each named:
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Callable, Dict, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 
+from ucmfh.amp import autocast
+from ucmfh.batches import batch_inputs
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset
 from ucmfh.distributed import current_group
 from ucmfh.methods.base import Method
-from ucmfh.methods.registry import METHODS, register
 from ucmfh.models.fusion import FusionEncoder
+from ucmfh.methods.registry import register
 from ucmfh.models.hashing import FeatureHasher
+from ucmfh.models.relaxation import beta_at, beta_shown, relaxed_codes
+from ucmfh.selection import validation_view, validator
 from ucmfh.similarity import normalize
-from ucmfh.epochs import StateFile, run_epochs
-from ucmfh.models.relaxation import beta_at, relaxed_codes
-from ucmfh.selection import History, validation_view, validator
-from ucmfh.step import batch_inputs, split_ahead
-from ucmfh.amp import autocast
-from ucmfh.optim import optimize
+from ucmfh.trainer import Batch, Plan, Setup
 
 SIM_INPUTS = ("raw", "centred")
 
@@ -120,50 +119,62 @@ def sgd(model: FeatureHasher, lr_img: float, lr_txt: float, momentum: float, wei
                            lr=lr_txt, momentum=momentum, weight_decay=weight_decay)
 
 
-def feature_model(d_img: int, d_txt: int, cfg: HashConfig) -> FeatureHasher:
-    """The image side is one linear layer (their hashing layer on the CNN feature), the text side an
-    MLP with ``cfg.hidden`` units (their ``TxtNet``)."""
-    return FeatureHasher(d_img, d_txt, cfg, img_hidden=0, txt_hidden=cfg.hidden)
-
-
 # what both DJSRH and JDSH fix: no dropout in TxtNet, codes tanh(sqrt(epoch + 1) * logits) (set_alpha)
 TANH_SCHEDULE = {"dropout": 0.0, "relaxation": "tanh", "beta_schedule": "step", "beta_step_epochs": 1}
 
 
-def fit_similarity_hasher(data: Dataset, cfg: HashConfig, target_fn, loss_fn, sim_inputs: str, lr_img: float,
-                          momentum: float, weight_decay: float, progress: bool,
-                          state: Optional[StateFile]) -> Tuple[FeatureHasher, History]:
-    """Train :func:`feature_model` by SGD on ``loss_fn(codes_img, codes_txt, target_fn(img, txt))``,
-    the target built from each (global) batch's features; the codes are ``tanh(sqrt(epoch + 1) h)``.
-    The best validation epoch is kept (:func:`ucmfh.epochs.run_epochs`)."""
-    device, generator, rest, val, model = METHODS[cfg.method].prepare(data, cfg)
-    model.to(device).train()
-    optimizer = sgd(model, lr_img, cfg.lr_head, momentum, weight_decay)
-    train = rest.to(device)
-    group = current_group()
+class SimilarityHasher(Method):
+    """DJSRH's training, which JDSH keeps: :meth:`build_model`'s heads trained by SGD on
+    ``loss(codes_img, codes_txt, target(img, txt))``, the target built from each (global) batch's features
+    (:meth:`target` and :meth:`loss`, from the method's parameters); the codes are ``tanh(sqrt(epoch + 1) h)``.
+    The best validation epoch is kept."""
 
-    def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
-        img, txt, _, _, _ = batch_inputs(train, index, None, False, group)
-        with torch.no_grad():
-            target = target_fn(*group.gather(similarity_inputs(model, img, txt, sim_inputs), len(index)))
-        with autocast(device, cfg.amp):
-            h_img, h_txt = model.logits(img, txt)
-        h_img, h_txt = group.gather((h_img.float(), h_txt.float()), len(index))
-        alpha = beta_at(cfg, iteration, epoch)
-        loss = loss_fn(relaxed_codes(h_img, cfg, alpha), relaxed_codes(h_txt, cfg, alpha), target)
-        return optimize(loss, optimizer, group)
+    fixed = TANH_SCHEDULE
+    takes_loss = False
 
-    history = run_epochs(
-        f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model}, optimizer, generator, len(train), device, step,
-        state, progress, postfix=lambda epoch, iteration: {"alpha": f"{beta_at(cfg, iteration, epoch):.2f}"},
-        validate=validator(*validation_view(cfg), model, val, rest, device), shuffle=train.shuffle,
-        ahead=split_ahead(train, group),
-    )
-    return model.cpu().eval(), history
+    def check(self, cfg: HashConfig) -> None:
+        super().check(cfg)
+        check_sgd_params(self.name, self.method_params(cfg.method_params))
+
+    def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
+                    fusion_cfg: Optional[FusionConfig] = None) -> FeatureHasher:
+        """The image side is one linear layer (their hashing layer on the CNN feature), the text side an
+        MLP with ``cfg.hidden`` units (their ``TxtNet``)."""
+        return FeatureHasher(d_img, d_txt, cfg, img_hidden=0, txt_hidden=cfg.hidden)
+
+    def target(self, p: Dict[str, Any]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The batch's target similarity [m, m] from its features img [m, d_img] and txt [m, d_txt]."""
+        raise NotImplementedError
+
+    def loss(self, p: Dict[str, Any]) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        """The loss of the relaxed codes [m, n_bits] of each modality against the target [m, m]."""
+        raise NotImplementedError
+
+    def plan(self, data: Dataset, cfg: HashConfig, setup: Setup, fusion: Optional[FusionEncoder] = None) -> Plan:
+        p = self.method_params(cfg.method_params)
+        target_fn, loss_fn, device = self.target(p), self.loss(p), setup.device
+        model = self.initial_model(data, cfg, setup, fusion).to(device).train()
+        optimizer = sgd(model, p["lr_img"], cfg.lr_head, p["momentum"], p["weight_decay"])
+        train = setup.rest.to(device)
+        group = current_group()
+
+        def loss(batch: Batch) -> torch.Tensor:
+            img, txt, _, _, _ = batch_inputs(train, batch.index, None, False, group)
+            with torch.no_grad():
+                target = target_fn(*group.gather(similarity_inputs(model, img, txt, p["sim_inputs"]), len(batch.index)))
+            with autocast(device, cfg.amp):
+                h_img, h_txt = model.logits(img, txt)
+            h_img, h_txt = group.gather((h_img.float(), h_txt.float()), len(batch.index))
+            alpha = beta_at(cfg, batch.iteration, batch.epoch)
+            return loss_fn(relaxed_codes(h_img, cfg, alpha), relaxed_codes(h_txt, cfg, alpha), target)
+
+        return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model}, optimizer, train, loss=loss,
+                    postfix=beta_shown(cfg, "alpha"),
+                    validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))
 
 
 @register
-class Djsrh(Method):
+class Djsrh(SimilarityHasher):
     """DJSRH on precomputed features: a linear image hashing layer and a text MLP, trained to reconstruct
     the batch's joint-semantics matrix (:func:`joint_semantics`) with the codes' cosines
     (:func:`djsrh_loss`). Module docstring: what was transcribed, and every departure.
@@ -178,31 +189,17 @@ class Djsrh(Method):
     defaults = {"hidden": 4096, "epochs": 80, "batch_size": 32, "lr_head": 0.01, "val_fraction": 0.1, "patience": 10}
     params = {"beta": 0.9, "eta": 0.4, "mu": 1.5, "lambda1": 0.1, "lambda2": 0.1, "lr_img": 0.001, "momentum": 0.9,
               "weight_decay": 5e-4, "sim_inputs": "raw"}
-    fixed = TANH_SCHEDULE
-    takes_loss = False
 
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)
         params = self.method_params(cfg.method_params)
-        check_sgd_params(self.name, params)
         if not (0 <= params["beta"] <= 1 and 0 <= params["eta"] <= 1 and params["mu"] > 0
                 and params["lambda1"] >= 0 and params["lambda2"] >= 0):
             raise ValueError(f"method 'djsrh': beta and eta must be in [0, 1], mu > 0, lambda1 and lambda2 >= 0, "
                              f"got {params}")
 
-    def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
-                    fusion_cfg: Optional[FusionConfig] = None) -> FeatureHasher:
-        return feature_model(d_img, d_txt, cfg)
+    def target(self, p: Dict[str, Any]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
+        return lambda img, txt: joint_semantics(img, txt, p["beta"], p["eta"], p["mu"])
 
-    def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
-            state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
-        p = self.method_params(cfg.method_params)
-
-        def target(img: torch.Tensor, txt: torch.Tensor) -> torch.Tensor:
-            return joint_semantics(img, txt, p["beta"], p["eta"], p["mu"])
-
-        def loss(codes_img: torch.Tensor, codes_txt: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-            return djsrh_loss(codes_img, codes_txt, s, p["lambda1"], p["lambda2"])
-
-        return fit_similarity_hasher(data, cfg, target, loss, p["sim_inputs"], p["lr_img"], p["momentum"],
-                                     p["weight_decay"], progress, state)
+    def loss(self, p: Dict[str, Any]) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        return lambda codes_img, codes_txt, s: djsrh_loss(codes_img, codes_txt, s, p["lambda1"], p["lambda2"])

@@ -24,7 +24,7 @@ What the released code does, per batch of ``m`` pairs:
 Kept, on precomputed features: the image network is its trained part only, ``hash_layer`` (one linear
 map on the frozen CNN's feature; here the precomputed feature stands where fc7 was), and the whole text
 network ``TxtNet`` (``d_txt -> hidden -> ReLU -> n_bits``). Training is DJSRH's loop
-(:func:`~ucmfh.methods.djsrh.fit_similarity_hasher`: same model, optimiser and α schedule in both
+(:class:`~ucmfh.methods.djsrh.SimilarityHasher`: same model, optimiser and α schedule in both
 released codes) with JDSH's target and loss. Defaults: ``config/JDSH_MIRFlickr.json``.
 
 Departures, each named (as DJSRH's, :mod:`ucmfh.methods.djsrh`):
@@ -48,21 +48,15 @@ Departures, each named (as DJSRH's, :mod:`ucmfh.methods.djsrh`):
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Callable, Dict
 
 import torch
 import torch.nn.functional as F
 
-from ucmfh.config import FusionConfig, HashConfig
-from ucmfh.data.h5 import Dataset
-from ucmfh.methods.base import Method
-from ucmfh.methods.djsrh import TANH_SCHEDULE, check_sgd_params, feature_model, fit_similarity_hasher, scaled_cosines
+from ucmfh.config import HashConfig
+from ucmfh.methods.djsrh import SimilarityHasher, scaled_cosines
 from ucmfh.methods.registry import register
-from ucmfh.models.fusion import FusionEncoder
-from ucmfh.models.hashing import FeatureHasher
 from ucmfh.similarity import normalize
-from ucmfh.epochs import StateFile
-from ucmfh.selection import History
 
 
 def joint_modal_similarity(img: torch.Tensor, txt: torch.Tensor, alpha: float = 0.5, beta: float = 0.1,
@@ -97,7 +91,7 @@ def jdsh_loss(codes_img: torch.Tensor, codes_txt: torch.Tensor, target: torch.Te
 
 
 @register
-class Jdsh(Method):
+class Jdsh(SimilarityHasher):
     """JDSH on precomputed features: DJSRH's networks and training, the target a joint-modal similarity
     matrix reweighted by DSDW (:func:`joint_modal_similarity`, :func:`dsdw`), the loss
     :func:`jdsh_loss`. Module docstring: what was transcribed, and every departure.
@@ -117,13 +111,10 @@ class Jdsh(Method):
               "loc_left": -0.49, "scale_left": 0.019, "k_left": 2.0, "loc_right": -0.49, "scale_right": 0.088,
               "k_right": 4.0, "s_min": -0.52, "s_max": 0.68, "l1": 0.1, "l2": 0.2,
               "lr_img": 0.01, "momentum": 0.9, "weight_decay": 5e-4, "sim_inputs": "raw"}
-    fixed = TANH_SCHEDULE
-    takes_loss = False
 
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)
         params = self.method_params(cfg.method_params)
-        check_sgd_params(self.name, params)
         if not (params["mu"] > 0 and params["intra"] >= 0 and params["l1"] >= 0 and params["l2"] >= 0):
             raise ValueError(f"method 'jdsh': mu must be > 0, intra, l1 and l2 >= 0, got {params}")
         # the weights of S' and the widths of DSDW's thresholds (a threshold is loc -/+ k * scale)
@@ -133,13 +124,7 @@ class Jdsh(Method):
             raise ValueError(f"method 'jdsh': {', '.join(negative)} must be >= 0, got "
                              + ", ".join(f"{k}={params[k]}" for k in negative))
 
-    def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
-                    fusion_cfg: Optional[FusionConfig] = None) -> FeatureHasher:
-        return feature_model(d_img, d_txt, cfg)
-
-    def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
-            state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
-        p = self.method_params(cfg.method_params)
+    def target(self, p: Dict[str, Any]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         left = p["loc_left"] - p["k_left"] * p["scale_left"]
         right = p["loc_right"] + p["k_right"] * p["scale_right"]
 
@@ -147,8 +132,7 @@ class Jdsh(Method):
             s = joint_modal_similarity(img, txt, p["alpha"], p["beta"], p["lamb"])
             return p["mu"] * dsdw(s, left, right, p["s_min"], p["s_max"], p["l1"], p["l2"])
 
-        def loss(codes_img: torch.Tensor, codes_txt: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-            return jdsh_loss(codes_img, codes_txt, s, p["intra"])
+        return target
 
-        return fit_similarity_hasher(data, cfg, target, loss, p["sim_inputs"], p["lr_img"], p["momentum"],
-                                     p["weight_decay"], progress, state)
+    def loss(self, p: Dict[str, Any]) -> Callable[[torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]:
+        return lambda codes_img, codes_txt, s: jdsh_loss(codes_img, codes_txt, s, p["intra"])

@@ -9,7 +9,7 @@ from ucmfh.config import HashConfig
 from ucmfh.data.h5 import Dataset
 from ucmfh.methods.base import Method
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.epochs import StateFile
+from ucmfh.training_state import StateFile
 from ucmfh.selection import History
 
 METHODS: Dict[str, Method] = {}

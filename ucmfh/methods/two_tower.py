@@ -3,26 +3,25 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Dict, Optional, Tuple
+from typing import Callable, Dict, NamedTuple, Optional, Tuple
 
 import torch
+from torch import nn
 
-from ucmfh.config import FusionConfig, HashConfig
-from ucmfh.data.h5 import Dataset
-from ucmfh.distributed import current_group
-from ucmfh.losses import build_loss, soft_infonce
-from ucmfh.losses.distill import distill_targets, fused_embedding
-from ucmfh.methods.base import Method
-from ucmfh.methods.registry import METHODS, register
-from ucmfh.models.fusion import FusionEncoder
-from ucmfh.models.hashing import FeatureHasher
-from ucmfh.evaluation import embed_split
-from ucmfh.epochs import StateFile, run_epochs
-from ucmfh.models.relaxation import beta_at, relaxed_codes
-from ucmfh.selection import History, validation_view, validator
-from ucmfh.step import batch_inputs, split_ahead
 from ucmfh.amp import autocast
-from ucmfh.optim import adam, optimize
+from ucmfh.batches import batch_inputs
+from ucmfh.config import FusionConfig, HashConfig
+from ucmfh.data.h5 import Dataset, Split
+from ucmfh.distributed import current_group
+from ucmfh.losses import build_loss
+from ucmfh.methods.base import Method
+from ucmfh.models.fusion import FusionEncoder
+from ucmfh.methods.registry import register
+from ucmfh.models.hashing import FeatureHasher
+from ucmfh.models.relaxation import beta_at, beta_shown, relaxed_codes
+from ucmfh.optim import adam
+from ucmfh.selection import validation_view, validator
+from ucmfh.trainer import Batch, Plan, Setup
 
 
 @register
@@ -77,51 +76,40 @@ class TwoTower(Method):
                     fusion_cfg: Optional[FusionConfig] = None) -> FeatureHasher:
         return FeatureHasher(d_img, d_txt, cfg)
 
-    def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
-            state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
-        return fit_feature_hasher(data, cfg, None, progress, state)
+    def plan(self, data: Dataset, cfg: HashConfig, setup: Setup, fusion: Optional[FusionEncoder] = None) -> Plan:
+        device = setup.device
+        model = self.initial_model(data, cfg, setup, fusion).to(device).train()
+        loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
+        optimizer = adam([*model.parameters(), *loss_fn.parameters()], lr=cfg.lr_head, betas=tuple(cfg.betas))
+        train = setup.rest.to(device)
+        code_loss = self.code_loss(cfg, loss_fn, train, setup, fusion)
+        group = current_group()
+
+        def loss(batch: Batch) -> torch.Tensor:
+            beta = beta_at(cfg, batch.iteration, batch.epoch)
+            img, txt, _, ids, labels = batch_inputs(train, batch.index, None, cfg.supervised, group)
+            with autocast(device, cfg.amp):
+                h_img, h_txt = model.logits(img, txt)
+            h_img, h_txt = group.gather((h_img.float(), h_txt.float()), len(batch.index))
+            codes_img, codes_txt = relaxed_codes(h_img, cfg, beta), relaxed_codes(h_txt, cfg, beta)
+            return code_loss(codes_img, codes_txt, CodeBatch(batch.index, img, txt, ids, labels))
+
+        return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "loss": loss_fn}, optimizer, train,
+                    loss=loss, postfix=beta_shown(cfg),
+                    validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))
+
+    def code_loss(self, cfg: HashConfig, loss_fn: nn.Module, train: Split, setup: Setup,
+                  fusion: Optional[FusionEncoder]) -> Callable[[torch.Tensor, torch.Tensor, "CodeBatch"], torch.Tensor]:
+        """The loss of a batch's relaxed codes: ``cfg.loss`` of each pair, the captions of one id positives."""
+        return lambda codes_img, codes_txt, batch: loss_fn(codes_img, codes_txt, ids=batch.ids, labels=batch.labels)
 
 
-def fit_feature_hasher(
-    data: Dataset, cfg: HashConfig, teacher: Optional[FusionEncoder], progress: bool, state: Optional[StateFile],
-) -> Tuple[FeatureHasher, History]:
-    """Train a :class:`FeatureHasher` on ``cfg.loss``; with a ``teacher`` fusion encoder, on
-    :func:`soft_infonce` against :func:`distill_targets` of its fused embeddings (method 'distill')."""
-    device, generator, rest, val, model = METHODS[cfg.method].prepare(data, cfg)
-    model.to(device).train()
-    loss_fn = build_loss(cfg.loss, **cfg.loss_params).to(device)
-    optimizer = adam([*model.parameters(), *loss_fn.parameters()], lr=cfg.lr_head, betas=tuple(cfg.betas))
-    train = rest.to(device)
-    fused = None  # the teacher's fused embedding of each training item, computed once (in memory)
-    if teacher is not None and not train.streamed:
-        fused = fused_embedding(*embed_split(teacher, rest, "fused", device))
-    elif teacher is not None:  # streamed: each batch's, when it comes
-        teacher.to(device).eval()
-    group = current_group()
+class CodeBatch(NamedTuple):
+    """What a batch's code loss may need besides the codes: the global batch's item indices, this rank's
+    features, the ids and labels of the global batch (None where absent or unsupervised)."""
 
-    def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
-        beta = beta_at(cfg, iteration, epoch)
-        img, txt, _, ids, labels = batch_inputs(train, index, None, cfg.supervised, group)
-        with autocast(device, cfg.amp):
-            h_img, h_txt = model.logits(img, txt)
-        h_img, h_txt = group.gather((h_img.float(), h_txt.float()), len(index))
-        codes_img, codes_txt = relaxed_codes(h_img, cfg, beta), relaxed_codes(h_txt, cfg, beta)
-        if teacher is None:
-            loss = loss_fn(codes_img, codes_txt, ids=ids, labels=labels)
-        else:
-            if fused is not None:
-                t = fused[index]
-            else:
-                with torch.no_grad():
-                    t = group.gather((fused_embedding(*teacher.embed(img, txt, "fused")),), len(index))[0]
-            targets = distill_targets(t, ids, cfg.teacher_weight, cfg.teacher_temperature)
-            loss = soft_infonce(codes_img, codes_txt, targets, float(loss_fn.temperature))
-        return optimize(loss, optimizer, group)
-
-    history = run_epochs(
-        f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model, "loss": loss_fn}, optimizer, generator, len(train),
-        device, step, state, progress, postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
-        validate=validator(*validation_view(cfg), model, val, rest, device), shuffle=train.shuffle,
-        ahead=split_ahead(train, group),
-    )
-    return model.cpu().eval(), history
+    index: torch.Tensor
+    img: torch.Tensor
+    txt: torch.Tensor
+    ids: Optional[torch.Tensor]
+    labels: Optional[torch.Tensor]

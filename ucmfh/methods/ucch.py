@@ -59,14 +59,14 @@ Departures, each deliberate:
   as every pair is in the released code (instance-level contrast); labels are never used.
 - Seed: ours (``cfg.seed``); the released code fixes 123.
 
-The memory bank is training state (:class:`MemoryBank`, passed to ``run_epochs``, so resume is
+The memory bank is training state (:class:`MemoryBank`, one of the plan's modules, so resume is
 exact); it is not part of the model, which encodes each modality from its own features alone.
 """
 from __future__ import annotations
 
 import bisect
 import math
-from typing import Any, Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -77,14 +77,14 @@ from ucmfh.data.h5 import Dataset
 from ucmfh.data.stream import Features, column_stats
 from ucmfh.distributed import current_group
 from ucmfh.methods.base import Method
-from ucmfh.methods.registry import METHODS, register
 from ucmfh.models.fusion import FusionEncoder
+from ucmfh.methods.registry import register
 from ucmfh.evaluation import encode_split
 from ucmfh.similarity import normalize, sign_codes
-from ucmfh.epochs import StateFile, run_epochs
-from ucmfh.selection import History, validator
-from ucmfh.step import batch_inputs, split_ahead
+from ucmfh.selection import validator
+from ucmfh.trainer import Batch, Plan, Setup
 from ucmfh.amp import autocast
+from ucmfh.batches import batch_inputs
 from ucmfh.optim import adam
 from ucmfh.utils import to_device
 
@@ -295,46 +295,31 @@ class Ucch(Method):
         p = self.method_params(cfg.method_params)
         return UcchHasher(d_img, d_txt, cfg, p["img_layers"], p["txt_layers"])
 
-    def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
-            state: Optional[StateFile] = None) -> Tuple[UcchHasher, History]:
-        return fit_ucch(data, cfg, self.method_params(cfg.method_params), progress, state)
+    def plan(self, data: Dataset, cfg: HashConfig, setup: Setup, fusion: Optional[FusionEncoder] = None) -> Plan:
+        """UCCH's networks and memory bank; Adam at the released step schedule (:func:`learning_rate`), the
+        gradients clipped to ``clip_norm``; the bank is updated with each batch's codes before the update."""
+        p = self.method_params(cfg.method_params)
+        device, rest = setup.device, setup.rest
+        model = self.initial_model(data, cfg, setup, fusion).to(device).train()
+        bank = MemoryBank(len(rest), cfg.n_bits, cfg.seed).to(device)
+        optimizer = adam(model.parameters(), lr=cfg.lr_head, betas=tuple(cfg.betas), weight_decay=p["weight_decay"])
+        train = rest.to(device)
+        group = current_group()
 
+        def loss(batch: Batch) -> torch.Tensor:
+            index = batch.index
+            img, txt, _, _, _ = batch_inputs(train, index, None, False, group)
+            with autocast(device, cfg.amp):
+                z_img, z_txt = model.logits(img, txt)
+            z_img, z_txt = group.gather((z_img.float(), z_txt.float()), len(index))
+            h_img, h_txt = hash_outputs(z_img), hash_outputs(z_txt)
+            momentum = p["momentum"] if batch.epoch >= p["warmup_epochs"] else 0.0  # NCEAverage: epoch - warmup < 0
+            codes, rows = bank.keys(index, h_img, h_txt, p["n_negatives"], momentum,
+                                    negatives_generator(cfg.seed, batch.iteration))
+            out = ucch_loss(h_img, h_txt, codes, rows, p["alpha"], p["temperature"], p["margin"], p["shift"])
+            bank.update(index, h_img, h_txt, momentum)
+            return out
 
-def fit_ucch(data: Dataset, cfg: HashConfig, p: Dict[str, Any], progress: bool,
-             state: Optional[StateFile]) -> Tuple[UcchHasher, History]:
-    """Train UCCH's networks on ``data.train`` less its validation part; returns the model of the best
-    validation epoch (on the CPU, eval mode) and its :class:`History`."""
-    device, generator, rest, val, model = METHODS["ucch"].prepare(data, cfg)
-    model.to(device).train()
-    bank = MemoryBank(len(rest), cfg.n_bits, cfg.seed).to(device)
-    parameters = list(model.parameters())
-    optimizer = adam(parameters, lr=cfg.lr_head, betas=tuple(cfg.betas), weight_decay=p["weight_decay"])
-    train = rest.to(device)
-    group = current_group()
-
-    def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
-        for param_group in optimizer.param_groups:
-            param_group["lr"] = learning_rate(cfg.lr_head, epoch)
-        img, txt, _, _, _ = batch_inputs(train, index, None, False, group)
-        with autocast(device, cfg.amp):
-            z_img, z_txt = model.logits(img, txt)
-        z_img, z_txt = group.gather((z_img.float(), z_txt.float()), len(index))
-        h_img, h_txt = hash_outputs(z_img), hash_outputs(z_txt)
-        momentum = p["momentum"] if epoch >= p["warmup_epochs"] else 0.0  # NCEAverage: epoch - warmup < 0
-        codes, rows = bank.keys(index, h_img, h_txt, p["n_negatives"], momentum,
-                                negatives_generator(cfg.seed, iteration))
-        loss = ucch_loss(h_img, h_txt, codes, rows, p["alpha"], p["temperature"], p["margin"], p["shift"])
-        bank.update(index, h_img, h_txt, momentum)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
-        group.average_gradients(parameters)
-        nn.utils.clip_grad_norm_(parameters, p["clip_norm"])
-        optimizer.step()
-        return loss.detach()
-
-    history = run_epochs(
-        f"{cfg.method} {cfg.n_bits} bits", cfg, {"model": model, "bank": bank}, optimizer, generator, len(train),
-        device, step, state, progress, validate=validator(encode_split, "hamming", model, val, rest, device),
-        shuffle=train.shuffle, ahead=split_ahead(train, group),
-    )
-    return model.cpu().eval(), history
+        return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "bank": bank}, optimizer, train,
+                    loss=loss, clip_norm=p["clip_norm"], learning_rate=lambda epoch: learning_rate(cfg.lr_head, epoch),
+                    validate=validator(encode_split, "hamming", model, setup.val, rest, device))

@@ -2,10 +2,12 @@
 from __future__ import annotations
 
 import copy
-from typing import Optional, Tuple
+from typing import Optional
 
 import torch
 
+from ucmfh.amp import autocast
+from ucmfh.batches import batch_inputs
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset
 from ucmfh.distributed import current_group
@@ -14,13 +16,10 @@ from ucmfh.methods.base import Method
 from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
-from ucmfh.epochs import StateFile, run_epochs
-from ucmfh.models.relaxation import beta_at, relaxed_codes
-from ucmfh.selection import History, validation_split, validation_view, validator
-from ucmfh.step import batch_inputs, split_ahead
-from ucmfh.amp import autocast
-from ucmfh.optim import adam, optimize
-from ucmfh.utils import resolve_device, seed_everything
+from ucmfh.models.relaxation import beta_at, beta_shown, relaxed_codes
+from ucmfh.optim import adam
+from ucmfh.selection import validation_view, validator
+from ucmfh.trainer import Batch, Plan, Setup
 
 
 @register
@@ -46,12 +45,15 @@ class UCMFH(Method):
             raise ValueError("method 'ucmfh' needs its fusion encoder's settings to build its model")
         return CrossModalHasher(FusionEncoder(d_img, d_txt, fusion_cfg), cfg)
 
-    def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
-            state: Optional[StateFile] = None) -> Tuple[CrossModalHasher, History]:
-        device = resolve_device(cfg.device)
-        generator = seed_everything(cfg.seed)
-        # a copy: the caller's encoder stays as it was (e.g. one fusion stage serving several n_bits)
-        model = CrossModalHasher(copy.deepcopy(fusion), cfg).to(device).train()
+    def initial_model(self, data: Dataset, cfg: HashConfig, setup: Setup,
+                      fusion: Optional[FusionEncoder] = None) -> CrossModalHasher:
+        """Hash heads on a copy of the trained fusion encoder (the caller's stays as it was, e.g. one fusion
+        stage serving several n_bits), which has its feature statistics already."""
+        return CrossModalHasher(copy.deepcopy(fusion), cfg)
+
+    def plan(self, data: Dataset, cfg: HashConfig, setup: Setup, fusion: Optional[FusionEncoder] = None) -> Plan:
+        device = setup.device
+        model = self.initial_model(data, cfg, setup, fusion).to(device).train()
         fusion_loss = build_loss(cfg.loss, **cfg.loss_params).to(device)
         code_loss = build_loss(cfg.loss, **cfg.loss_params).to(device)
         head_params = [*model.img_head.parameters(), *model.txt_head.parameters(),
@@ -62,29 +64,22 @@ class UCMFH(Method):
         else:  # lr_fusion = 0 keeps the encoder as trained: no gradients through it
             model.fusion.requires_grad_(False)
         optimizer = adam(groups, betas=tuple(cfg.betas))
-        rest, val = validation_split(data.train, cfg.val_fraction, cfg.seed)
-        train = rest.to(device)
+        train = setup.rest.to(device)
         group = current_group()
 
-        def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
-            beta = beta_at(cfg, iteration, epoch)
-            img, txt, separate, ids, labels = batch_inputs(train, index, separate, cfg.supervised, group)
+        def loss(batch: Batch) -> torch.Tensor:
+            beta = beta_at(cfg, batch.iteration, batch.epoch)
+            img, txt, separate, ids, labels = batch_inputs(train, batch.index, batch.separate, cfg.supervised, group)
             with autocast(device, cfg.amp):
                 z_img, z_txt = model.fusion(img, txt, separate)
                 h_img, h_txt = model.logits(z_img, z_txt)
             # codes and losses always in float32: bf16's 8-bit mantissa would blur tanh near ±1
             z_img, z_txt, h_img, h_txt = group.gather(
-                (z_img.float(), z_txt.float(), h_img.float(), h_txt.float()), len(index))
+                (z_img.float(), z_txt.float(), h_img.float(), h_txt.float()), len(batch.index))
             codes_img, codes_txt = relaxed_codes(h_img, cfg, beta), relaxed_codes(h_txt, cfg, beta)
-            loss = (fusion_loss(z_img, z_txt, ids=ids, labels=labels)
+            return (fusion_loss(z_img, z_txt, ids=ids, labels=labels)
                     + cfg.code_weight * code_loss(codes_img, codes_txt, ids=ids, labels=labels))
-            return optimize(loss, optimizer, group)
 
         modules = {"model": model, "fusion_loss": fusion_loss, "code_loss": code_loss}
-        history = run_epochs(
-            f"hashing {cfg.n_bits} bits", cfg, modules, optimizer, generator, len(train), device, step, state, progress,
-            postfix=lambda epoch, iteration: {"beta": f"{beta_at(cfg, iteration, epoch):.2f}"},
-            validate=validator(*validation_view(cfg), model, val, rest, device), shuffle=train.shuffle,
-            ahead=split_ahead(train, group),
-        )
-        return model.cpu().eval(), history
+        return Plan(f"hashing {cfg.n_bits} bits", model, modules, optimizer, train, loss=loss, postfix=beta_shown(cfg),
+                    validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Callable, Dict
 
 import torch
 
@@ -17,6 +18,11 @@ def beta_at(cfg: HashConfig, iteration: int, epoch: int) -> float:
     if cfg.beta_schedule == "step":
         return math.sqrt(epoch // cfg.beta_step_epochs + 1)
     return 1.0
+
+
+def beta_shown(cfg: HashConfig, label: str = "beta") -> Callable[[int, int], Dict[str, str]]:
+    """What a run's progress bar shows of β after each epoch (:attr:`ucmfh.trainer.Plan.postfix`)."""
+    return lambda epoch, iteration: {label: f"{beta_at(cfg, iteration, epoch):.2f}"}
 
 
 def relaxed_codes(logits: torch.Tensor, cfg: HashConfig, beta: float) -> torch.Tensor:

@@ -19,12 +19,12 @@ from ucmfh.losses.triplet import vse_hinge
 from ucmfh.seps.model import SEPS, State
 from ucmfh.seps.scoring import Side, evaluate_pairs, image_inputs, text_inputs
 from ucmfh.similarity import positive_mask
-from ucmfh.epochs import StateFile, run_epochs
 from ucmfh.selection import History, validation_items
-from ucmfh.step import BatchReads
+from ucmfh.batches import BatchReads
 from ucmfh.amp import autocast
-from ucmfh.optim import optimize
-from ucmfh.utils import host_index, resolve_device, seed_everything, to_device
+from ucmfh.trainer import Batch, Plan, start, train
+from ucmfh.training_state import StateFile
+from ucmfh.utils import host_index, to_device
 
 
 def build_model(tokens: Tokens, cfg: SepsConfig) -> SEPS:
@@ -70,9 +70,8 @@ def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
     the image states are gathered with gradient, each rank scores its captions against every image
     of the batch, and the score rows are gathered with gradient, so the hinge sees the whole batch's
     negatives and one step equals one process's step (docs/distributed.md)."""
-    device = resolve_device(cfg.device)
+    device, generator = start(cfg)
     group = current_group()
-    generator = seed_everything(cfg.seed)
     tokens = Tokens(path, "train")
     _check_dense(tokens, cfg)
     ids = tokens.ids
@@ -92,8 +91,8 @@ def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
 
     reads = BatchReads(read)
 
-    def step(index: torch.Tensor, separate: Optional[torch.Tensor], epoch: int, iteration: int) -> torch.Tensor:
-        items, batch_ids, image_in, text_in = reads(index)
+    def loss(batch: Batch) -> torch.Tensor:
+        items, batch_ids, image_in, text_in = reads(batch.index)
         with autocast(device, cfg.amp):  # the forward pass; the gathers and the hinge in float32
             img = gather_state(group, model.encode_images(*image_in), len(items))
             sims, soft_mean = model.grid(img, model.encode_texts(*text_in))  # [my texts, images]
@@ -102,11 +101,11 @@ def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
         if soft_mean is not None and group.world_size > 1:  # the mean over every pair of the batch
             mean_of_mine = (soft_mean * len(text_in[0])).reshape(1, 1)
             soft_mean = group.gather((mean_of_mine,), group.world_size)[0].sum() / len(items)
-        loss = vse_hinge(sims.T, positive_mask(len(items), batch_ids, device=device), cfg.margin,
-                         epoch >= cfg.max_violation_from)
+        out = vse_hinge(sims.T, positive_mask(len(items), batch_ids, device=device), cfg.margin,
+                        batch.epoch >= cfg.max_violation_from)
         if soft_mean is not None and cfg.ratio_weight:
-            loss = loss + cfg.ratio_weight * (soft_mean - cfg.keep_ratio) ** 2
-        return optimize(loss, optimizer, group)
+            out = out + cfg.ratio_weight * (soft_mean - cfg.keep_ratio) ** 2
+        return out
 
     val_images = None if val is None else val[first_of_each_id(ids[val])]
 
@@ -115,7 +114,10 @@ def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
         model.train()
         return row["rsum"]
 
-    history = run_epochs("seps", cfg, {"model": model}, optimizer, generator, len(rest), device, step, state,
-                          progress, validate=None if val is None else validate, ahead=reads.ahead)
-    tokens.close()
+    plan = Plan("seps", model, {"model": model}, optimizer, len(rest), loss=loss,
+                validate=None if val is None else validate, ahead=reads.ahead)
+    try:
+        history = train(plan, cfg, device, generator, state, progress)
+    finally:
+        tokens.close()
     return model.cpu().eval(), history

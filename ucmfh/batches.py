@@ -1,5 +1,5 @@
-"""What one training step uses: its batches (a shuffled pass, modality-dropout draws), read ahead of it;
-its precision is :mod:`ucmfh.amp`, its optimizer and update :mod:`ucmfh.optim`."""
+"""A training run's batches: each epoch's shuffled pass and modality-dropout draws (:func:`epoch_plan`), a
+step's inputs (:func:`batch_inputs`), and the reads of a streamed split done ahead of the step that needs them."""
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -56,7 +56,7 @@ def epoch_plan(
 
 
 class ReadAhead:
-    """One worker thread that runs the reads of a step's batch (``ahead(index)``, :func:`run_epochs`)
+    """One worker thread that runs the reads of a step's batch (``ahead(index)``, :attr:`ucmfh.trainer.Plan.ahead`)
     while the step before it runs; a read's error is raised by :meth:`wait`."""
 
     def __init__(self) -> None:
@@ -88,7 +88,7 @@ class ReadAhead:
 
 class BatchReads:
     """A step's reads from files (``read(index)``, the step's batch -> what the step takes), done ahead
-    on :class:`ReadAhead`'s thread (:meth:`ahead`, :func:`run_epochs`'s ``ahead``) or when the step
+    on :class:`ReadAhead`'s thread (:meth:`ahead`, ``Plan.ahead``) or when the step
     asks (:meth:`__call__`) for a batch that was not."""
 
     def __init__(self, read: Callable[[torch.Tensor], Any]) -> None:
@@ -105,7 +105,7 @@ class BatchReads:
 
 def split_ahead(split: Split, group: Group) -> Optional[Callable[[torch.Tensor], None]]:
     """What :func:`batch_inputs` will read of a streamed split for a batch, read into its cache ahead of
-    the step (:func:`run_epochs`'s ``ahead``); None for a split in memory."""
+    the step (``Plan.ahead``); None for a split in memory."""
     if not split.streamed:
         return None
     return lambda index: split.read_ahead(group.local(index))

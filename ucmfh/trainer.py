@@ -1,0 +1,322 @@
+"""The one training lifecycle: a method says what a run trains (:class:`Plan`), :func:`train` runs it.
+
+Every trained stage — the fusion stage, each method's hashing stage, SEPS — is a :class:`Plan`: its modules,
+its optimizer, one step's loss, how it validates, its items. :func:`train` owns everything around the step:
+the epochs and their batches, the update, resuming and saving the training state
+(:mod:`ucmfh.training_state`), stopping on a signal, validation with the best epoch kept and early
+stopping, progress, and the ranks of a distributed run. A training feature written here reaches every stage.
+"""
+from __future__ import annotations
+
+import math
+import os
+import signal
+import time
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Optional, Tuple, Union
+
+import torch
+from torch import nn
+from tqdm.auto import tqdm
+
+from ucmfh.batches import ReadAhead, Shuffle, epoch_plan, split_ahead
+from ucmfh.config import identity_dict
+from ucmfh.data.h5 import Split
+from ucmfh.distributed import Group, current_group
+from ucmfh.optim import optimize
+from ucmfh.selection import History, validation_split
+from ucmfh.signals import TrainingInterrupted, stop_on_signals
+from ucmfh.training_state import StateFile, read_state, restore_cuda_rng, write_state
+from ucmfh.utils import resolve_device, seed_everything
+
+# Under torchrun the ranks decide together whether to stop (a signal may reach one rank only), at
+# every STOP_EVERY-th step and an epoch's last: one collective per step would stall a GPU every step.
+STOP_EVERY = 16
+
+
+@dataclass
+class Batch:
+    """One training step's batch: the item indices of the global batch (on the training device), the
+    modality-dropout draws (None without modality dropout), the epoch (from 0) and the step's number in
+    the run (from 0)."""
+
+    index: torch.Tensor
+    separate: Optional[torch.Tensor]
+    epoch: int
+    iteration: int
+
+
+@dataclass
+class Plan:
+    """What one training run trains, as its method or stage says it; :func:`train` runs it.
+
+    ``name``: the progress bar's label and the stage a saved state belongs to. ``model``: what the run
+    returns. ``modules``: every module whose state the run changes (the model, a loss with learned
+    parameters, a memory bank), by name: saved, restored, broadcast to the ranks, the best epoch's kept.
+    ``items``: the training split (its length, order and reads ahead are taken from it) or the number
+    of items. ``loss(batch)``: one step's loss, which :func:`train` minimises by one update
+    (:func:`ucmfh.optim.optimize`), its gradients clipped to ``clip_norm`` when given, the learning rate of
+    every parameter group set to ``learning_rate(epoch)`` first when given; a method whose step makes
+    updates of its own gives ``step(batch)`` instead, returning the batch's (detached) loss.
+    ``validate()``: the validation score after each epoch (higher is better); the best epoch's weights
+    are kept. ``ahead(index)``: what a step will read from a file, read on a worker thread while the step
+    before it runs (for ``items`` given as a number; a split's are its own). ``postfix(epoch, iteration)``:
+    what the progress bar shows beside the loss.
+    """
+
+    name: str
+    model: nn.Module
+    modules: Dict[str, nn.Module]
+    optimizer: torch.optim.Optimizer
+    items: Union[Split, int]
+    loss: Optional[Callable[[Batch], torch.Tensor]] = None
+    step: Optional[Callable[[Batch], torch.Tensor]] = None
+    validate: Optional[Callable[[], float]] = None
+    ahead: Optional[Callable[[torch.Tensor], None]] = None
+    postfix: Optional[Callable[[int, int], Dict[str, str]]] = None
+    clip_norm: Optional[float] = None
+    learning_rate: Optional[Callable[[int], float]] = None
+
+    def __post_init__(self) -> None:
+        if (self.loss is None) == (self.step is None):
+            raise ValueError(f"{self.name}: a plan has a loss or a step of its own, one of the two")
+
+    def order(self, group: Group) -> Tuple[int, Optional[Shuffle], Optional[Callable[[torch.Tensor], None]]]:
+        """The number of training items, their shuffle (None: a uniform permutation) and the reads ahead."""
+        if isinstance(self.items, Split):
+            return len(self.items), self.items.shuffle, split_ahead(self.items, group)
+        return self.items, None, self.ahead
+
+
+@dataclass
+class Setup:
+    """What a plan is made from: the training device, the training part of the training split and its
+    validation part (None without validation, :func:`ucmfh.selection.validation_split`)."""
+
+    device: torch.device
+    rest: Split
+    val: Optional[Split]
+
+
+def start(cfg: Any) -> Tuple[torch.device, torch.Generator]:
+    """What every run starts with, in this order (the seeded draws depend on it): its device, and the
+    seeded batch generator (:func:`ucmfh.utils.seed_everything`)."""
+    return resolve_device(cfg.device), seed_everything(cfg.seed)
+
+
+def fit(make_plan: Callable[[Setup], Plan], split: Split, cfg: Any, state: Optional[StateFile] = None,
+        progress: bool = True) -> Tuple[nn.Module, History]:
+    """A run's whole life on a training ``split``: its start (:func:`start`), a validation part held out
+    (``cfg.val_fraction``), the plan made (``make_plan``) and trained (:func:`train`); returns the plan's
+    model on the CPU in eval mode (the best validation epoch's weights) and the run's :class:`History`."""
+    device, generator = start(cfg)
+    rest, val = validation_split(split, cfg.val_fraction, cfg.seed)
+    plan = make_plan(Setup(device, rest, val))
+    history = train(plan, cfg, device, generator, state, progress)
+    return plan.model.cpu().eval(), history
+
+
+class BestEpoch:
+    """The validation record of a run: the best score so far, its epoch and its modules' weights."""
+
+    def __init__(self, saved: Optional[Dict[str, Any]] = None) -> None:
+        saved = saved or {"score": -math.inf, "epoch": None, "weights": None}
+        self.score, self.epoch, self.weights = saved["score"], saved["epoch"], saved["weights"]
+
+    def offer(self, epoch: int, score: float, modules: Dict[str, nn.Module]) -> None:
+        """Keep the weights of ``epoch`` (counted from 1) if ``score`` is better than the best so far."""
+        if score > self.score:
+            self.score, self.epoch = score, epoch
+            self.weights = {name: {k: v.detach().clone() for k, v in m.state_dict().items()}
+                            for name, m in modules.items()}
+
+    def patience_spent(self, epoch: int, patience: int) -> bool:
+        """Early stopping: ``patience`` epochs (0: never) since the best one, ``epoch`` counted from 1."""
+        return bool(patience) and self.epoch is not None and epoch - self.epoch >= patience
+
+    def restore(self, modules: Dict[str, nn.Module], history: History) -> None:
+        """Load the best epoch's weights into ``modules`` and record it in ``history`` (if there was one)."""
+        if self.weights is not None:
+            for name, module in modules.items():
+                module.load_state_dict(self.weights[name])
+            history.best_epoch = self.epoch
+
+    def as_dict(self) -> Dict[str, Any]:
+        return {"score": self.score, "epoch": self.epoch, "weights": self.weights}
+
+
+class Position:
+    """Where a run stands: the epoch and step to go on from, the step count, the running loss of the
+    epoch in progress, the generator's state at its start, and the seconds trained before this process."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.epoch, self.skip, self.iteration = 0, 0, 0
+        self.total = torch.zeros((), device=device)
+        self.epoch_generator: Optional[torch.Tensor] = None  # a resumed epoch's draws, replayed
+        self.elapsed = 0.0
+
+
+def train(plan: Plan, cfg: Any, device: torch.device, generator: torch.Generator, state: Optional[StateFile],
+          progress: bool) -> History:
+    """Run ``plan`` for ``cfg.epochs`` epochs of ``cfg.batch_size`` items (``cfg.modality_dropout`` drawn per
+    item where the config has it), stopping early after ``cfg.patience`` epochs without a better validation
+    score; returns the run's :class:`History`, the best validation epoch's weights loaded into the modules.
+
+    Everything that decides what comes next — the modules and optimizer, the batch generator's state at
+    the epoch's start, torch's own generators (dropout), the position, the running loss, the validation
+    record and the best weights so far — is saved to ``state`` (every ``state.interval_s`` seconds at an
+    epoch's end, at once on SIGINT/SIGTERM, which then raise :class:`TrainingInterrupted`, and at the end)
+    and restored with ``state.resume``, so a resumed run replays the rest of the run exactly; a finished
+    state returns its result without training.
+
+    On several ranks (:mod:`ucmfh.distributed`) every rank runs this loop over the same global batches;
+    rank 0 alone validates (its score is shared), writes the state and shows progress, and decisions
+    (stop on a signal, save now) are taken by all ranks together.
+    """
+    group = current_group()
+    group.broadcast_modules(plan.modules.values())
+    if group.rank:  # dropout masks of its own on each rank; rank 0 draws what one process would
+        torch.manual_seed(cfg.seed + 7919 * group.rank)
+    run = _Run(plan, cfg, device, generator, state, group)
+    if state is not None and state.resume and os.path.exists(state.path):
+        run.resume()
+    return run.epochs(progress)
+
+
+class _Run:
+    """One call of :func:`train`: its pieces (resume, save, the step, the epoch's end) over shared state."""
+
+    def __init__(self, plan: Plan, cfg: Any, device: torch.device, generator: torch.Generator,
+                 state: Optional[StateFile], group: Group) -> None:
+        self.plan, self.cfg, self.device, self.generator, self.state, self.group = (
+            plan, cfg, device, generator, state, group)
+        self.n, self.shuffle, self.ahead = plan.order(group)
+        self.identity = identity_dict(cfg)
+        self.history = History()
+        self.best = BestEpoch()
+        self.at = Position(device)
+        self.clock = time.monotonic()
+
+    def resume(self) -> None:
+        """Continue from the saved state: refused if another run's (its stage or settings differ)."""
+        state, group = self.state, self.group
+        saved = read_state(state.path, self.device)
+        if saved["stage"] != self.plan.name or saved["config"] != self.identity:
+            differ = sorted(k for k in set(saved["config"]) | set(self.identity)
+                            if saved["config"].get(k) != self.identity.get(k))
+            raise ValueError(f"{state.path}: saved by another {saved['stage']} run "
+                             f"(settings that differ: {differ or 'stage'}); not resumed")
+        if saved.get("world_size", 1) != group.world_size:
+            raise ValueError(f"{state.path}: saved by a run on {saved.get('world_size', 1)} process(es), not "
+                             f"{group.world_size}; resume it with the same number of processes")
+        for name, module in self.plan.modules.items():
+            module.load_state_dict(saved["modules"][name])
+        self.plan.optimizer.load_state_dict(saved["optimizer"])
+        at = self.at
+        at.epoch, at.skip, at.iteration = saved["epoch"], saved["step"], saved["iteration"]
+        self.history = History(saved["history"], saved["validation"])
+        self.best = BestEpoch(saved["best"])
+        at.total = saved["total"].to(self.device)
+        at.epoch_generator = saved["generator"].cpu()
+        at.elapsed = saved.get("elapsed", 0.0)  # older states did not record their seconds: count them as 0
+        rngs = saved["rng"]
+        if isinstance(rngs, torch.Tensor):  # a state saved before runs had ranks
+            rngs = [(rngs, saved.get("cuda_rng"))]
+        rng, cuda_rng = rngs[group.rank]
+        torch.set_rng_state(rng.cpu())
+        restore_cuda_rng(cuda_rng, self.device)
+
+    def save(self, epoch: int, done: int, epoch_generator: torch.Tensor, epoch_total: torch.Tensor) -> None:
+        """Write the training state (rank 0; every rank calls it, for its random-number state)."""
+        group, device = self.group, self.device
+        rngs = group.gather_objects(
+            (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None))
+        if group.is_main:
+            write_state(self.state.path, {
+                "stage": self.plan.name, "config": self.identity, "world_size": group.world_size,
+                "epoch": epoch, "step": done, "iteration": self.at.iteration, "history": list(self.history),
+                "validation": self.history.validation, "best": self.best.as_dict(), "total": epoch_total.detach(),
+                "modules": {name: m.state_dict() for name, m in self.plan.modules.items()},
+                "optimizer": self.plan.optimizer.state_dict(), "generator": epoch_generator, "rng": rngs,
+                "elapsed": self.at.elapsed + time.monotonic() - self.clock,
+            })
+        group.barrier()  # no rank goes on (or exits) before the state is written
+
+    def step(self, batch: Batch) -> torch.Tensor:
+        """One training step; its loss, detached."""
+        plan = self.plan
+        if plan.step is not None:
+            return plan.step(batch)
+        if plan.learning_rate is not None:
+            for param_group in plan.optimizer.param_groups:
+                param_group["lr"] = plan.learning_rate(batch.epoch)
+        return optimize(plan.loss(batch), plan.optimizer, self.group, plan.clip_norm)
+
+    def stop(self, signum: Optional[int], epoch: int, done: int, steps: int, epoch_generator: torch.Tensor) -> None:
+        """Save the state (if the run has one) and raise :class:`TrainingInterrupted`."""
+        name = signal.Signals(signum).name if signum else "a signal to another rank"
+        where = f"{self.plan.name} interrupted by {name} at epoch {epoch + 1}/{self.cfg.epochs}, step {done}/{steps}"
+        if self.state is None:
+            raise TrainingInterrupted(f"{where}; nothing saved", None, signum)
+        self.save(epoch, done, epoch_generator, self.at.total)
+        raise TrainingInterrupted(f"{where}; training state saved to {self.state.path}", self.state.path, signum)
+
+    def end_epoch(self, epoch: int) -> Dict[str, str]:
+        """The epoch's mean loss and validation score recorded, the best epoch kept; what the bar shows."""
+        at, history, group = self.at, self.history, self.group
+        history.append(at.total.item() / self.n)  # one sync per epoch
+        shown = {"loss": f"{history[-1]:.4f}"}
+        if self.plan.postfix is not None:
+            shown.update(self.plan.postfix(epoch, at.iteration))
+        if self.plan.validate is not None:
+            score = group.broadcast_float(self.plan.validate() if group.is_main else 0.0, self.device)
+            history.validation.append([epoch + 1, score])
+            shown["val"] = f"{score:.4f}"
+            self.best.offer(epoch + 1, score, self.plan.modules)
+        return shown
+
+    def epochs(self, progress: bool) -> History:
+        """The epochs from where the run stands to its end (or its early stop)."""
+        cfg, at, group, state, device = self.cfg, self.at, self.group, self.state, self.device
+        start_epoch, last_save = at.epoch, time.monotonic()
+        bar = tqdm(total=cfg.epochs, initial=start_epoch, desc=self.plan.name, unit="epoch",
+                   disable=not (progress and group.is_main))
+        with stop_on_signals() as stop, ReadAhead() as reads:
+            for epoch in range(start_epoch, cfg.epochs):
+                if at.epoch_generator is not None:  # replay the interrupted epoch's draws
+                    self.generator.set_state(at.epoch_generator)
+                    at.epoch_generator = None
+                else:
+                    at.total = torch.zeros((), device=device)
+                epoch_generator = self.generator.get_state()
+                batches = epoch_plan(self.n, cfg.batch_size, getattr(cfg, "modality_dropout", 0.0), self.generator,
+                                     device, self.shuffle)
+                for done, (index, separate) in enumerate(batches, 1):
+                    if done <= at.skip:
+                        continue
+                    if self.ahead is not None:
+                        reads.wait()  # this batch's reads, done while the step before ran
+                        if done < len(batches):
+                            reads.start(self.ahead, batches[done][0])
+                    at.total += self.step(Batch(index, separate, epoch, at.iteration)) * len(index)
+                    at.iteration += 1
+                    # a stop is one decision of every rank: a collective (and a host sync) every STOP_EVERY steps
+                    shared = group.world_size == 1 or done % STOP_EVERY == 0 or done == len(batches)
+                    if shared and group.any(stop["signal"] is not None, device):
+                        self.stop(stop["signal"], epoch, done, len(batches), epoch_generator)
+                at.skip = 0
+                reads.wait()
+                shown = self.end_epoch(epoch)
+                bar.update(1)
+                bar.set_postfix(**shown)
+                if self.best.patience_spent(epoch + 1, cfg.patience):
+                    break  # early stop: `patience` epochs without a better validation score
+                due = state is not None and time.monotonic() - last_save >= state.interval_s  # rank 0's clock decides
+                if state is not None and epoch + 1 < cfg.epochs and group.any(due and group.is_main, device):
+                    self.save(epoch + 1, 0, self.generator.get_state(), torch.zeros((), device=device))
+                    last_save = time.monotonic()
+        bar.close()
+        if state is not None and start_epoch < cfg.epochs:  # finished: resuming returns the result at once
+            self.save(cfg.epochs, 0, self.generator.get_state(), torch.zeros((), device=device))
+        self.best.restore(self.plan.modules, self.history)
+        return self.history
