@@ -109,7 +109,7 @@ def run_stage(variant: str, stage: str, data: Dataset, args, epochs: int):
     if stage == "fusion":
         fusion, _ = fit_fusion(data, fusion_cfg(args, amp, epochs), progress=False)
         return len(data.train) * epochs, fusion
-    fusion = FusionEncoder(data.d_img, data.d_txt, FusionConfig())
+    fusion = FusionEncoder(data.d_img, data.d_txt)
     model, _ = fit_hashing(data, hash_cfg(args, amp, epochs), fusion, progress=False)
     return len(data.train) * epochs, model
 
@@ -144,7 +144,7 @@ def bench_encode(args) -> Dict[str, float]:
     fusion = RefFuseTransEncoder(hidden_size=data.d_img + data.d_txt).to(device)
     ref_models = (fusion, RefHashMlp(fusion.sigal_d, args.n_bits).to(device),
                   RefHashMlp(fusion.sigal_d, args.n_bits).to(device))
-    ours = CrossModalHasher(FusionEncoder(data.d_img, data.d_txt, FusionConfig()), HashConfig(n_bits=args.n_bits))
+    ours = CrossModalHasher(FusionEncoder(data.d_img, data.d_txt), args.n_bits)
     jobs = {
         "ref": lambda: len(ref_encode(ref_models, data.retrieval, device)[0]),
         "ours-fused": lambda: len(encode_split(ours, data.retrieval, "fused", str(device))[0]),

@@ -80,7 +80,7 @@ def _writes_to_cut_short(monkeypatch, name: str) -> None:
 
 def _hasher(seed: int) -> FeatureHasher:
     torch.manual_seed(seed)
-    return FeatureHasher(12, 10, HashConfig(method="two-tower", n_bits=16, hidden=0)).eval()
+    return FeatureHasher(12, 10, 16, 0).eval()
 
 
 def test_a_checkpoint_write_cut_short_leaves_the_previous_checkpoint(tmp_path, monkeypatch):

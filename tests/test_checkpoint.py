@@ -19,7 +19,7 @@ from conftest import small_fusion, small_hash
 def saved(tmp_path, tiny):
     torch.manual_seed(0)
     fcfg, hcfg = small_fusion(), small_hash(n_bits=24)
-    model = CrossModalHasher(FusionEncoder(tiny.d_img, tiny.d_txt, fcfg), hcfg).eval()
+    model = CrossModalHasher(FusionEncoder.from_config(tiny.d_img, tiny.d_txt, fcfg), hcfg.n_bits, hcfg.hidden).eval()
     path = save_checkpoint(tmp_path / "hash24.pt", model, fcfg, hcfg, meta={"dataset": "tiny"})
     return path, model, fcfg, hcfg
 

@@ -84,10 +84,11 @@ def test_evaluation_on_cuda_gives_the_cpu_s_scores(tiny, cuda, method):
     the per-query scores: on ``cuda`` as on the CPU."""
     torch.manual_seed(0)
     if method == "ucmfh":
-        model = CrossModalHasher(FusionEncoder(tiny.d_img, tiny.d_txt, small_fusion()), small_hash())
+        fusion = FusionEncoder.from_config(tiny.d_img, tiny.d_txt, small_fusion())
+        model = CrossModalHasher(fusion, small_hash().n_bits, small_hash().hidden)
         protocols = ("unimodal", "fused")
     else:
-        model = FeatureHasher(tiny.d_img, tiny.d_txt, small_hash(method="two-tower"))
+        model = FeatureHasher(tiny.d_img, tiny.d_txt, small_hash().n_bits, small_hash().hidden)
         model.fit_feature_stats(tiny.train.img, tiny.train.txt)
         protocols = ("unimodal",)
     model.eval()
@@ -102,7 +103,7 @@ def test_evaluation_on_cuda_gives_the_cpu_s_scores(tiny, cuda, method):
 
 def test_fusion_evaluation_on_cuda_gives_the_cpu_s_scores(tiny, cuda):
     torch.manual_seed(0)
-    fusion = FusionEncoder(tiny.d_img, tiny.d_txt, small_fusion()).eval()
+    fusion = FusionEncoder.from_config(tiny.d_img, tiny.d_txt, small_fusion()).eval()
     want = evaluate_fusion(copy.deepcopy(fusion), tiny, ("unimodal", "fused"), 20, "cpu")
     with cuda.block():
         got = evaluate_fusion(copy.deepcopy(fusion), tiny, ("unimodal", "fused"), 20, "cuda")
@@ -128,7 +129,6 @@ def test_two_stage_search_and_seps_scoring_on_cuda_give_the_cpu_s_figures(tmp_pa
     """``ucmfh rerank``'s stages (Hamming, cosine, SEPS re-ranking, SEPS over every pair) with the models
     and stores on ``cuda``: the CPU's recalls."""
     from conftest import D_IMG, D_TXT, T, small_seps, token_splits
-    from ucmfh.config import HashConfig
     from ucmfh.data.h5 import load_dataset
     from ucmfh.data.writer import write_dataset
     from ucmfh.data.tokens import Tokens
@@ -139,7 +139,7 @@ def test_two_stage_search_and_seps_scoring_on_cuda_give_the_cpu_s_figures(tmp_pa
     path = write_dataset(tmp_path / "tok.h5", token_splits(seed=3), attrs={"name": "tok"})
     data = load_dataset(path)
     torch.manual_seed(0)
-    hasher = FeatureHasher(D_IMG, D_TXT, HashConfig(method="two-tower", n_bits=16, hidden=0))
+    hasher = FeatureHasher(D_IMG, D_TXT, 16, 0)
     hasher.fit_feature_stats(data.train.img, data.train.txt)
     seps = SEPS(D_IMG, D_TXT, T, small_seps()).eval()
 

@@ -53,7 +53,8 @@ def test_same_seed_same_codes_and_map(tiny):
 def test_trained_codes_beat_random_and_untrained_do_not(tiny):
     floor = random_codes_map(tiny, 16)
     torch.manual_seed(0)
-    untrained = CrossModalHasher(FusionEncoder(tiny.d_img, tiny.d_txt, small_fusion()), small_hash()).eval()
+    fusion = FusionEncoder.from_config(tiny.d_img, tiny.d_txt, small_fusion())
+    untrained = CrossModalHasher(fusion, small_hash().n_bits, small_hash().hidden).eval()
     fusion, _ = fit_fusion(tiny, small_fusion(epochs=10), progress=False)
     trained, _ = fit_hashing(tiny, small_hash(epochs=10), fusion, progress=False)
     for protocol in ("unimodal", "fused"):

@@ -136,7 +136,7 @@ def load_model(
     if payload["kind"] == "fusion":
         if fusion_cfg is None:
             raise CheckpointError(f"{path}: a fusion checkpoint without its fusion settings")
-        model = FusionEncoder(payload["d_img"], payload["d_txt"], fusion_cfg)
+        model = FusionEncoder.from_config(payload["d_img"], payload["d_txt"], fusion_cfg)
     else:
         try:  # the method's own model ('distill' records its teacher's settings too, but has no encoder)
             model = build_method(hash_cfg.method).build_model(payload["d_img"], payload["d_txt"], hash_cfg, fusion_cfg)

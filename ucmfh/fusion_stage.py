@@ -2,7 +2,7 @@
 by a contrastive loss, a :class:`~ucmfh.trainer.Plan` run by :func:`ucmfh.trainer.fit`."""
 from __future__ import annotations
 
-from typing import Any, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -16,14 +16,8 @@ from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.optim import adam
 from ucmfh.selection import History, validator
-from ucmfh.trainer import Batch, Plan, Setup, fit
+from ucmfh.trainer import Batch, Plan, Setup, check_supervision, fit
 from ucmfh.training_state import StateFile
-
-
-def check_supervision(data: Dataset, cfg: Any) -> None:
-    if cfg.supervised and data.caption_set:
-        raise ValueError(f"{data.path or 'the dataset'}: supervised training needs labels; this caption set has "
-                         "none (its ids already make the captions of one image positives of each other)")
 
 
 def fit_fusion(
@@ -46,7 +40,7 @@ def fit_fusion(
     def plan(setup: Setup) -> Plan:
         model = fusion
         if model is None:
-            model = FusionEncoder(data.d_img, data.d_txt, cfg)
+            model = FusionEncoder.from_config(data.d_img, data.d_txt, cfg)
             model.fit_feature_stats(setup.rest.img, setup.rest.txt)
         device = setup.device
         model.to(device).train()

@@ -21,7 +21,7 @@ from tqdm.auto import tqdm
 
 from ucmfh.batches import ReadAhead, Shuffle, epoch_plan, split_ahead
 from ucmfh.config import identity_dict
-from ucmfh.data.h5 import Split
+from ucmfh.data.h5 import Dataset, Split
 from ucmfh.distributed import Group, current_group
 from ucmfh.optim import optimize
 from ucmfh.selection import History, validation_split
@@ -96,6 +96,13 @@ class Setup:
     device: torch.device
     rest: Split
     val: Optional[Split]
+
+
+def check_supervision(data: Dataset, cfg: Any) -> None:
+    """Refuse supervised training (``cfg.supervised``) on a caption set, which has no labels."""
+    if cfg.supervised and data.caption_set:
+        raise ValueError(f"{data.path or 'the dataset'}: supervised training needs labels; this caption set has "
+                         "none (its ids already make the captions of one image positives of each other)")
 
 
 def start(cfg: Any) -> Tuple[torch.device, torch.Generator]:

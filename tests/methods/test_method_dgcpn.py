@@ -134,7 +134,7 @@ def test_a_step_is_the_released_two_optimiser_step():
     """dgcpn_step with one SGD over both heads = Session.train's three steps with opt_I and opt_T."""
     cfg = hash_config("dgcpn", n_bits=8, hidden=16, dropout=0.0, device="cpu")
     torch.manual_seed(4)
-    model = FeatureHasher(6, 5, cfg)
+    model = FeatureHasher(6, 5, cfg.n_bits, cfg.hidden, cfg.dropout)
     released = copy.deepcopy(model)
     img, txt, target = torch.randn(9, 6), torch.randn(9, 5), torch.rand(9, 9) * 2 - 1
     sgd = dict(lr=0.05, momentum=0.9, weight_decay=5e-4)

@@ -6,7 +6,6 @@ import pytest
 import torch
 
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.config import HashConfig
 from ucmfh.models.hashing import CrossModalHasher, FeatureHasher
 from ucmfh.similarity import normalize
 
@@ -16,7 +15,7 @@ from conftest import small_fusion, small_hash
 @pytest.fixture
 def model():
     torch.manual_seed(0)
-    return CrossModalHasher(FusionEncoder(12, 7, small_fusion()), small_hash(n_bits=32)).eval()
+    return CrossModalHasher(FusionEncoder.from_config(12, 7, small_fusion()), 32, small_hash().hidden).eval()
 
 
 def test_unimodal_image_code_ignores_the_text(model):
@@ -64,8 +63,8 @@ def test_codes_are_plus_minus_one_with_sign_of_zero_positive(model):
 
 def test_inputs_are_standardised_with_training_statistics():
     torch.manual_seed(0)
-    a = FusionEncoder(12, 7, small_fusion()).eval()
-    b = FusionEncoder(12, 7, small_fusion()).eval()
+    a = FusionEncoder.from_config(12, 7, small_fusion()).eval()
+    b = FusionEncoder.from_config(12, 7, small_fusion()).eval()
     b.load_state_dict(a.state_dict())
     img, txt = torch.rand(30, 12) / 128, torch.rand(30, 7)  # Wiki-like: tiny, non-centred values
     img[:, 3] = 0.5  # a constant dimension must not divide by zero
@@ -83,7 +82,7 @@ def test_each_modality_is_hashed_by_its_own_head_whatever_the_widths(d_txt):
     """FeatureHasher's training outputs (logits) and a search's (modality_logits) are each modality's own
     head on its own centred, normalised features; with one width, the other head would give other values."""
     torch.manual_seed(0)
-    model = FeatureHasher(12, d_txt, HashConfig(method="two-tower", n_bits=16, hidden=8)).eval()
+    model = FeatureHasher(12, d_txt, 16, 8).eval()
     img, txt = torch.randn(20, 12), torch.randn(20, d_txt)
     model.fit_feature_stats(img + 1.0, txt - 1.0)
     own_img = model.img_head(normalize(img - model.img_mean))

@@ -211,7 +211,7 @@ def collection(tmp_path_factory, request):
     for seed in (0, 1):
         torch.manual_seed(seed)
         cfg = HashConfig(method="two-tower", n_bits=24, hidden=16)
-        model = FeatureHasher(12, d_txt, cfg)
+        model = FeatureHasher(12, d_txt, cfg.n_bits, cfg.hidden, cfg.dropout)
         model.fit_feature_stats(torch.from_numpy(img), torch.from_numpy(txt))
         checkpoints.append(save_checkpoint(folder / f"hash24_{seed}.pt", model.eval(), None, cfg))
     return {"path": str(path), "img": img, "txt": txt, "ids": ids, "ckpt": checkpoints, "folder": folder}

@@ -27,7 +27,7 @@ from conftest import ROOT
 def trained(tiny_path, tiny, tmp_path):
     torch.manual_seed(0)
     cfg = HashConfig(method="two-tower", n_bits=16, hidden=0)
-    model = FeatureHasher(tiny.d_img, tiny.d_txt, cfg)
+    model = FeatureHasher(tiny.d_img, tiny.d_txt, cfg.n_bits, cfg.hidden, cfg.dropout)
     model.fit_feature_stats(tiny.train.img, tiny.train.txt)
     return save_checkpoint(tmp_path / "hash16.pt", model.eval(), None, cfg)
 
@@ -90,7 +90,8 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
     # an index made by another checkpoint is refused
     torch.manual_seed(1)
     cfg = HashConfig(method="two-tower", n_bits=16, hidden=0)
-    other = save_checkpoint(tmp_path / "other.pt", FeatureHasher(tiny.d_img, tiny.d_txt, cfg).eval(), None, cfg)
+    other = save_checkpoint(tmp_path / "other.pt", FeatureHasher(tiny.d_img, tiny.d_txt, cfg.n_bits, cfg.hidden).eval(),
+                            None, cfg)
     result = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-c", other])
     assert result.exit_code == 2 and "made by checkpoint" in result.output
     # the checkpoint the index records, moved away: named, with the option that gives it

@@ -33,7 +33,7 @@ def files(tmp_path_factory):
     path = write_dataset(folder / "tok.h5", splits, attrs={"name": "tok"})
     torch.manual_seed(0)
     cfg = HashConfig(method="two-tower", n_bits=16, hidden=0)
-    hasher = FeatureHasher(D_IMG, D_TXT, cfg)
+    hasher = FeatureHasher(D_IMG, D_TXT, cfg.n_bits, cfg.hidden, cfg.dropout)
     hasher.fit_feature_stats(torch.from_numpy(splits["train"]["image"]).float(),
                              torch.from_numpy(splits["train"]["text"]).float())
     hash_ckpt = save_checkpoint(folder / "hash16.pt", hasher.eval(), None, cfg)

@@ -121,9 +121,7 @@ class Method:
         (:meth:`choices`), one fit per candidate, the best on validation kept (:func:`choose`); with
         ``cfg.refit``, the kept setting trained again on the whole training split (:func:`refit`)."""
         self.check(cfg)
-        if cfg.supervised and data.caption_set:
-            raise ValueError(f"{data.path or 'the dataset'}: supervised training needs labels; this caption set "
-                             "has none (its ids already make the captions of one image positives of each other)")
+        trainer.check_supervision(data, cfg)
         if self.uses_fusion and fusion is None:
             raise ValueError(f"method {self.name!r} learns from a fusion encoder: train one first (fit_fusion)")
         if self.in_memory and data.train.streamed:

@@ -54,7 +54,7 @@ class CcaItq(Method):
 
     def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
                     fusion_cfg: Optional[FusionConfig] = None) -> FeatureHasher:
-        return FeatureHasher(d_img, d_txt, cfg)
+        return FeatureHasher(d_img, d_txt, cfg.n_bits, cfg.hidden, cfg.dropout)
 
     def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
             state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
@@ -109,8 +109,7 @@ def fit_cca_itq(train: Split, n_bits: int, max_pca: int = 128, iterations: int =
     img_map = _linear_map(lambda x: cca.transform(pca_img.transform(x)), pca_img.mean_) @ rotation
     txt_map = _linear_map(lambda y: cca.transform(np.zeros((len(y), pca_img.n_components_)),
                                                   pca_txt.transform(y))[1], pca_txt.mean_) @ rotation
-    model = FeatureHasher(img.shape[1], txt.shape[1], CcaItq().config(
-        n_bits=n_bits, seed=seed, method_params={"max_pca": max_pca, "iterations": iterations}))
+    model = FeatureHasher(img.shape[1], txt.shape[1], n_bits, hidden=0)  # one linear map per modality
     with torch.no_grad():
         model.img_mean.copy_(torch.from_numpy(pca_img.mean_))
         model.txt_mean.copy_(torch.from_numpy(pca_txt.mean_))

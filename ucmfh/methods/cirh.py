@@ -254,7 +254,7 @@ class Cirh(Method):
     def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
                     fusion_cfg: Optional[FusionConfig] = None) -> FeatureHasher:
         # Img_Net: hidden 4096 (cfg.hidden); Txt_Net: hidden d_txt
-        model = FeatureHasher(d_img, d_txt, cfg, txt_hidden=d_txt)
+        model = FeatureHasher(d_img, d_txt, cfg.n_bits, cfg.hidden, cfg.dropout, txt_hidden=d_txt)
         with torch.no_grad():
             for head in (model.img_head, model.txt_head):
                 head.net[-1].weight.normal_(0.0, 1.0)  # models.Img_Net / Txt_Net: tohash ~ N(0, 1)

@@ -140,7 +140,7 @@ class SimilarityHasher(Method):
                     fusion_cfg: Optional[FusionConfig] = None) -> FeatureHasher:
         """The image side is one linear layer (their hashing layer on the CNN feature), the text side an
         MLP with ``cfg.hidden`` units (their ``TxtNet``)."""
-        return FeatureHasher(d_img, d_txt, cfg, img_hidden=0, txt_hidden=cfg.hidden)
+        return FeatureHasher(d_img, d_txt, cfg.n_bits, cfg.hidden, cfg.dropout, img_hidden=0)
 
     def target(self, p: Dict[str, Any]) -> Callable[[torch.Tensor, torch.Tensor], torch.Tensor]:
         """The batch's target similarity [m, m] from its features img [m, d_img] and txt [m, d_txt]."""

@@ -74,7 +74,7 @@ class TwoTower(Method):
 
     def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
                     fusion_cfg: Optional[FusionConfig] = None) -> FeatureHasher:
-        return FeatureHasher(d_img, d_txt, cfg)
+        return FeatureHasher(d_img, d_txt, cfg.n_bits, cfg.hidden, cfg.dropout)
 
     def plan(self, data: Dataset, cfg: HashConfig, setup: Setup, fusion: Optional[FusionEncoder] = None) -> Plan:
         device = setup.device

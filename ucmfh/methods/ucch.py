@@ -112,14 +112,14 @@ class UcchHasher(nn.Module):
     which change no sign. Shape: img [B, d_img], txt [B, d_txt] -> codes two [B, n_bits].
     """
 
-    def __init__(self, d_img: int, d_txt: int, cfg: HashConfig, img_layers: int = 3, txt_layers: int = 2) -> None:
+    def __init__(self, d_img: int, d_txt: int, n_bits: int, hidden: int, img_layers: int = 3,
+                 txt_layers: int = 2) -> None:
         super().__init__()
-        cfg.validate()
-        self.d_img, self.d_txt, self.n_bits = d_img, d_txt, cfg.n_bits
+        self.d_img, self.d_txt, self.n_bits = d_img, d_txt, n_bits
         self.register_buffer("img_mean", torch.zeros(d_img))
         self.register_buffer("txt_mean", torch.zeros(d_txt))
-        self.img_head = ucch_mlp(d_img, cfg.hidden, cfg.n_bits, img_layers)
-        self.txt_head = ucch_mlp(d_txt, cfg.hidden, cfg.n_bits, txt_layers)
+        self.img_head = ucch_mlp(d_img, hidden, n_bits, img_layers)
+        self.txt_head = ucch_mlp(d_txt, hidden, n_bits, txt_layers)
 
     @torch.no_grad()
     def fit_feature_stats(self, img: Features, txt: Features) -> None:
@@ -293,7 +293,7 @@ class Ucch(Method):
     def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
                     fusion_cfg: Optional[FusionConfig] = None) -> UcchHasher:
         p = self.method_params(cfg.method_params)
-        return UcchHasher(d_img, d_txt, cfg, p["img_layers"], p["txt_layers"])
+        return UcchHasher(d_img, d_txt, cfg.n_bits, cfg.hidden, p["img_layers"], p["txt_layers"])
 
     def plan(self, data: Dataset, cfg: HashConfig, setup: Setup, fusion: Optional[FusionEncoder] = None) -> Plan:
         """UCCH's networks and memory bank; Adam at the released step schedule (:func:`learning_rate`), the

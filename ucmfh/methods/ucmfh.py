@@ -43,13 +43,13 @@ class UCMFH(Method):
                     fusion_cfg: Optional[FusionConfig] = None) -> CrossModalHasher:
         if fusion_cfg is None:
             raise ValueError("method 'ucmfh' needs its fusion encoder's settings to build its model")
-        return CrossModalHasher(FusionEncoder(d_img, d_txt, fusion_cfg), cfg)
+        return CrossModalHasher(FusionEncoder.from_config(d_img, d_txt, fusion_cfg), cfg.n_bits, cfg.hidden, cfg.dropout)
 
     def initial_model(self, data: Dataset, cfg: HashConfig, setup: Setup,
                       fusion: Optional[FusionEncoder] = None) -> CrossModalHasher:
         """Hash heads on a copy of the trained fusion encoder (the caller's stays as it was, e.g. one fusion
         stage serving several n_bits), which has its feature statistics already."""
-        return CrossModalHasher(copy.deepcopy(fusion), cfg)
+        return CrossModalHasher(copy.deepcopy(fusion), cfg.n_bits, cfg.hidden, cfg.dropout)
 
     def plan(self, data: Dataset, cfg: HashConfig, setup: Setup, fusion: Optional[FusionEncoder] = None) -> Plan:
         device = setup.device

@@ -5,7 +5,6 @@ and only when a plot is drawn.
 """
 from __future__ import annotations
 
-import os
 from typing import Dict, List, Optional, Tuple
 
 from ucmfh.files import atomic_file

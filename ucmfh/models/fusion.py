@@ -25,23 +25,32 @@ class FusionEncoder(nn.Module):
         img: [B, d_img]; txt: [B, d_txt] -> two [B, d_model] L2-normalised embeddings.
     """
 
-    def __init__(self, d_img: int, d_txt: int, cfg: FusionConfig = FusionConfig()) -> None:
+    def __init__(self, d_img: int, d_txt: int, d_model: int = FusionConfig.d_model, n_heads: int = FusionConfig.n_heads,
+                 d_ff: int = FusionConfig.d_ff, n_layers: int = FusionConfig.n_layers,
+                 dropout: float = FusionConfig.dropout) -> None:
         super().__init__()
-        cfg.validate()
-        self.d_img, self.d_txt, self.n_heads = d_img, d_txt, cfg.n_heads
+        if d_model % n_heads:
+            raise ValueError(f"n_heads must divide d_model (each head attends over d_model / n_heads dimensions), "
+                             f"got n_heads={n_heads} and d_model={d_model}")
+        self.d_img, self.d_txt, self.n_heads = d_img, d_txt, n_heads
         # Per-dimension standardisation of the input features, fitted on the
         # training split (fit_feature_stats): raw features come at any scale
         # (Wiki's rows sum to 1, CLIP's are unit-norm).
         for name, d in (("img", d_img), ("txt", d_txt)):
             self.register_buffer(f"{name}_mean", torch.zeros(d))
             self.register_buffer(f"{name}_std", torch.ones(d))
-        self.proj_img = nn.Linear(d_img, cfg.d_model)
-        self.proj_txt = nn.Linear(d_txt, cfg.d_model)
-        self.modality = nn.Parameter(0.02 * torch.randn(2, cfg.d_model))
+        self.proj_img = nn.Linear(d_img, d_model)
+        self.proj_txt = nn.Linear(d_txt, d_model)
+        self.modality = nn.Parameter(0.02 * torch.randn(2, d_model))
         layer = nn.TransformerEncoderLayer(
-            cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.dropout, batch_first=True
+            d_model, n_heads, d_ff, dropout, batch_first=True
         )
-        self.encoder = nn.TransformerEncoder(layer, cfg.n_layers, enable_nested_tensor=False)
+        self.encoder = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
+
+    @classmethod
+    def from_config(cls, d_img: int, d_txt: int, cfg: FusionConfig) -> "FusionEncoder":
+        """The encoder a fusion stage of ``cfg`` trains (its model settings; the rest is training's)."""
+        return cls(d_img, d_txt, cfg.d_model, cfg.n_heads, cfg.d_ff, cfg.n_layers, cfg.dropout)
 
     @torch.no_grad()
     def fit_feature_stats(self, img: Features, txt: Features) -> None:

@@ -35,13 +35,13 @@ class HashHead(nn.Module):
 class CrossModalHasher(nn.Module):
     """The fusion encoder plus one hash head per modality (UCMFH's task 1 model)."""
 
-    def __init__(self, fusion: FusionEncoder, cfg: HashConfig = HashConfig()) -> None:
+    def __init__(self, fusion: FusionEncoder, n_bits: int, hidden: int = HashConfig.hidden,
+                 dropout: float = HashConfig.dropout) -> None:
         super().__init__()
-        cfg.validate()
-        self.n_bits = cfg.n_bits
+        self.n_bits = n_bits
         self.fusion = fusion
-        self.img_head = HashHead(fusion.d_out, cfg.n_bits, cfg.hidden, cfg.dropout)
-        self.txt_head = HashHead(fusion.d_out, cfg.n_bits, cfg.hidden, cfg.dropout)
+        self.img_head = HashHead(fusion.d_out, n_bits, hidden, dropout)
+        self.txt_head = HashHead(fusion.d_out, n_bits, hidden, dropout)
 
     def logits(self, img_emb: torch.Tensor, txt_emb: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         return self.img_head(img_emb), self.txt_head(txt_emb)
@@ -80,16 +80,16 @@ class FeatureHasher(nn.Module):
     Shape: img [B, d_img], txt [B, d_txt] -> codes two [B, n_bits].
     """
 
-    def __init__(self, d_img: int, d_txt: int, cfg: HashConfig = HashConfig(method="two-tower"),
-                 img_hidden: Optional[int] = None, txt_hidden: Optional[int] = None) -> None:
+    def __init__(self, d_img: int, d_txt: int, n_bits: int, hidden: int = HashConfig.hidden,
+                 dropout: float = HashConfig.dropout, img_hidden: Optional[int] = None,
+                 txt_hidden: Optional[int] = None) -> None:
         super().__init__()
-        cfg.validate()
-        self.d_img, self.d_txt, self.n_bits = d_img, d_txt, cfg.n_bits
+        self.d_img, self.d_txt, self.n_bits = d_img, d_txt, n_bits
         self.register_buffer("img_mean", torch.zeros(d_img))
         self.register_buffer("txt_mean", torch.zeros(d_txt))
-        # each head's hidden width: cfg.hidden unless a method gives the modalities different ones
-        self.img_head = HashHead(d_img, cfg.n_bits, cfg.hidden if img_hidden is None else img_hidden, cfg.dropout)
-        self.txt_head = HashHead(d_txt, cfg.n_bits, cfg.hidden if txt_hidden is None else txt_hidden, cfg.dropout)
+        # each head's hidden width: `hidden` unless a method gives the modalities different ones
+        self.img_head = HashHead(d_img, n_bits, hidden if img_hidden is None else img_hidden, dropout)
+        self.txt_head = HashHead(d_txt, n_bits, hidden if txt_hidden is None else txt_hidden, dropout)
 
     @torch.no_grad()
     def fit_feature_stats(self, img: Features, txt: Features) -> None:
