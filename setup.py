@@ -36,9 +36,11 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
-        # the tests cover the optional pieces too (extraction, plots)
-        "test": ["pytest>=7", "transformers>=4.30", "pillow>=9", "matplotlib>=3.5"],
+        # the tests cover the optional pieces too (extraction, plots, training curves)
+        "test": ["pytest>=7", "transformers>=4.30", "pillow>=9", "matplotlib>=3.5", "tensorboard>=2.10"],
         "plot": ["matplotlib>=3.5"],
+        # `--tensorboard DIR`: each epoch's loss, validation score, learning rate, beta and seconds
+        "tensorboard": ["tensorboard>=2.10"],
         # `ucmfh search --backend faiss-ivf|faiss-hnsw` and the benchmarks; the metrics never import it
         "faiss": ["faiss-cpu>=1.7"],
         # CLIP feature extraction (`ucmfh extract`); needs no torchvision

@@ -4,7 +4,8 @@ Every trained stage — the fusion stage, each method's hashing stage, SEPS — 
 its optimizer, one step's loss, how it validates, its items. :func:`train` owns everything around the step:
 the epochs and their batches, the update, resuming and saving the training state
 (:mod:`ucmfh.training_state`), stopping on a signal, validation with the best epoch kept and early
-stopping, progress, and the ranks of a distributed run. A training feature written here reaches every stage.
+stopping, progress, the epochs' records (:mod:`ucmfh.training_log`), and the ranks of a distributed run. A
+training feature written here reaches every stage.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ from ucmfh.distributed import Group, current_group
 from ucmfh.optim import optimize
 from ucmfh.selection import History, validation_split
 from ucmfh.signals import TrainingInterrupted, stop_on_signals
+from ucmfh.training_log import EpochRecord, current_logs, current_part
 from ucmfh.training_state import StateFile, read_state, restore_cuda_rng, write_state
 from ucmfh.utils import resolve_device, seed_everything
 
@@ -60,8 +62,8 @@ class Plan:
     updates of its own gives ``step(batch)`` instead, returning the batch's (detached) loss.
     ``validate()``: the validation score after each epoch (higher is better); the best epoch's weights
     are kept. ``ahead(index)``: what a step will read from a file, read on a worker thread while the step
-    before it runs (for ``items`` given as a number; a split's are its own). ``postfix(epoch, iteration)``:
-    what the progress bar shows beside the loss.
+    before it runs (for ``items`` given as a number; a split's are its own). ``scalars(epoch, iteration)``:
+    the plan's own figures after an epoch (β), shown beside the loss and recorded (:mod:`ucmfh.training_log`).
     """
 
     name: str
@@ -73,7 +75,7 @@ class Plan:
     step: Optional[Callable[[Batch], torch.Tensor]] = None
     validate: Optional[Callable[[], float]] = None
     ahead: Optional[Callable[[torch.Tensor], None]] = None
-    postfix: Optional[Callable[[int, int], Dict[str, str]]] = None
+    scalars: Optional[Callable[[int, int], Dict[str, float]]] = None
     clip_norm: Optional[float] = None
     learning_rate: Optional[Callable[[int], float]] = None
 
@@ -268,18 +270,24 @@ class _Run:
         self.save(epoch, done, epoch_generator, self.at.total)
         raise TrainingInterrupted(f"{where}; training state saved to {self.state.path}", self.state.path, signum)
 
-    def end_epoch(self, epoch: int) -> Dict[str, str]:
-        """The epoch's mean loss and validation score recorded, the best epoch kept; what the bar shows."""
-        at, history, group = self.at, self.history, self.group
+    def end_epoch(self, epoch: int, seconds: float) -> Dict[str, str]:
+        """The epoch's mean loss and validation score recorded, the best epoch kept, the epoch reported to the
+        logs listening (rank 0); what the bar shows."""
+        at, history, group, plan = self.at, self.history, self.group, self.plan
         history.append(at.total.item() / self.n)  # one sync per epoch
-        shown = {"loss": f"{history[-1]:.4f}"}
-        if self.plan.postfix is not None:
-            shown.update(self.plan.postfix(epoch, at.iteration))
-        if self.plan.validate is not None:
-            score = group.broadcast_float(self.plan.validate() if group.is_main else 0.0, self.device)
+        scalars = plan.scalars(epoch, at.iteration) if plan.scalars is not None else {}
+        shown = {"loss": f"{history[-1]:.4f}", **{name: f"{value:.2f}" for name, value in scalars.items()}}
+        score = None
+        if plan.validate is not None:
+            score = group.broadcast_float(plan.validate() if group.is_main else 0.0, self.device)
             history.validation.append([epoch + 1, score])
             shown["val"] = f"{score:.4f}"
-            self.best.offer(epoch + 1, score, self.plan.modules)
+            self.best.offer(epoch + 1, score, plan.modules)
+        if group.is_main:
+            record = EpochRecord(plan.name, current_part(), epoch + 1, history[-1], score,
+                                 [g["lr"] for g in plan.optimizer.param_groups], scalars, seconds)
+            for log in current_logs():
+                log.record(record)
         return shown
 
     def epochs(self, progress: bool) -> History:
@@ -295,7 +303,7 @@ class _Run:
                     at.epoch_generator = None
                 else:
                     at.total = torch.zeros((), device=device)
-                epoch_generator = self.generator.get_state()
+                epoch_generator, began = self.generator.get_state(), time.monotonic()
                 batches = epoch_plan(self.n, cfg.batch_size, getattr(cfg, "modality_dropout", 0.0), self.generator,
                                      device, self.shuffle)
                 for done, (index, separate) in enumerate(batches, 1):
@@ -313,7 +321,7 @@ class _Run:
                         self.stop(stop["signal"], epoch, done, len(batches), epoch_generator)
                 at.skip = 0
                 reads.wait()
-                shown = self.end_epoch(epoch)
+                shown = self.end_epoch(epoch, time.monotonic() - began)
                 bar.update(1)
                 bar.set_postfix(**shown)
                 if self.best.patience_spent(epoch + 1, cfg.patience):

@@ -18,6 +18,7 @@ from ucmfh.models.fusion import FusionEncoder
 from ucmfh import trainer
 from ucmfh.selection import History
 from ucmfh.trainer import Plan, Setup
+from ucmfh.training_log import part
 from ucmfh.training_state import StateFile, candidate_path
 
 
@@ -159,7 +160,8 @@ def choose(fit: Callable, data: Dataset, cfg: HashConfig, candidates: Dict[str, 
     runs: Dict[str, Tuple[nn.Module, History]] = {}
     for name in list(candidates) if cfg.val_fraction > 0 else list(candidates)[:1]:
         sub = None if state is None else dataclasses.replace(state, path=candidate_path(state.path, name))
-        runs[name] = fit(data, candidates[name], fusion, progress, sub)
+        with part(name):  # its own curves (ucmfh.training_log)
+            runs[name] = fit(data, candidates[name], fusion, progress, sub)
     chosen = max(runs, key=lambda name: runs[name][1].best_score)  # the first of equals
     model, history = runs[chosen]
     history.chosen = chosen
@@ -177,7 +179,8 @@ def refit(fit: Callable, data: Dataset, chosen: HashConfig, history: History, fu
         raise ValueError("refit: validation chose no epoch (every validation score was -inf or NaN)")
     whole = dataclasses.replace(chosen, val_fraction=0.0, patience=0, epochs=history.best_epoch, refit=False)
     sub = None if state is None else dataclasses.replace(state, path=candidate_path(state.path, "refit"))
-    model, again = fit(data, whole, fusion, progress, sub)
+    with part("refit"):
+        model, again = fit(data, whole, fusion, progress, sub)
     history.refit_epochs, history.refit_loss = history.best_epoch, list(again)
     return model, history
 

@@ -281,7 +281,8 @@ class Daeh(Method):
 
     def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
                     fusion_cfg: Optional[FusionConfig] = None) -> FeatureHasher:
-        model = FeatureHasher(d_img, d_txt, cfg.n_bits, cfg.hidden, cfg.dropout)  # myImgNet, myTxtNet: hidden 4096, dropout 0.5
+        # myImgNet, myTxtNet: hidden 4096, dropout 0.5
+        model = FeatureHasher(d_img, d_txt, cfg.n_bits, cfg.hidden, cfg.dropout)
         with torch.no_grad():
             model.txt_head.net[-1].weight.normal_(0.0, 0.3)  # myTxtNet: fc_encode ~ N(0, 0.3)
         return model

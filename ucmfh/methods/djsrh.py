@@ -58,7 +58,7 @@ from ucmfh.methods.base import Method
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.methods.registry import register
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.models.relaxation import beta_at, beta_shown, relaxed_codes
+from ucmfh.models.relaxation import beta_at, beta_scalars, relaxed_codes
 from ucmfh.selection import validation_view, validator
 from ucmfh.similarity import normalize
 from ucmfh.trainer import Batch, Plan, Setup
@@ -169,7 +169,7 @@ class SimilarityHasher(Method):
             return loss_fn(relaxed_codes(h_img, cfg, alpha), relaxed_codes(h_txt, cfg, alpha), target)
 
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model}, optimizer, train, loss=loss,
-                    postfix=beta_shown(cfg, "alpha"),
+                    scalars=beta_scalars(cfg, "alpha"),
                     validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))
 
 

@@ -16,7 +16,7 @@ from ucmfh.methods.base import Method
 from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
-from ucmfh.models.relaxation import beta_at, beta_shown, relaxed_codes
+from ucmfh.models.relaxation import beta_at, beta_scalars, relaxed_codes
 from ucmfh.optim import adam
 from ucmfh.selection import validation_view, validator
 from ucmfh.trainer import Batch, Plan, Setup
@@ -43,7 +43,8 @@ class UCMFH(Method):
                     fusion_cfg: Optional[FusionConfig] = None) -> CrossModalHasher:
         if fusion_cfg is None:
             raise ValueError("method 'ucmfh' needs its fusion encoder's settings to build its model")
-        return CrossModalHasher(FusionEncoder.from_config(d_img, d_txt, fusion_cfg), cfg.n_bits, cfg.hidden, cfg.dropout)
+        fusion = FusionEncoder.from_config(d_img, d_txt, fusion_cfg)
+        return CrossModalHasher(fusion, cfg.n_bits, cfg.hidden, cfg.dropout)
 
     def initial_model(self, data: Dataset, cfg: HashConfig, setup: Setup,
                       fusion: Optional[FusionEncoder] = None) -> CrossModalHasher:
@@ -81,5 +82,5 @@ class UCMFH(Method):
                     + cfg.code_weight * code_loss(codes_img, codes_txt, ids=ids, labels=labels))
 
         modules = {"model": model, "fusion_loss": fusion_loss, "code_loss": code_loss}
-        return Plan(f"hashing {cfg.n_bits} bits", model, modules, optimizer, train, loss=loss, postfix=beta_shown(cfg),
-                    validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))
+        return Plan(f"hashing {cfg.n_bits} bits", model, modules, optimizer, train, loss=loss,
+                    scalars=beta_scalars(cfg), validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))

@@ -20,9 +20,9 @@ def beta_at(cfg: HashConfig, iteration: int, epoch: int) -> float:
     return 1.0
 
 
-def beta_shown(cfg: HashConfig, label: str = "beta") -> Callable[[int, int], Dict[str, str]]:
-    """What a run's progress bar shows of β after each epoch (:attr:`ucmfh.trainer.Plan.postfix`)."""
-    return lambda epoch, iteration: {label: f"{beta_at(cfg, iteration, epoch):.2f}"}
+def beta_scalars(cfg: HashConfig, label: str = "beta") -> Callable[[int, int], Dict[str, float]]:
+    """β after each epoch, as a run shows and records it (:attr:`ucmfh.trainer.Plan.scalars`)."""
+    return lambda epoch, iteration: {label: beta_at(cfg, iteration, epoch)}
 
 
 def relaxed_codes(logits: torch.Tensor, cfg: HashConfig, beta: float) -> torch.Tensor:
