@@ -90,7 +90,7 @@ class TensorBoardLog:
         try:
             from torch.utils.tensorboard import SummaryWriter
         except ImportError:
-            raise ImportError("--tensorboard needs the tensorboard package: pip install 'ucmfh[tensorboard]'") from None
+            raise ImportError("training curves need the tensorboard package: pip install 'ucmfh[tensorboard]'") from None
         self.folder, self._writer_class, self.writers = folder, SummaryWriter, {}
 
     def record(self, record: EpochRecord) -> None:

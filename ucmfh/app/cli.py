@@ -296,21 +296,40 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
               help="Draw each dataset's scores against code length, one line per method: "
                    "PREFIX_<dataset>_<score>.png and .svg (needs matplotlib).")
 @click.option("--overwrite", is_flag=True, help="Replace a --plot file that is not a figure ucmfh wrote.")
+@click.option("--history", metavar="RUN",
+              help="Print a finished run's epoch history (loss, validation score, the epoch kept, the candidate "
+                   "chosen, the refit) from its checkpoint: RUN is a checkpoint file or a run key (a prefix will do).")
 @user_errors
 def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_json, checkpoint, plot,
-             overwrite) -> None:
+             overwrite, history) -> None:
     """Summarise past runs from results files: mean ± std over seeds, one line per setting."""
     from ucmfh.app.runs import filter_rows, format_summary, read_results, summarize, the_checkpoint
 
     if plot is not None and (as_json or checkpoint):
         raise click.UsageError(f"--plot does not go with {'--json' if as_json else '--checkpoint'}")
+    if history is not None and (plot is not None or checkpoint):
+        raise click.UsageError(f"--history does not go with {'--plot' if plot is not None else '--checkpoint'}")
     if plot is not None:
         from ucmfh.metrics.plots import pyplot
 
         pyplot()  # a missing matplotlib is said before anything is read
         check_outputs(folders={"--plot": os.path.dirname(os.path.abspath(plot))})
-    rows = filter_rows(read_results(results, warn), dataset=dataset, method=method, loss=loss, n_bits=n_bits,
-                       protocol=protocol, seed=seed, task=task)
+    rows = filter_rows(read_results(results, warn) if history is None or not os.path.isfile(history) else [],
+                       dataset=dataset, method=method, loss=loss, n_bits=n_bits, protocol=protocol, seed=seed,
+                       task=task)
+    if history is not None:
+        from ucmfh.app.history import format_history, history_of, history_rows
+
+        try:
+            path, epochs = history_of(history, rows, ", ".join(results))
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--history") from None
+        if as_json:
+            for row in history_rows(epochs):
+                click.echo(json.dumps(row, sort_keys=True))
+        else:
+            click.echo(format_history(path, epochs))
+        return
     if checkpoint:
         try:
             click.echo(the_checkpoint(rows, ", ".join(results)))

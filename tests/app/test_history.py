@@ -1,0 +1,55 @@
+"""``ucmfh runs --history RUN``: a finished run's epoch history read back from its checkpoint."""
+from __future__ import annotations
+
+import json
+
+import pytest
+from click.testing import CliRunner
+
+from ucmfh.app.cli import main
+from ucmfh.checkpoint import read_checkpoint
+from ucmfh.files import read_jsonl
+
+
+@pytest.fixture(scope="module")
+def trained(tiny_path, tmp_path_factory):
+    """A two-tower run that chose between two temperatures on validation, then refit."""
+    tmp = tmp_path_factory.mktemp("history")
+    results = tmp / "r.jsonl"
+    result = CliRunner().invoke(main, [
+        "train-hash", "-d", tiny_path, "--method", "two-tower", "-b", "16", "--epochs", "3", "--refit",
+        "--set", "hash.hidden=32", "--device", "cpu", "--quiet", "--out", str(tmp / "runs"),
+        "--results", str(results)])
+    assert result.exit_code == 0, result.output
+    row = read_jsonl(results)[0]
+    return row, results
+
+
+def test_history_prints_every_epoch_as_the_checkpoint_holds_it(trained):
+    row, results = trained
+    history = read_checkpoint(row["checkpoint"])["meta"]["history"]
+    by_key = CliRunner().invoke(main, ["runs", "--results", str(results), "--history", row["run"][:8], "--json"])
+    by_path = CliRunner().invoke(main, ["runs", "--history", row["checkpoint"], "--json"])
+    assert by_key.exit_code == 0 and by_key.output == by_path.output, by_key.output
+    epochs = [json.loads(line) for line in by_key.output.splitlines()]
+    run = [e for e in epochs if e["part"] == ""]
+    assert [e["loss"] for e in run] == history["loss"] and len(run) == 3
+    assert [[e["epoch"], e["validation"]] for e in run] == history["validation"]
+    assert [e["epoch"] for e in run if e["kept"]] == [history["best_epoch"]]
+    assert [e["loss"] for e in epochs if e["part"] == "refit"] == history["refit_loss"]
+    text = CliRunner().invoke(main, ["runs", "--results", str(results), "--history", row["run"]]).output
+    assert f"validation kept epoch {history['best_epoch']}" in text and f"chose {history['chosen']}" in text
+    assert "then refit for" in text and len(text.splitlines()) == 2 + len(epochs)
+
+
+@pytest.mark.parametrize("run, problem", [("nosuchrun", "neither a checkpoint file nor a run of"),
+                                          ("", "runs of")])
+def test_a_run_that_is_not_one_is_refused_in_one_line(trained, run, problem):
+    row, results = trained
+    if not run:  # a prefix every run shares, with a second run in the file: ambiguous
+        rows = read_jsonl(results)
+        other = dict(rows[0], run="f" * 16 if not rows[0]["run"].startswith("f") else "0" * 16)
+        (results.parent / "two.jsonl").write_text(json.dumps(rows[0]) + "\n" + json.dumps(other) + "\n")
+        results = results.parent / "two.jsonl"
+    result = CliRunner().invoke(main, ["runs", "--results", str(results), "--history", run])
+    assert result.exit_code == 2 and "--history" in result.output and problem in result.output, result.output
