@@ -53,8 +53,9 @@ OUTPUTS = {
     **{(command, "results"): "appends" for command in ("train-fusion", "train-hash", "evaluate", "grid", "train-seps",
                                                       "rerank")},
     **{(command, "out"): "folder" for command in ("train-fusion", "train-hash", "grid", "train-seps", "index")},
+    **{(command, "tensorboard"): "folder" for command in ("train-fusion", "train-hash", "grid", "train-seps")},
 }
-OUTPUT_NAMES = {"out", "results", "html", "table", "plot", "metrics_out"}
+OUTPUT_NAMES = {"out", "results", "html", "table", "plot", "metrics_out", "tensorboard"}
 
 
 def test_every_output_flag_is_covered():

@@ -150,7 +150,7 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
 
     parse_overrides(train["overrides"], ("fusion",))  # a hash.FIELD would do nothing here
     cfg = fusion_config(dataset, device, lr=lr, **train)
-    check_outputs({"--results": results}, {"--out": train["out"]})
+    check_outputs({"--results": results}, {"--out": train["out"], "--tensorboard": train["tensorboard"]})
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
     check_interrupted([Run(opts.out, dataset_identity(data), cfg)], opts)
@@ -191,7 +191,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
     epochs = hash_epochs(method, dataset, train["epochs"])
     hcfgs = hash_configs(fcfg, n_bits, epochs, train["overrides"], method, train,
                          beta_schedule=beta_schedule, lr_fusion=lr_fusion)
-    check_outputs({"--results": results}, {"--out": train["out"]})
+    check_outputs({"--results": results}, {"--out": train["out"], "--tensorboard": train["tensorboard"]})
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
     check_interrupted([Run(opts.out, dataset_identity(data), fcfg, hcfg) for hcfg in hcfgs], opts)

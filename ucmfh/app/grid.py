@@ -241,6 +241,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         click.echo(note)
     protocols = protocols_of(protocol)
     opts = RunOptions(out=train["out"], resume=True, save_interval=train["save_interval"], progress=not quiet,
+                      tensorboard=train["tensorboard"],
                       always_resumes=True)
     bits = list(dict.fromkeys(n_bits))
     # every cell's settings are checked before anything trains
@@ -255,7 +256,8 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         for hcfg in hash_configs(fcfg, bits, epochs, train["overrides"], method, settings):
             hcfg = check_loss(dataclasses.replace(hcfg, loss_params=params.get(hcfg.loss, hcfg.loss_params)))
             cells.append((dataset, fcfg, hcfg))
-    check_outputs({"--results": results, "--table": table}, {"--out": train["out"]}, overwrite=overwrite)
+    check_outputs({"--results": results, "--table": table}, {"--out": train["out"], "--tensorboard": train["tensorboard"]},
+                  overwrite=overwrite)
     paths = {dataset: resolve_dataset(dataset, data_dir or default_data_dir()) for dataset in datasets}
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
     grid_rows: List[Dict[str, Any]] = []

@@ -135,6 +135,7 @@ class RunOptions:
     save_interval: float = 120.0  # seconds between saves of the training state
     progress: bool = True
     always_resumes: bool = False  # a grid: resuming is its way, so a fresh start is not news
+    tensorboard: Optional[str] = None  # a folder of TensorBoard curves, one run folder in it per run (--tensorboard)
 
 
 @functools.lru_cache(maxsize=1)

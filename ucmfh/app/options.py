@@ -149,6 +149,12 @@ class ByteSize(click.ParamType):
         return int(size)
 
 
+# the training commands' curves (train-fusion, train-hash, grid, train-seps)
+tensorboard_option = click.option(
+    "--tensorboard", metavar="DIR",
+    help="Training curves: each epoch's loss, validation score, learning rate, beta and seconds, as TensorBoard "
+         "event files in DIR, a folder per run and stage (needs the tensorboard extra).")
+
 # what torch's generators take
 seed_type = click.IntRange(SEED.low, SEED.high, max_open=SEED.high_open)
 
@@ -201,6 +207,7 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
         "save_interval": click.option("--save-interval", default=RunOptions.save_interval, show_default=True,
                                       type=click.FloatRange(min=0),
                                       help="Seconds between saves of the training state (0: every epoch)."),
+        "tensorboard": tensorboard_option,
         "max_memory": click.option("--max-memory", default=DEFAULT_MAX_MEMORY, type=ByteSize(),
                                    help="Features held in memory at most; the largest splits beyond it are read from "
                                         "the file as training goes (streamed) [default: 8GiB]."),
@@ -217,7 +224,7 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
 
 def run_options(train: Dict[str, Any], quiet: bool) -> RunOptions:
     return RunOptions(out=train["out"], resume=train["resume"], save_interval=train["save_interval"],
-                      progress=not quiet)
+                      progress=not quiet, tensorboard=train["tensorboard"])
 
 
 def fusion_config(dataset: str, device: str, loss: Optional[str], loss_params: Tuple[str, ...], supervised: bool,

@@ -15,6 +15,7 @@ from typing import Dict, Optional, Sequence
 
 from ucmfh.files import check_jsonl, check_replaceable, check_writable
 from ucmfh.metrics.plots import figure_kind
+from ucmfh.training_log import TensorBoardLog
 
 # the whole files each flag writes: (suffix of its path, kind of file); a --table PREFIX or --plot PREFIX
 # stands for two
@@ -38,6 +39,8 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
     for flag, path, folder, kind in outputs:
         if not path:
             continue
+        if flag == "--tensorboard":
+            TensorBoardLog(path)  # the package is there (an ImportError names the extra to install)
         try:
             check_writable(path, folder=folder)
             if kind is not None:

@@ -12,7 +12,7 @@ from ucmfh.app.errors import user_errors
 from ucmfh.app.environment import default_data_dir, resolve_dataset
 from ucmfh.app.identity import RunOptions
 from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
-from ucmfh.app.options import blame_overrides, output_options, parse_params, seed_type
+from ucmfh.app.options import blame_overrides, output_options, parse_params, seed_type, tensorboard_option
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, check_setting
 from ucmfh.data.h5 import load_dataset
@@ -72,9 +72,10 @@ def _report(rows, results) -> None:
 @click.option("--resume", is_flag=True, help="Continue an interrupted run of the same settings.")
 @click.option("--save-interval", default=RunOptions.save_interval, show_default=True, type=click.FloatRange(min=0),
               help="Seconds between saves of the training state (0: every epoch).")
+@tensorboard_option
 @user_errors
 def train_seps(dataset, data_dir, database, results, device, quiet, overrides, out, resume, save_interval,
-               **settings) -> None:
+               tensorboard, **settings) -> None:
     """Train SEPS on a file's token features and score every pair of its test database (R@K, §7).
 
     The model is saved in OUT/DATASET-FP/seps-seedS-KEY/seps.pt; an existing run of the same
@@ -94,11 +95,11 @@ def train_seps(dataset, data_dir, database, results, device, quiet, overrides, o
         except ValueError as err:
             raise click.BadParameter(f"{name!r}: {err}", param_hint="--set") from None
     cfg = blame_overrides(lambda given: SepsConfig(**{**settings, **given, "device": device}), "", extra)
-    check_outputs({"--results": results}, {"--out": out})
+    check_outputs({"--results": results}, {"--out": out, "--tensorboard": tensorboard})
     path = resolve_dataset(dataset, data_dir)
     click.echo(f"dataset: {path}")
     data = load_dataset(path)
-    opts = RunOptions(out=out, resume=resume, save_interval=save_interval, progress=not quiet)
+    opts = RunOptions(out=out, resume=resume, save_interval=save_interval, progress=not quiet, tensorboard=tensorboard)
     _report(train_seps_stage(data, cfg, opts, _databases(database, "test"), log=click.echo), results)
 
 

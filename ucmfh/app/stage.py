@@ -20,6 +20,7 @@ from ucmfh.training_state import (StateFile, discard_state, drop_leftover_state,
                                   state_path_of, trained_seconds)
 from ucmfh.files import write_json_atomic
 from ucmfh.selection import History
+from ucmfh.training_log import TensorBoardLog, logging_to
 
 try:  # POSIX advisory locks; elsewhere no run is locked
     import fcntl
@@ -229,7 +230,11 @@ def _train(stage: Stage, opts: RunOptions, fit: Callable[[StateFile, Any], Tuple
     state = state_for(stage.path, opts, log)
     earlier = trained_seconds(stage.path)  # a resumed run: the time its interrupted part trained
     start = time.perf_counter()
-    model, history = fit(state, base)
+    logs = []
+    if opts.tensorboard and group.is_main:  # the run's curves in a folder of the run's own name
+        logs.append(TensorBoardLog(os.path.join(opts.tensorboard, os.path.relpath(stage.directory, opts.out))))
+    with logging_to(*logs):
+        model, history = fit(state, base)
     seconds = earlier + time.perf_counter() - start
     meta = {"identity": stage.identity, "dataset": stage.dataset, "history": history.as_dict(), "seconds": seconds,
             "world_size": group.world_size}
