@@ -16,7 +16,9 @@ worker's threads run under it too.
 It counts host syncs (``.item()``, ``.tolist()``, ``bool()``, and a copy to the host: ``.cpu()``,
 ``.to("cpu")``; :func:`peek` reads a value for a test without counting) in ``stats["syncs"]``, copies to the device
 from pinned host memory (``pin_memory()``: a copy, remembered) in ``stats["pinned"]``, and from pageable
-memory (which wait for the device) in ``stats["pageable"]``.
+memory (which wait for the device) in ``stats["pageable"]``. :func:`running_on_cuda` says whether the
+operation running now is one on the device, for a count of operations below the stand-in
+(``tests/dispatch_counter.py``).
 """
 from __future__ import annotations
 
@@ -92,15 +94,15 @@ def _move(args: tuple, kwargs: dict, name: str) -> Any:
             target = x
         elif isinstance(x, torch.Tensor):
             target, dtype = (CUDA if on_cuda(x) else x.device), x.dtype
-    # a copy to the host says so (device="cpu"): tests/dispatch_counter.py reads it
-    to_host = target is not None and not _is_cuda(target) and on_cuda(tensor)
     if dtype is not None and dtype != tensor.dtype:
-        moved = tensor.to("cpu", dtype) if to_host else tensor.to(dtype)
+        with _running(_is_cuda(target)):
+            moved = tensor.to(dtype)
     elif target is None or _is_cuda(target) == on_cuda(tensor):
         return tensor  # already there, as torch's .to returns
     else:
-        # a copy on the other device, as a move makes: still in the graph
-        if to_host:
+        # a copy on the other device, as a move makes: still in the graph; to the host, the operation a GPU's
+        # is (tests/dispatch_counter.py counts it by name), and to the device, an operation on it
+        if on_cuda(tensor):
             moved = tensor.to("cpu", copy=True)
         else:
             with _running(True):
