@@ -16,11 +16,14 @@ worker's threads run under it too.
 It counts host syncs (``.item()``, ``.tolist()``, ``bool()``, and a copy to the host: ``.cpu()``,
 ``.to("cpu")``; :func:`peek` reads a value for a test without counting) in ``stats["syncs"]``, copies to the device
 from pinned host memory (``pin_memory()``: a copy, remembered) in ``stats["pinned"]``, and from pageable
-memory (which wait for the device) in ``stats["pageable"]``.
+memory (which wait for the device) in ``stats["pageable"]``. :func:`running_on_cuda` says whether the
+operation running now is one on the device, for a count of operations below the stand-in
+(``tests/dispatch_counter.py``).
 """
 from __future__ import annotations
 
 import contextlib
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Callable, Dict, Iterator
 
@@ -36,6 +39,7 @@ CUDA = torch.device("cuda", 0)
 _ON_CUDA = WeakIdKeyDictionary()  # the tensors on the stand-in's device
 _PINNED = WeakIdKeyDictionary()  # host tensors made by pin_memory()
 STATS: Dict[str, int] = {"syncs": 0, "pinned": 0, "pageable": 0}
+_RUNNING = threading.local()  # on while an operation on cuda runs (on the CPU)
 
 # operations that take tensors of both devices on a GPU too: an index (or values) on the CPU, a copy
 _MIXING_ALLOWED = {"__getitem__", "__setitem__", "copy_", "index_select", "index_put_"}
@@ -49,6 +53,22 @@ _SAME_DEVICE = {"grad", "data", "T", "mT", "H", "mH", "real", "imag"}
 def on_cuda(x: Any) -> bool:
     """Whether ``x`` is a tensor on the stand-in's ``cuda``."""
     return isinstance(x, torch.Tensor) and x in _ON_CUDA
+
+
+def running_on_cuda() -> bool:
+    """Whether the operation running now is one on the stand-in's ``cuda``: its tensors are there, or its result
+    was asked there. For ``tests/dispatch_counter.py``, which sees what it dispatches below the stand-in, where
+    each tensor is on the CPU (a factory inside it too: autograd's, a composite operation's)."""
+    return getattr(_RUNNING, "on", False)
+
+
+@contextlib.contextmanager
+def _running(on: bool) -> Iterator[None]:
+    _RUNNING.on = on
+    try:
+        yield
+    finally:
+        _RUNNING.on = False
 
 
 def _mark(out: Any) -> Any:
@@ -75,11 +95,18 @@ def _move(args: tuple, kwargs: dict, name: str) -> Any:
         elif isinstance(x, torch.Tensor):
             target, dtype = (CUDA if on_cuda(x) else x.device), x.dtype
     if dtype is not None and dtype != tensor.dtype:
-        moved = tensor.to(dtype)
+        with _running(_is_cuda(target)):
+            moved = tensor.to(dtype)
     elif target is None or _is_cuda(target) == on_cuda(tensor):
         return tensor  # already there, as torch's .to returns
     else:
-        moved = tensor.clone()  # a copy on the other device, as a move makes: still in the graph
+        # a copy on the other device, as a move makes: still in the graph; to the host, the operation a GPU's
+        # is (tests/dispatch_counter.py counts it by name), and to the device, an operation on it
+        if on_cuda(tensor):
+            moved = tensor.to("cpu", copy=True)
+        else:
+            with _running(True):
+                moved = tensor.clone()
     if target is None:
         return _mark(moved) if on_cuda(tensor) else moved
     if _is_cuda(target):
@@ -142,10 +169,12 @@ class _CudaMode(TorchFunctionMode):
             if host:
                 raise RuntimeError(f"device mixing in {name or func}: a tensor on cuda:0 and one on the CPU "
                                    f"(shapes {[tuple(h.shape) for h in host]})")
-        to_device = _is_cuda(kwargs.get("device"))
+        asked = kwargs.get("device")
+        to_device = _is_cuda(asked)
         if to_device:
             kwargs["device"] = torch.device("cpu")
-        out = func(*args, **kwargs)
+        with _running(to_device or (marked and asked is None)):  # unless it asked for the host
+            out = func(*args, **kwargs)
         if (marked or to_device) and name not in _SYNCS:
             _mark(out)
         return out
