@@ -268,3 +268,44 @@ def test_cli_evaluate_codes(tmp_path):
     broken.write_text("x")
     bad = runner.invoke(main, ["evaluate", "--codes", str(broken), "--results", ""])
     assert bad.exit_code == 2 and "not an HDF5 file" in bad.output and "Traceback" not in bad.output
+
+
+def test_several_runs_curves_on_one_figure_are_each_run_s_own(tmp_path, monkeypatch):
+    """evaluate --codes A --codes B --plot: one PR and one P@K figure, a line per run and direction, each line the
+    curve that run's own evaluation gives; labelled by method and length, by file where those repeat."""
+    pytest.importorskip("matplotlib")
+    from click.testing import CliRunner
+
+    from ucmfh.app.cli import main
+
+    paths = []
+    for seed, method in ((1, "two-tower"), (2, "cca-itq"), (3, "cca-itq")):
+        paths.append(tmp_path / f"{method}-{seed}.h5")
+        save_codes(paths[-1], **make_file_inputs(seed), attrs={"protocol": "unimodal", "dataset": "toy",
+                                                               "method": method})
+    figures = saved_figures(monkeypatch)
+    argv = ["evaluate", "--k", "5", "--device", "cpu", "--results", "", "--plot", str(tmp_path / "cmp")]
+    out = CliRunner().invoke(main, argv + [a for p in paths for a in ("--codes", str(p))])
+    assert out.exit_code == 0, out.output
+    [(pr, [(pr_title, _)], _), (pk, [(pk_title, _)], _)] = figures
+    assert "toy, unimodal, 12 bits" in pr_title and "toy, unimodal, 12 bits" in pk_title
+    labels = ["two-tower 12 bits", "cca-itq-2.h5", "cca-itq-3.h5"]
+    for fig, key in ((pr, "pr_curve"), (pk, "precision_at_k")):
+        lines = fig.axes[0].get_lines()
+        assert [line.get_label() for line in lines] == [f"{label} {d}" for label in labels for d in ("I→T", "T→I")]
+        for i, path in enumerate(paths):
+            own = evaluate_codes_file(path, k=5)
+            for line, name in zip(lines[2 * i: 2 * i + 2], ("i2t", "t2i")):
+                curve = own[name][key]
+                if key == "pr_curve":
+                    want = curve["recall"], curve["precision"]
+                else:  # K up to N = 40, then P@N once at K = N (tie-aware)
+                    beyond = next(j for j, k in enumerate(curve["k"]) if k > 40)
+                    drawn = curve["precision_expected"]
+                    want = ([k for k in curve["k"] if k <= 40] + [40],
+                            [v for k, v in zip(curve["k"], drawn) if k <= 40] + [drawn[beyond]])
+                assert list(line.get_xdata()) == pytest.approx(want[0])
+                assert list(line.get_ydata()) == pytest.approx(want[1])
+    metrics = CliRunner().invoke(main, argv + ["--codes", str(paths[0]), "--codes", str(paths[1]),
+                                               "--metrics-out", str(tmp_path / "m.json")])
+    assert metrics.exit_code == 2 and "--metrics-out goes with one --codes" in metrics.output

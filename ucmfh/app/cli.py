@@ -206,42 +206,54 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
 @data_options
 @click.option("--checkpoint", "-c", type=click.Path(dir_okay=False),
               help="A fusion.pt or hashN.pt checkpoint.")
-@click.option("--codes", type=click.Path(dir_okay=False),
-              help="A codes file (ucmfh encode): every metric, both directions; no dataset needed.")
+@click.option("--codes", type=click.Path(dir_okay=False), multiple=True,
+              help="A codes file (ucmfh encode): every metric, both directions; no dataset needed. Repeatable: "
+                   "with --plot, the runs' curves on one figure (methods at one length).")
 @click.option("--metrics-out", type=click.Path(dir_okay=False),
-              help="With --codes: write all metrics as JSON here.")
-@click.option("--plot", metavar="PREFIX", help="With --codes: draw PREFIX_pr.png and PREFIX_pk.png (needs matplotlib).")
+              help="With one --codes: write all metrics as JSON here.")
+@click.option("--plot", metavar="PREFIX",
+              help="With --codes: draw PREFIX_pr.png and PREFIX_pk.png, a line per codes file and direction "
+                   "(needs matplotlib).")
 @click.option("--overwrite", is_flag=True,
               help="Replace a --metrics-out or --plot file that is not a metrics file or figure ucmfh wrote.")
 @user_errors
 def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpoint, codes, metrics_out, plot,
                  overwrite) -> None:
     """Tasks 2/3: reload a checkpoint and score it on a dataset; or score a saved codes file."""
-    if (checkpoint is None) == (codes is None):
+    if (checkpoint is None) == (not codes):
         raise click.UsageError("give exactly one of --checkpoint and --codes")
-    if codes is None and (metrics_out or plot):
+    if not codes and (metrics_out or plot):
         raise click.UsageError(f"{'--metrics-out' if metrics_out else '--plot'} goes with --codes")
+    if metrics_out and len(codes) > 1:
+        raise click.UsageError("--metrics-out goes with one --codes file")
     check_outputs({"--results": results, "--metrics-out": metrics_out, "--plot": plot}, overwrite=overwrite)
-    if codes is not None:
+    if codes:
         from ucmfh.app.table import append_results
         from ucmfh.files import write_json_atomic
         from ucmfh.metrics import codes_file_row, evaluate_codes_file
 
-        metrics = evaluate_codes_file(codes, k=k, device=resolve_device(device))
-        if metrics_out:
-            write_json_atomic(metrics_out, {"generator": "ucmfh evaluate", **metrics})  # its mark (ucmfh.files.MARKS)
-            click.echo(f"metrics written to {metrics_out}")
-        row = codes_file_row(metrics)
-        click.echo(f"{codes}: {row['n_bits']} bits, protocol {row['protocol']}: "
-                   f"MAP@{k} I->T {row['map_i2t_expected']:.4f}, T->I {row['map_t2i_expected']:.4f} "
-                   f"(mean over every order of tied items; ties by index: {row['map_i2t']:.4f}, {row['map_t2i']:.4f})")
-        if results:
-            append_results(results, [row])
         if plot:
-            from ucmfh.metrics.plots import plot_curves
+            from ucmfh.metrics.plots import pyplot
 
-            for path in plot_curves(metrics, plot):
-                click.echo(f"wrote {path}")
+            pyplot()  # a missing matplotlib is said before anything is scored
+        runs = []
+        for path in codes:
+            metrics = evaluate_codes_file(path, k=k, device=resolve_device(device))
+            if metrics_out:
+                write_json_atomic(metrics_out, {"generator": "ucmfh evaluate", **metrics})  # its mark (files.MARKS)
+                click.echo(f"metrics written to {metrics_out}")
+            row = codes_file_row(metrics)
+            click.echo(f"{path}: {row['n_bits']} bits, protocol {row['protocol']}: "
+                       f"MAP@{k} I->T {row['map_i2t_expected']:.4f}, T->I {row['map_t2i_expected']:.4f} (mean over "
+                       f"every order of tied items; ties by index: {row['map_i2t']:.4f}, {row['map_t2i']:.4f})")
+            if results:
+                append_results(results, [row])
+            runs.append((path, metrics))
+        if plot:
+            from ucmfh.metrics.plots import curve_labels, plot_curves
+
+            for figure in plot_curves(curve_labels(runs) if len(runs) > 1 else runs[0][1], plot):
+                click.echo(f"wrote {figure}")
         return
     from ucmfh.app.experiment import evaluate_checkpoint
     from ucmfh.checkpoint import read_checkpoint

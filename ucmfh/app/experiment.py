@@ -184,6 +184,7 @@ def encode_checkpoint(
         retrieval_img=retrieval[0].cpu(), retrieval_txt=retrieval[1].cpu(),
         query_labels=data.query.labels, retrieval_labels=data.retrieval.labels,
         query_ids=data.query.ids, retrieval_ids=data.retrieval.ids,
-        attrs={"dataset": dataset_label(data.path or "dataset"), "protocol": protocol, "loss": hash_cfg.loss,
+        attrs={"dataset": dataset_label(data.path or "dataset"), "protocol": protocol, "method": hash_cfg.method,
+               "loss": hash_cfg.loss,
                "checkpoint": os.path.abspath(checkpoint), "seed": hash_cfg.seed},
     )

@@ -5,7 +5,8 @@ and only when a plot is drawn.
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Tuple
+import os
+from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ucmfh.files import atomic_file
 
@@ -28,45 +29,85 @@ def pyplot():
 _NAMES = {"i2t": "I→T", "t2i": "T→I"}
 
 
-def plot_pr_curve(results: Dict[str, object], path: str) -> str:
-    """Precision–recall by Hamming radius, both directions, from :func:`evaluate_codes` results."""
+Runs = Union[Dict[str, object], Sequence[Tuple[str, Dict[str, object]]]]
+
+
+def _runs(results: Runs) -> List[Tuple[str, Dict[str, object]]]:
+    """One evaluation's results as the one unnamed run, or several ``(label, results)``."""
+    return [("", results)] if isinstance(results, dict) else list(results)
+
+
+def curve_labels(runs: Sequence[Tuple[str, Dict[str, object]]]) -> List[Tuple[str, Dict[str, object]]]:
+    """Several runs' results by path, labelled for a figure: each run's method and code length (a codes file's
+    attributes, :func:`ucmfh.metrics.evaluate_codes_file`), or its file's name where those do not tell two apart."""
+    def label(path: str, results: Dict[str, object]) -> str:
+        settings = results.get("settings", {})
+        method = settings.get("attrs", {}).get("method")
+        return f"{method} {settings['n_bits']} bits" if method and "n_bits" in settings else os.path.basename(path)
+
+    labels = [label(path, results) for path, results in runs]
+    return [(text if labels.count(text) == 1 else os.path.basename(path), results)
+            for text, (path, results) in zip(labels, runs)]
+
+
+def _lines(ax, runs: List[Tuple[str, Dict[str, object]]], points) -> None:
+    """Each run's line per direction: a colour per run, I→T solid and T→I dashed where there are several runs.
+    ``points(results, name)`` gives a direction's (x, y), or None where the results have none."""
+    for i, (label, results) in enumerate(runs):
+        for name, direction in _NAMES.items():
+            xy = points(results, name)
+            if xy:
+                style = {} if len(runs) == 1 else {"color": f"C{i}", "linestyle": "-" if name == "i2t" else "--"}
+                ax.plot(*xy, marker=".", label=f"{label} {direction}".strip(), **style)
+
+
+def plot_pr_curve(results: Runs, path: str) -> str:
+    """Precision–recall by Hamming radius, both directions, from :func:`evaluate_codes` results: of one
+    evaluation, or of several runs on one figure (``[(label, results), ...]``: methods at one length)."""
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5, 4))
-    for name, label in _NAMES.items():
-        curve = results.get(name, {}).get("pr_curve")
-        if curve:
-            ax.plot(curve["recall"], curve["precision"], marker=".", label=label)
+    runs = _runs(results)
+    fig, ax = plt.subplots(figsize=(5, 4) if len(runs) == 1 else (6.5, 5))
+
+    def points(res, name):
+        curve = res.get(name, {}).get("pr_curve")
+        return (curve["recall"], curve["precision"]) if curve else None
+
+    _lines(ax, runs, points)
     ax.set_xlabel("recall")
     ax.set_ylabel("precision")
-    ax.set_title(_title(results, "precision–recall by Hamming radius"))
+    ax.set_title(_title(runs, "precision–recall by Hamming radius"))
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small" if len(runs) > 1 else None)
     return _save(fig, plt, path)
 
 
-def plot_precision_at_k(results: Dict[str, object], path: str) -> str:
-    """Precision@K curves, both directions, from :func:`evaluate_codes` results.
+def plot_precision_at_k(results: Runs, path: str) -> str:
+    """Precision@K curves, both directions, from :func:`evaluate_codes` results: of one evaluation, or of
+    several runs on one figure (``[(label, results), ...]``).
 
     Only K <= N (``settings["n_retrieval"]``) is drawn: beyond N the metric counts K as N
     and repeats P@N, which is drawn once, at K = N. The tie-aware curve where the results have
     it (``precision_expected``), else the one with ties by index.
     """
     plt = pyplot()
-    fig, ax = plt.subplots(figsize=(5, 4))
-    n = results.get("settings", {}).get("n_retrieval")
-    for name, label in _NAMES.items():
-        pk = results.get(name, {}).get("precision_at_k")
-        if pk:
-            ax.plot(*_up_to(pk["k"], pk.get("precision_expected", pk["precision"]), n), marker=".", label=label)
+    runs = _runs(results)
+    fig, ax = plt.subplots(figsize=(5, 4) if len(runs) == 1 else (6.5, 5))
+
+    def points(res, name):
+        pk = res.get(name, {}).get("precision_at_k")
+        n = res.get("settings", {}).get("n_retrieval")
+        return _up_to(pk["k"], pk.get("precision_expected", pk["precision"]), n) if pk else None
+
+    _lines(ax, runs, points)
     ax.set_xscale("log")
     ax.set_xlabel("K (retrieved items)")
     ax.set_ylabel("precision@K")
-    ax.set_title(_title(results, "precision@K"))
+    ax.set_title(_title(runs, "precision@K"))
     ax.set_ylim(0, 1)
     ax.grid(alpha=0.3)
-    ax.legend()
+    ax.legend(fontsize="small" if len(runs) > 1 else None)
     return _save(fig, plt, path)
 
 
@@ -82,23 +123,28 @@ def _up_to(ks: List[int], values: List[float], n: Optional[int]) -> Tuple[List[i
     return xs, ys
 
 
-def plot_curves(results: Dict[str, object], prefix: str) -> List[str]:
-    """Write ``{prefix}_pr.png`` (if Hamming results) and ``{prefix}_pk.png``; return the paths."""
+def plot_curves(results: Runs, prefix: str) -> List[str]:
+    """Write ``{prefix}_pr.png`` (if Hamming results) and ``{prefix}_pk.png``; return the paths. ``results``:
+    one evaluation's, or several runs' ``[(label, results), ...]``, each figure then a line per run and direction."""
+    runs = _runs(results)
     paths = []
-    if any("pr_curve" in results.get(name, {}) for name in _NAMES):
-        paths.append(plot_pr_curve(results, f"{prefix}_pr.png"))
-    paths.append(plot_precision_at_k(results, f"{prefix}_pk.png"))
+    if any("pr_curve" in res.get(name, {}) for _, res in runs for name in _NAMES):
+        paths.append(plot_pr_curve(runs if len(runs) > 1 else runs[0][1], f"{prefix}_pr.png"))
+    paths.append(plot_precision_at_k(runs if len(runs) > 1 else runs[0][1], f"{prefix}_pk.png"))
     return paths
 
 
-def _title(results: Dict[str, object], what: str) -> str:
-    """``what``, and on a second line the dataset, protocol and code length where known."""
-    settings = results.get("settings", {})
-    attrs = settings.get("attrs", {}) if isinstance(settings, dict) else {}
-    parts = [str(attrs[key]) for key in ("dataset", "protocol") if key in attrs]
-    if "n_bits" in settings:
-        parts.append(f"{settings['n_bits']} bits")
-    return what + ("\n" + ", ".join(parts) if parts else "")
+def _title(runs: List[Tuple[str, Dict[str, object]]], what: str) -> str:
+    """``what``, and on a second line the dataset, protocol and code length the runs share, where known."""
+    shared = None
+    for _, results in runs:
+        settings = results.get("settings", {})
+        attrs = settings.get("attrs", {}) if isinstance(settings, dict) else {}
+        parts = [str(attrs[key]) for key in ("dataset", "protocol") if key in attrs]
+        if "n_bits" in settings:
+            parts.append(f"{settings['n_bits']} bits")
+        shared = parts if shared is None else [p for p in shared if p in parts]
+    return what + ("\n" + ", ".join(shared) if shared else "")
 
 
 def figure_kind(path: str) -> str:
