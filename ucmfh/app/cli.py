@@ -168,12 +168,13 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
               help="A hyper-parameter of the method, e.g. alpha=1.5 (repeatable; see 'ucmfh methods').")
 @click.option("--n-bits", "-b", multiple=True, type=click.IntRange(*CODE_LENGTHS), default=(HashConfig.n_bits,), show_default=True,
               help="Code length (repeatable: -b 16 -b 32 ...).")
-@click.option("--beta-schedule", type=click.Choice(BETA_SCHEDULES), default=None, show_default=HashConfig.beta_schedule,
-              help="Tanh continuation: none is UCMFH's plain tanh.")
+@click.option("--beta-schedule", type=click.Choice(BETA_SCHEDULES), default=None,
+              help=f"Tanh continuation: none is UCMFH's plain tanh [default: {HashConfig.beta_schedule}].")
 @click.option("--fusion-epochs", type=click.IntRange(min=1), default=None,
               help="Epochs of the fusion stage [default: as --epochs].")
-@click.option("--lr-fusion", type=click.FloatRange(min=0), default=None, show_default=str(HashConfig.lr_fusion),
-              help="Learning rate of the fusion encoder while the heads train (UCMFH's; 0 keeps it as trained).")
+@click.option("--lr-fusion", type=click.FloatRange(min=0), default=None,
+              help=f"Learning rate of the fusion encoder while the heads train (UCMFH's; 0 keeps it as trained) "
+                   f"[default: {HashConfig.lr_fusion:g}].")
 @user_errors
 def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, method, n_bits, beta_schedule,
                    fusion_epochs, lr_fusion, **train) -> None:

@@ -196,9 +196,9 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
                               help="Once validation has chosen the epoch (and the candidate), train that setting "
                                    "again on the whole training split, validation items included, and keep that "
                                    f"model [default: off{unless}]."),
-        "amp": click.option("--amp", type=click.Choice(AMP_MODES), default=None, show_default=defaults.amp,
+        "amp": click.option("--amp", type=click.Choice(AMP_MODES), default=None,
                             help="Mixed-precision training: bf16 autocasts the forward pass (CPU with bf16 support, "
-                                 "or GPU)."),
+                                 f"or GPU) [default: {defaults.amp}]."),
         "overrides": click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
                                   help=f"Any other setting, e.g. {stage} (repeatable)."),
         "out": click.option("--out", default="runs", show_default=True, help="Root folder of runs (checkpoints)."),
