@@ -11,15 +11,17 @@ import os
 import sys
 
 from ucmfh.app.errors import EXIT_USER_ERROR, USER_ERRORS, describe, interrupted
-from ucmfh.app.environment import configure_from_env, default_data_dir, default_epochs, protocols_of, resolve_dataset
+from ucmfh.app.environment import configure_from_env, default_data_dir, protocols_of, resolve_dataset
 from ucmfh.app.experiment import evaluate_checkpoint, train_fusion_stage, train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, dataset_identity
 from ucmfh.app.stage import check_interrupted, saved_epochs
+from ucmfh.app.options import DEFAULT_RESULTS
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import load_dataset
 from ucmfh.losses import LOSSES
+from ucmfh.methods import stage_configs
 from ucmfh.utils import resolve_device
 
 
@@ -29,7 +31,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="0 train fusion, 1 train hashing, 2 evaluate fusion, 3 evaluate hashing")
     p.add_argument("--dataset", default="synthetic", help="NAME (DATA_DIR/NAME.h5) or path to an .h5 file")
     p.add_argument("--data-dir", default=default_data_dir(), help="folder of NAME.h5 files (default $UCMFH_DATA_DIR or data)")
-    p.add_argument("--hash_lens", type=int, default=64, help="code length in bits (8..256)")
+    p.add_argument("--hash_lens", type=int, default=HashConfig.n_bits, help="code length in bits (8..256)")
     p.add_argument("--epoch", type=int, default=None, help="epochs (default: the reference's for known datasets, else 100)")
     p.add_argument("--batch_size", type=int, default=FusionConfig.batch_size)
     p.add_argument("--loss", default=FusionConfig.loss, choices=sorted(LOSSES))
@@ -37,7 +39,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--protocol", choices=["both", *PROTOCOLS], default="both")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, ...")
     p.add_argument("--out", default="runs", help="root folder of runs (checkpoints)")
-    p.add_argument("--results", default="runs/results.jsonl", help="JSON-lines file results are appended to")
+    p.add_argument("--results", default=DEFAULT_RESULTS, help="JSON-lines file results are appended to")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run of the same settings")
     p.add_argument("--save-interval", type=float, default=RunOptions.save_interval,
                    help="seconds between saves of the training state (0: every epoch)")
@@ -67,11 +69,10 @@ def main(argv=None) -> int:
     configure_from_env()
     try:
         resolve_device(args.device)
-        epochs = default_epochs(args.dataset, args.epoch)
-        fusion_cfg = FusionConfig(loss=args.loss, epochs=epochs, batch_size=args.batch_size,
-                                  seed=args.seed, device=args.device)
-        hash_cfg = HashConfig(n_bits=args.hash_lens, loss=args.loss, epochs=epochs, batch_size=args.batch_size,
-                              seed=args.seed, device=args.device)
+        # UCMFH's method: its hashing stage shares every training setting with its fusion stage
+        fusion_cfg, [hash_cfg] = stage_configs("ucmfh", dataset=args.dataset, n_bits=[args.hash_lens], loss=args.loss,
+                                               epochs=args.epoch, batch_size=args.batch_size, seed=args.seed,
+                                               device=args.device)
         opts = RunOptions(out=args.out, resume=args.resume, save_interval=args.save_interval)
         check_outputs({"--results": args.results}, {"--out": args.out if args.task in (0, 1) else None})
         path = resolve_dataset(args.dataset, args.data_dir)

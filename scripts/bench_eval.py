@@ -35,6 +35,7 @@ import time
 import numpy as np
 
 from ucmfh.files import write_json_atomic
+from ucmfh.metrics.arguments import DEFAULT_K
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -212,7 +213,7 @@ def main(argv=None) -> None:
     p.add_argument("--n-retrieval", type=int, default=190_000)
     p.add_argument("--n-classes", type=int, default=21)
     p.add_argument("--bits", type=int, nargs="+", default=[16, 64, 128])
-    p.add_argument("--k", type=int, default=50)
+    p.add_argument("--k", type=int, default=DEFAULT_K)
     p.add_argument("--ref-queries", type=int, default=200, help="queries the slow reference is timed on")
     p.add_argument("--repeat", type=int, default=3, help="timed runs of the fast methods (the best is reported)")
     p.add_argument("--chunk-size", type=int, default=256)

@@ -28,6 +28,7 @@ from sklearn.svm import SVC
 
 from ucmfh.data.h5 import load_dataset
 from ucmfh.metrics import map_at_k
+from ucmfh.metrics.arguments import DEFAULT_K
 from ucmfh.selection import validation_items
 
 FEATURE_MAPS = {"raw": lambda x: x, "sqrt": lambda x: np.sqrt(np.clip(x, 0, None))}  # sqrt: Hellinger, for histograms
@@ -41,7 +42,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("dataset", help="a single-label ucmfh HDF5 file")
     parser.add_argument("--modality", choices=("img", "txt"), default="img")
-    parser.add_argument("--k", type=int, default=50)
+    parser.add_argument("--k", type=int, default=DEFAULT_K)
     parser.add_argument("--seed", type=int, default=2023, help="seed of the validation split")
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=ConvergenceWarning)

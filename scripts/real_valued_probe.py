@@ -27,6 +27,7 @@ from ucmfh.data.h5 import Dataset, load_dataset
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.evaluation import head_outputs_split, score_splits
 from ucmfh.methods import fit_hashing
+from ucmfh.metrics.arguments import DEFAULT_K
 
 
 def fit_embedding(data: Dataset, seed: int, dim: int, temperature: float, lr: float,
@@ -64,7 +65,7 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=100)
     parser.add_argument("--patience", type=int, default=10)
     parser.add_argument("--components", default="16,32,64,128", help="CCA's numbers of components")
-    parser.add_argument("--k", type=int, default=50)
+    parser.add_argument("--k", type=int, default=DEFAULT_K)
     args = parser.parse_args()
     components = [int(c) for c in args.components.split(",")]
     if not all(8 <= n <= 256 for n in components):

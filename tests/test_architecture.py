@@ -41,6 +41,27 @@ def test_the_library_never_imports_the_app():
     assert not bad, bad
 
 
+def test_no_library_module_imports_click():
+    """The command line is the app's: the library raises plain errors (a ``SettingError`` names its setting)."""
+    bad = [f"{path.relative_to(PACKAGE.parent)}:{line} imports {module}"
+           for path, tree in _modules() if _is_library(path)
+           for module, _, line in _imports(tree) if module.split(".")[0] == "click"]
+    assert not bad, bad
+
+
+# what a method can do, read by the library alone (ucmfh.methods.settings answers the front doors' questions:
+# the protocols it is scored under, its loss, the settings it has no use for)
+CAPABILITIES = ("leak_free", "takes_loss", "uses_fusion", "shares_fusion_options", "closed_form")
+
+
+def test_the_front_doors_ask_the_library_not_the_registrys_flags():
+    files = [*sorted(APP.rglob("*.py")), PACKAGE.parent / "demo.py"]
+    bad = [f"{path.relative_to(PACKAGE.parent)}:{number} reads {flag}"
+           for path in files for number, line in enumerate(path.read_text(encoding="utf-8").splitlines(), 1)
+           for flag in CAPABILITIES if re.search(rf"\b{flag}\b", line)]
+    assert not bad, bad
+
+
 def test_only_the_app_reads_the_environment():
     bad = []
     for path, tree in _modules():

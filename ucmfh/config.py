@@ -10,8 +10,9 @@ from __future__ import annotations
 import dataclasses
 import math
 import numbers
+import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence, Union
 
 PROTOCOLS = ("unimodal", "fused")
 BETA_SCHEDULES = ("none", "hashnet", "step")
@@ -27,9 +28,26 @@ CODE_LENGTHS = (8, 256)  # the shortest and the longest code, in bits
 RELAXATION_CANDIDATES = ("sign", "tanh")
 RELAXATIONS = (*RELAXATION_CANDIDATES, "auto", "none")
 
-# Epochs of the reference code per dataset; a front door may use them as
-# defaults, the trainer never looks at a dataset's name.
+# Epochs of the reference code per dataset: the default epochs of a run on a dataset of that name
+# (default_epochs); the trainer never looks at a dataset's name.
 REFERENCE_EPOCHS = {"mirflickr": 100, "nuswide": 150, "nus-wide": 150, "mscoco": 500, "coco": 500}
+
+
+class SettingError(ValueError):
+    """A setting refused. The message says why; ``settings`` names the settings refused (``loss``,
+    ``loss_params.temperature``, ``fusion.d_model``: an override of a stage's setting), several when they
+    are refused together; ``instead``, the setting to give in place of an override that repeats one
+    (``hash.seed`` is ``seed``)."""
+
+    def __init__(self, settings: Union[str, Sequence[str]], message: str, instead: Optional[str] = None) -> None:
+        super().__init__(message)
+        self.settings = (settings,) if isinstance(settings, str) else tuple(settings)
+        self.instead = instead
+
+    @property
+    def setting(self) -> str:
+        """The (first) setting refused."""
+        return self.settings[0]
 
 
 @dataclass
@@ -374,6 +392,13 @@ def _check_settings(cfg: Any) -> None:
     _check_types(cfg)
     for f in dataclasses.fields(cfg):
         check_setting(type(cfg), f.name, getattr(cfg, f.name))
+
+
+def default_epochs(dataset: Optional[str]) -> int:
+    """The epochs of a run on ``dataset`` (a name, or the path of a file named after it) when none are given:
+    the reference code's for a dataset it trained on (REFERENCE_EPOCHS), else FusionConfig's."""
+    name = os.path.splitext(os.path.basename(dataset))[0] if dataset else ""
+    return REFERENCE_EPOCHS.get(name, FusionConfig.epochs)
 
 
 def with_defaults(defaults: Dict[str, Any], settings: Dict[str, Any]) -> Dict[str, Any]:

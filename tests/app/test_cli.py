@@ -120,3 +120,39 @@ def test_a_traceback_of_a_front_door_in_a_subprocess_fails_the_test():
     no_traceback("Error: x.h5: no such dataset file\n", ["ucmfh"])
     with pytest.raises(pytest.fail.Exception, match="crashed"):
         no_traceback(b"Traceback (most recent call last):\n  File ...\nRuntimeError: x\n", ["ucmfh"])
+
+
+@pytest.mark.parametrize("argv, flag, says", [
+    (["--method", "cca-itq", "--loss", "infonce"], "--loss", "has a loss of its own"),
+    (["--method", "cca-itq", "--loss-param", "margin=1"], "--loss-param", "has a loss of its own"),
+    (["--method", "two-tower", "--fusion-epochs", "2"], "--fusion-epochs", "trains no fusion stage"),
+    (["--method", "two-tower", "--set", "fusion.d_model=64"], "--set", "it has no use for fusion.d_model"),
+    (["--method", "cca-itq", "--epochs", "2"], "--epochs", "is fitted in closed form"),
+    (["--method", "two-tower", "--protocol", "fused"], "--protocol", "is leak-free"),
+    (["--method", "two-tower", "--method-param", "nosuch=1"], "--method-param", "has no parameter 'nosuch'"),
+    (["--method", "two-tower", "--loss-param", "temperature=abc"], "--loss-param", "temperature must be a number"),
+    (["--method", "distill", "--loss", "triplet"], "--loss", "loss must be 'infonce'"),
+    (["--method", "ucmfh", "--set", "fusion.d_model=30"], "--set", "'fusion.d_model': n_heads must divide d_model"),
+    (["--method", "two-tower", "--refit", "--val-fraction", "0"], "--val-fraction", "refit needs a validation split"),
+    (["--method", "two-tower", "--set", "hash.seed=1"], "--set", "'hash.seed': use --seed"),
+])
+def test_a_setting_the_library_refuses_is_refused_as_its_flag(tmp_path, argv, flag, says):
+    """The library names the setting (ucmfh.methods.settings); train-hash names the flag that gave it, in one
+    line, exit 2, before the dataset is read."""
+    result = CliRunner().invoke(main, ["train-hash", "-d", str(tmp_path / "missing.h5"), "--out",
+                                       str(tmp_path / "runs"), *argv])
+    assert result.exit_code == 2, result.output
+    [error] = [line for line in result.output.splitlines() if line.startswith("Error")]
+    assert error.startswith(f"Error: Invalid value for {flag}: ") and says in error, error
+    assert "no such dataset file" not in result.output and not (tmp_path / "runs").exists()
+
+
+def test_evaluate_refuses_the_fused_protocol_for_a_leak_free_checkpoint_as_its_flag(tmp_path, tiny_path):
+    results, out = tmp_path / "r.jsonl", tmp_path / "runs"
+    trained = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--method", "cca-itq", "-b", "8", "--quiet",
+                                        "--device", "cpu", "--out", str(out), "--results", str(results)])
+    assert trained.exit_code == 0, trained.output
+    checkpoint = json.loads(results.read_text().splitlines()[0])["checkpoint"]
+    result = CliRunner().invoke(main, ["evaluate", "-d", tiny_path, "-c", checkpoint, "--protocol", "fused",
+                                       "--results", str(results)])
+    assert result.exit_code == 2 and "Error: Invalid value for --protocol: method 'cca-itq' is leak-free" in result.output

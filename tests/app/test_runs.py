@@ -440,14 +440,18 @@ def test_every_output_is_checked_before_any_work_and_named_by_its_flag(tmp_path,
                                      "got 1"),
     (["-b", "16", "--set", "hash.n_bits=32"], "Error: Invalid value for --set: 'hash.n_bits': use -b/--n-bits"),
     (["--set", "hash.seed=3"], "Error: Invalid value for --set: 'hash.seed': use --seed"),
-    (["--loss-param", "temperature=abc"], "Error: loss 'infonce': temperature must be a number, got 'abc'"),
+    (["--loss-param", "temperature=abc"],
+     "Error: Invalid value for --loss-param: loss 'infonce': temperature must be a number, got 'abc'"),
     (["--method", "ucmfh", "--loss", "triplet", "--loss-param", "margin=x"],
-     "Error: loss 'triplet': margin must be a number, got 'x'"),
-    (["--loss-param", "foo=1"], "Error: loss 'infonce' has no parameter 'foo' (its parameters: temperature, learnable, "
-                                "min_temperature, max_temperature)"),
+     "Error: Invalid value for --loss-param: loss 'triplet': margin must be a number, got 'x'"),
+    (["--loss-param", "foo=1"], "Error: Invalid value for --loss-param: loss 'infonce' has no parameter 'foo' (its "
+                                "parameters: temperature, learnable, min_temperature, max_temperature)"),
+    (["--method-param", "nosuch=1"], "Error: Invalid value for --method-param: method 'two-tower' has no parameter "
+                                     "'nosuch' (its parameters: temperatures)"),
 ])
 def test_ill_typed_settings_are_one_line_naming_the_setting(tmp_path, tiny_path, args, error):
-    """An ill-typed --set or --loss-param is refused before the dataset is read, naming the setting."""
+    """An ill-typed --set, --loss-param or --method-param is refused before the dataset is read, naming the flag
+    and the setting."""
     result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--out", str(tmp_path / "runs"), *args])
     assert result.exit_code == 2 and "Traceback" not in result.output
     assert [line for line in result.output.splitlines() if line.startswith("Error")] == [error]

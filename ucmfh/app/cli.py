@@ -17,13 +17,13 @@ from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.options import (
-    check_device, check_method_options, data_options, fusion_config, given_options, hash_configs, hash_epochs,
-    method_fusion_config, parse_overrides, results_to_read, run_options, train_options,
+    check_device, data_options, resolved, results_to_read, run_options, settings_of, train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset, validate_file
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 from ucmfh.methods import DEFAULT_METHOD, METHODS
+from ucmfh.methods.settings import default_loss, fusion_config, refuse_unused, stage_configs
 from ucmfh.utils import resolve_device
 
 class Commands(click.Group):
@@ -119,7 +119,7 @@ def methods_cmd() -> None:
         own = {**spec.defaults, **spec.fixed}
         click.echo(f"{'':<10} defaults: " + (", ".join(f"{k}={v}" for k, v in own.items()) + " (else as ucmfh)"
                                              if own else "UCMFH's (HashConfig's)")
-                   + ("" if spec.takes_loss else "; a loss of its own"))
+                   + ("" if default_loss(name) is not None else "; a loss of its own"))
 
 
 @main.command("losses")
@@ -148,8 +148,7 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
     """Task 0: train the fusion encoder and score its embeddings (cosine ranking)."""
     from ucmfh.app.experiment import train_fusion_stage
 
-    parse_overrides(train["overrides"], ("fusion",))  # a hash.FIELD would do nothing here
-    cfg = fusion_config(dataset, device, lr=lr, **train)
+    cfg = resolved(fusion_config, dataset=dataset, **settings_of({**train, "lr": lr, "device": device}))
     check_outputs({"--results": results}, {"--out": train["out"], "--tensorboard": train["tensorboard"]})
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
@@ -169,12 +168,13 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
               help="A hyper-parameter of the method, e.g. alpha=1.5 (repeatable; see 'ucmfh methods').")
 @click.option("--n-bits", "-b", multiple=True, type=click.IntRange(*CODE_LENGTHS), default=(HashConfig.n_bits,), show_default=True,
               help="Code length (repeatable: -b 16 -b 32 ...).")
-@click.option("--beta-schedule", type=click.Choice(BETA_SCHEDULES), default=HashConfig.beta_schedule, show_default=True,
-              help="Tanh continuation: none is UCMFH's plain tanh.")
+@click.option("--beta-schedule", type=click.Choice(BETA_SCHEDULES), default=None,
+              help=f"Tanh continuation: none is UCMFH's plain tanh [default: {HashConfig.beta_schedule}].")
 @click.option("--fusion-epochs", type=click.IntRange(min=1), default=None,
               help="Epochs of the fusion stage [default: as --epochs].")
-@click.option("--lr-fusion", type=click.FloatRange(min=0), default=HashConfig.lr_fusion, show_default=True,
-              help="Learning rate of the fusion encoder while the heads train (UCMFH's; 0 keeps it as trained).")
+@click.option("--lr-fusion", type=click.FloatRange(min=0), default=None,
+              help=f"Learning rate of the fusion encoder while the heads train (UCMFH's; 0 keeps it as trained) "
+                   f"[default: {HashConfig.lr_fusion:g}].")
 @user_errors
 def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, method, n_bits, beta_schedule,
                    fusion_epochs, lr_fusion, **train) -> None:
@@ -185,12 +185,10 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
     """
     from ucmfh.app.experiment import train_hash_stage
 
-    check_method_options(method, protocol, given_options(click.get_current_context(), train["overrides"]))
-    fcfg = method_fusion_config(method, dataset, device, train, fusion_epochs)
     # every code length is checked before anything trains
-    epochs = hash_epochs(method, dataset, train["epochs"])
-    hcfgs = hash_configs(fcfg, n_bits, epochs, train["overrides"], method, train,
-                         beta_schedule=beta_schedule, lr_fusion=lr_fusion)
+    fcfg, hcfgs = resolved(stage_configs, method, dataset=dataset, **settings_of({
+        **train, "protocol": protocol, "device": device, "n_bits": n_bits, "beta_schedule": beta_schedule,
+        "fusion_epochs": fusion_epochs, "lr_fusion": lr_fusion}))
     check_outputs({"--results": results}, {"--out": train["out"], "--tensorboard": train["tensorboard"]})
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
@@ -260,7 +258,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
 
     saved = read_checkpoint(checkpoint)  # a damaged file is named before the dataset is read
     if saved["kind"] == "hash":
-        check_method_options((saved["hash_config"] or {}).get("method", "ucmfh"), protocol, {})
+        resolved(refuse_unused, (saved["hash_config"] or {}).get("method", "ucmfh"), **settings_of({"protocol": protocol}))
     data = _load(dataset, data_dir)
     rows = evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet, log=click.echo)
     report(rows, results, click.echo)

@@ -1,12 +1,11 @@
 """What the program takes from its environment: where datasets live (``$UCMFH_DATA_DIR``), the kernels'
-backend (``$UCMFH_NATIVE``), torchrun's process group, and the defaults a dataset's name implies."""
+backend (``$UCMFH_NATIVE``) and torchrun's process group."""
 from __future__ import annotations
 
 import os
-from typing import Optional, Tuple
+from typing import Tuple
 
-from ucmfh.app.identity import dataset_label
-from ucmfh.config import PROTOCOLS, REFERENCE_EPOCHS
+from ucmfh.config import PROTOCOLS
 from ucmfh.data.synthetic import make_synthetic
 from ucmfh.files import PathLike
 
@@ -64,11 +63,6 @@ def _leave_process_group() -> None:
             dist.barrier()
         finally:
             dist.destroy_process_group()
-
-
-def default_epochs(dataset: str, epochs: Optional[int]) -> int:
-    """``epochs``, else the reference code's for a known dataset name, else 100."""
-    return epochs if epochs is not None else REFERENCE_EPOCHS.get(dataset_label(dataset), 100)
 
 
 def protocols_of(protocol: str) -> Tuple[str, ...]:

@@ -17,7 +17,8 @@ from ucmfh.data.h5 import Dataset
 from ucmfh.distributed import current_group
 from ucmfh.files import PathLike
 from ucmfh.fusion_stage import fit_fusion
-from ucmfh.methods import build_method, fit_hashing
+from ucmfh.methods import fit_hashing
+from ucmfh.methods.settings import default_loss, scored_protocols
 from ucmfh.metrics.arguments import DEFAULT_K
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.evaluation import encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
@@ -40,7 +41,7 @@ def _rows(
     common = {
         "dataset": run.dataset["label"], "dataset_path": run.dataset["path"],
         "dataset_fingerprint": run.dataset["fingerprint"], "task": task, "method": method,
-        "loss": cfg.loss if build_method(method).takes_loss else None,
+        "loss": cfg.loss if default_loss(method) is not None else None,
         "n_bits": n_bits, "ranking": "hamming" if n_bits else "cosine", "seed": cfg.seed, "epochs": cfg.epochs,
         "run": key_of(identity), **({} if trained_on is None else {"trained_on": trained_on}),
         "settings": run.settings(),
@@ -86,7 +87,7 @@ def train_fusion_stage(
 
 
 def train_hash_stage(
-    data: Dataset, fusion_cfg: FusionConfig, hash_cfg: HashConfig, opts: RunOptions,
+    data: Dataset, fusion_cfg: Optional[FusionConfig], hash_cfg: HashConfig, opts: RunOptions,
     protocols: Sequence[str] = PROTOCOLS, k: int = DEFAULT_K, log: Log = print,
 ) -> List[Dict[str, Any]]:
     """Task 1: train the hashing stage by ``hash_cfg.method``, save, score. Method 'ucmfh' trains
@@ -132,8 +133,7 @@ def score_hash_model(
     k: int = DEFAULT_K, progress: bool = False, source: str = "train", trained_on: Optional[Dict[str, str]] = None,
 ) -> List[Dict[str, Any]]:
     hash_cfg = run.hash_cfg
-    if build_method(hash_cfg.method).leak_free:  # 'fused' would repeat 'unimodal'
-        protocols = ("unimodal",)
+    protocols = scored_protocols(hash_cfg.method, protocols)
     scores = evaluate_hashing(model, data, protocols, k, hash_cfg.device, progress, real_valued=True, per_query=True)
     floors = {row.get("database"): row for row in random_codes_scores(data, hash_cfg.n_bits, k, seed=hash_cfg.seed)}
     for row in scores:

@@ -12,7 +12,6 @@ written as Markdown and CSV.
 from __future__ import annotations
 
 import csv
-import dataclasses
 import io
 import statistics
 from itertools import product
@@ -26,9 +25,8 @@ from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.table import append_results
 from ucmfh.app.options import (
-    DEFAULT_RESULTS, check_device, check_loss, check_method_options, hash_configs, hash_epochs, method_fusion_config, parse_params, train_options,
+    DEFAULT_RESULTS, FLAGS, check_device, flag_of, parse_params, resolved, settings_of, train_options,
 )
-from ucmfh.app.options import given_options, unused_options
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import DIRECTIONS, REAL, headline, summarize, variant_of
 from ucmfh.config import CODE_LENGTHS, PROTOCOLS
@@ -36,7 +34,8 @@ from ucmfh.data.h5 import load_dataset
 from ucmfh.files import MARKS, read_jsonl, write_text_atomic
 from ucmfh.losses import LOSSES
 from ucmfh.metrics.arguments import DEFAULT_K
-from ucmfh.methods import DEFAULT_METHOD, METHODS, build_method
+from ucmfh.methods import DEFAULT_METHOD, METHODS
+from ucmfh.methods.settings import default_loss, scored_protocols, stage_configs, unused_settings
 from ucmfh.evaluation import EXPECTED
 
 def _list(kind: type) -> Any:
@@ -90,7 +89,7 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
     datasets = list(dict.fromkeys(r["dataset"] for r in rows))
     protocols = list(dict.fromkeys(r["protocol"] for r in rows))
     databases = list(dict.fromkeys(r.get("database") for r in rows))  # [None] unless a caption set
-    k = rows[0]["k"] if rows else 50
+    k = rows[0]["k"] if rows else DEFAULT_K
     md: List[str] = []
     for dataset, protocol, database in product(datasets, protocols, databases):
         if not any((s["dataset"], s["protocol"], s["database"]) == (dataset, protocol, database) for s in summary):
@@ -227,16 +226,17 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     if unknown:
         raise click.BadParameter(f"unknown losses {unknown} (losses: {', '.join(LOSSES)})", param_hint="--losses")
     params = loss_params_by_name(per_loss)
-    if all(build_method(m).leak_free for m in methods):  # --protocol fused would have nothing to score
-        check_method_options(methods[0], protocol, {})
-    given = given_options(click.get_current_context(), train["overrides"])
-    unused = {m: unused_options(m, given) for m in methods}
-    for option in (o for o in given if all(o in u for u in unused.values())):  # no method uses it
-        reasons = ", ".join(f"{m!r} {u[option]}" for m, u in unused.items())
-        raise click.BadParameter(f"no method of the grid has a use for it: {reasons}", param_hint=option)
-    notes = [f"method {m!r}: " + "; ".join(f"{', '.join(o for o in u if u[o] == why)} not applied (it {why})"
-                                        for why in dict.fromkeys(u.values())) + "; the other methods apply them"
-             for m, u in unused.items() if u]
+    # one set of settings serves every method: one a method has no use for applies to the others only
+    flags = {**FLAGS, "loss": "--losses", "loss_params": "--loss-params", "seed": "--seeds"}
+    settings = settings_of({**train, "fusion_epochs": fusion_epochs, "protocol": protocol, "device": device})
+    unused = {m: resolved(unused_settings, m, settings, flags=flags) for m in methods}
+    for setting in (s for s in unused[methods[0]] if all(s in u for u in unused.values())):  # no method uses it
+        reasons = ", ".join(f"{m!r} {u[setting]}" for m, u in unused.items())
+        raise click.BadParameter(f"no method of the grid has a use for it: {reasons}",
+                                 param_hint=flag_of(setting, flags))
+    notes = [f"method {m!r}: " + "; ".join(f"{', '.join(flag_of(s, flags) for s in u if u[s] == why)} not applied "
+                                        f"(it {why})" for why in dict.fromkeys(u.values()))
+             + "; the other methods apply them" for m, u in unused.items() if u]
     for note in notes:
         click.echo(note)
     protocols = protocols_of(protocol)
@@ -247,15 +247,23 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     # every cell's settings are checked before anything trains
     cells = []
     # a method with a loss of its own: one cell per seed, whatever --losses lists
-    variants_asked = [(m, loss) for m in methods for loss in (losses or [None] if METHODS[m].takes_loss else [None])]
+    variants_asked = [(m, loss) for m in methods for loss in (losses or [None] if default_loss(m) else [None])]
     for dataset, (method, loss), seed in product(datasets, variants_asked, seeds):
-        settings = {**train, "loss": loss, "loss_params": (), "seed": seed}
-        fcfg = method_fusion_config(method, dataset, device, settings, fusion_epochs)
-        fcfg = check_loss(dataclasses.replace(fcfg, loss_params=params.get(fcfg.loss, {})))
-        epochs = hash_epochs(method, dataset, train["epochs"])
-        for hcfg in hash_configs(fcfg, bits, epochs, train["overrides"], method, settings):
-            hcfg = check_loss(dataclasses.replace(hcfg, loss_params=params.get(hcfg.loss, hcfg.loss_params)))
-            cells.append((dataset, fcfg, hcfg))
+        cell = {**settings, "loss": loss, "seed": seed}
+        fcfg, hcfgs = resolved(stage_configs, method, dataset=dataset, n_bits=bits, drop_unused=True, flags=flags,
+                               **cell)
+        # --loss-params NAME:...: the parameters of loss NAME, wherever a stage trains with it
+        named: Dict[str, Any] = {}
+        if default_loss(method) is not None and hcfgs[0].loss in params:
+            named["loss_params"] = params[hcfgs[0].loss]
+        if fcfg is not None and fcfg.loss in params:
+            overrides = cell.get("overrides") or {}
+            named["overrides"] = {**overrides, "fusion": {**overrides.get("fusion", {}),
+                                                          "loss_params": params[fcfg.loss]}}
+        if named:
+            fcfg, hcfgs = resolved(stage_configs, method, dataset=dataset, n_bits=bits, drop_unused=True,
+                                   flags=flags, **{**cell, **named})
+        cells += [(dataset, fcfg, hcfg) for hcfg in hcfgs]
     check_outputs({"--results": results, "--table": table}, {"--out": train["out"], "--tensorboard": train["tensorboard"]},
                   overwrite=overwrite)
     paths = {dataset: resolve_dataset(dataset, data_dir or default_data_dir()) for dataset in datasets}
@@ -270,7 +278,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         data = loaded[dataset]
         run_key = key_of(Run(opts.out, dataset_identity(data), fcfg, hcfg).hash_identity)
         name = f"{dataset} {variant_of({'method': hcfg.method, 'loss': hcfg.loss})} seed {hcfg.seed} {hcfg.n_bits} bits"
-        cell_protocols = ("unimodal",) if build_method(hcfg.method).leak_free else protocols
+        cell_protocols = scored_protocols(hcfg.method, protocols)
         done = finished(recorded, run_key, cell_protocols, k)
         if done:
             click.echo(f"skip {name}: finished (run {run_key})")

@@ -22,7 +22,7 @@ from typing import Any, Dict, List, Optional
 
 from ucmfh.config import FusionConfig, HashConfig, identity_dict
 from ucmfh.data.h5 import Dataset
-from ucmfh.methods import build_method
+from ucmfh.methods.settings import trains_fusion
 
 
 def dataset_label(path: str) -> str:
@@ -72,7 +72,7 @@ class Run:
     hash_cfg: Optional[HashConfig] = None
 
     def __post_init__(self) -> None:
-        if self.hash_cfg is not None and not build_method(self.hash_cfg.method).uses_fusion:
+        if self.hash_cfg is not None and not trains_fusion(self.hash_cfg.method):
             self.fusion_cfg = None  # not part of this run: its method trains no fusion encoder
 
     @property

@@ -1,23 +1,21 @@
-"""Options shared by the commands, and the configs they build (the CLI stays thin)."""
+"""Options shared by the commands, and the settings they give: a flag maps onto a setting of the library
+(:mod:`ucmfh.methods.settings` resolves them into configs), and a setting refused is refused as its flag."""
 from __future__ import annotations
 
-import dataclasses
 import json
-from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Tuple, TypeVar
 
 import click
 
 from ucmfh import distributed
-from ucmfh.app.environment import default_data_dir, default_epochs, torchrun_sizes
+from ucmfh.app.environment import default_data_dir, torchrun_sizes
 from ucmfh.app.identity import RunOptions
-from ucmfh.config import AMP_MODES, PROTOCOLS, SEED, FusionConfig, HashConfig, check_setting, with_defaults
+from ucmfh.config import AMP_MODES, PROTOCOLS, SEED, FusionConfig, SettingError
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY
-from ucmfh.losses import build_loss
 from ucmfh.metrics.arguments import DEFAULT_K
-from ucmfh.methods import build_method
 from ucmfh.utils import resolve_device
 
-STAGES = {"fusion": FusionConfig, "hash": HashConfig}
+T = TypeVar("T")
 DEFAULT_RESULTS = "runs/results.jsonl"  # where every command appends its rows, and runs and compare read them
 
 
@@ -35,56 +33,64 @@ def parse_params(pairs: Tuple[str, ...], option: str) -> Dict[str, Any]:
     return params
 
 
-# settings with an option of their own, which --set must not replace behind its back
-OWN_OPTIONS = {"n_bits": "-b/--n-bits", "method": "--method", "seed": "--seed", "device": "--device"}
-
-
-def parse_overrides(pairs: Tuple[str, ...], stages: Tuple[str, ...] = tuple(STAGES)) -> Dict[str, Dict[str, Any]]:
-    """``--set fusion.d_model=256 --set hash.hidden=1024`` -> {"fusion": {...}, "hash": {...}}; ``stages``:
-    those the command trains (train-fusion trains no hashing stage)."""
-    out: Dict[str, Dict[str, Any]] = {stage: {} for stage in STAGES}
+def parse_overrides(pairs: Tuple[str, ...]) -> Dict[str, Dict[str, Any]]:
+    """``--set fusion.d_model=256 --set hash.hidden=1024`` -> {"fusion": {"d_model": 256}, "hash": {...}}, as
+    :func:`ucmfh.methods.settings.stage_configs` takes its overrides (and checks them)."""
+    out: Dict[str, Dict[str, Any]] = {}
     for key, value in parse_params(pairs, "--set").items():
         stage, _, name = key.partition(".")
-        if stage not in stages:
-            trains = f"this command trains no {stage} stage; " if stage in STAGES else ""
-            raise click.BadParameter(f"{key!r}: {trains}expected {' or '.join(f'{s}.FIELD' for s in stages)}",
-                                     param_hint="--set")
-        fields = [f.name for f in dataclasses.fields(STAGES[stage])]
-        if name in OWN_OPTIONS:  # one way to say each: --set would silently replace the option
-            raise click.BadParameter(f"{key!r}: use {OWN_OPTIONS[name]}", param_hint="--set")
-        if name not in fields:
-            raise click.BadParameter(f"{key!r}: {stage} settings are {', '.join(fields)}", param_hint="--set")
-        try:
-            check_setting(STAGES[stage], name, value)  # its type and its range, whatever the other settings
-        except ValueError as err:
-            raise click.BadParameter(f"{key!r}: {err}", param_hint="--set") from None
-        out[stage][name] = value
+        out.setdefault(stage, {})[name] = value
     return out
 
 
-def blame_overrides(build: Callable[[Dict[str, Any]], Any], stage: str, overrides: Dict[str, Any]) -> Any:
-    """``build(overrides)``, where ``overrides`` are the ``--set`` settings of ``stage`` ('' for a command of one
-    stage). A ``ValueError`` that ``build({})`` does not raise comes of the overrides (``--set fusion.d_model=30``
-    with 4 heads, ``--set hash.refit=true`` without a validation split): it is refused as ``--set``, naming those
-    of them that raise it alone (else all). One that ``build({})`` raises too is another option's, raised as is."""
-    try:
-        return build(overrides)
-    except ValueError as err:
-        if not overrides:
-            raise
-        error = err
-    build({})
-    alone = [name for name in overrides if _raises(build, {name: overrides[name]})]
-    names = ", ".join(repr(f"{stage}.{name}" if stage else name) for name in alone or overrides)
-    raise click.BadParameter(f"{names}: {error}", param_hint="--set")
+# The flag that gives each setting of ucmfh.methods.settings (a command's parameter of the same name): a
+# setting refused is refused as its flag. A key of a dict setting (loss_params.temperature) is its flag's;
+# an override (fusion.d_model) is --set's.
+FLAGS = {"protocol": "--protocol", "loss": "--loss", "loss_params": "--loss-param", "supervised": "--supervised",
+         "epochs": "--epochs", "fusion_epochs": "--fusion-epochs", "batch_size": "--batch-size", "seed": "--seed",
+         "modality_dropout": "--modality-dropout", "val_fraction": "--val-fraction", "patience": "--patience",
+         "refit": "--refit", "amp": "--amp", "device": "--device", "method_params": "--method-param",
+         "beta_schedule": "--beta-schedule", "lr_fusion": "--lr-fusion", "lr": "--lr", "n_bits": "-b/--n-bits",
+         "method": "--method", "overrides": "--set"}
 
 
-def _raises(build: Callable[[Dict[str, Any]], Any], overrides: Dict[str, Any]) -> bool:
+def settings_of(params: Dict[str, Any]) -> Dict[str, Any]:
+    """The settings a command's parameters give (each parameter named as its setting, FLAGS): ``KEY=VALUE``
+    pairs as dicts, ``--set`` as overrides; an absent flag, none of the pairs and ``--protocol both`` are
+    not given (left out)."""
+    settings = {}
+    for name, value in params.items():
+        if name not in FLAGS:
+            continue
+        if name in ("loss_params", "method_params"):
+            value = parse_params(value, FLAGS[name]) or None
+        elif name == "overrides":
+            value = parse_overrides(value) or None
+        elif (name, value) in (("protocol", "both"), ("supervised", False)):
+            value = None
+        if value is not None:
+            settings[name] = value
+    return settings
+
+
+def flag_of(setting: str, flags: Dict[str, str] = FLAGS) -> str:
+    """The flag that gives ``setting`` (``--loss-param`` for ``loss_params.temperature``, ``--set
+    fusion.d_model`` for an override); ``flags``: a command's own where they differ (the grid's
+    ``--losses``)."""
+    name = setting.split(".")[0]
+    return flags[name] if name in flags else f"--set {setting}"
+
+
+def resolved(resolve: Callable[..., T], *args: Any, flags: Dict[str, str] = FLAGS, **kwargs: Any) -> T:
+    """``resolve(*args, **kwargs)``, a function of :mod:`ucmfh.methods.settings`; a setting it refuses
+    (:class:`SettingError`) is refused as the flag that gave it (exit 2)."""
     try:
-        build(overrides)
-    except ValueError:
-        return True
-    return False
+        return resolve(*args, **kwargs)
+    except SettingError as err:
+        if err.instead is not None:  # an override repeating a setting with a flag of its own
+            raise click.BadParameter(f"{err.setting!r}: use {flags[err.instead]}", param_hint="--set") from None
+        flag = flag_of(err.setting, flags)
+        raise click.BadParameter(str(err), param_hint="--set" if flag.startswith("--set ") else flag) from None
 
 
 def check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
@@ -196,9 +202,9 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
                               help="Once validation has chosen the epoch (and the candidate), train that setting "
                                    "again on the whole training split, validation items included, and keep that "
                                    f"model [default: off{unless}]."),
-        "amp": click.option("--amp", type=click.Choice(AMP_MODES), default=defaults.amp, show_default=True,
+        "amp": click.option("--amp", type=click.Choice(AMP_MODES), default=None,
                             help="Mixed-precision training: bf16 autocasts the forward pass (CPU with bf16 support, "
-                                 "or GPU)."),
+                                 f"or GPU) [default: {defaults.amp}]."),
         "overrides": click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
                                   help=f"Any other setting, e.g. {stage} (repeatable)."),
         "out": click.option("--out", default="runs", show_default=True, help="Root folder of runs (checkpoints)."),
@@ -225,138 +231,3 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
 def run_options(train: Dict[str, Any], quiet: bool) -> RunOptions:
     return RunOptions(out=train["out"], resume=train["resume"], save_interval=train["save_interval"],
                       progress=not quiet, tensorboard=train["tensorboard"])
-
-
-def fusion_config(dataset: str, device: str, loss: Optional[str], loss_params: Tuple[str, ...], supervised: bool,
-                  epochs: Optional[int], batch_size: int, seed: int, modality_dropout: Optional[float], amp: str,
-                  val_fraction: Optional[float] = None, patience: Optional[int] = None,
-                  overrides: Tuple[str, ...] = (), lr: Optional[float] = None, **_: Any) -> FusionConfig:
-    """The fusion stage's config from the shared training options (None: the config's default)."""
-    values = dict(loss=loss, loss_params=parse_params(loss_params, "--loss-param"), supervised=supervised,
-                  epochs=default_epochs(dataset, epochs), batch_size=batch_size, seed=seed,
-                  modality_dropout=modality_dropout, device=device, amp=amp, val_fraction=val_fraction,
-                  patience=patience, lr=lr)
-    values = {k: v for k, v in values.items() if v is not None}
-    return blame_overrides(lambda extra: check_loss(FusionConfig(**{**values, **extra})), "fusion",
-                           parse_overrides(overrides)["fusion"])
-
-
-def method_fusion_config(method: str, dataset: str, device: str, train: Dict[str, Any],
-                         fusion_epochs: Optional[int] = None) -> FusionConfig:
-    """The fusion stage's config for a hashing method. A method that shares the fusion stage's options
-    ('ucmfh') shares every training option with it. For another method ``--loss`` is the method's own;
-    the fusion stage of a teacher ('distill') shares the validation options, else takes the method's
-    ``fusion_defaults`` (``--set fusion.FIELD=...`` reaches it too)."""
-    spec = build_method(method)
-    settings = {**train, "epochs": fusion_epochs or train["epochs"]}
-    if not spec.shares_fusion_options:
-        # the student's validation options reach its teacher; a method without a fusion stage
-        # passes none of its own (they may not suit a fusion config, which it never trains)
-        given = {name: settings[name] for name in ("val_fraction", "patience")
-                 if settings.get(name) is not None and spec.uses_fusion}
-        settings.update(loss=None, loss_params=(), val_fraction=None, patience=None)
-        settings.update(with_defaults(spec.fusion_defaults, given))
-    return fusion_config(dataset, device, **settings)
-
-
-def hash_epochs(method: str, dataset: str, epochs: Optional[int]) -> Optional[int]:
-    """The hashing stage's epochs: a method that shares the fusion stage's options ('ucmfh') follows
-    the reference's per dataset; another takes ``--epochs`` when given, else its own default (None)."""
-    return default_epochs(dataset, epochs) if build_method(method).shares_fusion_options else epochs
-
-
-# what a method that shares the fusion stage's options ('ucmfh') takes from its fusion stage's config
-SHARED_WITH_FUSION = ("loss", "loss_params", "supervised", "batch_size", "seed", "modality_dropout", "device", "amp",
-                      "val_fraction", "patience")
-
-
-def hash_configs(fusion_cfg: FusionConfig, n_bits: Iterable[int], epochs: Optional[int],
-                 overrides: Tuple[str, ...] = (), method: str = "ucmfh", train: Optional[Dict[str, Any]] = None,
-                 **settings: Any) -> List[HashConfig]:
-    """One hashing config per code length (each checked now).
-
-    A method that shares the fusion stage's options ('ucmfh') takes its training settings from it.
-    Another method starts from its own defaults (:meth:`ucmfh.methods.Method.config`) and takes only
-    the settings given: the raw training options ``train``, where None means not given; seed, device
-    and precision always come from ``fusion_cfg``. ``epochs`` None is the method's default.
-    A loss given to a method that has its own is refused (``--loss``).
-    """
-    spec = build_method(method)
-    if spec.shares_fusion_options:
-        base = {name: getattr(fusion_cfg, name) for name in SHARED_WITH_FUSION}
-    else:
-        train = train or {}
-        if not spec.takes_loss and (train.get("loss") is not None or train.get("loss_params")):
-            raise click.BadParameter(f"method {method!r} has a loss of its own; --loss and --loss-param do not "
-                                     "apply to it", param_hint="--loss")
-        given = dict(loss=train.get("loss"), val_fraction=train.get("val_fraction"), patience=train.get("patience"),
-                     refit=train.get("refit"), modality_dropout=train.get("modality_dropout"),
-                     loss_params=parse_params(train.get("loss_params", ()), "--loss-param") or None)
-        base = {k: v for k, v in given.items() if v is not None}
-        base.update({name: getattr(fusion_cfg, name) for name in ("supervised", "seed", "device", "amp")})
-        if train.get("batch_size") is not None:
-            base["batch_size"] = train["batch_size"]
-    if epochs is not None:
-        base["epochs"] = epochs
-    params = parse_params((train or {}).get("method_params", ()), "--method-param")
-
-    def build(extra: Dict[str, Any]) -> List[HashConfig]:
-        if params:
-            extra = {**extra, "method_params": {**extra.get("method_params", {}), **params}}
-        return [check_loss(spec.config(**{**base, **settings, "n_bits": bits, **extra}))
-                for bits in dict.fromkeys(n_bits)]
-
-    return blame_overrides(build, "hash", parse_overrides(overrides)["hash"])
-
-
-# options a method without a fusion stage has no use for, and those a method fitted in closed form ignores
-FUSION_OPTIONS = ("--fusion-epochs", "--lr-fusion", "--modality-dropout")
-EPOCH_OPTIONS = ("--epochs", "--batch-size", "--val-fraction", "--patience", "--refit", "--amp", "--beta-schedule",
-                 "--supervised")
-
-
-def check_method_options(method: str, protocol: str, given: Dict[str, bool]) -> None:
-    """Refuse what a method would ignore: ``--protocol fused`` for a leak-free method (it has no fused
-    view), the options of a fusion stage (FUSION_OPTIONS, ``--set fusion.*``) for a method that trains
-    none, the options of epochs (EPOCH_OPTIONS) for a method fitted in closed form. ``given``: option ->
-    whether the command line gave it."""
-    spec = build_method(method)
-    if protocol == "fused" and spec.leak_free:
-        raise click.BadParameter(f"method {method!r} is leak-free: its codes have no fused view (scored under "
-                                 "unimodal only)", param_hint="--protocol")
-    unused = unused_options(method, given)
-    if unused:
-        option, why = next(iter(unused.items()))
-        raise click.BadParameter(f"method {method!r} {why}: it has no use for it", param_hint=option)
-
-
-def unused_options(method: str, given: Dict[str, bool]) -> Dict[str, str]:
-    """The options given (``given``: option -> whether the command line gave it) that ``method`` has no use
-    for, each with why: those of a fusion stage (FUSION_OPTIONS, ``--set fusion.*``) for a method that trains
-    none, those of epochs (EPOCH_OPTIONS) for a method fitted in closed form."""
-    spec = build_method(method)
-    unused = {}
-    for option in (name for name, was_given in given.items() if was_given):
-        if not spec.uses_fusion and (option in FUSION_OPTIONS or option.startswith("--set fusion.")):
-            unused[option] = "trains no fusion stage"
-        elif spec.closed_form and option in EPOCH_OPTIONS:
-            unused[option] = "is fitted in closed form"
-    return unused
-
-
-def given_options(context: click.Context, overrides: Tuple[str, ...]) -> Dict[str, bool]:
-    """Each option of the command -> whether the command line gave it; ``--set fusion.FIELD`` for each
-    fusion setting given by ``--set`` (for :func:`check_method_options`)."""
-    given = {"--" + p.name.replace("_", "-"): context.get_parameter_source(p.name).name == "COMMANDLINE"
-             for p in context.command.params}
-    given.update({f"--set fusion.{name}": True for name in parse_overrides(overrides)["fusion"]})
-    return given
-
-
-def check_loss(cfg: Any) -> Any:
-    """``cfg``, after building its loss once (a method with a loss of its own has none to check): an unknown
-    loss, parameter or value is refused before anything is read or trained (``ValueError`` naming it)."""
-    if isinstance(cfg, HashConfig) and not build_method(cfg.method).takes_loss:
-        return cfg
-    build_loss(cfg.loss, **cfg.loss_params)
-    return cfg

@@ -18,9 +18,9 @@ import warnings
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
 
 from ucmfh.app.identity import key_of
-from ucmfh.config import HashConfig
 from ucmfh.files import read_jsonl
 from ucmfh.methods import METHODS
+from ucmfh.methods.settings import default_loss
 from ucmfh.evaluation import EXPECTED
 
 DIRECTIONS = ("map_i2t", "map_t2i")
@@ -121,9 +121,9 @@ def method_of(row: Dict[str, Any]) -> Optional[str]:
 def variant_of(row: Dict[str, Any]) -> str:
     """A row's method, with its loss when that is not the method's default: 'two-tower', 'ucmfh:infonce'."""
     method = row.get("method") or "ucmfh"
-    if method not in METHODS or not METHODS[method].takes_loss:
+    default = default_loss(method) if method in METHODS else None
+    if default is None:
         return method
-    default = METHODS[method].defaults.get("loss", HashConfig.loss)
     loss = row.get("loss")
     return method if loss in (None, default) else f"{method}:{loss}"
 

@@ -5,6 +5,7 @@ Registered on the main group by :mod:`ucmfh.app.cli`; the work is in :mod:`ucmfh
 from __future__ import annotations
 
 import dataclasses
+from typing import Any, Callable, Dict
 
 import click
 
@@ -12,7 +13,7 @@ from ucmfh.app.errors import user_errors
 from ucmfh.app.environment import default_data_dir, resolve_dataset
 from ucmfh.app.identity import RunOptions
 from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
-from ucmfh.app.options import blame_overrides, output_options, parse_params, seed_type, tensorboard_option
+from ucmfh.app.options import output_options, parse_params, seed_type, tensorboard_option
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, check_setting
 from ucmfh.data.h5 import load_dataset
@@ -94,13 +95,38 @@ def train_seps(dataset, data_dir, database, results, device, quiet, overrides, o
             check_setting(SepsConfig, name, value)  # its type and its range, whatever the other settings
         except ValueError as err:
             raise click.BadParameter(f"{name!r}: {err}", param_hint="--set") from None
-    cfg = blame_overrides(lambda given: SepsConfig(**{**settings, **given, "device": device}), "", extra)
+    cfg = _blame_overrides(lambda given: SepsConfig(**{**settings, **given, "device": device}), extra)
     check_outputs({"--results": results}, {"--out": out, "--tensorboard": tensorboard})
     path = resolve_dataset(dataset, data_dir)
     click.echo(f"dataset: {path}")
     data = load_dataset(path)
     opts = RunOptions(out=out, resume=resume, save_interval=save_interval, progress=not quiet, tensorboard=tensorboard)
     _report(train_seps_stage(data, cfg, opts, _databases(database, "test"), log=click.echo), results)
+
+
+def _blame_overrides(build: Callable[[Dict[str, Any]], Any], overrides: Dict[str, Any]) -> Any:
+    """``build(overrides)``, where ``overrides`` are the ``--set`` settings. A ``ValueError`` that ``build({})``
+    does not raise comes of the overrides (``--set embed_dim=...`` that another setting refuses): it is refused
+    as ``--set``, naming those of them that raise it alone (else all). One that ``build({})`` raises too is
+    another option's, raised as is."""
+    try:
+        return build(overrides)
+    except ValueError as err:
+        if not overrides:
+            raise
+        error = err
+    build({})
+    alone = [name for name in overrides if _raises(build, {name: overrides[name]})]
+    names = ", ".join(map(repr, alone or overrides))
+    raise click.BadParameter(f"{names}: {error}", param_hint="--set")
+
+
+def _raises(build: Callable[[Dict[str, Any]], Any], overrides: Dict[str, Any]) -> bool:
+    try:
+        build(overrides)
+    except ValueError:
+        return True
+    return False
 
 
 @click.command("rerank")

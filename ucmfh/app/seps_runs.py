@@ -19,7 +19,7 @@ from ucmfh.config import SepsConfig, identity_dict
 from ucmfh.data.h5 import Dataset
 from ucmfh.data.tokens import Tokens
 from ucmfh.distributed import current_group
-from ucmfh.methods import build_method
+from ucmfh.methods.settings import scored_protocols
 from ucmfh.metrics.captions import DATABASES
 from ucmfh.seps.fit import fit_seps
 from ucmfh.seps.scoring import database_scores, databases, recall_rows
@@ -104,7 +104,7 @@ def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[s
     """Two-stage search on each database: Hamming top-M of the hashing checkpoint, re-ranked by cosine and
     (with ``seps_checkpoint``) by SEPS, for every M in ``candidates``; ``full`` adds SEPS over every pair."""
     hasher, _, hash_cfg, _ = load_model(hash_checkpoint, "hash", d_img=data.d_img, d_txt=data.d_txt)
-    if not build_method(hash_cfg.method).leak_free:
+    if "fused" in scored_protocols(hash_cfg.method):  # its codes see both modalities together
         raise ValueError(f"{hash_checkpoint}: method {hash_cfg.method!r} has no leak-free real-valued output to "
                          "re-rank by; use a checkpoint of a leak-free method (two-tower, distill, cca-itq)")
     readers = _readers(data)

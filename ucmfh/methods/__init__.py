@@ -1,11 +1,14 @@
 """The hashing methods, one file each, and their registry.
 
 ``build_method(name)`` gives a method (:class:`Method`): its defaults, the model it produces and its
-fit. ``hash_config(name, **settings)`` makes a config of it, ``fit_hashing(data, cfg)`` trains one.
+fit. ``hash_config(name, **settings)`` makes a config of it; ``stage_configs(name, dataset=..., **settings)``
+the configs of a whole run, as the front doors build them (:mod:`ucmfh.methods.settings`);
+``fit_hashing(data, cfg)`` trains one.
 Adding a method is one file with a registered :class:`Method` subclass, imported below, and its tests.
 """
 from ucmfh.methods.base import Method, choose
 from ucmfh.methods.registry import DEFAULT_METHOD, METHODS, build_method, fit_hashing, hash_config, register
+from ucmfh.methods.settings import StageConfigs, stage_configs
 
 # each import registers its method; the order is the order of --help and of the tables
 from ucmfh.methods import ucmfh as _ucmfh  # noqa: E402,F401
@@ -19,5 +22,5 @@ from ucmfh.methods import dgcpn as _dgcpn  # noqa: E402,F401
 from ucmfh.methods import cirh as _cirh  # noqa: E402,F401
 from ucmfh.methods import daeh as _daeh  # noqa: E402,F401
 
-__all__ = ["DEFAULT_METHOD", "METHODS", "Method", "build_method", "choose", "fit_hashing", "hash_config",
-           "register"]
+__all__ = ["DEFAULT_METHOD", "METHODS", "Method", "StageConfigs", "build_method", "choose", "fit_hashing",
+           "hash_config", "register", "stage_configs"]

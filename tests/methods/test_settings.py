@@ -1,0 +1,146 @@
+"""A method's settings resolved in the library (ucmfh.methods.settings): a library user gets the configs the
+command line builds, and every refusal is a ValueError naming the setting."""
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+import ucmfh.app.cli as cli
+from ucmfh.config import FusionConfig, HashConfig, SettingError, default_epochs
+from ucmfh.methods import METHODS, hash_config, stage_configs
+from ucmfh.methods.settings import (
+    SETTINGS, default_loss, scored_protocols, trains_fusion, unused_settings,
+)
+
+
+def _cli_configs(monkeypatch, argv):
+    """The (fusion, hashing) configs of each run ``ucmfh train-hash ARGV`` would train, taken where the command
+    checks them against interrupted runs, before anything trains."""
+    runs = []
+
+    def stop(found, opts):
+        runs.extend((run.fusion_cfg, run.hash_cfg) for run in found)
+        raise SystemExit(0)
+
+    monkeypatch.setattr(cli, "check_interrupted", stop)
+    result = CliRunner().invoke(cli.main, ["train-hash", *argv])
+    assert result.exit_code == 0 and runs, result.output
+    return runs
+
+
+@pytest.mark.parametrize("method, argv, settings", [
+    ("distill", ["--epochs", "3", "--val-fraction", "0.2", "--patience", "2", "--batch-size", "32", "-b", "16", "-b", "32",
+                 "--set", "fusion.d_model=64", "--set", "hash.hidden=32"],
+     dict(epochs=3, val_fraction=0.2, patience=2, batch_size=32, n_bits=[16, 32],
+          overrides={"fusion": {"d_model": 64}, "hash": {"hidden": 32}})),
+    ("distill", ["--fusion-epochs", "2", "--supervised", "--seed", "5"], dict(fusion_epochs=2, supervised=True, seed=5)),
+    ("ucmfh", ["--loss", "infonce", "--loss-param", "temperature=0.5", "--epochs", "2", "--modality-dropout", "0.2",
+               "--amp", "bf16", "--beta-schedule", "hashnet", "--lr-fusion", "0"],
+     dict(loss="infonce", loss_params={"temperature": 0.5}, epochs=2, modality_dropout=0.2, amp="bf16",
+          beta_schedule="hashnet", lr_fusion=0.0)),
+    ("cca-itq", ["-b", "8", "--method-param", "iterations=3"], dict(n_bits=[8], method_params={"iterations": 3})),
+    ("two-tower", ["--method-param", "temperatures=0.2", "--refit", "--set", "hash.hidden=64"],
+     dict(method_params={"temperatures": "0.2"}, refit=True, overrides={"hash": {"hidden": 64}})),
+])
+def test_a_library_user_gets_the_configs_the_command_line_builds(monkeypatch, tiny_path, method, argv, settings):
+    runs = _cli_configs(monkeypatch, ["--method", method, "-d", tiny_path, "--device", "cpu", *argv])
+    fusion, hashes = stage_configs(method, dataset=tiny_path, device="cpu", **settings)
+    assert runs == [(fusion, cfg) for cfg in hashes]
+    assert [cfg.n_bits for cfg in hashes] == settings.get("n_bits", [HashConfig.n_bits])
+
+
+def test_each_method_resolves_by_its_own_rules():
+    """'ucmfh' shares every training setting with its fusion stage and takes the reference's epochs; another
+    method starts from its own defaults; a teacher's fusion stage ('distill') takes the student's validation
+    settings, else the method's fusion defaults, and its own loss; a method without a fusion stage has none."""
+    fusion, [ucmfh] = stage_configs("ucmfh", dataset="data/mscoco.h5", loss="infonce", batch_size=64, val_fraction=0.1)
+    assert (fusion.loss, fusion.batch_size, fusion.val_fraction, fusion.epochs) == ("infonce", 64, 0.1, 500)
+    assert (ucmfh.loss, ucmfh.batch_size, ucmfh.val_fraction, ucmfh.epochs) == ("infonce", 64, 0.1, 500)
+    teacher, [student] = stage_configs("distill", dataset="mscoco", epochs=4)
+    assert (teacher.loss, teacher.val_fraction, teacher.patience, teacher.epochs) == ("original", 0.1, 10, 4)
+    assert student == hash_config("distill", epochs=4)
+    teacher, [student] = stage_configs("distill", val_fraction=0.3, fusion_epochs=2)
+    assert (teacher.val_fraction, teacher.patience, teacher.epochs, student.val_fraction) == (0.3, 10, 2, 0.3)
+    teacher, _ = stage_configs("distill", val_fraction=0)  # no validation split: no patience either
+    assert (teacher.val_fraction, teacher.patience) == (0, 0)
+    assert stage_configs("two-tower", dataset="mscoco") == (None, [hash_config("two-tower")])
+    assert default_epochs("mirflickr") == default_epochs("/data/mirflickr.h5") == 100
+    assert default_epochs("nus-wide") == 150 and default_epochs("synthetic") == default_epochs(None) == FusionConfig.epochs
+
+
+def test_the_questions_a_front_door_asks_of_a_method():
+    assert scored_protocols("two-tower") == ("unimodal",) and scored_protocols("ucmfh") == ("unimodal", "fused")
+    assert scored_protocols("cca-itq", ("fused",)) == ("unimodal",)  # 'fused' would repeat 'unimodal'
+    assert default_loss("ucmfh") == HashConfig.loss and default_loss("two-tower") == "infonce"
+    assert default_loss("cca-itq") is None and default_loss("cirh") is None
+    assert [m for m in METHODS if trains_fusion(m)] == ["ucmfh", "distill"]
+    assert unused_settings("cca-itq", {"epochs": 3, "seed": 1, "fusion_epochs": None, "protocol": "fused",
+                                       "overrides": {"fusion": {"d_model": 64}}}) == {
+        "protocol": "is leak-free, its codes having no fused view (scored under unimodal only)",
+        "epochs": "is fitted in closed form", "fusion.d_model": "trains no fusion stage"}
+    assert unused_settings("ucmfh", {"epochs": 3, "protocol": "fused", "fusion_epochs": 2}) == {}
+
+
+@pytest.mark.parametrize("method, settings, setting", [
+    ("cca-itq", dict(loss="infonce"), "loss"),  # a method with a loss of its own
+    ("cirh", dict(loss_params={"temperature": 0.5}), "loss_params"),
+    ("two-tower", dict(fusion_epochs=2), "fusion_epochs"),  # a method without a fusion stage
+    ("two-tower", dict(modality_dropout=0.2), "modality_dropout"),
+    ("two-tower", dict(overrides={"fusion": {"d_model": 64}}), "fusion.d_model"),
+    ("cca-itq", dict(epochs=3), "epochs"),  # a method fitted in closed form
+    ("cca-itq", dict(refit=False), "refit"),
+    ("two-tower", dict(protocol="fused"), "protocol"),  # a leak-free method
+    ("two-tower", dict(method_params={"temperatures": "0.3", "nosuch": 1}), "method_params.nosuch"),
+    ("two-tower", dict(loss_params={"temperature": "abc"}), "loss_params.temperature"),
+    ("ucmfh", dict(loss="triplet", loss_params={"margin": "x"}), "loss_params.margin"),
+    ("two-tower", dict(loss="nosuch"), "loss"),
+    ("distill", dict(loss="triplet"), "loss"),  # distill's teacher mixes into InfoNCE's targets
+    ("ucch", dict(supervised=True), "supervised"),
+    ("two-tower", dict(val_fraction=0, refit=True), "refit"),  # the setting whose addition is refused
+    ("two-tower", dict(refit=True, val_fraction=0), "val_fraction"),
+    ("ucmfh", dict(overrides={"fusion": {"d_model": 30}}), "fusion.d_model"),  # not divisible by the 4 heads
+    ("ucmfh", dict(overrides={"hash": {"hidden": "abc"}}), "hash.hidden"),
+    ("ucmfh", dict(overrides={"hash": {"nosuch": 1}}), "hash.nosuch"),
+    ("ucmfh", dict(overrides={"seps": {"lr": 1}}), "seps.lr"),
+    ("ucmfh", dict(hidden=32), "hidden"),  # not a setting: an override of the hashing stage
+    ("nosuch", {}, "method"),
+])
+def test_every_refusal_is_a_value_error_naming_the_setting(method, settings, setting):
+    with pytest.raises(ValueError) as refused:
+        stage_configs(method, **settings)
+    assert isinstance(refused.value, SettingError) and refused.value.setting == setting
+    assert setting.split(".")[-1].split("_")[0] in str(refused.value) or setting == "method", str(refused.value)
+
+
+def test_an_override_of_a_setting_with_an_argument_of_its_own_says_which():
+    for key in ("n_bits", "seed", "device", "method"):
+        with pytest.raises(SettingError) as refused:
+            stage_configs("ucmfh", overrides={"hash": {key: HashConfig().__dict__[key]}})
+        assert (refused.value.setting, refused.value.instead) == (f"hash.{key}", key)
+
+
+def test_several_overrides_refused_together_are_named_together():
+    """Overrides refused only together (or each alone) are all named; one that is fine alone is not."""
+    with pytest.raises(SettingError) as refused:
+        stage_configs("ucmfh", overrides={"fusion": {"d_model": 30, "n_layers": 1}})
+    assert refused.value.settings == ("fusion.d_model",)
+    with pytest.raises(SettingError) as refused:
+        stage_configs("two-tower", val_fraction=0.2, overrides={"hash": {"val_fraction": 0.0, "refit": True}})
+    assert refused.value.settings == ("hash.val_fraction", "hash.refit")
+
+
+def test_a_grid_drops_what_a_method_has_no_use_for():
+    """``drop_unused``: one set of settings serving several methods; each takes those it uses."""
+    settings = dict(epochs=3, fusion_epochs=2, modality_dropout=0.3, overrides={"fusion": {"d_model": 64}})
+    fusion, [cca] = stage_configs("cca-itq", drop_unused=True, **settings)
+    assert fusion is None and cca == hash_config("cca-itq")
+    fusion, [tower] = stage_configs("two-tower", drop_unused=True, **settings)
+    assert fusion is None and tower == hash_config("two-tower", epochs=3)
+    fusion, _ = stage_configs("ucmfh", drop_unused=True, **settings)
+    assert (fusion.epochs, fusion.modality_dropout, fusion.d_model) == (2, 0.3, 64)
+
+
+def test_every_setting_has_a_flag():
+    from ucmfh.app.options import FLAGS
+
+    assert not [name for name in SETTINGS if name not in FLAGS]

@@ -1,0 +1,304 @@
+"""A method's settings resolved: the configs of its stages from its name, the dataset and the settings given.
+
+``stage_configs('distill', dataset='mirflickr', n_bits=[16, 64], epochs=20)`` is what ``ucmfh train-hash
+--method distill -d mirflickr -b 16 -b 64 --epochs 20`` trains, as open_clip's factory resolves a model from
+its name and the caller's overrides: every rule lives here (a method's own defaults, the reference's epochs
+of a known dataset, what a fusion stage shares with the hashing stage, the settings a method has no use
+for); a front door only maps its flags onto the settings. A setting is refused with a
+:class:`~ucmfh.config.SettingError` naming it.
+
+The settings (None, or absent: not given):
+
+- the run's: ``seed``, ``device``, ``amp``, ``supervised`` (the same in both stages);
+- the training's: ``loss``, ``loss_params``, ``epochs``, ``batch_size``, ``val_fraction``, ``patience``,
+  ``refit``, ``modality_dropout``;
+- the hashing stage's: ``method_params`` (:attr:`Method.params`), ``beta_schedule``, ``lr_fusion``;
+- ``protocol``: the one protocol the codes will be scored under ('unimodal' or 'fused'; None: both);
+- ``overrides``: ``{"fusion": {...}, "hash": {...}}``, any other field of FusionConfig or HashConfig.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+
+from ucmfh.config import (
+    PROTOCOLS, FusionConfig, HashConfig, SettingError, check_setting, default_epochs, with_defaults,
+)
+from ucmfh.losses import build_loss
+from ucmfh.methods.base import Method
+from ucmfh.methods.registry import build_method
+
+# the settings of stage_configs, in the order a refusal looks at them
+SETTINGS = ("protocol", "loss", "loss_params", "supervised", "epochs", "fusion_epochs", "batch_size", "seed",
+            "modality_dropout", "val_fraction", "patience", "refit", "amp", "device", "method_params",
+            "beta_schedule", "lr_fusion")
+# those of fusion_config (the fusion stage alone)
+FUSION_SETTINGS = ("loss", "loss_params", "supervised", "epochs", "batch_size", "seed", "modality_dropout",
+                   "val_fraction", "patience", "amp", "device", "lr")
+STAGES = {"fusion": FusionConfig, "hash": HashConfig}
+# settings given as arguments of their own, which an override must not replace behind their back
+OWN_SETTINGS = ("n_bits", "method", "seed", "device")
+# what a method that shares the fusion stage's options ('ucmfh') takes from its fusion stage's config
+SHARED_WITH_FUSION = ("loss", "loss_params", "supervised", "batch_size", "seed", "modality_dropout", "device", "amp",
+                      "val_fraction", "patience")
+# the run's settings: one value for both stages
+RUN_SETTINGS = ("supervised", "seed", "device", "amp")
+# what another method takes from the settings given (its own defaults otherwise)
+HASH_SETTINGS = ("loss", "val_fraction", "patience", "refit", "modality_dropout", "loss_params", "batch_size",
+                 "beta_schedule", "lr_fusion")
+# settings a method without a fusion stage has no use for (and every fusion.* override), and those a method
+# fitted in closed form has none for
+FUSION_ONLY = ("fusion_epochs", "lr_fusion", "modality_dropout")
+EPOCH_SETTINGS = ("epochs", "batch_size", "val_fraction", "patience", "refit", "amp", "beta_schedule", "supervised")
+
+
+class StageConfigs(NamedTuple):
+    """The configs of a method's run: its fusion stage's (None where it trains none), one hashing config
+    per code length."""
+
+    fusion: Optional[FusionConfig]
+    hashes: List[HashConfig]
+
+
+def stage_configs(method: str, *, dataset: Optional[str] = None, n_bits: Iterable[int] = (HashConfig.n_bits,),
+                  overrides: Optional[Mapping[str, Mapping[str, Any]]] = None, drop_unused: bool = False,
+                  **settings: Any) -> StageConfigs:
+    """The configs a run of ``method`` trains, one hashing config per code length of ``n_bits``
+    (each checked now); ``dataset``'s name sets the default epochs (:func:`ucmfh.config.default_epochs`).
+
+    A method that shares the fusion stage's options ('ucmfh') shares every training setting with it, and
+    follows the reference's epochs. Another method starts from its own defaults (:meth:`Method.config`)
+    and takes only the settings given; a fusion stage it trains (a teacher, 'distill') takes its
+    validation settings, else the method's ``fusion_defaults``, and ``fusion_epochs`` (else ``epochs``).
+    Refused (:class:`SettingError` naming the setting): an unknown setting or override, a setting the method
+    has no use for (:func:`unused_settings`; with ``drop_unused`` they are left out instead: one set of
+    settings serving several methods), a loss for a method with a loss of its own, and any value a config
+    refuses.
+    """
+    spec = _method(method)
+    _check_names(settings, SETTINGS)
+    given = {name: value for name, value in settings.items() if value is not None}
+    stage_overrides = check_overrides(overrides, tuple(STAGES))
+    unused = unused_settings(method, {**given, "overrides": stage_overrides})
+    if drop_unused:
+        given = {name: value for name, value in given.items() if name not in unused}
+        stage_overrides = {stage: {name: value for name, value in values.items() if f"{stage}.{name}" not in unused}
+                           for stage, values in stage_overrides.items()}
+    elif unused:
+        _refuse(method, unused)
+    if default_loss(method) is None and ("loss" in given or "loss_params" in given):
+        raise SettingError("loss" if "loss" in given else "loss_params",
+                           f"method {method!r} has a loss of its own; no loss or loss parameters apply to it")
+    given.pop("protocol", None)
+    bits = list(dict.fromkeys(n_bits))
+    return _blamed(lambda plain, extra: _resolve(spec, dataset, bits, plain, extra), given, stage_overrides)
+
+
+def fusion_config(*, dataset: Optional[str] = None, overrides: Optional[Mapping[str, Mapping[str, Any]]] = None,
+                  **settings: Any) -> FusionConfig:
+    """The config of a fusion stage trained alone (task 0) from the settings given (FUSION_SETTINGS; None:
+    FusionConfig's default; ``epochs``: the dataset's default) and ``overrides={"fusion": {...}}``; a
+    :class:`SettingError` names a setting refused."""
+    _check_names(settings, FUSION_SETTINGS)
+    given = {name: value for name, value in settings.items() if value is not None}
+    stage_overrides = check_overrides(overrides, ("fusion",))
+    return _blamed(lambda plain, extra: _fusion(dataset, plain, extra["fusion"]), given, stage_overrides)
+
+
+def unused_settings(method: str, settings: Mapping[str, Any]) -> Dict[str, str]:
+    """The settings given (``settings``: name -> value, None: not given; ``overrides`` as in
+    :func:`stage_configs`) that ``method`` has no use for, each with why: 'fused' as the one ``protocol``
+    for a leak-free method (its codes have no fused view), those of a fusion stage (``fusion_epochs``,
+    ``lr_fusion``, ``modality_dropout``, every ``fusion.*`` override) for a method that trains none, those of
+    epochs for a method fitted in closed form."""
+    spec = _method(method)
+    names = [name for name, value in settings.items() if value is not None and name != "overrides"]
+    names += [f"fusion.{name}" for name in (settings.get("overrides") or {}).get("fusion") or {}]
+    unused = {}
+    if settings.get("protocol") == "fused" and spec.leak_free:
+        unused["protocol"] = "is leak-free, its codes having no fused view (scored under unimodal only)"
+    for name in names:
+        if not spec.uses_fusion and (name in FUSION_ONLY or name.startswith("fusion.")):
+            unused[name] = "trains no fusion stage"
+        elif spec.closed_form and name in EPOCH_SETTINGS:
+            unused[name] = "is fitted in closed form"
+    return unused
+
+
+def refuse_unused(method: str, **settings: Any) -> None:
+    """Refuse the first setting given that ``method`` has no use for (:func:`unused_settings`), e.g. the
+    protocol 'fused' for a checkpoint of a leak-free method."""
+    unused = unused_settings(method, settings)
+    if unused:
+        _refuse(method, unused)
+
+
+def trains_fusion(method: str) -> bool:
+    """Whether a run of ``method`` trains a fusion stage first (and passes its encoder to the method)."""
+    return _method(method).uses_fusion
+
+
+def scored_protocols(method: str, protocols: Sequence[str] = PROTOCOLS) -> Tuple[str, ...]:
+    """The protocols codes of ``method`` are scored under when ``protocols`` are asked: a leak-free
+    method's are scored under 'unimodal' whatever is asked ('fused' would repeat it)."""
+    return ("unimodal",) if _method(method).leak_free else tuple(protocols)
+
+
+def default_loss(method: str) -> Optional[str]:
+    """The loss ``method`` trains with unless given another; None where its loss is its own (a ``loss``
+    given is refused)."""
+    spec = _method(method)
+    return spec.defaults.get("loss", HashConfig.loss) if spec.takes_loss else None
+
+
+def check_overrides(overrides: Optional[Mapping[str, Mapping[str, Any]]],
+                    stages: Tuple[str, ...]) -> Dict[str, Dict[str, Any]]:
+    """``overrides`` ({stage: {field: value}}) checked field by field: a known stage of ``stages`` and
+    field, not one given by a setting of its own (OWN_SETTINGS), a value of its type and range
+    (:func:`ucmfh.config.check_setting`). Returns them with every stage of STAGES present."""
+    out: Dict[str, Dict[str, Any]] = {stage: {} for stage in STAGES}
+    for stage, values in (overrides or {}).items():
+        for name, value in values.items():
+            key = f"{stage}.{name}"
+            if stage not in stages:
+                trains = f"no {stage} stage is trained here; " if stage in STAGES else ""
+                raise SettingError(key, f"{key!r}: {trains}expected {' or '.join(f'{s}.FIELD' for s in stages)}")
+            fields = [f.name for f in dataclasses.fields(STAGES[stage])]
+            if name in OWN_SETTINGS:  # one way to say each: the override would replace the setting silently
+                raise SettingError(key, f"{key!r}: {name} is a setting of its own, not an override", instead=name)
+            if name not in fields:
+                raise SettingError(key, f"{key!r}: {stage} settings are {', '.join(fields)}")
+            try:
+                check_setting(STAGES[stage], name, value)  # its type and its range, whatever the other settings
+            except ValueError as err:
+                raise SettingError(key, f"{key!r}: {err}") from None
+            out[stage][name] = value
+    return out
+
+
+def check_loss(cfg: Any) -> Any:
+    """``cfg``, after building its loss once (a method with a loss of its own has none to check): an unknown
+    loss, parameter or value is refused before anything is read or trained (``ValueError`` naming it)."""
+    if isinstance(cfg, HashConfig) and default_loss(cfg.method) is None:
+        return cfg
+    build_loss(cfg.loss, **cfg.loss_params)
+    return cfg
+
+
+def _refuse(method: str, unused: Dict[str, str]) -> None:
+    setting, why = next(iter(unused.items()))
+    what = "protocol 'fused'" if setting == "protocol" else setting
+    raise SettingError(setting, f"method {method!r} {why}: it has no use for {what}")
+
+
+def _method(name: str) -> Method:
+    try:
+        return build_method(name)
+    except ValueError as err:
+        raise SettingError("method", str(err)) from None
+
+
+def _check_names(settings: Mapping[str, Any], known: Sequence[str]) -> None:
+    unknown = [name for name in settings if name not in known]
+    if unknown:
+        raise SettingError(unknown[0], f"unknown setting {unknown[0]!r}; settings are {', '.join(known)} "
+                                       "(any other as an override: overrides={'hash': {...}})")
+
+
+def _fusion(dataset: Optional[str], settings: Dict[str, Any], overrides: Dict[str, Any]) -> FusionConfig:
+    values = {"epochs": default_epochs(dataset), **settings, **overrides}
+    return check_loss(FusionConfig(**values))
+
+
+def _resolve(spec: Method, dataset: Optional[str], n_bits: List[int], settings: Dict[str, Any],
+             overrides: Dict[str, Dict[str, Any]]) -> StageConfigs:
+    """:func:`stage_configs` of settings already checked (``settings``: those given, None left out)."""
+    epochs = settings.get("epochs")
+    if spec.shares_fusion_options:
+        fusion = {name: settings[name] for name in FUSION_SETTINGS if name in settings}
+    else:
+        # a teacher's fusion stage takes the student's validation settings (else the method's fusion_defaults):
+        # it never sees the items that pick the student's epoch; its loss is its own
+        fusion = {name: settings[name] for name in ("supervised", "batch_size", "seed", "modality_dropout", "amp",
+                                                    "device") if name in settings}
+        given = {name: settings[name] for name in ("val_fraction", "patience") if name in settings and spec.uses_fusion}
+        fusion.update({name: value for name, value in with_defaults(spec.fusion_defaults, given).items()
+                       if name in FUSION_SETTINGS})  # a fusion stage has nothing to refit
+    fusion["epochs"] = settings.get("fusion_epochs", epochs)
+    if fusion["epochs"] is None:
+        del fusion["epochs"]
+    fusion_cfg = _fusion(dataset, fusion, overrides["fusion"])
+    if spec.shares_fusion_options:
+        base = {name: getattr(fusion_cfg, name) for name in SHARED_WITH_FUSION}
+        base["epochs"] = epochs if epochs is not None else default_epochs(dataset)
+        base.update({name: settings[name] for name in ("beta_schedule", "lr_fusion") if name in settings})
+    else:
+        base = {name: settings[name] for name in HASH_SETTINGS if name in settings}
+        # the run's settings, as its fusion stage has them (an override of them reaches both stages)
+        base.update({name: getattr(fusion_cfg, name) for name in RUN_SETTINGS})
+        if epochs is not None:
+            base["epochs"] = epochs
+    extra = dict(overrides["hash"])
+    if settings.get("method_params"):
+        extra["method_params"] = {**extra.get("method_params", {}), **settings["method_params"]}
+    hashes = [check_loss(spec.config(**{**base, "n_bits": bits, **extra})) for bits in n_bits]
+    return StageConfigs(fusion_cfg if spec.uses_fusion else None, hashes)
+
+
+def _atoms(settings: Dict[str, Any]) -> List[Tuple[str, str, Any]]:
+    """The settings given one by one, as a refusal names them: (name, key, value); the parameters of the loss
+    and of the method each on its own (``loss_params.temperature``)."""
+    atoms = []
+    for name, value in settings.items():
+        if name in ("loss_params", "method_params") and isinstance(value, dict) and value:
+            atoms += [(f"{name}.{key}", name, {key: item}) for key, item in value.items()]
+        else:
+            atoms.append((name, name, value))
+    return atoms
+
+
+def _prefix(atoms: List[Tuple[str, str, Any]]) -> Dict[str, Any]:
+    settings: Dict[str, Any] = {}
+    for _, name, value in atoms:
+        settings[name] = {**settings[name], **value} if name in settings and isinstance(value, dict) else value
+    return settings
+
+
+def _blamed(build: Callable[[Dict[str, Any], Dict[str, Dict[str, Any]]], Any], settings: Dict[str, Any],
+            overrides: Dict[str, Dict[str, Any]]) -> Any:
+    """``build(settings, overrides)``; a ``ValueError`` it raises is a :class:`SettingError` naming the setting
+    to blame. When the settings alone raise it: the first setting (in the order given) whose addition raises it.
+    Else it comes of the overrides (``fusion.d_model=30`` with 4 heads): those of them that raise it alone
+    with the settings, else all."""
+    try:
+        return build(settings, overrides)
+    except SettingError:
+        raise
+    except ValueError as err:
+        error = err
+    no_overrides = {stage: {} for stage in overrides}
+    keys = [f"{stage}.{name}" for stage, values in overrides.items() for name in values]
+    if keys and not _raises(build, settings, no_overrides):
+        alone = [key for key in keys if _raises(build, settings, _only(overrides, key))]
+        names = alone or keys
+        raise SettingError(names, f"{', '.join(map(repr, names))}: {error}") from None
+    if _raises(build, {}, no_overrides):
+        raise error
+    atoms = _atoms(settings)
+    for i, (setting, _, _) in enumerate(atoms):
+        if _raises(build, _prefix(atoms[:i + 1]), no_overrides):
+            raise SettingError(setting, str(error)) from None
+    raise error
+
+
+def _only(overrides: Dict[str, Dict[str, Any]], key: str) -> Dict[str, Dict[str, Any]]:
+    stage, _, name = key.partition(".")
+    return {s: ({name: overrides[s][name]} if s == stage else {}) for s in overrides}
+
+
+def _raises(build: Callable[..., Any], *args: Any) -> bool:
+    try:
+        build(*args)
+    except ValueError:
+        return True
+    return False
