@@ -186,13 +186,13 @@ BUGS: Tuple[Bug, ...] = (
         ("tests/seps/test_seps.py",)),
     # --- plots
     Bug("pr-plot-draws-nothing", "ucmfh/metrics/plots.py",
-        'curve = results.get(name, {}).get("pr_curve")',
-        'curve = results.get(name, {}).get("pr")',
+        'curve = res.get(name, {}).get("pr_curve")',
+        'curve = res.get(name, {}).get("pr")',
         "the precision-recall plot reads a wrong key and draws no curve",
         ("tests/test_codes.py",)),
     Bug("pk-plot-draws-nothing", "ucmfh/metrics/plots.py",
-        'pk = results.get(name, {}).get("precision_at_k")',
-        'pk = results.get(name, {}).get("precision_at")',
+        'pk = res.get(name, {}).get("precision_at_k")',
+        'pk = res.get(name, {}).get("precision_at")',
         "the precision@K plot reads a wrong key and draws no curve",
         ("tests/test_codes.py",)),
     # --- re-ranking order
