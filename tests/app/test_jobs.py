@@ -1,5 +1,5 @@
-"""``ucmfh grid --jobs N`` (:mod:`ucmfh.app.jobs`): cells side by side give the rows of one process, in
-its order; an interrupted grid resumes to the same rows; a worker's error is one line."""
+"""``ucmfh grid --jobs N`` (:mod:`ucmfh.app.jobs`): cells side by side, stopped by a signal and resumed,
+give the rows of one process in its order; a worker's error is one line."""
 from __future__ import annotations
 
 import csv
@@ -39,31 +39,19 @@ def _table(folder: Path) -> List[Dict[str, str]]:
         return [{k: v for k, v in row.items() if k != "train_time_s_mean"} for row in csv.DictReader(f)]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture()
 def one_process(tiny_path, tmp_path_factory) -> Path:
-    """The grid run cell after cell in this process (--jobs 1): the rows every --jobs must give."""
+    """The grid run cell after cell in this process (--jobs 1): the rows every --jobs must give. One torch
+    thread, as each worker of --jobs 2 has here (a thread count of its own may round otherwise)."""
     folder = tmp_path_factory.mktemp("jobs1")
-    result = CliRunner().invoke(main, _argv(tiny_path, folder, "--quiet"))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = CliRunner().invoke(main, _argv(tiny_path, folder, "--quiet"))
+    finally:
+        torch.set_num_threads(threads)
     assert result.exit_code == 0, result.output
     return folder
-
-
-def test_two_jobs_give_the_rows_of_one_in_its_order(tiny_path, tmp_path, one_process):
-    result = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2"))
-    assert result.exit_code == 0, result.output
-    assert _rows(tmp_path) == _rows(one_process) and len(_rows(tmp_path)) == 2 * 2 + 2  # ucmfh: two protocols
-    assert _table(tmp_path) == _table(one_process)
-    lines = result.output.splitlines()
-    for name in ("ucmfh seed 2023 8 bits", "ucmfh seed 2023 16 bits", "two-tower seed 2023 8 bits",
-                 "two-tower seed 2023 16 bits"):
-        assert sum(line.startswith("start ") and line.endswith(name) for line in lines) == 1
-        assert sum(line.startswith("done  ") and f"{name}: " in line and line.endswith(" s") for line in lines) == 1
-    # the two ucmfh cells share one fusion encoder: trained once, never by two workers at once
-    assert result.output.count("fusion encoder: training") == 1
-    assert result.output.count("fusion encoder: already trained, reused") == 1
-
-    again = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2"))  # nothing left: no worker starts
-    assert again.exit_code == 0 and again.output.count("skip") == 4 and "start" not in again.output
 
 
 class _TermToGrid:
@@ -96,18 +84,54 @@ class _TermToGrid:
         pass
 
 
-def sigterm_in_ucmfh_8_bits(task: jobs.CellTask) -> jobs.Outcome:
-    """:func:`ucmfh.app.jobs.run_cell` in a worker, with a SIGTERM to the grid at the end of the first
-    epoch of the ucmfh 8-bit cell's first stage (its fusion encoder)."""
+def sigterm_in_first_epoch(task: jobs.CellTask) -> jobs.Outcome:
+    """:func:`ucmfh.app.jobs.run_cell` in a worker, with a SIGTERM to the grid at the end of the first epoch
+    of the cell's first stage."""
     from ucmfh import epochs
 
     real = epochs.tqdm
-    if (task.hash_cfg.method, task.hash_cfg.n_bits) == ("ucmfh", 8):
-        epochs.tqdm = _TermToGrid
+    epochs.tqdm = _TermToGrid
     try:
         return jobs.run_cell(task)
     finally:
         epochs.tqdm = real
+
+
+def test_two_jobs_stopped_and_resumed_give_the_rows_of_one_in_its_order(tiny_path, tmp_path, one_process,
+                                                                         monkeypatch):
+    """SIGTERM to the grid while both workers train: the grid passes it on, each worker stops at its next
+    step with its state saved, nothing is appended and no cell starts. The same command then runs the
+    four cells two at a time, and ends with the rows of --jobs 1, in its order, in the results file and
+    the table."""
+    torch.set_num_threads(2)  # each of the two workers: 1, as the baseline
+    monkeypatch.setattr(jobs, "run_cell", sigterm_in_first_epoch)  # what the workers are sent to run
+    stopped = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2"))
+    assert stopped.exit_code == 143, stopped.output
+    # the first two cells in the grid's order (ucmfh 16 bits waits for the fusion encoder of ucmfh 8 bits)
+    for name, stage in (("ucmfh seed 2023 8 bits", "fusion"), ("two-tower seed 2023 8 bits", "two-tower 8 bits")):
+        assert f"stopped {tiny_path} {name}: {stage} interrupted by SIGTERM at epoch 2/2, step 1/" in stopped.output
+    assert stopped.output.count("training state saved to") == 2 and stopped.output.count("start ") == 2
+    assert ("grid interrupted by SIGTERM: 0 of the 4 cells to run finished, 2 stopped with their training state "
+            "saved; run the same command to continue") in stopped.output
+    assert not (tmp_path / "r.jsonl").exists() and not (tmp_path / "table.md").exists()
+    monkeypatch.undo()
+
+    resumed = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2"))
+    assert resumed.exit_code == 0, resumed.output
+    assert _rows(tmp_path) == _rows(one_process) and len(_rows(tmp_path)) == 2 * 2 + 2  # ucmfh: two protocols
+    assert _table(tmp_path) == _table(one_process)
+    lines = resumed.output.splitlines()
+    for name in ("ucmfh seed 2023 8 bits", "ucmfh seed 2023 16 bits", "two-tower seed 2023 8 bits",
+                 "two-tower seed 2023 16 bits"):
+        assert sum(line == f"start {tiny_path} {name}" for line in lines) == 1
+        assert sum(line.startswith(f"done  {tiny_path} {name}: ") and line.endswith(" s") for line in lines) == 1
+    assert "resuming" in resumed.output and "fusion.state.pt at epoch 2 of 2" in resumed.output
+    # the two ucmfh cells share one fusion encoder: trained once (resumed), then reused, never by two at once
+    assert resumed.output.count("fusion encoder: training") == 1
+    assert resumed.output.count("fusion encoder: already trained, reused") == 1
+
+    again = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2"))  # nothing left: no worker starts
+    assert again.exit_code == 0 and again.output.count("skip") == 4 and "start" not in again.output
 
 
 def damaged_two_tower_16_bits(task: jobs.CellTask) -> jobs.Outcome:
@@ -125,34 +149,11 @@ def damaged_two_tower_16_bits(task: jobs.CellTask) -> jobs.Outcome:
         jobs.train_hash_stage = real
 
 
-def test_an_interrupted_grid_of_two_jobs_resumes_to_the_rows_of_one(tiny_path, tmp_path, one_process, monkeypatch):
-    """SIGTERM to the grid while a worker trains: the grid passes it on, every worker stops at a safe point,
-    the finished cells' rows are kept and nothing else; the same command ends with the rows of a grid never
-    stopped."""
-    monkeypatch.setattr(jobs, "run_cell", sigterm_in_ucmfh_8_bits)  # what the workers are sent to run
-    stopped = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2"))
-    assert stopped.exit_code == 143, stopped.output
-    assert (f"stopped {tiny_path} ucmfh seed 2023 8 bits: fusion interrupted by SIGTERM at epoch 2/2, step 1/7; "
-            "training state saved to") in stopped.output
-    assert "grid interrupted by SIGTERM" in stopped.output and "run the same command to continue" in stopped.output
-    assert f"start {tiny_path} ucmfh seed 2023 16 bits" not in stopped.output  # no cell starts after the signal
-    kept = _rows(tmp_path) if (tmp_path / "r.jsonl").exists() else []
-    assert all(row in _rows(one_process) for row in kept) and not any(r["method"] == "ucmfh" for r in kept)
-    monkeypatch.undo()
-
-    resumed = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2"))
-    assert resumed.exit_code == 0, resumed.output
-    assert "resuming" in resumed.output and "fusion.state.pt" in resumed.output
-    def order(row):
-        return row["method"], row["n_bits"], row["protocol"]
-
-    assert sorted(_rows(tmp_path), key=order) == sorted(_rows(one_process), key=order)
-    assert _table(tmp_path) == _table(one_process)
-
-
 def test_a_workers_error_ends_the_grid_in_one_line(tiny_path, tmp_path, monkeypatch):
     monkeypatch.setattr(jobs, "run_cell", damaged_two_tower_16_bits)
-    result = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2", "--protocol", "unimodal"))
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "-b", "8", "-b", "16", "--methods", "two-tower",
+                                       "--epochs", "2", "--device", "cpu", "--jobs", "2", "--out", str(tmp_path / "runs"),
+                                       "--results", str(tmp_path / "r.jsonl"), "--table", str(tmp_path / "table")])
     assert result.exit_code == 2, result.output
     assert result.output.splitlines()[-1] == f"Error: {tiny_path}: split 'train': damaged features"
     lines = result.output.splitlines()

@@ -178,7 +178,7 @@ class SideBySide:
 
     def threads(self) -> int:
         """Each worker's torch threads: those of one run, split between the workers."""
-        return max(1, torch.get_num_threads() // self.workers())
+        return max(1, torch.get_num_threads() // max(1, self.workers()))
 
     def gpus(self) -> int:
         """The GPUs the workers spread over (worker i on GPU i mod this), or 0: every worker on the device asked."""
