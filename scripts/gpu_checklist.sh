@@ -7,7 +7,8 @@
 # DATA holds wiki.h5 (the per-method runs and search use it) and mirflickr730_tokens.h5 (SEPS, rerank). Steps: the machine; the C kernels built in
 # place; timed one at a time: the main job (both UCMFH stages, 100 epochs each, synthetic MIRFlickr size),
 # bench_train, bench_eval and time_metrics on CUDA, device_agreement (each method's model on CUDA against
-# the CPU's), bf16, SEPS and rerank; then side by side: the test suite on the GPU machine (CLI tests take
+# the CPU's), bf16, a six-cell grid at --jobs 1 and --jobs 6 (wall seconds, rows equal), SEPS and rerank;
+# then side by side: the test suite on the GPU machine (CLI tests take
 # --device auto = CUDA, the CUDA tests run), one short CUDA run of every method followed by index + search
 # on CUDA against the CPU, torchrun with 2 ranks. summary.txt gets one line per step: its exit status and seconds.
 set -u
@@ -73,6 +74,8 @@ step metrics 100 $PY scripts/time_metrics.py --device $DEVICE --bits 64  # MAP@a
 step agreement 150 $PY scripts/device_agreement.py --device $DEVICE --seeds 2  # same model as on the CPU? dropout's stream or arithmetic
 step bf16 100 $PY -m ucmfh train-hash -d wiki --data-dir "$DATA" -b 32 --method ucmfh --epochs 3 --amp bf16 \
     --device $DEVICE --out "$WORK/bf16" --results "$OUT/bf16.jsonl" --quiet  # both stages, bf16 through the model
+step grid-jobs 240 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 -- -d wiki --data-dir "$DATA" \
+    --methods two-tower,ucmfh --seeds 1,2,3 -b 32 --epochs 10 --device $DEVICE  # six cells one by one, then at once
 step seps 200 seps
 # not timed, side by side: the suite, every method then search, torchrun
 step tests 240 $PY -m pytest tests -q -rf -p no:cacheprovider -n 6 --timeout 150 &

@@ -70,10 +70,11 @@ def interrupted(err: KeyboardInterrupt, always_resumes: bool = False) -> None:
     """End a command stopped by Ctrl-C or SIGTERM: one line on stderr saying how to go on, and the shell's
     exit code of the signal (128 + its number: 130 for SIGINT, 143 for SIGTERM; an interrupt that names
     no signal, ``signum``, is Ctrl-C's). A training run's interrupt carries its saved state
-    (``state_path``): the same command with --resume continues it (the same command alone, for one that
-    ``always_resumes``: a grid); another's message says what was kept, or it is a plain Ctrl-C."""
+    (``state_path``): the same command with --resume continues it. The same command alone continues one
+    that ``always_resumes`` (a grid), whatever it was doing when stopped; another's message says what was
+    kept, or it is a plain Ctrl-C."""
     text = str(err) or "interrupted"
-    if getattr(err, "state_path", None) is not None:
+    if always_resumes or getattr(err, "state_path", None) is not None:
         text += f"; run the same command{'' if always_resumes else ' with --resume'} to continue"
     click.echo(text, err=True)
     signum: Optional[int] = getattr(err, "signum", None)

@@ -23,6 +23,7 @@ from ucmfh.app.errors import interrupted, user_errors, warn
 from ucmfh.app.environment import resolve_dataset
 from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
+from ucmfh.app.jobs import SideBySide, jobs_option
 from ucmfh.app.table import append_results
 from ucmfh.app.options import (
     DEFAULT_RESULTS, FLAGS, check_device, flag_of, parse_params, resolved, settings_of, train_options,
@@ -211,10 +212,11 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
 @click.option("--overwrite", is_flag=True, help="Replace --table files that are not a grid table ucmfh wrote.")
 @click.option("--device", default="auto", show_default=True, callback=check_device)
 @click.option("--quiet", is_flag=True, help="No progress bars.")
+@jobs_option
 @train_options("grid", without=("loss", "loss_params", "seed", "resume"))  # --losses, --loss-params, --seeds; always resumes
 @user_errors
 def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_epochs, protocol, k, results, table,
-         overwrite, device, quiet, **train) -> None:
+         overwrite, device, quiet, jobs, **train) -> None:
     """Train and score datasets × methods × losses × code lengths × seeds; skip finished cells; write one table."""
     from ucmfh.app.environment import default_data_dir, protocols_of
 
@@ -268,21 +270,26 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
                   overwrite=overwrite)
     paths = {dataset: resolve_dataset(dataset, data_dir or default_data_dir()) for dataset in datasets}
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
-    grid_rows: List[Dict[str, Any]] = []
+    grid_rows: List[List[Dict[str, Any]]] = []  # each cell's rows, in the grid's order
     recorded = read_jsonl(results, on_skip=warn)  # the rows of earlier runs, and of the cells run below
     loaded: Dict[str, Any] = {}
+    side = SideBySide(jobs, device, results, opts, protocols, k, train["max_memory"]) if jobs > 1 else None
     for dataset, fcfg, hcfg in cells:
         if dataset not in loaded:
             loaded[dataset] = load_dataset(paths[dataset],
                                            max_memory_bytes=train["max_memory"])
         data = loaded[dataset]
-        run_key = key_of(Run(opts.out, dataset_identity(data), fcfg, hcfg).hash_identity)
+        run = Run(opts.out, dataset_identity(data), fcfg, hcfg)
+        run_key = key_of(run.hash_identity)
         name = f"{dataset} {variant_of({'method': hcfg.method, 'loss': hcfg.loss})} seed {hcfg.seed} {hcfg.n_bits} bits"
         cell_protocols = scored_protocols(hcfg.method, protocols)
         done = finished(recorded, run_key, cell_protocols, k)
         if done:
             click.echo(f"skip {name}: finished (run {run_key})")
-            grid_rows += done
+            grid_rows.append(done)
+            continue
+        if side is not None:  # run below by a worker, its rows in this place
+            grid_rows.append(side.add(name, run, paths[dataset], fcfg))
             continue
         click.echo(f"run  {name}")
         try:
@@ -291,6 +298,8 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
             interrupted(err, always_resumes=True)
         append_results(results, rows)
         recorded += rows
-        grid_rows += rows
-    for path in write_tables(grid_rows, variants, bits, table):
+        grid_rows.append(rows)
+    if side is not None:
+        side.run()
+    for path in write_tables([row for rows in grid_rows for row in rows], variants, bits, table):
         click.echo(f"wrote {path}")

@@ -1,0 +1,179 @@
+"""``ucmfh grid --jobs N`` (:mod:`ucmfh.app.jobs`): cells side by side, stopped by a signal and resumed,
+give the rows of one process in its order; a worker's error is one line."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import time
+from pathlib import Path
+from typing import Any, Dict, List
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+from ucmfh.app import jobs
+from ucmfh.app.cli import main
+from ucmfh.app.identity import RunOptions
+
+# two methods (one with a fusion encoder its two code lengths share, one without) × two code lengths
+GRID = ["-b", "8", "-b", "16", "--methods", "ucmfh,two-tower", "--set", "fusion.d_model=32", "--set", "fusion.d_ff=64",
+        "--set", "hash.hidden=64", "--batch-size", "64", "--epochs", "2", "--device", "cpu"]
+VARYING = {"time", "train_time_s", "checkpoint", "per_query"}  # the clock, and paths under each grid's --out
+
+
+def _argv(tiny_path: str, folder: Path, *more: str) -> List[str]:
+    return ["grid", "-d", tiny_path, *GRID, "--out", str(folder / "runs"), "--results", str(folder / "r.jsonl"),
+            "--table", str(folder / "table"), *more]
+
+
+def _rows(folder: Path) -> List[Dict[str, Any]]:
+    return [{k: v for k, v in json.loads(line).items() if k not in VARYING}
+            for line in (folder / "r.jsonl").read_text().splitlines()]
+
+
+def _table(folder: Path) -> List[Dict[str, str]]:
+    with open(folder / "table.csv", newline="") as f:
+        return [{k: v for k, v in row.items() if k != "train_time_s_mean"} for row in csv.DictReader(f)]
+
+
+@pytest.fixture()
+def one_process(tiny_path, tmp_path_factory) -> Path:
+    """The grid run cell after cell in this process (--jobs 1): the rows every --jobs must give. One torch
+    thread, as each worker of --jobs 2 has here (a thread count of its own may round otherwise)."""
+    folder = tmp_path_factory.mktemp("jobs1")
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        result = CliRunner().invoke(main, _argv(tiny_path, folder, "--quiet"))
+    finally:
+        torch.set_num_threads(threads)
+    assert result.exit_code == 0, result.output
+    return folder
+
+
+class _TermToGrid:
+    """A progress bar that sends SIGTERM to the grid (the worker's parent) alone at the end of the first epoch,
+    as a job scheduler would, and holds the worker there until the grid has passed the signal on to it."""
+
+    def __init__(self, *args, **kwargs):
+        self.n = kwargs.get("initial", 0)
+
+    def update(self, k):
+        self.n += k
+        if self.n != 1:
+            return
+        training, got = signal.getsignal(signal.SIGTERM), []  # the training loop's: it stops at its next step
+
+        def relay(signum, frame):
+            got.append(signum)
+            training(signum, frame)
+
+        signal.signal(signal.SIGTERM, relay)
+        os.kill(os.getppid(), signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while not got and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def set_postfix(self, **_):
+        pass
+
+    def close(self):
+        pass
+
+
+def sigterm_in_first_epoch(task: jobs.CellTask) -> jobs.Outcome:
+    """:func:`ucmfh.app.jobs.run_cell` in a worker, with a SIGTERM to the grid at the end of the first epoch
+    of the cell's first stage."""
+    from ucmfh import epochs
+
+    real = epochs.tqdm
+    epochs.tqdm = _TermToGrid
+    try:
+        return jobs.run_cell(task)
+    finally:
+        epochs.tqdm = real
+
+
+def test_two_jobs_stopped_and_resumed_give_the_rows_of_one_in_its_order(tiny_path, tmp_path, one_process,
+                                                                         monkeypatch):
+    """SIGTERM to the grid while both workers train: the grid passes it on, each worker stops at its next
+    step with its state saved, nothing is appended and no cell starts. The same command then runs the
+    four cells two at a time, and ends with the rows of --jobs 1, in its order, in the results file and
+    the table."""
+    torch.set_num_threads(2)  # each of the two workers: 1, as the baseline
+    monkeypatch.setattr(jobs, "run_cell", sigterm_in_first_epoch)  # what the workers are sent to run
+    stopped = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2"))
+    assert stopped.exit_code == 143, stopped.output
+    # the first two cells in the grid's order (ucmfh 16 bits waits for the fusion encoder of ucmfh 8 bits)
+    for name, stage in (("ucmfh seed 2023 8 bits", "fusion"), ("two-tower seed 2023 8 bits", "two-tower 8 bits")):
+        assert f"stopped {tiny_path} {name}: {stage} interrupted by SIGTERM at epoch 2/2, step 1/" in stopped.output
+    assert stopped.output.count("training state saved to") == 2 and stopped.output.count("start ") == 2
+    assert ("grid interrupted by SIGTERM: 0 of the 4 cells to run finished, 2 stopped with their training state "
+            "saved; run the same command to continue") in stopped.output
+    assert not (tmp_path / "r.jsonl").exists() and not (tmp_path / "table.md").exists()
+    monkeypatch.undo()
+
+    resumed = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2"))
+    assert resumed.exit_code == 0, resumed.output
+    assert _rows(tmp_path) == _rows(one_process) and len(_rows(tmp_path)) == 2 * 2 + 2  # ucmfh: two protocols
+    assert _table(tmp_path) == _table(one_process)
+    lines = resumed.output.splitlines()
+    for name in ("ucmfh seed 2023 8 bits", "ucmfh seed 2023 16 bits", "two-tower seed 2023 8 bits",
+                 "two-tower seed 2023 16 bits"):
+        assert sum(line == f"start {tiny_path} {name}" for line in lines) == 1
+        assert sum(line.startswith(f"done  {tiny_path} {name}: ") and line.endswith(" s") for line in lines) == 1
+    assert "resuming" in resumed.output and "fusion.state.pt at epoch 2 of 2" in resumed.output
+    # the two ucmfh cells share one fusion encoder: trained once (resumed), then reused, never by two at once
+    assert resumed.output.count("fusion encoder: training") == 1
+    assert resumed.output.count("fusion encoder: already trained, reused") == 1
+
+    again = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2"))  # nothing left: no worker starts
+    assert again.exit_code == 0 and again.output.count("skip") == 4 and "start" not in again.output
+
+
+def damaged_two_tower_16_bits(task: jobs.CellTask) -> jobs.Outcome:
+    """:func:`ucmfh.app.jobs.run_cell` in a worker, where the two-tower 16-bit cell meets bad data."""
+    real = jobs.train_hash_stage
+
+    def refuse(*args, **kwargs):
+        raise ValueError(f"{task.data_path}: split 'train': damaged features")
+
+    if (task.hash_cfg.method, task.hash_cfg.n_bits) == ("two-tower", 16):
+        jobs.train_hash_stage = refuse
+    try:
+        return jobs.run_cell(task)
+    finally:
+        jobs.train_hash_stage = real
+
+
+def test_a_workers_error_ends_the_grid_in_one_line(tiny_path, tmp_path, monkeypatch):
+    monkeypatch.setattr(jobs, "run_cell", damaged_two_tower_16_bits)
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "-b", "8", "-b", "16", "--methods", "two-tower",
+                                       "--epochs", "2", "--device", "cpu", "--jobs", "2", "--out", str(tmp_path / "runs"),
+                                       "--results", str(tmp_path / "r.jsonl"), "--table", str(tmp_path / "table")])
+    assert result.exit_code == 2, result.output
+    assert result.output.splitlines()[-1] == f"Error: {tiny_path}: split 'train': damaged features"
+    lines = result.output.splitlines()
+    started = sum(line.startswith("start ") for line in lines)
+    ended = sum(line.startswith(("done ", "stopped ", "failed ")) for line in lines)
+    assert ended == started >= 2  # the other worker ended its cell or stopped it: no cell left running
+    assert not (tmp_path / "table.md").exists()
+
+
+def test_jobs_below_one_are_refused(tiny_path, tmp_path):
+    for jobs_asked in ("0", "-2"):
+        result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--jobs", jobs_asked, "--out", str(tmp_path / "r")])
+        assert result.exit_code == 2 and f"Invalid value for '--jobs' / '-j': {jobs_asked} is not in the range x>=1" \
+            in result.output
+    assert not (tmp_path / "r").exists()
+
+
+def test_workers_spread_over_several_gpus_and_share_one(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    for count, device, spread in ((4, "auto", 4), (4, "cuda", 4), (1, "cuda", 0), (4, "cuda:1", 0), (4, "cpu", 0)):
+        monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
+        side = jobs.SideBySide(2, device, "r.jsonl", RunOptions(), ("unimodal",), 50, None)
+        assert side.gpus() == spread, (count, device)

@@ -1,0 +1,300 @@
+"""``ucmfh grid --jobs N``: a grid's cells trained side by side, by N worker processes at once.
+
+The parent (:class:`SideBySide`) keeps every decision of the grid: which cells run (the skip of finished
+cells stays in :mod:`ucmfh.app.grid`), the order of the rows (each cell's rows in the grid's order, in the
+results file and in the table, as one process gives them), and what is said: one line per cell started
+and per cell ended, with its seconds and its log (no progress bars). A worker (:func:`run_cell`) trains
+and scores one cell at a time in a fresh process (``spawn``) with :func:`ucmfh.app.experiment.train_hash_stage`,
+so a cell's rows are the rows of the cell run alone on the same device with the same number of threads.
+
+Devices: with ``--device auto`` or ``cuda`` and several visible GPUs, worker i trains on GPU i mod their
+number; on one GPU every worker shares it. Threads: the threads one run would use (``OMP_NUM_THREADS``,
+else torch's default, the machine's cores) are split evenly, at least one each.
+
+Cells that build on one fusion encoder not trained yet never run at once: the first trains it, the others
+start once it is saved and reuse it (a second trainer would be refused by its training lock).
+
+Ctrl-C and SIGTERM: the parent passes the signal on to every worker until all have ended. A worker
+ignores both outside training (the cell it scores is finished and its rows kept); in training it stops
+at its next step with its training state saved (:func:`ucmfh.epochs.stop_on_signals`). The rows of every
+finished cell are appended, and the same ``ucmfh grid`` command (with any ``--jobs``) goes on with the
+rest. A worker's error stops the others the same way and ends the grid with its one line.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import dataclasses
+import multiprocessing
+import os
+import pickle
+import signal
+import time
+from concurrent.futures.process import BrokenProcessPool
+from dataclasses import dataclass, field
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+
+import click
+import torch
+
+from ucmfh.app.environment import torchrun_sizes
+from ucmfh.app.errors import USER_ERRORS, interrupted, stopped_by
+from ucmfh.app.experiment import train_hash_stage
+from ucmfh.app.identity import Run, RunOptions, key_of
+from ucmfh.app.table import append_results
+from ucmfh.config import FusionConfig, HashConfig
+from ucmfh.data.h5 import Dataset, load_dataset
+from ucmfh.epochs import TrainingInterrupted, stop_on_signals
+
+Rows = List[Dict[str, Any]]
+POLL_S = 0.2  # how often the parent looks at its workers: a fusion encoder saved, a signal to pass on
+
+
+def _check_jobs(ctx: click.Context, param: click.Parameter, value: int) -> int:
+    if value > 1 and torchrun_sizes()[0] > 1:
+        raise click.BadParameter("cells side by side and torchrun's ranks do not mix: use one or the other")
+    return value
+
+
+def jobs_option(fn: Callable) -> Callable:
+    """``--jobs N`` (default 1: the cells one after another in this process)."""
+    return click.option(
+        "--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, callback=_check_jobs,
+        help="Cells run at once, each by a worker process (no more workers than cells to run): on one GPU they "
+             "share it, with several GPUs worker i uses GPU i mod their number, on the CPU they split its "
+             "threads. A cell's rows are those of the cell run alone with the same thread count.")(fn)
+
+
+@dataclass(frozen=True)
+class CellTask:
+    """What a worker needs to run one cell: the dataset file and every setting of the run."""
+
+    data_path: str
+    max_memory: Optional[int]
+    fusion_cfg: FusionConfig
+    hash_cfg: HashConfig
+    opts: RunOptions
+    protocols: Tuple[str, ...]
+    k: int
+
+
+@dataclass
+class Outcome:
+    """A worker's answer for one cell: its rows, log lines and seconds; or how it stopped: a signal's
+    message (``stopped``, its training state saved) or a user error (``error``)."""
+
+    log: List[str]
+    rows: Rows = field(default_factory=list)
+    seconds: float = 0.0
+    stopped: Optional[str] = None
+    signum: Optional[int] = None
+    error: Optional[BaseException] = None
+
+
+_datasets: Dict[Tuple[str, Optional[int]], Dataset] = {}  # a worker's datasets, each read once
+
+
+def _start_worker(slots: Any, pids: Any, threads: int, gpus: int) -> None:
+    """A worker's set-up: its slot (and pid, where the parent signals it), threads and GPU. SIGINT and
+    SIGTERM are ignored but in training, which stops at a safe point on either: a Ctrl-C reaches the
+    whole process group, and the parent decides the rest."""
+    with slots.get_lock():
+        slot = slots.value
+        slots.value += 1
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, signal.SIG_IGN)
+    pids[slot] = os.getpid()
+    torch.set_num_threads(threads)
+    if gpus:
+        torch.cuda.set_device(slot % gpus)
+
+
+def _portable(err: BaseException) -> BaseException:
+    """``err`` if it travels to the parent intact, else an error of its kind with its message."""
+    try:
+        pickle.loads(pickle.dumps(err))
+        return err
+    except Exception:  # an exception whose constructor pickle cannot call again
+        return (OSError if isinstance(err, OSError) else ValueError)(str(err))
+
+
+def run_cell(task: CellTask) -> Outcome:
+    """Train (or reuse) and score one cell in this worker; its log lines come back with its rows."""
+    log: List[str] = []
+    try:
+        key = (task.data_path, task.max_memory)
+        if key not in _datasets:
+            _datasets[key] = load_dataset(task.data_path, max_memory_bytes=task.max_memory)
+        start = time.perf_counter()
+        rows = train_hash_stage(_datasets[key], task.fusion_cfg, task.hash_cfg, task.opts, task.protocols, task.k,
+                                log=log.append)
+        return Outcome(log, rows, time.perf_counter() - start)
+    except TrainingInterrupted as err:  # its constructor does not survive pickle: its message does
+        return Outcome(log, stopped=str(err), signum=err.signum)
+    except USER_ERRORS as err:
+        return Outcome(log, error=_portable(err))
+
+
+@dataclass
+class _Cell:
+    name: str
+    key: str
+    fusion_path: Optional[str]  # the fusion encoder it builds on, None for a method without one
+    task: CellTask
+    rows: Rows = field(default_factory=list)
+    state: str = "pending"  # then running, and done, stopped or failed
+    appended: bool = False
+
+
+class SideBySide:
+    """The cells of a grid run by ``jobs`` worker processes at once: :meth:`add` each cell to run, in the
+    grid's order, then :meth:`run`.
+
+    ``device``: the grid's ``--device``; ``results``: the results file the rows are appended to (in the
+    grid's order); the other arguments as :func:`ucmfh.app.experiment.train_hash_stage` takes them.
+    """
+
+    def __init__(self, jobs: int, device: str, results: str, opts: RunOptions, protocols: Sequence[str], k: int,
+                 max_memory: Optional[int], log: Callable[[str], None] = click.echo) -> None:
+        self.jobs, self.device, self.results, self.log = jobs, device, results, log
+        self.opts = dataclasses.replace(opts, progress=False)  # N bars on one terminal say nothing
+        self.protocols, self.k, self.max_memory = tuple(protocols), k, max_memory
+        self.cells: List[_Cell] = []
+
+    def add(self, name: str, run: Run, data_path: str, fusion_cfg: FusionConfig) -> Rows:
+        """Queue the cell of ``run`` (``fusion_cfg``: the grid's, which a method without a fusion stage
+        ignores). Returns the list its rows fill once it has run: the list of the cell queued before
+        when it is the same run (a seed or dataset named twice), which then runs once."""
+        key = key_of(run.hash_identity)
+        for cell in self.cells:
+            if cell.key == key:
+                self.log(f"skip {name}: the same run as an earlier cell (run {key})")
+                return cell.rows
+        task = CellTask(data_path, self.max_memory, fusion_cfg, run.hash_cfg, self.opts, self.protocols, self.k)
+        self.cells.append(_Cell(name, key, run.fusion_path if run.fusion_cfg is not None else None, task))
+        return self.cells[-1].rows
+
+    def workers(self) -> int:
+        return min(self.jobs, len(self.cells))
+
+    def threads(self) -> int:
+        """Each worker's torch threads: those of one run, split between the workers."""
+        return max(1, torch.get_num_threads() // max(1, self.workers()))
+
+    def gpus(self) -> int:
+        """The GPUs the workers spread over (worker i on GPU i mod this), or 0: every worker on the device asked."""
+        if self.device not in ("auto", "cuda") or not torch.cuda.is_available():
+            return 0
+        count = torch.cuda.device_count()
+        return count if count > 1 else 0
+
+    def run(self) -> None:
+        """Run every cell added, ``jobs`` at a time, and append their rows to the results file.
+
+        A signal ends the grid as a run's interrupt does (exit 128 + its number) once every worker has
+        stopped; a worker's error is raised once the others have stopped."""
+        if not self.cells:
+            return
+        n = self.workers()
+        context = multiprocessing.get_context("spawn")  # fresh processes: no CUDA or thread pool state forked
+        pids = context.Array("i", n)
+        running: Dict[cf.Future, _Cell] = {}
+        signum: Optional[int] = None
+        error: Optional[BaseException] = None
+        with stop_on_signals() as stop:
+            pool = cf.ProcessPoolExecutor(n, context, initializer=_start_worker,
+                                          initargs=(context.Value("i", 0), pids, self.threads(), self.gpus()))
+            try:
+                while True:
+                    signum = signum or stop["signal"]
+                    if signum is not None or error is not None:  # no new cell; the running ones stop
+                        _send(pids, signum or signal.SIGTERM)
+                    else:
+                        self._start_ready(pool, running, n)
+                    if not running:
+                        break
+                    ended, _ = cf.wait(running, timeout=POLL_S, return_when=cf.FIRST_COMPLETED)
+                    for future in ended:
+                        cell = running.pop(future)
+                        try:
+                            outcome = future.result()
+                        except BrokenProcessPool:  # a worker killed (out of memory, or a Ctrl-C as it started)
+                            cell.state = "failed"
+                            if signum is None and error is None:
+                                error = ChildProcessError(f"{cell.name}: its worker process ended abruptly (killed, "
+                                                          "or out of memory); run the same command to continue")
+                            continue
+                        except Exception as err:  # a bug in ucmfh: raised as it is, once the others stopped
+                            cell.state = "failed"
+                            error = error or err
+                            continue
+                        signum, error = self._ended(cell, outcome, signum, error)
+                    self._append(in_order=signum is None and error is None)
+            except BaseException:
+                _send(pids, signal.SIGTERM)
+                raise
+            finally:
+                pool.shutdown(wait=True, cancel_futures=True)
+        self._append(in_order=False)  # every finished cell's rows are kept, whatever stopped the grid
+        if error is not None:
+            raise error
+        if signum is not None:
+            states = sum(cell.state == "stopped" for cell in self.cells)
+            finished = sum(cell.state == "done" for cell in self.cells)
+            interrupted(stopped_by(f"grid interrupted by {signal.Signals(signum).name}: {finished} of the "
+                                   f"{len(self.cells)} cells to run finished, {states} stopped with their "
+                                   "training state saved", signum), always_resumes=True)
+
+    def _start_ready(self, pool: cf.ProcessPoolExecutor, running: Dict[cf.Future, _Cell], n: int) -> None:
+        """Start the first pending cells, in the grid's order, while a worker is free; a cell whose fusion
+        encoder a running cell trains waits until it is saved."""
+        for cell in self.cells:
+            if len(running) >= n:
+                return
+            if cell.state != "pending":
+                continue
+            if cell.fusion_path is not None and not os.path.exists(cell.fusion_path) and \
+                    any(other.fusion_path == cell.fusion_path for other in running.values()):
+                continue
+            running[pool.submit(run_cell, cell.task)] = cell
+            cell.state = "running"
+            self.log(f"start {cell.name}")
+
+    def _ended(self, cell: _Cell, outcome: Outcome, signum: Optional[int],
+               error: Optional[BaseException]) -> Tuple[Optional[int], Optional[BaseException]]:
+        """Say how ``cell`` ended and keep its rows; the grid's signal and error, updated."""
+        if outcome.error is not None:
+            cell.state = "failed"
+            self.log(f"failed {cell.name}: {outcome.error}")
+            error = error or outcome.error
+        elif outcome.stopped is not None:
+            cell.state = "stopped"
+            self.log(f"stopped {cell.name}: {outcome.stopped}")
+            if error is None:  # a signal to the worker alone stops the grid too
+                signum = signum or outcome.signum
+        else:
+            cell.state = "done"
+            cell.rows.extend(outcome.rows)
+            self.log(f"done  {cell.name}: {outcome.seconds:.1f} s")
+        for line in outcome.log:
+            self.log(f"      {line}")
+        return signum, error
+
+    def _append(self, in_order: bool) -> None:
+        """Append the rows of the finished cells not appended yet: ``in_order``, only those that every
+        earlier cell precedes (the results file keeps the grid's order), else all."""
+        for cell in self.cells:
+            if cell.state == "done" and not cell.appended:
+                append_results(self.results, cell.rows)
+                cell.appended = True
+            elif in_order and cell.state != "done":
+                return
+
+
+def _send(pids: Any, signum: int) -> None:
+    """``signum`` to every worker that has started (a worker between cells ignores it)."""
+    for pid in pids[:]:
+        if pid:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:  # ended already
+                pass
