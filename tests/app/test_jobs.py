@@ -87,14 +87,14 @@ class _TermToGrid:
 def sigterm_in_first_epoch(task: jobs.CellTask) -> jobs.Outcome:
     """:func:`ucmfh.app.jobs.run_cell` in a worker, with a SIGTERM to the grid at the end of the first epoch
     of the cell's first stage."""
-    from ucmfh import epochs
+    from ucmfh import trainer
 
-    real = epochs.tqdm
-    epochs.tqdm = _TermToGrid
+    real = trainer.tqdm
+    trainer.tqdm = _TermToGrid
     try:
         return jobs.run_cell(task)
     finally:
-        epochs.tqdm = real
+        trainer.tqdm = real
 
 
 def test_two_jobs_stopped_and_resumed_give_the_rows_of_one_in_its_order(tiny_path, tmp_path, one_process,

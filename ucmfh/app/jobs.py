@@ -16,7 +16,7 @@ start once it is saved and reuse it (a second trainer would be refused by its tr
 
 Ctrl-C and SIGTERM: the parent passes the signal on to every worker until all have ended. A worker
 ignores both outside training (the cell it scores is finished and its rows kept); in training it stops
-at its next step with its training state saved (:func:`ucmfh.epochs.stop_on_signals`). The rows of every
+at its next step with its training state saved (:func:`ucmfh.signals.stop_on_signals`). The rows of every
 finished cell are appended, and the same ``ucmfh grid`` command (with any ``--jobs``) goes on with the
 rest. A worker's error stops the others the same way and ends the grid with its one line.
 """
@@ -43,7 +43,7 @@ from ucmfh.app.identity import Run, RunOptions, key_of
 from ucmfh.app.table import append_results
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset, load_dataset
-from ucmfh.epochs import TrainingInterrupted, stop_on_signals
+from ucmfh.signals import TrainingInterrupted, stop_on_signals
 
 Rows = List[Dict[str, Any]]
 POLL_S = 0.2  # how often the parent looks at its workers: a fusion encoder saved, a signal to pass on
