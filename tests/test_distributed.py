@@ -124,6 +124,7 @@ def test_torchrun_train_hash_writes_once_and_matches_one_process(tmp_path, tiny_
         assert worst < 1e-3, (name, worst)
 
 
+@pytest.mark.slow  # 32 s: three torchrun launches; one process's resume and torchrun's one-process result stay in the default suite
 def test_torchrun_interrupted_then_resumed_equals_uninterrupted(tmp_path, tiny_path):
     """SIGINT to torchrun mid-run: the ranks stop at the same step, rank 0 saves the state; `--resume` on 2
     ranks ends with the results of an uninterrupted 2-rank run; on 1 process it is refused."""

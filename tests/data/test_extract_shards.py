@@ -167,6 +167,7 @@ def test_shard_and_merge_options(tmp_path, tiny_clip):  # noqa: F811 - the fixtu
     assert_same_file(reference(tmp_path, "c.h5"), tmp_path / "c.h5")
 
 
+@pytest.mark.slow  # 18 s: a torchrun launch and a second extraction; the shards' merge is tested in-process above
 def test_torchrun_ranks_are_the_shards(tmp_path, tiny_clip):  # noqa: F811 - the fixture
     names = make_images(tmp_path / "imgs", 6)
     caps, labels = write_inputs(tmp_path, names)
