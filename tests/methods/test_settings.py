@@ -144,3 +144,24 @@ def test_every_setting_has_a_flag():
     from ucmfh.app.options import FLAGS
 
     assert not [name for name in SETTINGS if name not in FLAGS]
+
+
+def test_ucmfh_takes_refit_for_its_hashing_stage_and_refuses_it_without_validation():
+    """--refit reaches ucmfh's hashing stage (it was once dropped without a word); without a validation split
+    there is no epoch to refit for, and the refusal names the setting."""
+    fusion, hashes = stage_configs("ucmfh", dataset="wiki", n_bits=[16], refit=True, val_fraction=0.1)
+    assert hashes[0].refit and hashes[0].val_fraction == 0.1 and not hasattr(fusion, "refit")
+    with pytest.raises(SettingError) as err:
+        stage_configs("ucmfh", dataset="wiki", n_bits=[16], refit=True)
+    assert err.value.setting == "refit"
+
+
+@pytest.mark.parametrize("overrides", [{"hash": {"loss": "infonce"}}, {"hash": {"loss_params": {"temperature": 0.1}}}])
+def test_a_loss_override_for_a_method_with_a_loss_of_its_own_is_refused(overrides):
+    """--set hash.loss=... for djsrh did nothing but change the run's identity: refused, naming the override."""
+    with pytest.raises(SettingError, match="has a loss of its own") as err:
+        stage_configs("djsrh", n_bits=[16], overrides=overrides)
+    assert err.value.setting == f"hash.{next(iter(overrides['hash']))}"
+    # a grid's override for its methods that take a loss: not applied to this one (and said so by the grid)
+    _, [cfg] = stage_configs("djsrh", n_bits=[16], overrides=overrides, drop_unused=True)
+    assert cfg == stage_configs("djsrh", n_bits=[16])[1][0]

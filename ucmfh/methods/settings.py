@@ -110,10 +110,12 @@ def unused_settings(method: str, settings: Mapping[str, Any]) -> Dict[str, str]:
     :func:`stage_configs`) that ``method`` has no use for, each with why: 'fused' as the one ``protocol``
     for a leak-free method (its codes have no fused view), those of a fusion stage (``fusion_epochs``,
     ``lr_fusion``, ``modality_dropout``, every ``fusion.*`` override) for a method that trains none, those of
-    epochs for a method fitted in closed form."""
+    epochs for a method fitted in closed form, a loss override (``hash.loss``, ``hash.loss_params``) for a method
+    with a loss of its own."""
     spec = _method(method)
     names = [name for name, value in settings.items() if value is not None and name != "overrides"]
-    names += [f"fusion.{name}" for name in (settings.get("overrides") or {}).get("fusion") or {}]
+    names += [f"{stage}.{name}" for stage in ("fusion", "hash")
+              for name in (settings.get("overrides") or {}).get(stage) or {}]
     unused = {}
     if settings.get("protocol") == "fused" and spec.leak_free:
         unused["protocol"] = "is leak-free, its codes having no fused view (scored under unimodal only)"
@@ -122,6 +124,8 @@ def unused_settings(method: str, settings: Mapping[str, Any]) -> Dict[str, str]:
             unused[name] = "trains no fusion stage"
         elif spec.closed_form and name in EPOCH_SETTINGS:
             unused[name] = "is fitted in closed form"
+        elif not spec.takes_loss and name in ("hash.loss", "hash.loss_params"):
+            unused[name] = "has a loss of its own"
     return unused
 
 
@@ -231,7 +235,9 @@ def _resolve(spec: Method, dataset: Optional[str], n_bits: List[int], settings: 
     if spec.shares_fusion_options:
         base = {name: getattr(fusion_cfg, name) for name in SHARED_WITH_FUSION}
         base["epochs"] = epochs if epochs is not None else default_epochs(dataset)
-        base.update({name: settings[name] for name in ("beta_schedule", "lr_fusion") if name in settings})
+        # the hashing stage's own: its relaxation schedule, the encoder's learning rate, and a refit (the fusion
+        # stage has nothing to refit)
+        base.update({name: settings[name] for name in ("beta_schedule", "lr_fusion", "refit") if name in settings})
     else:
         base = {name: settings[name] for name in HASH_SETTINGS if name in settings}
         # the run's settings, as its fusion stage has them (an override of them reaches both stages)
