@@ -43,6 +43,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--resume", action="store_true", help="continue an interrupted run of the same settings")
     p.add_argument("--save-interval", type=float, default=RunOptions.save_interval,
                    help="seconds between saves of the training state (0: every epoch)")
+    p.add_argument("--cuda_graph", action="store_true",
+                   help="on a GPU, replay each full batch's training step from a captured CUDA graph")
     return p.parse_args(argv)
 
 
@@ -73,7 +75,8 @@ def main(argv=None) -> int:
         fusion_cfg, [hash_cfg] = stage_configs("ucmfh", dataset=args.dataset, n_bits=[args.hash_lens], loss=args.loss,
                                                epochs=args.epoch, batch_size=args.batch_size, seed=args.seed,
                                                device=args.device)
-        opts = RunOptions(out=args.out, resume=args.resume, save_interval=args.save_interval)
+        opts = RunOptions(out=args.out, resume=args.resume, save_interval=args.save_interval,
+                          cuda_graph=args.cuda_graph)
         check_outputs({"--results": args.results}, {"--out": args.out if args.task in (0, 1) else None})
         path = resolve_dataset(args.dataset, args.data_dir)
         print(f"dataset: {path}")

@@ -5,7 +5,8 @@
 #   DATA=../shared/data OUT=gpu-out bash scripts/gpu_checklist.sh
 #
 # DATA holds wiki.h5 (the per-method runs and search use it) and mirflickr730_tokens.h5 (SEPS, rerank). Steps: the machine; the C kernels built in
-# place; timed one at a time: the main job (both UCMFH stages, 100 epochs each, synthetic MIRFlickr size),
+# place; timed one at a time: the main job (both UCMFH stages, 100 epochs each, synthetic MIRFlickr size), eager
+# and with --cuda_graph (its MAPs beside the eager run's),
 # bench_train, bench_eval and time_metrics on CUDA, device_agreement (each method's model on CUDA against
 # the CPU's), bf16, a six-cell grid at --jobs 1 and --jobs 6 (wall seconds, rows equal), SEPS and rerank;
 # then side by side: the test suite on the GPU machine (CLI tests take
@@ -67,6 +68,8 @@ step build 60 $PY setup.py -q build_ext --inplace
 step native 20 $PY -c "import ucmfh; print(ucmfh.native_kernels())"
 # timed, one at a time
 step main-job 120 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100
+step main-graph 120 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --cuda_graph \
+    --out "$WORK/graph" --results "$OUT/main-graph.jsonl"  # the same job, each full batch's step a CUDA graph replay
 step bench-train 160 $PY scripts/bench_train.py --device $DEVICE --only throughput --only encode --only memory \
     --n-train 5120 --repeats 3 --encode-n 190000
 step bench-eval 100 $PY scripts/bench_eval.py --device $DEVICE --bits 16 64 128 --ref-queries 20 --json "$OUT/bench_eval.json"

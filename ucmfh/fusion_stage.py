@@ -56,7 +56,7 @@ def fit_fusion(
             z_img, z_txt = group.gather((z_img.float(), z_txt.float()), len(batch.index))  # losses always in float32
             return loss_fn(z_img, z_txt, ids=ids, labels=labels)
 
-        return Plan("fusion", model, {"fusion": model, "loss": loss_fn}, optimizer, train, loss=loss,
+        return Plan("fusion", model, {"fusion": model, "loss": loss_fn}, optimizer, train, loss=loss, graphable=True,
                     validate=validator(embed_split, "cosine", model, setup.val, setup.rest, device))
 
     return fit(plan, data.train, cfg, state, progress)

@@ -21,6 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ucmfh.batches import ReadAhead, Shuffle, epoch_plan, split_ahead
+from ucmfh.captured_step import CapturedStep, capturing
 from ucmfh.config import identity_dict
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.distributed import Group, current_group
@@ -64,6 +65,8 @@ class Plan:
     are kept. ``ahead(index)``: what a step will read from a file, read on a worker thread while the step
     before it runs (for ``items`` given as a number; a split's are its own). ``scalars(epoch, iteration)``:
     the plan's own figures after an epoch (β), shown beside the loss and recorded (:mod:`ucmfh.training_log`).
+    ``graphable``: ``loss`` may be captured as a CUDA graph and replayed (:mod:`ucmfh.captured_step`): its
+    tensors keep their shapes from batch to batch and no host-side value in it changes between steps.
     """
 
     name: str
@@ -78,6 +81,7 @@ class Plan:
     scalars: Optional[Callable[[int, int], Dict[str, float]]] = None
     clip_norm: Optional[float] = None
     learning_rate: Optional[Callable[[int], float]] = None
+    graphable: bool = False
 
     def __post_init__(self) -> None:
         if (self.loss is None) == (self.step is None):
@@ -205,6 +209,7 @@ class _Run:
         self.best = BestEpoch()
         self.at = Position(device)
         self.clock = time.monotonic()
+        self.captured: Optional[CapturedStep] = None  # made at the first step (after a resume's optimizer state)
 
     def resume(self) -> None:
         """Continue from the saved state: refused if another run's (its stage or settings differ)."""
@@ -252,7 +257,20 @@ class _Run:
         group.barrier()  # no rank goes on (or exits) before the state is written
 
     def step(self, batch: Batch) -> torch.Tensor:
-        """One training step; its loss, detached."""
+        """One training step; its loss, detached: replayed from a CUDA graph where the plan is captured
+        (:func:`ucmfh.captured_step.capture_steps`), else run eagerly."""
+        if self.captured is None and self.capturable():
+            self.captured = CapturedStep(self.plan, self.cfg.batch_size, self.eager_step)
+        return self.eager_step(batch) if self.captured is None else self.captured(batch)
+
+    def capturable(self) -> bool:
+        """Whether this run's step is captured: asked for, on a CUDA device, one process, a plan that can be
+        (its own loss, no learning-rate schedule, no rows streamed from a file)."""
+        plan = self.plan
+        return (capturing() and self.device.type == "cuda" and plan.graphable and plan.loss is not None
+                and plan.learning_rate is None and self.ahead is None and self.group.world_size == 1)
+
+    def eager_step(self, batch: Batch) -> torch.Tensor:
         plan = self.plan
         if plan.step is not None:
             return plan.step(batch)

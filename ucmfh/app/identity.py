@@ -136,6 +136,7 @@ class RunOptions:
     progress: bool = True
     always_resumes: bool = False  # a grid: resuming is its way, so a fresh start is not news
     tensorboard: Optional[str] = None  # a folder of TensorBoard curves, one run folder in it per run (--tensorboard)
+    cuda_graph: bool = False  # on a GPU, each full batch's step replayed from a captured CUDA graph (--cuda-graph)
 
 
 @functools.lru_cache(maxsize=1)

@@ -161,6 +161,12 @@ tensorboard_option = click.option(
     help="Training curves: each epoch's loss, validation score, learning rate, beta and seconds, as TensorBoard "
          "event files in DIR, a folder per run and stage (needs the tensorboard extra).")
 
+# the training commands' captured steps (train-fusion, train-hash, grid, and demo.py's --cuda_graph)
+cuda_graph_option = click.option(
+    "--cuda-graph", is_flag=True,
+    help="On a GPU, capture a training step as a CUDA graph and replay it for each full batch (the fusion stage, "
+         "ucmfh and two-tower with a constant beta; other steps run as without it).")
+
 # what torch's generators take
 seed_type = click.IntRange(SEED.low, SEED.high, max_open=SEED.high_open)
 
@@ -214,6 +220,7 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
                                       type=click.FloatRange(min=0),
                                       help="Seconds between saves of the training state (0: every epoch)."),
         "tensorboard": tensorboard_option,
+        "cuda_graph": cuda_graph_option,
         "max_memory": click.option("--max-memory", default=DEFAULT_MAX_MEMORY, type=ByteSize(),
                                    help="Features held in memory at most; the largest splits beyond it are read from "
                                         "the file as training goes (streamed) [default: 8GiB]."),
@@ -230,4 +237,4 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
 
 def run_options(train: Dict[str, Any], quiet: bool) -> RunOptions:
     return RunOptions(out=train["out"], resume=train["resume"], save_interval=train["save_interval"],
-                      progress=not quiet, tensorboard=train["tensorboard"])
+                      progress=not quiet, tensorboard=train["tensorboard"], cuda_graph=train["cuda_graph"])

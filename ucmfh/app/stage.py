@@ -19,6 +19,7 @@ from ucmfh.distributed import current_group
 from ucmfh.training_state import (StateFile, discard_state, drop_leftover_state, interrupted_at, saved_states,
                                   state_path_of, trained_seconds)
 from ucmfh.files import write_json_atomic
+from ucmfh.captured_step import capture_steps
 from ucmfh.selection import History
 from ucmfh.training_log import TensorBoardLog, logging_to
 
@@ -233,7 +234,7 @@ def _train(stage: Stage, opts: RunOptions, fit: Callable[[StateFile, Any], Tuple
     logs = []
     if opts.tensorboard and group.is_main:  # the run's curves in a folder of the run's own name
         logs.append(TensorBoardLog(os.path.join(opts.tensorboard, os.path.relpath(stage.directory, opts.out))))
-    with logging_to(*logs):
+    with logging_to(*logs), capture_steps(opts.cuda_graph):
         model, history = fit(state, base)
     seconds = earlier + time.perf_counter() - start
     meta = {"identity": stage.identity, "dataset": stage.dataset, "history": history.as_dict(), "seconds": seconds,

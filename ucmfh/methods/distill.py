@@ -39,6 +39,7 @@ class Distill(TwoTower):
                 "val_fraction": 0.1, "patience": 10}
     params = {}  # the loss's temperature is fixed: no temperatures to choose among
     uses_fusion = True
+    graphable = False  # the teacher's embeddings of a streamed split are read in the step
     fusion_defaults = {"val_fraction": 0.1, "patience": 10}
 
     def check(self, cfg: HashConfig) -> None:

@@ -1,0 +1,124 @@
+"""A training step captured as a CUDA graph and replayed (``ucmfh.captured_step``): on the CPU stand-in of CUDA
+(tests/cuda_standin.py), with graphs that run the captured step again at every replay, the captured path
+trains the eager path's model, its step waits for the host never (no host sync while captured) and its
+static batch keeps its shape; where the machine has a GPU, real CUDA graphs train a model close to the eager
+one (the GPU checklist's suite)."""
+from __future__ import annotations
+
+import copy
+
+import pytest
+import torch
+
+import ucmfh.captured_step as captured_module
+from conftest import method_config, small_fusion
+from cuda_standin import STATS, cuda_standin
+from ucmfh.captured_step import WARMUP_STEPS, capture_steps
+from ucmfh.fusion_stage import fit_fusion
+from ucmfh.methods import fit_hashing
+
+
+class StandinGraphs:
+    """CUDA graphs as the stand-in has them: a capture runs the step (and says so), a replay runs it again,
+    writing its loss into the captured loss tensor; every run is checked to make no host sync and to read a
+    batch of the captured shape."""
+
+    log = []  # (event, batch shape) of every capture and replay, across instances
+
+    def side_stream(self):
+        return "side"
+
+    def on(self, stream):
+        import contextlib
+
+        return contextlib.nullcontext()
+
+    def capture(self, body, before, stream):
+        plan_step = self._run(body, before, "capture")
+
+        def replay():
+            plan_step.copy_(self._run(body, before, "replay"))
+
+        return replay, plan_step, True
+
+    def _run(self, body, before, event):
+        before()  # a replay writes every gradient anew, as a graph does
+        syncs = STATS["syncs"]
+        out = body()
+        assert STATS["syncs"] == syncs, f"a host sync in the captured step ({event})"
+        StandinGraphs.log.append(event)
+        return out
+
+
+@pytest.fixture
+def standin_graphs(monkeypatch):
+    StandinGraphs.log = []
+    monkeypatch.setattr(captured_module, "CudaGraphs", StandinGraphs)
+    return StandinGraphs
+
+
+def _steps(n_items, batch_size, epochs):
+    """(full batches, short batches) of a run: a last batch of one joins the batch before it."""
+    full, rest = divmod(n_items, batch_size)
+    if rest == 1:
+        return (full - 1) * epochs, epochs
+    return full * epochs, (1 if rest else 0) * epochs
+
+
+@pytest.mark.parametrize("method", ["two-tower", "ucmfh"])
+def test_a_captured_step_trains_the_eager_model_without_a_host_sync(tiny, monkeypatch, standin_graphs, method):
+    fusion = None
+    if method == "ucmfh":
+        fusion = fit_fusion(tiny, small_fusion(epochs=1, dropout=0.0), progress=False)[0]
+    cfg = method_config(method, epochs=3, device="cuda", val_fraction=0.2, hidden=32, dropout=0.0,
+                        **({"loss_params": {"temperature": 0.3}} if method == "two-tower" else {}))  # one run
+    with cuda_standin(monkeypatch):
+        eager, eager_history = fit_hashing(tiny, cfg, copy.deepcopy(fusion), progress=False)
+        with capture_steps():
+            captured, captured_history = fit_hashing(tiny, cfg, copy.deepcopy(fusion), progress=False)
+    full, _ = _steps(int(len(tiny.train) * 0.8), cfg.batch_size, cfg.epochs)
+    assert StandinGraphs.log == ["capture"] + ["replay"] * (full - WARMUP_STEPS - 1)
+    for (name, a), b in zip(eager.state_dict().items(), captured.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)
+    assert captured_history.as_dict()["loss"] == pytest.approx(eager_history.as_dict()["loss"], rel=1e-5)
+
+
+def test_the_fusion_stage_is_captured_with_its_modality_dropout_draws(tiny, monkeypatch, standin_graphs):
+    cfg = small_fusion(epochs=2, device="cuda", dropout=0.0, modality_dropout=0.5, val_fraction=0.0)
+    with cuda_standin(monkeypatch):
+        eager, _ = fit_fusion(tiny, cfg, progress=False)
+        with capture_steps():
+            captured, _ = fit_fusion(tiny, cfg, progress=False)
+    assert StandinGraphs.log.count("capture") == 1 and StandinGraphs.log.count("replay") > 0
+    for (name, a), b in zip(eager.state_dict().items(), captured.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)
+
+
+@pytest.mark.parametrize("why, settings", [
+    ("a schedule of beta changes a value the step holds", {"beta_schedule": "hashnet", "relaxation": "tanh"}),
+    ("the CPU has no graphs", {"device": "cpu"}),
+])
+def test_a_step_that_cannot_be_captured_runs_eagerly(tiny, monkeypatch, standin_graphs, why, settings):
+    cfg = method_config("two-tower", epochs=2, **{"device": "cuda", **settings})
+    with cuda_standin(monkeypatch), capture_steps():
+        fit_hashing(tiny, cfg, progress=False)
+    assert StandinGraphs.log == [], why
+
+
+def test_a_method_with_steps_of_its_own_is_not_captured(tiny, monkeypatch, standin_graphs):
+    cfg = method_config("dgcpn", epochs=2, device="cuda")
+    with cuda_standin(monkeypatch), capture_steps():
+        fit_hashing(tiny, cfg, progress=False)
+    assert StandinGraphs.log == []
+
+
+def test_real_cuda_graphs_train_close_to_the_eager_model(tiny):
+    """On a GPU: the graph path against the eager path, no dropout (a graph's draws are its own)."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    cfg = method_config("two-tower", epochs=3, device="cuda", hidden=64, dropout=0.0)
+    eager, _ = fit_hashing(tiny, cfg, progress=False)
+    with capture_steps():
+        captured, _ = fit_hashing(tiny, cfg, progress=False)
+    for (name, a), b in zip(eager.state_dict().items(), captured.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=name, rtol=1e-4, atol=1e-5)

@@ -1,0 +1,132 @@
+"""A training step captured once as a CUDA graph and replayed (:class:`CapturedStep`), inside
+:func:`capture_steps`: on a GPU a step of a few small matrix products is bound by the host launching its
+kernels; one graph replay launches them all at once.
+
+A plan may be captured where its step is one update of a loss whose tensors keep their shapes and whose
+host-side values do not change from step to step (:attr:`ucmfh.trainer.Plan.graphable`: no schedule of β,
+no streamed rows, one process). Its full batches are replayed: the batch's indices (and modality-dropout
+draws) are copied into the static buffers the graph reads, the graph runs the forward pass, the backward
+pass and the optimizer's update, and its loss is read from the graph's own tensor. The first
+:data:`WARMUP_STEPS` full batches run eagerly on a side stream (the optimizer's state, cuBLAS's workspaces),
+as PyTorch's whole-network capture asks; a batch of another size (an epoch's short last batch) runs eagerly.
+Adam's update is made capturable (its step count on the device). Dropout draws from the device's generator,
+which a graph advances on every replay.
+
+Everything else — the device, the batches, resume and save, validation — is :mod:`ucmfh.trainer`'s, unchanged.
+Where a step cannot be captured the eager step runs, with the same results.
+"""
+from __future__ import annotations
+
+import contextlib
+from typing import Any, Callable, Iterator, Optional, Tuple
+
+import torch
+
+WARMUP_STEPS = 3
+
+_ENABLED = [False]
+
+
+@contextlib.contextmanager
+def capture_steps(enabled: bool = True) -> Iterator[None]:
+    """Inside the block, every plan that can be (:attr:`ucmfh.trainer.Plan.graphable`) trains on a CUDA
+    device with its full batches replayed from one captured CUDA graph."""
+    before = _ENABLED[0]
+    _ENABLED[0] = enabled
+    try:
+        yield
+    finally:
+        _ENABLED[0] = before
+
+
+def capturing() -> bool:
+    """Whether :func:`capture_steps` is on."""
+    return _ENABLED[0]
+
+
+class CudaGraphs:
+    """The CUDA calls a capture makes (a test gives the CPU stand-in's own, ``tests/cuda_standin.py``)."""
+
+    def side_stream(self) -> Any:
+        return torch.cuda.Stream()
+
+    def on(self, stream: Any) -> Any:
+        """Run the block's work on ``stream``, after the work queued before it, and queue later work after it."""
+        return _on_stream(stream)
+
+    def capture(self, body: Callable[[], torch.Tensor], before: Callable[[], None],
+                stream: Any) -> Tuple[Callable[[], None], torch.Tensor, bool]:
+        """``body`` captured as a graph on ``stream`` (``before()`` run first, outside it): the replay, the
+        graph's output and whether capturing ran the body's work (a CUDA capture does not)."""
+        graph = torch.cuda.CUDAGraph()
+        before()
+        with torch.cuda.graph(graph, stream=stream):
+            out = body()
+        return graph.replay, out, False
+
+
+@contextlib.contextmanager
+def _on_stream(stream: Any) -> Iterator[None]:
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        yield
+    torch.cuda.current_stream().wait_stream(stream)
+
+
+class CapturedStep:
+    """A plan's step (:class:`ucmfh.trainer.Plan`, its ``loss`` and optimizer) captured as a CUDA graph on
+    its first full batch after the warm-up, then replayed for every full batch; ``eager(batch)`` is the
+    trainer's own step, which runs the warm-up and the batches of another size."""
+
+    def __init__(self, plan: Any, batch_size: int, eager: Callable[[Any], torch.Tensor],
+                 graphs: Optional[CudaGraphs] = None) -> None:
+        self.plan, self.batch_size, self.eager = plan, batch_size, eager
+        self.graphs = graphs or CudaGraphs()
+        self.stream = self.graphs.side_stream()
+        self.warm = 0
+        self.replay: Optional[Callable[[], None]] = None
+        self.static: Any = None  # the batch the graph reads: its indices and draws, copied in before each replay
+        self.loss: Optional[torch.Tensor] = None
+        for group in plan.optimizer.param_groups:  # Adam's step count and bias corrections on the device
+            if "capturable" in group:
+                group["capturable"] = True
+
+    def __call__(self, batch: Any) -> torch.Tensor:
+        if len(batch.index) != self.batch_size:  # an epoch's short last batch: its shapes are its own
+            return self.eager(batch)
+        if self.warm < WARMUP_STEPS:
+            self.warm += 1
+            with self.graphs.on(self.stream):
+                return self.eager(batch)
+        if self.replay is None:
+            return self._capture(batch)
+        self._fill(batch)
+        self.replay()
+        return self.loss
+
+    def _fill(self, batch: Any) -> None:
+        self.static.index.copy_(batch.index)
+        if self.static.separate is not None:
+            self.static.separate.copy_(batch.separate)
+
+    def _capture(self, batch: Any) -> torch.Tensor:
+        plan = self.plan
+        self.static = type(batch)(batch.index.clone(), None if batch.separate is None else batch.separate.clone(),
+                                  batch.epoch, batch.iteration)
+
+        def body() -> torch.Tensor:  # optimize() without its zero_grad: the graph writes each gradient anew
+            loss = plan.loss(self.static)
+            loss.backward()
+            if plan.clip_norm is not None:
+                params = [p for g in plan.optimizer.param_groups for p in g["params"]]
+                torch.nn.utils.clip_grad_norm_(params, plan.clip_norm)
+            plan.optimizer.step()
+            return loss.detach()
+
+        def before() -> None:  # no gradient before the capture: backward allocates them in the graph's pool
+            plan.optimizer.zero_grad(set_to_none=True)
+
+        self.replay, self.loss, ran = self.graphs.capture(body, before, self.stream)
+        if not ran:  # a capture records the batch's step without running it
+            self.replay()
+        return self.loss
