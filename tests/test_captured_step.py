@@ -70,7 +70,7 @@ def test_a_captured_step_trains_the_eager_model_without_a_host_sync(tiny, monkey
     fusion = None
     if method == "ucmfh":
         fusion = fit_fusion(tiny, small_fusion(epochs=1, dropout=0.0), progress=False)[0]
-    cfg = method_config(method, epochs=3, device="cuda", val_fraction=0.2, hidden=32, dropout=0.0,
+    cfg = method_config(method, epochs=3, device="cuda", val_fraction=0.2, hidden=32, dropout=0.0, batch_size=48,
                         **({"loss_params": {"temperature": 0.3}} if method == "two-tower" else {}))  # one run
     with cuda_standin(monkeypatch):
         eager, eager_history = fit_hashing(tiny, cfg, copy.deepcopy(fusion), progress=False)

@@ -22,6 +22,9 @@ from typing import Any, Callable, Iterator, Optional, Tuple
 
 import torch
 
+from ucmfh.distributed import current_group
+from ucmfh.optim import optimize
+
 WARMUP_STEPS = 3
 
 _ENABLED = [False]
@@ -93,7 +96,11 @@ class CapturedStep:
 
     def __call__(self, batch: Any) -> torch.Tensor:
         if len(batch.index) != self.batch_size:  # an epoch's short last batch: its shapes are its own
-            return self.eager(batch)
+            if self.replay is None:
+                return self.eager(batch)
+            # eager, into the gradient tensors the graph writes (replacing them would leave the graph's freed)
+            return optimize(self.plan.loss(batch), self.plan.optimizer, current_group(), self.plan.clip_norm,
+                            keep_gradients=True)
         if self.warm < WARMUP_STEPS:
             self.warm += 1
             with self.graphs.on(self.stream):

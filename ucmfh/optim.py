@@ -20,10 +20,11 @@ def adam(params: Iterable, **kwargs) -> torch.optim.Adam:
 
 
 def optimize(loss: torch.Tensor, optimizer: torch.optim.Optimizer, group: Group,
-             clip_norm: Optional[float] = None) -> torch.Tensor:
+             clip_norm: Optional[float] = None, keep_gradients: bool = False) -> torch.Tensor:
     """One optimisation step on ``loss``, its gradients averaged over the ranks (then clipped to a total norm
-    of ``clip_norm`` when given); returns the loss, detached."""
-    optimizer.zero_grad(set_to_none=True)
+    of ``clip_norm`` when given); returns the loss, detached. ``keep_gradients``: the gradient tensors are
+    zeroed and written again, not replaced (a captured CUDA graph writes into them)."""
+    optimizer.zero_grad(set_to_none=not keep_gradients)
     loss.backward()
     params = [p for g in optimizer.param_groups for p in g["params"]]
     group.average_gradients(params)
