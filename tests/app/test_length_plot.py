@@ -9,7 +9,7 @@ from click.testing import CliRunner
 from ucmfh.app.cli import main
 from ucmfh.app.length_plot import check_figure_paths, draw_length_figures, length_figures
 from ucmfh.app.runs import headline, summarize, variant_of
-from ucmfh.files import MARKS, append_jsonl, check_replaceable
+from ucmfh.files import MARKS, append_jsonl, check_replaceable, read_jsonl
 
 
 def _row(method: str, n_bits: int, seed: int, i2t: float, **kw) -> dict:
@@ -121,3 +121,30 @@ def test_a_missing_matplotlib_is_one_line_naming_the_extra(tmp_path, monkeypatch
     [line] = result.output.strip().splitlines()
     assert "ucmfh[plot]" in line and "Traceback" not in result.output
     assert not list(tmp_path.glob("fig*"))
+
+
+def test_grid_plot_draws_the_figures_runs_draws_of_its_rows(tmp_path, tiny_path, monkeypatch):
+    """grid --plot: the figures of the grid's own rows, the same points as runs --plot of its results file;
+    a file of the user's under the prefix is refused before any cell trains."""
+    pytest.importorskip("matplotlib")
+    import ucmfh.app.length_plot as length_plot
+
+    drawn = []
+    draw = length_plot.draw_length_figures
+    monkeypatch.setattr(length_plot, "draw_length_figures", lambda figures, prefix: drawn.append(figures)
+                        or draw(figures, prefix))
+    results = tmp_path / "r.jsonl"
+    argv = ["grid", "-d", tiny_path, "--methods", "two-tower,cca-itq", "-b", "8", "-b", "16", "--epochs", "1",
+            "--set", "hash.hidden=16", "--device", "cpu", "--quiet", "--out", str(tmp_path / "runs"),
+            "--results", str(results), "--table", str(tmp_path / "table"), "--plot", str(tmp_path / "g")]
+    (tmp_path / "g_mine.png").write_bytes(b"a picture of the user's")
+    refused = CliRunner().invoke(main, argv)
+    assert refused.exit_code == 2 and "--plot" in refused.output and not results.exists()
+    (tmp_path / "g_mine.png").unlink()
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 0, result.output
+    [figures] = drawn
+    assert figures == length_figures(summarize(read_jsonl(results)))
+    assert {line["label"] for figure in figures for line in figure["lines"]} == {"two-tower", "cca-itq"}
+    assert sorted(p.name for p in tmp_path.glob("g_*.png")) == sorted(
+        f"g_{figure['name']}.png" for figure in figures)

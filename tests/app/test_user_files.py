@@ -49,7 +49,7 @@ OUTPUTS = {
     ("make-synthetic", "out"): "refuses", ("encode", "out"): "refuses", ("extract", "out"): "refuses",
     ("convert pkl", "out"): "refuses", ("convert mat", "out"): "refuses", ("convert npz", "out"): "refuses",
     ("search", "html"): "own", ("evaluate", "metrics_out"): "own", ("evaluate", "plot"): "own",
-    ("grid", "table"): "own", ("runs", "plot"): "own", ("compare", "plot"): "own",
+    ("grid", "table"): "own", ("runs", "plot"): "own", ("compare", "plot"): "own", ("grid", "plot"): "own",
     **{(command, "results"): "appends" for command in ("train-fusion", "train-hash", "evaluate", "grid", "train-seps",
                                                       "rerank")},
     **{(command, "out"): "folder" for command in ("train-fusion", "train-hash", "grid", "train-seps", "index")},

@@ -209,14 +209,18 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
               help="JSON-lines file of result rows (read to skip finished cells; 'ucmfh runs' reads it too).")
 @click.option("--table", default="runs/grid", show_default=True,
               help="Table path without extension (.md, .csv); a grid table there is written anew.")
-@click.option("--overwrite", is_flag=True, help="Replace --table files that are not a grid table ucmfh wrote.")
+@click.option("--plot", metavar="PREFIX",
+              help="Also draw each dataset's scores against code length, one line per method, from the grid's rows: "
+                   "PREFIX_<dataset>_<score>.png and .svg (needs matplotlib; as 'ucmfh runs --plot').")
+@click.option("--overwrite", is_flag=True,
+              help="Replace --table or --plot files that are not a grid table or figure ucmfh wrote.")
 @click.option("--device", default="auto", show_default=True, callback=check_device)
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @jobs_option
 @train_options("grid", without=("loss", "loss_params", "seed", "resume"))  # --losses, --loss-params, --seeds; always resumes
 @user_errors
 def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_epochs, protocol, k, results, table,
-         overwrite, device, quiet, jobs, **train) -> None:
+         plot, overwrite, device, quiet, jobs, **train) -> None:
     """Train and score datasets × methods × losses × code lengths × seeds; skip finished cells; write one table."""
     from ucmfh.app.environment import default_data_dir, protocols_of
 
@@ -268,6 +272,12 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         cells += [(dataset, fcfg, hcfg) for hcfg in hcfgs]
     check_outputs({"--results": results, "--table": table}, {"--out": train["out"], "--tensorboard": train["tensorboard"]},
                   overwrite=overwrite)
+    if plot is not None:  # matplotlib there, and no file of the user's where a figure may go, before any cell
+        from ucmfh.app.length_plot import check_prefix
+        from ucmfh.metrics.plots import pyplot
+
+        pyplot()
+        check_prefix(plot, overwrite)
     paths = {dataset: resolve_dataset(dataset, data_dir or default_data_dir()) for dataset in datasets}
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
     grid_rows: List[List[Dict[str, Any]]] = []  # each cell's rows, in the grid's order
@@ -303,3 +313,10 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         side.run()
     for path in write_tables([row for rows in grid_rows for row in rows], variants, bits, table):
         click.echo(f"wrote {path}")
+    if plot is not None:
+        from ucmfh.app.length_plot import check_figure_paths, draw_length_figures, length_figures
+
+        figures = length_figures(summarize([row for rows in grid_rows for row in rows]))
+        check_figure_paths(plot, figures, overwrite)
+        for path in draw_length_figures(figures, plot):
+            click.echo(f"wrote {path}")

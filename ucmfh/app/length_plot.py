@@ -9,11 +9,13 @@ summary value by value.
 """
 from __future__ import annotations
 
+import glob
+import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ucmfh.app.runs import headline, variant_of
-from ucmfh.app.outputs import check_figures
+from ucmfh.app.outputs import check_figures, check_outputs
 
 # a figure's score: (field, label); a labelled set's MAP, a caption set's R@1 in %
 MAP_FIELDS = (("map_i2t", "MAP@{k} I→T"), ("map_t2i", "MAP@{k} T→I"))
@@ -115,6 +117,15 @@ def check_figure_paths(prefix: str, figures: Sequence[Dict[str, Any]], overwrite
     figure ucmfh wrote (without ``overwrite``), naming ``flag`` as :func:`ucmfh.app.outputs.check_outputs`
     does."""
     check_figures(flag, [path for figure in figures for path in figure_paths(prefix, figure)], overwrite)
+
+
+def check_prefix(prefix: str, overwrite: bool = False, flag: str = "--plot") -> None:
+    """Refuse, before the work whose figures will be drawn, a ``prefix`` whose folder cannot be written or
+    that a file of the user's already starts (``PREFIX_*.png``, ``.svg``: the figures' names are known only
+    at the end), naming ``flag``."""
+    check_outputs(folders={flag: os.path.dirname(os.path.abspath(prefix))})
+    taken = [path for suffix in (".png", ".svg") for path in glob.glob(glob.escape(prefix) + "_*" + suffix)]
+    check_figures(flag, sorted(taken), overwrite)
 
 
 def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[str]:
