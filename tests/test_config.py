@@ -44,7 +44,6 @@ BAD = {
         "n_bits": [4, 512],
         "hidden": [-1],
         "dropout": [1, 2, NAN],
-        "code_weight": [-1, INF],
         "modality_dropout": [2],
         "relaxation": ["nope"],
         "beta_schedule": ["nope"],
@@ -53,8 +52,6 @@ BAD = {
         "beta_step_epochs": [0],
         "loss": ["nope"],
         "loss_params": [{"nope": 1}],
-        "teacher_weight": [1.5, -0.1],
-        "teacher_temperature": [0, -1],
         "epochs": [0],
         "batch_size": [1],
         "lr_fusion": [-1],
@@ -172,3 +169,24 @@ def test_ranges_refuse_nan_and_infinities_and_say_what_they_allow():
     with pytest.raises(ValueError, match=r"^n_heads must be >= 1, got 0$"):
         check_setting(FusionConfig, "n_heads", 0)
     check_setting(HashConfig, "betas", [0.0, 0.999])  # a list, as JSON gives it
+
+
+def test_settings_moved_into_a_methods_parameters_keep_every_runs_identity():
+    """code_weight (ucmfh's) and teacher_weight/teacher_temperature (distill's) were HashConfig fields: a config
+    saved then is read with them as its method's parameters (and without them for another method, where they
+    did nothing), and every run's identity shows them where they were, so recorded runs keep their keys."""
+    from ucmfh.config import from_dict, identity_dict, to_dict
+    from ucmfh.methods import hash_config
+
+    for method, moved in (("ucmfh", {"code_weight": 1.0}), ("distill", {"teacher_weight": 0.5,
+                                                                       "teacher_temperature": 0.1})):
+        now = hash_config(method, method_params=moved)
+        saved_then = {k: v for k, v in to_dict(now).items() if k != "method_params"}
+        saved_then.update({"method_params": {}, "code_weight": 0.5, "teacher_weight": 0.8, "teacher_temperature": 0.2,
+                           **moved})
+        assert from_dict(HashConfig, saved_then) == now
+        assert identity_dict(now) == {k: v for k, v in saved_then.items() if k not in ("device", "refit")}
+    other = hash_config("two-tower")
+    saved_then = {**to_dict(other), "code_weight": 0.5, "teacher_weight": 0.8, "teacher_temperature": 0.2}
+    assert from_dict(HashConfig, saved_then) == other
+    assert identity_dict(other) == {k: v for k, v in saved_then.items() if k not in ("device", "refit")}

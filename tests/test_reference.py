@@ -127,7 +127,8 @@ def test_the_ucmfh_settings_are_the_ones_docs_reference_states():
     assert head and weight and settings, "docs/reference.md §2 no longer states UCMFH's settings in these words"
     cfg, fusion = hash_config("ucmfh"), FusionConfig()
     batch, b1, b2, lr_fusion, lr_heads, tau, mir, nus, coco, seed = settings.groups()
-    assert (cfg.hidden, cfg.dropout, cfg.code_weight) == (int(head[1]), float(head[2]), float(weight[1]))
+    assert (cfg.hidden, cfg.dropout, cfg.method_params["code_weight"]) == (int(head[1]), float(head[2]),
+                                                                           float(weight[1]))
     assert cfg.batch_size == fusion.batch_size == int(batch) and cfg.seed == fusion.seed == int(seed)
     assert tuple(cfg.betas) == tuple(fusion.betas) == (float(b1), float(b2))
     assert fusion.lr == cfg.lr_fusion == float(lr_fusion) and cfg.lr_head == float(lr_heads)

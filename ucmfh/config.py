@@ -102,8 +102,8 @@ class HashConfig:
 
     The defaults are UCMFH's (docs/reference.md §2). A method (:mod:`ucmfh.methods`) starts from its own
     departures from them (``ucmfh.methods.hash_config``) and checks what it cannot train; its own
-    hyper-parameters are ``method_params``. A field a method has no use for is kept but does nothing
-    (``code_weight``, ``lr_fusion`` and ``modality_dropout`` are UCMFH's, ``teacher_*`` are distill's).
+    hyper-parameters are ``method_params`` (UCMFH's ``code_weight``, distill's ``teacher_weight``...). A field a
+    method has no use for is kept but does nothing (``lr_fusion`` and ``modality_dropout`` are UCMFH's).
     """
 
     method: str = "ucmfh"  # a name of ucmfh.methods.METHODS
@@ -111,8 +111,6 @@ class HashConfig:
     n_bits: int = 64
     hidden: int = 4096  # 0: a linear head
     dropout: float = 0.3
-    # loss = loss(fused img, fused txt) + code_weight * loss(img codes, txt codes)
-    code_weight: float = 0.5
     modality_dropout: float = 0.5  # as in FusionConfig, for the fusion encoder trained on in this stage
     # tanh continuation (docs/reference.md §5): 'none' is UCMFH's plain tanh (beta = 1),
     # 'hashnet' beta = (1 + gamma * iter) ** 0.5 recomputed every `beta_step_iters` iterations,
@@ -125,10 +123,6 @@ class HashConfig:
     loss: str = "original"
     loss_params: Dict[str, Any] = field(default_factory=dict)
     supervised: bool = False  # as in FusionConfig
-    # method 'distill': the share of the targets taken from the teacher (softmax of the fused
-    # embeddings' cosine similarities at teacher_temperature); the rest is the pair itself
-    teacher_weight: float = 0.8
-    teacher_temperature: float = 0.2
     epochs: int = 100
     batch_size: int = 128
     lr_fusion: float = 1e-4
@@ -358,10 +352,10 @@ SETTINGS: Dict[type, Dict[str, Any]] = {
         "dropout": SHARE_BELOW_ONE, "modality_dropout": SHARE, "lr": POSITIVE, "betas": _betas, **_TRAINING},
     HashConfig: {
         "method": _name, "n_bits": Range(*CODE_LENGTHS), "hidden": Range(0, why="0: a linear head"),
-        "dropout": SHARE_BELOW_ONE, "code_weight": NON_NEGATIVE, "modality_dropout": SHARE,
+        "dropout": SHARE_BELOW_ONE, "modality_dropout": SHARE,
         "relaxation": RELAXATIONS, "beta_schedule": BETA_SCHEDULES, "beta_gamma": NON_NEGATIVE,
-        "beta_step_iters": AT_LEAST_ONE, "beta_step_epochs": AT_LEAST_ONE, "teacher_weight": SHARE,
-        "teacher_temperature": POSITIVE, "lr_fusion": Range(0, why="0 keeps the fusion encoder as trained"),
+        "beta_step_iters": AT_LEAST_ONE, "beta_step_epochs": AT_LEAST_ONE,
+        "lr_fusion": Range(0, why="0 keeps the fusion encoder as trained"),
         "lr_head": POSITIVE, "betas": _betas, **_TRAINING},
     SepsConfig: {
         "version": SEPS_VERSIONS, "selection": tuple(SEPS_SELECTIONS), "dense_text": tuple(DENSE_TEXT),
@@ -430,22 +424,40 @@ NOT_IDENTITY = ("device",)
 # Settings added after runs were recorded, with the value every earlier run had: at that value they are
 # left out of a run's identity, so the runs, states and results rows recorded before them keep theirs.
 ADDED_LATER = {"refit": False}
+# Hashing settings that were HashConfig fields before they became one method's parameters (``method_params``):
+# the method, and the value every other method's runs had. A run's identity shows each where it was, so the
+# runs, states and results rows recorded before keep theirs; an old config's field is read as the parameter.
+MOVED_TO_PARAMS = {"code_weight": ("ucmfh", 0.5), "teacher_weight": ("distill", 0.8),
+                   "teacher_temperature": ("distill", 0.2)}
 
 
 def identity_dict(cfg: Any) -> Dict[str, Any]:
-    """The settings of a config that change a run's result (all but the device, and ADDED_LATER's settings
-    at their earlier value), JSON-able."""
-    return {k: v for k, v in to_dict(cfg).items()
-            if k not in NOT_IDENTITY and not (k in ADDED_LATER and v == ADDED_LATER[k])}
+    """The settings of a config that change a run's result (all but the device, ADDED_LATER's settings at
+    their earlier value, MOVED_TO_PARAMS's where they were), JSON-able."""
+    out = {k: v for k, v in to_dict(cfg).items()
+           if k not in NOT_IDENTITY and not (k in ADDED_LATER and v == ADDED_LATER[k])}
+    if isinstance(cfg, HashConfig):
+        params = dict(out["method_params"])
+        for name, (owner, before) in MOVED_TO_PARAMS.items():
+            out[name] = params.pop(name) if cfg.method == owner and name in params else before
+        out["method_params"] = params
+    return out
 
 
 def from_dict(cls: type, values: Dict[str, Any], source: Optional[str] = None) -> Any:
     """Rebuild a config, refusing keys this version does not know."""
-    known = {f.name for f in dataclasses.fields(cls)}
+    known = {f.name for f in dataclasses.fields(cls)} | (set(MOVED_TO_PARAMS) if cls is HashConfig else set())
     unknown = sorted(set(values) - known)
     if unknown:
         raise ValueError(f"{source or cls.__name__}: unknown settings {unknown}")
     values = dict(values)
+    if cls is HashConfig:  # a config saved when these were fields: its method's parameter, else nothing
+        params = dict(values.get("method_params") or {})
+        for name, (owner, _) in MOVED_TO_PARAMS.items():
+            if name in values and values.get("method", HashConfig.method) == owner:
+                params.setdefault(name, values[name])
+            values.pop(name, None)
+        values["method_params"] = params
     if "betas" in values:
         values["betas"] = tuple(values["betas"])
     try:

@@ -63,7 +63,7 @@ def test_two_files_with_one_name_never_share_a_run(tmp_path):
 
 
 VARIANTS = [["--lr-fusion", "0"], ["--loss-param", "temperature=0.3"], ["--beta-schedule", "hashnet"],
-            ["--modality-dropout", "0.2"], ["--batch-size", "40"], ["--amp", "bf16"], ["--set", "hash.code_weight=1"]]
+            ["--modality-dropout", "0.2"], ["--batch-size", "40"], ["--amp", "bf16"], ["--method-param", "code_weight=1"]]
 
 
 def test_every_setting_is_part_of_a_runs_identity(tmp_path, tiny_path):

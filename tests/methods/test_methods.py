@@ -1,6 +1,7 @@
 """The hashing methods (--method): two-tower and cca-itq beside ucmfh, on tiny synthetic data."""
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -36,7 +37,9 @@ def test_a_method_starts_from_its_defaults_and_takes_what_is_given():
     for name, value in METHODS["two-tower"].defaults.items():
         assert getattr(cfg, name) == value
     assert hash_config("two-tower", patience=3).patience == 3
-    assert hash_config("ucmfh") == HashConfig()  # ucmfh's defaults are the dataclass's: UCMFH's reference
+    # ucmfh's defaults are the dataclass's, UCMFH's reference; its one parameter, code_weight, the reference's too
+    assert dataclasses.replace(hash_config("ucmfh"), method_params={}) == HashConfig()
+    assert hash_config("ucmfh").method_params == {"code_weight": 0.5}
     with pytest.raises(ValueError, match="unknown method 'nosuch'; methods: ucmfh, two-tower"):
         hash_config("nosuch")
     with pytest.raises(ValueError, match="unknown method 'nosuch'"):
@@ -455,7 +458,8 @@ def test_two_tower_chooses_infonces_temperature_on_validation_unless_one_is_give
     assert method.choices(two_tower(loss_params=T03)) == {}  # a temperature given: trained as asked
     assert method.choices(two_tower(loss="ntxent")) == {}  # no InfoNCE temperature to choose
     assert list(method.choices(two_tower(method_params={"temperatures": "0.2"}))) == ["t0.2"]
-    assert method.choices(hash_config("distill")) == {} and "temperatures" not in METHODS["distill"].params
+    distill = METHODS["distill"]
+    assert distill.choices(hash_config("distill")) == {} and "temperatures" not in distill.params
     with pytest.raises(ValueError, match="parameter 'temperatures' must be positive numbers separated by commas"):
         two_tower(method_params={"temperatures": "0.3,x"})
     # each candidate is the run asked for with that temperature; the better on validation is kept

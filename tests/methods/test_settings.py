@@ -165,3 +165,18 @@ def test_a_loss_override_for_a_method_with_a_loss_of_its_own_is_refused(override
     # a grid's override for its methods that take a loss: not applied to this one (and said so by the grid)
     _, [cfg] = stage_configs("djsrh", n_bits=[16], overrides=overrides, drop_unused=True)
     assert cfg == stage_configs("djsrh", n_bits=[16])[1][0]
+
+
+def test_a_moved_setting_given_as_an_override_points_to_the_method_parameter(tmp_path):
+    with pytest.raises(SettingError, match="a parameter of method 'ucmfh'") as err:
+        stage_configs("ucmfh", n_bits=[16], overrides={"hash": {"code_weight": 1.0}})
+    assert err.value.instead == "method_params"
+    result = CliRunner().invoke(cli.main, ["train-hash", "--method", "ucmfh", "--set", "hash.code_weight=1",
+                                           "--out", str(tmp_path), "--device", "cpu"])
+    assert result.exit_code == 2 and "use --method-param" in result.output, result.output
+    _, [cfg] = stage_configs("ucmfh", n_bits=[16], method_params={"code_weight": 1.0})
+    assert cfg.method_params["code_weight"] == 1.0
+    with pytest.raises(SettingError, match="code_weight"):
+        stage_configs("ucmfh", n_bits=[16], method_params={"code_weight": -1.0})
+    with pytest.raises(SettingError, match="teacher_weight"):
+        stage_configs("distill", n_bits=[16], method_params={"teacher_weight": 1.5})

@@ -39,9 +39,9 @@ class CcaItq(Method):
     # settings of training by steps do nothing here, so they stay HashConfig's and never split a run's identity
     fixed = {"hidden": 0, "epochs": 1, "val_fraction": 0.0, "patience": 0,
              **{name: value for name, value in vars(HashConfig()).items() if name in (
-                 "dropout", "code_weight", "modality_dropout", "relaxation", "beta_schedule", "beta_gamma",
-                 "beta_step_iters", "beta_step_epochs", "loss", "loss_params", "supervised", "teacher_weight",
-                 "teacher_temperature", "batch_size", "lr_fusion", "lr_head", "betas", "amp", "refit")}}
+                 "dropout", "modality_dropout", "relaxation", "beta_schedule", "beta_gamma",
+                 "beta_step_iters", "beta_step_epochs", "loss", "loss_params", "supervised",
+                 "batch_size", "lr_fusion", "lr_head", "betas", "amp", "refit")}}
     takes_loss = False
     closed_form = True
     in_memory = "fits in closed form on the whole training split"

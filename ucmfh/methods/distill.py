@@ -37,13 +37,19 @@ class Distill(TwoTower):
                    "UCMFH encoder, trained first: a leaky teacher, an honest student")
     defaults = {"hidden": 1024, "loss": "infonce", "loss_params": {"temperature": 0.3}, "relaxation": "sign",
                 "val_fraction": 0.1, "patience": 10}
-    params = {}  # the loss's temperature is fixed: no temperatures to choose among
+    # the share of the targets taken from the teacher, and its softmax's temperature (the loss's own is fixed:
+    # no temperatures to choose among)
+    params = {"teacher_weight": 0.8, "teacher_temperature": 0.2}
     uses_fusion = True
     graphable = False  # the teacher's embeddings of a streamed split are read in the step
     fusion_defaults = {"val_fraction": 0.1, "patience": 10}
 
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)
+        p = self.method_params(cfg.method_params)
+        if not 0 <= p["teacher_weight"] <= 1 or p["teacher_temperature"] <= 0:
+            raise ValueError(f"method 'distill': teacher_weight must be in [0, 1] and teacher_temperature > 0, got "
+                             f"{p['teacher_weight']} and {p['teacher_temperature']}")
         if cfg.loss != "infonce":
             raise ValueError(f"method 'distill' mixes the teacher into InfoNCE's targets: loss must be 'infonce', "
                              f"got {cfg.loss!r}")
@@ -52,7 +58,7 @@ class Distill(TwoTower):
                   fusion: Optional[FusionEncoder]) -> Callable[[torch.Tensor, torch.Tensor, CodeBatch], torch.Tensor]:
         """:func:`soft_infonce` of the codes against :func:`distill_targets` of the teacher's fused embeddings
         (computed once for a split in memory, per batch for a streamed one)."""
-        teacher, group = fusion, current_group()
+        teacher, group, p = fusion, current_group(), self.method_params(cfg.method_params)
         fused = None  # the teacher's fused embedding of each training item, computed once (in memory)
         if not train.streamed:
             fused = fused_embedding(*embed_split(teacher, setup.rest, "fused", setup.device))
@@ -66,7 +72,7 @@ class Distill(TwoTower):
                 with torch.no_grad():
                     t = group.gather((fused_embedding(*teacher.embed(batch.img, batch.txt, "fused")),),
                                      len(batch.index))[0]
-            targets = distill_targets(t, batch.ids, cfg.teacher_weight, cfg.teacher_temperature)
+            targets = distill_targets(t, batch.ids, p["teacher_weight"], p["teacher_temperature"])
             return soft_infonce(codes_img, codes_txt, targets, float(loss_fn.temperature))
 
         return loss

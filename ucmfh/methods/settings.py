@@ -22,7 +22,7 @@ import dataclasses
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ucmfh.config import (
-    PROTOCOLS, FusionConfig, HashConfig, SettingError, check_setting, default_epochs, with_defaults,
+    MOVED_TO_PARAMS, PROTOCOLS, FusionConfig, HashConfig, SettingError, check_setting, default_epochs, with_defaults,
 )
 from ucmfh.losses import build_loss
 from ucmfh.methods.base import Method
@@ -170,6 +170,9 @@ def check_overrides(overrides: Optional[Mapping[str, Mapping[str, Any]]],
             fields = [f.name for f in dataclasses.fields(STAGES[stage])]
             if name in OWN_SETTINGS:  # one way to say each: the override would replace the setting silently
                 raise SettingError(key, f"{key!r}: {name} is a setting of its own, not an override", instead=name)
+            if stage == "hash" and name in MOVED_TO_PARAMS:  # a hashing setting once, a method's parameter now
+                raise SettingError(key, f"{key!r}: a parameter of method {MOVED_TO_PARAMS[name][0]!r} "
+                                        f"(method_params), not a hashing setting", instead="method_params")
             if name not in fields:
                 raise SettingError(key, f"{key!r}: {stage} settings are {', '.join(fields)}")
             try:

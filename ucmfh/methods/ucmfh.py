@@ -38,6 +38,13 @@ class UCMFH(Method):
     shares_fusion_options = True
     leak_free = False
     takes_relaxation = True
+    params = {"code_weight": 0.5}  # the codes' loss's weight beside the fused embeddings' (the reference's)
+
+    def check(self, cfg: HashConfig) -> None:
+        super().check(cfg)
+        if self.method_params(cfg.method_params)["code_weight"] < 0:
+            raise ValueError(f"method 'ucmfh': parameter 'code_weight' must be >= 0, got "
+                             f"{cfg.method_params['code_weight']}")
 
     def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
                     fusion_cfg: Optional[FusionConfig] = None) -> CrossModalHasher:
@@ -67,6 +74,7 @@ class UCMFH(Method):
         optimizer = adam(groups, betas=tuple(cfg.betas))
         train = setup.rest.to(device)
         group = current_group()
+        code_weight = self.method_params(cfg.method_params)["code_weight"]
 
         def loss(batch: Batch) -> torch.Tensor:
             beta = beta_at(cfg, batch.iteration, batch.epoch)
@@ -79,7 +87,7 @@ class UCMFH(Method):
                 (z_img.float(), z_txt.float(), h_img.float(), h_txt.float()), len(batch.index))
             codes_img, codes_txt = relaxed_codes(h_img, cfg, beta), relaxed_codes(h_txt, cfg, beta)
             return (fusion_loss(z_img, z_txt, ids=ids, labels=labels)
-                    + cfg.code_weight * code_loss(codes_img, codes_txt, ids=ids, labels=labels))
+                    + code_weight * code_loss(codes_img, codes_txt, ids=ids, labels=labels))
 
         modules = {"model": model, "fusion_loss": fusion_loss, "code_loss": code_loss}
         return Plan(f"hashing {cfg.n_bits} bits", model, modules, optimizer, train, loss=loss,
