@@ -149,7 +149,7 @@ def stages(args: argparse.Namespace, device: str, scratch: Path) -> List[Stage]:
             cfg = hash_config(method, n_bits=args.n_bits, epochs=epochs, batch_size=bs, val_fraction=0.0,
                               device=device)
             torch.manual_seed(0)
-            encoder = FusionEncoder(data.d_img, data.d_txt, FusionConfig()) if METHODS[method].uses_fusion else None
+            encoder = FusionEncoder.from_config(data.d_img, data.d_txt, FusionConfig()) if METHODS[method].uses_fusion else None
             return lambda: fit_hashing(data, cfg, encoder, progress=False)
         return prepare
 

@@ -1,7 +1,7 @@
 """UCMFH's fusion Transformer, reshaped so that it can also encode one modality alone."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Dict, Optional, Tuple
 
 import torch
 from torch import nn
@@ -46,6 +46,7 @@ class FusionEncoder(nn.Module):
             d_model, n_heads, d_ff, dropout, batch_first=True
         )
         self.encoder = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
+        self._across: Dict[torch.device, torch.Tensor] = {}  # not state: made again on each device
 
     @classmethod
     def from_config(cls, d_img: int, d_txt: int, cfg: FusionConfig) -> "FusionEncoder":
@@ -79,9 +80,12 @@ class FusionEncoder(nn.Module):
         if separate is not None:
             # per-item [2, 2] additive mask, -inf across modalities for separated items
             cross = torch.zeros(img.shape[0], 2, 2, device=img.device, dtype=tokens.dtype)
-            blocked = separate.to(img.device)[:, None, None] & ~torch.eye(2, dtype=torch.bool, device=img.device)
+            if img.device not in self._across:  # the [2, 2] pairs of tokens across modalities, made once
+                self._across[img.device] = ~torch.eye(2, dtype=torch.bool, device=img.device)
+            blocked = separate.to(img.device)[:, None, None] & self._across[img.device]
             mask = cross.masked_fill(blocked, float("-inf")).repeat_interleave(self.n_heads, dim=0)
-        out = self.encoder(tokens, mask=mask)
+        # is_causal=False: what torch would find by building a causal mask to compare with, every step
+        out = self.encoder(tokens, mask=mask, is_causal=False)
         return normalize(out[:, 0]), normalize(out[:, 1])
 
     def encode_img(self, img: torch.Tensor) -> torch.Tensor:
@@ -101,3 +105,4 @@ class FusionEncoder(nn.Module):
         if protocol == "unimodal":
             return self.encode_img(img), self.encode_txt(txt)
         raise ValueError(f"unknown protocol {protocol!r}; choose 'unimodal' or 'fused'")
+
