@@ -190,3 +190,16 @@ def test_settings_moved_into_a_methods_parameters_keep_every_runs_identity():
     saved_then = {**to_dict(other), "code_weight": 0.5, "teacher_weight": 0.8, "teacher_temperature": 0.2}
     assert from_dict(HashConfig, saved_then) == other
     assert identity_dict(other) == {k: v for k, v in saved_then.items() if k not in ("device", "refit")}
+
+
+def test_a_search_setting_the_backend_has_no_use_for_is_refused_naming_it():
+    from ucmfh.config import BackendConfig, SettingError, backend_config
+
+    assert backend_config("faiss-ivf", nprobe=4, nlist=None) == BackendConfig(backend="faiss-ivf", nprobe=4)
+    assert backend_config("mih", substrings=3, check_recall=False) == BackendConfig(backend="mih", substrings=3)
+    assert backend_config(None) == BackendConfig()
+    for backend, setting in (("exact", "nprobe"), ("mih", "ef_search"), ("faiss-hnsw", "nlist"),
+                             ("faiss-ivf", "substrings"), ("exact", "check_recall")):
+        with pytest.raises(SettingError, match="does not apply to backend") as err:
+            backend_config(backend, **{setting: True if setting == "check_recall" else 2})
+        assert err.value.setting == setting

@@ -252,14 +252,30 @@ class BackendConfig:
         return self
 
 
-def backend_config(backend: Any) -> BackendConfig:
+# the backends each setting of BackendConfig serves (``check_recall``: a search's, the approximate ones')
+BACKEND_SETTINGS = {"nlist": ("faiss-ivf",), "nprobe": ("faiss-ivf",), "train_per_list": ("faiss-ivf",),
+                    "hnsw_m": ("faiss-hnsw",), "ef_construction": ("faiss-hnsw",), "ef_search": ("faiss-hnsw",),
+                    "substrings": ("mih",), "check_recall": APPROXIMATE_BACKENDS}
+
+
+def backend_config(backend: Any, **settings: Any) -> BackendConfig:
     """A search's backend from what a caller gives: None (``exact``), a name as the CLI's ``--backend`` takes
     (``"mih"``, as one writes it coming from FAISS) or a :class:`BackendConfig` (for its other settings);
-    anything else is a TypeError, an unknown name a ValueError."""
-    if backend is None:
+    anything else is a TypeError, an unknown name a ValueError. With a name, ``settings`` (None: not given)
+    are its other settings; one the backend has no use for is refused (:class:`SettingError` naming it)."""
+    if backend is None and not any(v is not None for v in settings.values()):
         return BackendConfig()
-    if isinstance(backend, str):
-        return BackendConfig(backend=backend)
+    if backend is None or isinstance(backend, str):
+        name = backend or BackendConfig.backend
+        given = {k: v for k, v in settings.items() if v is not None and v is not False}
+        for key in given:
+            if key not in BACKEND_SETTINGS:
+                raise SettingError(key, f"unknown search setting {key!r}; settings are {', '.join(BACKEND_SETTINGS)}")
+            if name not in BACKEND_SETTINGS[key]:
+                raise SettingError(key, f"{key} does not apply to backend {name!r} (it is "
+                                        f"{' and '.join(map(repr, BACKEND_SETTINGS[key]))}'s)")
+        given.pop("check_recall", None)
+        return BackendConfig(backend=name, **given)
     if isinstance(backend, BackendConfig):
         return backend
     raise TypeError(f"backend must be a name ({', '.join(SEARCH_BACKENDS)}) or a BackendConfig, "

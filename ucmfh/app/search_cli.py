@@ -10,7 +10,7 @@ import click
 from ucmfh.app.errors import UserError, describe, stopped_by, user_errors
 from ucmfh.app.options import check_device
 from ucmfh.app.outputs import check_outputs
-from ucmfh.config import APPROXIMATE_BACKENDS, SEARCH_BACKENDS, BackendConfig
+from ucmfh.config import SEARCH_BACKENDS, BackendConfig, SettingError, backend_config
 
 MODALITY = click.Choice(["image", "text"])
 _BACKEND = BackendConfig()
@@ -72,7 +72,7 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
 @click.option("--text", "text", multiple=True, help="A caption as a query (repeatable; needs the index's CLIP model).")
 @click.option("--image", "image", multiple=True, type=click.Path(dir_okay=False),
               help="An image file as a query (repeatable; needs the index's CLIP model).")
-@click.option("-k", default=10, show_default=True, type=int, help="Results per query.")
+@click.option("-k", default=10, show_default=True, type=click.IntRange(min=1), help="Results per query.")
 @click.option("--modality", "-m", type=MODALITY, default="text", show_default=True, help="What is searched.")
 @click.option("--rerank", type=click.Choice(["cosine", "seps"]),
               help="Re-rank the Hamming candidates: cosine of the real-valued embeddings kept in the index, or "
@@ -89,10 +89,10 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
               help="mih: substrings per code [default: about bits / log2(items)].")
 @click.option("--nlist", type=click.IntRange(min=1),
               help="faiss-ivf: lists the codes are clustered into [default: sqrt(items)].")
-@click.option("--nprobe", type=click.IntRange(min=1), default=_BACKEND.nprobe, show_default=True,
-              help="faiss-ivf: lists scanned per query.")
-@click.option("--ef-search", type=click.IntRange(min=1), default=_BACKEND.ef_search, show_default=True,
-              help="faiss-hnsw: the candidate list of the graph walk (at least k).")
+@click.option("--nprobe", type=click.IntRange(min=1),
+              help=f"faiss-ivf: lists scanned per query [default: {_BACKEND.nprobe}].")
+@click.option("--ef-search", type=click.IntRange(min=1),
+              help=f"faiss-hnsw: the candidate list of the graph walk (at least k) [default: {_BACKEND.ef_search}].")
 @click.option("--recall", "check_recall", is_flag=True,
               help="With a FAISS backend: also search exactly and print the approximate candidates' recall.")
 @click.option("--checkpoint", "-c", type=click.Path(dir_okay=False),
@@ -117,18 +117,17 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
     from ucmfh.search.index import UnfinishedIndex
     from ucmfh.search.shards import open_index
 
-    if k < 1:
-        raise click.BadParameter(f"must be >= 1, got {k}", param_hint="-k")
     given = [name for name, v in (("--queries", queries), ("--text", text), ("--image", image)) if v]
     if len(given) != 1:
         raise click.UsageError("give queries by exactly one of --queries, --text and --image")
     if (split or ids) and not queries:
         raise click.UsageError("--split and --ids select rows of an HDF5 --queries file")
-    given = {"--nlist": nlist is not None, "--nprobe": nprobe != _BACKEND.nprobe, "--substrings": substrings is not None,
-             "--ef-search": ef_search != _BACKEND.ef_search, "--recall": check_recall}
-    wrong = [name for name, on in given.items() if on and not _backend_takes(backend, name)]
-    if wrong:
-        raise click.UsageError(f"{wrong[0]} does not apply to --backend {backend}")
+    try:  # a setting the backend has no use for is refused by the library; here it is named as its flag
+        config = backend_config(backend, nlist=nlist, nprobe=nprobe, ef_search=ef_search, substrings=substrings,
+                                check_recall=check_recall)
+    except SettingError as err:
+        flag = {"check_recall": "--recall"}.get(err.setting, "--" + err.setting.replace("_", "-"))
+        raise click.UsageError(f"{flag} does not apply to --backend {backend}") from None
     if (rerank == "seps") != bool(seps_checkpoint):
         raise click.UsageError("--rerank seps and --seps SEPS.pt go together")
     if rerank == "seps" and not queries:
@@ -160,7 +159,6 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         from ucmfh.search.seps_rerank import load_matcher
 
         matcher = load_matcher(seps_checkpoint, device)
-    config = BackendConfig(backend=backend, nlist=nlist, nprobe=nprobe, ef_search=ef_search, substrings=substrings)
     results = search_queries(opened, encoder, q, k, searched, rerank=rerank, candidates=candidates, device=device,
                              matcher=matcher, backend=config, threads=threads, check_recall=check_recall)
     found = scores(results) if with_metrics else None  # refused before anything is printed
@@ -204,11 +202,6 @@ def _interrupted_build(out: str, collection: str) -> str:
     done = ", ".join(f"{s['done']} of {s['rows']} rows" for s in mine if s["done"] < s["rows"])
     return (f"interrupted: {out} holds {done} of {collection}, and 'ucmfh search' refuses it until the same "
             "command has continued the build to the end")
-
-
-def _backend_takes(backend: str, option: str) -> bool:
-    return {"--nlist": backend == "faiss-ivf", "--nprobe": backend == "faiss-ivf", "--substrings": backend == "mih",
-            "--ef-search": backend == "faiss-hnsw", "--recall": backend in APPROXIMATE_BACKENDS}[option]
 
 
 def _recorded_checkpoint(index, path: str) -> str:
