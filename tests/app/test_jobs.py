@@ -55,8 +55,10 @@ def one_process(tiny_path, tmp_path_factory) -> Path:
 
 
 class _TermToGrid:
-    """A progress bar that sends SIGTERM to the grid (the worker's parent) alone at the end of the first epoch,
-    as a job scheduler would, and holds the worker there until the grid has passed the signal on to it."""
+    """A progress bar that holds each worker at the end of its first epoch until both are there (a barrier of
+    files in $GRID_TEST_BARRIER: a loaded machine may start one worker's training late), then has one of them
+    send SIGTERM to the grid (the workers' parent) alone, as a job scheduler would, and holds each worker until
+    the grid has passed the signal on to it."""
 
     def __init__(self, *args, **kwargs):
         self.n = kwargs.get("initial", 0)
@@ -72,8 +74,13 @@ class _TermToGrid:
             training(signum, frame)
 
         signal.signal(signal.SIGTERM, relay)
-        os.kill(os.getppid(), signal.SIGTERM)
+        barrier = os.environ["GRID_TEST_BARRIER"]
+        open(os.path.join(barrier, str(os.getpid())), "w").close()
         deadline = time.monotonic() + 60
+        while len(os.listdir(barrier)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if min(os.listdir(barrier), key=int) == str(os.getpid()):  # one of the two sends it
+            os.kill(os.getppid(), signal.SIGTERM)
         while not got and time.monotonic() < deadline:
             time.sleep(0.01)
 
@@ -105,6 +112,8 @@ def test_two_jobs_stopped_and_resumed_give_the_rows_of_one_in_its_order(tiny_pat
     the table."""
     torch.set_num_threads(2)  # each of the two workers: 1, as the baseline
     monkeypatch.setattr(jobs, "run_cell", sigterm_in_first_epoch)  # what the workers are sent to run
+    (tmp_path / "barrier").mkdir()
+    monkeypatch.setenv("GRID_TEST_BARRIER", str(tmp_path / "barrier"))  # the workers inherit it
     stopped = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2"))
     assert stopped.exit_code == 143, stopped.output
     # the first two cells in the grid's order (ucmfh 16 bits waits for the fusion encoder of ucmfh 8 bits)
