@@ -4,7 +4,7 @@ kernels; one graph replay launches them all at once.
 
 A plan may be captured where its step is one update of a loss whose tensors keep their shapes and whose
 host-side values do not change from step to step (:attr:`ucmfh.trainer.Plan.graphable`: no schedule of β,
-no streamed rows, one process). Its full batches are replayed: the batch's indices (and modality-dropout
+no streamed rows, one process, full precision). Its full batches are replayed: the batch's indices (and modality-dropout
 draws) are copied into the static buffers the graph reads, the graph runs the forward pass, the backward
 pass and the optimizer's update, and its loss is read from the graph's own tensor. The first
 :data:`WARMUP_STEPS` full batches run eagerly on a side stream (the optimizer's state, cuBLAS's workspaces),

@@ -265,10 +265,12 @@ class _Run:
 
     def capturable(self) -> bool:
         """Whether this run's step is captured: asked for, on a CUDA device, one process, a plan that can be
-        (its own loss, no learning-rate schedule, no rows streamed from a file)."""
+        (its own loss, no learning-rate schedule, no rows streamed from a file), in full precision (autocast's
+        cache of cast weights would outlive a capture)."""
         plan = self.plan
         return (capturing() and self.device.type == "cuda" and plan.graphable and plan.loss is not None
-                and plan.learning_rate is None and self.ahead is None and self.group.world_size == 1)
+                and plan.learning_rate is None and self.ahead is None and self.group.world_size == 1
+                and getattr(self.cfg, "amp", "none") == "none")
 
     def eager_step(self, batch: Batch) -> torch.Tensor:
         plan = self.plan
