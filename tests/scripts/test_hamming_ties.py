@@ -56,6 +56,7 @@ def test_r1_by_index_is_the_metrics_on_both_databases(ties):
     assert out["collection"]["i2t"]["as_near"] > out["test"]["i2t"]["as_near"]  # a larger database, more items as near
 
 
+@pytest.mark.slow  # 4 s: a research script run end to end (its pieces are tested above)
 def test_the_script_prints_each_run_and_the_means(tmp_path):
     from conftest import caption_file  # noqa: PLC0415 - the shared tiny caption set
 

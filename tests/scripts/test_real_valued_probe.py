@@ -29,6 +29,7 @@ def test_the_embedding_is_linear_and_keeps_its_best_validation_epoch(probe, tiny
     assert torch.equal(again.head_outputs(tiny.query.img[:5], tiny.query.txt[:5], "unimodal")[0], img)
 
 
+@pytest.mark.slow  # 6 s: a research script run end to end (its pieces are tested above)
 def test_the_script_prints_each_seed_and_the_means(tiny_path):
     out = subprocess.run([sys.executable, SCRIPT, tiny_path, "--seeds", "0,1", "--dim", "8", "--epochs", "2",
                           "--components", "8,16"], capture_output=True, text=True, check=True).stdout
