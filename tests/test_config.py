@@ -203,3 +203,21 @@ def test_a_search_setting_the_backend_has_no_use_for_is_refused_naming_it():
         with pytest.raises(SettingError, match="does not apply to backend") as err:
             backend_config(backend, **{setting: True if setting == "check_recall" else 2})
         assert err.value.setting == setting
+
+
+def test_blame_overrides_names_the_overrides_that_refuse_alone_else_all():
+    from ucmfh.config import SettingError, blame_overrides
+
+    def fusion(extra):
+        return FusionConfig(**{"val_fraction": 0.0, **extra})
+
+    assert blame_overrides(fusion, {"d_model": 64}).d_model == 64
+    with pytest.raises(SettingError, match=r"^'patience': patience needs a validation split") as err:
+        blame_overrides(fusion, {"d_model": 64, "patience": 3})
+    assert err.value.settings == ("patience",)
+    with pytest.raises(SettingError) as err:  # each is fine alone (4 heads divide 36, 8 divide 512): both named
+        blame_overrides(lambda extra: FusionConfig(**extra), {"d_model": 36, "n_heads": 8})
+    assert err.value.settings == ("d_model", "n_heads")
+    with pytest.raises(ValueError, match="patience needs") as err:  # another setting's: raised as it is
+        blame_overrides(lambda extra: FusionConfig(**{"val_fraction": 0.0, "patience": 3, **extra}), {"d_model": 64})
+    assert not isinstance(err.value, SettingError)

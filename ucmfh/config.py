@@ -12,7 +12,7 @@ import math
 import numbers
 import os
 from dataclasses import dataclass, field
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Optional, Sequence, Union
 
 PROTOCOLS = ("unimodal", "fused")
 BETA_SCHEDULES = ("none", "hashnet", "step")
@@ -381,6 +381,30 @@ SETTINGS: Dict[type, Dict[str, Any]] = {
         "max_violation_from": NON_NEGATIVE, "ratio_weight": NON_NEGATIVE, "lr": POSITIVE,
         "weight_decay": NON_NEGATIVE, "pair_chunk": AT_LEAST_ONE, **_TRAINING},
 }
+
+
+def raises(build: Callable[..., Any], *args: Any) -> bool:
+    """Whether ``build(*args)`` refuses what it is given (raises a ``ValueError``)."""
+    try:
+        build(*args)
+    except ValueError:
+        return True
+    return False
+
+
+def blame_overrides(build: Callable[[Dict[str, Any]], Any], overrides: Dict[str, Any]) -> Any:
+    """``build(overrides)``. A ``ValueError`` that ``build({})`` does not raise comes of the overrides (``d_model``
+    that ``n_heads`` does not divide): a :class:`SettingError` naming those of them that raise it alone, else all.
+    One that ``build({})`` raises too is another setting's, raised as it is."""
+    try:
+        return build(overrides)
+    except ValueError as err:
+        if not overrides:
+            raise
+        error = err
+    build({})
+    names = [name for name in overrides if raises(build, {name: overrides[name]})] or list(overrides)
+    raise SettingError(names, f"{', '.join(map(repr, names))}: {error}") from None
 
 
 def check_setting(cls: type, name: str, value: Any) -> None:

@@ -5,7 +5,6 @@ Registered on the main group by :mod:`ucmfh.app.cli`; the work is in :mod:`ucmfh
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, Callable, Dict
 
 import click
 
@@ -15,7 +14,8 @@ from ucmfh.app.identity import RunOptions
 from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
 from ucmfh.app.options import output_options, parse_params, seed_type, tensorboard_option
 from ucmfh.app.outputs import check_outputs
-from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, check_setting
+from ucmfh.config import (DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, SettingError, blame_overrides,
+                          check_setting)
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import append_jsonl
 from ucmfh.metrics.captions import DATABASES
@@ -95,38 +95,16 @@ def train_seps(dataset, data_dir, database, results, device, quiet, overrides, o
             check_setting(SepsConfig, name, value)  # its type and its range, whatever the other settings
         except ValueError as err:
             raise click.BadParameter(f"{name!r}: {err}", param_hint="--set") from None
-    cfg = _blame_overrides(lambda given: SepsConfig(**{**settings, **given, "device": device}), extra)
+    try:
+        cfg = blame_overrides(lambda given: SepsConfig(**{**settings, **given, "device": device}), extra)
+    except SettingError as err:  # the library names the overrides to blame; here they are --set's
+        raise click.BadParameter(str(err), param_hint="--set") from None
     check_outputs({"--results": results}, {"--out": out, "--tensorboard": tensorboard})
     path = resolve_dataset(dataset, data_dir)
     click.echo(f"dataset: {path}")
     data = load_dataset(path)
     opts = RunOptions(out=out, resume=resume, save_interval=save_interval, progress=not quiet, tensorboard=tensorboard)
     _report(train_seps_stage(data, cfg, opts, _databases(database, "test"), log=click.echo), results)
-
-
-def _blame_overrides(build: Callable[[Dict[str, Any]], Any], overrides: Dict[str, Any]) -> Any:
-    """``build(overrides)``, where ``overrides`` are the ``--set`` settings. A ``ValueError`` that ``build({})``
-    does not raise comes of the overrides (``--set embed_dim=...`` that another setting refuses): it is refused
-    as ``--set``, naming those of them that raise it alone (else all). One that ``build({})`` raises too is
-    another option's, raised as is."""
-    try:
-        return build(overrides)
-    except ValueError as err:
-        if not overrides:
-            raise
-        error = err
-    build({})
-    alone = [name for name in overrides if _raises(build, {name: overrides[name]})]
-    names = ", ".join(map(repr, alone or overrides))
-    raise click.BadParameter(f"{names}: {error}", param_hint="--set")
-
-
-def _raises(build: Callable[[Dict[str, Any]], Any], overrides: Dict[str, Any]) -> bool:
-    try:
-        build(overrides)
-    except ValueError:
-        return True
-    return False
 
 
 @click.command("rerank")

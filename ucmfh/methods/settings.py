@@ -22,7 +22,8 @@ import dataclasses
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ucmfh.config import (
-    MOVED_TO_PARAMS, PROTOCOLS, FusionConfig, HashConfig, SettingError, check_setting, default_epochs, with_defaults,
+    MOVED_TO_PARAMS, PROTOCOLS, FusionConfig, HashConfig, SettingError, blame_overrides, check_setting, default_epochs,
+    raises, with_defaults,
 )
 from ucmfh.losses import build_loss
 from ucmfh.methods.base import Method
@@ -286,28 +287,22 @@ def _blamed(build: Callable[[Dict[str, Any], Dict[str, Dict[str, Any]]], Any], s
     except ValueError as err:
         error = err
     no_overrides = {stage: {} for stage in overrides}
-    keys = [f"{stage}.{name}" for stage, values in overrides.items() for name in values]
-    if keys and not _raises(build, settings, no_overrides):
-        alone = [key for key in keys if _raises(build, settings, _only(overrides, key))]
-        names = alone or keys
-        raise SettingError(names, f"{', '.join(map(repr, names))}: {error}") from None
-    if _raises(build, {}, no_overrides):
+    flat = {f"{stage}.{name}": value for stage, values in overrides.items() for name, value in values.items()}
+    if flat and not raises(build, settings, no_overrides):  # the overrides' (config.blame_overrides names them)
+        blame_overrides(lambda given: build(settings, _staged(given, overrides)), flat)
+    if raises(build, {}, no_overrides):
         raise error
     atoms = _atoms(settings)
     for i, (setting, _, _) in enumerate(atoms):
-        if _raises(build, _prefix(atoms[:i + 1]), no_overrides):
+        if raises(build, _prefix(atoms[:i + 1]), no_overrides):
             raise SettingError(setting, str(error)) from None
     raise error
 
 
-def _only(overrides: Dict[str, Dict[str, Any]], key: str) -> Dict[str, Dict[str, Any]]:
-    stage, _, name = key.partition(".")
-    return {s: ({name: overrides[s][name]} if s == stage else {}) for s in overrides}
-
-
-def _raises(build: Callable[..., Any], *args: Any) -> bool:
-    try:
-        build(*args)
-    except ValueError:
-        return True
-    return False
+def _staged(flat: Dict[str, Any], stages: Dict[str, Dict[str, Any]]) -> Dict[str, Dict[str, Any]]:
+    """``{"fusion.d_model": 30}`` as overrides by stage, every stage of ``stages`` present."""
+    out: Dict[str, Dict[str, Any]] = {stage: {} for stage in stages}
+    for key, value in flat.items():
+        stage, _, name = key.partition(".")
+        out[stage][name] = value
+    return out
