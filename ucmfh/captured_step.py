@@ -53,9 +53,13 @@ class CudaGraphs:
     def side_stream(self) -> Any:
         return torch.cuda.Stream()
 
-    def on(self, stream: Any) -> Any:
+    @contextlib.contextmanager
+    def on(self, stream: Any) -> Iterator[None]:
         """Run the block's work on ``stream``, after the work queued before it, and queue later work after it."""
-        return _on_stream(stream)
+        stream.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(stream):
+            yield
+        torch.cuda.current_stream().wait_stream(stream)
 
     def capture(self, body: Callable[[], torch.Tensor], before: Callable[[], None],
                 stream: Any) -> Tuple[Callable[[], None], torch.Tensor, bool]:
@@ -66,14 +70,6 @@ class CudaGraphs:
         with torch.cuda.graph(graph, stream=stream):
             out = body()
         return graph.replay, out, False
-
-
-@contextlib.contextmanager
-def _on_stream(stream: Any) -> Iterator[None]:
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        yield
-    torch.cuda.current_stream().wait_stream(stream)
 
 
 class CapturedStep:

@@ -311,12 +311,13 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         grid_rows.append(rows)
     if side is not None:
         side.run()
-    for path in write_tables([row for rows in grid_rows for row in rows], variants, bits, table):
+    every_row = [row for rows in grid_rows for row in rows]
+    for path in write_tables(every_row, variants, bits, table):
         click.echo(f"wrote {path}")
     if plot is not None:
         from ucmfh.app.length_plot import check_figure_paths, draw_length_figures, length_figures
 
-        figures = length_figures(summarize([row for rows in grid_rows for row in rows]))
+        figures = length_figures(summarize(every_row))
         check_figure_paths(plot, figures, overwrite)
         for path in draw_length_figures(figures, plot):
             click.echo(f"wrote {path}")

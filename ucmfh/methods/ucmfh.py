@@ -42,9 +42,9 @@ class UCMFH(Method):
 
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)
-        if self.method_params(cfg.method_params)["code_weight"] < 0:
-            raise ValueError(f"method 'ucmfh': parameter 'code_weight' must be >= 0, got "
-                             f"{cfg.method_params['code_weight']}")
+        code_weight = self.method_params(cfg.method_params)["code_weight"]
+        if code_weight < 0:
+            raise ValueError(f"method 'ucmfh': parameter 'code_weight' must be >= 0, got {code_weight}")
 
     def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
                     fusion_cfg: Optional[FusionConfig] = None) -> CrossModalHasher:

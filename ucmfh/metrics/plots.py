@@ -129,8 +129,8 @@ def plot_curves(results: Runs, prefix: str) -> List[str]:
     runs = _runs(results)
     paths = []
     if any("pr_curve" in res.get(name, {}) for _, res in runs for name in _NAMES):
-        paths.append(plot_pr_curve(runs if len(runs) > 1 else runs[0][1], f"{prefix}_pr.png"))
-    paths.append(plot_precision_at_k(runs if len(runs) > 1 else runs[0][1], f"{prefix}_pk.png"))
+        paths.append(plot_pr_curve(runs, f"{prefix}_pr.png"))
+    paths.append(plot_precision_at_k(runs, f"{prefix}_pk.png"))
     return paths
 
 
