@@ -449,9 +449,15 @@ def test_a_group_indexed_already_is_never_added_again(collection, tmp_path):
     whole = tmp_path / "whole"
     first = build_index(dataset, ck, str(whole))
     assert first.added == {"img": 40, "txt": 120} and first.skipped == {}
+    with h5py.File(dataset, "r") as f:
+        n = {split: len(f[split]["text"]) for split in ("train", "query", "retrieval")}
+    # the rows each build asked for, each item once: train named with retrieval is counted by retrieval
+    rows = {None: n["query"] + n["retrieval"], "query": n["query"], "train": n["train"], "/retrieval/": n["retrieval"],
+            "query,train": n["query"] + n["train"], "train,retrieval": n["retrieval"]}
     for splits in (None, ["query"], ["train"], ["/retrieval/"], ["query", "train"], ["train", "retrieval"]):
         again = build_index(dataset, ck, str(whole), splits=splits)
         assert again.already and again.added == {"img": 0, "txt": 0}, splits
+        assert again.rows == rows[",".join(splits) if splits else None], splits
         assert Index.load(whole).count("txt") == 120 and Index.load(whole).count("img") == 40
     assert build_index(dataset, ck, str(whole), splits=["train"]).skipped == {"/train": "/retrieval"}
     assert build_index(dataset, ck, str(whole), splits=["query"]).skipped == {"/query": "/query"}

@@ -115,7 +115,7 @@ class BuildReport:
     index: Index
     added: Dict[str, int]  # items added per modality by this call
     resumed_at: int  # the row the build started at (0: from the start)
-    rows: int  # rows of the collection
+    rows: int  # rows of the collection asked for, each item once (a group inside another one asked for is not counted)
     already: bool  # the collection was already complete in the index
     stopped: bool = False  # should_stop ended the build before its end (the same call continues it)
     skipped: Dict[str, str] = field(default_factory=dict)  # group asked for, not added -> the group holding its items
@@ -200,10 +200,12 @@ def build_index(
             index.meta["features"] = {}
         for m, f in features.items():
             index.meta["features"].setdefault(m, f)
-    asked = len(coll)
+    asked = coll
     coll, skipped = groups_to_add(coll, index.sources if index is not None else [], sha, out)
     if not coll.groups:  # every group asked for is indexed already (index exists: a new one holds nothing)
-        return BuildReport(index, {"img": 0, "txt": 0}, asked, asked, True, skipped=skipped)
+        # the rows asked for, each item once: a group held by another group asked for is counted there
+        rows = sum(r for g, r in zip(asked.groups, asked.rows) if skipped[g] == g or skipped[g] not in asked.groups)
+        return BuildReport(index, {"img": 0, "txt": 0}, rows, rows, True, skipped=skipped)
     key = f"{sha}:{','.join(coll.groups)}"
     n = len(coll)
     stat = os.stat(coll.path)
