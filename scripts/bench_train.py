@@ -21,6 +21,7 @@ max_memory_allocated on CUDA), and MAP@50 after equal epochs on a smaller set.
     python scripts/bench_train.py                      # everything, CPU
     python scripts/bench_train.py --device cuda        # the same on a GPU
     python scripts/bench_train.py --only throughput --repeats 3
+    python scripts/bench_train.py --device cuda --only throughput --cuda-graph   # + ours-none-graph: captured steps
 """
 from __future__ import annotations
 
@@ -46,6 +47,7 @@ from ucmfh.models.hashing import CrossModalHasher
 from ucmfh_reference import RefFuseTransEncoder, RefHashMlp, ref_encode, ref_fit_fusion, ref_fit_hashing  # scripts/: the directory of this script
 from ucmfh.methods import fit_hashing
 from ucmfh.fusion_stage import fit_fusion
+from ucmfh.captured_step import capture_steps
 
 # ---------------------------------------------------------------- helpers
 
@@ -92,7 +94,8 @@ def hash_cfg(args, amp: str, epochs: int) -> HashConfig:
 
 
 def variants(args) -> List[str]:
-    return ["ref"] + [f"ours-{amp}" for amp in args.amp]
+    graphs = ["ours-none-graph"] if args.cuda_graph else []  # a captured step is full precision only
+    return ["ref"] + [f"ours-{amp}" for amp in args.amp] + graphs
 
 
 def run_stage(variant: str, stage: str, data: Dataset, args, epochs: int):
@@ -105,13 +108,14 @@ def run_stage(variant: str, stage: str, data: Dataset, args, epochs: int):
             fusion = RefFuseTransEncoder(hidden_size=data.d_img + data.d_txt)
             fit = ref_fit_hashing(data.train, fusion, args.n_bits, epochs, device, args.batch_size)
         return fit.n_items, fit.model
-    amp = variant.split("-", 1)[1]
-    if stage == "fusion":
-        fusion, _ = fit_fusion(data, fusion_cfg(args, amp, epochs), progress=False)
-        return len(data.train) * epochs, fusion
-    fusion = FusionEncoder(data.d_img, data.d_txt)
-    model, _ = fit_hashing(data, hash_cfg(args, amp, epochs), fusion, progress=False)
-    return len(data.train) * epochs, model
+    amp = variant.split("-")[1]
+    with capture_steps(variant.endswith("-graph")):
+        if stage == "fusion":
+            fusion, _ = fit_fusion(data, fusion_cfg(args, amp, epochs), progress=False)
+            return len(data.train) * epochs, fusion
+        fusion = FusionEncoder(data.d_img, data.d_txt)
+        model, _ = fit_hashing(data, hash_cfg(args, amp, epochs), fusion, progress=False)
+        return len(data.train) * epochs, model
 
 
 # ---------------------------------------------------------------- measurements
@@ -131,7 +135,7 @@ def bench_throughput(args) -> Dict[str, Dict[str, float]]:
                 seconds, cpu, (n, _) = timed(lambda: run_stage(v, stage, data, args, args.epochs), args.device)
                 rates[v][stage].append(n / seconds)
                 rates[v][f"{stage}_cpu"].append(n / cpu)
-                print(f"  {stage:<8} repeat {r}  {v:<12} {n / seconds:9.1f} items/s wall  {n / cpu:9.1f} items/CPU-s",
+                print(f"  {stage:<8} repeat {r}  {v:<16} {n / seconds:9.1f} items/s wall  {n / cpu:9.1f} items/CPU-s",
                       flush=True)
     return {v: {s: statistics.median(x) for s, x in st.items()} for v, st in rates.items()}
 
@@ -199,7 +203,7 @@ def bench_memory(args) -> Dict[str, Dict[str, Dict[str, float]]]:
                    "--threads", str(torch.get_num_threads())]
             res = subprocess.run(cmd, capture_output=True, text=True, check=True)
             out[v][stage] = json.loads(res.stdout.strip().splitlines()[-1])
-            print(f"  memory   {stage:<8} {v:<12} {out[v][stage]}", flush=True)
+            print(f"  memory   {stage:<8} {v:<16} {out[v][stage]}", flush=True)
     return out
 
 
@@ -217,15 +221,16 @@ def bench_map(args) -> Dict[str, Dict[str, float]]:
             ql, rl = data.query.labels.to(args.device), data.retrieval.labels.to(args.device)
             out[v] = {"fused_i2t": map_at_k(q[0], r[1], ql, rl, 50), "fused_t2i": map_at_k(q[1], r[0], ql, rl, 50)}
         else:
-            amp = v.split("-", 1)[1]
+            amp = v.split("-")[1]
             epochs = args.ours_map_epochs or args.map_epochs
-            fusion, _ = fit_fusion(data, fusion_cfg(args, amp, epochs), progress=False)
-            model, _ = fit_hashing(data, hash_cfg(args, amp, epochs), fusion, progress=False)
+            with capture_steps(v.endswith("-graph")):
+                fusion, _ = fit_fusion(data, fusion_cfg(args, amp, epochs), progress=False)
+                model, _ = fit_hashing(data, hash_cfg(args, amp, epochs), fusion, progress=False)
             out[v] = {}
             for row in evaluate_hashing(model, data, ("fused", "unimodal"), 50, str(args.device)):
                 out[v][f"{row['protocol']}_i2t"] = row["map_i2t"]
                 out[v][f"{row['protocol']}_t2i"] = row["map_t2i"]
-        print(f"  MAP@50   {v:<12} " + "  ".join(f"{k} {x:.4f}" for k, x in out[v].items()), flush=True)
+        print(f"  MAP@50   {v:<16} " + "  ".join(f"{k} {x:.4f}" for k, x in out[v].items()), flush=True)
     return out
 
 
@@ -250,6 +255,9 @@ def main() -> None:
                    help="ucmfh variants to time (repeatable); default none and bf16.")
     p.add_argument("--n-train", type=int, default=1280,
                    help="Training items per timed epoch (rates are per item; the full run is extrapolated to 5000).")
+    p.add_argument("--cuda-graph", action="store_true",
+                   help="Also time ucmfh in full precision with each full batch's step replayed from a CUDA graph "
+                        "(on a GPU; elsewhere the same as ours-none).")
     p.add_argument("--batch-size", type=int, default=128)
     p.add_argument("--n-bits", type=int, default=64)
     p.add_argument("--epochs", type=int, default=1, help="Epochs per timed measurement.")
@@ -289,7 +297,7 @@ def main() -> None:
             for v, r in rates.items():
                 f, h = r["fusion" + suffix], r["hashing" + suffix]
                 full = args.full_epochs * 5000 * (1 / f + 1 / h)
-                print(f"  {v:<12} fusion {f:8.1f} ({f / ref['fusion' + suffix]:.2f}x)  "
+                print(f"  {v:<16} fusion {f:8.1f} ({f / ref['fusion' + suffix]:.2f}x)  "
                       f"hashing {h:8.1f} ({h / ref['hashing' + suffix]:.2f}x)  "
                       f"full {args.full_epochs}+{args.full_epochs}-epoch 5000-item run {full / 3600:6.2f} h "
                       f"({full / (args.full_epochs * 5000 * (1 / ref['fusion' + suffix] + 1 / ref['hashing' + suffix])):.2f} of ref)")

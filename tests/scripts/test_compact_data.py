@@ -1,0 +1,45 @@
+"""scripts/compact_data.py: the copy is a valid dataset file whose features are the originals rounded to
+float16, every other array and attribute as it was, smaller; an existing output is refused, exit 2."""
+from __future__ import annotations
+
+import os
+
+import h5py
+import numpy as np
+import pytest
+
+from conftest import caption_file, load_script
+from ucmfh.data.h5 import load_dataset, validate_file
+
+compact = load_script("compact_data")
+
+
+def test_the_copy_holds_the_features_rounded_to_float16_and_everything_else_as_it_was(tmp_path):
+    src, dst = str(tmp_path / "captions.h5"), str(tmp_path / "out" / "captions.h5")
+    caption_file(src, n_query=8, n_retrieval=200)
+    assert compact.main([src, dst]) == 0
+    validate_file(dst)
+    a, b = load_dataset(src), load_dataset(dst)
+    for split in ("train", "query", "retrieval"):
+        for name in ("img", "txt"):
+            x, y = getattr(getattr(a, split), name).numpy(), getattr(getattr(b, split), name).numpy()
+            assert y.dtype == np.float32 and np.array_equal(y, x.astype(np.float16).astype(np.float32)), (split, name)
+            assert 0 < np.abs(x - y).max() <= 1e-3 * np.abs(x).max()
+    with h5py.File(src, "r") as f, h5py.File(dst, "r") as g:
+        assert g.attrs["compacted"] == compact.NOTE
+        assert {k: v for k, v in g.attrs.items() if k != "compacted"}.keys() == dict(f.attrs).keys()
+        names = []
+        f.visit(names.append)
+        for name in names:
+            if isinstance(f[name], h5py.Dataset) and f[name].dtype != np.float32:
+                assert np.array_equal(f[name][()], g[name][()]), name
+    assert os.path.getsize(dst) < os.path.getsize(src)
+    assert not os.path.exists(dst + ".part")
+
+
+def test_an_existing_output_is_refused(tmp_path, capsys):
+    src = str(tmp_path / "captions.h5")
+    caption_file(src)
+    with pytest.raises(SystemExit) as exit_:
+        compact.main([src, src])
+    assert exit_.value.code == 2 and "exists" in capsys.readouterr().err
