@@ -7,7 +7,7 @@ import pytest
 from click.testing import CliRunner
 
 from ucmfh.app.cli import main
-from ucmfh.app.length_plot import check_figure_paths, draw_length_figures, length_figures
+from ucmfh.app.length_plot import check_figure_paths, draw_length_figures, legend_order, length_figures
 from ucmfh.app.runs import headline, summarize, variant_of
 from ucmfh.files import MARKS, append_jsonl, check_replaceable, read_jsonl
 
@@ -67,6 +67,15 @@ def test_every_point_is_the_summary_s_mean_and_std():
     two_tower = next(line for line in figures[-2]["lines"] if line["label"] == "two-tower")
     assert two_tower["n_bits"] == [16, 32, 64, 128] and two_tower["std"][-1] == 0.0
     assert two_tower["std"][0] == pytest.approx(0.02)  # sample std of 3 seeds 0.02 apart
+
+
+def test_the_legend_lists_the_lines_as_they_end_on_the_right():
+    def line(label, n_bits, mean):
+        return {"label": label, "n_bits": n_bits, "mean": mean}
+    lines = [line("a", [16, 64], [0.9, 0.5]), line("b", [16, 64], [0.1, 0.7]), line("c", [16, 32], [0.9, 0.95]),
+             line("d", [16, 64], [0.2, 0.7])]
+    # highest first at the longest length drawn (ties by label); a line that stops short after those that go on
+    assert [x["label"] for x in legend_order(lines)] == ["b", "d", "a", "c"]
 
 
 def test_figures_are_written_as_png_and_svg_with_ucmfh_s_mark(tmp_path):

@@ -3,7 +3,9 @@
 One figure per dataset and score: MAP@k I→T and T→I of a labelled set, R@1 I→T and T→I of a caption set
 per database; the headline figure of :mod:`ucmfh.app.runs` (the tie-aware one where the rows have it).
 One line per method (its loss when not the method's default), the sample standard deviation over seeds
-as error bars, and random codes as a dashed reference where the rows scored them. What is drawn is
+as error bars, CCA-ITQ (the linear baseline) as a black dash-dot line and random codes as a dashed one
+where the rows scored them; the legend beside the axes lists the lines as they end on the right, and a
+method keeps its colour in every figure of one call. What is drawn is
 computed apart from the drawing (:func:`length_figures`: plain data), so it can be checked against the
 summary value by value.
 """
@@ -24,6 +26,9 @@ RECALL_FIELDS = (("r1_i2t", "R@1 I→T (%)"), ("r1_t2i", "R@1 T→I (%)"))
 _QUALIFIERS = (("trained_on", "trained on {}"), ("task", "{}"), ("protocol", "{}"), ("stage", "{}"),
                ("k", "k={}"), ("settings_key", "settings {}"))
 SUFFIXES = (".png", ".svg")
+# the linear baseline, drawn as a reference line beside the methods
+REFERENCE_METHODS = ("cca-itq",)
+REFERENCE_STYLE = {"color": "black", "linestyle": "-.", "markerfacecolor": "white"}
 
 
 def safe_name(text: str) -> str:
@@ -106,6 +111,13 @@ def _figure(dataset: str, trained: Optional[str], database: Optional[str], field
             "lines": list(lines.values()), "reference": reference}
 
 
+def legend_order(lines: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
+    """``lines`` in the order they are drawn and listed: highest first at the longest code length each
+    reaches, so the legend reads top to bottom as the lines end on the right."""
+    return sorted(lines, key=lambda line: (-max(line["n_bits"]), -line["mean"][line["n_bits"].index(max(line["n_bits"]))],
+                                           line["label"]))
+
+
 def figure_paths(prefix: str, figure: Dict[str, Any]) -> List[str]:
     """The files one figure is written to: ``PREFIX_<name>.png`` and ``.svg``."""
     return [f"{prefix}_{figure['name']}{suffix}" for suffix in SUFFIXES]
@@ -135,10 +147,16 @@ def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[
 
     plt = pyplot()
     paths = []
+    # one colour per line label across the figures of one call: a method keeps its colour in each
+    labels = sorted({line["label"] for figure in figures for line in figure["lines"]})
+    colours = {label: f"C{i % 10}" for i, label in enumerate(labels)}
     for figure in figures:
-        fig, ax = plt.subplots(figsize=(5.5, 4))
-        for line in figure["lines"]:
-            ax.errorbar(line["n_bits"], line["mean"], yerr=line["std"], marker="o", capsize=3, label=line["label"])
+        fig, ax = plt.subplots(figsize=(7.5, 4))
+        fig.subplots_adjust(left=0.1, right=0.7, bottom=0.13, top=0.86)  # the legend beside the axes
+        for line in legend_order(figure["lines"]):
+            style = REFERENCE_STYLE if line["label"].split(" ")[0] in REFERENCE_METHODS else {"color": colours[line["label"]]}
+            ax.errorbar(line["n_bits"], line["mean"], yerr=line["std"], marker="o", capsize=3, label=line["label"],
+                        **style)
         if figure["reference"]:
             ref = figure["reference"]
             ax.plot(ref["n_bits"], ref["mean"], linestyle="--", color="grey", label="random codes")
@@ -150,8 +168,11 @@ def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[
         ax.set_ylabel(figure["ylabel"])
         ax.set_title(figure["title"], fontsize=10)
         ax.grid(alpha=0.3)
-        ax.legend(fontsize=8, title="error bars: std over seeds", title_fontsize=7)
-        fig.tight_layout()
+        handles, labels = ax.get_legend_handles_labels()  # the random codes' plain line comes first: put it last
+        order = sorted(range(len(labels)), key=lambda i: labels[i] == "random codes")
+        ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8,
+                  title="error bars: std over seeds", title_fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                  borderaxespad=0.0)
         for path in figure_paths(prefix, figure):
             paths.append(save_figure(fig, path))
         plt.close(fig)

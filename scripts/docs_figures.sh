@@ -1,0 +1,30 @@
+#!/usr/bin/env bash
+# docs/quality.md's headline comparisons as figures: every method at 16, 32, 64 and 128 bits, seeds
+# 2023-2025, `unimodal`, tie-aware, each method with its own settings; one figure per dataset and
+# direction (the score against code length, one line per method, the seed spread as error bars, random
+# codes dashed), drawn by `ucmfh grid --plot` from the grid's own rows into docs/figures/. The grid is
+# resumable: the same command goes on where it stopped and only draws again once every cell is done.
+# Run from the repository root:
+#
+#   bash scripts/docs_figures.sh small       # mirflickr730 and Wiki: about 35 minutes on 2 CPU cores
+#   bash scripts/docs_figures.sh flickr8k    # full Flickr8k: days on 2 CPU cores; on a GPU:
+#   DEVICE=cuda JOBS=8 DATA=gpu-data bash scripts/docs_figures.sh flickr8k
+#
+# DATA: the folder of the dataset files (default ../shared/data); RESULTS: the results file the grid
+# appends to and skips finished cells by (default runs/docs-SET.jsonl); JOBS: cells at once (default 2).
+set -eu
+SET=${1:?usage: bash scripts/docs_figures.sh small|flickr8k}
+DATA=${DATA:-../shared/data}
+DEVICE=${DEVICE:-auto}
+JOBS=${JOBS:-2}
+RESULTS=${RESULTS:-runs/docs-$SET.jsonl}
+METHODS=two-tower,cca-itq,jdsh,djsrh,dgcpn,ucch,cirh,daeh
+case $SET in
+    small) SETS=(-d mirflickr730 -d wiki) ;;
+    flickr8k) SETS=(-d flickr8k) ;;
+    *) echo "docs_figures.sh: error: unknown set '$SET' (small or flickr8k)" >&2; exit 2 ;;
+esac
+mkdir -p docs/figures
+exec env OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} python -m ucmfh grid "${SETS[@]}" --data-dir "$DATA" \
+    --protocol unimodal --methods "$METHODS" -b 16 -b 32 -b 64 -b 128 --seeds 2023,2024,2025 \
+    --jobs "$JOBS" --device "$DEVICE" --results "$RESULTS" --table "runs/docs-$SET" --plot docs/figures/quality --quiet
