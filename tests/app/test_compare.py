@@ -72,6 +72,33 @@ def test_compare_pairs_each_query_with_itself_which_can_change_the_verdict(tmp_p
         assert verdict(apart) == "level"  # the same scores, unpaired
 
 
+@pytest.mark.parametrize("results_at", ["r.jsonl", "runs/results.jsonl"])
+def test_rows_of_another_folder_are_compared_from_here_with_their_lengths_in_order(tmp_path, monkeypatch, results_at):
+    """A grid run in one folder writes its files' paths relative to it; compare from another folder, given that
+    grid's results file (in the folder or in its runs/), finds them; cells are listed 16 bits before 128."""
+    there = tmp_path / "there"
+    (there / "runs").mkdir(parents=True)
+    rows = []
+    for n_bits in (128, 16):
+        for method, shift in (("cca-itq", 0.0), ("two-tower", 0.1)):
+            name = f"runs/{method}{n_bits}.queries.npz"
+            np.savez(there / name, **{f"unimodal/-/ap_{d}": np.linspace(0, 0.8, 50, dtype=np.float32) + shift
+                                      for d in ("i2t", "t2i")})
+            rows.append({"task": "hashing", "method": method, "run": f"{method}{n_bits}", "dataset": "hand",
+                         "dataset_fingerprint": "0" * 64, "n_bits": n_bits, "protocol": "unimodal",
+                         "database": None, "k": 50, "seed": 2023, "per_query": name})
+    results = there / results_at
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    (tmp_path / "here").mkdir()
+    monkeypatch.chdir(tmp_path / "here")
+    shown = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "--json",
+                                      "--resamples", "200"])
+    assert shown.exit_code == 0, shown.output
+    lines = [json.loads(line) for line in shown.output.splitlines()]
+    assert [x["n_bits"] for x in lines] == [16, 16, 128, 128]
+    assert all(x["difference"]["mean"] == pytest.approx(0.1, abs=1e-6) for x in lines)
+
+
 def _grid(tmp_path, path, methods, seeds="2023,1", extra=()):
     results = tmp_path / "r.jsonl"
     epochs = [] if methods == "cca-itq" else ["--epochs", "2"]  # a grid of closed-form fits only refuses --epochs

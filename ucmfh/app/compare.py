@@ -40,6 +40,11 @@ def _part(scores: Dict[str, np.ndarray], name: str, column: Any, scale: float) -
     return scale * values
 
 
+def _cell_order(cell: tuple) -> tuple:
+    """A cell's place in the table: its parts in order, code lengths and k by number (16 before 128)."""
+    return tuple((x is None, 0, x, "") if isinstance(x, (int, float)) else (x is None, 1, 0, str(x)) for x in cell)
+
+
 def cells(rows: List[Dict[str, Any]], base: str, other: str, pool: bool = False,
           ) -> Dict[tuple, Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]]:
     """The cells both methods were scored on: {(dataset, n_bits, protocol, database, k, base settings,
@@ -183,7 +188,7 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
         raise UserError(f"{', '.join(results)}: no cell has rows of both {base} and {other} (methods there: "
                         f"{', '.join(present) or 'none'}" + (f"; {where}" if len(scored) == 2 else "") + ")")
     out = []
-    for cell in sorted(shared, key=lambda c: tuple(str(x) for x in c)):
+    for cell in sorted(shared, key=_cell_order):
         out += [(cell, r) for r in compare_cell(shared[cell], base, other, resamples)]
     if as_json:
         for (dataset_, n_bits_, protocol_, database, k, base_key, other_key), r in out:

@@ -66,8 +66,28 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
             message = (f"{path}: {len(found) - len(kept)} row(s) without a dataset and a task (not results of a "
                        "ucmfh command); skipped")
             warnings.warn(message, stacklevel=2) if warn is None else warn(message)
-        rows += kept
+        rows += [_located(row, path) for row in kept]
     return rows
+
+
+# a row's files, written relative to where its command ran
+ROW_FILES = ("checkpoint", "per_query")
+
+
+def _located(row: Dict[str, Any], results: str) -> Dict[str, Any]:
+    """``row`` with each relative file path that is not found from here but is from the folder of its results
+    file or the one above it (where a command writing ``runs/results.jsonl`` ran) made absolute: another
+    folder's rows are read as they were written there."""
+    folder = os.path.dirname(os.path.abspath(results))
+    for key in ROW_FILES:
+        path = row.get(key)
+        if not isinstance(path, str) or os.path.isabs(path) or os.path.exists(path):
+            continue
+        found = next((c for c in (os.path.join(folder, path), os.path.join(os.path.dirname(folder), path))
+                      if os.path.exists(c)), None)
+        if found:
+            row = {**row, key: found}
+    return row
 
 
 def _matches(value: Any, wanted: Sequence[Any]) -> bool:
