@@ -2,8 +2,9 @@
 # docs/quality.md's headline comparisons as figures: every method at 16, 32, 64 and 128 bits, seeds
 # 2023-2025, `unimodal`, tie-aware, each method with its own settings; one figure per dataset and
 # direction (the score against code length, one line per method, the seed spread as error bars, random
-# codes dashed), drawn by `ucmfh grid --plot` from the grid's own rows into docs/figures/. The grid is
-# resumable: the same command goes on where it stopped and only draws again once every cell is done.
+# codes dashed), drawn by `ucmfh grid --plot` from the grid's own rows into docs/figures/, and forest plots
+# of `ucmfh compare` (the default against JDSH and against DAEH, every cell with its 95% interval). The
+# grid is resumable: the same command goes on where it stopped and draws once every cell is done.
 # Run from the repository root:
 #
 #   bash scripts/docs_figures.sh small       # mirflickr730 and Wiki: about 35 minutes on 2 CPU cores
@@ -25,6 +26,11 @@ case $SET in
     *) echo "docs_figures.sh: error: unknown set '$SET' (small or flickr8k)" >&2; exit 2 ;;
 esac
 mkdir -p docs/figures
-exec env OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} python -m ucmfh grid "${SETS[@]}" --data-dir "$DATA" \
+OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} python -m ucmfh grid "${SETS[@]}" --data-dir "$DATA" \
     --protocol unimodal --methods "$METHODS" -b 16 -b 32 -b 64 -b 128 --seeds 2023,2024,2025 \
     --jobs "$JOBS" --device "$DEVICE" --results "$RESULTS" --table "runs/docs-$SET" --plot docs/figures/quality --quiet
+# the default against the two field methods closest to it: each cell's paired difference and its interval
+for method in jdsh daeh; do
+    python -m ucmfh compare "$method" two-tower "${SETS[@]}" --protocol unimodal --results "$RESULTS" \
+        --plot "docs/figures/compare_${SET}_$method.png"
+done

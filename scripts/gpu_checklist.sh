@@ -11,7 +11,7 @@
 # on full Flickr8k at 64 bits with captured steps, and the six-cell grid at --jobs 1 and 6. Flickr8k does
 # not fit the 64-MiB working tree as it is: carry a compact copy made here (features rounded to float16):
 #   python scripts/compact_data.py ../shared/data/flickr8k.h5 gpu-data/flickr8k.h5 && cp ../shared/data/wiki.h5 gpu-data/
-# (gpu-data/ in .git/info/exclude; the device call names it in carry). Without $DATA/flickr8k.h5 that step is skipped.
+# (gpu-data/ is git-ignored; the device call names it in carry). Without $DATA/flickr8k.h5 that step is skipped.
 #
 # DATA holds wiki.h5 (the per-method runs and search use it) and mirflickr730_tokens.h5 (SEPS, rerank). Steps: the machine; the C kernels built in
 # place; timed one at a time: the main job (both UCMFH stages, 100 epochs each, synthetic MIRFlickr size), eager
