@@ -83,6 +83,32 @@ def test_a_captured_step_trains_the_eager_model_without_a_host_sync(tiny, monkey
     assert captured_history.as_dict()["loss"] == pytest.approx(eager_history.as_dict()["loss"], rel=1e-5)
 
 
+@pytest.mark.parametrize("first", ["eager", "captured"])
+def test_a_run_interrupted_resumes_captured_to_the_eager_model(tiny, monkeypatch, standin_graphs, tmp_path, first):
+    """Stopped after two epochs, eager or captured, and resumed captured (a state saved by an eager run keeps
+    Adam's step count on the host, which a capturable Adam refuses), the run ends on the eager model."""
+    import ucmfh.trainer as trainer_module
+    from conftest import StopAfter
+    from ucmfh.signals import TrainingInterrupted
+    from ucmfh.training_state import StateFile
+
+    cfg = method_config("two-tower", epochs=4, device="cuda", val_fraction=0.0, hidden=32, dropout=0.0, batch_size=48,
+                        loss_params={"temperature": 0.3})
+    with cuda_standin(monkeypatch):
+        eager, _ = fit_hashing(tiny, cfg, progress=False)
+        state = StateFile(str(tmp_path / "hash.state.pt"), interval_s=1e9)
+        bars = StopAfter(2)
+        monkeypatch.setattr(trainer_module, "tqdm", bars)
+        with capture_steps(first == "captured"), pytest.raises(TrainingInterrupted):
+            fit_hashing(tiny, cfg, progress=False, state=state)
+        bars.epochs = None
+        with capture_steps():
+            resumed, _ = fit_hashing(tiny, cfg, progress=False, state=StateFile(state.path, resume=True))
+    assert bars.starts[-1] == 2 and StandinGraphs.log.count("capture") == (2 if first == "captured" else 1)
+    for (name, a), b in zip(eager.state_dict().items(), resumed.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)
+
+
 def test_the_fusion_stage_is_captured_with_its_modality_dropout_draws(tiny, monkeypatch, standin_graphs):
     cfg = small_fusion(epochs=2, device="cuda", dropout=0.0, modality_dropout=0.5, val_fraction=0.0)
     with cuda_standin(monkeypatch):
