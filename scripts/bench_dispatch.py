@@ -23,7 +23,6 @@ import contextlib
 import json
 import sys
 import tempfile
-from collections import Counter
 from pathlib import Path
 from typing import Callable, Dict, Iterator, List, NamedTuple, Optional, Sequence
 

@@ -24,7 +24,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List
+from typing import List
 
 import numpy as np
 
@@ -52,8 +52,8 @@ def run_cli(args: List[str], procs: int, threads: int) -> float:
 def ranks(a: argparse.Namespace) -> None:
     import h5py
 
-    print(f"| set | processes × threads | bits | database | I→T | T→I | rSum | best epoch / run | "
-          f"train s | items/s | wall s |")
+    print("| set | processes × threads | bits | database | I→T | T→I | rSum | best epoch / run | "
+          "train s | items/s | wall s |")
     print("|---|---|---|---|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for dataset in a.dataset:
@@ -123,7 +123,7 @@ def stream(a: argparse.Namespace) -> None:
         wall = run_cli(args, 1, a.threads)
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB on Linux
         [r] = [json.loads(line) for line in open(results)]
-    print(f"| items | file GB | --max-memory | epochs | train s | items/s | peak RSS GB | MAP@50 I→T / T→I | wall s |")
+    print("| items | file GB | --max-memory | epochs | train s | items/s | peak RSS GB | MAP@50 I→T / T→I | wall s |")
     print("|---|---|---|---|---|---|---|---|---|")
     speed = r["epochs_run"] * a.items * 0.99 / r["train_time_s"]
     print(f"| {a.items:,} | {size / 1e9:.2f} | {a.max_memory} | {r['epochs_run']} | {r['train_time_s']:.0f} | "

@@ -29,7 +29,7 @@ from typing import Any, Callable, Dict, Iterator
 
 import torch
 from torch.overrides import TorchFunctionMode
-from torch.utils._pytree import tree_flatten, tree_map
+from torch.utils._pytree import tree_flatten
 from torch.utils.weak import WeakIdKeyDictionary
 
 import ucmfh.batches

@@ -9,7 +9,6 @@ import ast
 import hashlib
 import io
 import json
-import os
 import re
 import shutil
 import signal

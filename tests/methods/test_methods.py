@@ -17,8 +17,7 @@ from ucmfh.methods.cca_itq import fit_cca_itq
 from ucmfh.checkpoint import load_model, save_checkpoint
 from ucmfh.config import HashConfig
 from ucmfh.methods import METHODS, hash_config
-from ucmfh.data.h5 import Dataset, Split
-from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
+from ucmfh.data.h5 import Split
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.metrics import map_at_k
 from ucmfh.evaluation import encode_split, evaluate_hashing, random_codes_map

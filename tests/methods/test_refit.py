@@ -57,7 +57,7 @@ def test_an_interrupted_refit_resumes_to_the_same_model(tiny, tmp_path, monkeypa
     with pytest.raises(TrainingInterrupted, match=r"hash16\.refit\.state\.pt"):
         fit_hashing(tiny, cfg, progress=False, state=state)
     monkeypatch.setattr(trainer_module, "train", original)
-    bars.epochs, first = None, len(bars.starts)
+    bars.epochs = None
     resumed, history = fit_hashing(tiny, cfg, progress=False, state=StateFile(state.path, resume=True))
     assert bars.starts[-1] == 1  # the refit went on from its saved epoch
     assert same_weights(reference, resumed) and history.refit_epochs is not None
