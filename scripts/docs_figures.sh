@@ -9,7 +9,9 @@
 #
 #   bash scripts/docs_figures.sh small       # mirflickr730 and Wiki: about 35 minutes on 2 CPU cores
 #   bash scripts/docs_figures.sh flickr8k    # full Flickr8k: days on 2 CPU cores; on a GPU:
-#   DEVICE=cuda JOBS=8 DATA=gpu-data bash scripts/docs_figures.sh flickr8k
+#   DEVICE=cuda JOBS=8 DATA=gpu-data RESULTS=gpu-data/docs-flickr8k.jsonl bash scripts/docs_figures.sh flickr8k
+#   (gpu-data/: scripts/compact_data.py's copy of flickr8k.h5, see docs/benchmarks.md; a device call that
+#   ends first brings the results file back in $OUT, and the next call, carrying it, goes on from there)
 #
 # DATA: the folder of the dataset files (default ../shared/data); RESULTS: the results file the grid
 # appends to and skips finished cells by (default runs/docs-SET.jsonl); JOBS: cells at once (default 2).
@@ -30,7 +32,9 @@ OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} python -m ucmfh grid "${SETS[@]}" --data-d
     --protocol unimodal --methods "$METHODS" -b 16 -b 32 -b 64 -b 128 --seeds 2023,2024,2025 \
     --jobs "$JOBS" --device "$DEVICE" --results "$RESULTS" --table "runs/docs-$SET" --plot docs/figures/quality --quiet
 # the default against the two field methods closest to it: each cell's paired difference and its interval
+# (from the runs' per-query files, kept beside their checkpoints in runs/: a grid finished on another
+# machine has its rows here but not those files, and compare says so)
 for method in jdsh daeh; do
     python -m ucmfh compare "$method" two-tower "${SETS[@]}" --protocol unimodal --results "$RESULTS" \
-        --plot "docs/figures/compare_${SET}_$method.png"
+        --plot "docs/figures/compare_${SET}_$method.png" || echo "docs_figures.sh: no forest plot of $method" >&2
 done
