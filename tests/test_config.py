@@ -221,3 +221,18 @@ def test_blame_overrides_names_the_overrides_that_refuse_alone_else_all():
     with pytest.raises(ValueError, match="patience needs") as err:  # another setting's: raised as it is
         blame_overrides(lambda extra: FusionConfig(**{"val_fraction": 0.0, "patience": 3, **extra}), {"d_model": 64})
     assert not isinstance(err.value, SettingError)
+
+
+def test_seps_config_checks_each_override_then_blames_those_that_refuse_together():
+    from ucmfh.config import SepsConfig, SettingError, seps_config
+
+    assert seps_config({"epochs": 2}, {"embed_dim": 64}) == SepsConfig(epochs=2, embed_dim=64)
+    for overrides, setting, message, instead in [
+        ({"nonsense": 1}, "nonsense", r"^'nonsense': unknown; SEPS settings are aggr_hidden_ratio, ", None),
+        ({"epochs": 3}, "epochs", r"^'epochs': a setting of its own", "epochs"),
+        ({"keep_ratio": 2.0}, "keep_ratio", r"^'keep_ratio': keep_ratio must be", None),
+        ({"val_fraction": 0.0}, "val_fraction", r"^'val_fraction': patience needs a validation split", None),
+    ]:
+        with pytest.raises(SettingError, match=message) as err:
+            seps_config({"epochs": 2, "patience": 3}, overrides)
+        assert err.value.setting == setting and err.value.instead == instead

@@ -407,6 +407,24 @@ def blame_overrides(build: Callable[[Dict[str, Any]], Any], overrides: Dict[str,
     raise SettingError(names, f"{', '.join(map(repr, names))}: {error}") from None
 
 
+def seps_config(settings: Dict[str, Any], overrides: Dict[str, Any]) -> SepsConfig:
+    """The :class:`SepsConfig` of ``settings`` (those a command gives by options of their own) and
+    ``overrides`` (any other field, ``train-seps --set``). Each override is checked alone first: a field of
+    SepsConfig, not one of ``settings`` (one way to say each: ``instead`` names it), a value of its type and
+    range; then together, the overrides to blame named (:func:`blame_overrides`). :class:`SettingError`."""
+    fields = [f.name for f in dataclasses.fields(SepsConfig)]
+    for name, value in overrides.items():
+        if name not in fields:
+            raise SettingError(name, f"{name!r}: unknown; SEPS settings are {', '.join(sorted(fields))}")
+        if name in settings:  # the override would replace the option silently
+            raise SettingError(name, f"{name!r}: a setting of its own, not an override", instead=name)
+        try:
+            check_setting(SepsConfig, name, value)  # its type and its range, whatever the other settings
+        except ValueError as err:
+            raise SettingError(name, f"{name!r}: {err}") from None
+    return blame_overrides(lambda given: SepsConfig(**{**settings, **given}), overrides)
+
+
 def check_setting(cls: type, name: str, value: Any) -> None:
     """Refuse a value that setting ``name`` of config class ``cls`` can never take, whatever the other settings
     are (``ValueError`` naming the setting, what it may be and the value): its type (:func:`check_type`),

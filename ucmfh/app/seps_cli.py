@@ -4,7 +4,6 @@ Registered on the main group by :mod:`ucmfh.app.cli`; the work is in :mod:`ucmfh
 """
 from __future__ import annotations
 
-import dataclasses
 
 import click
 
@@ -14,8 +13,7 @@ from ucmfh.app.identity import RunOptions
 from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
 from ucmfh.app.options import output_options, parse_params, seed_type, tensorboard_option
 from ucmfh.app.outputs import check_outputs
-from ucmfh.config import (DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, SettingError, blame_overrides,
-                          check_setting)
+from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, SettingError, seps_config
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import append_jsonl
 from ucmfh.metrics.captions import DATABASES
@@ -82,22 +80,11 @@ def train_seps(dataset, data_dir, database, results, device, quiet, overrides, o
     The model is saved in OUT/DATASET-FP/seps-seedS-KEY/seps.pt; an existing run of the same
     settings is reused. Re-rank a hashing model's candidates with it by 'ucmfh rerank'.
     """
-    extra = parse_params(overrides, "--set")
-    fields = {f.name for f in dataclasses.fields(SepsConfig)}
-    unknown = sorted(set(extra) - fields)
-    if unknown:
-        raise click.BadParameter(f"unknown settings {unknown}; SEPS settings are {', '.join(sorted(fields))}",
-                                 param_hint="--set")
-    for name, value in extra.items():
-        if name in settings or name == "device":  # one way to say each: --set would silently replace the option
-            raise click.BadParameter(f"{name!r}: use --{name.replace('_', '-')}", param_hint="--set")
-        try:
-            check_setting(SepsConfig, name, value)  # its type and its range, whatever the other settings
-        except ValueError as err:
-            raise click.BadParameter(f"{name!r}: {err}", param_hint="--set") from None
     try:
-        cfg = blame_overrides(lambda given: SepsConfig(**{**settings, **given, "device": device}), extra)
-    except SettingError as err:  # the library names the overrides to blame; here they are --set's
+        cfg = seps_config({**settings, "device": device}, parse_params(overrides, "--set"))
+    except SettingError as err:  # every refused setting here is an override of --set
+        if err.instead is not None:  # one given by an option of its own
+            raise click.BadParameter(f"{err.setting!r}: use --{err.instead.replace('_', '-')}", param_hint="--set") from None
         raise click.BadParameter(str(err), param_hint="--set") from None
     check_outputs({"--results": results}, {"--out": out, "--tensorboard": tensorboard})
     path = resolve_dataset(dataset, data_dir)
