@@ -25,6 +25,16 @@ def _caption(n_bits: int, seed: int, database: str, r1: float) -> dict:
             "database": database, "recall_i2t": {"1": r1}, "recall_t2i": {"1": r1 / 2}}
 
 
+def _recalls(n_bits: int, seed: int, database: str) -> dict:
+    """A caption row with every R@K, both ways (tie-aware twins a point lower), rSum and its random twin."""
+    i2t = {"1": 5.0 + seed + n_bits / 16, "5": 15.0 + seed, "10": 25.0 + seed}
+    t2i = {k: v / 2 for k, v in i2t.items()}
+    return {**_row("two-tower", n_bits, seed, 0.3), "dataset": "f8k", "dataset_fingerprint": "h", "database": database,
+            "recall_i2t": i2t, "recall_t2i": t2i, "recall_i2t_expected": {k: v - 1 for k, v in i2t.items()},
+            "recall_t2i_expected": {k: v - 1 for k, v in t2i.items()}, "rsum": sum(i2t.values()) + sum(t2i.values()),
+            "rsum_expected": sum(i2t.values()) + sum(t2i.values()) - 6, "random_rsum": 1.0 + seed}
+
+
 ROWS = [_row(m, b, s, 0.2 + b / 500 + s / 50 + (m == "cca-itq") / 20)
         for m in ("two-tower", "cca-itq") for b in (16, 32, 64) for s in (1, 2, 3)]
 ROWS += [_row("two-tower", 128, 1, 0.5)]  # one seed: std 0
@@ -67,6 +77,22 @@ def test_every_point_is_the_summary_s_mean_and_std():
     two_tower = next(line for line in figures[-2]["lines"] if line["label"] == "two-tower")
     assert two_tower["n_bits"] == [16, 32, 64, 128] and two_tower["std"][-1] == 0.0
     assert two_tower["std"][0] == pytest.approx(0.02)  # sample std of 3 seeds 0.02 apart
+
+
+def test_a_caption_set_has_a_figure_for_each_recall_and_rsum_with_the_summary_s_values():
+    rows = [_recalls(b, s, "test") for b in (16, 64) for s in (1, 2)]
+    groups = summarize(rows)
+    figures = {f["field"]: f for f in length_figures(groups)}
+    assert sorted(figures) == sorted(["r1_i2t", "r1_t2i", "r5_i2t", "r5_t2i", "r10_i2t", "r10_t2i", "rsum"])
+    for field, figure in figures.items():
+        line, = figure["lines"]
+        assert line["fields"] == [field + "_expected"] * 2  # the tie-aware figure leads
+        k, direction = (field[1:].split("_") if field != "rsum" else (None, None))
+        expected = [sum((r["rsum_expected"] if field == "rsum" else r[f"recall_{direction}_expected"][k])
+                        for r in rows if r["n_bits"] == b) / 2 for b in (16, 64)]
+        assert line["mean"] == pytest.approx(expected)
+        assert figure["reference"] == ({"n_bits": [16, 64], "mean": [2.5, 2.5]} if field == "rsum" else None)
+    assert figures["r5_t2i"]["ylabel"] == "R@5 T→I (%)" and figures["rsum"]["name"] == "f8k_rsum_test"
 
 
 def test_the_legend_lists_the_lines_as_they_end_on_the_right():

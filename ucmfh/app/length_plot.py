@@ -1,7 +1,7 @@
 """Figures of a score against code length from :func:`ucmfh.app.runs.summarize` (``ucmfh runs --plot``).
 
-One figure per dataset and score: MAP@k I→T and T→I of a labelled set, R@1 I→T and T→I of a caption set
-per database; the headline figure of :mod:`ucmfh.app.runs` (the tie-aware one where the rows have it).
+One figure per dataset and score: MAP@k I→T and T→I of a labelled set; R@1, R@5 and R@10 I→T and T→I and
+rSum of a caption set, per database; the headline figure of :mod:`ucmfh.app.runs` (the tie-aware one where the rows have it).
 One line per method (its loss when not the method's default), the sample standard deviation over seeds
 as error bars, CCA-ITQ (the linear baseline) as a black dash-dot line and random codes as a dashed one
 where the rows scored them; the legend beside the axes lists the lines as they end on the right, and a
@@ -19,9 +19,10 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ucmfh.app.runs import headline, variant_of
 from ucmfh.app.outputs import check_figures, check_outputs
 
-# a figure's score: (field, label); a labelled set's MAP, a caption set's R@1 in %
+# a figure's score: (field, label); a labelled set's MAP, a caption set's R@1, R@5, R@10 in % and rSum
 MAP_FIELDS = (("map_i2t", "MAP@{k} I→T"), ("map_t2i", "MAP@{k} T→I"))
-RECALL_FIELDS = (("r1_i2t", "R@1 I→T (%)"), ("r1_t2i", "R@1 T→I (%)"))
+RECALL_FIELDS = (*((f"r{k}_{d}", f"R@{k} {arrow} (%)") for k in (1, 5, 10) for d, arrow in (("i2t", "I→T"), ("t2i", "T→I"))),
+                 ("rsum", "rSum (R@1+5+10, both directions)"))
 # what tells two lines of one figure apart beyond the method, shown only where it varies
 _QUALIFIERS = (("trained_on", "trained on {}"), ("task", "{}"), ("protocol", "{}"), ("stage", "{}"),
                ("k", "k={}"), ("settings_key", "settings {}"))

@@ -24,23 +24,24 @@ from ucmfh.methods.settings import default_loss
 from ucmfh.evaluation import EXPECTED
 
 DIRECTIONS = ("map_i2t", "map_t2i")
-# R@1 of a caption set's row, in %: summarised like a field of its own
-RECALL_AT_1 = ("r1_i2t", "r1_t2i")
+# R@K of a caption set's row, in %, each summarised like a field of its own: r{K}_{direction}
+RECALL_AT_K = tuple(f"r{k}_{d}" for k in (1, 5, 10) for d in ("i2t", "t2i"))
 # the prefix of a figure of the hash heads' real-valued outputs ranked by cosine (a row's ``real_valued``)
 REAL = "real_"
 
 
 def _value(row: Dict[str, Any], field: str) -> Optional[float]:
-    """A row's figure; ``r1_i2t`` / ``r1_t2i`` read R@1 from its recall dict, ``real_`` + a field
+    """A row's figure; ``r1_i2t``, ``r5_t2i`` … read R@K from its recall dicts, ``real_`` + a field
     reads it from the scores of the real-valued head outputs (``real_valued``), and a field +
     ``_expected`` its tie-aware twin."""
     if field.startswith(REAL):
         real = row.get("real_valued")
         return None if real is None else _value(real, field[len(REAL):])
     base, twin = (field[: -len(EXPECTED)], EXPECTED) if field.endswith(EXPECTED) else (field, "")
-    if base in RECALL_AT_1:
-        recall = row.get("recall_" + base[3:] + twin)
-        return None if recall is None else recall.get("1")
+    if base in RECALL_AT_K:
+        k, direction = base[1:].split("_")
+        recall = row.get(f"recall_{direction}{twin}")
+        return None if recall is None else recall.get(k)
     return row.get(field)
 
 
@@ -207,7 +208,7 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
             "checkpoints": sorted({r["checkpoint"] for r in group if r.get("checkpoint")}),
             "settings_key": settings[:6], "settings": _beyond_columns(settings_of(group[0])),
         }
-        scores = (*DIRECTIONS, "rsum", *RECALL_AT_1)
+        scores = (*DIRECTIONS, "rsum", *RECALL_AT_K)
         scores += tuple(f + EXPECTED for f in scores)
         for field in (*scores, *(f"random_{d}" for d in DIRECTIONS), "random_rsum", *(REAL + f for f in scores)):
             values = [_value(r, field) for r in group if _value(r, field) is not None]
