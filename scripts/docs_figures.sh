@@ -4,7 +4,8 @@
 # direction (the score against code length, one line per method, the seed spread as error bars, random
 # codes dashed), drawn by `ucmfh grid --plot` from the grid's own rows into docs/figures/, and forest plots
 # of `ucmfh compare` (the default against JDSH and against DAEH, every cell with its 95% interval). The
-# grid is resumable: the same command goes on where it stopped and draws once every cell is done.
+# grid is resumable: the same command goes on where it stopped and draws once every cell is done. Last,
+# the precision-recall and precision@K curves of every method at 64 bits on one set (`evaluate --codes`).
 # Run from the repository root:
 #
 #   bash scripts/docs_figures.sh small       # mirflickr730 and Wiki: about 35 minutes on 2 CPU cores
@@ -23,8 +24,8 @@ JOBS=${JOBS:-2}
 RESULTS=${RESULTS:-runs/docs-$SET.jsonl}
 METHODS=two-tower,cca-itq,jdsh,djsrh,dgcpn,ucch,cirh,daeh
 case $SET in
-    small) SETS=(-d mirflickr730 -d wiki) ;;
-    flickr8k) SETS=(-d flickr8k) ;;
+    small) SETS=(-d mirflickr730 -d wiki); PR_SET=mirflickr730 ;;
+    flickr8k) SETS=(-d flickr8k); PR_SET=flickr8k ;;
     *) echo "docs_figures.sh: error: unknown set '$SET' (small or flickr8k)" >&2; exit 2 ;;
 esac
 mkdir -p docs/figures
@@ -38,3 +39,14 @@ for method in jdsh daeh; do
     python -m ucmfh compare "$method" two-tower "${SETS[@]}" --protocol unimodal --results "$RESULTS" \
         --plot "docs/figures/compare_${SET}_$method.png" || echo "docs_figures.sh: no forest plot of $method" >&2
 done
+# precision-recall and precision@K of every method at 64 bits (seed 2023) on one set: its codes, then one figure
+CODES=$(mktemp -d)
+trap 'rm -rf "$CODES"' EXIT
+files=()
+for method in ${METHODS//,/ }; do
+    checkpoint=$(python -m ucmfh runs --results "$RESULTS" -d "$PR_SET" --method "$method" -b 64 --seed 2023 \
+        --protocol unimodal --checkpoint) &&
+    python -m ucmfh encode -d "$PR_SET" --data-dir "$DATA" -c "$checkpoint" -o "$CODES/$method.h5" --device "$DEVICE" \
+        --quiet > /dev/null && files+=(--codes "$CODES/$method.h5") || echo "docs_figures.sh: no codes of $method" >&2
+done
+python -m ucmfh evaluate "${files[@]}" --results "" --plot "docs/figures/curves_${PR_SET}_64"

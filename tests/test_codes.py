@@ -287,15 +287,18 @@ def test_several_runs_curves_on_one_figure_are_each_run_s_own(tmp_path, monkeypa
     argv = ["evaluate", "--k", "5", "--device", "cpu", "--results", "", "--plot", str(tmp_path / "cmp")]
     out = CliRunner().invoke(main, argv + [a for p in paths for a in ("--codes", str(p))])
     assert out.exit_code == 0, out.output
-    [(pr, [(pr_title, _)], _), (pk, [(pk_title, _)], _)] = figures
-    assert "toy, unimodal, 12 bits" in pr_title and "toy, unimodal, 12 bits" in pk_title
+    [(pr, pr_titles, _), (pk, pk_titles, _)] = figures
+    for title, _ in pr_titles + pk_titles:  # a panel per direction, each naming what the runs share
+        assert "toy, unimodal, 12 bits" in title
+    assert [t.split("\n")[0] for t, _ in pr_titles] == [f"precision–recall by Hamming radius, {d}" for d in ("I→T", "T→I")]
     labels = ["two-tower 12 bits", "cca-itq-2.h5", "cca-itq-3.h5"]
     for fig, key in ((pr, "pr_curve"), (pk, "precision_at_k")):
-        lines = fig.axes[0].get_lines()
-        assert [line.get_label() for line in lines] == [f"{label} {d}" for label in labels for d in ("I→T", "T→I")]
+        panels = [ax.get_lines() for ax in fig.axes]
+        assert [[line.get_label() for line in lines] for lines in panels] == [labels, labels]
+        assert [line.get_color() for line in panels[0]] == [line.get_color() for line in panels[1]]  # a run's colour
         for i, path in enumerate(paths):
             own = evaluate_codes_file(path, k=5)
-            for line, name in zip(lines[2 * i: 2 * i + 2], ("i2t", "t2i")):
+            for line, name in zip((panels[0][i], panels[1][i]), ("i2t", "t2i")):
                 curve = own[name][key]
                 if key == "pr_curve":
                     want = curve["recall"], curve["precision"]

@@ -50,37 +50,51 @@ def curve_labels(runs: Sequence[Tuple[str, Dict[str, object]]]) -> List[Tuple[st
             for text, (path, results) in zip(labels, runs)]
 
 
-def _lines(ax, runs: List[Tuple[str, Dict[str, object]]], points) -> None:
-    """Each run's line per direction: a colour per run, I→T solid and T→I dashed where there are several runs.
-    ``points(results, name)`` gives a direction's (x, y), or None where the results have none."""
-    for i, (label, results) in enumerate(runs):
+def _draw(plt, runs: List[Tuple[str, Dict[str, object]]], points, what: str, configure) -> object:
+    """The figure of ``runs``: one evaluation's two directions on one axes, or, for several runs, one axes
+    per direction (I→T, T→I) with a line per run in its own colour and one legend beside them.
+    ``points(results, name)`` gives a direction's (x, y), or None where the results have none;
+    ``configure(ax)`` sets an axes' scales and labels."""
+    if len(runs) == 1:
+        fig, ax = plt.subplots(figsize=(5, 4))
+        results = runs[0][1]
         for name, direction in _NAMES.items():
             xy = points(results, name)
             if xy:
-                style = {} if len(runs) == 1 else {"color": f"C{i}", "linestyle": "-" if name == "i2t" else "--"}
-                ax.plot(*xy, marker=".", label=f"{label} {direction}".strip(), **style)
+                ax.plot(*xy, marker=".", label=direction)
+        ax.set_title(_title(runs, what))
+        configure(ax)
+        ax.legend()
+        return fig
+    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    for ax, (name, direction) in zip(axes, _NAMES.items()):
+        for i, (label, results) in enumerate(runs):
+            xy = points(results, name)
+            if xy:
+                ax.plot(*xy, marker=".", color=f"C{i % 10}", label=label)
+        ax.set_title(_title(runs, f"{what}, {direction}"))
+        configure(ax)
+    axes[1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
+    return fig
 
 
 def plot_pr_curve(results: Runs, path: str) -> str:
     """Precision–recall by Hamming radius, both directions, from :func:`evaluate_codes` results: of one
     evaluation, or of several runs on one figure (``[(label, results), ...]``: methods at one length)."""
     plt = pyplot()
-    runs = _runs(results)
-    fig, ax = plt.subplots(figsize=(5, 4) if len(runs) == 1 else (6.5, 5))
 
     def points(res, name):
         curve = res.get(name, {}).get("pr_curve")
         return (curve["recall"], curve["precision"]) if curve else None
 
-    _lines(ax, runs, points)
-    ax.set_xlabel("recall")
-    ax.set_ylabel("precision")
-    ax.set_title(_title(runs, "precision–recall by Hamming radius"))
-    ax.set_xlim(0, 1)
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small" if len(runs) > 1 else None)
-    return _save(fig, plt, path)
+    def configure(ax):
+        ax.set_xlabel("recall")
+        ax.set_ylabel("precision")
+        ax.set_xlim(0, 1)
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+
+    return _save(_draw(plt, _runs(results), points, "precision–recall by Hamming radius", configure), plt, path)
 
 
 def plot_precision_at_k(results: Runs, path: str) -> str:
@@ -92,23 +106,20 @@ def plot_precision_at_k(results: Runs, path: str) -> str:
     it (``precision_expected``), else the one with ties by index.
     """
     plt = pyplot()
-    runs = _runs(results)
-    fig, ax = plt.subplots(figsize=(5, 4) if len(runs) == 1 else (6.5, 5))
 
     def points(res, name):
         pk = res.get(name, {}).get("precision_at_k")
         n = res.get("settings", {}).get("n_retrieval")
         return _up_to(pk["k"], pk.get("precision_expected", pk["precision"]), n) if pk else None
 
-    _lines(ax, runs, points)
-    ax.set_xscale("log")
-    ax.set_xlabel("K (retrieved items)")
-    ax.set_ylabel("precision@K")
-    ax.set_title(_title(runs, "precision@K"))
-    ax.set_ylim(0, 1)
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize="small" if len(runs) > 1 else None)
-    return _save(fig, plt, path)
+    def configure(ax):
+        ax.set_xscale("log")
+        ax.set_xlabel("K (retrieved items)")
+        ax.set_ylabel("precision@K")
+        ax.set_ylim(0, 1)
+        ax.grid(alpha=0.3)
+
+    return _save(_draw(plt, _runs(results), points, "precision@K", configure), plt, path)
 
 
 def _up_to(ks: List[int], values: List[float], n: Optional[int]) -> Tuple[List[int], List[float]]:
@@ -125,7 +136,8 @@ def _up_to(ks: List[int], values: List[float], n: Optional[int]) -> Tuple[List[i
 
 def plot_curves(results: Runs, prefix: str) -> List[str]:
     """Write ``{prefix}_pr.png`` (if Hamming results) and ``{prefix}_pk.png``; return the paths. ``results``:
-    one evaluation's, or several runs' ``[(label, results), ...]``, each figure then a line per run and direction."""
+    one evaluation's, or several runs' ``[(label, results), ...]``, each figure then a panel per direction
+    and a line per run."""
     runs = _runs(results)
     paths = []
     if any("pr_curve" in res.get(name, {}) for _, res in runs for name in _NAMES):
