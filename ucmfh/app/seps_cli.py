@@ -4,7 +4,6 @@ Registered on the main group by :mod:`ucmfh.app.cli`; the work is in :mod:`ucmfh
 """
 from __future__ import annotations
 
-
 import click
 
 from ucmfh.app.errors import user_errors
