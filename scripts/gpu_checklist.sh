@@ -7,7 +7,7 @@
 #
 # `speed` runs only the steps that measure the speed goals: about 6 minutes on an H200 if nothing is faster
 # than the eager figures measured there (main job 105 s, Flickr8k 144 s), under 10 minutes whatever happens
-# (each step's cap), so that a lease of 15 device-minutes leaves room to run it again: the main job with captured steps (--cuda_graph, 100 epochs: time and
+# (the caps add up to 590 s), so that a lease of 15 device-minutes leaves room to run it again: the main job with captured steps (--cuda_graph, 100 epochs: time and
 # MAP) and eager for 20 epochs (the same card's rate), bench_train with the captured variant, the default
 # on full Flickr8k at 64 bits with captured steps, and the six-cell grid at --jobs 1 and 6. Flickr8k does
 # not fit the 64-MiB working tree as it is: carry a compact copy made here (features rounded to float16):
@@ -81,15 +81,15 @@ step env 30 sh -c "nvidia-smi -L; $PY -c 'import torch; print(torch.__version__,
 step build 60 $PY setup.py -q build_ext --inplace
 step native 20 $PY -c "import ucmfh; print(ucmfh.native_kernels())"
 # timed, one at a time; the speed goals first
-step main-graph 120 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --cuda_graph \
+step main-graph 110 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --cuda_graph \
     --out "$WORK/graph" --results "$OUT/main-graph.jsonl"  # the main job, each full batch's step a CUDA graph replay
 step main-eager20 40 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 20 \
     --out "$WORK/eager20" --results "$OUT/main-eager20.jsonl"  # eager, 20 epochs: this card's rate beside the graph's
-step bench-train 100 $PY scripts/bench_train.py --device $DEVICE --only throughput --cuda-graph --amp none \
+step bench-train 80 $PY scripts/bench_train.py --device $DEVICE --only throughput --cuda-graph --amp none \
     --n-train 5120 --repeats 3
-[ -f "$DATA/flickr8k.h5" ] && step flickr8k-graph 170 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
+[ -f "$DATA/flickr8k.h5" ] && step flickr8k-graph 150 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
     --cuda-graph --device $DEVICE --out "$WORK/flickr8k" --results "$OUT/flickr8k.jsonl"  # the default, both temperatures
-step grid-jobs 150 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 -- -d wiki --data-dir "$DATA" \
+step grid-jobs 120 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 -- -d wiki --data-dir "$DATA" \
     --methods two-tower,ucmfh --seeds 1,2,3 -b 32 --epochs 10 --device $DEVICE  # six cells one by one, then at once
 [ -n "$ONLY" ] && { rm -rf "$WORK"; exit 0; }
 step main-job 120 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100
