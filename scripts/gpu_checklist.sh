@@ -7,8 +7,8 @@
 #
 # `speed` runs only the steps that measure the speed goals: about 6 minutes on an H200 if nothing is faster
 # than the eager figures measured there (main job 105 s, Flickr8k 144 s), under 10 minutes whatever happens
-# (the caps add up to 590 s), so that a lease of 15 device-minutes leaves room to run it again: the main job with captured steps (--cuda_graph, 100 epochs: time and
-# MAP) and eager for 20 epochs (the same card's rate), bench_train with the captured variant, the default
+# (the caps add up to 590 s), so that a lease of 15 device-minutes leaves room to run it again: the main
+# job with captured steps (--cuda_graph, 100 epochs: time and MAP) and eager for 20 epochs (the same card's rate), bench_train with the captured variant, the default
 # on full Flickr8k at 64 bits with captured steps, and the six-cell grid at --jobs 1 and 6. Flickr8k does
 # not fit the 64-MiB working tree as it is: carry a compact copy made here (features rounded to float16):
 #   python scripts/compact_data.py ../shared/data/flickr8k.h5 gpu-data/flickr8k.h5 && cp ../shared/data/wiki.h5 gpu-data/
