@@ -53,3 +53,29 @@ def test_a_run_that_is_not_one_is_refused_in_one_line(trained, run, problem):
         results = results.parent / "two.jsonl"
     result = CliRunner().invoke(main, ["runs", "--results", str(results), "--history", run])
     assert result.exit_code == 2 and "--history" in result.output and problem in result.output, result.output
+
+
+def test_history_plot_draws_the_epochs_the_checkpoint_holds(trained, tmp_path):
+    pytest.importorskip("matplotlib")
+    from ucmfh.app.history import history_figure
+    from ucmfh.files import MARKS
+
+    row, results = trained
+    history = read_checkpoint(row["checkpoint"])["meta"]["history"]
+    figure = history_figure(row["checkpoint"], history)
+    assert figure["loss"]["run"] == ([1, 2, 3], history["loss"])
+    assert figure["loss"]["refit"] == (list(range(1, len(history["refit_loss"]) + 1)), history["refit_loss"])
+    assert [list(p) for p in zip(*figure["validation"])] == history["validation"]
+    assert figure["kept"] == (history["best_epoch"], dict(history["validation"])[history["best_epoch"]])
+    assert f"chose {history['chosen']}" in figure["title"]
+    prefix = str(tmp_path / "h")
+    drawn = CliRunner().invoke(main, ["runs", "--results", str(results), "--history", row["run"], "--plot", prefix])
+    assert drawn.exit_code == 0, drawn.output
+    for suffix, kind in ((".png", "figure"), (".svg", "figure-svg")):
+        assert MARKS[kind] in open(f"{prefix}_history{suffix}", "rb").read(4096)
+    (tmp_path / "mine_history.png").write_bytes(b"my own picture")  # a file of the user's is never replaced
+    refused = CliRunner().invoke(main, ["runs", "--history", row["checkpoint"], "--plot", str(tmp_path / "mine")])
+    assert refused.exit_code == 2 and "--plot" in refused.output and "Traceback" not in refused.output
+    assert (tmp_path / "mine_history.png").read_bytes() == b"my own picture"
+    both = CliRunner().invoke(main, ["runs", "--history", row["checkpoint"], "--plot", prefix, "--json"])
+    assert both.exit_code == 2 and "--plot does not go with --json" in both.output

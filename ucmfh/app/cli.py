@@ -15,7 +15,7 @@ from ucmfh.app.environment import (
 from ucmfh.app.identity import Run, dataset_identity
 from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
-from ucmfh.app.outputs import check_outputs
+from ucmfh.app.outputs import check_figures, check_outputs
 from ucmfh.app.options import (
     check_device, data_options, resolved, results_to_read, run_options, settings_of, train_options,
 )
@@ -308,7 +308,8 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
 @click.option("--overwrite", is_flag=True, help="Replace a --plot file that is not a figure ucmfh wrote.")
 @click.option("--history", metavar="RUN",
               help="Print a finished run's epoch history (loss, validation score, the epoch kept, the candidate "
-                   "chosen, the refit) from its checkpoint: RUN is a checkpoint file or a run key (a prefix will do).")
+                   "chosen, the refit) from its checkpoint: RUN is a checkpoint file or a run key (a prefix will do); "
+                   "with --plot, draw it: PREFIX_history.png and .svg.")
 @user_errors
 def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_json, checkpoint, plot,
              overwrite, history) -> None:
@@ -317,8 +318,8 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
 
     if plot is not None and (as_json or checkpoint):
         raise click.UsageError(f"--plot does not go with {'--json' if as_json else '--checkpoint'}")
-    if history is not None and (plot is not None or checkpoint):
-        raise click.UsageError(f"--history does not go with {'--plot' if plot is not None else '--checkpoint'}")
+    if history is not None and checkpoint:
+        raise click.UsageError("--history does not go with --checkpoint")
     if plot is not None:
         from ucmfh.metrics.plots import pyplot
 
@@ -328,13 +329,17 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
                        dataset=dataset, method=method, loss=loss, n_bits=n_bits, protocol=protocol, seed=seed,
                        task=task)
     if history is not None:
-        from ucmfh.app.history import format_history, history_of, history_rows
+        from ucmfh.app.history import draw_history, format_history, history_figure, history_of, history_paths, history_rows
 
         try:
             path, epochs = history_of(history, rows, ", ".join(results))
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--history") from None
-        if as_json:
+        if plot is not None:
+            check_figures("--plot", history_paths(plot), overwrite)
+            for drawn in draw_history(history_figure(path, epochs), plot):
+                click.echo(f"wrote {drawn}")
+        elif as_json:
             for row in history_rows(epochs):
                 click.echo(json.dumps(row, sort_keys=True))
         else:

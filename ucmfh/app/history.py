@@ -1,5 +1,7 @@
 """A finished run's epoch history, read from its checkpoint (``ucmfh runs --history RUN``): each epoch's
-loss and validation score, the epoch validation kept, the candidate it chose and the refit."""
+loss and validation score, the epoch validation kept, the candidate it chose and the refit; printed, or
+drawn (``--plot PREFIX``: the loss and the validation score by epoch, from :func:`history_figure`'s plain
+data)."""
 from __future__ import annotations
 
 import os
@@ -60,3 +62,56 @@ def format_history(path: str, history: Dict[str, Any]) -> str:
         lines.append(f"{r['part'] or 'run':<6} {r['epoch']:>5} {r['loss']:>10.4f} {val:>10}"
                      + ("  kept" if r["kept"] else ""))
     return "\n".join(lines)
+
+
+def history_figure(path: str, history: Dict[str, Any]) -> Dict[str, Any]:
+    """What ``--history --plot`` draws, as plain data from :func:`history_rows`: ``title``; ``loss``, each
+    part's (``run``, ``refit``) epochs and losses; ``validation``, the validated epochs and their scores;
+    ``kept``, the epoch validation kept and its score (None without one)."""
+    rows = history_rows(history)
+    loss = {}
+    for part in ("", "refit"):
+        mine = [r for r in rows if r["part"] == part]
+        if mine:
+            loss[part or "run"] = ([r["epoch"] for r in mine], [r["loss"] for r in mine])
+    validated = [r for r in rows if r["validation"] is not None]
+    kept = next(((r["epoch"], r["validation"]) for r in rows if r["kept"] and r["validation"] is not None), None)
+    chosen = f", chose {history['chosen']}" if history.get("chosen") else ""
+    return {"title": f"{os.path.basename(os.path.dirname(path))}/{os.path.basename(path)}{chosen}", "loss": loss,
+            "validation": ([r["epoch"] for r in validated], [r["validation"] for r in validated]), "kept": kept}
+
+
+def history_paths(prefix: str) -> List[str]:
+    """The files of ``--history --plot PREFIX``: ``PREFIX_history.png`` and ``.svg``."""
+    return [f"{prefix}_history{suffix}" for suffix in (".png", ".svg")]
+
+
+def draw_history(figure: Dict[str, Any], prefix: str) -> List[str]:
+    """Draw :func:`history_figure` data: the loss by epoch (a line per part) and, where the run was validated,
+    the validation score by epoch with the epoch kept marked; written atomically with ucmfh's mark."""
+    from ucmfh.metrics.plots import pyplot, save_figure
+
+    plt = pyplot()
+    epochs, scores = figure["validation"]
+    fig, axes = plt.subplots(1, 2 if epochs else 1, figsize=(10 if epochs else 5.5, 4), squeeze=False)
+    ax = axes[0][0]
+    for part, (x, y) in figure["loss"].items():
+        ax.plot(x, y, marker=".", label=part)
+    ax.set_xlabel("epoch")
+    ax.set_ylabel("training loss")
+    ax.grid(alpha=0.3)
+    ax.legend()
+    if epochs:
+        ax = axes[0][1]
+        ax.plot(epochs, scores, marker=".", color="C2", label="validation")
+        if figure["kept"]:
+            ax.plot(*figure["kept"], marker="*", markersize=14, color="C3", linestyle="none", label="epoch kept")
+        ax.set_xlabel("epoch")
+        ax.set_ylabel("validation score")
+        ax.grid(alpha=0.3)
+        ax.legend()
+    fig.suptitle(figure["title"], fontsize=10)
+    fig.tight_layout()
+    paths = [save_figure(fig, path) for path in history_paths(prefix)]
+    plt.close(fig)
+    return paths
