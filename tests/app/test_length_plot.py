@@ -183,3 +183,16 @@ def test_grid_plot_draws_the_figures_runs_draws_of_its_rows(tmp_path, tiny_path,
     assert {line["label"] for figure in figures for line in figure["lines"]} == {"two-tower", "cca-itq"}
     assert sorted(p.name for p in tmp_path.glob("g_*.png")) == sorted(
         f"g_{figure['name']}.png" for figure in figures)
+    # every point drawn is the figure the grid's table prints in that method's row and length's column
+    table = (tmp_path / "table.md").read_text().split("\n\n")
+    lead = next(part for part in table if part.startswith("| method | 8 bits | 16 bits |"))
+    cells = {row.split(" | ")[0].strip("|` "): row.split(" | ")[1:3] for row in lead.splitlines()[2:]}
+    checked = 0
+    for figure in figures:
+        side = 0 if figure["field"] == "map_i2t" else 1
+        for line in figure["lines"]:
+            for n_bits, mean in zip(line["n_bits"], line["mean"]):
+                printed = cells[line["label"]][[8, 16].index(n_bits)].split(" / ")[side]
+                assert printed == f"{mean:.3f}", (figure["name"], line["label"], n_bits)
+                checked += 1
+    assert checked == 2 * 2 * 2  # two directions, two methods, two lengths
