@@ -4,6 +4,7 @@
 #
 #   DATA=../shared/data OUT=gpu-out bash scripts/gpu_checklist.sh          # every step
 #   DATA=gpu-data OUT=gpu-out bash scripts/gpu_checklist.sh speed          # issue 48's figures alone, first
+#   DATA=gpu-data PACK=1 bash scripts/gpu_checklist.sh speed              # in a device call ($OUT: 8 files back)
 #
 # `speed` runs only the steps that measure the speed goals: about 6 minutes on an H200 if nothing is faster
 # than the eager figures measured there (main job 105 s, Flickr8k 144 s), under 10 minutes whatever happens
@@ -12,6 +13,7 @@
 # on full Flickr8k at 64 bits with captured steps, and the six-cell grid at --jobs 1 and 6. Flickr8k does
 # not fit the 64-MiB working tree as it is: carry a compact copy made here (features rounded to float16):
 #   python scripts/compact_data.py ../shared/data/flickr8k.h5 gpu-data/flickr8k.h5 && cp ../shared/data/wiki.h5 gpu-data/
+# Every run ends with $OUT/speed.md: issue 48's goals, measured against the eager H200 figures (scripts/speed_report.py).
 # (gpu-data/ is git-ignored; the device call names it in carry). Without $DATA/flickr8k.h5 that step is skipped.
 #
 # DATA holds wiki.h5 (the per-method runs and search use it) and mirflickr730_tokens.h5 (SEPS, rerank). Steps: the machine; the C kernels built in
@@ -28,6 +30,7 @@ DATA=${DATA:-../shared/data}
 PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu SKIP="tests main-job" walks the list on a machine without a GPU
 SKIP=${SKIP:-}
+PACK=${PACK:-0}  # PACK=1: OUT ends with summary.txt, speed.md (issue 48's goals) and logs.tgz (every other file)
 SPEED="env build main-graph main-eager20 bench-train flickr8k-graph grid-jobs"
 ONLY=""
 [ "${1:-}" = speed ] && ONLY=$SPEED
@@ -76,6 +79,16 @@ seps() {  # SEPS trained on tokens, then ucmfh rerank (Hamming, cosine and SEPS 
         -m 50 --full --quiet
 }
 
+finish() {  # the goals' table; with PACK=1 every log but the summary and the table packed into one file, as a
+    # device call brings back 8 files at most
+    $PY scripts/speed_report.py "$OUT" > "$OUT/speed.md" 2>&1
+    if [ "$PACK" = 1 ]; then
+        (cd "$OUT" && tar czf "$WORK/logs.tgz" --exclude summary.txt --exclude speed.md . &&
+            find . -mindepth 1 ! -name summary.txt ! -name speed.md -delete && mv "$WORK/logs.tgz" .)
+    fi
+    rm -rf "$WORK"
+}
+
 export -f methods search seps
 step env 30 sh -c "nvidia-smi -L; $PY -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))'"
 step build 60 $PY setup.py -q build_ext --inplace
@@ -91,7 +104,7 @@ step bench-train 80 $PY scripts/bench_train.py --device $DEVICE --only throughpu
     --cuda-graph --device $DEVICE --out "$WORK/flickr8k" --results "$OUT/flickr8k.jsonl"  # the default, both temperatures
 step grid-jobs 120 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 -- -d wiki --data-dir "$DATA" \
     --methods two-tower,ucmfh --seeds 1,2,3 -b 32 --epochs 10 --device $DEVICE  # six cells one by one, then at once
-[ -n "$ONLY" ] && { rm -rf "$WORK"; exit 0; }
+[ -n "$ONLY" ] && { finish; exit 0; }
 step main-job 120 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100
 step bench-train-all 160 $PY scripts/bench_train.py --device $DEVICE --only encode --only memory --encode-n 190000
 step bench-eval 100 $PY scripts/bench_eval.py --device $DEVICE --bits 16 64 128 --ref-queries 20 --json "$OUT/bench_eval.json"
@@ -109,4 +122,4 @@ DDP_DEVICE=$([ "$DEVICE" = cuda ] && [ "${NGPU:-0}" -ge 2 ] && echo cuda || echo
 step torchrun 60 $PY -m torch.distributed.run --nproc-per-node 2 --master-addr 127.0.0.1 -m ucmfh train-hash \
     -d wiki --data-dir "$DATA" -b 32 --epochs 2 --device $DDP_DEVICE --out "$WORK/ddp" --results "$OUT/ddp.jsonl" --quiet &
 wait
-rm -rf "$WORK"
+finish

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Issue 48's goals against what ``bash scripts/gpu_checklist.sh speed`` measured (not a test).
+
+Reads the checklist's output folder and prints one markdown table, a row per goal: what was measured, the
+goal, and whether it is met, with the eager figures of the H200 (2026-11-27, issue 48) beside them. A step
+that did not run or failed says so in its row; nothing is guessed.
+
+    python scripts/speed_report.py gpu-out
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import Any, Dict, List, Optional
+
+# the eager figures on one H200 that issue 48 starts from (torch 2.11.0+cu130, 2026-11-27)
+EAGER_H200 = {"main_job_s": 105.0, "flickr8k_s": 144.0,
+              "map": {"unimodal": (0.8299, 0.8266), "fused": (0.8749, 0.8770)}}
+GOALS = {"main_job_s": 15.0, "map_tolerance": 0.01, "throughput_ratio": 5.0, "flickr8k_s": 20.0}
+_STEP = re.compile(r"^(\S+)\s+rc=(\d+)\s+([\d.]+) s$")
+
+
+def read_summary(out: str) -> Dict[str, Dict[str, float]]:
+    """``summary.txt``: each step's exit status and seconds."""
+    steps = {}
+    path = os.path.join(out, "summary.txt")
+    if os.path.exists(path):
+        for line in open(path, encoding="utf-8"):
+            match = _STEP.match(line.strip())
+            if match:
+                steps[match.group(1)] = {"rc": int(match.group(2)), "seconds": float(match.group(3))}
+    return steps
+
+
+def _rows(out: str, name: str) -> List[Dict[str, Any]]:
+    path = os.path.join(out, name)
+    if not os.path.exists(path):
+        return []
+    return [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
+
+
+def _lines(out: str, name: str) -> List[str]:
+    path = os.path.join(out, name)
+    return open(path, encoding="utf-8").read().splitlines() if os.path.exists(path) else []
+
+
+def _ran(steps: Dict[str, Dict[str, float]], name: str) -> Optional[str]:
+    """Why step ``name`` has no figure (None when it ran and succeeded)."""
+    if name not in steps:
+        return "did not run"
+    if steps[name]["rc"] != 0:
+        return f"failed (rc {steps[name]['rc']}, {steps[name]['seconds']:.1f} s; see {name}.txt)"
+    return None
+
+
+def _map(row: Dict[str, Any], field: str) -> float:
+    return row.get(field + "_expected", row[field])  # tie-aware where the row has it
+
+
+def goal_rows(out: str) -> List[List[str]]:
+    """The table's rows: goal, measured, goal value, met."""
+    steps = read_summary(out)
+    rows = []
+    why = _ran(steps, "main-graph")
+    seconds = None if why else steps["main-graph"]["seconds"]
+    rows.append(["1. main job, captured steps (wall s)", why or f"{seconds:.1f} (eager H200: {EAGER_H200['main_job_s']:.0f})",
+                 f"≤ {GOALS['main_job_s']:.0f}", "–" if why else ("yes" if seconds <= GOALS["main_job_s"] else "no")])
+    if not why:
+        hashing = {r["protocol"]: r for r in _rows(out, "main-graph.jsonl") if r.get("task") == "hashing"}
+        for protocol, (i2t, t2i) in EAGER_H200["map"].items():
+            row = hashing.get(protocol)
+            if row is None:
+                rows.append([f"1. MAP@50 {protocol}", "no row", f"±{GOALS['map_tolerance']}", "–"])
+                continue
+            got = (_map(row, "map_i2t"), _map(row, "map_t2i"))
+            ok = all(abs(a - b) <= GOALS["map_tolerance"] for a, b in zip(got, (i2t, t2i)))
+            rows.append([f"1. MAP@50 {protocol} I→T / T→I", f"{got[0]:.4f} / {got[1]:.4f} (eager H200: {i2t:.4f} / {t2i:.4f})",
+                         f"±{GOALS['map_tolerance']}", "yes" if ok else "no"])
+    why = _ran(steps, "main-eager20")
+    rows.append(["this card, eager main job, 20 epochs (wall s)", why or f"{steps['main-eager20']['seconds']:.1f}", "–", "–"])
+    why = _ran(steps, "bench-train")
+    bench = None
+    if not why:
+        lines = [line for line in _lines(out, "bench-train.txt") if line.startswith("json: ")]
+        bench = json.loads(lines[-1][len("json: "):])["throughput"] if lines else None
+        why = None if bench else "no json line in bench-train.txt"
+    for stage in ("fusion", "hashing"):
+        if why:
+            rows.append([f"2. {stage} throughput, captured / reference", why, f"≥ {GOALS['throughput_ratio']:.0f}×", "–"])
+            continue
+        ref, eager, graph = (bench[v][stage] for v in ("ref", "ours-none", "ours-none-graph"))
+        rows.append([f"2. {stage} throughput, captured / reference (items/s)",
+                     f"{graph / ref:.1f}× ({graph:,.0f} against {ref:,.0f}; eager {eager / ref:.1f}×)",
+                     f"≥ {GOALS['throughput_ratio']:.0f}×", "yes" if graph / ref >= GOALS["throughput_ratio"] else "no"])
+    why = _ran(steps, "flickr8k-graph")
+    if not why:
+        seconds = steps["flickr8k-graph"]["seconds"]
+        test = [r for r in _rows(out, "flickr8k.jsonl") if r.get("database") == "test"]
+        r1 = ""
+        if test:
+            recall = {d: test[0].get(f"recall_{d}_expected", test[0].get(f"recall_{d}", {})).get("1") for d in ("i2t", "t2i")}
+            r1 = f"; R@1 test {recall['i2t']:.1f} / {recall['t2i']:.1f}"
+        rows.append(["3. full Flickr8k, default, 64 bits, captured (wall s)",
+                     f"{seconds:.1f} (eager H200: {EAGER_H200['flickr8k_s']:.0f}{r1})", f"≤ {GOALS['flickr8k_s']:.0f}",
+                     "yes" if seconds <= GOALS["flickr8k_s"] else "no"])
+    else:
+        rows.append(["3. full Flickr8k, default, 64 bits, captured (wall s)", why, f"≤ {GOALS['flickr8k_s']:.0f}", "–"])
+    why = _ran(steps, "grid-jobs")
+    walls = {}
+    if not why:
+        for line in _lines(out, "grid-jobs.txt"):
+            cells = [c.strip() for c in line.strip().strip("|").split("|")]
+            if len(cells) == 4 and cells[0].isdigit():
+                walls[int(cells[0])] = (float(cells[1]), cells[3])
+        why = None if len(walls) >= 2 else "fewer than two --jobs lines in grid-jobs.txt"
+    if why:
+        rows.append(["4. six-cell grid, --jobs 6 against --jobs 1", why, "faster, rows equal", "–"])
+    else:
+        (one, _), (jobs, (wall, equal)) = walls[min(walls)], max(walls.items())
+        rows.append([f"4. six-cell grid, --jobs {jobs} against --jobs 1 (wall s)",
+                     f"{wall:.1f} against {one:.1f} ({one / wall:.1f}×); rows equal: {equal}", "faster, rows equal",
+                     "yes" if wall < one and equal == "yes" else "no"])
+    return rows
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("out", help="the checklist's output folder (OUT)")
+    args = parser.parse_args(argv)
+    if not os.path.isfile(os.path.join(args.out, "summary.txt")):
+        parser.error(f"{args.out}: no summary.txt (the folder of a gpu_checklist.sh run)")
+    env = os.path.join(args.out, "env.txt")
+    if os.path.exists(env):
+        print("machine: " + " ".join(open(env, encoding="utf-8").read().split()))
+    print("| goal | measured | goal value | met |")
+    print("|---|---|---|---|")
+    for row in goal_rows(args.out):
+        print("| " + " | ".join(row) + " |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,74 @@
+"""scripts/speed_report.py reads a `gpu_checklist.sh speed` folder as the checklist and its scripts write it:
+each goal's row holds the measured figure and says whether it is met; a step that failed or did not run says
+so instead of a figure."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import load_script
+
+report = load_script("speed_report")
+grid_jobs = load_script("bench_grid_jobs")
+CHECKLIST = Path(__file__).resolve().parents[2] / "scripts" / "gpu_checklist.sh"
+SUMMARY_FORMAT = "%-12s rc=%-3s %4d.%03d s"  # the checklist's printf
+
+
+def _summary(steps):
+    return "".join(SUMMARY_FORMAT % (name, rc, ms // 1000, ms % 1000) + "\n" for name, rc, ms in steps)
+
+
+def _folder(tmp_path, monkeypatch, capsys, graph_s=12.5, flickr_rc=0):
+    out = tmp_path / "gpu-out"
+    out.mkdir()
+    (out / "summary.txt").write_text(_summary([("env", 0, 1200), ("main-graph", 0, int(graph_s * 1000)),
+                                               ("main-eager20", 0, 21300), ("bench-train", 0, 40000),
+                                               ("flickr8k-graph", flickr_rc, 18000), ("grid-jobs", 0, 90000)]))
+    rows = [{"task": "hashing", "protocol": "unimodal", "map_i2t": 0.83, "map_t2i": 0.826, "map_i2t_expected": 0.8301,
+             "map_t2i_expected": 0.8262},
+            {"task": "hashing", "protocol": "fused", "map_i2t": 0.86, "map_t2i": 0.875, "map_i2t_expected": 0.8601,
+             "map_t2i_expected": 0.8751}]
+    (out / "main-graph.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    throughput = {"ref": {"fusion": 10000.0, "hashing": 7000.0}, "ours-none": {"fusion": 12000.0, "hashing": 8000.0},
+                  "ours-none-graph": {"fusion": 80000.0, "hashing": 30000.0}}
+    (out / "bench-train.txt").write_text("throughput ...\njson: " + json.dumps({"throughput": throughput}) + "\n")
+    (out / "flickr8k.jsonl").write_text(json.dumps({"task": "hashing", "database": "test", "recall_i2t_expected": {"1": 16.1},
+                                                    "recall_t2i_expected": {"1": 13.9}}) + "\n")
+    runs = iter([{"wall": 80.0, "n_cells": 6, "rows": [1]}, {"wall": 30.0, "n_cells": 6, "rows": [1]}])
+    monkeypatch.setattr(grid_jobs, "run_grid", lambda *args: next(runs))
+    monkeypatch.setattr("sys.argv", ["bench_grid_jobs.py", "--jobs", "1", "--jobs", "6", "--", "-d", "wiki"])
+    grid_jobs.main()  # the lines the grid-jobs step writes
+    (out / "grid-jobs.txt").write_text(capsys.readouterr().out)
+    return out
+
+
+def test_each_goal_is_read_from_what_its_step_wrote(tmp_path, monkeypatch, capsys):
+    assert SUMMARY_FORMAT in CHECKLIST.read_text()
+    out = _folder(tmp_path, monkeypatch, capsys)
+    rows = {row[0]: row for row in report.goal_rows(str(out))}
+    assert rows["1. main job, captured steps (wall s)"][1:] == ["12.5 (eager H200: 105)", "≤ 15", "yes"]
+    assert rows["1. MAP@50 unimodal I→T / T→I"][1].startswith("0.8301 / 0.8262") and rows["1. MAP@50 unimodal I→T / T→I"][3] == "yes"
+    assert rows["1. MAP@50 fused I→T / T→I"][3] == "no"  # 0.8601 is 0.0148 under 0.8749
+    assert rows["2. fusion throughput, captured / reference (items/s)"][1].startswith("8.0×")
+    assert rows["2. hashing throughput, captured / reference (items/s)"][3] == "no"  # 4.3×
+    assert rows["3. full Flickr8k, default, 64 bits, captured (wall s)"][1:] == [
+        "18.0 (eager H200: 144; R@1 test 16.1 / 13.9)", "≤ 20", "yes"]
+    assert rows["4. six-cell grid, --jobs 6 against --jobs 1 (wall s)"][1:] == [
+        "30.0 against 80.0 (2.7×); rows equal: yes", "faster, rows equal", "yes"]
+    assert report.main([str(out)]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[:2] == ["| goal | measured | goal value | met |", "|---|---|---|---|"] and len(lines) == 2 + 8
+
+
+def test_a_failed_or_missing_step_is_said_not_guessed(tmp_path, monkeypatch, capsys):
+    out = _folder(tmp_path, monkeypatch, capsys, flickr_rc=124)
+    summary = (out / "summary.txt").read_text().splitlines()
+    (out / "summary.txt").write_text("".join(line + "\n" for line in summary if not line.startswith("grid-jobs")))
+    rows = {row[0]: row for row in report.goal_rows(str(out))}
+    assert rows["3. full Flickr8k, default, 64 bits, captured (wall s)"][1] == "failed (rc 124, 18.0 s; see flickr8k-graph.txt)"
+    assert rows["4. six-cell grid, --jobs 6 against --jobs 1"][1] == "did not run"
+    with pytest.raises(SystemExit) as exit_:
+        report.main([str(tmp_path)])
+    assert exit_.value.code == 2 and "no summary.txt" in capsys.readouterr().err
