@@ -1,14 +1,14 @@
 #!/usr/bin/env bash
 # docs/quality.md's headline comparisons as figures: every method at 16, 32, 64 and 128 bits, seeds
 # 2023-2025, `unimodal`, tie-aware, each method with its own settings; one figure per dataset and
-# direction (the score against code length, one line per method, the seed spread as error bars, random
+# score (MAP@50, or R@K and rSum, each direction, against code length, one line per method, the seed spread as error bars, random
 # codes dashed), drawn by `ucmfh grid --plot` from the grid's own rows into docs/figures/, and forest plots
 # of `ucmfh compare` (the default against JDSH and against DAEH, every cell with its 95% interval). The
 # grid is resumable: the same command goes on where it stopped and draws once every cell is done. Last,
 # the precision-recall and precision@K curves of every method at 64 bits on one set (`evaluate --codes`).
 # Run from the repository root:
 #
-#   bash scripts/docs_figures.sh small       # mirflickr730 and Wiki: about 35 minutes on 2 CPU cores
+#   bash scripts/docs_figures.sh small       # mirflickr730 and Wiki: 44 minutes on 2 CPU cores (2026-11-27)
 #   bash scripts/docs_figures.sh flickr8k    # full Flickr8k: days on 2 CPU cores; on a GPU:
 #   DEVICE=cuda JOBS=8 DATA=gpu-data RESULTS=gpu-data/docs-flickr8k.jsonl bash scripts/docs_figures.sh flickr8k
 #   (gpu-data/: scripts/compact_data.py's copy of flickr8k.h5, see docs/benchmarks.md; a device call that
@@ -49,4 +49,6 @@ for method in ${METHODS//,/ }; do
     python -m ucmfh encode -d "$PR_SET" --data-dir "$DATA" -c "$checkpoint" -o "$CODES/$method.h5" --device "$DEVICE" \
         --quiet > /dev/null && files+=(--codes "$CODES/$method.h5") || echo "docs_figures.sh: no codes of $method" >&2
 done
-python -m ucmfh evaluate "${files[@]}" --results "" --plot "docs/figures/curves_${PR_SET}_64"
+if [ ${#files[@]} -gt 0 ]; then
+    python -m ucmfh evaluate "${files[@]}" --results "" --plot "docs/figures/curves_${PR_SET}_64"
+fi
