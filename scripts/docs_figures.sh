@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # docs/quality.md's headline comparisons as figures: every method at 16, 32, 64 and 128 bits, seeds
-# 2023-2025, `unimodal`, tie-aware, each method with its own settings; one figure per dataset and
-# score (MAP@50, or R@K and rSum, each direction, against code length, one line per method, the seed spread as error bars, random
-# codes dashed), drawn by `ucmfh grid --plot` from the grid's own rows into docs/figures/, and forest plots
+# 2023-2025, `unimodal`, tie-aware, each method with its own settings; one figure per dataset and score
+# (MAP@50, or R@K and rSum, each direction, against code length: one line per method, the seed spread as
+# error bars, CCA-ITQ and random codes as references), drawn by `ucmfh grid --plot` from the grid's own
+# rows into docs/figures/, and forest plots
 # of `ucmfh compare` (the default against JDSH and against DAEH, every cell with its 95% interval). The
 # grid is resumable: the same command goes on where it stopped and draws once every cell is done. Last,
 # the precision-recall and precision@K curves of every method at 64 bits on one set (`evaluate --codes`).
