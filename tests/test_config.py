@@ -228,8 +228,8 @@ def test_seps_config_checks_each_override_then_blames_those_that_refuse_together
 
     assert seps_config({"epochs": 2}, {"embed_dim": 64}) == SepsConfig(epochs=2, embed_dim=64)
     for overrides, setting, message, instead in [
-        ({"nonsense": 1}, "nonsense", r"^'nonsense': unknown; SEPS settings are aggr_hidden_ratio, ", None),
-        ({"epochs": 3}, "epochs", r"^'epochs': a setting of its own", "epochs"),
+        ({"nonsense": 1}, "nonsense", r"^'nonsense': SEPS settings are version, selection, dense_text, ", None),
+        ({"epochs": 3}, "epochs", r"^'epochs': epochs is a setting of its own, not an override", "epochs"),
         ({"keep_ratio": 2.0}, "keep_ratio", r"^'keep_ratio': keep_ratio must be", None),
         ({"val_fraction": 0.0}, "val_fraction", r"^'val_fraction': patience needs a validation split", None),
     ]:

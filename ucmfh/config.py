@@ -12,7 +12,7 @@ import math
 import numbers
 import os
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Union
 
 PROTOCOLS = ("unimodal", "fused")
 BETA_SCHEDULES = ("none", "hashnet", "step")
@@ -409,20 +409,28 @@ def blame_overrides(build: Callable[[Dict[str, Any]], Any], overrides: Dict[str,
 
 def seps_config(settings: Dict[str, Any], overrides: Dict[str, Any]) -> SepsConfig:
     """The :class:`SepsConfig` of ``settings`` (those a command gives by options of their own) and
-    ``overrides`` (any other field, ``train-seps --set``). Each override is checked alone first: a field of
-    SepsConfig, not one of ``settings`` (one way to say each: ``instead`` names it), a value of its type and
-    range; then together, the overrides to blame named (:func:`blame_overrides`). :class:`SettingError`."""
-    fields = [f.name for f in dataclasses.fields(SepsConfig)]
+    ``overrides`` (any other field, ``train-seps --set``): each override checked alone first
+    (:func:`check_override`), then together, the overrides to blame named (:func:`blame_overrides`).
+    :class:`SettingError`."""
     for name, value in overrides.items():
-        if name not in fields:
-            raise SettingError(name, f"{name!r}: unknown; SEPS settings are {', '.join(sorted(fields))}")
-        if name in settings:  # the override would replace the option silently
-            raise SettingError(name, f"{name!r}: a setting of its own, not an override", instead=name)
-        try:
-            check_setting(SepsConfig, name, value)  # its type and its range, whatever the other settings
-        except ValueError as err:
-            raise SettingError(name, f"{name!r}: {err}") from None
+        check_override(SepsConfig, name, name, value, own=settings, what="SEPS")
     return blame_overrides(lambda given: SepsConfig(**{**settings, **given}), overrides)
+
+
+def check_override(cls: type, key: str, name: str, value: Any, own: Iterable[str], what: str) -> None:
+    """Refuse override ``key`` (field ``name`` of config class ``cls`` = ``value``) on its own: a setting given
+    by an option of its own (``own``: one way to say each; ``instead`` names it), not a field of ``cls``
+    (``what``: whose settings they are, listed), or a value its setting can never take
+    (:func:`check_setting`). :class:`SettingError` naming ``key``."""
+    if name in own:  # the override would replace that setting silently
+        raise SettingError(key, f"{key!r}: {name} is a setting of its own, not an override", instead=name)
+    fields = [f.name for f in dataclasses.fields(cls)]
+    if name not in fields:
+        raise SettingError(key, f"{key!r}: {what} settings are {', '.join(fields)}")
+    try:
+        check_setting(cls, name, value)  # its type and its range, whatever the other settings
+    except ValueError as err:
+        raise SettingError(key, f"{key!r}: {err}") from None
 
 
 def check_setting(cls: type, name: str, value: Any) -> None:

@@ -18,11 +18,10 @@ The settings (None, or absent: not given):
 """
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ucmfh.config import (
-    MOVED_TO_PARAMS, PROTOCOLS, FusionConfig, HashConfig, SettingError, blame_overrides, check_setting, default_epochs,
+    MOVED_TO_PARAMS, PROTOCOLS, FusionConfig, HashConfig, SettingError, blame_overrides, check_override, default_epochs,
     raises, with_defaults,
 )
 from ucmfh.losses import build_loss
@@ -158,9 +157,9 @@ def default_loss(method: str) -> Optional[str]:
 
 def check_overrides(overrides: Optional[Mapping[str, Mapping[str, Any]]],
                     stages: Tuple[str, ...]) -> Dict[str, Dict[str, Any]]:
-    """``overrides`` ({stage: {field: value}}) checked field by field: a known stage of ``stages`` and
-    field, not one given by a setting of its own (OWN_SETTINGS), a value of its type and range
-    (:func:`ucmfh.config.check_setting`). Returns them with every stage of STAGES present."""
+    """``overrides`` ({stage: {field: value}}) checked field by field: a known stage of ``stages``, not a
+    method's parameter of old, then :func:`ucmfh.config.check_override` (a field, not one given by a setting
+    of its own, OWN_SETTINGS, a value of its type and range). Returns them with every stage of STAGES present."""
     out: Dict[str, Dict[str, Any]] = {stage: {} for stage in STAGES}
     for stage, values in (overrides or {}).items():
         for name, value in values.items():
@@ -168,18 +167,10 @@ def check_overrides(overrides: Optional[Mapping[str, Mapping[str, Any]]],
             if stage not in stages:
                 trains = f"no {stage} stage is trained here; " if stage in STAGES else ""
                 raise SettingError(key, f"{key!r}: {trains}expected {' or '.join(f'{s}.FIELD' for s in stages)}")
-            fields = [f.name for f in dataclasses.fields(STAGES[stage])]
-            if name in OWN_SETTINGS:  # one way to say each: the override would replace the setting silently
-                raise SettingError(key, f"{key!r}: {name} is a setting of its own, not an override", instead=name)
             if stage == "hash" and name in MOVED_TO_PARAMS:  # a hashing setting once, a method's parameter now
                 raise SettingError(key, f"{key!r}: a parameter of method {MOVED_TO_PARAMS[name][0]!r} "
                                         f"(method_params), not a hashing setting", instead="method_params")
-            if name not in fields:
-                raise SettingError(key, f"{key!r}: {stage} settings are {', '.join(fields)}")
-            try:
-                check_setting(STAGES[stage], name, value)  # its type and its range, whatever the other settings
-            except ValueError as err:
-                raise SettingError(key, f"{key!r}: {err}") from None
+            check_override(STAGES[stage], key, name, value, own=OWN_SETTINGS, what=stage)
             out[stage][name] = value
     return out
 
