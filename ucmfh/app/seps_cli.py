@@ -10,9 +10,9 @@ from ucmfh.app.errors import user_errors
 from ucmfh.app.environment import default_data_dir, resolve_dataset
 from ucmfh.app.identity import RunOptions
 from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
-from ucmfh.app.options import output_options, parse_params, seed_type, tensorboard_option
+from ucmfh.app.options import output_options, parse_params, resolved, seed_type, tensorboard_option
 from ucmfh.app.outputs import check_outputs
-from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, SettingError, seps_config
+from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, seps_config
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import append_jsonl
 from ucmfh.metrics.captions import DATABASES
@@ -79,12 +79,9 @@ def train_seps(dataset, data_dir, database, results, device, quiet, overrides, o
     The model is saved in OUT/DATASET-FP/seps-seedS-KEY/seps.pt; an existing run of the same
     settings is reused. Re-rank a hashing model's candidates with it by 'ucmfh rerank'.
     """
-    try:
-        cfg = seps_config({**settings, "device": device}, parse_params(overrides, "--set"))
-    except SettingError as err:  # every refused setting here is an override of --set
-        if err.instead is not None:  # one given by an option of its own
-            raise click.BadParameter(f"{err.setting!r}: use --{err.instead.replace('_', '-')}", param_hint="--set") from None
-        raise click.BadParameter(str(err), param_hint="--set") from None
+    own = {**settings, "device": device}  # each given by its option, named as its setting
+    cfg = resolved(seps_config, own, parse_params(overrides, "--set"),
+                   flags={name: "--" + name.replace("_", "-") for name in own})
     check_outputs({"--results": results}, {"--out": out, "--tensorboard": tensorboard})
     path = resolve_dataset(dataset, data_dir)
     click.echo(f"dataset: {path}")
