@@ -26,25 +26,21 @@ _STEP = re.compile(r"^(\S+)\s+rc=(\d+)\s+([\d.]+) s$")
 def read_summary(out: str) -> Dict[str, Dict[str, float]]:
     """``summary.txt``: each step's exit status and seconds."""
     steps = {}
-    path = os.path.join(out, "summary.txt")
-    if os.path.exists(path):
-        for line in open(path, encoding="utf-8"):
-            match = _STEP.match(line.strip())
-            if match:
-                steps[match.group(1)] = {"rc": int(match.group(2)), "seconds": float(match.group(3))}
+    for line in _lines(out, "summary.txt"):
+        match = _STEP.match(line.strip())
+        if match:
+            steps[match.group(1)] = {"rc": int(match.group(2)), "seconds": float(match.group(3))}
     return steps
 
 
-def _rows(out: str, name: str) -> List[Dict[str, Any]]:
-    path = os.path.join(out, name)
-    if not os.path.exists(path):
-        return []
-    return [json.loads(line) for line in open(path, encoding="utf-8") if line.strip()]
-
-
 def _lines(out: str, name: str) -> List[str]:
+    """The lines of file ``name`` in ``out``; none where a step did not write it."""
     path = os.path.join(out, name)
     return open(path, encoding="utf-8").read().splitlines() if os.path.exists(path) else []
+
+
+def _rows(out: str, name: str) -> List[Dict[str, Any]]:
+    return [json.loads(line) for line in _lines(out, name) if line.strip()]
 
 
 def _ran(steps: Dict[str, Dict[str, float]], name: str) -> Optional[str]:
