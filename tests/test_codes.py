@@ -239,7 +239,7 @@ def test_load_errors_name_file_dataset_problem(tmp_path, corrupt, where, problem
 def test_load_not_hdf5(tmp_path):
     path = tmp_path / "codes.h5"
     path.write_text("not hdf5")
-    with pytest.raises(DataError, match="not an HDF5 file"):
+    with pytest.raises(DataError, match="not a readable codes file: not HDF5"):
         load_codes(path)
     with pytest.raises(FileNotFoundError):
         load_codes(tmp_path / "missing.h5")
@@ -267,7 +267,7 @@ def test_cli_evaluate_codes(tmp_path):
     broken = tmp_path / "broken.h5"
     broken.write_text("x")
     bad = runner.invoke(main, ["evaluate", "--codes", str(broken), "--results", ""])
-    assert bad.exit_code == 2 and "not an HDF5 file" in bad.output and "Traceback" not in bad.output
+    assert bad.exit_code == 2 and "not a readable codes file: not HDF5" in bad.output and "Traceback" not in bad.output
 
 
 def test_several_runs_curves_on_one_figure_are_each_run_s_own(tmp_path, monkeypatch):

@@ -160,7 +160,7 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
     try:
         f = h5py.File(path, "r")
     except OSError as err:
-        raise fail("/", f"not an HDF5 file ({err})") from None
+        raise DataError(f"{path}: not a readable codes file: not HDF5 ({err})") from None
     with f:
         if f.attrs.get("format") != FORMAT:
             raise fail("/", f"attribute 'format' is {f.attrs.get('format')!r}, expected {FORMAT!r}")

@@ -280,6 +280,8 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) 
     path = os.fspath(path)
     if not os.path.exists(path):
         return []
+    if os.path.isdir(path):
+        raise ValueError(f"{path}: is a folder, not a JSON-lines results file")
     rows = []
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):

@@ -152,6 +152,10 @@ def test_results_are_appended_to_a_results_file_only(tmp_path, victim, tiny_path
     notes.write_text("my notes\n")
     result = CliRunner().invoke(main, ["evaluate", "-d", tiny_path, "-c", "x.pt", "--results", str(notes)])
     assert result.exit_code == 2 and "(line 1: my notes)" in result.output and notes.read_text() == "my notes\n"
+    for command in (["runs"], ["compare", "jdsh", "two-tower"]):  # a folder where the results file is read
+        result = CliRunner().invoke(main, [*command, "--results", str(tmp_path)])
+        assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == \
+            f"Error: {tmp_path}: is a folder, not a JSON-lines results file", result.output
 
 
 def test_a_results_file_with_foreign_lines_is_read_with_one_line_warnings(tmp_path):
