@@ -4,7 +4,7 @@ check, not a test: the bits depend on the machine's arithmetic, so compare finge
 
 Trains the fusion stage, every trained method and SEPS on small synthetic data, each in the shapes its
 code paths take (validation and its best epoch, a choice among candidates, a refit, modality dropout, a
-streamed split, a saved training state), and prints one SHA-256 per run of its weights and its history
+streamed split, a saved training state, a caption set), and prints one SHA-256 per run of its weights and its history
 (losses, validation scores, best epoch, choice). ``--save FILE`` writes them; ``--check FILE`` compares
 and exits 1 on any difference.
 
@@ -55,6 +55,8 @@ def runs(tmp: Path) -> List[Tuple[str, Callable[[], Tuple[torch.nn.Module, objec
     """Each named run, as a function that trains it."""
     data = load_dataset(make_synthetic(tmp / "tiny.h5", TINY))
     streamed = load_dataset(tmp / "tiny.h5", max_memory_bytes=1)  # every split read from the file
+    from conftest import caption_file
+    captions = load_dataset(caption_file(tmp / "captions.h5"))  # no labels: relevance by id, R@K
     fusion_cfg = FusionConfig(d_model=64, n_heads=4, d_ff=128, epochs=3, batch_size=64, lr=1e-3, device="cpu",
                               val_fraction=0.2, patience=0, modality_dropout=0.3)
     fusion = {}
@@ -89,6 +91,8 @@ def runs(tmp: Path) -> List[Tuple[str, Callable[[], Tuple[torch.nn.Module, objec
             ("two-tower saved state", method("two-tower", state=True)),
             ("ucmfh auto relaxation", method("ucmfh", relaxation="auto")),
             ("djsrh no validation", method("djsrh", val_fraction=0.0)),
+            ("two-tower captions", method("two-tower", on=captions)),
+            ("fusion captions", lambda: fit_fusion(captions, fusion_cfg, progress=False)),
             ("seps", seps)]
     return out
 

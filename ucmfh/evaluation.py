@@ -7,7 +7,9 @@ import torch
 from tqdm.auto import tqdm
 
 from ucmfh.config import PROTOCOLS
+from ucmfh.data.format import first_of_each_id
 from ucmfh.data.h5 import Dataset, Split
+from ucmfh.data.stream import Features
 from ucmfh.metrics import average_precision_at_k, evaluate_caption_set
 from ucmfh.metrics.ap import mean
 from ucmfh.metrics.arguments import DEFAULT_K, Ranking, Ties
@@ -20,21 +22,41 @@ from ucmfh.utils import resolve_device, to_device
 
 @torch.no_grad()
 def _encode(
-    fn: Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]],
-    split: Split,
+    fn: Callable[..., Tuple[torch.Tensor, ...]],
+    columns: Sequence[Features],
     device: torch.device,
     batch_size: int,
     desc: str,
     progress: bool,
+) -> Tuple[torch.Tensor, ...]:
+    """Apply ``fn`` to the rows of ``columns`` (equal lengths) in batches, each output concatenated;
+    every row is encoded (no drop_last)."""
+    outputs = []
+    for start in tqdm(range(0, len(columns[0]), batch_size), desc=desc, unit="batch", disable=not progress,
+                      leave=False):
+        outputs.append(fn(*(to_device(column[start : start + batch_size], device) for column in columns)))
+    return tuple(torch.cat(parts) for parts in zip(*outputs))
+
+
+def _by_modality(
+    pair: Callable[[torch.Tensor, torch.Tensor], Tuple[torch.Tensor, torch.Tensor]],
+    image: Callable[[torch.Tensor], torch.Tensor],
+    text: Callable[[torch.Tensor], torch.Tensor],
+    split: Split, protocol: str, device: torch.device, batch_size: int, desc: str, progress: bool,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Apply ``fn(img, txt)`` to a split in batches; every item is encoded (no drop_last)."""
-    outs_img, outs_txt = [], []
-    for start in tqdm(range(0, len(split), batch_size), desc=desc, unit="batch", disable=not progress, leave=False):
-        a, b = fn(to_device(split.img[start : start + batch_size], device),
-                  to_device(split.txt[start : start + batch_size], device))
-        outs_img.append(a)
-        outs_txt.append(b)
-    return torch.cat(outs_img), torch.cat(outs_txt)
+    """``pair(img, txt)`` of every item; under ``unimodal`` in a caption set (in memory), ``image`` of one
+    row per id and ``text`` of every row instead: the same outputs, an image encoded once, not once per
+    caption (equal ids are the same image, docs/reference.md §1; a caption set's scores read the first
+    row of each id, :func:`ucmfh.metrics.captions.evaluate_caption_set`)."""
+    if protocol != "unimodal" or split.ids is None or split.labels is not None or split.streamed:
+        return _encode(pair, (split.img, split.txt), device, batch_size, desc, progress)
+    ids = split.ids.cpu()
+    first = torch.from_numpy(first_of_each_id(ids.numpy()))
+    known, order = ids[first].sort()
+    place = order[torch.searchsorted(known, ids)]  # each row's id among the first rows
+    img, = _encode(lambda x: (image(x),), (split.img[first],), device, batch_size, desc, progress)
+    txt, = _encode(lambda x: (text(x),), (split.txt,), device, batch_size, desc, progress)
+    return img[place.to(img.device)], txt
 
 
 def head_outputs_split(
@@ -46,8 +68,9 @@ def head_outputs_split(
     Shape: -> two [N, n_bits] on ``device``."""
     device = resolve_device(device)
     model.to(device).eval()
-    return _encode(lambda i, t: model.head_outputs(i, t, protocol), split, device, batch_size,
-                   f"head outputs ({protocol})", progress)
+    return _by_modality(lambda i, t: model.head_outputs(i, t, protocol), lambda x: model.modality_logits(x, "img"),
+                        lambda x: model.modality_logits(x, "txt"), split, protocol, device, batch_size,
+                        f"head outputs ({protocol})", progress)
 
 
 def _signs(outputs: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -70,7 +93,8 @@ def embed_split(
     """Real-valued image and text embeddings of every item of a split. Shape: -> two [N, d_model]."""
     device = resolve_device(device)
     fusion.to(device).eval()
-    return _encode(lambda i, t: fusion.embed(i, t, protocol), split, device, batch_size, f"embed ({protocol})", progress)
+    return _by_modality(lambda i, t: fusion.embed(i, t, protocol), fusion.encode_img, fusion.encode_txt, split,
+                        protocol, device, batch_size, f"embed ({protocol})", progress)
 
 
 def score_both_directions(

@@ -15,7 +15,7 @@ import ucmfh.selection as selection_module
 from ucmfh.checkpoint import load_model, save_checkpoint
 from ucmfh.config import HashConfig
 from ucmfh.methods import METHODS, build_method, fit_hashing, hash_config
-from ucmfh.evaluation import encode_split, score_splits
+from ucmfh.evaluation import embed_split, encode_split, head_outputs_split, score_splits
 from ucmfh.signals import TrainingInterrupted
 from ucmfh.training_state import StateFile
 from ucmfh.fusion_stage import fit_fusion
@@ -74,6 +74,39 @@ def test_a_leak_free_method_codes_each_modality_from_itself(request, name, width
     for features, modality, codes in ((split.img, "image", img), (split.txt, "text", txt)):
         signs = torch.from_numpy(encoder.encode(features.numpy(), modality)) >= 0
         assert torch.equal(signs, codes > 0), modality
+    # a caption set (no labels; equal ids, the same image): under `unimodal` an image is encoded once per id,
+    # and every row's outputs are those of the image and text encoded together
+    captions = _captions(split)
+    seen, logits = [], model.modality_logits
+    model.modality_logits = lambda x, modality: seen.append((modality, len(x))) or logits(x, modality)
+    once = head_outputs_split(model, captions, "unimodal", "cpu")
+    del model.modality_logits
+    together = model.head_outputs(captions.img, captions.txt, "unimodal")
+    assert torch.equal(once[0], together[0]) and torch.equal(once[1], together[1])
+    assert seen == [("img", len(captions.ids.unique())), ("txt", len(captions))]
+
+
+def _captions(split):
+    """``split`` as a caption set: three rows (captions) per image, no labels."""
+    ids = torch.arange(len(split)) // 3
+    return dataclasses.replace(split, img=split.img[ids], labels=None, ids=ids)
+
+
+def test_the_fusion_stage_embeds_an_image_once_per_id(fusion, tiny):
+    captions = _captions(tiny.query)
+    seen, encode_img = [], fusion.encode_img
+    fusion.encode_img = lambda x: seen.append(len(x)) or encode_img(x)
+    try:
+        once = embed_split(fusion, captions, "unimodal", "cpu")
+    finally:
+        del fusion.encode_img
+    with torch.no_grad():  # as embed_split computes (a transformer's no-grad path rounds otherwise)
+        together = fusion.embed(captions.img, captions.txt, "unimodal")
+        fused = fusion.embed(captions.img, captions.txt, "fused")
+    assert torch.equal(once[0], together[0]) and torch.equal(once[1], together[1])
+    assert seen == [len(captions.ids.unique())]
+    # a fused image embedding reads its own row's text: every row encoded
+    assert torch.equal(embed_split(fusion, captions, "fused", "cpu")[0], fused[0])
 
 
 @pytest.mark.parametrize("name", TRAINED)
