@@ -7,6 +7,7 @@ import json
 import os
 import signal
 import time
+from itertools import product
 from pathlib import Path
 from typing import Any, Dict, List
 
@@ -17,6 +18,7 @@ from click.testing import CliRunner
 from ucmfh.app import jobs
 from ucmfh.app.cli import main
 from ucmfh.app.identity import RunOptions
+from ucmfh.app.runs import scores_line
 
 # two methods (one with a fusion encoder its two code lengths share, one without) × two code lengths
 GRID = ["-b", "8", "-b", "16", "--methods", "ucmfh,two-tower", "--set", "fusion.d_model=32", "--set", "fusion.d_ff=64",
@@ -51,6 +53,7 @@ def one_process(tiny_path, tmp_path_factory) -> Path:
     finally:
         torch.set_num_threads(threads)
     assert result.exit_code == 0, result.output
+    assert sum(line.startswith("      unimodal: MAP@50 0.") for line in result.output.splitlines()) == 4  # each cell's
     return folder
 
 
@@ -133,7 +136,12 @@ def test_two_jobs_stopped_and_resumed_give_the_rows_of_one_in_its_order(tiny_pat
     for name in ("ucmfh seed 2023 8 bits", "ucmfh seed 2023 16 bits", "two-tower seed 2023 8 bits",
                  "two-tower seed 2023 16 bits"):
         assert sum(line == f"start {tiny_path} {name}" for line in lines) == 1
-        assert sum(line.startswith(f"done  {tiny_path} {name}: ") and line.endswith(" s") for line in lines) == 1
+        assert sum(line.startswith(f"done  {tiny_path} {name}: ") and line.endswith(" of 4 cells)") for line in lines) == 1
+    # under each done line, the cell's scores as its rows hold them
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    for method, n_bits in product(("ucmfh", "two-tower"), (8, 16)):
+        cell = [row for row in rows if (row["method"], row["n_bits"]) == (method, n_bits)]
+        assert f"      {scores_line(cell)}" in lines and scores_line(cell).startswith("unimodal: MAP@50 0.")
     assert "resuming" in resumed.output and "fusion.state.pt at epoch 2 of 2" in resumed.output
     # the two ucmfh cells share one fusion encoder: trained once (resumed), then reused, never by two at once
     assert resumed.output.count("fusion encoder: training") == 1

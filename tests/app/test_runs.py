@@ -17,7 +17,7 @@ import torch
 from click.testing import CliRunner
 
 from ucmfh.app.cli import main
-from ucmfh.app.runs import summarize
+from ucmfh.app.runs import scores_line, summarize
 from ucmfh.files import append_jsonl, read_jsonl
 
 from conftest import ROOT, dead_pid
@@ -355,6 +355,21 @@ def test_runs_summarises_every_row_shape_readably(tmp_path):
     groups = summarize(read_jsonl(path))
     assert {g["stage"] for g in groups} == {None, "seps-full", "hamming m=100", "cosine-rerank m=100",
                                              "seps-rerank m=100"}
+
+
+def test_a_finished_cell_says_its_scores_in_a_line_tie_aware_first():
+    """What a grid prints under each finished cell: MAP@k of a labelled set, R@1 and rSum of each database of
+    a caption set, the tie-aware twin where a row has it."""
+    labelled = [{"protocol": "unimodal", "k": 50, "map_i2t": 0.81234, "map_t2i": 0.75, "map_i2t_expected": 0.8},
+                {"protocol": "fused", "k": 50, "map_i2t": 0.9, "map_t2i": 0.85}]
+    assert scores_line(labelled) == "unimodal: MAP@50 0.8000 / 0.7500; fused: MAP@50 0.9000 / 0.8500"
+    recall = {"recall_i2t": {"1": 16.64, "5": 40.0, "10": 52.0}, "recall_t2i": {"1": 13.9, "5": 35.0, "10": 48.0},
+              "rsum": 205.5}
+    captions = [{"protocol": "unimodal", "database": "test", "k": 50, **recall,
+                 "recall_i2t_expected": {"1": 16.6, "5": 40.0, "10": 52.0}, "rsum_expected": 205.46},
+                {"protocol": "unimodal", "database": "collection", "k": 50, **recall}]
+    assert scores_line(captions) == ("unimodal test: R@1 16.6 / 13.9 (rSum 205.5); "
+                                     "unimodal collection: R@1 16.6 / 13.9 (rSum 205.5)")
 
 
 def test_runs_names_one_checkpoint_or_says_why_not(tmp_path):

@@ -29,7 +29,7 @@ from ucmfh.app.options import (
     DEFAULT_RESULTS, FLAGS, check_device, flag_of, parse_params, resolved, settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
-from ucmfh.app.runs import DIRECTIONS, REAL, headline, summarize, variant_of
+from ucmfh.app.runs import DIRECTIONS, REAL, headline, scores_line, summarize, variant_of
 from ucmfh.config import CODE_LENGTHS, PROTOCOLS
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import MARKS, read_jsonl, write_text_atomic
@@ -307,6 +307,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         except KeyboardInterrupt as err:  # a grid has no --resume: it resumes what it finds
             interrupted(err, always_resumes=True)
         append_results(results, rows)
+        click.echo(f"      {scores_line(rows)}")
         recorded += rows
         grid_rows.append(rows)
     if side is not None:

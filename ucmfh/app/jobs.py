@@ -40,6 +40,7 @@ from ucmfh.app.environment import torchrun_sizes
 from ucmfh.app.errors import USER_ERRORS, interrupted, stopped_by
 from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, key_of
+from ucmfh.app.runs import scores_line
 from ucmfh.app.table import append_results
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset, load_dataset
@@ -274,9 +275,12 @@ class SideBySide:
         else:
             cell.state = "done"
             cell.rows.extend(outcome.rows)
-            self.log(f"done  {cell.name}: {outcome.seconds:.1f} s")
+            finished = sum(other.state == "done" for other in self.cells)
+            self.log(f"done  {cell.name}: {outcome.seconds:.1f} s ({finished} of {len(self.cells)} cells)")
         for line in outcome.log:
             self.log(f"      {line}")
+        if cell.state == "done" and outcome.rows:
+            self.log(f"      {scores_line(outcome.rows)}")
         return signum, error
 
     def _append(self, in_order: bool) -> None:

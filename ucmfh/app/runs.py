@@ -45,6 +45,24 @@ def _value(row: Dict[str, Any], field: str) -> Optional[float]:
     return row.get(field)
 
 
+def scores_line(rows: Sequence[Dict[str, Any]]) -> str:
+    """One run's scores in a line, tie-aware where the rows have them: per protocol (and database of a
+    caption set), MAP@k I→T / T→I, or R@1 I→T / T→I in % and rSum."""
+    def value(row: Dict[str, Any], field: str) -> float:
+        twin = _value(row, field + EXPECTED)
+        return _value(row, field) if twin is None else twin
+
+    parts = []
+    for row in rows:
+        where = " ".join(str(row[key]) for key in ("protocol", "database") if row.get(key) is not None)
+        if row.get("recall_i2t") is not None:
+            scores = f"R@1 {value(row, 'r1_i2t'):.1f} / {value(row, 'r1_t2i'):.1f} (rSum {value(row, 'rsum'):.1f})"
+        else:
+            scores = f"MAP@{row.get('k')} {value(row, 'map_i2t'):.4f} / {value(row, 'map_t2i'):.4f}"
+        parts.append(f"{where}: {scores}")
+    return "; ".join(parts)
+
+
 def headline(entry: Dict[str, Any], field: str) -> str:
     """The field a table leads with: its tie-aware twin where the rows have one, else the field itself
     (rows from before tie-aware scores, or of a stage without ties)."""
