@@ -5,7 +5,8 @@
 # error bars, CCA-ITQ and random codes as references), drawn by `ucmfh grid --plot` from the grid's own
 # rows into docs/figures/, and forest plots
 # of `ucmfh compare` (the default against JDSH and against DAEH, every cell with its 95% interval). The
-# grid is resumable: the same command goes on where it stopped and draws once every cell is done. Last,
+# grid is resumable: the same command goes on where it stopped. It runs seed by seed and draws after each
+# (seed 2023 alone, then 2023-2024, then all three), so a long one stopped early has figures of its seeds. Last,
 # the precision-recall and precision@K curves of every method at 64 bits on one set (`evaluate --codes`).
 # Run from the repository root:
 #
@@ -30,9 +31,12 @@ case $SET in
     *) echo "docs_figures.sh: error: unknown set '$SET' (small or flickr8k)" >&2; exit 2 ;;
 esac
 mkdir -p docs/figures
-OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} python -m ucmfh grid "${SETS[@]}" --data-dir "$DATA" \
-    --protocol unimodal --methods "$METHODS" -b 16 -b 32 -b 64 -b 128 --seeds 2023,2024,2025 \
-    --jobs "$JOBS" --device "$DEVICE" --results "$RESULTS" --table "runs/docs-$SET" --plot docs/figures/quality --quiet
+# seed by seed, each pass drawing the seeds so far: a long grid stopped after its first seed has its figures
+for seeds in 2023 2023,2024 2023,2024,2025; do
+    OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} python -m ucmfh grid "${SETS[@]}" --data-dir "$DATA" \
+        --protocol unimodal --methods "$METHODS" -b 16 -b 32 -b 64 -b 128 --seeds "$seeds" \
+        --jobs "$JOBS" --device "$DEVICE" --results "$RESULTS" --table "runs/docs-$SET" --plot docs/figures/quality --quiet
+done
 # the default against the two field methods closest to it: each cell's paired difference and its interval
 # (from the runs' per-query files, kept beside their checkpoints in runs/: a grid finished on another
 # machine has its rows here but not those files, and compare says so)
