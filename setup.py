@@ -19,7 +19,7 @@ hamming = Extension("ucmfh.metrics._hamming", ["ucmfh/metrics/_hamming.c"], opti
 setup(
     name="ucmfh",
     version="0.1.0",
-    description="Deep cross-modal hashing (UCMFH and its loss variants) on precomputed features",
+    description="Deep cross-modal hashing on precomputed features: UCMFH, the field's methods, honest evaluation",
     long_description=open("README.md", encoding="utf-8").read(),
     long_description_content_type="text/markdown",
     packages=find_packages(include=["ucmfh", "ucmfh.*"]),

@@ -47,7 +47,7 @@ class Commands(click.Group):
 @click.version_option(package_name="ucmfh")
 @click.pass_context
 def main(ctx: click.Context) -> None:
-    """ucmfh: deep cross-modal hashing (UCMFH and its loss variants) on precomputed features."""
+    """ucmfh: deep cross-modal hashing on precomputed features: UCMFH, the field's methods and a leak-free default."""
     configure_from_env()
     if ctx.invoked_subcommand != "extract":  # extraction's ranks are independent shards, never a group
         join_process_group()
