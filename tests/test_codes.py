@@ -200,6 +200,25 @@ def test_plots(tmp_path):
         assert pixels.shape[0] > 200 and pixels.shape[1] > 200 and 0.01 < ink < 0.5 and coloured > 0.001, (p, ink, coloured)
 
 
+def test_a_caption_sets_codes_file_has_ids_and_no_labels(tmp_path):
+    """A caption set's codes (relevance by id, no labels) round-trip; without ids, or with labels on one side
+    alone, they are refused before a file is written."""
+    data = {**make_file_inputs(), "query_labels": None, "retrieval_labels": None}
+    path = save_codes(tmp_path / "captions.h5", **data)
+    codes = load_codes(path)
+    assert codes.caption_set and codes.labels == {"query": None, "retrieval": None}
+    with h5py.File(path, "r") as f:
+        assert "labels" not in f["query"] and "labels" not in f["retrieval"]
+    for group in ("query", "retrieval"):
+        assert torch.equal(codes.ids[group], data[f"{group}_ids"])
+    assert not load_codes(save_codes(tmp_path / "labelled.h5", **make_file_inputs())).caption_set
+    with pytest.raises(ValueError, match="needs query_ids and retrieval_ids"):
+        save_codes(tmp_path / "x.h5", **{**data, "query_ids": None, "retrieval_ids": None})
+    with pytest.raises(ValueError, match="give both query_labels and retrieval_labels, or neither"):
+        save_codes(tmp_path / "x.h5", **{**make_file_inputs(), "query_labels": None})
+    assert not (tmp_path / "x.h5").exists()
+
+
 def test_save_rejects_bad_inputs(tmp_path):
     data = make_file_inputs()
     with pytest.raises(ValueError, match="query_txt"):
@@ -223,6 +242,9 @@ def test_save_rejects_bad_inputs(tmp_path):
         (lambda f: f["retrieval"]["txt"].__setitem__((0, 1), 0xFF), "/retrieval/txt", "padding"),
         (lambda f: f["query"]["labels"].__setitem__((0, 0), 2), "/query/labels", "values"),
         (lambda f: f["query"].__delitem__("ids"), "/query/ids", "only one group"),
+        (lambda f: f["query"].__delitem__("labels"), "/query/labels", "only one group"),
+        (lambda f: (f["query"].__delitem__("labels"), f["query"].__delitem__("ids")), "/query/labels",
+         "missing dataset (and no ids"),
     ],
 )
 def test_load_errors_name_file_dataset_problem(tmp_path, corrupt, where, problem):

@@ -56,16 +56,21 @@ class Codes:
 
     Shape:
         packed[(group, modality)]: [N_group, ceil(n_bits / 8)] uint8 for group in
-        query/retrieval and modality in img/txt; labels[group]: [N_group, C] uint8;
-        ids[group]: [N_group] int64 or None.
+        query/retrieval and modality in img/txt; labels[group]: [N_group, C] uint8, or None in a caption
+        set (relevance by id, docs/reference.md §7); ids[group]: [N_group] int64, or None.
     """
 
     n_bits: int
     packed: Dict[tuple, torch.Tensor]
-    labels: Dict[str, torch.Tensor]
+    labels: Dict[str, Optional[torch.Tensor]]
     ids: Dict[str, Optional[torch.Tensor]]
     attrs: Dict[str, object] = field(default_factory=dict)
     path: Optional[str] = None
+
+    @property
+    def caption_set(self) -> bool:
+        """No labels: relevance is "same id" (the codes of a caption set)."""
+        return self.labels["query"] is None
 
     def codes(self, group: str, modality: str) -> torch.Tensor:
         """±1 float32 codes of one group and modality. Shape: [N_group, n_bits]."""
@@ -79,8 +84,8 @@ def save_codes(
     query_txt: ArrayLike,
     retrieval_img: ArrayLike,
     retrieval_txt: ArrayLike,
-    query_labels: ArrayLike,
-    retrieval_labels: ArrayLike,
+    query_labels: Optional[ArrayLike],
+    retrieval_labels: Optional[ArrayLike],
     query_ids: Optional[ArrayLike] = None,
     retrieval_ids: Optional[ArrayLike] = None,
     attrs: Optional[Dict[str, object]] = None,
@@ -88,9 +93,9 @@ def save_codes(
     """Write codes as packed bits to HDF5, atomically (temporary file, then ``os.replace``).
 
     Codes are ±1 (or real-valued: their sign is stored, sign(0) = +1), shape
-    [N, n_bits]; labels multi-hot [N, C]; ids int64 [N]. ``attrs`` (protocol,
-    dataset, model, …) go to the root attributes beside ``n_bits``. Layout:
-    ``/{query,retrieval}/{img,txt,labels[,ids]}``. Returns the path.
+    [N, n_bits]; labels multi-hot [N, C], or None for a caption set, whose ids are then required;
+    ids int64 [N]. ``attrs`` (protocol, dataset, model, …) go to the root attributes beside ``n_bits``.
+    Layout: ``/{query,retrieval}/{img,txt[,labels][,ids]}``. Returns the path.
     """
     path = os.fspath(path)
     given = {
@@ -104,7 +109,14 @@ def save_codes(
             raise ValueError(f"{path}: {group}_{modality}: codes must be [N, {n_bits}], got shape {codes.shape}")
         if codes.dtype == np.uint8:
             raise ValueError(f"{path}: {group}_{modality}: pass ±1 codes, not uint8 (packed bits are ambiguous)")
-    labels = {"query": bits.to_numpy(query_labels), "retrieval": bits.to_numpy(retrieval_labels)}
+    if (query_labels is None) != (retrieval_labels is None):
+        raise ValueError(f"{path}: labels: give both query_labels and retrieval_labels, or neither (a caption set)")
+    if query_labels is None and (query_ids is None or retrieval_ids is None):
+        raise ValueError(f"{path}: a caption set (no labels) needs query_ids and retrieval_ids: relevance is by id")
+    caption_set = query_labels is None
+    given_labels = {"query": query_labels, "retrieval": retrieval_labels}
+    labels = {g: np.zeros((arrays[(g, "img")].shape[0], 0)) if caption_set else bits.to_numpy(given_labels[g])
+              for g in GROUPS}
     ids = {"query": query_ids, "retrieval": retrieval_ids}
     for group in GROUPS:
         n = arrays[(group, "img")].shape[0]
@@ -136,7 +148,8 @@ def save_codes(
             g = f.create_group(group)
             for modality in MODALITIES:
                 g.create_dataset(modality, data=pack_codes(arrays[(group, modality)]))
-            g.create_dataset("labels", data=(labels[group] != 0).astype(np.uint8))
+            if not caption_set:
+                g.create_dataset("labels", data=(labels[group] != 0).astype(np.uint8))
             if ids[group] is not None:
                 g.create_dataset("ids", data=ids[group])
     return path
@@ -174,9 +187,11 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
         for group in GROUPS:
             if group not in f:
                 raise fail(f"/{group}", "missing group")
-            for name in MODALITIES + ("labels",):
+            for name in MODALITIES:
                 if name not in f[group]:
                     raise fail(f"/{group}/{name}", "missing dataset")
+            if "labels" not in f[group] and "ids" not in f[group]:
+                raise fail(f"/{group}/labels", "missing dataset (and no ids: a caption set's relevance)")
             rows = f[group]["img"].shape[0]
             for modality in MODALITIES:
                 d = f[group][modality]
@@ -189,13 +204,7 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
                 if n_bits % 8 and (data[:, -1] & ((1 << (8 - n_bits % 8)) - 1)).any():
                     raise fail(where, f"padding bits beyond bit {n_bits} are set")
                 packed[(group, modality)] = torch.from_numpy(data)
-            d = f[group]["labels"]
-            if d.ndim != 2 or d.shape[0] != rows:
-                raise fail(f"/{group}/labels", f"shape {d.shape}, expected ({rows}, C)")
-            lab = d[()]
-            if lab.size and not np.isin(lab, (0, 1)).all():
-                raise fail(f"/{group}/labels", "values other than 0 and 1")
-            labels[group] = torch.from_numpy(lab.astype(np.uint8))
+            labels[group] = _labels(f[group], rows, fail) if "labels" in f[group] else None
             if "ids" in f[group]:
                 d = f[group]["ids"]
                 if d.shape != (rows,) or not np.issubdtype(d.dtype, np.integer):
@@ -203,9 +212,23 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
                 ids[group] = torch.from_numpy(d[()].astype(np.int64))
             else:
                 ids[group] = None
-        if labels["query"].shape[1] != labels["retrieval"].shape[1]:
+        if (labels["query"] is None) != (labels["retrieval"] is None):
+            raise fail("/query/labels" if labels["query"] is None else "/retrieval/labels",
+                       "labels present in only one group")
+        if labels["query"] is not None and labels["query"].shape[1] != labels["retrieval"].shape[1]:
             raise fail("/retrieval/labels", f"{labels['retrieval'].shape[1]} classes, query has {labels['query'].shape[1]}")
         if (ids["query"] is None) != (ids["retrieval"] is None):
             raise fail("/query/ids" if ids["query"] is None else "/retrieval/ids", "ids present in only one group")
         attrs = read_attrs(f, skip=("format", "version", "n_bits"))
     return Codes(n_bits=n_bits, packed=packed, labels=labels, ids=ids, attrs=attrs, path=path)
+
+
+def _labels(group, rows: int, fail) -> torch.Tensor:
+    """A group's multi-hot labels, checked. Shape: -> [rows, C] uint8."""
+    d = group["labels"]
+    if d.ndim != 2 or d.shape[0] != rows:
+        raise fail(f"{group.name}/labels", f"shape {d.shape}, expected ({rows}, C)")
+    lab = d[()]
+    if lab.size and not np.isin(lab, (0, 1)).all():
+        raise fail(f"{group.name}/labels", "values other than 0 and 1")
+    return torch.from_numpy(lab.astype(np.uint8))

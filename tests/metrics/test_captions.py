@@ -62,6 +62,41 @@ def _caption_arrays(rng, n_images, first_id, n_bits):
     return img, txt, ids
 
 
+def test_a_caption_sets_codes_curves_are_by_id_on_the_test_database():
+    """evaluate_caption_codes (what `evaluate --codes` scores a caption set's codes file by) against loops over
+    queries: images once per id against the query captions and back; P@K with ties by index, and the
+    precision-recall curve by Hamming radius, relevance "same id"; R@K and MAP@k as evaluate_caption_set's."""
+    from ucmfh.metrics.report import evaluate_caption_codes
+
+    rng = np.random.default_rng(5)
+    n_bits, ks = 6, (1, 3, 8)
+    query, retrieval = _caption_arrays(rng, 9, 1, n_bits), _caption_arrays(rng, 20, 1000, n_bits)
+    got = evaluate_caption_codes(*query, *retrieval, k=5, ks=ks, ranks=(1, 5, 10))
+    assert got["settings"]["database"] == "test" and got["settings"]["n_query_img"] == 9
+    assert (got["i2t"]["n_database"], got["t2i"]["n_database"]) == (len(query[2]), 9)  # captions, images
+    (qi, qt, qid) = query
+    first = sorted(np.unique(qid, return_index=True)[1])
+    for name, (q, q_ids, db, db_ids) in {"i2t": (qi[first], qid[first], qt, qid),
+                                         "t2i": (qt, qid, qi[first], qid[first])}.items():
+        precision = np.zeros(len(ks))
+        pr = np.zeros((2, n_bits + 1))
+        for code, own in zip(q, q_ids):
+            rel = db_ids[_slow_rank(code, db, "hamming")] == own
+            precision += [rel[:k].mean() for k in ks]
+            distance = (n_bits - db @ code) / 2
+            for radius in range(n_bits + 1):
+                inside = distance <= radius
+                pr[0, radius] += (db_ids[inside] == own).sum() / max(inside.sum(), 1)
+                pr[1, radius] += (db_ids[inside] == own).sum() / (db_ids == own).sum()
+        np.testing.assert_allclose(got[name]["precision_at_k"]["precision"], precision / len(q), atol=1e-12)
+        np.testing.assert_allclose(got[name]["pr_curve"]["precision"], pr[0] / len(q), atol=1e-12)
+        np.testing.assert_allclose(got[name]["pr_curve"]["recall"], pr[1] / len(q), atol=1e-12)
+    row = evaluate_caption_set(*query, *retrieval, k=5)["test"]
+    assert got["i2t"]["map@5"] == pytest.approx(row["map_i2t"]) and got["t2i"]["map@5"] == pytest.approx(row["map_t2i"])
+    for name in ("i2t", "t2i"):
+        assert {r: 100 * v for r, v in got[name]["recall_at_ranks"].items()} == pytest.approx(row[f"recall_{name}"])
+
+
 @pytest.mark.parametrize("ranking, n_bits", [("hamming", 4), ("hamming", 16), ("cosine", 6)])
 def test_caption_metrics_equal_a_slow_reference(ranking, n_bits):
     rng = np.random.default_rng(n_bits)
@@ -142,5 +177,17 @@ def test_train_hash_on_a_caption_set_reports_recall_on_both_databases(tmp_path):
     supervised = runner.invoke(main, ["train-hash", "-d", path, "--supervised", "--epochs", "1", "--device", "cpu",
                                       "--out", str(tmp_path / "runs"), "--results", str(results)])
     assert supervised.exit_code == 2 and "supervised training needs labels" in supervised.output
-    encode = runner.invoke(main, ["encode", "-d", path, "-c", rows[0]["checkpoint"], "-o", str(tmp_path / "c.h5")])
-    assert encode.exit_code == 2 and "caption set" in encode.output
+    # its codes file (ids, no labels) scores as the training did on the `test` database, in both tie rules
+    for protocol, trained in (("unimodal", rows[0]), ("fused", rows[2])):
+        codes = tmp_path / f"c-{protocol}.h5"
+        encode = runner.invoke(main, ["encode", "-d", path, "-c", trained["checkpoint"], "-o", str(codes),
+                                      "--protocol", protocol, "--quiet"])
+        assert encode.exit_code == 0, encode.output
+        scored = runner.invoke(main, ["evaluate", "--codes", str(codes), "--results", str(tmp_path / "codes.jsonl")])
+        assert scored.exit_code == 0, scored.output
+        row = json.loads((tmp_path / "codes.jsonl").read_text().splitlines()[-1])
+        assert (row["task"], row["database"], row["protocol"], row["method"]) == ("codes", "test", protocol, "ucmfh")
+        for key in ("map_i2t", "map_t2i", "map_i2t_expected", "map_t2i_expected", "rsum", "rsum_expected"):
+            assert row[key] == pytest.approx(trained[key], abs=1e-9), key
+        for key in ("recall_i2t", "recall_t2i", "recall_i2t_expected", "recall_t2i_expected"):
+            assert row[key] == pytest.approx(trained[key], abs=1e-9), key

@@ -241,7 +241,10 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
                 write_json_atomic(metrics_out, {"generator": "ucmfh evaluate", **metrics})  # its mark (files.MARKS)
                 click.echo(f"metrics written to {metrics_out}")
             row = codes_file_row(metrics)
-            click.echo(f"{path}: {row['n_bits']} bits, protocol {row['protocol']}: "
+            where = f"protocol {row['protocol']}" + (f", database {row['database']}" if "database" in row else "")
+            recall = (f"R@1 I->T {row['recall_i2t_expected']['1']:.1f}, T->I {row['recall_t2i_expected']['1']:.1f} "
+                      f"(rSum {row['rsum_expected']:.1f}), " if "recall_i2t_expected" in row else "")
+            click.echo(f"{path}: {row['n_bits']} bits, {where}: {recall}"
                        f"MAP@{k} I->T {row['map_i2t_expected']:.4f}, T->I {row['map_t2i_expected']:.4f} (mean over "
                        f"every order of tied items; ties by index: {row['map_i2t']:.4f}, {row['map_t2i']:.4f})")
             if results:

@@ -173,9 +173,6 @@ def encode_checkpoint(
     """Write the query and retrieval codes of a hashing checkpoint to a codes file (packed bits)."""
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f"{out}: exists; not replaced")
-    if data.caption_set:
-        raise ValueError(f"{data.path}: a caption set (no labels); codes files hold labels, so encode a labelled "
-                         "set, or score the checkpoint with 'ucmfh evaluate -c'")
     model, fusion_cfg, hash_cfg, _ = load_model(checkpoint, "hash", d_img=data.d_img, d_txt=data.d_txt)
     query = encode_split(model, data.query, protocol, device, progress=progress)
     retrieval = encode_split(model, data.retrieval, protocol, device, progress=progress)
@@ -185,6 +182,6 @@ def encode_checkpoint(
         query_labels=data.query.labels, retrieval_labels=data.retrieval.labels,
         query_ids=data.query.ids, retrieval_ids=data.retrieval.ids,
         attrs={"dataset": dataset_label(data.path or "dataset"), "protocol": protocol, "method": hash_cfg.method,
-               "loss": hash_cfg.loss,
+               "loss": hash_cfg.loss if default_loss(hash_cfg.method) is not None else "-",  # none of its own: '-'
                "checkpoint": os.path.abspath(checkpoint), "seed": hash_cfg.seed},
     )

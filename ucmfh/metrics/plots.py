@@ -101,7 +101,8 @@ def plot_precision_at_k(results: Runs, path: str) -> str:
     """Precision@K curves, both directions, from :func:`evaluate_codes` results: of one evaluation, or of
     several runs on one figure (``[(label, results), ...]``).
 
-    Only K <= N (``settings["n_retrieval"]``) is drawn: beyond N the metric counts K as N
+    Only K <= N (a direction's ``n_database``, a caption set's, else ``settings["n_retrieval"]``) is drawn:
+    beyond N the metric counts K as N
     and repeats P@N, which is drawn once, at K = N. The tie-aware curve where the results have
     it (``precision_expected``), else the one with ties by index.
     """
@@ -109,7 +110,7 @@ def plot_precision_at_k(results: Runs, path: str) -> str:
 
     def points(res, name):
         pk = res.get(name, {}).get("precision_at_k")
-        n = res.get("settings", {}).get("n_retrieval")
+        n = res.get(name, {}).get("n_database", res.get("settings", {}).get("n_retrieval"))
         return _up_to(pk["k"], pk.get("precision_expected", pk["precision"]), n) if pk else None
 
     def configure(ax):
@@ -147,12 +148,15 @@ def plot_curves(results: Runs, prefix: str) -> List[str]:
 
 
 def _title(runs: List[Tuple[str, Dict[str, object]]], what: str) -> str:
-    """``what``, and on a second line the dataset, protocol and code length the runs share, where known."""
+    """``what``, and on a second line the dataset, protocol, database (a caption set's) and code length the runs
+    share, where known."""
     shared = None
     for _, results in runs:
         settings = results.get("settings", {})
         attrs = settings.get("attrs", {}) if isinstance(settings, dict) else {}
         parts = [str(attrs[key]) for key in ("dataset", "protocol") if key in attrs]
+        if settings.get("database") is not None:
+            parts.append(f"database {settings['database']}")
         if "n_bits" in settings:
             parts.append(f"{settings['n_bits']} bits")
         shared = parts if shared is None else [p for p in shared if p in parts]

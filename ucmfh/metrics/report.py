@@ -16,6 +16,8 @@ from ucmfh.metrics.arguments import (
     as_tensors,
     check_ids,
 )
+from ucmfh.data.format import first_of_each_id
+from ucmfh.metrics.captions import databases
 from ucmfh.metrics.radius import pr_curve_hamming
 from ucmfh.metrics.ranking import map_at_k, precision_recall_at_k, recall_at_ranks
 from ucmfh.metrics.relevance import id_match_counts
@@ -130,17 +132,57 @@ def evaluate_codes(
             codes["query"][q_mod], codes["retrieval"][r_mod], query_labels, retrieval_labels,
             query_ids, retrieval_ids, **options,
         )
+    return {"settings": _settings(options, query_img.shape[0], retrieval_img.shape[0]), **result}
+
+
+def _settings(options: Dict[str, object], n_query: int, n_retrieval: int) -> Dict[str, object]:
     ranking = options.get("ranking", "hamming")
-    settings = {
+    return {
         "k": options.get("k", DEFAULT_K),
         "empty": options.get("empty", "zero"),
         "ranking": ranking,
-        "n_query": int(query_img.shape[0]),
-        "n_retrieval": int(retrieval_img.shape[0]),
+        "n_query": int(n_query),
+        "n_retrieval": int(n_retrieval),
         "order": ORDER[ranking],
         "ties": "retrieval index ascending" + ("; *_expected: the mean over every order of tied items"
                                                if options.get("expected", True) else ""),
     }
+
+
+def evaluate_caption_codes(
+    query_img: ArrayLike,
+    query_txt: ArrayLike,
+    query_ids: ArrayLike,
+    retrieval_img: ArrayLike,
+    retrieval_txt: ArrayLike,
+    retrieval_ids: ArrayLike,
+    **options,
+) -> Dict[str, object]:
+    """All metrics of a caption set's codes for I→T and T→I on its ``test`` database (the query split,
+    docs/reference.md §7): each query image once per id against every query caption, and each caption
+    against the images once per id; relevance "same id". The metrics are :func:`evaluate_direction`'s, with
+    one label per id (so MAP@k, precision@K and the precision-recall curve are by id) and ``recall_at_ranks``
+    R@1/5/10 by id as fractions. ``options`` as :func:`evaluate_codes`.
+
+    Shape: codes [Q or N, n_bits]; ids [Q or N]. Returns ``{"settings": {...}, "i2t": {...}, "t2i": {...}}``,
+    ``settings["database"] = "test"``.
+    """
+    query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids = as_tensors(
+        query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids)
+    db = databases((query_img, query_txt, query_ids), (retrieval_img, retrieval_txt, retrieval_ids))["test"]
+    first = torch.from_numpy(first_of_each_id(query_ids.cpu().numpy())).to(query_ids.device)
+    classes = query_ids.unique()
+
+    def one_hot(ids: torch.Tensor) -> torch.Tensor:  # [N, ids of the database]: "same id" as a shared label
+        return (ids[:, None] == classes[None, :]).to(torch.uint8)
+
+    sides = {"i2t": (query_img[first], db["txt"], query_ids[first], db["txt_ids"]),
+             "t2i": (query_txt, db["img"], query_ids, db["img_ids"])}
+    result = {name: {**evaluate_direction(q, r, one_hot(q_ids), one_hot(r_ids), q_ids, r_ids, **options),
+                     "n_database": int(r.shape[0])}  # the P@K figure stops there
+              for name, (q, r, q_ids, r_ids) in sides.items()}
+    settings = _settings(options, query_txt.shape[0], query_txt.shape[0])
+    settings.update(database="test", relevance="same id", n_query_img=int(len(first)))
     return {"settings": settings, **result}
 
 
@@ -165,11 +207,15 @@ def evaluate_codes_file(
         return codes.codes(group, modality).to(dev)
 
     ids = {g: (None if codes.ids[g] is None else codes.ids[g].to(dev)) for g in ("query", "retrieval")}
-    result = evaluate_codes(
-        get("query", "img"), get("query", "txt"), get("retrieval", "img"), get("retrieval", "txt"),
-        codes.labels["query"].to(dev), codes.labels["retrieval"].to(dev), ids["query"], ids["retrieval"],
-        k=k, **options,
-    )
+    if codes.caption_set:
+        result = evaluate_caption_codes(get("query", "img"), get("query", "txt"), ids["query"], get("retrieval", "img"),
+                                        get("retrieval", "txt"), ids["retrieval"], k=k, **options)
+    else:
+        result = evaluate_codes(
+            get("query", "img"), get("query", "txt"), get("retrieval", "img"), get("retrieval", "txt"),
+            codes.labels["query"].to(dev), codes.labels["retrieval"].to(dev), ids["query"], ids["retrieval"],
+            k=k, **options,
+        )
     result["settings"].update(path=os.fspath(path), n_bits=codes.n_bits, attrs=_jsonable(codes.attrs))
     return result
 
@@ -179,11 +225,12 @@ def codes_file_row(metrics: Dict[str, object]) -> Dict[str, object]:
     settings = metrics["settings"]
     attrs = settings.get("attrs", {})
     k = settings["k"]
-    return {
+    row = {
         "task": "codes",
         "codes": settings.get("path"),
         "dataset": attrs.get("dataset", "-"),
         "protocol": attrs.get("protocol", "unknown"),
+        "method": attrs.get("method", "-"),
         "loss": attrs.get("loss", "-"),
         "n_bits": settings.get("n_bits"),
         "k": k,
@@ -192,6 +239,14 @@ def codes_file_row(metrics: Dict[str, object]) -> Dict[str, object]:
         **{f"map_{d}{EXPECTED}": metrics[d][f"map@{k}{EXPECTED}"] for d in ("i2t", "t2i")
            if f"map@{k}{EXPECTED}" in metrics[d]},
     }
+    if settings.get("database") is not None:  # a caption set's: R@K in % and rSum, as training rows hold them
+        row["database"] = settings["database"]
+        for twin in ("", EXPECTED):
+            if f"recall_at_ranks{twin}" in metrics["i2t"]:
+                for d in ("i2t", "t2i"):
+                    row[f"recall_{d}{twin}"] = {r: 100.0 * v for r, v in metrics[d][f"recall_at_ranks{twin}"].items()}
+                row[f"rsum{twin}"] = sum(sum(row[f"recall_{d}{twin}"].values()) for d in ("i2t", "t2i"))
+    return row
 
 
 def _jsonable(value):
