@@ -65,6 +65,7 @@ def draw_forest(panels: Sequence[Dict[str, Any]], path: str, title: str) -> str:
         ax.set_yticklabels([row["label"] for row in rows], fontsize=8)
         ax.set_ylim(-0.75, len(rows) - 0.25)
         ax.set_xlabel(panel["xlabel"], fontsize=9)
+        ax.xaxis.set_major_locator(plt.MaxNLocator(nbins=6))  # wide signed labels: fewer ticks, none touching
         ax.grid(axis="x", alpha=0.3)
     handles = [plt.Line2D([], [], color=c, marker=m, linestyle="-", label=v) for v, (c, m) in STYLES.items()]
     axes[0, 0].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="verdict",
