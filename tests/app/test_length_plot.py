@@ -7,7 +7,8 @@ import pytest
 from click.testing import CliRunner
 
 from ucmfh.app.cli import main
-from ucmfh.app.length_plot import check_figure_paths, draw_length_figures, legend_order, length_figures
+from ucmfh.app.length_plot import (check_figure_paths, draw_length_figures, legend_order, legend_title,
+                                   length_figures)
 from ucmfh.app.runs import headline, summarize, variant_of
 from ucmfh.files import MARKS, append_jsonl, check_replaceable, read_jsonl
 
@@ -102,6 +103,14 @@ def test_the_legend_lists_the_lines_as_they_end_on_the_right():
              line("d", [16, 64], [0.2, 0.7])]
     # highest first at the longest length drawn (ties by label); a line that stops short after those that go on
     assert [x["label"] for x in legend_order(lines)] == ["b", "d", "a", "c"]
+
+
+def test_the_legend_says_what_the_error_bars_are_or_that_there_are_none():
+    def figure(*seeds):
+        return {"lines": [{"n_seeds": list(s)} for s in seeds]}
+    assert legend_title(figure([1, 1], [1])) == "one seed per point (no error bars)"
+    assert legend_title(figure([3, 3], [3])) == "error bars: std over seeds"
+    assert legend_title(figure([3, 1], [3])) == "error bars: std over seeds (none where one seed)"
 
 
 def test_figures_are_written_as_png_and_svg_with_ucmfh_s_mark(tmp_path):

@@ -119,6 +119,14 @@ def legend_order(lines: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
                                            line["label"]))
 
 
+def legend_title(figure: Dict[str, Any]) -> str:
+    """What the error bars are, or that every point is one seed's (no bars to read)."""
+    seeds = {n for line in figure["lines"] for n in line["n_seeds"]}
+    if seeds == {1}:
+        return "one seed per point (no error bars)"
+    return "error bars: std over seeds" + ("" if 1 not in seeds else " (none where one seed)")
+
+
 def figure_paths(prefix: str, figure: Dict[str, Any]) -> List[str]:
     """The files one figure is written to: ``PREFIX_<name>.png`` and ``.svg``."""
     return [f"{prefix}_{figure['name']}{suffix}" for suffix in SUFFIXES]
@@ -172,7 +180,7 @@ def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[
         handles, labels = ax.get_legend_handles_labels()  # the random codes' plain line comes first: put it last
         order = sorted(range(len(labels)), key=lambda i: labels[i] == "random codes")
         ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8,
-                  title="error bars: std over seeds", title_fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                  title=legend_title(figure), title_fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                   borderaxespad=0.0)
         for path in figure_paths(prefix, figure):
             paths.append(save_figure(fig, path))
