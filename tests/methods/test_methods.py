@@ -13,6 +13,7 @@ from sklearn.cross_decomposition import CCA
 from sklearn.decomposition import PCA
 
 from ucmfh.app.cli import main
+from ucmfh.app.runs import summarize
 from ucmfh.methods.cca_itq import fit_cca_itq
 from ucmfh.checkpoint import load_model, save_checkpoint
 from ucmfh.config import HashConfig
@@ -304,16 +305,23 @@ def test_grid_on_a_caption_set_keeps_both_databases_and_tabulates_recall(tmp_pat
     results, table = tmp_path / "g.jsonl", tmp_path / "t"
     argv = ["grid", "-d", path, "-b", "16", "--methods", "two-tower,cca-itq", "--epochs", "2", "--set",
             "hash.hidden=32", "--batch-size", "32", "--out", str(tmp_path / "runs"), "--results", str(results),
-            "--table", str(table), "--device", "cpu", "--quiet"]
+            "--table", str(table), "--device", "cpu", "--quiet", "--seeds", "2023,2024"]
     first = CliRunner().invoke(main, argv)
     assert first.exit_code == 0, first.output
     first_md = Path(f"{table}.md").read_text()
     again = CliRunner().invoke(main, argv)  # every cell skipped: the table is made from the recorded rows
-    assert again.exit_code == 0 and again.output.count("skip") == 2
+    assert again.exit_code == 0 and again.output.count("skip") == 4
     md = Path(f"{table}.md").read_text()
     assert md == first_md
     for database in ("test", "collection"):
         assert f"database `{database}`, MAP by id" in md and f"R@1 I→T / T→I in % (rSum), database `{database}`" in md
+    # the field's figure, tie-aware: each method's mean ± std over the two seeds, as `runs` summarises the rows
+    recall = md.split("R@1 I→T / T→I in % (rSum), database `test`, tie-aware, mean ± std over seeds:")[1]
+    for group in (g for g in summarize(_rows(results)) if g["database"] == "test"):
+        cell = " / ".join(f"{group[f'{f}_expected_mean']:.1f} ± {group[f'{f}_expected_std']:.1f}"
+                          for f in ("r1_i2t", "r1_t2i"))
+        rsum = f"{group['rsum_expected_mean']:.1f} ± {group['rsum_expected_std']:.1f}"
+        assert f"| `{group['method']}` | {cell} ({rsum}) |" in recall.split("\n\n")[1], group["method"]
     assert {(r["method"], r["database"]) for r in _rows(results)} == {
         (m, d) for m in ("two-tower", "cca-itq") for d in ("test", "collection")}
 

@@ -121,7 +121,7 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
         where = (dataset, protocol, database)
         if database:  # a caption set: the field's own figure too
             md += _means_table(cell, variants, bits, where, "", f"R@1 I→T / T→I in % (rSum), database `{database}`, "
-                               "tie-aware, mean over seeds:", True)
+                               "tie-aware, mean ± std over seeds:", True, spread=True)
         md += _means_table(cell, variants, bits, where, "", f"Ties broken by database index (the field's code), "
                            f"{f'R@1 I→T / T→I in % (rSum), database `{database}`' if database else f'MAP@{k} I→T / T→I'}, mean over "
                            "seeds:", bool(database), index_order=True)
@@ -143,11 +143,13 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
 
 
 def _means_table(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], bits: Sequence[int],
-                where: tuple, prefix: str, title: str, recall: bool, index_order: bool = False) -> List[str]:
+                where: tuple, prefix: str, title: str, recall: bool, index_order: bool = False,
+                spread: bool = False) -> List[str]:
     """A table of means over seeds, method × code length: R@1 I→T / T→I (rSum) with ``recall``, else
-    MAP. Tie-aware where the rows have it, or with ``index_order`` the figures with ties by index
-    (only for groups that have both). ``prefix`` ``real_``: the real-valued head outputs (rows'
-    ``real_valued``), what the codes lose to their sign. Nothing when no group has the figures."""
+    MAP; with ``spread``, each mean's std over seeds beside it where there are several. Tie-aware where
+    the rows have it, or with ``index_order`` the figures with ties by index (only for groups that have
+    both). ``prefix`` ``real_``: the real-valued head outputs (rows' ``real_valued``), what the codes lose
+    to their sign. Nothing when no group has the figures."""
     fields = ("r1_i2t", "r1_t2i", "rsum") if recall else DIRECTIONS
 
     def figure(s: Optional[Dict[str, Any]]) -> Optional[str]:
@@ -156,8 +158,10 @@ def _means_table(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], bit
         if index_order and headline(s, fields[0]) == fields[0]:
             return None
         names = [prefix + (f if index_order else headline(s, prefix + f)[len(prefix):]) for f in fields]
-        values = [s[f"{name}_mean"] for name in names]
-        return f"{values[0]:.1f} / {values[1]:.1f} ({values[2]:.1f})" if recall else " / ".join(f"{v:.3f}" for v in values)
+        digits = 1 if recall else 3
+        values = [f"{s[f'{name}_mean']:.{digits}f}" + (f" ± {s[f'{name}_std']:.{digits}f}"
+                                                       if spread and len(s["seeds"]) > 1 else "") for name in names]
+        return f"{values[0]} / {values[1]} ({values[2]})" if recall else " / ".join(values)
 
     lines = []
     for variant in variants:
