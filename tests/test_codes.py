@@ -219,6 +219,14 @@ def test_a_caption_sets_codes_file_has_ids_and_no_labels(tmp_path):
     assert not (tmp_path / "x.h5").exists()
 
 
+def test_the_precision_axis_fits_the_curves():
+    """Up to 10 % above the highest point, at the next 0.05, never past 1: a caption set's PR curves of a
+    few per cent fill the figure instead of lying along its floor."""
+    from ucmfh.metrics.plots import precision_top
+
+    assert [precision_top(v) for v in (0.113, 0.0, 0.8, 0.95, 1.0, 0.05)] == [0.15, 1.0, 0.9, 1.0, 1.0, 0.1]
+
+
 def test_save_rejects_bad_inputs(tmp_path):
     data = make_file_inputs()
     with pytest.raises(ValueError, match="query_txt"):

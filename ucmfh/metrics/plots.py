@@ -5,6 +5,7 @@ and only when a plot is drawn.
 """
 from __future__ import annotations
 
+import math
 import os
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -54,7 +55,8 @@ def _draw(plt, runs: List[Tuple[str, Dict[str, object]]], points, what: str, con
     """The figure of ``runs``: one evaluation's two directions on one axes, or, for several runs, one axes
     per direction (I→T, T→I) with a line per run in its own colour and one legend beside them.
     ``points(results, name)`` gives a direction's (x, y), or None where the results have none;
-    ``configure(ax)`` sets an axes' scales and labels."""
+    ``configure(ax)`` sets an axes' scales and labels. Precision runs from 0 to a little above the highest
+    point drawn (at most 1): a caption set's precision of a few per cent is not a line along the floor."""
     if len(runs) == 1:
         fig, ax = plt.subplots(figsize=(5, 4))
         results = runs[0][1]
@@ -64,6 +66,7 @@ def _draw(plt, runs: List[Tuple[str, Dict[str, object]]], points, what: str, con
                 ax.plot(*xy, marker=".", label=direction)
         ax.set_title(_title(runs, what))
         configure(ax)
+        _fit_precision([ax])
         ax.legend()
         return fig
     fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
@@ -74,8 +77,21 @@ def _draw(plt, runs: List[Tuple[str, Dict[str, object]]], points, what: str, con
                 ax.plot(*xy, marker=".", color=f"C{i % 10}", label=label)
         ax.set_title(_title(runs, f"{what}, {direction}"))
         configure(ax)
+    _fit_precision(axes)
     axes[1].legend(fontsize="small", loc="upper left", bbox_to_anchor=(1.02, 1.0), borderaxespad=0.0)
     return fig
+
+
+def precision_top(highest: float) -> float:
+    """The top of a precision axis whose highest point is ``highest``: 10 % above it, up to the next 0.05,
+    at most 1 (1 when nothing is drawn)."""
+    return 1.0 if highest <= 0 else min(1.0, math.ceil(highest * 1.1 * 20 - 1e-9) / 20)
+
+
+def _fit_precision(axes) -> None:
+    highest = max((float(max(line.get_ydata(), default=0.0)) for ax in axes for line in ax.get_lines()), default=0.0)
+    for ax in axes:
+        ax.set_ylim(0, precision_top(highest))
 
 
 def plot_pr_curve(results: Runs, path: str) -> str:
@@ -91,7 +107,6 @@ def plot_pr_curve(results: Runs, path: str) -> str:
         ax.set_xlabel("recall")
         ax.set_ylabel("precision")
         ax.set_xlim(0, 1)
-        ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
 
     return _save(_draw(plt, _runs(results), points, "precision–recall by Hamming radius", configure), plt, path)
@@ -117,7 +132,6 @@ def plot_precision_at_k(results: Runs, path: str) -> str:
         ax.set_xscale("log")
         ax.set_xlabel("K (retrieved items)")
         ax.set_ylabel("precision@K")
-        ax.set_ylim(0, 1)
         ax.grid(alpha=0.3)
 
     return _save(_draw(plt, _runs(results), points, "precision@K", configure), plt, path)
