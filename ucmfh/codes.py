@@ -113,23 +113,23 @@ def save_codes(
         raise ValueError(f"{path}: labels: give both query_labels and retrieval_labels, or neither (a caption set)")
     if query_labels is None and (query_ids is None or retrieval_ids is None):
         raise ValueError(f"{path}: a caption set (no labels) needs query_ids and retrieval_ids: relevance is by id")
-    caption_set = query_labels is None
-    given_labels = {"query": query_labels, "retrieval": retrieval_labels}
-    labels = {g: np.zeros((arrays[(g, "img")].shape[0], 0)) if caption_set else bits.to_numpy(given_labels[g])
-              for g in GROUPS}
+    labels = {"query": query_labels, "retrieval": retrieval_labels}
+    labels = {g: None if value is None else bits.to_numpy(value) for g, value in labels.items()}  # None: a caption set
     ids = {"query": query_ids, "retrieval": retrieval_ids}
     for group in GROUPS:
         n = arrays[(group, "img")].shape[0]
-        if arrays[(group, "txt")].shape[0] != n or labels[group].ndim != 2 or labels[group].shape[0] != n:
+        lab = labels[group]
+        if arrays[(group, "txt")].shape[0] != n or lab is not None and (lab.ndim != 2 or lab.shape[0] != n):
             raise ValueError(
                 f"{path}: {group}: img, txt and labels must have the same rows, got "
-                f"{arrays[(group, 'img')].shape[0]}, {arrays[(group, 'txt')].shape[0]}, {labels[group].shape}"
+                f"{arrays[(group, 'img')].shape[0]}, {arrays[(group, 'txt')].shape[0]}, "
+                f"{'none' if lab is None else lab.shape}"
             )
         if ids[group] is not None:
             ids[group] = bits.to_numpy(ids[group]).astype(np.int64)
             if ids[group].shape != (n,):
                 raise ValueError(f"{path}: {group}_ids: must have shape ({n},), got {ids[group].shape}")
-    if labels["query"].shape[1] != labels["retrieval"].shape[1]:
+    if labels["query"] is not None and labels["query"].shape[1] != labels["retrieval"].shape[1]:
         raise ValueError(f"{path}: labels: query and retrieval differ in classes")
     if (ids["query"] is None) != (ids["retrieval"] is None):
         raise ValueError(f"{path}: ids: give both query_ids and retrieval_ids, or neither")
@@ -148,7 +148,7 @@ def save_codes(
             g = f.create_group(group)
             for modality in MODALITIES:
                 g.create_dataset(modality, data=pack_codes(arrays[(group, modality)]))
-            if not caption_set:
+            if labels[group] is not None:
                 g.create_dataset("labels", data=(labels[group] != 0).astype(np.uint8))
             if ids[group] is not None:
                 g.create_dataset("ids", data=ids[group])

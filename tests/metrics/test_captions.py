@@ -71,7 +71,7 @@ def test_a_caption_sets_codes_curves_are_by_id_on_the_test_database():
     rng = np.random.default_rng(5)
     n_bits, ks = 6, (1, 3, 8)
     query, retrieval = _caption_arrays(rng, 9, 1, n_bits), _caption_arrays(rng, 20, 1000, n_bits)
-    got = evaluate_caption_codes(*query, *retrieval, k=5, ks=ks, ranks=(1, 5, 10))
+    got = evaluate_caption_codes(*query, k=5, ks=ks, ranks=(1, 5, 10))  # the test database: the query split
     assert got["settings"]["database"] == "test" and got["settings"]["n_query_img"] == 9
     assert (got["i2t"]["n_database"], got["t2i"]["n_database"]) == (len(query[2]), 9)  # captions, images
     (qi, qt, qid) = query

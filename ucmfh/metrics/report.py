@@ -17,7 +17,6 @@ from ucmfh.metrics.arguments import (
     check_ids,
 )
 from ucmfh.data.format import first_of_each_id
-from ucmfh.metrics.captions import databases
 from ucmfh.metrics.radius import pr_curve_hamming
 from ucmfh.metrics.ranking import map_at_k, precision_recall_at_k, recall_at_ranks
 from ucmfh.metrics.relevance import id_match_counts
@@ -149,35 +148,25 @@ def _settings(options: Dict[str, object], n_query: int, n_retrieval: int) -> Dic
     }
 
 
-def evaluate_caption_codes(
-    query_img: ArrayLike,
-    query_txt: ArrayLike,
-    query_ids: ArrayLike,
-    retrieval_img: ArrayLike,
-    retrieval_txt: ArrayLike,
-    retrieval_ids: ArrayLike,
-    **options,
-) -> Dict[str, object]:
-    """All metrics of a caption set's codes for I→T and T→I on its ``test`` database (the query split,
-    docs/reference.md §7): each query image once per id against every query caption, and each caption
-    against the images once per id; relevance "same id". The metrics are :func:`evaluate_direction`'s, with
-    one label per id (so MAP@k, precision@K and the precision-recall curve are by id) and ``recall_at_ranks``
-    R@1/5/10 by id as fractions. ``options`` as :func:`evaluate_codes`.
+def evaluate_caption_codes(query_img: ArrayLike, query_txt: ArrayLike, query_ids: ArrayLike, **options) -> Dict[str, object]:
+    """All metrics of a caption set's codes for I→T and T→I on its ``test`` database, the query split
+    (docs/reference.md §7): each query image once per id (its first row) against every query caption, and
+    each caption against those images; relevance "same id". The metrics are :func:`evaluate_direction`'s,
+    with one label per id (so MAP@k, precision@K and the precision-recall curve are by id) and
+    ``recall_at_ranks`` R@1/5/10 by id as fractions. ``options`` as :func:`evaluate_codes`.
 
-    Shape: codes [Q or N, n_bits]; ids [Q or N]. Returns ``{"settings": {...}, "i2t": {...}, "t2i": {...}}``,
+    Shape: codes [Q, n_bits]; ids [Q]. Returns ``{"settings": {...}, "i2t": {...}, "t2i": {...}}``,
     ``settings["database"] = "test"``.
     """
-    query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids = as_tensors(
-        query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids)
-    db = databases((query_img, query_txt, query_ids), (retrieval_img, retrieval_txt, retrieval_ids))["test"]
+    query_img, query_txt, query_ids = as_tensors(query_img, query_txt, query_ids)
     first = torch.from_numpy(first_of_each_id(query_ids.cpu().numpy())).to(query_ids.device)
+    img, img_ids = query_img[first], query_ids[first]
     classes = query_ids.unique()
 
     def one_hot(ids: torch.Tensor) -> torch.Tensor:  # [N, ids of the database]: "same id" as a shared label
         return (ids[:, None] == classes[None, :]).to(torch.uint8)
 
-    sides = {"i2t": (query_img[first], db["txt"], query_ids[first], db["txt_ids"]),
-             "t2i": (query_txt, db["img"], query_ids, db["img_ids"])}
+    sides = {"i2t": (img, query_txt, img_ids, query_ids), "t2i": (query_txt, img, query_ids, img_ids)}
     result = {name: {**evaluate_direction(q, r, one_hot(q_ids), one_hot(r_ids), q_ids, r_ids, **options),
                      "n_database": int(r.shape[0])}  # the P@K figure stops there
               for name, (q, r, q_ids, r_ids) in sides.items()}
@@ -208,8 +197,7 @@ def evaluate_codes_file(
 
     ids = {g: (None if codes.ids[g] is None else codes.ids[g].to(dev)) for g in ("query", "retrieval")}
     if codes.caption_set:
-        result = evaluate_caption_codes(get("query", "img"), get("query", "txt"), ids["query"], get("retrieval", "img"),
-                                        get("retrieval", "txt"), ids["retrieval"], k=k, **options)
+        result = evaluate_caption_codes(get("query", "img"), get("query", "txt"), ids["query"], k=k, **options)
     else:
         result = evaluate_codes(
             get("query", "img"), get("query", "txt"), get("retrieval", "img"), get("retrieval", "txt"),
