@@ -94,10 +94,11 @@ class Tally:
 
 class Stage(NamedTuple):
     """A trained stage: ``prepare(items, epochs)`` builds its data and settings, outside the count, and returns
-    the fit to count."""
+    the fit to count; its steps take ``batch_size`` items."""
 
     name: str
     prepare: Callable[[int, int], Fit]
+    batch_size: int
 
 
 # ---------------------------------------------------------------- the stages
@@ -132,9 +133,10 @@ def token_file(path: Path, n: int, seed: int = 0) -> str:
     return write_dataset(path, {"train": train, "query": split(n, 4), "retrieval": train}, {"name": "tokens"})
 
 
-def stages(args: argparse.Namespace, device: str, scratch: Path) -> List[Stage]:
+def stages(args: argparse.Namespace, device: str, scratch: Path, own_batch: bool = False) -> List[Stage]:
     """The fusion stage, every hashing method fitted by epochs (not the closed-form ones) and SEPS, at their
-    default settings but for the batch, the code length, the epochs and validation (off)."""
+    default settings but for the batch (``args.batch_size``, or with ``own_batch`` each method's own), the
+    code length, the epochs and validation (off)."""
     bs = args.batch_size
 
     def fusion(n: int, epochs: int) -> Fit:
@@ -142,10 +144,13 @@ def stages(args: argparse.Namespace, device: str, scratch: Path) -> List[Stage]:
         cfg = FusionConfig(epochs=epochs, batch_size=bs, val_fraction=0.0, device=device)
         return lambda: fit_fusion(data, cfg, progress=False)
 
+    def batch(method: str) -> int:
+        return hash_config(method).batch_size if own_batch else bs
+
     def hashing(method: str) -> Callable[[int, int], Fit]:
         def prepare(n: int, epochs: int) -> Fit:
             data = make_data(n, args.width)
-            cfg = hash_config(method, n_bits=args.n_bits, epochs=epochs, batch_size=bs, val_fraction=0.0,
+            cfg = hash_config(method, n_bits=args.n_bits, epochs=epochs, batch_size=batch(method), val_fraction=0.0,
                               device=device)
             torch.manual_seed(0)
             encoder = FusionEncoder.from_config(data.d_img, data.d_txt, FusionConfig()) if METHODS[method].uses_fusion else None
@@ -158,9 +163,9 @@ def stages(args: argparse.Namespace, device: str, scratch: Path) -> List[Stage]:
         cfg = SepsConfig(epochs=epochs, batch_size=bs, val_fraction=0.0, patience=0, device=device)
         return lambda: fit_seps(path, cfg, progress=False)
 
-    out = [Stage("fusion", fusion)]
-    out += [Stage(m, hashing(m)) for m in METHODS if not METHODS[m].closed_form]
-    out.append(Stage("seps", seps))
+    out = [Stage("fusion", fusion, bs)]
+    out += [Stage(m, hashing(m), batch(m)) for m in METHODS if not METHODS[m].closed_form]
+    out.append(Stage("seps", seps, bs))
     return [s for s in out if not args.only or s.name in args.only]
 
 

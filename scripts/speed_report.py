@@ -2,8 +2,9 @@
 """Issue 48's goals against what ``bash scripts/gpu_checklist.sh speed`` measured (not a test).
 
 Reads the checklist's output folder and prints one markdown table, a row per goal: what was measured, the
-goal, and whether it is met, with the eager figures of the H200 (2026-11-27, issue 48) beside them. A step
-that did not run or failed says so in its row; nothing is guessed.
+goal, and whether it is met, with the eager figures of the H200 (2026-11-27, issue 48) beside them; then a
+second, a row per trained stage: the milliseconds of one step, eager and captured (``bench_steps.py``). A
+step that did not run or failed says so in its row; nothing is guessed.
 
     python scripts/speed_report.py gpu-out
 """
@@ -14,7 +15,7 @@ import json
 import os
 import re
 import sys
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 # the eager figures on one H200 that issue 48 starts from (torch 2.11.0+cu130, 2026-11-27)
 EAGER_H200 = {"main_job_s": 105.0, "flickr8k_s": 144.0,
@@ -122,6 +123,21 @@ def goal_rows(out: str) -> List[List[str]]:
     return rows
 
 
+def step_rows(out: str) -> Tuple[Optional[str], List[List[str]]]:
+    """Why the ``steps`` step has no figures (None when it has some), and its table's rows, read from the lines
+    ``bench_steps.py`` printed (a stage a line, so a step cut short keeps the stages it finished): stage,
+    batch, eager and captured milliseconds a step, their ratio."""
+    rows = []
+    for line in _lines(out, "steps.txt"):
+        cells = line.split()
+        if len(cells) == 5 and cells[1].isdigit() and cells[2] != "eager":
+            rows.append([cells[0], cells[1], cells[2], cells[3].replace("-", "–"), cells[4].replace("x", "×").replace("-", "–")])
+    why = _ran(read_summary(out), "steps")
+    if why and rows:
+        why = f"{why}; the stages it finished:"
+    return (why or (None if rows else "no stage's line in steps.txt")), rows
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("out", help="the checklist's output folder (OUT)")
@@ -135,6 +151,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     print("|---|---|---|---|")
     for row in goal_rows(args.out):
         print("| " + " | ".join(row) + " |")
+    why, rows = step_rows(args.out)
+    print("\nA training step, eager and captured (`scripts/bench_steps.py`, synthetic 512-d features):"
+          + (f" {why}" if why else ""))
+    if rows:
+        print("| stage | batch | eager ms | captured ms | speed-up |")
+        print("|---|---:|---:|---:|---:|")
+        for row in rows:
+            print("| " + " | ".join(row) + " |")
     return 0
 
 

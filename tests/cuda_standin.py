@@ -13,8 +13,10 @@ runs on it. ``torch.cuda`` says one device is there (``is_available``, ``synchro
 state, peak memory: stubs), ``torch.load(map_location="cuda")`` loads onto it, and the read-ahead
 worker's threads run under it too.
 
-It counts host syncs (``.item()``, ``.tolist()``, ``bool()``, and a copy to the host: ``.cpu()``,
-``.to("cpu")``; :func:`peek` reads a value for a test without counting) in ``stats["syncs"]``, copies to the device
+It counts host syncs (``.item()``, ``.tolist()``, ``bool()``, a copy to the host: ``.cpu()``,
+``.to("cpu")``, and the operations whose result's shape depends on the values, which a GPU computes before
+the host can allocate it: ``nonzero``, a boolean mask as an index, ``unique``, ...; :func:`peek` reads a
+value for a test without counting) in ``stats["syncs"]``, copies to the device
 from pinned host memory (``pin_memory()``: a copy, remembered) in ``stats["pinned"]``, and from pageable
 memory (which wait for the device) in ``stats["pageable"]``. :func:`running_on_cuda` says whether the
 operation running now is one on the device, for a count of operations below the stand-in
@@ -46,6 +48,10 @@ _MIXING_ALLOWED = {"__getitem__", "__setitem__", "copy_", "index_select", "index
 # torch's own bookkeeping of tensors (module.to): on the tensors as they are
 _AS_IS = {"_has_compatible_shallow_copy_type", "_is_param"}
 _SYNCS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__"}
+# operations whose result's shape depends on the values: on a GPU the host waits to learn it (and a CUDA graph
+# cannot capture them); a boolean index, torch.where(condition) and repeat_interleave by a tensor of counts
+# are too (_data_dependent)
+_SHAPE_FROM_VALUES = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount", "equal"}
 # tensor attributes that are tensors of their owner's device
 _SAME_DEVICE = {"grad", "data", "T", "mT", "H", "mH", "real", "imag"}
 
@@ -162,7 +168,7 @@ class _CudaMode(TorchFunctionMode):
         if marked and name == "numpy":
             raise TypeError("can't convert cuda:0 device type tensor to numpy. Use Tensor.cpu() to copy the tensor "
                             "to host memory first.")
-        if marked and name in _SYNCS:
+        if marked and (name in _SYNCS or _data_dependent(name, args, kwargs)):
             STATS["syncs"] += 1
         if marked and name not in _MIXING_ALLOWED:
             host = [x for x in leaves if isinstance(x, torch.Tensor) and not on_cuda(x) and x.dim() > 0]
@@ -178,6 +184,22 @@ class _CudaMode(TorchFunctionMode):
         if (marked or to_device) and name not in _SYNCS:
             _mark(out)
         return out
+
+
+def _data_dependent(name: str, args: tuple, kwargs: dict) -> bool:
+    """Whether the operation's result's shape comes from its values (:data:`_SHAPE_FROM_VALUES`)."""
+    if name in _SHAPE_FROM_VALUES:
+        return True
+    if name == "where":  # torch.where(condition): nonzero
+        return len(args) + len(kwargs) == 1
+    if name == "repeat_interleave":  # by a tensor of counts, its sum unknown (output_size not given)
+        counts = args[1] if len(args) > 1 else kwargs.get("repeats", args[0] if len(args) == 1 else None)
+        return (isinstance(counts, torch.Tensor) and counts.dim() > 0 and kwargs.get("output_size") is None
+                and (len(args) < 4 or args[3] is None))
+    if name in ("__getitem__", "__setitem__", "index_put_", "index_put", "index"):
+        index = args[1] if len(args) > 1 else kwargs.get("indices")
+        return any(isinstance(x, torch.Tensor) and x.dtype == torch.bool for x in tree_flatten(index)[0])
+    return False
 
 
 @contextlib.contextmanager

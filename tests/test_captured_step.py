@@ -15,7 +15,7 @@ from conftest import method_config, small_fusion
 from cuda_standin import STATS, cuda_standin
 from ucmfh.captured_step import WARMUP_STEPS, capture_steps
 from ucmfh.fusion_stage import fit_fusion
-from ucmfh.methods import fit_hashing
+from ucmfh.methods import METHODS, fit_hashing
 
 
 class StandinGraphs:
@@ -65,19 +65,57 @@ def _steps(n_items, batch_size, epochs):
     return full * epochs, (1 if rest else 0) * epochs
 
 
-@pytest.mark.parametrize("method", ["two-tower", "ucmfh"])
-def test_a_captured_step_trains_the_eager_model_without_a_host_sync(tiny, monkeypatch, standin_graphs, method):
+# every plan that can be captured, with the settings of one run (two-tower: one temperature); β by epoch (DJSRH's
+# and JDSH's α) or by iteration (`hashnet`) is captured again where it changes
+CAPTURED = {
+    "two-tower": ("two-tower", {"loss_params": {"temperature": 0.3}}),
+    "two-tower, beta by iteration": ("two-tower", {"loss_params": {"temperature": 0.3}, "relaxation": "tanh",
+                                                  "beta_schedule": "hashnet", "beta_step_iters": 2}),
+    "ucmfh": ("ucmfh", {}),
+    "distill": ("distill", {}),
+    "djsrh": ("djsrh", {}),
+    "jdsh": ("jdsh", {}),
+    "daeh": ("daeh", {}),
+    "cirh": ("cirh", {}),
+    "dgcpn": ("dgcpn", {}),  # a step of its own: three updates
+}
+
+
+def _expected_log(cfg, n_items, scalars):
+    """The captures and replays of a run: after the warm-up, each full batch replays the graph, or captures one
+    where its scalars (β) differ from the graph's."""
+    full, short = _steps(n_items, cfg.batch_size, 1)
+    log, held, iteration = [], None, 0
+    for epoch in range(cfg.epochs):
+        for _ in range(full):
+            if iteration - epoch * short >= WARMUP_STEPS:  # full batches after the warm-up
+                now = scalars(epoch, iteration)
+                log.append("capture" if not log or now != held else "replay")
+                held = now
+            iteration += 1
+        iteration += short
+    return log
+
+
+@pytest.mark.parametrize("case", CAPTURED)
+def test_a_captured_step_trains_the_eager_model_without_a_host_sync(tiny, monkeypatch, standin_graphs, case):
+    from ucmfh.models.relaxation import beta_at
+
+    method, settings = CAPTURED[case]
     fusion = None
-    if method == "ucmfh":
+    if METHODS[method].uses_fusion:
         fusion = fit_fusion(tiny, small_fusion(epochs=1, dropout=0.0), progress=False)[0]
     cfg = method_config(method, epochs=3, device="cuda", val_fraction=0.2, hidden=32, dropout=0.0, batch_size=48,
-                        **({"loss_params": {"temperature": 0.3}} if method == "two-tower" else {}))  # one run
+                        **settings)
     with cuda_standin(monkeypatch):
         eager, eager_history = fit_hashing(tiny, cfg, copy.deepcopy(fusion), progress=False)
         with capture_steps():
             captured, captured_history = fit_hashing(tiny, cfg, copy.deepcopy(fusion), progress=False)
-    full, _ = _steps(int(len(tiny.train) * 0.8), cfg.batch_size, cfg.epochs)
-    assert StandinGraphs.log == ["capture"] + ["replay"] * (full - WARMUP_STEPS - 1)
+    scalars = (lambda epoch, iteration: beta_at(cfg, iteration, epoch)) if method not in ("daeh", "cirh", "dgcpn") else (
+        lambda epoch, iteration: None)
+    expected = _expected_log(cfg, int(len(tiny.train) * 0.8), scalars)
+    assert StandinGraphs.log == expected and expected.count("replay") > 0
+    assert (expected.count("capture") > 1) == (case in ("djsrh", "jdsh", "two-tower, beta by iteration"))
     for (name, a), b in zip(eager.state_dict().items(), captured.state_dict().values()):
         torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)
     assert captured_history.as_dict()["loss"] == pytest.approx(eager_history.as_dict()["loss"], rel=1e-5)
@@ -120,31 +158,29 @@ def test_the_fusion_stage_is_captured_with_its_modality_dropout_draws(tiny, monk
         torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)
 
 
-@pytest.mark.parametrize("why, settings", [
-    ("a schedule of beta changes a value the step holds", {"beta_schedule": "hashnet", "relaxation": "tanh"}),
-    ("the CPU has no graphs", {"device": "cpu"}),
+@pytest.mark.parametrize("why, method, settings", [
+    ("a learning rate by epoch and negatives drawn on the host each step", "ucch", {}),
+    ("the CPU has no graphs", "two-tower", {"device": "cpu"}),
 ])
-def test_a_step_that_cannot_be_captured_runs_eagerly(tiny, monkeypatch, standin_graphs, why, settings):
-    cfg = method_config("two-tower", epochs=2, **{"device": "cuda", **settings})
+def test_a_step_that_cannot_be_captured_runs_eagerly(tiny, monkeypatch, standin_graphs, why, method, settings):
+    cfg = method_config(method, epochs=2, **{"device": "cuda", **settings})
     with cuda_standin(monkeypatch), capture_steps():
         fit_hashing(tiny, cfg, progress=False)
     assert StandinGraphs.log == [], why
 
 
-def test_a_method_with_steps_of_its_own_is_not_captured(tiny, monkeypatch, standin_graphs):
-    cfg = method_config("dgcpn", epochs=2, device="cuda")
-    with cuda_standin(monkeypatch), capture_steps():
-        fit_hashing(tiny, cfg, progress=False)
-    assert StandinGraphs.log == []
-
-
-def test_real_cuda_graphs_train_close_to_the_eager_model(tiny):
+@pytest.mark.parametrize("case", CAPTURED)
+def test_real_cuda_graphs_train_close_to_the_eager_model(tiny, case):
     """On a GPU: the graph path against the eager path, no dropout (a graph's draws are its own)."""
     if not torch.cuda.is_available():
         pytest.skip("needs a GPU")
-    cfg = method_config("two-tower", epochs=3, device="cuda", hidden=64, dropout=0.0)
-    eager, _ = fit_hashing(tiny, cfg, progress=False)
+    method, settings = CAPTURED[case]
+    fusion = None
+    if METHODS[method].uses_fusion:
+        fusion = fit_fusion(tiny, small_fusion(epochs=1, dropout=0.0, device="cuda"), progress=False)[0]
+    cfg = method_config(method, epochs=3, device="cuda", hidden=64, dropout=0.0, batch_size=48, **settings)
+    eager, _ = fit_hashing(tiny, cfg, copy.deepcopy(fusion), progress=False)
     with capture_steps():
-        captured, _ = fit_hashing(tiny, cfg, progress=False)
+        captured, _ = fit_hashing(tiny, cfg, copy.deepcopy(fusion), progress=False)
     for (name, a), b in zip(eager.state_dict().items(), captured.state_dict().values()):
         torch.testing.assert_close(b, a, msg=name, rtol=1e-4, atol=1e-5)

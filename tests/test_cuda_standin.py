@@ -45,6 +45,24 @@ def test_the_standin_refuses_what_a_gpu_refuses(monkeypatch):
     assert torch.randn(2).device.type == "cpu"  # and outside the block, nothing changed
 
 
+@pytest.mark.parametrize("operation", [
+    lambda x: x.nonzero(), lambda x: x[x > 0], lambda x: torch.where(x > 0), lambda x: x.unique(),
+    lambda x: torch.masked_select(x, x > 0), lambda x: x.__setitem__(x > 0, 0.0),
+    lambda x: torch.bincount((x > 0).long().flatten()), lambda x: x.repeat_interleave((x > 0).long().sum(1), dim=0),
+], ids=["nonzero", "mask index", "where(condition)", "unique", "masked_select", "mask assignment", "bincount",
+        "repeat_interleave(counts)"])
+def test_an_operation_whose_shape_comes_from_the_values_is_a_host_sync(monkeypatch, operation):
+    """As on a GPU, where the host waits for the values to learn the result's shape (and a CUDA graph cannot
+    capture it); the same operations of a static shape are none."""
+    with cuda_standin(monkeypatch) as stats:
+        x = torch.randn(4, 3).to("cuda")
+        torch.where(x > 0, x, 0.0), x[torch.tensor([0, 2]).to("cuda")], x.masked_fill(x > 0, 0.0), x.topk(2)
+        x.repeat_interleave(2, dim=0)
+        assert stats["syncs"] == 0
+        operation(x)
+        assert stats["syncs"] == 1
+
+
 @dataclasses.dataclass
 class Cuda:
     """How a test reaches ``cuda``: ``block()`` enters it and yields the stand-in's counts (None on a GPU);

@@ -3,10 +3,12 @@
 kernels; one graph replay launches them all at once.
 
 A plan may be captured where its step is one update of a loss whose tensors keep their shapes and whose
-host-side values do not change from step to step (:attr:`ucmfh.trainer.Plan.graphable`: no schedule of β,
-no streamed rows, one process, full precision). Its full batches are replayed: the batch's indices (and modality-dropout
+host-side values are its scalars (β) alone (:attr:`ucmfh.trainer.Plan.graphable`; no streamed rows, one
+process, full precision). Its full batches are replayed: the batch's indices (and modality-dropout
 draws) are copied into the static buffers the graph reads, the graph runs the forward pass, the backward
-pass and the optimizer's update, and its loss is read from the graph's own tensor. The first
+pass and the optimizer's update, and its loss is read from the graph's own tensor. A graph holds the
+scalars of the batch it was captured on: where they change (a schedule of β, by epoch or by iteration),
+the step is captured again. The first
 :data:`WARMUP_STEPS` full batches run eagerly on a side stream (the optimizer's state, cuBLAS's workspaces),
 as PyTorch's whole-network capture asks; a batch of another size (an epoch's short last batch) runs eagerly.
 Adam's update is made capturable (its step count on the device). Dropout draws from the device's generator,
@@ -86,13 +88,14 @@ class CapturedStep:
         self.replay: Optional[Callable[[], None]] = None
         self.static: Any = None  # the batch the graph reads: its indices and draws, copied in before each replay
         self.loss: Optional[torch.Tensor] = None
+        self.scalars: Any = None  # the plan's scalars the graph holds
         for group in plan.optimizer.param_groups:  # Adam's step count and bias corrections on the device
             if "capturable" in group:
                 group["capturable"] = True
 
     def __call__(self, batch: Any) -> torch.Tensor:
         if len(batch.index) != self.batch_size:  # an epoch's short last batch: its shapes are its own
-            if self.replay is None:
+            if self.replay is None or self.plan.step is not None:  # a step of its own sets its gradients apart
                 return self.eager(batch)
             # eager, into the gradient tensors the graph writes (replacing them would leave the graph's freed)
             return optimize(self.plan.loss(batch), self.plan.optimizer, current_group(), self.plan.clip_norm,
@@ -101,8 +104,9 @@ class CapturedStep:
             self.warm += 1
             with self.graphs.on(self.stream):
                 return self.eager(batch)
-        if self.replay is None:
-            return self._capture(batch)
+        scalars = None if self.plan.scalars is None else self.plan.scalars(batch.epoch, batch.iteration)
+        if self.replay is None or scalars != self.scalars:
+            return self._capture(batch, scalars)
         self._fill(batch)
         self.replay()
         return self.loss
@@ -112,12 +116,16 @@ class CapturedStep:
         if self.static.separate is not None:
             self.static.separate.copy_(batch.separate)
 
-    def _capture(self, batch: Any) -> torch.Tensor:
+    def _capture(self, batch: Any, scalars: Any) -> torch.Tensor:
         plan = self.plan
+        self.replay = self.loss = None  # a graph captured before (other scalars) is let go, its memory with it
+        self.scalars = scalars
         self.static = type(batch)(batch.index.clone(), None if batch.separate is None else batch.separate.clone(),
                                   batch.epoch, batch.iteration)
 
         def body() -> torch.Tensor:  # optimize() without its zero_grad: the graph writes each gradient anew
+            if plan.step is not None:  # a step of its own, its updates and their gradients
+                return plan.step(self.static)
             loss = plan.loss(self.static)
             loss.backward()
             if plan.clip_norm is not None:

@@ -65,8 +65,9 @@ class Plan:
     are kept. ``ahead(index)``: what a step will read from a file, read on a worker thread while the step
     before it runs (for ``items`` given as a number; a split's are its own). ``scalars(epoch, iteration)``:
     the plan's own figures after an epoch (β), shown beside the loss and recorded (:mod:`ucmfh.training_log`).
-    ``graphable``: ``loss`` may be captured as a CUDA graph and replayed (:mod:`ucmfh.captured_step`): its
-    tensors keep their shapes from batch to batch and no host-side value in it changes between steps.
+    ``graphable``: ``loss`` (or ``step``) may be captured as a CUDA graph and replayed (:mod:`ucmfh.captured_step`): its
+    tensors keep their shapes from batch to batch, it waits for no value on the device, and its host-side
+    values are its ``scalars`` alone (a graph is captured again where they change).
     """
 
     name: str
@@ -265,10 +266,10 @@ class _Run:
 
     def capturable(self) -> bool:
         """Whether this run's step is captured: asked for, on a CUDA device, one process, a plan that can be
-        (its own loss, no learning-rate schedule, no rows streamed from a file), in full precision (autocast's
+        (no learning-rate schedule, no rows streamed from a file), in full precision (autocast's
         cache of cast weights would outlive a capture)."""
         plan = self.plan
-        return (capturing() and self.device.type == "cuda" and plan.graphable and plan.loss is not None
+        return (capturing() and self.device.type == "cuda" and plan.graphable
                 and plan.learning_rate is None and self.ahead is None and self.group.world_size == 1
                 and getattr(self.cfg, "amp", "none") == "none")
 

@@ -25,7 +25,12 @@ def _folder(tmp_path, monkeypatch, capsys, graph_s=12.5, flickr_rc=0):
     out.mkdir()
     (out / "summary.txt").write_text(_summary([("env", 0, 1200), ("main-graph", 0, int(graph_s * 1000)),
                                                ("main-eager20", 0, 21300), ("bench-train", 0, 40000),
-                                               ("flickr8k-graph", flickr_rc, 18000), ("grid-jobs", 0, 90000)]))
+                                               ("steps", 0, 30000), ("flickr8k-graph", flickr_rc, 18000),
+                                               ("grid-jobs", 0, 90000)]))
+    steps = load_script("bench_steps")  # the lines the steps step writes
+    (out / "steps.txt").write_text("\n".join([steps.HEADER] + [
+        steps.line(name, row) for name, row in [("daeh", {"batch_size": 18, "eager": 0.006, "graph": 0.0005}),
+                                                ("ucch", {"batch_size": 256, "eager": 0.004, "graph": 0.004})]]) + "\n")
     rows = [{"task": "hashing", "protocol": "unimodal", "map_i2t": 0.83, "map_t2i": 0.826, "map_i2t_expected": 0.8301,
              "map_t2i_expected": 0.8262},
             {"task": "hashing", "protocol": "fused", "map_i2t": 0.86, "map_t2i": 0.875, "map_i2t_expected": 0.8601,
@@ -59,7 +64,9 @@ def test_each_goal_is_read_from_what_its_step_wrote(tmp_path, monkeypatch, capsy
         "30.0 against 80.0 (2.7×); rows equal: yes", "faster, rows equal", "yes"]
     assert report.main([str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert lines[:2] == ["| goal | measured | goal value | met |", "|---|---|---|---|"] and len(lines) == 2 + 8
+    assert lines[:2] == ["| goal | measured | goal value | met |", "|---|---|---|---|"]
+    assert lines[-2:] == ["| daeh | 18 | 6.00 | 0.50 | 12.0× |", "| ucch | 256 | 4.00 | 4.00 | 1.0× |"]
+    assert len(lines) == 2 + 8 + 2 + 2 + 2  # the goals; a blank line, the steps' title, head and two stages
 
 
 def test_a_failed_or_missing_step_is_said_not_guessed(tmp_path, monkeypatch, capsys):
@@ -68,6 +75,12 @@ def test_a_failed_or_missing_step_is_said_not_guessed(tmp_path, monkeypatch, cap
     (out / "summary.txt").write_text("".join(line + "\n" for line in summary if not line.startswith("grid-jobs")))
     rows = {row[0]: row for row in report.goal_rows(str(out))}
     assert rows["3. full Flickr8k, default, 64 bits, captured (wall s)"][1] == "failed (rc 124, 18.0 s; see flickr8k-graph.txt)"
+    summary = (out / "summary.txt").read_text().replace("steps        rc=0  ", "steps        rc=124")
+    (out / "summary.txt").write_text(summary)
+    why, finished = report.step_rows(str(out))
+    assert why == "failed (rc 124, 30.0 s; see steps.txt); the stages it finished:" and len(finished) == 2
+    (out / "steps.txt").write_text("Traceback ...\n")
+    assert report.step_rows(str(out)) == ("failed (rc 124, 30.0 s; see steps.txt)", [])
     assert rows["4. six-cell grid, --jobs 6 against --jobs 1"][1] == "did not run"
     with pytest.raises(SystemExit) as exit_:
         report.main([str(tmp_path)])

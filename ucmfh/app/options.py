@@ -164,8 +164,9 @@ tensorboard_option = click.option(
 # the training commands' captured steps (train-fusion, train-hash, grid, and demo.py's --cuda_graph)
 cuda_graph_option = click.option(
     "--cuda-graph", is_flag=True,
-    help="On a GPU, capture a training step as a CUDA graph and replay it for each full batch (the fusion stage, "
-         "ucmfh and two-tower with a constant beta; other steps run as without it).")
+    help="On a GPU, capture a training step as a CUDA graph and replay it for each full batch (the fusion stage and "
+         "every method trained by epochs but ucch, in memory, one process, --amp none; other steps run as "
+         "without it).")
 
 # what torch's generators take
 seed_type = click.IntRange(SEED.low, SEED.high, max_open=SEED.high_open)

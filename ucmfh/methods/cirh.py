@@ -289,4 +289,4 @@ class Cirh(Method):
                     + head_loss(u_img, u_txt, torch.sign(h), s, p["beta"]))
 
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "net": net}, optimizer, rest, loss=loss,
-                    validate=validator(encode_split, "hamming", model, setup.val, rest, device))
+                    validate=validator(encode_split, "hamming", model, setup.val, rest, device), graphable=True)

@@ -313,4 +313,4 @@ class Daeh(Method):
             return daeh_loss(f, g, code_teacher, code, s, p["w_tri"], p["w_teacher"], p["w_cross"], p["gamma"])
 
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "teacher": teacher}, optimizer, rest,
-                    loss=loss, validate=validator(encode_split, "hamming", model, setup.val, rest, device))
+                    loss=loss, validate=validator(encode_split, "hamming", model, setup.val, rest, device), graphable=True)

@@ -268,4 +268,4 @@ class Dgcpn(Method):
             return dgcpn_step(model, optimizer, img, txt, target, loss_of, group, len(batch.index), device, cfg.amp)
 
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model}, optimizer, train, step=step,
-                    validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))
+                    validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device), graphable=True)

@@ -41,7 +41,6 @@ class Distill(TwoTower):
     # no temperatures to choose among)
     params = {"teacher_weight": 0.8, "teacher_temperature": 0.2}
     uses_fusion = True
-    graphable = False  # the teacher's embeddings of a streamed split are read in the step
     fusion_defaults = {"val_fraction": 0.1, "patience": 10}
 
     def check(self, cfg: HashConfig) -> None:

@@ -169,7 +169,7 @@ class SimilarityHasher(Method):
             return loss_fn(relaxed_codes(h_img, cfg, alpha), relaxed_codes(h_txt, cfg, alpha), target)
 
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model}, optimizer, train, loss=loss,
-                    scalars=beta_scalars(cfg, "alpha"),
+                    scalars=beta_scalars(cfg, "alpha"), graphable=True,
                     validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))
 
 

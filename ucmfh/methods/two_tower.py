@@ -18,7 +18,7 @@ from ucmfh.methods.base import Method
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.methods.registry import register
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.models.relaxation import beta_at, beta_scalars, constant_beta, relaxed_codes
+from ucmfh.models.relaxation import beta_at, beta_scalars, relaxed_codes
 from ucmfh.optim import adam
 from ucmfh.selection import validation_view, validator
 from ucmfh.trainer import Batch, Plan, Setup
@@ -39,7 +39,7 @@ class TwoTower(Method):
                 "val_fraction": 0.1, "patience": 10}
     params = {"temperatures": "0.3,0.1"}  # InfoNCE temperatures tried side by side, the best on validation kept
     takes_relaxation = True
-    graphable = True  # its step may be captured as a CUDA graph (ucmfh.captured_step) where β is constant
+    graphable = True  # its step may be captured as a CUDA graph (ucmfh.captured_step)
 
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)
@@ -96,7 +96,7 @@ class TwoTower(Method):
             return code_loss(codes_img, codes_txt, CodeBatch(batch.index, img, txt, ids, labels))
 
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "loss": loss_fn}, optimizer, train,
-                    loss=loss, scalars=beta_scalars(cfg), graphable=self.graphable and constant_beta(cfg),
+                    loss=loss, scalars=beta_scalars(cfg), graphable=self.graphable,
                     validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))
 
     def code_loss(self, cfg: HashConfig, loss_fn: nn.Module, train: Split, setup: Setup,

@@ -16,7 +16,7 @@ from ucmfh.methods.base import Method
 from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
-from ucmfh.models.relaxation import beta_at, beta_scalars, constant_beta, relaxed_codes
+from ucmfh.models.relaxation import beta_at, beta_scalars, relaxed_codes
 from ucmfh.optim import adam
 from ucmfh.selection import validation_view, validator
 from ucmfh.trainer import Batch, Plan, Setup
@@ -91,5 +91,5 @@ class UCMFH(Method):
 
         modules = {"model": model, "fusion_loss": fusion_loss, "code_loss": code_loss}
         return Plan(f"hashing {cfg.n_bits} bits", model, modules, optimizer, train, loss=loss,
-                    scalars=beta_scalars(cfg), graphable=constant_beta(cfg),
+                    scalars=beta_scalars(cfg), graphable=True,
                     validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))

@@ -20,12 +20,6 @@ def beta_at(cfg: HashConfig, iteration: int, epoch: int) -> float:
     return 1.0
 
 
-def constant_beta(cfg: HashConfig) -> bool:
-    """Whether β is the same at every step (no schedule, or no tanh to scale): a step may then be captured as a
-    CUDA graph with β in it (:attr:`ucmfh.trainer.Plan.graphable`)."""
-    return cfg.beta_schedule == "none" or cfg.relaxation == "none"
-
-
 def beta_scalars(cfg: HashConfig, label: str = "beta") -> Callable[[int, int], Dict[str, float]]:
     """β after each epoch, as a run shows and records it (:attr:`ucmfh.trainer.Plan.scalars`)."""
     return lambda epoch, iteration: {label: beta_at(cfg, iteration, epoch)}

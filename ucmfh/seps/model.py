@@ -276,10 +276,12 @@ class SEPS(nn.Module):
         if holder is txt:
             t, m, c = words.shape
             v, n = basis.shape[:2]
-            # one matrix product over the real words only (captions are padded to the longest)
             flat = mask.reshape(-1)
-            g = words.new_zeros(t * m, v * n)
-            g[flat] = words.reshape(t * m, c)[flat] @ basis.reshape(v * n, c).T
+            if words.is_cuda:  # every word's products, the padding's zeroed: a boolean index waits for its values
+                g = (words.reshape(t * m, c) @ basis.reshape(v * n, c).T).masked_fill(~flat[:, None], 0.0)
+            else:  # one matrix product over the real words only (captions are padded to the longest)
+                g = words.new_zeros(t * m, v * n)
+                g[flat] = words.reshape(t * m, c)[flat] @ basis.reshape(v * n, c).T
             g = g.reshape(t, m, v, n)
             columns = [torch.einsum("tmc,vc->tvm", words, img["glob_token"])[..., None]]
             word_mask = mask[:, None, :]  # [T, 1, M]

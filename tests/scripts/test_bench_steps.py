@@ -1,0 +1,38 @@
+"""scripts/bench_steps.py on the CPU (eager only: graphs are CUDA's): a row per stage asked for, each at its
+method's own batch size unless one is given, its JSON the same figures; a bad flag is one line, exit 2."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from conftest import load_script
+
+bench = load_script("bench_steps")
+SMALL = ["--device", "cpu", "--n-bits", "16", "--width", "16", "--steps", "2", "3", "--repeats", "1"]
+
+
+def test_a_row_per_stage_at_each_method_s_own_batch_size(capsys):
+    bench.main(SMALL + ["--only", "daeh", "--only", "jdsh"])
+    header, *rows = capsys.readouterr().out.splitlines()
+    assert header.split() == ["stage", "batch", "eager", "ms", "graph", "ms", "speed-up"]
+    assert [row.split()[:2] for row in rows] == [["jdsh", "32"], ["daeh", "18"]]  # the registry's order
+    for row in rows:
+        assert row.split()[3:] == ["-", "-"]  # no graph on the CPU
+
+
+def test_json_gives_seconds_a_step_at_the_batch_asked_for(capsys):
+    bench.main(SMALL + ["--only", "two-tower", "--batch-size", "8", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert out["device"] == "cpu" and out["steps"] == [2, 3] and set(out["stages"]) == {"two-tower"}
+    row = out["stages"]["two-tower"]
+    assert row["batch_size"] == 8 and set(row) == {"batch_size", "eager"}
+
+
+@pytest.mark.parametrize("argv, flag", [(["--only", "cca-itq"], "--only"), (["--batch-size", "1"], "--batch-size"),
+                                        (["--steps", "3", "2"], "--steps"), (["--repeats", "0"], "--repeats")])
+def test_a_bad_flag_is_refused_in_one_line(argv, flag, capsys):
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(["--device", "cpu"] + argv)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and flag in err[-1]
