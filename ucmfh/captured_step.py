@@ -2,17 +2,17 @@
 :func:`capture_steps`: on a GPU a step of a few small matrix products is bound by the host launching its
 kernels; one graph replay launches them all at once.
 
-A plan may be captured where its step is one update of a loss whose tensors keep their shapes and whose
-host-side values are its scalars (β) alone (:attr:`ucmfh.trainer.Plan.graphable`; no streamed rows, one
-process, full precision). Its full batches are replayed: the batch's indices (and modality-dropout
-draws) are copied into the static buffers the graph reads, the graph runs the forward pass, the backward
-pass and the optimizer's update, and its loss is read from the graph's own tensor. A graph holds the
-scalars of the batch it was captured on: where they change (a schedule of β, by epoch or by iteration),
-the step is captured again. The first
+A plan may be captured where its step — one update of a loss, or a step of its own (DGCPN's three
+updates) — keeps its tensors' shapes, waits for no value on the device and has its scalars (β) as its only
+host-side values (:attr:`ucmfh.trainer.Plan.graphable`; no streamed rows, one process, full precision).
+Its full batches are replayed: the batch's indices (and modality-dropout draws) are copied into the static
+buffers the graph reads, the graph runs the forward pass, the backward pass and the optimizer's update, and
+its loss is read from the graph's own tensor. A graph holds the scalars of the batch it was captured on:
+where they change (a schedule of β, by epoch or by iteration), the step is captured again. The first
 :data:`WARMUP_STEPS` full batches run eagerly on a side stream (the optimizer's state, cuBLAS's workspaces),
 as PyTorch's whole-network capture asks; a batch of another size (an epoch's short last batch) runs eagerly.
-Adam's update is made capturable (its step count on the device). Dropout draws from the device's generator,
-which a graph advances on every replay.
+Adam's update is made capturable (its step count on the device); SGD's has no count to capture. Dropout
+draws from the device's generator, which a graph advances on every replay.
 
 Everything else — the device, the batches, resume and save, validation — is :mod:`ucmfh.trainer`'s, unchanged.
 Where a step cannot be captured the eager step runs, with the same results.
@@ -95,7 +95,7 @@ class CapturedStep:
 
     def __call__(self, batch: Any) -> torch.Tensor:
         if len(batch.index) != self.batch_size:  # an epoch's short last batch: its shapes are its own
-            if self.replay is None or self.plan.step is not None:  # a step of its own sets its gradients apart
+            if self.replay is None or self.plan.step is not None:  # a step of its own runs as it is written
                 return self.eager(batch)
             # eager, into the gradient tensors the graph writes (replacing them would leave the graph's freed)
             return optimize(self.plan.loss(batch), self.plan.optimizer, current_group(), self.plan.clip_norm,
