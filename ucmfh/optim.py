@@ -1,5 +1,5 @@
-"""The optimizer of a training step: Adam (fused where this torch has it) and one update with gradients
-averaged over the ranks (:mod:`ucmfh.distributed`)."""
+"""The optimizer of a training step: Adam and SGD (fused where this torch has it) and one update with
+gradients averaged over the ranks (:mod:`ucmfh.distributed`)."""
 from __future__ import annotations
 
 from typing import Iterable, Optional
@@ -17,6 +17,17 @@ def adam(params: Iterable, **kwargs) -> torch.optim.Adam:
         return torch.optim.Adam(params, fused=True, **kwargs)
     except (RuntimeError, TypeError):
         return torch.optim.Adam(params, **kwargs)
+
+
+def sgd(params: Iterable, **kwargs) -> torch.optim.SGD:
+    """SGD with its fused kernel where this torch has one for the parameters' device: one pass over each
+    parameter for the weight decay, the momentum and the update, which the per-tensor loop makes three.
+    The same update to the bit on the CPU (``tests/test_optim.py``)."""
+    params = list(params)
+    try:
+        return torch.optim.SGD(params, fused=True, **kwargs)
+    except (RuntimeError, TypeError):
+        return torch.optim.SGD(params, **kwargs)
 
 
 def optimize(loss: torch.Tensor, optimizer: torch.optim.Optimizer, group: Group,

@@ -82,6 +82,7 @@ from ucmfh.similarity import cosine_similarity, normalize
 from ucmfh.trainer import Batch, Plan, Setup
 from ucmfh.selection import validator
 from ucmfh.amp import autocast
+from ucmfh.optim import sgd
 
 N_BINS = 100  # generate_similarity_matrix: bins of width 1/100 from 0
 PAIR_TARGET = 1.5  # tri_loss, cross_loss: the target of a pair's cosine
@@ -294,8 +295,8 @@ class Daeh(Method):
         teacher = DaehTeacher(data.d_img, cfg.n_bits)
         model.to(device).train()
         teacher.to(device).train()
-        optimizer = torch.optim.SGD([*model.parameters(), *teacher.parameters()], lr=cfg.lr_head,
-                                    momentum=p["momentum"], weight_decay=p["weight_decay"])
+        optimizer = sgd([*model.parameters(), *teacher.parameters()], lr=cfg.lr_head, momentum=p["momentum"],
+                        weight_decay=p["weight_decay"])
         with torch.no_grad():  # once: the networks' inputs (centred), the similarity's (not centred, as released)
             img_all, txt_all = model.inputs(rest.img.to(device), rest.txt.to(device))
             sim_img, sim_txt = normalize(rest.img.to(device)), normalize(rest.txt.to(device))

@@ -94,7 +94,7 @@ from ucmfh.selection import validation_view, validator
 from ucmfh.trainer import Batch, Plan, Setup
 from ucmfh.amp import autocast
 from ucmfh.batches import batch_inputs
-from ucmfh.optim import optimize
+from ucmfh.optim import optimize, sgd
 
 # rows of the training split whose similarities to all the others are held at once while the
 # neighbours are found ([KNN_CHUNK, N] floats: 128 MiB at N = 32,000)
@@ -255,8 +255,7 @@ class Dgcpn(Method):
         train = setup.rest.to(device)
         graph = NeighbourGraph.build(train.img, train.txt, p["knn"], p["text_weight"])
         scale = p["scale_ratio"] * min(p["knn"], len(train))
-        optimizer = torch.optim.SGD(model.parameters(), lr=cfg.lr_head, momentum=p["momentum"],
-                                    weight_decay=p["weight_decay"])
+        optimizer = sgd(model.parameters(), lr=cfg.lr_head, momentum=p["momentum"], weight_decay=p["weight_decay"])
         group = current_group()
 
         def loss_of(img: torch.Tensor, txt: torch.Tensor, target: torch.Tensor) -> torch.Tensor:

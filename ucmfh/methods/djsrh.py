@@ -59,6 +59,7 @@ from ucmfh.models.fusion import FusionEncoder
 from ucmfh.methods.registry import register
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.models.relaxation import beta_at, beta_scalars, relaxed_codes
+from ucmfh.optim import sgd
 from ucmfh.selection import validation_view, validator
 from ucmfh.similarity import normalize
 from ucmfh.trainer import Batch, Plan, Setup
@@ -112,11 +113,12 @@ def check_sgd_params(name: str, params: dict) -> None:
         raise ValueError(f"method {name!r}: sim_inputs must be one of {SIM_INPUTS}, got {params['sim_inputs']!r}")
 
 
-def sgd(model: FeatureHasher, lr_img: float, lr_txt: float, momentum: float, weight_decay: float) -> torch.optim.SGD:
+def sgd_by_modality(model: FeatureHasher, lr_img: float, lr_txt: float, momentum: float,
+                    weight_decay: float) -> torch.optim.SGD:
     """Their two SGD optimisers as one with a parameter group per modality (the same update)."""
-    return torch.optim.SGD([{"params": model.img_head.parameters(), "lr": lr_img},
-                            {"params": model.txt_head.parameters(), "lr": lr_txt}],
-                           lr=lr_txt, momentum=momentum, weight_decay=weight_decay)
+    return sgd([{"params": model.img_head.parameters(), "lr": lr_img},
+                {"params": model.txt_head.parameters(), "lr": lr_txt}],
+               lr=lr_txt, momentum=momentum, weight_decay=weight_decay)
 
 
 # what both DJSRH and JDSH fix: no dropout in TxtNet, codes tanh(sqrt(epoch + 1) * logits) (set_alpha)
@@ -154,7 +156,7 @@ class SimilarityHasher(Method):
         p = self.method_params(cfg.method_params)
         target_fn, loss_fn, device = self.target(p), self.loss(p), setup.device
         model = self.initial_model(data, cfg, setup, fusion).to(device).train()
-        optimizer = sgd(model, p["lr_img"], cfg.lr_head, p["momentum"], p["weight_decay"])
+        optimizer = sgd_by_modality(model, p["lr_img"], cfg.lr_head, p["momentum"], p["weight_decay"])
         train = setup.rest.to(device)
         group = current_group()
 

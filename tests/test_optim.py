@@ -1,0 +1,39 @@
+"""The optimizers of ``ucmfh.optim``: SGD's fused kernel makes, on the CPU, the update of the per-tensor loop to
+the bit (the field's SGD methods' models stay those they were: scripts/model_fingerprints.py), with momentum
+and weight decay, parameter groups of their own learning rates, and parameters left without a gradient."""
+from __future__ import annotations
+
+import pytest
+import torch
+from torch import nn
+
+from ucmfh.optim import sgd
+
+
+def _heads():
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Linear(24, 64), nn.ReLU(), nn.Linear(64, 16)), nn.Linear(24, 16)
+
+
+@pytest.mark.parametrize("momentum, weight_decay", [(0.9, 5e-4), (0.0, 0.0), (0.9, 0.0)])
+def test_fused_sgd_makes_the_loop_s_update_to_the_bit(momentum, weight_decay):
+    runs = []
+    for make in (lambda groups: torch.optim.SGD(groups, lr=0.01, momentum=momentum, weight_decay=weight_decay,
+                                                foreach=False),
+                 lambda groups: sgd(groups, lr=0.01, momentum=momentum, weight_decay=weight_decay)):
+        img, txt = _heads()
+        optimizer = make([{"params": img.parameters(), "lr": 0.001}, {"params": txt.parameters()}])
+        generator = torch.Generator().manual_seed(1)
+        for step in range(12):
+            x = torch.randn(8, 24, generator=generator)
+            optimizer.zero_grad(set_to_none=True)
+            loss = img(x).tanh().pow(2).sum() + 3.0 * img(x).mean()
+            if step % 3:  # the text head has no gradient every third step: left as it is, its momentum too
+                loss = loss + txt(x).tanh().sum()
+            loss.backward()
+            optimizer.step()
+        runs.append((optimizer, [p.detach().clone() for p in (*img.parameters(), *txt.parameters())]))
+    (loop, want), (fused, got) = runs
+    assert all(g["fused"] for g in fused.param_groups) and not any(g["fused"] for g in loop.param_groups)
+    for a, b in zip(want, got):
+        assert torch.equal(a, b)
