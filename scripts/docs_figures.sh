@@ -17,13 +17,15 @@
 #   ends first brings the results file back in $OUT, and the next call, carrying it, goes on from there)
 #
 # DATA: the folder of the dataset files (default ../shared/data); RESULTS: the results file the grid
-# appends to and skips finished cells by (default runs/docs-SET.jsonl); JOBS: cells at once (default 2).
+# appends to and skips finished cells by (default runs/docs-SET.jsonl); JOBS: cells at once (default 2);
+# SEEDS: the seeds, in the order of the passes (default 2023,2024,2025; SEEDS=2023 stops after the first).
 set -eu
 SET=${1:?usage: bash scripts/docs_figures.sh small|flickr8k}
 DATA=${DATA:-../shared/data}
 DEVICE=${DEVICE:-auto}
 JOBS=${JOBS:-2}
 RESULTS=${RESULTS:-runs/docs-$SET.jsonl}
+SEEDS=${SEEDS:-2023,2024,2025}
 METHODS=two-tower,cca-itq,jdsh,djsrh,dgcpn,ucch,cirh,daeh
 WORK=$(mktemp -d)
 trap 'rm -rf "$WORK"' EXIT
@@ -36,7 +38,12 @@ case $SET in
 esac
 mkdir -p docs/figures
 # seed by seed, each pass drawing the seeds so far: a long grid stopped after its first seed has its figures
-for seeds in 2023 2023,2024 2023,2024,2025; do
+passes=() seeds=""
+for seed in ${SEEDS//,/ }; do
+    seeds=${seeds:+$seeds,}$seed
+    passes+=("$seeds")
+done
+for seeds in "${passes[@]}"; do
     OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} python -m ucmfh grid "${SETS[@]}" --data-dir "$DATA" \
         --protocol unimodal --methods "$METHODS" -b 16 -b 32 -b 64 -b 128 --seeds "$seeds" \
         --jobs "$JOBS" --device "$DEVICE" --results "$RESULTS" --table "runs/docs-$SET" --plot "$PLOT" --quiet
