@@ -37,3 +37,39 @@ def test_fused_sgd_makes_the_loop_s_update_to_the_bit(momentum, weight_decay):
     assert all(g["fused"] for g in fused.param_groups) and not any(g["fused"] for g in loop.param_groups)
     for a, b in zip(want, got):
         assert torch.equal(a, b)
+
+
+def test_a_state_saved_by_the_loop_resumes_with_the_fused_kernel_to_the_same_model(tiny, tmp_path, monkeypatch):
+    """DJSRH interrupted after two epochs, its state rewritten as an older ucmfh saved it (SGD looping over its
+    tensors), resumes with the fused kernel and ends with the model of a run never stopped."""
+    import ucmfh.trainer as trainer_module
+    from conftest import StopAfter, method_config
+    from ucmfh.methods import fit_hashing
+    from ucmfh.signals import TrainingInterrupted
+    from ucmfh.training_state import StateFile
+
+    cfg = method_config("djsrh", epochs=4, val_fraction=0.0)
+    reference, _ = fit_hashing(tiny, cfg, progress=False)
+    bars = StopAfter(2)
+    monkeypatch.setattr(trainer_module, "tqdm", bars)
+    state = StateFile(str(tmp_path / "hash.state.pt"), interval_s=1e9)
+    with pytest.raises(TrainingInterrupted):
+        fit_hashing(tiny, cfg, progress=False, state=state)
+    saved = torch.load(state.path, weights_only=False)
+    assert all(group["fused"] for group in saved["optimizer"]["param_groups"])
+    for group in saved["optimizer"]["param_groups"]:
+        group.update(fused=None, foreach=None)  # torch's defaults: the per-tensor loop on the CPU
+    torch.save(saved, state.path)
+    kernels = []
+    restore = trainer_module.restore_optimizer
+
+    def seen(optimizer, saved_state):
+        restore(optimizer, saved_state)
+        kernels.extend(group["fused"] for group in optimizer.param_groups)
+
+    monkeypatch.setattr(trainer_module, "restore_optimizer", seen)
+    bars.epochs = None
+    resumed, _ = fit_hashing(tiny, cfg, progress=False, state=StateFile(state.path, resume=True))
+    assert bars.starts[-1] == 2 and kernels == [True, True]
+    for (name, a), b in zip(reference.state_dict().items(), resumed.state_dict().values()):
+        assert torch.equal(a, b), name

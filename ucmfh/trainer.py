@@ -105,6 +105,17 @@ class Setup:
     val: Optional[Split]
 
 
+def restore_optimizer(optimizer: torch.optim.Optimizer, saved: Dict[str, Any]) -> None:
+    """``optimizer.load_state_dict(saved)``, an SGD keeping its own kernel (``fused``, ``foreach``): a state
+    saved by an older ucmfh, whose SGD looped over its tensors, resumes with today's fused kernel, which makes
+    the same update (its state, the momentum buffers, is the same for every kernel)."""
+    kernels = [{key: group.get(key) for key in ("fused", "foreach")} for group in optimizer.param_groups]
+    optimizer.load_state_dict(saved)
+    if isinstance(optimizer, torch.optim.SGD):
+        for group, kernel in zip(optimizer.param_groups, kernels):
+            group.update(kernel)
+
+
 def check_supervision(data: Dataset, cfg: Any) -> None:
     """Refuse supervised training (``cfg.supervised``) on a caption set, which has no labels."""
     if cfg.supervised and data.caption_set:
@@ -226,7 +237,7 @@ class _Run:
                              f"{group.world_size}; resume it with the same number of processes")
         for name, module in self.plan.modules.items():
             module.load_state_dict(saved["modules"][name])
-        self.plan.optimizer.load_state_dict(saved["optimizer"])
+        restore_optimizer(self.plan.optimizer, saved["optimizer"])
         at = self.at
         at.epoch, at.skip, at.iteration = saved["epoch"], saved["step"], saved["iteration"]
         self.history = History(saved["history"], saved["validation"])
