@@ -294,6 +294,11 @@ def test_cli_evaluate_codes(tmp_path):
     assert "unimodal" in out.output
     both = runner.invoke(main, ["evaluate", "--codes", str(path), "-c", "x.pt"])
     assert both.exit_code == 2 and "exactly one of --checkpoint and --codes" in both.output
+    labelled = runner.invoke(main, ["evaluate", "--codes", str(path), "--database", "collection", "--results", ""])
+    assert labelled.exit_code == 2 and "codes of a labelled set, which has one database" in labelled.output
+    assert len(labelled.output.strip().splitlines()) == 1
+    checkpoint = runner.invoke(main, ["evaluate", "-c", "x.pt", "--database", "test"])
+    assert checkpoint.exit_code == 2 and "--database goes with --codes" in checkpoint.output
     broken = tmp_path / "broken.h5"
     broken.write_text("x")
     bad = runner.invoke(main, ["evaluate", "--codes", str(broken), "--results", ""])

@@ -62,22 +62,32 @@ def _caption_arrays(rng, n_images, first_id, n_bits):
     return img, txt, ids
 
 
-def test_a_caption_sets_codes_curves_are_by_id_on_the_test_database():
+@pytest.mark.parametrize("database", ["test", "collection"])
+def test_a_caption_sets_codes_curves_are_by_id_on_either_database(database):
     """evaluate_caption_codes (what `evaluate --codes` scores a caption set's codes file by) against loops over
-    queries: images once per id against the query captions and back; P@K with ties by index, and the
+    queries: images once per id against the database's captions and back (``test``: the query split;
+    ``collection``: query and retrieval in id order, its images once per id); P@K with ties by index, and the
     precision-recall curve by Hamming radius, relevance "same id"; R@K and MAP@k as evaluate_caption_set's."""
     from ucmfh.metrics.report import evaluate_caption_codes
 
     rng = np.random.default_rng(5)
     n_bits, ks = 6, (1, 3, 8)
     query, retrieval = _caption_arrays(rng, 9, 1, n_bits), _caption_arrays(rng, 20, 1000, n_bits)
-    got = evaluate_caption_codes(*query, k=5, ks=ks, ranks=(1, 5, 10))  # the test database: the query split
-    assert got["settings"]["database"] == "test" and got["settings"]["n_query_img"] == 9
-    assert (got["i2t"]["n_database"], got["t2i"]["n_database"]) == (len(query[2]), 9)  # captions, images
-    (qi, qt, qid) = query
+    retrieval = (retrieval[0], retrieval[1], retrieval[2] % 37 * 3 + 2)  # ids between the query's: id order matters
+    (qi, qt, qid), (ri, rt, rid) = query, retrieval
+    if database == "test":
+        got = evaluate_caption_codes(*query, k=5, ks=ks, ranks=(1, 5, 10))  # the default: the query split
+        di, dt, did = qi, qt, qid
+    else:
+        got = evaluate_caption_codes(*query, retrieval, database="collection", k=5, ks=ks, ranks=(1, 5, 10))
+        order = np.argsort(np.concatenate([qid, rid]), kind="stable")
+        di, dt, did = (np.concatenate(pair)[order] for pair in ((qi, ri), (qt, rt), (qid, rid)))
     first = sorted(np.unique(qid, return_index=True)[1])
-    for name, (q, q_ids, db, db_ids) in {"i2t": (qi[first], qid[first], qt, qid),
-                                         "t2i": (qt, qid, qi[first], qid[first])}.items():
+    unique = sorted(np.unique(did, return_index=True)[1])
+    assert got["settings"]["database"] == database and got["settings"]["n_query_img"] == 9
+    assert (got["i2t"]["n_database"], got["t2i"]["n_database"]) == (len(did), len(unique))  # captions, images
+    for name, (q, q_ids, db, db_ids) in {"i2t": (qi[first], qid[first], dt, did),
+                                         "t2i": (qt, qid, di[unique], did[unique])}.items():
         precision = np.zeros(len(ks))
         pr = np.zeros((2, n_bits + 1))
         for code, own in zip(q, q_ids):
@@ -91,7 +101,7 @@ def test_a_caption_sets_codes_curves_are_by_id_on_the_test_database():
         np.testing.assert_allclose(got[name]["precision_at_k"]["precision"], precision / len(q), atol=1e-12)
         np.testing.assert_allclose(got[name]["pr_curve"]["precision"], pr[0] / len(q), atol=1e-12)
         np.testing.assert_allclose(got[name]["pr_curve"]["recall"], pr[1] / len(q), atol=1e-12)
-    row = evaluate_caption_set(*query, *retrieval, k=5)["test"]
+    row = evaluate_caption_set(*query, *retrieval, k=5)[database]
     assert got["i2t"]["map@5"] == pytest.approx(row["map_i2t"]) and got["t2i"]["map@5"] == pytest.approx(row["map_t2i"])
     for name in ("i2t", "t2i"):
         assert {r: 100 * v for r, v in got[name]["recall_at_ranks"].items()} == pytest.approx(row[f"recall_{name}"])
@@ -177,16 +187,20 @@ def test_train_hash_on_a_caption_set_reports_recall_on_both_databases(tmp_path):
     supervised = runner.invoke(main, ["train-hash", "-d", path, "--supervised", "--epochs", "1", "--device", "cpu",
                                       "--out", str(tmp_path / "runs"), "--results", str(results)])
     assert supervised.exit_code == 2 and "supervised training needs labels" in supervised.output
-    # its codes file (ids, no labels) scores as the training did on the `test` database, in both tie rules
-    for protocol, trained in (("unimodal", rows[0]), ("fused", rows[2])):
+    # its codes file (ids, no labels) scores as the training did on either database, in both tie rules
+    for (protocol, database), trained in zip([(p, d) for p in ("unimodal", "fused") for d in ("test", "collection")],
+                                             rows):
         codes = tmp_path / f"c-{protocol}.h5"
-        encode = runner.invoke(main, ["encode", "-d", path, "-c", trained["checkpoint"], "-o", str(codes),
-                                      "--protocol", protocol, "--quiet"])
-        assert encode.exit_code == 0, encode.output
-        scored = runner.invoke(main, ["evaluate", "--codes", str(codes), "--results", str(tmp_path / "codes.jsonl")])
+        if not codes.exists():
+            encode = runner.invoke(main, ["encode", "-d", path, "-c", trained["checkpoint"], "-o", str(codes),
+                                          "--protocol", protocol, "--quiet"])
+            assert encode.exit_code == 0, encode.output
+        scored = runner.invoke(main, ["evaluate", "--codes", str(codes), "--results", str(tmp_path / "codes.jsonl")]
+                               + (["--database", database] if database == "collection" else []))
         assert scored.exit_code == 0, scored.output
+        assert f"database {database}" in scored.output
         row = json.loads((tmp_path / "codes.jsonl").read_text().splitlines()[-1])
-        assert (row["task"], row["database"], row["protocol"], row["method"]) == ("codes", "test", protocol, "ucmfh")
+        assert (row["task"], row["database"], row["protocol"], row["method"]) == ("codes", database, protocol, "ucmfh")
         for key in ("map_i2t", "map_t2i", "map_i2t_expected", "map_t2i_expected", "rsum", "rsum_expected"):
             assert row[key] == pytest.approx(trained[key], abs=1e-9), key
         for key in ("recall_i2t", "recall_t2i", "recall_i2t_expected", "recall_t2i_expected"):

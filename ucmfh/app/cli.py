@@ -207,6 +207,9 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
 @click.option("--codes", type=click.Path(dir_okay=False), multiple=True,
               help="A codes file (ucmfh encode): every metric, both directions; no dataset needed. Repeatable: "
                    "with --plot, the runs' curves on one figure (methods at one length).")
+@click.option("--database", type=click.Choice(["test", "collection"]), default=None,
+              help="With --codes of a caption set: the database to score (test: the query split, the default; "
+                   "collection: query and retrieval together).")
 @click.option("--metrics-out", type=click.Path(dir_okay=False),
               help="With one --codes: write all metrics as JSON here.")
 @click.option("--plot", metavar="PREFIX",
@@ -215,13 +218,15 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
 @click.option("--overwrite", is_flag=True,
               help="Replace a --metrics-out or --plot file that is not a metrics file or figure ucmfh wrote.")
 @user_errors
-def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpoint, codes, metrics_out, plot,
-                 overwrite) -> None:
+def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpoint, codes, database, metrics_out,
+                 plot, overwrite) -> None:
     """Tasks 2/3: reload a checkpoint and score it on a dataset; or score a saved codes file."""
     if (checkpoint is None) == (not codes):
         raise click.UsageError("give exactly one of --checkpoint and --codes")
-    if not codes and (metrics_out or plot):
-        raise click.UsageError(f"{'--metrics-out' if metrics_out else '--plot'} goes with --codes")
+    if not codes and (metrics_out or plot or database):
+        flag = "--metrics-out" if metrics_out else "--plot" if plot else "--database"
+        raise click.UsageError(f"{flag} goes with --codes" + (" (a checkpoint is scored on both databases)"
+                                                               if flag == "--database" else ""))
     if metrics_out and len(codes) > 1:
         raise click.UsageError("--metrics-out goes with one --codes file")
     check_outputs({"--results": results, "--metrics-out": metrics_out, "--plot": plot}, overwrite=overwrite)
@@ -236,7 +241,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
             pyplot()  # a missing matplotlib is said before anything is scored
         runs = []
         for path in codes:
-            metrics = evaluate_codes_file(path, k=k, device=resolve_device(device))
+            metrics = evaluate_codes_file(path, k=k, device=resolve_device(device), database=database)
             if metrics_out:
                 write_json_atomic(metrics_out, {"generator": "ucmfh evaluate", **metrics})  # its mark (files.MARKS)
                 click.echo(f"metrics written to {metrics_out}")

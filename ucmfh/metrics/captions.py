@@ -51,21 +51,26 @@ def _take(query: torch.Tensor, retrieval: torch.Tensor, rows: np.ndarray) -> tor
     return torch.cat([query, retrieval.to(query.device)])[index]
 
 
+def database(
+    name: str,
+    query: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+    retrieval: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
+) -> Dict[str, torch.Tensor]:
+    """Database ``name`` (:data:`DATABASES`) from (img, txt, ids) of the query and retrieval splits (the
+    retrieval split is not read for ``test``): ``img``, ``img_ids`` (one row per id), ``txt``, ``txt_ids``
+    (every caption)."""
+    (q_img, q_txt, q_ids), (r_img, r_txt, r_ids) = query, retrieval
+    txt, img = database_rows(name, q_ids.cpu().numpy(), r_ids.cpu().numpy())
+    return {"img": _take(q_img, r_img, img), "img_ids": _take(q_ids, r_ids, img),
+            "txt": _take(q_txt, r_txt, txt), "txt_ids": _take(q_ids, r_ids, txt)}
+
+
 def databases(
     query: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
     retrieval: Tuple[torch.Tensor, torch.Tensor, torch.Tensor],
 ) -> Dict[str, Dict[str, torch.Tensor]]:
-    """The two databases from (img, txt, ids) of the query and retrieval splits.
-
-    Returns per database: ``img``, ``img_ids`` (one row per id), ``txt``, ``txt_ids`` (every caption).
-    """
-    (q_img, q_txt, q_ids), (r_img, r_txt, r_ids) = query, retrieval
-    out = {}
-    for name in DATABASES:
-        txt, img = database_rows(name, q_ids.cpu().numpy(), r_ids.cpu().numpy())
-        out[name] = {"img": _take(q_img, r_img, img), "img_ids": _take(q_ids, r_ids, img),
-                     "txt": _take(q_txt, r_txt, txt), "txt_ids": _take(q_ids, r_ids, txt)}
-    return out
+    """Both databases (:func:`database`), by name."""
+    return {name: database(name, query, retrieval) for name in DATABASES}
 
 
 def recall_of_lists(lists: torch.Tensor, query_ids: torch.Tensor, db_ids: torch.Tensor,

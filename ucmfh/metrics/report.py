@@ -17,6 +17,8 @@ from ucmfh.metrics.arguments import (
     check_ids,
 )
 from ucmfh.data.format import first_of_each_id
+from ucmfh.metrics.captions import DATABASES
+from ucmfh.metrics.captions import database as caption_database
 from ucmfh.metrics.radius import pr_curve_hamming
 from ucmfh.metrics.ranking import map_at_k, precision_recall_at_k, recall_at_ranks
 from ucmfh.metrics.relevance import id_match_counts
@@ -148,30 +150,41 @@ def _settings(options: Dict[str, object], n_query: int, n_retrieval: int) -> Dic
     }
 
 
-def evaluate_caption_codes(query_img: ArrayLike, query_txt: ArrayLike, query_ids: ArrayLike, **options) -> Dict[str, object]:
-    """All metrics of a caption set's codes for I→T and T→I on its ``test`` database, the query split
-    (docs/reference.md §7): each query image once per id (its first row) against every query caption, and
-    each caption against those images; relevance "same id". The metrics are :func:`evaluate_direction`'s,
-    with one label per id (so MAP@k, precision@K and the precision-recall curve are by id) and
-    ``recall_at_ranks`` R@1/5/10 by id as fractions. ``options`` as :func:`evaluate_codes`.
+def evaluate_caption_codes(query_img: ArrayLike, query_txt: ArrayLike, query_ids: ArrayLike,
+                           retrieval: Optional[Sequence[ArrayLike]] = None, *, database: str = "test",
+                           **options) -> Dict[str, object]:
+    """All metrics of a caption set's codes for I→T and T→I on one of its databases (docs/reference.md §7):
+    ``test``, the query split, or ``collection``, query ∪ retrieval (``retrieval``: the retrieval split's
+    ``(img, txt, ids)``). Each query image once per id (its first row) against every caption of the
+    database, and each query caption against its images (one per id); relevance "same id". The metrics are
+    :func:`evaluate_direction`'s, with one label per id of the query split (a database item of another id
+    has none: it is never relevant), so MAP@k, precision@K and the precision-recall curve are by id, and
+    ``recall_at_ranks`` is R@1/5/10 by id as fractions. ``options`` as :func:`evaluate_codes`.
 
-    Shape: codes [Q, n_bits]; ids [Q]. Returns ``{"settings": {...}, "i2t": {...}, "t2i": {...}}``,
-    ``settings["database"] = "test"``.
+    Shape: codes [Q or R, n_bits]; ids [Q or R]. Returns ``{"settings": {...}, "i2t": {...}, "t2i": {...}}``,
+    ``settings["database"]`` the database's name.
     """
+    if database not in DATABASES:
+        raise ValueError(f"database must be one of {DATABASES}, got {database!r}")
+    if database == "collection" and retrieval is None:
+        raise ValueError("the collection database needs the retrieval split's codes and ids")
     query_img, query_txt, query_ids = as_tensors(query_img, query_txt, query_ids)
+    queries = (query_img, query_txt, query_ids)
+    db = caption_database(database, queries, queries if retrieval is None else as_tensors(*retrieval))
     first = torch.from_numpy(first_of_each_id(query_ids.cpu().numpy())).to(query_ids.device)
     img, img_ids = query_img[first], query_ids[first]
     classes = query_ids.unique()
 
-    def one_hot(ids: torch.Tensor) -> torch.Tensor:  # [N, ids of the database]: "same id" as a shared label
+    def one_hot(ids: torch.Tensor) -> torch.Tensor:  # [N, ids of the query split]: "same id" as a shared label
         return (ids[:, None] == classes[None, :]).to(torch.uint8)
 
-    sides = {"i2t": (img, query_txt, img_ids, query_ids), "t2i": (query_txt, img, query_ids, img_ids)}
+    sides = {"i2t": (img, db["txt"], img_ids, db["txt_ids"]), "t2i": (query_txt, db["img"], query_ids, db["img_ids"])}
     result = {name: {**evaluate_direction(q, r, one_hot(q_ids), one_hot(r_ids), q_ids, r_ids, **options),
                      "n_database": int(r.shape[0])}  # the P@K figure stops there
               for name, (q, r, q_ids, r_ids) in sides.items()}
-    settings = _settings(options, query_txt.shape[0], query_txt.shape[0])
-    settings.update(database="test", relevance="same id", n_query_img=int(len(first)))
+    settings = _settings(options, query_txt.shape[0], db["txt"].shape[0])
+    settings.update(database=database, relevance="same id", n_query_img=int(len(first)),
+                    n_database_img=int(db["img"].shape[0]))
     return {"settings": settings, **result}
 
 
@@ -180,9 +193,11 @@ def evaluate_codes_file(
     k: int = DEFAULT_K,
     *,
     device: Union[str, torch.device] = "cpu",
+    database: Optional[str] = None,
     **options,
 ) -> Dict[str, object]:
-    """Load a codes file (:func:`ucmfh.codes.save_codes`) and return :func:`evaluate_codes` of it.
+    """Load a codes file (:func:`ucmfh.codes.save_codes`) and return :func:`evaluate_codes` of it, or for a
+    caption set :func:`evaluate_caption_codes` on ``database`` (default ``test``; a labelled set has none).
 
     The file's attributes (protocol, dataset, …) and ``n_bits`` are copied to
     ``result["settings"]``. ``device`` is where the metrics are computed.
@@ -190,6 +205,9 @@ def evaluate_codes_file(
     from ucmfh.codes import load_codes
 
     codes = load_codes(path)
+    if database is not None and not codes.caption_set:
+        raise ValueError(f"{os.fspath(path)}: codes of a labelled set, which has one database; a database "
+                         f"({database!r}) is a caption set's choice")
     dev = torch.device(device)
 
     def get(group: str, modality: str) -> torch.Tensor:
@@ -197,7 +215,11 @@ def evaluate_codes_file(
 
     ids = {g: (None if codes.ids[g] is None else codes.ids[g].to(dev)) for g in ("query", "retrieval")}
     if codes.caption_set:
-        result = evaluate_caption_codes(get("query", "img"), get("query", "txt"), ids["query"], k=k, **options)
+        retrieval = None
+        if database == "collection":
+            retrieval = (get("retrieval", "img"), get("retrieval", "txt"), ids["retrieval"])
+        result = evaluate_caption_codes(get("query", "img"), get("query", "txt"), ids["query"], retrieval,
+                                        database=database or "test", k=k, **options)
     else:
         result = evaluate_codes(
             get("query", "img"), get("query", "txt"), get("retrieval", "img"), get("retrieval", "txt"),
