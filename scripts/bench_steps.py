@@ -6,14 +6,16 @@ and every method trained by epochs, each at its own batch size (DAEH's 18, DJSRH
 Issue 48's comparison of every method on Flickr8k is tens of thousands of such steps a run: on a GPU a
 step of small matrix products is its kernel launches, which a captured step (``--cuda-graph``,
 :mod:`ucmfh.captured_step`) makes one. The stages are :mod:`bench_dispatch`'s (scripts/), timed from
-outside the training code as it counts them: each is fitted for one epoch, validation off, on ``k × batch``
-items for two values of ``k``; the difference of the two wall times over the difference of ``k`` is one
-step, without the set-up both share. Medians of ``--repeats``, after one untimed fit (kernels, cuBLAS's
-workspaces). On a CPU the captured path is the eager one (graphs are CUDA's): only ``eager`` is timed.
+outside the training code as it counts them: each is fitted on ``k × batch`` items (``--steps k``),
+validation off, for one epoch and for two; the difference of the two wall times over ``k`` is one step of
+the second epoch (and a ``k``-th of the epoch's own work: its plan, its read of the loss, a capture again
+where β changes by epoch), without the set-up both share (the pairwise statistics of DAEH, CIRH and DGCPN
+grow with the items). Medians of ``--repeats``, after one untimed fit (kernels, cuBLAS's workspaces). On a
+CPU the captured path is the eager one (graphs are CUDA's): only ``eager`` is timed.
 
     python scripts/bench_steps.py --device cuda                    # every stage, eager and captured
     python scripts/bench_steps.py --device cuda --only daeh --json
-    python scripts/bench_steps.py --device cpu --steps 4 12        # eager on the CPU
+    python scripts/bench_steps.py --device cpu --steps 20          # eager on the CPU
 """
 from __future__ import annotations
 
@@ -24,7 +26,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
 import torch
 
@@ -37,9 +39,9 @@ from ucmfh.methods import METHODS  # noqa: E402
 PATHS = ("eager", "graph")
 
 
-def wall(stage: Stage, steps: int, captured: bool, device: str) -> float:
-    """Wall seconds of one epoch of ``steps`` full batches of ``stage``, its data and settings made first."""
-    fit = stage.prepare(steps * stage.batch_size, 1)
+def wall(stage: Stage, steps: int, epochs: int, captured: bool, device: str) -> float:
+    """Wall seconds of ``epochs`` epochs of ``steps`` full batches of ``stage``, its data and settings made first."""
+    fit = stage.prepare(steps * stage.batch_size, epochs)
     if device == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
@@ -50,11 +52,10 @@ def wall(stage: Stage, steps: int, captured: bool, device: str) -> float:
     return time.perf_counter() - start
 
 
-def seconds_a_step(stage: Stage, captured: bool, device: str, steps: Sequence[int], repeats: int) -> float:
-    """One step's wall seconds: the difference of two epoch lengths (module docstring), median of ``repeats``."""
-    k1, k2 = steps
-    wall(stage, k1, captured, device)  # untimed: the first fit loads kernels and workspaces
-    return statistics.median((wall(stage, k2, captured, device) - wall(stage, k1, captured, device)) / (k2 - k1)
+def seconds_a_step(stage: Stage, captured: bool, device: str, steps: int, repeats: int) -> float:
+    """One step's wall seconds: two epochs less one, over its steps (module docstring), median of ``repeats``."""
+    wall(stage, steps, 1, captured, device)  # untimed: the first fit loads kernels and workspaces
+    return statistics.median((wall(stage, steps, 2, captured, device) - wall(stage, steps, 1, captured, device)) / steps
                              for _ in range(repeats))
 
 
@@ -76,16 +77,15 @@ def main(argv: Optional[List[str]] = None) -> None:
                    "own; the fusion stage's 128).")
     p.add_argument("--n-bits", type=int, default=64)
     p.add_argument("--width", type=int, default=512, help="Feature width of the synthetic set (CLIP's: 512).")
-    p.add_argument("--steps", type=int, nargs=2, default=(20, 100), metavar=("K1", "K2"),
-                   help="The two epoch lengths, in full batches.")
+    p.add_argument("--steps", type=int, default=50, help="Full batches an epoch.")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--only", action="append", help="Time only these stages (repeatable): fusion or a method.")
     p.add_argument("--json", action="store_true", help="Print the figures as JSON (seconds a step).")
     args = p.parse_args(argv)
     if args.batch_size == 1 or args.batch_size < 0:
         p.error(f"--batch-size must be at least 2 (contrastive losses need negatives), or 0, got {args.batch_size}")
-    if not 0 < args.steps[0] < args.steps[1]:
-        p.error(f"--steps K1 K2: need 0 < K1 < K2, got {args.steps[0]} {args.steps[1]}")
+    if args.steps < 1:
+        p.error(f"--steps must be at least 1, got {args.steps}")
     if args.repeats < 1:
         p.error(f"--repeats must be at least 1, got {args.repeats}")
     known = ["fusion"] + [m for m in METHODS if not METHODS[m].closed_form]
@@ -106,7 +106,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                 print(*([HEADER] if len(rows) == 1 else []), line(stage.name, rows[stage.name]), sep="\n", flush=True)
     if args.json:
         name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
-        print(json.dumps({"device": name, "torch": torch.__version__, "steps": list(args.steps),
+        print(json.dumps({"device": name, "torch": torch.__version__, "steps": args.steps,
                           "stages": rows}, indent=1, sort_keys=True))
 
 

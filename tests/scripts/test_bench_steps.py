@@ -9,7 +9,7 @@ import pytest
 from conftest import load_script
 
 bench = load_script("bench_steps")
-SMALL = ["--device", "cpu", "--n-bits", "16", "--width", "16", "--steps", "2", "3", "--repeats", "1"]
+SMALL = ["--device", "cpu", "--n-bits", "16", "--width", "16", "--steps", "2", "--repeats", "1"]
 
 
 def test_a_row_per_stage_at_each_method_s_own_batch_size(capsys):
@@ -24,13 +24,13 @@ def test_a_row_per_stage_at_each_method_s_own_batch_size(capsys):
 def test_json_gives_seconds_a_step_at_the_batch_asked_for(capsys):
     bench.main(SMALL + ["--only", "two-tower", "--batch-size", "8", "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert out["device"] == "cpu" and out["steps"] == [2, 3] and set(out["stages"]) == {"two-tower"}
+    assert out["device"] == "cpu" and out["steps"] == 2 and set(out["stages"]) == {"two-tower"}
     row = out["stages"]["two-tower"]
     assert row["batch_size"] == 8 and set(row) == {"batch_size", "eager"}
 
 
 @pytest.mark.parametrize("argv, flag", [(["--only", "cca-itq"], "--only"), (["--batch-size", "1"], "--batch-size"),
-                                        (["--steps", "3", "2"], "--steps"), (["--repeats", "0"], "--repeats")])
+                                        (["--steps", "0"], "--steps"), (["--repeats", "0"], "--repeats")])
 def test_a_bad_flag_is_refused_in_one_line(argv, flag, capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--device", "cpu"] + argv)
