@@ -14,9 +14,10 @@ state, peak memory: stubs), ``torch.load(map_location="cuda")`` loads onto it, a
 worker's threads run under it too.
 
 It counts host syncs (``.item()``, ``.tolist()``, ``bool()``, a copy to the host: ``.cpu()``,
-``.to("cpu")``, and the operations whose result's shape depends on the values, which a GPU computes before
-the host can allocate it: ``nonzero``, a boolean mask as an index, ``unique``, ...; :func:`peek` reads a
-value for a test without counting) in ``stats["syncs"]``, copies to the device
+``.to("cpu")``, the operations whose result's shape depends on the values, which a GPU computes before
+the host can allocate it: ``nonzero``, a boolean mask as an index, ``unique``, ..., and the linear algebra
+PyTorch documents as synchronizing: ``linalg.eigvals``, ``linalg.svd``, ``linalg.inv``, ...; :func:`peek`
+reads a value for a test without counting) in ``stats["syncs"]``, copies to the device
 from pinned host memory (``pin_memory()``: a copy, remembered) in ``stats["pinned"]``, and from pageable
 memory (which wait for the device) in ``stats["pageable"]``. :func:`running_on_cuda` says whether the
 operation running now is one on the device, for a count of operations below the stand-in
@@ -47,11 +48,16 @@ _RUNNING = threading.local()  # on while an operation on cuda runs (on the CPU)
 _MIXING_ALLOWED = {"__getitem__", "__setitem__", "copy_", "index_select", "index_put_"}
 # torch's own bookkeeping of tensors (module.to): on the tensors as they are
 _AS_IS = {"_has_compatible_shallow_copy_type", "_is_param"}
-_SYNCS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__"}
+_SYNCS = {"item", "tolist", "__bool__", "__int__", "__float__", "__index__", "allclose", "is_nonzero"}
 # operations whose result's shape depends on the values: on a GPU the host waits to learn it (and a CUDA graph
 # cannot capture them); a boolean index, torch.where(condition) and repeat_interleave by a tensor of counts
 # are too (_data_dependent)
 _SHAPE_FROM_VALUES = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "bincount", "equal"}
+# the linear algebra PyTorch documents as synchronizing a CUDA device with the CPU (MAGMA's eigensolvers run on
+# the host; the others check their results there), which a CUDA graph cannot capture either
+_LINALG_SYNCS = {"linalg_eig", "linalg_eigvals", "linalg_eigh", "linalg_eigvalsh", "linalg_svd", "linalg_svdvals", "svd",
+                 "linalg_inv", "inverse", "linalg_cholesky", "cholesky", "linalg_solve", "linalg_pinv", "pinverse",
+                 "linalg_matrix_rank"}
 # tensor attributes that are tensors of their owner's device
 _SAME_DEVICE = {"grad", "data", "T", "mT", "H", "mH", "real", "imag"}
 
@@ -188,7 +194,7 @@ class _CudaMode(TorchFunctionMode):
 
 def _data_dependent(name: str, args: tuple, kwargs: dict) -> bool:
     """Whether the operation's result's shape comes from its values (:data:`_SHAPE_FROM_VALUES`)."""
-    if name in _SHAPE_FROM_VALUES:
+    if name in _SHAPE_FROM_VALUES or name in _LINALG_SYNCS:
         return True
     if name == "where":  # torch.where(condition): nonzero
         return len(args) + len(kwargs) == 1

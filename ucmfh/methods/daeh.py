@@ -65,7 +65,7 @@ a1 = 0.3, batch 18, 30 epochs, SGD as above.
 from __future__ import annotations
 
 import math
-from typing import Optional, Tuple
+from typing import Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -175,26 +175,38 @@ def released_kernel(x: torch.Tensor, sigma: float) -> torch.Tensor:
     return torch.exp((g - g.diagonal()[None, :]) / sigma ** 2)
 
 
-def _renyi_entropy(k: torch.Tensor, alpha: float) -> torch.Tensor:
-    eig = torch.linalg.eigvals(k)  # torch.eig's [B, 2] (real, imaginary), each part's |.|^α summed
-    return torch.log(eig.real.abs().pow(alpha).sum() + eig.imag.abs().pow(alpha).sum()) / (1 - alpha)
+def _renyi_entropies(kernels: torch.Tensor, alpha: float) -> torch.Tensor:
+    """Each kernel's entropy, from its eigenvalues as ``torch.eig`` gave them ([B, 2]: real, imaginary), each
+    part's |.|^α summed. One eigen-solve for all: on a GPU it runs on the host (MAGMA) and the device waits for
+    it, once. Shape: [K, B, B] -> [K]."""
+    eig = torch.linalg.eigvals(kernels)
+    return torch.log(eig.real.abs().pow(alpha).sum(dim=-1) + eig.imag.abs().pow(alpha).sum(dim=-1)) / (1 - alpha)
 
 
 @torch.no_grad()
-def mutual_information(x: torch.Tensor, y: torch.Tensor, sigma_x: float = MI_SIGMA, sigma_y: float = MI_SIGMA,
-                       alpha: float = MI_ALPHA) -> torch.Tensor:
-    """``model_loader.mutual_information``: the matrix-based Rényi α-entropies of the kernels of ``x`` and ``y``
-    (each divided by B, NaN and inf set to 0) and of their Hadamard product (times B): ``H_x + H_y - H_xy``.
+def mutual_informations(x: torch.Tensor, ys: Sequence[torch.Tensor], sigma_x: float = MI_SIGMA,
+                        sigma_y: float = MI_SIGMA, alpha: float = MI_ALPHA) -> torch.Tensor:
+    """``model_loader.mutual_information`` of ``x`` with each of ``ys``: the matrix-based Rényi α-entropies of
+    the kernels of ``x`` and ``y`` (each divided by B, NaN and inf set to 0) and of their Hadamard product
+    (times B), ``H_x + H_y - H_xy``; every kernel's eigenvalues in one solve (:func:`_renyi_entropies`).
 
-    Shape: x [B, d_x], y [B, d_y] -> scalar."""
+    Shape: x [B, d_x], each y [B, d_y] -> [len(ys)]."""
     n = x.shape[0]
 
     def clean(k: torch.Tensor) -> torch.Tensor:
         return torch.where(torch.isfinite(k), k, torch.zeros_like(k))
 
-    k_x, k_y = clean(released_kernel(x, sigma_x) / n), clean(released_kernel(y, sigma_y) / n)
-    k_xy = clean(k_x * k_y * n)
-    return _renyi_entropy(k_x, alpha) + _renyi_entropy(k_y, alpha) - _renyi_entropy(k_xy, alpha)
+    k_x = clean(released_kernel(x, sigma_x) / n)
+    k_ys = [clean(released_kernel(y, sigma_y) / n) for y in ys]
+    h = _renyi_entropies(torch.stack([k_x, *k_ys, *(clean(k_x * k_y * n) for k_y in k_ys)]), alpha)
+    h_x, h_ys, h_xys = h[0], h[1:1 + len(ys)], h[1 + len(ys):]
+    return h_x + h_ys - h_xys
+
+
+def mutual_information(x: torch.Tensor, y: torch.Tensor, sigma_x: float = MI_SIGMA, sigma_y: float = MI_SIGMA,
+                       alpha: float = MI_ALPHA) -> torch.Tensor:
+    """:func:`mutual_informations` of ``x`` with ``y`` alone. Shape: x [B, d_x], y [B, d_y] -> scalar."""
+    return mutual_informations(x, [y], sigma_x, sigma_y, alpha)[0]
 
 
 # ------------------------------------------------------------ losses
@@ -223,8 +235,8 @@ def daeh_loss(f: torch.Tensor, g: torch.Tensor, teacher: torch.Tensor, code: tor
     reconstruction = ((code - teacher) ** 2).sum() / len(s)
     # both candidates computed and one kept on the device: an ``if`` on the comparison would make the host
     # wait for the device every step; the gradient is the kept one's alone, as with the branch
-    enhance = torch.where(mutual_information(s, f) > mutual_information(s, g), pair_loss(teacher, g, s),
-                          pair_loss(f, teacher, s))
+    mi_f, mi_g = mutual_informations(s, [f, g])
+    enhance = torch.where(mi_f > mi_g, pair_loss(teacher, g, s), pair_loss(f, teacher, s))
     return tri + gamma * reconstruction + w_cross * enhance
 
 
@@ -313,5 +325,6 @@ class Daeh(Method):
             code_teacher, code = (x.float() for x in out)
             return daeh_loss(f, g, code_teacher, code, s, p["w_tri"], p["w_teacher"], p["w_cross"], p["gamma"])
 
+        # not graphable: each step's eigen-solve (mutual_informations) runs on the host on a GPU
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "teacher": teacher}, optimizer, rest,
-                    loss=loss, validate=validator(encode_split, "hamming", model, setup.val, rest, device), graphable=True)
+                    loss=loss, validate=validator(encode_split, "hamming", model, setup.val, rest, device))
