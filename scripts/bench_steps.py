@@ -79,7 +79,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--width", type=int, default=512, help="Feature width of the synthetic set (CLIP's: 512).")
     p.add_argument("--steps", type=int, default=50, help="Full batches an epoch.")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--only", action="append", help="Time only these stages (repeatable): fusion or a method.")
+    p.add_argument("--only", action="append", help="Time only these stages, in this order (repeatable): fusion or "
+                   "a method.")
     p.add_argument("--json", action="store_true", help="Print the figures as JSON (seconds a step).")
     args = p.parse_args(argv)
     if args.batch_size == 1 or args.batch_size < 0:
@@ -99,7 +100,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     paths = PATHS if args.device == "cuda" else PATHS[:1]
     rows: Dict[str, Dict[str, object]] = {}
     with tempfile.TemporaryDirectory() as scratch:
-        for stage in stages(dispatch_args, args.device, Path(scratch), own_batch=not args.batch_size):
+        chosen = stages(dispatch_args, args.device, Path(scratch), own_batch=not args.batch_size)
+        for stage in sorted(chosen, key=lambda s: dispatch_args.only.index(s.name)):
             rows[stage.name] = {"batch_size": stage.batch_size, **{
                 path: seconds_a_step(stage, path == "graph", args.device, args.steps, args.repeats) for path in paths}}
             if not args.json:

@@ -101,8 +101,9 @@ step main-eager20 40 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --e
     --out "$WORK/eager20" --results "$OUT/main-eager20.jsonl"  # eager, 20 epochs: this card's rate beside the graph's
 step bench-train 80 $PY scripts/bench_train.py --device $DEVICE --only throughput --cuda-graph --amp none \
     --n-train 5120 --repeats 3
-step steps 45 $PY scripts/bench_steps.py --device $DEVICE --steps 20 --repeats 1 --only two-tower --only djsrh \
-    --only jdsh --only dgcpn --only cirh --only daeh --only ucch  # a step of each method, eager and captured
+step steps 45 $PY scripts/bench_steps.py --device $DEVICE --steps 20 --repeats 1 --only daeh --only jdsh \
+    --only dgcpn --only djsrh --only cirh --only two-tower --only ucch  # each method's step, eager and captured,
+    # the slowest comparison cells first (a step cut short keeps the stages it finished)
 [ -f "$DATA/flickr8k.h5" ] && step flickr8k-graph 150 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
     --cuda-graph --device $DEVICE --out "$WORK/flickr8k" --results "$OUT/flickr8k.jsonl"  # the default, both temperatures
 step grid-jobs 115 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 -- -d wiki --data-dir "$DATA" \
