@@ -120,6 +120,9 @@ def methods_cmd() -> None:
         click.echo(f"{'':<10} defaults: " + (", ".join(f"{k}={v}" for k, v in own.items()) + " (else as ucmfh)"
                                              if own else "UCMFH's (HashConfig's)")
                    + ("" if default_loss(name) is not None else "; a loss of its own"))
+        if not spec.closed_form:
+            click.echo(f"{'':<10} --cuda-graph: " + ("its step captured" if spec.graphable
+                                                     else f"eager ({spec.eager_because})"))
 
 
 @main.command("losses")

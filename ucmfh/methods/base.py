@@ -55,6 +55,10 @@ class Method:
     # why the method needs the whole training split in memory ('' when it trains on a streamed one too);
     # a streamed split is refused before anything trains
     in_memory: ClassVar[str] = ""
+    # its step may be captured as a CUDA graph (--cuda-graph, ucmfh.captured_step; Plan.graphable), or why it runs
+    # eagerly ('' for a method fitted in closed form, which has no steps)
+    graphable: ClassVar[bool] = False
+    eager_because: ClassVar[str] = ""
 
     def config(self, **settings: Any) -> HashConfig:
         """A hashing config of this method: its ``defaults``, then ``settings``, then ``fixed``;

@@ -241,6 +241,7 @@ class Cirh(Method):
     params = {"lambda1": 10.0, "lambda2": 1.0, "beta": 0.01, "a1": 0.6, "a2": 0.6, "k_fraction": 0.6,
               "lr_net": 1e-3, "width": 512, "centred_similarity": False}
     takes_loss = False
+    graphable = True
 
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)
@@ -289,4 +290,5 @@ class Cirh(Method):
                     + head_loss(u_img, u_txt, torch.sign(h), s, p["beta"]))
 
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "net": net}, optimizer, rest, loss=loss,
-                    validate=validator(encode_split, "hamming", model, setup.val, rest, device), graphable=True)
+                    validate=validator(encode_split, "hamming", model, setup.val, rest, device),
+                    graphable=self.graphable)

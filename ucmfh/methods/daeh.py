@@ -281,6 +281,7 @@ class Daeh(Method):
     params = {"alpha": 2.0, "beta": 2.0, "gamma": 1e-3, "w_tri": 4.0, "w_teacher": 1.0, "w_cross": 0.1, "a1": 0.3,
               "momentum": 0.9, "weight_decay": 5e-4}
     takes_loss = False
+    eager_because = "on a GPU each step's eigen-solve, for its mutual information, runs on the host"
 
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)
@@ -325,6 +326,5 @@ class Daeh(Method):
             code_teacher, code = (x.float() for x in out)
             return daeh_loss(f, g, code_teacher, code, s, p["w_tri"], p["w_teacher"], p["w_cross"], p["gamma"])
 
-        # not graphable: each step's eigen-solve (mutual_informations) runs on the host on a GPU
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "teacher": teacher}, optimizer, rest,
                     loss=loss, validate=validator(encode_split, "hamming", model, setup.val, rest, device))

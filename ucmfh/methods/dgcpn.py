@@ -215,6 +215,7 @@ class Dgcpn(Method):
                 "val_fraction": 0.1, "patience": 11}
     # its relaxation is its own (plain tanh), whatever is asked
     fixed = {"relaxation": "tanh", "beta_schedule": "none"}
+    graphable = True  # its three updates a batch in one graph
     params = {
         "knn": 2000,  # the paper's K (train.py's comment: K = N - knn_number, 5000 - 3000 on MIRFlickr)
         "scale_ratio": 2.0,  # the coherence scale over K: --scale 4000 at K = 2000
@@ -267,4 +268,5 @@ class Dgcpn(Method):
             return dgcpn_step(model, optimizer, img, txt, target, loss_of, group, len(batch.index), device, cfg.amp)
 
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model}, optimizer, train, step=step,
-                    validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device), graphable=True)
+                    validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device),
+                    graphable=self.graphable)

@@ -133,6 +133,7 @@ class SimilarityHasher(Method):
 
     fixed = TANH_SCHEDULE
     takes_loss = False
+    graphable = True  # captured again each epoch, as α = sqrt(epoch + 1) changes
 
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)
@@ -171,7 +172,7 @@ class SimilarityHasher(Method):
             return loss_fn(relaxed_codes(h_img, cfg, alpha), relaxed_codes(h_txt, cfg, alpha), target)
 
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model}, optimizer, train, loss=loss,
-                    scalars=beta_scalars(cfg, "alpha"), graphable=True,
+                    scalars=beta_scalars(cfg, "alpha"), graphable=self.graphable,
                     validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))
 
 

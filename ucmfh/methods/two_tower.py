@@ -39,7 +39,7 @@ class TwoTower(Method):
                 "val_fraction": 0.1, "patience": 10}
     params = {"temperatures": "0.3,0.1"}  # InfoNCE temperatures tried side by side, the best on validation kept
     takes_relaxation = True
-    graphable = True  # its step may be captured as a CUDA graph (ucmfh.captured_step)
+    graphable = True
 
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)

@@ -271,6 +271,7 @@ class Ucch(Method):
               "clip_norm": 1.0}
     fixed = {"dropout": 0.0}  # the released networks have none
     takes_loss = False
+    eager_because = "its learning rate changes by epoch and each step draws its negatives on the host"
 
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)

@@ -33,6 +33,7 @@ class UCMFH(Method):
     """
 
     name = "ucmfh"
+    graphable = True
     description = "UCMFH: hash heads on the fusion encoder, which is trained first (the only method with a 'fused' view)"
     uses_fusion = True
     shares_fusion_options = True
@@ -91,5 +92,5 @@ class UCMFH(Method):
 
         modules = {"model": model, "fusion_loss": fusion_loss, "code_loss": code_loss}
         return Plan(f"hashing {cfg.n_bits} bits", model, modules, optimizer, train, loss=loss,
-                    scalars=beta_scalars(cfg), graphable=True,
+                    scalars=beta_scalars(cfg), graphable=self.graphable,
                     validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))
