@@ -36,3 +36,22 @@ def test_a_bad_flag_is_refused_in_one_line(argv, flag, capsys):
         bench.main(["--device", "cpu"] + argv)
     err = capsys.readouterr().err.strip().splitlines()
     assert exit_.value.code == 2 and flag in err[-1]
+
+
+def test_on_cuda_both_paths_are_timed_and_the_captured_one_replays(capsys, monkeypatch):
+    """On the CUDA stand-in, with its graphs (tests/test_captured_step.py): a row has the eager and the captured
+    milliseconds, and the captured fits did capture and replay."""
+    import ucmfh.captured_step as captured_module
+    from cuda_standin import cuda_standin
+    from test_captured_step import StandinGraphs
+
+    StandinGraphs.log = []
+    monkeypatch.setattr(captured_module, "CudaGraphs", StandinGraphs)
+    with cuda_standin(monkeypatch):
+        bench.main(["--device", "cuda", "--n-bits", "16", "--width", "16", "--steps", "6", "--repeats", "1",
+                    "--only", "djsrh"])
+    header, row = capsys.readouterr().out.splitlines()
+    name, batch, eager, graph, ratio = row.split()
+    assert (name, batch) == ("djsrh", "32") and graph != "-"  # timed (wall-clock noise may make it any number)
+    float(eager), float(graph)
+    assert "capture" in StandinGraphs.log and "replay" in StandinGraphs.log
