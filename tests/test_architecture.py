@@ -51,7 +51,8 @@ def test_no_library_module_imports_click():
 
 # what a method can do, read by the library alone (ucmfh.methods.settings answers the front doors' questions:
 # the protocols it is scored under, its loss, the settings it has no use for)
-CAPABILITIES = ("leak_free", "takes_loss", "uses_fusion", "shares_fusion_options", "closed_form")
+CAPABILITIES = ("leak_free", "takes_loss", "uses_fusion", "shares_fusion_options", "closed_form", "graphable",
+                "eager_because")
 
 
 def test_the_front_doors_ask_the_library_not_the_registrys_flags():

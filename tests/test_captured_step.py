@@ -87,6 +87,12 @@ def test_every_method_trained_by_epochs_is_captured_above_or_says_why_not():
     graphable = {name for name in trained if METHODS[name].graphable}
     assert {method for method, _ in CAPTURED.values()} == graphable
     assert trained - graphable == {"ucch", "daeh"} and all(METHODS[name].eager_because for name in trained - graphable)
+    from ucmfh.methods.settings import captured_step
+
+    assert {name: captured_step(name) for name in METHODS} == {
+        name: None if METHODS[name].closed_form else "its step captured" if name in graphable
+        else f"eager ({METHODS[name].eager_because})" for name in METHODS}
+    assert captured_step("cca-itq") is None and captured_step("daeh").startswith("eager (on a GPU")
 
 
 def _expected_log(cfg, n_items, scalars):

@@ -23,7 +23,7 @@ from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, 
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset, validate_file
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 from ucmfh.methods import DEFAULT_METHOD, METHODS
-from ucmfh.methods.settings import default_loss, fusion_config, refuse_unused, stage_configs
+from ucmfh.methods.settings import captured_step, default_loss, fusion_config, refuse_unused, stage_configs
 from ucmfh.utils import resolve_device
 
 class Commands(click.Group):
@@ -120,9 +120,8 @@ def methods_cmd() -> None:
         click.echo(f"{'':<10} defaults: " + (", ".join(f"{k}={v}" for k, v in own.items()) + " (else as ucmfh)"
                                              if own else "UCMFH's (HashConfig's)")
                    + ("" if default_loss(name) is not None else "; a loss of its own"))
-        if not spec.closed_form:
-            click.echo(f"{'':<10} --cuda-graph: " + ("its step captured" if spec.graphable
-                                                     else f"eager ({spec.eager_because})"))
+        if captured_step(name) is not None:
+            click.echo(f"{'':<10} --cuda-graph: {captured_step(name)}")
 
 
 @main.command("losses")

@@ -148,6 +148,15 @@ def scored_protocols(method: str, protocols: Sequence[str] = PROTOCOLS) -> Tuple
     return ("unimodal",) if _method(method).leak_free else tuple(protocols)
 
 
+def captured_step(method: str) -> Optional[str]:
+    """What ``--cuda-graph`` does to a step of ``method``, in words: ``"its step captured"`` or ``"eager
+    (why)"``; None where it has no steps (fitted in closed form)."""
+    spec = _method(method)
+    if spec.closed_form:
+        return None
+    return "its step captured" if spec.graphable else f"eager ({spec.eager_because})"
+
+
 def default_loss(method: str) -> Optional[str]:
     """The loss ``method`` trains with unless given another; None where its loss is its own (a ``loss``
     given is refused)."""
