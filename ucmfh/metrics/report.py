@@ -16,7 +16,6 @@ from ucmfh.metrics.arguments import (
     as_tensors,
     check_ids,
 )
-from ucmfh.data.format import first_of_each_id
 from ucmfh.metrics.captions import DATABASES
 from ucmfh.metrics.captions import database as caption_database
 from ucmfh.metrics.radius import pr_curve_hamming
@@ -170,9 +169,9 @@ def evaluate_caption_codes(query_img: ArrayLike, query_txt: ArrayLike, query_ids
         raise ValueError("the collection database needs the retrieval split's codes and ids")
     query_img, query_txt, query_ids = as_tensors(query_img, query_txt, query_ids)
     queries = (query_img, query_txt, query_ids)
-    db = caption_database(database, queries, queries if retrieval is None else as_tensors(*retrieval))
-    first = torch.from_numpy(first_of_each_id(query_ids.cpu().numpy())).to(query_ids.device)
-    img, img_ids = query_img[first], query_ids[first]
+    test = caption_database("test", queries, queries)  # its images, once per id, are the image queries
+    db = test if database == "test" else caption_database(database, queries, as_tensors(*retrieval))
+    img, img_ids = test["img"], test["img_ids"]
     classes = query_ids.unique()
 
     def one_hot(ids: torch.Tensor) -> torch.Tensor:  # [N, ids of the query split]: "same id" as a shared label
@@ -183,7 +182,7 @@ def evaluate_caption_codes(query_img: ArrayLike, query_txt: ArrayLike, query_ids
                      "n_database": int(r.shape[0])}  # the P@K figure stops there
               for name, (q, r, q_ids, r_ids) in sides.items()}
     settings = _settings(options, query_txt.shape[0], db["txt"].shape[0])
-    settings.update(database=database, relevance="same id", n_query_img=int(len(first)),
+    settings.update(database=database, relevance="same id", n_query_img=int(len(img)),
                     n_database_img=int(db["img"].shape[0]))
     return {"settings": settings, **result}
 
