@@ -120,8 +120,9 @@ def methods_cmd() -> None:
         click.echo(f"{'':<10} defaults: " + (", ".join(f"{k}={v}" for k, v in own.items()) + " (else as ucmfh)"
                                              if own else "UCMFH's (HashConfig's)")
                    + ("" if default_loss(name) is not None else "; a loss of its own"))
-        if captured_step(name) is not None:
-            click.echo(f"{'':<10} --cuda-graph: {captured_step(name)}")
+        captured = captured_step(name)
+        if captured is not None:
+            click.echo(f"{'':<10} --cuda-graph: {captured}")
 
 
 @main.command("losses")
