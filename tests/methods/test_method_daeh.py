@@ -13,7 +13,7 @@ from scipy.stats import norm
 
 from ucmfh.methods import fit_hashing, hash_config
 from ucmfh.methods.daeh import (
-    DaehTeacher, batch_similarity, daeh_loss, distance_split, mutual_information, pair_loss,
+    DaehTeacher, batch_similarity, daeh_loss, distance_split, mutual_information, mutual_informations, pair_loss,
 )
 from ucmfh.evaluation import evaluate_hashing, random_codes_map
 
@@ -149,12 +149,21 @@ def test_batch_similarity_is_the_batch_block_of_the_released_matrix(features, al
     assert torch.allclose(got, torch.from_numpy(want)[index][:, index], atol=1e-9)
 
 
-def test_mutual_information_is_the_released_renyi_estimate():
-    g = torch.Generator().manual_seed(2)
-    s = torch.rand(12, 12, generator=g, dtype=torch.float64)
-    codes = torch.tanh(torch.randn(12, 8, generator=g, dtype=torch.float64))
-    want = ref_mutual_information(s.numpy(), codes.numpy())
-    assert float(mutual_information(s, codes)) == pytest.approx(want, rel=1e-8)
+@pytest.mark.parametrize("rows, n_bits, seed", [(12, 8, 2), (18, 64, 4), (18, 128, 5)])
+def test_mutual_information_is_the_released_renyi_estimate(features, rows, n_bits, seed):
+    """The closed form against the released eigenvalues (numpy's ``eigvals`` of the looped kernel): on rows of
+    any matrix, and on a batch's ``S`` with codes of DAEH's lengths."""
+    g = torch.Generator().manual_seed(seed)
+    if rows == 12:
+        s = torch.rand(12, 12, generator=g, dtype=torch.float64)
+    else:
+        img, txt = features
+        index = torch.randperm(60, generator=g)[:rows]
+        s = batch_similarity(img[index], txt[index], distance_split(img), distance_split(txt), 2.0, 2.0, 0.3)
+    codes = [torch.tanh(2.0 * torch.randn(rows, n_bits, generator=g, dtype=torch.float64)) for _ in range(2)]
+    want = [ref_mutual_information(s.numpy(), c.numpy()) for c in codes]
+    assert float(mutual_information(s, codes[0])) == pytest.approx(want[0], rel=1e-8)
+    assert mutual_informations(s, codes).tolist() == pytest.approx(want, rel=1e-8)
 
 
 def test_the_loss_is_the_released_objective(features):

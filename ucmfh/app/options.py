@@ -165,7 +165,7 @@ tensorboard_option = click.option(
 cuda_graph_option = click.option(
     "--cuda-graph", is_flag=True,
     help="On a GPU, capture a training step as a CUDA graph and replay it for each full batch (the fusion stage and "
-         "every method trained by epochs but ucch and daeh, as 'ucmfh methods' says; in memory, one process, --amp "
+         "every method trained by epochs but ucch, as 'ucmfh methods' says; in memory, one process, --amp "
          "none; other steps run as without it).")
 
 # what torch's generators take
