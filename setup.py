@@ -37,8 +37,8 @@ setup(
     ],
     extras_require={
         # the tests cover the optional pieces too (extraction, plots, training curves)
-        "test": ["pytest>=7", "transformers>=4.30", "pillow>=9", "matplotlib>=3.5", "tensorboard>=2.10"],
-        "plot": ["matplotlib>=3.5"],
+        "test": ["pytest>=7", "transformers>=4.30", "pillow>=9.1", "matplotlib>=3.5", "tensorboard>=2.10"],
+        "plot": ["matplotlib>=3.5", "pillow>=9.1"],
         # `--tensorboard DIR`: each epoch's loss, validation score, learning rate, beta and seconds
         "tensorboard": ["tensorboard>=2.10"],
         # `ucmfh search --backend faiss-ivf|faiss-hnsw` and the benchmarks; the metrics never import it

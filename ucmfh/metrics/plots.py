@@ -5,6 +5,7 @@ and only when a plot is drawn.
 """
 from __future__ import annotations
 
+import io
 import math
 import os
 from typing import Dict, List, Optional, Sequence, Tuple, Union
@@ -184,13 +185,29 @@ def figure_kind(path: str) -> str:
 
 def save_figure(fig, path: str) -> str:
     """Write ``fig`` to ``path`` atomically, as SVG or PNG by its suffix, with ucmfh's mark
-    (:data:`ucmfh.files.MARKS`: the PNG's Software chunk, the SVG's creator; no date, so it is reproducible)."""
+    (:data:`ucmfh.files.MARKS`: the PNG's Software chunk, the SVG's creator; no date, so it is reproducible).
+    A PNG is written with a palette of 256 colours (:func:`_palette_png`)."""
     with atomic_file(path) as tmp:
         if figure_kind(path) == "figure-svg":
             fig.savefig(tmp, format="svg", metadata={"Creator": "ucmfh", "Date": None})
         else:
-            fig.savefig(tmp, dpi=120, format="png", metadata={"Software": "ucmfh"})
+            rendered = io.BytesIO()
+            fig.savefig(rendered, dpi=120, format="png")
+            _palette_png(rendered, tmp)
     return path
+
+
+def _palette_png(rendered: io.BytesIO, path: str) -> None:
+    """matplotlib's PNG (``rendered``) again with a palette of its 256 commonest colours, not dithered: a
+    figure's flat colours and the anti-aliased edges of its lines, at a third of the size (figures are
+    committed to docs/), marked ``Software: ucmfh``."""
+    from PIL import Image, PngImagePlugin
+
+    image = Image.open(rendered).convert("RGB").quantize(256, method=Image.Quantize.MEDIANCUT,
+                                                         dither=Image.Dither.NONE)
+    info = PngImagePlugin.PngInfo()
+    info.add_text("Software", "ucmfh")
+    image.save(path, format="PNG", optimize=True, pnginfo=info)
 
 
 def _save(fig, plt, path: str) -> str:
