@@ -126,6 +126,9 @@ def test_figures_are_written_as_png_and_svg_with_ucmfh_s_mark(tmp_path):
         assert MARKS[kind] in head
         check_replaceable(path, kind)
     assert open(paths[0], "rb").read(8) == b"\x89PNG\r\n\x1a\n"
+    from PIL import Image
+
+    assert Image.open(paths[0]).mode == "P"  # a palette: a third of matplotlib's RGBA size (docs/ commits them)
     check_figure_paths(prefix, figures)  # ucmfh's own figures are written again
     (tmp_path / "out" / "fig_wiki_map_t2i.svg").write_text("<svg>mine</svg>")
     with pytest.raises(FileExistsError, match="^--plot .*fig_wiki_map_t2i.svg: exists and is not a figure"):

@@ -198,7 +198,7 @@ def save_figure(fig, path: str) -> str:
 
 
 def _palette_png(rendered: io.BytesIO, path: str) -> None:
-    """matplotlib's PNG (``rendered``) again with a palette of its 256 commonest colours, not dithered: a
+    """matplotlib's PNG (``rendered``) again with a palette of 256 colours (median cut), not dithered: a
     figure's flat colours and the anti-aliased edges of its lines, at a third of the size (figures are
     committed to docs/), marked ``Software: ucmfh``."""
     from PIL import Image, PngImagePlugin
