@@ -126,8 +126,9 @@ def test_a_captured_step_trains_the_eager_model_without_a_host_sync(tiny, monkey
         eager, eager_history = fit_hashing(tiny, cfg, copy.deepcopy(fusion), progress=False)
         with capture_steps():
             captured, captured_history = fit_hashing(tiny, cfg, copy.deepcopy(fusion), progress=False)
-    scalars = (lambda epoch, iteration: beta_at(cfg, iteration, epoch)) if method not in ("cirh", "dgcpn", "daeh") else (
-        lambda epoch, iteration: None)
+    no_beta = ("cirh", "dgcpn", "daeh")  # plans without scalars: one capture
+    scalars = (lambda epoch, iteration: None) if method in no_beta else (
+        lambda epoch, iteration: beta_at(cfg, iteration, epoch))
     expected = _expected_log(cfg, int(len(tiny.train) * 0.8), scalars)
     assert StandinGraphs.log == expected and expected.count("replay") > 0
     assert (expected.count("capture") > 1) == (case in ("djsrh", "jdsh", "two-tower, beta by iteration"))
