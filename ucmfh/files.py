@@ -275,8 +275,9 @@ def _rows_of_line(text: str) -> Optional[List[Dict[str, Any]]]:
 
 def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) -> List[Dict[str, Any]]:
     """The rows of a JSON-lines file ([] when it does not exist). Rows glued onto one line (appended to a
-    last line without its newline) are all read; a line that is not rows is skipped and said to
-    ``on_skip`` (default: a warning). A file that is not text is a ``ValueError`` naming it."""
+    last line without its newline) are all read; a later line that is not rows (an editor's, a killed
+    writer's) is skipped and said to ``on_skip`` (default: a warning). A file that is not text, or whose
+    first line is not rows (a text file of the user's, not results), is a ``ValueError`` naming it."""
     path = os.fspath(path)
     if not os.path.exists(path):
         return []
@@ -292,6 +293,8 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) 
             if not line:
                 continue
             found = _rows_of_line(line)
+            if found is None and not rows:
+                raise ValueError(f"{path}: is not a JSON-lines results file (line {number}: {_shown(line)})")
             if found is None:
                 message = f"{path}: line {number}: not a JSON row ({_shown(line)}); skipped"
                 if on_skip is None:

@@ -79,3 +79,13 @@ def test_history_plot_draws_the_epochs_the_checkpoint_holds(trained, tmp_path):
     assert (tmp_path / "mine_history.png").read_bytes() == b"my own picture"
     both = CliRunner().invoke(main, ["runs", "--history", row["checkpoint"], "--plot", prefix, "--json"])
     assert both.exit_code == 2 and "--plot does not go with --json" in both.output
+
+
+def test_a_run_neither_a_file_nor_findable_names_the_run_not_only_the_results_file(tmp_path):
+    """--history with a checkpoint path that does not exist, where no results file is either: the error
+    names the --history argument and the results file it would have looked the key up in."""
+    missing = tmp_path / "gone.pt"
+    result = CliRunner().invoke(main, ["runs", "--results", str(tmp_path / "r.jsonl"), "--history", str(missing)])
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == (
+        f"Error: Invalid value for --history: {missing}: no such checkpoint file, and no results file "
+        f"{tmp_path / 'r.jsonl'} to find a run key in"), result.output

@@ -139,7 +139,7 @@ def test_search_page_and_metrics_file_carry_their_mark(tmp_path):
 
 def test_results_are_appended_to_a_results_file_only(tmp_path, victim, tiny_path):
     """--results naming an HDF5 file: refused before the data are read, the file untouched; reading it as
-    results names the file; a text that is not JSON lines is refused too."""
+    results names the file; a text that is not JSON lines is refused too, written or read."""
     before = _md5(victim)
     result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "1", "-b", "8",
                                        "--out", str(tmp_path / "runs"), "--results", str(victim)])
@@ -152,6 +152,9 @@ def test_results_are_appended_to_a_results_file_only(tmp_path, victim, tiny_path
     notes.write_text("my notes\n")
     result = CliRunner().invoke(main, ["evaluate", "-d", tiny_path, "-c", "x.pt", "--results", str(notes)])
     assert result.exit_code == 2 and "(line 1: my notes)" in result.output and notes.read_text() == "my notes\n"
+    result = CliRunner().invoke(main, ["runs", "--results", str(notes)])  # read: the same, not "no runs match"
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == \
+        f"Error: {notes}: is not a JSON-lines results file (line 1: my notes)", result.output
     for command in (["runs"], ["compare", "jdsh", "two-tower"]):  # a folder where the results file is read
         result = CliRunner().invoke(main, [*command, "--results", str(tmp_path)])
         assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == \

@@ -336,6 +336,10 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
 
         pyplot()  # a missing matplotlib is said before anything is read
         check_outputs(folders={"--plot": os.path.dirname(os.path.abspath(plot))})
+    if history is not None and not os.path.isfile(history) and not all(map(os.path.exists, results)):
+        missing = next(path for path in results if not os.path.exists(path))
+        raise click.BadParameter(f"{history}: no such checkpoint file, and no results file {missing} to find a run "
+                                 "key in", param_hint="--history")
     rows = filter_rows(read_results(results, warn) if history is None or not os.path.isfile(history) else [],
                        dataset=dataset, method=method, loss=loss, n_bits=n_bits, protocol=protocol, seed=seed,
                        task=task)
