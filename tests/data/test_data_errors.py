@@ -72,10 +72,10 @@ def test_validate_float_ids(small_file):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["--n-classes", "0"], "n_classes must be at least 1, got 0"),
-    (["--d-img", "-3"], "d_img must be at least 1, got -3"),
-    (["--n-retrieval", "10", "--n-train", "20"], "n_train (20) must be at most n_retrieval (10)"),
-    (["--seed", "-1"], "seed must be >= 0, got -1"),
+    (["--n-classes", "0"], "Error: --n-classes must be at least 1, got 0"),  # the flag, not the spec's field
+    (["--d-img", "-3"], "Error: --d-img must be at least 1, got -3"),
+    (["--n-retrieval", "10", "--n-train", "20"], "Error: --n-train (20) must be at most --n-retrieval (10)"),
+    (["--seed", "-1"], "Error: --seed must be >= 0, got -1"),
 ])
 def test_make_synthetic_bad_sizes(tmp_path, args, message):
     user_error(["make-synthetic", tmp_path / "s.h5", *args], message)

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import sys
 from typing import Optional
 
@@ -67,7 +68,12 @@ def main(ctx: click.Context) -> None:
 def make_synthetic_cmd(out: str, overwrite: bool, **sizes: int) -> None:
     """Write a deterministic synthetic dataset (MIRFlickr-shaped by default) to OUT."""
     check_outputs({"OUT": out})
-    path = make_synthetic(out, SyntheticSpec(**sizes), overwrite=overwrite)
+    try:
+        spec = SyntheticSpec(**sizes)
+    except ValueError as err:  # the spec's field names, said as the flags that set them
+        message = re.sub(r"\b(\w+)\b", lambda m: f"--{m[1].replace('_', '-')}" if m[1] in sizes else m[1], str(err))
+        raise click.UsageError(message) from None
+    path = make_synthetic(out, spec, overwrite=overwrite)
     click.echo(f"wrote {path}")
 
 
