@@ -320,9 +320,11 @@ def test_train_seps_and_rerank_commands(tmp_path, token_path):
 
 
 def test_a_file_without_tokens_is_one_clear_line(tmp_path, tiny_path):
-    out = CliRunner().invoke(main, ["train-seps", "-d", tiny_path, "--quiet", "--out", str(tmp_path)])
+    """Said before the run starts: no 'training …' line, no run folder or lock left under --out."""
+    out = CliRunner().invoke(main, ["train-seps", "-d", tiny_path, "--quiet", "--out", str(tmp_path / "runs")])
     assert out.exit_code == 2
     assert "no token features" in out.output and "Traceback" not in out.output
+    assert "training" not in out.output and not (tmp_path / "runs").exists(), out.output
 
 
 def test_leaking_dense_text_is_labelled_in_every_row(tmp_path):

@@ -17,7 +17,7 @@ from ucmfh.app.stage import Log, Stage, reuse_or_fit
 from ucmfh.checkpoint import load_model, load_seps, save_seps
 from ucmfh.config import SepsConfig, identity_dict
 from ucmfh.data.h5 import Dataset
-from ucmfh.data.tokens import Tokens
+from ucmfh.data.tokens import Tokens, check_has_tokens
 from ucmfh.distributed import current_group
 from ucmfh.methods.settings import scored_protocols
 from ucmfh.metrics.captions import DATABASES
@@ -61,6 +61,7 @@ def train_seps_stage(data: Dataset, cfg: SepsConfig, opts: RunOptions, names: Se
                      log: Log = print) -> List[Dict[str, Any]]:
     """Train SEPS on ``data``'s training split (reused when saved with the same identity), then score
     every pair of each database in ``names``."""
+    check_has_tokens(data.path)  # before the run's folder, its lock and its log line
     paths = seps_paths(opts.out, dataset_identity(data), cfg)
     path, identity = paths["checkpoint"], paths["identity"]
 

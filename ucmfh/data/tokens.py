@@ -155,6 +155,21 @@ def check_token_splits(path: str, present: Dict[str, List[str]]) -> None:
                                                     "either every split has it or none")
 
 
+def require_tokens(path: str, group: h5py.Group, split: str) -> None:
+    """A ``DataError`` naming the file and split unless ``group`` (that split) holds token features."""
+    missing = [name for name in (IMAGE_TOKENS, "text_tokens", "text_offsets") if name not in group]
+    if missing:
+        raise DataError(f"{path}: /{split}: no token features ({', '.join(missing)} missing; "
+                        "docs/reference.md §9, `ucmfh extract --tokens` writes them)")
+
+
+def check_has_tokens(path: str, splits=SPLITS) -> None:
+    """Say before any work starts, as :class:`Tokens` would on opening, that a file lacks token features."""
+    with h5py.File(path, "r") as f:
+        for split in splits:
+            require_tokens(path, f[split], split)
+
+
 class Tokens:
     """Reads one split's tokens by item, lazily.
 
@@ -172,10 +187,7 @@ class Tokens:
         self.path, self.split = os.fspath(path), split
         self._file = h5py.File(self.path, "r")
         group = self._file[split]
-        missing = [name for name in (IMAGE_TOKENS, "text_tokens", "text_offsets") if name not in group]
-        if missing:
-            raise DataError(f"{self.path}: /{split}: no token features ({', '.join(missing)} missing; "
-                            "docs/reference.md §9, `ucmfh extract --tokens` writes them)")
+        require_tokens(self.path, group, split)
         self._group = group
         self.n_items = group[IMAGE_TOKENS].shape[0]
         self.ids = (group["ids"][()] if "ids" in group else np.arange(self.n_items)).astype(np.int64)
