@@ -94,6 +94,11 @@ def test_a_caption_set_has_a_figure_for_each_recall_and_rsum_with_the_summary_s_
         assert line["mean"] == pytest.approx(expected)
         assert figure["reference"] == ({"n_bits": [16, 64], "mean": [2.5, 2.5]} if field == "rsum" else None)
     assert figures["r5_t2i"]["ylabel"] == "R@5 T→I (%)" and figures["rsum"]["name"] == "f8k_rsum_test"
+    # the title names what every point shares: the protocol, tie-aware, the database
+    assert figures["rsum"]["title"].splitlines()[1] == "f8k, unimodal, tie-aware, database test"
+    plain = {f["field"]: f for f in length_figures(summarize(
+        [{**r, "protocol": p, "rsum_expected": None} for r in rows for p in ("unimodal", "fused")]))}
+    assert plain["rsum"]["title"].splitlines()[1] == "f8k, database test"  # lines told apart by protocol
 
 
 def test_the_legend_lists_the_lines_as_they_end_on_the_right():

@@ -103,7 +103,13 @@ def _figure(dataset: str, trained: Optional[str], database: Optional[str], field
         "n_bits": sorted(random), "mean": [sum(random[b]) / len(random[b]) for b in sorted(random)]}
     ks = {e.get("k") for e, _ in entries}
     ylabel = label.format(k=ks.pop() if len(ks) == 1 and None not in ks else "k")
-    where = dataset + (f" (trained on {trained})" if trained else "") + (f", database {database}" if database else "")
+    # what every line shares is said once, in the title: the protocol, and tie-aware figures (the mean over
+    # every order of tied items) where each point is one
+    protocols = {e.get("protocol") for e, _ in entries}
+    shared = [*(protocols if len(protocols) == 1 and None not in protocols else ()),
+              *(["tie-aware"] if all(s.endswith("_expected") for _, s in entries) else [])]
+    where = ", ".join([dataset + (f" (trained on {trained})" if trained else ""), *shared,
+                       *([f"database {database}"] if database else [])])
     name = "_".join(safe_name(p) for p in (dataset, *([f"from-{trained}"] if trained else []), field,
                                             *([database] if database else [])))
     return {"name": name, "dataset": dataset, "trained_on": trained, "database": database, "field": field,
