@@ -72,7 +72,9 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
     out = tmp_path / "ix"
     assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", str(out), "--quiet"]).exit_code == 0
     np.save(tmp_path / "bad.npy", np.ones((2, 5), dtype=np.float32))
+    (tmp_path / "queries.txt").write_text("a dog on a beach\n")
     cases = [
+        (["search", str(out), "-q", str(tmp_path / "queries.txt")], "queries.txt: neither an .npy file nor an HDF5"),
         (["search", str(out), "-q", tiny_path, "-k", "0"], "-k"),
         (["search", str(tmp_path / "nope"), "-q", tiny_path], "no such index folder"),
         (["search", str(out), "-q", str(tmp_path / "nope.h5")], "nope.h5: no such query file"),

@@ -224,10 +224,12 @@ def _parse_ids(ids: Optional[str]) -> Optional[Tuple[int, ...]]:
 
 def _default_query_modality(path: str, split: Optional[str], searched: str) -> Optional[str]:
     """The file's only modality; with both, the one not searched (a cross-modal query)."""
+    import h5py
+
     from ucmfh.search.collection import open_collection
 
-    if not os.path.exists(path):
-        return None  # read_queries names the missing file
+    if not os.path.isfile(path) or not h5py.is_hdf5(path):
+        return None  # read_queries names the missing file, or what it is not
     coll = open_collection(path, [split] if split else None)
     both = coll.has("image") and coll.has("text")
     if not both:

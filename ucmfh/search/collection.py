@@ -253,6 +253,9 @@ def read_queries(
             modality = fits[0]
         check_finite(x.astype(np.float32), path)
         return Queries(modality, x.astype(np.float32), path)
+    if os.path.isfile(path) and not h5py.is_hdf5(path):  # a text, an .npz, an .npy under another name
+        raise DataError(f"{path}: neither an .npy file nor an HDF5 file (query features are an .npy [Q, d], or an "
+                        "HDF5 collection or dataset file)")
     coll = open_collection(path, [split] if split else None)
     if split is None and coll.groups != ["/"]:  # a dataset file: its query split
         coll = open_collection(path, ["query"])
