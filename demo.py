@@ -25,15 +25,29 @@ from ucmfh.methods import stage_configs
 from ucmfh.utils import resolve_device
 
 
+def _in_range(kind, low, high=None):
+    """An argparse type: ``kind`` of the value, within [low, high]; argparse names the flag on an error."""
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+        if value < low or (high is not None and value > high):
+            raise argparse.ArgumentTypeError(f"must be at least {low}, got {text}" if high is None else
+                                             f"must be in [{low}, {high}], got {text}")
+        return value
+    return parse
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", type=int, choices=[0, 1, 2, 3], default=1,
                    help="0 train fusion, 1 train hashing, 2 evaluate fusion, 3 evaluate hashing")
     p.add_argument("--dataset", default="synthetic", help="NAME (DATA_DIR/NAME.h5) or path to an .h5 file")
     p.add_argument("--data-dir", default=default_data_dir(), help="folder of NAME.h5 files (default $UCMFH_DATA_DIR or data)")
-    p.add_argument("--hash_lens", type=int, default=HashConfig.n_bits, help="code length in bits (8..256)")
-    p.add_argument("--epoch", type=int, default=None, help="epochs (default: the reference's for known datasets, else 100)")
-    p.add_argument("--batch_size", type=int, default=FusionConfig.batch_size)
+    p.add_argument("--hash_lens", type=_in_range(int, 8, 256), default=HashConfig.n_bits, help="code length in bits (8..256)")
+    p.add_argument("--epoch", type=_in_range(int, 1), default=None, help="epochs (default: the reference's for known datasets, else 100)")
+    p.add_argument("--batch_size", type=_in_range(int, 2), default=FusionConfig.batch_size)
     p.add_argument("--loss", default=FusionConfig.loss, choices=sorted(LOSSES))
     p.add_argument("--seed", type=int, default=FusionConfig.seed)
     p.add_argument("--protocol", choices=["both", *PROTOCOLS], default="both")
@@ -41,7 +55,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default="runs", help="root folder of runs (checkpoints)")
     p.add_argument("--results", default=DEFAULT_RESULTS, help="JSON-lines file results are appended to")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run of the same settings")
-    p.add_argument("--save-interval", type=float, default=RunOptions.save_interval,
+    p.add_argument("--save-interval", type=_in_range(float, 0), default=RunOptions.save_interval,
                    help="seconds between saves of the training state (0: every epoch)")
     p.add_argument("--cuda_graph", action="store_true",
                    help="on a GPU, replay each full batch's training step from a captured CUDA graph")

@@ -1,6 +1,7 @@
 """The front doors end to end on a tiny synthetic file: ``ucmfh`` and ``demo.py``."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import subprocess
@@ -92,6 +93,24 @@ def test_demo_tasks_0_to_3(tmp_path):
     # task 3 found the checkpoint task 1 wrote: the same MAP
     assert (rows[7]["map_i2t"], rows[7]["map_t2i"]) == (rows[3]["map_i2t"], rows[3]["map_t2i"])
 
+
+
+@pytest.mark.parametrize("argv, says", [
+    (["--hash_lens", "7"], "argument --hash_lens: must be in [8, 256], got 7"),
+    (["--epoch", "0"], "argument --epoch: must be at least 1, got 0"),
+    (["--batch_size", "1"], "argument --batch_size: must be at least 2, got 1"),
+    (["--save-interval", "-1"], "argument --save-interval: must be at least 0, got -1"),
+    (["--epoch", "ten"], "argument --epoch: expected an integer, got 'ten'"),
+])
+def test_demo_names_the_flag_of_a_bad_value(capsys, argv, says):
+    """demo.py's flags are UCMFH's (--hash_lens, --epoch): a bad value is said by its flag, before any work,
+    not by the setting it feeds (n_bits, epochs)."""
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    with pytest.raises(SystemExit) as ended:
+        demo.parse_args(argv)
+    assert ended.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(f": error: {says}")
 
 
 @click.command("crash")
