@@ -155,6 +155,12 @@ def test_compare_says_what_is_missing(tmp_path, tiny_path):
     absent = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results)])
     assert absent.exit_code == 2 and "no cell has rows of both cca-itq and two-tower" in absent.output
     assert "methods there: cca-itq" in absent.output
+    # a selection that leaves no row: said as such, with what the file holds (not "methods there: none")
+    dataset = rows[0]["dataset"]
+    unselected = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "--seed", "7"])
+    assert unselected.exit_code == 2 and unselected.output.strip().splitlines()[-1] == (
+        f"Error: {results}: no hashing rows match -d/-b/--protocol/--seed (there: datasets {dataset}; code lengths 16; "
+        "protocols unimodal; seeds 2023)"), unselected.output
     same = runner.invoke(main, ["compare", "cca-itq", "cca-itq", "--results", str(results)])
     assert same.exit_code == 2 and "two different methods" in same.output
     # a row from before per-query scores were kept: named, with the command that writes them

@@ -177,8 +177,15 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     if pool and len(set(dataset)) < 2:
         raise UserError("--pool: name the query draws to pool with -d, at least two (a results file may hold "
                         "unrelated datasets)")
-    rows = latest(filter_rows(read_results(results, warn), dataset=dataset, n_bits=n_bits, protocol=protocol, seed=seed,
-                              task=("hashing",)))
+    found = [r for r in read_results(results, warn) if r.get("task") == "hashing"]
+    rows = latest(filter_rows(found, dataset=dataset, n_bits=n_bits, protocol=protocol, seed=seed))
+    if not rows:  # the selection, not the methods, left nothing: say what the file holds
+        held = {name: [str(v) for v in sorted({r.get(key) for r in found}, key=lambda v: (
+                    v is None, isinstance(v, str), v if isinstance(v, (int, float)) else str(v)))] for name, key in
+                (("datasets", "dataset"), ("code lengths", "n_bits"), ("protocols", "protocol"), ("seeds", "seed"))}
+        raise UserError(f"{', '.join(results)}: no hashing rows match -d/-b/--protocol/--seed (there: "
+                        + ("; ".join(f"{name} {', '.join(values)}" for name, values in held.items())
+                           if found else "no hashing rows") + ")")
     shared = cells(rows, base, other, pool)
     if not shared:
         present = sorted({variant_of(r) for r in rows})
