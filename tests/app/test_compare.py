@@ -159,8 +159,8 @@ def test_compare_says_what_is_missing(tmp_path, tiny_path):
     dataset = rows[0]["dataset"]
     unselected = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "--seed", "7"])
     assert unselected.exit_code == 2 and unselected.output.strip().splitlines()[-1] == (
-        f"Error: {results}: no hashing rows match -d/-b/--protocol/--seed (there: datasets {dataset}; code lengths 16; "
-        "protocols unimodal; seeds 2023)"), unselected.output
+        f"Error: {results}: no hashing rows match -d/-b/--protocol/--seed (there: tasks hashing; datasets {dataset}; "
+        "methods cca-itq; code lengths 16; protocols unimodal; seeds 2023)"), unselected.output
     same = runner.invoke(main, ["compare", "cca-itq", "cca-itq", "--results", str(results)])
     assert same.exit_code == 2 and "two different methods" in same.output
     # a row from before per-query scores were kept: named, with the command that writes them

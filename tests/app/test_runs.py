@@ -276,6 +276,11 @@ def test_runs_summarises_over_seeds(tmp_path):
     assert "0.6000 ± 0.1000" in result.output and "fusion.epochs=9" in result.output
     result = CliRunner().invoke(main, ["runs", "--results", str(tmp_path / "none.jsonl")])
     assert result.exit_code == 2 and "no such results file" in result.output
+    # a selection that matches nothing: what the file holds, so the right filter can be given
+    result = CliRunner().invoke(main, ["runs", "--results", str(path), "-b", "64", "--seed", "9"])
+    assert result.exit_code == 0 and result.output.strip() == (
+        f"no runs match the selection; {path} holds: tasks hashing; datasets d; methods ucmfh; code lengths 16; "
+        "protocols unimodal; seeds 1, 2, 3"), result.output
     # grids run side by side keep a file each: the files are read as one, a seed's group spans them
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     append_jsonl(first, rows[:2])

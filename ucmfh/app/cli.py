@@ -331,7 +331,7 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
 def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_json, checkpoint, plot,
              overwrite, history) -> None:
     """Summarise past runs from results files: mean ± std over seeds, one line per setting."""
-    from ucmfh.app.runs import filter_rows, format_summary, read_results, summarize, the_checkpoint
+    from ucmfh.app.runs import filter_rows, format_summary, held_by, read_results, summarize, the_checkpoint
 
     if plot is not None and (as_json or checkpoint):
         raise click.UsageError(f"--plot does not go with {'--json' if as_json else '--checkpoint'}")
@@ -346,8 +346,8 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
         missing = next(path for path in results if not os.path.exists(path))
         raise click.BadParameter(f"{history}: no such checkpoint file, and no results file {missing} to find a run "
                                  "key in", param_hint="--history")
-    rows = filter_rows(read_results(results, warn) if history is None or not os.path.isfile(history) else [],
-                       dataset=dataset, method=method, loss=loss, n_bits=n_bits, protocol=protocol, seed=seed,
+    found = read_results(results, warn) if history is None or not os.path.isfile(history) else []
+    rows = filter_rows(found, dataset=dataset, method=method, loss=loss, n_bits=n_bits, protocol=protocol, seed=seed,
                        task=task)
     if history is not None:
         from ucmfh.app.history import draw_history, format_history, history_figure, history_of, history_paths, history_rows
@@ -386,6 +386,8 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
     if as_json:
         for g in groups:
             click.echo(json.dumps(g, sort_keys=True))
+    elif not groups and found:  # the selection left nothing: what would match
+        click.echo(f"no runs match the selection; {', '.join(results)} holds: {held_by(found)}")
     else:
         click.echo(format_summary(groups))
 

@@ -21,7 +21,7 @@ import numpy as np
 from ucmfh.app.errors import UserError, user_errors, warn
 from ucmfh.app.options import results_to_read
 from ucmfh.app.per_query import load_per_query
-from ucmfh.app.runs import filter_rows, latest, read_results, seed_of, settings_key, variant_of
+from ucmfh.app.runs import filter_rows, held_by, latest, read_results, seed_of, settings_key, variant_of
 from ucmfh.config import PROTOCOLS
 from ucmfh.metrics.intervals import RESAMPLES, paired_bootstrap, verdict
 
@@ -180,12 +180,8 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     found = [r for r in read_results(results, warn) if r.get("task") == "hashing"]
     rows = latest(filter_rows(found, dataset=dataset, n_bits=n_bits, protocol=protocol, seed=seed))
     if not rows:  # the selection, not the methods, left nothing: say what the file holds
-        held = {name: [str(v) for v in sorted({r.get(key) for r in found}, key=lambda v: (
-                    v is None, isinstance(v, str), v if isinstance(v, (int, float)) else str(v)))] for name, key in
-                (("datasets", "dataset"), ("code lengths", "n_bits"), ("protocols", "protocol"), ("seeds", "seed"))}
         raise UserError(f"{', '.join(results)}: no hashing rows match -d/-b/--protocol/--seed (there: "
-                        + ("; ".join(f"{name} {', '.join(values)}" for name, values in held.items())
-                           if found else "no hashing rows") + ")")
+                        f"{held_by(found)})")
     shared = cells(rows, base, other, pool)
     if not shared:
         present = sorted({variant_of(r) for r in rows})

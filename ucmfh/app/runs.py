@@ -15,7 +15,7 @@ import json
 import os
 import statistics
 import warnings
-from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ucmfh.app.identity import key_of
 from ucmfh.files import read_jsonl
@@ -122,6 +122,23 @@ def filter_rows(
             if _matches(r.get("dataset"), dataset) and _matches(method_of(r), method) and _matches(r.get("task"), task)
             and _matches(r.get("loss"), loss) and _matches(r.get("n_bits"), n_bits)
             and _matches(seed_of(r), seed) and (protocol is None or r.get("protocol") == protocol)]
+
+
+def held_by(rows: Iterable[Dict[str, Any]]) -> str:
+    """What rows hold, for a message where a selection left none: their tasks, datasets, methods, code lengths,
+    protocols and seeds, each sorted (numbers as numbers), e.g. ``datasets wiki; methods cca-itq; ...``."""
+    rows = list(rows)
+    if not rows:
+        return "no rows"
+
+    def order(value: Any) -> Tuple[Any, ...]:
+        return (value is None, isinstance(value, str), value if isinstance(value, (int, float)) else str(value))
+
+    fields = (("tasks", lambda r: r.get("task")), ("datasets", lambda r: r.get("dataset")), ("methods", method_of),
+              ("code lengths", lambda r: r.get("n_bits")), ("protocols", lambda r: r.get("protocol")),
+              ("seeds", seed_of))
+    return "; ".join(f"{name} " + ", ".join(str(v) for v in sorted({value(r) for r in rows}, key=order))
+                     for name, value in fields)
 
 
 def the_checkpoint(rows: Iterable[Dict[str, Any]], where: str) -> str:
