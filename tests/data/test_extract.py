@@ -363,6 +363,8 @@ def test_extract_bad_inputs(tmp_path, extract_inputs, tiny_clip):
                "empty.txt: empty image list")
     user_error(["extract", imgs, caps, labels, out, "--query", "1", "--train", "2", "--device", "nonsense"],
                "device 'nonsense'")
+    user_error(["extract", imgs, caps, labels, out, "--query", "1"],  # no split: said by its flags
+               "give the split: --standard-split NAME, or both --query and --train")
     (tmp_path / "o.h5.parts").write_text("a file where the scratch folder goes")
     user_error(["extract", imgs, caps, labels, out, "--query", "1", "--train", "2", "--device", "cpu",
                 "--model", tiny_clip], "o.h5: cannot create the folder", "o.h5.parts")

@@ -20,6 +20,16 @@ from ucmfh.data.scratch import parse_shard
 from ucmfh.data.splits import DEFAULT_SEED, STANDARD_SPLITS, resolve_sizes
 
 
+def _split_sizes(standard_split, query, train, retrieval):
+    """The split's sizes from the split options, an error naming them where they give none."""
+    if standard_split is None and (query is None or train is None):
+        raise click.UsageError("give the split: --standard-split NAME, or both --query and --train")
+    try:
+        return resolve_sizes(standard_split, query, train, retrieval)
+    except ValueError as err:
+        raise click.UsageError(str(err)) from None
+
+
 def _summary(report: ConvertReport) -> None:
     rows = ", ".join(f"{s} {n}" for s, n in report.rows.items())
     dropped = sum(report.dropped.values())
@@ -87,10 +97,7 @@ def _arrays_command(kind: str, help_text: str):
         check_outputs({"OUT": out})
         sizes = None
         if split_index is None:
-            try:
-                sizes = resolve_sizes(standard_split, query, train, retrieval)
-            except ValueError as err:
-                raise click.UsageError(str(err)) from None
+            sizes = _split_sizes(standard_split, query, train, retrieval)
         elif standard_split or query or train or retrieval:
             raise click.UsageError("--split-index gives the split; drop --standard-split/--query/--train/--retrieval")
         _summary(convert_arrays(
@@ -130,7 +137,7 @@ _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with
 @click.option("--keep-scratch", is_flag=True, help="Keep OUT.parts/ after success.")
 @click.option("--restart", is_flag=True, help="Discard finished chunks in OUT.parts/ and start over.")
 @click.option("--shard", metavar="I/N",
-              help="Compute only shard I of N (chunks c with c %% N == I) into OUT.parts/, then stop; under "
+              help="Compute only shard I of N (chunks c with c % N == I) into OUT.parts/, then stop; under "
                    "torchrun the ranks are the shards and rank 0 merges.")
 @click.option("--merge", is_flag=True, help="Write OUT from the chunks the shards finished; computes none.")
 @click.option("--standard-split", type=click.Choice(sorted(STANDARD_SPLITS)), help="Standard split sizes (in images).")
@@ -150,8 +157,8 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
             empty_labels, overwrite):
     """CLIP features of IMAGES (folder or list file) and CAPTIONS (TSV/JSON), LABELS (TSV/JSON) -> OUT.
 
-    Sharded (docs/data.md): run ``--shard I/N`` for every I (any machines sharing OUT.parts/), then
-    ``--merge``; or ``torchrun --nproc-per-node N -m ucmfh extract ...``.
+    Sharded (docs/data.md): run '--shard I/N' for every I (any machines sharing OUT.parts/), then
+    '--merge'; or 'torchrun --nproc-per-node N -m ucmfh extract ...'.
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     check_outputs({"OUT": out})
@@ -167,7 +174,7 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
         if restart and (shard_of or merge):
             raise ValueError("--restart would discard the chunks of every shard; delete OUT.parts/ yourself to "
                              "start the shards over")
-        sizes = resolve_sizes(standard_split, query, train, retrieval)
+        sizes = _split_sizes(standard_split, query, train, retrieval)
         config = ExtractConfig(model=model, batch_size=batch_size, chunk_items=chunk_items, device=device,
                                normalize=normalize, bad_images=bad_images, workers=workers,
                                keep_scratch=keep_scratch, tokens=tokens)
