@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -495,3 +496,26 @@ def test_temperatures_from_the_command_line_one_or_several():
     assert hash_config("two-tower", method_params={"temperatures": 0.2}).method_params["temperatures"] == "0.2"
     with pytest.raises(ValueError, match="parameter 'temperatures' must be a str"):
         hash_config("two-tower", method_params={"temperatures": True})
+
+
+def test_methods_lists_each_method_s_departures_and_what_it_fixes():
+    """``ucmfh methods``: each method's defaults are its departures from HashConfig (a fixed setting equal to
+    HashConfig's is not repeated among them) and a closed-form method names the settings it fixes."""
+    from ucmfh.config import HashConfig
+
+    out = CliRunner().invoke(main, ["methods"]).output
+    blocks = {}
+    for line in out.splitlines():
+        if not line.startswith(" "):
+            name = line.split()[0]
+        blocks.setdefault(name, []).append(line.strip())
+    assert sorted(blocks) == sorted(METHODS)
+    for name, spec in METHODS.items():
+        [defaults] = [line for line in blocks[name] if line.startswith("defaults: ")]
+        base = vars(HashConfig())
+        expected = {**spec.defaults, **{k: v for k, v in spec.fixed.items() if base[k] != v}}
+        assert re.findall(r"(\w+)=", defaults) == list(expected), name
+        assert all(f"{k}={v}" in defaults for k, v in expected.items()), name
+        fixed = [line for line in blocks[name] if line.startswith("fixed whatever is asked: ")]
+        assert fixed == ([f"fixed whatever is asked: {', '.join(spec.fixed)}"] if spec.fixed else []), name
+    assert "defaults: hidden=0, epochs=1 (else as ucmfh)" in "\n".join(blocks["cca-itq"])

@@ -122,10 +122,13 @@ def methods_cmd() -> None:
         click.echo(f"{name:<10} {spec.description}")
         if spec.params:
             click.echo(f"{'':<10} parameters: " + ", ".join(f"{k}={v}" for k, v in spec.params.items()))
-        own = {**spec.defaults, **spec.fixed}
+        base = vars(HashConfig())  # what a method's own values depart from: a fixed one equal to it is no news
+        own = {**spec.defaults, **{k: v for k, v in spec.fixed.items() if base.get(k) != v}}
         click.echo(f"{'':<10} defaults: " + (", ".join(f"{k}={v}" for k, v in own.items()) + " (else as ucmfh)"
                                              if own else "UCMFH's (HashConfig's)")
                    + ("" if default_loss(name) is not None else "; a loss of its own"))
+        if spec.fixed:
+            click.echo(f"{'':<10} fixed whatever is asked: {', '.join(spec.fixed)}")
         captured = captured_step(name)
         if captured is not None:
             click.echo(f"{'':<10} --cuda-graph: {captured}")
