@@ -45,8 +45,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="0 train fusion, 1 train hashing, 2 evaluate fusion, 3 evaluate hashing")
     p.add_argument("--dataset", default="synthetic", help="NAME (DATA_DIR/NAME.h5) or path to an .h5 file")
     p.add_argument("--data-dir", default=default_data_dir(), help="folder of NAME.h5 files (default $UCMFH_DATA_DIR or data)")
-    p.add_argument("--hash_lens", type=_in_range(int, 8, 256), default=HashConfig.n_bits, help="code length in bits (8..256)")
-    p.add_argument("--epoch", type=_in_range(int, 1), default=None, help="epochs (default: the reference's for known datasets, else 100)")
+    p.add_argument("--hash_lens", type=_in_range(int, 8, 256), default=HashConfig.n_bits,
+                   help="code length in bits (8..256)")
+    p.add_argument("--epoch", type=_in_range(int, 1), default=None,
+                   help="epochs (default: the reference's for known datasets, else 100)")
     p.add_argument("--batch_size", type=_in_range(int, 2), default=FusionConfig.batch_size)
     p.add_argument("--loss", default=FusionConfig.loss, choices=sorted(LOSSES))
     p.add_argument("--seed", type=int, default=FusionConfig.seed)
