@@ -18,25 +18,29 @@ from ucmfh.app.stage import check_interrupted, saved_epochs
 from ucmfh.app.options import DEFAULT_RESULTS
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
-from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
+from ucmfh.config import NON_NEGATIVE, PROTOCOLS, SETTINGS, FusionConfig, HashConfig, Range
 from ucmfh.data.h5 import load_dataset
 from ucmfh.losses import LOSSES
 from ucmfh.methods import stage_configs
 from ucmfh.utils import resolve_device
 
 
-def _in_range(kind, low, high=None):
-    """An argparse type: ``kind`` of the value, within [low, high]; argparse names the flag on an error."""
+def _in_range(kind, allowed: Range):
+    """An argparse type: ``kind`` of the value, in the setting's range (:data:`ucmfh.config.SETTINGS`); argparse
+    names the flag on an error."""
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
-        if value < low or (high is not None and value > high):
-            raise argparse.ArgumentTypeError(f"must be at least {low}, got {text}" if high is None else
-                                             f"must be in [{low}, {high}], got {text}")
+        if value not in allowed:
+            raise argparse.ArgumentTypeError(f"must be at least {allowed.low}, got {text}" if allowed.high is None else
+                                             f"must be in [{allowed.low}, {allowed.high}], got {text}")
         return value
     return parse
+
+
+_HASH = SETTINGS[HashConfig]  # each setting's range: the flags below refuse what the config would
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -45,11 +49,11 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="0 train fusion, 1 train hashing, 2 evaluate fusion, 3 evaluate hashing")
     p.add_argument("--dataset", default="synthetic", help="NAME (DATA_DIR/NAME.h5) or path to an .h5 file")
     p.add_argument("--data-dir", default=default_data_dir(), help="folder of NAME.h5 files (default $UCMFH_DATA_DIR or data)")
-    p.add_argument("--hash_lens", type=_in_range(int, 8, 256), default=HashConfig.n_bits,
+    p.add_argument("--hash_lens", type=_in_range(int, _HASH["n_bits"]), default=HashConfig.n_bits,
                    help="code length in bits (8..256)")
-    p.add_argument("--epoch", type=_in_range(int, 1), default=None,
+    p.add_argument("--epoch", type=_in_range(int, _HASH["epochs"]), default=None,
                    help="epochs (default: the reference's for known datasets, else 100)")
-    p.add_argument("--batch_size", type=_in_range(int, 2), default=FusionConfig.batch_size)
+    p.add_argument("--batch_size", type=_in_range(int, _HASH["batch_size"]), default=FusionConfig.batch_size)
     p.add_argument("--loss", default=FusionConfig.loss, choices=sorted(LOSSES))
     p.add_argument("--seed", type=int, default=FusionConfig.seed)
     p.add_argument("--protocol", choices=["both", *PROTOCOLS], default="both")
@@ -57,7 +61,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--out", default="runs", help="root folder of runs (checkpoints)")
     p.add_argument("--results", default=DEFAULT_RESULTS, help="JSON-lines file results are appended to")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run of the same settings")
-    p.add_argument("--save-interval", type=_in_range(float, 0), default=RunOptions.save_interval,
+    p.add_argument("--save-interval", type=_in_range(float, NON_NEGATIVE), default=RunOptions.save_interval,
                    help="seconds between saves of the training state (0: every epoch)")
     p.add_argument("--cuda_graph", action="store_true",
                    help="on a GPU, replay each full batch's training step from a captured CUDA graph")

@@ -20,7 +20,7 @@ from ucmfh.app.outputs import check_figures, check_outputs
 from ucmfh.app.options import (
     check_device, data_options, resolved, results_to_read, run_options, settings_of, train_options,
 )
-from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig
+from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig, SettingError
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset, validate_file
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 from ucmfh.methods import DEFAULT_METHOD, METHODS
@@ -70,8 +70,10 @@ def make_synthetic_cmd(out: str, overwrite: bool, **sizes: int) -> None:
     check_outputs({"OUT": out})
     try:
         spec = SyntheticSpec(**sizes)
-    except ValueError as err:  # the spec's field names, said as the flags that set them
-        message = re.sub(r"\b(\w+)\b", lambda m: f"--{m[1].replace('_', '-')}" if m[1] in sizes else m[1], str(err))
+    except SettingError as err:  # the settings refused, said as the flags that set them
+        message = str(err)
+        for name in (name for name in err.settings if name in sizes):  # the command's own options only
+            message = re.sub(rf"\b{name}\b", "--" + name.replace("_", "-"), message)
         raise click.UsageError(message) from None
     path = make_synthetic(out, spec, overwrite=overwrite)
     click.echo(f"wrote {path}")

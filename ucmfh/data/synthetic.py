@@ -16,6 +16,7 @@ from typing import Dict
 
 import numpy as np
 
+from ucmfh.config import SettingError
 from ucmfh.data.h5 import PathLike
 from ucmfh.data.writer import write_dataset
 
@@ -47,16 +48,16 @@ class SyntheticSpec:
             value = getattr(self, f.name)
             if f.type in ("int", int):
                 if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-                    raise ValueError(f"{f.name} must be an integer, got {value!r}")
+                    raise SettingError(f.name, f"{f.name} must be an integer, got {value!r}")
                 if f.name != "seed" and value < 1:
-                    raise ValueError(f"{f.name} must be at least 1, got {value}")
+                    raise SettingError(f.name, f"{f.name} must be at least 1, got {value}")
             elif isinstance(value, bool) or not isinstance(value, (int, float, np.number)) or not math.isfinite(value):
-                raise ValueError(f"{f.name} must be a finite number, got {value!r}")
+                raise SettingError(f.name, f"{f.name} must be a finite number, got {value!r}")
             if value < 0:
-                raise ValueError(f"{f.name} must be >= 0, got {value}")
+                raise SettingError(f.name, f"{f.name} must be >= 0, got {value}")
         if self.n_train > self.n_retrieval:
-            raise ValueError(f"n_train ({self.n_train}) must be at most n_retrieval ({self.n_retrieval}): "
-                             "train is drawn from retrieval")
+            raise SettingError(("n_train", "n_retrieval"), f"n_train ({self.n_train}) must be at most n_retrieval "
+                               f"({self.n_retrieval}): train is drawn from retrieval")
         return self
 
 
