@@ -120,11 +120,11 @@ def _as_collection(path: str) -> Optional[str]:
 @main.command("methods")
 def methods_cmd() -> None:
     """List the hashing methods, their parameters (--method-param) and their defaults."""
+    base = vars(HashConfig())  # what a method's own values depart from: a fixed one equal to it is no news
     for name, spec in METHODS.items():
         click.echo(f"{name:<10} {spec.description}")
         if spec.params:
             click.echo(f"{'':<10} parameters: " + ", ".join(f"{k}={v}" for k, v in spec.params.items()))
-        base = vars(HashConfig())  # what a method's own values depart from: a fixed one equal to it is no news
         own = {**spec.defaults, **{k: v for k, v in spec.fixed.items() if base.get(k) != v}}
         click.echo(f"{'':<10} defaults: " + (", ".join(f"{k}={v}" for k, v in own.items()) + " (else as ucmfh)"
                                              if own else "UCMFH's (HashConfig's)")
@@ -347,9 +347,9 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
 
         pyplot()  # a missing matplotlib is said before anything is read
         check_outputs(folders={"--plot": os.path.dirname(os.path.abspath(plot))})
-    if history is not None and not os.path.isfile(history) and not all(map(os.path.exists, results)):
-        missing = next(path for path in results if not os.path.exists(path))
-        raise click.BadParameter(f"{history}: no such checkpoint file, and no results file {missing} to find a run "
+    missing = [path for path in results if not os.path.exists(path)]
+    if history is not None and not os.path.isfile(history) and missing:
+        raise click.BadParameter(f"{history}: no such checkpoint file, and no results file {missing[0]} to find a run "
                                  "key in", param_hint="--history")
     found = read_results(results, warn) if history is None or not os.path.isfile(history) else []
     rows = filter_rows(found, dataset=dataset, method=method, loss=loss, n_bits=n_bits, protocol=protocol, seed=seed,

@@ -177,7 +177,7 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     if pool and len(set(dataset)) < 2:
         raise UserError("--pool: name the query draws to pool with -d, at least two (a results file may hold "
                         "unrelated datasets)")
-    found = [r for r in read_results(results, warn) if r.get("task") == "hashing"]
+    found = filter_rows(read_results(results, warn), task=("hashing",))
     rows = latest(filter_rows(found, dataset=dataset, n_bits=n_bits, protocol=protocol, seed=seed))
     if not rows:  # the selection, not the methods, left nothing: say what the file holds
         raise UserError(f"{', '.join(results)}: no hashing rows match -d/-b/--protocol/--seed (there: "

@@ -224,13 +224,13 @@ def _parse_ids(ids: Optional[str]) -> Optional[Tuple[int, ...]]:
 
 def _default_query_modality(path: str, split: Optional[str], searched: str) -> Optional[str]:
     """The file's only modality; with both, the one not searched (a cross-modal query)."""
-    import h5py
-
+    from ucmfh.data.format import DataError
     from ucmfh.search.collection import open_collection
 
-    if not os.path.isfile(path) or not h5py.is_hdf5(path):
-        return None  # read_queries names the missing file, or what it is not
-    coll = open_collection(path, [split] if split else None)
+    try:
+        coll = open_collection(path, [split] if split else None)
+    except (OSError, DataError):
+        return None  # read_queries, reading the file next, names what is wrong with it
     both = coll.has("image") and coll.has("text")
     if not both:
         return None

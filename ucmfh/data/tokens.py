@@ -163,10 +163,10 @@ def require_tokens(path: str, group: h5py.Group, split: str) -> None:
                         "docs/reference.md §9, `ucmfh extract --tokens` writes them)")
 
 
-def check_has_tokens(path: str, splits=SPLITS) -> None:
+def check_has_tokens(path: str) -> None:
     """Say before any work starts, as :class:`Tokens` would on opening, that a file lacks token features."""
     with h5py.File(path, "r") as f:
-        for split in splits:
+        for split in SPLITS:
             require_tokens(path, f[split], split)
 
 
