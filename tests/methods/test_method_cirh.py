@@ -103,6 +103,22 @@ def test_batch_similarity_is_the_batch_block_of_the_released_whole_matrix(batch,
     assert torch.allclose(got, want, atol=1e-12)
 
 
+@pytest.mark.parametrize("tied", [False, True])
+def test_row_thresholds_are_midway_between_the_k_th_and_k_plus_first_smallest(batch, tied):
+    img, txt, _ = batch
+    if tied:  # one-hot features: every similarity is exactly 0, 0.4, 0.6 or 1, so most k-th values are tied
+        n = len(img)
+        img = torch.nn.functional.one_hot(torch.arange(n) % 4, 7).double()
+        txt = torch.nn.functional.one_hot(torch.arange(n) % 3, 5).double()
+    s1 = 0.6 * img @ img.T + 0.4 * txt @ txt.T
+    for k in range(1, len(img)):
+        want = (s1.kthvalue(k, dim=1).values + s1.kthvalue(k + 1, dim=1).values) / 2
+        assert torch.allclose(row_thresholds(img, txt, 0.6, k, chunk=7), want, atol=1e-12, rtol=0)
+    if tied:  # both branches were taken: k-th and k+1-th equal in some rows, apart in others
+        gap = s1.kthvalue(15, dim=1).values != s1.kthvalue(16, dim=1).values
+        assert gap.any() and not gap.all()
+
+
 def test_neighbour_mix_takes_the_third_and_fourth_most_similar(batch):
     img, txt, index = batch
     # few zeroed entries, so that no tie at 0 makes the order of the third and fourth arbitrary

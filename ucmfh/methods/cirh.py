@@ -117,8 +117,18 @@ def row_thresholds(img: torch.Tensor, txt: torch.Tensor, a1: float, n_low: int, 
     for start in range(0, n, chunk):
         rows = slice(start, start + chunk)
         s1 = fused_similarity(img[rows], txt[rows], img, txt, a1)
-        out[rows] = (s1.kthvalue(n_low, dim=1).values + s1.kthvalue(n_low + 1, dim=1).values) / 2
+        kth = s1.kthvalue(n_low, dim=1, keepdim=True).values
+        out[rows] = ((kth + _next_smallest(s1, kth, n_low)) / 2).squeeze(1)
     return out
+
+
+def _next_smallest(s: torch.Tensor, kth: torch.Tensor, k: int) -> torch.Tensor:
+    """Each row's ``k + 1``-th smallest entry, given its ``k``-th, without a second selection: the ``k``-th
+    itself where more than ``k`` entries are at most it (a tie), else the smallest entry above it.
+
+    Shape: s [B, N], kth [B, 1] -> [B, 1]."""
+    above = torch.where(s > kth, s, torch.full_like(s, torch.inf)).amin(dim=1, keepdim=True)
+    return torch.where((s <= kth).sum(dim=1, keepdim=True) > k, kth, above)
 
 
 def batch_similarity(img: torch.Tensor, txt: torch.Tensor, thresholds: torch.Tensor, a1: float,
