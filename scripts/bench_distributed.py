@@ -10,8 +10,14 @@ memory; labelled like ``ucmfh make-synthetic``), then one training run on it wit
 streamed beyond ``--max-memory``: wall time, items/s and the peak resident memory of the
 training process against the file's size.
 
+``reads``: the batch reads of a streamed training epoch alone, no training: the split's image and text rows
+in batches of a uniform permutation, as ``two-tower`` reads them (row by row where a batch is scattered over
+more blocks than the cache holds), items read per second over ``--batches`` batches, the page cache as found
+or emptied first (``--cold``): from the disk, as from a file larger than memory.
+
     python scripts/bench_distributed.py ranks --data-dir ../shared/data -d mirflickr730 -d flickr8k1000
     python scripts/bench_distributed.py stream --items 5000000 --file /tmp/big.h5
+    python scripts/bench_distributed.py reads --file /tmp/big.h5 --batches 200 [--cold]
 """
 from __future__ import annotations
 
@@ -123,12 +129,59 @@ def stream(a: argparse.Namespace) -> None:
         wall = run_cli(args, 1, a.threads)
         peak = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss * 1024  # KiB on Linux
         [r] = [json.loads(line) for line in open(results)]
-    print("| items | file GB | --max-memory | epochs | train s | items/s | peak RSS GB | MAP@50 I→T / T→I | wall s |")
+    print("| items | file GB | --max-memory | epochs × candidates | train s | items/s | peak RSS GB | MAP@50 I→T / T→I "
+          "| wall s |")
     print("|---|---|---|---|---|---|---|---|---|")
-    speed = r["epochs_run"] * a.items * 0.99 / r["train_time_s"]
-    print(f"| {a.items:,} | {size / 1e9:.2f} | {a.max_memory} | {r['epochs_run']} | {r['train_time_s']:.0f} | "
+    candidates = max(1, len(r.get("choice_val_scores") or {}))  # two-tower trains each temperature it chooses from
+    speed = candidates * r["epochs_run"] * a.items * 0.99 / r["train_time_s"]
+    print(f"| {a.items:,} | {size / 1e9:.2f} | {a.max_memory} | {r['epochs_run']} × {candidates} | "
+          f"{r['train_time_s']:.0f} | "
           f"{speed:,.0f} | {peak / 1e9:.2f}{' (earlier child)' if before * 1024 > peak else ''} | "
           f"{r['map_i2t']:.3f} / {r['map_t2i']:.3f} | {wall:.0f} |")
+
+
+def reads(a: argparse.Namespace) -> None:
+    import h5py
+    import torch
+
+    from ucmfh.data.stream import Rows, StreamSettings
+
+    if not os.path.exists(a.file):
+        fail(f"--file {a.file}: no such file (write one with 'stream')")
+    if a.cold:
+        drop_page_cache()
+    with h5py.File(a.file, "r") as f:
+        d = f["train/image"].shape[1]
+    settings = StreamSettings().within(a.cache_bytes, d)  # as load_dataset sizes a streamed split's blocks
+    splits = [Rows(a.file, f"train/{name}", settings) for name in ("image", "text")]
+    order = torch.randperm(len(splits[0]), generator=torch.Generator().manual_seed(0))
+    batches = order[:a.batches * a.batch_size].split(a.batch_size)
+    start = time.perf_counter()
+    for index in batches:
+        for rows in splits:
+            rows[index]
+    seconds = time.perf_counter() - start
+    items = sum(len(index) for index in batches)
+    print("| file GB | rows | d | page cache | batch | batches | s | items/s | µs an item (image + text) |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    print(f"| {os.path.getsize(a.file) / 1e9:.2f} | {len(splits[0]):,} | {splits[0].shape[1]} | "
+          f"{'emptied' if a.cold else 'as found'} | {a.batch_size} | {len(batches)} | {seconds:.1f} | "
+          f"{items / seconds:,.0f} | {1e6 * seconds / items:.0f} |")
+
+
+def drop_page_cache() -> None:
+    """Write the file system's dirty pages and empty the kernel's page cache (``/proc/sys/vm/drop_caches``)."""
+    os.sync()
+    try:
+        with open("/proc/sys/vm/drop_caches", "w") as f:
+            f.write("1\n")
+    except OSError as e:
+        fail(f"--cold empties the page cache, which needs root: {e}")
+
+
+def fail(message: str) -> None:
+    print(f"bench_distributed.py: error: {message}", file=sys.stderr)
+    sys.exit(2)
 
 
 def main() -> None:
@@ -150,8 +203,14 @@ def main() -> None:
     s.add_argument("--epochs", type=int, default=1)
     s.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     s.add_argument("extra", nargs="*", help="more train-hash options (after --)")
+    r = sub.add_parser("reads")
+    r.add_argument("--file", default=os.path.join(tempfile.gettempdir(), "ucmfh-collection.h5"))
+    r.add_argument("--cache-bytes", type=int, default=256 << 20, help="one dataset's block cache")
+    r.add_argument("--batches", type=int, default=200)
+    r.add_argument("--batch-size", type=int, default=1024)
+    r.add_argument("--cold", action="store_true", help="empty the page cache before the reads (root only)")
     a = p.parse_args()
-    {"ranks": ranks, "stream": stream}[a.what](a)
+    {"ranks": ranks, "stream": stream, "reads": reads}[a.what](a)
 
 
 if __name__ == "__main__":
