@@ -2,7 +2,10 @@
 from __future__ import annotations
 
 import json
+import shutil
 
+import h5py
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -78,6 +81,49 @@ def test_a_streamed_split_is_shuffled_as_in_memory_and_its_batches_read_row_by_r
     reads = len(counting.reads)
     assert reads and torch.equal(rows[batch.clone()], tiny.train.img[batch]) and len(counting.reads) == reads
     assert torch.equal(rows[batch], tiny.train.img[batch]) and len(counting.reads) > reads  # taken once
+
+
+@pytest.mark.parametrize("layout", ["chunked", "contiguous", "gzip", "float64"])
+def test_scattered_rows_are_read_at_their_offsets_where_the_file_holds_them_as_they_are(tmp_path, layout):
+    """Rows of a float32, unfiltered dataset are read past HDF5, at their byte offsets, several threads at once;
+    the same rows as h5py reads, runs across a chunk's edge included. Other layouts are read through h5py."""
+    x = np.random.default_rng(0).standard_normal((1000, 24))
+    path = str(tmp_path / f"{layout}.h5")
+    kwargs = {"chunked": {"chunks": (64, 24)}, "contiguous": {}, "float64": {"chunks": (64, 24)},
+              "gzip": {"chunks": (64, 24), "compression": "gzip"}}[layout]
+    with h5py.File(path, "w") as f:
+        data = x if layout == "float64" else x.astype(np.float32)
+        dataset = f.create_dataset("train/image", shape=data.shape, dtype=data.dtype, **kwargs)
+        for start in range(960, -1, -64):  # the last chunk written first: the chunks in reverse in the file
+            dataset[start:start + 64] = data[start:start + 64]
+    want = torch.from_numpy(x.astype(np.float32))
+    rows = Rows(path, "train/image", StreamSettings(block_rows=256, window=1))
+    assert (rows.blocks.pread is not None) == (layout in ("chunked", "contiguous"))
+    rows.blocks.dataset = counting = CountingReads(rows.blocks.dataset)
+    file_rows = np.array([0, 1, 2, 40, 60, 61, 62, 63, 64, 65, 70, 127, 128, 300, 301, 640, 998, 999])
+    assert np.array_equal(rows.blocks.read(file_rows), want[file_rows].numpy())  # runs over the edges 64, 128
+    batch = torch.from_numpy(np.random.default_rng(1).choice(1000, 40, replace=False))  # scattered: row by row
+    assert torch.equal(rows[batch], want[batch])
+    assert (counting.reads == []) == (rows.blocks.pread is not None)  # h5py read none of them
+
+
+def test_training_on_rows_read_at_their_offsets_gives_the_weights_of_memory(tiny_path, tiny, tmp_path):
+    """The tiny set with its features chunked by whole rows, so that streamed batches are read at their
+    offsets (several threads at once): two-tower trains to the weights of memory, bit for bit."""
+    path = str(tmp_path / "rows.h5")
+    shutil.copy(tiny_path, path)
+    with h5py.File(path, "r+") as f:
+        for split in ("train", "query", "retrieval"):
+            for name in ("image", "text"):
+                data = f[split][name][()]
+                del f[split][name]
+                f[split].create_dataset(name, data=data, chunks=(64, data.shape[1]))
+    streamed = load_dataset(path, max_memory_bytes=4 * 80 * 100, stream=SMALL_BLOCKS)
+    assert streamed.train.streamed and streamed.train.img.blocks.pread is not None
+    models = [fit_hashing(d, small_hash(method="two-tower", epochs=2, val_fraction=0.2), progress=False)[0]
+              for d in (streamed, tiny)]
+    for key, value in models[1].state_dict().items():
+        assert torch.equal(models[0].state_dict()[key], value), key
 
 
 def test_dataset_beyond_the_threshold_streams_its_largest_splits(tiny_path):
