@@ -11,9 +11,10 @@ streamed beyond ``--max-memory``: wall time, items/s and the peak resident memor
 training process against the file's size.
 
 ``reads``: the batch reads of a streamed training epoch alone, no training: the split's image and text rows
-in batches of a uniform permutation, as ``two-tower`` reads them (row by row where a batch is scattered over
-more blocks than the cache holds), items read per second over ``--batches`` batches, the page cache as found
-or emptied first (``--cold``): from the disk, as from a file larger than memory.
+in batches of a uniform permutation, as training reads them (a batch scattered over more blocks than the
+cache holds: row by row, at the rows' offsets by several threads where the file's layout allows), items read
+per second over ``--batches`` batches, the page cache as found or emptied first (``--cold``): from the disk,
+as from a file larger than memory.
 
     python scripts/bench_distributed.py ranks --data-dir ../shared/data -d mirflickr730 -d flickr8k1000
     python scripts/bench_distributed.py stream --items 5000000 --file /tmp/big.h5
