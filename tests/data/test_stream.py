@@ -12,6 +12,7 @@ from click.testing import CliRunner
 
 from ucmfh.app.cli import main
 from ucmfh.data.h5 import load_dataset
+from ucmfh.data import stream
 from ucmfh.data.stream import Rows, StreamSettings
 from ucmfh.evaluation import evaluate_hashing
 from ucmfh.methods import METHODS, fit_hashing, hash_config
@@ -105,6 +106,22 @@ def test_scattered_rows_are_read_at_their_offsets_where_the_file_holds_them_as_t
     batch = torch.from_numpy(np.random.default_rng(1).choice(1000, 40, replace=False))  # scattered: row by row
     assert torch.equal(rows[batch], want[batch])
     assert (counting.reads == []) == (rows.blocks.pread is not None)  # h5py read none of them
+
+
+def test_rows_read_at_their_offsets_are_read_at_most_read_bytes_at_once(tmp_path, monkeypatch):
+    """Each thread's read is bounded (READ_BYTES), however long the run of rows: so is the memory they hold."""
+    x = np.random.default_rng(0).standard_normal((1000, 24)).astype(np.float32)
+    path = str(tmp_path / "contiguous.h5")
+    with h5py.File(path, "w") as f:
+        f.create_dataset("train/image", data=x)
+    rows = Rows(path, "train/image", StreamSettings(block_rows=256, window=1))
+    sizes = []
+    real = stream.os.pread
+    monkeypatch.setattr(stream.os, "pread", lambda fd, n, at: sizes.append(n) or real(fd, n, at))
+    monkeypatch.setattr(stream, "READ_BYTES", 5 * 24 * 4)
+    file_rows = np.concatenate([np.arange(10, 40), np.arange(500, 540, 2), [990]])  # long runs, within GAP
+    assert np.array_equal(rows.blocks.read(file_rows), x[file_rows])
+    assert sizes and max(sizes) <= 5 * 24 * 4
 
 
 def test_training_on_rows_read_at_their_offsets_gives_the_weights_of_memory(tiny_path, tiny, tmp_path):

@@ -22,7 +22,7 @@ import weakref
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, replace
-from typing import List, Optional, Tuple, Union
+from typing import Optional, Tuple, Union
 
 import h5py
 import numpy as np
@@ -61,6 +61,7 @@ def open_without_chunk_cache(path: str) -> h5py.File:
 GAP = 32  # file rows read past rather than apart: a read of the rows between two wanted ones costs less than a call
 AHEAD = 2  # the most batches read ahead and kept for their step, per dataset
 READERS = 16  # threads reading scattered rows at once (:class:`_Pread`)
+READ_BYTES = 1 << 20  # the most one of them reads at once: READERS of them hold at most 16 MiB between them
 _POOL: Tuple[int, Optional[ThreadPoolExecutor]] = (0, None)  # the process that made it, the readers
 _POOL_LOCK = threading.Lock()
 
@@ -121,12 +122,15 @@ class _Pread:
             offsets = np.array([chunks[r] for r in first_rows], dtype=np.int64)
         reader = cls(path, first_rows, offsets, chunk_rows, d)
         out = np.empty((2, d), dtype=np.float32)
-        reader.read(np.array([0, n - 1]), [np.array([0]), np.array([1])], out)
+        reader.read(np.array([0, n - 1]), np.array([True]), out)
         return reader if np.array_equal(out, np.stack([dataset[0], dataset[n - 1]])) else None
 
-    def read(self, rows: np.ndarray, groups: List[np.ndarray], out: np.ndarray) -> None:
-        """``out[group] = the file rows rows[group]`` for each group: rows increasing, each group's rows
-        within one chunk, read from the first to the last."""
+    def read(self, rows: np.ndarray, apart: np.ndarray, out: np.ndarray) -> None:
+        """``out = the file rows rows`` (increasing), read in runs from each row to the next one ``apart``
+        says to read apart, and apart where a chunk ends or a run would pass ``READ_BYTES``."""
+        most = max(1, READ_BYTES // self.row_bytes)
+        apart = apart | (np.diff(rows // self.chunk_rows) != 0) | (np.diff(rows // most) != 0)
+        groups = np.split(np.arange(len(rows)), np.flatnonzero(apart) + 1)
         firsts = rows[[int(g[0]) for g in groups]]
         chunk = firsts // self.chunk_rows
         starts = self.offsets[chunk] + (firsts - self.first_rows[chunk]) * self.row_bytes
@@ -192,8 +196,7 @@ class _Blocks:
         out = np.empty((len(rows), self.dataset.shape[1]), dtype=np.float32)
         apart = (np.diff(rows // span) != 0) | (np.diff(rows) > GAP)
         if self.pread is not None:
-            apart |= np.diff(rows // self.pread.chunk_rows) != 0  # a chunk's rows are together in the file
-            self.pread.read(rows, np.split(np.arange(len(rows)), np.flatnonzero(apart) + 1), out)
+            self.pread.read(rows, apart, out)
             return out
         for group in np.split(np.arange(len(rows)), np.flatnonzero(apart) + 1):
             a, b = int(rows[group[0]]), int(rows[group[-1]]) + 1
