@@ -101,7 +101,7 @@ class _Pread:
     @classmethod
     def of(cls, path: str, dataset: h5py.Dataset) -> Optional["_Pread"]:
         n, d = dataset.shape
-        if (n == 0 or dataset.dtype != np.dtype("<f4") or dataset.file.driver != "sec2"
+        if (n == 0 or not hasattr(os, "pread") or dataset.dtype != np.dtype("<f4") or dataset.file.driver != "sec2"
                 or dataset.file.userblock_size != 0 or dataset.id.get_create_plist().get_nfilters() != 0):
             return None
         if dataset.chunks is None:
