@@ -109,15 +109,16 @@ def test_scattered_rows_are_read_at_their_offsets_where_the_file_holds_them_as_t
 
 
 def test_rows_read_at_their_offsets_are_read_at_most_read_bytes_at_once(tmp_path, monkeypatch):
-    """Each thread's read is bounded (READ_BYTES), however long the run of rows: so is the memory they hold."""
+    """Each read is bounded (READ_BYTES), however long the run of rows."""
     x = np.random.default_rng(0).standard_normal((1000, 24)).astype(np.float32)
     path = str(tmp_path / "contiguous.h5")
     with h5py.File(path, "w") as f:
         f.create_dataset("train/image", data=x)
     rows = Rows(path, "train/image", StreamSettings(block_rows=256, window=1))
     sizes = []
-    real = stream.os.pread
-    monkeypatch.setattr(stream.os, "pread", lambda fd, n, at: sizes.append(n) or real(fd, n, at))
+    real = stream.os.preadv
+    monkeypatch.setattr(stream.os, "preadv", lambda fd, buffers, at: sizes.append(buffers[0].nbytes)
+                        or real(fd, buffers, at))
     monkeypatch.setattr(stream, "READ_BYTES", 5 * 24 * 4)
     file_rows = np.concatenate([np.arange(10, 40), np.arange(500, 540, 2), [990]])  # long runs, within GAP
     assert np.array_equal(rows.blocks.read(file_rows), x[file_rows])
