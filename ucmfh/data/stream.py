@@ -89,7 +89,7 @@ class _Pread:
     """A dataset's rows read at their byte offsets in the file with ``os.preadv``, straight into place, from
     several threads at once: for a float32 dataset, unfiltered, contiguous or chunked by whole rows, in a
     plain file. HDF5 serialises its calls, so a scattered batch read through h5py waits for one row after
-    another; these reads take a fifth of the time from a disk and half from the page cache
+    another; these reads take a fifth of the time from a disk and a third from the page cache
     (docs/distributed.md). :meth:`of` gives None for any other layout, or where the offsets do not read back
     the dataset's first and last rows."""
 
