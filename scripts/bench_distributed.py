@@ -18,7 +18,7 @@ as from a file larger than memory.
 
     python scripts/bench_distributed.py ranks --data-dir ../shared/data -d mirflickr730 -d flickr8k1000
     python scripts/bench_distributed.py stream --items 5000000 --file /tmp/big.h5
-    python scripts/bench_distributed.py reads --file /tmp/big.h5 --batches 200 [--cold]
+    python scripts/bench_distributed.py reads --file /tmp/big.h5 --batches 200 [--max-memory 1GiB] [--cold]
 """
 from __future__ import annotations
 
@@ -142,19 +142,19 @@ def stream(a: argparse.Namespace) -> None:
 
 
 def reads(a: argparse.Namespace) -> None:
-    import h5py
     import torch
 
-    from ucmfh.data.stream import Rows, StreamSettings
+    from ucmfh.app.options import ByteSize
+    from ucmfh.data.h5 import load_dataset
 
     if not os.path.exists(a.file):
         fail(f"--file {a.file}: no such file (write one with 'stream')")
     if a.cold:
         drop_page_cache()
-    with h5py.File(a.file, "r") as f:
-        d = f["train/image"].shape[1]
-    settings = StreamSettings().within(a.cache_bytes, d)  # as load_dataset sizes a streamed split's blocks
-    splits = [Rows(a.file, f"train/{name}", settings) for name in ("image", "text")]
+    train = load_dataset(a.file, validate=False, max_memory_bytes=ByteSize().convert(a.max_memory, None, None)).train
+    if not train.streamed:
+        fail(f"--max-memory {a.max_memory}: the training split fits, so it is not streamed")
+    splits = [train.img, train.txt]  # the rows training reads, with the block caches training sizes
     order = torch.randperm(len(splits[0]), generator=torch.Generator().manual_seed(0))
     batches = order[:a.batches * a.batch_size].split(a.batch_size)
     start = time.perf_counter()
@@ -206,7 +206,7 @@ def main() -> None:
     s.add_argument("extra", nargs="*", help="more train-hash options (after --)")
     r = sub.add_parser("reads")
     r.add_argument("--file", default=os.path.join(tempfile.gettempdir(), "ucmfh-collection.h5"))
-    r.add_argument("--cache-bytes", type=int, default=256 << 20, help="one dataset's block cache")
+    r.add_argument("--max-memory", default="1GiB", help="as train-hash's: the training split must be streamed")
     r.add_argument("--batches", type=int, default=200)
     r.add_argument("--batch-size", type=int, default=1024)
     r.add_argument("--cold", action="store_true", help="empty the page cache before the reads (root only)")

@@ -185,7 +185,7 @@ class _Blocks:
         """The file rows ``rows`` (sorted) as float32: one contiguous read when they are dense, else one
         per run of rows less than ``GAP`` apart within a span of ``block_rows`` file rows (a spread subset,
         e.g. a validation part; a training batch), so that memory stays bounded by a block whatever the
-        rows' spread, and rows far apart are read alone."""
+        rows' spread, and rows far apart are read alone; by :class:`_Pread` where it can, the rows alone."""
         span = self.settings.block_rows
         lo, hi = int(rows[0]), int(rows[-1]) + 1
         if hi - lo <= max(span, 2 * len(rows)):
@@ -195,8 +195,8 @@ class _Blocks:
         if self.pread is not None:  # the rows alone, side by side
             self.pread.read(rows, out)
             return out
-        apart = (np.diff(rows // span) != 0) | (np.diff(rows) > GAP)
-        for group in np.split(np.arange(len(rows)), np.flatnonzero(apart) + 1):
+        cuts = np.flatnonzero((np.diff(rows // span) != 0) | (np.diff(rows) > GAP)) + 1
+        for group in np.split(np.arange(len(rows)), cuts):
             a, b = int(rows[group[0]]), int(rows[group[-1]]) + 1
             out[group] = np.asarray(self.dataset[a:b], dtype=np.float32)[rows[group] - a]
         return out
