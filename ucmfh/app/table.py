@@ -19,13 +19,19 @@ def append_results(path: PathLike, rows: List[Dict[str, Any]]) -> None:
     append_jsonl(path, rows)
 
 
-# the first columns of every line of format_table
-HEAD = f"{'dataset':<14}{'task':<9}{'method':<11}{'loss':<10}{'bits':>5}  {'protocol':<9}"
+class _Head:
+    """The first columns of every line of format_table; the dataset's and the method's as wide as the
+    longest of ``rows`` needs (a method of another package may have a long name)."""
 
+    def __init__(self, rows: List[Dict[str, Any]]) -> None:
+        self.dataset = max([14] + [len(str(r["dataset"])) + 1 for r in rows])
+        self.method = max([11] + [len(str(r.get("method") or "ucmfh")) + 1 for r in rows])
+        self.title = self(dict(dataset="dataset", task="task", method="method", loss="loss", n_bits="bits",
+                               protocol="protocol"))
 
-def _head(r: Dict[str, Any]) -> str:
-    return (f"{r['dataset']:<14}{r['task']:<9}{r.get('method') or 'ucmfh':<11}{r['loss'] or '-':<10}"
-            f"{r['n_bits'] or '-':>5}  {r['protocol']:<9}")
+    def __call__(self, r: Dict[str, Any]) -> str:
+        return (f"{r['dataset']:<{self.dataset}}{r['task']:<9}{r.get('method') or 'ucmfh':<{self.method}}"
+                f"{r['loss'] or '-':<10}{r['n_bits'] or '-':>5}  {r['protocol']:<9}")
 
 
 def _lead(r: Dict[str, Any], key: str) -> Any:
@@ -47,31 +53,32 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
     captions = [r for r in rows if "database" in r]
     labelled = [r for r in rows if "database" not in r]
     lines = []
+    head = _Head(rows)
     if labelled:
         real = any("real_valued" in r for r in labelled)
         tie_aware = any("map_i2t" + EXPECTED in r for r in labelled)
-        lines.append(f"{HEAD}{'MAP@k':>6}{'I->T':>8}{'T->I':>8}" + (f"{'index I->T':>12}{'T->I':>8}" if tie_aware else "")
+        lines.append(f"{head.title}{'MAP@k':>6}{'I->T':>8}{'T->I':>8}" + (f"{'index I->T':>12}{'T->I':>8}" if tie_aware else "")
                      + (f"{'cosine I->T':>13}{'T->I':>8}" if real else ""))
         for r in labelled:
             index = f"{r['map_i2t']:>12.4f}{r['map_t2i']:>8.4f}" if "map_i2t" + EXPECTED in r else " " * 20 * tie_aware
             cosine = (f"{_lead(r['real_valued'], 'map_i2t'):>13.4f}{_lead(r['real_valued'], 'map_t2i'):>8.4f}"
                       if "real_valued" in r else "")
-            lines.append(f"{_head(r)}{r['k']:>6}{_lead(r, 'map_i2t'):>8.4f}{_lead(r, 'map_t2i'):>8.4f}{index}{cosine}")
+            lines.append(f"{head(r)}{r['k']:>6}{_lead(r, 'map_i2t'):>8.4f}{_lead(r, 'map_t2i'):>8.4f}{index}{cosine}")
         floors = {(r["dataset"], r["n_bits"]): r for r in labelled if "random_map_i2t" in r}
         for (name, bits), r in floors.items():
             floor = {"dataset": name, "task": "random", "method": "-", "loss": None, "n_bits": bits, "protocol": "-"}
-            lines.append(f"{_head(floor)}{r['k']:>6}{r['random_map_i2t']:>8.4f}{r['random_map_t2i']:>8.4f}")
+            lines.append(f"{head(floor)}{r['k']:>6}{r['random_map_i2t']:>8.4f}{r['random_map_t2i']:>8.4f}")
     if captions:
-        lines.append(f"{HEAD}{'database':<11}"
+        lines.append(f"{head.title}{'database':<11}"
                      f"{'I->T R@1/5/10':>18}{'T->I R@1/5/10':>18}{'rSum':>7}{'MAP@k I->T':>11}{'T->I':>7}")
         for r in captions:
             floor = f" (random codes: rSum {r['random_rsum']:.1f})" if "random_rsum" in r else ""
-            lines.append(f"{_head(r)}{r['database']:<11}{_caption_scores(r)}{floor}")
+            lines.append(f"{head(r)}{r['database']:<11}{_caption_scores(r)}{floor}")
             if "rsum" + EXPECTED in r:
-                lines.append(f"{'  (ties by database index)':<{len(HEAD)}}{r['database']:<11}"
+                lines.append(f"{'  (ties by database index)':<{len(head.title)}}{r['database']:<11}"
                              f"{_caption_scores(r, _index_order)}")
             if "real_valued" in r:
-                lines.append(f"{'  (cosine of the real-valued head outputs)':<{len(HEAD)}}{r['database']:<11}"
+                lines.append(f"{'  (cosine of the real-valued head outputs)':<{len(head.title)}}{r['database']:<11}"
                              f"{_caption_scores(r['real_valued'])}")
         lines.append("  caption set (relevance = same id): image->text queries are the unique query images, "
                      "text->image queries every query caption; R@K in %")
