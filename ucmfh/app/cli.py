@@ -23,7 +23,7 @@ from ucmfh.app.options import (
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig, SettingError
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset, validate_file
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
-from ucmfh.methods import DEFAULT_METHOD, METHODS
+from ucmfh.methods import DEFAULT_METHOD, METHODS, PLUGIN_ERRORS, PLUGINS
 from ucmfh.methods.settings import captured_step, default_loss, fusion_config, refuse_unused, stage_configs
 from ucmfh.utils import resolve_device
 
@@ -50,6 +50,8 @@ class Commands(click.Group):
 def main(ctx: click.Context) -> None:
     """ucmfh: deep cross-modal hashing on precomputed features: UCMFH, the field's methods and a leak-free default."""
     configure_from_env()
+    for name, why in PLUGIN_ERRORS.items():  # another package's method, installed and broken (docs/methods.md)
+        warn(f"method {name!r} of an installed package not loaded: {why}")
     if ctx.invoked_subcommand != "extract":  # extraction's ranks are independent shards, never a group
         join_process_group()
 
@@ -119,10 +121,13 @@ def _as_collection(path: str) -> Optional[str]:
 
 @main.command("methods")
 def methods_cmd() -> None:
-    """List the hashing methods, their parameters (--method-param) and their defaults."""
+    """List the hashing methods, their parameters (--method-param) and their defaults; those of other
+    packages too (docs/methods.md)."""
     base = vars(HashConfig())  # what a method's own values depart from: a fixed one equal to it is no news
     for name, spec in METHODS.items():
         click.echo(f"{name:<10} {spec.description}")
+        if name in PLUGINS:
+            click.echo(f"{'':<10} from another package: {PLUGINS[name]}" + (f", version {spec.version}" if spec.version else ""))
         if spec.params:
             click.echo(f"{'':<10} parameters: " + ", ".join(f"{k}={v}" for k, v in spec.params.items()))
         own = {**spec.defaults, **{k: v for k, v in spec.fixed.items() if base.get(k) != v}}

@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 
 from ucmfh.config import FusionConfig, HashConfig, identity_dict
 from ucmfh.data.h5 import Dataset
+from ucmfh.methods import build_method
 from ucmfh.methods.settings import trains_fusion
 
 
@@ -51,6 +52,13 @@ def dataset_identity(data: Dataset) -> Dict[str, str]:
     if data.path is None:
         raise ValueError("a run needs a dataset read from a file (its fingerprint is part of the run's identity)")
     return {"label": dataset_label(data.path), "path": os.path.realpath(data.path), "fingerprint": fingerprint(data.path)}
+
+
+def hash_settings(cfg: HashConfig) -> Dict[str, Any]:
+    """The settings of a hashing config that change its result (:func:`ucmfh.config.identity_dict`), with its
+    method's ``version`` where the method has one (a method of another package, docs/methods.md)."""
+    version = build_method(cfg.method).version
+    return {**identity_dict(cfg), "method_version": version} if version else identity_dict(cfg)
 
 
 def key_of(value: Any) -> str:
@@ -86,8 +94,8 @@ class Run:
     @property
     def hash_identity(self) -> Dict[str, Any]:
         if self.fusion_cfg is None:
-            return {"dataset_fingerprint": self.dataset["fingerprint"], "hash": identity_dict(self.hash_cfg)}
-        return {**self.fusion_identity, "hash": identity_dict(self.hash_cfg)}
+            return {"dataset_fingerprint": self.dataset["fingerprint"], "hash": hash_settings(self.hash_cfg)}
+        return {**self.fusion_identity, "hash": hash_settings(self.hash_cfg)}
 
     @property
     def fusion_dir(self) -> str:
@@ -97,7 +105,7 @@ class Run:
     @property
     def hash_dir_identity(self) -> Dict[str, Any]:
         """What the hashing folder's runs share: all but the code length, which names each checkpoint."""
-        settings = {k: v for k, v in identity_dict(self.hash_cfg).items() if k != "n_bits"}
+        settings = {k: v for k, v in hash_settings(self.hash_cfg).items() if k != "n_bits"}
         return {**self.hash_identity, "hash": settings}
 
     @property
@@ -123,7 +131,7 @@ class Run:
 
     def settings(self) -> Dict[str, Any]:
         return {"fusion": None if self.fusion_cfg is None else identity_dict(self.fusion_cfg),
-                "hash": None if self.hash_cfg is None else identity_dict(self.hash_cfg)}
+                "hash": None if self.hash_cfg is None else hash_settings(self.hash_cfg)}
 
 
 @dataclass

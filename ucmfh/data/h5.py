@@ -10,7 +10,7 @@ A caption set (docs/reference.md §7) has no ``labels`` in any split and
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Dict, Iterator, Optional, Union
 
@@ -111,6 +111,11 @@ class Dataset:
     def splits(self) -> Iterator[tuple]:
         for name in SPLITS:
             yield name, getattr(self, name)
+
+    def train_only(self) -> "Dataset":
+        """This dataset with its query and retrieval splits emptied (no rows, the same widths, labels and ids):
+        what a method is given to train on, so that no method, ours or another package's, can read them."""
+        return replace(self, query=self.query.subset(slice(0, 0)), retrieval=self.retrieval.subset(slice(0, 0)))
 
 
 def _fail(path: PathLike, where: str, problem: str) -> DataError:

@@ -59,6 +59,10 @@ class Method:
     # eagerly ('' for a method fitted in closed form, which has no steps)
     graphable: ClassVar[bool] = False
     eager_because: ClassVar[str] = ""
+    # part of a run's identity where set: a method of another package (docs/methods.md) changes it when it
+    # computes something else, so that the runs of its earlier code are not reused as its own (ucmfh's
+    # methods keep '': scripts/model_fingerprints.py holds them to the models they trained)
+    version: ClassVar[str] = ""
 
     def config(self, **settings: Any) -> HashConfig:
         """A hashing config of this method: its ``defaults``, then ``settings``, then ``fixed``;
@@ -124,7 +128,9 @@ class Method:
               progress: bool = True, state: Optional[StateFile] = None) -> Tuple[nn.Module, History]:
         """:meth:`fit`, after checking ``cfg`` and the data; where ``cfg`` leaves a choice to validation
         (:meth:`choices`), one fit per candidate, the best on validation kept (:func:`choose`); with
-        ``cfg.refit``, the kept setting trained again on the whole training split (:func:`refit`)."""
+        ``cfg.refit``, the kept setting trained again on the whole training split (:func:`refit`). The method
+        sees ``data``'s training split alone (:meth:`~ucmfh.data.h5.Dataset.train_only`)."""
+        data = data.train_only()
         self.check(cfg)
         trainer.check_supervision(data, cfg)
         if self.uses_fusion and fusion is None:

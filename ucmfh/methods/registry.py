@@ -13,6 +13,8 @@ from ucmfh.training_state import StateFile
 from ucmfh.selection import History
 
 METHODS: Dict[str, Method] = {}
+# the entry points of other packages' methods that failed to load, by name: why (ucmfh.methods.plugins)
+PLUGIN_ERRORS: Dict[str, str] = {}
 # The method of the front doors (`ucmfh train-hash`, the grid): the best leak-free one measured on the
 # validation split (docs/quality.md). demo.py keeps 'ucmfh', the way to reproduce the paper.
 DEFAULT_METHOD = "two-tower"
@@ -33,7 +35,8 @@ def build_method(name: str) -> Method:
     try:
         return METHODS[name]
     except (KeyError, TypeError):
-        raise ValueError(f"unknown method {name!r}; methods: {', '.join(METHODS)}") from None
+        failed = f"; not loaded: {name} ({PLUGIN_ERRORS[name]})" if name in PLUGIN_ERRORS else ""
+        raise ValueError(f"unknown method {name!r}; methods: {', '.join(METHODS)}{failed}") from None
 
 
 def hash_config(method: str = "ucmfh", **settings: Any) -> HashConfig:

@@ -1,0 +1,221 @@
+"""Methods of other packages (entry points of the group ``ucmfh.methods``, docs/methods.md): docs/methods.md's
+example installed as pip installs a package (a module and its ``.dist-info`` on the path) is a method of every
+front door; a plugin that cannot load leaves the others working and says why; a method's ``version`` is part of
+its runs' identity; no method is given the query or retrieval split."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from importlib import metadata
+from pathlib import Path
+from typing import Dict
+
+import pytest
+import torch
+
+from ucmfh.app.identity import Run, dataset_identity
+from ucmfh.methods import METHODS, PLUGIN_ERRORS, PLUGINS, Method, fit_hashing, hash_config
+from ucmfh.methods.plugins import load_plugins
+from ucmfh.methods.two_tower import TwoTower
+
+from conftest import method_config
+
+ROOT = Path(__file__).resolve().parents[2]
+DOC = ROOT / "docs" / "methods.md"
+
+
+def example_code() -> str:
+    """The example method of docs/methods.md, as the page shows it."""
+    found = re.search(r"<!-- example:begin -->\n```python\n(.*?)```\n<!-- example:end -->", DOC.read_text(), re.S)
+    assert found, "docs/methods.md: no example between its example:begin and example:end marks"
+    return found.group(1)
+
+
+def installed(folder: Path, modules: Dict[str, str], entry_points: Dict[str, str], name: str = "plugin") -> Path:
+    """``modules`` (file name -> source) and the ``.dist-info`` pip writes for a package whose ``ucmfh.methods``
+    entry points are ``entry_points``, in ``folder``: a package installed on the path ``folder``."""
+    folder.mkdir(parents=True, exist_ok=True)
+    for file, source in modules.items():
+        (folder / file).write_text(source)
+    info = folder / f"{name}-0.1.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.1\n")
+    (info / "entry_points.txt").write_text("[ucmfh.methods]\n" + "".join(f"{k} = {v}\n" for k, v in entry_points.items()))
+    return folder
+
+
+def ucmfh(path: Path, *args: str, cwd: Path) -> subprocess.CompletedProcess:
+    """``python -m ucmfh ARGS`` with ``path`` on the Python path, as a package installed there."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(path), str(ROOT)]), "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, "-m", "ucmfh", *args], capture_output=True, text=True, cwd=cwd, env=env)
+
+
+@pytest.fixture()
+def registry():
+    """The registry and the plugins' records as they were before the test, restored after it."""
+    saved = dict(METHODS), dict(PLUGIN_ERRORS), dict(PLUGINS)
+    yield
+    for live, before in zip((METHODS, PLUGIN_ERRORS, PLUGINS), saved):
+        live.clear()
+        live.update(before)
+
+
+def test_the_docs_example_is_a_method_of_every_front_door(tmp_path, tiny_path):
+    """docs/methods.md's example, installed: ``ucmfh methods`` lists it with its origin; ``train-hash
+    --method`` trains it with its own parameter, its row and identity carry its version, ``runs`` finds it,
+    and its checkpoint is evaluated again by ``evaluate``."""
+    site = installed(tmp_path / "site", {"ucmfh_balanced.py": example_code()}, {"balanced-two-tower": "ucmfh_balanced"})
+    listed = ucmfh(site, "methods", cwd=tmp_path)
+    assert listed.returncode == 0 and listed.stderr == ""
+    assert re.search(r"^balanced-two-tower .*\n +from another package: ucmfh_balanced, version 1\n +parameters: "
+                     r"temperatures=0.3,0.1, balance=0.1", listed.stdout, re.M)
+    results = tmp_path / "r.jsonl"
+    trained = ucmfh(site, "train-hash", "-d", tiny_path, "--method", "balanced-two-tower", "--method-param",
+                    "balance=0.5", "-b", "16", "--epochs", "1", "--set", "hash.hidden=32", "--results", str(results),
+                    "--out", str(tmp_path / "runs"), "--quiet", cwd=tmp_path)
+    assert trained.returncode == 0, trained.stderr
+    (row,) = (json.loads(line) for line in results.read_text().splitlines())  # one row: the run
+    assert row["method"] == "balanced-two-tower" and row["task"] == "hashing"
+    assert row["settings"]["hash"]["method_version"] == "1"
+    assert row["settings"]["hash"]["method_params"]["balance"] == 0.5
+    # the method's column is as wide as its name
+    assert re.search(r"balanced-two-tower +infonce +16 +unimodal", trained.stdout)
+    summary = ucmfh(site, "runs", "--results", str(results), "--method", "balanced-two-tower", cwd=tmp_path)
+    assert summary.returncode == 0 and "balanced-two-tower" in summary.stdout
+    again = ucmfh(site, "evaluate", "-d", tiny_path, "-c", row["checkpoint"], "--results", str(tmp_path / "e.jsonl"),
+                  "--protocol", "unimodal", cwd=tmp_path)
+    assert again.returncode == 0, again.stderr
+    scored = json.loads((tmp_path / "e.jsonl").read_text().splitlines()[0])
+    assert (scored["map_i2t"], scored["map_t2i"]) == (row["map_i2t"], row["map_t2i"])
+
+
+def test_the_docs_example_trains_what_it_says(tiny, tmp_path, registry):
+    """The example's term: at ``balance=0`` it is two-tower's model bit for bit; at a large weight its bits
+    are +1 on about half the training items, further from it than two-tower's are."""
+    module = tmp_path / "ucmfh_balanced_inprocess.py"
+    module.write_text(example_code())
+    sys.path.insert(0, str(tmp_path))
+    try:
+        load_plugins([metadata.EntryPoint("balanced-two-tower", "ucmfh_balanced_inprocess", "ucmfh.methods")])
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("ucmfh_balanced_inprocess", None)
+    assert "balanced-two-tower" in METHODS and not PLUGIN_ERRORS
+
+    def fitted(name, **params):
+        settings = {"temperatures": "0.3"}  # one candidate: the comparison is of the loss alone
+        cfg = method_config(name, n_bits=32, epochs=4, method_params={**settings, **params})
+        return fit_hashing(tiny, cfg, progress=False)[0]
+
+    plain = fitted("two-tower")
+    for a, b in zip(plain.state_dict().values(), fitted("balanced-two-tower", balance=0.0).state_dict().values()):
+        assert torch.equal(a, b)
+
+    def imbalance(model) -> float:
+        codes_img, codes_txt = model.codes(tiny.train.img, tiny.train.txt, "unimodal")
+        return float(torch.cat([codes_img, codes_txt]).float().mean(0).abs().mean())
+
+    assert imbalance(fitted("balanced-two-tower", balance=5.0)) < imbalance(plain) - 0.02
+
+
+def test_a_plugin_that_cannot_load_leaves_the_others_and_says_why(tmp_path, tiny_path):
+    """A plugin whose import fails and one whose name is taken: each a warning line on every command, the
+    methods of ucmfh as before; asking for the missing one is refused in one line."""
+    site = installed(tmp_path / "site", {
+        "ucmfh_broken.py": "import a_module_that_is_not_installed\n",
+        "ucmfh_taken.py": "from ucmfh.methods.two_tower import TwoTower\n\nclass Taken(TwoTower):\n    pass\n",
+    }, {"broken": "ucmfh_broken", "taken": "ucmfh_taken:Taken"})
+    listed = ucmfh(site, "methods", cwd=tmp_path)
+    assert listed.returncode == 0
+    assert listed.stderr.splitlines() == [
+        "warning: method 'broken' of an installed package not loaded: ucmfh_broken: ModuleNotFoundError: "
+        "No module named 'a_module_that_is_not_installed'",
+        "warning: method 'taken' of an installed package not loaded: ucmfh_taken:Taken: ValueError: method name "
+        "'two-tower' is taken (by ucmfh.methods.two_tower)"]
+    assert re.findall(r"^(\S+) ", listed.stdout, re.M) == list(METHODS)
+    refused = ucmfh(site, "train-hash", "-d", tiny_path, "--method", "broken", "--results", str(tmp_path / "r.jsonl"),
+                    cwd=tmp_path)
+    assert refused.returncode == 2 and "'broken' is not one of" in refused.stderr
+
+
+@pytest.mark.parametrize("source, value, why", [
+    ("import nothing_of_that_name\n", "mod", "mod: ModuleNotFoundError: No module named 'nothing_of_that_name'"),
+    ("x = 1\n", "mod", "mod: registers no method (a name of its own, a Method subclass decorated with @register)"),
+    ("x = 1\n", "mod:x", "mod:x: TypeError: it names int 1, not a module or a Method subclass"),
+    ("from ucmfh.methods import register\nfrom ucmfh.methods.two_tower import TwoTower\n\n"
+     "@register\nclass Half(TwoTower):\n    name = 'half'\n\nraise RuntimeError('and then it broke')\n",
+     "mod", "mod: RuntimeError: and then it broke"),
+])
+def test_a_failed_plugin_is_recorded_and_registers_nothing(tmp_path, monkeypatch, registry, source, value, why):
+    """Every way a plugin fails is recorded by its entry point's name, and leaves the registry as it was: a
+    module that registered a method before failing takes it with it."""
+    (tmp_path / "mod.py").write_text(source)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "mod", raising=False)
+    before = list(METHODS)
+    assert load_plugins([metadata.EntryPoint("mine", value, "ucmfh.methods")]) == []
+    assert PLUGIN_ERRORS == {"mine": why} and list(METHODS) == before
+    with pytest.raises(ValueError, match=r"unknown method 'mine'; methods: .*; not loaded: mine \(" + re.escape(why)):
+        hash_config("mine")
+
+
+class Named(TwoTower):
+    """A method class an entry point names itself, not registered by its module."""
+
+    name = "named-by-its-entry-point"
+    version = "3"
+
+
+def test_a_method_class_named_by_its_entry_point_is_registered(registry):
+    assert load_plugins([metadata.EntryPoint("named", f"{__name__}:Named", "ucmfh.methods")]) == \
+        ["named-by-its-entry-point"]
+    assert isinstance(METHODS["named-by-its-entry-point"], Named) and PLUGINS == {
+        "named-by-its-entry-point": f"{__name__}:Named"}
+
+
+def test_a_methods_version_is_part_of_its_runs_identity(tiny_path, registry):
+    """Two versions of a method never share a run; ucmfh's own methods (no version) keep the identity they had."""
+    data = type("Data", (), {"path": tiny_path})()
+    dataset = dataset_identity(data)
+    load_plugins([metadata.EntryPoint("named", f"{__name__}:Named", "ucmfh.methods")])
+    cfg = hash_config("named-by-its-entry-point", n_bits=16)
+    run = Run("runs", dataset, None, cfg)
+    first = run.hash_dir, run.hash_identity
+    assert first[1]["hash"]["method_version"] == "3"
+    Named.version = "4"
+    try:
+        assert (run.hash_dir, run.hash_identity) != first and run.hash_dir != first[0]
+    finally:
+        Named.version = "3"
+    own = Run("runs", dataset, None, hash_config("two-tower", n_bits=16))
+    assert "method_version" not in own.hash_identity["hash"]
+
+
+class Spy(Method):
+    """Records the splits it is given, then trains two-tower's plan for one epoch."""
+
+    name = "spy"
+    seen: list = []
+
+    def build_model(self, d_img, d_txt, cfg, fusion_cfg=None):
+        return METHODS["two-tower"].build_model(d_img, d_txt, cfg, fusion_cfg)
+
+    def fit(self, data, cfg, fusion=None, progress=True, state=None):
+        Spy.seen.append({name: (len(split), tuple(split.img.shape[1:]), tuple(split.txt.shape[1:]),
+                                None if split.labels is None else tuple(split.labels.shape[1:]))
+                         for name, split in data.splits()})
+        return METHODS["two-tower"].fit(data, hash_config("two-tower", n_bits=cfg.n_bits, hidden=cfg.hidden, epochs=1,
+                                                          device="cpu"), fusion, progress, state)
+
+
+def test_no_method_is_given_the_query_or_retrieval_split(tiny, registry):
+    """What ``Method.train`` (every front door's way in) gives a method: the training split, and query and
+    retrieval splits with no rows (their widths kept), whatever the method's code."""
+    load_plugins([metadata.EntryPoint("spy", f"{__name__}:Spy", "ucmfh.methods")])
+    Spy.seen.clear()
+    fit_hashing(tiny, hash_config("spy", n_bits=16, hidden=32, epochs=1, device="cpu"), progress=False)
+    widths = ((tiny.d_img,), (tiny.d_txt,), (tiny.n_classes,))
+    assert Spy.seen == [{"train": (len(tiny.train), *widths), "query": (0, *widths), "retrieval": (0, *widths)}]
