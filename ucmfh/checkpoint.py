@@ -10,7 +10,7 @@ from torch import nn
 
 from ucmfh.config import FusionConfig, HashConfig, SepsConfig, from_dict, to_dict
 from ucmfh.files import PathLike, atomic_file, torch_file_problem, write_text_atomic
-from ucmfh.methods import build_method
+from ucmfh.methods import METHODS, PLUGIN_ERRORS, build_method
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.seps.model import SEPS
 
@@ -102,6 +102,12 @@ def read_checkpoint(path: PathLike) -> Dict[str, Any]:
         raise CheckpointError(f"{path}: not a ucmfh checkpoint")
     if payload.get("version") != VERSION:
         raise CheckpointError(f"{path}: checkpoint version {payload.get('version')}, this ucmfh reads {VERSION}")
+    method = (payload.get("hash_config") or {}).get("method")
+    if method is not None and method not in METHODS:
+        failed = f"; not loaded: {method} ({PLUGIN_ERRORS[method]})" if method in PLUGIN_ERRORS else ""
+        raise CheckpointError(f"{path}: a checkpoint of method {method!r}, which is not one of this ucmfh's "
+                              f"({', '.join(METHODS)}){failed}; a method of another package is read where that "
+                              "package is installed (docs/methods.md)")
     return payload
 
 

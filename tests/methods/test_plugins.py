@@ -66,7 +66,7 @@ def registry():
 def test_the_docs_example_is_a_method_of_every_front_door(tmp_path, tiny_path):
     """docs/methods.md's example, installed: ``ucmfh methods`` lists it with its origin; ``train-hash
     --method`` trains it with its own parameter, its row and identity carry its version, ``runs`` finds it,
-    and its checkpoint is evaluated again by ``evaluate``."""
+    and its checkpoint is evaluated again by ``evaluate``; without the package, refused in one line."""
     site = installed(tmp_path / "site", {"ucmfh_balanced.py": example_code()}, {"balanced-two-tower": "ucmfh_balanced"})
     listed = ucmfh(site, "methods", cwd=tmp_path)
     assert listed.returncode == 0 and listed.stderr == ""
@@ -90,6 +90,13 @@ def test_the_docs_example_is_a_method_of_every_front_door(tmp_path, tiny_path):
     assert again.returncode == 0, again.stderr
     scored = json.loads((tmp_path / "e.jsonl").read_text().splitlines()[0])
     assert (scored["map_i2t"], scored["map_t2i"]) == (row["map_i2t"], row["map_t2i"])
+    # where the package is not installed, its checkpoints are refused in one line that says so
+    without = ucmfh(tmp_path / "nothing", "evaluate", "-d", tiny_path, "-c", row["checkpoint"], "--results",
+                    str(tmp_path / "e2.jsonl"), cwd=tmp_path)
+    assert without.returncode == 2 and without.stderr.splitlines() == [
+        f"Error: {row['checkpoint']}: a checkpoint of method 'balanced-two-tower', which is not one of this ucmfh's "
+        f"({', '.join(METHODS)}); a method of another package is read where that package is installed "
+        "(docs/methods.md)"]
 
 
 def test_the_docs_example_trains_what_it_says(tiny, tmp_path, registry):
