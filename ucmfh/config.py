@@ -340,7 +340,7 @@ class Range:
 
 POSITIVE, NON_NEGATIVE, AT_LEAST_ONE = Range(0, low_open=True), Range(0), Range(1)
 SHARE, SHARE_BELOW_ONE = Range(0, 1), Range(0, 1, high_open=True)
-SEED = Range(-2**63, 2**64, high_open=True, why="what torch's generators take")
+SEED = Range(0, 2**32, high_open=True, why="what torch's, numpy's and scikit-learn's generators all take")
 
 
 def _betas(name: str, value: Any) -> None:

@@ -120,3 +120,28 @@ def test_grid_applies_an_option_only_to_the_methods_that_use_it_and_says_so(tmp_
                                        "--epochs", "3"])
     assert result.exit_code == 2 and ("Invalid value for --epochs: method 'cca-itq' is fitted in closed form: it has "
                                       "no use for epochs") in result.output
+
+
+@pytest.mark.parametrize("option, value, error", [
+    ("--methods", "", "Invalid value for '--methods': expected a comma-separated list, got '': give at least one"),
+    ("--seeds", " , ", "Invalid value for '--seeds': expected a comma-separated list, got ' , ': give at least one"),
+    ("--seeds", "1,-3", "Invalid value for '--seeds': -3 is not in the range 0<=x<4294967296"),
+])
+def test_grid_refuses_an_empty_list_and_a_seed_no_generator_takes(tmp_path, option, value, error):
+    """No method or no seed was a traceback, or an empty grid that wrote an empty table over the last one; a
+    negative seed failed at its cell, after the cells before it had trained."""
+    result = CliRunner().invoke(main, ["grid", "-d", str(tmp_path / "x.h5"), option, value,
+                                       "--table", str(tmp_path / "grid")])
+    assert result.exit_code == 2 and f"Error: {error}" in result.output, result.output
+    assert not list(tmp_path.iterdir())
+
+
+def test_grid_reads_every_dataset_before_its_first_cell(tiny_path, tmp_path):
+    """A damaged second dataset is refused before the first dataset's cells train (it was said hours in)."""
+    bad = tmp_path / "bad.h5"
+    bad.write_text("not HDF5")
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "-d", str(bad), "--methods", "cca-itq", "-b", "16",
+                                       "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "runs"),
+                                       "--table", str(tmp_path / "grid"), "--quiet"])
+    assert result.exit_code == 2 and "bad.h5: not a readable HDF5 file" in result.output, result.output
+    assert "run " not in result.output and not (tmp_path / "r.jsonl").exists()

@@ -470,6 +470,12 @@ def test_two_tower_chooses_infonces_temperature_on_validation_unless_one_is_give
     assert distill.choices(hash_config("distill")) == {} and "temperatures" not in distill.params
     with pytest.raises(ValueError, match="parameter 'temperatures' must be positive numbers separated by commas"):
         two_tower(method_params={"temperatures": "0.3,x"})
+    # temperatures asked for where none would be tried: refused, not dropped without a word
+    with pytest.raises(ValueError, match=r"'temperatures' \('0.2'\) is tried .*; here the loss is infonce at "
+                                         r"temperature 0.5"):
+        two_tower(loss_params={"temperature": 0.5}, method_params={"temperatures": "0.2"})
+    with pytest.raises(ValueError, match="here the loss is 'triplet'"):
+        two_tower(loss="triplet", loss_params={}, method_params={"temperatures": "0.2"})
     # each candidate is the run asked for with that temperature; the better on validation is kept
     runs = {t: fit_hashing(tiny, two_tower(epochs=3, loss_params={"temperature": t}), progress=False)
             for t in (0.3, 0.1)}

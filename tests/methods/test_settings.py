@@ -125,8 +125,30 @@ def test_several_overrides_refused_together_are_named_together():
         stage_configs("ucmfh", overrides={"fusion": {"d_model": 30, "n_layers": 1}})
     assert refused.value.settings == ("fusion.d_model",)
     with pytest.raises(SettingError) as refused:
-        stage_configs("two-tower", val_fraction=0.2, overrides={"hash": {"val_fraction": 0.0, "refit": True}})
+        stage_configs("two-tower", overrides={"hash": {"val_fraction": 0.0, "refit": True}})
     assert refused.value.settings == ("hash.val_fraction", "hash.refit")
+
+
+@pytest.mark.parametrize("method, settings, overrides, refused", [
+    ("two-tower", {"epochs": 1}, {"hash": {"epochs": 2}}, ("hash.epochs", "epochs")),
+    ("two-tower", {"val_fraction": 0.2}, {"hash": {"val_fraction": 0.0}}, ("hash.val_fraction", "val_fraction")),
+    ("distill", {"fusion_epochs": 1}, {"fusion": {"epochs": 2}}, ("fusion.epochs", "fusion_epochs")),
+    ("ucmfh", {"batch_size": 64}, {"fusion": {"batch_size": 32}}, ("fusion.batch_size", "batch_size")),
+])
+def test_a_setting_given_twice_is_refused(method, settings, overrides, refused):
+    """A setting given as itself and as an override: one would win without a word (the override did)."""
+    with pytest.raises(SettingError, match="given twice") as err:
+        stage_configs(method, overrides=overrides, **settings)
+    assert (err.value.setting, err.value.instead) == refused
+
+
+def test_an_override_of_a_setting_the_method_fixes_is_refused():
+    """cca-itq fixes the settings of training by steps: an override of one did nothing, silently."""
+    with pytest.raises(SettingError, match="fixes batch_size, whatever is asked") as err:
+        stage_configs("cca-itq", overrides={"hash": {"batch_size": 64}})
+    assert err.value.setting == "hash.batch_size"
+    _, [cfg] = stage_configs("cca-itq", drop_unused=True, overrides={"hash": {"batch_size": 64, "hidden": 5}})
+    assert (cfg.batch_size, cfg.hidden) == (HashConfig().batch_size, 0)
 
 
 def test_a_grid_drops_what_a_method_has_no_use_for():

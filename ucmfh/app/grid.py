@@ -26,7 +26,8 @@ from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.jobs import SideBySide, jobs_option
 from ucmfh.app.table import append_results
 from ucmfh.app.options import (
-    DEFAULT_RESULTS, FLAGS, check_device, flag_of, parse_params, resolved, settings_of, train_options,
+    DEFAULT_RESULTS, FLAGS, check_device, flag_of, parse_params, resolved, seed_type, settings_of,
+    train_options,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import DIRECTIONS, REAL, headline, scores_line, summarize, variant_of
@@ -39,10 +40,17 @@ from ucmfh.methods import DEFAULT_METHOD, METHODS
 from ucmfh.methods.settings import default_loss, scored_protocols, stage_configs, unused_settings
 from ucmfh.evaluation import EXPECTED
 
-def _list(kind: type) -> Any:
+def _list(kind: Any, empty: bool = False) -> Any:
+    """A click callback: a comma-separated list of ``kind`` (a type, or a click type that checks each value);
+    an empty one is refused unless ``empty``."""
     def parse(ctx: click.Context, param: click.Parameter, text: str) -> List[Any]:
+        items = [x.strip() for x in text.split(",") if x.strip()]
+        if not items and not empty:
+            raise click.BadParameter(f"expected a comma-separated list, got {text!r}: give at least one")
+        if isinstance(kind, click.ParamType):
+            return [kind.convert(x, param, ctx) for x in items]
         try:
-            return [kind(x) for x in text.split(",") if x.strip()]
+            return [kind(x) for x in items]
         except ValueError:
             raise click.BadParameter(f"expected a comma-separated list, got {text!r}") from None
 
@@ -197,14 +205,14 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
                    "method has no use for (those of epochs for a method fitted in closed form, those of a fusion "
                    "stage for a method that trains none) applies to the other methods only, said in one line; one "
                    "that no method uses is refused.")
-@click.option("--losses", default="", callback=_list(str),
+@click.option("--losses", default="", callback=_list(str, empty=True),
               help="Comma-separated losses, each run with every method [default: each method's own].")
 @click.option("--loss-params", "per_loss", multiple=True, metavar="NAME:KEY=VALUE,...",
               help="Hyper-parameters of one loss, e.g. infonce:temperature=0.5 (repeatable).")
 @click.option("--n-bits", "-b", multiple=True, type=click.IntRange(*CODE_LENGTHS), default=(16, 32, 64, 128),
               show_default=True,
               help="Code length (repeatable).")
-@click.option("--seeds", default="2023", show_default=True, callback=_list(int), help="Comma-separated seeds.")
+@click.option("--seeds", default="2023", show_default=True, callback=_list(seed_type), help="Comma-separated seeds.")
 @click.option("--fusion-epochs", type=click.IntRange(min=1), default=None,
               help="Epochs of the fusion stage [default: as --epochs].")
 @click.option("--protocol", type=click.Choice(["both", *PROTOCOLS]), default="both", show_default=True)
@@ -286,12 +294,10 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
     grid_rows: List[List[Dict[str, Any]]] = []  # each cell's rows, in the grid's order
     recorded = read_jsonl(results, on_skip=warn)  # the rows of earlier runs, and of the cells run below
-    loaded: Dict[str, Any] = {}
+    # every dataset read and checked before the first cell: a bad file is said now, not hours in
+    loaded = {dataset: load_dataset(paths[dataset], max_memory_bytes=train["max_memory"]) for dataset in datasets}
     side = SideBySide(jobs, device, results, opts, protocols, k, train["max_memory"]) if jobs > 1 else None
     for dataset, fcfg, hcfg in cells:
-        if dataset not in loaded:
-            loaded[dataset] = load_dataset(paths[dataset],
-                                           max_memory_bytes=train["max_memory"])
         data = loaded[dataset]
         run = Run(opts.out, dataset_identity(data), fcfg, hcfg)
         run_key = key_of(run.hash_identity)

@@ -79,6 +79,7 @@ def stage_configs(method: str, *, dataset: Optional[str] = None, n_bits: Iterabl
     _check_names(settings, SETTINGS)
     given = {name: value for name, value in settings.items() if value is not None}
     stage_overrides = check_overrides(overrides, tuple(STAGES))
+    _refuse_twice(spec, given, stage_overrides)
     unused = unused_settings(method, {**given, "overrides": stage_overrides})
     if drop_unused:
         given = {name: value for name, value in given.items() if name not in unused}
@@ -105,13 +106,28 @@ def fusion_config(*, dataset: Optional[str] = None, overrides: Optional[Mapping[
     return _blamed(lambda plain, extra: _fusion(dataset, plain, extra["fusion"]), given, stage_overrides)
 
 
+def _refuse_twice(spec: Method, given: Mapping[str, Any], overrides: Mapping[str, Mapping[str, Any]]) -> None:
+    """Refuse an override of a setting also given as itself (``epochs`` and ``hash.epochs``): one would win
+    silently. The fusion stage's: ``fusion_epochs`` as ``fusion.epochs``, and where the method shares the
+    fusion stage's options ('ucmfh'), those it shares."""
+    twice = [(f"hash.{name}", name) for name in overrides.get("hash", {}) if name in given]
+    for name in overrides.get("fusion", {}):
+        if name == "epochs" and "fusion_epochs" in given:
+            twice.append(("fusion.epochs", "fusion_epochs"))
+        elif spec.shares_fusion_options and name in SHARED_WITH_FUSION and name in given:
+            twice.append((f"fusion.{name}", name))
+    if twice:
+        key, name = twice[0]
+        raise SettingError(key, f"{key!r}: given twice, as {name} and as an override", instead=name)
+
+
 def unused_settings(method: str, settings: Mapping[str, Any]) -> Dict[str, str]:
     """The settings given (``settings``: name -> value, None: not given; ``overrides`` as in
     :func:`stage_configs`) that ``method`` has no use for, each with why: 'fused' as the one ``protocol``
     for a leak-free method (its codes have no fused view), those of a fusion stage (``fusion_epochs``,
     ``lr_fusion``, ``modality_dropout``, every ``fusion.*`` override) for a method that trains none, those of
     epochs for a method fitted in closed form, a loss override (``hash.loss``, ``hash.loss_params``) for a method
-    with a loss of its own."""
+    with a loss of its own, an override of a setting the method fixes (:attr:`Method.fixed`)."""
     spec = _method(method)
     names = [name for name, value in settings.items() if value is not None and name != "overrides"]
     names += [f"{stage}.{name}" for stage in ("fusion", "hash")
@@ -124,6 +140,8 @@ def unused_settings(method: str, settings: Mapping[str, Any]) -> Dict[str, str]:
             unused[name] = "trains no fusion stage"
         elif spec.closed_form and name in EPOCH_SETTINGS:
             unused[name] = "is fitted in closed form"
+        elif name.startswith("hash.") and name[len("hash."):] in spec.fixed:
+            unused[name] = f"fixes {name[len('hash.'):]}, whatever is asked"
         elif not spec.takes_loss and name in ("hash.loss", "hash.loss_params"):
             unused[name] = "has a loss of its own"
     return unused

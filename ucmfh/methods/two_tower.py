@@ -44,6 +44,13 @@ class TwoTower(Method):
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)
         self.temperatures(cfg)
+        if "temperatures" in self.params and (cfg.loss != "infonce" or "temperature" in cfg.loss_params):
+            given = self.method_params(cfg.method_params)["temperatures"]
+            if given != self.params["temperatures"]:  # asked for, and it would be dropped without a word
+                raise ValueError(f"method {self.name!r}: parameter 'temperatures' ({given!r}) is tried with the loss "
+                                 "infonce and no temperature of the loss given; here the loss is "
+                                 + (f"{cfg.loss!r}" if cfg.loss != "infonce" else
+                                    f"infonce at temperature {cfg.loss_params['temperature']!r}"))
 
     def temperatures(self, cfg: HashConfig) -> Tuple[float, ...]:
         """The ``temperatures`` parameter as numbers (a ``ValueError`` naming it if it is not); none for a
