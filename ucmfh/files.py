@@ -21,7 +21,7 @@ import re
 import tempfile
 import warnings
 import zipfile
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
 
 import numpy as np
 
@@ -87,6 +87,8 @@ def check_writable(path: PathLike, folder: bool = False) -> None:
     path = os.path.abspath(os.fspath(path))
     if os.path.isdir(path) and not folder:
         raise OSError(f"{path}: is a folder, not a file")
+    if os.path.exists(path) and not folder and not os.path.isfile(path):  # a device, a pipe, a socket
+        raise OSError(f"{path}: is not a regular file (a device, a pipe or a socket); not written")
     if os.path.exists(path) and folder and not os.path.isdir(path):
         raise OSError(f"{path}: is a file, not a folder")
     existing = path if folder and os.path.isdir(path) else os.path.dirname(path)
@@ -104,6 +106,29 @@ def check_writable(path: PathLike, folder: bool = False) -> None:
     os.remove(probe)
     if os.path.isfile(path) and not os.access(path, os.W_OK):
         raise OSError(f"{path}: cannot be written: the file is read-only")
+
+
+def check_not_input(path: PathLike, inputs: Dict[str, Union[PathLike, Sequence[PathLike], None]]) -> None:
+    """Refuse, before any work and whatever ``--overwrite`` says, an output that is one of the command's own
+    inputs: ``inputs`` maps each input's flag to its path (or paths); an output that is the same file as an
+    input, or an existing file inside an input folder (an index's manifest), is a ``ValueError`` naming both."""
+    path = os.fspath(path)
+    if not os.path.lexists(path):
+        return
+    real = os.path.realpath(path)
+    for flag, given in inputs.items():
+        for item in [given] if isinstance(given, (str, bytes, os.PathLike)) else (given or ()):
+            item = os.fspath(item)
+            if not os.path.exists(item):
+                continue
+            if os.path.isdir(item):
+                inside = os.path.commonpath([real, os.path.realpath(item)]) == os.path.realpath(item)
+                if inside:
+                    raise ValueError(f"{path}: is inside {flag} {item}, an input of this command; not written "
+                                     "there, even with --overwrite")
+            elif os.path.exists(real) and os.path.samefile(real, item):
+                raise ValueError(f"{path}: is {flag} {item}, an input of this command; not written over, even "
+                                 "with --overwrite")
 
 
 # The mark each kind of whole file ucmfh writes carries in its first bytes (:func:`check_replaceable`).

@@ -108,6 +108,44 @@ def test_a_whole_file_output_never_replaces_a_users_file(tmp_path, victim, tiny_
     assert not (tmp_path / "runs").exists() and not (tmp_path / "r.jsonl").exists()
 
 
+@pytest.mark.parametrize("argv, flag, input_flag", [
+    (["encode", "-d", "{victim}", "-c", "{checkpoint}", "-o", "{victim}"], "--out", "--dataset"),
+    (["encode", "-d", "{data}", "-c", "{checkpoint}", "-o", "{checkpoint}"], "--out", "--checkpoint"),
+    (["evaluate", "--codes", "{victim}", "--metrics-out", "{victim}"], "--metrics-out", "--codes"),
+    (["search", "{index}", "-q", "{victim}", "--html", "{victim}"], "--html", "--queries"),
+    (["search", "{index}", "-q", "{data}", "--html", "{index}/index.json"], "--html", "INDEX"),
+    (["convert", "npz", "{victim}", "{victim}", "{victim}", "{victim}"], "OUT", "IMAGE"),
+    (["make-synthetic", "/dev/null"], "OUT", None),
+])
+def test_an_output_that_is_an_input_is_refused_even_with_overwrite(tmp_path, victim, tiny_path, argv, flag,
+                                                                   input_flag):
+    """--overwrite replaces a file of the user's that is in the way; never the command's own input (encode -o
+    onto its dataset or checkpoint, --metrics-out onto its codes, --html onto its queries or into its index),
+    nor a device (make-synthetic /dev/null replaced the device with a file): refused before any work."""
+    checkpoint = tmp_path / "hash16.pt"
+    index = tmp_path / "idx"
+    if "{checkpoint}" in argv or "{index}" in argv:  # a checkpoint of cca-itq (fitted in seconds), an index of it
+        trained = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--method", "cca-itq", "-b", "16", "--out",
+                                            str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl"), "--quiet"])
+        assert trained.exit_code == 0, trained.output
+        shutil.copy(next((tmp_path / "runs").rglob("hash16.pt")), checkpoint)
+        if "{index}" in argv:
+            built = CliRunner().invoke(main, ["index", tiny_path, "-c", str(checkpoint), "-o", str(index), "--quiet"])
+            assert built.exit_code == 0, built.output
+    args = [a.format(victim=victim, data=tiny_path, checkpoint=checkpoint, index=index) for a in argv]
+    target = Path(args[-1])  # the output, last in each command line
+    before = _md5(target) if target.is_file() else None
+    result = CliRunner().invoke(main, [*args, "--overwrite"])
+    assert result.exit_code == 2, result.output
+    if input_flag is None:
+        assert f"Error: {flag} {target}: is not a regular file (a device, a pipe or a socket); not written" in result.output
+    else:
+        assert re.search(rf"Error: {re.escape(flag)} {re.escape(str(target))}: is (inside )?{re.escape(input_flag)} "
+                         r".*an input of this command; not written (over|there), even with --overwrite",
+                         result.output), result.output
+        assert _md5(target) == before
+
+
 def test_own_files_are_recognised_by_their_mark(tmp_path):
     """A page, a table, a figure and a metrics file ucmfh wrote carry their mark in their first bytes and
     are written again; the same path with another file in it needs --overwrite."""

@@ -11,7 +11,7 @@ import click
 
 from ucmfh.app.errors import UserError, reader_gone, user_errors, warn
 from ucmfh.app.environment import (
-    configure_from_env, default_data_dir, join_process_group, protocols_of, resolve_dataset,
+    configure_from_env, dataset_paths, default_data_dir, join_process_group, protocols_of, resolve_dataset,
 )
 from ucmfh.app.identity import Run, dataset_identity
 from ucmfh.app.stage import check_interrupted
@@ -248,7 +248,8 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
                                                                if flag == "--database" else ""))
     if metrics_out and len(codes) > 1:
         raise click.UsageError("--metrics-out goes with one --codes file")
-    check_outputs({"--results": results, "--metrics-out": metrics_out, "--plot": plot}, overwrite=overwrite)
+    check_outputs({"--results": results, "--metrics-out": metrics_out, "--plot": plot}, overwrite=overwrite,
+                  inputs={"--codes": codes, "--checkpoint": checkpoint, "--dataset": dataset_paths(dataset, data_dir)})
     if codes:
         from ucmfh.app.table import append_results
         from ucmfh.files import write_json_atomic
@@ -308,7 +309,7 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
 
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f"{out}: exists; not replaced")
-    check_outputs({"--out": out})
+    check_outputs({"--out": out}, inputs={"--dataset": dataset_paths(dataset, data_dir), "--checkpoint": checkpoint})
     load_model(checkpoint, "hash")  # a damaged or fusion checkpoint is named before the dataset is read
     data = _load(dataset, data_dir)
     path = encode_checkpoint(data, checkpoint, out, protocol, device, not quiet, overwrite)

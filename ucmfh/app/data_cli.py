@@ -66,7 +66,8 @@ def convert() -> None:
 @user_errors
 def convert_pkl_cmd(folder, out, name, classes_file, image_feature, text_feature, empty_labels, overwrite):
     """UCMFH's FOLDER/{train,query,retrieval}.pkl -> OUT, split as released."""
-    check_outputs({"OUT": out})
+    check_outputs({"OUT": out}, inputs={"FOLDER": [os.path.join(folder, f) for f in os.listdir(folder)],
+                                        "--classes": classes_file})
     kwargs = {k: v for k, v in (("image_feature", image_feature), ("text_feature", text_feature)) if v}
     _summary(convert_pkl(folder, out, name=name, classes=read_classes(classes_file) if classes_file else None,
                          empty_labels=empty_labels, overwrite=overwrite, **kwargs))
@@ -94,7 +95,8 @@ def _arrays_command(kind: str, help_text: str):
     def command(image, text, labels, out, image_key, text_key, labels_key, standard_split, query, train, retrieval,
                 split_index, seed, chunk_rows, name, classes_file, image_feature, text_feature, empty_labels,
                 overwrite):
-        check_outputs({"OUT": out})
+        check_outputs({"OUT": out}, inputs={"IMAGE": image, "TEXT": text, "LABELS": labels,
+                                            "--split-index": split_index, "--classes": classes_file})
         sizes = None
         if split_index is None:
             sizes = _split_sizes(standard_split, query, train, retrieval)
@@ -161,7 +163,8 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
     '--merge'; or 'torchrun --nproc-per-node N -m ucmfh extract ...'.
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    check_outputs({"OUT": out})
+    check_outputs({"OUT": out}, inputs={"CAPTIONS": captions, "LABELS": labels, "--classes": classes_file,
+                                        "IMAGES": None if os.path.isdir(images) else images})
     try:
         shard_of = parse_shard(shard) if shard else None
         world = int(os.environ.get("WORLD_SIZE", "1"))

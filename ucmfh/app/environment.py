@@ -3,7 +3,7 @@ backend (``$UCMFH_NATIVE``) and torchrun's process group."""
 from __future__ import annotations
 
 import os
-from typing import Tuple
+from typing import List, Tuple
 
 from ucmfh.config import PROTOCOLS
 from ucmfh.data.synthetic import make_synthetic
@@ -67,6 +67,12 @@ def _leave_process_group() -> None:
 
 def protocols_of(protocol: str) -> Tuple[str, ...]:
     return PROTOCOLS if protocol == "both" else (protocol,)
+
+
+def dataset_paths(name: str, data_dir: PathLike) -> List[str]:
+    """Every file ``--dataset name`` may stand for (:func:`resolve_dataset`), found or not, creating nothing:
+    the inputs an output must not be (:func:`ucmfh.app.outputs.check_outputs`)."""
+    return [name, os.path.join(os.fspath(data_dir), name), os.path.join(os.fspath(data_dir), f"{name}.h5")]
 
 
 def resolve_dataset(name: str, data_dir: PathLike) -> str:

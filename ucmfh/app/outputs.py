@@ -11,9 +11,9 @@ ucmfh wrote that kind of file before (:func:`ucmfh.files.check_replaceable`), an
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Union
 
-from ucmfh.files import check_jsonl, check_replaceable, check_writable
+from ucmfh.files import check_jsonl, check_not_input, check_replaceable, check_writable
 from ucmfh.metrics.plots import figure_kind
 from ucmfh.training_log import TensorBoardLog
 
@@ -28,11 +28,16 @@ WRITES = {
 APPENDS = ("--results",)  # JSON-lines files that rows are appended to
 
 
+Inputs = Dict[str, Union[str, Sequence[str], None]]
+
+
 def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
-                  folders: Optional[Dict[str, Optional[str]]] = None, overwrite: bool = False) -> None:
+                  folders: Optional[Dict[str, Optional[str]]] = None, overwrite: bool = False,
+                  inputs: Optional[Inputs] = None) -> None:
     """Refuse an output that could not be written, or would replace a file of the user's, naming its flag:
     ``files`` and ``folders`` map a flag (``"--results"``, ``"--out"``) to its path (None or '': no
-    output). ``overwrite``: the command's --overwrite was given."""
+    output). ``overwrite``: the command's --overwrite was given. ``inputs``: the command's inputs by flag (a
+    path or several; a folder: an index), never written over, ``overwrite`` or not."""
     outputs = [(flag, path, True, None) for flag, path in (folders or {}).items()]
     for flag, path in (files or {}).items():
         outputs += [(flag, path and path + suffix, False, kind) for suffix, kind in WRITES.get(flag, (("", None),))]
@@ -43,6 +48,8 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
             TensorBoardLog(path)  # the package is there (an ImportError names the extra to install)
         try:
             check_writable(path, folder=folder)
+            if not folder:
+                check_not_input(path, inputs or {})
             if kind is not None:
                 check_replaceable(path, kind, overwrite)
             if flag in APPENDS:
@@ -51,12 +58,13 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
             raise type(err)(f"{flag} {err}") from None
 
 
-def check_figures(flag: str, paths: Sequence[str], overwrite: bool = False) -> None:
+def check_figures(flag: str, paths: Sequence[str], overwrite: bool = False, inputs: Optional[Inputs] = None) -> None:
     """:func:`check_outputs` for figures whose names a command works out itself (``runs --plot PREFIX``
     draws one per dataset and score, ``compare --plot PATH`` one, PNG or SVG by its suffix)."""
     for path in paths:
         try:
             check_writable(path)
+            check_not_input(path, inputs or {})
             check_replaceable(path, figure_kind(path), overwrite)
         except (OSError, ValueError) as err:  # a user error (ucmfh.app.errors): one line, exit 2
             raise type(err)(f"{flag} {err}") from None
