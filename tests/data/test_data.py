@@ -78,6 +78,14 @@ def _break(tmp_path, edit):
         (lambda f: f["train"]["image"].__setitem__((3, 2), np.inf), r"/train/image: 1 non-finite .*inf at row 3, column 2"),
         (lambda f: f["query"]["labels"].__setitem__(2, np.zeros(4, np.uint8)), r"/query/labels: 1 rows have no label"),
         (lambda f: f["retrieval"]["ids"].__setitem__(0, 10), r"/query/ids: 1 ids also appear in /retrieval/ids"),
+        # a query item trained on
+        (lambda f: f["train"]["ids"].__setitem__(0, 10), r"/query/ids: 1 ids also appear in /train/ids .*query and "
+                                                        r"train must be disjoint"),
+        # float64 beyond float32's range: read as inf
+        (lambda f: (_replace(f, "query/image", f["query"]["image"][()].astype(np.float64)),
+                    f["query"]["image"].__setitem__((1, 2), 1e300)),
+         r"/query/image \(read as float32: float64 values beyond its range become inf\): 1 non-finite .*inf at row 1, "
+         r"column 2"),
         (lambda f: f["query"]["labels"].__setitem__(0, np.full(4, 2, np.uint8)), r"multi-hot 0/1"),
         (lambda f: f.attrs.__setitem__("classes", ["a", "b"]), r"2 names for 4 label columns"),
         (lambda f: f.attrs.__setitem__("classes", "abcd"), r"attribute 'classes': a single str for 4 label columns"),

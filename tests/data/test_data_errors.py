@@ -220,6 +220,10 @@ def test_bad_split_index(tmp_path, arrays):
     np.savez(tmp_path / "range.npz", query=[-2, 0, 1], retrieval=np.arange(5, N + 3), train=np.arange(5, 15))
     user_error(["convert", "npz", *arrays, out, "--split-index", tmp_path / "range.npz"],
                "range.npz: query: 1 rows out of range for 30 source rows (first: -2)")
+    # a query item in the training split: every score inflated, silently
+    np.savez(tmp_path / "trained.npz", query=np.arange(5), retrieval=np.arange(5, N), train=np.arange(0, 15))
+    user_error(["convert", "npz", *arrays, out, "--split-index", tmp_path / "trained.npz"],
+               "trained.npz: query and train share rows; they must be disjoint")
     (tmp_path / "split.txt").write_text("query: 1 2 3\n")
     user_error(["convert", "npz", *arrays, out, "--split-index", tmp_path / "split.txt"],
                "split.txt: not a readable .npz archive")

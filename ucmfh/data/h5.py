@@ -161,8 +161,14 @@ def _read(path: str, where: str, dset: h5py.Dataset, rows: slice = slice(None)) 
 
 
 def _check_finite(path: str, where: str, dset: h5py.Dataset) -> None:
+    """No NaN or inf, as stored nor as read (float32: a float64 value beyond its range is read as inf)."""
     for start in range(0, dset.shape[0], _CHECK_ROWS):
-        check_finite(_read(path, where, dset, slice(start, start + _CHECK_ROWS)), f"{path}: {where}", start)
+        block = _read(path, where, dset, slice(start, start + _CHECK_ROWS))
+        check_finite(block, f"{path}: {where}", start)
+        if block.dtype != np.float32:
+            with np.errstate(over="ignore"):
+                check_finite(block.astype(np.float32), f"{path}: {where} (read as float32: {block.dtype} values "
+                                                       "beyond its range become inf)", start)
 
 
 def _check_ids(path: str, where: str, dset: h5py.Dataset, n_rows: int) -> np.ndarray:
@@ -267,13 +273,13 @@ def validate_file(path: PathLike) -> Dict[str, object]:
         if classes is not None and (not isinstance(classes, list) or len(classes) != n_classes):
             got = f"{len(classes)} names" if isinstance(classes, list) else f"a single {type(classes).__name__}"
             raise _fail(path, "attribute 'classes'", f"{got} for {n_classes} label columns")
-        if "query" in ids and "retrieval" in ids:
-            shared = np.intersect1d(ids["query"], ids["retrieval"])
-            if shared.size:
+        for other in ("retrieval", "train"):  # a query item trained on, or found as itself, inflates every score
+            shared = np.intersect1d(ids["query"], ids[other]) if "query" in ids and other in ids else ()
+            if len(shared):
                 raise _fail(
                     path, "/query/ids",
-                    f"{shared.size} ids also appear in /retrieval/ids (first: {shared[0]}); "
-                    "query and retrieval must be disjoint",
+                    f"{len(shared)} ids also appear in /{other}/ids (first: {shared[0]}); "
+                    f"query and {other} must be disjoint",
                 )
         return attrs
 

@@ -164,6 +164,7 @@ def load_split_index(path: str) -> SplitIndex:
         repeated = v[1:][v[1:] == v[:-1]]  # sorted: a repeat sits next to itself
         if repeated.size:
             raise DataError(f"{path}: {k}: row {repeated[0]} listed more than once")
-    if np.intersect1d(parts["query"], parts["retrieval"]).size:
-        raise DataError(f"{path}: query and retrieval share rows; they must be disjoint")
+    for other in ("retrieval", "train"):  # a query item trained on, or found as itself, inflates every score
+        if np.intersect1d(parts["query"], parts[other]).size:
+            raise DataError(f"{path}: query and {other} share rows; they must be disjoint")
     return SplitIndex(rule=f"given: source rows from {path}", **parts)
