@@ -408,6 +408,14 @@ def test_one_index_folder_named_twice_is_refused(collection, tmp_path, monkeypat
     d, p = shards.search(queries, 120, "txt")
     assert p.shape == (40, 120) and sorted(shards.take("txt", "ids", p[0])) == sorted(c["ids"])
     assert np.array_equal(p, whole.search(queries, 120, "txt")[1]) and np.array_equal(d, whole.search(queries, 120, "txt")[0])
+    # two folders holding a group of one collection (by content, wherever the file is): refused, not every hit twice
+    shutil.copy(dataset, tmp_path / "copy.h5")
+    build_index(str(tmp_path / "copy.h5"), c["ckpt"][0], str(tmp_path / "again"), splits=["retrieval"])
+    for folders, group in ((["both", "r"], "/retrieval"), (["r", "again"], "/retrieval"), (["q", "both"], "/query")):
+        with pytest.raises(ValueError) as err:
+            open_index([str(tmp_path / f) for f in folders])
+        assert str(err.value).startswith(f"{tmp_path / folders[1]}: holds the items of ") and str(err.value).endswith(
+            f"{group}, as {tmp_path / folders[0]} does; searched as one, every hit of them would be returned twice")
 
 
 def test_indexes_searched_as_one_share_checkpoint_bits_and_extractors(collection, tmp_path):

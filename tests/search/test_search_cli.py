@@ -81,6 +81,9 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
         (["search", str(out), "-q", str(tmp_path / "bad.npy"), "--query-modality", "text"],
          "5-d text features, the checkpoint"),
         (["search", str(out), "-q", tiny_path, "--ids", "999999"], "no item with id 999999"),
+        # "1 6" was read as 16, and "" as no query at all
+        (["search", str(out), "-q", tiny_path, "--ids", "1 6"], "--ids: expected comma-separated integers, got '1 6'"),
+        (["search", str(out), "-q", tiny_path, "--ids", ""], "--ids: expected comma-separated integers, got ''"),
         (["search", str(out), "--text", "a dog"], "not a CLIP model"),
         (["index", tiny_path, "-c", str(tmp_path / "nope.pt"), "-o", str(tmp_path / "ix2")], "no such checkpoint"),
         (["index", str(tmp_path / "nope.h5"), "-c", trained, "-o", str(tmp_path / "ix2")], "no such collection file"),

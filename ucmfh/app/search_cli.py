@@ -217,10 +217,13 @@ def _recorded_checkpoint(index, path: str) -> str:
 def _parse_ids(ids: Optional[str]) -> Optional[Tuple[int, ...]]:
     if ids is None:
         return None
-    try:
-        return tuple(int(v) for v in ids.replace(" ", "").split(",") if v)
+    try:  # int() takes the spaces around a number, not within it ("1 6" is not 16)
+        parsed = tuple(int(v) for v in ids.split(",") if v.strip())
     except ValueError:
-        raise click.BadParameter(f"expected comma-separated integers, got {ids!r}", param_hint="--ids") from None
+        parsed = ()
+    if not parsed:
+        raise click.BadParameter(f"expected comma-separated integers, got {ids!r}", param_hint="--ids")
+    return parsed
 
 
 def _default_query_modality(path: str, split: Optional[str], searched: str) -> Optional[str]:

@@ -56,6 +56,16 @@ class Shards:
                                     "must share their extractors")
                 features.setdefault(modality, feature)
                 described.setdefault(modality, shard)
+        held: Dict[Tuple[str, str], Index] = {}  # (a collection's content, one of its groups) -> the shard holding it
+        for shard in shards:  # two folders of one collection: the same items twice, every hit twice
+            for source in getattr(shard, "sources", None) or ():
+                content = str(source.get("key", "")).split(":")[0]
+                for group in source.get("groups") or ():
+                    other = held.setdefault((content, group), shard)
+                    if other is not shard:
+                        raise ValueError(f"{shard.path}: holds the items of {source.get('path')} {group}, as "
+                                         f"{other.path} does; searched as one, every hit of them would be returned "
+                                         "twice")
         self.shards = list(shards)
         # the features every shard that records them shares: queries of another extractor are refused for all
         self.n_bits, self.path = first.n_bits, first.path
