@@ -44,6 +44,11 @@ _HASH = SETTINGS[HashConfig]  # each setting's range: the flags below refuse wha
 
 
 def parse_args(argv=None) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+def parser() -> argparse.ArgumentParser:
+    """UCMFH's command line."""
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", type=int, choices=[0, 1, 2, 3], default=1,
                    help="0 train fusion, 1 train hashing, 2 evaluate fusion, 3 evaluate hashing")
@@ -65,7 +70,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="seconds between saves of the training state (0: every epoch)")
     p.add_argument("--cuda_graph", action="store_true",
                    help="on a GPU, replay each full batch's training step from a captured CUDA graph")
-    return p.parse_args(argv)
+    return p
 
 
 def _other_epochs(run: Run, args: argparse.Namespace) -> str:
@@ -118,7 +123,8 @@ def main(argv=None) -> int:
                                        out=args.out)
         report(rows, args.results)
     except USER_ERRORS as err:
-        print(f"error: {describe(err)}", file=sys.stderr)
+        options = {flag for action in parser()._actions for flag in action.option_strings}
+        print(f"error: {describe(err, options)}", file=sys.stderr)  # a remedy only where demo.py has the flag
         return EXIT_USER_ERROR
     except KeyboardInterrupt as err:
         interrupted(err)

@@ -113,6 +113,25 @@ def test_demo_names_the_flag_of_a_bad_value(capsys, argv, says):
     assert ended.value.code == 2 and capsys.readouterr().err.splitlines()[-1].endswith(f": error: {says}")
 
 
+def test_demo_names_no_remedy_it_has_no_flag_for(capsys, monkeypatch, tiny_path, tmp_path):
+    """An error whose remedy is --overwrite (ucmfh's commands have it) is said by demo.py without it: demo.py
+    has no --overwrite (an interrupted run's message sent its users to it)."""
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+
+    def saved(*_):
+        raise FileExistsError("fusion.state.pt: an interrupted run of these settings is saved here; continue it "
+                              "with --resume")
+
+    monkeypatch.setattr(demo, "check_interrupted", saved)
+    code = demo.main(["--task", "0", "--dataset", tiny_path, "--out", str(tmp_path / "runs"), "--results",
+                      str(tmp_path / "r.jsonl")])
+    err = capsys.readouterr().err
+    assert code == 2 and err.endswith("continue it with --resume\n") and "--overwrite" not in err
+    assert "--resume" in {flag for action in demo.parser()._actions for flag in action.option_strings}
+
+
 @click.command("crash")
 def _crash():
     raise RuntimeError("a bug, not a user error")

@@ -249,6 +249,14 @@ def test_encode_refuses_to_overwrite_and_epochs_must_be_positive(tmp_path, tiny_
     result = runner.invoke(main, ["encode", "-d", tiny_path, "-c", checkpoint, "-o", str(out), "--quiet",
                                   "--overwrite"])
     assert result.exit_code == 0 and out.read_bytes() != b"precious"
+    # a leak-free method's codes have no fused view: refused, as evaluate refuses it (they were written, labelled fused)
+    leak_free = runner.invoke(main, ["train-hash", "-d", tiny_path, "--method", "cca-itq", "-b", "8", "--out",
+                                     str(tmp_path / "runs"), "--results", str(tmp_path / "cca.jsonl"), "--quiet"])
+    assert leak_free.exit_code == 0, leak_free.output
+    result = runner.invoke(main, ["encode", "-d", tiny_path, "-c", _rows(tmp_path / "cca.jsonl")[0]["checkpoint"], "-o",
+                                  str(tmp_path / "f.h5"), "--quiet", "--protocol", "fused"])
+    assert result.exit_code == 2 and "Invalid value for --protocol: method 'cca-itq' is leak-free" in result.output
+    assert not (tmp_path / "f.h5").exists()
     result = runner.invoke(main, ["train-hash", "-d", tiny_path, "--epochs", "0"])
     assert result.exit_code == 2 and "--epochs" in result.output and "Traceback" not in result.output
     result = runner.invoke(main, ["train-hash", "-d", tiny_path, "--set", "hash.epochs=0"])

@@ -315,7 +315,8 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f"{out}: exists; not replaced")
     check_outputs({"--out": out}, inputs={"--dataset": dataset_paths(dataset, data_dir), "--checkpoint": checkpoint})
-    load_model(checkpoint, "hash")  # a damaged or fusion checkpoint is named before the dataset is read
+    hash_cfg = load_model(checkpoint, "hash")[2]  # a damaged or fusion checkpoint is named before the dataset is read
+    resolved(refuse_unused, hash_cfg.method, protocol=protocol)  # a leak-free method's codes have no fused view
     data = _load(dataset, data_dir)
     path = encode_checkpoint(data, checkpoint, out, protocol, device, not quiet, overwrite)
     click.echo(f"wrote {path} ({protocol} protocol)")

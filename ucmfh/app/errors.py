@@ -11,7 +11,7 @@ from __future__ import annotations
 import functools
 import os
 import sys
-from typing import Any, Callable, Optional
+from typing import Any, Callable, Collection, Optional
 
 import click
 
@@ -48,20 +48,22 @@ def has_option(flag: str) -> bool:
     return any(flag in param.opts or flag in param.secondary_opts for param in context.command.params)
 
 
-def describe(err: BaseException) -> str:
+def describe(err: BaseException, options: Optional[Collection[str]] = None) -> str:
     """The one line shown for a user error, with its remedy worded as an option of the command running.
 
     A library error may carry ``remedy = (setting, value, effect)`` (``DataError``
     does): the setting under which the input would be accepted. A remedy is named only where the
-    command has the option: a message never sends the user to a flag that is not there.
+    command has the option: a message never sends the user to a flag that is not there. ``options``: the
+    flags of a front door that is not a click command (demo.py's), else those of the click command running.
     """
+    has = has_option if options is None else options.__contains__
     text = str(err) or type(err).__name__
-    if isinstance(err, FileExistsError) and has_option("--overwrite"):
+    if isinstance(err, FileExistsError) and has("--overwrite"):
         text += " (pass --overwrite to replace it)"
     remedy = getattr(err, "remedy", None)
     if remedy is not None:
         setting, value, effect = remedy
-        if has_option(option_hint(setting, True)):
+        if has(option_hint(setting, True)):
             text += f"; use {option_hint(setting, value)} {effect}"
     return " ".join(text.split())
 
