@@ -163,3 +163,15 @@ def test_make_synthetic_writes_a_valid_file(tmp_path):
     path = make_synthetic(tmp_path / "s.h5", TINY)
     attrs = validate_file(path)
     assert attrs["name"] == "synthetic" and len(attrs["classes"]) == TINY.n_classes
+
+
+def test_make_synthetic_refuses_an_existing_file_before_making_the_data(tmp_path, monkeypatch):
+    """The refusal came after the data were made: 50 s for 300,000 items."""
+    import ucmfh.data.synthetic as synthetic
+
+    path = tmp_path / "s.h5"
+    path.write_bytes(b"precious")
+    monkeypatch.setattr(synthetic, "make_synthetic_arrays", lambda spec: pytest.fail("the data were made"))
+    with pytest.raises(FileExistsError, match="s.h5: exists; not replaced"):
+        make_synthetic(path, TINY)
+    assert path.read_bytes() == b"precious"

@@ -200,11 +200,14 @@ def test_bad_images_fail_by_name_or_are_skipped_never_zero(tmp_path, caplog):
 
 
 def test_empty_split_is_a_clear_error(tmp_path):
+    """Refused before any feature is computed (it came after all of them: hours on a large collection)."""
     names = make_images(tmp_path / "imgs", 3)
     caps, labels = write_inputs(tmp_path, names)
+    encoder = FakeEncoder()
     with pytest.raises(DataError, match=r"captions\.tsv: split asks for query 3 of 3 distinct ids: retrieval would be empty"):
         extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SplitSizes(3, 2),
-                         encoder=FakeEncoder(), config=ExtractConfig(workers=1), progress=False)
+                         encoder=encoder, config=ExtractConfig(workers=1), progress=False)
+    assert encoder.calls == {"image": 0, "text": 0} and not (tmp_path / "set.h5.parts").exists()
 
 
 # ------------------------------------------------------------------ real CLIP code path, tiny random weights

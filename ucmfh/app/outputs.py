@@ -42,6 +42,8 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
     for flag, path in (files or {}).items():
         outputs += [(flag, path and path + suffix, False, kind) for suffix, kind in WRITES.get(flag, (("", None),))]
     for flag, path, folder, kind in outputs:
+        if path == "" and flag == "OUT":  # an argument: a file to write, never "none"
+            raise ValueError("OUT: an empty path; give the file to write")
         if not path:
             continue
         if flag == "--tensorboard":

@@ -283,6 +283,10 @@ def extract_features(
     caption_list, image_of = read_captions(captions, names)
     label_matrix, class_names = read_labels(labels, names, read_classes(classes) if classes else None)
     keep_image = empty_label_rows(label_matrix, os.fspath(labels), empty_labels)
+    try:  # the split the sizes ask for, drawn now as if every image were readable: refused before any feature
+        sample_split(len(caption_list), sizes, seed, ids=image_of, keep=keep_image[image_of])
+    except ValueError as err:
+        raise DataError(f"{captions}: {err}") from None
 
     computing = shard is not None or not merge
     if encoder is None and computing:

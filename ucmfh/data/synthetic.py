@@ -11,6 +11,7 @@ random-code MAP), and a trained one must learn the cross-modal alignment.
 from __future__ import annotations
 
 import math
+import os
 from dataclasses import asdict, dataclass, fields
 from typing import Dict
 
@@ -102,7 +103,10 @@ def make_synthetic_arrays(spec: SyntheticSpec) -> Dict[str, Dict[str, np.ndarray
 
 
 def make_synthetic(path: PathLike, spec: SyntheticSpec = SyntheticSpec(), overwrite: bool = False) -> str:
-    """Write a synthetic dataset file (atomic) and return its path."""
+    """Write a synthetic dataset file (atomic) and return its path; an existing file is refused before the data
+    are made (``FileExistsError``; ``overwrite`` replaces it)."""
+    if os.path.exists(path) and not overwrite:
+        raise FileExistsError(f"{os.fspath(path)}: exists; not replaced")
     attrs = {
         "name": "synthetic",
         "classes": [f"class{c:02d}" for c in range(spec.n_classes)],
