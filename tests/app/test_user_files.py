@@ -285,6 +285,30 @@ def test_sigterm_exits_with_its_own_code(tmp_path, tiny_path, monkeypatch):
     assert "--overwrite" not in again.output  # train-hash has no --overwrite: the message does not name it
 
 
+def test_sigterm_ends_any_command_as_ctrl_c_does(tmp_path, monkeypatch):
+    """A command with no loop of its own (make-synthetic, convert, extract) was killed on the spot by SIGTERM,
+    saying nothing and leaving its temporary file (182 MB): now its interrupt removes the file, says one line
+    and exits 143; and SIGTERM has its default action again once the command is over."""
+    import os
+    import time
+
+    import ucmfh.data.writer as writer
+
+    as_format = writer._as_format
+
+    def terminated_while_writing(*args):  # the file is open under its temporary name
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".s.h5")]
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(5)  # the handler raises here
+        return as_format(*args)
+
+    monkeypatch.setattr(writer, "_as_format", terminated_while_writing)
+    result = CliRunner().invoke(main, ["make-synthetic", str(tmp_path / "s.h5"), "--n-query", "10",
+                                       "--n-retrieval", "60", "--n-train", "20"])
+    assert result.exit_code == 143 and result.output == "terminated\n"
+    assert list(tmp_path.iterdir()) == [] and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
 # flags of other programs that messages may name
 OTHERS = {"--help", "--nproc-per-node"}
 

@@ -9,7 +9,7 @@ from typing import Optional
 
 import click
 
-from ucmfh.app.errors import UserError, reader_gone, user_errors, warn
+from ucmfh.app.errors import UserError, reader_gone, terminate_as_interrupt, user_errors, warn
 from ucmfh.app.environment import (
     configure_from_env, dataset_paths, default_data_dir, join_process_group, protocols_of, resolve_dataset,
 )
@@ -50,6 +50,7 @@ class Commands(click.Group):
 def main(ctx: click.Context) -> None:
     """ucmfh: deep cross-modal hashing on precomputed features: UCMFH, the field's methods and a leak-free default."""
     configure_from_env()
+    ctx.call_on_close(terminate_as_interrupt())
     for name, why in PLUGIN_ERRORS.items():  # another package's method, installed and broken (docs/methods.md)
         warn(f"method {name!r} of an installed package not loaded: {why}")
     if ctx.invoked_subcommand != "extract":  # extraction's ranks are independent shards, never a group

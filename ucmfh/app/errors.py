@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import functools
 import os
+import signal
 import sys
+import threading
 from typing import Any, Callable, Collection, Optional
 
 import click
@@ -88,6 +90,21 @@ def stopped_by(message: str, signum: Optional[int]) -> KeyboardInterrupt:
     err = KeyboardInterrupt(message)
     err.signum = signum  # type: ignore[attr-defined]
     return err
+
+
+def terminate_as_interrupt() -> Callable[[], None]:
+    """Until the returned function is called, SIGTERM ends the command as Ctrl-C does (a ``KeyboardInterrupt``
+    that remembers the signal: a file half-written is removed, one line is said, exit 143), where it would
+    have killed the process on the spot, leaving its temporary files. Only where SIGTERM has its default
+    action, in the main thread (a parent that set it otherwise keeps its own)."""
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return lambda: None
+
+    def handler(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise stopped_by("terminated", signum)
+
+    signal.signal(signal.SIGTERM, handler)
+    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def reader_gone() -> None:
