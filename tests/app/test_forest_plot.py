@@ -88,6 +88,10 @@ def test_a_file_of_the_users_at_path_is_kept_without_overwrite(tmp_path):
     assert b"Software\x00ucmfh" in plot.read_bytes()[:4096]
     folder = CliRunner().invoke(main, args[:-1] + [str(tmp_path)])
     assert folder.exit_code == 2 and "is a directory" in folder.output
+    pdf = CliRunner().invoke(main, args[:-1] + [str(tmp_path / "forest.pdf")])  # it held PNG bytes
+    assert pdf.exit_code == 2 and pdf.output == (f"Error: --plot {tmp_path / 'forest.pdf'}: a figure is written as PNG "
+                                                 "or SVG: end its name in .png or .svg\n")
+    assert not (tmp_path / "forest.pdf").exists()
 
 
 def test_a_missing_matplotlib_is_one_line_naming_the_extra(tmp_path, monkeypatch):

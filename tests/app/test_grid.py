@@ -145,3 +145,12 @@ def test_grid_reads_every_dataset_before_its_first_cell(tiny_path, tmp_path):
                                        "--table", str(tmp_path / "grid"), "--quiet"])
     assert result.exit_code == 2 and "bad.h5: not a readable HDF5 file" in result.output, result.output
     assert "run " not in result.output and not (tmp_path / "r.jsonl").exists()
+
+
+def test_a_table_path_given_with_its_extension_is_not_doubled(tiny_path, tmp_path):
+    """--table x.md wrote x.md.md and x.md.csv."""
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "cca-itq", "-b", "16", "--results",
+                                       str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "runs"), "--table",
+                                       str(tmp_path / "x.md"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.glob("x*")) == ["x.csv", "x.md"]

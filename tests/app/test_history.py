@@ -89,3 +89,18 @@ def test_a_run_neither_a_file_nor_findable_names_the_run_not_only_the_results_fi
     assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == (
         f"Error: Invalid value for --history: {missing}: no such checkpoint file, and no results file "
         f"{tmp_path / 'r.jsonl'} to find a run key in"), result.output
+
+
+def test_a_run_fitted_in_closed_form_has_no_history_and_says_so(tiny_path, tmp_path):
+    """cca-itq trains no epoch: its history was a header over nothing, its figure an empty axes."""
+    results = tmp_path / "r.jsonl"
+    trained = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--method", "cca-itq", "-b", "16", "--out",
+                                        str(tmp_path / "runs"), "--results", str(results), "--quiet"])
+    assert trained.exit_code == 0, trained.output
+    checkpoint = read_jsonl(results)[0]["checkpoint"]
+    for extra in ([], ["--plot", str(tmp_path / "h")]):
+        result = CliRunner().invoke(main, ["runs", "--history", checkpoint, *extra])
+        assert result.exit_code == 2 and result.output.endswith(
+            f"Invalid value for --history: {checkpoint}: no epoch was trained (a method fitted in closed form has "
+            "no history)\n"), result.output
+    assert not list(tmp_path.glob("h*"))

@@ -374,6 +374,9 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
             path, epochs = history_of(history, rows, ", ".join(results))
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--history") from None
+        if not history_rows(epochs):  # a method fitted in closed form (cca-itq) trains no epoch
+            raise click.BadParameter(f"{path}: no epoch was trained (a method fitted in closed form has no history)",
+                                     param_hint="--history")
         if plot is not None:
             check_figures("--plot", history_paths(plot), overwrite)
             for drawn in draw_history(history_figure(path, epochs), plot):

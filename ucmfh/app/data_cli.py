@@ -12,7 +12,7 @@ import os
 
 import click
 
-from ucmfh.app.errors import user_errors
+from ucmfh.app.errors import stopped_by, user_errors
 from ucmfh.app.outputs import check_outputs
 from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
 from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features
@@ -187,9 +187,12 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
         report = extract_features(images, captions, labels, out, sizes=sizes, seed=seed, classes=classes_file,
                                   config=config, name=name, empty_labels=empty_labels, restart=restart,
                                   overwrite=overwrite, shard=shard_of, merge=merge)
-    except KeyboardInterrupt:
-        raise KeyboardInterrupt(f"interrupted: the finished chunks are kept in {out}.parts; run the same command "
-                                "to continue") from None
+    except KeyboardInterrupt as err:
+        parts = f"{out}.parts"
+        kept = os.path.isdir(parts) and any(os.scandir(parts))
+        raise stopped_by(f"{err or 'interrupted'}: the finished chunks are kept in {parts}; run the same command "
+                         "to continue" if kept else f"{err or 'interrupted'}: no chunk was finished",
+                         getattr(err, "signum", None)) from None
     if report.path is None:
         click.echo(f"shard {shard_of[0]}/{shard_of[1]} done: chunks computed {report.chunks_computed}, reused "
                    f"{report.chunks_reused} ({report.seconds:.1f} s); write {out} with --merge once every shard "

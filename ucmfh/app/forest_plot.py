@@ -25,6 +25,8 @@ def check_plot_path(path: str, overwrite: bool = False, flag: str = "--plot") ->
     """Refuse, before any work, a figure that could not be written or would replace a file ucmfh did not
     write as a figure (without ``overwrite``), naming ``flag``."""
     check_figures(flag, [path], overwrite)
+    if not path.lower().endswith((".png", ".svg")):  # any other name held PNG bytes (a .pdf of PNG data)
+        raise ValueError(f"{flag} {path}: a figure is written as PNG or SVG: end its name in .png or .svg")
 
 
 def forest_panels(rows: Sequence[Tuple[str, Dict[str, Any]]]) -> List[Dict[str, Any]]:

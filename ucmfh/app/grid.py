@@ -220,7 +220,7 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
 @click.option("--results", default=DEFAULT_RESULTS, show_default=True,
               help="JSON-lines file of result rows (read to skip finished cells; 'ucmfh runs' reads it too).")
 @click.option("--table", default="runs/grid", show_default=True,
-              help="Table path without extension (.md, .csv); a grid table there is written anew.")
+              help="Table path: PATH.md and PATH.csv (a .md or .csv given is dropped); a grid table there is written anew.")
 @click.option("--plot", metavar="PREFIX",
               help="Also draw each dataset's scores against code length, one line per method, from the grid's rows: "
                    "PREFIX_<dataset>_<score>.png and .svg (needs matplotlib; as 'ucmfh runs --plot').")
@@ -282,6 +282,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
             fcfg, hcfgs = resolved(stage_configs, method, dataset=dataset, n_bits=bits, drop_unused=True,
                                    flags=flags, **{**cell, **named})
         cells += [(dataset, fcfg, hcfg) for hcfg in hcfgs]
+    table = table[: -len(".md")] if table.endswith(".md") else table[: -len(".csv")] if table.endswith(".csv") else table
     check_outputs({"--results": results, "--table": table}, {"--out": train["out"], "--tensorboard": train["tensorboard"]},
                   overwrite=overwrite)
     if plot is not None:  # matplotlib there, and no file of the user's where a figure may go, before any cell

@@ -28,7 +28,7 @@ def _common(fn):
                      help="Folder of NAME.h5 dataset files."),
         click.option("--database", type=click.Choice(["both", *DATABASES]), default=None,
                      help="Which database of the caption protocol to score (test: the query split; collection: "
-                          "query and retrieval together)."),
+                          "query and retrieval together) [default: test for train-seps, both for rerank]."),
         *output_options(),
     ]):
         fn = option(fn)
