@@ -303,6 +303,19 @@ def test_cli_evaluate_codes(tmp_path):
     broken.write_text("x")
     bad = runner.invoke(main, ["evaluate", "--codes", str(broken), "--results", ""])
     assert bad.exit_code == 2 and "not a readable codes file: not HDF5" in bad.output and "Traceback" not in bad.output
+    # a dataset or a protocol given with a codes file was ignored without a word (the file holds its own)
+    for flag, value in (("-d", "wiki"), ("--protocol", "fused")):
+        ignored = runner.invoke(main, ["evaluate", "--codes", str(path), flag, value, "--results", ""])
+        assert ignored.exit_code == 2 and ignored.output.endswith("goes with --checkpoint: a codes file holds the codes "
+                                                                  "of its dataset, under its protocol\n")
+    # the curves of one figure are of one dataset (its title names one)
+    other = tmp_path / "other.h5"
+    save_codes(other, **make_file_inputs(5), attrs={"protocol": "unimodal", "dataset": "wiki"})
+    mixed = runner.invoke(main, ["evaluate", "--codes", str(path), "--codes", str(other), "--plot", str(tmp_path / "m"),
+                                 "--results", ""])
+    assert mixed.exit_code == 2 and mixed.output.endswith(f"--codes {other}: codes of dataset 'wiki', but {path}'s are "
+                                                          "of 'toy'; the curves of one figure share a dataset\n")
+    assert not list(tmp_path.glob("m_*"))
 
 
 def test_several_runs_curves_on_one_figure_are_each_run_s_own(tmp_path, monkeypatch):

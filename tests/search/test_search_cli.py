@@ -81,6 +81,10 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
         (["search", str(out), "-q", str(tmp_path / "bad.npy"), "--query-modality", "text"],
          "5-d text features, the checkpoint"),
         (["search", str(out), "-q", tiny_path, "--ids", "999999"], "no item with id 999999"),
+        # a flag that would do nothing, a count of substrings the codes cannot be cut into (found after building)
+        (["search", str(out), "-q", tiny_path, "--candidates", "30"], "--candidates goes with --rerank"),
+        (["search", str(out), "-q", tiny_path, "--backend", "mih", "--substrings", "100"],
+         "--substrings: 100 substrings for 16-bit codes: at most 16 (a bit each)"),
         # "1 6" was read as 16, and "" as no query at all
         (["search", str(out), "-q", tiny_path, "--ids", "1 6"], "--ids: expected comma-separated integers, got '1 6'"),
         (["search", str(out), "-q", tiny_path, "--ids", ""], "--ids: expected comma-separated integers, got ''"),

@@ -309,6 +309,8 @@ def test_train_seps_and_rerank_commands(tmp_path, token_path):
     assert stages == [(s, db) for db in ("test", "collection")
                       for s in ("hamming", "cosine-rerank", "seps-rerank", "seps-full")]
     assert all(r["protocol"] == "unimodal" for r in rows if r["task"] in ("rerank", "seps"))
+    alone = runner.invoke(main, ["rerank", *common, "-c", str(hash_ckpt), "--full"])  # no SEPS: --full did nothing
+    assert alone.exit_code == 2 and "--full scores every pair by SEPS: it goes with --seps SEPS.pt" in alone.output
     # a results file with re-ranking rows (no seed) and SEPS rows (a seed) still summarises,
     # each stage and M on a line of its own
     summary = runner.invoke(main, ["runs", "--results", results])

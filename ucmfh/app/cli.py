@@ -254,6 +254,13 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
                                                                if flag == "--database" else ""))
     if metrics_out and len(codes) > 1:
         raise click.UsageError("--metrics-out goes with one --codes file")
+    if codes:  # a codes file holds its dataset's codes, under its protocol: these would be ignored
+        source = click.get_current_context().get_parameter_source
+        given = [flag for name, flag in (("dataset", "--dataset"), ("data_dir", "--data-dir"), ("protocol", "--protocol"))
+                 if source(name) == click.core.ParameterSource.COMMANDLINE]
+        if given:
+            raise click.UsageError(f"{given[0]} goes with --checkpoint: a codes file holds the codes of its dataset, "
+                                   "under its protocol")
     check_outputs({"--results": results, "--metrics-out": metrics_out, "--plot": plot}, overwrite=overwrite,
                   inputs={"--codes": codes, "--checkpoint": checkpoint, "--dataset": dataset_paths(dataset, data_dir)})
     if codes:
@@ -262,9 +269,15 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
         from ucmfh.metrics import codes_file_row, evaluate_codes_file
 
         if plot:
+            from ucmfh.codes import load_codes
             from ucmfh.metrics.plots import pyplot
 
             pyplot()  # a missing matplotlib is said before anything is scored
+            sets = {path: load_codes(path).attrs.get("dataset") for path in codes}
+            if len(set(sets.values())) > 1:  # one figure, one dataset: its title names it
+                first, other = codes[0], next(p for p in codes if sets[p] != sets[codes[0]])
+                raise click.UsageError(f"--codes {other}: codes of dataset {sets[other]!r}, but {first}'s are of "
+                                       f"{sets[first]!r}; the curves of one figure share a dataset")
         runs = []
         for path in codes:
             metrics = evaluate_codes_file(path, k=k, device=resolve_device(device), database=database)

@@ -130,6 +130,8 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         raise click.UsageError(f"{flag} does not apply to --backend {backend}") from None
     if (rerank == "seps") != bool(seps_checkpoint):
         raise click.UsageError("--rerank seps and --seps SEPS.pt go together")
+    if candidates is not None and rerank is None:
+        raise click.UsageError("--candidates goes with --rerank (the Hamming candidates it re-ranks)")
     if rerank == "seps" and not queries:
         raise UserError("--rerank seps needs the queries' token features, and --text and --image queries have "
                         "none: give an HDF5 --queries file with token datasets")
@@ -143,6 +145,13 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         opened = open_index(index)
     except UnfinishedIndex as err:
         raise UserError(f"{describe(err)}; run the same 'ucmfh index' command again to finish it") from None
+    if substrings is not None:  # before any table is built (a build for a count it cannot cut was cached first)
+        from ucmfh.search.mih import check_substrings
+
+        try:
+            check_substrings(opened.n_bits, substrings)
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--substrings") from None
     encoder = Encoder(checkpoint or _recorded_checkpoint(opened, index[0]), device)
     searched = SHORT[modality]
     if queries:

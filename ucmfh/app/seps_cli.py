@@ -106,6 +106,8 @@ def rerank(dataset, data_dir, database, results, device, quiet, checkpoint, seps
     Every query runs alone; the rows give R@1/5/10 of both directions, the first stage's ceiling
     R@M and per-query latency (search / fetch / score, p50 and p95), on both databases of §7.
     """
+    if full and not seps_checkpoint:
+        raise click.UsageError("--full scores every pair by SEPS: it goes with --seps SEPS.pt")
     check_outputs({"--results": results})
     path = resolve_dataset(dataset, data_dir)
     click.echo(f"dataset: {path}")

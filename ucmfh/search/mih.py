@@ -60,10 +60,18 @@ def default_substrings(n_bits: int, n_items: int) -> int:
     return max(-(-n_bits // width), -(-n_bits // 64))
 
 
+def check_substrings(n_bits: int, m: int) -> None:
+    """Refuse ``m`` substrings that cannot cut ``n_bits``-bit codes (``ValueError`` saying why), before any table
+    is built."""
+    _layout(n_bits, m)
+
+
 def _layout(n_bits: int, m: int) -> List[Tuple[int, int, int]]:
     """(word, bit offset, width) of each of m substrings: the bits of every word cut into nearly equal
     parts, none crossing a word (the padding bits beyond n_bits are clear everywhere: harmless)."""
     n_words = -(-n_bits // 64)
+    if m > n_bits:
+        raise ValueError(f"{m} substrings for {n_bits}-bit codes: at most {n_bits} (a bit each)")
     if m < n_words:
         raise ValueError(f"{m} substrings for {n_bits}-bit codes: need at least {n_words} (one per 64-bit word)")
     per_word = [m // n_words + (w < m % n_words) for w in range(n_words)]
