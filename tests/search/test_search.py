@@ -498,6 +498,17 @@ def test_a_group_indexed_already_is_never_added_again(collection, tmp_path):
         build_index(dataset, ck, str(cut), splits=["query"])
     assert build_index(dataset, ck, str(cut), chunk_size=20).resumed_at == 20
     assert np.array_equal(np.sort(Index.load(cut).ids("txt")), np.sort(c["ids"]))
+    # interrupted, then the file changed: the build was taken for a new one (every item added again) and the
+    # unfinished one stayed, each search sending the user back to the command that said "already indexed"
+    changed = tmp_path / "changed"
+    build_index(dataset, ck, str(changed), chunk_size=20, stop_after=1)
+    with h5py.File(dataset, "a") as f:
+        f["query/image"][0] = f["query/image"][0] + 1.0
+    before = Index.load(changed).count("txt")
+    with pytest.raises(DataError, match=r"changed: its build from .*split.h5 stopped at row 20 of 120 \(interrupted\), "
+                                        r"and the file has changed since: that build cannot be finished"):
+        build_index(dataset, ck, str(changed), chunk_size=20)
+    assert Index.load(changed).count("txt") == before
 
 
 def test_search_takes_a_backend_name_as_faiss_users_write_it():

@@ -134,6 +134,12 @@ def groups_to_add(coll: Collection, sources: Sequence[Dict[str, Any]], sha: str,
     and a group of another build of this file that was interrupted (that build's own command finishes it).
     """
     ours = [s for s in sources if s["key"].split(":", 1)[0] == sha]
+    for s in sources:  # a build interrupted, then its file changed: it can never be finished, nor searched
+        if s not in ours and int(s.get("done", 0)) < int(s.get("rows", 0)) and \
+                os.path.realpath(s.get("path", "")) == os.path.realpath(coll.path):
+            raise DataError(f"{out}: its build from {coll.path} stopped at row {s['done']} of {s['rows']} "
+                            "(interrupted), and the file has changed since: that build cannot be finished; build a "
+                            "new index (another -o), or put the file back as it was and run the same command")
     indexed = [g for s in ours if int(s.get("done", 0)) >= int(s.get("rows", 0)) for g in s["groups"]]
     new: List[str] = []
     skipped: Dict[str, str] = {}
