@@ -83,6 +83,8 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
         (["search", str(out), "-q", tiny_path, "--ids", "999999"], "no item with id 999999"),
         # a flag that would do nothing, a count of substrings the codes cannot be cut into (found after building)
         (["search", str(out), "-q", tiny_path, "--candidates", "30"], "--candidates goes with --rerank"),
+        (["search", str(out), "-q", tiny_path, "-k", "10", "--rerank", "cosine", "--candidates", "3"],
+         "--candidates: 3 candidates re-ranked for the top 10: at least -k"),
         (["search", str(out), "-q", tiny_path, "--backend", "mih", "--substrings", "100"],
          "--substrings: 100 substrings for 16-bit codes: at most 16 (a bit each)"),
         # "1 6" was read as 16, and "" as no query at all

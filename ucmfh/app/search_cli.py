@@ -132,6 +132,8 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         raise click.UsageError("--rerank seps and --seps SEPS.pt go together")
     if candidates is not None and rerank is None:
         raise click.UsageError("--candidates goes with --rerank (the Hamming candidates it re-ranks)")
+    if candidates is not None and candidates < k:
+        raise click.BadParameter(f"{candidates} candidates re-ranked for the top {k}: at least -k", param_hint="--candidates")
     if rerank == "seps" and not queries:
         raise UserError("--rerank seps needs the queries' token features, and --text and --image queries have "
                         "none: give an HDF5 --queries file with token datasets")

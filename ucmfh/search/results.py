@@ -76,7 +76,9 @@ def search_queries(
     if rerank not in (None, *RERANKS):
         raise ValueError(f"rerank must be one of {RERANKS}, got {rerank!r}")
     if rerank == "cosine" and not index.has(modality, "embed"):
-        raise ValueError(f"{index.path}: keeps no embeddings of its {NAMES[modality]} items; "
+        lacking = next((s for s in getattr(index, "shards", [index])  # the folder without them, of several
+                        if s.count(modality) and not s.has(modality, "embed")), index)
+        raise ValueError(f"{lacking.path}: keeps no embeddings of its {NAMES[modality]} items; "
                          "build it with embeddings to re-rank by cosine")
     if rerank == "seps" and matcher is None:
         raise ValueError("re-ranking by SEPS needs a SEPS checkpoint")
