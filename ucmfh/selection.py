@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from torch import nn
 
-from ucmfh.config import HashConfig
+from ucmfh.config import HashConfig, SettingError
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.evaluation import encode_split, head_outputs_split, score_splits
 
@@ -52,7 +52,8 @@ def validation_items(keys: np.ndarray, fraction: float, seed: int) -> Tuple[np.n
     units = np.unique(keys)
     n_val = max(1, int(round(fraction * len(units))))
     if len(units) - n_val < 2:
-        raise ValueError(f"val_fraction {fraction} of {len(units)} training units leaves fewer than 2 to train on")
+        raise SettingError("val_fraction", f"val_fraction {fraction} of {len(units)} training units leaves fewer than 2 "
+                                           "to train on")
     held = np.random.default_rng(seed).choice(units, size=n_val, replace=False)
     member = np.isin(keys, held)
     return np.flatnonzero(~member), np.flatnonzero(member)

@@ -194,3 +194,15 @@ def test_evaluate_refuses_the_fused_protocol_for_a_leak_free_checkpoint_as_its_f
     result = CliRunner().invoke(main, ["evaluate", "-d", tiny_path, "-c", checkpoint, "--protocol", "fused",
                                        "--results", str(results)])
     assert result.exit_code == 2 and "Error: Invalid value for --protocol: method 'cca-itq' is leak-free" in result.output
+
+
+def test_a_setting_refused_while_the_work_ran_is_said_as_its_flag():
+    """val_fraction too large for the training split is found when the split is cut: said as --val-fraction
+    where the command has it, as the setting's name elsewhere (a library caller)."""
+    from ucmfh.app.errors import describe
+    from ucmfh.config import SettingError
+
+    err = SettingError("val_fraction", "val_fraction 0.999 of 500 training units leaves fewer than 2 to train on")
+    assert describe(err, {"--val-fraction"}) == ("--val-fraction 0.999 of 500 training units leaves fewer than 2 to "
+                                                 "train on")
+    assert describe(err, set()) == str(err)

@@ -202,3 +202,9 @@ def test_a_moved_setting_given_as_an_override_points_to_the_method_parameter(tmp
         stage_configs("ucmfh", n_bits=[16], method_params={"code_weight": -1.0})
     with pytest.raises(SettingError, match="teacher_weight"):
         stage_configs("distill", n_bits=[16], method_params={"teacher_weight": 1.5})
+
+
+def test_an_override_without_a_field_names_what_was_given():
+    """--set foo=1 was refused as 'foo.' (a dot the user never typed)."""
+    with pytest.raises(SettingError, match=r"^'foo': expected fusion.FIELD or hash.FIELD$"):
+        stage_configs("ucmfh", overrides={"foo": {"": 1}})

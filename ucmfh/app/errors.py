@@ -10,12 +10,15 @@ from __future__ import annotations
 
 import functools
 import os
+import re
 import signal
 import sys
 import threading
 from typing import Any, Callable, Collection, Optional
 
 import click
+
+from ucmfh.config import SettingError
 
 # What counts as bad input (or an environment the user must fix), not a bug of ucmfh.
 USER_ERRORS = (ValueError, OSError, ImportError)
@@ -60,6 +63,10 @@ def describe(err: BaseException, options: Optional[Collection[str]] = None) -> s
     """
     has = has_option if options is None else options.__contains__
     text = str(err) or type(err).__name__
+    if isinstance(err, SettingError):  # a setting refused while the work ran: said as the flag that set it
+        for setting in err.settings:
+            if has(option_hint(setting, True)):
+                text = re.sub(rf"(?<![\w.-]){re.escape(setting)}\b", option_hint(setting, True), text)
     if isinstance(err, FileExistsError) and has("--overwrite"):
         text += " (pass --overwrite to replace it)"
     remedy = getattr(err, "remedy", None)

@@ -190,7 +190,7 @@ def check_overrides(overrides: Optional[Mapping[str, Mapping[str, Any]]],
     out: Dict[str, Dict[str, Any]] = {stage: {} for stage in STAGES}
     for stage, values in (overrides or {}).items():
         for name, value in values.items():
-            key = f"{stage}.{name}"
+            key = f"{stage}.{name}" if name else stage  # 'foo=1': no field named
             if stage not in stages:
                 trains = f"no {stage} stage is trained here; " if stage in STAGES else ""
                 raise SettingError(key, f"{key!r}: {trains}expected {' or '.join(f'{s}.FIELD' for s in stages)}")
