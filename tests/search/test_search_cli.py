@@ -214,6 +214,11 @@ def test_validate_accepts_a_search_collection(tmp_path):
     assert result.exit_code == 0 and result.output == (
         f"{path}: a valid search collection for 'ucmfh index' (not a training dataset: no /train): 5 rows in /; "
         "image 4-d, text 3-d; ids\n")
+    with h5py.File(path, "a") as f:  # a NaN: 'ucmfh index' refuses it, so validate does not call it valid
+        f["text"][3, 1] = np.nan
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2 and "text: 1 non-finite values in rows 0..4 (first: NaN at row 3, column 1)" in \
+        result.output
     with h5py.File(path, "a") as f:
         del f["image"], f["text"]
     result = CliRunner().invoke(main, ["validate", str(path)])

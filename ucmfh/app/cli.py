@@ -119,6 +119,9 @@ def _as_collection(path: str) -> Optional[str]:
         coll = open_collection(path)
     except (OSError, ValueError):
         return None
+    for name in ("image", "text"):  # every feature finite, as 'ucmfh index' will want them (a DataError names one)
+        for start in range(0, len(coll) if coll.has(name) else 0, 1 << 16):
+            coll.read(name, start, min(start + (1 << 16), len(coll)))
     widths = ", ".join(f"{name} {coll.columns[name]}-d" for name in ("image", "text") if coll.has(name))
     extra = [name for name in ("ids", "labels", "text_raw", "paths") if coll.has(name)]
     return (f"{path}: a valid search collection for 'ucmfh index' (not a training dataset: no /train): "
