@@ -209,3 +209,14 @@ def test_compare_pools_other_query_draws_of_the_same_items(tmp_path):
             assert x[method] == pytest.approx(sum(y[method] for y in per_draw) / 2, abs=1e-9)
         assert x["difference"]["queries"] == [sum(y["difference"]["queries"][i] for y in per_draw)
                                               for i in range(len(x["difference"]["queries"]))]
+
+
+def test_a_results_file_without_hashing_rows_says_so(tmp_path):
+    """A file of SEPS rows alone: 'no hashing rows match -d/-b/--protocol/--seed (there: no rows)' blamed a
+    selection the user never made, and said the file held nothing."""
+    results = tmp_path / "r.jsonl"
+    results.write_text(json.dumps({"task": "seps", "dataset": "f", "method": "seps", "protocol": "unimodal",
+                                   "seed": 1}) + "\n")
+    result = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results)])
+    assert result.exit_code == 2 and result.output.startswith(
+        f"Error: {results}: no hashing rows to compare (there: tasks seps;"), result.output

@@ -354,3 +354,17 @@ def test_compare_takes_the_cells_both_methods_have(tmp_path):
     found = cells(rows, "cca-itq", "two-tower")
     assert len(found) == 2 and {cell[:5] for cell in found} == {("big", 16, "unimodal", None, 50)}
     assert len({cell[6] for cell in found}) == 2
+
+
+def test_a_dataset_name_that_is_a_folder_or_a_data_dir_that_is_a_file(tmp_path, tiny_path):
+    """-d NAME where DATA_DIR/NAME.h5 is a folder gave HDF5's own error ('errno = 21 ... buf = 0x7ffc...');
+    a --data-dir that is a file, 'cannot create the folder'; -d '' looked for data/.h5."""
+    (tmp_path / "dd.h5").mkdir()
+    (tmp_path / "afile").write_text("x")
+    for args, says in ((["-d", "dd", "--data-dir", str(tmp_path)], f"{tmp_path / 'dd.h5'}: is a folder, not a dataset file"),
+                       (["-d", "synthetic", "--data-dir", str(tmp_path / "afile")],
+                        f"{tmp_path / 'afile'}: is a file, not a folder of NAME.h5 dataset files (--data-dir)"),
+                       (["-d", ""], "--dataset: an empty name; give a dataset name or an .h5 file")):
+        result = CliRunner().invoke(main, ["train-hash", *args, "--results", str(tmp_path / "r.jsonl"),
+                                           "--out", str(tmp_path / "runs")])
+        assert result.exit_code == 2 and result.output == f"Error: {says}\n", result.output

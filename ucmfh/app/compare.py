@@ -177,7 +177,10 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     if pool and len(set(dataset)) < 2:
         raise UserError("--pool: name the query draws to pool with -d, at least two (a results file may hold "
                         "unrelated datasets)")
-    found = filter_rows(read_results(results, warn), task=("hashing",))
+    every = read_results(results, warn)
+    found = filter_rows(every, task=("hashing",))
+    if not found:  # no hashing row at all (a file of SEPS or fusion rows): no selection to blame
+        raise UserError(f"{', '.join(results)}: no hashing rows to compare (there: {held_by(every)})")
     rows = latest(filter_rows(found, dataset=dataset, n_bits=n_bits, protocol=protocol, seed=seed))
     if not rows:  # the selection, not the methods, left nothing: say what the file holds
         raise UserError(f"{', '.join(results)}: no hashing rows match -d/-b/--protocol/--seed (there: "

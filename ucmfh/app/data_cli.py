@@ -101,8 +101,13 @@ def _arrays_command(kind: str, help_text: str):
         sizes = None
         if split_index is None:
             sizes = _split_sizes(standard_split, query, train, retrieval)
-        elif standard_split or query or train or retrieval:
-            raise click.UsageError("--split-index gives the split; drop --standard-split/--query/--train/--retrieval")
+        else:  # the split is given: a size or a seed of a drawn split would be ignored (--query 0 was, silently)
+            source = click.get_current_context().get_parameter_source
+            drawn = [flag for name, flag in (("standard_split", "--standard-split"), ("query", "--query"),
+                                             ("train", "--train"), ("retrieval", "--retrieval"), ("seed", "--seed"))
+                     if source(name) == click.core.ParameterSource.COMMANDLINE]
+            if drawn:
+                raise click.UsageError(f"--split-index gives the split; drop {', '.join(drawn)} (of a drawn split)")
         _summary(convert_arrays(
             image, text, labels, out, image_key=image_key, text_key=text_key, labels_key=labels_key,
             sizes=sizes, split_index=split_index, seed=seed, name=name,

@@ -87,7 +87,13 @@ def resolve_dataset(name: str, data_dir: PathLike) -> str:
         if os.path.isdir(found[0]):
             raise IsADirectoryError(f"{found[0]}: is a folder, not a dataset file")
         return found[0]
+    if not name:
+        raise ValueError("--dataset: an empty name; give a dataset name or an .h5 file")
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+        raise NotADirectoryError(f"{os.fspath(data_dir)}: is a file, not a folder of NAME.h5 dataset files (--data-dir)")
     path = os.path.join(os.fspath(data_dir), f"{name}.h5")
+    if os.path.isdir(path):
+        raise IsADirectoryError(f"{path}: is a folder, not a dataset file")
     if os.path.exists(path):
         return path
     if name == "synthetic":
