@@ -161,6 +161,8 @@ def test_runs_plot_draws_the_selected_runs(tmp_path):
     assert nothing.exit_code == 2 and "nothing drawn" in nothing.output
     both = CliRunner().invoke(main, ["runs", "--results", str(results), "--json", "--plot", str(prefix)])
     assert both.exit_code == 2 and "--plot does not go with --json" in both.output
+    path = CliRunner().invoke(main, ["runs", "--results", str(results), "--json", "--checkpoint"])  # --json was ignored
+    assert path.exit_code == 2 and "--json does not go with --checkpoint" in path.output
 
 
 def test_a_missing_matplotlib_is_one_line_naming_the_extra(tmp_path, monkeypatch):

@@ -371,6 +371,8 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
         raise click.UsageError(f"--plot does not go with {'--json' if as_json else '--checkpoint'}")
     if history is not None and checkpoint:
         raise click.UsageError("--history does not go with --checkpoint")
+    if as_json and checkpoint:  # --checkpoint prints a path alone (for $(...)); --json was ignored
+        raise click.UsageError("--json does not go with --checkpoint")
     if plot is not None:
         from ucmfh.metrics.plots import pyplot
 
