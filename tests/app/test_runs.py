@@ -1,6 +1,7 @@
 """Runs you can trust: identity, safe results, per-length reporting, resume, clean errors (the app layer)."""
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import multiprocessing
@@ -18,9 +19,10 @@ from click.testing import CliRunner
 
 from ucmfh.app.cli import main
 from ucmfh.app.runs import scores_line, summarize
+from ucmfh.data.synthetic import make_synthetic
 from ucmfh.files import append_jsonl, read_jsonl
 
-from conftest import ROOT, dead_pid
+from conftest import ROOT, TINY, dead_pid
 
 TINY_ARGS = ["--n-query", "40", "--n-retrieval", "200", "--n-train", "120", "--d-img", "24", "--d-txt", "16",
              "--n-classes", "6"]
@@ -257,6 +259,14 @@ def test_encode_refuses_to_overwrite_and_epochs_must_be_positive(tmp_path, tiny_
                                   str(tmp_path / "f.h5"), "--quiet", "--protocol", "fused"])
     assert result.exit_code == 2 and "Invalid value for --protocol: method 'cca-itq' is leak-free" in result.output
     assert not (tmp_path / "f.h5").exists()
+    # without -d: the file the checkpoint was trained on (the default 'synthetic' made data/synthetic.h5, 103 MB,
+    # then failed on its widths); another file's widths are refused naming that file
+    plain = runner.invoke(main, ["encode", "-c", checkpoint, "-o", str(tmp_path / "own.h5"), "--quiet"])
+    assert plain.exit_code == 0 and f"dataset: {tiny_path}" in plain.output, plain.output
+    wide = tmp_path / "wide.h5"
+    make_synthetic(wide, dataclasses.replace(TINY, d_img=TINY.d_img + 1))
+    other = runner.invoke(main, ["encode", "-c", checkpoint, "-d", str(wide), "-o", str(tmp_path / "w.h5"), "--quiet"])
+    assert other.exit_code == 2 and other.output.endswith(f"was asked for by {wide}\n"), other.output
     result = runner.invoke(main, ["train-hash", "-d", tiny_path, "--epochs", "0"])
     assert result.exit_code == 2 and "--epochs" in result.output and "Traceback" not in result.output
     result = runner.invoke(main, ["train-hash", "-d", tiny_path, "--set", "hash.epochs=0"])

@@ -315,7 +315,8 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
 
 
 @main.command("encode")
-@click.option("--dataset", "-d", default="synthetic", show_default=True, help="Dataset name or path to an .h5 file.")
+@click.option("--dataset", "-d", default=None,
+              help="Dataset name or path to an .h5 file [default: the file the checkpoint was trained on].")
 @click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data")
 @click.option("--checkpoint", "-c", required=True, type=click.Path(dir_okay=False), help="A hashN.pt checkpoint.")
 @click.option("--protocol", type=click.Choice(PROTOCOLS), default="unimodal", show_default=True)
@@ -331,8 +332,13 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
 
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f"{out}: exists; not replaced")
+    _, _, hash_cfg, meta = load_model(checkpoint, "hash")  # a damaged or fusion checkpoint is named before the dataset
+    if dataset is None:  # the file it was trained on, as it records it (a default of 'synthetic' made one, 103 MB)
+        dataset = (meta.get("dataset") or {}).get("path")
+        if not dataset or not os.path.isfile(dataset):
+            raise click.UsageError(f"{checkpoint}: the dataset it was trained on, {dataset or 'not recorded'}, is not "
+                                   "there: give one with -d")
     check_outputs({"--out": out}, inputs={"--dataset": dataset_paths(dataset, data_dir), "--checkpoint": checkpoint})
-    hash_cfg = load_model(checkpoint, "hash")[2]  # a damaged or fusion checkpoint is named before the dataset is read
     resolved(refuse_unused, hash_cfg.method, protocol=protocol)  # a leak-free method's codes have no fused view
     data = _load(dataset, data_dir)
     path = encode_checkpoint(data, checkpoint, out, protocol, device, not quiet, overwrite)

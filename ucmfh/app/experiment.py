@@ -10,7 +10,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 from ucmfh.app.identity import Run, RunOptions, dataset_identity, dataset_label, git_commit, key_of
 from ucmfh.app.per_query import save_per_query
 from ucmfh.app.stage import Log, Stage, reuse_or_fit
-from ucmfh.checkpoint import load_model, read_checkpoint, save_checkpoint
+from ucmfh.checkpoint import CheckpointError, load_model, read_checkpoint, save_checkpoint
 from ucmfh.codes import save_codes
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset
@@ -54,8 +54,19 @@ def _rows(
 
 def _load(path: str, kind: str, data: Dataset) -> Tuple[Any, Dict[str, Any]]:
     """A saved fusion or hashing stage for :func:`reuse_or_fit`: the model and the checkpoint's meta."""
-    model, _, _, meta = load_model(path, kind, d_img=data.d_img, d_txt=data.d_txt)
+    model, _, _, meta = load_for(data, path, kind)
     return model, meta
+
+
+def load_for(data: Dataset, path: str, kind: str, **expected: Any) -> tuple:
+    """:func:`ucmfh.checkpoint.load_model` for ``data``'s features; a checkpoint made for other feature widths
+    is refused naming the dataset file too."""
+    try:
+        return load_model(path, kind, d_img=data.d_img, d_txt=data.d_txt, **expected)
+    except CheckpointError as err:
+        if "feature dim" not in str(err):
+            raise
+        raise CheckpointError(f"{err} by {data.path}") from None
 
 
 def load_or_train_fusion(data: Dataset, run: Run, opts: RunOptions, log: Log = print) -> Tuple[FusionEncoder, float]:
@@ -152,7 +163,7 @@ def evaluate_checkpoint(
     """Tasks 2/3: reload a fusion or hashing checkpoint and score it on ``data``. A checkpoint trained on
     another dataset file (the one it records) gives rows that say so (``trained_on``: that file's identity)."""
     kind = read_checkpoint(path)["kind"]
-    model, fusion_cfg, hash_cfg, meta = load_model(path, kind, d_img=data.d_img, d_txt=data.d_txt, n_bits=n_bits)
+    model, fusion_cfg, hash_cfg, meta = load_for(data, path, kind, n_bits=n_bits)
     run = Run(out, dataset_identity(data), fusion_cfg, hash_cfg)
     trained_on = meta.get("dataset")
     if trained_on is not None and trained_on.get("fingerprint") == run.dataset["fingerprint"]:
@@ -173,7 +184,7 @@ def encode_checkpoint(
     """Write the query and retrieval codes of a hashing checkpoint to a codes file (packed bits)."""
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f"{out}: exists; not replaced")
-    model, fusion_cfg, hash_cfg, _ = load_model(checkpoint, "hash", d_img=data.d_img, d_txt=data.d_txt)
+    model, fusion_cfg, hash_cfg, _ = load_for(data, checkpoint, "hash")
     query = encode_split(model, data.query, protocol, device, progress=progress)
     retrieval = encode_split(model, data.retrieval, protocol, device, progress=progress)
     return save_codes(
