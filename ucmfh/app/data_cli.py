@@ -48,6 +48,7 @@ def _common(f):
         click.option("--empty-labels", type=click.Choice(EMPTY_LABELS), default="drop", show_default=True,
                      help="Rows with no label: drop them (count is logged) or fail."),
         click.option("--overwrite", is_flag=True, help="Replace an existing output file."),
+        click.option("--quiet", is_flag=True, help="No progress bar."),
     ]
     for option in reversed(options):
         f = option(f)
@@ -65,7 +66,7 @@ def convert() -> None:
 @click.argument("out", type=click.Path(dir_okay=False))
 @_common
 @user_errors
-def convert_pkl_cmd(folder, out, name, classes_file, image_feature, text_feature, empty_labels, overwrite):
+def convert_pkl_cmd(folder, out, name, classes_file, image_feature, text_feature, empty_labels, overwrite, quiet):
     """UCMFH's FOLDER/{train,query,retrieval}.pkl -> OUT, split as released."""
     check_outputs({"OUT": out}, inputs={"FOLDER": [os.path.join(folder, f) for f in os.listdir(folder)],
                                         "--classes": classes_file})
@@ -95,7 +96,7 @@ def _arrays_command(kind: str, help_text: str):
     @user_errors
     def command(image, text, labels, out, image_key, text_key, labels_key, standard_split, query, train, retrieval,
                 split_index, seed, chunk_rows, name, classes_file, image_feature, text_feature, empty_labels,
-                overwrite):
+                overwrite, quiet):
         check_outputs({"OUT": out}, inputs={"IMAGE": image, "TEXT": text, "LABELS": labels,
                                             "--split-index": split_index, "--classes": classes_file})
         sizes = None
@@ -113,6 +114,7 @@ def _arrays_command(kind: str, help_text: str):
             sizes=sizes, split_index=split_index, seed=seed, name=name,
             classes=read_classes(classes_file) if classes_file else None, image_feature=image_feature,
             text_feature=text_feature, empty_labels=empty_labels, chunk_rows=chunk_rows, overwrite=overwrite,
+            progress=not quiet,
         ))
 
     command.__doc__ = help_text
@@ -159,10 +161,11 @@ _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with
 @click.option("--empty-labels", type=click.Choice(EMPTY_LABELS), default="drop", show_default=True,
               help="Images with no label: drop them (count is logged) or fail.")
 @click.option("--overwrite", is_flag=True, help="Replace an existing output file.")
+@click.option("--quiet", is_flag=True, help="No progress bar.")
 @user_errors
 def extract(images, captions, labels, out, model, batch_size, chunk_items, device, normalize, bad_images, workers,
             tokens, keep_scratch, restart, shard, merge, standard_split, query, train, retrieval, seed, name, classes_file,
-            empty_labels, overwrite):
+            empty_labels, overwrite, quiet):
     """CLIP features of IMAGES (folder or list file) and CAPTIONS (TSV/JSON), LABELS (TSV/JSON) -> OUT.
 
     Sharded (docs/data.md): run '--shard I/N' for every I (any machines sharing OUT.parts/), then
@@ -192,7 +195,7 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
     try:
         report = extract_features(images, captions, labels, out, sizes=sizes, seed=seed, classes=classes_file,
                                   config=config, name=name, empty_labels=empty_labels, restart=restart,
-                                  overwrite=overwrite, shard=shard_of, merge=merge)
+                                  overwrite=overwrite, shard=shard_of, merge=merge, progress=not quiet)
     except KeyboardInterrupt as err:
         parts = f"{out}.parts"
         kept = os.path.isdir(parts) and any(os.scandir(parts))
