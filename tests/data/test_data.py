@@ -94,6 +94,11 @@ def _break(tmp_path, edit):
          r"/query: expected a group, found a dataset"),
         (lambda f: (f["train"].__delitem__("image"), f["train"].create_group("image")),
          r"/train/image: expected a dataset, found a group"),
+        # a link to nothing was 'missing dataset (the group has: [..., 'image', ...])'
+        (lambda f: (f["query"].__delitem__("image"), f["query"].__setitem__("image", h5py.SoftLink("/nowhere"))),
+         r"/query/image: a link to /nowhere, which is not there"),
+        (lambda f: (f["query"].__delitem__("text"), f["query"].__setitem__("text", h5py.ExternalLink("gone.h5", "/x"))),
+         r"/query/text: a link to /x in gone.h5, which is not there"),
         (lambda f: (f["train"].__delitem__("ids"), f["train"].create_group("ids")),
          r"/train/ids: expected a dataset, found a group"),
         (lambda f: f["query"].create_dataset("text_bow", data=np.ones((3, 5), np.uint8)),

@@ -143,6 +143,10 @@ def _member(path: str, parent: h5py.Group, name: str, where: str, want: type,
         obj = parent.get(name)
     except (KeyError, OSError) as err:  # a link to a file or object that is gone
         raise _fail(path, where, f"unreadable {noun} ({err})") from None
+    if obj is None and name in parent:  # a soft or external link whose target is gone
+        link = parent.get(name, getlink=True)
+        target = getattr(link, "path", "?") + (f" in {link.filename}" if isinstance(link, h5py.ExternalLink) else "")
+        raise _fail(path, where, f"a link to {target}, which is not there")
     if obj is None:
         if not required:
             return None
