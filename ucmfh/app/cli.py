@@ -332,13 +332,15 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
 
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f"{out}: exists; not replaced")
+    inputs = {"--checkpoint": checkpoint, "--dataset": [] if dataset is None else dataset_paths(dataset, data_dir)}
+    check_outputs({"--out": out}, inputs=inputs)
     _, _, hash_cfg, meta = load_model(checkpoint, "hash")  # a damaged or fusion checkpoint is named before the dataset
     if dataset is None:  # the file it was trained on, as it records it (a default of 'synthetic' made one, 103 MB)
         dataset = (meta.get("dataset") or {}).get("path")
         if not dataset or not os.path.isfile(dataset):
             raise click.UsageError(f"{checkpoint}: the dataset it was trained on, {dataset or 'not recorded'}, is not "
                                    "there: give one with -d")
-    check_outputs({"--out": out}, inputs={"--dataset": dataset_paths(dataset, data_dir), "--checkpoint": checkpoint})
+        check_outputs({"--out": out}, inputs={**inputs, "--dataset": dataset})
     resolved(refuse_unused, hash_cfg.method, protocol=protocol)  # a leak-free method's codes have no fused view
     data = _load(dataset, data_dir)
     path = encode_checkpoint(data, checkpoint, out, protocol, device, not quiet, overwrite)
