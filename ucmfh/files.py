@@ -161,7 +161,8 @@ def check_replaceable(path: PathLike, kind: str, overwrite: bool = False) -> Non
 
 def check_jsonl(path: PathLike) -> None:
     """Refuse to append rows to a file that is not JSON lines (an HDF5 dataset, a picture, a text): a
-    ``ValueError`` naming it. An absent or empty file, or one whose first line is a JSON object, passes."""
+    ``ValueError`` naming it. An absent or empty file, or one whose first line is a results row (a JSON object
+    with a dataset and a task, as every command writes), passes."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         return
@@ -176,9 +177,13 @@ def check_jsonl(path: PathLike) -> None:
         text = "\x00"
     if b"\x00" in head or text == "\x00":
         raise ValueError(f"{path}: is not a JSON-lines results file (it holds binary data); not appended to")
-    if text is not None and _rows_of_line(text.strip()) is None:
+    rows = None if text is None else _rows_of_line(text.strip())
+    if text is not None and rows is None:
         raise ValueError(f"{path}: is not a JSON-lines results file (line 1: {_shown(text.strip())}); "
                          "not appended to")
+    if rows and not any("dataset" in row and "task" in row for row in rows):  # JSON lines of another program
+        raise ValueError(f"{path}: holds JSON lines that are not results rows (line 1 has no dataset and task: "
+                         f"{_shown(text.strip())}); not appended to")
 
 
 _JSONL_HEAD = 64 * 1024  # a results row is far shorter

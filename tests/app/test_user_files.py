@@ -193,6 +193,13 @@ def test_results_are_appended_to_a_results_file_only(tmp_path, victim, tiny_path
     result = CliRunner().invoke(main, ["runs", "--results", str(notes)])  # read: the same, not "no runs match"
     assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == \
         f"Error: {notes}: is not a JSON-lines results file (line 1: my notes)", result.output
+    # JSON lines of another program: rows were appended to it, which 'runs' then called "not results"
+    events = tmp_path / "events.jsonl"
+    events.write_text('{"user": "me", "clicks": 3}\n')
+    result = CliRunner().invoke(main, ["evaluate", "-d", tiny_path, "-c", "x.pt", "--results", str(events)])
+    assert result.exit_code == 2 and result.output.endswith(
+        f"--results {events}: holds JSON lines that are not results rows (line 1 has no dataset and task: "
+        '{"user": "me", "clicks": 3}); not appended to\n') and events.read_text() == '{"user": "me", "clicks": 3}\n'
     for command in (["runs"], ["compare", "jdsh", "two-tower"]):  # a folder where the results file is read
         result = CliRunner().invoke(main, [*command, "--results", str(tmp_path)])
         assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == \
