@@ -199,9 +199,9 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
     except KeyboardInterrupt as err:
         parts = f"{out}.parts"
         kept = os.path.isdir(parts) and any(os.scandir(parts))
-        raise stopped_by(f"{err or 'interrupted'}: the finished chunks are kept in {parts}; run the same command "
-                         "to continue" if kept else f"{err or 'interrupted'}: no chunk was finished",
-                         getattr(err, "signum", None)) from None
+        said = str(err) or "interrupted"  # Ctrl-C's says nothing, SIGTERM's 'terminated'
+        raise stopped_by(f"{said}: the finished chunks are kept in {parts}; run the same command to continue"
+                         if kept else f"{said}: no chunk was finished", getattr(err, "signum", None)) from None
     if report.path is None:
         click.echo(f"shard {shard_of[0]}/{shard_of[1]} done: chunks computed {report.chunks_computed}, reused "
                    f"{report.chunks_reused} ({report.seconds:.1f} s); write {out} with --merge once every shard "

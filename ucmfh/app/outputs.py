@@ -60,13 +60,12 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
             raise type(err)(f"{flag} {err}") from None
 
 
-def check_figures(flag: str, paths: Sequence[str], overwrite: bool = False, inputs: Optional[Inputs] = None) -> None:
+def check_figures(flag: str, paths: Sequence[str], overwrite: bool = False) -> None:
     """:func:`check_outputs` for figures whose names a command works out itself (``runs --plot PREFIX``
     draws one per dataset and score, ``compare --plot PATH`` one, PNG or SVG by its suffix)."""
     for path in paths:
         try:
             check_writable(path)
-            check_not_input(path, inputs or {})
             check_replaceable(path, figure_kind(path), overwrite)
         except (OSError, ValueError) as err:  # a user error (ucmfh.app.errors): one line, exit 2
             raise type(err)(f"{flag} {err}") from None
