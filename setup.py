@@ -48,5 +48,5 @@ setup(
     },
     ext_modules=[hamming],
     cmdclass={"build_ext": BuildExt},
-    entry_points={"console_scripts": ["ucmfh=ucmfh.app.cli:main"]},
+    entry_points={"console_scripts": ["ucmfh=ucmfh.__main__:run"]},
 )

@@ -1,11 +1,17 @@
-"""``python -m ucmfh``: the ``ucmfh`` command (also under ``torchrun -m ucmfh``)."""
+"""``python -m ucmfh`` and the ``ucmfh`` command (also under ``torchrun -m ucmfh``)."""
 import sys
 
-try:  # importing torch takes seconds: a Ctrl-C meanwhile is one line too, not an import traceback
-    from ucmfh.app.cli import main
-except KeyboardInterrupt:
-    sys.stderr.write("interrupted\n")
-    sys.exit(130)
+
+def run() -> int:
+    """The ``ucmfh`` command: importing torch takes seconds, and a Ctrl-C meanwhile is one line too, not an
+    import traceback (the console script calls this, so its imports come after the guard)."""
+    try:
+        from ucmfh.app.cli import main
+    except KeyboardInterrupt:
+        sys.stderr.write("interrupted\n")
+        return 130
+    return main()
+
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(run())

@@ -206,3 +206,20 @@ def test_a_setting_refused_while_the_work_ran_is_said_as_its_flag():
     assert describe(err, {"--val-fraction"}) == ("--val-fraction 0.999 of 500 training units leaves fewer than 2 to "
                                                  "train on")
     assert describe(err, set()) == str(err)
+
+
+def test_a_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capsys):
+    """The console script imported the command (and torch: seconds) before any guard: a Ctrl-C then was a
+    traceback. It now calls ucmfh.__main__.run, which imports the command inside the guard."""
+    import ucmfh.__main__ as entry
+
+    class Interrupting:  # a Ctrl-C landing while ucmfh.app.cli is imported
+        def find_spec(self, name, path=None, target=None):
+            if name == "ucmfh.app.cli":
+                raise KeyboardInterrupt
+            return None
+
+    monkeypatch.delitem(sys.modules, "ucmfh.app.cli")
+    monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
+    assert entry.run() == 130 and capsys.readouterr().err == "interrupted\n"
+    assert '"ucmfh=ucmfh.__main__:run"' in (ROOT / "setup.py").read_text()
