@@ -159,10 +159,10 @@ def check_replaceable(path: PathLike, kind: str, overwrite: bool = False) -> Non
         raise FileExistsError(f"{path}: exists and is not a {KINDS[kind]} ucmfh wrote; not replaced")
 
 
-def check_jsonl(path: PathLike) -> None:
+def check_jsonl(path: PathLike, results: bool = False) -> None:
     """Refuse to append rows to a file that is not JSON lines (an HDF5 dataset, a picture, a text): a
-    ``ValueError`` naming it. An absent or empty file, or one whose first line is a results row (a JSON object
-    with a dataset and a task, as every command writes), passes."""
+    ``ValueError`` naming it. An absent or empty file, or one whose first line is a JSON object, passes;
+    with ``results``, a JSON object with a dataset and a task, as every command's results row has."""
     path = os.fspath(path)
     if not os.path.isfile(path):
         return
@@ -181,7 +181,7 @@ def check_jsonl(path: PathLike) -> None:
     if text is not None and rows is None:
         raise ValueError(f"{path}: is not a JSON-lines results file (line 1: {_shown(text.strip())}); "
                          "not appended to")
-    if rows and not any("dataset" in row and "task" in row for row in rows):  # JSON lines of another program
+    if results and rows and not any("dataset" in row and "task" in row for row in rows):  # another program's
         raise ValueError(f"{path}: holds JSON lines that are not results rows (line 1 has no dataset and task: "
                          f"{_shown(text.strip())}); not appended to")
 

@@ -2,6 +2,8 @@
 command line builds, and every refusal is a ValueError naming the setting."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from click.testing import CliRunner
 
@@ -9,7 +11,7 @@ import ucmfh.app.cli as cli
 from ucmfh.config import FusionConfig, HashConfig, SettingError, default_epochs
 from ucmfh.methods import METHODS, hash_config, stage_configs
 from ucmfh.methods.settings import (
-    SETTINGS, default_loss, scored_protocols, trains_fusion, unused_settings,
+    SETTINGS, default_loss, fusion_config, scored_protocols, trains_fusion, unused_settings,
 )
 
 
@@ -33,7 +35,8 @@ def _cli_configs(monkeypatch, argv):
                  "--set", "fusion.d_model=64", "--set", "hash.hidden=32"],
      dict(epochs=3, val_fraction=0.2, patience=2, batch_size=32, n_bits=[16, 32],
           overrides={"fusion": {"d_model": 64}, "hash": {"hidden": 32}})),
-    ("distill", ["--fusion-epochs", "2", "--supervised", "--seed", "5"], dict(fusion_epochs=2, supervised=True, seed=5)),
+    ("distill", ["--fusion-epochs", "2", "--modality-dropout", "0.3", "--seed", "5"],
+     dict(fusion_epochs=2, modality_dropout=0.3, seed=5)),
     ("ucmfh", ["--loss", "infonce", "--loss-param", "temperature=0.5", "--epochs", "2", "--modality-dropout", "0.2",
                "--amp", "bf16", "--beta-schedule", "hashnet", "--lr-fusion", "0"],
      dict(loss="infonce", loss_params={"temperature": 0.5}, epochs=2, modality_dropout=0.2, amp="bf16",
@@ -208,3 +211,20 @@ def test_an_override_without_a_field_names_what_was_given():
     """--set foo=1 was refused as 'foo.' (a dot the user never typed)."""
     with pytest.raises(SettingError, match=r"^'foo': expected fusion.FIELD or hash.FIELD$"):
         stage_configs("ucmfh", overrides={"foo": {"": 1}})
+
+
+@pytest.mark.parametrize("method, settings, why", [
+    ("two-tower", {}, "trains with 'infonce', which uses no labels (pairwise does)"),
+    ("djsrh", {}, "trains with a loss of its own, which uses no labels (pairwise does)"),
+    ("ucmfh", {}, "trains with 'original', which uses no labels (pairwise does)"),
+])
+def test_supervised_training_with_no_loss_that_uses_labels_is_refused(method, settings, why):
+    """--supervised gives the loss the labels: with a loss that ignores them it trained the same model under
+    another run key (two runs, one result). The pairwise loss uses them: accepted there."""
+    with pytest.raises(SettingError, match=re.escape(f"method {method!r} {why}: it has no use for supervised")):
+        stage_configs(method, supervised=True, **settings)
+    _, [cfg] = stage_configs("two-tower", supervised=True, loss="pairwise")
+    assert cfg.supervised and cfg.loss == "pairwise"
+    with pytest.raises(SettingError, match=r"the fusion stage trains with 'original', which uses no labels"):
+        fusion_config(supervised=True)
+    assert fusion_config(supervised=True, loss="pairwise").supervised

@@ -184,7 +184,8 @@ def test_train_hash_on_a_caption_set_reports_recall_on_both_databases(tmp_path):
         assert 0 <= r["random_rsum"] <= 600
     summary = runner.invoke(main, ["runs", "--results", str(results)])
     assert summary.exit_code == 0 and "collection" in summary.output and "rSum" in summary.output
-    supervised = runner.invoke(main, ["train-hash", "-d", path, "--supervised", "--epochs", "1", "--device", "cpu",
+    supervised = runner.invoke(main, ["train-hash", "-d", path, "--supervised", "--loss", "pairwise", "--epochs", "1",
+                                      "--device", "cpu",
                                       "--out", str(tmp_path / "runs"), "--results", str(results)])
     assert supervised.exit_code == 2 and "supervised training needs labels" in supervised.output
     # its codes file (ids, no labels) scores as the training did on either database, in both tie rules

@@ -55,7 +55,7 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
             if kind is not None:
                 check_replaceable(path, kind, overwrite)
             if flag in APPENDS:
-                check_jsonl(path)
+                check_jsonl(path, results=True)
         except (OSError, ValueError) as err:  # a user error (ucmfh.app.errors): one line, exit 2
             raise type(err)(f"{flag} {err}") from None
 

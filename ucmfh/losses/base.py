@@ -1,7 +1,7 @@
 """What every cross-modal loss shares: argument checks and float32 (or float64) arithmetic."""
 from __future__ import annotations
 
-from typing import Optional
+from typing import ClassVar, Optional
 
 import torch
 from torch import nn
@@ -39,6 +39,8 @@ class CrossModalLoss(nn.Module):
     Shape:
         img: [B, d]; txt: [B, d] with B >= 2; ids: [B] or None; labels: [B, C] or None -> scalar.
     """
+
+    uses_labels: ClassVar[bool] = False  # what supervised training (--supervised) gives it changes it
 
     def forward(
         self,

@@ -48,6 +48,8 @@ class WeightedPairwiseLoss(CrossModalLoss):
         >>> loss = loss_fn(torch.randn(8, 32), torch.randn(8, 32), labels=labels)
     """
 
+    uses_labels = True
+
     def __init__(self, alpha: float = 10.0, normalize: bool = True) -> None:
         super().__init__()
         alpha = as_number(alpha, "alpha")

@@ -24,7 +24,7 @@ from ucmfh.config import (
     MOVED_TO_PARAMS, PROTOCOLS, FusionConfig, HashConfig, SettingError, blame_overrides, check_override, default_epochs,
     raises, with_defaults,
 )
-from ucmfh.losses import build_loss
+from ucmfh.losses import LOSSES, build_loss
 from ucmfh.methods.base import Method
 from ucmfh.methods.registry import build_method
 
@@ -103,7 +103,10 @@ def fusion_config(*, dataset: Optional[str] = None, overrides: Optional[Mapping[
     _check_names(settings, FUSION_SETTINGS)
     given = {name: value for name, value in settings.items() if value is not None}
     stage_overrides = check_overrides(overrides, ("fusion",))
-    return _blamed(lambda plain, extra: _fusion(dataset, plain, extra["fusion"]), given, stage_overrides)
+    cfg = _blamed(lambda plain, extra: _fusion(dataset, plain, extra["fusion"]), given, stage_overrides)
+    if cfg.supervised and not LOSSES[cfg.loss].uses_labels:  # the same model, under a new name
+        raise SettingError("supervised", f"the fusion stage {_without_labels([cfg.loss])}: it has no use for supervised")
+    return cfg
 
 
 def _refuse_twice(spec: Method, given: Mapping[str, Any], overrides: Mapping[str, Mapping[str, Any]]) -> None:
@@ -144,7 +147,28 @@ def unused_settings(method: str, settings: Mapping[str, Any]) -> Dict[str, str]:
             unused[name] = f"fixes {name[len('hash.'):]}, whatever is asked"
         elif not spec.takes_loss and name in ("hash.loss", "hash.loss_params"):
             unused[name] = "has a loss of its own"
+    if settings.get("supervised") and not spec.closed_form:
+        losses = _losses(spec, settings)
+        if not any(loss is not None and LOSSES[loss].uses_labels for loss in losses):  # the same model, under a new name
+            unused["supervised"] = _without_labels(losses)
     return unused
+
+
+def _without_labels(losses: Sequence[Optional[str]]) -> str:
+    """Why supervised training changes nothing with these losses (None: a method's own)."""
+    named = list(dict.fromkeys("a loss of its own" if loss is None else repr(loss) for loss in losses))
+    return f"trains with {' and '.join(named)}, which use{'s' if len(named) == 1 else ''} no labels (pairwise does)"
+
+
+def _losses(spec: Method, settings: Mapping[str, Any]) -> List[Optional[str]]:
+    """The losses a run of ``spec`` trains with, given ``settings`` (None: the method's own)."""
+    overrides = settings.get("overrides") or {}
+    hashing = (overrides.get("hash") or {}).get("loss") or settings.get("loss") or default_loss(spec.name)
+    if not spec.uses_fusion:
+        return [hashing]
+    fusion = (overrides.get("fusion") or {}).get("loss") or (
+        settings.get("loss") if spec.shares_fusion_options else spec.fusion_defaults.get("loss")) or FusionConfig.loss
+    return [fusion, hashing]
 
 
 def refuse_unused(method: str, **settings: Any) -> None:
