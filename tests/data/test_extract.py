@@ -387,3 +387,14 @@ def test_extract_remedies_worded_as_options(tmp_path, extract_inputs, tiny_clip)
     message = user_error(args + ["--overwrite", "--restart"], "unreadable image",
                          "; use --bad-images skip to leave such images out")
     assert "bad_images=" not in message
+
+
+def test_an_image_without_a_label_is_named_by_its_file():
+    """extract --empty-labels fail named a row number of the label matrix, which the user never saw."""
+    from ucmfh.data.convert import empty_label_rows
+
+    labels = np.array([[1, 0], [0, 0], [0, 0]], dtype=np.uint8)
+    with pytest.raises(DataError, match=r"^l\.tsv: 2 images have no label \(first: image b\.jpg\)$"):
+        empty_label_rows(labels, "l.tsv", "fail", ["a.jpg", "b.jpg", "c.jpg"])
+    with pytest.raises(DataError, match=r"^y\.npy: 2 rows have no label \(first: row 1\)$"):  # convert's arrays: rows
+        empty_label_rows(labels, "y.npy", "fail")

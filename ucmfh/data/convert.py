@@ -55,18 +55,22 @@ def _check_labels(labels: np.ndarray, where: str) -> np.ndarray:
     return labels.astype(np.uint8)
 
 
-def empty_label_rows(labels: np.ndarray, where: str, empty_labels: str) -> np.ndarray:
-    """Bool mask of rows to keep; rows with no label are dropped (logged) or fail."""
+def empty_label_rows(labels: np.ndarray, where: str, empty_labels: str,
+                     names: Optional[Sequence[str]] = None) -> np.ndarray:
+    """Bool mask of rows to keep; rows with no label are dropped (logged) or fail. ``names``: what each row is
+    (an image's file name), said instead of its row number."""
     if empty_labels not in EMPTY_LABELS:
         raise ValueError(f"empty_labels must be one of {EMPTY_LABELS}, got {empty_labels!r}")
     empty = labels.sum(axis=1) == 0
     n_empty = int(empty.sum())
     if n_empty:
-        first = int(np.flatnonzero(empty)[0])
+        index = int(np.flatnonzero(empty)[0])
+        first = f"row {index}" if names is None else f"image {names[index]}"
+        kind = "rows" if names is None else "images"
         if empty_labels == "fail":
-            raise DataError(f"{where}: {n_empty} rows have no label (first: row {first})",
+            raise DataError(f"{where}: {n_empty} {kind} have no label (first: {first})",
                             remedy=("empty_labels", "drop", "to leave them out"))
-        log.warning("%s: dropped %d of %d rows that have no label (first: row %d)", where, n_empty, len(labels), first)
+        log.warning("%s: dropped %d of %d %s that have no label (first: %s)", where, n_empty, len(labels), kind, first)
     return ~empty
 
 

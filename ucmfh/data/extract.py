@@ -282,7 +282,7 @@ def extract_features(
     names, paths = list_images(images)
     caption_list, image_of = read_captions(captions, names)
     label_matrix, class_names = read_labels(labels, names, read_classes(classes) if classes else None)
-    keep_image = empty_label_rows(label_matrix, os.fspath(labels), empty_labels)
+    keep_image = empty_label_rows(label_matrix, os.fspath(labels), empty_labels, names)
     try:  # the split the sizes ask for, drawn now as if every image were readable: refused before any feature
         sample_split(len(caption_list), sizes, seed, ids=image_of, keep=keep_image[image_of])
     except ValueError as err:
