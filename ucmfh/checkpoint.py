@@ -111,6 +111,19 @@ def read_checkpoint(path: PathLike) -> Dict[str, Any]:
     return payload
 
 
+def _check_version(path: str, payload: Dict[str, Any], method: str) -> None:
+    """Refuse a checkpoint made by another version of its method (:attr:`ucmfh.methods.Method.version`, a method
+    of another package) than the one installed: the installed code would rebuild and score another model. A
+    checkpoint that records no run identity (saved by a library caller) is not checked."""
+    identity = (payload.get("meta") or {}).get("identity")
+    if not isinstance(identity, dict) or not isinstance(identity.get("hash"), dict):
+        return
+    made, installed = identity["hash"].get("method_version", ""), build_method(method).version
+    if made != installed:
+        raise CheckpointError(f"{path}: made by version {made or 'none'} of method {method!r}, but version "
+                              f"{installed or 'none'} is installed; read it where that version is")
+
+
 def _expect(path: str, payload: Dict[str, Any], name: str, actual: Any, wanted: Optional[Any]) -> None:
     if wanted is not None and actual != wanted:
         raise CheckpointError(f"{path}: made for {name}={actual}, but {name}={wanted} was asked for")
@@ -144,6 +157,7 @@ def load_model(
             raise CheckpointError(f"{path}: a fusion checkpoint without its fusion settings")
         model = FusionEncoder.from_config(payload["d_img"], payload["d_txt"], fusion_cfg)
     else:
+        _check_version(path, payload, hash_cfg.method)
         try:  # the method's own model ('distill' records its teacher's settings too, but has no encoder)
             model = build_method(hash_cfg.method).build_model(payload["d_img"], payload["d_txt"], hash_cfg, fusion_cfg)
         except ValueError as err:

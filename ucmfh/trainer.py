@@ -137,6 +137,9 @@ def fit(make_plan: Callable[[Setup], Plan], split: Split, cfg: Any, state: Optio
     device, generator = start(cfg)
     rest, val = validation_split(split, cfg.val_fraction, cfg.seed)
     plan = make_plan(Setup(device, rest, val))
+    if not isinstance(plan, Plan):  # a method of another package (docs/methods.md): said here, not deep in train
+        raise TypeError(f"method {getattr(cfg, 'method', 'fusion')!r}: its plan() gave {type(plan).__name__}, "
+                        "not a ucmfh.trainer.Plan")
     history = train(plan, cfg, device, generator, state, progress)
     return plan.model.cpu().eval(), history
 

@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ucmfh.app.identity import Run, dataset_identity
-from ucmfh.methods import METHODS, PLUGIN_ERRORS, PLUGINS, Method, fit_hashing, hash_config
+from ucmfh.methods import METHODS, PLUGIN_ERRORS, PLUGINS, Method, fit_hashing, hash_config, register
 from ucmfh.methods.plugins import load_plugins
 from ucmfh.methods.two_tower import TwoTower
 
@@ -90,6 +90,14 @@ def test_the_docs_example_is_a_method_of_every_front_door(tmp_path, tiny_path):
     assert again.returncode == 0, again.stderr
     scored = json.loads((tmp_path / "e.jsonl").read_text().splitlines()[0])
     assert (scored["map_i2t"], scored["map_t2i"]) == (row["map_i2t"], row["map_t2i"])
+    # another version of the method installed: its code would rebuild another model from these weights
+    newer = installed(tmp_path / "newer", {"ucmfh_balanced.py": example_code().replace('version = "1"', 'version = "2"')},
+                      {"balanced-two-tower": "ucmfh_balanced"})
+    other = ucmfh(newer, "evaluate", "-d", tiny_path, "-c", row["checkpoint"], "--results", str(tmp_path / "e3.jsonl"),
+                  cwd=tmp_path)
+    assert other.returncode == 2 and other.stderr.splitlines() == [
+        f"Error: {row['checkpoint']}: made by version 1 of method 'balanced-two-tower', but version 2 is installed; "
+        "read it where that version is"]
     # where the package is not installed, its checkpoints are refused in one line that says so
     without = ucmfh(tmp_path / "nothing", "evaluate", "-d", tiny_path, "-c", row["checkpoint"], "--results",
                     str(tmp_path / "e2.jsonl"), cwd=tmp_path)
@@ -211,18 +219,46 @@ class Spy(Method):
         return METHODS["two-tower"].build_model(d_img, d_txt, cfg, fusion_cfg)
 
     def fit(self, data, cfg, fusion=None, progress=True, state=None):
-        Spy.seen.append({name: (len(split), tuple(split.img.shape[1:]), tuple(split.txt.shape[1:]),
-                                None if split.labels is None else tuple(split.labels.shape[1:]))
-                         for name, split in data.splits()})
+        seen = {"train": (len(data.train), data.d_img, data.d_txt)}
+        for name in ("query", "retrieval"):
+            for read in (lambda s: s.img, lambda s: len(s), lambda s: s.labels):
+                try:
+                    read(getattr(data, name))
+                except ValueError as err:
+                    seen.setdefault(name, []).append(str(err))
+        Spy.seen.append(seen)
         return METHODS["two-tower"].fit(data, hash_config("two-tower", n_bits=cfg.n_bits, hidden=cfg.hidden, epochs=1,
                                                           device="cpu"), fusion, progress, state)
 
 
 def test_no_method_is_given_the_query_or_retrieval_split(tiny, registry):
-    """What ``Method.train`` (every front door's way in) gives a method: the training split, and query and
-    retrieval splits with no rows (their widths kept), whatever the method's code."""
+    """What ``Method.train`` (every front door's way in) gives a method: the training split, and in place of the
+    query and retrieval splits a :class:`Withheld` whose every use is an error saying so, whatever the method's
+    code (an empty split gave NaN statistics without a word)."""
     load_plugins([metadata.EntryPoint("spy", f"{__name__}:Spy", "ucmfh.methods")])
     Spy.seen.clear()
     fit_hashing(tiny, hash_config("spy", n_bits=16, hidden=32, epochs=1, device="cpu"), progress=False)
-    widths = ((tiny.d_img,), (tiny.d_txt,), (tiny.n_classes,))
-    assert Spy.seen == [{"train": (len(tiny.train), *widths), "query": (0, *widths), "retrieval": (0, *widths)}]
+    said = "split is withheld from training (its .{}{} was read): a method trains on the training split alone " \
+           "(docs/methods.md)"
+    assert Spy.seen == [{"train": (len(tiny.train), tiny.d_img, tiny.d_txt),
+                         **{name: [f"the {name} {said.format(a, '')}" for a in ("img", "__len__", "labels")]
+                            for name in ("query", "retrieval")}}]
+
+
+class NoPlan(TwoTower):
+    """A method whose plan() is not a Plan (a tuple): the error came from deep in the trainer."""
+
+    name = "no-plan"
+
+    def plan(self, data, cfg, setup, fusion=None):
+        return (None, None)
+
+
+def test_a_plan_that_is_not_a_plan_is_said_where_it_is_made(tiny, registry):
+    load_plugins([metadata.EntryPoint("no-plan", f"{__name__}:NoPlan", "ucmfh.methods")])
+    cfg = hash_config("no-plan", n_bits=16, hidden=32, epochs=1, device="cpu", method_params={"temperatures": "0.3"})
+    with pytest.raises(TypeError, match=r"^method 'no-plan': its plan\(\) gave tuple, not a ucmfh.trainer.Plan$"):
+        fit_hashing(tiny, cfg, progress=False)
+    with pytest.raises(ValueError, match=r"a method needs a name of its own, got 'two-tower' \(taken by "
+                                         r"ucmfh.methods.two_tower\)"):
+        register(type("Again", (TwoTower,), {"name": "two-tower"}))

@@ -133,21 +133,23 @@ def methods_cmd() -> None:
     """List the hashing methods, their parameters (--method-param) and their defaults; those of other
     packages too (docs/methods.md)."""
     base = vars(HashConfig())  # what a method's own values depart from: a fixed one equal to it is no news
+    width = max(10, *(len(name) for name in METHODS))  # another package's method may have a longer name
     for name, spec in METHODS.items():
-        click.echo(f"{name:<10} {spec.description}")
+        click.echo(f"{name:<{width}} {spec.description}")
         if name in PLUGINS:
-            click.echo(f"{'':<10} from another package: {PLUGINS[name]}" + (f", version {spec.version}" if spec.version else ""))
+            click.echo(f"{'':<{width}} from another package: {PLUGINS[name]}"
+                       + (f", version {spec.version}" if spec.version else ""))
         if spec.params:
-            click.echo(f"{'':<10} parameters: " + ", ".join(f"{k}={v}" for k, v in spec.params.items()))
+            click.echo(f"{'':<{width}} parameters: " + ", ".join(f"{k}={v}" for k, v in spec.params.items()))
         own = {**spec.defaults, **{k: v for k, v in spec.fixed.items() if base.get(k) != v}}
-        click.echo(f"{'':<10} defaults: " + (", ".join(f"{k}={v}" for k, v in own.items()) + " (else as ucmfh)"
-                                             if own else "UCMFH's (HashConfig's)")
+        click.echo(f"{'':<{width}} defaults: " + (", ".join(f"{k}={v}" for k, v in own.items()) + " (else as ucmfh)"
+                                                  if own else "UCMFH's (HashConfig's)")
                    + ("" if default_loss(name) is not None else "; a loss of its own"))
         if spec.fixed:
-            click.echo(f"{'':<10} fixed whatever is asked: {', '.join(spec.fixed)}")
+            click.echo(f"{'':<{width}} fixed whatever is asked: {', '.join(spec.fixed)}")
         captured = captured_step(name)
         if captured is not None:
-            click.echo(f"{'':<10} --cuda-graph: {captured}")
+            click.echo(f"{'':<{width}} --cuda-graph: {captured}")
 
 
 @main.command("losses")

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Dict, Iterator, Optional, Union
+from typing import Any, Dict, Iterator, Optional, Union
 
 import h5py
 import numpy as np
@@ -113,9 +113,27 @@ class Dataset:
             yield name, getattr(self, name)
 
     def train_only(self) -> "Dataset":
-        """This dataset with its query and retrieval splits emptied (no rows, the same widths, labels and ids):
-        what a method is given to train on, so that no method, ours or another package's, can read them."""
-        return replace(self, query=self.query.subset(slice(0, 0)), retrieval=self.retrieval.subset(slice(0, 0)))
+        """This dataset with its query and retrieval splits withheld (:class:`Withheld`): what a method is given
+        to train on, so that no method, ours or another package's, can read them."""
+        return replace(self, query=Withheld("query"), retrieval=Withheld("retrieval"))
+
+
+class Withheld:
+    """In place of a split that training must not see (:meth:`Dataset.train_only`): any use of it is a
+    ``ValueError`` saying so (an empty split would have given NaN statistics without a word)."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __getattr__(self, attribute: str) -> Any:
+        raise ValueError(f"the {self.name} split is withheld from training (its .{attribute} was read): a method "
+                         "trains on the training split alone (docs/methods.md)")
+
+    def __len__(self) -> int:
+        return self.__getattr__("__len__")
+
+    def __repr__(self) -> str:
+        return f"Withheld({self.name!r})"
 
 
 def _fail(path: PathLike, where: str, problem: str) -> DataError:

@@ -25,7 +25,8 @@ M = TypeVar("M", bound=Type[Method])
 def register(cls: M) -> M:
     """Class decorator: register one instance of a :class:`Method` under its ``name``."""
     if not cls.name or cls.name in METHODS:
-        raise ValueError(f"a method needs a name of its own, got {cls.name!r}")
+        owner = f" (taken by {type(METHODS[cls.name]).__module__})" if cls.name in METHODS else ""
+        raise ValueError(f"a method needs a name of its own, got {cls.name!r}{owner}")
     METHODS[cls.name] = cls()
     return cls
 

@@ -196,7 +196,9 @@ def captured_step(method: str) -> Optional[str]:
     spec = _method(method)
     if spec.closed_form:
         return None
-    return "its step captured" if spec.graphable else f"eager ({spec.eager_because})"
+    if spec.graphable:
+        return "its step captured"
+    return f"eager ({spec.eager_because})" if spec.eager_because else "eager (graphable not set)"
 
 
 def default_loss(method: str) -> Optional[str]:
