@@ -17,7 +17,7 @@ import pytest
 import torch
 
 from ucmfh.app.identity import Run, dataset_identity
-from ucmfh.methods import METHODS, PLUGIN_ERRORS, PLUGINS, Method, fit_hashing, hash_config, register
+from ucmfh.methods import METHODS, PLUGIN_ERRORS, PLUGINS, Method, fit_hashing, hash_config, register, stage_configs
 from ucmfh.methods.plugins import load_plugins
 from ucmfh.methods.two_tower import TwoTower
 
@@ -27,10 +27,11 @@ ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "methods.md"
 
 
-def example_code() -> str:
-    """The example method of docs/methods.md, as the page shows it."""
-    found = re.search(r"<!-- example:begin -->\n```python\n(.*?)```\n<!-- example:end -->", DOC.read_text(), re.S)
-    assert found, "docs/methods.md: no example between its example:begin and example:end marks"
+def example_code(mark: str = "example") -> str:
+    """An example method of docs/methods.md, as the page shows it (``example``: balanced-two-tower; ``example2``:
+    cos-pair, written from scratch)."""
+    found = re.search(rf"<!-- {mark}:begin -->\n```python\n(.*?)```\n<!-- {mark}:end -->", DOC.read_text(), re.S)
+    assert found, f"docs/methods.md: no example between its {mark}:begin and {mark}:end marks"
     return found.group(1)
 
 
@@ -262,3 +263,50 @@ def test_a_plan_that_is_not_a_plan_is_said_where_it_is_made(tiny, registry):
     with pytest.raises(ValueError, match=r"a method needs a name of its own, got 'two-tower' \(taken by "
                                          r"ucmfh.methods.two_tower\)"):
         register(type("Again", (TwoTower,), {"name": "two-tower"}))
+
+
+def test_the_docs_method_from_scratch_trains_and_selects_on_validation(tiny, tmp_path, registry):
+    """docs/methods.md's second example (cos-pair, a Plan of its own): registered, it trains by the lifecycle
+    (its loss falls, validation keeps an epoch), refuses a loss (its own), and gives leak-free codes."""
+    (tmp_path / "ucmfh_cospair_doc.py").write_text(example_code("example2"))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert load_plugins([metadata.EntryPoint("cos-pair", "ucmfh_cospair_doc", "ucmfh.methods")]) == ["cos-pair"]
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("ucmfh_cospair_doc", None)
+    cfg = hash_config("cos-pair", n_bits=16, epochs=6, batch_size=64, device="cpu", val_fraction=0.2)
+    model, history = fit_hashing(tiny, cfg, progress=False)
+    assert history[-1] < history[0] and history.best_epoch is not None  # the epochs' mean losses
+    with pytest.raises(ValueError, match="has a loss of its own"):
+        stage_configs("cos-pair", loss="infonce")
+    codes_img, _ = model.codes(tiny.query.img, tiny.query.txt, "unimodal")
+    other_img, _ = model.codes(tiny.query.img, tiny.query.txt.flip(0), "unimodal")
+    assert torch.equal(codes_img, other_img)  # an image's code from the image alone
+
+
+def test_the_docs_method_from_scratch_is_captured_as_it_says(tiny, tmp_path, registry, monkeypatch):
+    """cos-pair says graphable: on the CUDA stand-in its step, captured and replayed, makes no host sync and
+    trains the eager model (as tests/test_captured_step.py holds ucmfh's own methods to)."""
+    import ucmfh.captured_step as captured_module
+    from cuda_standin import cuda_standin
+    from test_captured_step import StandinGraphs
+    from ucmfh.captured_step import capture_steps
+
+    (tmp_path / "ucmfh_cospair_graph.py").write_text(example_code("example2"))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        load_plugins([metadata.EntryPoint("cos-pair", "ucmfh_cospair_graph", "ucmfh.methods")])
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop("ucmfh_cospair_graph", None)
+    StandinGraphs.log = []
+    monkeypatch.setattr(captured_module, "CudaGraphs", StandinGraphs)
+    cfg = hash_config("cos-pair", n_bits=16, epochs=3, batch_size=48, device="cuda", val_fraction=0.2)
+    with cuda_standin(monkeypatch):
+        eager, _ = fit_hashing(tiny, cfg, progress=False)
+        with capture_steps():
+            captured, _ = fit_hashing(tiny, cfg, progress=False)
+    assert StandinGraphs.log.count("capture") == 1 and StandinGraphs.log.count("replay") > 0
+    for (name, a), b in zip(eager.state_dict().items(), captured.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)
