@@ -111,17 +111,15 @@ def check_writable(path: PathLike, folder: bool = False) -> None:
 def check_not_input(path: PathLike, inputs: Dict[str, Union[PathLike, Sequence[PathLike], None]]) -> None:
     """Refuse, before any work and whatever ``--overwrite`` says, an output that is one of the command's own
     inputs: ``inputs`` maps each input's flag to its path (or paths); an output that is the same file as an
-    input, or an existing file inside an input folder (an index's manifest), is a ``ValueError`` naming both."""
+    input, or a path inside an input folder (an index), is a ``ValueError`` naming both."""
     path = os.fspath(path)
-    if not os.path.lexists(path):
-        return
     real = os.path.realpath(path)
     for flag, given in inputs.items():
         for item in [given] if isinstance(given, (str, bytes, os.PathLike)) else (given or ()):
             item = os.fspath(item)
             if not os.path.exists(item):
                 continue
-            if os.path.isdir(item):
+            if os.path.isdir(item):  # an index folder: nothing of another kind is written into it, new or not
                 inside = os.path.commonpath([real, os.path.realpath(item)]) == os.path.realpath(item)
                 if inside:
                     raise ValueError(f"{path}: is inside {flag} {item}, an input of this command; not written "

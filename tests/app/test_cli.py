@@ -223,3 +223,24 @@ def test_a_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capsys):
     monkeypatch.setattr(sys, "meta_path", [Interrupting(), *sys.meta_path])
     assert entry.run() == 130 and capsys.readouterr().err == "interrupted\n"
     assert '"ucmfh=ucmfh.__main__:run"' in (ROOT / "setup.py").read_text()
+
+
+def test_a_sigterm_while_the_command_imports_is_one_line(monkeypatch, capsys):
+    """SIGTERM in the first second killed the command silently (-15); now one line and 143, as later."""
+    import os
+    import signal
+
+    import ucmfh.__main__ as entry
+
+    class Terminating:  # SIGTERM landing while ucmfh.app.cli is imported
+        def find_spec(self, name, path=None, target=None):
+            if name == "ucmfh.app.cli":
+                os.kill(os.getpid(), signal.SIGTERM)
+            return None
+
+    monkeypatch.delitem(sys.modules, "ucmfh.app.cli")
+    monkeypatch.setattr(sys, "meta_path", [Terminating(), *sys.meta_path])
+    with pytest.raises(SystemExit) as ended:
+        entry.run()
+    assert ended.value.code == 143 and capsys.readouterr().err == "terminated\n"
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL

@@ -154,3 +154,32 @@ def test_a_table_path_given_with_its_extension_is_not_doubled(tiny_path, tmp_pat
                                        str(tmp_path / "x.md"), "--quiet"])
     assert result.exit_code == 0, result.output
     assert sorted(p.name for p in tmp_path.glob("x*")) == ["x.csv", "x.md"]
+
+
+def test_supervised_applies_to_the_cells_whose_loss_uses_labels(tiny_path, tmp_path):
+    """--supervised in a grid of losses: the pairwise cells train with the labels, the others without, said in
+    one line (it was refused: the check saw each method's default loss, not --losses)."""
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "two-tower", "--losses", "pairwise,infonce",
+                                       "--supervised", "-b", "8", "--epochs", "1", "--set", "hash.hidden=32",
+                                       "--loss-params", "infonce:temperature=0.3", "--results", str(tmp_path / "r.jsonl"),
+                                       "--out", str(tmp_path / "runs"), "--table", str(tmp_path / "t"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert result.output.splitlines()[0] == ("method 'two-tower' with loss 'infonce': --supervised not applied (it "
+                                             "trains with 'infonce', which uses no labels (pairwise does)); the other "
+                                             "methods apply them")
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    assert {(r["loss"], r["settings"]["hash"]["supervised"]) for r in rows if r["task"] == "hashing"} == {
+        ("pairwise", True), ("infonce", False)}
+
+
+def test_loss_parameters_reach_ucmfh_whose_stages_share_them(tiny_path, tmp_path):
+    """--loss-params NAME:... for ucmfh (its fusion stage shares the hashing stage's loss) was refused as a
+    setting given twice, naming --loss-params, which the user gave once."""
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "ucmfh", "--losses", "infonce",
+                                       "--loss-params", "infonce:temperature=0.2", "-b", "8", "--epochs", "1",
+                                       "--set", "hash.hidden=32", "--set", "fusion.d_model=32", "--set", "fusion.d_ff=64",
+                                       "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "runs"),
+                                       "--table", str(tmp_path / "t"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    row = json.loads((tmp_path / "r.jsonl").read_text().splitlines()[0])
+    assert row["settings"]["fusion"]["loss_params"] == row["settings"]["hash"]["loss_params"] == {"temperature": 0.2}

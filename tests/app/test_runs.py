@@ -267,6 +267,16 @@ def test_encode_refuses_to_overwrite_and_epochs_must_be_positive(tmp_path, tiny_
     make_synthetic(wide, dataclasses.replace(TINY, d_img=TINY.d_img + 1))
     other = runner.invoke(main, ["encode", "-c", checkpoint, "-d", str(wide), "-o", str(tmp_path / "w.h5"), "--quiet"])
     assert other.exit_code == 2 and other.output.endswith(f"was asked for by {wide}\n"), other.output
+    # the recorded file replaced by another since: refused, not encoded in its place
+    moved = tmp_path / "moved.h5"
+    make_synthetic(moved, TINY)
+    trained = runner.invoke(main, ["train-hash", "-d", str(moved), "--method", "cca-itq", "-b", "8", "--out",
+                                   str(tmp_path / "runs2"), "--results", str(tmp_path / "m.jsonl"), "--quiet"])
+    assert trained.exit_code == 0, trained.output
+    make_synthetic(moved, dataclasses.replace(TINY, seed=TINY.seed + 1), overwrite=True)
+    changed = runner.invoke(main, ["encode", "-c", _rows(tmp_path / "m.jsonl")[0]["checkpoint"], "-o",
+                                   str(tmp_path / "m.h5"), "--quiet"])
+    assert changed.exit_code == 2 and f"{moved}, the dataset it was trained on, has changed since" in changed.output
     result = runner.invoke(main, ["train-hash", "-d", tiny_path, "--epochs", "0"])
     assert result.exit_code == 2 and "--epochs" in result.output and "Traceback" not in result.output
     result = runner.invoke(main, ["train-hash", "-d", tiny_path, "--set", "hash.epochs=0"])

@@ -375,3 +375,50 @@ def test_a_dataset_name_that_is_a_folder_or_a_data_dir_that_is_a_file(tmp_path, 
         result = CliRunner().invoke(main, ["train-hash", *args, "--results", str(tmp_path / "r.jsonl"),
                                            "--out", str(tmp_path / "runs")])
         assert result.exit_code == 2 and result.output == f"Error: {says}\n", result.output
+
+
+def test_what_is_and_is_not_an_input(tmp_path, tiny_path):
+    """The images of extract (a folder of them or a list) and search's --image files are inputs; a page into the
+    index folder is refused new or not. Not inputs: a folder named as the dataset (a run's outputs of -d NAME),
+    an earlier output in convert pkl's FOLDER (its inputs are the three .pkl files)."""
+    from PIL import Image
+
+    images = tmp_path / "imgs"
+    images.mkdir()
+    Image.new("RGB", (8, 8)).save(images / "0.jpg")
+    (tmp_path / "list.txt").write_text(f"{images / '0.jpg'}\n")
+    (tmp_path / "caps.tsv").write_text("0.jpg\ta caption\n")
+    (tmp_path / "labels.tsv").write_text("0.jpg\tsea\n")
+    before = _md5(images / "0.jpg")
+    for source in (images, tmp_path / "list.txt"):
+        result = CliRunner().invoke(main, ["extract", str(source), str(tmp_path / "caps.tsv"), str(tmp_path / "labels.tsv"),
+                                           str(images / "0.jpg"), "--overwrite", "--model", str(tmp_path / "no-model")])
+        assert result.exit_code == 2 and f"OUT {images / '0.jpg'}: is IMAGES " in result.output, result.output
+    assert _md5(images / "0.jpg") == before
+    index = tmp_path / "idx"
+    index.mkdir()
+    (index / "index.json").write_text("{}")
+    for html, says in ((str(images / "0.jpg"), "is --image"), (str(index / "new.html"), "is inside INDEX")):
+        result = CliRunner().invoke(main, ["search", str(index), "--image", str(images / "0.jpg"), "--html", html,
+                                           "--overwrite"])
+        assert result.exit_code == 2 and f"--html {html}: {says}" in result.output, result.output
+    assert not (index / "new.html").exists() and _md5(images / "0.jpg") == before
+    # not inputs
+    from ucmfh.app.environment import dataset_paths
+
+    (tmp_path / "wiki").mkdir()
+    (tmp_path / "wiki.h5").write_bytes(b"")
+    assert dataset_paths("wiki", tmp_path) == [str(tmp_path / "wiki.h5")]
+    assert dataset_paths(str(tmp_path / "wiki.h5"), "elsewhere") == [str(tmp_path / "wiki.h5")]
+    from ucmfh.app.outputs import check_outputs
+
+    (tmp_path / "pkl").mkdir()
+    for split in ("train", "query", "retrieval"):
+        (tmp_path / "pkl" / f"{split}.pkl").write_bytes(b"")
+    (tmp_path / "pkl" / "out.h5").write_bytes(b"an earlier output")
+    check_outputs({"OUT": str(tmp_path / "pkl" / "out.h5")},
+                  inputs={"FOLDER": [str(tmp_path / "pkl" / f"{s}.pkl") for s in ("train", "query", "retrieval")],
+                          "--dataset": dataset_paths("wiki", tmp_path)})
+    with pytest.raises(ValueError, match="is FOLDER"):
+        check_outputs({"OUT": str(tmp_path / "pkl" / "train.pkl")},
+                      inputs={"FOLDER": [str(tmp_path / "pkl" / f"{s}.pkl") for s in ("train", "query", "retrieval")]})

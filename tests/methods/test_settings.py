@@ -228,3 +228,13 @@ def test_supervised_training_with_no_loss_that_uses_labels_is_refused(method, se
     with pytest.raises(SettingError, match=r"the fusion stage trains with 'original', which uses no labels"):
         fusion_config(supervised=True)
     assert fusion_config(supervised=True, loss="pairwise").supervised
+
+
+def test_a_fusion_stage_whose_loss_ignores_labels_is_the_unsupervised_one():
+    """ucmfh --supervised with a pairwise hashing loss: its fusion stage ('original') cannot use the labels, so it
+    is the unsupervised stage (reused as such), not one more run key for the same model."""
+    fusion, [hashing] = stage_configs("ucmfh", supervised=True, overrides={"hash": {"loss": "pairwise"}})
+    assert (fusion.supervised, hashing.supervised, hashing.loss) == (False, True, "pairwise")
+    assert fusion == stage_configs("ucmfh", overrides={"hash": {"loss": "pairwise"}}).fusion
+    fusion, _ = stage_configs("ucmfh", supervised=True, loss="pairwise")
+    assert fusion.supervised and fusion.loss == "pairwise"

@@ -13,7 +13,7 @@ from ucmfh.app.errors import UserError, reader_gone, terminate_as_interrupt, use
 from ucmfh.app.environment import (
     configure_from_env, dataset_paths, default_data_dir, join_process_group, protocols_of, resolve_dataset,
 )
-from ucmfh.app.identity import Run, dataset_identity
+from ucmfh.app.identity import Run, dataset_identity, fingerprint
 from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_figures, check_outputs
@@ -338,10 +338,14 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
     check_outputs({"--out": out}, inputs=inputs)
     _, _, hash_cfg, meta = load_model(checkpoint, "hash")  # a damaged or fusion checkpoint is named before the dataset
     if dataset is None:  # the file it was trained on, as it records it (a default of 'synthetic' made one, 103 MB)
-        dataset = (meta.get("dataset") or {}).get("path")
+        recorded = meta.get("dataset") or {}
+        dataset = recorded.get("path")
         if not dataset or not os.path.isfile(dataset):
             raise click.UsageError(f"{checkpoint}: the dataset it was trained on, {dataset or 'not recorded'}, is not "
                                    "there: give one with -d")
+        if recorded.get("fingerprint") and fingerprint(dataset) != recorded["fingerprint"]:  # another file there now
+            raise click.UsageError(f"{checkpoint}: {dataset}, the dataset it was trained on, has changed since (its "
+                                   "content is not the one trained on): give the one to encode with -d")
         check_outputs({"--out": out}, inputs={**inputs, "--dataset": dataset})
     resolved(refuse_unused, hash_cfg.method, protocol=protocol)  # a leak-free method's codes have no fused view
     data = _load(dataset, data_dir)

@@ -15,9 +15,11 @@ import click
 from ucmfh.app.errors import stopped_by, user_errors
 from ucmfh.app.options import seed_type
 from ucmfh.app.outputs import check_outputs
+from ucmfh.data.annotations import list_images
 from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
 from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features
 from ucmfh.data.scratch import parse_shard
+from ucmfh.data.format import SPLITS
 from ucmfh.data.splits import DEFAULT_SEED, STANDARD_SPLITS, resolve_sizes
 
 
@@ -68,7 +70,7 @@ def convert() -> None:
 @user_errors
 def convert_pkl_cmd(folder, out, name, classes_file, image_feature, text_feature, empty_labels, overwrite, quiet):
     """UCMFH's FOLDER/{train,query,retrieval}.pkl -> OUT, split as released."""
-    check_outputs({"OUT": out}, inputs={"FOLDER": [os.path.join(folder, f) for f in os.listdir(folder)],
+    check_outputs({"OUT": out}, inputs={"FOLDER": [os.path.join(folder, f"{s}.pkl") for s in SPLITS],
                                         "--classes": classes_file})
     kwargs = {k: v for k, v in (("image_feature", image_feature), ("text_feature", text_feature)) if v}
     _summary(convert_pkl(folder, out, name=name, classes=read_classes(classes_file) if classes_file else None,
@@ -172,8 +174,12 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
     '--merge'; or 'torchrun --nproc-per-node N -m ucmfh extract ...'.
     """
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    try:  # the images themselves are inputs too, whether IMAGES is their folder or a list of them
+        image_paths = list_images(images)[1]
+    except ValueError:
+        image_paths = []  # said by the extraction, in its words
     check_outputs({"OUT": out}, inputs={"CAPTIONS": captions, "LABELS": labels, "--classes": classes_file,
-                                        "IMAGES": None if os.path.isdir(images) else images})
+                                        "IMAGES": [*([] if os.path.isdir(images) else [images]), *image_paths]})
     try:
         shard_of = parse_shard(shard) if shard else None
         world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -70,9 +70,14 @@ def protocols_of(protocol: str) -> Tuple[str, ...]:
 
 
 def dataset_paths(name: str, data_dir: PathLike) -> List[str]:
-    """Every file ``--dataset name`` may stand for (:func:`resolve_dataset`), found or not, creating nothing:
-    the inputs an output must not be (:func:`ucmfh.app.outputs.check_outputs`)."""
-    return [name, os.path.join(os.fspath(data_dir), name), os.path.join(os.fspath(data_dir), f"{name}.h5")]
+    """The files ``--dataset name`` may stand for (:func:`resolve_dataset`) that are there, creating nothing: the
+    inputs an output must not be (:func:`ucmfh.app.outputs.check_outputs`). Files only: a folder named as the
+    dataset (``wiki/`` for a run's outputs of ``-d wiki``) is not one."""
+    if name.endswith((".h5", ".hdf5")) or os.sep in name:
+        tried = [name] if os.path.isabs(name) else [name, os.path.join(os.fspath(data_dir), name)]
+    else:
+        tried = [os.path.join(os.fspath(data_dir), f"{name}.h5")]
+    return [path for path in tried if os.path.isfile(path)]
 
 
 def resolve_dataset(name: str, data_dir: PathLike) -> str:

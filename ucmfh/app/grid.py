@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import csv
 import io
+import os
 import statistics
 from itertools import product
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -247,14 +248,20 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     # one set of settings serves every method: one a method has no use for applies to the others only
     flags = {**FLAGS, "loss": "--losses", "loss_params": "--loss-params", "seed": "--seeds"}
     settings = settings_of({**train, "fusion_epochs": fusion_epochs, "protocol": protocol, "device": device})
-    unused = {m: resolved(unused_settings, m, settings, flags=flags) for m in methods}
-    for setting in (s for s in unused[methods[0]] if all(s in u for u in unused.values())):  # no method uses it
-        reasons = ", ".join(f"{m!r} {u[setting]}" for m, u in unused.items())
+    # a method with a loss of its own: one cell per seed, whatever --losses lists
+    variants_asked = [(m, loss) for m in methods for loss in (losses or [None] if default_loss(m) else [None])]
+    # what each method, with each loss of the grid, has no use for (--supervised: only a loss that uses labels)
+    unused = {(m, loss): resolved(unused_settings, m, {**settings, "loss": loss}, flags=flags)
+              for m, loss in variants_asked}
+    first = next(iter(unused.values()))
+    for setting in (s for s in first if all(s in u for u in unused.values())):  # no method uses it
+        reasons = ", ".join(dict.fromkeys(f"{m!r} {u[setting]}" for (m, _), u in unused.items()))
         raise click.BadParameter(f"no method of the grid has a use for it: {reasons}",
                                  param_hint=flag_of(setting, flags))
-    notes = [f"method {m!r}: " + "; ".join(f"{', '.join(flag_of(s, flags) for s in u if u[s] == why)} not applied "
-                                        f"(it {why})" for why in dict.fromkeys(u.values()))
-             + "; the other methods apply them" for m, u in unused.items() if u]
+    notes = [f"method {m!r}{f' with loss {loss!r}' if loss else ''}: "
+             + "; ".join(f"{', '.join(flag_of(s, flags) for s in u if u[s] == why)} not applied (it {why})"
+                         for why in dict.fromkeys(u.values()))
+             + "; the other methods apply them" for (m, loss), u in unused.items() if u]
     for note in notes:
         click.echo(note)
     protocols = protocols_of(protocol)
@@ -264,8 +271,6 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     bits = list(dict.fromkeys(n_bits))
     # every cell's settings are checked before anything trains
     cells = []
-    # a method with a loss of its own: one cell per seed, whatever --losses lists
-    variants_asked = [(m, loss) for m in methods for loss in (losses or [None] if default_loss(m) else [None])]
     for dataset, (method, loss), seed in product(datasets, variants_asked, seeds):
         cell = {**settings, "loss": loss, "seed": seed}
         fcfg, hcfgs = resolved(stage_configs, method, dataset=dataset, n_bits=bits, drop_unused=True, flags=flags,
@@ -274,7 +279,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         named: Dict[str, Any] = {}
         if default_loss(method) is not None and hcfgs[0].loss in params:
             named["loss_params"] = params[hcfgs[0].loss]
-        if fcfg is not None and fcfg.loss in params:
+        if fcfg is not None and fcfg.loss in params and not METHODS[method].shares_fusion_options:  # shared: above
             overrides = cell.get("overrides") or {}
             named["overrides"] = {**overrides, "fusion": {**overrides.get("fusion", {}),
                                                           "loss_params": params[fcfg.loss]}}
@@ -282,7 +287,9 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
             fcfg, hcfgs = resolved(stage_configs, method, dataset=dataset, n_bits=bits, drop_unused=True,
                                    flags=flags, **{**cell, **named})
         cells += [(dataset, fcfg, hcfg) for hcfg in hcfgs]
-    table = table[: -len(".md")] if table.endswith(".md") else table[: -len(".csv")] if table.endswith(".csv") else table
+    stem, extension = os.path.splitext(table)
+    if extension.lower() in (".md", ".csv") and os.path.basename(stem):  # the path given with an extension of its own
+        table = stem
     check_outputs({"--results": results, "--table": table}, {"--out": train["out"], "--tensorboard": train["tensorboard"]},
                   overwrite=overwrite)
     if plot is not None:  # matplotlib there, and no file of the user's where a figure may go, before any cell

@@ -138,7 +138,8 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         raise UserError("--rerank seps needs the queries' token features, and --text and --image queries have "
                         "none: give an HDF5 --queries file with token datasets")
     check_outputs({"--html": html}, overwrite=overwrite,
-                  inputs={"INDEX": index, "--queries": queries, "--seps": seps_checkpoint, "--checkpoint": checkpoint})
+                  inputs={"INDEX": index, "--queries": queries, "--image": image, "--seps": seps_checkpoint,
+                          "--checkpoint": checkpoint})
     if threads:
         import torch
 

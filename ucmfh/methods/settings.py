@@ -18,6 +18,7 @@ The settings (None, or absent: not given):
 """
 from __future__ import annotations
 
+import dataclasses
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ucmfh.config import (
@@ -296,6 +297,8 @@ def _resolve(spec: Method, dataset: Optional[str], n_bits: List[int], settings: 
     if settings.get("method_params"):
         extra["method_params"] = {**extra.get("method_params", {}), **settings["method_params"]}
     hashes = [check_loss(spec.config(**{**base, "n_bits": bits, **extra})) for bits in n_bits]
+    if fusion_cfg.supervised and not LOSSES[fusion_cfg.loss].uses_labels:  # its loss ignores them: the unsupervised
+        fusion_cfg = dataclasses.replace(fusion_cfg, supervised=False)  # stage, reused as such, not one more run key
     return StageConfigs(fusion_cfg if spec.uses_fusion else None, hashes)
 
 
