@@ -38,7 +38,9 @@ from ucmfh.files import MARKS, read_jsonl, write_text_atomic
 from ucmfh.losses import LOSSES
 from ucmfh.metrics.arguments import DEFAULT_K
 from ucmfh.methods import DEFAULT_METHOD, METHODS
-from ucmfh.methods.settings import default_loss, scored_protocols, stage_configs, unused_settings
+from ucmfh.methods.settings import (
+    default_loss, fusion_takes_the_loss, scored_protocols, stage_configs, unused_settings,
+)
 from ucmfh.evaluation import EXPECTED
 
 def _list(kind: Any, empty: bool = False) -> Any:
@@ -279,7 +281,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         named: Dict[str, Any] = {}
         if default_loss(method) is not None and hcfgs[0].loss in params:
             named["loss_params"] = params[hcfgs[0].loss]
-        if fcfg is not None and fcfg.loss in params and not METHODS[method].shares_fusion_options:  # shared: above
+        if fcfg is not None and fcfg.loss in params and not fusion_takes_the_loss(method):  # shared: given above
             overrides = cell.get("overrides") or {}
             named["overrides"] = {**overrides, "fusion": {**overrides.get("fusion", {}),
                                                           "loss_params": params[fcfg.loss]}}

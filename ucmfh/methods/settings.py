@@ -185,6 +185,12 @@ def trains_fusion(method: str) -> bool:
     return _method(method).uses_fusion
 
 
+def fusion_takes_the_loss(method: str) -> bool:
+    """Whether a run of ``method`` trains its fusion stage with the hashing stage's loss and its parameters (UCMFH:
+    one set of options, two stages), so that a loss's parameters given once reach both."""
+    return _method(method).shares_fusion_options
+
+
 def scored_protocols(method: str, protocols: Sequence[str] = PROTOCOLS) -> Tuple[str, ...]:
     """The protocols codes of ``method`` are scored under when ``protocols`` are asked: a leak-free
     method's are scored under 'unimodal' whatever is asked ('fused' would repeat it)."""
