@@ -35,6 +35,18 @@ def example_code(mark: str = "example") -> str:
     return found.group(1)
 
 
+def load_example(tmp_path: Path, mark: str, method: str) -> None:
+    """docs/methods.md's example ``mark`` registered in this process, as an entry point naming its module does."""
+    module = f"ucmfh_{mark}_{method.replace('-', '_')}"
+    (tmp_path / f"{module}.py").write_text(example_code(mark))
+    sys.path.insert(0, str(tmp_path))
+    try:
+        assert load_plugins([metadata.EntryPoint(method, module, "ucmfh.methods")]) == [method], PLUGIN_ERRORS
+    finally:
+        sys.path.remove(str(tmp_path))
+        sys.modules.pop(module, None)
+
+
 def installed(folder: Path, modules: Dict[str, str], entry_points: Dict[str, str], name: str = "plugin") -> Path:
     """``modules`` (file name -> source) and the ``.dist-info`` pip writes for a package whose ``ucmfh.methods``
     entry points are ``entry_points``, in ``folder``: a package installed on the path ``folder``."""
@@ -111,15 +123,7 @@ def test_the_docs_example_is_a_method_of_every_front_door(tmp_path, tiny_path):
 def test_the_docs_example_trains_what_it_says(tiny, tmp_path, registry):
     """The example's term: at ``balance=0`` it is two-tower's model bit for bit; at a large weight its bits
     are +1 on about half the training items, further from it than two-tower's are."""
-    module = tmp_path / "ucmfh_balanced_inprocess.py"
-    module.write_text(example_code())
-    sys.path.insert(0, str(tmp_path))
-    try:
-        load_plugins([metadata.EntryPoint("balanced-two-tower", "ucmfh_balanced_inprocess", "ucmfh.methods")])
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("ucmfh_balanced_inprocess", None)
-    assert "balanced-two-tower" in METHODS and not PLUGIN_ERRORS
+    load_example(tmp_path, "example", "balanced-two-tower")
 
     def fitted(name, **params):
         settings = {"temperatures": "0.3"}  # one candidate: the comparison is of the loss alone
@@ -268,13 +272,7 @@ def test_a_plan_that_is_not_a_plan_is_said_where_it_is_made(tiny, registry):
 def test_the_docs_method_from_scratch_trains_and_selects_on_validation(tiny, tmp_path, registry):
     """docs/methods.md's second example (cos-pair, a Plan of its own): registered, it trains by the lifecycle
     (its loss falls, validation keeps an epoch), refuses a loss (its own), and gives leak-free codes."""
-    (tmp_path / "ucmfh_cospair_doc.py").write_text(example_code("example2"))
-    sys.path.insert(0, str(tmp_path))
-    try:
-        assert load_plugins([metadata.EntryPoint("cos-pair", "ucmfh_cospair_doc", "ucmfh.methods")]) == ["cos-pair"]
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("ucmfh_cospair_doc", None)
+    load_example(tmp_path, "example2", "cos-pair")
     cfg = hash_config("cos-pair", n_bits=16, epochs=6, batch_size=64, device="cpu", val_fraction=0.2)
     model, history = fit_hashing(tiny, cfg, progress=False)
     assert history[-1] < history[0] and history.best_epoch is not None  # the epochs' mean losses
@@ -293,13 +291,7 @@ def test_the_docs_method_from_scratch_is_captured_as_it_says(tiny, tmp_path, reg
     from test_captured_step import StandinGraphs
     from ucmfh.captured_step import capture_steps
 
-    (tmp_path / "ucmfh_cospair_graph.py").write_text(example_code("example2"))
-    sys.path.insert(0, str(tmp_path))
-    try:
-        load_plugins([metadata.EntryPoint("cos-pair", "ucmfh_cospair_graph", "ucmfh.methods")])
-    finally:
-        sys.path.remove(str(tmp_path))
-        sys.modules.pop("ucmfh_cospair_graph", None)
+    load_example(tmp_path, "example2", "cos-pair")
     StandinGraphs.log = []
     monkeypatch.setattr(captured_module, "CudaGraphs", StandinGraphs)
     cfg = hash_config("cos-pair", n_bits=16, epochs=3, batch_size=48, device="cuda", val_fraction=0.2)
