@@ -126,11 +126,16 @@ class Withheld:
         self.name = name
 
     def __getattr__(self, attribute: str) -> Any:
-        raise ValueError(f"the {self.name} split is withheld from training (its .{attribute} was read): a method "
-                         "trains on the training split alone (docs/methods.md)")
+        if attribute.startswith("__"):  # Python's protocols (copy, pickle) ask for these: they are not a split's
+            raise AttributeError(attribute)
+        raise self._refused(attribute)
 
     def __len__(self) -> int:
-        return self.__getattr__("__len__")
+        raise self._refused("__len__")
+
+    def _refused(self, attribute: str) -> ValueError:
+        return ValueError(f"the {self.name} split is withheld from training (its .{attribute} was read): a method "
+                          "trains on the training split alone (docs/methods.md)")
 
     def __repr__(self) -> str:
         return f"Withheld({self.name!r})"
