@@ -126,6 +126,8 @@ def test_grid_applies_an_option_only_to_the_methods_that_use_it_and_says_so(tmp_
     ("--methods", "", "Invalid value for '--methods': expected a comma-separated list, got '': give at least one"),
     ("--seeds", " , ", "Invalid value for '--seeds': expected a comma-separated list, got ' , ': give at least one"),
     ("--seeds", "1,-3", "Invalid value for '--seeds': -3 is not in the range 0<=x<4294967296"),
+    ("--results", "", "Invalid value for --results: a grid keeps its rows, the cells it skips when run again: give a "
+                      "file"),  # it trained a cell, then failed on ''
 ])
 def test_grid_refuses_an_empty_list_and_a_seed_no_generator_takes(tmp_path, option, value, error):
     """No method or no seed was a traceback, or an empty grid that wrote an empty table over the last one; a

@@ -239,6 +239,9 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     """Train and score datasets × methods × losses × code lengths × seeds; skip finished cells; write one table."""
     from ucmfh.app.environment import default_data_dir, protocols_of
 
+    if not results:  # its rows are how a grid resumes: '' (no file, as train-hash takes it) failed after a cell
+        raise click.BadParameter("a grid keeps its rows, the cells it skips when run again: give a file",
+                                 param_hint="--results")
     unknown = [name for name in methods if name not in METHODS]
     if unknown:
         raise click.BadParameter(f"unknown methods {unknown} (methods: {', '.join(METHODS)})",

@@ -120,7 +120,7 @@ def output_options() -> List[Callable]:
     """--results, --device and --quiet, as every scoring command has them."""
     return [
         click.option("--results", default=DEFAULT_RESULTS, show_default=True,
-                     help="JSON-lines file the result rows are appended to."),
+                     help="JSON-lines file the result rows are appended to ('': none kept)."),
         click.option("--device", default="auto", show_default=True, callback=check_device,
                      help="auto (CUDA when present), cpu, cuda, cuda:1, ..."),
         click.option("--quiet", is_flag=True, help="No progress bars."),
