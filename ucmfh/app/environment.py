@@ -69,22 +69,31 @@ def protocols_of(protocol: str) -> Tuple[str, ...]:
     return PROTOCOLS if protocol == "both" else (protocol,)
 
 
+def _is_path(name: str) -> bool:
+    """Whether ``--dataset`` names a file (``x.h5``, ``dir/x``), not a dataset of ``--data-dir``."""
+    return name.endswith((".h5", ".hdf5")) or os.sep in name
+
+
+def _candidates(name: str, data_dir: PathLike) -> List[str]:
+    """Where ``--dataset name`` is looked for, in order: a path here, then in ``data_dir`` (an absolute one
+    only as it is); a name, ``DATA_DIR/NAME.h5``."""
+    if _is_path(name):
+        return [name] if os.path.isabs(name) else [name, os.path.join(os.fspath(data_dir), name)]
+    return [os.path.join(os.fspath(data_dir), f"{name}.h5")]
+
+
 def dataset_paths(name: str, data_dir: PathLike) -> List[str]:
     """The files ``--dataset name`` may stand for (:func:`resolve_dataset`) that are there, creating nothing: the
     inputs an output must not be (:func:`ucmfh.app.outputs.check_outputs`). Files only: a folder named as the
     dataset (``wiki/`` for a run's outputs of ``-d wiki``) is not one."""
-    if name.endswith((".h5", ".hdf5")) or os.sep in name:
-        tried = [name] if os.path.isabs(name) else [name, os.path.join(os.fspath(data_dir), name)]
-    else:
-        tried = [os.path.join(os.fspath(data_dir), f"{name}.h5")]
-    return [path for path in tried if os.path.isfile(path)]
+    return [path for path in _candidates(name, data_dir) if os.path.isfile(path)]
 
 
 def resolve_dataset(name: str, data_dir: PathLike) -> str:
     """The file for a dataset name (``DATA_DIR/NAME.h5``) or path (a relative one is looked for here, then
     in ``data_dir``); ``synthetic`` is created on first use."""
-    if name.endswith((".h5", ".hdf5")) or os.sep in name:
-        tried = [name] if os.path.isabs(name) else [name, os.path.join(os.fspath(data_dir), name)]
+    if _is_path(name):
+        tried = _candidates(name, data_dir)
         found = [path for path in tried if os.path.exists(path)]
         if not found:
             raise FileNotFoundError(f"{name}: no such dataset file"
@@ -96,7 +105,7 @@ def resolve_dataset(name: str, data_dir: PathLike) -> str:
         raise ValueError("--dataset: an empty name; give a dataset name or an .h5 file")
     if os.path.exists(data_dir) and not os.path.isdir(data_dir):
         raise NotADirectoryError(f"{os.fspath(data_dir)}: is a file, not a folder of NAME.h5 dataset files (--data-dir)")
-    path = os.path.join(os.fspath(data_dir), f"{name}.h5")
+    [path] = _candidates(name, data_dir)
     if os.path.isdir(path):
         raise IsADirectoryError(f"{path}: is a folder, not a dataset file")
     if os.path.exists(path):
