@@ -1,28 +1,20 @@
 """``python -m ucmfh`` and the ``ucmfh`` command (also under ``torchrun -m ucmfh``)."""
-import signal
 import sys
 
 
-def _terminated(signum, frame):  # noqa: ARG001 - signal handler signature
-    sys.stderr.write("terminated\n")
-    sys.exit(128 + signum)
-
-
 def run() -> int:
-    """The ``ucmfh`` command: importing torch takes seconds, and a Ctrl-C or SIGTERM meanwhile is one line too, not
-    an import traceback or a silent death (the console script calls this, so its imports come after the guard);
-    then the command's own handling takes over (:func:`ucmfh.app.errors.terminate_as_interrupt`)."""
-    default = signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
-    if default:
-        signal.signal(signal.SIGTERM, _terminated)
+    """The ``ucmfh`` command: importing torch takes seconds, and a Ctrl-C or SIGTERM meanwhile ends it as one at
+    any later moment does (one line, 130 or 143; :mod:`ucmfh.app.errors`, which needs click alone, not torch).
+    The console script calls this, so its imports come after the guard."""
+    from ucmfh.app.errors import interrupted, terminate_as_interrupt
+
+    restore = terminate_as_interrupt()
     try:
         from ucmfh.app.cli import main
-    except KeyboardInterrupt:
-        sys.stderr.write("interrupted\n")
-        return 130
+    except KeyboardInterrupt as err:  # Ctrl-C's, or SIGTERM's (which remembers its signal)
+        interrupted(err)
     finally:
-        if default:
-            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+        restore()  # the command sets its own (ucmfh.app.cli.main)
     return main()
 
 
