@@ -163,15 +163,21 @@ def test_a_run_interrupted_resumes_captured_to_the_eager_model(tiny, monkeypatch
         torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)
 
 
-def test_the_fusion_stage_is_captured_with_its_modality_dropout_draws(tiny, monkeypatch, standin_graphs):
-    cfg = small_fusion(epochs=2, device="cuda", dropout=0.0, modality_dropout=0.5, val_fraction=0.0)
+def assert_captured_once_as_eager(monkeypatch, fit) -> None:
+    """``fit()`` (a model and its history) on the stand-in, eager and captured: the captured run makes one capture
+    and replays it, and trains the eager model (within float rounding). Needs the ``standin_graphs`` fixture."""
     with cuda_standin(monkeypatch):
-        eager, _ = fit_fusion(tiny, cfg, progress=False)
+        eager, _ = fit()
         with capture_steps():
-            captured, _ = fit_fusion(tiny, cfg, progress=False)
+            captured, _ = fit()
     assert StandinGraphs.log.count("capture") == 1 and StandinGraphs.log.count("replay") > 0
     for (name, a), b in zip(eager.state_dict().items(), captured.state_dict().values()):
         torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)
+
+
+def test_the_fusion_stage_is_captured_with_its_modality_dropout_draws(tiny, monkeypatch, standin_graphs):
+    cfg = small_fusion(epochs=2, device="cuda", dropout=0.0, modality_dropout=0.5, val_fraction=0.0)
+    assert_captured_once_as_eager(monkeypatch, lambda: fit_fusion(tiny, cfg, progress=False))
 
 
 @pytest.mark.parametrize("why, method, settings", [

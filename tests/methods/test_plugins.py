@@ -22,6 +22,7 @@ from ucmfh.methods.plugins import load_plugins
 from ucmfh.methods.two_tower import TwoTower
 
 from conftest import method_config
+from test_captured_step import assert_captured_once_as_eager, standin_graphs  # noqa: F401 - a fixture used below
 
 ROOT = Path(__file__).resolve().parents[2]
 DOC = ROOT / "docs" / "methods.md"
@@ -283,22 +284,10 @@ def test_the_docs_method_from_scratch_trains_and_selects_on_validation(tiny, tmp
     assert torch.equal(codes_img, other_img)  # an image's code from the image alone
 
 
+@pytest.mark.usefixtures("standin_graphs")
 def test_the_docs_method_from_scratch_is_captured_as_it_says(tiny, tmp_path, registry, monkeypatch):
     """cos-pair says graphable: on the CUDA stand-in its step, captured and replayed, makes no host sync and
     trains the eager model (as tests/test_captured_step.py holds ucmfh's own methods to)."""
-    import ucmfh.captured_step as captured_module
-    from cuda_standin import cuda_standin
-    from test_captured_step import StandinGraphs
-    from ucmfh.captured_step import capture_steps
-
     load_example(tmp_path, "example2", "cos-pair")
-    StandinGraphs.log = []
-    monkeypatch.setattr(captured_module, "CudaGraphs", StandinGraphs)
     cfg = hash_config("cos-pair", n_bits=16, epochs=3, batch_size=48, device="cuda", val_fraction=0.2)
-    with cuda_standin(monkeypatch):
-        eager, _ = fit_hashing(tiny, cfg, progress=False)
-        with capture_steps():
-            captured, _ = fit_hashing(tiny, cfg, progress=False)
-    assert StandinGraphs.log.count("capture") == 1 and StandinGraphs.log.count("replay") > 0
-    for (name, a), b in zip(eager.state_dict().items(), captured.state_dict().values()):
-        torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)
+    assert_captured_once_as_eager(monkeypatch, lambda: fit_hashing(tiny, cfg, progress=False))
