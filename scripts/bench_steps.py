@@ -99,17 +99,26 @@ def main(argv: Optional[List[str]] = None) -> None:
                                        only=args.only or [m for m in known])
     paths = PATHS if args.device == "cuda" else PATHS[:1]
     rows: Dict[str, Dict[str, object]] = {}
+    stopped: Optional[KeyboardInterrupt] = None
     with tempfile.TemporaryDirectory() as scratch:
         chosen = stages(dispatch_args, args.device, Path(scratch), own_batch=not args.batch_size)
-        for stage in sorted(chosen, key=lambda s: dispatch_args.only.index(s.name)):
-            rows[stage.name] = {"batch_size": stage.batch_size, **{
-                path: seconds_a_step(stage, path == "graph", args.device, args.steps, args.repeats) for path in paths}}
-            if not args.json:
-                print(*([HEADER] if len(rows) == 1 else []), line(stage.name, rows[stage.name]), sep="\n", flush=True)
+        try:
+            for stage in sorted(chosen, key=lambda s: dispatch_args.only.index(s.name)):
+                rows[stage.name] = {"batch_size": stage.batch_size, **{
+                    path: seconds_a_step(stage, path == "graph", args.device, args.steps, args.repeats)
+                    for path in paths}}
+                if not args.json:
+                    print(*([HEADER] if len(rows) == 1 else []), line(stage.name, rows[stage.name]), sep="\n",
+                          flush=True)
+        except KeyboardInterrupt as err:  # Ctrl-C, or the checklist's cap (SIGTERM): the stages timed are kept
+            stopped = err
+            print(f"stopped while timing {stage.name} ({err}); {len(rows)} stage(s) timed", file=sys.stderr)
     if args.json:
         name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
         print(json.dumps({"device": name, "torch": torch.__version__, "steps": args.steps,
                           "stages": rows}, indent=1, sort_keys=True))
+    if stopped is not None:
+        sys.exit(128 + (getattr(stopped, "signum", None) or 2))  # the shell's code of the signal (SIGINT's: 130)
 
 
 if __name__ == "__main__":
