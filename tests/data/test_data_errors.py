@@ -19,7 +19,9 @@ import scipy.io
 from click.testing import CliRunner
 
 from ucmfh.app.cli import main
+from ucmfh.data.format import DataError
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
+from ucmfh.search.collection import open_collection
 
 from conftest import ROOT, dead_pid
 
@@ -60,6 +62,17 @@ def test_validate_object_of_the_wrong_kind(small_file):
         del f["train"]["image"]
         f["train"].create_group("image")
     user_error(["validate", path], f"{path}: /train/image: expected a dataset, found a group")
+
+
+def test_a_split_that_is_a_dataset_in_a_collection_file(tmp_path):
+    """Without /train the file is read as a search collection (validate, index): its /query a dataset is one
+    line too, where it was an AttributeError's traceback."""
+    path = tmp_path / "c.h5"
+    with h5py.File(path, "w") as f:
+        f.create_dataset("query", data=np.zeros(3))
+    with pytest.raises(DataError, match=r"c\.h5: /query: expected a group, found a dataset"):
+        open_collection(path)
+    user_error(["validate", path], f"{path}: /train: missing group")
 
 
 def test_validate_float_ids(small_file):

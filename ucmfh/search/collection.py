@@ -148,6 +148,8 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
         rows = []
         for g in groups:
             group = f[g]
+            if not isinstance(group, h5py.Group):
+                raise DataError(f"{path}: {g}: expected a group, found a dataset")
             present = [name for name in COLUMNS if name in group]
             if not {"image", "text"} & set(present):
                 raise DataError(f"{path}: {g}: no image or text dataset (it has: {sorted(group.keys())})")
