@@ -20,7 +20,7 @@ Data are synthetic but structured: labels with skewed class frequencies, codes
 the sign of the sum of per-class random prototypes plus noise (so there are
 clusters and many equal distances). Example::
 
-    python scripts/bench_eval.py --bits 16 64 128 --json results/bench_eval.json
+    python scripts/bench_eval.py --bits 16 64 128 --json bench_eval.json
 """
 from __future__ import annotations
 
