@@ -180,15 +180,28 @@ def test_the_fusion_stage_is_captured_with_its_modality_dropout_draws(tiny, monk
     assert_captured_once_as_eager(monkeypatch, lambda: fit_fusion(tiny, cfg, progress=False))
 
 
-@pytest.mark.parametrize("why, method, settings", [
-    ("a learning rate by epoch and negatives drawn on the host each step", "ucch", {}),
-    ("the CPU has no graphs", "two-tower", {"device": "cpu"}),
+@pytest.mark.parametrize("method, settings, said", [
+    ("ucch", {}, "ucch 16 bits runs eagerly: its step is not one a graph can replay ('ucmfh methods' says why)"),
+    ("two-tower", {"device": "cpu"}, "two-tower 16 bits runs eagerly: CUDA graphs need a CUDA device, and it "
+                                     "trains on cpu"),
 ])
-def test_a_step_that_cannot_be_captured_runs_eagerly(tiny, monkeypatch, standin_graphs, why, method, settings):
-    cfg = method_config(method, epochs=2, **{"device": "cuda", **settings})
-    with cuda_standin(monkeypatch), capture_steps():
+def test_a_step_that_cannot_be_captured_runs_eagerly_and_says_why(tiny, monkeypatch, standin_graphs, method,
+                                                                   settings, said):
+    """No capture, and the listener of the block hears why, once (two-tower's two temperature candidates train
+    two plans of one name and reason)."""
+    cfg = method_config(method, epochs=2, n_bits=16, **{"device": "cuda", **settings})
+    heard = []
+    with cuda_standin(monkeypatch), capture_steps(on_eager=heard.append):
         fit_hashing(tiny, cfg, progress=False)
-    assert StandinGraphs.log == [], why
+    assert StandinGraphs.log == [] and heard == [said]
+
+
+def test_a_captured_step_says_nothing(tiny, monkeypatch, standin_graphs):
+    cfg = method_config("two-tower", epochs=2, device="cuda", n_bits=16, batch_size=48)
+    heard = []
+    with cuda_standin(monkeypatch), capture_steps(on_eager=heard.append):
+        fit_hashing(tiny, cfg, progress=False)
+    assert StandinGraphs.log.count("replay") > 0 and heard == []
 
 
 @pytest.mark.parametrize("case", CAPTURED)

@@ -20,7 +20,7 @@ Where a step cannot be captured the eager step runs, with the same results.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterator, List, Optional, Set, Tuple
 
 import torch
 
@@ -30,23 +30,37 @@ from ucmfh.optim import optimize
 WARMUP_STEPS = 3
 
 _ENABLED = [False]
+_ON_EAGER: List[Tuple[Optional[Callable[[str], None]], Set[str]]] = [(None, set())]
 
 
 @contextlib.contextmanager
-def capture_steps(enabled: bool = True) -> Iterator[None]:
+def capture_steps(enabled: bool = True, on_eager: Optional[Callable[[str], None]] = None) -> Iterator[None]:
     """Inside the block, every plan that can be (:attr:`ucmfh.trainer.Plan.graphable`) trains on a CUDA
-    device with its full batches replayed from one captured CUDA graph."""
+    device with its full batches replayed from one captured CUDA graph. ``on_eager(message)`` is told, once
+    for each reason, that a plan trained inside runs eagerly although a capture was asked for, and why
+    (:meth:`ucmfh.trainer._Run.eager_because`): a user who asked for graphs hears it before the epochs."""
     before = _ENABLED[0]
     _ENABLED[0] = enabled
+    _ON_EAGER.append((on_eager, set()))
     try:
         yield
     finally:
         _ENABLED[0] = before
+        _ON_EAGER.pop()
 
 
 def capturing() -> bool:
     """Whether :func:`capture_steps` is on."""
     return _ENABLED[0]
+
+
+def runs_eagerly(stage: str, reason: str) -> None:
+    """Tell the innermost :func:`capture_steps` block's listener that ``stage`` runs eagerly because of ``reason``
+    (each reason once a block)."""
+    listener, said = _ON_EAGER[-1]
+    if listener is not None and reason not in said:
+        said.add(reason)
+        listener(f"{stage} runs eagerly: {reason}")
 
 
 class CudaGraphs:

@@ -21,7 +21,7 @@ from torch import nn
 from tqdm.auto import tqdm
 
 from ucmfh.batches import ReadAhead, Shuffle, epoch_plan, split_ahead
-from ucmfh.captured_step import CapturedStep, capturing
+from ucmfh.captured_step import CapturedStep, capturing, runs_eagerly
 from ucmfh.config import identity_dict
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.distributed import Group, current_group
@@ -279,13 +279,28 @@ class _Run:
         return self.eager_step(batch) if self.captured is None else self.captured(batch)
 
     def capturable(self) -> bool:
-        """Whether this run's step is captured: asked for, on a CUDA device, one process, a plan that can be
-        (no learning-rate schedule, no rows streamed from a file), in full precision (autocast's
-        cache of cast weights would outlive a capture)."""
-        plan = self.plan
-        return (capturing() and self.device.type == "cuda" and plan.graphable
-                and plan.learning_rate is None and self.ahead is None and self.group.world_size == 1
-                and getattr(self.cfg, "amp", "none") == "none")
+        """Whether this run's step is captured: asked for (:func:`ucmfh.captured_step.capture_steps`) and
+        nothing against it (:meth:`eager_because`)."""
+        return capturing() and self.eager_because() is None
+
+    def eager_because(self) -> Optional[str]:
+        """Why this run's step would run eagerly under :func:`ucmfh.captured_step.capture_steps`, or None: a
+        capture needs a CUDA device, one process, a plan that can be (no learning-rate schedule, no rows
+        streamed from a file) and full precision (autocast's cache of cast weights would outlive a capture)."""
+        plan, amp = self.plan, getattr(self.cfg, "amp", "none")
+        if self.device.type != "cuda":
+            return f"CUDA graphs need a CUDA device, and it trains on {self.device.type}"
+        if not plan.graphable:
+            return "its step is not one a graph can replay ('ucmfh methods' says why)"
+        if plan.learning_rate is not None:
+            return "its learning rate changes as it trains"
+        if self.ahead is not None:
+            return "its rows are streamed from the file"
+        if self.group.world_size > 1:
+            return f"it runs in {self.group.world_size} processes"
+        if amp != "none":
+            return f"it trains under {amp} autocast"
+        return None
 
     def eager_step(self, batch: Batch) -> torch.Tensor:
         plan = self.plan
@@ -329,6 +344,9 @@ class _Run:
         """The epochs from where the run stands to its end (or its early stop)."""
         cfg, at, group, state, device = self.cfg, self.at, self.group, self.state, self.device
         start_epoch, last_save = at.epoch, time.monotonic()
+        reason = self.eager_because() if capturing() and group.is_main else None
+        if reason is not None:
+            runs_eagerly(self.plan.name, reason)
         bar = tqdm(total=cfg.epochs, initial=start_epoch, desc=self.plan.name, unit="epoch",
                    disable=not (progress and group.is_main))
         with stop_on_signals() as stop, ReadAhead() as reads:

@@ -246,3 +246,21 @@ def test_a_sigterm_while_the_command_imports_is_one_line(monkeypatch, capsys):
         entry.run()
     assert ended.value.code == 143 and capsys.readouterr().err == "terminated\n"
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+def test_cuda_graphs_asked_for_on_the_cpu_train_eagerly_and_say_so(tmp_path, tiny_path):
+    """--cuda-graph where no step can be captured (here: the CPU) trains the run it names, the same model and
+    row as without it (a capture is not part of a run's identity), and says why before the epochs."""
+    results, out = tmp_path / "r.jsonl", tmp_path / "runs"
+    args = ["train-hash", "-d", tiny_path, "-b", "8", "--epochs", "1", "--quiet", "--device", "cpu", "--out",
+            str(out), "--results", str(results)]
+    asked = CliRunner().invoke(main, [*args, "--cuda-graph"])
+    assert asked.exit_code == 0, asked.output
+    note = [line for line in asked.output.splitlines() if line.startswith("note: ")]
+    assert note == ["note: CUDA graphs asked for, but two-tower 8 bits runs eagerly: CUDA graphs need a CUDA "
+                    "device, and it trains on cpu"]
+    assert asked.output.index(note[0]) < asked.output.index("I->T")
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 0 and "reused" in again.output and "note: " not in again.output
+    first, second = (json.loads(line) for line in results.read_text().splitlines() if '"hashing"' in line)
+    assert (first["map_i2t"], first["checkpoint"]) == (second["map_i2t"], second["checkpoint"])

@@ -166,7 +166,7 @@ cuda_graph_option = click.option(
     "--cuda-graph", is_flag=True,
     help="On a GPU, capture a training step as a CUDA graph and replay it for each full batch (the fusion stage and "
          "every method trained by epochs but ucch, as 'ucmfh methods' says; in memory, one process, --amp "
-         "none; other steps run as without it).")
+         "none; other steps run as without it, and a note says why before the epochs).")
 
 # what torch's generators take
 seed_type = click.IntRange(SEED.low, SEED.high, max_open=SEED.high_open)
