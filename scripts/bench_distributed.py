@@ -79,8 +79,9 @@ def ranks(a: argparse.Namespace) -> None:
                                 else (f"{r['map_i2t']:.3f}", f"{r['map_t2i']:.3f}"))
                     speed = r["epochs_run"] * n_train * (1 - (r["settings"]["hash"].get("val_fraction") or 0)) \
                         / r["train_time_s"]
+                    rsum = f"{r['rsum']:.1f}" if "rsum" in r else "—"  # a caption set's alone
                     print(f"| {dataset} | {procs} × {threads} | {r['n_bits']} | {r.get('database', 'retrieval')} | "
-                          f"{i2t} | {t2i} | {r.get('rsum', float('nan')):.1f} | {r['best_epoch']} / "
+                          f"{i2t} | {t2i} | {rsum} | {r['best_epoch']} / "
                           f"{r['epochs_run']} | {r['train_time_s']:.1f} | {speed:,.0f} | {wall:.1f} |", flush=True)
 
 
