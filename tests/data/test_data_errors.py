@@ -122,6 +122,13 @@ def convert_npz(image, text, labels, out, *extra):
     return ["convert", "npz", image, text, labels, out, *SPLIT, *extra]
 
 
+def test_class_names_of_another_count_are_said_as_the_classes_file(tmp_path, arrays):
+    (tmp_path / "c.txt").write_text("a\nb\n")
+    user_error(convert_npz(*arrays, tmp_path / "o.h5", "--classes", tmp_path / "c.txt"),
+               "Error: --classes: 2 class names given for the 3 label columns of the input")
+    assert not (tmp_path / "o.h5").exists()
+
+
 # ------------------------------------------------------------------ broken .npy / .npz / .mat
 
 

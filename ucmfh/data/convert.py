@@ -27,6 +27,7 @@ import h5py
 import numpy as np
 from tqdm.auto import tqdm
 
+from ucmfh.config import SettingError
 from ucmfh.data.h5 import SPLITS, DataError, PathLike, check_finite, is_multi_hot
 from ucmfh.data.writer import create_split_dataset, open_writer
 from ucmfh.data.arrays import ArraySource, open_array
@@ -85,7 +86,8 @@ def root_attrs(
     split_rule: str,
 ) -> Dict[str, object]:
     if classes is not None and len(classes) != n_classes:
-        raise DataError(f"{out}: {len(classes)} class names given for {n_classes} label columns")
+        raise SettingError("classes", f"classes: {len(classes)} class names given for the {n_classes} label columns "
+                                      f"of the input (writing {out})")
     return {
         "name": name or os.path.splitext(os.path.basename(out))[0],
         "classes": list(classes) if classes is not None else [f"class_{i}" for i in range(n_classes)],
