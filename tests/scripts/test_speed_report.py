@@ -69,6 +69,18 @@ def test_each_goal_is_read_from_what_its_step_wrote(tmp_path, monkeypatch, capsy
     assert len(lines) == 2 + 8 + 2 + 2 + 2  # the goals; a blank line, the steps' title, head and two stages
 
 
+def test_a_run_asked_to_capture_that_ran_eagerly_is_said_so(tmp_path, monkeypatch, capsys):
+    """The training commands say when a stage asked to capture its steps runs eagerly (a bf16 run, a method no
+    graph replays, ...): its wall seconds are then not a captured figure, and the row says so."""
+    out = _folder(tmp_path, monkeypatch, capsys)
+    (out / "main-graph.txt").write_text("dataset: data/synthetic.h5\nnote: CUDA graphs asked for, but fusion runs "
+                                        "eagerly: it trains under bf16 autocast\nfusion: 100%\n")
+    rows = {row[0]: row for row in report.goal_rows(str(out))}
+    assert rows["1. main job, captured steps (wall s)"][1] == (
+        "12.5 (eager H200: 105); NOT captured: fusion runs eagerly: it trains under bf16 autocast")
+    assert "NOT captured" not in rows["3. full Flickr8k, default, 64 bits, captured (wall s)"][1]
+
+
 def test_a_failed_or_missing_step_is_said_not_guessed(tmp_path, monkeypatch, capsys):
     out = _folder(tmp_path, monkeypatch, capsys, flickr_rc=124)
     summary = (out / "summary.txt").read_text().splitlines()
