@@ -55,3 +55,28 @@ def test_on_cuda_both_paths_are_timed_and_the_captured_one_replays(capsys, monke
     assert (name, batch) == ("djsrh", "32") and graph != "-"  # timed (wall-clock noise may make it any number)
     float(eager), float(graph)
     assert "capture" in StandinGraphs.log and "replay" in StandinGraphs.log
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_a_stop_keeps_the_stages_timed_and_exits_as_the_signal(capsys, monkeypatch, as_json):
+    """The checklist caps the step with SIGTERM: the stages timed before it stay (their lines, or the JSON), one
+    line names the stage it stopped in, and the exit code is the signal's (143), not a traceback."""
+    from ucmfh.signals import TrainingInterrupted
+
+    timed = iter([0.002])
+
+    def seconds_a_step(stage, *args):
+        for seconds in timed:
+            return seconds
+        raise TrainingInterrupted(f"{stage.name} interrupted by SIGTERM; nothing saved", None, 15)
+
+    monkeypatch.setattr(bench, "seconds_a_step", seconds_a_step)
+    with pytest.raises(SystemExit) as exit_:
+        bench.main(SMALL + ["--only", "two-tower", "--only", "jdsh"] + (["--json"] if as_json else []))
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 143
+    assert err.strip() == "stopped while timing jdsh (jdsh interrupted by SIGTERM; nothing saved); 1 stage(s) timed"
+    if as_json:
+        assert set(json.loads(out)["stages"]) == {"two-tower"}
+    else:
+        assert [line.split()[0] for line in out.splitlines()] == ["stage", "two-tower"]
