@@ -4,7 +4,10 @@ What a user of the docs needs is importable from here, loaded on first use, so `
 stays light (and a CPU search never imports torch):
 
 * data: ``load_dataset``, ``write_dataset``, ``validate_file``, ``DataError`` (docs/data.md);
-* training: ``HashConfig``, ``FusionConfig``, ``fit_hashing``, ``fit_fusion``, ``build_method``, ``METHODS``;
+* training: ``hash_config`` (a method's settings: ``fit_hashing(data, hash_config("two-tower", n_bits=64))``
+  trains the command line's default; ``HashConfig()`` alone holds UCMFH's reference settings, whose method
+  needs ``fit_fusion`` first), ``HashConfig``, ``FusionConfig``, ``fit_hashing``, ``fit_fusion``,
+  ``build_method``, ``METHODS``;
 * checkpoints: ``save_checkpoint``, ``load_model``;
 * search: ``Index``, ``build_index``, ``Encoder`` (docs/search.md);
 * the retrieval metrics (``from ucmfh import map_at_k``, docs/evaluation.md).
@@ -24,6 +27,7 @@ _HOMES = {
     "DataError": "ucmfh.data.format",
     "HashConfig": "ucmfh.config", "FusionConfig": "ucmfh.config",
     "fit_hashing": "ucmfh.methods", "build_method": "ucmfh.methods", "METHODS": "ucmfh.methods",
+    "hash_config": "ucmfh.methods",
     "fit_fusion": "ucmfh.fusion_stage",
     "save_checkpoint": "ucmfh.checkpoint", "load_model": "ucmfh.checkpoint",
     "Index": "ucmfh.search", "build_index": "ucmfh.search", "Encoder": "ucmfh.search",

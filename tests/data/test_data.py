@@ -180,3 +180,16 @@ def test_make_synthetic_refuses_an_existing_file_before_making_the_data(tmp_path
     with pytest.raises(FileExistsError, match="s.h5: exists; not replaced"):
         make_synthetic(path, TINY)
     assert path.read_bytes() == b"precious"
+
+
+def test_a_dataset_and_its_splits_print_as_their_sizes(tiny):
+    """A library user's print(data): names and sizes, one line, not every feature (a dataclass's repr printed
+    the tensors: pages for one file); the splits withheld from training say so."""
+    split = tiny.train
+    assert repr(split) == (f"Split({len(split)} items, image {tiny.d_img}-d, text {tiny.d_txt}-d, "
+                           f"{tiny.n_classes} classes, ids)")
+    sizes = f"train {len(tiny.train)}, query {len(tiny.query)}, retrieval {len(tiny.retrieval)}"
+    assert repr(tiny) == (f"Dataset({tiny.name!r}: {sizes}; image {tiny.d_img}-d, text {tiny.d_txt}-d, "
+                          f"{tiny.n_classes} classes; {tiny.path})")
+    assert repr(tiny.train_only()).startswith(f"Dataset({tiny.name!r}: train {len(tiny.train)}, query withheld, "
+                                              "retrieval withheld;")

@@ -43,6 +43,11 @@ class Split:
     def __len__(self) -> int:
         return self.img.shape[0]
 
+    def __repr__(self) -> str:  # the sizes, not every feature (a dataclass's repr prints the tensors)
+        labels = "no labels (a caption set)" if self.labels is None else f"{self.labels.shape[1]} classes"
+        return (f"Split({len(self)} items, image {self.img.shape[1]}-d, text {self.txt.shape[1]}-d, {labels}"
+                f"{', ids' if self.ids is not None else ''}{', streamed from the file' if self.streamed else ''})")
+
     @property
     def streamed(self) -> bool:
         """Whether the features are read from the file on demand (:mod:`ucmfh.data.stream`)."""
@@ -90,6 +95,13 @@ class Dataset:
     @property
     def name(self) -> str:
         return str(self.attrs.get("name") or (Path(self.path).stem if self.path else "dataset"))
+
+    def __repr__(self) -> str:  # the sizes, not every feature (a dataclass's repr prints the tensors)
+        sizes = ", ".join(f"{name} {'withheld' if isinstance(split, Withheld) else len(split)}"
+                          for name, split in self.splits())
+        labels = "a caption set" if self.caption_set else f"{self.n_classes} classes"
+        return (f"Dataset({self.name!r}: {sizes}; image {self.d_img}-d, text {self.d_txt}-d, {labels}"
+                f"{'; ' + self.path if self.path else ''})")
 
     @property
     def d_img(self) -> int:
