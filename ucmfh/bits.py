@@ -35,6 +35,18 @@ def to_numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
+def check_signed(codes: Any, what: str = "codes") -> None:
+    """Refuse ±1 codes given as 0 and 1 (or as booleans), the field's usual storage: a bit is the code's sign,
+    so a 0 would read as +1 and every bit of such a code as set, every distance as 0, every score as chance's,
+    without a word. Read from the first rows only (a ±1 or real-valued code is never exactly 0 and 1 alone)."""
+    head = to_numpy(codes[:64])
+    zero_one = head.dtype.kind in "fi" and head.size > 0 and bool((head == 0).any()) and bool(
+        ((head == 0) | (head == 1)).all())
+    if head.dtype == np.bool_ or zero_one:
+        raise ValueError(f"{what}: codes of 0 and 1, where a bit is the code's sign (0 would read as +1): give ±1 "
+                         "codes (2 * codes - 1) or packed bits (numpy.packbits, uint8)")
+
+
 def pack(codes: Any) -> np.ndarray:
     """±1 or real-valued codes, numpy or torch, as bits: sign >= 0 is a set bit.
 
@@ -91,6 +103,7 @@ def as_words(codes: Any, n_bits: int, what: str = "codes") -> np.ndarray:
                                  "encoded first: ucmfh.search.Encoder(checkpoint).encode(features, modality)")
             if codes.dtype.kind == "f" and not np.isfinite(codes).all():
                 raise ValueError(f"{what}: non-finite values")
+            check_signed(codes, what)
             packed = np.packbits(codes >= 0, axis=1)
         buf = np.zeros((codes.shape[0], width * 8), dtype=np.uint8)
         buf[:, : packed.shape[1]] = packed
