@@ -132,6 +132,22 @@ def test_caption_metrics_equal_a_slow_reference(ranking, n_bits):
     assert got["collection"]["n_database_txt"] == len(query[2]) + len(retrieval[2])
 
 
+def test_ids_of_another_length_or_that_never_match_are_refused():
+    """Two ways a library user got a wrong caption-set score without a word: retrieval ids shorter than the
+    codes (the collection database shrank to them), and scoring by id between a caption set's query and
+    retrieval splits, which share no id (every R@K and MAP by id 0)."""
+    from ucmfh import map_at_k_by_id, recall_at_ranks
+
+    rng = np.random.default_rng(0)
+    query, retrieval = _caption_arrays(rng, 7, 1, 16), _caption_arrays(rng, 30, 1000, 16)
+    with pytest.raises(ValueError, match="ids must be 1-D and match the codes"):
+        evaluate_caption_set(*query[:2], query[2], *retrieval[:2], retrieval[2][:5])
+    for metric in (recall_at_ranks, map_at_k_by_id):
+        with pytest.raises(ValueError, match="no query id occurs among the retrieval ids.*evaluate_caption_set"):
+            metric(query[0], retrieval[1], query[2], retrieval[2])
+    assert recall_at_ranks(query[0], query[1], query[2], query[2])[-1] > 0  # within the query split: scored
+
+
 @pytest.mark.slow  # 33 s: sklearn's iterative CCA on flickr8k1000
 def test_flickr8k1000_cca_itq_matches_the_contracts_figures():
     """docs/reference.md §7 gives CCA-ITQ's R@K on flickr8k1000, test database: the evaluator reproduces them."""

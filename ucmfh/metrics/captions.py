@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from ucmfh.data.format import first_of_each_id
-from ucmfh.metrics.arguments import DEFAULT_K, TIES, ArrayLike, Ranking, Ties, as_tensors, check_choice
+from ucmfh.metrics.arguments import (DEFAULT_K, TIES, ArrayLike, Ranking, Ties, as_tensors, check_choice,
+                                     check_ids)
 from ucmfh.metrics.ap import mean, mean_columns
 from ucmfh.metrics.ranking import average_precision_by_id, hits_at_ranks
 
@@ -115,6 +116,8 @@ def evaluate_caption_set(
     query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids = as_tensors(
         query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids
     )
+    check_ids(query_img, retrieval_img, query_ids, retrieval_ids)  # the collection database is built from them:
+    check_ids(query_txt, retrieval_txt, query_ids, retrieval_ids)  # ids of another length would shrink it
     queries = torch.from_numpy(first_of_each_id(query_ids.cpu().numpy())).to(query_ids.device)
     q_img, q_img_ids = query_img[queries], query_ids[queries]
     out = {}

@@ -43,6 +43,7 @@ from ucmfh.metrics.arguments import (
 )
 from ucmfh.metrics.native import use_native
 from ucmfh.metrics.relevance import (
+    check_some_id_match,
     gather_id_match,
     gather_relevance,
     id_match_counts,
@@ -332,6 +333,7 @@ def hits_at_ranks(
         query_codes, retrieval_codes, query_ids, retrieval_ids
     )
     check_ids(query_codes, retrieval_codes, query_ids, retrieval_ids)
+    check_some_id_match(query_ids.long(), retrieval_ids.long().to(query_ids.device))
     return _hits_at(
         query_codes, retrieval_codes, query_ids.to(query_codes.device).long(), retrieval_ids.long(), ranks,
         by_id=True, any_hit=True, ranking=ranking, ties=ties, chunk_size=chunk_size,
@@ -377,6 +379,7 @@ def average_precision_by_id(
         query_codes, retrieval_codes, query_ids, retrieval_ids
     )
     check_ids(query_codes, retrieval_codes, query_ids, retrieval_ids)
+    check_some_id_match(query_ids.long(), retrieval_ids.long().to(query_ids.device))
     query_ids = query_ids.to(query_codes.device).long()
     retrieval_ids = retrieval_ids.long()
     check_choice("ties", ties, TIES)

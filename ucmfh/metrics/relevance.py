@@ -60,6 +60,15 @@ def id_match_counts(query_ids: torch.Tensor, retrieval_ids: torch.Tensor) -> tor
     return torch.where(values[pos] == query_ids, counts[pos], torch.zeros_like(counts[pos]))
 
 
+def check_some_id_match(query_ids: torch.Tensor, retrieval_ids: torch.Tensor) -> None:
+    """Refuse ids of which no query's occurs among the retrieval ids: relevance by id would make every score 0,
+    a misuse rather than a result (a caption set's query and retrieval splits share no id by design)."""
+    if query_ids.numel() and not bool((id_match_counts(query_ids, retrieval_ids) > 0).any()):
+        raise ValueError("no query id occurs among the retrieval ids, so every score by id would be 0 (a caption "
+                         "set's query and retrieval splits share none: ucmfh.evaluate_caption_set scores its "
+                         "test and collection databases)")
+
+
 def queries_to_keep(empty: str, query_labels: torch.Tensor, retrieval_labels: torch.Tensor) -> Optional[torch.Tensor]:
     """Which queries count in a mean under ``empty``: None (all) for ``"zero"``; for ``"skip"``,
     those with a relevant item in the retrieval set. Shape: -> [Q] bool or None."""
