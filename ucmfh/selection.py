@@ -20,7 +20,8 @@ class History(list):
     (``[epoch, score]`` after each epoch) and ``best_epoch``, whose weights the model keeps.
     A run that chose among candidate settings on validation (:func:`ucmfh.methods.choose`) also
     records ``chosen``, the one kept, and ``choice_scores``, each candidate's best validation score; a run
-    trained again on the whole training split (``HashConfig.refit``) ``refit_epochs`` and ``refit_loss``."""
+    trained again on the whole training split (``HashConfig.refit``) ``refit_epochs`` and ``refit_loss``; a method
+    whose codes carry fewer bits than asked (CCA-ITQ: no more than its features' directions) ``filled_bits``."""
 
     def __init__(self, losses: Iterable[float] = (), validation: Optional[List[List[float]]] = None,
                  best_epoch: Optional[int] = None) -> None:
@@ -31,6 +32,7 @@ class History(list):
         self.choice_scores: Dict[str, float] = {}  # ... and each candidate's best validation score
         self.refit_epochs: Optional[int] = None  # a refit run (HashConfig.refit): the epochs it trained again
         self.refit_loss: List[float] = []  # ... on the whole training split, and their mean losses
+        self.filled_bits: Optional[int] = None  # a method that fills fewer bits than asked (CCA-ITQ): how many
 
     @property
     def best_score(self) -> float:
@@ -43,6 +45,8 @@ class History(list):
             out.update(chosen=self.chosen, choice_scores=self.choice_scores)
         if self.refit_epochs is not None:
             out.update(refit_epochs=self.refit_epochs, refit_loss=self.refit_loss)
+        if self.filled_bits is not None:
+            out.update(filled_bits=self.filled_bits)
         return out
 
 

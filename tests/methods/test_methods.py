@@ -102,6 +102,32 @@ def test_cca_itq_bits_beyond_what_the_features_allow_are_constant(tmp_path):
     assert (codes_img[:, :5].mean(0).abs() < 0.9).all()  # the informative bits do vary
 
 
+def test_cca_itq_says_how_many_bits_carry_information(tmp_path):
+    """Asked for more bits than its features' directions, CCA-ITQ's codes are constant beyond them: the run says
+    so before its table, and its rows and history record it."""
+    from ucmfh.app.cli import main
+    from ucmfh.data.writer import write_dataset
+
+    path = tmp_path / "sums.h5"
+    rng = np.random.default_rng(0)
+    arrays = {}
+    for split, n in (("train", 200), ("query", 20), ("retrieval", 200)):
+        txt = rng.dirichlet(np.ones(6), size=n).astype(np.float32)  # 6-d, rank 5 once centred
+        arrays[split] = {"image": rng.normal(size=(n, 20)).astype(np.float32), "text": txt,
+                         "labels": np.eye(3, dtype=np.uint8)[rng.integers(0, 3, n)]}
+    write_dataset(path, arrays)
+    results = tmp_path / "r.jsonl"
+    result = CliRunner().invoke(main, ["train-hash", "-d", str(path), "--method", "cca-itq", "-b", "8", "-b", "16",
+                                       "--quiet", "--device", "cpu", "--out", str(tmp_path / "runs"),
+                                       "--results", str(results)])
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if line.startswith("note: ")]
+    assert notes == [f"note: 5 of the {n} bits carry information (as many as the features' directions after PCA); "
+                     f"the other {n - 5} are +1 for every item and change no ranking" for n in (8, 16)]
+    rows = [json.loads(line) for line in results.read_text().splitlines() if '"hashing"' in line]
+    assert [(row["n_bits"], row.get("filled_bits")) for row in rows] == [(8, 5), (16, 5)]
+
+
 @pytest.mark.parametrize("method", ["two-tower", "cca-itq"])
 def test_a_feature_hasher_checkpoint_gives_back_the_same_codes(tiny, tmp_path, method):
     cfg = two_tower(epochs=2, n_bits=16) if method == "two-tower" else hash_config("cca-itq", n_bits=16, device="cpu")

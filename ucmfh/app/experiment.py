@@ -131,6 +131,12 @@ def train_hash_stage(
             f"({'validation ' + scores if scores else 'no validation split to choose on: the first candidate'})")
         for row in rows:
             row.update(chosen=history["chosen"], choice_val_scores=history["choice_scores"])
+    if history.get("filled_bits") is not None:  # CCA-ITQ: fewer directions than bits asked
+        log(f"note: {history['filled_bits']} of the {hash_cfg.n_bits} bits carry information (as many as the "
+            f"features' directions after PCA); the other {hash_cfg.n_bits - history['filled_bits']} are +1 for every "
+            "item and change no ranking")
+        for row in rows:
+            row.update(filled_bits=history["filled_bits"])
     if history.get("refit_epochs") is not None:  # the kept model: trained again on the whole training split
         log(f"refit: the chosen setting trained again for {history['refit_epochs']} epochs on the whole training "
             "split (validation items included); that model is kept")

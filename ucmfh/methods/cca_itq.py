@@ -59,9 +59,12 @@ class CcaItq(Method):
     def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
             state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
         params = self.method_params(cfg.method_params)
-        model, _ = fit_cca_itq(data.train, cfg.n_bits, params["max_pca"], params["iterations"], cfg.seed,
-                               data.path or "the training split")
-        return model, History()
+        model, filled = fit_cca_itq(data.train, cfg.n_bits, params["max_pca"], params["iterations"], cfg.seed,
+                                    data.path or "the training split")
+        history = History()
+        if filled < cfg.n_bits:  # the other bits are +1 for every item: said, not hidden in the codes
+            history.filled_bits = filled
+        return model, history
 
 
 def _linear_map(fn: Callable[[np.ndarray], np.ndarray], mean: np.ndarray) -> np.ndarray:
