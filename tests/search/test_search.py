@@ -369,6 +369,20 @@ def test_features_become_codes_by_the_encoder_as_docs_search_shows(collection, t
     assert np.array_equal(index.search(queries, k=5, modality="txt")[1], built.search(queries, k=5, modality="txt")[1])
 
 
+def test_the_encoder_takes_torch_features_and_refuses_other_widths_and_nan(collection):
+    """A library user's features: a tensor encodes as its array does; the other modality's features, or NaN,
+    are one line naming the problem (they were torch's matmul error, and NaN codes read as set bits)."""
+    c = collection
+    encoder = Encoder(c["ckpt"][0])
+    assert np.array_equal(encoder.encode(torch.from_numpy(c["img"][:4]), "img"), encoder.encode(c["img"][:4], "img"))
+    with pytest.raises(DataError, match=r"features: \d+-d text features, the checkpoint .* takes \d+-d"):
+        encoder.encode(c["img"][:4], "txt")
+    broken = c["txt"][:4].copy()
+    broken[1, 0] = np.nan
+    with pytest.raises(DataError, match="text features must be finite floating-point numbers, got float32 with NaN"):
+        encoder.encode(broken, "txt")
+
+
 # ------------------------------------------------------- one item once, one extraction, one backend name
 
 

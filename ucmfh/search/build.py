@@ -31,7 +31,7 @@ import torch
 from tqdm.auto import tqdm
 
 from ucmfh.checkpoint import load_model
-from ucmfh.bits import as_words
+from ucmfh.bits import as_words, to_numpy
 from ucmfh.data.format import DataError, first_of_each_id
 from ucmfh.search.collection import FEATURES, Collection, differing, open_collection
 from ucmfh.search.folder import modality_name
@@ -78,8 +78,14 @@ class Encoder:
 
     @torch.no_grad()
     def encode(self, features: np.ndarray, modality: str) -> np.ndarray:
-        """Head outputs of one modality ('image'/'img' or 'text'/'txt'). Shape: [N, d] -> [N, n_bits] float32."""
+        """Head outputs of one modality ('image'/'img' or 'text'/'txt'), numpy or torch features of the width the
+        checkpoint takes, finite. Shape: [N, d] -> [N, n_bits] float32."""
         modality = modality_name(modality)
+        features = to_numpy(features)
+        self.check_dim(features, modality, "features")
+        if features.dtype.kind != "f" or not np.isfinite(features).all():
+            raise DataError(f"features: {FEATURES[modality]} features must be finite floating-point numbers, got "
+                            f"{features.dtype}" + (" with NaN or inf" if features.dtype.kind == "f" else ""))
         out = []
         for start in range(0, features.shape[0], self.batch_size):
             x = torch.from_numpy(np.ascontiguousarray(features[start : start + self.batch_size], dtype=np.float32))
