@@ -559,6 +559,7 @@ TWO_TOWER = ["train-hash", "--method", "two-tower", "--set", "hash.hidden=32", "
 HOLD_LOCK = ("import fcntl, os, sys, time\n"
              "fd = os.open(sys.argv[1], os.O_RDWR | os.O_CREAT, 0o644)\n"
              "fcntl.flock(fd, fcntl.LOCK_EX)\n"
+             "os.ftruncate(fd, 0)\n"  # as training_lock does: the pid of the run before is longer when pids wrap
              "os.write(fd, f'{os.getpid()}\\n'.encode())\n"
              "print('held', flush=True)\n"
              "time.sleep(120)\n")
