@@ -225,6 +225,7 @@ class _Run:
         self.at = Position(device)
         self.clock = time.monotonic()
         self.captured: Optional[CapturedStep] = None  # made at the first step (after a resume's optimizer state)
+        self.capture = False  # whether full batches are replayed from a CUDA graph: decided once, in epochs()
 
     def resume(self) -> None:
         """Continue from the saved state: refused if another run's (its stage or settings differ)."""
@@ -274,14 +275,9 @@ class _Run:
     def step(self, batch: Batch) -> torch.Tensor:
         """One training step; its loss, detached: replayed from a CUDA graph where the plan is captured
         (:func:`ucmfh.captured_step.capture_steps`), else run eagerly."""
-        if self.captured is None and self.capturable():
+        if self.captured is None and self.capture:
             self.captured = CapturedStep(self.plan, self.cfg.batch_size, self.eager_step)
         return self.eager_step(batch) if self.captured is None else self.captured(batch)
-
-    def capturable(self) -> bool:
-        """Whether this run's step is captured: asked for (:func:`ucmfh.captured_step.capture_steps`) and
-        nothing against it (:meth:`eager_because`)."""
-        return capturing() and self.eager_because() is None
 
     def eager_because(self) -> Optional[str]:
         """Why this run's step would run eagerly under :func:`ucmfh.captured_step.capture_steps`, or None: a
@@ -344,8 +340,11 @@ class _Run:
         """The epochs from where the run stands to its end (or its early stop)."""
         cfg, at, group, state, device = self.cfg, self.at, self.group, self.state, self.device
         start_epoch, last_save = at.epoch, time.monotonic()
-        reason = self.eager_because() if capturing() and group.is_main else None
-        if reason is not None:
+        # captured where asked for (ucmfh.captured_step.capture_steps) and nothing is against it; what it
+        # depends on (device, plan, precision, processes) is the run's own, so once, not at every step
+        reason = self.eager_because() if capturing() else None
+        self.capture = capturing() and reason is None
+        if reason is not None and group.is_main:
             runs_eagerly(self.plan.name, reason)
         bar = tqdm(total=cfg.epochs, initial=start_epoch, desc=self.plan.name, unit="epoch",
                    disable=not (progress and group.is_main))
