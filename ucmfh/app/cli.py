@@ -18,7 +18,7 @@ from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_figures, check_outputs
 from ucmfh.app.options import (
-    check_device, data_options, resolved, results_to_read, run_options, settings_of, train_options,
+    check_device, data_options, given_flags, resolved, results_to_read, run_options, settings_of, train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig, SettingError
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset, validate_file
@@ -260,9 +260,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
     if metrics_out and len(codes) > 1:
         raise click.UsageError("--metrics-out goes with one --codes file")
     if codes:  # a codes file holds its dataset's codes, under its protocol: these would be ignored
-        source = click.get_current_context().get_parameter_source
-        given = [flag for name, flag in (("dataset", "--dataset"), ("data_dir", "--data-dir"), ("protocol", "--protocol"))
-                 if source(name) == click.core.ParameterSource.COMMANDLINE]
+        given = given_flags({"dataset": "--dataset", "data_dir": "--data-dir", "protocol": "--protocol"})
         if given:
             raise click.UsageError(f"{given[0]} goes with --checkpoint: a codes file holds the codes of its dataset, "
                                    "under its protocol")

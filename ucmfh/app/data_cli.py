@@ -13,7 +13,7 @@ import os
 import click
 
 from ucmfh.app.errors import stopped_by, user_errors
-from ucmfh.app.options import seed_type
+from ucmfh.app.options import given_flags, seed_type
 from ucmfh.app.outputs import check_outputs
 from ucmfh.data.annotations import list_images
 from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
@@ -105,10 +105,8 @@ def _arrays_command(kind: str, help_text: str):
         if split_index is None:
             sizes = _split_sizes(standard_split, query, train, retrieval)
         else:  # the split is given: a size or a seed of a drawn split would be ignored (--query 0 was, silently)
-            source = click.get_current_context().get_parameter_source
-            drawn = [flag for name, flag in (("standard_split", "--standard-split"), ("query", "--query"),
-                                             ("train", "--train"), ("retrieval", "--retrieval"), ("seed", "--seed"))
-                     if source(name) == click.core.ParameterSource.COMMANDLINE]
+            drawn = given_flags({"standard_split": "--standard-split", "query": "--query", "train": "--train",
+                           "retrieval": "--retrieval", "seed": "--seed"})
             if drawn:
                 raise click.UsageError(f"--split-index gives the split; drop {', '.join(drawn)} (of a drawn split)")
         _summary(convert_arrays(

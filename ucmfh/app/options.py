@@ -93,6 +93,13 @@ def resolved(resolve: Callable[..., T], *args: Any, flags: Dict[str, str] = FLAG
         raise click.BadParameter(str(err), param_hint="--set" if flag.startswith("--set ") else flag) from None
 
 
+def given_flags(flags: Dict[str, str]) -> List[str]:
+    """The flags of ``flags`` (a parameter's name -> its flag) that the command running was given on its command
+    line, in that order: not those left at their defaults (a refusal names what the user typed)."""
+    source = click.get_current_context().get_parameter_source
+    return [flag for name, flag in flags.items() if source(name) == click.core.ParameterSource.COMMANDLINE]
+
+
 def check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
     try:
         distributed.check_device(resolve_device(value), *torchrun_sizes())
