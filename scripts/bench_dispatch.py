@@ -150,8 +150,8 @@ def stages(args: argparse.Namespace, device: str, scratch: Path, own_batch: bool
     def hashing(method: str) -> Callable[[int, int], Fit]:
         def prepare(n: int, epochs: int) -> Fit:
             data = make_data(n, args.width)
-            cfg = hash_config(method, n_bits=args.n_bits, epochs=epochs, batch_size=batch(method), val_fraction=0.0,
-                              device=device)
+            cfg = hash_config(method, drop_unused=True, n_bits=args.n_bits, epochs=epochs, batch_size=batch(method),
+                              val_fraction=0.0, device=device)
             torch.manual_seed(0)
             encoder = FusionEncoder.from_config(data.d_img, data.d_txt, FusionConfig()) if METHODS[method].uses_fusion else None
             return lambda: fit_hashing(data, cfg, encoder, progress=False)

@@ -36,7 +36,8 @@ TINY = SyntheticSpec(n_query=80, n_retrieval=600, n_train=400, n_classes=24, mea
 
 def fit(data, method: str, fusion, device: str, seed: int, dropout=None):
     kw = {} if dropout is None else {"dropout": dropout}
-    cfg = hash_config(method, n_bits=16, hidden=64, epochs=2, val_fraction=0.0, device=device, seed=seed, **kw)
+    cfg = hash_config(method, drop_unused=True, n_bits=16, hidden=64, epochs=2, val_fraction=0.0, device=device,
+                      seed=seed, **kw)
     model, _ = fit_hashing(data, cfg, copy.deepcopy(fusion) if METHODS[method].uses_fusion else None,
                            progress=False)
     return model.cpu()

@@ -68,8 +68,8 @@ def runs(tmp: Path) -> List[Tuple[str, Callable[[], Tuple[torch.nn.Module, objec
 
     def method(name: str, on=data, state: bool = False, **kw):
         def run():
-            cfg = hash_config(name, **{"n_bits": 16, "hidden": 32, "epochs": 3, "batch_size": 64, "device": "cpu",
-                                       "val_fraction": 0.2, "patience": 0, **kw})
+            cfg = hash_config(name, drop_unused=True, **{"n_bits": 16, "hidden": 32, "epochs": 3, "batch_size": 64,
+                                                         "device": "cpu", "val_fraction": 0.2, "patience": 0, **kw})
             saved = StateFile(str(tmp / f"{name}.state.pt"), interval_s=0) if state else None
             return fit_hashing(on, cfg, teacher() if METHODS[name].uses_fusion else None, progress=False,
                                state=saved)

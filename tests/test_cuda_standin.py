@@ -241,7 +241,7 @@ def _fit_on(cuda, data, method, fusion, monkeypatch, dropout=None):
     import ucmfh.trainer as trainer_module
     from ucmfh.methods import fit_hashing, hash_config
 
-    cfg = hash_config(method, n_bits=16, hidden=64, epochs=2, val_fraction=0.0,
+    cfg = hash_config(method, drop_unused=True, n_bits=16, hidden=64, epochs=2, val_fraction=0.0,
                       device="cpu" if cuda is None else "cuda", **({} if dropout is None else {"dropout": dropout}))
     counts = _EpochCounts()
     monkeypatch.setattr(trainer_module, "tqdm", counts)

@@ -4,10 +4,12 @@ What a user of the docs needs is importable from here, loaded on first use, so `
 stays light (and a CPU search never imports torch):
 
 * data: ``load_dataset``, ``write_dataset``, ``validate_file``, ``DataError`` (docs/data.md);
-* training: ``hash_config`` (a method's settings: ``fit_hashing(data, hash_config("two-tower", n_bits=64))``
-  trains the command line's default; ``HashConfig()`` alone holds UCMFH's reference settings, whose method
-  needs ``fit_fusion`` first), ``HashConfig``, ``FusionConfig``, ``fit_hashing``, ``fit_fusion``,
-  ``build_method``, ``METHODS``;
+* training: ``hash_config`` (a method's settings, by the command line's rules:
+  ``fit_hashing(data, hash_config("two-tower", n_bits=64))`` trains the command line's default;
+  ``HashConfig()`` alone holds UCMFH's reference settings, whose method needs ``fit_fusion`` first),
+  ``fusion_config`` (a fusion stage's), ``stage_configs`` (both stages of a run, every code length),
+  ``HashConfig``, ``FusionConfig``, ``SettingError``, ``fit_hashing``, ``fit_fusion``, ``build_method``,
+  ``METHODS``;
 * checkpoints: ``save_checkpoint``, ``load_model``;
 * search: ``Index``, ``build_index``, ``Encoder`` (docs/search.md);
 * the retrieval metrics (``from ucmfh import map_at_k``, docs/evaluation.md).
@@ -25,9 +27,9 @@ _HOMES = {
     **{name: "ucmfh.metrics" for name in _METRICS},
     "load_dataset": "ucmfh.data.h5", "write_dataset": "ucmfh.data.writer", "validate_file": "ucmfh.data.h5",
     "DataError": "ucmfh.data.format",
-    "HashConfig": "ucmfh.config", "FusionConfig": "ucmfh.config",
+    "HashConfig": "ucmfh.config", "FusionConfig": "ucmfh.config", "SettingError": "ucmfh.config",
     "fit_hashing": "ucmfh.methods", "build_method": "ucmfh.methods", "METHODS": "ucmfh.methods",
-    "hash_config": "ucmfh.methods",
+    "hash_config": "ucmfh.methods", "fusion_config": "ucmfh.methods", "stage_configs": "ucmfh.methods",
     "fit_fusion": "ucmfh.fusion_stage",
     "save_checkpoint": "ucmfh.checkpoint", "load_model": "ucmfh.checkpoint",
     "Index": "ucmfh.search", "build_index": "ucmfh.search", "Encoder": "ucmfh.search",

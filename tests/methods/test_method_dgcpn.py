@@ -198,5 +198,7 @@ def test_dgcpn_refuses_parameters_it_cannot_use():
                 {"scale_ratio": -1.0}):
         with pytest.raises(ValueError, match="method 'dgcpn'"):
             hash_config("dgcpn", method_params=bad)
-    cfg = hash_config("dgcpn", relaxation="sign")
+    with pytest.raises(ValueError, match="method 'dgcpn' fixes relaxation, whatever is asked"):
+        hash_config("dgcpn", relaxation="sign")  # refused, not dropped without a word
+    cfg = hash_config("dgcpn", relaxation="sign", drop_unused=True)
     assert cfg.relaxation == "tanh" and cfg.lr_head == 0.005 and cfg.batch_size == 32 and cfg.dropout == 0.5

@@ -202,7 +202,7 @@ def test_defaults_are_the_published_mirflickr_settings_but_the_width():
                                  "txt_layers": 2, "weight_decay": 1e-6, "clip_norm": 1.0}
     with pytest.raises(ValueError, match="alpha must be in"):
         hash_config("ucch", method_params={"alpha": 1.5})
-    with pytest.raises(ValueError, match="unsupervised"):
+    with pytest.raises(ValueError, match="a loss of its own, which uses no labels .*no use for supervised"):
         hash_config("ucch", supervised=True)
 
 

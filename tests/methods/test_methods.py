@@ -17,7 +17,7 @@ from ucmfh.app.cli import main
 from ucmfh.app.runs import summarize
 from ucmfh.methods.cca_itq import fit_cca_itq
 from ucmfh.checkpoint import load_model, save_checkpoint
-from ucmfh.config import HashConfig
+from ucmfh.config import HashConfig, SettingError
 from ucmfh.methods import METHODS, hash_config
 from ucmfh.data.h5 import Split
 from ucmfh.models.hashing import FeatureHasher
@@ -490,7 +490,7 @@ def test_two_tower_chooses_infonces_temperature_on_validation_unless_one_is_give
     assert list(method.choices(two_tower())) == ["t0.3", "t0.1"]
     assert list(method.choices(two_tower(relaxation="auto"))) == ["sign-t0.3", "tanh-t0.3", "sign-t0.1", "tanh-t0.1"]
     assert method.choices(two_tower(loss_params=T03)) == {}  # a temperature given: trained as asked
-    assert method.choices(two_tower(loss="ntxent")) == {}  # no InfoNCE temperature to choose
+    assert method.choices(two_tower(loss="triplet")) == {}  # no InfoNCE temperature to choose
     assert list(method.choices(two_tower(method_params={"temperatures": "0.2"}))) == ["t0.2"]
     distill = METHODS["distill"]
     assert distill.choices(hash_config("distill")) == {} and "temperatures" not in distill.params
@@ -516,9 +516,16 @@ def test_two_tower_chooses_infonces_temperature_on_validation_unless_one_is_give
 
 def test_cca_itq_keeps_no_setting_of_training_by_steps_and_names_a_file_too_small():
     plain = hash_config("cca-itq", n_bits=16)
-    asked = hash_config("cca-itq", n_bits=16, batch_size=7, amp="bf16", dropout=0.1, loss="infonce",
-                        modality_dropout=0.0, supervised=True, lr_head=0.5, relaxation="sign")
-    assert asked == plain  # nothing that does nothing tells two runs apart
+    kept = dict(batch_size=7, amp="bf16", dropout=0.1, modality_dropout=0.0, supervised=True, lr_head=0.5,
+                relaxation="sign")
+    for name, value in kept.items():  # each refused, naming it
+        with pytest.raises(SettingError, match=f"^method 'cca-itq' .*: it has no use for {name}$") as refused:
+            hash_config("cca-itq", n_bits=16, **{name: value})
+        assert refused.value.settings == (name,)
+    # one set of settings serving several methods: left out, so nothing that does nothing tells two runs apart
+    assert hash_config("cca-itq", n_bits=16, drop_unused=True, **kept) == plain
+    with pytest.raises(SettingError, match="^method 'cca-itq' has a loss of its own; no loss or loss parameters"):
+        hash_config("cca-itq", loss="infonce")
     few = Split(torch.randn(5, 6), torch.randn(5, 4), None)
     with pytest.raises(ValueError, match=r"^small\.h5: method 'cca-itq' needs at least 8 training items .*got 5$"):
         fit_cca_itq(few, 16, source="small.h5")

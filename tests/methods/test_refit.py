@@ -18,8 +18,9 @@ TRAINED = [name for name, spec in METHODS.items() if not spec.closed_form and no
 
 
 def config(name: str, **kw) -> HashConfig:
-    return hash_config(name, **{"n_bits": 16, "hidden": 32, "epochs": 4, "batch_size": 64, "device": "cpu",
-                                "val_fraction": 0.2, "patience": 0, "refit": True, **kw})
+    return hash_config(name, drop_unused=True, **{"n_bits": 16, "hidden": 32, "epochs": 4, "batch_size": 64,
+                                                  "device": "cpu", "val_fraction": 0.2, "patience": 0, "refit": True,
+                                                  **kw})
 
 
 @pytest.mark.parametrize("name", TRAINED)
@@ -66,7 +67,9 @@ def test_an_interrupted_refit_resumes_to_the_same_model(tiny, tmp_path, monkeypa
 def test_refit_without_a_validation_split_is_refused_and_closed_form_methods_ignore_it():
     with pytest.raises(ValueError, match="refit needs a validation split"):
         hash_config("two-tower", val_fraction=0.0, refit=True)
-    assert hash_config("cca-itq", refit=True).refit is False  # fitted once on the whole split already
+    with pytest.raises(ValueError, match="'cca-itq' is fitted in closed form: it has no use for refit"):
+        hash_config("cca-itq", refit=True)  # fitted once on the whole split already
+    assert hash_config("cca-itq", refit=True, drop_unused=True).refit is False
 
 
 def test_refit_off_leaves_a_runs_identity_as_it_was_before_the_setting():

@@ -71,6 +71,29 @@ def test_each_method_resolves_by_its_own_rules():
     assert default_epochs("nus-wide") == 150 and default_epochs("synthetic") == default_epochs(None) == FusionConfig.epochs
 
 
+def test_hash_config_is_one_code_length_of_stage_configs():
+    """``hash_config`` resolves by the front doors' rules: a HashConfig field given as itself is the override
+    ``hash.FIELD``, a dataset's name sets UCMFH's epochs, and what the method has no use for is refused (named
+    as given) or, with ``drop_unused``, left out; an unknown name is refused with the names there are."""
+    assert hash_config("ucmfh", dataset="nuswide", n_bits=32) == stage_configs("ucmfh", dataset="nuswide",
+                                                                              n_bits=[32]).hashes[0]
+    assert hash_config("ucmfh", dataset="nuswide").epochs == 150 and hash_config("ucmfh").epochs == HashConfig.epochs
+    given = hash_config("two-tower", n_bits=16, hidden=64, epochs=3, seed=7)
+    assert given == stage_configs("two-tower", n_bits=[16], epochs=3, seed=7, overrides={"hash": {"hidden": 64}}).hashes[0]
+    for method, settings, setting, why in [
+        ("cca-itq", {"hidden": 512}, "hidden", "fixes hidden, whatever is asked"),
+        ("cca-itq", {"epochs": 5}, "epochs", "is fitted in closed form"),
+        ("two-tower", {"lr_fusion": 1e-3}, "lr_fusion", "trains no fusion stage"),
+        ("two-tower", {"hidden": -1}, "hidden", "hidden must be >= 0"),
+        ("two-tower", {"loss": "ntxent"}, "loss", "unknown loss 'ntxent'"),
+        ("two-tower", {"hiden": 64}, "hiden", "unknown setting 'hiden'; settings are n_bits, protocol, "),
+    ]:
+        with pytest.raises(SettingError, match=re.escape(why)) as refused:
+            hash_config(method, **settings)
+        assert refused.value.settings == (setting,) and "hash." not in str(refused.value)
+    assert hash_config("cca-itq", hidden=512, epochs=5, drop_unused=True) == hash_config("cca-itq")
+
+
 def test_the_questions_a_front_door_asks_of_a_method():
     assert scored_protocols("two-tower") == ("unimodal",) and scored_protocols("ucmfh") == ("unimodal", "fused")
     assert scored_protocols("cca-itq", ("fused",)) == ("unimodal",)  # 'fused' would repeat 'unimodal'

@@ -53,8 +53,8 @@ def config(name: str) -> HashConfig:
     """Method ``name`` small enough for CPU, with a validation split that picks the epoch and a refit on the
     whole training split where the method trains by epochs: every use of the data ``train`` makes."""
     trained = not METHODS[name].closed_form
-    return hash_config(name, n_bits=16, hidden=32, epochs=2, batch_size=64, device="cpu", val_fraction=0.2,
-                       patience=0, refit=trained)
+    return hash_config(name, drop_unused=True, n_bits=16, hidden=32, epochs=2, batch_size=64, device="cpu",
+                       val_fraction=0.2, patience=0, refit=trained)
 
 
 def assert_same_model(real: torch.nn.Module, other: torch.nn.Module) -> None:

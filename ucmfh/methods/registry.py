@@ -1,7 +1,7 @@
 """The registry of hashing methods: a name to its :class:`~ucmfh.methods.base.Method`."""
 from __future__ import annotations
 
-from typing import Any, Dict, Optional, Tuple, Type, TypeVar
+from typing import Dict, Optional, Tuple, Type, TypeVar
 
 from torch import nn
 
@@ -38,11 +38,6 @@ def build_method(name: str) -> Method:
     except (KeyError, TypeError):
         failed = f"; not loaded: {name} ({PLUGIN_ERRORS[name]})" if name in PLUGIN_ERRORS else ""
         raise ValueError(f"unknown method {name!r}; methods: {', '.join(METHODS)}{failed}") from None
-
-
-def hash_config(method: str = "ucmfh", **settings: Any) -> HashConfig:
-    """A hashing config of ``method``: its defaults, then ``settings`` (:meth:`Method.config`)."""
-    return build_method(method).config(**settings)
 
 
 def fit_hashing(data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,

@@ -96,6 +96,31 @@ def stage_configs(method: str, *, dataset: Optional[str] = None, n_bits: Iterabl
     return _blamed(lambda plain, extra: _resolve(spec, dataset, bits, plain, extra), given, stage_overrides)
 
 
+def hash_config(method: str = "ucmfh", *, dataset: Optional[str] = None, drop_unused: bool = False,
+                **settings: Any) -> HashConfig:
+    """The hashing config of ``method`` at one code length, by the rules of :func:`stage_configs` (the front
+    doors'): ``hash_config("two-tower", n_bits=64)`` is what ``ucmfh train-hash -b 64`` trains, and
+    ``hash_config("ucmfh", dataset="nuswide")`` has the reference's 150 epochs. ``settings``: ``n_bits``, the
+    settings of :func:`stage_configs`, and any other field of :class:`HashConfig` (``hidden=512``, as the
+    override ``hash.hidden``). A setting the method has no use for is refused (``hash_config("cca-itq",
+    hidden=512)``: it fixes ``hidden``), or with ``drop_unused`` left out (one set of settings serving several
+    methods); :class:`SettingError` names it."""
+    n_bits = settings.pop("n_bits", HashConfig.n_bits)
+    fields = {field.name for field in dataclasses.fields(HashConfig)}
+    unknown = [name for name in settings if name not in SETTINGS and name not in fields]
+    if unknown:
+        raise SettingError(unknown[0], f"unknown setting {unknown[0]!r}; settings are n_bits, "
+                                       f"{', '.join(SETTINGS)} and the fields of HashConfig")
+    named = {name: value for name, value in settings.items() if name in SETTINGS}
+    overrides = {name: value for name, value in settings.items() if name not in SETTINGS}
+    try:
+        return stage_configs(method, dataset=dataset, n_bits=[n_bits], overrides={"hash": overrides},
+                             drop_unused=drop_unused, **named).hashes[0]
+    except SettingError as err:  # named as given here: 'hidden', not the override 'hash.hidden'
+        names = [name[len("hash."):] if name.startswith("hash.") else name for name in err.settings]
+        raise SettingError(names, str(err).replace("'hash.", "'").replace("hash.", ""), err.instead) from None
+
+
 def fusion_config(*, dataset: Optional[str] = None, overrides: Optional[Mapping[str, Mapping[str, Any]]] = None,
                   **settings: Any) -> FusionConfig:
     """The config of a fusion stage trained alone (task 0) from the settings given (FUSION_SETTINGS; None:
