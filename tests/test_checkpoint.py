@@ -118,3 +118,23 @@ def test_a_checkpoint_that_runs_code_is_refused_and_never_runs(tmp_path):
     with pytest.raises(ValueError, match=f"state.pt: not a readable training state \\({refused}\\)"):
         read_state(str(state), torch.device("cpu"))
     assert not marker.exists()
+
+
+def test_a_checkpoint_load_model_would_refuse_is_not_saved(tmp_path, tiny):
+    """``save_checkpoint`` rebuilds what it is given as ``load_model`` will: a hashing model without its
+    hashing config, or with a config its weights do not fit, is refused with why, and no file is written."""
+    torch.manual_seed(0)
+    fcfg, hcfg = small_fusion(), small_hash(n_bits=24)
+    model = CrossModalHasher(FusionEncoder.from_config(tiny.d_img, tiny.d_txt, fcfg), hcfg.n_bits, hcfg.hidden)
+    for configs, why in [((fcfg, None), "a hashing checkpoint without its hashing settings"),
+                         ((fcfg, small_hash(n_bits=32)), "weights do not fit the saved config"),
+                         ((None, hcfg), "method 'ucmfh' needs its fusion encoder's settings")]:
+        path = tmp_path / "hash.pt"
+        with pytest.raises(CheckpointError, match=rf"^{path}: not saved, as load_model would refuse it: .*{why}"):
+            save_checkpoint(path, model, *configs)
+        assert os.listdir(tmp_path) == []
+    with pytest.raises(CheckpointError, match=r"not saved: Linear is not a model of ucmfh's"):
+        save_checkpoint(tmp_path / "hash.pt", torch.nn.Linear(2, 2), None, hcfg)
+    assert os.listdir(tmp_path) == []
+    save_checkpoint(tmp_path / "hash.pt", model, fcfg, hcfg)  # what loads back is saved
+    assert load_model(tmp_path / "hash.pt", "hash")[2] == hcfg

@@ -31,10 +31,15 @@ def save_checkpoint(
 ) -> str:
     """Save weights, configs and dims; the file appears only once fully written.
 
-    ``fusion_cfg`` is None for a hashing method trained without a fusion encoder (``uses_fusion``).
+    ``fusion_cfg`` is None for a hashing method trained without a fusion encoder (``uses_fusion``). A
+    checkpoint :func:`load_model` would refuse (a hashing model without its ``hash_cfg``, weights that do not
+    fit the configs) is refused before anything is written (:class:`CheckpointError`, saying why).
     """
     path = os.fspath(path)
     dims = getattr(model, "fusion", model)  # a model on a fusion encoder has the encoder's dims
+    if not hasattr(dims, "d_img"):
+        raise CheckpointError(f"{path}: not saved: {type(model).__name__} is not a model of ucmfh's (it has no "
+                              "d_img and d_txt)")
     payload = {
         "format": FORMAT,
         "version": VERSION,
@@ -46,6 +51,10 @@ def save_checkpoint(
         "meta": dict(meta or {}),
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
     }
+    try:
+        _rebuild(payload)
+    except CheckpointError as err:
+        raise CheckpointError(f"{path}: not saved, as load_model would refuse it: {err}") from None
     return _write(path, payload)
 
 
@@ -146,24 +155,37 @@ def load_model(
     _expect(path, payload, "kind", payload["kind"], kind)
     _expect(path, payload, "image feature dim", payload["d_img"], d_img)
     _expect(path, payload, "text feature dim", payload["d_txt"], d_txt)
-    hash_cfg = None if payload["hash_config"] is None else from_dict(HashConfig, payload["hash_config"], source=path)
+    if payload["hash_config"] is not None:
+        _expect(path, payload, "n_bits", payload["hash_config"].get("n_bits"), n_bits)
+        _check_version(path, payload, payload["hash_config"].get("method", HashConfig.method))
+    try:
+        model, fusion_cfg, hash_cfg = _rebuild(payload)
+    except CheckpointError as err:
+        raise CheckpointError(f"{path}: {err}") from None
+    return model.eval(), fusion_cfg, hash_cfg, payload["meta"]
+
+
+def _rebuild(payload: Dict[str, Any]) -> Tuple[nn.Module, Optional[FusionConfig], Optional[HashConfig]]:
+    """The model, fusion config and hashing config a checkpoint's payload holds, its weights loaded;
+    :class:`CheckpointError` saying why not (the caller names the file)."""
+    try:
+        hash_cfg = None if payload["hash_config"] is None else from_dict(HashConfig, payload["hash_config"])
+        fusion_cfg = None if payload["fusion_config"] is None else from_dict(FusionConfig, payload["fusion_config"])
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None
     if payload["kind"] == "hash" and hash_cfg is None:
-        raise CheckpointError(f"{path}: a hashing checkpoint without its hashing settings")
-    if hash_cfg is not None:
-        _expect(path, payload, "n_bits", hash_cfg.n_bits, n_bits)
-    fusion_cfg = None if payload["fusion_config"] is None else from_dict(FusionConfig, payload["fusion_config"], source=path)
+        raise CheckpointError("a hashing checkpoint without its hashing settings")
     if payload["kind"] == "fusion":
         if fusion_cfg is None:
-            raise CheckpointError(f"{path}: a fusion checkpoint without its fusion settings")
+            raise CheckpointError("a fusion checkpoint without its fusion settings")
         model = FusionEncoder.from_config(payload["d_img"], payload["d_txt"], fusion_cfg)
     else:
-        _check_version(path, payload, hash_cfg.method)
         try:  # the method's own model ('distill' records its teacher's settings too, but has no encoder)
             model = build_method(hash_cfg.method).build_model(payload["d_img"], payload["d_txt"], hash_cfg, fusion_cfg)
         except ValueError as err:
-            raise CheckpointError(f"{path}: {err}") from None
+            raise CheckpointError(str(err)) from None
     try:
         model.load_state_dict(payload["state_dict"])
     except RuntimeError as err:
-        raise CheckpointError(f"{path}: weights do not fit the saved config ({err})") from None
-    return model.eval(), fusion_cfg, hash_cfg, payload["meta"]
+        raise CheckpointError(f"weights do not fit the saved config ({err})") from None
+    return model, fusion_cfg, hash_cfg
