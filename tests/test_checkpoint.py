@@ -133,6 +133,8 @@ def test_a_checkpoint_load_model_would_refuse_is_not_saved(tmp_path, tiny):
         with pytest.raises(CheckpointError, match=rf"^{path}: not saved, as load_model would refuse it: .*{why}"):
             save_checkpoint(path, model, *configs)
         assert os.listdir(tmp_path) == []
+    with pytest.raises(TypeError, match=r"^save_checkpoint: hash_cfg must be a HashConfig or None, got FusionConfig$"):
+        save_checkpoint(tmp_path / "hash.pt", model, fcfg, fcfg)
     with pytest.raises(CheckpointError, match=r"not saved: Linear is not a model of ucmfh's"):
         save_checkpoint(tmp_path / "hash.pt", torch.nn.Linear(2, 2), None, hcfg)
     assert os.listdir(tmp_path) == []

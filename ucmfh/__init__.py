@@ -10,6 +10,8 @@ stays light (and a CPU search never imports torch):
   ``fusion_config`` (a fusion stage's), ``stage_configs`` (both stages of a run, every code length),
   ``HashConfig``, ``FusionConfig``, ``SettingError``, ``fit_hashing``, ``fit_fusion``, ``build_method``,
   ``METHODS``;
+* codes and scores of a trained model: ``encode_split`` (``img, txt = encode_split(model, data.query)``),
+  ``evaluate_hashing`` (MAP@K both directions, per protocol), ``evaluate_fusion``;
 * checkpoints: ``save_checkpoint``, ``load_model``;
 * search: ``Index``, ``build_index``, ``Encoder`` (docs/search.md);
 * the retrieval metrics (``from ucmfh import map_at_k``, docs/evaluation.md).
@@ -30,6 +32,7 @@ _HOMES = {
     "HashConfig": "ucmfh.config", "FusionConfig": "ucmfh.config", "SettingError": "ucmfh.config",
     "fit_hashing": "ucmfh.methods", "build_method": "ucmfh.methods", "METHODS": "ucmfh.methods",
     "hash_config": "ucmfh.methods", "fusion_config": "ucmfh.methods", "stage_configs": "ucmfh.methods",
+    "encode_split": "ucmfh.evaluation", "evaluate_hashing": "ucmfh.evaluation", "evaluate_fusion": "ucmfh.evaluation",
     "fit_fusion": "ucmfh.fusion_stage",
     "save_checkpoint": "ucmfh.checkpoint", "load_model": "ucmfh.checkpoint",
     "Index": "ucmfh.search", "build_index": "ucmfh.search", "Encoder": "ucmfh.search",

@@ -4,6 +4,7 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Sequence, Tuple
 
 import torch
+from torch import nn
 from tqdm.auto import tqdm
 
 from ucmfh.config import PROTOCOLS
@@ -17,7 +18,7 @@ from ucmfh.metrics.report import EXPECTED
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 from ucmfh.similarity import sign_codes
-from ucmfh.utils import resolve_device, to_device
+from ucmfh.utils import check_type, resolve_device, to_device, wrong_type
 
 
 @torch.no_grad()
@@ -59,13 +60,22 @@ def _by_modality(
     return img[place.to(img.device)], txt
 
 
+def check_hasher(where: str, model: object) -> None:
+    """Refuse anything but a hashing model (one with ``head_outputs``) at a public entry point (``TypeError``)."""
+    if not (isinstance(model, nn.Module) and hasattr(model, "head_outputs")):
+        raise wrong_type(where, "model", model, "a hashing model", "ucmfh.fit_hashing, or ucmfh.load_model(path, 'hash')")
+
+
 def head_outputs_split(
-    model: CrossModalHasher, split: Split, protocol: str, device: str = "auto",
+    model: CrossModalHasher, split: Split, protocol: str = "unimodal", device: str = "auto",
     batch_size: int = 4096, progress: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Real-valued (pre-sign) image and text head outputs of every item: the codes before their sign.
 
     Shape: -> two [N, n_bits] on ``device``."""
+    check_hasher("encode_split", model)
+    check_type("encode_split", "split", split, Split, "a split of ucmfh.load_dataset(path): .query, .retrieval")
+    _check_protocols([protocol])
     device = resolve_device(device)
     model.to(device).eval()
     return _by_modality(lambda i, t: model.head_outputs(i, t, protocol), lambda x: model.modality_logits(x, "img"),
@@ -78,11 +88,11 @@ def _signs(outputs: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, to
 
 
 def encode_split(
-    model: CrossModalHasher, split: Split, protocol: str, device: str = "auto",
+    model: CrossModalHasher, split: Split, protocol: str = "unimodal", device: str = "auto",
     batch_size: int = 4096, progress: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """±1 image and text codes of every item of a split (the model's ``codes``: the signs of its head
-    outputs). Shape: -> two [N, n_bits] on ``device``."""
+    outputs): ``img, txt = encode_split(model, data.query)``. Shape: -> two [N, n_bits] on ``device``."""
     return _signs(head_outputs_split(model, split, protocol, device, batch_size, progress))
 
 
@@ -91,6 +101,9 @@ def embed_split(
     batch_size: int = 4096, progress: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Real-valued image and text embeddings of every item of a split. Shape: -> two [N, d_model]."""
+    check_type("embed_split", "fusion", fusion, FusionEncoder, "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
+    check_type("embed_split", "split", split, Split, "a split of ucmfh.load_dataset(path): .query, .retrieval")
+    _check_protocols([protocol])
     device = resolve_device(device)
     fusion.to(device).eval()
     return _by_modality(lambda i, t: fusion.embed(i, t, protocol), fusion.encode_img, fusion.encode_txt, split,
@@ -185,6 +198,8 @@ def evaluate_hashing(
     real-valued outputs ranked by cosine, what the codes lose to their sign (docs/reference.md §5).
     With ``per_query``, the codes' tie-aware per-query scores too (:func:`score_splits`).
     """
+    check_hasher("evaluate_hashing", model)
+    check_type("evaluate_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
     _check_protocols(protocols)
     rows = []
     for protocol in protocols:  # one forward pass: the codes are the signs of the head outputs
@@ -203,6 +218,8 @@ def evaluate_fusion(
     k: int = DEFAULT_K, device: str = "auto", progress: bool = False,
 ) -> List[Dict[str, object]]:
     """Cosine-ranking scores of the real-valued fusion embeddings, one row per protocol (and database)."""
+    check_type("evaluate_fusion", "fusion", fusion, FusionEncoder, "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
+    check_type("evaluate_fusion", "data", data, Dataset, "ucmfh.load_dataset(path)")
     _check_protocols(protocols)
     rows = []
     for protocol in protocols:

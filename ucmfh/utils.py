@@ -1,8 +1,8 @@
-"""Seeds and devices: the one place each is decided."""
+"""Seeds and devices: the one place each is decided; the type of an argument at a public entry point."""
 from __future__ import annotations
 
 import random
-from typing import Optional
+from typing import Any, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -81,3 +81,22 @@ def to_device(x: torch.Tensor, device: torch.device, keep_host: bool = False) ->
     if keep_host:
         keep_host_copy(out, x)
     return out
+
+
+def check_type(where: str, name: str, value: Any, kind: Union[type, Tuple[type, ...]], make: str = "",
+               optional: bool = False, what: str = "") -> None:
+    """Refuse an argument of another type at a public entry point, before it fails deep inside
+    (``TypeError``: ``fit_hashing: data must be a Dataset (ucmfh.load_dataset(path)), got str 'wiki.h5'``).
+    ``make``: how to get one; ``optional``: None is accepted too; ``what``: the wanted thing in words
+    (else the types' names)."""
+    if isinstance(value, kind) or (optional and value is None):
+        return
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    raise wrong_type(where, name, value, what or " or ".join(f"a {k.__name__}" for k in kinds)
+                     + (" or None" if optional else ""), make)
+
+
+def wrong_type(where: str, name: str, value: Any, what: str, make: str = "") -> TypeError:
+    """The error of :func:`check_type`: ``WHERE: NAME must be WHAT (MAKE), got TYPE 'value'``."""
+    shown = f" {value!r}"[:80] if isinstance(value, (str, bytes, int, float)) or hasattr(value, "__fspath__") else ""
+    return TypeError(f"{where}: {name} must be {what}{f' ({make})' if make else ''}, got {type(value).__name__}{shown}")

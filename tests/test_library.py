@@ -1,0 +1,59 @@
+"""The library as a notebook user meets it: the public entry points refuse an argument of another type in one
+line that says what to give, before anything deep inside fails on it; a trained model's codes and scores
+are one call each."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+import ucmfh
+from ucmfh.models.fusion import FusionEncoder
+
+from conftest import method_config
+
+
+@pytest.fixture(scope="module")
+def trained(tiny):
+    model, _ = ucmfh.fit_hashing(tiny, method_config("two-tower", epochs=1), progress=False)
+    return model
+
+
+def test_a_wrong_type_at_an_entry_point_says_what_to_give(tiny, tiny_path, trained):
+    hash_cfg, fusion_cfg = method_config("two-tower"), ucmfh.FusionConfig(device="cpu")
+    fusion = FusionEncoder.from_config(tiny.d_img, tiny.d_txt, fusion_cfg)
+    calls = [
+        (lambda: ucmfh.fit_hashing(tiny_path, hash_cfg),
+         rf"^fit_hashing: data must be a Dataset \(ucmfh.load_dataset\(path\)\), got str '{tiny_path}'$"),
+        (lambda: ucmfh.fit_hashing(tiny.train, hash_cfg), r"^fit_hashing: data must be a Dataset .*got Split$"),
+        (lambda: ucmfh.fit_hashing(tiny, fusion_cfg),
+         r"^fit_hashing: cfg must be a HashConfig \(ucmfh.hash_config\(method, ...\)\), got FusionConfig$"),
+        (lambda: ucmfh.fit_hashing(tiny, hash_cfg, fusion_cfg),
+         r"^fit_hashing: fusion must be a FusionEncoder or None \(ucmfh.fit_fusion\), got FusionConfig$"),
+        (lambda: ucmfh.fit_fusion(tiny, hash_cfg), r"^fit_fusion: cfg must be a FusionConfig .*got HashConfig$"),
+        (lambda: ucmfh.evaluate_hashing("hash64.pt", tiny),
+         r"^evaluate_hashing: model must be a hashing model \(ucmfh.fit_hashing, or ucmfh.load_model\(path, "
+         r"'hash'\)\), got str 'hash64.pt'$"),
+        (lambda: ucmfh.evaluate_hashing(fusion, tiny), r"^evaluate_hashing: model must be a hashing model .*got "
+                                                        r"FusionEncoder$"),
+        (lambda: ucmfh.evaluate_hashing(trained, tiny_path), r"^evaluate_hashing: data must be a Dataset"),
+        (lambda: ucmfh.evaluate_fusion(trained, tiny), r"^evaluate_fusion: fusion must be a FusionEncoder .*got "
+                                                        r"FeatureHasher$"),
+        (lambda: ucmfh.encode_split(trained, tiny), r"^encode_split: split must be a Split \(a split of "
+                                                     r"ucmfh.load_dataset\(path\): .query, .retrieval\), got Dataset$"),
+        (lambda: ucmfh.save_checkpoint("hash.pt", trained, None, fusion_cfg),
+         r"^save_checkpoint: hash_cfg must be a HashConfig or None, got FusionConfig$"),
+    ]
+    for call, message in calls:
+        with pytest.raises(TypeError, match=message):
+            call()
+
+
+def test_a_trained_model_s_codes_and_scores_are_one_call_each(tiny, trained):
+    img, txt = ucmfh.encode_split(trained, tiny.query)  # unimodal: each modality's codes from itself
+    assert img.shape == txt.shape == (len(tiny.query.img), 16)
+    assert set(img.unique().tolist()) <= {-1.0, 1.0}
+    assert all(torch.equal(a, b) for a, b in zip((img, txt), trained.codes(tiny.query.img, tiny.query.txt, "unimodal")))
+    [row] = ucmfh.evaluate_hashing(trained, tiny, protocols=["unimodal"])
+    assert row["protocol"] == "unimodal" and 0 < row["map_i2t"] <= 1 and 0 < row["map_t2i"] <= 1
+    with pytest.raises(ValueError, match=r"unknown protocol\(s\) \['both'\]"):
+        ucmfh.encode_split(trained, tiny.query, "both")
