@@ -47,6 +47,17 @@ def check_signed(codes: Any, what: str = "codes") -> None:
                          "codes (2 * codes - 1) or packed bits (numpy.packbits, uint8)")
 
 
+def check_packed(codes: Any, what: str = "codes") -> None:
+    """Refuse, where packed bits (uint8) are read, bytes of 0 and 1 alone: codes of 0 and 1 (or labels) stored as
+    uint8, each read as 8 bits, a 64-bit code as a 512-bit one, every score wrong without a word. Read from the
+    first rows only: the bytes of packed codes are never 0 and 1 alone (each byte holds 8 bits)."""
+    head = to_numpy(codes[:64])
+    if head.size and bool((head == 1).any()) and bool((head == 0).any()) and bool(((head == 0) | (head == 1)).all()):
+        raise ValueError(f"{what}: uint8 is read as packed bits (8 a byte), but these bytes are 0 and 1 alone, as codes "
+                         "of 0 and 1 (or labels) are: give ±1 codes (2 * codes.astype(numpy.int8) - 1) or pack them "
+                         "(numpy.packbits(codes, axis=1))")
+
+
 def pack(codes: Any) -> np.ndarray:
     """±1 or real-valued codes, numpy or torch, as bits: sign >= 0 is a set bit.
 
@@ -96,6 +107,7 @@ def as_words(codes: Any, n_bits: int, what: str = "codes") -> np.ndarray:
             if codes.shape[1] != n_bytes(n_bits):
                 raise ValueError(f"{what}: {codes.shape[1]} packed bytes per code, expected {n_bytes(n_bits)} "
                                  f"for {n_bits} bits (pass ±1 codes as a signed or float array)")
+            check_packed(codes, what)
             packed = codes
         else:
             if codes.shape[1] != n_bits:

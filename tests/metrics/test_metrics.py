@@ -527,3 +527,14 @@ def test_codes_of_zero_and_one_are_refused_not_read_as_all_bits_set():
             ucmfh.top_k(codes, torch.as_tensor(bad), 5)
         with pytest.raises(ValueError, match="image codes: codes of 0 and 1"):
             as_words(bad, 16, "image codes")
+    # stored as uint8, 0/1 codes (or labels) would be read as packed bits: 8 a byte, 16 bits as 128
+    zero_one = (codes > 0).astype(np.uint8)
+    with pytest.raises(ValueError, match=r"^query codes: uint8 is read as packed bits .* 0 and 1 alone.*numpy.packbits"):
+        ucmfh.map_at_k(zero_one, zero_one, labels, labels)
+    with pytest.raises(ValueError, match="retrieval codes: uint8 is read as packed bits"):
+        ucmfh.map_at_k(np.packbits(codes > 0, axis=1), labels[:, :2], labels, labels)  # labels where codes go
+    with pytest.raises(ValueError, match="image codes: uint8 is read as packed bits"):
+        as_words(zero_one[:, :2], 16, "image codes")
+    packed = np.packbits(codes > 0, axis=1)  # packed as asked: scored as the ±1 codes are
+    assert ucmfh.map_at_k(packed, packed, labels, labels) == ucmfh.map_at_k(codes, codes, labels, labels)
+    assert as_words(np.zeros((4, 2), np.uint8), 16).sum() == 0  # all bits clear (a collapsed code) is no 0/1 code

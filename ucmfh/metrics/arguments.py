@@ -13,7 +13,7 @@ from typing import Literal, Optional, Tuple
 import numpy as np
 import torch
 
-from ucmfh.bits import check_signed
+from ucmfh.bits import check_packed, check_signed
 from ucmfh.codes import ArrayLike, unpack_codes
 
 Ranking = Literal["hamming", "cosine"]
@@ -71,9 +71,10 @@ def check_pair(query: torch.Tensor, retrieval: torch.Tensor, ranking: str) -> No
         raise ValueError("query and retrieval must both be packed (uint8) or both ±1 codes")
     if ranking == "cosine" and query.dtype == torch.uint8:
         raise ValueError("cosine ranking needs real-valued embeddings, got packed codes")
-    if ranking == "hamming" and query.dtype != torch.uint8:
-        check_signed(query, "query codes")
-        check_signed(retrieval, "retrieval codes")
+    check = check_packed if query.dtype == torch.uint8 else check_signed
+    if ranking == "hamming":
+        check(query, "query codes")
+        check(retrieval, "retrieval codes")
     if retrieval.shape[0] == 0:
         raise ValueError("the retrieval set is empty")
 
