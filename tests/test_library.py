@@ -57,3 +57,12 @@ def test_a_trained_model_s_codes_and_scores_are_one_call_each(tiny, trained):
     assert row["protocol"] == "unimodal" and 0 < row["map_i2t"] <= 1 and 0 < row["map_t2i"] <= 1
     with pytest.raises(ValueError, match=r"unknown protocol\(s\) \['both'\]"):
         ucmfh.encode_split(trained, tiny.query, "both")
+
+
+def test_a_history_and_an_encoder_print_what_they_hold(tiny, trained, tmp_path):
+    _, history = ucmfh.fit_hashing(tiny, method_config("two-tower", epochs=2), progress=False)
+    assert repr(history) == (f"History(2 epochs, loss {history[0]:.4g} -> {history[1]:.4g}, kept epoch "
+                             f"{history.best_epoch}, validation {history.best_score:.4f}, chosen "
+                             f"{history.chosen!r} of 2)")
+    path = ucmfh.save_checkpoint(tmp_path / "hash16.pt", trained, None, method_config("two-tower", epochs=1))
+    assert repr(ucmfh.Encoder(path)) == f"Encoder('two-tower', 16 bits, image 48-d, text 32-d, on cpu; {path})"

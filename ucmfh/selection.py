@@ -34,6 +34,20 @@ class History(list):
         self.refit_loss: List[float] = []  # ... on the whole training split, and their mean losses
         self.filled_bits: Optional[int] = None  # a method that fills fewer bits than asked (CCA-ITQ): how many
 
+    def __repr__(self) -> str:  # what a run kept, not only the list of losses a list's repr prints
+        parts = [f"{len(self)} epoch{'s' if len(self) != 1 else ''}"]
+        if len(self):
+            parts.append(f"loss {self[0]:.4g} -> {self[-1]:.4g}")
+        if self.best_epoch is not None and self.validation:
+            parts.append(f"kept epoch {self.best_epoch}, validation {self.best_score:.4f}")
+        if self.chosen is not None:
+            parts.append(f"chosen {self.chosen!r} of {len(self.choice_scores)}")
+        if self.refit_epochs is not None:
+            parts.append(f"refit {self.refit_epochs} epochs on the whole training split")
+        if self.filled_bits is not None:
+            parts.append(f"{self.filled_bits} bits filled")
+        return f"History({', '.join(parts)})"
+
     @property
     def best_score(self) -> float:
         """The validation score of the kept epoch (-inf without a validation split)."""

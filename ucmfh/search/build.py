@@ -70,6 +70,10 @@ class Encoder:
                          "method": hash_cfg.method, "n_bits": self.n_bits,
                          "d_img": self.dims["img"], "d_txt": self.dims["txt"]}
 
+    def __repr__(self) -> str:
+        return (f"Encoder({self.identity['method']!r}, {self.n_bits} bits, image {self.dims['img']}-d, text "
+                f"{self.dims['txt']}-d, on {self.device}; {self.identity['path']})")
+
     def check_dim(self, features: np.ndarray, modality: str, where: str) -> None:
         if features.ndim != 2 or features.shape[1] != self.dims[modality]:
             got = features.shape[1] if features.ndim == 2 else f"shape {features.shape}"
