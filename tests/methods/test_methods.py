@@ -32,7 +32,7 @@ def two_tower(**kw) -> HashConfig:
     return hash_config("two-tower", **{"n_bits": 16, "hidden": 64, "epochs": 15, "batch_size": 64, "device": "cpu", **kw})
 
 
-def test_a_method_starts_from_its_defaults_and_takes_what_is_given():
+def test_a_method_starts_from_its_defaults_and_takes_what_is_given(tiny):
     cfg = hash_config("two-tower", n_bits=32)
     assert cfg.method == "two-tower" and cfg.n_bits == 32
     for name, value in METHODS["two-tower"].defaults.items():
@@ -44,7 +44,7 @@ def test_a_method_starts_from_its_defaults_and_takes_what_is_given():
     with pytest.raises(ValueError, match="unknown method 'nosuch'; methods: ucmfh, two-tower"):
         hash_config("nosuch")
     with pytest.raises(ValueError, match="unknown method 'nosuch'"):
-        fit_hashing(None, HashConfig(method="nosuch"))
+        fit_hashing(tiny, HashConfig(method="nosuch"))
     with pytest.raises(ValueError, match="hidden must be >= 0"):
         HashConfig(hidden=-1)
 
