@@ -3,6 +3,8 @@ line that says what to give, before anything deep inside fails on it; a trained 
 are one call each."""
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 
@@ -66,3 +68,19 @@ def test_a_history_and_an_encoder_print_what_they_hold(tiny, trained, tmp_path):
                              f"{history.chosen!r} of 2)")
     path = ucmfh.save_checkpoint(tmp_path / "hash16.pt", trained, None, method_config("two-tower", epochs=1))
     assert repr(ucmfh.Encoder(path)) == f"Encoder('two-tower', 16 bits, image 48-d, text 32-d, on cpu; {path})"
+
+
+def test_the_readme_s_python_block_runs(tiny_path, tmp_path, monkeypatch):
+    """README's "From Python" block, on the tiny dataset for 2 epochs at 16 bits: what it promises runs."""
+    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
+    block = readme.split("### From Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+    small = (block.replace('"../shared/data/wiki.h5"', repr(tiny_path)).replace("n_bits=64)", "n_bits=16, epochs=2)")
+             .replace("n_bits=[64])", "n_bits=[16], epochs=2, device='cpu')"))
+    assert small.count(repr(tiny_path)) == 1 and small.count("epochs=2") == 2
+    monkeypatch.chdir(tmp_path)
+    scope: dict = {}
+    exec(compile(small, "README.md", "exec"), scope)
+    assert scope["img"].shape == (len(scope["data"].query), 16) and len(scope["rows"]) == 1
+    assert ucmfh.load_model("wiki64.pt", "hash")[2] == scope["cfg"]
+    assert scope["ucmfh_cfg"].method == "ucmfh" and scope["fusion_cfg"].epochs == scope["ucmfh_cfg"].epochs == 2
+    assert len(scope["history"]) == 2  # UCMFH's reference holds out no validation part: its last epoch is kept
