@@ -70,16 +70,16 @@ def test_a_history_and_an_encoder_print_what_they_hold(tiny, trained, tmp_path):
     assert repr(ucmfh.Encoder(path)) == f"Encoder('two-tower', 16 bits, image 48-d, text 32-d, on cpu; {path})"
 
 
-def test_the_readme_s_python_block_runs(tiny_path, tmp_path, monkeypatch):
-    """README's "From Python" block, on the tiny dataset for 2 epochs at 16 bits: what it promises runs."""
-    readme = open(os.path.join(os.path.dirname(__file__), "..", "README.md"), encoding="utf-8").read()
-    block = readme.split("### From Python", 1)[1].split("```python\n", 1)[1].split("```", 1)[0]
+def test_the_library_page_s_python_block_runs(tiny_path, tmp_path, monkeypatch):
+    """docs/library.md's first block, on the tiny dataset for 2 epochs at 16 bits: what it promises runs."""
+    page = open(os.path.join(os.path.dirname(__file__), "..", "docs", "library.md"), encoding="utf-8").read()
+    block = page.split("```python\n", 1)[1].split("```", 1)[0]
     small = (block.replace('"../shared/data/wiki.h5"', repr(tiny_path)).replace("n_bits=64)", "n_bits=16, epochs=2)")
              .replace("n_bits=[64])", "n_bits=[16], epochs=2, device='cpu')"))
     assert small.count(repr(tiny_path)) == 1 and small.count("epochs=2") == 2
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
-    exec(compile(small, "README.md", "exec"), scope)
+    exec(compile(small, "docs/library.md", "exec"), scope)
     assert scope["img"].shape == (len(scope["data"].query), 16) and len(scope["rows"]) == 1
     assert ucmfh.load_model("wiki64.pt", "hash")[2] == scope["cfg"]
     assert scope["ucmfh_cfg"].method == "ucmfh" and scope["fusion_cfg"].epochs == scope["ucmfh_cfg"].epochs == 2
