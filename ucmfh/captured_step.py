@@ -3,12 +3,14 @@
 kernels; one graph replay launches them all at once.
 
 A plan may be captured where its step — one update of a loss, or a step of its own (DGCPN's three
-updates) — keeps its tensors' shapes, waits for no value on the device and has its scalars (β) as its only
-host-side values (:attr:`ucmfh.trainer.Plan.graphable`; no streamed rows, one process, full precision).
-Its full batches are replayed: the batch's indices (and modality-dropout draws) are copied into the static
-buffers the graph reads, the graph runs the forward pass, the backward pass and the optimizer's update, and
-its loss is read from the graph's own tensor. A graph holds the scalars of the batch it was captured on:
-where they change (a schedule of β, by epoch or by iteration), the step is captured again. The first
+updates) — keeps its tensors' shapes, waits for no value on the device and has its scalars (β) and its
+learning rate as its only host-side values (:attr:`ucmfh.trainer.Plan.graphable`; no streamed rows, one
+process, full precision). Its full batches are replayed: the batch's indices (its modality-dropout draws, the
+plan's own draws made on the host: UCCH's negatives) are copied into the static buffers the graph reads, the
+graph runs the forward pass, the backward pass and the optimizer's update, and its loss is read from the
+graph's own tensor. A graph holds the scalars and the learning rate of the batch it was captured on: where
+they change (a schedule of β, by epoch or by iteration; a learning rate lowered at a milestone), the step is
+captured again. The first
 :data:`WARMUP_STEPS` full batches run eagerly on a side stream (the optimizer's state, cuBLAS's workspaces),
 as PyTorch's whole-network capture asks; a batch of another size (an epoch's short last batch) runs eagerly.
 Adam's update is made capturable (its step count on the device); SGD's has no count to capture. Dropout
@@ -102,12 +104,13 @@ class CapturedStep:
         self.replay: Optional[Callable[[], None]] = None
         self.static: Any = None  # the batch the graph reads: its indices and draws, copied in before each replay
         self.loss: Optional[torch.Tensor] = None
-        self.scalars: Any = None  # the plan's scalars the graph holds
+        self.held: Any = None  # what the graph holds of the host: the plan's scalars, learning rate, draws or none
         for group in plan.optimizer.param_groups:  # Adam's step count and bias corrections on the device
             if "capturable" in group:
                 group["capturable"] = True
 
     def __call__(self, batch: Any) -> torch.Tensor:
+        lr = self.plan.set_learning_rate(batch.epoch)
         if len(batch.index) != self.batch_size:  # an epoch's short last batch: its shapes are its own
             if self.replay is None or self.plan.step is not None:  # a step of its own runs as it is written
                 return self.eager(batch)
@@ -118,9 +121,10 @@ class CapturedStep:
             self.warm += 1
             with self.graphs.on(self.stream):
                 return self.eager(batch)
-        scalars = None if self.plan.scalars is None else self.plan.scalars(batch.epoch, batch.iteration)
-        if self.replay is None or scalars != self.scalars:
-            return self._capture(batch, scalars)
+        held = (None if self.plan.scalars is None else self.plan.scalars(batch.epoch, batch.iteration), lr,
+                batch.draws is None)
+        if self.replay is None or held != self.held:
+            return self._capture(batch, held)
         self._fill(batch)
         self.replay()
         return self.loss
@@ -129,13 +133,15 @@ class CapturedStep:
         self.static.index.copy_(batch.index)
         if self.static.separate is not None:
             self.static.separate.copy_(batch.separate)
+        if self.static.draws is not None:
+            self.static.draws.copy_(batch.draws)
 
-    def _capture(self, batch: Any, scalars: Any) -> torch.Tensor:
+    def _capture(self, batch: Any, held: Any) -> torch.Tensor:
         plan = self.plan
         self.replay = self.loss = None  # a graph captured before (other scalars) is let go, its memory with it
-        self.scalars = scalars
+        self.held = held
         self.static = type(batch)(batch.index.clone(), None if batch.separate is None else batch.separate.clone(),
-                                  batch.epoch, batch.iteration)
+                                  batch.epoch, batch.iteration, None if batch.draws is None else batch.draws.clone())
 
         def body() -> torch.Tensor:  # optimize() without its zero_grad: the graph writes each gradient anew
             if plan.step is not None:  # a step of its own, its updates and their gradients

@@ -30,7 +30,7 @@ from ucmfh.selection import History, validation_split
 from ucmfh.signals import TrainingInterrupted, stop_on_signals
 from ucmfh.training_log import EpochRecord, current_logs, current_part
 from ucmfh.training_state import StateFile, read_state, restore_cuda_rng, write_state
-from ucmfh.utils import resolve_device, seed_everything
+from ucmfh.utils import resolve_device, seed_everything, to_device
 
 # Under torchrun the ranks decide together whether to stop (a signal may reach one rank only), at
 # every STOP_EVERY-th step and an epoch's last: one collective per step would stall a GPU every step.
@@ -40,13 +40,14 @@ STOP_EVERY = 16
 @dataclass
 class Batch:
     """One training step's batch: the item indices of the global batch (on the training device), the
-    modality-dropout draws (None without modality dropout), the epoch (from 0) and the step's number in
-    the run (from 0)."""
+    modality-dropout draws (None without modality dropout), the epoch (from 0), the step's number in
+    the run (from 0) and the plan's own draws for the step (``Plan.draws``, on the device; else None)."""
 
     index: torch.Tensor
     separate: Optional[torch.Tensor]
     epoch: int
     iteration: int
+    draws: Optional[torch.Tensor] = None
 
 
 @dataclass
@@ -65,9 +66,12 @@ class Plan:
     are kept. ``ahead(index)``: what a step will read from a file, read on a worker thread while the step
     before it runs (for ``items`` given as a number; a split's are its own). ``scalars(epoch, iteration)``:
     the plan's own figures after an epoch (β), shown beside the loss and recorded (:mod:`ucmfh.training_log`).
+    ``draws(batch)``: the step's random draws made on the host (a generator of its own, e.g. UCCH's negatives),
+    a tensor of one shape for every full batch or None, moved to the device as ``batch.draws`` before the step.
     ``graphable``: ``loss`` (or ``step``) may be captured as a CUDA graph and replayed (:mod:`ucmfh.captured_step`): its
     tensors keep their shapes from batch to batch, it waits for no value on the device, and its host-side
-    values are its ``scalars`` alone (a graph is captured again where they change).
+    values are its ``scalars`` and its learning rate alone (a graph is captured again where they change); what
+    it draws on the host comes as ``batch.draws``, copied into the graph's batch before each replay.
     """
 
     name: str
@@ -82,11 +86,21 @@ class Plan:
     scalars: Optional[Callable[[int, int], Dict[str, float]]] = None
     clip_norm: Optional[float] = None
     learning_rate: Optional[Callable[[int], float]] = None
+    draws: Optional[Callable[[Batch], Optional[torch.Tensor]]] = None
     graphable: bool = False
 
     def __post_init__(self) -> None:
         if (self.loss is None) == (self.step is None):
             raise ValueError(f"{self.name}: a plan has a loss or a step of its own, one of the two")
+
+    def set_learning_rate(self, epoch: int) -> Optional[float]:
+        """Every parameter group's learning rate set to ``learning_rate(epoch)``; it, or None without a schedule."""
+        if self.learning_rate is None:
+            return None
+        lr = self.learning_rate(epoch)
+        for param_group in self.optimizer.param_groups:
+            param_group["lr"] = lr
+        return lr
 
     def order(self, group: Group) -> Tuple[int, Optional[Shuffle], Optional[Callable[[torch.Tensor], None]]]:
         """The number of training items, their shuffle (None: a uniform permutation) and the reads ahead."""
@@ -281,15 +295,13 @@ class _Run:
 
     def eager_because(self) -> Optional[str]:
         """Why this run's step would run eagerly under :func:`ucmfh.captured_step.capture_steps`, or None: a
-        capture needs a CUDA device, one process, a plan that can be (no learning-rate schedule, no rows
-        streamed from a file) and full precision (autocast's cache of cast weights would outlive a capture)."""
+        capture needs a CUDA device, one process, a plan that can be (no rows streamed from a file) and full
+        precision (autocast's cache of cast weights would outlive a capture)."""
         plan, amp = self.plan, getattr(self.cfg, "amp", "none")
         if self.device.type != "cuda":
             return f"CUDA graphs need a CUDA device, and it trains on {self.device.type}"
         if not plan.graphable:
             return "its step is not one a graph can replay ('ucmfh methods' says why)"
-        if plan.learning_rate is not None:
-            return "its learning rate changes as it trains"
         if self.ahead is not None:
             return "its rows are streamed from the file"
         if self.group.world_size > 1:
@@ -302,9 +314,7 @@ class _Run:
         plan = self.plan
         if plan.step is not None:
             return plan.step(batch)
-        if plan.learning_rate is not None:
-            for param_group in plan.optimizer.param_groups:
-                param_group["lr"] = plan.learning_rate(batch.epoch)
+        plan.set_learning_rate(batch.epoch)
         return optimize(plan.loss(batch), plan.optimizer, self.group, plan.clip_norm)
 
     def stop(self, signum: Optional[int], epoch: int, done: int, steps: int, epoch_generator: torch.Tensor) -> None:
@@ -365,7 +375,11 @@ class _Run:
                         reads.wait()  # this batch's reads, done while the step before ran
                         if done < len(batches):
                             reads.start(self.ahead, batches[done][0])
-                    at.total += self.step(Batch(index, separate, epoch, at.iteration)) * len(index)
+                    batch = Batch(index, separate, epoch, at.iteration)
+                    if self.plan.draws is not None:
+                        drawn = self.plan.draws(batch)
+                        batch.draws = None if drawn is None else to_device(drawn, device)
+                    at.total += self.step(batch) * len(index)
                     at.iteration += 1
                     # a stop is one decision of every rank: a collective (and a host sync) every STOP_EVERY steps
                     shared = group.world_size == 1 or done % STOP_EVERY == 0 or done == len(batches)

@@ -132,7 +132,7 @@ def test_ucch_loss_weighs_its_terms_by_alpha(batch):
 def test_warm_up_keys_are_the_batch_signs_in_the_released_order(batch):
     h_img, h_txt, _, _ = batch
     bank = MemoryBank(20, 8).double()
-    codes, rows = bank.keys(torch.tensor([9, 2, 4, 0, 7, 1]), h_img, h_txt, 4096, 0.0, negatives_generator(0, 0))
+    codes, rows = bank.keys(torch.tensor([9, 2, 4, 0, 7, 1]), h_img, h_txt, None)
     assert rows.shape == (6, 6)
     assert codes[rows].tolist() == ref_inbatch_keys(h_img, h_txt)
 
@@ -142,7 +142,7 @@ def test_momentum_keys_are_the_signs_of_the_own_row_then_uniform_draws(batch):
     bank = MemoryBank(30, 8, seed=1).double()
     bank.memory.copy_(torch.randn(30, 8, dtype=torch.float64))
     index = torch.tensor([3, 7, 0, 29, 12, 5])
-    codes, rows = bank.keys(index, h_img, h_txt, 50, 0.4, negatives_generator(2023, 5))
+    codes, rows = bank.keys(index, h_img, h_txt, bank.draw(6, 50, negatives_generator(2023, 5)))
     drawn = torch.randint(30, (6, 50), generator=negatives_generator(2023, 5))
     assert rows.shape == (6, 51) and rows[:, 0].tolist() == index.tolist() and torch.equal(rows[:, 1:], drawn)
     keys = codes[rows]
@@ -150,8 +150,8 @@ def test_momentum_keys_are_the_signs_of_the_own_row_then_uniform_draws(batch):
         for j in range(51):
             assert keys[i, j].tolist() == [_sign(v) for v in bank.memory[rows[i, j]].tolist()]
     # the same (seed, iteration) draws the same rows; another iteration others
-    assert torch.equal(rows, bank.keys(index, h_img, h_txt, 50, 0.4, negatives_generator(2023, 5))[1])
-    assert not torch.equal(rows, bank.keys(index, h_img, h_txt, 50, 0.4, negatives_generator(2023, 6))[1])
+    assert torch.equal(bank.draw(6, 50, negatives_generator(2023, 5)), drawn)
+    assert not torch.equal(bank.draw(6, 50, negatives_generator(2023, 6)), drawn)
 
 
 @pytest.mark.parametrize("momentum", [0.4, 0.0])

@@ -86,7 +86,6 @@ from ucmfh.trainer import Batch, Plan, Setup
 from ucmfh.amp import autocast
 from ucmfh.batches import batch_inputs
 from ucmfh.optim import adam
-from ucmfh.utils import to_device
 
 # UCCH.py: MultiStepLR(optimizer, [30, 60, 90, 120], gamma=0.1), stepped with the epoch
 LR_MILESTONES = (30, 60, 90, 120)
@@ -168,26 +167,30 @@ class MemoryBank(nn.Module):
         # as released: randn (not rand), so each bit is +1 with probability P(z > 1/2) ~ 0.31
         self.register_buffer("memory", normalize(torch.sign(z * (2 * std) - std)))
 
-    def keys(self, index: torch.Tensor, h_img: torch.Tensor, h_txt: torch.Tensor, n_negatives: int,
-             momentum: float, generator: torch.Generator) -> Tuple[torch.Tensor, torch.Tensor]:
-        """Each item's ±1 keys, its positive first, as ``(codes, rows)``: item i's keys are
-        ``codes[rows[i]]``. With ``momentum > 0`` ``codes = sign(v)`` of the whole bank and ``rows[i]``
-        its own row, then ``n_negatives`` rows drawn uniformly with replacement; else (warm-up)
-        ``codes = sign((h_img + h_txt) / 2)`` of the batch and ``rows[i]`` = i, then the others in
-        batch order. No gradient. (Rows, not gathered keys: the scores are then one matmul and a
-        gather, instead of a [B, 1 + K, n_bits] copy of the bank.)
+    def draw(self, b: int, n_negatives: int, generator: torch.Generator) -> torch.Tensor:
+        """The rows of ``n_negatives`` negatives of each of ``b`` items, drawn uniformly with replacement on the
+        host by ``generator`` (:func:`negatives_generator`). Shape: -> [b, n_negatives] int64, on the CPU."""
+        return torch.randint(len(self.memory), (b, n_negatives), generator=generator)
 
-        Shape: index [B], h_img/h_txt [B, n_bits] -> codes [n or B, n_bits], rows [B, 1 + n_negatives]
+    def keys(self, index: torch.Tensor, h_img: torch.Tensor, h_txt: torch.Tensor,
+             negatives: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+        """Each item's ±1 keys, its positive first, as ``(codes, rows)``: item i's keys are
+        ``codes[rows[i]]``. With ``negatives`` (rows of the bank, :meth:`draw`, after the warm-up) ``codes =
+        sign(v)`` of the whole bank and ``rows[i]`` its own row, then its negatives; else (warm-up)
+        ``codes = sign((h_img + h_txt) / 2)`` of the batch and ``rows[i]`` = i, then the others in
+        batch order. No gradient, and nothing read from the host (a graph may replay it). (Rows, not gathered
+        keys: the scores are then one matmul and a gather, instead of a [B, 1 + K, n_bits] copy of the bank.)
+
+        Shape: index [B], h_img/h_txt [B, n_bits], negatives [B, K] -> codes [n or B, n_bits], rows [B, 1 + K]
         (warm-up: [B, B]).
         """
         with torch.no_grad():
-            b = len(index)
-            if momentum <= 0:
-                others = torch.arange(b).expand(b, b)[~torch.eye(b, dtype=torch.bool)].view(b, b - 1)
-                rows = to_device(torch.cat([torch.arange(b)[:, None], others], 1), h_img.device)
-                return torch.sign((h_img + h_txt) / 2), rows
-            drawn = torch.randint(len(self.memory), (b, n_negatives), generator=generator)
-            return torch.sign(self.memory), torch.cat([index[:, None], to_device(drawn, index.device)], 1)
+            if negatives is None:
+                b = len(index)
+                own, other = torch.arange(b, device=h_img.device), torch.arange(b - 1, device=h_img.device)
+                others = other[None, :] + (other[None, :] >= own[:, None])  # row i: 0 .. b-1 without i
+                return torch.sign((h_img + h_txt) / 2), torch.cat([own[:, None], others], 1)
+            return torch.sign(self.memory), torch.cat([index[:, None], negatives], 1)
 
     @torch.no_grad()
     def update(self, index: torch.Tensor, h_img: torch.Tensor, h_txt: torch.Tensor, momentum: float) -> None:
@@ -271,7 +274,7 @@ class Ucch(Method):
               "clip_norm": 1.0}
     fixed = {"dropout": 0.0}  # the released networks have none
     takes_loss = False
-    eager_because = "its learning rate changes by epoch and each step draws its negatives on the host"
+    graphable = True  # its negatives drawn on the host before the step (Plan.draws), its learning rate a schedule
 
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)
@@ -307,6 +310,14 @@ class Ucch(Method):
         train = rest.to(device)
         group = current_group()
 
+        def momentum(epoch: int) -> float:
+            return p["momentum"] if epoch >= p["warmup_epochs"] else 0.0  # NCEAverage: epoch - warmup < 0
+
+        def negatives(batch: Batch) -> Optional[torch.Tensor]:  # after the warm-up, drawn on the host
+            if momentum(batch.epoch) <= 0:
+                return None
+            return bank.draw(len(batch.index), p["n_negatives"], negatives_generator(cfg.seed, batch.iteration))
+
         def loss(batch: Batch) -> torch.Tensor:
             index = batch.index
             img, txt, _, _, _ = batch_inputs(train, index, None, False, group)
@@ -314,13 +325,12 @@ class Ucch(Method):
                 z_img, z_txt = model.logits(img, txt)
             z_img, z_txt = group.gather((z_img.float(), z_txt.float()), len(index))
             h_img, h_txt = hash_outputs(z_img), hash_outputs(z_txt)
-            momentum = p["momentum"] if batch.epoch >= p["warmup_epochs"] else 0.0  # NCEAverage: epoch - warmup < 0
-            codes, rows = bank.keys(index, h_img, h_txt, p["n_negatives"], momentum,
-                                    negatives_generator(cfg.seed, batch.iteration))
+            codes, rows = bank.keys(index, h_img, h_txt, batch.draws)
             out = ucch_loss(h_img, h_txt, codes, rows, p["alpha"], p["temperature"], p["margin"], p["shift"])
-            bank.update(index, h_img, h_txt, momentum)
+            bank.update(index, h_img, h_txt, momentum(batch.epoch))
             return out
 
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "bank": bank}, optimizer, train,
                     loss=loss, clip_norm=p["clip_norm"], learning_rate=lambda epoch: learning_rate(cfg.lr_head, epoch),
-                    validate=validator(encode_split, "hamming", model, setup.val, rest, device))
+                    draws=negatives, scalars=lambda epoch, iteration: {"momentum": momentum(epoch)},
+                    validate=validator(encode_split, "hamming", model, setup.val, rest, device), graphable=self.graphable)
