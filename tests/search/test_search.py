@@ -1,6 +1,7 @@
 """Search: exact top-K against a brute-force ranking, shards as one, mmap, appends, resumable builds, refusals."""
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -523,6 +524,49 @@ def test_a_group_indexed_already_is_never_added_again(collection, tmp_path):
                                         r"and the file has changed since: that build cannot be finished"):
         build_index(dataset, ck, str(changed), chunk_size=20)
     assert Index.load(changed).count("txt") == before
+
+
+def test_a_build_refused_part_way_leaves_the_index_as_it_was(collection, tmp_path):
+    """A collection refused at a later chunk (NaN features at row 37) left the index 'unfinished' for good: its
+    own command failed again, and a mended file was another build. Now the index is rolled back (a new one is
+    not created), searchable, and the mended file is added; a collection lacking the index's captions is refused
+    before anything is added, naming the file and what it lacks."""
+    c = collection
+    out = tmp_path / "ix"
+    build_index(c["path"], c["ckpt"][0], str(out))
+    files = {name: (out / name).read_bytes() for name in sorted(os.listdir(out))}
+    late = tmp_path / "late.h5"
+    shutil.copy(c["path"], late)
+    with h5py.File(late, "a") as f:
+        f["ids"][...] = f["ids"][:] + 1000
+        image = f["image"][:]
+        image[37, 3] = np.nan
+        f["image"][...] = image
+    for target in (out, tmp_path / "new"):
+        with pytest.raises(DataError, match=r"late.h5: /image: 1 non-finite values in rows 35..41 \(first: NaN at "
+                                            rf"row 37, column 3\) \({target}: "
+                                            rf"{'left as it was before this build' if target == out else 'not created'}"
+                                            r"\)$"):
+            build_index(str(late), c["ckpt"][0], str(target), chunk_size=7)
+    assert not (tmp_path / "new").exists()
+    index = Index.load(out)
+    index.check_finished()
+    assert (index.count("img"), index.count("txt"), len(index.sources)) == (40, 120, 1)
+    assert json.loads((out / "index.json").read_text()) == json.loads(files["index.json"].decode())
+    with h5py.File(late, "a") as f:
+        image = f["image"][:]
+        image[37, 3] = 0.0
+        f["image"][...] = image
+    assert build_index(str(late), c["ckpt"][0], str(out), chunk_size=7).added == {"img": 40, "txt": 120}
+    assert np.array_equal(Index.load(out).ids("txt"), np.concatenate([c["ids"], c["ids"] + 1000]))
+    bare = tmp_path / "bare.h5"
+    with h5py.File(bare, "w") as f:
+        f.attrs["image_feature"], f.attrs["text_feature"] = "toy image features", "toy text features"
+        f["image"], f["text"], f["ids"] = c["img"], c["txt"], c["ids"] + 2000
+    with pytest.raises(DataError, match=r"bare.h5: has no /paths \(image files\), which the image items of .*ix "
+                                        r"have: every collection in an index gives the same columns"):
+        build_index(str(bare), c["ckpt"][0], str(out))
+    assert Index.load(out).count("txt") == 240 and not Index.load(out).unfinished()
 
 
 def test_search_takes_a_backend_name_as_faiss_users_write_it():

@@ -20,9 +20,11 @@ the collection's token features reads (:mod:`ucmfh.search.seps_rerank`).
 """
 from __future__ import annotations
 
+import copy
 import dataclasses
 import hashlib
 import os
+import shutil
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -120,6 +122,30 @@ def check_same_feature(index: Index, modality: str, feature: Optional[str], wher
                         f"'{made}'; codes of features of different extractors are not comparable")
 
 
+def check_same_columns(index: Index, coll: Collection, embeddings: bool, origins: Dict[str, bool], out: str) -> None:
+    """Refuse, before anything is added, a collection whose items would have other columns than the index's
+    (every add to a modality gives the same columns): captions (``/text_raw``), image paths (``/paths``),
+    labels, or embeddings (``--no-embeddings``) that one has and the other has not."""
+    given = {"labels": "/labels (labels)", "text": "/text_raw (captions)", "paths": "/paths (image files)"}
+    for modality in FEATURES:
+        if not index.count(modality) or not coll.has(FEATURES[modality]):
+            continue
+        have = set(index.fields(modality))
+        new = {"labels"} if coll.has("labels") else set()
+        new |= {"text"} if modality == "txt" and coll.has("text_raw") else set()
+        new |= {"paths"} if modality == "img" and coll.has("paths") else set()
+        new |= ({"embed"} if embeddings else set()) | ({"origin"} if origins[modality] else set())
+        for name in sorted(have ^ new):
+            if name == "embed":
+                why = ("kept their embeddings for re-ranking; build without --no-embeddings" if name in have else
+                       "were built with --no-embeddings; add these with --no-embeddings too")
+                raise DataError(f"{out}: its {FEATURES[modality]} items {why}")
+            if name in given:
+                raise DataError(f"{coll.path}: {'has no' if name in have else 'has'} {given[name]}, which the "
+                                f"{FEATURES[modality]} items of {out} {'have' if name in have else 'have not'}: "
+                                "every collection in an index gives the same columns; build a new index (another -o)")
+
+
 @dataclass
 class BuildReport:
     index: Index
@@ -207,8 +233,10 @@ def build_index(
     features = {m: coll.feature(m) for m in FEATURES if coll.has(FEATURES[m])}
     sha = file_sha256(coll.path)
     index = None
-    if os.path.exists(out):
+    created = not os.path.exists(out)  # a build refused part-way leaves the index as it found it (none: none)
+    if not created:
         index = Index.load(out)
+        counts_before, sources_before = {m: index.count(m) for m in FEATURES}, copy.deepcopy(index.sources)
         check_same_checkpoint(index, encoder)
         for modality, feature in features.items():
             check_same_feature(index, modality, feature, coll.path)
@@ -235,6 +263,9 @@ def build_index(
     done = next((int(s["done"]) for s in index.sources if s["key"] == key), 0)
     if done >= n:
         return BuildReport(index, {"img": 0, "txt": 0}, done, n, True, skipped=skipped)
+    # an index built before items kept their origin stays without it (its columns are fixed)
+    origins = {m: index.count(m) == 0 or index.has(m, "origin") for m in FEATURES}
+    check_same_columns(index, coll, embeddings, origins, out)
     if all(s["key"] != key for s in index.sources):  # announced before its first chunk (Index.unfinished)
         index.add_many({}, {**source, "done": 0})
     ids = coll.ids()
@@ -244,9 +275,27 @@ def build_index(
         keep_img[first_of_each_id(ids)] = True
     before = {m: index.count(m) for m in FEATURES}
     number = next((i for i, s in enumerate(index.sources) if s["key"] == key), len(index.sources))
-    # an index built before items kept their origin stays without it (its columns are fixed)
-    origins = {m: index.count(m) == 0 or index.has(m, "origin") for m in FEATURES}
     bar = tqdm(total=n, initial=done, desc=f"index {os.path.basename(coll.path)}", unit="item", disable=not progress)
+    try:
+        return _add_chunks(index, coll, encoder, source, number, keep_img, ids, origins, embeddings, done, chunk_size,
+                           stop_after, should_stop, bar, before, skipped)
+    except (DataError, ValueError) as err:  # a refusal of this build's rows (a NaN, ...): the index as it was
+        if created:
+            shutil.rmtree(out, ignore_errors=True)
+        else:
+            index.roll_back(counts_before, sources_before)
+        raise DataError(f"{err} ({out}: {'not created' if created else 'left as it was before this build'})") from None
+    finally:
+        bar.close()
+
+
+def _add_chunks(index: Index, coll: Collection, encoder: Encoder, source: Dict[str, Any], number: int,
+                keep_img: np.ndarray, ids: Optional[np.ndarray], origins: Dict[str, bool], embeddings: bool, done: int,
+                chunk_size: int, stop_after: Optional[int], should_stop: Optional[Callable[[], Any]], bar: Any,
+                before: Dict[str, int], skipped: Dict[str, str]) -> BuildReport:
+    """:func:`build_index`'s chunks from row ``done`` on, each encoded, appended and committed with the build's
+    progress."""
+    n = len(coll)
     chunks, stopped = 0, False
     for start in range(done, n, chunk_size):
         stop = min(start + chunk_size, n)
@@ -283,6 +332,5 @@ def build_index(
         if should_stop is not None and should_stop() and stop < n:
             stopped = True
             break
-    bar.close()
     added = {m: index.count(m) - before[m] for m in FEATURES}
     return BuildReport(index, added, done, n, False, stopped, skipped)
