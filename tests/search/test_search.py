@@ -569,6 +569,35 @@ def test_a_build_refused_part_way_leaves_the_index_as_it_was(collection, tmp_pat
     assert Index.load(out).count("txt") == 240 and not Index.load(out).unfinished()
 
 
+def test_a_collection_file_grown_since_it_was_indexed_is_not_indexed_twice(collection, tmp_path):
+    """A file indexed, then grown by new rows, was another collection to the index: every item it held went in
+    twice. It is refused, naming the first id held already; the same file name holding new items only (a
+    day's batch) is added. Negative ids ('unknown') would make one image of all their rows: refused."""
+    c = collection
+
+    def write(path, rows, ids):
+        with h5py.File(path, "w") as f:
+            f.attrs["image_feature"], f.attrs["text_feature"] = "toy image features", "toy text features"
+            f["image"], f["text"], f["ids"] = c["img"][rows], c["txt"][rows], ids
+
+    out, batch = tmp_path / "ix", tmp_path / "batch.h5"
+    write(batch, slice(0, 60), c["ids"][:60])
+    build_index(str(batch), c["ckpt"][0], str(out))
+    write(batch, slice(0, 120), c["ids"])  # grown: the first 60 rows again, 60 new
+    with pytest.raises(DataError, match=r"batch.h5: built into .*ix before, and changed since: 60 of its 120 rows have "
+                                        r"ids .*ix holds already \(first: id 100 at row 0\); adding it would index "
+                                        r"those items twice"):
+        build_index(str(batch), c["ckpt"][0], str(out))
+    write(batch, slice(60, 120), c["ids"][60:])  # the new rows alone, under the same name
+    assert build_index(str(batch), c["ckpt"][0], str(out)).added == {"img": 20, "txt": 60}
+    assert np.array_equal(Index.load(out).ids("txt"), c["ids"])
+    unknown = c["ids"].copy()
+    unknown[90:] = -1
+    write(tmp_path / "unknown.h5", slice(0, 120), unknown)
+    with pytest.raises(DataError, match=r"unknown.h5: /ids: 30 negative ids \(first at row 90\); ids must be >= 0"):
+        build_index(str(tmp_path / "unknown.h5"), c["ckpt"][0], str(tmp_path / "other"))
+
+
 def test_search_takes_a_backend_name_as_faiss_users_write_it():
     from ucmfh.config import BackendConfig
 

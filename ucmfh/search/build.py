@@ -146,6 +146,26 @@ def check_same_columns(index: Index, coll: Collection, embeddings: bool, origins
                                 "every collection in an index gives the same columns; build a new index (another -o)")
 
 
+def check_not_again(index: Index, coll: Collection, sha: str, out: str) -> None:
+    """Refuse a collection file built into the index before whose content has changed since (a file grown by new
+    rows), where its items' ids are in the index already: a changed file is another collection to the index,
+    so every item it held before would be indexed twice. (A file of the same name holding new items only, a
+    day's batch, is added.)"""
+    real = os.path.realpath(coll.path)
+    if not any(os.path.realpath(s.get("path", "")) == real and s["key"].split(":", 1)[0] != sha for s in index.sources):
+        return
+    ids = coll.ids()
+    if ids is None:  # an item's id is its row
+        ids = np.arange(len(coll), dtype=np.int64)
+    held = np.concatenate([index.ids(m) for m in FEATURES if index.count(m)] or [np.zeros(0, np.int64)])
+    again = np.flatnonzero(np.isin(ids, held))
+    if len(again):
+        raise DataError(f"{coll.path}: built into {out} before, and changed since: {len(again)} of its {len(ids)} rows "
+                        f"have ids {out} holds already (first: id {int(ids[again[0]])} at row {int(again[0])}); adding "
+                        "it would index those items twice: put the new rows in a file of their own, or build a new "
+                        "index (another -o)")
+
+
 @dataclass
 class BuildReport:
     index: Index
@@ -250,6 +270,8 @@ def build_index(
         # the rows asked for, each item once: a group held by another group asked for is counted there
         rows = sum(r for g, r in zip(asked.groups, asked.rows) if skipped[g] == g or skipped[g] not in asked.groups)
         return BuildReport(index, {"img": 0, "txt": 0}, rows, rows, True, skipped=skipped)
+    if index is not None:
+        check_not_again(index, coll, sha, out)
     key = f"{sha}:{','.join(coll.groups)}"
     n = len(coll)
     stat = os.stat(coll.path)

@@ -115,7 +115,7 @@ def _read(path: str, dset: h5py.Dataset, where: str, a: int, b: int) -> Any:
 
 
 def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collection:
-    """Check a collection file's layout (not its values) and open it.
+    """Check a collection file's layout (not its values, but for negative ids) and open it.
 
     ``splits``: the groups to read; default the root when it holds ``image`` or
     ``text``, else the groups ``query`` and ``retrieval`` that exist.
@@ -170,6 +170,12 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
                     raise DataError(f"{path}: {where}: expected floating-point features, got {dset.dtype}")
                 if name == "ids" and dset.dtype.kind not in "iu":
                     raise DataError(f"{path}: {where}: ids must be integers, got {dset.dtype}")
+                if name == "ids" and dset.dtype.kind == "i":  # an id is an image: -1 for 'unknown' would be one image
+                    negative = np.flatnonzero(_read(path, dset, where, 0, dset.shape[0]) < 0)
+                    if len(negative):
+                        raise DataError(f"{path}: {where}: {len(negative)} negative ids (first at row {negative[0]}); "
+                                        "ids must be >= 0: rows sharing an id are one image, indexed once, so give "
+                                        "each image of its own an id of its own")
                 if name in ("paths", "text_raw") and dset.dtype.kind not in "OSU":
                     raise DataError(f"{path}: {where}: expected strings, got {dset.dtype}")
                 width = dset.shape[1] if two_d else None
