@@ -27,7 +27,7 @@ from ucmfh.config import (
 )
 from ucmfh.losses import LOSSES, build_loss
 from ucmfh.methods.base import Method
-from ucmfh.methods.registry import build_method
+from ucmfh.methods.registry import DEFAULT_METHOD, build_method
 
 # the settings of stage_configs, in the order a refusal looks at them
 SETTINGS = ("protocol", "loss", "loss_params", "supervised", "epochs", "fusion_epochs", "batch_size", "seed",
@@ -96,10 +96,11 @@ def stage_configs(method: str, *, dataset: Optional[str] = None, n_bits: Iterabl
     return _blamed(lambda plain, extra: _resolve(spec, dataset, bits, plain, extra), given, stage_overrides)
 
 
-def hash_config(method: str = "ucmfh", *, dataset: Optional[str] = None, drop_unused: bool = False,
+def hash_config(method: str = DEFAULT_METHOD, *, dataset: Optional[str] = None, drop_unused: bool = False,
                 **settings: Any) -> HashConfig:
-    """The hashing config of ``method`` at one code length, by the rules of :func:`stage_configs` (the front
-    doors'): ``hash_config("two-tower", n_bits=64)`` is what ``ucmfh train-hash -b 64`` trains, and
+    """The hashing config of ``method`` (the front doors' default, 'two-tower', unless given) at one code length,
+    by the rules of :func:`stage_configs` (the front doors'): ``hash_config(n_bits=64)`` is what ``ucmfh
+    train-hash -b 64`` trains, and
     ``hash_config("ucmfh", dataset="nuswide")`` has the reference's 150 epochs. ``settings``: ``n_bits``, the
     settings of :func:`stage_configs`, and any other field of :class:`HashConfig` (``hidden=512``, as the
     override ``hash.hidden``). A setting the method has no use for is refused (``hash_config("cca-itq",
