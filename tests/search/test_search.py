@@ -382,6 +382,11 @@ def test_the_encoder_takes_torch_features_and_refuses_other_widths_and_nan(colle
     broken[1, 0] = np.nan
     with pytest.raises(DataError, match="text features must be finite floating-point numbers, got float32 with NaN"):
         encoder.encode(broken, "txt")
+    # one vector is one item, as the command line takes one query vector; a 3-D array is named by its shape
+    assert np.array_equal(encoder.encode(c["img"][2], "img"), encoder.encode(c["img"][2:3], "img"))
+    with pytest.raises(DataError, match=r"^features: expected image features \[N, 12\] \(one vector: \[12\]\), got "
+                                        r"shape \(1, 4, 12\)$"):
+        encoder.encode(c["img"][None, :4], "img")
 
 
 # ------------------------------------------------------- one item once, one extraction, one backend name
@@ -529,36 +534,32 @@ def test_a_group_indexed_already_is_never_added_again(collection, tmp_path):
 def test_a_build_refused_part_way_leaves_the_index_as_it_was(collection, tmp_path):
     """A collection refused at a later chunk (NaN features at row 37) left the index 'unfinished' for good: its
     own command failed again, and a mended file was another build. Now the index is rolled back (a new one is
-    not created), searchable, and the mended file is added; a collection lacking the index's captions is refused
-    before anything is added, naming the file and what it lacks."""
+    not created, an empty folder made for it left empty), searchable, and the mended file is added; a
+    collection lacking the index's paths is refused before anything is added, naming the file and what it
+    lacks."""
     c = collection
     out = tmp_path / "ix"
     build_index(c["path"], c["ckpt"][0], str(out))
-    files = {name: (out / name).read_bytes() for name in sorted(os.listdir(out))}
-    late = tmp_path / "late.h5"
+    manifest = json.loads((out / "index.json").read_text())
+    late, empty = tmp_path / "late.h5", tmp_path / "empty"
     shutil.copy(c["path"], late)
     with h5py.File(late, "a") as f:
         f["ids"][...] = f["ids"][:] + 1000
-        image = f["image"][:]
-        image[37, 3] = np.nan
-        f["image"][...] = image
-    for target in (out, tmp_path / "new"):
+    _set_image(late, 37, np.nan)
+    empty.mkdir()
+    for target, left in ((out, "left as it was before this build"), (tmp_path / "new", "not created"),
+                         (empty, "not created")):
         with pytest.raises(DataError, match=r"late.h5: /image: 1 non-finite values in rows 35..41 \(first: NaN at "
-                                            rf"row 37, column 3\) \({target}: "
-                                            rf"{'left as it was before this build' if target == out else 'not created'}"
-                                            r"\)$"):
+                                            rf"row 37, column 3\) \({target}: {left}\)$"):
             build_index(str(late), c["ckpt"][0], str(target), chunk_size=7)
-    assert not (tmp_path / "new").exists()
+    assert not (tmp_path / "new").exists() and empty.is_dir() and not os.listdir(empty)
     index = Index.load(out)
     index.check_finished()
-    assert (index.count("img"), index.count("txt"), len(index.sources)) == (40, 120, 1)
-    assert json.loads((out / "index.json").read_text()) == json.loads(files["index.json"].decode())
-    with h5py.File(late, "a") as f:
-        image = f["image"][:]
-        image[37, 3] = 0.0
-        f["image"][...] = image
+    assert json.loads((out / "index.json").read_text()) == manifest
+    _set_image(late, 37, 0.0)
     assert build_index(str(late), c["ckpt"][0], str(out), chunk_size=7).added == {"img": 40, "txt": 120}
     assert np.array_equal(Index.load(out).ids("txt"), np.concatenate([c["ids"], c["ids"] + 1000]))
+    assert build_index(str(late), c["ckpt"][0], str(empty)).added == {"img": 40, "txt": 120}
     bare = tmp_path / "bare.h5"
     with h5py.File(bare, "w") as f:
         f.attrs["image_feature"], f.attrs["text_feature"] = "toy image features", "toy text features"
@@ -567,6 +568,13 @@ def test_a_build_refused_part_way_leaves_the_index_as_it_was(collection, tmp_pat
                                         r"have: every collection in an index gives the same columns"):
         build_index(str(bare), c["ckpt"][0], str(out))
     assert Index.load(out).count("txt") == 240 and not Index.load(out).unfinished()
+
+
+def _set_image(path, row, value):
+    with h5py.File(path, "a") as f:
+        image = f["image"][:]
+        image[row, 3] = value
+        f["image"][...] = image
 
 
 def test_a_collection_file_grown_since_it_was_indexed_is_not_indexed_twice(collection, tmp_path):

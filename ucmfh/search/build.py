@@ -77,17 +77,21 @@ class Encoder:
                 f"{self.dims['txt']}-d, on {self.device}; {self.identity['path']})")
 
     def check_dim(self, features: np.ndarray, modality: str, where: str) -> None:
-        if features.ndim != 2 or features.shape[1] != self.dims[modality]:
-            got = features.shape[1] if features.ndim == 2 else f"shape {features.shape}"
-            raise DataError(f"{where}: {got}-d {FEATURES[modality]} features, the checkpoint "
+        if features.ndim != 2:
+            raise DataError(f"{where}: expected {FEATURES[modality]} features [N, {self.dims[modality]}] (one vector: "
+                            f"[{self.dims[modality]}]), got shape {features.shape}")
+        if features.shape[1] != self.dims[modality]:
+            raise DataError(f"{where}: {features.shape[1]}-d {FEATURES[modality]} features, the checkpoint "
                             f"{self.identity['path']} takes {self.dims[modality]}-d")
 
     @torch.no_grad()
     def encode(self, features: np.ndarray, modality: str) -> np.ndarray:
         """Head outputs of one modality ('image'/'img' or 'text'/'txt'), numpy or torch features of the width the
-        checkpoint takes, finite. Shape: [N, d] -> [N, n_bits] float32."""
+        checkpoint takes, finite. Shape: [N, d] -> [N, n_bits] float32; one vector [d] -> [1, n_bits]."""
         modality = modality_name(modality)
         features = to_numpy(features)
+        if features.ndim == 1:  # one item, as the command line takes one query vector
+            features = features[None, :]
         self.check_dim(features, modality, "features")
         if features.dtype.kind != "f" or not np.isfinite(features).all():
             raise DataError(f"features: {FEATURES[modality]} features must be finite floating-point numbers, got "
@@ -253,6 +257,9 @@ def build_index(
     features = {m: coll.feature(m) for m in FEATURES if coll.has(FEATURES[m])}
     sha = file_sha256(coll.path)
     index = None
+    empty = os.path.isdir(out) and not os.listdir(out)  # an empty folder made for it: a new index there
+    if empty:
+        os.rmdir(out)
     created = not os.path.exists(out)  # a build refused part-way leaves the index as it found it (none: none)
     if not created:
         index = Index.load(out)
@@ -304,6 +311,8 @@ def build_index(
     except (DataError, ValueError) as err:  # a refusal of this build's rows (a NaN, ...): the index as it was
         if created:
             shutil.rmtree(out, ignore_errors=True)
+            if empty:
+                os.makedirs(out, exist_ok=True)
         else:
             index.roll_back(counts_before, sources_before)
         raise DataError(f"{err} ({out}: {'not created' if created else 'left as it was before this build'})") from None
