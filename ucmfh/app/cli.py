@@ -116,8 +116,14 @@ def _as_collection(path: str) -> Optional[str]:
         with h5py.File(path, "r") as f:
             if "train" in f:
                 return None  # a dataset: its own error stands
+            flat = "image" in f or "text" in f  # features at the root: a collection, whatever else is wrong
+    except OSError:
+        return None
+    try:
         coll = open_collection(path)
-    except (OSError, ValueError):
+    except ValueError:
+        if flat:
+            raise  # the collection's own problem (rows, shapes, ids), not a dataset's missing /train
         return None
     for name in ("image", "text"):  # every feature finite, as 'ucmfh index' will want them (a DataError names one)
         for start in range(0, len(coll) if coll.has(name) else 0, 1 << 16):
