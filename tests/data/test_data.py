@@ -107,6 +107,10 @@ def _break(tmp_path, edit):
         (lambda f: _replace(f, "retrieval/ids", np.arange(12) + 0.5), r"/retrieval/ids: ids must be integers, got float64"),
         (lambda f: _replace(f, "retrieval/ids", np.arange(12).reshape(12, 1)), r"/retrieval/ids: expected shape \(12,\), got \(12, 1\)"),
         (lambda f: _replace(f, "query/ids", np.array([-1, 11, 12, 13])), r"/query/ids: 1 negative ids \(first: -1 at row 0\)"),
+        # rows sharing an id are one image: ids numbered as if 2 captions an image where each row is its own image
+        (lambda f: _replace(f, "query/ids", np.array([10, 10, 11, 11])),
+         r"/query/image: rows 0 and 1 share id 10 but hold different image features \(2 such rows\); rows sharing an "
+         r"id are one image"),
     ],
 )
 def test_validation_names_file_dataset_and_problem(tmp_path, edit, message):

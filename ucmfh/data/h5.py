@@ -25,6 +25,7 @@ from ucmfh.files import PathLike, read_attrs
 
 # rows checked for NaN/inf at a time: bounded memory on NUS-WIDE-sized files
 _CHECK_ROWS = 65536
+_PRINT_COLUMNS = 32  # the image columns compared between rows sharing an id
 
 @dataclass
 class Split:
@@ -199,8 +200,11 @@ def _read(path: str, where: str, dset: h5py.Dataset, rows: slice = slice(None)) 
         raise _fail(path, where, f"unreadable data ({err})") from None
 
 
-def _check_finite(path: str, where: str, dset: h5py.Dataset) -> None:
-    """No NaN or inf, as stored nor as read (float32: a float64 value beyond its range is read as inf)."""
+def _check_finite(path: str, where: str, dset: h5py.Dataset, fingerprint: bool = False) -> Optional[np.ndarray]:
+    """No NaN or inf, as stored nor as read (float32: a float64 value beyond its range is read as inf). With
+    ``fingerprint``, each row's fingerprint as read (:func:`_row_fingerprints`), from the same reads."""
+    picked = np.unique(np.linspace(0, dset.shape[1] - 1, min(dset.shape[1], _PRINT_COLUMNS)).astype(np.int64))
+    prints = []
     for start in range(0, dset.shape[0], _CHECK_ROWS):
         block = _read(path, where, dset, slice(start, start + _CHECK_ROWS))
         check_finite(block, f"{path}: {where}", start)
@@ -208,6 +212,29 @@ def _check_finite(path: str, where: str, dset: h5py.Dataset) -> None:
             with np.errstate(over="ignore"):
                 check_finite(block.astype(np.float32), f"{path}: {where} (read as float32: {block.dtype} values "
                                                        "beyond its range become inf)", start)
+        if fingerprint:
+            prints.append(_row_fingerprints(block, picked))
+    return np.concatenate(prints) if fingerprint else None
+
+
+def _row_fingerprints(rows: np.ndarray, picked: np.ndarray) -> np.ndarray:
+    """Each row's values at the ``picked`` columns, as float32 read them: equal rows give equal prints, and the
+    features of two images differ in nearly every column (cheap beside a whole comparison: every load checks).
+    Shape: [N, d] -> [N, len(picked)] float32."""
+    return np.ascontiguousarray(rows[:, picked], dtype=np.float32)
+
+
+def _check_one_image_an_id(path: str, where: str, ids: np.ndarray, prints: np.ndarray) -> None:
+    """Rows sharing an id are one image (docs/reference.md §1: a caption set's captions of one image): their
+    image features must be equal. Ids given by row (5 captions an image, numbered as if 4) would make strangers
+    positives and one image of several, without a word."""
+    _, first, inverse = np.unique(ids, return_index=True, return_inverse=True)
+    other = np.flatnonzero((prints != prints[first[inverse.ravel()]]).any(axis=1))
+    if other.size:
+        row = int(other[0])
+        raise _fail(path, where, f"rows {int(first[inverse.ravel()[row]])} and {row} share id {ids[row]} but hold "
+                                 f"different image features ({other.size} such rows); rows sharing an id are one image: "
+                                 "give each image an id of its own")
 
 
 def _check_ids(path: str, where: str, dset: h5py.Dataset, n_rows: int) -> np.ndarray:
@@ -232,6 +259,7 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
     """Check one split's datasets; ``dims`` collects each dataset's column count across splits and
     ``tokens`` the token datasets (§9) each split has. Returns its ids."""
     n_rows = None
+    image_prints = None
     for name in REQUIRED:
         where = f"/{split}/{name}"
         if name == "labels" and name not in group:  # a caption set: relevance is "same id" (checked below)
@@ -264,7 +292,8 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
         else:
             if dset.dtype.kind != "f":
                 raise _fail(path, where, f"expected floating-point features, got {dset.dtype}")
-            _check_finite(path, where, dset)
+            prints = _check_finite(path, where, dset, fingerprint=name == "image" and "ids" in group)
+            image_prints = prints if name == "image" else image_prints
     bow = _member(path, group, "text_bow", f"/{split}/text_bow", h5py.Dataset, required=False)
     if bow is not None and (bow.ndim != 2 or bow.shape[0] != n_rows):
         raise _fail(path, f"/{split}/text_bow", f"expected shape ({n_rows}, V), got {bow.shape}")
@@ -273,7 +302,12 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
         raise _fail(path, f"/{split}/labels", "missing dataset, and no /ids either: a file without labels "
                                                "(a caption set) needs ids, whose equality is then relevance")
     tokens[split] = check_tokens(path, group, split, n_rows, dims)
-    return None if ids is None else _check_ids(path, f"/{split}/ids", ids, n_rows)
+    if ids is None:
+        return None
+    split_ids = _check_ids(path, f"/{split}/ids", ids, n_rows)
+    if image_prints is not None:
+        _check_one_image_an_id(path, f"/{split}/image", split_ids, image_prints)
+    return split_ids
 
 
 def validate_file(path: PathLike) -> Dict[str, object]:
