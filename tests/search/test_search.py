@@ -117,6 +117,8 @@ def test_bad_arguments_are_clear():
         index.search(np.ones((2, 16)), 3, "audio")
     with pytest.raises(ValueError, match="columns"):
         index.add("img", np.ones((2, 16)), text=["a", "b"])  # a column the first items did not have
+    with pytest.raises(ValueError, match=r"^txt text: None at position 1; give a string \('' for none\)$"):
+        Index(16).add("txt", np.ones((3, 16)), text=["a", None, "c"])  # it was stored as the text 'None'
     packed = np.full((1, 2), 0xFF, dtype=np.uint8)
     with pytest.raises(ValueError, match="beyond bit 12"):
         Index(12).add("img", packed)

@@ -253,6 +253,10 @@ class Index(IndexFolder):
         for name in STRINGS:
             value = given.get(name)
             if value is not None:
+                value = list(value)
+                missing = next((i for i, s in enumerate(value) if s is None), None)
+                if missing is not None:  # str(None) would show the text 'None'
+                    raise ValueError(f"{where} {name}: None at position {missing}; give a string ('' for none)")
                 value = [str(s) for s in value]
                 _check_rows(f"{where} {name}", value, n)
                 columns[name] = value
