@@ -9,6 +9,7 @@ import sys
 from pathlib import Path
 
 import click
+import numpy
 import pytest
 import torch
 from click.testing import CliRunner
@@ -66,11 +67,17 @@ def test_ucmfh_make_train_evaluate(tmp_path):
     assert (checkpoint.parent / "hash8.pt").exists()  # the first run's checkpoint is still there
 
 
-def test_ucmfh_reports_bad_input_without_traceback(tmp_path):
+def test_ucmfh_reports_bad_input_without_traceback(tmp_path, monkeypatch):
     runner = CliRunner()
     result = runner.invoke(main, ["train-fusion", "-d", "nosuch", "--data-dir", str(tmp_path)])
     assert result.exit_code == 2 and "nosuch.h5: no such dataset file" in result.output
     assert "Traceback" not in result.output
+    monkeypatch.chdir(tmp_path)  # a file of another kind here: named as given, not as data/features.npy.h5
+    numpy.save("features.npy", numpy.zeros((3, 4)))
+    result = runner.invoke(main, ["train-hash", "-d", "features.npy", "-b", "16"])
+    assert result.exit_code == 2 and result.output == ("Error: features.npy: not a dataset file (an .h5 file of the "
+                                                       "format, docs/data.md); convert yours with 'ucmfh convert' "
+                                                       "(npz: .npy or .npz features)\n")
     result = runner.invoke(main, ["train-hash", "-d", "x.h5", "-b", "4"])
     assert result.exit_code == 2 and "'--n-bits' / '-b': 4 is not in the range 8<=x<=256" in result.output
     assert "Traceback" not in result.output

@@ -112,6 +112,9 @@ def resolve_dataset(name: str, data_dir: PathLike) -> str:
         return path
     if name == "synthetic":
         return make_synthetic(path)
+    if os.path.isfile(name):  # a file of another kind given as the dataset (features.npy): not DATA_DIR/NAME.h5
+        raise FileNotFoundError(f"{name}: not a dataset file (an .h5 file of the format, docs/data.md); convert "
+                                "yours with 'ucmfh convert' (npz: .npy or .npz features)")
     found = sorted(f[:-3] for f in os.listdir(data_dir) if f.endswith(".h5")) if os.path.isdir(data_dir) else []
     raise FileNotFoundError(
         f"{path}: no such dataset file (datasets in {data_dir}: {found or 'none'}); "
