@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 
 import click
-import numpy
+import numpy as np
 import pytest
 import torch
 from click.testing import CliRunner
@@ -73,7 +73,7 @@ def test_ucmfh_reports_bad_input_without_traceback(tmp_path, monkeypatch):
     assert result.exit_code == 2 and "nosuch.h5: no such dataset file" in result.output
     assert "Traceback" not in result.output
     monkeypatch.chdir(tmp_path)  # a file of another kind here: named as given, not as data/features.npy.h5
-    numpy.save("features.npy", numpy.zeros((3, 4)))
+    np.save("features.npy", np.zeros((3, 4)))
     result = runner.invoke(main, ["train-hash", "-d", "features.npy", "-b", "16"])
     assert result.exit_code == 2 and result.output == ("Error: features.npy: not a dataset file (an .h5 file of the "
                                                        "format, docs/data.md); convert yours with 'ucmfh convert' "
