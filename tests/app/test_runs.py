@@ -417,7 +417,16 @@ def test_runs_names_one_checkpoint_or_says_why_not(tmp_path):
         f"Error: {path}: 2 checkpoints match (runs/a/hash16.pt, runs/b/hash16.pt); "
         "name one run with -d, --task, --method, --loss, -b and --seed"]
     none = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--seed", "3"])
-    assert none.exit_code == 2 and f"{path}: no run with a checkpoint matches" in none.output
+    assert none.exit_code == 2 and none.output == (
+        f"Error: {path}: no run with a checkpoint matches ({path} holds: tasks hashing; datasets d; methods two-tower; "
+        "code lengths 16; protocols unimodal; seeds 1, 2); name one run with -d, --task, --method, --loss, -b and "
+        "--seed\n")
+    # -d as the path a run was given matches the runs of that file
+    data = tmp_path / "data" / "d.h5"
+    append_jsonl(path, [_row(seed=3, run="r3", checkpoint="runs/c/hash16.pt", dataset_path=str(data))])
+    by_path = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "-d",
+                                   os.path.relpath(data), "--seed", "3"])
+    assert by_path.exit_code == 0 and by_path.output == "runs/c/hash16.pt\n"
     append_jsonl(path, [{"task": "seps", "dataset": "d", "seed": 2, "seps_checkpoint": "runs/s/seps.pt"},
                         {"task": "rerank", "dataset": "d", "seps_checkpoint": "runs/s/seps.pt", "seed": 2}])
     seps = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--task", "seps"])

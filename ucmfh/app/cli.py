@@ -427,7 +427,8 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
         try:
             click.echo(the_checkpoint(rows, ", ".join(results)))
         except ValueError as err:  # the filters are the remedy
-            raise UserError(f"{err}; name one run with -d, --task, --method, --loss, -b and --seed") from None
+            held = f" ({', '.join(results)} holds: {held_by(found)})" if not rows and found else ""
+            raise UserError(f"{err}{held}; name one run with -d, --task, --method, --loss, -b and --seed") from None
         return
     groups = summarize(rows)
     if plot is not None:

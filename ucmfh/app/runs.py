@@ -113,13 +113,22 @@ def _matches(value: Any, wanted: Sequence[Any]) -> bool:
     return not wanted or value in wanted
 
 
+def _dataset_matches(row: Dict[str, Any], wanted: Sequence[str]) -> bool:
+    """A row's dataset is one of ``wanted``: by its name (``-d wiki``), or by its file (``-d data/wiki.h5``, the
+    path a run was given)."""
+    if _matches(row.get("dataset"), wanted):
+        return True
+    files = [os.path.realpath(w) for w in wanted if w.endswith(".h5")]
+    return bool(files) and bool(row.get("dataset_path")) and os.path.realpath(row["dataset_path"]) in files
+
+
 def filter_rows(
     rows: Iterable[Dict[str, Any]], dataset: Sequence[str] = (), method: Sequence[str] = (),
     loss: Sequence[str] = (), n_bits: Sequence[int] = (), protocol: Optional[str] = None, seed: Sequence[int] = (),
     task: Sequence[str] = (),
 ) -> List[Dict[str, Any]]:
     return [r for r in rows
-            if _matches(r.get("dataset"), dataset) and _matches(method_of(r), method) and _matches(r.get("task"), task)
+            if _dataset_matches(r, dataset) and _matches(method_of(r), method) and _matches(r.get("task"), task)
             and _matches(r.get("loss"), loss) and _matches(r.get("n_bits"), n_bits)
             and _matches(seed_of(r), seed) and (protocol is None or r.get("protocol") == protocol)]
 
