@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -355,6 +356,28 @@ def test_html_page_renders_in_headless_chromium(collection, tmp_path):
     subprocess.run(args + [f"--screenshot={shot}", "--window-size=900,700", f"file://{page}"],
                    capture_output=True, timeout=120)
     assert shot.exists() and shot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and shot.stat().st_size > 2000
+
+
+def test_the_page_links_images_relative_to_their_collection_file(collection, tmp_path, monkeypatch):
+    """A collection's relative image paths ('img/101.jpg') mean its own folder's files: the page links them from
+    wherever it is written and whatever folder the search runs in (they were taken relative to the shell's
+    folder, so a search run elsewhere linked to nothing); the results still show the paths as stored."""
+    c = collection
+    index = build_index(c["path"], c["ckpt"][0], str(tmp_path / "ix")).index
+    encoder = Encoder(c["ckpt"][0])
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    monkeypatch.chdir(elsewhere)
+    queries = read_queries(c["path"], "txt", encoder.dims, ids=[101])
+    results = search_queries(index, encoder, queries, 3, "image")
+    assert [os.path.dirname(s) for s in results.shown[0]] == ["img"] * 3
+    (tmp_path / "pages").mkdir()
+    page = write_html(tmp_path / "pages" / "page.html", results)
+    linked = re.findall(r"<img src='([^']*)'", open(page, encoding="utf-8").read())
+    folder = os.path.dirname(c["path"])
+    shown = [path for hits in results.shown for path in hits]  # the captions of id 101, 3 hits each
+    assert len(linked) == len(shown) == 9 and all(os.path.normpath(os.path.join(tmp_path / "pages", src)) ==
+                                                  os.path.join(folder, path) for src, path in zip(linked, shown))
 
 
 def test_features_become_codes_by_the_encoder_as_docs_search_shows(collection, tmp_path):

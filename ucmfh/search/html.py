@@ -7,7 +7,7 @@ import pathlib
 from typing import Optional
 
 from ucmfh.files import MARKS, PathLike, write_text_atomic
-from ucmfh.search.results import NAMES, Results
+from ucmfh.search.results import NAMES, Results, in_folder_of
 
 _STYLE = """
 body { font-family: sans-serif; margin: 1.5em; color: #222; }
@@ -47,7 +47,8 @@ def render_html(results: Results, title: str = "ucmfh search", page_dir: str = "
         if q.text is not None:
             out.append(f"<p class='qtext'>{e(q.text[i])}</p>")
         elif q.paths is not None:
-            out.append(f"<div class='hit'><img src='{e(_src(q.paths[i], page_dir))}' alt='query'></div>")
+            query_file = in_folder_of(q.path, q.paths[i])
+            out.append(f"<div class='hit'><img src='{e(_src(query_file, page_dir))}' alt='query'></div>")
         out.append("<div class='hits'>")
         for r in range(results.positions.shape[1]):
             relevant = results.relevant is not None and bool(results.relevant[i, r])
@@ -59,7 +60,8 @@ def render_html(results: Results, title: str = "ucmfh search", page_dir: str = "
             body = ""
             shown = results.shown[i][r]
             if shown is not None and results.modality == "img":
-                body = f"<img src='{e(_src(shown, page_dir))}' alt='id {results.ids[i, r]}'>"
+                file = results.files[i][r] if results.files is not None else shown
+                body = f"<img src='{e(_src(file, page_dir))}' alt='id {results.ids[i, r]}'>"
             elif shown is not None:
                 body = f"<div class='caption'>{e(shown)}</div>"
             mark = "<span class='mark'>✓ relevant</span>" if relevant else ""

@@ -39,6 +39,8 @@ class Results:
     backend: str = "exact"
     recall: Optional[Dict[str, float]] = None  # an approximate backend's candidates against the exact ones
     served: Optional[Dict[str, Any]] = None  # backend mih: queries served by multi-index hashing and by the scan
+    # each hit's image file, a relative path resolved against its collection file's folder (the page's links)
+    files: Optional[List[List[Optional[str]]]] = None
 
 
 def search_queries(
@@ -123,6 +125,11 @@ def search_queries(
     flat = index.take(modality, shown_column, positions) if shown_column else [None] * positions.size
     width = positions.shape[1]
     shown = [list(flat[i * width : (i + 1) * width]) for i in range(positions.shape[0])]
+    files = None
+    if shown_column == "paths" and index.has(modality, "origin"):  # relative to the file they were read from
+        places, place, _ = index.origins(modality, positions)
+        resolved = [in_folder_of(places[int(where)]["path"], path) for where, path in zip(place, flat)]
+        files = [resolved[i * width : (i + 1) * width] for i in range(positions.shape[0])]
     relevant, relevance = None, None
     if queries.labels is not None and index.has(modality, "labels"):
         labels = index.take(modality, "labels", positions)  # [Q, k, C]
@@ -135,7 +142,15 @@ def search_queries(
     if relevant is not None:
         relevant, relevance = _within_own_collection(index, modality, positions, queries, relevant, relevance)
     return Results(queries, modality, distances, positions, ids, shown, cosine, relevant, relevance, seps, seconds,
-                   backend.backend, recall, served if backend.backend == "mih" else None)
+                   backend.backend, recall, served if backend.backend == "mih" else None, files)
+
+
+def in_folder_of(collection: Optional[str], path: str) -> str:
+    """An image path as the collection file that holds it means it: a relative one is relative to that file's
+    folder (wherever the command runs); an absolute one, or one without a file, as it is."""
+    if collection is None or os.path.isabs(path):
+        return path
+    return os.path.join(os.path.dirname(os.path.abspath(collection)), path)
 
 
 def _within_own_collection(index: Any, modality: str, positions: np.ndarray, queries: Queries,
