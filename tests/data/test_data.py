@@ -1,6 +1,8 @@
 """The HDF5 contract: round trips and clear errors for every kind of bad file."""
 from __future__ import annotations
 
+import warnings
+
 import h5py
 import numpy as np
 import pytest
@@ -130,6 +132,14 @@ def test_float_ids_are_refused_not_truncated(tmp_path):
     src["query"]["labels"] = src["query"]["labels"] * 0.5  # 0.5 would become 0
     with pytest.raises(DataError, match=r"/query/labels: labels must be multi-hot 0/1 values"):
         write_dataset(tmp_path / "d.h5", src)
+    src = arrays()
+    src["train"]["text"] = src["train"]["text"].astype(np.float64)
+    src["train"]["text"][7, 1] = 1e300  # finite as given: said as beyond float32's range, without numpy's warning
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        with pytest.raises(DataError, match=r"d\.h5: /train/text \(as float32: float64 values beyond its range become "
+                                            r"inf\): 1 non-finite values .*\(first: inf at row 7, column 1\)"):
+            write_dataset(tmp_path / "d.h5", src)
     src = arrays()
     src["query"]["text_bow"] = np.full((4, 3), 300)  # 300 would become 44 in uint8
     with pytest.raises(DataError, match=r"/query/text_bow: bag-of-words counts must be whole numbers from 0 to 255"):
