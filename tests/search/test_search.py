@@ -308,7 +308,8 @@ def test_search_queries_refuses_other_checkpoints_dims_and_extractors(collection
         build_index(c["path"], c["ckpt"][1], str(tmp_path / "ix"))
     wide = tmp_path / "wide.npy"
     np.save(wide, np.ones((2, 11), dtype=np.float32))
-    with pytest.raises(DataError, match="fit neither modality"):
+    with pytest.raises(DataError, match=r"11-d features fit neither modality of the checkpoint \(image 12-d, text "
+                                        r"10-d\); features of the extractors the index was built from are needed$"):
         read_queries(str(wide), None, encoder.dims)
     bad = read_queries(str(wide), "txt", encoder.dims)
     with pytest.raises(DataError, match="11-d text features, the checkpoint .* takes 10-d"):

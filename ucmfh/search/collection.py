@@ -255,9 +255,11 @@ def read_queries(
         if modality is None:
             fits = [m for m, d in dims.items() if d == x.shape[1]]
             if len(fits) != 1:
+                remedy = ("say which modality they are" if fits else
+                          "features of the extractors the index was built from are needed")
                 raise DataError(f"{path}: {x.shape[1]}-d features fit "
                                 f"{'both modalities' if fits else 'neither modality'} of the checkpoint "
-                                f"(image {dims['img']}-d, text {dims['txt']}-d); say which they are")
+                                f"(image {dims['img']}-d, text {dims['txt']}-d); {remedy}")
             modality = fits[0]
         check_finite(x.astype(np.float32), path)
         return Queries(modality, x.astype(np.float32), path)
