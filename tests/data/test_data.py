@@ -122,6 +122,28 @@ def test_validation_names_file_dataset_and_problem(tmp_path, edit, message):
     assert str(info.value).startswith(path)
 
 
+def test_captions_and_image_paths_are_written_for_search_to_show(tmp_path):
+    """write_dataset takes each split's ``text_raw`` and ``paths`` (one string an item), which an index built from
+    the file shows (they were refused: 'unknown dataset name', and only h5py could write them)."""
+    from ucmfh.search.collection import open_collection
+
+    src = arrays()
+    for split, part in src.items():
+        part["text_raw"] = [f"a caption of {split} item {i}" for i in range(len(part["image"]))]
+        part["paths"] = np.array([f"photos/{i}.jpg" for i in part["ids"]])
+    path = write_dataset(tmp_path / "d.h5", src)
+    coll = open_collection(path, ["query"])
+    assert coll.read("text_raw") == [f"a caption of query item {i}" for i in range(4)]
+    assert coll.read("paths") == [f"photos/{i}.jpg" for i in src["query"]["ids"]]
+    for bad, message in [(["a", None, "c", "d"], r"/query/text_raw: item 1 is NoneType, not a string \('' for none\)"),
+                         (["a", "b"], r"/query/text_raw: 2 strings, the split has 4 rows"),
+                         ("one caption", r"/query/text_raw: expected one string an item, got a single str")]:
+        src["query"]["text_raw"] = bad
+        with pytest.raises(DataError, match=message):
+            write_dataset(tmp_path / "e.h5", src)
+    assert not (tmp_path / "e.h5").exists()
+
+
 def test_float_ids_are_refused_not_truncated(tmp_path):
     # 0.0, 0.5, ..., 9.5 as int64 would be 0, 0, 1, 1, ...: 20 distinct items collapsing into 10
     src = arrays()
@@ -207,3 +229,17 @@ def test_a_dataset_and_its_splits_print_as_their_sizes(tiny):
                           f"{tiny.n_classes} classes; {tiny.path})")
     assert repr(tiny.train_only()).startswith(f"Dataset({tiny.name!r}: train {len(tiny.train)}, query withheld, "
                                               "retrieval withheld;")
+
+
+def test_the_data_page_s_write_dataset_block_runs(tmp_path, monkeypatch):
+    """docs/data.md's own-arrays block writes a valid caption set with its captions and image paths."""
+    from conftest import ROOT
+    from ucmfh.search.collection import open_collection
+
+    block = (ROOT / "docs" / "data.md").read_text(encoding="utf-8").split("```python\n")[-1].split("```")[0]
+    assert "ucmfh.write_dataset(" in block
+    monkeypatch.chdir(tmp_path)
+    exec(compile(block, "docs/data.md", "exec"), {})
+    data = load_dataset("mine.h5")
+    assert data.caption_set and (len(data.query), len(data.train)) == (250, 1250)
+    assert open_collection("mine.h5", ["query"]).read("paths")[:6] == ["photos/0.jpg"] * 5 + ["photos/1.jpg"]

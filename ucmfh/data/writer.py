@@ -18,6 +18,8 @@ DTYPES = {"image": np.float32, "text": np.float32, "labels": np.uint8, "ids": np
           # token features (docs/reference.md §9)
           "image_tokens": np.float16, "text_tokens": np.float16, "text_offsets": np.int64,
           "dense_text_tokens": np.float16, "dense_text_offsets": np.int64}
+# strings, one an item (UTF-8): the captions (docs/reference.md §9) and the image files, shown by search results
+STRINGS = ("text_raw", "paths")
 
 
 def make_folder(folder: str, for_path: str) -> None:
@@ -86,8 +88,9 @@ def write_dataset(
     """Write a dataset file atomically and validate it.
 
     ``splits`` maps each of train/query/retrieval to a dict with ``image``,
-    ``text``, ``labels`` and optionally ``ids``, ``text_bow`` and the token arrays of
-    docs/reference.md §9 (``image_tokens``, ``text_tokens``, ``text_offsets``, ``dense_text_*``).
+    ``text``, ``labels`` and optionally ``ids``, ``text_bow``, the token arrays of
+    docs/reference.md §9 (``image_tokens``, ``text_tokens``, ``text_offsets``, ``dense_text_*``) and strings,
+    one an item: ``text_raw`` (the captions) and ``paths`` (the image files), which search results show.
     The file appears under its final name only once complete and valid.
     """
     path = os.fspath(path)
@@ -97,14 +100,33 @@ def write_dataset(
                 raise DataError(f"{path}: /{split}: missing split in the arrays to write")
             f.create_group(split)
             for name, array in splits[split].items():
-                if name not in DTYPES:
-                    raise DataError(f"{path}: /{split}/{name}: unknown dataset name")
+                if name not in DTYPES and name not in STRINGS:
+                    known = ", ".join([*DTYPES, *STRINGS])
+                    raise DataError(f"{path}: /{split}/{name}: unknown dataset name (the names: {known})")
                 if array is None:
+                    continue
+                if name in STRINGS:
+                    f[split].create_dataset(name, data=_strings(path, f"/{split}/{name}", array, splits[split]),
+                                            dtype=h5py.string_dtype())
                     continue
                 array = _as_format(path, f"/{split}/{name}", name, np.asarray(array))
                 chunks = (1, *array.shape[1:]) if array.ndim == 3 else True if array.ndim == 2 else None
                 f[split].create_dataset(name, data=array, chunks=chunks if array.size else None)
     return path
+
+
+def _strings(path: str, where: str, values: object, split: Dict[str, np.ndarray]) -> list:
+    """One string an item, as many as the split's rows (None refused: it would be the text 'None')."""
+    if isinstance(values, (str, bytes)):
+        raise DataError(f"{path}: {where}: expected one string an item, got a single {type(values).__name__}")
+    values = [v.decode("utf-8") if isinstance(v, bytes) else v for v in values]
+    bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
+    if bad is not None:
+        raise DataError(f"{path}: {where}: item {bad} is {type(values[bad]).__name__}, not a string ('' for none)")
+    rows = len(split["image"]) if split.get("image") is not None else None
+    if rows is not None and len(values) != rows:
+        raise DataError(f"{path}: {where}: {len(values)} strings, the split has {rows} rows")
+    return values
 
 
 def _as_format(path: str, where: str, name: str, array: np.ndarray) -> np.ndarray:
