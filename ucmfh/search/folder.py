@@ -178,7 +178,8 @@ class IndexFolder:
     def roll_back(self, counts: Mapping[str, int], sources: List[Dict[str, Any]]) -> None:
         """Commit ``counts`` rows a modality and ``sources`` again, as they were before a build that was refused
         part-way (the rows written past them are left to be written over, as past any commit)."""
-        with locked(os.path.join(self.path, MANIFEST)):
+        manifest = os.path.join(self.path, MANIFEST)
+        with locked(manifest):
             on_disk = read_manifest(self.path)
             for modality in MODALITIES:
                 if on_disk["modalities"].get(modality, {}).get("count", 0) != self._count[modality]:
@@ -188,7 +189,7 @@ class IndexFolder:
                 if not self._count[modality]:  # no items: the columns are the next add's to fix
                     self._columns[modality] = {}
             self.sources = [dict(s) for s in sources]
-            write_json_atomic(os.path.join(self.path, MANIFEST), self._manifest_from_disk())
+            write_json_atomic(manifest, self._manifest_from_disk())
         fresh = type(self).load(self.path, mmap=True)
         self.__dict__.update(fresh.__dict__)
 
