@@ -34,8 +34,9 @@ def _in_range(kind, allowed: Range):
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
         if value not in allowed:
-            raise argparse.ArgumentTypeError(f"must be at least {allowed.low}, got {text}" if allowed.high is None else
-                                             f"must be in [{allowed.low}, {allowed.high}], got {text}")
+            rule = allowed.broken_by(value)
+            raise argparse.ArgumentTypeError(f"must be at least {allowed.low}, got {text}" if rule.startswith(">=") else
+                                             f"must be {rule}, got {text}")
         return value
     return parse
 

@@ -330,6 +330,14 @@ class Range:
         return ((self.low is None or (self.low < value if self.low_open else self.low <= value))
                 and (self.high is None or (value < self.high if self.high_open else value <= self.high)))
 
+    def broken_by(self, value: Any) -> str:
+        """The range as a refusal of ``value`` states it: whole, or where its upper end is only :data:`COUNT_MAX`
+        (a count's sanity bound) and the value is below it, its lower end alone (``>= 1``, not ``in [1,
+        2147483647]``)."""
+        if self.high == COUNT_MAX and isinstance(value, numbers.Real) and value <= self.high:
+            return str(dataclasses.replace(self, high=None, high_open=False))
+        return str(self)
+
     def __str__(self) -> str:
         if self.high is None:
             text = f"{'>' if self.low_open else '>='} {self.low}"
@@ -339,6 +347,8 @@ class Range:
 
 
 POSITIVE, NON_NEGATIVE, AT_LEAST_ONE = Range(0, low_open=True), Range(0), Range(1)
+# the largest count a setting may be (epochs, items a batch): beyond it torch's int64 sizes overflow mid-run
+COUNT_MAX = 2**31 - 1
 SHARE, SHARE_BELOW_ONE = Range(0, 1), Range(0, 1, high_open=True)
 SEED = Range(0, 2**32, high_open=True, why="what torch's, numpy's and scikit-learn's generators all take")
 
@@ -360,7 +370,7 @@ def _name(name: str, value: Any) -> None:
 # every value of their type: the booleans, `device` (resolved where it is used: ucmfh.utils.resolve_device),
 # `loss` and `loss_params` (checked by building the loss: ucmfh.losses.build_loss), `method_params` (checked by
 # the method: ucmfh.methods.Method.check).
-_TRAINING = {"epochs": AT_LEAST_ONE, "batch_size": Range(2, why="contrastive losses need negatives"),
+_TRAINING = {"epochs": Range(1, COUNT_MAX), "batch_size": Range(2, COUNT_MAX, why="contrastive losses need negatives"),
              "seed": SEED, "amp": AMP_MODES, "val_fraction": SHARE_BELOW_ONE, "patience": NON_NEGATIVE}
 SETTINGS: Dict[type, Dict[str, Any]] = {
     FusionConfig: {
@@ -441,7 +451,7 @@ def check_setting(cls: type, name: str, value: Any) -> None:
     rule = SETTINGS.get(cls, {}).get(name)
     if isinstance(rule, Range) and value not in rule:
         finite = "a finite number " if isinstance(value, float) and not math.isfinite(value) else ""
-        raise ValueError(f"{name} must be {finite}{rule}, got {value!r}")
+        raise ValueError(f"{name} must be {finite}{rule.broken_by(value)}, got {value!r}")
     if isinstance(rule, tuple) and value not in rule:
         raise ValueError(f"{name} must be one of {rule}, got {value!r}")
     if callable(rule):

@@ -271,3 +271,31 @@ def test_cuda_graphs_asked_for_on_the_cpu_train_eagerly_and_say_so(tmp_path, tin
     assert again.exit_code == 0 and "reused" in again.output and "note: " not in again.output
     first, second = (json.loads(line) for line in results.read_text().splitlines() if '"hashing"' in line)
     assert (first["map_i2t"], first["checkpoint"]) == (second["map_i2t"], second["checkpoint"])
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["encode", "-c", "hash16.pt", "-o", ""], "--out: an empty path; give the file to write"),
+    (["index", "coll.h5", "-c", "hash16.pt", "-o", ""], "--out: an empty path; give the folder to write"),
+    (["runs", "--plot", ""], "Invalid value for --plot: an empty prefix; give the figures' path prefix (PREFIX_*.png)"),
+    (["grid", "-d", "TINY", "-b", "16", "--epochs", "1", "--results", "g.jsonl", "--table", ""],
+     "--table: an empty path; give the file to write"),
+    (["train-hash", "-d", "TINY", "-b", "16", "--out", ""], "--out: an empty path; give the folder to write"),
+    (["train-hash", "-d", "TINY", "--max-memory", "nan"],
+     "Invalid value for '--max-memory': 'nan': expected a finite size such as 500MB or 8GiB"),
+    (["train-hash", "-d", "TINY", "--batch-size", "99999999999999999999"],
+     "Invalid value for '--batch-size': 99999999999999999999 is beyond any count here (at most 2147483647)"),
+    (["train-hash", "-d", "TINY", "--save-interval", "nan"], "Invalid value for '--save-interval': 'nan' is not a "
+                                                             "finite number"),
+    (["train-seps", "-d", "TINY", "--lr", "inf"], "Invalid value for '--lr': 'inf' is not a finite number"),
+])
+def test_an_empty_output_path_and_a_number_beyond_reason_are_refused_before_work(tmp_path, tiny_path, monkeypatch,
+                                                                                argv, said):
+    """'' wrote './.md', './_wiki_map_i2t.png' or into the current folder; NaN and infinities passed click's
+    bounds into a traceback, or (--save-interval nan) into never saving; a batch of 10^20 items failed after
+    training had started, in a message naming no flag. Each is one line before anything runs, and nothing is
+    written."""
+    monkeypatch.chdir(tmp_path)
+    argv = [tiny_path if arg == "TINY" else arg for arg in argv]
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == f"Error: {said}", result.output
+    assert os.listdir(tmp_path) == []

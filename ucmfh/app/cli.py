@@ -18,7 +18,8 @@ from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_figures, check_outputs
 from ucmfh.app.options import (
-    check_device, data_options, given_flags, resolved, results_to_read, run_options, settings_of, train_options,
+    Count, FiniteRange, check_device, data_options, given_flags, resolved, results_to_read, run_options, settings_of,
+    train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig, SettingError
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset, validate_file
@@ -178,7 +179,7 @@ def _load(dataset: str, data_dir: str, max_memory: Optional[int] = DEFAULT_MAX_M
 @main.command("train-fusion")
 @data_options
 @train_options("train-fusion", without=("refit",))  # the fusion stage has nothing to refit
-@click.option("--lr", default=FusionConfig.lr, show_default=True, type=click.FloatRange(min=0, min_open=True))
+@click.option("--lr", default=FusionConfig.lr, show_default=True, type=FiniteRange(min=0, min_open=True))
 @user_errors
 def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr, **train) -> None:
     """Task 0: train the fusion encoder and score its embeddings (cosine ranking)."""
@@ -206,9 +207,9 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
               help="Code length (repeatable: -b 16 -b 32 ...).")
 @click.option("--beta-schedule", type=click.Choice(BETA_SCHEDULES), default=None,
               help=f"Tanh continuation: none is UCMFH's plain tanh [default: {HashConfig.beta_schedule}].")
-@click.option("--fusion-epochs", type=click.IntRange(min=1), default=None,
+@click.option("--fusion-epochs", type=Count(min=1), default=None,
               help="Epochs of the fusion stage [default: as --epochs].")
-@click.option("--lr-fusion", type=click.FloatRange(min=0), default=None,
+@click.option("--lr-fusion", type=FiniteRange(min=0), default=None,
               help=f"Learning rate of the fusion encoder while the heads train (UCMFH's; 0 keeps it as trained) "
                    f"[default: {HashConfig.lr_fusion:g}].")
 @user_errors
@@ -395,6 +396,9 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
         from ucmfh.metrics.plots import pyplot
 
         pyplot()  # a missing matplotlib is said before anything is read
+        if not plot:
+            raise click.BadParameter("an empty prefix; give the figures' path prefix (PREFIX_*.png)",
+                                     param_hint="--plot")
         check_outputs(folders={"--plot": os.path.dirname(os.path.abspath(plot))})
     missing = [path for path in results if not os.path.exists(path)]
     if history is not None and not os.path.isfile(history) and missing:

@@ -19,7 +19,7 @@ import click
 import numpy as np
 
 from ucmfh.app.errors import UserError, user_errors, warn
-from ucmfh.app.options import results_to_read
+from ucmfh.app.options import Count, results_to_read
 from ucmfh.app.per_query import load_per_query
 from ucmfh.app.runs import filter_rows, held_by, latest, read_results, seed_of, settings_key, variant_of
 from ucmfh.config import PROTOCOLS
@@ -151,7 +151,7 @@ def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) 
 @click.option("--n-bits", "-b", multiple=True, type=int, help="Only these code lengths (repeatable).")
 @click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable).")
 @click.option("--protocol", type=click.Choice(PROTOCOLS), help="Only this protocol.")
-@click.option("--resamples", type=click.IntRange(min=100), default=RESAMPLES, show_default=True,
+@click.option("--resamples", type=Count(min=100), default=RESAMPLES, show_default=True,
               help="Bootstrap resamples.")
 @click.option("--pool", is_flag=True,
               help="The datasets named with -d are other query draws of the same items (scripts/query_draws.py): "

@@ -13,7 +13,7 @@ import os
 import click
 
 from ucmfh.app.errors import stopped_by, user_errors
-from ucmfh.app.options import given_flags, seed_type
+from ucmfh.app.options import Count, given_flags, seed_type
 from ucmfh.app.outputs import check_outputs
 from ucmfh.data.annotations import list_images
 from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
@@ -93,7 +93,7 @@ def _arrays_command(kind: str, help_text: str):
     @click.option("--split-index", type=click.Path(exists=True, dir_okay=False),
                   help="Use a given split: .npz with query/retrieval/train source-row arrays.")
     @click.option("--seed", type=seed_type, default=DEFAULT_SEED, show_default=True, help="Seed of the drawn split.")
-    @click.option("--chunk-rows", type=click.IntRange(min=1), default=4096, show_default=True, help="Rows read per block.")
+    @click.option("--chunk-rows", type=Count(min=1), default=4096, show_default=True, help="Rows read per block.")
     @_common
     @user_errors
     def command(image, text, labels, out, image_key, text_key, labels_key, standard_split, query, train, retrieval,
@@ -132,15 +132,15 @@ _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with
 @click.argument("out", type=click.Path(dir_okay=False))
 @click.option("--model", default=ExtractConfig.model, show_default=True,
               help="Hugging Face CLIP model name or a local save_pretrained folder.")
-@click.option("--batch-size", type=click.IntRange(min=1), default=ExtractConfig.batch_size, show_default=True)
-@click.option("--chunk-items", type=click.IntRange(min=1), default=ExtractConfig.chunk_items, show_default=True,
+@click.option("--batch-size", type=Count(min=1), default=ExtractConfig.batch_size, show_default=True)
+@click.option("--chunk-items", type=Count(min=1), default=ExtractConfig.chunk_items, show_default=True,
               help="Items per resumable chunk.")
 @click.option("--device", help="torch device (default: cuda when available, else cpu).")
 @click.option("--normalize/--no-normalize", default=ExtractConfig.normalize, show_default=True,
               help="L2-normalise the features.")
 @click.option("--bad-images", type=click.Choice(BAD_IMAGES), default=ExtractConfig.bad_images, show_default=True,
               help="Unreadable or truncated image: fail, or skip it and its captions (named in the log).")
-@click.option("--workers", type=click.IntRange(min=1), default=ExtractConfig.workers, show_default=True, help="Image-decoding threads.")
+@click.option("--workers", type=Count(min=1), default=ExtractConfig.workers, show_default=True, help="Image-decoding threads.")
 @click.option("--tokens", is_flag=True,
               help="Also store CLIP's image tokens ([CLS] + patches, once per image) and the captions' word tokens "
                    "(docs/data.md; what SEPS trains on).")

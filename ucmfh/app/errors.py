@@ -20,8 +20,9 @@ import click
 
 from ucmfh.config import SettingError
 
-# What counts as bad input (or an environment the user must fix), not a bug of ucmfh.
-USER_ERRORS = (ValueError, OSError, ImportError)
+# What counts as bad input (or an environment the user must fix), not a bug of ucmfh: a size asked for beyond
+# the machine's memory (--resamples 99999999999) among them.
+USER_ERRORS = (ValueError, OSError, ImportError, MemoryError)
 EXIT_USER_ERROR = 2
 EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by SIGINT (128 + the signal's number)
 EXIT_BROKEN_PIPE = 128 + 13  # the shell's code for a writer whose reader has gone (SIGPIPE), as ``yes | head``
@@ -63,6 +64,8 @@ def describe(err: BaseException, options: Optional[Collection[str]] = None) -> s
     """
     has = has_option if options is None else options.__contains__
     text = str(err) or type(err).__name__
+    if isinstance(err, MemoryError):
+        text = f"not enough memory for what was asked ({text}); ask for less"
     if isinstance(err, SettingError):  # a setting refused while the work ran: said as the flag that set it
         for setting in err.settings:
             if has(option_hint(setting, True)):

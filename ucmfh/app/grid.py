@@ -27,7 +27,7 @@ from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.jobs import SideBySide, jobs_option
 from ucmfh.app.table import append_results
 from ucmfh.app.options import (
-    DEFAULT_RESULTS, FLAGS, check_device, flag_of, parse_params, resolved, seed_type, settings_of,
+    DEFAULT_RESULTS, FLAGS, Count, check_device, flag_of, parse_params, resolved, seed_type, settings_of,
     train_options,
 )
 from ucmfh.app.outputs import check_outputs
@@ -216,10 +216,10 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
               show_default=True,
               help="Code length (repeatable).")
 @click.option("--seeds", default="2023", show_default=True, callback=_list(seed_type), help="Comma-separated seeds.")
-@click.option("--fusion-epochs", type=click.IntRange(min=1), default=None,
+@click.option("--fusion-epochs", type=Count(min=1), default=None,
               help="Epochs of the fusion stage [default: as --epochs].")
 @click.option("--protocol", type=click.Choice(["both", *PROTOCOLS]), default="both", show_default=True)
-@click.option("--k", default=DEFAULT_K, show_default=True, type=click.IntRange(min=1), help="MAP@k cut-off.")
+@click.option("--k", default=DEFAULT_K, show_default=True, type=Count(min=1), help="MAP@k cut-off.")
 @click.option("--results", default=DEFAULT_RESULTS, show_default=True,
               help="JSON-lines file of result rows (read to skip finished cells; 'ucmfh runs' reads it too).")
 @click.option("--table", default="runs/grid", show_default=True,

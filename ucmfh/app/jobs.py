@@ -40,6 +40,7 @@ from ucmfh.app.environment import torchrun_sizes
 from ucmfh.app.errors import USER_ERRORS, interrupted, stopped_by
 from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, key_of
+from ucmfh.app.options import Count
 from ucmfh.app.runs import scores_line
 from ucmfh.app.table import append_results
 from ucmfh.config import FusionConfig, HashConfig
@@ -59,7 +60,7 @@ def _check_jobs(ctx: click.Context, param: click.Parameter, value: int) -> int:
 def jobs_option(fn: Callable) -> Callable:
     """``--jobs N`` (default 1: the cells one after another in this process)."""
     return click.option(
-        "--jobs", "-j", type=click.IntRange(min=1), default=1, show_default=True, callback=_check_jobs,
+        "--jobs", "-j", type=Count(min=1), default=1, show_default=True, callback=_check_jobs,
         help="Cells run at once, each by a worker process (no more workers than cells to run): on one GPU they "
              "share it, with several GPUs worker i uses GPU i mod their number, on the CPU they split its "
              "threads. A cell's rows are those of the cell run alone with the same thread count.")(fn)

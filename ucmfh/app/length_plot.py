@@ -150,6 +150,8 @@ def check_prefix(prefix: str, overwrite: bool = False, flag: str = "--plot") -> 
     """Refuse, before the work whose figures will be drawn, a ``prefix`` whose folder cannot be written or
     that a file of the user's already starts (``PREFIX_*.png``, ``.svg``: the figures' names are known only
     at the end), naming ``flag``."""
+    if not prefix:
+        raise ValueError(f"{flag}: an empty prefix; give the figures' path prefix (PREFIX_*.png)")
     check_outputs(folders={flag: os.path.dirname(os.path.abspath(prefix))})
     taken = [path for suffix in (".png", ".svg") for path in glob.glob(glob.escape(prefix) + "_*" + suffix)]
     check_figures(flag, sorted(taken), overwrite)

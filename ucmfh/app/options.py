@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, Callable, Dict, List, Tuple, TypeVar
 
 import click
@@ -10,7 +11,7 @@ import click
 from ucmfh import distributed
 from ucmfh.app.environment import default_data_dir, torchrun_sizes
 from ucmfh.app.identity import RunOptions
-from ucmfh.config import AMP_MODES, PROTOCOLS, SEED, FusionConfig, SettingError
+from ucmfh.config import AMP_MODES, COUNT_MAX, PROTOCOLS, SEED, FusionConfig, SettingError
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY
 from ucmfh.metrics.arguments import DEFAULT_K
 from ucmfh.utils import resolve_device
@@ -116,7 +117,7 @@ def data_options(fn: Callable) -> Callable:
                      help="Folder of NAME.h5 dataset files."),
         click.option("--protocol", type=click.Choice(["both", *PROTOCOLS]), default="both", show_default=True,
                      help="unimodal: codes from one modality (cross-modal); fused: UCMFH's protocol."),
-        click.option("--k", default=DEFAULT_K, show_default=True, type=click.IntRange(min=1), help="MAP@k cut-off."),
+        click.option("--k", default=DEFAULT_K, show_default=True, type=Count(min=1), help="MAP@k cut-off."),
         *output_options(),
     ]):
         fn = option(fn)
@@ -140,6 +141,27 @@ results_to_read = click.option(
     help="A results file to read (repeatable: the rows of all are read as one, e.g. of grids run side by side).")
 
 
+class FiniteRange(click.FloatRange):
+    """click's FloatRange, refusing NaN and infinities (which pass its bounds: NaN compares false to both)."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        number = super().convert(value, param, ctx)
+        if not math.isfinite(number):
+            self.fail(f"{value!r} is not a finite number", param, ctx)
+        return number
+
+
+class Count(click.IntRange):
+    """click's IntRange, and at most :data:`ucmfh.config.COUNT_MAX`: a count beyond it (a batch of 10^20 items) is
+    refused here, not after training has started, in a message naming no flag."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        number = super().convert(value, param, ctx)
+        if number > COUNT_MAX:
+            self.fail(f"{value} is beyond any count here (at most {COUNT_MAX})", param, ctx)
+        return number
+
+
 class ByteSize(click.ParamType):
     """A size in bytes: ``500MB``, ``8GiB``, ``1e9`` (k, M, G, T: powers of 1000; Ki, Mi, Gi, Ti: of 1024)."""
 
@@ -157,6 +179,8 @@ class ByteSize(click.ParamType):
             size = float(number) * self.UNITS[unit]
         except (ValueError, KeyError):
             self.fail(f"{value!r}: expected a size such as 500MB or 8GiB", param, ctx)
+        if not math.isfinite(size):
+            self.fail(f"{value!r}: expected a finite size such as 500MB or 8GiB", param, ctx)
         if size <= 0:
             self.fail(f"{value!r}: must be positive", param, ctx)
         return int(size)
@@ -195,21 +219,21 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
                                     help="Loss hyper-parameter, e.g. temperature=0.1 (repeatable)."),
         "supervised": click.option("--supervised", is_flag=True,
                                    help="Pass the training labels to the loss (pairwise uses them)."),
-        "epochs": click.option("--epochs", type=click.IntRange(min=1), default=None,
+        "epochs": click.option("--epochs", type=Count(min=1), default=None,
                                help="Epochs [default: 100, or the reference's for known datasets"
                                     + ("; the method's if it has its own]." if by_method else "].")),
-        "batch_size": click.option("--batch-size", default=None, type=click.IntRange(min=2),
+        "batch_size": click.option("--batch-size", default=None, type=Count(min=2),
                                    help=f"Items per step [default: {defaults.batch_size}{unless}]."),
         "seed": click.option("--seed", default=defaults.seed, show_default=True, type=seed_type),
         "modality_dropout": click.option(
-            "--modality-dropout", default=None, type=click.FloatRange(0, 1),
+            "--modality-dropout", default=None, type=FiniteRange(0, 1),
             help=f"Share of items trained with image and text kept apart (0 = UCMFH's fused-only training) "
                  f"[default: {defaults.modality_dropout}]."),
         "val_fraction": click.option(
-            "--val-fraction", default=None, type=click.FloatRange(0, 1, max_open=True),
+            "--val-fraction", default=None, type=FiniteRange(0, 1, max_open=True),
             help=f"Share of the training split held out to pick the best epoch (0: keep the last epoch) "
                  f"[default: {defaults.val_fraction:g}{unless}]."),
-        "patience": click.option("--patience", default=None, type=click.IntRange(min=0),
+        "patience": click.option("--patience", default=None, type=Count(min=0),
                                  help=f"With --val-fraction: stop after this many epochs without a better validation "
                                       f"score [default: {defaults.patience}{unless}]."),
         "refit": click.option("--refit/--no-refit", default=None,
@@ -225,7 +249,7 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
         "resume": click.option("--resume", is_flag=True, help="Continue an interrupted run of the same settings "
                                                               "(finished stages are always reused)."),
         "save_interval": click.option("--save-interval", default=RunOptions.save_interval, show_default=True,
-                                      type=click.FloatRange(min=0),
+                                      type=FiniteRange(min=0),
                                       help="Seconds between saves of the training state (0: every epoch)."),
         "tensorboard": tensorboard_option,
         "cuda_graph": cuda_graph_option,

@@ -26,6 +26,7 @@ WRITES = {
     "--table": ((".md", "table"), (".csv", "table-csv")),
 }
 APPENDS = ("--results",)  # JSON-lines files that rows are appended to
+NONE_IF_EMPTY = ("--results",)  # outputs that '' turns off (--results '': no row kept); any other '' is refused
 
 
 Inputs = Dict[str, Union[str, Sequence[str], None]]
@@ -35,15 +36,18 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
                   folders: Optional[Dict[str, Optional[str]]] = None, overwrite: bool = False,
                   inputs: Optional[Inputs] = None) -> None:
     """Refuse an output that could not be written, or would replace a file of the user's, naming its flag:
-    ``files`` and ``folders`` map a flag (``"--results"``, ``"--out"``) to its path (None or '': no
-    output). ``overwrite``: the command's --overwrite was given. ``inputs``: the command's inputs by flag (a
-    path or several; a folder: an index), never written over, ``overwrite`` or not."""
+    ``files`` and ``folders`` map a flag (``"--results"``, ``"--out"``) to its path (None: no output; '': no
+    output for a flag of NONE_IF_EMPTY, else refused: it would write './.md' or into the current folder).
+    ``overwrite``: the command's --overwrite was given. ``inputs``: the command's inputs by flag (a path or
+    several; a folder: an index), never written over, ``overwrite`` or not."""
+    for flag, path, folder in [(f, p, False) for f, p in (files or {}).items()] + \
+            [(f, p, True) for f, p in (folders or {}).items()]:
+        if path == "" and flag not in NONE_IF_EMPTY:
+            raise ValueError(f"{flag}: an empty path; give the {'folder' if folder else 'file'} to write")
     outputs = [(flag, path, True, None) for flag, path in (folders or {}).items()]
     for flag, path in (files or {}).items():
         outputs += [(flag, path and path + suffix, False, kind) for suffix, kind in WRITES.get(flag, (("", None),))]
     for flag, path, folder, kind in outputs:
-        if path == "" and flag == "OUT":  # an argument: a file to write, never "none"
-            raise ValueError("OUT: an empty path; give the file to write")
         if not path:
             continue
         if flag == "--tensorboard":

@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import click
 
 from ucmfh.app.errors import UserError, describe, stopped_by, user_errors
-from ucmfh.app.options import check_device
+from ucmfh.app.options import Count, check_device
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import SEARCH_BACKENDS, BackendConfig, SettingError, backend_config
 
@@ -25,7 +25,7 @@ SHORT = {"image": "img", "text": "txt"}
 @click.option("--split", "splits", multiple=True,
               help="Groups of COLLECTION to index (repeatable) [default: the root's items, or query and retrieval "
                    "of a dataset file]; groups already in OUT are not added again.")
-@click.option("--chunk-size", default=16384, show_default=True, type=click.IntRange(min=1),
+@click.option("--chunk-size", default=16384, show_default=True, type=Count(min=1),
               help="Items encoded and committed at a time (a killed build resumes at the last chunk).")
 @click.option("--embeddings/--no-embeddings", default=True, show_default=True,
               help="Keep the float16 real-valued embeddings (for --rerank cosine).")
@@ -72,26 +72,26 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
 @click.option("--text", "text", multiple=True, help="A caption as a query (repeatable; needs the index's CLIP model).")
 @click.option("--image", "image", multiple=True, type=click.Path(dir_okay=False),
               help="An image file as a query (repeatable; needs the index's CLIP model).")
-@click.option("-k", default=10, show_default=True, type=click.IntRange(min=1), help="Results per query.")
+@click.option("-k", default=10, show_default=True, type=Count(min=1), help="Results per query.")
 @click.option("--modality", "-m", type=MODALITY, default="text", show_default=True, help="What is searched.")
 @click.option("--rerank", type=click.Choice(["cosine", "seps"]),
               help="Re-rank the Hamming candidates: cosine of the real-valued embeddings kept in the index, or "
                    "SEPS on the token features of the queries' file and of the indexed collection (needs --seps).")
 @click.option("--seps", "seps_checkpoint", type=click.Path(dir_okay=False),
               help="With --rerank seps: the SEPS checkpoint ('ucmfh train-seps').")
-@click.option("--candidates", type=click.IntRange(min=1), help="Candidates re-ranked [default: 10 k].")
+@click.option("--candidates", type=Count(min=1), help="Candidates re-ranked [default: 10 k].")
 @click.option("--backend", type=click.Choice(SEARCH_BACKENDS), default=_BACKEND.backend, show_default=True,
               help="exact: every code compared; mih: the same results by multi-index hashing, its tables built on "
                    "first use and cached in the index folder (the scan where probing would cost more); "
                    "faiss-ivf / faiss-hnsw: FAISS's approximate search (needs the extra "
                    "'faiss'), its index built on first use and cached in the index folder.")
-@click.option("--substrings", type=click.IntRange(min=1),
+@click.option("--substrings", type=Count(min=1),
               help="mih: substrings per code [default: about bits / log2(items)].")
-@click.option("--nlist", type=click.IntRange(min=1),
+@click.option("--nlist", type=Count(min=1),
               help="faiss-ivf: lists the codes are clustered into [default: sqrt(items)].")
-@click.option("--nprobe", type=click.IntRange(min=1),
+@click.option("--nprobe", type=Count(min=1),
               help=f"faiss-ivf: lists scanned per query [default: {_BACKEND.nprobe}].")
-@click.option("--ef-search", type=click.IntRange(min=1),
+@click.option("--ef-search", type=Count(min=1),
               help=f"faiss-hnsw: the candidate list of the graph walk (at least k) [default: {_BACKEND.ef_search}].")
 @click.option("--recall", "check_recall", is_flag=True,
               help="With a FAISS backend: also search exactly and print the approximate candidates' recall.")
@@ -104,7 +104,7 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
 @click.option("--html", type=click.Path(dir_okay=False),
               help="Also write a static results page here (a file other than a page ucmfh wrote: with --overwrite).")
 @click.option("--overwrite", is_flag=True, help="Replace an --html file that is not a page ucmfh wrote.")
-@click.option("--threads", type=click.IntRange(min=1), help="CPU threads over queries [default: torch's].")
+@click.option("--threads", type=Count(min=1), help="CPU threads over queries [default: torch's].")
 @click.option("--device", default="cpu", show_default=True, callback=check_device)
 @user_errors
 def search_cmd(index, queries, split, ids, query_modality, text, image, k, modality, rerank, seps_checkpoint,

@@ -10,7 +10,9 @@ from ucmfh.app.errors import user_errors
 from ucmfh.app.environment import default_data_dir, resolve_dataset
 from ucmfh.app.identity import RunOptions
 from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
-from ucmfh.app.options import output_options, parse_params, resolved, seed_type, tensorboard_option
+from ucmfh.app.options import (
+    Count, FiniteRange, output_options, parse_params, resolved, seed_type, tensorboard_option,
+)
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, seps_config
 from ucmfh.data.h5 import load_dataset
@@ -56,19 +58,19 @@ def _report(rows, results) -> None:
 @click.option("--dense-text", type=click.Choice(list(DENSE_TEXT)), default=_DEFAULTS.dense_text, show_default=True,
               help="Dense descriptions (files with dense_text_tokens): " + "; ".join(
                   f"{k}: {v}" for k, v in DENSE_TEXT.items()) + ".")
-@click.option("--epochs", type=click.IntRange(min=1), default=_DEFAULTS.epochs, show_default=True)
-@click.option("--batch-size", type=click.IntRange(min=2), default=_DEFAULTS.batch_size, show_default=True)
-@click.option("--lr", type=click.FloatRange(min=0, min_open=True), default=_DEFAULTS.lr, show_default=True)
+@click.option("--epochs", type=Count(min=1), default=_DEFAULTS.epochs, show_default=True)
+@click.option("--batch-size", type=Count(min=2), default=_DEFAULTS.batch_size, show_default=True)
+@click.option("--lr", type=FiniteRange(min=0, min_open=True), default=_DEFAULTS.lr, show_default=True)
 @click.option("--seed", default=_DEFAULTS.seed, show_default=True, type=seed_type)
-@click.option("--val-fraction", type=click.FloatRange(0, 1, max_open=True), default=_DEFAULTS.val_fraction,
+@click.option("--val-fraction", type=FiniteRange(0, 1, max_open=True), default=_DEFAULTS.val_fraction,
               show_default=True, help="Share of the training images held out to pick the best epoch (0: keep the last).")
-@click.option("--patience", type=click.IntRange(min=0), default=_DEFAULTS.patience, show_default=True,
+@click.option("--patience", type=Count(min=0), default=_DEFAULTS.patience, show_default=True,
               help="Stop after this many epochs without a better validation rSum (0: never).")
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
               help="Any other SEPS setting, e.g. keep_ratio=0.8 or embed_dim=256 (repeatable).")
 @click.option("--out", default="runs", show_default=True, help="Root folder of runs (checkpoints).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run of the same settings.")
-@click.option("--save-interval", default=RunOptions.save_interval, show_default=True, type=click.FloatRange(min=0),
+@click.option("--save-interval", default=RunOptions.save_interval, show_default=True, type=FiniteRange(min=0),
               help="Seconds between saves of the training state (0: every epoch).")
 @tensorboard_option
 @user_errors
@@ -96,7 +98,7 @@ def train_seps(dataset, data_dir, database, results, device, quiet, overrides, o
               help="Hashing checkpoint of a leak-free method (the first stage: Hamming top-M).")
 @click.option("--seps", "seps_checkpoint", type=click.Path(dir_okay=False), default=None,
               help="SEPS checkpoint ('ucmfh train-seps') that re-ranks the candidates.")
-@click.option("--candidates", "-m", multiple=True, type=click.IntRange(min=1), default=(100,), show_default=True,
+@click.option("--candidates", "-m", multiple=True, type=Count(min=1), default=(100,), show_default=True,
               help="M, the Hamming candidates re-ranked (repeatable).")
 @click.option("--full", is_flag=True, help="Also score every pair of each database by SEPS (no first stage).")
 @user_errors
