@@ -405,6 +405,21 @@ def test_a_finished_cell_says_its_scores_in_a_line_tie_aware_first():
                                      "unimodal collection: R@1 16.6 / 13.9 (rSum 205.5)")
 
 
+def test_a_row_with_a_value_no_command_writes_is_skipped_and_said(tmp_path):
+    """A row edited by hand or damaged (a score 'abc' or null, settings that are a string) was a traceback in
+    'ucmfh runs' (TypeError, KeyError, AttributeError); it is skipped with one warning naming it, and the
+    others are summarised."""
+    path = tmp_path / "r.jsonl"
+    append_jsonl(path, [_row(map_i2t="abc"), _row(run="r2", map_t2i=None), _row(run="r3", settings="x"),
+                        _row(run="r4", recall_i2t={"1": "a"}), _row(run="r5", seed=2)])
+    result = CliRunner().invoke(main, ["runs", "--results", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert f"warning: {path}: 4 row(s) with a value no ucmfh command writes (first: map_i2t='abc'); skipped" in \
+        result.stderr
+    [group] = [json.loads(line) for line in result.stdout.splitlines()]
+    assert group["seeds"] == [2]
+
+
 def test_runs_names_one_checkpoint_or_says_why_not(tmp_path):
     """A stable way to name a run's checkpoint, whatever else was trained since (no glob)."""
     path = tmp_path / "r.jsonl"

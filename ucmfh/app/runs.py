@@ -85,8 +85,35 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
             message = (f"{path}: {len(found) - len(kept)} row(s) without a dataset and a task (not results of a "
                        "ucmfh command); skipped")
             warnings.warn(message, stacklevel=2) if warn is None else warn(message)
+        problems = [problem for problem in map(row_problem, kept) if problem]
+        if problems:  # a row edited by hand, or damaged: its figures would be summed into the others'
+            message = (f"{path}: {len(problems)} row(s) with a value no ucmfh command writes (first: {problems[0]}); "
+                       "skipped")
+            warnings.warn(message, stacklevel=2) if warn is None else warn(message)
+            kept = [row for row in kept if not row_problem(row)]
         rows += [_located(row, path) for row in kept]
     return rows
+
+
+def row_problem(row: Dict[str, Any]) -> Optional[str]:
+    """What is wrong with a results row's values, or None: a score (``map_*``, ``rsum*``, ``random_*``) that is
+    not a number, a recall that is not a number or numbers by rank, settings that are not a mapping, a code
+    length or seed that is not a whole number."""
+    def number(value: Any) -> bool:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+    for key, value in row.items():
+        if key.startswith(("map_", "rsum", "random_")) and not number(value):
+            return f"{key}={value!r}"
+        by_rank = isinstance(value, dict) and all(map(number, value.values()))
+        if key.startswith("recall_") and not (number(value) or by_rank):
+            return f"{key}={value!r}"
+    if "settings" in row and not isinstance(row["settings"], dict):
+        return f"settings={row['settings']!r}"
+    for key in ("n_bits", "seed", "k"):
+        if row.get(key) is not None and (not isinstance(row[key], int) or isinstance(row[key], bool)):
+            return f"{key}={row[key]!r}"
+    return None
 
 
 # a row's files, written relative to where its command ran
