@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 
 import pytest
 import torch
@@ -140,3 +141,16 @@ def test_a_checkpoint_load_model_would_refuse_is_not_saved(tmp_path, tiny):
     assert os.listdir(tmp_path) == []
     save_checkpoint(tmp_path / "hash.pt", model, fcfg, hcfg)  # what loads back is saved
     assert load_model(tmp_path / "hash.pt", "hash")[2] == hcfg
+
+
+@pytest.mark.parametrize("change, problem", [
+    ({"hash_config": "garbage"}, "hash_config is a str, not a mapping"),  # was an AttributeError in read_checkpoint
+    ({"kind": "weird"}, "kind 'weird', not fusion, hash or seps"),  # was read as a hashing checkpoint
+    ({"d_img": -3}, "d_img -3"),
+    ({"state_dict": {"w": [1.0]}}, "its weights are not tensors by name"),
+])
+def test_a_checkpoint_no_ucmfh_writes_is_named_damaged(saved, tmp_path, change, problem):
+    payload = torch.load(saved[0], weights_only=False)
+    torch.save({**payload, **change}, tmp_path / "forged.pt")
+    with pytest.raises(CheckpointError, match=rf"forged.pt: a damaged checkpoint \({re.escape(problem)}\)$"):
+        load_model(tmp_path / "forged.pt", "hash")

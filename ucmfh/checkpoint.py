@@ -115,6 +115,9 @@ def read_checkpoint(path: PathLike) -> Dict[str, Any]:
         raise CheckpointError(f"{path}: not a ucmfh checkpoint")
     if payload.get("version") != VERSION:
         raise CheckpointError(f"{path}: checkpoint version {payload.get('version')}, this ucmfh reads {VERSION}")
+    problem = _payload_problem(payload)
+    if problem:
+        raise CheckpointError(f"{path}: a damaged checkpoint ({problem})")
     method = (payload.get("hash_config") or {}).get("method")
     if method is not None and method not in METHODS:
         failed = f"; not loaded: {method} ({PLUGIN_ERRORS[method]})" if method in PLUGIN_ERRORS else ""
@@ -122,6 +125,24 @@ def read_checkpoint(path: PathLike) -> Dict[str, Any]:
                               f"({', '.join(METHODS)}){failed}; a method of another package is read where that "
                               "package is installed (docs/methods.md)")
     return payload
+
+
+def _payload_problem(payload: Dict[str, Any]) -> Optional[str]:
+    """What in a checkpoint's payload no ucmfh writes, or None: a kind other than fusion, hash and seps, widths
+    that are not positive whole numbers, configs or meta that are not mappings, weights that are not tensors by
+    name."""
+    if payload.get("kind") not in ("fusion", "hash", "seps"):
+        return f"kind {payload.get('kind')!r}, not fusion, hash or seps"
+    for name in ("d_img", "d_txt"):
+        if not isinstance(payload.get(name), int) or isinstance(payload.get(name), bool) or payload[name] < 1:
+            return f"{name} {payload.get(name)!r}"
+    for name in ("fusion_config", "hash_config", "seps_config", "meta"):
+        if payload.get(name) is not None and not isinstance(payload[name], dict):
+            return f"{name} is a {type(payload[name]).__name__}, not a mapping"
+    weights = payload.get("state_dict")
+    if not isinstance(weights, dict) or not all(isinstance(v, torch.Tensor) for v in weights.values()):
+        return "its weights are not tensors by name"
+    return None
 
 
 def _check_version(path: str, payload: Dict[str, Any], method: str) -> None:
