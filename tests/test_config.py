@@ -236,3 +236,14 @@ def test_seps_config_checks_each_override_then_blames_those_that_refuse_together
         with pytest.raises(SettingError, match=message) as err:
             seps_config({"epochs": 2, "patience": 3}, overrides)
         assert err.value.setting == setting and err.value.instead == instead
+
+
+def test_seps_without_validation_turns_its_default_patience_off():
+    """'train-seps --val-fraction 0' failed on the default --patience 5 the user never set; as for the other stages,
+    no validation split turns a default patience off, and a patience asked for is still refused without one."""
+    from ucmfh.config import SepsConfig, seps_config
+
+    assert seps_config({"val_fraction": 0.0, "patience": None}, {}).patience == 0
+    assert seps_config({"val_fraction": None, "patience": None}, {}).patience == SepsConfig.patience
+    with pytest.raises(ValueError, match=r"patience needs a validation split \(val_fraction > 0\), got patience=3"):
+        seps_config({"val_fraction": 0.0, "patience": 3}, {})

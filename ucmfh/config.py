@@ -424,6 +424,10 @@ def seps_config(settings: Dict[str, Any], overrides: Dict[str, Any]) -> SepsConf
     :class:`SettingError`."""
     for name, value in overrides.items():
         check_override(SepsConfig, name, name, value, own=settings, what="SEPS")
+    # None: not given; no validation split (val_fraction 0) turns the default patience off, as for the other stages
+    settings = {name: value for name, value in settings.items() if value is not None}
+    if not settings.get("val_fraction", SepsConfig.val_fraction) and "patience" not in {*settings, *overrides}:
+        settings["patience"] = 0
     return blame_overrides(lambda given: SepsConfig(**{**settings, **given}), overrides)
 
 

@@ -64,8 +64,9 @@ def _report(rows, results) -> None:
 @click.option("--seed", default=_DEFAULTS.seed, show_default=True, type=seed_type)
 @click.option("--val-fraction", type=FiniteRange(0, 1, max_open=True), default=_DEFAULTS.val_fraction,
               show_default=True, help="Share of the training images held out to pick the best epoch (0: keep the last).")
-@click.option("--patience", type=Count(min=0), default=_DEFAULTS.patience, show_default=True,
-              help="Stop after this many epochs without a better validation rSum (0: never).")
+@click.option("--patience", type=Count(min=0), default=None,
+              help=f"Stop after this many epochs without a better validation rSum (0: never) [default: "
+                   f"{_DEFAULTS.patience}, 0 with --val-fraction 0].")
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
               help="Any other SEPS setting, e.g. keep_ratio=0.8 or embed_dim=256 (repeatable).")
 @click.option("--out", default="runs", show_default=True, help="Root folder of runs (checkpoints).")
