@@ -302,3 +302,16 @@ def test_an_empty_output_path_and_a_number_beyond_reason_are_refused_before_work
     result = CliRunner().invoke(main, argv)
     assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == f"Error: {said}", result.output
     assert os.listdir(tmp_path) == []
+
+
+def test_a_run_refused_once_started_leaves_no_folder_of_its_lock_alone(tmp_path, tiny_path):
+    """A setting refused once the run has its folder (a validation split that leaves nothing to train on) left
+    'runs/DATASET-FP/RUN/hash16.lock' behind, an empty run; the folder of a run that saved something stays."""
+    out = tmp_path / "runs"
+    result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "-b", "16", "--epochs", "1", "--val-fraction",
+                                       "0.999", "--out", str(out), "--results", ""])
+    assert result.exit_code == 2 and "leaves fewer than 2 to train on" in result.output
+    assert not out.exists() or os.listdir(out) == []
+    kept = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "-b", "16", "--epochs", "1", "--out", str(out),
+                                     "--results", ""])
+    assert kept.exit_code == 0 and len(list(out.glob("*/*/hash16.pt"))) == 1

@@ -78,9 +78,28 @@ def training_lock(checkpoint: str) -> Iterator[None]:
         raise RunInProgress(refusal)
     try:
         yield
+    except Exception:
+        if fd is not None:  # refused before anything was saved: no folder of the run's lock alone is left behind
+            _drop_bare_folder(checkpoint)
+        raise
     finally:
         if fd is not None:
             os.close(fd)  # releases the lock
+
+
+def _drop_bare_folder(checkpoint: str) -> None:
+    """Remove the run's lock file, and its folder where nothing else is in it (a run refused before it saved
+    anything: a bad setting found once it started). The lock is still held: a process that opened the file
+    meanwhile is refused as busy, one that comes after makes a lock of its own (and the folder stays)."""
+    folder, lock = os.path.dirname(os.path.abspath(checkpoint)), _lock_path(checkpoint)
+    try:
+        if os.listdir(folder) == [os.path.basename(lock)]:
+            os.unlink(lock)
+            os.rmdir(folder)
+            if not os.listdir(os.path.dirname(folder)):  # the dataset's folder, made for this run alone
+                os.rmdir(os.path.dirname(folder))
+    except OSError:  # another process's file appeared: its folder stays
+        pass
 
 
 def _refuse_busy(checkpoint: str) -> None:
