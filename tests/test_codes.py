@@ -247,6 +247,10 @@ def test_save_rejects_bad_inputs(tmp_path):
         (lambda f: f.__delitem__("retrieval"), "/retrieval", "missing group"),
         (lambda f: (f["query"].__delitem__("img"), f["query"].create_dataset("img", data=np.zeros((12, 3), np.uint8))),
          "/query/img", "shape"),
+        # the images cut short: they are to blame, not the texts
+        (lambda f: (f["query"].__delitem__("img"), f["query"].create_dataset("img", data=np.zeros((2, 2), np.uint8))),
+         "/query/img", "2 rows, /query/ids has"),
+        (lambda f: f.attrs.__setitem__("n_bits", "abc"), "/", "attribute 'n_bits' is 'abc', not a whole number"),
         (lambda f: f["retrieval"]["txt"].__setitem__((0, 1), 0xFF), "/retrieval/txt", "padding"),
         (lambda f: f["query"]["labels"].__setitem__((0, 0), 2), "/query/labels", "values"),
         (lambda f: f["query"].__delitem__("ids"), "/query/ids", "only one group"),

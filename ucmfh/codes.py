@@ -179,7 +179,10 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
             raise fail("/", f"attribute 'format' is {f.attrs.get('format')!r}, expected {FORMAT!r}")
         if "n_bits" not in f.attrs:
             raise fail("/", "missing attribute 'n_bits'")
-        n_bits = int(f.attrs["n_bits"])
+        try:
+            n_bits = int(f.attrs["n_bits"])
+        except (TypeError, ValueError):
+            raise fail("/", f"attribute 'n_bits' is {f.attrs['n_bits']!r}, not a whole number") from None
         if n_bits < 1:
             raise fail("/", f"n_bits must be >= 1, got {n_bits}")
         n_bytes = (n_bits + 7) // 8
@@ -192,12 +195,16 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
                     raise fail(f"/{group}/{name}", "missing dataset")
             if "labels" not in f[group] and "ids" not in f[group]:
                 raise fail(f"/{group}/labels", "missing dataset (and no ids: a caption set's relevance)")
-            rows = f[group]["img"].shape[0]
+            # the group's items: as many as its ids or labels have rows (whichever codes differ are to blame)
+            counted = next((name for name in ("ids", "labels") if name in f[group]), "img")
+            rows = f[group][counted].shape[0] if f[group][counted].ndim else -1
             for modality in MODALITIES:
                 d = f[group][modality]
                 where = f"/{group}/{modality}"
                 if d.dtype != np.uint8 or d.ndim != 2:
                     raise fail(where, f"expected 2-D uint8 packed codes, got {d.dtype} {d.shape}")
+                if d.shape[0] != rows:  # the codes of one item each
+                    raise fail(where, f"{d.shape[0]} rows, /{group}/{counted} has {rows}")
                 if d.shape != (rows, n_bytes):
                     raise fail(where, f"shape {d.shape}, expected ({rows}, {n_bytes}) for {n_bits} bits")
                 data = d[()]

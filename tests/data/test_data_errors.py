@@ -238,8 +238,9 @@ def test_bad_split_index(tmp_path, arrays):
     user_error(["convert", "npz", *arrays, out, "--split-index", tmp_path / "twice.npz"],
                "twice.npz: query: row 1 listed more than once")
     np.savez(tmp_path / "range.npz", query=[-2, 0, 1], retrieval=np.arange(5, N + 3), train=np.arange(5, 15))
-    user_error(["convert", "npz", *arrays, out, "--split-index", tmp_path / "range.npz"],
-               "range.npz: query: 1 rows out of range for 30 source rows (first: -2)")
+    said = user_error(["convert", "npz", *arrays, out, "--split-index", tmp_path / "range.npz"],
+                      "range.npz: query: 1 rows out of range for 30 source rows (first: -2)")
+    assert said == f"Error: {tmp_path / 'range.npz'}: query: 1 rows out of range for 30 source rows (first: -2)"
     # the sizes or the seed of a drawn split beside a given one: ignored, silently (--query 0 was)
     np.savez(tmp_path / "given.npz", query=np.arange(5), retrieval=np.arange(5, N), train=np.arange(5, 15))
     for extra in (["--query", "0"], ["--seed", "5"]):

@@ -292,14 +292,15 @@ def convert_arrays(
                 raise DataError(f"{img_src.name}: {err}") from None
         else:
             index = split_index if isinstance(split_index, SplitIndex) else load_split_index(os.fspath(split_index))
+            given = os.fspath(split_index) if not isinstance(split_index, SplitIndex) else "the split index"
             for s, rows in index.as_dict().items():
                 outside = rows[(rows < 0) | (rows >= n)]
                 if outside.size:
-                    raise DataError(f"{index.rule}: {s}: {outside.size} rows out of range for {n} source rows "
+                    raise DataError(f"{given}: {s}: {outside.size} rows out of range for {n} source rows "
                                     f"(first: {outside[0]})")
                 bad = rows[~keep[rows]]
                 if bad.size:
-                    raise DataError(f"{index.rule}: {s}: {bad.size} rows have no label (first: row {bad[0]})")
+                    raise DataError(f"{given}: {s}: {bad.size} rows have no label (first: row {bad[0]})")
         rows = index.as_dict()
         attrs = root_attrs(
             out, name, classes, label_matrix.shape[1],
