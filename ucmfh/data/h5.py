@@ -318,7 +318,7 @@ def validate_file(path: PathLike) -> Dict[str, object]:
     """
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise DataError(f"{path}: no such file")
+        raise DataError(f"{path}: no such file" if path else "an empty path; give the dataset file")
     try:
         f = h5py.File(path, "r")
     except OSError as err:
