@@ -154,3 +154,13 @@ def test_a_checkpoint_no_ucmfh_writes_is_named_damaged(saved, tmp_path, change, 
     torch.save({**payload, **change}, tmp_path / "forged.pt")
     with pytest.raises(CheckpointError, match=rf"forged.pt: a damaged checkpoint \({re.escape(problem)}\)$"):
         load_model(tmp_path / "forged.pt", "hash")
+
+
+def test_weights_that_are_not_finite_are_refused(saved, tmp_path):
+    """NaN weights evaluated at chance's level with exit 0: refused on load, naming the first such tensor."""
+    payload = torch.load(saved[0], weights_only=False)
+    name = next(iter(payload["state_dict"]))
+    payload["state_dict"][name] = payload["state_dict"][name] * float("nan")
+    torch.save(payload, tmp_path / "nan.pt")
+    with pytest.raises(CheckpointError, match=rf"nan.pt: weights that are NaN or infinite \({re.escape(name)}\)"):
+        load_model(tmp_path / "nan.pt", "hash")

@@ -187,6 +187,11 @@ def load_model(
         model, fusion_cfg, hash_cfg = _rebuild(payload)
     except CheckpointError as err:
         raise CheckpointError(f"{path}: {err}") from None
+    broken = next((name for name, w in payload["state_dict"].items()
+                   if w.is_floating_point() and not torch.isfinite(w).all()), None)
+    if broken is not None:  # its codes would be every bit set, scored at chance's level without a word
+        raise CheckpointError(f"{path}: weights that are NaN or infinite ({broken}): a model whose training diverged, "
+                              "or a damaged file")
     return model.eval(), fusion_cfg, hash_cfg, payload["meta"]
 
 
