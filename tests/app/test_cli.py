@@ -287,6 +287,8 @@ def test_cuda_graphs_asked_for_on_the_cpu_train_eagerly_and_say_so(tmp_path, tin
     (["train-hash", "-d", "TINY", "--save-interval", "nan"], "Invalid value for '--save-interval': 'nan' is not a "
                                                              "finite number"),
     (["train-seps", "-d", "TINY", "--lr", "inf"], "Invalid value for '--lr': 'inf' is not a finite number"),
+    (["train-hash", "-d", "TINY", "--loss-param", "temperature=0.1", "--loss-param", "temperature=0.2"],
+     "Invalid value for --loss-param: temperature given twice (temperature=0.1 and temperature=0.2); give it once"),
     (["make-synthetic", "s.h5", "--n-query", "99999999999", "--n-retrieval", "99999999999"],
      "not enough memory for what was asked (Unable to allocate 1.46 TiB for an array with shape (199999999998,) and "
      "data type int64); ask for less"),

@@ -21,12 +21,16 @@ DEFAULT_RESULTS = "runs/results.jsonl"  # where every command appends its rows, 
 
 
 def parse_params(pairs: Tuple[str, ...], option: str) -> Dict[str, Any]:
-    """``key=value`` pairs to a dict; values are read as JSON when they parse (numbers, true/false)."""
+    """``key=value`` pairs to a dict; values are read as JSON when they parse (numbers, true/false). A key given
+    twice is refused (one of the two would be dropped without a word)."""
     params: Dict[str, Any] = {}
     for pair in pairs:
         key, sep, value = pair.partition("=")
         if not sep or not key:
             raise click.BadParameter(f"expected KEY=VALUE, got {pair!r}", param_hint=option)
+        if key in params:
+            raise click.BadParameter(f"{key} given twice ({key}={json.dumps(params[key])} and {pair}); give it once",
+                                     param_hint=option)
         try:
             params[key] = json.loads(value)
         except json.JSONDecodeError:
