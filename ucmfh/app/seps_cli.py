@@ -115,6 +115,7 @@ def rerank(dataset, data_dir, database, results, device, quiet, checkpoint, seps
     path = resolve_dataset(dataset, data_dir)
     click.echo(f"dataset: {path}")
     data = load_dataset(path)
-    rows = rerank_rows(data, checkpoint, seps_checkpoint, candidates, _databases(database, "both"), full, device,
+    distinct = list(dict.fromkeys(candidates))  # -m 5 -m 5: measured once
+    rows = rerank_rows(data, checkpoint, seps_checkpoint, distinct, _databases(database, "both"), full, device,
                        progress=not quiet, log=click.echo)
     _report(rows, results)
