@@ -625,6 +625,9 @@ def test_a_collection_file_grown_since_it_was_indexed_is_not_indexed_twice(colle
     write(batch, slice(60, 120), c["ids"][60:])  # the new rows alone, under the same name
     assert build_index(str(batch), c["ckpt"][0], str(out)).added == {"img": 20, "txt": 60}
     assert np.array_equal(Index.load(out).ids("txt"), c["ids"])
+    write(tmp_path / "none.h5", slice(0, 0), c["ids"][:0])  # no rows: refused, not 'already indexed (0 rows)'
+    with pytest.raises(DataError, match=r"none.h5: /: no rows$"):
+        build_index(str(tmp_path / "none.h5"), c["ckpt"][0], str(tmp_path / "empty"))
     unknown = c["ids"].copy()
     unknown[90:] = -1
     write(tmp_path / "unknown.h5", slice(0, 120), unknown)

@@ -184,6 +184,8 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
                 columns.setdefault(name, width)
             if len(groups) > 1 and set(present) != set(columns):
                 raise DataError(f"{path}: {g}: has {sorted(present)}, an earlier group {sorted(columns)}")
+            if not n:  # an index built of it would be empty, and 'already indexed (0 rows)' said of it
+                raise DataError(f"{path}: {g}: no rows")
             rows.append(int(n))
         try:
             attrs = read_attrs(f)
