@@ -104,7 +104,8 @@ def check_writable(path: PathLike, folder: bool = False) -> None:
         raise OSError(f"{path}: cannot be written{where}: {err.strerror or err}") from None
     os.close(fd)
     os.remove(probe)
-    if os.path.isfile(path) and not os.access(path, os.W_OK):
+    # a file no one may write (mode 444, a shared dataset) is read-only to root too, who ignores the bits
+    if os.path.isfile(path) and (not os.access(path, os.W_OK) or not os.stat(path).st_mode & 0o222):
         raise OSError(f"{path}: cannot be written: the file is read-only")
 
 

@@ -422,3 +422,15 @@ def test_what_is_and_is_not_an_input(tmp_path, tiny_path):
     with pytest.raises(ValueError, match="is FOLDER"):
         check_outputs({"OUT": str(tmp_path / "pkl" / "train.pkl")},
                       inputs={"FOLDER": [str(tmp_path / "pkl" / f"{s}.pkl") for s in ("train", "query", "retrieval")]})
+
+
+def test_a_read_only_file_is_not_replaced_even_with_overwrite(tmp_path, tiny_path):
+    """A file no one may write (mode 444: a shared dataset) was replaced by 'make-synthetic --overwrite' run as
+    root, who ignores permission bits; it is refused, the file left as it was."""
+    shared = tmp_path / "shared.h5"
+    shutil.copy(tiny_path, shared)
+    shared.chmod(0o444)
+    before = _md5(shared)
+    result = CliRunner().invoke(main, ["make-synthetic", str(shared), "--overwrite"])
+    assert result.exit_code == 2 and result.output == f"Error: OUT {shared}: cannot be written: the file is read-only\n"
+    assert _md5(shared) == before
