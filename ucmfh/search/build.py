@@ -258,9 +258,7 @@ def build_index(
     sha = file_sha256(coll.path)
     index = None
     empty = os.path.isdir(out) and not os.listdir(out)  # an empty folder made for it: a new index there
-    if empty:
-        os.rmdir(out)
-    created = not os.path.exists(out)  # a build refused part-way leaves the index as it found it (none: none)
+    created = empty or not os.path.exists(out)  # a build refused part-way leaves the index as it found it
     if not created:
         index = Index.load(out)
         counts_before, sources_before = {m: index.count(m) for m in FEATURES}, copy.deepcopy(index.sources)
@@ -286,6 +284,8 @@ def build_index(
     source = {"key": key, "path": os.path.abspath(coll.path), "groups": coll.groups, "rows": n,
               "group_rows": list(coll.rows), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     if index is None:  # the collection is recorded from the start, so an interrupted first build is seen as unfinished
+        if empty:
+            os.rmdir(out)  # saved in its place (a save makes a folder of its own, atomically)
         index = Index(encoder.n_bits, {"checkpoint": encoder.identity, "features": features, "protocol": PROTOCOL})
         index.sources = [{**source, "done": 0}]
         index.save(out)
