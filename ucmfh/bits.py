@@ -53,9 +53,9 @@ def check_packed(codes: Any, what: str = "codes") -> None:
     first rows only: the bytes of packed codes are never 0 and 1 alone (each byte holds 8 bits)."""
     head = to_numpy(codes[:64])
     if head.size and bool((head == 1).any()) and bool((head == 0).any()) and bool(((head == 0) | (head == 1)).all()):
-        raise ValueError(f"{what}: uint8 is read as packed bits (8 a byte), but these bytes are 0 and 1 alone, as codes "
-                         "of 0 and 1 (or labels) are: give ±1 codes (2 * codes.astype(numpy.int8) - 1) or pack them "
-                         "(numpy.packbits(codes, axis=1))")
+        raise ValueError(f"{what}: uint8 is read as packed bits (8 a byte), but these bytes are 0 and 1 alone, as "
+                         "codes of 0 and 1 (or labels) are: give ±1 codes (2 * codes.astype(numpy.int8) - 1) or pack "
+                         "them (numpy.packbits(codes, axis=1))")
 
 
 def pack(codes: Any) -> np.ndarray:

@@ -63,7 +63,8 @@ def _by_modality(
 def check_hasher(where: str, model: object) -> None:
     """Refuse anything but a hashing model (one with ``head_outputs``) at a public entry point (``TypeError``)."""
     if not (isinstance(model, nn.Module) and hasattr(model, "head_outputs")):
-        raise wrong_type(where, "model", model, "a hashing model", "ucmfh.fit_hashing, or ucmfh.load_model(path, 'hash')")
+        raise wrong_type(where, "model", model, "a hashing model",
+                         "ucmfh.fit_hashing, or ucmfh.load_model(path, 'hash')")
 
 
 def head_outputs_split(
@@ -218,7 +219,8 @@ def evaluate_fusion(
     k: int = DEFAULT_K, device: str = "auto", progress: bool = False,
 ) -> List[Dict[str, object]]:
     """Cosine-ranking scores of the real-valued fusion embeddings, one row per protocol (and database)."""
-    check_type("evaluate_fusion", "fusion", fusion, FusionEncoder, "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
+    check_type("evaluate_fusion", "fusion", fusion, FusionEncoder,
+               "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
     check_type("evaluate_fusion", "data", data, Dataset, "ucmfh.load_dataset(path)")
     _check_protocols(protocols)
     rows = []

@@ -79,7 +79,8 @@ def test_hash_config_is_one_code_length_of_stage_configs():
                                                                               n_bits=[32]).hashes[0]
     assert hash_config("ucmfh", dataset="nuswide").epochs == 150 and hash_config("ucmfh").epochs == HashConfig.epochs
     given = hash_config("two-tower", n_bits=16, hidden=64, epochs=3, seed=7)
-    assert given == stage_configs("two-tower", n_bits=[16], epochs=3, seed=7, overrides={"hash": {"hidden": 64}}).hashes[0]
+    resolved = stage_configs("two-tower", n_bits=[16], epochs=3, seed=7, overrides={"hash": {"hidden": 64}})
+    assert given == resolved.hashes[0]
     for method, settings, setting, why in [
         ("cca-itq", {"hidden": 512}, "hidden", "fixes hidden, whatever is asked"),
         ("cca-itq", {"epochs": 5}, "epochs", "is fitted in closed form"),

@@ -529,7 +529,7 @@ def test_codes_of_zero_and_one_are_refused_not_read_as_all_bits_set():
             as_words(bad, 16, "image codes")
     # stored as uint8, 0/1 codes (or labels) would be read as packed bits: 8 a byte, 16 bits as 128
     zero_one = (codes > 0).astype(np.uint8)
-    with pytest.raises(ValueError, match=r"^query codes: uint8 is read as packed bits .* 0 and 1 alone.*numpy.packbits"):
+    with pytest.raises(ValueError, match=r"^query codes: uint8 is read as packed bits .* 0 and 1 alone.*packbits"):
         ucmfh.map_at_k(zero_one, zero_one, labels, labels)
     with pytest.raises(ValueError, match="retrieval codes: uint8 is read as packed bits"):
         ucmfh.map_at_k(np.packbits(codes > 0, axis=1), labels[:, :2], labels, labels)  # labels where codes go

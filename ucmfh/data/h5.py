@@ -233,8 +233,8 @@ def _check_one_image_an_id(path: str, where: str, ids: np.ndarray, prints: np.nd
     if other.size:
         row = int(other[0])
         raise _fail(path, where, f"rows {int(first[inverse.ravel()[row]])} and {row} share id {ids[row]} but hold "
-                                 f"different image features ({other.size} such rows); rows sharing an id are one image: "
-                                 "give each image an id of its own")
+                                 f"different image features ({other.size} such rows); rows sharing an id are one "
+                                 "image: give each image an id of its own")
 
 
 def _check_ids(path: str, where: str, dset: h5py.Dataset, n_rows: int) -> np.ndarray:

@@ -333,4 +333,5 @@ class Ucch(Method):
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "bank": bank}, optimizer, train,
                     loss=loss, clip_norm=p["clip_norm"], learning_rate=lambda epoch: learning_rate(cfg.lr_head, epoch),
                     draws=negatives, scalars=lambda epoch, iteration: {"momentum": momentum(epoch)},
-                    validate=validator(encode_split, "hamming", model, setup.val, rest, device), graphable=self.graphable)
+                    validate=validator(encode_split, "hamming", model, setup.val, rest, device),
+                    graphable=self.graphable)

@@ -123,7 +123,8 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
     """
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such collection file" if path else "an empty path; give the collection file")
+        raise FileNotFoundError(f"{path}: no such collection file" if path else
+                                "an empty path; give the collection file")
     try:
         f = h5py.File(path, "r")
     except OSError as err:
