@@ -163,6 +163,11 @@ def test_float_ids_are_refused_not_truncated(tmp_path):
                                             r"inf\): 1 non-finite values .*\(first: inf at row 7, column 1\)"):
             write_dataset(tmp_path / "d.h5", src)
     src = arrays()
+    src["query"]["labels"] = src["query"]["labels"].argmax(axis=1)  # class numbers: said by their shape
+    with pytest.raises(DataError, match=r"/query/labels: expected multi-hot labels \[N, C\], got shape \(4,\) \(one "
+                                        r"class an item\? give it one-hot: numpy.eye\(C\)\[classes\]\)"):
+        write_dataset(tmp_path / "d.h5", src)
+    src = arrays()
     src["query"]["text_bow"] = np.full((4, 3), 300)  # 300 would become 44 in uint8
     with pytest.raises(DataError, match=r"/query/text_bow: bag-of-words counts must be whole numbers from 0 to 255"):
         write_dataset(tmp_path / "d.h5", src)

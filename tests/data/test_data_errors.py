@@ -217,7 +217,8 @@ def test_bad_values_and_shapes_name_the_file(tmp_path, arrays):
                "nan.npy: 1 non-finite values in rows 0..29 (first: NaN at row 7, column 2)")
     np.save(tmp_path / "classes.npy", np.load(arrays[2]).argmax(axis=1))  # class numbers, not multi-hot rows
     user_error(convert_npz(*arrays[:2], tmp_path / "classes.npy", tmp_path / "o.h5"),
-               "classes.npy: expected a 2-D [N, d] labels matrix, got shape (30,)")
+               "classes.npy: expected a 2-D [N, d] labels matrix, got shape (30,) (one class an item? give it "
+               "one-hot: numpy.eye(C)[classes])")
     labels = np.load(arrays[2])
     labels[[3, 8]] = 0
     np.save(tmp_path / "some_empty.npy", labels)

@@ -276,7 +276,9 @@ def convert_arrays(
         lab_src = open_array(labels, labels_key, "labels", stack)
         for src, role in ((img_src, "image"), (txt_src, "text"), (lab_src, "labels")):
             if len(src.shape) != 2 or src.shape[1] == 0:
-                raise DataError(f"{src.name}: expected a 2-D [N, d] {role} matrix, got shape {src.shape}")
+                hint = (" (one class an item? give it one-hot: numpy.eye(C)[classes])"
+                        if role == "labels" and len(src.shape) == 1 else "")
+                raise DataError(f"{src.name}: expected a 2-D [N, d] {role} matrix, got shape {src.shape}{hint}")
             if src.dtype.kind not in "biuf":
                 raise DataError(f"{src.name}: expected numeric {role} values, got {src.dtype}")
         n = len(img_src)

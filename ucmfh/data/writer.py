@@ -135,6 +135,9 @@ def _as_format(path: str, where: str, name: str, array: np.ndarray) -> np.ndarra
         raise DataError(f"{path}: {where}: expected numbers, got {array.dtype}")
     if name == "ids" and array.dtype.kind not in "iu":
         raise DataError(f"{path}: {where}: ids must be integers, got {array.dtype}")  # 2.7 would become 2
+    if name == "labels" and array.ndim != 2:
+        raise DataError(f"{path}: {where}: expected multi-hot labels [N, C], got shape {array.shape}"
+                        + (" (one class an item? give it one-hot: numpy.eye(C)[classes])" if array.ndim == 1 else ""))
     if name == "labels" and not is_multi_hot(array):
         raise DataError(f"{path}: {where}: labels must be multi-hot 0/1 values")
     if name == "text_bow" and array.size and not (
