@@ -317,7 +317,8 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
     if saved["kind"] == "hash":
         resolved(refuse_unused, (saved["hash_config"] or {}).get("method", "ucmfh"), **settings_of({"protocol": protocol}))
     data = _load(dataset, data_dir)
-    rows = evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet, log=click.echo)
+    rows = evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet, log=click.echo,
+                               keep_per_query=bool(results))  # --results '': no row, so no file of its scores
     report(rows, results, click.echo)
 
 

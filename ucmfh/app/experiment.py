@@ -148,7 +148,10 @@ def train_hash_stage(
 def score_hash_model(
     model, data: Dataset, run: Run, checkpoint: str, seconds: float, protocols: Sequence[str] = PROTOCOLS,
     k: int = DEFAULT_K, progress: bool = False, source: str = "train", trained_on: Optional[Dict[str, str]] = None,
+    keep_per_query: bool = True,
 ) -> List[Dict[str, Any]]:
+    """The rows of a hashing model's scores; with ``keep_per_query``, its per-query scores in a file beside
+    ``checkpoint`` that the rows name (:func:`ucmfh.app.per_query.save_per_query`; no rows kept, no file)."""
     hash_cfg = run.hash_cfg
     protocols = scored_protocols(hash_cfg.method, protocols)
     scores = evaluate_hashing(model, data, protocols, k, hash_cfg.device, progress, real_valued=True, per_query=True)
@@ -157,17 +160,22 @@ def score_hash_model(
         floor = floors[row.get("database")]
         row.update({f"random_{key}": floor[key] for key in ("map_i2t", "map_t2i", "rsum") if key in floor})
     rows = _rows(scores, run, "hashing", seconds, hash_cfg.device, checkpoint, source, trained_on)
-    save_per_query(rows, checkpoint)
+    if keep_per_query:
+        save_per_query(rows, checkpoint)
+    else:
+        for row in rows:
+            row.pop("per_query", None)
     return rows
 
 
 def evaluate_checkpoint(
     data: Dataset, path: str, protocols: Sequence[str] = PROTOCOLS, k: int = DEFAULT_K,
     device: str = "auto", n_bits: Optional[int] = None, progress: bool = True, out: str = "runs",
-    log: Log = print,
+    log: Log = print, keep_per_query: bool = True,
 ) -> List[Dict[str, Any]]:
     """Tasks 2/3: reload a fusion or hashing checkpoint and score it on ``data``. A checkpoint trained on
-    another dataset file (the one it records) gives rows that say so (``trained_on``: that file's identity)."""
+    another dataset file (the one it records) gives rows that say so (``trained_on``: that file's identity).
+    ``keep_per_query``: write the per-query scores beside the checkpoint (where the rows are kept)."""
     kind = read_checkpoint(path)["kind"]
     model, fusion_cfg, hash_cfg, meta = load_for(data, path, kind, n_bits=n_bits)
     run = Run(out, dataset_identity(data), fusion_cfg, hash_cfg)
@@ -180,7 +188,8 @@ def evaluate_checkpoint(
         scores = evaluate_fusion(model, data, protocols, k, device, progress)
         return _rows(scores, run, "fusion", 0.0, device, path, "evaluate", trained_on)
     run.hash_cfg = dataclasses.replace(hash_cfg, device=device)
-    return score_hash_model(model, data, run, path, 0.0, protocols, k, progress, "evaluate", trained_on)
+    return score_hash_model(model, data, run, path, 0.0, protocols, k, progress, "evaluate", trained_on,
+                            keep_per_query)
 
 
 def encode_checkpoint(
