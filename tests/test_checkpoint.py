@@ -148,12 +148,23 @@ def test_a_checkpoint_load_model_would_refuse_is_not_saved(tmp_path, tiny):
     ({"kind": "weird"}, "kind 'weird', not fusion, hash or seps"),  # was read as a hashing checkpoint
     ({"d_img": -3}, "d_img -3"),
     ({"state_dict": {"w": [1.0]}}, "its weights are not tensors by name"),
+    ({"meta": None, "hash_config": None}, "a hashing checkpoint without its hashing settings"),
 ])
 def test_a_checkpoint_no_ucmfh_writes_is_named_damaged(saved, tmp_path, change, problem):
     payload = torch.load(saved[0], weights_only=False)
     torch.save({**payload, **change}, tmp_path / "forged.pt")
-    with pytest.raises(CheckpointError, match=rf"forged.pt: a damaged checkpoint \({re.escape(problem)}\)$"):
+    with pytest.raises(CheckpointError, match=rf"forged.pt: (a damaged checkpoint \()?{re.escape(problem)}\)?$"):
         load_model(tmp_path / "forged.pt", "hash")
+
+
+def test_a_checkpoint_without_its_meta_or_configs_is_named_damaged(saved, tmp_path):
+    """A payload missing 'meta' or a config was a KeyError (a traceback at the command line)."""
+    for missing in ("meta", "hash_config", "fusion_config"):
+        payload = torch.load(saved[0], weights_only=False)
+        del payload[missing]
+        torch.save(payload, tmp_path / "forged.pt")
+        with pytest.raises(CheckpointError, match=rf"forged.pt: a damaged checkpoint \(no {missing}\)$"):
+            load_model(tmp_path / "forged.pt", "hash")
 
 
 def test_weights_that_are_not_finite_are_refused(saved, tmp_path):
@@ -164,3 +175,11 @@ def test_weights_that_are_not_finite_are_refused(saved, tmp_path):
     torch.save(payload, tmp_path / "nan.pt")
     with pytest.raises(CheckpointError, match=rf"nan.pt: weights that are NaN or infinite \({re.escape(name)}\)"):
         load_model(tmp_path / "nan.pt", "hash")
+    model, fcfg, hcfg, _ = load_model(saved[0], "hash")  # nor saved: load_model would refuse it
+    with torch.no_grad():
+        next(model.parameters()).fill_(float("nan"))
+    with pytest.raises(CheckpointError, match=r"again.pt: not saved, as load_model would refuse it: weights that are NaN"):
+        save_checkpoint(tmp_path / "again.pt", model, fcfg, hcfg)
+    assert not (tmp_path / "again.pt").exists() and not (tmp_path / "again.json").exists()
+    with pytest.raises(ValueError, match=r"^save_checkpoint: an empty path; give the checkpoint file to write$"):
+        save_checkpoint("", model, fcfg, hcfg)

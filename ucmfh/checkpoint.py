@@ -37,6 +37,8 @@ def save_checkpoint(
     fit the configs) is refused before anything is written (:class:`CheckpointError`, saying why).
     """
     path = os.fspath(path)
+    if not path:
+        raise ValueError("save_checkpoint: an empty path; give the checkpoint file to write")
     check_type("save_checkpoint", "model", model, nn.Module)
     check_type("save_checkpoint", "fusion_cfg", fusion_cfg, FusionConfig, optional=True)
     check_type("save_checkpoint", "hash_cfg", hash_cfg, HashConfig, optional=True)
@@ -133,6 +135,10 @@ def _payload_problem(payload: Dict[str, Any]) -> Optional[str]:
     name."""
     if payload.get("kind") not in ("fusion", "hash", "seps"):
         return f"kind {payload.get('kind')!r}, not fusion, hash or seps"
+    needed = ("seps_config", "meta") if payload["kind"] == "seps" else ("fusion_config", "hash_config", "meta")
+    missing = [name for name in (*needed, "d_img", "d_txt", "state_dict") if name not in payload]
+    if missing:
+        return f"no {', '.join(missing)}"
     for name in ("d_img", "d_txt"):
         if not isinstance(payload.get(name), int) or isinstance(payload.get(name), bool) or payload[name] < 1:
             return f"{name} {payload.get(name)!r}"
@@ -187,11 +193,6 @@ def load_model(
         model, fusion_cfg, hash_cfg = _rebuild(payload)
     except CheckpointError as err:
         raise CheckpointError(f"{path}: {err}") from None
-    broken = next((name for name, w in payload["state_dict"].items()
-                   if w.is_floating_point() and not torch.isfinite(w).all()), None)
-    if broken is not None:  # its codes would be every bit set, scored at chance's level without a word
-        raise CheckpointError(f"{path}: weights that are NaN or infinite ({broken}): a model whose training diverged, "
-                              "or a damaged file")
     return model.eval(), fusion_cfg, hash_cfg, payload["meta"]
 
 
@@ -205,6 +206,11 @@ def _rebuild(payload: Dict[str, Any]) -> Tuple[nn.Module, Optional[FusionConfig]
         raise CheckpointError(str(err)) from None
     if payload["kind"] == "hash" and hash_cfg is None:
         raise CheckpointError("a hashing checkpoint without its hashing settings")
+    broken = next((name for name, w in payload["state_dict"].items()
+                   if w.is_floating_point() and not torch.isfinite(w).all()), None)
+    if broken is not None:  # its codes would be every bit set, scored at chance's level without a word
+        raise CheckpointError(f"weights that are NaN or infinite ({broken}): a model whose training diverged, or a "
+                              "damaged file")
     if payload["kind"] == "fusion":
         if fusion_cfg is None:
             raise CheckpointError("a fusion checkpoint without its fusion settings")
