@@ -411,10 +411,11 @@ def test_a_row_with_a_value_no_command_writes_is_skipped_and_said(tmp_path):
     others are summarised."""
     path = tmp_path / "r.jsonl"
     append_jsonl(path, [_row(map_i2t="abc"), _row(run="r2", map_t2i=None), _row(run="r3", settings="x"),
-                        _row(run="r4", recall_i2t={"1": "a"}), _row(run="r5", seed=2)])
+                        _row(run="r4", recall_i2t={"1": "a"}), _row(run="r6", seed=3, map_i2t=float("nan")),
+                        _row(run="r5", seed=2)])
     result = CliRunner().invoke(main, ["runs", "--results", str(path), "--json"])
     assert result.exit_code == 0, result.output
-    assert f"warning: {path}: 4 row(s) with a value no ucmfh command writes (first: map_i2t='abc'); skipped" in \
+    assert f"warning: {path}: 5 row(s) with a value no ucmfh command writes (first: map_i2t='abc'); skipped" in \
         result.stderr
     [group] = [json.loads(line) for line in result.stdout.splitlines()]
     assert group["seeds"] == [2]

@@ -12,6 +12,7 @@ is summarised; a field a row lacks is shown as ``-``.
 from __future__ import annotations
 
 import json
+import math
 import os
 import statistics
 import warnings
@@ -97,10 +98,10 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
 
 def row_problem(row: Dict[str, Any]) -> Optional[str]:
     """What is wrong with a results row's values, or None: a score (``map_*``, ``rsum*``, ``random_*``) that is
-    not a number, a recall that is not a number or numbers by rank, settings that are not a mapping, a code
+    not a finite number, a recall that is not a number or numbers by rank, settings that are not a mapping, a code
     length or seed that is not a whole number."""
-    def number(value: Any) -> bool:
-        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    def number(value: Any) -> bool:  # finite: a NaN (JSON's NaN) would poison every mean and deviation
+        return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
     for key, value in row.items():
         if key.startswith(("map_", "rsum", "random_")) and not number(value):
