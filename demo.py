@@ -10,7 +10,7 @@ import argparse
 import os
 import sys
 
-from ucmfh.app.errors import EXIT_USER_ERROR, USER_ERRORS, describe, interrupted
+from ucmfh.app.errors import EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, interrupted
 from ucmfh.app.environment import configure_from_env, default_data_dir, protocols_of, resolve_dataset
 from ucmfh.app.experiment import evaluate_checkpoint, train_fusion_stage, train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, dataset_identity
@@ -123,9 +123,12 @@ def main(argv=None) -> int:
             rows = evaluate_checkpoint(data, checkpoint, protocols, device=args.device, n_bits=args.hash_lens,
                                        out=args.out)
         report(rows, args.results)
-    except USER_ERRORS as err:
+    except (*USER_ERRORS, RuntimeError) as err:
+        if isinstance(err, RuntimeError) and as_user_error(err) is err:
+            raise  # a bug, shown whole
         options = {flag for action in parser()._actions for flag in action.option_strings}
-        print(f"error: {describe(err, options)}", file=sys.stderr)  # a remedy only where demo.py has the flag
+        print(f"error: {describe(as_user_error(err) if isinstance(err, RuntimeError) else err, options)}",
+              file=sys.stderr)  # a remedy only where demo.py has the flag
         return EXIT_USER_ERROR
     except KeyboardInterrupt as err:
         interrupted(err)

@@ -44,6 +44,7 @@ def test_a_wrong_type_at_an_entry_point_says_what_to_give(tiny, tiny_path, train
                                                      r"ucmfh.load_dataset\(path\): .query, .retrieval\), got Dataset$"),
         (lambda: ucmfh.save_checkpoint("hash.pt", trained, None, fusion_cfg),
          r"^save_checkpoint: hash_cfg must be a HashConfig or None, got FusionConfig$"),
+        (lambda: ucmfh.evaluate_hashing(trained, tiny, k="50"), r"^evaluate_hashing: k must be an int, got str '50'$"),
     ]
     for call, message in calls:
         with pytest.raises(TypeError, match=message):
@@ -59,6 +60,13 @@ def test_a_trained_model_s_codes_and_scores_are_one_call_each(tiny, trained):
     assert row["protocol"] == "unimodal" and 0 < row["map_i2t"] <= 1 and 0 < row["map_t2i"] <= 1
     with pytest.raises(ValueError, match=r"unknown protocol\(s\) \['both'\]"):
         ucmfh.encode_split(trained, tiny.query, "both")
+    assert ucmfh.evaluate_hashing(trained, tiny, protocols="unimodal") == [row]  # one protocol as itself
+    for settings, said in [({"n_bits": [16, 64]}, r"n_bits must be one code length, an int \(several: "
+                                                  r"stage_configs\(method, n_bits=\[16, 64\]\)\), got \[16, 64\]"),
+                           ({"dataset": 5}, r"dataset must be a dataset's name or file, got int"),
+                           ({"hidden": 2 ** 31}, r"hidden must be in \[0, 2147483647\] \(0: a linear head\)")]:
+        with pytest.raises(ucmfh.SettingError, match=said):
+            ucmfh.hash_config("two-tower", **settings)
 
 
 def test_a_history_and_an_encoder_print_what_they_hold(tiny, trained, tmp_path):

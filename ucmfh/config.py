@@ -346,9 +346,11 @@ class Range:
         return text + (f" ({self.why})" if self.why else "")
 
 
-POSITIVE, NON_NEGATIVE, AT_LEAST_ONE = Range(0, low_open=True), Range(0), Range(1)
-# the largest count a setting may be (epochs, items a batch): beyond it torch's int64 sizes overflow mid-run
+POSITIVE, NON_NEGATIVE = Range(0, low_open=True), Range(0)
+# the largest count a setting may be (epochs, items a batch, a layer's width): beyond it torch's int64 sizes
+# overflow mid-run
 COUNT_MAX = 2**31 - 1
+COUNT = Range(1, COUNT_MAX)
 SHARE, SHARE_BELOW_ONE = Range(0, 1), Range(0, 1, high_open=True)
 SEED = Range(0, 2**32, high_open=True, why="what torch's, numpy's and scikit-learn's generators all take")
 
@@ -370,26 +372,26 @@ def _name(name: str, value: Any) -> None:
 # every value of their type: the booleans, `device` (resolved where it is used: ucmfh.utils.resolve_device),
 # `loss` and `loss_params` (checked by building the loss: ucmfh.losses.build_loss), `method_params` (checked by
 # the method: ucmfh.methods.Method.check).
-_TRAINING = {"epochs": Range(1, COUNT_MAX), "batch_size": Range(2, COUNT_MAX, why="contrastive losses need negatives"),
+_TRAINING = {"epochs": COUNT, "batch_size": Range(2, COUNT_MAX, why="contrastive losses need negatives"),
              "seed": SEED, "amp": AMP_MODES, "val_fraction": SHARE_BELOW_ONE, "patience": NON_NEGATIVE}
 SETTINGS: Dict[type, Dict[str, Any]] = {
     FusionConfig: {
-        "d_model": AT_LEAST_ONE, "n_layers": AT_LEAST_ONE, "n_heads": AT_LEAST_ONE, "d_ff": AT_LEAST_ONE,
+        "d_model": COUNT, "n_layers": COUNT, "n_heads": COUNT, "d_ff": COUNT,
         "dropout": SHARE_BELOW_ONE, "modality_dropout": SHARE, "lr": POSITIVE, "betas": _betas, **_TRAINING},
     HashConfig: {
-        "method": _name, "n_bits": Range(*CODE_LENGTHS), "hidden": Range(0, why="0: a linear head"),
+        "method": _name, "n_bits": Range(*CODE_LENGTHS), "hidden": Range(0, COUNT_MAX, why="0: a linear head"),
         "dropout": SHARE_BELOW_ONE, "modality_dropout": SHARE,
         "relaxation": RELAXATIONS, "beta_schedule": BETA_SCHEDULES, "beta_gamma": NON_NEGATIVE,
-        "beta_step_iters": AT_LEAST_ONE, "beta_step_epochs": AT_LEAST_ONE,
+        "beta_step_iters": COUNT, "beta_step_epochs": COUNT,
         "lr_fusion": Range(0, why="0 keeps the fusion encoder as trained"),
         "lr_head": POSITIVE, "betas": _betas, **_TRAINING},
     SepsConfig: {
         "version": SEPS_VERSIONS, "selection": tuple(SEPS_SELECTIONS), "dense_text": tuple(DENSE_TEXT),
-        "embed_dim": AT_LEAST_ONE, "keep_ratio": Range(0, 1, low_open=True), "aggr_ratio": Range(0, 1, low_open=True),
+        "embed_dim": COUNT, "keep_ratio": Range(0, 1, low_open=True), "aggr_ratio": Range(0, 1, low_open=True),
         "aggr_hidden_ratio": POSITIVE, "beta": Range(0, 0.5, why="the predictor's weight is 1 − 2β"),
-        "select_temperature": POSITIVE, "hrpa_top_k": AT_LEAST_ONE, "margin": NON_NEGATIVE,
+        "select_temperature": POSITIVE, "hrpa_top_k": COUNT, "margin": NON_NEGATIVE,
         "max_violation_from": NON_NEGATIVE, "ratio_weight": NON_NEGATIVE, "lr": POSITIVE,
-        "weight_decay": NON_NEGATIVE, "pair_chunk": AT_LEAST_ONE, **_TRAINING},
+        "weight_decay": NON_NEGATIVE, "pair_chunk": COUNT, **_TRAINING},
 }
 
 

@@ -201,6 +201,8 @@ def evaluate_hashing(
     """
     check_hasher("evaluate_hashing", model)
     check_type("evaluate_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
+    check_type("evaluate_hashing", "k", k, int)
+    protocols = (protocols,) if isinstance(protocols, str) else protocols  # one protocol, given as itself
     _check_protocols(protocols)
     rows = []
     for protocol in protocols:  # one forward pass: the codes are the signs of the head outputs
@@ -222,6 +224,8 @@ def evaluate_fusion(
     check_type("evaluate_fusion", "fusion", fusion, FusionEncoder,
                "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
     check_type("evaluate_fusion", "data", data, Dataset, "ucmfh.load_dataset(path)")
+    check_type("evaluate_fusion", "k", k, int)
+    protocols = (protocols,) if isinstance(protocols, str) else protocols  # one protocol, given as itself
     _check_protocols(protocols)
     rows = []
     for protocol in protocols:

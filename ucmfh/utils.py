@@ -92,7 +92,8 @@ def check_type(where: str, name: str, value: Any, kind: Union[type, Tuple[type, 
     if isinstance(value, kind) or (optional and value is None):
         return
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    raise wrong_type(where, name, value, what or " or ".join(f"a {k.__name__}" for k in kinds)
+    raise wrong_type(where, name, value, what or " or ".join(f"{'an' if k.__name__[0] in 'aeiouAEIOU' else 'a'} "
+                                                            f"{k.__name__}" for k in kinds)
                      + (" or None" if optional else ""), make)
 
 

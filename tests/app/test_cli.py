@@ -289,6 +289,8 @@ def test_cuda_graphs_asked_for_on_the_cpu_train_eagerly_and_say_so(tmp_path, tin
     (["train-seps", "-d", "TINY", "--lr", "inf"], "Invalid value for '--lr': 'inf' is not a finite number"),
     (["train-hash", "-d", "TINY", "--loss-param", "temperature=0.1", "--loss-param", "temperature=0.2"],
      "Invalid value for --loss-param: temperature given twice (temperature=0.1 and temperature=0.2); give it once"),
+    (["train-hash", "-d", "TINY", "-b", "16", "--set", "hash.hidden=2147483648"],
+     "Invalid value for --set: 'hash.hidden': hidden must be in [0, 2147483647] (0: a linear head), got 2147483648"),
     (["make-synthetic", "s.h5", "--n-query", "99999999999", "--n-retrieval", "99999999999"],
      "not enough memory for what was asked (Unable to allocate 1.46 TiB for an array with shape (199999999998,) and "
      "data type int64); ask for less"),
@@ -317,3 +319,18 @@ def test_a_run_refused_once_started_leaves_no_folder_of_its_lock_alone(tmp_path,
     kept = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "-b", "16", "--epochs", "1", "--out", str(out),
                                      "--results", ""])
     assert kept.exit_code == 0 and len(list(out.glob("*/*/hash16.pt"))) == 1
+
+
+def test_torch_out_of_memory_is_a_user_error_and_other_runtime_errors_are_not():
+    """A width beyond the machine ('DefaultCPUAllocator: can't allocate memory', CUDA's OutOfMemoryError) is one
+    line and exit 2, as numpy's MemoryError is; any other RuntimeError stays a bug, shown whole."""
+    from ucmfh.app.errors import as_user_error, describe
+
+    cpu = RuntimeError("[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: "
+                       "you tried to allocate 1099511627776 bytes.\nmore")
+    said = describe(as_user_error(cpu))
+    assert said.startswith("not enough memory for what was asked ([enforce fail") and "more" not in said
+    oom = type("OutOfMemoryError", (RuntimeError,), {})("CUDA out of memory. Tried to allocate 9 GiB")
+    assert isinstance(as_user_error(oom), MemoryError)
+    bug = RuntimeError("mat1 and mat2 shapes cannot be multiplied")
+    assert as_user_error(bug) is bug

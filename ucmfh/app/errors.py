@@ -80,6 +80,15 @@ def describe(err: BaseException, options: Optional[Collection[str]] = None) -> s
     return " ".join(text.split())
 
 
+def as_user_error(err: RuntimeError) -> RuntimeError:
+    """torch's allocation failures (a CPU allocator that cannot allocate, CUDA out of memory: RuntimeErrors) as
+    the MemoryError they are, a size asked for beyond the machine (``--set hash.hidden=2147483647``); any other
+    RuntimeError as it is, a bug to show whole."""
+    if type(err).__name__ == "OutOfMemoryError" or "can't allocate memory" in str(err):
+        return MemoryError(str(err).split("\n")[0])
+    return err
+
+
 def interrupted(err: KeyboardInterrupt, always_resumes: bool = False) -> None:
     """End a command stopped by Ctrl-C or SIGTERM: one line on stderr saying how to go on, and the shell's
     exit code of the signal (128 + its number: 130 for SIGINT, 143 for SIGTERM; an interrupt that names
@@ -142,6 +151,10 @@ def user_errors(fn: Callable) -> Callable:
             reader_gone()
         except USER_ERRORS as err:
             raise UserError(describe(err)) from None
+        except RuntimeError as err:
+            if as_user_error(err) is err:
+                raise
+            raise UserError(describe(as_user_error(err))) from None
         except KeyboardInterrupt as err:
             interrupted(err)
 

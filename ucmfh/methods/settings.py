@@ -19,6 +19,7 @@ The settings (None, or absent: not given):
 from __future__ import annotations
 
 import dataclasses
+import os
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
 
 from ucmfh.config import (
@@ -107,6 +108,11 @@ def hash_config(method: str = DEFAULT_METHOD, *, dataset: Optional[str] = None, 
     hidden=512)``: it fixes ``hidden``), or with ``drop_unused`` left out (one set of settings serving several
     methods); :class:`SettingError` names it."""
     n_bits = settings.pop("n_bits", HashConfig.n_bits)
+    if not isinstance(n_bits, int) or isinstance(n_bits, bool):
+        raise SettingError("n_bits", f"n_bits must be one code length, an int (several: stage_configs(method, "
+                                     f"n_bits=[16, 64])), got {n_bits!r}")
+    if dataset is not None and not isinstance(dataset, (str, os.PathLike)):
+        raise SettingError("dataset", f"dataset must be a dataset's name or file, got {type(dataset).__name__}")
     fields = {field.name for field in dataclasses.fields(HashConfig)}
     unknown = [name for name in settings if name not in SETTINGS and name not in fields]
     if unknown:
