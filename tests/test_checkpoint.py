@@ -183,3 +183,16 @@ def test_weights_that_are_not_finite_are_refused(saved, tmp_path):
     assert not (tmp_path / "again.pt").exists() and not (tmp_path / "again.json").exists()
     with pytest.raises(ValueError, match=r"^save_checkpoint: an empty path; give the checkpoint file to write$"):
         save_checkpoint("", model, fcfg, hcfg)
+
+
+def test_evaluate_keeping_no_row_writes_nothing_beside_the_checkpoint(saved, tiny_path):
+    """'evaluate --results ""' kept no row, yet wrote the row's per-query scores beside the user's checkpoint."""
+    from click.testing import CliRunner
+
+    from ucmfh.app.cli import main
+
+    folder = os.path.dirname(saved[0])
+    before = sorted(os.listdir(folder))
+    result = CliRunner().invoke(main, ["evaluate", "-d", tiny_path, "-c", saved[0], "--quiet", "--results", ""])
+    assert result.exit_code == 0, result.output
+    assert sorted(os.listdir(folder)) == before

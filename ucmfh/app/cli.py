@@ -344,7 +344,7 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
     check_outputs({"--out": out}, inputs=inputs)
     _, _, hash_cfg, meta = load_model(checkpoint, "hash")  # a damaged or fusion checkpoint is named before the dataset
     if dataset is None:  # the file it was trained on, as it records it (a default of 'synthetic' made one, 103 MB)
-        recorded = meta.get("dataset") or {}
+        recorded = meta.get("dataset") if isinstance(meta.get("dataset"), dict) else {}  # a library caller's meta
         dataset = recorded.get("path")
         if not dataset or not os.path.isfile(dataset):
             raise click.UsageError(f"{checkpoint}: the dataset it was trained on, {dataset or 'not recorded'}, is not "

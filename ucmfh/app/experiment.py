@@ -180,6 +180,8 @@ def evaluate_checkpoint(
     model, fusion_cfg, hash_cfg, meta = load_for(data, path, kind, n_bits=n_bits)
     run = Run(out, dataset_identity(data), fusion_cfg, hash_cfg)
     trained_on = meta.get("dataset")
+    if not isinstance(trained_on, dict):  # a checkpoint a library caller saved with meta of their own
+        trained_on = None
     if trained_on is not None and trained_on.get("fingerprint") == run.dataset["fingerprint"]:
         trained_on = None
     if trained_on is not None:
