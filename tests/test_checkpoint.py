@@ -178,7 +178,8 @@ def test_weights_that_are_not_finite_are_refused(saved, tmp_path):
     model, fcfg, hcfg, _ = load_model(saved[0], "hash")  # nor saved: load_model would refuse it
     with torch.no_grad():
         next(model.parameters()).fill_(float("nan"))
-    with pytest.raises(CheckpointError, match=r"again.pt: not saved, as load_model would refuse it: weights that are NaN"):
+    with pytest.raises(CheckpointError, match=r"again.pt: not saved, as load_model would refuse it: weights that "
+                                              r"are NaN"):
         save_checkpoint(tmp_path / "again.pt", model, fcfg, hcfg)
     assert not (tmp_path / "again.pt").exists() and not (tmp_path / "again.json").exists()
     with pytest.raises(ValueError, match=r"^save_checkpoint: an empty path; give the checkpoint file to write$"):
