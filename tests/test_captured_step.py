@@ -79,7 +79,7 @@ CAPTURED = {
     "dgcpn": ("dgcpn", {}),  # a step of its own: three updates
     "daeh": ("daeh", {}),  # its mutual information in closed form: no eigen-solve on the host
     "ucch": ("ucch", {"method_params": {"n_negatives": 64}}),  # its negatives drawn on the host; momentum by epoch
-    "ucch, learning rate lowered": ("ucch", {"method_params": {"n_negatives": 64}, "epochs": 33}),
+    "ucch, learning rate lowered": ("ucch", {"method_params": {"n_negatives": 64}}),  # its milestone moved to 2
 }
 
 
@@ -114,10 +114,12 @@ def _expected_log(cfg, n_items, scalars):
 
 @pytest.mark.parametrize("case", CAPTURED)
 def test_a_captured_step_trains_the_eager_model_without_a_host_sync(tiny, monkeypatch, standin_graphs, case):
-    from ucmfh.methods.ucch import learning_rate
+    import ucmfh.methods.ucch as ucch
     from ucmfh.models.relaxation import beta_at
 
     method, settings = CAPTURED[case]
+    if case == "ucch, learning rate lowered":  # its first milestone (epoch 31) within the 3 epochs: epoch 2
+        monkeypatch.setattr(ucch, "LR_MILESTONES", (1,))
     fusion = None
     if METHODS[method].uses_fusion:
         fusion = fit_fusion(tiny, small_fusion(epochs=1, dropout=0.0), progress=False)[0]
@@ -131,7 +133,7 @@ def test_a_captured_step_trains_the_eager_model_without_a_host_sync(tiny, monkey
     scalars = (lambda epoch, iteration: None) if method in no_beta else (
         lambda epoch, iteration: beta_at(cfg, iteration, epoch))
     if method == "ucch":  # its memory bank's momentum after the warm-up epoch, its learning rate at each milestone
-        scalars = lambda epoch, iteration: (epoch >= 1, learning_rate(cfg.lr_head, epoch))  # noqa: E731
+        scalars = lambda epoch, iteration: (epoch >= 1, ucch.learning_rate(cfg.lr_head, epoch))  # noqa: E731
     expected = _expected_log(cfg, int(len(tiny.train) * 0.8), scalars)
     assert StandinGraphs.log == expected and expected.count("replay") > 0
     assert expected.count("capture") == {"djsrh": 3, "jdsh": 3, "two-tower, beta by iteration": 9, "ucch": 2,
