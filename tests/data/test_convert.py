@@ -67,6 +67,40 @@ def test_arrays_round_trip_preserves_every_value(tmp_path):
     assert ds.attrs["classes"] == [f"class_{i}" for i in range(C)]
 
 
+def test_a_caption_set_from_arrays_keeps_an_image_s_captions_in_one_split(tmp_path):
+    """LABELS 'none' and --ids: a caption set (relevance: same id). An image's captions stay in one split, the
+    sizes count images, the ids written are the ones given; a missing --ids, ids of another length or below
+    0 are refused by name. (The command could make no caption set: LABELS was required, ids were row numbers.)"""
+    from click.testing import CliRunner
+
+    from ucmfh.app.cli import main
+
+    rng = np.random.default_rng(4)
+    ids = np.repeat(np.arange(100, 130), 2)  # 30 images, 2 captions each
+    image = np.repeat(rng.standard_normal((30, D_IMG)).astype(np.float32), 2, axis=0)
+    text = rng.standard_normal((60, D_TXT)).astype(np.float32)
+    paths = save_npy(tmp_path, image, text, np.zeros((60, 1)))[:2]
+    np.save(tmp_path / "ids.npy", ids)
+    out = tmp_path / "captions.h5"
+    result = CliRunner().invoke(main, ["convert", "npz", *paths, "none", str(out), "--ids", str(tmp_path / "ids.npy"),
+                                       "--query", "5", "--train", "10", "--quiet"])
+    assert result.exit_code == 0, result.output
+    ds = load_dataset(out)
+    assert ds.caption_set and (len(ds.query), len(ds.retrieval), len(ds.train)) == (10, 50, 20)
+    for _, part in ds.splits():  # each image's two captions, its features and its id as given
+        row = {int(i): r for r, i in enumerate(ids)}
+        source = np.array([row[int(i)] for i in part.ids])  # a source row of each id: its image's features
+        np.testing.assert_array_equal(part.img.numpy(), image[source])
+        assert np.all(np.bincount(part.ids.numpy() - 100) % 2 == 0)
+    assert not set(ds.query.ids.tolist()) & set(ds.retrieval.ids.tolist())
+    for argv, said in [(["none", str(tmp_path / "o.h5")], "LABELS 'none' makes a caption set, which needs --ids"),
+                       (["none", str(tmp_path / "o.h5"), "--ids", paths[0]], "image.npy: expected 60 ids, one a row "
+                                                                            "of the features, got shape (60, 12)")]:
+        refused = CliRunner().invoke(main, ["convert", "npz", *paths, *argv, "--query", "5", "--train", "10"])
+        assert refused.exit_code == 2 and said in refused.output, refused.output
+    assert not (tmp_path / "o.h5").exists()
+
+
 def test_npz_keys_and_chunked_equals_unchunked(tmp_path):
     image, text, labels = whole_set(1)
     src = tmp_path / "all.npz"

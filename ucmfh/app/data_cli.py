@@ -80,11 +80,15 @@ def convert_pkl_cmd(folder, out, name, classes_file, image_feature, text_feature
 def _arrays_command(kind: str, help_text: str):
     @click.argument("image", type=click.Path(exists=True, dir_okay=False))
     @click.argument("text", type=click.Path(exists=True, dir_okay=False))
-    @click.argument("labels", type=click.Path(exists=True, dir_okay=False))
+    @click.argument("labels", type=click.Path(dir_okay=False))
     @click.argument("out", type=click.Path(dir_okay=False))
     @click.option("--image-key", help="Variable / array name of the image matrix (default: IAll, image, ... or the only one).")
     @click.option("--text-key", help="Variable / array name of the text matrix (default: YAll, text, ...).")
     @click.option("--labels-key", help="Variable / array name of the label matrix (default: LAll, labels, ...).")
+    @click.option("--ids", type=click.Path(exists=True, dir_okay=False),
+                  help="Item ids, one a row: rows of one id are one image (its captions), kept in one split, the "
+                       "sizes counted in ids. With LABELS 'none': a caption set (relevance: same id).")
+    @click.option("--ids-key", help="Variable / array name of the ids (default: ids, id, ...).")
     @click.option("--standard-split", type=click.Choice(sorted(STANDARD_SPLITS)),
                   help="Standard split sizes; --query/--train/--retrieval override them.")
     @click.option("--query", type=int, help="Query items.")
@@ -96,10 +100,18 @@ def _arrays_command(kind: str, help_text: str):
     @click.option("--chunk-rows", type=Count(min=1), default=4096, show_default=True, help="Rows read per block.")
     @_common
     @user_errors
-    def command(image, text, labels, out, image_key, text_key, labels_key, standard_split, query, train, retrieval,
-                split_index, seed, chunk_rows, name, classes_file, image_feature, text_feature, empty_labels,
-                overwrite, quiet):
-        check_outputs({"OUT": out}, inputs={"IMAGE": image, "TEXT": text, "LABELS": labels,
+    def command(image, text, labels, out, image_key, text_key, labels_key, ids, ids_key, standard_split, query, train,
+                retrieval, split_index, seed, chunk_rows, name, classes_file, image_feature, text_feature,
+                empty_labels, overwrite, quiet):
+        if labels == "none":  # a caption set: its ids are its relevance
+            if ids is None:
+                raise click.UsageError("LABELS 'none' makes a caption set, which needs --ids (rows of one id are one "
+                                       "image)")
+            labels = None
+        elif not os.path.isfile(labels):
+            raise click.BadParameter(f"{labels}: no such file ('none' for a caption set, with --ids)",
+                                     param_hint="LABELS")
+        check_outputs({"OUT": out}, inputs={"IMAGE": image, "TEXT": text, "LABELS": labels, "--ids": ids,
                                             "--split-index": split_index, "--classes": classes_file})
         sizes = None
         if split_index is None:
@@ -110,7 +122,8 @@ def _arrays_command(kind: str, help_text: str):
             if drawn:
                 raise click.UsageError(f"--split-index gives the split; drop {', '.join(drawn)} (of a drawn split)")
         _summary(convert_arrays(
-            image, text, labels, out, image_key=image_key, text_key=text_key, labels_key=labels_key,
+            image, text, labels, out, ids=ids, image_key=image_key, text_key=text_key, labels_key=labels_key,
+            ids_key=ids_key,
             sizes=sizes, split_index=split_index, seed=seed, name=name,
             classes=read_classes(classes_file) if classes_file else None, image_feature=image_feature,
             text_feature=text_feature, empty_labels=empty_labels, chunk_rows=chunk_rows, overwrite=overwrite,
@@ -121,8 +134,10 @@ def _arrays_command(kind: str, help_text: str):
     return convert.command(kind)(command)
 
 
-_arrays_command("mat", "Whole-set .mat matrices (DJSRH/UCCH, v5 or v7.3) IMAGE TEXT LABELS -> OUT with a seeded split.")
-_arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with a seeded split.")
+_arrays_command("mat", "Whole-set .mat matrices (DJSRH/UCCH, v5 or v7.3) IMAGE TEXT LABELS -> OUT with a seeded split "
+                       "(LABELS 'none' and --ids IDS: a caption set).")
+_arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with a seeded split (LABELS 'none' and "
+                       "--ids IDS: a caption set).")
 
 
 @click.command()

@@ -21,6 +21,7 @@ ROLE_KEYS = {
     "image": ("image", "img", "IAll", "I", "X"),
     "text": ("text", "txt", "YAll", "T", "Y"),
     "labels": ("labels", "label", "LAll", "L"),
+    "ids": ("ids", "id", "image_ids"),
 }
 _MAT_META = ("#refs#", "#subsystem#")
 

@@ -21,7 +21,7 @@ import os
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Union
 
 import h5py
 import numpy as np
@@ -46,6 +46,21 @@ class ConvertReport:
     rows: Dict[str, int]
     dropped: Dict[str, int] = field(default_factory=dict)
     seconds: float = 0.0
+
+
+def _read_ids(src: Any, n: int) -> np.ndarray:
+    """Item ids, one a row: whole numbers >= 0 (rows of one id are one image)."""
+    values = src.read_all()
+    if values.ndim == 2 and 1 in values.shape:  # a .mat column or row vector
+        values = values.reshape(-1)
+    if values.ndim != 1 or len(values) != n:
+        raise DataError(f"{src.name}: expected {n} ids, one a row of the features, got shape {values.shape}")
+    if values.dtype.kind not in "iu":
+        if values.dtype.kind != "f" or not np.array_equal(values, np.round(values)):
+            raise DataError(f"{src.name}: ids must be whole numbers, got {values.dtype}")
+    if values.size and values.min() < 0:
+        raise DataError(f"{src.name}: ids must be >= 0 (rows sharing an id are one image), got {values.min():g}")
+    return values.astype(np.int64)
 
 
 def _check_labels(labels: np.ndarray, where: str) -> np.ndarray:
@@ -235,12 +250,14 @@ def _scatter(
 def convert_arrays(
     image: PathLike,
     text: PathLike,
-    labels: PathLike,
+    labels: Optional[PathLike],
     out: PathLike,
     *,
+    ids: Optional[PathLike] = None,
     image_key: Optional[str] = None,
     text_key: Optional[str] = None,
     labels_key: Optional[str] = None,
+    ids_key: Optional[str] = None,
     sizes: Optional[SplitSizes] = None,
     split_index: Optional[Union[SplitIndex, PathLike]] = None,
     seed: int = DEFAULT_SEED,
@@ -258,10 +275,12 @@ def convert_arrays(
     The split is drawn by :func:`ucmfh.data.splits.sample_split` with
     ``sizes`` and ``seed`` (rule and seed go into the ``split`` attribute), or
     given as ``split_index`` (a :class:`SplitIndex` or an ``.npz`` of source
-    rows). ``ids`` in the output are the source row numbers. Rows without a
-    label are dropped before drawing (``empty_labels='drop'``, logged) or fail.
+    rows). ``ids`` in the output are the source row numbers, or the ``ids`` given: rows of one id are one
+    image (its captions), kept in one split, the split's sizes counted in ids. Without ``labels`` the
+    output is a caption set (relevance: same id), which needs ``ids``. Rows without a label are dropped
+    before drawing (``empty_labels='drop'``, logged) or fail.
 
-    Shape: image [N, d_img], text [N, d_txt], labels [N, C] 0/1, any numeric dtype.
+    Shape: image [N, d_img], text [N, d_txt], labels [N, C] 0/1, any numeric dtype; ids [N] integers >= 0.
     """
     t0 = time.perf_counter()
     out = os.fspath(out)
@@ -271,10 +290,16 @@ def convert_arrays(
         raise ValueError(f"chunk_rows must be positive, got {chunk_rows}")
     check_seed(seed)
     with ExitStack() as stack:
+        if labels is None and ids is None:
+            raise ValueError("a caption set (no labels) needs ids: rows of one id are one image, relevant to each "
+                             "other")
         img_src = open_array(image, image_key, "image", stack)
         txt_src = open_array(text, text_key, "text", stack)
-        lab_src = open_array(labels, labels_key, "labels", stack)
+        lab_src = None if labels is None else open_array(labels, labels_key, "labels", stack)
+        item_ids = None if ids is None else _read_ids(open_array(ids, ids_key, "ids", stack), len(img_src))
         for src, role in ((img_src, "image"), (txt_src, "text"), (lab_src, "labels")):
+            if src is None:
+                continue
             if len(src.shape) != 2 or src.shape[1] == 0:
                 hint = (" (one class an item? give it one-hot: numpy.eye(C)[classes])"
                         if role == "labels" and len(src.shape) == 1 else "")
@@ -283,13 +308,13 @@ def convert_arrays(
                 raise DataError(f"{src.name}: expected numeric {role} values, got {src.dtype}")
         n = len(img_src)
         for src in (txt_src, lab_src):
-            if len(src) != n:
+            if src is not None and len(src) != n:
                 raise DataError(f"{src.name}: {len(src)} rows, but {img_src.name} has {n}")
-        label_matrix = _check_labels(lab_src.read_all(), lab_src.name)
-        keep = empty_label_rows(label_matrix, lab_src.name, empty_labels)
+        label_matrix = None if lab_src is None else _check_labels(lab_src.read_all(), lab_src.name)
+        keep = np.ones(n, dtype=bool) if lab_src is None else empty_label_rows(label_matrix, lab_src.name, empty_labels)
         if split_index is None:
             try:
-                index = sample_split(n, sizes, seed, keep=keep)
+                index = sample_split(n, sizes, seed, ids=item_ids, keep=keep)
             except ValueError as err:
                 raise DataError(f"{img_src.name}: {err}") from None
         else:
@@ -305,16 +330,21 @@ def convert_arrays(
                     raise DataError(f"{given}: {s}: {bad.size} rows have no label (first: row {bad[0]})")
         rows = index.as_dict()
         attrs = root_attrs(
-            out, name, classes, label_matrix.shape[1],
+            out, name, classes, 0 if label_matrix is None else label_matrix.shape[1],
             image_feature or f"from {img_src.name} ({img_src.shape[1]}-d)",
             text_feature or f"from {txt_src.name} ({txt_src.shape[1]}-d)",
-            source=f"image={img_src.name}; text={txt_src.name}; labels={lab_src.name}",
+            source=f"image={img_src.name}; text={txt_src.name}; "
+                   + (f"labels={lab_src.name}" if lab_src is not None else "no labels (a caption set)")
+                   + (f"; ids={ids}" if ids is not None else ""),
             split_rule=index.rule,
         )
         with open_writer(out, attrs, overwrite) as f:
             for s in SPLITS:
-                create_split_dataset(f, s, "labels", (len(rows[s]), label_matrix.shape[1]))[...] = label_matrix[rows[s]]
-                create_split_dataset(f, s, "ids", (len(rows[s]),))[...] = rows[s]
+                if label_matrix is not None:
+                    create_split_dataset(f, s, "labels", (len(rows[s]), label_matrix.shape[1]))[...] = \
+                        label_matrix[rows[s]]
+                create_split_dataset(f, s, "ids", (len(rows[s]),))[...] = \
+                    rows[s] if item_ids is None else item_ids[rows[s]]
             with tqdm(total=2 * n, unit="row", desc=f"convert {os.path.basename(out)}", disable=not progress) as bar:
                 _scatter(f, "image", img_src, rows, chunk_rows, bar)
                 _scatter(f, "text", txt_src, rows, chunk_rows, bar)
