@@ -123,10 +123,10 @@ def check_not_input(path: PathLike, inputs: Dict[str, Union[PathLike, Sequence[P
             if os.path.isdir(item):  # an index folder: nothing of another kind is written into it, new or not
                 inside = os.path.commonpath([real, os.path.realpath(item)]) == os.path.realpath(item)
                 if inside:
-                    raise ValueError(f"{path}: is inside {flag} {item}, an input of this command; not written "
+                    raise ValueError(f"{path}: is inside {item}, an input of this command ({flag}); not written "
                                      "there, even with --overwrite")
             elif os.path.exists(real) and os.path.samefile(real, item):
-                raise ValueError(f"{path}: is {flag} {item}, an input of this command; not written over, even "
+                raise ValueError(f"{path}: is {item}, an input of this command ({flag}); not written over, even "
                                  "with --overwrite")
 
 
