@@ -61,6 +61,7 @@ def test_a_trained_model_s_codes_and_scores_are_one_call_each(tiny, trained):
     with pytest.raises(ValueError, match=r"unknown protocol\(s\) \['both'\]"):
         ucmfh.encode_split(trained, tiny.query, "both")
     assert ucmfh.evaluate_hashing(trained, tiny, protocols="unimodal") == [row]  # one protocol as itself
+    assert ucmfh.evaluate_hashing(trained, tiny) == [row]  # leak-free: unimodal alone, as train-hash scores it
     for settings, said in [({"n_bits": [16, 64]}, r"n_bits must be one code length, an int \(several: "
                                                   r"stage_configs\(method, n_bits=\[16, 64\]\)\), got \[16, 64\]"),
                            ({"dataset": 5}, r"dataset must be a dataset's name or file, got int"),

@@ -1,7 +1,7 @@
 """Encode the query and retrieval sets under a protocol and score both directions (docs/reference.md §3, §6)."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -190,10 +190,12 @@ _METRICS = ("map_", "recall_", "rsum")  # the score keys of a row (the rest desc
 
 
 def evaluate_hashing(
-    model: CrossModalHasher, data: Dataset, protocols: Sequence[str] = PROTOCOLS,
+    model: CrossModalHasher, data: Dataset, protocols: Optional[Sequence[str]] = None,
     k: int = DEFAULT_K, device: str = "auto", progress: bool = False, real_valued: bool = False, per_query: bool = False,
 ) -> List[Dict[str, object]]:
     """Hamming-ranking scores of both directions, one row per protocol (and database of a caption set).
+    ``protocols``: by default both where the model has a fused view (UCMFH's, on its fusion encoder), else
+    ``unimodal`` alone (a leak-free model's codes are the same under both: one row, as ``train-hash`` writes).
 
     With ``real_valued`` each row also holds ``real_valued``: the same scores of the heads'
     real-valued outputs ranked by cosine, what the codes lose to their sign (docs/reference.md §5).
@@ -202,6 +204,8 @@ def evaluate_hashing(
     check_hasher("evaluate_hashing", model)
     check_type("evaluate_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
     check_type("evaluate_hashing", "k", k, int)
+    if protocols is None:
+        protocols = PROTOCOLS if hasattr(model, "fusion") else ("unimodal",)
     protocols = (protocols,) if isinstance(protocols, str) else protocols  # one protocol, given as itself
     _check_protocols(protocols)
     rows = []
