@@ -199,7 +199,8 @@ def torch_file_problem(path: PathLike, err: BaseException) -> str:
     if isinstance(err, OSError) and err.strerror and not os.path.isfile(path):
         return err.strerror.lower()
     if os.path.getsize(path) == 0:
-        return "an empty file"
+        with open(path, "rb") as f:  # a file the system sizes 0 may still hold bytes (/proc/self/status)
+            return "an empty file" if not f.read(1) else "truncated, or not a file torch saved"
     if not zipfile.is_zipfile(path):  # what torch.save writes; a copy cut short has no central directory
         return "truncated, or not a file torch saved"
     if isinstance(err, pickle.UnpicklingError):  # weights_only refuses anything but tensors and plain values
