@@ -159,8 +159,8 @@ def test_float_ids_are_refused_not_truncated(tmp_path):
     src["train"]["text"][7, 1] = 1e300  # finite as given: said as beyond float32's range, without numpy's warning
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        with pytest.raises(DataError, match=r"d\.h5: /train/text \(as float32: float64 values beyond its range become "
-                                            r"inf\): 1 non-finite values .*\(first: inf at row 7, column 1\)"):
+        with pytest.raises(DataError, match=r"d\.h5: /train/text \(read as float32: float64 values beyond its range "
+                                            r"become inf\): 1 non-finite values .*\(first: inf at row 7, column 1\)"):
             write_dataset(tmp_path / "d.h5", src)
     src = arrays()
     src["query"]["labels"] = src["query"]["labels"].argmax(axis=1)  # class numbers: said by their shape

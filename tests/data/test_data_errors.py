@@ -215,6 +215,12 @@ def test_bad_values_and_shapes_name_the_file(tmp_path, arrays):
     np.save(tmp_path / "nan.npy", image)
     user_error(convert_npz(tmp_path / "nan.npy", *arrays[1:], tmp_path / "o.h5"),
                "nan.npy: 1 non-finite values in rows 0..29 (first: NaN at row 7, column 2)")
+    text = np.load(arrays[1]).astype(np.float64)
+    text[4, 1] = 1e300  # finite as given: said as beyond float32's range, not as an inf the user never had
+    np.save(tmp_path / "big.npy", text)
+    user_error(convert_npz(arrays[0], tmp_path / "big.npy", arrays[2], tmp_path / "o.h5"),
+               "big.npy (read as float32: float64 values beyond its range become inf): 1 non-finite values in rows "
+               "0..29 (first: inf at row 4, column 1)")
     np.save(tmp_path / "classes.npy", np.load(arrays[2]).argmax(axis=1))  # class numbers, not multi-hot rows
     user_error(convert_npz(*arrays[:2], tmp_path / "classes.npy", tmp_path / "o.h5"),
                "classes.npy: expected a 2-D [N, d] labels matrix, got shape (30,) (one class an item? give it "

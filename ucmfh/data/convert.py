@@ -28,7 +28,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ucmfh.config import SettingError
-from ucmfh.data.h5 import SPLITS, DataError, PathLike, check_finite, is_multi_hot
+from ucmfh.data.format import finite_float32
+from ucmfh.data.h5 import SPLITS, DataError, PathLike, is_multi_hot
 from ucmfh.data.writer import create_split_dataset, open_writer
 from ucmfh.data.arrays import ArraySource, open_array
 from ucmfh.data.input_files import read_lines
@@ -156,8 +157,7 @@ def _load_pkl(path: str) -> Dict[str, np.ndarray]:
         if len(v) != len(arrays["image"]):
             raise DataError(f"{path}: '{k}' has {len(v)} rows, 'image' has {len(arrays['image'])}")
         if k != "labels":
-            with np.errstate(over="ignore"):  # beyond float32's range: reported as inf
-                check_finite(v.astype(np.float32), f"{path}: '{k}'")
+            finite_float32(v, f"{path}: '{k}'")
     if len(arrays["image"]) == 0:
         raise DataError(f"{path}: empty split (0 rows)")
     return arrays
@@ -238,9 +238,7 @@ def _scatter(
         stop = min(n, start + chunk_rows)
         spans = {s: np.searchsorted(rows, (start, stop)) for s, rows in index.items()}
         if any(hi > lo for lo, hi in spans.values()):
-            with np.errstate(over="ignore"):  # beyond float32's range: reported as inf
-                block = src.read(start, stop).astype(np.float32, copy=False)
-            check_finite(block, src.name, start)
+            block = finite_float32(src.read(start, stop), src.name, start)
             for s, (lo, hi) in spans.items():
                 if hi > lo:
                     dsets[s][lo:hi] = block[index[s][lo:hi] - start]

@@ -31,6 +31,18 @@ def first_of_each_id(ids: np.ndarray) -> np.ndarray:
     return np.sort(np.unique(np.asarray(ids), return_index=True)[1]).astype(np.int64)
 
 
+def finite_float32(block: np.ndarray, where: str, first_row: int = 0) -> np.ndarray:
+    """``block`` [rows, d] as float32, refusing NaN and inf as given (:func:`check_finite`), then a value of a wider
+    type beyond float32's range, said as such: it is read as an inf the user never had."""
+    check_finite(block, where, first_row)
+    if block.dtype == np.float32:
+        return block
+    with np.errstate(over="ignore"):
+        cast = block.astype(np.float32)
+    check_finite(cast, f"{where} (read as float32: {block.dtype} values beyond its range become inf)", first_row)
+    return cast
+
+
 def check_finite(block: np.ndarray, where: str, first_row: int = 0) -> None:
     """Fail on NaN or inf in a [rows, d] ``block`` whose rows are numbered from ``first_row``."""
     bad = ~np.isfinite(block)

@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 import torch
 
-from ucmfh.data.format import REQUIRED, SPLITS, DataError, check_finite
+from ucmfh.data.format import REQUIRED, SPLITS, DataError, finite_float32
 from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, open_without_chunk_cache, take
 from ucmfh.data.tokens import check_token_splits, check_tokens
 from ucmfh.files import PathLike, read_attrs
@@ -203,15 +203,12 @@ def _read(path: str, where: str, dset: h5py.Dataset, rows: slice = slice(None)) 
 def _check_finite(path: str, where: str, dset: h5py.Dataset, fingerprint: bool = False) -> Optional[np.ndarray]:
     """No NaN or inf, as stored nor as read (float32: a float64 value beyond its range is read as inf). With
     ``fingerprint``, each row's fingerprint as read (:func:`_row_fingerprints`), from the same reads."""
-    picked = np.unique(np.linspace(0, dset.shape[1] - 1, min(dset.shape[1], _PRINT_COLUMNS)).astype(np.int64))
+    if fingerprint:
+        picked = np.unique(np.linspace(0, dset.shape[1] - 1, min(dset.shape[1], _PRINT_COLUMNS)).astype(np.int64))
     prints = []
     for start in range(0, dset.shape[0], _CHECK_ROWS):
         block = _read(path, where, dset, slice(start, start + _CHECK_ROWS))
-        check_finite(block, f"{path}: {where}", start)
-        if block.dtype != np.float32:
-            with np.errstate(over="ignore"):
-                check_finite(block.astype(np.float32), f"{path}: {where} (read as float32: {block.dtype} values "
-                                                       "beyond its range become inf)", start)
+        block = finite_float32(block, f"{path}: {where}", start)
         if fingerprint:
             prints.append(_row_fingerprints(block, picked))
     return np.concatenate(prints) if fingerprint else None

@@ -9,7 +9,7 @@ from typing import Dict, Iterator, Optional
 import h5py
 import numpy as np
 
-from ucmfh.data.format import SPLITS, DataError, check_finite
+from ucmfh.data.format import SPLITS, DataError, finite_float32
 from ucmfh.data.h5 import is_multi_hot, validate_file
 from ucmfh.files import PathLike, atomic_file, write_attrs
 
@@ -143,11 +143,6 @@ def _as_format(path: str, where: str, name: str, array: np.ndarray) -> np.ndarra
     if name == "text_bow" and array.size and not (
             np.array_equal(array, np.round(array)) and 0 <= array.min() and array.max() <= 255):
         raise DataError(f"{path}: {where}: bag-of-words counts must be whole numbers from 0 to 255 (uint8)")
-    wanted = np.dtype(DTYPES[name])
-    if array.dtype.kind == "f" and wanted.kind == "f" and array.dtype.itemsize > wanted.itemsize:
-        with np.errstate(over="ignore"):  # a value beyond float32's range is said as such, not as numpy's warning
-            cast = array.astype(wanted)
-        if not np.isfinite(cast).all() and np.isfinite(array).all():
-            check_finite(cast, f"{path}: {where} (as {wanted}: {array.dtype} values beyond its range become inf)")
-        return cast
+    if name in ("image", "text") and array.dtype.kind == "f":  # said as such, not as numpy's overflow warning
+        return finite_float32(array, f"{path}: {where}")
     return array.astype(DTYPES[name], copy=False)

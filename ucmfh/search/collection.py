@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import h5py
 import numpy as np
 
-from ucmfh.data.format import DataError, check_finite, first_of_each_id
+from ucmfh.data.format import DataError, check_finite, finite_float32, first_of_each_id
 from ucmfh.files import read_attrs
 
 FEATURES = {"img": "image", "txt": "text"}  # modality -> dataset name
@@ -264,8 +264,7 @@ def read_queries(
                                 f"{'both modalities' if fits else 'neither modality'} of the checkpoint "
                                 f"(image {dims['img']}-d, text {dims['txt']}-d); {remedy}")
             modality = fits[0]
-        check_finite(x.astype(np.float32), path)
-        return Queries(modality, x.astype(np.float32), path)
+        return Queries(modality, finite_float32(x, path), path)
     if os.path.isfile(path) and not h5py.is_hdf5(path):  # a text, an .npz, an .npy under another name
         raise DataError(f"{path}: neither an .npy file nor an HDF5 file (query features are an .npy [Q, d], or an "
                         "HDF5 collection or dataset file)")
