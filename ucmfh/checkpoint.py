@@ -13,7 +13,7 @@ from ucmfh.files import PathLike, atomic_file, torch_file_problem, write_text_at
 from ucmfh.methods import METHODS, PLUGIN_ERRORS, build_method
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.seps.model import SEPS
-from ucmfh.utils import check_type
+from ucmfh.utils import check_argument
 
 FORMAT = "ucmfh-checkpoint"
 VERSION = 1
@@ -39,9 +39,9 @@ def save_checkpoint(
     path = os.fspath(path)
     if not path:
         raise ValueError("save_checkpoint: an empty path; give the checkpoint file to write")
-    check_type("save_checkpoint", "model", model, nn.Module)
-    check_type("save_checkpoint", "fusion_cfg", fusion_cfg, FusionConfig, optional=True)
-    check_type("save_checkpoint", "hash_cfg", hash_cfg, HashConfig, optional=True)
+    check_argument("save_checkpoint", "model", model, nn.Module)
+    check_argument("save_checkpoint", "fusion_cfg", fusion_cfg, FusionConfig, optional=True)
+    check_argument("save_checkpoint", "hash_cfg", hash_cfg, HashConfig, optional=True)
     dims = getattr(model, "fusion", model)  # a model on a fusion encoder has the encoder's dims
     if not hasattr(dims, "d_img"):
         raise CheckpointError(f"{path}: not saved: {type(model).__name__} is not a model of ucmfh's (it has no "

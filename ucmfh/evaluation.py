@@ -18,7 +18,7 @@ from ucmfh.metrics.report import EXPECTED
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 from ucmfh.similarity import sign_codes
-from ucmfh.utils import check_type, resolve_device, to_device, wrong_type
+from ucmfh.utils import check_argument, resolve_device, to_device, wrong_argument
 
 
 @torch.no_grad()
@@ -63,7 +63,7 @@ def _by_modality(
 def check_hasher(where: str, model: object) -> None:
     """Refuse anything but a hashing model (one with ``head_outputs``) at a public entry point (``TypeError``)."""
     if not (isinstance(model, nn.Module) and hasattr(model, "head_outputs")):
-        raise wrong_type(where, "model", model, "a hashing model",
+        raise wrong_argument(where, "model", model, "a hashing model",
                          "ucmfh.fit_hashing, or ucmfh.load_model(path, 'hash')")
 
 
@@ -75,7 +75,7 @@ def head_outputs_split(
 
     Shape: -> two [N, n_bits] on ``device``."""
     check_hasher("encode_split", model)
-    check_type("encode_split", "split", split, Split, "a split of ucmfh.load_dataset(path): .query, .retrieval")
+    check_argument("encode_split", "split", split, Split, "a split of ucmfh.load_dataset(path): .query, .retrieval")
     _check_protocols([protocol])
     device = resolve_device(device)
     model.to(device).eval()
@@ -102,8 +102,9 @@ def embed_split(
     batch_size: int = 4096, progress: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """Real-valued image and text embeddings of every item of a split. Shape: -> two [N, d_model]."""
-    check_type("embed_split", "fusion", fusion, FusionEncoder, "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
-    check_type("embed_split", "split", split, Split, "a split of ucmfh.load_dataset(path): .query, .retrieval")
+    check_argument("embed_split", "fusion", fusion, FusionEncoder,
+                   "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
+    check_argument("embed_split", "split", split, Split, "a split of ucmfh.load_dataset(path): .query, .retrieval")
     _check_protocols([protocol])
     device = resolve_device(device)
     fusion.to(device).eval()
@@ -202,8 +203,8 @@ def evaluate_hashing(
     With ``per_query``, the codes' tie-aware per-query scores too (:func:`score_splits`).
     """
     check_hasher("evaluate_hashing", model)
-    check_type("evaluate_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
-    check_type("evaluate_hashing", "k", k, int)
+    check_argument("evaluate_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
+    check_argument("evaluate_hashing", "k", k, int)
     if protocols is None:
         protocols = PROTOCOLS if hasattr(model, "fusion") else ("unimodal",)
     protocols = (protocols,) if isinstance(protocols, str) else protocols  # one protocol, given as itself
@@ -225,10 +226,10 @@ def evaluate_fusion(
     k: int = DEFAULT_K, device: str = "auto", progress: bool = False,
 ) -> List[Dict[str, object]]:
     """Cosine-ranking scores of the real-valued fusion embeddings, one row per protocol (and database)."""
-    check_type("evaluate_fusion", "fusion", fusion, FusionEncoder,
-               "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
-    check_type("evaluate_fusion", "data", data, Dataset, "ucmfh.load_dataset(path)")
-    check_type("evaluate_fusion", "k", k, int)
+    check_argument("evaluate_fusion", "fusion", fusion, FusionEncoder,
+                   "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
+    check_argument("evaluate_fusion", "data", data, Dataset, "ucmfh.load_dataset(path)")
+    check_argument("evaluate_fusion", "k", k, int)
     protocols = (protocols,) if isinstance(protocols, str) else protocols  # one protocol, given as itself
     _check_protocols(protocols)
     rows = []

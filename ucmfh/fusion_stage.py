@@ -18,7 +18,7 @@ from ucmfh.optim import adam
 from ucmfh.selection import History, validator
 from ucmfh.trainer import Batch, Plan, Setup, check_supervision, fit
 from ucmfh.training_state import StateFile
-from ucmfh.utils import check_type
+from ucmfh.utils import check_argument
 
 
 def fit_fusion(
@@ -36,9 +36,9 @@ def fit_fusion(
     With ``state``, the run saves and (``state.resume``) continues its training
     state; interrupted by SIGINT/SIGTERM it raises :class:`TrainingInterrupted`.
     """
-    check_type("fit_fusion", "data", data, Dataset, "ucmfh.load_dataset(path)")
-    check_type("fit_fusion", "cfg", cfg, FusionConfig, "ucmfh.fusion_config(...)")
-    check_type("fit_fusion", "fusion", fusion, FusionEncoder, optional=True)
+    check_argument("fit_fusion", "data", data, Dataset, "ucmfh.load_dataset(path)")
+    check_argument("fit_fusion", "cfg", cfg, FusionConfig, "ucmfh.fusion_config(...)")
+    check_argument("fit_fusion", "fusion", fusion, FusionEncoder, optional=True)
     check_supervision(data, cfg)
 
     def plan(setup: Setup) -> Plan:

@@ -83,21 +83,19 @@ def to_device(x: torch.Tensor, device: torch.device, keep_host: bool = False) ->
     return out
 
 
-def check_type(where: str, name: str, value: Any, kind: Union[type, Tuple[type, ...]], make: str = "",
-               optional: bool = False, what: str = "") -> None:
+def check_argument(where: str, name: str, value: Any, kind: Union[type, Tuple[type, ...]], make: str = "",
+                   optional: bool = False) -> None:
     """Refuse an argument of another type at a public entry point, before it fails deep inside
     (``TypeError``: ``fit_hashing: data must be a Dataset (ucmfh.load_dataset(path)), got str 'wiki.h5'``).
-    ``make``: how to get one; ``optional``: None is accepted too; ``what``: the wanted thing in words
-    (else the types' names)."""
+    ``make``: how to get one; ``optional``: None is accepted too."""
     if isinstance(value, kind) or (optional and value is None):
         return
     kinds = kind if isinstance(kind, tuple) else (kind,)
-    raise wrong_type(where, name, value, what or " or ".join(f"{'an' if k.__name__[0] in 'aeiouAEIOU' else 'a'} "
-                                                            f"{k.__name__}" for k in kinds)
-                     + (" or None" if optional else ""), make)
+    wanted = " or ".join(f"{'an' if k.__name__[0] in 'aeiouAEIOU' else 'a'} {k.__name__}" for k in kinds)
+    raise wrong_argument(where, name, value, wanted + (" or None" if optional else ""), make)
 
 
-def wrong_type(where: str, name: str, value: Any, what: str, make: str = "") -> TypeError:
-    """The error of :func:`check_type`: ``WHERE: NAME must be WHAT (MAKE), got TYPE 'value'``."""
+def wrong_argument(where: str, name: str, value: Any, what: str, make: str = "") -> TypeError:
+    """The error of :func:`check_argument`: ``WHERE: NAME must be WHAT (MAKE), got TYPE 'value'``."""
     shown = f" {value!r}"[:80] if isinstance(value, (str, bytes, int, float)) or hasattr(value, "__fspath__") else ""
     return TypeError(f"{where}: {name} must be {what}{f' ({make})' if make else ''}, got {type(value).__name__}{shown}")

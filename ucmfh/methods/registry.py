@@ -11,7 +11,7 @@ from ucmfh.methods.base import Method
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.training_state import StateFile
 from ucmfh.selection import History
-from ucmfh.utils import check_type
+from ucmfh.utils import check_argument
 
 METHODS: Dict[str, Method] = {}
 # the entry points of other packages' methods that failed to load, by name: why (ucmfh.methods.plugins)
@@ -45,7 +45,7 @@ def fit_hashing(data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] 
                 state: Optional[StateFile] = None) -> Tuple[nn.Module, History]:
     """Train the hashing stage by ``cfg.method`` (:meth:`Method.train`); returns the model (on CPU) and
     its :class:`~ucmfh.selection.History`. Methods that ``uses_fusion`` need the ``fusion`` encoder."""
-    check_type("fit_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
-    check_type("fit_hashing", "cfg", cfg, HashConfig, "ucmfh.hash_config(method, ...)")
-    check_type("fit_hashing", "fusion", fusion, FusionEncoder, "ucmfh.fit_fusion", optional=True)
+    check_argument("fit_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
+    check_argument("fit_hashing", "cfg", cfg, HashConfig, "ucmfh.hash_config(method, ...)")
+    check_argument("fit_hashing", "fusion", fusion, FusionEncoder, "ucmfh.fit_fusion", optional=True)
     return build_method(cfg.method).train(data, cfg, fusion, progress, state)
