@@ -1,7 +1,7 @@
 """Encode the query and retrieval sets under a protocol and score both directions (docs/reference.md §3, §6)."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -76,7 +76,7 @@ def head_outputs_split(
     Shape: -> two [N, n_bits] on ``device``."""
     check_hasher("encode_split", model)
     check_argument("encode_split", "split", split, Split, "a split of ucmfh.load_dataset(path): .query, .retrieval")
-    _check_protocols([protocol])
+    _protocols(protocol)
     device = resolve_device(device)
     model.to(device).eval()
     return _by_modality(lambda i, t: model.head_outputs(i, t, protocol), lambda x: model.modality_logits(x, "img"),
@@ -105,7 +105,7 @@ def embed_split(
     check_argument("embed_split", "fusion", fusion, FusionEncoder,
                    "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
     check_argument("embed_split", "split", split, Split, "a split of ucmfh.load_dataset(path): .query, .retrieval")
-    _check_protocols([protocol])
+    _protocols(protocol)
     device = resolve_device(device)
     fusion.to(device).eval()
     return _by_modality(lambda i, t: fusion.embed(i, t, protocol), fusion.encode_img, fusion.encode_txt, split,
@@ -138,10 +138,13 @@ def _average_precisions(query, retrieval, query_labels, retrieval_labels, k: int
             "t2i": average_precision_at_k(query[1], retrieval[0], query_labels, retrieval_labels, **kw)}
 
 
-def _check_protocols(protocols: Sequence[str]) -> None:
+def _protocols(protocols: Union[str, Sequence[str]]) -> Tuple[str, ...]:
+    """The protocols asked for, one given as itself (``"unimodal"``) or several; an unknown one is refused."""
+    protocols = (protocols,) if isinstance(protocols, str) else tuple(protocols)
     bad = [p for p in protocols if p not in PROTOCOLS]
     if bad:
         raise ValueError(f"unknown protocol(s) {bad}; choose from {PROTOCOLS}")
+    return protocols
 
 
 def score_splits(
@@ -207,8 +210,7 @@ def evaluate_hashing(
     check_argument("evaluate_hashing", "k", k, int)
     if protocols is None:
         protocols = PROTOCOLS if hasattr(model, "fusion") else ("unimodal",)
-    protocols = (protocols,) if isinstance(protocols, str) else protocols  # one protocol, given as itself
-    _check_protocols(protocols)
+    protocols = _protocols(protocols)
     rows = []
     for protocol in protocols:  # one forward pass: the codes are the signs of the head outputs
         query = head_outputs_split(model, data.query, protocol, device, progress=progress)
@@ -230,8 +232,7 @@ def evaluate_fusion(
                    "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
     check_argument("evaluate_fusion", "data", data, Dataset, "ucmfh.load_dataset(path)")
     check_argument("evaluate_fusion", "k", k, int)
-    protocols = (protocols,) if isinstance(protocols, str) else protocols  # one protocol, given as itself
-    _check_protocols(protocols)
+    protocols = _protocols(protocols)
     rows = []
     for protocol in protocols:
         query = embed_split(fusion, data.query, protocol, device, progress=progress)
