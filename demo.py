@@ -124,11 +124,11 @@ def main(argv=None) -> int:
                                        out=args.out)
         report(rows, args.results)
     except (*USER_ERRORS, RuntimeError) as err:
-        if isinstance(err, RuntimeError) and as_user_error(err) is err:
+        mapped = as_user_error(err) if isinstance(err, RuntimeError) else err
+        if mapped is err and isinstance(err, RuntimeError):
             raise  # a bug, shown whole
         options = {flag for action in parser()._actions for flag in action.option_strings}
-        print(f"error: {describe(as_user_error(err) if isinstance(err, RuntimeError) else err, options)}",
-              file=sys.stderr)  # a remedy only where demo.py has the flag
+        print(f"error: {describe(mapped, options)}", file=sys.stderr)  # a remedy only where demo.py has the flag
         return EXIT_USER_ERROR
     except KeyboardInterrupt as err:
         interrupted(err)

@@ -152,9 +152,10 @@ def user_errors(fn: Callable) -> Callable:
         except USER_ERRORS as err:
             raise UserError(describe(err)) from None
         except RuntimeError as err:
-            if as_user_error(err) is err:
+            mapped = as_user_error(err)
+            if mapped is err:
                 raise
-            raise UserError(describe(as_user_error(err))) from None
+            raise UserError(describe(mapped)) from None
         except KeyboardInterrupt as err:
             interrupted(err)
 

@@ -101,12 +101,11 @@ def hash_config(method: str = DEFAULT_METHOD, *, dataset: Optional[str] = None, 
                 **settings: Any) -> HashConfig:
     """The hashing config of ``method`` (the front doors' default, 'two-tower', unless given) at one code length,
     by the rules of :func:`stage_configs` (the front doors'): ``hash_config(n_bits=64)`` is what ``ucmfh
-    train-hash -b 64`` trains, and
-    ``hash_config("ucmfh", dataset="nuswide")`` has the reference's 150 epochs. ``settings``: ``n_bits``, the
-    settings of :func:`stage_configs`, and any other field of :class:`HashConfig` (``hidden=512``, as the
-    override ``hash.hidden``). A setting the method has no use for is refused (``hash_config("cca-itq",
-    hidden=512)``: it fixes ``hidden``), or with ``drop_unused`` left out (one set of settings serving several
-    methods); :class:`SettingError` names it."""
+    train-hash -b 64`` trains, and ``hash_config("ucmfh", dataset="nuswide")`` has the reference's 150 epochs.
+    ``settings``: ``n_bits``, the settings of :func:`stage_configs`, and any other field of :class:`HashConfig`
+    (``hidden=512``, as the override ``hash.hidden``). A setting the method has no use for is refused
+    (``hash_config("cca-itq", hidden=512)``: it fixes ``hidden``), or with ``drop_unused`` left out (one set of
+    settings serving several methods); :class:`SettingError` names it."""
     n_bits = settings.pop("n_bits", HashConfig.n_bits)
     if not isinstance(n_bits, int) or isinstance(n_bits, bool):
         raise SettingError("n_bits", f"n_bits must be one code length, an int (several: stage_configs(method, "
@@ -125,7 +124,7 @@ def hash_config(method: str = DEFAULT_METHOD, *, dataset: Optional[str] = None, 
                              drop_unused=drop_unused, **named).hashes[0]
     except SettingError as err:  # named as given here: 'hidden', not the override 'hash.hidden'
         names = [name[len("hash."):] if name.startswith("hash.") else name for name in err.settings]
-        raise SettingError(names, str(err).replace("'hash.", "'").replace("hash.", ""), err.instead) from None
+        raise SettingError(names, str(err).replace("hash.", ""), err.instead) from None
 
 
 def fusion_config(*, dataset: Optional[str] = None, overrides: Optional[Mapping[str, Mapping[str, Any]]] = None,
