@@ -118,7 +118,7 @@ def _arrays_command(kind: str, help_text: str):
             sizes = _split_sizes(standard_split, query, train, retrieval)
         else:  # the split is given: a size or a seed of a drawn split would be ignored (--query 0 was, silently)
             drawn = given_flags({"standard_split": "--standard-split", "query": "--query", "train": "--train",
-                           "retrieval": "--retrieval", "seed": "--seed"})
+                                 "retrieval": "--retrieval", "seed": "--seed"})
             if drawn:
                 raise click.UsageError(f"--split-index gives the split; drop {', '.join(drawn)} (of a drawn split)")
         _summary(convert_arrays(

@@ -86,12 +86,13 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
             message = (f"{path}: {len(found) - len(kept)} row(s) without a dataset and a task (not results of a "
                        "ucmfh command); skipped")
             warnings.warn(message, stacklevel=2) if warn is None else warn(message)
-        problems = [problem for problem in map(row_problem, kept) if problem]
-        if problems:  # a row edited by hand, or damaged: its figures would be summed into the others'
-            message = (f"{path}: {len(problems)} row(s) with a value no ucmfh command writes (first: {problems[0]}); "
-                       "skipped")
+        problems = [row_problem(row) for row in kept]
+        if any(problems):  # a row edited by hand, or damaged: its figures would be summed into the others'
+            first = next(problem for problem in problems if problem)
+            message = (f"{path}: {sum(map(bool, problems))} row(s) with a value no ucmfh command writes (first: "
+                       f"{first}); skipped")
             warnings.warn(message, stacklevel=2) if warn is None else warn(message)
-            kept = [row for row in kept if not row_problem(row)]
+            kept = [row for row, problem in zip(kept, problems) if not problem]
         rows += [_located(row, path) for row in kept]
     return rows
 
