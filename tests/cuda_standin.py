@@ -10,7 +10,7 @@ mixing`` (CUDA allows 0-d CPU scalars only); ``.numpy()`` of one raises, as on a
 ``.to("cpu")`` give a host tensor back. Autograd computes on the CPU tensors as it would anywhere (its
 backward runs below the stand-in, and a parameter's ``.grad`` is on the parameter's device), so training
 runs on it. ``torch.cuda`` says one device is there (``is_available``, ``synchronize``, the generator's
-state, peak memory: stubs), ``torch.load(map_location="cuda")`` loads onto it, and the read-ahead
+state, peak memory: stubs), ``torch.load(map_location="cuda")`` loads onto it, and the step-ahead
 worker's threads run under it too.
 
 It counts host syncs (``.item()``, ``.tolist()``, ``bool()``, a copy to the host: ``.cpu()``,
@@ -262,7 +262,7 @@ def _loader(load: Callable) -> Callable:
 
 
 class _ThreadsUnderTheStandin(ThreadPoolExecutor):
-    """The read-ahead worker's threads (:class:`ucmfh.batches.ReadAhead`), under the stand-in too: a torch
+    """The step-ahead worker's threads (:class:`ucmfh.batches.StepAhead`), under the stand-in too: a torch
     function mode holds for the thread that enters it."""
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:

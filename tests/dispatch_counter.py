@@ -12,7 +12,7 @@ kwargs: running_on_cuda()`` tell it the stand-in's operations. Each operation is
 - ``host``: on host tensors only: no kernel, and not replayed by a captured CUDA graph;
 - ``free``: views, allocations and the profiler's marks, which launch no kernel anywhere.
 
-Modes are per thread: other threads' operations (the read-ahead worker's host reads) are not counted; the
+Modes are per thread: other threads' operations (the step-ahead worker's host reads and draws) are not counted; the
 backward pass, which runs on the caller's thread for these tensors, is.
 """
 from __future__ import annotations

@@ -1,5 +1,6 @@
 """A training run's batches: each epoch's shuffled pass and modality-dropout draws (:func:`epoch_plan`), a
-step's inputs (:func:`batch_inputs`), and the reads of a streamed split done ahead of the step that needs them."""
+step's inputs (:func:`batch_inputs`), and a step's work on the host (a streamed split's reads, a plan's own draws)
+done ahead of the step that needs it (:class:`StepAhead`)."""
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -55,26 +56,36 @@ def epoch_plan(
     return list(zip(index, to_device(draws < p_separate, device).split(sizes)))
 
 
-class ReadAhead:
-    """One worker thread that runs the reads of a step's batch (``ahead(index)``, :attr:`ucmfh.trainer.Plan.ahead`)
-    while the step before it runs; a read's error is raised by :meth:`wait`."""
+class StepAhead:
+    """One worker thread that does a step's work on the host (``work(batch)``: its reads from a file, the plan's
+    own draws) while the step before it runs. :meth:`take` returns the work's result to the step it was done
+    for; an error in it is raised there."""
 
     def __init__(self) -> None:
         self.pool: Optional[ThreadPoolExecutor] = None
         self.pending: Optional[Future] = None
+        self.iteration: Optional[int] = None  # the step the pending work is for
 
-    def start(self, ahead: Callable[[torch.Tensor], None], index: torch.Tensor) -> None:
+    def start(self, work: Callable[[Any], Any], batch: Any) -> None:
+        """``work(batch)`` begun on the worker thread, for the step numbered ``batch.iteration``."""
         self.wait()
         if self.pool is None:
-            self.pool = ThreadPoolExecutor(1, thread_name_prefix="ucmfh-read-ahead")
-        self.pending = self.pool.submit(ahead, index)
+            self.pool = ThreadPoolExecutor(1, thread_name_prefix="ucmfh-step-ahead")
+        self.pending, self.iteration = self.pool.submit(work, batch), batch.iteration
 
-    def wait(self) -> None:
-        pending, self.pending = self.pending, None
-        if pending is not None:
-            pending.result()
+    def take(self, iteration: int) -> Tuple[bool, Any]:
+        """``(True, result)`` of the work begun for step ``iteration``; ``(False, None)`` where none was (its
+        epoch's first step, the first after a resume): the step does its own."""
+        ready = self.pending is not None and self.iteration == iteration
+        result = self.wait()
+        return ready, result if ready else None
 
-    def __enter__(self) -> "ReadAhead":
+    def wait(self) -> Any:
+        """The pending work finished (its result, else None)."""
+        pending, self.pending, self.iteration = self.pending, None, None
+        return None if pending is None else pending.result()
+
+    def __enter__(self) -> "StepAhead":
         return self
 
     def __exit__(self, kind, value, trace) -> None:
@@ -88,7 +99,7 @@ class ReadAhead:
 
 class BatchReads:
     """A step's reads from files (``read(index)``, the step's batch -> what the step takes), done ahead
-    on :class:`ReadAhead`'s thread (:meth:`ahead`, ``Plan.ahead``) or when the step
+    on :class:`StepAhead`'s thread (:meth:`ahead`, ``Plan.ahead``) or when the step
     asks (:meth:`__call__`) for a batch that was not."""
 
     def __init__(self, read: Callable[[torch.Tensor], Any]) -> None:

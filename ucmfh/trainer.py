@@ -20,7 +20,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ucmfh.batches import ReadAhead, Shuffle, epoch_plan, split_ahead
+from ucmfh.batches import Shuffle, StepAhead, epoch_plan, split_ahead
 from ucmfh.captured_step import CapturedStep, capturing, runs_eagerly
 from ucmfh.config import identity_dict
 from ucmfh.data.h5 import Dataset, Split
@@ -67,7 +67,8 @@ class Plan:
     before it runs (for ``items`` given as a number; a split's are its own). ``scalars(epoch, iteration)``:
     the plan's own figures after an epoch (β), shown beside the loss and recorded (:mod:`ucmfh.training_log`).
     ``draws(batch)``: the step's random draws made on the host (a generator of its own, e.g. UCCH's negatives),
-    a tensor of one shape for every full batch or None, moved to the device as ``batch.draws`` before the step.
+    a tensor of one shape for every full batch or None, moved to the device as ``batch.draws`` before the step;
+    made on a worker thread while the step before runs, so a function of the batch alone that touches no device.
     ``graphable``: ``loss`` (or ``step``) may be captured as a CUDA graph and replayed (:mod:`ucmfh.captured_step`): its
     tensors keep their shapes from batch to batch, it waits for no value on the device, and its host-side
     values are its ``scalars`` and its learning rate alone (a graph is captured again where they change); what
@@ -310,6 +311,13 @@ class _Run:
             return f"it trains under {amp} autocast"
         return None
 
+    def host_work(self, batch: Batch) -> Optional[torch.Tensor]:
+        """A step's work on the host, done on :class:`ucmfh.batches.StepAhead`'s worker thread while the step
+        before it runs: what it reads of a streamed split (``Plan.ahead``), and the plan's own draws, returned."""
+        if self.ahead is not None:
+            self.ahead(batch.index)
+        return None if self.plan.draws is None else self.plan.draws(batch)
+
     def eager_step(self, batch: Batch) -> torch.Tensor:
         plan = self.plan
         if plan.step is not None:
@@ -358,7 +366,8 @@ class _Run:
             runs_eagerly(self.plan.name, reason)
         bar = tqdm(total=cfg.epochs, initial=start_epoch, desc=self.plan.name, unit="epoch",
                    disable=not (progress and group.is_main))
-        with stop_on_signals() as stop, ReadAhead() as reads:
+        host_work = self.ahead is not None or self.plan.draws is not None
+        with stop_on_signals() as stop, StepAhead() as ahead:
             for epoch in range(start_epoch, cfg.epochs):
                 if at.epoch_generator is not None:  # replay the interrupted epoch's draws
                     self.generator.set_state(at.epoch_generator)
@@ -371,13 +380,12 @@ class _Run:
                 for done, (index, separate) in enumerate(batches, 1):
                     if done <= at.skip:
                         continue
-                    if self.ahead is not None:
-                        reads.wait()  # this batch's reads, done while the step before ran
-                        if done < len(batches):
-                            reads.start(self.ahead, batches[done][0])
                     batch = Batch(index, separate, epoch, at.iteration)
-                    if self.plan.draws is not None:
-                        drawn = self.plan.draws(batch)
+                    if host_work:  # this step's, done while the step before ran (else now); the next one's begun
+                        ready, drawn = ahead.take(batch.iteration)
+                        if done < len(batches):
+                            ahead.start(self.host_work, Batch(*batches[done], epoch, at.iteration + 1))
+                        drawn = drawn if ready else self.host_work(batch)
                         batch.draws = None if drawn is None else to_device(drawn, device)
                     at.total += self.step(batch) * len(index)
                     at.iteration += 1
@@ -386,7 +394,7 @@ class _Run:
                     if shared and group.any(stop["signal"] is not None, device):
                         self.stop(stop["signal"], epoch, done, len(batches), epoch_generator)
                 at.skip = 0
-                reads.wait()
+                ahead.wait()
                 shown = self.end_epoch(epoch, time.monotonic() - began)
                 bar.update(1)
                 bar.set_postfix(**shown)

@@ -193,7 +193,7 @@ def test_every_method_trains_on_small_blocks_to_the_weights_of_memory(tiny_path,
 
 
 def test_streamed_rows_are_read_ahead_of_the_step_and_train_the_same(tiny_path, monkeypatch):
-    """The blocks of each batch are read on the read-ahead thread while the step before it runs, and
+    """The blocks of each batch are read on the step-ahead thread while the step before it runs, and
     training ends with the weights of reading them in the step."""
     import threading
 
@@ -210,14 +210,14 @@ def test_streamed_rows_are_read_ahead_of_the_step_and_train_the_same(tiny_path, 
     ahead, _ = fit_hashing(data, cfg, progress=False)
     n_blocks = -(-len(data.train) // blocks.block_rows)
     training = readers[2 * n_blocks:]  # after the column statistics, one pass over each feature's blocks
-    in_the_step = [name for name in training if not name.startswith("ucmfh-read-ahead")]
+    in_the_step = [name for name in training if not name.startswith("ucmfh-step-ahead")]
     # in the step: each epoch's first batch alone (two features, a batch within three blocks)
     assert len(in_the_step) <= 2 * cfg.epochs * 3 and len(training) > 4 * len(in_the_step), readers
     monkeypatch.setattr(trainer, "split_ahead", lambda split, group: None)
     readers.clear()
     data = load_dataset(tiny_path, max_memory_bytes=4 * 80 * 100, stream=blocks)
     in_step, _ = fit_hashing(data, cfg, progress=False)
-    assert readers and not any(name.startswith("ucmfh-read-ahead") for name in readers)
+    assert readers and not any(name.startswith("ucmfh-step-ahead") for name in readers)
     for (name, a), b in zip(ahead.state_dict().items(), in_step.state_dict().values()):
         assert torch.equal(a, b), name
 

@@ -217,3 +217,28 @@ def test_ucch_learns_leak_free_codes_that_beat_random_ones(tiny):
     floor = random_codes_map(tiny, 16)
     for direction in ("map_i2t", "map_t2i"):
         assert row[direction] > floor[direction] + 0.1, (row, floor)
+
+
+def test_negatives_are_drawn_ahead_of_the_step_and_train_the_same(tiny, monkeypatch):
+    """Each step's negatives are drawn on the step-ahead thread while the step before it runs (each epoch's
+    first step draws its own), and training ends with the weights of drawing every step's in the step."""
+    import threading
+
+    from ucmfh.batches import StepAhead
+
+    drawers = []
+    draw = MemoryBank.draw
+    monkeypatch.setattr(MemoryBank, "draw", lambda self, *args: drawers.append(threading.current_thread().name)
+                        or draw(self, *args))
+    cfg = hash_config("ucch", n_bits=16, hidden=32, epochs=3, batch_size=64, device="cpu", val_fraction=0.0,
+                      method_params={"n_negatives": 32})
+    ahead = fit_hashing(tiny, cfg, progress=False)[0].state_dict()
+    steps = -(-len(tiny.train) // 64)
+    assert len(drawers) == 2 * steps  # after the one warm-up epoch, each step's
+    assert drawers.count("MainThread") == 2 and all(name.startswith("ucmfh-step-ahead") or name == "MainThread"
+                                                     for name in drawers), drawers
+    monkeypatch.setattr(StepAhead, "start", lambda self, work, batch: None)  # nothing ahead: each step its own
+    drawers.clear()
+    in_step = fit_hashing(tiny, cfg, progress=False)[0].state_dict()
+    assert drawers == ["MainThread"] * 2 * steps
+    assert all(torch.equal(in_step[key], value) for key, value in ahead.items())

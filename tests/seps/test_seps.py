@@ -209,7 +209,7 @@ def test_amp_bf16_autocasts_the_forward_pass_and_keeps_the_loss_in_float32(token
 
 
 def test_token_rows_are_read_ahead_of_the_step_and_train_the_same(token_path, monkeypatch):
-    """Each batch's token rows are read on the read-ahead thread while the step before it runs (the
+    """Each batch's token rows are read on the step-ahead thread while the step before it runs (the
     device does not wait for the file), and training ends with the weights of reading them in the step."""
     import threading
 
@@ -222,13 +222,13 @@ def test_token_rows_are_read_ahead_of_the_step_and_train_the_same(token_path, mo
     cfg = small_seps(epochs=2, val_fraction=0.0)
     ahead, _ = fit_seps(token_path, cfg, progress=False)
     n_steps = len(readers)
-    ahead_of_step = sum(name.startswith("ucmfh-read-ahead") for name in readers)
+    ahead_of_step = sum(name.startswith("ucmfh-step-ahead") for name in readers)
     assert n_steps >= 6 and ahead_of_step == n_steps - cfg.epochs  # all but each epoch's first batch
     real = seps_module.train
     monkeypatch.setattr(seps_module, "train", lambda plan, *a, **k: real(dataclasses.replace(plan, ahead=None), *a, **k))
     readers.clear()
     in_step, _ = fit_seps(token_path, cfg, progress=False)
-    assert len(readers) == n_steps and not any(name.startswith("ucmfh-read-ahead") for name in readers)
+    assert len(readers) == n_steps and not any(name.startswith("ucmfh-step-ahead") for name in readers)
     for (name, a), b in zip(ahead.state_dict().items(), in_step.state_dict().values()):
         assert torch.equal(a, b), name
 
