@@ -55,7 +55,7 @@ def main(argv=None) -> None:
     p.add_argument("--seeds", type=int, default=3, help="other CPU seeds for the spread")
     args = p.parse_args(argv)
     methods = args.methods.split(",") if args.methods else [m for m, v in METHODS.items() if not v.closed_form]
-    torch.set_num_threads(2)
+    torch.set_num_threads(1)  # tiny models: more threads wait on each other (2: 48 s beside a busy core; 1: 3.5 s)
     with tempfile.TemporaryDirectory() as tmp:
         data = load_dataset(make_synthetic(Path(tmp) / "tiny.h5", TINY))
         fusion = fit_fusion(data, FusionConfig(d_model=64, n_heads=4, d_ff=128, dropout=0.0, epochs=1, batch_size=64,
