@@ -69,6 +69,26 @@ def test_token_datasets_are_validated_with_one_clear_line(tmp_path, edit, where,
     assert message.startswith(f"{path}: {where}: ") and problem in message and "\n" not in message
 
 
+@pytest.mark.parametrize("edit, where", [
+    (lambda s: s["train"]["image_tokens"].__setitem__((4, 0, 2), np.nan), "/train/image_tokens"),
+    (lambda s: s["query"]["text_tokens"].__setitem__((3, 1), np.inf), "/query/text_tokens"),
+])
+def test_token_values_are_checked_where_tokens_are_read_not_by_every_load(tmp_path, edit, where):
+    """A file's pooled features load without a scan of its token values (seconds to minutes of reading for
+    pooled methods, which never read them); every reader of the tokens says a bad value before its work."""
+    path = _broken(tmp_path, edit)
+    data = load_dataset(path)  # the layout is checked, the values are not
+    assert len(data.train) == len(token_splits()["train"]["image"])
+    split = where.split("/")[1]
+    with pytest.raises(DataError, match=f"^{path}: {where}: 1 non-finite"):
+        validate_file(path)  # ucmfh validate: every value
+    with pytest.raises(DataError, match=f"^{path}: {where}: 1 non-finite"):
+        Tokens(path, split)
+    out = CliRunner().invoke(main, ["train-seps", "-d", path, "--quiet", "--out", str(tmp_path / "runs")])
+    assert out.exit_code == 2 and f"{where}: 1 non-finite" in out.output and "Traceback" not in out.output
+    assert not (tmp_path / "runs").exists(), out.output  # said before the run's folder
+
+
 def test_token_reader_reads_csr_rows_and_one_copy_per_image(token_path):
     splits = token_splits()
     q = splits["query"]

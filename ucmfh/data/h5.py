@@ -255,9 +255,9 @@ def _check_ids(path: str, where: str, dset: h5py.Dataset, n_rows: int) -> np.nda
 
 
 def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple],
-                 tokens: Dict[str, list]) -> Optional[np.ndarray]:
-    """Check one split's datasets; ``dims`` collects each dataset's column count across splits and
-    ``tokens`` the token datasets (§9) each split has. Returns its ids."""
+                 tokens: Dict[str, list], token_values: bool) -> Optional[np.ndarray]:
+    """Check one split's datasets (its token datasets' values with ``token_values``); ``dims`` collects each
+    dataset's column count across splits and ``tokens`` the token datasets (§9) each split has. Returns its ids."""
     n_rows = None
     image_prints = None
     for name in REQUIRED:
@@ -301,7 +301,7 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
     if "labels" not in group and ids is None:
         raise _fail(path, f"/{split}/labels", "missing dataset, and no /ids either: a file without labels "
                                                "(a caption set) needs ids, whose equality is then relevance")
-    tokens[split] = check_tokens(path, group, split, n_rows, dims)
+    tokens[split] = check_tokens(path, group, split, n_rows, dims, token_values)
     if ids is None:
         return None
     split_ids = _check_ids(path, f"/{split}/ids", ids, n_rows)
@@ -310,8 +310,10 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
     return split_ids
 
 
-def validate_file(path: PathLike) -> Dict[str, object]:
-    """Check a dataset file against the format without loading it whole.
+def validate_file(path: PathLike, token_values: bool = True) -> Dict[str, object]:
+    """Check a dataset file against the format without loading it whole; ``token_values=False`` leaves out
+    the scan of its token datasets' values (their layout is checked; :class:`ucmfh.data.tokens.Tokens`
+    scans a split's values where it reads them).
 
     Returns the root attributes. Raises :class:`DataError` naming the file,
     the HDF5 object and the problem.
@@ -328,7 +330,8 @@ def validate_file(path: PathLike) -> Dict[str, object]:
         ids: Dict[str, np.ndarray] = {}
         tokens: Dict[str, list] = {}
         for split in SPLITS:
-            split_ids = _check_split(path, _member(path, f, split, f"/{split}", h5py.Group), split, dims, tokens)
+            split_ids = _check_split(path, _member(path, f, split, f"/{split}", h5py.Group), split, dims, tokens,
+                                     token_values)
             if split_ids is not None:
                 ids[split] = split_ids
         check_token_splits(path, tokens)
@@ -362,13 +365,14 @@ DEFAULT_MAX_MEMORY = 8 * 2**30  # bytes of features held in memory; the largest 
 
 def load_dataset(path: PathLike, validate: bool = True, max_memory_bytes: Optional[int] = DEFAULT_MAX_MEMORY,
                  stream: StreamSettings = StreamSettings()) -> Dataset:
-    """Load a dataset file (validated first): ids and labels into memory as CPU tensors, and the features
+    """Load a dataset file (validated first, but for its token datasets' values: read by
+    :class:`ucmfh.data.tokens.Tokens`, which checks them): ids and labels into memory as CPU tensors, and the features
     too while all splits' features fit in ``max_memory_bytes`` (None: always); beyond that the largest
     splits' features are :class:`Rows` read from the file on demand, as ``stream`` says, their block
     caches within what the splits held in memory leave of ``max_memory_bytes``.
     """
     path = os.fspath(path)
-    attrs = validate_file(path) if validate else None
+    attrs = validate_file(path, token_values=False) if validate else None
     with open_without_chunk_cache(path) as f:  # the streamed splits' files share its cache
         if attrs is None:
             attrs = read_attrs(f)

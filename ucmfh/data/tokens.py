@@ -9,14 +9,15 @@ Beside the pooled ``image`` / ``text`` of a split, a file may hold
 * ``text_raw`` [N] and ``text_words`` [ΣL]: strings.
 
 Every split has a token dataset or none does; T and the widths agree between splits.
-:func:`check_tokens` validates them in blocks (bounded memory); :class:`Tokens` reads the
+:func:`check_tokens` validates their layout and :func:`check_token_values` their values, in blocks (bounded
+memory; a file's token values are scanned where they are read, not by every load); :class:`Tokens` reads the
 rows asked for, from memory when the split's tokens fit ``max_memory_bytes`` and from the
 file otherwise (sorted reads, as HDF5 wants).
 """
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 import h5py
 import numpy as np
@@ -91,8 +92,44 @@ def check_offsets(path: str, where: str, offsets: np.ndarray, n_items: int, n_ro
         raise _fail(path, where, f"the last offset is {offsets[-1]}, but the token dataset has {n_rows} rows")
 
 
-def check_tokens(path: str, group: h5py.Group, split: str, n_items: int, dims: Dict[str, tuple]) -> List[str]:
-    """Check one split's token datasets (if any); ``dims`` collects shapes across splits.
+_FINITE: Set[Tuple[str, str, int, int]] = set()  # (file, split, size, mtime) whose token values were found finite
+
+
+def check_token_values(path: str, group: h5py.Group, split: str) -> None:
+    """The values of one split's token datasets finite, read in blocks (bounded memory); their layout is
+    :func:`check_tokens`'. Run where tokens are read (:class:`Tokens`) and by ``ucmfh validate``, not by every
+    load of a file whose pooled features alone are used (a scan of all its tokens: seconds to minutes); once
+    a process for a file as it is (its size and modification time)."""
+    stat = os.stat(path)
+    key = (os.path.realpath(path), split, stat.st_size, stat.st_mtime_ns)
+    if key in _FINITE:
+        return
+    image = group.get(IMAGE_TOKENS)
+    if image is not None:
+        where = f"/{split}/{IMAGE_TOKENS}"
+        for start in range(0, image.shape[0], _CHECK_ITEMS):
+            if start and start % _REOPEN_ITEMS < _CHECK_ITEMS:
+                image = group[IMAGE_TOKENS]
+            block = _read(path, where, image, slice(start, start + _CHECK_ITEMS))
+            bad = ~np.isfinite(block)
+            if bad.any():
+                item, token, col = np.argwhere(bad)[0]
+                raise _fail(path, where, f"{int(bad.sum())} non-finite values (first: item {start + item}, "
+                                         f"token {token}, column {col})")
+    for tokens_name, _ in TEXT_SETS.values():
+        tokens = group.get(tokens_name)
+        if tokens is None:
+            continue
+        where = f"/{split}/{tokens_name}"
+        for start in range(0, tokens.shape[0], _CHECK_ROWS):
+            check_finite(_read(path, where, tokens, slice(start, start + _CHECK_ROWS)), f"{path}: {where}", start)
+    _FINITE.add(key)
+
+
+def check_tokens(path: str, group: h5py.Group, split: str, n_items: int, dims: Dict[str, tuple],
+                 values: bool = True) -> List[str]:
+    """Check one split's token datasets (if any): their layout, and with ``values`` that every value is
+    finite (:func:`check_token_values`); ``dims`` collects shapes across splits.
 
     Returns the token datasets the split has.
     """
@@ -105,15 +142,6 @@ def check_tokens(path: str, group: h5py.Group, split: str, n_items: int, dims: D
         if image.dtype.kind != "f":
             raise _fail(path, where, f"expected floating-point tokens, got {image.dtype}")
         _same_width(path, where, dims, IMAGE_TOKENS, split, image.shape[1:])
-        for start in range(0, n_items, _CHECK_ITEMS):
-            if start and start % _REOPEN_ITEMS < _CHECK_ITEMS:
-                image = group[IMAGE_TOKENS]
-            block = _read(path, where, image, slice(start, start + _CHECK_ITEMS))
-            bad = ~np.isfinite(block)
-            if bad.any():
-                item, token, col = np.argwhere(bad)[0]
-                raise _fail(path, where, f"{int(bad.sum())} non-finite values (first: item {start + item}, "
-                                         f"token {token}, column {col})")
         present.append(IMAGE_TOKENS)
     for tokens_name, offsets_name in TEXT_SETS.values():
         tokens = _dataset(path, group, tokens_name, split)
@@ -131,8 +159,6 @@ def check_tokens(path: str, group: h5py.Group, split: str, n_items: int, dims: D
         _same_width(path, where, dims, tokens_name, split, tokens.shape[1:])
         check_offsets(path, f"/{split}/{offsets_name}", _read(path, f"/{split}/{offsets_name}", offsets),
                       n_items, tokens.shape[0])
-        for start in range(0, tokens.shape[0], _CHECK_ROWS):
-            check_finite(_read(path, where, tokens, slice(start, start + _CHECK_ROWS)), f"{path}: {where}", start)
         present += [tokens_name, offsets_name]
     for name, length in (("text_raw", n_items), ("text_words", None)):
         dset = _dataset(path, group, name, split)
@@ -142,6 +168,8 @@ def check_tokens(path: str, group: h5py.Group, split: str, n_items: int, dims: D
             length = group["text_tokens"].shape[0] if "text_tokens" in group else None
         if dset.ndim != 1 or (length is not None and dset.shape[0] != length):
             raise _fail(path, f"/{split}/{name}", f"expected shape ({length},), got {dset.shape}")
+    if values:
+        check_token_values(path, group, split)
     return present
 
 
@@ -164,10 +192,12 @@ def require_tokens(path: str, group: h5py.Group, split: str) -> None:
 
 
 def check_has_tokens(path: str) -> None:
-    """Say before any work starts, as :class:`Tokens` would on opening, that a file lacks token features."""
+    """Say before any work starts, as :class:`Tokens` would on opening, that a file lacks token features or
+    holds a value that is not finite among them."""
     with h5py.File(path, "r") as f:
         for split in SPLITS:
             require_tokens(path, f[split], split)
+            check_token_values(path, f[split], split)
 
 
 class Tokens:
@@ -188,6 +218,7 @@ class Tokens:
         self._file = h5py.File(self.path, "r")
         group = self._file[split]
         require_tokens(self.path, group, split)
+        check_token_values(self.path, group, split)  # load_dataset checked their layout alone
         self._group = group
         self.n_items = group[IMAGE_TOKENS].shape[0]
         self.ids = (group["ids"][()] if "ids" in group else np.arange(self.n_items)).astype(np.int64)
