@@ -143,6 +143,30 @@ def test_the_index_backend_equals_the_scan_and_caches_its_tables(tmp_path, monke
     assert served["mih"] + served["scan"] == len(queries) == 40  # each query once, whatever the shards
 
 
+def test_device_auto_searches_as_the_cpu_does_where_there_is_no_gpu(monkeypatch):
+    """``auto`` on a machine without a GPU is the CPU: the compiled kernels and multi-index hashing serve it
+    (they served the CPU's name alone, so ``auto`` fell to the torch path and never probed)."""
+    from ucmfh.config import BackendConfig
+    from ucmfh.search import Index
+    from ucmfh.search import mih as mih_module
+
+    monkeypatch.setattr(mih_module, "MIN_ITEMS", 0)
+    monkeypatch.setattr(mih_module, "BUDGET_PER_WORD", 1 / 4)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    rng = np.random.default_rng(4)
+    items = codes("clustered", 3000, 64, rng)
+    index = Index(64)
+    index.add("txt", items)
+    queries = items[:20]
+    got = {}
+    for device in ("cpu", "auto"):
+        served = {}
+        got[device] = index.search(queries, 10, "txt", device=device, backend=BackendConfig(backend="mih"),
+                                   served=served)
+        assert served["mih"] >= len(queries) // 2, (device, served)
+    assert all(np.array_equal(a, b) for a, b in zip(got["cpu"], got["auto"]))
+
+
 def test_far_queries_fall_back_to_the_scan(monkeypatch):
     """Uniform random codes: probing would read more than the scan, so the planner scans, with the same result
     (and a collection too small to probe is scanned outright)."""
@@ -172,5 +196,8 @@ def test_the_cli_backend(tiny_path, tmp_path, trained):
     assert {row.pop("searched_by") for row in rows[1]} == {"scan"}  # a collection this small is scanned
     assert rows[0] == rows[1]  # the same hits, in the same order
     assert "queries by multi-index hashing" in mih.stderr
+    # ... and said so, with no tables built for it
+    assert "by the scan (under 64,000 items the scan is faster than probing)" in mih.stderr
+    assert not os.path.exists(os.path.join(out, "mih"))
     wrong = runner.invoke(main, [*base, "--substrings", "4"])
     assert wrong.exit_code == 2 and "--substrings does not apply to --backend exact" in wrong.output

@@ -191,8 +191,12 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
     click.echo(f"{len(q)} queries, ms per query: " + ", ".join(
         f"{stage} {1000 * s / n:.3f}" for stage, s in results.seconds.items()), err=True)
     if results.served is not None:
+        from ucmfh.search.mih import MIN_ITEMS
+
+        why = (f"under {MIN_ITEMS:,} items the scan is faster than probing" if results.served.get("small") else
+               "where probing would read more")
         click.echo(f"mih: {results.served.get('mih', 0)} queries by multi-index hashing, "
-                   f"{results.served.get('scan', 0)} by the scan (where probing would read more)", err=True)
+                   f"{results.served.get('scan', 0)} by the scan ({why})", err=True)
     if results.recall is not None:
         depth = results.positions.shape[1] if rerank is None else (candidates or 10 * k)
         click.echo(f"{backend} recall@{depth} against exact search: {results.recall['ids']:.4f} of the items, "

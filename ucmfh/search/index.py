@@ -29,6 +29,7 @@ from ucmfh.config import backend_config
 from ucmfh.data.format import DataError
 from ucmfh.files import locked
 from ucmfh.search.folder import MANIFEST, MODALITIES, STRINGS, Column, IndexFolder, modality_name
+from ucmfh.search.kernels import search_device
 from ucmfh.search.scan import hamming_search
 
 ArrayLike = Any  # numpy arrays or torch tensors (torch is not imported to search on the CPU)
@@ -320,7 +321,8 @@ class Index(IndexFolder):
         ``self.ids(modality)[positions]`` gives the items' ids. ``backend`` (a name, ``"mih"``, or a
         :class:`ucmfh.config.BackendConfig`; None: ``exact``) ``mih``: the same result by multi-index hashing on
         the CPU (:mod:`ucmfh.search.mih`; ``served`` gets how many queries it and the scan served, and
-        ``scanned``, which the scan did);
+        ``scanned``, which the scan did; ``small``, the queries scanned because the items are too few for
+        probing to pay, :data:`ucmfh.search.mih.MIN_ITEMS`, where no tables are built);
         ``faiss-*``: FAISS's approximate search (:mod:`ucmfh.search.approx`; positions -1 where it
         found fewer than k).
         """
@@ -330,9 +332,14 @@ class Index(IndexFolder):
         backend = backend_config(backend)
         qw = as_words(queries, self.n_bits, "queries")
         codes = self.codes(modality)
+        device = search_device(device)
         if backend.backend == "mih" and str(device) == "cpu":
             from ucmfh.search import mih
 
+            if codes.shape[0] < mih.MIN_ITEMS:  # the scan is faster than any probing here: no tables built
+                if served is not None:
+                    served.update(mih=0, scan=qw.shape[0], scanned=np.arange(qw.shape[0]), small=qw.shape[0])
+                return hamming_search(qw, codes, self.n_bits, int(k), device, threads)
             tables, _ = mih.multi_index(self, modality, backend.substrings)
             return tables.search(qw, int(k), threads, scan=lambda q, k: hamming_search(q, codes, self.n_bits, k,
                                                                                          device, threads),

@@ -29,6 +29,17 @@ def kernels_module() -> Any:
     return None
 
 
+def search_device(device: Any) -> Any:
+    """``device`` as a search runs on it: ``auto`` is the GPU where torch sees one, else ``"cpu"`` (torch is
+    imported for ``auto`` alone: a search on ``"cpu"`` never imports it)."""
+    if str(device) != "auto":
+        return device
+    from ucmfh.utils import resolve_device
+
+    resolved = resolve_device("auto")
+    return "cpu" if resolved.type == "cpu" else resolved
+
+
 def cpu_kernels(device: Any) -> Any:
     """The kernels when they serve this search: a CPU device, built, and the backend not set to torch."""
     if str(device) != "cpu":
