@@ -51,6 +51,9 @@ def test_index_then_search_table_json_html(tiny_path, tiny, trained, tmp_path):
     rows = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
     assert len(rows) == 3 * len(tiny.query) and {"query", "rank", "id", "distance", "cosine", "relevant"} <= set(rows[0])
     assert [r["rank"] for r in rows[:3]] == [1, 2, 3] and (tmp_path / "p.html").exists()
+    # the page numbers its queries as the table and the JSON do
+    page = (tmp_path / "p.html").read_text()
+    assert f"<h2>Query 0 (id {int(tiny.query.ids[0])})</h2>" in page and rows[0]["query"] == 0
     # the JSON rows are the library's exact top-k: text queries of the query split against the indexed images
     index = Index.load(out)
     from ucmfh.search.build import Encoder
@@ -76,6 +79,7 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
     cases = [
         (["search", str(out), "-q", str(tmp_path / "queries.txt")], "queries.txt: neither an .npy file nor an HDF5"),
         (["search", str(out), "-q", tiny_path, "-k", "0"], "-k"),
+        (["search", str(out), "-q", tiny_path, "--ids", "3, 5,3"], "Invalid value for '--ids': id 3 is given twice"),
         (["search", str(tmp_path / "nope"), "-q", tiny_path], "no such index folder"),
         (["search", str(out), "-q", str(tmp_path / "nope.h5")], "nope.h5: no such query file"),
         (["search", str(out), "-q", str(tmp_path / "bad.npy"), "--query-modality", "text"],

@@ -239,6 +239,9 @@ def _parse_ids(ids: Optional[str]) -> Optional[Tuple[int, ...]]:
         parsed = ()
     if not parsed:
         raise click.BadParameter(f"expected comma-separated integers, got {ids!r}", param_hint="--ids")
+    again = next((v for i, v in enumerate(parsed) if v in parsed[:i]), None)
+    if again is not None:  # its queries would be asked twice, their hits listed twice
+        raise click.BadParameter(f"id {again} is given twice", param_hint="--ids")
     return parsed
 
 
