@@ -79,7 +79,7 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
     cases = [
         (["search", str(out), "-q", str(tmp_path / "queries.txt")], "queries.txt: neither an .npy file nor an HDF5"),
         (["search", str(out), "-q", tiny_path, "-k", "0"], "-k"),
-        (["search", str(out), "-q", tiny_path, "--ids", "3, 5,3"], "Invalid value for '--ids': id 3 is given twice"),
+        (["search", str(out), "-q", tiny_path, "--ids", "3, 5,3"], "Invalid value for --ids: id 3 is given twice"),
         (["search", str(tmp_path / "nope"), "-q", tiny_path], "no such index folder"),
         (["search", str(out), "-q", str(tmp_path / "nope.h5")], "nope.h5: no such query file"),
         (["search", str(out), "-q", str(tmp_path / "bad.npy"), "--query-modality", "text"],
