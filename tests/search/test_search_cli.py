@@ -200,6 +200,7 @@ def test_search_metrics_are_those_of_the_printed_hits(tiny_path, tiny, trained, 
     for cut in (1, 5, 10):
         assert float(shown[f"R@{cut}"]) == pytest.approx(100 * rel[:, :cut].any(1).mean(), abs=0.051)
     assert float(shown["MAP@10"]) == pytest.approx(np.mean(ap), abs=5e-5)
+    assert "items at one distance by their position in the index" in result.stderr  # not the tie-aware figures
     np.save(tmp_path / "q.npy", tiny.query.txt[:2].numpy())  # features alone: nothing to judge relevance by
     bare = runner.invoke(main, ["search", str(out), "-q", str(tmp_path / "q.npy"), "-m", "image", "--metrics"])
     assert bare.exit_code == 2 and bare.output.startswith("Error: no relevance to score by: the queries and the "

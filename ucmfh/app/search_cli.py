@@ -100,7 +100,8 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines (one per hit) instead of a table.")
 @click.option("--metrics", "with_metrics", is_flag=True,
               help="Also print R@1/5/10 (in %) and MAP@k of the queries, judged by shared labels or the same id "
-                   "(on stderr with --json).")
+                   "(on stderr with --json); of the hits as ranked, items at one distance by their position in the "
+                   "index ('ucmfh evaluate': tie-aware figures).")
 @click.option("--html", type=click.Path(dir_okay=False),
               help="Also write a static results page here (a file other than a page ucmfh wrote: with --overwrite).")
 @click.option("--overwrite", is_flag=True, help="Replace an --html file that is not a page ucmfh wrote.")
@@ -133,7 +134,8 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
     if candidates is not None and rerank is None:
         raise click.UsageError("--candidates goes with --rerank (the Hamming candidates it re-ranks)")
     if candidates is not None and candidates < k:
-        raise click.BadParameter(f"{candidates} candidates re-ranked for the top {k}: at least -k", param_hint="--candidates")
+        raise click.BadParameter(f"{candidates} candidates re-ranked for the top {k}: at least -k",
+                                 param_hint="--candidates")
     if rerank == "seps" and not queries:
         raise UserError("--rerank seps needs the queries' token features, and --text and --image queries have "
                         "none: give an HDF5 --queries file with token datasets")
@@ -182,6 +184,9 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         click.echo(format_results(results))
     if found is not None:
         click.echo(format_scores(found), err=as_json)
+        click.echo("  of the hits as ranked: items at one distance by their position in the index, the order it was "
+                   "built in (a file indexed whole: its /query split first, which favours them); 'ucmfh evaluate' "
+                   "gives tie-aware figures", err=as_json)
     if html:
         from ucmfh.search.html import write_html
 
