@@ -341,6 +341,30 @@ def test_train_seps_and_rerank_commands(tmp_path, token_path):
     assert bad.exit_code == 2 and "nonsense" in bad.output
 
 
+def test_rerank_without_seps_reads_no_token(tmp_path, token_path):
+    """The Hamming and cosine stages use pooled features alone: a caption set without token features (full
+    Flickr8k's) is re-ranked by cosine, with the figures of the same items in a file that has tokens."""
+    pooled = write_dataset(tmp_path / "pooled.h5", {s: {k: v for k, v in a.items() if k in ("image", "text", "ids")}
+                                                    for s, a in token_splits().items()})
+    runner = CliRunner()
+    hash_run = runner.invoke(main, ["train-hash", "-d", str(token_path), "--out", str(tmp_path / "runs"), "-b", "16",
+                                    "--epochs", "2", "--set", "hash.hidden=0", "--quiet", "--device", "cpu",
+                                    "--results", str(tmp_path / "h.jsonl")])
+    assert hash_run.exit_code == 0, hash_run.output
+    ckpt = str(next((tmp_path / "runs").rglob("hash16.pt")))
+    rows = {}
+    for name, path in (("tokens", str(token_path)), ("pooled", pooled)):
+        results = tmp_path / f"{name}.jsonl"
+        out = runner.invoke(main, ["rerank", "-d", path, "-c", ckpt, "-m", "10", "--quiet", "--device", "cpu",
+                                   "--results", str(results)])
+        assert out.exit_code == 0, out.output
+        rows[name] = [{k: r[k] for k in ("stage", "database", "recall_i2t", "recall_t2i", "recall_at_m_i2t")}
+                      for r in map(json.loads, open(results))]
+    assert [(r["stage"], r["database"]) for r in rows["pooled"]] == [
+        (stage, db) for db in ("test", "collection") for stage in ("hamming", "cosine-rerank")]
+    assert rows["pooled"] == rows["tokens"]
+
+
 def test_a_file_without_tokens_is_one_clear_line(tmp_path, tiny_path):
     """Said before the run starts: no 'training …' line, no run folder or lock left under --out."""
     out = CliRunner().invoke(main, ["train-seps", "-d", tiny_path, "--quiet", "--out", str(tmp_path / "runs")])

@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from ucmfh.app.identity import RunOptions, dataset_identity, git_commit, key_of
 from ucmfh.app.stage import Log, Stage, reuse_or_fit
@@ -22,7 +24,7 @@ from ucmfh.distributed import current_group
 from ucmfh.methods.settings import scored_protocols
 from ucmfh.metrics.captions import DATABASES
 from ucmfh.seps.fit import fit_seps
-from ucmfh.seps.scoring import database_scores, databases, recall_rows
+from ucmfh.seps.scoring import SplitIds, database_scores, databases, recall_rows
 from ucmfh.two_stage import Reranking
 from ucmfh.utils import resolve_device
 
@@ -41,8 +43,13 @@ def seps_paths(out: str, dataset: Dict[str, str], cfg: SepsConfig) -> Dict[str, 
     return {"identity": identity, "dir": folder, "checkpoint": os.path.join(folder, "seps.pt")}
 
 
-def _readers(data: Dataset) -> Dict[str, Tokens]:
-    return {split: Tokens(data.path, split) for split in ("query", "retrieval")}
+def _readers(data: Dataset, tokens: bool = True) -> Dict[str, Union[Tokens, SplitIds]]:
+    """The query and retrieval splits' token readers; without ``tokens`` (no SEPS stage) their ids alone."""
+    if tokens:
+        return {split: Tokens(data.path, split) for split in ("query", "retrieval")}
+    splits = {"query": data.query, "retrieval": data.retrieval}
+    return {name: SplitIds(name, (split.ids.numpy() if split.ids is not None else np.arange(len(split))))
+            for name, split in splits.items()}
 
 
 def _common(data: Dataset, device: str) -> Dict[str, Any]:
@@ -108,7 +115,7 @@ def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[s
     if "fused" in scored_protocols(hash_cfg.method):  # its codes see both modalities together
         raise ValueError(f"{hash_checkpoint}: method {hash_cfg.method!r} has no leak-free real-valued output to "
                          "re-rank by; use a checkpoint of a leak-free method (two-tower, distill, cca-itq)")
-    readers = _readers(data)
+    readers = _readers(data, tokens=seps_checkpoint is not None)  # the Hamming and cosine stages read none
     seps, cfg = None, None
     if seps_checkpoint is not None:
         q = readers["query"]

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Dict, Iterator, List, Optional, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 import torch
@@ -24,10 +24,24 @@ RANKS = (1, 5, 10)
 
 
 @dataclass
-class Side:
-    """Items of a token reader, in order (one side of a database: its images or its captions)."""
+class SplitIds:
+    """A split as a database reads it where no token is read (the Hamming and cosine stages of
+    :mod:`ucmfh.two_stage`, on pooled features): its name and its ids, as a :class:`Tokens` reader gives them."""
 
-    tokens: Tokens
+    split: str
+    ids: np.ndarray
+
+    @property
+    def n_items(self) -> int:
+        return len(self.ids)
+
+
+@dataclass
+class Side:
+    """Items of a token reader, in order (one side of a database: its images or its captions); of a
+    :class:`SplitIds` where no token is read."""
+
+    tokens: Union[Tokens, SplitIds]
     items: np.ndarray
 
     def __len__(self) -> int:
@@ -178,7 +192,8 @@ class Database:
     query_img: torch.Tensor  # rows of the image axis that are queries (the unique query images)
 
 
-def _sides(query: Tokens, retrieval: Tokens, rows: np.ndarray) -> Tuple[List[Side], torch.Tensor]:
+def _sides(query: Union[Tokens, SplitIds], retrieval: Union[Tokens, SplitIds],
+           rows: np.ndarray) -> Tuple[List[Side], torch.Tensor]:
     """Database rows (:func:`ucmfh.metrics.captions.database_rows`) as the sides that read them, split by
     split in ascending rows, and the order that puts what they read in the database's order."""
     n = query.n_items
@@ -189,8 +204,10 @@ def _sides(query: Tokens, retrieval: Tokens, rows: np.ndarray) -> Tuple[List[Sid
     return sides, torch.from_numpy(np.searchsorted(read, rows))
 
 
-def databases(query: Tokens, retrieval: Tokens, names: Sequence[str] = DATABASES) -> List[Database]:
-    """The ``test`` and ``collection`` databases of §7 over the query and retrieval readers."""
+def databases(query: Union[Tokens, SplitIds], retrieval: Union[Tokens, SplitIds],
+              names: Sequence[str] = DATABASES) -> List[Database]:
+    """The ``test`` and ``collection`` databases of §7 over the query and retrieval readers (or their
+    :class:`SplitIds`, for the stages that read no token)."""
     ids = np.concatenate([query.ids, retrieval.ids])
     out = []
     for name in names:
