@@ -557,6 +557,28 @@ def test_a_group_indexed_already_is_never_added_again(collection, tmp_path):
     assert Index.load(changed).count("txt") == before
 
 
+def test_nothing_is_added_between_an_interrupted_build_and_the_rest_of_it(collection, tmp_path):
+    """Another collection added while a build is interrupted put its rows between that build's first rows and
+    the rest: positions, and so the order of every tie, then differed from the uninterrupted builds'. It is
+    refused until the interrupted build is finished; then the index is the one of the two builds in turn."""
+    c = collection
+    other = tmp_path / "other.h5"
+    shutil.copy(c["path"], other)
+    with h5py.File(other, "a") as f:
+        f["ids"][...] = f["ids"][:] + 1000
+    cut, straight = tmp_path / "cut", tmp_path / "straight"
+    build_index(c["path"], c["ckpt"][0], str(cut), chunk_size=7, stop_after=1)
+    with pytest.raises(DataError, match=r"cut: its build of / from .* stopped at row 7 of \d+ \(interrupted\); "
+                                        r"finish that build first"):
+        build_index(str(other), c["ckpt"][0], str(cut), chunk_size=7)
+    assert build_index(c["path"], c["ckpt"][0], str(cut), chunk_size=7).resumed_at == 7
+    build_index(str(other), c["ckpt"][0], str(cut), chunk_size=7)
+    for path in (c["path"], str(other)):
+        build_index(path, c["ckpt"][0], str(straight), chunk_size=7)
+    for name in ("img.codes", "img.ids", "txt.codes", "txt.ids"):
+        assert (cut / name).read_bytes() == (straight / name).read_bytes(), name
+
+
 def test_a_build_refused_part_way_leaves_the_index_as_it_was(collection, tmp_path):
     """A collection refused at a later chunk (NaN features at row 37) left the index 'unfinished' for good: its
     own command failed again, and a mended file was another build. Now the index is rolled back (a new one is

@@ -191,7 +191,7 @@ def groups_to_add(coll: Collection, sources: Sequence[Dict[str, Any]], sha: str,
     collection) and its name, not by comparing rows, which would read every item: an index holds the
     same items of the same collection once. Refused (:class:`DataError`): a group holding items another
     group put in the index (a retrieval split after its train split: only some of its items are new),
-    and a group of another build of this file that was interrupted (that build's own command finishes it).
+    and anything new while another build is interrupted (that build's own command finishes it first).
     """
     ours = [s for s in sources if s["key"].split(":", 1)[0] == sha]
     for s in sources:  # a build interrupted, then its file changed: it can never be finished, nor searched
@@ -215,12 +215,12 @@ def groups_to_add(coll: Collection, sources: Sequence[Dict[str, Any]], sha: str,
                             "adding it would index them twice: index the other groups alone, or build a new index")
         new.append(group)
     key = f"{sha}:{','.join(new)}"
-    for s in ours:
-        if s["key"] != key and int(s.get("done", 0)) < int(s.get("rows", 0)) and \
-                any(coll.holds(a, b) or coll.holds(b, a) for a in new for b in s["groups"]):
-            raise DataError(f"{out}: its build of {', '.join(s['groups'])} from {coll.path} stopped at row "
+    for s in sources:  # rows added between an interrupted build's and the rest of it would split them: the
+        # positions, and so every tie's order, would differ from the uninterrupted builds'
+        if new and s["key"] != key and int(s.get("done", 0)) < int(s.get("rows", 0)):
+            raise DataError(f"{out}: its build of {', '.join(s['groups'])} from {s.get('path')} stopped at row "
                             f"{s['done']} of {s['rows']} (interrupted); finish that build first (the same build "
-                            "again continues it)")
+                            "again continues it), or build a new index (another -o)")
     rows = [r for g, r in zip(coll.groups, coll.rows) if g in new]
     return dataclasses.replace(coll, groups=new, rows=rows), skipped
 
