@@ -249,11 +249,18 @@ def test_build_encodes_unimodal_codes_dedupes_images_and_resumes(collection, tmp
     assert resumed.resumed_at == 35
     for name in ("img.codes", "img.ids", "txt.codes", "txt.ids", "txt.embed", "txt.text.bytes", "img.paths.offsets"):
         assert (killed / name).read_bytes() == (out / name).read_bytes(), name
-    # another collection appends
+    # a copy of the collection under another name (another content: a re-export) would index every item twice
     other = tmp_path / "other.h5"
     shutil.copy(c["path"], other)
     with h5py.File(other, "a") as f:
         f.attrs["name"] = "a second collection"
+    with pytest.raises(DataError, match=r"other.h5: 120 of its 120 rows have ids .* holds already \(first: id \d+ "
+                                        r"at row 0\); adding it would index those items twice"):
+        build_index(str(other), c["ckpt"][0], str(out))
+    assert Index.load(out).count("txt") == 120
+    # another collection (items of ids of their own) appends
+    with h5py.File(other, "a") as f:
+        f["ids"][...] = f["ids"][:] + 1000
     appended = build_index(str(other), c["ckpt"][0], str(out))
     assert appended.added == {"img": 40, "txt": 120} and appended.index.count("txt") == 240
 

@@ -183,6 +183,9 @@ def test_an_index_without_origins_loads_appends_and_refuses_seps(files, tmp_path
     shutil.copy(files["path"], other)
     with h5py.File(other, "a") as f:
         f.attrs["name"] = "another collection"
+        for split in ("query", "retrieval", "train"):  # items of their own (the same ids would be the same items)
+            if f"{split}/ids" in f:
+                f[f"{split}/ids"][...] = f[f"{split}/ids"][:] + 100_000
     report = build_index(str(other), files["hash"], str(old))
     assert report.added["txt"] == Index.load(files["index"]).count("txt")
     assert not report.index.has("txt", "origin")

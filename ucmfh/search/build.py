@@ -150,24 +150,34 @@ def check_same_columns(index: Index, coll: Collection, embeddings: bool, origins
                                 "every collection in an index gives the same columns; build a new index (another -o)")
 
 
-def check_not_again(index: Index, coll: Collection, sha: str, out: str) -> None:
-    """Refuse a collection file built into the index before whose content has changed since (a file grown by new
-    rows), where its items' ids are in the index already: a changed file is another collection to the index,
-    so every item it held before would be indexed twice. (A file of the same name holding new items only, a
-    day's batch, is added.)"""
-    real = os.path.realpath(coll.path)
-    if not any(os.path.realpath(s.get("path", "")) == real and s["key"].split(":", 1)[0] != sha for s in index.sources):
+def check_not_again(index: Index, coll: Collection, sha: str, key: str, out: str) -> None:
+    """Refuse, at the start of a build (``key``: its source), a collection whose items' ids are in the index
+    already: rows of one id are one item, so those items would be indexed twice (a search then lists each
+    twice). A collection file built in before whose content has changed since (a file grown by new rows) is
+    another collection to the index, and every item it held before would be doubled; a re-export or a
+    renamed copy of one built in would double all of them. (A file holding new items only, a day's batch, is
+    added, under the same name or another.) A collection without ids is judged so only against its own
+    file's earlier builds: its ids are its rows, which say nothing across files."""
+    if any(s["key"] == key for s in index.sources):  # a build going on: its own rows hold its ids
         return
+    real = os.path.realpath(coll.path)
+    grown = any(os.path.realpath(s.get("path", "")) == real and s["key"].split(":", 1)[0] != sha for s in index.sources)
     ids = coll.ids()
+    if ids is None and not grown:
+        return
     if ids is None:  # an item's id is its row
         ids = np.arange(len(coll), dtype=np.int64)
     held = np.concatenate([index.ids(m) for m in FEATURES if index.count(m)] or [np.zeros(0, np.int64)])
     again = np.flatnonzero(np.isin(ids, held))
-    if len(again):
-        raise DataError(f"{coll.path}: built into {out} before, and changed since: {len(again)} of its {len(ids)} rows "
-                        f"have ids {out} holds already (first: id {int(ids[again[0]])} at row {int(again[0])}); adding "
-                        "it would index those items twice: put the new rows in a file of their own, or build a new "
-                        "index (another -o)")
+    if not len(again):
+        return
+    first = f"{len(again)} of its {len(ids)} rows have ids {out} holds already (first: id {int(ids[again[0]])} at " \
+            f"row {int(again[0])}); adding it would index those items twice"
+    if grown:
+        raise DataError(f"{coll.path}: built into {out} before, and changed since: {first}: put the new rows in a "
+                        "file of their own, or build a new index (another -o)")
+    raise DataError(f"{coll.path}: {first} (a copy or a re-export of a collection built in? rows of one id are one "
+                    "item): give new items ids of their own, or build a new index (another -o)")
 
 
 @dataclass
@@ -275,9 +285,9 @@ def build_index(
         # the rows asked for, each item once: a group held by another group asked for is counted there
         rows = sum(r for g, r in zip(asked.groups, asked.rows) if skipped[g] == g or skipped[g] not in asked.groups)
         return BuildReport(index, {"img": 0, "txt": 0}, rows, rows, True, skipped=skipped)
-    if index is not None:
-        check_not_again(index, coll, sha, out)
     key = f"{sha}:{','.join(coll.groups)}"
+    if index is not None:
+        check_not_again(index, coll, sha, key, out)
     n = len(coll)
     stat = os.stat(coll.path)
     # size and mtime identify the file cheaply at search time (re-ranking reads its tokens by row)
