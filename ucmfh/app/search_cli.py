@@ -15,6 +15,7 @@ from ucmfh.config import SEARCH_BACKENDS, BackendConfig, SettingError, backend_c
 MODALITY = click.Choice(["image", "text"])
 _BACKEND = BackendConfig()
 SHORT = {"image": "img", "text": "txt"}
+MAX_HITS = 10_000_000  # rows one search prints at the most (queries × hits): about 7 GB of JSON lines
 
 
 @click.command("index")
@@ -114,7 +115,7 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
     """Search INDEX (several folders: searched as one) with queries; print the top-k items of each."""
     from ucmfh.search.build import Encoder
     from ucmfh.search.collection import read_queries
-    from ucmfh.search.results import format_results, format_scores, result_rows, scores, search_queries
+    from ucmfh.search.results import format_scores, result_lines, result_rows, scores, search_queries
     from ucmfh.search.index import UnfinishedIndex
     from ucmfh.search.shards import open_index
 
@@ -169,6 +170,11 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         from ucmfh.search.clip import clip_queries
 
         q = clip_queries(opened, text=list(text), images=list(image), device=device)
+    each = min(k, opened.count(searched))
+    if len(q) * each > MAX_HITS:  # every hit is held, then printed: 76M of them ran a 23-GB machine out of memory
+        raise click.BadParameter(f"{len(q):,} quer{'y' if len(q) == 1 else 'ies'} × {each:,} hits = "
+                                 f"{len(q) * each:,} rows to print, more than {MAX_HITS:,} (each held until printed): "
+                                 "ask for fewer hits, or fewer queries (--ids)", param_hint="-k")
     matcher = None
     if seps_checkpoint:
         from ucmfh.search.seps_rerank import load_matcher
@@ -177,11 +183,12 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
     results = search_queries(opened, encoder, q, k, searched, rerank=rerank, candidates=candidates, device=device,
                              matcher=matcher, backend=config, threads=threads, check_recall=check_recall)
     found = scores(results) if with_metrics else None  # refused before anything is printed
-    if as_json:
-        for row in result_rows(results):
-            click.echo(json.dumps(row, ensure_ascii=False))
+    if as_json:  # a query's rows at a time: a long list is written without holding every row
+        for rows in filter(None, result_rows(results)):
+            click.echo("\n".join(json.dumps(row, ensure_ascii=False) for row in rows))
     else:
-        click.echo(format_results(results))
+        for block in result_lines(results):
+            click.echo(block)
     if found is not None:
         click.echo(format_scores(found), err=as_json)
         click.echo("  of the hits as ranked: items at one distance by their position in the index, the order it was "

@@ -5,7 +5,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -201,14 +201,15 @@ def format_scores(found: Dict[str, Any]) -> str:
     return f"{found['queries']} queries (relevant: {found['relevance']}): {', '.join(figures)}"
 
 
-def result_rows(results: Results) -> List[Dict[str, Any]]:
-    """One JSON-able row per hit: query, rank (1-based), id, distance, and what is known of it (with
-    ``--backend mih``, ``searched_by``: ``mih`` or ``scan``)."""
-    rows = []
+def result_rows(results: Results) -> Iterator[List[Dict[str, Any]]]:
+    """The JSON-able rows of each query in turn, one per hit: query, rank (1-based), id, distance, and what is
+    known of it (with ``--backend mih``, ``searched_by``: ``mih`` or ``scan``). A query's rows are made as
+    they are asked for, so a long list is written without holding every row."""
     q = results.queries
     column = "text" if results.modality == "txt" else "path"
     scanned = set(results.served["scanned"].tolist()) if results.served is not None else set()
     for i in range(results.positions.shape[0]):
+        rows = []
         for r in range(results.positions.shape[1]):
             row: Dict[str, Any] = {"query": i, "rank": r + 1, "id": int(results.ids[i, r]),
                                    "position": int(results.positions[i, r]),
@@ -226,13 +227,13 @@ def result_rows(results: Results) -> List[Dict[str, Any]]:
             if results.served is not None:
                 row["searched_by"] = "scan" if i in scanned else "mih"
             rows.append(row)
-    return rows
+        yield rows
 
 
-def format_results(results: Results, width: int = 72) -> str:
-    """A plain-text table: per query a heading, then one line per hit."""
+def result_lines(results: Results, width: int = 72) -> Iterator[str]:
+    """The plain-text table, a block of lines at a time: per query a heading and one line per hit, then
+    what the marks mean."""
     q = results.queries
-    lines = []
     for i in range(results.positions.shape[0]):
         head = f"query {i}"
         if q.ids is not None:
@@ -240,7 +241,7 @@ def format_results(results: Results, width: int = 72) -> str:
         described = q.text[i] if q.text is not None else q.paths[i] if q.paths is not None else None
         if described:
             head += f": {described}"
-        lines.append(f"{head}  [{NAMES[q.modality]} -> {NAMES[results.modality]}]")
+        lines = [f"{head}  [{NAMES[q.modality]} -> {NAMES[results.modality]}]"]
         cols = f"  {'rank':>4} {'id':>10} {'dist':>4}"
         if results.cosine is not None:
             cols += f" {'cosine':>7}"
@@ -262,7 +263,12 @@ def format_results(results: Results, width: int = 72) -> str:
                 shown = shown if len(shown) <= width else shown[: width - 1] + "…"
                 line += "  " + shown
             lines.append(line.rstrip())
+        yield "\n".join(lines)
     if results.relevant is not None:
-        lines.append(f"  * relevant ({results.relevance})")
-    return "\n".join(lines)
+        yield f"  * relevant ({results.relevance})"
+
+
+def format_results(results: Results, width: int = 72) -> str:
+    """A plain-text table: per query a heading, then one line per hit (:func:`result_lines`)."""
+    return "\n".join(result_lines(results, width))
 
