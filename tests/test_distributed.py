@@ -98,18 +98,24 @@ def _rows(path: Path) -> list:
 
 def test_torchrun_train_hash_writes_once_and_matches_one_process(tmp_path, tiny_path):
     """`torchrun -m ucmfh train-hash` on 2 ranks: rank 0 alone writes the checkpoints and the results,
-    which match a 1-process run of the same seed (the same global batches; dropout off)."""
-    args = ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "3"]
-    single = run([sys.executable, "-m", "ucmfh", *args, "--out", str(tmp_path / "one"),
-                  "--results", str(tmp_path / "one.jsonl")])
+    which match a 1-process run of the same seed (the same global batches; dropout off). Two processes are
+    another run than one (other dropout masks): in the same --out, the 2-rank run trains a checkpoint of its
+    own, and its rows say how many processes trained it."""
+    args = ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "3", "--out", str(tmp_path / "runs")]
+    single = run([sys.executable, "-m", "ucmfh", *args, "--results", str(tmp_path / "one.jsonl")])
     assert single.returncode == 0, single.stderr
-    ranks = run(torchrun("-m", "ucmfh", *args, "--out", str(tmp_path / "two"), "--results", str(tmp_path / "two.jsonl")))
+    before = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*.pt")}
+    ranks = run(torchrun("-m", "ucmfh", *args, "--results", str(tmp_path / "two.jsonl")))
     assert ranks.returncode == 0, ranks.stderr
-    assert ranks.stdout.count("results appended") == 1  # only rank 0 reports
+    assert ranks.stdout.count("results appended") == 1 and "reused" not in ranks.stdout  # only rank 0 reports
     [mine], [theirs] = _rows(tmp_path / "two.jsonl"), _rows(tmp_path / "one.jsonl")
     assert abs(mine["map_i2t"] - theirs["map_i2t"]) < 0.01 and abs(mine["map_t2i"] - theirs["map_t2i"]) < 0.01
-    assert sorted(p.name for p in (tmp_path / "two").rglob("*.pt")) == ["fusion.pt", "hash16.pt"]
-    meta = torch.load(next((tmp_path / "two").rglob("hash16.pt")), weights_only=False)["meta"]
+    assert mine["run"] != theirs["run"] and mine["settings"]["processes"] == 2 and "processes" not in theirs["settings"]
+    trained = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*.pt")}
+    assert all(trained[p] == t for p, t in before.items())  # the one-process run's checkpoints untouched
+    new = [p for p in trained if p not in before]
+    assert sorted(p.name for p in new) == ["fusion.pt", "hash16.pt"]
+    meta = torch.load(next(p for p in new if p.name == "hash16.pt"), weights_only=False)["meta"]
     assert meta["world_size"] == 2
     # the trained weights, not only MAP: summation order alone, amplified by Adam,
     # moved them by 1.4e-4 at most here; other batches or a rank's part trained twice would not stay that
@@ -117,8 +123,8 @@ def test_torchrun_train_hash_writes_once_and_matches_one_process(tmp_path, tiny_
     # uniformly scaled gradient, a gather without gradient, barely moves Adam's steps: the gradient
     # test above is the one that catches it.)
     for name in ("fusion.pt", "hash16.pt"):
-        two, one = (torch.load(next((tmp_path / d).rglob(name)), weights_only=False)["state_dict"]
-                    for d in ("two", "one"))
+        two, one = (torch.load(next(p for p in paths if p.name == name), weights_only=False)["state_dict"]
+                    for paths in (new, list(before)))
         assert two.keys() == one.keys()
         worst = max((two[k].float() - one[k].float()).abs().max().item() for k in two)
         assert worst < 1e-3, (name, worst)

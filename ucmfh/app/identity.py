@@ -7,8 +7,8 @@ device, and a setting added later at the value earlier runs had). Runs live in f
         hash-KEY/                      hashing settings on it: hash16.pt, hash64.pt, identity.json
       METHOD-seedSEED-KEY/             a method without a fusion stage: hash16.pt, ..., identity.json
 
-Two files with the same name never share a folder; two runs that differ in any setting never share a
-checkpoint. Result rows carry the dataset's path and fingerprint, the settings and the run key.
+Two files with the same name never share a folder; two runs that differ in any setting, or in the number of
+processes they train in (:func:`processes`), never share a checkpoint. Result rows carry the dataset's path and fingerprint, the settings and the run key.
 """
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ from typing import Any, Dict, List, Optional
 
 from ucmfh.config import FusionConfig, HashConfig, identity_dict
 from ucmfh.data.h5 import Dataset
+from ucmfh.distributed import current_group
 from ucmfh.methods import build_method
 from ucmfh.methods.settings import trains_fusion
 
@@ -61,6 +62,14 @@ def hash_settings(cfg: HashConfig) -> Dict[str, Any]:
     return {**identity_dict(cfg), "method_version": version} if version else identity_dict(cfg)
 
 
+def processes() -> Dict[str, int]:
+    """The number of processes a run trains in, as its identity holds it: several processes draw other dropout
+    masks than one (docs/distributed.md), so a run of N > 1 is another run; one process's identity says
+    nothing (the runs made before it keep their keys)."""
+    n = current_group().world_size
+    return {"processes": n} if n > 1 else {}
+
+
 def key_of(value: Any) -> str:
     """A short stable key of a JSON-able value (SHA-256 of its canonical JSON, 12 hex digits)."""
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
@@ -89,12 +98,14 @@ class Run:
 
     @property
     def fusion_identity(self) -> Dict[str, Any]:
-        return {"dataset_fingerprint": self.dataset["fingerprint"], "fusion": identity_dict(self.fusion_cfg)}
+        return {"dataset_fingerprint": self.dataset["fingerprint"], "fusion": identity_dict(self.fusion_cfg),
+                **processes()}
 
     @property
     def hash_identity(self) -> Dict[str, Any]:
         if self.fusion_cfg is None:
-            return {"dataset_fingerprint": self.dataset["fingerprint"], "hash": hash_settings(self.hash_cfg)}
+            return {"dataset_fingerprint": self.dataset["fingerprint"], "hash": hash_settings(self.hash_cfg),
+                    **processes()}
         return {**self.fusion_identity, "hash": hash_settings(self.hash_cfg)}
 
     @property
@@ -131,7 +142,7 @@ class Run:
 
     def settings(self) -> Dict[str, Any]:
         return {"fusion": None if self.fusion_cfg is None else identity_dict(self.fusion_cfg),
-                "hash": None if self.hash_cfg is None else hash_settings(self.hash_cfg)}
+                "hash": None if self.hash_cfg is None else hash_settings(self.hash_cfg), **processes()}
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ucmfh.app.identity import RunOptions, dataset_identity, git_commit, key_of
+from ucmfh.app.identity import RunOptions, dataset_identity, git_commit, key_of, processes
 from ucmfh.app.stage import Log, Stage, reuse_or_fit
 from ucmfh.checkpoint import load_model, load_seps, save_seps
 from ucmfh.config import SepsConfig, identity_dict
@@ -37,7 +37,7 @@ def protocol_of(cfg: SepsConfig) -> str:
 
 
 def seps_paths(out: str, dataset: Dict[str, str], cfg: SepsConfig) -> Dict[str, Any]:
-    identity = {"dataset_fingerprint": dataset["fingerprint"], "seps": identity_dict(cfg)}
+    identity = {"dataset_fingerprint": dataset["fingerprint"], "seps": identity_dict(cfg), **processes()}
     folder = os.path.join(out, f"{dataset['label']}-{dataset['fingerprint'][:8]}",
                           f"seps-seed{cfg.seed}-{key_of(identity)[:8]}")
     return {"identity": identity, "dir": folder, "checkpoint": os.path.join(folder, "seps.pt")}
@@ -61,7 +61,8 @@ def _common(data: Dataset, device: str) -> Dict[str, Any]:
 
 def _seps_fields(cfg: SepsConfig, checkpoint: str) -> Dict[str, Any]:
     return {"protocol": protocol_of(cfg), "seps_checkpoint": checkpoint, "seps_version": cfg.version,
-            "selection": cfg.selection, "dense_text": cfg.dense_text, "seed": cfg.seed, "seps_settings": identity_dict(cfg)}
+            "selection": cfg.selection, "dense_text": cfg.dense_text, "seed": cfg.seed,
+            "seps_settings": {**identity_dict(cfg), **processes()}}
 
 
 def train_seps_stage(data: Dataset, cfg: SepsConfig, opts: RunOptions, names: Sequence[str] = ("test",),
