@@ -364,3 +364,34 @@ def test_several_runs_curves_on_one_figure_are_each_run_s_own(tmp_path, monkeypa
     metrics = CliRunner().invoke(main, argv + ["--codes", str(paths[0]), "--codes", str(paths[1]),
                                                "--metrics-out", str(tmp_path / "m.json")])
     assert metrics.exit_code == 2 and "--metrics-out goes with one --codes" in metrics.output
+
+
+def test_codes_rows_are_rows_of_their_model(tmp_path, tiny_path, monkeypatch):
+    """'evaluate --codes' rows carry the run, seed, checkpoint and settings 'encode' records: two models of one
+    seed were summarised as two seeds of one setting (mean ± std of different models), and a file of the same
+    name scored from another folder replaced the first's row."""
+    from click.testing import CliRunner
+
+    from ucmfh.app.cli import main
+    from ucmfh.app.runs import read_results, summarize
+
+    runner = CliRunner()
+    common = ["-d", tiny_path, "--method", "two-tower", "-b", "16", "--epochs", "1", "--set", "hash.hidden=0",
+              "--device", "cpu", "--quiet", "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "train.jsonl")]
+    for lr in ("1e-3", "1e-2"):
+        assert runner.invoke(main, ["train-hash", *common, "--set", f"hash.lr_head={lr}"]).exit_code == 0
+    results = str(tmp_path / "codes.jsonl")
+    trained = {json.loads(line)["checkpoint"]: json.loads(line) for line in open(tmp_path / "train.jsonl")}
+    for i, checkpoint in enumerate(trained):
+        folder = tmp_path / f"f{i}"
+        folder.mkdir()
+        monkeypatch.chdir(folder)  # the same file name in two folders
+        assert runner.invoke(main, ["encode", "-c", checkpoint, "-o", "c.h5", "-d", tiny_path]).exit_code == 0
+        out = runner.invoke(main, ["evaluate", "--codes", "c.h5", "--results", results])
+        assert out.exit_code == 0 and f"results appended to {results}" in out.output, out.output
+    rows = read_results([results])
+    assert len(rows) == 2 and {r["codes"] for r in rows} == {str(tmp_path / f"f{i}" / "c.h5") for i in (0, 1)}
+    for row in rows:
+        assert (row["seed"], row["run"], row["settings"]) == tuple(trained[row["checkpoint"]][k]
+                                                                  for k in ("seed", "run", "settings"))
+    assert sorted(entry["n_seeds"] for entry in summarize(rows)) == [1, 1]  # two models, not two seeds of one

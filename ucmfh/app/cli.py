@@ -303,6 +303,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
                        f"every order of tied items; ties by index: {row['map_i2t']:.4f}, {row['map_t2i']:.4f})")
             if results:
                 append_results(results, [row])
+                click.echo(f"results appended to {results}")
             runs.append((path, metrics))
         if plot:
             from ucmfh.metrics.plots import curve_labels, plot_curves

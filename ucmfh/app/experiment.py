@@ -7,12 +7,12 @@ import datetime
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ucmfh.app.identity import Run, RunOptions, dataset_identity, dataset_label, git_commit, key_of
+from ucmfh.app.identity import Run, RunOptions, dataset_identity, dataset_label, git_commit, hash_settings, key_of
 from ucmfh.app.per_query import save_per_query
 from ucmfh.app.stage import Log, Stage, reuse_or_fit
 from ucmfh.checkpoint import CheckpointError, load_model, read_checkpoint, save_checkpoint
 from ucmfh.codes import save_codes
-from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
+from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig, identity_dict
 from ucmfh.data.h5 import Dataset
 from ucmfh.distributed import current_group
 from ucmfh.files import PathLike
@@ -201,7 +201,7 @@ def encode_checkpoint(
     """Write the query and retrieval codes of a hashing checkpoint to a codes file (packed bits)."""
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f"{out}: exists; not replaced")
-    model, fusion_cfg, hash_cfg, _ = load_for(data, checkpoint, "hash")
+    model, fusion_cfg, hash_cfg, meta = load_for(data, checkpoint, "hash")
     query = encode_split(model, data.query, protocol, device, progress=progress)
     retrieval = encode_split(model, data.retrieval, protocol, device, progress=progress)
     return save_codes(
@@ -211,5 +211,10 @@ def encode_checkpoint(
         query_ids=data.query.ids, retrieval_ids=data.retrieval.ids,
         attrs={"dataset": dataset_label(data.path or "dataset"), "protocol": protocol, "method": hash_cfg.method,
                "loss": hash_cfg.loss if default_loss(hash_cfg.method) is not None else "-",  # none of its own: '-'
-               "checkpoint": os.path.abspath(checkpoint), "seed": hash_cfg.seed},
+               "checkpoint": os.path.abspath(checkpoint), "seed": hash_cfg.seed,
+               # what its rows of 'evaluate --codes' are a measurement of: the run (key) and its settings
+               **({"run": key_of(meta["identity"])} if isinstance(meta.get("identity"), dict) else {}),
+               "settings": {"fusion": None if fusion_cfg is None else identity_dict(fusion_cfg),
+                            "hash": hash_settings(hash_cfg),  # as Run.settings, trained in several processes too
+                            **({"processes": meta["world_size"]} if int(meta.get("world_size") or 1) > 1 else {})}},
     )

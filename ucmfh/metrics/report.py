@@ -1,6 +1,7 @@
 """All retrieval metrics for both directions (I→T, T→I) as one JSON-able dict."""
 from __future__ import annotations
 
+import json
 import os
 from typing import Dict, Optional, Sequence, Union
 
@@ -236,7 +237,7 @@ def codes_file_row(metrics: Dict[str, object]) -> Dict[str, object]:
     k = settings["k"]
     row = {
         "task": "codes",
-        "codes": settings.get("path"),
+        "codes": None if settings.get("path") is None else os.path.abspath(settings["path"]),
         "dataset": attrs.get("dataset", "-"),
         "protocol": attrs.get("protocol", "unknown"),
         "method": attrs.get("method", "-"),
@@ -248,6 +249,10 @@ def codes_file_row(metrics: Dict[str, object]) -> Dict[str, object]:
         **{f"map_{d}{EXPECTED}": metrics[d][f"map@{k}{EXPECTED}"] for d in ("i2t", "t2i")
            if f"map@{k}{EXPECTED}" in metrics[d]},
     }
+    # the model the codes are of, as 'ucmfh encode' records it: rows of two models are never taken for seeds of one
+    for name in ("seed", "checkpoint", "run", "settings"):
+        if attrs.get(name) is not None:
+            row[name] = json.loads(attrs[name]) if name == "settings" and isinstance(attrs[name], str) else attrs[name]
     if settings.get("database") is not None:  # a caption set's: R@K in % and rSum, as training rows hold them
         row["database"] = settings["database"]
         for twin in ("", EXPECTED):
