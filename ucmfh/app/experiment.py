@@ -168,6 +168,33 @@ def score_hash_model(
     return rows
 
 
+def queries_trained_on(scored: str, trained: Optional[str]) -> Optional[Tuple[int, int]]:
+    """How many of ``scored``'s query items are items of ``trained``'s training split, by their captions
+    (``text_raw``), and of how many: a model scored on items it was trained on (another export of the same
+    photos, e.g. a Flickr8k subset against full Flickr8k) scores far above its honest figure. An item (the
+    rows of one id) counts when more than half its captions are training captions (one generic caption, "A dog
+    runs through the grass", is in both splits of one file). None where either file holds no captions (the
+    items cannot be matched) or ``trained`` is not there."""
+    import h5py
+    import numpy as np
+
+    if not trained or not os.path.isfile(trained):
+        return None
+    try:
+        with h5py.File(scored, "r") as a, h5py.File(trained, "r") as b:
+            if "text_raw" not in a["query"] or "train" not in b or "text_raw" not in b["train"]:
+                return None
+            captions = a["query/text_raw"][()]
+            ids = a["query/ids"][()] if "ids" in a["query"] else np.arange(len(captions))
+            training = set(b["train/text_raw"][()])
+    except (OSError, KeyError):
+        return None
+    found = np.array([caption in training for caption in captions])
+    items, item = np.unique(ids, return_inverse=True)
+    share = np.bincount(item, weights=found, minlength=len(items)) / np.bincount(item, minlength=len(items))
+    return int((share > 0.5).sum()), len(items)
+
+
 def evaluate_checkpoint(
     data: Dataset, path: str, protocols: Sequence[str] = PROTOCOLS, k: int = DEFAULT_K,
     device: str = "auto", n_bits: Optional[int] = None, progress: bool = True, out: str = "runs",
@@ -186,6 +213,12 @@ def evaluate_checkpoint(
         trained_on = None
     if trained_on is not None:
         log(f"note: {path} was trained on {trained_on.get('path')}, scored here on {data.path}")
+        seen = queries_trained_on(data.path, trained_on.get("path"))
+        if seen and seen[0]:
+            trained_on = {**trained_on, "queries_trained_on": seen}
+            log(f"warning: {seen[0]} of the {seen[1]} query items of {data.path} are items of the training split "
+                f"of {trained_on.get('path')} (by their captions), which {path} was trained on: its scores here "
+                "are inflated")
     if kind == "fusion":
         scores = evaluate_fusion(model, data, protocols, k, device, progress)
         return _rows(scores, run, "fusion", 0.0, device, path, "evaluate", trained_on)
