@@ -215,3 +215,22 @@ def test_grid_plot_draws_the_figures_runs_draws_of_its_rows(tmp_path, tiny_path,
                 assert printed == f"{mean:.3f}", (figure["name"], line["label"], n_bits)
                 checked += 1
     assert checked == 2 * 2 * 2  # two directions, two methods, two lengths
+
+
+def test_a_figure_of_two_protocols_names_each_line_s_and_shows_its_whole_legend(tmp_path):
+    """A figure of a unimodal and a fused method named neither protocol (each method had one, the title names
+    one only where all share it), and its legend was cut at the page's edge where labels run long."""
+    rows = [_row("two-tower", b, 1, 0.3) for b in (16, 32)]
+    rows += [{**_row("ucmfh", b, 1, 0.6), "protocol": "fused"} for b in (16, 32)]
+    [figure, _] = length_figures(summarize(rows))
+    assert sorted(line["label"] for line in figure["lines"]) == ["two-tower unimodal", "ucmfh fused"]
+    assert "unimodal" not in figure["title"] and "fused" not in figure["title"]
+    pytest.importorskip("matplotlib")
+    from PIL import Image
+
+    widths = []
+    for label in ("a", "a method of another package with a long name " * 2):
+        figure["lines"][0]["label"] = label
+        path = draw_length_figures([figure], str(tmp_path / label[:1]))[0]
+        widths.append(Image.open(path).size[0])
+    assert widths[1] > widths[0] + 200  # the page grows with the legend: nothing is cut off

@@ -75,9 +75,11 @@ def length_figures(groups: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
 def _figure(dataset: str, trained: Optional[str], database: Optional[str], field: str, label: str,
             entries: List[Tuple[Dict[str, Any], str]]) -> Dict[str, Any]:
     keys = [_line_key(e) for e, _ in entries]
-    # a qualifier is shown where one method's lines differ in it (methods differ in their settings anyway)
-    varying = [i for i, (name, _) in enumerate(_QUALIFIERS) if name != "trained_on" and any(
-        len({k[1 + i] for k in keys if k[0] == method}) > 1 for method in {k[0] for k in keys})]
+    # a qualifier is shown where one method's lines differ in it (methods differ in their settings anyway);
+    # the protocol on every line wherever the figure holds more than one (every figure names its protocol)
+    varying = [i for i, (name, _) in enumerate(_QUALIFIERS) if name != "trained_on" and (any(
+        len({k[1 + i] for k in keys if k[0] == method}) > 1 for method in {k[0] for k in keys}) or (
+        name == "protocol" and len({k[1 + i] for k in keys}) > 1))]
     lines: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
     for entry, shown in sorted(entries, key=lambda x: (str(_line_key(x[0])), x[0]["n_bits"])):
         key = _line_key(entry)
@@ -191,6 +193,6 @@ def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[
                   title=legend_title(figure), title_fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                   borderaxespad=0.0)
         for path in figure_paths(prefix, figure):
-            paths.append(save_figure(fig, path))
+            paths.append(save_figure(fig, path, tight=True))  # the legend beside the axes, however long its labels
         plt.close(fig)
     return paths

@@ -183,16 +183,18 @@ def figure_kind(path: str) -> str:
     return "figure-svg" if path.lower().endswith(".svg") else "figure"
 
 
-def save_figure(fig, path: str) -> str:
+def save_figure(fig, path: str, tight: bool = False) -> str:
     """Write ``fig`` to ``path`` atomically, as SVG or PNG by its suffix, with ucmfh's mark
     (:data:`ucmfh.files.MARKS`: the PNG's Software chunk, the SVG's creator; no date, so it is reproducible).
-    A PNG is written with a palette of 256 colours (:func:`_palette_png`)."""
+    A PNG is written with a palette of 256 colours (:func:`_palette_png`). ``tight``: the page fitted to what
+    is drawn (a legend beside the axes is not cut off however long its labels)."""
+    fit = {"bbox_inches": "tight"} if tight else {}
     with atomic_file(path) as tmp:
         if figure_kind(path) == "figure-svg":
-            fig.savefig(tmp, format="svg", metadata={"Creator": "ucmfh", "Date": None})
+            fig.savefig(tmp, format="svg", metadata={"Creator": "ucmfh", "Date": None}, **fit)
         else:
             rendered = io.BytesIO()
-            fig.savefig(rendered, dpi=120, format="png")
+            fig.savefig(rendered, dpi=120, format="png", **fit)
             _palette_png(rendered, tmp)
     return path
 
