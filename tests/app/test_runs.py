@@ -391,6 +391,9 @@ def test_runs_summarises_every_row_shape_readably(tmp_path):
     groups = summarize(read_jsonl(path))
     assert {g["stage"] for g in groups} == {None, "seps-full", "hamming m=100", "cosine-rerank m=100",
                                              "seps-rerank m=100"}
+    one = CliRunner().invoke(main, ["runs", "--results", str(path), "--method", "cca-itq"])  # one key: said too
+    key = next(g for g in groups if g["method"] == "cca-itq")["settings_key"]
+    assert one.exit_code == 0 and f"settings {key}: the settings every row shares" in one.output, one.output
 
 
 def test_a_finished_cell_says_its_scores_in_a_line_tie_aware_first():

@@ -307,8 +307,8 @@ def settings_legend(groups: List[Dict[str, Any]]) -> List[str]:
     """For each settings key, the settings in which it differs from the first key of the same stages (a
     fusion stage alone, a hashing stage alone, both, a SEPS stage ...), which is that stages' reference."""
     keys = {g["settings_key"]: g["settings"] for g in groups}
-    if len(keys) < 2:
-        return []
+    if len(keys) < 2:  # nothing to tell apart: where the key comes from, still
+        return [f"settings {key}: the settings every row shares ('ucmfh runs --json' prints them)" for key in keys]
     bases: Dict[tuple, Dict[str, Any]] = {}
     lines = ["settings (each against the first key of the same stages):"]
     for key, settings in keys.items():
