@@ -110,7 +110,15 @@ def test_torchrun_train_hash_writes_once_and_matches_one_process(tmp_path, tiny_
     assert ranks.stdout.count("results appended") == 1 and "reused" not in ranks.stdout  # only rank 0 reports
     [mine], [theirs] = _rows(tmp_path / "two.jsonl"), _rows(tmp_path / "one.jsonl")
     assert abs(mine["map_i2t"] - theirs["map_i2t"]) < 0.01 and abs(mine["map_t2i"] - theirs["map_t2i"]) < 0.01
-    assert mine["run"] != theirs["run"] and mine["settings"]["processes"] == 2 and "processes" not in theirs["settings"]
+    assert mine["run"] != theirs["run"] and mine["settings"]["hash"]["processes"] == 2
+    assert mine["settings"]["fusion"]["processes"] == 2 and "processes" not in theirs["settings"]["hash"]
+    summary = run([sys.executable, "-m", "ucmfh", "runs", "--results", str(tmp_path / "one.jsonl"), "--results",
+                   str(tmp_path / "two.jsonl")])  # two lines: the runs apart
+    assert summary.returncode == 0 and len([line for line in summary.stdout.splitlines() if "hashing" in line]) == 2, \
+        summary.stdout + summary.stderr
+    scored = run([sys.executable, "-m", "ucmfh", "evaluate", "-c", mine["checkpoint"], "-d", tiny_path, "--device",
+                  "cpu", "--quiet", "--results", str(tmp_path / "again.jsonl")])  # in one process: its run still
+    assert scored.returncode == 0 and _rows(tmp_path / "again.jsonl")[0]["run"] == mine["run"], scored.stderr
     trained = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*.pt")}
     assert all(trained[p] == t for p, t in before.items())  # the one-process run's checkpoints untouched
     new = [p for p in trained if p not in before]
@@ -222,3 +230,29 @@ def test_cuda_under_torchrun_needs_one_gpu_per_process(monkeypatch, device, gpus
     check_device(torch.device("cuda"), 2, 2)  # one GPU per process: fine
     check_device(torch.device(device), 1, 1)  # one process: any GPU
     check_device(torch.device("cuda"), 4, 2)  # two machines of two processes, each with two GPUs
+
+
+def test_a_run_of_several_processes_has_folders_and_keys_of_its_own(monkeypatch):
+    """Every stage's settings hold the number of processes beyond one, so the folders (a method without a fusion
+    stage is named by its hashing settings alone) and the keys differ from one process's, which stay as they
+    were; a checkpoint scored later keeps the count it was trained in."""
+    from types import SimpleNamespace
+
+    from ucmfh.app import identity
+    from ucmfh.app.identity import Run, key_of
+    from ucmfh.config import FusionConfig
+    from ucmfh.methods import hash_config
+
+    dataset = {"label": "d", "path": "/d.h5", "fingerprint": "0" * 64}
+    runs = {}
+    for n in (1, 2):
+        monkeypatch.setattr(identity, "current_group", lambda n=n: SimpleNamespace(world_size=n))
+        for method in ("two-tower", "ucmfh"):
+            runs[n, method] = Run("out", dataset, FusionConfig(), hash_config(method, n_bits=16))
+    for method in ("two-tower", "ucmfh"):
+        one, two = runs[1, method], runs[2, method]
+        assert one.hash_dir != two.hash_dir and key_of(one.hash_identity) != key_of(two.hash_identity)
+        assert "processes" not in one.settings()["hash"] and two.settings()["hash"]["processes"] == 2
+    monkeypatch.setattr(identity, "current_group", lambda: SimpleNamespace(world_size=1))
+    scored = Run("out", dataset, None, hash_config("two-tower", n_bits=16), trained_in=2)
+    assert scored.hash_path == runs[2, "two-tower"].hash_path

@@ -7,12 +7,12 @@ import datetime
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ucmfh.app.identity import Run, RunOptions, dataset_identity, dataset_label, git_commit, hash_settings, key_of
+from ucmfh.app.identity import Run, RunOptions, dataset_identity, dataset_label, git_commit, key_of, trained_in
 from ucmfh.app.per_query import save_per_query
 from ucmfh.app.stage import Log, Stage, reuse_or_fit
 from ucmfh.checkpoint import CheckpointError, load_model, read_checkpoint, save_checkpoint
 from ucmfh.codes import save_codes
-from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig, identity_dict
+from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset
 from ucmfh.distributed import current_group
 from ucmfh.files import PathLike
@@ -205,7 +205,7 @@ def evaluate_checkpoint(
     ``keep_per_query``: write the per-query scores beside the checkpoint (where the rows are kept)."""
     kind = read_checkpoint(path)["kind"]
     model, fusion_cfg, hash_cfg, meta = load_for(data, path, kind, n_bits=n_bits)
-    run = Run(out, dataset_identity(data), fusion_cfg, hash_cfg)
+    run = Run(out, dataset_identity(data), fusion_cfg, hash_cfg, trained_in=trained_in(meta))
     trained_on = meta.get("dataset")
     if not isinstance(trained_on, dict):  # a checkpoint a library caller saved with meta of their own
         trained_on = None
@@ -247,7 +247,5 @@ def encode_checkpoint(
                "checkpoint": os.path.abspath(checkpoint), "seed": hash_cfg.seed,
                # what its rows of 'evaluate --codes' are a measurement of: the run (key) and its settings
                **({"run": key_of(meta["identity"])} if isinstance(meta.get("identity"), dict) else {}),
-               "settings": {"fusion": None if fusion_cfg is None else identity_dict(fusion_cfg),
-                            "hash": hash_settings(hash_cfg),  # as Run.settings, trained in several processes too
-                            **({"processes": meta["world_size"]} if int(meta.get("world_size") or 1) > 1 else {})}},
+               "settings": Run("", dataset_identity(data), fusion_cfg, hash_cfg, trained_in(meta)).settings()},
     )

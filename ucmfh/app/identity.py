@@ -8,7 +8,8 @@ device, and a setting added later at the value earlier runs had). Runs live in f
       METHOD-seedSEED-KEY/             a method without a fusion stage: hash16.pt, ..., identity.json
 
 Two files with the same name never share a folder; two runs that differ in any setting, or in the number of
-processes they train in (:func:`processes`), never share a checkpoint. Result rows carry the dataset's path and fingerprint, the settings and the run key.
+processes they train in (:func:`processes`, in each stage's settings), never share a checkpoint. Result rows
+carry the dataset's path and fingerprint, the settings and the run key.
 """
 from __future__ import annotations
 
@@ -62,12 +63,19 @@ def hash_settings(cfg: HashConfig) -> Dict[str, Any]:
     return {**identity_dict(cfg), "method_version": version} if version else identity_dict(cfg)
 
 
-def processes() -> Dict[str, int]:
-    """The number of processes a run trains in, as its identity holds it: several processes draw other dropout
-    masks than one (docs/distributed.md), so a run of N > 1 is another run; one process's identity says
-    nothing (the runs made before it keep their keys)."""
-    n = current_group().world_size
+def processes(n: Optional[int] = None) -> Dict[str, int]:
+    """The number of processes a run trains in (``n``; default this run's), as each stage's settings in its
+    identity hold it: several processes draw other dropout masks than one (docs/distributed.md), so a run of
+    N > 1 is another run; one process's settings say nothing (the runs made before it keep their keys)."""
+    n = current_group().world_size if n is None else int(n)
     return {"processes": n} if n > 1 else {}
+
+
+def trained_in(meta: Any) -> int:
+    """The processes a checkpoint was trained in, as its meta records it (1 where it does not: a checkpoint of a
+    library caller, or of before the count was kept)."""
+    n = meta.get("world_size") if isinstance(meta, dict) else None
+    return n if isinstance(n, int) and n >= 1 else 1
 
 
 def key_of(value: Any) -> str:
@@ -87,8 +95,11 @@ class Run:
     dataset: Dict[str, str]
     fusion_cfg: Optional[FusionConfig]
     hash_cfg: Optional[HashConfig] = None
+    trained_in: Optional[int] = None  # the processes it trains in (a checkpoint's, scored); None: this run's
 
     def __post_init__(self) -> None:
+        if self.trained_in is None:
+            self.trained_in = current_group().world_size
         if self.hash_cfg is not None and not trains_fusion(self.hash_cfg.method):
             self.fusion_cfg = None  # not part of this run: its method trains no fusion encoder
 
@@ -96,17 +107,21 @@ class Run:
     def dataset_dir(self) -> str:
         return os.path.join(self.out, f"{self.dataset['label']}-{self.dataset['fingerprint'][:8]}")
 
+    def _fusion_settings(self) -> Dict[str, Any]:
+        return {**identity_dict(self.fusion_cfg), **processes(self.trained_in)}
+
+    def _hash_settings(self) -> Dict[str, Any]:
+        return {**hash_settings(self.hash_cfg), **processes(self.trained_in)}
+
     @property
     def fusion_identity(self) -> Dict[str, Any]:
-        return {"dataset_fingerprint": self.dataset["fingerprint"], "fusion": identity_dict(self.fusion_cfg),
-                **processes()}
+        return {"dataset_fingerprint": self.dataset["fingerprint"], "fusion": self._fusion_settings()}
 
     @property
     def hash_identity(self) -> Dict[str, Any]:
         if self.fusion_cfg is None:
-            return {"dataset_fingerprint": self.dataset["fingerprint"], "hash": hash_settings(self.hash_cfg),
-                    **processes()}
-        return {**self.fusion_identity, "hash": hash_settings(self.hash_cfg)}
+            return {"dataset_fingerprint": self.dataset["fingerprint"], "hash": self._hash_settings()}
+        return {**self.fusion_identity, "hash": self._hash_settings()}
 
     @property
     def fusion_dir(self) -> str:
@@ -116,7 +131,7 @@ class Run:
     @property
     def hash_dir_identity(self) -> Dict[str, Any]:
         """What the hashing folder's runs share: all but the code length, which names each checkpoint."""
-        settings = {k: v for k, v in hash_settings(self.hash_cfg).items() if k != "n_bits"}
+        settings = {k: v for k, v in self._hash_settings().items() if k != "n_bits"}
         return {**self.hash_identity, "hash": settings}
 
     @property
@@ -141,8 +156,8 @@ class Run:
         return ([] if self.fusion_cfg is None else [self.fusion_path]) + ([self.hash_path] if self.hash_cfg else [])
 
     def settings(self) -> Dict[str, Any]:
-        return {"fusion": None if self.fusion_cfg is None else identity_dict(self.fusion_cfg),
-                "hash": None if self.hash_cfg is None else hash_settings(self.hash_cfg), **processes()}
+        return {"fusion": None if self.fusion_cfg is None else self._fusion_settings(),
+                "hash": None if self.hash_cfg is None else self._hash_settings()}
 
 
 @dataclass

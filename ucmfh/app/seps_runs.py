@@ -14,7 +14,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
-from ucmfh.app.identity import RunOptions, dataset_identity, git_commit, key_of, processes
+from ucmfh.app.identity import RunOptions, dataset_identity, git_commit, key_of, processes, trained_in
 from ucmfh.app.stage import Log, Stage, reuse_or_fit
 from ucmfh.checkpoint import load_model, load_seps, save_seps
 from ucmfh.config import SepsConfig, identity_dict
@@ -59,10 +59,11 @@ def _common(data: Dataset, device: str) -> Dict[str, Any]:
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
-def _seps_fields(cfg: SepsConfig, checkpoint: str) -> Dict[str, Any]:
+def _seps_fields(cfg: SepsConfig, checkpoint: str, processes_of: Optional[int] = None) -> Dict[str, Any]:
+    """A SEPS row's fields; ``processes_of``: the processes its checkpoint trained in (None: this run's)."""
     return {"protocol": protocol_of(cfg), "seps_checkpoint": checkpoint, "seps_version": cfg.version,
             "selection": cfg.selection, "dense_text": cfg.dense_text, "seed": cfg.seed,
-            "seps_settings": {**identity_dict(cfg), **processes()}}
+            "seps_settings": {**identity_dict(cfg), **processes(processes_of)}}
 
 
 def train_seps_stage(data: Dataset, cfg: SepsConfig, opts: RunOptions, names: Sequence[str] = ("test",),
@@ -117,10 +118,11 @@ def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[s
         raise ValueError(f"{hash_checkpoint}: method {hash_cfg.method!r} has no leak-free real-valued output to "
                          "re-rank by; use a checkpoint of a leak-free method (two-tower, distill, cca-itq)")
     readers = _readers(data, tokens=seps_checkpoint is not None)  # the Hamming and cosine stages read none
-    seps, cfg = None, None
+    seps, cfg, seps_in = None, None, None
     if seps_checkpoint is not None:
         q = readers["query"]
-        seps, cfg, _ = load_seps(seps_checkpoint, d_img=q.d_img, d_txt=q.d_txt, n_image_tokens=q.n_image_tokens)
+        seps, cfg, meta = load_seps(seps_checkpoint, d_img=q.d_img, d_txt=q.d_txt, n_image_tokens=q.n_image_tokens)
+        seps_in = trained_in(meta)
     rows = []
     common = {**_common(data, device), "task": "rerank", "hash_checkpoint": hash_checkpoint, "n_bits": hash_cfg.n_bits,
               "method": hash_cfg.method, "hash_settings": identity_dict(hash_cfg), "protocol": "unimodal"}
@@ -133,10 +135,10 @@ def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[s
             for stage in stages:
                 row = {**common, **extra, **rr.run(stage, m)}
                 if stage.startswith("seps"):
-                    row.update(_seps_fields(cfg, seps_checkpoint))
+                    row.update(_seps_fields(cfg, seps_checkpoint, seps_in))
                 rows.append(row)
         if full and seps is not None:
-            rows.append({**common, **extra, **rr.run("seps-full", 0), **_seps_fields(cfg, seps_checkpoint)})
+            rows.append({**common, **extra, **rr.run("seps-full", 0), **_seps_fields(cfg, seps_checkpoint, seps_in)})
     return rows
 
 
