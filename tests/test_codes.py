@@ -395,3 +395,19 @@ def test_codes_rows_are_rows_of_their_model(tmp_path, tiny_path, monkeypatch):
         assert (row["seed"], row["run"], row["settings"]) == tuple(trained[row["checkpoint"]][k]
                                                                   for k in ("seed", "run", "settings"))
     assert sorted(entry["n_seeds"] for entry in summarize(rows)) == [1, 1]  # two models, not two seeds of one
+
+
+def test_codes_rows_of_one_model_on_two_files_are_two_measurements_and_a_foreign_settings_attr_is_left_out(tmp_path):
+    """Rows were matched by the model's run alone: its codes of two datasets replaced each other in 'ucmfh runs'.
+    A codes file of another writer whose ``settings`` attribute is not ucmfh's JSON is scored, without it."""
+    from ucmfh.app.runs import latest
+    from ucmfh.metrics import codes_file_row
+
+    rows = []
+    for name, settings in (("a.h5", '{"hash": {"n_bits": 12}}'), ("b.h5", "my own notes")):
+        path = tmp_path / name
+        save_codes(path, **make_file_inputs(5), attrs={"protocol": "unimodal", "dataset": name, "run": "r1",
+                                                       "settings": settings})
+        rows.append(codes_file_row(evaluate_codes_file(path, k=5)))
+    assert rows[0]["settings"] == {"hash": {"n_bits": 12}} and "settings" not in rows[1]
+    assert len(latest(rows)) == 2

@@ -694,6 +694,15 @@ def _captions(path: Path, query_images: List[int], seed: int) -> str:
     return write_dataset(path, {"train": train, "retrieval": train, "query": split(query_images, 1000)})
 
 
+def h5_splits(path: str) -> Dict[str, Dict[str, np.ndarray]]:
+    """A dataset file's splits as write_dataset takes them (image, text, ids, text_raw)."""
+    import h5py
+
+    with h5py.File(path, "r") as f:
+        return {s: {k: f[s][k][()] for k in ("image", "text", "ids", "text_raw")} for s in ("train", "query",
+                                                                                           "retrieval")}
+
+
 def test_a_checkpoint_scored_on_its_own_training_items_says_so(tmp_path):
     """Scored on another export of items it was trained on (86 of flickr8k1000's 100 query images are full
     Flickr8k's training images), a model scored R@1 73 against its honest 15, under a neutral note. The items
@@ -714,3 +723,10 @@ def test_a_checkpoint_scored_on_its_own_training_items_says_so(tmp_path):
     own = CliRunner().invoke(main, ["evaluate", "-c", row["checkpoint"], "-d", a, "--device", "cpu", "--quiet",
                                     "--results", ""])
     assert own.exit_code == 0 and "warning" not in own.output, own.output
+    # a labelled set's texts are tags, which repeat across images: not matched
+    from ucmfh.app.experiment import queries_trained_on
+
+    labelled = {s: {**arrays, "labels": np.ones((len(arrays["ids"]), 2), np.uint8)}
+                for s, arrays in h5_splits(b).items()}
+    assert queries_trained_on(write_dataset(tmp_path / "L.h5", labelled), a) is None
+    assert queries_trained_on(b, a) == (4, 6)

@@ -201,3 +201,26 @@ def test_the_cli_backend(tiny_path, tmp_path, trained):
     assert not os.path.exists(os.path.join(out, "mih"))
     wrong = runner.invoke(main, [*base, "--substrings", "4"])
     assert wrong.exit_code == 2 and "--substrings does not apply to --backend exact" in wrong.output
+
+
+def test_shards_say_which_are_too_small_to_probe(monkeypatch):
+    """A query is multi-index hashing's where it served every shard: one shard too small to probe made every
+    query the scan's, said as if the whole index were small."""
+    from ucmfh.config import BackendConfig
+    from ucmfh.search import Index
+    from ucmfh.search import mih as mih_module
+    from ucmfh.search.shards import Shards
+
+    monkeypatch.setattr(mih_module, "MIN_ITEMS", 1000)
+    monkeypatch.setattr(mih_module, "BUDGET_PER_WORD", 1 / 4)
+    rng = np.random.default_rng(4)
+    items = codes("clustered", 3500, 64, rng)
+    big, tiny = Index(64), Index(64)
+    big.add("txt", items[:3000])
+    tiny.add("txt", items[3000:3500])
+    served = {}
+    Shards([big, tiny]).search(items[:20], 10, "txt", backend=BackendConfig(backend="mih"), served=served)
+    assert served["mih"] == 0 and served["small"] == 0 and served["small_shards"] == (1, 2)
+    served = {}
+    big.search(items[:20], 10, "txt", backend=BackendConfig(backend="mih"), served=served)
+    assert served["mih"] >= 10 and not served.get("small")

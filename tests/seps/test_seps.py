@@ -365,6 +365,19 @@ def test_rerank_without_seps_reads_no_token(tmp_path, token_path):
     assert rows["pooled"] == rows["tokens"]
 
 
+def test_rerank_refuses_a_set_that_is_not_a_caption_set(tmp_path, tiny_path):
+    """Without --seps a labelled set was re-ranked with relevance 'same id' (its rows numbered per split: one id
+    space): figures of nothing. It is refused in one line, as it was while rerank demanded tokens."""
+    runner = CliRunner()
+    trained = runner.invoke(main, ["train-hash", "-d", tiny_path, "--method", "two-tower", "-b", "16", "--epochs", "1",
+                                   "--set", "hash.hidden=0", "--quiet", "--device", "cpu", "--out",
+                                   str(tmp_path / "runs"), "--results", ""])
+    assert trained.exit_code == 0, trained.output
+    ckpt = str(next((tmp_path / "runs").rglob("hash16.pt")))
+    out = runner.invoke(main, ["rerank", "-d", tiny_path, "-c", ckpt, "--device", "cpu", "--results", ""])
+    assert out.exit_code == 2 and "not a caption set" in out.output and "Traceback" not in out.output, out.output
+
+
 def test_a_file_without_tokens_is_one_clear_line(tmp_path, tiny_path):
     """Said before the run starts: no 'training …' line, no run folder or lock left under --out."""
     out = CliRunner().invoke(main, ["train-seps", "-d", tiny_path, "--quiet", "--out", str(tmp_path / "runs")])

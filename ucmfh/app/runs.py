@@ -244,8 +244,8 @@ def trained_on(row: Dict[str, Any]) -> Optional[str]:
 def _measurement(row: Dict[str, Any]) -> tuple:
     run = row.get("run") or (row.get("checkpoint"), row.get("hash_checkpoint"), row.get("seps_checkpoint"),
                              row.get("codes"), row.get("seed"))
-    return (json.dumps(run, sort_keys=True), row.get("task"), _stage(row), row.get("protocol"), row.get("database"),
-            row.get("k"))
+    return (json.dumps(run, sort_keys=True), row.get("codes"), row.get("task"), _stage(row), row.get("protocol"),
+            row.get("database"), row.get("k"))  # codes: one model's codes of two datasets are two measurements
 
 
 def latest(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:

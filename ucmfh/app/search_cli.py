@@ -166,15 +166,12 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         if asked is None and not queries.endswith(".npy"):
             asked = _default_query_modality(queries, split, searched)
         q = read_queries(queries, asked, encoder.dims, split=split, ids=wanted)
+        _check_rows(len(q), min(k, opened.count(searched)))
     else:
         from ucmfh.search.clip import clip_queries
 
+        _check_rows(len(text) + len(image), min(k, opened.count(searched)))  # before CLIP encodes them
         q = clip_queries(opened, text=list(text), images=list(image), device=device)
-    each = min(k, opened.count(searched))
-    if len(q) * each > MAX_HITS:  # every hit is held, then printed: 76M of them ran a 23-GB machine out of memory
-        raise click.BadParameter(f"{len(q):,} quer{'y' if len(q) == 1 else 'ies'} × {each:,} hits = "
-                                 f"{len(q) * each:,} rows to print, more than {MAX_HITS:,} (each held until printed): "
-                                 "ask for fewer hits, or fewer queries (--ids)", param_hint="-k")
     matcher = None
     if seps_checkpoint:
         from ucmfh.search.seps_rerank import load_matcher
@@ -207,6 +204,10 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
 
         why = (f"under {MIN_ITEMS:,} items the scan is faster than probing" if results.served.get("small") else
                "where probing would read more")
+        if results.served.get("small_shards"):  # a query is multi-index hashing's where it served every shard
+            few, shards = results.served["small_shards"]
+            why += (f"; {few} of the {shards} shards hold under {MIN_ITEMS:,} items and scan every query, so none "
+                    "counts as multi-index hashing's")
         click.echo(f"mih: {results.served.get('mih', 0)} queries by multi-index hashing, "
                    f"{results.served.get('scan', 0)} by the scan ({why})", err=True)
     if results.recall is not None:
@@ -242,6 +243,15 @@ def _recorded_checkpoint(index, path: str) -> str:
     return recorded
 
 
+def _check_rows(queries: int, each: int) -> None:
+    """Refuse, before the search, more rows than one prints (:data:`MAX_HITS`): every hit is held, then
+    printed, and 76M of them ran a 23-GB machine out of memory."""
+    if queries * each > MAX_HITS:
+        raise click.BadParameter(f"{queries:,} quer{'y' if queries == 1 else 'ies'} × {each:,} hits = "
+                                 f"{queries * each:,} rows to print, more than {MAX_HITS:,} (each held until printed): "
+                                 "ask for fewer hits, or fewer queries (--ids)", param_hint="-k")
+
+
 def _parse_ids(ids: Optional[str]) -> Optional[Tuple[int, ...]]:
     if ids is None:
         return None
@@ -251,7 +261,8 @@ def _parse_ids(ids: Optional[str]) -> Optional[Tuple[int, ...]]:
         parsed = ()
     if not parsed:
         raise click.BadParameter(f"expected comma-separated integers, got {ids!r}", param_hint="--ids")
-    again = next((v for i, v in enumerate(parsed) if v in parsed[:i]), None)
+    seen: set = set()
+    again = next((v for v in parsed if v in seen or seen.add(v)), None)
     if again is not None:  # its queries would be asked twice, their hits listed twice
         raise click.BadParameter(f"id {again} is given twice", param_hint="--ids")
     return parsed

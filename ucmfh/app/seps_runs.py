@@ -12,12 +12,12 @@ import datetime
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 
 from ucmfh.app.identity import RunOptions, dataset_identity, git_commit, key_of, processes, trained_in
 from ucmfh.app.stage import Log, Stage, reuse_or_fit
 from ucmfh.checkpoint import load_model, load_seps, save_seps
 from ucmfh.config import SepsConfig, identity_dict
+from ucmfh.data.format import DataError
 from ucmfh.data.h5 import Dataset
 from ucmfh.data.tokens import Tokens, check_has_tokens
 from ucmfh.distributed import current_group
@@ -48,8 +48,10 @@ def _readers(data: Dataset, tokens: bool = True) -> Dict[str, Union[Tokens, Spli
     if tokens:
         return {split: Tokens(data.path, split) for split in ("query", "retrieval")}
     splits = {"query": data.query, "retrieval": data.retrieval}
-    return {name: SplitIds(name, (split.ids.numpy() if split.ids is not None else np.arange(len(split))))
-            for name, split in splits.items()}
+    if any(split.ids is None or split.labels is not None for split in splits.values()):  # same id: relevant
+        raise DataError(f"{data.path}: not a caption set (labels, or no ids): rerank scores a caption set "
+                        "(docs/reference.md §7: relevance is the same id)")
+    return {name: SplitIds(name, split.ids.numpy()) for name, split in splits.items()}
 
 
 def _common(data: Dataset, device: str) -> Dict[str, Any]:

@@ -206,19 +206,22 @@ class Tokens:
     ``images(rows)`` → [n, T, C_img] float32; ``texts(rows)`` → padded [n, L_max, C_txt] float32
     and a [n, L_max] bool mask of real rows (``dense=True``: the dense descriptions). Items that share
     an id are the same image (docs/reference.md §1), so with ``ids`` the image tokens are read and
-    kept once per id. Below ``max_memory_bytes`` a split's tokens are read whole on first use.
+    kept once per id. Below ``max_memory_bytes`` a split's tokens are read whole on first use. Opening scans the
+    split's values (:func:`check_token_values`) unless ``check_values=False`` (a search reading a few rows).
 
     Example:
         >>> tok = Tokens("data/flickr8k1000.h5", "query")      # doctest: +SKIP
         >>> v = tok.images(np.arange(4)); words, mask = tok.texts(np.arange(4))  # doctest: +SKIP
     """
 
-    def __init__(self, path: str, split: str, max_memory_bytes: int = DEFAULT_TOKEN_MEMORY) -> None:
+    def __init__(self, path: str, split: str, max_memory_bytes: int = DEFAULT_TOKEN_MEMORY,
+                 check_values: bool = True) -> None:
         self.path, self.split = os.fspath(path), split
         self._file = h5py.File(self.path, "r")
         group = self._file[split]
         require_tokens(self.path, group, split)
-        check_token_values(self.path, group, split)  # load_dataset checked their layout alone
+        if check_values:  # load_dataset checked their layout alone
+            check_token_values(self.path, group, split)
         self._group = group
         self.n_items = group[IMAGE_TOKENS].shape[0]
         self.ids = (group["ids"][()] if "ids" in group else np.arange(self.n_items)).astype(np.int64)

@@ -250,9 +250,16 @@ def codes_file_row(metrics: Dict[str, object]) -> Dict[str, object]:
            if f"map@{k}{EXPECTED}" in metrics[d]},
     }
     # the model the codes are of, as 'ucmfh encode' records it: rows of two models are never taken for seeds of one
-    for name in ("seed", "checkpoint", "run", "settings"):
+    for name in ("seed", "checkpoint", "run"):
         if attrs.get(name) is not None:
-            row[name] = json.loads(attrs[name]) if name == "settings" and isinstance(attrs[name], str) else attrs[name]
+            row[name] = attrs[name]
+    settings_attr = attrs.get("settings")
+    try:  # ucmfh's JSON of the stages' settings; a file of another writer may hold anything there
+        settings_attr = json.loads(settings_attr) if isinstance(settings_attr, str) else settings_attr
+    except ValueError:
+        settings_attr = None
+    if isinstance(settings_attr, dict):
+        row["settings"] = settings_attr
     if settings.get("database") is not None:  # a caption set's: R@K in % and rSum, as training rows hold them
         row["database"] = settings["database"]
         for twin in ("", EXPECTED):

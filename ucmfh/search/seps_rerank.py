@@ -139,11 +139,12 @@ def seps_scores(
     for p in places:
         check_unchanged(p, index.path)
     with contextlib.ExitStack() as stack:
-        query_tokens = stack.enter_context(Tokens(queries.path, _group_name(queries.group)))
+        # a search reads the rows of its queries and candidates alone: no scan of every value (2 s on flickr8k1000)
+        query_tokens = stack.enter_context(Tokens(queries.path, _group_name(queries.group), check_values=False))
         check_tokens(matcher, query_tokens, queries.group)
         readers = []
         for p in places:
-            reader = stack.enter_context(Tokens(p["path"], _group_name(p["group"])))
+            reader = stack.enter_context(Tokens(p["path"], _group_name(p["group"]), check_values=False))
             check_tokens(matcher, reader, p["group"])
             readers.append(reader)
         span = int(row.max()) + 1

@@ -91,18 +91,20 @@ class Shards:
         qw = as_words(queries, self.n_bits, "queries")
         dists, positions = [], []
         scanned: set = set()  # queries the scan served in some shard
-        small = 0  # queries scanned in a shard too small for probing
+        small = []  # for each shard searched: too small for probing (every query scanned there)
         for offset, shard in zip(self._offsets(modality), self.shards):
             if shard.count(modality):
                 part: Dict[str, Any] = {}
                 d, p = shard.search(qw, int(k), modality, device, threads, backend, part)
                 scanned.update(part.get("scanned", []))
-                small = max(small, part.get("small", 0))
+                small.append(bool(part.get("small")))
                 dists.append(d)
                 positions.append(np.where(p < 0, -1, p + offset))  # -1: not found (approximate backends)
         if served is not None:  # a query counts as multi-index hashing's where it served every shard
             served.update(mih=qw.shape[0] - len(scanned), scan=len(scanned),
-                          scanned=np.array(sorted(scanned), dtype=np.int64), small=small)
+                          scanned=np.array(sorted(scanned), dtype=np.int64),
+                          small=qw.shape[0] if small and all(small) else 0,  # as one index too small
+                          small_shards=(sum(small), len(small)) if 0 < sum(small) < len(small) else None)
         if not dists:
             empty = np.zeros((qw.shape[0], 0), dtype=np.int64)
             return empty, empty.copy()
