@@ -137,6 +137,17 @@ def test_save_load_mmap_append_and_shards(tmp_path):
     assert isinstance(loaded.codes("txt"), np.memmap) and loaded.meta == {"note": "x"}
     assert np.array_equal(loaded.search(q, 15, "txt")[1], whole.search(q, 15, "txt")[1])
     assert loaded.strings("txt", "text", [0, 899]) == ["caption 0 é", "caption 899 é"]
+    # each item decoded once, from one read of what the items asked for span, or item by item beyond a span
+    asked = np.array([[7, 3, 7], [899, 3, 0]])
+    from ucmfh.search import index as index_module
+
+    for span in (index_module.STRINGS_SPAN, 0):
+        index_module.STRINGS_SPAN, before = span, index_module.STRINGS_SPAN
+        try:
+            assert loaded.strings("txt", "text", asked) == [text[i] for i in asked.ravel()]
+            assert loaded.strings("txt", "text", np.zeros(0, np.int64)) == []
+        finally:
+            index_module.STRINGS_SPAN = before
     with pytest.raises(FileExistsError):
         whole.save(path)
     # appends: a folder grown in three adds equals one add; what a reader opened before stays as it was

@@ -36,6 +36,7 @@ ArrayLike = Any  # numpy arrays or torch tensors (torch is not imported to searc
 EMBEDDING_DTYPE = np.float16  # the real-valued head outputs kept for re-ranking by cosine
 # fixed-width columns besides codes and ids: name -> dtype
 _EXTRA = {"embed": EMBEDDING_DTYPE, "labels": np.uint8, "origin": np.int64}
+STRINGS_SPAN = 1 << 28  # bytes of strings read at once for the items asked for, where they lie within them
 
 
 class UnfinishedIndex(ValueError):
@@ -187,9 +188,21 @@ class Index(IndexFolder):
         return places, place, row
 
     def strings(self, modality: str, name: str, positions: ArrayLike) -> List[str]:
-        """``text`` or ``paths`` of the items at ``positions`` (any shape; flattened)."""
+        """``text`` or ``paths`` of the items at ``positions`` (any shape; flattened). Each item is decoded once
+        however often it is asked for (the hits of many queries repeat), from one read of the bytes they
+        span where that is at most ``STRINGS_SPAN`` bytes."""
         offsets, blob = self._column(modality_name(modality), name)
-        return [bytes(blob[offsets[p] : offsets[p + 1]]).decode("utf-8") for p in to_numpy(positions).ravel()]
+        unique, inverse = np.unique(to_numpy(positions).ravel(), return_inverse=True)
+        if not len(unique):
+            return []
+        starts, ends = np.asarray(offsets[unique]).tolist(), np.asarray(offsets[unique + 1]).tolist()
+        low, high = min(starts), max(ends)
+        if high - low <= STRINGS_SPAN:
+            span = bytes(blob[low:high])
+            texts = [span[a - low : b - low].decode("utf-8") for a, b in zip(starts, ends)]
+        else:
+            texts = [bytes(blob[a:b]).decode("utf-8") for a, b in zip(starts, ends)]
+        return [texts[i] for i in inverse.tolist()]
 
     # ----------------------------------------------------------------- add
 
