@@ -490,6 +490,9 @@ def test_every_output_is_checked_before_any_work_and_named_by_its_flag(tmp_path,
         (["encode", "-d", tiny_path, "-c", str(ok / "h.pt"), "-o", str(ro / "c.h5")], f"--out {ro / 'c.h5'}: cannot"),
         (["index", tiny_path, "-c", str(ok / "h.pt"), "-o", str(ro / "ix")], f"--out {ro / 'ix'}: cannot be written"),
         (["make-synthetic", str(ro / "s.h5")], f"OUT {ro / 's.h5'}: cannot be written"),
+        # two outputs into one file: the table replaced the grid's results, and the grid could not resume
+        (["grid", "-d", tiny_path, "--methods", "cca-itq", "--out", str(ok / "runs"), "--results", str(ok / "t.md"),
+          "--table", str(ok / "t")], f"--results and --table: both would write {ok / 't.md'}; give each its own"),
     ]
     for args, message in cases:
         result = CliRunner().invoke(main, args)
@@ -730,3 +733,31 @@ def test_a_checkpoint_scored_on_its_own_training_items_says_so(tmp_path):
                 for s, arrays in h5_splits(b).items()}
     assert queries_trained_on(write_dataset(tmp_path / "L.h5", labelled), a) is None
     assert queries_trained_on(b, a) == (4, 6)
+
+
+def test_collapsed_codes_are_said_and_recorded(tmp_path):
+    """A model that gives (almost) every item one code scores the level of a random order, which a MAP alone
+    does not tell from a weak ranking: DGCPN on Wiki gave every item one code at 16 bits in the published
+    comparison. Each row records the distinct codes of the retrieval split per modality, and a warning says
+    when they collapsed."""
+    from ucmfh.checkpoint import save_checkpoint
+    from ucmfh.config import HashConfig
+    from ucmfh.data.h5 import load_dataset
+    from ucmfh.models.hashing import FeatureHasher
+
+    path = _make(tmp_path, "A")
+    data = load_dataset(path)
+    cfg = HashConfig(method="two-tower", n_bits=16, hidden=0)
+    model = FeatureHasher(data.d_img, data.d_txt, 16, 0).eval()
+    with torch.no_grad():
+        model.txt_head.net[0].weight.zero_()  # every text: the sign of the bias
+    ckpt = save_checkpoint(tmp_path / "c.pt", model, None, cfg)
+    results = tmp_path / "r.jsonl"
+    out = CliRunner().invoke(main, ["evaluate", "-c", ckpt, "-d", path, "--device", "cpu", "--quiet",
+                                    "--results", str(results)])
+    assert out.exit_code == 0, out.output
+    n = len(data.retrieval)
+    assert f"warning: collapsed codes (unimodal): distinct codes of the retrieval split: texts 1 for {n} items" \
+        in out.output and "images" not in out.output.split("warning")[1].split("\n")[0]
+    [row] = _rows(results)
+    assert row["distinct_codes"]["txt"] == [1, n] and 1 < row["distinct_codes"]["img"][0] <= n

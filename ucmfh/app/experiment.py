@@ -131,6 +131,7 @@ def train_hash_stage(
             f"({'validation ' + scores if scores else 'no validation split to choose on: the first candidate'})")
         for row in rows:
             row.update(chosen=history["chosen"], choice_val_scores=history["choice_scores"])
+    _say_collapsed(rows, log)
     if history.get("filled_bits") is not None:  # CCA-ITQ: fewer directions than bits asked
         log(f"note: {history['filled_bits']} of the {hash_cfg.n_bits} bits carry information (as many as the "
             f"features' directions after PCA); the other {hash_cfg.n_bits - history['filled_bits']} are +1 for every "
@@ -143,6 +144,19 @@ def train_hash_stage(
         for row in rows:
             row.update(refit_epochs=history["refit_epochs"])
     return rows
+
+
+def _say_collapsed(rows: List[Dict[str, Any]], log: Log) -> None:
+    """A warning for each protocol whose codes collapsed (:func:`collapsed`)."""
+    said = set()
+    for row in rows:
+        few = collapsed(row.get("distinct_codes") or {})
+        if few and row["protocol"] not in said:
+            said.add(row["protocol"])
+            counts = ", ".join(f"{NAMES[m]} {row['distinct_codes'][m][0]} for {row['distinct_codes'][m][1]} items"
+                               for m in few)
+            log(f"warning: collapsed codes ({row['protocol']}): distinct codes of the retrieval split: {counts}; its "
+                "scores are those of a near-random order, not of a weak ranking")
 
 
 def score_hash_model(
@@ -160,12 +174,39 @@ def score_hash_model(
         floor = floors[row.get("database")]
         row.update({f"random_{key}": floor[key] for key in ("map_i2t", "map_t2i", "rsum") if key in floor})
     rows = _rows(scores, run, "hashing", seconds, hash_cfg.device, checkpoint, source, trained_on)
+    for protocol in {row["protocol"] for row in rows}:
+        distinct = distinct_codes(model, data, protocol, hash_cfg.device)
+        for row in rows:
+            if row["protocol"] == protocol:
+                row["distinct_codes"] = distinct
     if keep_per_query:
         save_per_query(rows, checkpoint)
     else:
         for row in rows:
             row.pop("per_query", None)
     return rows
+
+
+NAMES = {"img": "images", "txt": "texts"}
+COLLAPSED = 0.01  # codes of at most this share of a modality's items: a model whose codes collapsed
+
+
+def distinct_codes(model, data: Dataset, protocol: str, device: str) -> Dict[str, List[int]]:
+    """How many distinct codes a model gives the retrieval split's items, per modality, and of how many items
+    (images: one per id): ``{"img": [codes, items], "txt": [...]}``. A model whose codes collapsed to a few
+    (DGCPN on Wiki: one code for every item at 16 bits) scores the level of a random order, which a MAP alone
+    does not tell from a weak model."""
+    import torch
+
+    img, txt = encode_split(model, data.retrieval, protocol, device)
+    ids = data.retrieval.ids
+    images = len(data.retrieval) if ids is None else len(torch.unique(ids))
+    return {"img": [len(torch.unique(img, dim=0)), images], "txt": [len(torch.unique(txt, dim=0)), len(txt)]}
+
+
+def collapsed(distinct: Dict[str, List[int]]) -> List[str]:
+    """The modalities whose distinct codes are at most :data:`COLLAPSED` of their items (and fewer than them)."""
+    return [m for m, (codes, items) in distinct.items() if codes < items and codes <= max(1, COLLAPSED * items)]
 
 
 def queries_trained_on(scored: str, trained: Optional[str]) -> Optional[Tuple[int, int]]:
@@ -225,8 +266,10 @@ def evaluate_checkpoint(
         scores = evaluate_fusion(model, data, protocols, k, device, progress)
         return _rows(scores, run, "fusion", 0.0, device, path, "evaluate", trained_on)
     run.hash_cfg = dataclasses.replace(hash_cfg, device=device)
-    return score_hash_model(model, data, run, path, 0.0, protocols, k, progress, "evaluate", trained_on,
+    rows = score_hash_model(model, data, run, path, 0.0, protocols, k, progress, "evaluate", trained_on,
                             keep_per_query)
+    _say_collapsed(rows, log)
+    return rows
 
 
 def encode_checkpoint(
