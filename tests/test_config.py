@@ -247,3 +247,15 @@ def test_seps_without_validation_turns_its_default_patience_off():
     assert seps_config({"val_fraction": None, "patience": None}, {}).patience == SepsConfig.patience
     with pytest.raises(ValueError, match=r"patience needs a validation split \(val_fraction > 0\), got patience=3"):
         seps_config({"val_fraction": 0.0, "patience": 3}, {})
+
+
+def test_an_integer_for_a_float_setting_is_that_float():
+    """``--set hash.val_fraction=0`` gave 0 where ``--val-fraction 0`` gave 0.0: two identities for one
+    setting, so the run trained twice and 'ucmfh runs' showed two settings that no legend told apart."""
+    from ucmfh.app.identity import key_of
+    from ucmfh.config import identity_dict
+    from ucmfh.methods import hash_config
+
+    given, typed = hash_config("two-tower", val_fraction=0), hash_config("two-tower", val_fraction=0.0)
+    assert type(given.val_fraction) is float and key_of(identity_dict(given)) == key_of(identity_dict(typed))
+    assert type(hash_config("two-tower", epochs=3).epochs) is int  # an integer setting stays one

@@ -309,8 +309,11 @@ def _check_types(cfg: Any) -> None:
     for f in dataclasses.fields(cfg):
         value = getattr(cfg, f.name)
         check_type(type(cfg), f.name, value)
-        if isinstance(value, list) and isinstance(_default(type(cfg), f.name), tuple):
+        default = _default(type(cfg), f.name)
+        if isinstance(value, list) and isinstance(default, tuple):
             setattr(cfg, f.name, tuple(value))  # as a checkpoint's JSON gives it back
+        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+            setattr(cfg, f.name, float(value))  # --set x=0 and --x 0 are one setting, one run (not 0 and 0.0)
 
 
 @dataclass(frozen=True)

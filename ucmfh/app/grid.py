@@ -51,11 +51,17 @@ def _list(kind: Any, empty: bool = False) -> Any:
         if not items and not empty:
             raise click.BadParameter(f"expected a comma-separated list, got {text!r}: give at least one")
         if isinstance(kind, click.ParamType):
-            return [kind.convert(x, param, ctx) for x in items]
-        try:
-            return [kind(x) for x in items]
-        except ValueError:
-            raise click.BadParameter(f"expected a comma-separated list, got {text!r}") from None
+            values = [kind.convert(x, param, ctx) for x in items]
+        else:
+            try:
+                values = [kind(x) for x in items]
+            except ValueError:
+                raise click.BadParameter(f"expected a comma-separated list, got {text!r}") from None
+        seen: list = []
+        again = next((v for v in values if v in seen or seen.append(v)), None)
+        if again is not None:  # a typo as often as not ('1,1' for '1,11'): the cell would be asked twice
+            raise click.BadParameter(f"{again} is given twice in {text!r}")
+        return values
 
     return parse
 

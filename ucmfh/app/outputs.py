@@ -11,6 +11,7 @@ ucmfh wrote that kind of file before (:func:`ucmfh.files.check_replaceable`), an
 """
 from __future__ import annotations
 
+import os
 from typing import Dict, Optional, Sequence, Union
 
 from ucmfh.files import check_jsonl, check_not_input, check_replaceable, check_writable
@@ -47,6 +48,12 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
     outputs = [(flag, path, True, None) for flag, path in (folders or {}).items()]
     for flag, path in (files or {}).items():
         outputs += [(flag, path and path + suffix, False, kind) for suffix, kind in WRITES.get(flag, (("", None),))]
+    written: Dict[str, str] = {}  # two outputs of one command into one file: the second destroys the first
+    for flag, path, folder, kind in outputs:
+        if path and not folder:
+            other = written.setdefault(os.path.realpath(path), flag)
+            if other != flag:
+                raise ValueError(f"{other} and {flag}: both would write {path}; give each its own file")
     for flag, path, folder, kind in outputs:
         if not path:
             continue
