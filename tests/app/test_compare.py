@@ -70,6 +70,19 @@ def test_compare_pairs_each_query_with_itself_which_can_change_the_verdict(tmp_p
         assert 0.019 < sign * d["low"] < 0.021 and 0.019 < sign * d["high"] < 0.021  # paired: +-0.002 a query
         apart = paired_bootstrap([other[name][None, rng.permutation(n)] - base[name][None]], resamples=1000)
         assert verdict(apart) == "level"  # the same scores, unpaired
+    # the table says what its intervals cover: one seed a cell, queries alone (not another training run); a
+    # seed one method alone was scored with is said to be left out
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows + [{**rows[0], "seed": 2024, "run": "c24"}]))
+    table = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "--resamples",
+                                      "200"])
+    assert table.exit_code == 0, table.output
+    assert "bootstrap over queries (one seed a cell: not over training runs)" in table.output
+    assert "seeds 2024: scored for one of the two methods alone in some cells, left out" in table.output
+    results.write_text(json.dumps({**rows[0], "seed": 2024}) + "\n" + json.dumps(rows[1]) + "\n")
+    unpaired = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results)])
+    assert unpaired.exit_code == 2 and "Traceback" not in unpaired.output, unpaired.output  # was a TypeError
+    assert "no cell has rows of cca-itq and two-tower of one seed (seeds: cca-itq 2024; two-tower 2023)" \
+        in unpaired.output
 
 
 @pytest.mark.parametrize("results_at", ["r.jsonl", "runs/results.jsonl"])

@@ -97,10 +97,21 @@ def compare_cell(methods: Dict[str, Dict[int, Dict[str, Dict[str, Any]]]], base:
             if a.shape != b.shape:
                 raise ValueError(f"{base} and {other} were scored on different queries ({a.shape[1]} and {b.shape[1]})")
         interval = paired_bootstrap([b - a for a, b in zip(per_method[base], per_method[other])], resamples)
-        out.append({"figure": figure, "seeds": seeds, base: float(sum(p.mean() for p in per_method[base])),
+        unpaired = sorted((set(methods[base]) | set(methods[other])) - set(seeds), key=lambda s: (s is None, s))
+        out.append({"figure": figure, "seeds": seeds, "unpaired_seeds": unpaired,
+                    base: float(sum(p.mean() for p in per_method[base])),
                     other: float(sum(p.mean() for p in per_method[other])), "difference": interval,
                     "verdict": verdict(interval)})
     return out
+
+
+def over_what(results: List[Tuple[tuple, Dict[str, Any]]]) -> str:
+    """What the intervals cover: queries, and seeds where a cell pairs several (one seed's interval covers
+    another draw of queries alone, not another training run)."""
+    counts = {len(r["seeds"]) for _, r in results}
+    if counts == {1}:
+        return "queries (one seed a cell: not over training runs)"
+    return "queries and seeds" if 1 not in counts else "queries and seeds (queries alone where a cell has one seed)"
 
 
 def several_settings(results: List[Tuple[tuple, Dict[str, Any]]]) -> bool:
@@ -135,8 +146,13 @@ def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) 
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     text = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
     text += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    over = over_what(results)
     text.append(f"{other} − {base} on tie-aware per-query scores, paired by seed and query; interval: 95% paired "
-                "bootstrap over queries and seeds; ahead / behind: it excludes zero, level: it does not")
+                f"bootstrap over {over}; ahead / behind: it excludes zero, level: it does not")
+    left = sorted({seed for _, r in results for seed in r.get("unpaired_seeds", [])}, key=lambda s: (s is None, s))
+    if left:
+        text.append(f"seeds {', '.join(map(str, left))}: scored for one of the two methods alone in some cells, "
+                    "left out of those cells (a difference pairs a seed's runs)")
     if several:
         text.append(f"settings: {base}'s / {other}'s (the key 'ucmfh runs' shows): a method scored with several "
                     "settings in a cell is compared with each")
@@ -196,6 +212,10 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     out = []
     for cell in sorted(shared, key=_cell_order):
         out += [(cell, r) for r in compare_cell(shared[cell], base, other, resamples)]
+    if not out:  # cells of both, but no seed of both in any (a traceback on an empty table)
+        seeds = {m: sorted({str(r.get("seed")) for r in rows if variant_of(r) == m}) for m in (base, other)}
+        raise UserError(f"{', '.join(results)}: no cell has rows of {base} and {other} of one seed (seeds: "
+                        + "; ".join(f"{m} {', '.join(found_seeds)}" for m, found_seeds in seeds.items()) + ")")
     if as_json:
         for (dataset_, n_bits_, protocol_, database, k, base_key, other_key), r in out:
             click.echo(json.dumps({"dataset": dataset_, "n_bits": n_bits_, "protocol": protocol_,
@@ -208,5 +228,5 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
 
         several = several_settings(out)
         panels = forest_panels([(cell_label(cell, several), r) for cell, r in out])
-        draw_forest(panels, plot, f"{other} − {base}: paired difference, 95% interval over queries and seeds")
+        draw_forest(panels, plot, f"{other} − {base}: paired difference, 95% interval over {over_what(out)}")
         click.echo(f"wrote {plot}", err=True)
