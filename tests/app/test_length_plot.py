@@ -96,9 +96,11 @@ def test_a_caption_set_has_a_figure_for_each_recall_and_rsum_with_the_summary_s_
     assert figures["r5_t2i"]["ylabel"] == "R@5 T→I (%)" and figures["rsum"]["name"] == "f8k_rsum_test"
     # the title names what every point shares: the protocol, tie-aware, the database
     assert figures["rsum"]["title"].splitlines()[1] == "f8k, unimodal, tie-aware, database test"
-    plain = {f["field"]: f for f in length_figures(summarize(
+    plain = {(f["field"], f["name"]): f for f in length_figures(summarize(
         [{**r, "protocol": p, "rsum_expected": None} for r in rows for p in ("unimodal", "fused")]))}
-    assert plain["rsum"]["title"].splitlines()[1] == "f8k, database test"  # lines told apart by protocol
+    # a figure per protocol, each named so
+    assert plain["rsum", "f8k_rsum_test_fused"]["title"].splitlines()[1] == "f8k, fused, database test"
+    assert plain["rsum", "f8k_rsum_test_unimodal"]["title"].splitlines()[1] == "f8k, unimodal, database test"
 
 
 def test_the_legend_lists_the_lines_as_they_end_on_the_right():
@@ -217,14 +219,20 @@ def test_grid_plot_draws_the_figures_runs_draws_of_its_rows(tmp_path, tiny_path,
     assert checked == 2 * 2 * 2  # two directions, two methods, two lengths
 
 
-def test_a_figure_of_two_protocols_names_each_line_s_and_shows_its_whole_legend(tmp_path):
+def test_a_figure_holds_one_protocol_and_shows_its_whole_legend(tmp_path):
     """A figure of a unimodal and a fused method named neither protocol (each method had one, the title names
-    one only where all share it), and its legend was cut at the page's edge where labels run long."""
+    one only where all share it): each protocol has figures of its own now, named so. Its legend was cut at the
+    page's edge where labels run long."""
     rows = [_row("two-tower", b, 1, 0.3) for b in (16, 32)]
     rows += [{**_row("ucmfh", b, 1, 0.6), "protocol": "fused"} for b in (16, 32)]
-    [figure, _] = length_figures(summarize(rows))
-    assert sorted(line["label"] for line in figure["lines"]) == ["two-tower unimodal", "ucmfh fused"]
-    assert "unimodal" not in figure["title"] and "fused" not in figure["title"]
+    figures = length_figures(summarize(rows))  # a figure per protocol: fused is not read against cross-modal
+    assert [f["name"] for f in figures] == ["wiki_map_i2t_fused", "wiki_map_i2t_unimodal", "wiki_map_t2i_fused",
+                                            "wiki_map_t2i_unimodal"]
+    assert [[line["label"] for line in f["lines"]] for f in figures] == [["ucmfh"], ["two-tower"], ["ucmfh"],
+                                                                       ["two-tower"]]
+    assert "fused" in figures[0]["title"] and "unimodal" in figures[1]["title"]
+    figure = figures[1]
+    figure["lines"].append({**figure["lines"][0], "label": "another"})
     pytest.importorskip("matplotlib")
     from PIL import Image
 

@@ -1,6 +1,7 @@
 """Figures of a score against code length from :func:`ucmfh.app.runs.summarize` (``ucmfh runs --plot``).
 
-One figure per dataset and score: MAP@k I→T and T→I of a labelled set; R@1, R@5 and R@10 I→T and T→I and
+One figure per dataset, score and protocol (its name ends with the protocol where a dataset has two: fused
+figures are not read against cross-modal ones): MAP@k I→T and T→I of a labelled set; R@1, R@5 and R@10 I→T and T→I and
 rSum of a caption set, per database; the headline figure of :mod:`ucmfh.app.runs` (the tie-aware one where the rows have it).
 One line per method (its loss when not the method's default), the sample standard deviation over seeds
 as error bars, CCA-ITQ (the linear baseline) as a black dash-dot line and random codes as a dashed one
@@ -59,12 +60,19 @@ def length_figures(groups: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
             shown = headline(entry, field)
             if f"{shown}_mean" not in entry:
                 continue
-            key = (str(entry["dataset"]), entry.get("trained_on") or "", entry.get("database") or "", field)
+            # one figure per protocol: fused figures are not to be read against cross-modal ones
+            key = (str(entry["dataset"]), entry.get("trained_on") or "", entry.get("database") or "", field,
+                   str(entry.get("protocol") or ""))
             figure = figures.setdefault(key, {"entries": [], "label": label})
             figure["entries"].append((entry, shown))
+    several = {}  # (dataset, trained on) -> its protocols: a figure's name says its protocol where there are two
+    for dataset, trained, _, _, protocol in figures:
+        several.setdefault((dataset, trained), set()).add(protocol)
     out, names = [], set()
-    for (dataset, trained, database, field), figure in sorted(figures.items()):
+    for (dataset, trained, database, field, protocol), figure in sorted(figures.items()):
         out.append(_figure(dataset, trained or None, database or None, field, figure["label"], figure["entries"]))
+        if len(several[dataset, trained]) > 1:
+            out[-1]["name"] += f"_{safe_name(protocol)}"
         name = out[-1]["name"]
         while out[-1]["name"] in names:  # two datasets whose names differ only in unsafe characters
             out[-1]["name"] = f"{name}-{len(names)}"
@@ -178,7 +186,8 @@ def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[
                         **style)
         if figure["reference"]:
             ref = figure["reference"]
-            ax.plot(ref["n_bits"], ref["mean"], linestyle="--", color="grey", label="random codes")
+            ax.plot(ref["n_bits"], ref["mean"], linestyle="--", marker="_", markersize=14, color="grey",
+                    label="random codes")  # a mark: one code length is a single point, which a line does not draw
         ax.set_xscale("log", base=2)
         ax.set_xticks(figure["n_bits"])
         ax.set_xticklabels([str(b) for b in figure["n_bits"]])
