@@ -222,6 +222,15 @@ def test_compare_pools_other_query_draws_of_the_same_items(tmp_path):
             assert x[method] == pytest.approx(sum(y[method] for y in per_draw) / 2, abs=1e-9)
         assert x["difference"]["queries"] == [sum(y["difference"]["queries"][i] for y in per_draw)
                                               for i in range(len(x["difference"]["queries"]))]
+    # datasets of other items are not draws of these: pooling them gave a cell, an interval and a verdict
+    rows = [json.loads(line) for line in open(results)]
+    other = [{**r, "dataset": "other", "dataset_fingerprint": "f" * 64, "n_database_txt": r["n_database_txt"] + 5}
+             for r in rows if r["dataset"] == "draw2"]
+    with open(results, "a") as f:
+        f.write("".join(json.dumps(r) + "\n" for r in other))
+    mixed = CliRunner().invoke(main, args + ["--pool", "-d", "draw1", "-d", "other"])
+    assert mixed.exit_code == 2 and "--pool: the datasets are not query draws of the same items" in mixed.output, \
+        mixed.output
 
 
 def test_a_results_file_without_hashing_rows_says_so(tmp_path):

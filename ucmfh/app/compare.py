@@ -45,6 +45,21 @@ def _cell_order(cell: tuple) -> tuple:
     return tuple((x is None, 0, x, "") if isinstance(x, (int, float)) else (x is None, 1, 0, str(x)) for x in cell)
 
 
+def check_draws(rows: List[Dict[str, Any]]) -> None:
+    """Refuse, for ``--pool``, datasets that cannot be query draws of one set of items: their databases differ in
+    size (a draw moves queries between splits of one file's items and keeps every split's size)."""
+    sizes: Dict[Any, Dict[str, tuple]] = {}  # database -> dataset -> (images, texts)
+    for row in rows:
+        if row.get("n_database_img") is not None and row.get("n_database_txt") is not None:
+            sizes.setdefault(row.get("database"), {}).setdefault(
+                str(row.get("dataset")), (row["n_database_img"], row["n_database_txt"]))
+    for database, by_dataset in sizes.items():
+        if len(set(by_dataset.values())) > 1:
+            given = "; ".join(f"{name}: {img} images, {txt} texts" for name, (img, txt) in sorted(by_dataset.items()))
+            raise UserError(f"--pool: the datasets are not query draws of the same items (their "
+                            f"{database + ' ' if database else ''}databases differ: {given})")
+
+
 def cells(rows: List[Dict[str, Any]], base: str, other: str, pool: bool = False,
           ) -> Dict[tuple, Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]]:
     """The cells both methods were scored on: {(dataset, n_bits, protocol, database, k, base settings,
@@ -201,6 +216,8 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     if not rows:  # the selection, not the methods, left nothing: say what the file holds
         raise UserError(f"{', '.join(results)}: no hashing rows match -d/-b/--protocol/--seed (there: "
                         f"{held_by(found)})")
+    if pool:
+        check_draws(rows)
     shared = cells(rows, base, other, pool)
     if not shared:
         present = sorted({variant_of(r) for r in rows})
