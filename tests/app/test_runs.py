@@ -761,3 +761,9 @@ def test_collapsed_codes_are_said_and_recorded(tmp_path):
         in out.output and "images" not in out.output.split("warning")[1].split("\n")[0]
     [row] = _rows(results)
     assert row["distinct_codes"]["txt"] == [1, n] and 1 < row["distinct_codes"]["img"][0] <= n
+    from ucmfh.app.experiment import collapsed
+
+    # judged against what the codes could be: 8 bits hold 256 codes, whatever the items
+    assert collapsed({"img": [3, 100_000], "txt": [200, 100_000], "n_bits": 8}) == []
+    assert collapsed({"img": [2, 100_000], "txt": [200, 100_000], "n_bits": 8}) == ["img"]
+    assert collapsed({"img": [999, 100_000], "txt": [1001, 100_000], "n_bits": 64}) == ["img"]

@@ -201,12 +201,16 @@ def distinct_codes(model, data: Dataset, protocol: str, device: str) -> Dict[str
     img, txt = encode_split(model, data.retrieval, protocol, device)
     ids = data.retrieval.ids
     images = len(data.retrieval) if ids is None else len(torch.unique(ids))
-    return {"img": [len(torch.unique(img, dim=0)), images], "txt": [len(torch.unique(txt, dim=0)), len(txt)]}
+    return {"img": [len(torch.unique(img, dim=0)), images], "txt": [len(torch.unique(txt, dim=0)), len(txt)],
+            "n_bits": img.shape[1]}
 
 
-def collapsed(distinct: Dict[str, List[int]]) -> List[str]:
-    """The modalities whose distinct codes are at most :data:`COLLAPSED` of their items (and fewer than them)."""
-    return [m for m, (codes, items) in distinct.items() if codes < items and codes <= max(1, COLLAPSED * items)]
+def collapsed(distinct: Dict[str, Any]) -> List[str]:
+    """The modalities whose distinct codes are at most :data:`COLLAPSED` of what they could be: their items, or
+    the codes of their length where those are fewer (8 bits: 256)."""
+    space = 2 ** min(int(distinct.get("n_bits", 64)), 62)
+    return [m for m in ("img", "txt") if m in distinct and distinct[m][0] < distinct[m][1]
+            and distinct[m][0] <= max(1, COLLAPSED * min(distinct[m][1], space))]
 
 
 def queries_trained_on(scored: str, trained: Optional[str]) -> Optional[Tuple[int, int]]:
