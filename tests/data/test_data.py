@@ -83,6 +83,11 @@ def _break(tmp_path, edit):
         # a query item trained on
         (lambda f: f["train"]["ids"].__setitem__(0, 10), r"/query/ids: 1 ids also appear in /train/ids .*query and "
                                                         r"train must be disjoint"),
+        # ... under another id: the same image and text features (a query split copied from the training one)
+        (lambda f: (f["query"]["image"].__setitem__(2, f["train"]["image"][5]),
+                    f["query"]["text"].__setitem__(2, f["train"]["text"][5])),
+         r"/query: 1 items have the image and text features of /train items \(first: query row 2\); query and train "
+         r"must be disjoint"),
         # float64 beyond float32's range: read as inf
         (lambda f: (_replace(f, "query/image", f["query"]["image"][()].astype(np.float64)),
                     f["query"]["image"].__setitem__((1, 2), 1e300)),

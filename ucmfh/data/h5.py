@@ -255,11 +255,12 @@ def _check_ids(path: str, where: str, dset: h5py.Dataset, n_rows: int) -> np.nda
 
 
 def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple],
-                 tokens: Dict[str, list], token_values: bool) -> Optional[np.ndarray]:
+                 tokens: Dict[str, list], token_values: bool, pairs: Dict[str, np.ndarray]) -> Optional[np.ndarray]:
     """Check one split's datasets (its token datasets' values with ``token_values``); ``dims`` collects each
-    dataset's column count across splits and ``tokens`` the token datasets (§9) each split has. Returns its ids."""
+    dataset's column count across splits, ``tokens`` the token datasets (§9) each split has and ``pairs`` each
+    item's fingerprint of its image and text features together. Returns its ids."""
     n_rows = None
-    image_prints = None
+    prints: Dict[str, np.ndarray] = {}
     for name in REQUIRED:
         where = f"/{split}/{name}"
         if name == "labels" and name not in group:  # a caption set: relevance is "same id" (checked below)
@@ -292,8 +293,7 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
         else:
             if dset.dtype.kind != "f":
                 raise _fail(path, where, f"expected floating-point features, got {dset.dtype}")
-            prints = _check_finite(path, where, dset, fingerprint=name == "image" and "ids" in group)
-            image_prints = prints if name == "image" else image_prints
+            prints[name] = _check_finite(path, where, dset, fingerprint=True)
     bow = _member(path, group, "text_bow", f"/{split}/text_bow", h5py.Dataset, required=False)
     if bow is not None and (bow.ndim != 2 or bow.shape[0] != n_rows):
         raise _fail(path, f"/{split}/text_bow", f"expected shape ({n_rows}, V), got {bow.shape}")
@@ -302,11 +302,12 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
         raise _fail(path, f"/{split}/labels", "missing dataset, and no /ids either: a file without labels "
                                                "(a caption set) needs ids, whose equality is then relevance")
     tokens[split] = check_tokens(path, group, split, n_rows, dims, token_values)
+    pairs[split] = prints["image"] ^ (prints["text"] * np.uint64(0x9E3779B97F4A7C15))  # an item: both its features
     if ids is None:
         return None
     split_ids = _check_ids(path, f"/{split}/ids", ids, n_rows)
-    if image_prints is not None:
-        _check_one_image_an_id(path, f"/{split}/image", split_ids, image_prints)
+    if "image" in prints:
+        _check_one_image_an_id(path, f"/{split}/image", split_ids, prints["image"])
     return split_ids
 
 
@@ -329,9 +330,10 @@ def validate_file(path: PathLike, token_values: bool = True) -> Dict[str, object
         dims: Dict[str, tuple] = {}
         ids: Dict[str, np.ndarray] = {}
         tokens: Dict[str, list] = {}
+        pairs: Dict[str, np.ndarray] = {}
         for split in SPLITS:
             split_ids = _check_split(path, _member(path, f, split, f"/{split}", h5py.Group), split, dims, tokens,
-                                     token_values)
+                                     token_values, pairs)
             if split_ids is not None:
                 ids[split] = split_ids
         check_token_splits(path, tokens)
@@ -357,6 +359,13 @@ def validate_file(path: PathLike, token_values: bool = True) -> Dict[str, object
                     f"{len(shared)} ids also appear in /{other}/ids (first: {shared[0]}); "
                     f"query and {other} must be disjoint",
                 )
+        for other in ("retrieval", "train"):  # the same items under other ids (a query split copied from another)
+            again = np.flatnonzero(np.isin(pairs["query"], pairs[other]))
+            if len(again):
+                raise _fail(path, "/query", f"{len(again)} items have the image and text features of /{other} "
+                                            f"items (first: query row {again[0]}); query and {other} must be "
+                                            "disjoint: a query item trained on, or found as itself, inflates every "
+                                            "score")
         return attrs
 
 
