@@ -1,7 +1,7 @@
 """Encode the query and retrieval sets under a protocol and score both directions (docs/reference.md §3, §6)."""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
 from torch import nn
@@ -203,7 +203,8 @@ def evaluate_hashing(
 
     With ``real_valued`` each row also holds ``real_valued``: the same scores of the heads'
     real-valued outputs ranked by cosine, what the codes lose to their sign (docs/reference.md §5).
-    With ``per_query``, the codes' tie-aware per-query scores too (:func:`score_splits`).
+    With ``per_query``, the codes' tie-aware per-query scores too (:func:`score_splits`). Each row holds
+    ``distinct_codes`` (:func:`distinct_codes`): a model whose codes collapsed scores a random order's level.
     """
     check_hasher("evaluate_hashing", model)
     check_argument("evaluate_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
@@ -215,12 +216,24 @@ def evaluate_hashing(
     for protocol in protocols:  # one forward pass: the codes are the signs of the head outputs
         query = head_outputs_split(model, data.query, protocol, device, progress=progress)
         retrieval = head_outputs_split(model, data.retrieval, protocol, device, progress=progress)
-        scores = score_splits(_signs(query), _signs(retrieval), data, k, expected=True, per_query=per_query)
+        codes = _signs(retrieval)
+        scores = score_splits(_signs(query), codes, data, k, expected=True, per_query=per_query)
         if real_valued:
             for row, real in zip(scores, score_splits(query, retrieval, data, k, "cosine", expected=True)):
                 row["real_valued"] = {key: value for key, value in real.items() if key.startswith(_METRICS)}
-        rows += [{"protocol": protocol, **row} for row in scores]
+        distinct = distinct_codes(*codes, data.retrieval.ids)
+        rows += [{"protocol": protocol, **row, "distinct_codes": distinct} for row in scores]
     return rows
+
+
+def distinct_codes(img: torch.Tensor, txt: torch.Tensor, ids: Optional[torch.Tensor] = None) -> Dict[str, Any]:
+    """How many distinct codes a split's items get, per modality, and of how many items (images: one per id):
+    ``{"img": [codes, items], "txt": [codes, items], "n_bits": n}``. A model whose codes collapsed to a few
+    (DGCPN on Wiki: one code for every item at 16 bits) scores the level of a random order, which a MAP
+    alone does not tell from a weak model. Shape: img, txt [N, n_bits] ±1."""
+    images = len(img) if ids is None else len(torch.unique(ids))
+    return {"img": [len(torch.unique(img, dim=0)), images], "txt": [len(torch.unique(txt, dim=0)), len(txt)],
+            "n_bits": img.shape[1]}
 
 
 def evaluate_fusion(

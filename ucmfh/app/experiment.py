@@ -7,7 +7,9 @@ import datetime
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ucmfh.app.identity import Run, RunOptions, dataset_identity, dataset_label, git_commit, key_of, trained_in
+from ucmfh.app.identity import (
+    Run, RunOptions, dataset_identity, dataset_label, git_commit, key_of, run_settings, trained_in,
+)
 from ucmfh.app.per_query import save_per_query
 from ucmfh.app.stage import Log, Stage, reuse_or_fit
 from ucmfh.checkpoint import CheckpointError, load_model, read_checkpoint, save_checkpoint
@@ -174,11 +176,6 @@ def score_hash_model(
         floor = floors[row.get("database")]
         row.update({f"random_{key}": floor[key] for key in ("map_i2t", "map_t2i", "rsum") if key in floor})
     rows = _rows(scores, run, "hashing", seconds, hash_cfg.device, checkpoint, source, trained_on)
-    for protocol in {row["protocol"] for row in rows}:
-        distinct = distinct_codes(model, data, protocol, hash_cfg.device)
-        for row in rows:
-            if row["protocol"] == protocol:
-                row["distinct_codes"] = distinct
     if keep_per_query:
         save_per_query(rows, checkpoint)
     else:
@@ -189,20 +186,7 @@ def score_hash_model(
 
 NAMES = {"img": "images", "txt": "texts"}
 COLLAPSED = 0.01  # codes of at most this share of a modality's items: a model whose codes collapsed
-
-
-def distinct_codes(model, data: Dataset, protocol: str, device: str) -> Dict[str, List[int]]:
-    """How many distinct codes a model gives the retrieval split's items, per modality, and of how many items
-    (images: one per id): ``{"img": [codes, items], "txt": [...]}``. A model whose codes collapsed to a few
-    (DGCPN on Wiki: one code for every item at 16 bits) scores the level of a random order, which a MAP alone
-    does not tell from a weak model."""
-    import torch
-
-    img, txt = encode_split(model, data.retrieval, protocol, device)
-    ids = data.retrieval.ids
-    images = len(data.retrieval) if ids is None else len(torch.unique(ids))
-    return {"img": [len(torch.unique(img, dim=0)), images], "txt": [len(torch.unique(txt, dim=0)), len(txt)],
-            "n_bits": img.shape[1]}
+                  # (ucmfh.evaluation.distinct_codes counts them)
 
 
 def collapsed(distinct: Dict[str, Any]) -> List[str]:
@@ -296,5 +280,5 @@ def encode_checkpoint(
                "checkpoint": os.path.abspath(checkpoint), "seed": hash_cfg.seed,
                # what its rows of 'evaluate --codes' are a measurement of: the run (key) and its settings
                **({"run": key_of(meta["identity"])} if isinstance(meta.get("identity"), dict) else {}),
-               "settings": Run("", dataset_identity(data), fusion_cfg, hash_cfg, trained_in(meta)).settings()},
+               "settings": run_settings(fusion_cfg, hash_cfg, trained_in(meta))},
     )

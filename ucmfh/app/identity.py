@@ -71,6 +71,15 @@ def processes(n: Optional[int] = None) -> Dict[str, int]:
     return {"processes": n} if n > 1 else {}
 
 
+def run_settings(fusion_cfg: Optional[FusionConfig], hash_cfg: Optional[HashConfig], trained_in: int
+                 ) -> Dict[str, Any]:
+    """A run's settings as its identity and rows hold them: each stage's (None: no such stage) with the number
+    of processes it trains in beyond one (:func:`processes`)."""
+    beyond_one = processes(trained_in)
+    return {"fusion": None if fusion_cfg is None else {**identity_dict(fusion_cfg), **beyond_one},
+            "hash": None if hash_cfg is None else {**hash_settings(hash_cfg), **beyond_one}}
+
+
 def trained_in(meta: Any) -> int:
     """The processes a checkpoint was trained in, as its meta records it (1 where it does not: a checkpoint of a
     library caller, or of before the count was kept)."""
@@ -107,21 +116,15 @@ class Run:
     def dataset_dir(self) -> str:
         return os.path.join(self.out, f"{self.dataset['label']}-{self.dataset['fingerprint'][:8]}")
 
-    def _fusion_settings(self) -> Dict[str, Any]:
-        return {**identity_dict(self.fusion_cfg), **processes(self.trained_in)}
-
-    def _hash_settings(self) -> Dict[str, Any]:
-        return {**hash_settings(self.hash_cfg), **processes(self.trained_in)}
-
     @property
     def fusion_identity(self) -> Dict[str, Any]:
-        return {"dataset_fingerprint": self.dataset["fingerprint"], "fusion": self._fusion_settings()}
+        return {"dataset_fingerprint": self.dataset["fingerprint"], "fusion": self.settings()["fusion"]}
 
     @property
     def hash_identity(self) -> Dict[str, Any]:
         if self.fusion_cfg is None:
-            return {"dataset_fingerprint": self.dataset["fingerprint"], "hash": self._hash_settings()}
-        return {**self.fusion_identity, "hash": self._hash_settings()}
+            return {"dataset_fingerprint": self.dataset["fingerprint"], "hash": self.settings()["hash"]}
+        return {**self.fusion_identity, "hash": self.settings()["hash"]}
 
     @property
     def fusion_dir(self) -> str:
@@ -131,7 +134,7 @@ class Run:
     @property
     def hash_dir_identity(self) -> Dict[str, Any]:
         """What the hashing folder's runs share: all but the code length, which names each checkpoint."""
-        settings = {k: v for k, v in self._hash_settings().items() if k != "n_bits"}
+        settings = {k: v for k, v in self.settings()["hash"].items() if k != "n_bits"}
         return {**self.hash_identity, "hash": settings}
 
     @property
@@ -156,8 +159,7 @@ class Run:
         return ([] if self.fusion_cfg is None else [self.fusion_path]) + ([self.hash_path] if self.hash_cfg else [])
 
     def settings(self) -> Dict[str, Any]:
-        return {"fusion": None if self.fusion_cfg is None else self._fusion_settings(),
-                "hash": None if self.hash_cfg is None else self._hash_settings()}
+        return run_settings(self.fusion_cfg, self.hash_cfg, self.trained_in)
 
 
 @dataclass
