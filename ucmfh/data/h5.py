@@ -200,18 +200,16 @@ def _read(path: str, where: str, dset: h5py.Dataset, rows: slice = slice(None)) 
         raise _fail(path, where, f"unreadable data ({err})") from None
 
 
-def _check_finite(path: str, where: str, dset: h5py.Dataset, fingerprint: bool = False) -> Optional[np.ndarray]:
-    """No NaN or inf, as stored nor as read (float32: a float64 value beyond its range is read as inf). With
-    ``fingerprint``, each row's fingerprint as read (:func:`_row_fingerprints`), from the same reads."""
-    if fingerprint:
-        picked = np.unique(np.linspace(0, dset.shape[1] - 1, min(dset.shape[1], _PRINT_COLUMNS)).astype(np.int64))
+def _check_finite(path: str, where: str, dset: h5py.Dataset) -> np.ndarray:
+    """No NaN or inf, as stored nor as read (float32: a float64 value beyond its range is read as inf); each
+    row's fingerprint as read (:func:`_row_fingerprints`), from the same reads."""
+    picked = np.unique(np.linspace(0, dset.shape[1] - 1, min(dset.shape[1], _PRINT_COLUMNS)).astype(np.int64))
     prints = []
     for start in range(0, dset.shape[0], _CHECK_ROWS):
         block = _read(path, where, dset, slice(start, start + _CHECK_ROWS))
         block = finite_float32(block, f"{path}: {where}", start)
-        if fingerprint:
-            prints.append(_row_fingerprints(block, picked))
-    return np.concatenate(prints) if fingerprint else None
+        prints.append(_row_fingerprints(block, picked))
+    return np.concatenate(prints)
 
 
 def _row_fingerprints(rows: np.ndarray, picked: np.ndarray) -> np.ndarray:
@@ -293,7 +291,7 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
         else:
             if dset.dtype.kind != "f":
                 raise _fail(path, where, f"expected floating-point features, got {dset.dtype}")
-            prints[name] = _check_finite(path, where, dset, fingerprint=True)
+            prints[name] = _check_finite(path, where, dset)
     bow = _member(path, group, "text_bow", f"/{split}/text_bow", h5py.Dataset, required=False)
     if bow is not None and (bow.ndim != 2 or bow.shape[0] != n_rows):
         raise _fail(path, f"/{split}/text_bow", f"expected shape ({n_rows}, V), got {bow.shape}")
@@ -306,8 +304,7 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
     if ids is None:
         return None
     split_ids = _check_ids(path, f"/{split}/ids", ids, n_rows)
-    if "image" in prints:
-        _check_one_image_an_id(path, f"/{split}/image", split_ids, prints["image"])
+    _check_one_image_an_id(path, f"/{split}/image", split_ids, prints["image"])
     return split_ids
 
 
