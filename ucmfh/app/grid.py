@@ -27,7 +27,7 @@ from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.jobs import SideBySide, jobs_option
 from ucmfh.app.table import append_results
 from ucmfh.app.options import (
-    DEFAULT_RESULTS, FLAGS, Count, check_device, flag_of, parse_params, resolved, seed_type, settings_of,
+    DEFAULT_RESULTS, FLAGS, Count, check_device, flag_of, given_twice, parse_params, resolved, seed_type, settings_of,
     train_options,
 )
 from ucmfh.app.outputs import check_outputs
@@ -57,9 +57,8 @@ def _list(kind: Any, empty: bool = False) -> Any:
                 values = [kind(x) for x in items]
             except ValueError:
                 raise click.BadParameter(f"expected a comma-separated list, got {text!r}") from None
-        seen: list = []
-        again = next((v for v in values if v in seen or seen.append(v)), None)
-        if again is not None:  # a typo as often as not ('1,1' for '1,11'): the cell would be asked twice
+        again = given_twice(values)
+        if again is not None:  # the cell would be asked for twice
             raise click.BadParameter(f"{again} is given twice in {text!r}")
         return values
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Callable, Dict, List, Tuple, TypeVar
+from typing import Any, Callable, Dict, List, Sequence, Tuple, TypeVar
 
 import click
 
@@ -103,6 +103,13 @@ def given_flags(flags: Dict[str, str]) -> List[str]:
     line, in that order: not those left at their defaults (a refusal names what the user typed)."""
     source = click.get_current_context().get_parameter_source
     return [flag for name, flag in flags.items() if source(name) == click.core.ParameterSource.COMMANDLINE]
+
+
+def given_twice(values: Sequence[Any]) -> Any:
+    """The first value of a list given on the command line that repeats an earlier one, else None: a typo as
+    often as not ('1,1' for '1,11'), whose work would be asked for twice."""
+    seen: set = set()
+    return next((value for value in values if value in seen or seen.add(value)), None)
 
 
 def check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:

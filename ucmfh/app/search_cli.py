@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import click
 
 from ucmfh.app.errors import UserError, describe, stopped_by, user_errors
-from ucmfh.app.options import Count, check_device
+from ucmfh.app.options import Count, check_device, given_twice
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import SEARCH_BACKENDS, BackendConfig, SettingError, backend_config
 
@@ -261,8 +261,7 @@ def _parse_ids(ids: Optional[str]) -> Optional[Tuple[int, ...]]:
         parsed = ()
     if not parsed:
         raise click.BadParameter(f"expected comma-separated integers, got {ids!r}", param_hint="--ids")
-    seen: set = set()
-    again = next((v for v in parsed if v in seen or seen.add(v)), None)
+    again = given_twice(parsed)
     if again is not None:  # its queries would be asked twice, their hits listed twice
         raise click.BadParameter(f"id {again} is given twice", param_hint="--ids")
     return parsed
