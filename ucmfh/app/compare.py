@@ -13,7 +13,7 @@ small query split (mirflickr730's 100) is measured on several times as many quer
 from __future__ import annotations
 
 import json
-from typing import Any, Dict, List, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import click
 import numpy as np
@@ -93,15 +93,21 @@ def cells(rows: List[Dict[str, Any]], base: str, other: str, pool: bool = False,
     return out
 
 
+def in_seed_order(seeds: Iterable[Optional[int]]) -> List[Optional[int]]:
+    """Seeds ascending, a row without one (None) last."""
+    return sorted(seeds, key=lambda s: (s is None, s))
+
+
 def compare_cell(methods: Dict[str, Dict[int, Dict[str, Dict[str, Any]]]], base: str, other: str, resamples: int,
                  ) -> List[Dict[str, Any]]:
     """Every figure of one cell: the two means and the paired difference with its interval. A seed counts
     where both methods were scored on every dataset of the cell; its queries are theirs, one after another."""
     datasets = sorted({d for by_seed in methods.values() for runs in by_seed.values() for d in runs})
-    seeds = sorted((s for s in set(methods[base]) & set(methods[other])
-                    if all(sorted(methods[m][s]) == datasets for m in (base, other))), key=lambda s: (s is None, s))
+    seeds = in_seed_order(s for s in set(methods[base]) & set(methods[other])
+                          if all(sorted(methods[m][s]) == datasets for m in (base, other)))
     if not seeds:
         return []
+    unpaired = in_seed_order((set(methods[base]) | set(methods[other])) - set(seeds))
     scores = {m: [[load_per_query(methods[m][s][d]) for d in datasets] for s in seeds] for m in (base, other)}
     figures = CAPTIONS if "hits_i2t" in scores[base][0][0] else LABELLED
     out = []
@@ -112,7 +118,6 @@ def compare_cell(methods: Dict[str, Dict[int, Dict[str, Dict[str, Any]]]], base:
             if a.shape != b.shape:
                 raise ValueError(f"{base} and {other} were scored on different queries ({a.shape[1]} and {b.shape[1]})")
         interval = paired_bootstrap([b - a for a, b in zip(per_method[base], per_method[other])], resamples)
-        unpaired = sorted((set(methods[base]) | set(methods[other])) - set(seeds), key=lambda s: (s is None, s))
         out.append({"figure": figure, "seeds": seeds, "unpaired_seeds": unpaired,
                     base: float(sum(p.mean() for p in per_method[base])),
                     other: float(sum(p.mean() for p in per_method[other])), "difference": interval,
@@ -164,7 +169,7 @@ def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) 
     over = over_what(results)
     text.append(f"{other} − {base} on tie-aware per-query scores, paired by seed and query; interval: 95% paired "
                 f"bootstrap over {over}; ahead / behind: it excludes zero, level: it does not")
-    left = sorted({seed for _, r in results for seed in r.get("unpaired_seeds", [])}, key=lambda s: (s is None, s))
+    left = in_seed_order({seed for _, r in results for seed in r.get("unpaired_seeds", [])})
     if left:
         text.append(f"seeds {', '.join(map(str, left))}: scored for one of the two methods alone in some cells, "
                     "left out of those cells (a difference pairs a seed's runs)")
