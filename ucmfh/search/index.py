@@ -346,23 +346,22 @@ class Index(IndexFolder):
         qw = as_words(queries, self.n_bits, "queries")
         codes = self.codes(modality)
         device = search_device(device)
+        small = {}  # multi-index hashing asked for items too few for probing to pay: scanned, no tables built
         if backend.backend == "mih" and str(device) == "cpu":
             from ucmfh.search import mih
 
-            if codes.shape[0] < mih.MIN_ITEMS:  # the scan is faster than any probing here: no tables built
-                if served is not None:
-                    served.update(mih=0, scan=qw.shape[0], scanned=np.arange(qw.shape[0]), small=qw.shape[0])
-                return hamming_search(qw, codes, self.n_bits, int(k), device, threads)
-            tables, _ = mih.multi_index(self, modality, backend.substrings)
-            return tables.search(qw, int(k), threads, scan=lambda q, k: hamming_search(q, codes, self.n_bits, k,
-                                                                                         device, threads),
-                                 stats=served)
+            if codes.shape[0] >= mih.MIN_ITEMS:
+                tables, _ = mih.multi_index(self, modality, backend.substrings)
+                return tables.search(qw, int(k), threads, scan=lambda q, k: hamming_search(q, codes, self.n_bits, k,
+                                                                                             device, threads),
+                                     stats=served)
+            small = {"small": qw.shape[0]}
         if backend.backend not in ("exact", "mih"):
             from ucmfh.search import approx
 
             return approx.search(self, qw, int(k), modality, backend, threads)
         if served is not None:
-            served.update(mih=0, scan=qw.shape[0], scanned=np.arange(qw.shape[0]))
+            served.update(mih=0, scan=qw.shape[0], scanned=np.arange(qw.shape[0]), **small)
         return hamming_search(qw, codes, self.n_bits, int(k), device, threads)
 
     def derived(self, cache: str, name: str, build: Callable[[], Any], read: Callable[[str], Optional[Any]],
