@@ -366,7 +366,7 @@ class _Run:
             runs_eagerly(self.plan.name, reason)
         bar = tqdm(total=cfg.epochs, initial=start_epoch, desc=self.plan.name, unit="epoch",
                    disable=not (progress and group.is_main))
-        host_work = self.ahead is not None or self.plan.draws is not None
+        any_host_work = self.ahead is not None or self.plan.draws is not None
         with stop_on_signals() as stop, StepAhead() as ahead:
             for epoch in range(start_epoch, cfg.epochs):
                 if at.epoch_generator is not None:  # replay the interrupted epoch's draws
@@ -381,7 +381,7 @@ class _Run:
                     if done <= at.skip:
                         continue
                     batch = Batch(index, separate, epoch, at.iteration)
-                    if host_work:  # this step's, done while the step before ran (else now); the next one's begun
+                    if any_host_work:  # this step's, done while the step before ran (else now); the next one's begun
                         ready, drawn = ahead.take(batch.iteration)
                         if done < len(batches):
                             ahead.start(self.host_work, Batch(*batches[done], epoch, at.iteration + 1))

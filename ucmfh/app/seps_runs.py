@@ -12,7 +12,6 @@ import datetime
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-
 from ucmfh.app.identity import RunOptions, dataset_identity, git_commit, key_of, processes, trained_in
 from ucmfh.app.stage import Log, Stage, reuse_or_fit
 from ucmfh.checkpoint import load_model, load_seps, save_seps
