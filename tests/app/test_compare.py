@@ -242,3 +242,77 @@ def test_a_results_file_without_hashing_rows_says_so(tmp_path):
     result = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results)])
     assert result.exit_code == 2 and result.output.startswith(
         f"Error: {results}: no hashing rows to compare (there: tasks seps;"), result.output
+
+
+def test_compare_two_settings_of_one_method_by_key_or_by_setting(tmp_path):
+    """An ablation: two-tower with lr_head 0.001 (its default) and 0.01, seeds 1 and 2, on hand-made per-query
+    scores. BASE and OTHER name each setting by the key 'ucmfh runs' shows or by the setting itself; the
+    difference is the hand-computed one; sides that do not part the settings are refused in one line."""
+    from ucmfh.app.runs import settings_key
+
+    rng = np.random.default_rng(0)
+    n = 120
+    rows, scores = [], {}
+    for lr in (0.001, 0.01):
+        for seed in (1, 2):
+            if lr == 0.001:  # the default's scores; 0.01 gains 0.05 a query I->T, give or take 0.01
+                scores[lr, seed] = {"ap_i2t": rng.uniform(0, 0.9, n), "ap_t2i": rng.uniform(0, 1, n)}
+            else:
+                base = scores[0.001, seed]
+                scores[lr, seed] = {"ap_i2t": base["ap_i2t"] + 0.05 + rng.uniform(-0.01, 0.01, n),
+                                    "ap_t2i": rng.permutation(base["ap_t2i"])}
+            path = tmp_path / f"{lr}-{seed}.npz"
+            np.savez(path, **{f"unimodal/-/{k}": v.astype(np.float32) for k, v in scores[lr, seed].items()})
+            rows.append({"task": "hashing", "method": "two-tower", "run": f"r{lr}-{seed}", "dataset": "hand",
+                         "dataset_fingerprint": "0" * 64, "n_bits": 16, "protocol": "unimodal", "database": None,
+                         "k": 50, "seed": seed, "per_query": str(path),
+                         "settings": {"hash": {"method": "two-tower", "lr_head": lr, "betas": [0.5, 0.999],
+                                               "loss_params": {"temperature": 0.3}, "n_bits": 16, "seed": seed}}})
+    results = tmp_path / "r.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    keys = {row["settings"]["hash"]["lr_head"]: settings_key(row) for row in rows}
+
+    def run(*sides, json_out=True):
+        return CliRunner().invoke(main, ["compare", *sides, "--results", str(results), "--resamples", "300",
+                                         *(["--json"] if json_out else [])])
+
+    by_setting = run("two-tower@hash.lr_head=0.001", "two-tower@hash.lr_head=0.01")
+    assert by_setting.exit_code == 0, by_setting.output
+    lines = {x["figure"]: x for x in map(json.loads, by_setting.output.splitlines())}
+    for figure, name in (("MAP I->T", "ap_i2t"), ("MAP T->I", "ap_t2i")):
+        expected = np.mean([scores[0.01, s][name].astype(np.float32) - scores[0.001, s][name].astype(np.float32)
+                            for s in (1, 2)])
+        assert lines[figure]["difference"]["mean"] == pytest.approx(expected, abs=1e-6)
+        assert lines[figure]["seeds"] == [1, 2] and lines[figure]["base"] == "two-tower@hash.lr_head=0.001"
+    assert lines["MAP I->T"]["verdict"] == "ahead"
+    # the same runs by key (a prefix, as 'ucmfh runs' shows six digits), by several settings, and against the
+    # method's every setting (its other setting alone is paired: a setting is not compared with itself)
+    for sides in ((f"two-tower@{keys[0.001][:6]}", f"two-tower@{keys[0.01][:4]}"),
+                  ("two-tower@hash.lr_head=0.001,hash.betas=[0.5,0.999]", "two-tower@hash.loss_params.temperature=0.3"
+                   ",hash.lr_head=0.01"),
+                  ("two-tower@hash.lr_head=0.001", "two-tower")):
+        same = run(*sides)
+        assert same.exit_code == 0, same.output
+        assert [(x["figure"], x["difference"]) for x in map(json.loads, same.output.splitlines())] == \
+            [(x["figure"], x["difference"]) for x in map(json.loads, by_setting.output.splitlines())]
+    table = run("two-tower@hash.lr_head=0.001", "two-tower@hash.lr_head=0.01", json_out=False)
+    assert table.exit_code == 0 and "two-tower@hash.lr_head=0.01 − two-tower@hash.lr_head=0.001" in table.output
+    third = {**rows[0], "run": "third", "settings": {"hash": {**rows[0]["settings"]["hash"], "betas": [0.9, 0.999]}}}
+    with open(results, "a") as f:  # a third setting: two-tower's every setting holds two that betas=[0.5,0.999] does
+        f.write(json.dumps(third) + "\n")
+    for sides, says in (
+            (("two-tower", "two-tower@hash.loss_params.temperature=0.3"), "two-tower and two-tower@hash.loss_params."
+                                                                          "temperature=0.3 select runs of the same settings"),
+            (("two-tower@hash.seed=1", "two-tower@hash.seed=2"), "seeds and code lengths by --seed and -b"),
+            (("two-tower", "two-tower@hash.betas=[0.5,0.999]"), "both select the runs of settings"),
+            (("two-tower@hash.lr_head=0.02", "two-tower"),
+             "two-tower@hash.lr_head=0.02: no two-tower row has hash.lr_head=0.02 (its rows have 0.001, 0.01)"),
+            (("two-tower@hash.lr_hed=1", "two-tower"), "BASE: 'hash.lr_hed' in 'two-tower@hash.lr_hed=1': hash "
+                                                       "settings are method, "),
+            (("two-tower@fusion.lr=1", "two-tower"), "no two-tower row has a setting fusion.lr"),
+            (("two-tower@ffff", "two-tower"), "no two-tower row has settings key ffff... (its keys: "),
+            (("two-tower", "two-tower@lr"), "OTHER: 'lr' in 'two-tower@lr' is neither a settings key"),
+            (("two-tower", "two-tower"), "compare two different methods or settings")):
+        refused = run(*sides)
+        assert refused.exit_code == 2 and says in refused.output, (sides, refused.output)
+        assert len(refused.output.strip().splitlines()) == 1 and "Traceback" not in refused.output

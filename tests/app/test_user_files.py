@@ -346,7 +346,7 @@ def test_every_flag_a_message_names_exists():
 def test_compare_takes_the_cells_both_methods_have(tmp_path):
     """A method with two settings in a cell the other method lacks does not stop the comparison; two
     settings in a shared cell are each compared (a settings column), none refused."""
-    from ucmfh.app.compare import cells
+    from ucmfh.app.compare import cells, parse_side
 
     def row(method, dataset, key, seed=1):
         return {"dataset": dataset, "dataset_fingerprint": dataset, "task": "hashing", "method": method,
@@ -355,10 +355,11 @@ def test_compare_takes_the_cells_both_methods_have(tmp_path):
 
     rows = [row("cca-itq", "big", 0), row("two-tower", "big", 1), row("two-tower", "small", 1),
             row("two-tower", "small", 2)]
-    found = cells(rows, "cca-itq", "two-tower")
+    base, other = parse_side("cca-itq", "BASE"), parse_side("two-tower", "OTHER")
+    found = cells(rows, base, other)
     assert [cell[0] for cell in found] == ["big"]
     rows.append(row("two-tower", "big", 2))
-    found = cells(rows, "cca-itq", "two-tower")
+    found = cells(rows, base, other)
     assert len(found) == 2 and {cell[:5] for cell in found} == {("big", 16, "unimodal", None, 50)}
     assert len({cell[6] for cell in found}) == 2
 

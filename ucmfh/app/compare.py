@@ -1,4 +1,9 @@
-"""``ucmfh compare BASE OTHER``: two methods on the same cells, the difference with a 95% interval.
+"""``ucmfh compare BASE OTHER``: two methods, or two settings of one, on the same cells, the difference with a
+95% interval.
+
+Each side is a method (``two-tower``; with its loss where that is not the method's own: ``ucmfh:infonce``) and,
+after ``@``, which of its settings: a key that ``ucmfh runs`` shows (``two-tower@b0a77f``) or settings as
+``--set`` names them (``two-tower@hash.lr_head=0.01``, several comma-separated) (:class:`Side`).
 
 For every cell both methods were scored on (dataset, code length, protocol, database of a
 caption set, k) it reads the runs' per-query tie-aware scores (:mod:`ucmfh.app.per_query`),
@@ -12,7 +17,10 @@ small query split (mirflickr730's 100) is measured on several times as many quer
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+import re
+from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 import click
@@ -21,8 +29,10 @@ import numpy as np
 from ucmfh.app.errors import UserError, user_errors, warn
 from ucmfh.app.options import Count, results_to_read
 from ucmfh.app.per_query import load_per_query
-from ucmfh.app.runs import filter_rows, held_by, latest, read_results, seed_of, settings_key, variant_of
+from ucmfh.app.runs import (filter_rows, held_by, latest, read_results, seed_of, settings_key, settings_of,
+                            variant_of)
 from ucmfh.config import PROTOCOLS
+from ucmfh.methods.settings import STAGES
 from ucmfh.metrics.intervals import RESAMPLES, paired_bootstrap, verdict
 
 # figure -> per part: (per-query score name, column of a [Q, 3] hits array or None, scale)
@@ -60,36 +70,147 @@ def check_draws(rows: List[Dict[str, Any]]) -> None:
                             f"{database + ' ' if database else ''}databases differ: {given})")
 
 
-def cells(rows: List[Dict[str, Any]], base: str, other: str, pool: bool = False,
+@dataclass(frozen=True)
+class Side:
+    """One side of a comparison, as given (``name``): a method's ``variant`` (:func:`ucmfh.app.runs.variant_of`)
+    and, after '@', which of its settings: a ``key`` prefix as ``ucmfh runs`` shows it, or ``conditions``, each a
+    setting's path (stage, name and, in a dict setting, its key) and the value it must have."""
+
+    name: str
+    variant: str
+    key: Optional[str] = None
+    conditions: Tuple[Tuple[Tuple[str, ...], Any], ...] = ()
+
+    def holds(self, row: Dict[str, Any]) -> bool:
+        """Whether ``row`` is one of this side's runs."""
+        if variant_of(row) != self.variant:
+            return False
+        if self.key is not None and not settings_key(row).startswith(self.key):
+            return False
+        return all(setting_at(row, path) == (True, value) for path, value in self.conditions)
+
+
+def setting_at(row: Dict[str, Any], path: Tuple[str, ...]) -> Tuple[bool, Any]:
+    """(True, the value) of a row's setting at ``path`` (``("hash", "loss_params", "temperature")``); (False,
+    None) where the row has none there."""
+    value: Any = settings_of(row)
+    for part in path:
+        if not isinstance(value, dict) or part not in value:
+            return False, None
+        value = value[part]
+    return True, value
+
+
+def _split_conditions(text: str) -> List[str]:
+    """``a=1,b=[0.5,0.9]`` -> ['a=1', 'b=[0.5,0.9]']: commas inside brackets belong to a value."""
+    parts, depth, start = [], 0, 0
+    for i, char in enumerate(text):
+        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            parts.append(text[start:i])
+            start = i + 1
+    return parts + [text[start:]]
+
+
+def parse_side(text: str, argument: str) -> Side:
+    """BASE or OTHER (``argument``) as a :class:`Side`: ``METHOD``, ``METHOD@KEY`` (4 to 12 hex digits, the start of
+    a settings key) or ``METHOD@STAGE.NAME=VALUE,...`` (values read as JSON where they parse, as ``--set``'s)."""
+    variant, at, which = text.partition("@")
+    if not variant:
+        raise UserError(f"{argument}: no method in {text!r} (METHOD, METHOD@KEY or METHOD@STAGE.NAME=VALUE)")
+    if not at:
+        return Side(text, variant)
+    if re.fullmatch(r"[0-9a-f]{4,12}", which):
+        return Side(text, variant, key=which)
+    conditions = []
+    for pair in _split_conditions(which):
+        path, sep, value = pair.partition("=")
+        stage, _, name = path.partition(".")
+        if not sep or not name:
+            raise UserError(f"{argument}: {pair!r} in {text!r} is neither a settings key ('ucmfh runs' shows them, 4 "
+                            "to 12 hex digits) nor STAGE.NAME=VALUE (e.g. hash.lr_head=0.01)")
+        if stage not in STAGES:
+            raise UserError(f"{argument}: {path!r} in {text!r}: no stage {stage!r} (stages: {', '.join(STAGES)})")
+        known = [f.name for f in dataclasses.fields(STAGES[stage])]
+        if name.split(".")[0] not in known:
+            raise UserError(f"{argument}: {path!r} in {text!r}: {stage} settings are {', '.join(known)}")
+        if any(p == tuple(path.split(".")) for p, _ in conditions):
+            raise UserError(f"{argument}: {path} given twice in {text!r}; give it once")
+        try:
+            read = json.loads(value)
+        except json.JSONDecodeError:
+            read = value
+        conditions.append((tuple(path.split(".")), read))
+    return Side(text, variant, conditions=tuple(conditions))
+
+
+def check_side(rows: List[Dict[str, Any]], side: Side) -> None:
+    """Refuse a side whose settings no row of its method has, naming what its method's rows hold instead."""
+    mine = [row for row in rows if variant_of(row) == side.variant]
+    if not mine or any(side.holds(row) for row in mine):
+        return  # a method absent altogether is said with the cells (which methods the rows hold)
+    if side.key is not None:
+        keys = sorted({settings_key(row)[:6] for row in mine})
+        raise UserError(f"{side.name}: no {side.variant} row has settings key {side.key}... (its keys: "
+                        f"{', '.join(keys)}; 'ucmfh runs' shows what each sets)")
+    for path, value in side.conditions:
+        held = sorted({json.dumps(setting_at(row, path)[1]) for row in mine if setting_at(row, path)[0]})
+        if not held:
+            raise UserError(f"{side.name}: no {side.variant} row has a setting {'.'.join(path)}")
+        if json.dumps(value) not in held:
+            raise UserError(f"{side.name}: no {side.variant} row has {'.'.join(path)}={json.dumps(value)} (its "
+                            f"rows have {', '.join(held)})")
+    raise UserError(f"{side.name}: no {side.variant} row has all of these settings at once")
+
+
+def check_apart(rows: List[Dict[str, Any]], base: Side, other: Side) -> None:
+    """Refuse two sides of one method that do not part its settings (beyond the seed and code length, which
+    every comparison pairs): both select the same settings, or both hold two (each would be compared with the
+    other, both ways round)."""
+    held = [{settings_key(row)[:6] for row in rows if side.holds(row)} for side in (base, other)]
+    hint = "part them by the keys or settings 'ucmfh runs' shows; seeds and code lengths by --seed and -b"
+    if held[0] == held[1]:
+        raise UserError(f"{base.name} and {other.name} select runs of the same settings ({', '.join(sorted(held[0]))})"
+                        f"; {hint}")
+    both = held[0] & held[1]
+    if len(both) > 1:
+        raise UserError(f"{base.name} and {other.name} both select the runs of settings {', '.join(sorted(both))}; "
+                        f"{hint}")
+
+
+def cells(rows: List[Dict[str, Any]], base: Side, other: Side, pool: bool = False,
           ) -> Dict[tuple, Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]]:
-    """The cells both methods were scored on: {(dataset, n_bits, protocol, database, k, base settings,
-    other settings): {method: {seed: {dataset fingerprint: row}}}}, one dataset a cell; with ``pool``
+    """The cells both sides were scored on: {(dataset, n_bits, protocol, database, k, base settings,
+    other settings): {side's name: {seed: {dataset fingerprint: row}}}}, one dataset a cell; with ``pool``
     every dataset in one cell per length (named by the datasets joined with '+').
 
-    A method scored with several settings in one cell (a grid's ``--set``, a ``--refit`` run beside a
+    A side scored with several settings in one cell (a grid's ``--set``, a ``--refit`` run beside a
     plain one) is compared setting by setting: one cell for each pair of settings (the key of each,
-    :func:`ucmfh.app.runs.settings_key`); a cell that only one method has is left out, whatever its
-    settings."""
+    :func:`ucmfh.app.runs.settings_key`), but for a pair of one method's same settings (two sides of one
+    method both hold them); a cell that only one side has is left out, whatever its settings."""
     found: Dict[tuple, Dict[str, Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]]] = {}
     names: Dict[tuple, set] = {}
     for row in rows:
-        variant = variant_of(row)
-        if variant not in (base, other):
+        sides = [side for side in (base, other) if side.holds(row)]
+        if not sides:
             continue
         scored = (row.get("n_bits"), row.get("protocol"), row.get("database"), row.get("k"))
         where = (None if pool else row.get("dataset_fingerprint"), None if pool else row.get("dataset"), *scored)
         names.setdefault(where, set()).add(str(row.get("dataset")))
-        by_setting = found.setdefault(where, {}).setdefault(variant, {})
-        by_seed = by_setting.setdefault(settings_key(row), {}).setdefault(seed_of(row), {})
-        by_seed[str(row.get("dataset_fingerprint") or row.get("dataset"))] = row
+        for side in sides:
+            by_setting = found.setdefault(where, {}).setdefault(side.name, {})
+            by_seed = by_setting.setdefault(settings_key(row), {}).setdefault(seed_of(row), {})
+            by_seed[str(row.get("dataset_fingerprint") or row.get("dataset"))] = row
     out = {}
-    for where, methods in found.items():
-        if base not in methods or other not in methods:
+    for where, sides in found.items():
+        if base.name not in sides or other.name not in sides:
             continue
-        for base_key, base_runs in methods[base].items():
-            for other_key, other_runs in methods[other].items():
-                out[("+".join(sorted(names[where])), *where[2:], base_key, other_key)] = {base: base_runs,
-                                                                                         other: other_runs}
+        for base_key, base_runs in sides[base.name].items():
+            for other_key, other_runs in sides[other.name].items():
+                if base.variant == other.variant and base_key == other_key:
+                    continue  # the same runs on both sides
+                out[("+".join(sorted(names[where])), *where[2:], base_key, other_key)] = {base.name: base_runs,
+                                                                                         other.name: other_runs}
     return out
 
 
@@ -200,10 +321,12 @@ def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) 
 @user_errors
 def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, pool, as_json, plot, overwrite,
             ) -> None:
-    """OTHER − BASE (two methods, e.g. cca-itq two-tower) on every cell both were scored on, with a 95%
+    """OTHER − BASE (two methods, e.g. cca-itq two-tower, or two settings of one: two-tower@KEY or
+    two-tower@hash.lr_head=0.01, KEY as 'ucmfh runs' shows it) on every cell both were scored on, with a 95%
     interval over queries and seeds."""
     if base == other:
-        raise UserError(f"compare two different methods, got {base!r} twice")
+        raise UserError(f"compare two different methods or settings, got {base!r} twice")
+    base_side, other_side = parse_side(base, "BASE"), parse_side(other, "OTHER")  # named base and other, as given
     if plot:
         from ucmfh.app.forest_plot import check_plot_path  # only where a figure is asked for
         from ucmfh.metrics.plots import pyplot
@@ -223,11 +346,16 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
                         f"{held_by(found)})")
     if pool:
         check_draws(rows)
-    shared = cells(rows, base, other, pool)
+    sides = (base_side, other_side)
+    for side in sides:
+        check_side(rows, side)
+    if base_side.variant == other_side.variant:
+        check_apart(rows, base_side, other_side)
+    shared = cells(rows, base_side, other_side, pool)
     if not shared:
         present = sorted({variant_of(r) for r in rows})
-        scored = {m: sorted({f"{r.get('dataset')} {r.get('n_bits')} bits" for r in rows if variant_of(r) == m})
-                  for m in (base, other) if m in present}
+        scored = {s.name: sorted({f"{r.get('dataset')} {r.get('n_bits')} bits" for r in rows if s.holds(r)})
+                  for s in sides if any(s.holds(r) for r in rows)}
         where = "; ".join(f"{m} on {', '.join(cells_of)}" for m, cells_of in scored.items())
         raise UserError(f"{', '.join(results)}: no cell has rows of both {base} and {other} (methods there: "
                         f"{', '.join(present) or 'none'}" + (f"; {where}" if len(scored) == 2 else "") + ")")
@@ -235,7 +363,7 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     for cell in sorted(shared, key=_cell_order):
         out += [(cell, r) for r in compare_cell(shared[cell], base, other, resamples)]
     if not out:  # cells of both, but no seed of both in any (a traceback on an empty table)
-        seeds = {m: sorted({str(r.get("seed")) for r in rows if variant_of(r) == m}) for m in (base, other)}
+        seeds = {s.name: sorted({str(r.get("seed")) for r in rows if s.holds(r)}) for s in sides}
         raise UserError(f"{', '.join(results)}: no cell has rows of {base} and {other} of one seed (seeds: "
                         + "; ".join(f"{m} {', '.join(found_seeds)}" for m, found_seeds in seeds.items()) + ")")
     if as_json:
