@@ -384,7 +384,8 @@ def test_runs_summarises_every_row_shape_readably(tmp_path):
     assert cca[cca.index("test") + 3:cca.index("test") + 5] == ["10.0", "5.0"]  # a caption set's headline: R@1
     stages = [" ".join(line) for line in table if line[1] == "rerank"]
     assert [s for s in stages if "hamming m=100" in s] and [s for s in stages if "seps-rerank m=100" in s]
-    legend = result.output.split("settings (each against the first key of the same stages):\n")[1].splitlines()
+    legend = result.output.split("settings (each against the first key of the same stages; 'ucmfh compare "
+                                  "METHOD@KEY METHOD@KEY' pairs two):\n")[1].splitlines()
     assert "fusion." not in " ".join(legend)  # a fusion row is not compared field by field with hashing rows
     assert "  " + next(g for g in summarize(rows) if g["task"] == "fusion")["settings_key"] + \
         ": the first with stages fusion" in legend
