@@ -247,6 +247,9 @@ def test_distill_without_its_teacher_weight_is_infonce():
 def test_distill_needs_infonce_and_a_teacher(tiny):
     with pytest.raises(ValueError, match="loss must be 'infonce'"):
         hash_config("distill", loss="original")
+    # its soft InfoNCE reads τ as a number: a learnable τ would be cut from its gradient and never move
+    with pytest.raises(ValueError, match="fixed InfoNCE temperature: learnable must be false"):
+        hash_config("distill", loss_params={"temperature": 0.3, "learnable": True})
     with pytest.raises(ValueError, match="learns from a fusion encoder"):
         fit_hashing(tiny, hash_config("distill", n_bits=16, device="cpu"), progress=False)
 

@@ -52,6 +52,8 @@ class Distill(TwoTower):
         if cfg.loss != "infonce":
             raise ValueError(f"method 'distill' mixes the teacher into InfoNCE's targets: loss must be 'infonce', "
                              f"got {cfg.loss!r}")
+        if cfg.loss_params.get("learnable"):  # its soft InfoNCE takes τ as a number: a learnt τ would stay put
+            raise ValueError("method 'distill' trains with a fixed InfoNCE temperature: learnable must be false")
 
     def code_loss(self, cfg: HashConfig, loss_fn: nn.Module, train: Split, setup: Setup,
                   fusion: Optional[FusionEncoder]) -> Callable[[torch.Tensor, torch.Tensor, CodeBatch], torch.Tensor]:
