@@ -33,10 +33,29 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_dispatch, beside this script
 from bench_dispatch import Stage, stages  # noqa: E402
 
+import ucmfh.captured_step as captured_step  # noqa: E402
 from ucmfh.captured_step import capture_steps  # noqa: E402
 from ucmfh.methods import METHODS  # noqa: E402
 
 PATHS = ("eager", "graph")
+COUNTS = {"captures": 0, "replays": 0}  # of the stage being timed: a graph path that captured nothing is said
+EAGER: List[str] = []  # why a stage asked to be captured ran eagerly (a capture refused, ...)
+
+
+def counted(graphs: type) -> type:
+    """``graphs`` (ucmfh.captured_step.CudaGraphs, or a test's) with each capture and replay counted in COUNTS."""
+    class Counted(graphs):  # type: ignore[valid-type, misc]
+        def capture(self, body, before, stream):  # type: ignore[no-untyped-def]
+            replay, out, ran = super().capture(body, before, stream)
+            COUNTS["captures"] += 1
+
+            def replay_counted() -> None:
+                COUNTS["replays"] += 1
+                replay()
+
+            return replay_counted, out, ran
+
+    return Counted
 
 
 def wall(stage: Stage, steps: int, epochs: int, captured: bool, device: str) -> float:
@@ -45,7 +64,7 @@ def wall(stage: Stage, steps: int, epochs: int, captured: bool, device: str) -> 
     if device == "cuda":
         torch.cuda.synchronize()
     start = time.perf_counter()
-    with capture_steps(captured):
+    with capture_steps(captured, on_eager=lambda message: EAGER.append(message) if message not in EAGER else None):
         fit()
     if device == "cuda":
         torch.cuda.synchronize()
@@ -59,15 +78,18 @@ def seconds_a_step(stage: Stage, captured: bool, device: str, steps: int, repeat
                              for _ in range(repeats))
 
 
-HEADER = f"{'stage':<10} {'batch':>5} {'eager ms':>9} {'graph ms':>9} {'speed-up':>8}"
+HEADER = f"{'stage':<10} {'batch':>5} {'eager ms':>9} {'graph ms':>9} {'speed-up':>8} {'captures':>8} {'replays':>8}"
 
 
 def line(name: str, row: Dict[str, object]) -> str:
-    """One stage's figures: milliseconds a step, eager and captured, and their ratio."""
+    """One stage's figures: milliseconds a step, eager and captured, and their ratio; the graph path's captures
+    and replays (every fit timed), and why it ran eagerly where it did."""
     graph = row.get("graph")
     ratio = f"{row['eager'] / graph:.1f}x" if graph else "-"
     captured = "-" if graph is None else f"{1e3 * graph:.2f}"
-    return f"{name:<10} {row['batch_size']:>5} {1e3 * row['eager']:>9.2f} {captured:>9} {ratio:>8}"
+    counts = f"{row['captures']:>8} {row['replays']:>8}" if graph is not None else f"{'-':>8} {'-':>8}"
+    eager = "".join(f"\n  {message}" for message in row.get("eager_because", []))
+    return f"{name:<10} {row['batch_size']:>5} {1e3 * row['eager']:>9.2f} {captured:>9} {ratio:>8} {counts}{eager}"
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -100,19 +122,27 @@ def main(argv: Optional[List[str]] = None) -> None:
     paths = PATHS if args.device == "cuda" else PATHS[:1]
     rows: Dict[str, Dict[str, object]] = {}
     stopped: Optional[KeyboardInterrupt] = None
+    graphs = captured_step.CudaGraphs
+    captured_step.CudaGraphs = counted(graphs)  # every CapturedStep of the run counts, restored after it
     with tempfile.TemporaryDirectory() as scratch:
         chosen = stages(dispatch_args, args.device, Path(scratch), own_batch=not args.batch_size)
         try:
             for stage in sorted(chosen, key=lambda s: dispatch_args.only.index(s.name)):
+                COUNTS.update(captures=0, replays=0)
+                EAGER.clear()
                 rows[stage.name] = {"batch_size": stage.batch_size, **{
                     path: seconds_a_step(stage, path == "graph", args.device, args.steps, args.repeats)
                     for path in paths}}
+                if "graph" in paths:
+                    rows[stage.name].update(COUNTS, eager_because=list(EAGER))
                 if not args.json:
                     print(*([HEADER] if len(rows) == 1 else []), line(stage.name, rows[stage.name]), sep="\n",
                           flush=True)
         except KeyboardInterrupt as err:  # Ctrl-C, or the checklist's cap (SIGTERM): the stages timed are kept
             stopped = err
             print(f"stopped while timing {stage.name} ({err}); {len(rows)} stage(s) timed", file=sys.stderr)
+        finally:
+            captured_step.CudaGraphs = graphs
     if args.json:
         name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
         print(json.dumps({"device": name, "torch": torch.__version__, "steps": args.steps,

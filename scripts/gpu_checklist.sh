@@ -8,9 +8,10 @@
 #
 # `speed` runs only the steps that measure the speed goals: about 6 minutes on an H200 if nothing is faster
 # than the eager figures measured there (main job 105 s, Flickr8k 144 s), under 10 minutes whatever happens
-# (the caps add up to 590 s), so that a lease of 15 device-minutes leaves room to run it again: the main
-# job with captured steps (--cuda_graph, 100 epochs: time and MAP) and eager for 20 epochs (the same card's rate), bench_train with the captured variant,
-# a step of every method eager and captured (bench_steps), the default
+# (the caps add up to 590 s), so that a lease of 15 device-minutes leaves room to run it again: a step of every
+# method eager and captured (bench_steps, with each graph path's captures and replays), the main
+# job with captured steps (--cuda_graph, 100 epochs: time and MAP) and eager for 20 epochs (the same card's rate),
+# bench_train with the captured variant, the default
 # on full Flickr8k at 64 bits with captured steps, and the six-cell grid at --jobs 1 and 6. Flickr8k does
 # not fit the 64-MiB working tree as it is: carry a compact copy made here (features rounded to float16):
 #   python scripts/compact_data.py ../shared/data/flickr8k.h5 gpu-data/flickr8k.h5 && cp ../shared/data/wiki.h5 gpu-data/
@@ -32,7 +33,7 @@ PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu SKIP="tests main-job" walks the list on a machine without a GPU
 SKIP=${SKIP:-}
 PACK=${PACK:-0}  # PACK=1: OUT ends with summary.txt, speed.md (issue 48's goals) and logs.tgz (every other file)
-SPEED="env build main-graph main-eager20 bench-train steps flickr8k-graph grid-jobs"
+SPEED="env build steps main-graph main-eager20 bench-train flickr8k-graph grid-jobs"
 ONLY=""
 [ "${1:-}" = speed ] && ONLY=$SPEED
 mkdir -p "$OUT"
@@ -94,16 +95,18 @@ export -f methods search seps
 step env 20 sh -c "nvidia-smi -L; $PY -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))'"
 step build 30 $PY setup.py -q build_ext --inplace
 step native 20 $PY -c "import ucmfh; print(ucmfh.native_kernels())"
-# timed, one at a time; the speed goals first
+# timed, one at a time; the speed goals first. Each method's step eager and captured comes first: its captures
+# and replays say whether every plan was captured at all (a capture PyTorch refuses leaves that plan eager,
+# said on its row), before the runs that depend on them
+step steps 45 $PY scripts/bench_steps.py --device $DEVICE --steps 20 --repeats 1 --only daeh --only jdsh \
+    --only dgcpn --only djsrh --only cirh --only two-tower --only ucch  # the slowest comparison cells first
+    # (a step cut short keeps the stages it finished)
 step main-graph 110 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --cuda_graph \
     --out "$WORK/graph" --results "$OUT/main-graph.jsonl"  # the main job, each full batch's step a CUDA graph replay
 step main-eager20 40 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 20 \
     --out "$WORK/eager20" --results "$OUT/main-eager20.jsonl"  # eager, 20 epochs: this card's rate beside the graph's
 step bench-train 80 $PY scripts/bench_train.py --device $DEVICE --only throughput --cuda-graph --amp none \
     --n-train 5120 --repeats 3
-step steps 45 $PY scripts/bench_steps.py --device $DEVICE --steps 20 --repeats 1 --only daeh --only jdsh \
-    --only dgcpn --only djsrh --only cirh --only two-tower --only ucch  # each method's step, eager and captured,
-    # the slowest comparison cells first (a step cut short keeps the stages it finished)
 [ -f "$DATA/flickr8k.h5" ] && step flickr8k-graph 150 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
     --cuda-graph --device $DEVICE --out "$WORK/flickr8k" --results "$OUT/flickr8k.jsonl"  # the default, both temperatures
 step grid-jobs 115 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 -- -d wiki --data-dir "$DATA" \

@@ -105,7 +105,8 @@ def goal_rows(out: str) -> List[List[str]]:
             continue
         ref, eager, graph = (bench[v][stage] for v in ("ref", "ours-none", "ours-none-graph"))
         rows.append([f"2. {stage} throughput, captured / reference (items/s)",
-                     f"{graph / ref:.1f}× ({graph:,.0f} against {ref:,.0f}; eager {eager / ref:.1f}×)",
+                     _captured(out, "bench-train", f"{graph / ref:.1f}× ({graph:,.0f} against {ref:,.0f}; eager "
+                                                   f"{eager / ref:.1f}×)"),
                      f"≥ {GOALS['throughput_ratio']:.0f}×", "yes" if graph / ref >= GOALS["throughput_ratio"] else "no"])
     why = _ran(steps, "flickr8k-graph")
     if not why:
@@ -142,12 +143,16 @@ def goal_rows(out: str) -> List[List[str]]:
 def step_rows(out: str) -> Tuple[Optional[str], List[List[str]]]:
     """Why the ``steps`` step has no figures (None when it has some), and its table's rows, read from the lines
     ``bench_steps.py`` printed (a stage a line, so a step cut short keeps the stages it finished): stage,
-    batch, eager and captured milliseconds a step, their ratio."""
-    rows = []
+    batch, eager and captured milliseconds a step, their ratio, the captured path's captures and replays, and
+    why it ran eagerly where it said so (the indented line below a stage's)."""
+    rows: List[List[str]] = []
     for line in _lines(out, "steps.txt"):
         cells = line.split()
-        if len(cells) == 5 and cells[1].isdigit() and cells[2] != "eager":
-            rows.append([cells[0], cells[1], cells[2], cells[3].replace("-", "–"), cells[4].replace("x", "×").replace("-", "–")])
+        if line.startswith("  ") and rows and "runs eagerly: " in line:
+            rows[-1][-1] = "; ".join(filter(None, [rows[-1][-1], line.strip()]))
+        elif len(cells) == 7 and cells[1].isdigit() and cells[2] != "eager":
+            rows.append([cells[0], cells[1], cells[2], cells[3], cells[4].replace("x", "×"), cells[5], cells[6], ""])
+    rows = [[cell.replace("-", "–") if cell == "-" else cell for cell in row[:-1]] + [row[-1] or "–"] for row in rows]
     why = _ran(read_summary(out), "steps")
     if why and rows:
         why = f"{why}; the stages it finished:"
@@ -171,8 +176,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     print("\nA training step, eager and captured (`scripts/bench_steps.py`, synthetic 512-d features):"
           + (f" {why}" if why else ""))
     if rows:
-        print("| stage | batch | eager ms | captured ms | speed-up |")
-        print("|---|---:|---:|---:|---:|")
+        print("| stage | batch | eager ms | captured ms | speed-up | captures | replays | ran eagerly |")
+        print("|---|---:|---:|---:|---:|---:|---:|---|")
         for row in rows:
             print("| " + " | ".join(row) + " |")
     return 0

@@ -25,7 +25,8 @@ class StandinGraphs:
 
     log = []  # (event, batch shape) of every capture and replay, across instances
 
-    def side_stream(self):
+    def side_stream(self, device):
+        assert torch.device(device).type == "cuda"
         return "side"
 
     def on(self, stream):
@@ -96,19 +97,23 @@ def test_every_method_trained_by_epochs_is_captured_above_or_says_why_not():
         name: None if METHODS[name].closed_form else "its step captured" for name in METHODS}
 
 
-def _expected_log(cfg, n_items, scalars):
+def _expected_log(cfg, n_items, scalars, draws=lambda epoch: False):
     """The captures and replays of a run: after the warm-up, each full batch replays the graph, or captures one
-    where its scalars (β) differ from the graph's."""
+    where its scalars (β) differ from the graph's; where the step's draws begin (``draws(epoch)``: UCCH's
+    negatives after its warm-up epoch), the warm-up is run again before the capture."""
     full, short = _steps(n_items, cfg.batch_size, 1)
-    log, held, iteration = [], None, 0
+    none = object()  # no graph held
+    log, held, warm, drawn = [], none, 0, draws(0)
     for epoch in range(cfg.epochs):
-        for _ in range(full):
-            if iteration - epoch * short >= WARMUP_STEPS:  # full batches after the warm-up
-                now = scalars(epoch, iteration)
-                log.append("capture" if not log or now != held else "replay")
-                held = now
-            iteration += 1
-        iteration += short
+        for step in range(full):
+            if draws(epoch) != drawn and warm >= WARMUP_STEPS:
+                drawn, warm, held = draws(epoch), 0, none
+            if warm < WARMUP_STEPS:
+                warm += 1
+                continue
+            now = scalars(epoch, (full + short) * epoch + step)
+            log.append("capture" if held is none or now != held else "replay")
+            held = now
     return log
 
 
@@ -134,7 +139,8 @@ def test_a_captured_step_trains_the_eager_model_without_a_host_sync(tiny, monkey
         lambda epoch, iteration: beta_at(cfg, iteration, epoch))
     if method == "ucch":  # its memory bank's momentum after the warm-up epoch, its learning rate at each milestone
         scalars = lambda epoch, iteration: (epoch >= 1, ucch.learning_rate(cfg.lr_head, epoch))  # noqa: E731
-    expected = _expected_log(cfg, int(len(tiny.train) * 0.8), scalars)
+    draws = (lambda epoch: epoch >= 1) if method == "ucch" else (lambda epoch: False)  # its negatives: epoch 1 on
+    expected = _expected_log(cfg, int(len(tiny.train) * 0.8), scalars, draws)
     assert StandinGraphs.log == expected and expected.count("replay") > 0
     assert expected.count("capture") == {"djsrh": 3, "jdsh": 3, "two-tower, beta by iteration": 9, "ucch": 2,
                                          "ucch, learning rate lowered": 3}.get(case, 1)
@@ -227,7 +233,42 @@ def test_real_cuda_graphs_train_close_to_the_eager_model(tiny, monkeypatch, case
         fusion = fit_fusion(tiny, small_fusion(epochs=1, dropout=0.0, device="cuda"), progress=False)[0]
     cfg = method_config(method, epochs=3, device="cuda", hidden=64, dropout=0.0, batch_size=48, **settings)
     eager, _ = fit_hashing(tiny, cfg, copy.deepcopy(fusion), progress=False)
-    with capture_steps():
+    replays = []
+
+    class Counted(captured_module.CudaGraphs):  # a run that fell back to eager would pass the comparison below
+        def capture(self, body, before, stream):
+            replay, out, ran = super().capture(body, before, stream)
+            return (lambda: (replays.append(1), replay())), out, ran
+
+    monkeypatch.setattr(captured_module, "CudaGraphs", Counted)
+    heard = []
+    with capture_steps(on_eager=heard.append):
         captured, _ = fit_hashing(tiny, cfg, copy.deepcopy(fusion), progress=False)
+    assert heard == [] and len(replays) > 0
     for (name, a), b in zip(eager.state_dict().items(), captured.state_dict().values()):
         torch.testing.assert_close(b, a, msg=name, rtol=1e-4, atol=1e-5)
+
+
+def test_a_capture_pytorch_refuses_leaves_the_plan_eager_and_says_why(tiny, monkeypatch, standin_graphs):
+    """A capture that fails (an operation a graph cannot hold, on some GPU or PyTorch release) costs the run
+    nothing but its speed: its steps run eagerly from that batch on, to the eager model, and the capture
+    block's listener hears why, in one line."""
+    class RefusingGraphs(StandinGraphs):
+        def capture(self, body, before, stream):
+            StandinGraphs.log.append("refused")
+            raise RuntimeError("operation not permitted when stream is capturing\nCUDA kernel errors might be ...")
+
+    monkeypatch.setattr(captured_module, "CudaGraphs", RefusingGraphs)
+    cfg = method_config("two-tower", epochs=3, device="cuda", n_bits=16, batch_size=48, dropout=0.0,
+                        loss_params={"temperature": 0.3})
+    heard = []
+    with cuda_standin(monkeypatch):
+        eager, eager_history = fit_hashing(tiny, cfg, progress=False)
+        with capture_steps(on_eager=heard.append):
+            captured, captured_history = fit_hashing(tiny, cfg, progress=False)
+    assert StandinGraphs.log == ["refused"]  # tried once, then eager: no capture again, no replay
+    assert heard == ["two-tower 16 bits runs eagerly: its capture as a CUDA graph failed (RuntimeError: operation "
+                     "not permitted when stream is capturing)"]
+    for (name, a), b in zip(eager.state_dict().items(), captured.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)
+    assert captured_history.as_dict()["loss"] == pytest.approx(eager_history.as_dict()["loss"], rel=1e-5)

@@ -12,7 +12,9 @@ graph's own tensor. A graph holds the scalars and the learning rate of the batch
 they change (a schedule of β, by epoch or by iteration; a learning rate lowered at a milestone), the step is
 captured again. The first
 :data:`WARMUP_STEPS` full batches run eagerly on a side stream (the optimizer's state, cuBLAS's workspaces),
-as PyTorch's whole-network capture asks; a batch of another size (an epoch's short last batch) runs eagerly.
+as PyTorch's whole-network capture asks (again where the step's operations change: UCCH's negatives drawn
+from its second epoch on); a batch of another size (an epoch's short last batch) runs eagerly. A capture that
+PyTorch refuses leaves the plan eager from that batch on, said to the capture block's listener.
 Adam's update is made capturable (its step count on the device); SGD's has no count to capture. Dropout
 draws from the device's generator, which a graph advances on every replay.
 
@@ -68,8 +70,8 @@ def runs_eagerly(stage: str, reason: str) -> None:
 class CudaGraphs:
     """The CUDA calls a capture makes (a test gives the CPU stand-in's own, ``tests/cuda_standin.py``)."""
 
-    def side_stream(self) -> Any:
-        return torch.cuda.Stream()
+    def side_stream(self, device: torch.device) -> Any:
+        return torch.cuda.Stream(device=device)
 
     @contextlib.contextmanager
     def on(self, stream: Any) -> Iterator[None]:
@@ -85,7 +87,7 @@ class CudaGraphs:
         graph's output and whether capturing ran the body's work (a CUDA capture does not)."""
         graph = torch.cuda.CUDAGraph()
         before()
-        with torch.cuda.graph(graph, stream=stream):
+        with torch.cuda.device(stream.device), torch.cuda.graph(graph, stream=stream):  # the device's generator
             out = body()
         return graph.replay, out, False
 
@@ -95,12 +97,13 @@ class CapturedStep:
     its first full batch after the warm-up, then replayed for every full batch; ``eager(batch)`` is the
     trainer's own step, which runs the warm-up and the batches of another size."""
 
-    def __init__(self, plan: Any, batch_size: int, eager: Callable[[Any], torch.Tensor],
+    def __init__(self, plan: Any, batch_size: int, eager: Callable[[Any], torch.Tensor], device: torch.device,
                  graphs: Optional[CudaGraphs] = None) -> None:
         self.plan, self.batch_size, self.eager = plan, batch_size, eager
         self.graphs = graphs or CudaGraphs()
-        self.stream = self.graphs.side_stream()
+        self.stream = self.graphs.side_stream(device)
         self.warm = 0
+        self.failed = False  # a capture PyTorch refused: every step of the plan runs eagerly from then on
         self.replay: Optional[Callable[[], None]] = None
         self.static: Any = None  # the batch the graph reads: its indices and draws, copied in before each replay
         self.loss: Optional[torch.Tensor] = None
@@ -110,6 +113,8 @@ class CapturedStep:
                 group["capturable"] = True
 
     def __call__(self, batch: Any) -> torch.Tensor:
+        if self.failed:
+            return self.eager(batch)
         lr = self.plan.set_learning_rate(batch.epoch)
         if len(batch.index) != self.batch_size:  # an epoch's short last batch: its shapes are its own
             if self.replay is None or self.plan.step is not None:  # a step of its own runs as it is written
@@ -123,6 +128,10 @@ class CapturedStep:
                 return self.eager(batch)
         held = (None if self.plan.scalars is None else self.plan.scalars(batch.epoch, batch.iteration), lr,
                 batch.draws is None)
+        if self.held is not None and held[2] != self.held[2]:  # draws from now on (UCCH's after its warm-up
+            self.held, self.warm, self.replay, self.loss = held, 0, None, None  # epoch): a step of other
+            # operations, warmed up before its capture (the graph without draws let go)
+            return self(batch)
         if self.replay is None or held != self.held:
             return self._capture(batch, held)
         self._fill(batch)
@@ -157,7 +166,19 @@ class CapturedStep:
         def before() -> None:  # no gradient before the capture: backward allocates them in the graph's pool
             plan.optimizer.zero_grad(set_to_none=True)
 
-        self.replay, self.loss, ran = self.graphs.capture(body, before, self.stream)
+        try:
+            self.replay, self.loss, ran = self.graphs.capture(body, before, self.stream)
+        except Exception as err:  # noqa: BLE001 - a capture refused (an operation a graph cannot hold): said, eager
+            return self._eager_from_now(batch, err)
         if not ran:  # a capture records the batch's step without running it
             self.replay()
         return self.loss
+
+    def _eager_from_now(self, batch: Any, err: Exception) -> torch.Tensor:
+        """The plan's steps eager from ``batch`` on, after a capture that failed (it ran none of the batch's work;
+        the gradients it made are let go), and the capture block's listener told why."""
+        self.failed, self.replay, self.loss, self.static = True, None, None, None
+        self.plan.optimizer.zero_grad(set_to_none=True)
+        first = (str(err).strip().splitlines() or [""])[0]
+        runs_eagerly(self.plan.name, f"its capture as a CUDA graph failed ({type(err).__name__}: {first})")
+        return self.eager(batch)

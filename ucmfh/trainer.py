@@ -291,7 +291,7 @@ class _Run:
         """One training step; its loss, detached: replayed from a CUDA graph where the plan is captured
         (:func:`ucmfh.captured_step.capture_steps`), else run eagerly."""
         if self.captured is None and self.capture:
-            self.captured = CapturedStep(self.plan, self.cfg.batch_size, self.eager_step)
+            self.captured = CapturedStep(self.plan, self.cfg.batch_size, self.eager_step, self.device)
         return self.eager_step(batch) if self.captured is None else self.captured(batch)
 
     def eager_because(self) -> Optional[str]:
@@ -405,6 +405,7 @@ class _Run:
                     self.save(epoch + 1, 0, self.generator.get_state(), torch.zeros((), device=device))
                     last_save = time.monotonic()
         bar.close()
+        self.captured = None  # its graph and the graph's memory let go now (it and this run refer to each other)
         if state is not None and start_epoch < cfg.epochs:  # finished: resuming returns the result at once
             self.save(cfg.epochs, 0, self.generator.get_state(), torch.zeros((), device=device))
         self.best.restore(self.plan.modules, self.history)

@@ -15,10 +15,10 @@ SMALL = ["--device", "cpu", "--n-bits", "16", "--width", "16", "--steps", "2", "
 def test_a_row_per_stage_at_each_method_s_own_batch_size(capsys):
     bench.main(SMALL + ["--only", "daeh", "--only", "jdsh"])
     header, *rows = capsys.readouterr().out.splitlines()
-    assert header.split() == ["stage", "batch", "eager", "ms", "graph", "ms", "speed-up"]
+    assert header.split() == ["stage", "batch", "eager", "ms", "graph", "ms", "speed-up", "captures", "replays"]
     assert [row.split()[:2] for row in rows] == [["daeh", "18"], ["jdsh", "32"]]  # in the order asked
     for row in rows:
-        assert row.split()[3:] == ["-", "-"]  # no graph on the CPU
+        assert row.split()[3:] == ["-", "-", "-", "-"]  # no graph on the CPU
 
 
 def test_json_gives_seconds_a_step_at_the_batch_asked_for(capsys):
@@ -51,10 +51,34 @@ def test_on_cuda_both_paths_are_timed_and_the_captured_one_replays(capsys, monke
         bench.main(["--device", "cuda", "--n-bits", "16", "--width", "16", "--steps", "6", "--repeats", "1",
                     "--only", "djsrh"])
     header, row = capsys.readouterr().out.splitlines()
-    name, batch, eager, graph, ratio = row.split()
+    name, batch, eager, graph, ratio, captures, replays = row.split()
     assert (name, batch) == ("djsrh", "32") and graph != "-"  # timed (wall-clock noise may make it any number)
     float(eager), float(graph)
-    assert "capture" in StandinGraphs.log and "replay" in StandinGraphs.log
+    # the graph path's captures and replays, counted (a path that fell back to eager would show none)
+    assert int(captures) == StandinGraphs.log.count("capture") > 0
+    assert int(replays) == StandinGraphs.log.count("replay") > 0
+    assert captured_module.CudaGraphs is StandinGraphs  # the counting is the run's alone
+
+
+def test_a_graph_path_that_ran_eagerly_says_why(capsys, monkeypatch):
+    """A capture refused on the GPU: the stage's row shows no capture and a line says why, not a speed-up of 1.0x
+    with nothing to tell it from a graph that gained nothing."""
+    import ucmfh.captured_step as captured_module
+    from cuda_standin import cuda_standin
+    from test_captured_step import StandinGraphs
+
+    class RefusingGraphs(StandinGraphs):
+        def capture(self, body, before, stream):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(captured_module, "CudaGraphs", RefusingGraphs)
+    with cuda_standin(monkeypatch):
+        bench.main(["--device", "cuda", "--n-bits", "16", "--width", "16", "--steps", "6", "--repeats", "1",
+                    "--only", "djsrh"])
+    header, row, why = capsys.readouterr().out.splitlines()
+    assert row.split()[0] == "djsrh" and row.split()[-2:] == ["0", "0"]  # no capture, no replay
+    assert why == ("  djsrh 16 bits runs eagerly: its capture as a CUDA graph failed (RuntimeError: operation not "
+                   "permitted when stream is capturing)")
 
 
 @pytest.mark.parametrize("as_json", [False, True])

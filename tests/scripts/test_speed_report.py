@@ -29,8 +29,11 @@ def _folder(tmp_path, monkeypatch, capsys, graph_s=12.5, flickr_rc=0):
                                                ("grid-jobs", 0, 90000)]))
     steps = load_script("bench_steps")  # the lines the steps step writes
     (out / "steps.txt").write_text("\n".join([steps.HEADER] + [
-        steps.line(name, row) for name, row in [("daeh", {"batch_size": 18, "eager": 0.006, "graph": 0.0005}),
-                                                ("ucch", {"batch_size": 256, "eager": 0.004, "graph": 0.004})]]) + "\n")
+        steps.line(name, row) for name, row in [
+            ("daeh", {"batch_size": 18, "eager": 0.006, "graph": 0.0005, "captures": 1, "replays": 119}),
+            ("ucch", {"batch_size": 256, "eager": 0.004, "graph": 0.004, "captures": 0, "replays": 0,
+                      "eager_because": ["ucch 64 bits runs eagerly: its capture as a CUDA graph failed (RuntimeError: "
+                                        "x)"]})]]) + "\n")
     rows = [{"task": "hashing", "protocol": "unimodal", "map_i2t": 0.83, "map_t2i": 0.826, "map_i2t_expected": 0.8301,
              "map_t2i_expected": 0.8262},
             {"task": "hashing", "protocol": "fused", "map_i2t": 0.86, "map_t2i": 0.875, "map_i2t_expected": 0.8601,
@@ -65,7 +68,9 @@ def test_each_goal_is_read_from_what_its_step_wrote(tmp_path, monkeypatch, capsy
     assert report.main([str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[:2] == ["| goal | measured | goal value | met |", "|---|---|---|---|"]
-    assert lines[-2:] == ["| daeh | 18 | 6.00 | 0.50 | 12.0× |", "| ucch | 256 | 4.00 | 4.00 | 1.0× |"]
+    assert lines[-2:] == ["| daeh | 18 | 6.00 | 0.50 | 12.0× | 1 | 119 | – |",
+                          "| ucch | 256 | 4.00 | 4.00 | 1.0× | 0 | 0 | ucch 64 bits runs eagerly: its capture as a CUDA "
+                          "graph failed (RuntimeError: x) |"]
     assert len(lines) == 2 + 8 + 2 + 2 + 2  # the goals; a blank line, the steps' title, head and two stages
 
 
@@ -79,6 +84,12 @@ def test_a_run_asked_to_capture_that_ran_eagerly_is_said_so(tmp_path, monkeypatc
     assert rows["1. main job, captured steps (wall s)"][1] == (
         "12.5 (eager H200: 105); NOT captured: fusion runs eagerly: it trains under bf16 autocast")
     assert "NOT captured" not in rows["3. full Flickr8k, default, 64 bits, captured (wall s)"][1]
+    # bench_train's captured variant says it too (a capture refused on the GPU), as the report reads it
+    load_script("bench_train").said_eager("hashing runs eagerly: its capture as a CUDA graph failed (RuntimeError: x)")
+    (out / "bench-train.txt").write_text(capsys.readouterr().err + (out / "bench-train.txt").read_text())
+    rows = {row[0]: row for row in report.goal_rows(str(out))}
+    assert rows["2. fusion throughput, captured / reference (items/s)"][1].endswith(
+        "; NOT captured: hashing runs eagerly: its capture as a CUDA graph failed (RuntimeError: x)")
 
 
 def test_a_failed_or_missing_step_is_said_not_guessed(tmp_path, monkeypatch, capsys):
