@@ -73,3 +73,23 @@ def test_a_state_saved_by_the_loop_resumes_with_the_fused_kernel_to_the_same_mod
     assert bars.starts[-1] == 2 and kernels == [True, True]
     for (name, a), b in zip(reference.state_dict().items(), resumed.state_dict().values()):
         assert torch.equal(a, b), name
+
+
+def test_a_captured_run_s_adam_resumed_eagerly_is_not_capturable():
+    """A captured step makes its Adam capturable (its step count on the device), and the state it saves says
+    so; resumed by an eager run, the optimizer keeps its own setting (PyTorch warns of, and slows, a capturable
+    Adam run outside a capture), with the saved moments and step count."""
+    from ucmfh.optim import adam
+    from ucmfh.trainer import restore_optimizer
+
+    weight = torch.nn.Parameter(torch.ones(3))
+    captured = adam([weight], lr=0.1)
+    for group in captured.param_groups:
+        group["capturable"] = True
+    weight.grad = torch.ones(3)
+    captured.step()
+    eager = adam([weight], lr=0.1)
+    restore_optimizer(eager, captured.state_dict())
+    assert [group["capturable"] for group in eager.param_groups] == [False]
+    assert torch.equal(eager.state[weight]["exp_avg"], captured.state[weight]["exp_avg"])
+    assert float(eager.state[weight]["step"]) == 1.0

@@ -111,6 +111,9 @@ class CapturedStep:
         for group in plan.optimizer.param_groups:  # Adam's step count and bias corrections on the device
             if "capturable" in group:
                 group["capturable"] = True
+        # its warm-up and its short batches run uncaptured by design: PyTorch's warning that a capturable
+        # optimizer steps outside a capture would be said to every run
+        plan.optimizer._warned_capturable_if_run_uncaptured = True
 
     def __call__(self, batch: Any) -> torch.Tensor:
         if self.failed:

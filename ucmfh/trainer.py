@@ -123,12 +123,17 @@ class Setup:
 def restore_optimizer(optimizer: torch.optim.Optimizer, saved: Dict[str, Any]) -> None:
     """``optimizer.load_state_dict(saved)``, an SGD keeping its own kernel (``fused``, ``foreach``): a state
     saved by an older ucmfh, whose SGD looped over its tensors, resumes with today's fused kernel, which makes
-    the same update (its state, the momentum buffers, is the same for every kernel)."""
-    kernels = [{key: group.get(key) for key in ("fused", "foreach")} for group in optimizer.param_groups]
+    the same update (its state, the momentum buffers, is the same for every kernel). Any optimizer keeps its own
+    ``capturable``: a state saved by a captured run (:mod:`ucmfh.captured_step` sets it) resumed eagerly is not
+    a capturable Adam run uncaptured, which PyTorch warns of."""
+    kernels = [{key: group.get(key) for key in ("fused", "foreach") if isinstance(optimizer, torch.optim.SGD)}
+               for group in optimizer.param_groups]
+    for group, kernel in zip(optimizer.param_groups, kernels):
+        if "capturable" in group:
+            kernel["capturable"] = group["capturable"]
     optimizer.load_state_dict(saved)
-    if isinstance(optimizer, torch.optim.SGD):
-        for group, kernel in zip(optimizer.param_groups, kernels):
-            group.update(kernel)
+    for group, kernel in zip(optimizer.param_groups, kernels):
+        group.update(kernel)
 
 
 def check_supervision(data: Dataset, cfg: Any) -> None:
