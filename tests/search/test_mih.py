@@ -224,3 +224,41 @@ def test_shards_say_which_are_too_small_to_probe(monkeypatch):
     served = {}
     big.search(items[:20], 10, "txt", backend=BackendConfig(backend="mih"), served=served)
     assert served["mih"] >= 10 and not served.get("small")
+
+
+def test_without_the_compiled_probe_multi_index_hashing_is_the_scan(monkeypatch, tmp_path):
+    """Where ucmfh's C kernels are not built (an install without a C compiler), the probe left is numpy's
+    reference, one query at a time: about 10× slower than the scan on 100,000 codes. There every query is the
+    scan's, as for a collection too small to probe: the same hits, no tables built, and the reason said."""
+    from ucmfh.config import BackendConfig
+    from ucmfh.search import Index
+    from ucmfh.search import mih as mih_module
+    from ucmfh.search.shards import Shards
+
+    monkeypatch.setattr(mih_module, "MIN_ITEMS", 1000)
+    monkeypatch.setattr(mih_module, "compiled", lambda: False)
+    built = []
+    monkeypatch.setattr(mih_module, "multi_index", lambda *args: built.append(args))
+    items = codes("clustered", 3000, 64, np.random.default_rng(5))
+    index = Index(64)
+    index.add("txt", items)
+    for searched in (index, Shards([index])):
+        served = {}
+        got = searched.search(items[:20], 10, "txt", backend=BackendConfig(backend="mih"), served=served)
+        want = index.search(items[:20], 10, "txt")
+        assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1])
+        assert served["mih"] == 0 and served["scan"] == 20 and served["uncompiled"] == 20 and not served.get("small")
+    assert built == []
+
+
+def test_the_cli_says_why_the_scan_served_without_the_compiled_probe(tiny_path, tmp_path, trained, monkeypatch):
+    from ucmfh.search import mih as mih_module
+
+    monkeypatch.setattr(mih_module, "MIN_ITEMS", 10)
+    monkeypatch.setattr(mih_module, "compiled", lambda: False)
+    out = str(tmp_path / "ix")
+    runner = CliRunner()
+    assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", out, "--quiet"]).exit_code == 0
+    said = runner.invoke(main, ["search", out, "-q", tiny_path, "-k", "5", "-m", "text", "--backend", "mih"])
+    assert said.exit_code == 0, said.output
+    assert "by the scan (ucmfh's C kernels are not built here (ucmfh.native_kernels() is None" in said.stderr

@@ -204,6 +204,9 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
 
         why = (f"under {MIN_ITEMS:,} items the scan is faster than probing" if results.served.get("small") else
                "where probing would read more")
+        if results.served.get("uncompiled"):
+            why = ("ucmfh's C kernels are not built here (ucmfh.native_kernels() is None: pip install with a C "
+                   "compiler builds them), and without them the scan is faster than probing")
         if results.served.get("small_shards"):  # a query is multi-index hashing's where it served every shard
             few, shards = results.served["small_shards"]
             why += (f"; {few} of the {shards} shards hold under {MIN_ITEMS:,} items and scan every query, so none "

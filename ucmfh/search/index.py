@@ -335,7 +335,8 @@ class Index(IndexFolder):
         :class:`ucmfh.config.BackendConfig`; None: ``exact``) ``mih``: the same result by multi-index hashing on
         the CPU (:mod:`ucmfh.search.mih`; ``served`` gets how many queries it and the scan served, and
         ``scanned``, which the scan did; ``small``, the queries scanned because the items are too few for
-        probing to pay, :data:`ucmfh.search.mih.MIN_ITEMS`, where no tables are built);
+        probing to pay, :data:`ucmfh.search.mih.MIN_ITEMS`, and ``uncompiled``, because ucmfh's C kernels are not
+        built here, where no tables are built);
         ``faiss-*``: FAISS's approximate search (:mod:`ucmfh.search.approx`; positions -1 where it
         found fewer than k).
         """
@@ -346,16 +347,16 @@ class Index(IndexFolder):
         qw = as_words(queries, self.n_bits, "queries")
         codes = self.codes(modality)
         device = search_device(device)
-        small = {}  # multi-index hashing asked for items too few for probing to pay: scanned, no tables built
+        small = {}  # multi-index hashing asked where probing cannot pay (too few items; no compiled probe): scanned
         if backend.backend == "mih" and str(device) == "cpu":
             from ucmfh.search import mih
 
-            if codes.shape[0] >= mih.MIN_ITEMS:
+            if codes.shape[0] >= mih.MIN_ITEMS and mih.compiled():
                 tables, _ = mih.multi_index(self, modality, backend.substrings)
                 return tables.search(qw, int(k), threads, scan=lambda q, k: hamming_search(q, codes, self.n_bits, k,
                                                                                              device, threads),
                                      stats=served)
-            small = {"small": qw.shape[0]}
+            small = {"small" if codes.shape[0] < mih.MIN_ITEMS else "uncompiled": qw.shape[0]}
         if backend.backend not in ("exact", "mih"):
             from ucmfh.search import approx
 

@@ -267,6 +267,13 @@ class MultiIndex:
         return dist, pos
 
 
+def compiled() -> bool:
+    """Whether the compiled probe (``mih_search``, ucmfh's C kernels) is built here: without it the numpy probe, a
+    reference one query at a time, is slower than the scan at any size."""
+    kernels = kernels_module()
+    return kernels is not None and hasattr(kernels, "mih_search")
+
+
 CACHE = "mih"  # the cache folder inside an index folder
 
 

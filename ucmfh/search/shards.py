@@ -92,18 +92,21 @@ class Shards:
         dists, positions = [], []
         scanned: set = set()  # queries the scan served in some shard
         small = []  # for each shard searched: too small for probing (every query scanned there)
+        uncompiled = 0  # queries scanned because the compiled probe is not built here (every shard's)
         for offset, shard in zip(self._offsets(modality), self.shards):
             if shard.count(modality):
                 part: Dict[str, Any] = {}
                 d, p = shard.search(qw, int(k), modality, device, threads, backend, part)
                 scanned.update(part.get("scanned", []))
                 small.append(bool(part.get("small")))
+                uncompiled = max(uncompiled, int(part.get("uncompiled", 0)))
                 dists.append(d)
                 positions.append(np.where(p < 0, -1, p + offset))  # -1: not found (approximate backends)
         if served is not None:  # a query counts as multi-index hashing's where it served every shard
             served.update(mih=qw.shape[0] - len(scanned), scan=len(scanned),
                           scanned=np.array(sorted(scanned), dtype=np.int64),
                           small=qw.shape[0] if small and all(small) else 0,  # as one index too small
+                          uncompiled=uncompiled,
                           small_shards=(sum(small), len(small)) if 0 < sum(small) < len(small) else None)
         if not dists:
             empty = np.zeros((qw.shape[0], 0), dtype=np.int64)
