@@ -5,6 +5,7 @@ import logging
 import os
 import socket
 
+import h5py
 import numpy as np
 import pytest
 from click.testing import CliRunner
@@ -18,6 +19,7 @@ from ucmfh.data import DataError, load_dataset
 from ucmfh.data.annotations import list_images, read_captions, read_labels
 from ucmfh.data.extract import ExtractConfig, extract_features
 from ucmfh.data.splits import SplitSizes
+from ucmfh.data.h5 import validate_file
 
 CLASSES = ["sky", "sea", "tree"]
 SIZES = SplitSizes(query=2, train=3)
@@ -398,3 +400,54 @@ def test_an_image_without_a_label_is_named_by_its_file():
         empty_label_rows(labels, "l.tsv", "fail", ["a.jpg", "b.jpg", "c.jpg"])
     with pytest.raises(DataError, match=r"^y\.npy: 2 rows have no label \(first: row 1\)$"):  # convert's arrays: rows
         empty_label_rows(labels, "y.npy", "fail")
+
+
+def test_extraction_keeps_captions_and_image_files_and_numbers_ids_from_first_id(tmp_path):
+    """Search results show an item's caption and image file: a file extracted without --tokens held neither,
+    so hits were bare ids. Each split now holds text_raw and paths (relative to the file's folder: the two move
+    together), and --first-id numbers a later batch after the first, so both go into one index."""
+    names = make_images(tmp_path / "imgs")
+    caps, labels = write_inputs(tmp_path, names)
+    (tmp_path / "out").mkdir()
+    out = tmp_path / "out" / "set.h5"
+    extract_features(tmp_path / "imgs", caps, labels, out, sizes=SIZES, encoder=FakeEncoder(), first_id=100,
+                     config=ExtractConfig(batch_size=2, chunk_items=3, workers=1), progress=False)
+    captions = [line.split("\t")[1] for line in caps.read_text().splitlines()]
+    with h5py.File(out, "r") as f:
+        for split in ("train", "query", "retrieval"):
+            ids = f[split]["ids"][...]
+            assert ids.min() >= 100
+            paths = [p.decode() for p in f[split]["paths"][...]]
+            texts = [t.decode() for t in f[split]["text_raw"][...]]
+            assert paths == [f"../imgs/{names[i - 100]}" for i in ids]
+            for i, text in zip(ids, texts):  # each row's caption is one of its image's two
+                assert text in captions[2 * (i - 100): 2 * (i - 100) + 2]
+    validate_file(out)  # a broken file raises
+
+
+def test_copies_of_one_picture_are_drawn_into_one_split(tmp_path):
+    """Two files of one picture, captioned alike: drawn apart, a query item equal to a training item, which
+    validate refuses (and extract refused its own file, by the seed's luck). Images of equal features are
+    drawn together and count once in the sizes."""
+    names = make_images(tmp_path / "imgs", 8)
+    import shutil
+
+    shutil.copy(tmp_path / "imgs" / names[0], tmp_path / "imgs" / "zcopy.jpg")
+    names = sorted([*names, "zcopy.jpg"])
+    caps = tmp_path / "captions.tsv"
+    caps.write_text("".join(f"{n}\ta photo\n" if n in ("img0.jpg", "zcopy.jpg") else f"{n}\tpicture {n}\n"
+                            for n in names))
+    labels = tmp_path / "labels.tsv"
+    labels.write_text("".join(f"{n}\tsky\n" for n in names))
+    copy, first = names.index("zcopy.jpg"), names.index("img0.jpg")
+    for seed in range(12):
+        out = tmp_path / f"set{seed}.h5"
+        report = extract_features(tmp_path / "imgs", caps, labels, out, sizes=SplitSizes(query=3, train=4),
+                                  seed=seed, encoder=FakeEncoder(), config=ExtractConfig(workers=1), progress=False)
+        assert report.duplicate_images == [("zcopy.jpg", "img0.jpg")]
+        with h5py.File(out, "r") as f:
+            where = {split: set(f[split]["ids"][...].tolist()) for split in ("query", "retrieval")}
+            query_images = len(where["query"])
+        assert (first in where["query"]) == (copy in where["query"])  # together
+        assert query_images == 3 + (first in where["query"])  # the copy counts once in the sizes
+        validate_file(out)  # a broken file raises

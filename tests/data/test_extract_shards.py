@@ -20,11 +20,15 @@ CFG = ExtractConfig(batch_size=2, chunk_items=2, workers=1)  # 7 images: 4 chunk
 
 
 def file_content(path):
-    """Every dataset and attribute of an HDF5 file, for equality."""
+    """Every dataset and attribute of an HDF5 file, for equality; image paths (``paths``, relative to the file's
+    folder) as the files they name."""
     content = {}
     with h5py.File(path, "r") as f:
         content["/"] = dict(f.attrs)
         f.visititems(lambda name, obj: content.__setitem__(name, obj[()] if isinstance(obj, h5py.Dataset) else None))
+    for name in [name for name in content if name.endswith("/paths")]:
+        content[name] = np.array([os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(path)), p.decode()))
+                                  for p in content[name]])
     return content
 
 
@@ -159,6 +163,11 @@ def test_shard_and_merge_options(tmp_path, tiny_clip):  # noqa: F811 - the fixtu
 
     result = CliRunner().invoke(main, ["extract", *args, "--shard", "1/2"])
     assert result.exit_code == 0 and "shard 1/2 done: chunks computed 3, reused 0" in result.output, result.output
+    # another shard of other settings: the remedy is to delete the scratch ('--restart', which a shard refuses, was
+    # named)
+    other = [*args[:-1], "2"]
+    said = user_error(["extract", *other, "--shard", "0/2"], "scratch of a different extraction")
+    assert f"delete {tmp_path / 'c.h5'}.parts/ yourself to start the shards over" in said and "--restart" not in said
     user_error(["extract", *args, "--merge"], "c.h5.parts: cannot merge, shard 0/2 not done")
     assert CliRunner().invoke(main, ["extract", *args, "--shard", "0/2"]).exit_code == 0
     result = CliRunner().invoke(main, ["extract", *args, "--merge"])

@@ -18,7 +18,8 @@ from ucmfh.app.outputs import check_outputs
 from ucmfh.data.annotations import list_images
 from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
 from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features
-from ucmfh.data.scratch import parse_shard
+from ucmfh.data.format import DataError
+from ucmfh.data.scratch import RESTART, parse_shard
 from ucmfh.data.format import SPLITS
 from ucmfh.data.splits import DEFAULT_SEED, STANDARD_SPLITS, resolve_sizes
 
@@ -170,6 +171,9 @@ _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with
 @click.option("--train", type=int, help="Train images, drawn from retrieval.")
 @click.option("--retrieval", type=int, help="Retrieval images (default: all not in query).")
 @click.option("--seed", type=seed_type, default=DEFAULT_SEED, show_default=True, help="Seed of the drawn split.")
+@click.option("--first-id", type=click.IntRange(min=0), default=0, show_default=True,
+              help="The first image's id (an image's id is its index in the sorted names plus this): a later batch "
+                   "of a collection, numbered after the first, is added to the same index.")
 @click.option("--name", help="Dataset name (default: the output file's stem).")
 @click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False),
               help="Class names, one per line (fixes the label columns; unknown names in LABELS fail).")
@@ -179,8 +183,8 @@ _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @user_errors
 def extract(images, captions, labels, out, model, batch_size, chunk_items, device, normalize, bad_images, workers,
-            tokens, keep_scratch, restart, shard, merge, standard_split, query, train, retrieval, seed, name, classes_file,
-            empty_labels, overwrite, quiet):
+            tokens, keep_scratch, restart, shard, merge, standard_split, query, train, retrieval, seed, first_id, name,
+            classes_file, empty_labels, overwrite, quiet):
     """CLIP features of IMAGES (folder or list file) and CAPTIONS (TSV/JSON), LABELS (TSV/JSON) -> OUT.
 
     Sharded (docs/data.md): run '--shard I/N' for every I (any machines sharing OUT.parts/), then
@@ -214,7 +218,12 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
     try:
         report = extract_features(images, captions, labels, out, sizes=sizes, seed=seed, classes=classes_file,
                                   config=config, name=name, empty_labels=empty_labels, restart=restart,
-                                  overwrite=overwrite, shard=shard_of, merge=merge, progress=not quiet)
+                                  overwrite=overwrite, shard=shard_of, merge=merge, progress=not quiet,
+                                  first_id=first_id)
+    except DataError as err:
+        if getattr(err, "remedy", None) == RESTART and (shard_of or merge):  # --restart is refused for shards
+            raise DataError(f"{err}; delete {out}.parts/ yourself to start the shards over") from None
+        raise
     except KeyboardInterrupt as err:
         parts = f"{out}.parts"
         kept = os.path.isdir(parts) and any(os.scandir(parts))
@@ -227,6 +236,8 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
                    f"is done")
         return
     rows = ", ".join(f"{s} {n}" for s, n in report.rows.items())
+    copies = f"; {len(report.duplicate_images)} copies of other images, each in the split of the image it copies" \
+        if report.duplicate_images else ""
     click.echo(f"wrote {report.path}: {rows} ({report.n_images} images, {report.n_captions} captions; "
-               f"{len(report.skipped_images)} unreadable images skipped; chunks computed {report.chunks_computed}, "
-               f"reused {report.chunks_reused}; {report.seconds:.1f} s)")
+               f"{len(report.skipped_images)} unreadable images skipped{copies}; chunks computed "
+               f"{report.chunks_computed}, reused {report.chunks_reused}; {report.seconds:.1f} s)")

@@ -100,6 +100,7 @@ class ExtractReport:
     chunks_reused: int = 0
     seconds: float = 0.0
     shard: Optional[Shard] = None  # set by a shard's run, whose path is None unless it merged
+    duplicate_images: List[Tuple[str, str]] = field(default_factory=list)  # (image, the earlier image it copies)
 
 
 # ---------------------------------------------------------------- tokens (docs/reference.md §9)
@@ -204,9 +205,8 @@ def _write_tokens(f: h5py.File, rows: Dict[str, np.ndarray], image_of: np.ndarra
                     continue  # captions without a real token
                 text_sets[s][0][a:b] = part["text"][take_rows]
                 text_sets[s][1][a:b] = part["words"][take_rows].astype(object)
-    for s, r in rows.items():
+    for s in rows:
         f[s].create_dataset("text_offsets", data=offsets[s])
-        f[s].create_dataset("text_raw", data=np.array([captions[i] for i in r], dtype=object), dtype=strings)
     return shape[0], shape[1], d_txt
 
 
@@ -257,6 +257,7 @@ def extract_features(
     shard: Optional[Shard] = None,
     merge: bool = False,
     poll_seconds: float = 5.0,
+    first_id: int = 0,
 ) -> ExtractReport:
     """Compute CLIP features of images and captions and write a dataset file.
 
@@ -269,6 +270,13 @@ def extract_features(
     write nothing (``report.path`` is None), unless ``merge``: then wait for the
     other shards and write the file. ``merge`` without ``shard``: write the file
     from the finished chunks, computing none.
+
+    An item's id is its image's index in the sorted names, plus ``first_id`` (a later batch of one
+    collection, given ids of its own, is added to the same index). Images of equal features (the same
+    picture under two names) are drawn together, into one split, and count once in the sizes: a copy in
+    the query split of a training image would be a leak, which ``validate`` refuses. Each split keeps
+    its captions (``text_raw``) and its images' files (``paths``, relative to the output's folder), which
+    search results show.
     """
     t0 = time.perf_counter()
     cfg = config or ExtractConfig()
@@ -279,6 +287,8 @@ def extract_features(
         raise ValueError(f"{out}.parts: restarting would discard the chunks of every shard; delete that folder "
                          "to start the shards over")
     check_seed(seed)
+    if first_id < 0:
+        raise ValueError(f"first_id must be >= 0, got {first_id}")
     names, paths = list_images(images)
     caption_list, image_of = read_captions(captions, names)
     label_matrix, class_names = read_labels(labels, names, read_classes(classes) if classes else None)
@@ -386,10 +396,18 @@ def extract_features(
                     ", ".join(report.skipped_images[:10]))
 
     keep_rows = (keep_image & img_ok)[image_of]
+    copy_of = first_copies(img_feats, img_ok)
+    report.duplicate_images = [(names[i], names[j]) for i, j in enumerate(copy_of) if i != j]
+    if report.duplicate_images:
+        log.warning("%d images have the features of an earlier image (the same picture; first: %s), each drawn "
+                    "into the split of the image it copies", len(report.duplicate_images),
+                    " = ".join(report.duplicate_images[0]))
     try:
-        index = sample_split(len(caption_list), sizes, seed, ids=image_of, keep=keep_rows)
+        index = sample_split(len(caption_list), sizes, seed, ids=copy_of[image_of], keep=keep_rows)
     except ValueError as err:
-        raise DataError(f"{captions}: {err}") from None
+        copies = f" (the {len(report.duplicate_images)} copies of other images count once)" \
+            if report.duplicate_images else ""
+        raise DataError(f"{captions}: {err}{copies}") from None
     rows = index.as_dict()
     attrs = root_attrs(
         out, name, class_names, len(class_names),
@@ -398,13 +416,19 @@ def extract_features(
         source=f"images={os.fspath(images)}; captions={os.fspath(captions)}; labels={os.fspath(labels)}",
         split_rule=index.rule,
     )
+    here = os.path.dirname(os.path.abspath(out))  # a path relative to the file's folder: they move together
+    relative = [os.path.relpath(os.path.abspath(path), here).replace(os.sep, "/") for path in paths]
+    strings = h5py.string_dtype()
     with open_writer(out, attrs, overwrite) as f:
         for s in SPLITS:
             r = rows[s]
             create_split_dataset(f, s, "image", (len(r), img_feats.shape[1]))[...] = img_feats[image_of[r]]
             create_split_dataset(f, s, "text", (len(r), txt_feats.shape[1]))[...] = txt_feats[r]
             create_split_dataset(f, s, "labels", (len(r), len(class_names)))[...] = label_matrix[image_of[r]]
-            create_split_dataset(f, s, "ids", (len(r),))[...] = image_of[r]
+            create_split_dataset(f, s, "ids", (len(r),))[...] = image_of[r] + first_id
+            f[s].create_dataset("text_raw", data=np.array([caption_list[i] for i in r], dtype=object), dtype=strings)
+            f[s].create_dataset("paths", data=np.array([relative[i] for i in image_of[r]], dtype=object),
+                                dtype=strings)
             report.rows[s] = len(r)
         if cfg.tokens:
             shapes = _write_tokens(f, rows, image_of, names, caption_list, scratch, cfg)
@@ -414,6 +438,20 @@ def extract_features(
         shutil.rmtree(scratch_dir, ignore_errors=True)
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def first_copies(features: np.ndarray, ok: np.ndarray) -> np.ndarray:
+    """Each image's first image of equal features (its own index where none comes before it; an unreadable
+    image, ``ok`` False, its own). Shape: features [M, d], ok [M] -> [M] int64."""
+    out = np.arange(len(features), dtype=np.int64)
+    readable = np.flatnonzero(ok)
+    if readable.size < 2:
+        return out
+    rows = np.ascontiguousarray(features[readable])
+    _, first, inverse = np.unique(rows.view(np.dtype((np.void, rows.dtype.itemsize * rows.shape[1]))).ravel(),
+                                  return_index=True, return_inverse=True)
+    out[readable] = readable[first[inverse.ravel()]]
+    return out
 
 
 def _try_load(path: str):

@@ -177,7 +177,8 @@ def check_not_again(index: Index, coll: Collection, sha: str, key: str, out: str
         raise DataError(f"{coll.path}: built into {out} before, and changed since: {first}: put the new rows in a "
                         "file of their own, or build a new index (another -o)")
     raise DataError(f"{coll.path}: {first} (a copy or a re-export of a collection built in? rows of one id are one "
-                    "item): give new items ids of their own, or build a new index (another -o)")
+                    f"item): give new items ids of their own, after {out}'s largest, {int(held.max())} ('ucmfh "
+                    f"extract --first-id {int(held.max()) + 1}'), or build a new index (another -o)")
 
 
 @dataclass
