@@ -700,3 +700,19 @@ def test_search_takes_a_backend_name_as_faiss_users_write_it():
     with pytest.raises(TypeError, match=r"backend must be a name \(exact, mih, faiss-ivf, faiss-hnsw\) or a "
                                         r"BackendConfig, got dict"):
         index.search(q, 7, "txt", backend={"backend": "mih"})
+
+
+def test_queries_that_could_be_either_modality_name_the_flag_that_says_which(tmp_path, tiny_path):
+    """CLIP's image and text features are both 512-d: an .npy of queries fits either, and a dataset file holds
+    both. The refusal names --query-modality, where the command has it (and only there)."""
+    from ucmfh.app.errors import describe
+    from ucmfh.search.collection import read_queries
+
+    queries = tmp_path / "q.npy"
+    np.save(queries, np.ones((2, 48), dtype=np.float32))
+    for path, split in ((str(queries), None), (tiny_path, "query")):
+        with pytest.raises(DataError) as refused:
+            read_queries(path, None, {"img": 48, "txt": 48}, split=split)
+        said = describe(refused.value, options={"--query-modality"})
+        assert said.endswith("; use --query-modality image|text to say which"), said
+        assert "--query-modality" not in describe(refused.value, options=set())

@@ -24,6 +24,7 @@ from ucmfh.files import read_attrs
 
 FEATURES = {"img": "image", "txt": "text"}  # modality -> dataset name
 COLUMNS = ("image", "text", "ids", "labels", "paths", "text_raw")
+WHICH_MODALITY = ("query_modality", "image|text", "to say which")  # the remedy where queries could be either
 DEFAULT_SPLITS = ("query", "retrieval")  # a dataset file's collection (§7): train is drawn from retrieval
 # a dataset file's groups whose items another group holds: its train split is drawn from its retrieval split
 # (docs/reference.md §1, the field's standard; the same items in wiki, flickr8k1000 and mirflickr730)
@@ -262,7 +263,8 @@ def read_queries(
                           "features of the extractors the index was built from are needed")
                 raise DataError(f"{path}: {x.shape[1]}-d features fit "
                                 f"{'both modalities' if fits else 'neither modality'} of the checkpoint "
-                                f"(image {dims['img']}-d, text {dims['txt']}-d); {remedy}")
+                                f"(image {dims['img']}-d, text {dims['txt']}-d); {remedy}",
+                                remedy=WHICH_MODALITY if fits else None)
             modality = fits[0]
         return Queries(modality, finite_float32(x, path), path)
     if os.path.isfile(path) and not h5py.is_hdf5(path):  # a text, an .npz, an .npy under another name
@@ -274,7 +276,8 @@ def read_queries(
     available = [m for m, name in FEATURES.items() if coll.has(name)]
     if modality is None:
         if len(available) != 1:
-            raise DataError(f"{path}: has image and text features; say which modality the queries are")
+            raise DataError(f"{path}: has image and text features; say which modality the queries are",
+                            remedy=WHICH_MODALITY)
         modality = available[0]
     name = FEATURES[modality]
     if not coll.has(name):
