@@ -371,3 +371,58 @@ def test_hits_of_another_collection_are_never_relevant(tiny_path, tiny, trained,
     assert "(relevant: shared label, in the queries' collection)" in result.stderr
     third = runner.invoke(main, ["search", *searched, "-q", str(files["third"]), "-k", "10", "--metrics"])
     assert third.exit_code == 2 and "judged only when the queries come from one of them" in third.output
+
+
+def test_index_refuses_what_validate_refuses_before_making_anything(tiny_path, trained, tmp_path):
+    """index read dataset files through checks of its own: a split lacking a dataset its later split has gave a
+    traceback and left a folder that refused every later build; a dangling link, a traceback; query ids that
+    repeat retrieval ids dropped retrieval images without a word; uint64 ids past int64 became one image. A
+    dataset file now meets validate's checks first, and a collection file (no train split) open_collection's,
+    both in one line, with no folder made."""
+    import shutil
+
+    import h5py
+
+    def broken(name, change):
+        path = tmp_path / f"{name}.h5"
+        shutil.copy(tiny_path, path)
+        with h5py.File(path, "r+") as f:
+            change(f)
+        return path
+
+    def replace(f, name, value):
+        del f[name]
+        f[name] = value
+
+    cases = [
+        (broken("missing", lambda f: f.__delitem__("query/image")), "/query/image: missing dataset"),
+        (broken("link", lambda f: replace(f, "query/text", h5py.SoftLink("/nowhere"))),
+         "/query/text: a link to /nowhere, which is not there"),
+        (broken("overlap", lambda f: replace(f, "query/ids", f["retrieval/ids"][: len(f["query/ids"])])),
+         "ids also appear in /retrieval/ids"),
+        (broken("huge", lambda f: replace(f, "query/ids", f["query/ids"][()].astype(np.uint64) + np.uint64(2**63))),
+         "does not fit int64"),
+    ]
+
+    def collection_without(path, name):  # the query and retrieval groups alone: a collection file
+        with h5py.File(path, "r+") as f:
+            del f["train"]
+            if name:
+                del f[name]
+        return path
+
+    cases += [
+        (collection_without(broken("coll-missing", lambda f: None), "query/image"),
+         "/retrieval: has ['ids', 'image', 'labels', 'text'], an earlier group ['ids', 'labels', 'text']"),
+        (collection_without(broken("coll-link", lambda f: replace(f, "retrieval/text", h5py.SoftLink("/none"))), None),
+         "/retrieval/text: unreadable"),
+        (collection_without(broken("coll-huge", lambda f: replace(
+            f, "query/ids", f["query/ids"][()].astype(np.uint64) + np.uint64(2**63))), None), "do not fit int64"),
+    ]
+    for path, says in cases:
+        out = tmp_path / f"ix-{path.stem}"
+        result = CliRunner().invoke(main, ["index", str(path), "-c", trained, "-o", str(out), "--quiet"])
+        assert result.exit_code == 2 and "Traceback" not in result.output, (path.stem, result.output)
+        lines = [line for line in result.output.splitlines() if line.startswith("Error: ")]
+        assert len(lines) == 1 and says in lines[0] and str(path) in lines[0], (path.stem, result.output)
+        assert not out.exists(), path.stem

@@ -35,7 +35,8 @@ from tqdm.auto import tqdm
 from ucmfh.checkpoint import load_model
 from ucmfh.bits import as_words, to_numpy
 from ucmfh.data.format import DataError, first_of_each_id
-from ucmfh.search.collection import FEATURES, Collection, differing, open_collection
+from ucmfh.data.h5 import validate_file
+from ucmfh.search.collection import FEATURES, Collection, differing, is_dataset_file, open_collection
 from ucmfh.search.folder import modality_name
 from ucmfh.search.index import Index
 from ucmfh.utils import resolve_device
@@ -259,6 +260,8 @@ def build_index(
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if is_dataset_file(collection):  # the checks every other command makes of it ('ucmfh validate'), before any work
+        validate_file(collection, token_values=False)
     coll = open_collection(collection, splits)
     encoder = Encoder(checkpoint, device)
     for modality, name in FEATURES.items():

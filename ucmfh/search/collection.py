@@ -149,16 +149,17 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
         columns: Dict[str, Optional[int]] = {}
         rows = []
         for g in groups:
-            group = f[g]
+            group = _object(path, f, g)
             if not isinstance(group, h5py.Group):
                 raise DataError(f"{path}: {g}: expected a group, found a dataset")
             present = [name for name in COLUMNS if name in group]
             if not {"image", "text"} & set(present):
                 raise DataError(f"{path}: {g}: no image or text dataset (it has: {sorted(group.keys())})")
+            earlier = set(columns)  # the columns of the groups before this one
             n = None
             for name in present:
-                dset = group[name]
                 where = f"{g.rstrip('/')}/{name}"
+                dset = _object(path, group, name, where)
                 if not isinstance(dset, h5py.Dataset):
                     raise DataError(f"{path}: {where}: expected a dataset")
                 two_d = name in ("image", "text", "labels")
@@ -172,6 +173,10 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
                     raise DataError(f"{path}: {where}: expected floating-point features, got {dset.dtype}")
                 if name == "ids" and dset.dtype.kind not in "iu":
                     raise DataError(f"{path}: {where}: ids must be integers, got {dset.dtype}")
+                if name == "ids" and dset.dtype.kind == "u" and dset.shape[0] and \
+                        int(_read(path, dset, where, 0, dset.shape[0]).max()) > np.iinfo(np.int64).max:
+                    raise DataError(f"{path}: {where}: ids beyond {np.iinfo(np.int64).max} do not fit int64 (an "
+                                    "index keeps ids as int64)")
                 if name == "ids" and dset.dtype.kind == "i":  # an id is an image: -1 for 'unknown' would be one image
                     negative = np.flatnonzero(_read(path, dset, where, 0, dset.shape[0]) < 0)
                     if len(negative):
@@ -184,8 +189,8 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
                 if name in columns and columns[name] != width:
                     raise DataError(f"{path}: {where}: {width} columns, an earlier group has {columns[name]}")
                 columns.setdefault(name, width)
-            if len(groups) > 1 and set(present) != set(columns):
-                raise DataError(f"{path}: {g}: has {sorted(present)}, an earlier group {sorted(columns)}")
+            if earlier and set(present) != earlier:
+                raise DataError(f"{path}: {g}: has {sorted(present)}, an earlier group {sorted(earlier)}")
             if not n:  # an index built of it would be empty, and 'already indexed (0 rows)' said of it
                 raise DataError(f"{path}: {g}: no rows")
             rows.append(int(n))
@@ -195,6 +200,24 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
             raise DataError(f"{path}: root attributes: unreadable ({err})") from None
         dataset = all(g.strip("/") in f and isinstance(f[g], h5py.Group) for pair in PART_OF.items() for g in pair)
     return Collection(path, groups, rows, columns, attrs, dict(PART_OF) if dataset else {})
+
+
+def _object(path: str, parent: Any, name: str, where: Optional[str] = None) -> Any:
+    """``parent[name]``, an object HDF5 cannot open (a link to nothing, a damaged header) said in one line."""
+    try:
+        return parent[name]
+    except (KeyError, OSError, RuntimeError, ValueError) as err:
+        raise DataError(f"{path}: {where or name}: unreadable ({str(err).splitlines()[0]})") from None
+
+
+def is_dataset_file(path: str) -> bool:
+    """Whether ``path`` is a dataset file (its three splits, docs/data.md) rather than a collection file: it has a
+    train group. False for what is not an HDF5 file (open_collection says what it is)."""
+    try:
+        with h5py.File(path, "r") as f:
+            return isinstance(f.get("train", getlink=True), (h5py.HardLink, h5py.SoftLink, h5py.ExternalLink))
+    except OSError:
+        return False
 
 
 @dataclass
