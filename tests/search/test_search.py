@@ -569,8 +569,8 @@ def test_a_group_indexed_already_is_never_added_again(collection, tmp_path):
     # unfinished one stayed, each search sending the user back to the command that said "already indexed"
     changed = tmp_path / "changed"
     build_index(dataset, ck, str(changed), chunk_size=20, stop_after=1)
-    with h5py.File(dataset, "a") as f:
-        f["query/image"][0] = f["query/image"][0] + 1.0
+    with h5py.File(dataset, "a") as f:  # a caption's text (an image's rows must hold one image: validate)
+        f["query/text"][0] = f["query/text"][0] + 1.0
     before = Index.load(changed).count("txt")
     with pytest.raises(DataError, match=r"changed: its build from .*split.h5 stopped at row 20 of 120 \(interrupted\), "
                                         r"and the file has changed since: that build cannot be finished"):
