@@ -396,3 +396,25 @@ def test_leaking_dense_text_is_labelled_in_every_row(tmp_path):
     assert "LEAKS" in out.output and "dense-text-leak:" in out.output
     assert all(json.loads(line)["protocol"] == "dense-text-leak" for line in open(results))
     assert math.isfinite(json.loads(open(results).readline())["rsum"])
+
+
+def test_train_seps_run_again_after_an_interrupt_says_to_resume_not_that_it_is_busy(tmp_path, token_path,
+                                                                                    monkeypatch):
+    """Run again after Ctrl-C, train-seps refused itself: it checked for a busy run while holding the run's
+    lock, and named its own pid as another process's. It says what train-hash says, and --resume continues."""
+    import ucmfh.trainer as trainer_module
+    from conftest import StopAfter
+
+    args = ["train-seps", "-d", str(token_path), "--results", str(tmp_path / "r.jsonl"), "--quiet", "--device", "cpu",
+            "--out", str(tmp_path / "runs"), "--epochs", "3", "--batch-size", "32", "--set", "embed_dim=32",
+            "--set", "pair_chunk=256"]
+    bars = StopAfter(1)
+    monkeypatch.setattr(trainer_module, "tqdm", bars)
+    stopped = CliRunner().invoke(main, args)
+    assert stopped.exit_code == 130, stopped.output
+    bars.epochs = None
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 2 and "an interrupted run of these settings is saved here" in again.output, again.output
+    assert "another process" not in again.output
+    resumed = CliRunner().invoke(main, [*args, "--resume"])
+    assert resumed.exit_code == 0 and bars.starts[-1] == 1, resumed.output

@@ -111,8 +111,11 @@ def _refuse_busy(checkpoint: str) -> None:
         raise RunInProgress(refusal)
 
 
-def _refuse_interrupted(checkpoint: str) -> None:
-    if current_group().is_main:  # rank 0 alone: ranks trying the lock at once would see each other
+def _refuse_interrupted(checkpoint: str, locked: bool = False) -> None:
+    """Refuse to start over the interrupted run saved beside ``checkpoint``; one another process trains now
+    is refused as busy, unless this process holds its lock (``locked``: a second lock of one process would
+    refuse the process itself, naming its own pid as another's)."""
+    if current_group().is_main and not locked:  # rank 0 alone: ranks trying the lock at once would see each other
         _refuse_busy(checkpoint)  # its state is a running run's, not an interrupted one's
     saved = saved_states(checkpoint)
     raise FileExistsError(f"{saved[0]}: an interrupted run of these settings is saved here "
@@ -131,14 +134,15 @@ def check_interrupted(runs: Sequence[Run], opts: RunOptions) -> None:
 
 
 def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
-    """The training state beside a checkpoint; an interrupted run is continued only with ``resume``."""
+    """The training state beside a checkpoint, whose :func:`training_lock` this process holds; an interrupted run
+    is continued only with ``resume``."""
     if current_group().is_main:
         drop_leftover_state(checkpoint)
     state = StateFile(state_path_of(checkpoint), opts.save_interval, opts.resume)
     saved = saved_states(checkpoint)
     if saved:
         if not opts.resume:
-            _refuse_interrupted(checkpoint)
+            _refuse_interrupted(checkpoint, locked=True)
         log(f"resuming {', '.join(saved)} at {interrupted_at(checkpoint)}")
     elif opts.resume and not opts.always_resumes:
         log(f"nothing to resume at {state.path}; training from the start")
