@@ -45,13 +45,21 @@ def test_packed_distances_equal_sign_differences():
     assert np.array_equal(np.take_along_axis(expected, idx.numpy(), axis=1), dist.numpy())
 
 
+def labelled(multi_hot: torch.Tensor) -> torch.Tensor:
+    """Multi-hot labels with at least one label a row (a row of none is refused, as in a dataset file): a row
+    without one gets its first class."""
+    multi_hot = multi_hot.to(torch.uint8)
+    multi_hot[multi_hot.sum(dim=1) == 0, 0] = 1
+    return multi_hot
+
+
 def make_file_inputs(seed=0, n_query=12, n_retrieval=40, n_bits=12, n_classes=4, ids=True):
     g = torch.Generator().manual_seed(seed)
     data = dict(
         query_img=pm1(g, n_query, n_bits), query_txt=pm1(g, n_query, n_bits),
         retrieval_img=pm1(g, n_retrieval, n_bits), retrieval_txt=pm1(g, n_retrieval, n_bits),
-        query_labels=(torch.rand(n_query, n_classes, generator=g) < 0.4).to(torch.uint8),
-        retrieval_labels=(torch.rand(n_retrieval, n_classes, generator=g) < 0.4).to(torch.uint8),
+        query_labels=labelled(torch.rand(n_query, n_classes, generator=g) < 0.4),
+        retrieval_labels=labelled(torch.rand(n_retrieval, n_classes, generator=g) < 0.4),
     )
     if ids:
         data["query_ids"] = torch.arange(n_query)
@@ -238,6 +246,11 @@ def test_save_rejects_bad_inputs(tmp_path):
     assert not list(tmp_path.iterdir())
 
 
+def _replace(f, name, value):
+    del f[name]
+    f[name] = value
+
+
 @pytest.mark.parametrize(
     "corrupt,where,problem",
     [
@@ -257,6 +270,12 @@ def test_save_rejects_bad_inputs(tmp_path):
         (lambda f: f["query"].__delitem__("labels"), "/query/labels", "only one group"),
         (lambda f: (f["query"].__delitem__("labels"), f["query"].__delitem__("ids")), "/query/labels",
          "missing dataset (and no ids"),
+        # an empty query split was a traceback; rows of no label, a row of MAP 0 said of the method; a protocol
+        # of another name, written into every row
+        (lambda f: [_replace(f, f"query/{name}", f["query"][name][:0]) for name in list(f["query"])], "/query",
+         "no rows"),
+        (lambda f: f["query"]["labels"].__setitem__(0, 0), "/query/labels", "1 rows have no label (first: row 0)"),
+        (lambda f: f.attrs.__setitem__("protocol", "foo"), "/", "attribute 'protocol' is 'foo', expected one of"),
     ],
 )
 def test_load_errors_name_file_dataset_problem(tmp_path, corrupt, where, problem):
@@ -411,3 +430,18 @@ def test_codes_rows_of_one_model_on_two_files_are_two_measurements_and_a_foreign
         rows.append(codes_file_row(evaluate_codes_file(path, k=5)))
     assert rows[0]["settings"] == {"hash": {"n_bits": 12}} and "settings" not in rows[1]
     assert len(latest(rows)) == 2
+
+
+def test_one_codes_file_named_twice_is_refused(tmp_path):
+    """--codes c.h5 --codes c.h5 appended two rows of one measurement, read as two runs."""
+    from click.testing import CliRunner
+
+    from ucmfh.app.cli import main
+
+    path = tmp_path / "codes.h5"
+    save_codes(path, **make_file_inputs(), attrs={"protocol": "unimodal"})
+    results = tmp_path / "r.jsonl"
+    refused = CliRunner().invoke(main, ["evaluate", "--codes", str(path), "--codes", f"{tmp_path}/./codes.h5",
+                                        "--results", str(results)])
+    assert refused.exit_code == 2 and f"--codes {path}: given twice" in refused.output, refused.output
+    assert not results.exists()

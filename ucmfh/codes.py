@@ -12,6 +12,7 @@ import numpy as np
 import torch
 
 from ucmfh import bits
+from ucmfh.config import PROTOCOLS
 from ucmfh.data.format import DataError
 from ucmfh.files import atomic_file, read_attrs, write_attrs
 
@@ -198,6 +199,8 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
             # the group's items: as many as its ids or labels have rows (whichever codes differ are to blame)
             counted = next((name for name in ("ids", "labels") if name in f[group]), "img")
             rows = f[group][counted].shape[0] if f[group][counted].ndim else -1
+            if rows == 0:  # nothing to score (a database of none: every figure would be empty)
+                raise fail(f"/{group}", "no rows")
             for modality in MODALITIES:
                 d = f[group][modality]
                 where = f"/{group}/{modality}"
@@ -227,6 +230,8 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
         if (ids["query"] is None) != (ids["retrieval"] is None):
             raise fail("/query/ids" if ids["query"] is None else "/retrieval/ids", "ids present in only one group")
         attrs = read_attrs(f, skip=("format", "version", "n_bits"))
+        if "protocol" in attrs and attrs["protocol"] not in PROTOCOLS:  # written into every row scored of it
+            raise fail("/", f"attribute 'protocol' is {attrs['protocol']!r}, expected one of {', '.join(PROTOCOLS)}")
     return Codes(n_bits=n_bits, packed=packed, labels=labels, ids=ids, attrs=attrs, path=path)
 
 
@@ -238,4 +243,8 @@ def _labels(group, rows: int, fail) -> torch.Tensor:
     lab = d[()]
     if lab.size and not np.isin(lab, (0, 1)).all():
         raise fail(f"{group.name}/labels", "values other than 0 and 1")
+    empty = np.flatnonzero(lab.sum(axis=1) == 0)
+    if empty.size:  # as a dataset file's (ucmfh.data.h5): its MAP would be 0 for them, said of the method
+        raise fail(f"{group.name}/labels", f"{empty.size} rows have no label (first: row {empty[0]}); relevance is "
+                   "'shares a label', so such an item can never be relevant")
     return torch.from_numpy(lab.astype(np.uint8))

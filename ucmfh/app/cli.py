@@ -18,8 +18,8 @@ from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_figures, check_outputs
 from ucmfh.app.options import (
-    Count, FiniteRange, check_device, data_options, given_flags, resolved, results_to_read, run_options, settings_of,
-    train_options,
+    Count, FiniteRange, check_device, data_options, given_flags, given_twice, resolved, results_to_read, run_options,
+    settings_of, train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig, SettingError
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset, validate_file
@@ -266,6 +266,9 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
                                                                if flag == "--database" else ""))
     if metrics_out and len(codes) > 1:
         raise click.UsageError("--metrics-out goes with one --codes file")
+    again = given_twice([os.path.realpath(path) for path in codes])
+    if again is not None:  # its rows would be appended twice, and read as two runs
+        raise click.UsageError(f"--codes {codes[[os.path.realpath(p) for p in codes].index(again)]}: given twice")
     if codes:  # a codes file holds its dataset's codes, under its protocol: these would be ignored
         given = given_flags({"dataset": "--dataset", "data_dir": "--data-dir", "protocol": "--protocol"})
         if given:
