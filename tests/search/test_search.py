@@ -716,3 +716,15 @@ def test_queries_that_could_be_either_modality_name_the_flag_that_says_which(tmp
         said = describe(refused.value, options={"--query-modality"})
         assert said.endswith("; use --query-modality image|text to say which"), said
         assert "--query-modality" not in describe(refused.value, options=set())
+
+
+def test_a_manifest_with_a_negative_count_is_refused_in_one_line(tmp_path):
+    """A tampered index.json with a count below 0 was an OverflowError from the memory map."""
+    index = Index(16)
+    index.add("txt", pm1(np.random.default_rng(0), 20, 16))
+    index.save(tmp_path / "ix")
+    manifest = json.loads((tmp_path / "ix" / "index.json").read_text())
+    manifest["modalities"]["txt"]["count"] = -5
+    (tmp_path / "ix" / "index.json").write_text(json.dumps(manifest))
+    with pytest.raises(DataError, match=r"index.json: modalities.txt.count is -5, not a count of items"):
+        Index.load(tmp_path / "ix")

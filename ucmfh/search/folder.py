@@ -123,6 +123,8 @@ class IndexFolder:
         for modality in MODALITIES:
             entry = manifest["modalities"].get(modality) or {"count": 0, "columns": {}}
             n = int(entry["count"])
+            if n < 0:
+                raise DataError(f"{path}: {MANIFEST}: modalities.{modality}.count is {n}, not a count of items")
             index._count[modality] = n
             for name, spec in entry["columns"].items():
                 if spec is None:
