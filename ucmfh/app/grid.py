@@ -69,10 +69,13 @@ def loss_params_by_name(items: Sequence[str]) -> Dict[str, Dict[str, Any]]:
     """``NAME:key=value,key=value`` -> {NAME: {key: value}}."""
     out: Dict[str, Dict[str, Any]] = {}
     for item in items:
-        name, _, rest = item.partition(":")
+        name, colon, rest = item.partition(":")
         if name not in LOSSES:
             raise click.BadParameter(f"unknown loss {name!r} (losses: {', '.join(LOSSES)})", param_hint="--loss-params")
-        out.setdefault(name, {}).update(parse_params(tuple(filter(None, rest.split(","))), "--loss-params"))
+        pairs = tuple(pair for pair in rest.split(",") if pair.strip())
+        if not colon or not pairs:  # 'infonce' or 'infonce:': parameters of nothing
+            raise click.BadParameter(f"expected NAME:KEY=VALUE,..., got {item!r}", param_hint="--loss-params")
+        out.setdefault(name, {}).update(parse_params(pairs, "--loss-params"))
     return out
 
 
@@ -297,6 +300,11 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
             fcfg, hcfgs = resolved(stage_configs, method, dataset=dataset, n_bits=bits, drop_unused=True,
                                    flags=flags, **{**cell, **named})
         cells += [(dataset, fcfg, hcfg) for hcfg in hcfgs]
+    trained = {c.loss for _, fcfg, hcfg in cells for c in (fcfg, hcfg) if c is not None}
+    unused_losses = [name for name in params if name not in trained]
+    if unused_losses:  # never checked against the loss's parameters, never applied
+        raise click.BadParameter(f"{unused_losses[0]}: no cell of the grid trains with this loss (the grid's: "
+                                 f"{', '.join(sorted(trained))})", param_hint="--loss-params")
     stem, extension = os.path.splitext(table)
     if extension.lower() in (".md", ".csv") and os.path.basename(stem):  # the path given with an extension of its own
         table = stem
