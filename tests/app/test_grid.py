@@ -202,3 +202,11 @@ def test_loss_parameters_of_nothing_are_refused(tiny_path, tmp_path, given, says
                                        "--out", str(tmp_path / "runs"), "--table", str(tmp_path / "t"), "--quiet"])
     assert result.exit_code == 2 and says in result.output, result.output
     assert not (tmp_path / "r.jsonl").exists()
+
+
+@pytest.mark.parametrize("flag, given", [("--seeds", "1,,2"), ("--methods", "two-tower,"), ("--losses", ",infonce")])
+def test_a_list_with_an_empty_item_is_refused(tiny_path, tmp_path, flag, given):
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "-b", "8", "--epochs", "1", flag, given,
+                                       "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "runs"),
+                                       "--table", str(tmp_path / "t"), "--quiet"])
+    assert result.exit_code == 2 and f"an empty item in {given!r}" in result.output, result.output

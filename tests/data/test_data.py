@@ -253,3 +253,10 @@ def test_the_data_page_s_write_dataset_block_runs(tmp_path, monkeypatch):
     data = load_dataset("mine.h5")
     assert data.caption_set and (len(data.query), len(data.train)) == (250, 1250)
     assert open_collection("mine.h5", ["query"]).read("paths")[:6] == ["photos/0.jpg"] * 5 + ["photos/1.jpg"]
+
+
+def test_a_negative_infinity_is_named_as_such():
+    from ucmfh.data.format import check_finite
+
+    with pytest.raises(DataError, match=r"x: 1 non-finite values in rows 3..4 \(first: -inf at row 4, column 1\)"):
+        check_finite(np.array([[0.0, 1.0], [2.0, -np.inf]], dtype=np.float32), "x", first_row=3)

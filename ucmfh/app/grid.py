@@ -50,6 +50,8 @@ def _list(kind: Any, empty: bool = False) -> Any:
         items = [x.strip() for x in text.split(",") if x.strip()]
         if not items and not empty:
             raise click.BadParameter(f"expected a comma-separated list, got {text!r}: give at least one")
+        if items and len(items) != len(text.split(",")):  # '1,,2' or 'two-tower,': a value left out, or a typo
+            raise click.BadParameter(f"an empty item in {text!r}")
         if isinstance(kind, click.ParamType):
             values = [kind.convert(x, param, ctx) for x in items]
         else:

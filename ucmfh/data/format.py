@@ -48,7 +48,7 @@ def check_finite(block: np.ndarray, where: str, first_row: int = 0) -> None:
     bad = ~np.isfinite(block)
     if bad.any():
         row, col = np.argwhere(bad)[0]
-        kind = "NaN" if np.isnan(block[row, col]) else "inf"
+        kind = "NaN" if np.isnan(block[row, col]) else "inf" if block[row, col] > 0 else "-inf"
         raise DataError(
             f"{where}: {int(bad.sum())} non-finite values in rows {first_row}..{first_row + len(block) - 1} "
             f"(first: {kind} at row {first_row + row}, column {col})"
