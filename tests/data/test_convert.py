@@ -305,3 +305,14 @@ def test_convert_commands(tmp_path):
     result = CliRunner().invoke(convert, ["npz", *save_npy(tmp_path, image, text, labels), out])
     assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == \
         "Error: give the split: --standard-split NAME, or both --query and --train", result.output  # by its flags
+
+
+def test_a_key_given_for_an_npy_file_is_refused(tmp_path):
+    """--image-key for an .npy file was ignored without a word (an .npz's unknown key is refused)."""
+    from ucmfh.data.arrays import open_array
+
+    np.save(tmp_path / "i.npy", np.zeros((4, 3), dtype=np.float32))
+    with pytest.raises(DataError, match=r"i.npy: an .npy file holds one array, not variables: the key 'nope' names "
+                                        r"nothing here"):
+        open_array(tmp_path / "i.npy", "nope", "image")
+    assert open_array(tmp_path / "i.npy", None, "image") is not None

@@ -728,3 +728,10 @@ def test_a_manifest_with_a_negative_count_is_refused_in_one_line(tmp_path):
     (tmp_path / "ix" / "index.json").write_text(json.dumps(manifest))
     with pytest.raises(DataError, match=r"index.json: modalities.txt.count is -5, not a count of items"):
         Index.load(tmp_path / "ix")
+
+
+def test_an_npy_of_no_queries_is_refused(tmp_path):
+    """A [0, d] array searched 'successfully': 0 queries, exit 0."""
+    np.save(tmp_path / "q.npy", np.zeros((0, 48), dtype=np.float32))
+    with pytest.raises(DataError, match=r"q.npy: no queries \(0 rows\)"):
+        read_queries(str(tmp_path / "q.npy"), "txt", {"img": 48, "txt": 32})

@@ -85,6 +85,9 @@ def open_array(path: PathLike, key: Optional[str] = None, role: str = "", stack:
         raise DataError(f"{path}: no such file")
     ext = os.path.splitext(path)[1].lower()
     if ext == ".npy":
+        if key is not None:  # a key of nothing: a user who meant another file, or an .npz
+            raise DataError(f"{path}: an .npy file holds one array, not variables: the key {key!r} names nothing "
+                            "here (keys name the variables of .npz and .mat files)")
         return _in_memory(path, load_npy(path))
     if ext == ".npz":
         with open_npz(path) as npz:

@@ -279,6 +279,8 @@ def read_queries(
             x = x[None]
         if x.ndim != 2 or x.dtype.kind not in "fiu":
             raise DataError(f"{path}: expected numeric features [Q, d], got {x.dtype} {x.shape}")
+        if not x.shape[0]:  # a search of nothing, said as done
+            raise DataError(f"{path}: no queries (0 rows)")
         if modality is None:
             fits = [m for m, d in dims.items() if d == x.shape[1]]
             if len(fits) != 1:
