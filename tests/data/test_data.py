@@ -260,3 +260,18 @@ def test_a_negative_infinity_is_named_as_such():
 
     with pytest.raises(DataError, match=r"x: 1 non-finite values in rows 3..4 \(first: -inf at row 4, column 1\)"):
         check_finite(np.array([[0.0, 1.0], [2.0, -np.inf]], dtype=np.float32), "x", first_row=3)
+
+
+def test_paths_and_captions_that_are_not_one_string_an_item_are_refused(tmp_path):
+    """validate passed a file whose /query/paths were int64, which index then refused."""
+    path = make_synthetic(tmp_path / "s.h5", SyntheticSpec(n_train=20, n_query=5, n_retrieval=30, d_img=8, d_txt=8,
+                                                           n_classes=3))
+    with h5py.File(path, "a") as f:
+        f["query/paths"] = np.arange(5)
+    with pytest.raises(DataError, match=r"/query/paths: expected 5 strings, one an item, got int64 \(5,\)"):
+        validate_file(path)
+    with h5py.File(path, "a") as f:
+        del f["query/paths"]
+        f["query/text_raw"] = np.array(["a", "b"], dtype=object)
+    with pytest.raises(DataError, match=r"/query/text_raw: expected 5 strings, one an item, got object \(2,\)"):
+        validate_file(path)

@@ -295,6 +295,11 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
     bow = _member(path, group, "text_bow", f"/{split}/text_bow", h5py.Dataset, required=False)
     if bow is not None and (bow.ndim != 2 or bow.shape[0] != n_rows):
         raise _fail(path, f"/{split}/text_bow", f"expected shape ({n_rows}, V), got {bow.shape}")
+    for name in ("paths", "text_raw"):  # what search results show of an item: one string each
+        strings = _member(path, group, name, f"/{split}/{name}", h5py.Dataset, required=False)
+        if strings is not None and (strings.shape != (n_rows,) or strings.dtype.kind not in "OSU"):
+            raise _fail(path, f"/{split}/{name}", f"expected {n_rows} strings, one an item, got {strings.dtype} "
+                                                  f"{strings.shape}")
     ids = _member(path, group, "ids", f"/{split}/ids", h5py.Dataset, required=False)
     if "labels" not in group and ids is None:
         raise _fail(path, f"/{split}/labels", "missing dataset, and no /ids either: a file without labels "
