@@ -426,3 +426,19 @@ def test_index_refuses_what_validate_refuses_before_making_anything(tiny_path, t
         lines = [line for line in result.output.splitlines() if line.startswith("Error: ")]
         assert len(lines) == 1 and says in lines[0] and str(path) in lines[0], (path.stem, result.output)
         assert not out.exists(), path.stem
+
+
+def test_an_index_whose_manifest_lost_its_code_length_says_so(tiny_path, trained, tmp_path):
+    """A manifest's n_bits changed (16 to 64 bits: one 64-bit word a code either way) sent a command-line user to
+    a Python call ('features are encoded first: ucmfh.search.Encoder(...)')."""
+    import json as json_module
+
+    out = tmp_path / "ix"
+    assert CliRunner().invoke(main, ["index", tiny_path, "-c", trained, "-o", str(out), "--quiet"]).exit_code == 0
+    manifest = json_module.loads((out / "index.json").read_text())
+    manifest["n_bits"] = 64
+    (out / "index.json").write_text(json_module.dumps(manifest))
+    said = CliRunner().invoke(main, ["search", str(out), "-q", tiny_path, "-k", "3", "-m", "text"])
+    assert said.exit_code == 2, said.output
+    assert f"{out}: holds 64-bit codes, but the checkpoint that made it, " in said.output
+    assert "makes 16-bit codes: its manifest has been changed or damaged; build the index again" in said.output

@@ -108,6 +108,10 @@ def check_same_checkpoint(index: Index, encoder: Encoder) -> None:
     """Refuse an encoder other than the one that made the index."""
     made = (index.meta.get("checkpoint") or {})
     if made.get("sha256") == encoder.identity["sha256"]:
+        if encoder.n_bits != index.n_bits:  # the model that made it, a manifest changed or damaged since
+            raise DataError(f"{index.path or 'index'}: holds {index.n_bits}-bit codes, but the checkpoint that made "
+                            f"it, {made.get('path')}, makes {encoder.n_bits}-bit codes: its manifest has been changed "
+                            "or damaged; build the index again")
         return
     before, now = str(made.get("sha256"))[:12], encoder.identity["sha256"][:12]
     if made.get("path") == encoder.identity["path"]:
