@@ -437,3 +437,17 @@ def test_a_read_only_file_is_not_replaced_even_with_overwrite(tmp_path, tiny_pat
     result = CliRunner().invoke(main, ["make-synthetic", str(shared), "--overwrite"])
     assert result.exit_code == 2 and result.output == f"Error: OUT {shared}: cannot be written: the file is read-only\n"
     assert _md5(shared) == before
+
+
+def test_a_read_only_input_given_as_an_output_is_named_as_the_input(tmp_path):
+    """--results pointing at a read-only dataset (the shared copy) said 'read-only', not that it is the
+    command's own input."""
+    from ucmfh.app.outputs import check_outputs
+
+    data = tmp_path / "wiki.h5"
+    data.write_bytes(b"x")
+    data.chmod(0o444)
+    with pytest.raises(ValueError) as refused:
+        check_outputs({"--html": str(data)}, inputs={"--queries": str(data)}, overwrite=True)
+    assert str(refused.value).startswith("--html ") and "--queries" in str(refused.value)
+    assert "read-only" not in str(refused.value)

@@ -60,9 +60,9 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
         if flag == "--tensorboard":
             TensorBoardLog(path)  # the package is there (an ImportError names the extra to install)
         try:
-            check_writable(path, folder=folder)
-            if not folder:
+            if not folder:  # an input first: 'it is your --queries file' says more than 'it is read-only'
                 check_not_input(path, inputs or {})
+            check_writable(path, folder=folder)
             if kind is not None:
                 check_replaceable(path, kind, overwrite)
             if flag in APPENDS:
