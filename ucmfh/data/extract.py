@@ -383,6 +383,8 @@ def extract_features(
             return report
         wait_for_shards(scratch, shard[1], poll_seconds)
     missing_chunks(counts, scratch, cfg.chunk_items)
+    # every chunk not computed by this process was reused: a merge's are the shards' (it computes none)
+    report.chunks_reused = sum(len(chunks(n, cfg.chunk_items)) for n in counts.values()) - report.chunks_computed
     img_feats, img_ok = gather_chunks("image", len(names), scratch, cfg.chunk_items)
     txt_feats, _ = gather_chunks("text", len(caption_list), scratch, cfg.chunk_items)
     if img_feats.shape[1] == 0 or not img_ok.any():
