@@ -267,7 +267,9 @@ def test_compare_two_settings_of_one_method_by_key_or_by_setting(tmp_path):
                          "dataset_fingerprint": "0" * 64, "n_bits": 16, "protocol": "unimodal", "database": None,
                          "k": 50, "seed": seed, "per_query": str(path),
                          "settings": {"hash": {"method": "two-tower", "lr_head": lr, "betas": [0.5, 0.999],
-                                               "loss_params": {"temperature": 0.3}, "n_bits": 16, "seed": seed}}})
+                                               "loss_params": {"temperature": 0.3}, "n_bits": 16, "seed": seed,
+                                               "supervised": False, "val_fraction": 0.0,  # a method parameter as text
+                                               "method_params": {"temperatures": "0.3,0.1" if lr == 0.001 else "0.1"}}}})
     results = tmp_path / "r.jsonl"
     results.write_text("".join(json.dumps(row) + "\n" for row in rows))
     keys = {row["settings"]["hash"]["lr_head"]: settings_key(row) for row in rows}
@@ -290,7 +292,10 @@ def test_compare_two_settings_of_one_method_by_key_or_by_setting(tmp_path):
     for sides in ((f"two-tower@{keys[0.001][:6]}", f"two-tower@{keys[0.01][:4]}"),
                   ("two-tower@hash.lr_head=0.001,hash.betas=[0.5,0.999]", "two-tower@hash.loss_params.temperature=0.3"
                    ",hash.lr_head=0.01"),
-                  ("two-tower@hash.lr_head=0.001", "two-tower")):
+                  ("two-tower@hash.lr_head=0.001", "two-tower"),
+                  # a setting kept as text, by its text (quoted where it holds a comma); 0 for 0.0
+                  ('two-tower@hash.method_params.temperatures="0.3,0.1"', "two-tower@hash.method_params.temperatures=0.1"),
+                  ("two-tower@hash.val_fraction=0,hash.lr_head=0.001", "two-tower@hash.lr_head=0.01")):
         same = run(*sides)
         assert same.exit_code == 0, same.output
         assert [(x["figure"], x["difference"]) for x in map(json.loads, same.output.splitlines())] == \
@@ -312,7 +317,13 @@ def test_compare_two_settings_of_one_method_by_key_or_by_setting(tmp_path):
             (("two-tower@fusion.lr=1", "two-tower"), "no two-tower row has a setting fusion.lr"),
             (("two-tower@ffff", "two-tower"), "no two-tower row has settings key ffff... (its keys: "),
             (("two-tower", "two-tower@lr"), "OTHER: 'lr' in 'two-tower@lr' is neither a settings key"),
-            (("two-tower", "two-tower"), "compare two different methods or settings")):
+            (("two-tower", "two-tower"), "compare two different methods or settings"),
+            (("two-tower@hash.supervised=0", "two-tower"), "no two-tower row has hash.supervised=0 (its rows have "
+                                                           "false)"),  # 0 is not false
+            (("two-tower@hash.val_fraction=0,hash.method_params.temperatures=0.1,hash.lr_head=0.001", "two-tower"),
+             "no two-tower row has all of these settings at once"),  # each alone is some row's
+            (("twotower@abcd", "twotower@hash.lr_head=1"), "no cell has rows of both twotower@abcd and "
+                                                           "twotower@hash.lr_head=1 (methods there: two-tower")):
         refused = run(*sides)
         assert refused.exit_code == 2 and says in refused.output, (sides, refused.output)
         assert len(refused.output.strip().splitlines()) == 1 and "Traceback" not in refused.output

@@ -189,15 +189,18 @@ def test_loss_parameters_reach_ucmfh_whose_stages_share_them(tiny_path, tmp_path
     assert row["settings"]["fusion"]["loss_params"] == row["settings"]["hash"]["loss_params"] == {"temperature": 0.2}
 
 
-@pytest.mark.parametrize("given, says", [
-    ("infonce", "expected NAME:KEY=VALUE,..., got 'infonce'"),
-    ("infonce:", "expected NAME:KEY=VALUE,..., got 'infonce:'"),
-    ("triplet:foo=1", "triplet: no cell of the grid trains with this loss (the grid's: infonce)"),
+@pytest.mark.parametrize("methods, given, says", [
+    ("two-tower", "infonce", "expected NAME:KEY=VALUE,..., got 'infonce'"),
+    ("two-tower", "infonce:", "expected NAME:KEY=VALUE,..., got 'infonce:'"),
+    ("two-tower", "triplet:foo=1", "triplet: no cell of the grid trains with this loss (the grid's: infonce)"),
+    # a method fitted in closed form trains no loss, whatever its config's loss field says
+    ("cca-itq,two-tower", "original:temperature=0.3", "original: no cell of the grid trains with this loss (the "
+                                                      "grid's: infonce)"),
 ])
-def test_loss_parameters_of_nothing_are_refused(tiny_path, tmp_path, given, says):
+def test_loss_parameters_of_nothing_are_refused(tiny_path, tmp_path, methods, given, says):
     """--loss-params without parameters, or of a loss no cell trains with (never checked, never applied), ran
     the grid without a word."""
-    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "two-tower", "-b", "8", "--epochs", "1",
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", methods, "-b", "8", "--epochs", "1",
                                        "--loss-params", given, "--results", str(tmp_path / "r.jsonl"),
                                        "--out", str(tmp_path / "runs"), "--table", str(tmp_path / "t"), "--quiet"])
     assert result.exit_code == 2 and says in result.output, result.output

@@ -442,3 +442,18 @@ def test_an_index_whose_manifest_lost_its_code_length_says_so(tiny_path, trained
     assert said.exit_code == 2, said.output
     assert f"{out}: holds 64-bit codes, but the checkpoint that made it, " in said.output
     assert "makes 16-bit codes: its manifest has been changed or damaged; build the index again" in said.output
+
+
+def test_a_collection_file_with_a_group_named_train_is_not_taken_for_a_dataset_file(tiny_path, trained, tmp_path):
+    """A collection file's groups may have any names: one named train, beside another, was run through the
+    dataset format's checks and refused ('/query: missing group')."""
+    import h5py
+
+    path = tmp_path / "coll.h5"
+    with h5py.File(tiny_path, "r") as source, h5py.File(path, "w") as f:
+        for group, split in (("train", "query"), ("more", "retrieval")):
+            for name in ("image", "text", "ids"):
+                f[f"{group}/{name}"] = source[f"{split}/{name}"][()]
+    result = CliRunner().invoke(main, ["index", str(path), "-c", trained, "-o", str(tmp_path / "ix"), "--split",
+                                       "train", "--quiet"])
+    assert result.exit_code == 0 and "added" in result.output, result.output

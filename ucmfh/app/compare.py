@@ -79,7 +79,7 @@ class Side:
     name: str
     variant: str
     key: Optional[str] = None
-    conditions: Tuple[Tuple[Tuple[str, ...], Any], ...] = ()
+    conditions: Tuple[Tuple[Tuple[str, ...], Any, str], ...] = ()  # (path, value, the value as written)
 
     def holds(self, row: Dict[str, Any]) -> bool:
         """Whether ``row`` is one of this side's runs."""
@@ -87,7 +87,20 @@ class Side:
             return False
         if self.key is not None and not settings_key(row).startswith(self.key):
             return False
-        return all(setting_at(row, path) == (True, value) for path, value in self.conditions)
+        return all(has_setting(row, path, value, text) for path, value, text in self.conditions)
+
+
+def has_setting(row: Dict[str, Any], path: Tuple[str, ...], value: Any, text: str) -> bool:
+    """Whether ``row``'s setting at ``path`` is ``value``: a number equal to it (0 is 0.0), but a boolean only a
+    boolean (0 is not false); a setting kept as text (a method parameter's '0.3,0.1') is the text as written."""
+    found, held = setting_at(row, path)
+    if not found:
+        return False
+    if isinstance(held, str) and not isinstance(value, str):
+        return held == text
+    if isinstance(held, bool) or isinstance(value, bool):
+        return type(held) is type(value) and held == value
+    return held == value
 
 
 def setting_at(row: Dict[str, Any], path: Tuple[str, ...]) -> Tuple[bool, Any]:
@@ -102,11 +115,13 @@ def setting_at(row: Dict[str, Any], path: Tuple[str, ...]) -> Tuple[bool, Any]:
 
 
 def _split_conditions(text: str) -> List[str]:
-    """``a=1,b=[0.5,0.9]`` -> ['a=1', 'b=[0.5,0.9]']: commas inside brackets belong to a value."""
-    parts, depth, start = [], 0, 0
+    """``a=1,b=[0.5,0.9],c="x,y"`` -> ['a=1', 'b=[0.5,0.9]', 'c="x,y"']: commas inside brackets or quotes belong
+    to a value."""
+    parts, depth, start, quoted = [], 0, 0, False
     for i, char in enumerate(text):
-        depth += {"[": 1, "{": 1, "]": -1, "}": -1}.get(char, 0)
-        if char == "," and depth == 0:
+        quoted = quoted != (char == '"')
+        depth += 0 if quoted else {"[": 1, "{": 1, "]": -1, "}": -1}.get(char, 0)
+        if char == "," and depth == 0 and not quoted:
             parts.append(text[start:i])
             start = i + 1
     return parts + [text[start:]]
@@ -134,13 +149,13 @@ def parse_side(text: str, argument: str) -> Side:
         known = [f.name for f in dataclasses.fields(STAGES[stage])]
         if name.split(".")[0] not in known:
             raise UserError(f"{argument}: {path!r} in {text!r}: {stage} settings are {', '.join(known)}")
-        if any(p == tuple(path.split(".")) for p, _ in conditions):
+        if any(p == tuple(path.split(".")) for p, _, _ in conditions):
             raise UserError(f"{argument}: {path} given twice in {text!r}; give it once")
         try:
             read = json.loads(value)
         except json.JSONDecodeError:
             read = value
-        conditions.append((tuple(path.split(".")), read))
+        conditions.append((tuple(path.split(".")), read, value))
     return Side(text, variant, conditions=tuple(conditions))
 
 
@@ -153,13 +168,13 @@ def check_side(rows: List[Dict[str, Any]], side: Side) -> None:
         keys = sorted({settings_key(row)[:6] for row in mine})
         raise UserError(f"{side.name}: no {side.variant} row has settings key {side.key}... (its keys: "
                         f"{', '.join(keys)}; 'ucmfh runs' shows what each sets)")
-    for path, value in side.conditions:
+    for path, value, text in side.conditions:
         held = sorted({json.dumps(setting_at(row, path)[1]) for row in mine if setting_at(row, path)[0]})
         if not held:
             raise UserError(f"{side.name}: no {side.variant} row has a setting {'.'.join(path)}")
-        if json.dumps(value) not in held:
-            raise UserError(f"{side.name}: no {side.variant} row has {'.'.join(path)}={json.dumps(value)} (its "
-                            f"rows have {', '.join(held)})")
+        if not any(has_setting(row, path, value, text) for row in mine):
+            raise UserError(f"{side.name}: no {side.variant} row has {'.'.join(path)}={text} (its rows have "
+                            f"{', '.join(held)})")
     raise UserError(f"{side.name}: no {side.variant} row has all of these settings at once")
 
 
@@ -349,8 +364,8 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     sides = (base_side, other_side)
     for side in sides:
         check_side(rows, side)
-    if base_side.variant == other_side.variant:
-        check_apart(rows, base_side, other_side)
+    if base_side.variant == other_side.variant and any(variant_of(row) == base_side.variant for row in rows):
+        check_apart(rows, base_side, other_side)  # (a method without rows is said below, with those there)
     shared = cells(rows, base_side, other_side, pool)
     if not shared:
         present = sorted({variant_of(r) for r in rows})

@@ -302,7 +302,8 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
             fcfg, hcfgs = resolved(stage_configs, method, dataset=dataset, n_bits=bits, drop_unused=True,
                                    flags=flags, **{**cell, **named})
         cells += [(dataset, fcfg, hcfg) for hcfg in hcfgs]
-    trained = {c.loss for _, fcfg, hcfg in cells for c in (fcfg, hcfg) if c is not None}
+    trained = {c.loss for _, fcfg, hcfg in cells for c in (fcfg, hcfg)  # a closed-form method trains no loss
+               if c is not None and (c is fcfg or default_loss(hcfg.method) is not None)}
     unused_losses = [name for name in params if name not in trained]
     if unused_losses:  # never checked against the loss's parameters, never applied
         raise click.BadParameter(f"{unused_losses[0]}: no cell of the grid trains with this loss (the grid's: "

@@ -211,11 +211,12 @@ def _object(path: str, parent: Any, name: str, where: Optional[str] = None) -> A
 
 
 def is_dataset_file(path: str) -> bool:
-    """Whether ``path`` is a dataset file (its three splits, docs/data.md) rather than a collection file: it has a
-    train group. False for what is not an HDF5 file (open_collection says what it is)."""
+    """Whether ``path`` is a dataset file (its three splits, docs/data.md) rather than a collection file, whose
+    groups may have any names (a group named train among them): it has train, query and retrieval. False for what
+    is not an HDF5 file (open_collection says what it is)."""
     try:
         with h5py.File(path, "r") as f:
-            return isinstance(f.get("train", getlink=True), (h5py.HardLink, h5py.SoftLink, h5py.ExternalLink))
+            return all(f.get(split, getlink=True) is not None for split in ("train", "query", "retrieval"))
     except OSError:
         return False
 
