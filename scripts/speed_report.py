@@ -152,7 +152,7 @@ def step_rows(out: str) -> Tuple[Optional[str], List[List[str]]]:
             rows[-1][-1] = "; ".join(filter(None, [rows[-1][-1], line.strip()]))
         elif len(cells) == 7 and cells[1].isdigit() and cells[2] != "eager":
             rows.append([cells[0], cells[1], cells[2], cells[3], cells[4].replace("x", "×"), cells[5], cells[6], ""])
-    rows = [[cell.replace("-", "–") if cell == "-" else cell for cell in row[:-1]] + [row[-1] or "–"] for row in rows]
+    rows = [["–" if cell == "-" else cell for cell in row[:-1]] + [row[-1] or "–"] for row in rows]
     why = _ran(read_summary(out), "steps")
     if why and rows:
         why = f"{why}; the stages it finished:"

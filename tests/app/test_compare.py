@@ -269,7 +269,8 @@ def test_compare_two_settings_of_one_method_by_key_or_by_setting(tmp_path):
                          "settings": {"hash": {"method": "two-tower", "lr_head": lr, "betas": [0.5, 0.999],
                                                "loss_params": {"temperature": 0.3}, "n_bits": 16, "seed": seed,
                                                "supervised": False, "val_fraction": 0.0,  # a method parameter as text
-                                               "method_params": {"temperatures": "0.3,0.1" if lr == 0.001 else "0.1"}}}})
+                                               "method_params": {"temperatures": "0.3,0.1" if lr == 0.001 else
+                                                                 "0.1"}}}})
     results = tmp_path / "r.jsonl"
     results.write_text("".join(json.dumps(row) + "\n" for row in rows))
     keys = {row["settings"]["hash"]["lr_head"]: settings_key(row) for row in rows}
@@ -294,7 +295,8 @@ def test_compare_two_settings_of_one_method_by_key_or_by_setting(tmp_path):
                    ",hash.lr_head=0.01"),
                   ("two-tower@hash.lr_head=0.001", "two-tower"),
                   # a setting kept as text, by its text (quoted where it holds a comma); 0 for 0.0
-                  ('two-tower@hash.method_params.temperatures="0.3,0.1"', "two-tower@hash.method_params.temperatures=0.1"),
+                  ('two-tower@hash.method_params.temperatures="0.3,0.1"',
+                   "two-tower@hash.method_params.temperatures=0.1"),
                   ("two-tower@hash.val_fraction=0,hash.lr_head=0.001", "two-tower@hash.lr_head=0.01")):
         same = run(*sides)
         assert same.exit_code == 0, same.output
@@ -306,8 +308,8 @@ def test_compare_two_settings_of_one_method_by_key_or_by_setting(tmp_path):
     with open(results, "a") as f:  # a third setting: two-tower's every setting holds two that betas=[0.5,0.999] does
         f.write(json.dumps(third) + "\n")
     for sides, says in (
-            (("two-tower", "two-tower@hash.loss_params.temperature=0.3"), "two-tower and two-tower@hash.loss_params."
-                                                                          "temperature=0.3 select runs of the same settings"),
+            (("two-tower", "two-tower@hash.loss_params.temperature=0.3"),
+             "two-tower and two-tower@hash.loss_params.temperature=0.3 select runs of the same settings"),
             (("two-tower@hash.seed=1", "two-tower@hash.seed=2"), "seeds and code lengths by --seed and -b"),
             (("two-tower", "two-tower@hash.betas=[0.5,0.999]"), "both select the runs of settings"),
             (("two-tower@hash.lr_head=0.02", "two-tower"),

@@ -69,8 +69,8 @@ def test_each_goal_is_read_from_what_its_step_wrote(tmp_path, monkeypatch, capsy
     lines = capsys.readouterr().out.splitlines()
     assert lines[:2] == ["| goal | measured | goal value | met |", "|---|---|---|---|"]
     assert lines[-2:] == ["| daeh | 18 | 6.00 | 0.50 | 12.0× | 1 | 119 | – |",
-                          "| ucch | 256 | 4.00 | 4.00 | 1.0× | 0 | 0 | ucch 64 bits runs eagerly: its capture as a CUDA "
-                          "graph failed (RuntimeError: x) |"]
+                          "| ucch | 256 | 4.00 | 4.00 | 1.0× | 0 | 0 | ucch 64 bits runs eagerly: its capture as a "
+                          "CUDA graph failed (RuntimeError: x) |"]
     assert len(lines) == 2 + 8 + 2 + 2 + 2  # the goals; a blank line, the steps' title, head and two stages
 
 

@@ -268,7 +268,7 @@ def test_build_encodes_unimodal_codes_dedupes_images_and_resumes(collection, tmp
     with pytest.raises(DataError, match=r"other.h5: 120 of its 120 rows have ids .* holds already \(first: id \d+ "
                                         r"at row 0\); adding it would index those items twice") as refused:
         build_index(str(other), c["ckpt"][0], str(out))
-    largest = int(max(Index.load(out).ids("img").max(), Index.load(out).ids("txt").max()))  # the remedy, with its number
+    largest = int(max(Index.load(out).ids("img").max(), Index.load(out).ids("txt").max()))  # the remedy's number
     assert f"give new items ids of their own, after {out}'s largest, {largest} ('ucmfh extract --first-id " \
            f"{largest + 1}')" in str(refused.value)
     assert Index.load(out).count("txt") == 120
