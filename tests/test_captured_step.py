@@ -81,6 +81,8 @@ CAPTURED = {
     "daeh": ("daeh", {}),  # its mutual information in closed form: no eigen-solve on the host
     "ucch": ("ucch", {"method_params": {"n_negatives": 64}}),  # its negatives drawn on the host; momentum by epoch
     "ucch, learning rate lowered": ("ucch", {"method_params": {"n_negatives": 64}}),  # its milestone moved to 2
+    # epochs of three full batches: the warm-up is the first epoch, without draws; the second epoch draws
+    "ucch, three full batches an epoch": ("ucch", {"method_params": {"n_negatives": 64}, "batch_size": 96}),
 }
 
 
@@ -103,13 +105,13 @@ def _expected_log(cfg, n_items, scalars, draws=lambda epoch: False):
     negatives after its warm-up epoch), the warm-up is run again before the capture."""
     full, short = _steps(n_items, cfg.batch_size, 1)
     none = object()  # no graph held
-    log, held, warm, drawn = [], none, 0, draws(0)
+    log, held, warm, warmed_with = [], none, 0, None
     for epoch in range(cfg.epochs):
         for step in range(full):
-            if draws(epoch) != drawn and warm >= WARMUP_STEPS:
-                drawn, warm, held = draws(epoch), 0, none
+            if warm >= WARMUP_STEPS and draws(epoch) != warmed_with:  # a step the warm-up did not run
+                warm, held = 0, none
             if warm < WARMUP_STEPS:
-                warm += 1
+                warm, warmed_with = warm + 1, draws(epoch)
                 continue
             now = scalars(epoch, (full + short) * epoch + step)
             log.append("capture" if held is none or now != held else "replay")
@@ -272,3 +274,29 @@ def test_a_capture_pytorch_refuses_leaves_the_plan_eager_and_says_why(tiny, monk
     for (name, a), b in zip(eager.state_dict().items(), captured.state_dict().values()):
         torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)
     assert captured_history.as_dict()["loss"] == pytest.approx(eager_history.as_dict()["loss"], rel=1e-5)
+
+
+def test_a_capture_refused_after_replays_leaves_the_plan_eager_to_the_eager_model(tiny, monkeypatch, standin_graphs):
+    """DJSRH captures again each epoch (α by epoch): its second capture refused, after the first graph's replays,
+    the run goes on eagerly from that batch and ends on the eager model."""
+    class SecondRefused(StandinGraphs):
+        def capture(self, body, before, stream):
+            if StandinGraphs.log.count("capture"):
+                StandinGraphs.log.append("refused")
+                raise RuntimeError("operation not permitted when stream is capturing")
+            return super().capture(body, before, stream)
+
+    monkeypatch.setattr(captured_module, "CudaGraphs", SecondRefused)
+    cfg = method_config("djsrh", epochs=3, device="cuda", n_bits=16, batch_size=48, dropout=0.0, hidden=32,
+                        val_fraction=0.0)
+    heard = []
+    with cuda_standin(monkeypatch):
+        eager, _ = fit_hashing(tiny, cfg, progress=False)
+        with capture_steps(on_eager=heard.append):
+            captured, _ = fit_hashing(tiny, cfg, progress=False)
+    log = StandinGraphs.log
+    assert log[0] == "capture" and log.count("replay") > 0 and log[-1] == "refused" and log.count("refused") == 1
+    assert heard == ["djsrh 16 bits runs eagerly: its capture as a CUDA graph failed (RuntimeError: operation not "
+                     "permitted when stream is capturing)"]
+    for (name, a), b in zip(eager.state_dict().items(), captured.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)

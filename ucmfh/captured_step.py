@@ -87,8 +87,13 @@ class CudaGraphs:
         graph's output and whether capturing ran the body's work (a CUDA capture does not)."""
         graph = torch.cuda.CUDAGraph()
         before()
-        with torch.cuda.device(stream.device), torch.cuda.graph(graph, stream=stream):  # the device's generator
-            out = body()
+        current = torch.cuda.current_stream(stream.device)
+        try:
+            with torch.cuda.device(stream.device), torch.cuda.graph(graph, stream=stream):  # the device's generator
+                out = body()
+        except BaseException:  # a capture PyTorch ends in an error may leave its stream current: the run's again
+            torch.cuda.set_stream(current)
+            raise
         return graph.replay, out, False
 
 
@@ -103,6 +108,7 @@ class CapturedStep:
         self.graphs = graphs or CudaGraphs()
         self.stream = self.graphs.side_stream(device)
         self.warm = 0
+        self.warmed_with: Optional[bool] = None  # whether the warm-up's steps had no draws (held[2]): what it warmed
         self.failed = False  # a capture PyTorch refused: every step of the plan runs eagerly from then on
         self.replay: Optional[Callable[[], None]] = None
         self.static: Any = None  # the batch the graph reads: its indices and draws, copied in before each replay
@@ -127,14 +133,14 @@ class CapturedStep:
                             keep_gradients=True)
         if self.warm < WARMUP_STEPS:
             self.warm += 1
+            self.warmed_with = batch.draws is None
             with self.graphs.on(self.stream):
                 return self.eager(batch)
         held = (None if self.plan.scalars is None else self.plan.scalars(batch.epoch, batch.iteration), lr,
                 batch.draws is None)
-        if self.held is not None and held[2] != self.held[2]:  # draws from now on (UCCH's after its warm-up
-            self.held, self.warm, self.replay, self.loss = held, 0, None, None  # epoch): a step of other
-            # operations, warmed up before its capture (the graph without draws let go)
-            return self(batch)
+        if held[2] != self.warmed_with:  # draws from now on (UCCH's after its warm-up epoch): a step of other
+            self.warm, self.replay, self.loss = 0, None, None  # operations, warmed up before its capture as the
+            return self(batch)  # first was (a graph without draws let go)
         if self.replay is None or held != self.held:
             return self._capture(batch, held)
         self._fill(batch)
@@ -182,6 +188,8 @@ class CapturedStep:
         the gradients it made are let go), and the capture block's listener told why."""
         self.failed, self.replay, self.loss, self.static = True, None, None, None
         self.plan.optimizer.zero_grad(set_to_none=True)
+        while err.__context__ is not None and isinstance(err.__context__, Exception):  # the operation refused, not
+            err = err.__context__  # the "capture invalidated" that ending the capture raised over it
         first = (str(err).strip().splitlines() or [""])[0]
         runs_eagerly(self.plan.name, f"its capture as a CUDA graph failed ({type(err).__name__}: {first})")
         return self.eager(batch)
