@@ -14,6 +14,8 @@ from ucmfh.search.kernels import kernels_module
 from ucmfh.search.mih import MultiIndex, _layout, cache_name, default_substrings, popcount
 
 COMPILED = (True, False) if kernels_module() is not None else (False,)
+# multi-index hashing serves queries through an index where the compiled probe is built (else the scan does)
+needs_probe = pytest.mark.skipif(kernels_module() is None, reason="ucmfh's C kernels are not built here")
 
 
 def codes(kind: str, n: int, n_bits: int, rng) -> np.ndarray:
@@ -92,6 +94,7 @@ def test_popcount_matches_a_bit_count():
     assert popcount(words).tolist() == [0, 1, 1, 64, 8]
 
 
+@needs_probe
 def test_the_index_backend_equals_the_scan_and_caches_its_tables(tmp_path, monkeypatch):
     from ucmfh.config import BackendConfig
     from ucmfh.search import mih as mih_module
@@ -143,6 +146,7 @@ def test_the_index_backend_equals_the_scan_and_caches_its_tables(tmp_path, monke
     assert served["mih"] + served["scan"] == len(queries) == 40  # each query once, whatever the shards
 
 
+@needs_probe
 def test_device_auto_searches_as_the_cpu_does_where_there_is_no_gpu(monkeypatch):
     """``auto`` on a machine without a GPU is the CPU: the compiled kernels and multi-index hashing serve it
     (they served the CPU's name alone, so ``auto`` fell to the torch path and never probed)."""
@@ -167,6 +171,7 @@ def test_device_auto_searches_as_the_cpu_does_where_there_is_no_gpu(monkeypatch)
     assert all(np.array_equal(a, b) for a, b in zip(got["cpu"], got["auto"]))
 
 
+@needs_probe
 def test_far_queries_fall_back_to_the_scan(monkeypatch):
     """Uniform random codes: probing would read more than the scan, so the planner scans, with the same result
     (and a collection too small to probe is scanned outright)."""
@@ -203,6 +208,7 @@ def test_the_cli_backend(tiny_path, tmp_path, trained):
     assert wrong.exit_code == 2 and "--substrings does not apply to --backend exact" in wrong.output
 
 
+@needs_probe
 def test_shards_say_which_are_too_small_to_probe(monkeypatch):
     """A query is multi-index hashing's where it served every shard: one shard too small to probe made every
     query the scan's, said as if the whole index were small."""
