@@ -451,3 +451,13 @@ def test_copies_of_one_picture_are_drawn_into_one_split(tmp_path):
         assert (first in where["query"]) == (copy in where["query"])  # together
         assert query_images == 3 + (first in where["query"])  # the copy counts once in the sizes
         validate_file(out)  # a broken file raises
+
+
+def test_a_first_id_whose_ids_would_not_fit_int64_is_refused_before_any_work(tmp_path):
+    names = make_images(tmp_path / "imgs", 3)
+    caps, labels = write_inputs(tmp_path, names)
+    encoder = FakeEncoder()
+    with pytest.raises(ValueError, match=r"first_id 9223372036854775806: the ids of 3 images from it would not fit"):
+        extract_features(tmp_path / "imgs", caps, labels, tmp_path / "o.h5", sizes=SplitSizes(query=1, train=1),
+                         encoder=encoder, first_id=2**63 - 2, progress=False)
+    assert encoder.calls == {"image": 0, "text": 0}

@@ -172,8 +172,9 @@ _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with
 @click.option("--retrieval", type=int, help="Retrieval images (default: all not in query).")
 @click.option("--seed", type=seed_type, default=DEFAULT_SEED, show_default=True, help="Seed of the drawn split.")
 @click.option("--first-id", type=click.IntRange(min=0), default=0, show_default=True,
-              help="The first image's id (an image's id is its index in the sorted names plus this): a later batch "
-                   "of a collection, numbered after the first, is added to the same index.")
+              help="The first image's id (an image's id is its index among the images, a folder's sorted by name "
+                   "and a list file's in its order, plus this): a later batch of a collection, numbered after the "
+                   "first, is added to the same index.")
 @click.option("--name", help="Dataset name (default: the output file's stem).")
 @click.option("--classes", "classes_file", type=click.Path(exists=True, dir_okay=False),
               help="Class names, one per line (fixes the label columns; unknown names in LABELS fail).")

@@ -271,7 +271,8 @@ def extract_features(
     other shards and write the file. ``merge`` without ``shard``: write the file
     from the finished chunks, computing none.
 
-    An item's id is its image's index in the sorted names, plus ``first_id`` (a later batch of one
+    An item's id is its image's index among the images (a folder's sorted by name, a list file's in its order),
+    plus ``first_id`` (a later batch of one
     collection, given ids of its own, is added to the same index). Images of equal features (the same
     picture under two names) are drawn together, into one split, and count once in the sizes: a copy in
     the query split of a training image would be a leak, which ``validate`` refuses. Each split keeps
@@ -290,6 +291,8 @@ def extract_features(
     if first_id < 0:
         raise ValueError(f"first_id must be >= 0, got {first_id}")
     names, paths = list_images(images)
+    if first_id + len(names) - 1 > np.iinfo(np.int64).max:  # ids are int64
+        raise ValueError(f"first_id {first_id}: the ids of {len(names)} images from it would not fit int64")
     caption_list, image_of = read_captions(captions, names)
     label_matrix, class_names = read_labels(labels, names, read_classes(classes) if classes else None)
     keep_image = empty_label_rows(label_matrix, os.fspath(labels), empty_labels, names)
