@@ -24,6 +24,7 @@ from ucmfh.search import Index
 from ucmfh.search.build import Encoder, build_index
 from ucmfh.search.collection import read_queries
 from ucmfh.search.html import write_html
+from ucmfh.search.kernels import kernels_module
 from ucmfh.search.results import search_queries
 from ucmfh.search.shards import Shards, open_index
 
@@ -78,6 +79,7 @@ def test_the_torch_path_searches_queries_in_chunks_of_bounded_memory(monkeypatch
     assert np.array_equal(pos, want_i) and np.array_equal(dist, want_d)
 
 
+@pytest.mark.skipif(kernels_module() is None, reason="without ucmfh's C kernels the CPU scan is torch's")
 def test_a_cpu_search_never_imports_torch(tmp_path):
     """Loading an index and searching it, by the scan and by multi-index hashing, and a refused input,
     run without torch (200 MB of memory a CPU search does not need)."""
