@@ -27,7 +27,7 @@ import click
 import numpy as np
 
 from ucmfh.app.errors import UserError, user_errors, warn
-from ucmfh.app.options import Count, results_to_read
+from ucmfh.app.options import Count, json_or_text, results_to_read
 from ucmfh.app.per_query import load_per_query
 from ucmfh.app.runs import (filter_rows, held_by, latest, read_results, seed_of, settings_key, settings_of,
                             variant_of)
@@ -149,13 +149,10 @@ def parse_side(text: str, argument: str) -> Side:
         known = [f.name for f in dataclasses.fields(STAGES[stage])]
         if name.split(".")[0] not in known:
             raise UserError(f"{argument}: {path!r} in {text!r}: {stage} settings are {', '.join(known)}")
-        if any(p == tuple(path.split(".")) for p, _, _ in conditions):
+        parts = tuple(path.split("."))
+        if any(p == parts for p, _, _ in conditions):
             raise UserError(f"{argument}: {path} given twice in {text!r}; give it once")
-        try:
-            read = json.loads(value)
-        except json.JSONDecodeError:
-            read = value
-        conditions.append((tuple(path.split(".")), read, value))
+        conditions.append((parts, json_or_text(value), value))
     return Side(text, variant, conditions=tuple(conditions))
 
 

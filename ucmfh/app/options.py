@@ -20,6 +20,14 @@ T = TypeVar("T")
 DEFAULT_RESULTS = "runs/results.jsonl"  # where every command appends its rows, and runs and compare read them
 
 
+def json_or_text(value: str) -> Any:
+    """A value given on the command line: read as JSON where it parses (numbers, true/false, lists), else the text."""
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        return value
+
+
 def parse_params(pairs: Tuple[str, ...], option: str) -> Dict[str, Any]:
     """``key=value`` pairs to a dict; values are read as JSON when they parse (numbers, true/false). A key given
     twice is refused (one of the two would be dropped without a word)."""
@@ -31,10 +39,7 @@ def parse_params(pairs: Tuple[str, ...], option: str) -> Dict[str, Any]:
         if key in params:
             raise click.BadParameter(f"{key} given twice ({key}={json.dumps(params[key])} and {pair}); give it once",
                                      param_hint=option)
-        try:
-            params[key] = json.loads(value)
-        except json.JSONDecodeError:
-            params[key] = value
+        params[key] = json_or_text(value)
     return params
 
 
