@@ -13,7 +13,7 @@ import torch
 
 from ucmfh import bits
 from ucmfh.config import PROTOCOLS
-from ucmfh.data.format import DataError
+from ucmfh.data.format import DataError, unlabelled_rows
 from ucmfh.files import atomic_file, read_attrs, write_attrs
 
 ArrayLike = Union[np.ndarray, torch.Tensor]
@@ -243,8 +243,7 @@ def _labels(group, rows: int, fail) -> torch.Tensor:
     lab = d[()]
     if lab.size and not np.isin(lab, (0, 1)).all():
         raise fail(f"{group.name}/labels", "values other than 0 and 1")
-    empty = np.flatnonzero(lab.sum(axis=1) == 0)
-    if empty.size:  # as a dataset file's (ucmfh.data.h5): its MAP would be 0 for them, said of the method
-        raise fail(f"{group.name}/labels", f"{empty.size} rows have no label (first: row {empty[0]}); relevance is "
-                   "'shares a label', so such an item can never be relevant")
+    problem = unlabelled_rows(lab)
+    if problem:  # as a dataset file's (ucmfh.data.h5): its MAP would be 0 for them, said of the method
+        raise fail(f"{group.name}/labels", problem)
     return torch.from_numpy(lab.astype(np.uint8))

@@ -43,6 +43,16 @@ def finite_float32(block: np.ndarray, where: str, first_row: int = 0) -> np.ndar
     return cast
 
 
+def unlabelled_rows(labels: np.ndarray) -> Optional[str]:
+    """What is wrong with multi-hot ``labels`` [N, C] that have rows of no label, or None: relevance is 'shares a
+    label', so such an item can never be relevant (a dataset file's and a codes file's labels alike)."""
+    empty = np.flatnonzero(labels.sum(axis=1) == 0)
+    if not empty.size:
+        return None
+    return (f"{empty.size} rows have no label (first: row {empty[0]}); relevance is 'shares a label', so such an "
+            "item can never be relevant")
+
+
 def check_finite(block: np.ndarray, where: str, first_row: int = 0) -> None:
     """Fail on NaN or inf in a [rows, d] ``block`` whose rows are numbered from ``first_row``."""
     bad = ~np.isfinite(block)

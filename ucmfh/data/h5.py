@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 import torch
 
-from ucmfh.data.format import REQUIRED, SPLITS, DataError, finite_float32
+from ucmfh.data.format import REQUIRED, SPLITS, DataError, finite_float32, unlabelled_rows
 from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, open_without_chunk_cache, take
 from ucmfh.data.tokens import check_token_splits, check_tokens
 from ucmfh.files import PathLike, read_attrs
@@ -281,13 +281,9 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
             labels = _read(path, where, dset)
             if not is_multi_hot(labels):
                 raise _fail(path, where, "labels must be multi-hot 0/1 values")
-            empty = np.flatnonzero(labels.sum(axis=1) == 0)
-            if empty.size:
-                raise _fail(
-                    path, where,
-                    f"{empty.size} rows have no label (first: row {empty[0]}); "
-                    "relevance is 'shares a label', so such an item can never be relevant",
-                )
+            problem = unlabelled_rows(labels)
+            if problem:
+                raise _fail(path, where, problem)
         else:
             if dset.dtype.kind != "f":
                 raise _fail(path, where, f"expected floating-point features, got {dset.dtype}")
