@@ -67,7 +67,7 @@ def _steps(n_items, batch_size, epochs):
 
 
 # every plan that can be captured, with the settings of one run (two-tower: one temperature); β by epoch (DJSRH's
-# and JDSH's α) or by iteration (`hashnet`) is captured again where it changes
+# and JDSH's α) or by iteration (`hashnet`) is read by the graph from the device: one capture
 CAPTURED = {
     "two-tower": ("two-tower", {"loss_params": {"temperature": 0.3}}),
     "two-tower, beta by iteration": ("two-tower", {"loss_params": {"temperature": 0.3}, "relaxation": "tanh",
@@ -122,7 +122,6 @@ def _expected_log(cfg, n_items, scalars, draws=lambda epoch: False):
 @pytest.mark.parametrize("case", CAPTURED)
 def test_a_captured_step_trains_the_eager_model_without_a_host_sync(tiny, monkeypatch, standin_graphs, case):
     import ucmfh.methods.ucch as ucch
-    from ucmfh.models.relaxation import beta_at
 
     method, settings = CAPTURED[case]
     if case == "ucch, learning rate lowered":  # its first milestone (epoch 31) within the 3 epochs: epoch 2
@@ -136,16 +135,13 @@ def test_a_captured_step_trains_the_eager_model_without_a_host_sync(tiny, monkey
         eager, eager_history = fit_hashing(tiny, cfg, copy.deepcopy(fusion), progress=False)
         with capture_steps():
             captured, captured_history = fit_hashing(tiny, cfg, copy.deepcopy(fusion), progress=False)
-    no_beta = ("cirh", "dgcpn", "daeh")  # plans without scalars: one capture
-    scalars = (lambda epoch, iteration: None) if method in no_beta else (
-        lambda epoch, iteration: beta_at(cfg, iteration, epoch))
+    scalars = lambda epoch, iteration: None  # noqa: E731 - β fed to the graph (Plan.fed): one capture
     if method == "ucch":  # its memory bank's momentum after the warm-up epoch, its learning rate at each milestone
         scalars = lambda epoch, iteration: (epoch >= 1, ucch.learning_rate(cfg.lr_head, epoch))  # noqa: E731
     draws = (lambda epoch: epoch >= 1) if method == "ucch" else (lambda epoch: False)  # its negatives: epoch 1 on
     expected = _expected_log(cfg, int(len(tiny.train) * 0.8), scalars, draws)
     assert StandinGraphs.log == expected and expected.count("replay") > 0
-    assert expected.count("capture") == {"djsrh": 3, "jdsh": 3, "two-tower, beta by iteration": 9, "ucch": 2,
-                                         "ucch, learning rate lowered": 3}.get(case, 1)
+    assert expected.count("capture") == {"ucch": 2, "ucch, learning rate lowered": 3}.get(case, 1)
     for (name, a), b in zip(eager.state_dict().items(), captured.state_dict().values()):
         torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)
     assert captured_history.as_dict()["loss"] == pytest.approx(eager_history.as_dict()["loss"], rel=1e-5)
@@ -277,8 +273,9 @@ def test_a_capture_pytorch_refuses_leaves_the_plan_eager_and_says_why(tiny, monk
 
 
 def test_a_capture_refused_after_replays_leaves_the_plan_eager_to_the_eager_model(tiny, monkeypatch, standin_graphs):
-    """DJSRH captures again each epoch (α by epoch): its second capture refused, after the first graph's replays,
-    the run goes on eagerly from that batch and ends on the eager model."""
+    """UCCH captures again after its warm-up epoch (its memory bank's momentum, its negatives drawn): its second
+    capture refused, after the first graph's replays, the run goes on eagerly from that batch and ends on the
+    eager model."""
     class SecondRefused(StandinGraphs):
         def capture(self, body, before, stream):
             if StandinGraphs.log.count("capture"):
@@ -287,8 +284,8 @@ def test_a_capture_refused_after_replays_leaves_the_plan_eager_to_the_eager_mode
             return super().capture(body, before, stream)
 
     monkeypatch.setattr(captured_module, "CudaGraphs", SecondRefused)
-    cfg = method_config("djsrh", epochs=3, device="cuda", n_bits=16, batch_size=48, dropout=0.0, hidden=32,
-                        val_fraction=0.0)
+    cfg = method_config("ucch", epochs=3, device="cuda", n_bits=16, batch_size=48, dropout=0.0, hidden=32,
+                        val_fraction=0.0, method_params={"n_negatives": 64})
     heard = []
     with cuda_standin(monkeypatch):
         eager, _ = fit_hashing(tiny, cfg, progress=False)
@@ -296,7 +293,7 @@ def test_a_capture_refused_after_replays_leaves_the_plan_eager_to_the_eager_mode
             captured, _ = fit_hashing(tiny, cfg, progress=False)
     log = StandinGraphs.log
     assert log[0] == "capture" and log.count("replay") > 0 and log[-1] == "refused" and log.count("refused") == 1
-    assert heard == ["djsrh 16 bits runs eagerly: its capture as a CUDA graph failed (RuntimeError: operation not "
+    assert heard == ["ucch 16 bits runs eagerly: its capture as a CUDA graph failed (RuntimeError: operation not "
                      "permitted when stream is capturing)"]
     for (name, a), b in zip(eager.state_dict().items(), captured.state_dict().values()):
         torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)

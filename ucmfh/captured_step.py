@@ -8,9 +8,10 @@ learning rate as its only host-side values (:attr:`ucmfh.trainer.Plan.graphable`
 process, full precision). Its full batches are replayed: the batch's indices (its modality-dropout draws, the
 plan's own draws made on the host: UCCH's negatives) are copied into the static buffers the graph reads, the
 graph runs the forward pass, the backward pass and the optimizer's update, and its loss is read from the
-graph's own tensor. A graph holds the scalars and the learning rate of the batch it was captured on: where
-they change (a schedule of β, by epoch or by iteration; a learning rate lowered at a milestone), the step is
-captured again. The first
+graph's own tensor. The scalars the plan feeds it (``Plan.fed``: β, by epoch or by iteration) are filled into
+0-dim tensors on the device before each replay; a graph holds the plan's other scalars and the learning rate
+of the batch it was captured on, and where they change (UCCH's momentum after its warm-up epoch, a learning
+rate lowered at a milestone) the step is captured again. The first
 :data:`WARMUP_STEPS` full batches run eagerly on a side stream (the optimizer's state, cuBLAS's workspaces),
 as PyTorch's whole-network capture asks (again where the step's operations change: UCCH's negatives drawn
 from its second epoch on); a batch of another size (an epoch's short last batch) runs eagerly. A capture that
@@ -24,7 +25,7 @@ Where a step cannot be captured the eager step runs, with the same results.
 from __future__ import annotations
 
 import contextlib
-from typing import Any, Callable, Iterator, List, Optional, Set, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 
@@ -136,30 +137,37 @@ class CapturedStep:
             self.warmed_with = batch.draws is None
             with self.graphs.on(self.stream):
                 return self.eager(batch)
-        held = (None if self.plan.scalars is None else self.plan.scalars(batch.epoch, batch.iteration), lr,
-                batch.draws is None)
+        scalars = {} if self.plan.scalars is None else self.plan.scalars(batch.epoch, batch.iteration)
+        fed = {name: scalars[name] for name in self.plan.fed}  # read by the graph from the device
+        held = ({name: value for name, value in scalars.items() if name not in fed}, lr, batch.draws is None)
         if held[2] != self.warmed_with:  # draws from now on (UCCH's after its warm-up epoch): a step of other
             self.warm, self.replay, self.loss = 0, None, None  # operations, warmed up before its capture as the
             return self(batch)  # first was (a graph without draws let go)
         if self.replay is None or held != self.held:
-            return self._capture(batch, held)
-        self._fill(batch)
+            return self._capture(batch, held, fed)
+        self._fill(batch, fed)
         self.replay()
         return self.loss
 
-    def _fill(self, batch: Any) -> None:
+    def _fill(self, batch: Any, fed: Dict[str, float]) -> None:
+        """The graph's batch made ``batch``: its indices and draws copied in, its fed scalars filled (a fill on the
+        device, which waits for nothing)."""
         self.static.index.copy_(batch.index)
         if self.static.separate is not None:
             self.static.separate.copy_(batch.separate)
         if self.static.draws is not None:
             self.static.draws.copy_(batch.draws)
+        for name, value in fed.items():
+            self.static.scalars[name].fill_(value)
 
-    def _capture(self, batch: Any, held: Any) -> torch.Tensor:
+    def _capture(self, batch: Any, held: Any, fed: Dict[str, float]) -> torch.Tensor:
         plan = self.plan
         self.replay = self.loss = None  # a graph captured before (other scalars) is let go, its memory with it
         self.held = held
         self.static = type(batch)(batch.index.clone(), None if batch.separate is None else batch.separate.clone(),
-                                  batch.epoch, batch.iteration, None if batch.draws is None else batch.draws.clone())
+                                  batch.epoch, batch.iteration, None if batch.draws is None else batch.draws.clone(),
+                                  {name: batch.index.new_zeros((), dtype=torch.float32) for name in fed} or None)
+        self._fill(batch, fed)
 
         def body() -> torch.Tensor:  # optimize() without its zero_grad: the graph writes each gradient anew
             if plan.step is not None:  # a step of its own, its updates and their gradients

@@ -41,13 +41,16 @@ STOP_EVERY = 16
 class Batch:
     """One training step's batch: the item indices of the global batch (on the training device), the
     modality-dropout draws (None without modality dropout), the epoch (from 0), the step's number in
-    the run (from 0) and the plan's own draws for the step (``Plan.draws``, on the device; else None)."""
+    the run (from 0), the plan's own draws for the step (``Plan.draws``, on the device; else None) and, in a
+    step captured as a CUDA graph, the plan's ``fed`` scalars as 0-dim tensors on the device, which the graph
+    reads and :mod:`ucmfh.captured_step` refills before each replay (else None: the step computes them)."""
 
     index: torch.Tensor
     separate: Optional[torch.Tensor]
     epoch: int
     iteration: int
     draws: Optional[torch.Tensor] = None
+    scalars: Optional[Dict[str, torch.Tensor]] = None
 
 
 @dataclass
@@ -73,6 +76,9 @@ class Plan:
     tensors keep their shapes from batch to batch, it waits for no value on the device, and its host-side
     values are its ``scalars`` and its learning rate alone (a graph is captured again where they change); what
     it draws on the host comes as ``batch.draws``, copied into the graph's batch before each replay.
+    ``fed``: the names of the ``scalars`` the step reads from ``batch.scalars`` where it is given (a captured
+    step: the graph reads them from the device, refilled before each replay, and is not captured again where
+    they change), else computes itself (:func:`ucmfh.models.relaxation.step_beta`).
     """
 
     name: str
@@ -89,6 +95,7 @@ class Plan:
     learning_rate: Optional[Callable[[int], float]] = None
     draws: Optional[Callable[[Batch], Optional[torch.Tensor]]] = None
     graphable: bool = False
+    fed: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         if (self.loss is None) == (self.step is None):

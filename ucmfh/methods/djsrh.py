@@ -58,7 +58,7 @@ from ucmfh.methods.base import Method
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.methods.registry import register
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.models.relaxation import beta_at, beta_scalars, relaxed_codes
+from ucmfh.models.relaxation import beta_scalars, relaxed_codes, step_beta
 from ucmfh.optim import sgd
 from ucmfh.selection import validation_view, validator
 from ucmfh.similarity import normalize
@@ -133,7 +133,7 @@ class SimilarityHasher(Method):
 
     fixed = TANH_SCHEDULE
     takes_loss = False
-    graphable = True  # captured again each epoch, as α = sqrt(epoch + 1) changes
+    graphable = True  # captured once: α = sqrt(epoch + 1) read from the device (Plan.fed)
 
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)
@@ -168,11 +168,11 @@ class SimilarityHasher(Method):
             with autocast(device, cfg.amp):
                 h_img, h_txt = model.logits(img, txt)
             h_img, h_txt = group.gather((h_img.float(), h_txt.float()), len(batch.index))
-            alpha = beta_at(cfg, batch.iteration, batch.epoch)
+            alpha = step_beta(cfg, batch, "alpha")
             return loss_fn(relaxed_codes(h_img, cfg, alpha), relaxed_codes(h_txt, cfg, alpha), target)
 
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model}, optimizer, train, loss=loss,
-                    scalars=beta_scalars(cfg, "alpha"), graphable=self.graphable,
+                    scalars=beta_scalars(cfg, "alpha"), fed=("alpha",), graphable=self.graphable,
                     validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))
 
 

@@ -18,7 +18,7 @@ from ucmfh.methods.base import Method
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.methods.registry import register
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.models.relaxation import beta_at, beta_scalars, relaxed_codes
+from ucmfh.models.relaxation import beta_scalars, relaxed_codes, step_beta
 from ucmfh.optim import adam
 from ucmfh.selection import validation_view, validator
 from ucmfh.trainer import Batch, Plan, Setup
@@ -94,7 +94,7 @@ class TwoTower(Method):
         group = current_group()
 
         def loss(batch: Batch) -> torch.Tensor:
-            beta = beta_at(cfg, batch.iteration, batch.epoch)
+            beta = step_beta(cfg, batch)
             img, txt, _, ids, labels = batch_inputs(train, batch.index, None, cfg.supervised, group)
             with autocast(device, cfg.amp):
                 h_img, h_txt = model.logits(img, txt)
@@ -103,7 +103,7 @@ class TwoTower(Method):
             return code_loss(codes_img, codes_txt, CodeBatch(batch.index, img, txt, ids, labels))
 
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "loss": loss_fn}, optimizer, train,
-                    loss=loss, scalars=beta_scalars(cfg), graphable=self.graphable,
+                    loss=loss, scalars=beta_scalars(cfg), fed=("beta",), graphable=self.graphable,
                     validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))
 
     def code_loss(self, cfg: HashConfig, loss_fn: nn.Module, train: Split, setup: Setup,

@@ -16,7 +16,7 @@ from ucmfh.methods.base import Method
 from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
-from ucmfh.models.relaxation import beta_at, beta_scalars, relaxed_codes
+from ucmfh.models.relaxation import beta_scalars, relaxed_codes, step_beta
 from ucmfh.optim import adam
 from ucmfh.selection import validation_view, validator
 from ucmfh.trainer import Batch, Plan, Setup
@@ -78,7 +78,7 @@ class UCMFH(Method):
         code_weight = self.method_params(cfg.method_params)["code_weight"]
 
         def loss(batch: Batch) -> torch.Tensor:
-            beta = beta_at(cfg, batch.iteration, batch.epoch)
+            beta = step_beta(cfg, batch)
             img, txt, separate, ids, labels = batch_inputs(train, batch.index, batch.separate, cfg.supervised, group)
             with autocast(device, cfg.amp):
                 z_img, z_txt = model.fusion(img, txt, separate)
@@ -92,5 +92,5 @@ class UCMFH(Method):
 
         modules = {"model": model, "fusion_loss": fusion_loss, "code_loss": code_loss}
         return Plan(f"hashing {cfg.n_bits} bits", model, modules, optimizer, train, loss=loss,
-                    scalars=beta_scalars(cfg), graphable=self.graphable,
+                    scalars=beta_scalars(cfg), fed=("beta",), graphable=self.graphable,
                     validate=validator(*validation_view(cfg), model, setup.val, setup.rest, device))

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Callable, Dict
+from typing import Any, Callable, Dict, Union
 
 import torch
 
@@ -25,7 +25,17 @@ def beta_scalars(cfg: HashConfig, label: str = "beta") -> Callable[[int, int], D
     return lambda epoch, iteration: {label: beta_at(cfg, iteration, epoch)}
 
 
-def relaxed_codes(logits: torch.Tensor, cfg: HashConfig, beta: float) -> torch.Tensor:
+def step_beta(cfg: HashConfig, batch: Any, label: str = "beta") -> Union[float, torch.Tensor]:
+    """β for a training step (:class:`ucmfh.trainer.Batch`): :func:`beta_at`'s number, or in a step captured as a
+    CUDA graph the 0-dim tensor on the device that the graph reads (``batch.scalars[label]``, refilled before each
+    replay: a schedule of β needs one capture, not one for each value). A plan reading it gives
+    ``scalars=beta_scalars(cfg, label), fed=(label,)``."""
+    if batch.scalars is not None:
+        return batch.scalars[label]
+    return beta_at(cfg, batch.iteration, batch.epoch)
+
+
+def relaxed_codes(logits: torch.Tensor, cfg: HashConfig, beta: Union[float, torch.Tensor]) -> torch.Tensor:
     """The codes a hashing loss sees, L2-normalised: ``tanh(β · logits)``, or with
     ``cfg.relaxation = 'sign'`` the ±1 codes themselves with tanh's gradient (straight-through), or
     with 'none' the logits themselves (a real-valued embedding)."""
