@@ -297,3 +297,15 @@ def test_a_capture_refused_after_replays_leaves_the_plan_eager_to_the_eager_mode
                      "permitted when stream is capturing)"]
     for (name, a), b in zip(eager.state_dict().items(), captured.state_dict().values()):
         torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)
+
+
+def test_a_plan_feeding_its_step_scalars_it_has_not_is_refused_when_made():
+    """``Plan.fed`` names scalars the plan's ``scalars`` gives: without them a captured step would fail on a GPU."""
+    from ucmfh.trainer import Plan
+
+    model = torch.nn.Linear(2, 2)
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(ValueError, match="feeds its step scalars"):
+        Plan("p", model, {"model": model}, optimizer, 8, loss=lambda batch: model.weight.sum(), fed=("beta",))
+    Plan("p", model, {"model": model}, optimizer, 8, loss=lambda batch: model.weight.sum(), fed=("beta",),
+         scalars=lambda epoch, iteration: {"beta": 1.0})
