@@ -123,8 +123,8 @@ def test_two_jobs_stopped_and_resumed_give_the_rows_of_one_in_its_order(tiny_pat
     for name, stage in (("ucmfh seed 2023 8 bits", "fusion"), ("two-tower seed 2023 8 bits", "two-tower 8 bits")):
         assert f"stopped {tiny_path} {name}: {stage} interrupted by SIGTERM at epoch 2/2, step 1/" in stopped.output
     assert stopped.output.count("training state saved to") == 2 and stopped.output.count("start ") == 2
-    assert ("grid interrupted by SIGTERM: 0 of the 4 cells to run finished, 2 stopped with their training state "
-            "saved; run the same command to continue") in stopped.output
+    assert ("grid interrupted by SIGTERM: 0 of the 4 cells to run finished, 2 stopped (each says above what it "
+            "kept); run the same command to continue") in stopped.output
     assert not (tmp_path / "r.jsonl").exists() and not (tmp_path / "table.md").exists()
     monkeypatch.undo()
 
@@ -149,6 +149,50 @@ def test_two_jobs_stopped_and_resumed_give_the_rows_of_one_in_its_order(tiny_pat
 
     again = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2"))  # nothing left: no worker starts
     assert again.exit_code == 0 and again.output.count("skip") == 4 and "start" not in again.output
+
+
+def sigterm_in_a_fit(task: jobs.CellTask) -> jobs.Outcome:
+    """:func:`ucmfh.app.jobs.run_cell` in a worker, whose closed-form fit (cca-itq's, no step to stop at) sends
+    SIGTERM to the grid and then takes as long as it is let."""
+    import ucmfh.methods.cca_itq as cca_itq
+
+    real = cca_itq.fit_cca_itq
+
+    def fit(*args, **kwargs):
+        os.kill(os.getppid(), signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:  # a long fit, in Python as scikit-learn's CCA loops
+            time.sleep(0.01)
+        raise AssertionError("the fit was never stopped")
+
+    cca_itq.fit_cca_itq = fit
+    try:
+        return jobs.run_cell(task)
+    finally:
+        cca_itq.fit_cca_itq = real
+
+
+def test_a_closed_form_fit_stops_at_once_and_the_same_command_fits_it_again(tiny_path, tmp_path, monkeypatch):
+    """A signal while workers fit cca-itq (no training step to stop at) stops them at once, each saying that a
+    fit keeps no state, where they ignored it until the fits ended; the same command then fits both cells."""
+    argv = ["grid", "-d", tiny_path, "--methods", "cca-itq", "-b", "8", "-b", "16", "--device", "cpu", "--out",
+            str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl"), "--table", str(tmp_path / "table"),
+            "--jobs", "2"]
+    monkeypatch.setattr(jobs, "run_cell", sigterm_in_a_fit)
+    began = time.monotonic()
+    stopped = CliRunner().invoke(main, argv)
+    assert stopped.exit_code == 143, stopped.output
+    assert time.monotonic() - began < 50  # not the fits' 60 s
+    for n_bits in (8, 16):
+        assert (f"stopped {tiny_path} cca-itq seed 2023 {n_bits} bits: cca-itq {n_bits} bits interrupted while "
+                "fitting (a fit keeps no state: the same command fits it again)") in stopped.output
+    assert ("grid interrupted by SIGTERM: 0 of the 2 cells to run finished, 2 stopped (each says above what it "
+            "kept); run the same command to continue") in stopped.output
+    assert not (tmp_path / "r.jsonl").exists()
+    monkeypatch.undo()
+    again = CliRunner().invoke(main, argv)
+    assert again.exit_code == 0, again.output
+    assert [json.loads(line)["n_bits"] for line in (tmp_path / "r.jsonl").read_text().splitlines()] == [8, 16]
 
 
 def damaged_two_tower_16_bits(task: jobs.CellTask) -> jobs.Outcome:

@@ -14,9 +14,10 @@ else torch's default, the machine's cores) are split evenly, at least one each.
 Cells that build on one fusion encoder not trained yet never run at once: the first trains it, the others
 start once it is saved and reuse it (a second trainer would be refused by its training lock).
 
-Ctrl-C and SIGTERM: the parent passes the signal on to every worker until all have ended. A worker
-ignores both outside training (the cell it scores is finished and its rows kept); in training it stops
-at its next step with its training state saved (:func:`ucmfh.signals.stop_on_signals`). The rows of every
+Ctrl-C and SIGTERM: the parent passes the signal on to every worker until all have ended. In training a
+worker stops at its next step with its training state saved (:func:`ucmfh.signals.stop_on_signals`); in any
+other work of a cell (a closed-form fit, a dataset's read, the scoring) at once, as one process stops on
+Ctrl-C; between cells it ignores both. The rows of every
 finished cell are appended, and the same ``ucmfh grid`` command (with any ``--jobs``) goes on with the
 rest. A worker's error stops the others the same way and ends the grid with its one line.
 """
@@ -45,7 +46,7 @@ from ucmfh.app.runs import scores_line
 from ucmfh.app.table import append_results
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset, load_dataset
-from ucmfh.signals import TrainingInterrupted, stop_on_signals
+from ucmfh.signals import stop_on_signals
 
 Rows = List[Dict[str, Any]]
 POLL_S = 0.2  # how often the parent looks at its workers: a fusion encoder saved, a signal to pass on
@@ -97,8 +98,9 @@ _datasets: Dict[Tuple[str, Optional[int]], Dataset] = {}  # a worker's datasets,
 
 def _start_worker(slots: Any, pids: Any, threads: int, gpus: int) -> None:
     """A worker's set-up: its slot (and pid, where the parent signals it), threads and GPU. SIGINT and
-    SIGTERM are ignored but in training, which stops at a safe point on either: a Ctrl-C reaches the
-    whole process group, and the parent decides the rest."""
+    SIGTERM are ignored between cells (a Ctrl-C reaches the whole process group, and the parent decides the
+    rest); in a cell, training stops at a safe point on either, and any other work (a closed-form fit, a
+    dataset's read, the scoring) at once (:func:`run_cell`)."""
     with slots.get_lock():
         slot = slots.value
         slots.value += 1
@@ -119,9 +121,17 @@ def _portable(err: BaseException) -> BaseException:
         return (OSError if isinstance(err, OSError) else ValueError)(str(err))
 
 
+def _stop_now(signum: int, frame: Any) -> None:  # noqa: ARG001 - signal handler signature
+    raise stopped_by(f"interrupted by {signal.Signals(signum).name} outside its training steps (nothing "
+                     "half-written is kept: the same command does that work again)", signum)
+
+
 def run_cell(task: CellTask) -> Outcome:
-    """Train (or reuse) and score one cell in this worker; its log lines come back with its rows."""
+    """Train (or reuse) and score one cell in this worker; its log lines come back with its rows. SIGINT or
+    SIGTERM stops training at its next step, its state saved, and any other work at once, as a Ctrl-C stops a
+    cell run in one process: a closed-form fit has no step to stop at."""
     log: List[str] = []
+    handlers = {signum: signal.signal(signum, _stop_now) for signum in (signal.SIGINT, signal.SIGTERM)}
     try:
         key = (task.data_path, task.max_memory)
         if key not in _datasets:
@@ -130,10 +140,13 @@ def run_cell(task: CellTask) -> Outcome:
         rows = train_hash_stage(_datasets[key], task.fusion_cfg, task.hash_cfg, task.opts, task.protocols, task.k,
                                 log=log.append)
         return Outcome(log, rows, time.perf_counter() - start)
-    except TrainingInterrupted as err:  # its constructor does not survive pickle: its message does
-        return Outcome(log, stopped=str(err), signum=err.signum)
+    except KeyboardInterrupt as err:  # TrainingInterrupted's constructor does not survive pickle: its message does
+        return Outcome(log, stopped=str(err) or "interrupted", signum=getattr(err, "signum", None))
     except USER_ERRORS as err:
         return Outcome(log, error=_portable(err))
+    finally:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
 
 
 @dataclass
@@ -239,12 +252,12 @@ class SideBySide:
         self._append(in_order=False)  # every finished cell's rows are kept, whatever stopped the grid
         if error is not None:
             raise error
-        if signum is not None:
-            states = sum(cell.state == "stopped" for cell in self.cells)
-            finished = sum(cell.state == "done" for cell in self.cells)
+        finished = sum(cell.state == "done" for cell in self.cells)
+        if signum is not None and finished < len(self.cells):  # a signal after the last cell ended stops nothing
+            stopped = sum(cell.state == "stopped" for cell in self.cells)
             interrupted(stopped_by(f"grid interrupted by {signal.Signals(signum).name}: {finished} of the "
-                                   f"{len(self.cells)} cells to run finished, {states} stopped with their "
-                                   "training state saved", signum), always_resumes=True)
+                                   f"{len(self.cells)} cells to run finished, {stopped} stopped (each says above "
+                                   "what it kept)", signum), always_resumes=True)
 
     def _start_ready(self, pool: cf.ProcessPoolExecutor, running: Dict[cf.Future, _Cell], n: int) -> None:
         """Start the first pending cells, in the grid's order, while a worker is free; a cell whose fusion

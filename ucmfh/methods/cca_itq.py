@@ -20,6 +20,7 @@ from ucmfh.methods.base import Method
 from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
+from ucmfh.signals import TrainingInterrupted
 from ucmfh.training_state import StateFile
 from ucmfh.selection import History
 
@@ -59,8 +60,13 @@ class CcaItq(Method):
     def fit(self, data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
             state: Optional[StateFile] = None) -> Tuple[FeatureHasher, History]:
         params = self.method_params(cfg.method_params)
-        model, filled = fit_cca_itq(data.train, cfg.n_bits, params["max_pca"], params["iterations"], cfg.seed,
-                                    data.path or "the training split")
+        try:
+            model, filled = fit_cca_itq(data.train, cfg.n_bits, params["max_pca"], params["iterations"], cfg.seed,
+                                        data.path or "the training split")
+        except KeyboardInterrupt as err:  # no step to stop at, and nothing to save: said as a run's interrupt is
+            raise TrainingInterrupted(f"{self.name} {cfg.n_bits} bits interrupted while fitting (a fit keeps no "
+                                      "state: the same command fits it again)", None,
+                                      getattr(err, "signum", None)) from None
         history = History()
         if filled < cfg.n_bits:  # the other bits are +1 for every item: said, not hidden in the codes
             history.filled_bits = filled
