@@ -384,8 +384,8 @@ def test_runs_summarises_every_row_shape_readably(tmp_path):
     assert cca[cca.index("test") + 3:cca.index("test") + 5] == ["10.0", "5.0"]  # a caption set's headline: R@1
     stages = [" ".join(line) for line in table if line[1] == "rerank"]
     assert [s for s in stages if "hamming m=100" in s] and [s for s in stages if "seps-rerank m=100" in s]
-    legend = result.output.split("settings (each against the first key of the same stages; 'ucmfh compare "
-                                  "METHOD@KEY METHOD@KEY' pairs two):\n")[1].splitlines()
+    legend = result.output.split("settings (each against the first key of the same stages; '--method METHOD@KEY' "
+                                  "keeps one, 'ucmfh compare METHOD@KEY METHOD@KEY' pairs two):\n")[1].splitlines()
     assert "fusion." not in " ".join(legend)  # a fusion row is not compared field by field with hashing rows
     assert "  " + next(g for g in summarize(rows) if g["task"] == "fusion")["settings_key"] + \
         ": the first with stages fusion" in legend
@@ -454,6 +454,35 @@ def test_runs_names_one_checkpoint_or_says_why_not(tmp_path):
                         {"task": "rerank", "dataset": "d", "seps_checkpoint": "runs/s/seps.pt", "seed": 2}])
     seps = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--task", "seps"])
     assert seps.exit_code == 0 and seps.output == "runs/s/seps.pt\n"
+
+
+def test_runs_of_two_settings_are_told_apart_by_a_settings_key(tmp_path):
+    """Two runs of one method, dataset, length and seed that differ in a setting: --checkpoint names their
+    settings keys and how to pick one, and --method METHOD@KEY (or @STAGE.NAME=VALUE, as compare's) picks it."""
+    from ucmfh.app.runs import settings_key
+
+    path = tmp_path / "r.jsonl"
+    wide = _row(run="r2", checkpoint="runs/b/hash16.pt", settings={"fusion": None, "hash": {"seed": 1, "n_bits": 16,
+                                                                                             "hidden": 64}})
+    append_jsonl(path, [_row(), wide, _row(method="cca-itq", loss=None, run="r3", checkpoint="runs/c/hash16.pt")])
+    narrow_key, wide_key = settings_key(_row())[:6], settings_key(wide)[:6]
+    runner = CliRunner()
+    both = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--method", "two-tower"])
+    first, second = sorted([f"two-tower@{narrow_key}", f"two-tower@{wide_key}"])
+    assert both.exit_code == 2 and both.output == (
+        f"Error: {path}: 2 checkpoints match (runs/a/hash16.pt, runs/b/hash16.pt), of settings {first}, {second}; "
+        f"name one with --method {first} (and -d, -b, --seed)\n")
+    for method, expected in ((f"two-tower@{wide_key}", "runs/b/hash16.pt"), ("two-tower@hash.hidden=8",
+                                                                               "runs/a/hash16.pt")):
+        one = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--method", method])
+        assert one.exit_code == 0 and one.output == f"{expected}\n", one.output
+    # a key beside a plain method: the runs of either, in the summary
+    summary = runner.invoke(main, ["runs", "--results", str(path), "--json", "--method", f"two-tower@{wide_key}",
+                                   "--method", "cca-itq"])
+    assert summary.exit_code == 0
+    assert sorted(json.loads(line)["method"] for line in summary.output.splitlines()) == ["cca-itq", "two-tower"]
+    bad = runner.invoke(main, ["runs", "--results", str(path), "--method", "two-tower@zz"])
+    assert bad.exit_code == 2 and "--method: 'zz' in 'two-tower@zz' is neither a settings key" in bad.output
 
 
 def test_a_row_appended_to_a_last_line_without_newline_is_kept(tmp_path):

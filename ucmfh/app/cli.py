@@ -366,7 +366,9 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
 @main.command("runs")
 @results_to_read
 @click.option("--dataset", "-d", multiple=True, help="Only these datasets (repeatable).")
-@click.option("--method", multiple=True, help="Only these methods (repeatable).")
+@click.option("--method", multiple=True,
+              help="Only these methods (repeatable); METHOD@KEY: its runs of one settings key, as this command "
+                   "shows them (or METHOD@STAGE.NAME=VALUE, as 'ucmfh compare' takes them).")
 @click.option("--loss", multiple=True, help="Only these losses (repeatable).")
 @click.option("--n-bits", "-b", multiple=True, type=int, help="Only these code lengths (repeatable).")
 @click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable).")
@@ -389,7 +391,9 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
 def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_json, checkpoint, plot,
              overwrite, history) -> None:
     """Summarise past runs from results files: mean ± std over seeds, one line per setting."""
-    from ucmfh.app.runs import filter_rows, format_summary, held_by, read_results, summarize, the_checkpoint
+    from ucmfh.app.compare import parse_side
+    from ucmfh.app.runs import (filter_rows, format_summary, held_by, method_of, read_results, settings_key,
+                                summarize, the_checkpoint)
 
     if plot is not None and (as_json or checkpoint):
         raise click.UsageError(f"--plot does not go with {'--json' if as_json else '--checkpoint'}")
@@ -410,8 +414,12 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
         raise click.BadParameter(f"{history}: no such checkpoint file, and no results file {missing[0]} to find a run "
                                  "key in", param_hint="--history")
     found = read_results(results, warn) if history is None or not os.path.isfile(history) else []
-    rows = filter_rows(found, dataset=dataset, method=method, loss=loss, n_bits=n_bits, protocol=protocol, seed=seed,
-                       task=task)
+    sides = [parse_side(name, "--method") for name in method if "@" in name]  # a method's settings, as compare's
+    plain = tuple(name for name in method if "@" not in name)
+    rows = filter_rows(found, dataset=dataset, method=() if sides else plain, loss=loss, n_bits=n_bits,
+                       protocol=protocol, seed=seed, task=task)
+    if sides:
+        rows = [row for row in rows if method_of(row) in plain or any(side.holds(row) for side in sides)]
     if history is not None:
         from ucmfh.app.history import draw_history, format_history, history_figure, history_of, history_paths, history_rows
 
@@ -437,6 +445,10 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
             click.echo(the_checkpoint(rows, ", ".join(results)))
         except ValueError as err:  # the filters are the remedy
             held = f" ({', '.join(results)} holds: {held_by(found)})" if not rows and found else ""
+            keys = sorted({f"{method_of(row)}@{settings_key(row)[:6]}" for row in rows if row.get("checkpoint")})
+            if len(keys) > 1:  # runs of several settings: a settings key names one, as 'ucmfh runs' shows them
+                raise UserError(f"{err}, of settings {', '.join(keys)}; name one with --method {keys[0]} (and -d, "
+                                "-b, --seed)") from None
             raise UserError(f"{err}{held}; name one run with -d, --task, --method, --loss, -b and --seed") from None
         return
     groups = summarize(rows)

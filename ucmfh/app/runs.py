@@ -310,8 +310,8 @@ def settings_legend(groups: List[Dict[str, Any]]) -> List[str]:
     if len(keys) < 2:  # nothing to tell apart: where the key comes from, still
         return [f"settings {key}: the settings every row shares ('ucmfh runs --json' prints them)" for key in keys]
     bases: Dict[tuple, Dict[str, Any]] = {}
-    lines = ["settings (each against the first key of the same stages; 'ucmfh compare METHOD@KEY METHOD@KEY' "
-             "pairs two):"]
+    lines = ["settings (each against the first key of the same stages; '--method METHOD@KEY' keeps one, 'ucmfh "
+             "compare METHOD@KEY METHOD@KEY' pairs two):"]
     for key, settings in keys.items():
         stages = tuple(settings)
         base = bases.setdefault(stages, settings)
