@@ -797,3 +797,18 @@ def test_collapsed_codes_are_said_and_recorded(tmp_path):
     assert collapsed({"img": [3, 100_000], "txt": [200, 100_000], "n_bits": 8}) == []
     assert collapsed({"img": [2, 100_000], "txt": [200, 100_000], "n_bits": 8}) == ["img"]
     assert collapsed({"img": [999, 100_000], "txt": [1001, 100_000], "n_bits": 64}) == ["img"]
+
+
+def test_resume_with_nothing_saved_names_no_file_the_run_never_writes(tmp_path, tiny_path):
+    """--resume of a run never started: two-tower saves one state a temperature candidate
+    (hash8.t0.3.state.pt), so the message named a hash8.state.pt that no run writes; it names the checkpoint."""
+    out = tmp_path / "runs"
+    result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--epochs", "1", "-b", "8", "--set",
+                                       "hash.hidden=64", "--device", "cpu", "--out", str(out), "--results",
+                                       str(tmp_path / "r.jsonl"), "--resume"])
+    assert result.exit_code == 0, result.output
+    log = result.output
+    [line] = [line for line in log.splitlines() if line.startswith("nothing to resume")]
+    checkpoint = line.split(" beside ")[1].split(";")[0]
+    assert line == f"nothing to resume: no training state is saved beside {checkpoint}; training from the start"
+    assert checkpoint.endswith("hash8.pt") and os.path.isfile(checkpoint)

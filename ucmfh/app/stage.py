@@ -145,7 +145,7 @@ def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
             _refuse_interrupted(checkpoint, locked=True)
         log(f"resuming {', '.join(saved)} at {interrupted_at(checkpoint)}")
     elif opts.resume and not opts.always_resumes:
-        log(f"nothing to resume at {state.path}; training from the start")
+        log(f"nothing to resume: no training state is saved beside {checkpoint}; training from the start")
     return state
 
 
