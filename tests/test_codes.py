@@ -445,3 +445,23 @@ def test_one_codes_file_named_twice_is_refused(tmp_path):
                                         "--results", str(results)])
     assert refused.exit_code == 2 and f"--codes {path}: given twice" in refused.output, refused.output
     assert not results.exists()
+
+
+def test_validate_says_what_a_codes_file_is_or_what_is_wrong_with_it(tmp_path):
+    """'ucmfh validate' of a codes file said it lacked /train, as of a broken dataset: it is checked as
+    'evaluate --codes' reads it, and said to be one; a damaged codes file is one line naming its problem."""
+    from click.testing import CliRunner
+
+    from ucmfh.app.cli import main
+
+    path = tmp_path / "c.h5"
+    save_codes(path, **make_file_inputs(), attrs={"protocol": "unimodal"})
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 0 and result.output == (
+        f"{path}: a valid codes file of 'ucmfh encode' (not a training dataset): 12 bits, labelled; query 12, "
+        f"retrieval 40; 'ucmfh evaluate --codes {path}' scores it\n")
+    with h5py.File(path, "r+") as f:
+        del f["retrieval/txt"]
+    damaged = CliRunner().invoke(main, ["validate", str(path)])
+    assert damaged.exit_code == 2 and len(damaged.output.splitlines()) == 1 and "retrieval" in damaged.output
+    assert "/train" not in damaged.output

@@ -91,7 +91,7 @@ def validate_cmd(path: str) -> None:
     try:
         attrs = validate_file(path)
     except ValueError as err:
-        described = _as_collection(path)  # a file without /train may be a collection to index
+        described = _as_codes(path) or _as_collection(path)  # a file without /train: codes, or a collection to index
         if described is None:
             raise err from None
         click.echo(described)
@@ -105,6 +105,26 @@ def validate_cmd(path: str) -> None:
     kind = "a caption set (relevance: same id)" if classes is None else f"{classes} classes"
     click.echo(f"{path}: valid ({attrs.get('name', '?')}: d_img {widths[0]}, d_txt {widths[1]}, {kind}; "
                + ", ".join(f"{split} {n}" for split, n in rows.items()) + ")")
+
+
+def _as_codes(path: str) -> Optional[str]:
+    """What ``validate`` says of a codes file (``ucmfh encode``), checked as ``evaluate --codes`` reads it: None when
+    the file is not one."""
+    import h5py
+
+    from ucmfh.codes import FORMAT, load_codes
+
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") != FORMAT:
+                return None
+    except OSError:
+        return None
+    codes = load_codes(path)  # its own problem, said in one line
+    rows = ", ".join(f"{group} {codes.packed[(group, 'img')].shape[0]}" for group in ("query", "retrieval"))
+    relevance = "a caption set (relevance: same id)" if codes.caption_set else "labelled"
+    return (f"{path}: a valid codes file of 'ucmfh encode' (not a training dataset): {codes.n_bits} bits, {relevance}; "
+            f"{rows}; 'ucmfh evaluate --codes {path}' scores it")
 
 
 def _as_collection(path: str) -> Optional[str]:
