@@ -79,12 +79,14 @@ def method_config(name: str, **kw) -> HashConfig:
 
 class StopAfter:
     """A progress bar that sends this process SIGINT (or ``signum``) after ``epochs`` epochs (a Ctrl-C at a
-    known moment) and records the epoch each run starts at, and the epoch the run is in (``epoch``, from 1)."""
+    known moment) and records the epoch each run starts at, the epoch the run is in (``epoch``, from 1) and
+    whether its last bar was closed (``closed``)."""
 
     def __init__(self, epochs: Optional[int], signum: int = signal.SIGINT):
         self.epochs, self.signum = epochs, signum
         self.starts = []
         self.bar = None
+        self.closed = False
 
     @property
     def epoch(self) -> int:
@@ -97,7 +99,7 @@ class StopAfter:
         class Bar:
             def __init__(self):
                 self.n = kwargs.get("initial", 0)
-                outer.bar = self
+                outer.bar, outer.closed = self, False
 
             def update(self, k):
                 self.n += k
@@ -108,7 +110,7 @@ class StopAfter:
                 pass
 
             def close(self):
-                pass
+                outer.closed = True
 
         return Bar()
 

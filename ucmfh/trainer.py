@@ -9,6 +9,7 @@ training feature written here reaches every stage.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import signal
@@ -381,7 +382,8 @@ class _Run:
         bar = tqdm(total=cfg.epochs, initial=start_epoch, desc=self.plan.name, unit="epoch",
                    disable=not (progress and group.is_main))
         any_host_work = self.ahead is not None or self.plan.draws is not None
-        with stop_on_signals() as stop, StepAhead() as ahead:
+        # the bar closed before an interrupt is said, whose line would be glued to it
+        with contextlib.closing(bar), stop_on_signals() as stop, StepAhead() as ahead:
             for epoch in range(start_epoch, cfg.epochs):
                 if at.epoch_generator is not None:  # replay the interrupted epoch's draws
                     self.generator.set_state(at.epoch_generator)
@@ -418,7 +420,6 @@ class _Run:
                 if state is not None and epoch + 1 < cfg.epochs and group.any(due and group.is_main, device):
                     self.save(epoch + 1, 0, self.generator.get_state(), torch.zeros((), device=device))
                     last_save = time.monotonic()
-        bar.close()
         self.captured = None  # its graph and the graph's memory let go now (it and this run refer to each other)
         if state is not None and start_epoch < cfg.epochs:  # finished: resuming returns the result at once
             self.save(cfg.epochs, 0, self.generator.get_state(), torch.zeros((), device=device))

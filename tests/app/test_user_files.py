@@ -275,16 +275,18 @@ def test_a_folder_as_dataset_and_a_file_in_data_dir(tmp_path, tiny_path):
 
 
 def test_sigterm_exits_with_its_own_code(tmp_path, tiny_path, monkeypatch):
-    """A training run stopped by SIGTERM exits 143 (128 + 15), as the shell reports a process it ended."""
+    """A training run stopped by SIGTERM exits 143 (128 + 15), as the shell reports a process it ended; its
+    progress bar is closed first (the interrupt's line was glued to the bar's)."""
     from conftest import StopAfter
     from ucmfh import trainer
 
-    monkeypatch.setattr(trainer, "tqdm", StopAfter(1, signal.SIGTERM))
+    stop = StopAfter(1, signal.SIGTERM)
+    monkeypatch.setattr(trainer, "tqdm", stop)
     result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "3", "-b", "8",
                                        "--protocol", "unimodal", "--save-interval", "0",
                                        "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl")])
     assert result.exit_code == 143, result.output
-    assert "interrupted by SIGTERM" in result.output and "--resume" in result.output
+    assert "interrupted by SIGTERM" in result.output and "--resume" in result.output and stop.closed
     again = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "3", "-b", "8",
                                       "--protocol", "unimodal", "--out", str(tmp_path / "runs"),
                                       "--results", str(tmp_path / "r.jsonl")])
