@@ -99,12 +99,17 @@ def sigterm_in_first_epoch(task: jobs.CellTask) -> jobs.Outcome:
     of the cell's first stage."""
     from ucmfh import trainer
 
-    real = trainer.tqdm
-    trainer.tqdm = _TermToGrid
+    return _run_cell_with(trainer, "tqdm", _TermToGrid, task)
+
+
+def _run_cell_with(module: Any, name: str, value: Any, task: jobs.CellTask) -> jobs.Outcome:
+    """:func:`ucmfh.app.jobs.run_cell` in a worker, with ``module.name`` replaced by ``value`` while it runs."""
+    real = getattr(module, name)
+    setattr(module, name, value)
     try:
         return jobs.run_cell(task)
     finally:
-        trainer.tqdm = real
+        setattr(module, name, real)
 
 
 def test_two_jobs_stopped_and_resumed_give_the_rows_of_one_in_its_order(tiny_path, tmp_path, one_process,
@@ -156,8 +161,6 @@ def sigterm_in_a_fit(task: jobs.CellTask) -> jobs.Outcome:
     SIGTERM to the grid and then takes as long as it is let."""
     import ucmfh.methods.cca_itq as cca_itq
 
-    real = cca_itq.fit_cca_itq
-
     def fit(*args, **kwargs):
         os.kill(os.getppid(), signal.SIGTERM)
         deadline = time.monotonic() + 60
@@ -165,11 +168,7 @@ def sigterm_in_a_fit(task: jobs.CellTask) -> jobs.Outcome:
             time.sleep(0.01)
         raise AssertionError("the fit was never stopped")
 
-    cca_itq.fit_cca_itq = fit
-    try:
-        return jobs.run_cell(task)
-    finally:
-        cca_itq.fit_cca_itq = real
+    return _run_cell_with(cca_itq, "fit_cca_itq", fit, task)
 
 
 def test_a_closed_form_fit_stops_at_once_and_the_same_command_fits_it_again(tiny_path, tmp_path, monkeypatch):
@@ -197,17 +196,12 @@ def test_a_closed_form_fit_stops_at_once_and_the_same_command_fits_it_again(tiny
 
 def damaged_two_tower_16_bits(task: jobs.CellTask) -> jobs.Outcome:
     """:func:`ucmfh.app.jobs.run_cell` in a worker, where the two-tower 16-bit cell meets bad data."""
-    real = jobs.train_hash_stage
-
     def refuse(*args, **kwargs):
         raise ValueError(f"{task.data_path}: split 'train': damaged features")
 
     if (task.hash_cfg.method, task.hash_cfg.n_bits) == ("two-tower", 16):
-        jobs.train_hash_stage = refuse
-    try:
-        return jobs.run_cell(task)
-    finally:
-        jobs.train_hash_stage = real
+        return _run_cell_with(jobs, "train_hash_stage", refuse, task)
+    return jobs.run_cell(task)
 
 
 def test_a_workers_error_ends_the_grid_in_one_line(tiny_path, tmp_path, monkeypatch):
