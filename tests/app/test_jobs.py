@@ -194,6 +194,62 @@ def test_a_closed_form_fit_stops_at_once_and_the_same_command_fits_it_again(tiny
     assert [json.loads(line)["n_bits"] for line in (tmp_path / "r.jsonl").read_text().splitlines()] == [8, 16]
 
 
+def test_a_signal_again_while_a_cell_stops_does_not_replace_its_interrupt(tiny_path, monkeypatch):
+    """The grid sends its signal again until every worker has ended: one that lands while a cell's interrupt
+    unwinds (its training state saved, its lock let go) was raised over it, and the cell said it had kept
+    nothing. Between cells the worker's own handlers are back."""
+    from ucmfh.app.identity import RunOptions
+    from ucmfh.config import FusionConfig, HashConfig
+    from ucmfh.signals import TrainingInterrupted
+
+    def stopping(*args, **kwargs):
+        try:
+            raise TrainingInterrupted("two-tower 8 bits interrupted by SIGTERM at epoch 1/2; training state saved to "
+                                      "s.state.pt", "s.state.pt", signal.SIGTERM)
+        finally:  # the cell's clean-up, while the interrupt unwinds
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)
+
+    monkeypatch.setattr(jobs, "train_hash_stage", stopping)
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    task = jobs.CellTask(tiny_path, None, FusionConfig(), HashConfig(), RunOptions(), ("unimodal",), 50)
+    outcome = jobs.run_cell(task)
+    assert outcome.stopped == ("two-tower 8 bits interrupted by SIGTERM at epoch 1/2; training state saved to "
+                               "s.state.pt") and outcome.signum == signal.SIGTERM
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def finished_then_stopped(task: jobs.CellTask) -> jobs.Outcome:
+    """:func:`ucmfh.app.jobs.run_cell` in a worker: the 16-bit cell finishes; the 8-bit cell then lets a signal
+    escape its worker (one landing as its cell returned), once the 16-bit cell is done."""
+    flag = os.path.join(os.environ["GRID_TEST_BARRIER"], "done")
+    if task.hash_cfg.n_bits == 16:
+        outcome = jobs.run_cell(task)
+        open(flag, "w").close()
+        return outcome
+    deadline = time.monotonic() + 60
+    while not os.path.exists(flag) and time.monotonic() < deadline:
+        time.sleep(0.01)
+    err = KeyboardInterrupt("interrupted by SIGTERM")
+    err.signum = signal.SIGTERM
+    raise err
+
+
+def test_a_signal_escaping_a_worker_stops_its_cell_and_keeps_the_others_rows(tiny_path, tmp_path, monkeypatch):
+    """A worker's interrupt that escaped its cell ended the grid with the worker's message, and the rows of a
+    cell that had finished were never appended: the cell is said stopped, the others' rows kept."""
+    monkeypatch.setattr(jobs, "run_cell", finished_then_stopped)
+    monkeypatch.setenv("GRID_TEST_BARRIER", str(tmp_path))
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "cca-itq", "-b", "8", "-b", "16",
+                                       "--device", "cpu", "--out", str(tmp_path / "runs"), "--results",
+                                       str(tmp_path / "r.jsonl"), "--table", str(tmp_path / "table"), "--jobs", "2"])
+    assert result.exit_code == 143, result.output
+    assert f"stopped {tiny_path} cca-itq seed 2023 8 bits: interrupted by SIGTERM" in result.output
+    assert ("grid interrupted by SIGTERM: 1 of the 2 cells to run finished, 1 stopped (each says above what it "
+            "kept); run the same command to continue") in result.output
+    assert [json.loads(line)["n_bits"] for line in (tmp_path / "r.jsonl").read_text().splitlines()] == [16]
+
+
 def damaged_two_tower_16_bits(task: jobs.CellTask) -> jobs.Outcome:
     """:func:`ucmfh.app.jobs.run_cell` in a worker, where the two-tower 16-bit cell meets bad data."""
     def refuse(*args, **kwargs):

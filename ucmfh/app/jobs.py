@@ -29,6 +29,7 @@ import multiprocessing
 import os
 import pickle
 import signal
+import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -104,7 +105,7 @@ def _start_worker(slots: Any, pids: Any, threads: int, gpus: int) -> None:
     with slots.get_lock():
         slot = slots.value
         slots.value += 1
-    for signum in (signal.SIGINT, signal.SIGTERM):
+    for signum in _STOPS:
         signal.signal(signum, signal.SIG_IGN)
     pids[slot] = os.getpid()
     torch.set_num_threads(threads)
@@ -121,9 +122,31 @@ def _portable(err: BaseException) -> BaseException:
         return (OSError if isinstance(err, OSError) else ValueError)(str(err))
 
 
+_STOPS = (signal.SIGINT, signal.SIGTERM)
+
+
 def _stop_now(signum: int, frame: Any) -> None:  # noqa: ARG001 - signal handler signature
+    """A cell's work stopped where it is. Not while an exception is handled or unwinds (the parent sends its
+    signal again until the worker has ended): the interrupt of a cell already stopping (a training state saved,
+    a lock let go) is not replaced by another one halfway."""
+    if sys.exc_info()[1] is not None:
+        return
     raise stopped_by(f"interrupted by {signal.Signals(signum).name} outside its training steps (nothing "
                      "half-written is kept: the same command does that work again)", signum)
+
+
+def _restore(handlers: Dict[int, Any]) -> None:
+    """The worker's handlers between cells put back, with both signals held meanwhile (one between the two
+    would meet a handler of the cell outside it); a signal held is then ignored."""
+    block = getattr(signal, "pthread_sigmask", None)
+    if block is not None:
+        block(signal.SIG_BLOCK, _STOPS)
+    try:
+        for signum, handler in handlers.items():
+            signal.signal(signum, handler)
+    finally:
+        if block is not None:
+            block(signal.SIG_UNBLOCK, _STOPS)
 
 
 def run_cell(task: CellTask) -> Outcome:
@@ -131,8 +154,10 @@ def run_cell(task: CellTask) -> Outcome:
     SIGTERM stops training at its next step, its state saved, and any other work at once, as a Ctrl-C stops a
     cell run in one process: a closed-form fit has no step to stop at."""
     log: List[str] = []
-    handlers = {signum: signal.signal(signum, _stop_now) for signum in (signal.SIGINT, signal.SIGTERM)}
+    handlers: Dict[int, Any] = {}
     try:
+        for signum in _STOPS:
+            handlers[signum] = signal.signal(signum, _stop_now)
         key = (task.data_path, task.max_memory)
         if key not in _datasets:
             _datasets[key] = load_dataset(task.data_path, max_memory_bytes=task.max_memory)
@@ -145,8 +170,7 @@ def run_cell(task: CellTask) -> Outcome:
     except USER_ERRORS as err:
         return Outcome(log, error=_portable(err))
     finally:
-        for signum, handler in handlers.items():
-            signal.signal(signum, handler)
+        _restore(handlers)
 
 
 @dataclass
@@ -232,6 +256,11 @@ class SideBySide:
                         cell = running.pop(future)
                         try:
                             outcome = future.result()
+                        except KeyboardInterrupt as err:  # a signal in the worker as its cell ended: stopped
+                            signum, error = self._ended(cell, Outcome([], stopped=str(err) or "interrupted",
+                                                                      signum=getattr(err, "signum", None)),
+                                                        signum, error)
+                            continue
                         except BrokenProcessPool:  # a worker killed (out of memory, or a Ctrl-C as it started)
                             cell.state = "failed"
                             if signum is None and error is None:
