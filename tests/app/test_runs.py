@@ -481,6 +481,14 @@ def test_runs_of_two_settings_are_told_apart_by_a_settings_key(tmp_path):
                                    "--method", "cca-itq"])
     assert summary.exit_code == 0
     assert sorted(json.loads(line)["method"] for line in summary.output.splitlines()) == ["cca-itq", "two-tower"]
+    # a loss other than the method's default is part of the name a key goes with, as in compare
+    triplet = tmp_path / "t.jsonl"
+    append_jsonl(triplet, [_row(loss="triplet"), {**wide, "loss": "triplet"}])
+    named = runner.invoke(main, ["runs", "--results", str(triplet), "--checkpoint", "--method", "two-tower"])
+    suggested = named.output.split("name one with --method ")[1].split(" ")[0]
+    assert suggested.startswith("two-tower:triplet@")
+    picked = runner.invoke(main, ["runs", "--results", str(triplet), "--checkpoint", "--method", suggested])
+    assert picked.exit_code == 0 and picked.output.endswith("hash16.pt\n"), picked.output
     bad = runner.invoke(main, ["runs", "--results", str(path), "--method", "two-tower@zz"])
     assert bad.exit_code == 2 and "--method: 'zz' in 'two-tower@zz' is neither a settings key" in bad.output
 

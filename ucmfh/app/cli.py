@@ -413,7 +413,7 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
     """Summarise past runs from results files: mean ± std over seeds, one line per setting."""
     from ucmfh.app.compare import parse_side
     from ucmfh.app.runs import (filter_rows, format_summary, held_by, method_of, read_results, settings_key,
-                                summarize, the_checkpoint)
+                                summarize, the_checkpoint, variant_of)
 
     if plot is not None and (as_json or checkpoint):
         raise click.UsageError(f"--plot does not go with {'--json' if as_json else '--checkpoint'}")
@@ -465,7 +465,7 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
             click.echo(the_checkpoint(rows, ", ".join(results)))
         except ValueError as err:  # the filters are the remedy
             held = f" ({', '.join(results)} holds: {held_by(found)})" if not rows and found else ""
-            keys = sorted({f"{method_of(row)}@{settings_key(row)[:6]}" for row in rows if row.get("checkpoint")})
+            keys = sorted({f"{variant_of(row)}@{settings_key(row)[:6]}" for row in rows if row.get("checkpoint")})
             if len(keys) > 1:  # runs of several settings: a settings key names one, as 'ucmfh runs' shows them
                 raise UserError(f"{err}, of settings {', '.join(keys)}; name one with --method {keys[0]} (and -d, "
                                 "-b, --seed)") from None
