@@ -307,5 +307,8 @@ def test_a_plan_feeding_its_step_scalars_it_has_not_is_refused_when_made():
     optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
     with pytest.raises(ValueError, match="feeds its step scalars"):
         Plan("p", model, {"model": model}, optimizer, 8, loss=lambda batch: model.weight.sum(), fed=("beta",))
+    with pytest.raises(ValueError, match=r"feeds its step scalars \['alpha'\]"):
+        Plan("p", model, {"model": model}, optimizer, 8, loss=lambda batch: model.weight.sum(), fed=("alpha",),
+             scalars=lambda epoch, iteration: {"beta": 1.0})
     Plan("p", model, {"model": model}, optimizer, 8, loss=lambda batch: model.weight.sum(), fed=("beta",),
          scalars=lambda epoch, iteration: {"beta": 1.0})

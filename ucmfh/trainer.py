@@ -101,8 +101,9 @@ class Plan:
     def __post_init__(self) -> None:
         if (self.loss is None) == (self.step is None):
             raise ValueError(f"{self.name}: a plan has a loss or a step of its own, one of the two")
-        if self.fed and self.scalars is None:
-            raise ValueError(f"{self.name}: a plan feeds its step scalars {self.fed} that it does not have")
+        missing = set(self.fed) - set({} if self.scalars is None else self.scalars(0, 0))
+        if missing:
+            raise ValueError(f"{self.name}: a plan feeds its step scalars {sorted(missing)} that it does not have")
 
     def set_learning_rate(self, epoch: int) -> Optional[float]:
         """Every parameter group's learning rate set to ``learning_rate(epoch)``; it, or None without a schedule."""
