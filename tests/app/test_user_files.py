@@ -453,3 +453,20 @@ def test_a_read_only_input_given_as_an_output_is_named_as_the_input(tmp_path):
         check_outputs({"--html": str(data)}, inputs={"--queries": str(data)}, overwrite=True)
     assert str(refused.value).startswith("--html ") and "--queries" in str(refused.value)
     assert "read-only" not in str(refused.value)
+
+
+def test_a_closed_form_fit_interrupted_leaves_no_folder_and_says_how_to_go_on(tmp_path, tiny_path, monkeypatch):
+    """Ctrl-C in a cca-itq fit (no step, nothing saved): one line saying that the same command fits it again,
+    exit 130, and no run folder holding its lock file alone."""
+    import ucmfh.methods.cca_itq as cca_itq
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(cca_itq, "fit_cca_itq", interrupted)
+    result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--method", "cca-itq", "-b", "8", "--device",
+                                       "cpu", "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl")])
+    assert result.exit_code == 130, result.output
+    assert result.output.splitlines()[-1] == ("cca-itq 8 bits interrupted while fitting (a fit keeps no state: the "
+                                              "same command fits it again)")
+    assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.lock"))

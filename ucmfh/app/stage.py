@@ -78,8 +78,8 @@ def training_lock(checkpoint: str) -> Iterator[None]:
         raise RunInProgress(refusal)
     try:
         yield
-    except Exception:
-        if fd is not None:  # refused before anything was saved: no folder of the run's lock alone is left behind
+    except BaseException:  # refused, or interrupted (a closed-form fit), before anything was saved: no folder of
+        if fd is not None:  # the run's lock alone is left behind
             _drop_bare_folder(checkpoint)
         raise
     finally:
