@@ -9,8 +9,8 @@ step of small matrix products is its kernel launches, which a captured step (``-
 outside the training code as it counts them: each is fitted on ``k × batch`` items (``--steps k``),
 validation off, for one epoch and for two; the difference of the two wall times over ``k`` is one step of
 the second epoch (and a ``k``-th of the epoch's own work: its plan, its read of the loss, a capture again
-where the learning rate or UCCH's momentum changes by epoch), without the set-up both share (the pairwise statistics of DAEH, CIRH and DGCPN
-grow with the items). Medians of ``--repeats``, after one untimed fit (kernels, cuBLAS's workspaces). On a
+where the learning rate or UCCH's momentum changes by epoch), without the set-up both share (the pairwise
+statistics of DAEH, CIRH and DGCPN grow with the items). Medians of ``--repeats``, after one untimed fit (kernels, cuBLAS's workspaces). On a
 CPU the captured path is the eager one (graphs are CUDA's): only ``eager`` is timed.
 
     python scripts/bench_steps.py --device cuda                    # every stage, eager and captured

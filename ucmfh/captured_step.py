@@ -166,8 +166,8 @@ class CapturedStep:
         self.held = held
         self.static = type(batch)(batch.index.clone(), None if batch.separate is None else batch.separate.clone(),
                                   batch.epoch, batch.iteration, None if batch.draws is None else batch.draws.clone(),
-                                  {name: batch.index.new_zeros((), dtype=torch.float32) for name in fed} or None)
-        self._fill(batch, fed)
+                                  {name: batch.index.new_full((), value, dtype=torch.float32)
+                                   for name, value in fed.items()} or None)
 
         def body() -> torch.Tensor:  # optimize() without its zero_grad: the graph writes each gradient anew
             if plan.step is not None:  # a step of its own, its updates and their gradients

@@ -286,9 +286,10 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
                                                                if flag == "--database" else ""))
     if metrics_out and len(codes) > 1:
         raise click.UsageError("--metrics-out goes with one --codes file")
-    again = given_twice([os.path.realpath(path) for path in codes])
+    real = [os.path.realpath(path) for path in codes]
+    again = given_twice(real)
     if again is not None:  # its rows would be appended twice, and read as two runs
-        raise click.UsageError(f"--codes {codes[[os.path.realpath(p) for p in codes].index(again)]}: given twice")
+        raise click.UsageError(f"--codes {codes[real.index(again)]}: given twice")
     if codes:  # a codes file holds its dataset's codes, under its protocol: these would be ignored
         given = given_flags({"dataset": "--dataset", "data_dir": "--data-dir", "protocol": "--protocol"})
         if given:

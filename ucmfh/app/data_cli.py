@@ -18,9 +18,8 @@ from ucmfh.app.outputs import check_outputs
 from ucmfh.data.annotations import list_images
 from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
 from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features
-from ucmfh.data.format import DataError
+from ucmfh.data.format import SPLITS, DataError
 from ucmfh.data.scratch import RESTART, parse_shard
-from ucmfh.data.format import SPLITS
 from ucmfh.data.splits import DEFAULT_SEED, STANDARD_SPLITS, resolve_sizes
 
 

@@ -347,7 +347,7 @@ class Index(IndexFolder):
         qw = as_words(queries, self.n_bits, "queries")
         codes = self.codes(modality)
         device = search_device(device)
-        small = {}  # multi-index hashing asked where probing cannot pay (too few items; no compiled probe): scanned
+        scanned_because = {}  # multi-index hashing asked where probing cannot pay (too few items, no compiled probe)
         if backend.backend == "mih" and str(device) == "cpu":
             from ucmfh.search import mih
 
@@ -356,13 +356,13 @@ class Index(IndexFolder):
                 return tables.search(qw, int(k), threads, scan=lambda q, k: hamming_search(q, codes, self.n_bits, k,
                                                                                              device, threads),
                                      stats=served)
-            small = {"small" if codes.shape[0] < mih.MIN_ITEMS else "uncompiled": qw.shape[0]}
+            scanned_because = {"small" if codes.shape[0] < mih.MIN_ITEMS else "uncompiled": qw.shape[0]}
         if backend.backend not in ("exact", "mih"):
             from ucmfh.search import approx
 
             return approx.search(self, qw, int(k), modality, backend, threads)
         if served is not None:
-            served.update(mih=0, scan=qw.shape[0], scanned=np.arange(qw.shape[0]), **small)
+            served.update(mih=0, scan=qw.shape[0], scanned=np.arange(qw.shape[0]), **scanned_because)
         return hamming_search(qw, codes, self.n_bits, int(k), device, threads)
 
     def derived(self, cache: str, name: str, build: Callable[[], Any], read: Callable[[str], Optional[Any]],
