@@ -157,13 +157,19 @@ def test_two_jobs_stopped_and_resumed_give_the_rows_of_one_in_its_order(tiny_pat
 
 
 def sigterm_in_a_fit(task: jobs.CellTask) -> jobs.Outcome:
-    """:func:`ucmfh.app.jobs.run_cell` in a worker, whose closed-form fit (cca-itq's, no step to stop at) sends
-    SIGTERM to the grid and then takes as long as it is let."""
+    """:func:`ucmfh.app.jobs.run_cell` in a worker, whose closed-form fit (cca-itq's, no step to stop at) takes as
+    long as it is let; once both workers fit (a barrier of files in $GRID_TEST_BARRIER: a worker still reading its
+    data would stop there, before its fit), one of them sends SIGTERM to the grid."""
     import ucmfh.methods.cca_itq as cca_itq
 
     def fit(*args, **kwargs):
-        os.kill(os.getppid(), signal.SIGTERM)
+        barrier = os.environ["GRID_TEST_BARRIER"]
+        open(os.path.join(barrier, str(os.getpid())), "w").close()
         deadline = time.monotonic() + 60
+        while len(os.listdir(barrier)) < 2 and time.monotonic() < deadline:
+            time.sleep(0.01)
+        if min(os.listdir(barrier), key=int) == str(os.getpid()):  # one of the two sends it
+            os.kill(os.getppid(), signal.SIGTERM)
         while time.monotonic() < deadline:  # a long fit, in Python as scikit-learn's CCA loops
             time.sleep(0.01)
         raise AssertionError("the fit was never stopped")
@@ -178,6 +184,8 @@ def test_a_closed_form_fit_stops_at_once_and_the_same_command_fits_it_again(tiny
             str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl"), "--table", str(tmp_path / "table"),
             "--jobs", "2"]
     monkeypatch.setattr(jobs, "run_cell", sigterm_in_a_fit)
+    (tmp_path / "barrier").mkdir()
+    monkeypatch.setenv("GRID_TEST_BARRIER", str(tmp_path / "barrier"))  # the workers inherit it
     began = time.monotonic()
     stopped = CliRunner().invoke(main, argv)
     assert stopped.exit_code == 143, stopped.output
