@@ -77,13 +77,8 @@ class _TermToGrid:
             training(signum, frame)
 
         signal.signal(signal.SIGTERM, relay)
-        barrier = os.environ["GRID_TEST_BARRIER"]
-        open(os.path.join(barrier, str(os.getpid())), "w").close()
         deadline = time.monotonic() + 60
-        while len(os.listdir(barrier)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if min(os.listdir(barrier), key=int) == str(os.getpid()):  # one of the two sends it
-            os.kill(os.getppid(), signal.SIGTERM)
+        _both_here_then_signal_the_grid()
         while not got and time.monotonic() < deadline:
             time.sleep(0.01)
 
@@ -92,6 +87,18 @@ class _TermToGrid:
 
     def close(self):
         pass
+
+
+def _both_here_then_signal_the_grid() -> None:
+    """Wait (a minute at most) until both workers are here, a barrier of files in $GRID_TEST_BARRIER (a loaded
+    machine may start one late); then one of the two sends SIGTERM to the grid, the workers' parent."""
+    barrier = os.environ["GRID_TEST_BARRIER"]
+    open(os.path.join(barrier, str(os.getpid())), "w").close()
+    deadline = time.monotonic() + 60
+    while len(os.listdir(barrier)) < 2 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    if min(os.listdir(barrier), key=int) == str(os.getpid()):
+        os.kill(os.getppid(), signal.SIGTERM)
 
 
 def sigterm_in_first_epoch(task: jobs.CellTask) -> jobs.Outcome:
@@ -163,13 +170,8 @@ def sigterm_in_a_fit(task: jobs.CellTask) -> jobs.Outcome:
     import ucmfh.methods.cca_itq as cca_itq
 
     def fit(*args, **kwargs):
-        barrier = os.environ["GRID_TEST_BARRIER"]
-        open(os.path.join(barrier, str(os.getpid())), "w").close()
+        _both_here_then_signal_the_grid()
         deadline = time.monotonic() + 60
-        while len(os.listdir(barrier)) < 2 and time.monotonic() < deadline:
-            time.sleep(0.01)
-        if min(os.listdir(barrier), key=int) == str(os.getpid()):  # one of the two sends it
-            os.kill(os.getppid(), signal.SIGTERM)
         while time.monotonic() < deadline:  # a long fit, in Python as scikit-learn's CCA loops
             time.sleep(0.01)
         raise AssertionError("the fit was never stopped")
