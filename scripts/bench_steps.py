@@ -5,28 +5,37 @@ and every method trained by epochs, each at its own batch size (DAEH's 18, DJSRH
 
 Issue 48's comparison of every method on Flickr8k is tens of thousands of such steps a run: on a GPU a
 step of small matrix products is its kernel launches, which a captured step (``--cuda-graph``,
-:mod:`ucmfh.captured_step`) makes one. The stages are :mod:`bench_dispatch`'s (scripts/), timed from
-outside the training code as it counts them: each is fitted on ``k × batch`` items (``--steps k``),
-validation off, for one epoch and for two; the difference of the two wall times over ``k`` is one step of
-the second epoch (and a ``k``-th of the epoch's own work: its plan, its read of the loss, a capture again
-where the learning rate or UCCH's momentum changes by epoch), without the set-up both share (the pairwise
-statistics of DAEH, CIRH and DGCPN grow with the items). Medians of ``--repeats``, after one untimed fit (kernels, cuBLAS's workspaces). On a
-CPU the captured path is the eager one (graphs are CUDA's): only ``eager`` is timed.
+:mod:`ucmfh.captured_step`) makes one. The stages are :mod:`bench_dispatch`'s (scripts/), fitted on ``k × batch``
+items (``--steps k``), validation off, for :data:`EPOCHS` epochs; a step's time is the last epoch's seconds
+as the trainer records them (:class:`ucmfh.training_log.EpochRecord`: to the read of the epoch's loss, which
+waits for the device's work) over its ``k`` steps, so the set-up of a fit (the pairwise statistics of DAEH, CIRH
+and DGCPN, which grow with the items), its first epoch's warm-up and capture, and a capture again after the
+first epoch (UCCH's, after its memory bank's warm-up) drop out. Medians of ``--repeats`` fits. On a CPU the
+captured path is the eager one (graphs are CUDA's): only ``eager`` is timed.
 
     python scripts/bench_steps.py --device cuda                    # every stage, eager and captured
     python scripts/bench_steps.py --device cuda --only daeh --json
     python scripts/bench_steps.py --device cpu --steps 20          # eager on the CPU
+    python scripts/bench_steps.py --device cuda --compile --only fusion --only ucmfh   # an experiment, below
+
+``--compile`` also times each stage with its loss compiled by ``torch.compile(mode="reduce-overhead")``
+(inductor's fused kernels, its forward and backward passes replayed as CUDA graphs of its own; the optimizer's
+update eager, ucmfh's capture off: a capture of ours around a compiled loss compiled it again inside the capture,
+which CUDA refuses): an experiment that asks what fewer, larger kernels would buy on a GPU, where a captured step
+is bound by its kernels. ucmfh does not compile; a step of its own (DGCPN's three updates) stays uncompiled.
+The compile is the first epoch's work, not timed; its seconds are in the JSON (``compiled_first_epoch``). A
+compiled path that fails says why on its stage's row and the next stage goes on.
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 import torch
 
@@ -36,7 +45,10 @@ from bench_dispatch import Stage, stages  # noqa: E402
 import ucmfh.captured_step as captured_step  # noqa: E402
 from ucmfh.captured_step import capture_steps  # noqa: E402
 from ucmfh.methods import METHODS  # noqa: E402
+from ucmfh.trainer import Plan  # noqa: E402
+from ucmfh.training_log import EpochRecord, logging_to  # noqa: E402
 
+EPOCHS = 3  # a fit's epochs: the last is timed
 PATHS = ("eager", "graph")
 COUNTS = {"captures": 0, "replays": 0}  # of the stage being timed: a graph path that captured nothing is said
 EAGER: List[str] = []  # why a stage asked to be captured ran eagerly (a capture refused, ...)
@@ -58,27 +70,53 @@ def counted(graphs: type) -> type:
     return Counted
 
 
-def wall(stage: Stage, steps: int, epochs: int, captured: bool, device: str) -> float:
-    """Wall seconds of ``epochs`` epochs of ``steps`` full batches of ``stage``, its data and settings made first."""
-    fit = stage.prepare(steps * stage.batch_size, epochs)
-    if device == "cuda":
-        torch.cuda.synchronize()
-    start = time.perf_counter()
-    with capture_steps(captured, on_eager=lambda message: EAGER.append(message) if message not in EAGER else None):
-        fit()
-    if device == "cuda":
-        torch.cuda.synchronize()
-    return time.perf_counter() - start
+@contextlib.contextmanager
+def compiled_losses():  # type: ignore[no-untyped-def]
+    """Every plan made inside the block has its loss compiled by ``torch.compile`` (``--compile``)."""
+    made = Plan.__post_init__
+
+    def post_init(plan: Plan) -> None:
+        made(plan)
+        if plan.loss is not None:
+            plan.loss = torch.compile(plan.loss, mode="reduce-overhead")
+
+    Plan.__post_init__ = post_init  # type: ignore[method-assign]
+    try:
+        yield
+    finally:
+        Plan.__post_init__ = made  # type: ignore[method-assign]
 
 
-def seconds_a_step(stage: Stage, captured: bool, device: str, steps: int, repeats: int) -> float:
-    """One step's wall seconds: two epochs less one, over its steps (module docstring), median of ``repeats``."""
-    wall(stage, steps, 1, captured, device)  # untimed: the first fit loads kernels and workspaces
-    return statistics.median((wall(stage, steps, 2, captured, device) - wall(stage, steps, 1, captured, device)) / steps
-                             for _ in range(repeats))
+class Epochs:
+    """A training log (:mod:`ucmfh.training_log`) that keeps the seconds of the epochs it is told of."""
+
+    def __init__(self) -> None:
+        self.seconds: List[float] = []
+
+    def record(self, record: EpochRecord) -> None:
+        self.seconds.append(record.seconds)
+
+    def close(self) -> None:
+        pass
+
+
+def seconds_a_step(stage: Stage, captured: bool, steps: int, repeats: int) -> Tuple[float, float]:
+    """One step's seconds: the last of :data:`EPOCHS` epochs of ``steps`` full batches over its steps (module
+    docstring), median of ``repeats`` fits, each with its data and settings made first; and the first fit's first
+    epoch's seconds (its warm-up, its capture, a compile)."""
+    figures, first = [], None
+    for _ in range(repeats):
+        fit, epochs = stage.prepare(steps * stage.batch_size, EPOCHS), Epochs()
+        with logging_to(epochs), capture_steps(
+                captured, on_eager=lambda message: EAGER.append(message) if message not in EAGER else None):
+            fit()
+        figures.append(epochs.seconds[-1] / steps)
+        first = epochs.seconds[0] if first is None else first
+    return statistics.median(figures), first
 
 
 HEADER = f"{'stage':<10} {'batch':>5} {'eager ms':>9} {'graph ms':>9} {'speed-up':>8} {'captures':>8} {'replays':>8}"
+COMPILED = f" {'compiled ms':>11} {'speed-up':>8}"  # --compile's columns
 
 
 def line(name: str, row: Dict[str, object]) -> str:
@@ -89,7 +127,14 @@ def line(name: str, row: Dict[str, object]) -> str:
     captured = "-" if graph is None else f"{1e3 * graph:.2f}"
     counts = f"{row['captures']:>8} {row['replays']:>8}" if graph is not None else f"{'-':>8} {'-':>8}"
     eager = "".join(f"\n  {message}" for message in row.get("eager_because", []))
-    return f"{name:<10} {row['batch_size']:>5} {1e3 * row['eager']:>9.2f} {captured:>9} {ratio:>8} {counts}{eager}"
+    eager += "".join(f"\n  compiled: {message}" for message in row.get("compiled_eager_because", []))
+    eager += f"\n  compiled: failed ({row['compiled_error']})" if "compiled_error" in row else ""
+    compiled = ""
+    if row.get("compiled"):
+        speed_up = f"{row['eager'] / row['compiled']:.1f}x"
+        compiled = f" {1e3 * row['compiled']:>11.2f} {speed_up:>8} (first epoch {row['compiled_first_epoch']:.1f} s)"
+    return (f"{name:<10} {row['batch_size']:>5} {1e3 * row['eager']:>9.2f} {captured:>9} {ratio:>8} {counts}"
+            f"{compiled}{eager}")
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -104,6 +149,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--only", action="append", help="Time only these stages, in this order (repeatable): fusion or "
                    "a method.")
     p.add_argument("--json", action="store_true", help="Print the figures as JSON (seconds a step).")
+    p.add_argument("--compile", action="store_true", help="Also time each stage's loss compiled by torch.compile, "
+                   "its step captured (an experiment; CUDA only).")
     args = p.parse_args(argv)
     if args.batch_size == 1 or args.batch_size < 0:
         p.error(f"--batch-size must be at least 2 (contrastive losses need negatives), or 0, got {args.batch_size}")
@@ -117,9 +164,11 @@ def main(argv: Optional[List[str]] = None) -> None:
             p.error(f"--only {name!r}: not a stage trained by epochs; one of {', '.join(known)}")
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: this machine has no GPU")
+    if args.compile and args.device != "cuda":
+        p.error("--compile: an experiment for a GPU's kernels; give --device cuda")
     dispatch_args = argparse.Namespace(batch_size=args.batch_size or 128, n_bits=args.n_bits, width=args.width,
                                        only=args.only or [m for m in known])
-    paths = PATHS if args.device == "cuda" else PATHS[:1]
+    paths = (PATHS + ("compiled",) * args.compile) if args.device == "cuda" else PATHS[:1]
     rows: Dict[str, Dict[str, object]] = {}
     stopped: Optional[KeyboardInterrupt] = None
     graphs = captured_step.CudaGraphs
@@ -128,16 +177,30 @@ def main(argv: Optional[List[str]] = None) -> None:
         chosen = stages(dispatch_args, args.device, Path(scratch), own_batch=not args.batch_size)
         try:
             for stage in sorted(chosen, key=lambda s: dispatch_args.only.index(s.name)):
-                COUNTS.update(captures=0, replays=0)
-                EAGER.clear()
-                rows[stage.name] = {"batch_size": stage.batch_size, **{
-                    path: seconds_a_step(stage, path == "graph", args.device, args.steps, args.repeats)
-                    for path in paths}}
-                if "graph" in paths:
-                    rows[stage.name].update(COUNTS, eager_because=list(EAGER))
+                row: Dict[str, object] = {"batch_size": stage.batch_size}
+                for path in paths:
+                    COUNTS.update(captures=0, replays=0)
+                    EAGER.clear()
+                    if path == "compiled":  # an experiment: its failure is said, the next stage goes on
+                        try:
+                            with compiled_losses():
+                                row[path], row[f"{path}_first_epoch"] = seconds_a_step(stage, False, args.steps,
+                                                                                       args.repeats)
+                        except Exception as err:  # noqa: BLE001
+                            first = (str(err).strip().splitlines() or [""])[0]
+                            row["compiled_error"] = f"{type(err).__name__}: {first}"
+                    else:
+                        row[path], row[f"{path}_first_epoch"] = seconds_a_step(stage, path != "eager", args.steps,
+                                                                               args.repeats)
+                    if path == "graph":
+                        row.update(COUNTS, eager_because=list(EAGER))
+                    elif path == "compiled":  # its own captures, and why it ran eagerly, apart from the graph's
+                        row.update({f"compiled_{key}": value for key, value in COUNTS.items()},
+                                   compiled_eager_because=list(EAGER))
+                rows[stage.name] = row
                 if not args.json:
-                    print(*([HEADER] if len(rows) == 1 else []), line(stage.name, rows[stage.name]), sep="\n",
-                          flush=True)
+                    header = HEADER + COMPILED * args.compile
+                    print(*([header] if len(rows) == 1 else []), line(stage.name, row), sep="\n", flush=True)
         except KeyboardInterrupt as err:  # Ctrl-C, or the checklist's cap (SIGTERM): the stages timed are kept
             stopped = err
             print(f"stopped while timing {stage.name} ({err}); {len(rows)} stage(s) timed", file=sys.stderr)

@@ -350,11 +350,14 @@ class _Run:
         self.save(epoch, done, epoch_generator, self.at.total)
         raise TrainingInterrupted(f"{where}; training state saved to {self.state.path}", self.state.path, signum)
 
-    def end_epoch(self, epoch: int, seconds: float) -> Dict[str, str]:
+    def end_epoch(self, epoch: int, began: float) -> Dict[str, str]:
         """The epoch's mean loss and validation score recorded, the best epoch kept, the epoch reported to the
-        logs listening (rank 0); what the bar shows."""
+        logs listening (rank 0), with its training's seconds since ``began`` (``time.monotonic()``) counted to the
+        read of its loss, which waits for the device's work (a GPU's steps run behind the host's); what the bar
+        shows."""
         at, history, group, plan = self.at, self.history, self.group, self.plan
         history.append(at.total.item() / self.n)  # one sync per epoch
+        seconds = time.monotonic() - began
         scalars = plan.scalars(epoch, at.iteration) if plan.scalars is not None else {}
         shown = {"loss": f"{history[-1]:.4f}", **{name: f"{value:.2f}" for name, value in scalars.items()}}
         score = None
@@ -412,7 +415,7 @@ class _Run:
                         self.stop(stop["signal"], epoch, done, len(batches), epoch_generator)
                 at.skip = 0
                 ahead.wait()
-                shown = self.end_epoch(epoch, time.monotonic() - began)
+                shown = self.end_epoch(epoch, began)
                 bar.update(1)
                 bar.set_postfix(**shown)
                 if self.best.patience_spent(epoch + 1, cfg.patience):

@@ -19,7 +19,8 @@ from typing import Dict, Iterator, List, Optional, Protocol, Tuple
 class EpochRecord:
     """One epoch of a training run: its stage (the plan's name) and part (a candidate or the refit, '' for
     the run itself), the epoch (from 1), the mean loss, the validation score (None without validation), each
-    parameter group's learning rate, the plan's own scalars (β) and the epoch's seconds."""
+    parameter group's learning rate, the plan's own scalars (β) and the seconds its steps took (to the read
+    of its loss, which waits for the device's work; its validation not counted)."""
 
     stage: str
     part: str

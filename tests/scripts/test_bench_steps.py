@@ -26,11 +26,12 @@ def test_json_gives_seconds_a_step_at_the_batch_asked_for(capsys):
     out = json.loads(capsys.readouterr().out)
     assert out["device"] == "cpu" and out["steps"] == 2 and set(out["stages"]) == {"two-tower"}
     row = out["stages"]["two-tower"]
-    assert row["batch_size"] == 8 and set(row) == {"batch_size", "eager"}
+    assert row["batch_size"] == 8 and set(row) == {"batch_size", "eager", "eager_first_epoch"}
 
 
 @pytest.mark.parametrize("argv, flag", [(["--only", "cca-itq"], "--only"), (["--batch-size", "1"], "--batch-size"),
-                                        (["--steps", "0"], "--steps"), (["--repeats", "0"], "--repeats")])
+                                        (["--steps", "0"], "--steps"), (["--repeats", "0"], "--repeats"),
+                                        (["--compile"], "--compile")])
 def test_a_bad_flag_is_refused_in_one_line(argv, flag, capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--device", "cpu"] + argv)
@@ -87,7 +88,7 @@ def test_a_stop_keeps_the_stages_timed_and_exits_as_the_signal(capsys, monkeypat
     line names the stage it stopped in, and the exit code is the signal's (143), not a traceback."""
     from ucmfh.signals import TrainingInterrupted
 
-    timed = iter([0.002])
+    timed = iter([(0.002, 0.1)])
 
     def seconds_a_step(stage, *args):
         for seconds in timed:
