@@ -229,7 +229,7 @@ def test_real_cuda_graphs_train_close_to_the_eager_model(tiny, monkeypatch, case
     fusion = None
     if METHODS[method].uses_fusion:
         fusion = fit_fusion(tiny, small_fusion(epochs=1, dropout=0.0, device="cuda"), progress=False)[0]
-    cfg = method_config(method, epochs=3, device="cuda", hidden=64, dropout=0.0, batch_size=48, **settings)
+    cfg = method_config(method, epochs=3, device="cuda", hidden=64, dropout=0.0, **{"batch_size": 48, **settings})
     eager, _ = fit_hashing(tiny, cfg, copy.deepcopy(fusion), progress=False)
     replays = []
 
