@@ -69,8 +69,12 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--resume", action="store_true", help="continue an interrupted run of the same settings")
     p.add_argument("--save-interval", type=_in_range(float, NON_NEGATIVE), default=RunOptions.save_interval,
                    help="seconds between saves of the training state (0: every epoch)")
-    p.add_argument("--cuda_graph", action="store_true",
-                   help="on a GPU, replay each full batch's training step from a captured CUDA graph")
+    graph = p.add_mutually_exclusive_group()
+    graph.add_argument("--cuda_graph", action="store_true", default=None,
+                       help="on a GPU, replay each full batch's training step from a captured CUDA graph (the "
+                            "default there), and say where a stage runs eagerly")
+    graph.add_argument("--no_cuda_graph", dest="cuda_graph", action="store_false", default=None,
+                       help="run every training step eagerly")
     return p
 
 

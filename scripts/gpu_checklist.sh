@@ -103,7 +103,7 @@ step steps 45 $PY scripts/bench_steps.py --device $DEVICE --steps 20 --repeats 1
     # (a step cut short keeps the stages it finished)
 step main-graph 110 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --cuda_graph \
     --out "$WORK/graph" --results "$OUT/main-graph.jsonl"  # the main job, each full batch's step a CUDA graph replay
-step main-eager20 40 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 20 \
+step main-eager20 40 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 20 --no_cuda_graph \
     --out "$WORK/eager20" --results "$OUT/main-eager20.jsonl"  # eager, 20 epochs: this card's rate beside the graph's
 step bench-train 80 $PY scripts/bench_train.py --device $DEVICE --only throughput --cuda-graph --amp none \
     --n-train 5120 --repeats 3

@@ -216,6 +216,23 @@ def test_a_captured_step_says_nothing(tiny, monkeypatch, standin_graphs):
     assert StandinGraphs.log.count("replay") > 0 and heard == []
 
 
+@pytest.mark.parametrize("flags, captured", [([], True), (["--no-cuda-graph"], False)])
+def test_a_training_command_on_a_gpu_captures_its_steps_unless_told_not_to(tmp_path, tiny_path, monkeypatch,
+                                                                          standin_graphs, flags, captured):
+    """The commands capture by default where the device is CUDA, without a note (none was asked for);
+    ``--no-cuda-graph`` trains every step eagerly."""
+    from click.testing import CliRunner
+
+    from ucmfh.app.cli import main
+
+    with cuda_standin(monkeypatch):
+        ran = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "-b", "16", "--batch-size", "48", "--epochs", "2",
+                                        "--quiet", "--device", "cuda", "--out", str(tmp_path / "runs"),
+                                        "--results", str(tmp_path / "r.jsonl"), *flags])
+    assert ran.exit_code == 0, ran.output
+    assert ("replay" in standin_graphs.log) == captured and "note: " not in ran.output
+
+
 @pytest.mark.parametrize("case", CAPTURED)
 def test_real_cuda_graphs_train_close_to_the_eager_model(tiny, monkeypatch, case):
     """On a GPU: the graph path against the eager path, no dropout (a graph's draws are its own)."""

@@ -172,7 +172,9 @@ class RunOptions:
     progress: bool = True
     always_resumes: bool = False  # a grid: resuming is its way, so a fresh start is not news
     tensorboard: Optional[str] = None  # a folder of TensorBoard curves, one run folder in it per run (--tensorboard)
-    cuda_graph: bool = False  # on a GPU, each full batch's step replayed from a captured CUDA graph (--cuda-graph)
+    # on a GPU, each full batch's step replayed from a captured CUDA graph: None where it can be (the default),
+    # True asked for (--cuda-graph: a note where a step runs eagerly), False never (--no-cuda-graph)
+    cuda_graph: Optional[bool] = None
 
 
 @functools.lru_cache(maxsize=1)

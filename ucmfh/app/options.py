@@ -210,10 +210,12 @@ tensorboard_option = click.option(
 
 # the training commands' captured steps (train-fusion, train-hash, grid, and demo.py's --cuda_graph)
 cuda_graph_option = click.option(
-    "--cuda-graph", is_flag=True,
-    help="On a GPU, capture a training step as a CUDA graph and replay it for each full batch (the fusion stage and "
-         "every method trained by epochs but ucch, as 'ucmfh methods' says; in memory, one process, --amp "
-         "none; other steps run as without it, and a note says why before the epochs).")
+    "--cuda-graph/--no-cuda-graph", default=None,
+    help="On a GPU a training step is captured as a CUDA graph and replayed for each full batch, unless "
+         "--no-cuda-graph (the fusion stage and every method trained by epochs, as 'ucmfh methods' says; in memory, "
+         "one process, --amp none; other steps run eagerly; a captured step trains the eager step's model within "
+         "float rounding). --cuda-graph asks for it: a note says before the epochs where a step runs eagerly and "
+         "why [default: on a GPU].")
 
 # what torch's generators take
 seed_type = click.IntRange(SEED.low, SEED.high, max_open=SEED.high_open)
