@@ -22,6 +22,7 @@ sizes; a query chunk's top-K lists add ``chunk_size * K``.
 from __future__ import annotations
 
 import functools
+import math
 from typing import Iterator, Optional, Tuple
 
 import torch
@@ -131,6 +132,29 @@ def hamming_top_k_torch(
     return best // n, best % n
 
 
+def _first_k(scores: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The first ``k`` columns of each row by score, descending, ties by column: a stable descending sort's first
+    ``k``, without sorting the row. ``topk`` finds the ``k``-th score and every column above it; the places left
+    go to the columns tied at it, leftmost first (a second ``topk``, of ``m - column`` where tied); the ``2k``
+    candidates, those not taken scored -inf, are ordered by score, then column.
+    Shape: [q, m] -> (scores, columns) [q, min(k, m)]."""
+    rows, m = scores.shape
+    k = min(k, m)
+    values, columns = scores.topk(k, dim=1)
+    kth = values[:, -1:]
+    above = values > kth  # every column of the row above the k-th score is among the k
+    left = k - above.sum(dim=1, keepdim=True)  # places for the tied columns: at most as many as are tied
+    width = torch.arange(m, 0, -1, device=scores.device)  # m - column
+    tied = m - torch.where(scores == kth, width, 0).topk(k, dim=1).values  # tied columns, leftmost first
+    taken = torch.arange(k, device=scores.device) < left
+    none = torch.tensor(-math.inf, dtype=scores.dtype, device=scores.device)
+    candidates = torch.cat([columns, tied.clamp(max=m - 1)], dim=1)
+    scored = torch.cat([torch.where(above, values, none), torch.where(taken, kth, none)], dim=1)
+    candidates, by_column = candidates.sort(dim=1)
+    picked, order = scored.gather(1, by_column).sort(dim=1, descending=True, stable=True)
+    return picked[:, :k], candidates.gather(1, order[:, :k])
+
+
 def _cosine_top_k_chunk(
     q: torch.Tensor, retrieval: torch.Tensor, k: int, block: int
 ) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -139,9 +163,8 @@ def _cosine_top_k_chunk(
     best_s: Optional[torch.Tensor] = None
     best_i: Optional[torch.Tensor] = None
     for start in range(0, retrieval.shape[0], block):
-        sim = cosine_similarity_float64(q, retrieval[start : start + block].to(device))
-        sim, order = sim.sort(dim=1, descending=True, stable=True)
-        sim, order = sim[:, :k], order[:, :k] + start
+        sim, order = _first_k(cosine_similarity_float64(q, retrieval[start : start + block].to(device)), k)
+        order = order + start
         if best_s is None:
             best_s, best_i = sim, order
             continue
