@@ -18,13 +18,13 @@ captured path is the eager one (graphs are CUDA's): only ``eager`` is timed.
     python scripts/bench_steps.py --device cpu --steps 20          # eager on the CPU
     python scripts/bench_steps.py --device cuda --compile --only fusion --only ucmfh   # an experiment, below
 
-``--compile`` also times each stage with its loss compiled by ``torch.compile(mode="reduce-overhead")``
-(inductor's fused kernels, its forward and backward passes replayed as CUDA graphs of its own; the optimizer's
-update eager, ucmfh's capture off: a capture of ours around a compiled loss compiled it again inside the capture,
-which CUDA refuses): an experiment that asks what fewer, larger kernels would buy on a GPU, where a captured step
-is bound by its kernels. ucmfh does not compile; a step of its own (DGCPN's three updates) stays uncompiled.
-The compile is the first epoch's work, not timed; its seconds are in the JSON (``compiled_first_epoch``). A
-compiled path that fails says why on its stage's row and the next stage goes on.
+``--compile`` also times each stage with its loss compiled by ``torch.compile`` (inductor's fused kernels) and
+its step captured: an experiment that asks what fewer, larger kernels would buy on a GPU, where a captured step
+is bound by its kernels. The compile runs in the warm-up, on the batch the capture reads (on 2026-11-30, when
+the warm-up read each batch's own tensors, the loss was compiled again inside the capture, which CUDA refused).
+ucmfh does not compile; a step of its own (DGCPN's three updates) stays uncompiled. The compile is the first
+epoch's work, not timed; its seconds are in the JSON (``compiled_first_epoch``). A compiled path that fails
+says why on its stage's row and the next stage goes on.
 """
 from __future__ import annotations
 
@@ -78,7 +78,7 @@ def compiled_losses():  # type: ignore[no-untyped-def]
     def post_init(plan: Plan) -> None:
         made(plan)
         if plan.loss is not None:
-            plan.loss = torch.compile(plan.loss, mode="reduce-overhead")
+            plan.loss = torch.compile(plan.loss)
 
     Plan.__post_init__ = post_init  # type: ignore[method-assign]
     try:
@@ -184,7 +184,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                     if path == "compiled":  # an experiment: its failure is said, the next stage goes on
                         try:
                             with compiled_losses():
-                                row[path], row[f"{path}_first_epoch"] = seconds_a_step(stage, False, args.steps,
+                                row[path], row[f"{path}_first_epoch"] = seconds_a_step(stage, True, args.steps,
                                                                                        args.repeats)
                         except Exception as err:  # noqa: BLE001
                             first = (str(err).strip().splitlines() or [""])[0]

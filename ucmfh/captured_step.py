@@ -11,11 +11,11 @@ graph runs the forward pass, the backward pass and the optimizer's update, and i
 graph's own tensor. The scalars the plan feeds it (``Plan.fed``: β, by epoch or by iteration) are filled into
 0-dim tensors on the device before each replay; a graph holds the plan's other scalars and the learning rate
 of the batch it was captured on, and where they change (UCCH's momentum after its warm-up epoch, a learning
-rate lowered at a milestone) the step is captured again. The first
-:data:`WARMUP_STEPS` full batches run eagerly on a side stream (the optimizer's state, cuBLAS's workspaces),
-as PyTorch's whole-network capture asks (again where the step's operations change: UCCH's negatives drawn
-from its second epoch on); a batch of another size (an epoch's short last batch) runs eagerly. A capture that
-PyTorch refuses leaves the plan eager from that batch on, said to the capture block's listener.
+rate lowered at a milestone) the step is captured again. The first :data:`WARMUP_STEPS` full batches run
+eagerly on a side stream (the optimizer's state, cuBLAS's workspaces), on the graph's own static batch, as
+PyTorch's whole-network capture asks (again where the step's operations change: UCCH's negatives drawn from its
+second epoch on); a batch of another size (an epoch's short last batch) runs eagerly. A capture that PyTorch
+refuses leaves the plan eager from that batch on, said to the capture block's listener.
 Adam's update is made capturable (its step count on the device); SGD's has no count to capture. Dropout
 draws from the device's generator, which a graph advances on every replay.
 
@@ -98,6 +98,10 @@ class CudaGraphs:
         return graph.replay, out, False
 
 
+def _like(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:
+    return None if tensor is None else torch.empty_like(tensor)
+
+
 class CapturedStep:
     """A plan's step (:class:`ucmfh.trainer.Plan`, its ``loss`` and optimizer) captured as a CUDA graph on
     its first full batch after the warm-up, then replayed for every full batch; ``eager(batch)`` is the
@@ -109,10 +113,10 @@ class CapturedStep:
         self.graphs = graphs or CudaGraphs()
         self.stream = self.graphs.side_stream(device)
         self.warm = 0
-        self.warmed_with: Optional[bool] = None  # whether the warm-up's steps had no draws (held[2]): what it warmed
         self.failed = False  # a capture PyTorch refused: every step of the plan runs eagerly from then on
         self.replay: Optional[Callable[[], None]] = None
-        self.static: Any = None  # the batch the graph reads: its indices and draws, copied in before each replay
+        # the batch the warm-up and the graph read: each full batch's indices, draws and fed scalars copied in
+        self.static: Any = None
         self.loss: Optional[torch.Tensor] = None
         self.held: Any = None  # what the graph holds of the host: the plan's scalars, learning rate, draws or none
         for group in plan.optimizer.param_groups:  # Adam's step count and bias corrections on the device
@@ -132,26 +136,31 @@ class CapturedStep:
             # eager, into the gradient tensors the graph writes (replacing them would leave the graph's freed)
             return optimize(self.plan.loss(batch), self.plan.optimizer, current_group(), self.plan.clip_norm,
                             keep_gradients=True)
-        if self.warm < WARMUP_STEPS:
-            self.warm += 1
-            self.warmed_with = batch.draws is None
-            with self.graphs.on(self.stream):
-                return self.eager(batch)
         scalars = {} if self.plan.scalars is None else self.plan.scalars(batch.epoch, batch.iteration)
         fed = {name: scalars[name] for name in self.plan.fed}  # read by the graph from the device
-        held = ({name: value for name, value in scalars.items() if name not in fed}, lr, batch.draws is None)
-        if held[2] != self.warmed_with:  # draws from now on (UCCH's after its warm-up epoch): a step of other
-            self.warm, self.replay, self.loss = 0, None, None  # operations, warmed up before its capture as the
-            return self(batch)  # first was (a graph without draws let go)
-        if self.replay is None or held != self.held:
-            return self._capture(batch, held, fed)
+        held = ({name: value for name, value in scalars.items() if name not in fed}, lr)
+        if self.static is not None and (self.static.draws is None) != (batch.draws is None):
+            # draws from now on (UCCH's after its warm-up epoch): a step of other operations, warmed up before its
+            # capture as the first was (a graph without draws let go)
+            self.warm, self.replay, self.loss, self.static = 0, None, None, None
+        if self.static is None:
+            self.static = type(batch)(torch.empty_like(batch.index), _like(batch.separate), batch.epoch,
+                                      batch.iteration, _like(batch.draws),
+                                      {name: batch.index.new_zeros((), dtype=torch.float32) for name in fed} or None)
         self._fill(batch, fed)
+        if self.warm < WARMUP_STEPS:  # on the graph's own batch, as PyTorch's whole-network capture does: what a
+            self.warm += 1  # capture reads is what the warm-up ran (a compiled loss is compiled for it)
+            with self.graphs.on(self.stream):
+                return self.eager(self.static)
+        if self.replay is None or held != self.held:
+            return self._capture(batch, held)
         self.replay()
         return self.loss
 
     def _fill(self, batch: Any, fed: Dict[str, float]) -> None:
         """The graph's batch made ``batch``: its indices and draws copied in, its fed scalars filled (a fill on the
-        device, which waits for nothing)."""
+        device, which waits for nothing), its epoch and iteration set (what a warm-up step reads of them)."""
+        self.static.epoch, self.static.iteration = batch.epoch, batch.iteration
         self.static.index.copy_(batch.index)
         if self.static.separate is not None:
             self.static.separate.copy_(batch.separate)
@@ -160,14 +169,11 @@ class CapturedStep:
         for name, value in fed.items():
             self.static.scalars[name].fill_(value)
 
-    def _capture(self, batch: Any, held: Any, fed: Dict[str, float]) -> torch.Tensor:
+    def _capture(self, batch: Any, held: Any) -> torch.Tensor:
+        """The step captured on the graph's batch, which holds ``batch`` (and run, where capturing did not)."""
         plan = self.plan
         self.replay = self.loss = None  # a graph captured before (other scalars) is let go, its memory with it
         self.held = held
-        self.static = type(batch)(batch.index.clone(), None if batch.separate is None else batch.separate.clone(),
-                                  batch.epoch, batch.iteration, None if batch.draws is None else batch.draws.clone(),
-                                  {name: batch.index.new_full((), value, dtype=torch.float32)
-                                   for name, value in fed.items()} or None)
 
         def body() -> torch.Tensor:  # optimize() without its zero_grad: the graph writes each gradient anew
             if plan.step is not None:  # a step of its own, its updates and their gradients
