@@ -43,6 +43,31 @@ def test_round_trip_keeps_every_value(tmp_path):
         np.testing.assert_array_equal(got.ids.numpy(), src[split]["ids"])
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_load_reads_each_feature_dataset_once(tmp_path, monkeypatch, dtype):
+    """Validation's reads are the load's: the features held in memory come from them (as float32, as a load
+    without validation reads them), not from a second read of the file."""
+    src = arrays()
+    for split in src.values():
+        split["image"], split["text"] = split["image"].astype(dtype), split["text"].astype(dtype)
+    path = write_dataset(tmp_path / "d.h5", src, {"name": "toy"})
+    unvalidated = load_dataset(path, validate=False)
+    reads, getitem = [], h5py.Dataset.__getitem__
+
+    def counted(dataset, key):
+        reads.append(dataset.name)
+        return getitem(dataset, key)
+
+    monkeypatch.setattr(h5py.Dataset, "__getitem__", counted)
+    data = load_dataset(path)
+    assert sorted(name for name in reads if name.endswith(("/image", "/text"))) == sorted(
+        f"/{split}/{name}" for split in src for name in ("image", "text"))
+    for (_, got), (_, want) in zip(data.splits(), unvalidated.splits()):
+        assert got.img.dtype == got.txt.dtype == want.img.dtype == want.txt.dtype
+        np.testing.assert_array_equal(got.img.numpy(), want.img.numpy())
+        np.testing.assert_array_equal(got.txt.numpy(), want.txt.numpy())
+
+
 def test_write_refuses_to_overwrite_and_leaves_no_temp_file(tmp_path):
     path = write_dataset(tmp_path / "d.h5", arrays())
     with pytest.raises(FileExistsError):

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Union
+from typing import Any, Dict, Iterator, Optional, Set, Union
 
 import h5py
 import numpy as np
@@ -200,15 +200,21 @@ def _read(path: str, where: str, dset: h5py.Dataset, rows: slice = slice(None)) 
         raise _fail(path, where, f"unreadable data ({err})") from None
 
 
-def _check_finite(path: str, where: str, dset: h5py.Dataset) -> np.ndarray:
+def _check_finite(path: str, where: str, dset: h5py.Dataset, keep: Optional[Dict[str, Any]] = None) -> np.ndarray:
     """No NaN or inf, as stored nor as read (float32: a float64 value beyond its range is read as inf); each
-    row's fingerprint as read (:func:`_row_fingerprints`), from the same reads."""
+    row's fingerprint as read (:func:`_row_fingerprints`), from the same reads. Where ``keep`` names ``where``,
+    the values read, as float32, are kept there (a load reads the file once)."""
     picked = np.unique(np.linspace(0, dset.shape[1] - 1, min(dset.shape[1], _PRINT_COLUMNS)).astype(np.int64))
+    kept = np.empty(dset.shape, dtype=np.float32) if keep is not None and where in keep else None
     prints = []
     for start in range(0, dset.shape[0], _CHECK_ROWS):
         block = _read(path, where, dset, slice(start, start + _CHECK_ROWS))
         block = finite_float32(block, f"{path}: {where}", start)
         prints.append(_row_fingerprints(block, picked))
+        if kept is not None:
+            kept[start : start + len(block)] = block
+    if kept is not None:
+        keep[where] = kept
     return np.concatenate(prints)
 
 
@@ -253,10 +259,12 @@ def _check_ids(path: str, where: str, dset: h5py.Dataset, n_rows: int) -> np.nda
 
 
 def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple],
-                 tokens: Dict[str, list], token_values: bool, pairs: Dict[str, np.ndarray]) -> Optional[np.ndarray]:
+                 tokens: Dict[str, list], token_values: bool, pairs: Dict[str, np.ndarray],
+                 keep: Optional[Dict[str, Any]] = None) -> Optional[np.ndarray]:
     """Check one split's datasets (its token datasets' values with ``token_values``); ``dims`` collects each
-    dataset's column count across splits, ``tokens`` the token datasets (§9) each split has and ``pairs`` each
-    item's fingerprint of its image and text features together. Returns its ids."""
+    dataset's column count across splits, ``tokens`` the token datasets (§9) each split has, ``pairs`` each
+    item's fingerprint of its image and text features together and ``keep`` the features read of the datasets
+    it names (:func:`validate_file`). Returns its ids."""
     n_rows = None
     prints: Dict[str, np.ndarray] = {}
     for name in REQUIRED:
@@ -287,7 +295,7 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
         else:
             if dset.dtype.kind != "f":
                 raise _fail(path, where, f"expected floating-point features, got {dset.dtype}")
-            prints[name] = _check_finite(path, where, dset)
+            prints[name] = _check_finite(path, where, dset, keep)
     bow = _member(path, group, "text_bow", f"/{split}/text_bow", h5py.Dataset, required=False)
     if bow is not None and (bow.ndim != 2 or bow.shape[0] != n_rows):
         raise _fail(path, f"/{split}/text_bow", f"expected shape ({n_rows}, V), got {bow.shape}")
@@ -309,10 +317,12 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
     return split_ids
 
 
-def validate_file(path: PathLike, token_values: bool = True) -> Dict[str, object]:
+def validate_file(path: PathLike, token_values: bool = True,
+                  keep: Optional[Dict[str, Any]] = None) -> Dict[str, object]:
     """Check a dataset file against the format without loading it whole; ``token_values=False`` leaves out
     the scan of its token datasets' values (their layout is checked; :class:`ucmfh.data.tokens.Tokens`
-    scans a split's values where it reads them).
+    scans a split's values where it reads them). ``keep``: the feature datasets whose values to keep, by path
+    (``"/train/image"``); each is set to its float32 array as read for the check.
 
     Returns the root attributes. Raises :class:`DataError` naming the file,
     the HDF5 object and the problem.
@@ -331,7 +341,7 @@ def validate_file(path: PathLike, token_values: bool = True) -> Dict[str, object
         pairs: Dict[str, np.ndarray] = {}
         for split in SPLITS:
             split_ids = _check_split(path, _member(path, f, split, f"/{split}", h5py.Group), split, dims, tokens,
-                                     token_values, pairs)
+                                     token_values, pairs, keep)
             if split_ids is not None:
                 ids[split] = split_ids
         check_token_splits(path, tokens)
@@ -370,6 +380,24 @@ def validate_file(path: PathLike, token_values: bool = True) -> Dict[str, object
 DEFAULT_MAX_MEMORY = 8 * 2**30  # bytes of features held in memory; the largest splits beyond it are streamed
 
 
+def _feature_bytes(f: h5py.File) -> Dict[str, int]:
+    """Each split's bytes of features as float32, from the shapes alone."""
+    return {s: 4 * f[s]["image"].shape[0] * (f[s]["image"].shape[1] + f[s]["text"].shape[1]) for s in SPLITS}
+
+
+def _streamed(size: Optional[Dict[str, int]], max_memory_bytes: Optional[int]) -> Set[str]:
+    """The splits whose features are read from the file as training goes: the largest, until those held fit."""
+    streamed: Set[str] = set()
+    if size is None or max_memory_bytes is None:
+        return streamed
+    held = sum(size.values())
+    for split in sorted(SPLITS, key=size.get, reverse=True):
+        if held > max_memory_bytes:
+            streamed.add(split)
+            held -= size[split]
+    return streamed
+
+
 def load_dataset(path: PathLike, validate: bool = True, max_memory_bytes: Optional[int] = DEFAULT_MAX_MEMORY,
                  stream: StreamSettings = StreamSettings()) -> Dataset:
     """Load a dataset file (validated first, but for its token datasets' values: read by
@@ -379,16 +407,21 @@ def load_dataset(path: PathLike, validate: bool = True, max_memory_bytes: Option
     caches within what the splits held in memory leave of ``max_memory_bytes``.
     """
     path = os.fspath(path)
-    attrs = validate_file(path, token_values=False) if validate else None
+    try:
+        with h5py.File(path, "r") as f:
+            sizes: Optional[Dict[str, int]] = _feature_bytes(f)
+    except (OSError, KeyError, TypeError, ValueError, IndexError, AttributeError):
+        sizes = None  # not a file of the format's shape: validation says what is wrong
+    # the features held in memory are those validation reads: kept from its reads, not read again
+    keep = {f"/{split}/{name}": None for split in SPLITS if split not in _streamed(sizes, max_memory_bytes)
+            for name in ("image", "text")} if validate and sizes is not None else None
+    attrs = validate_file(path, token_values=False, keep=keep) if validate else None
     with open_without_chunk_cache(path) as f:  # the streamed splits' files share its cache
         if attrs is None:
             attrs = read_attrs(f)
-        size = {s: 4 * f[s]["image"].shape[0] * (f[s]["image"].shape[1] + f[s]["text"].shape[1]) for s in SPLITS}
-        streamed, held = set(), sum(size.values())
-        for split in sorted(SPLITS, key=size.get, reverse=True):
-            if max_memory_bytes is not None and held > max_memory_bytes:
-                streamed.add(split)
-                held -= size[split]
+        size = sizes if sizes is not None else _feature_bytes(f)
+        streamed = _streamed(size, max_memory_bytes)
+        held = sum(size[split] for split in SPLITS if split not in streamed)
 
         # the block caches of the streamed features share what the splits held in memory leave
         per_dataset = (max_memory_bytes or 0) - held if streamed else 0
@@ -397,6 +430,8 @@ def load_dataset(path: PathLike, validate: bool = True, max_memory_bytes: Option
         def features(split: str, name: str) -> Features:
             if split in streamed:
                 return Rows(path, f"{split}/{name}", stream.within(per_dataset, f[split][name].shape[1]))
+            if keep is not None:
+                return torch.from_numpy(keep[f"/{split}/{name}"])
             return torch.from_numpy(np.asarray(f[split][name][()], dtype=np.float32))
 
         splits = {}
