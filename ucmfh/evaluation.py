@@ -155,6 +155,7 @@ def score_splits(
     ranking: Ranking = "hamming",
     expected: bool = False,
     per_query: bool = False,
+    recall: bool = True,
 ) -> List[Dict[str, object]]:
     """Scores of encoded query and retrieval splits: one row, or one per database of a caption set.
 
@@ -165,11 +166,12 @@ def score_splits(
     (``map_i2t_expected``, ``recall_i2t_expected``, ``rsum_expected``, …; :mod:`ucmfh.metrics.ties`).
     With ``per_query`` each row also holds ``per_query``, the per-query scores its means are taken
     over (tie-aware with ``expected``): ``ap_i2t``, ``ap_t2i`` and, for a caption set, ``hits_i2t``,
-    ``hits_t2i`` [Q, 3] (R@1/5/10), float32 numpy arrays.
+    ``hits_t2i`` [Q, 3] (R@1/5/10), float32 numpy arrays. ``recall=False``: a caption set's rows without
+    recall and rSum (MAP alone: a validation score).
     """
-    rows = _score_splits(query, retrieval, data, k, ranking, "index")
+    rows = _score_splits(query, retrieval, data, k, ranking, "index", recall)
     if expected:
-        for row, twin in zip(rows, _score_splits(query, retrieval, data, k, ranking, "expected")):
+        for row, twin in zip(rows, _score_splits(query, retrieval, data, k, ranking, "expected", recall)):
             row.update({f"{key}{EXPECTED}": value for key, value in twin.items() if key.startswith(_METRICS)})
             row["per_query"] = twin["per_query"]
     for row in rows:
@@ -179,14 +181,15 @@ def score_splits(
     return rows
 
 
-def _score_splits(query, retrieval, data: Dataset, k: int, ranking: Ranking, ties: Ties) -> List[Dict[str, object]]:
+def _score_splits(query, retrieval, data: Dataset, k: int, ranking: Ranking, ties: Ties,
+                  recall: bool = True) -> List[Dict[str, object]]:
     """One tie rule's rows, each with its ``per_query`` scores (tensors)."""
     if not data.caption_set:
         ap = _average_precisions(query, retrieval, data.query.labels, data.retrieval.labels, k, ranking, ties)
         return [{"k": k, **{f"map_{d}": mean(values) for d, values in ap.items()},
                  "per_query": {f"ap_{d}": values for d, values in ap.items()}}]
     scores = evaluate_caption_set(query[0], query[1], data.query.ids, retrieval[0], retrieval[1], data.retrieval.ids,
-                                  k=k, ranking=ranking, ties=ties, per_query=True)
+                                  k=k, ranking=ranking, ties=ties, per_query=True, recall=recall)
     return [{key: value for key, value in row.items() if key != "ties"} for row in scores.values()]
 
 

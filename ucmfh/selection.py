@@ -125,7 +125,7 @@ def validator(encode: Callable, ranking: str, model: nn.Module, val: Optional[Sp
     def validate() -> float:
         query, retrieval = encode(model, val, "unimodal", device), encode(model, rest, "unimodal", device)
         model.train()
-        rows = score_splits(query, retrieval, data, 50, ranking)
+        rows = score_splits(query, retrieval, data, 50, ranking, recall=False)  # MAP alone: no recall to rank
         return sum(r["map_i2t"] + r["map_t2i"] for r in rows) / (2 * len(rows))
 
     return validate

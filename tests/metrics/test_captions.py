@@ -130,6 +130,11 @@ def test_caption_metrics_equal_a_slow_reference(ranking, n_bits):
         assert row["n_queries_i2t"] == len(np.unique(query[2])) and row["n_queries_t2i"] == len(query[2])
     assert got["test"]["n_database_img"] == len(np.unique(query[2]))
     assert got["collection"]["n_database_txt"] == len(query[2]) + len(retrieval[2])
+    # MAP alone (a validation score): the same MAPs, no recall
+    alone = evaluate_caption_set(*query, *retrieval, k=k, ranks=ranks, ranking=ranking, recall=False)
+    for name in ("test", "collection"):
+        assert {key: got[name][key] for key in alone[name]} == alone[name]
+        assert not {"recall_i2t", "recall_t2i", "rsum"} & set(alone[name])
 
 
 def test_ids_of_another_length_or_that_never_match_are_refused():

@@ -102,6 +102,7 @@ def evaluate_caption_set(
     ranking: Ranking = "hamming",
     ties: Ties = "index",
     per_query: bool = False,
+    recall: bool = True,
 ) -> Dict[str, Dict[str, object]]:
     """Both directions on both databases. Shape: codes or embeddings [N, d]; ids [N] int64.
 
@@ -111,6 +112,7 @@ def evaluate_caption_set(
     each row also holds ``per_query``: the scores the means are taken over, ``ap_i2t`` [Q_img],
     ``ap_t2i`` [Q_txt] (AP@k by id) and ``hits_i2t`` [Q_img, len(ranks)], ``hits_t2i`` (a true
     match among the first R: 0/1, or its probability with ``ties="expected"``), float64 tensors.
+    ``recall=False``: MAP alone, no recall, rSum nor hits (what a validation score needs).
     """
     check_choice("ties", ties, TIES)
     query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids = as_tensors(
@@ -126,19 +128,20 @@ def evaluate_caption_set(
         scores = {
             "ap_i2t": average_precision_by_id(q_img, db["txt"], q_img_ids, db["txt_ids"], k, **kw),
             "ap_t2i": average_precision_by_id(query_txt, db["img"], query_ids, db["img_ids"], k, **kw),
-            "hits_i2t": hits_at_ranks(q_img, db["txt"], q_img_ids, db["txt_ids"], ranks, **kw),
-            "hits_t2i": hits_at_ranks(query_txt, db["img"], query_ids, db["img_ids"], ranks, **kw),
         }
-        recall_i2t = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_i2t"]))}
-        recall_t2i = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_t2i"]))}
         out[name] = {
             "database": name, "k": k, "ties": ties,
             "map_i2t": mean(scores["ap_i2t"]), "map_t2i": mean(scores["ap_t2i"]),
-            "recall_i2t": recall_i2t, "recall_t2i": recall_t2i,
-            "rsum": sum(recall_i2t.values()) + sum(recall_t2i.values()),
             "n_queries_i2t": int(q_img.shape[0]), "n_queries_t2i": int(query_txt.shape[0]),
             "n_database_txt": int(db["txt"].shape[0]), "n_database_img": int(db["img"].shape[0]),
         }
+        if recall:
+            scores["hits_i2t"] = hits_at_ranks(q_img, db["txt"], q_img_ids, db["txt_ids"], ranks, **kw)
+            scores["hits_t2i"] = hits_at_ranks(query_txt, db["img"], query_ids, db["img_ids"], ranks, **kw)
+            recall_i2t = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_i2t"]))}
+            recall_t2i = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_t2i"]))}
+            out[name].update(recall_i2t=recall_i2t, recall_t2i=recall_t2i,
+                             rsum=sum(recall_i2t.values()) + sum(recall_t2i.values()))
         if per_query:
             out[name]["per_query"] = scores
     return out
