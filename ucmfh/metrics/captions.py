@@ -129,19 +129,16 @@ def evaluate_caption_set(
             "ap_i2t": average_precision_by_id(q_img, db["txt"], q_img_ids, db["txt_ids"], k, **kw),
             "ap_t2i": average_precision_by_id(query_txt, db["img"], query_ids, db["img_ids"], k, **kw),
         }
-        out[name] = {
-            "database": name, "k": k, "ties": ties,
-            "map_i2t": mean(scores["ap_i2t"]), "map_t2i": mean(scores["ap_t2i"]),
-            "n_queries_i2t": int(q_img.shape[0]), "n_queries_t2i": int(query_txt.shape[0]),
-            "n_database_txt": int(db["txt"].shape[0]), "n_database_img": int(db["img"].shape[0]),
-        }
+        row = {"database": name, "k": k, "ties": ties,
+               "map_i2t": mean(scores["ap_i2t"]), "map_t2i": mean(scores["ap_t2i"])}
         if recall:
             scores["hits_i2t"] = hits_at_ranks(q_img, db["txt"], q_img_ids, db["txt_ids"], ranks, **kw)
             scores["hits_t2i"] = hits_at_ranks(query_txt, db["img"], query_ids, db["img_ids"], ranks, **kw)
-            recall_i2t = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_i2t"]))}
-            recall_t2i = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_t2i"]))}
-            out[name].update(recall_i2t=recall_i2t, recall_t2i=recall_t2i,
-                             rsum=sum(recall_i2t.values()) + sum(recall_t2i.values()))
+            row["recall_i2t"] = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_i2t"]))}
+            row["recall_t2i"] = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_t2i"]))}
+            row["rsum"] = sum(row["recall_i2t"].values()) + sum(row["recall_t2i"].values())
+        out[name] = {**row, "n_queries_i2t": int(q_img.shape[0]), "n_queries_t2i": int(query_txt.shape[0]),
+                     "n_database_txt": int(db["txt"].shape[0]), "n_database_img": int(db["img"].shape[0])}
         if per_query:
             out[name]["per_query"] = scores
     return out
