@@ -216,21 +216,39 @@ def test_a_captured_step_says_nothing(tiny, monkeypatch, standin_graphs):
     assert StandinGraphs.log.count("replay") > 0 and heard == []
 
 
-@pytest.mark.parametrize("flags, captured", [([], True), (["--no-cuda-graph"], False)])
-def test_a_training_command_on_a_gpu_captures_its_steps_unless_told_not_to(tmp_path, tiny_path, monkeypatch,
-                                                                          standin_graphs, flags, captured):
-    """The commands capture by default where the device is CUDA, without a note (none was asked for);
-    ``--no-cuda-graph`` trains every step eagerly."""
+def _train_hash_on_cuda(tmp_path, tiny_path, monkeypatch, *flags):
     from click.testing import CliRunner
 
     from ucmfh.app.cli import main
 
     with cuda_standin(monkeypatch):
-        ran = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "-b", "16", "--batch-size", "48", "--epochs", "2",
-                                        "--quiet", "--device", "cuda", "--out", str(tmp_path / "runs"),
+        ran = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "-b", "16", "--batch-size", "48", "--epochs",
+                                        "2", "--quiet", "--device", "cuda", "--out", str(tmp_path / "runs"),
                                         "--results", str(tmp_path / "r.jsonl"), *flags])
     assert ran.exit_code == 0, ran.output
-    assert ("replay" in standin_graphs.log) == captured and "note: " not in ran.output
+    return [line for line in ran.output.splitlines() if line.startswith("note: ")]
+
+
+@pytest.mark.parametrize("flags, captured", [([], True), (["--no-cuda-graph"], False),
+                                             (["--max-memory", "1KB"], False)])
+def test_a_training_command_on_a_gpu_captures_its_steps_unless_told_not_to(tmp_path, tiny_path, monkeypatch,
+                                                                          standin_graphs, flags, captured):
+    """The commands capture by default where the device is CUDA and the step can be, without a note where it
+    cannot (rows streamed from the file: none was asked for); ``--no-cuda-graph`` trains every step eagerly."""
+    assert _train_hash_on_cuda(tmp_path, tiny_path, monkeypatch, *flags) == []
+    assert ("replay" in standin_graphs.log) == captured
+
+
+def test_a_capture_refused_by_default_is_said(tmp_path, tiny_path, monkeypatch):
+    """Captured by default, a capture PyTorch refuses is news: one line says so, without 'asked for'."""
+    class RefusingGraphs(StandinGraphs):
+        def capture(self, body, before, stream):
+            raise RuntimeError("operation not permitted when stream is capturing")
+
+    monkeypatch.setattr(captured_module, "CudaGraphs", RefusingGraphs)
+    assert _train_hash_on_cuda(tmp_path, tiny_path, monkeypatch) == [
+        "note: two-tower 16 bits runs eagerly: its capture as a CUDA graph failed (RuntimeError: operation not "
+        "permitted when stream is capturing)"]
 
 
 @pytest.mark.parametrize("case", CAPTURED)

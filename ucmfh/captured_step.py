@@ -35,18 +35,21 @@ from ucmfh.optim import optimize
 WARMUP_STEPS = 3
 
 _ENABLED = [False]
-_ON_EAGER: List[Tuple[Optional[Callable[[str], None]], Set[str]]] = [(None, set())]
+_ON_EAGER: List[Tuple[Optional[Callable[[str], None]], Set[str], bool]] = [(None, set(), True)]
 
 
 @contextlib.contextmanager
-def capture_steps(enabled: bool = True, on_eager: Optional[Callable[[str], None]] = None) -> Iterator[None]:
+def capture_steps(enabled: bool = True, on_eager: Optional[Callable[[str], None]] = None,
+                  every_reason: bool = True) -> Iterator[None]:
     """Inside the block, every plan that can be (:attr:`ucmfh.trainer.Plan.graphable`) trains on a CUDA
     device with its full batches replayed from one captured CUDA graph. ``on_eager(message)`` is told, once
     for each reason, that a plan trained inside runs eagerly although a capture was asked for, and why
-    (:meth:`ucmfh.trainer._Run.eager_because`): a user who asked for graphs hears it before the epochs."""
+    (:meth:`ucmfh.trainer._Run.eager_because`): a user who asked for graphs hears it before the epochs. With
+    ``every_reason=False`` it hears only of a capture that PyTorch refused (a capture on by default is no
+    news where a plan cannot have it: the CPU, bf16, several processes; a refused one is)."""
     before = _ENABLED[0]
     _ENABLED[0] = enabled
-    _ON_EAGER.append((on_eager, set()))
+    _ON_EAGER.append((on_eager, set(), every_reason))
     try:
         yield
     finally:
@@ -59,11 +62,11 @@ def capturing() -> bool:
     return _ENABLED[0]
 
 
-def runs_eagerly(stage: str, reason: str) -> None:
+def runs_eagerly(stage: str, reason: str, refused: bool = False) -> None:
     """Tell the innermost :func:`capture_steps` block's listener that ``stage`` runs eagerly because of ``reason``
-    (each reason once a block)."""
-    listener, said = _ON_EAGER[-1]
-    if listener is not None and reason not in said:
+    (each reason once a block; ``refused``: a capture PyTorch refused, which every listener hears)."""
+    listener, said, every_reason = _ON_EAGER[-1]
+    if listener is not None and (every_reason or refused) and reason not in said:
         said.add(reason)
         listener(f"{stage} runs eagerly: {reason}")
 
@@ -205,5 +208,6 @@ class CapturedStep:
         while err.__context__ is not None and isinstance(err.__context__, Exception):  # the operation refused, not
             err = err.__context__  # the "capture invalidated" that ending the capture raised over it
         first = (str(err).strip().splitlines() or [""])[0]
-        runs_eagerly(self.plan.name, f"its capture as a CUDA graph failed ({type(err).__name__}: {first})")
+        runs_eagerly(self.plan.name, f"its capture as a CUDA graph failed ({type(err).__name__}: {first})",
+                     refused=True)
         return self.eager(batch)

@@ -257,8 +257,10 @@ def _train(stage: Stage, opts: RunOptions, fit: Callable[[StateFile, Any], Tuple
     logs = []
     if opts.tensorboard and group.is_main:  # the run's curves in a folder of the run's own name
         logs.append(TensorBoardLog(os.path.join(opts.tensorboard, os.path.relpath(stage.directory, opts.out))))
-    said = (lambda why: log(f"note: CUDA graphs asked for, but {why}")) if opts.cuda_graph else None
-    with logging_to(*logs), capture_steps(opts.cuda_graph is not False, on_eager=said):
+    # asked for (--cuda-graph): every reason a stage runs eagerly is said; on by default: a refused capture alone
+    asked = "CUDA graphs asked for, but " if opts.cuda_graph else ""
+    with logging_to(*logs), capture_steps(opts.cuda_graph is not False, on_eager=lambda why: log(f"note: {asked}{why}"),
+                                          every_reason=bool(opts.cuda_graph)):
         model, history = fit(state, base)
     seconds = earlier + time.perf_counter() - start
     meta = {"identity": stage.identity, "dataset": stage.dataset, "history": history.as_dict(), "seconds": seconds,
