@@ -176,7 +176,7 @@ def methods_cmd() -> None:
             click.echo(f"{'':<{width}} fixed whatever is asked: {', '.join(spec.fixed)}")
         captured = captured_step(name)
         if captured is not None:
-            click.echo(f"{'':<{width}} --cuda-graph: {captured}")
+            click.echo(f"{'':<{width}} on a GPU: {captured}")
 
 
 @main.command("losses")

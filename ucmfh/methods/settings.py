@@ -229,8 +229,8 @@ def scored_protocols(method: str, protocols: Sequence[str] = PROTOCOLS) -> Tuple
 
 
 def captured_step(method: str) -> Optional[str]:
-    """What ``--cuda-graph`` does to a step of ``method``, in words: ``"its step captured"`` or ``"eager
-    (why)"``; None where it has no steps (fitted in closed form)."""
+    """What a GPU does with a step of ``method`` (captured as a CUDA graph by default), in words: ``"its step
+    captured"`` or ``"eager (why)"``; None where it has no steps (fitted in closed form)."""
     spec = _method(method)
     if spec.closed_form:
         return None
