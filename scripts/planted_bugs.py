@@ -254,11 +254,16 @@ BUGS: Tuple[Bug, ...] = (
         (TRAIN_ONLY,)),
     # --- results rows, atomic writes, no crash behind a passing test
     Bug("expected-twins-by-index", "ucmfh/evaluation.py",
-        '_score_splits(query, retrieval, data, k, ranking, "expected")',
-        '_score_splits(query, retrieval, data, k, ranking, "index")',
+        '_score_splits(query, retrieval, data, k, ranking, "expected", recall)',
+        '_score_splits(query, retrieval, data, k, ranking, "index", recall)',
         "a results row's tie-aware twins (*_expected, what 'ucmfh runs' and 'ucmfh compare' lead with) and its "
         "per-query file are scored with ties by index",
         ("tests/metrics/test_results_row.py",)),
+    Bug("cosine-ties-rightmost", "ucmfh/metrics/topk.py",
+        "    width = torch.arange(m, 0, -1, device=scores.device)  # m - column\n",
+        "    width = torch.arange(1, m + 1, device=scores.device)  # m - column\n",
+        "a cosine top-k list cut inside a run of tied scores keeps the run's last items, not its first (ties by index)",
+        ("tests/metrics/test_metrics.py",)),
     Bug("checkpoint-written-in-place", "ucmfh/checkpoint.py",
         "    with atomic_file(path) as tmp:\n        torch.save(payload, tmp)\n",
         "    torch.save(payload, path)\n",
