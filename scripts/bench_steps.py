@@ -72,7 +72,13 @@ def counted(graphs: type) -> type:
 
 @contextlib.contextmanager
 def compiled_losses():  # type: ignore[no-untyped-def]
-    """Every plan made inside the block has its loss compiled by ``torch.compile`` (``--compile``)."""
+    """Every plan made inside the block has its loss compiled by ``torch.compile`` (``--compile``), its random
+    draws (dropout) by torch's own kernels from the device's generator, as an eager step's, which a CUDA graph
+    captures (inductor's ``fallback_random``; its own seeds are drawn by a call that a failed capture on the H200
+    left unusable)."""
+    import torch._inductor.config as inductor
+
+    random, inductor.fallback_random = inductor.fallback_random, True
     made = Plan.__post_init__
 
     def post_init(plan: Plan) -> None:
@@ -85,6 +91,7 @@ def compiled_losses():  # type: ignore[no-untyped-def]
         yield
     finally:
         Plan.__post_init__ = made  # type: ignore[method-assign]
+        inductor.fallback_random = random
 
 
 class Epochs:
