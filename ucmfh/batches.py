@@ -4,7 +4,7 @@ done ahead of the step that needs it (:class:`StepAhead`)."""
 from __future__ import annotations
 
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, Callable, Iterator, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 import torch
 from torch.utils.weak import WeakIdKeyDictionary
@@ -57,33 +57,34 @@ def epoch_plan(
 
 
 class StepAhead:
-    """One worker thread that does a step's work on the host (``work(batch)``: its reads from a file, the plan's
-    own draws) while the step before it runs. :meth:`take` returns the work's result to the step it was done
-    for; an error in it is raised there."""
+    """Worker threads that do a step's work on the host (``work(batch)``: its reads from a file, the plan's own
+    draws) while the steps before it run: up to ``depth`` steps ahead, each on a thread of its own. :meth:`take`
+    returns the work's result to the step it was done for; an error in it is raised there."""
 
-    def __init__(self) -> None:
+    def __init__(self, depth: int = 1) -> None:
+        self.depth = depth
         self.pool: Optional[ThreadPoolExecutor] = None
-        self.pending: Optional[Future] = None
-        self.iteration: Optional[int] = None  # the step the pending work is for
+        self.pending: Dict[int, Future] = {}  # by the step the work is for
 
     def start(self, work: Callable[[Any], Any], batch: Any) -> None:
-        """``work(batch)`` begun on the worker thread, for the step numbered ``batch.iteration``."""
-        self.wait()
+        """``work(batch)`` begun on a worker thread, for the step numbered ``batch.iteration`` (once)."""
+        if batch.iteration in self.pending:
+            return
         if self.pool is None:
-            self.pool = ThreadPoolExecutor(1, thread_name_prefix="ucmfh-step-ahead")
-        self.pending, self.iteration = self.pool.submit(work, batch), batch.iteration
+            self.pool = ThreadPoolExecutor(self.depth, thread_name_prefix="ucmfh-step-ahead")
+        self.pending[batch.iteration] = self.pool.submit(work, batch)
 
     def take(self, iteration: int) -> Tuple[bool, Any]:
         """``(True, result)`` of the work begun for step ``iteration``; ``(False, None)`` where none was (its
         epoch's first step, the first after a resume): the step does its own."""
-        ready = self.pending is not None and self.iteration == iteration
-        result = self.wait()
-        return ready, result if ready else None
+        pending = self.pending.pop(iteration, None)
+        return (False, None) if pending is None else (True, pending.result())
 
-    def wait(self) -> Any:
-        """The pending work finished (its result, else None)."""
-        pending, self.pending, self.iteration = self.pending, None, None
-        return None if pending is None else pending.result()
+    def wait(self) -> None:
+        """Every pending work finished (an error in it raised), its result let go."""
+        pending, self.pending = self.pending, {}
+        for future in pending.values():
+            future.result()
 
     def __enter__(self) -> "StepAhead":
         return self

@@ -36,6 +36,7 @@ from ucmfh.utils import resolve_device, seed_everything, to_device
 # Under torchrun the ranks decide together whether to stop (a signal may reach one rank only), at
 # every STOP_EVERY-th step and an epoch's last: one collective per step would stall a GPU every step.
 STOP_EVERY = 16
+DRAWS_AHEAD = 8  # steps whose own draws a GPU's run makes ahead at most, each on a thread (_Run.steps_ahead)
 
 
 @dataclass
@@ -334,6 +335,17 @@ class _Run:
             self.ahead(batch.index)
         return None if self.plan.draws is None else self.plan.draws(batch)
 
+    def steps_ahead(self) -> int:
+        """How many steps ahead the host works (:class:`ucmfh.batches.StepAhead`): one, but for a plan's own draws
+        on a GPU (UCCH's negatives, a million a step), which bind a replayed step to the host: each step's are
+        drawn by a generator of its own (``Plan.draws``), so several steps' on as many threads give the same
+        numbers, :data:`DRAWS_AHEAD` at most and half the CPUs this process may use. A streamed split's reads
+        stay one step ahead (its block cache holds what is read for the next step)."""
+        if self.plan.draws is None or self.ahead is not None or self.device.type != "cuda":
+            return 1
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        return max(1, min(DRAWS_AHEAD, cpus // 2))
+
     def eager_step(self, batch: Batch) -> torch.Tensor:
         plan = self.plan
         if plan.step is not None:
@@ -387,7 +399,7 @@ class _Run:
                    disable=not (progress and group.is_main))
         any_host_work = self.ahead is not None or self.plan.draws is not None
         # the bar closed before an interrupt is said, whose line would be glued to it
-        with contextlib.closing(bar), stop_on_signals() as stop, StepAhead() as ahead:
+        with contextlib.closing(bar), stop_on_signals() as stop, StepAhead(self.steps_ahead()) as ahead:
             for epoch in range(start_epoch, cfg.epochs):
                 if at.epoch_generator is not None:  # replay the interrupted epoch's draws
                     self.generator.set_state(at.epoch_generator)
@@ -401,10 +413,10 @@ class _Run:
                     if done <= at.skip:
                         continue
                     batch = Batch(index, separate, epoch, at.iteration)
-                    if any_host_work:  # this step's, done while the step before ran (else now); the next one's begun
+                    if any_host_work:  # this step's, done while the steps before ran (else now); the next ones' begun
                         ready, drawn = ahead.take(batch.iteration)
-                        if done < len(batches):
-                            ahead.start(self.host_work, Batch(*batches[done], epoch, at.iteration + 1))
+                        for later in range(done, min(done + ahead.depth, len(batches))):
+                            ahead.start(self.host_work, Batch(*batches[later], epoch, at.iteration + 1 + later - done))
                         drawn = drawn if ready else self.host_work(batch)
                         batch.draws = None if drawn is None else to_device(drawn, device)
                     at.total += self.step(batch) * len(index)

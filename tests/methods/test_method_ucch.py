@@ -242,3 +242,32 @@ def test_negatives_are_drawn_ahead_of_the_step_and_train_the_same(tiny, monkeypa
     in_step = fit_hashing(tiny, cfg, progress=False)[0].state_dict()
     assert drawers == ["MainThread"] * 2 * steps
     assert all(torch.equal(in_step[key], value) for key, value in ahead.items())
+
+
+
+def test_negatives_drawn_several_steps_ahead_train_the_same(tiny, monkeypatch):
+    """On a GPU the negatives are drawn up to several steps ahead, each step's on a thread (a generator of its
+    own for each step, ucmfh.trainer._Run.steps_ahead): the same weights as drawing one step ahead."""
+    import threading
+
+    import ucmfh.trainer as trainer_module
+    from ucmfh.batches import StepAhead
+
+    cfg = hash_config("ucch", n_bits=16, hidden=32, epochs=3, batch_size=32, device="cpu", val_fraction=0.0,
+                      method_params={"n_negatives": 32})
+    one = fit_hashing(tiny, cfg, progress=False)[0].state_dict()
+    in_flight, start = [], StepAhead.start
+
+    def counted(self, work, batch):
+        start(self, work, batch)
+        in_flight.append(len(self.pending))
+
+    drawers, draw = [], MemoryBank.draw
+    monkeypatch.setattr(MemoryBank, "draw", lambda self, *args: drawers.append(threading.current_thread().name)
+                        or draw(self, *args))
+    monkeypatch.setattr(StepAhead, "start", counted)
+    monkeypatch.setattr(trainer_module._Run, "steps_ahead", lambda self: 4)
+    four = fit_hashing(tiny, cfg, progress=False)[0].state_dict()
+    assert max(in_flight) == 4  # four steps' draws begun at once
+    assert drawers.count("MainThread") == 2  # each epoch's first step after the warm-up: the rest drawn ahead
+    assert all(torch.equal(four[key], value) for key, value in one.items())
