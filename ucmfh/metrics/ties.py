@@ -222,11 +222,12 @@ def tie_aware_average_precision(
     query: torch.Tensor, retrieval: torch.Tensor, query_side: torch.Tensor, retrieval_side: torch.Tensor,
     *, by_id: bool, k: Optional[int], ranking: str, chunk_size: int, retrieval_chunk_size: int,
 ) -> torch.Tensor:
-    """Expected AP@k (``k=None``: over the whole ranking) of every query. Shape: -> [Q] float64."""
-    parts = [expected_average_precision(n, r, k) for _, n, r in iter_groups(
+    """Expected AP@k (``k=None``: over the whole ranking) of every query, on the device of ``query``.
+    Shape: -> [Q] float64. The expectations are taken on the host (:func:`_on_host`)."""
+    parts = [expected_average_precision(*_on_host(n, r), k) for _, n, r in iter_groups(
         query, retrieval, query_side, retrieval_side, by_id=by_id, k=k, ranking=ranking, chunk_size=chunk_size,
         retrieval_chunk_size=retrieval_chunk_size)]
-    return torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)
+    return (torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)).to(query.device)
 
 
 def tie_aware_hits(
@@ -234,10 +235,19 @@ def tie_aware_hits(
     ks: Sequence[int], *, by_id: bool, any_hit: bool, ranking: str, chunk_size: int, retrieval_chunk_size: int,
 ) -> torch.Tensor:
     """Expected relevant items among the first k (``any_hit``: the probability of one at least), for
-    each k of ``ks``. Shape: -> [Q, len(ks)] float64."""
+    each k of ``ks``, on the device of ``query``. Shape: -> [Q, len(ks)] float64. The expectations are taken
+    on the host (:func:`_on_host`)."""
     ks = [min(k, retrieval.shape[0]) for k in ks]
     of = hit_probability if any_hit else expected_hits
-    parts = [of(n, r, ks) for _, n, r in iter_groups(
+    parts = [of(*_on_host(n, r), ks) for _, n, r in iter_groups(
         query, retrieval, query_side, retrieval_side, by_id=by_id, k=max(ks), ranking=ranking,
         chunk_size=chunk_size, retrieval_chunk_size=retrieval_chunk_size)]
-    return torch.cat(parts)
+    return torch.cat(parts).to(query.device)
+
+
+def _on_host(n: torch.Tensor, r: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """A chunk's groups (a few thousand counts) on the CPU, where their expectations' dozens of small elementwise
+    steps and special functions (digamma, lgamma) are cheap: on the H200 they took 1.4 s of the main job's 2.4-s
+    evaluation on the GPU (cProfile, 2026-11-30: 64 chunks, 22 ms each); 3 ms a chunk of 256 queries × 65
+    groups on one CPU thread here (expected AP@50; 5 ms for the hit probabilities at three cut-offs)."""
+    return n.cpu(), r.cpu()
