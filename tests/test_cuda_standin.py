@@ -120,6 +120,23 @@ def test_evaluation_on_cuda_gives_the_cpu_s_scores(tiny, cuda, method):
             assert torch.equal(torch.as_tensor(value).cpu(), torch.as_tensor(b["per_query"][key]).cpu()), key
 
 
+def test_on_cuda_several_chunks_top_k_lists_found_in_one_call_are_the_cpu_s(cuda, monkeypatch):
+    """A GPU finds the Hamming lists of many queries in one call (ucmfh.metrics.topk.GPU_QUERIES, here 7: two
+    chunks of 3 a call) and yields them a chunk at a time: every chunk's start, distances and indices the CPU's,
+    ties included (16-bit codes of few values)."""
+    from ucmfh.metrics import topk
+
+    monkeypatch.setattr(topk, "GPU_QUERIES", 7)
+    g = torch.Generator().manual_seed(0)
+    query, retrieval = (torch.randint(0, 2, (n, 16), generator=g).float() * 2 - 1 for n in (20, 300))
+    want = list(topk.iter_top_k(query, retrieval, 25, chunk_size=3))
+    with cuda.block():
+        got = list(topk.iter_top_k(query.cuda(), retrieval.cuda(), 25, chunk_size=3))
+    assert [start for start, _, _ in got] == [start for start, _, _ in want] == list(range(0, 20, 3))
+    for (_, d_want, i_want), (_, d_got, i_got) in zip(want, got):
+        assert torch.equal(d_got.cpu(), d_want) and torch.equal(i_got.cpu(), i_want)
+
+
 def test_fusion_evaluation_on_cuda_gives_the_cpu_s_scores(tiny, cuda):
     torch.manual_seed(0)
     fusion = FusionEncoder.from_config(tiny.d_img, tiny.d_txt, small_fusion()).eval()
