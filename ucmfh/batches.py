@@ -94,8 +94,8 @@ class StepAhead:
             if kind is None:
                 self.wait()
         finally:
-            if self.pool is not None:
-                self.pool.shutdown(wait=True)
+            if self.pool is not None:  # a run that stops lets the work not yet begun go
+                self.pool.shutdown(wait=True, cancel_futures=kind is not None)
 
 
 class BatchReads:
