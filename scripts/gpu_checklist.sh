@@ -5,7 +5,7 @@
 #   DATA=../shared/data OUT=gpu-out bash scripts/gpu_checklist.sh          # every step
 #   DATA=gpu-data OUT=gpu-out bash scripts/gpu_checklist.sh speed          # issue 48's figures alone, first
 #   DATA=gpu-data PACK=1 bash scripts/gpu_checklist.sh speed              # in a device call ($OUT: 8 files back)
-#   PACK=1 bash scripts/gpu_checklist.sh compile                         # the torch.compile experiment alone
+#   PACK=1 bash scripts/gpu_checklist.sh graphs                          # graph tests, then the torch.compile experiment
 #
 # `speed` runs only the steps that measure the speed goals: about 6 minutes on an H200 if nothing is faster
 # than the eager figures measured there (main job 105 s, Flickr8k 144 s), under 10 minutes whatever happens
@@ -37,7 +37,8 @@ PACK=${PACK:-0}  # PACK=1: OUT ends with summary.txt, speed.md (issue 48's goals
 SPEED="env build steps main-graph main-eager20 bench-train flickr8k-graph grid-jobs"
 ONLY=""
 [ "${1:-}" = speed ] && ONLY=$SPEED
-[ "${1:-}" = compile ] && ONLY="env build compile"  # the torch.compile experiment alone (bench_steps.py --compile)
+# the captured step on a GPU: the graph path against the eager one for every plan, then the torch.compile experiment
+[ "${1:-}" = graphs ] && ONLY="env build graph-tests compile"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -113,6 +114,7 @@ step bench-train 80 $PY scripts/bench_train.py --device $DEVICE --only throughpu
     --cuda-graph --device $DEVICE --out "$WORK/flickr8k" --results "$OUT/flickr8k.jsonl"  # the default, both temperatures
 step grid-jobs 115 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 -- -d wiki --data-dir "$DATA" \
     --methods two-tower,ucmfh --seeds 1,2,3 -b 32 --epochs 10 --device $DEVICE  # six cells one by one, then at once
+step graph-tests 90 $PY -m pytest tests/test_captured_step.py -k real -q -rf -p no:cacheprovider -n 8  # each plan
 step compile 200 $PY scripts/bench_steps.py --device $DEVICE --steps 40 --repeats 1 --compile --only two-tower \
     --only fusion --only ucmfh  # each stage's loss compiled in the warm-up, then captured: fewer, larger kernels?
 [ -n "$ONLY" ] && { finish; exit 0; }
