@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from typing import NoReturn
 
 from ucmfh.app.errors import EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, interrupted
 from ucmfh.app.environment import configure_from_env, default_data_dir, protocols_of, resolve_dataset
@@ -48,9 +49,15 @@ def parse_args(argv=None) -> argparse.Namespace:
     return parser().parse_args(argv)
 
 
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> NoReturn:
+        """A mistake on the command line in one line, exit code 2, as the ``ucmfh`` command says it (no usage)."""
+        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+
+
 def parser() -> argparse.ArgumentParser:
     """UCMFH's command line."""
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", type=int, choices=[0, 1, 2, 3], default=1,
                    help="0 train fusion, 1 train hashing, 2 evaluate fusion, 3 evaluate hashing")
     p.add_argument("--dataset", default="synthetic", help="NAME (DATA_DIR/NAME.h5) or path to an .h5 file")

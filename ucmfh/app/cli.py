@@ -28,21 +28,42 @@ from ucmfh.methods import DEFAULT_METHOD, METHODS, PLUGIN_ERRORS, PLUGINS
 from ucmfh.methods.settings import captured_step, default_loss, fusion_config, refuse_unused, stage_configs
 from ucmfh.utils import resolve_device
 
+class UsageInOneLine(click.ClickException):
+    """A mistake on the command line said in one line, exit code 2: what is wrong and where the flags are listed
+    (click's own says it under the command's usage and a blank line)."""
+
+    exit_code = 2
+
+    def __init__(self, err: click.UsageError) -> None:
+        where = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
+        super().__init__(f"{err.format_message()}{where}")
+
+
 class Commands(click.Group):
     """The ``ucmfh`` group: a reader that closes the output early (``ucmfh runs | head -1``) ends every
-    command quietly, as it ends ``yes | head -1`` (:func:`ucmfh.app.errors.reader_gone`)."""
+    command quietly, as it ends ``yes | head -1`` (:func:`ucmfh.app.errors.reader_gone`); a mistake on the
+    command line is one line (:class:`UsageInOneLine`; ``ucmfh`` alone still prints its help)."""
 
     def make_context(self, *args, **kwargs) -> click.Context:  # where 'ucmfh --help' prints
         try:
             return super().make_context(*args, **kwargs)
         except BrokenPipeError:
             reader_gone()
+        except click.UsageError as err:
+            raise _in_one_line(err) from None
 
     def invoke(self, ctx: click.Context):
         try:
             return super().invoke(ctx)
         except BrokenPipeError:
             reader_gone()
+        except click.UsageError as err:
+            raise _in_one_line(err) from None
+
+
+def _in_one_line(err: click.UsageError) -> click.ClickException:
+    """``err`` as :class:`UsageInOneLine`, but a bare ``ucmfh``'s request for help (click 8.2's NoArgsIsHelpError)."""
+    return err if isinstance(err, getattr(click.exceptions, "NoArgsIsHelpError", ())) else UsageInOneLine(err)
 
 
 @click.group(cls=Commands, context_settings={"help_option_names": ["-h", "--help"]})
