@@ -52,7 +52,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:
         """A mistake on the command line in one line, exit code 2, as the ``ucmfh`` command says it (no usage)."""
-        self.exit(2, f"{self.prog}: error: {message} (see '{self.prog} --help')\n")
+        self.exit(2, f"{self.prog}: error: {message}\n")
 
 
 def parser() -> argparse.ArgumentParser:

@@ -29,14 +29,13 @@ from ucmfh.methods.settings import captured_step, default_loss, fusion_config, r
 from ucmfh.utils import resolve_device
 
 class UsageInOneLine(click.ClickException):
-    """A mistake on the command line said in one line, exit code 2: what is wrong and where the flags are listed
-    (click's own says it under the command's usage and a blank line)."""
+    """A mistake on the command line said in one line, exit code 2 (click's own says it under the command's
+    usage, a hint and a blank line); the message names the flag, and click's guess where a flag is unknown."""
 
     exit_code = 2
 
     def __init__(self, err: click.UsageError) -> None:
-        where = f" (see '{err.ctx.command_path} --help')" if err.ctx is not None else ""
-        super().__init__(f"{err.format_message()}{where}")
+        super().__init__(err.format_message())
 
 
 class Commands(click.Group):
