@@ -62,10 +62,16 @@ class FusionEncoder(nn.Module):
             getattr(self, f"{name}_std").copy_(torch.where(std > 0, std, torch.ones_like(std)))
 
     def _img_token(self, img: torch.Tensor) -> torch.Tensor:
-        return self.proj_img((img - self.img_mean) / self.img_std) + self.modality[0]
+        return self._img_proj(img) + self.modality[0]
 
     def _txt_token(self, txt: torch.Tensor) -> torch.Tensor:
-        return self.proj_txt((txt - self.txt_mean) / self.txt_std) + self.modality[1]
+        return self._txt_proj(txt) + self.modality[1]
+
+    def _img_proj(self, img: torch.Tensor) -> torch.Tensor:
+        return self.proj_img((img - self.img_mean) / self.img_std)
+
+    def _txt_proj(self, txt: torch.Tensor) -> torch.Tensor:
+        return self.proj_txt((txt - self.txt_mean) / self.txt_std)
 
     @property
     def d_out(self) -> int:
@@ -75,7 +81,7 @@ class FusionEncoder(nn.Module):
         self, img: torch.Tensor, txt: torch.Tensor, separate: Optional[torch.Tensor] = None
     ) -> Tuple[torch.Tensor, torch.Tensor]:
         """Both embeddings of each pair; ``separate`` [B] bool marks items whose tokens may not attend to each other."""
-        tokens = torch.stack([self._img_token(img), self._txt_token(txt)], dim=1)
+        tokens = torch.stack([self._img_proj(img), self._txt_proj(txt)], dim=1) + self.modality  # one add, both
         mask = None
         if separate is not None:
             # per-item [2, 2] additive mask, -inf across modalities for separated items
@@ -86,7 +92,8 @@ class FusionEncoder(nn.Module):
             mask = cross.masked_fill(blocked, float("-inf")).repeat_interleave(self.n_heads, dim=0)
         # is_causal=False: what torch would find by building a causal mask to compare with, every step
         out = self.encoder(tokens, mask=mask, is_causal=False)
-        return normalize(out[:, 0]), normalize(out[:, 1])
+        img, txt = normalize(out).unbind(dim=1)  # both tokens at once: one normalisation, one gradient copy
+        return img, txt
 
     def encode_img(self, img: torch.Tensor) -> torch.Tensor:
         """Image embeddings from images alone. Shape: [B, d_img] -> [B, d_model]."""
