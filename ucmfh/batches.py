@@ -66,10 +66,12 @@ class StepAhead:
         self.pool: Optional[ThreadPoolExecutor] = None
         self.pending: Dict[int, Future] = {}  # by the step the work is for
 
+    def begun(self, iteration: int) -> bool:
+        """Whether the work for step ``iteration`` is begun and not yet taken."""
+        return iteration in self.pending
+
     def start(self, work: Callable[[Any], Any], batch: Any) -> None:
-        """``work(batch)`` begun on a worker thread, for the step numbered ``batch.iteration`` (once)."""
-        if batch.iteration in self.pending:
-            return
+        """``work(batch)`` begun on a worker thread, for the step numbered ``batch.iteration``."""
         if self.pool is None:
             self.pool = ThreadPoolExecutor(self.depth, thread_name_prefix="ucmfh-step-ahead")
         self.pending[batch.iteration] = self.pool.submit(work, batch)

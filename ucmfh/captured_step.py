@@ -121,7 +121,7 @@ class CapturedStep:
         # the batch the warm-up and the graph read: each full batch's indices, draws and fed scalars copied in
         self.static: Any = None
         self.loss: Optional[torch.Tensor] = None
-        self.held: Any = None  # what the graph holds of the host: the plan's scalars, learning rate, draws or none
+        self.held: Any = None  # what the graph holds of the host: the plan's scalars it does not feed, learning rate
         for group in plan.optimizer.param_groups:  # Adam's step count and bias corrections on the device
             if "capturable" in group:
                 group["capturable"] = True

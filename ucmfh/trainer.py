@@ -416,7 +416,9 @@ class _Run:
                     if any_host_work:  # this step's, done while the steps before ran (else now); the next ones' begun
                         ready, drawn = ahead.take(batch.iteration)
                         for later in range(done, min(done + ahead.depth, len(batches))):
-                            ahead.start(self.host_work, Batch(*batches[later], epoch, at.iteration + 1 + later - done))
+                            iteration = at.iteration + 1 + later - done
+                            if not ahead.begun(iteration):  # after an epoch's first step, the farthest one alone
+                                ahead.start(self.host_work, Batch(*batches[later], epoch, iteration))
                         drawn = drawn if ready else self.host_work(batch)
                         batch.draws = None if drawn is None else to_device(drawn, device)
                     at.total += self.step(batch) * len(index)
