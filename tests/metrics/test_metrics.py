@@ -235,13 +235,13 @@ def test_cosine_is_the_same_whatever_the_summation_order():
 def test_the_first_k_by_score_are_a_stable_descending_sort_s_first_k(levels):
     """The cosine ranking's selection (``topk`` twice, no sort of the row) against the sort it replaces: every row
     shape, ``k`` below, at and above the row's length, few score levels (long runs of ties across the k-th)."""
-    from ucmfh.metrics.topk import _first_k
+    from ucmfh.metrics.topk import first_k
 
     g = torch.Generator().manual_seed(levels)
     for _ in range(200):
         rows, m, k = (int(torch.randint(1, hi, (1,), generator=g)) for hi in (5, 40, 50))
         scores = torch.randint(0, levels, (rows, m), generator=g).double() / levels - 0.5
-        got_scores, got_columns = _first_k(scores, k)
+        got_scores, got_columns = first_k(scores, k)
         want_scores, want_columns = scores.sort(dim=1, descending=True, stable=True)
         assert torch.equal(got_scores, want_scores[:, :k]) and torch.equal(got_columns, want_columns[:, :k])
 

@@ -136,7 +136,7 @@ def hamming_top_k_torch(
     return best // n, best % n
 
 
-def _first_k(scores: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
+def first_k(scores: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
     """The first ``k`` columns of each row by score, descending, ties by column: a stable descending sort's first
     ``k``, without sorting the row. ``topk`` finds the ``k``-th score and every column above it; the places left
     go to the columns tied at it, leftmost first (a second ``topk``, of ``m - column`` where tied); the ``2k``
@@ -167,7 +167,7 @@ def _cosine_top_k_chunk(
     best_s: Optional[torch.Tensor] = None
     best_i: Optional[torch.Tensor] = None
     for start in range(0, retrieval.shape[0], block):
-        sim, order = _first_k(cosine_similarity_float64(q, retrieval[start : start + block].to(device)), k)
+        sim, order = first_k(cosine_similarity_float64(q, retrieval[start : start + block].to(device)), k)
         order = order + start
         if best_s is None:
             best_s, best_i = sim, order
