@@ -16,10 +16,10 @@ from ucmfh.app.environment import configure_from_env, default_data_dir, protocol
 from ucmfh.app.experiment import evaluate_checkpoint, train_fusion_stage, train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, dataset_identity
 from ucmfh.app.stage import check_interrupted, saved_epochs
-from ucmfh.app.options import DEFAULT_RESULTS
+from ucmfh.app.options import DEFAULT_RESULTS, check_precision
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
-from ucmfh.config import NON_NEGATIVE, PROTOCOLS, SETTINGS, FusionConfig, HashConfig, Range
+from ucmfh.config import AMP_MODES, NON_NEGATIVE, PROTOCOLS, SETTINGS, FusionConfig, HashConfig, Range
 from ucmfh.data.h5 import load_dataset
 from ucmfh.losses import LOSSES
 from ucmfh.methods import stage_configs
@@ -71,6 +71,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=FusionConfig.seed)
     p.add_argument("--protocol", choices=["both", *PROTOCOLS], default="both")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, ...")
+    p.add_argument("--amp", choices=AMP_MODES, default=None,
+                   help="training's number format: none (float32, the default), bf16 (autocast of the forward pass) "
+                        "or tf32 (a GPU's float32 matmuls on its tensor cores)")
     p.add_argument("--out", default="runs", help="root folder of runs (checkpoints)")
     p.add_argument("--results", default=DEFAULT_RESULTS, help="JSON-lines file results are appended to")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run of the same settings")
@@ -111,7 +114,8 @@ def main(argv=None) -> int:
         # UCMFH's method: its hashing stage shares every training setting with its fusion stage
         fusion_cfg, [hash_cfg] = stage_configs("ucmfh", dataset=args.dataset, n_bits=[args.hash_lens], loss=args.loss,
                                                epochs=args.epoch, batch_size=args.batch_size, seed=args.seed,
-                                               device=args.device)
+                                               device=args.device, amp=args.amp)
+        check_precision(fusion_cfg, hash_cfg)
         opts = RunOptions(out=args.out, resume=args.resume, save_interval=args.save_interval,
                           cuda_graph=args.cuda_graph)
         check_outputs({"--results": args.results}, {"--out": args.out if args.task in (0, 1) else None})

@@ -17,6 +17,11 @@ captured path is the eager one (graphs are CUDA's): only ``eager`` is timed.
     python scripts/bench_steps.py --device cuda --only daeh --json
     python scripts/bench_steps.py --device cpu --steps 20          # eager on the CPU
     python scripts/bench_steps.py --device cuda --compile --only fusion --only ucmfh   # an experiment, below
+    python scripts/bench_steps.py --device cuda --tf32 --only fusion --only ucmfh      # TF32 matmuls, captured
+
+``--tf32`` also times each stage captured with its float32 matmuls in TF32 on the tensor cores (``--amp tf32``,
+:func:`ucmfh.amp.matmul_precision`), against the captured float32 step: what TF32 buys a step whose matmuls
+are a part of its kernels' time.
 
 ``--compile`` also times each stage with its loss compiled by ``torch.compile`` (inductor's fused kernels) and
 its step captured: an experiment that asks what fewer, larger kernels would buy on a GPU, where a captured step
@@ -43,6 +48,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_dispatch, besi
 from bench_dispatch import Stage, stages  # noqa: E402
 
 import ucmfh.captured_step as captured_step  # noqa: E402
+from ucmfh.amp import matmul_precision  # noqa: E402
 from ucmfh.captured_step import capture_steps  # noqa: E402
 from ucmfh.methods import METHODS  # noqa: E402
 from ucmfh.trainer import Plan  # noqa: E402
@@ -124,6 +130,7 @@ def seconds_a_step(stage: Stage, captured: bool, steps: int, repeats: int) -> Tu
 
 HEADER = f"{'stage':<10} {'batch':>5} {'eager ms':>9} {'graph ms':>9} {'speed-up':>8} {'captures':>8} {'replays':>8}"
 COMPILED = f" {'compiled ms':>11} {'speed-up':>8}"  # --compile's columns
+TF32 = f" {'tf32 ms':>8} {'vs graph':>8}"  # --tf32's columns
 
 
 def line(name: str, row: Dict[str, object]) -> str:
@@ -140,8 +147,12 @@ def line(name: str, row: Dict[str, object]) -> str:
     if row.get("compiled"):
         speed_up = f"{row['eager'] / row['compiled']:.1f}x"
         compiled = f" {1e3 * row['compiled']:>11.2f} {speed_up:>8} (first epoch {row['compiled_first_epoch']:.1f} s)"
+    tf32 = ""
+    if row.get("tf32"):
+        versus = f"{graph / row['tf32']:.2f}x" if graph else "-"
+        tf32 = f" {1e3 * row['tf32']:>8.2f} {versus:>8}"
     return (f"{name:<10} {row['batch_size']:>5} {1e3 * row['eager']:>9.2f} {captured:>9} {ratio:>8} {counts}"
-            f"{compiled}{eager}")
+            f"{compiled}{tf32}{eager}")
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -156,6 +167,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--only", action="append", help="Time only these stages, in this order (repeatable): fusion or "
                    "a method.")
     p.add_argument("--json", action="store_true", help="Print the figures as JSON (seconds a step).")
+    p.add_argument("--tf32", action="store_true", help="Also time each stage captured with TF32 matmuls "
+                   "(--amp tf32; CUDA only).")
     p.add_argument("--compile", action="store_true", help="Also time each stage's loss compiled by torch.compile, "
                    "its step captured (an experiment; CUDA only).")
     args = p.parse_args(argv)
@@ -173,9 +186,11 @@ def main(argv: Optional[List[str]] = None) -> None:
         p.error("--device cuda: this machine has no GPU")
     if args.compile and args.device != "cuda":
         p.error("--compile: an experiment for a GPU's kernels; give --device cuda")
+    if args.tf32 and args.device != "cuda":
+        p.error("--tf32: a GPU's matmul format; give --device cuda")
     dispatch_args = argparse.Namespace(batch_size=args.batch_size or 128, n_bits=args.n_bits, width=args.width,
                                        only=args.only or [m for m in known])
-    paths = (PATHS + ("compiled",) * args.compile) if args.device == "cuda" else PATHS[:1]
+    paths = (PATHS + ("compiled",) * args.compile + ("tf32",) * args.tf32) if args.device == "cuda" else PATHS[:1]
     rows: Dict[str, Dict[str, object]] = {}
     stopped: Optional[KeyboardInterrupt] = None
     graphs = captured_step.CudaGraphs
@@ -196,9 +211,10 @@ def main(argv: Optional[List[str]] = None) -> None:
                         except Exception as err:  # noqa: BLE001
                             first = (str(err).strip().splitlines() or [""])[0]
                             row["compiled_error"] = f"{type(err).__name__}: {first}"
-                    else:
-                        row[path], row[f"{path}_first_epoch"] = seconds_a_step(stage, path != "eager", args.steps,
-                                                                               args.repeats)
+                    else:  # tf32: the captured step, its matmuls in TF32 (as --amp tf32 sets for a run)
+                        with matmul_precision("tf32" if path == "tf32" else "none"):
+                            row[path], row[f"{path}_first_epoch"] = seconds_a_step(stage, path != "eager", args.steps,
+                                                                                   args.repeats)
                     if path == "graph":
                         row.update(COUNTS, eager_because=list(EAGER))
                     elif path == "compiled":  # its own captures, and why it ran eagerly, apart from the graph's
@@ -206,7 +222,7 @@ def main(argv: Optional[List[str]] = None) -> None:
                                    compiled_eager_because=list(EAGER))
                 rows[stage.name] = row
                 if not args.json:
-                    header = HEADER + COMPILED * args.compile
+                    header = HEADER + COMPILED * args.compile + TF32 * args.tf32
                     print(*([header] if len(rows) == 1 else []), line(stage.name, row), sep="\n", flush=True)
         except KeyboardInterrupt as err:  # Ctrl-C, or the checklist's cap (SIGTERM): the stages timed are kept
             stopped = err

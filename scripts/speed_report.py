@@ -71,6 +71,49 @@ def _map(row: Dict[str, Any], field: str) -> float:
     return row.get(field + "_expected", row[field])  # tie-aware where the row has it
 
 
+def map_rows(out: str, step: str, label: str) -> List[List[str]]:
+    """The main job's MAP@50 of ``step`` (its rows, ``STEP.jsonl``) in each protocol against the eager H200's:
+    goal, measured, tolerance, met."""
+    hashing = {r["protocol"]: r for r in _rows(out, f"{step}.jsonl") if r.get("task") == "hashing"}
+    rows = []
+    for protocol, (i2t, t2i) in EAGER_H200["map"].items():
+        row = hashing.get(protocol)
+        if row is None:
+            rows.append([f"{label}MAP@50 {protocol}", "no row", f"±{GOALS['map_tolerance']}", "–"])
+            continue
+        got = (_map(row, "map_i2t"), _map(row, "map_t2i"))
+        ok = all(abs(a - b) <= GOALS["map_tolerance"] for a, b in zip(got, (i2t, t2i)))
+        rows.append([f"{label}MAP@50 {protocol} I→T / T→I",
+                     f"{got[0]:.4f} / {got[1]:.4f} (eager H200: {i2t:.4f} / {t2i:.4f})",
+                     f"±{GOALS['map_tolerance']}", "yes" if ok else "no"])
+    return rows
+
+
+def tf32_rows(out: str) -> List[List[str]]:
+    """``--amp tf32``'s rows (the checklist's ``graphs`` run; none where its steps did not run): the main job's
+    wall seconds and MAPs, as goal 1's, and each stage's captured step in float32 and in TF32 (``steps-tf32``)."""
+    steps = read_summary(out)
+    rows = []
+    if "main-tf32" in steps:
+        why = _ran(steps, "main-tf32")
+        seconds = None if why else steps["main-tf32"]["seconds"]
+        rows.append(["1. main job, captured, --amp tf32 (wall s)",
+                     why or _captured(out, "main-tf32", f"{seconds:.1f} (eager H200: {EAGER_H200['main_job_s']:.0f})"),
+                     f"≤ {GOALS['main_job_s']:.0f}", "–" if why else ("yes" if seconds <= GOALS["main_job_s"] else "no")])
+        if not why:
+            rows += map_rows(out, "main-tf32", "1. TF32: ")
+    if "steps-tf32" in steps:
+        for line in _lines(out, "steps-tf32.txt"):
+            cells = line.split()
+            if len(cells) == 9 and cells[1].isdigit() and cells[2] != "eager":
+                rows.append([f"a {cells[0]} step, captured, float32 → TF32 (ms)", f"{cells[3]} → {cells[7]} "
+                             f"({cells[8].replace('x', '×')})", "–", "–"])
+        why = _ran(steps, "steps-tf32")
+        if why:
+            rows.append(["a step, captured, float32 → TF32", why, "–", "–"])
+    return rows
+
+
 def goal_rows(out: str) -> List[List[str]]:
     """The table's rows: goal, measured, goal value, met."""
     steps = read_summary(out)
@@ -81,16 +124,7 @@ def goal_rows(out: str) -> List[List[str]]:
                  why or _captured(out, "main-graph", f"{seconds:.1f} (eager H200: {EAGER_H200['main_job_s']:.0f})"),
                  f"≤ {GOALS['main_job_s']:.0f}", "–" if why else ("yes" if seconds <= GOALS["main_job_s"] else "no")])
     if not why:
-        hashing = {r["protocol"]: r for r in _rows(out, "main-graph.jsonl") if r.get("task") == "hashing"}
-        for protocol, (i2t, t2i) in EAGER_H200["map"].items():
-            row = hashing.get(protocol)
-            if row is None:
-                rows.append([f"1. MAP@50 {protocol}", "no row", f"±{GOALS['map_tolerance']}", "–"])
-                continue
-            got = (_map(row, "map_i2t"), _map(row, "map_t2i"))
-            ok = all(abs(a - b) <= GOALS["map_tolerance"] for a, b in zip(got, (i2t, t2i)))
-            rows.append([f"1. MAP@50 {protocol} I→T / T→I", f"{got[0]:.4f} / {got[1]:.4f} (eager H200: {i2t:.4f} / {t2i:.4f})",
-                         f"±{GOALS['map_tolerance']}", "yes" if ok else "no"])
+        rows += map_rows(out, "main-graph", "1. ")
     why = _ran(steps, "main-eager20")
     rows.append(["this card, eager main job, 20 epochs (wall s)", why or f"{steps['main-eager20']['seconds']:.1f}", "–", "–"])
     why = _ran(steps, "bench-train")
@@ -137,7 +171,7 @@ def goal_rows(out: str) -> List[List[str]]:
         rows.append([f"4. six-cell grid, --jobs {jobs} against --jobs 1 (wall s)",
                      f"{wall:.1f} against {one:.1f} ({one / wall:.1f}×); rows equal: {equal}", "faster, rows equal",
                      "yes" if wall < one and equal == "yes" else "no"])
-    return rows
+    return rows + tf32_rows(out)
 
 
 def step_rows(out: str) -> Tuple[Optional[str], List[List[str]]]:

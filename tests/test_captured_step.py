@@ -6,6 +6,7 @@ one (the GPU checklist's suite)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 
 import pytest
 import torch
@@ -206,6 +207,31 @@ def test_a_step_that_cannot_be_captured_runs_eagerly_and_says_why(tiny, monkeypa
     with cuda_standin(monkeypatch), capture_steps(on_eager=heard.append):
         fit_hashing(tiny, cfg, progress=False)
     assert StandinGraphs.log == [] and heard == [said]
+
+
+def test_tf32_training_is_captured_with_tf32_matmuls_and_restores_the_setting(tiny, monkeypatch, standin_graphs):
+    """``amp='tf32'``: the whole of training, its capture too, runs CUDA's float32 matmuls in TF32, and torch's
+    setting is what it was once the run ends. The stand-in's matmuls are the CPU's: the model is the float32 one."""
+    matmul = torch.backends.cuda.matmul
+    seen = []
+
+    class Watched(StandinGraphs):
+        def capture(self, body, before, stream):
+            seen.append(matmul.fp32_precision)
+            return super().capture(body, before, stream)
+
+    monkeypatch.setattr(captured_module, "CudaGraphs", Watched)
+    before = matmul.fp32_precision
+    cfg = method_config("two-tower", epochs=2, device="cuda", n_bits=16, batch_size=48, dropout=0.0,
+                        loss_params={"temperature": 0.3})
+    with cuda_standin(monkeypatch):
+        full, _ = fit_hashing(tiny, cfg, progress=False)
+        heard = []
+        with capture_steps(on_eager=heard.append):
+            tf32, _ = fit_hashing(tiny, dataclasses.replace(cfg, amp="tf32"), progress=False)
+    assert seen == ["tf32"] and heard == [] and matmul.fp32_precision == before
+    for (name, a), b in zip(full.state_dict().items(), tf32.state_dict().values()):
+        torch.testing.assert_close(b, a, msg=name, rtol=1e-6, atol=1e-7)
 
 
 def test_a_captured_step_says_nothing(tiny, monkeypatch, standin_graphs):

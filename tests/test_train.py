@@ -91,6 +91,12 @@ def test_bf16_amp_trains_finite_and_is_reproducible(tiny):
     assert torch.equal(codes[0], codes_again[0]) and torch.equal(codes[1], codes_again[1])
 
 
+def test_tf32_is_refused_off_a_cuda_device(tiny):
+    """TF32 is a GPU's matmul format: a CPU run under it would train in float32 while saying TF32."""
+    with pytest.raises(ValueError, match="amp 'tf32' .* needs a CUDA device; this run trains on cpu"):
+        fit_fusion(tiny, small_fusion(epochs=1, amp="tf32", device="cpu"), progress=False)
+
+
 def test_amp_mode_is_validated():
     with pytest.raises(ValueError, match="amp"):
         small_fusion(amp="fp8").validate()

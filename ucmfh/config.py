@@ -16,7 +16,7 @@ from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Union
 
 PROTOCOLS = ("unimodal", "fused")
 BETA_SCHEDULES = ("none", "hashnet", "step")
-AMP_MODES = ("none", "bf16")
+AMP_MODES = ("none", "bf16", "tf32")
 CODE_LENGTHS = (8, 256)  # the shortest and the longest code, in bits
 # How training relaxes the codes: 'tanh' trains on tanh(beta * logits) (UCMFH); 'sign' trains on
 # sign(tanh(logits)) itself, with tanh's gradient passed straight through the sign (Greedy Hash, Su et

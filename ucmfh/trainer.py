@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
+from ucmfh.amp import check_amp, matmul_precision
 from ucmfh.batches import Shuffle, StepAhead, epoch_plan, split_ahead
 from ucmfh.captured_step import CapturedStep, capturing, runs_eagerly
 from ucmfh.config import identity_dict
@@ -157,8 +158,10 @@ def check_supervision(data: Dataset, cfg: Any) -> None:
 
 def start(cfg: Any) -> Tuple[torch.device, torch.Generator]:
     """What every run starts with, in this order (the seeded draws depend on it): its device, and the
-    seeded batch generator (:func:`ucmfh.utils.seed_everything`)."""
-    return resolve_device(cfg.device), seed_everything(cfg.seed)
+    seeded batch generator (:func:`ucmfh.utils.seed_everything`); ``cfg.amp`` checked against the device."""
+    device = resolve_device(cfg.device)
+    check_amp(getattr(cfg, "amp", "none"), device)
+    return device, seed_everything(cfg.seed)
 
 
 def fit(make_plan: Callable[[Setup], Plan], split: Split, cfg: Any, state: Optional[StateFile] = None,
@@ -240,7 +243,8 @@ def train(plan: Plan, cfg: Any, device: torch.device, generator: torch.Generator
     run = _Run(plan, cfg, device, generator, state, group)
     if state is not None and state.resume and os.path.exists(state.path):
         run.resume()
-    return run.epochs(progress)
+    with matmul_precision(getattr(cfg, "amp", "none")):  # tf32: the whole of training, validation too
+        return run.epochs(progress)
 
 
 class _Run:
@@ -314,7 +318,7 @@ class _Run:
     def eager_because(self) -> Optional[str]:
         """Why this run's step would run eagerly under :func:`ucmfh.captured_step.capture_steps`, or None: a
         capture needs a CUDA device, one process, a plan that can be (no rows streamed from a file) and full
-        precision (autocast's cache of cast weights would outlive a capture)."""
+        precision or TF32 (autocast's cache of cast weights would outlive a capture)."""
         plan, amp = self.plan, getattr(self.cfg, "amp", "none")
         if self.device.type != "cuda":
             return f"CUDA graphs need a CUDA device, and it trains on {self.device.type}"
@@ -324,8 +328,8 @@ class _Run:
             return "its rows are streamed from the file"
         if self.group.world_size > 1:
             return f"it runs in {self.group.world_size} processes"
-        if amp != "none":
-            return f"it trains under {amp} autocast"
+        if amp == "bf16":
+            return "it trains under bf16 autocast"
         return None
 
     def host_work(self, batch: Batch) -> Optional[torch.Tensor]:

@@ -67,7 +67,7 @@ def test_ucmfh_make_train_evaluate(tmp_path):
     assert (checkpoint.parent / "hash8.pt").exists()  # the first run's checkpoint is still there
 
 
-def test_ucmfh_reports_bad_input_without_traceback(tmp_path, monkeypatch):
+def test_ucmfh_reports_bad_input_without_traceback(tmp_path, monkeypatch, tiny_path):
     runner = CliRunner()
     result = runner.invoke(main, ["train-fusion", "-d", "nosuch", "--data-dir", str(tmp_path)])
     assert result.exit_code == 2 and "nosuch.h5: no such dataset file" in result.output
@@ -78,6 +78,10 @@ def test_ucmfh_reports_bad_input_without_traceback(tmp_path, monkeypatch):
     assert result.exit_code == 2 and result.output == ("Error: features.npy: not a dataset file (an .h5 file of the "
                                                        "format, docs/data.md); convert yours with 'ucmfh convert' "
                                                        "(npz: .npy or .npz features)\n")
+    result = runner.invoke(main, ["train-hash", "-d", tiny_path, "--amp", "tf32", "--device", "cpu", "--out", "runs"])
+    assert result.exit_code == 2 and result.output.splitlines()[-1] == (
+        "Error: --amp 'tf32' runs a GPU's float32 matmuls in TF32 and needs a CUDA device; this run trains on cpu "
+        "(use --amp 'none' or 'bf16')")
     result = runner.invoke(main, ["train-hash", "-d", "x.h5", "-b", "4"])
     assert result.exit_code == 2 and "'--n-bits' / '-b': 4 is not in the range 8<=x<=256" in result.output
     assert "Traceback" not in result.output

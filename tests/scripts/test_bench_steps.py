@@ -31,7 +31,7 @@ def test_json_gives_seconds_a_step_at_the_batch_asked_for(capsys):
 
 @pytest.mark.parametrize("argv, flag", [(["--only", "cca-itq"], "--only"), (["--batch-size", "1"], "--batch-size"),
                                         (["--steps", "0"], "--steps"), (["--repeats", "0"], "--repeats"),
-                                        (["--compile"], "--compile")])
+                                        (["--compile"], "--compile"), (["--tf32"], "--tf32")])
 def test_a_bad_flag_is_refused_in_one_line(argv, flag, capsys):
     with pytest.raises(SystemExit) as exit_:
         bench.main(["--device", "cpu"] + argv)
@@ -59,6 +59,32 @@ def test_on_cuda_both_paths_are_timed_and_the_captured_one_replays(capsys, monke
     assert int(captures) == StandinGraphs.log.count("capture") > 0
     assert int(replays) == StandinGraphs.log.count("replay") > 0
     assert captured_module.CudaGraphs is StandinGraphs  # the counting is the run's alone
+
+
+def test_tf32_times_the_captured_step_with_tf32_matmuls(capsys, monkeypatch):
+    """--tf32 on the CUDA stand-in: a third figure, the captured step timed again with its matmuls in TF32 (the
+    precision read at each capture), and torch's setting as it was afterwards."""
+    import torch
+
+    import ucmfh.captured_step as captured_module
+    from cuda_standin import cuda_standin
+    from test_captured_step import StandinGraphs
+
+    matmul, seen = torch.backends.cuda.matmul, []
+
+    class Watched(StandinGraphs):
+        def capture(self, body, before, stream):
+            seen.append(matmul.fp32_precision)
+            return super().capture(body, before, stream)
+
+    monkeypatch.setattr(captured_module, "CudaGraphs", Watched)
+    with cuda_standin(monkeypatch):
+        bench.main(["--device", "cuda", "--n-bits", "16", "--width", "16", "--steps", "6", "--repeats", "1",
+                    "--only", "djsrh", "--tf32"])
+    header, row = capsys.readouterr().out.splitlines()
+    assert header.split()[-4:] == ["tf32", "ms", "vs", "graph"]
+    assert row.split()[0] == "djsrh" and row.split()[-1].endswith("x") and float(row.split()[-2]) > 0
+    assert seen == ["none", "tf32"] and matmul.fp32_precision == "none"
 
 
 def test_a_graph_path_that_ran_eagerly_says_why(capsys, monkeypatch):

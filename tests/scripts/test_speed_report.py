@@ -108,3 +108,23 @@ def test_a_failed_or_missing_step_is_said_not_guessed(tmp_path, monkeypatch, cap
     with pytest.raises(SystemExit) as exit_:
         report.main([str(tmp_path)])
     assert exit_.value.code == 2 and "no summary.txt" in capsys.readouterr().err
+
+
+def test_the_graphs_run_s_tf32_figures_are_read_where_they_ran(tmp_path, monkeypatch, capsys):
+    """The checklist's `graphs` run times TF32 matmuls: the main job under --amp tf32 (its wall and its MAPs, as
+    goal 1's) and each stage's captured step, float32 against TF32; a run without those steps has no such rows."""
+    out = _folder(tmp_path, monkeypatch, capsys)
+    assert not any("tf32" in row[0].lower() for row in report.goal_rows(str(out)))
+    with open(out / "summary.txt", "a") as summary:
+        summary.write(_summary([("steps-tf32", 0, 20000), ("main-tf32", 0, 14200)]))
+    steps = load_script("bench_steps")
+    (out / "steps-tf32.txt").write_text("\n".join([steps.HEADER + steps.TF32, steps.line(
+        "fusion", {"batch_size": 128, "eager": 0.0077, "graph": 0.00138, "captures": 1, "replays": 117,
+                   "tf32": 0.00115})]) + "\n")
+    (out / "main-tf32.jsonl").write_text((out / "main-graph.jsonl").read_text().replace("0.8301", "0.8101"))
+    rows = {row[0]: row for row in report.goal_rows(str(out))}
+    assert rows["1. main job, captured, --amp tf32 (wall s)"][1:] == ["14.2 (eager H200: 105)", "≤ 15", "yes"]
+    assert rows["1. TF32: MAP@50 unimodal I→T / T→I"][1].startswith("0.8101 / 0.8262")
+    assert rows["1. TF32: MAP@50 unimodal I→T / T→I"][3] == "no"  # 0.0198 below the eager run's 0.8299
+    assert rows["1. MAP@50 unimodal I→T / T→I"][3] == "yes"  # the float32 run's, read from its own rows
+    assert rows["a fusion step, captured, float32 → TF32 (ms)"][1] == "1.38 → 1.15 (1.20×)"

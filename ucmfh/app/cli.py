@@ -18,8 +18,8 @@ from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_figures, check_outputs
 from ucmfh.app.options import (
-    Count, FiniteRange, check_device, data_options, given_flags, given_twice, resolved, results_to_read, run_options,
-    settings_of, train_options,
+    Count, FiniteRange, check_device, check_precision, data_options, given_flags, given_twice, resolved,
+    results_to_read, run_options, settings_of, train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig, SettingError
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset, validate_file
@@ -226,6 +226,7 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
     from ucmfh.app.experiment import train_fusion_stage
 
     cfg = resolved(fusion_config, dataset=dataset, **settings_of({**train, "lr": lr, "device": device}))
+    check_precision(cfg)
     check_outputs({"--results": results}, {"--out": train["out"], "--tensorboard": train["tensorboard"]})
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
@@ -266,6 +267,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
     fcfg, hcfgs = resolved(stage_configs, method, dataset=dataset, **settings_of({
         **train, "protocol": protocol, "device": device, "n_bits": n_bits, "beta_schedule": beta_schedule,
         "fusion_epochs": fusion_epochs, "lr_fusion": lr_fusion}))
+    check_precision(fcfg, *hcfgs)
     check_outputs({"--results": results}, {"--out": train["out"], "--tensorboard": train["tensorboard"]})
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)

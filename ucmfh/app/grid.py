@@ -27,8 +27,8 @@ from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.jobs import SideBySide, jobs_option
 from ucmfh.app.table import append_results
 from ucmfh.app.options import (
-    DEFAULT_RESULTS, FLAGS, Count, check_device, flag_of, given_twice, parse_params, resolved, seed_type, settings_of,
-    train_options,
+    DEFAULT_RESULTS, FLAGS, Count, check_device, check_precision, flag_of, given_twice, parse_params, resolved,
+    seed_type, settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import DIRECTIONS, REAL, headline, scores_line, summarize, variant_of
@@ -301,6 +301,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         if named:
             fcfg, hcfgs = resolved(stage_configs, method, dataset=dataset, n_bits=bits, drop_unused=True,
                                    flags=flags, **{**cell, **named})
+        check_precision(fcfg, *hcfgs)
         cells += [(dataset, fcfg, hcfg) for hcfg in hcfgs]
     trained = {c.loss for _, fcfg, hcfg in cells for c in (fcfg, hcfg)  # a closed-form method trains no loss
                if c is not None and (c is fcfg or default_loss(hcfg.method) is not None)}

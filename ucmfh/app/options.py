@@ -11,6 +11,7 @@ import click
 from ucmfh import distributed
 from ucmfh.app.environment import default_data_dir, torchrun_sizes
 from ucmfh.app.identity import RunOptions
+from ucmfh.amp import check_amp
 from ucmfh.config import AMP_MODES, COUNT_MAX, PROTOCOLS, SEED, FusionConfig, SettingError
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY
 from ucmfh.metrics.arguments import DEFAULT_K
@@ -101,6 +102,14 @@ def resolved(resolve: Callable[..., T], *args: Any, flags: Dict[str, str] = FLAG
             raise click.BadParameter(f"{err.setting!r}: use {flags[err.instead]}", param_hint="--set") from None
         flag = flag_of(err.setting, flags)
         raise click.BadParameter(str(err), param_hint="--set" if flag.startswith("--set ") else flag) from None
+
+
+def check_precision(*cfgs: Any) -> None:
+    """``--amp tf32`` refused before any work where a run of ``cfgs`` (None: no such stage) would train on the
+    CPU (:func:`ucmfh.amp.check_amp`; its :class:`SettingError` is said as the flag)."""
+    for cfg in cfgs:
+        if cfg is not None:
+            check_amp(cfg.amp, resolve_device(cfg.device))
 
 
 def given_flags(flags: Dict[str, str]) -> List[str]:
@@ -260,7 +269,8 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
                                    f"model [default: off{unless}]."),
         "amp": click.option("--amp", type=click.Choice(AMP_MODES), default=None,
                             help="Mixed-precision training: bf16 autocasts the forward pass (CPU with bf16 support, "
-                                 f"or GPU) [default: {defaults.amp}]."),
+                                 "or GPU); tf32 runs float32 matmuls on a GPU's tensor cores (CUDA, NVIDIA Ampere "
+                                 f"or later) [default: {defaults.amp}]."),
         "overrides": click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
                                   help=f"Any other setting, e.g. {stage} (repeatable)."),
         "out": click.option("--out", default="runs", show_default=True, help="Root folder of runs (checkpoints)."),
