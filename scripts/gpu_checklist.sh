@@ -5,7 +5,7 @@
 #   DATA=../shared/data OUT=gpu-out bash scripts/gpu_checklist.sh          # every step
 #   DATA=gpu-data OUT=gpu-out bash scripts/gpu_checklist.sh speed          # issue 48's figures alone, first
 #   DATA=gpu-data PACK=1 bash scripts/gpu_checklist.sh speed              # in a device call ($OUT: 8 files back)
-#   PACK=1 bash scripts/gpu_checklist.sh graphs                          # graph tests, then the torch.compile experiment
+#   PACK=1 bash scripts/gpu_checklist.sh graphs                          # graph tests, TF32, the torch.compile experiment
 #
 # `speed` runs only the steps that measure the speed goals: about 6 minutes on an H200 if nothing is faster
 # than the eager figures measured there (main job 105 s, Flickr8k 144 s), under 10 minutes whatever happens
@@ -18,6 +18,10 @@
 #   python scripts/compact_data.py ../shared/data/flickr8k.h5 gpu-data/flickr8k.h5 && cp ../shared/data/wiki.h5 gpu-data/
 # Every run ends with $OUT/speed.md: issue 48's goals, measured against the eager H200 figures (scripts/speed_report.py).
 # (gpu-data/ is git-ignored; the device call names it in carry). Without $DATA/flickr8k.h5 that step is skipped.
+#
+# The first step (env) times importing the CLI as the image has it and with Python's bytecode cached; every step
+# after it runs with the cache ($PYCACHE), as a normal installation would (the image's imports compile torch's
+# sources every time: 4.2 s of the main job's 25.5 on the H200, 2026-11-30).
 #
 # DATA holds wiki.h5 (the per-method runs and search use it) and mirflickr730_tokens.h5 (SEPS, rerank). Steps: the machine; the C kernels built in
 # place; timed one at a time: the main job (both UCMFH stages, 100 epochs each, synthetic MIRFlickr size), eager
@@ -38,12 +42,14 @@ SPEED="env build steps main-graph main-eager20 bench-train flickr8k-graph grid-j
 ONLY=""
 [ "${1:-}" = speed ] && ONLY=$SPEED
 # the captured step on a GPU: the graph path against the eager one for every plan, then the torch.compile experiment
-[ "${1:-}" = graphs ] && ONLY="env build graph-tests compile"
+# then TF32 matmuls (--amp tf32): a step of the main stages, and the main job (its MAPs against float32's)
+[ "${1:-}" = graphs ] && ONLY="env build graph-tests steps-tf32 main-tf32 compile"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
 WORK=$(mktemp -d)
-export OUT DATA PY DEVICE WORK
+PYCACHE=${PYTHONPYCACHEPREFIX:-$WORK/pycache}
+export OUT DATA PY DEVICE WORK PYCACHE
 
 step() {  # step NAME SECONDS COMMAND...: run COMMAND (or a function below) under a cap, its output in $OUT/NAME.txt
     local name=$1 cap=$2; shift 2
@@ -94,8 +100,24 @@ finish() {  # the goals' table; with PACK=1 every log but the summary and the ta
     rm -rf "$WORK"
 }
 
-export -f methods search seps
-step env 20 sh -c "nvidia-smi -L; $PY -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))'"
+imports() {  # seconds to import the CLI: as the image has it (its site-packages hold no bytecode and
+    # PYTHONDONTWRITEBYTECODE is set, so each import compiles torch's sources: 4.2 s on the H200's, 2026-11-30),
+    # then with Python's bytecode written to and read from $PYCACHE (filled by the first of two runs), as a
+    # normal installation has it (pip compiles the bytecode as it installs)
+    local i t0
+    for i in as-is cached-fill cached; do
+        t0=$(date +%s%N)
+        if [ "$i" = as-is ]; then $PY -c 'import ucmfh.app.cli'
+        else env -u PYTHONDONTWRITEBYTECODE PYTHONPYCACHEPREFIX="$PYCACHE" $PY -c 'import ucmfh.app.cli'; fi
+        echo "import ucmfh.app.cli, $i: $(( ($(date +%s%N) - t0) / 1000000 )) ms"
+    done
+}
+
+export -f methods search seps imports
+step env 40 bash -c "nvidia-smi -L; $PY -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))'; imports"
+# every step after this one reads Python's bytecode from $PYCACHE, as on a machine whose installation wrote it
+unset PYTHONDONTWRITEBYTECODE
+export PYTHONPYCACHEPREFIX=$PYCACHE
 step build 30 $PY setup.py -q build_ext --inplace
 step native 20 $PY -c "import ucmfh; print(ucmfh.native_kernels())"
 # timed, one at a time; the speed goals first. Each method's step eager and captured comes first: its captures
@@ -110,11 +132,15 @@ step main-eager20 40 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --e
     --out "$WORK/eager20" --results "$OUT/main-eager20.jsonl"  # eager, 20 epochs: this card's rate beside the graph's
 step bench-train 80 $PY scripts/bench_train.py --device $DEVICE --only throughput --cuda-graph --amp none \
     --n-train 5120 --repeats 3 --epochs 5  # a fit's set-up and capture (0.5 s) over 5 epochs, not 1 (2026-11-30: 2.4x)
-[ -f "$DATA/flickr8k.h5" ] && step flickr8k-graph 150 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
+[ -f "$DATA/flickr8k.h5" ] && step flickr8k-graph 130 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
     --cuda-graph --device $DEVICE --out "$WORK/flickr8k" --results "$OUT/flickr8k.jsonl"  # the default, both temperatures
 step grid-jobs 115 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 -- -d wiki --data-dir "$DATA" \
     --methods two-tower,ucmfh --seeds 1,2,3 -b 32 --epochs 10 --device $DEVICE  # six cells one by one, then at once
 step graph-tests 90 $PY -m pytest tests/test_captured_step.py -k real -q -rf -p no:cacheprovider -n 8  # each plan
+step steps-tf32 60 $PY scripts/bench_steps.py --device $DEVICE --steps 40 --repeats 1 --tf32 --only fusion \
+    --only ucmfh --only two-tower  # the captured step with its float32 matmuls in TF32, against float32's
+step main-tf32 110 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --amp tf32 \
+    --out "$WORK/tf32" --results "$OUT/main-tf32.jsonl"  # the main job, captured, TF32: its wall and its MAPs
 step compile 200 $PY scripts/bench_steps.py --device $DEVICE --steps 40 --repeats 1 --compile --only two-tower \
     --only fusion --only ucmfh  # each stage's loss compiled in the warm-up, then captured: fewer, larger kernels?
 [ -n "$ONLY" ] && { finish; exit 0; }
