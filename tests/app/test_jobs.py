@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import csv
 import json
+import multiprocessing
 import os
 import signal
 import time
@@ -227,6 +228,56 @@ def test_a_signal_again_while_a_cell_stops_does_not_replace_its_interrupt(tiny_p
     assert outcome.stopped == ("two-tower 8 bits interrupted by SIGTERM at epoch 1/2; training state saved to "
                                "s.state.pt") and outcome.signum == signal.SIGTERM
     assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def test_a_signal_as_a_cell_returns_stops_nothing_and_its_handlers_are_put_back(tiny_path, monkeypatch):
+    """A signal landing once the cell's work is done (as its outcome is made) escaped the cell: raised out of
+    ``run_cell``, it left the cell's handler on, and the grid's next signal met the idle worker and printed a
+    traceback. Now it stops nothing: the cell's rows come back and the worker's handlers are back."""
+    from ucmfh.app.identity import RunOptions
+    from ucmfh.config import FusionConfig, HashConfig
+
+    class SignalledOutcome(jobs.Outcome):
+        def __init__(self, *args, **kwargs):
+            os.kill(os.getpid(), signal.SIGTERM)
+            time.sleep(0.05)  # the handler runs here
+            super().__init__(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "train_hash_stage", lambda *args, **kwargs: [{"n_bits": 8}])
+    monkeypatch.setattr(jobs, "Outcome", SignalledOutcome)
+    before = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    task = jobs.CellTask(tiny_path, None, FusionConfig(), HashConfig(), RunOptions(), ("unimodal",), 50)
+    outcome = jobs.run_cell(task)
+    assert outcome.rows == [{"n_bits": 8}] and outcome.stopped is None
+    assert (signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)) == before
+
+
+def _held_at_start(queue) -> None:
+    queue.put(sorted(signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGINT, signal.SIGTERM}))
+
+
+def test_a_worker_starts_deaf_to_a_ctrl_c_and_the_parent_hears_it_after(monkeypatch):
+    """A Ctrl-C reaches the whole process group: one landing as a worker starts (importing ucmfh, before its
+    initializer ignores it) ended the worker with a traceback. Workers start with both signals held; the
+    parent's handler hears a signal sent meanwhile, and its thread holds nothing after the start."""
+    if not hasattr(signal, "pthread_sigmask"):
+        pytest.skip("no signal masks on this platform")
+    context = multiprocessing.get_context("spawn")
+    queue = context.Queue()
+    heard = []
+    before = signal.signal(signal.SIGTERM, lambda signum, frame: heard.append(signum))
+    try:
+        with jobs._deaf_starts():
+            worker = context.Process(target=_held_at_start, args=(queue,))
+            worker.start()
+            os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(0.05)
+        assert heard == [signal.SIGTERM]
+        assert not signal.pthread_sigmask(signal.SIG_BLOCK, []) & {signal.SIGINT, signal.SIGTERM}
+        assert queue.get(timeout=60) == [signal.SIGINT, signal.SIGTERM]
+        worker.join(60)
+    finally:
+        signal.signal(signal.SIGTERM, before)
 
 
 def finished_then_stopped(task: jobs.CellTask) -> jobs.Outcome:

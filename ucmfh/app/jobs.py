@@ -24,6 +24,7 @@ rest. A worker's error stops the others the same way and ends the grid with its 
 from __future__ import annotations
 
 import concurrent.futures as cf
+import contextlib
 import dataclasses
 import multiprocessing
 import os
@@ -33,7 +34,7 @@ import sys
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import click
 import torch
@@ -100,13 +101,14 @@ _datasets: Dict[Tuple[str, Optional[int]], Dataset] = {}  # a worker's datasets,
 def _start_worker(slots: Any, pids: Any, threads: int, gpus: int) -> None:
     """A worker's set-up: its slot (and pid, where the parent signals it), threads and GPU. SIGINT and
     SIGTERM are ignored between cells (a Ctrl-C reaches the whole process group, and the parent decides the
-    rest); in a cell, training stops at a safe point on either, and any other work (a closed-form fit, a
-    dataset's read, the scoring) at once (:func:`run_cell`)."""
+    rest), and from the process's start (:func:`_deaf_starts`); in a cell, training stops at a safe point on
+    either, and any other work (a closed-form fit, a dataset's read, the scoring) at once (:func:`run_cell`)."""
     with slots.get_lock():
         slot = slots.value
         slots.value += 1
     for signum in _STOPS:
         signal.signal(signum, signal.SIG_IGN)
+    _unblock()  # held since its start, by the mask of the parent's thread (_deaf_starts): ignored now
     pids[slot] = os.getpid()
     torch.set_num_threads(threads)
     if gpus:
@@ -123,16 +125,43 @@ def _portable(err: BaseException) -> BaseException:
 
 
 _STOPS = (signal.SIGINT, signal.SIGTERM)
+# whether a cell's work is under way in this worker: a signal once it is over (its outcome made, its handlers
+# being put back) stops nothing, and raised there it escaped the cell and left its handler on between cells
+_IN_CELL = [False]
 
 
 def _stop_now(signum: int, frame: Any) -> None:  # noqa: ARG001 - signal handler signature
     """A cell's work stopped where it is. Not while an exception is handled or unwinds (the parent sends its
     signal again until the worker has ended): the interrupt of a cell already stopping (a training state saved,
     a lock let go) is not replaced by another one halfway."""
-    if sys.exc_info()[1] is not None:
+    if sys.exc_info()[1] is not None or not _IN_CELL[0]:
         return
     raise stopped_by(f"interrupted by {signal.Signals(signum).name} outside its training steps (nothing "
                      "half-written is kept: the same command does that work again)", signum)
+
+
+def _unblock() -> None:
+    block = getattr(signal, "pthread_sigmask", None)
+    if block is not None:
+        block(signal.SIG_UNBLOCK, _STOPS)
+
+
+@contextlib.contextmanager
+def _deaf_starts() -> Iterator[None]:
+    """Worker processes started inside the block begin with SIGINT and SIGTERM held (blocked: a signal mask is
+    kept across ``fork`` and ``exec``), until :func:`_start_worker` ignores both and lets them go: a Ctrl-C as
+    a worker started, importing ucmfh before its initializer ran, ended it with a traceback. The parent holds
+    them meanwhile in its starting thread only; its handlers stay, and a signal it gets is handled (by another
+    thread's delivery, or as the block ends)."""
+    block = getattr(signal, "pthread_sigmask", None)
+    if block is None:  # no signal masks (Windows): no process groups' Ctrl-C either
+        yield
+        return
+    block(signal.SIG_BLOCK, _STOPS)
+    try:
+        yield
+    finally:
+        _unblock()
 
 
 def _restore(handlers: Dict[int, Any]) -> None:
@@ -155,6 +184,7 @@ def run_cell(task: CellTask) -> Outcome:
     cell run in one process: a closed-form fit has no step to stop at."""
     log: List[str] = []
     handlers: Dict[int, Any] = {}
+    _IN_CELL[0] = True
     try:
         for signum in _STOPS:
             handlers[signum] = signal.signal(signum, _stop_now)
@@ -164,12 +194,16 @@ def run_cell(task: CellTask) -> Outcome:
         start = time.perf_counter()
         rows = train_hash_stage(_datasets[key], task.fusion_cfg, task.hash_cfg, task.opts, task.protocols, task.k,
                                 log=log.append)
+        _IN_CELL[0] = False  # done: a signal from here on stops nothing
         return Outcome(log, rows, time.perf_counter() - start)
     except KeyboardInterrupt as err:  # TrainingInterrupted's constructor does not survive pickle: its message does
+        _IN_CELL[0] = False
         return Outcome(log, stopped=str(err) or "interrupted", signum=getattr(err, "signum", None))
     except USER_ERRORS as err:
+        _IN_CELL[0] = False
         return Outcome(log, error=_portable(err))
     finally:
+        _IN_CELL[0] = False
         _restore(handlers)
 
 
@@ -299,7 +333,8 @@ class SideBySide:
             if cell.fusion_path is not None and not os.path.exists(cell.fusion_path) and \
                     any(other.fusion_path == cell.fusion_path for other in running.values()):
                 continue
-            running[pool.submit(run_cell, cell.task)] = cell
+            with _deaf_starts():  # a submit starts a worker where none is free
+                running[pool.submit(run_cell, cell.task)] = cell
             cell.state = "running"
             self.log(f"start {cell.name}")
 
