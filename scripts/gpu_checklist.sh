@@ -6,6 +6,8 @@
 #   DATA=gpu-data OUT=gpu-out bash scripts/gpu_checklist.sh speed          # issue 48's figures alone, first
 #   DATA=gpu-data PACK=1 bash scripts/gpu_checklist.sh speed              # in a device call ($OUT: 8 files back)
 #   PACK=1 bash scripts/gpu_checklist.sh graphs                          # graph tests, TF32, the torch.compile experiment
+#   DATA=gpu-data PACK=1 bash scripts/gpu_checklist.sh comparison         # goal 4's whole comparison, 540 s a call
+#   (it goes on from gpu-data/comparison.jsonl: copy $OUT's comparison.jsonl there before the next call)
 #
 # `speed` runs only the steps that measure the speed goals: about 6 minutes on an H200 if nothing is faster
 # than the eager figures measured there (main job 105 s, Flickr8k 144 s), under 10 minutes whatever happens
@@ -44,6 +46,9 @@ ONLY=""
 # the captured step on a GPU: the graph path against the eager one for every plan, then the torch.compile experiment
 # then TF32 matmuls (--amp tf32): a step of the main stages, and the main job (its MAPs against float32's)
 [ "${1:-}" = graphs ] && ONLY="env build graph-tests steps-tf32 main-tf32 compile"
+# issue 48's goal 4 at full size: every method × 16/32/64/128 bits × 3 seeds on full Flickr8k, JOBS cells at once,
+# for 540 s a call; its rows go on from $COMPARISON (default $DATA/comparison.jsonl) and come back in $OUT
+[ "${1:-}" = comparison ] && ONLY="env build comparison"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -90,12 +95,26 @@ seps() {  # SEPS trained on tokens, then ucmfh rerank (Hamming, cosine and SEPS 
         -m 50 --full --quiet
 }
 
+comparison() {  # the whole Flickr8k comparison on this GPU (goal 4), resumable: a call stopped by its cap keeps
+    # the cells it finished (a cell cut short trains again at the next call); the wall of the whole is the sum of
+    # the calls' `comparison` seconds. Unimodal protocol, tie-aware, as docs/quality.md's comparison
+    # the rows are written in $OUT as they come (what a device call brings back), from those of earlier calls
+    local results=${COMPARISON:-$DATA/comparison.jsonl}
+    [ -f "$results" ] && cp "$results" "$OUT/comparison.jsonl"
+    # Ctrl-C's signal at 510 s: the grid stops its cells and exits, before the step's cap
+    timeout -s INT 510 $PY -m ucmfh grid -d flickr8k --data-dir "$DATA" --protocol unimodal \
+        --methods two-tower,distill,cca-itq,ucmfh,djsrh,jdsh,ucch,dgcpn,cirh,daeh -b 16 -b 32 -b 64 -b 128 \
+        --seeds 2023,2024,2025 --jobs "${JOBS:-8}" --device "$DEVICE" --results "$OUT/comparison.jsonl" \
+        --table "$OUT/comparison" --out "$WORK/comparison-runs" --quiet
+}
+
 finish() {  # the goals' table; with PACK=1 every log but the summary and the table packed into one file, as a
     # device call brings back 8 files at most
     $PY scripts/speed_report.py "$OUT" > "$OUT/speed.md" 2>&1
     if [ "$PACK" = 1 ]; then
-        (cd "$OUT" && tar czf "$WORK/logs.tgz" --exclude summary.txt --exclude speed.md . &&
-            find . -mindepth 1 ! -name summary.txt ! -name speed.md -delete && mv "$WORK/logs.tgz" .)
+        (cd "$OUT" && tar czf "$WORK/logs.tgz" --exclude summary.txt --exclude speed.md --exclude comparison.jsonl . &&
+            find . -mindepth 1 ! -name summary.txt ! -name speed.md ! -name comparison.jsonl -delete &&
+            mv "$WORK/logs.tgz" .)
     fi
     rm -rf "$WORK"
 }
@@ -113,7 +132,7 @@ imports() {  # seconds to import the CLI: as the image has it (its site-packages
     done
 }
 
-export -f methods search seps imports
+export -f methods search seps imports comparison
 step env 40 bash -c "nvidia-smi -L; $PY -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))'; imports"
 # every step after this one reads Python's bytecode from $PYCACHE, as on a machine whose installation wrote it
 unset PYTHONDONTWRITEBYTECODE
@@ -136,6 +155,8 @@ step bench-train 80 $PY scripts/bench_train.py --device $DEVICE --only throughpu
     --cuda-graph --device $DEVICE --out "$WORK/flickr8k" --results "$OUT/flickr8k.jsonl"  # the default, both temperatures
 step grid-jobs 115 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 -- -d wiki --data-dir "$DATA" \
     --methods two-tower,ucmfh --seeds 1,2,3 -b 32 --epochs 10 --device $DEVICE  # six cells one by one, then at once
+# asked for alone (`comparison`): every method × length × seed, JOBS at once, for 540 s
+[ "${1:-}" = comparison ] && [ -f "$DATA/flickr8k.h5" ] && step comparison 540 comparison
 step graph-tests 90 $PY -m pytest tests/test_captured_step.py -k real -q -rf -p no:cacheprovider -n 8  # each plan
 step steps-tf32 60 $PY scripts/bench_steps.py --device $DEVICE --steps 40 --repeats 1 --tf32 --only fusion \
     --only ucmfh --only two-tower  # the captured step with its float32 matmuls in TF32, against float32's

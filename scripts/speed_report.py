@@ -171,7 +171,25 @@ def goal_rows(out: str) -> List[List[str]]:
         rows.append([f"4. six-cell grid, --jobs {jobs} against --jobs 1 (wall s)",
                      f"{wall:.1f} against {one:.1f} ({one / wall:.1f}×); rows equal: {equal}", "faster, rows equal",
                      "yes" if wall < one and equal == "yes" else "no"])
-    return rows + tf32_rows(out)
+    return rows + comparison_rows(out) + tf32_rows(out)
+
+
+COMPARISON_CELLS = 10 * 4 * 3  # every method × 16/32/64/128 bits × 3 seeds
+
+
+def comparison_rows(out: str) -> List[List[str]]:
+    """The checklist's ``comparison`` run (none where it did not run): the cells of the whole Flickr8k
+    comparison finished so far (``comparison.jsonl``, this call's and the calls' before it) and this call's
+    seconds; the whole's wall is the sum of its calls'."""
+    steps = read_summary(out)
+    if "comparison" not in steps:
+        return []
+    cells = {(r.get("method"), r.get("n_bits"), r.get("seed")) for r in _rows(out, "comparison.jsonl")}
+    seconds = steps["comparison"]["seconds"]
+    done = len(cells) == COMPARISON_CELLS
+    return [["4. whole Flickr8k comparison, one GPU (cells finished; this call's wall s)",
+             f"{len(cells)} of {COMPARISON_CELLS}; {seconds:.0f} s this call (rc {steps['comparison']['rc']})",
+             "all in < 1800 s", "sum the calls' seconds" if done else "–"]]
 
 
 def step_rows(out: str) -> Tuple[Optional[str], List[List[str]]]:

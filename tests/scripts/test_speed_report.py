@@ -128,3 +128,17 @@ def test_the_graphs_run_s_tf32_figures_are_read_where_they_ran(tmp_path, monkeyp
     assert rows["1. TF32: MAP@50 unimodal I→T / T→I"][3] == "no"  # 0.0198 below the eager run's 0.8299
     assert rows["1. MAP@50 unimodal I→T / T→I"][3] == "yes"  # the float32 run's, read from its own rows
     assert rows["a fusion step, captured, float32 → TF32 (ms)"][1] == "1.38 → 1.15 (1.20×)"
+
+
+def test_the_comparison_run_counts_its_cells(tmp_path, monkeypatch, capsys):
+    """The `comparison` run: the cells finished so far (the rows of every call, one row or more a cell) and this
+    call's seconds, stopped by its cap."""
+    out = _folder(tmp_path, monkeypatch, capsys)
+    assert not any("comparison" in row[0] for row in report.goal_rows(str(out)))
+    with open(out / "summary.txt", "a") as summary:
+        summary.write(_summary([("comparison", 124, 510300)]))
+    rows = [{"method": m, "n_bits": b, "seed": 2023, "database": d} for m in ("jdsh", "daeh") for b in (16, 32)
+            for d in ("test", "collection")]
+    (out / "comparison.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    [row] = [row for row in report.goal_rows(str(out)) if "comparison" in row[0]]
+    assert row[1] == "4 of 120; 510 s this call (rc 124)" and row[3] == "–"
