@@ -89,19 +89,23 @@ def map_rows(out: str, step: str, label: str) -> List[List[str]]:
     return rows
 
 
+def main_job_rows(out: str, steps: Dict[str, Dict[str, float]], step: str, goal: str,
+                  label: str) -> List[List[str]]:
+    """Goal 1's rows for the main job run by ``step``: its wall seconds, then its MAPs (:func:`map_rows`)."""
+    why = _ran(steps, step)
+    seconds = None if why else steps[step]["seconds"]
+    rows = [[goal, why or _captured(out, step, f"{seconds:.1f} (eager H200: {EAGER_H200['main_job_s']:.0f})"),
+             f"≤ {GOALS['main_job_s']:.0f}", "–" if why else ("yes" if seconds <= GOALS["main_job_s"] else "no")]]
+    return rows if why else rows + map_rows(out, step, label)
+
+
 def tf32_rows(out: str) -> List[List[str]]:
     """``--amp tf32``'s rows (the checklist's ``graphs`` run; none where its steps did not run): the main job's
     wall seconds and MAPs, as goal 1's, and each stage's captured step in float32 and in TF32 (``steps-tf32``)."""
     steps = read_summary(out)
     rows = []
     if "main-tf32" in steps:
-        why = _ran(steps, "main-tf32")
-        seconds = None if why else steps["main-tf32"]["seconds"]
-        rows.append(["1. main job, captured, --amp tf32 (wall s)",
-                     why or _captured(out, "main-tf32", f"{seconds:.1f} (eager H200: {EAGER_H200['main_job_s']:.0f})"),
-                     f"≤ {GOALS['main_job_s']:.0f}", "–" if why else ("yes" if seconds <= GOALS["main_job_s"] else "no")])
-        if not why:
-            rows += map_rows(out, "main-tf32", "1. TF32: ")
+        rows += main_job_rows(out, steps, "main-tf32", "1. main job, captured, --amp tf32 (wall s)", "1. TF32: ")
     if "steps-tf32" in steps:
         for line in _lines(out, "steps-tf32.txt"):
             cells = line.split()
@@ -118,13 +122,7 @@ def goal_rows(out: str) -> List[List[str]]:
     """The table's rows: goal, measured, goal value, met."""
     steps = read_summary(out)
     rows = []
-    why = _ran(steps, "main-graph")
-    seconds = None if why else steps["main-graph"]["seconds"]
-    rows.append(["1. main job, captured steps (wall s)",
-                 why or _captured(out, "main-graph", f"{seconds:.1f} (eager H200: {EAGER_H200['main_job_s']:.0f})"),
-                 f"≤ {GOALS['main_job_s']:.0f}", "–" if why else ("yes" if seconds <= GOALS["main_job_s"] else "no")])
-    if not why:
-        rows += map_rows(out, "main-graph", "1. ")
+    rows += main_job_rows(out, steps, "main-graph", "1. main job, captured steps (wall s)", "1. ")
     why = _ran(steps, "main-eager20")
     rows.append(["this card, eager main job, 20 epochs (wall s)", why or f"{steps['main-eager20']['seconds']:.1f}", "–", "–"])
     why = _ran(steps, "bench-train")
