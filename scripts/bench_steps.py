@@ -46,13 +46,14 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_dispatch, beside this script
 from bench_dispatch import Stage, stages  # noqa: E402
+from bench_train import EpochSeconds  # noqa: E402
 
 import ucmfh.captured_step as captured_step  # noqa: E402
 from ucmfh.amp import matmul_precision  # noqa: E402
 from ucmfh.captured_step import capture_steps  # noqa: E402
 from ucmfh.methods import METHODS  # noqa: E402
 from ucmfh.trainer import Plan  # noqa: E402
-from ucmfh.training_log import EpochRecord, logging_to  # noqa: E402
+from ucmfh.training_log import logging_to  # noqa: E402
 
 EPOCHS = 3  # a fit's epochs: the last is timed
 PATHS = ("eager", "graph")
@@ -100,26 +101,13 @@ def compiled_losses():  # type: ignore[no-untyped-def]
         inductor.fallback_random = random
 
 
-class Epochs:
-    """A training log (:mod:`ucmfh.training_log`) that keeps the seconds of the epochs it is told of."""
-
-    def __init__(self) -> None:
-        self.seconds: List[float] = []
-
-    def record(self, record: EpochRecord) -> None:
-        self.seconds.append(record.seconds)
-
-    def close(self) -> None:
-        pass
-
-
 def seconds_a_step(stage: Stage, captured: bool, steps: int, repeats: int) -> Tuple[float, float]:
     """One step's seconds: the last of :data:`EPOCHS` epochs of ``steps`` full batches over its steps (module
     docstring), median of ``repeats`` fits, each with its data and settings made first; and the first fit's first
     epoch's seconds (its warm-up, its capture, a compile)."""
     figures, first = [], None
     for _ in range(repeats):
-        fit, epochs = stage.prepare(steps * stage.batch_size, EPOCHS), Epochs()
+        fit, epochs = stage.prepare(steps * stage.batch_size, EPOCHS), EpochSeconds()
         with logging_to(epochs), capture_steps(
                 captured, on_eager=lambda message: EAGER.append(message) if message not in EAGER else None):
             fit()

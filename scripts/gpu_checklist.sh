@@ -150,7 +150,7 @@ step main-graph 110 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --ep
 step main-eager20 40 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 20 --no_cuda_graph \
     --out "$WORK/eager20" --results "$OUT/main-eager20.jsonl"  # eager, 20 epochs: this card's rate beside the graph's
 step bench-train 80 $PY scripts/bench_train.py --device $DEVICE --only throughput --cuda-graph --amp none \
-    --n-train 5120 --repeats 3 --epochs 5  # a fit's set-up and capture (0.5 s) over 5 epochs, not 1 (2026-11-30: 2.4x)
+    --n-train 5120 --repeats 3 --epochs 5  # whole fits, and items/s after each fit's first epoch (goal 2's)
 [ -f "$DATA/flickr8k.h5" ] && step flickr8k-graph 130 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
     --cuda-graph --device $DEVICE --out "$WORK/flickr8k" --results "$OUT/flickr8k.jsonl"  # the default, both temperatures
 step grid-jobs 115 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 -- -d wiki --data-dir "$DATA" \

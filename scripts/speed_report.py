@@ -136,10 +136,15 @@ def goal_rows(out: str) -> List[List[str]]:
             rows.append([f"2. {stage} throughput, captured / reference", why, f"≥ {GOALS['throughput_ratio']:.0f}×", "–"])
             continue
         ref, eager, graph = (bench[v][stage] for v in ("ref", "ours-none", "ours-none-graph"))
-        rows.append([f"2. {stage} throughput, captured / reference (items/s)",
-                     _captured(out, "bench-train", f"{graph / ref:.1f}× ({graph:,.0f} against {ref:,.0f}; eager "
-                                                   f"{eager / ref:.1f}×)"),
-                     f"≥ {GOALS['throughput_ratio']:.0f}×", "yes" if graph / ref >= GOALS["throughput_ratio"] else "no"])
+        measured = f"{graph / ref:.1f}× ({graph:,.0f} against {ref:,.0f}; eager {eager / ref:.1f}×)"
+        ratio = graph / ref
+        if f"{stage}_steady" in bench["ref"]:  # after each fit's first epoch: what a long run trains at (the goal's)
+            ref_s, eager_s, graph_s = (bench[v][f"{stage}_steady"] for v in ("ref", "ours-none", "ours-none-graph"))
+            ratio = graph_s / ref_s
+            measured = (f"{ratio:.1f}× after the first epoch ({graph_s:,.0f} against {ref_s:,.0f}; eager "
+                        f"{eager_s / ref_s:.1f}×); whole fits {measured}")
+        rows.append([f"2. {stage} throughput, captured / reference (items/s)", _captured(out, "bench-train", measured),
+                     f"≥ {GOALS['throughput_ratio']:.0f}×", "yes" if ratio >= GOALS["throughput_ratio"] else "no"])
     why = _ran(steps, "flickr8k-graph")
     if not why:
         seconds = steps["flickr8k-graph"]["seconds"]

@@ -27,6 +27,7 @@ the same seeded weights).
 """
 from __future__ import annotations
 
+import time
 from typing import Callable, List, NamedTuple, Tuple, Union
 
 import torch
@@ -157,6 +158,7 @@ class RefFit(NamedTuple):
     model: Union[RefFuseTransEncoder, RefHasher]  # the fusion stage's encoder, or the hashing stage's three modules
     n_items: int  # items trained on, all epochs together (the dropped last batch excluded)
     losses: List[float]  # mean loss of each epoch
+    seconds: List[float]  # wall seconds of each epoch (its batches' losses read back: the device's work done)
 
 
 def ref_optimizer(module: nn.Module, lr: float) -> _Opt:
@@ -182,13 +184,15 @@ def _ref_train(
     epochs: int,
     device: torch.device,
     batch_size: int,
-) -> Tuple[int, List[float]]:
-    """The reference's training loop: shuffled batches with drop_last, one ``concat(img, txt)`` token per item."""
+) -> Tuple[int, List[float], List[float]]:
+    """The reference's training loop: shuffled batches with drop_last, one ``concat(img, txt)`` token per item.
+    Returns the items trained on, each epoch's mean loss and each epoch's wall seconds."""
     if len(split) < batch_size:
         raise ValueError(f"{len(split)} training items < batch size {batch_size}: drop_last leaves no batch")
     loader = _ref_loader(split, batch_size, shuffle=True, drop_last=True)
-    losses = []
+    losses, seconds = [], []
     for _ in range(epochs):
+        start = time.perf_counter()
         running = 0.0
         for img, txt, _, _ in loader:
             img, txt = img.to(device), txt.to(device)
@@ -202,7 +206,8 @@ def _ref_train(
             for _, sched in opts:
                 sched.step()
         losses.append(running / len(loader))
-    return len(loader) * batch_size * epochs, losses
+        seconds.append(time.perf_counter() - start)  # loss.item() above waited for the device
+    return len(loader) * batch_size * epochs, losses, seconds
 
 
 def ref_fit_fusion(
@@ -215,10 +220,10 @@ def ref_fit_fusion(
     seed_everything(seed)
     model = RefFuseTransEncoder(hidden_size=split.img.shape[1] + split.txt.shape[1]).to(device).train()
     loss_fn = RefContrastiveLoss(batch_size, device).to(device)
-    n_items, losses = _ref_train(
+    n_items, losses, seconds = _ref_train(
         split, lambda tokens: loss_fn(*model(tokens)), [ref_optimizer(model, 1e-4)], epochs, device, batch_size
     )
-    return RefFit(model, n_items, losses)
+    return RefFit(model, n_items, losses, seconds)
 
 
 def ref_fit_hashing(
@@ -247,8 +252,8 @@ def ref_fit_hashing(
         loss2 = loss_fn(img_mlp(z_img), txt_mlp(z_txt))
         return loss1 + loss2 * 0.5
 
-    n_items, losses = _ref_train(split, batch_loss, opts, epochs, device, batch_size)
-    return RefFit((fusion, img_mlp, txt_mlp), n_items, losses)
+    n_items, losses, seconds = _ref_train(split, batch_loss, opts, epochs, device, batch_size)
+    return RefFit((fusion, img_mlp, txt_mlp), n_items, losses, seconds)
 
 
 @torch.no_grad()

@@ -35,6 +35,7 @@ def test_one_fusion_and_one_hashing_step_give_a_finite_loss(tiny):
     split = tiny.train.subset(slice(0, 32))
     fusion = ref_fit_fusion(split, epochs=1, device=CPU, batch_size=32)
     assert fusion.n_items == 32 and len(fusion.losses) == 1 and math.isfinite(fusion.losses[0])
+    assert len(fusion.seconds) == 1 and fusion.seconds[0] > 0  # each epoch's wall seconds (bench_train's clock)
     before = [p.detach().clone() for p in fusion.model.parameters()]
     hashing = ref_fit_hashing(split, fusion.model, n_bits=16, epochs=1, device=CPU, batch_size=32)
     assert hashing.n_items == 32 and len(hashing.losses) == 1 and math.isfinite(hashing.losses[0])

@@ -27,8 +27,8 @@ def autocast(device: torch.device, amp: str) -> ContextManager:
 def check_amp(amp: str, device: torch.device) -> None:
     """Refuse ``tf32`` off a CUDA device: the CPU would train in float32 under a run that says TF32."""
     if amp == "tf32" and device.type != "cuda":
-        raise SettingError("amp", f"amp 'tf32' runs a GPU's float32 matmuls in TF32 and needs a CUDA device; this run "
-                         f"trains on {device.type} (use amp 'none' or 'bf16')")
+        raise SettingError("amp", f"amp 'tf32' runs a GPU's float32 matmuls in TF32 and needs a CUDA device; "
+                                  f"this run trains on {device.type} (use amp 'none' or 'bf16')")
 
 
 @contextlib.contextmanager

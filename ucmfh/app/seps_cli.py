@@ -11,7 +11,7 @@ from ucmfh.app.environment import default_data_dir, resolve_dataset
 from ucmfh.app.identity import RunOptions
 from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
 from ucmfh.app.options import (
-    Count, FiniteRange, output_options, parse_params, resolved, seed_type, tensorboard_option,
+    Count, FiniteRange, check_precision, output_options, parse_params, resolved, seed_type, tensorboard_option,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, seps_config
@@ -85,6 +85,7 @@ def train_seps(dataset, data_dir, database, results, device, quiet, overrides, o
     own = {**settings, "device": device}  # each given by its option, named as its setting
     cfg = resolved(seps_config, own, parse_params(overrides, "--set"),
                    flags={name: "--" + name.replace("_", "-") for name in own})
+    check_precision(cfg)
     check_outputs({"--results": results}, {"--out": out, "--tensorboard": tensorboard})
     path = resolve_dataset(dataset, data_dir)
     click.echo(f"dataset: {path}")
