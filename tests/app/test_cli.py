@@ -313,6 +313,20 @@ def test_an_empty_output_path_and_a_number_beyond_reason_are_refused_before_work
     assert os.listdir(tmp_path) == []
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["runs", "r.jsonl"], "Got unexpected extra argument (r.jsonl); give it as --results r.jsonl"),
+    (["train-hash", "toy.h5"], "Got unexpected extra argument (toy.h5); give it as --dataset toy.h5"),
+    (["evaluate", "toy.h5"], "Got unexpected extra argument (toy.h5); give it as --dataset toy.h5 or --codes toy.h5"),
+    (["runs", "toy.h5"], "Got unexpected extra argument (toy.h5)"),  # runs reads no dataset: no flag named
+    (["runs", "notes"], "Got unexpected extra argument (notes)"),
+])
+def test_a_file_given_without_its_flag_is_told_the_flag(argv, said):
+    """A new user's 'ucmfh runs results.jsonl': the one line names the flag that takes such a file, where the
+    command has one, and no other."""
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2 and result.output.strip().splitlines() == [f"Error: {said}"], result.output
+
+
 def test_a_run_refused_once_started_leaves_no_folder_of_its_lock_alone(tmp_path, tiny_path):
     """A setting refused once the run has its folder (a validation split that leaves nothing to train on) left
     'runs/DATASET-FP/RUN/hash16.lock' behind, an empty run; the folder of a run that saved something stays."""

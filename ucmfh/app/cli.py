@@ -35,7 +35,29 @@ class UsageInOneLine(click.ClickException):
     exit_code = 2
 
     def __init__(self, err: click.UsageError) -> None:
-        super().__init__(err.format_message())
+        super().__init__(err.format_message() + _flag_for_extra_file(err))
+
+
+# the flags that take a file of each kind, for a file given without its flag ('ucmfh runs results.jsonl')
+_FILE_FLAGS = ((".jsonl", ("--results",)), (".h5", ("--dataset", "--codes", "--queries")),
+               (".pt", ("--checkpoint",)))
+
+
+def _flag_for_extra_file(err: click.UsageError) -> str:
+    """For one unexpected argument that names a file by its kind, the flags of the command that take such a
+    file ('; give it as --results r.jsonl'), or ''; never a flag the command has not."""
+    match = re.fullmatch(r"Got unexpected extra argument \((.+)\)", err.message)
+    if match is None or err.ctx is None:
+        return ""
+    given = match.group(1)
+    flags = {opt for param in err.ctx.command.params for opt in getattr(param, "opts", ())}
+    if "--data-dir" not in flags:  # a --dataset that filters rows by a dataset's name ('runs'), not one to read
+        flags.discard("--dataset")
+    for suffix, takers in _FILE_FLAGS:
+        if given.endswith(suffix):
+            own = [flag for flag in takers if flag in flags]
+            return f"; give it as {' or '.join(f'{flag} {given}' for flag in own)}" if own else ""
+    return ""
 
 
 class Commands(click.Group):
