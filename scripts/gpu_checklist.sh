@@ -97,8 +97,8 @@ seps() {  # SEPS trained on tokens, then ucmfh rerank (Hamming, cosine and SEPS 
 
 comparison() {  # the whole Flickr8k comparison on this GPU (goal 4), resumable: a call stopped by its cap keeps
     # the cells it finished (a cell cut short trains again at the next call); the wall of the whole is the sum of
-    # the calls' `comparison` seconds. Unimodal protocol, tie-aware, as docs/quality.md's comparison
-    # the rows are written in $OUT as they come (what a device call brings back), from those of earlier calls
+    # the calls' `comparison` seconds. Unimodal protocol, tie-aware, as docs/quality.md's comparison. The rows
+    # are written in $OUT as they come (what a device call brings back), after those of the calls before
     local results=${COMPARISON:-$DATA/comparison.jsonl}
     [ -f "$results" ] && cp "$results" "$OUT/comparison.jsonl"
     # Ctrl-C's signal at 510 s: the grid stops its cells and exits, before the step's cap
