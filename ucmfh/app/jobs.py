@@ -17,7 +17,7 @@ start once it is saved and reuse it (a second trainer would be refused by its tr
 Ctrl-C and SIGTERM: the parent passes the signal on to every worker until all have ended. In training a
 worker stops at its next step with its training state saved (:func:`ucmfh.signals.stop_on_signals`); in any
 other work of a cell (a closed-form fit, a dataset's read, the scoring) at once, as one process stops on
-Ctrl-C; between cells it ignores both. The rows of every
+Ctrl-C; as it starts and between cells it ignores both. The rows of every
 finished cell are appended, and the same ``ucmfh grid`` command (with any ``--jobs``) goes on with the
 rest. A worker's error stops the others the same way and ends the grid with its one line.
 """
