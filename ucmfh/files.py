@@ -249,12 +249,16 @@ def write_json_atomic(path: PathLike, value: Any) -> str:
 
 
 @contextlib.contextmanager
-def locked(path: PathLike) -> Iterator[int]:
-    """An exclusive advisory lock on ``PATH.lock`` (POSIX; a no-op elsewhere); yields nothing useful."""
+def locked(path: PathLike, hidden: bool = False) -> Iterator[int]:
+    """An exclusive advisory lock on ``PATH.lock`` (POSIX; a no-op elsewhere); yields nothing useful. ``hidden``:
+    on ``.NAME.lock`` beside it, for a file in a folder of the user's (a results file), where the lock, left
+    for the next writer, would otherwise sit in their listing."""
     if fcntl is None:  # pragma: no cover
         yield -1
         return
-    fd = os.open(os.fspath(path) + ".lock", os.O_RDWR | os.O_CREAT, 0o644)
+    head, name = os.path.split(os.fspath(path))
+    lock = os.path.join(head, f".{name}.lock" if hidden else f"{name}.lock")
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         yield fd
@@ -271,7 +275,7 @@ def append_jsonl(path: PathLike, rows: List[Mapping[str, Any]]) -> None:
     path = os.fspath(path)
     os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
     lines = [(json.dumps(row, sort_keys=True) + "\n").encode("utf-8") for row in rows]
-    with locked(path):
+    with locked(path, hidden=True):
         check_jsonl(path)
         fd = os.open(path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
         try:

@@ -104,6 +104,8 @@ def test_concurrent_appends_keep_every_row(tmp_path):
     rows = read_jsonl(path)
     assert len(rows) == 400
     assert sorted((r["writer"], r["i"]) for r in rows) == [(w, i) for w in (0, 1) for i in range(200)]
+    # the writers' lock, left for the next one, is hidden: the user's folder lists their results file alone
+    assert [name for name in os.listdir(tmp_path) if not name.startswith(".")] == ["results.jsonl"]
 
 
 # one thread per process: the reference and the resumed run compute alike, and busy cores are not oversubscribed
