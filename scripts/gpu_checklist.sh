@@ -5,7 +5,7 @@
 #   DATA=../shared/data OUT=gpu-out bash scripts/gpu_checklist.sh          # every step
 #   DATA=gpu-data OUT=gpu-out bash scripts/gpu_checklist.sh speed          # issue 48's figures alone, first
 #   DATA=gpu-data PACK=1 bash scripts/gpu_checklist.sh speed              # in a device call ($OUT: 8 files back)
-#   PACK=1 bash scripts/gpu_checklist.sh graphs                          # graph tests, TF32, the torch.compile experiment
+#   PACK=1 bash scripts/gpu_checklist.sh graphs                    # graph tests, TF32, the torch.compile experiment
 #   DATA=gpu-data PACK=1 bash scripts/gpu_checklist.sh comparison         # goal 4's whole comparison, 540 s a call
 #   (it goes on from gpu-data/comparison.jsonl: copy $OUT's comparison.jsonl there before the next call)
 #
@@ -133,7 +133,8 @@ imports() {  # seconds to import the CLI: as the image has it (its site-packages
 }
 
 export -f methods search seps imports comparison
-step env 40 bash -c "nvidia-smi -L; $PY -c 'import torch; print(torch.__version__, torch.cuda.is_available(), torch.cuda.get_device_name(0))'; imports"
+step env 40 bash -c "nvidia-smi -L; $PY -c 'import torch; print(torch.__version__, torch.cuda.is_available(), \
+    torch.cuda.get_device_name(0))'; imports"
 # every step after this one reads Python's bytecode from $PYCACHE, as on a machine whose installation wrote it
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=$PYCACHE
