@@ -267,7 +267,7 @@ def test_a_worker_starts_deaf_to_a_ctrl_c_and_the_parent_hears_it_after(monkeypa
     heard = []
     before = signal.signal(signal.SIGTERM, lambda signum, frame: heard.append(signum))
     try:
-        with jobs._deaf_starts():
+        with jobs._held():
             worker = context.Process(target=_held_at_start, args=(queue,))
             worker.start()
             os.kill(os.getpid(), signal.SIGTERM)

@@ -101,14 +101,14 @@ _datasets: Dict[Tuple[str, Optional[int]], Dataset] = {}  # a worker's datasets,
 def _start_worker(slots: Any, pids: Any, threads: int, gpus: int) -> None:
     """A worker's set-up: its slot (and pid, where the parent signals it), threads and GPU. SIGINT and
     SIGTERM are ignored between cells (a Ctrl-C reaches the whole process group, and the parent decides the
-    rest), and from the process's start (:func:`_deaf_starts`); in a cell, training stops at a safe point on
+    rest), and from the process's start (:func:`_held`); in a cell, training stops at a safe point on
     either, and any other work (a closed-form fit, a dataset's read, the scoring) at once (:func:`run_cell`)."""
     with slots.get_lock():
         slot = slots.value
         slots.value += 1
     for signum in _STOPS:
         signal.signal(signum, signal.SIG_IGN)
-    _unblock()  # held since its start, by the mask of the parent's thread (_deaf_starts): ignored now
+    _unblock()  # held since its start, by the mask of the parent's thread (_held): ignored now
     pids[slot] = os.getpid()
     torch.set_num_threads(threads)
     if gpus:
@@ -147,14 +147,14 @@ def _unblock() -> None:
 
 
 @contextlib.contextmanager
-def _deaf_starts() -> Iterator[None]:
-    """Worker processes started inside the block begin with SIGINT and SIGTERM held (blocked: a signal mask is
-    kept across ``fork`` and ``exec``), until :func:`_start_worker` ignores both and lets them go: a Ctrl-C as
-    a worker started, importing ucmfh before its initializer ran, ended it with a traceback. The parent holds
-    them meanwhile in its starting thread only; its handlers stay, and a signal it gets is handled (by another
-    thread's delivery, or as the block ends)."""
+def _held() -> Iterator[None]:
+    """SIGINT and SIGTERM held (blocked) in this thread inside the block, let go after it (no signal masks on
+    Windows: nothing held). A process started inside begins with both held too (a signal mask is kept across
+    ``fork`` and ``exec``): a worker started so lets them go in :func:`_start_worker`, once it ignores both, where
+    a Ctrl-C as it started, importing ucmfh before its initializer ran, ended it with a traceback. The parent's
+    handlers stay: a signal it gets meanwhile is handled (by another thread's delivery, or as the block ends)."""
     block = getattr(signal, "pthread_sigmask", None)
-    if block is None:  # no signal masks (Windows): no process groups' Ctrl-C either
+    if block is None:
         yield
         return
     block(signal.SIG_BLOCK, _STOPS)
@@ -167,15 +167,9 @@ def _deaf_starts() -> Iterator[None]:
 def _restore(handlers: Dict[int, Any]) -> None:
     """The worker's handlers between cells put back, with both signals held meanwhile (one between the two
     would meet a handler of the cell outside it); a signal held is then ignored."""
-    block = getattr(signal, "pthread_sigmask", None)
-    if block is not None:
-        block(signal.SIG_BLOCK, _STOPS)
-    try:
+    with _held():
         for signum, handler in handlers.items():
             signal.signal(signum, handler)
-    finally:
-        if block is not None:
-            block(signal.SIG_UNBLOCK, _STOPS)
 
 
 def run_cell(task: CellTask) -> Outcome:
@@ -333,7 +327,7 @@ class SideBySide:
             if cell.fusion_path is not None and not os.path.exists(cell.fusion_path) and \
                     any(other.fusion_path == cell.fusion_path for other in running.values()):
                 continue
-            with _deaf_starts():  # a submit starts a worker where none is free
+            with _held():  # a submit starts a worker where none is free: it starts deaf to both
                 running[pool.submit(run_cell, cell.task)] = cell
             cell.state = "running"
             self.log(f"start {cell.name}")
