@@ -21,7 +21,7 @@ import numpy as np
 
 from bench_search import peak_rss_mib  # scripts/: the directory of this script
 from ucmfh.search.scan import hamming_search
-from ucmfh.search.kernels import default_threads
+from ucmfh.parallel import default_threads
 from ucmfh.search.mih import MultiIndex
 
 

@@ -84,7 +84,8 @@ def main() -> None:
 
     from ucmfh.search import Index
     from ucmfh.bits import packed_bytes
-    from ucmfh.search.kernels import default_threads, kernels_module
+    from ucmfh.parallel import default_threads
+    from ucmfh.search.kernels import kernels_module
 
     all_threads = default_threads()
     thread_counts = args.threads or sorted({1, all_threads})

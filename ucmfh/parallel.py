@@ -2,8 +2,17 @@
 the ranges run in parallel, each writing its own rows of the output."""
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Callable
+
+
+def default_threads() -> int:
+    """The CPUs this process may use (its affinity where the system says it, else the machine's)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # pragma: no cover - not Linux
+        return os.cpu_count() or 1
 
 
 def over_ranges(n: int, parts: int, work: Callable[[int, int], None]) -> None:

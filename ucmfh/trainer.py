@@ -28,6 +28,7 @@ from ucmfh.config import identity_dict
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.distributed import Group, current_group
 from ucmfh.optim import optimize
+from ucmfh.parallel import default_threads
 from ucmfh.selection import History, validation_split
 from ucmfh.signals import TrainingInterrupted, stop_on_signals
 from ucmfh.training_log import EpochRecord, current_logs, current_part
@@ -347,8 +348,7 @@ class _Run:
         stay one step ahead (its block cache holds what is read for the next step)."""
         if self.plan.draws is None or self.ahead is not None or self.device.type != "cuda":
             return 1
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
-        return max(1, min(DRAWS_AHEAD, cpus // 2))
+        return max(1, min(DRAWS_AHEAD, default_threads() // 2))
 
     def eager_step(self, batch: Batch) -> torch.Tensor:
         plan = self.plan

@@ -7,7 +7,7 @@ import os
 import sys
 from typing import Any, Callable, Optional
 
-from ucmfh.parallel import over_ranges
+from ucmfh.parallel import default_threads, over_ranges
 
 
 def kernels_module() -> Any:
@@ -48,13 +48,6 @@ def cpu_kernels(device: Any) -> Any:
     if native is not None and native.chosen_backend() == "torch":
         return None
     return kernels_module()
-
-
-def default_threads() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # pragma: no cover - not Linux
-        return os.cpu_count() or 1
 
 
 def over_query_ranges(n_queries: int, threads: Optional[int], work: Callable[[int, int], None]) -> None:
