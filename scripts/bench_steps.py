@@ -77,9 +77,23 @@ def counted(graphs: type) -> type:
     return Counted
 
 
+def compiled_for_full_batches(loss):  # type: ignore[no-untyped-def]
+    """``loss`` compiled by ``torch.compile`` for the batch size of its first call (a run's first batch is a
+    full one), shapes static; a batch of another size (an epoch's short last batch, which runs eagerly) calls
+    ``loss`` as it is, rather than compiling it again for that size (dynamic shapes: a second compile)."""
+    compiled, size = torch.compile(loss, dynamic=False), []
+
+    def step_loss(batch):  # type: ignore[no-untyped-def]
+        size[:] = size or [len(batch.index)]
+        return compiled(batch) if len(batch.index) == size[0] else loss(batch)
+
+    return step_loss
+
+
 @contextlib.contextmanager
 def compiled_losses():  # type: ignore[no-untyped-def]
-    """Every plan made inside the block has its loss compiled by ``torch.compile`` (``--compile``), its random
+    """Every plan made inside the block has its loss compiled by ``torch.compile`` (``--compile``,
+    ``scripts/compiled_main.py``) for its full batches (:func:`compiled_for_full_batches`), its random
     draws (dropout) by torch's own kernels from the device's generator, as an eager step's, which a CUDA graph
     captures (inductor's ``fallback_random``; its own seeds are drawn by a call that a failed capture on the H200
     left unusable)."""
@@ -91,7 +105,7 @@ def compiled_losses():  # type: ignore[no-untyped-def]
     def post_init(plan: Plan) -> None:
         made(plan)
         if plan.loss is not None:
-            plan.loss = torch.compile(plan.loss)
+            plan.loss = compiled_for_full_batches(plan.loss)
 
     Plan.__post_init__ = post_init  # type: ignore[method-assign]
     try:

@@ -5,7 +5,8 @@
 #   DATA=../shared/data OUT=gpu-out bash scripts/gpu_checklist.sh          # every step
 #   DATA=gpu-data OUT=gpu-out bash scripts/gpu_checklist.sh speed          # issue 48's figures alone, first
 #   DATA=gpu-data PACK=1 bash scripts/gpu_checklist.sh speed              # in a device call ($OUT: 8 files back)
-#   PACK=1 bash scripts/gpu_checklist.sh graphs                    # graph tests, TF32, the torch.compile experiment
+#   PACK=1 bash scripts/gpu_checklist.sh compile                   # torch.compile: a step, then the main job
+#   PACK=1 bash scripts/gpu_checklist.sh graphs                    # the real-GPU graph tests, TF32
 #   DATA=gpu-data PACK=1 bash scripts/gpu_checklist.sh comparison         # goal 4's whole comparison, 540 s a call
 #   (it goes on from gpu-data/comparison.jsonl: copy $OUT's comparison.jsonl there before the next call)
 #
@@ -43,9 +44,13 @@ PACK=${PACK:-0}  # PACK=1: OUT ends with summary.txt, speed.md (issue 48's goals
 SPEED="env build steps main-graph main-eager20 bench-train flickr8k-graph grid-jobs"
 ONLY=""
 [ "${1:-}" = speed ] && ONLY=$SPEED
-# the captured step on a GPU: the graph path against the eager one for every plan, then the torch.compile experiment
-# then TF32 matmuls (--amp tf32): a step of the main stages, and the main job (its MAPs against float32's)
-[ "${1:-}" = graphs ] && ONLY="env build graph-tests steps-tf32 main-tf32 compile"
+# the captured step on a GPU: the graph path against the eager one for every plan, then TF32 matmuls (--amp
+# tf32): a step of the main stages, and the main job (its MAPs against float32's)
+[ "${1:-}" = graphs ] && ONLY="env build graph-tests steps-tf32 main-tf32"
+# torch.compile's fused kernels inside the captured step: one step of the main stages (bench_steps --compile), then
+# the main job so compiled (scripts/compiled_main.py) on an empty inductor cache and again on the filled one
+# (the compile's seconds, then what a second run waits), its MAPs against the captured job's; caps: 560 s
+[ "${1:-}" = compile ] && ONLY="env build compile main-compile main-compile-warm"
 # issue 48's goal 4 at full size: every method × 16/32/64/128 bits × 3 seeds on full Flickr8k, JOBS cells at once,
 # for 540 s a call; its rows go on from $COMPARISON (default $DATA/comparison.jsonl) and come back in $OUT
 [ "${1:-}" = comparison ] && ONLY="env build comparison"
@@ -163,8 +168,14 @@ step steps-tf32 60 $PY scripts/bench_steps.py --device $DEVICE --steps 40 --repe
     --only ucmfh --only two-tower  # the captured step with its float32 matmuls in TF32, against float32's
 step main-tf32 110 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --amp tf32 \
     --out "$WORK/tf32" --results "$OUT/main-tf32.jsonl"  # the main job, captured, TF32: its wall and its MAPs
-step compile 200 $PY scripts/bench_steps.py --device $DEVICE --steps 40 --repeats 1 --compile --only two-tower \
-    --only fusion --only ucmfh  # each stage's loss compiled in the warm-up, then captured: fewer, larger kernels?
+step compile 170 env TORCHINDUCTOR_CACHE_DIR="$WORK/inductor-steps" $PY scripts/bench_steps.py --device $DEVICE \
+    --steps 40 --repeats 1 --compile --only two-tower --only fusion --only ucmfh  # each stage's loss compiled in
+    # the warm-up, then captured: fewer, larger kernels? (its own cache: the main job's below starts empty)
+for run in main-compile main-compile-warm; do  # the same cache: empty for the first, filled for the second
+    step $run $([ $run = main-compile ] && echo 220 || echo 100) env TORCHINDUCTOR_CACHE_DIR="$WORK/inductor-main" \
+        $PY scripts/compiled_main.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --out "$WORK/$run" \
+        --results "$OUT/$run.jsonl"
+done
 [ -n "$ONLY" ] && { finish; exit 0; }
 step main-job 120 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100
 step bench-train-all 160 $PY scripts/bench_train.py --device $DEVICE --only encode --only memory --encode-n 190000

@@ -118,6 +118,33 @@ def tf32_rows(out: str) -> List[List[str]]:
     return rows
 
 
+def compile_rows(out: str) -> List[List[str]]:
+    """``torch.compile``'s rows (the checklist's ``compile`` run; none where its steps did not run): each stage's
+    captured step against the same step compiled and captured (``compile``: ``bench_steps.py --compile``, its
+    first epoch's seconds, the compile's), or why it failed; then the main job so compiled on an empty inductor
+    cache and on the filled one (``main-compile``, ``main-compile-warm``: wall seconds and MAPs, as goal 1's)."""
+    steps = read_summary(out)
+    rows: List[List[str]] = []
+    if "compile" in steps:
+        for line in _lines(out, "compile.txt"):
+            cells = line.split()
+            if len(cells) >= 12 and cells[1].isdigit() and cells[2] != "eager" and cells[9] == "(first":
+                rows.append([f"a {cells[0]} step, captured → compiled and captured (ms)",
+                             f"{cells[3]} → {cells[7]} (first epoch, the compile: {cells[11]} s)", "–", "–"])
+            elif len(cells) >= 7 and cells[1].isdigit() and cells[2] != "eager":
+                rows.append([f"a {cells[0]} step, compiled and captured", "no figure", "–", "–"])
+            elif line.startswith("  compiled: ") and rows:
+                rows[-1][1] += f"; {line.strip()}"
+        why = _ran(steps, "compile")
+        if why:
+            rows.append(["a step, compiled and captured", why, "–", "–"])
+    for step, label in (("main-compile", "empty"), ("main-compile-warm", "filled")):
+        if step in steps:
+            rows += main_job_rows(out, steps, step, f"1. main job, compiled, captured, inductor cache {label} "
+                                  "(wall s)", f"1. compiled ({label} cache): ")
+    return rows
+
+
 def goal_rows(out: str) -> List[List[str]]:
     """The table's rows: goal, measured, goal value, met."""
     steps = read_summary(out)
@@ -174,7 +201,7 @@ def goal_rows(out: str) -> List[List[str]]:
         rows.append([f"4. six-cell grid, --jobs {jobs} against --jobs 1 (wall s)",
                      f"{wall:.1f} against {one:.1f} ({one / wall:.1f}×); rows equal: {equal}", "faster, rows equal",
                      "yes" if wall < one and equal == "yes" else "no"])
-    return rows + comparison_rows(out) + tf32_rows(out)
+    return rows + comparison_rows(out) + tf32_rows(out) + compile_rows(out)
 
 
 COMPARISON_CELLS = 10 * 4 * 3  # every method × 16/32/64/128 bits × 3 seeds

@@ -130,6 +130,32 @@ def test_the_graphs_run_s_tf32_figures_are_read_where_they_ran(tmp_path, monkeyp
     assert rows["a fusion step, captured, float32 → TF32 (ms)"][1] == "1.38 → 1.15 (1.20×)"
 
 
+def test_the_compile_run_s_figures_are_read_where_they_ran(tmp_path, monkeypatch, capsys):
+    """The checklist's `compile` run: each stage's captured step against the same step compiled (the compile's
+    seconds beside it), a stage whose compile failed with its reason, then the main job so compiled on an empty
+    and on a filled inductor cache (wall and MAPs, as goal 1's); a run without those steps has no such rows."""
+    out = _folder(tmp_path, monkeypatch, capsys)
+    assert not any("compiled" in row[0] for row in report.goal_rows(str(out)))
+    with open(out / "summary.txt", "a") as summary:
+        summary.write(_summary([("compile", 0, 150000), ("main-compile", 0, 61300), ("main-compile-warm", 0, 13900)]))
+    steps = load_script("bench_steps")
+    (out / "compile.txt").write_text("\n".join([steps.HEADER + steps.COMPILED, steps.line(
+        "fusion", {"batch_size": 128, "eager": 0.0077, "graph": 0.00138, "captures": 1, "replays": 117,
+                   "compiled": 0.00061, "compiled_first_epoch": 31.4}), steps.line(
+        "ucmfh", {"batch_size": 128, "eager": 0.0121, "graph": 0.00191, "captures": 1, "replays": 117,
+                  "compiled_error": "RuntimeError: no"})]) + "\n")
+    for step in ("main-compile", "main-compile-warm"):
+        (out / f"{step}.jsonl").write_text((out / "main-graph.jsonl").read_text())
+    rows = {row[0]: row for row in report.goal_rows(str(out))}
+    assert rows["a fusion step, captured → compiled and captured (ms)"][1] == \
+        "1.38 → 0.61 (first epoch, the compile: 31.4 s)"
+    assert rows["a ucmfh step, compiled and captured"][1] == "no figure; compiled: failed (RuntimeError: no)"
+    assert rows["1. main job, compiled, captured, inductor cache empty (wall s)"][1:] == \
+        ["61.3 (eager H200: 105)", "≤ 15", "no"]
+    assert rows["1. main job, compiled, captured, inductor cache filled (wall s)"][3] == "yes"
+    assert rows["1. compiled (filled cache): MAP@50 fused I→T / T→I"][1].startswith("0.8601 / 0.8751")
+
+
 def test_the_comparison_run_counts_its_cells(tmp_path, monkeypatch, capsys):
     """The `comparison` run: the cells finished so far (the rows of every call, one row or more a cell) and this
     call's seconds, stopped by its cap."""
