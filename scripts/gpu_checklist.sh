@@ -6,7 +6,7 @@
 #   DATA=gpu-data OUT=gpu-out bash scripts/gpu_checklist.sh speed          # issue 48's figures alone, first
 #   DATA=gpu-data PACK=1 bash scripts/gpu_checklist.sh speed              # in a device call ($OUT: 8 files back)
 #   PACK=1 bash scripts/gpu_checklist.sh compile                   # torch.compile: a step, then the main job
-#   PACK=1 bash scripts/gpu_checklist.sh graphs                    # the real-GPU graph tests, TF32
+#   PACK=1 bash scripts/gpu_checklist.sh graphs                    # the real-GPU graph tests, TF32, streams
 #   DATA=gpu-data PACK=1 bash scripts/gpu_checklist.sh comparison         # goal 4's whole comparison, 540 s a call
 #   (it goes on from gpu-data/comparison.jsonl: copy $OUT's comparison.jsonl there before the next call)
 #
@@ -45,8 +45,9 @@ SPEED="env build steps main-graph main-eager20 bench-train flickr8k-graph grid-j
 ONLY=""
 [ "${1:-}" = speed ] && ONLY=$SPEED
 # the captured step on a GPU: the graph path against the eager one for every plan, then TF32 matmuls (--amp
-# tf32): a step of the main stages, and the main job (its MAPs against float32's)
-[ "${1:-}" = graphs ] && ONLY="env build graph-tests steps-tf32 main-tf32"
+# tf32): a step of the main stages, and the main job (its MAPs against float32's); then several fits in one
+# process, each on a stream of its own, against the same fits in turn (goal 4's lever?); caps: 450 s
+[ "${1:-}" = graphs ] && ONLY="env build graph-tests steps-tf32 main-tf32 streams"
 # torch.compile's fused kernels inside the captured step: one step of the main stages (bench_steps --compile), then
 # the main job so compiled (scripts/compiled_main.py) on an empty inductor cache and again on the filled one
 # (the compile's seconds, then what a second run waits), its MAPs against the captured job's; caps: 560 s
@@ -168,6 +169,8 @@ step steps-tf32 60 $PY scripts/bench_steps.py --device $DEVICE --steps 40 --repe
     --only ucmfh --only two-tower  # the captured step with its float32 matmuls in TF32, against float32's
 step main-tf32 110 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --amp tf32 \
     --out "$WORK/tf32" --results "$OUT/main-tf32.jsonl"  # the main job, captured, TF32: its wall and its MAPs
+step streams 120 $PY scripts/bench_streams.py --device $DEVICE --runs 4 --steps 100 --epochs 5 --only two-tower \
+    --only jdsh --only fusion  # 4 captured fits, one after another, then at once on streams of their own
 step compile 170 env TORCHINDUCTOR_CACHE_DIR="$WORK/inductor-steps" $PY scripts/bench_steps.py --device $DEVICE \
     --steps 40 --repeats 1 --compile --only two-tower --only fusion --only ucmfh  # each stage's loss compiled in
     # the warm-up, then captured: fewer, larger kernels? (its own cache: the main job's below starts empty)

@@ -118,6 +118,22 @@ def tf32_rows(out: str) -> List[List[str]]:
     return rows
 
 
+def streams_rows(out: str) -> List[List[str]]:
+    """The checklist's ``streams`` step (``bench_streams.py``; none where it did not run): for each stage, the
+    wall of its fits one after another against the same fits at once, each on a stream of its own."""
+    steps = read_summary(out)
+    if "streams" not in steps:
+        return []
+    rows = []
+    for line in _lines(out, "streams.txt"):
+        cells = line.split()
+        if len(cells) == 7 and cells[1].isdigit() and cells[6].endswith("x"):
+            rows.append([f"4. {cells[2]} captured {cells[0]} fits in one process: in turn → on streams of their "
+                         "own (wall s)", f"{cells[4]} → {cells[5]} ({cells[6].replace('x', '×')})", "faster", "–"])
+    why = _ran(steps, "streams")
+    return rows + ([["4. fits on streams of their own", why, "faster", "–"]] if why else [])
+
+
 def compile_rows(out: str) -> List[List[str]]:
     """``torch.compile``'s rows (the checklist's ``compile`` run; none where its steps did not run): each stage's
     captured step against the same step compiled and captured (``compile``: ``bench_steps.py --compile``, its
@@ -201,7 +217,7 @@ def goal_rows(out: str) -> List[List[str]]:
         rows.append([f"4. six-cell grid, --jobs {jobs} against --jobs 1 (wall s)",
                      f"{wall:.1f} against {one:.1f} ({one / wall:.1f}×); rows equal: {equal}", "faster, rows equal",
                      "yes" if wall < one and equal == "yes" else "no"])
-    return rows + comparison_rows(out) + tf32_rows(out) + compile_rows(out)
+    return rows + comparison_rows(out) + streams_rows(out) + tf32_rows(out) + compile_rows(out)
 
 
 COMPARISON_CELLS = 10 * 4 * 3  # every method × 16/32/64/128 bits × 3 seeds

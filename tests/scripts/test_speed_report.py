@@ -156,6 +156,24 @@ def test_the_compile_run_s_figures_are_read_where_they_ran(tmp_path, monkeypatch
     assert rows["1. compiled (filled cache): MAP@50 fused I→T / T→I"][1].startswith("0.8601 / 0.8751")
 
 
+def test_the_streams_step_s_walls_are_read_where_it_ran(tmp_path, monkeypatch, capsys):
+    """The `graphs` run's `streams` step: each stage's fits in turn against the same fits on streams of their own,
+    as bench_streams.py prints them; a run without it has no such row, a failed one says so."""
+    out = _folder(tmp_path, monkeypatch, capsys)
+    assert not any("streams" in row[0] for row in report.goal_rows(str(out)))
+    streams = load_script("bench_streams")
+    with open(out / "summary.txt", "a") as summary:
+        summary.write(_summary([("streams", 0, 60000)]))
+    (out / "streams.txt").write_text("\n".join([streams.HEADER, streams.line("jdsh", {
+        "runs": 4, "batch_size": 32, "steps": 2000, "one_after_another_s": 9.0, "side_by_side_s": 3.0})]) + "\n")
+    [row] = [row for row in report.goal_rows(str(out)) if "streams" in row[0]]
+    assert row[0] == "4. 4 captured jdsh fits in one process: in turn → on streams of their own (wall s)"
+    assert row[1] == "9.00 → 3.00 (3.00×)"
+    with open(out / "summary.txt", "a") as summary:
+        summary.write(_summary([("streams", 124, 120000)]))
+    assert [row for row in report.goal_rows(str(out)) if "streams" in row[0]][-1][1].startswith("failed (rc 124")
+
+
 def test_the_comparison_run_counts_its_cells(tmp_path, monkeypatch, capsys):
     """The `comparison` run: the cells finished so far (the rows of every call, one row or more a cell) and this
     call's seconds, stopped by its cap."""

@@ -1,0 +1,141 @@
+#!/usr/bin/env python3
+"""Do several training runs in one process, each on a CUDA stream of its own, share one GPU better than
+runs one after another? (An experiment, not a test.)
+
+Issue 48's goal 4 asks for the whole Flickr8k comparison (every method × 4 lengths × 3 seeds) on one GPU in
+under 30 minutes. A captured step is bound by its kernels, each small (a batch of 128 or 32 items keeps a few of
+the GPU's 132 multiprocessors busy), and processes sharing one GPU take turns on it (time-slicing: the
+six-cell grid of ``grid --jobs 6`` ran 1.4× ``--jobs 1``, 2026-11-30), so ``--jobs`` overlaps only what cells
+do off the GPU. Kernels of one process on several streams may run at once. This times ``--runs`` fits of one
+stage (:mod:`bench_dispatch`'s: synthetic 512-d features, each method's own batch, validation off, steps
+captured) one after another, then all at once, each in a thread of its own with a stream of its own, and
+prints both walls and their ratio; set-up, warm-up and capture included, as a grid's cells have them.
+
+What it does not settle: the runs here draw their dropout and initial weights from torch's global generators,
+so runs side by side in one process do not train the models they train alone. A grid whose every cell's row
+equals the cell run alone needs each run's draws from generators of its own (PyTorch's graph-safe generator
+states), the product's work once this says the overlap pays.
+
+    python scripts/bench_streams.py --device cuda --runs 4 --only two-tower --only jdsh --only fusion
+    python scripts/bench_streams.py --device cpu --runs 2 --steps 4 --epochs 2   # threads alone, no streams
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_dispatch, beside this script
+from bench_dispatch import Stage, stages  # noqa: E402
+
+from ucmfh.captured_step import capture_steps  # noqa: E402
+from ucmfh.methods import METHODS  # noqa: E402
+
+Fit = Callable[[], object]
+
+
+def own_stream(device: str):  # type: ignore[no-untyped-def]
+    """The calling thread's work on a CUDA stream of its own (nothing on the CPU)."""
+    return torch.cuda.stream(torch.cuda.Stream()) if device == "cuda" else contextlib.nullcontext()
+
+
+def one_after_another(fits: List[Fit]) -> float:
+    """Seconds to run ``fits`` in turn, in this thread."""
+    start = time.perf_counter()
+    for fit in fits:
+        fit()
+    return time.perf_counter() - start
+
+
+def side_by_side(fits: List[Fit], device: str) -> float:
+    """Seconds to run ``fits`` at once, each in a thread of its own on a stream of its own; a fit's error is
+    raised here, after every thread has ended."""
+    errors: List[BaseException] = []
+
+    def run(fit: Fit) -> None:
+        try:
+            with own_stream(device):
+                fit()
+                if device == "cuda":
+                    torch.cuda.current_stream().synchronize()
+        except BaseException as err:  # noqa: BLE001 - said after the others end
+            errors.append(err)
+
+    threads = [threading.Thread(target=run, args=(fit,)) for fit in fits]
+    start = time.perf_counter()
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    seconds = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return seconds
+
+
+def measure(stage: Stage, runs: int, steps: int, epochs: int, device: str) -> Dict[str, float]:
+    """Both walls of ``runs`` fits of ``stage`` (``steps`` full batches an epoch, ``epochs`` epochs), each fit's
+    data and settings made before the clock starts, after a fit of one epoch that pays the process's first
+    costs."""
+    n = steps * stage.batch_size
+    stage.prepare(n, 1)()  # untimed: the process's one-time costs (CUDA's context, cuBLAS, kernels loaded)
+    serial = one_after_another([stage.prepare(n, epochs) for _ in range(runs)])
+    parallel = side_by_side([stage.prepare(n, epochs) for _ in range(runs)], device)
+    return {"runs": runs, "batch_size": stage.batch_size, "steps": runs * steps * epochs,
+            "one_after_another_s": serial, "side_by_side_s": parallel}
+
+
+def line(name: str, row: Dict[str, float]) -> str:
+    ratio = row["one_after_another_s"] / row["side_by_side_s"]
+    return (f"{name:<10} {row['batch_size']:>5} {row['runs']:>4} {row['steps']:>6} {row['one_after_another_s']:>10.2f} "
+            f"{row['side_by_side_s']:>10.2f} {ratio:>7.2f}x")
+
+
+HEADER = f"{'stage':<10} {'batch':>5} {'runs':>4} {'steps':>6} {'serial s':>10} {'threads s':>10} {'ratio':>8}"
+
+
+def main(argv: Optional[List[str]] = None) -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--device", choices=("cpu", "cuda"), default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--runs", type=int, default=4, help="Fits of each stage, one after another, then at once.")
+    p.add_argument("--steps", type=int, default=100, help="Full batches an epoch.")
+    p.add_argument("--epochs", type=int, default=5)
+    p.add_argument("--n-bits", type=int, default=64)
+    p.add_argument("--width", type=int, default=512, help="Feature width of the synthetic set (CLIP's: 512).")
+    p.add_argument("--only", action="append", help="Only these stages, in this order (repeatable): fusion or a "
+                   "method trained by epochs [default: two-tower].")
+    p.add_argument("--json", action="store_true", help="Print the figures as JSON.")
+    args = p.parse_args(argv)
+    for flag, value in (("--runs", args.runs), ("--steps", args.steps), ("--epochs", args.epochs)):
+        if value < 1:
+            p.error(f"{flag} must be at least 1, got {value}")
+    known = ["fusion"] + [m for m in METHODS if not METHODS[m].closed_form]
+    only = args.only or ["two-tower"]
+    for name in only:
+        if name not in known:
+            p.error(f"--only {name!r}: not a stage trained by epochs; one of {', '.join(known)}")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        p.error("--device cuda: this machine has no GPU")
+    dispatch_args = argparse.Namespace(batch_size=128, n_bits=args.n_bits, width=args.width, only=only)
+    rows: Dict[str, Dict[str, float]] = {}
+    with tempfile.TemporaryDirectory() as scratch, capture_steps(args.device == "cuda"):
+        chosen = stages(dispatch_args, args.device, Path(scratch), own_batch=True)
+        for stage in sorted(chosen, key=lambda s: only.index(s.name)):
+            rows[stage.name] = measure(stage, args.runs, args.steps, args.epochs, args.device)
+            if not args.json:
+                print(*([HEADER] if len(rows) == 1 else []), line(stage.name, rows[stage.name]), sep="\n", flush=True)
+    if args.json:
+        name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
+        print(json.dumps({"device": name, "torch": torch.__version__, "stages": rows}, indent=1, sort_keys=True))
+
+
+if __name__ == "__main__":
+    main()
