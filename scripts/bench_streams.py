@@ -9,7 +9,11 @@ six-cell grid of ``grid --jobs 6`` ran 1.4× ``--jobs 1``, 2026-11-30), so ``--j
 do off the GPU. Kernels of one process on several streams may run at once. This times ``--runs`` fits of one
 stage (:mod:`bench_dispatch`'s: synthetic 512-d features, each method's own batch, validation off, steps
 captured) one after another, then all at once, each in a thread of its own with a stream of its own, and
-prints both walls and their ratio; set-up, warm-up and capture included, as a grid's cells have them.
+prints both walls and their ratio; set-up, warm-up and capture included, as a grid's cells have them. The
+captures refuse the capturing thread's unsafe CUDA calls alone (``thread_local``: PyTorch's ``global``, the
+product's, would refuse another thread's allocation during a capture); each way's captures and replays are
+counted and printed, and a fit that ran eagerly says why, so that an eager figure never passes for a captured
+one.
 
 What it does not settle: the runs here draw their dropout and initial weights from torch's global generators,
 so runs side by side in one process do not train the models they train alone. A grid whose every cell's row
@@ -36,10 +40,36 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_dispatch, beside this script
 from bench_dispatch import Stage, stages  # noqa: E402
 
+import ucmfh.captured_step as captured_step  # noqa: E402
 from ucmfh.captured_step import capture_steps  # noqa: E402
 from ucmfh.methods import METHODS  # noqa: E402
 
 Fit = Callable[[], object]
+COUNTS = {"captures": 0, "replays": 0}  # of the stage being timed, every thread's: a fit that ran eagerly is said
+EAGER: List[str] = []  # why a fit asked to be captured ran eagerly (a capture refused, ...)
+_LOCK = threading.Lock()
+
+
+def _count(key: str) -> None:
+    with _LOCK:
+        COUNTS[key] += 1
+
+
+class SideBySideGraphs(captured_step.CudaGraphs):
+    """Captures that refuse the capturing thread's unsafe calls alone (``thread_local``: another thread's
+    allocation or sync during a capture is its own business), each capture and replay counted."""
+
+    capture_error_mode = "thread_local"
+
+    def capture(self, body, before, stream):  # type: ignore[no-untyped-def]
+        replay, out, ran = super().capture(body, before, stream)
+        _count("captures")
+
+        def replay_counted() -> None:
+            _count("replays")
+            replay()
+
+        return replay_counted, out, ran
 
 
 def own_stream(device: str):  # type: ignore[no-untyped-def]
@@ -87,19 +117,31 @@ def measure(stage: Stage, runs: int, steps: int, epochs: int, device: str) -> Di
     costs."""
     n = steps * stage.batch_size
     stage.prepare(n, 1)()  # untimed: the process's one-time costs (CUDA's context, cuBLAS, kernels loaded)
-    serial = one_after_another([stage.prepare(n, epochs) for _ in range(runs)])
-    parallel = side_by_side([stage.prepare(n, epochs) for _ in range(runs)], device)
-    return {"runs": runs, "batch_size": stage.batch_size, "steps": runs * steps * epochs,
-            "one_after_another_s": serial, "side_by_side_s": parallel}
+    row: Dict[str, object] = {"runs": runs, "batch_size": stage.batch_size, "steps": runs * steps * epochs}
+    for name, run in (("one_after_another", one_after_another), ("side_by_side", lambda fits: side_by_side(
+            fits, device))):
+        COUNTS.update(captures=0, replays=0)
+        EAGER.clear()
+        row[f"{name}_s"] = run([stage.prepare(n, epochs) for _ in range(runs)])
+        row.update({f"{name}_{key}": value for key, value in COUNTS.items()}, **{f"{name}_eager_because": list(EAGER)})
+    return row
 
 
-def line(name: str, row: Dict[str, float]) -> str:
+def line(name: str, row: Dict[str, object]) -> str:
+    """A stage's figures: both walls, their ratio, the captures and replays of each way (a fit that ran eagerly
+    said on the lines below, with why)."""
     ratio = row["one_after_another_s"] / row["side_by_side_s"]
+    counts = "".join(f" {str(row.get(f'{way}_captures', '-')) + '/' + str(row.get(f'{way}_replays', '-')):>12}"
+                     for way in ("one_after_another", "side_by_side"))
+    eager = "".join(f"\n  {way.replace('_', ' ')}: {message}" for way in ("one_after_another", "side_by_side")
+                    for message in row.get(f"{way}_eager_because", []))
     return (f"{name:<10} {row['batch_size']:>5} {row['runs']:>4} {row['steps']:>6} {row['one_after_another_s']:>10.2f} "
-            f"{row['side_by_side_s']:>10.2f} {ratio:>7.2f}x")
+            f"{row['side_by_side_s']:>10.2f} {ratio:>7.2f}x{counts}{eager}")
 
 
-HEADER = f"{'stage':<10} {'batch':>5} {'runs':>4} {'steps':>6} {'serial s':>10} {'threads s':>10} {'ratio':>8}"
+# the captures and replays of all the fits, in turn and side by side (a fit that ran eagerly has none)
+HEADER = (f"{'stage':<10} {'batch':>5} {'runs':>4} {'steps':>6} {'serial s':>10} {'threads s':>10} {'ratio':>8}"
+          f" {'serial c/r':>12} {'threads c/r':>12}")
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -125,13 +167,19 @@ def main(argv: Optional[List[str]] = None) -> None:
     if args.device == "cuda" and not torch.cuda.is_available():
         p.error("--device cuda: this machine has no GPU")
     dispatch_args = argparse.Namespace(batch_size=128, n_bits=args.n_bits, width=args.width, only=only)
-    rows: Dict[str, Dict[str, float]] = {}
-    with tempfile.TemporaryDirectory() as scratch, capture_steps(args.device == "cuda"):
-        chosen = stages(dispatch_args, args.device, Path(scratch), own_batch=True)
-        for stage in sorted(chosen, key=lambda s: only.index(s.name)):
-            rows[stage.name] = measure(stage, args.runs, args.steps, args.epochs, args.device)
-            if not args.json:
-                print(*([HEADER] if len(rows) == 1 else []), line(stage.name, rows[stage.name]), sep="\n", flush=True)
+    rows: Dict[str, Dict[str, object]] = {}
+    graphs, captured_step.CudaGraphs = captured_step.CudaGraphs, SideBySideGraphs  # every fit's, restored after
+    on_eager = lambda message: EAGER.append(message) if message not in EAGER else None  # noqa: E731
+    try:
+        with tempfile.TemporaryDirectory() as scratch, capture_steps(args.device == "cuda", on_eager=on_eager):
+            chosen = stages(dispatch_args, args.device, Path(scratch), own_batch=True)
+            for stage in sorted(chosen, key=lambda s: only.index(s.name)):
+                rows[stage.name] = measure(stage, args.runs, args.steps, args.epochs, args.device)
+                if not args.json:
+                    print(*([HEADER] if len(rows) == 1 else []), line(stage.name, rows[stage.name]), sep="\n",
+                          flush=True)
+    finally:
+        captured_step.CudaGraphs = graphs
     if args.json:
         name = torch.cuda.get_device_name(0) if args.device == "cuda" else "cpu"
         print(json.dumps({"device": name, "torch": torch.__version__, "stages": rows}, indent=1, sort_keys=True))

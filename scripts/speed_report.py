@@ -124,12 +124,15 @@ def streams_rows(out: str) -> List[List[str]]:
     steps = read_summary(out)
     if "streams" not in steps:
         return []
-    rows = []
+    rows: List[List[str]] = []
     for line in _lines(out, "streams.txt"):
         cells = line.split()
-        if len(cells) == 7 and cells[1].isdigit() and cells[6].endswith("x"):
+        if len(cells) == 9 and cells[1].isdigit() and cells[6].endswith("x"):
             rows.append([f"4. {cells[2]} captured {cells[0]} fits in one process: in turn → on streams of their "
-                         "own (wall s)", f"{cells[4]} → {cells[5]} ({cells[6].replace('x', '×')})", "faster", "–"])
+                         "own (wall s)", f"{cells[4]} → {cells[5]} ({cells[6].replace('x', '×')}); captures/replays "
+                         f"{cells[7]} → {cells[8]}", "faster", "–"])
+        elif line.startswith("  ") and rows:  # a fit that ran eagerly, and why
+            rows[-1][1] += f"; {line.strip()}"
     why = _ran(steps, "streams")
     return rows + ([["4. fits on streams of their own", why, "faster", "–"]] if why else [])
 

@@ -72,7 +72,12 @@ def runs_eagerly(stage: str, reason: str, refused: bool = False) -> None:
 
 
 class CudaGraphs:
-    """The CUDA calls a capture makes (a test gives the CPU stand-in's own, ``tests/cuda_standin.py``)."""
+    """The CUDA calls a capture makes (a test gives the CPU stand-in's own, ``tests/cuda_standin.py``).
+    ``capture_error_mode``: PyTorch's (``torch.cuda.graph``): ``global`` refuses, while a graph is captured, the
+    unsafe CUDA calls of every thread of the process; a process whose threads train side by side
+    (``scripts/bench_streams.py``) takes ``thread_local``, which refuses the capturing thread's alone."""
+
+    capture_error_mode = "global"
 
     def side_stream(self, device: torch.device) -> Any:
         return torch.cuda.Stream(device=device)
@@ -93,7 +98,8 @@ class CudaGraphs:
         before()
         current = torch.cuda.current_stream(stream.device)
         try:
-            with torch.cuda.device(stream.device), torch.cuda.graph(graph, stream=stream):  # the device's generator
+            with torch.cuda.device(stream.device), torch.cuda.graph(  # the device's generator
+                    graph, stream=stream, capture_error_mode=self.capture_error_mode):
                 out = body()
         except BaseException:  # a capture PyTorch ends in an error may leave its stream current: the run's again
             torch.cuda.set_stream(current)

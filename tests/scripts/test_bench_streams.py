@@ -22,6 +22,9 @@ def test_a_row_per_stage_with_both_walls(capsys):
         row = out["stages"][name]
         assert row["batch_size"] == batch and row["runs"] == 2 and row["steps"] == 2 * 2 * 1
         assert row["one_after_another_s"] > 0 and row["side_by_side_s"] > 0
+        # graphs are CUDA's: on the CPU no fit captures, and none was asked to
+        assert row["side_by_side_captures"] == row["side_by_side_replays"] == 0
+        assert row["side_by_side_eager_because"] == []
 
 
 def test_side_by_side_runs_each_fit_in_a_thread_of_its_own_and_raises_a_fit_s_error():
