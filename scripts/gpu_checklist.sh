@@ -9,6 +9,13 @@
 #   PACK=1 bash scripts/gpu_checklist.sh graphs                    # the real-GPU graph tests, TF32, streams
 #   DATA=gpu-data PACK=1 bash scripts/gpu_checklist.sh comparison         # goal 4's whole comparison, 540 s a call
 #   (it goes on from gpu-data/comparison.jsonl: copy $OUT's comparison.jsonl there before the next call)
+#   DATA=gpu-data PACK=1 BUDGET=560 bash scripts/gpu_checklist.sh speed compile graphs   # as many as fit
+#
+# Several groups run their steps in this file's order: speed's, then compile's, then graphs'. BUDGET (seconds,
+# default none) is the call's: a step starts while 30 s of it remain (10 more kept for the report), under its
+# cap or what remains; the steps it leaves are listed in summary.txt as not started, and speed.md says so. A
+# device call of 600 s at most thus brings back every step it had time for; the next call names the groups
+# left.
 #
 # `speed` runs only the steps that measure the speed goals: about 6 minutes on an H200 if nothing is faster
 # than the eager figures measured there (main job 105 s, Flickr8k 144 s), under 10 minutes whatever happens
@@ -43,18 +50,24 @@ SKIP=${SKIP:-}
 PACK=${PACK:-0}  # PACK=1: OUT ends with summary.txt, speed.md (issue 48's goals) and logs.tgz (every other file)
 SPEED="env build steps main-graph main-eager20 bench-train flickr8k-graph grid-jobs"
 ONLY=""
-[ "${1:-}" = speed ] && ONLY=$SPEED
+ASKED=" $* "  # the groups asked for, any of: speed compile graphs comparison (none: every step)
+for group in "$@"; do
+    case $group in speed|compile|graphs|comparison) ;;
+        *) echo "gpu_checklist.sh: error: unknown group '$group' (speed, compile, graphs or comparison)" >&2; exit 2 ;;
+    esac
+done
+case $ASKED in *" speed "*) ONLY="$ONLY $SPEED" ;; esac
 # the captured step on a GPU: the graph path against the eager one for every plan, then TF32 matmuls (--amp
 # tf32): a step of the main stages, and the main job (its MAPs against float32's); then several fits in one
 # process, each on a stream of its own, against the same fits in turn (goal 4's lever?); caps: 450 s
-[ "${1:-}" = graphs ] && ONLY="env build graph-tests steps-tf32 main-tf32 streams"
+case $ASKED in *" graphs "*) ONLY="$ONLY env build graph-tests steps-tf32 main-tf32 streams" ;; esac
 # torch.compile's fused kernels inside the captured step: one step of the main stages (bench_steps --compile), then
 # the main job so compiled (scripts/compiled_main.py) on an empty inductor cache and again on the filled one
 # (the compile's seconds, then what a second run waits), its MAPs against the captured job's; caps: 560 s
-[ "${1:-}" = compile ] && ONLY="env build compile main-compile main-compile-warm"
+case $ASKED in *" compile "*) ONLY="$ONLY env build compile main-compile main-compile-warm" ;; esac
 # issue 48's goal 4 at full size: every method × 16/32/64/128 bits × 3 seeds on full Flickr8k, JOBS cells at once,
 # for 540 s a call; its rows go on from $COMPARISON (default $DATA/comparison.jsonl) and come back in $OUT
-[ "${1:-}" = comparison ] && ONLY="env build comparison"
+case $ASKED in *" comparison "*) ONLY="$ONLY env build comparison" ;; esac
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -62,10 +75,21 @@ WORK=$(mktemp -d)
 PYCACHE=${PYTHONPYCACHEPREFIX:-$WORK/pycache}
 export OUT DATA PY DEVICE WORK PYCACHE
 
+BUDGET=${BUDGET:-0}  # the call's seconds (0: no limit): a step starts while 30 s remain, its cap cut to them
+START=$(date +%s)
+
 step() {  # step NAME SECONDS COMMAND...: run COMMAND (or a function below) under a cap, its output in $OUT/NAME.txt
     local name=$1 cap=$2; shift 2
     case " $SKIP " in *" $name "*) return 0 ;; esac
     [ -z "$ONLY" ] || case " $ONLY " in *" $name "*) ;; *) return 0 ;; esac
+    if [ "$BUDGET" -gt 0 ]; then  # 10 s kept for the report and the packing
+        local left=$(( BUDGET - 10 - $(date +%s) + START ))
+        if [ "$left" -lt 30 ]; then
+            echo "$name not started: the call's BUDGET of $BUDGET s is spent" | tee -a "$OUT/summary.txt"
+            return 0
+        fi
+        [ "$cap" -gt "$left" ] && cap=$left
+    fi
     local t0; t0=$(date +%s%N)
     timeout --kill-after=10 "$cap" bash -c '"$@"' _ "$@" >"$OUT/$name.txt" 2>&1
     local rc=$? ms=$(( ($(date +%s%N) - t0) / 1000000 ))
@@ -163,14 +187,7 @@ step bench-train 80 $PY scripts/bench_train.py --device $DEVICE --only throughpu
 step grid-jobs 115 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 -- -d wiki --data-dir "$DATA" \
     --methods two-tower,ucmfh --seeds 1,2,3 -b 32 --epochs 10 --device $DEVICE  # six cells one by one, then at once
 # asked for alone (`comparison`): every method × length × seed, JOBS at once, for 540 s
-[ "${1:-}" = comparison ] && [ -f "$DATA/flickr8k.h5" ] && step comparison 540 comparison
-step graph-tests 90 $PY -m pytest tests/test_captured_step.py -k real -q -rf -p no:cacheprovider -n 8  # each plan
-step steps-tf32 60 $PY scripts/bench_steps.py --device $DEVICE --steps 40 --repeats 1 --tf32 --only fusion \
-    --only ucmfh --only two-tower  # the captured step with its float32 matmuls in TF32, against float32's
-step main-tf32 110 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --amp tf32 \
-    --out "$WORK/tf32" --results "$OUT/main-tf32.jsonl"  # the main job, captured, TF32: its wall and its MAPs
-step streams 120 $PY scripts/bench_streams.py --device $DEVICE --runs 4 --steps 100 --epochs 5 --only two-tower \
-    --only jdsh --only fusion  # 4 captured fits, one after another, then at once on streams of their own
+case $ASKED in *" comparison "*) [ -f "$DATA/flickr8k.h5" ] && step comparison 540 comparison ;; esac
 step compile 170 env TORCHINDUCTOR_CACHE_DIR="$WORK/inductor-steps" $PY scripts/bench_steps.py --device $DEVICE \
     --steps 40 --repeats 1 --compile --only two-tower --only fusion --only ucmfh  # each stage's loss compiled in
     # the warm-up, then captured: fewer, larger kernels? (its own cache: the main job's below starts empty)
@@ -179,6 +196,13 @@ for run in main-compile main-compile-warm; do  # the same cache: empty for the f
         $PY scripts/compiled_main.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --out "$WORK/$run" \
         --results "$OUT/$run.jsonl"
 done
+step graph-tests 90 $PY -m pytest tests/test_captured_step.py -k real -q -rf -p no:cacheprovider -n 8  # each plan
+step steps-tf32 60 $PY scripts/bench_steps.py --device $DEVICE --steps 40 --repeats 1 --tf32 --only fusion \
+    --only ucmfh --only two-tower  # the captured step with its float32 matmuls in TF32, against float32's
+step main-tf32 110 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --amp tf32 \
+    --out "$WORK/tf32" --results "$OUT/main-tf32.jsonl"  # the main job, captured, TF32: its wall and its MAPs
+step streams 120 $PY scripts/bench_streams.py --device $DEVICE --runs 4 --steps 100 --epochs 5 --only two-tower \
+    --only jdsh --only fusion  # 4 captured fits, one after another, then at once on streams of their own
 [ -n "$ONLY" ] && { finish; exit 0; }
 step main-job 120 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100
 step bench-train-all 160 $PY scripts/bench_train.py --device $DEVICE --only encode --only memory --encode-n 190000

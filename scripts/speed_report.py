@@ -22,15 +22,20 @@ EAGER_H200 = {"main_job_s": 105.0, "flickr8k_s": 144.0,
               "map": {"unimodal": (0.8299, 0.8266), "fused": (0.8749, 0.8770)}}
 GOALS = {"main_job_s": 15.0, "map_tolerance": 0.01, "throughput_ratio": 5.0, "flickr8k_s": 20.0}
 _STEP = re.compile(r"^(\S+)\s+rc=(\d+)\s+([\d.]+) s$")
+_NOT_STARTED = re.compile(r"^(\S+) not started: ")  # the call's BUDGET spent before the step's turn
+NOT_STARTED = -1  # the exit status read for such a step
 
 
 def read_summary(out: str) -> Dict[str, Dict[str, float]]:
-    """``summary.txt``: each step's exit status and seconds."""
+    """``summary.txt``: each step's exit status and seconds (:data:`NOT_STARTED` and 0 for a step the call's
+    budget left no time to start)."""
     steps = {}
     for line in _lines(out, "summary.txt"):
-        match = _STEP.match(line.strip())
+        match, late = _STEP.match(line.strip()), _NOT_STARTED.match(line.strip())
         if match:
             steps[match.group(1)] = {"rc": int(match.group(2)), "seconds": float(match.group(3))}
+        elif late:
+            steps[late.group(1)] = {"rc": NOT_STARTED, "seconds": 0.0}
     return steps
 
 
@@ -48,6 +53,8 @@ def _ran(steps: Dict[str, Dict[str, float]], name: str) -> Optional[str]:
     """Why step ``name`` has no figure (None when it ran and succeeded)."""
     if name not in steps:
         return "did not run"
+    if steps[name]["rc"] == NOT_STARTED:
+        return "not started: the call's budget was spent (BUDGET); run it in the next call"
     if steps[name]["rc"] != 0:
         return f"failed (rc {steps[name]['rc']}, {steps[name]['seconds']:.1f} s; see {name}.txt)"
     return None
@@ -233,6 +240,8 @@ def comparison_rows(out: str) -> List[List[str]]:
     steps = read_summary(out)
     if "comparison" not in steps:
         return []
+    if steps["comparison"]["rc"] == NOT_STARTED:
+        return [["4. whole Flickr8k comparison, one GPU", _ran(steps, "comparison"), "all in < 1800 s", "–"]]
     cells = {(r.get("method"), r.get("n_bits"), r.get("seed")) for r in _rows(out, "comparison.jsonl")}
     seconds = steps["comparison"]["seconds"]
     done = len(cells) == COMPARISON_CELLS

@@ -178,6 +178,44 @@ def test_the_streams_step_s_walls_are_read_where_it_ran(tmp_path, monkeypatch, c
     assert [row for row in report.goal_rows(str(out)) if "streams" in row[0]][-1][1].startswith("failed (rc 124")
 
 
+def test_a_step_the_call_s_budget_left_no_time_for_is_said_so(tmp_path, monkeypatch, capsys):
+    out = _folder(tmp_path, monkeypatch, capsys)
+    with open(out / "summary.txt", "a") as summary:
+        summary.write("compile not started: the call's BUDGET of 580 s is spent\n")
+        summary.write("comparison not started: the call's BUDGET of 580 s is spent\n")
+    rows = {row[0]: row for row in report.goal_rows(str(out))}
+    assert rows["a step, compiled and captured"][1].startswith("not started: the call's budget was spent")
+    assert rows["4. whole Flickr8k comparison, one GPU"][1].startswith("not started")
+    assert rows["1. main job, captured steps (wall s)"][3] == "yes"  # the steps that ran keep their figures
+
+
+def test_the_checklist_starts_no_step_once_its_budget_is_spent_and_refuses_an_unknown_group(tmp_path):
+    """`BUDGET=S bash scripts/gpu_checklist.sh GROUP...`: the groups' steps in the file's order, each started while
+    30 s of the call remain (10 kept for the report), the others listed as not started (a python that sleeps
+    a second stands in for every command); an unknown group is one line, exit 2."""
+    import os
+    import subprocess
+
+    fake = tmp_path / "python"
+    fake.write_text("#!/bin/sh\nsleep 1\n")
+    fake.chmod(0o755)
+    env = {**os.environ, "PYTHON": str(fake), "OUT": str(tmp_path / "out"), "BUDGET": "45", "DATA": str(tmp_path)}
+    subprocess.run(["bash", str(CHECKLIST), "compile", "graphs"], cwd=CHECKLIST.parents[1], env=env, check=True,
+                   capture_output=True, timeout=60)
+    lines = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    started = [line.split()[0] for line in lines if " rc=" in line]
+    late = [line.split()[0] for line in lines if "not started" in line]
+    # env (four calls, 4 s or more of the 35 s) starts; the steps after it run out of the budget in the file's
+    # order, compile's before graphs'
+    assert started[0] == "env" and late and late[-1] == "streams"
+    assert started + late == ["env", "build", "compile", "main-compile", "main-compile-warm", "graph-tests",
+                              "steps-tf32", "main-tf32", "streams"]
+    done = subprocess.run(["bash", str(CHECKLIST), "speed", "nope"], cwd=CHECKLIST.parents[1], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.strip().endswith("unknown group 'nope' (speed, compile, graphs or "
+                                                                  "comparison)")
+
+
 def test_the_comparison_run_counts_its_cells(tmp_path, monkeypatch, capsys):
     """The `comparison` run: the cells finished so far (the rows of every call, one row or more a cell) and this
     call's seconds, stopped by its cap."""
