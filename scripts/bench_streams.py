@@ -15,10 +15,11 @@ product's, would refuse another thread's allocation during a capture); each way'
 counted and printed, and a fit that ran eagerly says why, so that an eager figure never passes for a captured
 one.
 
-What it does not settle: the runs here draw their dropout and initial weights from torch's global generators,
-so runs side by side in one process do not train the models they train alone. A grid whose every cell's row
-equals the cell run alone needs each run's draws from generators of its own (PyTorch's graph-safe generator
-states), the product's work once this says the overlap pays.
+The runs side by side are inside :func:`ucmfh.side_by_side.side_by_side`: each run's dropout comes from a
+generator state of its own (a graph-safe one on a GPU), so each should train the model it trains alone. Every
+fit here has the same data and seed, so every model should be the same: the script says whether the fits in
+turn gave one model, and whether those side by side gave that model too (a GPU's kernels that add with atomics
+may make the first no already).
 
     python scripts/bench_streams.py --device cuda --runs 4 --only two-tower --only jdsh --only fusion
     python scripts/bench_streams.py --device cpu --runs 2 --steps 4 --epochs 2   # threads alone, no streams
@@ -27,13 +28,14 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import hashlib
 import json
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -43,6 +45,7 @@ from bench_dispatch import Stage, stages  # noqa: E402
 import ucmfh.captured_step as captured_step  # noqa: E402
 from ucmfh.captured_step import capture_steps  # noqa: E402
 from ucmfh.methods import METHODS  # noqa: E402
+from ucmfh.side_by_side import side_by_side as keeping_draws  # noqa: E402
 
 Fit = Callable[[], object]
 COUNTS = {"captures": 0, "replays": 0}  # of the stage being timed, every thread's: a fit that ran eagerly is said
@@ -77,38 +80,50 @@ def own_stream(device: str):  # type: ignore[no-untyped-def]
     return torch.cuda.stream(torch.cuda.Stream()) if device == "cuda" else contextlib.nullcontext()
 
 
-def one_after_another(fits: List[Fit]) -> float:
-    """Seconds to run ``fits`` in turn, in this thread."""
-    start = time.perf_counter()
+def fingerprint(result: object) -> str:
+    """A fit's model (the first of what it returns) as one hash of its weights' bytes."""
+    model = result[0] if isinstance(result, tuple) else result
+    digest = hashlib.sha256()
+    for name, value in sorted(model.state_dict().items()):
+        digest.update(name.encode() + value.detach().cpu().contiguous().numpy().tobytes())
+    return digest.hexdigest()[:16]
+
+
+def one_after_another(fits: List[Fit]) -> Tuple[float, List[str]]:
+    """Seconds to run ``fits`` in turn, in this thread, and their models' fingerprints."""
+    start, models = time.perf_counter(), []
     for fit in fits:
-        fit()
-    return time.perf_counter() - start
+        models.append(fit())
+    return time.perf_counter() - start, [fingerprint(model) for model in models]
 
 
-def side_by_side(fits: List[Fit], device: str) -> float:
-    """Seconds to run ``fits`` at once, each in a thread of its own on a stream of its own; a fit's error is
-    raised here, after every thread has ended."""
+def side_by_side(fits: List[Fit], device: str) -> Tuple[float, List[str]]:
+    """Seconds to run ``fits`` at once, each in a thread of its own on a stream of its own, each with its draws
+    to itself (:func:`ucmfh.side_by_side.side_by_side`), and their models' fingerprints; a fit's error is raised
+    here, after every thread has ended."""
     errors: List[BaseException] = []
+    models: Dict[int, object] = {}
 
-    def run(fit: Fit) -> None:
+    def run(i: int, fit: Fit) -> None:
         try:
             with own_stream(device):
-                fit()
+                models[i] = fit()
                 if device == "cuda":
                     torch.cuda.current_stream().synchronize()
         except BaseException as err:  # noqa: BLE001 - said after the others end
             errors.append(err)
 
-    threads = [threading.Thread(target=run, args=(fit,)) for fit in fits]
-    start = time.perf_counter()
-    for thread in threads:
-        thread.start()
-    for thread in threads:
-        thread.join()
-    seconds = time.perf_counter() - start
+    threads = [threading.Thread(target=run, args=(i, fit)) for i, fit in enumerate(fits)]
+    with keeping_draws():
+        start = time.perf_counter()
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        seconds = time.perf_counter() - start
     if errors:
         raise errors[0]
-    return seconds
+    return seconds, [fingerprint(models[i]) for i in range(len(fits))]
 
 
 def measure(stage: Stage, runs: int, steps: int, epochs: int, device: str) -> Dict[str, float]:
@@ -122,8 +137,11 @@ def measure(stage: Stage, runs: int, steps: int, epochs: int, device: str) -> Di
             fits, device))):
         COUNTS.update(captures=0, replays=0)
         EAGER.clear()
-        row[f"{name}_s"] = run([stage.prepare(n, epochs) for _ in range(runs)])
+        row[f"{name}_s"], row[f"{name}_models"] = run([stage.prepare(n, epochs) for _ in range(runs)])
         row.update({f"{name}_{key}": value for key, value in COUNTS.items()}, **{f"{name}_eager_because": list(EAGER)})
+    serial, parallel = row["one_after_another_models"], row["side_by_side_models"]
+    row["same_models_in_turn"] = len(set(serial)) == 1
+    row["same_models_side_by_side"] = row["same_models_in_turn"] and set(parallel) == set(serial)
     return row
 
 
@@ -135,13 +153,16 @@ def line(name: str, row: Dict[str, object]) -> str:
                      for way in ("one_after_another", "side_by_side"))
     eager = "".join(f"\n  {way.replace('_', ' ')}: {message}" for way in ("one_after_another", "side_by_side")
                     for message in row.get(f"{way}_eager_because", []))
+    same = "".join(f" {'yes' if row.get(key) else 'no':>5}" for key in ("same_models_in_turn",
+                                                                        "same_models_side_by_side"))
     return (f"{name:<10} {row['batch_size']:>5} {row['runs']:>4} {row['steps']:>6} {row['one_after_another_s']:>10.2f} "
-            f"{row['side_by_side_s']:>10.2f} {ratio:>7.2f}x{counts}{eager}")
+            f"{row['side_by_side_s']:>10.2f} {ratio:>7.2f}x{counts}{same}{eager}")
 
 
 # the captures and replays of all the fits, in turn and side by side (a fit that ran eagerly has none)
 HEADER = (f"{'stage':<10} {'batch':>5} {'runs':>4} {'steps':>6} {'serial s':>10} {'threads s':>10} {'ratio':>8}"
-          f" {'serial c/r':>12} {'threads c/r':>12}")
+          f" {'serial c/r':>12} {'threads c/r':>12} {'same':>5} {'same':>5}")
+# same: whether the fits in turn gave one model; whether those side by side gave that model too
 
 
 def main(argv: Optional[List[str]] = None) -> None:

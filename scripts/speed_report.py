@@ -127,17 +127,19 @@ def tf32_rows(out: str) -> List[List[str]]:
 
 def streams_rows(out: str) -> List[List[str]]:
     """The checklist's ``streams`` step (``bench_streams.py``; none where it did not run): for each stage, the
-    wall of its fits one after another against the same fits at once, each on a stream of its own."""
+    wall of its fits one after another against the same fits at once, each on a stream of its own, and whether
+    they trained one model."""
     steps = read_summary(out)
     if "streams" not in steps:
         return []
     rows: List[List[str]] = []
     for line in _lines(out, "streams.txt"):
         cells = line.split()
-        if len(cells) == 9 and cells[1].isdigit() and cells[6].endswith("x"):
+        if len(cells) == 11 and cells[1].isdigit() and cells[6].endswith("x"):
             rows.append([f"4. {cells[2]} captured {cells[0]} fits in one process: in turn → on streams of their "
                          "own (wall s)", f"{cells[4]} → {cells[5]} ({cells[6].replace('x', '×')}); captures/replays "
-                         f"{cells[7]} → {cells[8]}", "faster", "–"])
+                         f"{cells[7]} → {cells[8]}; one model in turn: {cells[9]}, the same side by side: "
+                         f"{cells[10]}", "faster, the same models", "–"])
         elif line.startswith("  ") and rows:  # a fit that ran eagerly, and why
             rows[-1][1] += f"; {line.strip()}"
     why = _ran(steps, "streams")

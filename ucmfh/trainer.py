@@ -30,6 +30,7 @@ from ucmfh.distributed import Group, current_group
 from ucmfh.optim import optimize
 from ucmfh.parallel import default_threads
 from ucmfh.selection import History, validation_split
+from ucmfh.side_by_side import RunDraws, setting_up
 from ucmfh.signals import TrainingInterrupted, stop_on_signals
 from ucmfh.training_log import EpochRecord, current_logs, current_part
 from ucmfh.training_state import StateFile, read_state, restore_cuda_rng, write_state
@@ -170,13 +171,15 @@ def fit(make_plan: Callable[[Setup], Plan], split: Split, cfg: Any, state: Optio
     """A run's whole life on a training ``split``: its start (:func:`start`), a validation part held out
     (``cfg.val_fraction``), the plan made (``make_plan``) and trained (:func:`train`); returns the plan's
     model on the CPU in eval mode (the best validation epoch's weights) and the run's :class:`History`."""
-    device, generator = start(cfg)
-    rest, val = validation_split(split, cfg.val_fraction, cfg.seed)
-    plan = make_plan(Setup(device, rest, val))
+    with setting_up():  # its seeds and its plan in one piece where runs are side by side (ucmfh.side_by_side)
+        device, generator = start(cfg)
+        rest, val = validation_split(split, cfg.val_fraction, cfg.seed)
+        plan = make_plan(Setup(device, rest, val))
+        draws = RunDraws(device)
     if not isinstance(plan, Plan):  # a method of another package (docs/methods.md): said here, not deep in train
         raise TypeError(f"method {getattr(cfg, 'method', 'fusion')!r}: its plan() gave {type(plan).__name__}, "
                         "not a ucmfh.trainer.Plan")
-    history = train(plan, cfg, device, generator, state, progress)
+    history = train(plan, cfg, device, generator, state, progress, draws)
     return plan.model.cpu().eval(), history
 
 
@@ -221,7 +224,7 @@ class Position:
 
 
 def train(plan: Plan, cfg: Any, device: torch.device, generator: torch.Generator, state: Optional[StateFile],
-          progress: bool) -> History:
+          progress: bool, draws: Optional[RunDraws] = None) -> History:
     """Run ``plan`` for ``cfg.epochs`` epochs of ``cfg.batch_size`` items (``cfg.modality_dropout`` drawn per
     item where the config has it), stopping early after ``cfg.patience`` epochs without a better validation
     score; returns the run's :class:`History`, the best validation epoch's weights loaded into the modules.
@@ -241,9 +244,10 @@ def train(plan: Plan, cfg: Any, device: torch.device, generator: torch.Generator
     group.broadcast_modules(plan.modules.values())
     if group.rank:  # dropout masks of its own on each rank; rank 0 draws what one process would
         torch.manual_seed(cfg.seed + 7919 * group.rank)
-    run = _Run(plan, cfg, device, generator, state, group)
+    run = _Run(plan, cfg, device, generator, state, group, draws or RunDraws(device))
     if state is not None and state.resume and os.path.exists(state.path):
-        run.resume()
+        with run.draws.active():  # the saved generators' states are the run's own
+            run.resume()
     with matmul_precision(getattr(cfg, "amp", "none")):  # tf32: the whole of training, validation too
         return run.epochs(progress)
 
@@ -252,9 +256,10 @@ class _Run:
     """One call of :func:`train`: its pieces (resume, save, the step, the epoch's end) over shared state."""
 
     def __init__(self, plan: Plan, cfg: Any, device: torch.device, generator: torch.Generator,
-                 state: Optional[StateFile], group: Group) -> None:
+                 state: Optional[StateFile], group: Group, draws: RunDraws) -> None:
         self.plan, self.cfg, self.device, self.generator, self.state, self.group = (
             plan, cfg, device, generator, state, group)
+        self.draws = draws  # its dropout's generator state, where runs are side by side (ucmfh.side_by_side)
         self.n, self.shuffle, self.ahead = plan.order(group)
         self.identity = identity_dict(cfg)
         self.history = History()
@@ -296,8 +301,9 @@ class _Run:
     def save(self, epoch: int, done: int, epoch_generator: torch.Tensor, epoch_total: torch.Tensor) -> None:
         """Write the training state (rank 0; every rank calls it, for its random-number state)."""
         group, device = self.group, self.device
-        rngs = group.gather_objects(
-            (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None))
+        with self.draws.active():  # the run's own states, where runs are side by side
+            rng = (torch.get_rng_state(), torch.cuda.get_rng_state(device) if device.type == "cuda" else None)
+        rngs = group.gather_objects(rng)
         if group.is_main:
             write_state(self.state.path, {
                 "stage": self.plan.name, "config": self.identity, "world_size": group.world_size,
@@ -425,7 +431,9 @@ class _Run:
                                 ahead.start(self.host_work, Batch(*batches[later], epoch, iteration))
                         drawn = drawn if ready else self.host_work(batch)
                         batch.draws = None if drawn is None else to_device(drawn, device)
-                    at.total += self.step(batch) * len(index)
+                    with self.draws.active():  # its dropout from its own state, where runs are side by side
+                        loss = self.step(batch)
+                    at.total += loss * len(index)
                     at.iteration += 1
                     # a stop is one decision of every rank: a collective (and a host sync) every STOP_EVERY steps
                     shared = group.world_size == 1 or done % STOP_EVERY == 0 or done == len(batches)

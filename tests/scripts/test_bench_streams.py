@@ -7,6 +7,7 @@ import json
 import threading
 
 import pytest
+import torch
 
 from conftest import load_script
 
@@ -25,6 +26,9 @@ def test_a_row_per_stage_with_both_walls(capsys):
         # graphs are CUDA's: on the CPU no fit captures, and none was asked to
         assert row["side_by_side_captures"] == row["side_by_side_replays"] == 0
         assert row["side_by_side_eager_because"] == []
+        # one seed, one data: the fits in turn train one model, and side by side (their draws their own) that one
+        assert row["same_models_in_turn"] and row["same_models_side_by_side"]
+        assert len(set(row["one_after_another_models"] + row["side_by_side_models"])) == 1
 
 
 def test_side_by_side_runs_each_fit_in_a_thread_of_its_own_and_raises_a_fit_s_error():
@@ -35,8 +39,8 @@ def test_side_by_side_runs_each_fit_in_a_thread_of_its_own_and_raises_a_fit_s_er
         seen.append(threading.current_thread().name)
         barrier.wait()
 
-    assert bench.side_by_side([fit] * 3, "cpu") > 0
-    assert len(set(seen)) == 3 and threading.main_thread().name not in seen
+    seconds, _ = bench.side_by_side([lambda: (fit(), torch.nn.Linear(1, 1))[1]] * 3, "cpu")
+    assert seconds > 0 and len(set(seen)) == 3 and threading.main_thread().name not in seen
 
     def broken():
         raise ValueError("a fit's own error")

@@ -1,0 +1,115 @@
+"""Runs side by side in one process (ucmfh.side_by_side): inside the block each run trains the model it trains
+alone, whatever the other threads draw from torch's generators meanwhile; outside it nothing changes.
+
+On the CPU, where each run's state is the generator's bytes; on a GPU it is a graph-safe generator state, whose
+draws and captures only a GPU can show (``scripts/bench_streams.py`` compares the models there)."""
+from __future__ import annotations
+
+import threading
+
+import pytest
+import torch
+
+import ucmfh.trainer as trainer
+from ucmfh.methods import fit_hashing, hash_config
+from ucmfh.side_by_side import RunDraws, running_side_by_side, setting_up, side_by_side
+
+
+def _fit(data, seed):
+    # dropout 0.3 in each head and 3 epochs: every step draws from the CPU's generator
+    cfg = hash_config("two-tower", n_bits=16, epochs=3, batch_size=32, seed=seed, device="cpu", val_fraction=0.0,
+                      dropout=0.3)
+    model, _ = fit_hashing(data, cfg, progress=False)
+    return {name: value.clone() for name, value in model.state_dict().items()}
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+
+
+@pytest.fixture(scope="module")
+def alone(tiny):
+    return {seed: _fit(tiny, seed) for seed in (1, 2)}
+
+
+def _interrupted_run(tiny, monkeypatch, seed):
+    """A run stopped after its first epoch while another "run" sets itself up (reseeds and draws from the CPU's
+    generator, as a plan's initial weights do, under the set-up lock as a run's start is); its model."""
+    paused, resume = threading.Event(), threading.Event()
+    end_epoch = trainer._Run.end_epoch
+
+    def pausing(self, epoch, began):
+        shown = end_epoch(self, epoch, began)
+        if epoch == 0:
+            paused.set()
+            assert resume.wait(30)
+        return shown
+
+    monkeypatch.setattr(trainer._Run, "end_epoch", pausing)
+    out = {}
+    worker = threading.Thread(target=lambda: out.update(model=_fit(tiny, seed)))
+    worker.start()
+    assert paused.wait(60)
+    with setting_up():
+        torch.manual_seed(12345)
+        torch.randn(1000)
+    resume.set()
+    worker.join(60)
+    return out["model"]
+
+
+def test_inside_the_block_another_run_s_set_up_between_two_epochs_leaves_a_run_s_draws_its_own(tiny, alone,
+                                                                                              monkeypatch):
+    with side_by_side():
+        assert _same(_interrupted_run(tiny, monkeypatch, 1), alone[1])
+
+
+def test_outside_the_block_the_same_set_up_changes_the_run_s_dropout(tiny, alone, monkeypatch):
+    """The test above has teeth: without the block, the second epoch's dropout comes from the reseeded
+    generator (torch's global one, as it always was)."""
+    assert not _same(_interrupted_run(tiny, monkeypatch, 1), alone[1])
+
+
+def test_runs_in_threads_side_by_side_train_the_models_they_train_alone(tiny, alone):
+    models = {}
+    with side_by_side():
+        threads = [threading.Thread(target=lambda s=s, i=i: models.update({(s, i): _fit(tiny, s)}))
+                   for i in range(2) for s in (1, 2)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join(120)
+    assert len(models) == 4
+    for (seed, _), model in models.items():
+        assert _same(model, alone[seed]), seed
+
+
+def test_a_run_alone_inside_the_block_trains_the_model_it_trains_outside(tiny, alone):
+    with side_by_side():
+        assert running_side_by_side()
+        assert _same(_fit(tiny, 2), alone[2])
+    assert not running_side_by_side()
+
+
+def test_outside_the_block_a_run_holds_no_state_and_swaps_nothing():
+    draws = RunDraws(torch.device("cpu"))
+    before = torch.get_rng_state()
+    with draws.active():
+        torch.rand(3)
+    assert draws.state is None and not torch.equal(torch.get_rng_state(), before)  # the global generator drew
+
+
+def test_a_run_s_state_goes_on_from_where_its_last_block_left_it_and_the_global_one_is_set_again():
+    torch.manual_seed(7)
+    expected = torch.rand(6)
+    torch.manual_seed(7)
+    with side_by_side():
+        draws = RunDraws(torch.device("cpu"))
+    torch.manual_seed(99)
+    outside = torch.get_rng_state()
+    drawn = []
+    for _ in range(2):
+        with draws.active():
+            drawn.append(torch.rand(3))
+        assert torch.equal(torch.get_rng_state(), outside)  # the state set before the block, set again
+    assert torch.equal(torch.cat(drawn), expected)

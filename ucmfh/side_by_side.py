@@ -1,0 +1,97 @@
+"""Training runs side by side in one process, in threads (:func:`side_by_side`): each trains the model it
+trains alone.
+
+A run draws from torch's global generators: its initial weights from the CPU's as its plan is made, its dropout
+from its device's at each step (a GPU's in each captured graph's replay). Runs in threads of one process would
+interleave those draws. Inside :func:`side_by_side`, a run's start — its seeds, its validation split, its plan
+and model made — holds one process-wide lock (:func:`setting_up`), and so does each of its steps, with the
+device's generator set to the run's own state (:class:`RunDraws`), which goes on from where the run's last step
+left it. On a GPU that state is one of PyTorch's graph-safe generator states: a graph captured while it is set
+holds it, and each replay advances that state alone, whichever thread replays and whatever state is set then.
+On the CPU the state is the generator's bytes, set before each step and read back after it.
+
+A run's own state begins where a run alone would have its generator: seeded by the run's seed, then advanced by
+its set-up's draws. So a run side by side draws the numbers it draws alone (``tests/test_side_by_side.py``).
+Outside the block nothing changes: no lock is taken and no state swapped.
+
+Why: a GPU step of a few small kernels keeps most of the GPU idle, and processes sharing one GPU take turns on
+it; kernels of one process's threads, each on a stream of its own, may run at once
+(``scripts/bench_streams.py`` measures whether they do).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Iterator, Optional
+
+import torch
+
+_LOCK = threading.RLock()  # a run's set-up, and each step with its draws' state set
+_ON = [False]
+
+
+@contextlib.contextmanager
+def side_by_side() -> Iterator[None]:
+    """Inside the block (process-wide: every thread's runs), runs started keep their draws to themselves."""
+    before, _ON[0] = _ON[0], True
+    try:
+        yield
+    finally:
+        _ON[0] = before
+
+
+def running_side_by_side() -> bool:
+    """Whether :func:`side_by_side` is on."""
+    return _ON[0]
+
+
+@contextlib.contextmanager
+def setting_up() -> Iterator[None]:
+    """A run's start, its seeds set and its plan made, in one piece under :func:`side_by_side` (else as it is)."""
+    with _LOCK if _ON[0] else contextlib.nullcontext():
+        yield
+
+
+def _cuda_generator(device: torch.device) -> Any:
+    return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
+
+
+class RunDraws:
+    """A run's own draws on ``device`` (:mod:`ucmfh.side_by_side`), made at the end of its set-up, under
+    :func:`setting_up`: from there on the state of the device's generator as it stands, the run's alone.
+    Outside :func:`side_by_side` it holds nothing and :meth:`active` does nothing."""
+
+    def __init__(self, device: torch.device) -> None:
+        self.device = device
+        self.state: Optional[Any] = None
+        if not _ON[0]:
+            return
+        if device.type == "cuda":  # a graph-safe state of its own, as the device's generator stands
+            self.state = _cuda_generator(device).clone_state()
+        elif device.type == "cpu":
+            self.state = torch.default_generator.get_state()
+
+    @contextlib.contextmanager
+    def active(self) -> Iterator[None]:
+        """The block's draws on the device from this run's state, which goes on from the block's end; the state
+        set before is set again after. Under the process-wide lock (nothing where the run holds no state)."""
+        if self.state is None:
+            yield
+            return
+        with _LOCK:
+            if self.device.type == "cuda":
+                generator = _cuda_generator(self.device)
+                before = generator.graphsafe_get_state()
+                generator.graphsafe_set_state(self.state)  # a graph captured now holds it; replays advance it
+                try:
+                    yield
+                finally:
+                    generator.graphsafe_set_state(before)
+            else:
+                before = torch.default_generator.get_state()
+                torch.default_generator.set_state(self.state)
+                try:
+                    yield
+                finally:
+                    self.state = torch.default_generator.get_state()
+                    torch.default_generator.set_state(before)
