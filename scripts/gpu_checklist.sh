@@ -11,7 +11,7 @@
 #   (it goes on from gpu-data/comparison.jsonl: copy $OUT's comparison.jsonl there before the next call)
 #   DATA=gpu-data PACK=1 BUDGET=560 bash scripts/gpu_checklist.sh speed compile graphs   # as many as fit
 #
-# Several groups run their steps in this file's order: speed's, then compile's, then graphs'. BUDGET (seconds,
+# Several groups run their steps in this file's order: speed's, compile's, then graphs' (streams first). BUDGET (seconds,
 # default none) is the call's: a step starts while 30 s of it remain (10 more kept for the report), under its
 # cap or what remains; the steps it leaves are listed in summary.txt as not started, and speed.md says so. A
 # device call of 600 s at most thus brings back every step it had time for; the next call names the groups
@@ -57,9 +57,10 @@ for group in "$@"; do
     esac
 done
 case $ASKED in *" speed "*) ONLY="$ONLY $SPEED" ;; esac
-# the captured step on a GPU: the graph path against the eager one for every plan, then TF32 matmuls (--amp
-# tf32): a step of the main stages, and the main job (its MAPs against float32's); then several fits in one
-# process, each on a stream of its own, against the same fits in turn (goal 4's lever?); caps: 450 s
+# several fits in one process, each on a stream of its own, against the same fits in turn (goal 4's lever?
+# and the same models?); then the captured step on a GPU: the graph path against the eager one for every plan,
+# then TF32 matmuls (--amp tf32): a step of the main stages, and the main job (its MAPs against float32's);
+# caps: 450 s
 case $ASKED in *" graphs "*) ONLY="$ONLY env build graph-tests steps-tf32 main-tf32 streams" ;; esac
 # torch.compile's fused kernels inside the captured step: one step of the main stages (bench_steps --compile), then
 # the main job so compiled (scripts/compiled_main.py) on an empty inductor cache and again on the filled one
@@ -196,13 +197,13 @@ for run in main-compile main-compile-warm; do  # the same cache: empty for the f
         $PY scripts/compiled_main.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --out "$WORK/$run" \
         --results "$OUT/$run.jsonl"
 done
+step streams 120 $PY scripts/bench_streams.py --device $DEVICE --runs 4 --steps 100 --epochs 5 --only two-tower \
+    --only jdsh --only fusion  # 4 captured fits, one after another, then at once on streams of their own
 step graph-tests 90 $PY -m pytest tests/test_captured_step.py -k real -q -rf -p no:cacheprovider -n 8  # each plan
 step steps-tf32 60 $PY scripts/bench_steps.py --device $DEVICE --steps 40 --repeats 1 --tf32 --only fusion \
     --only ucmfh --only two-tower  # the captured step with its float32 matmuls in TF32, against float32's
 step main-tf32 110 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --amp tf32 \
     --out "$WORK/tf32" --results "$OUT/main-tf32.jsonl"  # the main job, captured, TF32: its wall and its MAPs
-step streams 120 $PY scripts/bench_streams.py --device $DEVICE --runs 4 --steps 100 --epochs 5 --only two-tower \
-    --only jdsh --only fusion  # 4 captured fits, one after another, then at once on streams of their own
 [ -n "$ONLY" ] && { finish; exit 0; }
 step main-job 120 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100
 step bench-train-all 160 $PY scripts/bench_train.py --device $DEVICE --only encode --only memory --encode-n 190000
