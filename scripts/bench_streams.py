@@ -15,7 +15,7 @@ product's, would refuse another thread's allocation during a capture); each way'
 counted and printed, and a fit that ran eagerly says why, so that an eager figure never passes for a captured
 one.
 
-The runs side by side are inside :func:`ucmfh.side_by_side.side_by_side`: each run's dropout comes from a
+The runs side by side are inside :func:`ucmfh.run_draws.separate_draws`: each run's dropout comes from a
 generator state of its own (a graph-safe one on a GPU), so each should train the model it trains alone. Every
 fit here has the same data and seed, so every model should be the same: the script says whether the fits in
 turn gave one model, and whether those side by side gave that model too (a GPU's kernels that add with atomics
@@ -45,7 +45,7 @@ from bench_dispatch import Stage, stages  # noqa: E402
 import ucmfh.captured_step as captured_step  # noqa: E402
 from ucmfh.captured_step import capture_steps  # noqa: E402
 from ucmfh.methods import METHODS  # noqa: E402
-from ucmfh.side_by_side import side_by_side as keeping_draws  # noqa: E402
+from ucmfh.run_draws import separate_draws  # noqa: E402
 
 Fit = Callable[[], object]
 COUNTS = {"captures": 0, "replays": 0}  # of the stage being timed, every thread's: a fit that ran eagerly is said
@@ -99,7 +99,7 @@ def one_after_another(fits: List[Fit]) -> Tuple[float, List[str]]:
 
 def side_by_side(fits: List[Fit], device: str) -> Tuple[float, List[str]]:
     """Seconds to run ``fits`` at once, each in a thread of its own on a stream of its own, each with its draws
-    to itself (:func:`ucmfh.side_by_side.side_by_side`), and their models' fingerprints; a fit's error is raised
+    to itself (:func:`ucmfh.run_draws.separate_draws`), and their models' fingerprints; a fit's error is raised
     here, after every thread has ended."""
     errors: List[BaseException] = []
     models: Dict[int, object] = {}
@@ -114,7 +114,7 @@ def side_by_side(fits: List[Fit], device: str) -> Tuple[float, List[str]]:
             errors.append(err)
 
     threads = [threading.Thread(target=run, args=(i, fit)) for i, fit in enumerate(fits)]
-    with keeping_draws():
+    with separate_draws():
         start = time.perf_counter()
         for thread in threads:
             thread.start()

@@ -30,7 +30,7 @@ from ucmfh.distributed import Group, current_group
 from ucmfh.optim import optimize
 from ucmfh.parallel import default_threads
 from ucmfh.selection import History, validation_split
-from ucmfh.side_by_side import RunDraws, setting_up
+from ucmfh.run_draws import RunDraws, setting_up
 from ucmfh.signals import TrainingInterrupted, stop_on_signals
 from ucmfh.training_log import EpochRecord, current_logs, current_part
 from ucmfh.training_state import StateFile, read_state, restore_cuda_rng, write_state
@@ -171,7 +171,7 @@ def fit(make_plan: Callable[[Setup], Plan], split: Split, cfg: Any, state: Optio
     """A run's whole life on a training ``split``: its start (:func:`start`), a validation part held out
     (``cfg.val_fraction``), the plan made (``make_plan``) and trained (:func:`train`); returns the plan's
     model on the CPU in eval mode (the best validation epoch's weights) and the run's :class:`History`."""
-    with setting_up():  # its seeds and its plan in one piece where runs are side by side (ucmfh.side_by_side)
+    with setting_up():  # its seeds and its plan in one piece where runs are side by side (ucmfh.run_draws)
         device, generator = start(cfg)
         rest, val = validation_split(split, cfg.val_fraction, cfg.seed)
         plan = make_plan(Setup(device, rest, val))
@@ -259,7 +259,7 @@ class _Run:
                  state: Optional[StateFile], group: Group, draws: RunDraws) -> None:
         self.plan, self.cfg, self.device, self.generator, self.state, self.group = (
             plan, cfg, device, generator, state, group)
-        self.draws = draws  # its dropout's generator state, where runs are side by side (ucmfh.side_by_side)
+        self.draws = draws  # its dropout's generator state, where runs are side by side (ucmfh.run_draws)
         self.n, self.shuffle, self.ahead = plan.order(group)
         self.identity = identity_dict(cfg)
         self.history = History()

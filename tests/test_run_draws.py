@@ -1,4 +1,4 @@
-"""Runs side by side in one process (ucmfh.side_by_side): inside the block each run trains the model it trains
+"""Runs side by side in one process (ucmfh.run_draws): inside separate_draws() each run trains the model it trains
 alone, whatever the other threads draw from torch's generators meanwhile; outside it nothing changes.
 
 On the CPU, where each run's state is the generator's bytes; on a GPU it is a graph-safe generator state, whose
@@ -12,7 +12,7 @@ import torch
 
 import ucmfh.trainer as trainer
 from ucmfh.methods import fit_hashing, hash_config
-from ucmfh.side_by_side import RunDraws, running_side_by_side, setting_up, side_by_side
+from ucmfh.run_draws import RunDraws, drawing_separately, separate_draws, setting_up
 
 
 def _fit(data, seed):
@@ -60,7 +60,7 @@ def _interrupted_run(tiny, monkeypatch, seed):
 
 def test_inside_the_block_another_run_s_set_up_between_two_epochs_leaves_a_run_s_draws_its_own(tiny, alone,
                                                                                               monkeypatch):
-    with side_by_side():
+    with separate_draws():
         assert _same(_interrupted_run(tiny, monkeypatch, 1), alone[1])
 
 
@@ -72,7 +72,7 @@ def test_outside_the_block_the_same_set_up_changes_the_run_s_dropout(tiny, alone
 
 def test_runs_in_threads_side_by_side_train_the_models_they_train_alone(tiny, alone):
     models = {}
-    with side_by_side():
+    with separate_draws():
         threads = [threading.Thread(target=lambda s=s, i=i: models.update({(s, i): _fit(tiny, s)}))
                    for i in range(2) for s in (1, 2)]
         for thread in threads:
@@ -85,10 +85,10 @@ def test_runs_in_threads_side_by_side_train_the_models_they_train_alone(tiny, al
 
 
 def test_a_run_alone_inside_the_block_trains_the_model_it_trains_outside(tiny, alone):
-    with side_by_side():
-        assert running_side_by_side()
+    with separate_draws():
+        assert drawing_separately()
         assert _same(_fit(tiny, 2), alone[2])
-    assert not running_side_by_side()
+    assert not drawing_separately()
 
 
 def test_outside_the_block_a_run_holds_no_state_and_swaps_nothing():
@@ -103,7 +103,7 @@ def test_a_run_s_state_goes_on_from_where_its_last_block_left_it_and_the_global_
     torch.manual_seed(7)
     expected = torch.rand(6)
     torch.manual_seed(7)
-    with side_by_side():
+    with separate_draws():
         draws = RunDraws(torch.device("cpu"))
     torch.manual_seed(99)
     outside = torch.get_rng_state()

@@ -1,9 +1,9 @@
-"""Training runs side by side in one process, in threads (:func:`side_by_side`): each trains the model it
-trains alone.
+"""A run's random draws kept to itself (:func:`separate_draws`), so that training runs side by side in one
+process, in threads, each train the model they train alone.
 
 A run draws from torch's global generators: its initial weights from the CPU's as its plan is made, its dropout
 from its device's at each step (a GPU's in each captured graph's replay). Runs in threads of one process would
-interleave those draws. Inside :func:`side_by_side`, a run's start — its seeds, its validation split, its plan
+interleave those draws. Inside :func:`separate_draws`, a run's start — its seeds, its validation split, its plan
 and model made — holds one process-wide lock (:func:`setting_up`), and so does each of its steps, with the
 device's generator set to the run's own state (:class:`RunDraws`), which goes on from where the run's last step
 left it. On a GPU that state is one of PyTorch's graph-safe generator states: a graph captured while it is set
@@ -11,7 +11,7 @@ holds it, and each replay advances that state alone, whichever thread replays an
 On the CPU the state is the generator's bytes, set before each step and read back after it.
 
 A run's own state begins where a run alone would have its generator: seeded by the run's seed, then advanced by
-its set-up's draws. So a run side by side draws the numbers it draws alone (``tests/test_side_by_side.py``).
+its set-up's draws. So a run side by side draws the numbers it draws alone (``tests/test_run_draws.py``).
 Outside the block nothing changes: no lock is taken and no state swapped.
 
 Why: a GPU step of a few small kernels keeps most of the GPU idle, and processes sharing one GPU take turns on
@@ -31,7 +31,7 @@ _ON = [False]
 
 
 @contextlib.contextmanager
-def side_by_side() -> Iterator[None]:
+def separate_draws() -> Iterator[None]:
     """Inside the block (process-wide: every thread's runs), runs started keep their draws to themselves."""
     before, _ON[0] = _ON[0], True
     try:
@@ -40,14 +40,14 @@ def side_by_side() -> Iterator[None]:
         _ON[0] = before
 
 
-def running_side_by_side() -> bool:
-    """Whether :func:`side_by_side` is on."""
+def drawing_separately() -> bool:
+    """Whether :func:`separate_draws` is on."""
     return _ON[0]
 
 
 @contextlib.contextmanager
 def setting_up() -> Iterator[None]:
-    """A run's start, its seeds set and its plan made, in one piece under :func:`side_by_side` (else as it is)."""
+    """A run's start, its seeds set and its plan made, in one piece under :func:`separate_draws` (else as it is)."""
     with _LOCK if _ON[0] else contextlib.nullcontext():
         yield
 
@@ -57,9 +57,9 @@ def _cuda_generator(device: torch.device) -> Any:
 
 
 class RunDraws:
-    """A run's own draws on ``device`` (:mod:`ucmfh.side_by_side`), made at the end of its set-up, under
+    """A run's own draws on ``device`` (:mod:`ucmfh.run_draws`), made at the end of its set-up, under
     :func:`setting_up`: from there on the state of the device's generator as it stands, the run's alone.
-    Outside :func:`side_by_side` it holds nothing and :meth:`active` does nothing."""
+    Outside :func:`separate_draws` it holds nothing and :meth:`active` does nothing."""
 
     def __init__(self, device: torch.device) -> None:
         self.device = device
