@@ -126,7 +126,7 @@ def side_by_side(fits: List[Fit], device: str) -> Tuple[float, List[str]]:
     return seconds, [fingerprint(models[i]) for i in range(len(fits))]
 
 
-def measure(stage: Stage, runs: int, steps: int, epochs: int, device: str) -> Dict[str, float]:
+def measure(stage: Stage, runs: int, steps: int, epochs: int, device: str) -> Dict[str, object]:
     """Both walls of ``runs`` fits of ``stage`` (``steps`` full batches an epoch, ``epochs`` epochs), each fit's
     data and settings made before the clock starts, after a fit of one epoch that pays the process's first
     costs."""

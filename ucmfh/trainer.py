@@ -29,8 +29,8 @@ from ucmfh.data.h5 import Dataset, Split
 from ucmfh.distributed import Group, current_group
 from ucmfh.optim import optimize
 from ucmfh.parallel import default_threads
-from ucmfh.selection import History, validation_split
 from ucmfh.run_draws import RunDraws, setting_up
+from ucmfh.selection import History, validation_split
 from ucmfh.signals import TrainingInterrupted, stop_on_signals
 from ucmfh.training_log import EpochRecord, current_logs, current_part
 from ucmfh.training_state import StateFile, read_state, restore_cuda_rng, write_state
@@ -244,6 +244,7 @@ def train(plan: Plan, cfg: Any, device: torch.device, generator: torch.Generator
     group.broadcast_modules(plan.modules.values())
     if group.rank:  # dropout masks of its own on each rank; rank 0 draws what one process would
         torch.manual_seed(cfg.seed + 7919 * group.rank)
+        draws = RunDraws(device)  # (where its draws are kept to itself: from the rank's seed)
     run = _Run(plan, cfg, device, generator, state, group, draws or RunDraws(device))
     if state is not None and state.resume and os.path.exists(state.path):
         with run.draws.active():  # the saved generators' states are the run's own
