@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator, Optional
+from typing import Any, ContextManager, Iterator, Optional
 
 import torch
 
 _LOCK = threading.RLock()  # a run's set-up, and each step with its draws' state set
 _ON = [False]
+_NOTHING = contextlib.nullcontext()
 
 
 @contextlib.contextmanager
@@ -71,13 +72,14 @@ class RunDraws:
         elif device.type == "cpu":
             self.state = torch.default_generator.get_state()
 
-    @contextlib.contextmanager
-    def active(self) -> Iterator[None]:
+    def active(self) -> ContextManager[None]:
         """The block's draws on the device from this run's state, which goes on from the block's end; the state
-        set before is set again after. Under the process-wide lock (nothing where the run holds no state)."""
-        if self.state is None:
-            yield
-            return
+        set before is set again after. Under the process-wide lock (nothing where the run holds no state: every
+        step of every run enters it)."""
+        return _NOTHING if self.state is None else self._swapped()
+
+    @contextlib.contextmanager
+    def _swapped(self) -> Iterator[None]:
         with _LOCK:
             if self.device.type == "cuda":
                 generator = _cuda_generator(self.device)
