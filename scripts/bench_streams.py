@@ -8,8 +8,10 @@ the GPU's 132 multiprocessors busy), and processes sharing one GPU take turns on
 six-cell grid of ``grid --jobs 6`` ran 1.4× ``--jobs 1``, 2026-11-30), so ``--jobs`` overlaps only what cells
 do off the GPU. Kernels of one process on several streams may run at once. This times ``--runs`` fits of one
 stage (:mod:`bench_dispatch`'s: synthetic 512-d features, each method's own batch, validation off, steps
-captured) one after another, then all at once, each in a thread of its own with a stream of its own, and
-prints both walls and their ratio; set-up, warm-up and capture included, as a grid's cells have them. The
+captured) one after another, then all at once in processes of their own (as ``grid --jobs`` runs its cells
+today: the wall from the moment all are ready), then all at once in threads of this process, each with a stream
+of its own, and prints the three walls and the ratios; set-up, warm-up and capture included, as a grid's cells
+have them. The
 captures refuse the capturing thread's unsafe CUDA calls alone (``thread_local``: PyTorch's ``global``, the
 product's, would refuse another thread's allocation during a capture); each way's captures and replays are
 counted and printed, and a fit that ran eagerly says why, so that an eager figure never passes for a captured
@@ -30,12 +32,13 @@ import argparse
 import contextlib
 import hashlib
 import json
+import multiprocessing
 import sys
 import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Callable, Dict, List, Optional, Tuple
+from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
@@ -126,10 +129,57 @@ def side_by_side(fits: List[Fit], device: str) -> Tuple[float, List[str]]:
     return seconds, [fingerprint(models[i]) for i in range(len(fits))]
 
 
-def measure(stage: Stage, runs: int, steps: int, epochs: int, device: str) -> Dict[str, object]:
-    """Both walls of ``runs`` fits of ``stage`` (``steps`` full batches an epoch, ``epochs`` epochs), each fit's
-    data and settings made before the clock starts, after a fit of one epoch that pays the process's first
-    costs."""
+def _fit_in_a_process(name: str, settings: Dict[str, object], device: str, n: int, epochs: int, threads: int,
+                      ready: Any, results: Any) -> None:
+    """A worker of :func:`in_processes`: its stage's fit made, one untimed fit of one epoch (the process's first
+    costs), then, once every worker is ready, the fit; its end (``time.monotonic``, one clock for every process
+    of the machine) and model's fingerprint put on ``results`` (or its error)."""
+    try:
+        torch.set_num_threads(threads)
+        with tempfile.TemporaryDirectory() as scratch, capture_steps(device == "cuda"):
+            [stage] = stages(argparse.Namespace(**settings, only=[name]), device, Path(scratch), own_batch=True)
+            stage.prepare(n, 1)()
+            fit = stage.prepare(n, epochs)
+            ready.wait()
+            model = fit()
+            results.put((time.monotonic(), fingerprint(model), None))
+    except BaseException as err:  # noqa: BLE001 - said by the parent
+        results.put((0.0, "", f"{type(err).__name__}: {err}"))
+        ready.abort()
+
+
+def in_processes(name: str, settings: Dict[str, object], device: str, runs: int, n: int,
+                 epochs: int) -> Tuple[float, List[str]]:
+    """Seconds for ``runs`` fits of stage ``name`` at once, each in a process of its own (``spawn``, as ``grid
+    --jobs`` starts its workers, the threads split between them), from the moment all are ready to the last
+    one's end, and their models' fingerprints; a fit's error is raised here."""
+    context = multiprocessing.get_context("spawn")
+    ready, results = context.Barrier(runs + 1), context.Queue()
+    threads = max(1, torch.get_num_threads() // runs)
+    workers = [context.Process(target=_fit_in_a_process, args=(name, settings, device, n, epochs, threads, ready,
+                                                                 results)) for _ in range(runs)]
+    for worker in workers:
+        worker.start()
+    try:
+        ready.wait(timeout=600)
+        start = time.monotonic()
+        ends = [results.get(timeout=1800) for _ in range(runs)]
+    except threading.BrokenBarrierError:
+        ends = [results.get(timeout=60)]
+    finally:
+        for worker in workers:
+            worker.join(timeout=60)
+    errors = [error for _, _, error in ends if error]
+    if errors:
+        raise RuntimeError(f"a fit in a process of its own failed: {errors[0]}")
+    return max(end for end, _, _ in ends) - start, [print_ for _, print_, _ in ends]
+
+
+def measure(stage: Stage, runs: int, steps: int, epochs: int, device: str,
+            settings: Dict[str, object]) -> Dict[str, object]:
+    """The walls of ``runs`` fits of ``stage`` (``steps`` full batches an epoch, ``epochs`` epochs) one after
+    another, in processes of their own and in threads of this one, each fit's data and settings made before the
+    clock starts, after a fit of one epoch that pays the process's first costs."""
     n = steps * stage.batch_size
     stage.prepare(n, 1)()  # untimed: the process's one-time costs (CUDA's context, cuBLAS, kernels loaded)
     row: Dict[str, object] = {"runs": runs, "batch_size": stage.batch_size, "steps": runs * steps * epochs}
@@ -139,30 +189,36 @@ def measure(stage: Stage, runs: int, steps: int, epochs: int, device: str) -> Di
         EAGER.clear()
         row[f"{name}_s"], row[f"{name}_models"] = run([stage.prepare(n, epochs) for _ in range(runs)])
         row.update({f"{name}_{key}": value for key, value in COUNTS.items()}, **{f"{name}_eager_because": list(EAGER)})
+    row["processes_s"], row["processes_models"] = in_processes(stage.name, settings, device, runs, n, epochs)
     serial, parallel = row["one_after_another_models"], row["side_by_side_models"]
     row["same_models_in_turn"] = len(set(serial)) == 1
     row["same_models_side_by_side"] = row["same_models_in_turn"] and set(parallel) == set(serial)
+    row["same_models_processes"] = row["same_models_in_turn"] and set(row["processes_models"]) == set(serial)
     return row
 
 
 def line(name: str, row: Dict[str, object]) -> str:
-    """A stage's figures: both walls, their ratio, the captures and replays of each way (a fit that ran eagerly
-    said on the lines below, with why)."""
+    """A stage's figures: the three walls, the ratio of the fits in turn to each way at once, the captures and
+    replays in turn and in threads (a fit that ran eagerly said on the lines below, with why), and whether the
+    models were one."""
     ratio = row["one_after_another_s"] / row["side_by_side_s"]
+    by_processes = row["one_after_another_s"] / row["processes_s"]
     counts = "".join(f" {str(row.get(f'{way}_captures', '-')) + '/' + str(row.get(f'{way}_replays', '-')):>12}"
                      for way in ("one_after_another", "side_by_side"))
     eager = "".join(f"\n  {way.replace('_', ' ')}: {message}" for way in ("one_after_another", "side_by_side")
                     for message in row.get(f"{way}_eager_because", []))
-    same = "".join(f" {'yes' if row.get(key) else 'no':>5}" for key in ("same_models_in_turn",
-                                                                        "same_models_side_by_side"))
+    same = "".join(f" {'yes' if row.get(key) else 'no':>5}" for key in (
+        "same_models_in_turn", "same_models_processes", "same_models_side_by_side"))
     return (f"{name:<10} {row['batch_size']:>5} {row['runs']:>4} {row['steps']:>6} {row['one_after_another_s']:>10.2f} "
-            f"{row['side_by_side_s']:>10.2f} {ratio:>7.2f}x{counts}{same}{eager}")
+            f"{row['processes_s']:>10.2f} {row['side_by_side_s']:>10.2f} {by_processes:>7.2f}x {ratio:>7.2f}x"
+            f"{counts}{same}{eager}")
 
 
 # the captures and replays of all the fits, in turn and side by side (a fit that ran eagerly has none)
-HEADER = (f"{'stage':<10} {'batch':>5} {'runs':>4} {'steps':>6} {'serial s':>10} {'threads s':>10} {'ratio':>8}"
-          f" {'serial c/r':>12} {'threads c/r':>12} {'same':>5} {'same':>5}")
-# same: whether the fits in turn gave one model; whether those side by side gave that model too
+HEADER = (f"{'stage':<10} {'batch':>5} {'runs':>4} {'steps':>6} {'serial s':>10} {'procs s':>10} {'threads s':>10}"
+          f" {'procs':>8} {'threads':>8} {'serial c/r':>12} {'threads c/r':>12} {'same':>5} {'same':>5} {'same':>5}")
+# procs, threads: the wall of the fits in turn over that of the fits at once in processes, in threads; same:
+# whether the fits in turn gave one model, whether those in processes gave it too, and those in threads
 
 
 def main(argv: Optional[List[str]] = None) -> None:
@@ -195,7 +251,8 @@ def main(argv: Optional[List[str]] = None) -> None:
         with tempfile.TemporaryDirectory() as scratch, capture_steps(args.device == "cuda", on_eager=on_eager):
             chosen = stages(dispatch_args, args.device, Path(scratch), own_batch=True)
             for stage in sorted(chosen, key=lambda s: only.index(s.name)):
-                rows[stage.name] = measure(stage, args.runs, args.steps, args.epochs, args.device)
+                rows[stage.name] = measure(stage, args.runs, args.steps, args.epochs, args.device,
+                                           {"batch_size": 128, "n_bits": args.n_bits, "width": args.width})
                 if not args.json:
                     print(*([HEADER] if len(rows) == 1 else []), line(stage.name, rows[stage.name]), sep="\n",
                           flush=True)

@@ -127,19 +127,21 @@ def tf32_rows(out: str) -> List[List[str]]:
 
 def streams_rows(out: str) -> List[List[str]]:
     """The checklist's ``streams`` step (``bench_streams.py``; none where it did not run): for each stage, the
-    wall of its fits one after another against the same fits at once, each on a stream of its own, and whether
-    they trained one model."""
+    wall of its fits one after another against the same fits at once in processes of their own and in threads of
+    one process, each on a stream of its own, and whether they trained one model."""
     steps = read_summary(out)
     if "streams" not in steps:
         return []
     rows: List[List[str]] = []
     for line in _lines(out, "streams.txt"):
         cells = line.split()
-        if len(cells) == 11 and cells[1].isdigit() and cells[6].endswith("x"):
-            rows.append([f"4. {cells[2]} captured {cells[0]} fits in one process: in turn → on streams of their "
-                         "own (wall s)", f"{cells[4]} → {cells[5]} ({cells[6].replace('x', '×')}); captures/replays "
-                         f"{cells[7]} → {cells[8]}; one model in turn: {cells[9]}, the same side by side: "
-                         f"{cells[10]}", "faster, the same models", "–"])
+        if len(cells) == 14 and cells[1].isdigit() and cells[8].endswith("x"):
+            rows.append([f"4. {cells[2]} captured {cells[0]} fits: in turn → in processes → in threads of one "
+                         "process, on streams of their own (wall s)",
+                         f"{cells[4]} → {cells[5]} ({cells[7].replace('x', '×')}) → {cells[6]} "
+                         f"({cells[8].replace('x', '×')}); captures/replays {cells[9]} → {cells[10]}; one model in "
+                         f"turn: {cells[11]}, the same in processes: {cells[12]}, in threads: {cells[13]}",
+                         "threads faster, the same models", "–"])
         elif line.startswith("  ") and rows:  # a fit that ran eagerly, and why
             rows[-1][1] += f"; {line.strip()}"
     why = _ran(steps, "streams")

@@ -166,15 +166,17 @@ def test_the_streams_step_s_walls_are_read_where_it_ran(tmp_path, monkeypatch, c
         summary.write(_summary([("streams", 0, 60000)]))
     (out / "streams.txt").write_text("\n".join([streams.HEADER, streams.line("jdsh", {
         "runs": 4, "batch_size": 32, "steps": 2000, "one_after_another_s": 9.0, "side_by_side_s": 3.0,
+        "processes_s": 6.0, "same_models_processes": True,
         "one_after_another_captures": 4, "one_after_another_replays": 1980, "side_by_side_captures": 3,
         "side_by_side_replays": 1485, "same_models_in_turn": True, "same_models_side_by_side": False,
         "side_by_side_eager_because": ["jdsh 64 bits runs eagerly: its capture as a CUDA graph failed (RuntimeError: "
                                        "x)"]})]) + "\n")
     [row] = [row for row in report.goal_rows(str(out)) if "streams" in row[0]]
-    assert row[0] == "4. 4 captured jdsh fits in one process: in turn → on streams of their own (wall s)"
-    assert row[1] == ("9.00 → 3.00 (3.00×); captures/replays 4/1980 → 3/1485; one model in turn: yes, the same "
-                      "side by side: no; side by side: jdsh 64 bits runs eagerly: its capture as a CUDA graph failed "
-                      "(RuntimeError: x)")
+    assert row[0] == ("4. 4 captured jdsh fits: in turn → in processes → in threads of one process, on streams of "
+                      "their own (wall s)")
+    assert row[1] == ("9.00 → 6.00 (1.50×) → 3.00 (3.00×); captures/replays 4/1980 → 3/1485; one model in turn: "
+                      "yes, the same in processes: yes, in threads: no; side by side: jdsh 64 bits runs eagerly: its "
+                      "capture as a CUDA graph failed (RuntimeError: x)")
     with open(out / "summary.txt", "a") as summary:
         summary.write(_summary([("streams", 124, 120000)]))
     assert [row for row in report.goal_rows(str(out)) if "streams" in row[0]][-1][1].startswith("failed (rc 124")
