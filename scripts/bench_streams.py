@@ -11,11 +11,10 @@ stage (:mod:`bench_dispatch`'s: synthetic 512-d features, each method's own batc
 captured) one after another, then all at once in processes of their own (as ``grid --jobs`` runs its cells
 today: the wall from the moment all are ready), then all at once in threads of this process, each with a stream
 of its own, and prints the three walls and the ratios; set-up, warm-up and capture included, as a grid's cells
-have them. The
-captures refuse the capturing thread's unsafe CUDA calls alone (``thread_local``: PyTorch's ``global``, the
-product's, would refuse another thread's allocation during a capture); each way's captures and replays are
-counted and printed, and a fit that ran eagerly says why, so that an eager figure never passes for a captured
-one.
+have them. The threads' captures refuse the capturing thread's unsafe CUDA calls alone (``thread_local``:
+PyTorch's ``global``, the product's, would refuse another thread's allocation during a capture); the captures
+and replays in turn and in threads are counted and printed, and a fit that ran eagerly says why, so that an
+eager figure never passes for a captured one.
 
 The runs side by side are inside :func:`ucmfh.run_draws.separate_draws`: each run's dropout comes from a
 generator state of its own (a graph-safe one on a GPU), so each should train the model it trains alone. Every
