@@ -87,19 +87,26 @@ def test_ucmfh_reports_bad_input_without_traceback(tmp_path, monkeypatch, tiny_p
     assert "Traceback" not in result.output
 
 
-def test_demo_tasks_0_to_3(tmp_path):
+def test_demo_tasks_0_to_3(tmp_path, monkeypatch, capsys):
+    """The four tasks in this process, as demo.py's main runs them, then a missing checkpoint in a real process of
+    demo.py: one line, exit 2 (each process imports torch again: seconds of the suite)."""
     runner = CliRunner()
     assert runner.invoke(main, ["make-synthetic", str(tmp_path / "toy.h5"), *TINY_ARGS]).exit_code == 0
-    env = {**os.environ, "UCMFH_DATA_DIR": str(tmp_path)}
-    base = [sys.executable, str(ROOT / "demo.py"), "--dataset", "toy", "--epoch", "1", "--hash_lens", "16",
-            "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl"), "--device", "cpu"]
+    monkeypatch.setenv("UCMFH_DATA_DIR", str(tmp_path))
+    monkeypatch.chdir(tmp_path)
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    args = ["--dataset", "toy", "--epoch", "1", "--hash_lens", "16", "--out", str(tmp_path / "runs"), "--results",
+            str(tmp_path / "r.jsonl"), "--device", "cpu"]
     for task in (0, 1, 2, 3):
-        out = subprocess.run([*base, "--task", str(task)], env=env, capture_output=True, text=True, cwd=tmp_path)
-        assert out.returncode == 0, out.stderr
-        assert "I->T" in out.stdout and "fused: UCMFH's protocol" in out.stdout
+        assert demo.main([*args, "--task", str(task)]) == 0
+        out = capsys.readouterr().out
+        assert "I->T" in out and "fused: UCMFH's protocol" in out
     rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [r["task"] for r in rows] == ["fusion"] * 2 + ["hashing"] * 2 + ["fusion"] * 2 + ["hashing"] * 2
-    missing = subprocess.run([*base, "--task", "3", "--hash_lens", "32"], env=env, capture_output=True, text=True)
+    missing = subprocess.run([sys.executable, str(ROOT / "demo.py"), *args, "--task", "3", "--hash_lens", "32"],
+                             env={**os.environ, "UCMFH_DATA_DIR": str(tmp_path)}, capture_output=True, text=True)
     assert missing.returncode == 2 and "train it first with --task 1" in missing.stderr
     # task 3 found the checkpoint task 1 wrote: the same MAP
     assert (rows[7]["map_i2t"], rows[7]["map_t2i"]) == (rows[3]["map_i2t"], rows[3]["map_t2i"])
