@@ -39,6 +39,7 @@ import json
 import statistics
 import sys
 import tempfile
+import threading
 from pathlib import Path
 from typing import Dict, List, Optional, Tuple
 
@@ -59,6 +60,18 @@ EPOCHS = 3  # a fit's epochs: the last is timed
 PATHS = ("eager", "graph")
 COUNTS = {"captures": 0, "replays": 0}  # of the stage being timed: a graph path that captured nothing is said
 EAGER: List[str] = []  # why a stage asked to be captured ran eagerly (a capture refused, ...)
+_COUNTING = threading.Lock()  # fits in threads (bench_streams.py) count into the one COUNTS
+
+
+def _count(key: str) -> None:
+    with _COUNTING:
+        COUNTS[key] += 1
+
+
+def heard(message: str) -> None:
+    """:func:`ucmfh.captured_step.capture_steps`'s listener: why a stage ran eagerly, each reason once, in EAGER."""
+    if message not in EAGER:
+        EAGER.append(message)
 
 
 def counted(graphs: type) -> type:
@@ -66,10 +79,10 @@ def counted(graphs: type) -> type:
     class Counted(graphs):  # type: ignore[valid-type, misc]
         def capture(self, body, before, stream):  # type: ignore[no-untyped-def]
             replay, out, ran = super().capture(body, before, stream)
-            COUNTS["captures"] += 1
+            _count("captures")
 
             def replay_counted() -> None:
-                COUNTS["replays"] += 1
+                _count("replays")
                 replay()
 
             return replay_counted, out, ran
@@ -122,8 +135,7 @@ def seconds_a_step(stage: Stage, captured: bool, steps: int, repeats: int) -> Tu
     figures, first = [], None
     for _ in range(repeats):
         fit, epochs = stage.prepare(steps * stage.batch_size, EPOCHS), EpochSeconds()
-        with logging_to(epochs), capture_steps(
-                captured, on_eager=lambda message: EAGER.append(message) if message not in EAGER else None):
+        with logging_to(epochs), capture_steps(captured, on_eager=heard):
             fit()
         figures.append(epochs.seconds[-1] / steps)
         first = epochs.seconds[0] if first is None else first

@@ -41,8 +41,9 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_dispatch, beside this script
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_dispatch and bench_steps, beside this script
 from bench_dispatch import Stage, stages  # noqa: E402
+from bench_steps import COUNTS, EAGER, counted, heard  # noqa: E402
 
 import ucmfh.captured_step as captured_step  # noqa: E402
 from ucmfh.captured_step import capture_steps  # noqa: E402
@@ -50,31 +51,14 @@ from ucmfh.methods import METHODS  # noqa: E402
 from ucmfh.run_draws import separate_draws  # noqa: E402
 
 Fit = Callable[[], object]
-COUNTS = {"captures": 0, "replays": 0}  # of the stage being timed, every thread's: a fit that ran eagerly is said
-EAGER: List[str] = []  # why a fit asked to be captured ran eagerly (a capture refused, ...)
-_LOCK = threading.Lock()
 
 
-def _count(key: str) -> None:
-    with _LOCK:
-        COUNTS[key] += 1
-
-
-class SideBySideGraphs(captured_step.CudaGraphs):
+class SideBySideGraphs(counted(captured_step.CudaGraphs)):  # type: ignore[misc]
     """Captures that refuse the capturing thread's unsafe calls alone (``thread_local``: another thread's
-    allocation or sync during a capture is its own business), each capture and replay counted."""
+    allocation or sync during a capture is its own business), each capture and replay counted in
+    ``bench_steps.COUNTS`` (every thread's)."""
 
     capture_error_mode = "thread_local"
-
-    def capture(self, body, before, stream):  # type: ignore[no-untyped-def]
-        replay, out, ran = super().capture(body, before, stream)
-        _count("captures")
-
-        def replay_counted() -> None:
-            _count("replays")
-            replay()
-
-        return replay_counted, out, ran
 
 
 def own_stream(device: str):  # type: ignore[no-untyped-def]
@@ -245,9 +229,8 @@ def main(argv: Optional[List[str]] = None) -> None:
     dispatch_args = argparse.Namespace(batch_size=128, n_bits=args.n_bits, width=args.width, only=only)
     rows: Dict[str, Dict[str, object]] = {}
     graphs, captured_step.CudaGraphs = captured_step.CudaGraphs, SideBySideGraphs  # every fit's, restored after
-    on_eager = lambda message: EAGER.append(message) if message not in EAGER else None  # noqa: E731
     try:
-        with tempfile.TemporaryDirectory() as scratch, capture_steps(args.device == "cuda", on_eager=on_eager):
+        with tempfile.TemporaryDirectory() as scratch, capture_steps(args.device == "cuda", on_eager=heard):
             chosen = stages(dispatch_args, args.device, Path(scratch), own_batch=True)
             for stage in sorted(chosen, key=lambda s: only.index(s.name)):
                 rows[stage.name] = measure(stage, args.runs, args.steps, args.epochs, args.device,
