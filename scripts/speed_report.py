@@ -106,10 +106,9 @@ def main_job_rows(out: str, steps: Dict[str, Dict[str, float]], step: str, goal:
     return rows if why else rows + map_rows(out, step, label)
 
 
-def tf32_rows(out: str) -> List[List[str]]:
+def tf32_rows(out: str, steps: Dict[str, Dict[str, float]]) -> List[List[str]]:
     """``--amp tf32``'s rows (the checklist's ``graphs`` run; none where its steps did not run): the main job's
     wall seconds and MAPs, as goal 1's, and each stage's captured step in float32 and in TF32 (``steps-tf32``)."""
-    steps = read_summary(out)
     rows = []
     if "main-tf32" in steps:
         rows += main_job_rows(out, steps, "main-tf32", "1. main job, captured, --amp tf32 (wall s)", "1. TF32: ")
@@ -125,11 +124,10 @@ def tf32_rows(out: str) -> List[List[str]]:
     return rows
 
 
-def streams_rows(out: str) -> List[List[str]]:
+def streams_rows(out: str, steps: Dict[str, Dict[str, float]]) -> List[List[str]]:
     """The checklist's ``streams`` step (``bench_streams.py``; none where it did not run): for each stage, the
     wall of its fits one after another against the same fits at once in processes of their own and in threads of
     one process, each on a stream of its own, and whether they trained one model."""
-    steps = read_summary(out)
     if "streams" not in steps:
         return []
     rows: List[List[str]] = []
@@ -148,12 +146,11 @@ def streams_rows(out: str) -> List[List[str]]:
     return rows + ([["4. fits on streams of their own", why, "faster", "–"]] if why else [])
 
 
-def compile_rows(out: str) -> List[List[str]]:
+def compile_rows(out: str, steps: Dict[str, Dict[str, float]]) -> List[List[str]]:
     """``torch.compile``'s rows (the checklist's ``compile`` run; none where its steps did not run): each stage's
     captured step against the same step compiled and captured (``compile``: ``bench_steps.py --compile``, its
     first epoch's seconds, the compile's), or why it failed; then the main job so compiled on an empty inductor
     cache and on the filled one (``main-compile``, ``main-compile-warm``: wall seconds and MAPs, as goal 1's)."""
-    steps = read_summary(out)
     rows: List[List[str]] = []
     if "compile" in steps:
         for line in _lines(out, "compile.txt"):
@@ -231,17 +228,17 @@ def goal_rows(out: str) -> List[List[str]]:
         rows.append([f"4. six-cell grid, --jobs {jobs} against --jobs 1 (wall s)",
                      f"{wall:.1f} against {one:.1f} ({one / wall:.1f}×); rows equal: {equal}", "faster, rows equal",
                      "yes" if wall < one and equal == "yes" else "no"])
-    return rows + comparison_rows(out) + streams_rows(out) + tf32_rows(out) + compile_rows(out)
+    return rows + comparison_rows(out, steps) + streams_rows(out, steps) + tf32_rows(out, steps) + compile_rows(
+        out, steps)
 
 
 COMPARISON_CELLS = 10 * 4 * 3  # every method × 16/32/64/128 bits × 3 seeds
 
 
-def comparison_rows(out: str) -> List[List[str]]:
+def comparison_rows(out: str, steps: Dict[str, Dict[str, float]]) -> List[List[str]]:
     """The checklist's ``comparison`` run (none where it did not run): the cells of the whole Flickr8k
     comparison finished so far (``comparison.jsonl``, this call's and the calls' before it) and this call's
     seconds; the whole's wall is the sum of its calls'."""
-    steps = read_summary(out)
     if "comparison" not in steps:
         return []
     if steps["comparison"]["rc"] == NOT_STARTED:
