@@ -11,8 +11,8 @@
 #   (it goes on from gpu-data/comparison.jsonl: copy $OUT's comparison.jsonl there before the next call)
 #   DATA=gpu-data PACK=1 BUDGET=560 bash scripts/gpu_checklist.sh speed compile graphs   # as many as fit
 #
-# Several groups run their steps in this file's order: speed's, compile's, then graphs' (streams first). BUDGET (seconds,
-# default none) is the call's: a step starts while 30 s of it remain (10 more kept for the report), under its
+# Several groups run their steps in this file's order: speed's, compile's, then graphs' (streams first).
+# BUDGET (seconds, default none) is the call's: a step starts while 30 s of it remain (10 more kept for the report), under its
 # cap or what remains; the steps it leaves are listed in summary.txt as not started, and speed.md says so. A
 # device call of 600 s at most thus brings back every step it had time for; the next call names the groups
 # left.
@@ -192,13 +192,13 @@ case $ASKED in *" comparison "*) [ -f "$DATA/flickr8k.h5" ] && step comparison 5
 step compile 170 env TORCHINDUCTOR_CACHE_DIR="$WORK/inductor-steps" $PY scripts/bench_steps.py --device $DEVICE \
     --steps 40 --repeats 1 --compile --only two-tower --only fusion --only ucmfh  # each stage's loss compiled in
     # the warm-up, then captured: fewer, larger kernels? (its own cache: the main job's below starts empty)
-for run in main-compile main-compile-warm; do  # the same cache: empty for the first, filled for the second
-    step $run $([ $run = main-compile ] && echo 220 || echo 100) env TORCHINDUCTOR_CACHE_DIR="$WORK/inductor-main" \
-        $PY scripts/compiled_main.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --out "$WORK/$run" \
-        --results "$OUT/$run.jsonl"
-done
+# the main job compiled, twice with one cache: empty for the first run, filled for the second
+COMPILED_MAIN="env TORCHINDUCTOR_CACHE_DIR=$WORK/inductor-main $PY scripts/compiled_main.py --task 1 \
+    --dataset synthetic --hash_lens 64 --epoch 100"
+step main-compile 220 $COMPILED_MAIN --out "$WORK/main-compile" --results "$OUT/main-compile.jsonl"
+step main-compile-warm 100 $COMPILED_MAIN --out "$WORK/main-compile-warm" --results "$OUT/main-compile-warm.jsonl"
 step streams 120 $PY scripts/bench_streams.py --device $DEVICE --runs 4 --steps 100 --epochs 5 --only two-tower \
-    --only jdsh --only fusion  # 4 captured fits, one after another, then at once on streams of their own
+    --only jdsh --only fusion  # 4 captured fits in turn, then at once in processes, then in threads (own streams)
 step graph-tests 90 $PY -m pytest tests/test_captured_step.py -k real -q -rf -p no:cacheprovider -n 8  # each plan
 step steps-tf32 60 $PY scripts/bench_steps.py --device $DEVICE --steps 40 --repeats 1 --tf32 --only fusion \
     --only ucmfh --only two-tower  # the captured step with its float32 matmuls in TF32, against float32's

@@ -49,7 +49,7 @@ def drawing_separately() -> bool:
 @contextlib.contextmanager
 def setting_up() -> Iterator[None]:
     """A run's start, its seeds set and its plan made, in one piece under :func:`separate_draws` (else as it is)."""
-    with _LOCK if _ON[0] else contextlib.nullcontext():
+    with _LOCK if _ON[0] else _NOTHING:
         yield
 
 
