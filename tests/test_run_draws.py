@@ -113,3 +113,59 @@ def test_a_run_s_state_goes_on_from_where_its_last_block_left_it_and_the_global_
             drawn.append(torch.rand(3))
         assert torch.equal(torch.get_rng_state(), outside)  # the state set before the block, set again
     assert torch.equal(torch.cat(drawn), expected)
+
+
+class _Held:
+    """The set-up lock, with this thread's depth in it counted (whether a draw is a run's own)."""
+
+    def __init__(self, lock):
+        self.lock, self.depth = lock, threading.local()
+
+    def inside(self):
+        return getattr(self.depth, "n", 0) > 0
+
+    def __enter__(self):
+        self.lock.__enter__()
+        self.depth.n = getattr(self.depth, "n", 0) + 1
+
+    def __exit__(self, *exc):
+        self.depth.n -= 1
+        return self.lock.__exit__(*exc)
+
+
+def test_no_method_draws_from_torch_s_generator_outside_a_run_s_set_up_and_steps(tiny_path, tmp_path, monkeypatch):
+    """Everything a grid cell does — training, a closed-form fit, saving, loading and scoring its model — draws from
+    the CPU's generator only in a run's set-up or in its steps, under the lock (each step with the run's own state
+    set). A draw anywhere else, made while a run side by side steps, lands in that run's state: a checkpoint's
+    model built to check it before it is saved did so, and cca-itq's model, built before its closed-form weights
+    were written, and the rows of ``grid --workers threads`` were now and then not those of the cells alone."""
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    import ucmfh.run_draws as run_draws
+    from ucmfh.app.experiment import train_hash_stage
+    from ucmfh.app.identity import RunOptions
+    from ucmfh.data.h5 import load_dataset
+    from ucmfh.methods import METHODS
+    from ucmfh.methods.settings import stage_configs
+
+    held = _Held(run_draws._LOCK)
+    monkeypatch.setattr(run_draws, "_LOCK", held)
+    outside = []
+
+    class Watch(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            before = torch.default_generator.get_state()
+            out = func(*args, **(kwargs or {}))
+            if not held.inside() and not torch.equal(before, torch.default_generator.get_state()):
+                outside.append(str(func))
+            return out
+
+    data = load_dataset(tiny_path)
+    opts = RunOptions(out=str(tmp_path / "runs"), progress=False)
+    with separate_draws(), Watch():
+        for method in METHODS:
+            fusion_cfg, (hash_cfg,) = stage_configs(method, n_bits=[8], epochs=1, fusion_epochs=1, batch_size=64,
+                                                    device="cpu", drop_unused=True)
+            for _ in range(2):  # trained, saved and scored; then loaded from its checkpoint and scored again
+                train_hash_stage(data, fusion_cfg, hash_cfg, opts, ("unimodal",), log=lambda line: None)
+            assert not outside, (method, outside)

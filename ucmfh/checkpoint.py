@@ -12,6 +12,7 @@ from ucmfh.config import FusionConfig, HashConfig, SepsConfig, from_dict, to_dic
 from ucmfh.files import PathLike, atomic_file, torch_file_problem, write_text_atomic
 from ucmfh.methods import METHODS, PLUGIN_ERRORS, build_method
 from ucmfh.models.fusion import FusionEncoder
+from ucmfh.run_draws import setting_up
 from ucmfh.seps.model import SEPS
 from ucmfh.utils import check_argument
 
@@ -211,17 +212,23 @@ def _rebuild(payload: Dict[str, Any]) -> Tuple[nn.Module, Optional[FusionConfig]
     if broken is not None:  # its codes would be every bit set, scored at chance's level without a word
         raise CheckpointError(f"weights that are NaN or infinite ({broken}): a model whose training diverged, or a "
                               "damaged file")
-    if payload["kind"] == "fusion":
-        if fusion_cfg is None:
-            raise CheckpointError("a fusion checkpoint without its fusion settings")
-        model = FusionEncoder.from_config(payload["d_img"], payload["d_txt"], fusion_cfg)
-    else:
-        try:  # the method's own model ('distill' records its teacher's settings too, but has no encoder)
-            model = build_method(hash_cfg.method).build_model(payload["d_img"], payload["d_txt"], hash_cfg, fusion_cfg)
-        except ValueError as err:
-            raise CheckpointError(str(err)) from None
+    with setting_up():  # a model's initial weights drawn while no run side by side steps (ucmfh.run_draws)
+        model = _empty_model(payload, fusion_cfg, hash_cfg)
     try:
         model.load_state_dict(payload["state_dict"])
     except RuntimeError as err:
         raise CheckpointError(f"weights do not fit the saved config ({err})") from None
     return model, fusion_cfg, hash_cfg
+
+
+def _empty_model(payload: Dict[str, Any], fusion_cfg: Optional[FusionConfig],
+                 hash_cfg: Optional[HashConfig]) -> nn.Module:
+    """The model a checkpoint's weights are loaded into, as its payload describes it."""
+    if payload["kind"] == "fusion":
+        if fusion_cfg is None:
+            raise CheckpointError("a fusion checkpoint without its fusion settings")
+        return FusionEncoder.from_config(payload["d_img"], payload["d_txt"], fusion_cfg)
+    try:  # the method's own model ('distill' records its teacher's settings too, but has no encoder)
+        return build_method(hash_cfg.method).build_model(payload["d_img"], payload["d_txt"], hash_cfg, fusion_cfg)
+    except ValueError as err:
+        raise CheckpointError(str(err)) from None

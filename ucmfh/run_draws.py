@@ -48,7 +48,9 @@ def drawing_separately() -> bool:
 
 @contextlib.contextmanager
 def setting_up() -> Iterator[None]:
-    """A run's start, its seeds set and its plan made, in one piece under :func:`separate_draws` (else as it is)."""
+    """A run's start, its seeds set and its plan made, in one piece under :func:`separate_draws` (else as it is);
+    and any other draw from torch's generators outside a run's steps (a model built to load a checkpoint into),
+    which a run side by side would otherwise find in its own state, were it stepping meanwhile."""
     with _LOCK if _ON[0] else _NOTHING:
         yield
 

@@ -20,6 +20,7 @@ from ucmfh.methods.base import Method
 from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
+from ucmfh.run_draws import setting_up
 from ucmfh.signals import TrainingInterrupted
 from ucmfh.training_state import StateFile
 from ucmfh.selection import History
@@ -123,7 +124,8 @@ def fit_cca_itq(train: Split, n_bits: int, max_pca: int = 128, iterations: int =
     img_map = _linear_map(lambda x: cca.transform(pca_img.transform(x)), pca_img.mean_) @ rotation
     txt_map = _linear_map(lambda y: cca.transform(np.zeros((len(y), pca_img.n_components_)),
                                                   pca_txt.transform(y))[1], pca_txt.mean_) @ rotation
-    model = FeatureHasher(img.shape[1], txt.shape[1], n_bits, hidden=0)  # one linear map per modality
+    with setting_up():  # its initial weights, replaced below, drawn while no run side by side steps (ucmfh.run_draws)
+        model = FeatureHasher(img.shape[1], txt.shape[1], n_bits, hidden=0)  # one linear map per modality
     with torch.no_grad():
         model.img_mean.copy_(torch.from_numpy(pca_img.mean_))
         model.txt_mean.copy_(torch.from_numpy(pca_txt.mean_))
