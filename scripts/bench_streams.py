@@ -11,8 +11,9 @@ stage (:mod:`bench_dispatch`'s: synthetic 512-d features, each method's own batc
 captured) one after another, then all at once in processes of their own (as ``grid --jobs`` runs its cells
 today: the wall from the moment all are ready), then all at once in threads of this process, each with a stream
 of its own, and prints the three walls and the ratios; set-up, warm-up and capture included, as a grid's cells
-have them. The threads' captures refuse the capturing thread's unsafe CUDA calls alone (``thread_local``:
-PyTorch's ``global``, the product's, would refuse another thread's allocation during a capture); the captures
+have them (``ucmfh grid --jobs N --workers threads`` runs a grid's cells so). The threads' captures refuse the
+capturing thread's unsafe CUDA calls alone (``thread_local``, as every capture inside ``separate_draws`` does:
+``global``, a lone run's, would refuse another thread's allocation during a capture); the captures
 and replays in turn and in threads are counted and printed, and a fit that ran eagerly says why, so that an
 eager figure never passes for a captured one.
 
@@ -29,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import contextvars
 import hashlib
 import json
 import multiprocessing
@@ -53,12 +55,9 @@ from ucmfh.run_draws import separate_draws  # noqa: E402
 Fit = Callable[[], object]
 
 
-class SideBySideGraphs(counted(captured_step.CudaGraphs)):  # type: ignore[misc]
-    """Captures that refuse the capturing thread's unsafe calls alone (``thread_local``: another thread's
-    allocation or sync during a capture is its own business), each capture and replay counted in
-    ``bench_steps.COUNTS`` (every thread's)."""
-
-    capture_error_mode = "thread_local"
+# each capture and replay counted in bench_steps.COUNTS (every thread's); the fits side by side, inside
+# separate_draws, capture in thread_local mode (ucmfh.captured_step.CudaGraphs)
+SideBySideGraphs = counted(captured_step.CudaGraphs)
 
 
 def own_stream(device: str):  # type: ignore[no-untyped-def]
@@ -99,7 +98,9 @@ def side_by_side(fits: List[Fit], device: str) -> Tuple[float, List[str]]:
         except BaseException as err:  # noqa: BLE001 - said after the others end
             errors.append(err)
 
-    threads = [threading.Thread(target=run, args=(i, fit)) for i, fit in enumerate(fits)]
+    # each thread in a copy of this one's context: inside its capture_steps block (ucmfh.captured_step)
+    threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, i, fit))
+               for i, fit in enumerate(fits)]
     with separate_draws():
         start = time.perf_counter()
         for thread in threads:

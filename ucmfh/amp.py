@@ -9,6 +9,7 @@
 from __future__ import annotations
 
 import contextlib
+import threading
 from typing import ContextManager, Iterator
 
 import torch
@@ -31,20 +32,32 @@ def check_amp(amp: str, device: torch.device) -> None:
                                   f"this run trains on {device.type} (use amp 'none' or 'bf16')")
 
 
+_HELD = threading.Lock()
+_IN_TF32 = [0, None]  # the blocks in TF32 now (every thread's), and the setting before the first of them
+
+
 @contextlib.contextmanager
 def matmul_precision(amp: str) -> Iterator[None]:
     """Inside the block, CUDA's float32 matmuls run in TF32 if ``amp`` is ``tf32`` (torch's
-    ``backends.cuda.matmul.fp32_precision``); the setting before is restored after. Other modes change nothing.
-    A CUDA graph captured inside keeps the kernels chosen at its capture."""
+    ``backends.cuda.matmul.fp32_precision``); the setting before the first such block is restored after the
+    last one ends, so runs side by side in threads of one process (``ucmfh grid --jobs N --workers threads``,
+    one ``--amp`` for every cell) keep TF32 until the last ends. Other modes change nothing. A CUDA graph
+    captured inside keeps the kernels chosen at its capture."""
     if amp != "tf32":
         yield
         return
     matmul = torch.backends.cuda.matmul
     # torch 2.9's setting, or before it allow_tf32 (the two may not be mixed in one process)
     name, tf32 = ("fp32_precision", "tf32") if hasattr(torch.backends, "fp32_precision") else ("allow_tf32", True)
-    before = getattr(matmul, name)
-    setattr(matmul, name, tf32)
+    with _HELD:
+        if _IN_TF32[0] == 0:
+            _IN_TF32[1] = getattr(matmul, name)
+            setattr(matmul, name, tf32)
+        _IN_TF32[0] += 1
     try:
         yield
     finally:
-        setattr(matmul, name, before)
+        with _HELD:
+            _IN_TF32[0] -= 1
+            if _IN_TF32[0] == 0:
+                setattr(matmul, name, _IN_TF32[1])

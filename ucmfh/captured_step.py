@@ -25,17 +25,22 @@ Where a step cannot be captured the eager step runs, with the same results.
 from __future__ import annotations
 
 import contextlib
+import contextvars
 from typing import Any, Callable, Dict, Iterator, List, Optional, Set, Tuple
 
 import torch
 
 from ucmfh.distributed import current_group
 from ucmfh.optim import optimize
+from ucmfh.run_draws import drawing_separately
 
 WARMUP_STEPS = 3
 
-_ENABLED = [False]
-_ON_EAGER: List[Tuple[Optional[Callable[[str], None]], Set[str], bool]] = [(None, set(), True)]
+# the innermost capture_steps block: whether it captures, and its listener, the reasons it heard and whether it
+# hears every reason; the block's context (runs in threads side by side each have their own)
+_Block = Tuple[bool, Optional[Callable[[str], None]], Set[str], bool]
+_BLOCK: contextvars.ContextVar[_Block] = contextvars.ContextVar("ucmfh_capture_steps",
+                                                                 default=(False, None, set(), True))
 
 
 @contextlib.contextmanager
@@ -46,26 +51,24 @@ def capture_steps(enabled: bool = True, on_eager: Optional[Callable[[str], None]
     for each reason, that a plan trained inside runs eagerly although a capture was asked for, and why
     (:meth:`ucmfh.trainer._Run.eager_because`): a user who asked for graphs hears it before the epochs. With
     ``every_reason=False`` it hears only of a capture that PyTorch refused (a capture on by default is no
-    news where a plan cannot have it: the CPU, bf16, several processes; a refused one is)."""
-    before = _ENABLED[0]
-    _ENABLED[0] = enabled
-    _ON_EAGER.append((on_eager, set(), every_reason))
+    news where a plan cannot have it: the CPU, bf16, several processes; a refused one is). The block is its
+    context's (:mod:`contextvars`): a thread started inside hears it where it runs in a copy of that context."""
+    token = _BLOCK.set((enabled, on_eager, set(), every_reason))
     try:
         yield
     finally:
-        _ENABLED[0] = before
-        _ON_EAGER.pop()
+        _BLOCK.reset(token)
 
 
 def capturing() -> bool:
     """Whether :func:`capture_steps` is on."""
-    return _ENABLED[0]
+    return _BLOCK.get()[0]
 
 
 def runs_eagerly(stage: str, reason: str, refused: bool = False) -> None:
     """Tell the innermost :func:`capture_steps` block's listener that ``stage`` runs eagerly because of ``reason``
     (each reason once a block; ``refused``: a capture PyTorch refused, which every listener hears)."""
-    listener, said, every_reason = _ON_EAGER[-1]
+    _, listener, said, every_reason = _BLOCK.get()
     if listener is not None and (every_reason or refused) and reason not in said:
         said.add(reason)
         listener(f"{stage} runs eagerly: {reason}")
@@ -73,11 +76,14 @@ def runs_eagerly(stage: str, reason: str, refused: bool = False) -> None:
 
 class CudaGraphs:
     """The CUDA calls a capture makes (a test gives the CPU stand-in's own, ``tests/cuda_standin.py``).
-    ``capture_error_mode``: PyTorch's (``torch.cuda.graph``): ``global`` refuses, while a graph is captured, the
-    unsafe CUDA calls of every thread of the process; a process whose threads train side by side
-    (``scripts/bench_streams.py``) takes ``thread_local``, which refuses the capturing thread's alone."""
+    ``capture_error_mode``: PyTorch's (``torch.cuda.graph``). ``global``, a lone run's, refuses the unsafe CUDA
+    calls of every thread of the process while a graph is captured; runs side by side in threads of one process
+    (inside :func:`ucmfh.run_draws.separate_draws`) take ``thread_local``, which refuses the capturing thread's
+    alone: another run's allocation or read of its loss meanwhile is its own business."""
 
-    capture_error_mode = "global"
+    @property
+    def capture_error_mode(self) -> str:
+        return "thread_local" if drawing_separately() else "global"
 
     def side_stream(self, device: torch.device) -> Any:
         return torch.cuda.Stream(device=device)

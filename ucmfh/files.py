@@ -19,6 +19,7 @@ import os
 import pickle
 import re
 import tempfile
+import threading
 import warnings
 import zipfile
 from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
@@ -43,20 +44,22 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-_TEMP = re.compile(r"^\.(.+)\.tmp(\d+)$")
+_TEMP = re.compile(r"^\.(.+)\.tmp(\d+)(?:-\d+)?$")
 
 
 def temp_destination(name: str) -> Optional[str]:
-    """The file name a temporary file ``.NAME.tmpPID`` (:func:`atomic_path`) is written for, else None."""
+    """The file name a temporary file ``.NAME.tmpPID`` or ``.NAME.tmpPID-THREAD`` (:func:`atomic_path`) is written
+    for, else None."""
     match = _TEMP.match(os.path.basename(name))
     return match.group(1) if match else None
 
 
 def remove_stale_temps(path: PathLike) -> List[str]:
-    """Remove ``.NAME.tmpPID`` files beside ``path`` whose writing process is gone; return them."""
+    """Remove ``.NAME.tmpPID`` (and ``.NAME.tmpPID-THREAD``) files beside ``path`` whose writing process is gone;
+    return them."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    pattern = re.compile(re.escape(f".{os.path.basename(path)}.tmp") + r"(\d+)$")
+    pattern = re.compile(re.escape(f".{os.path.basename(path)}.tmp") + r"(\d+)(?:-\d+)?$")
     removed = []
     try:
         names = os.listdir(directory)
@@ -210,7 +213,9 @@ def torch_file_problem(path: PathLike, err: BaseException) -> str:
 
 
 def atomic_path(path: PathLike) -> str:
-    """A temporary name beside ``path`` to write to before :func:`os.replace` (the folder is created).
+    """A temporary name beside ``path`` to write to before :func:`os.replace` (the folder is created):
+    ``.NAME.tmpPID``, and ``.NAME.tmpPID-THREAD`` in a thread other than the main one (runs side by side in
+    threads: ``ucmfh grid --jobs N --workers threads``), so that two writers of one file never share one.
 
     Temporary files of ``path`` left by processes that no longer run are removed first.
     """
@@ -218,7 +223,8 @@ def atomic_path(path: PathLike) -> str:
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     remove_stale_temps(path)
-    return os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}")
+    thread = "" if threading.current_thread() is threading.main_thread() else f"-{threading.get_native_id()}"
+    return os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}{thread}")
 
 
 @contextlib.contextmanager

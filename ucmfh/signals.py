@@ -18,14 +18,34 @@ class TrainingInterrupted(KeyboardInterrupt):
         self.signum = signum
 
 
+_LOCK = threading.Lock()
+_IN_THREADS: Dict[int, Dict[str, Optional[int]]] = {}  # the flags of the loops under way in other threads
+
+
+def stop_threads(signum: int) -> None:
+    """Every loop under way inside :func:`stop_on_signals` in a thread other than the main one stops at its next
+    safe point, as ``signum`` stops a loop of the main thread (runs side by side in threads: ``ucmfh grid --jobs N
+    --workers threads``). A loop that starts later is not stopped: call it again."""
+    with _LOCK:
+        for flag in _IN_THREADS.values():
+            flag["signal"] = signum
+
+
 @contextlib.contextmanager
 def stop_on_signals() -> Iterator[Dict[str, Optional[int]]]:
     """While training (or another long loop that commits its work step by step, as an index build does),
     SIGINT and SIGTERM set ``flag["signal"]`` instead of killing the step in progress; the loop stops at its
-    next safe point. (A KeyboardInterrupt could land anywhere, even in a callback that swallows it.)"""
+    next safe point. (A KeyboardInterrupt could land anywhere, even in a callback that swallows it.) In a thread
+    other than the main one, which hears no signal, the loop stops where :func:`stop_threads` says so."""
     flag: Dict[str, Optional[int]] = {"signal": None}
-    if threading.current_thread() is not threading.main_thread():
-        yield flag
+    if threading.current_thread() is not threading.main_thread():  # signals reach the main thread alone
+        with _LOCK:
+            _IN_THREADS[id(flag)] = flag
+        try:
+            yield flag
+        finally:
+            with _LOCK:
+                del _IN_THREADS[id(flag)]
         return
 
     def handler(signum, frame):  # noqa: ARG001 - signal handler signature

@@ -1,14 +1,16 @@
 """What a training run reports after each epoch (:class:`EpochRecord`), to the logs listening
 (:func:`logging_to`): TensorBoard event files (:class:`TensorBoardLog`, ``--tensorboard DIR``).
 
-A log is listened to for a block of code, as the process group is (:func:`ucmfh.distributed.current_group`):
-``with logging_to(TensorBoardLog(folder)): fit_hashing(...)``; every stage trained inside reports each epoch
-(:func:`ucmfh.trainer.train`, rank 0 only). A run that tries several candidates or refits says which part
-is training (:func:`part`), so each keeps a curve of its own.
+A log is listened to for a block of code: ``with logging_to(TensorBoardLog(folder)): fit_hashing(...)``; every
+stage trained inside reports each epoch (:func:`ucmfh.trainer.train`, rank 0 only). A run that tries several
+candidates or refits says which part is training (:func:`part`), so each keeps a curve of its own. Both are the
+block's context (:mod:`contextvars`): runs in threads side by side (``ucmfh grid --jobs N --workers threads``)
+each report to their own logs, and a thread started with a copy of its starter's context hears its blocks.
 """
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import os
 import re
 from dataclasses import dataclass, field
@@ -38,18 +40,18 @@ class EpochLog(Protocol):
     def close(self) -> None: ...
 
 
-_LOGS: List[EpochLog] = []
-_PARTS: List[str] = []
+_LOGS: contextvars.ContextVar[Tuple[EpochLog, ...]] = contextvars.ContextVar("ucmfh_logs", default=())
+_PARTS: contextvars.ContextVar[Tuple[str, ...]] = contextvars.ContextVar("ucmfh_parts", default=())
 
 
 @contextlib.contextmanager
 def logging_to(*logs: EpochLog) -> Iterator[None]:
     """Every epoch trained inside the block is recorded by ``logs`` (closed at the block's end)."""
-    _LOGS.extend(logs)
+    token = _LOGS.set(_LOGS.get() + logs)
     try:
         yield
     finally:
-        del _LOGS[len(_LOGS) - len(logs):]
+        _LOGS.reset(token)
         for log in logs:
             log.close()
 
@@ -57,19 +59,19 @@ def logging_to(*logs: EpochLog) -> Iterator[None]:
 @contextlib.contextmanager
 def part(name: str) -> Iterator[None]:
     """The epochs trained inside the block are the part ``name`` of their run (a candidate, the refit)."""
-    _PARTS.append(name)
+    token = _PARTS.set(_PARTS.get() + (name,))
     try:
         yield
     finally:
-        _PARTS.pop()
+        _PARTS.reset(token)
 
 
 def current_logs() -> Tuple[EpochLog, ...]:
-    return tuple(_LOGS)
+    return _LOGS.get()
 
 
 def current_part() -> str:
-    return "/".join(_PARTS)
+    return "/".join(_PARTS.get())
 
 
 def _folder_name(text: str) -> str:
