@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import signal
+import threading
 import time
 from itertools import product
 from pathlib import Path
@@ -16,6 +17,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from ucmfh import signals
 from ucmfh.app import jobs
 from ucmfh.app.cli import main
 from ucmfh.app.identity import RunOptions
@@ -349,3 +351,53 @@ def test_workers_spread_over_several_gpus_and_share_one(monkeypatch):
         monkeypatch.setattr(torch.cuda, "device_count", lambda: count)
         side = jobs.SideBySide(2, device, "r.jsonl", RunOptions(), ("unimodal",), 50, None)
         assert side.gpus() == spread, (count, device)
+
+
+class _TermFromAThread:
+    """A progress bar that holds each cell's thread at the end of its first epoch until both are there, then has
+    one of them send SIGTERM to the process (whose main thread, the grid, hears it), and holds each until the
+    grid has passed the stop on to its training loop (:func:`ucmfh.signals.stop_threads`)."""
+
+    barrier = threading.Barrier(2, timeout=60)
+
+    def __init__(self, *args, **kwargs):
+        self.n = kwargs.get("initial", 0)
+
+    def update(self, k):
+        self.n += k
+        if self.n != 1:
+            return
+        if self.barrier.wait() == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while not all(flag["signal"] for flag in signals._IN_THREADS.values()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def set_postfix(self, **_):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_two_threads_stopped_and_resumed_give_the_rows_of_one_in_its_order(tiny_path, tmp_path, one_process,
+                                                                            monkeypatch):
+    """--workers threads: the cells in threads of the grid's process. SIGTERM while both train stops each at its
+    next step with its state saved (the grid passes it on: a thread hears no signal), nothing appended; the same
+    command then ends with the rows of --jobs 1 (each cell's draws its own: ucmfh.run_draws), in its order."""
+    from ucmfh import trainer
+
+    torch.set_num_threads(2)  # each of the two threads: 1, as the baseline
+    monkeypatch.setattr(trainer, "tqdm", _TermFromAThread)
+    stopped = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2", "--workers", "threads"))
+    assert stopped.exit_code == 143, stopped.output
+    for name, stage in (("ucmfh seed 2023 8 bits", "fusion"), ("two-tower seed 2023 8 bits", "two-tower 8 bits")):
+        assert f"stopped {tiny_path} {name}: {stage} interrupted by SIGTERM at epoch 2/2, step 1/" in stopped.output
+    assert stopped.output.count("training state saved to") == 2 and stopped.output.count("start ") == 2
+    assert not (tmp_path / "r.jsonl").exists() and not signals._IN_THREADS
+    monkeypatch.undo()
+
+    resumed = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2", "--workers", "threads"))
+    assert resumed.exit_code == 0, resumed.output
+    assert "resuming" in resumed.output and resumed.output.count("fusion encoder: training") == 1
+    assert _rows(tmp_path) == _rows(one_process) and _table(tmp_path) == _table(one_process)

@@ -245,7 +245,7 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
 @train_options("grid", without=("loss", "loss_params", "seed", "resume"))  # --losses, --loss-params, --seeds; always resumes
 @user_errors
 def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_epochs, protocol, k, results, table,
-         plot, overwrite, device, quiet, jobs, **train) -> None:
+         plot, overwrite, device, quiet, jobs, workers, **train) -> None:
     """Train and score datasets × methods × losses × code lengths × seeds; skip finished cells; write one table."""
     from ucmfh.app.environment import default_data_dir, protocols_of
 
@@ -326,7 +326,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     recorded = read_jsonl(results, on_skip=warn)  # the rows of earlier runs, and of the cells run below
     # every dataset read and checked before the first cell: a bad file is said now, not hours in
     loaded = {dataset: load_dataset(paths[dataset], max_memory_bytes=train["max_memory"]) for dataset in datasets}
-    side = SideBySide(jobs, device, results, opts, protocols, k, train["max_memory"]) if jobs > 1 else None
+    side = SideBySide(jobs, device, results, opts, protocols, k, train["max_memory"], workers) if jobs > 1 else None
     for dataset, fcfg, hcfg in cells:
         data = loaded[dataset]
         run = Run(opts.out, dataset_identity(data), fcfg, hcfg)
@@ -339,7 +339,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
             grid_rows.append(done)
             continue
         if side is not None:  # run below by a worker, its rows in this place
-            grid_rows.append(side.add(name, run, paths[dataset], fcfg))
+            grid_rows.append(side.add(name, run, paths[dataset], data, fcfg))
             continue
         click.echo(f"run  {name}")
         try:

@@ -1,4 +1,4 @@
-"""``ucmfh grid --jobs N``: a grid's cells trained side by side, by N worker processes at once.
+"""``ucmfh grid --jobs N``: a grid's cells trained side by side, by N worker processes (or threads) at once.
 
 The parent (:class:`SideBySide`) keeps every decision of the grid: which cells run (the skip of finished
 cells stays in :mod:`ucmfh.app.grid`), the order of the rows (each cell's rows in the grid's order, in the
@@ -10,6 +10,13 @@ so a cell's rows are the rows of the cell run alone on the same device with the 
 Devices: with ``--device auto`` or ``cuda`` and several visible GPUs, worker i trains on GPU i mod their
 number; on one GPU every worker shares it. Threads: the threads one run would use (``OMP_NUM_THREADS``,
 else torch's default, the machine's cores) are split evenly, at least one each.
+
+``--workers threads``: the cells run in N threads of the grid's own process instead (:func:`run_cell_in_thread`),
+each on a CUDA stream of its own, so that the kernels of several cells may run on one GPU at once, where
+processes sharing a GPU take turns on it. Each cell keeps its random draws to itself
+(:func:`ucmfh.run_draws.separate_draws`), so its rows are those of the cell run alone. A signal stops the
+cells' training at its next step as it stops a worker's (:func:`ucmfh.signals.stop_threads`); a cell's other
+work (a closed-form fit, the scoring) runs to its end, as a thread cannot be stopped halfway.
 
 Cells that build on one fusion encoder not trained yet never run at once: the first trains it, the others
 start once it is saved and reuse it (a second trainer would be refused by its training lock).
@@ -25,12 +32,15 @@ from __future__ import annotations
 
 import concurrent.futures as cf
 import contextlib
+import contextvars
 import dataclasses
+import itertools
 import multiprocessing
 import os
 import pickle
 import signal
 import sys
+import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -43,12 +53,15 @@ from ucmfh.app.environment import torchrun_sizes
 from ucmfh.app.errors import USER_ERRORS, interrupted, stopped_by
 from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, key_of
+from ucmfh.amp import matmul_precision
 from ucmfh.app.options import Count
 from ucmfh.app.runs import scores_line
 from ucmfh.app.table import append_results
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset, load_dataset
-from ucmfh.signals import stop_on_signals
+from ucmfh.run_draws import separate_draws
+from ucmfh.signals import stop_on_signals, stop_threads
+from ucmfh.utils import resolve_device
 
 Rows = List[Dict[str, Any]]
 POLL_S = 0.2  # how often the parent looks at its workers: a fusion encoder saved, a signal to pass on
@@ -60,11 +73,19 @@ def _check_jobs(ctx: click.Context, param: click.Parameter, value: int) -> int:
     return value
 
 
+WORKERS = ("processes", "threads")
+
+
 def jobs_option(fn: Callable) -> Callable:
-    """``--jobs N`` (default 1: the cells one after another in this process)."""
+    """``--jobs N`` (default 1: the cells one after another in this process) and ``--workers``, what runs them."""
+    fn = click.option(
+        "--workers", type=click.Choice(WORKERS), default="processes", show_default=True,
+        help="What runs the --jobs cells at once: worker processes, or threads of this process, each cell on a CUDA "
+             "stream of its own (kernels of several cells at once on one GPU, where processes take turns on it; "
+             "a signal stops their training at its next step, other work of a cell runs to its end).")(fn)
     return click.option(
         "--jobs", "-j", type=Count(min=1), default=1, show_default=True, callback=_check_jobs,
-        help="Cells run at once, each by a worker process (no more workers than cells to run): on one GPU they "
+        help="Cells run at once, each by a worker (no more workers than cells to run): on one GPU they "
              "share it, with several GPUs worker i uses GPU i mod their number, on the CPU they split its "
              "threads. A cell's rows are those of the cell run alone with the same thread count.")(fn)
 
@@ -192,7 +213,7 @@ def run_cell(task: CellTask) -> Outcome:
         return Outcome(log, rows, time.perf_counter() - start)
     except KeyboardInterrupt as err:  # TrainingInterrupted's constructor does not survive pickle: its message does
         _IN_CELL[0] = False
-        return Outcome(log, stopped=str(err) or "interrupted", signum=getattr(err, "signum", None))
+        return _stopped(err, log)
     except USER_ERRORS as err:
         _IN_CELL[0] = False
         return Outcome(log, error=_portable(err))
@@ -201,43 +222,85 @@ def run_cell(task: CellTask) -> Outcome:
         _restore(handlers)
 
 
+def _stopped(err: KeyboardInterrupt, log: List[str]) -> Outcome:
+    return Outcome(log, stopped=str(err) or "interrupted", signum=getattr(err, "signum", None))
+
+
+_THREAD = threading.local()  # a thread worker's CUDA stream (None on the CPU)
+
+
+def _start_thread(slots: Iterator[int], threads: int, gpus: int, device: torch.device) -> None:
+    """A thread worker's set-up: its torch threads (this thread's alone), its GPU where there are several (worker
+    i on GPU i mod their number) and, on CUDA, a stream of its own."""
+    slot = next(slots)
+    torch.set_num_threads(threads)
+    if gpus:
+        torch.cuda.set_device(slot % gpus)
+    _THREAD.stream = None
+    if device.type == "cuda":
+        _THREAD.stream = torch.cuda.Stream(device=device if device.index is not None else None)
+
+
+def run_cell_in_thread(task: CellTask, data: Dataset) -> Outcome:
+    """Train (or reuse) and score one cell in a thread worker of the grid's process, on the worker's CUDA stream,
+    with the dataset the grid has read. Its training stops at its next step, its state saved, on
+    :func:`ucmfh.signals.stop_threads`; its other work runs to its end."""
+    log: List[str] = []
+    stream = getattr(_THREAD, "stream", None)
+    start = time.perf_counter()
+    try:
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            rows = train_hash_stage(data, task.fusion_cfg, task.hash_cfg, task.opts, task.protocols, task.k,
+                                    log=log.append)
+        return Outcome(log, rows, time.perf_counter() - start)
+    except KeyboardInterrupt as err:
+        return _stopped(err, log)
+    except USER_ERRORS as err:
+        return Outcome(log, error=err)
+
+
 @dataclass
 class _Cell:
     name: str
     key: str
     fusion_path: Optional[str]  # the fusion encoder it builds on, None for a method without one
     task: CellTask
+    data: Dataset  # the grid's read of task.data_path (a thread worker's; a process reads the file again)
     rows: Rows = field(default_factory=list)
     state: str = "pending"  # then running, and done, stopped or failed
     appended: bool = False
 
 
 class SideBySide:
-    """The cells of a grid run by ``jobs`` worker processes at once: :meth:`add` each cell to run, in the
-    grid's order, then :meth:`run`.
+    """The cells of a grid run by ``jobs`` workers at once, processes or threads (``workers``): :meth:`add` each
+    cell to run, in the grid's order, then :meth:`run`.
 
     ``device``: the grid's ``--device``; ``results``: the results file the rows are appended to (in the
     grid's order); the other arguments as :func:`ucmfh.app.experiment.train_hash_stage` takes them.
     """
 
     def __init__(self, jobs: int, device: str, results: str, opts: RunOptions, protocols: Sequence[str], k: int,
-                 max_memory: Optional[int], log: Callable[[str], None] = click.echo) -> None:
+                 max_memory: Optional[int], workers: str = "processes",
+                 log: Callable[[str], None] = click.echo) -> None:
+        if workers not in WORKERS:
+            raise ValueError(f"workers: one of {', '.join(WORKERS)}, got {workers!r}")
         self.jobs, self.device, self.results, self.log = jobs, device, results, log
+        self.in_threads = workers == "threads"
         self.opts = dataclasses.replace(opts, progress=False)  # N bars on one terminal say nothing
         self.protocols, self.k, self.max_memory = tuple(protocols), k, max_memory
         self.cells: List[_Cell] = []
 
-    def add(self, name: str, run: Run, data_path: str, fusion_cfg: FusionConfig) -> Rows:
-        """Queue the cell of ``run`` (``fusion_cfg``: the grid's, which a method without a fusion stage
-        ignores). Returns the list its rows fill once it has run: the list of the cell queued before
-        when it is the same run (a seed or dataset named twice), which then runs once."""
+    def add(self, name: str, run: Run, data_path: str, data: Dataset, fusion_cfg: FusionConfig) -> Rows:
+        """Queue the cell of ``run`` on ``data``, read from ``data_path`` (``fusion_cfg``: the grid's, which a
+        method without a fusion stage ignores). Returns the list its rows fill once it has run: the list of the
+        cell queued before when it is the same run (a seed or dataset named twice), which then runs once."""
         key = key_of(run.hash_identity)
         for cell in self.cells:
             if cell.key == key:
                 self.log(f"skip {name}: the same run as an earlier cell (run {key})")
                 return cell.rows
         task = CellTask(data_path, self.max_memory, fusion_cfg, run.hash_cfg, self.opts, self.protocols, self.k)
-        self.cells.append(_Cell(name, key, run.fusion_path if run.fusion_cfg is not None else None, task))
+        self.cells.append(_Cell(name, key, run.fusion_path if run.fusion_cfg is not None else None, task, data))
         return self.cells[-1].rows
 
     def workers(self) -> int:
@@ -262,21 +325,18 @@ class SideBySide:
         if not self.cells:
             return
         n = self.workers()
-        context = multiprocessing.get_context("spawn")  # fresh processes: no CUDA or thread pool state forked
-        pids = context.Array("i", n)
         running: Dict[cf.Future, _Cell] = {}
         signum: Optional[int] = None
         error: Optional[BaseException] = None
-        with stop_on_signals() as stop:
-            pool = cf.ProcessPoolExecutor(n, context, initializer=_start_worker,
-                                          initargs=(context.Value("i", 0), pids, self.threads(), self.gpus()))
+        with stop_on_signals() as stop, contextlib.ExitStack() as side:
+            pool, submit, stop_cells = self._pool(n, side)
             try:
                 while True:
                     signum = signum or stop["signal"]
                     if signum is not None or error is not None:  # no new cell; the running ones stop
-                        _send(pids, signum or signal.SIGTERM)
+                        stop_cells(signum or signal.SIGTERM)
                     else:
-                        self._start_ready(pool, running, n)
+                        self._start_ready(submit, running, n)
                     if not running:
                         break
                     ended, _ = cf.wait(running, timeout=POLL_S, return_when=cf.FIRST_COMPLETED)
@@ -302,7 +362,7 @@ class SideBySide:
                         signum, error = self._ended(cell, outcome, signum, error)
                     self._append(in_order=signum is None and error is None)
             except BaseException:
-                _send(pids, signal.SIGTERM)
+                stop_cells(signal.SIGTERM)
                 raise
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
@@ -316,7 +376,26 @@ class SideBySide:
                                    f"{len(self.cells)} cells to run finished, {stopped} stopped (each says above "
                                    "what it kept)", signum), always_resumes=True)
 
-    def _start_ready(self, pool: cf.ProcessPoolExecutor, running: Dict[cf.Future, _Cell], n: int) -> None:
+    def _pool(self, n: int, side: contextlib.ExitStack) -> Tuple[cf.Executor, Callable[[_Cell], cf.Future],
+                                                                 Callable[[int], None]]:
+        """The ``n`` workers: their pool, how a cell is given to one, and how a signal reaches the cells running
+        (``side``: what the workers run inside, until they have ended)."""
+        if self.in_threads:
+            side.enter_context(separate_draws())  # each cell's draws its own, as in a process alone
+            pool: cf.Executor = cf.ThreadPoolExecutor(n, "ucmfh-cell", initializer=_start_thread, initargs=(
+                itertools.count(), self.threads(), self.gpus(), resolve_device(self.device)))
+
+            def in_thread(cell: _Cell) -> cf.Future:  # in a copy of this thread's context: its blocks hold there
+                return pool.submit(contextvars.copy_context().run, run_cell_in_thread, cell.task, cell.data)
+
+            return pool, in_thread, stop_threads
+        context = multiprocessing.get_context("spawn")  # fresh processes: no CUDA or thread pool state forked
+        pids = context.Array("i", n)
+        pool = cf.ProcessPoolExecutor(n, context, initializer=_start_worker,
+                                      initargs=(context.Value("i", 0), pids, self.threads(), self.gpus()))
+        return pool, lambda cell: pool.submit(run_cell, cell.task), lambda signum: _send(pids, signum)
+
+    def _start_ready(self, submit: Callable[[_Cell], cf.Future], running: Dict[cf.Future, _Cell], n: int) -> None:
         """Start the first pending cells, in the grid's order, while a worker is free; a cell whose fusion
         encoder a running cell trains waits until it is saved."""
         for cell in self.cells:
@@ -328,7 +407,7 @@ class SideBySide:
                     any(other.fusion_path == cell.fusion_path for other in running.values()):
                 continue
             with _held():  # a submit starts a worker where none is free: it starts deaf to both
-                running[pool.submit(run_cell, cell.task)] = cell
+                running[submit(cell)] = cell
             cell.state = "running"
             self.log(f"start {cell.name}")
 
