@@ -23,7 +23,8 @@
 # method eager and captured (bench_steps, with each graph path's captures and replays), the main
 # job with captured steps (--cuda_graph, 100 epochs: time and MAP) and eager for 20 epochs (the same card's rate),
 # bench_train with the captured variant, the default
-# on full Flickr8k at 64 bits with captured steps, and the six-cell grid at --jobs 1 and 6. Flickr8k does
+# on full Flickr8k at 64 bits with captured steps, and the six-cell grid at --jobs 1 and 6 (in processes, then in
+# threads: 29.5 and 21.8 s on the H200 in processes, 2026-11-30). Flickr8k does
 # not fit the 64-MiB working tree as it is: carry a compact copy made here (features rounded to float16):
 #   python scripts/compact_data.py ../shared/data/flickr8k.h5 gpu-data/flickr8k.h5 && cp ../shared/data/wiki.h5 gpu-data/
 # Every run ends with $OUT/speed.md: issue 48's goals, measured against the eager H200 figures (scripts/speed_report.py).
@@ -37,7 +38,8 @@
 # place; timed one at a time: the main job (both UCMFH stages, 100 epochs each, synthetic MIRFlickr size), eager
 # and with --cuda_graph (its MAPs beside the eager run's),
 # bench_train, bench_eval and time_metrics on CUDA, device_agreement (each method's model on CUDA against
-# the CPU's), bf16, a six-cell grid at --jobs 1 and --jobs 6 (wall seconds, rows equal), SEPS and rerank;
+# the CPU's), bf16, a six-cell grid at --jobs 1 and --jobs 6 (processes, threads; wall seconds, rows equal),
+# SEPS and rerank;
 # then side by side: the test suite on the GPU machine (CLI tests take
 # --device auto = CUDA, the CUDA tests run), one short CUDA run of every method followed by index + search
 # on CUDA against the CPU, torchrun with 2 ranks. summary.txt gets one line per step: its exit status and seconds.
@@ -66,8 +68,9 @@ case $ASKED in *" graphs "*) ONLY="$ONLY env build graph-tests steps-tf32 main-t
 # the main job so compiled (scripts/compiled_main.py) on an empty inductor cache and again on the filled one
 # (the compile's seconds, then what a second run waits), its MAPs against the captured job's; caps: 560 s
 case $ASKED in *" compile "*) ONLY="$ONLY env build compile main-compile main-compile-warm" ;; esac
-# issue 48's goal 4 at full size: every method × 16/32/64/128 bits × 3 seeds on full Flickr8k, JOBS cells at once,
-# for 540 s a call; its rows go on from $COMPARISON (default $DATA/comparison.jsonl) and come back in $OUT
+# issue 48's goal 4 at full size: every method × 16/32/64/128 bits × 3 seeds on full Flickr8k, JOBS cells at once
+# (in threads of one process, each on a CUDA stream of its own; WORKERS=processes: in worker processes), for 540 s
+# a call; its rows go on from $COMPARISON (default $DATA/comparison.jsonl) and come back in $OUT
 case $ASKED in *" comparison "*) ONLY="$ONLY env build comparison" ;; esac
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
@@ -135,7 +138,8 @@ comparison() {  # the whole Flickr8k comparison on this GPU (goal 4), resumable:
     # Ctrl-C's signal at 510 s: the grid stops its cells and exits, before the step's cap
     timeout -s INT 510 $PY -m ucmfh grid -d flickr8k --data-dir "$DATA" --protocol unimodal \
         --methods two-tower,distill,cca-itq,ucmfh,djsrh,jdsh,ucch,dgcpn,cirh,daeh -b 16 -b 32 -b 64 -b 128 \
-        --seeds 2023,2024,2025 --jobs "${JOBS:-8}" --device "$DEVICE" --results "$OUT/comparison.jsonl" \
+        --seeds 2023,2024,2025 --jobs "${JOBS:-8}" --workers "${WORKERS:-threads}" --device "$DEVICE" \
+        --results "$OUT/comparison.jsonl" \
         --table "$OUT/comparison" --out "$WORK/comparison-runs" --quiet
 }
 
@@ -185,8 +189,9 @@ step bench-train 80 $PY scripts/bench_train.py --device $DEVICE --only throughpu
     --n-train 5120 --repeats 3 --epochs 5  # whole fits, and items/s after each fit's first epoch (goal 2's)
 [ -f "$DATA/flickr8k.h5" ] && step flickr8k-graph 130 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
     --cuda-graph --device $DEVICE --out "$WORK/flickr8k" --results "$OUT/flickr8k.jsonl"  # the default, both temperatures
-step grid-jobs 115 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 -- -d wiki --data-dir "$DATA" \
-    --methods two-tower,ucmfh --seeds 1,2,3 -b 32 --epochs 10 --device $DEVICE  # six cells one by one, then at once
+step grid-jobs 115 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 --threads 6 -- -d wiki --data-dir "$DATA" \
+    --methods two-tower,ucmfh --seeds 1,2,3 -b 32 --epochs 10 --device $DEVICE  # six cells one by one, then at
+    # once in worker processes, then at once in threads of one process (each cell on a CUDA stream of its own)
 # asked for alone (`comparison`): every method × length × seed, JOBS at once, for 540 s
 case $ASKED in *" comparison "*) [ -f "$DATA/flickr8k.h5" ] && step comparison 540 comparison ;; esac
 step compile 170 env TORCHINDUCTOR_CACHE_DIR="$WORK/inductor-steps" $PY scripts/bench_steps.py --device $DEVICE \

@@ -213,23 +213,28 @@ def goal_rows(out: str) -> List[List[str]]:
                      "yes" if seconds <= GOALS["flickr8k_s"] else "no"])
     else:
         rows.append(["3. full Flickr8k, default, 64 bits, captured (wall s)", why, f"≤ {GOALS['flickr8k_s']:.0f}", "–"])
+    return rows + grid_jobs_rows(out, steps) + comparison_rows(out, steps) + streams_rows(out, steps) + tf32_rows(
+        out, steps) + compile_rows(out, steps)
+
+
+def grid_jobs_rows(out: str, steps: Dict[str, Dict[str, float]]) -> List[List[str]]:
+    """Goal 4's first half: the six-cell grid's walls (``bench_grid_jobs.py``), each --jobs above 1, in worker
+    processes and in threads, against --jobs 1, and whether its rows are those of --jobs 1."""
     why = _ran(steps, "grid-jobs")
-    walls = {}
+    walls: Dict[Tuple[int, str], Tuple[float, str]] = {}
     if not why:
         for line in _lines(out, "grid-jobs.txt"):
             cells = [c.strip() for c in line.strip().strip("|").split("|")]
-            if len(cells) == 4 and cells[0].isdigit():
-                walls[int(cells[0])] = (float(cells[1]), cells[3])
-        why = None if len(walls) >= 2 else "fewer than two --jobs lines in grid-jobs.txt"
+            if len(cells) == 5 and cells[0].isdigit():
+                walls[int(cells[0]), cells[1]] = (float(cells[2]), cells[4])
+        why = None if (1, "processes") in walls and len(walls) >= 2 else "no --jobs 1 line and another in grid-jobs.txt"
     if why:
-        rows.append(["4. six-cell grid, --jobs 6 against --jobs 1", why, "faster, rows equal", "–"])
-    else:
-        (one, _), (jobs, (wall, equal)) = walls[min(walls)], max(walls.items())
-        rows.append([f"4. six-cell grid, --jobs {jobs} against --jobs 1 (wall s)",
-                     f"{wall:.1f} against {one:.1f} ({one / wall:.1f}×); rows equal: {equal}", "faster, rows equal",
-                     "yes" if wall < one and equal == "yes" else "no"])
-    return rows + comparison_rows(out, steps) + streams_rows(out, steps) + tf32_rows(out, steps) + compile_rows(
-        out, steps)
+        return [["4. six-cell grid, --jobs 6 against --jobs 1", why, "faster, rows equal", "–"]]
+    one = walls.pop((1, "processes"))[0]
+    return [[f"4. six-cell grid, --jobs {jobs}{' --workers threads' if workers == 'threads' else ''} against --jobs 1"
+             " (wall s)", f"{wall:.1f} against {one:.1f} ({one / wall:.1f}×); rows equal: {equal}",
+             "faster, rows equal", "yes" if wall < one and equal == "yes" else "no"]
+            for (jobs, workers), (wall, equal) in walls.items()]
 
 
 COMPARISON_CELLS = 10 * 4 * 3  # every method × 16/32/64/128 bits × 3 seeds

@@ -44,9 +44,11 @@ def _folder(tmp_path, monkeypatch, capsys, graph_s=12.5, flickr_rc=0):
     (out / "bench-train.txt").write_text("throughput ...\njson: " + json.dumps({"throughput": throughput}) + "\n")
     (out / "flickr8k.jsonl").write_text(json.dumps({"task": "hashing", "database": "test", "recall_i2t_expected": {"1": 16.1},
                                                     "recall_t2i_expected": {"1": 13.9}}) + "\n")
-    runs = iter([{"wall": 80.0, "n_cells": 6, "rows": [1]}, {"wall": 30.0, "n_cells": 6, "rows": [1]}])
+    runs = iter([{"wall": 80.0, "n_cells": 6, "rows": [1]}, {"wall": 30.0, "n_cells": 6, "rows": [1]},
+                 {"wall": 20.0, "n_cells": 6, "rows": [2]}])
     monkeypatch.setattr(grid_jobs, "run_grid", lambda *args: next(runs))
-    monkeypatch.setattr("sys.argv", ["bench_grid_jobs.py", "--jobs", "1", "--jobs", "6", "--", "-d", "wiki"])
+    monkeypatch.setattr("sys.argv", ["bench_grid_jobs.py", "--jobs", "1", "--jobs", "6", "--threads", "6", "--", "-d",
+                                     "wiki"])
     grid_jobs.main()  # the lines the grid-jobs step writes
     (out / "grid-jobs.txt").write_text(capsys.readouterr().out)
     return out
@@ -65,13 +67,16 @@ def test_each_goal_is_read_from_what_its_step_wrote(tmp_path, monkeypatch, capsy
         "18.0 (eager H200: 144; R@1 test 16.1 / 13.9)", "≤ 20", "yes"]
     assert rows["4. six-cell grid, --jobs 6 against --jobs 1 (wall s)"][1:] == [
         "30.0 against 80.0 (2.7×); rows equal: yes", "faster, rows equal", "yes"]
+    assert rows["4. six-cell grid, --jobs 6 --workers threads against --jobs 1 (wall s)"][1:] == [
+        "20.0 against 80.0 (4.0×); rows equal: NO", "faster, rows equal", "no"]  # faster, but other rows
     assert report.main([str(out)]) == 0
     lines = capsys.readouterr().out.splitlines()
     assert lines[:2] == ["| goal | measured | goal value | met |", "|---|---|---|---|"]
     assert lines[-2:] == ["| daeh | 18 | 6.00 | 0.50 | 12.0× | 1 | 119 | – |",
                           "| ucch | 256 | 4.00 | 4.00 | 1.0× | 0 | 0 | ucch 64 bits runs eagerly: its capture as a "
                           "CUDA graph failed (RuntimeError: x) |"]
-    assert len(lines) == 2 + 8 + 2 + 2 + 2  # the goals; a blank line, the steps' title, head and two stages
+    # the goals (goal 4 in processes and in threads); a blank line, the steps' title, head and two stages
+    assert len(lines) == 2 + 9 + 2 + 2 + 2
 
 
 def test_a_run_asked_to_capture_that_ran_eagerly_is_said_so(tmp_path, monkeypatch, capsys):
