@@ -337,6 +337,14 @@ def test_a_workers_error_ends_the_grid_in_one_line(tiny_path, tmp_path, monkeypa
     assert not (tmp_path / "table.md").exists()
 
 
+def test_threads_without_jobs_are_refused(tiny_path, tmp_path):
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--workers", "threads", "--out", str(tmp_path / "r")])
+    assert result.exit_code == 2 and result.output.splitlines()[-1] == (
+        "Error: Invalid value for --workers: threads run the cells of --jobs N at once; with --jobs 1 they run one "
+        "after another in this process: give --jobs N")
+    assert not (tmp_path / "r").exists()
+
+
 def test_jobs_below_one_are_refused(tiny_path, tmp_path):
     for jobs_asked in ("0", "-2"):
         result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--jobs", jobs_asked, "--out", str(tmp_path / "r")])

@@ -252,6 +252,9 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     if not results:  # its rows are how a grid resumes: '' (no file, as train-hash takes it) failed after a cell
         raise click.BadParameter("a grid keeps its rows, the cells it skips when run again: give a file",
                                  param_hint="--results")
+    if workers == "threads" and jobs == 1:
+        raise click.BadParameter("threads run the cells of --jobs N at once; with --jobs 1 they run one after "
+                                 "another in this process: give --jobs N", param_hint="--workers")
     unknown = [name for name in methods if name not in METHODS]
     if unknown:
         raise click.BadParameter(f"unknown methods {unknown} (methods: {', '.join(METHODS)})",
