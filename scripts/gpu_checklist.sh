@@ -60,10 +60,11 @@ for group in "$@"; do
 done
 case $ASKED in *" speed "*) ONLY="$ONLY $SPEED" ;; esac
 # several fits in one process, each on a stream of its own, against the same fits in turn (goal 4's lever?
-# and the same models?); then the captured step on a GPU: the graph path against the eager one for every plan,
-# then TF32 matmuls (--amp tf32): a step of the main stages, and the main job (its MAPs against float32's);
-# caps: 450 s
-case $ASKED in *" graphs "*) ONLY="$ONLY env build graph-tests steps-tf32 main-tf32 streams" ;; esac
+# and the same models?), and full Flickr8k's default with its two candidates so (goal 3's lever: its rows should
+# be those of flickr8k-graph, the speed group's); then the captured step on a GPU: the graph path against the
+# eager one for every plan, then TF32 matmuls (--amp tf32): a step of the main stages, and the main job (its MAPs
+# against float32's); caps: 580 s
+case $ASKED in *" graphs "*) ONLY="$ONLY env build graph-tests steps-tf32 main-tf32 streams flickr8k-side" ;; esac
 # torch.compile's fused kernels inside the captured step: one step of the main stages (bench_steps --compile), then
 # the main job so compiled (scripts/compiled_main.py) on an empty inductor cache and again on the filled one
 # (the compile's seconds, then what a second run waits), its MAPs against the captured job's; caps: 560 s
@@ -204,6 +205,9 @@ step main-compile 220 $COMPILED_MAIN --out "$WORK/main-compile" --results "$OUT/
 step main-compile-warm 100 $COMPILED_MAIN --out "$WORK/main-compile-warm" --results "$OUT/main-compile-warm.jsonl"
 step streams 120 $PY scripts/bench_streams.py --device $DEVICE --runs 4 --steps 100 --epochs 5 --only two-tower \
     --only jdsh --only fusion  # 4 captured fits in turn, then at once in processes, then in threads (own streams)
+[ -f "$DATA/flickr8k.h5" ] && step flickr8k-side 130 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
+    --cuda-graph --candidates-side-by-side --device $DEVICE --out "$WORK/flickr8k-side" \
+    --results "$OUT/flickr8k-side.jsonl"  # the default, its two temperatures at once (streams of their own)
 step graph-tests 90 $PY -m pytest tests/test_captured_step.py -k real -q -rf -p no:cacheprovider -n 8  # each plan
 step steps-tf32 60 $PY scripts/bench_steps.py --device $DEVICE --steps 40 --repeats 1 --tf32 --only fusion \
     --only ucmfh --only two-tower  # the captured step with its float32 matmuls in TF32, against float32's

@@ -27,23 +27,26 @@ from typing import Any, ContextManager, Iterator, Optional
 import torch
 
 _LOCK = threading.RLock()  # a run's set-up, and each step with its draws' state set
-_ON = [False]
+_ON = [0]  # the separate_draws blocks under way, every thread's
 _NOTHING = contextlib.nullcontext()
 
 
 @contextlib.contextmanager
 def separate_draws() -> Iterator[None]:
-    """Inside the block (process-wide: every thread's runs), runs started keep their draws to themselves."""
-    before, _ON[0] = _ON[0], True
+    """Inside the block (process-wide: every thread's runs, until the last such block of any thread ends), runs
+    started keep their draws to themselves."""
+    with _LOCK:
+        _ON[0] += 1
     try:
         yield
     finally:
-        _ON[0] = before
+        with _LOCK:
+            _ON[0] -= 1
 
 
 def drawing_separately() -> bool:
     """Whether :func:`separate_draws` is on."""
-    return _ON[0]
+    return _ON[0] > 0
 
 
 @contextlib.contextmanager

@@ -97,6 +97,22 @@ def test_a_run_asked_to_capture_that_ran_eagerly_is_said_so(tmp_path, monkeypatc
         "; NOT captured: hashing runs eagerly: its capture as a CUDA graph failed (RuntimeError: x)")
 
 
+def test_flickr8k_with_its_candidates_side_by_side_is_read_where_it_ran_against_one_after_another(
+        tmp_path, monkeypatch, capsys):
+    out = _folder(tmp_path, monkeypatch, capsys)
+    name = "3. full Flickr8k, default, 64 bits, captured, candidates side by side (wall s)"
+    assert name not in {row[0] for row in report.goal_rows(str(out))}  # the graphs group's: not run
+    with open(out / "summary.txt", "a") as f:
+        f.write(SUMMARY_FORMAT % ("flickr8k-side", 0, 12, 400) + "\n")
+    first = json.loads((out / "flickr8k.jsonl").read_text())
+    for r1, equal in ((16.1, "yes"), (15.0, "NO")):
+        side = {**first, "recall_i2t_expected": {"1": r1}, "time": "later", "train_time_s": 9.0}
+        (out / "flickr8k-side.jsonl").write_text(json.dumps(side) + "\n")
+        rows = {row[0]: row for row in report.goal_rows(str(out))}
+        assert rows[name][1:] == [f"12.4 (eager H200: 144; R@1 test {r1} / 13.9; rows of one after another: {equal})",
+                                  "≤ 20", "yes"]
+
+
 def test_a_failed_or_missing_step_is_said_not_guessed(tmp_path, monkeypatch, capsys):
     out = _folder(tmp_path, monkeypatch, capsys, flickr_rc=124)
     summary = (out / "summary.txt").read_text().splitlines()

@@ -240,7 +240,7 @@ def _load(dataset: str, data_dir: str, max_memory: Optional[int] = DEFAULT_MAX_M
 
 @main.command("train-fusion")
 @data_options
-@train_options("train-fusion", without=("refit",))  # the fusion stage has nothing to refit
+@train_options("train-fusion", without=("refit", "candidates_side_by_side"))  # the fusion stage: no refit, no candidates
 @click.option("--lr", default=FusionConfig.lr, show_default=True, type=FiniteRange(min=0, min_open=True))
 @user_errors
 def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr, **train) -> None:

@@ -285,7 +285,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     protocols = protocols_of(protocol)
     opts = RunOptions(out=train["out"], resume=True, save_interval=train["save_interval"], progress=not quiet,
                       tensorboard=train["tensorboard"], cuda_graph=train["cuda_graph"],
-                      always_resumes=True)
+                      candidates_side_by_side=train["candidates_side_by_side"], always_resumes=True)
     bits = list(dict.fromkeys(n_bits))
     # every cell's settings are checked before anything trains
     cells = []

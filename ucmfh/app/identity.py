@@ -175,6 +175,8 @@ class RunOptions:
     # on a GPU, each full batch's step replayed from a captured CUDA graph: None where it can be (the default),
     # True asked for (--cuda-graph: a note where a step runs eagerly), False never (--no-cuda-graph)
     cuda_graph: Optional[bool] = None
+    # the candidates a run chooses between on validation trained at once, in threads (--candidates-side-by-side)
+    candidates_side_by_side: bool = False
 
 
 @functools.lru_cache(maxsize=1)

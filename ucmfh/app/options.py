@@ -281,6 +281,11 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
                                       help="Seconds between saves of the training state (0: every epoch)."),
         "tensorboard": tensorboard_option,
         "cuda_graph": cuda_graph_option,
+        "candidates_side_by_side": click.option(
+            "--candidates-side-by-side", is_flag=True,
+            help="Train the candidates a run chooses between on validation (two-tower's temperatures, relaxation "
+                 "'auto') at once, each in a thread of this process on a CUDA stream of its own: on a GPU their "
+                 "steps may run at once; the same models as one after another."),
         "max_memory": click.option("--max-memory", default=DEFAULT_MAX_MEMORY, type=ByteSize(),
                                    help="Features held in memory at most; the largest splits beyond it are read from "
                                         "the file as training goes (streamed) [default: 8GiB]."),
@@ -297,4 +302,5 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
 
 def run_options(train: Dict[str, Any], quiet: bool) -> RunOptions:
     return RunOptions(out=train["out"], resume=train["resume"], save_interval=train["save_interval"],
-                      progress=not quiet, tensorboard=train["tensorboard"], cuda_graph=train["cuda_graph"])
+                      progress=not quiet, tensorboard=train["tensorboard"], cuda_graph=train["cuda_graph"],
+                      candidates_side_by_side=train.get("candidates_side_by_side", False))

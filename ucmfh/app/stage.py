@@ -21,6 +21,7 @@ from ucmfh.training_state import (StateFile, discard_state, drop_leftover_state,
 from ucmfh.files import write_json_atomic
 from ucmfh.captured_step import capture_steps
 from ucmfh.selection import History
+from ucmfh.side_by_side import candidates_side_by_side
 from ucmfh.training_log import TensorBoardLog, logging_to
 
 try:  # POSIX advisory locks; elsewhere no run is locked
@@ -260,7 +261,8 @@ def _train(stage: Stage, opts: RunOptions, fit: Callable[[StateFile, Any], Tuple
     # asked for (--cuda-graph): every reason a stage runs eagerly is said; on by default: a refused capture alone
     asked = "CUDA graphs asked for, but " if opts.cuda_graph else ""
     with logging_to(*logs), capture_steps(opts.cuda_graph is not False, on_eager=lambda why: log(f"note: {asked}{why}"),
-                                          every_reason=bool(opts.cuda_graph)):
+                                          every_reason=bool(opts.cuda_graph)), \
+            candidates_side_by_side(opts.candidates_side_by_side):
         model, history = fit(state, base)
     seconds = earlier + time.perf_counter() - start
     meta = {"identity": stage.identity, "dataset": stage.dataset, "history": history.as_dict(), "seconds": seconds,

@@ -7,6 +7,7 @@ first, which protocols it is scored under, the model a checkpoint of it rebuilds
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 from typing import Any, Callable, ClassVar, Dict, Optional, Tuple
 
@@ -17,9 +18,11 @@ from ucmfh.data.h5 import Dataset
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh import trainer
 from ucmfh.selection import History
+from ucmfh.side_by_side import candidates_asked, side_by_side
 from ucmfh.trainer import Plan, Setup
 from ucmfh.training_log import part
 from ucmfh.training_state import StateFile, candidate_path
+from ucmfh.utils import resolve_device
 
 
 class Method:
@@ -166,12 +169,21 @@ def choose(fit: Callable, data: Dataset, cfg: HashConfig, candidates: Dict[str, 
     and seed (the same run as asking for it by its settings); the model whose best epoch scores higher
     on validation is kept, the first candidate on a tie; without a validation split (``val_fraction =
     0``) the first candidate is trained alone. Each candidate keeps its own training state
-    (:func:`ucmfh.training_state.candidate_path`), so an interrupted choice resumes where it stopped."""
-    runs: Dict[str, Tuple[nn.Module, History]] = {}
-    for name in list(candidates) if cfg.val_fraction > 0 else list(candidates)[:1]:
+    (:func:`ucmfh.training_state.candidate_path`), so an interrupted choice resumes where it stopped. Inside
+    :func:`ucmfh.side_by_side.candidates_side_by_side` the candidates train at once, in threads, with the same
+    results."""
+    names = list(candidates) if cfg.val_fraction > 0 else list(candidates)[:1]
+
+    def run(name: str) -> Tuple[nn.Module, History]:
         sub = None if state is None else dataclasses.replace(state, path=candidate_path(state.path, name))
         with part(name):  # its own curves (ucmfh.training_log)
-            runs[name] = fit(data, candidates[name], fusion, progress, sub)
+            return fit(data, candidates[name], fusion, progress, sub)
+
+    if len(names) > 1 and candidates_asked():  # the same runs, side by side (ucmfh.side_by_side)
+        fitted = side_by_side([functools.partial(run, name) for name in names], resolve_device(cfg.device))
+    else:
+        fitted = [run(name) for name in names]
+    runs: Dict[str, Tuple[nn.Module, History]] = dict(zip(names, fitted))
     chosen = max(runs, key=lambda name: runs[name][1].best_score)  # the first of equals
     model, history = runs[chosen]
     history.chosen = chosen

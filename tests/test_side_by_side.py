@@ -1,0 +1,121 @@
+"""A run's candidates trained side by side in threads (ucmfh.side_by_side, --candidates-side-by-side): the models
+and the choice of one after another; stopped by a signal, both states saved, resumed to the same model; an error
+raised once both have ended."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+import time
+
+import pytest
+import torch
+from click.testing import CliRunner
+
+import ucmfh.trainer as trainer
+from ucmfh import signals
+from ucmfh.app.cli import main
+from ucmfh.methods import fit_hashing, hash_config
+from ucmfh.side_by_side import candidates_side_by_side, side_by_side
+from ucmfh.signals import TrainingInterrupted
+from ucmfh.training_state import StateFile
+
+
+def _cfg():
+    # two-tower chooses between two temperatures on validation; dropout: every step draws from the generator
+    return hash_config("two-tower", n_bits=16, epochs=3, batch_size=32, device="cpu", dropout=0.3)
+
+
+def _weights(model):
+    return {name: value.clone() for name, value in model.state_dict().items()}
+
+
+def _same(a, b):
+    return a.keys() == b.keys() and all(torch.equal(a[name], b[name]) for name in a)
+
+
+@pytest.fixture(scope="module")
+def one_after_another(tiny):
+    model, history = fit_hashing(tiny, _cfg(), progress=False)
+    return _weights(model), history
+
+
+def test_candidates_side_by_side_train_the_models_and_the_choice_of_one_after_another(tiny, one_after_another):
+    weights, history = one_after_another
+    with candidates_side_by_side():
+        model, side = fit_hashing(tiny, _cfg(), progress=False)
+    assert _same(_weights(model), weights)
+    assert side.chosen == history.chosen and side.choice_scores == history.choice_scores
+    assert len(side.choice_scores) == 2 and side.as_dict() == history.as_dict()
+
+
+class _TermAtFirstEpoch:
+    """A progress bar that holds both candidates' threads at the end of their first epoch, then has one send
+    SIGTERM to the process, and holds each until the stop has been passed on to its training loop."""
+
+    barrier = threading.Barrier(2, timeout=60)
+
+    def __init__(self, *args, **kwargs):
+        self.n = kwargs.get("initial", 0)
+
+    def update(self, k):
+        self.n += k
+        if self.n != 1:
+            return
+        if self.barrier.wait() == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while not all(flag["signal"] for flag in signals._IN_THREADS.values()) and time.monotonic() < deadline:
+            time.sleep(0.01)
+
+    def set_postfix(self, **_):
+        pass
+
+    def close(self):
+        pass
+
+
+def test_a_signal_stops_both_candidates_with_their_states_saved_and_the_run_resumes_to_the_same_model(
+        tiny, one_after_another, tmp_path, monkeypatch):
+    state = StateFile(str(tmp_path / "hash16.state.pt"), interval_s=1e9)
+    monkeypatch.setattr(trainer, "tqdm", _TermAtFirstEpoch)
+    with candidates_side_by_side(), pytest.raises(TrainingInterrupted) as stopped:
+        fit_hashing(tiny, _cfg(), progress=True, state=state)
+    assert "interrupted by SIGTERM at epoch 2/3" in str(stopped.value) and stopped.value.signum == signal.SIGTERM
+    assert sorted(os.listdir(tmp_path)) == ["hash16.t0.1.state.pt", "hash16.t0.3.state.pt"]  # each candidate's
+    assert not signals._IN_THREADS
+    monkeypatch.undo()
+    with candidates_side_by_side():
+        model, _ = fit_hashing(tiny, _cfg(), progress=False, state=StateFile(state.path, resume=True))
+    assert _same(_weights(model), one_after_another[0])
+
+
+def test_an_error_in_one_fit_is_raised_once_the_other_has_ended():
+    ended = []
+
+    def failing():
+        raise ValueError("damaged features")
+
+    def slow():
+        time.sleep(0.3)
+        ended.append(True)
+        return 1
+
+    with pytest.raises(ValueError, match="damaged features"):
+        side_by_side([failing, slow], torch.device("cpu"))
+    assert ended == [True]
+    assert side_by_side([slow, lambda: 2], torch.device("cpu")) == [1, 2]  # results in the fits' order
+
+
+def test_the_flag_trains_the_rows_of_a_run_without_it(tiny_path, tmp_path):
+    rows = []
+    for folder, flag in (("plain", []), ("side", ["--candidates-side-by-side"])):
+        result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--method", "two-tower", "-b", "16", "--epochs",
+                                           "2", "--device", "cpu", "--out", str(tmp_path / folder), "--results",
+                                           str(tmp_path / f"{folder}.jsonl"), "--quiet", *flag])
+        assert result.exit_code == 0, result.output
+        rows.append((tmp_path / f"{folder}.jsonl").read_text())
+    plain, side = ([{k: v for k, v in row.items() if k not in ("time", "train_time_s", "checkpoint", "per_query")}
+                    for row in map(json.loads, text.splitlines())] for text in rows)
+    assert plain == side and plain[0]["choice_val_scores"].keys() == {"t0.1", "t0.3"}

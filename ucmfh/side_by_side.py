@@ -1,0 +1,63 @@
+"""Fits side by side in threads of one process (:func:`side_by_side`), each on a CUDA stream of its own: the
+candidates a run chooses between on validation (:func:`ucmfh.methods.base.choose`), where a block asks for it
+(:func:`candidates_side_by_side`, ``--candidates-side-by-side``).
+
+Why: on a GPU a captured step of a few small kernels keeps most of the GPU idle; the steps of two fits on two
+streams of one process may run at once, where one after another they take turns (``scripts/bench_streams.py``
+measures whether they do). Each fit keeps its random draws to itself (:func:`ucmfh.run_draws.separate_draws`),
+so each trains the model it trains alone, and the run's result is the one its candidates give one after another.
+"""
+from __future__ import annotations
+
+import concurrent.futures as cf
+import contextlib
+import contextvars
+from typing import Callable, Iterator, List, Sequence, TypeVar
+
+import torch
+
+from ucmfh.run_draws import separate_draws
+from ucmfh.signals import stop_on_signals, stop_threads
+
+T = TypeVar("T")
+POLL_S = 0.2  # how often a signal heard here is passed on to the fits' threads
+
+_CANDIDATES: contextvars.ContextVar[bool] = contextvars.ContextVar("ucmfh_candidates_side_by_side", default=False)
+
+
+@contextlib.contextmanager
+def candidates_side_by_side(on: bool = True) -> Iterator[None]:
+    """Inside the block (its context), a run's candidates are trained side by side (:func:`side_by_side`)."""
+    token = _CANDIDATES.set(on)
+    try:
+        yield
+    finally:
+        _CANDIDATES.reset(token)
+
+
+def candidates_asked() -> bool:
+    """Whether :func:`candidates_side_by_side` is on."""
+    return _CANDIDATES.get()
+
+
+def side_by_side(fits: Sequence[Callable[[], T]], device: torch.device) -> List[T]:
+    """Each of ``fits`` called at once in a thread of its own (on a CUDA ``device``, with a stream of its own), in a
+    copy of this thread's context, each fit's draws its own; their results in order. SIGINT or SIGTERM stops
+    their training at its next step, their states saved (a thread hears no signal: it is passed on); once every
+    fit has ended, the first interrupt is raised, else the first error."""
+    def run(fit: Callable[[], T]) -> T:
+        stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
+        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+            return fit()
+
+    with separate_draws(), stop_on_signals() as stop, cf.ThreadPoolExecutor(len(fits), "ucmfh-fit") as pool:
+        futures = [pool.submit(contextvars.copy_context().run, run, fit) for fit in fits]
+        while not all(future.done() for future in futures):
+            cf.wait(futures, timeout=POLL_S, return_when=cf.ALL_COMPLETED)
+            if stop["signal"] is not None:  # heard here (this process's main thread, or passed on to this one)
+                stop_threads(stop["signal"])
+    errors = [future.exception() for future in futures if future.exception() is not None]
+    interrupts = [err for err in errors if isinstance(err, KeyboardInterrupt)]
+    if interrupts or errors:
+        raise (interrupts or errors)[0]
+    return [future.result() for future in futures]
