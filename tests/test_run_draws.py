@@ -144,6 +144,7 @@ def test_no_method_draws_from_torch_s_generator_outside_a_run_s_set_up_and_steps
     import ucmfh.run_draws as run_draws
     from ucmfh.app.experiment import train_hash_stage
     from ucmfh.app.identity import RunOptions
+    from ucmfh.checkpoint import load_model
     from ucmfh.data.h5 import load_dataset
     from ucmfh.methods import METHODS
     from ucmfh.methods.settings import stage_configs
@@ -166,6 +167,6 @@ def test_no_method_draws_from_torch_s_generator_outside_a_run_s_set_up_and_steps
         for method in METHODS:
             fusion_cfg, (hash_cfg,) = stage_configs(method, n_bits=[8], epochs=1, fusion_epochs=1, batch_size=64,
                                                     device="cpu", drop_unused=True)
-            for _ in range(2):  # trained, saved and scored; then loaded from its checkpoint and scored again
-                train_hash_stage(data, fusion_cfg, hash_cfg, opts, ("unimodal",), log=lambda line: None)
+            rows = train_hash_stage(data, fusion_cfg, hash_cfg, opts, ("unimodal",), log=lambda line: None)
+            load_model(rows[0]["checkpoint"], "hash")  # trained, saved and scored; then loaded, as a finished run is
             assert not outside, (method, outside)

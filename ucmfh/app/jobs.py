@@ -53,7 +53,6 @@ from ucmfh.app.environment import torchrun_sizes
 from ucmfh.app.errors import USER_ERRORS, interrupted, stopped_by
 from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, key_of
-from ucmfh.amp import matmul_precision
 from ucmfh.app.options import Count
 from ucmfh.app.runs import scores_line
 from ucmfh.app.table import append_results
