@@ -9,6 +9,8 @@ import os
 import signal
 import subprocess
 import sys
+import threading
+import time
 import traceback
 from pathlib import Path
 from types import ModuleType
@@ -113,6 +115,46 @@ class StopAfter:
                 outer.closed = True
 
         return Bar()
+
+
+class AtFirstEpoch:
+    """A progress bar (``trainer.tqdm``) that calls :meth:`first_epoch_ended` once, at the end of a run's first
+    epoch (its training loop's signal handling in place); nothing else."""
+
+    def __init__(self, *args, **kwargs):
+        self.n = kwargs.get("initial", 0)
+
+    def update(self, k):
+        self.n += k
+        if self.n == 1:
+            self.first_epoch_ended()
+
+    def first_epoch_ended(self):
+        raise NotImplementedError
+
+    def set_postfix(self, **_):
+        pass
+
+    def close(self):
+        pass
+
+
+class SigtermFromAThread(AtFirstEpoch):
+    """For two training runs in threads of this process (grid cells or a run's candidates side by side): holds
+    each at the end of its first epoch until both are there, then has one send SIGTERM to the process (its main
+    thread hears it), and holds each until the stop has been passed on to its training loop
+    (:func:`ucmfh.signals.stop_threads`)."""
+
+    barrier = threading.Barrier(2, timeout=60)
+
+    def first_epoch_ended(self):
+        from ucmfh import signals
+
+        if self.barrier.wait() == 0:
+            os.kill(os.getpid(), signal.SIGTERM)
+        deadline = time.monotonic() + 60
+        while not all(flag["signal"] for flag in signals._IN_THREADS.values()) and time.monotonic() < deadline:
+            time.sleep(0.01)
 
 
 # Caption sets (docs/reference.md §7) and token sets (§9), for the tests of captions, SEPS and search

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
 import time
 
 import pytest
@@ -14,6 +13,7 @@ import torch
 from click.testing import CliRunner
 
 import ucmfh.trainer as trainer
+from conftest import SigtermFromAThread
 from ucmfh import signals
 from ucmfh.app.cli import main
 from ucmfh.methods import fit_hashing, hash_config
@@ -50,36 +50,10 @@ def test_candidates_side_by_side_train_the_models_and_the_choice_of_one_after_an
     assert len(side.choice_scores) == 2 and side.as_dict() == history.as_dict()
 
 
-class _TermAtFirstEpoch:
-    """A progress bar that holds both candidates' threads at the end of their first epoch, then has one send
-    SIGTERM to the process, and holds each until the stop has been passed on to its training loop."""
-
-    barrier = threading.Barrier(2, timeout=60)
-
-    def __init__(self, *args, **kwargs):
-        self.n = kwargs.get("initial", 0)
-
-    def update(self, k):
-        self.n += k
-        if self.n != 1:
-            return
-        if self.barrier.wait() == 0:
-            os.kill(os.getpid(), signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while not all(flag["signal"] for flag in signals._IN_THREADS.values()) and time.monotonic() < deadline:
-            time.sleep(0.01)
-
-    def set_postfix(self, **_):
-        pass
-
-    def close(self):
-        pass
-
-
 def test_a_signal_stops_both_candidates_with_their_states_saved_and_the_run_resumes_to_the_same_model(
         tiny, one_after_another, tmp_path, monkeypatch):
     state = StateFile(str(tmp_path / "hash16.state.pt"), interval_s=1e9)
-    monkeypatch.setattr(trainer, "tqdm", _TermAtFirstEpoch)
+    monkeypatch.setattr(trainer, "tqdm", SigtermFromAThread)
     with candidates_side_by_side(), pytest.raises(TrainingInterrupted) as stopped:
         fit_hashing(tiny, _cfg(), progress=True, state=state)
     assert "interrupted by SIGTERM at epoch 2/3" in str(stopped.value) and stopped.value.signum == signal.SIGTERM

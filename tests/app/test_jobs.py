@@ -7,7 +7,6 @@ import json
 import multiprocessing
 import os
 import signal
-import threading
 import time
 from itertools import product
 from pathlib import Path
@@ -17,6 +16,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
+from conftest import AtFirstEpoch, SigtermFromAThread
 from ucmfh import signals
 from ucmfh.app import jobs
 from ucmfh.app.cli import main
@@ -60,19 +60,13 @@ def one_process(tiny_path, tmp_path_factory) -> Path:
     return folder
 
 
-class _TermToGrid:
+class _TermToGrid(AtFirstEpoch):
     """A progress bar that holds each worker at the end of its first epoch until both are there (a barrier of
     files in $GRID_TEST_BARRIER: a loaded machine may start one worker's training late), then has one of them
     send SIGTERM to the grid (the workers' parent) alone, as a job scheduler would, and holds each worker until
     the grid has passed the signal on to it."""
 
-    def __init__(self, *args, **kwargs):
-        self.n = kwargs.get("initial", 0)
-
-    def update(self, k):
-        self.n += k
-        if self.n != 1:
-            return
+    def first_epoch_ended(self):
         training, got = signal.getsignal(signal.SIGTERM), []  # the training loop's: it stops at its next step
 
         def relay(signum, frame):
@@ -84,12 +78,6 @@ class _TermToGrid:
         _both_here_then_signal_the_grid()
         while not got and time.monotonic() < deadline:
             time.sleep(0.01)
-
-    def set_postfix(self, **_):
-        pass
-
-    def close(self):
-        pass
 
 
 def _both_here_then_signal_the_grid() -> None:
@@ -361,33 +349,6 @@ def test_workers_spread_over_several_gpus_and_share_one(monkeypatch):
         assert side.gpus() == spread, (count, device)
 
 
-class _TermFromAThread:
-    """A progress bar that holds each cell's thread at the end of its first epoch until both are there, then has
-    one of them send SIGTERM to the process (whose main thread, the grid, hears it), and holds each until the
-    grid has passed the stop on to its training loop (:func:`ucmfh.signals.stop_threads`)."""
-
-    barrier = threading.Barrier(2, timeout=60)
-
-    def __init__(self, *args, **kwargs):
-        self.n = kwargs.get("initial", 0)
-
-    def update(self, k):
-        self.n += k
-        if self.n != 1:
-            return
-        if self.barrier.wait() == 0:
-            os.kill(os.getpid(), signal.SIGTERM)
-        deadline = time.monotonic() + 60
-        while not all(flag["signal"] for flag in signals._IN_THREADS.values()) and time.monotonic() < deadline:
-            time.sleep(0.01)
-
-    def set_postfix(self, **_):
-        pass
-
-    def close(self):
-        pass
-
-
 def test_two_threads_stopped_and_resumed_give_the_rows_of_one_in_its_order(tiny_path, tmp_path, one_process,
                                                                             monkeypatch):
     """--workers threads: the cells in threads of the grid's process. SIGTERM while both train stops each at its
@@ -396,7 +357,7 @@ def test_two_threads_stopped_and_resumed_give_the_rows_of_one_in_its_order(tiny_
     from ucmfh import trainer
 
     torch.set_num_threads(2)  # each of the two threads: 1, as the baseline
-    monkeypatch.setattr(trainer, "tqdm", _TermFromAThread)
+    monkeypatch.setattr(trainer, "tqdm", SigtermFromAThread)
     stopped = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2", "--workers", "threads"))
     assert stopped.exit_code == 143, stopped.output
     for name, stage in (("ucmfh seed 2023 8 bits", "fusion"), ("two-tower seed 2023 8 bits", "two-tower 8 bits")):
