@@ -311,11 +311,23 @@ def damaged_two_tower_16_bits(task: jobs.CellTask) -> jobs.Outcome:
     return jobs.run_cell(task)
 
 
-def test_a_workers_error_ends_the_grid_in_one_line(tiny_path, tmp_path, monkeypatch):
-    monkeypatch.setattr(jobs, "run_cell", damaged_two_tower_16_bits)
+@pytest.mark.parametrize("workers", ["processes", "threads"])
+def test_a_workers_error_ends_the_grid_in_one_line(tiny_path, tmp_path, monkeypatch, workers):
+    if workers == "processes":
+        monkeypatch.setattr(jobs, "run_cell", damaged_two_tower_16_bits)
+    else:  # the threads share the module: the 16-bit cell alone meets bad data
+        real = jobs.train_hash_stage
+
+        def damaged_16_bits(data, fusion_cfg, hash_cfg, *args, **kwargs):
+            if hash_cfg.n_bits == 16:
+                raise ValueError(f"{tiny_path}: split 'train': damaged features")
+            return real(data, fusion_cfg, hash_cfg, *args, **kwargs)
+
+        monkeypatch.setattr(jobs, "train_hash_stage", damaged_16_bits)
     result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "-b", "8", "-b", "16", "--methods", "two-tower",
                                        "--epochs", "2", "--device", "cpu", "--jobs", "2", "--out", str(tmp_path / "runs"),
-                                       "--results", str(tmp_path / "r.jsonl"), "--table", str(tmp_path / "table")])
+                                       "--results", str(tmp_path / "r.jsonl"), "--table", str(tmp_path / "table"),
+                                       "--workers", workers])
     assert result.exit_code == 2, result.output
     assert result.output.splitlines()[-1] == f"Error: {tiny_path}: split 'train': damaged features"
     lines = result.output.splitlines()
