@@ -376,6 +376,7 @@ def test_two_threads_stopped_and_resumed_give_the_rows_of_one_in_its_order(tiny_
         assert f"stopped {tiny_path} {name}: {stage} interrupted by SIGTERM at epoch 2/2, step 1/" in stopped.output
     assert stopped.output.count("training state saved to") == 2 and stopped.output.count("start ") == 2
     assert not (tmp_path / "r.jsonl").exists() and not signals._IN_THREADS
+    assert "note: on the CPU the cells' steps take turns in threads" in stopped.output
     monkeypatch.undo()
 
     resumed = CliRunner().invoke(main, _argv(tiny_path, tmp_path, "--jobs", "2", "--workers", "threads"))

@@ -380,9 +380,13 @@ class SideBySide:
         """The ``n`` workers: their pool, how a cell is given to one, and how a signal reaches the cells running
         (``side``: what the workers run inside, until they have ended)."""
         if self.in_threads:
+            device = resolve_device(self.device)
+            if device.type == "cpu":
+                self.log("note: on the CPU the cells' steps take turns in threads (each holds its draws' lock for its "
+                         "arithmetic); --workers processes runs them at once")
             side.enter_context(separate_draws())  # each cell's draws its own, as in a process alone
             pool: cf.Executor = cf.ThreadPoolExecutor(n, "ucmfh-cell", initializer=_start_thread, initargs=(
-                itertools.count(), self.threads(), self.gpus(), resolve_device(self.device)))
+                itertools.count(), self.threads(), self.gpus(), device))
 
             def in_thread(cell: _Cell) -> cf.Future:  # in a copy of this thread's context: its blocks hold there
                 return pool.submit(contextvars.copy_context().run, run_cell_in_thread, cell.task, cell.data)
