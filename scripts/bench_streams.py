@@ -29,7 +29,6 @@ may make the first no already).
 from __future__ import annotations
 
 import argparse
-import contextlib
 import contextvars
 import hashlib
 import json
@@ -51,6 +50,7 @@ import ucmfh.captured_step as captured_step  # noqa: E402
 from ucmfh.captured_step import capture_steps  # noqa: E402
 from ucmfh.methods import METHODS  # noqa: E402
 from ucmfh.run_draws import separate_draws  # noqa: E402
+from ucmfh.side_by_side import own_stream  # noqa: E402
 
 Fit = Callable[[], object]
 
@@ -58,11 +58,6 @@ Fit = Callable[[], object]
 # each capture and replay counted in bench_steps.COUNTS (every thread's); the fits side by side, inside
 # separate_draws, capture in thread_local mode (ucmfh.captured_step.CudaGraphs)
 SideBySideGraphs = counted(captured_step.CudaGraphs)
-
-
-def own_stream(device: str):  # type: ignore[no-untyped-def]
-    """The calling thread's work on a CUDA stream of its own (nothing on the CPU)."""
-    return torch.cuda.stream(torch.cuda.Stream()) if device == "cuda" else contextlib.nullcontext()
 
 
 def fingerprint(result: object) -> str:
@@ -91,7 +86,7 @@ def side_by_side(fits: List[Fit], device: str) -> Tuple[float, List[str]]:
 
     def run(i: int, fit: Fit) -> None:
         try:
-            with own_stream(device):
+            with own_stream(torch.device(device)):
                 models[i] = fit()
                 if device == "cuda":
                     torch.cuda.current_stream().synchronize()

@@ -40,14 +40,24 @@ def candidates_asked() -> bool:
     return _CANDIDATES.get()
 
 
+@contextlib.contextmanager
+def own_stream(device: torch.device) -> Iterator[None]:
+    """The calling thread's work inside the block on a CUDA stream of its own, on ``device`` (the thread's current
+    GPU where it names none); as it is off CUDA."""
+    if device.type != "cuda":
+        yield
+        return
+    with torch.cuda.stream(torch.cuda.Stream(device=device if device.index is not None else None)):
+        yield
+
+
 def side_by_side(fits: Sequence[Callable[[], T]], device: torch.device) -> List[T]:
     """Each of ``fits`` called at once in a thread of its own (on a CUDA ``device``, with a stream of its own), in a
     copy of this thread's context, each fit's draws its own; their results in order. SIGINT or SIGTERM stops
     their training at its next step, their states saved (a thread hears no signal: it is passed on); once every
     fit has ended, the first interrupt is raised, else the first error."""
     def run(fit: Callable[[], T]) -> T:
-        stream = torch.cuda.Stream(device=device) if device.type == "cuda" else None
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        with own_stream(device):
             return fit()
 
     with separate_draws(), stop_on_signals() as stop, cf.ThreadPoolExecutor(len(fits), "ucmfh-fit") as pool:

@@ -40,7 +40,6 @@ import os
 import pickle
 import signal
 import sys
-import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -59,6 +58,7 @@ from ucmfh.app.table import append_results
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset, load_dataset
 from ucmfh.run_draws import separate_draws
+from ucmfh.side_by_side import own_stream
 from ucmfh.signals import stop_on_signals, stop_threads
 from ucmfh.utils import resolve_device
 
@@ -225,30 +225,23 @@ def _stopped(err: KeyboardInterrupt, log: List[str]) -> Outcome:
     return Outcome(log, stopped=str(err) or "interrupted", signum=getattr(err, "signum", None))
 
 
-_THREAD = threading.local()  # a thread worker's CUDA stream (None on the CPU)
-
-
-def _start_thread(slots: Iterator[int], threads: int, gpus: int, device: torch.device) -> None:
-    """A thread worker's set-up: its torch threads (this thread's alone), its GPU where there are several (worker
-    i on GPU i mod their number) and, on CUDA, a stream of its own."""
+def _start_thread(slots: Iterator[int], threads: int, gpus: int) -> None:
+    """A thread worker's set-up: its torch threads (this thread's alone) and its GPU where there are several
+    (worker i on GPU i mod their number)."""
     slot = next(slots)
     torch.set_num_threads(threads)
     if gpus:
         torch.cuda.set_device(slot % gpus)
-    _THREAD.stream = None
-    if device.type == "cuda":
-        _THREAD.stream = torch.cuda.Stream(device=device if device.index is not None else None)
 
 
-def run_cell_in_thread(task: CellTask, data: Dataset) -> Outcome:
-    """Train (or reuse) and score one cell in a thread worker of the grid's process, on the worker's CUDA stream,
-    with the dataset the grid has read. Its training stops at its next step, its state saved, on
-    :func:`ucmfh.signals.stop_threads`; its other work runs to its end."""
+def run_cell_in_thread(task: CellTask, data: Dataset, device: torch.device) -> Outcome:
+    """Train (or reuse) and score one cell in a thread worker of the grid's process, on a CUDA stream of its own
+    where ``device`` (the grid's) is a GPU, with the dataset the grid has read. Its training stops at its next
+    step, its state saved, on :func:`ucmfh.signals.stop_threads`; its other work runs to its end."""
     log: List[str] = []
-    stream = getattr(_THREAD, "stream", None)
     start = time.perf_counter()
     try:
-        with torch.cuda.stream(stream) if stream is not None else contextlib.nullcontext():
+        with own_stream(device):
             rows = train_hash_stage(data, task.fusion_cfg, task.hash_cfg, task.opts, task.protocols, task.k,
                                     log=log.append)
         return Outcome(log, rows, time.perf_counter() - start)
@@ -386,10 +379,10 @@ class SideBySide:
                          "arithmetic); --workers processes runs them at once")
             side.enter_context(separate_draws())  # each cell's draws its own, as in a process alone
             pool: cf.Executor = cf.ThreadPoolExecutor(n, "ucmfh-cell", initializer=_start_thread, initargs=(
-                itertools.count(), self.threads(), self.gpus(), device))
+                itertools.count(), self.threads(), self.gpus()))
 
             def in_thread(cell: _Cell) -> cf.Future:  # in a copy of this thread's context: its blocks hold there
-                return pool.submit(contextvars.copy_context().run, run_cell_in_thread, cell.task, cell.data)
+                return pool.submit(contextvars.copy_context().run, run_cell_in_thread, cell.task, cell.data, device)
 
             return pool, in_thread, stop_threads
         context = multiprocessing.get_context("spawn")  # fresh processes: no CUDA or thread pool state forked
