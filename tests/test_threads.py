@@ -99,3 +99,16 @@ def test_a_thread_has_its_own_logs_part_and_capture_block_and_a_copy_of_its_star
 
         assert _in_thread(own) == ("refit", False)
         assert (current_logs(), current_part(), capturing()) == ((log,), "t0.3", True)  # the thread's left it so
+
+
+def test_a_capture_refuses_every_thread_s_unsafe_calls_alone_and_the_capturing_thread_s_side_by_side():
+    from ucmfh.captured_step import CudaGraphs
+    from ucmfh.run_draws import separate_draws
+
+    assert CudaGraphs().capture_error_mode == "global"  # a lone run: PyTorch's default
+    with separate_draws():  # runs side by side in threads: another run's allocation during a capture is its own
+        assert CudaGraphs().capture_error_mode == "thread_local"
+        with separate_draws():  # a block of another thread ending leaves the first on
+            pass
+        assert CudaGraphs().capture_error_mode == "thread_local"
+    assert CudaGraphs().capture_error_mode == "global"
