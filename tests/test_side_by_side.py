@@ -93,3 +93,13 @@ def test_the_flag_trains_the_rows_of_a_run_without_it(tiny_path, tmp_path):
     plain, side = ([{k: v for k, v in row.items() if k not in ("time", "train_time_s", "checkpoint", "per_query")}
                     for row in map(json.loads, text.splitlines())] for text in rows)
     assert plain == side and plain[0]["choice_val_scores"].keys() == {"t0.1", "t0.3"}
+
+
+def test_the_flag_and_torchrun_s_ranks_are_refused_together(tiny_path, tmp_path, monkeypatch):
+    monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it (the command alone: no process group joined)
+    result = CliRunner().invoke(main.commands["train-hash"], ["-d", tiny_path, "--candidates-side-by-side", "--out",
+                                                              str(tmp_path / "runs")])
+    assert result.exit_code == 2 and result.output.splitlines()[-1] == (
+        "Error: Invalid value for '--candidates-side-by-side': candidates side by side and torchrun's ranks do not "
+        "mix: use one or the other")
+    assert not (tmp_path / "runs").exists()

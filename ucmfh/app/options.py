@@ -126,6 +126,12 @@ def given_twice(values: Sequence[Any]) -> Any:
     return next((value for value in values if value in seen or seen.add(value)), None)
 
 
+def _check_side_by_side(ctx: click.Context, param: click.Parameter, value: bool) -> bool:
+    if value and torchrun_sizes()[0] > 1:  # two threads' collectives on one process group would interleave
+        raise click.BadParameter("candidates side by side and torchrun's ranks do not mix: use one or the other")
+    return value
+
+
 def check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
     try:
         distributed.check_device(resolve_device(value), *torchrun_sizes())
@@ -282,7 +288,7 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
         "tensorboard": tensorboard_option,
         "cuda_graph": cuda_graph_option,
         "candidates_side_by_side": click.option(
-            "--candidates-side-by-side", is_flag=True,
+            "--candidates-side-by-side", is_flag=True, callback=_check_side_by_side,
             help="Train the candidates a run chooses between on validation (two-tower's temperatures, relaxation "
                  "'auto') at once, each in a thread of this process on a CUDA stream of its own: on a GPU their "
                  "steps may run at once; the same models as one after another."),

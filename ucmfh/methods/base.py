@@ -15,6 +15,7 @@ from torch import nn
 
 from ucmfh.config import RELAXATION_CANDIDATES, FusionConfig, HashConfig, with_defaults
 from ucmfh.data.h5 import Dataset
+from ucmfh.distributed import current_group
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh import trainer
 from ucmfh.selection import History
@@ -171,7 +172,7 @@ def choose(fit: Callable, data: Dataset, cfg: HashConfig, candidates: Dict[str, 
     0``) the first candidate is trained alone. Each candidate keeps its own training state
     (:func:`ucmfh.training_state.candidate_path`), so an interrupted choice resumes where it stopped. Inside
     :func:`ucmfh.side_by_side.candidates_side_by_side` the candidates train at once, in threads, with the same
-    results."""
+    results (in one process: on several ranks one after another)."""
     names = list(candidates) if cfg.val_fraction > 0 else list(candidates)[:1]
 
     def run(name: str) -> Tuple[nn.Module, History]:
@@ -179,7 +180,9 @@ def choose(fit: Callable, data: Dataset, cfg: HashConfig, candidates: Dict[str, 
         with part(name):  # its own curves (ucmfh.training_log)
             return fit(data, candidates[name], fusion, progress, sub)
 
-    if len(names) > 1 and candidates_asked():  # the same runs, side by side (ucmfh.side_by_side)
+    # the same runs, side by side (ucmfh.side_by_side); on several ranks one after another, as two threads'
+    # collectives on one process group would interleave
+    if len(names) > 1 and candidates_asked() and current_group().world_size == 1:
         fitted = side_by_side([functools.partial(run, name) for name in names], resolve_device(cfg.device))
     else:
         fitted = [run(name) for name in names]
