@@ -85,9 +85,9 @@ def test_an_error_in_one_fit_is_raised_once_the_other_has_ended():
 def test_the_flag_trains_the_rows_of_a_run_without_it(tiny_path, tmp_path):
     rows = []
     for folder, flag in (("plain", []), ("side", ["--candidates-side-by-side"])):
-        result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--method", "two-tower", "-b", "16", "--epochs",
-                                           "2", "--device", "cpu", "--out", str(tmp_path / folder), "--results",
-                                           str(tmp_path / f"{folder}.jsonl"), "--quiet", *flag])
+        result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--method", "two-tower", "-b", "16",
+                                           "--epochs", "2", "--device", "cpu", "--out", str(tmp_path / folder),
+                                           "--results", str(tmp_path / f"{folder}.jsonl"), "--quiet", *flag])
         assert result.exit_code == 0, result.output
         rows.append((tmp_path / f"{folder}.jsonl").read_text())
     plain, side = ([{k: v for k, v in row.items() if k not in ("time", "train_time_s", "checkpoint", "per_query")}
