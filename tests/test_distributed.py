@@ -12,7 +12,9 @@ from pathlib import Path
 
 import pytest
 import torch
+from click.testing import CliRunner
 
+from ucmfh.app.cli import main
 from ucmfh.distributed import Group, current_group
 
 from conftest import ROOT
@@ -112,13 +114,14 @@ def test_torchrun_train_hash_writes_once_and_matches_one_process(tmp_path, tiny_
     assert abs(mine["map_i2t"] - theirs["map_i2t"]) < 0.01 and abs(mine["map_t2i"] - theirs["map_t2i"]) < 0.01
     assert mine["run"] != theirs["run"] and mine["settings"]["hash"]["processes"] == 2
     assert mine["settings"]["fusion"]["processes"] == 2 and "processes" not in theirs["settings"]["hash"]
-    summary = run([sys.executable, "-m", "ucmfh", "runs", "--results", str(tmp_path / "one.jsonl"), "--results",
-                   str(tmp_path / "two.jsonl")])  # two lines: the runs apart
-    assert summary.returncode == 0 and len([line for line in summary.stdout.splitlines() if "hashing" in line]) == 2, \
-        summary.stdout + summary.stderr
-    scored = run([sys.executable, "-m", "ucmfh", "evaluate", "-c", mine["checkpoint"], "-d", tiny_path, "--device",
-                  "cpu", "--quiet", "--results", str(tmp_path / "again.jsonl")])  # in one process: its run still
-    assert scored.returncode == 0 and _rows(tmp_path / "again.jsonl")[0]["run"] == mine["run"], scored.stderr
+    # in this process (no torchrun): the summary's two lines, the runs apart; the checkpoint scored again, its run
+    summary = CliRunner().invoke(main, ["runs", "--results", str(tmp_path / "one.jsonl"), "--results",
+                                        str(tmp_path / "two.jsonl")])
+    assert summary.exit_code == 0 and len([line for line in summary.output.splitlines() if "hashing" in line]) == 2, \
+        summary.output
+    scored = CliRunner().invoke(main, ["evaluate", "-c", mine["checkpoint"], "-d", tiny_path, "--device", "cpu",
+                                       "--quiet", "--results", str(tmp_path / "again.jsonl")])
+    assert scored.exit_code == 0 and _rows(tmp_path / "again.jsonl")[0]["run"] == mine["run"], scored.output
     trained = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*.pt")}
     assert all(trained[p] == t for p, t in before.items())  # the one-process run's checkpoints untouched
     new = [p for p in trained if p not in before]
