@@ -73,9 +73,10 @@ def test_parts_of_a_batch_cover_it_once():
 def test_two_ranks_give_the_one_process_gradient(tmp_path):
     """Every loss, each stage (SEPS too), by id and supervised: one step on 2 ranks × B/2 items (parts of 7
     and 6) has the parameter gradient of one process on B items; some cases run several steps."""
+    from distributed_worker import main as one_process
+
     one, two = tmp_path / "one.pt", tmp_path / "two.pt"
-    single = run([sys.executable, WORKER, str(one)])
-    assert single.returncode == 0, single.stderr
+    one_process(str(one))  # in this process (a group of one)
     ranks = run(torchrun(WORKER, str(two)))
     assert ranks.returncode == 0, ranks.stderr
     a, b = torch.load(one), torch.load(two)
