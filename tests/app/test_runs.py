@@ -170,8 +170,8 @@ def test_sigint_keeps_finished_lengths_and_resume_finishes_the_rest(tmp_path, ti
     assert proc.returncode == 130, stderr
     assert "interrupted by SIGINT" in stderr and "--resume" in stderr and "Traceback" not in stderr
     assert [r["n_bits"] for r in _rows(results)] == [8]  # the finished length's result is kept
-    refused = _run(*common, "--out", str(out), "--results", str(results))
-    assert refused.returncode == 2 and "interrupted run of these settings" in refused.stderr
+    refused = CliRunner().invoke(main, [*common, "--out", str(out), "--results", str(results)])  # before any work
+    assert refused.exit_code == 2 and "interrupted run of these settings" in refused.output
     done = _run(*common, "--out", str(out), "--results", str(results), "--resume")
     assert done.returncode == 0, done.stderr
     assert "already trained" in done.stdout and "resuming" in done.stdout
@@ -213,8 +213,8 @@ def test_sigkill_late_in_a_stage_then_resume_gives_identical_codes(tmp_path, tin
     [state] = list(out.rglob("*.state.pt"))
     stale = state.parent / f".{state.name}.tmp{dead_pid()}"
     stale.write_bytes(b"half a file")
-    refused = _run(*common, "--out", str(out), "--results", str(results))  # without --resume: refused, …
-    assert refused.returncode == 2 and not stale.exists()  # … but the killed run's temporary file is gone
+    refused = CliRunner().invoke(main, [*common, "--out", str(out), "--results", str(results)])  # no --resume: …
+    assert refused.exit_code == 2 and not stale.exists()  # … refused, but the killed run's temporary file is gone
     done = _run(*common, "--out", str(out), "--results", str(results), "--resume")
     assert done.returncode == 0, done.stderr
     assert ref.wait(300) == 0
