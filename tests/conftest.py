@@ -153,7 +153,7 @@ class SigtermFromAThread(AtFirstEpoch):
         if self.barrier.wait() == 0:
             os.kill(os.getpid(), signal.SIGTERM)
         deadline = time.monotonic() + 60
-        while not all(flag["signal"] for flag in signals._IN_THREADS.values()) and time.monotonic() < deadline:
+        while not all(flag["signal"] for _, flag in signals._IN_THREADS.values()) and time.monotonic() < deadline:
             time.sleep(0.01)
 
 

@@ -1,11 +1,12 @@
 """A run's candidates trained side by side in threads (ucmfh.side_by_side, --candidates-side-by-side): the models
 and the choice of one after another; stopped by a signal, both states saved, resumed to the same model; an error
-raised once both have ended."""
+in one stops the other and is raised once both have ended."""
 from __future__ import annotations
 
 import json
 import os
 import signal
+import threading
 import time
 
 import pytest
@@ -65,21 +66,27 @@ def test_a_signal_stops_both_candidates_with_their_states_saved_and_the_run_resu
     assert _same(_weights(model), one_after_another[0])
 
 
-def test_an_error_in_one_fit_is_raised_once_the_other_has_ended():
-    ended = []
+def test_an_error_in_one_fit_stops_the_other_at_its_next_step_and_is_raised_once_both_have_ended():
+    looping, stopped_by = threading.Event(), []
+
+    def training():  # a training loop: it stops where its flag says so
+        with signals.stop_on_signals() as flag:
+            looping.set()
+            deadline = time.monotonic() + 60
+            while flag["signal"] is None and time.monotonic() < deadline:
+                time.sleep(0.01)
+            stopped_by.append(flag["signal"])
+            raise TrainingInterrupted("interrupted by SIGTERM; training state saved", None, flag["signal"])
 
     def failing():
+        assert looping.wait(60)
         raise ValueError("damaged features")
 
-    def slow():
-        time.sleep(0.3)
-        ended.append(True)
-        return 1
-
-    with pytest.raises(ValueError, match="damaged features"):
-        side_by_side([failing, slow], torch.device("cpu"))
-    assert ended == [True]
-    assert side_by_side([slow, lambda: 2], torch.device("cpu")) == [1, 2]  # results in the fits' order
+    began = time.monotonic()
+    with pytest.raises(ValueError, match="damaged features"):  # the error, not the interrupt it caused
+        side_by_side([training, failing], torch.device("cpu"))
+    assert stopped_by == [signal.SIGTERM] and time.monotonic() - began < 30 and not signals._IN_THREADS
+    assert side_by_side([lambda: 1, lambda: 2], torch.device("cpu")) == [1, 2]  # results in the fits' order
 
 
 def test_the_flag_trains_the_rows_of_a_run_without_it(tiny_path, tmp_path):

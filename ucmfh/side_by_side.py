@@ -12,6 +12,8 @@ from __future__ import annotations
 import concurrent.futures as cf
 import contextlib
 import contextvars
+import signal
+import threading
 from typing import Callable, Iterator, List, Sequence, TypeVar
 
 import torch
@@ -54,9 +56,13 @@ def own_stream(device: torch.device) -> Iterator[None]:
 def side_by_side(fits: Sequence[Callable[[], T]], device: torch.device) -> List[T]:
     """Each of ``fits`` called at once in a thread of its own (on a CUDA ``device``, with a stream of its own), in a
     copy of this thread's context, each fit's draws its own; their results in order. SIGINT or SIGTERM stops
-    their training at its next step, their states saved (a thread hears no signal: it is passed on); once every
-    fit has ended, the first interrupt is raised, else the first error."""
+    their training at its next step, their states saved (a thread hears no signal: it is passed on); so does a
+    fit's error the others' (no fit trains on for a run that fails). Once every fit has ended the first error is
+    raised, else the first interrupt."""
+    threads: List[int] = []
+
     def run(fit: Callable[[], T]) -> T:
+        threads.append(threading.get_ident())
         with own_stream(device):
             return fit()
 
@@ -66,8 +72,15 @@ def side_by_side(fits: Sequence[Callable[[], T]], device: torch.device) -> List[
             cf.wait(futures, timeout=POLL_S, return_when=cf.ALL_COMPLETED)
             if stop["signal"] is not None:  # heard here (this process's main thread, or passed on to this one)
                 stop_threads(stop["signal"])
+            elif any(_failed(future) for future in futures):  # the others stop too, their states saved
+                stop_threads(signal.SIGTERM, threads)
     errors = [future.exception() for future in futures if future.exception() is not None]
-    interrupts = [err for err in errors if isinstance(err, KeyboardInterrupt)]
-    if interrupts or errors:
-        raise (interrupts or errors)[0]
+    failures = [err for err in errors if not isinstance(err, KeyboardInterrupt)]
+    if failures or errors:
+        raise (failures or errors)[0]
     return [future.result() for future in futures]
+
+
+def _failed(future: cf.Future) -> bool:
+    """Whether ``future`` ended in an error other than an interrupt."""
+    return future.done() and future.exception() is not None and not isinstance(future.exception(), KeyboardInterrupt)

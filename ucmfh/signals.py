@@ -5,7 +5,7 @@ from __future__ import annotations
 import contextlib
 import signal
 import threading
-from typing import Dict, Iterator, Optional
+from typing import Collection, Dict, Iterator, Optional, Tuple
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -19,16 +19,19 @@ class TrainingInterrupted(KeyboardInterrupt):
 
 
 _LOCK = threading.Lock()
-_IN_THREADS: Dict[int, Dict[str, Optional[int]]] = {}  # the flags of the loops under way in other threads
+# the loops under way in threads other than the main one: their thread and flag, by the flag's id
+_IN_THREADS: Dict[int, Tuple[int, Dict[str, Optional[int]]]] = {}
 
 
-def stop_threads(signum: int) -> None:
-    """Every loop under way inside :func:`stop_on_signals` in a thread other than the main one stops at its next
-    safe point, as ``signum`` stops a loop of the main thread (runs side by side in threads: ``ucmfh grid --jobs N
-    --workers threads``). A loop that starts later is not stopped: call it again."""
+def stop_threads(signum: int, threads: Optional[Collection[int]] = None) -> None:
+    """Every loop under way inside :func:`stop_on_signals` in a thread other than the main one (or in ``threads``
+    alone, by :func:`threading.get_ident`) stops at its next safe point, as ``signum`` stops a loop of the main
+    thread (runs side by side in threads: ``ucmfh grid --jobs N --workers threads``). A loop that starts later is
+    not stopped: call it again."""
     with _LOCK:
-        for flag in _IN_THREADS.values():
-            flag["signal"] = signum
+        for thread, flag in _IN_THREADS.values():
+            if threads is None or thread in threads:
+                flag["signal"] = signum
 
 
 @contextlib.contextmanager
@@ -40,7 +43,7 @@ def stop_on_signals() -> Iterator[Dict[str, Optional[int]]]:
     flag: Dict[str, Optional[int]] = {"signal": None}
     if threading.current_thread() is not threading.main_thread():  # signals reach the main thread alone
         with _LOCK:
-            _IN_THREADS[id(flag)] = flag
+            _IN_THREADS[id(flag)] = (threading.get_ident(), flag)
         try:
             yield flag
         finally:
