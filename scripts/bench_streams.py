@@ -29,7 +29,6 @@ may make the first no already).
 from __future__ import annotations
 
 import argparse
-import contextvars
 import hashlib
 import json
 import multiprocessing
@@ -49,8 +48,7 @@ from bench_steps import COUNTS, EAGER, counted, heard  # noqa: E402
 import ucmfh.captured_step as captured_step  # noqa: E402
 from ucmfh.captured_step import capture_steps  # noqa: E402
 from ucmfh.methods import METHODS  # noqa: E402
-from ucmfh.run_draws import separate_draws  # noqa: E402
-from ucmfh.side_by_side import own_stream  # noqa: E402
+from ucmfh.side_by_side import side_by_side as fits_side_by_side  # noqa: E402
 
 Fit = Callable[[], object]
 
@@ -78,34 +76,15 @@ def one_after_another(fits: List[Fit]) -> Tuple[float, List[str]]:
 
 
 def side_by_side(fits: List[Fit], device: str) -> Tuple[float, List[str]]:
-    """Seconds to run ``fits`` at once, each in a thread of its own on a stream of its own, each with its draws
-    to itself (:func:`ucmfh.run_draws.separate_draws`), and their models' fingerprints; a fit's error is raised
-    here, after every thread has ended."""
-    errors: List[BaseException] = []
-    models: Dict[int, object] = {}
-
-    def run(i: int, fit: Fit) -> None:
-        try:
-            with own_stream(torch.device(device)):
-                models[i] = fit()
-                if device == "cuda":
-                    torch.cuda.current_stream().synchronize()
-        except BaseException as err:  # noqa: BLE001 - said after the others end
-            errors.append(err)
-
-    # each thread in a copy of this one's context: inside its capture_steps block (ucmfh.captured_step)
-    threads = [threading.Thread(target=contextvars.copy_context().run, args=(run, i, fit))
-               for i, fit in enumerate(fits)]
-    with separate_draws():
-        start = time.perf_counter()
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
-        seconds = time.perf_counter() - start
-    if errors:
-        raise errors[0]
-    return seconds, [fingerprint(models[i]) for i in range(len(fits))]
+    """Seconds to run ``fits`` at once, as :func:`ucmfh.side_by_side.side_by_side` runs a run's candidates (each
+    in a thread of its own on a stream of its own, in a copy of this thread's context, each with its draws to
+    itself), to the end of the GPU's work, and their models' fingerprints; a fit's error is raised here, after
+    every thread has ended."""
+    start = time.perf_counter()
+    models = fits_side_by_side(fits, torch.device(device))
+    if device == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start, [fingerprint(model) for model in models]
 
 
 def _fit_in_a_process(name: str, settings: Dict[str, object], device: str, n: int, epochs: int, threads: int,
