@@ -17,6 +17,9 @@ import re
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_grid_jobs, beside this script
+from bench_grid_jobs import VARYING  # noqa: E402  (a row's fields that differ between two runs of one setting)
+
 # the eager figures on one H200 that issue 48 starts from (torch 2.11.0+cu130, 2026-11-27)
 EAGER_H200 = {"main_job_s": 105.0, "flickr8k_s": 144.0,
               "map": {"unimodal": (0.8299, 0.8266), "fused": (0.8749, 0.8770)}}
@@ -201,10 +204,6 @@ def goal_rows(out: str) -> List[List[str]]:
                      f"≥ {GOALS['throughput_ratio']:.0f}×", "yes" if ratio >= GOALS["throughput_ratio"] else "no"])
     return rows + flickr8k_rows(out, steps) + grid_jobs_rows(out, steps) + comparison_rows(out, steps) + streams_rows(
         out, steps) + tf32_rows(out, steps) + compile_rows(out, steps)
-
-
-# a row's fields that differ between two runs of one setting: the clock and the paths under each run's folder
-VARYING = {"time", "train_time_s", "checkpoint", "per_query"}
 
 
 def flickr8k_rows(out: str, steps: Dict[str, Dict[str, float]]) -> List[List[str]]:
