@@ -47,10 +47,12 @@ def main() -> None:
     parser.add_argument("grid", nargs=argparse.REMAINDER, help="-- then the arguments of ucmfh grid")
     args = parser.parse_args()
     grid_args = args.grid[1:] if args.grid[:1] == ["--"] else args.grid
-    print(f"ucmfh grid {' '.join(grid_args)}; {os.cpu_count()} CPUs, load average "
-          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")
     if not args.jobs + args.threads:
         parser.error("give a --jobs or --threads value")
+    if any(jobs < 2 for jobs in args.threads):  # ucmfh grid refuses threads for cells one after another
+        parser.error(f"--threads {min(args.threads)}: threads run 2 cells or more at once")
+    print(f"ucmfh grid {' '.join(grid_args)}; {os.cpu_count()} CPUs, load average "
+          f"{', '.join(f'{x:.1f}' for x in os.getloadavg())}")
     print("| --jobs | workers | wall s | cells | rows equal to the first |")
     print("|---|---|---|---|---|")
     first = None

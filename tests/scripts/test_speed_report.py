@@ -270,3 +270,14 @@ def test_throughput_after_the_first_epoch_decides_goal_2_where_measured(tmp_path
     assert fusion[1] == ("8.0× after the first epoch (88,000 against 11,000; eager 1.2×); whole fits 3.0× (30,000 "
                          "against 10,000; eager 1.2×)") and fusion[3] == "yes"
     assert rows["2. hashing throughput, captured / reference (items/s)"][3] == "no"  # 4.0×
+
+
+@pytest.mark.parametrize("argv, message", [([], "give a --jobs or --threads value"),
+                                           (["--jobs", "1", "--threads", "1"], "--threads 1: threads run 2 cells")])
+def test_the_grid_jobs_bench_refuses_nothing_to_run_and_threads_for_one_cell(argv, message, monkeypatch, capsys):
+    monkeypatch.setattr(grid_jobs, "run_grid", lambda *args: pytest.fail("a grid ran"))
+    monkeypatch.setattr("sys.argv", ["bench_grid_jobs.py", *argv, "--", "-d", "wiki"])
+    with pytest.raises(SystemExit) as exit_:
+        grid_jobs.main()
+    out, err = capsys.readouterr()
+    assert exit_.value.code == 2 and message in err and out == ""  # before its first line
