@@ -37,7 +37,9 @@ setup(
     ],
     extras_require={
         # the tests cover the optional pieces too (extraction, plots, training curves)
-        "test": ["pytest>=7", "transformers>=4.30", "pillow>=9.1", "matplotlib>=3.5", "tensorboard>=2.10"],
+        # (pytest-xdist: the README's command spreads the tests over the machine's cores)
+        "test": ["pytest>=7", "pytest-xdist>=3", "transformers>=4.30", "pillow>=9.1", "matplotlib>=3.5",
+                 "tensorboard>=2.10"],
         "plot": ["matplotlib>=3.5", "pillow>=9.1"],
         # `--tensorboard DIR`: each epoch's loss, validation score, learning rate, beta and seconds
         "tensorboard": ["tensorboard>=2.10"],

@@ -239,10 +239,24 @@ def tiny_equal(tmp_path_factory):
     return load_dataset(make_synthetic(tmp_path_factory.mktemp("data") / "tiny_equal.h5", TINY_EQUAL))
 
 
+def _threads_each() -> int:
+    """Torch threads for each test: OMP_NUM_THREADS where the caller set it, else two (the CI machine's cores)
+    shared among pytest-xdist's workers (``-n``): one each on two cores run by two workers."""
+    if os.environ.get("OMP_NUM_THREADS"):
+        return int(os.environ["OMP_NUM_THREADS"])
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT") or 1)
+    return max(1, min(2, os.cpu_count() or 1) // workers)
+
+
+if os.environ.get("PYTEST_XDIST_WORKER_COUNT") and not os.environ.get("OMP_NUM_THREADS"):
+    # a worker's subprocesses (front doors, torchrun) share the cores too: threads a core and more would wait
+    os.environ["OMP_NUM_THREADS"] = str(_threads_each())
+
+
 @pytest.fixture(autouse=True)
 def _threads():
-    """Two torch threads per test (the CI machine's cores), or OMP_NUM_THREADS where the caller set it."""
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or min(2, os.cpu_count() or 1)))
+    """Every test runs with :func:`_threads_each` torch threads."""
+    torch.set_num_threads(_threads_each())
     yield
 
 
