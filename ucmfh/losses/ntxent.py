@@ -41,8 +41,9 @@ class NTXentLoss(CrossModalLoss):
     def __init__(self, temperature: float = 0.5) -> None:
         super().__init__()
         self.temperature = check_temperature(temperature)
-        # a batch size's masks without ids, made once: (size, device) -> (masked, partner)
-        self._masks: Dict[Tuple[int, torch.device], Tuple[torch.Tensor, torch.Tensor]] = {}
+        # made once a batch size and device: (size, device) -> each row's partner column, and the mask without ids
+        self._partners: Dict[Tuple[int, torch.device], torch.Tensor] = {}
+        self._masks: Dict[Tuple[int, torch.device], torch.Tensor] = {}
 
     def extra_repr(self) -> str:
         return f"temperature={self.temperature}"
@@ -57,15 +58,16 @@ class NTXentLoss(CrossModalLoss):
         b = img.shape[0]
         z = normalize(torch.cat([img, txt]))  # [2B, d]
         s = dot_similarity(z, z) / self.temperature  # [2B, 2B]
-        cached = self._masks.get((b, img.device)) if ids is None else None
-        if cached is None:
+        key = (b, img.device)
+        if key not in self._partners:
+            self._partners[key] = torch.arange(2 * b, device=img.device).roll(b)  # row k's partner column, k ± B
+        partner = self._partners[key]
+        masked = self._masks.get(key) if ids is None else None
+        if masked is None:
             same = positive_mask(b, ids, device=img.device).repeat(2, 2)  # same item or same id, [2B, 2B]
-            partner = torch.arange(2 * b, device=img.device).roll(b)  # row k's partner column, k ± B
             masked = same.scatter(1, partner[:, None], False)  # self, and the same-id items but the partner
             if ids is None:  # the same at every step of this batch size
-                self._masks[(b, img.device)] = masked, partner
-        else:
-            masked, partner = cached
+                self._masks[key] = masked
         s = s.masked_fill(masked, float("-inf"))
         # a gather, not s[bool mask]: boolean indexing makes the host wait for the GPU
         return (torch.logsumexp(s, dim=1) - s.gather(1, partner[:, None]).squeeze(1)).mean()

@@ -46,7 +46,9 @@ class FusionEncoder(nn.Module):
             d_model, n_heads, d_ff, dropout, batch_first=True
         )
         self.encoder = nn.TransformerEncoder(layer, n_layers, enable_nested_tensor=False)
-        self._across: Dict[torch.device, torch.Tensor] = {}  # not state: made again on each device
+        # not state: made again on each device and type; (device, dtype) -> the [1, n_heads, 2, 2] additive
+        # masks of an item whose tokens may not attend to each other, and of one whose tokens may
+        self._masks: Dict[Tuple[torch.device, torch.dtype], Tuple[torch.Tensor, torch.Tensor]] = {}
 
     @classmethod
     def from_config(cls, d_img: int, d_txt: int, cfg: FusionConfig) -> "FusionEncoder":
@@ -83,17 +85,24 @@ class FusionEncoder(nn.Module):
         """Both embeddings of each pair; ``separate`` [B] bool marks items whose tokens may not attend to each other."""
         tokens = torch.stack([self._img_proj(img), self._txt_proj(txt)], dim=1) + self.modality  # one add, both
         mask = None
-        if separate is not None:
-            # per-item [2, 2] additive mask, -inf across modalities for separated items
-            cross = torch.zeros(img.shape[0], 2, 2, device=img.device, dtype=tokens.dtype)
-            if img.device not in self._across:  # the [2, 2] pairs of tokens across modalities, made once
-                self._across[img.device] = ~torch.eye(2, dtype=torch.bool, device=img.device)
-            blocked = separate.to(img.device)[:, None, None] & self._across[img.device]
-            mask = cross.masked_fill(blocked, float("-inf")).repeat_interleave(self.n_heads, dim=0)
+        if separate is not None:  # per item and head a [2, 2] additive mask, -inf across modalities if separated
+            blocked, open_ = self._item_masks(img.device, tokens.dtype)
+            mask = torch.where(separate.to(img.device)[:, None, None, None], blocked, open_).flatten(0, 1)
         # is_causal=False: what torch would find by building a causal mask to compare with, every step
         out = self.encoder(tokens, mask=mask, is_causal=False)
         img, txt = normalize(out).unbind(dim=1)  # both tokens at once: one normalisation, one gradient copy
         return img, txt
+
+    def _item_masks(self, device: torch.device, dtype: torch.dtype) -> Tuple[torch.Tensor, torch.Tensor]:
+        """An item's additive attention masks, one for each head: its tokens kept apart (-inf across the
+        modalities) and not (zeros); made once a device and type, so that a step makes its batch's in one
+        operation. Shape: ([1, n_heads, 2, 2], [1, n_heads, 2, 2])."""
+        key = (device, dtype)
+        if key not in self._masks:
+            open_ = torch.zeros(1, self.n_heads, 2, 2, device=device, dtype=dtype)
+            across = ~torch.eye(2, dtype=torch.bool, device=device)  # the pairs of tokens across modalities
+            self._masks[key] = open_.masked_fill(across, float("-inf")), open_
+        return self._masks[key]
 
     def encode_img(self, img: torch.Tensor) -> torch.Tensor:
         """Image embeddings from images alone. Shape: [B, d_img] -> [B, d_model]."""
