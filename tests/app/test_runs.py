@@ -822,3 +822,36 @@ def test_resume_with_nothing_saved_names_no_file_the_run_never_writes(tmp_path, 
     checkpoint = line.split(" beside ")[1].split(";")[0]
     assert line == f"nothing to resume: no training state is saved beside {checkpoint}; training from the start"
     assert checkpoint.endswith("hash8.pt") and os.path.isfile(checkpoint)
+
+
+def test_resume_in_another_number_of_processes_is_refused_naming_the_state(tmp_path, tiny_path, monkeypatch):
+    """A run of these settings interrupted in 2 processes (its identity says so, its state lies where torchrun's
+    run keeps it), then ``--resume`` in one: refused before anything trains, in one line that names the state and
+    how to resume it, where it said 'nothing to resume' and trained another run from the start. Without
+    --resume the one-process run is another run, trained as such (docs/distributed.md)."""
+    import types
+
+    import ucmfh.app.identity as identity_module
+    import ucmfh.trainer as trainer_module
+    from conftest import StopAfter
+
+    results, out = tmp_path / "r.jsonl", tmp_path / "runs"
+    argv = ["train-hash", "-d", tiny_path, "-b", "16", "--results", str(results), "--out", str(out), "--device", "cpu",
+            "--quiet", "--epochs", "3", "--set", "hash.hidden=32", "--loss-param", "temperature=0.3"]
+    with monkeypatch.context() as patched:  # the run's identity that of 2 processes, its training one process's
+        patched.setattr(identity_module, "current_group", lambda: types.SimpleNamespace(world_size=2))
+        patched.setattr(trainer_module, "tqdm", StopAfter(1))
+        stopped = CliRunner().invoke(main, argv)
+    assert stopped.exit_code != 0 and not results.exists()
+    [state] = out.rglob("hash16.state.pt")
+    refused = CliRunner().invoke(main, [*argv, "--resume"])
+    assert refused.exit_code == 2, refused.output
+    assert refused.stderr.splitlines() == [
+        f"Error: {state}: an interrupted run of these settings in 2 processes is saved here (epoch 2 of 3), and this "
+        "one runs in 1: a run's number of processes is part of its identity; resume it with torchrun "
+        "--nproc-per-node 2"]
+    assert not list(out.rglob("hash16.pt"))
+    fresh = CliRunner().invoke(main, argv)
+    assert fresh.exit_code == 0, fresh.output
+    [row] = _rows(results)
+    assert "processes" not in row["settings"]["hash"] and state.exists()  # the other run's state is left alone

@@ -418,3 +418,29 @@ def test_train_seps_run_again_after_an_interrupt_says_to_resume_not_that_it_is_b
     assert "another process" not in again.output
     resumed = CliRunner().invoke(main, [*args, "--resume"])
     assert resumed.exit_code == 0 and bars.starts[-1] == 1, resumed.output
+
+
+def test_train_seps_resume_in_another_number_of_processes_is_refused(tmp_path, token_path, monkeypatch):
+    """As train-hash (tests/app/test_runs.py): a SEPS run interrupted in 2 processes (its identity says so),
+    ``--resume`` in one is refused in one line naming its state and torchrun; without it, another run trains."""
+    import types
+
+    import ucmfh.app.identity as identity_module
+    import ucmfh.trainer as trainer_module
+    from conftest import StopAfter
+
+    args = ["train-seps", "-d", str(token_path), "--results", str(tmp_path / "r.jsonl"), "--quiet", "--device", "cpu",
+            "--out", str(tmp_path / "runs"), "--epochs", "3", "--batch-size", "32", "--set", "embed_dim=32",
+            "--set", "pair_chunk=256"]
+    with monkeypatch.context() as patched:
+        patched.setattr(identity_module, "current_group", lambda: types.SimpleNamespace(world_size=2))
+        patched.setattr(trainer_module, "tqdm", StopAfter(1))
+        assert CliRunner().invoke(main, args).exit_code == 130
+    [state] = (tmp_path / "runs").rglob("seps.state.pt")
+    refused = CliRunner().invoke(main, [*args, "--resume"])
+    assert refused.exit_code == 2 and refused.stderr.splitlines() == [
+        f"Error: {state}: an interrupted run of these settings in 2 processes is saved here (epoch 2 of 3), and this "
+        "one runs in 1: a run's number of processes is part of its identity; resume it with torchrun "
+        "--nproc-per-node 2"], refused.output
+    fresh = CliRunner().invoke(main, args)
+    assert fresh.exit_code == 0 and state.exists(), fresh.output

@@ -13,7 +13,7 @@ import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from ucmfh.app.identity import RunOptions, dataset_identity, git_commit, key_of, processes, trained_in
-from ucmfh.app.stage import Log, Stage, reuse_or_fit
+from ucmfh.app.stage import Log, Stage, refuse_other_processes, reuse_or_fit
 from ucmfh.checkpoint import load_model, load_seps, save_seps
 from ucmfh.config import SepsConfig, identity_dict
 from ucmfh.data.format import DataError
@@ -35,8 +35,10 @@ def protocol_of(cfg: SepsConfig) -> str:
     return "dense-text-leak" if cfg.dense_text == "leak" else "unimodal"
 
 
-def seps_paths(out: str, dataset: Dict[str, str], cfg: SepsConfig) -> Dict[str, Any]:
-    identity = {"dataset_fingerprint": dataset["fingerprint"], "seps": identity_dict(cfg), **processes()}
+def seps_paths(out: str, dataset: Dict[str, str], cfg: SepsConfig, trained_in: Optional[int] = None
+               ) -> Dict[str, Any]:
+    """A SEPS run's identity, folder and checkpoint, trained in ``trained_in`` processes (None: this run's)."""
+    identity = {"dataset_fingerprint": dataset["fingerprint"], "seps": identity_dict(cfg), **processes(trained_in)}
     folder = os.path.join(out, f"{dataset['label']}-{dataset['fingerprint'][:8]}",
                           f"seps-seed{cfg.seed}-{key_of(identity)[:8]}")
     return {"identity": identity, "dir": folder, "checkpoint": os.path.join(folder, "seps.pt")}
@@ -74,6 +76,8 @@ def train_seps_stage(data: Dataset, cfg: SepsConfig, opts: RunOptions, names: Se
     check_has_tokens(data.path)  # before the run's folder, its lock and its log line
     paths = seps_paths(opts.out, dataset_identity(data), cfg)
     path, identity = paths["checkpoint"], paths["identity"]
+    refuse_other_processes(lambda n: seps_paths(opts.out, dataset_identity(data), cfg, n)["checkpoint"],
+                           current_group().world_size, opts)
 
     def load() -> Tuple[Any, Dict[str, Any]]:
         model, _, meta = load_seps(path)

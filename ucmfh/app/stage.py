@@ -11,7 +11,7 @@ import glob
 import json
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
 from ucmfh.app.identity import Run, RunOptions, key_of
@@ -124,14 +124,38 @@ def _refuse_interrupted(checkpoint: str, locked: bool = False) -> None:
                           f"{'the file' if len(saved) == 1 else 'the files'} to start over")
 
 
+# the numbers of processes looked through for an interrupted run of the same settings (refuse_other_processes)
+MOST_PROCESSES = 64
+
+
 def check_interrupted(runs: Sequence[Run], opts: RunOptions) -> None:
-    """Refuse to start over an interrupted run unless ``opts.resume``; call it before anything trains."""
+    """Refuse to start over an interrupted run unless ``opts.resume``, and a ``--resume`` of a run interrupted
+    in another number of processes (:func:`refuse_other_processes`); call it before anything trains."""
     for run in runs:
-        for checkpoint in run.checkpoints:
+        for index, checkpoint in enumerate(run.checkpoints):
             if current_group().is_main:
                 drop_leftover_state(checkpoint)
             if not opts.resume and saved_states(checkpoint):
                 _refuse_interrupted(checkpoint)
+            refuse_other_processes(lambda n: replace(run, trained_in=n).checkpoints[index], run.trained_in, opts)
+
+
+def refuse_other_processes(checkpoint_in: Callable[[int], str], processes: int, opts: RunOptions) -> None:
+    """Refuse a ``--resume`` that would train a stage from the start (``checkpoint_in(n)``: its checkpoint in n
+    processes; it runs in ``processes``) where the same settings in another number of processes, another run (its
+    dropout draws differ, docs/distributed.md), left a training state; else nothing."""
+    ours = checkpoint_in(processes)
+    if not opts.resume or opts.always_resumes or saved_states(ours) or os.path.exists(ours):
+        return
+    for n in range(1, MOST_PROCESSES + 1):
+        checkpoint = checkpoint_in(n)
+        if n == processes or not saved_states(checkpoint):
+            continue
+        how = "in one process (without torchrun)" if n == 1 else f"with torchrun --nproc-per-node {n}"
+        raise FileExistsError(
+            f"{saved_states(checkpoint)[0]}: an interrupted run of these settings in {n} process"
+            f"{'es' if n > 1 else ''} is saved here ({interrupted_at(checkpoint)}), and this one runs in "
+            f"{processes}: a run's number of processes is part of its identity; resume it {how}")
 
 
 def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
