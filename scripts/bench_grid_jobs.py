@@ -22,7 +22,8 @@ import time
 from typing import Any, Dict, List
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-VARYING = {"time", "train_time_s", "checkpoint", "per_query"}  # the clock, and paths under each run's folder
+sys.path.insert(0, ROOT)
+from ucmfh.app.experiment import VARYING  # noqa: E402  (a row's fields that differ between two runs of one setting)
 
 
 def run_grid(grid_args: List[str], jobs: int, workers: str, folder: str) -> Dict[str, Any]:

@@ -17,8 +17,8 @@ import re
 import sys
 from typing import Any, Dict, List, Optional, Tuple
 
-sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))  # bench_grid_jobs, beside this script
-from bench_grid_jobs import VARYING  # noqa: E402  (a row's fields that differ between two runs of one setting)
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
+from ucmfh.app.experiment import VARYING  # noqa: E402  (a row's fields that differ between two runs of one setting)
 
 # the eager figures on one H200 that issue 48 starts from (torch 2.11.0+cu130, 2026-11-27)
 EAGER_H200 = {"main_job_s": 105.0, "flickr8k_s": 144.0,
@@ -106,7 +106,20 @@ def main_job_rows(out: str, steps: Dict[str, Dict[str, float]], step: str, goal:
     seconds = None if why else steps[step]["seconds"]
     rows = [[goal, why or _captured(out, step, f"{seconds:.1f} (eager H200: {EAGER_H200['main_job_s']:.0f})"),
              f"≤ {GOALS['main_job_s']:.0f}", "–" if why else ("yes" if seconds <= GOALS["main_job_s"] else "no")]]
-    return rows if why else rows + map_rows(out, step, label)
+    return rows if why else rows + parts_rows(out, step, seconds, label) + map_rows(out, step, label)
+
+
+def parts_rows(out: str, step: str, seconds: float, label: str) -> List[List[str]]:
+    """Where the wall ``seconds`` of the main job run by ``step`` went, from its rows (``STEP.jsonl``): each stage's
+    training, the scoring, and the rest (start-up, imports, the data); none where its rows do not say."""
+    row = next((r for r in _rows(out, f"{step}.jsonl") if r.get("task") == "hashing"), None)
+    parts = None if row is None else (row.get("fusion_train_time_s"), row.get("train_time_s"), row.get("score_seconds"))
+    if parts is None or None in parts:
+        return []
+    fusion, hashing, scoring = parts
+    rest = seconds - fusion - hashing - scoring
+    return [[f"{label}its parts (s)", f"fusion training {fusion:.1f}, hashing training {hashing:.1f}, scoring "
+             f"{scoring:.1f}, the rest {rest:.1f} (start-up, imports, the data)", "–", "–"]]
 
 
 def tf32_rows(out: str, steps: Dict[str, Dict[str, float]]) -> List[List[str]]:

@@ -17,6 +17,7 @@ import ucmfh.trainer as trainer
 from conftest import SigtermFromAThread
 from ucmfh import signals
 from ucmfh.app.cli import main
+from ucmfh.app.experiment import VARYING
 from ucmfh.methods import fit_hashing, hash_config
 from ucmfh.side_by_side import candidates_side_by_side, side_by_side
 from ucmfh.signals import TrainingInterrupted
@@ -97,7 +98,7 @@ def test_the_flag_trains_the_rows_of_a_run_without_it(tiny_path, tmp_path):
                                            "--results", str(tmp_path / f"{folder}.jsonl"), "--quiet", *flag])
         assert result.exit_code == 0, result.output
         rows.append((tmp_path / f"{folder}.jsonl").read_text())
-    plain, side = ([{k: v for k, v in row.items() if k not in ("time", "train_time_s", "checkpoint", "per_query")}
+    plain, side = ([{k: v for k, v in row.items() if k not in VARYING}
                     for row in map(json.loads, text.splitlines())] for text in rows)
     assert plain == side and plain[0]["choice_val_scores"].keys() == {"t0.1", "t0.3"}
 

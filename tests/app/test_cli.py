@@ -40,6 +40,11 @@ def test_ucmfh_make_train_evaluate(tmp_path):
         assert {"dataset", "task", "loss", "seed", "epochs", "train_time_s", "git_commit", "random_map_i2t",
                 "dataset_path", "dataset_fingerprint", "run", "settings"} <= set(r)
         assert r["dataset"] == "toy" and r["settings"]["hash"]["n_bits"] == r["n_bits"]
+        assert r["score_seconds"] > 0 and r["train_time_s"] > 0
+    # the fusion stage's seconds beside its hashing stage's: the run's cost is both (its own meta says them)
+    fusion_seconds = torch.load(Path(rows[0]["checkpoint"]).parent.parent / "fusion.pt",
+                                weights_only=False)["meta"]["seconds"]
+    assert {r["fusion_train_time_s"] for r in rows} == {round(fusion_seconds, 2)}
     checkpoint = Path(rows[2]["checkpoint"])
     assert checkpoint.name == "hash16.pt" and checkpoint.parent.parent.parent.name.startswith("toy-")
     assert torch.load(checkpoint, weights_only=False)["hash_config"]["amp"] == "bf16"
@@ -62,6 +67,7 @@ def test_ucmfh_make_train_evaluate(tmp_path):
     assert result.exit_code == 0, result.output
     assert f"fusion encoder: already trained, reused {checkpoint.parent.parent / 'fusion.pt'}" in result.output
     last = json.loads(results.read_text().splitlines()[-1])
+    assert last["fusion_train_time_s"] == rows[0]["fusion_train_time_s"]  # reused: its seconds as saved
     saved = torch.load(last["checkpoint"], weights_only=False)
     assert saved["hash_config"]["lr_fusion"] == 0.0 and last["checkpoint"] != rows[0]["checkpoint"]
     assert (checkpoint.parent / "hash8.pt").exists()  # the first run's checkpoint is still there

@@ -20,13 +20,13 @@ from conftest import AtFirstEpoch, SigtermFromAThread
 from ucmfh import signals
 from ucmfh.app import jobs
 from ucmfh.app.cli import main
+from ucmfh.app.experiment import VARYING
 from ucmfh.app.identity import RunOptions
 from ucmfh.app.runs import scores_line
 
 # two methods (one with a fusion encoder its two code lengths share, one without) × two code lengths
 GRID = ["-b", "8", "-b", "16", "--methods", "ucmfh,two-tower", "--set", "fusion.d_model=32", "--set", "fusion.d_ff=64",
         "--set", "hash.hidden=64", "--batch-size", "64", "--epochs", "2", "--device", "cpu"]
-VARYING = {"time", "train_time_s", "checkpoint", "per_query"}  # the clock, and paths under each grid's --out
 
 
 def _argv(tiny_path: str, folder: Path, *more: str) -> List[str]:

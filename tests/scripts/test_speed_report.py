@@ -34,10 +34,11 @@ def _folder(tmp_path, monkeypatch, capsys, graph_s=12.5, flickr_rc=0):
             ("ucch", {"batch_size": 256, "eager": 0.004, "graph": 0.004, "captures": 0, "replays": 0,
                       "eager_because": ["ucch 64 bits runs eagerly: its capture as a CUDA graph failed (RuntimeError: "
                                         "x)"]})]]) + "\n")
+    clocks = {"fusion_train_time_s": 4.0, "train_time_s": 5.0, "score_seconds": 1.5}  # one scoring's rows
     rows = [{"task": "hashing", "protocol": "unimodal", "map_i2t": 0.83, "map_t2i": 0.826, "map_i2t_expected": 0.8301,
-             "map_t2i_expected": 0.8262},
+             "map_t2i_expected": 0.8262, **clocks},
             {"task": "hashing", "protocol": "fused", "map_i2t": 0.86, "map_t2i": 0.875, "map_i2t_expected": 0.8601,
-             "map_t2i_expected": 0.8751}]
+             "map_t2i_expected": 0.8751, **clocks}]
     (out / "main-graph.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     throughput = {"ref": {"fusion": 10000.0, "hashing": 7000.0}, "ours-none": {"fusion": 12000.0, "hashing": 8000.0},
                   "ours-none-graph": {"fusion": 80000.0, "hashing": 30000.0}}
@@ -59,6 +60,8 @@ def test_each_goal_is_read_from_what_its_step_wrote(tmp_path, monkeypatch, capsy
     out = _folder(tmp_path, monkeypatch, capsys)
     rows = {row[0]: row for row in report.goal_rows(str(out))}
     assert rows["1. main job, captured steps (wall s)"][1:] == ["12.5 (eager H200: 105)", "≤ 15", "yes"]
+    assert rows["1. its parts (s)"][1] == ("fusion training 4.0, hashing training 5.0, scoring 1.5, the rest 2.0 "
+                                           "(start-up, imports, the data)")
     assert rows["1. MAP@50 unimodal I→T / T→I"][1].startswith("0.8301 / 0.8262") and rows["1. MAP@50 unimodal I→T / T→I"][3] == "yes"
     assert rows["1. MAP@50 fused I→T / T→I"][3] == "no"  # 0.8601 is 0.0148 under 0.8749
     assert rows["2. fusion throughput, captured / reference (items/s)"][1].startswith("8.0×")
@@ -76,7 +79,7 @@ def test_each_goal_is_read_from_what_its_step_wrote(tmp_path, monkeypatch, capsy
                           "| ucch | 256 | 4.00 | 4.00 | 1.0× | 0 | 0 | ucch 64 bits runs eagerly: its capture as a "
                           "CUDA graph failed (RuntimeError: x) |"]
     # the goals (goal 4 in processes and in threads); a blank line, the steps' title, head and two stages
-    assert len(lines) == 2 + 9 + 2 + 2 + 2
+    assert len(lines) == 2 + 10 + 2 + 2 + 2
 
 
 def test_a_run_asked_to_capture_that_ran_eagerly_is_said_so(tmp_path, monkeypatch, capsys):

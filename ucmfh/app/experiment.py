@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import os
+import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ucmfh.app.identity import (
@@ -25,6 +27,9 @@ from ucmfh.metrics.arguments import DEFAULT_K
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.evaluation import encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
 from ucmfh.utils import resolve_device
+
+# the fields of a result row that differ between two runs of one setting: the clock's, and paths under each run's --out
+VARYING = frozenset({"time", "train_time_s", "fusion_train_time_s", "score_seconds", "checkpoint", "per_query"})
 
 
 def _rows(
@@ -74,7 +79,8 @@ def load_for(data: Dataset, path: str, kind: str, **expected: Any) -> tuple:
 def load_or_train_fusion(data: Dataset, run: Run, opts: RunOptions, log: Log = print) -> Tuple[FusionEncoder, float]:
     """The run's fusion encoder: reused when saved with the same identity, else trained and saved.
 
-    Returns the encoder and the seconds spent training it (0 when reused).
+    Returns the encoder and the seconds its training took (as saved, when reused), as a hashing stage's rows
+    say theirs.
     """
     path, cfg = run.fusion_path, run.fusion_cfg
     fitted = reuse_or_fit(
@@ -83,7 +89,17 @@ def load_or_train_fusion(data: Dataset, run: Run, opts: RunOptions, log: Log = p
         fit=lambda state, _: fit_fusion(data, cfg, progress=opts.progress, state=state),
         save=lambda model, meta: save_checkpoint(path, model, cfg, meta=meta),
         log=log, note=f", {cfg.epochs} epochs, loss {cfg.loss}")
-    return fitted.model, 0.0 if fitted.reused else fitted.seconds
+    return fitted.model, fitted.seconds
+
+
+def saved_training_seconds(checkpoint: str) -> Optional[float]:
+    """The seconds a saved stage's training took, from the settings file beside its checkpoint; None where there
+    is none, or it does not say."""
+    try:
+        with open(os.path.splitext(checkpoint)[0] + ".json", encoding="utf-8") as f:
+            return float(json.load(f)["meta"]["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def train_fusion_stage(
@@ -95,8 +111,10 @@ def train_fusion_stage(
     fusion, seconds = load_or_train_fusion(data, run, opts, log)
     if not current_group().is_main:  # rank 0 scores and reports for all
         return []
+    start = time.perf_counter()
     scores = evaluate_fusion(fusion, data, protocols, k, cfg.device, opts.progress)
-    return _rows(scores, run, "fusion", seconds, cfg.device, run.fusion_path, "train")
+    rows = _rows(scores, run, "fusion", seconds, cfg.device, run.fusion_path, "train")
+    return [{**row, "score_seconds": round(time.perf_counter() - start, 2)} for row in rows]
 
 
 def train_hash_stage(
@@ -123,6 +141,10 @@ def train_hash_stage(
         return []
     history = fitted.history
     rows = score_hash_model(fitted.model, data, run, path, fitted.seconds, protocols, k, opts.progress, "train")
+    if run.fusion_cfg is not None:  # the fusion stage it stands on trained too: the run's cost is both stages'
+        fusion_seconds = saved_training_seconds(run.fusion_path)
+        for row in rows:
+            row["fusion_train_time_s"] = None if fusion_seconds is None else round(fusion_seconds, 2)
     if history["best_epoch"] is not None:  # the epoch kept by validation, and its score
         chosen = dict(history["validation"])[history["best_epoch"]]
         for row in rows:
@@ -170,12 +192,16 @@ def score_hash_model(
     ``checkpoint`` that the rows name (:func:`ucmfh.app.per_query.save_per_query`; no rows kept, no file)."""
     hash_cfg = run.hash_cfg
     protocols = scored_protocols(hash_cfg.method, protocols)
+    start = time.perf_counter()
     scores = evaluate_hashing(model, data, protocols, k, hash_cfg.device, progress, real_valued=True, per_query=True)
     floors = {row.get("database"): row for row in random_codes_scores(data, hash_cfg.n_bits, k, seed=hash_cfg.seed)}
     for row in scores:
         floor = floors[row.get("database")]
         row.update({f"random_{key}": floor[key] for key in ("map_i2t", "map_t2i", "rsum") if key in floor})
     rows = _rows(scores, run, "hashing", seconds, hash_cfg.device, checkpoint, source, trained_on)
+    scored = round(time.perf_counter() - start, 2)
+    for row in rows:  # one scoring gives every row its scores: each says its seconds
+        row["score_seconds"] = scored
     if keep_per_query:
         save_per_query(rows, checkpoint)
     else:
