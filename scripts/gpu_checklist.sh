@@ -11,7 +11,8 @@
 #   (it goes on from gpu-data/comparison.jsonl: copy $OUT's comparison.jsonl there before the next call)
 #   DATA=gpu-data PACK=1 BUDGET=560 bash scripts/gpu_checklist.sh speed compile graphs   # as many as fit
 #
-# Several groups run their steps in this file's order: speed's, compile's, then graphs' (streams first).
+# Several groups run one after another in the order asked (`graphs compile`: graphs' steps first), each group's
+# steps in this file's order.
 # BUDGET (seconds, default none) is the call's: a step starts while 30 s of it remain (10 more kept for the report), under its
 # cap or what remains; the steps it leaves are listed in summary.txt as not started, and speed.md says so. A
 # device call of 600 s at most thus brings back every step it had time for; the next call names the groups
@@ -50,29 +51,36 @@ PY=${PYTHON:-python3}
 DEVICE=${DEVICE:-cuda}  # DEVICE=cpu SKIP="tests main-job" walks the list on a machine without a GPU
 SKIP=${SKIP:-}
 PACK=${PACK:-0}  # PACK=1: OUT ends with summary.txt, speed.md (issue 48's goals) and logs.tgz (every other file)
-SPEED="env build steps main-graph main-eager20 bench-train flickr8k-graph grid-jobs"
-ONLY=""
 ASKED=" $* "  # the groups asked for, any of: speed compile graphs comparison (none: every step)
-for group in "$@"; do
-    case $group in speed|compile|graphs|comparison) ;;
-        *) echo "gpu_checklist.sh: error: unknown group '$group' (speed, compile, graphs or comparison)" >&2; exit 2 ;;
+group_steps() {  # the timed steps of a group, in the order they run
+    case $1 in
+        speed) echo "steps main-graph main-eager20 bench-train flickr8k-graph grid-jobs" ;;
+        # torch.compile's fused kernels inside the captured step: one step of the main stages (bench_steps
+        # --compile), then the main job so compiled (scripts/compiled_main.py) on an empty inductor cache and again
+        # on the filled one (the compile's seconds, then what a second run waits), its MAPs against the captured
+        # job's; caps: 490 s
+        compile) echo "compile main-compile main-compile-warm" ;;
+        # several fits in one process, each on a stream of its own, against the same fits in turn (goal 4's lever?
+        # and the same models?), and full Flickr8k's default with its two candidates so (goal 3's lever: its rows
+        # should be those of flickr8k-graph, the speed group's); then the captured step on a GPU: the graph path
+        # against the eager one for every plan, then TF32 matmuls (--amp tf32): a step of the main stages, and the
+        # main job (its MAPs against float32's); caps: 510 s
+        graphs) echo "streams flickr8k-side graph-tests steps-tf32 main-tf32" ;;
+        # issue 48's goal 4 at full size: every method × 16/32/64/128 bits × 3 seeds on full Flickr8k, JOBS cells at
+        # once (in threads of one process, each on a CUDA stream of its own; WORKERS=processes: in worker
+        # processes), for 540 s a call; its rows go on from $COMPARISON (default $DATA/comparison.jsonl) and come
+        # back in $OUT
+        comparison) echo "comparison" ;;
+        *) return 1 ;;
     esac
+}
+ONLY=""
+for group in "$@"; do
+    steps=$(group_steps "$group") || {
+        echo "gpu_checklist.sh: error: unknown group '$group' (speed, compile, graphs or comparison)" >&2; exit 2; }
+    ONLY="$ONLY $steps"
 done
-case $ASKED in *" speed "*) ONLY="$ONLY $SPEED" ;; esac
-# several fits in one process, each on a stream of its own, against the same fits in turn (goal 4's lever?
-# and the same models?), and full Flickr8k's default with its two candidates so (goal 3's lever: its rows should
-# be those of flickr8k-graph, the speed group's); then the captured step on a GPU: the graph path against the
-# eager one for every plan, then TF32 matmuls (--amp tf32): a step of the main stages, and the main job (its MAPs
-# against float32's); caps: 580 s
-case $ASKED in *" graphs "*) ONLY="$ONLY env build graph-tests steps-tf32 main-tf32 streams flickr8k-side" ;; esac
-# torch.compile's fused kernels inside the captured step: one step of the main stages (bench_steps --compile), then
-# the main job so compiled (scripts/compiled_main.py) on an empty inductor cache and again on the filled one
-# (the compile's seconds, then what a second run waits), its MAPs against the captured job's; caps: 560 s
-case $ASKED in *" compile "*) ONLY="$ONLY env build compile main-compile main-compile-warm" ;; esac
-# issue 48's goal 4 at full size: every method × 16/32/64/128 bits × 3 seeds on full Flickr8k, JOBS cells at once
-# (in threads of one process, each on a CUDA stream of its own; WORKERS=processes: in worker processes), for 540 s
-# a call; its rows go on from $COMPARISON (default $DATA/comparison.jsonl) and come back in $OUT
-case $ASKED in *" comparison "*) ONLY="$ONLY env build comparison" ;; esac
+[ -n "$ONLY" ] && ONLY="env build $ONLY"  # every group's steps after the machine's and the build's
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -176,44 +184,53 @@ unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=$PYCACHE
 step build 30 $PY setup.py -q build_ext --inplace
 step native 20 $PY -c "import ucmfh; print(ucmfh.native_kernels())"
-# timed, one at a time; the speed goals first. Each method's step eager and captured comes first: its captures
-# and replays say whether every plan was captured at all (a capture PyTorch refuses leaves that plan eager,
-# said on its row), before the runs that depend on them
-step steps 45 $PY scripts/bench_steps.py --device $DEVICE --steps 20 --repeats 1 --only daeh --only jdsh \
-    --only dgcpn --only djsrh --only cirh --only two-tower --only ucch  # the slowest comparison cells first
-    # (a step cut short keeps the stages it finished)
-step main-graph 110 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --cuda_graph \
-    --out "$WORK/graph" --results "$OUT/main-graph.jsonl"  # the main job, each full batch's step a CUDA graph replay
-step main-eager20 40 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 20 --no_cuda_graph \
-    --out "$WORK/eager20" --results "$OUT/main-eager20.jsonl"  # eager, 20 epochs: this card's rate beside the graph's
-step bench-train 80 $PY scripts/bench_train.py --device $DEVICE --only throughput --cuda-graph --amp none \
-    --n-train 5120 --repeats 3 --epochs 5  # whole fits, and items/s after each fit's first epoch (goal 2's)
-[ -f "$DATA/flickr8k.h5" ] && step flickr8k-graph 130 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
-    --cuda-graph --device $DEVICE --out "$WORK/flickr8k" --results "$OUT/flickr8k.jsonl"  # the default, both temperatures
-step grid-jobs 115 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 --threads 6 -- -d wiki --data-dir "$DATA" \
-    --methods two-tower,ucmfh --seeds 1,2,3 -b 32 --epochs 10 --device $DEVICE  # six cells one by one, then at
-    # once in worker processes, then at once in threads of one process (each cell on a CUDA stream of its own)
-# asked for alone (`comparison`): every method × length × seed, JOBS at once, for 540 s
-case $ASKED in *" comparison "*) [ -f "$DATA/flickr8k.h5" ] && step comparison 540 comparison ;; esac
-step compile 170 env TORCHINDUCTOR_CACHE_DIR="$WORK/inductor-steps" $PY scripts/bench_steps.py --device $DEVICE \
-    --steps 40 --repeats 1 --compile --only two-tower --only fusion --only ucmfh  # each stage's loss compiled in
-    # the warm-up, then captured: fewer, larger kernels? (its own cache: the main job's below starts empty)
-# the main job compiled, twice with one cache: empty for the first run, filled for the second
-COMPILED_MAIN="env TORCHINDUCTOR_CACHE_DIR=$WORK/inductor-main $PY scripts/compiled_main.py --task 1 \
-    --dataset synthetic --hash_lens 64 --epoch 100"
-step main-compile 220 $COMPILED_MAIN --out "$WORK/main-compile" --results "$OUT/main-compile.jsonl"
-step main-compile-warm 100 $COMPILED_MAIN --out "$WORK/main-compile-warm" --results "$OUT/main-compile-warm.jsonl"
-step streams 120 $PY scripts/bench_streams.py --device $DEVICE --runs 4 --steps 100 --epochs 5 --only two-tower \
-    --only jdsh --only fusion  # 4 captured fits in turn, then at once in processes, then in threads (own streams)
-[ -f "$DATA/flickr8k.h5" ] && step flickr8k-side 130 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
-    --cuda-graph --candidates-side-by-side --device $DEVICE --out "$WORK/flickr8k-side" \
-    --results "$OUT/flickr8k-side.jsonl"  # the default, its two temperatures at once (streams of their own)
-step graph-tests 90 $PY -m pytest tests/test_captured_step.py -k real -q -rf -p no:cacheprovider -n 8  # each plan
-step steps-tf32 60 $PY scripts/bench_steps.py --device $DEVICE --steps 40 --repeats 1 --tf32 --only fusion \
-    --only ucmfh --only two-tower  # the captured step with its float32 matmuls in TF32, against float32's
-step main-tf32 110 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --amp tf32 \
-    --out "$WORK/tf32" --results "$OUT/main-tf32.jsonl"  # the main job, captured, TF32: its wall and its MAPs
-[ -n "$ONLY" ] && { finish; exit 0; }
+timed() {  # the timed steps, one at a time, in this order (those of ONLY, where groups were asked): the speed
+    # goals first. Each method's step eager and captured comes first: its captures and replays say whether every
+    # plan was captured at all (a capture PyTorch refuses leaves that plan eager, said on its row), before the runs
+    # that depend on them
+    step steps 45 $PY scripts/bench_steps.py --device $DEVICE --steps 20 --repeats 1 --only daeh --only jdsh \
+        --only dgcpn --only djsrh --only cirh --only two-tower --only ucch  # the slowest comparison cells first
+        # (a step cut short keeps the stages it finished)
+    step main-graph 110 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --cuda_graph \
+        --out "$WORK/graph" --results "$OUT/main-graph.jsonl"  # the main job, each full batch's step a CUDA graph replay
+    step main-eager20 40 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 20 --no_cuda_graph \
+        --out "$WORK/eager20" --results "$OUT/main-eager20.jsonl"  # eager, 20 epochs: this card's rate beside the graph's
+    step bench-train 80 $PY scripts/bench_train.py --device $DEVICE --only throughput --cuda-graph --amp none \
+        --n-train 5120 --repeats 3 --epochs 5  # whole fits, and items/s after each fit's first epoch (goal 2's)
+    [ -f "$DATA/flickr8k.h5" ] && step flickr8k-graph 130 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
+        --cuda-graph --device $DEVICE --out "$WORK/flickr8k" --results "$OUT/flickr8k.jsonl"  # the default, both temperatures
+    step grid-jobs 115 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 --threads 6 -- -d wiki --data-dir "$DATA" \
+        --methods two-tower,ucmfh --seeds 1,2,3 -b 32 --epochs 10 --device $DEVICE  # six cells one by one, then at
+        # once in worker processes, then at once in threads of one process (each cell on a CUDA stream of its own)
+    # asked for alone (`comparison`): every method × length × seed, JOBS at once, for 540 s
+    case $ASKED in *" comparison "*) [ -f "$DATA/flickr8k.h5" ] && step comparison 540 comparison ;; esac
+    step compile 170 env TORCHINDUCTOR_CACHE_DIR="$WORK/inductor-steps" $PY scripts/bench_steps.py --device $DEVICE \
+        --steps 40 --repeats 1 --compile --only two-tower --only fusion --only ucmfh  # each stage's loss compiled in
+        # the warm-up, then captured: fewer, larger kernels? (its own cache: the main job's below starts empty)
+    # the main job compiled, twice with one cache: empty for the first run, filled for the second
+    COMPILED_MAIN="env TORCHINDUCTOR_CACHE_DIR=$WORK/inductor-main $PY scripts/compiled_main.py --task 1 \
+        --dataset synthetic --hash_lens 64 --epoch 100"
+    step main-compile 220 $COMPILED_MAIN --out "$WORK/main-compile" --results "$OUT/main-compile.jsonl"
+    step main-compile-warm 100 $COMPILED_MAIN --out "$WORK/main-compile-warm" --results "$OUT/main-compile-warm.jsonl"
+    step streams 120 $PY scripts/bench_streams.py --device $DEVICE --runs 4 --steps 100 --epochs 5 --only two-tower \
+        --only jdsh --only fusion  # 4 captured fits in turn, then at once in processes, then in threads (own streams)
+    [ -f "$DATA/flickr8k.h5" ] && step flickr8k-side 130 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
+        --cuda-graph --candidates-side-by-side --device $DEVICE --out "$WORK/flickr8k-side" \
+        --results "$OUT/flickr8k-side.jsonl"  # the default, its two temperatures at once (streams of their own)
+    step graph-tests 90 $PY -m pytest tests/test_captured_step.py -k real -q -rf -p no:cacheprovider -n 8  # each plan
+    step steps-tf32 60 $PY scripts/bench_steps.py --device $DEVICE --steps 40 --repeats 1 --tf32 --only fusion \
+        --only ucmfh --only two-tower  # the captured step with its float32 matmuls in TF32, against float32's
+    step main-tf32 110 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100 --amp tf32 \
+        --out "$WORK/tf32" --results "$OUT/main-tf32.jsonl"  # the main job, captured, TF32: its wall and its MAPs
+}
+
+if [ $# -eq 0 ]; then
+    timed
+else  # the groups one after another, in the order asked
+    for group in "$@"; do ONLY=" $(group_steps "$group") "; timed; done
+    finish
+    exit 0
+fi
 step main-job 120 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100
 step bench-train-all 160 $PY scripts/bench_train.py --device $DEVICE --only encode --only memory --encode-n 190000
 step bench-eval 100 $PY scripts/bench_eval.py --device $DEVICE --bits 16 64 128 --ref-queries 20 --json "$OUT/bench_eval.json"

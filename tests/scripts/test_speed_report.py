@@ -218,9 +218,9 @@ def test_a_step_the_call_s_budget_left_no_time_for_is_said_so(tmp_path, monkeypa
 
 
 def test_the_checklist_starts_no_step_once_its_budget_is_spent_and_refuses_an_unknown_group(tmp_path):
-    """`BUDGET=S bash scripts/gpu_checklist.sh GROUP...`: the groups' steps in the file's order, each started while
-    30 s of the call remain (10 kept for the report), the others listed as not started (a python that sleeps
-    half a second stands in for every command); an unknown group is one line, exit 2."""
+    """`BUDGET=S bash scripts/gpu_checklist.sh GROUP...`: the groups in the order asked, each one's steps in the
+    file's order, each started while 30 s of the call remain (10 kept for the report), the others listed as not
+    started (a python that sleeps half a second stands in for every command); an unknown group is one line, exit 2."""
     import os
     import subprocess
 
@@ -238,6 +238,13 @@ def test_the_checklist_starts_no_step_once_its_budget_is_spent_and_refuses_an_un
     assert started == ["env"] and late[-1] == "main-tf32"
     assert started + late == ["env", "build", "compile", "main-compile", "main-compile-warm", "streams",
                               "graph-tests", "steps-tf32", "main-tf32"]
+    # the groups in the order asked: graphs' steps, then compile's
+    (tmp_path / "out" / "summary.txt").unlink()
+    subprocess.run(["bash", str(CHECKLIST), "graphs", "compile"], cwd=CHECKLIST.parents[1],
+                   env={**env, "BUDGET": "0"}, check=True, capture_output=True, timeout=60)
+    lines = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    assert [line.split()[0] for line in lines] == ["env", "build", "streams", "graph-tests", "steps-tf32", "main-tf32",
+                                                   "compile", "main-compile", "main-compile-warm"]
     done = subprocess.run(["bash", str(CHECKLIST), "speed", "nope"], cwd=CHECKLIST.parents[1], env=env,
                           capture_output=True, text=True, timeout=60)
     assert done.returncode == 2 and done.stderr.strip().endswith("unknown group 'nope' (speed, compile, graphs or "
