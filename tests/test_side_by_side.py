@@ -3,6 +3,7 @@ and the choice of one after another; stopped by a signal, both states saved, res
 in one stops the other and is raised once both have ended."""
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -111,3 +112,45 @@ def test_the_flag_and_torchrun_s_ranks_are_refused_together(tiny_path, tmp_path,
         "Error: Invalid value for '--candidates-side-by-side': candidates side by side and torchrun's ranks do not "
         "mix: use one or the other")
     assert not (tmp_path / "runs").exists()
+
+
+def test_a_fit_s_own_stream_waits_for_the_work_before_it_and_its_thread_for_the_fit_s(monkeypatch):
+    """On CUDA (a recording stand-in for torch.cuda's streams: no GPU here): the fit's stream is made on the device
+    asked, first waits for the launching thread's stream, is current inside the block only, and the thread's stream
+    waits for it at the end, also when the fit fails; off CUDA, no stream at all."""
+    from ucmfh.side_by_side import own_stream
+
+    said = []
+
+    class Stream:
+        def __init__(self, name, device=None):
+            self.name, self.device = name, device
+
+        def wait_stream(self, other):
+            said.append(f"{self.name} waits for {other.name}")
+
+    current = [Stream("launcher")]
+
+    @contextlib.contextmanager
+    def stream(s):
+        current.append(s)
+        said.append(f"in {s.name}")
+        try:
+            yield
+        finally:
+            current.pop()
+            said.append(f"out of {s.name}")
+
+    monkeypatch.setattr(torch.cuda, "Stream", lambda device=None: Stream("fit's", device))
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: current[-1])
+    monkeypatch.setattr(torch.cuda, "stream", stream)
+    with pytest.raises(RuntimeError):
+        with own_stream(torch.device("cuda", 1)):
+            said.append(f"the fit runs on {current[-1].name}, device {current[-1].device}")
+            raise RuntimeError("the fit fails")
+    assert said == ["fit's waits for launcher", "in fit's", "the fit runs on fit's, device cuda:1", "out of fit's",
+                    "launcher waits for fit's"]
+    said.clear()
+    with own_stream(torch.device("cpu")):
+        pass
+    assert said == []

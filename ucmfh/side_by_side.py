@@ -45,12 +45,20 @@ def candidates_asked() -> bool:
 @contextlib.contextmanager
 def own_stream(device: torch.device) -> Iterator[None]:
     """The calling thread's work inside the block on a CUDA stream of its own, on ``device`` (the thread's current
-    GPU where it names none); as it is off CUDA."""
+    GPU where it names none); as it is off CUDA. PyTorch orders the work of two streams only where told: the new
+    stream first waits for what the thread's stream holds so far (a split or a model another thread copied to the
+    GPU), and at the end the thread's stream waits for the new one's work (what the block leaves on the GPU)."""
     if device.type != "cuda":
         yield
         return
-    with torch.cuda.stream(torch.cuda.Stream(device=device if device.index is not None else None)):
-        yield
+    index = device if device.index is not None else None
+    launcher, stream = torch.cuda.current_stream(index), torch.cuda.Stream(device=index)
+    stream.wait_stream(launcher)
+    try:
+        with torch.cuda.stream(stream):
+            yield
+    finally:
+        launcher.wait_stream(stream)
 
 
 def side_by_side(fits: Sequence[Callable[[], T]], device: torch.device) -> List[T]:
