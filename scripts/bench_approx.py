@@ -64,7 +64,11 @@ def main() -> None:
     ap.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "bench_approx"),
                     help="scratch folder for the random index [default: TMPDIR/bench_approx]")
     args = ap.parse_args()
-    import_faiss().omp_set_num_threads(args.threads)
+    try:
+        faiss = import_faiss()
+    except ImportError as err:  # the point of the script: one line, not a traceback
+        ap.error(str(err))
+    faiss.omp_set_num_threads(args.threads)
     rng = np.random.default_rng(args.seed + 1)
     if args.index:
         folder, modality = args.index, args.modality
