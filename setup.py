@@ -39,7 +39,7 @@ setup(
         # the tests cover the optional pieces too (extraction, plots, training curves)
         # (pytest-xdist: the README's command spreads the tests over the machine's cores)
         "test": ["pytest>=7", "pytest-xdist>=3", "transformers>=4.30", "pillow>=9.1", "matplotlib>=3.5",
-                 "tensorboard>=2.10"],
+                 "tensorboard>=2.10", "faiss-cpu>=1.7"],
         "plot": ["matplotlib>=3.5", "pillow>=9.1"],
         # `--tensorboard DIR`: each epoch's loss, validation score, learning rate, beta and seconds
         "tensorboard": ["tensorboard>=2.10"],
