@@ -77,7 +77,7 @@ def train_seps_stage(data: Dataset, cfg: SepsConfig, opts: RunOptions, names: Se
     paths = seps_paths(opts.out, dataset_identity(data), cfg)
     path, identity = paths["checkpoint"], paths["identity"]
     refuse_other_processes(lambda n: seps_paths(opts.out, dataset_identity(data), cfg, n)["checkpoint"],
-                           current_group().world_size, opts)
+                           current_group().world_size, opts, os.path.dirname(paths["dir"]))
 
     def load() -> Tuple[Any, Dict[str, Any]]:
         model, _, meta = load_seps(path)

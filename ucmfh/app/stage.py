@@ -137,15 +137,19 @@ def check_interrupted(runs: Sequence[Run], opts: RunOptions) -> None:
                 drop_leftover_state(checkpoint)
             if not opts.resume and saved_states(checkpoint):
                 _refuse_interrupted(checkpoint)
-            refuse_other_processes(lambda n: replace(run, trained_in=n).checkpoints[index], run.trained_in, opts)
+            refuse_other_processes(lambda n: replace(run, trained_in=n).checkpoints[index], run.trained_in, opts,
+                                   run.dataset_dir)
 
 
-def refuse_other_processes(checkpoint_in: Callable[[int], str], processes: int, opts: RunOptions) -> None:
+def refuse_other_processes(checkpoint_in: Callable[[int], str], processes: int, opts: RunOptions,
+                           folder: str) -> None:
     """Refuse a ``--resume`` that would train a stage from the start (``checkpoint_in(n)``: its checkpoint in n
     processes; it runs in ``processes``) where the same settings in another number of processes, another run (its
-    dropout draws differ, docs/distributed.md), left a training state; else nothing."""
+    dropout draws differ, docs/distributed.md), left a training state; else nothing. ``folder``: the dataset's
+    folder under ``--out``, which holds every such state (none there: nothing to look for)."""
     ours = checkpoint_in(processes)
-    if not opts.resume or opts.always_resumes or saved_states(ours) or os.path.exists(ours):
+    if not opts.resume or opts.always_resumes or saved_states(ours) or os.path.exists(ours) or \
+            not glob.glob(os.path.join(glob.escape(folder), "**", "*.state.pt"), recursive=True):
         return
     for n in range(1, MOST_PROCESSES + 1):
         checkpoint = checkpoint_in(n)
