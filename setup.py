@@ -36,7 +36,7 @@ setup(
         "tqdm>=4.60",
     ],
     extras_require={
-        # the tests cover the optional pieces too (extraction, plots, training curves)
+        # the tests cover the optional pieces too (extraction, plots, training curves, FAISS search)
         # (pytest-xdist: the README's command spreads the tests over the machine's cores)
         "test": ["pytest>=7", "pytest-xdist>=3", "transformers>=4.30", "pillow>=9.1", "matplotlib>=3.5",
                  "tensorboard>=2.10", "faiss-cpu>=1.7"],
