@@ -43,8 +43,13 @@ def test_grid_runs_every_cell_once_and_tabulates_seeds(tiny_path, tmp_path):
                 if (r["loss"], r["n_bits"], r["protocol"]) == (s["loss"], int(s["n_bits"]), s["protocol"])]
         assert s["n_seeds"] == "2" and float(s["map_i2t_mean"]) == pytest.approx(sum(mine) / 2)
         assert float(s["map_i2t_std"]) == pytest.approx(abs(mine[0] - mine[1]) / 2 ** 0.5)
+        fusion = [r["fusion_train_time_s"] for r in rows
+                  if (r["loss"], r["n_bits"], r["protocol"]) == (s["loss"], int(s["n_bits"]), s["protocol"])]
+        assert float(s["fusion_train_time_s_mean"]) == pytest.approx(sum(fusion) / 2) and min(fusion) > 0
     md = Path(f"{table}.md").read_text()
     assert "protocol `unimodal`" in md and "random codes" in md and "against `ucmfh`" in md and "±" in md
+    # the fusion stage's seconds, which the table's hashing seconds leave out, said once under each table
+    assert md.count("Hashing s leaves out the fusion stage a method stands on") == 2  # one table a protocol
 
     again = _grid(*argv)  # everything finished: nothing trained, nothing appended
     assert again.count("skip") == 8 and "training" not in again

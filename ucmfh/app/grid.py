@@ -139,6 +139,7 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
             line += [str(len(seeds)), f"{statistics.fmean(times):.1f}" if times and variant in variants else "–"]
             md.append("| " + " | ".join(line) + " |")
         md.append("")
+        md += _fusion_seconds(cell, variants, bits, (dataset, protocol, database))
         where = (dataset, protocol, database)
         if database:  # a caption set: the field's own figure too
             md += _means_table(cell, variants, bits, where, "", f"R@1 I→T / T→I in % (rSum), database `{database}`, "
@@ -161,6 +162,23 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
                           f"± {std:.3f} | {sum(d > 0 for d in deltas)}/{len(deltas)} |")
         md.append("")
     return "\n".join(md)
+
+
+def _fusion_seconds(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], bits: Sequence[int],
+                    where: tuple) -> List[str]:
+    """A line under the scores' table for the methods that stand on a fusion stage: its training seconds (mean
+    over the cells' seeds), which the table's hashing seconds leave out; one stage serves all the code lengths of a
+    seed, so it is said once, not added to each cell. Nothing where no row says them (rows of before 2026-11-30)."""
+    said = []
+    for variant in variants:
+        times = [s["fusion_train_time_s_mean"] for n in bits if (s := cell.get((*where, variant, n)))
+                 and s.get("fusion_train_time_s_mean")]
+        if times:
+            said.append(f"`{variant}` {statistics.fmean(times):.1f} s")
+    if not said:
+        return []
+    return [f"Hashing s leaves out the fusion stage a method stands on, trained once for all its code lengths: "
+            f"{', '.join(said)} more (mean over seeds).", ""]
 
 
 def _means_table(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], bits: Sequence[int],
@@ -200,7 +218,7 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
     columns = ["dataset", "method", "loss", "n_bits", "protocol", "database", "k", "n_seeds",
                *(f"{p}{d}{t}_{s}" for p in ("", "random_", REAL) for d in DIRECTIONS for t in ("", EXPECTED)
                  for s in ("mean", "std") if not (p == "random_" and t)),
-               "train_time_s_mean", "settings_key"]
+               "train_time_s_mean", "fusion_train_time_s_mean", "settings_key"]
     text = io.StringIO()
     writer = csv.DictWriter(text, columns, extrasaction="ignore")
     writer.writeheader()

@@ -288,8 +288,9 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
             if values:
                 entry[f"{field}_mean"] = statistics.fmean(values)
                 entry[f"{field}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
-        times = [r["train_time_s"] for r in group if r.get("train_time_s")]
-        entry["train_time_s_mean"] = statistics.fmean(times) if times else None
+        for clock in ("train_time_s", "fusion_train_time_s"):  # a method on a fusion stage: that stage's too
+            times = [r[clock] for r in group if r.get(clock)]
+            entry[f"{clock}_mean"] = statistics.fmean(times) if times else None
         out.append(entry)
     out.sort(key=lambda e: (str(e["dataset"]), str(e["trained_on"] or ""), str(e["task"]), str(e["method"]),
                             str(e["loss"]), e["n_bits"] or 0, str(e["stage"]), str(e["protocol"]), str(e["database"]),
