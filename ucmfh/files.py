@@ -44,7 +44,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-_TEMP = re.compile(r"^\.(.+)\.tmp(\d+)(?:-\d+)?$")
+_TEMP = re.compile(r"^\.(.+)\.tmp(\d+)(?:-\d+)?$")  # .NAME.tmpPID, or .NAME.tmpPID-THREAD: NAME, PID
 
 
 def temp_destination(name: str) -> Optional[str]:
@@ -59,15 +59,14 @@ def remove_stale_temps(path: PathLike) -> List[str]:
     return them."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
-    pattern = re.compile(re.escape(f".{os.path.basename(path)}.tmp") + r"(\d+)(?:-\d+)?$")
     removed = []
     try:
         names = os.listdir(directory)
     except OSError:
         return removed
     for name in names:
-        match = pattern.match(name)
-        if match and not _pid_alive(int(match.group(1))):
+        match = _TEMP.match(name)
+        if match and match.group(1) == os.path.basename(path) and not _pid_alive(int(match.group(2))):
             stale = os.path.join(directory, name)
             try:
                 if os.path.isdir(stale):
