@@ -71,8 +71,23 @@ def _write(path: str, payload: Dict[str, Any]) -> str:
         torch.save(payload, tmp)
     # the settings, readable without torch, beside the weights
     settings = {k: v for k, v in payload.items() if k not in ("format", "version", "state_dict")}
-    write_text_atomic(os.path.splitext(path)[0] + ".json", json.dumps(settings, indent=2))
+    write_text_atomic(settings_path(path), json.dumps(settings, indent=2))
     return path
+
+
+def settings_path(checkpoint: PathLike) -> str:
+    """The JSON file of a checkpoint's settings (everything but its weights), written beside it."""
+    return os.path.splitext(os.fspath(checkpoint))[0] + ".json"
+
+
+def saved_seconds(checkpoint: PathLike) -> Optional[float]:
+    """The seconds a saved stage's training took, as its settings file (:func:`settings_path`) says, without
+    loading the weights; None where there is no such file, or it does not say."""
+    try:
+        with open(settings_path(checkpoint), encoding="utf-8") as f:
+            return float(json.load(f)["meta"]["seconds"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
 
 
 def save_seps(path: PathLike, model: SEPS, meta: Optional[Dict[str, Any]] = None) -> str:

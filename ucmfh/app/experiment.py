@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime
-import json
 import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
@@ -14,7 +13,7 @@ from ucmfh.app.identity import (
 )
 from ucmfh.app.per_query import save_per_query
 from ucmfh.app.stage import Log, Stage, reuse_or_fit
-from ucmfh.checkpoint import CheckpointError, load_model, read_checkpoint, save_checkpoint
+from ucmfh.checkpoint import CheckpointError, load_model, read_checkpoint, save_checkpoint, saved_seconds
 from ucmfh.codes import save_codes
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset
@@ -33,10 +32,11 @@ VARYING = frozenset({"time", "train_time_s", "fusion_train_time_s", "score_secon
 
 
 def _rows(
-    scores: List[Dict[str, Any]], run: Run, task: str, seconds: float, device: str, checkpoint: str,
+    scores: List[Dict[str, Any]], run: Run, task: str, seconds: float, scored: float, device: str, checkpoint: str,
     source: str, trained_on: Optional[Dict[str, str]] = None,
 ) -> List[Dict[str, Any]]:
-    """Result rows of ``scores``; ``trained_on``: the dataset a checkpoint scored on another was trained on
+    """Result rows of ``scores``, trained in ``seconds`` and scored in ``scored`` (one scoring gives every row its
+    scores: each says its seconds); ``trained_on``: the dataset a checkpoint scored on another was trained on
     (its identity as the checkpoint records it), which the rows then carry and their run key holds: they
     are not the run of these settings trained on this dataset."""
     cfg = run.hash_cfg if task == "hashing" else run.fusion_cfg
@@ -52,7 +52,8 @@ def _rows(
         "n_bits": n_bits, "ranking": "hamming" if n_bits else "cosine", "seed": cfg.seed, "epochs": cfg.epochs,
         "run": key_of(identity), **({} if trained_on is None else {"trained_on": trained_on}),
         "settings": run.settings(),
-        "train_time_s": round(seconds, 2), "device": str(resolve_device(device)), "checkpoint": checkpoint,
+        "train_time_s": round(seconds, 2), "score_seconds": round(scored, 2), "device": str(resolve_device(device)),
+        "checkpoint": checkpoint,
         "source": source, "git_commit": git_commit(),
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
@@ -92,16 +93,6 @@ def load_or_train_fusion(data: Dataset, run: Run, opts: RunOptions, log: Log = p
     return fitted.model, fitted.seconds
 
 
-def saved_training_seconds(checkpoint: str) -> Optional[float]:
-    """The seconds a saved stage's training took, from the settings file beside its checkpoint; None where there
-    is none, or it does not say."""
-    try:
-        with open(os.path.splitext(checkpoint)[0] + ".json", encoding="utf-8") as f:
-            return float(json.load(f)["meta"]["seconds"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return None
-
-
 def train_fusion_stage(
     data: Dataset, cfg: FusionConfig, opts: RunOptions, protocols: Sequence[str] = PROTOCOLS, k: int = DEFAULT_K,
     log: Log = print,
@@ -113,8 +104,7 @@ def train_fusion_stage(
         return []
     start = time.perf_counter()
     scores = evaluate_fusion(fusion, data, protocols, k, cfg.device, opts.progress)
-    rows = _rows(scores, run, "fusion", seconds, cfg.device, run.fusion_path, "train")
-    return [{**row, "score_seconds": round(time.perf_counter() - start, 2)} for row in rows]
+    return _rows(scores, run, "fusion", seconds, time.perf_counter() - start, cfg.device, run.fusion_path, "train")
 
 
 def train_hash_stage(
@@ -142,7 +132,7 @@ def train_hash_stage(
     history = fitted.history
     rows = score_hash_model(fitted.model, data, run, path, fitted.seconds, protocols, k, opts.progress, "train")
     if run.fusion_cfg is not None:  # the fusion stage it stands on trained too: the run's cost is both stages'
-        fusion_seconds = saved_training_seconds(run.fusion_path)
+        fusion_seconds = saved_seconds(run.fusion_path)
         for row in rows:
             row["fusion_train_time_s"] = None if fusion_seconds is None else round(fusion_seconds, 2)
     if history["best_epoch"] is not None:  # the epoch kept by validation, and its score
@@ -198,10 +188,8 @@ def score_hash_model(
     for row in scores:
         floor = floors[row.get("database")]
         row.update({f"random_{key}": floor[key] for key in ("map_i2t", "map_t2i", "rsum") if key in floor})
-    rows = _rows(scores, run, "hashing", seconds, hash_cfg.device, checkpoint, source, trained_on)
-    scored = round(time.perf_counter() - start, 2)
-    for row in rows:  # one scoring gives every row its scores: each says its seconds
-        row["score_seconds"] = scored
+    rows = _rows(scores, run, "hashing", seconds, time.perf_counter() - start, hash_cfg.device, checkpoint, source,
+                 trained_on)
     if keep_per_query:
         save_per_query(rows, checkpoint)
     else:
@@ -277,8 +265,9 @@ def evaluate_checkpoint(
                 f"of {trained_on.get('path')} (by their captions), which {path} was trained on: its scores here "
                 "are inflated")
     if kind == "fusion":
+        start = time.perf_counter()
         scores = evaluate_fusion(model, data, protocols, k, device, progress)
-        return _rows(scores, run, "fusion", 0.0, device, path, "evaluate", trained_on)
+        return _rows(scores, run, "fusion", 0.0, time.perf_counter() - start, device, path, "evaluate", trained_on)
     run.hash_cfg = dataclasses.replace(hash_cfg, device=device)
     rows = score_hash_model(model, data, run, path, 0.0, protocols, k, progress, "evaluate", trained_on,
                             keep_per_query)
