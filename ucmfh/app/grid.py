@@ -139,8 +139,8 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
             line += [str(len(seeds)), f"{statistics.fmean(times):.1f}" if times and variant in variants else "–"]
             md.append("| " + " | ".join(line) + " |")
         md.append("")
-        md += _fusion_seconds(cell, variants, bits, (dataset, protocol, database))
         where = (dataset, protocol, database)
+        md += _fusion_seconds(cell, variants, bits, where)
         if database:  # a caption set: the field's own figure too
             md += _means_table(cell, variants, bits, where, "", f"R@1 I→T / T→I in % (rSum), database `{database}`, "
                                "tie-aware, mean ± std over seeds:", True, spread=True)
