@@ -29,7 +29,6 @@ may make the first no already).
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import multiprocessing
 import sys
@@ -41,9 +40,10 @@ from typing import Any, Callable, Dict, List, Optional, Tuple
 
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_dispatch and bench_steps, beside this script
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # bench_dispatch, bench_steps, model_fingerprints
 from bench_dispatch import Stage, stages  # noqa: E402
 from bench_steps import COUNTS, EAGER, counted, heard  # noqa: E402
+from model_fingerprints import weights_digest  # noqa: E402
 
 import ucmfh.captured_step as captured_step  # noqa: E402
 from ucmfh.captured_step import capture_steps  # noqa: E402
@@ -59,12 +59,8 @@ SideBySideGraphs = counted(captured_step.CudaGraphs)
 
 
 def fingerprint(result: object) -> str:
-    """A fit's model (the first of what it returns) as one hash of its weights' bytes."""
-    model = result[0] if isinstance(result, tuple) else result
-    digest = hashlib.sha256()
-    for name, value in sorted(model.state_dict().items()):
-        digest.update(name.encode() + value.detach().cpu().contiguous().numpy().tobytes())
-    return digest.hexdigest()[:16]
+    """A fit's model (the first of what it returns) as one hash of its weights (``model_fingerprints``')."""
+    return weights_digest(result[0] if isinstance(result, tuple) else result).hexdigest()[:16]
 
 
 def one_after_another(fits: List[Fit]) -> Tuple[float, List[str]]:

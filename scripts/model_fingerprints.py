@@ -41,12 +41,18 @@ TINY = SyntheticSpec(n_query=80, n_retrieval=600, n_train=400, n_classes=24, mea
                      d_img=48, d_txt=32, d_latent=16, noise=1.0, item_scale=0.5)
 
 
-def fingerprint(model: torch.nn.Module, history) -> str:
-    """SHA-256 of the weights (names, dtypes, shapes, bytes) and of the history's record."""
+def weights_digest(model: torch.nn.Module) -> "hashlib._Hash":
+    """SHA-256 of a model's weights: names, dtypes, shapes, bytes (``scripts/bench_streams.py`` compares models so)."""
     h = hashlib.sha256()
     for name, value in model.state_dict().items():
         h.update(f"{name} {value.dtype} {tuple(value.shape)}".encode())
         h.update(value.detach().cpu().contiguous().numpy().tobytes())
+    return h
+
+
+def fingerprint(model: torch.nn.Module, history) -> str:
+    """SHA-256 of the weights (:func:`weights_digest`) and of the history's record."""
+    h = weights_digest(model)
     h.update(json.dumps(history.as_dict(), sort_keys=True, default=str).encode())
     return h.hexdigest()
 
