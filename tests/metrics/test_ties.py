@@ -20,7 +20,8 @@ from ucmfh.metrics import (
 )
 from ucmfh.metrics.histograms import iter_hamming_histograms
 from ucmfh.metrics.native import native_kernels
-from ucmfh.metrics.ties import expected_average_precision, expected_hits, hit_probability
+from ucmfh.metrics.ties import expected_average_precision, expected_hits, hit_probability, iter_cosine_groups
+from ucmfh.similarity import cosine_similarity_float64
 
 BACKENDS = ["torch"] + (["native"] if native_kernels() else [])
 
@@ -109,6 +110,36 @@ def test_cosine_ties_equal_the_mean_over_every_database_order():
     recall = mean_over_database_orders(lambda a, b, c: recall_at_ranks(a, b, qi, c, (1, 3), ranking="cosine"),
                                        q, r, ri)
     assert np.allclose(recall_at_ranks(q, r, qi, ri, (1, 3), ranking="cosine", ties="expected"), recall, atol=1e-12)
+
+
+@pytest.mark.parametrize("by_id", [False, True])
+def test_cosine_groups_the_same_for_every_block_of_retrieval_items(by_id):
+    """The run at the k-th similarity is counted in the pass that finds the lists: blocks whose own k-th is
+    the final one, blocks below it, short last blocks. Against counts over the whole similarity matrix."""
+    g = torch.Generator().manual_seed(11)
+    q = torch.randint(-1, 2, (9, 3), generator=g).float()
+    r = torch.randint(-1, 2, (40, 3), generator=g).float()  # 26 distinct rows: long runs of one cosine
+    if by_id:
+        q_side, r_side = torch.randint(0, 5, (9,), generator=g), torch.randint(0, 5, (40,), generator=g)
+        relevant = q_side[:, None] == r_side[None, :]
+    else:
+        q_side, r_side = torch.randint(0, 2, (9, 4), generator=g), torch.randint(0, 2, (40, 4), generator=g)
+        relevant = (q_side @ r_side.T) > 0
+    sim = cosine_similarity_float64(q, r)
+    for k in (1, 3, 8, 17, 39, 40):
+        kth = sim.sort(dim=1, descending=True).values[:, k - 1 : k]
+        first = None
+        for block in (1, 3, 7, 16, 40, 64):
+            for chunk in (2, 9):
+                parts = list(iter_cosine_groups(q, r, q_side, r_side, by_id, k, chunk, block))
+                items = torch.cat([p[1] for p in parts])
+                relevant_items = torch.cat([p[2] for p in parts])
+                if first is None:
+                    first = (items, relevant_items)
+                assert torch.equal(items, first[0]) and torch.equal(relevant_items, first[1]), (k, block, chunk)
+        last = (first[0] > 0).long().cumsum(dim=1).argmax(dim=1, keepdim=True)  # the last non-empty group
+        assert torch.equal(first[0].gather(1, last)[:, 0], (sim == kth).sum(dim=1)), k
+        assert torch.equal(first[1].gather(1, last)[:, 0], ((sim == kth) & relevant).sum(dim=1)), k
 
 
 def random_order_ap(distance, relevant, k, draws, rng):

@@ -38,8 +38,7 @@ from ucmfh.metrics.ap import exclusive_cumsum
 from ucmfh.metrics.histograms import iter_hamming_histograms
 from ucmfh.metrics.arguments import as_pm1, n_bits_of
 from ucmfh.metrics.relevance import gather_id_match, gather_relevance
-from ucmfh.metrics.topk import iter_top_k
-from ucmfh.similarity import cosine_similarity_float64
+from ucmfh.metrics.topk import cosine_top_k_chunk
 
 def _harmonic_span(before: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """Σ_{p=1..count} 1 / (before + p), float64, elementwise: a difference of harmonic numbers
@@ -176,28 +175,43 @@ def iter_cosine_groups(
 ) -> Iterator[Tuple[int, torch.Tensor, torch.Tensor]]:
     """Yield ``(first query index, items, relevant)`` [q, min(k, N)] per query chunk: the runs of
     equal cosine similarity in each top-k list, the last run counted over the whole retrieval set
-    (every item as similar as the k-th). Groups past the last run are empty."""
+    (every item as similar as the k-th). Groups past the last run are empty.
+
+    The last run is counted in the same pass as the lists are found: a block of retrieval items whose own
+    k-th similarity is the final k-th holds as many such items as it has at its own k-th (counted then); a
+    block whose own k-th is lower, or a short block, has every one of them in its own list (fewer than k
+    of its items are above the final k-th, or else it would be higher)."""
     device = query.device
     n = retrieval.shape[0]
-    for start, sim, idx in iter_top_k(query, retrieval, k, "cosine", chunk_size, retrieval_chunk_size):
+    k = min(k, n)
+    gather = gather_id_match if by_id else gather_relevance
+    for start in range(0, query.shape[0], chunk_size):
+        q = query[start : start + chunk_size]
         q_side = query_side[start : start + chunk_size].to(device)
-        gather = gather_id_match if by_id else gather_relevance
+        blocks = []  # per block: its k-th similarity, its items at it (all, relevant), its own list and relevance
+
+        def count(first: int, scores: torch.Tensor, block_sim: torch.Tensor, block_idx: torch.Tensor) -> None:
+            rel = _block_relevance(q_side, retrieval_side[first : first + scores.shape[1]].to(device), by_id)
+            at_kth = scores == block_sim[:, -1:]
+            blocks.append((block_sim[:, -1], at_kth.sum(dim=1), (at_kth & rel).sum(dim=1), block_sim,
+                           rel.gather(1, block_idx)))
+
+        sim, idx = cosine_top_k_chunk(q, retrieval, k, retrieval_chunk_size, on_block=count)
         rel = gather(q_side, retrieval_side, idx)
         new = torch.ones_like(rel)
         new[:, 1:] = sim[:, 1:] != sim[:, :-1]
         group = new.long().cumsum(dim=1) - 1
         items = torch.zeros_like(group).scatter_add_(1, group, torch.ones_like(group))
         relevant = torch.zeros_like(group).scatter_add_(1, group, rel.long())
-        if sim.shape[1] < n:  # the last run may go on past the k-th item: count it over the whole set
-            kth = sim[:, -1:]
-            q = query[start : start + chunk_size].to(device)
-            n_last = torch.zeros(q.shape[0], dtype=torch.int64, device=device)
+        if k < n:  # the last run may go on past the k-th item: count it over the whole set
+            kth = sim[:, -1]
+            n_last = torch.zeros(sim.shape[0], dtype=torch.int64, device=device)
             r_last = torch.zeros_like(n_last)
-            for b in range(0, n, retrieval_chunk_size):
-                equal = cosine_similarity_float64(q, retrieval[b : b + retrieval_chunk_size].to(device)) == kth
-                block_rel = _block_relevance(q_side, retrieval_side[b : b + retrieval_chunk_size].to(device), by_id)
-                n_last += equal.sum(dim=1)
-                r_last += (equal & block_rel).sum(dim=1)
+            for block_kth, n_at, r_at, block_sim, block_rel in blocks:
+                listed = block_sim == kth[:, None]
+                own = block_kth == kth
+                n_last += torch.where(own, n_at, listed.sum(dim=1))
+                r_last += torch.where(own, r_at, (listed & block_rel).sum(dim=1))
             last = group[:, -1:]
             items.scatter_(1, last, n_last[:, None])
             relevant.scatter_(1, last, r_last[:, None])

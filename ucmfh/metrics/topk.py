@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Iterator, Optional, Tuple
+from typing import Callable, Iterator, Optional, Tuple
 
 import torch
 
@@ -159,15 +159,24 @@ def first_k(scores: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
     return picked[:, :k], candidates.gather(1, order[:, :k])
 
 
-def _cosine_top_k_chunk(
-    q: torch.Tensor, retrieval: torch.Tensor, k: int, block: int
+def cosine_top_k_chunk(
+    q: torch.Tensor, retrieval: torch.Tensor, k: int, block: int,
+    on_block: Optional[Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Top-k of one query chunk: (similarities float64, indices int64) [q, k], (similarity desc, index asc)."""
+    """Top-k of one query chunk: (similarities float64, indices int64) [q, k], (similarity desc, index asc).
+
+    ``on_block(first, sim, block_sim, block_idx)`` sees each block of retrieval items as it is ranked: its
+    first item's index, the chunk's similarities to it [q, m] and the block's own first ``min(k, m)``
+    (similarities, indices within the block), so that a caller can count what the merged lists leave out
+    without computing the similarities again."""
     device = q.device
     best_s: Optional[torch.Tensor] = None
     best_i: Optional[torch.Tensor] = None
     for start in range(0, retrieval.shape[0], block):
-        sim, order = first_k(cosine_similarity_float64(q, retrieval[start : start + block].to(device)), k)
+        scores = cosine_similarity_float64(q, retrieval[start : start + block].to(device))
+        sim, order = first_k(scores, k)
+        if on_block is not None:
+            on_block(start, scores, sim, order)
         order = order + start
         if best_s is None:
             best_s, best_i = sim, order
@@ -219,7 +228,7 @@ def iter_top_k(
         elif ranking == "hamming":
             yield (start, *hamming_top_k_torch(as_pm1(q, device), retrieval, k, retrieval_chunk_size))
         else:
-            yield (start, *_cosine_top_k_chunk(q, retrieval, k, retrieval_chunk_size))
+            yield (start, *cosine_top_k_chunk(q, retrieval, k, retrieval_chunk_size))
 
 
 def top_k(
