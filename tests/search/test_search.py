@@ -680,6 +680,43 @@ def test_a_collection_file_grown_since_it_was_indexed_is_not_indexed_twice(colle
         build_index(str(tmp_path / "unknown.h5"), c["ckpt"][0], str(tmp_path / "other"))
 
 
+def test_items_of_collections_without_ids_never_share_an_id(collection, tmp_path):
+    """Rows without ids are items of their own, numbered after the index's largest id: a second file's, or
+    a later build's of one file, never take ids the index holds (each file's rows were numbered from 0, and a
+    search listed two items as one id). The first build numbers from 0; a resumed build goes on with its
+    number; one file built in two builds equals one build; a grown file is still refused."""
+    c = collection
+
+    def write(path, rows):
+        with h5py.File(path, "w") as f:
+            f.attrs["image_feature"], f.attrs["text_feature"] = "toy image features", "toy text features"
+            f["image"], f["text"] = c["img"][rows], c["txt"][rows]
+        return str(path)
+
+    a, b = write(tmp_path / "a.h5", slice(0, 60)), write(tmp_path / "b.h5", slice(60, 120))
+    out = tmp_path / "ix"
+    build_index(a, c["ckpt"][0], str(out))
+    killed = build_index(b, c["ckpt"][0], str(out), chunk_size=7, stop_after=2)
+    assert killed.index.count("txt") == 74
+    build_index(b, c["ckpt"][0], str(out), chunk_size=7)  # resumed: the number its start recorded
+    index = Index.load(out)
+    for modality in ("img", "txt"):  # every row an item: images too
+        assert np.array_equal(index.ids(modality), np.arange(120)), modality
+    _, positions = index.search(index.codes("txt")[:5], 120, "img")
+    assert all(len(set(index.ids("img")[row])) == 120 for row in positions)
+    assert [s["first_id"] for s in index.sources] == [0, 60]
+    # the two files' rows in one file, built in one build: the same ids
+    whole = build_index(write(tmp_path / "whole.h5", slice(0, 120)), c["ckpt"][0], str(tmp_path / "one")).index
+    assert np.array_equal(whole.ids("txt"), index.ids("txt"))
+    # b grown by rows of its own: the first 60 are items the index holds (ids 60..119), refused
+    write(b, slice(60, 120 + 0))
+    with h5py.File(b, "a") as f:
+        f.attrs["name"] = "b, changed"
+    with pytest.raises(DataError, match=r"b.h5: built into .*ix before, and changed since: 60 of its 60 rows have ids "
+                                        r".*ix holds already \(first: id 60 at row 0\)"):
+        build_index(b, c["ckpt"][0], str(out))
+
+
 def test_search_takes_a_backend_name_as_faiss_users_write_it():
     from ucmfh.config import BackendConfig
 

@@ -162,16 +162,19 @@ def check_not_again(index: Index, coll: Collection, sha: str, key: str, out: str
     another collection to the index, and every item it held before would be doubled; a re-export or a
     renamed copy of one built in would double all of them. (A file holding new items only, a day's batch, is
     added, under the same name or another.) A collection without ids is judged so only against its own
-    file's earlier builds: its ids are its rows, which say nothing across files."""
+    file's earlier builds: its items are numbered after the index's largest id (:func:`first_id`), which no
+    item holds, but a grown file's first rows are the items its earlier build numbered."""
     if any(s["key"] == key for s in index.sources):  # a build going on: its own rows hold its ids
         return
     real = os.path.realpath(coll.path)
-    grown = any(os.path.realpath(s.get("path", "")) == real and s["key"].split(":", 1)[0] != sha for s in index.sources)
+    earlier = [s for s in index.sources
+               if os.path.realpath(s.get("path", "")) == real and s["key"].split(":", 1)[0] != sha]
+    grown = bool(earlier)
     ids = coll.ids()
     if ids is None and not grown:
         return
-    if ids is None:  # an item's id is its row
-        ids = np.arange(len(coll), dtype=np.int64)
+    if ids is None:  # its rows, numbered as its earlier build numbered them
+        ids = int(earlier[0].get("first_id", 0)) + np.arange(len(coll), dtype=np.int64)
     held = np.concatenate([index.ids(m) for m in FEATURES if index.count(m)] or [np.zeros(0, np.int64)])
     again = np.flatnonzero(np.isin(ids, held))
     if not len(again):
@@ -195,6 +198,21 @@ class BuildReport:
     already: bool  # the collection was already complete in the index
     stopped: bool = False  # should_stop ended the build before its end (the same call continues it)
     skipped: Dict[str, str] = field(default_factory=dict)  # group asked for, not added -> the group holding its items
+
+
+def first_id(index: Optional[Index], key: str) -> int:
+    """The id of the first row of a build from a collection without ids (``key``: its source): each of its rows
+    is an item of its own, numbered from here. After the largest id the index holds, so that two files without
+    ids, or two builds of one file's groups, never give two items one id (a search would list both as one id,
+    and judge them the same item); an index's first such build numbers its rows from 0, as the file does. A
+    resumed build goes on with the number its start recorded."""
+    if index is None:
+        return 0
+    started = next((s for s in index.sources if s["key"] == key), None)
+    if started is not None:  # recorded at its start; 0 for builds recorded before the number was
+        return int(started.get("first_id", 0))
+    held = [int(index.ids(m).max()) for m in FEATURES if index.count(m)]
+    return max(held) + 1 if held else 0
 
 
 def groups_to_add(coll: Collection, sources: Sequence[Dict[str, Any]], sha: str, out: str
@@ -298,9 +316,12 @@ def build_index(
         check_not_again(index, coll, sha, key, out)
     n = len(coll)
     stat = os.stat(coll.path)
+    ids = coll.ids()
     # size and mtime identify the file cheaply at search time (re-ranking reads its tokens by row)
     source = {"key": key, "path": os.path.abspath(coll.path), "groups": coll.groups, "rows": n,
               "group_rows": list(coll.rows), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+    if ids is None:
+        source["first_id"] = first_id(index, key)
     if index is None:  # the collection is recorded from the start, so an interrupted first build is seen as unfinished
         if empty:
             os.rmdir(out)  # saved in its place (a save makes a folder of its own, atomically)
@@ -315,7 +336,6 @@ def build_index(
     check_same_columns(index, coll, embeddings, origins, out)
     if all(s["key"] != key for s in index.sources):  # announced before its first chunk (Index.unfinished)
         index.add_many({}, {**source, "done": 0})
-    ids = coll.ids()
     keep_img = np.ones(n, dtype=bool)  # an image is indexed once per id (all rows of a set without ids)
     if ids is not None:
         keep_img[:] = False
@@ -359,8 +379,8 @@ def _add_chunks(index: Index, coll: Collection, encoder: Encoder, source: Dict[s
             item: Dict[str, Any] = {"codes": as_words(logits, encoder.n_bits)}
             if chunk_ids is not None:
                 item["ids"] = chunk_ids[rows]
-            else:  # no ids: an item's id is its row in the collection
-                item["ids"] = np.arange(start, stop, dtype=np.int64)[rows]
+            else:  # no ids: an item's id is its row in the build, after the ids the index held (first_id)
+                item["ids"] = source["first_id"] + np.arange(start, stop, dtype=np.int64)[rows]
             if embeddings:
                 item["embeddings"] = logits.astype(np.float16)
             if origins[modality]:
