@@ -3,10 +3,12 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -136,6 +138,24 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
     result = runner.invoke(main, ["search", str(out), "-q", tiny_path])
     assert result.exit_code == 2, result.output
     assert result.output == f"Error: {out}: its checkpoint {trained} is gone; give it with --checkpoint\n"
+
+
+def test_a_page_never_replaces_the_files_an_index_records(tiny_path, trained, tmp_path):
+    """The checkpoint an index was built from and the collections built into it are inputs of every search of it
+    (its codes, its re-ranking's tokens), named in the index and not on the command line: --html onto one of
+    them, even with --overwrite, wrote a page over it (an audit's find)."""
+    collection = tmp_path / "coll.h5"
+    shutil.copy(tiny_path, collection)
+    out = tmp_path / "ix"
+    assert CliRunner().invoke(main, ["index", str(collection), "-c", trained, "-o", str(out), "--quiet"]).exit_code == 0
+    before = {path: path.read_bytes() for path in (collection, Path(trained))}
+    for page, says in ((trained, "an input of this command (INDEX's checkpoint)"),
+                       (str(collection), "an input of this command (INDEX's collections)")):
+        result = CliRunner().invoke(main, ["search", str(out), "-q", tiny_path, "-k", "2", "--html", page,
+                                           "--overwrite"])
+        assert result.exit_code == 2 and result.output == f"Error: --html {page}: is {page}, {says}; not written " \
+                                                          "over, even with --overwrite\n", result.output
+    assert all(path.read_bytes() == data for path, data in before.items())
 
 
 def test_training_again_keeps_the_checkpoint_an_index_was_built_from(tiny_path, tmp_path):

@@ -151,6 +151,11 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         opened = open_index(index)
     except UnfinishedIndex as err:
         raise UserError(f"{describe(err)}; run the same 'ucmfh index' command again to finish it") from None
+    built = getattr(opened, "shards", [opened])  # the files an index records are its inputs too
+    check_outputs({"--html": html}, overwrite=overwrite,
+                  inputs={"INDEX's checkpoint": [p for p in ((b.meta.get("checkpoint") or {}).get("path")
+                                                             for b in built) if p],
+                          "INDEX's collections": [s["path"] for b in built for s in b.sources if s.get("path")]})
     if substrings is not None:  # before any table is built (a build for a count it cannot cut was cached first)
         from ucmfh.search.mih import check_substrings
 
