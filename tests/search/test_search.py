@@ -306,7 +306,7 @@ def test_an_index_and_a_search_hash_each_modality_by_its_own_head(collection, tm
         assert torch.equal(torch.where(own[short] >= 0, 1.0, -1.0), codes)
 
 
-def test_search_queries_refuses_other_checkpoints_dims_and_extractors(collection, tmp_path):
+def test_search_queries_refuses_other_checkpoints_dims_and_extractors(collection, tmp_path, monkeypatch):
     c = collection
     index = build_index(c["path"], c["ckpt"][0], str(tmp_path / "ix")).index
     encoder = Encoder(c["ckpt"][0])
@@ -325,6 +325,14 @@ def test_search_queries_refuses_other_checkpoints_dims_and_extractors(collection
     for i in range(len(queries)):
         order = sorted(range(12), key=lambda j: (-cos[i, j], p[i, j]))[:4]
         assert list(reranked.positions[i]) == [p[i, j] for j in order]
+    # a query's candidates at a time (memory bounded, :data:`RERANK_VALUES`): the same scores
+    from ucmfh.search import results as results_module
+
+    for values in (1, 2 * 12 * 24):
+        monkeypatch.setattr(results_module, "RERANK_VALUES", values)
+        blocked = search_queries(index, encoder, queries, 4, "image", rerank="cosine", candidates=12)
+        assert np.array_equal(blocked.positions, reranked.positions) and np.array_equal(blocked.cosine,
+                                                                                        reranked.cosine)
     with pytest.raises(DataError, match="made by checkpoint .*hash24_0.pt"):
         search_queries(index, Encoder(c["ckpt"][1]), queries, 5, "image")
     with pytest.raises(DataError, match="made by checkpoint"):
