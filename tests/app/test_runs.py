@@ -456,6 +456,10 @@ def test_runs_names_one_checkpoint_or_says_why_not(tmp_path):
                         {"task": "rerank", "dataset": "d", "seps_checkpoint": "runs/s/seps.pt", "seed": 2}])
     seps = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--task", "seps"])
     assert seps.exit_code == 0 and seps.output == "runs/s/seps.pt\n"
+    # what SEPS rows lack (a method, a code length, a protocol) is not said as 'None'
+    none = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--seed", "9"])
+    assert none.exit_code == 2 and "methods two-tower; code lengths 16; protocols unimodal; seeds 1, 2, 3)" in \
+        none.output and "None" not in none.output, none.output
 
 
 def test_runs_of_two_settings_are_told_apart_by_a_settings_key(tmp_path):

@@ -121,6 +121,16 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
         (["search", str(out), "--text", "a dog"], "not a CLIP model"),
         (["index", tiny_path, "-c", str(tmp_path / "nope.pt"), "-o", str(tmp_path / "ix2")], "no such checkpoint"),
         (["index", str(tmp_path / "nope.h5"), "-c", trained, "-o", str(tmp_path / "ix2")], "no such collection file"),
+        # an empty path named no file: ': no such checkpoint', or the current folder searched as INDEX
+        (["index", tiny_path, "-c", "", "-o", str(tmp_path / "ix2")],
+         "Invalid value for '--checkpoint' / '-c': an empty path; give the file to read"),
+        (["search", "", "-q", tiny_path], "Invalid value for 'INDEX...': an empty path; give the folder to read"),
+        (["search", str(out), "-q", ""], "Invalid value for '--queries' / '-q': an empty path; give the file to read"),
+        (["search", str(out), "-q", tiny_path, "--rerank", "seps", "--seps", ""],
+         "Invalid value for '--seps': an empty path"),
+        (["search", str(out), "--text", " "], "Invalid value for --text: an empty caption"),
+        (["evaluate", "--codes", ""], "Invalid value for '--codes': an empty path"),
+        (["rerank", "-d", tiny_path, "-c", "", "--seps", trained], "Invalid value for '--checkpoint' / '-c': an empty"),
     ]
     for args, expected in cases:
         result = runner.invoke(main, args)
@@ -462,6 +472,17 @@ def test_an_index_whose_manifest_lost_its_code_length_says_so(tiny_path, trained
     assert said.exit_code == 2, said.output
     assert f"{out}: holds 64-bit codes, but the checkpoint that made it, " in said.output
     assert "makes 16-bit codes: its manifest has been changed or damaged; build the index again" in said.output
+    # a manifest edited by hand: its fields of another type, or missing, said of the file in one line
+    for damage, says in ((lambda m: m.update(n_bits="x"), "invalid literal for int() with base 10: 'x'"),
+                         (lambda m: m.pop("modalities"), "no 'modalities'"),
+                         (lambda m: m.update(n_bits=0), "n_bits must be in 1 .. 65535, got 0")):
+        damaged = json_module.loads(json_module.dumps(manifest))
+        damage(damaged)
+        (out / "index.json").write_text(json_module.dumps(damaged))
+        for args in (["search", str(out), "-q", tiny_path], ["index", tiny_path, "-c", trained, "-o", str(out)]):
+            said = CliRunner().invoke(main, args)
+            assert said.exit_code == 2 and said.output == f"Error: {out / 'index.json'}: damaged ({says}); build the " \
+                                                          "index again\n", (args, said.output)
 
 
 def test_a_collection_file_with_a_group_named_train_is_not_taken_for_a_dataset_file(tiny_path, trained, tmp_path):

@@ -18,7 +18,7 @@ from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_figures, check_outputs
 from ucmfh.app.options import (
-    Count, FiniteRange, check_device, check_precision, data_options, given_flags, given_twice, resolved,
+    Count, FiniteRange, InputPath, check_device, check_precision, data_options, given_flags, given_twice, resolved,
     results_to_read, run_options, settings_of, train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig, SettingError
@@ -303,9 +303,9 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
 
 @main.command("evaluate")
 @data_options
-@click.option("--checkpoint", "-c", type=click.Path(dir_okay=False),
+@click.option("--checkpoint", "-c", type=InputPath(dir_okay=False),
               help="A fusion.pt or hashN.pt checkpoint.")
-@click.option("--codes", type=click.Path(dir_okay=False), multiple=True,
+@click.option("--codes", type=InputPath(dir_okay=False), multiple=True,
               help="A codes file (ucmfh encode): every metric, both directions; no dataset needed. Repeatable: "
                    "with --plot, the runs' curves on one figure (methods at one length).")
 @click.option("--database", type=click.Choice(["test", "collection"]), default=None,
@@ -395,7 +395,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
 @click.option("--dataset", "-d", default=None,
               help="Dataset name or path to an .h5 file [default: the file the checkpoint was trained on].")
 @click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data")
-@click.option("--checkpoint", "-c", required=True, type=click.Path(dir_okay=False), help="A hashN.pt checkpoint.")
+@click.option("--checkpoint", "-c", required=True, type=InputPath(dir_okay=False), help="A hashN.pt checkpoint.")
 @click.option("--protocol", type=click.Choice(PROTOCOLS), default="unimodal", show_default=True)
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Codes file to write (HDF5, packed bits).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")

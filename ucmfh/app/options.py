@@ -193,6 +193,16 @@ class Count(click.IntRange):
         return number
 
 
+class InputPath(click.Path):
+    """click's Path for a file or folder a command reads, refusing an empty value, which names none: ``-c ''``
+    said ``: no such checkpoint``, and ``search ''`` searched the current folder."""
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and not value:
+            self.fail(f"an empty path; give the {'file' if self.file_okay else 'folder'} to read", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class ByteSize(click.ParamType):
     """A size in bytes: ``500MB``, ``8GiB``, ``1e9`` (k, M, G, T: powers of 1000; Ki, Mi, Gi, Ti: of 1024)."""
 

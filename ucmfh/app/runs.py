@@ -170,13 +170,14 @@ def held_by(rows: Iterable[Dict[str, Any]]) -> str:
         return "no rows"
 
     def order(value: Any) -> Tuple[Any, ...]:
-        return (value is None, isinstance(value, str), value if isinstance(value, (int, float)) else str(value))
+        return (isinstance(value, str), value if isinstance(value, (int, float)) else str(value))
 
     fields = (("tasks", lambda r: r.get("task")), ("datasets", lambda r: r.get("dataset")), ("methods", method_of),
               ("code lengths", lambda r: r.get("n_bits")), ("protocols", lambda r: r.get("protocol")),
               ("seeds", seed_of))
-    return "; ".join(f"{name} " + ", ".join(str(v) for v in sorted({value(r) for r in rows}, key=order))
-                     for name, value in fields)
+    # a field some rows lack (a fusion stage's rows have no method nor code length) is said of those that have it
+    held = [(name, sorted({value(r) for r in rows} - {None}, key=order)) for name, value in fields]
+    return "; ".join(f"{name} " + ", ".join(str(v) for v in values) for name, values in held if values)
 
 
 def the_checkpoint(rows: Iterable[Dict[str, Any]], where: str) -> str:

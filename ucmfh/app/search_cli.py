@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import click
 
 from ucmfh.app.errors import UserError, describe, stopped_by, user_errors
-from ucmfh.app.options import Count, check_device, given_twice
+from ucmfh.app.options import Count, InputPath, check_device, given_twice
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import SEARCH_BACKENDS, BackendConfig, SettingError, backend_config
 
@@ -20,7 +20,7 @@ MAX_HITS = 10_000_000  # rows one search prints at the most (queries × hits): a
 
 @click.command("index")
 @click.argument("collection", type=click.Path(dir_okay=False))
-@click.option("--checkpoint", "-c", required=True, type=click.Path(dir_okay=False), help="A hashN.pt checkpoint.")
+@click.option("--checkpoint", "-c", required=True, type=InputPath(dir_okay=False), help="A hashN.pt checkpoint.")
 @click.option("--out", "-o", required=True, type=click.Path(file_okay=False),
               help="The index folder: created, or resumed / appended to when it exists.")
 @click.option("--split", "splits", multiple=True,
@@ -63,22 +63,22 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
 
 
 @click.command("search")
-@click.argument("index", nargs=-1, required=True, type=click.Path(file_okay=False))
-@click.option("--queries", "-q", type=click.Path(dir_okay=False),
+@click.argument("index", nargs=-1, required=True, type=InputPath(file_okay=False))
+@click.option("--queries", "-q", type=InputPath(dir_okay=False),
               help="Query features: an .npy [Q, d], or an HDF5 collection / dataset file (its query split).")
 @click.option("--split", help="With an HDF5 --queries: the group holding the queries.")
 @click.option("--ids", help="With an HDF5 --queries: only the items with these ids (comma-separated).")
 @click.option("--query-modality", type=MODALITY,
               help="What the query features are [default: the file's only modality, else the one not searched].")
 @click.option("--text", "text", multiple=True, help="A caption as a query (repeatable; needs the index's CLIP model).")
-@click.option("--image", "image", multiple=True, type=click.Path(dir_okay=False),
+@click.option("--image", "image", multiple=True, type=InputPath(dir_okay=False),
               help="An image file as a query (repeatable; needs the index's CLIP model).")
 @click.option("-k", default=10, show_default=True, type=Count(min=1), help="Results per query.")
 @click.option("--modality", "-m", type=MODALITY, default="text", show_default=True, help="What is searched.")
 @click.option("--rerank", type=click.Choice(["cosine", "seps"]),
               help="Re-rank the Hamming candidates: cosine of the real-valued embeddings kept in the index, or "
                    "SEPS on the token features of the queries' file and of the indexed collection (needs --seps).")
-@click.option("--seps", "seps_checkpoint", type=click.Path(dir_okay=False),
+@click.option("--seps", "seps_checkpoint", type=InputPath(dir_okay=False),
               help="With --rerank seps: the SEPS checkpoint ('ucmfh train-seps').")
 @click.option("--candidates", type=Count(min=1), help="Candidates re-ranked [default: 10 k].")
 @click.option("--backend", type=click.Choice(SEARCH_BACKENDS), default=_BACKEND.backend, show_default=True,
@@ -96,7 +96,7 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
               help=f"faiss-hnsw: the candidate list of the graph walk (at least k) [default: {_BACKEND.ef_search}].")
 @click.option("--recall", "check_recall", is_flag=True,
               help="With a FAISS backend: also search exactly and print the approximate candidates' recall.")
-@click.option("--checkpoint", "-c", type=click.Path(dir_okay=False),
+@click.option("--checkpoint", "-c", type=InputPath(dir_okay=False),
               help="The index's checkpoint, where it has moved from the path recorded in the index.")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON lines (one per hit) instead of a table.")
 @click.option("--metrics", "with_metrics", is_flag=True,
@@ -122,6 +122,8 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
     given = [name for name, v in (("--queries", queries), ("--text", text), ("--image", image)) if v]
     if len(given) != 1:
         raise click.UsageError("give queries by exactly one of --queries, --text and --image")
+    if any(not caption.strip() for caption in text):
+        raise click.BadParameter("an empty caption; give the words to search for", param_hint="--text")
     if (split or ids) and not queries:
         raise click.UsageError("--split and --ids select rows of an HDF5 --queries file")
     try:  # a setting the backend has no use for is refused by the library; here it is named as its flag
@@ -202,7 +204,7 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         write_html(html, results, title=f"ucmfh search: {', '.join(index)}")
         click.echo(f"wrote {html}", err=as_json)
     n = max(1, len(q))
-    click.echo(f"{len(q)} queries, ms per query: " + ", ".join(
+    click.echo(f"{len(q)} quer{'y' if len(q) == 1 else 'ies'}, ms per query: " + ", ".join(
         f"{stage} {1000 * s / n:.3f}" for stage, s in results.seconds.items()), err=True)
     if results.served is not None:
         from ucmfh.search.mih import MIN_ITEMS

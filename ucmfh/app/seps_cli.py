@@ -11,7 +11,7 @@ from ucmfh.app.environment import default_data_dir, resolve_dataset
 from ucmfh.app.identity import RunOptions
 from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
 from ucmfh.app.options import (
-    Count, FiniteRange, check_precision, output_options, parse_params, resolved, seed_type, tensorboard_option,
+    Count, FiniteRange, InputPath, check_precision, output_options, parse_params, resolved, seed_type, tensorboard_option,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, seps_config
@@ -96,9 +96,9 @@ def train_seps(dataset, data_dir, database, results, device, quiet, overrides, o
 
 @click.command("rerank")
 @_common
-@click.option("--checkpoint", "-c", required=True, type=click.Path(dir_okay=False),
+@click.option("--checkpoint", "-c", required=True, type=InputPath(dir_okay=False),
               help="Hashing checkpoint of a leak-free method (the first stage: Hamming top-M).")
-@click.option("--seps", "seps_checkpoint", type=click.Path(dir_okay=False), default=None,
+@click.option("--seps", "seps_checkpoint", type=InputPath(dir_okay=False), default=None,
               help="SEPS checkpoint ('ucmfh train-seps') that re-ranks the candidates.")
 @click.option("--candidates", "-m", multiple=True, type=Count(min=1), default=(100,), show_default=True,
               help="M, the Hamming candidates re-ranked (repeatable).")

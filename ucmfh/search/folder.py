@@ -117,6 +117,16 @@ class IndexFolder:
         """
         path = os.path.abspath(os.fspath(path))
         manifest = read_manifest(path)
+        try:
+            return cls._from_manifest(path, manifest, mmap)
+        except DataError:
+            raise
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as err:  # a manifest edited or damaged
+            what = f"no {err}" if isinstance(err, KeyError) else str(err)
+            raise DataError(f"{os.path.join(path, MANIFEST)}: damaged ({what}); build the index again") from None
+
+    @classmethod
+    def _from_manifest(cls, path: str, manifest: Dict[str, Any], mmap: bool) -> "IndexFolder":
         index = cls(manifest["n_bits"], manifest.get("meta"))
         index.sources = list(manifest.get("sources") or [])
         index.path = path
