@@ -68,11 +68,12 @@ FLAGS = {"protocol": "--protocol", "loss": "--loss", "loss_params": "--loss-para
 def settings_of(params: Dict[str, Any]) -> Dict[str, Any]:
     """The settings a command's parameters give (each parameter named as its setting, FLAGS): ``KEY=VALUE``
     pairs as dicts, ``--set`` as overrides; an absent flag, none of the pairs and ``--protocol both`` are
-    not given (left out)."""
+    not given (left out). In FLAGS' order, whatever the command's: a value refused is blamed on the first
+    setting whose addition makes it refused (:func:`ucmfh.methods.settings.stage_configs`), and a loss parameter
+    the loss lacks is then ``--loss-param``'s in every command, not ``--loss``'s in some."""
     settings = {}
-    for name, value in params.items():
-        if name not in FLAGS:
-            continue
+    for name in (name for name in FLAGS if name in params):
+        value = params[name]
         if name in ("loss_params", "method_params"):
             value = parse_params(value, FLAGS[name]) or None
         elif name == "overrides":

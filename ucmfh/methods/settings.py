@@ -135,6 +135,10 @@ def fusion_config(*, dataset: Optional[str] = None, overrides: Optional[Mapping[
     _check_names(settings, FUSION_SETTINGS)
     given = {name: value for name, value in settings.items() if value is not None}
     stage_overrides = check_overrides(overrides, ("fusion",))
+    twice = next((name for name in stage_overrides.get("fusion", {}) if name in given), None)
+    if twice is not None:  # the override would win silently
+        raise SettingError(f"fusion.{twice}", f"'fusion.{twice}': given twice, as {twice} and as an override",
+                           instead=twice)
     cfg = _blamed(lambda plain, extra: _fusion(dataset, plain, extra["fusion"]), given, stage_overrides)
     if cfg.supervised and not LOSSES[cfg.loss].uses_labels:  # the same model, under a new name
         raise SettingError("supervised", f"the fusion stage {_without_labels([cfg.loss])}: it has no use for supervised")
