@@ -7,6 +7,7 @@ model, task 3 the saved hashing model. The same calls as the ``ucmfh`` command.
 from __future__ import annotations
 
 import argparse
+import glob
 import os
 import sys
 from typing import NoReturn
@@ -119,6 +120,11 @@ def main(argv=None) -> int:
         opts = RunOptions(out=args.out, resume=args.resume, save_interval=args.save_interval,
                           cuda_graph=args.cuda_graph)
         check_outputs({"--results": args.results}, {"--out": args.out if args.task in (0, 1) else None})
+        if args.task in (2, 3) and args.dataset == "synthetic" and \
+                not os.path.exists(os.path.join(args.data_dir, "synthetic.h5")) and \
+                not glob.glob(os.path.join(glob.escape(args.out), "synthetic-*")):  # before a 103-MB set is made
+            raise FileNotFoundError(f"{args.out}: no run on the synthetic dataset to evaluate; train one first with "
+                                    f"--task {args.task - 2}")
         path = resolve_dataset(args.dataset, args.data_dir)
         print(f"dataset: {path}")
         data = load_dataset(path)

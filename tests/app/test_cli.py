@@ -116,6 +116,15 @@ def test_demo_tasks_0_to_3(tmp_path, monkeypatch, capsys):
     assert missing.returncode == 2 and "train it first with --task 1" in missing.stderr
     # task 3 found the checkpoint task 1 wrote: the same MAP
     assert (rows[7]["map_i2t"], rows[7]["map_t2i"]) == (rows[3]["map_i2t"], rows[3]["map_t2i"])
+    # tasks 2 and 3 on the default dataset where no run of it is: refused before its 103 MB are made
+    fresh = tmp_path / "fresh"
+    fresh.mkdir()
+    monkeypatch.chdir(fresh)
+    monkeypatch.delenv("UCMFH_DATA_DIR")
+    assert demo.main(["--task", "3", "--epoch", "1", "--hash_lens", "16", "--device", "cpu"]) == 2
+    assert capsys.readouterr().err == "error: runs: no run on the synthetic dataset to evaluate; train one first " \
+                                      "with --task 1\n"
+    assert os.listdir(fresh) == []
 
 
 
@@ -309,6 +318,15 @@ def test_cuda_graphs_asked_for_on_the_cpu_train_eagerly_and_say_so(tmp_path, tin
      "Invalid value for --loss-param: temperature given twice (temperature=0.1 and temperature=0.2); give it once"),
     (["train-hash", "-d", "TINY", "-b", "16", "--set", "hash.hidden=2147483648"],
      "Invalid value for --set: 'hash.hidden': hidden must be in [0, 2147483647] (0: a linear head), got 2147483648"),
+    # an override of a flag given too: the override won silently in train-fusion
+    (["train-fusion", "-d", "TINY", "--epochs", "1", "--set", "fusion.epochs=2"],
+     "Invalid value for --set: 'fusion.epochs': use --epochs"),
+    (["train-fusion", "-d", "TINY", "--loss", "pairwise", "--loss-param", "temperature=0.1"],  # not '--loss'
+     "Invalid value for --loss-param: loss 'pairwise' has no parameter 'temperature' (its parameters: alpha, "
+     "normalize)"),
+    (["train-hash", "-d", "wiki", "--data-dir", ""], "--data-dir: an empty path; give the folder of NAME.h5 dataset "
+                                                     "files"),
+    (["runs", "--history", ""], "Invalid value for --history: an empty run key; give a checkpoint file or a run key"),
     (["make-synthetic", "s.h5", "--n-query", "99999999999", "--n-retrieval", "99999999999"],
      "not enough memory for what was asked (Unable to allocate 1.46 TiB for an array with shape (199999999998,) and "
      "data type int64); ask for less"),

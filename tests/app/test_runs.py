@@ -282,6 +282,12 @@ def test_encode_refuses_to_overwrite_and_epochs_must_be_positive(tmp_path, tiny_
     changed = runner.invoke(main, ["encode", "-c", _rows(tmp_path / "m.jsonl")[0]["checkpoint"], "-o",
                                    str(tmp_path / "m.h5"), "--quiet"])
     assert changed.exit_code == 2 and f"{moved}, the dataset it was trained on, has changed since" in changed.output
+    # evaluate -c without -d: the same file, not a synthetic set made for it (103 MB, then refused for its widths)
+    scored = runner.invoke(main, ["evaluate", "-c", checkpoint, "--results", "", "--quiet"])
+    assert scored.exit_code == 0 and f"dataset: {tiny_path}" in scored.output, scored.output
+    changed = runner.invoke(main, ["evaluate", "-c", _rows(tmp_path / "m.jsonl")[0]["checkpoint"], "--results", ""])
+    assert changed.exit_code == 2 and "has changed since (its content is not the one trained on): give the one to " \
+                                      "score with -d" in changed.output, changed.output
     result = runner.invoke(main, ["train-hash", "-d", tiny_path, "--epochs", "0"])
     assert result.exit_code == 2 and "--epochs" in result.output and "Traceback" not in result.output
     result = runner.invoke(main, ["train-hash", "-d", tiny_path, "--set", "hash.epochs=0"])

@@ -5,7 +5,7 @@ import json
 import os
 import re
 import sys
-from typing import Optional
+from typing import Any, Dict, Optional
 
 import click
 
@@ -304,7 +304,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
 @main.command("evaluate")
 @data_options
 @click.option("--checkpoint", "-c", type=InputPath(dir_okay=False),
-              help="A fusion.pt or hashN.pt checkpoint.")
+              help="A fusion.pt or hashN.pt checkpoint, scored on the dataset it was trained on unless -d names one.")
 @click.option("--codes", type=InputPath(dir_okay=False), multiple=True,
               help="A codes file (ucmfh encode): every metric, both directions; no dataset needed. Repeatable: "
                    "with --plot, the runs' curves on one figure (methods at one length).")
@@ -385,6 +385,9 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
     saved = read_checkpoint(checkpoint)  # a damaged file is named before the dataset is read
     if saved["kind"] == "hash":
         resolved(refuse_unused, (saved["hash_config"] or {}).get("method", "ucmfh"), **settings_of({"protocol": protocol}))
+    if not given_flags({"dataset": "--dataset"}):  # the file it was trained on, not a synthetic one made for it
+        dataset = _trained_on(checkpoint, saved["meta"], "score")
+        check_outputs({"--results": results}, inputs={"--checkpoint": checkpoint, "--dataset": dataset})
     data = _load(dataset, data_dir)
     rows = evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet, log=click.echo,
                                keep_per_query=bool(results))  # --results '': no row, so no file of its scores
@@ -412,20 +415,28 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
     inputs = {"--checkpoint": checkpoint, "--dataset": [] if dataset is None else dataset_paths(dataset, data_dir)}
     check_outputs({"--out": out}, inputs=inputs)
     _, _, hash_cfg, meta = load_model(checkpoint, "hash")  # a damaged or fusion checkpoint is named before the dataset
-    if dataset is None:  # the file it was trained on, as it records it (a default of 'synthetic' made one, 103 MB)
-        recorded = meta.get("dataset") if isinstance(meta.get("dataset"), dict) else {}  # a library caller's meta
-        dataset = recorded.get("path")
-        if not dataset or not os.path.isfile(dataset):
-            raise click.UsageError(f"{checkpoint}: the dataset it was trained on, {dataset or 'not recorded'}, is not "
-                                   "there: give one with -d")
-        if recorded.get("fingerprint") and fingerprint(dataset) != recorded["fingerprint"]:  # another file there now
-            raise click.UsageError(f"{checkpoint}: {dataset}, the dataset it was trained on, has changed since (its "
-                                   "content is not the one trained on): give the one to encode with -d")
+    if dataset is None:
+        dataset = _trained_on(checkpoint, meta, "encode")
         check_outputs({"--out": out}, inputs={**inputs, "--dataset": dataset})
     resolved(refuse_unused, hash_cfg.method, protocol=protocol)  # a leak-free method's codes have no fused view
     data = _load(dataset, data_dir)
     path = encode_checkpoint(data, checkpoint, out, protocol, device, not quiet, overwrite)
     click.echo(f"wrote {path} ({protocol} protocol)")
+
+
+def _trained_on(checkpoint: str, meta: Dict[str, Any], doing: str) -> str:
+    """The dataset file a checkpoint was trained on, as it records it: a command's default for -d, where the
+    default dataset, 'synthetic', made a 103-MB file before the checkpoint refused its widths. A file gone or
+    changed since is refused (``doing``: what -d would be given for)."""
+    recorded = meta.get("dataset") if isinstance(meta.get("dataset"), dict) else {}  # a library caller's meta
+    dataset = recorded.get("path")
+    if not dataset or not os.path.isfile(dataset):
+        raise click.UsageError(f"{checkpoint}: the dataset it was trained on, {dataset or 'not recorded'}, is not "
+                               "there: give one with -d")
+    if recorded.get("fingerprint") and fingerprint(dataset) != recorded["fingerprint"]:  # another file there now
+        raise click.UsageError(f"{checkpoint}: {dataset}, the dataset it was trained on, has changed since (its "
+                               f"content is not the one trained on): give the one to {doing} with -d")
+    return dataset
 
 
 @main.command("runs")
@@ -464,6 +475,8 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
         raise click.UsageError(f"--plot does not go with {'--json' if as_json else '--checkpoint'}")
     if history is not None and checkpoint:
         raise click.UsageError("--history does not go with --checkpoint")
+    if history == "":  # a prefix of every run key
+        raise click.BadParameter("an empty run key; give a checkpoint file or a run key", param_hint="--history")
     if as_json and checkpoint:  # --checkpoint prints a path alone (for $(...)); --json was ignored
         raise click.UsageError("--json does not go with --checkpoint")
     if plot is not None:

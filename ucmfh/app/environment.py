@@ -103,6 +103,8 @@ def resolve_dataset(name: str, data_dir: PathLike) -> str:
         return found[0]
     if not name:
         raise ValueError("--dataset: an empty name; give a dataset name or an .h5 file")
+    if not os.fspath(data_dir):
+        raise ValueError("--data-dir: an empty path; give the folder of NAME.h5 dataset files")
     if os.path.exists(data_dir) and not os.path.isdir(data_dir):
         raise NotADirectoryError(f"{os.fspath(data_dir)}: is a file, not a folder of NAME.h5 dataset files (--data-dir)")
     [path] = _candidates(name, data_dir)
