@@ -298,6 +298,13 @@ def test_load_not_hdf5(tmp_path):
         load_codes(tmp_path / "missing.h5")
 
 
+def test_a_dataset_file_given_as_codes_is_said_to_be_one(tiny_path):
+    """It said "/: attribute 'format' is None, expected 'ucmfh-codes'"."""
+    with pytest.raises(DataError, match=r"a dataset file, not a codes file \('ucmfh encode' writes those\); score a "
+                                        r"checkpoint on it with 'ucmfh evaluate -c CHECKPOINT -d FILE'$"):
+        load_codes(tiny_path)
+
+
 def test_cli_evaluate_codes(tmp_path):
     from click.testing import CliRunner
 

@@ -177,6 +177,9 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
         raise DataError(f"{path}: not a readable codes file: not HDF5 ({err})") from None
     with f:
         if f.attrs.get("format") != FORMAT:
+            if all(split in f for split in ("train", "query", "retrieval")):  # its features: -d takes it
+                raise DataError(f"{path}: a dataset file, not a codes file ('ucmfh encode' writes those); score a "
+                                "checkpoint on it with 'ucmfh evaluate -c CHECKPOINT -d FILE'")
             raise fail("/", f"attribute 'format' is {f.attrs.get('format')!r}, expected {FORMAT!r}")
         if "n_bits" not in f.attrs:
             raise fail("/", "missing attribute 'n_bits'")

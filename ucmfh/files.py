@@ -369,11 +369,20 @@ def decode_attr(value: Any) -> Any:
     return value
 
 
+# strings an HDF5 attribute holds at most: 16 bytes each in its object header, which holds 64 KiB (a file of
+# HDF5's earliest format, as h5py writes by default)
+ATTR_STRINGS_MAX = 4000
+
+
 def write_attrs(obj: Any, attrs: Optional[Mapping[str, Any]], reserved: tuple = ()) -> None:
-    """Set attributes of an h5py file or group; ``reserved`` names may not be given."""
+    """Set attributes of an h5py file or group; ``reserved`` names may not be given, nor a list of more than
+    :data:`ATTR_STRINGS_MAX` strings (HDF5's own refusal names neither: 'object header message is too large')."""
     for key, value in (attrs or {}).items():
         if key in reserved:
             raise ValueError(f"attribute {key!r} is reserved")
+        if isinstance(value, (list, tuple)) and len(value) > ATTR_STRINGS_MAX:
+            raise ValueError(f"{obj.file.filename}: attribute {key!r}: {len(value)} values, more than an HDF5 "
+                             f"attribute holds here (at most {ATTR_STRINGS_MAX})")
         obj.attrs[key] = encode_attr(value)
 
 

@@ -89,6 +89,9 @@ def test_validate_float_ids(small_file):
     (["--d-img", "-3"], "Error: --d-img must be at least 1, got -3"),
     (["--n-retrieval", "10", "--n-train", "20"], "Error: --n-train (20) must be at most --n-retrieval (10)"),
     (["--seed", "-1"], "Error: --seed must be >= 0, got -1"),
+    # HDF5's own refusal, after the data were made: 'object header message is too large'
+    (["--n-classes", "4001"], "Error: --n-classes must be at most 4000 (the classes' names are one HDF5 attribute), "
+                              "got 4001"),
 ])
 def test_make_synthetic_bad_sizes(tmp_path, args, message):
     user_error(["make-synthetic", tmp_path / "s.h5", *args], message)
@@ -258,8 +261,8 @@ def test_bad_split_index(tmp_path, arrays):
     user_error(["convert", "npz", *arrays, out, "--split-index", tmp_path / "trained.npz"],
                "trained.npz: query and train share rows; they must be disjoint")
     (tmp_path / "split.txt").write_text("query: 1 2 3\n")
-    user_error(["convert", "npz", *arrays, out, "--split-index", tmp_path / "split.txt"],
-               "split.txt: not a readable .npz archive")
+    user_error(["convert", "npz", *arrays, out, "--split-index", tmp_path / "split.txt"],  # not numpy's pickle advice
+               f"{tmp_path / 'split.txt'}: not an .npz archive (a zip file of .npy arrays, as numpy.savez writes)")
     assert not out.exists()
 
 

@@ -536,7 +536,7 @@ def test_cca_itq_keeps_no_setting_of_training_by_steps_and_names_a_file_too_smal
 
 def test_temperatures_from_the_command_line_one_or_several():
     assert hash_config("two-tower", method_params={"temperatures": 0.2}).method_params["temperatures"] == "0.2"
-    with pytest.raises(ValueError, match="parameter 'temperatures' must be a str"):
+    with pytest.raises(ValueError, match="parameter 'temperatures' must be text"):
         hash_config("two-tower", method_params={"temperatures": True})
 
 

@@ -108,6 +108,8 @@ def open_npz(path: PathLike) -> "np.lib.npyio.NpzFile":
     start = _start(path)
     if start.startswith(NPY_MAGIC):
         raise DataError(f"{path}: an .npy array, not an .npz archive")
+    if not start.startswith(b"PK"):  # numpy takes the rest for a pickle, and says how to load one unsafely
+        raise DataError(f"{path}: not an .npz archive (a zip file of .npy arrays, as numpy.savez writes)")
     try:
         return np.load(path, allow_pickle=False)
     except _ZIP_ERRORS as err:

@@ -20,6 +20,7 @@ import numpy as np
 from ucmfh.config import SettingError
 from ucmfh.data.h5 import PathLike
 from ucmfh.data.writer import write_dataset
+from ucmfh.files import ATTR_STRINGS_MAX
 
 
 @dataclass
@@ -56,6 +57,9 @@ class SyntheticSpec:
                 raise SettingError(f.name, f"{f.name} must be a finite number, got {value!r}")
             if value < 0:
                 raise SettingError(f.name, f"{f.name} must be >= 0, got {value}")
+        if self.n_classes > ATTR_STRINGS_MAX:  # the file names every class in one attribute
+            raise SettingError("n_classes", f"n_classes must be at most {ATTR_STRINGS_MAX} (the classes' names are "
+                                            f"one HDF5 attribute), got {self.n_classes}")
         if self.n_train > self.n_retrieval:
             raise SettingError(("n_train", "n_retrieval"), f"n_train ({self.n_train}) must be at most n_retrieval "
                                f"({self.n_retrieval}): train is drawn from retrieval")

@@ -225,8 +225,10 @@ def _typed(method: str, key: str, value: Any, default: Any) -> Any:
     else:
         ok = True
     if not ok:
-        raise ValueError(f"method {method!r}: parameter {key!r} must be a {type(default).__name__} "
-                         f"like its default {default!r}, got {value!r}")
+        kind = {"int": "an integer", "float": "a number", "str": "text"}.get(type(default).__name__,
+                                                                         f"a {type(default).__name__}")
+        raise ValueError(f"method {method!r}: parameter {key!r} must be {kind} like its default {default!r}, "
+                         f"got {value!r}")
     if isinstance(value, float) and not math.isfinite(value):  # NaN would pass every check written as `x < 0`
         raise ValueError(f"method {method!r}: parameter {key!r} must be a finite number, got {value!r}")
     return value
