@@ -43,14 +43,15 @@ def test_history_prints_every_epoch_as_the_checkpoint_holds_it(trained):
 
 
 @pytest.mark.parametrize("run, problem", [("nosuchrun", "neither a checkpoint file nor a run of"),
-                                          ("", "runs of")])
+                                          ("SHARED", "runs of"), ("", "an empty run key")])
 def test_a_run_that_is_not_one_is_refused_in_one_line(trained, run, problem):
     row, results = trained
-    if not run:  # a prefix every run shares, with a second run in the file: ambiguous
+    if run == "SHARED":  # a prefix two runs of the file share: ambiguous
         rows = read_jsonl(results)
-        other = dict(rows[0], run="f" * 16 if not rows[0]["run"].startswith("f") else "0" * 16)
+        first = rows[0]["run"]
+        other = dict(rows[0], run=first[0] + ("f" if first[1] != "f" else "0") * 15)
         (results.parent / "two.jsonl").write_text(json.dumps(rows[0]) + "\n" + json.dumps(other) + "\n")
-        results = results.parent / "two.jsonl"
+        results, run = results.parent / "two.jsonl", first[0]
     result = CliRunner().invoke(main, ["runs", "--results", str(results), "--history", run])
     assert result.exit_code == 2 and "--history" in result.output and problem in result.output, result.output
 

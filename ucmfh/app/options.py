@@ -56,11 +56,12 @@ def parse_overrides(pairs: Tuple[str, ...]) -> Dict[str, Dict[str, Any]]:
 
 # The flag that gives each setting of ucmfh.methods.settings (a command's parameter of the same name): a
 # setting refused is refused as its flag. A key of a dict setting (loss_params.temperature) is its flag's;
-# an override (fusion.d_model) is --set's.
+# an override (fusion.d_model) is --set's. In the order settings are blamed in (settings_of): the one whose addition
+# makes a value refused, so a loss before its parameters, patience and refit before the validation split they need.
 FLAGS = {"protocol": "--protocol", "loss": "--loss", "loss_params": "--loss-param", "supervised": "--supervised",
          "epochs": "--epochs", "fusion_epochs": "--fusion-epochs", "batch_size": "--batch-size", "seed": "--seed",
-         "modality_dropout": "--modality-dropout", "val_fraction": "--val-fraction", "patience": "--patience",
-         "refit": "--refit", "amp": "--amp", "device": "--device", "method_params": "--method-param",
+         "modality_dropout": "--modality-dropout", "patience": "--patience", "refit": "--refit",
+         "val_fraction": "--val-fraction", "amp": "--amp", "device": "--device", "method_params": "--method-param",
          "beta_schedule": "--beta-schedule", "lr_fusion": "--lr-fusion", "lr": "--lr", "n_bits": "-b/--n-bits",
          "method": "--method", "overrides": "--set"}
 
