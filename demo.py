@@ -47,7 +47,14 @@ _HASH = SETTINGS[HashConfig]  # each setting's range: the flags below refuse wha
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    return parser().parse_args(argv)
+    p = parser()
+    args = p.parse_args(argv)
+    if args.task in (2, 3):  # options of training, which tasks 2 and 3 would take and ignore
+        given = [flag for flag, on in (("--resume", args.resume), ("--cuda_graph", args.cuda_graph is not None),
+                                       ("--save-interval", args.save_interval != RunOptions.save_interval)) if on]
+        if given:
+            p.error(f"argument {given[0]}: goes with --task 0 and 1 (training); --task {args.task} evaluates")
+    return args
 
 
 class _Parser(argparse.ArgumentParser):

@@ -134,6 +134,10 @@ def test_demo_tasks_0_to_3(tmp_path, monkeypatch, capsys):
     (["--batch_size", "1"], "argument --batch_size: must be at least 2, got 1"),
     (["--save-interval", "-1"], "argument --save-interval: must be at least 0, got -1"),
     (["--epoch", "ten"], "argument --epoch: expected an integer, got 'ten'"),
+    # training's options, which evaluating took and ignored
+    (["--task", "3", "--resume"], "argument --resume: goes with --task 0 and 1 (training); --task 3 evaluates"),
+    (["--task", "2", "--save-interval", "5"],
+     "argument --save-interval: goes with --task 0 and 1 (training); --task 2 evaluates"),
 ])
 def test_demo_names_the_flag_of_a_bad_value(capsys, argv, says):
     """demo.py's flags are UCMFH's (--hash_lens, --epoch): a bad value is said by its flag, before any work,
@@ -327,6 +331,8 @@ def test_cuda_graphs_asked_for_on_the_cpu_train_eagerly_and_say_so(tmp_path, tin
     (["train-hash", "-d", "wiki", "--data-dir", ""], "--data-dir: an empty path; give the folder of NAME.h5 dataset "
                                                      "files"),
     (["runs", "--history", ""], "Invalid value for --history: an empty run key; give a checkpoint file or a run key"),
+    (["compare", "a", "b", "--resamples", "2147483647"],  # 17 GB asked for, then 'not enough memory'
+     "Invalid value for '--resamples': 2147483647 is not in the range 100<=x<=1000000."),
     (["make-synthetic", "s.h5", "--n-query", "99999999999", "--n-retrieval", "99999999999"],
      "not enough memory for what was asked (Unable to allocate 1.46 TiB for an array with shape (199999999998,) and "
      "data type int64); ask for less"),

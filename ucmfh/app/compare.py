@@ -320,8 +320,9 @@ def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) 
 @click.option("--n-bits", "-b", multiple=True, type=int, help="Only these code lengths (repeatable).")
 @click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable).")
 @click.option("--protocol", type=click.Choice(PROTOCOLS), help="Only this protocol.")
-@click.option("--resamples", type=Count(min=100), default=RESAMPLES, show_default=True,
-              help="Bootstrap resamples.")
+@click.option("--resamples", type=Count(min=100, max=1_000_000), default=RESAMPLES, show_default=True,
+              help="Bootstrap resamples (a million at most: beyond, the interval's last digit no longer moves, and "
+                   "2**31 of them asked for 17 GB).")
 @click.option("--pool", is_flag=True,
               help="The datasets named with -d are other query draws of the same items (scripts/query_draws.py): "
                    "one cell per length, each seed's queries those of every draw.")
