@@ -25,6 +25,26 @@ def saved(tmp_path, tiny):
     return path, model, fcfg, hcfg
 
 
+def test_a_checkpoint_never_replaces_a_file_that_is_not_one(saved, tmp_path, tiny_path):
+    """save_checkpoint wrote over a copy of a dataset, wrote its settings over a user's notes.json, and, named
+    .json, over itself (an audit's finds); a checkpoint saved again replaces itself."""
+    import shutil
+
+    path, model, fcfg, hcfg = saved
+    shutil.copy(tiny_path, tmp_path / "data.h5")
+    (tmp_path / "notes.json").write_text('{"my": "notes"}')
+    for target, refused in (("data.h5", "data.h5: exists and is not a ucmfh checkpoint; not replaced"),
+                            ("notes.pt", "notes.json: exists and is not a checkpoint's settings file, which "),
+                            ("model.json", "model.json: a checkpoint named .json would be written over by its "
+                                           "settings")):
+        with pytest.raises((FileExistsError, ValueError), match=re.escape(refused)):
+            save_checkpoint(tmp_path / target, model, fcfg, hcfg)
+    assert (tmp_path / "notes.json").read_text() == '{"my": "notes"}' and not (tmp_path / "notes.pt").exists()
+    assert (tmp_path / "data.h5").read_bytes() == open(tiny_path, "rb").read()
+    assert save_checkpoint(path, model, fcfg, hcfg, meta={"again": True}) == path
+    assert load_model(path, "hash")[3] == {"again": True}
+
+
 def test_round_trip_gives_the_same_codes_and_config(saved, tiny):
     path, model, fcfg, hcfg = saved
     loaded, fcfg2, hcfg2, meta = load_model(path, "hash", d_img=tiny.d_img, d_txt=tiny.d_txt, n_bits=24)

@@ -51,6 +51,20 @@ def test_a_wrong_type_at_an_entry_point_says_what_to_give(tiny, tiny_path, train
             call()
 
 
+def test_a_model_given_features_of_other_widths_says_so(tiny, trained, tmp_path):
+    """torch's own refusal, deep in the first layer, named neither the model's widths nor the split's."""
+    from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
+
+    other = ucmfh.load_dataset(make_synthetic(tmp_path / "wide.h5", SyntheticSpec(
+        n_query=10, n_retrieval=40, n_train=20, d_img=tiny.d_img + 3, d_txt=tiny.d_txt)))
+    widths = f"the model takes {tiny.d_img}-d image and {tiny.d_txt}-d text features, the split has " \
+             f"{tiny.d_img + 3}-d and {tiny.d_txt}-d"
+    for call, name in ((lambda: ucmfh.evaluate_hashing(trained, other), "evaluate_hashing"),
+                       (lambda: ucmfh.encode_split(trained, other.query), "encode_split")):
+        with pytest.raises(ValueError, match=f"^{name}: {widths}"):
+            call()
+
+
 def test_a_trained_model_s_codes_and_scores_are_one_call_each(tiny, trained):
     img, txt = ucmfh.encode_split(trained, tiny.query)  # unimodal: each modality's codes from itself
     assert img.shape == txt.shape == (len(tiny.query.img), 16)

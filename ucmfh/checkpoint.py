@@ -62,7 +62,32 @@ def save_checkpoint(
         _rebuild(payload)
     except CheckpointError as err:
         raise CheckpointError(f"{path}: not saved, as load_model would refuse it: {err}") from None
+    _check_replaceable(path)
     return _write(path, payload)
+
+
+def _check_replaceable(path: str) -> None:
+    """Refuse (``FileExistsError``) to write a checkpoint over a file that is not one, or its settings
+    (:func:`settings_path`) over a JSON file that is not a checkpoint's: a copy of a dataset, or a user's
+    notes.json beside model.pt, were replaced without a word. A checkpoint saved again replaces itself."""
+    if settings_path(path) == path:
+        raise ValueError(f"{path}: a checkpoint named .json would be written over by its settings (PATH.json); "
+                         "name it .pt")
+    if os.path.exists(path):
+        try:
+            read_checkpoint(path)
+        except CheckpointError:
+            raise FileExistsError(f"{path}: exists and is not a ucmfh checkpoint; not replaced") from None
+    settings = settings_path(path)
+    if os.path.exists(settings):
+        try:
+            with open(settings, encoding="utf-8") as f:
+                mine = {"kind", "d_img", "d_txt", "meta"} <= set(json.load(f))
+        except (OSError, ValueError, TypeError):
+            mine = False
+        if not mine:
+            raise FileExistsError(f"{settings}: exists and is not a checkpoint's settings file, which {path} would "
+                                  "write there; not replaced")
 
 
 def _write(path: str, payload: Dict[str, Any]) -> str:

@@ -39,7 +39,7 @@ def unpack_codes(packed: ArrayLike, n_bits: int) -> torch.Tensor:
         raise ValueError(f"n_bits={n_bits} does not fit {packed.shape[1]} bytes per code")
     weights = torch.from_numpy(bits.BIT_WEIGHTS).to(packed.device)
     is_set = (packed[:, :, None] & weights) != 0  # [N, bytes, 8]
-    is_set = is_set.reshape(packed.shape[0], -1)[:, :n_bits]
+    is_set = is_set.reshape(packed.shape[0], 8 * packed.shape[1])[:, :n_bits]  # -1 cannot be solved for 0 rows
     return torch.where(is_set, 1.0, -1.0)
 
 

@@ -67,6 +67,18 @@ def check_hasher(where: str, model: object) -> None:
                          "ucmfh.fit_hashing, or ucmfh.load_model(path, 'hash')")
 
 
+def check_widths(where: str, model: nn.Module, split: Split) -> None:
+    """Refuse a split of other feature widths than the model takes (``ValueError``), where a model says them
+    (``d_img``/``d_txt``, of its fusion encoder for UCMFH's): torch's own refusal, deep inside the first layer,
+    named neither ('The size of tensor a (1280) must match ...')."""
+    owner = getattr(model, "fusion", None) or model
+    widths = getattr(owner, "d_img", None), getattr(owner, "d_txt", None)
+    given = split.img.shape[1], split.txt.shape[1]
+    if None not in widths and tuple(widths) != given:
+        raise ValueError(f"{where}: the model takes {widths[0]}-d image and {widths[1]}-d text features, the split "
+                         f"has {given[0]}-d and {given[1]}-d (features of another dataset or extractor?)")
+
+
 def head_outputs_split(
     model: CrossModalHasher, split: Split, protocol: str = "unimodal", device: str = "auto",
     batch_size: int = 4096, progress: bool = False,
@@ -76,6 +88,7 @@ def head_outputs_split(
     Shape: -> two [N, n_bits] on ``device``."""
     check_hasher("encode_split", model)
     check_argument("encode_split", "split", split, Split, "a split of ucmfh.load_dataset(path): .query, .retrieval")
+    check_widths("encode_split", model, split)
     _protocols(protocol)
     device = resolve_device(device)
     model.to(device).eval()
@@ -105,6 +118,7 @@ def embed_split(
     check_argument("embed_split", "fusion", fusion, FusionEncoder,
                    "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
     check_argument("embed_split", "split", split, Split, "a split of ucmfh.load_dataset(path): .query, .retrieval")
+    check_widths("embed_split", fusion, split)
     _protocols(protocol)
     device = resolve_device(device)
     fusion.to(device).eval()
@@ -212,6 +226,7 @@ def evaluate_hashing(
     check_hasher("evaluate_hashing", model)
     check_argument("evaluate_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
     check_argument("evaluate_hashing", "k", k, int)
+    check_widths("evaluate_hashing", model, data.query)
     if protocols is None:
         protocols = PROTOCOLS if hasattr(model, "fusion") else ("unimodal",)
     protocols = _protocols(protocols)

@@ -254,6 +254,16 @@ def test_supervised_training_with_no_loss_that_uses_labels_is_refused(method, se
     assert fusion_config(supervised=True, loss="pairwise").supervised
 
 
+def test_fusion_config_names_its_own_overrides_and_refuses_one_of_a_setting_given():
+    """Its refusal of an unknown setting pointed at overrides={'hash': ...}; an override of a setting given too
+    won silently."""
+    with pytest.raises(SettingError, match=re.escape("(any other as an override: overrides={'fusion': {...}})")):
+        fusion_config(d_model=128)
+    assert fusion_config(overrides={"fusion": {"d_model": 128}}).d_model == 128
+    with pytest.raises(SettingError, match=re.escape("'fusion.epochs': given twice, as epochs and as an override")):
+        fusion_config(epochs=1, overrides={"fusion": {"epochs": 2}})
+
+
 def test_a_fusion_stage_whose_loss_ignores_labels_is_the_unsupervised_one():
     """ucmfh --supervised with a pairwise hashing loss: its fusion stage ('original') cannot use the labels, so it
     is the unsupervised stage (reused as such), not one more run key for the same model."""

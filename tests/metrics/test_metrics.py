@@ -350,6 +350,53 @@ def test_validation_errors():
         map_at_k(query, retrieval, ql, rl, ranking="dot")
 
 
+BACKENDS = ["torch"] + (["native"] if native_kernels() else [])
+
+
+def test_real_valued_codes_are_read_by_their_signs_on_every_backend():
+    """Codes read by sign, 0 as +1 (docs/reference.md §5): the torch path (a GPU's) ranked real values by their
+    dot products, the compiled kernels by their signs, two figures of one set of codes (an audit's find)."""
+    rng = np.random.default_rng(4)
+    q, r = rng.standard_normal((50, 16)).astype(np.float32), rng.standard_normal((300, 16)).astype(np.float32)
+    q[:, :4], r[:, :4] = np.maximum(q[:, :4], 0), np.maximum(r[:, :4], 0)  # exact zeros: +1
+    ql, rl = (rng.random((50, 4)) < 0.4).astype(np.uint8), (rng.random((300, 4)) < 0.4).astype(np.uint8)
+    signs = [np.where(x >= 0, 1.0, -1.0).astype(np.float32) for x in (q, r)]
+    for name in BACKENDS:
+        with backend(name):
+            for ties in ("index", "expected"):
+                assert map_at_k(q, r, ql, rl, ties=ties) == map_at_k(*signs, ql, rl, ties=ties), (name, ties)
+            assert torch.equal(top_k(q, r, 20)[0], top_k(*signs, 20)[0]), name
+
+
+def test_labels_ids_and_codes_the_metrics_cannot_read_are_refused():
+    """±1 labels made every item relevant on one backend; float ids were all read as id 0; NaN codes were read as
+    -1 by one backend, by their dot products by the other, and crashed a third path (an audit's finds)."""
+    query, retrieval, ql, rl = make_case(9, 5, 20, 8)
+    for name in BACKENDS:
+        with backend(name):
+            with pytest.raises(ValueError, match=r"query labels: values other than 0 and 1"):
+                map_at_k(query, retrieval, 2 * ql - 1, rl)
+            with pytest.raises(ValueError, match=r"query ids must be integers, got float64"):
+                recall_at_ranks(query, retrieval, np.arange(5) * 0.1, np.arange(20) * 0.1)
+            bad = query.clone()
+            bad[0, 0] = float("nan")
+            for ties in ("index", "expected"):
+                with pytest.raises(ValueError, match=r"query codes: non-finite values \(NaN or infinity\)"):
+                    map_at_k(bad, retrieval, ql, rl, ties=ties)
+    assert map_at_k(query, retrieval, ql.bool(), rl.bool()) == map_at_k(query, retrieval, ql, rl)  # bool labels read
+
+
+def test_packed_codes_of_a_chunk_without_matching_ids_score_as_pm1():
+    """Tie-aware recall by id of packed codes crashed ('cannot reshape tensor of 0 elements') where a query chunk
+    held no query whose id the retrieval set has."""
+    q = np.packbits(np.array([[1, 1], [0, 1]], bool), axis=1)
+    r = np.packbits(np.array([[0, 1], [1, 0]], bool), axis=1)
+    pm1 = [np.where(np.unpackbits(x, axis=1)[:, :2] > 0, 1.0, -1.0) for x in (q, r)]
+    for chunk in (1, 256):
+        got = recall_at_ranks(q, r, np.array([2, 1]), np.array([1, 0]), (1,), chunk, ties="expected")
+        assert got == recall_at_ranks(*pm1, np.array([2, 1]), np.array([1, 0]), (1,), chunk, ties="expected") == [0.5]
+
+
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU")
 def test_gpu_equals_cpu():
     query, retrieval, ql, rl = make_case(10, 50, 400, 16)

@@ -125,6 +125,8 @@ def test_bad_arguments_are_clear():
     packed = np.full((1, 2), 0xFF, dtype=np.uint8)
     with pytest.raises(ValueError, match="beyond bit 12"):
         Index(12).add("img", packed)
+    with pytest.raises(ValueError, match=r"^txt ids: must be >= 0, got -2 \(first at row 1\)$"):  # as 'index' says
+        Index(16).add("txt", np.ones((3, 16)), ids=np.array([1, -2, 3]))
 
 
 def test_save_load_mmap_append_and_shards(tmp_path):

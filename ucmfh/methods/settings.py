@@ -132,7 +132,7 @@ def fusion_config(*, dataset: Optional[str] = None, overrides: Optional[Mapping[
     """The config of a fusion stage trained alone (task 0) from the settings given (FUSION_SETTINGS; None:
     FusionConfig's default; ``epochs``: the dataset's default) and ``overrides={"fusion": {...}}``; a
     :class:`SettingError` names a setting refused."""
-    _check_names(settings, FUSION_SETTINGS)
+    _check_names(settings, FUSION_SETTINGS, "fusion")
     given = {name: value for name, value in settings.items() if value is not None}
     stage_overrides = check_overrides(overrides, ("fusion",))
     twice = next((name for name in stage_overrides.get("fusion", {}) if name in given), None)
@@ -292,11 +292,11 @@ def _method(name: str) -> Method:
         raise SettingError("method", str(err)) from None
 
 
-def _check_names(settings: Mapping[str, Any], known: Sequence[str]) -> None:
+def _check_names(settings: Mapping[str, Any], known: Sequence[str], stage: str = "hash") -> None:
     unknown = [name for name in settings if name not in known]
     if unknown:
         raise SettingError(unknown[0], f"unknown setting {unknown[0]!r}; settings are {', '.join(known)} "
-                                       "(any other as an override: overrides={'hash': {...}})")
+                                       f"(any other as an override: overrides={{'{stage}': {{...}}}})")
 
 
 def _fusion(dataset: Optional[str], settings: Dict[str, Any], overrides: Dict[str, Any]) -> FusionConfig:

@@ -72,6 +72,10 @@ def check_pair(query: torch.Tensor, retrieval: torch.Tensor, ranking: str) -> No
     if ranking == "cosine" and query.dtype == torch.uint8:
         raise ValueError("cosine ranking needs real-valued embeddings, got packed codes")
     check = check_packed if query.dtype == torch.uint8 else check_signed
+    for codes, what in ((query, "query"), (retrieval, "retrieval")):
+        if codes.is_floating_point() and not bool(torch.isfinite(codes).all()):  # NaN has no sign, nor a cosine
+            raise ValueError(f"{what} {'codes' if ranking == 'hamming' else 'embeddings'}: non-finite values (NaN or "
+                             "infinity)")
     if ranking == "hamming":
         check(query, "query codes")
         check(retrieval, "retrieval codes")
@@ -91,6 +95,9 @@ def check_labels(
         )
     if ql.ndim != 2 or rl.ndim != 2 or ql.shape[1] != rl.shape[1]:
         raise ValueError(f"labels must be [N, C] with the same C, got {tuple(ql.shape)} and {tuple(rl.shape)}")
+    for labels, what in ((ql, "query"), (rl, "retrieval")):  # relevance is a shared 1: ±1 labels made all relevant
+        if labels.dtype != torch.bool and not bool(((labels == 0) | (labels == 1)).all()):
+            raise ValueError(f"{what} labels: values other than 0 and 1; labels are multi-hot (0/1) [N, C]")
 
 
 def check_ids(
@@ -102,6 +109,9 @@ def check_ids(
             f"ids must be 1-D and match the codes: got {tuple(query_ids.shape)} for {query.shape[0]} "
             f"queries and {tuple(retrieval_ids.shape)} for {retrieval.shape[0]} items"
         )
+    for ids, what in ((query_ids, "query"), (retrieval_ids, "retrieval")):  # 0.1 and 0.2 were both read as id 0
+        if ids.is_floating_point() or ids.is_complex() or ids.dtype == torch.bool:
+            raise ValueError(f"{what} ids must be integers, got {str(ids.dtype).replace('torch.', '')}")
 
 
 def n_bits_of(codes: torch.Tensor) -> int:
@@ -110,8 +120,10 @@ def n_bits_of(codes: torch.Tensor) -> int:
 
 
 def as_pm1(codes: torch.Tensor, device: torch.device) -> torch.Tensor:
-    """±1 float32 codes on ``device`` from ±1 or packed codes."""
+    """±1 float32 codes on ``device`` from ±1, real-valued (read by sign, 0 as +1: docs/reference.md §5) or packed
+    codes. (Real values were ranked by their dot products on the torch path, a GPU's, where the compiled kernels
+    read their signs: two figures for one set of codes.)"""
     codes = codes.to(device)
     if codes.dtype == torch.uint8:
         return unpack_codes(codes, 8 * codes.shape[1])
-    return codes.float()
+    return torch.where(codes >= 0, 1.0, -1.0)

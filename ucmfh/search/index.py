@@ -251,6 +251,9 @@ class Index(IndexFolder):
         if ids.dtype.kind not in "iu":
             raise ValueError(f"{where} ids: must be integers, got {ids.dtype}")
         _check_rows(f"{where} ids", ids, n)
+        if ids.size and int(ids.min()) < 0:  # as 'ucmfh index' refuses them (docs/search.md)
+            raise ValueError(f"{where} ids: must be >= 0, got {int(ids.min())} (first at row "
+                             f"{int(np.argmax(ids < 0))})")
         columns: Dict[str, Any] = {"codes": words, "ids": ids.astype(np.int64)}
         for name, key in (("embed", "embeddings"), ("labels", "labels"), ("origin", "origin")):
             value = given.get(key)
