@@ -40,6 +40,29 @@ def test_streamed_rows_read_what_is_in_memory(tiny_path, tiny):
         rows.subset(torch.tensor([3, 1]))
 
 
+def test_a_file_written_over_while_streamed_is_refused_and_one_renamed_over_is_not(tiny_path, tiny, tmp_path):
+    """A file copied over a streamed one gave the new file's rows, or HDF5's 'addr overflow'; one renamed into its
+    path leaves the opened file as it was, read on."""
+    from ucmfh.data.format import DataError
+    from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
+
+    other = make_synthetic(tmp_path / "other.h5", SyntheticSpec(n_query=50, n_retrieval=400, n_train=400, d_img=80,
+                                                                d_txt=40, seed=9))
+    for replace_it in ("copy", "rename"):
+        path = tmp_path / f"{replace_it}.h5"
+        shutil.copy(tiny_path, path)
+        rows = Rows(str(path), "train/image", SMALL_BLOCKS)
+        assert torch.equal(rows[torch.tensor([3, 200])], tiny.train.img[[3, 200]])
+        if replace_it == "copy":
+            shutil.copyfile(other, path)
+            with pytest.raises(DataError, match=f"{path}: changed since it was opened"):
+                rows[torch.tensor([5, 300])]
+        else:
+            shutil.copy(other, tmp_path / "new.h5")
+            (tmp_path / "new.h5").replace(path)
+            assert torch.equal(rows[torch.tensor([5, 300])], tiny.train.img[[5, 300]])
+
+
 class CountingReads:
     """An HDF5 dataset that records the number of rows of each read."""
 

@@ -28,6 +28,7 @@ import h5py
 import numpy as np
 import torch
 
+from ucmfh.data.format import DataError
 from ucmfh.utils import host_index, to_device
 
 
@@ -146,6 +147,12 @@ class _Pread:
         list(_pool().map(read_some, [runs[i:i + step] for i in range(0, len(runs), step)]))
 
 
+def _stamp(fd: int) -> Tuple[int, int]:
+    """An open file's size and modification time: another content written into it changes them."""
+    stat = os.fstat(fd)
+    return stat.st_size, stat.st_mtime_ns
+
+
 class _Blocks:
     """One HDF5 dataset's blocks of rows, least recently used first out, and the batches read ahead of their
     step; shared by the views of it."""
@@ -158,6 +165,9 @@ class _Blocks:
         self.ahead: "OrderedDict[Tuple[int, bytes], np.ndarray]" = OrderedDict()
         self.lock = threading.Lock()  # a step reads while the next step's rows are read ahead
         self.pread = _Pread.of(path, self.dataset)
+        self.fd = os.open(path, os.O_RDONLY)  # the file opened, whatever is renamed into its path since
+        weakref.finalize(self, os.close, self.fd)
+        self.stamp = _stamp(self.fd)
 
     def block(self, rows: np.ndarray, key: Tuple[int, int]) -> np.ndarray:
         """The file rows ``rows`` (sorted) as float32, cached under ``key``."""
@@ -186,6 +196,9 @@ class _Blocks:
         per run of rows less than ``GAP`` apart within a span of ``block_rows`` file rows (a spread subset,
         e.g. a validation part; a training batch), so that memory stays bounded by a block whatever the
         rows' spread, and rows far apart are read alone; by :class:`_Pread` where it can, the rows alone."""
+        if _stamp(self.fd) != self.stamp:  # rows of two contents in one run, or HDF5's 'addr overflow'
+            raise DataError(f"{self.path}: changed since it was opened (written over in place while its rows were "
+                            "read as training went); put it back, or run again on the new file")
         span = self.settings.block_rows
         lo, hi = int(rows[0]), int(rows[-1]) + 1
         if hi - lo <= max(span, 2 * len(rows)):
