@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 
 import numpy as np
 import pytest
@@ -348,6 +349,27 @@ def test_validation_errors():
         map_at_k(query, retrieval, ql, rl, empty="nan")
     with pytest.raises(ValueError, match="ranking"):
         map_at_k(query, retrieval, ql, rl, ranking="dot")
+    # counts of another type failed deep inside ('float' object cannot be interpreted as an integer), or ran as
+    # another count (True as k=1, 2.5 as 2); chunk sizes of 0 ran on the compiled kernels' path
+    ids, rids = torch.arange(5), torch.arange(20) % 5
+    for call, said in ((lambda: map_at_k(query, retrieval, ql, rl, k=2.5), "k must be an integer, got 2.5"),
+                       (lambda: map_at_k(query, retrieval, ql, rl, k=True), "k must be an integer, got True"),
+                       (lambda: top_k(query, retrieval, "5"), "k must be an integer, got '5'"),
+                       (lambda: recall_at_ranks(query, retrieval, ids, rids, (1.5,)), "ranks must be an integer"),
+                       (lambda: precision_within_radius(query, retrieval, ql, rl, radius=1.5),
+                        "radius must be an integer, got 1.5")):
+        with pytest.raises(TypeError, match=re.escape(said)):
+            call()
+    for name in BACKENDS:
+        with backend(name):
+            with pytest.raises(ValueError, match=r"chunk sizes must be >= 1, got 0 and 65536"):
+                map_at_k(query, retrieval, ql, rl, chunk_size=0)
+    with pytest.raises(ValueError, match=r"ks must be a non-empty list of positive integers, got 5"):
+        precision_at_k(query, retrieval, ql, rl, ks=5)
+    from ucmfh.metrics import map_at_k_by_id
+
+    with pytest.raises(ValueError, match=r"k must be >= 1, got 0"):  # ties by index refused it, tie-aware scored 0
+        map_at_k_by_id(query, retrieval, ids, rids, k=0, ties="expected")
 
 
 BACKENDS = ["torch"] + (["native"] if native_kernels() else [])

@@ -21,6 +21,7 @@ from ucmfh.metrics.arguments import (
     ArrayLike,
     Empty,
     as_tensors,
+    check_count,
     check_labels,
 )
 from ucmfh.metrics.relevance import queries_to_keep
@@ -87,8 +88,7 @@ def precision_within_radius(
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
 ) -> float:
     """Mean precision of the items within Hamming radius ``radius`` (0 for a query that gets none)."""
-    if radius < 0:
-        raise ValueError(f"radius must be >= 0, got {radius}")
+    check_count("radius", radius, least=0)
     curve = pr_curve_hamming(
         query_codes, retrieval_codes, query_labels, retrieval_labels, chunk_size,
         empty=empty, retrieval_chunk_size=retrieval_chunk_size,

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 from typing import List, Optional, Sequence, Tuple
 
+import numpy as np
 import torch
 
 from ucmfh.metrics.ap import (
@@ -36,6 +37,7 @@ from ucmfh.metrics.arguments import (
     Ties,
     as_tensors,
     check_choice,
+    check_count,
     check_ids,
     check_chunks,
     check_labels,
@@ -77,12 +79,12 @@ def average_precision_at_k(
     )
     check_labels(query_codes, retrieval_codes, query_labels, retrieval_labels)
     check_choice("ties", ties, TIES)
-    if k is not None and k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    if k is not None:
+        check_count("k", k)
+    check_chunks(chunk_size, retrieval_chunk_size)  # every path's, the compiled kernels' too
     n = retrieval_codes.shape[0]
     if ties == "expected":
         check_pair(query_codes, retrieval_codes, ranking)
-        check_chunks(chunk_size, retrieval_chunk_size)
         return tie_aware_average_precision(
             query_codes, retrieval_codes, query_labels, retrieval_labels, by_id=False, k=k, ranking=ranking,
             chunk_size=chunk_size, retrieval_chunk_size=retrieval_chunk_size,
@@ -190,17 +192,21 @@ def _hits_at(
     ties: str,
     chunk_size: int,
     retrieval_chunk_size: int,
+    what: str = "ks",
 ) -> torch.Tensor:
-    """Relevant items among the first k (``any_hit``: whether there is one), for each k of ``ks``,
+    """Relevant items among the first k (``any_hit``: whether there is one), for each k of ``ks`` (``what``: the
+    caller's name for them, in a refusal),
     relevance by label or (``by_id``) by id; with ``ties="expected"`` their mean over every order
     of tied items. Shape: -> [Q, len(ks)] float64."""
+    if isinstance(ks, (int, np.integer)) or not ks:  # 5 said "'int' object is not iterable"
+        raise ValueError(f"{what} must be a non-empty list of positive integers, got {ks!r}")
     ks = list(ks)
-    if not ks or min(ks) < 1:
-        raise ValueError(f"ks must be a non-empty list of positive integers, got {ks}")
+    for k in ks:
+        check_count(what, k)
     check_choice("ties", ties, TIES)
+    check_chunks(chunk_size, retrieval_chunk_size)
     if ties == "expected":
         check_pair(query, retrieval, ranking)
-        check_chunks(chunk_size, retrieval_chunk_size)
         return tie_aware_hits(query, retrieval, query_side, retrieval_side, ks, by_id=by_id, any_hit=any_hit,
                               ranking=ranking, chunk_size=chunk_size, retrieval_chunk_size=retrieval_chunk_size)
     n = retrieval.shape[0]
@@ -337,7 +343,7 @@ def hits_at_ranks(
     return _hits_at(
         query_codes, retrieval_codes, query_ids.to(query_codes.device).long(), retrieval_ids.long(), ranks,
         by_id=True, any_hit=True, ranking=ranking, ties=ties, chunk_size=chunk_size,
-        retrieval_chunk_size=retrieval_chunk_size,
+        retrieval_chunk_size=retrieval_chunk_size, what="ranks",
     )
 
 
@@ -383,9 +389,10 @@ def average_precision_by_id(
     query_ids = query_ids.to(query_codes.device).long()
     retrieval_ids = retrieval_ids.long()
     check_choice("ties", ties, TIES)
+    check_count("k", k)  # k=0 scored 0.0 tie-aware, where ties by index refused it
+    check_chunks(chunk_size, retrieval_chunk_size)
     if ties == "expected":
         check_pair(query_codes, retrieval_codes, ranking)
-        check_chunks(chunk_size, retrieval_chunk_size)
         return tie_aware_average_precision(
             query_codes, retrieval_codes, query_ids, retrieval_ids, by_id=True, k=k, ranking=ranking,
             chunk_size=chunk_size, retrieval_chunk_size=retrieval_chunk_size,

@@ -35,6 +35,7 @@ from ucmfh.metrics.arguments import (
     as_pm1,
     as_tensors,
     check_chunks,
+    check_count,
     check_pair,
     n_bits_of,
 )
@@ -206,6 +207,7 @@ def iter_top_k(
     """
     check_pair(query, retrieval, ranking)
     check_chunks(chunk_size, retrieval_chunk_size)
+    check_count("k", k)
     k = min(k, retrieval.shape[0])
     if k < 1:
         raise ValueError(f"k must be >= 1, got {k}")
