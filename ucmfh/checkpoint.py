@@ -105,12 +105,13 @@ def settings_path(checkpoint: PathLike) -> str:
     return os.path.splitext(os.fspath(checkpoint))[0] + ".json"
 
 
-def saved_seconds(checkpoint: PathLike) -> Optional[float]:
-    """The seconds a saved stage's training took, as its settings file (:func:`settings_path`) says, without
-    loading the weights; None where there is no such file, or it does not say."""
+def saved_number(checkpoint: PathLike, name: str) -> Optional[float]:
+    """A number a saved stage's meta holds, as its settings file (:func:`settings_path`) says, without loading
+    the weights: ``seconds`` (its training's), ``threads`` (the CPU threads it trained with); None where there is
+    no such file, or it does not say."""
     try:
         with open(settings_path(checkpoint), encoding="utf-8") as f:
-            return float(json.load(f)["meta"]["seconds"])
+            return float(json.load(f)["meta"][name])
     except (OSError, ValueError, KeyError, TypeError):
         return None
 

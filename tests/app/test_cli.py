@@ -302,6 +302,8 @@ def test_cuda_graphs_asked_for_on_the_cpu_train_eagerly_and_say_so(tmp_path, tin
     assert again.exit_code == 0 and "reused" in again.output and "note: " not in again.output
     first, second = (json.loads(line) for line in results.read_text().splitlines() if '"hashing"' in line)
     assert (first["map_i2t"], first["checkpoint"]) == (second["map_i2t"], second["checkpoint"])
+    # the CPU threads the stage trained with, as saved: the row of the reused checkpoint says the training's too
+    assert first["train_threads"] == second["train_threads"] == torch.get_num_threads()
 
 
 @pytest.mark.parametrize("argv, said", [

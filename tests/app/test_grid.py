@@ -55,6 +55,13 @@ def test_grid_runs_every_cell_once_and_tabulates_seeds(tiny_path, tmp_path):
     assert again.count("skip") == 8 and "training" not in again
     assert len(results.read_text().splitlines()) == len(rows)
 
+    # one seed: no spread in the CSV (a blank), where 0.0 read as one measured
+    single = ["1" if a == "1,2" else str(tmp_path / "one.jsonl") if a == str(results) else
+              str(tmp_path / "one") if a == str(table) else a for a in argv]
+    _grid(*single)
+    with open(tmp_path / "one.csv", newline="") as f:
+        assert {(s["n_seeds"], s["map_i2t_std"], s["map_i2t_expected_std"]) for s in csv.DictReader(f)} == {("1", "", "")}
+
     other = _grid(*argv, "--k", "20")  # another setting: the cells are scored again (training reused)
     assert "skip" not in other and "training" not in other
     assert len(results.read_text().splitlines()) == 2 * len(rows)

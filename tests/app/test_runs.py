@@ -329,6 +329,15 @@ def test_runs_summarises_over_seeds(tmp_path):
     assert sorted(json.loads(line)["n_seeds"] for line in both.output.splitlines()) == [1, 3]
     missing = CliRunner().invoke(main, ["runs", "--results", str(first), "--results", str(tmp_path / "none.jsonl")])
     assert missing.exit_code == 2 and f"{tmp_path / 'none.jsonl'}: no such results file" in missing.output
+    # a run two files score differently (trained apart, e.g. with other thread counts): said, the last file's used
+    (tmp_path / "c.jsonl").write_text(json.dumps({**rows[1], "map_i2t": 0.99}) + "\n" + json.dumps(rows[2]) + "\n")
+    clash = CliRunner().invoke(main, ["runs", "--results", str(first), "--results", str(tmp_path / "c.jsonl"),
+                                      "-d", "d", "--json"])
+    assert clash.exit_code == 0 and clash.stderr.splitlines() == [
+        f"warning: {tmp_path / 'c.jsonl'}: 1 row(s) score runs {first} scored too, with other scores (trained apart: "
+        "on another machine, or with another number of CPU threads, a row's train_threads); "
+        f"{tmp_path / 'c.jsonl'}'s, read last, are used"], clash.stderr
+    assert "warning" not in both.stderr  # the same run in two files with one score: no clash
 
 
 @pytest.mark.parametrize("value, expected", [("0", "torch"), ("1", "auto")])

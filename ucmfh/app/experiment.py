@@ -13,7 +13,7 @@ from ucmfh.app.identity import (
 )
 from ucmfh.app.per_query import save_per_query
 from ucmfh.app.stage import Log, Stage, reuse_or_fit
-from ucmfh.checkpoint import CheckpointError, load_model, read_checkpoint, save_checkpoint, saved_seconds
+from ucmfh.checkpoint import CheckpointError, load_model, read_checkpoint, save_checkpoint, saved_number
 from ucmfh.codes import save_codes
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset
@@ -28,7 +28,8 @@ from ucmfh.evaluation import encode_split, evaluate_fusion, evaluate_hashing, ra
 from ucmfh.utils import resolve_device
 
 # the fields of a result row that differ between two runs of one setting: the clock's, and paths under each run's --out
-VARYING = frozenset({"time", "train_time_s", "fusion_train_time_s", "score_seconds", "checkpoint", "per_query"})
+VARYING = frozenset({"time", "train_time_s", "fusion_train_time_s", "score_seconds", "checkpoint", "per_query",
+                     "train_threads"})
 
 
 def _rows(
@@ -53,11 +54,18 @@ def _rows(
         "run": key_of(identity), **({} if trained_on is None else {"trained_on": trained_on}),
         "settings": run.settings(),
         "train_time_s": round(seconds, 2), "score_seconds": round(scored, 2), "device": str(resolve_device(device)),
-        "checkpoint": checkpoint,
+        "train_threads": _threads(checkpoint), "checkpoint": checkpoint,
         "source": source, "git_commit": git_commit(),
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return [{**common, **row} for row in scores]
+
+
+def _threads(checkpoint: str) -> Optional[int]:
+    """The CPU threads the checkpoint's stage trained with, as saved (None before they were): on a CPU another
+    count sums in another order, and trains another model (docs/architecture.md, "Grids side by side")."""
+    threads = saved_number(checkpoint, "threads")
+    return None if threads is None else int(threads)
 
 
 def _load(path: str, kind: str, data: Dataset) -> Tuple[Any, Dict[str, Any]]:
@@ -132,7 +140,7 @@ def train_hash_stage(
     history = fitted.history
     rows = score_hash_model(fitted.model, data, run, path, fitted.seconds, protocols, k, opts.progress, "train")
     if run.fusion_cfg is not None:  # the fusion stage it stands on trained too: the run's cost is both stages'
-        fusion_seconds = saved_seconds(run.fusion_path)
+        fusion_seconds = saved_number(run.fusion_path, "seconds")
         for row in rows:
             row["fusion_train_time_s"] = None if fusion_seconds is None else round(fusion_seconds, 2)
     if history["best_epoch"] is not None:  # the epoch kept by validation, and its score

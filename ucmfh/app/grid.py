@@ -222,7 +222,9 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
     text = io.StringIO()
     writer = csv.DictWriter(text, columns, extrasaction="ignore")
     writer.writeheader()
-    writer.writerows(summarize(rows))
+    # one seed has no spread: a blank, not a 0.0 that reads as one measured
+    writer.writerows({name: None if name.endswith("_std") and entry["n_seeds"] < 2 else value
+                      for name, value in entry.items()} for entry in summarize(rows))
     return (write_text_atomic(prefix + ".md", MARKS["table"].decode() + "\n" + markdown(rows, variants, bits) + "\n"),
             write_text_atomic(prefix + ".csv", text.getvalue()))
 

@@ -79,6 +79,8 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such results file (runs append their rows to --results)")
     rows = []
+    scored: Dict[tuple, Tuple[str, tuple]] = {}  # a measurement -> the file that scored it last, its scores
+    clashes: Dict[Tuple[str, str], int] = {}
     for path in paths:
         found = read_jsonl(path, on_skip=warn)
         kept = [row for row in found if row.get("dataset") is not None and row.get("task") is not None]
@@ -93,7 +95,19 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
                        f"{first}); skipped")
             warnings.warn(message, stacklevel=2) if warn is None else warn(message)
             kept = [row for row, problem in zip(kept, problems) if not problem]
+        for row in latest(kept):  # another file's scores of a measurement replace them: said, not silently
+            mine = tuple(sorted((key, json.dumps(value, sort_keys=True)) for key, value in row.items()
+                                if key.startswith(("map_", "recall_", "rsum"))))
+            earlier = scored.get(_measurement(row))
+            if earlier is not None and earlier[0] != path and earlier[1] != mine:
+                clashes[(earlier[0], path)] = clashes.get((earlier[0], path), 0) + 1
+            scored[_measurement(row)] = (path, mine)
         rows += [_located(row, path) for row in kept]
+    for (first, last), n in clashes.items():
+        message = (f"{last}: {n} row(s) score runs {first} scored too, with other scores (trained apart: on another "
+                   f"machine, or with another number of CPU threads, a row's train_threads); {last}'s, read last, "
+                   "are used")
+        warnings.warn(message, stacklevel=2) if warn is None else warn(message)
     return rows
 
 

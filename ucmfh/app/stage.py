@@ -14,6 +14,8 @@ import time
 from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 
+import torch
+
 from ucmfh.app.identity import Run, RunOptions, key_of
 from ucmfh.distributed import current_group
 from ucmfh.training_state import (StateFile, discard_state, drop_leftover_state, interrupted_at, saved_states,
@@ -294,7 +296,7 @@ def _train(stage: Stage, opts: RunOptions, fit: Callable[[StateFile, Any], Tuple
         model, history = fit(state, base)
     seconds = earlier + time.perf_counter() - start
     meta = {"identity": stage.identity, "dataset": stage.dataset, "history": history.as_dict(), "seconds": seconds,
-            "world_size": group.world_size}
+            "world_size": group.world_size, "threads": torch.get_num_threads()}
     if group.is_main:
         write_identity(stage.directory, stage.folder_identity or stage.identity, stage.dataset)
         save(model, meta)
