@@ -278,6 +278,17 @@ def test_clip_extraction_end_to_end_on_cpu(tmp_path, tiny_clip):
     torch.testing.assert_close(part.txt[0], txt[0], rtol=1e-4, atol=1e-5)
 
 
+def test_loading_the_model_prints_no_bar_of_its_own(tiny_clip, capfd):
+    """transformers' 'Loading weights' bar stood above a search's results (search --text); its setting is kept."""
+    from transformers.utils import logging as hf_logging
+
+    from ucmfh.data.clip_encoder import ClipEncoder
+
+    before = hf_logging.is_progress_bar_enabled()
+    ClipEncoder(tiny_clip, device="cpu")
+    assert "Loading" not in capfd.readouterr().err and hf_logging.is_progress_bar_enabled() == before
+
+
 def test_extract_command(tmp_path, tiny_clip):
     from ucmfh.app.data_cli import extract
 

@@ -68,6 +68,10 @@ class ClipEncoder:
             ) from err
         self.device = resolve_device(device or "auto")  # ValueError naming the device
         find_model(model)
+        from transformers.utils import logging as hf_logging
+
+        shown = hf_logging.is_progress_bar_enabled()
+        hf_logging.disable_progress_bar()  # its 'Loading weights' bar, above a search's results
         try:
             self.model = CLIPModel.from_pretrained(model, local_files_only=True).eval().to(self.device)
             self.tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
@@ -75,6 +79,9 @@ class ClipEncoder:
         except (OSError, ValueError, KeyError) as err:  # files missing or of another kind of model
             raise DataError(f"{model}: not a complete CLIP model (model, tokenizer and image processor): "
                             f"{type(err).__name__}: {err}") from None
+        finally:
+            if shown:
+                hf_logging.enable_progress_bar()
         self.max_length = int(self.model.config.text_config.max_position_embeddings)
         self.normalize = normalize
         self.name = model
