@@ -137,6 +137,10 @@ def test_cli_backends(tiny_path, cli_index):
     assert os.path.exists(os.path.join(cli_index, "faiss", "txt.ivf-nlist8.faiss")) and n > 8
     wrong = runner.invoke(main, [*base, "--nprobe", "4"])
     assert wrong.exit_code == 2 and "--nprobe does not apply to --backend exact" in wrong.output
+    # more lists than items: cut to the items, as before, and now said
+    many = runner.invoke(main, [*base, "--backend", "faiss-ivf", "--nlist", str(n + 1), "--nprobe", str(n + 1)])
+    assert many.exit_code == 0 and f"faiss-ivf: --nlist {n + 1} is more lists than the {n} items searched; {n} " \
+                                   "lists" in many.stderr, many.stderr
 
 
 def test_without_faiss_the_backends_are_one_line(tiny_path, cli_index, monkeypatch):

@@ -220,6 +220,9 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
                     "counts as multi-index hashing's")
         click.echo(f"mih: {results.served.get('mih', 0)} queries by multi-index hashing, "
                    f"{results.served.get('scan', 0)} by the scan ({why})", err=True)
+    if nlist is not None and nlist > opened.count(searched):  # n_lists cuts it to the items: said, not silently
+        click.echo(f"faiss-ivf: --nlist {nlist} is more lists than the {opened.count(searched)} items searched; "
+                   f"{opened.count(searched)} lists", err=True)
     if results.recall is not None:
         depth = results.positions.shape[1] if rerank is None else (candidates or 10 * k)
         click.echo(f"{backend} recall@{depth} against exact search: {results.recall['ids']:.4f} of the items, "
