@@ -366,6 +366,9 @@ def test_validation_errors():
                 map_at_k(query, retrieval, ql, rl, chunk_size=0)
     with pytest.raises(ValueError, match=r"ks must be a non-empty list of positive integers, got 5"):
         precision_at_k(query, retrieval, ql, rl, ks=5)
+    # any sequence of counts, a numpy array too (a check of the sequence's truth refused it)
+    assert precision_at_k(query, retrieval, ql, rl, ks=np.array([1, 5])) == precision_at_k(query, retrieval, ql, rl,
+                                                                                          ks=[1, 5])
     from ucmfh.metrics import map_at_k_by_id
 
     with pytest.raises(ValueError, match=r"k must be >= 1, got 0"):  # ties by index refused it, tie-aware scored 0

@@ -198,9 +198,10 @@ def _hits_at(
     caller's name for them, in a refusal),
     relevance by label or (``by_id``) by id; with ``ties="expected"`` their mean over every order
     of tied items. Shape: -> [Q, len(ks)] float64."""
-    if isinstance(ks, (int, np.integer)) or not ks:  # 5 said "'int' object is not iterable"
-        raise ValueError(f"{what} must be a non-empty list of positive integers, got {ks!r}")
-    ks = list(ks)
+    given = ks
+    ks = [] if isinstance(given, (int, np.integer)) else list(given)  # 5 said "'int' object is not iterable"
+    if not ks:
+        raise ValueError(f"{what} must be a non-empty list of positive integers, got {given!r}")
     for k in ks:
         check_count(what, k)
     check_choice("ties", ties, TIES)
