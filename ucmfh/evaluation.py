@@ -71,7 +71,8 @@ def check_widths(where: str, model: nn.Module, split: Split) -> None:
     """Refuse a split of other feature widths than the model takes (``ValueError``), where a model says them
     (``d_img``/``d_txt``, of its fusion encoder for UCMFH's): torch's own refusal, deep inside the first layer,
     named neither ('The size of tensor a (1280) must match ...')."""
-    owner = getattr(model, "fusion", None) or model
+    fusion = getattr(model, "fusion", None)
+    owner = model if fusion is None else fusion  # a module's truth is its length where it has one
     widths = getattr(owner, "d_img", None), getattr(owner, "d_txt", None)
     given = split.img.shape[1], split.txt.shape[1]
     if None not in widths and tuple(widths) != given:

@@ -54,20 +54,25 @@ def check_choice(name: str, value: str, choices: Tuple[str, ...]) -> None:
         raise ValueError(f"{name} must be one of {choices}, got {value!r}")
 
 
-def check_count(name: str, value: object, least: int = 1) -> None:
-    """Refuse anything but a whole number >= ``least``: ``TypeError`` for another type (True is no k, and 2.5 or
-    '5' failed deep inside, or ran as 2), ``ValueError`` below ``least``; each names ``name``."""
+def _check_integer(name: str, value: object) -> None:
+    """``TypeError`` naming ``name`` unless ``value`` is a whole number (True is no count, and 2.5 or '5' failed
+    deep inside, or ran as 2)."""
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
         raise TypeError(f"{name} must be an integer, got {value!r}")
+
+
+def check_count(name: str, value: object, least: int = 1) -> None:
+    """Refuse anything but a whole number >= ``least``: ``TypeError`` for another type, ``ValueError`` below
+    ``least``; each names ``name``."""
+    _check_integer(name, value)
     if value < least:
         raise ValueError(f"{name} must be >= {least}, got {value}")
 
 
 def check_chunks(chunk_size: int, retrieval_chunk_size: int) -> None:
     """Raise ValueError unless both chunk sizes are positive integers (TypeError for another type)."""
-    for name, value in (("chunk_size", chunk_size), ("retrieval_chunk_size", retrieval_chunk_size)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
-            raise TypeError(f"{name} must be an integer, got {value!r}")
+    _check_integer("chunk_size", chunk_size)
+    _check_integer("retrieval_chunk_size", retrieval_chunk_size)
     if chunk_size < 1 or retrieval_chunk_size < 1:
         raise ValueError(f"chunk sizes must be >= 1, got {chunk_size} and {retrieval_chunk_size}")
 
