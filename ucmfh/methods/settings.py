@@ -135,10 +135,7 @@ def fusion_config(*, dataset: Optional[str] = None, overrides: Optional[Mapping[
     _check_names(settings, FUSION_SETTINGS, "fusion")
     given = {name: value for name, value in settings.items() if value is not None}
     stage_overrides = check_overrides(overrides, ("fusion",))
-    twice = next((name for name in stage_overrides.get("fusion", {}) if name in given), None)
-    if twice is not None:  # the override would win silently
-        raise SettingError(f"fusion.{twice}", f"'fusion.{twice}': given twice, as {twice} and as an override",
-                           instead=twice)
+    _refuse_given_twice([(f"fusion.{name}", name) for name in stage_overrides.get("fusion", {}) if name in given])
     cfg = _blamed(lambda plain, extra: _fusion(dataset, plain, extra["fusion"]), given, stage_overrides)
     if cfg.supervised and not LOSSES[cfg.loss].uses_labels:  # the same model, under a new name
         raise SettingError("supervised", f"the fusion stage {_without_labels([cfg.loss])}: it has no use for supervised")
@@ -155,6 +152,12 @@ def _refuse_twice(spec: Method, given: Mapping[str, Any], overrides: Mapping[str
             twice.append(("fusion.epochs", "fusion_epochs"))
         elif spec.shares_fusion_options and name in SHARED_WITH_FUSION and name in given:
             twice.append((f"fusion.{name}", name))
+    _refuse_given_twice(twice)
+
+
+def _refuse_given_twice(twice: Sequence[Tuple[str, str]]) -> None:
+    """Refuse the first of ``twice``, (override, setting) pairs that give one setting twice: one would win
+    silently (:class:`SettingError` naming the override, ``instead`` the setting)."""
     if twice:
         key, name = twice[0]
         raise SettingError(key, f"{key!r}: given twice, as {name} and as an override", instead=name)
