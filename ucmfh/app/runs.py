@@ -98,10 +98,11 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
         for row in latest(kept):  # another file's scores of a measurement replace them: said, not silently
             mine = tuple(sorted((key, json.dumps(value, sort_keys=True)) for key, value in row.items()
                                 if key.startswith(("map_", "recall_", "rsum"))))
-            earlier = scored.get(_measurement(row))
+            measurement = _measurement(row)
+            earlier = scored.get(measurement)
             if earlier is not None and earlier[0] != path and earlier[1] != mine:
                 clashes[(earlier[0], path)] = clashes.get((earlier[0], path), 0) + 1
-            scored[_measurement(row)] = (path, mine)
+            scored[measurement] = (path, mine)
         rows += [_located(row, path) for row in kept]
     for (first, last), n in clashes.items():
         message = (f"{last}: {n} row(s) score runs {first} scored too, with other scores (trained apart: on another "
