@@ -80,6 +80,11 @@ def cosine_similarity_float64(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """
     if a.shape[1] != b.shape[1]:
         raise ValueError(f"rows of {a.shape[1]} and {b.shape[1]} dimensions")
-    rows_a, norm_a = exact_rows(a)
-    rows_b, norm_b = exact_rows(b)
+    return exact_cosine(exact_rows(a), exact_rows(b))
+
+
+def exact_cosine(a: Tuple[torch.Tensor, torch.Tensor], b: Tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """:func:`cosine_similarity_float64` from both sides' :func:`exact_rows`, for a side scored against many
+    others (made once). Shape: ([N, d], [N]), ([M, d], [M]) -> [N, M] float64."""
+    (rows_a, norm_a), (rows_b, norm_b) = a, b
     return (rows_a @ rows_b.T) / (norm_a.clamp(min=1.0)[:, None] * norm_b.clamp(min=1.0)[None, :])

@@ -232,6 +232,25 @@ def test_cosine_is_the_same_whatever_the_summation_order():
     assert (base - exact).abs().max() < 1e-6  # the rounding moves a cosine below a float32 input's precision
 
 
+def test_cosine_ranking_rounds_each_retrieval_block_once_where_it_keeps_them(monkeypatch):
+    """Every query chunk reads every block of retrieval items: their exact rows are made once a ranking (kept),
+    or again for each chunk past KEEP_BYTES; the same lists either way."""
+    import ucmfh.metrics.topk as topk
+
+    made = []
+    real = topk.exact_rows
+    monkeypatch.setattr(topk, "exact_rows", lambda x: made.append(x.shape[0]) or real(x))
+    g = torch.Generator().manual_seed(3)
+    query, retrieval = torch.randn(9, 6, generator=g), torch.randn(40, 6, generator=g)
+    kept = top_k(query, retrieval, 12, ranking="cosine", chunk_size=2, retrieval_chunk_size=7)
+    assert sorted(made) == sorted([1, 2, 2, 2, 2] + [5, 7, 7, 7, 7, 7])  # 5 query chunks, 6 blocks, once each
+    made.clear()
+    monkeypatch.setattr(topk, "KEEP_BYTES", 0)
+    again = top_k(query, retrieval, 12, ranking="cosine", chunk_size=2, retrieval_chunk_size=7)
+    assert len(made) == 5 + 5 * 6
+    assert torch.equal(kept[0], again[0]) and torch.equal(kept[1], again[1])
+
+
 @pytest.mark.parametrize("levels", [2, 5, 1000])
 def test_the_first_k_by_score_are_a_stable_descending_sort_s_first_k(levels):
     """The cosine ranking's selection (``topk`` twice, no sort of the row) against the sort it replaces: every row

@@ -38,7 +38,7 @@ from ucmfh.metrics.ap import exclusive_cumsum
 from ucmfh.metrics.histograms import iter_hamming_histograms
 from ucmfh.metrics.arguments import as_pm1, n_bits_of
 from ucmfh.metrics.relevance import gather_id_match, gather_relevance
-from ucmfh.metrics.topk import cosine_top_k_chunk
+from ucmfh.metrics.topk import ExactBlocks, cosine_top_k_chunk
 
 def _harmonic_span(before: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """Σ_{p=1..count} 1 / (before + p), float64, elementwise: a difference of harmonic numbers
@@ -185,6 +185,7 @@ def iter_cosine_groups(
     n = retrieval.shape[0]
     k = min(k, n)
     gather = gather_id_match if by_id else gather_relevance
+    retrieval_blocks = ExactBlocks(retrieval, retrieval_chunk_size, device)
     for start in range(0, query.shape[0], chunk_size):
         q = query[start : start + chunk_size]
         q_side = query_side[start : start + chunk_size].to(device)
@@ -196,7 +197,7 @@ def iter_cosine_groups(
             blocks.append((block_sim[:, -1], at_kth.sum(dim=1), (at_kth & rel).sum(dim=1), block_sim,
                            rel.gather(1, block_idx)))
 
-        sim, idx = cosine_top_k_chunk(q, retrieval, k, retrieval_chunk_size, on_block=count)
+        sim, idx = cosine_top_k_chunk(q, retrieval_blocks, k, on_block=count)
         rel = gather(q_side, retrieval_side, idx)
         new = torch.ones_like(rel)
         new[:, 1:] = sim[:, 1:] != sim[:, :-1]

@@ -4,7 +4,8 @@ Ranking (docs/reference.md §6): Hamming distance ascending, or cosine similarit
 descending, ties by retrieval index ascending. Hamming results are exact and the
 same for every chunk size, device and backend, and so are cosine results: the
 similarities are computed from rows rounded to integers, whose dot products are
-exact in any summation order (:func:`ucmfh.similarity.cosine_similarity_float64`):
+exact in any summation order (:func:`ucmfh.similarity.cosine_similarity_float64`; the
+retrieval items' rounded rows are made once a ranking, :class:`ExactBlocks`):
 
 * On the CPU, Hamming top-K runs in the compiled kernels when they serve the
   CPU (:mod:`ucmfh.metrics.native`).
@@ -23,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import math
-from typing import Callable, Iterator, Optional, Tuple
+from typing import Callable, Dict, Iterator, Optional, Tuple
 
 import torch
 
@@ -40,7 +41,7 @@ from ucmfh.metrics.arguments import (
     n_bits_of,
 )
 from ucmfh.metrics.native import code_words, native_top_k, use_native
-from ucmfh.similarity import cosine_similarity_float64
+from ucmfh.similarity import exact_cosine, exact_rows
 
 _GROUP = 32  # items per group in the top-K pre-selection
 # queries whose Hamming top-K one call finds on a GPU (iter_top_k), where a call of a chunk's few hundred is
@@ -160,21 +161,46 @@ def first_k(scores: torch.Tensor, k: int) -> Tuple[torch.Tensor, torch.Tensor]:
     return picked[:, :k], candidates.gather(1, order[:, :k])
 
 
+# bytes of float64 rows that ExactBlocks keeps between query chunks (a ranking of 40,000 items of 512 dims: 164 MB)
+KEEP_BYTES = 512 * 2**20
+
+
+class ExactBlocks:
+    """The retrieval items' :func:`~ucmfh.similarity.exact_rows`, ``block`` items at a time, on ``device``: made
+    at the first query chunk and kept for the others where they fit :data:`KEEP_BYTES`, else made again for each
+    (every query chunk reads them all; making them took a quarter of a caption set's cosine scoring)."""
+
+    def __init__(self, retrieval: torch.Tensor, block: int, device: torch.device) -> None:
+        self.retrieval, self.block, self.device = retrieval, block, device
+        n, d = retrieval.shape
+        self._kept: Optional[Dict[int, Tuple[torch.Tensor, torch.Tensor]]] = {} if n * d * 8 <= KEEP_BYTES else None
+
+    def __iter__(self) -> Iterator[Tuple[int, Tuple[torch.Tensor, torch.Tensor]]]:
+        for start in range(0, self.retrieval.shape[0], self.block):
+            parts = None if self._kept is None else self._kept.get(start)
+            if parts is None:
+                parts = exact_rows(self.retrieval[start : start + self.block].to(self.device))
+                if self._kept is not None:
+                    self._kept[start] = parts
+            yield start, parts
+
+
 def cosine_top_k_chunk(
-    q: torch.Tensor, retrieval: torch.Tensor, k: int, block: int,
+    q: torch.Tensor, blocks: ExactBlocks, k: int,
     on_block: Optional[Callable[[int, torch.Tensor, torch.Tensor, torch.Tensor], None]] = None,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
-    """Top-k of one query chunk: (similarities float64, indices int64) [q, k], (similarity desc, index asc).
+    """Top-k of one query chunk against the retrieval items of ``blocks``: (similarities float64, indices int64)
+    [q, k], (similarity desc, index asc).
 
     ``on_block(first, sim, block_sim, block_idx)`` sees each block of retrieval items as it is ranked: its
     first item's index, the chunk's similarities to it [q, m] and the block's own first ``min(k, m)``
     (similarities, indices within the block), so that a caller can count what the merged lists leave out
     without computing the similarities again."""
-    device = q.device
+    q_parts = exact_rows(q)
     best_s: Optional[torch.Tensor] = None
     best_i: Optional[torch.Tensor] = None
-    for start in range(0, retrieval.shape[0], block):
-        scores = cosine_similarity_float64(q, retrieval[start : start + block].to(device))
+    for start, parts in blocks:
+        scores = exact_cosine(q_parts, parts)
         sim, order = first_k(scores, k)
         if on_block is not None:
             on_block(start, scores, sim, order)
@@ -223,6 +249,7 @@ def iter_top_k(
             for start in range(0, q.shape[0], chunk_size):
                 yield first + start, distances[start : start + chunk_size], indices[start : start + chunk_size]
         return
+    blocks = ExactBlocks(retrieval, retrieval_chunk_size, device) if ranking == "cosine" else None
     for start in range(0, query.shape[0], chunk_size):
         q = query[start : start + chunk_size]
         if native:
@@ -230,7 +257,7 @@ def iter_top_k(
         elif ranking == "hamming":
             yield (start, *hamming_top_k_torch(as_pm1(q, device), retrieval, k, retrieval_chunk_size))
         else:
-            yield (start, *cosine_top_k_chunk(q, retrieval, k, retrieval_chunk_size))
+            yield (start, *cosine_top_k_chunk(q, blocks, k))
 
 
 def top_k(
