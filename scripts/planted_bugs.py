@@ -217,6 +217,17 @@ BUGS: Tuple[Bug, ...] = (
         "whole = ((taken > 0) & (n > 0) & (r > 0)).any(dim=1)",
         "hit_probability treats the group the cut splits as if it were whole (a sure hit)",
         ("tests/metrics/test_ties.py",)),
+    Bug("one-ranking-ap-past-k", "ucmfh/metrics/ranking.py",
+        'parts["index"]["ap"].append(average_precision_ranked(listed[:, :k]))',
+        'parts["index"]["ap"].append(average_precision_ranked(listed))',
+        "the one cosine ranking of every figure (scores_by_rule) scores AP over its lists' whole depth, R@10's "
+        "where k is smaller, not over the first k",
+        ("tests/metrics/test_ties.py",)),
+    Bug("one-ranking-hits-one-late", "ucmfh/metrics/ranking.py",
+        "cols = torch.tensor([min(r, n) - 1 for r in ks]",
+        "cols = torch.tensor([min(r + 1, n) - 1 for r in ks]",
+        "the one cosine ranking of every figure counts a hit among the first R + 1 items as one among the first R",
+        ("tests/metrics/test_ties.py",)),
     Bug("bootstrap-fixed-queries", "ucmfh/metrics/intervals.py",
         "queries = rng.integers(0, p.shape[1], (b, p.shape[1]))",
         "queries = np.broadcast_to(np.arange(p.shape[1]), (b, p.shape[1]))",
@@ -254,8 +265,8 @@ BUGS: Tuple[Bug, ...] = (
         (TRAIN_ONLY,)),
     # --- results rows, atomic writes, no crash behind a passing test
     Bug("expected-twins-by-index", "ucmfh/evaluation.py",
-        '_score_splits(query, retrieval, data, k, ranking, "expected", recall)',
-        '_score_splits(query, retrieval, data, k, ranking, "index", recall)',
+        '        for row, twin in zip(rows, by_rule["expected"]):',
+        '        for row, twin in zip(rows, by_rule["index"]):',
         "a results row's tie-aware twins (*_expected, what 'ucmfh runs' and 'ucmfh compare' lead with) and its "
         "per-query file are scored with ties by index",
         ("tests/metrics/test_results_row.py",)),

@@ -11,9 +11,10 @@ from ucmfh.config import PROTOCOLS
 from ucmfh.data.format import first_of_each_id
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.data.stream import Features
-from ucmfh.metrics import average_precision_at_k, evaluate_caption_set
 from ucmfh.metrics.ap import mean
-from ucmfh.metrics.arguments import DEFAULT_K, Ranking, Ties
+from ucmfh.metrics.arguments import DEFAULT_K, TIES, Ranking, Ties, check_choice
+from ucmfh.metrics.captions import RANKS, caption_set_rows
+from ucmfh.metrics.ranking import scores_by_rule
 from ucmfh.metrics.report import EXPECTED
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
@@ -141,16 +142,19 @@ def score_both_directions(
     ``ranking``: ``"hamming"`` for ±1 codes, ``"cosine"`` for real-valued embeddings; ``ties``:
     see :mod:`ucmfh.metrics.ties`.
     """
+    check_choice("ties", ties, TIES)
     return {f"map_{d}": mean(ap) for d, ap in _average_precisions(query, retrieval, query_labels, retrieval_labels,
-                                                                   k, ranking, ties).items()}
+                                                                   k, ranking, (ties,))[ties].items()}
 
 
 def _average_precisions(query, retrieval, query_labels, retrieval_labels, k: int, ranking: Ranking,
-                        ties: Ties) -> Dict[str, torch.Tensor]:
-    """AP@k of every query, both directions: {"i2t": [Q], "t2i": [Q]} float64."""
-    kw = dict(k=k, ranking=ranking, ties=ties)
-    return {"i2t": average_precision_at_k(query[0], retrieval[1], query_labels, retrieval_labels, **kw),
-            "t2i": average_precision_at_k(query[1], retrieval[0], query_labels, retrieval_labels, **kw)}
+                        rules: Sequence[Ties]) -> Dict[str, Dict[str, torch.Tensor]]:
+    """AP@k of every query, both directions, under each tie rule of ``rules``: {rule: {"i2t": [Q], "t2i": [Q]}}
+    float64, from one ranking of each direction (:func:`ucmfh.metrics.ranking.scores_by_rule`)."""
+    kw = dict(by_id=False, k=k, ranking=ranking, rules=rules)
+    i2t = scores_by_rule(query[0], retrieval[1], query_labels, retrieval_labels, **kw)
+    t2i = scores_by_rule(query[1], retrieval[0], query_labels, retrieval_labels, **kw)
+    return {rule: {"i2t": i2t[rule]["ap"], "t2i": t2i[rule]["ap"]} for rule in rules}
 
 
 def _protocols(protocols: Union[str, Sequence[str]]) -> Tuple[str, ...]:
@@ -184,9 +188,11 @@ def score_splits(
     ``hits_t2i`` [Q, 3] (R@1/5/10), float32 numpy arrays. ``recall=False``: a caption set's rows without
     recall and rSum (MAP alone: a validation score).
     """
-    rows = _score_splits(query, retrieval, data, k, ranking, "index", recall)
+    by_rule = _score_splits(query, retrieval, data, k, ranking, ("index", "expected") if expected else ("index",),
+                            recall)
+    rows = by_rule["index"]
     if expected:
-        for row, twin in zip(rows, _score_splits(query, retrieval, data, k, ranking, "expected", recall)):
+        for row, twin in zip(rows, by_rule["expected"]):
             row.update({f"{key}{EXPECTED}": value for key, value in twin.items() if key.startswith(_METRICS)})
             row["per_query"] = twin["per_query"]
     for row in rows:
@@ -196,16 +202,18 @@ def score_splits(
     return rows
 
 
-def _score_splits(query, retrieval, data: Dataset, k: int, ranking: Ranking, ties: Ties,
-                  recall: bool = True) -> List[Dict[str, object]]:
-    """One tie rule's rows, each with its ``per_query`` scores (tensors)."""
+def _score_splits(query, retrieval, data: Dataset, k: int, ranking: Ranking, rules: Sequence[Ties],
+                  recall: bool = True) -> Dict[str, List[Dict[str, object]]]:
+    """Each tie rule's rows, ``{rule: rows}``, each row with its ``per_query`` scores (tensors), from one ranking
+    of each direction (and database)."""
     if not data.caption_set:
-        ap = _average_precisions(query, retrieval, data.query.labels, data.retrieval.labels, k, ranking, ties)
-        return [{"k": k, **{f"map_{d}": mean(values) for d, values in ap.items()},
-                 "per_query": {f"ap_{d}": values for d, values in ap.items()}}]
-    scores = evaluate_caption_set(query[0], query[1], data.query.ids, retrieval[0], retrieval[1], data.retrieval.ids,
-                                  k=k, ranking=ranking, ties=ties, per_query=True, recall=recall)
-    return [{key: value for key, value in row.items() if key != "ties"} for row in scores.values()]
+        by_rule = _average_precisions(query, retrieval, data.query.labels, data.retrieval.labels, k, ranking, rules)
+        return {rule: [{"k": k, **{f"map_{d}": mean(values) for d, values in ap.items()},
+                        "per_query": {f"ap_{d}": values for d, values in ap.items()}}] for rule, ap in by_rule.items()}
+    by_rule = caption_set_rows(query[0], query[1], data.query.ids, retrieval[0], retrieval[1], data.retrieval.ids,
+                               k=k, ranks=RANKS, ranking=ranking, rules=rules, per_query=True, recall=recall)
+    return {rule: [{key: value for key, value in row.items() if key != "ties"} for row in rows.values()]
+            for rule, rows in by_rule.items()}
 
 
 _METRICS = ("map_", "recall_", "rsum")  # the score keys of a row (the rest describe it)

@@ -22,10 +22,11 @@ from ucmfh.data.format import first_of_each_id
 from ucmfh.metrics.arguments import (DEFAULT_K, TIES, ArrayLike, Ranking, Ties, as_tensors, check_choice,
                                      check_ids)
 from ucmfh.metrics.ap import mean, mean_columns
-from ucmfh.metrics.ranking import average_precision_by_id, hits_at_ranks
+from ucmfh.metrics.ranking import scores_by_rule
 from ucmfh.metrics.topk import first_k
 
 DATABASES = ("test", "collection")
+RANKS = (1, 5, 10)  # the recalls a caption set reports, R@1/5/10 (docs/reference.md §7)
 
 
 def database_rows(name: str, query_ids: np.ndarray, retrieval_ids: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
@@ -76,7 +77,7 @@ def databases(
 
 
 def recall_of_lists(lists: torch.Tensor, query_ids: torch.Tensor, db_ids: torch.Tensor,
-                    ranks: Sequence[int] = (1, 5, 10)) -> Dict[str, float]:
+                    ranks: Sequence[int] = RANKS) -> Dict[str, float]:
     """Recall@R in % of ranked lists: the share of queries with a true match (the same id) among their
     first R. Shape: lists [Q, M] database rows, best first; query_ids [Q]; db_ids [N]."""
     hit = db_ids[lists] == query_ids[:, None]
@@ -84,7 +85,7 @@ def recall_of_lists(lists: torch.Tensor, query_ids: torch.Tensor, db_ids: torch.
 
 
 def recall_from_scores(scores: torch.Tensor, query_ids: torch.Tensor, db_ids: torch.Tensor,
-                       ranks: Sequence[int] = (1, 5, 10)) -> Dict[str, float]:
+                       ranks: Sequence[int] = RANKS) -> Dict[str, float]:
     """Recall@R in % from a score matrix (higher first, ties by database index). Shape: [Q, N], [Q], [N]."""
     order = first_k(scores, max(ranks))[1]  # a stable descending sort's first columns, without the sort
     return recall_of_lists(order, query_ids, db_ids, ranks)
@@ -99,7 +100,7 @@ def evaluate_caption_set(
     retrieval_ids: ArrayLike,
     *,
     k: int = DEFAULT_K,
-    ranks: Sequence[int] = (1, 5, 10),
+    ranks: Sequence[int] = RANKS,
     ranking: Ranking = "hamming",
     ties: Ties = "index",
     per_query: bool = False,
@@ -116,6 +117,27 @@ def evaluate_caption_set(
     ``recall=False``: MAP alone, no recall, rSum nor hits (what a validation score needs).
     """
     check_choice("ties", ties, TIES)
+    return caption_set_rows(query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids, k=k,
+                            ranks=ranks, ranking=ranking, rules=(ties,), per_query=per_query, recall=recall)[ties]
+
+
+def caption_set_rows(
+    query_img: ArrayLike,
+    query_txt: ArrayLike,
+    query_ids: ArrayLike,
+    retrieval_img: ArrayLike,
+    retrieval_txt: ArrayLike,
+    retrieval_ids: ArrayLike,
+    *,
+    k: int,
+    ranks: Sequence[int],
+    ranking: Ranking,
+    rules: Sequence[Ties],
+    per_query: bool,
+    recall: bool,
+) -> Dict[str, Dict[str, Dict[str, object]]]:
+    """:func:`evaluate_caption_set`'s rows under each tie rule of ``rules``, ``{rule: {database: row}}``, from one
+    ranking of each direction and database (:func:`ucmfh.metrics.ranking.scores_by_rule`)."""
     query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids = as_tensors(
         query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids
     )
@@ -123,23 +145,22 @@ def evaluate_caption_set(
     check_ids(query_txt, retrieval_txt, query_ids, retrieval_ids)  # ids of another length would shrink it
     queries = torch.from_numpy(first_of_each_id(query_ids.cpu().numpy())).to(query_ids.device)
     q_img, q_img_ids = query_img[queries], query_ids[queries]
-    out = {}
+    out: Dict[str, Dict[str, Dict[str, object]]] = {rule: {} for rule in rules}
     for name, db in databases((query_img, query_txt, query_ids), (retrieval_img, retrieval_txt, retrieval_ids)).items():
-        kw = dict(ranking=ranking, ties=ties)
-        scores = {
-            "ap_i2t": average_precision_by_id(q_img, db["txt"], q_img_ids, db["txt_ids"], k, **kw),
-            "ap_t2i": average_precision_by_id(query_txt, db["img"], query_ids, db["img_ids"], k, **kw),
-        }
-        row = {"database": name, "k": k, "ties": ties,
-               "map_i2t": mean(scores["ap_i2t"]), "map_t2i": mean(scores["ap_t2i"])}
-        if recall:
-            scores["hits_i2t"] = hits_at_ranks(q_img, db["txt"], q_img_ids, db["txt_ids"], ranks, **kw)
-            scores["hits_t2i"] = hits_at_ranks(query_txt, db["img"], query_ids, db["img_ids"], ranks, **kw)
-            row["recall_i2t"] = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_i2t"]))}
-            row["recall_t2i"] = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_t2i"]))}
-            row["rsum"] = sum(row["recall_i2t"].values()) + sum(row["recall_t2i"].values())
-        out[name] = {**row, "n_queries_i2t": int(q_img.shape[0]), "n_queries_t2i": int(query_txt.shape[0]),
-                     "n_database_txt": int(db["txt"].shape[0]), "n_database_img": int(db["img"].shape[0])}
-        if per_query:
-            out[name]["per_query"] = scores
+        kw = dict(by_id=True, k=k, ranks=ranks if recall else (), ranking=ranking, rules=rules)
+        i2t = scores_by_rule(q_img, db["txt"], q_img_ids, db["txt_ids"], **kw)
+        t2i = scores_by_rule(query_txt, db["img"], query_ids, db["img_ids"], **kw)
+        for rule in rules:
+            scores = {"ap_i2t": i2t[rule]["ap"], "ap_t2i": t2i[rule]["ap"]}
+            row = {"database": name, "k": k, "ties": rule,
+                   "map_i2t": mean(scores["ap_i2t"]), "map_t2i": mean(scores["ap_t2i"])}
+            if recall:
+                scores["hits_i2t"], scores["hits_t2i"] = i2t[rule]["hits"], t2i[rule]["hits"]
+                row["recall_i2t"] = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_i2t"]))}
+                row["recall_t2i"] = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_t2i"]))}
+                row["rsum"] = sum(row["recall_i2t"].values()) + sum(row["recall_t2i"].values())
+            out[rule][name] = {**row, "n_queries_i2t": int(q_img.shape[0]), "n_queries_t2i": int(query_txt.shape[0]),
+                               "n_database_txt": int(db["txt"].shape[0]), "n_database_img": int(db["img"].shape[0])}
+            if per_query:
+                out[rule][name]["per_query"] = scores
     return out

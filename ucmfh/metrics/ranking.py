@@ -14,7 +14,7 @@ numpy allows); results are floats, lists of floats, or for
 """
 from __future__ import annotations
 
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -52,7 +52,14 @@ from ucmfh.metrics.relevance import (
     queries_to_keep,
     relevant_counts,
 )
-from ucmfh.metrics.ties import tie_aware_average_precision, tie_aware_hits
+from ucmfh.metrics.ties import (
+    expected_average_precision,
+    hit_probability,
+    iter_cosine_lists,
+    on_host,
+    tie_aware_average_precision,
+    tie_aware_hits,
+)
 from ucmfh.metrics.topk import iter_top_k
 
 
@@ -179,6 +186,16 @@ def map_at_k_cosine(
     )
 
 
+def _check_ks(given: Sequence[int], what: str) -> List[int]:
+    """Cut-offs ``ks`` as a list, each a positive integer; ``what``: the caller's name for them, in a refusal."""
+    ks = [] if isinstance(given, (int, np.integer)) else list(given)  # 5 said "'int' object is not iterable"
+    if not ks:
+        raise ValueError(f"{what} must be a non-empty list of positive integers, got {given!r}")
+    for k in ks:
+        check_count(what, k)
+    return ks
+
+
 def _hits_at(
     query: torch.Tensor,
     retrieval: torch.Tensor,
@@ -198,12 +215,7 @@ def _hits_at(
     caller's name for them, in a refusal),
     relevance by label or (``by_id``) by id; with ``ties="expected"`` their mean over every order
     of tied items. Shape: -> [Q, len(ks)] float64."""
-    given = ks
-    ks = [] if isinstance(given, (int, np.integer)) else list(given)  # 5 said "'int' object is not iterable"
-    if not ks:
-        raise ValueError(f"{what} must be a non-empty list of positive integers, got {given!r}")
-    for k in ks:
-        check_count(what, k)
+    ks = _check_ks(ks, what)
     check_choice("ties", ties, TIES)
     check_chunks(chunk_size, retrieval_chunk_size)
     if ties == "expected":
@@ -401,3 +413,71 @@ def average_precision_by_id(
     ap = [average_precision_ranked(gather_id_match(query_ids[start : start + chunk_size], retrieval_ids, idx))
           for start, _, idx in iter_top_k(query_codes, retrieval_codes, k, ranking, chunk_size, retrieval_chunk_size)]
     return torch.cat(ap)
+
+
+def scores_by_rule(
+    query: ArrayLike,
+    retrieval: ArrayLike,
+    query_side: ArrayLike,
+    retrieval_side: ArrayLike,
+    *,
+    by_id: bool,
+    k: int = DEFAULT_K,
+    ranks: Sequence[int] = (),
+    ranking: Ranking = "hamming",
+    rules: Sequence[Ties] = ("index",),
+    chunk_size: int = DEFAULT_CHUNK_SIZE,
+    retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+) -> Dict[str, Dict[str, torch.Tensor]]:
+    """AP@k of every query (``"ap"`` [Q]) and, with ``ranks``, whether a relevant item is among its first R
+    (``"hits"`` [Q, len(ranks)]: 0/1, or its probability tie-aware), float64, under each tie rule of ``rules``:
+    ``{rule: {"ap": …, "hits": …}}``. Relevance by a shared label (multi-hot sides), or with ``by_id`` an equal
+    id (``ranks`` need it). The figures of :func:`average_precision_at_k` (:func:`average_precision_by_id`) and :func:`hits_at_ranks`;
+    a cosine ranking is found once for all of them (its lists and its runs of ties: most of the scoring's time),
+    where each of those functions ranks again. Hamming rankings (compiled kernels, histograms) are theirs."""
+    query, retrieval, query_side, retrieval_side = as_tensors(query, retrieval, query_side, retrieval_side)
+    rules = list(dict.fromkeys(rules))
+    for rule in rules:
+        check_choice("ties", rule, TIES)
+    ks = _check_ks(ranks, "ranks") if ranks else []
+    if ks and not by_id:
+        raise ValueError("ranks (a hit among the first R) are scored by id: by_id=True")
+    if ranking != "cosine":
+        ap = average_precision_by_id if by_id else average_precision_at_k
+        out = {rule: {"ap": ap(query, retrieval, query_side, retrieval_side, k, chunk_size, ranking=ranking,
+                               retrieval_chunk_size=retrieval_chunk_size, ties=rule)} for rule in rules}
+        for rule in rules if ks else ():
+            out[rule]["hits"] = hits_at_ranks(query, retrieval, query_side, retrieval_side, ks, chunk_size,
+                                              ranking=ranking, retrieval_chunk_size=retrieval_chunk_size, ties=rule)
+        return out
+    if by_id:
+        check_ids(query, retrieval, query_side, retrieval_side)
+        check_some_id_match(query_side.long(), retrieval_side.long().to(query_side.device))
+        query_side, retrieval_side = query_side.to(query.device).long(), retrieval_side.long()
+    else:
+        check_labels(query, retrieval, query_side, retrieval_side)
+    check_count("k", k)
+    check_chunks(chunk_size, retrieval_chunk_size)
+    check_pair(query, retrieval, ranking)
+    n = retrieval.shape[0]
+    cols = torch.tensor([min(r, n) - 1 for r in ks], dtype=torch.long, device=query.device)
+    empty = {"ap": torch.zeros(0, dtype=torch.float64, device=query.device),
+             "hits": torch.zeros(0, len(ks), dtype=torch.float64, device=query.device)}
+    parts: Dict[str, Dict[str, List[torch.Tensor]]] = {rule: {"ap": [], **({"hits": []} if ks else {})}
+                                                       for rule in rules}
+    for _, listed, items, relevant in iter_cosine_lists(
+            query, retrieval, query_side, retrieval_side, by_id, min(max([k, *ks]), n), chunk_size,
+            retrieval_chunk_size, groups="expected" in rules):
+        if "index" in rules:
+            parts["index"]["ap"].append(average_precision_ranked(listed[:, :k]))
+            if ks:
+                parts["index"]["hits"].append((listed.long().cumsum(dim=1)[:, cols] > 0).double())
+        if "expected" in rules:
+            items, relevant = on_host(items, relevant)
+            parts["expected"]["ap"].append(expected_average_precision(items, relevant, k).to(query.device))
+            if ks:
+                cut = [min(r, n) for r in ks]
+                parts["expected"]["hits"].append(hit_probability(items, relevant, cut).to(query.device))
+    return {rule: {name: torch.cat(values) if values else empty[name] for name, values in found.items()}
+            for rule, found in parts.items()}
+

@@ -175,7 +175,20 @@ def iter_cosine_groups(
 ) -> Iterator[Tuple[int, torch.Tensor, torch.Tensor]]:
     """Yield ``(first query index, items, relevant)`` [q, min(k, N)] per query chunk: the runs of
     equal cosine similarity in each top-k list, the last run counted over the whole retrieval set
-    (every item as similar as the k-th). Groups past the last run are empty.
+    (every item as similar as the k-th). Groups past the last run are empty."""
+    for start, _, items, relevant in iter_cosine_lists(query, retrieval, query_side, retrieval_side, by_id, k,
+                                                       chunk_size, retrieval_chunk_size):
+        yield start, items, relevant
+
+
+def iter_cosine_lists(
+    query: torch.Tensor, retrieval: torch.Tensor, query_side: torch.Tensor, retrieval_side: torch.Tensor,
+    by_id: bool, k: int, chunk_size: int, retrieval_chunk_size: int, groups: bool = True,
+) -> Iterator[Tuple[int, torch.Tensor, Optional[torch.Tensor], Optional[torch.Tensor]]]:
+    """Yield ``(first query index, listed, items, relevant)`` per query chunk: whether each item of each top-k
+    list is relevant (``listed`` [q, min(k, N)] bool, ties by index: what ``ties="index"`` scores) and, with
+    ``groups``, the runs of equal similarity of :func:`iter_cosine_groups` (``items``, ``relevant``; else None),
+    from one ranking.
 
     The last run is counted in the same pass as the lists are found: a block of retrieval items whose own
     k-th similarity is the final k-th holds as many such items as it has at its own k-th (counted then); a
@@ -197,8 +210,11 @@ def iter_cosine_groups(
             blocks.append((block_sim[:, -1], at_kth.sum(dim=1), (at_kth & rel).sum(dim=1), block_sim,
                            rel.gather(1, block_idx)))
 
-        sim, idx = cosine_top_k_chunk(q, retrieval_blocks, k, on_block=count)
+        sim, idx = cosine_top_k_chunk(q, retrieval_blocks, k, on_block=count if groups else None)
         rel = gather(q_side, retrieval_side, idx)
+        if not groups:
+            yield start, rel, None, None
+            continue
         new = torch.ones_like(rel)
         new[:, 1:] = sim[:, 1:] != sim[:, :-1]
         group = new.long().cumsum(dim=1) - 1
@@ -216,7 +232,7 @@ def iter_cosine_groups(
             last = group[:, -1:]
             items.scatter_(1, last, n_last[:, None])
             relevant.scatter_(1, last, r_last[:, None])
-        yield start, items, relevant
+        yield start, rel, items, relevant
 
 
 def iter_groups(
@@ -238,8 +254,8 @@ def tie_aware_average_precision(
     *, by_id: bool, k: Optional[int], ranking: str, chunk_size: int, retrieval_chunk_size: int,
 ) -> torch.Tensor:
     """Expected AP@k (``k=None``: over the whole ranking) of every query, on the device of ``query``.
-    Shape: -> [Q] float64. The expectations are taken on the host (:func:`_on_host`)."""
-    parts = [expected_average_precision(*_on_host(n, r), k) for _, n, r in iter_groups(
+    Shape: -> [Q] float64. The expectations are taken on the host (:func:`on_host`)."""
+    parts = [expected_average_precision(*on_host(n, r), k) for _, n, r in iter_groups(
         query, retrieval, query_side, retrieval_side, by_id=by_id, k=k, ranking=ranking, chunk_size=chunk_size,
         retrieval_chunk_size=retrieval_chunk_size)]
     return (torch.cat(parts) if parts else torch.zeros(0, dtype=torch.float64)).to(query.device)
@@ -251,16 +267,16 @@ def tie_aware_hits(
 ) -> torch.Tensor:
     """Expected relevant items among the first k (``any_hit``: the probability of one at least), for
     each k of ``ks``, on the device of ``query``. Shape: -> [Q, len(ks)] float64. The expectations are taken
-    on the host (:func:`_on_host`)."""
+    on the host (:func:`on_host`)."""
     ks = [min(k, retrieval.shape[0]) for k in ks]
     of = hit_probability if any_hit else expected_hits
-    parts = [of(*_on_host(n, r), ks) for _, n, r in iter_groups(
+    parts = [of(*on_host(n, r), ks) for _, n, r in iter_groups(
         query, retrieval, query_side, retrieval_side, by_id=by_id, k=max(ks), ranking=ranking,
         chunk_size=chunk_size, retrieval_chunk_size=retrieval_chunk_size)]
     return torch.cat(parts).to(query.device)
 
 
-def _on_host(n: torch.Tensor, r: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+def on_host(n: torch.Tensor, r: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     """A chunk's groups (a few thousand counts) on the CPU, where their expectations' dozens of small elementwise
     steps and special functions (digamma, lgamma) are cheap: on the H200 they took 1.4 s of the main job's 2.4-s
     evaluation on the GPU (cProfile, 2026-11-30: 64 chunks, 22 ms each); 3 ms a chunk of 256 queries × 65
