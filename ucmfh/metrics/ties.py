@@ -84,10 +84,13 @@ def hit_probability(n: torch.Tensor, r: torch.Tensor, ks: Sequence[int]) -> torc
     for k in ks:
         _, taken, partial = _cut(n, k)
         whole = ((taken == n) & (n > 0) & (r > 0)).any(dim=1)
-        # P(X = 0) for the cut group: C(n - r, m) / C(n, m), 0 when n - r < m
-        none = torch.exp(_log_choose(n - r, taken.minimum(n - r)) - _log_choose(n, taken))
-        none = torch.where(taken <= n - r, none, torch.zeros_like(none))
-        miss = torch.where(partial, none, torch.ones_like(none)).prod(dim=1)
+        # P(X = 0) for the cut group (at most one a query, taken from its row: the special functions of every
+        # group took most of a caption set's tie-aware scoring): C(n - r, m) / C(n, m), 0 when n - r < m
+        g = partial.long().argmax(dim=1, keepdim=True)
+        cut_n, cut_r, cut_m = n.gather(1, g), r.gather(1, g), taken.gather(1, g)
+        none = torch.exp(_log_choose(cut_n - cut_r, cut_m.minimum(cut_n - cut_r)) - _log_choose(cut_n, cut_m))
+        none = torch.where(cut_m <= cut_n - cut_r, none, torch.zeros_like(none))[:, 0]
+        miss = torch.where(partial.any(dim=1), none, torch.ones_like(none))
         out.append(torch.where(whole, torch.zeros_like(miss), miss))
     return 1.0 - torch.stack(out, dim=1)
 
