@@ -235,17 +235,22 @@ def test_caption_set_both_databases_take_ties():
     assert exact["test"]["rsum"] != index["test"]["rsum"]
 
 
+@pytest.mark.parametrize("ranking", ["cosine", "hamming"])
 @pytest.mark.parametrize("by_id", [False, True])
 @pytest.mark.parametrize("k", [3, 12, 200])
-def test_one_cosine_ranking_gives_every_figure_of_both_tie_rules(by_id, k, monkeypatch):
-    """scores_by_rule ranks each query chunk once for AP@k and the hits at R under both rules: the figures of the
-    functions that rank for one each, to the bit (cut-offs below, inside and past the ranks; long runs of ties)."""
+def test_one_ranking_gives_every_figure_of_both_tie_rules(ranking, by_id, k, monkeypatch):
+    """scores_by_rule ranks each query chunk once for AP@k and the hits at R under both rules (a Hamming ranking:
+    its groups once for both tie-aware figures): the figures of the functions that rank for one each, to the bit
+    (cut-offs below, inside and past the ranks; long runs of ties)."""
+    import ucmfh.metrics.ranking as ranking_module
     import ucmfh.metrics.ties as ties_module
     from ucmfh.metrics.ranking import average_precision_at_k, average_precision_by_id, hits_at_ranks, scores_by_rule
 
     g = torch.Generator().manual_seed(k)
-    q = torch.randint(-2, 3, (23, 3), generator=g).float()  # few distinct directions: runs of equal cosine
-    r = torch.randint(-2, 3, (90, 3), generator=g).float()
+    if ranking == "cosine":  # few distinct directions: runs of equal cosine
+        q, r = torch.randint(-2, 3, (23, 3), generator=g).float(), torch.randint(-2, 3, (90, 3), generator=g).float()
+    else:  # 4 bits: 5 distances
+        q, r = pm1(23, 4, g), pm1(90, 4, g)
     if by_id:
         q_side, r_side = torch.randint(0, 9, (23,), generator=g), torch.randint(0, 9, (90,), generator=g)
         ranks = (1, 5, 10)
@@ -254,16 +259,19 @@ def test_one_cosine_ranking_gives_every_figure_of_both_tie_rules(by_id, k, monke
         ranks = ()
     chunks = dict(chunk_size=8, retrieval_chunk_size=32)
     passes = []
-    real = ties_module.cosine_top_k_chunk
-    monkeypatch.setattr(ties_module, "cosine_top_k_chunk", lambda *a, **kw: passes.append(1) or real(*a, **kw))
-    got = scores_by_rule(q, r, q_side, r_side, by_id=by_id, k=k, ranks=ranks, ranking="cosine",
+    for module, name in ((ties_module, "cosine_top_k_chunk"), (ranking_module, "iter_hamming_groups")):
+        monkeypatch.setattr(module, name, lambda *a, real=getattr(module, name), **kw: passes.append(1) or real(*a, **kw))
+    got = scores_by_rule(q, r, q_side, r_side, by_id=by_id, k=k, ranks=ranks, ranking=ranking,
                          rules=("index", "expected"), **chunks)
-    assert len(passes) == 3  # one ranking of each of the three query chunks, for both rules and every figure
+    # cosine: one ranking of each of the three query chunks, for both rules and every figure; Hamming: one pass of
+    # groups for the tie-aware figures
+    assert len(passes) == (3 if ranking == "cosine" else 1)
+    monkeypatch.undo()
     ap = average_precision_by_id if by_id else average_precision_at_k
     for rule in ("index", "expected"):
-        assert torch.equal(got[rule]["ap"], ap(q, r, q_side, r_side, k, ranking="cosine", ties=rule, **chunks)), rule
+        assert torch.equal(got[rule]["ap"], ap(q, r, q_side, r_side, k, ranking=ranking, ties=rule, **chunks)), rule
         if by_id:
-            want = hits_at_ranks(q, r, q_side, r_side, ranks, ranking="cosine", ties=rule, **chunks)
+            want = hits_at_ranks(q, r, q_side, r_side, ranks, ranking=ranking, ties=rule, **chunks)
             assert torch.equal(got[rule]["hits"], want), rule
         else:
             assert "hits" not in got[rule]

@@ -56,6 +56,7 @@ from ucmfh.metrics.ties import (
     expected_average_precision,
     hit_probability,
     iter_cosine_lists,
+    iter_hamming_groups,
     on_host,
     tie_aware_average_precision,
     tie_aware_hits,
@@ -432,9 +433,10 @@ def scores_by_rule(
     """AP@k of every query (``"ap"`` [Q]) and, with ``ranks``, whether a relevant item is among its first R
     (``"hits"`` [Q, len(ranks)]: 0/1, or its probability tie-aware), float64, under each tie rule of ``rules``:
     ``{rule: {"ap": …, "hits": …}}``. Relevance by a shared label (multi-hot sides), or with ``by_id`` an equal
-    id (``ranks`` need it). The figures of :func:`average_precision_at_k` (:func:`average_precision_by_id`) and :func:`hits_at_ranks`;
-    a cosine ranking is found once for all of them (its lists and its runs of ties: most of the scoring's time),
-    where each of those functions ranks again. Hamming rankings (compiled kernels, histograms) are theirs."""
+    id (``ranks`` need it). The figures of :func:`average_precision_at_k` (:func:`average_precision_by_id`) and
+    :func:`hits_at_ranks`, where each of those ranks again: a cosine ranking is found once for all of them (its
+    lists and its runs of ties), a Hamming ranking's groups of tied items once for the tie-aware figures (its
+    lists by index are the compiled kernels', cheap)."""
     query, retrieval, query_side, retrieval_side = as_tensors(query, retrieval, query_side, retrieval_side)
     rules = list(dict.fromkeys(rules))
     for rule in rules:
@@ -442,14 +444,6 @@ def scores_by_rule(
     ks = _check_ks(ranks, "ranks") if ranks else []
     if ks and not by_id:
         raise ValueError("ranks (a hit among the first R) are scored by id: by_id=True")
-    if ranking != "cosine":
-        ap = average_precision_by_id if by_id else average_precision_at_k
-        out = {rule: {"ap": ap(query, retrieval, query_side, retrieval_side, k, chunk_size, ranking=ranking,
-                               retrieval_chunk_size=retrieval_chunk_size, ties=rule)} for rule in rules}
-        for rule in rules if ks else ():
-            out[rule]["hits"] = hits_at_ranks(query, retrieval, query_side, retrieval_side, ks, chunk_size,
-                                              ranking=ranking, retrieval_chunk_size=retrieval_chunk_size, ties=rule)
-        return out
     if by_id:
         check_ids(query, retrieval, query_side, retrieval_side)
         check_some_id_match(query_side.long(), retrieval_side.long().to(query_side.device))
@@ -460,19 +454,33 @@ def scores_by_rule(
     check_chunks(chunk_size, retrieval_chunk_size)
     check_pair(query, retrieval, ranking)
     n = retrieval.shape[0]
+    depth = min(max([k, *ks]), n)  # every figure's cut-off
     cols = torch.tensor([min(r, n) - 1 for r in ks], dtype=torch.long, device=query.device)
     empty = {"ap": torch.zeros(0, dtype=torch.float64, device=query.device),
              "hits": torch.zeros(0, len(ks), dtype=torch.float64, device=query.device)}
     parts: Dict[str, Dict[str, List[torch.Tensor]]] = {rule: {"ap": [], **({"hits": []} if ks else {})}
                                                        for rule in rules}
-    for _, listed, items, relevant in iter_cosine_lists(
-            query, retrieval, query_side, retrieval_side, by_id, min(max([k, *ks]), n), chunk_size,
-            retrieval_chunk_size, groups="expected" in rules):
+    expected = "expected" in rules
+    if ranking == "cosine":
+        passes = iter_cosine_lists(query, retrieval, query_side, retrieval_side, by_id, depth, chunk_size,
+                                   retrieval_chunk_size, groups=expected)
+    else:
+        groups = iter_hamming_groups(query, retrieval, query_side, retrieval_side, by_id, depth, chunk_size,
+                                     retrieval_chunk_size) if expected else ()
+        passes = ((start, None, items, relevant) for start, items, relevant in groups)
         if "index" in rules:
+            ap = average_precision_by_id if by_id else average_precision_at_k
+            kw = dict(ranking=ranking, retrieval_chunk_size=retrieval_chunk_size, ties="index")
+            parts["index"]["ap"].append(ap(query, retrieval, query_side, retrieval_side, k, chunk_size, **kw))
+            if ks:
+                parts["index"]["hits"].append(hits_at_ranks(query, retrieval, query_side, retrieval_side, ks,
+                                                            chunk_size, **kw))
+    for _, listed, items, relevant in passes:
+        if listed is not None and "index" in rules:
             parts["index"]["ap"].append(average_precision_ranked(listed[:, :k]))
             if ks:
                 parts["index"]["hits"].append((listed.long().cumsum(dim=1)[:, cols] > 0).double())
-        if "expected" in rules:
+        if expected:
             items, relevant = on_host(items, relevant)
             parts["expected"]["ap"].append(expected_average_precision(items, relevant, k).to(query.device))
             if ks:
@@ -480,4 +488,3 @@ def scores_by_rule(
                 parts["expected"]["hits"].append(hit_probability(items, relevant, cut).to(query.device))
     return {rule: {name: torch.cat(values) if values else empty[name] for name, values in found.items()}
             for rule, found in parts.items()}
-
