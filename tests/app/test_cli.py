@@ -211,6 +211,7 @@ def test_a_traceback_of_a_front_door_in_a_subprocess_fails_the_test():
     (["--method", "ucmfh", "--set", "fusion.d_model=30"], "--set", "'fusion.d_model': n_heads must divide d_model"),
     (["--method", "two-tower", "--refit", "--val-fraction", "0"], "--val-fraction", "refit needs a validation split"),
     (["--method", "two-tower", "--set", "hash.seed=1"], "--set", "'hash.seed': use --seed"),
+    (["--method", "djsrh", "--beta-schedule", "none"], "--beta-schedule", "fixes beta_schedule, whatever is asked"),
 ])
 def test_a_setting_the_library_refuses_is_refused_as_its_flag(tmp_path, argv, flag, says):
     """The library names the setting (ucmfh.methods.settings); train-hash names the flag that gave it, in one
@@ -221,6 +222,20 @@ def test_a_setting_the_library_refuses_is_refused_as_its_flag(tmp_path, argv, fl
     [error] = [line for line in result.output.splitlines() if line.startswith("Error")]
     assert error.startswith(f"Error: Invalid value for {flag}: ") and says in error, error
     assert "no such dataset file" not in result.output and not (tmp_path / "runs").exists()
+
+
+def test_a_boolean_parameter_takes_the_spelling_ucmfh_methods_lists(tmp_path):
+    """'ucmfh methods' lists cirh's centred_similarity=False; given so, it was refused as "must be a bool like its
+    default False, got 'False'"."""
+    from ucmfh.app.options import parse_params
+
+    assert parse_params(("a=False", "b=True", "c=false", "d=Falsey"), "--method-param") == {
+        "a": False, "b": True, "c": False, "d": "Falsey"}
+    listed = CliRunner().invoke(main, ["methods"])
+    assert "centred_similarity=False" in listed.output, listed.output
+    result = CliRunner().invoke(main, ["train-hash", "-d", str(tmp_path / "missing.h5"), "--method", "cirh",
+                                       "--method-param", "centred_similarity=False"])
+    assert result.exit_code == 2 and "no such dataset file" in result.output, result.output
 
 
 def test_evaluate_refuses_the_fused_protocol_for_a_leak_free_checkpoint_as_its_flag(tmp_path, tiny_path):

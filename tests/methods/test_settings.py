@@ -178,6 +178,18 @@ def test_an_override_of_a_setting_the_method_fixes_is_refused():
     assert (cfg.batch_size, cfg.hidden) == (HashConfig().batch_size, 0)
 
 
+def test_a_setting_the_method_fixes_is_refused_by_its_flag_too():
+    """--beta-schedule for DJSRH (which fixes its β schedule) was applied silently as nothing, where the override
+    hash.beta_schedule was refused; a grid leaves it to the methods that take it."""
+    with pytest.raises(SettingError, match="method 'djsrh' fixes beta_schedule, whatever is asked") as err:
+        stage_configs("djsrh", beta_schedule="none")
+    assert err.value.setting == "beta_schedule"
+    _, [cfg] = stage_configs("djsrh", drop_unused=True, beta_schedule="none")
+    assert cfg.beta_schedule == "step"
+    _, [cfg] = stage_configs("two-tower", beta_schedule="none")
+    assert cfg.beta_schedule == "none"
+
+
 def test_a_grid_drops_what_a_method_has_no_use_for():
     """``drop_unused``: one set of settings serving several methods; each takes those it uses."""
     settings = dict(epochs=3, fusion_epochs=2, modality_dropout=0.3, overrides={"fusion": {"d_model": 64}})

@@ -22,7 +22,10 @@ DEFAULT_RESULTS = "runs/results.jsonl"  # where every command appends its rows, 
 
 
 def json_or_text(value: str) -> Any:
-    """A value given on the command line: read as JSON where it parses (numbers, true/false, lists), else the text."""
+    """A value given on the command line: read as JSON where it parses (numbers, true/false, lists), else the text;
+    True and False, as Python (and 'ucmfh methods') writes them, are the booleans too."""
+    if value in ("True", "False"):
+        return value == "True"
     try:
         return json.loads(value)
     except json.JSONDecodeError:

@@ -169,7 +169,7 @@ def unused_settings(method: str, settings: Mapping[str, Any]) -> Dict[str, str]:
     for a leak-free method (its codes have no fused view), those of a fusion stage (``fusion_epochs``,
     ``lr_fusion``, ``modality_dropout``, every ``fusion.*`` override) for a method that trains none, those of
     epochs for a method fitted in closed form, a loss override (``hash.loss``, ``hash.loss_params``) for a method
-    with a loss of its own, an override of a setting the method fixes (:attr:`Method.fixed`)."""
+    with a loss of its own, a setting the method fixes (:attr:`Method.fixed`), as an override or by its flag."""
     spec = _method(method)
     names = [name for name, value in settings.items() if value is not None and name != "overrides"]
     names += [f"{stage}.{name}" for stage in ("fusion", "hash")
@@ -184,6 +184,8 @@ def unused_settings(method: str, settings: Mapping[str, Any]) -> Dict[str, str]:
             unused[name] = "is fitted in closed form"
         elif name.startswith("hash.") and name[len("hash."):] in spec.fixed:
             unused[name] = f"fixes {name[len('hash.'):]}, whatever is asked"
+        elif name in HASH_SETTINGS and name in spec.fixed and name not in ("loss", "loss_params"):
+            unused[name] = f"fixes {name}, whatever is asked"  # its flag, e.g. --beta-schedule for DJSRH
         elif not spec.takes_loss and name in ("hash.loss", "hash.loss_params"):
             unused[name] = "has a loss of its own"
     if settings.get("supervised") and not spec.closed_form:
