@@ -22,7 +22,7 @@ import tempfile
 import threading
 import warnings
 import zipfile
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Union
+from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -180,8 +180,15 @@ def check_jsonl(path: PathLike, results: bool = False) -> None:
         raise ValueError(f"{path}: is not a JSON-lines results file (it holds binary data); not appended to")
     rows = None if text is None else _rows_of_line(text.strip())
     if text is not None and rows is None:
-        raise ValueError(f"{path}: is not a JSON-lines results file (line 1: {_shown(text.strip())}); "
-                         "not appended to")
+        # a damaged first row (a killed writer's, an editor's) before whole ones: a results file still, which
+        # read_jsonl reads, skipping it; a file whose first line alone is not rows is the user's text
+        whole = head.split(b"\n")[1:-1]  # the lines after the first that the head holds whole
+        later = next((found for found in (_rows_of_line(line.decode("utf-8", "replace").strip()) for line in whole)
+                      if found), None)
+        if later is None:
+            raise ValueError(f"{path}: is not a JSON-lines results file (line 1: {_shown(text.strip())}); "
+                             "not appended to")
+        text, rows = json.dumps(later[0]), later
     if results and rows and not any("dataset" in row and "task" in row for row in rows):  # another program's
         raise ValueError(f"{path}: holds JSON lines that are not results rows (line 1 has no dataset and task: "
                          f"{_shown(text.strip())}); not appended to")
@@ -314,15 +321,16 @@ def _rows_of_line(text: str) -> Optional[List[Dict[str, Any]]]:
 
 def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) -> List[Dict[str, Any]]:
     """The rows of a JSON-lines file ([] when it does not exist). Rows glued onto one line (appended to a
-    last line without its newline) are all read; a later line that is not rows (an editor's, a killed
-    writer's) is skipped and said to ``on_skip`` (default: a warning). A file that is not text, or whose
-    first line is not rows (a text file of the user's, not results), is a ``ValueError`` naming it."""
+    last line without its newline) are all read; a line that is not rows (an editor's, a killed writer's) is
+    skipped and said to ``on_skip`` (default: a warning). A file that is not text, or that holds no rows (a text
+    file of the user's, not results), is a ``ValueError`` naming it."""
     path = os.fspath(path)
     if not os.path.exists(path):
         return []
     if os.path.isdir(path):
         raise ValueError(f"{path}: is a folder, not a JSON-lines results file")
-    rows = []
+    rows: List[Dict[str, Any]] = []
+    before: List[Tuple[int, str]] = []  # lines that are not rows before the first row: skipped, if a row follows
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             try:
@@ -332,16 +340,26 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) 
             if not line:
                 continue
             found = _rows_of_line(line)
-            if found is None and not rows:
-                raise ValueError(f"{path}: is not a JSON-lines results file (line {number}: {_shown(line)})")
-            if found is None:
-                message = f"{path}: line {number}: not a JSON row ({_shown(line)}); skipped"
-                if on_skip is None:
-                    warnings.warn(message, stacklevel=2)
-                else:
-                    on_skip(message)
-            rows += found or []
+            if found is None and rows:
+                _skipped(path, number, line, on_skip)
+            elif found is None:
+                before.append((number, line))
+            elif found:
+                for number_before, line_before in before if not rows else ():  # a damaged first row
+                    _skipped(path, number_before, line_before, on_skip)
+                rows += found
+    if before and not rows:  # no row at all: not results (a text file of the user's)
+        number, line = before[0]
+        raise ValueError(f"{path}: is not a JSON-lines results file (line {number}: {_shown(line)})")
     return rows
+
+
+def _skipped(path: str, number: int, line: str, on_skip: Optional[Callable[[str], None]]) -> None:
+    message = f"{path}: line {number}: not a JSON row ({_shown(line)}); skipped"
+    if on_skip is None:
+        warnings.warn(message, stacklevel=3)
+    else:
+        on_skip(message)
 
 
 # --------------------------------------------------------------- HDF5 attributes

@@ -22,7 +22,7 @@ from click.testing import CliRunner
 
 from ucmfh.app.cli import main
 from ucmfh.app.errors import EXIT_BROKEN_PIPE
-from ucmfh.files import MARKS, check_replaceable
+from ucmfh.files import MARKS, check_jsonl, check_replaceable
 
 from conftest import ROOT
 
@@ -204,6 +204,27 @@ def test_results_are_appended_to_a_results_file_only(tmp_path, victim, tiny_path
         result = CliRunner().invoke(main, [*command, "--results", str(tmp_path)])
         assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == \
             f"Error: {tmp_path}: is a folder, not a JSON-lines results file", result.output
+
+
+def test_a_results_file_whose_first_row_is_damaged_is_read_and_appended_to(tmp_path, tiny_path):
+    """A first row cut short (a writer killed there, an editor's slip) made the whole file 'not a JSON-lines
+    results file', for reading and appending: the rows after it were lost to every command. It is skipped with a
+    warning as a later one is; a file with no row at all is still the user's text, refused."""
+    row = {"dataset": "wiki", "task": "hashing", "method": "cca-itq", "n_bits": 16, "protocol": "unimodal", "k": 50,
+           "seed": 1, "map_i2t": 0.25, "map_t2i": 0.38, "run": "a", "settings": {"hash": {"n_bits": 16}}}
+    path = tmp_path / "r.jsonl"
+    path.write_text(json.dumps({**row, "seed": 2, "run": "b"})[:40] + "\n" + json.dumps(row) + "\n")
+    result = CliRunner().invoke(main, ["runs", "--results", str(path), "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.startswith(f"warning: {path}: line 1: not a JSON row (") and "skipped" in result.stderr
+    assert [json.loads(line)["seeds"] for line in result.stdout.splitlines()] == [[1]]
+    check_jsonl(path, results=True)  # what every command asks before appending: passes
+    text = tmp_path / "notes.jsonl"
+    text.write_text("my notes\nmore notes\n")
+    with pytest.raises(ValueError, match=re.escape(f"{text}: is not a JSON-lines results file (line 1: my notes)")):
+        check_jsonl(text, results=True)
+    result = CliRunner().invoke(main, ["runs", "--results", str(text)])
+    assert result.exit_code == 2 and "(line 1: my notes)" in result.output
 
 
 def test_a_results_file_with_foreign_lines_is_read_with_one_line_warnings(tmp_path):
