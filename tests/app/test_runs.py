@@ -436,13 +436,37 @@ def test_a_row_with_a_value_no_command_writes_is_skipped_and_said(tmp_path):
     path = tmp_path / "r.jsonl"
     append_jsonl(path, [_row(map_i2t="abc"), _row(run="r2", map_t2i=None), _row(run="r3", settings="x"),
                         _row(run="r4", recall_i2t={"1": "a"}), _row(run="r6", seed=3, map_i2t=float("nan")),
-                        _row(run="r5", seed=2)])
+                        _row(run="r7", seed=4, real_valued={"map_i2t": "0.27"}),  # were tracebacks
+                        _row(run="r8", seed=5, real_valued={"map_i2t": float("nan")}),
+                        _row(run="r9", seed=6, real_valued=[1, 2]), _row(run="r5", seed=2)])
     result = CliRunner().invoke(main, ["runs", "--results", str(path), "--json"])
     assert result.exit_code == 0, result.output
-    assert f"warning: {path}: 5 row(s) with a value no ucmfh command writes (first: map_i2t='abc'); skipped" in \
+    assert f"warning: {path}: 8 row(s) with a value no ucmfh command writes (first: map_i2t='abc'); skipped" in \
         result.stderr
     [group] = [json.loads(line) for line in result.stdout.splitlines()]
     assert group["seeds"] == [2]
+
+
+def test_a_figure_some_seeds_lack_is_left_out_not_taken_over_the_others():
+    """A group of two seeds, one row of an older version without tie-aware twins: the headline was the one newer
+    row's twin, shown as '± 0.0000' over '2 seeds'; every figure of an entry is over all its rows."""
+    new, old = _row(map_i2t_expected=0.45, map_t2i_expected=0.55), _row(run="r2", seed=2, map_i2t=0.7)
+    [group] = summarize([new, old])
+    assert group["n_seeds"] == 2 and "map_i2t_expected_mean" not in group
+    assert group["map_i2t_mean"] == pytest.approx(0.6)
+
+
+def test_two_dataset_files_of_one_name_are_told_apart_in_the_table(tmp_path):
+    """Two files named wiki (one edited): two groups, which the table showed as two identical 'wiki' lines."""
+    path = tmp_path / "r.jsonl"
+    append_jsonl(path, [_row(dataset="wiki", dataset_fingerprint="aaaaaaaa11"),
+                        _row(dataset="wiki", dataset_fingerprint="bbbbbbbb22", run="r2", map_i2t=0.51),
+                        _row(dataset="other", dataset_fingerprint="cccccccc33", run="r3")])
+    result = CliRunner().invoke(main, ["runs", "--results", str(path)])
+    assert result.exit_code == 0, result.output
+    names = [line.split("  ")[0] for line in result.output.splitlines()[1:4]]
+    assert names == ["other", "wiki [aaaaaaaa]", "wiki [bbbbbbbb]"], result.output
+    assert "dataset [fingerprint]: dataset files of one name and other contents" in result.output
 
 
 def test_runs_names_one_checkpoint_or_says_why_not(tmp_path):
@@ -456,6 +480,19 @@ def test_runs_names_one_checkpoint_or_says_why_not(tmp_path):
     assert two.exit_code == 2 and two.output.strip().splitlines() == [
         f"Error: {path}: 2 checkpoints match (runs/a/hash16.pt, runs/b/hash16.pt); "
         "name one run with -d, --task, --method, --loss, -b and --seed"]
+    # one file named two ways (a training row's relative path, 'evaluate -c''s absolute one) is one checkpoint
+    (tmp_path / "runs" / "b").mkdir(parents=True)
+    (tmp_path / "runs" / "b" / "hash16.pt").write_bytes(b"")
+    cwd = os.getcwd()
+    try:
+        os.chdir(tmp_path)
+        both = tmp_path / "both.jsonl"
+        append_jsonl(both, [_row(seed=2, run="r2", checkpoint="runs/b/hash16.pt"),
+                            _row(seed=2, run="r2", checkpoint=str(tmp_path / "runs/b/hash16.pt"), source="evaluate")])
+        one = runner.invoke(main, ["runs", "--results", str(both), "--checkpoint", "--seed", "2"])
+    finally:
+        os.chdir(cwd)
+    assert one.exit_code == 0 and one.output == "runs/b/hash16.pt\n", one.output
     none = runner.invoke(main, ["runs", "--results", str(path), "--checkpoint", "--seed", "3"])
     assert none.exit_code == 2 and none.output == (
         f"Error: {path}: no run with a checkpoint matches ({path} holds: tasks hashing; datasets d; methods two-tower; "
@@ -738,6 +775,21 @@ def test_a_checkpoint_scored_on_another_dataset_is_not_a_run_of_that_dataset(tmp
                                       "--results", str(results)])  # its own dataset: the run scored again
     assert again.exit_code == 0 and "trained on" not in again.output, again.output
     assert "trained_on" not in _rows(results)[-1] and _rows(results)[-1]["run"] == row_b["run"]
+    # its codes of B say so too ('ucmfh encode'), and two codes files of one model of one file are one measurement
+    codes = [str(tmp_path / f"{name}.h5") for name in ("c1", "c2")]
+    for path in codes:
+        encoded = CliRunner().invoke(main, ["encode", "-c", row_a["checkpoint"], "-d", b, "-o", path, "--quiet",
+                                            "--device", "cpu"])
+        assert encoded.exit_code == 0 and f"trained on {os.path.realpath(a)}, encoded here on {b}" in encoded.output
+    from_codes = tmp_path / "codes.jsonl"
+    scored = CliRunner().invoke(main, ["evaluate", "--codes", codes[0], "--codes", codes[1], "--results",
+                                       str(from_codes)])
+    assert scored.exit_code == 0, scored.output
+    first, second = _rows(from_codes)
+    assert first["trained_on"] == cross["trained_on"] and first["dataset_fingerprint"] == row_b["dataset_fingerprint"]
+    assert first["map_i2t"] == second["map_i2t"] and first["codes"] != second["codes"]
+    [group] = summarize(_rows(from_codes))
+    assert (group["dataset"], group["trained_on"], group["n_seeds"], group["seeds"]) == ("B", "A", 1, [row_a["seed"]])
 
 
 def _captions(path: Path, query_images: List[int], seed: int) -> str:

@@ -420,7 +420,7 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
         check_outputs({"--out": out}, inputs={**inputs, "--dataset": dataset})
     resolved(refuse_unused, hash_cfg.method, protocol=protocol)  # a leak-free method's codes have no fused view
     data = _load(dataset, data_dir)
-    path = encode_checkpoint(data, checkpoint, out, protocol, device, not quiet, overwrite)
+    path = encode_checkpoint(data, checkpoint, out, protocol, device, not quiet, overwrite, log=click.echo)
     click.echo(f"wrote {path} ({protocol} protocol)")
 
 

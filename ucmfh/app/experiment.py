@@ -9,7 +9,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ucmfh.app.identity import (
-    Run, RunOptions, dataset_identity, dataset_label, git_commit, key_of, run_settings, trained_in,
+    Run, RunOptions, dataset_identity, git_commit, key_of, run_settings, trained_in,
 )
 from ucmfh.app.per_query import save_per_query
 from ucmfh.app.stage import Log, Stage, reuse_or_fit
@@ -248,6 +248,24 @@ def queries_trained_on(scored: str, trained: Optional[str]) -> Optional[Tuple[in
     return int((share > 0.5).sum()), len(items)
 
 
+def trained_elsewhere(meta: Dict[str, Any], data: Dataset, dataset: Dict[str, str], path: str, doing: str,
+                      log: Log) -> Optional[Dict[str, Any]]:
+    """The identity of the dataset file a checkpoint was trained on (its meta's), where that is not ``dataset``
+    (``data``'s identity), with ``queries_trained_on`` where its training split holds ``data``'s query items; else
+    None. Says so through ``log`` (``doing``: what is done with the checkpoint here, "scored", "encoded")."""
+    trained_on = meta.get("dataset")
+    if not isinstance(trained_on, dict) or trained_on.get("fingerprint") == dataset["fingerprint"]:
+        return None  # not recorded (a checkpoint a library caller saved with meta of their own), or this file
+    log(f"note: {path} was trained on {trained_on.get('path')}, {doing} here on {data.path}")
+    seen = queries_trained_on(data.path, trained_on.get("path"))
+    if seen and seen[0]:
+        trained_on = {**trained_on, "queries_trained_on": seen}
+        log(f"warning: {seen[0]} of the {seen[1]} query items of {data.path} are items of the training split "
+            f"of {trained_on.get('path')} (by their captions), which {path} was trained on: its scores here "
+            "are inflated")
+    return trained_on
+
+
 def evaluate_checkpoint(
     data: Dataset, path: str, protocols: Sequence[str] = PROTOCOLS, k: int = DEFAULT_K,
     device: str = "auto", n_bits: Optional[int] = None, progress: bool = True, out: str = "runs",
@@ -259,19 +277,7 @@ def evaluate_checkpoint(
     kind = read_checkpoint(path)["kind"]
     model, fusion_cfg, hash_cfg, meta = load_for(data, path, kind, n_bits=n_bits)
     run = Run(out, dataset_identity(data), fusion_cfg, hash_cfg, trained_in=trained_in(meta))
-    trained_on = meta.get("dataset")
-    if not isinstance(trained_on, dict):  # a checkpoint a library caller saved with meta of their own
-        trained_on = None
-    if trained_on is not None and trained_on.get("fingerprint") == run.dataset["fingerprint"]:
-        trained_on = None
-    if trained_on is not None:
-        log(f"note: {path} was trained on {trained_on.get('path')}, scored here on {data.path}")
-        seen = queries_trained_on(data.path, trained_on.get("path"))
-        if seen and seen[0]:
-            trained_on = {**trained_on, "queries_trained_on": seen}
-            log(f"warning: {seen[0]} of the {seen[1]} query items of {data.path} are items of the training split "
-                f"of {trained_on.get('path')} (by their captions), which {path} was trained on: its scores here "
-                "are inflated")
+    trained_on = trained_elsewhere(meta, data, run.dataset, path, "scored", log)
     if kind == "fusion":
         start = time.perf_counter()
         scores = evaluate_fusion(model, data, protocols, k, device, progress)
@@ -285,12 +291,17 @@ def evaluate_checkpoint(
 
 def encode_checkpoint(
     data: Dataset, checkpoint: str, out: PathLike, protocol: str = "unimodal",
-    device: str = "auto", progress: bool = True, overwrite: bool = False,
+    device: str = "auto", progress: bool = True, overwrite: bool = False, log: Log = print,
 ) -> str:
-    """Write the query and retrieval codes of a hashing checkpoint to a codes file (packed bits)."""
+    """Write the query and retrieval codes of a hashing checkpoint to a codes file (packed bits), with what
+    they are codes of: the model's run and settings, the dataset file encoded (its fingerprint) and, where the
+    model was trained on another, that one (``trained_on``, as ``evaluate_checkpoint``'s rows hold it)."""
     if os.path.exists(out) and not overwrite:
         raise FileExistsError(f"{out}: exists; not replaced")
     model, fusion_cfg, hash_cfg, meta = load_for(data, checkpoint, "hash")
+    # a dataset of the library's, not read from a file: no file to name, nor to tell from the one trained on
+    dataset = dataset_identity(data) if data.path else None
+    trained_on = None if dataset is None else trained_elsewhere(meta, data, dataset, checkpoint, "encoded", log)
     query = encode_split(model, data.query, protocol, device, progress=progress)
     retrieval = encode_split(model, data.retrieval, protocol, device, progress=progress)
     return save_codes(
@@ -298,7 +309,11 @@ def encode_checkpoint(
         retrieval_img=retrieval[0].cpu(), retrieval_txt=retrieval[1].cpu(),
         query_labels=data.query.labels, retrieval_labels=data.retrieval.labels,
         query_ids=data.query.ids, retrieval_ids=data.retrieval.ids,
-        attrs={"dataset": dataset_label(data.path or "dataset"), "protocol": protocol, "method": hash_cfg.method,
+        attrs={"dataset": "dataset" if dataset is None else dataset["label"],
+               **({} if dataset is None else {"dataset_path": dataset["path"],
+                                              "dataset_fingerprint": dataset["fingerprint"]}),
+               **({} if trained_on is None else {"trained_on": trained_on}),
+               "protocol": protocol, "method": hash_cfg.method,
                "loss": hash_cfg.loss if default_loss(hash_cfg.method) is not None else "-",  # none of its own: '-'
                "checkpoint": os.path.abspath(checkpoint), "seed": hash_cfg.seed,
                # what its rows of 'evaluate --codes' are a measurement of: the run (key) and its settings

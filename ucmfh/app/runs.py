@@ -115,7 +115,7 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
 def row_problem(row: Dict[str, Any]) -> Optional[str]:
     """What is wrong with a results row's values, or None: a score (``map_*``, ``rsum*``, ``random_*``) that is
     not a finite number, a recall that is not a number or numbers by rank, settings that are not a mapping, a code
-    length or seed that is not a whole number."""
+    length or seed that is not a whole number; the same of its real-valued outputs' scores (``real_valued``)."""
     def number(value: Any) -> bool:  # finite: a NaN (JSON's NaN) would poison every mean and deviation
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
@@ -127,6 +127,11 @@ def row_problem(row: Dict[str, Any]) -> Optional[str]:
             return f"{key}={value!r}"
     if "settings" in row and not isinstance(row["settings"], dict):
         return f"settings={row['settings']!r}"
+    if "real_valued" in row:  # the scores of the real-valued head outputs: the same rules
+        real = row["real_valued"]
+        problem = row_problem(real) if isinstance(real, dict) else repr(real)
+        if problem is not None:
+            return f"real_valued: {problem}"
     for key in ("n_bits", "seed", "k"):
         if row.get(key) is not None and (not isinstance(row[key], int) or isinstance(row[key], bool)):
             return f"{key}={row[key]!r}"
@@ -198,8 +203,13 @@ def held_by(rows: Iterable[Dict[str, Any]]) -> str:
 def the_checkpoint(rows: Iterable[Dict[str, Any]], where: str) -> str:
     """The one checkpoint the rows were scored with (a run's stable name, whatever else was trained since; a
     SEPS run's ``seps.pt``); ``ValueError`` when they name none or several (``where``: the results file)."""
-    found = list(dict.fromkeys(r.get("checkpoint") or r.get("seps_checkpoint") for r in rows
-                               if r.get("checkpoint") or r.get("task") == "seps" and r.get("seps_checkpoint")))
+    named = [r.get("checkpoint") or r.get("seps_checkpoint") for r in rows
+             if r.get("checkpoint") or r.get("task") == "seps" and r.get("seps_checkpoint")]
+    # one file named two ways (a training row's path relative to where it ran, 'evaluate -c''s as typed) is one
+    by_file: Dict[str, str] = {}
+    for path in named:
+        by_file.setdefault(os.path.realpath(path) if os.path.exists(path) else path, path)
+    found = list(by_file.values())
     if not found:
         raise ValueError(f"{where}: no run with a checkpoint matches")
     if len(found) > 1:
@@ -260,8 +270,11 @@ def trained_on(row: Dict[str, Any]) -> Optional[str]:
 def _measurement(row: Dict[str, Any]) -> tuple:
     run = row.get("run") or (row.get("checkpoint"), row.get("hash_checkpoint"), row.get("seps_checkpoint"),
                              row.get("codes"), row.get("seed"))
-    return (json.dumps(run, sort_keys=True), row.get("codes"), row.get("task"), _stage(row), row.get("protocol"),
-            row.get("database"), row.get("k"))  # codes: one model's codes of two datasets are two measurements
+    # one model's codes of two dataset files are two measurements; two codes files of one model, of one file (its
+    # fingerprint, as 'ucmfh encode' records it), one (codes files of before: their paths)
+    scored_on = row.get("dataset_fingerprint") or row.get("codes")
+    return (json.dumps(run, sort_keys=True), scored_on, row.get("task"), _stage(row), row.get("protocol"),
+            row.get("database"), row.get("k"))
 
 
 def latest(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
@@ -291,7 +304,7 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     for key, group in groups.items():
         _, dataset, _, trained, task, method, loss, n_bits, stage, protocol, database, k, settings = key
         entry: Dict[str, Any] = {
-            "dataset": dataset, "trained_on": trained, "task": task, "method": method, "loss": loss,
+            "dataset": dataset, "dataset_fingerprint": group[0].get("dataset_fingerprint"), "trained_on": trained, "task": task, "method": method, "loss": loss,
             "n_bits": n_bits, "stage": stage, "protocol": protocol, "database": database, "k": k, "n_seeds": len(group),
             "seeds": sorted(seed for seed in map(seed_of, group) if seed is not None),
             "checkpoints": sorted({r["checkpoint"] for r in group if r.get("checkpoint")}),
@@ -301,7 +314,10 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
         scores += tuple(f + EXPECTED for f in scores)
         for field in (*scores, *(f"random_{d}" for d in DIRECTIONS), "random_rsum", *(REAL + f for f in scores)):
             values = [_value(r, field) for r in group if _value(r, field) is not None]
-            if values:
+            # a figure some of the group's rows lack (rows of an older version: no tie-aware twins) is left out,
+            # not taken over the rows that have it: every figure of an entry is over its n_seeds rows, and the
+            # headline falls back to the figure they all have
+            if values and len(values) == len(group):
                 entry[f"{field}_mean"] = statistics.fmean(values)
                 entry[f"{field}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
         for clock in ("train_time_s", "fusion_train_time_s"):  # a method on a fusion stage: that stage's too
@@ -355,7 +371,11 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
     if not groups:
         return "no runs match"
     captions = any(g["database"] for g in groups)
-    columns = [("dataset", lambda g: _text(g["dataset"]))]
+    files: Dict[Any, set] = {}  # the dataset files of each name (rows that record one): two of one name told apart
+    for g in groups:
+        files.setdefault(g["dataset"], set()).update([g["dataset_fingerprint"]] if g["dataset_fingerprint"] else [])
+    columns = [("dataset", lambda g: _text(g["dataset"]) + (f" [{g['dataset_fingerprint'][:8]}]" if len(
+        files[g["dataset"]]) > 1 and g["dataset_fingerprint"] else ""))]
     if any(g.get("trained_on") for g in groups):
         columns.append(("trained on", lambda g: _text(g.get("trained_on"))))
     columns += [("task", lambda g: _text(g["task"])), ("method", lambda g: _text(g["method"])),
@@ -397,4 +417,7 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
                      "'-': trained on this one")
     if any(g["stage"] for g in groups):
         lines.append("stage: two-stage search ('ucmfh rerank'), m = the Hamming candidates re-ranked")
+    if any(len(fingerprints) > 1 for fingerprints in files.values()):
+        lines.append("dataset [fingerprint]: dataset files of one name and other contents, told apart by the first "
+                     "characters of their contents' SHA-256 (as their run folders are named)")
     return "\n".join(lines + settings_legend(groups))

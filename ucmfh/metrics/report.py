@@ -249,17 +249,19 @@ def codes_file_row(metrics: Dict[str, object]) -> Dict[str, object]:
         **{f"map_{d}{EXPECTED}": metrics[d][f"map@{k}{EXPECTED}"] for d in ("i2t", "t2i")
            if f"map@{k}{EXPECTED}" in metrics[d]},
     }
-    # the model the codes are of, as 'ucmfh encode' records it: rows of two models are never taken for seeds of one
-    for name in ("seed", "checkpoint", "run"):
+    # the model the codes are of, and the dataset file encoded, as 'ucmfh encode' records them: rows of two models
+    # are never taken for seeds of one, nor codes of two files for one measurement
+    for name in ("seed", "checkpoint", "run", "dataset_path", "dataset_fingerprint"):
         if attrs.get(name) is not None:
             row[name] = attrs[name]
-    settings_attr = attrs.get("settings")
-    try:  # ucmfh's JSON of the stages' settings; a file of another writer may hold anything there
-        settings_attr = json.loads(settings_attr) if isinstance(settings_attr, str) else settings_attr
-    except ValueError:
-        settings_attr = None
-    if isinstance(settings_attr, dict):
-        row["settings"] = settings_attr
+    for name in ("settings", "trained_on"):  # ucmfh's JSON of a mapping: the stages' settings, the file trained on
+        value = attrs.get(name)
+        try:  # a file of another writer may hold anything there
+            value = json.loads(value) if isinstance(value, str) else value
+        except ValueError:
+            value = None
+        if isinstance(value, dict):
+            row[name] = value
     if settings.get("database") is not None:  # a caption set's: R@K in % and rSum, as training rows hold them
         row["database"] = settings["database"]
         for twin in ("", EXPECTED):
