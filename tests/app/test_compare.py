@@ -329,3 +329,14 @@ def test_compare_two_settings_of_one_method_by_key_or_by_setting(tmp_path):
         refused = run(*sides)
         assert refused.exit_code == 2 and says in refused.output, (sides, refused.output)
         assert len(refused.output.strip().splitlines()) == 1 and "Traceback" not in refused.output
+
+
+def test_a_parameter_that_was_a_hashing_setting_is_selected_as_listed():
+    """'ucmfh methods' lists ucmfh's code_weight as a method parameter; rows keep it where it was a hashing setting
+    (so that older runs keep their identity): ucmfh@hash.method_params.code_weight=0.5 matched no row."""
+    from ucmfh.app.compare import parse_side
+
+    row = {"method": "ucmfh", "settings": {"hash": {"method": "ucmfh", "code_weight": 0.5, "method_params": {}}}}
+    side = parse_side("ucmfh@hash.method_params.code_weight=0.5", "BASE")
+    assert side.conditions[0][0] == ("hash", "code_weight") and side.holds(row)
+    assert not parse_side("ucmfh@hash.method_params.code_weight=0.9", "BASE").holds(row)

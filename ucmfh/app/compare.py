@@ -31,7 +31,7 @@ from ucmfh.app.options import Count, json_or_text, results_to_read
 from ucmfh.app.per_query import load_per_query
 from ucmfh.app.runs import (filter_rows, held_by, latest, read_results, seed_of, settings_key, settings_of,
                             variant_of)
-from ucmfh.config import PROTOCOLS
+from ucmfh.config import MOVED_TO_PARAMS, PROTOCOLS
 from ucmfh.methods.settings import STAGES
 from ucmfh.metrics.intervals import RESAMPLES, paired_bootstrap, verdict
 
@@ -147,9 +147,11 @@ def parse_side(text: str, argument: str) -> Side:
         if stage not in STAGES:
             raise UserError(f"{argument}: {path!r} in {text!r}: no stage {stage!r} (stages: {', '.join(STAGES)})")
         known = [f.name for f in dataclasses.fields(STAGES[stage])]
-        if name.split(".")[0] not in known:
-            raise UserError(f"{argument}: {path!r} in {text!r}: {stage} settings are {', '.join(known)}")
         parts = tuple(path.split("."))
+        if stage == "hash" and parts[1:] in [("method_params", moved) for moved in MOVED_TO_PARAMS]:
+            parts = ("hash", parts[2])  # a parameter that was a hashing setting: rows hold it there (identity_dict)
+        elif name.split(".")[0] not in known:
+            raise UserError(f"{argument}: {path!r} in {text!r}: {stage} settings are {', '.join(known)}")
         if any(p == parts for p, _, _ in conditions):
             raise UserError(f"{argument}: {path} given twice in {text!r}; give it once")
         conditions.append((parts, json_or_text(value), value))
