@@ -62,7 +62,8 @@ def test_round_trip_gives_the_same_codes_and_config(saved, tiny):
         (dict(kind="hash", n_bits=64), r"made for n_bits=24, but n_bits=64"),
         (dict(kind="hash", d_img=99), r"made for image feature dim=48, but image feature dim=99"),
         (dict(kind="hash", d_txt=5), r"made for text feature dim=32"),
-        (dict(kind="fusion"), r"made for kind=hash, but kind=fusion"),
+        (dict(kind="fusion"), r"is a hashing checkpoint \(hashN.pt\); a fusion stage's checkpoint \(fusion.pt\) is "
+                               "needed here"),
     ],
 )
 def test_checkpoint_for_other_settings_is_refused(saved, kwargs, message):

@@ -206,7 +206,15 @@ def _check_version(path: str, payload: Dict[str, Any], method: str) -> None:
                               f"{installed or 'none'} is installed; read it where that version is")
 
 
+# what a checkpoint of each kind is, in a refusal: the file a user gave is named by what it holds
+KIND_NAMES = {"fusion": "a fusion stage's checkpoint (fusion.pt)", "hash": "a hashing checkpoint (hashN.pt)",
+              "seps": "a SEPS checkpoint (seps.pt)"}
+
+
 def _expect(path: str, payload: Dict[str, Any], name: str, actual: Any, wanted: Optional[Any]) -> None:
+    if wanted is not None and actual != wanted and name == "kind":
+        raise CheckpointError(f"{path}: is {KIND_NAMES.get(actual, f'a checkpoint of kind {actual!r}')}; "
+                              f"{KIND_NAMES.get(wanted, wanted)} is needed here")
     if wanted is not None and actual != wanted:
         raise CheckpointError(f"{path}: made for {name}={actual}, but {name}={wanted} was asked for")
 

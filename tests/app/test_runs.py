@@ -315,6 +315,8 @@ def test_runs_summarises_over_seeds(tmp_path):
     assert "0.6000 ± 0.1000" in result.output and "fusion.epochs=9" in result.output
     result = CliRunner().invoke(main, ["runs", "--results", str(tmp_path / "none.jsonl")])
     assert result.exit_code == 2 and "no such results file" in result.output
+    result = CliRunner().invoke(main, ["runs", "--results", ""])  # said "Error: : no such results file"
+    assert result.exit_code == 2 and "Error: --results '': an empty path" in result.output
     # a selection that matches nothing: what the file holds, so the right filter can be given
     result = CliRunner().invoke(main, ["runs", "--results", str(path), "-b", "64", "--seed", "9"])
     assert result.exit_code == 0 and result.output.strip() == (

@@ -76,6 +76,8 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
     row that names no dataset and task (no command wrote it), are skipped and said to ``warn`` (default:
     a warning)."""
     for path in paths:
+        if not path:  # '' is where the training commands write no rows; nothing to read
+            raise ValueError("--results '': an empty path; name a results file to read")
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such results file (runs append their rows to --results)")
     rows = []
