@@ -152,6 +152,30 @@ def test_validation_names_file_dataset_and_problem(tmp_path, edit, message):
     assert str(info.value).startswith(path)
 
 
+def test_sparse_items_equal_in_the_sampled_columns_alone_are_no_leak(tmp_path):
+    """Bags of words for both modalities: every item zero in the few columns a fingerprint samples, so every
+    query item's print was a retrieval item's, and a file of distinct items was refused as a query split copied
+    from retrieval. The whole rows decide; a real copy among them is still refused."""
+    rng = np.random.default_rng(0)
+    n, d = 60, 1000
+    sampled = set(np.unique(np.linspace(0, d - 1, 32).astype(int)))
+    free = np.array([c for c in range(d) if c not in sampled])
+    image, text = np.zeros((n, d), np.float32), np.zeros((n, d), np.float32)
+    for i in range(n):
+        image[i, rng.choice(free, 5, replace=False)] = 1
+        text[i, rng.choice(free, 5, replace=False)] = 1
+    labels = np.eye(3, dtype=np.uint8)[np.arange(n) % 3]
+
+    def splits(query_rows):
+        take = lambda rows: {"image": image[rows], "text": text[rows], "labels": labels[rows]}
+        return {"query": take(query_rows), "retrieval": take(np.arange(10, n)), "train": take(np.arange(10, n))}
+
+    write_dataset(tmp_path / "sparse.h5", splits(np.arange(10)))  # distinct items: written
+    with pytest.raises(DataError, match=r"/query: 1 items have the image and text features of /retrieval items "
+                                        r"\(first: query row 3\)"):
+        write_dataset(tmp_path / "copied.h5", splits(np.array([0, 1, 2, 25, 4, 5])))
+
+
 def test_captions_and_image_paths_are_written_for_search_to_show(tmp_path):
     """write_dataset takes each split's ``text_raw`` and ``paths`` (one string an item), which an index built from
     the file shows (they were refused: 'unknown dataset name', and only h5py could write them)."""

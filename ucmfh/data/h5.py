@@ -218,6 +218,37 @@ def _check_finite(path: str, where: str, dset: h5py.Dataset, keep: Optional[Dict
     return np.concatenate(prints)
 
 
+def _equal_items(path: str, f: h5py.File, rows: np.ndarray, other: str, pairs: Dict[str, np.ndarray]) -> np.ndarray:
+    """Of the query ``rows`` whose fingerprints (``pairs``) some item of split ``other`` shares, those whose whole
+    image and text rows equal such an item's. Prints of a few columns collide where those columns are equal
+    across items (sparse features: bags of words, their sampled columns all zero), so a leak is decided on the
+    whole rows, read again for the rows whose prints collide alone."""
+    candidates = np.flatnonzero(np.isin(pairs[other], pairs["query"][rows]))
+    mine, theirs = (_whole_prints(path, f, split, index) for split, index in (("query", rows), (other, candidates)))
+    return rows[np.isin(mine, theirs)]
+
+
+def _whole_prints(path: str, f: h5py.File, split: str, index: np.ndarray) -> np.ndarray:
+    """The fingerprints of the image and text rows ``index`` (ascending) of ``split`` from every column, read by
+    blocks of rows. Shape: [n] uint64."""
+    parts = {}
+    for name in ("image", "text"):
+        dset, prints = f[split][name], []
+        every = np.arange(dset.shape[1])
+        for start in range(0, dset.shape[0], _CHECK_ROWS):
+            inside = index[(index >= start) & (index < start + _CHECK_ROWS)]
+            if len(inside):
+                block = _read(path, f"/{split}/{name}", dset, slice(start, start + _CHECK_ROWS))
+                prints.append(_row_fingerprints(block[inside - start].astype(np.float32), every))
+        parts[name] = np.concatenate(prints) if prints else np.zeros(0, dtype=np.uint64)
+    return _item_prints(parts["image"], parts["text"])
+
+
+def _item_prints(image: np.ndarray, text: np.ndarray) -> np.ndarray:
+    """An item's fingerprint from its image's and its text's. Shape: [N], [N] -> [N] uint64."""
+    return image ^ (text * np.uint64(0x9E3779B97F4A7C15))
+
+
 def _row_fingerprints(rows: np.ndarray, picked: np.ndarray) -> np.ndarray:
     """One number a row from its values at the ``picked`` columns, as float32 read them: the bits of each value
     times a fixed odd weight, summed modulo 2^64. Equal rows give equal prints; rows differing in a picked
@@ -309,7 +340,7 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
         raise _fail(path, f"/{split}/labels", "missing dataset, and no /ids either: a file without labels "
                                                "(a caption set) needs ids, whose equality is then relevance")
     tokens[split] = check_tokens(path, group, split, n_rows, dims, token_values)
-    pairs[split] = prints["image"] ^ (prints["text"] * np.uint64(0x9E3779B97F4A7C15))  # an item: both its features
+    pairs[split] = _item_prints(prints["image"], prints["text"])  # an item: both its features
     if ids is None:
         return None
     split_ids = _check_ids(path, f"/{split}/ids", ids, n_rows)
@@ -369,6 +400,8 @@ def validate_file(path: PathLike, token_values: bool = True,
                 )
         for other in ("retrieval", "train"):  # the same items under other ids (a query split copied from another)
             again = np.flatnonzero(np.isin(pairs["query"], pairs[other]))
+            if len(again):  # the prints of sampled columns agree: the whole rows, read again, decide
+                again = _equal_items(path, f, again, other, pairs)
             if len(again):
                 raise _fail(path, "/query", f"{len(again)} items have the image and text features of /{other} "
                                             f"items (first: query row {again[0]}); query and {other} must be "
