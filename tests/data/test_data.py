@@ -152,6 +152,24 @@ def test_validation_names_file_dataset_and_problem(tmp_path, edit, message):
     assert str(info.value).startswith(path)
 
 
+def test_a_disk_without_room_is_refused_before_anything_is_written(tmp_path, monkeypatch):
+    """A full disk crashed the process (HDF5's close, a segmentation fault) and left the temporary file; the
+    room the data take is checked first: one line naming the file, nothing written, the CLI's exit 2."""
+    import shutil
+    from click.testing import CliRunner
+
+    from ucmfh.app.cli import main
+
+    full = shutil.disk_usage(tmp_path)._replace(free=100_000)
+    monkeypatch.setattr("ucmfh.data.writer.shutil.disk_usage", lambda path: full)
+    with pytest.raises(OSError, match=r"d.h5: needs about 1\.0 MiB, and its disk has 0\.1 MiB free"):
+        write_dataset(tmp_path / "d.h5", arrays())
+    result = CliRunner().invoke(main, ["make-synthetic", str(tmp_path / "s.h5")])
+    assert result.exit_code == 2 and result.output == \
+        f"Error: {tmp_path / 's.h5'}: needs about 101.4 MiB, and its disk has 0.1 MiB free\n"
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_sparse_items_equal_in_the_sampled_columns_alone_are_no_leak(tmp_path):
     """Bags of words for both modalities: every item zero in the few columns a fingerprint samples, so every
     query item's print was a retrieval item's, and a file of distinct items was refused as a query split copied

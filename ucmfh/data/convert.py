@@ -198,7 +198,8 @@ def convert_pkl(
         split_rule="as released: train.pkl, query.pkl, retrieval.pkl",
     )
     columns = {key: (paths["train"], array.shape[1]) for key, array in first.items()}
-    with open_writer(out, attrs, overwrite) as f:
+    size = sum(os.path.getsize(path) for path in paths.values())  # pickled arrays: about the file's size
+    with open_writer(out, attrs, overwrite, size) as f:
         for split in SPLITS:
             arrays = first if split == "train" else _load_pkl(paths[split])
             first = None
@@ -336,7 +337,10 @@ def convert_arrays(
                    + (f"; ids={ids}" if ids is not None else ""),
             split_rule=index.rule,
         )
-        with open_writer(out, attrs, overwrite) as f:
+        n_written = sum(len(r) for r in rows.values())
+        size = n_written * (4 * (img_src.shape[1] + txt_src.shape[1]) + 8 +
+                            (0 if label_matrix is None else label_matrix.shape[1]))
+        with open_writer(out, attrs, overwrite, size) as f:
             for s in SPLITS:
                 if label_matrix is not None:
                     create_split_dataset(f, s, "labels", (len(rows[s]), label_matrix.shape[1]))[...] = \

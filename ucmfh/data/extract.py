@@ -424,7 +424,8 @@ def extract_features(
     here = os.path.dirname(os.path.abspath(out))  # a path relative to the file's folder: they move together
     relative = [os.path.relpath(os.path.abspath(path), here).replace(os.sep, "/") for path in paths]
     strings = h5py.string_dtype()
-    with open_writer(out, attrs, overwrite) as f:
+    size = sum(len(r) for r in rows.values()) * (4 * (img_feats.shape[1] + txt_feats.shape[1]) + 8 + len(class_names))
+    with open_writer(out, attrs, overwrite, size) as f:  # the pooled features' (tokens' checked as they are written)
         for s in SPLITS:
             r = rows[s]
             create_split_dataset(f, s, "image", (len(r), img_feats.shape[1]))[...] = img_feats[image_of[r]]

@@ -3,6 +3,7 @@ before they appear under their name (:func:`write_dataset` from arrays, :func:`o
 from __future__ import annotations
 
 import os
+import shutil
 from contextlib import contextmanager
 from typing import Dict, Iterator, Optional
 
@@ -31,11 +32,22 @@ def make_folder(folder: str, for_path: str) -> None:
         raise OSError(f"{for_path}: cannot create the folder {folder} ({err.strerror or err})") from None
 
 
+def check_space(path: str, size: int) -> None:
+    """Refuse to write about ``size`` bytes to ``path`` where its disk has not that much free (an OSError naming
+    both): HDF5 found out while closing the file, and crashed the process (a segmentation fault), leaving its
+    temporary file. The folder must exist."""
+    free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
+    needed = int(size * 1.02) + 2**20  # chunk and metadata overhead
+    if needed > free:
+        raise OSError(f"{path}: needs about {needed / 2**20:.1f} MiB, and its disk has {free / 2**20:.1f} MiB free")
+
+
 @contextmanager
 def open_writer(
     path: PathLike,
     attrs: Optional[Dict[str, object]] = None,
     overwrite: bool = False,
+    size: Optional[int] = None,
 ) -> Iterator[h5py.File]:
     """Stream a dataset file: yield an open temporary file, then validate and rename.
 
@@ -43,7 +55,8 @@ def open_writer(
     for the right dtype and chunking) and fills them piece by piece, so a file
     larger than memory can be written. On normal exit the file is validated
     and only then appears under ``path``; on any error the temporary file is
-    removed and ``path`` is left as it was.
+    removed and ``path`` is left as it was. ``size``: the bytes the data will take, checked against the
+    disk's free space before anything is written (:func:`check_space`).
     """
     path = os.fspath(path)
     if os.path.isdir(path):
@@ -51,6 +64,8 @@ def open_writer(
     if os.path.exists(path) and not overwrite:
         raise FileExistsError(f"{path}: exists; not replaced")
     make_folder(os.path.dirname(os.path.abspath(path)), path)
+    if size is not None:
+        check_space(path, size)
     with atomic_file(path) as tmp:
         try:
             f = h5py.File(tmp, "w")
@@ -94,7 +109,9 @@ def write_dataset(
     The file appears under its final name only once complete and valid.
     """
     path = os.fspath(path)
-    with open_writer(path, attrs, overwrite) as f:
+    size = sum(np.asarray(array).size * np.dtype(DTYPES[name]).itemsize for split in splits.values()
+               for name, array in split.items() if name in DTYPES and array is not None)
+    with open_writer(path, attrs, overwrite, size) as f:
         for split in SPLITS:
             if split not in splits:
                 raise DataError(f"{path}: /{split}: missing split in the arrays to write")
