@@ -266,6 +266,28 @@ def test_bad_split_index(tmp_path, arrays):
     assert not out.exists()
 
 
+def test_rows_without_a_label_are_dropped_from_a_given_split_too(tmp_path, arrays):
+    """--empty-labels drop (the default) left such rows out of a drawn split, but refused them in a given one, with
+    'use --empty-labels drop' as its remedy: the drop was made. They leave each given split; a split of nothing but
+    such rows is refused."""
+    from ucmfh.data.h5 import load_dataset
+
+    labels = np.load(arrays[2])
+    labels[[3, 8, 20]] = 0
+    np.save(tmp_path / "some_empty.npy", labels)
+    np.savez(tmp_path / "given.npz", query=np.arange(5), retrieval=np.arange(5, N), train=np.arange(5, 15))
+    out = tmp_path / "o.h5"
+    result = CliRunner().invoke(main, [str(a) for a in ["convert", "npz", *arrays[:2], tmp_path / "some_empty.npy",
+                                                        out, "--split-index", tmp_path / "given.npz", "--quiet"]])
+    assert result.exit_code == 0, result.output
+    data = load_dataset(out)
+    assert (len(data.query), len(data.train), len(data.retrieval)) == (4, 9, 23)
+    assert data.query.ids.tolist() == [0, 1, 2, 4] and 8 not in data.train.ids and 20 not in data.retrieval.ids
+    np.savez(tmp_path / "only.npz", query=[3, 8], retrieval=np.arange(9, N), train=np.arange(9, 15))
+    user_error(["convert", "npz", *arrays[:2], tmp_path / "some_empty.npy", tmp_path / "o2.h5", "--split-index",
+                tmp_path / "only.npz"], "only.npz: query: empty split (no row of it has a label)")
+
+
 def test_text_files_in_another_encoding(tmp_path, arrays):
     (tmp_path / "classes.txt").write_bytes("sky\nmer\nfor\u00eat\n".encode("latin-1"))
     user_error(convert_npz(*arrays, tmp_path / "o.h5", "--classes", tmp_path / "classes.txt"),

@@ -16,6 +16,7 @@ matrix (none for ``.npy`` and v7.3 ``.mat``) is in memory.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import time
@@ -324,9 +325,12 @@ def convert_arrays(
                 if outside.size:
                     raise DataError(f"{given}: {s}: {outside.size} rows out of range for {n} source rows "
                                     f"(first: {outside[0]})")
-                bad = rows[~keep[rows]]
-                if bad.size:
-                    raise DataError(f"{given}: {s}: {bad.size} rows have no label (first: row {bad[0]})")
+            # rows without a label were dropped (--empty-labels drop, logged): from the splits given too, where
+            # they were refused, the message's remedy being the drop that had been made
+            index = dataclasses.replace(index, **{s: rows[keep[rows]] for s, rows in index.as_dict().items()})
+            for s, rows in index.as_dict().items():
+                if not rows.size:
+                    raise DataError(f"{given}: {s}: empty split (no row of it has a label)")
         rows = index.as_dict()
         attrs = root_attrs(
             out, name, classes, 0 if label_matrix is None else label_matrix.shape[1],
