@@ -6,7 +6,6 @@ import os
 
 import h5py
 import numpy as np
-import pytest
 
 from conftest import caption_file, load_script
 from ucmfh.data.h5 import load_dataset, validate_file
@@ -45,6 +44,41 @@ def test_the_copy_holds_the_features_rounded_to_float16_and_everything_else_as_i
 def test_an_existing_output_is_refused(tmp_path, capsys):
     src = str(tmp_path / "captions.h5")
     caption_file(src)
-    with pytest.raises(SystemExit) as exit_:
-        compact.main([src, src])
-    assert exit_.value.code == 2 and "exists" in capsys.readouterr().err
+    assert compact.main([src, src]) == 2 and "exists; remove it first" in capsys.readouterr().err
+
+
+def test_a_feature_beyond_float16_s_range_is_copied_unrounded_and_said(tmp_path, capsys):
+    """Rounded, a value beyond 65504 became inf: an invalid copy, said valid (exit 0)."""
+    src, dst = str(tmp_path / "captions.h5"), str(tmp_path / "out.h5")
+    caption_file(src)
+    with h5py.File(src, "a") as f:
+        big = f["query"]["image"][()] * 1e5
+        del f["query"]["image"]
+        f["query"]["image"] = big
+    assert compact.main([src, dst]) == 0
+    assert f"{dst}: /query/image: copied unrounded (a value beyond float16's range, 65504)" in capsys.readouterr().out
+    validate_file(dst)
+    with h5py.File(dst, "r") as g:
+        assert np.array_equal(g["query"]["image"][()], big)
+
+
+def test_a_stopped_or_failed_copy_leaves_nothing_and_says_so_in_one_line(tmp_path, capsys, monkeypatch):
+    src = str(tmp_path / "captions.h5")
+    caption_file(src)
+    (tmp_path / "file").write_text("in the way")
+    for dst, says in (("", "dst: an empty path"), (str(tmp_path / "file" / "x.h5"), "File exists")):
+        assert compact.main([src, dst]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("compact_data.py: error: ") and says in err, err
+
+    class Stopped:  # Ctrl-C heard: the copy stops at the next array
+        def __enter__(self):
+            return {"signal": 2}
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(compact, "stop_on_signals", Stopped)
+    assert compact.main([src, str(tmp_path / "out.h5")]) == 130
+    assert "interrupted; nothing written" in capsys.readouterr().err
+    assert sorted(os.listdir(tmp_path)) == ["captions.h5", "file"]
