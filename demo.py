@@ -12,7 +12,7 @@ import os
 import sys
 from typing import NoReturn
 
-from ucmfh.app.errors import EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, interrupted
+from ucmfh.app.errors import EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, interrupted, outlive_reader
 from ucmfh.app.environment import configure_from_env, default_data_dir, protocols_of, resolve_dataset
 from ucmfh.app.experiment import evaluate_checkpoint, train_fusion_stage, train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, dataset_identity
@@ -117,6 +117,11 @@ def _other_epochs(run: Run, args: argparse.Namespace) -> str:
 def main(argv=None) -> int:
     args = parse_args(argv)
     configure_from_env()
+    with outlive_reader():  # a reader gone (| head) ends the command once its work is done, as the ucmfh command
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         resolve_device(args.device)
         # UCMFH's method: its hashing stage shares every training setting with its fusion stage

@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional
 
 import click
 
-from ucmfh.app.errors import UserError, reader_gone, terminate_as_interrupt, user_errors, warn
+from ucmfh.app.errors import UserError, outlive_reader, reader_gone, terminate_as_interrupt, user_errors, warn
 from ucmfh.app.environment import (
     configure_from_env, dataset_paths, default_data_dir, join_process_group, protocols_of, resolve_dataset,
 )
@@ -62,8 +62,9 @@ def _flag_for_extra_file(err: click.UsageError) -> str:
 
 class Commands(click.Group):
     """The ``ucmfh`` group: a reader that closes the output early (``ucmfh runs | head -1``) ends every
-    command quietly, as it ends ``yes | head -1`` (:func:`ucmfh.app.errors.reader_gone`); a mistake on the
-    command line is one line (:class:`UsageInOneLine`; ``ucmfh`` alone still prints its help)."""
+    command quietly once its work is done, with the code that ends ``yes | head -1``
+    (:func:`ucmfh.app.errors.outlive_reader`); a mistake on the command line is one line
+    (:class:`UsageInOneLine`; ``ucmfh`` alone still prints its help)."""
 
     def make_context(self, *args, **kwargs) -> click.Context:  # where 'ucmfh --help' prints
         try:
@@ -75,7 +76,8 @@ class Commands(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            return super().invoke(ctx)
+            with outlive_reader():
+                return super().invoke(ctx)
         except BrokenPipeError:
             reader_gone()
         except click.UsageError as err:

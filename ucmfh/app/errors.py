@@ -8,13 +8,14 @@ the hint is added here, worded for the command line.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import re
 import signal
 import sys
 import threading
-from typing import Any, Callable, Collection, Optional
+from typing import Any, Callable, Collection, Iterator, Optional
 
 import click
 
@@ -136,6 +137,61 @@ def reader_gone() -> None:
     except (OSError, ValueError):  # no file descriptor behind stdout (a test's capture): nothing to flush
         pass
     sys.exit(EXIT_BROKEN_PIPE)
+
+
+class _Outlived:
+    """Standard output that a closed reader does not stop: the first write that finds the reader gone sends
+    this and every later write nowhere (:attr:`gone`); the rest is the stream's."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream, self.gone = stream, False
+
+    def write(self, text: Any) -> int:
+        if not self.gone:
+            try:
+                return self._stream.write(text)
+            except BrokenPipeError:
+                self._go()
+        return len(text)
+
+    def flush(self) -> None:
+        if not self.gone:
+            try:
+                self._stream.flush()
+            except BrokenPipeError:
+                self._go()
+
+    def _go(self) -> None:
+        self.gone = True
+        try:  # what the stream holds unwritten goes nowhere too, at its next flush (Python's, at exit)
+            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+        except (OSError, ValueError):  # no file descriptor behind it (a test's capture)
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+@contextlib.contextmanager
+def outlive_reader() -> Iterator[None]:
+    """Run a command whose work outlives a reader that closes its output early (``ucmfh train-hash ... | head``,
+    ``| grep -m1 MAP``): its work goes on to its end (checkpoints, the rows appended to its results file, every
+    code length), what it prints going nowhere once the reader is gone; then it exits as a writer killed by
+    SIGPIPE would (141, :func:`reader_gone`). A write that found the reader gone ended the command there, and its
+    rows with it."""
+    stdout = _Outlived(sys.stdout)
+    sys.stdout = stdout
+    try:
+        yield
+    except (SystemExit, click.exceptions.Exit) as done:  # a command that ends by an exit (--help): its code
+        sys.stdout = stdout._stream
+        if stdout.gone and getattr(done, "exit_code", getattr(done, "code", 0)) in (0, None):
+            reader_gone()
+        raise
+    finally:
+        sys.stdout = stdout._stream
+    if stdout.gone:
+        reader_gone()
 
 
 def user_errors(fn: Callable) -> Callable:

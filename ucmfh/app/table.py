@@ -95,15 +95,18 @@ def format_table(rows: List[Dict[str, Any]]) -> str:
 
 
 def report(rows: List[Dict[str, Any]], results: Optional[str], echo: Log = print) -> None:
-    """Print rows as a table and append them to the results file (when one is given); nothing without rows
-    (a rank other than 0 of a distributed run)."""
+    """Append rows to the results file (when one is given) and print them as a table; nothing without rows
+    (a rank other than 0 of a distributed run). Appended first: a reader that closes the output early (``| head``,
+    ``| grep -m1``) ends the command as the table is printed, and took the rows with it."""
     if not rows:
         return
-    echo(format_table(rows))
     if results:
         try:
             append_results(results, rows)
         except OSError as err:  # checked before the run (ucmfh.app.outputs); the disk may still fill up
+            echo(format_table(rows))
             raise OSError(f"--results {results}: the rows above were not appended ({err.strerror or err}); the "
                           "checkpoints are saved, so the same command scores them again without training") from None
+    echo(format_table(rows))
+    if results:
         echo(f"results appended to {results}")
