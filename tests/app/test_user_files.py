@@ -301,6 +301,21 @@ def test_a_reader_gone_early_ends_a_training_command_once_its_work_is_done(tmp_p
     assert sorted({row["n_bits"] for row in rows}) == ([8, 16] if front_door == "ucmfh" else [8])
 
 
+def test_a_dataset_file_here_without_its_extension_is_read(tmp_path, tiny_path, monkeypatch):
+    """-d wikicopy, a dataset file here named without .h5, was 'not a dataset file ... convert yours'; a file of
+    another kind so named still is."""
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(tiny_path, "mine")
+    result = CliRunner().invoke(main, ["validate", "mine"])
+    assert result.exit_code == 0, result.output
+    result = CliRunner().invoke(main, ["train-hash", "-d", "mine", "--data-dir", str(tmp_path / "none"),
+                                       "--method", "cca-itq", "-b", "8", "--quiet", "--results", ""])
+    assert result.exit_code == 0 and "dataset: mine" in result.output, result.output
+    Path("features").write_bytes(b"\x93NUMPY not a dataset")
+    result = CliRunner().invoke(main, ["train-hash", "-d", "features", "--data-dir", str(tmp_path / "none")])
+    assert result.exit_code == 2 and "features: not a dataset file" in result.output, result.output
+
+
 def test_a_folder_as_dataset_and_a_file_in_data_dir(tmp_path, tiny_path):
     """-d FOLDER is refused in one line; -d NAME.h5 is looked for in --data-dir too."""
     result = CliRunner().invoke(main, ["train-hash", "-d", str(tmp_path), "--out", str(tmp_path / "runs")])
