@@ -24,6 +24,7 @@ from ucmfh.config import AMP_MODES, NON_NEGATIVE, PROTOCOLS, SETTINGS, FusionCon
 from ucmfh.data.h5 import load_dataset
 from ucmfh.losses import LOSSES
 from ucmfh.methods import stage_configs
+from ucmfh.training_state import state_path_of, state_paths
 from ucmfh.utils import resolve_device
 
 
@@ -50,7 +51,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = parser()
     args = p.parse_args(argv)
     if args.task in (2, 3):  # options of training, which tasks 2 and 3 would take and ignore
-        given = [flag for flag, on in (("--resume", args.resume), ("--cuda_graph", args.cuda_graph is not None),
+        graph = "--cuda_graph" if args.cuda_graph else "--no_cuda_graph"  # the one given
+        given = [flag for flag, on in (("--resume", args.resume), (graph, args.cuda_graph is not None),
                                        ("--save-interval", args.save_interval != RunOptions.save_interval)) if on]
         if given:
             p.error(f"argument {given[0]}: goes with --task 0 and 1 (training); --task {args.task} evaluates")
@@ -64,34 +66,39 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    """UCMFH's command line."""
+    """UCMFH's command line. Its flags are UCMFH's (``--hash_lens``); the ones it added take either spelling
+    (``--data-dir`` or ``--data_dir``), as do UCMFH's with a dash (``--batch-size``)."""
     p = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", type=int, choices=[0, 1, 2, 3], default=1,
-                   help="0 train fusion, 1 train hashing, 2 evaluate fusion, 3 evaluate hashing")
-    p.add_argument("--dataset", default="synthetic", help="NAME (DATA_DIR/NAME.h5) or path to an .h5 file")
-    p.add_argument("--data-dir", default=default_data_dir(), help="folder of NAME.h5 files (default $UCMFH_DATA_DIR or data)")
-    p.add_argument("--hash_lens", type=_in_range(int, _HASH["n_bits"]), default=HashConfig.n_bits,
-                   help="code length in bits (8..256)")
+                   help="0 train fusion, 1 train hashing, 2 evaluate fusion, 3 evaluate hashing (default: 1)")
+    p.add_argument("--dataset", default="synthetic", help="NAME (DATA_DIR/NAME.h5) or path to an .h5 file (default: synthetic, made on first use)")
+    p.add_argument("--data-dir", "--data_dir", default=default_data_dir(),
+                   help="folder of NAME.h5 files ($UCMFH_DATA_DIR, else data)")
+    p.add_argument("--hash_lens", "--hash-lens", type=_in_range(int, _HASH["n_bits"]), default=HashConfig.n_bits,
+                   help="code length in bits, 8..256 (default: %(default)s)")
     p.add_argument("--epoch", type=_in_range(int, _HASH["epochs"]), default=None,
                    help="epochs (default: the reference's for known datasets, else 100)")
-    p.add_argument("--batch_size", type=_in_range(int, _HASH["batch_size"]), default=FusionConfig.batch_size)
-    p.add_argument("--loss", default=FusionConfig.loss, choices=sorted(LOSSES))
-    p.add_argument("--seed", type=int, default=FusionConfig.seed)
-    p.add_argument("--protocol", choices=["both", *PROTOCOLS], default="both")
+    p.add_argument("--batch_size", "--batch-size", type=_in_range(int, _HASH["batch_size"]),
+                   default=FusionConfig.batch_size, help="items a training step (default: %(default)s)")
+    p.add_argument("--loss", default=FusionConfig.loss, choices=sorted(LOSSES), help="both stages' loss (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=FusionConfig.seed, help="the run's seed: weights, batches, dropout (default: %(default)s)")
+    p.add_argument("--protocol", choices=["both", *PROTOCOLS], default="both",
+                   help="what tasks 1-3 score: unimodal (cross-modal retrieval), fused (UCMFH's), or both (default)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, ...")
     p.add_argument("--amp", choices=AMP_MODES, default=None,
                    help="training's number format: none (float32, the default), bf16 (autocast of the forward pass) "
                         "or tf32 (a GPU's float32 matmuls on its tensor cores)")
-    p.add_argument("--out", default="runs", help="root folder of runs (checkpoints)")
-    p.add_argument("--results", default=DEFAULT_RESULTS, help="JSON-lines file results are appended to")
+    p.add_argument("--out", default="runs", help="root folder of runs, their checkpoints (default: %(default)s)")
+    p.add_argument("--results", default=DEFAULT_RESULTS, help="JSON-lines file results are appended to, '' for none (default: %(default)s)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run of the same settings")
-    p.add_argument("--save-interval", type=_in_range(float, NON_NEGATIVE), default=RunOptions.save_interval,
-                   help="seconds between saves of the training state (0: every epoch)")
+    p.add_argument("--save-interval", "--save_interval", type=_in_range(float, NON_NEGATIVE),
+                   default=RunOptions.save_interval, help="seconds between saves of the training state, 0 for every "
+                                                          "epoch (default: %(default)g)")
     graph = p.add_mutually_exclusive_group()
-    graph.add_argument("--cuda_graph", action="store_true", default=None,
+    graph.add_argument("--cuda_graph", "--cuda-graph", action="store_true", default=None,
                        help="on a GPU, replay each full batch's training step from a captured CUDA graph (the "
                             "default there), and say where a stage runs eagerly")
-    graph.add_argument("--no_cuda_graph", dest="cuda_graph", action="store_false", default=None,
+    graph.add_argument("--no_cuda_graph", "--no-cuda-graph", dest="cuda_graph", action="store_false", default=None,
                        help="run every training step eagerly")
     return p
 
@@ -105,17 +112,25 @@ def _other_epochs(run: Run, args: argparse.Namespace) -> str:
     saved = saved_epochs(run, kind)
     if args.epoch is None and len(saved) == 1:
         [(epochs, path)] = saved.items()
-        print(f"evaluating {path}: the saved run of these settings ({epochs} epochs)")
+        print(f"evaluating {path}: the saved run of these settings ({epochs} epoch{'s' * (epochs != 1)})")
         return path
     if saved:
         listed = " or ".join(f"--epoch {e}" for e in sorted(saved))
-        raise FileNotFoundError(f"{wanted}: no checkpoint of these settings ({run.fusion_cfg.epochs} epochs); "
+        raise FileNotFoundError(f"{wanted}: no checkpoint of these settings ({run.fusion_cfg.epochs} epoch"
+                                f"{'s' * (run.fusion_cfg.epochs != 1)}); "
                                 f"saved runs of them with other epochs: use {listed}")
+    if any(os.path.exists(path) for path in state_paths(state_path_of(wanted))):  # interrupted: its training state is saved
+        raise FileNotFoundError(f"{wanted}: no checkpoint of these settings yet: its training was interrupted; "
+                                f"finish it with --task {args.task - 2} --resume")
     raise FileNotFoundError(f"{wanted}: no checkpoint of these settings; train it first with --task {args.task - 2}")
 
 
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # torchrun: each process would train the run alone
+        print("error: demo.py trains in one process; under torchrun run the ucmfh command: torchrun "
+              "--nproc-per-node N -m ucmfh train-hash --method ucmfh ... (docs/distributed.md)", file=sys.stderr)
+        return EXIT_USER_ERROR
     configure_from_env()
     with outlive_reader():  # a reader gone (| head) ends the command once its work is done, as the ucmfh command
         return _run(args)

@@ -114,6 +114,12 @@ def test_demo_tasks_0_to_3(tmp_path, monkeypatch, capsys):
     missing = subprocess.run([sys.executable, str(ROOT / "demo.py"), *args, "--task", "3", "--hash_lens", "32"],
                              env={**os.environ, "UCMFH_DATA_DIR": str(tmp_path)}, capture_output=True, text=True)
     assert missing.returncode == 2 and "train it first with --task 1" in missing.stderr
+    # its training interrupted (its state saved): it said 'train it first', which then refused for want of --resume
+    wanted = missing.stderr.split("error: ")[1].split(": no checkpoint")[0]
+    Path(wanted.replace(".pt", ".state.pt")).write_bytes(b"")
+    assert demo.main([*args, "--task", "3", "--hash_lens", "32"]) == 2
+    assert capsys.readouterr().err == f"error: {wanted}: no checkpoint of these settings yet: its training was " \
+                                      "interrupted; finish it with --task 1 --resume\n"
     # task 3 found the checkpoint task 1 wrote: the same MAP
     assert (rows[7]["map_i2t"], rows[7]["map_t2i"]) == (rows[3]["map_i2t"], rows[3]["map_t2i"])
     # tasks 2 and 3 on the default dataset where no run of it is: refused before its 103 MB are made
@@ -129,15 +135,17 @@ def test_demo_tasks_0_to_3(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--hash_lens", "7"], "argument --hash_lens: must be in [8, 256], got 7"),
+    (["--hash_lens", "7"], "argument --hash_lens/--hash-lens: must be in [8, 256], got 7"),
     (["--epoch", "0"], "argument --epoch: must be at least 1, got 0"),
-    (["--batch_size", "1"], "argument --batch_size: must be at least 2, got 1"),
-    (["--save-interval", "-1"], "argument --save-interval: must be at least 0, got -1"),
+    (["--batch_size", "1"], "argument --batch_size/--batch-size: must be at least 2, got 1"),
+    (["--save-interval", "-1"], "argument --save-interval/--save_interval: must be at least 0, got -1"),
     (["--epoch", "ten"], "argument --epoch: expected an integer, got 'ten'"),
     # training's options, which evaluating took and ignored
     (["--task", "3", "--resume"], "argument --resume: goes with --task 0 and 1 (training); --task 3 evaluates"),
     (["--task", "2", "--save-interval", "5"],
      "argument --save-interval: goes with --task 0 and 1 (training); --task 2 evaluates"),
+    (["--task", "3", "--no-cuda-graph"],  # said as --cuda_graph, the flag not given
+     "argument --no_cuda_graph: goes with --task 0 and 1 (training); --task 3 evaluates"),
 ])
 def test_demo_names_the_flag_of_a_bad_value(capsys, argv, says):
     """demo.py's flags are UCMFH's (--hash_lens, --epoch): a bad value is said by its flag, before any work,
@@ -149,6 +157,23 @@ def test_demo_names_the_flag_of_a_bad_value(capsys, argv, says):
         demo.parse_args(argv)
     assert ended.value.code == 2 and capsys.readouterr().err.splitlines() == [  # one line, no usage above it
         f"{demo.parser().prog}: error: {says}"]
+
+
+def test_demo_takes_either_spelling_of_a_flag_and_refuses_torchrun(capsys, monkeypatch):
+    """UCMFH's flags have underscores (--hash_lens, --batch_size), demo.py's own had dashes (--data-dir): each
+    said 'unrecognized arguments' in the other spelling. Under torchrun every process trained the run alone and
+    one of them ended in a traceback: refused in one line, naming what to run instead."""
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    args = demo.parse_args(["--data_dir", "d", "--batch-size", "64", "--save_interval", "0", "--hash-lens", "32",
+                            "--no-cuda-graph"])
+    assert (args.data_dir, args.batch_size, args.save_interval, args.hash_lens, args.cuda_graph) == \
+        ("d", 64, 0.0, 32, False)
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    assert demo.main(["--task", "1"]) == 2
+    assert capsys.readouterr().err.startswith("error: demo.py trains in one process; under torchrun run the ucmfh "
+                                              "command: torchrun --nproc-per-node N -m ucmfh train-hash")
 
 
 def test_demo_names_no_remedy_it_has_no_flag_for(capsys, monkeypatch, tiny_path, tmp_path):

@@ -651,7 +651,7 @@ def test_demo_evaluates_the_run_it_trained_without_repeating_epoch(tmp_path, cap
     capsys.readouterr()
     for task, checkpoint in ((3, trained["checkpoint"]), (2, str(Path(trained["checkpoint"]).parents[1] / "fusion.pt"))):
         assert demo.main(["--task", str(task), *common]) == 0
-        assert f"evaluating {checkpoint}: the saved run of these settings (1 epochs)" in capsys.readouterr().out
+        assert f"evaluating {checkpoint}: the saved run of these settings (1 epoch)" in capsys.readouterr().out
     assert _rows(tmp_path / "r.jsonl")[-2]["map_i2t"] == trained["map_i2t"]  # task 3 scored the trained model
     assert demo.main(["--task", "3", "--epoch", "5", *common]) == 2
     [error] = capsys.readouterr().err.strip().splitlines()

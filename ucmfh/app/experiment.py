@@ -97,7 +97,7 @@ def load_or_train_fusion(data: Dataset, run: Run, opts: RunOptions, log: Log = p
         load=lambda: _load(path, "fusion", data),
         fit=lambda state, _: fit_fusion(data, cfg, progress=opts.progress, state=state),
         save=lambda model, meta: save_checkpoint(path, model, cfg, meta=meta),
-        log=log, note=f", {cfg.epochs} epochs, loss {cfg.loss}")
+        log=log, note=f", {cfg.epochs} epoch{'s' * (cfg.epochs != 1)}, loss {cfg.loss}")
     return fitted.model, fitted.seconds
 
 
