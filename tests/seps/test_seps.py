@@ -324,6 +324,7 @@ def test_train_seps_and_rerank_commands(tmp_path, token_path):
     out = runner.invoke(main, ["rerank", *common, "-c", str(hash_ckpt), "--seps", str(seps_ckpt), "-m", "10",
                                "--full"])
     assert out.exit_code == 0, out.output
+    assert "ties by database index: the lists the search returns" in out.output  # no tie-aware twins: said
     rows = [json.loads(line) for line in open(results)]
     stages = [(r.get("stage"), r.get("database")) for r in rows if r["task"] == "rerank"]
     assert stages == [(s, db) for db in ("test", "collection")

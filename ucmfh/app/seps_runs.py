@@ -165,6 +165,8 @@ def format_stages(rows: List[Dict[str, Any]]) -> str:
                  "database; collection: query and retrieval together")
     lines.append("  unimodal: each side from its own modality; M: Hamming candidates re-ranked (R@M: the first stage's "
                  "ceiling)")
+    lines.append("  ties by database index: the lists the search returns (the Hamming stage's first M, in that order, "
+                 "are what the re-ranking stages re-order); no tie-aware twins")
     if any(r.get("protocol") == "dense-text-leak" for r in rows):
         lines.append("  " + LEAK_NOTE)
     return "\n".join(lines)
