@@ -131,13 +131,13 @@ def main(argv=None) -> int:
         print("error: demo.py trains in one process; under torchrun run the ucmfh command: torchrun "
               "--nproc-per-node N -m ucmfh train-hash --method ucmfh ... (docs/distributed.md)", file=sys.stderr)
         return EXIT_USER_ERROR
-    configure_from_env()
     with outlive_reader():  # a reader gone (| head) ends the command once its work is done, as the ucmfh command
         return _run(args)
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        configure_from_env()
         resolve_device(args.device)
         # UCMFH's method: its hashing stage shares every training setting with its fusion stage
         fusion_cfg, [hash_cfg] = stage_configs("ucmfh", dataset=args.dataset, n_bits=[args.hash_lens], loss=args.loss,

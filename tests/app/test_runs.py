@@ -356,6 +356,21 @@ def test_the_app_passes_ucmfh_native_down_to_the_library(monkeypatch, value, exp
         set_backend(previous)
 
 
+def test_an_environment_variable_of_ours_set_to_nothing_it_can_be_is_one_line(monkeypatch, tmp_path):
+    """UCMFH_NATIVE=maybe was taken as 1, silently; UCMFH_DATA_DIR set empty was '--data-dir: an empty path' where
+    no --data-dir was given: it is unset."""
+    monkeypatch.setenv("UCMFH_NATIVE", "maybe")
+    result = CliRunner().invoke(main, ["losses"])
+    assert result.exit_code == 2 and result.output == \
+        "Error: UCMFH_NATIVE=maybe: give 0 (rank on the torch path) or 1 (the compiled kernels where they serve, " \
+        "the default)\n"
+    monkeypatch.delenv("UCMFH_NATIVE")
+    monkeypatch.setenv("UCMFH_DATA_DIR", "")
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, ["train-hash", "-d", "wiki"])
+    assert result.exit_code == 2 and "data/wiki.h5: no such dataset file" in result.output, result.output
+
+
 def _row(**kw) -> dict:
     base = {"dataset": "d", "dataset_fingerprint": "f", "task": "hashing", "method": "two-tower", "loss": "infonce",
             "n_bits": 16, "protocol": "unimodal", "k": 50, "seed": 1, "run": "r1", "checkpoint": "runs/a/hash16.pt",

@@ -94,7 +94,10 @@ def _in_one_line(err: click.UsageError) -> click.ClickException:
 @click.pass_context
 def main(ctx: click.Context) -> None:
     """ucmfh: deep cross-modal hashing on precomputed features: UCMFH, the field's methods and a leak-free default."""
-    configure_from_env()
+    try:
+        configure_from_env()
+    except ValueError as err:  # an environment variable of ours set to what it cannot be
+        raise UserError(str(err)) from None
     ctx.call_on_close(terminate_as_interrupt())
     for name, why in PLUGIN_ERRORS.items():  # another package's method, installed and broken (docs/methods.md)
         warn(f"method {name!r} of an installed package not loaded: {why}")

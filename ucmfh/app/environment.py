@@ -11,15 +11,19 @@ from ucmfh.files import PathLike
 
 
 def default_data_dir() -> str:
-    """Where dataset names resolve to ``NAME.h5``: ``$UCMFH_DATA_DIR``, else ``data``."""
-    return os.environ.get("UCMFH_DATA_DIR", "data")
+    """Where dataset names resolve to ``NAME.h5``: ``$UCMFH_DATA_DIR``, else (unset or empty) ``data``."""
+    return os.environ.get("UCMFH_DATA_DIR") or "data"
 
 
 def configure_from_env() -> None:
-    """Apply the environment's settings to the library: ``UCMFH_NATIVE=0`` ranks on the torch path."""
+    """Apply the environment's settings to the library: ``UCMFH_NATIVE=0`` ranks on the torch path, ``1`` (or
+    empty) as it chooses; another value is refused (a ValueError naming it), where it was taken as ``1``."""
     value = os.environ.get("UCMFH_NATIVE")
-    if value is None:
+    if not value:
         return
+    if value not in ("0", "1"):
+        raise ValueError(f"UCMFH_NATIVE={value}: give 0 (rank on the torch path) or 1 (the compiled kernels where "
+                         "they serve, the default)")
     from ucmfh.metrics import set_backend
 
     set_backend("torch" if value == "0" else "auto")
