@@ -256,6 +256,23 @@ def test_output_where_no_file_can_be(tmp_path):
         write_dataset(tmp_path / "folder.h5", arrays(), overwrite=True)
 
 
+def test_a_pipe_given_as_the_dataset_is_refused_not_waited_on(tmp_path):
+    """'ucmfh validate fifo.h5' opened the pipe for reading and waited for a writer for ever."""
+    import os
+
+    from click.testing import CliRunner
+
+    from ucmfh.app.cli import main
+
+    fifo = tmp_path / "fifo.h5"
+    os.mkfifo(fifo)
+    with pytest.raises(DataError, match="fifo.h5: not a regular file"):
+        validate_file(fifo)
+    result = CliRunner().invoke(main, ["validate", str(fifo)])
+    assert result.exit_code == 2 and result.output == \
+        f"Error: {fifo}: not a regular file (a pipe or a device); give the dataset file\n"
+
+
 def test_not_hdf5_and_missing_file(tmp_path):
     junk = tmp_path / "junk.h5"
     junk.write_bytes(b"not an hdf5 file")

@@ -234,6 +234,8 @@ def test_bad_values_and_shapes_name_the_file(tmp_path, arrays):
     user_error(convert_npz(*arrays[:2], tmp_path / "some_empty.npy", tmp_path / "o.h5", "--empty-labels", "fail"),
                "some_empty.npy: 2 rows have no label (first: row 3); use --empty-labels drop to leave them out")
     user_error(convert_npz(*arrays, tmp_path / "o.h5", "--seed", "-1"), "Invalid value for '--seed': -1 is not in the range 0<=x<4294967296")
+    user_error(["convert", "npz", *arrays, tmp_path / "o.h5", "--query", "0", "--train", "5"],  # was 'query=0'
+               "Invalid value for --query: a split's size must be positive, got 0")
     np.savez(tmp_path / "two.npz", a=np.load(arrays[0]), b=np.load(arrays[0]))
     user_error(convert_npz(tmp_path / "two.npz", *arrays[1:], tmp_path / "o.h5"),
                "two.npz: 2 variables ['a', 'b'], none with a usual image name; use --image-key NAME to choose one")

@@ -354,6 +354,8 @@ def test_extract_missing_model_never_downloads(tmp_path, extract_inputs, no_netw
                f"{tmp_path / 'no' / 'model'}: no such local model folder")
     user_error(["extract", *extract_inputs, out, "--model", "./clip-folder", "--query", "1", "--train", "2"],
                "./clip-folder: no such local model folder")
+    user_error(["extract", *extract_inputs, out, "--model", "", "--query", "1", "--train", "2"],  # was 'Error: : no'
+               "an empty model name; give a local model folder or a model in the Hugging Face cache")
     message = user_error(["extract", *extract_inputs, out, "--model", "someone/clip-not-cached", "--query", "1",
                           "--train", "2"], "someone/clip-not-cached: not found locally",
                          "not in the local Hugging Face cache", "does not download")
@@ -468,7 +470,8 @@ def test_a_first_id_whose_ids_would_not_fit_int64_is_refused_before_any_work(tmp
     names = make_images(tmp_path / "imgs", 3)
     caps, labels = write_inputs(tmp_path, names)
     encoder = FakeEncoder()
-    with pytest.raises(ValueError, match=r"first_id 9223372036854775806: the ids of 3 images from it would not fit"):
+    with pytest.raises(ValueError, match=r"the first id, 9223372036854775806: the ids of 3 images from it would not "
+                                         r"fit"):
         extract_features(tmp_path / "imgs", caps, labels, tmp_path / "o.h5", sizes=SplitSizes(query=1, train=1),
                          encoder=encoder, first_id=2**63 - 2, progress=False)
     assert encoder.calls == {"image": 0, "text": 0}

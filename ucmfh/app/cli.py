@@ -138,6 +138,8 @@ def validate_cmd(path: str) -> None:
     try:
         attrs = validate_file(path)
     except ValueError as err:
+        if not os.path.isfile(path):  # nothing else to read it as (a pipe waits for ever)
+            raise err from None
         described = _as_codes(path) or _as_collection(path)  # a file without /train: codes, or a collection to index
         if described is None:
             raise err from None

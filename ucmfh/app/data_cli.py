@@ -27,6 +27,9 @@ def _split_sizes(standard_split, query, train, retrieval):
     """The split's sizes from the split options, an error naming them where they give none."""
     if standard_split is None and (query is None or train is None):
         raise click.UsageError("give the split: --standard-split NAME, or both --query and --train")
+    for flag, size in (("--query", query), ("--train", train), ("--retrieval", retrieval)):
+        if size is not None and size <= 0:  # the split's rule says 'query=0'; the flag that gave it
+            raise click.BadParameter(f"a split's size must be positive, got {size}", param_hint=flag)
     try:
         return resolve_sizes(standard_split, query, train, retrieval)
     except ValueError as err:
@@ -207,7 +210,7 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
 
             use_local_gpu(int(os.environ.get("LOCAL_RANK", "0")))
         if restart and (shard_of or merge):
-            raise ValueError("--restart would discard the chunks of every shard; delete OUT.parts/ yourself to "
+            raise ValueError(f"--restart would discard the chunks of every shard; delete {out}.parts/ yourself to "
                              "start the shards over")
         sizes = _split_sizes(standard_split, query, train, retrieval)
         config = ExtractConfig(model=model, batch_size=batch_size, chunk_items=chunk_items, device=device,

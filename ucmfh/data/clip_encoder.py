@@ -33,6 +33,8 @@ def find_model(model: str) -> str:
     Nothing is ever downloaded; a model that is not here is a
     :class:`FileNotFoundError` naming it.
     """
+    if not model:
+        raise ValueError("an empty model name; give a local model folder or a model in the Hugging Face cache")
     if os.path.exists(model):
         if not os.path.isdir(model):
             raise NotADirectoryError(f"{model}: not a model folder (it is a file)")

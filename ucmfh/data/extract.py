@@ -289,10 +289,10 @@ def extract_features(
                          "to start the shards over")
     check_seed(seed)
     if first_id < 0:
-        raise ValueError(f"first_id must be >= 0, got {first_id}")
+        raise ValueError(f"the first id must be >= 0, got {first_id}")
     names, paths = list_images(images)
     if first_id + len(names) - 1 > np.iinfo(np.int64).max:  # ids are int64
-        raise ValueError(f"first_id {first_id}: the ids of {len(names)} images from it would not fit int64")
+        raise ValueError(f"the first id, {first_id}: the ids of {len(names)} images from it would not fit int64")
     caption_list, image_of = read_captions(captions, names)
     label_matrix, class_names = read_labels(labels, names, read_classes(classes) if classes else None)
     keep_image = empty_label_rows(label_matrix, os.fspath(labels), empty_labels, names)

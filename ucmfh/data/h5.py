@@ -361,6 +361,8 @@ def validate_file(path: PathLike, token_values: bool = True,
     path = os.fspath(path)
     if not os.path.exists(path):
         raise DataError(f"{path}: no such file" if path else "an empty path; give the dataset file")
+    if not os.path.isdir(path) and not os.path.isfile(path):  # a pipe or a device: opening it waited for ever
+        raise DataError(f"{path}: not a regular file (a pipe or a device); give the dataset file")
     try:
         f = h5py.File(path, "r")
     except OSError as err:
