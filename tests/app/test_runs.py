@@ -67,6 +67,22 @@ def test_two_files_with_one_name_never_share_a_run(tmp_path):
     assert Path(row_a["checkpoint"]).read_bytes() == before  # A's checkpoint untouched, its row still true
 
 
+def test_a_dataset_file_renamed_or_copied_finds_its_runs(tmp_path):
+    """A run's identity is the file's content and the settings, but its folder was found by the file's name: a
+    copy (or the file renamed) trained the same run again, and demo.py's task 3 said 'train it first'."""
+    a = _make(tmp_path, "A", seed=1)
+    out, results = str(tmp_path / "runs"), tmp_path / "r.jsonl"
+    _train("-d", a, "--out", out, "--results", str(results), "--epochs", "1", "-b", "16")
+    copy = tmp_path / "copy.h5"
+    copy.write_bytes(Path(a).read_bytes())
+    log = _train("-d", str(copy), "--out", out, "--results", str(results), "--epochs", "1", "-b", "16")
+    assert "reused" in log and "training" not in log, log
+    first, again = [r for r in _rows(results) if r["protocol"] == "unimodal"]
+    assert again["checkpoint"] == first["checkpoint"] and again["run"] == first["run"]
+    assert (first["dataset"], again["dataset"]) == ("A", "copy")  # each row says the file it scored
+    assert os.listdir(out) == [os.path.relpath(first["checkpoint"], out).split(os.sep)[0]]  # one folder: A's
+
+
 VARIANTS = [["--lr-fusion", "0"], ["--loss-param", "temperature=0.3"], ["--beta-schedule", "hashnet"],
             ["--modality-dropout", "0.2"], ["--batch-size", "40"], ["--amp", "bf16"], ["--method-param", "code_weight=1"]]
 

@@ -14,6 +14,7 @@ carry the dataset's path and fingerprint, the settings and the run key.
 from __future__ import annotations
 
 import functools
+import glob
 import hashlib
 import json
 import os
@@ -114,7 +115,14 @@ class Run:
 
     @property
     def dataset_dir(self) -> str:
-        return os.path.join(self.out, f"{self.dataset['label']}-{self.dataset['fingerprint'][:8]}")
+        """``OUT/LABEL-FP``; where it is not there but the same content's folder is, under another name (the file
+        renamed or copied since its runs trained), that one: a run's identity is the content, not the name."""
+        fp = self.dataset["fingerprint"][:8]
+        mine = os.path.join(self.out, f"{self.dataset['label']}-{fp}")
+        if os.path.isdir(mine):
+            return mine
+        others = sorted(glob.glob(os.path.join(glob.escape(self.out), f"*-{fp}")))
+        return next((other for other in others if os.path.isdir(other)), mine)
 
     @property
     def fusion_identity(self) -> Dict[str, Any]:
