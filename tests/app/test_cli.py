@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import json
 import os
 import subprocess
@@ -247,6 +248,23 @@ def test_a_setting_the_library_refuses_is_refused_as_its_flag(tmp_path, argv, fl
     [error] = [line for line in result.output.splitlines() if line.startswith("Error")]
     assert error.startswith(f"Error: Invalid value for {flag}: ") and says in error, error
     assert "no such dataset file" not in result.output and not (tmp_path / "runs").exists()
+
+
+def test_ucmfh_losses_lists_each_loss_s_parameters_as_a_command_line_takes_them():
+    """'ucmfh losses' named the losses alone: their parameters were found in error messages. Each listed
+    NAME=VALUE, given back as --loss-param would give it, builds the loss with its defaults."""
+    from ucmfh.app.options import parse_params
+    from ucmfh.losses import LOSSES, build_loss
+
+    lines = CliRunner().invoke(main, ["losses"]).output.splitlines()
+    assert [line.split()[0] for line in lines[::2]] == list(LOSSES)
+    for name, line in zip(LOSSES, lines[1::2]):
+        pairs = line.split("parameters: ")[1].split(", ")
+        given = parse_params(tuple(pair.replace("'", "") for pair in pairs), "--loss-param")
+        default = LOSSES[name]()
+        built = build_loss(name, **given)
+        assert {k: getattr(built, k, None) for k in given} == {k: getattr(default, k, None) for k in given}, name
+        assert set(given) == set(inspect.signature(LOSSES[name]).parameters) - {"self"}
 
 
 def test_a_boolean_parameter_takes_the_spelling_ucmfh_methods_lists(tmp_path):

@@ -489,6 +489,18 @@ def test_a_figure_some_seeds_lack_is_left_out_not_taken_over_the_others():
     assert group["map_i2t_mean"] == pytest.approx(0.6)
 
 
+def test_a_codes_row_of_a_method_without_a_loss_of_its_own_says_null_as_its_training_rows_do():
+    """Codes rows said loss '-' where cca-itq's training rows say null: 'ucmfh runs --loss -' kept the codes rows of
+    such a method alone."""
+    from ucmfh.metrics.report import codes_file_row
+
+    metrics = {"settings": {"k": 50, "n_bits": 16, "path": "c.h5", "attrs": {"loss": "-", "method": "cca-itq"}},
+               "i2t": {"map@50": 0.3}, "t2i": {"map@50": 0.4}}
+    assert codes_file_row(metrics)["loss"] is None
+    metrics["settings"]["attrs"]["loss"] = "infonce"
+    assert codes_file_row(metrics)["loss"] == "infonce"
+
+
 def test_two_dataset_files_of_one_name_are_told_apart_in_the_table(tmp_path):
     """Two files named wiki (one edited): two groups, which the table showed as two identical 'wiki' lines."""
     path = tmp_path / "r.jsonl"

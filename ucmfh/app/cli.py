@@ -107,13 +107,16 @@ def main(ctx: click.Context) -> None:
 
 @main.command("make-synthetic")
 @click.argument("out", type=click.Path(dir_okay=False))
-@click.option("--n-query", default=SyntheticSpec.n_query, show_default=True)
-@click.option("--n-retrieval", default=SyntheticSpec.n_retrieval, show_default=True)
-@click.option("--n-train", default=SyntheticSpec.n_train, show_default=True)
-@click.option("--n-classes", default=SyntheticSpec.n_classes, show_default=True)
-@click.option("--d-img", default=SyntheticSpec.d_img, show_default=True)
-@click.option("--d-txt", default=SyntheticSpec.d_txt, show_default=True)
-@click.option("--seed", default=SyntheticSpec.seed, show_default=True)
+@click.option("--n-query", default=SyntheticSpec.n_query, show_default=True, help="Query items (the test split).")
+@click.option("--n-retrieval", default=SyntheticSpec.n_retrieval, show_default=True,
+              help="Retrieval items (the database).")
+@click.option("--n-train", default=SyntheticSpec.n_train, show_default=True,
+              help="Training items, drawn from the retrieval items.")
+@click.option("--n-classes", default=SyntheticSpec.n_classes, show_default=True, help="Classes (multi-label).")
+@click.option("--d-img", default=SyntheticSpec.d_img, show_default=True, help="Image feature dimensions.")
+@click.option("--d-txt", default=SyntheticSpec.d_txt, show_default=True, help="Text feature dimensions.")
+@click.option("--seed", default=SyntheticSpec.seed, show_default=True, type=click.IntRange(0, 2**32 - 1),
+              help="The data's seed: the same seed and sizes give the same file on every machine.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @user_errors
 def make_synthetic_cmd(out: str, overwrite: bool, **sizes: int) -> None:
@@ -230,11 +233,14 @@ def methods_cmd() -> None:
 
 @main.command("losses")
 def losses_cmd() -> None:
-    """List the loss names."""
-    from ucmfh.losses import LOSSES
+    """List the losses, each with its parameters and their defaults (--loss-param NAME=VALUE)."""
+    from ucmfh.losses import LOSSES, loss_params
 
     for name, cls in LOSSES.items():
         click.echo(f"{name:<10} {(cls.__doc__ or '').strip().splitlines()[0]}")
+        params = ", ".join(f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}"
+                           for key, value in loss_params(name).items())
+        click.echo(f"{'':<10} parameters: {params or 'none'}")
 
 
 def _load(dataset: str, data_dir: str, max_memory: Optional[int] = DEFAULT_MAX_MEMORY):

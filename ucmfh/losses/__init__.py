@@ -24,6 +24,12 @@ LOSSES: Dict[str, Type[CrossModalLoss]] = {
 }
 
 
+def loss_params(name: str) -> Dict[str, object]:
+    """A registered loss's parameters and their defaults (``--loss-param NAME=VALUE``), in its signature's order."""
+    return {p.name: p.default for p in inspect.signature(LOSSES[name]).parameters.values()
+            if p.name != "self" and p.default is not inspect.Parameter.empty}
+
+
 def build_loss(name: str, **hparams: object) -> CrossModalLoss:
     """The loss registered under ``name``, built with its hyper-parameters.
 
@@ -46,6 +52,7 @@ def build_loss(name: str, **hparams: object) -> CrossModalLoss:
 __all__ = [
     "LOSSES",
     "build_loss",
+    "loss_params",
     "CrossModalLoss",
     "NTXentLoss",
     "BalancedContrastiveLoss",

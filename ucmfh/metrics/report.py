@@ -241,7 +241,7 @@ def codes_file_row(metrics: Dict[str, object]) -> Dict[str, object]:
         "dataset": attrs.get("dataset", "-"),
         "protocol": attrs.get("protocol", "unknown"),
         "method": attrs.get("method", "-"),
-        "loss": attrs.get("loss", "-"),
+        "loss": None if attrs.get("loss", "-") == "-" else attrs["loss"],  # none of its own: null, as training rows
         "n_bits": settings.get("n_bits"),
         "k": k,
         "map_i2t": metrics["i2t"][f"map@{k}"],
