@@ -222,9 +222,9 @@ def methods_cmd() -> None:
             click.echo(f"{'':<{width}} parameters: " + ", ".join(f"{k}={v}" for k, v in spec.params.items()))
         own = {**spec.defaults, **{k: v for k, v in spec.fixed.items() if base.get(k) != v}}
         click.echo(f"{'':<{width}} defaults: " + (", ".join(f"{k}={v}" for k, v in own.items()) + " (else as ucmfh)"
-                                                  if own else "HashConfig's: UCMFH's reference code's, but "
-                                                  f"modality_dropout={HashConfig.modality_dropout} (UCMFH trains its "
-                                                  "fused view alone: 0)")
+                                                  if own else "HashConfig's: UCMFH's reference code's, but a "
+                                                  f"modality dropout of {HashConfig.modality_dropout} (UCMFH trains "
+                                                  "its fused view alone: 0)")
                    + ("" if default_loss(name) is not None else "; a loss of its own"))
         if spec.fixed:
             click.echo(f"{'':<{width}} fixed whatever is asked: {', '.join(spec.fixed)}")
