@@ -347,6 +347,17 @@ def test_extract_scratch_chunks_leave_no_temp_file(tmp_path, extract_inputs, mon
     assert sorted(p.name for p in parts.iterdir()) == ["image-000000.npz", "manifest.json"]
 
 
+def test_a_file_where_the_chunks_go_is_refused_before_the_model_loads(tmp_path, extract_inputs, monkeypatch):
+    """OUT.parts a file: found once the model had loaded (seconds), where every output is checked first."""
+    import ucmfh.app.data_cli as data_cli
+
+    (tmp_path / "o.h5.parts").write_text("mine")
+    monkeypatch.setattr(data_cli, "extract_features", lambda *a, **kw: pytest.fail("the extraction started"))
+    user_error(["extract", *extract_inputs, tmp_path / "o.h5", "--query", "1", "--train", "2"],
+               "Invalid value for OUT: ", "o.h5.parts: a file is where OUT's folder of chunks goes; move it away")
+    assert (tmp_path / "o.h5.parts").read_text() == "mine"
+
+
 def test_extract_missing_model_never_downloads(tmp_path, extract_inputs, no_network):
     pytest.importorskip("transformers", reason="transformers is not installed (pip install 'ucmfh[extract]')")
     out = tmp_path / "o.h5"

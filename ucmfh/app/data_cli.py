@@ -200,6 +200,9 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
         image_paths = []  # said by the extraction, in its words
     check_outputs({"OUT": out}, inputs={"CAPTIONS": captions, "LABELS": labels, "--classes": classes_file,
                                         "IMAGES": [*([] if os.path.isdir(images) else [images]), *image_paths]})
+    parts = f"{out}.parts"  # the folder of its chunks: a file there was found once the model had loaded
+    if os.path.exists(parts) and not os.path.isdir(parts):
+        raise click.BadParameter(f"{parts}: a file is where OUT's folder of chunks goes; move it away", param_hint="OUT")
     try:
         shard_of = parse_shard(shard) if shard else None
         world = int(os.environ.get("WORLD_SIZE", "1"))
