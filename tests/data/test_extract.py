@@ -396,7 +396,7 @@ def test_extract_bad_inputs(tmp_path, extract_inputs, tiny_clip):
                "give the split: --standard-split NAME, or both --query and --train")
     (tmp_path / "o.h5.parts").write_text("a file where the scratch folder goes")
     user_error(["extract", imgs, caps, labels, out, "--query", "1", "--train", "2", "--device", "cpu",
-                "--model", tiny_clip], "o.h5: cannot create the folder", "o.h5.parts")
+                "--model", tiny_clip], "o.h5.parts: a file is where OUT's folder of chunks goes")
 
 
 def test_extract_remedies_worded_as_options(tmp_path, extract_inputs, tiny_clip):
