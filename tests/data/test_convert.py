@@ -87,6 +87,7 @@ def test_a_caption_set_from_arrays_keeps_an_image_s_captions_in_one_split(tmp_pa
     assert result.exit_code == 0, result.output
     ds = load_dataset(out)
     assert ds.caption_set and (len(ds.query), len(ds.retrieval), len(ds.train)) == (10, 50, 20)
+    assert "classes" not in ds.attrs  # no classes: no attribute, where an empty float64 array was written
     for _, part in ds.splits():  # each image's two captions, its features and its id as given
         row = {int(i): r for r, i in enumerate(ids)}
         source = np.array([row[int(i)] for i in part.ids])  # a source row of each id: its image's features

@@ -107,7 +107,9 @@ def root_attrs(
                                       f"of the input (writing {out})")
     return {
         "name": name or os.path.splitext(os.path.basename(out))[0],
-        "classes": list(classes) if classes is not None else [f"class_{i}" for i in range(n_classes)],
+        # a caption set has no classes: no attribute (an empty list was written as an empty float64 array)
+        **({"classes": list(classes) if classes is not None else [f"class_{i}" for i in range(n_classes)]}
+           if n_classes else {}),
         "image_feature": image_feature or "unknown",
         "text_feature": text_feature or "unknown",
         "source": source,
