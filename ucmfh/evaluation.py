@@ -210,8 +210,8 @@ def _score_splits(query, retrieval, data: Dataset, k: int, ranking: Ranking, rul
         by_rule = _average_precisions(query, retrieval, data.query.labels, data.retrieval.labels, k, ranking, rules)
         return {rule: [{"k": k, **{f"map_{d}": mean(values) for d, values in ap.items()},
                         "per_query": {f"ap_{d}": values for d, values in ap.items()}}] for rule, ap in by_rule.items()}
-    by_rule = caption_set_rows(query[0], query[1], data.query.ids, retrieval[0], retrieval[1], data.retrieval.ids,
-                               k=k, ranks=RANKS, ranking=ranking, rules=rules, per_query=True, recall=recall)
+    by_rule = caption_set_rows((*query, data.query.ids), (*retrieval, data.retrieval.ids), k=k, ranks=RANKS,
+                               ranking=ranking, rules=rules, per_query=True, recall=recall)
     return {rule: [{key: value for key, value in row.items() if key != "ties"} for row in rows.values()]
             for rule, rows in by_rule.items()}
 

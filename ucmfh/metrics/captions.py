@@ -117,30 +117,18 @@ def evaluate_caption_set(
     ``recall=False``: MAP alone, no recall, rSum nor hits (what a validation score needs).
     """
     check_choice("ties", ties, TIES)
-    return caption_set_rows(query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids, k=k,
+    return caption_set_rows((query_img, query_txt, query_ids), (retrieval_img, retrieval_txt, retrieval_ids), k=k,
                             ranks=ranks, ranking=ranking, rules=(ties,), per_query=per_query, recall=recall)[ties]
 
 
 def caption_set_rows(
-    query_img: ArrayLike,
-    query_txt: ArrayLike,
-    query_ids: ArrayLike,
-    retrieval_img: ArrayLike,
-    retrieval_txt: ArrayLike,
-    retrieval_ids: ArrayLike,
-    *,
-    k: int,
-    ranks: Sequence[int],
-    ranking: Ranking,
-    rules: Sequence[Ties],
-    per_query: bool,
-    recall: bool,
+    query: Tuple[ArrayLike, ArrayLike, ArrayLike], retrieval: Tuple[ArrayLike, ArrayLike, ArrayLike], *, k: int,
+    ranks: Sequence[int], ranking: Ranking, rules: Sequence[Ties], per_query: bool, recall: bool,
 ) -> Dict[str, Dict[str, Dict[str, object]]]:
-    """:func:`evaluate_caption_set`'s rows under each tie rule of ``rules``, ``{rule: {database: row}}``, from one
-    ranking of each direction and database (:func:`ucmfh.metrics.ranking.scores_by_rule`)."""
-    query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids = as_tensors(
-        query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids
-    )
+    """:func:`evaluate_caption_set`'s rows of the (img, txt, ids) of the query and retrieval splits under each tie
+    rule of ``rules``, ``{rule: {database: row}}``, from one ranking of each direction and database
+    (:func:`ucmfh.metrics.ranking.scores_by_rule`)."""
+    query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids = as_tensors(*query, *retrieval)
     check_ids(query_img, retrieval_img, query_ids, retrieval_ids)  # the collection database is built from them:
     check_ids(query_txt, retrieval_txt, query_ids, retrieval_ids)  # ids of another length would shrink it
     queries = torch.from_numpy(first_of_each_id(query_ids.cpu().numpy())).to(query_ids.device)
