@@ -81,6 +81,14 @@ def test_a_dataset_file_renamed_or_copied_finds_its_runs(tmp_path):
     assert again["checkpoint"] == first["checkpoint"] and again["run"] == first["run"]
     assert (first["dataset"], again["dataset"]) == ("A", "copy")  # each row says the file it scored
     assert os.listdir(out) == [os.path.relpath(first["checkpoint"], out).split(os.sep)[0]]  # one folder: A's
+    # a folder under the copy's name (another run of it: SEPS, another method) takes no run away from A's
+    (Path(out) / f"copy-{first['dataset_fingerprint'][:8]}").mkdir()
+    log = _train("-d", str(copy), "--out", out, "--results", str(results), "--epochs", "1", "-b", "16")
+    assert "reused" in log and "training" not in log, log
+    assert _rows(results)[-1]["checkpoint"] == first["checkpoint"]
+    # a new run of the copy goes under the copy's name
+    log = _train("-d", str(copy), "--out", out, "--results", str(results), "--epochs", "1", "-b", "16", "--seed", "5")
+    assert f"copy-{first['dataset_fingerprint'][:8]}" in _rows(results)[-1]["checkpoint"], log
 
 
 VARIANTS = [["--lr-fusion", "0"], ["--loss-param", "temperature=0.3"], ["--beta-schedule", "hashnet"],

@@ -93,6 +93,31 @@ def key_of(value: Any) -> str:
     return hashlib.sha256(json.dumps(value, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def dataset_folder(out: str, dataset: Dict[str, str], run_folder: str) -> str:
+    """``OUT/LABEL-FP``, the folder of a dataset file's runs; where ``run_folder`` (a run's folder in it) is not
+    there but is in a folder of the same content under another name (the file renamed or copied since that run
+    trained), that one: a run's identity is the content, not the name. A new run goes under the file's name."""
+    fp = dataset["fingerprint"]
+    mine = os.path.join(out, f"{dataset['label']}-{fp[:8]}")
+    if os.path.isdir(os.path.join(mine, run_folder)):
+        return mine
+    for other in sorted(glob.glob(os.path.join(glob.escape(out), f"*-{fp[:8]}"))):
+        if os.path.isdir(os.path.join(other, run_folder)) and _recorded_fingerprint(other, run_folder) in (fp, None):
+            return other
+    return mine
+
+
+def _recorded_fingerprint(folder: str, run_folder: str) -> Optional[str]:
+    """The dataset fingerprint a run folder's ``identity.json`` records (its whole, where 8 characters of it named
+    the folder), or None where it records none."""
+    try:
+        with open(os.path.join(folder, run_folder, "identity.json"), encoding="utf-8") as f:
+            recorded = json.load(f)
+    except (OSError, ValueError):
+        return None
+    return recorded.get("dataset_fingerprint") if isinstance(recorded, dict) else None
+
+
 @dataclass
 class Run:
     """Where a run's stages live, and what identifies each.
@@ -115,14 +140,9 @@ class Run:
 
     @property
     def dataset_dir(self) -> str:
-        """``OUT/LABEL-FP``; where it is not there but the same content's folder is, under another name (the file
-        renamed or copied since its runs trained), that one: a run's identity is the content, not the name."""
-        fp = self.dataset["fingerprint"][:8]
-        mine = os.path.join(self.out, f"{self.dataset['label']}-{fp}")
-        if os.path.isdir(mine):
-            return mine
-        others = sorted(glob.glob(os.path.join(glob.escape(self.out), f"*-{fp}")))
-        return next((other for other in others if os.path.isdir(other)), mine)
+        """The folder of the dataset file's runs (:func:`dataset_folder`): the one holding this run."""
+        top = self.fusion_folder if self.fusion_cfg is not None else os.path.basename(self.hash_dir_name)
+        return dataset_folder(self.out, self.dataset, top)
 
     @property
     def fusion_identity(self) -> Dict[str, Any]:
@@ -135,9 +155,14 @@ class Run:
         return {**self.fusion_identity, "hash": self.settings()["hash"]}
 
     @property
-    def fusion_dir(self) -> str:
+    def fusion_folder(self) -> str:
+        """The fusion stage's folder name (in :attr:`dataset_dir`)."""
         cfg = self.fusion_cfg
-        return os.path.join(self.dataset_dir, f"{cfg.loss}-seed{cfg.seed}-{key_of(self.fusion_identity)[:8]}")
+        return f"{cfg.loss}-seed{cfg.seed}-{key_of(self.fusion_identity)[:8]}"
+
+    @property
+    def fusion_dir(self) -> str:
+        return os.path.join(self.dataset_dir, self.fusion_folder)
 
     @property
     def hash_dir_identity(self) -> Dict[str, Any]:
@@ -146,12 +171,15 @@ class Run:
         return {**self.hash_identity, "hash": settings}
 
     @property
-    def hash_dir(self) -> str:
+    def hash_dir_name(self) -> str:
+        """The hashing stage's folder name: in :attr:`dataset_dir` for a method without a fusion stage, else in
+        its fusion stage's folder."""
         key = key_of(self.hash_dir_identity["hash"])[:8]
-        if self.fusion_cfg is None:
-            cfg = self.hash_cfg
-            return os.path.join(self.dataset_dir, f"{cfg.method}-seed{cfg.seed}-{key}")
-        return os.path.join(self.fusion_dir, f"hash-{key}")
+        return f"{self.hash_cfg.method}-seed{self.hash_cfg.seed}-{key}" if self.fusion_cfg is None else f"hash-{key}"
+
+    @property
+    def hash_dir(self) -> str:
+        return os.path.join(self.dataset_dir if self.fusion_cfg is None else self.fusion_dir, self.hash_dir_name)
 
     @property
     def fusion_path(self) -> str:

@@ -12,7 +12,7 @@ import datetime
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from ucmfh.app.identity import RunOptions, dataset_identity, git_commit, key_of, processes, trained_in
+from ucmfh.app.identity import RunOptions, dataset_folder, dataset_identity, git_commit, key_of, processes, trained_in
 from ucmfh.app.stage import Log, Stage, refuse_other_processes, reuse_or_fit
 from ucmfh.checkpoint import load_model, load_seps, save_seps
 from ucmfh.config import SepsConfig, identity_dict
@@ -39,8 +39,8 @@ def seps_paths(out: str, dataset: Dict[str, str], cfg: SepsConfig, trained_in: O
                ) -> Dict[str, Any]:
     """A SEPS run's identity, folder and checkpoint, trained in ``trained_in`` processes (None: this run's)."""
     identity = {"dataset_fingerprint": dataset["fingerprint"], "seps": identity_dict(cfg), **processes(trained_in)}
-    folder = os.path.join(out, f"{dataset['label']}-{dataset['fingerprint'][:8]}",
-                          f"seps-seed{cfg.seed}-{key_of(identity)[:8]}")
+    name = f"seps-seed{cfg.seed}-{key_of(identity)[:8]}"
+    folder = os.path.join(dataset_folder(out, dataset, name), name)
     return {"identity": identity, "dir": folder, "checkpoint": os.path.join(folder, "seps.pt")}
 
 
