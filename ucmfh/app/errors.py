@@ -134,6 +134,7 @@ def reader_gone() -> None:
     try:
         devnull = os.open(os.devnull, os.O_WRONLY)
         os.dup2(devnull, sys.stdout.fileno())
+        os.close(devnull)
     except (OSError, ValueError):  # no file descriptor behind stdout (a test's capture): nothing to flush
         pass
     sys.exit(EXIT_BROKEN_PIPE)
@@ -164,7 +165,9 @@ class _Outlived:
     def _go(self) -> None:
         self.gone = True
         try:  # what the stream holds unwritten goes nowhere too, at its next flush (Python's, at exit)
-            os.dup2(os.open(os.devnull, os.O_WRONLY), self._stream.fileno())
+            devnull = os.open(os.devnull, os.O_WRONLY)
+            os.dup2(devnull, self._stream.fileno())
+            os.close(devnull)
         except (OSError, ValueError):  # no file descriptor behind it (a test's capture)
             pass
 
@@ -178,19 +181,19 @@ def outlive_reader() -> Iterator[None]:
     ``| grep -m1 MAP``): its work goes on to its end (checkpoints, the rows appended to its results file, every
     code length), what it prints going nowhere once the reader is gone; then it exits as a writer killed by
     SIGPIPE would (141, :func:`reader_gone`). A write that found the reader gone ended the command there, and its
-    rows with it."""
-    stdout = _Outlived(sys.stdout)
-    sys.stdout = stdout
+    rows with it. Standard error too: ``2>&1 | head`` sends the progress bars and warnings to the same reader."""
+    stdout, stderr = _Outlived(sys.stdout), _Outlived(sys.stderr)
+    sys.stdout, sys.stderr = stdout, stderr
     try:
         yield
     except (SystemExit, click.exceptions.Exit) as done:  # a command that ends by an exit (--help): its code
-        sys.stdout = stdout._stream
-        if stdout.gone and getattr(done, "exit_code", getattr(done, "code", 0)) in (0, None):
+        sys.stdout, sys.stderr = stdout._stream, stderr._stream
+        if (stdout.gone or stderr.gone) and getattr(done, "exit_code", getattr(done, "code", 0)) in (0, None):
             reader_gone()
         raise
     finally:
-        sys.stdout = stdout._stream
-    if stdout.gone:
+        sys.stdout, sys.stderr = stdout._stream, stderr._stream
+    if stdout.gone or stderr.gone:
         reader_gone()
 
 
