@@ -47,8 +47,16 @@ def _in_range(kind, allowed: Range):
 _HASH = SETTINGS[HashConfig]  # each setting's range: the flags below refuse what the config would
 
 
+# the other spelling of each flag that has one (UCMFH's flags have underscores, this script's own dashes): each
+# read as its flag before parsing, so that an abbreviation (--batch) still names one flag, not two
+SPELLINGS = {"--data_dir": "--data-dir", "--hash-lens": "--hash_lens", "--batch-size": "--batch_size",
+             "--save_interval": "--save-interval", "--cuda-graph": "--cuda_graph", "--no-cuda-graph": "--no_cuda_graph"}
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    argv = [SPELLINGS.get(name, name) + sep + value for name, sep, value in (a.partition("=") for a in argv)]
     args = p.parse_args(argv)
     if args.task in (2, 3):  # options of training, which tasks 2 and 3 would take and ignore
         graph = "--cuda_graph" if args.cuda_graph else "--no_cuda_graph"  # the one given
@@ -66,20 +74,21 @@ class _Parser(argparse.ArgumentParser):
 
 
 def parser() -> argparse.ArgumentParser:
-    """UCMFH's command line. Its flags are UCMFH's (``--hash_lens``); the ones it added take either spelling
-    (``--data-dir`` or ``--data_dir``), as do UCMFH's with a dash (``--batch-size``)."""
+    """UCMFH's command line. Its flags are UCMFH's (``--hash_lens``) and its own (``--data-dir``); either takes
+    the other spelling too (:data:`SPELLINGS`)."""
     p = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", type=int, choices=[0, 1, 2, 3], default=1,
                    help="0 train fusion, 1 train hashing, 2 evaluate fusion, 3 evaluate hashing (default: 1)")
     p.add_argument("--dataset", default="synthetic", help="NAME (DATA_DIR/NAME.h5) or path to an .h5 file (default: synthetic, made on first use)")
-    p.add_argument("--data-dir", "--data_dir", default=default_data_dir(),
-                   help="folder of NAME.h5 files ($UCMFH_DATA_DIR, else data)")
-    p.add_argument("--hash_lens", "--hash-lens", type=_in_range(int, _HASH["n_bits"]), default=HashConfig.n_bits,
-                   help="code length in bits, 8..256 (default: %(default)s)")
+    p.add_argument("--data-dir", default=default_data_dir(),
+                   help="folder of NAME.h5 files ($UCMFH_DATA_DIR, else data); also --data_dir")
+    p.add_argument("--hash_lens", type=_in_range(int, _HASH["n_bits"]), default=HashConfig.n_bits,
+                   help="code length in bits, 8..256 (default: %(default)s); also --hash-lens")
     p.add_argument("--epoch", type=_in_range(int, _HASH["epochs"]), default=None,
                    help="epochs (default: the reference's for known datasets, else 100)")
-    p.add_argument("--batch_size", "--batch-size", type=_in_range(int, _HASH["batch_size"]),
-                   default=FusionConfig.batch_size, help="items a training step (default: %(default)s)")
+    p.add_argument("--batch_size", type=_in_range(int, _HASH["batch_size"]),
+                   default=FusionConfig.batch_size, help="items a training step (default: %(default)s); also "
+                                                         "--batch-size")
     p.add_argument("--loss", default=FusionConfig.loss, choices=sorted(LOSSES), help="both stages' loss (default: %(default)s)")
     p.add_argument("--seed", type=int, default=FusionConfig.seed, help="the run's seed: weights, batches, dropout (default: %(default)s)")
     p.add_argument("--protocol", choices=["both", *PROTOCOLS], default="both",
@@ -91,15 +100,15 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--out", default="runs", help="root folder of runs, their checkpoints (default: %(default)s)")
     p.add_argument("--results", default=DEFAULT_RESULTS, help="JSON-lines file results are appended to, '' for none (default: %(default)s)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run of the same settings")
-    p.add_argument("--save-interval", "--save_interval", type=_in_range(float, NON_NEGATIVE),
+    p.add_argument("--save-interval", type=_in_range(float, NON_NEGATIVE),
                    default=RunOptions.save_interval, help="seconds between saves of the training state, 0 for every "
-                                                          "epoch (default: %(default)g)")
+                                                          "epoch (default: %(default)g); also --save_interval")
     graph = p.add_mutually_exclusive_group()
-    graph.add_argument("--cuda_graph", "--cuda-graph", action="store_true", default=None,
+    graph.add_argument("--cuda_graph", action="store_true", default=None,
                        help="on a GPU, replay each full batch's training step from a captured CUDA graph (the "
-                            "default there), and say where a stage runs eagerly")
-    graph.add_argument("--no_cuda_graph", "--no-cuda-graph", dest="cuda_graph", action="store_false", default=None,
-                       help="run every training step eagerly")
+                            "default there), and say where a stage runs eagerly; also --cuda-graph")
+    graph.add_argument("--no_cuda_graph", dest="cuda_graph", action="store_false", default=None,
+                       help="run every training step eagerly; also --no-cuda-graph")
     return p
 
 

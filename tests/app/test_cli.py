@@ -136,10 +136,10 @@ def test_demo_tasks_0_to_3(tmp_path, monkeypatch, capsys):
 
 
 @pytest.mark.parametrize("argv, says", [
-    (["--hash_lens", "7"], "argument --hash_lens/--hash-lens: must be in [8, 256], got 7"),
+    (["--hash_lens", "7"], "argument --hash_lens: must be in [8, 256], got 7"),
     (["--epoch", "0"], "argument --epoch: must be at least 1, got 0"),
-    (["--batch_size", "1"], "argument --batch_size/--batch-size: must be at least 2, got 1"),
-    (["--save-interval", "-1"], "argument --save-interval/--save_interval: must be at least 0, got -1"),
+    (["--batch_size", "1"], "argument --batch_size: must be at least 2, got 1"),
+    (["--save-interval", "-1"], "argument --save-interval: must be at least 0, got -1"),
     (["--epoch", "ten"], "argument --epoch: expected an integer, got 'ten'"),
     # training's options, which evaluating took and ignored
     (["--task", "3", "--resume"], "argument --resume: goes with --task 0 and 1 (training); --task 3 evaluates"),
@@ -167,10 +167,12 @@ def test_demo_takes_either_spelling_of_a_flag_and_refuses_torchrun(capsys, monke
     spec = importlib.util.spec_from_file_location("demo", ROOT / "demo.py")
     demo = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(demo)
-    args = demo.parse_args(["--data_dir", "d", "--batch-size", "64", "--save_interval", "0", "--hash-lens", "32",
+    args = demo.parse_args(["--data_dir", "d", "--batch-size", "64", "--save_interval=0", "--hash-lens", "32",
                             "--no-cuda-graph"])
     assert (args.data_dir, args.batch_size, args.save_interval, args.hash_lens, args.cuda_graph) == \
         ("d", 64, 0.0, 32, False)
+    args = demo.parse_args(["--batch", "8", "--hash", "16", "--save", "5"])  # abbreviations, as before
+    assert (args.batch_size, args.hash_lens, args.save_interval) == (8, 16, 5.0)
     monkeypatch.setenv("WORLD_SIZE", "2")
     assert demo.main(["--task", "1"]) == 2
     assert capsys.readouterr().err.startswith("error: demo.py trains in one process; under torchrun run the ucmfh "
