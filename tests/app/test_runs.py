@@ -658,9 +658,18 @@ def test_every_output_is_checked_before_any_work_and_named_by_its_flag(tmp_path,
     # a results file that fails after the run all the same (a full disk): the rows' fate and the way on
     from ucmfh.app.table import report
 
+    said = []
     with pytest.raises(OSError, match=r"--results .*: the rows above were not appended \(.*\); the checkpoints are "
                                       "saved, so the same command scores them again without training"):
-        report([{**_row(), "ranking": "hamming", "dataset": "d"}], str(tmp_path), lambda line: None)
+        report([{**_row(), "ranking": "hamming", "dataset": "d"}], str(tmp_path), said.append)
+    assert said and "I->T" in said[0]  # the scores are shown all the same
+    # ... or a file that became another program's while the run trained: refused, the scores shown still
+    notes = tmp_path / "notes.txt"
+    notes.write_text("my notes\n")
+    said.clear()
+    with pytest.raises(ValueError, match="not a JSON-lines results file"):
+        report([{**_row(), "ranking": "hamming", "dataset": "d"}], str(notes), said.append)
+    assert said and "I->T" in said[0] and notes.read_text() == "my notes\n"
 
 
 @pytest.mark.parametrize("args, error", [

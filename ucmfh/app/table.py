@@ -107,6 +107,9 @@ def report(rows: List[Dict[str, Any]], results: Optional[str], echo: Log = print
             echo(format_table(rows))
             raise OSError(f"--results {results}: the rows above were not appended ({err.strerror or err}); the "
                           "checkpoints are saved, so the same command scores them again without training") from None
+        except Exception:  # the file changed since it was checked (another program's now): the scores shown still
+            echo(format_table(rows))
+            raise
     echo(format_table(rows))
     if results:
         echo(f"results appended to {results}")
