@@ -180,15 +180,15 @@ def check_jsonl(path: PathLike, results: bool = False) -> None:
         raise ValueError(f"{path}: is not a JSON-lines results file (it holds binary data); not appended to")
     rows = None if text is None else _rows_of_line(text.strip())
     if text is not None and rows is None:
-        # a damaged first row (a killed writer's, an editor's) before whole ones: a results file still, which
-        # read_jsonl reads, skipping it; a file whose first line alone is not rows is the user's text
-        whole = head.split(b"\n")[1:-1]  # the lines after the first that the head holds whole
-        later = next((found for found in (_rows_of_line(line.decode("utf-8", "replace").strip()) for line in whole)
-                      if found), None)
-        if later is None:
+        # a first row cut short (a writer killed there: it begins as one) before a whole one: a results file
+        # still, which read_jsonl reads, skipping it; any other first line is a text of the user's
+        lines = [line for line in head.split(b"\n")[1:] if line.strip()]
+        whole = len(head) < _JSONL_HEAD - 1 or len(lines) > 1  # the second line, whole in the head
+        second = _rows_of_line(lines[0].decode("utf-8", "replace").strip()) if lines and whole else None
+        if not text.lstrip().startswith("{") or not second:
             raise ValueError(f"{path}: is not a JSON-lines results file (line 1: {_shown(text.strip())}); "
                              "not appended to")
-        text, rows = json.dumps(later[0]), later
+        text, rows = json.dumps(second[0]), second
     if results and rows and not any("dataset" in row and "task" in row for row in rows):  # another program's
         raise ValueError(f"{path}: holds JSON lines that are not results rows (line 1 has no dataset and task: "
                          f"{_shown(text.strip())}); not appended to")
@@ -330,7 +330,8 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) 
     if os.path.isdir(path):
         raise ValueError(f"{path}: is a folder, not a JSON-lines results file")
     rows: List[Dict[str, Any]] = []
-    before: List[Tuple[int, str]] = []  # lines that are not rows before the first row: skipped, if a row follows
+    first: Optional[Tuple[int, str]] = None  # a first line that is not rows: skipped if it began as a row (a
+    # writer killed there) and a row follows it; anything else is not a results file (a text of the user's)
     with open(path, "rb") as f:
         for number, raw in enumerate(f, 1):
             try:
@@ -342,15 +343,17 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) 
             found = _rows_of_line(line)
             if found is None and rows:
                 _skipped(path, number, line, on_skip)
-            elif found is None:
-                before.append((number, line))
+            elif found is None and first is None and line.startswith("{"):
+                first = (number, line)
+            elif found is None or not found and first is not None:
+                number, line = first or (number, line)
+                raise ValueError(f"{path}: is not a JSON-lines results file (line {number}: {_shown(line)})")
             elif found:
-                for number_before, line_before in before if not rows else ():  # a damaged first row
-                    _skipped(path, number_before, line_before, on_skip)
+                if first is not None and not rows:
+                    _skipped(path, *first, on_skip)
                 rows += found
-    if before and not rows:  # no row at all: not results (a text file of the user's)
-        number, line = before[0]
-        raise ValueError(f"{path}: is not a JSON-lines results file (line {number}: {_shown(line)})")
+    if first is not None and not rows:
+        raise ValueError(f"{path}: is not a JSON-lines results file (line {first[0]}: {_shown(first[1])})")
     return rows
 
 

@@ -219,12 +219,18 @@ def test_a_results_file_whose_first_row_is_damaged_is_read_and_appended_to(tmp_p
     assert result.stderr.startswith(f"warning: {path}: line 1: not a JSON row (") and "skipped" in result.stderr
     assert [json.loads(line)["seeds"] for line in result.stdout.splitlines()] == [[1]]
     check_jsonl(path, results=True)  # what every command asks before appending: passes
+    path.write_text(path.read_text().rstrip("\n"))  # the row after it without its newline: still whole
+    check_jsonl(path, results=True)
+    # a text of the user's with a row somewhere in it is not a results file, nor two damaged lines before a row
     text = tmp_path / "notes.jsonl"
-    text.write_text("my notes\nmore notes\n")
-    with pytest.raises(ValueError, match=re.escape(f"{text}: is not a JSON-lines results file (line 1: my notes)")):
-        check_jsonl(text, results=True)
-    result = CliRunner().invoke(main, ["runs", "--results", str(text)])
-    assert result.exit_code == 2 and "(line 1: my notes)" in result.output
+    for content in ("my notes\nmore notes\n", "my notes\n" + json.dumps(row) + "\n",
+                    '{"cut\n{"cut again\n' + json.dumps(row) + "\n"):
+        text.write_text(content)
+        first = content.splitlines()[0]
+        with pytest.raises(ValueError, match=re.escape(f"{text}: is not a JSON-lines results file (line 1: {first})")):
+            check_jsonl(text, results=True)
+        result = CliRunner().invoke(main, ["runs", "--results", str(text)])
+        assert result.exit_code == 2 and f"(line 1: {first})" in result.output, result.output
 
 
 def test_a_results_file_with_foreign_lines_is_read_with_one_line_warnings(tmp_path):
