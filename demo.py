@@ -136,7 +136,7 @@ def _other_epochs(run: Run, args: argparse.Namespace) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if int(os.environ.get("WORLD_SIZE", "1") or 1) > 1:  # torchrun: each process would train the run alone
+    if os.environ.get("WORLD_SIZE", "1") not in ("", "1", "0"):  # torchrun: each process would train the run alone
         print("error: demo.py trains in one process; under torchrun run the ucmfh command: torchrun "
               "--nproc-per-node N -m ucmfh train-hash --method ucmfh ... (docs/distributed.md)", file=sys.stderr)
         return EXIT_USER_ERROR

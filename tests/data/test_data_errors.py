@@ -285,6 +285,7 @@ def test_rows_without_a_label_are_dropped_from_a_given_split_too(tmp_path, array
     data = load_dataset(out)
     assert (len(data.query), len(data.train), len(data.retrieval)) == (4, 9, 23)
     assert data.query.ids.tolist() == [0, 1, 2, 4] and 8 not in data.train.ids and 20 not in data.retrieval.ids
+    assert data.attrs["split"].endswith("; rows without a label left out: train 1, query 1, retrieval 2")
     np.savez(tmp_path / "only.npz", query=[3, 8], retrieval=np.arange(9, N), train=np.arange(9, 15))
     user_error(["convert", "npz", *arrays[:2], tmp_path / "some_empty.npy", tmp_path / "o2.h5", "--split-index",
                 tmp_path / "only.npz"], "only.npz: query: empty split (no row of it has a label)")

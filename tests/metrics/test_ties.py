@@ -281,3 +281,17 @@ def test_ties_must_be_index_or_expected():
     q = torch.ones(2, 4)
     with pytest.raises(ValueError, match="ties must be one of"):
         map_at_k(q, q, torch.ones(2, 1), torch.ones(2, 1), 1, ties="random")
+
+
+def test_the_one_ranking_s_edges():
+    """No groups: no hit (argmax over no group raised); no tie rule, or ranks 0, refused rather than nothing."""
+    from ucmfh.metrics.ranking import scores_by_rule
+
+    assert torch.equal(hit_probability(torch.zeros(3, 0, dtype=torch.long), torch.zeros(3, 0, dtype=torch.long),
+                                       [1, 5]), torch.zeros(3, 2, dtype=torch.float64))
+    q, r = torch.ones(2, 4), torch.ones(5, 4)
+    ids_q, ids_r = torch.tensor([0, 1]), torch.tensor([0, 1, 1, 2, 0])
+    with pytest.raises(ValueError, match="rules must name one tie rule at least"):
+        scores_by_rule(q, r, ids_q, ids_r, by_id=True, rules=())
+    with pytest.raises(ValueError, match="ranks must be a non-empty list"):
+        scores_by_rule(q, r, ids_q, ids_r, by_id=True, ranks=0)

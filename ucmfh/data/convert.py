@@ -329,7 +329,12 @@ def convert_arrays(
                                     f"(first: {outside[0]})")
             # rows without a label were dropped (--empty-labels drop, logged): from the splits given too, where
             # they were refused, the message's remedy being the drop that had been made
-            index = dataclasses.replace(index, **{s: rows[keep[rows]] for s, rows in index.as_dict().items()})
+            left = {s: int((~keep[rows]).sum()) for s, rows in index.as_dict().items()}
+            if any(left.values()):
+                said = ", ".join(f"{s} {n}" for s, n in left.items() if n)
+                log.warning("%s: left out of the splits it gives, rows without a label: %s", given, said)
+                index = dataclasses.replace(index, rule=f"{index.rule}; rows without a label left out: {said}",
+                                            **{s: rows[keep[rows]] for s, rows in index.as_dict().items()})
             for s, rows in index.as_dict().items():
                 if not rows.size:
                     raise DataError(f"{given}: {s}: empty split (no row of it has a label)")

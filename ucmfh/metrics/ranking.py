@@ -439,9 +439,11 @@ def scores_by_rule(
     lists by index are the compiled kernels', cheap)."""
     query, retrieval, query_side, retrieval_side = as_tensors(query, retrieval, query_side, retrieval_side)
     rules = list(dict.fromkeys(rules))
+    if not rules:
+        raise ValueError(f"rules must name one tie rule at least, of {TIES}")
     for rule in rules:
         check_choice("ties", rule, TIES)
-    ks = _check_ks(ranks, "ranks") if ranks else []
+    ks = [] if isinstance(ranks, (list, tuple)) and not ranks else _check_ks(ranks, "ranks")
     if ks and not by_id:
         raise ValueError("ranks (a hit among the first R) are scored by id: by_id=True")
     if by_id:

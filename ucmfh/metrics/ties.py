@@ -80,6 +80,8 @@ def expected_hits(n: torch.Tensor, r: torch.Tensor, ks: Sequence[int]) -> torch.
 
 def hit_probability(n: torch.Tensor, r: torch.Tensor, ks: Sequence[int]) -> torch.Tensor:
     """Probability of a relevant item among the first k, for each k. Shape: [Q, G] -> [Q, len(ks)] float64."""
+    if n.shape[1] == 0:  # no groups (no item): no hit
+        return torch.zeros(n.shape[0], len(ks), dtype=torch.float64, device=n.device)
     out = []
     for k in ks:
         _, taken, partial = _cut(n, k)
