@@ -109,7 +109,7 @@ def write_dataset(
     The file appears under its final name only once complete and valid.
     """
     path = os.fspath(path)
-    size = sum(np.asarray(array).size * np.dtype(DTYPES[name]).itemsize for split in splits.values()
+    size = sum(_items(array) * np.dtype(DTYPES[name]).itemsize for split in splits.values() if isinstance(split, dict)
                for name, array in split.items() if name in DTYPES and array is not None)
     with open_writer(path, attrs, overwrite, size) as f:
         for split in SPLITS:
@@ -130,6 +130,17 @@ def write_dataset(
                 chunks = (1, *array.shape[1:]) if array.ndim == 3 else True if array.ndim == 2 else None
                 f[split].create_dataset(name, data=array, chunks=chunks if array.size else None)
     return path
+
+
+def _items(array: object) -> int:
+    """The values an array holds, from its shape where it has one (an HDF5 dataset, a memmap: not read for it);
+    0 for one numpy cannot make (refused when written, in the writer's words)."""
+    if hasattr(array, "shape"):
+        return int(np.prod(array.shape))
+    try:
+        return np.asarray(array).size
+    except ValueError:  # ragged
+        return 0
 
 
 def _strings(path: str, where: str, values: object, split: Dict[str, np.ndarray]) -> list:
