@@ -88,7 +88,7 @@ def test_validate_float_ids(small_file):
     (["--n-classes", "0"], "Error: --n-classes must be at least 1, got 0"),  # the flag, not the spec's field
     (["--d-img", "-3"], "Error: --d-img must be at least 1, got -3"),
     (["--n-retrieval", "10", "--n-train", "20"], "Error: --n-train (20) must be at most --n-retrieval (10)"),
-    (["--seed", "-1"], "Error: --seed must be >= 0, got -1"),
+    (["--seed", "-1"], "Error: Invalid value for '--seed': -1 is not in the range 0<=x<=4294967295"),
     # HDF5's own refusal, after the data were made: 'object header message is too large'
     (["--n-classes", "4001"], "Error: --n-classes must be at most 4000 (the classes' names are one HDF5 attribute), "
                               "got 4001"),
