@@ -141,8 +141,8 @@ def reader_gone() -> None:
 
 
 class _Outlived:
-    """Standard output that a closed reader does not stop: the first write that finds the reader gone sends
-    this and every later write nowhere (:attr:`gone`); the rest is the stream's."""
+    """A standard stream (output, error) that a closed reader does not stop: the first write that finds the reader
+    gone sends this and every later write nowhere (:attr:`gone`); the rest is the stream's."""
 
     def __init__(self, stream: Any) -> None:
         self._stream, self.gone = stream, False

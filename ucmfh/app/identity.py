@@ -141,7 +141,7 @@ class Run:
     @property
     def dataset_dir(self) -> str:
         """The folder of the dataset file's runs (:func:`dataset_folder`): the one holding this run."""
-        top = self.fusion_folder if self.fusion_cfg is not None else os.path.basename(self.hash_dir_name)
+        top = self.fusion_folder if self.fusion_cfg is not None else self.hash_folder
         return dataset_folder(self.out, self.dataset, top)
 
     @property
@@ -171,7 +171,7 @@ class Run:
         return {**self.hash_identity, "hash": settings}
 
     @property
-    def hash_dir_name(self) -> str:
+    def hash_folder(self) -> str:
         """The hashing stage's folder name: in :attr:`dataset_dir` for a method without a fusion stage, else in
         its fusion stage's folder."""
         key = key_of(self.hash_dir_identity["hash"])[:8]
@@ -179,7 +179,7 @@ class Run:
 
     @property
     def hash_dir(self) -> str:
-        return os.path.join(self.dataset_dir if self.fusion_cfg is None else self.fusion_dir, self.hash_dir_name)
+        return os.path.join(self.dataset_dir if self.fusion_cfg is None else self.fusion_dir, self.hash_folder)
 
     @property
     def fusion_path(self) -> str:
