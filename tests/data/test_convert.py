@@ -317,3 +317,28 @@ def test_a_key_given_for_an_npy_file_is_refused(tmp_path):
                                         r"nothing here"):
         open_array(tmp_path / "i.npy", "nope", "image")
     assert open_array(tmp_path / "i.npy", None, "image") is not None
+
+
+def test_a_signal_heard_while_writing_stops_the_conversion_between_blocks(tmp_path, monkeypatch):
+    """Ctrl-C or SIGTERM raised inside h5py could land in a weakref callback, where Python prints it and goes on:
+    the conversion ran to its end. A signal is heard between two blocks: nothing written, SIGTERM's code."""
+    import contextlib
+
+    from click.testing import CliRunner
+
+    import ucmfh.data.convert as convert
+    from ucmfh.app.cli import main
+
+    @contextlib.contextmanager
+    def heard():
+        yield {"signal": 15}
+
+    monkeypatch.setattr(convert, "stop_on_signals", heard)
+    paths = save_npy(tmp_path, *whole_set())
+    with pytest.raises(KeyboardInterrupt, match="interrupted; nothing written") as stopped:
+        convert_arrays(*paths, tmp_path / "o.h5", sizes=SIZES, progress=False)
+    assert stopped.value.signum == 15
+    result = CliRunner().invoke(main, ["convert", "npz", *paths, str(tmp_path / "o.h5"), "--query", "10", "--train",
+                                       "20", "--quiet"])
+    assert result.exit_code == 143 and "interrupted; nothing written" in result.output, result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["image.npy", "labels.npy", "text.npy"]

@@ -36,6 +36,7 @@ from ucmfh.data.arrays import ArraySource, open_array
 from ucmfh.data.input_files import read_lines
 from ucmfh.data.safe_pickle import load_pickle
 from ucmfh.data.splits import DEFAULT_SEED, SplitIndex, SplitSizes, check_seed, load_split_index, sample_split
+from ucmfh.signals import stop_on_signals
 
 log = logging.getLogger(__name__)
 
@@ -230,8 +231,10 @@ def _scatter(
     index: Dict[str, np.ndarray],
     chunk_rows: int,
     bar: tqdm,
+    heard: Dict[str, Optional[int]],
 ) -> None:
-    """Copy the rows of ``src`` named by ``index`` into ``/split/key``, one source block at a time.
+    """Copy the rows of ``src`` named by ``index`` into ``/split/key``, one source block at a time; a signal
+    ``heard`` (:func:`ucmfh.signals.stop_on_signals`) ends it between two blocks (a KeyboardInterrupt).
 
     Each split's source rows are sorted, so the rows of one block land in a
     contiguous range of each output dataset.
@@ -239,6 +242,10 @@ def _scatter(
     dsets = {s: create_split_dataset(f, s, key, (len(rows), src.shape[1])) for s, rows in index.items()}
     n = len(src)
     for start in range(0, n, chunk_rows):
+        if heard["signal"] is not None:
+            interrupt = KeyboardInterrupt("interrupted; nothing written")
+            interrupt.signum = heard["signal"]  # type: ignore[attr-defined]  # SIGTERM's exit code, not Ctrl-C's
+            raise interrupt
         stop = min(n, start + chunk_rows)
         spans = {s: np.searchsorted(rows, (start, stop)) for s, rows in index.items()}
         if any(hi > lo for lo, hi in spans.values()):
@@ -358,9 +365,12 @@ def convert_arrays(
                         label_matrix[rows[s]]
                 create_split_dataset(f, s, "ids", (len(rows[s]),))[...] = \
                     rows[s] if item_ids is None else item_ids[rows[s]]
-            with tqdm(total=2 * n, unit="row", desc=f"convert {os.path.basename(out)}", disable=not progress) as bar:
-                _scatter(f, "image", img_src, rows, chunk_rows, bar)
-                _scatter(f, "text", txt_src, rows, chunk_rows, bar)
+            # Ctrl-C (or SIGTERM) stops the copy between two blocks: raised inside h5py, it could land in a weakref
+            # callback, where Python prints it and goes on, and the file was written all the same
+            with tqdm(total=2 * n, unit="row", desc=f"convert {os.path.basename(out)}", disable=not progress) as bar, \
+                    stop_on_signals() as heard:
+                _scatter(f, "image", img_src, rows, chunk_rows, bar, heard)
+                _scatter(f, "text", txt_src, rows, chunk_rows, bar, heard)
     return ConvertReport(
         path=out,
         rows={s: len(rows[s]) for s in SPLITS},
