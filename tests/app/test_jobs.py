@@ -7,6 +7,8 @@ import json
 import multiprocessing
 import os
 import signal
+import subprocess
+import sys
 import time
 from itertools import product
 from pathlib import Path
@@ -16,7 +18,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import AtFirstEpoch, SigtermFromAThread
+from conftest import ROOT, AtFirstEpoch, SigtermFromAThread
 from ucmfh import signals
 from ucmfh.app import jobs
 from ucmfh.app.cli import main
@@ -392,3 +394,29 @@ def test_two_threads_stopped_and_resumed_give_the_rows_of_one_in_its_order(tiny_
     assert resumed.exit_code == 0, resumed.output
     assert "resuming" in resumed.output and resumed.output.count("fusion encoder: training") == 1
     assert _rows(tmp_path) == _rows(one_process) and _table(tmp_path) == _table(one_process)
+
+
+def test_a_worker_whose_grid_is_killed_hard_ends_too(tmp_path):
+    """A grid killed hard (SIGKILL, the OOM killer) left its workers: re-parented, deaf to SIGTERM between cells,
+    alive for ever, and holding the grid's output open (a '| tee' of it waited for ever). A worker now watches its
+    grid's process and ends when it is gone."""
+    child = ("import os, sys; sys.path.insert(0, sys.argv[1]); import ucmfh.app.jobs as jobs; "
+             "jobs.ORPHAN_POLL_S = 0.1; print(os.getpid(), flush=True); jobs._end_with_parent(os.getppid())")
+    grid = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]]); "
+            "time.sleep(600)")
+    parent = subprocess.Popen([sys.executable, "-c", grid, child, str(ROOT)], stdout=subprocess.PIPE, text=True)
+    worker = int(parent.stdout.readline())
+    os.kill(parent.pid, signal.SIGKILL)
+    parent.wait()
+
+    def alive() -> bool:
+        try:
+            with open(f"/proc/{worker}/status") as status:
+                return not any(line.startswith("State:") and "Z" in line.split()[1] for line in status)
+        except FileNotFoundError:
+            return False
+
+    deadline = time.monotonic() + 30
+    while alive() and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not alive()

@@ -40,6 +40,7 @@ import os
 import pickle
 import signal
 import sys
+import threading
 import time
 from concurrent.futures.process import BrokenProcessPool
 from dataclasses import dataclass, field
@@ -133,6 +134,21 @@ def _start_worker(slots: Any, pids: Any, threads: int, gpus: int) -> None:
     torch.set_num_threads(threads)
     if gpus:
         torch.cuda.set_device(slot % gpus)
+    threading.Thread(target=_end_with_parent, args=(os.getppid(),), name="ucmfh-orphan-watch", daemon=True).start()
+
+
+ORPHAN_POLL_S = 1.0  # how often a worker looks for its grid's process
+
+
+def _end_with_parent(parent: int) -> None:
+    """End this worker once its grid's process is gone (killed hard: SIGKILL, the OOM killer), which no signal
+    says: re-parented, idle between cells and deaf to SIGTERM there, it lived on, and held the grid's output open
+    (a ``| tee`` of it waited for ever). Its cell's files are written atomically; its state, as last saved,
+    resumes."""
+    while True:
+        time.sleep(ORPHAN_POLL_S)
+        if os.getppid() != parent:
+            os.kill(os.getpid(), signal.SIGKILL)
 
 
 def _portable(err: BaseException) -> BaseException:
