@@ -400,8 +400,8 @@ def test_a_worker_whose_grid_is_killed_hard_ends_too(tmp_path):
     """A grid killed hard (SIGKILL, the OOM killer) left its workers: re-parented, deaf to SIGTERM between cells,
     alive for ever, and holding the grid's output open (a '| tee' of it waited for ever). A worker now watches its
     grid's process and ends when it is gone."""
-    child = ("import os, sys; sys.path.insert(0, sys.argv[1]); import ucmfh.app.jobs as jobs; "
-             "jobs.ORPHAN_POLL_S = 0.1; print(os.getpid(), flush=True); jobs._end_with_parent(os.getppid())")
+    child = ("import os, sys; grid = os.getppid(); sys.path.insert(0, sys.argv[1]); import ucmfh.app.jobs as jobs; "
+             "jobs.ORPHAN_POLL_S = 0.1; print(os.getpid(), flush=True); jobs._end_with_parent(grid)")
     grid = ("import subprocess, sys, time; subprocess.Popen([sys.executable, '-c', sys.argv[1], sys.argv[2]]); "
             "time.sleep(600)")
     parent = subprocess.Popen([sys.executable, "-c", grid, child, str(ROOT)], stdout=subprocess.PIPE, text=True)

@@ -119,7 +119,7 @@ class Outcome:
 _datasets: Dict[Tuple[str, Optional[int]], Dataset] = {}  # a worker's datasets, each read once
 
 
-def _start_worker(slots: Any, pids: Any, threads: int, gpus: int) -> None:
+def _start_worker(slots: Any, pids: Any, threads: int, gpus: int, grid: int) -> None:
     """A worker's set-up: its slot (and pid, where the parent signals it), threads and GPU. SIGINT and
     SIGTERM are ignored between cells (a Ctrl-C reaches the whole process group, and the parent decides the
     rest), and from the process's start (:func:`_held`); in a cell, training stops at a safe point on
@@ -134,14 +134,15 @@ def _start_worker(slots: Any, pids: Any, threads: int, gpus: int) -> None:
     torch.set_num_threads(threads)
     if gpus:
         torch.cuda.set_device(slot % gpus)
-    threading.Thread(target=_end_with_parent, args=(os.getppid(),), name="ucmfh-orphan-watch", daemon=True).start()
+    threading.Thread(target=_end_with_parent, args=(grid,), name="ucmfh-orphan-watch", daemon=True).start()
 
 
 ORPHAN_POLL_S = 1.0  # how often a worker looks for its grid's process
 
 
 def _end_with_parent(parent: int) -> None:
-    """End this worker once its grid's process is gone (killed hard: SIGKILL, the OOM killer), which no signal
+    """End this worker once its grid's process (``parent``, its pid as the grid gave it: a worker's own look at its
+    parent, once that is gone, would be its new one) is gone (killed hard: SIGKILL, the OOM killer), which no signal
     says: re-parented, idle between cells and deaf to SIGTERM there, it lived on, and held the grid's output open
     (a ``| tee`` of it waited for ever). Its cell's files are written atomically; its state, as last saved,
     resumes."""
@@ -404,7 +405,7 @@ class SideBySide:
         context = multiprocessing.get_context("spawn")  # fresh processes: no CUDA or thread pool state forked
         pids = context.Array("i", n)
         pool = cf.ProcessPoolExecutor(n, context, initializer=_start_worker,
-                                      initargs=(context.Value("i", 0), pids, self.threads(), self.gpus()))
+                                      initargs=(context.Value("i", 0), pids, self.threads(), self.gpus(), os.getpid()))
         return pool, lambda cell: pool.submit(run_cell, cell.task), lambda signum: _send(pids, signum)
 
     def _start_ready(self, submit: Callable[[_Cell], cf.Future], running: Dict[cf.Future, _Cell], n: int) -> None:
