@@ -988,3 +988,25 @@ def test_resume_in_another_number_of_processes_is_refused_naming_the_state(tmp_p
     assert fresh.exit_code == 0, fresh.output
     [row] = _rows(results)
     assert "processes" not in row["settings"]["hash"] and state.exists()  # the other run's state is left alone
+
+
+def test_an_interrupt_while_scoring_says_how_to_go_on(tmp_path, tiny_path, monkeypatch):
+    """Ctrl-C while a trained model was scored said 'interrupted' alone: its checkpoint is saved, and the same
+    command scores it again without training it."""
+    import ucmfh.app.experiment as experiment
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    real = experiment.evaluate_hashing
+    monkeypatch.setattr(experiment, "evaluate_hashing", stopped)
+    args = ["train-hash", "-d", tiny_path, "--method", "cca-itq", "-b", "8", "--device", "cpu", "--quiet", "--out",
+            str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl")]
+    result = CliRunner().invoke(main, args)
+    assert result.exit_code == 130, result.output
+    [line] = [line for line in result.output.splitlines() if "while scoring" in line]
+    assert line.startswith("interrupted while scoring ") and line.endswith(
+        "hash8.pt, which is saved; the same command scores it again, without training it"), line
+    monkeypatch.setattr(experiment, "evaluate_hashing", real)
+    again = CliRunner().invoke(main, args)
+    assert again.exit_code == 0 and "already trained, reused" in again.output, again.output

@@ -8,6 +8,7 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
+from ucmfh.app.errors import stopped_by
 from ucmfh.app.identity import (
     Run, RunOptions, dataset_identity, git_commit, key_of, run_settings, trained_in,
 )
@@ -191,7 +192,12 @@ def score_hash_model(
     hash_cfg = run.hash_cfg
     protocols = scored_protocols(hash_cfg.method, protocols)
     start = time.perf_counter()
-    scores = evaluate_hashing(model, data, protocols, k, hash_cfg.device, progress, real_valued=True, per_query=True)
+    try:
+        scores = evaluate_hashing(model, data, protocols, k, hash_cfg.device, progress, real_valued=True,
+                                  per_query=True)
+    except KeyboardInterrupt as err:  # said as 'interrupted' alone: how to go on, too
+        raise stopped_by(f"{str(err) or 'interrupted'} while scoring {checkpoint}, which is saved; the same command scores "
+                         "it again, without training it", getattr(err, "signum", None)) from None
     floors = {row.get("database"): row for row in random_codes_scores(data, hash_cfg.n_bits, k, seed=hash_cfg.seed)}
     for row in scores:
         floor = floors[row.get("database")]
