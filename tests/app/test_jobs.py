@@ -147,7 +147,7 @@ def test_two_jobs_stopped_and_resumed_give_the_rows_of_one_in_its_order(tiny_pat
     for method, n_bits in product(("ucmfh", "two-tower"), (8, 16)):
         cell = [row for row in rows if (row["method"], row["n_bits"]) == (method, n_bits)]
         assert f"      {scores_line(cell)}" in lines and scores_line(cell).startswith("unimodal: MAP@50 0.")
-    assert "resuming" in resumed.output and "fusion.state.pt at epoch 2 of 2" in resumed.output
+    assert "resuming" in resumed.output and "fusion.state.pt (epoch 2 of 2)" in resumed.output
     # the two ucmfh cells share one fusion encoder: trained once (resumed), then reused, never by two at once
     assert resumed.output.count("fusion encoder: training") == 1
     assert resumed.output.count("fusion encoder: already trained, reused") == 1

@@ -952,8 +952,9 @@ def test_resume_with_nothing_saved_names_no_file_the_run_never_writes(tmp_path, 
     assert result.exit_code == 0, result.output
     log = result.output
     [line] = [line for line in log.splitlines() if line.startswith("nothing to resume")]
-    checkpoint = line.split(" beside ")[1].split(";")[0]
-    assert line == f"nothing to resume: no training state is saved beside {checkpoint}; training from the start"
+    checkpoint = line.split(" beside ")[1].split(" (")[0]
+    assert line == f"nothing to resume: no training state is saved beside {checkpoint} (a stage not started " \
+                   "before); training it from the start"
     assert checkpoint.endswith("hash8.pt") and os.path.isfile(checkpoint)
 
 

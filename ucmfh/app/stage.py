@@ -174,9 +174,10 @@ def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
     if saved:
         if not opts.resume:
             _refuse_interrupted(checkpoint, locked=True)
-        log(f"resuming {', '.join(saved)} at {interrupted_at(checkpoint)}")
+        log(f"resuming {', '.join(saved)} ({interrupted_at(checkpoint)})")  # '(finished)', '(epoch 3 of 100)', ...
     elif opts.resume and not opts.always_resumes:
-        log(f"nothing to resume: no training state is saved beside {checkpoint}; training from the start")
+        log(f"nothing to resume: no training state is saved beside {checkpoint} (a stage not started before); "
+            "training it from the start")
     return state
 
 
