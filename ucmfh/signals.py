@@ -1,5 +1,5 @@
 """Stopping a long loop at a safe point on SIGINT or SIGTERM (:func:`stop_on_signals`), and what a stopped
-training run raises (:class:`TrainingInterrupted`)."""
+training run raises (:class:`TrainingInterrupted`), or other stopped work (:func:`stopped_by`)."""
 from __future__ import annotations
 
 import contextlib
@@ -16,6 +16,13 @@ class TrainingInterrupted(KeyboardInterrupt):
         super().__init__(message)
         self.state_path = state_path
         self.signum = signum
+
+
+def stopped_by(message: str, signum: Optional[int]) -> KeyboardInterrupt:
+    """An interrupt saying ``message`` that remembers the signal that stopped the work (None: Ctrl-C's)."""
+    err = KeyboardInterrupt(message)
+    err.signum = signum  # type: ignore[attr-defined]
+    return err
 
 
 _LOCK = threading.Lock()

@@ -12,7 +12,7 @@ import os
 
 import click
 
-from ucmfh.app.errors import stopped_by, user_errors
+from ucmfh.app.errors import user_errors
 from ucmfh.app.options import Count, given_flags, seed_type
 from ucmfh.app.outputs import check_outputs
 from ucmfh.data.annotations import list_images
@@ -21,6 +21,7 @@ from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features
 from ucmfh.data.format import SPLITS, DataError
 from ucmfh.data.scratch import RESTART, parse_shard
 from ucmfh.data.splits import DEFAULT_SEED, STANDARD_SPLITS, resolve_sizes
+from ucmfh.signals import stopped_by
 
 
 def _split_sizes(standard_split, query, train, retrieval):
@@ -202,7 +203,8 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
                                         "IMAGES": [*([] if os.path.isdir(images) else [images]), *image_paths]})
     parts = f"{out}.parts"  # the folder of its chunks: a file there was found once the model had loaded
     if os.path.exists(parts) and not os.path.isdir(parts):
-        raise click.BadParameter(f"{parts}: a file is where OUT's folder of chunks goes; move it away", param_hint="OUT")
+        raise click.BadParameter(f"{parts}: a file is where OUT's folder of chunks goes; move it away",
+                                 param_hint="OUT")
     try:
         shard_of = parse_shard(shard) if shard else None
         world = int(os.environ.get("WORLD_SIZE", "1"))

@@ -20,6 +20,7 @@ from typing import Any, Callable, Collection, Iterator, Optional
 import click
 
 from ucmfh.config import SettingError
+from ucmfh.signals import stopped_by
 
 # What counts as bad input (or an environment the user must fix), not a bug of ucmfh: a size asked for beyond
 # the machine's memory (--resamples 99999999999) among them.
@@ -103,13 +104,6 @@ def interrupted(err: KeyboardInterrupt, always_resumes: bool = False) -> None:
     click.echo(text, err=True)
     signum: Optional[int] = getattr(err, "signum", None)
     sys.exit(128 + signum if signum else EXIT_INTERRUPTED)
-
-
-def stopped_by(message: str, signum: Optional[int]) -> KeyboardInterrupt:
-    """An interrupt saying ``message`` that remembers the signal that stopped the work (None: Ctrl-C's)."""
-    err = KeyboardInterrupt(message)
-    err.signum = signum  # type: ignore[attr-defined]
-    return err
 
 
 def terminate_as_interrupt() -> Callable[[], None]:

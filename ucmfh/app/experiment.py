@@ -8,7 +8,6 @@ import os
 import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ucmfh.app.errors import stopped_by
 from ucmfh.app.identity import (
     Run, RunOptions, dataset_identity, git_commit, key_of, run_settings, trained_in,
 )
@@ -26,6 +25,7 @@ from ucmfh.methods.settings import default_loss, scored_protocols
 from ucmfh.metrics.arguments import DEFAULT_K
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.evaluation import encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
+from ucmfh.signals import stopped_by
 from ucmfh.utils import resolve_device
 
 # the fields of a result row that differ between two runs of one setting: the clock's, and paths under each run's --out
@@ -196,8 +196,8 @@ def score_hash_model(
         scores = evaluate_hashing(model, data, protocols, k, hash_cfg.device, progress, real_valued=True,
                                   per_query=True)
     except KeyboardInterrupt as err:  # said as 'interrupted' alone: how to go on, too
-        raise stopped_by(f"{str(err) or 'interrupted'} while scoring {checkpoint}, which is saved; the same command scores "
-                         "it again, without training it", getattr(err, "signum", None)) from None
+        raise stopped_by(f"{str(err) or 'interrupted'} while scoring {checkpoint}, which is saved; the same command "
+                         "scores it again, without training it", getattr(err, "signum", None)) from None
     floors = {row.get("database"): row for row in random_codes_scores(data, hash_cfg.n_bits, k, seed=hash_cfg.seed)}
     for row in scores:
         floor = floors[row.get("database")]

@@ -50,7 +50,7 @@ import click
 import torch
 
 from ucmfh.app.environment import torchrun_sizes
-from ucmfh.app.errors import USER_ERRORS, interrupted, stopped_by
+from ucmfh.app.errors import USER_ERRORS, interrupted
 from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, key_of
 from ucmfh.app.options import Count
@@ -60,7 +60,7 @@ from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset, load_dataset
 from ucmfh.run_draws import separate_draws
 from ucmfh.side_by_side import own_stream
-from ucmfh.signals import stop_on_signals, stop_threads
+from ucmfh.signals import stop_on_signals, stop_threads, stopped_by
 from ucmfh.utils import resolve_device
 
 Rows = List[Dict[str, Any]]

@@ -7,7 +7,7 @@ from typing import Optional, Tuple
 
 import click
 
-from ucmfh.app.errors import UserError, describe, stopped_by, user_errors
+from ucmfh.app.errors import UserError, describe, user_errors
 from ucmfh.app.options import Count, InputPath, check_device, given_twice
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import SEARCH_BACKENDS, BackendConfig, SettingError, backend_config
@@ -36,7 +36,7 @@ MAX_HITS = 10_000_000  # rows one search prints at the most (queries × hits): a
 def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, device, quiet) -> None:
     """Encode every item of COLLECTION (unimodal protocol) into the index folder OUT."""
     from ucmfh.search.build import build_index
-    from ucmfh.signals import stop_on_signals
+    from ucmfh.signals import stop_on_signals, stopped_by
 
     check_outputs(folders={"--out": out})
     signalled = {"signal": None}

@@ -36,7 +36,7 @@ from ucmfh.data.arrays import ArraySource, open_array
 from ucmfh.data.input_files import read_lines
 from ucmfh.data.safe_pickle import load_pickle
 from ucmfh.data.splits import DEFAULT_SEED, SplitIndex, SplitSizes, check_seed, load_split_index, sample_split
-from ucmfh.signals import stop_on_signals
+from ucmfh.signals import stop_on_signals, stopped_by
 
 log = logging.getLogger(__name__)
 
@@ -243,9 +243,7 @@ def _scatter(
     n = len(src)
     for start in range(0, n, chunk_rows):
         if heard["signal"] is not None:
-            interrupt = KeyboardInterrupt("interrupted; nothing written")
-            interrupt.signum = heard["signal"]  # type: ignore[attr-defined]  # SIGTERM's exit code, not Ctrl-C's
-            raise interrupt
+            raise stopped_by("interrupted; nothing written", heard["signal"])
         stop = min(n, start + chunk_rows)
         spans = {s: np.searchsorted(rows, (start, stop)) for s, rows in index.items()}
         if any(hi > lo for lo, hi in spans.values()):
