@@ -212,11 +212,12 @@ KIND_NAMES = {"fusion": "a fusion stage's checkpoint (fusion.pt)", "hash": "a ha
 
 
 def _expect(path: str, payload: Dict[str, Any], name: str, actual: Any, wanted: Optional[Any]) -> None:
-    if wanted is not None and actual != wanted and name == "kind":
+    if wanted is None or actual == wanted:
+        return
+    if name == "kind":
         raise CheckpointError(f"{path}: is {KIND_NAMES.get(actual, f'a checkpoint of kind {actual!r}')}; "
                               f"{KIND_NAMES.get(wanted, wanted)} is needed here")
-    if wanted is not None and actual != wanted:
-        raise CheckpointError(f"{path}: made for {name}={actual}, but {name}={wanted} was asked for")
+    raise CheckpointError(f"{path}: made for {name}={actual}, but {name}={wanted} was asked for")
 
 
 def load_model(

@@ -321,9 +321,10 @@ def _rows_of_line(text: str) -> Optional[List[Dict[str, Any]]]:
 
 def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) -> List[Dict[str, Any]]:
     """The rows of a JSON-lines file ([] when it does not exist). Rows glued onto one line (appended to a
-    last line without its newline) are all read; a line that is not rows (an editor's, a killed writer's) is
-    skipped and said to ``on_skip`` (default: a warning). A file that is not text, or that holds no rows (a text
-    file of the user's, not results), is a ``ValueError`` naming it."""
+    last line without its newline) are all read; a line after the first row that is not rows (an editor's, a
+    killed writer's) is skipped and said to ``on_skip`` (default: a warning), and so is a first line that began as
+    a row (a writer killed there) before one. A file that is not text, or whose first line is neither (a text file
+    of the user's, not results), is a ``ValueError`` naming it."""
     path = os.fspath(path)
     if not os.path.exists(path):
         return []

@@ -100,16 +100,13 @@ def report(rows: List[Dict[str, Any]], results: Optional[str], echo: Log = print
     ``| grep -m1``) ends the command as the table is printed, and took the rows with it."""
     if not rows:
         return
-    if results:
-        try:
+    try:
+        if results:
             append_results(results, rows)
-        except OSError as err:  # checked before the run (ucmfh.app.outputs); the disk may still fill up
-            echo(format_table(rows))
-            raise OSError(f"--results {results}: the rows above were not appended ({err.strerror or err}); the "
-                          "checkpoints are saved, so the same command scores them again without training") from None
-        except Exception:  # the file changed since it was checked (another program's now): the scores shown still
-            echo(format_table(rows))
-            raise
-    echo(format_table(rows))
+    except OSError as err:  # checked before the run (ucmfh.app.outputs); the disk may still fill up
+        raise OSError(f"--results {results}: the rows above were not appended ({err.strerror or err}); the "
+                      "checkpoints are saved, so the same command scores them again without training") from None
+    finally:  # the scores, shown whatever refused them (a file that became another program's while the run went)
+        echo(format_table(rows))
     if results:
         echo(f"results appended to {results}")
