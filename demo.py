@@ -79,7 +79,8 @@ def parser() -> argparse.ArgumentParser:
     p = _Parser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--task", type=int, choices=[0, 1, 2, 3], default=1,
                    help="0 train fusion, 1 train hashing, 2 evaluate fusion, 3 evaluate hashing (default: 1)")
-    p.add_argument("--dataset", default="synthetic", help="NAME (DATA_DIR/NAME.h5) or path to an .h5 file (default: synthetic, made on first use)")
+    p.add_argument("--dataset", default="synthetic",
+                   help="NAME (DATA_DIR/NAME.h5) or path to an .h5 file (default: synthetic, made on first use)")
     p.add_argument("--data-dir", default=default_data_dir(),
                    help="folder of NAME.h5 files ($UCMFH_DATA_DIR, else data); also --data_dir")
     p.add_argument("--hash_lens", type=_in_range(int, _HASH["n_bits"]), default=HashConfig.n_bits,
@@ -89,8 +90,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--batch_size", type=_in_range(int, _HASH["batch_size"]),
                    default=FusionConfig.batch_size, help="items a training step (default: %(default)s); also "
                                                          "--batch-size")
-    p.add_argument("--loss", default=FusionConfig.loss, choices=sorted(LOSSES), help="both stages' loss (default: %(default)s)")
-    p.add_argument("--seed", type=int, default=FusionConfig.seed, help="the run's seed: weights, batches, dropout (default: %(default)s)")
+    p.add_argument("--loss", default=FusionConfig.loss, choices=sorted(LOSSES),
+                   help="both stages' loss (default: %(default)s)")
+    p.add_argument("--seed", type=int, default=FusionConfig.seed,
+                   help="the run's seed: weights, batches, dropout (default: %(default)s)")
     p.add_argument("--protocol", choices=["both", *PROTOCOLS], default="both",
                    help="what tasks 1-3 score: unimodal (cross-modal retrieval), fused (UCMFH's), or both (default)")
     p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, ...")
@@ -98,7 +101,8 @@ def parser() -> argparse.ArgumentParser:
                    help="training's number format: none (float32, the default), bf16 (autocast of the forward pass) "
                         "or tf32 (a GPU's float32 matmuls on its tensor cores)")
     p.add_argument("--out", default="runs", help="root folder of runs, their checkpoints (default: %(default)s)")
-    p.add_argument("--results", default=DEFAULT_RESULTS, help="JSON-lines file results are appended to, '' for none (default: %(default)s)")
+    p.add_argument("--results", default=DEFAULT_RESULTS,
+                   help="JSON-lines file results are appended to, '' for none (default: %(default)s)")
     p.add_argument("--resume", action="store_true", help="continue an interrupted run of the same settings")
     p.add_argument("--save-interval", type=_in_range(float, NON_NEGATIVE),
                    default=RunOptions.save_interval, help="seconds between saves of the training state, 0 for every "
@@ -128,7 +132,7 @@ def _other_epochs(run: Run, args: argparse.Namespace) -> str:
         raise FileNotFoundError(f"{wanted}: no checkpoint of these settings ({run.fusion_cfg.epochs} epoch"
                                 f"{'s' * (run.fusion_cfg.epochs != 1)}); "
                                 f"saved runs of them with other epochs: use {listed}")
-    if any(os.path.exists(path) for path in state_paths(state_path_of(wanted))):  # interrupted: its training state is saved
+    if any(os.path.exists(path) for path in state_paths(state_path_of(wanted))):  # interrupted: its state is saved
         raise FileNotFoundError(f"{wanted}: no checkpoint of these settings yet: its training was interrupted; "
                                 f"finish it with --task {args.task - 2} --resume")
     raise FileNotFoundError(f"{wanted}: no checkpoint of these settings; train it first with --task {args.task - 2}")

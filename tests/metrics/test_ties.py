@@ -260,7 +260,8 @@ def test_one_ranking_gives_every_figure_of_both_tie_rules(ranking, by_id, k, mon
     chunks = dict(chunk_size=8, retrieval_chunk_size=32)
     passes = []
     for module, name in ((ties_module, "cosine_top_k_chunk"), (ranking_module, "iter_hamming_groups")):
-        monkeypatch.setattr(module, name, lambda *a, real=getattr(module, name), **kw: passes.append(1) or real(*a, **kw))
+        real = getattr(module, name)
+        monkeypatch.setattr(module, name, lambda *a, real=real, **kw: passes.append(1) or real(*a, **kw))
     got = scores_by_rule(q, r, q_side, r_side, by_id=by_id, k=k, ranks=ranks, ranking=ranking,
                          rules=("index", "expected"), **chunks)
     # cosine: one ranking of each of the three query chunks, for both rules and every figure; Hamming: one pass of

@@ -306,7 +306,8 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     for key, group in groups.items():
         _, dataset, _, trained, task, method, loss, n_bits, stage, protocol, database, k, settings = key
         entry: Dict[str, Any] = {
-            "dataset": dataset, "dataset_fingerprint": group[0].get("dataset_fingerprint"), "trained_on": trained, "task": task, "method": method, "loss": loss,
+            "dataset": dataset, "dataset_fingerprint": group[0].get("dataset_fingerprint"), "trained_on": trained,
+            "task": task, "method": method, "loss": loss,
             "n_bits": n_bits, "stage": stage, "protocol": protocol, "database": database, "k": k, "n_seeds": len(group),
             "seeds": sorted(seed for seed in map(seed_of, group) if seed is not None),
             "checkpoints": sorted({r["checkpoint"] for r in group if r.get("checkpoint")}),
