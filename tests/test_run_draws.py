@@ -5,8 +5,10 @@ On the CPU, where each run's state is the generator's bytes; on a GPU it is a gr
 draws and captures only a GPU can show (``scripts/bench_streams.py`` compares the models there)."""
 from __future__ import annotations
 
+import random
 import threading
 
+import numpy as np
 import pytest
 import torch
 
@@ -113,6 +115,54 @@ def test_a_run_s_state_goes_on_from_where_its_last_block_left_it_and_the_global_
             drawn.append(torch.rand(3))
         assert torch.equal(torch.get_rng_state(), outside)  # the state set before the block, set again
     assert torch.equal(torch.cat(drawn), expected)
+
+
+def _caller_draws():
+    return random.random(), np.random.rand(), torch.rand(1).item()
+
+
+def _seed_caller(seed):
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def test_a_run_leaves_the_caller_s_generators_as_it_found_them_however_it_ends(tiny):
+    """A fit seeds Python's, NumPy's and torch's generators for its draws; a notebook's next draws are those it
+    would have made without the fit, after a fit that ends well and after one that fails."""
+    _seed_caller(5)
+    expected = _caller_draws()
+    for plan in (None, "fails"):
+        _seed_caller(5)
+        if plan is None:
+            _fit(tiny, 1)
+        else:
+            def failing(setup):
+                torch.randn(100)
+                raise RuntimeError("a plan that fails after drawing")
+            cfg = hash_config("two-tower", n_bits=16, epochs=1, device="cpu")
+            with pytest.raises(RuntimeError, match="fails after drawing"):
+                trainer.fit(failing, tiny.train, cfg, progress=False)
+        assert _caller_draws() == expected, plan
+
+
+def _fits_in_threads(tiny):
+    threads = [threading.Thread(target=_fit, args=(tiny, seed)) for seed in (1, 2)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join(120)
+
+
+def test_runs_in_threads_whose_draws_interleave_say_so_and_name_the_remedy(tiny):
+    with pytest.warns(RuntimeWarning, match=r"draws interleave.*ucmfh\.separate_draws\(\)"):
+        _fits_in_threads(tiny)
+
+
+def test_runs_in_threads_inside_the_block_warn_of_nothing(tiny, recwarn):
+    with separate_draws():
+        _fits_in_threads(tiny)
+    assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
 
 
 class _Held:

@@ -14,6 +14,9 @@ A run's own state begins where a run alone would have its generator: seeded by t
 its set-up's draws. So a run side by side draws the numbers it draws alone (``tests/test_run_draws.py``).
 Outside the block nothing changes: no lock is taken and no state swapped.
 
+Whatever the block, a run leaves the caller's global generators as it found them (:func:`run_under_way`): a
+notebook's own draws after a fit are those it would have made without it.
+
 Why: a GPU step of a few small kernels keeps most of the GPU idle, and processes sharing one GPU take turns on
 it; kernels of one process's threads, each on a stream of its own, may run at once
 (``scripts/bench_streams.py`` measures whether they do).
@@ -21,13 +24,17 @@ it; kernels of one process's threads, each on a stream of its own, may run at on
 from __future__ import annotations
 
 import contextlib
+import random
 import threading
-from typing import Any, ContextManager, Iterator, Optional
+import warnings
+from typing import Any, ContextManager, Dict, Iterator, List, Optional
 
+import numpy as np
 import torch
 
 _LOCK = threading.RLock()  # a run's set-up, and each step with its draws' state set
 _ON = [0]  # the separate_draws blocks under way, every thread's
+_RUNS: Dict[int, List[bool]] = {}  # each thread's runs under way (run_under_way): whether each keeps its draws apart
 _NOTHING = contextlib.nullcontext()
 
 
@@ -56,6 +63,40 @@ def setting_up() -> Iterator[None]:
     which a run side by side would otherwise find in its own state, were it stepping meanwhile."""
     with _LOCK if _ON[0] else _NOTHING:
         yield
+
+
+@contextlib.contextmanager
+def run_under_way(device: torch.device) -> Iterator[None]:
+    """A run's whole life, its start to its end: the caller's global generators, which the run seeds for its own
+    draws (:func:`ucmfh.utils.seed_everything`) — Python's, NumPy's, torch's on the CPU and on the run's GPU —
+    and cuDNN's flags are as the run found them when it ends, whatever ends it. A run that starts while a run
+    of another thread is under way, their draws not kept apart (:func:`separate_draws`), says so in a
+    ``RuntimeWarning``: each would draw the other's numbers, and train another model than it trains alone."""
+    me, apart = threading.get_ident(), drawing_separately()
+    with _LOCK:  # no other run's set-up or step between the reads (a step swaps its own state in)
+        saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+                 torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
+                 torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+        others = [keeps for thread, runs in _RUNS.items() if thread != me for keeps in runs]
+        _RUNS.setdefault(me, []).append(apart)
+    if others and not (apart and all(others)):
+        warnings.warn("a run started in one thread while another thread's run is under way: their random draws "
+                      "interleave, and each trains another model than it trains alone; start them inside "
+                      "ucmfh.separate_draws()", RuntimeWarning, stacklevel=3)
+    try:
+        yield
+    finally:
+        with _LOCK:
+            runs = _RUNS[me]
+            runs.pop()
+            if not runs:
+                del _RUNS[me]
+            random.setstate(saved[0])
+            np.random.set_state(saved[1])
+            torch.set_rng_state(saved[2])
+            if saved[3] is not None:
+                torch.cuda.set_rng_state(saved[3], device)
+            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[4:]
 
 
 def _cuda_generator(device: torch.device) -> Any:

@@ -29,7 +29,7 @@ from ucmfh.data.h5 import Dataset, Split
 from ucmfh.distributed import Group, current_group
 from ucmfh.optim import optimize
 from ucmfh.parallel import default_threads
-from ucmfh.run_draws import RunDraws, setting_up
+from ucmfh.run_draws import RunDraws, run_under_way, setting_up
 from ucmfh.selection import History, validation_split
 from ucmfh.signals import TrainingInterrupted, stop_on_signals
 from ucmfh.training_log import EpochRecord, current_logs, current_part
@@ -170,17 +170,19 @@ def fit(make_plan: Callable[[Setup], Plan], split: Split, cfg: Any, state: Optio
         progress: bool = True) -> Tuple[nn.Module, History]:
     """A run's whole life on a training ``split``: its start (:func:`start`), a validation part held out
     (``cfg.val_fraction``), the plan made (``make_plan``) and trained (:func:`train`); returns the plan's
-    model on the CPU in eval mode (the best validation epoch's weights) and the run's :class:`History`."""
-    with setting_up():  # its seeds and its plan in one piece where runs are side by side (ucmfh.run_draws)
-        device, generator = start(cfg)
-        rest, val = validation_split(split, cfg.val_fraction, cfg.seed)
-        plan = make_plan(Setup(device, rest, val))
-        draws = RunDraws(device)
-    if not isinstance(plan, Plan):  # a method of another package (docs/methods.md): said here, not deep in train
-        raise TypeError(f"method {getattr(cfg, 'method', 'fusion')!r}: its plan() gave {type(plan).__name__}, "
-                        "not a ucmfh.trainer.Plan")
-    history = train(plan, cfg, device, generator, state, progress, draws)
-    return plan.model.cpu().eval(), history
+    model on the CPU in eval mode (the best validation epoch's weights) and the run's :class:`History`. The
+    caller's global generators are left as they were (:func:`ucmfh.run_draws.run_under_way`)."""
+    with run_under_way(resolve_device(cfg.device)):
+        with setting_up():  # its seeds and its plan in one piece where runs are side by side (ucmfh.run_draws)
+            device, generator = start(cfg)
+            rest, val = validation_split(split, cfg.val_fraction, cfg.seed)
+            plan = make_plan(Setup(device, rest, val))
+            draws = RunDraws(device)
+        if not isinstance(plan, Plan):  # a method of another package (docs/methods.md): said here, not in train
+            raise TypeError(f"method {getattr(cfg, 'method', 'fusion')!r}: its plan() gave {type(plan).__name__}, "
+                            "not a ucmfh.trainer.Plan")
+        history = train(plan, cfg, device, generator, state, progress, draws)
+        return plan.model.cpu().eval(), history
 
 
 class BestEpoch:

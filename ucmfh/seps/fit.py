@@ -24,7 +24,8 @@ from ucmfh.batches import BatchReads
 from ucmfh.amp import autocast
 from ucmfh.trainer import Batch, Plan, start, train
 from ucmfh.training_state import StateFile
-from ucmfh.utils import host_index, to_device
+from ucmfh.run_draws import run_under_way
+from ucmfh.utils import host_index, resolve_device, to_device
 
 
 def build_model(tokens: Tokens, cfg: SepsConfig) -> SEPS:
@@ -69,7 +70,13 @@ def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
     Under ``torchrun`` each rank encodes its part of the global batch (its images and its captions);
     the image states are gathered with gradient, each rank scores its captions against every image
     of the batch, and the score rows are gathered with gradient, so the hinge sees the whole batch's
-    negatives and one step equals one process's step (docs/distributed.md)."""
+    negatives and one step equals one process's step (docs/distributed.md). The caller's global generators are
+    left as they were (:func:`ucmfh.run_draws.run_under_way`)."""
+    with run_under_way(resolve_device(cfg.device)):
+        return _fit(path, cfg, progress, state)
+
+
+def _fit(path: str, cfg: SepsConfig, progress: bool, state: Optional[StateFile]) -> Tuple[SEPS, History]:
     device, generator = start(cfg)
     group = current_group()
     tokens = Tokens(path, "train")
