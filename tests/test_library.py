@@ -107,3 +107,71 @@ def test_the_library_page_s_python_block_runs(tiny_path, tmp_path, monkeypatch):
     assert ucmfh.load_model("wiki64.pt", "hash")[2] == scope["cfg"]
     assert scope["ucmfh_cfg"].method == "ucmfh" and scope["fusion_cfg"].epochs == scope["ucmfh_cfg"].epochs == 2
     assert len(scope["history"]) == 2  # UCMFH's reference holds out no validation part: its last epoch is kept
+
+
+def test_scoring_a_model_leaves_it_in_its_mode_and_on_its_device(tiny, trained, monkeypatch):
+    """A custom loop validates between two epochs: encode_split had set the whole model to eval mode, and on a
+    GPU moved it there, for good."""
+    from cuda_standin import cuda_standin, on_cuda
+
+    trained.train()
+    trained.img_head.eval()  # a frozen part stays frozen
+    try:
+        with cuda_standin(monkeypatch):
+            img, _ = ucmfh.encode_split(trained, tiny.query, device="cuda")
+            assert on_cuda(img)
+            assert all(not on_cuda(p) for p in trained.parameters())
+        ucmfh.evaluate_hashing(trained, tiny, device="cpu")  # the stand-in's torch.cuda stays until the test ends
+        assert trained.training and not trained.img_head.training and trained.txt_head.training
+    finally:
+        trained.eval()
+
+
+def test_a_split_made_by_hand_is_taken_or_refused_in_words(tiny, trained):
+    from dataclasses import replace
+
+    import numpy as np
+
+    query = tiny.query
+    as_given = ucmfh.encode_split(trained, query)
+    for made in (replace(query, img=query.img.double(), txt=query.txt.double()),
+                 replace(query, img=query.img.numpy(), txt=query.txt.numpy())):
+        assert all(torch.equal(a, b) for a, b in zip(ucmfh.encode_split(trained, made), as_given))
+    nan = query.img.clone()
+    nan[3, 1] = float("nan")
+    refused = [(replace(query, img=nan), ucmfh.DataError, r"^encode_split: split.img holds NaN or infinity"),
+               (query.subset(slice(0, 0)), ValueError, r"^encode_split: the split has no items$"),
+               (replace(query, txt=query.txt[:5]), ValueError, r"^encode_split: split.img has \d+ rows, split.txt 5$"),
+               (replace(query, img=np.zeros(3)), ValueError,
+                r"^encode_split: split.img must be 2-D floating-point features \[N, d\], got Tensor of shape \(3,\)")]
+    for split, error, message in refused:
+        with pytest.raises(error, match=message):
+            ucmfh.encode_split(trained, split)
+    with pytest.raises(ValueError, match=r"^encode_split: batch_size must be a positive whole number, got 0$"):
+        ucmfh.encode_split(trained, query, batch_size=0)
+
+
+def test_code_lengths_and_devices_are_settings_checked_where_they_are_given():
+    assert [c.n_bits for c in ucmfh.stage_configs("two-tower", n_bits=16).hashes] == [16]
+    for call, message in [(lambda: ucmfh.hash_config(n_bits=0), r"^n_bits must be in \[8, 256\], got 0$"),
+                          (lambda: ucmfh.stage_configs("two-tower", n_bits=[16, 300]), r"got 300$"),
+                          (lambda: ucmfh.stage_configs("two-tower", n_bits=[]), r"^n_bits: no code length given$"),
+                          (lambda: ucmfh.hash_config(device="gpu"),
+                           r"^device must be auto, cpu, cuda or cuda:N, got 'gpu'$")]:
+        with pytest.raises(ucmfh.SettingError, match=message):
+            call()
+    assert ucmfh.hash_config(device="cuda:1").device == "cuda:1"  # a spelling; the machine decides when it is used
+
+
+def test_a_caption_set_s_missing_labels_and_mixed_codes_are_said_as_such():
+    codes = torch.ones(4, 16)
+    with pytest.raises(TypeError, match=r"^query_labels: None; .* use map_at_k_by_id, recall_at_ranks or "):
+        ucmfh.map_at_k(codes, codes, None, None)
+    packed = torch.full((4, 2), 255, dtype=torch.uint8)
+    with pytest.raises(ValueError, match=r"the query codes are packed, the others not$"):
+        ucmfh.map_at_k(packed, codes, torch.ones(4, 2), torch.ones(4, 2))
+
+
+def test_the_names_loaded_on_first_use_are_listed():
+    assert {"fit_hashing", "Index", "Split", "Dataset", "History", "separate_draws"} <= set(dir(ucmfh))
+    assert all(hasattr(ucmfh, name) for name in ucmfh.__all__)

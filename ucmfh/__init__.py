@@ -3,13 +3,15 @@
 What a user of the docs needs is importable from here, loaded on first use, so ``import ucmfh``
 stays light (and a CPU search never imports torch):
 
-* data: ``load_dataset``, ``write_dataset``, ``validate_file``, ``DataError`` (docs/data.md);
+* data: ``load_dataset`` (a ``Dataset`` of three ``Split``), ``write_dataset``, ``validate_file``, ``DataError``
+  (docs/data.md);
 * training: ``hash_config`` (a method's settings, by the command line's rules:
   ``fit_hashing(data, hash_config("two-tower", n_bits=64))`` trains the command line's default;
   ``HashConfig()`` alone holds UCMFH's reference settings, whose method needs ``fit_fusion`` first),
   ``fusion_config`` (a fusion stage's), ``stage_configs`` (both stages of a run, every code length),
-  ``HashConfig``, ``FusionConfig``, ``SettingError``, ``fit_hashing``, ``fit_fusion``, ``build_method``,
-  ``METHODS``;
+  ``HashConfig``, ``FusionConfig``, ``SettingError``, ``fit_hashing``, ``fit_fusion`` (each with its
+  ``History``), ``build_method``, ``METHODS``; ``separate_draws`` (fits in threads of one process, each drawing
+  its own numbers);
 * codes and scores of a trained model: ``encode_split`` (``img, txt = encode_split(model, data.query)``),
   ``evaluate_hashing`` (MAP@K both directions, per protocol), ``evaluate_fusion``;
 * checkpoints: ``save_checkpoint``, ``load_model``;
@@ -28,12 +30,12 @@ _METRICS = (
 _HOMES = {
     **{name: "ucmfh.metrics" for name in _METRICS},
     "load_dataset": "ucmfh.data.h5", "write_dataset": "ucmfh.data.writer", "validate_file": "ucmfh.data.h5",
-    "DataError": "ucmfh.data.format",
+    "DataError": "ucmfh.data.format", "Dataset": "ucmfh.data.h5", "Split": "ucmfh.data.h5",
     "HashConfig": "ucmfh.config", "FusionConfig": "ucmfh.config", "SettingError": "ucmfh.config",
     "fit_hashing": "ucmfh.methods", "build_method": "ucmfh.methods", "METHODS": "ucmfh.methods",
     "hash_config": "ucmfh.methods", "fusion_config": "ucmfh.methods", "stage_configs": "ucmfh.methods",
     "encode_split": "ucmfh.evaluation", "evaluate_hashing": "ucmfh.evaluation", "evaluate_fusion": "ucmfh.evaluation",
-    "fit_fusion": "ucmfh.fusion_stage",
+    "fit_fusion": "ucmfh.fusion_stage", "History": "ucmfh.selection", "separate_draws": "ucmfh.run_draws",
     "save_checkpoint": "ucmfh.checkpoint", "load_model": "ucmfh.checkpoint",
     "Index": "ucmfh.search", "build_index": "ucmfh.search", "Encoder": "ucmfh.search",
 }
@@ -44,3 +46,7 @@ def __getattr__(name):
     if name in _HOMES:
         return getattr(import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'ucmfh' has no attribute {name!r}")
+
+
+def __dir__():  # the names loaded on first use too (a notebook's completion lists them)
+    return sorted({*globals(), *_HOMES})

@@ -111,8 +111,10 @@ def as_words(codes: Any, n_bits: int, what: str = "codes") -> np.ndarray:
             packed = codes
         else:
             if codes.shape[1] != n_bits:
-                raise ValueError(f"{what}: {codes.shape[1]} columns, the index holds {n_bits}-bit codes; features are "
-                                 "encoded first: ucmfh.search.Encoder(checkpoint).encode(features, modality)")
+                signs = codes.size > 0 and bool(np.isin(codes, (-1, 1)).all())
+                hint = ("codes of another length: of another model than the index's" if signs else
+                        "features are encoded first: ucmfh.search.Encoder(checkpoint).encode(features, modality)")
+                raise ValueError(f"{what}: {codes.shape[1]} columns, the index holds {n_bits}-bit codes; {hint}")
             if codes.dtype.kind == "f" and not np.isfinite(codes).all():
                 raise ValueError(f"{what}: non-finite values")
             check_signed(codes, what)

@@ -11,6 +11,7 @@ import dataclasses
 import math
 import numbers
 import os
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Union
 
@@ -88,6 +89,7 @@ class FusionConfig:
         self.validate()
 
     def validate(self) -> "FusionConfig":
+        """Check every setting and what one asks of another (``ValueError`` naming it); returns the config."""
         _check_settings(self)
         if self.d_model % self.n_heads:
             raise ValueError(f"n_heads must divide d_model (each head attends over d_model / n_heads dimensions), "
@@ -142,6 +144,7 @@ class HashConfig:
         self.validate()
 
     def validate(self) -> "HashConfig":
+        """Check every setting and what one asks of another (``ValueError`` naming it); returns the config."""
         _check_settings(self)
         _check_training(self)
         if self.refit and not self.val_fraction:
@@ -206,6 +209,7 @@ class SepsConfig:
         self.validate()
 
     def validate(self) -> "SepsConfig":
+        """Check every setting and what one asks of another (``ValueError`` naming it); returns the config."""
         _check_settings(self)
         _check_training(self)
         return self
@@ -239,6 +243,7 @@ class BackendConfig:
         self.validate()
 
     def validate(self) -> "BackendConfig":
+        """Check every setting and what one asks of another (``ValueError`` naming it); returns the config."""
         _check_types(self)
         if self.backend not in SEARCH_BACKENDS:
             raise ValueError(f"backend must be one of {SEARCH_BACKENDS}, got {self.backend!r}")
@@ -370,13 +375,20 @@ def _name(name: str, value: Any) -> None:
         raise ValueError(f"{name} must be a method's name, got {value!r}")
 
 
+def _device(name: str, value: Any) -> None:
+    """A device's spelling; whether this machine has it is decided where it is used (ucmfh.utils.resolve_device)."""
+    if value not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:[0-9]+", value):
+        raise ValueError(f"{name} must be auto, cpu, cuda or cuda:N, got {value!r}")
+
+
 # Each setting's own range: a Range, the tuple of its choices, or a function that raises ValueError. What a
 # setting asks of another (n_heads must divide d_model) is its config's validate()'s. Settings not listed take
-# every value of their type: the booleans, `device` (resolved where it is used: ucmfh.utils.resolve_device),
+# every value of their type: the booleans,
 # `loss` and `loss_params` (checked by building the loss: ucmfh.losses.build_loss), `method_params` (checked by
 # the method: ucmfh.methods.Method.check).
 _TRAINING = {"epochs": COUNT, "batch_size": Range(2, COUNT_MAX, why="contrastive losses need negatives"),
-             "seed": SEED, "amp": AMP_MODES, "val_fraction": SHARE_BELOW_ONE, "patience": NON_NEGATIVE}
+             "seed": SEED, "amp": AMP_MODES, "val_fraction": SHARE_BELOW_ONE, "patience": NON_NEGATIVE,
+             "device": _device}
 SETTINGS: Dict[type, Dict[str, Any]] = {
     FusionConfig: {
         "d_model": COUNT, "n_layers": COUNT, "n_heads": COUNT, "d_ff": COUNT,

@@ -1,14 +1,16 @@
 """Encode the query and retrieval sets under a protocol and score both directions (docs/reference.md §3, §6)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from ucmfh.config import PROTOCOLS
-from ucmfh.data.format import first_of_each_id
+from ucmfh.data.format import DataError, first_of_each_id
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.data.stream import Features
 from ucmfh.metrics.ap import mean
@@ -19,7 +21,7 @@ from ucmfh.metrics.report import EXPECTED
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 from ucmfh.similarity import sign_codes
-from ucmfh.utils import check_argument, resolve_device, to_device, wrong_argument
+from ucmfh.utils import check_argument, evaluating, resolve_device, to_device, wrong_argument
 
 
 @torch.no_grad()
@@ -68,6 +70,33 @@ def check_hasher(where: str, model: object) -> None:
                          "ucmfh.fit_hashing, or ucmfh.load_model(path, 'hash')")
 
 
+def checked_features(where: str, split: Split, batch_size: int) -> Split:
+    """A split a caller made, as the encoders take it: numpy features as tensors, float64 as float32 (the models'
+    type, as :class:`ucmfh.Encoder` takes them); items, finite features in memory and a positive
+    ``batch_size`` checked (``ValueError``, ``DataError`` for NaN or infinity, where they made codes of -1)."""
+    if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+        raise ValueError(f"{where}: batch_size must be a positive whole number, got {batch_size!r}")
+    if split.streamed:  # rows of a file, checked where it was loaded
+        return split
+    features = {}
+    for name, x in (("img", split.img), ("txt", split.txt)):
+        x = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+        if not isinstance(x, torch.Tensor) or x.ndim != 2 or not x.is_floating_point():
+            shape = f" of shape {tuple(x.shape)} and type {x.dtype}" if hasattr(x, "shape") else ""
+            raise ValueError(f"{where}: split.{name} must be 2-D floating-point features [N, d], got "
+                             f"{type(x).__name__}{shape}")
+        if x.dtype == torch.float64:
+            x = x.float()
+        if not bool(torch.isfinite(x).all()):
+            raise DataError(f"{where}: split.{name} holds NaN or infinity (features must be finite)")
+        features[name] = x
+    if len(features["img"]) != len(features["txt"]):
+        raise ValueError(f"{where}: split.img has {len(features['img'])} rows, split.txt {len(features['txt'])}")
+    if len(features["img"]) == 0:
+        raise ValueError(f"{where}: the split has no items")
+    return replace(split, **features)
+
+
 def check_widths(where: str, model: nn.Module, split: Split) -> None:
     """Refuse a split of other feature widths than the model takes (``ValueError``), where a model says them
     (``d_img``/``d_txt``, of its fusion encoder for UCMFH's): torch's own refusal, deep inside the first layer,
@@ -90,13 +119,14 @@ def head_outputs_split(
     Shape: -> two [N, n_bits] on ``device``."""
     check_hasher("encode_split", model)
     check_argument("encode_split", "split", split, Split, "a split of ucmfh.load_dataset(path): .query, .retrieval")
+    split = checked_features("encode_split", split, batch_size)
     check_widths("encode_split", model, split)
     _protocols(protocol)
     device = resolve_device(device)
-    model.to(device).eval()
-    return _by_modality(lambda i, t: model.head_outputs(i, t, protocol), lambda x: model.modality_logits(x, "img"),
-                        lambda x: model.modality_logits(x, "txt"), split, protocol, device, batch_size,
-                        f"head outputs ({protocol})", progress)
+    with evaluating(model, device):
+        return _by_modality(lambda i, t: model.head_outputs(i, t, protocol),
+                            lambda x: model.modality_logits(x, "img"), lambda x: model.modality_logits(x, "txt"),
+                            split, protocol, device, batch_size, f"head outputs ({protocol})", progress)
 
 
 def _signs(outputs: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -120,12 +150,13 @@ def embed_split(
     check_argument("embed_split", "fusion", fusion, FusionEncoder,
                    "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
     check_argument("embed_split", "split", split, Split, "a split of ucmfh.load_dataset(path): .query, .retrieval")
+    split = checked_features("embed_split", split, batch_size)
     check_widths("embed_split", fusion, split)
     _protocols(protocol)
     device = resolve_device(device)
-    fusion.to(device).eval()
-    return _by_modality(lambda i, t: fusion.embed(i, t, protocol), fusion.encode_img, fusion.encode_txt, split,
-                        protocol, device, batch_size, f"embed ({protocol})", progress)
+    with evaluating(fusion, device):
+        return _by_modality(lambda i, t: fusion.embed(i, t, protocol), fusion.encode_img, fusion.encode_txt, split,
+                            protocol, device, batch_size, f"embed ({protocol})", progress)
 
 
 def score_both_directions(

@@ -54,6 +54,7 @@ class History(list):
         return dict(self.validation).get(self.best_epoch, -math.inf)
 
     def as_dict(self) -> Dict[str, Any]:
+        """The history as a JSON-ready dict: each epoch's loss, the validation scores, the epoch kept, any choice."""
         out = {"loss": list(self), "validation": self.validation, "best_epoch": self.best_epoch}
         if self.chosen is not None:
             out.update(chosen=self.chosen, choice_scores=self.choice_scores)

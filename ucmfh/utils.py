@@ -1,11 +1,14 @@
 """Seeds and devices: the one place each is decided; the type of an argument at a public entry point."""
 from __future__ import annotations
 
+import contextlib
+import itertools
 import random
-from typing import Any, Optional, Tuple, Union
+from typing import Any, Iterator, Optional, Tuple, Union
 
 import numpy as np
 import torch
+from torch import nn
 from torch.utils.weak import WeakIdKeyDictionary
 
 
@@ -81,6 +84,24 @@ def to_device(x: torch.Tensor, device: torch.device, keep_host: bool = False) ->
     if keep_host:
         keep_host_copy(out, x)
     return out
+
+
+@contextlib.contextmanager
+def evaluating(model: nn.Module, device: torch.device) -> Iterator[nn.Module]:
+    """``model`` on ``device`` in eval mode for the block, then as it was: each module's mode (a model scored
+    mid-training, a frozen part in eval mode) and the device of its weights (a caller's model is scored on a GPU
+    and stays where it was)."""
+    modes = [(module, module.training) for module in model.modules()]
+    first = next(itertools.chain(model.parameters(), model.buffers()), None)
+    where = None if first is None else first.device  # before the move: a parameter's data is replaced by it
+    model.to(device).eval()
+    try:
+        yield model
+    finally:
+        if where is not None:
+            model.to(where)
+        for module, training in modes:
+            module.training = training
 
 
 def check_argument(where: str, name: str, value: Any, kind: Union[type, Tuple[type, ...]], make: str = "",

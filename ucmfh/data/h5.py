@@ -67,6 +67,7 @@ class Split:
             self.txt.read_ahead(index)
 
     def to(self, device: Union[str, torch.device]) -> "Split":
+        """The split with its tensors on ``device``."""
         return Split(
             self.img.to(device),
             self.txt.to(device),
@@ -75,6 +76,7 @@ class Split:
         )
 
     def subset(self, index: Union[slice, torch.Tensor]) -> "Split":
+        """The items ``index`` (a slice or an index tensor) of the split."""
         return Split(
             take(self.img, index),
             take(self.txt, index),
@@ -95,6 +97,7 @@ class Dataset:
 
     @property
     def name(self) -> str:
+        """The file's ``name`` attribute, else its file name without the extension."""
         return str(self.attrs.get("name") or (Path(self.path).stem if self.path else "dataset"))
 
     def __repr__(self) -> str:  # the sizes, not every feature (a dataclass's repr prints the tensors)
@@ -106,14 +109,17 @@ class Dataset:
 
     @property
     def d_img(self) -> int:
+        """The width of the image features."""
         return self.train.img.shape[1]
 
     @property
     def d_txt(self) -> int:
+        """The width of the text features."""
         return self.train.txt.shape[1]
 
     @property
     def n_classes(self) -> int:
+        """The number of label classes; 0 for a caption set."""
         return 0 if self.caption_set else self.train.labels.shape[1]
 
     @property
@@ -122,6 +128,7 @@ class Dataset:
         return self.train.labels is None
 
     def splits(self) -> Iterator[tuple]:
+        """``(name, split)`` of train, query and retrieval, in that order."""
         for name in SPLITS:
             yield name, getattr(self, name)
 

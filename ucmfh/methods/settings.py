@@ -20,11 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ucmfh.config import (
-    MOVED_TO_PARAMS, PROTOCOLS, FusionConfig, HashConfig, SettingError, blame_overrides, check_override, default_epochs,
-    raises, with_defaults,
+    MOVED_TO_PARAMS, PROTOCOLS, FusionConfig, HashConfig, SettingError, blame_overrides, check_override, check_setting,
+    default_epochs, raises, with_defaults,
 )
 from ucmfh.losses import LOSSES, build_loss
 from ucmfh.methods.base import Method
@@ -62,11 +62,12 @@ class StageConfigs(NamedTuple):
     hashes: List[HashConfig]
 
 
-def stage_configs(method: str, *, dataset: Optional[str] = None, n_bits: Iterable[int] = (HashConfig.n_bits,),
+def stage_configs(method: str, *, dataset: Optional[str] = None,
+                  n_bits: Union[int, Iterable[int]] = (HashConfig.n_bits,),
                   overrides: Optional[Mapping[str, Mapping[str, Any]]] = None, drop_unused: bool = False,
                   **settings: Any) -> StageConfigs:
-    """The configs a run of ``method`` trains, one hashing config per code length of ``n_bits``
-    (each checked now); ``dataset``'s name sets the default epochs (:func:`ucmfh.config.default_epochs`).
+    """The configs a run of ``method`` trains, one hashing config per code length of ``n_bits`` (one length, or
+    several; each checked now); ``dataset``'s name sets the default epochs (:func:`ucmfh.config.default_epochs`).
 
     A method that shares the fusion stage's options ('ucmfh') shares every training setting with it, and
     follows the reference's epochs. Another method starts from its own defaults (:meth:`Method.config`)
@@ -93,8 +94,21 @@ def stage_configs(method: str, *, dataset: Optional[str] = None, n_bits: Iterabl
         raise SettingError("loss" if "loss" in given else "loss_params",
                            f"method {method!r} has a loss of its own; no loss or loss parameters apply to it")
     given.pop("protocol", None)
-    bits = list(dict.fromkeys(n_bits))
+    bits = list(dict.fromkeys(_code_lengths(n_bits)))
     return _blamed(lambda plain, extra: _resolve(spec, dataset, bits, plain, extra), given, stage_overrides)
+
+
+def _code_lengths(n_bits: Any) -> List[int]:
+    """``n_bits`` as a list of code lengths (one length alone is one), each checked (:class:`SettingError`)."""
+    bits = [n_bits] if isinstance(n_bits, (int, str)) else list(n_bits)
+    if not bits:
+        raise SettingError("n_bits", "n_bits: no code length given")
+    for length in bits:
+        try:
+            check_setting(HashConfig, "n_bits", length)
+        except ValueError as err:
+            raise SettingError("n_bits", str(err)) from None
+    return bits
 
 
 def hash_config(method: str = DEFAULT_METHOD, *, dataset: Optional[str] = None, drop_unused: bool = False,

@@ -82,10 +82,12 @@ def check_pair(query: torch.Tensor, retrieval: torch.Tensor, ranking: str) -> No
     check_choice("ranking", ranking, ("hamming", "cosine"))
     if query.ndim != 2 or retrieval.ndim != 2:
         raise ValueError(f"query and retrieval must be 2-D, got {tuple(query.shape)} and {tuple(retrieval.shape)}")
+    if (query.dtype == torch.uint8) != (retrieval.dtype == torch.uint8):  # before the widths: 8 bits a byte
+        packed = "query" if query.dtype == torch.uint8 else "retrieval"
+        raise ValueError(f"query and retrieval must both be packed (uint8) or both ±1 codes; the {packed} codes are "
+                         "packed, the others not")
     if query.shape[1] != retrieval.shape[1]:
         raise ValueError(f"query and retrieval differ in width: {query.shape[1]} and {retrieval.shape[1]}")
-    if (query.dtype == torch.uint8) != (retrieval.dtype == torch.uint8):
-        raise ValueError("query and retrieval must both be packed (uint8) or both ±1 codes")
     if ranking == "cosine" and query.dtype == torch.uint8:
         raise ValueError("cosine ranking needs real-valued embeddings, got packed codes")
     check = check_packed if query.dtype == torch.uint8 else check_signed
@@ -105,6 +107,10 @@ def check_labels(
 ) -> None:
     """Validate labels [Q, C], [N, C] against codes [Q, ·], [N, ·]."""
     ql, rl = query_labels, retrieval_labels
+    if ql is None or rl is None:  # a caption set's split has labels None
+        raise TypeError(f"{'query' if ql is None else 'retrieval'}_labels: None; labelled relevance needs multi-hot "
+                        "labels [N, C]. A caption set has none (relevance is a shared id): use map_at_k_by_id, "
+                        "recall_at_ranks or evaluate_caption_set")
     if ql.shape[0] != query.shape[0] or rl.shape[0] != retrieval.shape[0]:
         raise ValueError(
             f"labels do not match the codes: {ql.shape[0]} query labels for {query.shape[0]} queries, "

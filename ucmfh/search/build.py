@@ -78,6 +78,8 @@ class Encoder:
                 f"{self.dims['txt']}-d, on {self.device}; {self.identity['path']})")
 
     def check_dim(self, features: np.ndarray, modality: str, where: str) -> None:
+        """Refuse features of ``modality`` that are not [N, d] of the width the checkpoint takes (``DataError``
+        naming ``where``)."""
         if features.ndim != 2:
             raise DataError(f"{where}: expected {FEATURES[modality]} features [N, {self.dims[modality]}] (one vector: "
                             f"[{self.dims[modality]}]), got shape {features.shape}")

@@ -51,6 +51,7 @@ class Collection:
         return sum(self.rows)
 
     def has(self, name: str) -> bool:
+        """Whether the collection carries the column ``name``."""
         return name in self.columns
 
     def feature(self, modality: str) -> Optional[str]:

@@ -152,6 +152,7 @@ class Index(IndexFolder):
         return np.asarray(self._column(modality, name)[to_numpy(positions)])
 
     def has(self, modality: str, name: str) -> bool:
+        """Whether the items of ``modality`` carry the column ``name`` (ids, names, paths, ...)."""
         return name in self._columns[modality_name(modality)]
 
     def origins(self, modality: str, positions: ArrayLike) -> Tuple[List[Dict[str, Any]], np.ndarray, np.ndarray]:

@@ -75,6 +75,7 @@ class Shards:
         return sum(s.count(modality) for s in self.shards)
 
     def has(self, modality: str, name: str) -> bool:
+        """Whether every shard holding items of ``modality`` carries the column ``name``."""
         return all(s.has(modality, name) or not s.count(modality) for s in self.shards)
 
     def _offsets(self, modality: str) -> np.ndarray:
