@@ -129,8 +129,12 @@ def test_compare_pairs_the_per_query_scores_of_two_methods_on_a_caption_set(tmp_
     path = caption_file(tmp_path / "captions.h5", n_retrieval=60)
     results, rows = _grid(tmp_path, path, "cca-itq,two-tower")
     for row in rows:  # every row points at its side file, which holds the tie-aware per-query scores
-        assert row["per_query"] == per_query_path(row["checkpoint"], row["dataset_fingerprint"])
         scores = load_per_query(row)
+        arrays = {f"{row['protocol']}/{row['database']}/{name}": values for name, values in scores.items()}
+        other = next(r for r in rows if r is not row and r["checkpoint"] == row["checkpoint"])
+        arrays.update({f"{other['protocol']}/{other['database']}/{name}": values
+                       for name, values in load_per_query(other).items()})
+        assert row["per_query"] == per_query_path(row["checkpoint"], row["dataset_fingerprint"], arrays)
         assert set(scores) == {"ap_i2t", "ap_t2i", "hits_i2t", "hits_t2i"}
         assert 100 * scores["hits_i2t"][:, 0].mean() == pytest.approx(row["recall_i2t_expected"]["1"], abs=1e-4)
         assert scores["ap_t2i"].mean() == pytest.approx(row["map_t2i_expected"], abs=1e-6)
@@ -187,12 +191,38 @@ def test_compare_says_what_is_missing(tmp_path, tiny_path):
     scores = load_per_query(rows[0])
     fewer = tmp_path / "fewer.npz"
     np.savez(fewer, **{f"{rows[0]['protocol']}/-/{name}": values[:-1] for name, values in scores.items()})
+    means = {f"map_{name[3:]}_expected": float(values[:-1].mean()) for name, values in scores.items()}
     with open(results, "a") as f:
-        f.write(json.dumps(dict(rows[0], method="two-tower", run="fewer", per_query=str(fewer))) + "\n")
+        f.write(json.dumps(dict(rows[0], method="two-tower", run="fewer", per_query=str(fewer), **means)) + "\n")
     n = len(scores["ap_i2t"])
     other = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results)])
     assert other.exit_code == 2, other.output
     assert other.output == f"Error: cca-itq and two-tower were scored on different queries ({n} and {n - 1})\n"
+
+
+def test_scoring_a_checkpoint_again_at_another_k_keeps_the_per_query_scores_an_earlier_row_names(tmp_path,
+                                                                                                 tiny_path):
+    """One side file per checkpoint and dataset was written over by `evaluate -c --k 5`: compare then read
+    MAP@5's scores for a MAP@50 row, silently."""
+    results, rows = _grid(tmp_path, tiny_path, "cca-itq", seeds="2023")
+    before = {row["per_query"]: load_per_query(row) for row in rows}
+    again = CliRunner().invoke(main, ["evaluate", "-c", rows[0]["checkpoint"], "-d", tiny_path, "--k", "5",
+                                      "--results", str(results), "--device", "cpu", "--quiet"])
+    assert again.exit_code == 0, again.output
+    later = [json.loads(line) for line in results.read_text().splitlines()][len(rows):]
+    assert later and all(row["k"] == 5 and row["per_query"] not in before for row in later)
+    for row in rows:  # the earlier rows' files as they were, their means the rows' MAPs
+        scores = load_per_query(row)
+        assert all(np.array_equal(scores[name], before[row["per_query"]][name]) for name in scores)
+        assert scores["ap_i2t"].mean() == pytest.approx(row["map_i2t_expected"], abs=1e-6)
+    # a file of the older name, written over by a later scoring: refused in words, where it was read as the row's
+    stale = dict(rows[0], per_query=later[0]["per_query"])
+    with pytest.raises(ValueError, match=r"are not its row's .* replaced by a later scoring of another k"):
+        load_per_query(stale)
+    junk = tmp_path / "junk.npz"
+    junk.write_text("not an archive")
+    with pytest.raises(ValueError, match=r"junk.npz: not a file of per-query scores"):
+        load_per_query(dict(rows[0], per_query=str(junk)))
 
 
 def test_compare_pools_other_query_draws_of_the_same_items(tmp_path):

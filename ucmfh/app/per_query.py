@@ -2,14 +2,19 @@
 
 A hashing run's rows are means over queries; the intervals of ``ucmfh compare`` need the
 scores they are means of. :func:`save_per_query` writes them (tie-aware, float32) to
-``hashN.queries-FINGERPRINT.npz`` beside ``hashN.pt`` — one file per checkpoint and dataset,
-so scoring a checkpoint on another dataset writes another file — and puts its path in each
-row (``per_query``). Keys: ``PROTOCOL/DATABASE/NAME`` (DATABASE ``-`` for a labelled set;
-NAME ``ap_i2t``, ``ap_t2i`` and, for a caption set, ``hits_i2t``, ``hits_t2i`` [Q, 3]).
+``hashN.queries-FINGERPRINT-DIGEST.npz`` beside ``hashN.pt``: named by the dataset scored on and by the
+scores themselves, so a scoring of the checkpoint at another k, under other protocols or on another dataset
+writes a file of its own and never replaces the one an earlier row names (scoring it again alike finds its
+file there). Each row names its file (``per_query``). Keys: ``PROTOCOL/DATABASE/NAME`` (DATABASE ``-`` for
+a labelled set; NAME ``ap_i2t``, ``ap_t2i`` and, for a caption set, ``hits_i2t``, ``hits_t2i`` [Q, 3]).
+:func:`load_per_query` checks that the scores are the row's: their means are its tie-aware MAPs (a file
+of the older name, one per checkpoint and dataset, was replaced by a later scoring of another k).
 """
 from __future__ import annotations
 
+import hashlib
 import os
+import zipfile
 from typing import Any, Dict, List
 
 import numpy as np
@@ -17,10 +22,15 @@ import numpy as np
 from ucmfh.files import atomic_file
 
 
-def per_query_path(checkpoint: str, fingerprint: str) -> str:
-    """Where the per-query scores of ``checkpoint`` on the dataset ``fingerprint`` are kept."""
+def per_query_path(checkpoint: str, fingerprint: str, arrays: Dict[str, np.ndarray]) -> str:
+    """Where the per-query scores ``arrays`` of ``checkpoint`` on the dataset ``fingerprint`` are kept."""
+    digest = hashlib.sha256()
+    for key in sorted(arrays):
+        values = np.ascontiguousarray(arrays[key])
+        digest.update(f"{key}:{values.dtype.str}:{values.shape};".encode())
+        digest.update(values.tobytes())
     stem = checkpoint[: -len(".pt")] if checkpoint.endswith(".pt") else checkpoint
-    return f"{stem}.queries-{fingerprint[:12]}.npz"
+    return f"{stem}.queries-{fingerprint[:12]}-{digest.hexdigest()[:12]}.npz"
 
 
 def _key(row: Dict[str, Any], name: str) -> str:
@@ -33,11 +43,12 @@ def save_per_query(rows: List[Dict[str, Any]], checkpoint: str) -> None:
     scored = [row for row in rows if isinstance(row.get("per_query"), dict)]
     if not scored:
         return
-    path = per_query_path(checkpoint, str(scored[0].get("dataset_fingerprint") or "dataset"))
     arrays = {_key(row, name): values for row in scored for name, values in row["per_query"].items()}
-    with atomic_file(path) as tmp:
-        with open(tmp, "wb") as f:
-            np.savez_compressed(f, **arrays)
+    path = per_query_path(checkpoint, str(scored[0].get("dataset_fingerprint") or "dataset"), arrays)
+    if not os.path.exists(path):  # else the same scores, written by an earlier scoring
+        with atomic_file(path) as tmp:
+            with open(tmp, "wb") as f:
+                np.savez_compressed(f, **arrays)
     for row in scored:
         row["per_query"] = path
 
@@ -52,5 +63,16 @@ def load_per_query(row: Dict[str, Any]) -> Dict[str, np.ndarray]:
     if not os.path.exists(path):
         raise ValueError(f"{path}: per-query scores of run {row.get('run')} not found (moved or deleted?)")
     prefix = _key(row, "")
-    with np.load(path) as f:
-        return {key[len(prefix):]: f[key] for key in f.files if key.startswith(prefix)}
+    try:
+        with np.load(path) as f:
+            scores = {key[len(prefix):]: f[key] for key in f.files if key.startswith(prefix)}
+    except (OSError, ValueError, zipfile.BadZipFile) as err:
+        raise ValueError(f"{path}: not a file of per-query scores ({type(err).__name__}: {err})"[:300]) from None
+    for name in ("ap_i2t", "ap_t2i"):
+        figure = row.get(f"map_{name[3:]}_expected")
+        if name in scores and isinstance(figure, float) and abs(float(scores[name].mean()) - figure) > 1e-5:
+            raise ValueError(f"{path}: per-query scores of run {row.get('run')} are not its row's (their mean "
+                             f"{float(scores[name].mean()):.4f}, the row's {name[3:]} MAP {figure:.4f}: replaced "
+                             "by a later scoring of another k or protocol); score it again with "
+                             f"'ucmfh evaluate -c {row.get('checkpoint')}'")
+    return scores
