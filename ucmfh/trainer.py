@@ -154,7 +154,7 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, saved: Dict[str, Any]) -
 def check_supervision(data: Dataset, cfg: Any) -> None:
     """Refuse supervised training (``cfg.supervised``) on a caption set, which has no labels."""
     if cfg.supervised and data.caption_set:
-        raise ValueError(f"{data.path or 'the dataset'}: supervised training needs labels; this caption set has "
+        raise ValueError(f"{data.path or data.name}: supervised training needs labels; this caption set has "
                          "none (its ids already make the captions of one image positives of each other)")
 
 

@@ -82,3 +82,26 @@ def test_the_fusion_stage_learns_from_the_training_split_alone(tiny, swapped):
     other, other_history = fit_fusion(swapped, cfg, progress=False)
     assert_same_model(real, other)
     assert other_history.as_dict() == real_history.as_dict()
+
+
+def test_a_method_that_replaces_train_is_given_neither_the_withheld_splits_nor_the_file(tiny, monkeypatch):
+    """Method.train withheld the splits, and a method of another package may replace it; the file's path, kept,
+    let a method read the query split from the file (an audit's plugin centred its features on it)."""
+    from ucmfh.data.h5 import Withheld
+    from ucmfh.methods.two_tower import TwoTower
+
+    seen = []
+
+    class Peeking(TwoTower):
+        name = "peeking"
+
+        def train(self, data, cfg, fusion=None, progress=True, state=None):
+            seen.append((data.path, data.query, data.retrieval, data.name))
+            raise RuntimeError("seen")
+
+    monkeypatch.setitem(METHODS, "peeking", Peeking())
+    with pytest.raises(RuntimeError, match="seen"):
+        fit_hashing(tiny, dataclasses.replace(config("two-tower"), method="peeking"), progress=False)
+    path, query, retrieval, name = seen[0]
+    assert tiny.path and path is None and name == tiny.name
+    assert isinstance(query, Withheld) and isinstance(retrieval, Withheld)

@@ -134,8 +134,10 @@ class Dataset:
 
     def train_only(self) -> "Dataset":
         """This dataset with its query and retrieval splits withheld (:class:`Withheld`): what a method is given
-        to train on, so that no method, ours or another package's, can read them."""
-        return replace(self, query=Withheld("query"), retrieval=Withheld("retrieval"))
+        to train on, so that no method, ours or another package's, reads them from what it is given. Its file's
+        path is withheld too (its name kept, for messages): a method that opened the file would find them there."""
+        return replace(self, query=Withheld("query"), retrieval=Withheld("retrieval"), path=None,
+                       attrs={**self.attrs, "name": self.name})
 
 
 class Withheld:

@@ -140,8 +140,8 @@ class Method:
         if self.uses_fusion and fusion is None:
             raise ValueError(f"method {self.name!r} learns from a fusion encoder: train one first (fit_fusion)")
         if self.in_memory and data.train.streamed:
-            raise ValueError(f"{data.path}: method {self.name!r} {self.in_memory}; this training split is streamed "
-                             "(larger than the memory threshold), too large for it")
+            raise ValueError(f"{data.path or data.name}: method {self.name!r} {self.in_memory}; this training split is "
+                             "streamed (larger than the memory threshold), too large for it")
         candidates = self.choices(cfg)
         if len(candidates) == 1:  # nothing to choose: the one candidate is the run
             model, history = self.fit(data, next(iter(candidates.values())), fusion, progress, state)

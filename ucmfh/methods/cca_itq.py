@@ -63,7 +63,7 @@ class CcaItq(Method):
         params = self.method_params(cfg.method_params)
         try:
             model, filled = fit_cca_itq(data.train, cfg.n_bits, params["max_pca"], params["iterations"], cfg.seed,
-                                        data.path or "the training split")
+                                        data.path or data.name)
         except KeyboardInterrupt as err:  # no step to stop at, and nothing to save: said as a run's interrupt is
             raise TrainingInterrupted(f"{self.name} {cfg.n_bits} bits interrupted while fitting (a fit keeps no "
                                       "state: the same command fits it again)", None,

@@ -48,4 +48,5 @@ def fit_hashing(data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] 
     check_argument("fit_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
     check_argument("fit_hashing", "cfg", cfg, HashConfig, "ucmfh.hash_config(method, ...)")
     check_argument("fit_hashing", "fusion", fusion, FusionEncoder, "ucmfh.fit_fusion", optional=True)
-    return build_method(cfg.method).train(data, cfg, fusion, progress, state)
+    # the splits withheld here too: a method of another package may override train (Dataset.train_only)
+    return build_method(cfg.method).train(data.train_only(), cfg, fusion, progress, state)
