@@ -79,6 +79,18 @@ def test_write_refuses_to_overwrite_and_leaves_no_temp_file(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == ["d.h5"]
 
 
+def _negative_zero_copy(f):
+    for split in ("train", "query", "retrieval"):
+        for name in ("image", "text"):
+            values = f[split][name][()]
+            values[:, 0] = 0.0
+            f[split][name][...] = values
+    for name in ("image", "text"):
+        row = f["train"][name][5]
+        row[0] = -0.0
+        f["query"][name][2] = row
+
+
 def _replace(f, name, data):
     del f[name]
     f.create_dataset(name, data=data)
@@ -113,6 +125,9 @@ def _break(tmp_path, edit):
                     f["query"]["text"].__setitem__(2, f["train"]["text"][5])),
          r"/query: 1 items have the image and text features of /train items \(first: query row 2\); query and train "
          r"must be disjoint"),
+        # ... with its zeros written as -0.0: equal values, other bits (the print read the bits)
+        (_negative_zero_copy, r"/query: 1 items have the image and text features of /train items \(first: query row "
+                              r"2\)"),
         # float64 beyond float32's range: read as inf
         (lambda f: (_replace(f, "query/image", f["query"]["image"][()].astype(np.float64)),
                     f["query"]["image"].__setitem__((1, 2), 1e300)),
