@@ -1,6 +1,7 @@
 """The HDF5 contract: round trips and clear errors for every kind of bad file."""
 from __future__ import annotations
 
+import os
 import warnings
 
 import h5py
@@ -373,4 +374,36 @@ def test_paths_and_captions_that_are_not_one_string_an_item_are_refused(tmp_path
         del f["query/paths"]
         f["query/text_raw"] = np.array(["a", "b"], dtype=object)
     with pytest.raises(DataError, match=r"/query/text_raw: expected 5 strings, one an item, got object \(2,\)"):
+        validate_file(path)
+
+
+def test_a_virtual_dataset_whose_source_is_gone_is_refused_where_hdf5_reads_zeros(tmp_path):
+    """HDF5 reads the rows of a virtual dataset whose source is gone as its fill value, without an error; zeros
+    pass every check of values, and a re-ranking by tokens read so scored half its rSum without a word."""
+    path = write_dataset(tmp_path / "d.h5", arrays())
+    with h5py.File(path, "a") as f:
+        image = f["query"]["image"][()]
+        del f["query"]["image"]
+        with h5py.File(tmp_path / "source.h5", "w") as source:
+            source.create_dataset("rows", data=image)
+        layout = h5py.VirtualLayout(shape=image.shape, dtype=image.dtype)
+        layout[:] = h5py.VirtualSource("source.h5", "rows", shape=image.shape)
+        f["query"].create_virtual_dataset("image", layout, fillvalue=0)
+        f["train"].create_dataset("kept", data=f["train"]["text"][()])  # a source inside the file itself
+        text = f["train"]["text"]
+        inside = h5py.VirtualLayout(shape=text.shape, dtype=text.dtype)
+        inside[:] = h5py.VirtualSource(".", "/train/kept", shape=text.shape)
+        del f["train"]["text"]
+        f["train"].create_virtual_dataset("text", inside, fillvalue=0)
+    data = load_dataset(path)  # whole, both kinds of source there
+    np.testing.assert_array_equal(data.query.img.numpy(), image)
+    with h5py.File(path, "a") as f:
+        del f["train"]["kept"]
+    with pytest.raises(DataError, match=r"d.h5: /train/text: a virtual dataset whose source /train/kept in this file "
+                                        r"is not there \(its rows would read as zeros\)"):
+        load_dataset(path)
+    with h5py.File(path, "a") as f:
+        f["train"].create_dataset("kept", data=data.train.txt.numpy())
+    os.remove(tmp_path / "source.h5")
+    with pytest.raises(DataError, match=r"/query/image: a virtual dataset whose source file source.h5 is not there"):
         validate_file(path)

@@ -115,7 +115,10 @@ def test_bad_arguments_are_clear():
         index.search(pm1(np.random.default_rng(1), 2, 16), 0, "img")
     with pytest.raises(ValueError, match=r"queries: 32 columns, the index holds 16-bit codes; features are encoded "
                                          r"first: ucmfh.search.Encoder\(checkpoint\).encode\(features, modality\)"):
-        index.search(np.ones((2, 32)), 3, "img")  # features where codes belong
+        index.search(np.full((2, 32), 0.3), 3, "img")  # features where codes belong
+    with pytest.raises(ValueError, match=r"queries: 32 columns, the index holds 16-bit codes; codes of another "
+                                         r"length: of another model than the index's$"):
+        index.search(pm1(np.random.default_rng(1), 2, 32), 3, "img")
     with pytest.raises(ValueError, match="modality must be"):
         index.search(np.ones((2, 16)), 3, "audio")
     with pytest.raises(ValueError, match="columns"):

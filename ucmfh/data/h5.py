@@ -20,7 +20,7 @@ import torch
 
 from ucmfh.data.format import REQUIRED, SPLITS, DataError, finite_float32, unlabelled_rows
 from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, open_without_chunk_cache, take
-from ucmfh.data.tokens import check_token_splits, check_tokens
+from ucmfh.data.tokens import check_token_splits, check_tokens, check_virtual_sources
 from ucmfh.files import PathLike, read_attrs
 
 # rows checked for NaN/inf at a time: bounded memory on NUS-WIDE-sized files
@@ -199,6 +199,8 @@ def _member(path: str, parent: h5py.Group, name: str, where: str, want: type,
         raise _fail(path, where, f"missing {noun} (the {holder} has: {sorted(parent.keys())})")
     if not isinstance(obj, want):
         raise _fail(path, where, f"expected a {noun}, found {_kind(obj)}")
+    if isinstance(obj, h5py.Dataset):
+        check_virtual_sources(path, where, obj)
     return obj
 
 

@@ -47,7 +47,35 @@ def _dataset(path: str, group: h5py.Group, name: str, split: str) -> Optional[h5
     obj = group.get(name)
     if obj is not None and not isinstance(obj, h5py.Dataset):
         raise _fail(path, f"/{split}/{name}", "expected a dataset")
+    if obj is not None:
+        check_virtual_sources(path, f"/{split}/{name}", obj)
     return obj
+
+
+def check_virtual_sources(path: str, where: str, dset: h5py.Dataset) -> None:
+    """Refuse a virtual dataset (the §9 layout's ``image_tokens`` is one) whose source file or dataset is gone:
+    HDF5 reads its rows as the fill value, zeros, without an error, and zeros pass every check of values. A
+    source file is looked for as HDF5 does: by its name as stored, then beside ``path``."""
+    if not dset.is_virtual:
+        return
+    for file_name, dset_name in sorted({(s.file_name, s.dset_name) for s in dset.virtual_sources()}):
+        opened = file_name != "."  # the source's own file, to close; else this one, open elsewhere
+        if not opened:
+            holder, shown = dset.file, "this file"
+        else:
+            found = [p for p in (file_name, os.path.join(os.path.dirname(os.path.abspath(path)), file_name))
+                     if os.path.isfile(p)]
+            if not found:
+                raise _fail(path, where, f"a virtual dataset whose source file {file_name} is not there (its rows "
+                                         "would read as zeros)")
+            holder, shown = h5py.File(found[0], "r"), found[0]
+        try:
+            if not isinstance(holder.get(dset_name), h5py.Dataset):
+                raise _fail(path, where, f"a virtual dataset whose source {dset_name} in {shown} is not there (its "
+                                         "rows would read as zeros)")
+        finally:
+            if opened:
+                holder.close()
 
 
 def _read(path: str, where: str, dset: h5py.Dataset, rows=slice(None)) -> np.ndarray:
@@ -189,6 +217,8 @@ def require_tokens(path: str, group: h5py.Group, split: str) -> None:
     if missing:
         raise DataError(f"{path}: /{split}: no token features ({', '.join(missing)} missing; "
                         "docs/reference.md §9, `ucmfh extract --tokens` writes them)")
+    for name in (IMAGE_TOKENS, "text_tokens", "text_offsets"):
+        _dataset(path, group, name, split)  # each a dataset, each virtual one's sources there
 
 
 def check_has_tokens(path: str) -> None:
