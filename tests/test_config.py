@@ -35,6 +35,7 @@ BAD = {
         "betas": [[0.5, 2], [-0.1, 0.9], [0.5], ["a", 0.9]],
         "seed": [2**64],
         "amp": ["fp16"],
+        "device": ["mps"],
         "val_fraction": [1, -0.1],
         "patience": [-1, 3],  # 3: without a validation split
     },
@@ -59,6 +60,7 @@ BAD = {
         "betas": [[0.5, 2], [0.9, 0.999, 0.5]],
         "seed": [-2**63 - 1],
         "amp": ["fp16"],
+        "device": ["gpu"],  # a spelling; whether the machine has the device is --device's (resolve_device)
         "val_fraction": [1],
         "patience": [-1],
         "refit": [True],  # without a validation split
@@ -86,6 +88,7 @@ BAD = {
         "pair_chunk": [0],
         "seed": [2**64],
         "amp": ["fp16"],
+        "device": ["cuda:x"],
     },
 }
 
@@ -93,9 +96,6 @@ BAD = {
 NO_BAD_VALUE = {
     (FusionConfig, "supervised"): "a flag: true and false are both valid (another type is refused: tests/app/test_runs.py)",
     (HashConfig, "supervised"): "a flag: true and false are both valid (another type is refused: tests/app/test_runs.py)",
-    (FusionConfig, "device"): "depends on the machine (a checkpoint's config is loaded elsewhere): --device checks it",
-    (HashConfig, "device"): "depends on the machine (a checkpoint's config is loaded elsewhere): --device checks it",
-    (SepsConfig, "device"): "depends on the machine (a checkpoint's config is loaded elsewhere): --device checks it",
 }
 # settings the config takes as given and whose check is where they are used (still before anything trains)
 CHECKED_WHERE_USED = {"loss": "build_loss", "loss_params": "build_loss", "method": "build_method",
@@ -104,7 +104,8 @@ STAGE = {FusionConfig: "fusion", HashConfig: "hash", SepsConfig: ""}
 # settings with an option of their own: --set refuses them ('use OPTION'), the option checks the value
 OWN_OPTIONS = {
     (FusionConfig, "seed"): "--seed", (HashConfig, "seed"): "--seed", (HashConfig, "n_bits"): "--n-bits",
-    (HashConfig, "method"): "--method", **{(SepsConfig, name): "--" + name.replace("_", "-") for name in (
+    (HashConfig, "method"): "--method", **{(cls, "device"): "--device" for cls in (FusionConfig, HashConfig, SepsConfig)},
+    **{(SepsConfig, name): "--" + name.replace("_", "-") for name in (
         "version", "selection", "dense_text", "epochs", "batch_size", "lr", "val_fraction", "patience", "seed")},
 }
 

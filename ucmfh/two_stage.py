@@ -103,6 +103,8 @@ class Reranking:
             raise ValueError(f"stage {stage!r} needs a SEPS model")
         if stage == "seps-full":
             return self._full(ranks)
+        if m < max(ranks):  # R@10 of a list of 5 read as R@5
+            raise ValueError(f"M = {m}: a list of {m} candidates has no R@{max(ranks)}; give M of {max(ranks)} or more")
         db = self.db
         out: Dict[str, object] = {"stage": stage, "candidates": m}
         timings = {}
@@ -128,6 +130,7 @@ class Reranking:
             out[f"recall_{direction}"] = recall_of_lists(ranked, q_ids[queries], db_ids, ranks)
             # the first stage's ceiling: a hit anywhere among the M candidates
             out[f"recall_at_m_{direction}"] = recall_of_lists(ranked, q_ids[queries], db_ids, [m])[str(m)]
+            out[f"candidates_{direction}"] = ranked.shape[1]  # M, or the whole database where it holds fewer
             timings[direction] = {k: _quantiles(v) for k, v in times.items() if v}
         out["rsum"] = sum(out["recall_i2t"].values()) + sum(out["recall_t2i"].values())
         out["latency_ms"] = timings

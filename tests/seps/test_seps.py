@@ -303,6 +303,10 @@ def test_rerank_stages_agree_with_the_full_rankings(token_path, trained):
         assert reranked["recall_i2t"] == pytest.approx(full["recall_i2t"])
         assert reranked["recall_t2i"] == pytest.approx(full["recall_t2i"])
         assert reranked["recall_at_m_i2t"] == 100.0
+        # the lists hold the whole database where M is larger: said, per direction
+        assert (reranked["candidates_i2t"], reranked["candidates_t2i"]) == (len(db.txt_ids), len(db.img_ids))
+        with pytest.raises(ValueError, match=r"^M = 5: a list of 5 candidates has no R@10; give M of 10 or more$"):
+            rr.run("hamming", 5)  # its R@10 was read as R@5
         for direction in ("i2t", "t2i"):
             assert set(reranked["latency_ms"][direction]) == {"search", "fetch", "score"}
 
@@ -334,6 +338,8 @@ def test_train_seps_and_rerank_commands(tmp_path, token_path):
     assert stages == [(s, db) for db in ("test", "collection")
                       for s in ("hamming", "cosine-rerank", "seps-rerank", "seps-full")]
     assert all(r["protocol"] == "unimodal" for r in rows if r["task"] in ("rerank", "seps"))
+    short = runner.invoke(main, ["rerank", *common, "-c", str(hash_ckpt), "-m", "20", "-m", "5"])
+    assert short.exit_code == 2 and "'-m' / '--candidates': 5: a list of 5 candidates has no R@10" in short.output
     alone = runner.invoke(main, ["rerank", *common, "-c", str(hash_ckpt), "--full"])  # no SEPS: --full did nothing
     assert alone.exit_code == 2 and "--full scores every pair by SEPS: it goes with --seps SEPS.pt" in alone.output
     # a results file with re-ranking rows (no seed) and SEPS rows (a seed) still summarises,
@@ -370,17 +376,23 @@ def test_rerank_without_seps_reads_no_token(tmp_path, token_path):
     assert rows["pooled"] == rows["tokens"]
 
 
-def test_rerank_refuses_a_set_that_is_not_a_caption_set(tmp_path, tiny_path):
-    """Without --seps a labelled set was re-ranked with relevance 'same id' (its rows numbered per split: one id
-    space): figures of nothing. It is refused in one line, as it was while rerank demanded tokens."""
+def test_rerank_of_a_labelled_set_says_its_relevance_is_the_exact_pair(tmp_path, tiny_path):
+    """A labelled set was refused without --seps and scored with --seps (a tokens file), its labels unused both
+    times without a word. One rule now: scored by the caption protocol (relevance the same id: each item's own
+    pair; validated files keep query and retrieval ids apart), said in a note and in every row."""
     runner = CliRunner()
     trained = runner.invoke(main, ["train-hash", "-d", tiny_path, "--method", "two-tower", "-b", "16", "--epochs", "1",
                                    "--set", "hash.hidden=0", "--quiet", "--device", "cpu", "--out",
                                    str(tmp_path / "runs"), "--results", ""])
     assert trained.exit_code == 0, trained.output
     ckpt = str(next((tmp_path / "runs").rglob("hash16.pt")))
-    out = runner.invoke(main, ["rerank", "-d", tiny_path, "-c", ckpt, "--device", "cpu", "--results", ""])
-    assert out.exit_code == 2 and "not a caption set" in out.output and "Traceback" not in out.output, out.output
+    results = tmp_path / "r.jsonl"
+    out = runner.invoke(main, ["rerank", "-d", tiny_path, "-c", ckpt, "--device", "cpu", "-m", "10", "--quiet",
+                               "--results", str(results)])
+    assert out.exit_code == 0, out.output
+    assert f"note: {tiny_path} has labels; SEPS and rerank score by the caption protocol" in out.output
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert rows and all(row["relevance"] == "id" for row in rows)
 
 
 def test_a_file_without_tokens_is_one_clear_line(tmp_path, tiny_path):

@@ -18,7 +18,7 @@ from ucmfh.app.outputs import check_outputs
 from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, seps_config
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import append_jsonl
-from ucmfh.metrics.captions import DATABASES
+from ucmfh.metrics.captions import DATABASES, RANKS
 
 _DEFAULTS = SepsConfig()
 
@@ -102,7 +102,7 @@ def train_seps(dataset, data_dir, database, results, device, quiet, overrides, o
 @click.option("--seps", "seps_checkpoint", type=InputPath(dir_okay=False), default=None,
               help="SEPS checkpoint ('ucmfh train-seps') that re-ranks the candidates.")
 @click.option("--candidates", "-m", multiple=True, type=Count(min=1), default=(100,), show_default=True,
-              help="M, the Hamming candidates re-ranked (repeatable).")
+              help="M, the Hamming candidates re-ranked (repeatable; 10 or more: R@10 is read from the list).")
 @click.option("--full", is_flag=True, help="Also score every pair of each database by SEPS (no first stage).")
 @user_errors
 def rerank(dataset, data_dir, database, results, device, quiet, checkpoint, seps_checkpoint, candidates, full) -> None:
@@ -113,6 +113,10 @@ def rerank(dataset, data_dir, database, results, device, quiet, checkpoint, seps
     """
     if full and not seps_checkpoint:
         raise click.UsageError("--full scores every pair by SEPS: it goes with --seps SEPS.pt")
+    short = [m for m in candidates if m < max(RANKS)]
+    if short:  # R@10 of a list of 5 was read as R@5
+        raise click.BadParameter(f"{short[0]}: a list of {short[0]} candidates has no R@{max(RANKS)}; give "
+                                 f"{max(RANKS)} or more", param_hint="'-m' / '--candidates'")
     check_outputs({"--results": results})
     path = resolve_dataset(dataset, data_dir)
     click.echo(f"dataset: {path}")

@@ -49,16 +49,24 @@ def _readers(data: Dataset, tokens: bool = True) -> Dict[str, Union[Tokens, Spli
     if tokens:
         return {split: Tokens(data.path, split) for split in ("query", "retrieval")}
     splits = {"query": data.query, "retrieval": data.retrieval}
-    if any(split.ids is None or split.labels is not None for split in splits.values()):  # same id: relevant
-        raise DataError(f"{data.path}: not a caption set (labels, or no ids): rerank scores a caption set "
-                        "(docs/reference.md §7: relevance is the same id)")
+    if any(split.ids is None for split in splits.values()):  # same id: relevant
+        raise DataError(f"{data.path}: no ids: rerank scores by the caption protocol (docs/reference.md §7: "
+                        "relevance is the same id)")
     return {name: SplitIds(name, split.ids.numpy()) for name, split in splits.items()}
+
+
+def note_labels_unused(data: Dataset, log: Log) -> None:
+    """Say that a labelled file is scored by the caption protocol here: relevance the same id, the labels unused
+    (with or without tokens alike; the rows' ``relevance`` says so too)."""
+    if not data.caption_set:
+        log(f"note: {data.path} has labels; SEPS and rerank score by the caption protocol (docs/reference.md §7): "
+            "relevance is the same id, the exact pair, and the labels are unused")
 
 
 def _common(data: Dataset, device: str) -> Dict[str, Any]:
     dataset = dataset_identity(data)
     return {"dataset": dataset["label"], "dataset_path": dataset["path"], "dataset_fingerprint": dataset["fingerprint"],
-            "device": str(resolve_device(device)), "git_commit": git_commit(),
+            "relevance": "id", "device": str(resolve_device(device)), "git_commit": git_commit(),
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 
@@ -74,6 +82,7 @@ def train_seps_stage(data: Dataset, cfg: SepsConfig, opts: RunOptions, names: Se
     """Train SEPS on ``data``'s training split (reused when saved with the same identity), then score
     every pair of each database in ``names``."""
     check_has_tokens(data.path)  # before the run's folder, its lock and its log line
+    note_labels_unused(data, log)
     paths = seps_paths(opts.out, dataset_identity(data), cfg)
     path, identity = paths["checkpoint"], paths["identity"]
     refuse_other_processes(lambda n: seps_paths(opts.out, dataset_identity(data), cfg, n)["checkpoint"],
@@ -123,6 +132,7 @@ def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[s
         raise ValueError(f"{hash_checkpoint}: method {hash_cfg.method!r} has no leak-free real-valued output to "
                          "re-rank by; use a checkpoint of a leak-free method (two-tower, distill, cca-itq)")
     readers = _readers(data, tokens=seps_checkpoint is not None)  # the Hamming and cosine stages read none
+    note_labels_unused(data, log)
     seps, cfg, seps_in = None, None, None
     if seps_checkpoint is not None:
         q = readers["query"]
