@@ -346,6 +346,16 @@ def test_cli_evaluate_codes(tmp_path):
     assert mixed.exit_code == 2 and mixed.output.endswith(f"--codes {other}: codes of dataset 'wiki', but {path}'s are "
                                                           "of 'toy'; the curves of one figure share a dataset\n")
     assert not list(tmp_path.glob("m_*"))
+    # ... and of one file of that name (told apart by fingerprint), and one protocol (a fused curve is not to be
+    # read against cross-modal ones)
+    for attrs, said in (({"protocol": "unimodal", "dataset": "toy", "dataset_fingerprint": "ab" * 32},
+                         "codes of dataset 'toy' [abababab], but"),
+                        ({"protocol": "fused", "dataset": "toy"}, "codes of protocol 'fused', but")):
+        other.unlink()
+        save_codes(other, **make_file_inputs(5), attrs=attrs)
+        mixed = runner.invoke(main, ["evaluate", "--codes", str(path), "--codes", str(other), "--plot",
+                                     str(tmp_path / "m"), "--results", ""])
+        assert mixed.exit_code == 2 and f"--codes {other}: {said}" in mixed.output, mixed.output
 
 
 def test_several_runs_curves_on_one_figure_are_each_run_s_own(tmp_path, monkeypatch):

@@ -370,3 +370,51 @@ def test_a_parameter_that_was_a_hashing_setting_is_selected_as_listed():
     side = parse_side("ucmfh@hash.method_params.code_weight=0.5", "BASE")
     assert side.conditions[0][0] == ("hash", "code_weight") and side.holds(row)
     assert not parse_side("ucmfh@hash.method_params.code_weight=0.9", "BASE").holds(row)
+
+
+def _hand_rows(tmp_path, cells):
+    """Rows of cca-itq and two-tower (two-tower 0.1 ahead on every query) for each (k, dataset, trained_on)."""
+    rows = []
+    for k, dataset, trained_on in cells:
+        for method, shift in (("cca-itq", 0.0), ("two-tower", 0.1)):
+            path = tmp_path / f"{method}-{k}-{dataset}-{trained_on}.npz"
+            scores = {f"ap_{d}": np.linspace(0, 0.8, 40, dtype=np.float32) + shift for d in ("i2t", "t2i")}
+            np.savez(path, **{f"unimodal/-/{name}": values for name, values in scores.items()})
+            rows.append({"task": "hashing", "method": method, "run": f"{method}{k}{trained_on}", "dataset": dataset,
+                         "dataset_fingerprint": dataset * 8, "n_bits": 16, "protocol": "unimodal",
+                         "database": None, "k": k, "seed": 2023, "per_query": str(path),
+                         **({"trained_on": {"label": "other", "fingerprint": "f" * 64}} if trained_on else {}),
+                         **{f"map_{d}_expected": float(scores[f"ap_{d}"].mean()) for d in ("i2t", "t2i")}})
+    results = tmp_path / "r.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    return results, rows
+
+
+def test_cells_of_another_k_or_of_a_checkpoint_trained_elsewhere_stand_apart_and_say_so(tmp_path):
+    """Cells of two k had identical labels in the table and the forest plot; a checkpoint trained on another file
+    and scored on this one (evaluate -c -d) took the place of this file's run in its cell, without a word."""
+    results, _ = _hand_rows(tmp_path, [(50, "hand", False), (100, "hand", False), (50, "hand", True)])
+    shown = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "--json",
+                                      "--resamples", "200"])
+    assert shown.exit_code == 0, shown.output
+    cells = {(x["dataset"], x["k"]) for x in map(json.loads, shown.output.splitlines())}
+    assert cells == {("hand", 50), ("hand", 100), ("hand (trained on other)", 50)}
+    table = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "--resamples",
+                                      "200"])
+    header, *lines = table.output.splitlines()
+    assert header.split()[:5] == ["dataset", "bits", "protocol", "database", "k"], table.output
+    assert any(line.startswith("hand (trained on other)") for line in lines)
+    assert {line.split()[4] for line in lines if line.startswith("hand  ")} == {"50", "100"}
+
+
+def test_pooling_a_draw_without_rows_and_damaged_rows_are_said(tmp_path):
+    results, rows = _hand_rows(tmp_path, [(50, "hand", False)])
+    pooled = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "-d", "hand",
+                                       "-d", "nosuchdraw", "--pool"])
+    assert pooled.exit_code == 2 and "--pool: no rows of nosuchdraw (there: " in pooled.output, pooled.output
+    damaged = [dict(rows[0], settings={"hash": "x"}, run="a"), dict(rows[0], dataset_fingerprint=["x"], run="b")]
+    with open(results, "a") as f:
+        f.write("".join(json.dumps(row) + "\n" for row in damaged))
+    for command in (["compare", "cca-itq", "two-tower", "--resamples", "200"], ["runs"]):
+        out = CliRunner().invoke(main, [*command, "--results", str(results)])
+        assert out.exit_code == 0 and "Traceback" not in out.output, out.output  # skipped, and said

@@ -242,3 +242,23 @@ def test_a_figure_holds_one_protocol_and_shows_its_whole_legend(tmp_path):
         path = draw_length_figures([figure], str(tmp_path / label[:1]))[0]
         widths.append(Image.open(path).size[0])
     assert widths[1] > widths[0] + 200  # the page grows with the legend: nothing is cut off
+
+
+def test_files_of_one_name_and_scores_at_another_k_get_figures_of_their_own():
+    """Two files named alike were one line (16 bits of one, 32 of the other); MAP@50 and MAP@100 shared an axis
+    labelled MAP@k, their random codes averaged; a rerank's index-order points sat unmarked beside tie-aware
+    ones."""
+    rows = [_row("cca-itq", 16, 1, 0.3), {**_row("cca-itq", 32, 1, 0.4), "dataset_fingerprint": "other" * 8},
+            _row("two-tower", 16, 1, 0.3), {**_row("two-tower", 16, 1, 0.2, k=100), "run": "k100"}]
+    figures = length_figures(summarize(rows))
+    i2t = {f["name"]: f for f in figures if f["field"] == "map_i2t"}
+    assert sorted(i2t) == ["wiki-f_map_i2t_k100", "wiki-f_map_i2t_k50", "wiki-otheroth_map_i2t"]
+    assert i2t["wiki-otheroth_map_i2t"]["title"].endswith("wiki [otheroth], unimodal, tie-aware")
+    assert [line["n_bits"] for line in i2t["wiki-otheroth_map_i2t"]["lines"]] == [[32]]
+    assert i2t["wiki-f_map_i2t_k100"]["ylabel"] == "MAP@100 I→T"
+    assert i2t["wiki-f_map_i2t_k100"]["reference"]["mean"] == [rows[3]["random_map_i2t"]]
+    index_order = {**_row("two-tower", 16, 2, 0.3), "run": "x", "map_i2t_expected": None}
+    index_order.pop("map_i2t_expected")
+    labels = {line["label"] for f in length_figures(summarize([_row("cca-itq", 16, 1, 0.3), index_order]))
+              if f["field"] == "map_i2t" for line in f["lines"]}
+    assert labels == {"cca-itq", "two-tower (ties by index)"}

@@ -366,11 +366,17 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
             from ucmfh.metrics.plots import pyplot
 
             pyplot()  # a missing matplotlib is said before anything is scored
-            sets = {path: load_codes(path).attrs.get("dataset") for path in codes}
-            if len(set(sets.values())) > 1:  # one figure, one dataset: its title names it
-                first, other = codes[0], next(p for p in codes if sets[p] != sets[codes[0]])
-                raise click.UsageError(f"--codes {other}: codes of dataset {sets[other]!r}, but {first}'s are of "
-                                       f"{sets[first]!r}; the curves of one figure share a dataset")
+            attrs = {path: load_codes(path).attrs for path in codes}
+            # one figure, one dataset file (two of one name told apart by fingerprint) and one protocol: its
+            # title names them
+            for what, key in (("dataset", lambda a: (a.get("dataset"), a.get("dataset_fingerprint"))),
+                              ("protocol", lambda a: a.get("protocol"))):
+                first, other = codes[0], next((p for p in codes if key(attrs[p]) != key(attrs[codes[0]])), None)
+                if other is not None:
+                    said = {p: f"{attrs[p].get(what)!r}" + (f" [{str(attrs[p]['dataset_fingerprint'])[:8]}]" if what
+                                == "dataset" and attrs[p].get("dataset_fingerprint") else "") for p in (first, other)}
+                    raise click.UsageError(f"--codes {other}: codes of {what} {said[other]}, but {first}'s are of "
+                                           f"{said[first]}; the curves of one figure share a {what}")
         runs = []
         for path in codes:
             metrics = evaluate_codes_file(path, k=k, device=resolve_device(device), database=database)

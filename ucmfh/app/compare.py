@@ -195,7 +195,8 @@ def check_apart(rows: List[Dict[str, Any]], base: Side, other: Side) -> None:
 def cells(rows: List[Dict[str, Any]], base: Side, other: Side, pool: bool = False,
           ) -> Dict[tuple, Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]]:
     """The cells both sides were scored on: {(dataset, n_bits, protocol, database, k, base settings,
-    other settings): {side's name: {seed: {dataset fingerprint: row}}}}, one dataset a cell; with ``pool``
+    other settings): {side's name: {seed: {dataset fingerprint: row}}}}, one dataset a cell (and rows of
+    checkpoints trained on another dataset, ``trained_on``, a cell apart); with ``pool``
     every dataset in one cell per length (named by the datasets joined with '+').
 
     A side scored with several settings in one cell (a grid's ``--set``, a ``--refit`` run beside a
@@ -209,8 +210,12 @@ def cells(rows: List[Dict[str, Any]], base: Side, other: Side, pool: bool = Fals
         if not sides:
             continue
         scored = (row.get("n_bits"), row.get("protocol"), row.get("database"), row.get("k"))
-        where = (None if pool else row.get("dataset_fingerprint"), None if pool else row.get("dataset"), *scored)
-        names.setdefault(where, set()).add(str(row.get("dataset")))
+        # a checkpoint scored on another dataset than its training's: a cell of its own, as 'ucmfh runs' keeps it
+        trained = (row.get("trained_on") or {}).get("fingerprint")
+        where = (None if pool else (row.get("dataset_fingerprint"), trained), None if pool else row.get("dataset"),
+                 *scored)
+        label = (row.get("trained_on") or {}).get("label")
+        names.setdefault(where, set()).add(str(row.get("dataset")) + (f" (trained on {label})" if trained else ""))
         for side in sides:
             by_setting = found.setdefault(where, {}).setdefault(side.name, {})
             by_seed = by_setting.setdefault(settings_key(row), {}).setdefault(seed_of(row), {})
@@ -278,25 +283,32 @@ def several_settings(results: List[Tuple[tuple, Dict[str, Any]]]) -> bool:
     return any(len(found) > 1 for found in pairs.values())
 
 
-def cell_label(cell: tuple, several: bool) -> str:
-    """A cell in one line, with the table's columns: dataset, bits, protocol, database and, where
-    ``several``, the settings pair."""
-    dataset, n_bits, protocol, database, _, base_key, other_key = cell
+def several_ks(results: List[Tuple[tuple, Dict[str, Any]]]) -> bool:
+    """Whether the cells of ``results`` were scored at several k (MAP@k): then the table and a plot's labels
+    say each cell's."""
+    return len({cell[4] for cell, _ in results}) > 1
+
+
+def cell_label(cell: tuple, several: bool, ks: bool = False) -> str:
+    """A cell in one line, with the table's columns: dataset, bits, protocol, database, where ``ks`` its k, and
+    where ``several`` the settings pair."""
+    dataset, n_bits, protocol, database, k, base_key, other_key = cell
     settings = [f"{base_key[:6]} / {other_key[:6]}"] if several else []
-    return "  ".join([str(dataset), f"{n_bits} bits", str(protocol), *([database] if database else []), *settings])
+    return "  ".join([str(dataset), f"{n_bits} bits", str(protocol), *([database] if database else []),
+                      *([f"k={k}"] if ks else []), *settings])
 
 
 def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) -> str:
-    several = several_settings(results)
-    header = ["dataset", "bits", "protocol", "database", *(["settings"] if several else []), "seeds", "figure",
-              base, other, "difference [95% interval]", "verdict"]
+    several, ks = several_settings(results), several_ks(results)
+    header = ["dataset", "bits", "protocol", "database", *(["k"] if ks else []), *(["settings"] if several else []),
+              "seeds", "figure", base, other, "difference [95% interval]", "verdict"]
     lines = []
-    for (dataset, n_bits, protocol, database, _, base_key, other_key), r in results:
+    for (dataset, n_bits, protocol, database, k, base_key, other_key), r in results:
         d = r["difference"]
         digits = 1 if r["figure"].startswith(("R@", "rSum")) else 4
         settings = [f"{base_key[:6]} / {other_key[:6]}"] if several else []
-        lines.append([str(dataset), str(n_bits), str(protocol), database or "-", *settings, str(len(r["seeds"])),
-                      r["figure"], f"{r[base]:.{digits}f}", f"{r[other]:.{digits}f}",
+        lines.append([str(dataset), str(n_bits), str(protocol), database or "-", *([str(k)] if ks else []),
+                      *settings, str(len(r["seeds"])), r["figure"], f"{r[base]:.{digits}f}", f"{r[other]:.{digits}f}",
                       f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]", r["verdict"]])
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     text = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
@@ -360,6 +372,9 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
         raise UserError(f"{', '.join(results)}: no hashing rows match -d/-b/--protocol/--seed (there: "
                         f"{held_by(found)})")
     if pool:
+        missing = sorted(d for d in set(dataset) if not filter_rows(rows, dataset=(d,)))
+        if missing:  # a one-draw 'pool', without a word
+            raise UserError(f"--pool: no rows of {', '.join(missing)} (there: {held_by(found)})")
         check_draws(rows)
     sides = (base_side, other_side)
     for side in sides:
@@ -391,7 +406,7 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     if plot:
         from ucmfh.app.forest_plot import draw_forest, forest_panels
 
-        several = several_settings(out)
-        panels = forest_panels([(cell_label(cell, several), r) for cell, r in out])
+        several, ks = several_settings(out), several_ks(out)
+        panels = forest_panels([(cell_label(cell, several, ks), r) for cell, r in out])
         draw_forest(panels, plot, f"{other} − {base}: paired difference, 95% interval over {over_what(out)}")
         click.echo(f"wrote {plot}", err=True)

@@ -4,7 +4,7 @@ One row per cell and figure, as the table prints them: OTHER − BASE as a point
 horizontal bar, coloured and marked by verdict (ahead / level / behind), and a vertical line at zero.
 The figures have different scales (a MAP in [0, 1], an R@1 in %, an rSum a sum of six recalls in %), so
 the rows are drawn in one panel per kind of figure, stacked in the one file PATH names, each panel with
-its own axis: one file keeps ``--plot PATH`` a single output, as ``--html`` is.
+its own axis: one file keeps ``--plot PATH`` a single output.
 
 What is drawn is computed apart from the drawing (:func:`forest_panels`: plain data), so it can be
 checked against ``compare --json`` row by row.

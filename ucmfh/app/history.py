@@ -48,7 +48,7 @@ def format_history(path: str, history: Dict[str, Any]) -> str:
     """The history as a table, after a line saying what validation chose."""
     rows = history_rows(history)
     trained = sum(1 for r in rows if not r["part"])
-    head = [f"{path}: {trained} epochs"]
+    head = [f"{path}: {trained} epoch{'s' if trained != 1 else ''}"]
     if history.get("best_epoch") is not None:
         head.append(f"validation kept epoch {history['best_epoch']}")
     if history.get("chosen"):

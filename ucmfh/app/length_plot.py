@@ -60,24 +60,36 @@ def length_figures(groups: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
             shown = headline(entry, field)
             if f"{shown}_mean" not in entry:
                 continue
-            # one figure per protocol: fused figures are not to be read against cross-modal ones
-            key = (str(entry["dataset"]), entry.get("trained_on") or "", entry.get("database") or "", field,
-                   str(entry.get("protocol") or ""))
+            # one figure per dataset file (two files of one name apart), protocol (fused figures are not to be
+            # read against cross-modal ones) and k (MAP@50 and MAP@100 on one axis, their random codes averaged)
+            key = (str(entry["dataset"]), str(entry.get("dataset_fingerprint") or ""), entry.get("trained_on") or "",
+                   entry.get("database") or "", field, str(entry.get("protocol") or ""), _k(entry))
             figure = figures.setdefault(key, {"entries": [], "label": label})
             figure["entries"].append((entry, shown))
-    several = {}  # (dataset, trained on) -> its protocols: a figure's name says its protocol where there are two
-    for dataset, trained, _, _, protocol in figures:
-        several.setdefault((dataset, trained), set()).add(protocol)
+    several: Dict[tuple, set] = {}  # a figure's name says what its dataset has several of: protocols, k
+    prints: Dict[str, set] = {}  # a dataset's name -> its files' fingerprints
+    for dataset, fingerprint, trained, _, _, protocol, k in figures:
+        several.setdefault((dataset, fingerprint, trained, "protocol"), set()).add(protocol)
+        several.setdefault((dataset, fingerprint, trained, "k"), set()).add(k)
+        prints.setdefault(dataset, set()).add(fingerprint)
     out, names = [], set()
-    for (dataset, trained, database, field, protocol), figure in sorted(figures.items()):
-        out.append(_figure(dataset, trained or None, database or None, field, figure["label"], figure["entries"]))
-        if len(several[dataset, trained]) > 1:
+    for (dataset, fingerprint, trained, database, field, protocol, k), figure in sorted(figures.items()):
+        shown = dataset + (f" [{fingerprint[:8]}]" if len(prints[dataset]) > 1 else "")  # as 'ucmfh runs' shows it
+        out.append(_figure(shown, trained or None, database or None, field, figure["label"], figure["entries"]))
+        if len(several[dataset, fingerprint, trained, "protocol"]) > 1:
             out[-1]["name"] += f"_{safe_name(protocol)}"
+        if len(several[dataset, fingerprint, trained, "k"]) > 1:
+            out[-1]["name"] += f"_k{k}"
         name = out[-1]["name"]
         while out[-1]["name"] in names:  # two datasets whose names differ only in unsafe characters
             out[-1]["name"] = f"{name}-{len(names)}"
         names.add(out[-1]["name"])
     return out
+
+
+def _k(entry: Dict[str, Any]) -> int:
+    """The k of an entry's MAP@k (0 where it has none: R@K and rSum are the same at any k)."""
+    return entry.get("k") if isinstance(entry.get("k"), int) and not entry.get("database") else 0
 
 
 def _figure(dataset: str, trained: Optional[str], database: Optional[str], field: str, label: str,
@@ -88,10 +100,13 @@ def _figure(dataset: str, trained: Optional[str], database: Optional[str], field
     varying = [i for i, (name, _) in enumerate(_QUALIFIERS) if name != "trained_on" and (any(
         len({k[1 + i] for k in keys if k[0] == method}) > 1 for method in {k[0] for k in keys}) or (
         name == "protocol" and len({k[1 + i] for k in keys}) > 1))]
+    mixed_ties = len({s.endswith("_expected") for _, s in entries}) > 1
     lines: Dict[Tuple[Any, ...], Dict[str, Any]] = {}
     for entry, shown in sorted(entries, key=lambda x: (str(_line_key(x[0])), x[0]["n_bits"])):
         key = _line_key(entry)
         parts = [_QUALIFIERS[i][1].format(key[1 + i]) for i in varying if key[1 + i] is not None]
+        if mixed_ties and not shown.endswith("_expected"):  # beside tie-aware lines (a rerank's stages)
+            parts.append("(ties by index)")
         copy = 0  # same names, another dataset file: a line of its own
         while True:
             name = " ".join([str(key[0]), *parts]) + (f" ({copy + 1})" if copy else "")

@@ -127,8 +127,14 @@ def row_problem(row: Dict[str, Any]) -> Optional[str]:
         by_rank = isinstance(value, dict) and all(map(number, value.values()))
         if key.startswith("recall_") and not (number(value) or by_rank):
             return f"{key}={value!r}"
-    if "settings" in row and not isinstance(row["settings"], dict):
-        return f"settings={row['settings']!r}"
+    if "settings" in row and not (isinstance(row["settings"], dict)
+                                  and all(v is None or isinstance(v, dict) for v in row["settings"].values())):
+        return f"settings={row['settings']!r}"  # a stage's settings a mapping, or None where it trained none
+    for key in ("dataset", "dataset_fingerprint", "method", "protocol", "database"):
+        if row.get(key) is not None and not isinstance(row[key], str):
+            return f"{key}={row[key]!r}"
+    if row.get("trained_on") is not None and not isinstance(row["trained_on"], dict):
+        return f"trained_on={row['trained_on']!r}"
     if "real_valued" in row:  # the scores of the real-valued head outputs: the same rules
         real = row["real_valued"]
         problem = row_problem(real) if isinstance(real, dict) else repr(real)
@@ -398,8 +404,9 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
         columns.append(("rSum", lambda g: _cell(g, headline(g, "rsum"), 1)))
     tie_aware = any(headline(g, "map_i2t") != "map_i2t" for g in groups)
     if tie_aware:
-        columns.append(("ties by index", lambda g: "-" if headline(g, "map_i2t") == "map_i2t" else " / ".join(
-            f"{g[f'{d}_mean']:.4f}" for d in DIRECTIONS) + (f", rSum {g['rsum_mean']:.1f}" if "rsum_mean" in g else "")))
+        columns.append(("ties by index", lambda g: "-" if headline(g, "map_i2t") == "map_i2t" or any(
+            f"{d}_mean" not in g for d in DIRECTIONS) else " / ".join(f"{g[f'{d}_mean']:.4f}" for d in DIRECTIONS)
+            + (f", rSum {g['rsum_mean']:.1f}" if "rsum_mean" in g else "")))  # '-' where rows lack the figure
     columns += [("random I->T", lambda g: _cell({**g, "n_seeds": 1}, "random_map_i2t")),
                 ("settings", lambda g: g["settings_key"])]
     cells = [[show(g) for _, show in columns] for g in groups]
