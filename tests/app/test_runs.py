@@ -7,6 +7,7 @@ import json
 import multiprocessing
 import os
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -1011,3 +1012,27 @@ def test_an_interrupt_while_scoring_says_how_to_go_on(tmp_path, tiny_path, monke
     monkeypatch.setattr(experiment, "evaluate_hashing", real)
     again = CliRunner().invoke(main, args)
     assert again.exit_code == 0 and "already trained, reused" in again.output, again.output
+
+
+@pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
+def test_a_row_s_commit_is_ucmfh_s_checkout_s_not_a_project_s_that_holds_an_installed_copy(tmp_path, monkeypatch):
+    """Installed into a project's .venv, ucmfh recorded the project's HEAD as its own git_commit."""
+    from ucmfh.app import identity
+
+    def repo(top, package_at):
+        module = top / package_at / "ucmfh" / "app" / "identity.py"
+        module.parent.mkdir(parents=True)
+        module.write_text("")
+        git = ["git", "-C", str(top), "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run([*git, "init", "-q"], check=True)
+        subprocess.run([*git, "add", "-A"], check=True)
+        subprocess.run([*git, "commit", "-q", "-m", "x"], check=True)
+        head = subprocess.run([*git, "rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+        return str(module), head
+
+    for package_at, own in ((".venv/lib/site-packages", False), (".", True)):
+        module, head = repo(tmp_path / package_at.strip("./").replace("/", "-"), package_at)
+        monkeypatch.setattr(identity, "__file__", module)
+        identity.git_commit.cache_clear()
+        assert identity.git_commit() == (head if own else None), package_at
+    identity.git_commit.cache_clear()

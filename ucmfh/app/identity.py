@@ -217,14 +217,19 @@ class RunOptions:
 
 @functools.lru_cache(maxsize=1)
 def git_commit() -> Optional[str]:
-    """The commit of the ucmfh source tree, when it is a git checkout (asked once per process)."""
+    """The commit of the ucmfh source tree, when it is a git checkout of its own (asked once per process): not
+    the commit of a repository that merely holds an installed copy (a project's ``.venv``), whose HEAD is the
+    project's."""
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../ucmfh
     try:
-        out = subprocess.run(
-            ["git", "rev-parse", "HEAD"], cwd=os.path.dirname(os.path.abspath(__file__)),
-            capture_output=True, text=True, timeout=5,
-        )
+        out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=package, capture_output=True,
+                             text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    if out.returncode != 0:
+    lines = out.stdout.split()
+    if out.returncode != 0 or len(lines) != 2:
         return None
-    return out.stdout.strip() or None
+    top, commit = lines
+    if os.path.realpath(top) != os.path.realpath(os.path.dirname(package)):  # ucmfh/ is not at its top
+        return None
+    return commit or None
