@@ -9,7 +9,9 @@ from typing import Any, Dict, Optional
 
 import click
 
-from ucmfh.app.errors import UserError, outlive_reader, reader_gone, terminate_as_interrupt, user_errors, warn
+from ucmfh.app.errors import (
+    UserError, outlive_reader, plain_warnings, reader_gone, terminate_as_interrupt, user_errors, warn,
+)
 from ucmfh.app.environment import (
     configure_from_env, dataset_paths, default_data_dir, join_process_group, protocols_of, resolve_dataset,
 )
@@ -98,6 +100,7 @@ def main(ctx: click.Context) -> None:
         configure_from_env()
     except ValueError as err:  # an environment variable of ours set to what it cannot be
         raise UserError(str(err)) from None
+    plain_warnings()
     ctx.call_on_close(terminate_as_interrupt())
     for name, why in PLUGIN_ERRORS.items():  # another package's method, installed and broken (docs/methods.md)
         warn(f"method {name!r} of an installed package not loaded: {why}")

@@ -15,6 +15,7 @@ import re
 import signal
 import sys
 import threading
+import warnings
 from typing import Any, Callable, Collection, Iterator, Optional
 
 import click
@@ -45,6 +46,24 @@ def option_hint(setting: str, value: object) -> str:
 def warn(message: str) -> None:
     """One line on stderr for something skipped that the user should know of (not a Python warning)."""
     click.echo(f"warning: {message}", err=True)
+
+
+def plain_warnings() -> None:
+    """Python warnings of ucmfh's own as :func:`warn` lines (``warning: MESSAGE``), not as a source file's path,
+    line and code; other packages' as Python shows them."""
+    shown = warnings.showwarning
+    if getattr(shown, "ucmfh", False):
+        return
+    package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../ucmfh
+
+    def show(message, category, filename, lineno, file=None, line=None):
+        if os.path.abspath(str(filename)).startswith(package + os.sep):
+            warn(str(message))
+        else:
+            shown(message, category, filename, lineno, file, line)
+
+    show.ucmfh = True
+    warnings.showwarning = show
 
 
 def has_option(flag: str) -> bool:
