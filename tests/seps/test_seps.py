@@ -403,6 +403,14 @@ def test_a_file_without_tokens_is_one_clear_line(tmp_path, tiny_path):
     assert "training" not in out.output and not (tmp_path / "runs").exists(), out.output
 
 
+def test_dense_text_a_file_lacks_is_said_before_the_run_starts(tmp_path, token_path):
+    """It was said once the run had started: its 'training ... (run ...)' line printed first."""
+    out = CliRunner().invoke(main, ["train-seps", "-d", str(token_path), "--quiet", "--dense-text", "image",
+                                    "--out", str(tmp_path / "runs"), "--results", ""])
+    assert out.exit_code == 2 and "dense_text='image' but the file has no dense_text_tokens" in out.output
+    assert "training" not in out.output and not (tmp_path / "runs").exists(), out.output
+
+
 def test_leaking_dense_text_is_labelled_in_every_row(tmp_path):
     path = write_dataset(tmp_path / "dense.h5", token_splits(dense=True))
     results = str(tmp_path / "r.jsonl")

@@ -22,7 +22,7 @@ from ucmfh.data.tokens import Tokens, check_has_tokens
 from ucmfh.distributed import current_group
 from ucmfh.methods.settings import scored_protocols
 from ucmfh.metrics.captions import DATABASES
-from ucmfh.seps.fit import fit_seps
+from ucmfh.seps.fit import check_dense_text, fit_seps
 from ucmfh.seps.scoring import SplitIds, database_scores, databases, recall_rows
 from ucmfh.two_stage import Reranking
 from ucmfh.utils import resolve_device
@@ -82,6 +82,7 @@ def train_seps_stage(data: Dataset, cfg: SepsConfig, opts: RunOptions, names: Se
     """Train SEPS on ``data``'s training split (reused when saved with the same identity), then score
     every pair of each database in ``names``."""
     check_has_tokens(data.path)  # before the run's folder, its lock and its log line
+    check_dense_text(data.path, cfg)
     note_labels_unused(data, log)
     paths = seps_paths(opts.out, dataset_identity(data), cfg)
     path, identity = paths["checkpoint"], paths["identity"]

@@ -41,6 +41,18 @@ def _check_dense(tokens: Tokens, cfg: SepsConfig) -> None:
                         "dense_text_tokens")
 
 
+def check_dense_text(path: str, cfg: SepsConfig) -> None:
+    """Say before a run starts, as its fit would once started, that ``cfg.dense_text`` asks for dense text tokens
+    the file lacks."""
+    if cfg.dense_text == "none":
+        return
+    tokens = Tokens(path, "train", check_values=False)
+    try:
+        _check_dense(tokens, cfg)
+    finally:
+        tokens.close()
+
+
 def gather_state(group: Group, state: State, n: int) -> State:
     """The state of a global batch of ``n`` items from each rank's part of it (:meth:`Group.local`),
     with gradient, word axes padded to the longest of any rank."""
