@@ -403,6 +403,21 @@ def test_a_file_without_tokens_is_one_clear_line(tmp_path, tiny_path):
     assert "training" not in out.output and not (tmp_path / "runs").exists(), out.output
 
 
+def test_validate_says_what_tokens_a_file_holds_and_texts_without_a_word(tmp_path, token_path):
+    """validate said nothing of tokens: a file whose query texts had no word token was 'valid', and re-ranked."""
+    said = CliRunner().invoke(main, ["validate", str(token_path)])
+    assert said.exit_code == 0 and said.output.endswith(f"; tokens: image {T} x {D_IMG}, text {D_TXT}-d word tokens)\n")
+    splits = token_splits()
+    query = splits["query"]
+    n = len(query["ids"])
+    query["text_offsets"] = np.zeros(n + 1, dtype=np.int64)  # every text without a word
+    query["text_tokens"] = np.zeros((0, D_TXT), np.float32)
+    path = write_dataset(tmp_path / "wordless.h5", splits, attrs={"name": "wordless"})
+    said = CliRunner().invoke(main, ["validate", str(path)])
+    assert said.exit_code == 0, said.output
+    assert f"warning: {path}: /query: {n} of {n} texts have no word tokens (none has one)" in said.output
+
+
 def test_dense_text_a_file_lacks_is_said_before_the_run_starts(tmp_path, token_path):
     """It was said once the run had started: its 'training ... (run ...)' line printed first."""
     out = CliRunner().invoke(main, ["train-seps", "-d", str(token_path), "--quiet", "--dense-text", "image",

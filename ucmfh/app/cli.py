@@ -5,7 +5,7 @@ import json
 import os
 import re
 import sys
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Tuple
 
 import click
 
@@ -157,9 +157,30 @@ def validate_cmd(path: str) -> None:
         rows = {split: f[split]["image"].shape[0] for split in ("train", "query", "retrieval")}
         widths = f["train"]["image"].shape[1], f["train"]["text"].shape[1]
         classes = f["train"]["labels"].shape[1] if "labels" in f["train"] else None
+        tokens, wordless = _tokens_of(f, rows)
     kind = "a caption set (relevance: same id)" if classes is None else f"{classes} classes"
     click.echo(f"{path}: valid ({attrs.get('name', '?')}: d_img {widths[0]}, d_txt {widths[1]}, {kind}; "
-               + ", ".join(f"{split} {n}" for split, n in rows.items()) + ")")
+               + ", ".join(f"{split} {n}" for split, n in rows.items()) + f"; {tokens})")
+    for split, n in wordless.items():  # valid, but SEPS scores such texts by nothing
+        warn(f"{path}: /{split}: {n} of {rows[split]} texts have no word tokens" + (" (none has one)" if n ==
+                                                                                      rows[split] else ""))
+
+
+def _tokens_of(f, rows: Dict[str, int]) -> Tuple[str, Dict[str, int]]:
+    """What ``validate`` says of a file's token features (SEPS, rerank): their shapes or their absence, and per
+    split the texts without a word token."""
+    import numpy as np
+
+    if "image_tokens" not in f["train"] and "text_tokens" not in f["train"]:
+        return "no token features", {}
+    said = []
+    if "image_tokens" in f["train"]:
+        said.append("image {} x {}".format(*f["train"]["image_tokens"].shape[1:]))
+    if "text_tokens" in f["train"]:
+        said.append(f"text {f['train']['text_tokens'].shape[1]}-d word tokens")
+    wordless = {split: int((np.diff(f[split]["text_offsets"][()]) == 0).sum()) for split in rows
+                if "text_offsets" in f[split]}
+    return "tokens: " + ", ".join(said), {split: n for split, n in wordless.items() if n}
 
 
 def _as_codes(path: str) -> Optional[str]:
