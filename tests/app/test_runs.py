@@ -909,6 +909,35 @@ def test_a_checkpoint_scored_on_its_own_training_items_says_so(tmp_path):
     assert queries_trained_on(b, a) == (4, 6)
 
 
+def test_a_labelled_set_s_queries_trained_on_in_another_file_are_found_by_their_features(tmp_path, tiny_path):
+    """A labelled set's texts are tags, which repeat, so its queries were not matched at all: a query draw of
+    mirflickr730 holding 91 of its 100 query items from the training split was scored under a note alone. They
+    are matched by their whole image and text rows."""
+    import h5py
+
+    from ucmfh.data.h5 import rows_found_in
+
+    with h5py.File(tiny_path, "r") as f:
+        splits = {s: {k: f[s][k][()] for k in ("image", "text", "labels", "ids")} for s in ("train", "query",
+                                                                                           "retrieval")}
+    train, query = splits["train"], splits["query"]
+    for k in ("image", "text", "labels"):  # the first three query rows: training items copied whole
+        query[k][:3] = train[k][[5, 9, 2]]
+    query["image"][3] = train["image"][7]  # an image alone: not the item
+    rest = {k: np.delete(v, [2, 5, 9], axis=0) for k, v in train.items()}  # the draw's own training split
+    draw = write_dataset(tmp_path / "draw.h5", {"train": rest, "retrieval": rest, "query": query})
+    assert rows_found_in(draw, "query", tiny_path, "train") == (3, len(query["ids"]))
+    out, results = str(tmp_path / "runs"), tmp_path / "r.jsonl"
+    trained = CliRunner().invoke(main, [*TWO_TOWER, "-d", tiny_path, "--epochs", "1", "--out", out, "--results",
+                                        str(results)])
+    assert trained.exit_code == 0, trained.output
+    scored = CliRunner().invoke(main, ["evaluate", "-c", _rows(results)[0]["checkpoint"], "-d", draw, "--device",
+                                       "cpu", "--quiet", "--results", str(results)])
+    assert scored.exit_code == 0, scored.output
+    assert f"warning: 3 of the {len(query['ids'])} query items of {draw} are items of the training split" in \
+        scored.output and "(by their features)" in scored.output
+
+
 def test_collapsed_codes_are_said_and_recorded(tmp_path):
     """A model that gives (almost) every item one code scores the level of a random order, which a MAP alone
     does not tell from a weak ranking: DGCPN on Wiki gave every item one code at 16 bits in the published

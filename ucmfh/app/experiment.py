@@ -16,7 +16,7 @@ from ucmfh.app.stage import Log, Stage, reuse_or_fit
 from ucmfh.checkpoint import CheckpointError, load_model, read_checkpoint, save_checkpoint, saved_number
 from ucmfh.codes import save_codes
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
-from ucmfh.data.h5 import Dataset
+from ucmfh.data.h5 import Dataset, rows_found_in
 from ucmfh.distributed import current_group
 from ucmfh.files import PathLike
 from ucmfh.fusion_stage import fit_fusion
@@ -263,12 +263,16 @@ def trained_elsewhere(meta: Dict[str, Any], data: Dataset, dataset: Dict[str, st
     if not isinstance(trained_on, dict) or trained_on.get("fingerprint") == dataset["fingerprint"]:
         return None  # not recorded (a checkpoint a library caller saved with meta of their own), or this file
     log(f"note: {path} was trained on {trained_on.get('path')}, {doing} here on {data.path}")
-    seen = queries_trained_on(data.path, trained_on.get("path"))
+    seen, by = queries_trained_on(data.path, trained_on.get("path")), "their captions"
+    if seen is None and trained_on.get("path") and os.path.isfile(trained_on["path"]):
+        try:  # a labelled set (tags repeat), or files without captions: items copied whole, by their features
+            seen, by = rows_found_in(data.path, "query", trained_on["path"], "train"), "their features"
+        except (OSError, KeyError, ValueError):  # the other file changed or unreadable: nothing to say of it
+            seen = None
     if seen and seen[0]:
         trained_on = {**trained_on, "queries_trained_on": seen}
         log(f"warning: {seen[0]} of the {seen[1]} query items of {data.path} are items of the training split "
-            f"of {trained_on.get('path')} (by their captions), which {path} was trained on: its scores here "
-            "are inflated")
+            f"of {trained_on.get('path')} (by {by}), which {path} was trained on: its scores here are inflated")
     return trained_on
 
 

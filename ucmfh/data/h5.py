@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Set, Union
+from typing import Any, Dict, Iterator, Optional, Set, Tuple, Union
 
 import h5py
 import numpy as np
@@ -253,6 +253,16 @@ def _whole_prints(path: str, f: h5py.File, split: str, index: np.ndarray) -> np.
                 prints.append(_row_fingerprints(block[inside - start].astype(np.float32), every))
         parts[name] = np.concatenate(prints) if prints else np.zeros(0, dtype=np.uint64)
     return _item_prints(parts["image"], parts["text"])
+
+
+def rows_found_in(path: str, split: str, other_path: str, other_split: str) -> Tuple[int, int]:
+    """How many rows of ``split`` of ``path`` have the image and text features (every column, by value) of a row
+    of ``other_split`` of ``other_path``, and of how many: a model scored on another file's query items it was
+    trained on (another export of the same items). Both files are read by blocks of rows."""
+    with open_without_chunk_cache(path) as f, open_without_chunk_cache(other_path) as g:
+        mine = _whole_prints(path, f, split, np.arange(f[split]["image"].shape[0]))
+        theirs = _whole_prints(other_path, g, other_split, np.arange(g[other_split]["image"].shape[0]))
+    return int(np.isin(mine, theirs).sum()), len(mine)
 
 
 def _item_prints(image: np.ndarray, text: np.ndarray) -> np.ndarray:
