@@ -275,10 +275,15 @@ def evaluate_hashing(
         query = head_outputs_split(model, data.query, protocol, device, progress=progress)
         retrieval = head_outputs_split(model, data.retrieval, protocol, device, progress=progress)
         codes = _signs(retrieval)
-        scores = score_splits(_signs(query), codes, data, k, expected=True, per_query=per_query)
-        if real_valued:
-            for row, real in zip(scores, score_splits(query, retrieval, data, k, "cosine", expected=True)):
-                row["real_valued"] = {key: value for key, value in real.items() if key.startswith(_METRICS)}
+        # the rankings scored, one step each (seconds each on a large set, where nothing was shown)
+        with tqdm(total=1 + bool(real_valued), desc=f"scoring ({protocol})", unit="ranking", disable=not progress,
+                  leave=False) as bar:
+            scores = score_splits(_signs(query), codes, data, k, expected=True, per_query=per_query)
+            bar.update()
+            if real_valued:
+                for row, real in zip(scores, score_splits(query, retrieval, data, k, "cosine", expected=True)):
+                    row["real_valued"] = {key: value for key, value in real.items() if key.startswith(_METRICS)}
+                bar.update()
         distinct = distinct_codes(*codes, data.retrieval.ids)
         rows += [{"protocol": protocol, **row, "distinct_codes": distinct} for row in scores]
     return rows

@@ -408,8 +408,9 @@ class _Run:
         self.capture = capturing() and reason is None
         if reason is not None and group.is_main:
             runs_eagerly(self.plan.name, reason)
-        bar = tqdm(total=cfg.epochs, initial=start_epoch, desc=self.plan.name, unit="epoch",
-                   disable=not (progress and group.is_main))
+        within = current_part()  # a candidate's name, or refit: which of a run's fits this bar is
+        bar = tqdm(total=cfg.epochs, initial=start_epoch, desc=self.plan.name + (f" ({within})" if within else ""),
+                   unit="epoch", disable=not (progress and group.is_main))
         any_host_work = self.ahead is not None or self.plan.draws is not None
         # the bar closed before an interrupt is said, whose line would be glued to it
         with contextlib.closing(bar), stop_on_signals() as stop, StepAhead(self.steps_ahead()) as ahead:
