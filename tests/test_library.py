@@ -74,6 +74,8 @@ def test_a_trained_model_s_codes_and_scores_are_one_call_each(tiny, trained):
     assert row["protocol"] == "unimodal" and 0 < row["map_i2t"] <= 1 and 0 < row["map_t2i"] <= 1
     with pytest.raises(ValueError, match=r"unknown protocol\(s\) \['both'\]"):
         ucmfh.encode_split(trained, tiny.query, "both")
+    with pytest.raises(ValueError, match=r"^no protocol given"):  # no rows, where scores were asked for
+        ucmfh.evaluate_hashing(trained, tiny, protocols=[])
     assert ucmfh.evaluate_hashing(trained, tiny, protocols="unimodal") == [row]  # one protocol as itself
     assert ucmfh.evaluate_hashing(trained, tiny) == [row]  # leak-free: unimodal alone, as train-hash scores it
     for settings, said in [({"n_bits": [16, 64]}, r"n_bits must be one code length, an int \(several: "
@@ -167,6 +169,8 @@ def test_a_caption_set_s_missing_labels_and_mixed_codes_are_said_as_such():
     codes = torch.ones(4, 16)
     with pytest.raises(TypeError, match=r"^query_labels: None; .* use map_at_k_by_id, recall_at_ranks or "):
         ucmfh.map_at_k(codes, codes, None, None)
+    with pytest.raises(ValueError, match=r"^the query set is empty$"):  # its MAP was 0.0, read as a score
+        ucmfh.map_at_k(codes[:0], codes, torch.ones(0, 2), torch.ones(4, 2))
     packed = torch.full((4, 2), 255, dtype=torch.uint8)
     with pytest.raises(ValueError, match=r"the query codes are packed, the others not$"):
         ucmfh.map_at_k(packed, codes, torch.ones(4, 2), torch.ones(4, 2))

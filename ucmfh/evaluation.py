@@ -194,6 +194,8 @@ def _protocols(protocols: Union[str, Sequence[str]]) -> Tuple[str, ...]:
     bad = [p for p in protocols if p not in PROTOCOLS]
     if bad:
         raise ValueError(f"unknown protocol(s) {bad}; choose from {PROTOCOLS}")
+    if not protocols:  # no rows, where a caller asked for scores
+        raise ValueError(f"no protocol given; choose from {PROTOCOLS}")
     return protocols
 
 

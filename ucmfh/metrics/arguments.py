@@ -100,6 +100,8 @@ def check_pair(query: torch.Tensor, retrieval: torch.Tensor, ranking: str) -> No
         check(retrieval, "retrieval codes")
     if retrieval.shape[0] == 0:
         raise ValueError("the retrieval set is empty")
+    if query.shape[0] == 0:  # a mean over no query, 0.0, read as a score
+        raise ValueError("the query set is empty")
 
 
 def check_labels(
