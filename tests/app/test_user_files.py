@@ -388,7 +388,8 @@ def test_sigterm_ends_any_command_as_ctrl_c_does(tmp_path, monkeypatch):
 
 
 # flags of other programs that messages may name
-OTHERS = {"--help", "--nproc-per-node"}
+# other programs' flags ucmfh's strings name: torchrun's, git's (asked by git_commit), pip's (a reinstall named)
+OTHERS = {"--help", "--nproc-per-node", "--show-toplevel", "--force-reinstall", "--no-deps"}
 
 
 def _messages(path: Path):
