@@ -67,6 +67,7 @@ BAD = {
     },
     SepsConfig: {
         "version": ["nope"],
+        "aggregate": ["nope"],
         "selection": ["nope"],
         "dense_text": ["nope"],
         "embed_dim": [0],

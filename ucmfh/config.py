@@ -156,6 +156,10 @@ class HashConfig:
 # SEPS (docs/reference.md §8, docs/seps.md): which form of the model, how the patch selection learns,
 # where a dense description of an image may come from.
 SEPS_VERSIONS = ("code", "paper")
+# what a pair's aggregated and extra tokens weigh: the L2-normalised projected patches (ucmfh's reading of §8), or
+# the raw projected ones, normalised after aggregation, with no global token added where the image has no
+# [CLS] (the released CrossSparseAggrNet_v2's); docs/seps.md, departures 6 and 7
+SEPS_AGGREGATES = ("normalised", "raw")
 SEPS_SELECTIONS = {
     "frozen": "the released code: scores under no_grad, a hard top-K; nothing in the selection learns (defect 2)",
     "learned": "hard top-K forward; backward through a sigmoid of each score's margin to the K-th (straight "
@@ -194,6 +198,7 @@ class SepsConfig:
     margin: float = 0.2  # VSE++ hinge
     max_violation_from: int = 1  # the epoch (0-based) from which only the hardest negative counts
     ratio_weight: float = 2.0  # 'learned': (mean(soft mask) − ρ)², the one form with a gradient
+    aggregate: str = "normalised"  # one of SEPS_AGGREGATES; 'raw' is the released code's
     epochs: int = 30
     batch_size: int = 128
     lr: float = 1e-3  # departure: the released code's 2e-4 fine-tunes backbones; chosen on validation (docs/seps.md)
@@ -402,6 +407,7 @@ SETTINGS: Dict[type, Dict[str, Any]] = {
         "lr_head": POSITIVE, "betas": _betas, **_TRAINING},
     SepsConfig: {
         "version": SEPS_VERSIONS, "selection": tuple(SEPS_SELECTIONS), "dense_text": tuple(DENSE_TEXT),
+        "aggregate": SEPS_AGGREGATES,
         "embed_dim": COUNT, "keep_ratio": Range(0, 1, low_open=True), "aggr_ratio": Range(0, 1, low_open=True),
         "aggr_hidden_ratio": POSITIVE, "beta": Range(0, 0.5, why="the predictor's weight is 1 − 2β"),
         "select_temperature": POSITIVE, "hrpa_top_k": COUNT, "margin": NON_NEGATIVE,
@@ -520,7 +526,7 @@ def to_dict(cfg: Any) -> Dict[str, Any]:
 NOT_IDENTITY = ("device",)
 # Settings added after runs were recorded, with the value every earlier run had: at that value they are
 # left out of a run's identity, so the runs, states and results rows recorded before them keep theirs.
-ADDED_LATER = {"refit": False}
+ADDED_LATER = {"refit": False, "aggregate": "normalised"}
 # Hashing settings that were HashConfig fields before they became one method's parameters (``method_params``):
 # the method, and the value every other method's runs had. A run's identity shows each where it was, so the
 # runs, states and results rows recorded before keep theirs; an old config's field is read as the parameter.

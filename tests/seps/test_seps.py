@@ -113,7 +113,10 @@ def test_token_reader_reads_csr_rows_and_one_copy_per_image(token_path):
 # ---------------------------------------------------------------- the model (§8)
 
 def reference_pair(model: SEPS, img_tok: torch.Tensor, words: torch.Tensor) -> torch.Tensor:
-    """One pair the released code's way: select with top-K, gather, aggregate, HRPA. No batching tricks."""
+    """One pair the released code's way (lib/cross_net.py, CrossSparseAggrNet_v2.forward and TokenSparse, with
+    ``aggregate='raw'``): select with top-K, gather, aggregate, HRPA. No batching tricks. ucmfh's default,
+    'normalised', aggregates the normalised patches and adds their mean as a global token where there is no
+    [CLS] (docs/seps.md, departures 6 and 7)."""
     cfg = model.cfg
     v = model.img_proj(img_tok)
     patches = v[int(model.image_cls):]
@@ -129,11 +132,14 @@ def reference_pair(model: SEPS, img_tok: torch.Tensor, words: torch.Tensor) -> t
         score = (1 - 2 * cfg.beta) * pred + cfg.beta * (mm(s_st) + 2 * mm(s_im))
     order = score.argsort(descending=True)
     keep, drop = order[:model.n_keep], order[model.n_keep:]
-    kept = vn[keep]
+    raw = cfg.aggregate == "raw"
+    weighed = patches if raw else vn  # the released code gathers and aggregates the raw tokens
+    kept = weighed[keep]
     weights = torch.softmax(model.aggr["sparse"](kept).T, dim=1)  # [N_c, K]
-    tokens = [normalize(v[0]) if model.image_cls else vn.mean(0), *(weights @ kept)]
+    glob = [v[0]] if model.image_cls else [] if raw else [vn.mean(0)]  # [CLS], ucmfh's mean, or none
+    tokens = [*glob, *(weights @ kept)]
     if len(drop):
-        tokens.append(torch.softmax(score[drop], 0) @ vn[drop])
+        tokens.append(torch.softmax(score[drop], 0) @ weighed[drop])
     tokens = normalize(torch.stack(tokens))
     a = normalize(w) @ tokens.T
     if cfg.version == "code":
@@ -149,10 +155,11 @@ def reference_pair(model: SEPS, img_tok: torch.Tensor, words: torch.Tensor) -> t
 @pytest.mark.parametrize("version", ["code", "paper"])
 @pytest.mark.parametrize("cls", [False, True])
 @pytest.mark.parametrize("selection", ["frozen", "learned"])
-def test_grid_equals_the_released_per_pair_computation(version, cls, selection):
+@pytest.mark.parametrize("aggregate", ["normalised", "raw"])
+def test_grid_equals_the_released_per_pair_computation(version, cls, selection, aggregate):
     torch.manual_seed(0)
-    model = SEPS(D_IMG, D_TXT, T + int(cls), SepsConfig(version=version, selection=selection, embed_dim=24),
-                 image_cls=cls).eval()
+    model = SEPS(D_IMG, D_TXT, T + int(cls), SepsConfig(version=version, selection=selection, embed_dim=24,
+                                                        aggregate=aggregate), image_cls=cls).eval()
     img_tok = torch.randn(5, T + int(cls), D_IMG)
     lengths = [4, 1, 6, 3]
     words = torch.zeros(4, 6, D_TXT)

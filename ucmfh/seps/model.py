@@ -91,7 +91,8 @@ class SEPS(nn.Module):
         n_image_tokens: T, the image tokens per item.
         cfg: the :class:`SepsConfig` (version, selection, dense text, ratios).
         image_cls: whether image token 0 is a [CLS] token (a ViT's); otherwise the global
-            token of the image side is the mean of its patches.
+            token of the image side is the mean of its patches (``cfg.aggregate`` 'normalised'; 'raw', the
+            released code's, has none).
         dense: whether the data hold dense descriptions (``cfg.dense_text`` then says whose).
 
     Example:
@@ -132,12 +133,17 @@ class SEPS(nn.Module):
         descriptions *of these images*, ``dense_text='image'``)."""
         v = self.img_proj(tokens)
         patches = v[:, int(self.image_cls):]
-        basis = normalize(patches)  # [V, N, C]
+        basis = normalize(patches)  # [V, N, C]: the scores' and selection's patches
         s_im = basis @ normalize(patches.mean(dim=1)).unsqueeze(-1)  # [V, N, 1]
-        # the global token: [CLS] when there is one, else the patches' mean
-        glob = normalize(v[:, 0]) if self.image_cls else normalize(basis.mean(dim=1))
-        state = {"basis": basis, "gram": basis @ basis.transpose(1, 2), "s_im": s_im.squeeze(-1), "glob_token": glob,
-                 **{f"aggr_{b}": m(basis) for b, m in self.aggr.items()}}
+        # what a pair's tokens weigh: the normalised patches, or (the released code's) the raw ones
+        raw = self.cfg.aggregate == "raw"
+        weighed = patches if raw else basis
+        state = {"basis": basis, "gram": weighed @ weighed.transpose(1, 2), "s_im": s_im.squeeze(-1),
+                 **({"tokens": patches} if raw else {}), **{f"aggr_{b}": m(weighed) for b, m in self.aggr.items()}}
+        # the global token: [CLS] when there is one, else the patches' mean (ucmfh's); the released code has
+        # none without a [CLS]
+        if self.image_cls or not raw:
+            state["glob_token"] = normalize(v[:, 0]) if self.image_cls else normalize(basis.mean(dim=1))
         if self.cfg.version == "paper":
             state["pred"] = torch.sigmoid(self.predictor(basis)).squeeze(-1)
         if self.dense and self.cfg.dense_text == "image":
@@ -266,13 +272,13 @@ class SEPS(nn.Module):
     def _hrpa(self, parts: List[torch.Tensor], img: State, txt: State, branch: str) -> torch.Tensor:
         """HRPA of every pair: ``mean_i max_j A_ij + mean_j max_i A_ij`` (+ the paper's top-K MLPs).
 
-        A = words · tokensᵀ, the tokens normalised: the image's global token, then each part's tokens
-        ``weights · patches``, whose word products come from ``words · patchesᵀ`` and whose norms
-        from the patches' Gram matrix.
+        A = words · tokensᵀ, the tokens normalised: the image's global token (where it has one), then each
+        part's tokens ``weights · patches`` (the normalised patches, or with ``cfg.aggregate`` 'raw' the raw
+        ones), whose word products come from ``words · patchesᵀ`` and whose norms from the patches' Gram matrix.
         """
         holder = txt if f"words_{branch}" in txt else img  # dense words may belong to the image
         words, mask = holder[f"words_{branch}"], holder[f"mask_{branch}"]
-        basis, gram = img["basis"], img["gram"]
+        basis, gram = img.get("tokens", img["basis"]), img["gram"]  # the patches the tokens weigh (aggregate)
         if holder is txt:
             t, m, c = words.shape
             v, n = basis.shape[:2]
@@ -283,12 +289,13 @@ class SEPS(nn.Module):
                 g = words.new_zeros(t * m, v * n)
                 g[flat] = words.reshape(t * m, c)[flat] @ basis.reshape(v * n, c).T
             g = g.reshape(t, m, v, n)
-            columns = [torch.einsum("tmc,vc->tvm", words, img["glob_token"])[..., None]]
+            columns = [torch.einsum("tmc,vc->tvm", words, img["glob_token"])[..., None]] if "glob_token" in img else []
             word_mask = mask[:, None, :]  # [T, 1, M]
             contract = "tmvn,tvjn->tvmj"
         else:  # [V, M, N] per image
             g = torch.einsum("vmc,vnc->vmn", words, basis)
-            columns = [torch.einsum("vmc,vc->vm", words, img["glob_token"])[None, ..., None]]
+            columns = ([torch.einsum("vmc,vc->vm", words, img["glob_token"])[None, ..., None]] if "glob_token" in img
+                       else [])
             word_mask = mask[None]  # [1, V, M]
             contract = "vmn,tvjn->tvmj"
         for weights in parts:
