@@ -348,14 +348,19 @@ def test_cli_evaluate_codes(tmp_path):
     assert not list(tmp_path.glob("m_*"))
     # ... and of one file of that name (told apart by fingerprint), and one protocol (a fused curve is not to be
     # read against cross-modal ones)
+    # (a file without a fingerprint, written before they were kept, by its name alone)
+    printed = tmp_path / "printed.h5"
+    save_codes(printed, **make_file_inputs(5), attrs={"protocol": "unimodal", "dataset": "toy",
+                                                      "dataset_fingerprint": "cd" * 32})
     for attrs, said in (({"protocol": "unimodal", "dataset": "toy", "dataset_fingerprint": "ab" * 32},
                          "codes of dataset 'toy' [abababab], but"),
                         ({"protocol": "fused", "dataset": "toy"}, "codes of protocol 'fused', but")):
         other.unlink()
         save_codes(other, **make_file_inputs(5), attrs=attrs)
-        mixed = runner.invoke(main, ["evaluate", "--codes", str(path), "--codes", str(other), "--plot",
+        mixed = runner.invoke(main, ["evaluate", "--codes", str(printed), "--codes", str(other), "--plot",
                                      str(tmp_path / "m"), "--results", ""])
         assert mixed.exit_code == 2 and f"--codes {other}: {said}" in mixed.output, mixed.output
+    assert not list(tmp_path.glob("m_*"))
 
 
 def test_several_runs_curves_on_one_figure_are_each_run_s_own(tmp_path, monkeypatch):

@@ -159,10 +159,16 @@ def test_runs_in_threads_whose_draws_interleave_say_so_and_name_the_remedy(tiny)
         _fits_in_threads(tiny)
 
 
-def test_runs_in_threads_inside_the_block_warn_of_nothing(tiny, recwarn):
+def test_runs_in_threads_inside_the_block_warn_of_nothing_and_leave_the_caller_s_generators(tiny, recwarn):
+    """Runs side by side end in any order: each restored the state it found at its start, so the first to end
+    restored the caller's while the other trained, and the last restored the first's seeded state."""
+    _seed_caller(5)
+    expected = _caller_draws()
+    _seed_caller(5)
     with separate_draws():
         _fits_in_threads(tiny)
     assert not [w for w in recwarn if issubclass(w.category, RuntimeWarning)]
+    assert _caller_draws() == expected
 
 
 class _Held:

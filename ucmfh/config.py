@@ -382,7 +382,7 @@ def _name(name: str, value: Any) -> None:
 
 def _device(name: str, value: Any) -> None:
     """A device's spelling; whether this machine has it is decided where it is used (ucmfh.utils.resolve_device)."""
-    if value not in ("auto", "cpu", "cuda") and not re.fullmatch(r"cuda:[0-9]+", value):
+    if value != "auto" and not re.fullmatch(r"(cpu|cuda)(:[0-9]+)?", value):  # as torch.device spells them
         raise ValueError(f"{name} must be auto, cpu, cuda or cuda:N, got {value!r}")
 
 

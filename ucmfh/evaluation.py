@@ -122,11 +122,24 @@ def head_outputs_split(
     split = checked_features("encode_split", split, batch_size)
     check_widths("encode_split", model, split)
     _protocols(protocol)
-    device = resolve_device(device)
+    return outputs_of(model, split, protocol, resolve_device(device), batch_size, progress)
+
+
+def outputs_of(model: CrossModalHasher, split: Split, protocol: str, device: torch.device, batch_size: int = 4096,
+               progress: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`head_outputs_split` without its checks of the arguments, for a split already checked (a loaded
+    dataset's, a validation part of one: scored every epoch, where a scan for NaN of every feature costs as much
+    as a good part of the encoding)."""
     with evaluating(model, device):
         return _by_modality(lambda i, t: model.head_outputs(i, t, protocol),
                             lambda x: model.modality_logits(x, "img"), lambda x: model.modality_logits(x, "txt"),
                             split, protocol, device, batch_size, f"head outputs ({protocol})", progress)
+
+
+def codes_of(model: CrossModalHasher, split: Split, protocol: str, device: torch.device, batch_size: int = 4096,
+             progress: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`encode_split` without its checks (:func:`outputs_of`)."""
+    return _signs(outputs_of(model, split, protocol, device, batch_size, progress))
 
 
 def _signs(outputs: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -153,7 +166,12 @@ def embed_split(
     split = checked_features("embed_split", split, batch_size)
     check_widths("embed_split", fusion, split)
     _protocols(protocol)
-    device = resolve_device(device)
+    return embeddings_of(fusion, split, protocol, resolve_device(device), batch_size, progress)
+
+
+def embeddings_of(fusion: FusionEncoder, split: Split, protocol: str, device: torch.device, batch_size: int = 4096,
+                  progress: bool = False) -> Tuple[torch.Tensor, torch.Tensor]:
+    """:func:`embed_split` without its checks (:func:`outputs_of`)."""
     with evaluating(fusion, device):
         return _by_modality(lambda i, t: fusion.embed(i, t, protocol), fusion.encode_img, fusion.encode_txt, split,
                             protocol, device, batch_size, f"embed ({protocol})", progress)

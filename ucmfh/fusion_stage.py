@@ -11,7 +11,7 @@ from ucmfh.batches import batch_inputs
 from ucmfh.config import FusionConfig
 from ucmfh.data.h5 import Dataset
 from ucmfh.distributed import current_group
-from ucmfh.evaluation import embed_split
+from ucmfh.evaluation import embeddings_of
 from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.optim import adam
@@ -61,6 +61,6 @@ def fit_fusion(
             return loss_fn(z_img, z_txt, ids=ids, labels=labels)
 
         return Plan("fusion", model, {"fusion": model, "loss": loss_fn}, optimizer, train, loss=loss, graphable=True,
-                    validate=validator(embed_split, "cosine", model, setup.val, setup.rest, device))
+                    validate=validator(embeddings_of, "cosine", model, setup.val, setup.rest, device))
 
     return fit(plan, data.train, cfg, state, progress)

@@ -12,7 +12,7 @@ On the CPU the state is the generator's bytes, set before each step and read bac
 
 A run's own state begins where a run alone would have its generator: seeded by the run's seed, then advanced by
 its set-up's draws. So a run side by side draws the numbers it draws alone (``tests/test_run_draws.py``).
-Outside the block nothing changes: no lock is taken and no state swapped.
+Outside the block no state is swapped, and a step takes no lock.
 
 Whatever the block, a run leaves the caller's global generators as it found them (:func:`run_under_way`): a
 notebook's own draws after a fit are those it would have made without it.
@@ -35,6 +35,7 @@ import torch
 _LOCK = threading.RLock()  # a run's set-up, and each step with its draws' state set
 _ON = [0]  # the separate_draws blocks under way, every thread's
 _RUNS: Dict[int, List[bool]] = {}  # each thread's runs under way (run_under_way): whether each keeps its draws apart
+_SAVED: List[Optional[tuple]] = [None]  # the generators' states the first of the runs under way found
 _NOTHING = contextlib.nullcontext()
 
 
@@ -66,17 +67,22 @@ def setting_up() -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def run_under_way(device: torch.device) -> Iterator[None]:
-    """A run's whole life, its start to its end: the caller's global generators, which the run seeds for its own
-    draws (:func:`ucmfh.utils.seed_everything`) — Python's, NumPy's, torch's on the CPU and on the run's GPU —
-    and cuDNN's flags are as the run found them when it ends, whatever ends it. A run that starts while a run
-    of another thread is under way, their draws not kept apart (:func:`separate_draws`), says so in a
-    ``RuntimeWarning``: each would draw the other's numbers, and train another model than it trains alone."""
-    me, apart = threading.get_ident(), drawing_separately()
+def run_under_way(device: torch.device, keeps_apart: bool = True) -> Iterator[None]:
+    """A run's whole life, its start to its end: the caller's global generators, which runs seed for their own
+    draws (:func:`ucmfh.utils.seed_everything`) — Python's, NumPy's, torch's on the CPU and on every GPU in use —
+    and cuDNN's flags are as the first run found them when the last run under way ends, whatever ends it (runs
+    of several threads end in any order). A run that starts while a run of another thread is under way, their
+    draws not kept apart (:func:`separate_draws`; a run whose start is not one piece under :func:`setting_up`
+    passes ``keeps_apart=False``), says so in a ``RuntimeWarning``: each would draw the other's numbers, and
+    train another model than it trains alone."""
+    me, apart = threading.get_ident(), keeps_apart and drawing_separately()
     with _LOCK:  # no other run's set-up or step between the reads (a step swaps its own state in)
-        saved = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
-                 torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
-                 torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+        if not _RUNS:  # the first run under way: the caller's state, as it stands
+            gpus = (range(torch.cuda.device_count()) if device.type == "cuda" or torch.cuda.is_initialized()
+                    else range(0))  # CUDA not started: nothing drawn there yet to keep
+            _SAVED[0] = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
+                         [(gpu, torch.cuda.get_rng_state(gpu)) for gpu in gpus],
+                         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
         others = [keeps for thread, runs in _RUNS.items() if thread != me for keeps in runs]
         _RUNS.setdefault(me, []).append(apart)
     if others and not (apart and all(others)):
@@ -91,12 +97,15 @@ def run_under_way(device: torch.device) -> Iterator[None]:
             runs.pop()
             if not runs:
                 del _RUNS[me]
-            random.setstate(saved[0])
-            np.random.set_state(saved[1])
-            torch.set_rng_state(saved[2])
-            if saved[3] is not None:
-                torch.cuda.set_rng_state(saved[3], device)
-            torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = saved[4:]
+            if not _RUNS:  # the last run under way: the state the first one found
+                py, np_state, cpu, gpus, deterministic, benchmark = _SAVED[0]
+                random.setstate(py)
+                np.random.set_state(np_state)
+                torch.set_rng_state(cpu)
+                for gpu, state in gpus:
+                    torch.cuda.set_rng_state(state, gpu)
+                torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = deterministic, benchmark
+                _SAVED[0] = None
 
 
 def _cuda_generator(device: torch.device) -> Any:

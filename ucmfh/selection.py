@@ -12,7 +12,7 @@ from torch import nn
 
 from ucmfh.config import HashConfig, SettingError
 from ucmfh.data.h5 import Dataset, Split
-from ucmfh.evaluation import encode_split, head_outputs_split, score_splits
+from ucmfh.evaluation import codes_of, outputs_of, score_splits
 
 
 class History(list):
@@ -108,7 +108,7 @@ def _in_memory(split: Split) -> Split:
 def validation_view(cfg: HashConfig) -> Tuple[Callable, str]:
     """What a hashing stage's validation ranks: the codes by Hamming distance, or the head outputs
     by cosine with ``relaxation = 'none'`` (what that training learns)."""
-    return (head_outputs_split, "cosine") if cfg.relaxation == "none" else (encode_split, "hamming")
+    return (outputs_of, "cosine") if cfg.relaxation == "none" else (codes_of, "hamming")
 
 
 def validator(encode: Callable, ranking: str, model: nn.Module, val: Optional[Split], rest: Split,

@@ -407,6 +407,26 @@ def test_cells_of_another_k_or_of_a_checkpoint_trained_elsewhere_stand_apart_and
     assert {line.split()[4] for line in lines if line.startswith("hand  ")} == {"50", "100"}
 
 
+def test_a_pool_of_draws_keeps_a_checkpoint_trained_elsewhere_apart(tmp_path):
+    """Under --pool the key dropped what a row was trained on, and a checkpoint trained on another file (behind)
+    replaced the draw's own run (ahead): the verdict flipped."""
+    results, rows = _hand_rows(tmp_path, [(50, "hand", False), (50, "draw", False), (50, "hand", True)])
+    for row in rows:  # the one trained elsewhere: two-tower behind, where the draws' own runs are ahead
+        if row.get("trained_on") and row["method"] == "two-tower":
+            np.savez(row["per_query"], **{f"unimodal/-/ap_{d}": np.linspace(0, 0.8, 40, dtype=np.float32) - 0.05
+                                          for d in ("i2t", "t2i")})
+            row.update({f"map_{d}_expected": float(np.linspace(0, 0.8, 40, dtype=np.float32).mean() - 0.05)
+                        for d in ("i2t", "t2i")})
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    shown = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "-d", "hand",
+                                      "-d", "draw", "--pool", "--json", "--resamples", "200"])
+    assert shown.exit_code == 0, shown.output
+    verdicts = {(x["dataset"], x["figure"]): x["verdict"] for x in map(json.loads, shown.output.splitlines())}
+    assert verdicts == {("draw+hand", "MAP I->T"): "ahead", ("draw+hand", "MAP T->I"): "ahead",
+                        ("hand (trained on other)", "MAP I->T"): "behind",
+                        ("hand (trained on other)", "MAP T->I"): "behind"}
+
+
 def test_pooling_a_draw_without_rows_and_damaged_rows_are_said(tmp_path):
     results, rows = _hand_rows(tmp_path, [(50, "hand", False)])
     pooled = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "-d", "hand",

@@ -387,9 +387,8 @@ def test_sigterm_ends_any_command_as_ctrl_c_does(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == [] and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
-# flags of other programs that messages may name
-# other programs' flags ucmfh's strings name: torchrun's, git's (asked by git_commit), pip's (a reinstall named)
-OTHERS = {"--help", "--nproc-per-node", "--show-toplevel", "--force-reinstall", "--no-deps"}
+# flags of other programs that messages may name: torchrun's, git's (asked by git_commit)
+OTHERS = {"--help", "--nproc-per-node", "--show-toplevel"}
 
 
 def _messages(path: Path):

@@ -183,6 +183,13 @@ def _tokens_of(f, rows: Dict[str, int]) -> Tuple[str, Dict[str, int]]:
     return "tokens: " + ", ".join(said), {split: n for split, n in wordless.items() if n}
 
 
+def _codes_differ(what: str, a: Dict[str, Any], b: Dict[str, Any]) -> bool:
+    """Whether two codes files' attributes differ in ``what`` (dataset or protocol): a dataset by its name, and by
+    its fingerprint where both files hold one (files written before it have none)."""
+    prints = a.get("dataset_fingerprint"), b.get("dataset_fingerprint")
+    return a.get(what) != b.get(what) or (what == "dataset" and None not in prints and prints[0] != prints[1])
+
+
 def _as_codes(path: str) -> Optional[str]:
     """What ``validate`` says of a codes file (``ucmfh encode``), checked as ``evaluate --codes`` reads it: None when
     the file is not one."""
@@ -393,9 +400,9 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
             attrs = {path: load_codes(path).attrs for path in codes}
             # one figure, one dataset file (two of one name told apart by fingerprint) and one protocol: its
             # title names them
-            for what, key in (("dataset", lambda a: (a.get("dataset"), a.get("dataset_fingerprint"))),
-                              ("protocol", lambda a: a.get("protocol"))):
-                first, other = codes[0], next((p for p in codes if key(attrs[p]) != key(attrs[codes[0]])), None)
+            for what in ("dataset", "protocol"):
+                first = codes[0]
+                other = next((p for p in codes if _codes_differ(what, attrs[p], attrs[first])), None)
                 if other is not None:
                     said = {p: f"{attrs[p].get(what)!r}" + (f" [{str(attrs[p]['dataset_fingerprint'])[:8]}]" if what
                                 == "dataset" and attrs[p].get("dataset_fingerprint") else "") for p in (first, other)}

@@ -212,8 +212,8 @@ def cells(rows: List[Dict[str, Any]], base: Side, other: Side, pool: bool = Fals
         scored = (row.get("n_bits"), row.get("protocol"), row.get("database"), row.get("k"))
         # a checkpoint scored on another dataset than its training's: a cell of its own, as 'ucmfh runs' keeps it
         trained = (row.get("trained_on") or {}).get("fingerprint")
-        where = (None if pool else (row.get("dataset_fingerprint"), trained), None if pool else row.get("dataset"),
-                 *scored)
+        where = ((None if pool else row.get("dataset_fingerprint"), trained), None if pool else row.get("dataset"),
+                 *scored)  # pooled draws too: a checkpoint trained elsewhere is never one of the pool's runs
         label = (row.get("trained_on") or {}).get("label")
         names.setdefault(where, set()).add(str(row.get("dataset")) + (f" (trained on {label})" if trained else ""))
         for side in sides:

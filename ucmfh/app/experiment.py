@@ -271,7 +271,8 @@ def trained_elsewhere(meta: Dict[str, Any], data: Dataset, dataset: Dict[str, st
             seen = None
     if seen and seen[0]:
         trained_on = {**trained_on, "queries_trained_on": seen}
-        log(f"warning: {seen[0]} of the {seen[1]} query items of {data.path} are items of the training split "
+        what = "rows (captions)" if data.caption_set and by == "their features" else "items"  # a row a caption
+        log(f"warning: {seen[0]} of the {seen[1]} query {what} of {data.path} are {what} of the training split "
             f"of {trained_on.get('path')} (by {by}), which {path} was trained on: its scores here are inflated")
     return trained_on
 

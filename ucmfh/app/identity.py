@@ -226,7 +226,7 @@ def git_commit() -> Optional[str]:
                              text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
         return None
-    lines = out.stdout.split()
+    lines = out.stdout.splitlines()  # a path may hold spaces
     if out.returncode != 0 or len(lines) != 2:
         return None
     top, commit = lines

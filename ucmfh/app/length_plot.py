@@ -1,7 +1,8 @@
 """Figures of a score against code length from :func:`ucmfh.app.runs.summarize` (``ucmfh runs --plot``).
 
-One figure per dataset, score and protocol (its name ends with the protocol where a dataset has two: fused
-figures are not read against cross-modal ones): MAP@k I→T and T→I of a labelled set; R@1, R@5 and R@10 I→T and T→I and
+One figure per dataset file, score, protocol and k (its name ends with the protocol where a dataset has two:
+fused figures are not read against cross-modal ones; two files of one name told apart by fingerprint; MAP@50
+and MAP@100 on figures of their own): MAP@k I→T and T→I of a labelled set; R@1, R@5 and R@10 I→T and T→I and
 rSum of a caption set, per database; the headline figure of :mod:`ucmfh.app.runs` (the tie-aware one where the rows have it).
 One line per method (its loss when not the method's default), the sample standard deviation over seeds
 as error bars, CCA-ITQ (the linear baseline) as a black dash-dot line and random codes as a dashed one

@@ -78,7 +78,7 @@ from ucmfh.methods.base import Method
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.methods.registry import register
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.evaluation import encode_split
+from ucmfh.evaluation import codes_of
 from ucmfh.similarity import cosine_similarity, normalize
 from ucmfh.trainer import Batch, Plan, Setup
 from ucmfh.selection import validator
@@ -300,5 +300,5 @@ class Cirh(Method):
                     + head_loss(u_img, u_txt, torch.sign(h), s, p["beta"]))
 
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "net": net}, optimizer, rest, loss=loss,
-                    validate=validator(encode_split, "hamming", model, setup.val, rest, device),
+                    validate=validator(codes_of, "hamming", model, setup.val, rest, device),
                     graphable=self.graphable)

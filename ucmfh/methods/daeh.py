@@ -82,7 +82,7 @@ from ucmfh.methods.base import Method
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.methods.registry import register
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.evaluation import encode_split
+from ucmfh.evaluation import codes_of
 from ucmfh.similarity import cosine_similarity, normalize
 from ucmfh.trainer import Batch, Plan, Setup
 from ucmfh.selection import validator
@@ -335,5 +335,5 @@ class Daeh(Method):
             return daeh_loss(f, g, code_teacher, code, s, p["w_tri"], p["w_teacher"], p["w_cross"], p["gamma"])
 
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "teacher": teacher}, optimizer, rest,
-                    loss=loss, validate=validator(encode_split, "hamming", model, setup.val, rest, device),
+                    loss=loss, validate=validator(codes_of, "hamming", model, setup.val, rest, device),
                     graphable=self.graphable)

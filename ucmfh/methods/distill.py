@@ -9,7 +9,7 @@ from torch import nn
 from ucmfh.config import HashConfig
 from ucmfh.data.h5 import Split
 from ucmfh.distributed import current_group
-from ucmfh.evaluation import embed_split
+from ucmfh.evaluation import embeddings_of
 from ucmfh.losses import soft_infonce
 from ucmfh.losses.distill import distill_targets, fused_embedding
 from ucmfh.models.fusion import FusionEncoder
@@ -62,7 +62,7 @@ class Distill(TwoTower):
         teacher, group, p = fusion, current_group(), self.method_params(cfg.method_params)
         fused = None  # the teacher's fused embedding of each training item, computed once (in memory)
         if not train.streamed:
-            fused = fused_embedding(*embed_split(teacher, setup.rest, "fused", setup.device))
+            fused = fused_embedding(*embeddings_of(teacher, setup.rest, "fused", setup.device))
         else:  # streamed: each batch's, when it comes
             teacher.to(setup.device).eval()
 

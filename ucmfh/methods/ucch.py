@@ -79,7 +79,7 @@ from ucmfh.distributed import current_group
 from ucmfh.methods.base import Method
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.methods.registry import register
-from ucmfh.evaluation import encode_split
+from ucmfh.evaluation import codes_of
 from ucmfh.similarity import normalize, sign_codes
 from ucmfh.selection import validator
 from ucmfh.trainer import Batch, Plan, Setup
@@ -334,5 +334,5 @@ class Ucch(Method):
         return Plan(f"{cfg.method} {cfg.n_bits} bits", model, {"model": model, "bank": bank}, optimizer, train,
                     loss=loss, clip_norm=p["clip_norm"], learning_rate=lambda epoch: learning_rate(cfg.lr_head, epoch),
                     draws=negatives, scalars=lambda epoch, iteration: {"momentum": momentum(epoch)},
-                    validate=validator(encode_split, "hamming", model, setup.val, rest, device),
+                    validate=validator(codes_of, "hamming", model, setup.val, rest, device),
                     graphable=self.graphable)

@@ -99,8 +99,8 @@ def use_native(device: torch.device) -> bool:
     if _hamming is None and not _SAID[0]:
         _SAID[0] = True
         warnings.warn("ucmfh's compiled evaluation kernels are not built here (no C compiler when it was "
-                      "installed?): scoring runs on torch, the same figures 7-13x slower; install it again with a C "
-                      "compiler (pip install --force-reinstall --no-deps ucmfh, or pip install -e . in a checkout)",
+                      "installed?): scoring runs on torch, the same figures 7-13x slower; install it again the way "
+                      "it was installed, with a C compiler on the PATH (in a checkout: pip install -e .)",
                       RuntimeWarning, stacklevel=2)
     return _hamming is not None
 

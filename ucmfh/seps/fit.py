@@ -84,7 +84,8 @@ def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
     of the batch, and the score rows are gathered with gradient, so the hinge sees the whole batch's
     negatives and one step equals one process's step (docs/distributed.md). The caller's global generators are
     left as they were (:func:`ucmfh.run_draws.run_under_way`)."""
-    with run_under_way(resolve_device(cfg.device)):
+    # its start is not one piece under setting_up: runs in threads would interleave it, whatever the block
+    with run_under_way(resolve_device(cfg.device), keeps_apart=False):
         return _fit(path, cfg, progress, state)
 
 

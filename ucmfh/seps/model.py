@@ -138,12 +138,13 @@ class SEPS(nn.Module):
         # what a pair's tokens weigh: the normalised patches, or (the released code's) the raw ones
         raw = self.cfg.aggregate == "raw"
         weighed = patches if raw else basis
-        state = {"basis": basis, "gram": weighed @ weighed.transpose(1, 2), "s_im": s_im.squeeze(-1),
-                 **({"tokens": patches} if raw else {}), **{f"aggr_{b}": m(weighed) for b, m in self.aggr.items()}}
         # the global token: [CLS] when there is one, else the patches' mean (ucmfh's); the released code has
-        # none without a [CLS]
-        if self.image_cls or not raw:
-            state["glob_token"] = normalize(v[:, 0]) if self.image_cls else normalize(basis.mean(dim=1))
+        # none without a [CLS]. (Made before the Gram matrix and the aggregation, as it always was: the order
+        # of a tensor's uses is the order its gradient's parts are summed in, and a model's last bits.)
+        glob = {"glob_token": normalize(v[:, 0]) if self.image_cls else normalize(basis.mean(dim=1))} \
+            if self.image_cls or not raw else {}
+        state = {"basis": basis, "gram": weighed @ weighed.transpose(1, 2), "s_im": s_im.squeeze(-1), **glob,
+                 **({"tokens": patches} if raw else {}), **{f"aggr_{b}": m(weighed) for b, m in self.aggr.items()}}
         if self.cfg.version == "paper":
             state["pred"] = torch.sigmoid(self.predictor(basis)).squeeze(-1)
         if self.dense and self.cfg.dense_text == "image":
