@@ -359,7 +359,7 @@ def test_train_seps_and_rerank_commands(tmp_path, token_path):
     assert bad.exit_code == 2 and "nonsense" in bad.output
 
 
-def test_rerank_without_seps_reads_no_token(tmp_path, token_path):
+def test_rerank_without_seps_reads_no_token(tmp_path, token_path, monkeypatch):
     """The Hamming and cosine stages use pooled features alone: a caption set without token features (full
     Flickr8k's) is re-ranked by cosine, with the figures of the same items in a file that has tokens."""
     pooled = write_dataset(tmp_path / "pooled.h5", {s: {k: v for k, v in a.items() if k in ("image", "text", "ids")}
@@ -381,6 +381,21 @@ def test_rerank_without_seps_reads_no_token(tmp_path, token_path):
     assert [(r["stage"], r["database"]) for r in rows["pooled"]] == [
         (stage, db) for db in ("test", "collection") for stage in ("hamming", "cosine-rerank")]
     assert rows["pooled"] == rows["tokens"]
+    # interrupted on the second database: the first database's rows are kept (they were written at the end)
+    stop = Reranking.run
+
+    def run(self, stage, m, *args, **kwargs):
+        if self.db.name == "collection":
+            raise KeyboardInterrupt
+        return stop(self, stage, m, *args, **kwargs)
+
+    monkeypatch.setattr(Reranking, "run", run)
+    stopped = tmp_path / "stopped.jsonl"
+    out = runner.invoke(main, ["rerank", "-d", pooled, "-c", ckpt, "-m", "10", "--quiet", "--device", "cpu",
+                               "--results", str(stopped)])
+    assert out.exit_code == 130, out.output
+    assert [(r["stage"], r["database"]) for r in map(json.loads, open(stopped))] == [
+        ("hamming", "test"), ("cosine-rerank", "test")]
 
 
 def test_rerank_of_a_labelled_set_says_its_relevance_is_the_exact_pair(tmp_path, tiny_path):

@@ -122,6 +122,10 @@ def rerank(dataset, data_dir, database, results, device, quiet, checkpoint, seps
     click.echo(f"dataset: {path}")
     data = load_dataset(path)
     distinct = list(dict.fromkeys(candidates))  # -m 5 -m 5: measured once
+    # each database's rows appended once scored: an interrupt during the next keeps them
     rows = rerank_rows(data, checkpoint, seps_checkpoint, distinct, _databases(database, "both"), full, device,
-                       progress=not quiet, log=click.echo)
-    _report(rows, results)
+                       progress=not quiet, log=click.echo, done=(lambda done: append_jsonl(results, done)) if results
+                       else None)
+    click.echo(format_stages(rows))
+    if results:
+        click.echo(f"results appended to {results}")

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import datetime
 import os
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ucmfh.app.identity import RunOptions, dataset_folder, dataset_identity, git_commit, key_of, processes, trained_in
 from ucmfh.app.stage import Log, Stage, refuse_other_processes, reuse_or_fit
@@ -125,9 +125,11 @@ def score_seps(data: Dataset, model, cfg: SepsConfig, checkpoint: str, names: Se
 
 def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[str], candidates: Sequence[int],
                 names: Sequence[str] = DATABASES, full: bool = False, device: str = "auto",
-                progress: bool = False, log: Log = print) -> List[Dict[str, Any]]:
+                progress: bool = False, log: Log = print,
+                done: Optional[Callable[[List[Dict[str, Any]]], None]] = None) -> List[Dict[str, Any]]:
     """Two-stage search on each database: Hamming top-M of the hashing checkpoint, re-ranked by cosine and
-    (with ``seps_checkpoint``) by SEPS, for every M in ``candidates``; ``full`` adds SEPS over every pair."""
+    (with ``seps_checkpoint``) by SEPS, for every M in ``candidates``; ``full`` adds SEPS over every pair.
+    ``done`` is given each database's rows as soon as they are scored (an interrupt keeps those)."""
     hasher, _, hash_cfg, _ = load_model(hash_checkpoint, "hash", d_img=data.d_img, d_txt=data.d_txt)
     if "fused" in scored_protocols(hash_cfg.method):  # its codes see both modalities together
         raise ValueError(f"{hash_checkpoint}: method {hash_cfg.method!r} has no leak-free real-valued output to "
@@ -143,6 +145,7 @@ def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[s
     common = {**_common(data, device), "task": "rerank", "hash_checkpoint": hash_checkpoint, "n_bits": hash_cfg.n_bits,
               "method": hash_cfg.method, "hash_settings": identity_dict(hash_cfg), "protocol": "unimodal"}
     for db in databases(readers["query"], readers["retrieval"], names):
+        first = len(rows)
         log(f"{db.name} database: {len(db.img_ids)} images, {len(db.txt_ids)} captions")
         rr = Reranking(db, data, hasher, seps, device=str(resolve_device(device)), progress=progress)
         extra = {"database": db.name, "store_bytes_per_item": rr.store_bytes(), "store_seconds": round(rr.store_seconds, 2)}
@@ -155,6 +158,8 @@ def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[s
                 rows.append(row)
         if full and seps is not None:
             rows.append({**common, **extra, **rr.run("seps-full", 0), **_seps_fields(cfg, seps_checkpoint, seps_in)})
+        if done is not None:
+            done(rows[first:])
     return rows
 
 
