@@ -317,7 +317,9 @@ def read_queries(
         wanted = np.asarray(list(ids), dtype=np.int64)
         missing = wanted[~np.isin(wanted, all_ids)]
         if missing.size:
-            raise DataError(f"{path}: {coll.where('ids')}: no item with id {', '.join(map(str, missing[:5]))}")
+            low, high = (int(all_ids.min()), int(all_ids.max())) if len(all_ids) else (None, None)
+            held = f" (its {len(all_ids)} ids run from {low} to {high})" if len(all_ids) else " (it holds no item)"
+            raise DataError(f"{path}: {coll.where('ids')}: no item with id {', '.join(map(str, missing[:5]))}{held}")
         rows = []
         for i in wanted:
             match = np.flatnonzero(all_ids == i)
