@@ -139,6 +139,9 @@ def test_a_split_made_by_hand_is_taken_or_refused_in_words(tiny, trained):
     for made in (replace(query, img=query.img.double(), txt=query.txt.double()),
                  replace(query, img=query.img.numpy(), txt=query.txt.numpy())):
         assert all(torch.equal(a, b) for a, b in zip(ucmfh.encode_split(trained, made), as_given))
+    half = replace(query, img=query.img.half())  # float16 features: read as float32, where torch refused Half
+    assert all(torch.equal(a, b) for a, b in zip(ucmfh.encode_split(trained, half),
+                                                 ucmfh.encode_split(trained, replace(query, img=half.img.float()))))
     nan = query.img.clone()
     nan[3, 1] = float("nan")
     refused = [(replace(query, img=nan), ucmfh.DataError, r"^encode_split: split.img holds NaN or infinity"),

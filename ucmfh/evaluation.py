@@ -71,8 +71,8 @@ def check_hasher(where: str, model: object) -> None:
 
 
 def checked_features(where: str, split: Split, batch_size: int) -> Split:
-    """A split a caller made, as the encoders take it: numpy features as tensors, float64 as float32 (the models'
-    type, as :class:`ucmfh.Encoder` takes them); items, finite features in memory and a positive
+    """A split a caller made, as the encoders take it: numpy features as tensors, float64 or float16 as float32
+    (the models' type, as :class:`ucmfh.Encoder` takes them); items, finite features in memory and a positive
     ``batch_size`` checked (``ValueError``, ``DataError`` for NaN or infinity, where they made codes of -1)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"{where}: batch_size must be a positive whole number, got {batch_size!r}")
@@ -85,7 +85,7 @@ def checked_features(where: str, split: Split, batch_size: int) -> Split:
             shape = f" of shape {tuple(x.shape)} and type {x.dtype}" if hasattr(x, "shape") else ""
             raise ValueError(f"{where}: split.{name} must be 2-D floating-point features [N, d], got "
                              f"{type(x).__name__}{shape}")
-        if x.dtype == torch.float64:
+        if x.dtype != torch.float32:  # float64, float16: the models' type
             x = x.float()
         if not bool(torch.isfinite(x).all()):
             raise DataError(f"{where}: split.{name} holds NaN or infinity (features must be finite)")
