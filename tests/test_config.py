@@ -105,7 +105,8 @@ STAGE = {FusionConfig: "fusion", HashConfig: "hash", SepsConfig: ""}
 # settings with an option of their own: --set refuses them ('use OPTION'), the option checks the value
 OWN_OPTIONS = {
     (FusionConfig, "seed"): "--seed", (HashConfig, "seed"): "--seed", (HashConfig, "n_bits"): "--n-bits",
-    (HashConfig, "method"): "--method", **{(cls, "device"): "--device" for cls in (FusionConfig, HashConfig, SepsConfig)},
+    (HashConfig, "method"): "--method",
+    **{(cls, "device"): "--device" for cls in (FusionConfig, HashConfig, SepsConfig)},
     **{(SepsConfig, name): "--" + name.replace("_", "-") for name in (
         "version", "selection", "dense_text", "epochs", "batch_size", "lr", "val_fraction", "patience", "seed")},
 }

@@ -274,8 +274,8 @@ def _row_fingerprints(rows: np.ndarray, picked: np.ndarray) -> np.ndarray:
     """One number a row from its values at the ``picked`` columns, as float32 read them: the bits of each value
     times a fixed odd weight, summed modulo 2^64. Equal rows give equal prints; rows differing in a picked
     column (two images' features differ in nearly every column) differ but by a chance of about 2^-64 (-0.0 is
-read as 0.0: the rows are compared by value). Cheap
-    beside a whole comparison, as every load checks: 8 bytes a row. Shape: [N, d] -> [N] uint64."""
+    read as 0.0: the rows are compared by value). Cheap beside a whole comparison, as every load checks: 8 bytes
+    a row. Shape: [N, d] -> [N] uint64."""
     values = np.ascontiguousarray(rows[:, picked], dtype=np.float32) + np.float32(0)  # -0.0 as 0.0: equal values
     bits = values.view(np.uint32).astype(np.uint64)
     weights = np.random.default_rng(0).integers(1, 2 ** 63, size=len(picked), dtype=np.uint64) | np.uint64(1)
