@@ -165,6 +165,13 @@ def test_runs_plot_draws_the_selected_runs(tmp_path):
     assert both.exit_code == 2 and "--plot does not go with --json" in both.output
     path = CliRunner().invoke(main, ["runs", "--results", str(results), "--json", "--checkpoint"])  # --json was ignored
     assert path.exit_code == 2 and "--json does not go with --checkpoint" in path.output
+    # a prefix ending in a separator is a folder: figs/wiki_map_i2t.png, where it wrote figs/_wiki_map_i2t.png
+    (tmp_path / "figs").mkdir()
+    folder = CliRunner().invoke(main, ["runs", "--results", str(results), "-d", "wiki", "--method", "cca-itq",
+                                       "--plot", f"{tmp_path / 'figs'}/"])
+    assert folder.exit_code == 0, folder.output
+    assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == sorted(
+        f"wiki_map_{d}.{e}" for d in ("i2t", "t2i") for e in ("png", "svg"))
 
 
 def test_a_missing_matplotlib_is_one_line_naming_the_extra(tmp_path, monkeypatch):

@@ -159,9 +159,15 @@ def legend_title(figure: Dict[str, Any]) -> str:
     return "error bars: std over seeds" + ("" if 1 not in seeds else " (none where one seed)")
 
 
+def _joined(prefix: str) -> str:
+    """What a figure's name follows: ``PREFIX_``, or a folder's path where the prefix ends in a separator
+    (``--plot figs/`` writes ``figs/wiki_map_i2t.png``, where it wrote ``figs/_wiki_map_i2t.png``)."""
+    return prefix if prefix.endswith(("/", os.sep)) else prefix + "_"
+
+
 def figure_paths(prefix: str, figure: Dict[str, Any]) -> List[str]:
-    """The files one figure is written to: ``PREFIX_<name>.png`` and ``.svg``."""
-    return [f"{prefix}_{figure['name']}{suffix}" for suffix in SUFFIXES]
+    """The files one figure is written to: ``PREFIX_<name>.png`` and ``.svg`` (``FOLDER/<name>.*``)."""
+    return [f"{_joined(prefix)}{figure['name']}{suffix}" for suffix in SUFFIXES]
 
 
 def check_figure_paths(prefix: str, figures: Sequence[Dict[str, Any]], overwrite: bool = False,
@@ -178,8 +184,8 @@ def check_prefix(prefix: str, overwrite: bool = False, flag: str = "--plot") -> 
     at the end), naming ``flag``."""
     if not prefix:
         raise ValueError(f"{flag}: an empty prefix; give the figures' path prefix (PREFIX_*.png)")
-    check_outputs(folders={flag: os.path.dirname(os.path.abspath(prefix))})
-    taken = [path for suffix in (".png", ".svg") for path in glob.glob(glob.escape(prefix) + "_*" + suffix)]
+    check_outputs(folders={flag: os.path.dirname(os.path.abspath(_joined(prefix) + "x"))})
+    taken = [path for suffix in (".png", ".svg") for path in glob.glob(glob.escape(_joined(prefix)) + "*" + suffix)]
     check_figures(flag, sorted(taken), overwrite)
 
 
