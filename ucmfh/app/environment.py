@@ -5,6 +5,8 @@ from __future__ import annotations
 import os
 from typing import List, Tuple
 
+import h5py
+
 from ucmfh.config import PROTOCOLS
 from ucmfh.data.synthetic import make_synthetic
 from ucmfh.files import PathLike
@@ -78,15 +80,6 @@ def _is_path(name: str) -> bool:
     return name.endswith((".h5", ".hdf5")) or os.sep in name
 
 
-def _is_hdf5(path: str) -> bool:
-    """Whether a file begins as HDF5 files do (their signature)."""
-    try:
-        with open(path, "rb") as f:
-            return f.read(8) == b"\x89HDF\r\n\x1a\n"
-    except OSError:
-        return False
-
-
 def _candidates(name: str, data_dir: PathLike) -> List[str]:
     """Where ``--dataset name`` is looked for, in order: a path here, then in ``data_dir`` (an absolute one
     only as it is); a name, ``DATA_DIR/NAME.h5``."""
@@ -127,7 +120,7 @@ def resolve_dataset(name: str, data_dir: PathLike) -> str:
         return path
     if name == "synthetic":
         return make_synthetic(path)
-    if os.path.isfile(name) and _is_hdf5(name):  # a dataset file here without .h5 (a copy named wikicopy)
+    if os.path.isfile(name) and h5py.is_hdf5(name):  # a dataset file here without .h5 (a copy named wikicopy)
         return name
     if os.path.isfile(name):  # a file of another kind given as the dataset (features.npy): not DATA_DIR/NAME.h5
         raise FileNotFoundError(f"{name}: not a dataset file (an .h5 file of the format, docs/data.md); convert "
