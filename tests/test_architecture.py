@@ -202,9 +202,12 @@ def test_no_import_circle():
 
 def test_the_command_starts_without_the_libraries_only_some_commands_need():
     """scikit-learn alone added ~1 s to every `ucmfh` start (and to each torchrun rank); the libraries one
-    method or command needs are imported where it runs."""
+    method or command needs are imported where it runs. Every command's module is imported here, as the group
+    imports the one that runs."""
     heavy = ("sklearn", "matplotlib", "faiss", "transformers", "PIL", "tensorboard")
-    code = f"import sys, ucmfh.app.cli; print(*sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))"
+    code = ("import sys\nfrom ucmfh.app.cli import COMMANDS, main\nfor name in COMMANDS:\n"
+            "    assert main.get_command(None, name) is not None\n"
+            f"print(*sorted({{m.split('.')[0] for m in sys.modules}} & set({heavy!r})))")
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=PACKAGE.parent)
     assert done.returncode == 0, done.stderr
     assert done.stdout.split() == []

@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Dict, Iterable, Optional, Sequence, Union
 
 PROTOCOLS = ("unimodal", "fused")
+EXPECTED = "_expected"  # the suffix of a result's field whose tie-aware twin it is
 BETA_SCHEDULES = ("none", "hashnet", "step")
 AMP_MODES = ("none", "bf16", "tf32")
 CODE_LENGTHS = (8, 256)  # the shortest and the longest code, in bits

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 from tqdm.auto import tqdm
 
-from ucmfh.config import PROTOCOLS
+from ucmfh.config import EXPECTED, PROTOCOLS
 from ucmfh.data.format import DataError, first_of_each_id
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.data.stream import Features
@@ -17,7 +17,6 @@ from ucmfh.metrics.ap import mean
 from ucmfh.metrics.arguments import DEFAULT_K, TIES, Ranking, Ties, check_choice
 from ucmfh.metrics.captions import RANKS, caption_set_rows
 from ucmfh.metrics.ranking import scores_by_rule
-from ucmfh.metrics.report import EXPECTED
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 from ucmfh.similarity import sign_codes

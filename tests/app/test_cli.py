@@ -346,6 +346,55 @@ def test_a_sigterm_while_the_command_imports_is_one_line(monkeypatch, capsys):
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+def test_every_command_is_listed_and_made_where_the_group_says():
+    """The group's table (ucmfh.app.cli.COMMANDS) names each command's module and line in 'ucmfh --help': each
+    entry makes the command of its name, and the help lists every one, in a line of its own."""
+    from ucmfh.app.cli import COMMANDS
+
+    for name in COMMANDS:
+        command = main.get_command(None, name)
+        assert isinstance(command, click.Command) and command.name == name
+    listed = CliRunner().invoke(main, ["--help"])
+    assert listed.exit_code == 0
+    for name, (_, line) in COMMANDS.items():
+        assert f"  {name} " in listed.output and line in listed.output
+    assert main.get_command(None, "no-such-command") is None
+
+
+@pytest.mark.parametrize("argv", [["--help"], ["--version"], ["runs", "--results", "docs/results/small.jsonl"],
+                                  ["runs", "--results", "docs/results/flickr8k.jsonl", "--json"]])
+def test_the_help_and_the_summary_of_runs_do_not_import_torch(argv):
+    """Importing torch takes 1.5-5 s: 'ucmfh --help' and 'ucmfh runs' took 2 s each before the group imported
+    its commands when asked; a fresh interpreter shows that neither imports it now."""
+    code = ("import sys\nfrom click.testing import CliRunner\nfrom ucmfh.app.cli import main\n"
+            f"result = CliRunner().invoke(main, {argv!r})\n"
+            "assert result.exit_code == 0, result.output\nprint('torch' in sys.modules)")
+    ran = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout.strip() == "False"
+
+
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_ctrl_c_or_sigterm_while_a_command_s_module_imports_is_one_line(monkeypatch, signal_name):
+    """A command's module, imported when it runs, imports torch (seconds): a Ctrl-C or SIGTERM meanwhile ends
+    the command in one line and the signal's code, as at any later moment."""
+    import signal
+
+    class Stopping:  # the signal landing while ucmfh.app.hashing_cli is imported
+        def find_spec(self, name, path=None, target=None):
+            if name == "ucmfh.app.hashing_cli":
+                os.kill(os.getpid(), getattr(signal, signal_name))
+            return None
+
+    monkeypatch.delitem(sys.modules, "ucmfh.app.hashing_cli", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Stopping(), *sys.meta_path])
+    result = CliRunner().invoke(main, ["methods"])
+    code, said = (130, "interrupted") if signal_name == "SIGINT" else (143, "terminated")
+    assert result.exit_code == code and result.output == f"{said}\n"
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
 def test_cuda_graphs_asked_for_on_the_cpu_train_eagerly_and_say_so(tmp_path, tiny_path):
     """--cuda-graph where no step can be captured (here: the CPU) trains the run it names, the same model and
     row as without it (a capture is not part of a run's identity), and says why before the epochs."""

@@ -30,7 +30,8 @@ SMALL = ["--set", "hash.hidden=64", "--batch-size", "64", "--device", "cpu", "--
 
 
 def _commands(group: click.Group = main, prefix: tuple = ()):
-    for name, command in group.commands.items():
+    for name in group.list_commands(None):
+        command = group.get_command(None, name)
         if isinstance(command, click.Group):
             yield from _commands(command, prefix + (name,))
         else:

@@ -143,8 +143,8 @@ def test_the_docs_example_trains_what_it_says(tiny, tmp_path, registry):
 
 
 def test_a_plugin_that_cannot_load_leaves_the_others_and_says_why(tmp_path, tiny_path):
-    """A plugin whose import fails and one whose name is taken: each a warning line on every command, the
-    methods of ucmfh as before; asking for the missing one is refused in one line."""
+    """A plugin whose import fails and one whose name is taken: each a warning line on every command that reads
+    the methods, the methods of ucmfh as before; asking for the missing one is refused in one line."""
     site = installed(tmp_path / "site", {
         "ucmfh_broken.py": "import a_module_that_is_not_installed\n",
         "ucmfh_taken.py": "from ucmfh.methods.two_tower import TwoTower\n\nclass Taken(TwoTower):\n    pass\n",

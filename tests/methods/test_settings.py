@@ -8,6 +8,7 @@ import pytest
 from click.testing import CliRunner
 
 import ucmfh.app.cli as cli
+import ucmfh.app.hashing_cli as hashing_cli
 from ucmfh.config import FusionConfig, HashConfig, SettingError, default_epochs
 from ucmfh.methods import METHODS, hash_config, stage_configs
 from ucmfh.methods.settings import (
@@ -24,7 +25,7 @@ def _cli_configs(monkeypatch, argv):
         runs.extend((run.fusion_cfg, run.hash_cfg) for run in found)
         raise SystemExit(0)
 
-    monkeypatch.setattr(cli, "check_interrupted", stop)
+    monkeypatch.setattr(hashing_cli, "check_interrupted", stop)
     result = CliRunner().invoke(cli.main, ["train-hash", *argv])
     assert result.exit_code == 0 and runs, result.output
     return runs

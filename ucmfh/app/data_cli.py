@@ -1,26 +1,30 @@
-"""Click commands for data: ``ucmfh convert pkl|mat|npz`` and ``ucmfh extract``.
+"""Click commands for data files: ``ucmfh make-synthetic``, ``validate``, ``convert pkl|mat|npz`` and ``extract``.
 
-Thin: each command parses options and calls one library function. The main
-``ucmfh`` group adds them with ``main.add_command(convert)`` and
-``main.add_command(extract)``. Bad input ends in one line and exit code 2
+Thin: each command parses options and calls one library function. The ``ucmfh`` group
+(:mod:`ucmfh.app.cli`) imports this module when one of them runs. Bad input ends in one line and exit code 2
 (:func:`ucmfh.app.errors.user_errors`).
 """
 from __future__ import annotations
 
 import logging
 import os
+import re
+from typing import Dict, Optional, Tuple
 
 import click
 
-from ucmfh.app.errors import user_errors
+from ucmfh.app.errors import user_errors, warn
 from ucmfh.app.options import Count, given_flags, seed_type
 from ucmfh.app.outputs import check_outputs
+from ucmfh.config import SettingError
 from ucmfh.data.annotations import list_images
 from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
 from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features
 from ucmfh.data.format import SPLITS, DataError
+from ucmfh.data.h5 import validate_file
 from ucmfh.data.scratch import RESTART, parse_shard
 from ucmfh.data.splits import DEFAULT_SEED, STANDARD_SPLITS, resolve_sizes
+from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
 from ucmfh.signals import stopped_by
 
 
@@ -59,6 +63,132 @@ def _common(f):
     for option in reversed(options):
         f = option(f)
     return f
+
+
+@click.command("make-synthetic")
+@click.argument("out", type=click.Path(dir_okay=False))
+@click.option("--n-query", default=SyntheticSpec.n_query, show_default=True, help="Query items (the test split).")
+@click.option("--n-retrieval", default=SyntheticSpec.n_retrieval, show_default=True,
+              help="Retrieval items (the database).")
+@click.option("--n-train", default=SyntheticSpec.n_train, show_default=True,
+              help="Training items, drawn from the retrieval items.")
+@click.option("--n-classes", default=SyntheticSpec.n_classes, show_default=True, help="Classes (multi-label).")
+@click.option("--d-img", default=SyntheticSpec.d_img, show_default=True, help="Image feature dimensions.")
+@click.option("--d-txt", default=SyntheticSpec.d_txt, show_default=True, help="Text feature dimensions.")
+@click.option("--seed", default=SyntheticSpec.seed, show_default=True, type=click.IntRange(0, 2**32 - 1),
+              help="The data's seed: the same seed and sizes give the same file on every machine.")
+@click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
+@user_errors
+def make_synthetic_cmd(out: str, overwrite: bool, **sizes: int) -> None:
+    """Write a deterministic synthetic dataset (MIRFlickr-shaped by default) to OUT."""
+    check_outputs({"OUT": out})
+    try:
+        spec = SyntheticSpec(**sizes)
+    except SettingError as err:  # the settings refused, said as the flags that set them
+        message = str(err)
+        for name in (name for name in err.settings if name in sizes):  # the command's own options only
+            message = re.sub(rf"\b{name}\b", "--" + name.replace("_", "-"), message)
+        raise click.UsageError(message) from None
+    path = make_synthetic(out, spec, overwrite=overwrite)
+    click.echo(f"wrote {path}")
+
+
+
+@click.command("validate")
+@click.argument("path", type=click.Path(dir_okay=False))
+@user_errors
+def validate_cmd(path: str) -> None:
+    """Check a dataset file against the ucmfh HDF5 format, or a search collection (docs/search.md)."""
+    try:
+        attrs = validate_file(path)
+    except ValueError as err:
+        if not os.path.isfile(path):  # nothing else to read it as (a pipe waits for ever)
+            raise err from None
+        described = _as_codes(path) or _as_collection(path)  # a file without /train: codes, or a collection to index
+        if described is None:
+            raise err from None
+        click.echo(described)
+        return
+    import h5py
+
+    with h5py.File(path, "r") as f:  # the shapes alone: the features were read once, by the check
+        rows = {split: f[split]["image"].shape[0] for split in ("train", "query", "retrieval")}
+        widths = f["train"]["image"].shape[1], f["train"]["text"].shape[1]
+        classes = f["train"]["labels"].shape[1] if "labels" in f["train"] else None
+        tokens, wordless = _tokens_of(f, rows)
+    kind = "a caption set (relevance: same id)" if classes is None else f"{classes} classes"
+    click.echo(f"{path}: valid ({attrs.get('name', '?')}: d_img {widths[0]}, d_txt {widths[1]}, {kind}; "
+               + ", ".join(f"{split} {n}" for split, n in rows.items()) + f"; {tokens})")
+    for split, n in wordless.items():  # valid, but SEPS scores such texts by nothing
+        warn(f"{path}: /{split}: {n} of {rows[split]} texts have no word tokens" + (" (none has one)" if n ==
+                                                                                      rows[split] else ""))
+
+
+
+def _tokens_of(f, rows: Dict[str, int]) -> Tuple[str, Dict[str, int]]:
+    """What ``validate`` says of a file's token features (SEPS, rerank): their shapes or their absence, and per
+    split the texts without a word token."""
+    import numpy as np
+
+    if "image_tokens" not in f["train"] and "text_tokens" not in f["train"]:
+        return "no token features", {}
+    said = []
+    if "image_tokens" in f["train"]:
+        said.append("image {} x {}".format(*f["train"]["image_tokens"].shape[1:]))
+    if "text_tokens" in f["train"]:
+        said.append(f"text {f['train']['text_tokens'].shape[1]}-d word tokens")
+    wordless = {split: int((np.diff(f[split]["text_offsets"][()]) == 0).sum()) for split in rows
+                if "text_offsets" in f[split]}
+    return "tokens: " + ", ".join(said), {split: n for split, n in wordless.items() if n}
+
+
+
+def _as_codes(path: str) -> Optional[str]:
+    """What ``validate`` says of a codes file (``ucmfh encode``), checked as ``evaluate --codes`` reads it: None when
+    the file is not one."""
+    import h5py
+
+    from ucmfh.codes import FORMAT, load_codes
+
+    try:
+        with h5py.File(path, "r") as f:
+            if f.attrs.get("format") != FORMAT:
+                return None
+    except OSError:
+        return None
+    codes = load_codes(path)  # its own problem, said in one line
+    rows = ", ".join(f"{group} {codes.packed[(group, 'img')].shape[0]}" for group in ("query", "retrieval"))
+    relevance = "a caption set (relevance: same id)" if codes.caption_set else "labelled"
+    return (f"{path}: a valid codes file of 'ucmfh encode' (not a training dataset): {codes.n_bits} bits, {relevance}; "
+            f"{rows}; 'ucmfh evaluate --codes {path}' scores it")
+
+
+def _as_collection(path: str) -> Optional[str]:
+    """What ``validate`` says of a search collection (no training splits): None when the file is not one."""
+    import h5py
+
+    from ucmfh.search.collection import open_collection
+
+    try:
+        with h5py.File(path, "r") as f:
+            if "train" in f:
+                return None  # a dataset: its own error stands
+            flat = "image" in f or "text" in f  # features at the root: a collection, whatever else is wrong
+    except OSError:
+        return None
+    try:
+        coll = open_collection(path)
+    except ValueError:
+        if flat:
+            raise  # the collection's own problem (rows, shapes, ids), not a dataset's missing /train
+        return None
+    for name in ("image", "text"):  # every feature finite, as 'ucmfh index' will want them (a DataError names one)
+        for start in range(0, len(coll) if coll.has(name) else 0, 1 << 16):
+            coll.read(name, start, min(start + (1 << 16), len(coll)))
+    widths = ", ".join(f"{name} {coll.columns[name]}-d" for name in ("image", "text") if coll.has(name))
+    extra = [name for name in ("ids", "labels", "text_raw", "paths") if coll.has(name)]
+    return (f"{path}: a valid search collection for 'ucmfh index' (not a training dataset: no /train): "
+            f"{len(coll)} rows in {', '.join(coll.groups)}; {widths}" + (f"; {', '.join(extra)}" if extra else ""))
 
 
 @click.group()

@@ -8,7 +8,6 @@ from typing import List, Tuple
 import h5py
 
 from ucmfh.config import PROTOCOLS
-from ucmfh.data.synthetic import make_synthetic
 from ucmfh.files import PathLike
 
 
@@ -119,6 +118,8 @@ def resolve_dataset(name: str, data_dir: PathLike) -> str:
     if os.path.exists(path):
         return path
     if name == "synthetic":
+        from ucmfh.data.synthetic import make_synthetic  # torch's import, for the command that makes it alone
+
         return make_synthetic(path)
     if os.path.isfile(name) and h5py.is_hdf5(name):  # a dataset file here without .h5 (a copy named wikicopy)
         return name

@@ -32,7 +32,7 @@ from ucmfh.app.options import (
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import DIRECTIONS, REAL, headline, scores_line, summarize, variant_of
-from ucmfh.config import CODE_LENGTHS, PROTOCOLS
+from ucmfh.config import CODE_LENGTHS, EXPECTED, PROTOCOLS
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import MARKS, read_jsonl, write_text_atomic
 from ucmfh.losses import LOSSES
@@ -41,7 +41,6 @@ from ucmfh.methods import DEFAULT_METHOD, METHODS
 from ucmfh.methods.settings import (
     default_loss, fusion_takes_the_loss, scored_protocols, stage_configs, unused_settings,
 )
-from ucmfh.evaluation import EXPECTED
 
 def _list(kind: Any, empty: bool = False) -> Any:
     """A click callback: a comma-separated list of ``kind`` (a type, or a click type that checks each value);

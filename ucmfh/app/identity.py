@@ -20,13 +20,12 @@ import json
 import os
 import subprocess
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from ucmfh.config import FusionConfig, HashConfig, identity_dict
-from ucmfh.data.h5 import Dataset
-from ucmfh.distributed import current_group
-from ucmfh.methods import build_method
-from ucmfh.methods.settings import trains_fusion
+
+if TYPE_CHECKING:
+    from ucmfh.data.h5 import Dataset
 
 
 def dataset_label(path: str) -> str:
@@ -60,6 +59,8 @@ def dataset_identity(data: Dataset) -> Dict[str, str]:
 def hash_settings(cfg: HashConfig) -> Dict[str, Any]:
     """The settings of a hashing config that change its result (:func:`ucmfh.config.identity_dict`), with its
     method's ``version`` where the method has one (a method of another package, docs/methods.md)."""
+    from ucmfh.methods import build_method
+
     version = build_method(cfg.method).version
     return {**identity_dict(cfg), "method_version": version} if version else identity_dict(cfg)
 
@@ -68,6 +69,8 @@ def processes(n: Optional[int] = None) -> Dict[str, int]:
     """The number of processes a run trains in (``n``; default this run's), as each stage's settings in its
     identity hold it: several processes draw other dropout masks than one (docs/distributed.md), so a run of
     N > 1 is another run; one process's settings say nothing (the runs made before it keep their keys)."""
+    from ucmfh.distributed import current_group
+
     n = current_group().world_size if n is None else int(n)
     return {"processes": n} if n > 1 else {}
 
@@ -133,6 +136,9 @@ class Run:
     trained_in: Optional[int] = None  # the processes it trains in (a checkpoint's, scored); None: this run's
 
     def __post_init__(self) -> None:
+        from ucmfh.distributed import current_group
+        from ucmfh.methods.settings import trains_fusion
+
         if self.trained_in is None:
             self.trained_in = current_group().world_size
         if self.hash_cfg is not None and not trains_fusion(self.hash_cfg.method):

@@ -4,18 +4,18 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, Callable, Dict, List, Sequence, Tuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Tuple, TypeVar
 
 import click
 
-from ucmfh import distributed
 from ucmfh.app.environment import default_data_dir, torchrun_sizes
-from ucmfh.app.identity import RunOptions
-from ucmfh.amp import check_amp
 from ucmfh.config import AMP_MODES, COUNT_MAX, PROTOCOLS, SEED, FusionConfig, SettingError
-from ucmfh.data.h5 import DEFAULT_MAX_MEMORY
-from ucmfh.metrics.arguments import DEFAULT_K
-from ucmfh.utils import resolve_device
+
+if TYPE_CHECKING:
+    from ucmfh.app.identity import RunOptions
+
+# The library's modules that import torch are imported where they are used: the commands that read results
+# alone (runs, compare) take these options without importing torch, which takes seconds.
 
 T = TypeVar("T")
 DEFAULT_RESULTS = "runs/results.jsonl"  # where every command appends its rows, and runs and compare read them
@@ -112,6 +112,9 @@ def resolved(resolve: Callable[..., T], *args: Any, flags: Dict[str, str] = FLAG
 def check_precision(*cfgs: Any) -> None:
     """``--amp tf32`` refused before any work where a run of ``cfgs`` (None: no such stage) would train on the
     CPU (:func:`ucmfh.amp.check_amp`; its :class:`SettingError` is said as the flag)."""
+    from ucmfh.amp import check_amp
+    from ucmfh.utils import resolve_device
+
     for cfg in cfgs:
         if cfg is not None:
             check_amp(cfg.amp, resolve_device(cfg.device))
@@ -138,6 +141,9 @@ def _check_side_by_side(ctx: click.Context, param: click.Parameter, value: bool)
 
 
 def check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    from ucmfh import distributed
+    from ucmfh.utils import resolve_device
+
     try:
         distributed.check_device(resolve_device(value), *torchrun_sizes())
     except ValueError as err:
@@ -146,6 +152,8 @@ def check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
 
 
 def data_options(fn: Callable) -> Callable:
+    from ucmfh.metrics.arguments import DEFAULT_K
+
     for option in reversed([
         click.option("--dataset", "-d", default="synthetic", show_default=True,
                      help="Dataset name (DATA_DIR/NAME.h5) or path to an .h5 file; 'synthetic' is made on first use."),
@@ -254,6 +262,9 @@ seed_type = click.IntRange(SEED.low, SEED.high, max_open=SEED.high_open)
 def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
     """The training options of ``command`` ('train-fusion', 'train-hash' or 'grid'), each default said as
     that command has it; ``without``: options (by parameter name) the command has no use for."""
+    from ucmfh.app.identity import RunOptions
+    from ucmfh.data.h5 import DEFAULT_MAX_MEMORY
+
     defaults = FusionConfig()
     # train-hash and grid train a method, whose own defaults come first ('ucmfh methods')
     by_method = command != "train-fusion"
@@ -322,6 +333,8 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
 
 
 def run_options(train: Dict[str, Any], quiet: bool) -> RunOptions:
+    from ucmfh.app.identity import RunOptions
+
     return RunOptions(out=train["out"], resume=train["resume"], save_interval=train["save_interval"],
                       progress=not quiet, tensorboard=train["tensorboard"], cuda_graph=train["cuda_graph"],
                       candidates_side_by_side=train.get("candidates_side_by_side", False))

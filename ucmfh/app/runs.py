@@ -19,10 +19,8 @@ import warnings
 from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
 
 from ucmfh.app.identity import key_of
+from ucmfh.config import EXPECTED
 from ucmfh.files import read_jsonl
-from ucmfh.methods import METHODS
-from ucmfh.methods.settings import default_loss
-from ucmfh.evaluation import EXPECTED
 
 DIRECTIONS = ("map_i2t", "map_t2i")
 # R@K of a caption set's row, in %, each summarised like a field of its own: r{K}_{direction}
@@ -248,6 +246,9 @@ def method_of(row: Dict[str, Any]) -> Optional[str]:
 
 def variant_of(row: Dict[str, Any]) -> str:
     """A row's method, with its loss when that is not the method's default: 'two-tower', 'ucmfh:infonce'."""
+    from ucmfh.methods import METHODS  # the registry imports torch: 'runs' alone names no variant
+    from ucmfh.methods.settings import default_loss
+
     method = row.get("method") or "ucmfh"
     default = default_loss(method) if method in METHODS else None
     if default is None:

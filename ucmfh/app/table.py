@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any, Callable, Dict, List, Optional
 
 from ucmfh.files import PathLike, append_jsonl
-from ucmfh.evaluation import EXPECTED
+from ucmfh.config import EXPECTED
 
 PROTOCOL_NOTES = {
     "unimodal": "cross-modal: image codes from images alone, text codes from texts alone",

@@ -12,23 +12,22 @@ Modules: ``ranking`` (MAP@K, precision/recall@K, Recall@ranks), ``captions``
 their building blocks ``topk``, ``relevance``, ``ap``, ``histograms``,
 ``native`` (kernel bindings, backend) and ``arguments`` (checks, conversions).
 """
-from ucmfh.metrics.captions import evaluate_caption_set
-from ucmfh.metrics.native import backend, native_kernels, set_backend
-from ucmfh.metrics.radius import pr_curve_hamming, precision_within_radius
-from ucmfh.metrics.ranking import (
-    average_precision_at_k,
-    map_at_all,
-    map_at_k,
-    map_at_k_by_id,
-    map_at_k_cosine,
-    precision_at_k,
-    precision_recall_at_k,
-    recall_at_k,
-    recall_at_ranks,
-)
-from ucmfh.metrics.relevance import relevant_counts
-from ucmfh.metrics.report import codes_file_row, evaluate_codes, evaluate_codes_file, evaluate_direction
-from ucmfh.metrics.topk import top_k
+from importlib import import_module
+
+# loaded on first use, as ucmfh's own names: the package's light modules (intervals, plots: numpy and the
+# standard library) are imported without torch, which the ranking modules import
+_HOMES = {
+    "evaluate_caption_set": "captions",
+    "backend": "native", "native_kernels": "native", "set_backend": "native",
+    "pr_curve_hamming": "radius", "precision_within_radius": "radius",
+    **{name: "ranking" for name in (
+        "average_precision_at_k", "map_at_all", "map_at_k", "map_at_k_by_id", "map_at_k_cosine", "precision_at_k",
+        "precision_recall_at_k", "recall_at_k", "recall_at_ranks")},
+    "relevant_counts": "relevance",
+    "codes_file_row": "report", "evaluate_codes": "report", "evaluate_codes_file": "report",
+    "evaluate_direction": "report",
+    "top_k": "topk",
+}
 
 __all__ = [
     "average_precision_at_k",
@@ -53,3 +52,13 @@ __all__ = [
     "set_backend",
     "top_k",
 ]
+
+
+def __getattr__(name):
+    if name in _HOMES:
+        return getattr(import_module(f"ucmfh.metrics.{_HOMES[name]}"), name)
+    raise AttributeError(f"module 'ucmfh.metrics' has no attribute {name!r}")
+
+
+def __dir__():  # the names loaded on first use too
+    return sorted({*globals(), *_HOMES})

@@ -7,6 +7,7 @@ from typing import Dict, Optional, Sequence, Union
 
 import torch
 
+from ucmfh.config import EXPECTED
 from ucmfh.metrics.arguments import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_K,
@@ -27,7 +28,6 @@ DEFAULT_KS = (1, 5, 10, 20, 50, 100, 200, 500, 1000)
 DIRECTIONS = {"i2t": ("img", "txt"), "t2i": ("txt", "img")}
 ORDER = {"hamming": "Hamming distance ascending", "cosine": "cosine similarity descending"}
 NO_ID_MATCH = "not computed: no query id occurs in the retrieval set"
-EXPECTED = "_expected"  # the suffix of a metric's tie-aware twin
 
 
 def evaluate_direction(

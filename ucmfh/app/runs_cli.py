@@ -1,0 +1,125 @@
+"""``ucmfh runs``: past runs from results files, summarised over seeds (:mod:`ucmfh.app.runs`), a run's
+checkpoint or epoch history, and the scores against code length as figures. The summary imports no torch."""
+from __future__ import annotations
+
+import json
+import os
+
+import click
+
+from ucmfh.app.errors import UserError, user_errors, warn
+from ucmfh.app.options import results_to_read
+from ucmfh.app.outputs import check_figures, check_outputs
+from ucmfh.app.runs import (filter_rows, format_summary, held_by, method_of, read_results, settings_key, summarize,
+                            the_checkpoint, variant_of)
+from ucmfh.config import PROTOCOLS
+
+
+@click.command("runs")
+@results_to_read
+@click.option("--dataset", "-d", multiple=True, help="Only these datasets (repeatable).")
+@click.option("--method", multiple=True,
+              help="Only these methods (repeatable); METHOD@KEY: its runs of one settings key, as this command "
+                   "shows them (or METHOD@STAGE.NAME=VALUE, as 'ucmfh compare' takes them).")
+@click.option("--loss", multiple=True, help="Only these losses (repeatable).")
+@click.option("--n-bits", "-b", multiple=True, type=int, help="Only these code lengths (repeatable).")
+@click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable).")
+@click.option("--task", multiple=True, type=click.Choice(["fusion", "hashing", "seps", "rerank", "codes"]),
+              help="Only rows of these tasks (repeatable).")
+@click.option("--protocol", type=click.Choice(PROTOCOLS), help="Only this protocol.")
+@click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON lines.")
+@click.option("--checkpoint", "checkpoint", is_flag=True,
+              help="Print only the checkpoint of the one run that matches (for 'index -c', 'evaluate -c', ...); "
+                   "an error when several match.")
+@click.option("--plot", metavar="PREFIX",
+              help="Draw each dataset's scores against code length, one line per method: "
+                   "PREFIX_<dataset>_<score>.png and .svg (needs matplotlib).")
+@click.option("--overwrite", is_flag=True, help="Replace a --plot file that is not a figure ucmfh wrote.")
+@click.option("--history", metavar="RUN",
+              help="Print a finished run's epoch history (loss, validation score, the epoch kept, the candidate "
+                   "chosen, the refit) from its checkpoint: RUN is a checkpoint file or a run key (a prefix will do); "
+                   "with --plot, draw it: PREFIX_history.png and .svg.")
+@user_errors
+def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_json, checkpoint, plot,
+             overwrite, history) -> None:
+    """Summarise past runs from results files: mean ± std over seeds, one line per setting."""
+    if plot is not None and (as_json or checkpoint):
+        raise click.UsageError(f"--plot does not go with {'--json' if as_json else '--checkpoint'}")
+    if history is not None and checkpoint:
+        raise click.UsageError("--history does not go with --checkpoint")
+    if history == "":  # a prefix of every run key
+        raise click.BadParameter("an empty run key; give a checkpoint file or a run key", param_hint="--history")
+    if as_json and checkpoint:  # --checkpoint prints a path alone (for $(...)); --json was ignored
+        raise click.UsageError("--json does not go with --checkpoint")
+    if plot is not None:
+        from ucmfh.metrics.plots import pyplot
+
+        pyplot()  # a missing matplotlib is said before anything is read
+        if not plot:
+            raise click.BadParameter("an empty prefix; give the figures' path prefix (PREFIX_*.png)",
+                                     param_hint="--plot")
+        check_outputs(folders={"--plot": os.path.dirname(os.path.abspath(plot))})
+    missing = [path for path in results if not os.path.exists(path)]
+    if history is not None and not os.path.isfile(history) and missing:
+        raise click.BadParameter(f"{history}: no such checkpoint file, and no results file {missing[0]} to find a run "
+                                 "key in", param_hint="--history")
+    found = read_results(results, warn) if history is None or not os.path.isfile(history) else []
+    sides = []
+    if any("@" in name for name in method):  # a method's settings, as compare's (which imports torch)
+        from ucmfh.app.compare import parse_side  # compare reads this module's summaries
+
+        sides = [parse_side(name, "--method") for name in method if "@" in name]
+    plain = tuple(name for name in method if "@" not in name)
+    rows = filter_rows(found, dataset=dataset, method=() if sides else plain, loss=loss, n_bits=n_bits,
+                       protocol=protocol, seed=seed, task=task)
+    if sides:
+        rows = [row for row in rows if method_of(row) in plain or any(side.holds(row) for side in sides)]
+    if history is not None:
+        from ucmfh.app.history import draw_history, format_history, history_figure, history_of, history_paths, history_rows
+
+        try:
+            path, epochs = history_of(history, rows, ", ".join(results))
+        except ValueError as err:
+            raise click.BadParameter(str(err), param_hint="--history") from None
+        if not history_rows(epochs):  # a method fitted in closed form (cca-itq) trains no epoch
+            raise click.BadParameter(f"{path}: no epoch was trained (a method fitted in closed form has no history)",
+                                     param_hint="--history")
+        if plot is not None:
+            check_figures("--plot", history_paths(plot), overwrite)
+            for drawn in draw_history(history_figure(path, epochs), plot):
+                click.echo(f"wrote {drawn}")
+        elif as_json:
+            for row in history_rows(epochs):
+                click.echo(json.dumps(row, sort_keys=True))
+        else:
+            click.echo(format_history(path, epochs))
+        return
+    if checkpoint:
+        try:
+            click.echo(the_checkpoint(rows, ", ".join(results)))
+        except ValueError as err:  # the filters are the remedy
+            held = f" ({', '.join(results)} holds: {held_by(found)})" if not rows and found else ""
+            keys = sorted({f"{variant_of(row)}@{settings_key(row)[:6]}" for row in rows if row.get("checkpoint")})
+            if len(keys) > 1:  # runs of several settings: a settings key names one, as 'ucmfh runs' shows them
+                raise UserError(f"{err}, of settings {', '.join(keys)}; name one with --method {keys[0]} (and -d, "
+                                "-b, --seed)") from None
+            raise UserError(f"{err}{held}; name one run with -d, --task, --method, --loss, -b and --seed") from None
+        return
+    groups = summarize(rows)
+    if plot is not None:
+        from ucmfh.app.length_plot import check_figure_paths, draw_length_figures, length_figures
+
+        figures = length_figures(groups)
+        if not figures:
+            raise UserError("--plot: no run with a code length and a score matches; nothing drawn")
+        check_figure_paths(plot, figures, overwrite)
+        for path in draw_length_figures(figures, plot):
+            click.echo(f"wrote {path}")
+        return
+    if as_json:
+        for g in groups:
+            click.echo(json.dumps(g, sort_keys=True))
+    elif not groups and found:  # the selection left nothing: what would match
+        click.echo(f"no runs match the selection; {', '.join(results)} holds: {held_by(found)}")
+    else:
+        click.echo(format_summary(groups))
