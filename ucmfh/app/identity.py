@@ -65,12 +65,18 @@ def hash_settings(cfg: HashConfig) -> Dict[str, Any]:
     return {**identity_dict(cfg), "method_version": version} if version else identity_dict(cfg)
 
 
+def current_group():
+    """:func:`ucmfh.distributed.current_group`, imported when asked: reading results (``ucmfh runs``) needs no
+    torch."""
+    from ucmfh import distributed
+
+    return distributed.current_group()
+
+
 def processes(n: Optional[int] = None) -> Dict[str, int]:
     """The number of processes a run trains in (``n``; default this run's), as each stage's settings in its
     identity hold it: several processes draw other dropout masks than one (docs/distributed.md), so a run of
     N > 1 is another run; one process's settings say nothing (the runs made before it keep their keys)."""
-    from ucmfh.distributed import current_group
-
     n = current_group().world_size if n is None else int(n)
     return {"processes": n} if n > 1 else {}
 
@@ -136,7 +142,6 @@ class Run:
     trained_in: Optional[int] = None  # the processes it trains in (a checkpoint's, scored); None: this run's
 
     def __post_init__(self) -> None:
-        from ucmfh.distributed import current_group
         from ucmfh.methods.settings import trains_fusion
 
         if self.trained_in is None:
