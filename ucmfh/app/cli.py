@@ -1,6 +1,6 @@
 """The ``ucmfh`` command: the click group. Its commands live in the modules they are made of, each imported
-when it runs or shows its help (:data:`COMMANDS`), so that ``ucmfh --help`` and the commands that read results
-and indexes (``runs``, ``compare``, ``search``) start without importing torch, which takes seconds."""
+when it runs or shows its help (:data:`COMMANDS`), so that ``ucmfh --help`` and ``ucmfh runs`` start without
+importing torch, which takes seconds; the commands that train or score import it."""
 from __future__ import annotations
 
 import re
@@ -35,6 +35,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "index": ("ucmfh.app.search_cli:index_cmd", "Encode a collection into an index folder."),
     "search": ("ucmfh.app.search_cli:search_cmd", "Search an index: the top-k items of each query."),
 }
+
 
 class UsageInOneLine(click.ClickException):
     """A mistake on the command line said in one line, exit code 2 (click's own says it under the command's

@@ -118,7 +118,7 @@ def resolve_dataset(name: str, data_dir: PathLike) -> str:
     if os.path.exists(path):
         return path
     if name == "synthetic":
-        from ucmfh.data.synthetic import make_synthetic  # torch's import, for the command that makes it alone
+        from ucmfh.data.synthetic import make_synthetic  # imports torch: paid by a command that makes the file
 
         return make_synthetic(path)
     if os.path.isfile(name) and h5py.is_hdf5(name):  # a dataset file here without .h5 (a copy named wikicopy)

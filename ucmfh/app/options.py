@@ -11,11 +11,10 @@ import click
 from ucmfh.app.environment import default_data_dir, torchrun_sizes
 from ucmfh.config import AMP_MODES, COUNT_MAX, PROTOCOLS, SEED, FusionConfig, SettingError
 
+# The library's modules that import torch are imported where they are used: a command that reads results alone
+# ('ucmfh runs') takes these options without importing torch, which takes seconds.
 if TYPE_CHECKING:
     from ucmfh.app.identity import RunOptions
-
-# The library's modules that import torch are imported where they are used: the commands that read results
-# alone (runs, compare) take these options without importing torch, which takes seconds.
 
 T = TypeVar("T")
 DEFAULT_RESULTS = "runs/results.jsonl"  # where every command appends its rows, and runs and compare read them

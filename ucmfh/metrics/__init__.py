@@ -29,29 +29,7 @@ _HOMES = {
     "top_k": "topk",
 }
 
-__all__ = [
-    "average_precision_at_k",
-    "backend",
-    "codes_file_row",
-    "evaluate_caption_set",
-    "evaluate_codes",
-    "evaluate_codes_file",
-    "evaluate_direction",
-    "map_at_all",
-    "map_at_k",
-    "map_at_k_by_id",
-    "map_at_k_cosine",
-    "native_kernels",
-    "pr_curve_hamming",
-    "precision_at_k",
-    "precision_recall_at_k",
-    "precision_within_radius",
-    "recall_at_k",
-    "recall_at_ranks",
-    "relevant_counts",
-    "set_backend",
-    "top_k",
-]
+__all__ = sorted(_HOMES)
 
 
 def __getattr__(name):
