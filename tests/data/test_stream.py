@@ -215,6 +215,19 @@ def test_every_method_trains_on_small_blocks_to_the_weights_of_memory(tiny_path,
     assert streamed.keys() == held.keys() and all(torch.equal(streamed[k], held[k]) for k in held)
 
 
+def test_distill_on_a_streamed_split_leaves_the_caller_s_teacher_as_it_was(tiny_path):
+    """On a streamed split, distill's teacher embeds each batch as it comes: it did so by the caller's fusion
+    encoder, moved to the device and left in eval mode after the fit. A copy does it now."""
+    data = load_dataset(tiny_path, max_memory_bytes=4 * 80 * 100, stream=SMALL_BLOCKS)
+    assert data.train.streamed
+    fusion = fit_fusion(data, small_fusion(epochs=1), progress=False)[0].train()
+    before = {key: value.clone() for key, value in fusion.state_dict().items()}
+    fit_hashing(data, hash_config("distill", n_bits=16, hidden=32, epochs=1, batch_size=64, device="cpu"), fusion,
+                progress=False)
+    assert all(module.training for module in fusion.modules())
+    assert all(torch.equal(before[key], value) for key, value in fusion.state_dict().items())
+
+
 def test_streamed_rows_are_read_ahead_of_the_step_and_train_the_same(tiny_path, monkeypatch):
     """The blocks of each batch are read on the step-ahead thread while the step before it runs, and
     training ends with the weights of reading them in the step."""

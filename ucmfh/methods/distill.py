@@ -1,6 +1,7 @@
 """Method 'distill': two-tower whose InfoNCE targets are mixed with a fused teacher's neighbours."""
 from __future__ import annotations
 
+import copy
 from typing import Callable, Optional
 
 import torch
@@ -63,8 +64,8 @@ class Distill(TwoTower):
         fused = None  # the teacher's fused embedding of each training item, computed once (in memory)
         if not train.streamed:
             fused = fused_embedding(*embeddings_of(teacher, setup.rest, "fused", setup.device))
-        else:  # streamed: each batch's, when it comes
-            teacher.to(setup.device).eval()
+        else:  # streamed: each batch's, when it comes, by a copy on the device (the caller's stays as it was)
+            teacher = copy.deepcopy(fusion).to(setup.device).eval()
 
         def loss(codes_img: torch.Tensor, codes_txt: torch.Tensor, batch: CodeBatch) -> torch.Tensor:
             if fused is not None:
