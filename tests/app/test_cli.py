@@ -361,6 +361,18 @@ def test_every_command_is_listed_and_made_where_the_group_says():
     assert main.get_command(None, "no-such-command") is None
 
 
+@pytest.mark.parametrize("name, said", [
+    ("trian-hash", "Error: No such command 'trian-hash'; did you mean 'train-hash'?"),
+    ("run", "Error: No such command 'run'; did you mean 'runs'?"),
+    ("xyzzy", "Error: No such command 'xyzzy'; the commands: compare, convert, encode, evaluate, extract, grid, "
+              "index, losses, make-synthetic, methods, rerank, runs, search, train-fusion, train-hash, train-seps, "
+              "validate"),
+])
+def test_an_unknown_command_is_told_the_closest_or_the_list(name, said):
+    result = CliRunner().invoke(main, [name, "--epochs", "3"])
+    assert result.exit_code == 2 and result.output == said + "\n"
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["--version"], ["runs", "--results", "docs/results/small.jsonl"],
                                   ["runs", "--results", "docs/results/flickr8k.jsonl", "--json"]])
 def test_the_help_and_the_summary_of_runs_do_not_import_torch(argv):

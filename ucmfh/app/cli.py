@@ -3,6 +3,7 @@ when it runs or shows its help (:data:`COMMANDS`), so that ``ucmfh --help`` and 
 importing torch, which takes seconds; the commands that train or score import it."""
 from __future__ import annotations
 
+import difflib
 import re
 import sys
 from importlib import import_module
@@ -71,7 +72,7 @@ def _flag_for_extra_file(err: click.UsageError) -> str:
 
 class Commands(click.Group):
     """The ``ucmfh`` group: its commands are :data:`COMMANDS`, each imported when asked for, and listed by
-    ``ucmfh --help`` without importing any; a reader that closes the output early (``ucmfh runs | head -1``)
+    ``ucmfh --help`` without importing any (an unknown one is told the closest, 'did you mean'); a reader that closes the output early (``ucmfh runs | head -1``)
     ends every command quietly once its work is done, with the code that ends ``yes | head -1``
     (:func:`ucmfh.app.errors.outlive_reader`); a mistake on the command line is one line
     (:class:`UsageInOneLine`; ``ucmfh`` alone still prints its help)."""
@@ -90,6 +91,14 @@ class Commands(click.Group):
             interrupted(err)
         finally:
             restore()  # the command sets its own (main)
+
+    def resolve_command(self, ctx: click.Context, args: List[str]):
+        name = args[0] if args else ""
+        if name and not name.startswith("-") and name not in COMMANDS and not ctx.resilient_parsing:
+            close = difflib.get_close_matches(name, COMMANDS, n=1)  # a typo's command ('trian-hash')
+            ctx.fail(f"No such command {name!r}; " + (f"did you mean {close[0]!r}?" if close else
+                                                      f"the commands: {', '.join(sorted(COMMANDS))}"))
+        return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
