@@ -158,8 +158,11 @@ class SigtermFromAThread(AtFirstEpoch):
 
 
 # Caption sets (docs/reference.md §7) and token sets (§9), for the tests of captions, SEPS and search
-def caption_file(path, rng=np.random.default_rng(0), n_query=8, n_retrieval=40, labels=False):
-    """A tiny caption set: 3 captions per image, relevance by id (no labels unless ``labels``)."""
+def caption_file(path, rng=None, n_query=8, n_retrieval=40, labels=False):
+    """A tiny caption set: 3 captions per image, relevance by id (no labels unless ``labels``); the same file at
+    every call unless ``rng`` is given (a generator as the default was one for the whole session, so a file's
+    numbers hung on the tests run before it in that process)."""
+    rng = np.random.default_rng(0) if rng is None else rng
     latent = rng.normal(size=(n_query + n_retrieval, 8))
     a, b = rng.normal(size=(8, 12)), rng.normal(size=(8, 10))
 
