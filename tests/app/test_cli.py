@@ -306,6 +306,20 @@ def test_a_setting_refused_while_the_work_ran_is_said_as_its_flag():
     assert describe(err, set()) == str(err)
 
 
+@pytest.mark.parametrize("rank, said", [("0", "two-tower 16 bits interrupted; run the same command with --resume "
+                                                "to continue\n"), ("1", "")])
+def test_under_torchrun_rank_0_alone_says_how_to_go_on(monkeypatch, capsys, rank, said):
+    """Every rank of an interrupted torchrun run stops, and each said the same line (rank 1's 'training state
+    saved' too, which rank 0 alone writes): rank 0 says it for all; every rank ends with the signal's code."""
+    from ucmfh.app.errors import interrupted
+    from ucmfh.signals import TrainingInterrupted
+
+    monkeypatch.setenv("RANK", rank)
+    with pytest.raises(SystemExit) as ended:
+        interrupted(TrainingInterrupted("two-tower 16 bits interrupted", "hash16.state.pt", 2))
+    assert ended.value.code == 130 and capsys.readouterr().err == said
+
+
 def test_a_ctrl_c_while_the_command_imports_is_one_line(monkeypatch, capsys):
     """The console script imported the command (and torch: seconds) before any guard: a Ctrl-C then was a
     traceback. It now calls ucmfh.__main__.run, which imports the command inside the guard."""
