@@ -25,7 +25,8 @@ __version__ = "0.1.0"
 _METRICS = (
     "average_precision_at_k", "evaluate_caption_set", "evaluate_codes", "evaluate_codes_file", "evaluate_direction", "map_at_all",
     "map_at_k", "map_at_k_by_id", "map_at_k_cosine", "native_kernels", "pr_curve_hamming", "precision_at_k",
-    "precision_recall_at_k", "precision_within_radius", "recall_at_k", "recall_at_ranks", "set_backend", "top_k",
+    "precision_recall_at_k", "precision_within_radius", "recall_at_k", "recall_at_ranks", "relevant_counts",
+    "set_backend", "top_k",
 )
 _HOMES = {
     **{name: "ucmfh.metrics" for name in _METRICS},
