@@ -9,7 +9,7 @@ batch_first=False) on ``(1, B, 1024)``, NT-Xent through the broadcast
 ``F.cosine_similarity`` over (2B, 2B, d), one hash MLP per modality, one Adam +
 per-batch MultiStepLR (gamma 1.2) per module, ``loss.item()`` every batch;
 hashing loss = loss(fused) + 0.5 * loss(heads).
-(b) ``ours``: ``ucmfh.fusion_stage.fit_fusion`` / ``fit_hashing`` with default
+(b) ``ours``: ``ucmfh.fusion_stage.fit_fusion`` / ``ucmfh.methods.fit_hashing`` with default
 settings (and each ``--amp`` mode asked for).
 
 Measurements, alternating (a)/(b) in one process, ``--repeats`` times, medians:
