@@ -197,6 +197,28 @@ def test_two_stage_search_and_seps_scoring_on_cuda_give_the_cpu_s_figures(tmp_pa
             (name, stage)
 
 
+def test_seps_scoring_on_cuda_leaves_the_caller_s_model_where_and_as_it_was(tmp_path, cuda):
+    """Scoring a database by SEPS on the device moved the caller's model there and left it in eval mode (its
+    training mode lost, a CPU model on the GPU for good); it is now scored there and left as it was."""
+    from conftest import D_IMG, D_TXT, T, small_seps, token_splits
+    from ucmfh.data.writer import write_dataset
+    from ucmfh.data.tokens import Tokens
+    from ucmfh.seps import database_scores, databases
+    from ucmfh.seps.model import SEPS
+
+    path = write_dataset(tmp_path / "tok.h5", token_splits(seed=3), attrs={"name": "tok"})
+    torch.manual_seed(0)
+    seps = SEPS(D_IMG, D_TXT, T, small_seps()).train()
+    with Tokens(path, "query") as q, Tokens(path, "retrieval") as r:
+        [db] = databases(q, r, ["test"])
+        want, _ = database_scores(copy.deepcopy(seps), db, torch.device("cpu"), 64)
+        with cuda.block():
+            got, _ = database_scores(seps, db, torch.device("cuda"), 64)
+    assert all(module.training for module in seps.modules())
+    assert not any(on_cuda(p) for p in seps.parameters())
+    assert torch.allclose(got, want, atol=cuda.tolerance)
+
+
 def test_a_training_plan_s_batches_reach_the_host_and_streamed_rows_the_device_without_waiting(tiny_path,
                                                                                                monkeypatch):
     """What a step reads from a file needs its batch on the host: the plan keeps each batch's host copy, so

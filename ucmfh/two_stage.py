@@ -56,13 +56,17 @@ class Reranking:
         db: the database (:func:`ucmfh.seps.scoring.databases`).
         data: the pooled features of the same file (``load_dataset``).
         hasher: a leak-free hashing model (:class:`FeatureHasher`).
-        seps: the SEPS matcher, or None for the Hamming and cosine stages only.
+        seps: the SEPS matcher, or None for the Hamming and cosine stages only: it is moved to ``device`` and
+            kept in eval mode, as the hashing model is kept in eval mode, for the re-ranker's whole life (each
+            query is encoded by it when asked).
     """
 
     def __init__(self, db: Database, data: Dataset, hasher: FeatureHasher, seps: Optional[SEPS] = None,
                  device: str = "cpu", progress: bool = False) -> None:
         self.db, self.hasher, self.seps = db, hasher.eval(), seps
         self.device = torch.device(device)
+        if seps is not None:  # each query's tokens are encoded on the device, for the re-ranker's whole life
+            seps.to(self.device).eval()
         self.progress = progress
         with torch.no_grad():
             img, txt = _per_axis(db, data, "img"), _per_axis(db, data, "txt")

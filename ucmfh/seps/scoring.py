@@ -18,7 +18,7 @@ from tqdm.auto import tqdm
 from ucmfh.data.tokens import Tokens
 from ucmfh.metrics.captions import DATABASES, database_rows, recall_from_scores
 from ucmfh.seps.model import SEPS, State
-from ucmfh.utils import to_device
+from ucmfh.utils import evaluating, to_device
 
 RANKS = (1, 5, 10)
 
@@ -117,37 +117,38 @@ def score_candidates(model: SEPS, query: State, candidates: State, query_modalit
 
 @torch.no_grad()
 def image_states(model: SEPS, side: Side, device: torch.device, batch: int = 128, progress: bool = False) -> State:
-    """The state of every image of ``side``, computed once (the store a re-ranker keeps per image)."""
-    model.to(device).eval()
-    states = [encode_images(model, side.tokens, items, device)
-              for items in tqdm(list(side.chunks(batch)), desc="SEPS images", disable=not progress)]
-    return cat_states(states)
+    """The state of every image of ``side``, computed once (the store a re-ranker keeps per image); the model is
+    scored on ``device`` in eval mode, and left where and as it was (:func:`ucmfh.utils.evaluating`)."""
+    with evaluating(model, device):
+        return cat_states([encode_images(model, side.tokens, items, device)
+                           for items in tqdm(list(side.chunks(batch)), desc="SEPS images", disable=not progress)])
 
 
 @torch.no_grad()
 def text_states(model: SEPS, side: Side, device: torch.device, batch: int = 512, progress: bool = False) -> State:
-    """The state of every caption of ``side`` (padded to the longest)."""
-    model.to(device).eval()
-    return cat_states([encode_texts(model, side.tokens, items, device)
-                       for items in tqdm(list(side.chunks(batch)), desc="SEPS captions", disable=not progress)])
+    """The state of every caption of ``side`` (padded to the longest); the model left as it was."""
+    with evaluating(model, device):
+        return cat_states([encode_texts(model, side.tokens, items, device)
+                           for items in tqdm(list(side.chunks(batch)), desc="SEPS captions", disable=not progress)])
 
 
 @torch.no_grad()
 def score_matrix(model: SEPS, images: State, texts: Side, device: torch.device, pair_chunk: int,
                  progress: bool = False) -> torch.Tensor:
-    """SEPS scores of every (caption, image) pair. Shape: -> [n_texts, n_images] float32 on the CPU."""
-    model.to(device).eval()
+    """SEPS scores of every (caption, image) pair. Shape: -> [n_texts, n_images] float32 on the CPU. The model is
+    left where and as it was."""
     n_img = images["basis"].shape[0]
     text_batch = max(1, min(len(texts), pair_chunk // max(1, min(n_img, pair_chunk))))
     image_batch = max(1, pair_chunk // text_batch)
     out = torch.empty(len(texts), n_img)
     start = 0
-    for items in tqdm(list(texts.chunks(text_batch)), desc="SEPS pairs", disable=not progress):
-        txt = encode_texts(model, texts.tokens, items, device)
-        for i in range(0, n_img, image_batch):
-            out[start:start + len(items), i:i + image_batch] = model.grid(
-                take(images, torch.arange(i, min(i + image_batch, n_img), device=device)), txt)[0].float().cpu()
-        start += len(items)
+    with evaluating(model, device):
+        for items in tqdm(list(texts.chunks(text_batch)), desc="SEPS pairs", disable=not progress):
+            txt = encode_texts(model, texts.tokens, items, device)
+            for i in range(0, n_img, image_batch):
+                out[start:start + len(items), i:i + image_batch] = model.grid(
+                    take(images, torch.arange(i, min(i + image_batch, n_img), device=device)), txt)[0].float().cpu()
+            start += len(items)
     return out
 
 
