@@ -349,7 +349,8 @@ def test_threads_without_jobs_are_refused(tiny_path, tmp_path):
 
 def test_jobs_and_torchrun_s_ranks_are_refused_together(tiny_path, tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it (the command alone: no process group joined)
-    result = CliRunner().invoke(main.get_command(None, "grid"), ["-d", tiny_path, "--jobs", "2", "--out", str(tmp_path / "r")])
+    grid = main.get_command(None, "grid")
+    result = CliRunner().invoke(grid, ["-d", tiny_path, "--jobs", "2", "--out", str(tmp_path / "r")])
     assert result.exit_code == 2 and result.output.splitlines()[-1] == (
         "Error: Invalid value for '--jobs' / '-j': cells side by side and torchrun's ranks do not mix: use one or the "
         "other")
