@@ -107,7 +107,8 @@ def test_the_flag_trains_the_rows_of_a_run_without_it(tiny_path, tmp_path):
 def test_the_flag_and_torchrun_s_ranks_are_refused_together(tiny_path, tmp_path, monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # as torchrun sets it (the command alone: no process group joined)
     train_hash = main.get_command(None, "train-hash")
-    result = CliRunner().invoke(train_hash, ["-d", tiny_path, "--candidates-side-by-side", "--out", str(tmp_path / "runs")])
+    result = CliRunner().invoke(train_hash, ["-d", tiny_path, "--candidates-side-by-side", "--out",
+                                             str(tmp_path / "runs")])
     assert result.exit_code == 2 and result.output.splitlines()[-1] == (
         "Error: Invalid value for '--candidates-side-by-side': candidates side by side and torchrun's ranks do not "
         "mix: use one or the other")

@@ -73,9 +73,9 @@ def _flag_for_extra_file(err: click.UsageError) -> str:
 class Commands(click.Group):
     """The ``ucmfh`` group: its commands are :data:`COMMANDS`, each imported when asked for, and listed by
     ``ucmfh --help`` without importing any (an unknown one is told the closest, 'did you mean'); a reader that
-    closes the output early (``ucmfh runs | head -1``) ends every command quietly once its work is done, with the code that ends ``yes | head -1``
-    (:func:`ucmfh.app.errors.outlive_reader`); a mistake on the command line is one line
-    (:class:`UsageInOneLine`; ``ucmfh`` alone still prints its help)."""
+    closes the output early (``ucmfh runs | head -1``) ends every command quietly once its work is done, with
+    the code that ends ``yes | head -1`` (:func:`ucmfh.app.errors.outlive_reader`); a mistake on the command
+    line is one line (:class:`UsageInOneLine`; ``ucmfh`` alone still prints its help)."""
 
     def list_commands(self, ctx: click.Context) -> List[str]:
         return sorted(COMMANDS)
