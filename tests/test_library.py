@@ -4,6 +4,8 @@ are one call each."""
 from __future__ import annotations
 
 import os
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -11,7 +13,7 @@ import torch
 import ucmfh
 from ucmfh.models.fusion import FusionEncoder
 
-from conftest import method_config
+from conftest import ROOT, method_config
 
 
 @pytest.fixture(scope="module")
@@ -182,3 +184,14 @@ def test_a_caption_set_s_missing_labels_and_mixed_codes_are_said_as_such():
 def test_the_names_loaded_on_first_use_are_listed():
     assert {"fit_hashing", "Index", "Split", "Dataset", "History", "separate_draws"} <= set(dir(ucmfh))
     assert all(hasattr(ucmfh, name) for name in ucmfh.__all__)
+
+
+def test_the_metrics_package_loads_its_names_and_modules_when_asked():
+    """``ucmfh.metrics`` imports its modules on first use (the light ones without torch), and a module of it is
+    an attribute of the package, as when the package imported them all."""
+    code = ("import sys, ucmfh.metrics as m\nassert 'torch' not in sys.modules\n"
+            "assert m.ranking.map_at_k is m.map_at_k and m.intervals.paired_bootstrap\n"
+            "try:\n    m.no_such_name\nexcept AttributeError as err:\n    print(err)")
+    ran = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
+    assert ran.returncode == 0, ran.stderr
+    assert ran.stdout == "module 'ucmfh.metrics' has no attribute 'no_such_name'\n"

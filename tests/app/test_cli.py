@@ -306,15 +306,23 @@ def test_a_setting_refused_while_the_work_ran_is_said_as_its_flag():
     assert describe(err, set()) == str(err)
 
 
-@pytest.mark.parametrize("rank, said", [("0", "two-tower 16 bits interrupted; run the same command with --resume "
-                                                "to continue\n"), ("1", "")])
-def test_under_torchrun_rank_0_alone_says_how_to_go_on(monkeypatch, capsys, rank, said):
+@pytest.mark.parametrize("rank, said", [(None, "two-tower 16 bits interrupted; run the same command with --resume "
+                                                 "to continue\n"),
+                                         (0, "two-tower 16 bits interrupted; run the same command with --resume "
+                                             "to continue\n"), (1, "")])
+def test_in_a_process_group_rank_0_alone_says_how_to_go_on(monkeypatch, capsys, rank, said):
     """Every rank of an interrupted torchrun run stops, and each said the same line (rank 1's 'training state
-    saved' too, which rank 0 alone writes): rank 0 says it for all; every rank ends with the signal's code."""
+    saved' too, which rank 0 alone writes): in a process group rank 0 says it for all (without one, as an
+    extraction shard is, each process says its own); every rank ends with the signal's code."""
+    import torch.distributed as dist
+
     from ucmfh.app.errors import interrupted
     from ucmfh.signals import TrainingInterrupted
 
-    monkeypatch.setenv("RANK", rank)
+    monkeypatch.setenv("RANK", "1")  # torchrun's, also for extraction's shards: not what decides
+    if rank is not None:  # a process group joined, this process its rank
+        monkeypatch.setattr(dist, "is_initialized", lambda: True)
+        monkeypatch.setattr(dist, "get_rank", lambda group=None: rank)
     with pytest.raises(SystemExit) as ended:
         interrupted(TrainingInterrupted("two-tower 16 bits interrupted", "hash16.state.pt", 2))
     assert ended.value.code == 130 and capsys.readouterr().err == said
@@ -375,8 +383,20 @@ def test_every_command_is_listed_and_made_where_the_group_says():
     assert main.get_command(None, "no-such-command") is None
 
 
+def test_a_command_added_to_the_group_runs_and_is_listed(monkeypatch):
+    """click's add_command still adds a command (another program built on the group), beside the table's."""
+    @click.command("hello")
+    def hello():
+        """Say hello."""
+        click.echo("hello")
+
+    monkeypatch.setitem(main.commands, "hello", hello)
+    assert CliRunner().invoke(main, ["hello"]).output == "hello\n"
+    assert "  hello           Say hello." in CliRunner().invoke(main, ["--help"]).output
+
+
 @pytest.mark.parametrize("name, said", [
-    ("trian-hash", "Error: No such command 'trian-hash'; did you mean 'train-hash'?"),
+    ("trian-hash", "Error: No such command 'trian-hash'; did you mean 'train-hash' or 'train-seps'?"),
     ("run", "Error: No such command 'run'; did you mean 'runs'?"),
     ("xyzzy", "Error: No such command 'xyzzy'; the commands: compare, convert, encode, evaluate, extract, grid, "
               "index, losses, make-synthetic, methods, rerank, runs, search, train-fusion, train-hash, train-seps, "

@@ -28,7 +28,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "train-hash": ("ucmfh.app.hashing_cli:train_hash_cmd", "Task 1: learn codes by --method and score them."),
     "evaluate": ("ucmfh.app.hashing_cli:evaluate_cmd", "Tasks 2/3: score a checkpoint or a codes file."),
     "encode": ("ucmfh.app.hashing_cli:encode_cmd", "Write a hashing checkpoint's codes to a file."),
-    "grid": ("ucmfh.app.grid:grid", "Train and score datasets × methods × code lengths × seeds."),
+    "grid": ("ucmfh.app.grid:grid", "Train and score datasets × methods × losses × lengths."),
     "runs": ("ucmfh.app.runs_cli:runs_cmd", "Summarise past runs: mean ± std over seeds."),
     "compare": ("ucmfh.app.compare:compare", "Two methods' paired differences, with intervals."),
     "train-seps": ("ucmfh.app.seps_cli:train_seps", "Train SEPS on a file's token features and score it."),
@@ -78,11 +78,11 @@ class Commands(click.Group):
     line is one line (:class:`UsageInOneLine`; ``ucmfh`` alone still prints its help)."""
 
     def list_commands(self, ctx: click.Context) -> List[str]:
-        return sorted(COMMANDS)
+        return sorted({*COMMANDS, *self.commands})  # and any added with add_command
 
     def get_command(self, ctx: click.Context, cmd_name: str) -> Optional[click.Command]:
         if cmd_name not in COMMANDS:
-            return None
+            return super().get_command(ctx, cmd_name)
         module, name = COMMANDS[cmd_name][0].split(":")
         restore = terminate_as_interrupt()  # the import may take seconds (torch): a Ctrl-C or SIGTERM is one line
         try:
@@ -94,15 +94,17 @@ class Commands(click.Group):
 
     def resolve_command(self, ctx: click.Context, args: List[str]):
         name = args[0] if args else ""
-        if name and not name.startswith("-") and name not in COMMANDS and not ctx.resilient_parsing:
-            close = difflib.get_close_matches(name, COMMANDS, n=1)  # a typo's command ('trian-hash')
-            ctx.fail(f"No such command {name!r}; " + (f"did you mean {close[0]!r}?" if close else
-                                                      f"the commands: {', '.join(sorted(COMMANDS))}"))
+        names = self.list_commands(ctx)
+        if name and not name.startswith("-") and name not in names and not ctx.resilient_parsing:
+            close = difflib.get_close_matches(name, names, n=3)  # a typo's command ('trian-hash')
+            ctx.fail(f"No such command {name!r}; " + (f"did you mean {' or '.join(map(repr, close))}?" if close
+                                                      else f"the commands: {', '.join(names)}"))
         return super().resolve_command(ctx, args)
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
-            formatter.write_dl([(name, COMMANDS[name][1]) for name in self.list_commands(ctx)])
+            formatter.write_dl([(name, COMMANDS[name][1] if name in COMMANDS else
+                                 self.commands[name].get_short_help_str()) for name in self.list_commands(ctx)])
 
     def make_context(self, *args, **kwargs) -> click.Context:  # where 'ucmfh --help' prints
         try:

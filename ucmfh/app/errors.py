@@ -116,12 +116,14 @@ def interrupted(err: KeyboardInterrupt, always_resumes: bool = False) -> None:
     no signal, ``signum``, is Ctrl-C's). A training run's interrupt carries its saved state
     (``state_path``): the same command with --resume continues it. The same command alone continues one
     that ``always_resumes`` (a grid), whatever it was doing when stopped; another's message says what was
-    kept, or it is a plain Ctrl-C. Under torchrun, rank 0 says it for every rank (each stops, and each said
-    the same line, the others' 'training state saved' too, which rank 0 alone writes)."""
+    kept, or it is a plain Ctrl-C. In a process group (torchrun's ranks of one run), rank 0 says it for every
+    rank: each stops, and each said the same line, the others' 'training state saved' too, which rank 0 alone
+    writes (extraction's shards are no group: each says its own)."""
     text = str(err) or "interrupted"
     if always_resumes or getattr(err, "state_path", None) is not None:
         text += f"; run the same command{'' if always_resumes else ' with --resume'} to continue"
-    if int(os.environ.get("RANK", "0") or 0) == 0:
+    group = sys.modules.get("torch.distributed")  # imported by a command that joined a group, if any
+    if not (group is not None and group.is_available() and group.is_initialized() and group.get_rank() > 0):
         click.echo(text, err=True)
     signum: Optional[int] = getattr(err, "signum", None)
     sys.exit(128 + signum if signum else EXIT_INTERRUPTED)

@@ -35,6 +35,11 @@ __all__ = sorted(_HOMES)
 def __getattr__(name):
     if name in _HOMES:
         return getattr(import_module(f"ucmfh.metrics.{_HOMES[name]}"), name)
+    try:  # a module of the package (ucmfh.metrics.ranking), as it was when the package imported them all
+        return import_module(f"ucmfh.metrics.{name}")
+    except ModuleNotFoundError as err:
+        if err.name != f"ucmfh.metrics.{name}":  # a module of ours that needs one not installed
+            raise
     raise AttributeError(f"module 'ucmfh.metrics' has no attribute {name!r}")
 
 
