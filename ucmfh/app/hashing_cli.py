@@ -192,9 +192,9 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
                 first = codes[0]
                 other = next((p for p in codes if _codes_differ(what, attrs[p], attrs[first])), None)
                 if other is not None:
-                    raise click.UsageError(f"--codes {other}: codes of {what} {_codes_of(what, attrs[other])}, but "
-                                           f"{first}'s are of {_codes_of(what, attrs[first])}; the curves of one "
-                                           f"figure share a {what}")
+                    raise click.UsageError(f"--codes {other}: codes of {what} {_codes_file_field(what, attrs[other])}, "
+                                           f"but {first}'s are of {_codes_file_field(what, attrs[first])}; the curves "
+                                           f"of one figure share a {what}")
         runs = []
         for path in codes:
             metrics = evaluate_codes_file(path, k=k, device=resolve_device(device), database=database)
@@ -271,7 +271,7 @@ def _codes_differ(what: str, a: Dict[str, Any], b: Dict[str, Any]) -> bool:
     return a.get(what) != b.get(what) or (what == "dataset" and None not in prints and prints[0] != prints[1])
 
 
-def _codes_of(what: str, attrs: Dict[str, Any]) -> str:
+def _codes_file_field(what: str, attrs: Dict[str, Any]) -> str:
     """A codes file's ``what`` (dataset or protocol) as a refusal names it: a dataset with its fingerprint's first
     characters where the file holds one."""
     fingerprint = attrs.get("dataset_fingerprint") if what == "dataset" else None
