@@ -58,6 +58,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     argv = sys.argv[1:] if argv is None else list(argv)
     argv = [SPELLINGS.get(name, name) + sep + value for name, sep, value in (a.partition("=") for a in argv)]
     args = p.parse_args(argv)
+    vars(args).pop("_given", None)
     if args.task in (2, 3):  # options of training, which tasks 2 and 3 would take and ignore
         graph = "--cuda_graph" if args.cuda_graph else "--no_cuda_graph"  # the one given
         given = [flag for flag, on in (("--resume", args.resume), (graph, args.cuda_graph is not None),
@@ -68,9 +69,40 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        for kind, action in ((None, _Store), ("store", _Store), ("store_true", _StoreTrue), ("store_false", _StoreFalse)):
+            self.register("action", kind, action)
+
     def error(self, message: str) -> NoReturn:
         """A mistake on the command line in one line, exit code 2, as the ``ucmfh`` command says it (no usage)."""
         self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+class _Once(argparse.Action):
+    """A flag given a second time is refused (``--hash_lens 16 --hash_lens 32``), where argparse keeps the last
+    silently: a run of other settings than the line reads; as the ``ucmfh`` command refuses it."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        seen = vars(namespace).setdefault("_given", {})
+        given = option_string if values is None or values == [] else f"{option_string} {values}"
+        if self.dest in seen:
+            parser.error(f"argument {option_string}: given twice ({seen[self.dest]}, then {given}); give it once "
+                         "(only the last would count)")
+        seen[self.dest] = given
+        super().__call__(parser, namespace, values, option_string)
+
+
+class _Store(_Once, argparse._StoreAction):
+    pass
+
+
+class _StoreTrue(_Once, argparse._StoreTrueAction):
+    pass
+
+
+class _StoreFalse(_Once, argparse._StoreFalseAction):
+    pass
 
 
 def parser() -> argparse.ArgumentParser:

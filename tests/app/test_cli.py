@@ -521,6 +521,42 @@ def test_a_file_given_without_its_flag_is_told_the_flag(argv, said):
     assert result.exit_code == 2 and result.output.strip().splitlines() == [f"Error: {said}"], result.output
 
 
+@pytest.mark.parametrize("argv, said", [
+    (["train-hash", "-d", "a.h5", "-d", "b.h5", "-b", "16", "-b", "32"], "Option '--dataset' / '-d' given twice"),
+    (["train-hash", "--epochs", "1", "--seed", "1", "--epochs=2"], "Option '--epochs' given twice"),
+    (["train-hash", "--results", "a.jsonl", "--results", "b.jsonl", "--results", "c.jsonl"],
+     "Option '--results' given 3 times"),
+    (["train-hash", "--cuda-graph", "--no-cuda-graph"], "Option '--cuda-graph' / '--no-cuda-graph' given twice"),
+    (["evaluate", "-c", "x.pt", "-d", "a.h5", "--dataset", "b.h5"], "Option '--dataset' / '-d' given twice"),
+    (["search", "index", "-q", "q.npy", "-k", "3", "-k", "1"], "Option '-k' given twice"),
+])
+def test_an_option_of_one_value_given_twice_is_refused_before_work(tmp_path, monkeypatch, argv, said):
+    """click keeps the last of an option given twice, silently: 'train-hash -d a.h5 -d b.h5' trained b alone and
+    '--results a --results b' never wrote a. One line, exit 2, before any file is read; options that take several
+    (-b) repeat as before."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner().invoke(main, argv)
+    assert result.exit_code == 2 and result.output.splitlines() == [
+        f"Error: {said}; give it once (only the last would count)"], result.output
+    assert os.listdir(tmp_path) == []
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["--hash_lens", "16", "--hash-lens=32"], "argument --hash_lens: given twice (--hash_lens 16, then --hash_lens 32)"),
+    (["--dataset", "a", "--epoch", "2", "--dataset", "b"], "argument --dataset: given twice (--dataset a, then --dataset b)"),
+    (["--resume", "--resume"], "argument --resume: given twice (--resume, then --resume)"),
+])
+def test_demo_refuses_a_flag_given_twice(capsys, argv, said):
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    with pytest.raises(SystemExit) as ended:
+        demo.parse_args(argv)
+    assert ended.value.code == 2 and capsys.readouterr().err.splitlines() == [
+        f"{demo.parser().prog}: error: {said}; give it once (only the last would count)"]
+    assert "_given" not in vars(demo.parse_args(["--hash_lens", "16", "--cuda_graph"]))  # nothing left behind
+
+
 def test_a_run_refused_once_started_leaves_no_folder_of_its_lock_alone(tmp_path, tiny_path):
     """A setting refused once the run has its folder (a validation split that leaves nothing to train on) left
     'runs/DATASET-FP/RUN/hash16.lock' behind, an empty run; the folder of a run that saved something stays."""

@@ -99,7 +99,10 @@ class Commands(click.Group):
             close = difflib.get_close_matches(name, names, n=3)  # a typo's command ('trian-hash')
             ctx.fail(f"No such command {name!r}; " + (f"did you mean {' or '.join(map(repr, close))}?" if close
                                                       else f"the commands: {', '.join(names)}"))
-        return super().resolve_command(ctx, args)
+        cmd_name, cmd, rest = super().resolve_command(ctx, args)
+        if cmd is not None and not ctx.resilient_parsing:
+            refuse_repeated_options(cmd, cmd_name, rest, ctx)
+        return cmd_name, cmd, rest
 
     def format_commands(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
         with formatter.section("Commands"):
@@ -122,6 +125,28 @@ class Commands(click.Group):
             reader_gone()
         except click.UsageError as err:
             raise _in_one_line(err) from None
+
+
+def refuse_repeated_options(cmd: click.Command, name: Optional[str], args: List[str], parent: click.Context) -> None:
+    """Refuse an option of one value given twice (``-d a.h5 -d b.h5``, ``--epochs 1 --epochs 2``), which click
+    would settle silently by the last: a run of other settings than the user read on the line. Options that take
+    several (``multiple``, ``count``) and eager ones (``--help``) may repeat. The line is parsed here as the
+    command will parse it, its values left alone; a line the command will refuse anyway is left to it."""
+    ctx = click.Context(cmd, info_name=name, parent=parent, resilient_parsing=True)
+    try:
+        _, _, order = cmd.make_parser(ctx).parse_args(args=list(args))
+    except click.UsageError:
+        return
+    counts: Dict[click.Parameter, int] = {}
+    for param in order:
+        if isinstance(param, click.Option) and not (param.multiple or param.count or param.is_eager):
+            counts[param] = counts.get(param, 0) + 1
+    repeated = [param for param, count in counts.items() if count > 1]
+    if repeated:
+        param = repeated[0]
+        names = " / ".join(repr(opt) for opt in (*param.opts, *param.secondary_opts))  # a flag's both spellings
+        times = "twice" if counts[param] == 2 else f"{counts[param]} times"
+        raise click.UsageError(f"Option {names} given {times}; give it once (only the last would count)", ctx)
 
 
 def _in_one_line(err: click.UsageError) -> click.ClickException:
