@@ -71,7 +71,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 class _Parser(argparse.ArgumentParser):
     def __init__(self, *args, **kwargs) -> None:
         super().__init__(*args, **kwargs)
-        for kind, action in ((None, _Store), ("store", _Store), ("store_true", _StoreTrue), ("store_false", _StoreFalse)):
+        for kind, action in ((None, _Store), ("store", _Store), ("store_true", _StoreTrue),
+                             ("store_false", _StoreFalse)):
             self.register("action", kind, action)
 
     def error(self, message: str) -> NoReturn:

@@ -542,8 +542,10 @@ def test_an_option_of_one_value_given_twice_is_refused_before_work(tmp_path, mon
 
 
 @pytest.mark.parametrize("argv, said", [
-    (["--hash_lens", "16", "--hash-lens=32"], "argument --hash_lens: given twice (--hash_lens 16, then --hash_lens 32)"),
-    (["--dataset", "a", "--epoch", "2", "--dataset", "b"], "argument --dataset: given twice (--dataset a, then --dataset b)"),
+    (["--hash_lens", "16", "--hash-lens=32"],
+     "argument --hash_lens: given twice (--hash_lens 16, then --hash_lens 32)"),
+    (["--dataset", "a", "--epoch", "2", "--dataset", "b"],
+     "argument --dataset: given twice (--dataset a, then --dataset b)"),
     (["--resume", "--resume"], "argument --resume: given twice (--resume, then --resume)"),
 ])
 def test_demo_refuses_a_flag_given_twice(capsys, argv, said):
