@@ -160,16 +160,31 @@ def check_replaceable(path: PathLike, kind: str, overwrite: bool = False) -> Non
         raise FileExistsError(f"{path}: exists and is not a {KINDS[kind]} ucmfh wrote; not replaced")
 
 
+# the names of files of other kinds, which rows are never appended to, whether they exist or not: a results file
+# named 'runs.h5' is read as a dataset by the next command given it
+OTHER_KINDS = (".h5", ".hdf5", ".pt", ".pth", ".ckpt", ".npy", ".npz", ".png", ".svg", ".pdf", ".jpg", ".jpeg",
+               ".html", ".htm", ".csv", ".md", ".py", ".gz", ".tgz", ".zip")
+JSONL_NAMES = (".jsonl", ".ndjson", ".json")  # the names an empty file of the user's is taken for results by
+
+
 def check_jsonl(path: PathLike, results: bool = False) -> None:
     """Refuse to append rows to a file that is not JSON lines (an HDF5 dataset, a picture, a text): a
-    ``ValueError`` naming it. An absent or empty file, or one whose first line is a JSON object, passes;
+    ``ValueError`` naming it. Refused by its name alone: a file named as another kind (:data:`OTHER_KINDS`),
+    there or not, and an empty file not named as JSON lines (:data:`JSONL_NAMES`: a file of the user's made empty,
+    ``notes.txt``). An absent file, an empty one so named, or one whose first line is a JSON object, passes;
     with ``results``, a JSON object with a dataset and a task, as every command's results row has."""
     path = os.fspath(path)
+    suffix = os.path.splitext(path)[1].lower()
+    if suffix in OTHER_KINDS:
+        raise ValueError(f"{path}: is named as a {suffix} file, not JSON lines; not appended to (give a .jsonl name)")
     if not os.path.isfile(path):
         return
     with open(path, "rb") as f:
         head = f.read(_JSONL_HEAD).lstrip()
     first, newline, _ = head.partition(b"\n")
+    if not first and suffix not in JSONL_NAMES:
+        raise ValueError(f"{path}: exists, empty or blank, and is not named as JSON lines (.jsonl); not appended "
+                         "to (give a .jsonl name, or remove the file)")
     if not first:
         return
     try:

@@ -177,16 +177,29 @@ def test_search_page_and_metrics_file_carry_their_mark(tmp_path):
 
 
 def test_results_are_appended_to_a_results_file_only(tmp_path, victim, tiny_path):
-    """--results naming an HDF5 file: refused before the data are read, the file untouched; reading it as
-    results names the file; a text that is not JSON lines is refused too, written or read."""
+    """--results naming an HDF5 file: refused before the data are read, the file untouched, by its name and, named
+    otherwise, by its bytes; reading it as results names the file; a text that is not JSON lines is refused too,
+    written or read, and so is a file of the user's made empty (rows were appended to an empty 'notes.txt')."""
     before = _md5(victim)
-    result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "1", "-b", "8",
-                                       "--out", str(tmp_path / "runs"), "--results", str(victim)])
+    train = ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "1", "-b", "8", "--out", str(tmp_path / "runs")]
+    result = CliRunner().invoke(main, [*train, "--results", str(victim)])
     assert result.exit_code == 2, result.output
-    assert f"Error: --results {victim}: is not a JSON-lines results file (it holds binary data)" in result.output
+    assert result.output.splitlines()[-1] == \
+        f"Error: --results {victim}: is named as a .h5 file, not JSON lines; not appended to (give a .jsonl name)"
     assert _md5(victim) == before and not (tmp_path / "runs").exists() and "dataset:" not in result.output
+    data = shutil.copy(victim, tmp_path / "mydata")
+    result = CliRunner().invoke(main, [*train, "--results", str(data)])
+    assert result.exit_code == 2, result.output
+    assert f"Error: --results {data}: is not a JSON-lines results file (it holds binary data)" in result.output
     result = CliRunner().invoke(main, ["runs", "--results", str(victim)])
     assert result.exit_code == 2 and f"Error: {victim}: is not a JSON-lines results file" in result.output
+    (tmp_path / "empty.txt").touch()
+    for name, said in (("empty.txt", "exists, empty or blank, and is not named as JSON lines (.jsonl)"),
+                       ("new.png", "is named as a .png file, not JSON lines")):
+        result = CliRunner().invoke(main, [*train, "--results", str(tmp_path / name)])
+        assert result.exit_code == 2 and f"--results {tmp_path / name}: {said}; not appended to" in result.output
+    assert (tmp_path / "empty.txt").read_text() == "" and not (tmp_path / "new.png").exists()
+    assert not (tmp_path / "runs").exists()
     notes = tmp_path / "notes.txt"
     notes.write_text("my notes\n")
     result = CliRunner().invoke(main, ["evaluate", "-d", tiny_path, "-c", "x.pt", "--results", str(notes)])
