@@ -62,14 +62,16 @@ def save_checkpoint(
         _rebuild(payload)
     except CheckpointError as err:
         raise CheckpointError(f"{path}: not saved, as load_model would refuse it: {err}") from None
-    _check_replaceable(path)
+    check_checkpoint_path(path)
     return _write(path, payload)
 
 
-def _check_replaceable(path: str) -> None:
+def check_checkpoint_path(path: PathLike) -> None:
     """Refuse (``FileExistsError``) to write a checkpoint over a file that is not one, or its settings
     (:func:`settings_path`) over a JSON file that is not a checkpoint's: a copy of a dataset, or a user's
-    notes.json beside model.pt, were replaced without a word. A checkpoint saved again replaces itself."""
+    notes.json beside model.pt, were replaced without a word. A checkpoint saved again replaces itself.
+    Asked again before a stage trains (:func:`ucmfh.app.stage.reuse_or_fit`), so that a refusal comes first."""
+    path = os.fspath(path)
     if settings_path(path) == path:
         raise ValueError(f"{path}: a checkpoint named .json would be written over by its settings (PATH.json); "
                          "name it .pt")
@@ -125,6 +127,7 @@ def save_seps(path: PathLike, model: SEPS, meta: Optional[Dict[str, Any]] = None
         "dense": model.dense, "seps_config": to_dict(model.cfg), "meta": dict(meta or {}),
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
     }
+    check_checkpoint_path(path)
     return _write(os.fspath(path), payload)
 
 

@@ -553,3 +553,23 @@ def test_a_closed_form_fit_interrupted_leaves_no_folder_and_says_how_to_go_on(tm
     assert result.output.splitlines()[-1] == ("cca-itq 8 bits interrupted while fitting (a fit keeps no state: the "
                                               "same command fits it again)")
     assert not (tmp_path / "runs").exists() or not any((tmp_path / "runs").rglob("*.lock"))
+
+
+def test_a_file_in_the_way_of_a_checkpoint_is_refused_before_the_run_trains(tmp_path, tiny_path):
+    """A file not a checkpoint's settings where a run's PATH.json goes was refused only once the run had trained,
+    leaving its training states, and '--resume' trained again to the same refusal: now before the training."""
+    args = ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "1", "-b", "8", "--out", str(tmp_path / "runs"),
+            "--results", str(tmp_path / "r.jsonl")]
+    assert CliRunner().invoke(main, args).exit_code == 0
+    [checkpoint] = (tmp_path / "runs").rglob("hash8.pt")
+    checkpoint.unlink()
+    settings = checkpoint.with_suffix(".json")
+    settings.write_text("my notes\n")
+    before = sorted(p.name for p in checkpoint.parent.iterdir())
+    for extra in ([], ["--resume"]):
+        result = CliRunner().invoke(main, args + extra)
+        assert result.exit_code == 2 and result.output.splitlines()[-1] == (
+            f"Error: {settings}: exists and is not a checkpoint's settings file, which {checkpoint} would write "
+            "there; not replaced"), result.output
+        assert "training" not in result.output and settings.read_text() == "my notes\n"
+        assert sorted(p.name for p in checkpoint.parent.iterdir()) == before  # no training state left

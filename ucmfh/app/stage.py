@@ -17,6 +17,7 @@ from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
 import torch
 
 from ucmfh.app.identity import Run, RunOptions, key_of
+from ucmfh.checkpoint import check_checkpoint_path
 from ucmfh.distributed import current_group
 from ucmfh.training_state import (StateFile, discard_state, drop_leftover_state, interrupted_at, saved_states,
                                   state_path_of, trained_seconds)
@@ -281,6 +282,7 @@ def _train(stage: Stage, opts: RunOptions, fit: Callable[[StateFile, Any], Tuple
            save: Callable[[Any, Dict[str, Any]], None], log: Log, prepare: Callable[[], Any], key: str) -> Fitted:
     """:func:`reuse_or_fit`'s training of a stage not saved yet, under its lock."""
     group = current_group()
+    check_checkpoint_path(stage.path)  # before the hours of training that would end in its refusal
     base = prepare()  # before this stage's own line: what it builds on says its own first
     log(f"{stage.name}: training {stage.path} (run {key})")
     state = state_for(stage.path, opts, log)
