@@ -198,6 +198,12 @@ def test_compare_says_what_is_missing(tmp_path, tiny_path):
     other = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results)])
     assert other.exit_code == 2, other.output
     assert other.output == f"Error: cca-itq and two-tower were scored on different queries ({n} and {n - 1})\n"
+    # a file of that name without the scores (made otherwise): one line naming it, not a KeyError's traceback
+    np.savez(fewer, x=np.zeros(3))
+    damaged = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results)])
+    assert damaged.exit_code == 2 and damaged.output.startswith(
+        f"Error: {fewer}: not a file of per-query scores of run fewer (no 1-d numbers 'unimodal/-/ap_i2t')"), \
+        damaged.output
 
 
 def test_scoring_a_checkpoint_again_at_another_k_keeps_the_per_query_scores_an_earlier_row_names(tmp_path,

@@ -68,6 +68,11 @@ def load_per_query(row: Dict[str, Any]) -> Dict[str, np.ndarray]:
             scores = {key[len(prefix):]: f[key] for key in f.files if key.startswith(prefix)}
     except (OSError, ValueError, zipfile.BadZipFile) as err:
         raise ValueError(f"{path}: not a file of per-query scores ({type(err).__name__}: {err})"[:300]) from None
+    shapes = {"ap_i2t": 1, "ap_t2i": 1, **({"hits_i2t": 2, "hits_t2i": 2} if row.get("database") else {})}
+    for name, ndim in shapes.items():  # a file of this name made otherwise (by hand, another program)
+        if name not in scores or scores[name].ndim != ndim or not np.issubdtype(scores[name].dtype, np.number):
+            raise ValueError(f"{path}: not a file of per-query scores of run {row.get('run')} (no {ndim}-d numbers "
+                             f"'{prefix}{name}'); score it again with 'ucmfh evaluate -c {row.get('checkpoint')}'")
     for name in ("ap_i2t", "ap_t2i"):
         figure = row.get(f"map_{name[3:]}_expected")
         if name in scores and isinstance(figure, float) and abs(float(scores[name].mean()) - figure) > 1e-5:
