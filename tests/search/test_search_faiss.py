@@ -141,6 +141,11 @@ def test_cli_backends(tiny_path, cli_index):
     many = runner.invoke(main, [*base, "--backend", "faiss-ivf", "--nlist", str(n + 1), "--nprobe", str(n + 1)])
     assert many.exit_code == 0 and f"faiss-ivf: --nlist {n + 1} is more lists than the {n} items searched; {n} " \
                                    "lists" in many.stderr, many.stderr
+    # every item asked for from one list of eight: what to do is said in the backend's own terms
+    few = runner.invoke(main, [*base[:4], "-k", str(n), *base[6:], "--backend", "faiss-ivf", "--nlist", "8",
+                               "--nprobe", "1"])
+    assert few.exit_code == 2 and few.output.splitlines()[-1].endswith(
+        "; ask for fewer, search exactly (the exact backend) or with more lists visited (nprobe, now 1)"), few.output
 
 
 def test_without_faiss_the_backends_are_one_line(tiny_path, cli_index, monkeypatch):

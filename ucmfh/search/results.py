@@ -117,9 +117,11 @@ def search_queries(
     if backend.backend in APPROXIMATE_BACKENDS:
         missing = (positions < 0).any(axis=1)
         if missing.any():
+            more = (f"a longer candidate list (ef_search, now {backend.ef_search})" if backend.backend == "faiss-hnsw"
+                    else f"more lists visited (nprobe, now {backend.nprobe})")  # the setting each backend has
             raise ValueError(f"{index.path}: {backend.backend} found fewer than {positions.shape[1]} items for "
-                             f"{int(missing.sum())} of {len(missing)} queries; visit more lists (nprobe "
-                             f"{backend.nprobe}) or ask for fewer")
+                             f"{int(missing.sum())} of {len(missing)} queries; ask for fewer, search exactly (the "
+                             f"exact backend) or with {more}")
         if check_recall:
             from ucmfh.search.approx import recall as approx_recall
 
