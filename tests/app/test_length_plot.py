@@ -188,7 +188,8 @@ def test_a_missing_matplotlib_is_one_line_naming_the_extra(tmp_path, monkeypatch
 
 def test_grid_plot_draws_the_figures_runs_draws_of_its_rows(tmp_path, tiny_path, monkeypatch):
     """grid --plot: the figures of the grid's own rows, the same points as runs --plot of its results file;
-    a file of the user's under the prefix is refused before any cell trains."""
+    a file of the user's where a figure of the grid may go is refused before any cell trains, and one no figure
+    is named as (evaluate's PREFIX_pr.png) is left alone, where it was refused too."""
     pytest.importorskip("matplotlib")
     import ucmfh.app.length_plot as length_plot
 
@@ -200,12 +201,17 @@ def test_grid_plot_draws_the_figures_runs_draws_of_its_rows(tmp_path, tiny_path,
     argv = ["grid", "-d", tiny_path, "--methods", "two-tower,cca-itq", "-b", "8", "-b", "16", "--epochs", "1",
             "--set", "hash.hidden=16", "--device", "cpu", "--quiet", "--out", str(tmp_path / "runs"),
             "--results", str(results), "--table", str(tmp_path / "table"), "--plot", str(tmp_path / "g")]
-    (tmp_path / "g_mine.png").write_bytes(b"a picture of the user's")
+    for name in ("g_pr.png", "g_mine.svg", "g_mine_map_i2t.png"):
+        (tmp_path / name).write_bytes(b"a picture of the user's")
     refused = CliRunner().invoke(main, argv)
-    assert refused.exit_code == 2 and "--plot" in refused.output and not results.exists()
-    (tmp_path / "g_mine.png").unlink()
+    assert refused.exit_code == 2 and refused.output.splitlines()[-1].startswith(
+        f"Error: --plot {tmp_path / 'g_mine_map_i2t.png'}: exists and is not a figure ucmfh wrote") and \
+        not results.exists()
+    (tmp_path / "g_mine_map_i2t.png").unlink()
     result = CliRunner().invoke(main, argv)
     assert result.exit_code == 0, result.output
+    assert (tmp_path / "g_pr.png").read_bytes() == (tmp_path / "g_mine.svg").read_bytes() == b"a picture of the user's"
+    (tmp_path / "g_pr.png").unlink()
     [figures] = drawn
     assert figures == length_figures(summarize(read_jsonl(results)))
     assert {line["label"] for figure in figures for line in figure["lines"]} == {"two-tower", "cca-itq"}

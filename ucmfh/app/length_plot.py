@@ -185,8 +185,15 @@ def check_prefix(prefix: str, overwrite: bool = False, flag: str = "--plot") -> 
     if not prefix:
         raise ValueError(f"{flag}: an empty prefix; give the figures' path prefix (PREFIX_*.png)")
     check_outputs(folders={flag: os.path.dirname(os.path.abspath(_joined(prefix) + "x"))})
-    taken = [path for suffix in (".png", ".svg") for path in glob.glob(glob.escape(_joined(prefix)) + "*" + suffix)]
+    start = _joined(prefix)
+    taken = [path for suffix in SUFFIXES for path in glob.glob(glob.escape(start) + "*" + suffix)
+             if _FIGURE_NAME.fullmatch(os.path.splitext(path[len(start):])[0])]  # not evaluate's PREFIX_pr.png
     check_figures(flag, sorted(taken), overwrite)
+
+
+# the names of :func:`length_figures`: a score's field after the dataset (and the run it was trained on), then its
+# database, protocol or k where they vary, and a number where two datasets' names are one
+_FIGURE_NAME = re.compile(r".+_(" + "|".join(field for field, _ in (*MAP_FIELDS, *RECALL_FIELDS)) + r")(_.+)?(-\d+)?")
 
 
 def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[str]:
