@@ -348,7 +348,11 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) 
     rows: List[Dict[str, Any]] = []
     first: Optional[Tuple[int, str]] = None  # a first line that is not rows: skipped if it began as a row (a
     # writer killed there) and a row follows it; anything else is not a results file (a text of the user's)
-    with open(path, "rb") as f:
+    try:
+        f = open(path, "rb")
+    except OSError as err:  # one line naming the file and why, not '[Errno 13] Permission denied: ...'
+        raise OSError(f"{path}: the results file cannot be read ({err.strerror or err})") from None
+    with f:
         for number, raw in enumerate(f, 1):
             try:
                 line = raw.decode("utf-8").strip()

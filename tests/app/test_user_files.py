@@ -573,3 +573,24 @@ def test_a_file_in_the_way_of_a_checkpoint_is_refused_before_the_run_trains(tmp_
             "there; not replaced"), result.output
         assert "training" not in result.output and settings.read_text() == "my notes\n"
         assert sorted(p.name for p in checkpoint.parent.iterdir()) == before  # no training state left
+
+
+def test_a_results_file_that_cannot_be_read_is_one_line_naming_it(tmp_path, monkeypatch):
+    """'runs' and 'compare' of a results file the user may not read said '[Errno 13] Permission denied: ...'.
+    (Root reads any file: the refusal is made by open() itself here.)"""
+    import builtins
+
+    path = tmp_path / "r.jsonl"
+    path.write_text("")
+    real_open = builtins.open
+
+    def refusing_open(file, *args, **kwargs):
+        if str(file) == str(path):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(file, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "open", refusing_open)
+    for command in (["runs"], ["compare", "cca-itq", "two-tower"]):
+        result = CliRunner().invoke(main, [*command, "--results", str(path)])
+        assert result.exit_code == 2 and result.output.splitlines() == [
+            f"Error: {path}: the results file cannot be read (Permission denied)"], result.output
