@@ -10,6 +10,7 @@ import torch
 
 from ucmfh.checkpoint import CheckpointError, load_model, save_checkpoint
 from ucmfh.evaluation import encode_split
+from ucmfh.files import torch_file_problem
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
 
@@ -107,8 +108,11 @@ def test_a_garbage_or_truncated_file_is_named_in_a_few_words(saved, tmp_path, ti
     if os.path.exists("/proc/self/status"):  # sized 0 by the system, yet not empty
         with pytest.raises(CheckpointError, match=r"not a readable checkpoint \(truncated, or not a file torch saved"):
             load_model("/proc/self/status", "hash")
-    with pytest.raises(ValueError, match=r"cut.pt: not a readable training state \(truncated, or not a file torch"):
+    with pytest.raises(ValueError, match=r"cut.pt: not a readable training state \(truncated, or not a file torch"
+                                         r" saved\); delete it to train the run from its start"):
         read_state(str(cut), torch.device("cpu"))
+    # a file the user may not read is said so, not 'truncated' (root reads every file: the refusal is given)
+    assert torch_file_problem(cut, PermissionError(13, "Permission denied", str(cut))) == "permission denied"
 
 
 class _RunsCode:

@@ -13,7 +13,7 @@ import torch
 
 from ucmfh import bits
 from ucmfh.config import PROTOCOLS
-from ucmfh.data.format import DataError, unlabelled_rows
+from ucmfh.data.format import CODES_FORMAT, DataError, unlabelled_rows
 from ucmfh.files import atomic_file, read_attrs, write_attrs
 
 ArrayLike = Union[np.ndarray, torch.Tensor]
@@ -45,7 +45,7 @@ def unpack_codes(packed: ArrayLike, n_bits: int) -> torch.Tensor:
 
 # ------------------------------------------------------------------ codes file
 
-FORMAT = "ucmfh-codes"
+FORMAT = CODES_FORMAT
 VERSION = 1
 GROUPS = ("query", "retrieval")
 MODALITIES = ("img", "txt")

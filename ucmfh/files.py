@@ -220,8 +220,8 @@ def torch_file_problem(path: PathLike, err: BaseException) -> str:
     """Why ``torch.load`` could not read ``path``, in a few words (not torch's advice on ``weights_only``):
     what a user can act on. ``err`` is what it raised."""
     path = os.fspath(path)
-    if isinstance(err, OSError) and err.strerror and not os.path.isfile(path):
-        return err.strerror.lower()
+    if isinstance(err, OSError) and err.strerror and (isinstance(err, PermissionError) or not os.path.isfile(path)):
+        return err.strerror.lower()  # 'permission denied': not 'truncated', which the bytes unread cannot tell
     if os.path.getsize(path) == 0:
         with open(path, "rb") as f:  # a file the system sizes 0 may still hold bytes (/proc/self/status)
             return "an empty file" if not f.read(1) else "truncated, or not a file torch saved"

@@ -45,9 +45,10 @@ def read_state(path: str, device: torch.device) -> Dict[str, Any]:
     try:
         state = torch.load(path, map_location=device, weights_only=True)
     except Exception as err:  # torch raises several types for a damaged file
-        raise ValueError(f"{path}: not a readable training state ({torch_file_problem(path, err)})") from None
+        raise ValueError(f"{path}: not a readable training state ({torch_file_problem(path, err)}); delete it to "
+                         "train the run from its start") from None
     if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-        raise ValueError(f"{path}: not a ucmfh training state")
+        raise ValueError(f"{path}: not a ucmfh training state; delete it to train the run from its start")
     return state
 
 

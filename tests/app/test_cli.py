@@ -10,6 +10,7 @@ import sys
 from pathlib import Path
 
 import click
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -92,6 +93,18 @@ def test_ucmfh_reports_bad_input_without_traceback(tmp_path, monkeypatch, tiny_p
     result = runner.invoke(main, ["train-hash", "-d", "x.h5", "-b", "4"])
     assert result.exit_code == 2 and "'--n-bits' / '-b': 4 is not in the range 8<=x<=256" in result.output
     assert "Traceback" not in result.output
+    # a data folder that is not there is said so, not 'datasets in it: none'
+    result = runner.invoke(main, ["train-hash", "-d", "wiki", "--data-dir", "nowhere"])
+    assert result.exit_code == 2 and result.output.startswith(
+        "Error: nowhere/wiki.h5: no such dataset file, and no folder nowhere (--data-dir, else $UCMFH_DATA_DIR, "
+        "else data)"), result.output
+    # a codes file (ucmfh encode) given as the dataset: named as one, with what reads it, not '/train: missing group'
+    codes = tmp_path / "codes.h5"
+    with h5py.File(codes, "w") as f:
+        f.attrs["format"] = "ucmfh-codes"
+    result = runner.invoke(main, ["train-hash", "-d", str(codes), "-b", "16", "--out", "runs"])
+    assert result.exit_code == 2 and result.output == (f"Error: {codes}: a codes file of 'ucmfh encode', not a "
+                                                       f"dataset; 'ucmfh evaluate --codes {codes}' scores it\n")
 
 
 def test_demo_tasks_0_to_3(tmp_path, monkeypatch, capsys):

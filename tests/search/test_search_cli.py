@@ -100,6 +100,7 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
     assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", str(out), "--quiet"]).exit_code == 0
     np.save(tmp_path / "bad.npy", np.ones((2, 5), dtype=np.float32))
     (tmp_path / "queries.txt").write_text("a dog on a beach\n")
+    (tmp_path / "text.npy").write_text("a dog on a beach\n")
     cases = [
         (["search", str(out), "-q", str(tmp_path / "queries.txt")], "queries.txt: neither an .npy file nor an HDF5"),
         (["search", str(out), "-q", tiny_path, "-k", "0"], "-k"),
@@ -108,6 +109,8 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
         (["search", str(out), "-q", str(tmp_path / "nope.h5")], "nope.h5: no such query file"),
         (["search", str(out), "-q", str(tmp_path / "bad.npy"), "--query-modality", "text"],
          "5-d text features, the checkpoint"),
+        # a text named .npy: numpy said 'This file contains pickled (object) data' and how to load it unsafely
+        (["search", str(out), "-q", str(tmp_path / "text.npy")], "text.npy: not an .npy array (no NumPy header)"),
         (["search", str(out), "-q", tiny_path, "--ids", "999999"], "no item with id 999999"),
         # a flag that would do nothing, a count of substrings the codes cannot be cut into (found after building)
         (["search", str(out), "-q", tiny_path, "--candidates", "30"], "--candidates goes with --rerank"),

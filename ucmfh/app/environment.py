@@ -126,7 +126,10 @@ def resolve_dataset(name: str, data_dir: PathLike) -> str:
     if os.path.isfile(name):  # a file of another kind given as the dataset (features.npy): not DATA_DIR/NAME.h5
         raise FileNotFoundError(f"{name}: not a dataset file (an .h5 file of the format, docs/data.md); convert "
                                 "yours with 'ucmfh convert' (npz: .npy or .npz features)")
-    found = sorted(f[:-3] for f in os.listdir(data_dir) if f.endswith(".h5")) if os.path.isdir(data_dir) else []
+    if not os.path.isdir(data_dir):  # not 'datasets there: none', which reads as an empty folder
+        raise FileNotFoundError(f"{path}: no such dataset file, and no folder {os.fspath(data_dir)} (--data-dir, else "
+                                "$UCMFH_DATA_DIR, else data); give the folder of NAME.h5 files or the file's path")
+    found = sorted(f[:-3] for f in os.listdir(data_dir) if f.endswith(".h5"))
     raise FileNotFoundError(
         f"{path}: no such dataset file (datasets in {data_dir}: {found or 'none'}); "
         "convert yours with 'ucmfh convert', or use --dataset synthetic"

@@ -9,6 +9,7 @@ import numpy as np
 
 SPLITS = ("train", "query", "retrieval")
 REQUIRED = ("image", "text", "labels")
+CODES_FORMAT = "ucmfh-codes"  # the root attribute 'format' of a codes file (ucmfh.codes), which is not a dataset
 
 
 class DataError(ValueError):

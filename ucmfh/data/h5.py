@@ -18,7 +18,7 @@ import h5py
 import numpy as np
 import torch
 
-from ucmfh.data.format import REQUIRED, SPLITS, DataError, finite_float32, unlabelled_rows
+from ucmfh.data.format import CODES_FORMAT, REQUIRED, SPLITS, DataError, finite_float32, unlabelled_rows
 from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, open_without_chunk_cache, take
 from ucmfh.data.tokens import check_token_splits, check_tokens, check_virtual_sources
 from ucmfh.files import PathLike, read_attrs
@@ -391,6 +391,9 @@ def validate_file(path: PathLike, token_values: bool = True,
     except OSError as err:
         raise DataError(f"{path}: not a readable HDF5 file ({err})") from None
     with f:
+        if f.attrs.get("format") == CODES_FORMAT:  # not '/train: missing group'
+            raise DataError(f"{path}: a codes file of 'ucmfh encode', not a dataset; 'ucmfh evaluate --codes {path}' "
+                            "scores it")
         dims: Dict[str, tuple] = {}
         ids: Dict[str, np.ndarray] = {}
         tokens: Dict[str, list] = {}

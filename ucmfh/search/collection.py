@@ -20,6 +20,7 @@ import h5py
 import numpy as np
 
 from ucmfh.data.format import DataError, check_finite, finite_float32, first_of_each_id
+from ucmfh.data.input_files import load_npy
 from ucmfh.files import read_attrs
 
 FEATURES = {"img": "image", "txt": "text"}  # modality -> dataset name
@@ -273,10 +274,7 @@ def read_queries(
     if path.endswith(".npy"):
         if ids is not None or split is not None:
             raise ValueError(f"{path}: an .npy file has no ids or splits; select rows from an HDF5 file")
-        try:
-            x = np.load(path, allow_pickle=False)
-        except (OSError, ValueError) as err:
-            raise DataError(f"{path}: not a readable .npy file ({err})") from None
+        x = np.array(load_npy(path))  # a text named .npy: 'not an .npy array', not numpy's word on pickles
         if x.ndim == 1:
             x = x[None]
         if x.ndim != 2 or x.dtype.kind not in "fiu":
