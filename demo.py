@@ -36,6 +36,8 @@ def _in_range(kind, allowed: Range):
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+        if value != value:  # nan: "must be at least 0, got nan" said nothing
+            raise argparse.ArgumentTypeError(f"expected a number, got {text!r}")
         if value not in allowed:
             rule = allowed.broken_by(value)
             raise argparse.ArgumentTypeError(f"must be at least {allowed.low}, got {text}" if rule.startswith(">=") else

@@ -125,13 +125,14 @@ def test_demo_tasks_0_to_3(tmp_path, monkeypatch, capsys):
         assert "I->T" in out and "fused: UCMFH's protocol" in out
     rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [r["task"] for r in rows] == ["fusion"] * 2 + ["hashing"] * 2 + ["fusion"] * 2 + ["hashing"] * 2
-    missing = subprocess.run([sys.executable, str(ROOT / "demo.py"), *args, "--task", "3", "--hash_lens", "32"],
+    args[args.index("--hash_lens") + 1] = "32"  # a length never trained
+    missing = subprocess.run([sys.executable, str(ROOT / "demo.py"), *args, "--task", "3"],
                              env={**os.environ, "UCMFH_DATA_DIR": str(tmp_path)}, capture_output=True, text=True)
     assert missing.returncode == 2 and "train it first with --task 1" in missing.stderr
     # its training interrupted (its state saved): it said 'train it first', which then refused for want of --resume
     wanted = missing.stderr.split("error: ")[1].split(": no checkpoint")[0]
     Path(wanted.replace(".pt", ".state.pt")).write_bytes(b"")
-    assert demo.main([*args, "--task", "3", "--hash_lens", "32"]) == 2
+    assert demo.main([*args, "--task", "3"]) == 2
     assert capsys.readouterr().err == f"error: {wanted}: no checkpoint of these settings yet: its training was " \
                                       "interrupted; finish it with --task 1 --resume\n"
     # task 3 found the checkpoint task 1 wrote: the same MAP
@@ -153,6 +154,7 @@ def test_demo_tasks_0_to_3(tmp_path, monkeypatch, capsys):
     (["--epoch", "0"], "argument --epoch: must be at least 1, got 0"),
     (["--batch_size", "1"], "argument --batch_size: must be at least 2, got 1"),
     (["--save-interval", "-1"], "argument --save-interval: must be at least 0, got -1"),
+    (["--save-interval", "nan"], "argument --save-interval: expected a number, got 'nan'"),
     (["--epoch", "ten"], "argument --epoch: expected an integer, got 'ten'"),
     # training's options, which evaluating took and ignored
     (["--task", "3", "--resume"], "argument --resume: goes with --task 0 and 1 (training); --task 3 evaluates"),
