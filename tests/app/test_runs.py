@@ -42,7 +42,11 @@ def _make(tmp_path: Path, name: str, seed: int = 0) -> str:
 
 
 def _train(*args: str) -> str:
-    result = CliRunner().invoke(main, ["train-hash", *SMALL, *args])
+    """train-hash with SMALL's settings, but a batch size of ``args``' own (an option is given once)."""
+    small = list(SMALL)
+    if "--batch-size" in args:
+        del small[small.index("--batch-size"):small.index("--batch-size") + 2]
+    result = CliRunner().invoke(main, ["train-hash", *small, *args])
     assert result.exit_code == 0, result.output
     return result.output
 
