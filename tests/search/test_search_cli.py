@@ -501,3 +501,15 @@ def test_a_collection_file_with_a_group_named_train_is_not_taken_for_a_dataset_f
     result = CliRunner().invoke(main, ["index", str(path), "-c", trained, "-o", str(tmp_path / "ix"), "--split",
                                        "train", "--quiet"])
     assert result.exit_code == 0 and "added" in result.output, result.output
+
+
+def test_a_k_beyond_the_index_lists_every_item_and_says_so(tiny_path, tiny, trained, tmp_path):
+    out = tmp_path / "ix"
+    assert CliRunner().invoke(main, ["index", tiny_path, "-c", trained, "-o", str(out), "--quiet"]).exit_code == 0
+    n = Index.load(str(out)).count("txt")
+    first = int(tiny.query.ids[0])
+    result = CliRunner().invoke(main, ["search", str(out), "-q", tiny_path, "--ids", str(first), "-k", str(n + 5),
+                                       "--json"])
+    assert result.exit_code == 0, result.output
+    assert f"note: -k {n + 5} is more than the {n} text items of the index; each query lists them all" in result.stderr
+    assert len(result.stdout.splitlines()) == n
