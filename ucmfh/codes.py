@@ -45,7 +45,6 @@ def unpack_codes(packed: ArrayLike, n_bits: int) -> torch.Tensor:
 
 # ------------------------------------------------------------------ codes file
 
-FORMAT = CODES_FORMAT
 VERSION = 1
 GROUPS = ("query", "retrieval")
 MODALITIES = ("img", "txt")
@@ -138,7 +137,7 @@ def save_codes(
     import h5py
 
     with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
-        f.attrs["format"] = FORMAT
+        f.attrs["format"] = CODES_FORMAT
         f.attrs["version"] = VERSION
         f.attrs["n_bits"] = n_bits
         try:
@@ -176,11 +175,11 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
     except OSError as err:
         raise DataError(f"{path}: not a readable codes file: not HDF5 ({err})") from None
     with f:
-        if f.attrs.get("format") != FORMAT:
+        if f.attrs.get("format") != CODES_FORMAT:
             if all(split in f for split in ("train", "query", "retrieval")):  # its features: -d takes it
                 raise DataError(f"{path}: a dataset file, not a codes file ('ucmfh encode' writes those); score a "
                                 "checkpoint on it with 'ucmfh evaluate -c CHECKPOINT -d FILE'")
-            raise fail("/", f"attribute 'format' is {f.attrs.get('format')!r}, expected {FORMAT!r}")
+            raise fail("/", f"attribute 'format' is {f.attrs.get('format')!r}, expected {CODES_FORMAT!r}")
         if "n_bits" not in f.attrs:
             raise fail("/", "missing attribute 'n_bits'")
         try:

@@ -148,11 +148,12 @@ def _as_codes(path: str) -> Optional[str]:
     the file is not one."""
     import h5py
 
-    from ucmfh.codes import FORMAT, load_codes
+    from ucmfh.codes import load_codes
+    from ucmfh.data.format import CODES_FORMAT
 
     try:
         with h5py.File(path, "r") as f:
-            if f.attrs.get("format") != FORMAT:
+            if f.attrs.get("format") != CODES_FORMAT:
                 return None
     except OSError:
         return None
