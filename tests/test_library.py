@@ -158,6 +158,46 @@ def test_a_split_made_by_hand_is_taken_or_refused_in_words(tiny, trained):
         ucmfh.encode_split(trained, query, batch_size=0)
 
 
+def test_a_fit_refuses_what_trained_a_model_of_nan_or_was_ignored_and_takes_numpy_and_no_grad(tiny, trained):
+    """An audit as a notebook user: NaN among the training features trained a model of NaN without a word (its
+    validation score and MAP reported all the same); a fusion encoder given to two-tower was ignored, one of other
+    widths failed deep in its first layer; a fit inside torch.no_grad() ended in 'element 0 of tensors does not
+    require grad', one of numpy features in an AttributeError."""
+    from dataclasses import replace
+
+    cfg = method_config("two-tower", epochs=1)
+    nan = tiny.train.img.clone()
+    nan[7, 3] = float("nan")
+    fusion = FusionEncoder.from_config(tiny.d_img, tiny.d_txt, ucmfh.FusionConfig(device="cpu"))
+    other = FusionEncoder.from_config(tiny.d_img + 1, tiny.d_txt, ucmfh.FusionConfig(device="cpu"))
+    for call, error, message in [
+        (lambda: ucmfh.fit_hashing(replace(tiny, train=replace(tiny.train, img=nan)), cfg, progress=False),
+         ucmfh.DataError, r"^fit_hashing: data.train.img holds NaN or infinity \(features must be finite\)$"),
+        (lambda: ucmfh.fit_fusion(replace(tiny, train=replace(tiny.train, img=nan)),
+                                  ucmfh.FusionConfig(device="cpu", epochs=1), progress=False),
+         ucmfh.DataError, r"^fit_fusion: data.train.img holds NaN"),
+        (lambda: ucmfh.fit_hashing(tiny, cfg, fusion, progress=False), ValueError,
+         r"^fit_hashing: method 'two-tower' learns from the features alone; it takes no fusion encoder"),
+        (lambda: ucmfh.fit_hashing(tiny, method_config("ucmfh", epochs=1), other, progress=False), ValueError,
+         rf"^fit_hashing: the fusion encoder takes {tiny.d_img + 1}-d image and {tiny.d_txt}-d text features, "
+         rf"data.train has {tiny.d_img}-d and {tiny.d_txt}-d")]:
+        with pytest.raises(error, match=message):
+            call()
+    as_numpy = replace(tiny, train=replace(tiny.train, img=tiny.train.img.numpy(), txt=tiny.train.txt.numpy(),
+                                           labels=tiny.train.labels.numpy()))
+    with torch.no_grad():
+        model, _ = ucmfh.fit_hashing(as_numpy, cfg, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), trained.state_dict().values()))
+
+
+def test_a_training_whose_loss_is_no_longer_finite_stops_and_says_so(tiny):
+    """A learning rate beyond reason made every weight NaN, and the run went on to its end, its codes one code."""
+    cfg = method_config("two-tower", epochs=3, lr_head=1e38, val_fraction=0.0)
+    with pytest.raises(ValueError, match=r"^two-tower \d+ bits: the training loss is nan at epoch 1: the training "
+                                         r"diverged"):
+        ucmfh.fit_hashing(tiny, cfg, progress=False)
+
+
 def test_code_lengths_and_devices_are_settings_checked_where_they_are_given():
     assert [c.n_bits for c in ucmfh.stage_configs("two-tower", n_bits=16).hashes] == [16]
     for call, message in [(lambda: ucmfh.hash_config(n_bits=0), r"^n_bits must be in \[8, 256\], got 0$"),

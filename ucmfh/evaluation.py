@@ -1,16 +1,14 @@
 """Encode the query and retrieval sets under a protocol and score both directions (docs/reference.md §3, §6)."""
 from __future__ import annotations
 
-from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
 
 from ucmfh.config import EXPECTED, PROTOCOLS
-from ucmfh.data.format import DataError, first_of_each_id
+from ucmfh.data.format import first_of_each_id
 from ucmfh.data.h5 import Dataset, Split
 from ucmfh.data.stream import Features
 from ucmfh.metrics.ap import mean
@@ -70,30 +68,11 @@ def check_hasher(where: str, model: object) -> None:
 
 
 def checked_features(where: str, split: Split, batch_size: int) -> Split:
-    """A split a caller made, as the encoders take it: numpy features as tensors, float64 or float16 as float32
-    (the models' type, as :class:`ucmfh.Encoder` takes them); items, finite features in memory and a positive
-    ``batch_size`` checked (``ValueError``, ``DataError`` for NaN or infinity, where they made codes of -1)."""
+    """A split a caller made, as the encoders take it (:meth:`~ucmfh.data.h5.Split.checked`), and a positive
+    ``batch_size`` checked (``ValueError``)."""
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"{where}: batch_size must be a positive whole number, got {batch_size!r}")
-    if split.streamed:  # rows of a file, checked where it was loaded
-        return split
-    features = {}
-    for name, x in (("img", split.img), ("txt", split.txt)):
-        x = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
-        if not isinstance(x, torch.Tensor) or x.ndim != 2 or not x.is_floating_point():
-            shape = f" of shape {tuple(x.shape)} and type {x.dtype}" if hasattr(x, "shape") else ""
-            raise ValueError(f"{where}: split.{name} must be 2-D floating-point features [N, d], got "
-                             f"{type(x).__name__}{shape}")
-        if x.dtype != torch.float32:  # float64, float16: the models' type
-            x = x.float()
-        if not bool(torch.isfinite(x).all()):
-            raise DataError(f"{where}: split.{name} holds NaN or infinity (features must be finite)")
-        features[name] = x
-    if len(features["img"]) != len(features["txt"]):
-        raise ValueError(f"{where}: split.img has {len(features['img'])} rows, split.txt {len(features['txt'])}")
-    if len(features["img"]) == 0:
-        raise ValueError(f"{where}: the split has no items")
-    return replace(split, **features)
+    return split.checked(where)
 
 
 def check_widths(where: str, model: nn.Module, split: Split) -> None:

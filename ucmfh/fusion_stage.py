@@ -16,7 +16,7 @@ from ucmfh.losses import build_loss
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.optim import adam
 from ucmfh.selection import History, validator
-from ucmfh.trainer import Batch, Plan, Setup, check_supervision, fit
+from ucmfh.trainer import Batch, Plan, Setup, check_supervision, checked_training, fit
 from ucmfh.training_state import StateFile
 from ucmfh.utils import check_argument
 
@@ -39,6 +39,7 @@ def fit_fusion(
     check_argument("fit_fusion", "data", data, Dataset, "ucmfh.load_dataset(path)")
     check_argument("fit_fusion", "cfg", cfg, FusionConfig, "ucmfh.fusion_config(...)")
     check_argument("fit_fusion", "fusion", fusion, FusionEncoder, optional=True)
+    data = checked_training("fit_fusion", data, fusion)
     check_supervision(data, cfg)
 
     def plan(setup: Setup) -> Plan:

@@ -14,7 +14,7 @@ import math
 import os
 import signal
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Callable, Dict, Optional, Tuple, Union
 
 import torch
@@ -151,6 +151,18 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, saved: Dict[str, Any]) -
         group.update(kernel)
 
 
+def checked_training(where: str, data: Dataset, fusion: Optional[nn.Module] = None) -> Dataset:
+    """``data`` as a fit of a public entry point (``where``) takes it: its training split checked
+    (:meth:`~ucmfh.data.h5.Split.checked`: NaN or infinity among the features trained a model of NaN without a
+    word), and a ``fusion`` encoder given made for its feature widths (``ValueError``)."""
+    data = replace(data, train=data.train.checked(where, "data.train"))
+    widths = getattr(fusion, "d_img", None), getattr(fusion, "d_txt", None)
+    if fusion is not None and widths != (data.d_img, data.d_txt):
+        raise ValueError(f"{where}: the fusion encoder takes {widths[0]}-d image and {widths[1]}-d text features, "
+                         f"data.train has {data.d_img}-d and {data.d_txt}-d (an encoder of another dataset?)")
+    return data
+
+
 def check_supervision(data: Dataset, cfg: Any) -> None:
     """Refuse supervised training (``cfg.supervised``) on a caption set, which has no labels."""
     if cfg.supervised and data.caption_set:
@@ -172,7 +184,9 @@ def fit(make_plan: Callable[[Setup], Plan], split: Split, cfg: Any, state: Optio
     (``cfg.val_fraction``), the plan made (``make_plan``) and trained (:func:`train`); returns the plan's
     model on the CPU in eval mode (the best validation epoch's weights) and the run's :class:`History`. The
     caller's global generators are left as they were (:func:`ucmfh.run_draws.run_under_way`)."""
-    with run_under_way(resolve_device(cfg.device)):
+    # gradients on whatever the caller's block (a fit inside torch.no_grad() ended in 'element 0 of tensors does
+    # not require grad')
+    with run_under_way(resolve_device(cfg.device)), torch.enable_grad():
         with setting_up():  # its seeds and its plan in one piece where runs are side by side (ucmfh.run_draws)
             device, generator = start(cfg)
             rest, val = validation_split(split, cfg.val_fraction, cfg.seed)
@@ -382,6 +396,9 @@ class _Run:
         shows."""
         at, history, group, plan = self.at, self.history, self.group, self.plan
         history.append(at.total.item() / self.n)  # one sync per epoch
+        if not math.isfinite(history[-1]):  # its weights are no longer numbers: every epoch after would be NaN
+            raise ValueError(f"{plan.name}: the training loss is {history[-1]} at epoch {epoch + 1}: the training "
+                             "diverged (its weights are no longer finite); a lower learning rate may help")
         seconds = time.monotonic() - began
         scalars = plan.scalars(epoch, at.iteration) if plan.scalars is not None else {}
         shown = {"loss": f"{history[-1]:.4f}", **{name: f"{value:.2f}" for name, value in scalars.items()}}

@@ -54,6 +54,36 @@ class Split:
         """Whether the features are read from the file on demand (:mod:`ucmfh.data.stream`)."""
         return is_streamed(self.img)
 
+    def checked(self, where: str, name: str = "split") -> "Split":
+        """This split as the models take it, where a caller made it (``where``: the entry point, ``name``: what
+        the caller calls it): numpy features as tensors, float64 or float16 as float32; items and finite features
+        in memory checked (``ValueError``; ``DataError`` for NaN or infinity, which made codes of -1 where scored
+        and a model of NaN where trained). A streamed split's rows were checked where its file was loaded."""
+        if self.streamed:
+            return self
+        features = {}
+        for modality, x in (("img", self.img), ("txt", self.txt)):
+            x = torch.from_numpy(x) if isinstance(x, np.ndarray) else x
+            if not isinstance(x, torch.Tensor) or x.ndim != 2 or not x.is_floating_point():
+                shape = f" of shape {tuple(x.shape)} and type {x.dtype}" if hasattr(x, "shape") else ""
+                raise ValueError(f"{where}: {name}.{modality} must be 2-D floating-point features [N, d], got "
+                                 f"{type(x).__name__}{shape}")
+            if x.dtype != torch.float32:  # float64, float16: the models' type
+                x = x.float()
+            if not bool(torch.isfinite(x).all()):
+                raise DataError(f"{where}: {name}.{modality} holds NaN or infinity (features must be finite)")
+            features[modality] = x
+        if len(features["img"]) != len(features["txt"]):
+            raise ValueError(f"{where}: {name}.img has {len(features['img'])} rows, {name}.txt "
+                             f"{len(features['txt'])}")
+        if len(features["img"]) == 0:
+            raise ValueError(f"{where}: the {name} has no items")
+        for field_name in ("labels", "ids"):  # numpy's, as tensors (the features' rule)
+            value = getattr(self, field_name)
+            if isinstance(value, np.ndarray):
+                features[field_name] = torch.from_numpy(value)
+        return replace(self, **features)
+
     def shuffle(self, generator: torch.Generator) -> torch.Tensor:
         """A training epoch's order of the items: a uniform permutation, the same whether the features are
         in memory or streamed (streaming changes no batch, hence no result; a run's identity leaves it out)."""

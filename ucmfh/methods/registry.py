@@ -9,6 +9,7 @@ from ucmfh.config import HashConfig
 from ucmfh.data.h5 import Dataset
 from ucmfh.methods.base import Method
 from ucmfh.models.fusion import FusionEncoder
+from ucmfh.trainer import checked_training
 from ucmfh.training_state import StateFile
 from ucmfh.selection import History
 from ucmfh.utils import check_argument
@@ -48,5 +49,10 @@ def fit_hashing(data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] 
     check_argument("fit_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
     check_argument("fit_hashing", "cfg", cfg, HashConfig, "ucmfh.hash_config(method, ...)")
     check_argument("fit_hashing", "fusion", fusion, FusionEncoder, "ucmfh.fit_fusion", optional=True)
+    method = build_method(cfg.method)
+    if fusion is not None and not method.uses_fusion:  # trained without it, where the caller meant it to count
+        raise ValueError(f"fit_hashing: method {cfg.method!r} learns from the features alone; it takes no fusion "
+                         "encoder (fusion=None)")
+    data = checked_training("fit_hashing", data, fusion)
     # the splits withheld here too: a method of another package may override train (Dataset.train_only)
-    return build_method(cfg.method).train(data.train_only(), cfg, fusion, progress, state)
+    return method.train(data.train_only(), cfg, fusion, progress, state)
