@@ -5,6 +5,7 @@ import json
 import os
 import re
 
+import numpy as np
 import pytest
 import torch
 
@@ -225,3 +226,18 @@ def test_evaluate_keeping_no_row_writes_nothing_beside_the_checkpoint(saved, tin
     result = CliRunner().invoke(main, ["evaluate", "-d", tiny_path, "-c", saved[0], "--quiet", "--results", ""])
     assert result.exit_code == 0, result.output
     assert sorted(os.listdir(folder)) == before
+
+
+@pytest.mark.parametrize("meta, says", [
+    ({"epoch": np.int64(3)}, "its meta holds what JSON cannot write (Object of type int64 is not JSON serializable"),
+    ({"map": torch.tensor(0.5)}, "its meta holds what JSON cannot write (Object of type Tensor"),
+    ([1], "meta must be a dict of JSON values, got list"),
+])
+def test_a_meta_json_cannot_write_is_refused_before_any_file(saved, tmp_path, meta, says):
+    """A NumPy number in meta: the checkpoint was written, then its settings failed (a raw TypeError), leaving a
+    file load_model refused and a second save would not replace."""
+    _, model, fcfg, hcfg = saved
+    with pytest.raises(CheckpointError, match=re.escape(f"meta.pt: not saved: {says}")):
+        save_checkpoint(tmp_path / "meta.pt", model, fcfg, hcfg, meta=meta)
+    assert not (tmp_path / "meta.pt").exists() and not (tmp_path / "meta.json").exists()
+    assert save_checkpoint(tmp_path / "meta.pt", model, fcfg, hcfg, meta={"epoch": 3}) == str(tmp_path / "meta.pt")

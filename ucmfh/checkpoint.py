@@ -55,7 +55,7 @@ def save_checkpoint(
         "d_txt": dims.d_txt,
         "fusion_config": None if fusion_cfg is None else to_dict(fusion_cfg),
         "hash_config": None if hash_cfg is None else to_dict(hash_cfg),
-        "meta": dict(meta or {}),
+        "meta": plain_meta(path, meta),
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
     }
     try:
@@ -64,6 +64,20 @@ def save_checkpoint(
         raise CheckpointError(f"{path}: not saved, as load_model would refuse it: {err}") from None
     check_checkpoint_path(path)
     return _write(path, payload)
+
+
+def plain_meta(path: str, meta: Optional[Dict[str, Any]]) -> Dict[str, Any]:
+    """``meta`` as the checkpoint keeps it, checked to be JSON (the settings file beside writes it) before any file
+    is written (:class:`CheckpointError`): a NumPy number or a tensor there left a checkpoint without its settings
+    file, which load_model refused (torch's ``weights_only``) and a second save would not replace."""
+    if meta is not None and not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: not saved: meta must be a dict of JSON values, got {type(meta).__name__}")
+    try:
+        json.dumps(meta or {})
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{path}: not saved: its meta holds what JSON cannot write ({err}; give plain "
+                              "numbers: float(x), int(x))") from None
+    return dict(meta or {})
 
 
 def check_checkpoint_path(path: PathLike) -> None:
@@ -124,7 +138,7 @@ def save_seps(path: PathLike, model: SEPS, meta: Optional[Dict[str, Any]] = None
         "format": FORMAT, "version": VERSION, "kind": "seps",
         "d_img": model.img_proj.in_features, "d_txt": model.txt_proj.in_features,
         "n_image_tokens": model.n_patches + int(model.image_cls), "image_cls": model.image_cls,
-        "dense": model.dense, "seps_config": to_dict(model.cfg), "meta": dict(meta or {}),
+        "dense": model.dense, "seps_config": to_dict(model.cfg), "meta": plain_meta(os.fspath(path), meta),
         "state_dict": {k: v.detach().cpu() for k, v in model.state_dict().items()},
     }
     check_checkpoint_path(path)
