@@ -113,6 +113,12 @@ def test_bad_arguments_are_clear():
     index.add("img", pm1(np.random.default_rng(0), 5, 16))
     with pytest.raises(ValueError, match="k must be >= 1"):
         index.search(pm1(np.random.default_rng(1), 2, 16), 0, "img")
+    with pytest.raises(TypeError, match=r"^k must be a whole number, got float 2.5$"):  # it ran as k = 2
+        index.search(pm1(np.random.default_rng(1), 2, 16), 2.5, "img")
+    for at in ([-1], [5]):  # -1 was the last item, 5 numpy's IndexError from inside
+        with pytest.raises(IndexError, match=rf"^position {at[0]} is not one of the 5 img items \(0 to 4\)$"):
+            index.take("img", "ids", at)
+    assert index.take("img", "ids", np.array([4, 0])).tolist() == [4, 0]
     with pytest.raises(ValueError, match=r"queries: 32 columns, the index holds 16-bit codes; features are encoded "
                                          r"first: ucmfh.search.Encoder\(checkpoint\).encode\(features, modality\)"):
         index.search(np.full((2, 32), 0.3), 3, "img")  # features where codes belong

@@ -147,9 +147,14 @@ class Index(IndexFolder):
         """Column ``name`` (ids, embed, labels, text, paths) of the items at ``positions``:
         an array of shape positions.shape (+ width), or a flat list of str."""
         modality = modality_name(modality)
+        at = to_numpy(positions)
+        if at.size and (at.min() < 0 or at.max() >= self.count(modality)):  # -1 was the last item, unsaid
+            wrong = at.min() if at.min() < 0 else at.max()
+            raise IndexError(f"position {wrong} is not one of the {self.count(modality)} {modality} items "
+                             f"(0 to {self.count(modality) - 1})")
         if self._columns[modality].get(name) is not None and self._columns[modality][name].dtype is None:
-            return self.strings(modality, name, positions)
-        return np.asarray(self._column(modality, name)[to_numpy(positions)])
+            return self.strings(modality, name, at)
+        return np.asarray(self._column(modality, name)[at])
 
     def has(self, modality: str, name: str) -> bool:
         """Whether the items of ``modality`` carry the column ``name`` (ids, names, paths, ...)."""
@@ -345,7 +350,9 @@ class Index(IndexFolder):
         found fewer than k).
         """
         modality = modality_name(modality)
-        if int(k) < 1:
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):  # 2.5 ran as 2
+            raise TypeError(f"k must be a whole number, got {type(k).__name__} {k!r}")
+        if k < 1:
             raise ValueError(f"k must be >= 1, got {k}")
         backend = backend_config(backend)
         qw = as_words(queries, self.n_bits, "queries")
