@@ -141,6 +141,14 @@ def test_hand_computed_case():
     assert curve["precision"] == pytest.approx([0.5, 0.5, 0.6, 0.6, 0.6])
     assert curve["recall"] == pytest.approx([1 / 3, 2 / 3, 1, 1, 1])
     assert precision_within_radius(q, r, ql, rl, radius=1, empty="skip") == pytest.approx(0.5)
+    # no query with a relevant item: a mean of none is refused, where it read 0.0
+    none = torch.zeros_like(ql)
+    for score in (lambda: map_at_k(q, r, none, rl, k=3, empty="skip"),
+                  lambda: precision_at_k(q, r, none, rl, ks=[2], empty="skip"),
+                  lambda: precision_within_radius(q, r, none, rl, radius=1, empty="skip")):
+        with pytest.raises(ValueError, match=r"^empty='skip' leaves no query: none shares a label with a retrieval"):
+            score()
+    assert map_at_k(q, r, none, rl, k=3) == 0.0  # empty='zero': each such query scores 0, as the field's code does
 
 
 @pytest.mark.parametrize("seed,n_query,n_retrieval,n_bits", CASES)

@@ -71,8 +71,13 @@ def check_some_id_match(query_ids: torch.Tensor, retrieval_ids: torch.Tensor) ->
 
 def queries_to_keep(empty: str, query_labels: torch.Tensor, retrieval_labels: torch.Tensor) -> Optional[torch.Tensor]:
     """Which queries count in a mean under ``empty``: None (all) for ``"zero"``; for ``"skip"``,
-    those with a relevant item in the retrieval set. Shape: -> [Q] bool or None."""
+    those with a relevant item in the retrieval set, at least one (``ValueError``: a mean of none, which read 0.0).
+    Shape: -> [Q] bool or None."""
     check_choice("empty", empty, ("zero", "skip"))
     if empty == "zero":
         return None
-    return relevant_counts(query_labels, retrieval_labels) > 0
+    keep = relevant_counts(query_labels, retrieval_labels) > 0
+    if keep.numel() and not bool(keep.any()):
+        raise ValueError("empty='skip' leaves no query: none shares a label with a retrieval item, and a mean of "
+                         "none is no score (empty='zero' scores each such query 0)")
+    return keep
