@@ -262,3 +262,12 @@ def test_an_integer_for_a_float_setting_is_that_float():
     given, typed = hash_config("two-tower", val_fraction=0), hash_config("two-tower", val_fraction=0.0)
     assert type(given.val_fraction) is float and key_of(identity_dict(given)) == key_of(identity_dict(typed))
     assert type(hash_config("two-tower", epochs=3).epochs) is int  # an integer setting stays one
+
+
+def test_a_dataset_s_reference_epochs_are_found_by_its_letters_whatever_the_spelling():
+    """'NUSWIDE' and 'NUS_WIDE' trained 100 epochs where 'nus-wide' trained its reference's 150, silently."""
+    from ucmfh.config import default_epochs
+
+    assert [default_epochs(name) for name in ("NUSWIDE", "nus-wide", "data/NUS_WIDE.h5", "MS-COCO", "MIRFlickr")] == \
+        [150, 150, 150, 500, 100]
+    assert default_epochs("wiki") == default_epochs(None) == FusionConfig.epochs

@@ -32,7 +32,7 @@ RELAXATIONS = (*RELAXATION_CANDIDATES, "auto", "none")
 
 # Epochs of the reference code per dataset: the default epochs of a run on a dataset of that name
 # (default_epochs); the trainer never looks at a dataset's name.
-REFERENCE_EPOCHS = {"mirflickr": 100, "nuswide": 150, "nus-wide": 150, "mscoco": 500, "coco": 500}
+REFERENCE_EPOCHS = {"mirflickr": 100, "nuswide": 150, "mscoco": 500, "coco": 500}  # by name, its letters alone
 
 
 class SettingError(ValueError):
@@ -496,7 +496,8 @@ def default_epochs(dataset: Optional[str]) -> int:
     """The epochs of a run on ``dataset`` (a name, or the path of a file named after it) when none are given:
     the reference code's for a dataset it trained on (REFERENCE_EPOCHS), else FusionConfig's."""
     name = os.path.splitext(os.path.basename(dataset))[0] if dataset else ""
-    return REFERENCE_EPOCHS.get(name, FusionConfig.epochs)
+    # 'NUS-WIDE', 'NUSWIDE' and 'nus_wide' are one dataset (its reference's 150 epochs, where two spellings had 100)
+    return REFERENCE_EPOCHS.get(re.sub(r"[^a-z0-9]", "", name.lower()), FusionConfig.epochs)
 
 
 def with_defaults(defaults: Dict[str, Any], settings: Dict[str, Any]) -> Dict[str, Any]:
