@@ -529,6 +529,11 @@ def test_relevant_counts(n_classes):
     ql[:, n_classes - 1] = 1
     expected = [sum(ref_relevant(ql[i], rl)) for i in range(30)]
     assert relevant_counts(ql, rl).tolist() == expected
+    # what map_at_k refuses, refused here too (0.5 was counted, another C failed inside a matrix product)
+    with pytest.raises(ValueError, match=r"^query labels: values other than 0 and 1"):
+        relevant_counts(ql * 0.5, rl)
+    with pytest.raises(ValueError, match=r"^labels must be \[N, C\] with the same C"):
+        relevant_counts(ql[:, 1:], rl)
 
 
 # ------------------------------------------------------- numpy arrays as input

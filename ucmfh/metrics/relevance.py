@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from ucmfh.metrics.arguments import ArrayLike, as_tensors, check_choice
+from ucmfh.metrics.arguments import ArrayLike, as_tensors, check_choice, check_labels
 
 
 def gather_relevance(
@@ -40,6 +40,7 @@ def relevant_counts(query_labels: ArrayLike, retrieval_labels: ArrayLike) -> tor
     Q * (distinct vectors), not Q * N.
     """
     query_labels, retrieval_labels = as_tensors(query_labels, retrieval_labels)
+    check_labels(query_labels, retrieval_labels, query_labels, retrieval_labels)  # [N, C] of 0/1, one C: as map_at_k
     device = query_labels.device
     retrieval_labels = retrieval_labels.to(device) != 0
     if retrieval_labels.shape[1] <= 62:  # one integer per label vector: a 1-D unique is a fast sort
