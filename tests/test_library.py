@@ -47,6 +47,13 @@ def test_a_wrong_type_at_an_entry_point_says_what_to_give(tiny, tiny_path, train
         (lambda: ucmfh.save_checkpoint("hash.pt", trained, None, fusion_cfg),
          r"^save_checkpoint: hash_cfg must be a HashConfig or None, got FusionConfig$"),
         (lambda: ucmfh.evaluate_hashing(trained, tiny, k="50"), r"^evaluate_hashing: k must be an int, got str '50'$"),
+        # a path that is not one: Python's 'expected str, bytes or os.PathLike object', or bytes made a dataset
+        # whose repr failed
+        (lambda: ucmfh.load_dataset(None), r"^load_dataset: path must be a file path \(str or os.PathLike\), got "
+                                           r"NoneType$"),
+        (lambda: ucmfh.load_dataset(tiny_path.encode()), r"^load_dataset: path must be a file path .*got bytes b'"),
+        (lambda: ucmfh.load_model(None, "hash"), r"^load_model: path must be a file path"),
+        (lambda: ucmfh.write_dataset("x.h5", [1, 2]), r"^write_dataset: splits must be a dict of train/query/"),
     ]
     for call, message in calls:
         with pytest.raises(TypeError, match=message):

@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ucmfh.config import FusionConfig, HashConfig, SepsConfig, from_dict, to_dict
-from ucmfh.files import PathLike, atomic_file, torch_file_problem, write_text_atomic
+from ucmfh.files import PathLike, atomic_file, checked_path, torch_file_problem, write_text_atomic
 from ucmfh.methods import METHODS, PLUGIN_ERRORS, build_method
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.run_draws import setting_up
@@ -37,7 +37,7 @@ def save_checkpoint(
     checkpoint :func:`load_model` would refuse (a hashing model without its ``hash_cfg``, weights that do not
     fit the configs) is refused before anything is written (:class:`CheckpointError`, saying why).
     """
-    path = os.fspath(path)
+    path = checked_path("save_checkpoint", path)
     if not path:
         raise ValueError("save_checkpoint: an empty path; give the checkpoint file to write")
     check_argument("save_checkpoint", "model", model, nn.Module)
@@ -249,7 +249,7 @@ def load_model(
     Returns ``(model, fusion_cfg, hash_cfg, meta)``; ``kind`` is 'fusion' or 'hash'; ``fusion_cfg``
     is None for a hashing method trained without a fusion encoder.
     """
-    path = os.fspath(path)
+    path = checked_path("load_model", path)
     payload = read_checkpoint(path)
     _expect(path, payload, "kind", payload["kind"], kind)
     _expect(path, payload, "image feature dim", payload["d_img"], d_img)

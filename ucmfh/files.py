@@ -34,6 +34,16 @@ except ImportError:  # pragma: no cover - Windows
 PathLike = Union[str, "os.PathLike[str]"]
 
 
+def checked_path(where: str, path: Any, name: str = "path") -> str:
+    """``path`` as a ``str``, where a public entry point (``where``) takes a file's path: a ``str`` or an
+    ``os.PathLike`` of one; anything else (None, bytes) a ``TypeError`` naming both, where Python said 'expected
+    str, bytes or os.PathLike object' and bytes made a dataset whose repr failed."""
+    if isinstance(path, str) or (hasattr(path, "__fspath__") and isinstance(os.fspath(path), str)):
+        return os.fspath(path)
+    shown = f" {path!r}"[:80] if isinstance(path, bytes) else ""
+    raise TypeError(f"{where}: {name} must be a file path (str or os.PathLike), got {type(path).__name__}{shown}")
+
+
 def _pid_alive(pid: int) -> bool:
     if pid == os.getpid():
         return True

@@ -21,7 +21,7 @@ import torch
 from ucmfh.data.format import CODES_FORMAT, REQUIRED, SPLITS, DataError, finite_float32, unlabelled_rows
 from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, open_without_chunk_cache, take
 from ucmfh.data.tokens import check_token_splits, check_tokens, check_virtual_sources
-from ucmfh.files import PathLike, read_attrs
+from ucmfh.files import PathLike, checked_path, read_attrs
 
 # rows checked for NaN/inf at a time: bounded memory on NUS-WIDE-sized files
 _CHECK_ROWS = 65536
@@ -411,7 +411,7 @@ def validate_file(path: PathLike, token_values: bool = True,
     Returns the root attributes. Raises :class:`DataError` naming the file,
     the HDF5 object and the problem.
     """
-    path = os.fspath(path)
+    path = checked_path("validate_file", path)
     if not os.path.exists(path):
         raise DataError(f"{path}: no such file" if path else "an empty path; give the dataset file")
     if not os.path.isdir(path) and not os.path.isfile(path):  # a pipe or a device: opening it waited for ever
@@ -497,7 +497,7 @@ def load_dataset(path: PathLike, validate: bool = True, max_memory_bytes: Option
     splits' features are :class:`Rows` read from the file on demand, as ``stream`` says, their block
     caches within what the splits held in memory leave of ``max_memory_bytes``.
     """
-    path = os.fspath(path)
+    path = checked_path("load_dataset", path)
     try:
         with h5py.File(path, "r") as f:
             sizes: Optional[Dict[str, int]] = _feature_bytes(f)

@@ -12,7 +12,7 @@ import numpy as np
 
 from ucmfh.data.format import SPLITS, DataError, finite_float32
 from ucmfh.data.h5 import is_multi_hot, validate_file
-from ucmfh.files import PathLike, atomic_file, write_attrs
+from ucmfh.files import PathLike, atomic_file, checked_path, write_attrs
 
 
 DTYPES = {"image": np.float32, "text": np.float32, "labels": np.uint8, "ids": np.int64, "text_bow": np.uint8,
@@ -108,7 +108,10 @@ def write_dataset(
     one an item: ``text_raw`` (the captions) and ``paths`` (the image files), which search results show.
     The file appears under its final name only once complete and valid.
     """
-    path = os.fspath(path)
+    path = checked_path("write_dataset", path)
+    if not isinstance(splits, dict) or not all(isinstance(split, dict) for split in splits.values()):
+        raise TypeError(f"write_dataset: splits must be a dict of train/query/retrieval to dicts of arrays "
+                        f"({{'image': ..., 'text': ..., 'labels': ...}}), got {type(splits).__name__}")
     size = sum(_items(array) * np.dtype(DTYPES[name]).itemsize for split in splits.values() if isinstance(split, dict)
                for name, array in split.items() if name in DTYPES and array is not None)
     with open_writer(path, attrs, overwrite, size) as f:
