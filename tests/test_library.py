@@ -161,6 +161,9 @@ def test_a_split_made_by_hand_is_taken_or_refused_in_words(tiny, trained):
     for split, error, message in refused:
         with pytest.raises(error, match=message):
             ucmfh.encode_split(trained, split)
+    # said by the entry point called, not by the encoder it calls ('encode_split: split.img' from evaluate_hashing)
+    with pytest.raises(ucmfh.DataError, match=r"^evaluate_hashing: data.query.img holds NaN or infinity"):
+        ucmfh.evaluate_hashing(trained, replace(tiny, query=replace(query, img=nan)))
     with pytest.raises(ValueError, match=r"^encode_split: batch_size must be a positive whole number, got 0$"):
         ucmfh.encode_split(trained, query, batch_size=0)
 

@@ -1,6 +1,7 @@
 """Encode the query and retrieval sets under a protocol and score both directions (docs/reference.md §3, §6)."""
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 import torch
@@ -73,6 +74,13 @@ def checked_features(where: str, split: Split, batch_size: int) -> Split:
     if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
         raise ValueError(f"{where}: batch_size must be a positive whole number, got {batch_size!r}")
     return split.checked(where)
+
+
+def checked_scored(where: str, data: Dataset) -> Dataset:
+    """``data``'s query and retrieval splits as the encoders take them (:meth:`~ucmfh.data.h5.Split.checked`),
+    a refusal named by the entry point (``where``) and the split, not by the encoder it calls."""
+    return replace(data, query=data.query.checked(where, "data.query"),
+                   retrieval=data.retrieval.checked(where, "data.retrieval"))
 
 
 def check_widths(where: str, model: nn.Module, split: Split) -> None:
@@ -264,6 +272,7 @@ def evaluate_hashing(
     check_hasher("evaluate_hashing", model)
     check_argument("evaluate_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
     check_argument("evaluate_hashing", "k", k, int)
+    data = checked_scored("evaluate_hashing", data)
     check_widths("evaluate_hashing", model, data.query)
     if protocols is None:
         protocols = PROTOCOLS if hasattr(model, "fusion") else ("unimodal",)
@@ -306,6 +315,7 @@ def evaluate_fusion(
                    "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
     check_argument("evaluate_fusion", "data", data, Dataset, "ucmfh.load_dataset(path)")
     check_argument("evaluate_fusion", "k", k, int)
+    data = checked_scored("evaluate_fusion", data)
     protocols = _protocols(protocols)
     rows = []
     for protocol in protocols:
