@@ -53,6 +53,18 @@ def test_a_wrong_type_at_an_entry_point_says_what_to_give(tiny, tiny_path, train
                                            r"NoneType$"),
         (lambda: ucmfh.load_dataset(tiny_path.encode()), r"^load_dataset: path must be a file path .*got bytes b'"),
         (lambda: ucmfh.load_model(None, "hash"), r"^load_model: path must be a file path"),
+    ]
+    for call, message in calls:
+        with pytest.raises(TypeError, match=message):
+            call()
+    calls = [  # 'foo is needed here'; None took either kind
+        (lambda: ucmfh.load_model("hash.pt", "foo"), r"^load_model: kind must be 'fusion' or 'hash' .*got 'foo'$"),
+        (lambda: ucmfh.load_model("hash.pt", None), r"^load_model: kind must be 'fusion' or 'hash' .*got None$"),
+    ]
+    for call, message in calls:
+        with pytest.raises(ValueError, match=message):
+            call()
+    calls = [
         (lambda: ucmfh.write_dataset("x.h5", [1, 2]), r"^write_dataset: splits must be a dict of train/query/"),
     ]
     for call, message in calls:

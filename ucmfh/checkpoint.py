@@ -250,6 +250,8 @@ def load_model(
     is None for a hashing method trained without a fusion encoder.
     """
     path = checked_path("load_model", path)
+    if kind not in ("fusion", "hash"):  # 'foo is needed here', and None took either
+        raise ValueError(f"load_model: kind must be 'fusion' or 'hash' (a SEPS matcher: load_seps), got {kind!r}")
     payload = read_checkpoint(path)
     _expect(path, payload, "kind", payload["kind"], kind)
     _expect(path, payload, "image feature dim", payload["d_img"], d_img)
