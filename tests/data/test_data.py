@@ -296,6 +296,8 @@ def test_not_hdf5_and_missing_file(tmp_path):
         validate_file(junk)
     with pytest.raises(DataError, match="no such file"):
         validate_file(tmp_path / "absent.h5")
+    with pytest.raises(DataError, match=r": is a folder, not a dataset file$"):  # HDF5's word ran to several lines
+        validate_file(tmp_path)
 
 
 def test_synthetic_is_deterministic_and_shaped_like_mirflickr():

@@ -414,7 +414,9 @@ def validate_file(path: PathLike, token_values: bool = True,
     path = checked_path("validate_file", path)
     if not os.path.exists(path):
         raise DataError(f"{path}: no such file" if path else "an empty path; give the dataset file")
-    if not os.path.isdir(path) and not os.path.isfile(path):  # a pipe or a device: opening it waited for ever
+    if os.path.isdir(path):  # HDF5's own word on it ran to several lines
+        raise DataError(f"{path}: is a folder, not a dataset file")
+    if not os.path.isfile(path):  # a pipe or a device: opening it waited for ever
         raise DataError(f"{path}: not a regular file (a pipe or a device); give the dataset file")
     try:
         f = h5py.File(path, "r")

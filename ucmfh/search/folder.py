@@ -254,6 +254,8 @@ def write_at(path: str, offset: int, array: np.ndarray) -> None:
 def read_manifest(path: str) -> Dict[str, Any]:
     """The manifest of an index folder, checked."""
     file = os.path.join(path, MANIFEST)
+    if os.path.isfile(path):  # a dataset or collection file given where its index belongs
+        raise DataError(f"{path}: a file, not an index folder ('ucmfh index' makes one)")
     if not os.path.isdir(path):
         raise FileNotFoundError(f"{path}: no such index folder")
     if not os.path.exists(file):
