@@ -108,7 +108,8 @@ assert "torch" not in sys.modules, "torch was imported"
     assert run.returncode == 0, run.stderr
 
 
-def test_bad_arguments_are_clear():
+def test_bad_arguments_are_clear(tmp_path):
+    (tmp_path / "x.h5").write_bytes(b"a dataset")
     index = Index(16)
     index.add("img", pm1(np.random.default_rng(0), 5, 16))
     with pytest.raises(ValueError, match="k must be >= 1"):
@@ -119,6 +120,8 @@ def test_bad_arguments_are_clear():
         with pytest.raises(IndexError, match=rf"^position {at[0]} is not one of the 5 img items \(0 to 4\)$"):
             index.take("img", "ids", at)
     assert index.take("img", "ids", np.array([4, 0])).tolist() == [4, 0]
+    with pytest.raises(DataError, match=r"x.h5: a file, not an index folder \('ucmfh index' makes one\)$"):
+        Index.load(str(tmp_path / "x.h5"))  # it said 'no such index folder' of a file that is there
     with pytest.raises(ValueError, match=r"queries: 32 columns, the index holds 16-bit codes; features are encoded "
                                          r"first: ucmfh.search.Encoder\(checkpoint\).encode\(features, modality\)"):
         index.search(np.full((2, 32), 0.3), 3, "img")  # features where codes belong

@@ -106,7 +106,6 @@ def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):
         (["search", str(out), "-q", tiny_path, "-k", "0"], "-k"),
         (["search", str(out), "-q", tiny_path, "--ids", "3, 5,3"], "Invalid value for --ids: id 3 is given twice"),
         (["search", str(tmp_path / "nope"), "-q", tiny_path], "no such index folder"),
-        (["search", tiny_path, "-q", tiny_path], f"{tiny_path}: a file, not an index folder ('ucmfh index' makes one)"),
         (["search", str(out), "-q", str(tmp_path / "nope.h5")], "nope.h5: no such query file"),
         (["search", str(out), "-q", str(tmp_path / "bad.npy"), "--query-modality", "text"],
          "5-d text features, the checkpoint"),
