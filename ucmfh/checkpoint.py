@@ -285,8 +285,10 @@ def _rebuild(payload: Dict[str, Any]) -> Tuple[nn.Module, Optional[FusionConfig]
         model = _empty_model(payload, fusion_cfg, hash_cfg)
     try:
         model.load_state_dict(payload["state_dict"])
-    except RuntimeError as err:
-        raise CheckpointError(f"weights do not fit the saved config ({err})") from None
+    except RuntimeError as err:  # torch's message: a line a tensor, under a heading; the first problem said
+        lines = [line.strip().rstrip(".") for line in str(err).splitlines()[1:] if line.strip()]
+        more = f"; {len(lines) - 1} more" if len(lines) > 1 else ""
+        raise CheckpointError(f"weights do not fit the saved config ({lines[0] if lines else err}{more})") from None
     return model, fusion_cfg, hash_cfg
 
 
