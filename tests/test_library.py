@@ -168,6 +168,8 @@ def test_a_split_made_by_hand_is_taken_or_refused_in_words(tiny, trained):
     refused = [(replace(query, img=nan), ucmfh.DataError, r"^encode_split: split.img holds NaN or infinity"),
                (query.subset(slice(0, 0)), ValueError, r"^encode_split: the split has no items$"),
                (replace(query, txt=query.txt[:5]), ValueError, r"^encode_split: split.img has \d+ rows, split.txt 5$"),
+               (replace(query, labels=query.labels[:5]), ValueError,
+                r"^encode_split: split.labels must have a row for each of its \d+ items, got 5 rows$"),
                (replace(query, img=np.zeros(3)), ValueError,
                 r"^encode_split: split.img must be 2-D floating-point features \[N, d\], got Tensor of shape \(3,\)")]
     for split, error, message in refused:

@@ -78,10 +78,15 @@ class Split:
                              f"{len(features['txt'])}")
         if len(features["img"]) == 0:
             raise ValueError(f"{where}: the {name} has no items")
-        for field_name in ("labels", "ids"):  # numpy's, as tensors (the features' rule)
+        for field_name in ("labels", "ids"):  # numpy's, as tensors (the features' rule), a row an item
             value = getattr(self, field_name)
             if isinstance(value, np.ndarray):
-                features[field_name] = torch.from_numpy(value)
+                value = features[field_name] = torch.from_numpy(value)
+            rows = len(value) if getattr(value, "ndim", 0) else None  # None: not an array of rows
+            if value is not None and rows != len(features["img"]):
+                rows = f"{rows} rows" if rows is not None else type(value).__name__
+                raise ValueError(f"{where}: {name}.{field_name} must have a row for each of its {len(features['img'])} "
+                                 f"items, got {rows}")
         return replace(self, **features)
 
     def shuffle(self, generator: torch.Generator) -> torch.Tensor:
