@@ -120,6 +120,8 @@ def test_bad_arguments_are_clear(tmp_path):
         with pytest.raises(IndexError, match=rf"^position {at[0]} is not one of the 5 img items \(0 to 4\)$"):
             index.take("img", "ids", at)
     assert index.take("img", "ids", np.array([4, 0])).tolist() == [4, 0]
+    with pytest.raises(ValueError, match=r"^the index holds no txt items \(it holds 5 img and 0 txt items\)$"):
+        index.search(pm1(np.random.default_rng(1), 2, 16), 3, "txt")  # a KeyError, its message quoted
     with pytest.raises(DataError, match=r"x.h5: a file, not an index folder \('ucmfh index' makes one\)$"):
         Index.load(str(tmp_path / "x.h5"))  # it said 'no such index folder' of a file that is there
     with pytest.raises(ValueError, match=r"queries: 32 columns, the index holds 16-bit codes; features are encoded "

@@ -99,8 +99,11 @@ class Index(IndexFolder):
     def _column(self, modality: str, name: str) -> Any:
         """All committed rows of a column: an array (maybe a memmap), or (offsets, bytes) for strings."""
         col = self._columns[modality].get(name)
-        if col is None:
-            raise KeyError(f"the index has no {name!r} for modality {modality!r}")
+        if col is None:  # a ValueError, one line (a KeyError's message is shown quoted)
+            if not self._count[modality]:
+                raise ValueError(f"the index holds no {modality} items (it holds {self._count['img']} img and "
+                                 f"{self._count['txt']} txt items)")
+            raise ValueError(f"the index keeps no {name!r} of its {modality} items")
         if col.dtype is None:
             return self._strings(modality, name)
         if col.mapped is not None and not col.parts:
