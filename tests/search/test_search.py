@@ -122,6 +122,9 @@ def test_bad_arguments_are_clear(tmp_path):
     assert index.take("img", "ids", np.array([4, 0])).tolist() == [4, 0]
     with pytest.raises(ValueError, match=r"^the index holds no txt items \(it holds 5 img and 0 txt items\)$"):
         index.search(pm1(np.random.default_rng(1), 2, 16), 3, "txt")  # a KeyError, its message quoted
+    for n_bits in ("16", 16.7):  # taken as 16
+        with pytest.raises(TypeError, match=r"^n_bits must be a whole number, got "):
+            Index(n_bits)
     with pytest.raises(DataError, match=r"x.h5: a file, not an index folder \('ucmfh index' makes one\)$"):
         Index.load(str(tmp_path / "x.h5"))  # it said 'no such index folder' of a file that is there
     with pytest.raises(ValueError, match=r"queries: 32 columns, the index holds 16-bit codes; features are encoded "

@@ -476,7 +476,7 @@ def test_an_index_whose_manifest_lost_its_code_length_says_so(tiny_path, trained
     assert f"{out}: holds 64-bit codes, but the checkpoint that made it, " in said.output
     assert "makes 16-bit codes: its manifest has been changed or damaged; build the index again" in said.output
     # a manifest edited by hand: its fields of another type, or missing, said of the file in one line
-    for damage, says in ((lambda m: m.update(n_bits="x"), "invalid literal for int() with base 10: 'x'"),
+    for damage, says in ((lambda m: m.update(n_bits="x"), "n_bits must be a whole number, got str 'x'"),
                          (lambda m: m.pop("modalities"), "no 'modalities'"),
                          (lambda m: m.update(n_bits=0), "n_bits must be in 1 .. 65535, got 0")):
         damaged = json_module.loads(json_module.dumps(manifest))

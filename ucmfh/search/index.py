@@ -63,7 +63,9 @@ class Index(IndexFolder):
     """
 
     def __init__(self, n_bits: int, meta: Optional[Mapping[str, Any]] = None) -> None:
-        if not 1 <= int(n_bits) <= 65535:
+        if isinstance(n_bits, bool) or not isinstance(n_bits, (int, np.integer)):  # "16" and 16.7 were taken
+            raise TypeError(f"n_bits must be a whole number, got {type(n_bits).__name__} {n_bits!r}")
+        if not 1 <= n_bits <= 65535:
             raise ValueError(f"n_bits must be in 1 .. 65535, got {n_bits}")
         self.n_bits = int(n_bits)
         self.words = n_words(self.n_bits)
