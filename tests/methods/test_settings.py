@@ -88,7 +88,8 @@ def test_hash_config_is_one_code_length_of_stage_configs():
         ("two-tower", {"lr_fusion": 1e-3}, "lr_fusion", "trains no fusion stage"),
         ("two-tower", {"hidden": -1}, "hidden", "hidden must be >= 0"),
         ("two-tower", {"loss": "ntxent"}, "loss", "unknown loss 'ntxent'"),
-        ("two-tower", {"hiden": 64}, "hiden", "unknown setting 'hiden'; settings are n_bits, protocol, "),
+        ("two-tower", {"hiden": 64}, "hiden", "unknown setting 'hiden' (did you mean 'hidden'?); settings are n_bits,"),
+        ("two-tower", {"lr": 1e-3}, "lr", "unknown setting 'lr' (did you mean 'lr_fusion' or 'lr_head'?); settings"),
     ]:
         with pytest.raises(SettingError, match=re.escape(why)) as refused:
             hash_config(method, **settings)

@@ -19,6 +19,7 @@ The settings (None, or absent: not given):
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import os
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
@@ -129,8 +130,8 @@ def hash_config(method: str = DEFAULT_METHOD, *, dataset: Optional[str] = None, 
     fields = {field.name for field in dataclasses.fields(HashConfig)}
     unknown = [name for name in settings if name not in SETTINGS and name not in fields]
     if unknown:
-        raise SettingError(unknown[0], f"unknown setting {unknown[0]!r}; settings are n_bits, "
-                                       f"{', '.join(SETTINGS)} and the fields of HashConfig")
+        raise SettingError(unknown[0], f"unknown setting {unknown[0]!r}{_closest(unknown[0], [*SETTINGS, *fields])}; "
+                                       f"settings are n_bits, {', '.join(SETTINGS)} and the fields of HashConfig")
     named = {name: value for name, value in settings.items() if name in SETTINGS}
     overrides = {name: value for name, value in settings.items() if name not in SETTINGS}
     try:
@@ -314,8 +315,14 @@ def _method(name: str) -> Method:
 def _check_names(settings: Mapping[str, Any], known: Sequence[str], stage: str = "hash") -> None:
     unknown = [name for name in settings if name not in known]
     if unknown:
-        raise SettingError(unknown[0], f"unknown setting {unknown[0]!r}; settings are {', '.join(known)} "
-                                       f"(any other as an override: overrides={{'{stage}': {{...}}}})")
+        raise SettingError(unknown[0], f"unknown setting {unknown[0]!r}{_closest(unknown[0], known)}; settings are "
+                                       f"{', '.join(known)} (any other as an override: overrides={{'{stage}': {{...}}}})")
+
+
+def _closest(name: str, known: Sequence[str]) -> str:
+    """'; did you mean ...' for a misspelt setting (hiden) or one of a family (lr: lr_head, lr_fusion), else ''."""
+    close = [k for k in known if k.startswith(name + "_")] or difflib.get_close_matches(name, list(known), n=2)
+    return f" (did you mean {' or '.join(map(repr, sorted(set(close))))}?)" if close else ""
 
 
 def _fusion(dataset: Optional[str], settings: Dict[str, Any], overrides: Dict[str, Any]) -> FusionConfig:
