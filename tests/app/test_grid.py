@@ -226,3 +226,33 @@ def test_a_list_with_an_empty_item_is_refused(tiny_path, tmp_path, flag, given):
                                        "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "runs"),
                                        "--table", str(tmp_path / "t"), "--quiet"])
     assert result.exit_code == 2 and f"an empty item in {given!r}" in result.output, result.output
+
+
+def test_two_dataset_files_of_one_name_keep_their_own_tables_and_comparisons(tmp_path):
+    """Two files of one name in one grid: its table keyed by the name showed the second file's figures alone (and
+    half the paired differences), and 'compare' dropped the first file's cells, silently; 'runs' and the figures
+    told them apart. Every view names them as 'runs' does now: 'synthetic [fingerprint]'."""
+    from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
+
+    spec = dict(n_query=30, n_retrieval=120, n_train=60, d_img=12, d_txt=10, n_classes=4)
+    (tmp_path / "a").mkdir()
+    (tmp_path / "b").mkdir()
+    files = [make_synthetic(tmp_path / folder / "syn.h5", SyntheticSpec(**spec, seed=seed))
+             for folder, seed in (("a", 1), ("b", 2))]
+    results, table = tmp_path / "r.jsonl", tmp_path / "t"
+    _grid("-d", files[0], "-d", files[1], "--methods", "cca-itq,two-tower", "-b", "8", "--seeds", "1,2", "--epochs",
+          "1", "--set", "hash.hidden=16", "--device", "cpu", "--quiet", "--out", str(tmp_path / "runs"),
+          "--results", str(results), "--table", str(table))
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    labels = sorted({f"{r['dataset']} [{r['dataset_fingerprint'][:8]}]" for r in rows})
+    assert len(labels) == 2
+    md = (table.with_suffix(".md")).read_text()
+    for label in labels:  # each file's table, and its 4 pairs (2 seeds x 2 directions), not 2 of one file's
+        assert f"### {label}, protocol `unimodal`" in md
+        [delta] = [line for line in md.splitlines() if line.startswith(f"| {label} | unimodal | - | `two-tower` |")]
+        assert delta.endswith("/4 |"), delta
+    with open(table.with_suffix(".csv"), newline="") as f:
+        assert len({line["dataset_fingerprint"] for line in csv.DictReader(f)}) == 2
+    compared = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "--json"])
+    assert compared.exit_code == 0, compared.output
+    assert sorted({json.loads(line)["dataset"] for line in compared.output.splitlines()}) == labels

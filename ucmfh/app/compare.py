@@ -29,8 +29,8 @@ import numpy as np
 from ucmfh.app.errors import UserError, user_errors, warn
 from ucmfh.app.options import Count, json_or_text, results_to_read
 from ucmfh.app.per_query import load_per_query
-from ucmfh.app.runs import (filter_rows, held_by, latest, read_results, seed_of, settings_key, settings_of,
-                            trained_on, variant_of)
+from ucmfh.app.runs import (dataset_labels, filter_rows, held_by, latest, read_results, seed_of, settings_key,
+                            settings_of, trained_on, variant_of)
 from ucmfh.config import MOVED_TO_PARAMS, PROTOCOLS
 from ucmfh.methods.settings import STAGES
 from ucmfh.metrics.intervals import RESAMPLES, paired_bootstrap, verdict
@@ -205,6 +205,7 @@ def cells(rows: List[Dict[str, Any]], base: Side, other: Side, pool: bool = Fals
     method both hold them); a cell that only one side has is left out, whatever its settings."""
     found: Dict[tuple, Dict[str, Dict[str, Dict[int, Dict[str, Dict[str, Any]]]]]] = {}
     names: Dict[tuple, set] = {}
+    labels = dataset_labels(rows)  # two files of one name apart ('syn [058e9011]'): by the name, one cell was lost
     for row in rows:
         sides = [side for side in (base, other) if side.holds(row)]
         if not sides:
@@ -214,8 +215,8 @@ def cells(rows: List[Dict[str, Any]], base: Side, other: Side, pool: bool = Fals
         trained = (row.get("trained_on") or {}).get("fingerprint")
         where = ((None if pool else row.get("dataset_fingerprint"), trained), None if pool else row.get("dataset"),
                  *scored)  # pooled draws too: a checkpoint trained elsewhere is never one of the pool's runs
-        names.setdefault(where, set()).add(str(row.get("dataset")) + (f" (trained on {trained_on(row)})"
-                                                                      if trained else ""))
+        names.setdefault(where, set()).add(labels[row.get("dataset"), row.get("dataset_fingerprint")]
+                                           + (f" (trained on {trained_on(row)})" if trained else ""))
         for side in sides:
             by_setting = found.setdefault(where, {}).setdefault(side.name, {})
             by_seed = by_setting.setdefault(settings_key(row), {}).setdefault(seed_of(row), {})

@@ -31,7 +31,7 @@ from ucmfh.app.options import (
     seed_type, settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
-from ucmfh.app.runs import DIRECTIONS, REAL, headline, scores_line, summarize, variant_of
+from ucmfh.app.runs import DIRECTIONS, REAL, dataset_labels, headline, scores_line, summarize, variant_of
 from ucmfh.config import CODE_LENGTHS, EXPECTED, PROTOCOLS
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import MARKS, read_jsonl, write_text_atomic
@@ -90,10 +90,14 @@ def finished(rows: List[Dict[str, Any]], run_key: str, protocols: Sequence[str],
 
 def paired_deltas(rows: List[Dict[str, Any]], base: str, variant: str, dataset: str, protocol: str,
                   database: Optional[str] = None) -> List[float]:
-    """``variant`` − ``base`` MAP, paired by (seed, n_bits, direction): tie-aware where both rows have it."""
+    """``variant`` − ``base`` MAP, paired by (seed, n_bits, direction): tie-aware where both rows have it.
+    ``dataset``: the file's label among ``rows`` (:func:`ucmfh.app.runs.dataset_labels`)."""
+    labels = dataset_labels(rows)
+
     def index(name: str) -> Dict[tuple, tuple]:
         return {(r["seed"], r["n_bits"], d): (r.get(d + EXPECTED), r[d]) for r in rows for d in DIRECTIONS
-                if (variant_of(r), r["dataset"], r["protocol"], r.get("database")) == (name, dataset, protocol, database)}
+                if (variant_of(r), labels[r["dataset"], r.get("dataset_fingerprint")], r["protocol"],
+                    r.get("database")) == (name, dataset, protocol, database)}
 
     mine, ref = index(variant), index(base)
     return [mine[key][0] - ref[key][0] if None not in (mine[key][0], ref[key][0]) else mine[key][1] - ref[key][1]
@@ -106,14 +110,17 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
     ``variants``: the methods (:func:`variant_of`) in the order of the table.
     """
     summary = summarize(rows)
-    cell = {(s["dataset"], s["protocol"], s["database"], variant_of(s), s["n_bits"]): s for s in summary}
-    datasets = list(dict.fromkeys(r["dataset"] for r in rows))
+    labels = dataset_labels(rows)  # two files of one name apart ('syn [058e9011]'): keyed by the name, one was lost
+    cell = {(labels[s["dataset"], s["dataset_fingerprint"]], s["protocol"], s["database"], variant_of(s),
+             s["n_bits"]): s for s in summary}
+    datasets = list(dict.fromkeys(labels[r["dataset"], r.get("dataset_fingerprint")] for r in rows))
     protocols = list(dict.fromkeys(r["protocol"] for r in rows))
     databases = list(dict.fromkeys(r.get("database") for r in rows))  # [None] unless a caption set
     k = rows[0]["k"] if rows else DEFAULT_K
     md: List[str] = []
     for dataset, protocol, database in product(datasets, protocols, databases):
-        if not any((s["dataset"], s["protocol"], s["database"]) == (dataset, protocol, database) for s in summary):
+        if not any((labels[s["dataset"], s["dataset_fingerprint"]], s["protocol"], s["database"]) ==
+                   (dataset, protocol, database) for s in summary):
             continue
         where = f", database `{database}`, MAP by id" if database else ""
         md += [f"### {dataset}, protocol `{protocol}`{where}: MAP@{k} I→T / T→I (mean ± std over seeds; tie-aware: "
@@ -217,7 +224,8 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
     columns = ["dataset", "method", "loss", "n_bits", "protocol", "database", "k", "n_seeds",
                *(f"{p}{d}{t}_{s}" for p in ("", "random_", REAL) for d in DIRECTIONS for t in ("", EXPECTED)
                  for s in ("mean", "std") if not (p == "random_" and t)),
-               "train_time_s_mean", "fusion_train_time_s_mean", "settings_key"]
+               "train_time_s_mean", "fusion_train_time_s_mean", "settings_key",
+               "dataset_fingerprint"]  # two files of one name apart (the header's start is the file's mark)
     text = io.StringIO()
     writer = csv.DictWriter(text, columns, extrasaction="ignore")
     writer.writeheader()

@@ -18,7 +18,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ucmfh.app.runs import headline, variant_of
+from ucmfh.app.runs import dataset_labels, headline, variant_of
 from ucmfh.app.outputs import check_figures, check_outputs
 
 # a figure's score: (field, label); a labelled set's MAP, a caption set's R@1, R@5, R@10 in % and rSum
@@ -68,14 +68,14 @@ def length_figures(groups: Sequence[Dict[str, Any]]) -> List[Dict[str, Any]]:
             figure = figures.setdefault(key, {"entries": [], "label": label})
             figure["entries"].append((entry, shown))
     several: Dict[tuple, set] = {}  # a figure's name says what its dataset has several of: protocols, k
-    prints: Dict[str, set] = {}  # a dataset's name -> its files' fingerprints
     for dataset, fingerprint, trained, _, _, protocol, k in figures:
         several.setdefault((dataset, fingerprint, trained, "protocol"), set()).add(protocol)
         several.setdefault((dataset, fingerprint, trained, "k"), set()).add(k)
-        prints.setdefault(dataset, set()).add(fingerprint)
+    labels = dataset_labels(groups)  # as every view names a file: 'syn [058e9011]' where two share a name
     out, names = [], set()
     for (dataset, fingerprint, trained, database, field, protocol, k), figure in sorted(figures.items()):
-        shown = dataset + (f" [{fingerprint[:8]}]" if len(prints[dataset]) > 1 else "")  # as 'ucmfh runs' shows it
+        first = figure["entries"][0][0]
+        shown = labels[first["dataset"], first.get("dataset_fingerprint")]
         out.append(_figure(shown, trained or None, database or None, field, figure["label"], figure["entries"]))
         if len(several[dataset, fingerprint, trained, "protocol"]) > 1:
             out[-1]["name"] += f"_{safe_name(protocol)}"

@@ -299,6 +299,20 @@ def settings_key(row: Dict[str, Any]) -> str:
     return key_of(_beyond_columns(settings_of(row)))
 
 
+def dataset_labels(entries: Sequence[Dict[str, Any]]) -> Dict[Tuple[Any, Any], str]:
+    """How each dataset file of ``entries`` (rows, or :func:`summarize` groups) is named in a table or a figure, by
+    its (name, fingerprint): its name, and where two files of one name are among them, the first 8 characters of
+    its fingerprint beside it (``syn [058e9011]``). Every view of results names them so: a table keyed by the name
+    alone showed one file's figures under the name and dropped the other's."""
+    files: Dict[Any, set] = {}  # the dataset files of each name (entries that record one)
+    for entry in entries:
+        fingerprint = entry.get("dataset_fingerprint")
+        files.setdefault(entry.get("dataset"), set()).update([fingerprint] if fingerprint else [])
+    return {(entry.get("dataset"), entry.get("dataset_fingerprint")): str(entry.get("dataset")) + (
+        f" [{str(entry['dataset_fingerprint'])[:8]}]" if len(files[entry.get("dataset")]) > 1
+        and entry.get("dataset_fingerprint") else "") for entry in entries}
+
+
 def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     """One entry per (dataset file, the dataset file trained on when another, task, method, loss, n_bits,
     protocol, k, other settings but the seed)."""
@@ -381,11 +395,8 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
     if not groups:
         return "no runs match"
     captions = any(g["database"] for g in groups)
-    files: Dict[Any, set] = {}  # the dataset files of each name (rows that record one): two of one name told apart
-    for g in groups:
-        files.setdefault(g["dataset"], set()).update([g["dataset_fingerprint"]] if g["dataset_fingerprint"] else [])
-    columns = [("dataset", lambda g: _text(g["dataset"]) + (f" [{g['dataset_fingerprint'][:8]}]" if len(
-        files[g["dataset"]]) > 1 and g["dataset_fingerprint"] else ""))]
+    labels = dataset_labels(groups)
+    columns = [("dataset", lambda g: _text(labels[g["dataset"], g["dataset_fingerprint"]]))]
     if any(g.get("trained_on") for g in groups):
         columns.append(("trained on", lambda g: _text(g.get("trained_on"))))
     columns += [("task", lambda g: _text(g["task"])), ("method", lambda g: _text(g["method"])),
@@ -428,7 +439,7 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
                      "'-': trained on this one")
     if any(g["stage"] for g in groups):
         lines.append("stage: two-stage search ('ucmfh rerank'), m = the Hamming candidates re-ranked")
-    if any(len(fingerprints) > 1 for fingerprints in files.values()):
+    if any(label != str(name) for (name, _), label in labels.items()):
         lines.append("dataset [fingerprint]: dataset files of one name and other contents, told apart by the first "
                      "characters of their contents' SHA-256 (as their run folders are named)")
     return "\n".join(lines + settings_legend(groups))
