@@ -968,7 +968,17 @@ def test_collapsed_codes_are_said_and_recorded(tmp_path):
         in out.output and "images" not in out.output.split("warning")[1].split("\n")[0]
     [row] = _rows(results)
     assert row["distinct_codes"]["txt"] == [1, n] and 1 < row["distinct_codes"]["img"][0] <= n
-    from ucmfh.app.experiment import collapsed
+    # marked wherever its scores are averaged in: 'runs' and a grid's table (only the training log said it)
+    from ucmfh.app.grid import markdown
+    from ucmfh.app.runs import COLLAPSE_NOTE, variant_of
+
+    table = CliRunner().invoke(main, ["runs", "--results", str(results)])
+    assert table.exit_code == 0 and COLLAPSE_NOTE in table.output, table.output
+    header, line = table.output.splitlines()[:2]
+    assert line[header.index("seeds"):].startswith("1†"), table.output
+    md = markdown([row], [variant_of(row)], [16])
+    assert f"{row['map_i2t_expected']:.3f} / {row['map_t2i_expected']:.3f}†" in md and COLLAPSE_NOTE + "." in md
+    from ucmfh.app.runs import collapsed
 
     # judged against what the codes could be: 8 bits hold 256 codes, whatever the items
     assert collapsed({"img": [3, 100_000], "txt": [200, 100_000], "n_bits": 8}) == []

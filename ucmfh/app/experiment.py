@@ -12,6 +12,7 @@ from ucmfh.app.identity import (
     Run, RunOptions, dataset_identity, git_commit, key_of, run_settings, trained_in,
 )
 from ucmfh.app.per_query import save_per_query
+from ucmfh.app.runs import collapsed
 from ucmfh.app.stage import Log, Stage, reuse_or_fit
 from ucmfh.checkpoint import CheckpointError, load_model, read_checkpoint, save_checkpoint, saved_number
 from ucmfh.codes import save_codes
@@ -213,16 +214,6 @@ def score_hash_model(
 
 
 NAMES = {"img": "images", "txt": "texts"}
-COLLAPSED = 0.01  # codes of at most this share of a modality's items: a model whose codes collapsed
-                  # (ucmfh.evaluation.distinct_codes counts them)
-
-
-def collapsed(distinct: Dict[str, Any]) -> List[str]:
-    """The modalities whose distinct codes are at most :data:`COLLAPSED` of what they could be: their items, or
-    the codes of their length where those are fewer (8 bits: 256)."""
-    space = 2 ** min(int(distinct.get("n_bits", 64)), 62)
-    return [m for m in ("img", "txt") if m in distinct and distinct[m][0] < distinct[m][1]
-            and distinct[m][0] <= max(1, COLLAPSED * min(distinct[m][1], space))]
 
 
 def queries_trained_on(scored: str, trained: Optional[str]) -> Optional[Tuple[int, int]]:

@@ -31,7 +31,8 @@ from ucmfh.app.options import (
     seed_type, settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
-from ucmfh.app.runs import DIRECTIONS, REAL, dataset_labels, headline, scores_line, summarize, variant_of
+from ucmfh.app.runs import (COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, dataset_labels, headline, scores_line,
+                            summarize, variant_of)
 from ucmfh.config import CODE_LENGTHS, EXPECTED, PROTOCOLS
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import MARKS, read_jsonl, write_text_atomic
@@ -138,7 +139,7 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
                 spread = len(s["seeds"]) > 1  # one seed has no spread to show (not ± 0.000)
                 fields = [prefix + d if prefix else headline(s, d) for d in DIRECTIONS]
                 line.append(" / ".join(f"{s[f'{f}_mean']:.3f}" + (f" ± {s[f'{f}_std']:.3f}" if spread else "")
-                                       for f in fields))
+                                       for f in fields) + COLLAPSE_MARK * bool(not prefix and s["collapsed_seeds"]))
                 seeds |= set(s["seeds"])
                 if s["train_time_s_mean"]:
                     times.append(s["train_time_s_mean"])
@@ -146,6 +147,8 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
             md.append("| " + " | ".join(line) + " |")
         md.append("")
         where = (dataset, protocol, database)
+        if any(s["collapsed_seeds"] for key, s in cell.items() if key[:3] == where):
+            md += [COLLAPSE_NOTE + ".", ""]
         md += _fusion_seconds(cell, variants, bits, where)
         if database:  # a caption set: the field's own figure too
             md += _means_table(cell, variants, bits, where, "", f"R@1 I→T / T→I in % (rSum), database `{database}`, "

@@ -299,6 +299,24 @@ def settings_key(row: Dict[str, Any]) -> str:
     return key_of(_beyond_columns(settings_of(row)))
 
 
+COLLAPSED = 0.01  # codes of at most this share of a modality's items: a model whose codes collapsed
+                  # (ucmfh.evaluation.distinct_codes counts them)
+
+
+# what marks a group some of whose seeds' codes collapsed, in every table of results, and the line that says it
+COLLAPSE_MARK = "†"
+COLLAPSE_NOTE = (f"{COLLAPSE_MARK}: in some of the seeds the codes collapsed (distinct codes of a modality at most "
+                 f"{COLLAPSED:.0%} of its items): those seeds score a near-random order, averaged in with the others")
+
+
+def collapsed(distinct: Dict[str, Any]) -> List[str]:
+    """The modalities whose distinct codes are at most :data:`COLLAPSED` of what they could be: their items, or
+    the codes of their length where those are fewer (8 bits: 256)."""
+    space = 2 ** min(int(distinct.get("n_bits", 64)), 62)
+    return [m for m in ("img", "txt") if m in distinct and distinct[m][0] < distinct[m][1]
+            and distinct[m][0] <= max(1, COLLAPSED * min(distinct[m][1], space))]
+
+
 def dataset_labels(entries: Sequence[Dict[str, Any]]) -> Dict[Tuple[Any, Any], str]:
     """How each dataset file of ``entries`` (rows, or :func:`summarize` groups) is named in a table or a figure, by
     its (name, fingerprint): its name, and where two files of one name are among them, the first 8 characters of
@@ -333,6 +351,8 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
             "seeds": sorted(seed for seed in map(seed_of, group) if seed is not None),
             "checkpoints": sorted({r["checkpoint"] for r in group if r.get("checkpoint")}),
             "settings_key": settings[:6], "settings": _beyond_columns(settings_of(group[0])),
+            # seeds whose codes collapsed (a near-random order's scores, averaged in with the others): marked
+            "collapsed_seeds": sum(bool(collapsed(r.get("distinct_codes") or {})) for r in group),
         }
         scores = (*DIRECTIONS, "rsum", *RECALL_AT_K)
         scores += tuple(f + EXPECTED for f in scores)
@@ -406,7 +426,8 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
     columns.append(("protocol", lambda g: _text(g["protocol"])))
     if captions:
         columns.append(("database", lambda g: _text(g["database"])))
-    columns += [("k", lambda g: _text(g["k"])), ("seeds", lambda g: str(g["n_seeds"]))]
+    columns += [("k", lambda g: _text(g["k"])), ("seeds", lambda g: str(g["n_seeds"]) + COLLAPSE_MARK * bool(
+        g.get("collapsed_seeds")))]
     if captions:  # a caption set's headline
         columns += [("R@1 I->T", lambda g: _cell(g, headline(g, "r1_i2t"), 1)),
                     ("R@1 T->I", lambda g: _cell(g, headline(g, "r1_t2i"), 1))]
@@ -434,6 +455,8 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
     if captions:
         lines.append("caption sets: R@1 in %, MAP by id, rSum = R@1+R@5+R@10 of both directions in %; database "
                      "test = the query split, collection = query and retrieval together")
+    if any(g.get("collapsed_seeds") for g in groups):
+        lines.append(COLLAPSE_NOTE)
     if any(g.get("trained_on") for g in groups):
         lines.append("trained on: a checkpoint trained on that dataset, scored on this one ('ucmfh evaluate -c'); "
                      "'-': trained on this one")
