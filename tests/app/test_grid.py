@@ -139,6 +139,7 @@ def test_grid_applies_an_option_only_to_the_methods_that_use_it_and_says_so(tmp_
     ("--methods", "", "Invalid value for '--methods': expected a comma-separated list, got '': give at least one"),
     ("--seeds", " , ", "Invalid value for '--seeds': expected a comma-separated list, got ' , ': give at least one"),
     ("--seeds", "1,-3", "Invalid value for '--seeds': -3 is not in the range 0<=x<4294967296"),
+    ("--seeds", "1,x", "Invalid value for '--seeds': expected comma-separated whole numbers, got '1,x'"),
     ("--seeds", "1,2,1", "Invalid value for '--seeds': 1 is given twice in '1,2,1'"),  # for '1,2,11'?
     ("--methods", "cca-itq,cca-itq", "Invalid value for '--methods': cca-itq is given twice in 'cca-itq,cca-itq'"),
     ("--results", "", "Invalid value for --results: a grid keeps its rows, the cells it skips when run again: give a "

@@ -52,6 +52,9 @@ def _list(kind: Any, empty: bool = False) -> Any:
             raise click.BadParameter(f"expected a comma-separated list, got {text!r}: give at least one")
         if items and len(items) != len(text.split(",")):  # '1,,2' or 'two-tower,': a value left out, or a typo
             raise click.BadParameter(f"an empty item in {text!r}")
+        if isinstance(kind, click.IntRange) and not all(x.lstrip("+-").isdigit() for x in items):
+            # click's own word: "'x' is not a valid integer range"
+            raise click.BadParameter(f"expected comma-separated whole numbers, got {text!r}")
         if isinstance(kind, click.ParamType):
             values = [kind.convert(x, param, ctx) for x in items]
         else:
@@ -348,7 +351,9 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     check_outputs({"--results": results, "--table": table}, {"--out": train["out"], "--tensorboard": train["tensorboard"]},
                   overwrite=overwrite)
     if plot is not None:  # matplotlib there, and no file of the user's where a figure may go, before any cell
-        from ucmfh.app.length_plot import check_prefix
+        from ucmfh.app.length_plot import check_prefix, figure_prefix
+
+        plot = figure_prefix(plot)
         from ucmfh.metrics.plots import pyplot
 
         pyplot()

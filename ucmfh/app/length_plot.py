@@ -159,6 +159,13 @@ def legend_title(figure: Dict[str, Any]) -> str:
     return "error bars: std over seeds" + ("" if 1 not in seeds else " (none where one seed)")
 
 
+def figure_prefix(prefix: str) -> str:
+    """A --plot PREFIX as given, less a figure's extension where it ends in one (``--plot figs/length.png`` wrote
+    ``figs/length.png_wiki_map_i2t.png``), as a grid's --table PATH.md is taken as PATH."""
+    stem, extension = os.path.splitext(prefix)
+    return stem if extension.lower() in SUFFIXES and os.path.basename(stem) else prefix
+
+
 def _joined(prefix: str) -> str:
     """What a figure's name follows: ``PREFIX_``, or a folder's path where the prefix ends in a separator
     (``--plot figs/`` writes ``figs/wiki_map_i2t.png``, where it wrote ``figs/_wiki_map_i2t.png``)."""
