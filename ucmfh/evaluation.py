@@ -76,11 +76,15 @@ def checked_features(where: str, split: Split, batch_size: int) -> Split:
     return split.checked(where)
 
 
-def checked_scored(where: str, data: Dataset) -> Dataset:
-    """``data``'s query and retrieval splits as the encoders take them (:meth:`~ucmfh.data.h5.Split.checked`),
-    a refusal named by the entry point (``where``) and the split, not by the encoder it calls."""
-    return replace(data, query=data.query.checked(where, "data.query"),
+def checked_scored(where: str, data: Dataset, model: nn.Module) -> Dataset:
+    """``data``'s query and retrieval splits as the encoders take them (:meth:`~ucmfh.data.h5.Split.checked`)
+    and of the widths ``model`` takes (:func:`check_widths`), checked once for every protocol scored (the public
+    encoders checked them again for each), a refusal named by the entry point (``where``) and the split."""
+    data = replace(data, query=data.query.checked(where, "data.query"),
                    retrieval=data.retrieval.checked(where, "data.retrieval"))
+    for split in (data.query, data.retrieval):
+        check_widths(where, model, split)
+    return data
 
 
 def check_widths(where: str, model: nn.Module, split: Split) -> None:
@@ -272,15 +276,15 @@ def evaluate_hashing(
     check_hasher("evaluate_hashing", model)
     check_argument("evaluate_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
     check_argument("evaluate_hashing", "k", k, int)
-    data = checked_scored("evaluate_hashing", data)
-    check_widths("evaluate_hashing", model, data.query)
+    data = checked_scored("evaluate_hashing", data, model)
     if protocols is None:
         protocols = PROTOCOLS if hasattr(model, "fusion") else ("unimodal",)
     protocols = _protocols(protocols)
+    device = resolve_device(device)
     rows = []
     for protocol in protocols:  # one forward pass: the codes are the signs of the head outputs
-        query = head_outputs_split(model, data.query, protocol, device, progress=progress)
-        retrieval = head_outputs_split(model, data.retrieval, protocol, device, progress=progress)
+        query = outputs_of(model, data.query, protocol, device, progress=progress)
+        retrieval = outputs_of(model, data.retrieval, protocol, device, progress=progress)
         codes = _signs(retrieval)
         # the rankings scored, one step each (seconds each on a large set, where nothing was shown)
         with tqdm(total=1 + bool(real_valued), desc=f"scoring ({protocol})", unit="ranking", disable=not progress,
@@ -315,12 +319,13 @@ def evaluate_fusion(
                    "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
     check_argument("evaluate_fusion", "data", data, Dataset, "ucmfh.load_dataset(path)")
     check_argument("evaluate_fusion", "k", k, int)
-    data = checked_scored("evaluate_fusion", data)
+    data = checked_scored("evaluate_fusion", data, fusion)
     protocols = _protocols(protocols)
+    device = resolve_device(device)
     rows = []
     for protocol in protocols:
-        query = embed_split(fusion, data.query, protocol, device, progress=progress)
-        retrieval = embed_split(fusion, data.retrieval, protocol, device, progress=progress)
+        query = embeddings_of(fusion, data.query, protocol, device, progress=progress)
+        retrieval = embeddings_of(fusion, data.retrieval, protocol, device, progress=progress)
         rows += [{"protocol": protocol, **row}
                  for row in score_splits(query, retrieval, data, k, "cosine", expected=True)]
     return rows
