@@ -93,11 +93,9 @@ def finished(rows: List[Dict[str, Any]], run_key: str, protocols: Sequence[str],
 
 
 def paired_deltas(rows: List[Dict[str, Any]], base: str, variant: str, dataset: str, protocol: str,
-                  database: Optional[str] = None) -> List[float]:
+                  database: Optional[str], labels: Dict[Tuple[Any, Any], str]) -> List[float]:
     """``variant`` − ``base`` MAP, paired by (seed, n_bits, direction): tie-aware where both rows have it.
-    ``dataset``: the file's label among ``rows`` (:func:`ucmfh.app.runs.dataset_labels`)."""
-    labels = dataset_labels(rows)
-
+    ``dataset``: the file's label among ``rows``, as ``labels`` has it (:func:`ucmfh.app.runs.dataset_labels`)."""
     def index(name: str) -> Dict[tuple, tuple]:
         return {(r["seed"], r["n_bits"], d): (r.get(d + EXPECTED), r[d]) for r in rows for d in DIRECTIONS
                 if (variant_of(r), labels[r["dataset"], r.get("dataset_fingerprint")], r["protocol"],
@@ -167,7 +165,7 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
                "mean ± std over the pairs (tie-aware where both rows are); wins = pairs where the method is higher", "",
                "| dataset | protocol | database | method | Δ | wins |", "|---|---|---|---|---|---|"]
         for dataset, protocol, database, variant in product(datasets, protocols, databases, variants[1:]):
-            deltas = paired_deltas(rows, variants[0], variant, dataset, protocol, database)
+            deltas = paired_deltas(rows, variants[0], variant, dataset, protocol, database, labels)
             if deltas:
                 std = statistics.stdev(deltas) if len(deltas) > 1 else 0.0
                 md.append(f"| {dataset} | {protocol} | {database or '-'} | `{variant}` | {statistics.fmean(deltas):+.3f} "
