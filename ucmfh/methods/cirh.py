@@ -55,6 +55,8 @@ Departures, each on purpose:
 * A batch under 4 items (never at the defaults) takes its last-ranked items where x₃ or x₄ is missing.
 * Model selection: the best epoch on the validation split carved from the training split (``val_fraction``,
   with ``patience``), scored after every epoch, not the query-set MAP every 10 epochs of ``main_mir.py``.
+* The codes are ``sign`` with sign(0) = +1 (this package's codes); the release's ``torch.sign`` gives 0 at 0
+  (a code with zeros).
 * The captions of one image (ids of a caption set) are not used: CIRH is unsupervised; they share their
   image's features, so ``S`` already ties them. On several processes each rank computes the whole global
   batch (its batch-norm and graph layers need it); the gradients are the same on every rank.

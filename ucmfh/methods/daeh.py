@@ -59,6 +59,8 @@ Departures, each on purpose:
   so the step may be captured as a CUDA graph.
 * Model selection: the best epoch on the validation split carved from the training split (``val_fraction``,
   with ``patience``), not the best query-set MAP every 2 epochs of ``process``.
+* The codes are ``sign`` with sign(0) = +1 (this package's codes); the release's ``torch.sign`` gives 0 at 0
+  (a code with zeros).
 * The captions of one image (ids of a caption set) are not used (DAEH is unsupervised; they share the image's
   features). On several processes each rank computes the whole global batch (the mutual information and the
   batch's ``S`` need it); the gradients are the same on every rank.

@@ -65,10 +65,11 @@ Departures, each named:
   non-negative (VGG after ReLU, tag counts), so its similarities are too; text embeddings here can
   have negative cosines (never among an item's 2,000 nearest on flickr8k, whose image features are
   non-negative and weigh 0.99).
-- Model selection: the release evaluates MAP on its validation items against its database after
-  every epoch, keeps the best epoch and stops after 11 epochs without a better one; here the same
-  with this package's validator (unimodal MAP@50 of both directions on a validation tenth of the
-  training split against the rest, :func:`ucmfh.selection.validator`), ``patience = 11``.
+- Model selection: the release evaluates MAP over the whole ranking (``calculate_map``, I→T plus T→I)
+  on its validation items against its database after every epoch, keeps the best epoch and stops after
+  11 epochs without a better one; here the same rule, ``patience = 11``, with this package's validator:
+  unimodal MAP@50 (not over the whole ranking) of both directions on a validation tenth of the training
+  split against the rest (:func:`ucmfh.selection.validator`).
 - The codes are ``sign`` with sign(0) = +1 (this package's codes); the release's ``torch.sign`` gives
   0 at 0. Inside the loss the half-binary steps use ``torch.sign`` as the release does.
 """

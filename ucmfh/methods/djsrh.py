@@ -41,6 +41,8 @@ Departures, each named:
    (``val_fraction``, ``patience``), never the query split; theirs trains a fixed 80 epochs and
    reports the test MAP of the last (or logs every ``EVAL_INTERVAL`` epochs on the query set).
 7. No ids are used: the method is unsupervised, its only supervision is ``S``.
+8. The codes are ``sign`` with sign(0) = +1 (this package's codes); the release's ``torch.sign`` gives 0 at 0
+   (a code with zeros).
 """
 from __future__ import annotations
 

@@ -45,6 +45,13 @@ Departures, each named (as DJSRH's, :mod:`ucmfh.methods.djsrh`):
 5. Model selection on a validation part of the training split with ``patience`` (their 300 epochs,
    logged on the query set every 40, the best kept in the log: ``JDSH.eval``'s ``best_it``/``best_ti``).
 6. No ids are used (unsupervised).
+7. The released ``F_I`` is fc7 computed in training mode: ``ImgNet`` keeps AlexNet's classifier up to fc7
+   with its two dropouts (p = 0.5), which ``torch.no_grad()`` leaves on (``JDSH.train`` sets ``.train()``),
+   so ``S`` and the hash layer's input are a fresh dropout of the features every batch. Here both see the
+   clean precomputed feature (the image head has no dropout). DSDW's constants (departure 3) were measured
+   on ``S'`` of those dropped-out features.
+8. The codes are ``sign`` with sign(0) = +1 (this package's codes); the release's ``torch.sign`` gives 0 at 0
+   (a code with zeros).
 """
 from __future__ import annotations
 
