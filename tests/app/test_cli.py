@@ -422,6 +422,16 @@ def test_an_unknown_command_is_told_the_closest_or_the_list(name, said):
     assert result.exit_code == 2 and result.output == said + "\n"
 
 
+@pytest.mark.parametrize("command, default", [("evaluate", "the file the checkpoint was trained on"),
+                                              ("encode", "the file the checkpoint was trained on"),
+                                              ("train-hash", "synthetic"), ("train-fusion", "synthetic")])
+def test_the_dataset_default_a_command_states_is_the_one_it_uses(command, default):
+    """evaluate -c scores on the file its checkpoint was trained on (no -d: no synthetic set is made), where its
+    help said '[default: synthetic]' (an audit's find)."""
+    text = " ".join(CliRunner().invoke(main, [command, "--help"], terminal_width=1000).output.split())
+    assert f"[default: {default}]" in text and text.count("[default: synthetic]") == (default == "synthetic")
+
+
 @pytest.mark.parametrize("argv", [["--help"], ["--version"], ["runs", "--results", "docs/results/small.jsonl"],
                                   ["runs", "--results", "docs/results/flickr8k.jsonl", "--json"]])
 def test_the_help_and_the_summary_of_runs_do_not_import_torch(argv):

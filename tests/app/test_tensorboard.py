@@ -41,6 +41,17 @@ def test_train_hash_writes_each_stage_s_curves_in_its_run_s_folder(tiny_path, tm
     assert len(fusion) == 1 and [step for step, _ in _losses(fusion[0])] == [1, 2]
 
 
+def test_a_run_reused_says_that_it_writes_no_curves(tiny_path, tmp_path):
+    """A run trained before is reused and trains no epoch: the curves asked for are not written, and the command
+    says so (it said nothing, and the folder stayed empty)."""
+    assert CliRunner().invoke(main, _argv("train-hash", tiny_path, tmp_path)).exit_code == 0
+    result = CliRunner().invoke(main, _argv("train-hash", tiny_path, tmp_path, "--tensorboard", str(tmp_path / "tb")))
+    assert result.exit_code == 0, result.output
+    notes = [line for line in result.output.splitlines() if line.startswith("note: --tensorboard")]
+    assert len(notes) == 1 and "no curves of hashing 16 bits" in notes[0], result.output  # its fusion stage not read
+    assert "ucmfh runs --history" in notes[0] and not (tmp_path / "tb").exists()
+
+
 def test_a_tensorboard_folder_that_cannot_be_one_is_refused_before_training(tiny_path, tmp_path):
     (tmp_path / "a-file").write_text("mine")
     result = CliRunner().invoke(main, _argv("train-hash", tiny_path, tmp_path, "--tensorboard",

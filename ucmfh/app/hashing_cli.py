@@ -3,6 +3,7 @@
 (:mod:`ucmfh.app.cli`) imports this module when one of them runs."""
 from __future__ import annotations
 
+import functools
 import os
 from typing import Any, Dict, Optional
 
@@ -15,8 +16,8 @@ from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.options import (
-    Count, FiniteRange, InputPath, check_device, check_precision, data_options, given_flags, given_twice, resolved,
-    run_options, settings_of, train_options,
+    TRAINED_ON_HELP, Count, FiniteRange, InputPath, check_device, check_precision, data_options, given_flags,
+    given_twice, resolved, run_options, settings_of, train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset
@@ -136,7 +137,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
 
 
 @click.command("evaluate")
-@data_options
+@functools.partial(data_options, trained_on=True)
 @click.option("--checkpoint", "-c", type=InputPath(dir_okay=False),
               help="A fusion.pt or hashN.pt checkpoint, scored on the dataset it was trained on unless -d names one.")
 @click.option("--codes", type=InputPath(dir_okay=False), multiple=True,
@@ -234,8 +235,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
 
 
 @click.command("encode")
-@click.option("--dataset", "-d", default=None,
-              help="Dataset name or path to an .h5 file [default: the file the checkpoint was trained on].")
+@click.option("--dataset", "-d", default=None, help=TRAINED_ON_HELP)
 @click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data")
 @click.option("--checkpoint", "-c", required=True, type=InputPath(dir_okay=False), help="A hashN.pt checkpoint.")
 @click.option("--protocol", type=click.Choice(PROTOCOLS), default="unimodal", show_default=True)

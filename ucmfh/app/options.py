@@ -150,12 +150,19 @@ def check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
     return value
 
 
-def data_options(fn: Callable) -> Callable:
+# -d of a command that scores a checkpoint (evaluate, encode): no synthetic set is made for it
+TRAINED_ON_HELP = "Dataset name or path to an .h5 file [default: the file the checkpoint was trained on]."
+
+
+def data_options(fn: Callable, trained_on: bool = False) -> Callable:
+    """-d, --data-dir, --protocol, --k and the outputs; ``trained_on``: -d's default is the file a checkpoint was
+    trained on (evaluate -c), not the synthetic set."""
     from ucmfh.metrics.arguments import DEFAULT_K
 
     for option in reversed([
-        click.option("--dataset", "-d", default="synthetic", show_default=True,
-                     help="Dataset name (DATA_DIR/NAME.h5) or path to an .h5 file; 'synthetic' is made on first use."),
+        click.option("--dataset", "-d", default="synthetic", show_default=not trained_on,
+                     help=TRAINED_ON_HELP if trained_on else
+                     "Dataset name (DATA_DIR/NAME.h5) or path to an .h5 file; 'synthetic' is made on first use."),
         click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data",
                      help="Folder of NAME.h5 dataset files."),
         click.option("--protocol", type=click.Choice(["both", *PROTOCOLS]), default="both", show_default=True,

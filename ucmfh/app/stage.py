@@ -268,6 +268,9 @@ def reuse_or_fit(
         if group.is_main:
             drop_leftover_state(stage.path)
         log(f"{stage.name}: already trained, reused {stage.path} (run {key}{note})")
+        if opts.tensorboard and group.is_main:  # the user asked for curves: say why none come
+            log(f"note: --tensorboard: no curves of {stage.name}, which trains no epoch here ('ucmfh runs --history "
+                f"{key}' prints those it trained)")
         return Fitted(model, meta.get("seconds", 0.0), meta["history"], True)
 
     if os.path.exists(stage.path):
