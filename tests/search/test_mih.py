@@ -89,6 +89,36 @@ def test_layout_and_its_limits():
     assert default_substrings(64, 2**20) == 4 and default_substrings(16, 10) == 4
 
 
+def test_the_default_substrings_cut_every_length_at_every_size():
+    """The default m cut 72-bit codes of 2^18 items in four, two of the first word's 64 bits each: 32-bit
+    substrings, refused (an audit's find; 65-68 bits failed from 2^17 items, 96 from 2^24, 512 from 2^23). A last
+    word of few bits now takes few substrings; words of 64 bits are cut as before (their cached tables stand)."""
+    for n_bits in range(8, 513):
+        for exponent in range(1, 31):
+            _layout(n_bits, default_substrings(n_bits, 2**exponent))
+    assert [w for _, _, w in _layout(72, default_substrings(72, 2**18))] == [22, 21, 21, 8]
+    for n_bits in range(64, 513, 64):  # the even split of whole words
+        n_words = n_bits // 64
+        for m in range(n_words, n_bits + 1):
+            shares = [m // n_words + (w < m % n_words) for w in range(n_words)]
+            assert [sum(1 for w, _, _ in _layout(n_bits, m, check=False) if w == word)
+                    for word in range(n_words)] == shares
+
+
+@needs_probe
+def test_72_bit_codes_of_a_quarter_million_items_are_searched_as_the_scan_does():
+    from ucmfh.search import Index
+
+    rng = np.random.default_rng(72)
+    index = Index(72)
+    index.add("txt", codes("clustered", 2**18, 72, rng))
+    queries = rng.choice([-1, 1], (6, 72))
+    served = {}
+    got = index.search(queries, 10, "txt", backend="mih", served=served)
+    want = index.search(queries, 10, "txt")
+    assert np.array_equal(got[0], want[0]) and np.array_equal(got[1], want[1]) and served["mih"] + served["scan"] == 6
+
+
 def test_popcount_matches_a_bit_count():
     words = np.array([0, 1, 2**63, 2**64 - 1, 0x0F0F], dtype=np.uint64)
     assert popcount(words).tolist() == [0, 1, 1, 64, 8]

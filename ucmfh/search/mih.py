@@ -55,9 +55,25 @@ def popcount(words: np.ndarray) -> np.ndarray:
 
 def default_substrings(n_bits: int, n_items: int) -> int:
     """m ≈ b / log2 N (the paper's choice), with every substring at most MAX_WIDTH bits, none wider
-    than its 64-bit word."""
+    than its 64-bit word: where a word's share of that m leaves a substring wider (65 bits in 3: 64 bits in
+    two), the next m that cuts every word finely enough."""
     width = min(MAX_WIDTH, max(4, round(math.log2(max(n_items, 2)))))
-    return max(-(-n_bits // width), -(-n_bits // 64))
+    m = max(-(-n_bits // width), -(-n_bits // 64))
+    while m < n_bits and max(w for _, _, w in _layout(n_bits, m, check=False)) > MAX_WIDTH:
+        m += 1
+    return m
+
+
+def _shares(n_bits: int, m: int) -> List[int]:
+    """How many of the m substrings cut each 64-bit word of the codes: one each, then each next one to the word
+    whose substrings are widest (of equals, the one cut in fewer, then the first), so that a last word of a few
+    bits takes few. Words of 64 bits alike take m in turn, the first ones one more."""
+    bits = [min(64, n_bits - 64 * w) for w in range(-(-n_bits // 64))]
+    parts = [1] * len(bits)
+    for _ in range(m - len(bits)):
+        w = max(range(len(bits)), key=lambda w: (-(-bits[w] // parts[w]), -parts[w], -w))
+        parts[w] += 1
+    return parts
 
 
 def check_substrings(n_bits: int, m: int) -> None:
@@ -66,20 +82,20 @@ def check_substrings(n_bits: int, m: int) -> None:
     _layout(n_bits, m)
 
 
-def _layout(n_bits: int, m: int) -> List[Tuple[int, int, int]]:
+def _layout(n_bits: int, m: int, check: bool = True) -> List[Tuple[int, int, int]]:
     """(word, bit offset, width) of each of m substrings: the bits of every word cut into nearly equal
-    parts, none crossing a word (the padding bits beyond n_bits are clear everywhere: harmless)."""
+    parts, none crossing a word (the padding bits beyond n_bits are clear everywhere: harmless). ``check``:
+    substrings wider than MAX_WIDTH are refused."""
     n_words = -(-n_bits // 64)
     if m > n_bits:
         raise ValueError(f"{m} substrings for {n_bits}-bit codes: at most {n_bits} (a bit each)")
     if m < n_words:
         raise ValueError(f"{m} substrings for {n_bits}-bit codes: need at least {n_words} (one per 64-bit word)")
-    per_word = [m // n_words + (w < m % n_words) for w in range(n_words)]
     out = []
-    for w, parts in enumerate(per_word):
+    for w, parts in enumerate(_shares(n_bits, m)):
         bits = min(64, n_bits - 64 * w)
         widths = [bits // parts + (i < bits % parts) for i in range(parts)]
-        if max(widths) > MAX_WIDTH:
+        if check and max(widths) > MAX_WIDTH:
             raise ValueError(f"{m} substrings for {n_bits}-bit codes make {max(widths)}-bit substrings; at most "
                              f"{MAX_WIDTH} (use more substrings)")
         offset = 0
@@ -277,7 +293,9 @@ def compiled() -> bool:
 CACHE = "mih"  # the cache folder inside an index folder
 
 
-FORMAT = "s24"  # the tables' format: 24-bit sketches up to SMALL items (positions' top byte), 16 above
+# the tables' format: 24-bit sketches up to SMALL items (positions' top byte), 16 above; 'w': a last word of few
+# bits takes few substrings (_shares; its tables before were cut otherwise, and are built again)
+FORMAT = "s24w"
 
 
 def cache_name(modality: str, m: int, count: int) -> str:
