@@ -466,6 +466,25 @@ def test_a_ctrl_c_or_sigterm_while_a_command_s_module_imports_is_one_line(monkey
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_ctrl_c_or_sigterm_while_a_command_s_options_are_checked_is_one_line(monkeypatch, signal_name):
+    """--device's check imports torch (a second or more): a Ctrl-C then ended 'ucmfh index' in click's
+    'Aborted!' and exit 1 (an audit's find); it is one line and the signal's code, as at any later moment."""
+    import signal
+
+    from ucmfh import utils
+
+    def stopped(value):  # the signal landing while the option is checked
+        os.kill(os.getpid(), getattr(signal, signal_name))
+        return value
+
+    monkeypatch.setattr(utils, "resolve_device", stopped)
+    result = CliRunner().invoke(main, ["train-hash", "--device", "cpu", "--epochs", "1"])
+    code, said = (130, "interrupted") if signal_name == "SIGINT" else (143, "terminated")
+    assert result.exit_code == code and result.output == f"{said}\n"
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
 def test_cuda_graphs_asked_for_on_the_cpu_train_eagerly_and_say_so(tmp_path, tiny_path):
     """--cuda-graph where no step can be captured (here: the CPU) trains the run it names, the same model and
     row as without it (a capture is not part of a run's identity), and says why before the epochs."""

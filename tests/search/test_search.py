@@ -25,7 +25,7 @@ from ucmfh.search.build import Encoder, build_index
 from ucmfh.search.collection import read_queries
 from ucmfh.search.html import write_html
 from ucmfh.search.kernels import kernels_module
-from ucmfh.search.results import search_queries
+from ucmfh.search.results import result_rows, search_queries
 from ucmfh.search.shards import Shards, open_index
 
 
@@ -144,6 +144,25 @@ def test_bad_arguments_are_clear(tmp_path):
         Index(12).add("img", packed)
     with pytest.raises(ValueError, match=r"^txt ids: must be >= 0, got -2 \(first at row 1\)$"):  # as 'index' says
         Index(16).add("txt", np.ones((3, 16)), ids=np.array([1, -2, 3]))
+
+
+def test_save_with_overwrite_replaces_an_index_and_nothing_else(tmp_path):
+    """Index.save(overwrite=True) deleted a folder of the user's and, over a file, raised NotADirectoryError with the
+    file renamed to a hidden name (an audit's find): both are refused and left as they were."""
+    index = Index(64)
+    index.add("txt", np.ones((3, 64)))
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "cat.jpg").write_text("meow")
+    (tmp_path / "mine.txt").write_text("mine")
+    for path in (photos, tmp_path / "mine.txt"):
+        with pytest.raises(FileExistsError, match="is not an index folder; not replaced"):
+            index.save(path, overwrite=True)
+    assert (photos / "cat.jpg").read_text() == "meow" and (tmp_path / "mine.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["mine.txt", "photos"]
+    Index(64).save(tmp_path / "ix")
+    index.save(tmp_path / "ix", overwrite=True)
+    assert Index.load(tmp_path / "ix").count("txt") == 3
 
 
 def test_save_load_mmap_append_and_shards(tmp_path):
@@ -589,8 +608,8 @@ def test_a_group_indexed_already_is_never_added_again(collection, tmp_path):
     # another build of the file, interrupted: finished by its own call, not doubled by another
     cut = tmp_path / "cut"
     build_index(dataset, ck, str(cut), chunk_size=20, stop_after=1)
-    with pytest.raises(DataError, match=r"cut: its build of /query, /retrieval from .*split.h5 stopped at row 20 of "
-                                        r"120 \(interrupted\)"):
+    with pytest.raises(DataError, match=r"cut: its build of /query, /retrieval from .*split.h5 is at row 20 of "
+                                        r"120 \(interrupted, or under way in another process\)"):
         build_index(dataset, ck, str(cut), splits=["query"])
     assert build_index(dataset, ck, str(cut), chunk_size=20).resumed_at == 20
     assert np.array_equal(np.sort(Index.load(cut).ids("txt")), np.sort(c["ids"]))
@@ -618,8 +637,8 @@ def test_nothing_is_added_between_an_interrupted_build_and_the_rest_of_it(collec
         f["ids"][...] = f["ids"][:] + 1000
     cut, straight = tmp_path / "cut", tmp_path / "straight"
     build_index(c["path"], c["ckpt"][0], str(cut), chunk_size=7, stop_after=1)
-    with pytest.raises(DataError, match=r"cut: its build of / from .* stopped at row 7 of \d+ \(interrupted\); "
-                                        r"finish that build first"):
+    with pytest.raises(DataError, match=r"cut: its build of / from .* is at row 7 of \d+ \(interrupted, or under "
+                                        r"way in another process\); let that build finish first"):
         build_index(str(other), c["ckpt"][0], str(cut), chunk_size=7)
     assert build_index(c["path"], c["ckpt"][0], str(cut), chunk_size=7).resumed_at == 7
     build_index(str(other), c["ckpt"][0], str(cut), chunk_size=7)
@@ -742,6 +761,56 @@ def test_items_of_collections_without_ids_never_share_an_id(collection, tmp_path
     with pytest.raises(DataError, match=r"b.h5: built into .*ix before, and changed since: 60 of its 60 rows have ids "
                                         r".*ix holds already \(first: id 60 at row 0\)"):
         build_index(b, c["ckpt"][0], str(out))
+
+
+def test_shards_show_the_captions_they_hold_and_name_each_hit_s_index(collection, tmp_path):
+    """A shard without captions searched beside one with them dropped every hit's caption; and shards built from
+    files without ids number their items alike, so a hit's id did not say which item it was (an audit's finds):
+    the hits of the shard with captions keep them, and every row names its index folder."""
+    c = collection
+    bare = tmp_path / "bare.h5"
+    with h5py.File(bare, "w") as f:  # captions without text_raw and without ids: numbered from 0 in their index
+        f.attrs["text_feature"] = "toy text features"
+        f["text"] = c["txt"][:30]
+    a, b = build_index(c["path"], c["ckpt"][0], str(tmp_path / "a")), build_index(str(bare), c["ckpt"][0],
+                                                                                  str(tmp_path / "b"))
+    shards = open_index([tmp_path / "a", tmp_path / "b"])
+    encoder = Encoder(c["ckpt"][0])
+    queries = read_queries(c["path"], "img", encoder.dims, ids=[101])
+    results = search_queries(shards, encoder, queries, 150, "text")
+    [rows] = list(result_rows(results))
+    assert len(rows) == 150
+    for row in rows:
+        own = row["position"] < 120  # a's 120 captions, then b's 30
+        assert row["index"] == str(tmp_path / ("a" if own else "b"))
+        assert ("text" in row) == own and (not own or row["text"] == f"a caption of image {row['id']}")
+    alone = search_queries(open_index(tmp_path / "b"), encoder, queries, 5, "text")
+    assert alone.shards is None and "index" not in next(result_rows(alone))[0]
+    assert a.added["txt"] == 120 and b.added["txt"] == 30
+
+
+def test_rows_without_ids_past_the_largest_id_are_refused_before_the_build_starts(collection, tmp_path):
+    """Numbered after an id near 2**63 - 1, a file's rows without ids overflowed: a traceback, and the index left
+    unfinished for good, every later build and search refused (an audit's find). Refused before anything is
+    recorded: the index is as it was."""
+    c = collection
+
+    def write(path, rows, ids=None):
+        with h5py.File(path, "w") as f:
+            f.attrs["image_feature"], f.attrs["text_feature"] = "toy image features", "toy text features"
+            f["image"], f["text"] = c["img"][rows], c["txt"][rows]
+            if ids is not None:
+                f["ids"] = ids
+        return str(path)
+
+    out = tmp_path / "ix"
+    build_index(write(tmp_path / "a.h5", slice(0, 3), ids=np.array([0, 1, 2**63 - 1])), c["ckpt"][0], str(out))
+    before = (out / "index.json").read_text()
+    for n in (1, 10):
+        with pytest.raises(DataError, match=r"b.h5: its \d+ rows have no ids, and numbered after .*ix's largest id "
+                                            r"\(9223372036854775807\) they would pass the largest an id may be"):
+            build_index(write(tmp_path / "b.h5", slice(3, 3 + n)), c["ckpt"][0], str(out))
+    assert (out / "index.json").read_text() == before and not Index.load(out).unfinished()
 
 
 def test_search_takes_a_backend_name_as_faiss_users_write_it():

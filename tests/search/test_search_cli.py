@@ -10,6 +10,7 @@ import sys
 import time
 from pathlib import Path
 
+import h5py
 import numpy as np
 import pytest
 import torch
@@ -20,6 +21,7 @@ from ucmfh.checkpoint import save_checkpoint
 from ucmfh.config import HashConfig
 from ucmfh.models.hashing import FeatureHasher
 from ucmfh.search import Index
+from ucmfh.search.index import UnfinishedIndex
 
 from conftest import ROOT
 
@@ -230,6 +232,9 @@ def test_an_interrupted_index_is_refused_until_the_same_command_finishes_it(tiny
     assert refused.exit_code == 2 and len(refused.output.strip().splitlines()) == 1
     assert f"{out}: unfinished: its build from {tiny_path} stopped at row " in refused.output
     assert f"of {n} (interrupted)" in refused.output and "run the same 'ucmfh index' command again" in refused.output
+    with pytest.raises(UnfinishedIndex, match="unfinished"):  # the library searched the rows built (an audit's find)
+        opened = Index.load(out)
+        opened.search(np.ones((1, opened.n_bits)), 3, "txt")
     done = runner.invoke(main, argv[3:])
     assert done.exit_code == 0 and "resumed at row" in done.output, done.output
     assert runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", "3"]).exit_code == 0
@@ -513,3 +518,12 @@ def test_a_k_beyond_the_index_lists_every_item_and_says_so(tiny_path, tiny, trai
     assert result.exit_code == 0, result.output
     assert f"note: -k {n + 5} is more than the {n} text items of the index; each query lists them all" in result.stderr
     assert len(result.stdout.splitlines()) == n
+    texts = tmp_path / "texts.h5"  # an index of texts alone, searched for images: the refusal alone, no note
+    with h5py.File(tiny_path, "r") as source, h5py.File(texts, "w") as f:
+        f.attrs["text_feature"] = source.attrs["text_feature"]
+        f["text"] = source["retrieval/text"][:20]
+    assert CliRunner().invoke(main, ["index", str(texts), "-c", trained, "-o", str(tmp_path / "t"), "--quiet"]
+                              ).exit_code == 0
+    result = CliRunner().invoke(main, ["search", str(tmp_path / "t"), "-q", tiny_path, "--ids", str(first), "-k", "3",
+                                       "-m", "image"])
+    assert result.exit_code == 2 and result.output == f"Error: {tmp_path / 't'}: holds no image items to search\n"

@@ -125,6 +125,8 @@ class Commands(click.Group):
             reader_gone()
         except click.UsageError as err:
             raise _in_one_line(err) from None
+        except KeyboardInterrupt as err:  # before the command's own guard: its options' checks (--device's imports
+            interrupted(err)  # torch), where click said 'Aborted!' and exit 1
 
 
 def refuse_repeated_options(cmd: click.Command, name: Optional[str], args: List[str], parent: click.Context) -> None:

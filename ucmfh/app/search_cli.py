@@ -167,7 +167,7 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
             raise click.BadParameter(str(err), param_hint="--substrings") from None
     encoder = Encoder(checkpoint or _recorded_checkpoint(opened, index[0]), device)
     searched = SHORT[modality]
-    if k > opened.count(searched):  # every item listed: said, where a shorter list than asked came unexplained
+    if k > opened.count(searched) > 0:  # every item listed: said, where a shorter list than asked came unexplained
         click.echo(f"note: -k {k} is more than the {opened.count(searched)} {modality} items of the index; each "
                    "query lists them all", err=True)
     if queries:

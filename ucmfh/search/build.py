@@ -254,9 +254,10 @@ def groups_to_add(coll: Collection, sources: Sequence[Dict[str, Any]], sha: str,
     for s in sources:  # rows added between an interrupted build's and the rest of it would split them: the
         # positions, and so every tie's order, would differ from the uninterrupted builds'
         if new and s["key"] != key and int(s.get("done", 0)) < int(s.get("rows", 0)):
-            raise DataError(f"{out}: its build of {', '.join(s['groups'])} from {s.get('path')} stopped at row "
-                            f"{s['done']} of {s['rows']} (interrupted); finish that build first (the same build "
-                            "again continues it), or build a new index (another -o)")
+            raise DataError(f"{out}: its build of {', '.join(s['groups'])} from {s.get('path')} is at row "
+                            f"{s['done']} of {s['rows']} (interrupted, or under way in another process); let that "
+                            "build finish first (the same build again continues an interrupted one), or build a new "
+                            "index (another -o)")
     rows = [r for g, r in zip(coll.groups, coll.rows) if g in new]
     return dataclasses.replace(coll, groups=new, rows=rows), skipped
 
@@ -324,6 +325,10 @@ def build_index(
               "group_rows": list(coll.rows), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
     if ids is None:
         source["first_id"] = first_id(index, key)
+        if source["first_id"] + n - 1 > np.iinfo(np.int64).max:  # before any row is recorded: they would wrap round
+            raise DataError(f"{coll.path}: its {n} rows have no ids, and numbered after {out}'s largest id "
+                            f"({source['first_id'] - 1}) they would pass the largest an id may be (2**63 - 1); give "
+                            "them ids of their own, or build a new index (another -o)")
     if index is None:  # the collection is recorded from the start, so an interrupted first build is seen as unfinished
         if empty:
             os.rmdir(out)  # saved in its place (a save makes a folder of its own, atomically)

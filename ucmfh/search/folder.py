@@ -58,12 +58,16 @@ class IndexFolder:
 
     def save(self, path: PathLike, overwrite: bool = False) -> str:
         """Write the index to a new folder, atomically (a temporary folder renamed when complete).
+        ``overwrite`` replaces an index folder there, never another folder or a file (``FileExistsError``).
 
         The index is then bound to the folder: later :meth:`add` calls append to it.
         """
         path = os.path.abspath(os.fspath(path))
         if os.path.exists(path) and not overwrite:
             raise FileExistsError(f"{path}: exists; not replaced")
+        if os.path.exists(path) and not _is_index_folder(path):  # a user's folder was deleted, a file renamed away
+            raise FileExistsError(f"{path}: exists and is not an index folder; not replaced (overwrite replaces an "
+                                  "index alone)")
         tmp = atomic_path(path)
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
@@ -249,6 +253,16 @@ def write_at(path: str, offset: int, array: np.ndarray) -> None:
         np.ascontiguousarray(array).tofile(f)
         f.flush()
         os.fsync(f.fileno())
+
+
+def _is_index_folder(path: str) -> bool:
+    """A folder whose manifest says it is an index, of any version (an index of an older ucmfh may be replaced)."""
+    try:
+        with open(os.path.join(path, MANIFEST), encoding="utf-8") as f:
+            manifest = json.load(f)
+    except (OSError, ValueError):
+        return False
+    return os.path.isdir(path) and isinstance(manifest, dict) and manifest.get("format") == FORMAT
 
 
 def read_manifest(path: str) -> Dict[str, Any]:

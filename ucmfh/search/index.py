@@ -161,8 +161,9 @@ class Index(IndexFolder):
             return self.strings(modality, name, at)
         return np.asarray(self._column(modality, name)[at])
 
-    def has(self, modality: str, name: str) -> bool:
-        """Whether the items of ``modality`` carry the column ``name`` (ids, names, paths, ...)."""
+    def has(self, modality: str, name: str, anywhere: bool = False) -> bool:
+        """Whether the items of ``modality`` carry the column ``name`` (ids, names, paths, ...); ``anywhere`` is
+        :meth:`Shards.has`'s (one index: the same)."""
         return name in self._columns[modality_name(modality)]
 
     def origins(self, modality: str, positions: ArrayLike) -> Tuple[List[Dict[str, Any]], np.ndarray, np.ndarray]:
@@ -352,8 +353,9 @@ class Index(IndexFolder):
         probing to pay, :data:`ucmfh.search.mih.MIN_ITEMS`, and ``uncompiled``, because ucmfh's C kernels are not
         built here, where no tables are built);
         ``faiss-*``: FAISS's approximate search (:mod:`ucmfh.search.approx`; positions -1 where it
-        found fewer than k).
+        found fewer than k). An index whose build was interrupted is refused (:class:`UnfinishedIndex`).
         """
+        self.check_finished()  # its rows of the interrupted collection are a part of it: a search would miss the rest
         modality = modality_name(modality)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):  # 2.5 ran as 2
             raise TypeError(f"k must be a whole number, got {type(k).__name__} {k!r}")

@@ -41,6 +41,9 @@ class Results:
     served: Optional[Dict[str, Any]] = None  # backend mih: queries served by multi-index hashing and by the scan
     # each hit's image file, a relative path resolved against its collection file's folder (the page's links)
     files: Optional[List[List[Optional[str]]]] = None
+    # several index folders searched as one: the folder each hit is in (ids are an index's own: shards built from
+    # files without ids number their items alike)
+    shards: Optional[List[List[str]]] = None
 
 
 RERANK_VALUES = 1 << 24  # candidates' embedding values re-ranked at a time: 128 MB in float64
@@ -140,7 +143,8 @@ def search_queries(
         cosine, seps = (score, None) if rerank == "cosine" else (None, score)
         seconds["rerank"] = time.perf_counter() - start
     ids = index.take(modality, "ids", positions)
-    shown_column = "text" if index.has(modality, "text") else "paths" if index.has(modality, "paths") else None
+    # a caption or a path where the hit has one (of shards, those that hold them)
+    shown_column = next((name for name in ("text", "paths") if index.has(modality, name, anywhere=True)), None)
     flat = index.take(modality, shown_column, positions) if shown_column else [None] * positions.size
     width = positions.shape[1]
     shown = [list(flat[i * width : (i + 1) * width]) for i in range(positions.shape[0])]
@@ -160,8 +164,12 @@ def search_queries(
         relevance = "same id"
     if relevant is not None:
         relevant, relevance = _within_own_collection(index, modality, positions, queries, relevant, relevance)
+    shards = None
+    if isinstance(index, Shards):
+        folders = [str(s.path) for s in index.shards]
+        shards = [[folders[s] for s in row] for row in index.shard_of(modality, positions)]
     return Results(queries, modality, distances, positions, ids, shown, cosine, relevant, relevance, seps, seconds,
-                   backend.backend, recall, served if backend.backend == "mih" else None, files)
+                   backend.backend, recall, served if backend.backend == "mih" else None, files, shards)
 
 
 def in_folder_of(collection: Optional[str], path: str) -> str:
@@ -241,6 +249,8 @@ def result_rows(results: Results) -> Iterator[List[Dict[str, Any]]]:
                 row["seps"] = round(float(results.seps[i, r]), 6)
             if results.shown[i][r] is not None:
                 row[column] = results.shown[i][r]
+            if results.shards is not None:
+                row["index"] = results.shards[i][r]
             if results.relevant is not None:
                 row["relevant"] = bool(results.relevant[i, r])
             if results.served is not None:

@@ -11,7 +11,7 @@ from ucmfh.config import backend_config
 from ucmfh.data.format import DataError
 from ucmfh.files import PathLike
 from ucmfh.search.collection import FEATURES, differing
-from ucmfh.search.folder import modality_name
+from ucmfh.search.folder import STRINGS, modality_name
 from ucmfh.search.index import ArrayLike, Index
 from ucmfh.search.scan import merge_top_k
 
@@ -74,9 +74,15 @@ class Shards:
     def count(self, modality: str) -> int:
         return sum(s.count(modality) for s in self.shards)
 
-    def has(self, modality: str, name: str) -> bool:
-        """Whether every shard holding items of ``modality`` carries the column ``name``."""
-        return all(s.has(modality, name) or not s.count(modality) for s in self.shards)
+    def has(self, modality: str, name: str, anywhere: bool = False) -> bool:
+        """Whether every shard holding items of ``modality`` carries the column ``name`` (``anywhere``: one does;
+        :meth:`take` of a string column gives None for the items of the others)."""
+        holding = [s.has(modality, name) for s in self.shards if s.count(modality)]
+        return any(holding) if anywhere else all(holding)
+
+    def shard_of(self, modality: str, positions: ArrayLike) -> np.ndarray:
+        """The shard (its number, in the order given) of each item at global ``positions``; the same shape."""
+        return np.searchsorted(self._offsets(modality), to_numpy(positions), side="right") - 1
 
     def _offsets(self, modality: str) -> np.ndarray:
         return np.cumsum([0] + [s.count(modality) for s in self.shards])
@@ -119,11 +125,13 @@ class Shards:
         positions = to_numpy(positions)
         flat = positions.ravel()
         offsets = self._offsets(modality)
-        shard_of = np.searchsorted(offsets, flat, side="right") - 1
+        shard_of = self.shard_of(modality, flat)
         parts: List[Any] = [None] * len(flat)
         out = None
         for s in np.unique(shard_of):
             where = np.flatnonzero(shard_of == s)
+            if name in STRINGS and not self.shards[s].has(modality, name):  # a shard without captions: None
+                continue
             values = self.shards[s].take(modality, name, flat[where] - offsets[s])
             if isinstance(values, list):
                 for i, v in zip(where, values):
@@ -132,7 +140,7 @@ class Shards:
                 if out is None:
                     out = np.zeros((len(flat),) + values.shape[1:], dtype=values.dtype)
                 out[where] = values
-        if out is None and any(p is not None for p in parts):
+        if name in STRINGS or (out is None and any(p is not None for p in parts)):
             return parts
         if out is None:
             return np.zeros(positions.shape, dtype=np.int64)
@@ -142,7 +150,7 @@ class Shards:
         """As :meth:`Index.origins`, by global position (places met in several shards listed once)."""
         flat = to_numpy(positions).ravel()
         offsets = self._offsets(modality)
-        shard_of = np.searchsorted(offsets, flat, side="right") - 1
+        shard_of = self.shard_of(modality, flat)
         places: List[Dict[str, Any]] = []
         seen: Dict[Tuple[Any, ...], int] = {}
         place = np.empty(len(flat), dtype=np.int64)
