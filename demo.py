@@ -3,6 +3,8 @@
 Task 0 trains the fusion stage, task 1 the hashing stage (training the fusion
 stage first when its checkpoint is missing), task 2 evaluates the saved fusion
 model, task 3 the saved hashing model. The same calls as the ``ucmfh`` command.
+UCMFH's own task 1 trains a fusion encoder from random weights with the heads,
+not task 0's (docs/reference.md §2, "Departures").
 """
 from __future__ import annotations
 

@@ -24,6 +24,13 @@ module, and ``loss.item()`` every batch. One hash-MLP class,
 :class:`RefHashMlp`, stands for the reference's two identical classes
 ``ImageMlp`` and ``TextMlp`` (same layers, same parameter creation order, so
 the same seeded weights).
+
+Two departures from the released code, found on 2026-11-30 and not yet mended (the benchmarks' figures of
+docs/benchmarks.md were measured with them): the released fusion optimizer has no scheduler (here
+:func:`ref_optimizer` gives it the heads' ×1.2, up to 1.44e-4), and the released task 1 trains a fusion encoder
+of random weights with the heads, where :func:`ref_fit_hashing` is given the trained fusion stage (so the
+released hashing run costs its 100 epochs alone, not 100 + 100); COCO's ×0.6 after 200 batches is not
+transcribed (docs/reference.md §2, "Departures").
 """
 from __future__ import annotations
 

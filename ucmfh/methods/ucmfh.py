@@ -30,6 +30,9 @@ class UCMFH(Method):
     :func:`ucmfh.models.relaxation.relaxed_codes` (UCMFH's ``tanh(β · logits)`` by default). Its defaults are
     :class:`HashConfig`'s, UCMFH's reference code's; its hashing stage shares the fusion stage's
     training options. The only method with a 'fused' view (defect 2 of docs/reference.md §3).
+
+    A departure from the released code (docs/reference.md §2, "Departures"): its task 1 trains a fusion encoder
+    of random weights jointly with the heads; here the heads start on the trained fusion stage (task 0's).
     """
 
     name = "ucmfh"
