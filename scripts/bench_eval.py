@@ -9,7 +9,7 @@ Methods, each timed in its own subprocess so that its peak memory can be read:
 * ``ucmfh_expected``: the same call with ``ties="expected"`` (the mean over every order of tied
   items, :mod:`ucmfh.metrics.ties`): histograms by distance instead of a top-K, same backend.
 * ``reference``: a per-query loop that computes all N distances and sorts the
-  whole retrieval set, as UCMFH's ``calc_map_k`` does, in numpy with a stable
+  whole retrieval set, as UCMFH's ``calculate_top_map`` (DJSRH's) does, in numpy with a stable
   sort (so its MAP is the docs/reference.md §6 value); timed on ``--ref-queries``
   queries and extrapolated to all of them.
 * ``faiss``: ``faiss.IndexBinaryFlat`` top-K search, then the same AP step;
