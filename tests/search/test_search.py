@@ -769,9 +769,9 @@ def test_shards_show_the_captions_they_hold_and_name_each_hit_s_index(collection
     the hits of the shard with captions keep them, and every row names its index folder."""
     c = collection
     bare = tmp_path / "bare.h5"
-    with h5py.File(bare, "w") as f:  # captions without text_raw and without ids: numbered from 0 in their index
-        f.attrs["text_feature"] = "toy text features"
-        f["text"] = c["txt"][:30]
+    with h5py.File(bare, "w") as f:  # items without captions, paths or ids: numbered from 0 in their index
+        f.attrs["image_feature"], f.attrs["text_feature"] = "toy image features", "toy text features"
+        f["image"], f["text"] = c["img"][:30], c["txt"][:30]
     a, b = build_index(c["path"], c["ckpt"][0], str(tmp_path / "a")), build_index(str(bare), c["ckpt"][0],
                                                                                   str(tmp_path / "b"))
     shards = open_index([tmp_path / "a", tmp_path / "b"])
@@ -784,6 +784,10 @@ def test_shards_show_the_captions_they_hold_and_name_each_hit_s_index(collection
         own = row["position"] < 120  # a's 120 captions, then b's 30
         assert row["index"] == str(tmp_path / ("a" if own else "b"))
         assert ("text" in row) == own and (not own or row["text"] == f"a caption of image {row['id']}")
+    images = search_queries(shards, encoder, read_queries(c["path"], "txt", encoder.dims, ids=[101]), 70, "image")
+    for row, file in zip(next(result_rows(images)), images.files[0]):  # a's 40 images and their files, then b's 30
+        own = row["position"] < 40
+        assert ("path" in row) == own and (file is not None) == own and (not own or file.endswith(row["path"]))
     alone = search_queries(open_index(tmp_path / "b"), encoder, queries, 5, "text")
     assert alone.shards is None and "index" not in next(result_rows(alone))[0]
     assert a.added["txt"] == 120 and b.added["txt"] == 30

@@ -151,7 +151,8 @@ def search_queries(
     files = None
     if shown_column == "paths" and index.has(modality, "origin"):  # relative to the file they were read from
         places, place, _ = index.origins(modality, positions)
-        resolved = [in_folder_of(places[int(where)]["path"], path) for where, path in zip(place, flat)]
+        resolved = [None if path is None else in_folder_of(places[int(where)]["path"], path)  # a shard without paths
+                    for where, path in zip(place, flat)]
         files = [resolved[i * width : (i + 1) * width] for i in range(positions.shape[0])]
     relevant, relevance = None, None
     if queries.labels is not None and index.has(modality, "labels"):
