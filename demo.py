@@ -4,7 +4,7 @@ Task 0 trains the fusion stage, task 1 the hashing stage (training the fusion
 stage first when its checkpoint is missing), task 2 evaluates the saved fusion
 model, task 3 the saved hashing model. The same calls as the ``ucmfh`` command.
 UCMFH's own task 1 trains a fusion encoder from random weights with the heads,
-not task 0's (docs/reference.md §2, "Departures").
+not task 0's: ``--fusion_start random`` does so (docs/reference.md §2, "Departures").
 """
 from __future__ import annotations
 
@@ -26,6 +26,7 @@ from ucmfh.config import AMP_MODES, NON_NEGATIVE, PROTOCOLS, SETTINGS, FusionCon
 from ucmfh.data.h5 import load_dataset
 from ucmfh.losses import LOSSES
 from ucmfh.methods import stage_configs
+from ucmfh.methods.ucmfh import FUSION_STARTS
 from ucmfh.training_state import state_path_of, state_paths
 from ucmfh.utils import resolve_device
 
@@ -54,7 +55,8 @@ _HASH = SETTINGS[HashConfig]  # each setting's range: the flags below refuse wha
 # the other spelling of each flag that has one (UCMFH's flags have underscores, this script's own dashes): each
 # read as its flag before parsing, so that an abbreviation (--batch) still names one flag, not two
 SPELLINGS = {"--data_dir": "--data-dir", "--hash-lens": "--hash_lens", "--batch-size": "--batch_size",
-             "--save_interval": "--save-interval", "--cuda-graph": "--cuda_graph", "--no-cuda-graph": "--no_cuda_graph"}
+             "--save_interval": "--save-interval", "--cuda-graph": "--cuda_graph", "--no-cuda-graph": "--no_cuda_graph",
+             "--fusion-start": "--fusion_start"}
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -129,6 +131,10 @@ def parser() -> argparse.ArgumentParser:
                                                          "--batch-size")
     p.add_argument("--loss", default=FusionConfig.loss, choices=sorted(LOSSES),
                    help="both stages' loss (default: %(default)s)")
+    p.add_argument("--fusion_start", choices=FUSION_STARTS, default="trained",
+                   help="task 1's fusion encoder: task 0's, trained first (trained), or one of random weights "
+                        "trained with the heads, as UCMFH's release (random) (default: %(default)s); also "
+                        "--fusion-start")
     p.add_argument("--seed", type=int, default=FusionConfig.seed,
                    help="the run's seed: weights, batches, dropout (default: %(default)s)")
     p.add_argument("--protocol", choices=["both", *PROTOCOLS], default="both",
@@ -175,6 +181,11 @@ def _other_epochs(run: Run, args: argparse.Namespace) -> str:
     raise FileNotFoundError(f"{wanted}: no checkpoint of these settings; train it first with --task {args.task - 2}")
 
 
+def _method_params(args: argparse.Namespace) -> dict:
+    """The method's parameters the flags set: none at their defaults, so a run keeps its key."""
+    return {} if args.fusion_start == "trained" else {"fusion_start": args.fusion_start}
+
+
 def main(argv=None) -> int:
     args = parse_args(argv)
     if os.environ.get("WORLD_SIZE", "1") not in ("", "1", "0"):  # torchrun: each process would train the run alone
@@ -192,7 +203,8 @@ def _run(args: argparse.Namespace) -> int:
         # UCMFH's method: its hashing stage shares every training setting with its fusion stage
         fusion_cfg, [hash_cfg] = stage_configs("ucmfh", dataset=args.dataset, n_bits=[args.hash_lens], loss=args.loss,
                                                epochs=args.epoch, batch_size=args.batch_size, seed=args.seed,
-                                               device=args.device, amp=args.amp)
+                                               device=args.device, amp=args.amp,
+                                               method_params=_method_params(args))
         check_precision(fusion_cfg, hash_cfg)
         opts = RunOptions(out=args.out, resume=args.resume, save_interval=args.save_interval,
                           cuda_graph=args.cuda_graph)

@@ -195,6 +195,24 @@ def test_settings_moved_into_a_methods_parameters_keep_every_runs_identity():
     assert identity_dict(other) == {k: v for k, v in saved_then.items() if k not in ("device", "refit")}
 
 
+def test_a_method_parameter_added_later_keeps_the_runs_recorded_before():
+    """ucmfh's fusion_start came after runs of ucmfh were recorded, all of them 'trained': at that value it is no
+    part of a run's identity (their keys stand: checkpoints reused, rows grouped with the new ones), a config
+    saved then reads back as one made now, and 'random' is a run of its own."""
+    from ucmfh.app.identity import key_of
+    from ucmfh.config import from_dict, identity_dict, to_dict
+    from ucmfh.methods import hash_config
+
+    now = hash_config("ucmfh")
+    assert now.method_params == {"code_weight": 0.5, "fusion_start": "trained"}
+    saved_then = {**to_dict(now), "method_params": {"code_weight": 0.5}}
+    assert from_dict(HashConfig, saved_then) == now
+    assert identity_dict(now) == identity_dict(from_dict(HashConfig, saved_then))
+    assert "fusion_start" not in identity_dict(now)["method_params"]
+    released = hash_config("ucmfh", method_params={"fusion_start": "random"})
+    assert key_of(identity_dict(released)) != key_of(identity_dict(now))
+
+
 def test_a_search_setting_the_backend_has_no_use_for_is_refused_naming_it():
     from ucmfh.config import BackendConfig, SettingError, backend_config
 

@@ -122,7 +122,7 @@ def test_the_library_page_s_python_block_runs(tiny_path, tmp_path, monkeypatch):
     block = page.split("```python\n", 1)[1].split("```", 1)[0]
     small = (block.replace('"../shared/data/wiki.h5"', repr(tiny_path)).replace("n_bits=64)", "n_bits=16, epochs=2)")
              .replace("n_bits=[64])", "n_bits=[16], epochs=2, device='cpu')"))
-    assert small.count(repr(tiny_path)) == 1 and small.count("epochs=2") == 2
+    assert small.count(repr(tiny_path)) == 1 and small.count("epochs=2") == 3
     monkeypatch.chdir(tmp_path)
     scope: dict = {}
     exec(compile(small, "docs/library.md", "exec"), scope)
@@ -130,6 +130,7 @@ def test_the_library_page_s_python_block_runs(tiny_path, tmp_path, monkeypatch):
     assert ucmfh.load_model("wiki64.pt", "hash")[2] == scope["cfg"]
     assert scope["ucmfh_cfg"].method == "ucmfh" and scope["fusion_cfg"].epochs == scope["ucmfh_cfg"].epochs == 2
     assert len(scope["history"]) == 2  # UCMFH's reference holds out no validation part: its last epoch is kept
+    assert scope["released"].method_params["fusion_start"] == "random" and scope["model"].fusion is not None
 
 
 def test_scoring_a_model_leaves_it_in_its_mode_and_on_its_device(tiny, trained, monkeypatch):

@@ -534,6 +534,9 @@ ADDED_LATER = {"refit": False, "aggregate": "normalised"}
 # runs, states and results rows recorded before keep theirs; an old config's field is read as the parameter.
 MOVED_TO_PARAMS = {"code_weight": ("ucmfh", 0.5), "teacher_weight": ("distill", 0.8),
                    "teacher_temperature": ("distill", 0.2)}
+# A method's parameters added after runs of it were recorded, by method, at the value those runs had: left out of a
+# run's identity at that value, as ADDED_LATER's settings are.
+PARAMS_ADDED_LATER = {"ucmfh": {"fusion_start": "trained"}}
 
 
 def identity_dict(cfg: Any) -> Dict[str, Any]:
@@ -545,6 +548,9 @@ def identity_dict(cfg: Any) -> Dict[str, Any]:
         params = dict(out["method_params"])
         for name, (owner, before) in MOVED_TO_PARAMS.items():
             out[name] = params.pop(name) if cfg.method == owner and name in params else before
+        for name, before in PARAMS_ADDED_LATER.get(cfg.method, {}).items():
+            if params.get(name) == before:
+                del params[name]
         out["method_params"] = params
     return out
 
@@ -562,6 +568,8 @@ def from_dict(cls: type, values: Dict[str, Any], source: Optional[str] = None) -
             if name in values and values.get("method", HashConfig.method) == owner:
                 params.setdefault(name, values[name])
             values.pop(name, None)
+        if params:  # a method's parameters as resolved then: those added since, at the value its runs had
+            params = {**PARAMS_ADDED_LATER.get(values.get("method", HashConfig.method), {}), **params}
         values["method_params"] = params
     if "betas" in values:
         values["betas"] = tuple(values["betas"])

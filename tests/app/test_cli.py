@@ -107,6 +107,31 @@ def test_ucmfh_reports_bad_input_without_traceback(tmp_path, monkeypatch, tiny_p
                                                        f"dataset; 'ucmfh evaluate --codes {codes}' scores it\n")
 
 
+def test_ucmfh_as_released_trains_no_fusion_stage_from_either_front_door(tmp_path, monkeypatch, capsys, tiny_path):
+    """fusion_start=random (UCMFH's released task 1: a fusion encoder of random weights trained with the heads)
+    trains the hashing stage alone: no fusion checkpoint, no fusion stage's seconds in its rows; demo.py's
+    --fusion_start random is the same run (reused), and the default is another one."""
+    results, out = tmp_path / "r.jsonl", tmp_path / "runs"
+    argv = ["train-hash", "-d", tiny_path, "--method", "ucmfh", "-b", "16", "--epochs", "1", "--quiet", "--device",
+            "cpu", "--out", str(out), "--results", str(results)]
+    result = CliRunner().invoke(main, [*argv, "--method-param", "fusion_start=random"])
+    assert result.exit_code == 0, result.output
+    assert "fusion encoder" not in result.output and not list(out.rglob("fusion.pt"))
+    rows = [json.loads(line) for line in results.read_text().splitlines() if '"hashing"' in line]
+    assert rows and all("fusion_train_time_s" not in r for r in rows)
+    assert {r["settings"]["hash"]["method_params"]["fusion_start"] for r in rows} == {"random"}
+    spec = importlib.util.spec_from_file_location("demo", ROOT / "demo.py")
+    demo = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(demo)
+    args = ["--dataset", tiny_path, "--epoch", "1", "--hash_lens", "16", "--out", str(out), "--results", "",
+            "--device", "cpu", "--task", "1"]
+    assert demo.main([*args, "--fusion-start", "random"]) == 0
+    assert "already trained, reused" in capsys.readouterr().out
+    assert demo.main(args) == 0  # task 0's encoder first, then the heads on it
+    said = capsys.readouterr().out
+    assert "fusion encoder: training" in said and "hashing 16 bits: training" in said and list(out.rglob("fusion.pt"))
+
+
 def test_demo_tasks_0_to_3(tmp_path, monkeypatch, capsys):
     """The four tasks in this process, as demo.py's main runs them, then a missing checkpoint in a real process of
     demo.py: one line, exit 2 (each process imports torch again: seconds of the suite)."""

@@ -144,6 +144,31 @@ def test_ucmfh_without_its_fusion_encoder_is_refused(tiny):
         fit_hashing(tiny, small_hash(), progress=False)
 
 
+def test_ucmfh_starts_on_a_fusion_encoder_of_random_weights_as_its_release_does(tiny):
+    """UCMFH's released task 1 trains a fusion encoder of random weights with the heads, not task 0's:
+    fusion_start='random' takes the fusion stage's settings alone, builds the encoder in the run's set-up (the
+    same seed, the same model) and trains it; a trained encoder given there, or settings where one is wanted,
+    are refused rather than set aside."""
+    from conftest import small_fusion
+    from ucmfh.fusion_stage import fit_fusion
+
+    random = small_hash(method_params={"fusion_start": "random"})
+    first, history = fit_hashing(tiny, random, small_fusion(), progress=False)
+    again, _ = fit_hashing(tiny, random, small_fusion(), progress=False)
+    assert len(history) == random.epochs
+    for (name, a), b in zip(first.state_dict().items(), again.state_dict().values()):
+        assert torch.equal(a, b), name
+    assert torch.allclose(first.fusion.img_mean, tiny.train.img.mean(dim=0))  # its statistics fitted here
+    trained, _ = fit_fusion(tiny, small_fusion(), progress=False)
+    with pytest.raises(ValueError, match="trains a fusion encoder of random weights, as UCMFH's release does: give "
+                                         "its FusionConfig, not a trained encoder"):
+        fit_hashing(tiny, random, trained, progress=False)
+    with pytest.raises(ValueError, match="learns from a trained fusion encoder: give ucmfh.fit_fusion's"):
+        fit_hashing(tiny, small_hash(), small_fusion(), progress=False)
+    with pytest.raises(ValueError, match="'fusion_start' must be one of trained, random, got 'warm'"):
+        fit_hashing(tiny, small_hash(method_params={"fusion_start": "warm"}), trained, progress=False)
+
+
 def test_two_tower_on_a_caption_set_keeps_the_captions_of_an_image_together(tmp_path):
     """Every caption of an image is a positive of it; validation holds out whole images."""
     from conftest import caption_file  # noqa: PLC0415 - the shared tiny caption set

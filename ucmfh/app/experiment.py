@@ -21,7 +21,7 @@ from ucmfh.data.h5 import Dataset, rows_found_in
 from ucmfh.distributed import current_group
 from ucmfh.files import PathLike
 from ucmfh.fusion_stage import fit_fusion
-from ucmfh.methods import fit_hashing
+from ucmfh.methods import build_method, fit_hashing
 from ucmfh.methods.settings import default_loss, scored_protocols
 from ucmfh.metrics.arguments import DEFAULT_K
 from ucmfh.models.fusion import FusionEncoder
@@ -122,26 +122,31 @@ def train_hash_stage(
     protocols: Sequence[str] = PROTOCOLS, k: int = DEFAULT_K, log: Log = print,
 ) -> List[Dict[str, Any]]:
     """Task 1: train the hashing stage by ``hash_cfg.method``, save, score. Method 'ucmfh' trains
-    hash heads on the run's fusion encoder (trained first if needed); the others ignore ``fusion_cfg``.
+    hash heads on the run's fusion encoder (trained first if needed; with ``fusion_start='random'`` one of random
+    weights built from ``fusion_cfg``, as UCMFH's release); the others ignore ``fusion_cfg``.
 
     A finished checkpoint of the same identity is scored again, never retrained or replaced (an index
     built from it stays valid), as a finished fusion stage is reused.
     """
     run = Run(opts.out, dataset_identity(data), fusion_cfg, hash_cfg)
     path = run.hash_path
+    # what the method takes of its fusion stage: the trained encoder (trained first if needed), or its settings
+    # alone (an encoder of random weights trained with the heads: no fusion stage trains)
+    takes = build_method(hash_cfg.method).takes_fusion(hash_cfg) if run.fusion_cfg is not None else None
 
     fitted = reuse_or_fit(
         Stage(f"hashing {hash_cfg.n_bits} bits", path, run.hash_dir, run.hash_identity, run.dataset,
               run.hash_dir_identity), opts,
         load=lambda: _load(path, "hash", data),
-        prepare=lambda: None if run.fusion_cfg is None else load_or_train_fusion(data, run, opts, log)[0],
+        prepare=lambda: load_or_train_fusion(data, run, opts, log)[0] if takes == "encoder" else
+        run.fusion_cfg if takes == "config" else None,
         fit=lambda state, fusion: fit_hashing(data, hash_cfg, fusion, progress=opts.progress, state=state),
         save=lambda model, meta: save_checkpoint(path, model, run.fusion_cfg, hash_cfg, meta=meta), log=log)
     if not current_group().is_main:  # rank 0 scores and reports for all
         return []
     history = fitted.history
     rows = score_hash_model(fitted.model, data, run, path, fitted.seconds, protocols, k, opts.progress, "train")
-    if run.fusion_cfg is not None:  # the fusion stage it stands on trained too: the run's cost is both stages'
+    if takes == "encoder":  # the fusion stage it stands on trained too: the run's cost is both stages'
         fusion_seconds = saved_number(run.fusion_path, "seconds")
         for row in rows:
             row["fusion_train_time_s"] = None if fusion_seconds is None else round(fusion_seconds, 2)

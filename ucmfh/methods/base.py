@@ -100,6 +100,12 @@ class Method:
             raise ValueError(f"a config of method {cfg.method!r} given to method {self.name!r}")
         self.method_params(cfg.method_params)
 
+    def takes_fusion(self, cfg: HashConfig) -> Optional[str]:
+        """What a run of ``cfg`` is given of its fusion stage: ``'encoder'``, the trained encoder
+        (``uses_fusion``); ``'config'``, the stage's settings alone (the method builds an encoder of random
+        weights from them and trains it); None: nothing, the method learns from the features alone."""
+        return "encoder" if self.uses_fusion else None
+
     def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
                     fusion_cfg: Optional[FusionConfig] = None) -> nn.Module:
         """The (untrained) model this method produces for features of these widths: what a checkpoint
@@ -110,7 +116,7 @@ class Method:
             progress: bool = True, state: Optional[StateFile] = None) -> Tuple[nn.Module, History]:
         """Train on ``data.train`` less a validation part of it (``cfg.val_fraction``,
         :func:`ucmfh.selection.validation_split`); returns the model on the CPU in eval mode and its
-        :class:`History`. ``fusion``: the fusion encoder when ``uses_fusion``. ``state``: the resumable
+        :class:`History`. ``fusion``: what :meth:`takes_fusion` asks for. ``state``: the resumable
         training state (:func:`ucmfh.trainer.train`). A trained method says what it trains (:meth:`plan`);
         a method fitted in closed form replaces this."""
         return trainer.fit(lambda setup: self.plan(data, cfg, setup, fusion), data.train, cfg, state, progress)
@@ -137,8 +143,12 @@ class Method:
         data = data.train_only()
         self.check(cfg)
         trainer.check_supervision(data, cfg)
-        if self.uses_fusion and fusion is None:
+        takes = self.takes_fusion(cfg)
+        if takes == "encoder" and not isinstance(fusion, FusionEncoder):
             raise ValueError(f"method {self.name!r} learns from a fusion encoder: train one first (fit_fusion)")
+        if takes == "config" and not isinstance(fusion, FusionConfig):
+            raise ValueError(f"method {self.name!r} trains a fusion encoder of random weights: give its settings, "
+                             "the FusionConfig of stage_configs (not a trained encoder)")
         if self.in_memory and data.train.streamed:
             raise ValueError(f"{data.path or data.name}: method {self.name!r} {self.in_memory}; this training split is "
                              "streamed (larger than the memory threshold), too large for it")

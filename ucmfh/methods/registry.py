@@ -1,11 +1,11 @@
 """The registry of hashing methods: a name to its :class:`~ucmfh.methods.base.Method`."""
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple, Type, TypeVar
+from typing import Dict, Optional, Tuple, Type, TypeVar, Union
 
 from torch import nn
 
-from ucmfh.config import HashConfig
+from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset
 from ucmfh.methods.base import Method
 from ucmfh.models.fusion import FusionEncoder
@@ -42,17 +42,29 @@ def build_method(name: str) -> Method:
         raise ValueError(f"unknown method {name!r}; methods: {', '.join(METHODS)}{failed}") from None
 
 
-def fit_hashing(data: Dataset, cfg: HashConfig, fusion: Optional[FusionEncoder] = None, progress: bool = True,
-                state: Optional[StateFile] = None) -> Tuple[nn.Module, History]:
+def fit_hashing(data: Dataset, cfg: HashConfig, fusion: Union[FusionEncoder, FusionConfig, None] = None,
+                progress: bool = True, state: Optional[StateFile] = None) -> Tuple[nn.Module, History]:
     """Train the hashing stage by ``cfg.method`` (:meth:`Method.train`); returns the model (on CPU) and
-    its :class:`~ucmfh.selection.History`. Methods that ``uses_fusion`` need the ``fusion`` encoder."""
+    its :class:`~ucmfh.selection.History`. ``fusion``: what the method takes of its fusion stage
+    (:meth:`Method.takes_fusion`): the trained encoder (``fit_fusion``'s), or the stage's settings where the
+    method trains an encoder of random weights (``ucmfh`` with ``fusion_start='random'``, as UCMFH's release)."""
     check_argument("fit_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
     check_argument("fit_hashing", "cfg", cfg, HashConfig, "ucmfh.hash_config(method, ...)")
-    check_argument("fit_hashing", "fusion", fusion, FusionEncoder, "ucmfh.fit_fusion", optional=True)
+    check_argument("fit_hashing", "fusion", fusion, (FusionEncoder, FusionConfig), "ucmfh.fit_fusion, or the "
+                   "FusionConfig of ucmfh.stage_configs", optional=True)
     method = build_method(cfg.method)
-    if fusion is not None and not method.uses_fusion:  # trained without it, where the caller meant it to count
+    method.check(cfg)  # its parameters, before what they ask for is read
+    takes = method.takes_fusion(cfg)
+    if fusion is not None and takes is None:  # trained without it, where the caller meant it to count
         raise ValueError(f"fit_hashing: method {cfg.method!r} learns from the features alone; it takes no fusion "
                          "encoder (fusion=None)")
-    data = checked_training("fit_hashing", data, fusion)
+    if takes == "config" and isinstance(fusion, FusionEncoder):  # its weights would be set aside, unsaid
+        raise ValueError(f"fit_hashing: method {cfg.method!r} with these settings trains a fusion encoder of random "
+                         "weights, as UCMFH's release does: give its FusionConfig, not a trained encoder "
+                         "(method_params fusion_start='trained' starts from one)")
+    if takes == "encoder" and isinstance(fusion, FusionConfig):
+        raise ValueError(f"fit_hashing: method {cfg.method!r} learns from a trained fusion encoder: give "
+                         "ucmfh.fit_fusion's, not its FusionConfig")
+    data = checked_training("fit_hashing", data, fusion if isinstance(fusion, FusionEncoder) else None)
     # the splits withheld here too: a method of another package may override train (Dataset.train_only)
     return method.train(data.train_only(), cfg, fusion, progress, state)

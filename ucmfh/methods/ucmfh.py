@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 import copy
-from typing import Optional
+from typing import Optional, Union
 
 import torch
 
@@ -22,6 +22,9 @@ from ucmfh.selection import validation_view, validator
 from ucmfh.trainer import Batch, Plan, Setup
 
 
+FUSION_STARTS = ("trained", "random")
+
+
 @register
 class UCMFH(Method):
     """Hash heads on the fusion encoder, which is fine-tuned (``cfg.lr_fusion = 0`` keeps it).
@@ -31,24 +34,34 @@ class UCMFH(Method):
     :class:`HashConfig`'s, UCMFH's reference code's; its hashing stage shares the fusion stage's
     training options. The only method with a 'fused' view (defect 2 of docs/reference.md §3).
 
-    A departure from the released code (docs/reference.md §2, "Departures"): its task 1 trains a fusion encoder
-    of random weights jointly with the heads; here the heads start on the trained fusion stage (task 0's).
+    Where the heads start (``fusion_start``): ``'trained'`` (the default), on a copy of the trained fusion
+    stage (task 0's); ``'random'``, as UCMFH's release does (its task 1), on a fusion encoder of random weights
+    trained with them, no fusion stage trained first (docs/reference.md §2, "Departures").
     """
 
     name = "ucmfh"
     graphable = True
-    description = "UCMFH: hash heads on the fusion encoder, which is trained first (the only method with a 'fused' view)"
+    description = ("UCMFH: hash heads on the fusion encoder, which is trained first (fusion_start=random: of random "
+                   "weights, trained with the heads, as UCMFH's release); the only method with a 'fused' view")
     uses_fusion = True
     shares_fusion_options = True
     leak_free = False
     takes_relaxation = True
-    params = {"code_weight": 0.5}  # the codes' loss's weight beside the fused embeddings' (the reference's)
+    # code_weight: the codes' loss's weight beside the fused embeddings' (the reference's); fusion_start: where the
+    # heads start, on the trained fusion stage or, as UCMFH's release, on an encoder of random weights
+    params = {"code_weight": 0.5, "fusion_start": "trained"}
 
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)
-        code_weight = self.method_params(cfg.method_params)["code_weight"]
-        if code_weight < 0:
-            raise ValueError(f"method 'ucmfh': parameter 'code_weight' must be >= 0, got {code_weight}")
+        params = self.method_params(cfg.method_params)
+        if params["code_weight"] < 0:
+            raise ValueError(f"method 'ucmfh': parameter 'code_weight' must be >= 0, got {params['code_weight']}")
+        if params["fusion_start"] not in FUSION_STARTS:
+            raise ValueError(f"method 'ucmfh': parameter 'fusion_start' must be one of {', '.join(FUSION_STARTS)}, "
+                             f"got {params['fusion_start']!r}")
+
+    def takes_fusion(self, cfg: HashConfig) -> Optional[str]:
+        return "config" if self.method_params(cfg.method_params)["fusion_start"] == "random" else "encoder"
 
     def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
                     fusion_cfg: Optional[FusionConfig] = None) -> CrossModalHasher:
@@ -58,12 +71,19 @@ class UCMFH(Method):
         return CrossModalHasher(fusion, cfg.n_bits, cfg.hidden, cfg.dropout)
 
     def initial_model(self, data: Dataset, cfg: HashConfig, setup: Setup,
-                      fusion: Optional[FusionEncoder] = None) -> CrossModalHasher:
+                      fusion: Union[FusionEncoder, FusionConfig, None] = None) -> CrossModalHasher:
         """Hash heads on a copy of the trained fusion encoder (the caller's stays as it was, e.g. one fusion
-        stage serving several n_bits), which has its feature statistics already."""
-        return CrossModalHasher(copy.deepcopy(fusion), cfg.n_bits, cfg.hidden, cfg.dropout)
+        stage serving several n_bits), which has its feature statistics already; given the stage's settings
+        (``fusion_start='random'``), on an encoder of random weights, its statistics fitted here."""
+        if isinstance(fusion, FusionConfig):
+            encoder = FusionEncoder.from_config(data.d_img, data.d_txt, fusion)
+            encoder.fit_feature_stats(setup.rest.img, setup.rest.txt)
+        else:
+            encoder = copy.deepcopy(fusion)
+        return CrossModalHasher(encoder, cfg.n_bits, cfg.hidden, cfg.dropout)
 
-    def plan(self, data: Dataset, cfg: HashConfig, setup: Setup, fusion: Optional[FusionEncoder] = None) -> Plan:
+    def plan(self, data: Dataset, cfg: HashConfig, setup: Setup,
+             fusion: Union[FusionEncoder, FusionConfig, None] = None) -> Plan:
         device = setup.device
         model = self.initial_model(data, cfg, setup, fusion).to(device).train()
         fusion_loss = build_loss(cfg.loss, **cfg.loss_params).to(device)
