@@ -31,8 +31,9 @@ def test_a_wrong_type_at_an_entry_point_says_what_to_give(tiny, tiny_path, train
         (lambda: ucmfh.fit_hashing(tiny.train, hash_cfg), r"^fit_hashing: data must be a Dataset .*got Split$"),
         (lambda: ucmfh.fit_hashing(tiny, fusion_cfg),
          r"^fit_hashing: cfg must be a HashConfig \(ucmfh.hash_config\(method, ...\)\), got FusionConfig$"),
-        (lambda: ucmfh.fit_hashing(tiny, hash_cfg, fusion_cfg),
-         r"^fit_hashing: fusion must be a FusionEncoder or None \(ucmfh.fit_fusion\), got FusionConfig$"),
+        (lambda: ucmfh.fit_hashing(tiny, hash_cfg, "fusion.pt"),
+         r"^fit_hashing: fusion must be a FusionEncoder or a FusionConfig or None \(ucmfh.fit_fusion, or the "
+         r"FusionConfig of ucmfh.stage_configs\), got str 'fusion.pt'$"),
         (lambda: ucmfh.fit_fusion(tiny, hash_cfg), r"^fit_fusion: cfg must be a FusionConfig .*got HashConfig$"),
         (lambda: ucmfh.evaluate_hashing("hash64.pt", tiny),
          r"^evaluate_hashing: model must be a hashing model \(ucmfh.fit_hashing, or ucmfh.load_model\(path, "

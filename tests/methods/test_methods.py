@@ -40,7 +40,7 @@ def test_a_method_starts_from_its_defaults_and_takes_what_is_given(tiny):
     assert hash_config("two-tower", patience=3).patience == 3
     # ucmfh's defaults are the dataclass's, UCMFH's reference; its one parameter, code_weight, the reference's too
     assert dataclasses.replace(hash_config("ucmfh"), method_params={}) == HashConfig()
-    assert hash_config("ucmfh").method_params == {"code_weight": 0.5}
+    assert hash_config("ucmfh").method_params == {"code_weight": 0.5, "fusion_start": "trained"}
     with pytest.raises(ValueError, match="unknown method 'nosuch'; methods: ucmfh, two-tower"):
         hash_config("nosuch")
     with pytest.raises(ValueError, match="unknown method 'nosuch'"):
