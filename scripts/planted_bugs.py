@@ -390,6 +390,24 @@ BUGS: Tuple[Bug, ...] = (
         "            module.training = training\n", "            pass\n",
         "scoring a model mid-training leaves it in eval mode (its dropout off for the epochs after)",
         ("tests/test_cuda_standin.py",)),
+    # UCMFH's released start (2026-11-30): its fresh encoder, and the keys of the runs recorded before it
+    Bug("ucmfh-random-start-unstandardised", "ucmfh/methods/ucmfh.py",
+        "            encoder.fit_feature_stats(setup.rest.img, setup.rest.txt)\n", "",
+        "fusion_start=random builds its encoder without fitting the input standardisation on the training split",
+        ("tests/methods/test_methods.py::"
+         "test_ucmfh_starts_on_a_fusion_encoder_of_random_weights_as_its_release_does",)),
+    Bug("ucmfh-random-start-trains-task-0-first", "ucmfh/app/experiment.py",
+        '        prepare=lambda: load_or_train_fusion(data, run, opts, log)[0] if takes == "encoder" else\n'
+        '        run.fusion_cfg if takes == "config" else None,\n',
+        '        prepare=lambda: (load_or_train_fusion(data, run, opts, log), run.fusion_cfg)[1] if takes == "config" '
+        'else load_or_train_fusion(data, run, opts, log)[0] if takes == "encoder" else None,\n',
+        "fusion_start=random still trains the fusion stage first (its epochs wasted, a fusion.pt left)",
+        ("tests/app/test_cli.py::test_ucmfh_as_released_trains_no_fusion_stage_from_either_front_door",)),
+    Bug("params-added-later-change-keys", "ucmfh/config.py",
+        "            if params.get(name) == before:\n                del params[name]\n",
+        "            pass\n",
+        "a method parameter added later (fusion_start) enters every run's identity: recorded runs lose their keys",
+        ("tests/test_config.py::test_a_method_parameter_added_later_keeps_the_runs_recorded_before",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",
