@@ -1,6 +1,7 @@
 """Where UCMFH's task 1 starts: ucmfh's default (the heads on the trained fusion stage, task 0's encoder) against
 UCMFH's release (a fusion encoder of random weights trained with the heads, ``fusion_start='random'``), the same
-settings otherwise: MAP@50 of both protocols, and each way's training seconds (docs/reference.md §2, "Departures").
+settings otherwise: MAP@50 of both protocols (a caption set's: of both databases, with their rSum), and each
+way's training seconds (docs/reference.md §2, "Departures").
 
     OMP_NUM_THREADS=1 python scripts/ucmfh_start.py ../shared/data/mirflickr730.h5 --bits 16 --bits 64 \\
         --seed 2023 --seed 1 --seed 2
@@ -48,16 +49,20 @@ def main() -> None:
                 row = {"seed": seed, "n_bits": cfg.n_bits, "fusion_start": start_from, "epochs": cfg.epochs,
                        "seconds": round(seconds, 1)}
                 for r in evaluate_hashing(model, data, ("unimodal", "fused"), 50, args.device, progress=False):
-                    row[r["protocol"]] = [round(r["map_i2t_expected"], 4), round(r["map_t2i_expected"], 4)]
+                    where = r["protocol"] + (f" {r['database']}" if "database" in r else "")  # a caption set's two
+                    row[where] = [round(r["map_i2t_expected"], 4), round(r["map_t2i_expected"], 4)]
+                    if "rsum_expected" in r:  # a caption set: the field's figure too
+                        row[f"{where} rsum"] = round(r["rsum_expected"], 2)
                 rows.append(row)
                 print(json.dumps(row), flush=True)
     print("\nmean over seeds, tie-aware MAP@50 I->T / T->I")
     for n_bits in sorted({r["n_bits"] for r in rows}):
         for start_from in ("trained", "random"):
             mine = [r for r in rows if r["n_bits"] == n_bits and r["fusion_start"] == start_from]
-            cells = [" / ".join(f"{statistics.mean(r[p][i] for r in mine):.4f}" for i in (0, 1))
-                     for p in ("unimodal", "fused")]
-            print(f"{n_bits:>4} bits  {start_from:<8} unimodal {cells[0]}  fused {cells[1]}  "
+            cells = [f"{where} " + (f"{statistics.mean(r[where] for r in mine):.2f}" if where.endswith("rsum") else
+                                    " / ".join(f"{statistics.mean(r[where][i] for r in mine):.4f}" for i in (0, 1)))
+                     for where in mine[0] if where.startswith(("unimodal", "fused"))]
+            print(f"{n_bits:>4} bits  {start_from:<8} {'  '.join(cells)}  "
                   f"seconds {statistics.mean(r['seconds'] for r in mine):.0f}  ({len(mine)} seeds)")
     if args.json:
         with open(args.json, "w", encoding="utf-8") as f:
