@@ -181,11 +181,6 @@ def _other_epochs(run: Run, args: argparse.Namespace) -> str:
     raise FileNotFoundError(f"{wanted}: no checkpoint of these settings; train it first with --task {args.task - 2}")
 
 
-def _method_params(args: argparse.Namespace) -> dict:
-    """The method's parameters the flags set: none at their defaults, so a run keeps its key."""
-    return {} if args.fusion_start == "trained" else {"fusion_start": args.fusion_start}
-
-
 def main(argv=None) -> int:
     args = parse_args(argv)
     if os.environ.get("WORLD_SIZE", "1") not in ("", "1", "0"):  # torchrun: each process would train the run alone
@@ -204,7 +199,7 @@ def _run(args: argparse.Namespace) -> int:
         fusion_cfg, [hash_cfg] = stage_configs("ucmfh", dataset=args.dataset, n_bits=[args.hash_lens], loss=args.loss,
                                                epochs=args.epoch, batch_size=args.batch_size, seed=args.seed,
                                                device=args.device, amp=args.amp,
-                                               method_params=_method_params(args))
+                                               method_params={"fusion_start": args.fusion_start})
         check_precision(fusion_cfg, hash_cfg)
         opts = RunOptions(out=args.out, resume=args.resume, save_interval=args.save_interval,
                           cuda_graph=args.cuda_graph)

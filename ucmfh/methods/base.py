@@ -106,6 +106,20 @@ class Method:
         weights from them and trains it); None: nothing, the method learns from the features alone."""
         return "encoder" if self.uses_fusion else None
 
+    def check_fusion(self, cfg: HashConfig, fusion: Any) -> None:
+        """Refuse a ``fusion`` that is not what a run of ``cfg`` takes (:meth:`takes_fusion`) where it takes one
+        (``ValueError`` saying what to give): a trained encoder's weights would be set aside unsaid."""
+        takes = self.takes_fusion(cfg)
+        if takes == "encoder" and fusion is None:
+            raise ValueError(f"method {self.name!r} learns from a fusion encoder: train one first (fit_fusion)")
+        if takes == "encoder" and not isinstance(fusion, FusionEncoder):
+            raise ValueError(f"method {self.name!r} learns from a trained fusion encoder: give ucmfh.fit_fusion's, "
+                             f"not {'its FusionConfig' if isinstance(fusion, FusionConfig) else type(fusion).__name__}")
+        if takes == "config" and not isinstance(fusion, FusionConfig):
+            raise ValueError(f"method {self.name!r} with these settings trains a fusion encoder of random weights, as "
+                             "UCMFH's release does: give its FusionConfig, not a trained encoder (method_params "
+                             "fusion_start='trained' starts from one)")
+
     def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
                     fusion_cfg: Optional[FusionConfig] = None) -> nn.Module:
         """The (untrained) model this method produces for features of these widths: what a checkpoint
@@ -143,12 +157,7 @@ class Method:
         data = data.train_only()
         self.check(cfg)
         trainer.check_supervision(data, cfg)
-        takes = self.takes_fusion(cfg)
-        if takes == "encoder" and not isinstance(fusion, FusionEncoder):
-            raise ValueError(f"method {self.name!r} learns from a fusion encoder: train one first (fit_fusion)")
-        if takes == "config" and not isinstance(fusion, FusionConfig):
-            raise ValueError(f"method {self.name!r} trains a fusion encoder of random weights: give its settings, "
-                             "the FusionConfig of stage_configs (not a trained encoder)")
+        self.check_fusion(cfg, fusion)
         if self.in_memory and data.train.streamed:
             raise ValueError(f"{data.path or data.name}: method {self.name!r} {self.in_memory}; this training split is "
                              "streamed (larger than the memory threshold), too large for it")

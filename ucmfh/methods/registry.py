@@ -54,17 +54,14 @@ def fit_hashing(data: Dataset, cfg: HashConfig, fusion: Union[FusionEncoder, Fus
                    "FusionConfig of ucmfh.stage_configs", optional=True)
     method = build_method(cfg.method)
     method.check(cfg)  # its parameters, before what they ask for is read
-    takes = method.takes_fusion(cfg)
-    if fusion is not None and takes is None:  # trained without it, where the caller meant it to count
+    # trained without it, where the caller meant it to count (Method.train leaves it to its callers)
+    if fusion is not None and method.takes_fusion(cfg) is None:
         raise ValueError(f"fit_hashing: method {cfg.method!r} learns from the features alone; it takes no fusion "
                          "encoder (fusion=None)")
-    if takes == "config" and isinstance(fusion, FusionEncoder):  # its weights would be set aside, unsaid
-        raise ValueError(f"fit_hashing: method {cfg.method!r} with these settings trains a fusion encoder of random "
-                         "weights, as UCMFH's release does: give its FusionConfig, not a trained encoder "
-                         "(method_params fusion_start='trained' starts from one)")
-    if takes == "encoder" and isinstance(fusion, FusionConfig):
-        raise ValueError(f"fit_hashing: method {cfg.method!r} learns from a trained fusion encoder: give "
-                         "ucmfh.fit_fusion's, not its FusionConfig")
+    try:
+        method.check_fusion(cfg, fusion)
+    except ValueError as err:  # named by the entry point, as its other refusals are
+        raise ValueError(f"fit_hashing: {err}") from None
     data = checked_training("fit_hashing", data, fusion if isinstance(fusion, FusionEncoder) else None)
     # the splits withheld here too: a method of another package may override train (Dataset.train_only)
     return method.train(data.train_only(), cfg, fusion, progress, state)
