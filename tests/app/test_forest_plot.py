@@ -48,6 +48,8 @@ def test_the_plotted_rows_are_compare_json_differences_and_intervals(tmp_path, m
     lines = [json.loads(line) for line in shown.stdout.splitlines()]  # stdout: JSON only; 'wrote' is on stderr
     [panels] = drawn
     assert [p["kind"] for p in panels] == ["MAP", "R@1", "rSum"]  # one panel per scale
+    assert [p["xlabel"] for p in panels] == ["MAP@50 difference (tie-aware)", "R@1 difference (% points, tie-aware)",
+                                             "rSum difference (% points, tie-aware)"]
     for panel in panels:
         mine = [x for x in lines if x["figure"].split()[0] == panel["kind"]]  # the table's order within a panel
         assert len(panel["rows"]) == len(mine) > 0
@@ -69,6 +71,10 @@ def test_the_plotted_rows_are_compare_json_differences_and_intervals(tmp_path, m
                                      "--resamples", "100", "--plot", str(svg)])
     assert done.exit_code == 0, done.output
     assert b"<dc:title>ucmfh</dc:title>" in svg.read_bytes()[:4096]
+    drawn_once = svg.read_bytes()
+    assert CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "-d", "hand",
+                                     "--resamples", "100", "--plot", str(svg)]).exit_code == 0
+    assert svg.read_bytes() == drawn_once  # the same figure, the same bytes (no ids drawn at random)
     assert sorted(p.name for p in tmp_path.glob("forest*")) == ["forest.png", "forest.svg"]  # no temporary left
 
 

@@ -408,6 +408,6 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
         from ucmfh.app.forest_plot import draw_forest, forest_panels
 
         several, ks = several_settings(out), several_ks(out)
-        panels = forest_panels([(cell_label(cell, several, ks), r) for cell, r in out])
+        panels = forest_panels([(cell_label(cell, several, ks), {**r, "k": cell[4]}) for cell, r in out])
         draw_forest(panels, plot, f"{other} − {base}: paired difference, 95% interval over {over_what(out)}")
         click.echo(f"wrote {plot}", err=True)

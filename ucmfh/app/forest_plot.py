@@ -11,13 +11,15 @@ checked against ``compare --json`` row by row.
 """
 from __future__ import annotations
 
+import textwrap
 from typing import Any, Dict, List, Sequence, Tuple
 
 from ucmfh.app.outputs import check_figures
-from ucmfh.metrics.plots import save_figure
 
-# the kind of a figure (the first word of its name) -> the axis label of its panel
-KINDS = {"MAP": "MAP difference", "R@1": "R@1 difference (% points)", "rSum": "rSum difference (% points)"}
+# the kind of a figure (the first word of its name) -> the axis label of its panel (MAP's with its k, where the
+# rows share one); every figure compare pairs is tie-aware
+KINDS = {"MAP": "MAP{k} difference (tie-aware)", "R@1": "R@1 difference (% points, tie-aware)",
+         "rSum": "rSum difference (% points, tie-aware)"}
 STYLES = {"ahead": ("tab:green", "^"), "level": ("tab:gray", "o"), "behind": ("tab:red", "v")}
 
 
@@ -33,14 +35,20 @@ def forest_panels(rows: Sequence[Tuple[str, Dict[str, Any]]]) -> List[Dict[str, 
     """The panels of a forest plot, as plain data, from ``(label, compare result)`` pairs in the table's
     order (:func:`ucmfh.app.compare.compare_cell` results, labelled by their cell). Each panel: ``kind``
     (``MAP``, ``R@1``, ``rSum``), ``xlabel`` and ``rows`` (each: ``label``, ``figure``, ``mean``, ``low``,
-    ``high``, ``verdict``), in the order of :data:`KINDS` and, within a panel, the table's."""
+    ``high``, ``verdict``), in the order of :data:`KINDS` and, within a panel, the table's. A result's ``k``
+    (its cell's MAP@k), where given, names MAP's axis when the panel's rows share it."""
     panels: Dict[str, Dict[str, Any]] = {}
+    ks: Dict[str, set] = {}
     for label, result in rows:
         kind = result["figure"].split()[0]
-        panel = panels.setdefault(kind, {"kind": kind, "xlabel": KINDS.get(kind, f"{kind} difference"), "rows": []})
+        panel = panels.setdefault(kind, {"kind": kind, "rows": []})
+        ks.setdefault(kind, set()).add(result.get("k"))
         d = result["difference"]
         panel["rows"].append({"label": f"{label}  {result['figure']}", "figure": result["figure"],
                               "mean": d["mean"], "low": d["low"], "high": d["high"], "verdict": result["verdict"]})
+    for kind, panel in panels.items():
+        k = next(iter(ks[kind])) if len(ks[kind]) == 1 else None
+        panel["xlabel"] = KINDS.get(kind, f"{kind} difference").format(k="" if k is None else f"@{k}")
     order = list(KINDS)
     return sorted(panels.values(), key=lambda p: (order.index(p["kind"]) if p["kind"] in order else len(order),
                                                   p["kind"]))
@@ -49,7 +57,7 @@ def forest_panels(rows: Sequence[Tuple[str, Dict[str, Any]]]) -> List[Dict[str, 
 def draw_forest(panels: Sequence[Dict[str, Any]], path: str, title: str) -> str:
     """Draw :func:`forest_panels` to ``path`` (PNG, or SVG where it ends in ``.svg``), atomically, with
     ucmfh's mark; return it. matplotlib is imported here (``ImportError`` naming ``ucmfh[plot]``)."""
-    from ucmfh.metrics.plots import pyplot
+    from ucmfh.metrics.plots import fit_titles, pyplot, save_figure
 
     plt = pyplot()
     heights = [len(p["rows"]) + 1.5 for p in panels]
@@ -72,8 +80,9 @@ def draw_forest(panels: Sequence[Dict[str, Any]], path: str, title: str) -> str:
     handles = [plt.Line2D([], [], color=c, marker=m, linestyle="-", label=v) for v, (c, m) in STYLES.items()]
     axes[0, 0].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="verdict",
                      title_fontsize=7)  # beside the rows, never over one
-    axes[0, 0].set_title(title, fontsize=10)
+    axes[0, 0].set_title(textwrap.fill(title, 80), fontsize=10)  # on two lines rather than cut at the edge
     fig.tight_layout()
+    fit_titles(fig)
     save_figure(fig, path)
     plt.close(fig)
     return path

@@ -5,15 +5,20 @@ data)."""
 from __future__ import annotations
 
 import os
-from typing import Any, Dict, Iterable, List, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ucmfh.app.runs import the_checkpoint
 from ucmfh.checkpoint import read_checkpoint
 
 
-def history_of(run: str, rows: Iterable[Dict[str, Any]], where: str) -> Tuple[str, Dict[str, Any]]:
+# what every validation scores (ucmfh.selection.validator)
+VALIDATION_LABEL = "validation MAP@50 (unimodal, mean of I→T and T→I)"
+
+
+def history_of(run: str, rows: Iterable[Dict[str, Any]], where: str) -> Tuple[str, Dict[str, Any], Optional[str]]:
     """The checkpoint of ``run`` — a checkpoint's path, or a run key as ``ucmfh runs --json`` and the results
-    rows give it (a unique prefix will do) — and the history it holds; ``ValueError`` naming what is wrong."""
+    rows give it (a unique prefix will do) —, the history it holds and the label of the dataset it was trained on
+    (None where it does not say); ``ValueError`` naming what is wrong."""
     if os.path.isfile(run):
         path = run
     else:
@@ -29,7 +34,7 @@ def history_of(run: str, rows: Iterable[Dict[str, Any]], where: str) -> Tuple[st
     if "history" not in meta:
         raise ValueError(f"{path}: holds no training history (a checkpoint written by hand, or fitted in closed "
                          "form with no epochs)")
-    return path, meta["history"]
+    return path, meta["history"], (meta.get("dataset") or {}).get("label")
 
 
 def history_rows(history: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -64,8 +69,9 @@ def format_history(path: str, history: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def history_figure(path: str, history: Dict[str, Any]) -> Dict[str, Any]:
-    """What ``--history --plot`` draws, as plain data from :func:`history_rows`: ``title``; ``loss``, each
+def history_figure(path: str, history: Dict[str, Any], dataset: Optional[str] = None) -> Dict[str, Any]:
+    """What ``--history --plot`` draws, as plain data from :func:`history_rows`: ``title`` (the checkpoint, and the
+    dataset trained on where given); ``loss``, each
     part's (``run``, ``refit``) epochs and losses; ``validation``, the validated epochs and their scores;
     ``kept``, the epoch validation kept and its score (None without one)."""
     rows = history_rows(history)
@@ -77,7 +83,9 @@ def history_figure(path: str, history: Dict[str, Any]) -> Dict[str, Any]:
     validated = [r for r in rows if r["validation"] is not None]
     kept = next(((r["epoch"], r["validation"]) for r in rows if r["kept"] and r["validation"] is not None), None)
     chosen = f", chose {history['chosen']}" if history.get("chosen") else ""
-    return {"title": f"{os.path.basename(os.path.dirname(path))}/{os.path.basename(path)}{chosen}", "loss": loss,
+    trained_on = f"{dataset}: " if dataset else ""
+    title = f"{trained_on}{os.path.basename(os.path.dirname(path))}/{os.path.basename(path)}{chosen}"
+    return {"title": title, "loss": loss,
             "validation": ([r["epoch"] for r in validated], [r["validation"] for r in validated]), "kept": kept}
 
 
@@ -98,6 +106,7 @@ def draw_history(figure: Dict[str, Any], prefix: str) -> List[str]:
     for part, (x, y) in figure["loss"].items():
         ax.plot(x, y, marker=".", label=part)
     ax.set_xlabel("epoch")
+    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))  # epochs are whole
     ax.set_ylabel("training loss")
     ax.grid(alpha=0.3)
     ax.legend()
@@ -107,7 +116,8 @@ def draw_history(figure: Dict[str, Any], prefix: str) -> List[str]:
         if figure["kept"]:
             ax.plot(*figure["kept"], marker="*", markersize=14, color="C3", linestyle="none", label="epoch kept")
         ax.set_xlabel("epoch")
-        ax.set_ylabel("validation score")
+        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
+        ax.set_ylabel(VALIDATION_LABEL)
         ax.grid(alpha=0.3)
         ax.legend()
     fig.suptitle(figure["title"], fontsize=10)

@@ -81,7 +81,7 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
         from ucmfh.app.history import draw_history, format_history, history_figure, history_of, history_paths, history_rows
 
         try:
-            path, epochs = history_of(history, rows, ", ".join(results))
+            path, epochs, trained_on = history_of(history, rows, ", ".join(results))
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--history") from None
         if not history_rows(epochs):  # a method fitted in closed form (cca-itq) trains no epoch
@@ -89,7 +89,7 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
                                      param_hint="--history")
         if plot is not None:
             check_figures("--plot", history_paths(plot), overwrite)
-            for drawn in draw_history(history_figure(path, epochs), plot):
+            for drawn in draw_history(history_figure(path, epochs, trained_on), plot):
                 click.echo(f"wrote {drawn}")
         elif as_json:
             for row in history_rows(epochs):

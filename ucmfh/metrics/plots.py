@@ -20,6 +20,7 @@ def pyplot():
         import matplotlib
 
         matplotlib.use("Agg")  # files only, no display needed
+        matplotlib.rcParams["svg.hashsalt"] = "ucmfh"  # an SVG's ids not drawn at random: the same figure, the same bytes
         import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError(
@@ -135,7 +136,11 @@ def plot_precision_at_k(results: Runs, path: str) -> str:
         ax.set_ylabel("precision@K")
         ax.grid(alpha=0.3)
 
-    return _save(_draw(plt, _runs(results), points, "precision@K", configure), plt, path)
+    runs = _runs(results)
+    tie_aware = all("precision_expected" in res.get(name, {}).get("precision_at_k", {"precision_expected": 0})
+                    for _, res in runs for name in _NAMES)
+    what = "precision@K, " + ("tie-aware" if tie_aware else "ties broken by database index")
+    return _save(_draw(plt, runs, points, what, configure), plt, path)
 
 
 def _up_to(ks: List[int], values: List[float], n: Optional[int]) -> Tuple[List[int], List[float]]:
@@ -214,13 +219,13 @@ def _palette_png(rendered: io.BytesIO, path: str) -> None:
 
 def _save(fig, plt, path: str) -> str:
     fig.tight_layout()
-    _fit_titles(fig)
+    fit_titles(fig)
     save_figure(fig, path)
     plt.close(fig)
     return path
 
 
-def _fit_titles(fig) -> None:
+def fit_titles(fig) -> None:
     """Shrink a title that runs past the figure's edges (a long dataset name) so that it fits
     where it stands, centred over its axes; then lay out again."""
     renderer = fig.canvas.get_renderer()
