@@ -163,6 +163,14 @@ def checked_training(where: str, data: Dataset, fusion: Optional[nn.Module] = No
     return data
 
 
+def _described(value: Any) -> str:
+    """What a value is, said in a few words (a tensor by its shape and gradient)."""
+    if not isinstance(value, torch.Tensor):
+        return f"a {type(value).__name__}"
+    grad = "" if value.requires_grad else " with no gradient (computed under no_grad, or detached)"
+    return f"a tensor of shape {list(value.shape)}{grad}"
+
+
 def check_supervision(data: Dataset, cfg: Any) -> None:
     """Refuse supervised training (``cfg.supervised``) on a caption set, which has no labels."""
     if cfg.supervised and data.caption_set:
@@ -378,7 +386,11 @@ class _Run:
         if plan.step is not None:
             return plan.step(batch)
         plan.set_learning_rate(batch.epoch)
-        return optimize(plan.loss(batch), plan.optimizer, self.group, plan.clip_norm)
+        loss = plan.loss(batch)
+        if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
+            raise TypeError(f"method {getattr(self.cfg, 'method', 'fusion')!r}: its plan's loss(batch) returns the step's "
+                            f"loss, a tensor of one number that gradients flow back from; it returned {_described(loss)}")
+        return optimize(loss, plan.optimizer, self.group, plan.clip_norm)
 
     def stop(self, signum: Optional[int], epoch: int, done: int, steps: int, epoch_generator: torch.Tensor) -> None:
         """Save the state (if the run has one) and raise :class:`TrainingInterrupted`."""

@@ -4,6 +4,7 @@ front door; a plugin that cannot load leaves the others working and says why; a 
 its runs' identity; no method is given the query or retrieval split."""
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import re
@@ -291,3 +292,97 @@ def test_the_docs_method_from_scratch_is_captured_as_it_says(tiny, tmp_path, reg
     load_example(tmp_path, "example2", "cos-pair")
     cfg = hash_config("cos-pair", n_bits=16, epochs=3, batch_size=48, device="cuda", val_fraction=0.2)
     assert_captured_once_as_eager(monkeypatch, lambda: fit_hashing(tiny, cfg, progress=False))
+
+
+def _made(tmp_path: Path, monkeypatch, modules: Dict[str, str]) -> None:
+    """``modules`` (name -> source) importable, none of them imported yet."""
+    for module, source in modules.items():
+        (tmp_path / f"{module}.py").write_text(source)
+        monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+def test_every_method_of_a_module_and_of_a_plugin_another_imports_is_its_own_entry_points(tmp_path, monkeypatch,
+                                                                                           registry):
+    """A module registering two methods, named by two entry points, that imports the method of another plugin to
+    subclass it: all three are loaded, each credited to the entry point of its own module, none said to be
+    missing (each entry point's methods were those that appeared while it loaded: the second entry point of one
+    module, and the imported plugin's own, 'registered no method', and the imported one was credited to the
+    module importing it)."""
+    _made(tmp_path, monkeypatch, {
+        "ucmfh_base_plug": "from ucmfh.methods import register\nfrom ucmfh.methods.two_tower import TwoTower\n\n"
+                           "@register\nclass Base(TwoTower):\n    name = 'base-plug'\n",
+        "ucmfh_pair_plug": "from ucmfh.methods import register\nfrom ucmfh_base_plug import Base\n\n"
+                           "@register\nclass A(Base):\n    name = 'pair-a'\n\n@register\nclass B(Base):\n    name = 'pair-b'\n"})
+    errors = dict(PLUGIN_ERRORS)
+    points = [metadata.EntryPoint(name, module, "ucmfh.methods") for name, module in (
+        ("pair-a", "ucmfh_pair_plug"), ("pair-b", "ucmfh_pair_plug"), ("base-plug", "ucmfh_base_plug"))]
+    assert load_plugins(points) == ["pair-a", "pair-b", "base-plug"]
+    assert PLUGIN_ERRORS == errors
+    assert {name: PLUGINS[name] for name in ("pair-a", "pair-b", "base-plug")} == {
+        "pair-a": "ucmfh_pair_plug", "pair-b": "ucmfh_pair_plug", "base-plug": "ucmfh_base_plug"}
+
+
+def _build(self, d_img, d_txt, cfg):
+    return None
+
+
+def _plan(self, data, cfg, setup):
+    return None
+
+
+@pytest.mark.parametrize("attrs, fault", [
+    ({"defaults": {"hiden": 0}}, "method 'faulty': its defaults name 'hiden', not settings of HashConfig (its own "
+                                 "hyper-parameters go in params; the settings: amp, batch_size, "),
+    ({"fixed": {"epoch": 1}}, "method 'faulty': its fixed name 'epoch', not settings of HashConfig"),
+    ({"build_model": _build}, "method 'faulty': build_model(self, d_img, d_txt, cfg) cannot be called as "
+                              "build_model(self, d_img, d_txt, cfg, fusion_cfg), as ucmfh calls it (docs/methods.md)"),
+    ({"plan": _plan}, "method 'faulty': plan(self, data, cfg, setup) cannot be called as plan(self, data, cfg, setup, "
+                      "fusion)"),
+])
+def test_a_method_the_lifecycle_could_not_run_is_refused_when_registered(tmp_path, monkeypatch, registry, attrs, fault):
+    """A method with a misspelled setting, or a function of another signature than docs/methods.md's (once
+    trained to its end: a checkpoint's model is built with fusion_cfg), is refused by register, in the process
+    and as a plugin, the other methods kept."""
+    before = list(METHODS)
+    with pytest.raises(ValueError, match="^" + re.escape(fault)):
+        register(type("Faulty", (TwoTower,), {"name": "faulty", **attrs}))
+    assert list(METHODS) == before
+    [(key, value)] = attrs.items()
+    made = f"    {key} = {value!r}\n" if key in ("defaults", "fixed") else f"    {key} = {value.__name__}\n"
+    _made(tmp_path, monkeypatch, {"ucmfh_faulty": f"from ucmfh.methods import register\nfrom ucmfh.methods.two_tower "
+                                                  f"import TwoTower\nfrom {__name__} import _build, _plan\n\n@register\n"
+                                                  f"class Faulty(TwoTower):\n    name = 'faulty'\n{made}"})
+    assert load_plugins([metadata.EntryPoint("faulty", "ucmfh_faulty", "ucmfh.methods")]) == []
+    assert PLUGIN_ERRORS["faulty"].startswith("ucmfh_faulty: ValueError: " + fault) and list(METHODS) == before
+
+
+def test_a_method_without_a_model_or_a_training_is_refused_when_registered(registry):
+    with pytest.raises(ValueError, match=r"^method 'bare' has no build_model \(the untrained model"):
+        register(type("Bare", (Method,), {"name": "bare"}))
+    with pytest.raises(ValueError, match=r"^method 'untrained' has neither plan \(what a run trains\) nor a fit"):
+        register(type("Untrained", (Method,), {"name": "untrained", "build_model": TwoTower.build_model}))
+    assert "bare" not in METHODS and "untrained" not in METHODS
+
+
+class PerItemLoss(TwoTower):
+    """A method whose loss is each item's, not the batch's one number; or a float."""
+
+    name = "per-item-loss"
+    params = {**TwoTower.params, "as_float": False}
+
+    def plan(self, data, cfg, setup, fusion=None):
+        plan = super().plan(data, cfg, setup, fusion)
+        loss, as_float = plan.loss, cfg.method_params["as_float"]
+        return dataclasses.replace(plan, loss=lambda batch: loss(batch).item() if as_float else loss(batch).expand(4))
+
+
+@pytest.mark.parametrize("as_float, returned", [(False, "a tensor of shape [4]"), (True, "a float")])
+def test_a_loss_that_is_not_one_number_is_said_by_its_method(tiny, registry, as_float, returned):
+    register(PerItemLoss)
+    cfg = hash_config("per-item-loss", n_bits=16, hidden=32, epochs=1, device="cpu",
+                      method_params={"temperatures": "0.3", "as_float": as_float})
+    with pytest.raises(TypeError, match=r"^method 'per-item-loss': its plan's loss\(batch\) returns the step's loss, "
+                                        r"a tensor of one number that gradients flow back from; it returned "
+                                        + re.escape(returned) + "$"):
+        fit_hashing(tiny, cfg, progress=False)

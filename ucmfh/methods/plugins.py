@@ -36,16 +36,24 @@ def load_plugins(entry_points: Optional[Iterable[metadata.EntryPoint]] = None) -
     """Register the methods of the installed packages' ``ucmfh.methods`` entry points (``entry_points``:
     these instead); returns the names registered. A failure is recorded in :data:`PLUGIN_ERRORS`, not raised."""
     added: List[str] = []
+    appeared: Dict[str, str] = {}  # a method registered while an entry point loaded -> that entry point's value
     for point in _entry_points() if entry_points is None else entry_points:
         before = set(METHODS)
         try:
             loaded = point.load()
             if inspect.isclass(loaded) and issubclass(loaded, Method):
-                if loaded.name in before:
+                if loaded.name in before and type(METHODS[loaded.name]) is not loaded:
                     raise ValueError(f"method name {loaded.name!r} is taken (by {type(METHODS[loaded.name]).__module__})")
                 if loaded.name not in METHODS:  # not registered by its module's import
                     register(loaded)
-            elif not inspect.ismodule(loaded):
+                own = [loaded.name]
+            elif inspect.ismodule(loaded):
+                new = [name for name in METHODS if name not in before]
+                # its own: the methods of classes of the module or its package, whenever imported (another
+                # plugin's import of it, an entry point of several methods of one module); else those it registered
+                own = [name for name in METHODS if _within(type(METHODS[name]).__module__, loaded.__name__)
+                       and not _within(type(METHODS[name]).__module__, "ucmfh")] or new
+            else:
                 raise TypeError(f"it names {type(loaded).__name__} {getattr(loaded, '__name__', loaded)!r}, "
                                 "not a module or a Method subclass")
         except Exception as err:  # noqa: BLE001 - anything a foreign import raises leaves the others working
@@ -53,11 +61,22 @@ def load_plugins(entry_points: Optional[Iterable[metadata.EntryPoint]] = None) -
                 del METHODS[name]
             PLUGIN_ERRORS[point.name] = f"{point.value}: {type(err).__name__}: {' '.join(str(err).split())}"
             continue
-        new = [name for name in METHODS if name not in before]
-        if not new:
+        for name in METHODS:
+            if name not in before:
+                appeared[name] = point.value
+        if not own:
             PLUGIN_ERRORS[point.name] = (f"{point.value}: registers no method (a name of its own, a Method "
                                          "subclass decorated with @register)")
-        for name in new:
+        for name in own:
             PLUGINS[name] = point.value
-        added += new
+        added += [name for name in own if name not in added]
+    for name, value in appeared.items():  # registered by a module no entry point names: where it appeared
+        if name not in PLUGINS:
+            PLUGINS[name] = value
+            added.append(name)
     return added
+
+
+def _within(module: str, package: str) -> bool:
+    """``module`` is ``package`` or one of its submodules."""
+    return module == package or module.startswith(package + ".")

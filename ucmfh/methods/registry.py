@@ -1,6 +1,8 @@
 """The registry of hashing methods: a name to its :class:`~ucmfh.methods.base.Method`."""
 from __future__ import annotations
 
+import dataclasses
+import inspect
 from typing import Dict, Optional, Tuple, Type, TypeVar, Union
 
 from torch import nn
@@ -25,12 +27,47 @@ M = TypeVar("M", bound=Type[Method])
 
 
 def register(cls: M) -> M:
-    """Class decorator: register one instance of a :class:`Method` under its ``name``."""
+    """Class decorator: register one instance of a :class:`Method` under its ``name``, once :func:`check_method`
+    finds nothing wrong with it."""
     if not cls.name or cls.name in METHODS:
         owner = f" (taken by {type(METHODS[cls.name]).__module__})" if cls.name in METHODS else ""
         raise ValueError(f"a method needs a name of its own, got {cls.name!r}{owner}")
+    check_method(cls)
     METHODS[cls.name] = cls()
     return cls
+
+
+# what the lifecycle passes a method's own functions, positionally (docs/methods.md, "What a method is")
+CALLED_WITH = {"build_model": ("d_img", "d_txt", "cfg", "fusion_cfg"), "plan": ("data", "cfg", "setup", "fusion"),
+               "fit": ("data", "cfg", "fusion", "progress", "state")}
+
+
+def check_method(cls: Type[Method]) -> None:
+    """Refuse, when it is registered rather than once a run has trained, a method whose settings
+    (``defaults``, ``fixed``) name no setting of :class:`HashConfig`, which has no ``build_model`` or neither
+    ``plan`` nor ``fit``, or whose own functions cannot take what the lifecycle passes them
+    (:data:`CALLED_WITH`): ``ValueError`` naming the method and the fault."""
+    known = {field.name for field in dataclasses.fields(HashConfig)} - {"method", "method_params"}
+    for attr in ("defaults", "fixed"):
+        unknown = sorted(set(getattr(cls, attr)) - known)
+        if unknown:
+            raise ValueError(f"method {cls.name!r}: its {attr} name {', '.join(map(repr, unknown))}, not settings of "
+                             f"HashConfig (its own hyper-parameters go in params; the settings: {', '.join(sorted(known))})")
+    if cls.build_model is Method.build_model:
+        raise ValueError(f"method {cls.name!r} has no build_model (the untrained model a checkpoint is loaded into)")
+    if cls.plan is Method.plan and cls.fit is Method.fit:
+        raise ValueError(f"method {cls.name!r} has neither plan (what a run trains) nor a fit of its own")
+    for attr, args in CALLED_WITH.items():
+        own = getattr(cls, attr)
+        if own is getattr(Method, attr):
+            continue
+        try:
+            inspect.signature(own).bind(None, *args)
+        except TypeError:
+            raise ValueError(f"method {cls.name!r}: {attr}{inspect.signature(own)} cannot be called as "
+                             f"{attr}(self, {', '.join(args)}), as ucmfh calls it (docs/methods.md)") from None
+        except ValueError:  # a callable without a signature Python can read: taken as it is
+            pass
 
 
 def build_method(name: str) -> Method:
