@@ -212,6 +212,10 @@ def test_a_caption_sets_codes_file_has_ids_and_no_labels(tmp_path):
     """A caption set's codes (relevance by id, no labels) round-trip; without ids, or with labels on one side
     alone, they are refused before a file is written."""
     data = {**make_file_inputs(), "query_labels": None, "retrieval_labels": None}
+    with pytest.raises(ValueError, match=r"captions.h5: query_ids: 12 ids also appear in /retrieval/ids \(first: 0\); "
+                                         "query and retrieval must be disjoint"):  # the query items found as themselves
+        save_codes(tmp_path / "captions.h5", **data)
+    data["retrieval_ids"] = data["retrieval_ids"] + 100
     path = save_codes(tmp_path / "captions.h5", **data)
     codes = load_codes(path)
     assert codes.caption_set and codes.labels == {"query": None, "retrieval": None}
@@ -276,6 +280,13 @@ def _replace(f, name, value):
          "no rows"),
         (lambda f: f["query"]["labels"].__setitem__(0, 0), "/query/labels", "1 rows have no label (first: row 0)"),
         (lambda f: f.attrs.__setitem__("protocol", "foo"), "/", "attribute 'protocol' is 'foo', expected one of"),
+        # a file of a later ucmfh; ids as a dataset's: >= 0, and a caption set's query ids none of its database's
+        (lambda f: f.attrs.__setitem__("version", 99), "/", "attribute 'version' is 99: this ucmfh reads codes files "
+                                                            "of version 1 to 1 (one of a later ucmfh: upgrade it)"),
+        (lambda f: f["query"]["ids"].__setitem__(1, -1), "/query/ids", "1 negative ids (first: -1 at row 1); ids "
+                                                                       "must be >= 0"),
+        (lambda f: [f[group].__delitem__("labels") for group in ("query", "retrieval")], "/query/ids",
+         "12 ids also appear in /retrieval/ids (first: 0); query and retrieval must be disjoint"),
     ],
 )
 def test_load_errors_name_file_dataset_problem(tmp_path, corrupt, where, problem):

@@ -13,7 +13,7 @@ import torch
 
 from ucmfh import bits
 from ucmfh.config import PROTOCOLS
-from ucmfh.data.format import CODES_FORMAT, DataError, unlabelled_rows
+from ucmfh.data.format import CODES_FORMAT, DataError, id_problem, shared_ids, unlabelled_rows
 from ucmfh.files import atomic_file, read_attrs, write_attrs
 
 ArrayLike = Union[np.ndarray, torch.Tensor]
@@ -129,10 +129,16 @@ def save_codes(
             ids[group] = bits.to_numpy(ids[group]).astype(np.int64)
             if ids[group].shape != (n,):
                 raise ValueError(f"{path}: {group}_ids: must have shape ({n},), got {ids[group].shape}")
+            problem = id_problem(bits.to_numpy(query_ids if group == "query" else retrieval_ids))
+            if problem:
+                raise ValueError(f"{path}: {group}_ids: {problem}")
     if labels["query"] is not None and labels["query"].shape[1] != labels["retrieval"].shape[1]:
         raise ValueError(f"{path}: labels: query and retrieval differ in classes")
     if (ids["query"] is None) != (ids["retrieval"] is None):
         raise ValueError(f"{path}: ids: give both query_ids and retrieval_ids, or neither")
+    problem = shared_ids(ids["query"], ids["retrieval"], "retrieval") if labels["query"] is None else None
+    if problem:  # as load_codes refuses it
+        raise ValueError(f"{path}: query_ids: {problem}")
 
     import h5py
 
@@ -180,6 +186,10 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
                 raise DataError(f"{path}: a dataset file, not a codes file ('ucmfh encode' writes those); score a "
                                 "checkpoint on it with 'ucmfh evaluate -c CHECKPOINT -d FILE'")
             raise fail("/", f"attribute 'format' is {f.attrs.get('format')!r}, expected {CODES_FORMAT!r}")
+        version = f.attrs.get("version", VERSION)
+        if not isinstance(version, (int, np.integer)) or not 1 <= version <= VERSION:
+            raise fail("/", f"attribute 'version' is {version}: this ucmfh reads codes files of version 1 to "
+                            f"{VERSION} (one of a later ucmfh: upgrade it)")
         if "n_bits" not in f.attrs:
             raise fail("/", "missing attribute 'n_bits'")
         try:
@@ -221,6 +231,9 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
                 d = f[group]["ids"]
                 if d.shape != (rows,) or not np.issubdtype(d.dtype, np.integer):
                     raise fail(f"/{group}/ids", f"expected ({rows},) integers, got {d.dtype} {d.shape}")
+                problem = id_problem(d[()])
+                if problem:
+                    raise fail(f"/{group}/ids", problem)
                 ids[group] = torch.from_numpy(d[()].astype(np.int64))
             else:
                 ids[group] = None
@@ -231,6 +244,10 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
             raise fail("/retrieval/labels", f"{labels['retrieval'].shape[1]} classes, query has {labels['query'].shape[1]}")
         if (ids["query"] is None) != (ids["retrieval"] is None):
             raise fail("/query/ids" if ids["query"] is None else "/retrieval/ids", "ids present in only one group")
+        if labels["query"] is None:  # a caption set's relevance is the id: a query item found as a database one
+            problem = shared_ids(ids["query"].numpy(), ids["retrieval"].numpy(), "retrieval")
+            if problem:
+                raise fail("/query/ids", problem)
         attrs = read_attrs(f, skip=("format", "version", "n_bits"))
         if "protocol" in attrs and attrs["protocol"] not in PROTOCOLS:  # written into every row scored of it
             raise fail("/", f"attribute 'protocol' is {attrs['protocol']!r}, expected one of {', '.join(PROTOCOLS)}")

@@ -159,6 +159,13 @@ def _break(tmp_path, edit):
         (lambda f: _replace(f, "query/ids", np.array([10, 10, 11, 11])),
          r"/query/image: rows 0 and 1 share id 10 but hold different image features \(2 such rows\); rows sharing an "
          r"id are one image"),
+        # ... and the converse: an id a row where rows are the captions of images (each caption its own image)
+        (lambda f: [f["query"]["image"].__setitem__(row, f["query"]["image"][row - 1]) for row in (1, 3)],
+         r"/query/ids: 4 of 4 rows hold an image that other rows hold under other ids \(first: rows 0 and 1, ids 10 "
+         r"and 11\); the rows of one image share its id"),
+        # ids in some splits alone: read by one command and not the next
+        (lambda f: f["train"].__delitem__("ids"), r"/train/ids: missing dataset, but /query/ids exists: either every "
+                                                  r"split has ids or none"),
     ],
 )
 def test_validation_names_file_dataset_and_problem(tmp_path, edit, message):

@@ -32,6 +32,26 @@ def first_of_each_id(ids: np.ndarray) -> np.ndarray:
     return np.sort(np.unique(np.asarray(ids), return_index=True)[1]).astype(np.int64)
 
 
+def id_problem(ids: np.ndarray) -> Optional[str]:
+    """What is wrong with integer ``ids`` [N], or None: a negative id (equal ids mean the same item: a -1
+    'unknown' marker would make strangers positives) or one beyond int64 (a dataset file's and a codes file's)."""
+    if ids.size and ids.min() < 0:
+        row = int(np.argmax(ids < 0))
+        return f"{int((ids < 0).sum())} negative ids (first: {ids[row]} at row {row}); ids must be >= 0"
+    if ids.size and ids.dtype == np.uint64 and ids.max() > np.iinfo(np.int64).max:
+        return f"id {ids.max()} does not fit int64"
+    return None
+
+
+def shared_ids(query: np.ndarray, other: np.ndarray, name: str) -> Optional[str]:
+    """What is wrong where query ids also appear in the split or group ``name`` of ids ``other``, or None: a query
+    item trained on, or found as itself, inflates every score."""
+    shared = np.intersect1d(query, other)
+    if not len(shared):
+        return None
+    return f"{len(shared)} ids also appear in /{name}/ids (first: {shared[0]}); query and {name} must be disjoint"
+
+
 def finite_float32(block: np.ndarray, where: str, first_row: int = 0) -> np.ndarray:
     """``block`` [rows, d] as float32, refusing NaN and inf as given (:func:`check_finite`), then a value of a wider
     type beyond float32's range, said as such: it is read as an inf the user never had."""
