@@ -673,7 +673,7 @@ def test_a_build_refused_part_way_leaves_the_index_as_it_was(collection, tmp_pat
     index = Index.load(out)
     index.check_finished()
     assert json.loads((out / "index.json").read_text()) == manifest
-    _set_image(late, 37, 0.0)
+    _set_image(late, 37, c["img"][37, 3])  # mended: the image of its id's other rows again
     assert build_index(str(late), c["ckpt"][0], str(out), chunk_size=7).added == {"img": 40, "txt": 120}
     assert np.array_equal(Index.load(out).ids("txt"), np.concatenate([c["ids"], c["ids"] + 1000]))
     assert build_index(str(late), c["ckpt"][0], str(empty)).added == {"img": 40, "txt": 120}
@@ -874,3 +874,37 @@ def test_an_npy_of_no_queries_is_refused(tmp_path):
     np.save(tmp_path / "q.npy", np.zeros((0, 48), dtype=np.float32))
     with pytest.raises(DataError, match=r"q.npy: no queries \(0 rows\)"):
         read_queries(str(tmp_path / "q.npy"), "txt", {"img": 48, "txt": 32})
+
+
+def test_an_id_of_several_images_and_labels_of_other_values_are_refused_and_the_index_left(collection, tmp_path):
+    """A flat collection whose ids group several images (an album's id, say): one image of each id was indexed
+    and the others dropped without a word; refused as a dataset file's are, with chunks read before the refusal
+    undone, also where the id's rows lie in two chunks. Labels of other values than 0 and 1 were read as 'not
+    zero' (0.5 a label), and labels of strings were a traceback: refused, the index as it was."""
+    c = collection
+
+    def write(path, ids, labels=None):
+        with h5py.File(path, "w") as f:
+            f.attrs["image_feature"], f.attrs["text_feature"] = "toy image features", "toy text features"
+            f["image"], f["text"], f["ids"] = c["img"], c["txt"], ids
+            if labels is not None:
+                f["labels"] = labels
+        return str(path)
+
+    albums = c["ids"] // 4 * 4  # the rows of images 100-103 under id 100, ...: rows 0 and 3 share id 100
+    for chunk_size in (7, 3):  # rows 0 and 3 in one chunk, then in two
+        with pytest.raises(DataError, match=r"albums.h5: /image: rows 0 and 3 share id 100 but hold different image "
+                                            r"features; rows sharing an id are one image, indexed once: give each "
+                                            r"image an id of its own \(.*ix: not created\)$"):
+            build_index(write(tmp_path / "albums.h5", albums), c["ckpt"][0], str(tmp_path / "ix"), chunk_size=chunk_size)
+        assert not (tmp_path / "ix").exists()
+    labels = np.zeros((len(c["ids"]), 2), np.float32)
+    labels[:, 0] = 1
+    labels[50, 1] = 0.5
+    with pytest.raises(DataError, match=r"halves.h5: /labels: labels must be multi-hot 0/1 values \(row 50 has 0.5\)"):
+        build_index(write(tmp_path / "halves.h5", c["ids"], labels), c["ckpt"][0], str(tmp_path / "ix"), chunk_size=7)
+    assert not (tmp_path / "ix").exists()
+    with pytest.raises(DataError, match=r"words.h5: /labels: labels must be multi-hot 0/1 numbers, got \|S1"):
+        build_index(write(tmp_path / "words.h5", c["ids"], labels.astype("S1")), c["ckpt"][0], str(tmp_path / "ix"))
+    assert build_index(write(tmp_path / "right.h5", c["ids"], (labels == 1).astype(np.uint8)), c["ckpt"][0],
+                       str(tmp_path / "ix")).added == {"img": 40, "txt": 120}

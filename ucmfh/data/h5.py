@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from ucmfh.data.format import (
-    CODES_FORMAT, REQUIRED, SPLITS, DataError, finite_float32, id_problem, shared_ids, unlabelled_rows,
+    CODES_FORMAT, REQUIRED, SPLITS, DataError, finite_float32, id_problem, row_fingerprints, shared_ids,
+    unlabelled_rows,
 )
 from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, open_without_chunk_cache, take
 from ucmfh.data.tokens import check_token_splits, check_tokens, check_virtual_sources
@@ -250,7 +251,7 @@ def _read(path: str, where: str, dset: h5py.Dataset, rows: slice = slice(None)) 
 
 def _check_finite(path: str, where: str, dset: h5py.Dataset, keep: Optional[Dict[str, Any]] = None) -> np.ndarray:
     """No NaN or inf, as stored nor as read (float32: a float64 value beyond its range is read as inf); each
-    row's fingerprint as read (:func:`_row_fingerprints`), from the same reads. Where ``keep`` names ``where``,
+    row's fingerprint as read (:func:`row_fingerprints`), from the same reads. Where ``keep`` names ``where``,
     the values read, as float32, are kept there (a load reads the file once)."""
     picked = np.unique(np.linspace(0, dset.shape[1] - 1, min(dset.shape[1], _PRINT_COLUMNS)).astype(np.int64))
     kept = np.empty(dset.shape, dtype=np.float32) if keep is not None and where in keep else None
@@ -258,7 +259,7 @@ def _check_finite(path: str, where: str, dset: h5py.Dataset, keep: Optional[Dict
     for start in range(0, dset.shape[0], _CHECK_ROWS):
         block = _read(path, where, dset, slice(start, start + _CHECK_ROWS))
         block = finite_float32(block, f"{path}: {where}", start)
-        prints.append(_row_fingerprints(block, picked))
+        prints.append(row_fingerprints(block, picked))
         if kept is not None:
             kept[start : start + len(block)] = block
     if kept is not None:
@@ -287,7 +288,7 @@ def _whole_prints(path: str, f: h5py.File, split: str, index: np.ndarray) -> np.
             inside = index[(index >= start) & (index < start + _CHECK_ROWS)]
             if len(inside):
                 block = _read(path, f"/{split}/{name}", dset, slice(start, start + _CHECK_ROWS))
-                prints.append(_row_fingerprints(block[inside - start].astype(np.float32), every))
+                prints.append(row_fingerprints(block[inside - start].astype(np.float32), every))
         parts[name] = np.concatenate(prints) if prints else np.zeros(0, dtype=np.uint64)
     return _item_prints(parts["image"], parts["text"])
 
@@ -305,18 +306,6 @@ def rows_found_in(path: str, split: str, other_path: str, other_split: str) -> T
 def _item_prints(image: np.ndarray, text: np.ndarray) -> np.ndarray:
     """An item's fingerprint from its image's and its text's. Shape: [N], [N] -> [N] uint64."""
     return image ^ (text * np.uint64(0x9E3779B97F4A7C15))
-
-
-def _row_fingerprints(rows: np.ndarray, picked: np.ndarray) -> np.ndarray:
-    """One number a row from its values at the ``picked`` columns, as float32 read them: the bits of each value
-    times a fixed odd weight, summed modulo 2^64. Equal rows give equal prints; rows differing in a picked
-    column (two images' features differ in nearly every column) differ but by a chance of about 2^-64 (-0.0 is
-    read as 0.0: the rows are compared by value). Cheap beside a whole comparison, as every load checks: 8 bytes
-    a row. Shape: [N, d] -> [N] uint64."""
-    values = np.ascontiguousarray(rows[:, picked], dtype=np.float32) + np.float32(0)  # -0.0 as 0.0: equal values
-    bits = values.view(np.uint32).astype(np.uint64)
-    weights = np.random.default_rng(0).integers(1, 2 ** 63, size=len(picked), dtype=np.uint64) | np.uint64(1)
-    return (bits * weights).sum(axis=1, dtype=np.uint64)
 
 
 def _check_one_image_an_id(path: str, where: str, ids: np.ndarray, prints: np.ndarray) -> None:

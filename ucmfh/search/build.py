@@ -34,7 +34,7 @@ from tqdm.auto import tqdm
 
 from ucmfh.checkpoint import load_model
 from ucmfh.bits import as_words, to_numpy
-from ucmfh.data.format import DataError, first_of_each_id
+from ucmfh.data.format import DataError, first_of_each_id, row_fingerprints
 from ucmfh.data.h5 import validate_file
 from ucmfh.search.collection import FEATURES, Collection, differing, is_dataset_file, open_collection
 from ucmfh.search.folder import modality_name
@@ -365,6 +365,43 @@ def build_index(
         bar.close()
 
 
+class OneImageAnId:
+    """Rows sharing an id are one image, indexed once (its first row): each later row's image features are checked
+    to be its first row's, as a dataset file's are (``ucmfh validate``), so that an id of another meaning (an
+    album's) is refused rather than its images but one dropped. Checked chunk by chunk, as the build reads them;
+    a resumed build checks the rows whose first row it has read."""
+
+    def __init__(self, ids: np.ndarray) -> None:
+        _, self.first, self.which = np.unique(ids, return_index=True, return_inverse=True)
+        self.which = self.which.ravel()
+        self.prints = np.zeros(len(self.first), dtype=np.uint64)
+        self.seen = np.zeros(len(self.first), dtype=bool)
+        self.ids = ids
+
+    def check(self, image: np.ndarray, start: int, coll: Collection) -> None:
+        """``image``: rows ``start`` on of the collection's image features."""
+        prints = row_fingerprints(image, np.arange(image.shape[1]))
+        which = self.which[start:start + len(image)]
+        first = self.first[which] == np.arange(start, start + len(image))
+        self.prints[which[first]], self.seen[which[first]] = prints[first], True
+        other = np.flatnonzero(~first & self.seen[which] & (prints != self.prints[which]))
+        if other.size:
+            row = start + int(other[0])
+            raise DataError(f"{coll.path}: {coll.where('image')}: rows {int(self.first[self.which[row]])} and {row} "
+                            f"share id {self.ids[row]} but hold different image features; rows sharing an id are one "
+                            "image, indexed once: give each image an id of its own")
+
+
+def _labels(coll: Collection, start: int, stop: int) -> np.ndarray:
+    """Rows [start, stop) of the collection's labels, checked to be 0/1 (``DataError`` naming them). Shape: [n, C]."""
+    labels = coll.read("labels", start, stop)
+    if labels.size and not np.isin(labels, (0, 1)).all():
+        row = start + int(np.argwhere(~np.isin(labels, (0, 1)))[0][0])
+        raise DataError(f"{coll.path}: {coll.where('labels')}: labels must be multi-hot 0/1 values (row {row} has "
+                        f"{labels[row - start][~np.isin(labels[row - start], (0, 1))][0]})")
+    return labels.astype(np.uint8)
+
+
 def _add_chunks(index: Index, coll: Collection, encoder: Encoder, source: Dict[str, Any], number: int,
                 keep_img: np.ndarray, ids: Optional[np.ndarray], origins: Dict[str, bool], embeddings: bool, done: int,
                 chunk_size: int, stop_after: Optional[int], should_stop: Optional[Callable[[], Any]], bar: Any,
@@ -373,6 +410,7 @@ def _add_chunks(index: Index, coll: Collection, encoder: Encoder, source: Dict[s
     progress."""
     n = len(coll)
     chunks, stopped = 0, False
+    one_image = OneImageAnId(ids) if ids is not None and coll.has("image") else None
     for start in range(done, n, chunk_size):
         stop = min(start + chunk_size, n)
         items = {}
@@ -381,8 +419,10 @@ def _add_chunks(index: Index, coll: Collection, encoder: Encoder, source: Dict[s
             if not coll.has(name):
                 continue
             rows = keep_img[start:stop] if modality == "img" else np.ones(stop - start, dtype=bool)
-            x = coll.read(name, start, stop)[rows]
-            logits = encoder.encode(x, modality)
+            x = coll.read(name, start, stop)
+            if modality == "img" and one_image is not None:
+                one_image.check(x, start, coll)
+            logits = encoder.encode(x[rows], modality)
             item: Dict[str, Any] = {"codes": as_words(logits, encoder.n_bits)}
             if chunk_ids is not None:
                 item["ids"] = chunk_ids[rows]
@@ -394,7 +434,7 @@ def _add_chunks(index: Index, coll: Collection, encoder: Encoder, source: Dict[s
                 item["origin"] = np.stack([np.full(int(rows.sum()), number, dtype=np.int64),
                                            np.arange(start, stop, dtype=np.int64)[rows]], axis=1)
             if coll.has("labels"):
-                item["labels"] = (coll.read("labels", start, stop)[rows] != 0).astype(np.uint8)
+                item["labels"] = _labels(coll, start, stop)[rows]
             for column, kind in (("text_raw", "txt"), ("paths", "img")):
                 if modality == kind and coll.has(column):
                     values = coll.read(column, start, stop)

@@ -185,6 +185,8 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
                         raise DataError(f"{path}: {where}: {len(negative)} negative ids (first at row {negative[0]}); "
                                         "ids must be >= 0: rows sharing an id are one image, indexed once, so give "
                                         "each image of its own an id of its own")
+                if name == "labels" and dset.dtype.kind not in "biuf":
+                    raise DataError(f"{path}: {where}: labels must be multi-hot 0/1 numbers, got {dset.dtype}")
                 if name in ("paths", "text_raw") and dset.dtype.kind not in "OSU":
                     raise DataError(f"{path}: {where}: expected strings, got {dset.dtype}")
                 width = dset.shape[1] if two_d else None
