@@ -15,20 +15,32 @@ import sys
 from typing import NoReturn
 
 from ucmfh.app.errors import EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, interrupted, outlive_reader
-from ucmfh.app.environment import configure_from_env, default_data_dir, protocols_of, resolve_dataset
-from ucmfh.app.experiment import evaluate_checkpoint, train_fusion_stage, train_hash_stage
-from ucmfh.app.identity import Run, RunOptions, dataset_identity
-from ucmfh.app.stage import check_interrupted, saved_epochs
-from ucmfh.app.options import DEFAULT_RESULTS, check_precision
-from ucmfh.app.table import report
-from ucmfh.app.outputs import check_outputs
-from ucmfh.config import AMP_MODES, NON_NEGATIVE, PROTOCOLS, SETTINGS, FusionConfig, HashConfig, Range
-from ucmfh.data.h5 import load_dataset
-from ucmfh.losses import LOSSES
-from ucmfh.methods import stage_configs
-from ucmfh.methods.ucmfh import FUSION_STARTS
-from ucmfh.training_state import state_path_of, state_paths
-from ucmfh.utils import resolve_device
+from ucmfh.app.errors import terminate_as_interrupt
+
+# Run as a script, SIGTERM ends it as Ctrl-C does at any moment (one line, 143; 130 for Ctrl-C), the seconds of
+# importing torch below included, where both were a traceback or a silent -15 (ucmfh/__main__.py does the same)
+AS_SCRIPT = __name__ == "__main__"
+if AS_SCRIPT:
+    terminate_as_interrupt()
+try:
+    from ucmfh.app.environment import configure_from_env, default_data_dir, protocols_of, resolve_dataset
+    from ucmfh.app.experiment import evaluate_checkpoint, train_fusion_stage, train_hash_stage
+    from ucmfh.app.identity import Run, RunOptions, dataset_identity
+    from ucmfh.app.stage import check_interrupted, saved_epochs
+    from ucmfh.app.options import DEFAULT_RESULTS, check_precision
+    from ucmfh.app.table import report
+    from ucmfh.app.outputs import check_outputs
+    from ucmfh.config import AMP_MODES, NON_NEGATIVE, PROTOCOLS, SETTINGS, FusionConfig, HashConfig, Range
+    from ucmfh.data.h5 import load_dataset
+    from ucmfh.losses import LOSSES
+    from ucmfh.methods import stage_configs
+    from ucmfh.methods.ucmfh import FUSION_STARTS
+    from ucmfh.training_state import state_path_of, state_paths
+    from ucmfh.utils import resolve_device
+except KeyboardInterrupt as stopped:
+    if not AS_SCRIPT:
+        raise
+    interrupted(stopped)
 
 
 def _in_range(kind, allowed: Range):
@@ -182,7 +194,10 @@ def _other_epochs(run: Run, args: argparse.Namespace) -> str:
 
 
 def main(argv=None) -> int:
-    args = parse_args(argv)
+    try:
+        args = parse_args(argv)
+    except KeyboardInterrupt as err:
+        interrupted(err)
     if os.environ.get("WORLD_SIZE", "1") not in ("", "1", "0"):  # torchrun: each process would train the run alone
         print("error: demo.py trains in one process; under torchrun run the ucmfh command: torchrun "
               "--nproc-per-node N -m ucmfh train-hash --method ucmfh ... (docs/distributed.md)", file=sys.stderr)

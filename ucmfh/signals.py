@@ -3,9 +3,11 @@ training run raises (:class:`TrainingInterrupted`), or other stopped work (:func
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
+import sys
 import threading
-from typing import Collection, Dict, Iterator, Optional, Tuple
+from typing import Any, Collection, Dict, Iterator, Optional, Tuple
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -23,6 +25,33 @@ def stopped_by(message: str, signum: Optional[int]) -> KeyboardInterrupt:
     err = KeyboardInterrupt(message)
     err.signum = signum  # type: ignore[attr-defined]
     return err
+
+
+# how long an interrupt Python could not raise waits to be sent again: for the code that lost it to have returned
+RESEND_AFTER_S = 0.02
+
+
+def resend_lost_interrupts() -> None:
+    """Install, once a process, a ``sys.unraisablehook`` under which a ``KeyboardInterrupt`` that Python could not
+    raise where it came (a signal handler's, run inside a weakref callback, a ``__del__`` or importlib's module
+    lock callback: 'Exception ignored in ...', a traceback on stderr, and the stop lost: a command went on to its
+    end and exit 0 after SIGTERM) is said nowhere, and its signal is sent to this process again a moment later,
+    from a thread, to be raised where the process's own code runs. Other exceptions go to the hook there was."""
+    previous = sys.unraisablehook
+    if getattr(previous, "resends_interrupts", False):
+        return
+
+    def hook(unraisable: Any) -> None:
+        if not isinstance(unraisable.exc_value, KeyboardInterrupt):
+            previous(unraisable)
+            return
+        signum = getattr(unraisable.exc_value, "signum", None) or signal.SIGINT
+        timer = threading.Timer(RESEND_AFTER_S, os.kill, (os.getpid(), signum))
+        timer.daemon = True
+        timer.start()
+
+    hook.resends_interrupts = True  # type: ignore[attr-defined]
+    sys.unraisablehook = hook
 
 
 _LOCK = threading.Lock()

@@ -408,6 +408,29 @@ def test_a_sigterm_while_the_command_imports_is_one_line(monkeypatch, capsys):
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+@pytest.mark.parametrize("signal_name, code, said", [("SIGTERM", 143, "terminated\n"), ("SIGINT", 130, "interrupted\n")])
+def test_a_ctrl_c_or_sigterm_while_demo_py_imports_is_one_line(monkeypatch, capsys, signal_name, code, said):
+    """demo.py imported torch before any guard: a Ctrl-C in its first seconds was a traceback, and a SIGTERM
+    anywhere outside training a silent -15. Run as a script, it says one line and exits 130 or 143."""
+    import runpy
+    import signal
+
+    class Stopping:  # the signal landing while the app's training module is imported
+        def find_spec(self, name, path=None, target=None):
+            if name == "ucmfh.app.experiment":
+                os.kill(os.getpid(), getattr(signal, signal_name))
+            return None
+
+    monkeypatch.delitem(sys.modules, "ucmfh.app.experiment", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Stopping(), *sys.meta_path])
+    try:
+        with pytest.raises(SystemExit) as ended:
+            runpy.run_path(str(ROOT / "demo.py"), run_name="__main__")
+    finally:
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the script's, for the rest of its process
+    assert ended.value.code == code and capsys.readouterr().err == said
+
+
 def test_every_command_is_listed_and_made_where_the_group_says():
     """The group's table (ucmfh.app.cli.COMMANDS) names each command's module and line in 'ucmfh --help': each
     entry makes the command of its name, and the help lists every one, in a line of its own."""

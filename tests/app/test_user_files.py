@@ -401,6 +401,43 @@ def test_sigterm_ends_any_command_as_ctrl_c_does(tmp_path, monkeypatch):
     assert list(tmp_path.iterdir()) == [] and signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+LOST_IN_A_CALLBACK = """
+import os, signal, sys, time, weakref
+from ucmfh.app.errors import interrupted, terminate_as_interrupt
+
+class Thing:
+    pass
+
+def callback(ref):  # SIGTERM arrives, and its handler raises, while Python runs a weakref callback
+    os.kill(os.getpid(), signal.SIGTERM)
+    time.sleep(0.05)
+
+terminate_as_interrupt()
+try:
+    thing = Thing()
+    ref = weakref.ref(thing, callback)
+    del thing
+    time.sleep(2)
+    print("went on to the end")
+except KeyboardInterrupt as err:
+    interrupted(err)
+"""
+
+
+def test_a_sigterm_python_drops_in_a_callback_still_ends_the_command():
+    """A signal handler's interrupt raised inside a weakref callback (or a __del__, importlib's lock callback) is
+    dropped by Python with 'Exception ignored in' and a traceback, and the command went on to exit 0 after SIGTERM
+    (an audit's 'ucmfh evaluate'; a grid's worker printed the traceback). It is sent again, and ends the command
+    as any SIGTERM does: one line, 143."""
+    import os
+    import subprocess
+    import sys
+
+    done = subprocess.run([sys.executable, "-c", LOST_IN_A_CALLBACK], capture_output=True, text=True, timeout=60,
+                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])})
+    assert (done.returncode, done.stdout, done.stderr) == (143, "", "terminated\n")
+
+
 # flags of other programs that messages may name: torchrun's, git's (asked by git_commit)
 OTHERS = {"--help", "--nproc-per-node", "--show-toplevel"}
 

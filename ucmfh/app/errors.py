@@ -21,7 +21,7 @@ from typing import Any, Callable, Collection, Iterator, Optional
 import click
 
 from ucmfh.config import SettingError
-from ucmfh.signals import stopped_by
+from ucmfh.signals import resend_lost_interrupts, stopped_by
 
 # What counts as bad input (or an environment the user must fix), not a bug of ucmfh: a size asked for beyond
 # the machine's memory (--resamples 99999999999) among them.
@@ -133,7 +133,9 @@ def terminate_as_interrupt() -> Callable[[], None]:
     """Until the returned function is called, SIGTERM ends the command as Ctrl-C does (a ``KeyboardInterrupt``
     that remembers the signal: a file half-written is removed, one line is said, exit 143), where it would
     have killed the process on the spot, leaving its temporary files. Only where SIGTERM has its default
-    action, in the main thread (a parent that set it otherwise keeps its own)."""
+    action, in the main thread (a parent that set it otherwise keeps its own). An interrupt raised where Python
+    drops it (a weakref callback) is sent again (:func:`ucmfh.signals.resend_lost_interrupts`)."""
+    resend_lost_interrupts()
     if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
         return lambda: None
 

@@ -60,7 +60,7 @@ from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset, load_dataset
 from ucmfh.run_draws import separate_draws
 from ucmfh.side_by_side import own_stream
-from ucmfh.signals import stop_on_signals, stop_threads, stopped_by
+from ucmfh.signals import resend_lost_interrupts, stop_on_signals, stop_threads, stopped_by
 from ucmfh.utils import resolve_device
 
 Rows = List[Dict[str, Any]]
@@ -129,6 +129,7 @@ def _start_worker(slots: Any, pids: Any, threads: int, gpus: int, grid: int) -> 
         slots.value += 1
     for signum in _STOPS:
         signal.signal(signum, signal.SIG_IGN)
+    resend_lost_interrupts()  # a cell's stop raised in importlib's lock callback was dropped, with a traceback
     _unblock()  # held since its start, by the mask of the parent's thread (_held): ignored now
     pids[slot] = os.getpid()
     torch.set_num_threads(threads)
