@@ -438,6 +438,27 @@ def test_validate_says_what_tokens_a_file_holds_and_texts_without_a_word(tmp_pat
     said = CliRunner().invoke(main, ["validate", str(path)])
     assert said.exit_code == 0, said.output
     assert f"warning: {path}: /query: {n} of {n} texts have no word tokens (none has one)" in said.output
+    # train-seps and rerank scored such a file at chance without a word, and appended the rows
+    common = ["-d", str(path), "--results", str(tmp_path / "r.jsonl"), "--quiet", "--device", "cpu"]
+    for args in (["train-seps", *common, "--out", str(tmp_path / "runs"), "--epochs", "1"],
+                 ["rerank", *common, "-c", "none.pt", "--seps", "none.pt"]):
+        (tmp_path / "none.pt").write_bytes(b"")
+        refused = CliRunner().invoke(main, args)
+        assert refused.exit_code == 2 and refused.output.splitlines()[-1] == (
+            f"Error: {path}: /query: none of its {n} texts has a word token (/query/text_offsets): SEPS would score "
+            "every text by nothing")
+    assert not (tmp_path / "r.jsonl").exists() and not (tmp_path / "runs").exists()
+    some = token_splits()
+    lengths = np.diff(some["query"]["text_offsets"])
+    lengths[:3] = 0  # three texts without a word
+    some["query"]["text_offsets"] = np.concatenate([[0], np.cumsum(lengths)])
+    some["query"]["text_tokens"] = some["query"]["text_tokens"][:lengths.sum()]
+    path = write_dataset(tmp_path / "some.h5", some, attrs={"name": "some"})
+    trained = CliRunner().invoke(main, ["train-seps", *common[:1], str(path), *common[2:], "--out",
+                                        str(tmp_path / "runs"), "--epochs", "1", "--set", "embed_dim=32"])
+    assert trained.exit_code == 0, trained.output
+    assert f"warning: {path}: /query: 3 of {n} texts have no word tokens, which SEPS scores by nothing" in \
+        trained.output
 
 
 def test_dense_text_a_file_lacks_is_said_before_the_run_starts(tmp_path, token_path):

@@ -128,7 +128,7 @@ def validate_cmd(path: str) -> None:
 def _tokens_of(f, rows: Dict[str, int]) -> Tuple[str, Dict[str, int]]:
     """What ``validate`` says of a file's token features (SEPS, rerank): their shapes or their absence, and per
     split the texts without a word token."""
-    import numpy as np
+    from ucmfh.data.tokens import texts_without_words
 
     if "image_tokens" not in f["train"] and "text_tokens" not in f["train"]:
         return "no token features", {}
@@ -137,9 +137,8 @@ def _tokens_of(f, rows: Dict[str, int]) -> Tuple[str, Dict[str, int]]:
         said.append("image {} x {}".format(*f["train"]["image_tokens"].shape[1:]))
     if "text_tokens" in f["train"]:
         said.append(f"text {f['train']['text_tokens'].shape[1]}-d word tokens")
-    wordless = {split: int((np.diff(f[split]["text_offsets"][()]) == 0).sum()) for split in rows
-                if "text_offsets" in f[split]}
-    return "tokens: " + ", ".join(said), {split: n for split, n in wordless.items() if n}
+    wordless = texts_without_words(f.filename)
+    return "tokens: " + ", ".join(said), {split: n for split, (n, _) in wordless.items() if n}
 
 
 

@@ -12,13 +12,14 @@ import datetime
 import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+from ucmfh.app.errors import warn
 from ucmfh.app.identity import RunOptions, dataset_folder, dataset_identity, git_commit, key_of, processes, trained_in
 from ucmfh.app.stage import Log, Stage, refuse_other_processes, reuse_or_fit
 from ucmfh.checkpoint import load_model, load_seps, save_seps
 from ucmfh.config import SepsConfig, identity_dict
 from ucmfh.data.format import DataError
 from ucmfh.data.h5 import Dataset
-from ucmfh.data.tokens import Tokens, check_has_tokens
+from ucmfh.data.tokens import Tokens, check_has_tokens, texts_without_words
 from ucmfh.distributed import current_group
 from ucmfh.methods.settings import scored_protocols
 from ucmfh.metrics.captions import DATABASES
@@ -55,6 +56,19 @@ def _readers(data: Dataset, tokens: bool = True) -> Dict[str, Union[Tokens, Spli
     return {name: SplitIds(name, split.ids.numpy()) for name, split in splits.items()}
 
 
+def check_words(path: str, splits: Sequence[str]) -> None:
+    """Say of ``splits`` (those SEPS reads) the texts without a word token (valid, §9, but SEPS scores such a text by
+    nothing: every image alike to it), and refuse a split where no text has one (every score chance, said as a
+    measurement before): ``DataError`` naming the file and split."""
+    for split, (wordless, rows) in texts_without_words(path).items():
+        if split not in splits or not wordless:
+            continue
+        if wordless == rows:
+            raise DataError(f"{path}: /{split}: none of its {rows} texts has a word token (/{split}/text_offsets): "
+                            "SEPS would score every text by nothing")
+        warn(f"{path}: /{split}: {wordless} of {rows} texts have no word tokens, which SEPS scores by nothing")
+
+
 def note_labels_unused(data: Dataset, log: Log) -> None:
     """Say that a labelled file is scored by the caption protocol here: relevance the same id, the labels unused
     (with or without tokens alike; the rows' ``relevance`` says so too)."""
@@ -82,6 +96,7 @@ def train_seps_stage(data: Dataset, cfg: SepsConfig, opts: RunOptions, names: Se
     """Train SEPS on ``data``'s training split (reused when saved with the same identity), then score
     every pair of each database in ``names``."""
     check_has_tokens(data.path)  # before the run's folder, its lock and its log line
+    check_words(data.path, ("train", "query", "retrieval") if "collection" in names else ("train", "query"))
     check_dense_text(data.path, cfg)
     note_labels_unused(data, log)
     paths = seps_paths(opts.out, dataset_identity(data), cfg)
@@ -130,6 +145,8 @@ def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[s
     """Two-stage search on each database: Hamming top-M of the hashing checkpoint, re-ranked by cosine and
     (with ``seps_checkpoint``) by SEPS, for every M in ``candidates``; ``full`` adds SEPS over every pair.
     ``done`` is given each database's rows as soon as they are scored (an interrupt keeps those)."""
+    if seps_checkpoint is not None:
+        check_words(data.path, ("query", "retrieval") if "collection" in names else ("query",))
     hasher, _, hash_cfg, _ = load_model(hash_checkpoint, "hash", d_img=data.d_img, d_txt=data.d_txt)
     if "fused" in scored_protocols(hash_cfg.method):  # its codes see both modalities together
         raise ValueError(f"{hash_checkpoint}: method {hash_cfg.method!r} has no leak-free real-valued output to "

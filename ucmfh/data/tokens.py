@@ -230,6 +230,14 @@ def check_has_tokens(path: str) -> None:
             check_token_values(path, f[split], split)
 
 
+def texts_without_words(path: str) -> Dict[str, Tuple[int, int]]:
+    """Per split with word tokens, its texts that have none and all its texts: valid (§9), but SEPS scores such a
+    text by nothing (every image alike to it)."""
+    with h5py.File(path, "r") as f:
+        return {split: (int((np.diff(f[split]["text_offsets"][()]) == 0).sum()), f[split]["text_offsets"].shape[0] - 1)
+                for split in SPLITS if "text_offsets" in f[split]}
+
+
 class Tokens:
     """Reads one split's tokens by item, lazily.
 
