@@ -557,6 +557,10 @@ def test_cca_itq_keeps_no_setting_of_training_by_steps_and_names_a_file_too_smal
     few = Split(torch.randn(5, 6), torch.randn(5, 4), None)
     with pytest.raises(ValueError, match=r"^small\.h5: method 'cca-itq' needs at least 8 training items .*got 5$"):
         fit_cca_itq(few, 16, source="small.h5")
+    same = Split(torch.ones(40, 6), torch.randn(40, 4), None)  # sklearn's warnings, then 'n_components ... Got 0'
+    with pytest.raises(ValueError, match=r"^same\.h5: every training item has the same image features: method "
+                                         r"'cca-itq' finds no direction to learn a bit from$"):
+        fit_cca_itq(same, 16, source="same.h5")
 
 
 def test_temperatures_from_the_command_line_one_or_several():

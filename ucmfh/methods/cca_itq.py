@@ -102,6 +102,10 @@ def fit_cca_itq(train: Split, n_bits: int, max_pca: int = 128, iterations: int =
     if n < 8:
         raise ValueError(f"{source}: method 'cca-itq' needs at least 8 training items (PCA keeps a quarter of "
                          f"them), got {n}")
+    for modality, x in (("image", img), ("text", txt)):  # else PCA keeps no direction, and says so in warnings
+        if not np.ptp(x, axis=0).any():
+            raise ValueError(f"{source}: every training item has the same {modality} features: method 'cca-itq' "
+                             "finds no direction to learn a bit from")
     pca_img, pca_txt = _pca(img, min(max_pca, n // 4), seed), _pca(txt, min(max_pca, n // 4), seed)
     n_components = min(n_bits, pca_img.n_components_, pca_txt.n_components_)
     from sklearn.cross_decomposition import CCA
