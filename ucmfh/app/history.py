@@ -12,7 +12,7 @@ from ucmfh.checkpoint import read_checkpoint
 
 
 # what every validation scores (ucmfh.selection.validator)
-VALIDATION_LABEL = "validation MAP@50 (unimodal, mean of I→T and T→I)"
+VALIDATION_LABEL = "validation MAP@50\n(unimodal, mean of I→T and T→I)"
 
 
 def history_of(run: str, rows: Iterable[Dict[str, Any]], where: str) -> Tuple[str, Dict[str, Any], Optional[str]]:
