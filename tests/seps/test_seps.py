@@ -187,6 +187,23 @@ def test_the_selection_learns_unless_frozen(selection, learns):
         assert all(g is None or g.abs().sum() == 0 for g in grads)
 
 
+def test_gumbel_keeps_a_sample_of_the_patches_while_training_and_the_top_k_in_evaluation():
+    """Straight-through Gumbel-softmax: the forward's hard top-K is of the noisy scores (a sample), where it was
+    the scores' own top-K whatever the noise (the noise reached the gradient alone); evaluation keeps the top K."""
+    torch.manual_seed(0)
+    model = SEPS(D_IMG, D_TXT, T, SepsConfig(version="paper", selection="gumbel", embed_dim=24))
+    score, logits = torch.randn(3, 4, model.n_patches), torch.randn(4, model.n_patches, 2)
+
+    def kept(training: bool) -> torch.Tensor:
+        model.train(training)
+        return model._select(score, logits)[0][-1][:, :, 0].abs() < 1e-6  # the extra token weighs the dropped ones
+
+    top = torch.zeros_like(score, dtype=torch.bool).scatter_(-1, score.topk(model.n_keep, dim=-1).indices, True)
+    assert torch.equal(kept(False), top)
+    samples = [kept(True) for _ in range(5)]
+    assert all(int(s.sum()) == top.sum() for s in samples) and any(not torch.equal(s, top) for s in samples)
+
+
 def test_dense_text_of_the_candidate_image_never_leaks_the_caption_s_own():
     """dense_text='image': a pair's score uses the candidate's description only; 'leak' uses the caption's."""
     torch.manual_seed(0)

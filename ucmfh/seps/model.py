@@ -255,9 +255,10 @@ class SEPS(nn.Module):
             soft_mean = soft.mean()
         elif k < n and cfg.selection == "gumbel":
             noisy = score
-            if self.training:
+            if self.training:  # straight through: the forward keeps the top K of the noisy scores, a sample
                 noise = -torch.log(-torch.log(torch.rand_like(score) + 1e-9) + 1e-9)
                 noisy = score + noise
+                hard = torch.zeros_like(score).scatter_(-1, noisy.topk(k, dim=-1).indices, 1.0)
             soft = torch.softmax(noisy / cfg.select_temperature, dim=-1)
             mask = hard + soft - soft.detach()
         # aggregation: a softmax over the kept patches, written as D exp(l) / Σ D exp(l)
