@@ -3,6 +3,7 @@ import io
 import json
 import logging
 import os
+import re
 import socket
 
 import h5py
@@ -486,3 +487,43 @@ def test_a_first_id_whose_ids_would_not_fit_int64_is_refused_before_any_work(tmp
         extract_features(tmp_path / "imgs", caps, labels, tmp_path / "o.h5", sizes=SplitSizes(query=1, train=1),
                          encoder=encoder, first_id=2**63 - 2, progress=False)
     assert encoder.calls == {"image": 0, "text": 0}
+
+
+def test_a_model_folder_of_another_kind_damaged_or_mismatched_is_refused_in_one_line(tmp_path, tiny_clip):
+    """A folder of another model with CLIP's tokenizer and processor became a CLIP of random weights (a report of
+    78 lines, then features written, exit 0); a damaged weights file was a traceback (safetensors' own error);
+    a processor of other images than the model's failed in the first batch without naming the model."""
+    import shutil
+
+    import torch
+    from transformers import BertConfig, BertModel, CLIPImageProcessor
+
+    from ucmfh.data.clip_encoder import ClipEncoder
+
+    other = tmp_path / "bert"
+    shutil.copytree(tiny_clip, other)
+    for name in ("config.json", "model.safetensors"):
+        (other / name).unlink()
+    BertModel(BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)) \
+        .save_pretrained(other)
+    with pytest.raises(DataError, match=rf"^{re.escape(str(other))}: a model of type 'bert', not CLIP$"):
+        ClipEncoder(str(other), device="cpu")
+    weightless = tmp_path / "weightless"
+    shutil.copytree(tiny_clip, weightless)
+    (weightless / "model.safetensors").unlink()
+    from safetensors.torch import save_file  # a CLIP's file holding one weight of its many
+    save_file({"logit_scale": torch.zeros(())}, str(weightless / "model.safetensors"), metadata={"format": "pt"})
+    with pytest.raises(DataError, match=r"weightless: \d+ of the CLIP model's weights are not in the folder \(first: "
+                                        r".*\): they would be random$"):
+        ClipEncoder(str(weightless), device="cpu")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_clip, damaged)
+    (damaged / "model.safetensors").write_bytes((damaged / "model.safetensors").read_bytes()[:1000])
+    with pytest.raises(DataError, match=r"damaged: not a complete CLIP model \(model, tokenizer and image processor\): "
+                                        r"SafetensorError: "):
+        ClipEncoder(str(damaged), device="cpu")
+    larger = tmp_path / "larger"
+    shutil.copytree(tiny_clip, larger)
+    CLIPImageProcessor(size={"shortest_edge": 64}, crop_size={"height": 64, "width": 64}).save_pretrained(larger)
+    with pytest.raises(DataError, match=r"larger: its image processor makes images of 64 pixels, its model takes 32$"):
+        ClipEncoder(str(larger), device="cpu")

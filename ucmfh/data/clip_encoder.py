@@ -3,7 +3,7 @@ a local folder or already in the local Hugging Face cache; nothing is ever downl
 from __future__ import annotations
 
 import os
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
 import torch
@@ -52,6 +52,35 @@ def find_model(model: str) -> str:
     return model
 
 
+def _load(model: str) -> Tuple[Any, Any, Any]:
+    """A local folder's CLIP model, tokenizer and image processor, checked: of a CLIP model, every weight there
+    (the weights of a model of another kind were loaded as a CLIP of random weights), the processor's images of
+    the model's size; ``DataError`` naming the folder otherwise, a damaged file among them."""
+    from transformers import AutoConfig, AutoImageProcessor, AutoTokenizer, CLIPModel
+
+    try:
+        kind = AutoConfig.from_pretrained(model, local_files_only=True).model_type
+        if kind != "clip":
+            raise DataError(f"{model}: a model of type {kind!r}, not CLIP")
+        clip, loading = CLIPModel.from_pretrained(model, local_files_only=True, output_loading_info=True)
+        missing = list(loading.get("missing_keys") or ())
+        if missing:
+            raise DataError(f"{model}: {len(missing)} of the CLIP model's weights are not in the folder (first: "
+                            f"{missing[0]}): they would be random")
+        tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
+        processor = AutoImageProcessor.from_pretrained(model, local_files_only=True)
+    except DataError:
+        raise
+    except Exception as err:  # noqa: BLE001 - files missing, of another kind or damaged (safetensors' own errors)
+        raise DataError(f"{model}: not a complete CLIP model (model, tokenizer and image processor): "
+                        f"{type(err).__name__}: {' '.join(str(err).split())}") from None
+    size, crop = clip.config.vision_config.image_size, getattr(processor, "crop_size", None)
+    height = crop.get("height") if isinstance(crop, dict) else getattr(crop, "height", None)  # or a SizeDict
+    if height not in (None, size):
+        raise DataError(f"{model}: its image processor makes images of {height} pixels, its model takes {size}")
+    return clip, tokenizer, processor
+
+
 class ClipEncoder:
     """CLIP image and text embeddings (projected) from ``transformers``, offline.
 
@@ -63,7 +92,7 @@ class ClipEncoder:
 
     def __init__(self, model: str = DEFAULT_MODEL, device: Optional[str] = None, normalize: bool = False):
         try:
-            from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel
+            import transformers  # noqa: F401 - here, where its absence is said; used by _load
         except ImportError as err:
             raise ImportError(
                 "feature extraction needs transformers: pip install 'ucmfh[extract]'"
@@ -72,18 +101,16 @@ class ClipEncoder:
         find_model(model)
         from transformers.utils import logging as hf_logging
 
-        shown = hf_logging.is_progress_bar_enabled()
+        shown, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
         hf_logging.disable_progress_bar()  # its 'Loading weights' bar, above a search's results
+        hf_logging.set_verbosity_error()  # its report of the weights it lacks, said here in one line instead
         try:
-            self.model = CLIPModel.from_pretrained(model, local_files_only=True).eval().to(self.device)
-            self.tokenizer = AutoTokenizer.from_pretrained(model, local_files_only=True)
-            self.processor = AutoImageProcessor.from_pretrained(model, local_files_only=True)
-        except (OSError, ValueError, KeyError) as err:  # files missing or of another kind of model
-            raise DataError(f"{model}: not a complete CLIP model (model, tokenizer and image processor): "
-                            f"{type(err).__name__}: {err}") from None
+            self.model, self.tokenizer, self.processor = _load(model)
         finally:
+            hf_logging.set_verbosity(verbosity)
             if shown:
                 hf_logging.enable_progress_bar()
+        self.model = self.model.eval().to(self.device)
         self.max_length = int(self.model.config.text_config.max_position_embeddings)
         self.normalize = normalize
         self.name = model
