@@ -92,15 +92,13 @@ class ClipEncoder:
 
     def __init__(self, model: str = DEFAULT_MODEL, device: Optional[str] = None, normalize: bool = False):
         try:
-            import transformers  # noqa: F401 - here, where its absence is said; used by _load
+            from transformers.utils import logging as hf_logging
         except ImportError as err:
             raise ImportError(
                 "feature extraction needs transformers: pip install 'ucmfh[extract]'"
             ) from err
         self.device = resolve_device(device or "auto")  # ValueError naming the device
         find_model(model)
-        from transformers.utils import logging as hf_logging
-
         shown, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
         hf_logging.disable_progress_bar()  # its 'Loading weights' bar, above a search's results
         hf_logging.set_verbosity_error()  # its report of the weights it lacks, said here in one line instead
