@@ -12,7 +12,8 @@ from typing import Dict, List, Optional, Tuple
 import click
 
 from ucmfh.app.errors import (
-    UserError, interrupted, outlive_reader, plain_warnings, reader_gone, terminate_as_interrupt, warn,
+    UserError, interrupted, outlive_reader, peer_gone, plain_warnings, process_rank, reader_gone, terminate_as_interrupt,
+    warn,
 )
 from ucmfh.app.environment import configure_from_env, join_process_group
 
@@ -119,14 +120,25 @@ class Commands(click.Group):
 
     def invoke(self, ctx: click.Context):
         try:
-            with outlive_reader():
-                return super().invoke(ctx)
+            try:
+                with outlive_reader():
+                    return super().invoke(ctx)
+            except click.UsageError as err:
+                raise _in_one_line(err) from None
         except BrokenPipeError:
             reader_gone()
-        except click.UsageError as err:
-            raise _in_one_line(err) from None
         except KeyboardInterrupt as err:  # before the command's own guard: its options' checks (--device's imports
             interrupted(err)  # torch), where click said 'Aborted!' and exit 1
+        except click.ClickException as err:  # under torchrun, said once, by rank 0
+            if process_rank():
+                sys.exit(err.exit_code)
+            raise
+        except RuntimeError as err:
+            if process_rank() and peer_gone(err):
+                click.echo(f"rank {process_rank()}: stopped: another rank ended (rank 0 says why, or was killed)",
+                           err=True)
+                sys.exit(1)
+            raise
 
 
 def refuse_repeated_options(cmd: click.Command, name: Optional[str], args: List[str], parent: click.Context) -> None:

@@ -66,6 +66,8 @@ def _leave_process_group() -> None:
     if dist.is_initialized():
         try:
             dist.barrier()
+        except RuntimeError:  # another rank ended first (an error it said, a kill): nothing to wait for
+            pass
         finally:
             dist.destroy_process_group()
 

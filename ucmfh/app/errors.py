@@ -122,11 +122,24 @@ def interrupted(err: KeyboardInterrupt, always_resumes: bool = False) -> None:
     text = str(err) or "interrupted"
     if always_resumes or getattr(err, "state_path", None) is not None:
         text += f"; run the same command{'' if always_resumes else ' with --resume'} to continue"
-    group = sys.modules.get("torch.distributed")  # imported by a command that joined a group, if any
-    if not (group is not None and group.is_available() and group.is_initialized() and group.get_rank() > 0):
+    if not process_rank():
         click.echo(text, err=True)
     signum: Optional[int] = getattr(err, "signum", None)
     sys.exit(128 + signum if signum else EXIT_INTERRUPTED)
+
+
+def process_rank() -> int:
+    """This process's rank in its process group (``torchrun``), 0 outside one. Rank 0 says for all what every rank
+    would say: each checks the same options and files."""
+    group = sys.modules.get("torch.distributed")  # imported by a command that joined a group, if any
+    return group.get_rank() if group is not None and group.is_available() and group.is_initialized() else 0
+
+
+def peer_gone(err: BaseException) -> bool:
+    """Whether ``err`` is a collective operation's failure because another rank ended (gloo's words for it): that
+    rank says why, or was killed; this one's traceback would bury it."""
+    return isinstance(err, RuntimeError) and any(words in str(err) for words in (
+        "Connection closed by peer", "Connection reset by peer"))
 
 
 def terminate_as_interrupt() -> Callable[[], None]:
