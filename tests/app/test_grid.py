@@ -257,3 +257,19 @@ def test_two_dataset_files_of_one_name_keep_their_own_tables_and_comparisons(tmp
     compared = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "--json"])
     assert compared.exit_code == 0, compared.output
     assert sorted({json.loads(line)["dataset"] for line in compared.output.splitlines()}) == labels
+
+
+def test_a_method_that_needs_the_split_in_memory_is_refused_before_the_first_cell(tiny_path, tmp_path, monkeypatch):
+    """A streamed training split (--max-memory) and cca-itq after two-tower: two-tower's cell trained and wrote
+    its row, and the grid ended at cca-itq's; the refusal now comes before any cell."""
+    import ucmfh.app.grid as grid_module
+
+    monkeypatch.setattr(grid_module, "train_hash_stage", lambda *a, **kw: pytest.fail("a cell ran"))
+    results = tmp_path / "r.jsonl"
+    refused = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "two-tower,cca-itq", "-b", "16",
+                                        "--max-memory", "1KB", "--out", str(tmp_path / "runs"), "--results",
+                                        str(results)])
+    assert refused.exit_code == 2 and refused.output.splitlines()[-1] == (
+        f"Error: {tiny_path}: method 'cca-itq' fits in closed form on the whole training split; this training split "
+        "is streamed (larger than the memory threshold), too large for it")
+    assert not results.exists()

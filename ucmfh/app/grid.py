@@ -38,7 +38,7 @@ from ucmfh.data.h5 import load_dataset
 from ucmfh.files import MARKS, read_jsonl, write_text_atomic
 from ucmfh.losses import LOSSES
 from ucmfh.metrics.arguments import DEFAULT_K
-from ucmfh.methods import DEFAULT_METHOD, METHODS
+from ucmfh.methods import DEFAULT_METHOD, METHODS, build_method
 from ucmfh.methods.settings import (
     default_loss, fusion_takes_the_loss, scored_protocols, stage_configs, unused_settings,
 )
@@ -362,6 +362,8 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     recorded = read_jsonl(results, on_skip=warn)  # the rows of earlier runs, and of the cells run below
     # every dataset read and checked before the first cell: a bad file is said now, not hours in
     loaded = {dataset: load_dataset(paths[dataset], max_memory_bytes=train["max_memory"]) for dataset in datasets}
+    for dataset, _, hcfg in cells:  # a method that needs the split in memory, refused hours in at its first cell
+        build_method(hcfg.method).check_split(loaded[dataset])
     side = SideBySide(jobs, device, results, opts, protocols, k, train["max_memory"], workers) if jobs > 1 else None
     for dataset, fcfg, hcfg in cells:
         data = loaded[dataset]

@@ -120,6 +120,13 @@ class Method:
                              "UCMFH's release does: give its FusionConfig, not a trained encoder (method_params "
                              "fusion_start='trained' starts from one)")
 
+    def check_split(self, data: Dataset) -> None:
+        """Refuse ``data``'s training split where it is streamed from its file and the method needs it in memory
+        (``in_memory``: ``ValueError`` saying why); a grid asks before its first cell."""
+        if self.in_memory and data.train.streamed:
+            raise ValueError(f"{data.path or data.name}: method {self.name!r} {self.in_memory}; this training split is "
+                             "streamed (larger than the memory threshold), too large for it")
+
     def build_model(self, d_img: int, d_txt: int, cfg: HashConfig,
                     fusion_cfg: Optional[FusionConfig] = None) -> nn.Module:
         """The (untrained) model this method produces for features of these widths: what a checkpoint
@@ -158,9 +165,7 @@ class Method:
         self.check(cfg)
         trainer.check_supervision(data, cfg)
         self.check_fusion(cfg, fusion)
-        if self.in_memory and data.train.streamed:
-            raise ValueError(f"{data.path or data.name}: method {self.name!r} {self.in_memory}; this training split is "
-                             "streamed (larger than the memory threshold), too large for it")
+        self.check_split(data)
         candidates = self.choices(cfg)
         if len(candidates) == 1:  # nothing to choose: the one candidate is the run
             model, history = self.fit(data, next(iter(candidates.values())), fusion, progress, state)
