@@ -73,6 +73,16 @@ def test_a_wrong_type_at_an_entry_point_says_what_to_give(tiny, tiny_path, train
             call()
 
 
+@pytest.mark.parametrize("given, error, said", [
+    ("1GB", TypeError, r"^load_dataset: max_memory_bytes must be an int or None \(bytes, e.g. 8 \* 2\*\*30\), got str '1GB'$"),
+    (-5, ValueError, r"^load_dataset: max_memory_bytes must be a positive number of bytes \(None: every split in memory\), "
+                     r"got -5$"),  # as 0: every split was streamed without a word; '1GB' failed deep inside
+])
+def test_a_memory_threshold_that_is_no_size_is_refused_naming_it(tiny_path, given, error, said):
+    with pytest.raises(error, match=said):
+        ucmfh.load_dataset(tiny_path, max_memory_bytes=given)
+
+
 def test_a_model_given_features_of_other_widths_says_so(tiny, trained, tmp_path):
     """torch's own refusal, deep in the first layer, named neither the model's widths nor the split's."""
     from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
@@ -113,6 +123,9 @@ def test_a_history_and_an_encoder_print_what_they_hold(tiny, trained, tmp_path):
     assert repr(history) == (f"History(2 epochs, loss {history[0]:.4g} -> {history[1]:.4g}, kept epoch "
                              f"{history.best_epoch}, validation {history.best_score:.4f}, chosen "
                              f"{history.chosen!r} of 2)")
+    # without a validation split the first candidate is trained alone: it said "chosen 't0.3' of 0"
+    _, alone = ucmfh.fit_hashing(tiny, method_config("two-tower", epochs=1, val_fraction=0), progress=False)
+    assert repr(alone).endswith(f", {alone.chosen!r}, the first candidate (no validation split to choose on))")
     path = ucmfh.save_checkpoint(tmp_path / "hash16.pt", trained, None, method_config("two-tower", epochs=1))
     assert repr(ucmfh.Encoder(path)) == f"Encoder('two-tower', 16 bits, image 48-d, text 32-d, on cpu; {path})"
 

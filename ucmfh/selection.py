@@ -40,8 +40,10 @@ class History(list):
             parts.append(f"loss {self[0]:.4g} -> {self[-1]:.4g}")
         if self.best_epoch is not None and self.validation:
             parts.append(f"kept epoch {self.best_epoch}, validation {self.best_score:.4f}")
-        if self.chosen is not None:
+        if self.chosen is not None and self.choice_scores:
             parts.append(f"chosen {self.chosen!r} of {len(self.choice_scores)}")
+        elif self.chosen is not None:  # no validation split: the first candidate, no choice made
+            parts.append(f"{self.chosen!r}, the first candidate (no validation split to choose on)")
         if self.refit_epochs is not None:
             parts.append(f"refit {self.refit_epochs} epochs on the whole training split")
         if self.filled_bits is not None:

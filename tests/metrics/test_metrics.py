@@ -400,6 +400,13 @@ def test_validation_errors():
 
     with pytest.raises(ValueError, match=r"k must be >= 1, got 0"):  # ties by index refused it, tie-aware scored 0
         map_at_k_by_id(query, retrieval, ids, rids, k=0, ties="expected")
+    # one query's codes, 1-D, were read as as many queries as it has bits ("1 query labels for 5 queries"); a
+    # list was refused without saying which argument
+    with pytest.raises(ValueError, match=re.escape("query and retrieval must be 2-D, a row an item (one query: "
+                                                   "codes[None]), got (8,) and (20, 8)")):
+        map_at_k(query[0], retrieval, ql[:1], rl)
+    with pytest.raises(TypeError, match="^argument 1 of 4: expected a torch tensor or a numpy array, got list$"):
+        map_at_k(query.tolist(), retrieval, ql, rl)
 
 
 BACKENDS = ["torch"] + (["native"] if native_kernels() else [])

@@ -25,6 +25,7 @@ from ucmfh.data.format import (
 from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, open_without_chunk_cache, take
 from ucmfh.data.tokens import check_token_splits, check_tokens, check_virtual_sources
 from ucmfh.files import PathLike, checked_path, read_attrs
+from ucmfh.utils import check_argument
 
 # rows checked for NaN/inf at a time: bounded memory on NUS-WIDE-sized files
 _CHECK_ROWS = 65536
@@ -510,6 +511,10 @@ def load_dataset(path: PathLike, validate: bool = True, max_memory_bytes: Option
     caches within what the splits held in memory leave of ``max_memory_bytes``.
     """
     path = checked_path("load_dataset", path)
+    check_argument("load_dataset", "max_memory_bytes", max_memory_bytes, int, "bytes, e.g. 8 * 2**30", optional=True)
+    if max_memory_bytes is not None and (isinstance(max_memory_bytes, bool) or max_memory_bytes <= 0):
+        raise ValueError(f"load_dataset: max_memory_bytes must be a positive number of bytes (None: every split in "
+                         f"memory), got {max_memory_bytes!r}")
     try:
         with h5py.File(path, "r") as f:
             sizes: Optional[Dict[str, int]] = _feature_bytes(f)

@@ -44,8 +44,15 @@ def as_tensor(x: Optional[ArrayLike]) -> Optional[torch.Tensor]:
 
 
 def as_tensors(*xs: Optional[ArrayLike]) -> Tuple[Optional[torch.Tensor], ...]:
-    """:func:`as_tensor` of each argument, as a tuple."""
-    return tuple(as_tensor(x) for x in xs)
+    """:func:`as_tensor` of each argument, as a tuple; one of another type is named by its place (a metric's
+    arguments come in this order: the query's, then the retrieval set's)."""
+    out = []
+    for place, x in enumerate(xs, 1):
+        try:
+            out.append(as_tensor(x))
+        except TypeError as err:
+            raise TypeError(f"argument {place} of {len(xs)}: {err}") from None
+    return tuple(out)
 
 
 def check_choice(name: str, value: str, choices: Tuple[str, ...]) -> None:
@@ -77,11 +84,17 @@ def check_chunks(chunk_size: int, retrieval_chunk_size: int) -> None:
         raise ValueError(f"chunk sizes must be >= 1, got {chunk_size} and {retrieval_chunk_size}")
 
 
+def _check_rows(query: torch.Tensor, retrieval: torch.Tensor) -> None:
+    """Codes or embeddings are 2-D, a row an item (one query of 16 bits, [16], was read as 16 queries)."""
+    if query.ndim != 2 or retrieval.ndim != 2:
+        raise ValueError(f"query and retrieval must be 2-D, a row an item (one query: codes[None]), got "
+                         f"{tuple(query.shape)} and {tuple(retrieval.shape)}")
+
+
 def check_pair(query: torch.Tensor, retrieval: torch.Tensor, ranking: str) -> None:
     """Validate a query/retrieval pair of codes or embeddings for ``ranking``."""
     check_choice("ranking", ranking, ("hamming", "cosine"))
-    if query.ndim != 2 or retrieval.ndim != 2:
-        raise ValueError(f"query and retrieval must be 2-D, got {tuple(query.shape)} and {tuple(retrieval.shape)}")
+    _check_rows(query, retrieval)
     if (query.dtype == torch.uint8) != (retrieval.dtype == torch.uint8):  # before the widths: 8 bits a byte
         packed = "query" if query.dtype == torch.uint8 else "retrieval"
         raise ValueError(f"query and retrieval must both be packed (uint8) or both ±1 codes; the {packed} codes are "
@@ -108,6 +121,7 @@ def check_labels(
     query: torch.Tensor, retrieval: torch.Tensor, query_labels: torch.Tensor, retrieval_labels: torch.Tensor
 ) -> None:
     """Validate labels [Q, C], [N, C] against codes [Q, ·], [N, ·]."""
+    _check_rows(query, retrieval)
     ql, rl = query_labels, retrieval_labels
     if ql is None or rl is None:  # a caption set's split has labels None
         raise TypeError(f"{'query' if ql is None else 'retrieval'}_labels: None; labelled relevance needs multi-hot "
@@ -129,6 +143,7 @@ def check_ids(
     query: torch.Tensor, retrieval: torch.Tensor, query_ids: torch.Tensor, retrieval_ids: torch.Tensor
 ) -> None:
     """Validate ids [Q], [N] against codes [Q, ·], [N, ·]."""
+    _check_rows(query, retrieval)
     if query_ids.shape != (query.shape[0],) or retrieval_ids.shape != (retrieval.shape[0],):
         raise ValueError(
             f"ids must be 1-D and match the codes: got {tuple(query_ids.shape)} for {query.shape[0]} "
