@@ -486,5 +486,10 @@ class _Run:
         self.captured = None  # its graph and the graph's memory let go now (it and this run refer to each other)
         if state is not None and start_epoch < cfg.epochs:  # finished: resuming returns the result at once
             self.save(cfg.epochs, 0, self.generator.get_state(), torch.zeros((), device=device))
+        if group.any(stop["signal"] is not None, device):  # heard after the last step's look (validation, the save)
+            name = signal.Signals(stop["signal"]).name if stop["signal"] else "a signal to another rank"
+            saved = f"its training state saved to {state.path}" if state is not None else "nothing saved"
+            raise TrainingInterrupted(f"{self.plan.name} interrupted by {name} as its training ended; {saved}",
+                                      None if state is None else state.path, stop["signal"])
         self.best.restore(self.plan.modules, self.history)
         return self.history

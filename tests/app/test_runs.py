@@ -1079,3 +1079,41 @@ def test_a_row_s_commit_is_ucmfh_s_checkout_s_not_a_project_s_that_holds_an_inst
         identity.git_commit.cache_clear()
         assert identity.git_commit() == (head if own else None), package_at
     identity.git_commit.cache_clear()
+
+
+def test_a_ctrl_c_as_a_candidate_s_training_ends_or_between_two_candidates_stops_and_says_to_resume(
+        tiny_path, tmp_path, monkeypatch):
+    """A Ctrl-C heard after a fit's last look at it (the last epoch's validation, its bar) was lost: the next
+    candidate trained and the command ended 0. One between two candidates said 'interrupted' alone, and left a
+    state that refused the same command. Each now stops the run with the line that says --resume, which
+    finishes it."""
+    import ucmfh.trainer as trainer_module
+    from conftest import StopAfter
+
+    results, out = tmp_path / "r.jsonl", tmp_path / "runs"
+    argv = [*TWO_TOWER, "-d", tiny_path, "--epochs", "2", "--results", str(results), "--out", str(out)]
+    monkeypatch.setattr(trainer_module, "tqdm", StopAfter(2))  # at the bar of the first candidate's last epoch
+    stopped = CliRunner().invoke(main, argv)
+    assert stopped.exit_code == 130 and not results.exists(), stopped.output
+    [state] = out.rglob("*.state.pt")
+    assert stopped.output.splitlines()[-1] == (
+        f"two-tower 16 bits interrupted by SIGINT as its training ended; its training state saved to {state}; run "
+        "the same command with --resume to continue")
+    fits = trainer_module.fit
+    calls = []
+
+    def second_stopped(*args, **kwargs):  # a Ctrl-C after the first candidate's fit returned, before the next one
+        calls.append(1)
+        if len(calls) == 2:
+            raise KeyboardInterrupt
+        return fits(*args, **kwargs)
+
+    monkeypatch.setattr(trainer_module, "tqdm", StopAfter(None))
+    monkeypatch.setattr(trainer_module, "fit", second_stopped)
+    between = CliRunner().invoke(main, [*argv, "--resume"])
+    assert between.exit_code == 130 and between.output.splitlines()[-1] == (
+        f"hashing 16 bits interrupted between its fits; the training states of those done are saved beside "
+        f"{state.parent / 'hash16.pt'}; run the same command with --resume to continue")
+    monkeypatch.setattr(trainer_module, "fit", fits)
+    done = CliRunner().invoke(main, [*argv, "--resume"])
+    assert done.exit_code == 0 and len(results.read_text().splitlines()) == 1 and not list(out.rglob("*.state.pt"))

@@ -25,6 +25,7 @@ from ucmfh.files import write_json_atomic
 from ucmfh.captured_step import capture_steps
 from ucmfh.selection import History
 from ucmfh.side_by_side import candidates_side_by_side
+from ucmfh.signals import TrainingInterrupted
 from ucmfh.training_log import TensorBoardLog, logging_to
 
 try:  # POSIX advisory locks; elsewhere no run is locked
@@ -299,7 +300,14 @@ def _train(stage: Stage, opts: RunOptions, fit: Callable[[StateFile, Any], Tuple
     with logging_to(*logs), capture_steps(opts.cuda_graph is not False, on_eager=lambda why: log(f"note: {asked}{why}"),
                                           every_reason=bool(opts.cuda_graph)), \
             candidates_side_by_side(opts.candidates_side_by_side):
-        model, history = fit(state, base)
+        try:
+            model, history = fit(state, base)
+        except KeyboardInterrupt as err:  # between two fits (candidates), where a fit's own stop does not listen
+            if isinstance(err, TrainingInterrupted) or not saved_states(stage.path):
+                raise
+            raise TrainingInterrupted(f"{stage.name} interrupted between its fits; the training states of those done "
+                                      f"are saved beside {stage.path}", saved_states(stage.path)[0],
+                                      getattr(err, "signum", None)) from None
     seconds = earlier + time.perf_counter() - start
     meta = {"identity": stage.identity, "dataset": stage.dataset, "history": history.as_dict(), "seconds": seconds,
             "world_size": group.world_size, "threads": torch.get_num_threads()}
