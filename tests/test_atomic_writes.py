@@ -199,3 +199,41 @@ def test_a_results_row_cut_short_leaves_the_rows_before_it_readable(tmp_path, mo
     append_jsonl(path, [{"run": "e", "map_i2t": 0.125}])
     skipped.clear()
     assert [row["run"] for row in read_jsonl(path, skipped.append)] == ["a", "b", "e"] and len(skipped) == 1
+
+
+def test_a_file_written_there_by_another_process_meanwhile_is_kept_where_replacing_was_not_asked(tmp_path, tiny_path,
+                                                                                                monkeypatch):
+    """Two 'ucmfh encode -o X' started together each looked, found no X, and wrote it: both said 'wrote X', and
+    one command's codes were gone. Without overwrite the finished file takes the name only where none is there
+    by then; the other process's file is kept and the writer is told (a codes file, a dataset file alike)."""
+    from click.testing import CliRunner
+
+    import ucmfh.app.experiment as experiment
+    from ucmfh.app.cli import main
+    from ucmfh.files import atomic_file
+
+    path = tmp_path / "x.txt"
+    with pytest.raises(FileExistsError, match=r"x.txt: written by another process meanwhile; not replaced$"):
+        with atomic_file(path, replace=False) as tmp:
+            open(tmp, "w").write("mine")
+            path.write_text("theirs")  # the other process's, finished first
+    assert path.read_text() == "theirs" and os.listdir(tmp_path) == ["x.txt"]
+    with atomic_file(path, replace=True) as tmp:  # asked to replace: replaced
+        open(tmp, "w").write("mine")
+    assert path.read_text() == "mine"
+    model = FeatureHasher(48, 32, 16, 0)
+    checkpoint = save_checkpoint(tmp_path / "hash16.pt", model.eval(), None, HashConfig(method="two-tower", n_bits=16,
+                                                                                        hidden=0))
+    out = tmp_path / "codes.h5"
+    encode = experiment.encode_split
+
+    def other_writes_first(*args, **kwargs):  # while this command encodes, another one writes its file
+        if not out.exists():
+            out.write_bytes(b"the other command's codes")
+        return encode(*args, **kwargs)
+
+    monkeypatch.setattr(experiment, "encode_split", other_writes_first)
+    said = CliRunner().invoke(main, ["encode", "-c", str(checkpoint), "-d", tiny_path, "-o", str(out), "--quiet"])
+    assert said.exit_code == 2 and said.output.splitlines()[-1] == (
+        f"Error: {out}: written by another process meanwhile; not replaced (pass --overwrite to replace it)")
+    assert out.read_bytes() == b"the other command's codes"

@@ -89,8 +89,10 @@ def save_codes(
     query_ids: Optional[ArrayLike] = None,
     retrieval_ids: Optional[ArrayLike] = None,
     attrs: Optional[Dict[str, object]] = None,
+    overwrite: bool = True,
 ) -> str:
-    """Write codes as packed bits to HDF5, atomically (temporary file, then ``os.replace``).
+    """Write codes as packed bits to HDF5, atomically (temporary file, then ``os.replace``; without
+    ``overwrite``, only where no file is there by then: ``FileExistsError``).
 
     Codes are ±1 (or real-valued: their sign is stored, sign(0) = +1), shape
     [N, n_bits]; labels multi-hot [N, C], or None for a caption set, whose ids are then required;
@@ -142,7 +144,7 @@ def save_codes(
 
     import h5py
 
-    with atomic_file(path) as tmp, h5py.File(tmp, "w") as f:
+    with atomic_file(path, replace=overwrite) as tmp, h5py.File(tmp, "w") as f:
         f.attrs["format"] = CODES_FORMAT
         f.attrs["version"] = VERSION
         f.attrs["n_bits"] = n_bits

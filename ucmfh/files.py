@@ -259,16 +259,35 @@ def atomic_path(path: PathLike) -> str:
 
 
 @contextlib.contextmanager
-def atomic_file(path: PathLike) -> Iterator[str]:
-    """Yield a temporary path to write; on success it replaces ``path``, on any error it is removed."""
+def atomic_file(path: PathLike, replace: bool = True) -> Iterator[str]:
+    """Yield a temporary path to write; on success it replaces ``path``, on any error it is removed. Without
+    ``replace`` it becomes ``path`` only where no file is there by then (a hard link, which fails on one): a file
+    another process wrote there since the caller looked (two commands started together) is kept, and
+    ``FileExistsError`` says so."""
     path = os.fspath(path)
     tmp = atomic_path(path)
     try:
         yield tmp
-        os.replace(tmp, path)
+        if replace:
+            os.replace(tmp, path)
+        else:
+            _link_new(tmp, path)
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+def _link_new(tmp: str, path: str) -> None:
+    """``tmp`` under the name ``path`` where nothing is there (``FileExistsError`` otherwise), atomically; where the
+    file system has no hard links, a look and a rename, which two writers can still race."""
+    try:
+        os.link(tmp, path)
+    except FileExistsError:
+        raise FileExistsError(f"{path}: written by another process meanwhile; not replaced") from None
+    except OSError:
+        if os.path.exists(path):
+            raise FileExistsError(f"{path}: written by another process meanwhile; not replaced") from None
+        os.replace(tmp, path)
 
 
 def write_text_atomic(path: PathLike, text: str) -> str:

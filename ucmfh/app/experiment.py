@@ -315,7 +315,7 @@ def encode_checkpoint(
         out, query_img=query[0].cpu(), query_txt=query[1].cpu(),
         retrieval_img=retrieval[0].cpu(), retrieval_txt=retrieval[1].cpu(),
         query_labels=data.query.labels, retrieval_labels=data.retrieval.labels,
-        query_ids=data.query.ids, retrieval_ids=data.retrieval.ids,
+        query_ids=data.query.ids, retrieval_ids=data.retrieval.ids, overwrite=overwrite,
         attrs={"dataset": "dataset" if dataset is None else dataset["label"],
                **({} if dataset is None else {"dataset_path": dataset["path"],
                                               "dataset_fingerprint": dataset["fingerprint"]}),

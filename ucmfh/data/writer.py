@@ -66,7 +66,7 @@ def open_writer(
     make_folder(os.path.dirname(os.path.abspath(path)), path)
     if size is not None:
         check_space(path, size)
-    with atomic_file(path) as tmp:
+    with atomic_file(path, replace=overwrite) as tmp:
         try:
             f = h5py.File(tmp, "w")
         except OSError as err:
