@@ -152,7 +152,8 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
     try:
         opened = open_index(index)
     except UnfinishedIndex as err:
-        raise UserError(f"{describe(err)}; run the same 'ucmfh index' command again to finish it") from None
+        raise UserError(f"{describe(err)}; let a build under way finish, or run the same 'ucmfh index' command again "
+                        "to finish an interrupted one") from None
     built = getattr(opened, "shards", [opened])  # the files an index records are its inputs too
     check_outputs({"--html": html}, overwrite=overwrite,
                   inputs={"INDEX's checkpoint": [p for p in ((b.meta.get("checkpoint") or {}).get("path")

@@ -167,7 +167,8 @@ class IndexFolder:
             on_disk = read_manifest(self.path)
             for modality in MODALITIES:
                 if on_disk["modalities"].get(modality, {}).get("count", 0) != self._count[modality]:
-                    raise DataError(f"{self.path}: changed by another writer since it was opened; open it again")
+                    raise DataError(f"{self.path}: changed by another writer since it was opened (another build "
+                                    "added to it meanwhile); open it again, or run the same build again")
             for modality, columns in rows.items():
                 n = self._count[modality]
                 for name, value in columns.items():
@@ -199,7 +200,8 @@ class IndexFolder:
             on_disk = read_manifest(self.path)
             for modality in MODALITIES:
                 if on_disk["modalities"].get(modality, {}).get("count", 0) != self._count[modality]:
-                    raise DataError(f"{self.path}: changed by another writer since it was opened; open it again")
+                    raise DataError(f"{self.path}: changed by another writer since it was opened (another build "
+                                    "added to it meanwhile); open it again, or run the same build again")
             self._count = {m: min(int(counts.get(m, 0)), self._count[m]) for m in MODALITIES}
             for modality in MODALITIES:
                 if not self._count[modality]:  # no items: the columns are the next add's to fix

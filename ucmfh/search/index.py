@@ -324,8 +324,8 @@ class Index(IndexFolder):
         collection and how far its build went)."""
         for source in self.unfinished():
             raise UnfinishedIndex(f"{self.path or 'index'}: unfinished: its build from {source['path']} stopped at "
-                                  f"row {source['done']} of {source['rows']} (interrupted), so a search would miss "
-                                  "the rest")
+                                  f"row {source['done']} of {source['rows']} (interrupted, or under way in another "
+                                  "process), so a search would miss the rest")
 
     def _record_source(self, source: Dict[str, Any]) -> None:
         for i, s in enumerate(self.sources):
