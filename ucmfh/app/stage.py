@@ -123,6 +123,8 @@ def _refuse_interrupted(checkpoint: str, locked: bool = False) -> None:
     if current_group().is_main and not locked:  # rank 0 alone: ranks trying the lock at once would see each other
         _refuse_busy(checkpoint)  # its state is a running run's, not an interrupted one's
     saved = saved_states(checkpoint)
+    if not saved:  # the run that held them ended meanwhile, and removed them: nothing interrupted to refuse
+        return
     raise FileExistsError(f"{saved[0]}: an interrupted run of these settings is saved here "
                           f"({interrupted_at(checkpoint)}); continue it with --resume, or delete "
                           f"{'the file' if len(saved) == 1 else 'the files'} to start over")
