@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 
 import h5py
 import numpy as np
@@ -333,6 +334,13 @@ def test_cli_evaluate_codes(tmp_path):
     row = json.loads(results.read_text().splitlines()[-1])
     assert row["map_i2t"] == expected["i2t"]["map@5"] and row["protocol"] == "unimodal" and row["n_bits"] == 12
     assert "unimodal" in out.output
+    (tmp_path / "figs").mkdir()  # a folder as --plot PREFIX wrote figs/_pr.png and figs/_pk.png
+    for given in (str(tmp_path / "figs") + "/", str(tmp_path / "figs")):
+        refused = runner.invoke(main, ["evaluate", "--codes", str(path), "--plot", given])
+        assert refused.exit_code == 2 and refused.output == (
+            f"Error: --plot {given}: a folder; --plot takes a prefix of the files' names: give one in it, e.g. "
+            f"{os.path.join(given, 'curves')}\n")
+    assert not list((tmp_path / "figs").iterdir())
     both = runner.invoke(main, ["evaluate", "--codes", str(path), "-c", "x.pt"])
     assert both.exit_code == 2 and "exactly one of --checkpoint and --codes" in both.output
     labelled = runner.invoke(main, ["evaluate", "--codes", str(path), "--database", "collection", "--results", ""])

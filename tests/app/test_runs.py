@@ -351,6 +351,9 @@ def test_runs_summarises_over_seeds(tmp_path):
     assert result.exit_code == 0 and result.output.strip() == (
         f"no runs match the selection; {path} holds: tasks hashing; datasets d; methods ucmfh; code lengths 16; "
         "protocols unimodal; seeds 1, 2, 3"), result.output
+    # ... with --json too: it printed nothing at all; stdout keeps JSON rows (none), the note goes to stderr
+    quiet = CliRunner().invoke(main, ["runs", "--results", str(path), "-b", "64", "--json"])
+    assert quiet.exit_code == 0 and quiet.stdout == "" and quiet.stderr.startswith("no runs match the selection; ")
     # grids run side by side keep a file each: the files are read as one, a seed's group spans them
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
     append_jsonl(first, rows[:2])

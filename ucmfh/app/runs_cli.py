@@ -119,10 +119,10 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
         for path in draw_length_figures(figures, plot):
             click.echo(f"wrote {path}")
         return
-    if as_json:
+    if not groups and found:  # the selection left nothing: what would match (on stderr beside JSON, which stays rows)
+        click.echo(f"no runs match the selection; {', '.join(results)} holds: {held_by(found)}", err=as_json)
+    elif as_json:
         for g in groups:
             click.echo(json.dumps(g, sort_keys=True))
-    elif not groups and found:  # the selection left nothing: what would match
-        click.echo(f"no runs match the selection; {', '.join(results)} holds: {held_by(found)}")
     else:
         click.echo(format_summary(groups))
