@@ -411,7 +411,8 @@ BUGS: Tuple[Bug, ...] = (
     Bug("gumbel-selection-ignores-noise", "ucmfh/seps/model.py",
         "                hard = torch.zeros_like(score).scatter_(-1, noisy.topk(k, dim=-1).indices, 1.0)\n", "",
         "SEPS gumbel keeps the scores' own top K whatever the noise (the noise reaches the gradient alone)",
-        ("tests/seps/test_seps.py::test_gumbel_keeps_a_sample_of_the_patches_while_training_and_the_top_k_in_evaluation",)),
+        ("tests/seps/test_seps.py::"
+         "test_gumbel_keeps_a_sample_of_the_patches_while_training_and_the_top_k_in_evaluation",)),
     Bug("lost-interrupt-dropped", "ucmfh/signals.py",
         "        timer.start()\n", "        pass\n",
         "an interrupt raised inside a weakref callback is dropped: the command goes on to exit 0 after SIGTERM",
@@ -422,7 +423,8 @@ BUGS: Tuple[Bug, ...] = (
         "a method whose defaults misspell a setting is registered, and fails once a run starts",
         ("tests/methods/test_plugins.py::test_a_method_the_lifecycle_could_not_run_is_refused_when_registered",)),
     Bug("index-drops-an-id-s-other-images", "ucmfh/search/build.py",
-        "            if modality == \"img\" and one_image is not None:\n                one_image.check(x, start, coll)\n",
+        "            if modality == \"img\" and one_image is not None:\n"
+        "                one_image.check(x, start, coll)\n",
         "",
         "an id of several images is indexed as its first image, the others dropped without a word",
         ("tests/search/test_search.py::"
@@ -432,7 +434,8 @@ BUGS: Tuple[Bug, ...] = (
         "a caption set whose ids number its captions, not its images, passes validation",
         ("tests/data/test_data.py::test_validation_names_file_dataset_and_problem",)),
     Bug("codes-query-ids-in-database", "ucmfh/codes.py",
-        "        if labels[\"query\"] is None:  # a caption set's relevance is the id: a query item found as a database one\n",
+        "        if labels[\"query\"] is None:  # a caption set's relevance is the id: a query item found as a "
+        "database one\n",
         "        if False:\n",
         "a caption set's codes file whose query ids are its database's scores as found (rSum 600)",
         ("tests/test_codes.py::test_load_errors_name_file_dataset_problem",)),

@@ -74,9 +74,10 @@ def test_a_wrong_type_at_an_entry_point_says_what_to_give(tiny, tiny_path, train
 
 
 @pytest.mark.parametrize("given, error, said", [
-    ("1GB", TypeError, r"^load_dataset: max_memory_bytes must be an int or None \(bytes, e.g. 8 \* 2\*\*30\), got str '1GB'$"),
-    (-5, ValueError, r"^load_dataset: max_memory_bytes must be a positive number of bytes \(None: every split in memory\), "
-                     r"got -5$"),  # as 0: every split was streamed without a word; '1GB' failed deep inside
+    ("1GB", TypeError, r"^load_dataset: max_memory_bytes must be an int or None \(bytes, e.g. 8 \* 2\*\*30\), got "
+                       r"str '1GB'$"),
+    (-5, ValueError, r"^load_dataset: max_memory_bytes must be a positive number of bytes \(None: every split in "
+                     r"memory\), got -5$"),  # as 0: every split was streamed without a word; '1GB' failed deep inside
 ])
 def test_a_memory_threshold_that_is_no_size_is_refused_naming_it(tiny_path, given, error, said):
     with pytest.raises(error, match=said):

@@ -388,8 +388,9 @@ class _Run:
         plan.set_learning_rate(batch.epoch)
         loss = plan.loss(batch)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
-            raise TypeError(f"method {getattr(self.cfg, 'method', 'fusion')!r}: its plan's loss(batch) returns the step's "
-                            f"loss, a tensor of one number that gradients flow back from; it returned {_described(loss)}")
+            raise TypeError(f"method {getattr(self.cfg, 'method', 'fusion')!r}: its plan's loss(batch) returns the "
+                            "step's loss, a tensor of one number that gradients flow back from; it returned "
+                            f"{_described(loss)}")
         return optimize(loss, plan.optimizer, self.group, plan.clip_norm)
 
     def stop(self, signum: Optional[int], epoch: int, done: int, steps: int, epoch_generator: torch.Tensor) -> None:

@@ -408,7 +408,8 @@ def test_a_sigterm_while_the_command_imports_is_one_line(monkeypatch, capsys):
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
-@pytest.mark.parametrize("signal_name, code, said", [("SIGTERM", 143, "terminated\n"), ("SIGINT", 130, "interrupted\n")])
+@pytest.mark.parametrize("signal_name, code, said", [("SIGTERM", 143, "terminated\n"),
+                                                     ("SIGINT", 130, "interrupted\n")])
 def test_a_ctrl_c_or_sigterm_while_demo_py_imports_is_one_line(monkeypatch, capsys, signal_name, code, said):
     """demo.py imported torch before any guard: a Ctrl-C in its first seconds was a traceback, and a SIGTERM
     anywhere outside training a silent -15. Run as a script, it says one line and exits 130 or 143."""

@@ -346,7 +346,8 @@ def test_a_dataset_and_its_splits_print_as_their_sizes(tiny):
     sizes = f"train {len(tiny.train)}, query {len(tiny.query)}, retrieval {len(tiny.retrieval)}"
     assert repr(tiny) == (f"Dataset({tiny.name!r}: {sizes}; image {tiny.d_img}-d, text {tiny.d_txt}-d, "
                           f"{tiny.n_classes} classes; {tiny.path})")
-    assert repr(tiny.train_only()).startswith(f"Dataset({os.path.basename(tiny.path)!r}: train {len(tiny.train)}, query withheld, "
+    assert repr(tiny.train_only()).startswith(f"Dataset({os.path.basename(tiny.path)!r}: train {len(tiny.train)}, "
+                                              "query withheld, "
                                               "retrieval withheld;")
 
 

@@ -313,7 +313,8 @@ def test_every_method_of_a_module_and_of_a_plugin_another_imports_is_its_own_ent
         "ucmfh_base_plug": "from ucmfh.methods import register\nfrom ucmfh.methods.two_tower import TwoTower\n\n"
                            "@register\nclass Base(TwoTower):\n    name = 'base-plug'\n",
         "ucmfh_pair_plug": "from ucmfh.methods import register\nfrom ucmfh_base_plug import Base\n\n"
-                           "@register\nclass A(Base):\n    name = 'pair-a'\n\n@register\nclass B(Base):\n    name = 'pair-b'\n"})
+                           "@register\nclass A(Base):\n    name = 'pair-a'\n\n"
+                           "@register\nclass B(Base):\n    name = 'pair-b'\n"})
     errors = dict(PLUGIN_ERRORS)
     points = [metadata.EntryPoint(name, module, "ucmfh.methods") for name, module in (
         ("pair-a", "ucmfh_pair_plug"), ("pair-b", "ucmfh_pair_plug"), ("base-plug", "ucmfh_base_plug"))]
@@ -350,9 +351,10 @@ def test_a_method_the_lifecycle_could_not_run_is_refused_when_registered(tmp_pat
     assert list(METHODS) == before
     [(key, value)] = attrs.items()
     made = f"    {key} = {value!r}\n" if key in ("defaults", "fixed") else f"    {key} = {value.__name__}\n"
-    _made(tmp_path, monkeypatch, {"ucmfh_faulty": f"from ucmfh.methods import register\nfrom ucmfh.methods.two_tower "
-                                                  f"import TwoTower\nfrom {__name__} import _build, _plan\n\n@register\n"
-                                                  f"class Faulty(TwoTower):\n    name = 'faulty'\n{made}"})
+    source = (f"from ucmfh.methods import register\nfrom ucmfh.methods.two_tower import TwoTower\n"
+              f"from {__name__} import _build, _plan\n\n"
+              f"@register\nclass Faulty(TwoTower):\n    name = 'faulty'\n{made}")
+    _made(tmp_path, monkeypatch, {"ucmfh_faulty": source})
     assert load_plugins([metadata.EntryPoint("faulty", "ucmfh_faulty", "ucmfh.methods")]) == []
     assert PLUGIN_ERRORS["faulty"].startswith("ucmfh_faulty: ValueError: " + fault) and list(METHODS) == before
 

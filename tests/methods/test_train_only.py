@@ -104,5 +104,6 @@ def test_a_method_that_replaces_train_is_given_neither_the_withheld_splits_nor_t
     with pytest.raises(RuntimeError, match="seen"):
         fit_hashing(tiny, dataclasses.replace(config("two-tower"), method="peeking"), progress=False)
     path, query, retrieval, name = seen[0]
-    assert tiny.path and path is None and name == os.path.basename(tiny.path)  # for messages: the file, not its attribute
+    # for messages: the file's name, not its name attribute
+    assert tiny.path and path is None and name == os.path.basename(tiny.path)
     assert isinstance(query, Withheld) and isinstance(retrieval, Withheld)

@@ -896,7 +896,8 @@ def test_an_id_of_several_images_and_labels_of_other_values_are_refused_and_the_
         with pytest.raises(DataError, match=r"albums.h5: /image: rows 0 and 3 share id 100 but hold different image "
                                             r"features; rows sharing an id are one image, indexed once: give each "
                                             r"image an id of its own \(.*ix: not created\)$"):
-            build_index(write(tmp_path / "albums.h5", albums), c["ckpt"][0], str(tmp_path / "ix"), chunk_size=chunk_size)
+            build_index(write(tmp_path / "albums.h5", albums), c["ckpt"][0], str(tmp_path / "ix"),
+                        chunk_size=chunk_size)
         assert not (tmp_path / "ix").exists()
     labels = np.zeros((len(c["ids"]), 2), np.float32)
     labels[:, 0] = 1

@@ -12,8 +12,8 @@ from typing import Dict, List, Optional, Tuple
 import click
 
 from ucmfh.app.errors import (
-    UserError, interrupted, outlive_reader, peer_gone, plain_warnings, process_rank, reader_gone, terminate_as_interrupt,
-    warn,
+    UserError, interrupted, outlive_reader, peer_gone, plain_warnings, process_rank, reader_gone,
+    terminate_as_interrupt, warn,
 )
 from ucmfh.app.environment import configure_from_env, join_process_group
 

@@ -52,7 +52,8 @@ def check_method(cls: Type[Method]) -> None:
         unknown = sorted(set(getattr(cls, attr)) - known)
         if unknown:
             raise ValueError(f"method {cls.name!r}: its {attr} name {', '.join(map(repr, unknown))}, not settings of "
-                             f"HashConfig (its own hyper-parameters go in params; the settings: {', '.join(sorted(known))})")
+                             "HashConfig (its own hyper-parameters go in params; the settings: "
+                             f"{', '.join(sorted(known))})")
     if cls.build_model is Method.build_model:
         raise ValueError(f"method {cls.name!r} has no build_model (the untrained model a checkpoint is loaded into)")
     if cls.plan is Method.plan and cls.fit is Method.fit:

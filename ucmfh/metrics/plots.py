@@ -20,7 +20,8 @@ def pyplot():
         import matplotlib
 
         matplotlib.use("Agg")  # files only, no display needed
-        matplotlib.rcParams["svg.hashsalt"] = "ucmfh"  # an SVG's ids not drawn at random: the same figure, the same bytes
+        # an SVG's ids not drawn at random: the same figure, the same bytes
+        matplotlib.rcParams["svg.hashsalt"] = "ucmfh"
         import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError(
