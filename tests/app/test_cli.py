@@ -5,6 +5,7 @@ import importlib.util
 import inspect
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -98,6 +99,15 @@ def test_ucmfh_reports_bad_input_without_traceback(tmp_path, monkeypatch, tiny_p
     assert result.exit_code == 2 and result.output.startswith(
         "Error: nowhere/wiki.h5: no such dataset file, and no folder nowhere (--data-dir, else $UCMFH_DATA_DIR, "
         "else data)"), result.output
+    # the datasets it lists are datasets: a text file named .h5 and a codes file were listed among them
+    folder = tmp_path / "mine"
+    folder.mkdir()
+    (folder / "notes.h5").write_text("a text file")
+    shutil.copy(tiny_path, folder / "tiny.h5")
+    with h5py.File(folder / "codes.h5", "w") as f:
+        f.create_group("query"), f.create_group("retrieval")
+    result = runner.invoke(main, ["train-hash", "-d", "wiki", "--data-dir", str(folder)])
+    assert result.exit_code == 2 and f"no such dataset file (datasets in {folder}: ['tiny'])" in result.output
     # a codes file (ucmfh encode) given as the dataset: named as one, with what reads it, not '/train: missing group'
     codes = tmp_path / "codes.h5"
     with h5py.File(codes, "w") as f:

@@ -131,7 +131,10 @@ def resolve_dataset(name: str, data_dir: PathLike) -> str:
     if not os.path.isdir(data_dir):  # not 'datasets there: none', which reads as an empty folder
         raise FileNotFoundError(f"{path}: no such dataset file, and no folder {os.fspath(data_dir)} (--data-dir, else "
                                 "$UCMFH_DATA_DIR, else data); give the folder of NAME.h5 files or the file's path")
-    found = sorted(f[:-3] for f in os.listdir(data_dir) if f.endswith(".h5"))
+    from ucmfh.data.h5 import is_dataset_file
+
+    found = sorted(f[:-3] for f in os.listdir(data_dir) if f.endswith(".h5")  # a codes file, say, is none
+                   and is_dataset_file(os.path.join(data_dir, f)))
     raise FileNotFoundError(
         f"{path}: no such dataset file (datasets in {data_dir}: {found or 'none'}); "
         "convert yours with 'ucmfh convert', or use --dataset synthetic"

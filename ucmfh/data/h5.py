@@ -412,6 +412,17 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
     return split_ids
 
 
+def is_dataset_file(path: str) -> bool:
+    """Whether ``path`` is a dataset file (its three splits, docs/data.md) rather than a collection file, whose
+    groups may have any names (a group named train among them): it has train, query and retrieval. False for what
+    is not an HDF5 file (open_collection says what it is)."""
+    try:
+        with h5py.File(path, "r") as f:
+            return all(f.get(split, getlink=True) is not None for split in ("train", "query", "retrieval"))
+    except OSError:
+        return False
+
+
 def validate_file(path: PathLike, token_values: bool = True,
                   keep: Optional[Dict[str, Any]] = None) -> Dict[str, object]:
     """Check a dataset file against the format without loading it whole; ``token_values=False`` leaves out

@@ -35,8 +35,8 @@ from tqdm.auto import tqdm
 from ucmfh.checkpoint import load_model
 from ucmfh.bits import as_words, to_numpy
 from ucmfh.data.format import DataError, first_of_each_id, row_fingerprints
-from ucmfh.data.h5 import validate_file
-from ucmfh.search.collection import FEATURES, Collection, differing, is_dataset_file, open_collection
+from ucmfh.data.h5 import is_dataset_file, validate_file
+from ucmfh.search.collection import FEATURES, Collection, differing, open_collection
 from ucmfh.search.folder import modality_name
 from ucmfh.search.index import Index
 from ucmfh.utils import resolve_device

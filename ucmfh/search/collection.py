@@ -214,17 +214,6 @@ def _object(path: str, parent: Any, name: str, where: Optional[str] = None) -> A
         raise DataError(f"{path}: {where or name}: unreadable ({str(err).splitlines()[0]})") from None
 
 
-def is_dataset_file(path: str) -> bool:
-    """Whether ``path`` is a dataset file (its three splits, docs/data.md) rather than a collection file, whose
-    groups may have any names (a group named train among them): it has train, query and retrieval. False for what
-    is not an HDF5 file (open_collection says what it is)."""
-    try:
-        with h5py.File(path, "r") as f:
-            return all(f.get(split, getlink=True) is not None for split in ("train", "query", "retrieval"))
-    except OSError:
-        return False
-
-
 @dataclass
 class Queries:
     """Query items of one modality: features and what describes them.
