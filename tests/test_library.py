@@ -198,6 +198,16 @@ def test_a_split_made_by_hand_is_taken_or_refused_in_words(tiny, trained):
         ucmfh.encode_split(trained, query, batch_size=0)
 
 
+def test_a_training_split_of_one_item_is_said_by_its_method():
+    """'training needs at least 2 items, got 1' came from the batches, naming neither method nor stage."""
+    from ucmfh.data.h5 import Split
+    from ucmfh.trainer import fit
+
+    one = Split(torch.randn(1, 6), torch.randn(1, 4), None)
+    with pytest.raises(ValueError, match=r"^method 'two-tower': 1 training item; training needs at least 2$"):
+        fit(lambda setup: pytest.fail("a plan was made"), one, ucmfh.hash_config("two-tower", n_bits=16, val_fraction=0))
+
+
 def test_a_fit_refuses_what_trained_a_model_of_nan_or_was_ignored_and_takes_numpy_and_no_grad(tiny, trained):
     """An audit as a notebook user: NaN among the training features trained a model of NaN without a word (its
     validation score and MAP reported all the same); a fusion encoder given to two-tower was ignored, one of other

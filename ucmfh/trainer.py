@@ -198,6 +198,9 @@ def fit(make_plan: Callable[[Setup], Plan], split: Split, cfg: Any, state: Optio
         with setting_up():  # its seeds and its plan in one piece where runs are side by side (ucmfh.run_draws)
             device, generator = start(cfg)
             rest, val = validation_split(split, cfg.val_fraction, cfg.seed)
+            if len(rest) < 2:  # said by its method before a plan is built on it (validation_split says its own)
+                raise ValueError(f"method {getattr(cfg, 'method', 'fusion')!r}: {len(rest)} training item"
+                                 f"{'s' if len(rest) != 1 else ''}; training needs at least 2")
             plan = make_plan(Setup(device, rest, val))
             draws = RunDraws(device)
         if not isinstance(plan, Plan):  # a method of another package (docs/methods.md): said here, not in train
