@@ -287,4 +287,8 @@ def test_under_torchrun_a_refusal_is_said_once_and_a_rank_left_alone_ends_in_one
     monkeypatch.setattr("ucmfh.app.hashing_cli.train_hash_cmd.callback", gone)
     ended = CliRunner().invoke(main, ["train-hash"])
     assert ended.exit_code == 1 and ended.output == \
-        "rank 1: stopped: another rank ended (rank 0 says why, or was killed)\n"
+        "rank 1: stopped: another rank ended (that rank says why, or was killed)\n"
+    monkeypatch.setattr(cli, "process_rank", lambda: 0)  # rank 0's, where rank 1 was killed (out of memory, say)
+    ended = CliRunner().invoke(main, ["train-hash"])
+    assert ended.exit_code == 1 and ended.output == \
+        "rank 0: stopped: another rank ended (that rank says why, or was killed)\n"

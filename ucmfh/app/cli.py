@@ -133,9 +133,9 @@ class Commands(click.Group):
             if process_rank():
                 sys.exit(err.exit_code)
             raise
-        except RuntimeError as err:
-            if process_rank() and peer_gone(err):
-                click.echo(f"rank {process_rank()}: stopped: another rank ended (rank 0 says why, or was killed)",
+        except RuntimeError as err:  # a collective's failure (under torchrun alone): rank 0's too, where rank 1 died
+            if peer_gone(err):
+                click.echo(f"rank {process_rank()}: stopped: another rank ended (that rank says why, or was killed)",
                            err=True)
                 sys.exit(1)
             raise
