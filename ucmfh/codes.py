@@ -128,10 +128,11 @@ def save_codes(
                 f"{'none' if lab is None else lab.shape}"
             )
         if ids[group] is not None:
-            ids[group] = bits.to_numpy(ids[group]).astype(np.int64)
+            given = bits.to_numpy(ids[group])  # its own values: a uint64 id beyond int64 is said, not wrapped
+            ids[group] = given.astype(np.int64)
             if ids[group].shape != (n,):
                 raise ValueError(f"{path}: {group}_ids: must have shape ({n},), got {ids[group].shape}")
-            problem = id_problem(bits.to_numpy(query_ids if group == "query" else retrieval_ids))
+            problem = id_problem(given)
             if problem:
                 raise ValueError(f"{path}: {group}_ids: {problem}")
     if labels["query"] is not None and labels["query"].shape[1] != labels["retrieval"].shape[1]:

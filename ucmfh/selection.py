@@ -95,6 +95,7 @@ def validation_split(split: Split, fraction: float, seed: int) -> Tuple[Split, O
 # the most validation queries and database items scored after each epoch: evenly spaced ones
 # beyond (a large training split would make validation cost as much as training)
 VALIDATION_QUERIES, VALIDATION_DATABASE = 5_000, 50_000
+VALIDATION_K = 50  # the MAP@k every validation scores
 
 
 def _spread(split: Split, most: int) -> Split:
@@ -128,7 +129,7 @@ def validator(encode: Callable, ranking: str, model: nn.Module, val: Optional[Sp
     def validate() -> float:
         query, retrieval = encode(model, val, "unimodal", device), encode(model, rest, "unimodal", device)
         model.train()
-        rows = score_splits(query, retrieval, data, 50, ranking, recall=False)  # MAP alone: no recall to rank
+        rows = score_splits(query, retrieval, data, VALIDATION_K, ranking, recall=False)  # MAP alone: no recall
         return sum(r["map_i2t"] + r["map_t2i"] for r in rows) / (2 * len(rows))
 
     return validate

@@ -115,7 +115,7 @@ def validate_cmd(path: str) -> None:
         rows = {split: f[split]["image"].shape[0] for split in ("train", "query", "retrieval")}
         widths = f["train"]["image"].shape[1], f["train"]["text"].shape[1]
         classes = f["train"]["labels"].shape[1] if "labels" in f["train"] else None
-        tokens, wordless = _tokens_of(f, rows)
+        tokens, wordless = _tokens_of(f)
     kind = "a caption set (relevance: same id)" if classes is None else f"{classes} classes"
     click.echo(f"{path}: valid ({attrs.get('name', '?')}: d_img {widths[0]}, d_txt {widths[1]}, {kind}; "
                + ", ".join(f"{split} {n}" for split, n in rows.items()) + f"; {tokens})")
@@ -125,7 +125,7 @@ def validate_cmd(path: str) -> None:
 
 
 
-def _tokens_of(f, rows: Dict[str, int]) -> Tuple[str, Dict[str, int]]:
+def _tokens_of(f) -> Tuple[str, Dict[str, int]]:
     """What ``validate`` says of a file's token features (SEPS, rerank): their shapes or their absence, and per
     split the texts without a word token."""
     from ucmfh.data.tokens import texts_without_words

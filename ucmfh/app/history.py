@@ -9,10 +9,11 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ucmfh.app.runs import the_checkpoint
 from ucmfh.checkpoint import read_checkpoint
+from ucmfh.selection import VALIDATION_K
 
 
 # what every validation scores (ucmfh.selection.validator)
-VALIDATION_LABEL = "validation MAP@50\n(unimodal, mean of I→T and T→I)"
+VALIDATION_LABEL = f"validation MAP@{VALIDATION_K}\n(unimodal, mean of I→T and T→I)"
 
 
 def history_of(run: str, rows: Iterable[Dict[str, Any]], where: str) -> Tuple[str, Dict[str, Any], Optional[str]]:

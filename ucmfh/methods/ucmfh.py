@@ -76,11 +76,10 @@ class UCMFH(Method):
         stage serving several n_bits), which has its feature statistics already; given the stage's settings
         (``fusion_start='random'``), on an encoder of random weights, its statistics fitted here."""
         if isinstance(fusion, FusionConfig):
-            encoder = FusionEncoder.from_config(data.d_img, data.d_txt, fusion)
-            encoder.fit_feature_stats(setup.rest.img, setup.rest.txt)
-        else:
-            encoder = copy.deepcopy(fusion)
-        return CrossModalHasher(encoder, cfg.n_bits, cfg.hidden, cfg.dropout)
+            model = self.build_model(data.d_img, data.d_txt, cfg, fusion)
+            model.fusion.fit_feature_stats(setup.rest.img, setup.rest.txt)
+            return model
+        return CrossModalHasher(copy.deepcopy(fusion), cfg.n_bits, cfg.hidden, cfg.dropout)
 
     def plan(self, data: Dataset, cfg: HashConfig, setup: Setup,
              fusion: Union[FusionEncoder, FusionConfig, None] = None) -> Plan:

@@ -395,10 +395,11 @@ class OneImageAnId:
 def _labels(coll: Collection, start: int, stop: int) -> np.ndarray:
     """Rows [start, stop) of the collection's labels, checked to be 0/1 (``DataError`` naming them). Shape: [n, C]."""
     labels = coll.read("labels", start, stop)
-    if labels.size and not np.isin(labels, (0, 1)).all():
-        row = start + int(np.argwhere(~np.isin(labels, (0, 1)))[0][0])
-        raise DataError(f"{coll.path}: {coll.where('labels')}: labels must be multi-hot 0/1 values (row {row} has "
-                        f"{labels[row - start][~np.isin(labels[row - start], (0, 1))][0]})")
+    other = np.argwhere(~np.isin(labels, (0, 1)))
+    if other.size:
+        row, column = other[0]
+        raise DataError(f"{coll.path}: {coll.where('labels')}: labels must be multi-hot 0/1 values (row "
+                        f"{start + int(row)} has {labels[row, column]})")
     return labels.astype(np.uint8)
 
 
