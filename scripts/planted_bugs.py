@@ -392,7 +392,7 @@ BUGS: Tuple[Bug, ...] = (
         ("tests/test_cuda_standin.py",)),
     # UCMFH's released start (2026-11-30): its fresh encoder, and the keys of the runs recorded before it
     Bug("ucmfh-random-start-unstandardised", "ucmfh/methods/ucmfh.py",
-        "            encoder.fit_feature_stats(setup.rest.img, setup.rest.txt)\n", "",
+        "            model.fusion.fit_feature_stats(setup.rest.img, setup.rest.txt)\n", "",
         "fusion_start=random builds its encoder without fitting the input standardisation on the training split",
         ("tests/methods/test_methods.py::"
          "test_ucmfh_starts_on_a_fusion_encoder_of_random_weights_as_its_release_does",)),
