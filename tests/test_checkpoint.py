@@ -241,3 +241,14 @@ def test_a_meta_json_cannot_write_is_refused_before_any_file(saved, tmp_path, me
         save_checkpoint(tmp_path / "meta.pt", model, fcfg, hcfg, meta=meta)
     assert not (tmp_path / "meta.pt").exists() and not (tmp_path / "meta.json").exists()
     assert save_checkpoint(tmp_path / "meta.pt", model, fcfg, hcfg, meta={"epoch": 3}) == str(tmp_path / "meta.pt")
+
+
+def test_settings_json_cannot_write_are_refused_before_any_file(saved, tmp_path):
+    """Settings JSON cannot write (a numpy number a config was given after its checks): the weights were written
+    first, then the settings failed, leaving a file that the next save refused to replace."""
+    _, model, fcfg, hcfg = saved
+    hcfg.method_params = {"alpha": np.float32(1.0)}
+    with pytest.raises(CheckpointError, match=r"odd\.pt: not saved: its settings hold what JSON cannot write "
+                                              r"\(Object of type float32 is not JSON serializable\)$"):
+        save_checkpoint(tmp_path / "odd.pt", model, fcfg, hcfg)
+    assert not list(tmp_path.glob("odd.*"))

@@ -248,6 +248,15 @@ def test_save_rejects_bad_inputs(tmp_path):
         save_codes(tmp_path / "x.h5", **{**data, "retrieval_labels": data["retrieval_labels"][:3]})
     with pytest.raises(ValueError, match="uint8"):
         save_codes(tmp_path / "x.h5", **{**data, "query_img": torch.from_numpy(pack_codes(data["query_img"]))})
+    # codes of 0 and 1 were stored as every bit set (an audit's: 200 random codes became one, scored at chance)
+    zero_one = {name: (value > 0).float() for name, value in data.items() if name.endswith(("_img", "_txt"))}
+    with pytest.raises(ValueError, match=r"x\.h5: query_img: codes of 0 and 1, .* give ±1 codes \(2 \* codes - 1\)$"):
+        save_codes(tmp_path / "x.h5", **{**data, **zero_one})
+    # files load_codes refuses (0 bits) or the kernels cannot score (over 65,535 bits) are not written
+    for width in (0, 65536):
+        wide = {name: np.ones((len(value), width), np.float32) for name, value in zero_one.items()}
+        with pytest.raises(ValueError, match=rf"query_img: codes of {width} bits; a code has 1 to 65,535 bits$"):
+            save_codes(tmp_path / "x.h5", **{**data, **wide})
     assert not list(tmp_path.iterdir())
 
 
@@ -269,6 +278,8 @@ def _replace(f, name, value):
         (lambda f: (f["query"].__delitem__("img"), f["query"].create_dataset("img", data=np.zeros((2, 2), np.uint8))),
          "/query/img", "2 rows, /query/ids has"),
         (lambda f: f.attrs.__setitem__("n_bits", "abc"), "/", "attribute 'n_bits' is 'abc', not a whole number"),
+        (lambda f: f.attrs.__setitem__("n_bits", 9.5), "/", "attribute 'n_bits' is 9.5, not a whole number"),  # was 9
+        (lambda f: f.attrs.__setitem__("n_bits", 70000), "/", "n_bits must be in 1 .. 65535, got 70000"),
         (lambda f: f["retrieval"]["txt"].__setitem__((0, 1), 0xFF), "/retrieval/txt", "padding"),
         (lambda f: f["query"]["labels"].__setitem__((0, 0), 2), "/query/labels", "values"),
         (lambda f: f["query"].__delitem__("ids"), "/query/ids", "only one group"),

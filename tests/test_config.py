@@ -282,6 +282,26 @@ def test_an_integer_for_a_float_setting_is_that_float():
     assert type(hash_config("two-tower", epochs=3).epochs) is int  # an integer setting stays one
 
 
+def test_numpy_numbers_are_the_settings_plain_numbers():
+    """A code length of numpy.arange trained, then its checkpoint's settings (JSON) failed at the save and left
+    a file the next save would not replace (an audit's); hash_config said np.int64(64) was not one length."""
+    import numpy as np
+
+    from ucmfh.config import SettingError
+    from ucmfh.methods import hash_config, stage_configs
+
+    cfgs = stage_configs("cca-itq", n_bits=np.arange(8, 10)).hashes
+    assert [cfg.n_bits for cfg in cfgs] == [8, 9] and all(type(cfg.n_bits) is int for cfg in cfgs)
+    assert [cfg.n_bits for cfg in stage_configs("two-tower", n_bits=np.int64(64)).hashes] == [64]
+    assert type(hash_config(n_bits=np.int64(64)).n_bits) is int
+    cfg = HashConfig(n_bits=np.int32(32), lr_head=np.float32(1e-3), epochs=np.int64(3))
+    assert (type(cfg.n_bits), type(cfg.lr_head), type(cfg.epochs)) == (int, float, int)
+    json.dumps(dataclasses.asdict(cfg))
+    for bad, said in ((64.0, "got 64.0"), ([64, 64.5], "got 64.5")):  # 64.0 was "'float' object is not iterable"
+        with pytest.raises(SettingError, match=f"^n_bits must be an integer, {said}$"):
+            stage_configs("two-tower", n_bits=bad)
+
+
 def test_a_dataset_s_reference_epochs_are_found_by_its_letters_whatever_the_spelling():
     """'NUSWIDE' and 'NUS_WIDE' trained 100 epochs where 'nus-wide' trained its reference's 150, silently."""
     from ucmfh.config import default_epochs

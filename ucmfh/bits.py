@@ -15,6 +15,15 @@ from typing import Any
 import numpy as np
 
 BIT_WEIGHTS = (1 << np.arange(7, -1, -1)).astype(np.uint8)  # packbits order: the first bit is the MSB
+# the longest code: the compiled kernels count a distance in 16 bits (the metrics, an index, a codes file)
+MAX_BITS = 0xFFFF
+
+
+def check_n_bits(n_bits: int, what: str = "codes") -> None:
+    """Refuse a code length outside 1 … MAX_BITS (``ValueError`` naming ``what``): codes of no bits tie every
+    item, and the kernels refused longer ones in a message of their own sizes where torch scored them."""
+    if not 1 <= n_bits <= MAX_BITS:
+        raise ValueError(f"{what}: codes of {n_bits} bits; a code has 1 to {MAX_BITS:,} bits")
 
 
 def n_words(n_bits: int) -> int:
@@ -35,16 +44,17 @@ def to_numpy(x: Any) -> np.ndarray:
     return np.asarray(x)
 
 
-def check_signed(codes: Any, what: str = "codes") -> None:
+def check_signed(codes: Any, what: str = "codes", packed: bool = True) -> None:
     """Refuse ±1 codes given as 0 and 1 (or as booleans), the field's usual storage: a bit is the code's sign,
     so a 0 would read as +1 and every bit of such a code as set, every distance as 0, every score as chance's,
-    without a word. Read from the first rows only (a ±1 or real-valued code is never exactly 0 and 1 alone)."""
+    without a word. Read from the first rows only (a ±1 or real-valued code is never exactly 0 and 1 alone).
+    ``packed``: the caller takes packed bits too (the message offers them)."""
     head = to_numpy(codes[:64])
     zero_one = head.dtype.kind in "fi" and head.size > 0 and bool((head == 0).any()) and bool(
         ((head == 0) | (head == 1)).all())
     if head.dtype == np.bool_ or zero_one:
         raise ValueError(f"{what}: codes of 0 and 1, where a bit is the code's sign (0 would read as +1): give ±1 "
-                         "codes (2 * codes - 1) or packed bits (numpy.packbits, uint8)")
+                         "codes (2 * codes - 1)" + (" or packed bits (numpy.packbits, uint8)" if packed else ""))
 
 
 def check_packed(codes: Any, what: str = "codes") -> None:
@@ -53,9 +63,10 @@ def check_packed(codes: Any, what: str = "codes") -> None:
     first rows only: the bytes of packed codes are never 0 and 1 alone (each byte holds 8 bits)."""
     head = to_numpy(codes[:64])
     if head.size and bool((head == 1).any()) and bool((head == 0).any()) and bool(((head == 0) | (head == 1)).all()):
-        raise ValueError(f"{what}: uint8 is read as packed bits (8 a byte), but these bytes are 0 and 1 alone, as "
-                         "codes of 0 and 1 (or labels) are: give ±1 codes (2 * codes.astype(numpy.int8) - 1) or pack "
-                         "them (numpy.packbits(codes, axis=1))")
+        raise ValueError(f"{what}: uint8 is read as packed bits (8 a byte), but every byte of the first rows is 0 or "
+                         "1, as in codes of 0 and 1 (or labels) stored as uint8, and hardly ever in packed codes: if "
+                         "they are 0/1 codes, give ±1 codes (2 * codes.astype(numpy.int8) - 1) or pack them "
+                         "(numpy.packbits(codes, axis=1)); if they are packed codes, give them unpacked as ±1 codes")
 
 
 def pack(codes: Any) -> np.ndarray:

@@ -108,11 +108,16 @@ def check_checkpoint_path(path: PathLike) -> None:
 
 def _write(path: str, payload: Dict[str, Any]) -> str:
     """Write a checkpoint atomically, and its settings (everything but the weights) as JSON beside it."""
+    # the settings, readable without torch, beside the weights: made first, so that a value JSON cannot hold
+    # leaves no checkpoint behind, one its next save would refuse to replace
+    settings = {k: v for k, v in payload.items() if k not in ("format", "version", "state_dict")}
+    try:
+        text = json.dumps(settings, indent=2)
+    except (TypeError, ValueError) as err:
+        raise CheckpointError(f"{path}: not saved: its settings hold what JSON cannot write ({err})") from None
     with atomic_file(path) as tmp:
         torch.save(payload, tmp)
-    # the settings, readable without torch, beside the weights
-    settings = {k: v for k, v in payload.items() if k not in ("format", "version", "state_dict")}
-    write_text_atomic(settings_path(path), json.dumps(settings, indent=2))
+    write_text_atomic(settings_path(path), text)
     return path
 
 

@@ -111,6 +111,9 @@ def save_codes(
             raise ValueError(f"{path}: {group}_{modality}: codes must be [N, {n_bits}], got shape {codes.shape}")
         if codes.dtype == np.uint8:
             raise ValueError(f"{path}: {group}_{modality}: pass ±1 codes, not uint8 (packed bits are ambiguous)")
+        # 0/1 codes were stored as all ones, a file that load_codes refuses was written (0 bits)
+        bits.check_signed(codes, f"{path}: {group}_{modality}", packed=False)
+        bits.check_n_bits(n_bits, f"{path}: {group}_{modality}")
     if (query_labels is None) != (retrieval_labels is None):
         raise ValueError(f"{path}: labels: give both query_labels and retrieval_labels, or neither (a caption set)")
     if query_labels is None and (query_ids is None or retrieval_ids is None):
@@ -195,12 +198,13 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
                             f"{VERSION} (one of a later ucmfh: upgrade it)")
         if "n_bits" not in f.attrs:
             raise fail("/", "missing attribute 'n_bits'")
-        try:
-            n_bits = int(f.attrs["n_bits"])
-        except (TypeError, ValueError):
-            raise fail("/", f"attribute 'n_bits' is {f.attrs['n_bits']!r}, not a whole number") from None
-        if n_bits < 1:
-            raise fail("/", f"n_bits must be >= 1, got {n_bits}")
+        n_bits = f.attrs["n_bits"]
+        if isinstance(n_bits, (np.bool_, bool)) or not isinstance(n_bits, (int, np.integer)):  # 9.5 was read as 9
+            shown = n_bits.item() if isinstance(n_bits, np.generic) else n_bits  # 9.5, not np.float64(9.5)
+            raise fail("/", f"attribute 'n_bits' is {shown!r}, not a whole number")
+        n_bits = int(n_bits)
+        if not 1 <= n_bits <= bits.MAX_BITS:
+            raise fail("/", f"n_bits must be in 1 .. {bits.MAX_BITS}, got {n_bits}")
         n_bytes = (n_bits + 7) // 8
         packed, labels, ids = {}, {}, {}
         for group in GROUPS:

@@ -323,8 +323,11 @@ def _check_types(cfg: Any) -> None:
         default = _default(type(cfg), f.name)
         if isinstance(value, list) and isinstance(default, tuple):
             setattr(cfg, f.name, tuple(value))  # as a checkpoint's JSON gives it back
-        if isinstance(default, float) and isinstance(value, int) and not isinstance(value, bool):
+        if isinstance(default, float) and isinstance(value, numbers.Real) and not isinstance(value, (bool, float)):
             setattr(cfg, f.name, float(value))  # --set x=0 and --x 0 are one setting, one run (not 0 and 0.0)
+        elif isinstance(default, int) and isinstance(value, numbers.Integral) and type(value) not in (bool, int):
+            # numpy's integers: a checkpoint's settings are JSON (its n_bits of numpy.arange failed at the save)
+            setattr(cfg, f.name, int(value))
 
 
 @dataclass(frozen=True)

@@ -20,8 +20,11 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import numbers
 import os
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
 
 from ucmfh.config import (
     MOVED_TO_PARAMS, PROTOCOLS, FusionConfig, HashConfig, SettingError, blame_overrides, check_override, check_setting,
@@ -100,8 +103,10 @@ def stage_configs(method: str, *, dataset: Optional[str] = None,
 
 
 def _code_lengths(n_bits: Any) -> List[int]:
-    """``n_bits`` as a list of code lengths (one length alone is one), each checked (:class:`SettingError`)."""
-    bits = [n_bits] if isinstance(n_bits, (int, str)) else list(n_bits)
+    """``n_bits`` as a list of code lengths (one length alone is one: numpy's integers too), each checked
+    (:class:`SettingError`), as ints."""
+    one = isinstance(n_bits, (numbers.Number, str)) or not isinstance(n_bits, Iterable)
+    bits = [n_bits] if one else list(n_bits)
     if not bits:
         raise SettingError("n_bits", "n_bits: no code length given")
     for length in bits:
@@ -109,7 +114,7 @@ def _code_lengths(n_bits: Any) -> List[int]:
             check_setting(HashConfig, "n_bits", length)
         except ValueError as err:
             raise SettingError("n_bits", str(err)) from None
-    return bits
+    return [int(length) for length in bits]
 
 
 def hash_config(method: str = DEFAULT_METHOD, *, dataset: Optional[str] = None, drop_unused: bool = False,
@@ -122,7 +127,7 @@ def hash_config(method: str = DEFAULT_METHOD, *, dataset: Optional[str] = None, 
     (``hash_config("cca-itq", hidden=512)``: it fixes ``hidden``), or with ``drop_unused`` left out (one set of
     settings serving several methods); :class:`SettingError` names it."""
     n_bits = settings.pop("n_bits", HashConfig.n_bits)
-    if not isinstance(n_bits, int) or isinstance(n_bits, bool):
+    if not isinstance(n_bits, numbers.Integral) or isinstance(n_bits, (bool, np.bool_)):
         raise SettingError("n_bits", f"n_bits must be one code length, an int (several: stage_configs(method, "
                                      f"n_bits=[16, 64])), got {n_bits!r}")
     if dataset is not None and not isinstance(dataset, (str, os.PathLike)):

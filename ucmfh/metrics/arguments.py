@@ -13,7 +13,7 @@ from typing import Literal, Optional, Tuple
 import numpy as np
 import torch
 
-from ucmfh.bits import check_packed, check_signed
+from ucmfh.bits import check_n_bits, check_packed, check_signed
 from ucmfh.codes import ArrayLike, unpack_codes
 
 Ranking = Literal["hamming", "cosine"]
@@ -103,6 +103,10 @@ def check_pair(query: torch.Tensor, retrieval: torch.Tensor, ranking: str) -> No
         raise ValueError(f"query and retrieval differ in width: {query.shape[1]} and {retrieval.shape[1]}")
     if ranking == "cosine" and query.dtype == torch.uint8:
         raise ValueError("cosine ranking needs real-valued embeddings, got packed codes")
+    if ranking == "hamming":  # one refusal on every path (the kernels' was of their own sizes; torch scored)
+        check_n_bits(n_bits_of(query), "query and retrieval codes")
+    elif query.shape[1] == 0:
+        raise ValueError("query and retrieval embeddings have no dimensions (width 0)")
     check = check_packed if query.dtype == torch.uint8 else check_signed
     for codes, what in ((query, "query"), (retrieval, "retrieval")):
         if codes.is_floating_point() and not bool(torch.isfinite(codes).all()):  # NaN has no sign, nor a cosine

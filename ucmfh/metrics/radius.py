@@ -59,7 +59,8 @@ def pr_curve_hamming(
 ) -> Dict[str, List[float]]:
     """Mean precision and recall of retrieval within Hamming radius r = 0 … n_bits.
 
-    Returns ``{"radius": [0..n_bits], "precision": [...], "recall": [...]}``.
+    Returns ``{"radius": [0..n_bits], "precision": [...], "recall": [...]}``. Packed codes do not say their length:
+    their radii run to 8 bits a byte (codes of 9 bits: to 16, its last radii all of the items), ±1 codes' to theirs.
     """
     query_codes, retrieval_codes, query_labels, retrieval_labels = as_tensors(
         query_codes, retrieval_codes, query_labels, retrieval_labels

@@ -24,7 +24,7 @@ from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ucmfh.bits import as_words, n_words, to_numpy
+from ucmfh.bits import MAX_BITS, as_words, n_words, to_numpy
 from ucmfh.config import backend_config
 from ucmfh.data.format import DataError
 from ucmfh.files import locked
@@ -65,8 +65,8 @@ class Index(IndexFolder):
     def __init__(self, n_bits: int, meta: Optional[Mapping[str, Any]] = None) -> None:
         if isinstance(n_bits, bool) or not isinstance(n_bits, (int, np.integer)):  # "16" and 16.7 were taken
             raise TypeError(f"n_bits must be a whole number, got {type(n_bits).__name__} {n_bits!r}")
-        if not 1 <= n_bits <= 65535:
-            raise ValueError(f"n_bits must be in 1 .. 65535, got {n_bits}")
+        if not 1 <= n_bits <= MAX_BITS:
+            raise ValueError(f"n_bits must be in 1 .. {MAX_BITS}, got {n_bits}")
         self.n_bits = int(n_bits)
         self.words = n_words(self.n_bits)
         self.meta: Dict[str, Any] = dict(meta or {})
