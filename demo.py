@@ -15,7 +15,7 @@ import sys
 from typing import NoReturn
 
 from ucmfh.app.errors import EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, interrupted, outlive_reader
-from ucmfh.app.errors import terminate_as_interrupt
+from ucmfh.app.errors import plain_warnings, terminate_as_interrupt
 
 # Run as a script, SIGTERM ends it as Ctrl-C does at any moment (one line, 143; 130 for Ctrl-C), the seconds of
 # importing torch below included, where both were a traceback or a silent -15 (ucmfh/__main__.py does the same)
@@ -202,6 +202,7 @@ def main(argv=None) -> int:
         print("error: demo.py trains in one process; under torchrun run the ucmfh command: torchrun "
               "--nproc-per-node N -m ucmfh train-hash --method ucmfh ... (docs/distributed.md)", file=sys.stderr)
         return EXIT_USER_ERROR
+    plain_warnings()  # ucmfh's warnings in one line each, as the ucmfh command says them (not a file, line and code)
     with outlive_reader():  # a reader gone (| head) ends the command once its work is done, as the ucmfh command
         return _run(args)
 

@@ -8,6 +8,8 @@ import os
 import shutil
 import subprocess
 import sys
+import warnings
+from importlib import metadata
 from pathlib import Path
 
 import click
@@ -154,12 +156,19 @@ def test_demo_tasks_0_to_3(tmp_path, monkeypatch, capsys):
     spec.loader.exec_module(demo)
     args = ["--dataset", "toy", "--epoch", "1", "--hash_lens", "16", "--out", str(tmp_path / "runs"), "--results",
             str(tmp_path / "r.jsonl"), "--device", "cpu"]
+    monkeypatch.setattr(warnings, "showwarning", warnings.showwarning)  # put back after the test
     for task in (0, 1, 2, 3):
         assert demo.main([*args, "--task", str(task)]) == 0
         out = capsys.readouterr().out
         assert "I->T" in out and "fused: UCMFH's protocol" in out
+    # ucmfh's warnings one line each, as the ucmfh command says them (they were a file, a line and its code)
+    assert getattr(warnings.showwarning, "ucmfh", False)
     rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert [r["task"] for r in rows] == ["fusion"] * 2 + ["hashing"] * 2 + ["fusion"] * 2 + ["hashing"] * 2
+    # the releases each row was made with (an installed copy's git_commit is None: its one record)
+    import ucmfh
+    assert {row["versions"]["ucmfh"] for row in rows} == {ucmfh.__version__}
+    assert rows[0]["versions"]["torch"] == metadata.version("torch") and rows[0]["versions"]["scikit-learn"]
     args[args.index("--hash_lens") + 1] = "32"  # a length never trained
     missing = subprocess.run([sys.executable, str(ROOT / "demo.py"), *args, "--task", "3"],
                              env={**os.environ, "UCMFH_DATA_DIR": str(tmp_path)}, capture_output=True, text=True)

@@ -5,6 +5,7 @@ import logging
 import os
 import re
 import socket
+import sys
 
 import h5py
 import numpy as np
@@ -398,6 +399,19 @@ def test_extract_bad_inputs(tmp_path, extract_inputs, tiny_clip):
     (tmp_path / "o.h5.parts").write_text("a file where the scratch folder goes")
     user_error(["extract", imgs, caps, labels, out, "--query", "1", "--train", "2", "--device", "cpu",
                 "--model", tiny_clip], "o.h5.parts: a file is where OUT's folder of chunks goes")
+
+
+def test_a_missing_extra_is_named_not_the_model_folder(tmp_path, extract_inputs, tiny_clip, monkeypatch):
+    """transformers without pillow: its image processor's ImportError (a paragraph) was said of the model folder
+    ("not a complete CLIP model"), a text search's too (an audit of installs without extras)."""
+    imgs, caps, labels = extract_inputs
+    for module, package in (("PIL", "pillow"), ("transformers", "transformers")):
+        with monkeypatch.context() as patched:
+            patched.setitem(sys.modules, module, None)  # as if not installed: importing it raises ImportError
+            message = user_error(["extract", imgs, caps, labels, tmp_path / "o.h5", "--query", "1", "--train", "2",
+                                  "--device", "cpu", "--model", tiny_clip], f"feature extraction needs {package}: ")
+        assert message.endswith("pip install 'ucmfh[extract]'") and tiny_clip not in message
+    assert not (tmp_path / "o.h5").exists()
 
 
 def test_extract_remedies_worded_as_options(tmp_path, extract_inputs, tiny_clip):

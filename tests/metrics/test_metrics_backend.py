@@ -58,7 +58,8 @@ def test_native_needs_the_compiled_kernels(monkeypatch):
     monkeypatch.setattr(native, "_SAID", [False])
     with pytest.raises(RuntimeError, match="not built"):
         set_backend("native")
-    with pytest.warns(RuntimeWarning, match="kernels are not built here"):  # and says so, once a process
+    # and says so, once a process
+    with pytest.warns(RuntimeWarning, match="kernels are not built beside the ucmfh imported here"):
         assert not use_native(CPU)  # "auto" falls back to torch
 
 

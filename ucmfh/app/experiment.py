@@ -9,7 +9,7 @@ import time
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ucmfh.app.identity import (
-    Run, RunOptions, dataset_identity, git_commit, key_of, run_settings, trained_in,
+    Run, RunOptions, dataset_identity, git_commit, key_of, run_settings, trained_in, versions,
 )
 from ucmfh.app.per_query import save_per_query
 from ucmfh.app.runs import collapsed
@@ -57,7 +57,7 @@ def _rows(
         "settings": run.settings(),
         "train_time_s": round(seconds, 2), "score_seconds": round(scored, 2), "device": str(resolve_device(device)),
         "train_threads": _threads(checkpoint), "checkpoint": checkpoint,
-        "source": source, "git_commit": git_commit(),
+        "source": source, "git_commit": git_commit(), "versions": versions(),
         "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
     }
     return [{**common, **row} for row in scores]

@@ -244,3 +244,26 @@ def git_commit() -> Optional[str]:
     if os.path.realpath(top) != os.path.realpath(os.path.dirname(package)):  # ucmfh/ is not at its top
         return None
     return commit or None
+
+
+# the libraries whose release decides a result (scikit-learn's PCA moved cca-itq's codes at 1.5)
+RESULT_LIBRARIES = ("torch", "numpy", "scipy", "scikit-learn")
+
+
+@functools.lru_cache(maxsize=1)
+def versions() -> Dict[str, Optional[str]]:
+    """The releases a result row was made with: ucmfh's own (the one record of an installed copy, whose
+    ``git_commit`` is None), Python's and RESULT_LIBRARIES' (None: not installed), read without importing them."""
+    import platform
+    from importlib import metadata
+
+    from ucmfh import __version__
+
+    def installed(name: str) -> Optional[str]:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return None
+
+    return {"ucmfh": __version__, "python": platform.python_version(),
+            **{name: installed(name) for name in RESULT_LIBRARIES}}

@@ -13,7 +13,9 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ucmfh.app.errors import warn
-from ucmfh.app.identity import RunOptions, dataset_folder, dataset_identity, git_commit, key_of, processes, trained_in
+from ucmfh.app.identity import (
+    RunOptions, dataset_folder, dataset_identity, git_commit, key_of, processes, trained_in, versions,
+)
 from ucmfh.app.stage import Log, Stage, refuse_other_processes, reuse_or_fit
 from ucmfh.checkpoint import load_model, load_seps, save_seps
 from ucmfh.config import SepsConfig, identity_dict
@@ -81,6 +83,7 @@ def _common(data: Dataset, device: str) -> Dict[str, Any]:
     dataset = dataset_identity(data)
     return {"dataset": dataset["label"], "dataset_path": dataset["path"], "dataset_fingerprint": dataset["fingerprint"],
             "relevance": "id", "device": str(resolve_device(device)), "git_commit": git_commit(),
+            "versions": versions(),
             "time": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
 
 

@@ -2,6 +2,7 @@
 a local folder or already in the local Hugging Face cache; nothing is ever downloaded."""
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Any, Dict, List, Optional, Tuple
 
@@ -91,12 +92,12 @@ class ClipEncoder:
     """
 
     def __init__(self, model: str = DEFAULT_MODEL, device: Optional[str] = None, normalize: bool = False):
-        try:
-            from transformers.utils import logging as hf_logging
-        except ImportError as err:
-            raise ImportError(
-                "feature extraction needs transformers: pip install 'ucmfh[extract]'"
-            ) from err
+        for module, package in (("transformers", "transformers"), ("PIL", "pillow")):  # pillow: the image processor's,
+            try:  # which transformers refused in a paragraph said of the model's folder, a text search's too
+                importlib.import_module(module)
+            except ImportError as err:
+                raise ImportError(f"feature extraction needs {package}: pip install 'ucmfh[extract]'") from err
+        from transformers.utils import logging as hf_logging
         self.device = resolve_device(device or "auto")  # ValueError naming the device
         find_model(model)
         shown, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()

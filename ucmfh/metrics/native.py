@@ -16,6 +16,7 @@ library reads no environment variable; the ``ucmfh`` command maps
 from __future__ import annotations
 
 import contextlib
+import os
 import warnings
 from typing import Callable, Iterator, Literal, Optional, Tuple
 
@@ -98,9 +99,10 @@ def use_native(device: torch.device) -> bool:
         return False
     if _hamming is None and not _SAID[0]:
         _SAID[0] = True
-        warnings.warn("ucmfh's compiled evaluation kernels are not built here (no C compiler when it was "
-                      "installed?): scoring runs on torch, the same figures 7-13x slower; install it again the way "
-                      "it was installed, with a C compiler on the PATH (in a checkout: pip install -e .)",
+        here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the ucmfh imported: maybe a checkout
+        warnings.warn(f"ucmfh's compiled evaluation kernels are not built beside the ucmfh imported here ({here}): "
+                      "scoring runs on torch, the same figures 7-13x slower; build them with a C compiler on the "
+                      "PATH (a checkout: pip install -e . in it; an installed copy: install it again)",
                       RuntimeWarning, stacklevel=2)
     return _hamming is not None
 
