@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ucmfh.config import FusionConfig, HashConfig, SepsConfig, from_dict, to_dict
-from ucmfh.files import PathLike, atomic_file, checked_path, torch_file_problem, write_text_atomic
+from ucmfh.files import PathLike, atomic_binary, checked_path, not_a_file, torch_file_problem, write_text_atomic
 from ucmfh.methods import METHODS, PLUGIN_ERRORS, build_method
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.run_draws import setting_up
@@ -115,8 +115,8 @@ def _write(path: str, payload: Dict[str, Any]) -> str:
         text = json.dumps(settings, indent=2)
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"{path}: not saved: its settings hold what JSON cannot write ({err})") from None
-    with atomic_file(path) as tmp:
-        torch.save(payload, tmp)
+    with atomic_binary(path) as f:
+        torch.save(payload, f)
     write_text_atomic(settings_path(path), text)
     return path
 
@@ -173,6 +173,8 @@ def read_checkpoint(path: PathLike) -> Dict[str, Any]:
     path = os.fspath(path)
     if not os.path.exists(path):
         raise CheckpointError(f"{path}: no such checkpoint")
+    if not_a_file(path):
+        raise CheckpointError(f"{path}: is {not_a_file(path)}, not a checkpoint")
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for a damaged file

@@ -14,7 +14,7 @@ import torch
 from ucmfh import bits
 from ucmfh.config import PROTOCOLS
 from ucmfh.data.format import CODES_FORMAT, DataError, id_problem, shared_ids, unlabelled_rows
-from ucmfh.files import atomic_file, read_attrs, write_attrs
+from ucmfh.files import atomic_file, check_space, not_a_file, read_attrs, write_attrs
 
 ArrayLike = Union[np.ndarray, torch.Tensor]
 
@@ -148,6 +148,11 @@ def save_codes(
 
     import h5py
 
+    # HDF5 finds a full disk as it closes the file, and then crashed the process (a segmentation fault)
+    size = sum(len(codes) * bits.n_bytes(n_bits) for codes in arrays.values())
+    size += sum(value.size for value in labels.values() if value is not None)  # uint8
+    size += sum(value.size * 8 for value in ids.values() if value is not None)  # int64
+    check_space(path, size)
     with atomic_file(path, replace=overwrite) as tmp, h5py.File(tmp, "w") as f:
         f.attrs["format"] = CODES_FORMAT
         f.attrs["version"] = VERSION
@@ -182,6 +187,8 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
 
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such codes file")
+    if not_a_file(path):
+        raise DataError(f"{path}: is {not_a_file(path)}, not a codes file")
     try:
         f = h5py.File(path, "r")
     except OSError as err:

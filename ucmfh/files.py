@@ -14,15 +14,17 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import os
 import pickle
 import re
+import shutil
 import tempfile
 import threading
 import warnings
 import zipfile
-from typing import Any, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
+from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -42,6 +44,31 @@ def checked_path(where: str, path: Any, name: str = "path") -> str:
         return os.fspath(path)
     shown = f" {path!r}"[:80] if isinstance(path, bytes) else ""
     raise TypeError(f"{where}: {name} must be a file path (str or os.PathLike), got {type(path).__name__}{shown}")
+
+
+def not_a_file(path: PathLike) -> Optional[str]:
+    """What ``path`` is, in words, where a file to read was asked for, or None where it is a regular file (or
+    absent: the caller says so): a folder; a pipe or a device, whose opening waited for ever for a writer (a
+    FIFO given as a dataset, a checkpoint or a results file hung the command, an index past SIGTERM)."""
+    if os.path.isdir(path):
+        return "a folder"
+    if os.path.exists(path) and not os.path.isfile(path):
+        return "a pipe or a device (not a regular file)"
+    return None
+
+
+def check_space(path: PathLike, size: int) -> None:
+    """Refuse to write about ``size`` bytes to ``path`` where its disk has not that much free (an OSError naming
+    both): HDF5 found out while closing the file, and crashed the process (a segmentation fault). The nearest
+    folder of ``path`` that exists is asked."""
+    folder = os.path.dirname(os.path.abspath(os.fspath(path)))
+    while not os.path.isdir(folder):
+        folder = os.path.dirname(folder)
+    free = shutil.disk_usage(folder).free
+    needed = int(size * 1.02) + 2**20  # chunk and metadata overhead
+    if needed > free:
+        raise OSError(f"{os.fspath(path)}: needs about {needed / 2**20:.1f} MiB, and its disk has "
+                      f"{free / 2**20:.1f} MiB free")
 
 
 def _pid_alive(pid: int) -> bool:
@@ -97,6 +124,9 @@ def check_writable(path: PathLike, folder: bool = False) -> None:
     ignores permission bits, a read-only mount does not): nothing is left behind.
     """
     path = os.path.abspath(os.fspath(path))
+    if os.path.islink(path) and not os.path.exists(path):  # the write's link failed, said as another writer's race
+        raise OSError(f"{path}: is a symbolic link to {os.readlink(path)}, which does not exist; not written through "
+                      "it (give another name, or remove the link)")
     if os.path.isdir(path) and not folder:
         raise OSError(f"{path}: is a folder, not a file")
     if os.path.exists(path) and not folder and not os.path.isfile(path):  # a device, a pipe, a socket
@@ -109,6 +139,7 @@ def check_writable(path: PathLike, folder: bool = False) -> None:
     if not os.path.isdir(existing):
         folder_of = path if folder else os.path.dirname(path)
         raise OSError(f"{path}: cannot create the folder {folder_of} ({existing} is a file, not a folder)")
+    _check_name_lengths(path, existing)
     try:
         fd, probe = tempfile.mkstemp(prefix=".ucmfh-probe-", dir=existing)
     except OSError as err:
@@ -119,6 +150,27 @@ def check_writable(path: PathLike, folder: bool = False) -> None:
     # a file no one may write (mode 444, a shared dataset) is read-only to root too, who ignores the bits
     if os.path.isfile(path) and (not os.access(path, os.W_OK) or not os.stat(path).st_mode & 0o222):
         raise OSError(f"{path}: cannot be written: the file is read-only")
+
+
+# the bytes a temporary name adds to its file's name: .NAME.tmpPID-THREAD (atomic_path), a pid and a thread id of
+# up to 7 digits each; a lock's .NAME.lock adds fewer
+TEMP_NAME_EXTRA = len("..tmp-") + 2 * 7
+
+
+def _check_name_lengths(path: str, existing: str) -> None:
+    """Refuse a name (of the file, or of a folder still to be made on its way) longer than the file system holds
+    once the temporary name's bytes are added (:data:`TEMP_NAME_EXTRA`): a legal name of 250 bytes could never be
+    written, and the write failed after the work, naming the temporary file."""
+    try:
+        most = os.pathconf(existing, "PC_NAME_MAX")
+    except (OSError, ValueError):
+        most = 255
+    for name in os.path.relpath(path, existing).split(os.sep):
+        size = len(os.fsencode(name))
+        if size + TEMP_NAME_EXTRA > most:
+            raise OSError(f"{path}: a name of {size} bytes ({name[:24]}…); at most {most - TEMP_NAME_EXTRA} here, as "
+                          f"ucmfh writes it first under a temporary name up to {TEMP_NAME_EXTRA} bytes longer, and "
+                          f"this file system holds names of {most}")
 
 
 def check_not_input(path: PathLike, inputs: Dict[str, Union[PathLike, Sequence[PathLike], None]]) -> None:
@@ -272,9 +324,36 @@ def atomic_file(path: PathLike, replace: bool = True) -> Iterator[str]:
             os.replace(tmp, path)
         else:
             _link_new(tmp, path)
+    except OSError as err:
+        raise named_write_error(err, path) from None
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+
+
+@contextlib.contextmanager
+def atomic_binary(path: PathLike, replace: bool = True) -> Iterator[BinaryIO]:
+    """A buffer in memory to write bytes to, then written to ``path`` by :func:`atomic_file`: a full disk said as an
+    ``OSError`` of the file (``torch.save`` said it as 'unexpected pos 6976 vs 6904', a RuntimeError and a
+    traceback, writing to a path or to a file of its own)."""
+    buffer = io.BytesIO()
+    yield buffer
+    with atomic_file(path, replace) as tmp, open(tmp, "wb") as f:
+        f.write(buffer.getbuffer())
+
+
+# what a write can meet that names no file ('[Errno 28] No space left on device'): said of the file being written
+_WRITE_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG, errno.EIO, errno.EROFS)
+
+
+def named_write_error(err: OSError, path: str) -> OSError:
+    """``err``, met writing ``path``, as one line naming it where it named no file ('[Errno 28] No space left on
+    device' said nothing of which output)."""
+    if err.errno not in _WRITE_ERRORS or path in str(err):
+        return err
+    said = OSError(f"{path}: not written ({err.strerror or err}); a file there before is kept")
+    said.errno = err.errno
+    return said
 
 
 def _link_new(tmp: str, path: str) -> None:
@@ -339,9 +418,19 @@ def append_jsonl(path: PathLike, rows: List[Mapping[str, Any]]) -> None:
             if lines and size and os.pread(fd, 1, size - 1) != b"\n":  # a last line without its newline (an
                 lines[0] = b"\n" + lines[0]  # editor's, or a killed writer's): the row starts a line of its own
             for line in lines:
-                written = os.write(fd, line)
-                if written != len(line):  # a full disk; name it rather than leave half a row unexplained
-                    raise OSError(f"{path}: wrote {written} of {len(line)} bytes of a row (disk full?)")
+                # a row cut short (a full disk) is taken back: the file as it was before it, not half a row that
+                # every later read warns of
+                try:
+                    written = os.write(fd, line)
+                except OSError as err:
+                    os.ftruncate(fd, size)
+                    raise OSError(f"{path}: a row not appended ({err.strerror or err}); the file is as it was "
+                                  "before it") from None
+                if written != len(line):
+                    os.ftruncate(fd, size)
+                    raise OSError(f"{path}: a row not appended (only {written} of its {len(line)} bytes were "
+                                  "written: the disk is full?); the file is as it was before it")
+                size += written
         finally:
             os.close(fd)
 
@@ -372,8 +461,8 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) 
     path = os.fspath(path)
     if not os.path.exists(path):
         return []
-    if os.path.isdir(path):
-        raise ValueError(f"{path}: is a folder, not a JSON-lines results file")
+    if not_a_file(path):
+        raise ValueError(f"{path}: is {not_a_file(path)}, not a JSON-lines results file")
     rows: List[Dict[str, Any]] = []
     first: Optional[Tuple[int, str]] = None  # a first line that is not rows: skipped if it began as a row (a
     # writer killed there) and a row follows it; anything else is not a results file (a text of the user's)

@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional
 
 import torch
 
-from ucmfh.files import atomic_file, remove_stale_temps, temp_destination, torch_file_problem
+from ucmfh.files import atomic_binary, remove_stale_temps, temp_destination, torch_file_problem
 
 STATE_FORMAT = "ucmfh-training-state"
 
@@ -54,8 +54,8 @@ def read_state(path: str, device: torch.device) -> Dict[str, Any]:
 
 def write_state(path: str, payload: Dict[str, Any]) -> None:
     """Write a training state atomically: a save cut short leaves the previous state as it was."""
-    with atomic_file(path) as tmp:
-        torch.save({"format": STATE_FORMAT, **payload}, tmp)
+    with atomic_binary(path) as f:
+        torch.save({"format": STATE_FORMAT, **payload}, f)
 
 
 def restore_cuda_rng(saved: Any, device: torch.device) -> None:

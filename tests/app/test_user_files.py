@@ -9,6 +9,7 @@ import ast
 import hashlib
 import io
 import json
+import os
 import re
 import shutil
 import signal
@@ -631,3 +632,107 @@ def test_a_results_file_that_cannot_be_read_is_one_line_naming_it(tmp_path, monk
         result = CliRunner().invoke(main, [*command, "--results", str(path)])
         assert result.exit_code == 2 and result.output.splitlines() == [
             f"Error: {path}: the results file cannot be read (Permission denied)"], result.output
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no named pipes here")
+def test_a_pipe_given_as_an_input_is_refused_not_waited_on(tmp_path, tiny_path, monkeypatch):
+    """A FIFO given as a dataset, a checkpoint, a codes or a results file hung the command in open(), waiting
+    for a writer (an index even past SIGTERM; an audit's): each reader now refuses what is not a regular file."""
+    from ucmfh.data.input_files import load_npy
+    from ucmfh.search.collection import open_collection
+
+    for name in ("p.h5", "p.pt", "p.jsonl", "p.npy"):
+        os.mkfifo(tmp_path / name)
+    pipe = {name: str(tmp_path / name) for name in ("p.h5", "p.pt", "p.jsonl", "p.npy")}
+    said = "is a pipe or a device (not a regular file), not a"
+
+    def hung(signum, frame):
+        raise TimeoutError("waited on a pipe")
+
+    monkeypatch.setattr(signal, "signal", signal.signal)  # the handler is put back below, and the alarm off
+    previous = signal.signal(signal.SIGALRM, hung)
+    signal.alarm(60)  # a reader that opens the pipe waits for ever: the test fails rather than the suite hangs
+    try:
+        for argv, says in (
+                (["train-hash", "-d", pipe["p.h5"], *SMALL, "--epochs", "1", "-b", "8", "--out", str(tmp_path / "r")],
+                 f"{pipe['p.h5']}: not a regular file (a pipe or a device)"),
+                (["evaluate", "--codes", pipe["p.h5"]], f"{pipe['p.h5']}: {said} codes file"),
+                (["evaluate", "-c", pipe["p.pt"], "-d", tiny_path], f"{pipe['p.pt']}: {said} checkpoint"),
+                (["index", "-c", pipe["p.pt"], tiny_path, "-o", str(tmp_path / "ix")], f"{pipe['p.pt']}: {said} "),
+                (["runs", "--results", pipe["p.jsonl"]], f"{pipe['p.jsonl']}: {said} JSON-lines results file"),
+                (["compare", "cca-itq", "two-tower", "--results", pipe["p.jsonl"]], f"{pipe['p.jsonl']}: {said} ")):
+            result = CliRunner().invoke(main, argv)
+            assert result.exit_code == 2 and result.output.splitlines()[-1].startswith(f"Error: {says}"), \
+                (argv, result.output)
+        with pytest.raises(ValueError, match=re.escape(f"p.h5: {said} collection file")):
+            open_collection(pipe["p.h5"])
+        with pytest.raises(ValueError, match=re.escape(f"p.npy: {said}n .npy array")):  # was 'empty file (0 bytes)'
+            load_npy(pipe["p.npy"])
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, previous)
+
+
+def test_an_output_name_that_could_never_be_written_is_refused_before_any_work(tmp_path, tiny_path):
+    """A dangling symbolic link as OUT was written through by nothing and said to be 'written by another process
+    meanwhile', after the work; a legal name of 250 bytes failed after the work on its temporary name's extra
+    bytes (an audit's). Both are refused up front, naming the flag."""
+    (tmp_path / "dangling.h5").symlink_to(tmp_path / "nowhere.h5")
+    result = CliRunner().invoke(main, ["make-synthetic", str(tmp_path / "dangling.h5")])
+    assert result.exit_code == 2 and result.output == (
+        f"Error: OUT {tmp_path / 'dangling.h5'}: is a symbolic link to {tmp_path / 'nowhere.h5'}, which does not "
+        "exist; not written through it (give another name, or remove the link)\n")
+    long = tmp_path / ("e" * 240 + ".jsonl")  # 246 bytes: a legal name, whose temporary name is not
+    result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "1", "-b", "8",
+                                       "--out", str(tmp_path / "runs"), "--results", str(long)])
+    assert result.exit_code == 2 and result.output.startswith(f"Error: --results {long}: a name of 246 bytes "), \
+        result.output
+    assert "at most 235 here, as ucmfh writes it first under a temporary name up to 20 bytes longer" in result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["dangling.h5"]  # nothing trained, nothing written
+
+
+def test_a_file_in_the_run_folders_way_and_an_unwritable_side_file_are_said_in_one_line(tmp_path, tiny_path,
+                                                                                         monkeypatch):
+    """A file where a run's folder goes was '[Errno 17] File exists: ...', and a grid added '(pass --overwrite to
+    replace it)', which did not help; a checkpoint scored from a read-only folder lost its rows, after the scoring,
+    to the per-query file beside it that no one asked for (an audit's)."""
+    import errno
+
+    import ucmfh.app.per_query
+
+    runs = tmp_path / "runs"
+    args = ["-d", tiny_path, *SMALL, "--epochs", "1", "-b", "8", "--out", str(runs)]
+    assert CliRunner().invoke(main, ["train-hash", *args, "--results", ""]).exit_code == 0
+    [checkpoint] = runs.rglob("hash8.pt")
+    results = tmp_path / "r.jsonl"
+
+    def read_only(path, replace=True):
+        raise OSError(errno.EROFS, "Read-only file system")
+
+    for written in checkpoint.parent.glob("hash8.queries-*.npz"):  # the training's scoring wrote the same file
+        written.unlink()
+    monkeypatch.setattr(ucmfh.app.per_query, "atomic_binary", read_only)
+    result = CliRunner().invoke(main, ["evaluate", "-c", str(checkpoint), "-d", tiny_path, "--quiet", "--results",
+                                       str(results)])
+    assert result.exit_code == 0, result.output
+    assert "per-query scores were not kept (Read-only file system): these rows have none" in result.output
+    assert [row["per_query"] for row in map(json.loads, results.read_text().splitlines())] == [None]
+    monkeypatch.undo()
+    run_folder = checkpoint.parent
+    shutil.rmtree(run_folder)
+    run_folder.write_text("in the way")
+    for command in (["train-hash", *args, "--results", ""],
+                    ["grid", *args, "--methods", "two-tower", "--results", str(tmp_path / "g.jsonl"), "--overwrite"]):
+        result = CliRunner().invoke(main, command)
+        assert result.exit_code == 2 and result.output.splitlines()[-1] == (
+            f"Error: {run_folder}: the run's folder cannot be made or written (File exists: a file is in its way); "
+            "give another --out"), result.output
+
+
+def test_a_table_prefix_that_is_a_folder_is_refused(tmp_path, tiny_path):
+    """'grid --table DIR/' wrote DIR/.md and DIR/.csv, files a listing does not show (an audit's)."""
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "two-tower", "-b", "8", "--table",
+                                       f"{tmp_path / 'tables'}/", "--results", str(tmp_path / "g.jsonl")])
+    assert result.exit_code == 2 and result.output.splitlines()[-1].startswith(
+        f"Error: --table {tmp_path / 'tables'}/: a folder; --table takes a prefix of the files' names"), result.output
+    assert list(tmp_path.iterdir()) == []

@@ -184,12 +184,19 @@ def test_a_disk_without_room_is_refused_before_anything_is_written(tmp_path, mon
     from ucmfh.app.cli import main
 
     full = shutil.disk_usage(tmp_path)._replace(free=100_000)
-    monkeypatch.setattr("ucmfh.data.writer.shutil.disk_usage", lambda path: full)
+    monkeypatch.setattr("ucmfh.files.shutil.disk_usage", lambda path: full)
     with pytest.raises(OSError, match=r"d.h5: needs about 1\.0 MiB, and its disk has 0\.1 MiB free"):
         write_dataset(tmp_path / "d.h5", arrays())
     result = CliRunner().invoke(main, ["make-synthetic", str(tmp_path / "s.h5")])
     assert result.exit_code == 2 and result.output == \
         f"Error: {tmp_path / 's.h5'}: needs about 101.4 MiB, and its disk has 0.1 MiB free\n"
+    # a codes file too: HDF5 met the full disk closing it, and the process crashed (encode, an audit's tmpfs)
+    from ucmfh.codes import save_codes
+    codes = np.where(np.random.default_rng(0).random((40_000, 64)) > 0.5, 1.0, -1.0).astype(np.float32)
+    labels = np.eye(4, dtype=np.uint8)[np.arange(40_000) % 4]
+    with pytest.raises(OSError, match=r"c\.h5: needs about 2\.\d MiB, and its disk has 0\.1 MiB free"):
+        save_codes(tmp_path / "c.h5", query_img=codes, query_txt=codes, retrieval_img=codes, retrieval_txt=codes,
+                   query_labels=labels, retrieval_labels=labels)
     assert list(tmp_path.iterdir()) == []
 
 

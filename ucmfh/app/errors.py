@@ -91,7 +91,7 @@ def describe(err: BaseException, options: Optional[Collection[str]] = None) -> s
         for setting in err.settings:
             if has(option_hint(setting, True)):
                 text = re.sub(rf"(?<![\w.-]){re.escape(setting)}\b", option_hint(setting, True), text)
-    if isinstance(err, FileExistsError) and has("--overwrite"):
+    if isinstance(err, FileExistsError) and "not replaced" in text and has("--overwrite"):
         text += " (pass --overwrite to replace it)"
     remedy = getattr(err, "remedy", None)
     if remedy is not None:

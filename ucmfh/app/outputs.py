@@ -45,8 +45,9 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
             [(f, p, True) for f, p in (folders or {}).items()]:
         if path == "" and flag not in NONE_IF_EMPTY:
             raise ValueError(f"{flag}: an empty path; give the {'folder' if folder else 'file'} to write")
-    for flag, path in (files or {}).items():  # PREFIX_pr.png of a folder was 'adir/_pr.png'
-        if path and flag in WRITES and WRITES[flag][0][0].startswith("_") and (
+    # PREFIX_pr.png of a folder was 'adir/_pr.png', PREFIX.md 'adir/.md' (a hidden file)
+    for flag, path in (files or {}).items():
+        if path and flag in WRITES and WRITES[flag][0][0] and (
                 path.endswith(("/", os.sep)) or os.path.isdir(path)):
             raise ValueError(f"{flag} {path}: a folder; {flag} takes a prefix of the files' names: give one in it, "
                              f"e.g. {os.path.join(path, 'curves')}")

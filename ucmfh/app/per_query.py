@@ -14,12 +14,13 @@ from __future__ import annotations
 
 import hashlib
 import os
+import warnings
 import zipfile
 from typing import Any, Dict, List
 
 import numpy as np
 
-from ucmfh.files import atomic_file
+from ucmfh.files import atomic_binary
 
 
 def per_query_path(checkpoint: str, fingerprint: str, arrays: Dict[str, np.ndarray]) -> str:
@@ -39,16 +40,22 @@ def _key(row: Dict[str, Any], name: str) -> str:
 
 def save_per_query(rows: List[Dict[str, Any]], checkpoint: str) -> None:
     """Move the rows' ``per_query`` arrays into one file beside ``checkpoint`` (atomically), leaving
-    its path in each row. Rows without them are left as they are."""
+    its path in each row. Rows without them are left as they are. A file that cannot be written there (a
+    checkpoint scored from a read-only folder, a full disk) is said in a warning, and the rows go without it:
+    they were lost, after the scoring, for a file no one asked for."""
     scored = [row for row in rows if isinstance(row.get("per_query"), dict)]
     if not scored:
         return
     arrays = {_key(row, name): values for row in scored for name, values in row["per_query"].items()}
     path = per_query_path(checkpoint, str(scored[0].get("dataset_fingerprint") or "dataset"), arrays)
-    if not os.path.exists(path):  # else the same scores, written by an earlier scoring
-        with atomic_file(path) as tmp:
-            with open(tmp, "wb") as f:
+    try:
+        if not os.path.exists(path):  # else the same scores, written by an earlier scoring
+            with atomic_binary(path) as f:
                 np.savez_compressed(f, **arrays)
+    except OSError as err:
+        warnings.warn(f"{path}: the per-query scores were not kept ({err.strerror or err}): these rows have none, "
+                      "which 'ucmfh compare' reads", stacklevel=2)
+        path = None
     for row in scored:
         row["per_query"] = path
 

@@ -48,8 +48,14 @@ def _try_lock(checkpoint: str) -> Tuple[Optional[int], Optional[str]]:
     """The run's lock taken (its file descriptor; closing it releases the lock), or why not: the refusal's text."""
     if fcntl is None:  # pragma: no cover
         return None, None
-    os.makedirs(os.path.dirname(checkpoint) or ".", exist_ok=True)
-    fd = os.open(_lock_path(checkpoint), os.O_RDWR | os.O_CREAT, 0o644)
+    folder = os.path.dirname(checkpoint) or "."
+    try:  # a file in the run folder's way, a dangling link, a read-only folder: said of the folder, not errno's words
+        os.makedirs(folder, exist_ok=True)
+        fd = os.open(_lock_path(checkpoint), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as err:
+        in_way = isinstance(err, (FileExistsError, NotADirectoryError))
+        raise OSError(f"{folder}: the run's folder cannot be made or written ({err.strerror or err}"
+                      f"{': a file is in its way' if in_way else ''}); give another --out") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except BlockingIOError:

@@ -415,7 +415,9 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
 def is_dataset_file(path: str) -> bool:
     """Whether ``path`` is a dataset file (its three splits, docs/data.md) rather than a collection file, whose
     groups may have any names (a group named train among them): it has train, query and retrieval. False for what
-    is not an HDF5 file (open_collection says what it is)."""
+    is not an HDF5 file (open_collection says what it is), or not a regular file (a pipe: opening it waited)."""
+    if not os.path.isfile(path):
+        return False
     try:
         with h5py.File(path, "r") as f:
             return all(f.get(split, getlink=True) is not None for split in ("train", "query", "retrieval"))
@@ -526,6 +528,8 @@ def load_dataset(path: PathLike, validate: bool = True, max_memory_bytes: Option
     if max_memory_bytes is not None and (isinstance(max_memory_bytes, bool) or max_memory_bytes <= 0):
         raise ValueError(f"load_dataset: max_memory_bytes must be a positive number of bytes (None: every split in "
                          f"memory), got {max_memory_bytes!r}")
+    if not os.path.isfile(path):  # absent, a folder, a pipe (whose opening waited for ever): said as validation says
+        validate_file(path)
     try:
         with h5py.File(path, "r") as f:
             sizes: Optional[Dict[str, int]] = _feature_bytes(f)

@@ -3,7 +3,6 @@ before they appear under their name (:func:`write_dataset` from arrays, :func:`o
 from __future__ import annotations
 
 import os
-import shutil
 from contextlib import contextmanager
 from typing import Dict, Iterator, Optional
 
@@ -12,7 +11,7 @@ import numpy as np
 
 from ucmfh.data.format import SPLITS, DataError, finite_float32
 from ucmfh.data.h5 import is_multi_hot, validate_file
-from ucmfh.files import PathLike, atomic_file, checked_path, write_attrs
+from ucmfh.files import PathLike, atomic_file, check_space, checked_path, write_attrs
 
 
 DTYPES = {"image": np.float32, "text": np.float32, "labels": np.uint8, "ids": np.int64, "text_bow": np.uint8,
@@ -30,16 +29,6 @@ def make_folder(folder: str, for_path: str) -> None:
     except OSError as err:
         # not a FileExistsError: a file in the way of a folder is no output to overwrite
         raise OSError(f"{for_path}: cannot create the folder {folder} ({err.strerror or err})") from None
-
-
-def check_space(path: str, size: int) -> None:
-    """Refuse to write about ``size`` bytes to ``path`` where its disk has not that much free (an OSError naming
-    both): HDF5 found out while closing the file, and crashed the process (a segmentation fault), leaving its
-    temporary file. The folder must exist."""
-    free = shutil.disk_usage(os.path.dirname(os.path.abspath(path))).free
-    needed = int(size * 1.02) + 2**20  # chunk and metadata overhead
-    if needed > free:
-        raise OSError(f"{path}: needs about {needed / 2**20:.1f} MiB, and its disk has {free / 2**20:.1f} MiB free")
 
 
 @contextmanager

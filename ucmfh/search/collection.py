@@ -21,7 +21,7 @@ import numpy as np
 
 from ucmfh.data.format import DataError, check_finite, finite_float32, first_of_each_id
 from ucmfh.data.input_files import load_npy
-from ucmfh.files import read_attrs
+from ucmfh.files import not_a_file, read_attrs
 
 FEATURES = {"img": "image", "txt": "text"}  # modality -> dataset name
 COLUMNS = ("image", "text", "ids", "labels", "paths", "text_raw")
@@ -128,6 +128,8 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such collection file" if path else
                                 "an empty path; give the collection file")
+    if not_a_file(path):  # a pipe: opening it waited for ever, past SIGTERM
+        raise DataError(f"{path}: is {not_a_file(path)}, not a collection file")
     try:
         f = h5py.File(path, "r")
     except OSError as err:

@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 import numpy as np
 
 from ucmfh.data.format import DataError
-from ucmfh.files import PathLike, atomic_path, locked, write_json_atomic
+from ucmfh.files import PathLike, atomic_path, locked, named_write_error, write_json_atomic
 
 FORMAT = "ucmfh-index"
 VERSION = 1
@@ -240,21 +240,21 @@ class IndexFolder:
 
 
 def write_raw(path: str, array: np.ndarray) -> None:
-    with open(path, "wb") as f:
-        np.ascontiguousarray(array).tofile(f)
-        f.flush()
-        os.fsync(f.fileno())
+    write_at(path, 0, array)
 
 
 def write_at(path: str, offset: int, array: np.ndarray) -> None:
-    """Write ``array`` at byte ``offset``, dropping whatever lay beyond it (rows of a killed write)."""
-    mode = "r+b" if os.path.exists(path) else "w+b"
-    with open(path, mode) as f:
-        f.truncate(offset)
-        f.seek(offset)
-        np.ascontiguousarray(array).tofile(f)
-        f.flush()
-        os.fsync(f.fileno())
+    """Write ``array`` at byte ``offset``, dropping whatever lay beyond it (rows of a killed write). A full disk is
+    an ``OSError`` naming ``path`` (numpy's ``tofile`` said '45856 requested and 4096 written')."""
+    try:
+        with open(path, "r+b" if os.path.exists(path) else "w+b") as f:
+            f.truncate(offset)
+            f.seek(offset)
+            f.write(np.ascontiguousarray(array).data)
+            f.flush()
+            os.fsync(f.fileno())
+    except OSError as err:
+        raise named_write_error(err, path) from None
 
 
 def _is_index_folder(path: str) -> bool:
