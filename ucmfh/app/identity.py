@@ -252,12 +252,11 @@ RESULT_LIBRARIES = ("torch", "numpy", "scipy", "scikit-learn")
 
 @functools.lru_cache(maxsize=1)
 def versions() -> Dict[str, Optional[str]]:
-    """The releases a result row was made with: ucmfh's own (the one record of an installed copy, whose
-    ``git_commit`` is None), Python's and RESULT_LIBRARIES' (None: not installed), read without importing them."""
+    """The releases a result row was made with: ucmfh's installed one (the one record of an installed copy, whose
+    ``git_commit`` is None; None for a checkout run uninstalled, which ``git_commit`` names), Python's and
+    RESULT_LIBRARIES' (None: not installed), read without importing them."""
     import platform
     from importlib import metadata
-
-    from ucmfh import __version__
 
     def installed(name: str) -> Optional[str]:
         try:
@@ -265,5 +264,5 @@ def versions() -> Dict[str, Optional[str]]:
         except metadata.PackageNotFoundError:
             return None
 
-    return {"ucmfh": __version__, "python": platform.python_version(),
+    return {"ucmfh": installed("ucmfh"), "python": platform.python_version(),
             **{name: installed(name) for name in RESULT_LIBRARIES}}
