@@ -202,6 +202,13 @@ def test_a_results_row_cut_short_leaves_the_file_as_it_was(tmp_path, monkeypatch
     append_jsonl(path, [{"run": "e", "map_i2t": 0.125}])
     skipped = []
     assert [row["run"] for row in read_jsonl(path, skipped.append)] == ["a", "b", "e"] and not skipped
+    # a killed writer's half row, which no one took back: the next row starts a line of its own, and a reader
+    # skips the cut line alone, saying so
+    with open(path, "ab") as f:
+        f.write(b'{"run": "f", "map_i2')
+    append_jsonl(path, [{"run": "g", "map_i2t": 0.5}])
+    assert [row["run"] for row in read_jsonl(path, skipped.append)] == ["a", "b", "e", "g"]
+    assert len(skipped) == 1 and "line 4: not a JSON row" in skipped[0]
 
 
 def test_a_file_written_there_by_another_process_meanwhile_is_kept_where_replacing_was_not_asked(tmp_path, tiny_path,

@@ -6,6 +6,7 @@ line here fails :func:`test_every_output_flag_is_covered`.
 from __future__ import annotations
 
 import ast
+import csv
 import hashlib
 import io
 import json
@@ -736,3 +737,33 @@ def test_a_table_prefix_that_is_a_folder_is_refused(tmp_path, tiny_path):
     assert result.exit_code == 2 and result.output.splitlines()[-1].startswith(
         f"Error: --table {tmp_path / 'tables'}/: a folder; --table takes a prefix of the files' names"), result.output
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_name_from_the_users_data_neither_rewrites_the_terminal_nor_breaks_a_table(tmp_path, tiny_path):
+    """A dataset file named with escape codes, '|', '<img …>', a leading '=' or '$…$' (an audit's): the terminal's
+    tables and error lines showed the codes raw (a title set, the screen cleared), the grid's Markdown split its
+    cells and held markup, its CSV a spreadsheet formula, and every plot command ended in mathtext's
+    'Unknown symbol'."""
+    from ucmfh.printable import printable
+
+    assert printable("a\x1b]0;title\x07\x1b[2J\r\nb\u202ec\x00") == "a\\x1b]0;title\\x07\\x1b[2J\\r\\nb\\u202ec\\x00"
+    assert printable("café ✓ | <x>") == "café ✓ | <x>"  # what is not a control character stays
+    result = CliRunner().invoke(main, ["validate", str(tmp_path / "\x1b]0;owned\x07\x1b[2Jmissing.h5")])
+    assert result.exit_code == 2 and "\x1b" not in result.output and "\\x1b]0;owned\\x07" in result.output
+    name = "=a|b<img src=x>$\\nope$\x1b[31m"
+    hostile = tmp_path / f"{name}.h5"
+    shutil.copy(tiny_path, hostile)
+    results, prefix = tmp_path / "g.jsonl", tmp_path / "tables"
+    result = CliRunner().invoke(main, ["grid", "-d", str(hostile), "--methods", "cca-itq", "-b", "8", "--quiet",
+                                       "--out", str(tmp_path / "runs"), "--results", str(results),
+                                       "--table", str(prefix), "--plot", str(tmp_path / "plots" / "p")])
+    assert result.exit_code == 0, result.output
+    shown = printable(name)
+    assert "\x1b" not in result.output and json.loads(results.read_text().splitlines()[0])["dataset"] == shown
+    md = (tmp_path / "tables.md").read_text()
+    assert "### =a\\|b&lt;img src=x&gt;$\\nope$\\x1b[31m, protocol" in md and "<img" not in md
+    with open(tmp_path / "tables.csv", newline="") as f:
+        assert next(csv.DictReader(f))["dataset"] == "'" + shown  # text in a spreadsheet, not a formula
+    assert list((tmp_path / "plots").iterdir())  # drawn, '$…$' as it is
+    result = CliRunner().invoke(main, ["runs", "--results", str(results)])
+    assert result.exit_code == 0 and "\x1b" not in result.output and shown in result.output

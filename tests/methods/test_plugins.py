@@ -269,6 +269,11 @@ def test_a_plan_that_is_not_a_plan_is_said_where_it_is_made(tiny, registry):
     with pytest.raises(ValueError, match=r"a method needs a name of its own, got 'two-tower' \(taken by "
                                          r"ucmfh.methods.two_tower\)"):
         register(type("Again", (TwoTower,), {"name": "two-tower"}))
+    # a name begins a run folder's: '../../x' put the run outside --out, 'org/m' in a folder of its own, a
+    # control character into every table (an audit's)
+    for name in ("../../escaped", "org/method", "-flag", "<b>x</b>", "a\x1b[31m", "=1+1", "with space"):
+        with pytest.raises(ValueError, match=r"^method name .*: letters, digits, '-', '_' and '.' alone"):
+            register(type("Odd", (TwoTower,), {"name": name}))
 
 
 def test_the_docs_method_from_scratch_trains_and_selects_on_validation(tiny, tmp_path, registry):

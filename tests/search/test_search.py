@@ -450,6 +450,23 @@ def test_the_page_links_images_relative_to_their_collection_file(collection, tmp
                                                   os.path.join(folder, path) for src, path in zip(linked, shown))
 
 
+def test_an_image_path_links_to_its_file_and_never_to_another_url(tmp_path):
+    """A collection's image paths are the user's data: 'javascript:alert(1)', 'data:text/html,…' and
+    'http:/host/x.png' became live links of the page (an audit's), 'a%20b.jpg' and 'q?x=1#f.jpg' links to other
+    files. Each is now a link to the file of that name, beside the page."""
+    from urllib.parse import unquote, urljoin
+
+    from ucmfh.search.html import _src
+
+    page_dir = str(tmp_path)
+    for name in ("javascript:alert(1)", "data:text/html,<script>alert(1)</script>", "http:/evil.example/t.png",
+                 "a%20b.jpg", "q?x=1#frag.jpg", "caf\u00e9 'quoted'.jpg", "img/101.jpg"):
+        src = _src(os.path.join(page_dir, name), page_dir)
+        resolved = urljoin(f"file://{page_dir}/page.html", src)  # as a browser reads the link
+        assert resolved.startswith(f"file://{page_dir}/") and unquote(resolved[len("file://"):]) == \
+            os.path.join(page_dir, name), (name, src, resolved)
+
+
 def test_features_become_codes_by_the_encoder_as_docs_search_shows(collection, tmp_path):
     """The Python snippet of docs/search.md, raw features -> Encoder -> Index.search, finds what a
     search of the index 'ucmfh index' builds finds."""

@@ -21,6 +21,7 @@ from typing import Any, Callable, Collection, Iterator, Optional
 import click
 
 from ucmfh.config import SettingError
+from ucmfh.printable import printable
 from ucmfh.signals import resend_lost_interrupts, stopped_by
 
 # What counts as bad input (or an environment the user must fix), not a bug of ucmfh: a size asked for beyond
@@ -98,7 +99,7 @@ def describe(err: BaseException, options: Optional[Collection[str]] = None) -> s
         setting, value, effect = remedy
         if has(option_hint(setting, True)):
             text += f"; use {option_hint(setting, value)} {effect}"
-    return " ".join(text.split())
+    return printable(" ".join(text.split()))  # a file name's escape codes rewrote the terminal
 
 
 def as_user_error(err: RuntimeError) -> RuntimeError:

@@ -12,6 +12,7 @@ written as Markdown and CSV.
 from __future__ import annotations
 
 import csv
+import html
 import io
 import os
 import statistics
@@ -125,8 +126,8 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
                    (dataset, protocol, database) for s in summary):
             continue
         where = f", database `{database}`, MAP by id" if database else ""
-        md += [f"### {dataset}, protocol `{protocol}`{where}: MAP@{k} I→T / T→I (mean ± std over seeds; tie-aware: "
-               "the mean over every order of tied items)", "",
+        md += [f"### {_md(dataset)}, protocol `{protocol}`{where}: MAP@{k} I→T / T→I (mean ± std over seeds; "
+               "tie-aware: the mean over every order of tied items)", "",
                "| method | " + " | ".join(f"{n} bits" for n in bits) + " | seeds | hashing s |",
                "|---|" + "---|" * (len(bits) + 2)]
         for variant in [*variants, "random codes"]:
@@ -168,8 +169,8 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
             deltas = paired_deltas(rows, variants[0], variant, dataset, protocol, database, labels)
             if deltas:
                 std = statistics.stdev(deltas) if len(deltas) > 1 else 0.0
-                md.append(f"| {dataset} | {protocol} | {database or '-'} | `{variant}` | {statistics.fmean(deltas):+.3f} "
-                          f"± {std:.3f} | {sum(d > 0 for d in deltas)}/{len(deltas)} |")
+                md.append(f"| {_md(dataset)} | {protocol} | {database or '-'} | `{variant}` | "
+                          f"{statistics.fmean(deltas):+.3f} ± {std:.3f} | {sum(d > 0 for d in deltas)}/{len(deltas)} |")
         md.append("")
     return "\n".join(md)
 
@@ -223,6 +224,17 @@ def _means_table(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], bit
             *lines, ""]
 
 
+def _md(name: str) -> str:
+    """A name of the user's (a dataset file's) as Markdown text: a '|' split a table's cells, '<img …>' was markup."""
+    return html.escape(name, quote=False).replace("|", "\\|")
+
+
+def _cell_text(value: Any) -> Any:
+    """A CSV cell as a spreadsheet reads it: text beginning with '=', '+', '-' or '@' (a dataset named
+    '=cmd|calc') is a formula there, so it is kept as text by a leading apostrophe; numbers as they are."""
+    return "'" + value if isinstance(value, str) and value.startswith(("=", "+", "-", "@", "\t", "\r")) else value
+
+
 def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence[int], prefix: str) -> Tuple[str, str]:
     """``PREFIX.md`` (the tables above) and ``PREFIX.csv`` (one line per group of :func:`summarize`)."""
     columns = ["dataset", "method", "loss", "n_bits", "protocol", "database", "k", "n_seeds",
@@ -234,7 +246,7 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
     writer = csv.DictWriter(text, columns, extrasaction="ignore")
     writer.writeheader()
     # one seed has no spread: a blank, not a 0.0 that reads as one measured
-    writer.writerows({name: None if name.endswith("_std") and entry["n_seeds"] < 2 else value
+    writer.writerows({name: None if name.endswith("_std") and entry["n_seeds"] < 2 else _cell_text(value)
                       for name, value in entry.items()} for entry in summarize(rows))
     return (write_text_atomic(prefix + ".md", MARKS["table"].decode() + "\n" + markdown(rows, variants, bits) + "\n"),
             write_text_atomic(prefix + ".csv", text.getvalue()))

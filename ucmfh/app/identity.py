@@ -23,14 +23,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from ucmfh.config import FusionConfig, HashConfig, identity_dict
+from ucmfh.printable import printable
 
 if TYPE_CHECKING:
     from ucmfh.data.h5 import Dataset
 
 
 def dataset_label(path: str) -> str:
-    """What tables call a dataset: its file's stem (what ``-d NAME`` names)."""
-    return os.path.splitext(os.path.basename(path))[0]
+    """What tables call a dataset: its file's stem (what ``-d NAME`` names), its control characters escaped."""
+    return printable(os.path.splitext(os.path.basename(path))[0])
 
 
 @functools.lru_cache(maxsize=32)

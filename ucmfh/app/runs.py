@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from ucmfh.app.identity import key_of
 from ucmfh.config import EXPECTED
 from ucmfh.files import read_jsonl
+from ucmfh.printable import printable
 
 DIRECTIONS = ("map_i2t", "map_t2i")
 # R@K of a caption set's row, in %, each summarised like a field of its own: r{K}_{direction}
@@ -326,7 +327,7 @@ def dataset_labels(entries: Sequence[Dict[str, Any]]) -> Dict[Tuple[Any, Any], s
     for entry in entries:
         fingerprint = entry.get("dataset_fingerprint")
         files.setdefault(entry.get("dataset"), set()).update([fingerprint] if fingerprint else [])
-    return {(entry.get("dataset"), entry.get("dataset_fingerprint")): str(entry.get("dataset")) + (
+    return {(entry.get("dataset"), entry.get("dataset_fingerprint")): printable(str(entry.get("dataset"))) + (
         f" [{str(entry['dataset_fingerprint'])[:8]}]" if len(files[entry.get("dataset")]) > 1
         and entry.get("dataset_fingerprint") else "") for entry in entries}
 

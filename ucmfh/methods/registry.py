@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import re
 from typing import Dict, Optional, Tuple, Type, TypeVar, Union
 
 from torch import nn
@@ -24,6 +25,7 @@ PLUGIN_ERRORS: Dict[str, str] = {}
 DEFAULT_METHOD = "two-tower"
 
 M = TypeVar("M", bound=Type[Method])
+METHOD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
 def register(cls: M) -> M:
@@ -32,6 +34,9 @@ def register(cls: M) -> M:
     if not cls.name or cls.name in METHODS:
         owner = f" (taken by {type(METHODS[cls.name]).__module__})" if cls.name in METHODS else ""
         raise ValueError(f"a method needs a name of its own, got {cls.name!r}{owner}")
+    if not isinstance(cls.name, str) or not METHOD_NAME.fullmatch(cls.name):  # a run folder's name begins with it
+        raise ValueError(f"method name {cls.name!r}: letters, digits, '-', '_' and '.' alone, beginning with a letter "
+                         "or a digit (it names run folders, '../x' one outside --out, and is typed as --method)")
     check_method(cls)
     METHODS[cls.name] = cls()
     return cls

@@ -22,6 +22,10 @@ def pyplot():
         matplotlib.use("Agg")  # files only, no display needed
         # an SVG's ids not drawn at random: the same figure, the same bytes
         matplotlib.rcParams["svg.hashsalt"] = "ucmfh"
+        # names drawn as they are: a '$' in a dataset or method name began mathtext (a name in italics, or
+        # every plot command ending in "Unknown symbol")
+        if "text.parse_math" in matplotlib.rcParams:
+            matplotlib.rcParams["text.parse_math"] = False
         import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError(

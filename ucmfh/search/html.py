@@ -4,6 +4,7 @@ from __future__ import annotations
 import html
 import os
 import pathlib
+import urllib.parse
 from typing import Optional
 
 from ucmfh.files import MARKS, PathLike, write_text_atomic
@@ -23,10 +24,12 @@ h1 { font-size: 1.3em; } h2 { font-size: 1.05em; margin: 1.4em 0 .4em; }
 
 
 def _src(path: str, page_dir: str) -> str:
-    """An image path as a link from the page: relative where it can be, else a file URI."""
+    """An image path as a link from the page to that file: relative where it can be, else a file URI; each part
+    percent-encoded, so that a path is never read as another URL (``javascript:alert(1)``, ``data:…``,
+    ``http:/host/…`` became live links) nor as another file (``a%20b.jpg``, ``q?x=1#f.jpg``)."""
     absolute = os.path.abspath(path)
     try:
-        return pathlib.PurePath(os.path.relpath(absolute, page_dir)).as_posix()
+        return urllib.parse.quote(pathlib.PurePath(os.path.relpath(absolute, page_dir)).as_posix(), safe="/")
     except ValueError:  # another drive (Windows)
         return pathlib.Path(absolute).as_uri()
 

@@ -10,6 +10,7 @@ from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
 import numpy as np
 
 from ucmfh.config import APPROXIMATE_BACKENDS, BackendConfig, backend_config
+from ucmfh.printable import printable
 from ucmfh.search.build import Encoder, check_same_checkpoint, check_same_feature
 from ucmfh.search.collection import Queries
 from ucmfh.search.folder import modality_name
@@ -270,7 +271,7 @@ def result_lines(results: Results, width: int = 72) -> Iterator[str]:
             head += f" (id {q.ids[i]})"
         described = q.text[i] if q.text is not None else q.paths[i] if q.paths is not None else None
         if described:
-            head += f": {described}"
+            head += f": {printable(described)}"
         lines = [f"{head}  [{NAMES[q.modality]} -> {NAMES[results.modality]}]"]
         cols = f"  {'rank':>4} {'id':>10} {'dist':>4}"
         if results.cosine is not None:
@@ -290,6 +291,7 @@ def result_lines(results: Results, width: int = 72) -> Iterator[str]:
                 line += "  * " if results.relevant[i, r] else "    "
             shown = results.shown[i][r]
             if shown is not None:
+                shown = printable(shown)
                 shown = shown if len(shown) <= width else shown[: width - 1] + "…"
                 line += "  " + shown
             lines.append(line.rstrip())

@@ -1,0 +1,15 @@
+"""Text of the user's data as a terminal shows it: control characters written as escapes."""
+from __future__ import annotations
+
+import re
+
+# C0 and C1 controls, DEL, and the bidirectional overrides and isolates (a caption written right to left over
+# the columns after it)
+_CONTROL = re.compile("[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def printable(text: str) -> str:
+    """``text`` with each control character as its Python escape (``\\x1b``, ``\\n``, ``\\u202e``): a caption, a
+    path or a file name from the user's data, printed raw, could clear the terminal, set its title, overwrite
+    the columns before it or split one line of a table in two."""
+    return _CONTROL.sub(lambda found: found.group().encode("unicode_escape").decode("ascii"), text)
