@@ -290,6 +290,13 @@ def test_validate_accepts_a_search_collection(tmp_path):
         f.create_dataset("text_raw", data=["a caption"] * 4, dtype=h5py.string_dtype())
     result = CliRunner().invoke(main, ["validate", str(path)])
     assert result.exit_code == 2 and result.output == f"Error: {path}: /text_raw: 4 rows, /image has 5\n"
+    # captions that are not UTF-8: 'validate' called the file valid, 'index' then refused it without a row
+    with h5py.File(path, "a") as f:
+        del f["text_raw"]
+        f["text_raw"] = np.array([b"ok", b"ok", b"\xed\xa0\x80 a surrogate", b"\xff", b"x"], dtype="S20")
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2 and result.output == \
+        f"Error: {path}: /text_raw: row 2: not UTF-8 text (invalid continuation byte, byte 0)\n"
     with h5py.File(path, "a") as f:
         del f["image"], f["text"], f["text_raw"]
     result = CliRunner().invoke(main, ["validate", str(path)])

@@ -111,9 +111,19 @@ def differing(a: str, b: str, context: int = 16, width: int = 60) -> Tuple[str, 
 def _read(path: str, dset: h5py.Dataset, where: str, a: int, b: int) -> Any:
     try:
         if dset.dtype.kind in "OSU":
-            return [s if isinstance(s, str) else s.decode("utf-8") for s in dset[a:b].tolist()]
+            strings = dset[a:b].tolist()
+            for row, s in enumerate(strings):  # the row named: 'utf-8 codec can't decode byte 0xed' named none
+                if not isinstance(s, str):
+                    try:
+                        strings[row] = s.decode("utf-8")
+                    except UnicodeDecodeError as err:
+                        raise DataError(f"{path}: {where}: row {a + row}: not UTF-8 text ({err.reason}, byte "
+                                        f"{err.start})") from None
+            return strings
         return dset[a:b]
-    except (OSError, ValueError, TypeError, UnicodeDecodeError) as err:
+    except (OSError, ValueError, TypeError) as err:
+        if isinstance(err, DataError):
+            raise
         raise DataError(f"{path}: {where}: unreadable data ({err})") from None
 
 
