@@ -138,7 +138,7 @@ def test_figures_are_written_as_png_and_svg_with_ucmfh_s_mark(tmp_path):
     assert Image.open(paths[0]).mode == "P"  # a palette: a third of matplotlib's RGBA size (docs/ commits them)
     check_figure_paths(prefix, figures)  # ucmfh's own figures are written again
     (tmp_path / "out" / "fig_wiki_map_t2i.svg").write_text("<svg>mine</svg>")
-    with pytest.raises(FileExistsError, match="^--plot .*fig_wiki_map_t2i.svg: exists and is not a figure"):
+    with pytest.raises(FileExistsError, match="^--plot .*fig_wiki_map_t2i.svg: exists without the mark of a figure"):
         check_figure_paths(prefix, figures)
     check_figure_paths(prefix, figures, overwrite=True)
 
@@ -205,7 +205,7 @@ def test_grid_plot_draws_the_figures_runs_draws_of_its_rows(tmp_path, tiny_path,
         (tmp_path / name).write_bytes(b"a picture of the user's")
     refused = CliRunner().invoke(main, argv)
     assert refused.exit_code == 2 and refused.output.splitlines()[-1].startswith(
-        f"Error: --plot {tmp_path / 'g_mine_map_i2t.png'}: exists and is not a figure ucmfh wrote") and \
+        f"Error: --plot {tmp_path / 'g_mine_map_i2t.png'}: exists without the mark of a figure ucmfh wrote") and \
         not results.exists()
     (tmp_path / "g_mine_map_i2t.png").unlink()
     result = CliRunner().invoke(main, argv)

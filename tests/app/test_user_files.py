@@ -105,8 +105,9 @@ def test_a_whole_file_output_never_replaces_a_users_file(tmp_path, victim, tiny_
     args = [a.format(victim=victim, prefix=tmp_path / "victim", data=tiny_path) for a in argv]
     result = CliRunner().invoke(main, [*args, "--results", str(tmp_path / "r.jsonl")] if argv[0] == "grid" else args)
     assert result.exit_code == 2, result.output
-    assert f"Error: {flag} {victim}: exists and is not a" in result.output, result.output
-    assert "ucmfh wrote; not replaced (pass --overwrite to replace it)" in result.output
+    assert f"Error: {flag} {victim}: exists without the mark of a" in result.output, result.output
+    assert "ucmfh wrote (the user's, or one of a ucmfh before 2026-11-27, which had none); not replaced " \
+           "(pass --overwrite to replace it)" in result.output
     assert _md5(victim) == before and "Traceback" not in result.output
     assert not (tmp_path / "runs").exists() and not (tmp_path / "r.jsonl").exists()
 
