@@ -484,6 +484,22 @@ def test_codes_rows_of_one_model_on_two_files_are_two_measurements_and_a_foreign
     assert len(latest(rows)) == 2
 
 
+def test_codes_rows_of_an_older_ucmfh_are_each_a_setting_of_their_own():
+    """Rows of 'evaluate --codes' that record no model (an older ucmfh's: no method, seed, run or settings) were
+    averaged by 'ucmfh runs' as seeds of one setting: CCA-ITQ's codes and DJSRH's as '0.2071 ± 0.0548' (an
+    audit's). Each codes file is now its own entry; rows that record their model group by it, as before."""
+    from ucmfh.app.runs import summarize
+
+    old = [{"task": "codes", "codes": f"/x/{name}.h5", "dataset": "wiki", "protocol": "unimodal", "method": "-",
+            "loss": None, "n_bits": 16, "k": 50, "map_i2t": score, "map_t2i": score}
+           for name, score in (("c_cca", 0.2458), ("c_djsrh", 0.1683))]
+    assert sorted(entry["map_i2t_mean"] for entry in summarize(old)) == [0.1683, 0.2458]
+    recorded = [{**row, "run": f"r{seed}", "seed": seed, "method": "two-tower",
+                 "settings": {"hash": {"n_bits": 16}}} for seed, row in enumerate(old)]
+    [entry] = summarize(recorded)
+    assert entry["n_seeds"] == 2
+
+
 def test_one_codes_file_named_twice_is_refused(tmp_path):
     """--codes c.h5 --codes c.h5 appended two rows of one measurement, read as two runs."""
     from click.testing import CliRunner

@@ -295,6 +295,12 @@ def latest(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
     return list(last.values())
 
 
+def _codes_of_no_model(row: Dict[str, Any]) -> Optional[str]:
+    """The codes file of a row of ``evaluate --codes`` that records no model (an older ucmfh's: no method, seed or
+    settings), which is then a setting of its own: the codes of two methods were averaged as two seeds of one."""
+    return row.get("codes") if row.get("task") == "codes" and not row.get("settings") and not row.get("run") else None
+
+
 def settings_key(row: Dict[str, Any]) -> str:
     """The key of a row's settings beyond the summary's columns (seed, loss, code length)."""
     return key_of(_beyond_columns(settings_of(row)))
@@ -340,11 +346,11 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
         key = (row.get("dataset_fingerprint") or row.get("dataset"), row.get("dataset"),
                (row.get("trained_on") or {}).get("fingerprint"), trained_on(row), row.get("task"),
                method_of(row), row.get("loss"), row.get("n_bits"), _stage(row), row.get("protocol"),
-               row.get("database"), row.get("k"), settings_key(row))
+               row.get("database"), row.get("k"), settings_key(row), _codes_of_no_model(row))
         groups.setdefault(key, []).append(row)
     out = []
     for key, group in groups.items():
-        _, dataset, _, trained, task, method, loss, n_bits, stage, protocol, database, k, settings = key
+        _, dataset, _, trained, task, method, loss, n_bits, stage, protocol, database, k, settings, _ = key
         entry: Dict[str, Any] = {
             "dataset": dataset, "dataset_fingerprint": group[0].get("dataset_fingerprint"), "trained_on": trained,
             "task": task, "method": method, "loss": loss,
