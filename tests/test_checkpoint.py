@@ -252,3 +252,18 @@ def test_settings_json_cannot_write_are_refused_before_any_file(saved, tmp_path)
                                               r"\(Object of type float32 is not JSON serializable\)$"):
         save_checkpoint(tmp_path / "odd.pt", model, fcfg, hcfg)
     assert not list(tmp_path.glob("odd.*"))
+
+
+def test_a_checkpoint_whose_settings_this_ucmfh_refuses_says_why_it_cannot_load(saved, tmp_path):
+    """An older ucmfh took seeds of 2**32 and more: its checkpoints said only 'seed must be in [0, 4294967296)
+    …, got 4294967296' at every evaluate, encode, index and search (an audit's)."""
+    path = saved[0]
+    payload = torch.load(path, weights_only=True)
+    payload["hash_config"]["seed"] = 2**32
+    older = tmp_path / "older.pt"
+    torch.save(payload, older)
+    with pytest.raises(CheckpointError, match=re.escape(f"{older}: its settings are refused by this ucmfh (seed must "
+                                                        "be in [0, 4294967296)") + r".*got 4294967296\): a checkpoint "
+                                                        r"of an older ucmfh that took them, or an edited one; train it "
+                                                        r"again$"):
+        load_model(older, "hash")

@@ -279,8 +279,9 @@ def _rebuild(payload: Dict[str, Any]) -> Tuple[nn.Module, Optional[FusionConfig]
     try:
         hash_cfg = None if payload["hash_config"] is None else from_dict(HashConfig, payload["hash_config"])
         fusion_cfg = None if payload["fusion_config"] is None else from_dict(FusionConfig, payload["fusion_config"])
-    except ValueError as err:
-        raise CheckpointError(str(err)) from None
+    except ValueError as err:  # a seed of 2**32 an older ucmfh took: it said only '…, got 4294967296'
+        raise CheckpointError(f"its settings are refused by this ucmfh ({err}): a checkpoint of an older ucmfh that "
+                              "took them, or an edited one; train it again") from None
     if payload["kind"] == "hash" and hash_cfg is None:
         raise CheckpointError("a hashing checkpoint without its hashing settings")
     broken = next((name for name, w in payload["state_dict"].items()
