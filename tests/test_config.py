@@ -14,7 +14,7 @@ import pytest
 from click.testing import CliRunner
 
 from ucmfh.app.cli import main
-from ucmfh.config import FusionConfig, HashConfig, Range, SepsConfig, check_setting
+from ucmfh.config import FusionConfig, HashConfig, Range, SepsConfig, check_setting, identity_dict
 
 NAN, INF = float("nan"), float("inf")
 
@@ -309,3 +309,12 @@ def test_a_dataset_s_reference_epochs_are_found_by_its_letters_whatever_the_spel
     assert [default_epochs(name) for name in ("NUSWIDE", "nus-wide", "data/NUS_WIDE.h5", "MS-COCO", "MIRFlickr")] == \
         [150, 150, 150, 500, 100]
     assert default_epochs("wiki") == default_epochs(None) == FusionConfig.epochs
+
+
+def test_a_seps_run_of_gumbel_selection_is_another_run_than_before_its_change():
+    """Gumbel selection keeps the noisy scores' top K since 2026-11-30 (it kept the scores' own): a run of the
+    same settings trained before was reused by the same key, and averaged with new runs as one setting (an
+    audit's). Its identity now says which rule it trained by; the other selections' identities are as before."""
+    gumbel, learned = SepsConfig(selection="gumbel"), SepsConfig(selection="learned")
+    assert identity_dict(gumbel)["gumbel_keeps"] == "noisy top-k" and "gumbel_keeps" not in identity_dict(learned)
+    assert set(identity_dict(gumbel)) - set(identity_dict(learned)) == {"gumbel_keeps"}

@@ -555,6 +555,10 @@ def identity_dict(cfg: Any) -> Dict[str, Any]:
             if params.get(name) == before:
                 del params[name]
         out["method_params"] = params
+    if isinstance(cfg, SepsConfig) and cfg.selection == "gumbel":
+        # since 2026-11-30 gumbel keeps the noisy scores' top K (it kept the scores' own): a run of before trained
+        # another model under the same settings, which was reused, and averaged with new runs as one setting
+        out["gumbel_keeps"] = "noisy top-k"
     return out
 
 
