@@ -494,6 +494,14 @@ def test_a_row_with_a_value_no_command_writes_is_skipped_and_said(tmp_path):
         result.stderr
     [group] = [json.loads(line) for line in result.stdout.splitlines()]
     assert group["seeds"] == [2]
+    # an older ucmfh's 'rerank -m 5': its R@10 read from a list of 5 (today's refuses -m below 10)
+    from ucmfh.app.runs import row_problem
+
+    recall = {"1": 2.0, "5": 14.0, "10": 14.0}
+    assert row_problem({"candidates": 5, "recall_i2t": recall}) == \
+        "candidates=5, an R@10 read from a list of 5 (an older ucmfh's rerank -m 5)"
+    assert row_problem({"candidates": 10, "recall_i2t": recall}) is None
+    assert row_problem({"candidates": None, "recall_i2t": recall}) is None  # SEPS over every pair
 
 
 def test_a_figure_some_seeds_lack_is_left_out_not_taken_over_the_others():

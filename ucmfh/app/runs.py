@@ -142,6 +142,10 @@ def row_problem(row: Dict[str, Any]) -> Optional[str]:
     for key in ("n_bits", "seed", "k"):
         if row.get(key) is not None and (not isinstance(row[key], int) or isinstance(row[key], bool)):
             return f"{key}={row[key]!r}"
+    m = row.get("candidates")  # an older rerank's -m 5: its R@10 read from a list of 5, which it is no more
+    if isinstance(m, int) and m < 10 and any(
+            isinstance(row.get(key), dict) and "10" in row[key] for key in ("recall_i2t", "recall_t2i")):
+        return f"candidates={m}, an R@10 read from a list of {m} (an older ucmfh's rerank -m {m})"
     return None
 
 
