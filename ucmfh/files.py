@@ -220,8 +220,8 @@ def check_replaceable(path: PathLike, kind: str, overwrite: bool = False) -> Non
         head = f.read(_HEAD)
     if MARKS[kind] not in head:
         # one an older ucmfh wrote has no mark either (before 2026-11-27): said as a file without one, not as the user's
-        raise FileExistsError(f"{path}: exists without the mark of a {KINDS[kind]} ucmfh wrote (the user's, or one of a "
-                              "ucmfh before 2026-11-27, which had none); not replaced")
+        raise FileExistsError(f"{path}: exists without the mark of a {KINDS[kind]} ucmfh wrote (the user's, or one of "
+                              "a ucmfh before 2026-11-27, which had none); not replaced")
 
 
 # the names of files of other kinds, which rows are never appended to, whether they exist or not: a results file
