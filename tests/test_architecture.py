@@ -8,10 +8,14 @@ import sys
 from pathlib import Path
 from typing import Dict, Iterator, List, Optional, Tuple
 
+import pytest
+
 from conftest import ROOT
 
 PACKAGE = ROOT / "ucmfh"
 APP = PACKAGE / "app"
+# the source tree beside the tests is read: a copy of the tests beside an installed package alone has none
+pytestmark = pytest.mark.skipif(not PACKAGE.is_dir(), reason=f"no ucmfh source tree at {PACKAGE} to read")
 
 
 def _modules() -> Iterator[Tuple[Path, ast.Module]]:

@@ -10,6 +10,9 @@ import pytest
 
 from conftest import ROOT, SCRIPTS
 
+# the patches apply to the source tree beside the tests: a copy of the tests beside an installed package has none
+pytestmark = pytest.mark.skipif(not (ROOT / "ucmfh").is_dir(), reason=f"no ucmfh source tree at {ROOT / 'ucmfh'}")
+
 
 
 def _load():
