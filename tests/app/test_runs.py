@@ -1011,6 +1011,20 @@ def test_resume_with_nothing_saved_names_no_file_the_run_never_writes(tmp_path, 
     assert line == f"nothing to resume: no training state is saved beside {checkpoint} (a stage not started " \
                    "before); training it from the start"
     assert checkpoint.endswith("hash8.pt") and os.path.isfile(checkpoint)
+    # a state of the same method, seed and stage under another key (other flags, or an older ucmfh's key of
+    # these: '--set hash.dropout=0' has another since integers of float settings became floats) is named
+    run_folder = os.path.dirname(checkpoint)
+    other = run_folder.rsplit("-", 1)[0] + "-0123abcd"
+    os.makedirs(other)
+    open(os.path.join(other, "hash16.t0.3.state.pt"), "wb").close()
+    result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--epochs", "1", "-b", "16", "--set",
+                                       "hash.hidden=64", "--device", "cpu", "--out", str(out), "--results",
+                                       str(tmp_path / "r.jsonl"), "--resume"])
+    assert result.exit_code == 0, result.output
+    [line] = [line for line in result.output.splitlines() if line.startswith("nothing to resume")]
+    assert line.endswith(f"hash16.pt; states of other settings of this method and seed are saved in {other} "
+                         "(another run's flags, or an older ucmfh's key of these: resume that with the flags it "
+                         "began with); training it from the start"), line
 
 
 def test_resume_in_another_number_of_processes_is_refused_naming_the_state(tmp_path, tiny_path, monkeypatch):

@@ -12,7 +12,7 @@ import json
 import os
 import time
 from dataclasses import dataclass, replace
-from typing import Any, Callable, Dict, Iterator, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -186,9 +186,28 @@ def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
             _refuse_interrupted(checkpoint, locked=True)
         log(f"resuming {', '.join(saved)} ({interrupted_at(checkpoint)})")  # '(finished)', '(epoch 3 of 100)', ...
     elif opts.resume and not opts.always_resumes:
-        log(f"nothing to resume: no training state is saved beside {checkpoint} (a stage not started before); "
-            "training it from the start")
+        others = _states_of_other_settings(checkpoint)
+        elsewhere = (f"; states of other settings of this method and seed are saved in {', '.join(others)} (another "
+                     "run's flags, or an older ucmfh's key of these: resume that with the flags it began with)"
+                     if others else " (a stage not started before)")
+        log(f"nothing to resume: no training state is saved beside {checkpoint}{elsewhere}; training it from the "
+            "start")
     return state
+
+
+def _states_of_other_settings(checkpoint: str) -> List[str]:
+    """The run folders beside ``checkpoint``'s of the same method and seed (``METHOD-seedS-KEY``) that hold a
+    state of the same stage: where a '--resume' that found none here may have meant (a key changed since)."""
+    folder = os.path.dirname(os.path.abspath(checkpoint))
+    prefix = os.path.basename(folder).rsplit("-", 1)[0] + "-"
+    stage = os.path.basename(checkpoint)
+    try:
+        siblings = sorted(os.listdir(os.path.dirname(folder)))
+    except OSError:
+        return []
+    return [os.path.join(os.path.dirname(os.path.dirname(checkpoint)), name) for name in siblings
+            if name.startswith(prefix) and name != os.path.basename(folder)
+            and saved_states(os.path.join(os.path.dirname(folder), name, stage))]
 
 
 def saved_epochs(run: Run, kind: str) -> Dict[int, str]:
