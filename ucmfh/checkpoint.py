@@ -9,7 +9,7 @@ import torch
 from torch import nn
 
 from ucmfh.config import FusionConfig, HashConfig, SepsConfig, from_dict, to_dict
-from ucmfh.files import PathLike, atomic_binary, checked_path, not_a_file, torch_file_problem, write_text_atomic
+from ucmfh.files import PathLike, atomic_binary, check_a_file, checked_path, torch_file_problem, write_text_atomic
 from ucmfh.methods import METHODS, PLUGIN_ERRORS, build_method
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.run_draws import setting_up
@@ -173,8 +173,7 @@ def read_checkpoint(path: PathLike) -> Dict[str, Any]:
     path = os.fspath(path)
     if not os.path.exists(path):
         raise CheckpointError(f"{path}: no such checkpoint")
-    if not_a_file(path):
-        raise CheckpointError(f"{path}: is {not_a_file(path)}, not a checkpoint")
+    check_a_file(path, "a checkpoint", CheckpointError)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)
     except Exception as err:  # torch raises several types for a damaged file

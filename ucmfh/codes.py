@@ -14,7 +14,7 @@ import torch
 from ucmfh import bits
 from ucmfh.config import PROTOCOLS
 from ucmfh.data.format import CODES_FORMAT, DataError, id_problem, shared_ids, unlabelled_rows
-from ucmfh.files import atomic_file, check_space, not_a_file, read_attrs, write_attrs
+from ucmfh.files import atomic_file, check_a_file, check_space, read_attrs, write_attrs
 
 ArrayLike = Union[np.ndarray, torch.Tensor]
 
@@ -187,8 +187,7 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
 
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such codes file")
-    if not_a_file(path):
-        raise DataError(f"{path}: is {not_a_file(path)}, not a codes file")
+    check_a_file(path, "a codes file", DataError)
     try:
         f = h5py.File(path, "r")
     except OSError as err:

@@ -46,15 +46,14 @@ def checked_path(where: str, path: Any, name: str = "path") -> str:
     raise TypeError(f"{where}: {name} must be a file path (str or os.PathLike), got {type(path).__name__}{shown}")
 
 
-def not_a_file(path: PathLike) -> Optional[str]:
-    """What ``path`` is, in words, where a file to read was asked for, or None where it is a regular file (or
-    absent: the caller says so): a folder; a pipe or a device, whose opening waited for ever for a writer (a
-    FIFO given as a dataset, a checkpoint or a results file hung the command, an index past SIGTERM)."""
+def check_a_file(path: PathLike, what: str, error: type = ValueError) -> None:
+    """Refuse, where ``what`` (a file: 'a checkpoint') is to be read, a folder, or a pipe or a device, whose opening
+    waited for ever for a writer (a FIFO given as a dataset, a checkpoint or a results file hung the command, an
+    index past SIGTERM): ``error`` naming ``path``. A regular file passes, and so does none (the caller says so)."""
     if os.path.isdir(path):
-        return "a folder"
+        raise error(f"{os.fspath(path)}: is a folder, not {what}")
     if os.path.exists(path) and not os.path.isfile(path):
-        return "a pipe or a device (not a regular file)"
-    return None
+        raise error(f"{os.fspath(path)}: is a pipe or a device (not a regular file), not {what}")
 
 
 def check_space(path: PathLike, size: int) -> None:
@@ -463,8 +462,7 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) 
     path = os.fspath(path)
     if not os.path.exists(path):
         return []
-    if not_a_file(path):
-        raise ValueError(f"{path}: is {not_a_file(path)}, not a JSON-lines results file")
+    check_a_file(path, "a JSON-lines results file")
     rows: List[Dict[str, Any]] = []
     first: Optional[Tuple[int, str]] = None  # a first line that is not rows: skipped if it began as a row (a
     # writer killed there) and a row follows it; anything else is not a results file (a text of the user's)

@@ -198,16 +198,14 @@ def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
 def _states_of_other_settings(checkpoint: str) -> List[str]:
     """The run folders beside ``checkpoint``'s of the same method and seed (``METHOD-seedS-KEY``) that hold a
     state of the same stage: where a '--resume' that found none here may have meant (a key changed since)."""
-    folder = os.path.dirname(os.path.abspath(checkpoint))
-    prefix = os.path.basename(folder).rsplit("-", 1)[0] + "-"
-    stage = os.path.basename(checkpoint)
+    parent, mine = os.path.split(os.path.dirname(checkpoint))
+    prefix, stage = mine.rsplit("-", 1)[0] + "-", os.path.basename(checkpoint)
     try:
-        siblings = sorted(os.listdir(os.path.dirname(folder)))
+        siblings = sorted(os.listdir(parent or "."))
     except OSError:
         return []
-    return [os.path.join(os.path.dirname(os.path.dirname(checkpoint)), name) for name in siblings
-            if name.startswith(prefix) and name != os.path.basename(folder)
-            and saved_states(os.path.join(os.path.dirname(folder), name, stage))]
+    return [os.path.join(parent, name) for name in siblings
+            if name.startswith(prefix) and name != mine and saved_states(os.path.join(parent, name, stage))]
 
 
 def saved_epochs(run: Run, kind: str) -> Dict[int, str]:

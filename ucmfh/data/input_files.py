@@ -15,7 +15,7 @@ from typing import IO, List, Tuple
 import numpy as np
 
 from ucmfh.data.format import DataError
-from ucmfh.files import PathLike, not_a_file
+from ucmfh.files import PathLike, check_a_file
 
 NPY_MAGIC = b"\x93NUMPY"
 ZIP_MAGIC = b"PK\x03\x04"
@@ -75,8 +75,7 @@ def load_npy(path: PathLike) -> np.ndarray:
     path = os.fspath(path)
     if not os.path.exists(path):
         raise DataError(f"{path}: no such file")
-    if not_a_file(path):  # a pipe was read as an empty file
-        raise DataError(f"{path}: is {not_a_file(path)}, not an .npy array")
+    check_a_file(path, "an .npy array", DataError)  # a pipe was read as an empty file
     size = os.path.getsize(path)
     if size == 0:
         raise DataError(f"{path}: empty file (0 bytes)")
@@ -105,8 +104,7 @@ def open_npz(path: PathLike) -> "np.lib.npyio.NpzFile":
     path = os.fspath(path)
     if not os.path.exists(path):
         raise DataError(f"{path}: no such file")
-    if not_a_file(path):
-        raise DataError(f"{path}: is {not_a_file(path)}, not an .npz archive")
+    check_a_file(path, "an .npz archive", DataError)
     if os.path.getsize(path) == 0:
         raise DataError(f"{path}: empty file (0 bytes)")
     start = _start(path)

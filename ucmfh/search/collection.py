@@ -21,7 +21,7 @@ import numpy as np
 
 from ucmfh.data.format import DataError, check_finite, finite_float32, first_of_each_id
 from ucmfh.data.input_files import load_npy
-from ucmfh.files import not_a_file, read_attrs
+from ucmfh.files import check_a_file, read_attrs
 
 FEATURES = {"img": "image", "txt": "text"}  # modality -> dataset name
 COLUMNS = ("image", "text", "ids", "labels", "paths", "text_raw")
@@ -110,21 +110,20 @@ def differing(a: str, b: str, context: int = 16, width: int = 60) -> Tuple[str, 
 
 def _read(path: str, dset: h5py.Dataset, where: str, a: int, b: int) -> Any:
     try:
-        if dset.dtype.kind in "OSU":
-            strings = dset[a:b].tolist()
-            for row, s in enumerate(strings):  # the row named: 'utf-8 codec can't decode byte 0xed' named none
-                if not isinstance(s, str):
-                    try:
-                        strings[row] = s.decode("utf-8")
-                    except UnicodeDecodeError as err:
-                        raise DataError(f"{path}: {where}: row {a + row}: not UTF-8 text ({err.reason}, byte "
-                                        f"{err.start})") from None
-            return strings
-        return dset[a:b]
+        values = dset[a:b]
     except (OSError, ValueError, TypeError) as err:
-        if isinstance(err, DataError):
-            raise
         raise DataError(f"{path}: {where}: unreadable data ({err})") from None
+    if dset.dtype.kind not in "OSU":
+        return values
+    strings = values.tolist()
+    for row, s in enumerate(strings):  # the row named: 'utf-8 codec can't decode byte 0xed' named none
+        if not isinstance(s, str):
+            try:
+                strings[row] = s.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{path}: {where}: row {a + row}: not UTF-8 text ({err.reason}, byte "
+                                f"{err.start})") from None
+    return strings
 
 
 def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collection:
@@ -138,8 +137,7 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
     if not os.path.exists(path):
         raise FileNotFoundError(f"{path}: no such collection file" if path else
                                 "an empty path; give the collection file")
-    if not_a_file(path):  # a pipe: opening it waited for ever, past SIGTERM
-        raise DataError(f"{path}: is {not_a_file(path)}, not a collection file")
+    check_a_file(path, "a collection file", DataError)  # a pipe: opening it waited for ever, past SIGTERM
     try:
         f = h5py.File(path, "r")
     except OSError as err:
