@@ -409,7 +409,7 @@ BUGS: Tuple[Bug, ...] = (
         "a method parameter added later (fusion_start) enters every run's identity: recorded runs lose their keys",
         ("tests/test_config.py::test_a_method_parameter_added_later_keeps_the_runs_recorded_before",)),
     Bug("gumbel-selection-ignores-noise", "ucmfh/seps/model.py",
-        "                hard = torch.zeros_like(score).scatter_(-1, noisy.topk(k, dim=-1).indices, 1.0)\n", "",
+        "        top = noisy.topk(k, dim=-1)\n", "        top = score.topk(k, dim=-1)\n",
         "SEPS gumbel keeps the scores' own top K whatever the noise (the noise reaches the gradient alone)",
         ("tests/seps/test_seps.py::"
          "test_gumbel_keeps_a_sample_of_the_patches_while_training_and_the_top_k_in_evaluation",)),

@@ -164,11 +164,7 @@ class IndexFolder:
     def _append_folder(self, rows: Dict[str, Dict[str, Any]], source: Optional[Dict[str, Any]]) -> None:
         """Write rows past the committed ones, then commit them with one atomic manifest replace."""
         with locked(os.path.join(self.path, MANIFEST)):
-            on_disk = read_manifest(self.path)
-            for modality in MODALITIES:
-                if on_disk["modalities"].get(modality, {}).get("count", 0) != self._count[modality]:
-                    raise DataError(f"{self.path}: changed by another writer since it was opened (another build "
-                                    "added to it meanwhile); open it again, or run the same build again")
+            self._refuse_changed()
             for modality, columns in rows.items():
                 n = self._count[modality]
                 for name, value in columns.items():
@@ -197,11 +193,7 @@ class IndexFolder:
         part-way (the rows written past them are left to be written over, as past any commit)."""
         manifest = os.path.join(self.path, MANIFEST)
         with locked(manifest):
-            on_disk = read_manifest(self.path)
-            for modality in MODALITIES:
-                if on_disk["modalities"].get(modality, {}).get("count", 0) != self._count[modality]:
-                    raise DataError(f"{self.path}: changed by another writer since it was opened (another build "
-                                    "added to it meanwhile); open it again, or run the same build again")
+            self._refuse_changed()
             self._count = {m: min(int(counts.get(m, 0)), self._count[m]) for m in MODALITIES}
             for modality in MODALITIES:
                 if not self._count[modality]:  # no items: the columns are the next add's to fix
@@ -210,6 +202,15 @@ class IndexFolder:
             write_json_atomic(manifest, self._manifest_from_disk())
         fresh = type(self).load(self.path, mmap=True)
         self.__dict__.update(fresh.__dict__)
+
+    def _refuse_changed(self) -> None:
+        """Refuse (``DataError``) to write where the manifest on disk counts other rows than this index opened with:
+        another writer committed since. Called under the manifest's lock."""
+        on_disk = read_manifest(self.path)
+        for modality in MODALITIES:
+            if on_disk["modalities"].get(modality, {}).get("count", 0) != self._count[modality]:
+                raise DataError(f"{self.path}: changed by another writer since it was opened (another build added "
+                                "to it meanwhile); open it again, or run the same build again")
 
     def _manifest_from_disk(self) -> Dict[str, Any]:
         """The manifest of the rows now written: counts from ``_count``, string sizes from their offsets."""

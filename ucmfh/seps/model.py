@@ -242,7 +242,11 @@ class SEPS(nn.Module):
         n, k = self.n_patches, self.n_keep
         if cfg.selection == "frozen":
             score = score.detach()  # the released code selects under torch.no_grad()
-        top = score.topk(k, dim=-1)
+        noisy = score
+        if k < n and cfg.selection == "gumbel" and self.training:  # straight through: the forward keeps the top K
+            noise = -torch.log(-torch.log(torch.rand_like(score) + 1e-9) + 1e-9)  # of the noisy scores, a sample
+            noisy = score + noise
+        top = noisy.topk(k, dim=-1)
         hard = torch.zeros_like(score).scatter_(-1, top.indices, 1.0)
         soft_mean = None
         mask = hard
@@ -254,11 +258,6 @@ class SEPS(nn.Module):
             mask = hard + soft - soft.detach()
             soft_mean = soft.mean()
         elif k < n and cfg.selection == "gumbel":
-            noisy = score
-            if self.training:  # straight through: the forward keeps the top K of the noisy scores, a sample
-                noise = -torch.log(-torch.log(torch.rand_like(score) + 1e-9) + 1e-9)
-                noisy = score + noise
-                hard = torch.zeros_like(score).scatter_(-1, noisy.topk(k, dim=-1).indices, 1.0)
             soft = torch.softmax(noisy / cfg.select_temperature, dim=-1)
             mask = hard + soft - soft.detach()
         # aggregation: a softmax over the kept patches, written as D exp(l) / Σ D exp(l)
