@@ -205,7 +205,7 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
         if "n_bits" not in f.attrs:
             raise fail("/", "missing attribute 'n_bits'")
         n_bits = f.attrs["n_bits"]
-        if isinstance(n_bits, (np.bool_, bool)) or not isinstance(n_bits, (int, np.integer)):  # 9.5 was read as 9
+        if isinstance(n_bits, bool) or not isinstance(n_bits, (int, np.integer)):  # 9.5 was read as 9
             shown = n_bits.item() if isinstance(n_bits, np.generic) else n_bits  # 9.5, not np.float64(9.5)
             raise fail("/", f"attribute 'n_bits' is {shown!r}, not a whole number")
         n_bits = int(n_bits)

@@ -24,8 +24,6 @@ import numbers
 import os
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
-import numpy as np
-
 from ucmfh.config import (
     MOVED_TO_PARAMS, PROTOCOLS, FusionConfig, HashConfig, SettingError, blame_overrides, check_override, check_setting,
     default_epochs, raises, with_defaults,
@@ -127,7 +125,7 @@ def hash_config(method: str = DEFAULT_METHOD, *, dataset: Optional[str] = None, 
     (``hash_config("cca-itq", hidden=512)``: it fixes ``hidden``), or with ``drop_unused`` left out (one set of
     settings serving several methods); :class:`SettingError` names it."""
     n_bits = settings.pop("n_bits", HashConfig.n_bits)
-    if not isinstance(n_bits, numbers.Integral) or isinstance(n_bits, (bool, np.bool_)):
+    if not isinstance(n_bits, numbers.Integral) or isinstance(n_bits, bool):
         raise SettingError("n_bits", f"n_bits must be one code length, an int (several: stage_configs(method, "
                                      f"n_bits=[16, 64])), got {n_bits!r}")
     if dataset is not None and not isinstance(dataset, (str, os.PathLike)):
