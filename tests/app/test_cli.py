@@ -427,6 +427,20 @@ def test_a_sigterm_while_the_command_imports_is_one_line(monkeypatch, capsys):
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+def _signal_while_importing(monkeypatch, module: str, signal_name: str) -> None:
+    """The signal ``signal_name`` sent to this process as ``module`` is imported (afresh), for the test's length."""
+    import signal
+
+    class Stopping:
+        def find_spec(self, name, path=None, target=None):
+            if name == module:
+                os.kill(os.getpid(), getattr(signal, signal_name))
+            return None
+
+    monkeypatch.delitem(sys.modules, module, raising=False)
+    monkeypatch.setattr(sys, "meta_path", [Stopping(), *sys.meta_path])
+
+
 @pytest.mark.parametrize("signal_name, code, said", [("SIGTERM", 143, "terminated\n"),
                                                      ("SIGINT", 130, "interrupted\n")])
 def test_a_ctrl_c_or_sigterm_while_demo_py_imports_is_one_line(monkeypatch, capsys, signal_name, code, said):
@@ -435,14 +449,7 @@ def test_a_ctrl_c_or_sigterm_while_demo_py_imports_is_one_line(monkeypatch, caps
     import runpy
     import signal
 
-    class Stopping:  # the signal landing while the app's training module is imported
-        def find_spec(self, name, path=None, target=None):
-            if name == "ucmfh.app.experiment":
-                os.kill(os.getpid(), getattr(signal, signal_name))
-            return None
-
-    monkeypatch.delitem(sys.modules, "ucmfh.app.experiment", raising=False)
-    monkeypatch.setattr(sys, "meta_path", [Stopping(), *sys.meta_path])
+    _signal_while_importing(monkeypatch, "ucmfh.app.experiment", signal_name)  # the app's training module
     try:
         with pytest.raises(SystemExit) as ended:
             runpy.run_path(str(ROOT / "demo.py"), run_name="__main__")
@@ -520,14 +527,7 @@ def test_a_ctrl_c_or_sigterm_while_a_command_s_module_imports_is_one_line(monkey
     the command in one line and the signal's code, as at any later moment."""
     import signal
 
-    class Stopping:  # the signal landing while ucmfh.app.hashing_cli is imported
-        def find_spec(self, name, path=None, target=None):
-            if name == "ucmfh.app.hashing_cli":
-                os.kill(os.getpid(), getattr(signal, signal_name))
-            return None
-
-    monkeypatch.delitem(sys.modules, "ucmfh.app.hashing_cli", raising=False)
-    monkeypatch.setattr(sys, "meta_path", [Stopping(), *sys.meta_path])
+    _signal_while_importing(monkeypatch, "ucmfh.app.hashing_cli", signal_name)
     result = CliRunner().invoke(main, ["methods"])
     code, said = (130, "interrupted") if signal_name == "SIGINT" else (143, "terminated")
     assert result.exit_code == code and result.output == f"{said}\n"
