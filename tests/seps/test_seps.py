@@ -5,6 +5,7 @@ import contextlib
 import dataclasses
 import json
 import math
+import os
 
 import h5py
 import numpy as np
@@ -413,6 +414,40 @@ def test_rerank_without_seps_reads_no_token(tmp_path, token_path, monkeypatch):
     assert out.exit_code == 130, out.output
     assert [(r["stage"], r["database"]) for r in map(json.loads, open(stopped))] == [
         ("hamming", "test"), ("cosine-rerank", "test")]
+
+
+def test_rerank_says_when_its_models_were_trained_on_another_file_holding_its_queries(tmp_path):
+    """``evaluate`` warned of a checkpoint trained on a file whose training split held the queries; ``rerank``
+    took both its models (the hashing and the SEPS checkpoint) without a look at where they were trained, and its
+    rows read as honest figures (a query split's own items in training: R@1 97 against an honest 43)."""
+    scored = token_splits(seed=0, images=(20, 30))
+    other = {s: {**a, "ids": a["ids"] + 1000} for s, a in token_splits(seed=1).items()}
+    leaky = write_dataset(tmp_path / "leaky.h5", {"train": scored["query"], "query": other["query"],
+                                                  "retrieval": other["retrieval"]})
+    path = write_dataset(tmp_path / "scored.h5", scored)
+    runner, runs = CliRunner(), str(tmp_path / "runs")
+    common = ["--quiet", "--device", "cpu", "--results", ""]
+    for args in (["train-hash", "-b", "16", "--epochs", "2", "--set", "hash.hidden=0", "--val-fraction", "0"],
+                 ["train-seps", "--epochs", "1", "--batch-size", "16", "--set", "embed_dim=32", "--val-fraction", "0",
+                  "--database", "test"]):
+        trained = runner.invoke(main, [*args, "-d", leaky, "--out", runs, *common])
+        assert trained.exit_code == 0, trained.output
+    hash_ckpt, seps_ckpt = (str(next((tmp_path / "runs").rglob(name))) for name in ("hash16.pt", "seps.pt"))
+    results = tmp_path / "r.jsonl"
+    out = runner.invoke(main, ["rerank", "-d", path, "-c", hash_ckpt, "--seps", seps_ckpt, "-m", "10", "--quiet",
+                               "--device", "cpu", "--results", str(results), "--database", "test"])
+    assert out.exit_code == 0, out.output
+    for ckpt in (hash_ckpt, seps_ckpt):
+        assert (f"the training split of {os.path.realpath(leaky)} (by their features), which {ckpt} was trained on: "
+                "its scores here are inflated") in out.output
+    rows = [json.loads(line) for line in open(results)]
+    assert [r["stage"] for r in rows] == ["hamming", "cosine-rerank", "seps-rerank"]
+    assert all(r["trained_on"]["path"] == os.path.realpath(leaky) and r["trained_on"]["queries_trained_on"] == [40, 40]
+               for r in rows)
+    assert [bool(r.get("seps_trained_on")) for r in rows] == [False, False, True]
+    # the models' own file: no word of it
+    own = runner.invoke(main, ["rerank", "-d", leaky, "-c", hash_ckpt, "--seps", seps_ckpt, "-m", "10", *common])
+    assert own.exit_code == 0 and "trained on" not in own.output and "warning" not in own.output, own.output
 
 
 def test_rerank_of_a_labelled_set_says_its_relevance_is_the_exact_pair(tmp_path, tiny_path):

@@ -13,6 +13,7 @@ import os
 from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple, Union
 
 from ucmfh.app.errors import warn
+from ucmfh.app.experiment import trained_elsewhere
 from ucmfh.app.identity import (
     RunOptions, dataset_folder, dataset_identity, git_commit, key_of, processes, trained_in, versions,
 )
@@ -150,20 +151,28 @@ def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[s
     ``done`` is given each database's rows as soon as they are scored (an interrupt keeps those)."""
     if seps_checkpoint is not None:
         check_words(data.path, ("query", "retrieval") if "collection" in names else ("query",))
-    hasher, _, hash_cfg, _ = load_model(hash_checkpoint, "hash", d_img=data.d_img, d_txt=data.d_txt)
+    hasher, _, hash_cfg, hash_meta = load_model(hash_checkpoint, "hash", d_img=data.d_img, d_txt=data.d_txt)
     if "fused" in scored_protocols(hash_cfg.method):  # its codes see both modalities together
         raise ValueError(f"{hash_checkpoint}: method {hash_cfg.method!r} has no leak-free real-valued output to "
                          "re-rank by; use a checkpoint of a leak-free method (two-tower, distill, cca-itq)")
     readers = _readers(data, tokens=seps_checkpoint is not None)  # the Hamming and cosine stages read none
     note_labels_unused(data, log)
-    seps, cfg, seps_in = None, None, None
+    dataset = dataset_identity(data)
+    # a model trained on another file (whose training split may hold these queries) is said so, as evaluate says
+    hash_on = trained_elsewhere(hash_meta, data, dataset, hash_checkpoint, "re-ranked", log)
+    seps, cfg, seps_in, seps_on = None, None, None, None
     if seps_checkpoint is not None:
         q = readers["query"]
         seps, cfg, meta = load_seps(seps_checkpoint, d_img=q.d_img, d_txt=q.d_txt, n_image_tokens=q.n_image_tokens)
         seps_in = trained_in(meta)
+        seps_on = trained_elsewhere(meta, data, dataset, seps_checkpoint, "re-ranking", log)
     rows = []
     common = {**_common(data, device), "task": "rerank", "hash_checkpoint": hash_checkpoint, "n_bits": hash_cfg.n_bits,
-              "method": hash_cfg.method, "hash_settings": identity_dict(hash_cfg), "protocol": "unimodal"}
+              "method": hash_cfg.method, "hash_settings": identity_dict(hash_cfg), "protocol": "unimodal",
+              **({"trained_on": hash_on} if hash_on else {})}
+    # a SEPS row: its SEPS model's file too, and that file as the row's trained_on where the hashing model's is this
+    seps_extra = {**({"seps_trained_on": seps_on} if seps_on else {}),
+                  **({"trained_on": seps_on} if seps_on and not hash_on else {})}
     for db in databases(readers["query"], readers["retrieval"], names):
         first = len(rows)
         log(f"{db.name} database: {len(db.img_ids)} images, {len(db.txt_ids)} captions")
@@ -174,10 +183,11 @@ def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[s
             for stage in stages:
                 row = {**common, **extra, **rr.run(stage, m)}
                 if stage.startswith("seps"):
-                    row.update(_seps_fields(cfg, seps_checkpoint, seps_in))
+                    row.update(_seps_fields(cfg, seps_checkpoint, seps_in), **seps_extra)
                 rows.append(row)
         if full and seps is not None:
-            rows.append({**common, **extra, **rr.run("seps-full", 0), **_seps_fields(cfg, seps_checkpoint, seps_in)})
+            rows.append({**common, **extra, **rr.run("seps-full", 0), **_seps_fields(cfg, seps_checkpoint, seps_in),
+                         **seps_extra})
         if done is not None:
             done(rows[first:])
     return rows
