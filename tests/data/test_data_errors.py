@@ -64,6 +64,20 @@ def test_validate_object_of_the_wrong_kind(small_file):
     user_error(["validate", path], f"{path}: /train/image: expected a dataset, found a group")
 
 
+def test_validate_says_which_query_images_are_training_images(small_file):
+    """A query row whose picture is a training row's, under another id and text (Wikipedia holds three), is valid
+    (the field's splits hold such rows) but its image→text query ranks by an image trained on: validate said
+    nothing of it."""
+    plain = CliRunner().invoke(main, ["validate", small_file])
+    assert plain.exit_code == 0 and "warning" not in plain.output, plain.output
+    with h5py.File(small_file, "a") as f:
+        f["query/image"][2] = f["train/image"][4]
+    said = CliRunner().invoke(main, ["validate", small_file])
+    assert said.exit_code == 0, said.output
+    assert (f"warning: {small_file}: 1 of the 5 query rows have the image features of a /train row (the same "
+            "picture under another id and text): their image→text queries rank by an image trained on") in said.output
+
+
 def test_a_split_that_is_a_dataset_in_a_collection_file(tmp_path):
     """Without /train the file is read as a search collection (validate, index): its /query a dataset is one
     line too, where it was an AttributeError's traceback."""

@@ -21,7 +21,7 @@ from ucmfh.data.annotations import list_images
 from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
 from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features
 from ucmfh.data.format import SPLITS, DataError
-from ucmfh.data.h5 import validate_file
+from ucmfh.data.h5 import images_trained_on, validate_file
 from ucmfh.data.scratch import RESTART, parse_shard
 from ucmfh.data.splits import DEFAULT_SEED, STANDARD_SPLITS, resolve_sizes
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
@@ -119,6 +119,10 @@ def validate_cmd(path: str) -> None:
     kind = "a caption set (relevance: same id)" if classes is None else f"{classes} classes"
     click.echo(f"{path}: valid ({attrs.get('name', '?')}: d_img {widths[0]}, d_txt {widths[1]}, {kind}; "
                + ", ".join(f"{split} {n}" for split, n in rows.items()) + f"; {tokens})")
+    seen, n = images_trained_on(path)
+    if seen:  # valid (the field's splits hold a few), but said: those image->text queries are not of unseen images
+        warn(f"{path}: {seen} of the {n} query rows have the image features of a /train row (the same picture under "
+             "another id and text): their image→text queries rank by an image trained on")
     for split, n in wordless.items():  # valid, but SEPS scores such texts by nothing
         warn(f"{path}: /{split}: {n} of {rows[split]} texts have no word tokens" + (" (none has one)" if n ==
                                                                                       rows[split] else ""))

@@ -279,20 +279,33 @@ def _equal_items(path: str, f: h5py.File, rows: np.ndarray, other: str, pairs: D
     return rows[np.isin(mine, theirs)]
 
 
+def _column_prints(path: str, f: h5py.File, split: str, name: str, index: np.ndarray) -> np.ndarray:
+    """The fingerprints of the rows ``index`` (ascending) of ``split``'s ``name`` features from every column,
+    read by blocks of rows. Shape: [n] uint64."""
+    dset, prints = f[split][name], []
+    every = np.arange(dset.shape[1])
+    for start in range(0, dset.shape[0], _CHECK_ROWS):
+        inside = index[(index >= start) & (index < start + _CHECK_ROWS)]
+        if len(inside):
+            block = _read(path, f"/{split}/{name}", dset, slice(start, start + _CHECK_ROWS))
+            prints.append(row_fingerprints(block[inside - start].astype(np.float32), every))
+    return np.concatenate(prints) if prints else np.zeros(0, dtype=np.uint64)
+
+
 def _whole_prints(path: str, f: h5py.File, split: str, index: np.ndarray) -> np.ndarray:
-    """The fingerprints of the image and text rows ``index`` (ascending) of ``split`` from every column, read by
-    blocks of rows. Shape: [n] uint64."""
-    parts = {}
-    for name in ("image", "text"):
-        dset, prints = f[split][name], []
-        every = np.arange(dset.shape[1])
-        for start in range(0, dset.shape[0], _CHECK_ROWS):
-            inside = index[(index >= start) & (index < start + _CHECK_ROWS)]
-            if len(inside):
-                block = _read(path, f"/{split}/{name}", dset, slice(start, start + _CHECK_ROWS))
-                prints.append(row_fingerprints(block[inside - start].astype(np.float32), every))
-        parts[name] = np.concatenate(prints) if prints else np.zeros(0, dtype=np.uint64)
-    return _item_prints(parts["image"], parts["text"])
+    """The fingerprints of the items (image and text rows) ``index`` (ascending) of ``split``. Shape: [n] uint64."""
+    return _item_prints(*(_column_prints(path, f, split, name, index) for name in ("image", "text")))
+
+
+def images_trained_on(path: str) -> Tuple[int, int]:
+    """How many query rows of a (valid) dataset file have the image features of a training row, and of how many:
+    the same picture under another id and another text (Wikipedia's query rows 66, 380 and 542, each an image of
+    two articles), which validation lets be (the field's splits hold it): an image→text query of it ranks by an
+    image trained on."""
+    with open_without_chunk_cache(path) as f:
+        query, train = (_column_prints(path, f, split, "image", np.arange(f[split]["image"].shape[0]))
+                        for split in ("query", "train"))
+    return int(np.isin(query, train).sum()), len(query)
 
 
 def rows_found_in(path: str, split: str, other_path: str, other_split: str) -> Tuple[int, int]:
