@@ -394,6 +394,31 @@ def test_paths_and_captions_that_are_not_one_string_an_item_are_refused(tmp_path
         validate_file(path)
 
 
+def test_a_virtual_dataset_of_one_split_over_the_query_split_s_rows_is_refused(tmp_path):
+    """The file check compares the query split's pooled features with the others', row by row, and its token
+    features not at all: training tokens that were a virtual dataset over the query's were valid, and SEPS trained
+    on the query images. Training and retrieval rows may be one another's (the layout's shared files' are)."""
+    path = write_dataset(tmp_path / "d.h5", arrays())
+
+    def over(split: str, source: str) -> None:
+        with h5py.File(path, "a") as f:
+            text = f[split]["text"]
+            n = min(text.shape[0], f[source]["text"].shape[0])
+            f[split].create_dataset("kept", data=text[()])
+            layout = h5py.VirtualLayout(shape=text.shape, dtype=text.dtype)
+            layout[:] = h5py.VirtualSource(".", f"/{split}/kept", shape=text.shape)
+            layout[:n] = h5py.VirtualSource(".", f"/{source}/text", shape=f[source]["text"].shape)[:n]
+            del f[split]["text"]
+            f[split].create_virtual_dataset("text", layout, fillvalue=0)
+
+    over("train", "retrieval")
+    validate_file(path)
+    over("retrieval", "query")
+    with pytest.raises(DataError, match=r"d.h5: /retrieval/text: a virtual dataset whose rows are /query/text's: the "
+                                        r"query split's rows and another split's must be disjoint"):
+        validate_file(path)
+
+
 def test_a_virtual_dataset_whose_source_is_gone_is_refused_where_hdf5_reads_zeros(tmp_path):
     """HDF5 reads the rows of a virtual dataset whose source is gone as its fill value, without an error; zeros
     pass every check of values, and a re-ranking by tokens read so scored half its rSum without a word."""

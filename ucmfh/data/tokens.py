@@ -55,11 +55,17 @@ def _dataset(path: str, group: h5py.Group, name: str, split: str) -> Optional[h5
 def check_virtual_sources(path: str, where: str, dset: h5py.Dataset) -> None:
     """Refuse a virtual dataset (the §9 layout's ``image_tokens`` is one) whose source file or dataset is gone:
     HDF5 reads its rows as the fill value, zeros, without an error, and zeros pass every check of values. A
-    source file is looked for as HDF5 does: by its name as stored, then beside ``path``."""
+    source file is looked for as HDF5 does: by its name as stored, then beside ``path``. So is one of this file
+    whose rows are the query split's where it is another split's, or another's where it is the query's (the
+    layout's training and retrieval splits may share rows): the file check compares pooled features alone."""
     if not dset.is_virtual:
         return
     for file_name, dset_name in sorted({(s.file_name, s.dset_name) for s in dset.virtual_sources()}):
         opened = file_name != "."  # the source's own file, to close; else this one, open elsewhere
+        split, source = where.strip("/").split("/")[0], dset_name.strip("/").split("/")[0]
+        if not opened and "query" in (split, source) and split != source:
+            raise _fail(path, where, f"a virtual dataset whose rows are {dset_name}'s: the query split's rows and "
+                                     "another split's must be disjoint (a query item trained on inflates every score)")
         if not opened:
             holder, shown = dset.file, "this file"
         else:
