@@ -175,7 +175,9 @@ class Dataset:
         """This dataset with its query and retrieval splits withheld (:class:`Withheld`): what a method is given
         to train on, so that no method, ours or another package's, reads them from what it is given. Its file's
         path is withheld too, its file name kept as its name, for messages (the name attribute many files share:
-        a subset of Wikipedia's is 'wiki' too): a method that opened the file would find them there."""
+        a subset of Wikipedia's is 'wiki' too): a method that opened the file would find them there. A guard
+        against a slip, not a sandbox: a streamed training split reads its rows from the file, whose handle its
+        :class:`~ucmfh.data.stream.Rows` hold, as any code in the process could open it."""
         return replace(self, query=Withheld("query"), retrieval=Withheld("retrieval"), path=None,
                        attrs={**self.attrs, "name": os.path.basename(self.path) if self.path else self.name})
 
