@@ -4,7 +4,8 @@ door trains it by (:func:`ucmfh.methods.fit_hashing`, i.e. ``Method.train``), an
 retrieval splits hold other items (same shapes). Half their rows are NaN: a query or retrieval row that
 reached a batch, a statistic (centring, PCA, CCA, ITQ, a similarity matrix, a memory bank) or a
 validation split would poison it; the other half are other finite features, labels and ids, which would
-change it where NaN might be skipped."""
+change it where NaN might be skipped. The same on a caption set (ids decide positives and the validation
+split), and for SEPS, which reads its file itself."""
 from __future__ import annotations
 
 import dataclasses
@@ -107,3 +108,44 @@ def test_a_method_that_replaces_train_is_given_neither_the_withheld_splits_nor_t
     # for messages: the file's name, not its name attribute
     assert tiny.path and path is None and name == os.path.basename(tiny.path)
     assert isinstance(query, Withheld) and isinstance(retrieval, Withheld)
+
+
+@pytest.fixture(scope="module")
+def captions(tmp_path_factory) -> Dataset:
+    """A caption set (relevance by id: a method's positives are its item's other captions), as ``tiny``."""
+    from ucmfh.data.h5 import load_dataset
+
+    from conftest import caption_file
+
+    return load_dataset(caption_file(tmp_path_factory.mktemp("captions") / "c.h5"))
+
+
+@pytest.mark.parametrize("name", list(METHODS))
+def test_a_method_learns_from_a_caption_set_s_training_split_alone(captions, name):
+    """A caption set's ids decide positives and the validation split (grouped by id): the query's and
+    retrieval's ids, moved and poisoned, change nothing."""
+    swapped = dataclasses.replace(captions, query=other_items(captions.query, 3),
+                                  retrieval=other_items(captions.retrieval, 4))
+    cfg = dataclasses.replace(config(name), batch_size=32)
+    fusion = fit_fusion(captions, small_fusion(epochs=1), progress=False)[0] if build_method(name).uses_fusion else None
+    real, real_history = fit_hashing(captions, cfg, fusion, progress=False)
+    other, other_history = fit_hashing(swapped, cfg, fusion, progress=False)
+    assert_same_model(real, other)
+    assert other_history.as_dict() == real_history.as_dict()
+
+
+def test_seps_learns_from_the_training_split_of_its_file_alone(tmp_path):
+    """SEPS reads its file itself (token features): a file whose query split holds other images and captions
+    (other tokens, ids, pooled features) gives the same model and record."""
+    from ucmfh.data.writer import write_dataset
+    from ucmfh.seps import fit_seps
+
+    from conftest import small_seps, token_splits
+
+    real = token_splits(seed=0)
+    other = token_splits(seed=7)
+    poisoned = {**real, "query": {**other["query"], "ids": other["query"]["ids"] + 10 ** 6}}
+    paths = [write_dataset(tmp_path / f"{name}.h5", splits) for name, splits in (("real", real), ("other", poisoned))]
+    (a, a_history), (b, b_history) = (fit_seps(path, small_seps(epochs=2), progress=False) for path in paths)
+    assert_same_model(a, b)
+    assert a_history.as_dict() == b_history.as_dict()
