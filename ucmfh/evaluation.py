@@ -15,6 +15,7 @@ from ucmfh.data.stream import Features
 from ucmfh.metrics.ap import mean
 from ucmfh.metrics.arguments import DEFAULT_K, TIES, Ranking, Ties, check_choice
 from ucmfh.metrics.captions import RANKS, caption_set_rows
+from ucmfh.metrics.collapse import distinct_codes
 from ucmfh.metrics.ranking import scores_by_rule
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import CrossModalHasher
@@ -285,29 +286,19 @@ def evaluate_hashing(
     for protocol in protocols:  # one forward pass: the codes are the signs of the head outputs
         query = outputs_of(model, data.query, protocol, device, progress=progress)
         retrieval = outputs_of(model, data.retrieval, protocol, device, progress=progress)
-        codes = _signs(retrieval)
+        codes, query_codes = _signs(retrieval), _signs(query)
         # the rankings scored, one step each (seconds each on a large set, where nothing was shown)
         with tqdm(total=1 + bool(real_valued), desc=f"scoring ({protocol})", unit="ranking", disable=not progress,
                   leave=False) as bar:
-            scores = score_splits(_signs(query), codes, data, k, expected=True, per_query=per_query)
+            scores = score_splits(query_codes, codes, data, k, expected=True, per_query=per_query)
             bar.update()
             if real_valued:
                 for row, real in zip(scores, score_splits(query, retrieval, data, k, "cosine", expected=True)):
                     row["real_valued"] = {key: value for key, value in real.items() if key.startswith(_METRICS)}
                 bar.update()
-        distinct = distinct_codes(*codes, data.retrieval.ids)
+        distinct = distinct_codes(*codes, data.retrieval.ids, query=(*query_codes, data.query.ids))
         rows += [{"protocol": protocol, **row, "distinct_codes": distinct} for row in scores]
     return rows
-
-
-def distinct_codes(img: torch.Tensor, txt: torch.Tensor, ids: Optional[torch.Tensor] = None) -> Dict[str, Any]:
-    """How many distinct codes a split's items get, per modality, and of how many items (images: one per id):
-    ``{"img": [codes, items], "txt": [codes, items], "n_bits": n}``. A model whose codes collapsed to a few
-    (DGCPN on Wiki: one code for every item at 16 bits) scores the level of a random order, which a MAP
-    alone does not tell from a weak model. Shape: img, txt [N, n_bits] ±1."""
-    images = len(img) if ids is None else len(torch.unique(ids))
-    return {"img": [len(torch.unique(img, dim=0)), images], "txt": [len(torch.unique(txt, dim=0)), len(txt)],
-            "n_bits": img.shape[1]}
 
 
 def evaluate_fusion(

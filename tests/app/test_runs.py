@@ -975,10 +975,21 @@ def test_collapsed_codes_are_said_and_recorded(tmp_path):
                                     "--results", str(results)])
     assert out.exit_code == 0, out.output
     n = len(data.retrieval)
-    assert f"warning: collapsed codes (unimodal): distinct codes of the retrieval split: texts 1 for {n} items" \
-        in out.output and "images" not in out.output.split("warning")[1].split("\n")[0]
+    q = len(data.query)
+    assert (f"warning: collapsed codes (unimodal): distinct codes of the retrieval texts 1 for {n} items, query "
+            f"texts 1 for {q} items; its scores") in out.output
+    assert "images" not in out.output.split("warning")[1].split("\n")[0]
     [row] = _rows(results)
     assert row["distinct_codes"]["txt"] == [1, n] and 1 < row["distinct_codes"]["img"][0] <= n
+    assert row["distinct_codes"]["query_txt"] == [1, q] and 1 < row["distinct_codes"]["query_img"][0] <= q
+    # the same codes scored from a codes file: said and recorded too (evaluate --codes counted nothing)
+    codes = tmp_path / "c.h5"
+    encoded = CliRunner().invoke(main, ["encode", "-c", ckpt, "-d", path, "-o", str(codes), "--device", "cpu",
+                                        "--quiet"])
+    assert encoded.exit_code == 0, encoded.output
+    scored = CliRunner().invoke(main, ["evaluate", "--codes", str(codes), "--results", str(tmp_path / "c.jsonl")])
+    assert scored.exit_code == 0 and "distinct codes of the retrieval texts 1 for" in scored.output, scored.output
+    assert _rows(tmp_path / "c.jsonl")[0]["distinct_codes"] == row["distinct_codes"]
     # marked wherever its scores are averaged in: 'runs' and a grid's table (only the training log said it)
     from ucmfh.app.grid import markdown
     from ucmfh.app.runs import COLLAPSE_NOTE, variant_of
@@ -995,6 +1006,9 @@ def test_collapsed_codes_are_said_and_recorded(tmp_path):
     assert collapsed({"img": [3, 100_000], "txt": [200, 100_000], "n_bits": 8}) == []
     assert collapsed({"img": [2, 100_000], "txt": [200, 100_000], "n_bits": 8}) == ["img"]
     assert collapsed({"img": [999, 100_000], "txt": [1001, 100_000], "n_bits": 64}) == ["img"]
+    # a query side whose codes collapsed ranks the database one way for every query
+    assert collapsed({"img": [500, 500], "txt": [500, 500], "query_img": [1, 50], "query_txt": [40, 50],
+                      "n_bits": 16}) == ["query_img"]
 
 
 def test_resume_with_nothing_saved_names_no_file_the_run_never_writes(tmp_path, tiny_path):

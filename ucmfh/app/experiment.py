@@ -12,7 +12,7 @@ from ucmfh.app.identity import (
     Run, RunOptions, dataset_identity, git_commit, key_of, run_settings, trained_in, versions,
 )
 from ucmfh.app.per_query import save_per_query
-from ucmfh.app.runs import collapsed
+from ucmfh.app.runs import collapse_warning
 from ucmfh.app.stage import Log, Stage, reuse_or_fit
 from ucmfh.checkpoint import CheckpointError, load_model, read_checkpoint, save_checkpoint, saved_number
 from ucmfh.codes import save_codes
@@ -179,13 +179,10 @@ def _say_collapsed(rows: List[Dict[str, Any]], log: Log) -> None:
     """A warning for each protocol whose codes collapsed (:func:`collapsed`)."""
     said = set()
     for row in rows:
-        few = collapsed(row.get("distinct_codes") or {})
-        if few and row["protocol"] not in said:
+        line = collapse_warning(row.get("distinct_codes") or {}, row["protocol"])
+        if line and row["protocol"] not in said:
             said.add(row["protocol"])
-            counts = ", ".join(f"{NAMES[m]} {row['distinct_codes'][m][0]} for {row['distinct_codes'][m][1]} items"
-                               for m in few)
-            log(f"warning: collapsed codes ({row['protocol']}): distinct codes of the retrieval split: {counts}; its "
-                "scores are those of a near-random order, not of a weak ranking")
+            log(line)
 
 
 def score_hash_model(
@@ -216,9 +213,6 @@ def score_hash_model(
         for row in rows:
             row.pop("per_query", None)
     return rows
-
-
-NAMES = {"img": "images", "txt": "texts"}
 
 
 def queries_trained_on(scored: str, trained: Optional[str]) -> Optional[Tuple[int, int]]:

@@ -177,6 +177,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
     check_outputs({"--results": results, "--metrics-out": metrics_out, "--plot": plot}, overwrite=overwrite,
                   inputs={"--codes": codes, "--checkpoint": checkpoint, "--dataset": dataset_paths(dataset, data_dir)})
     if codes:
+        from ucmfh.app.runs import collapse_warning
         from ucmfh.app.table import append_results
         from ucmfh.files import write_json_atomic
         from ucmfh.metrics import codes_file_row, evaluate_codes_file
@@ -209,6 +210,9 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
             click.echo(f"{path}: {row['n_bits']} bits, {where}: {recall}"
                        f"MAP@{k} I->T {row['map_i2t_expected']:.4f}, T->I {row['map_t2i_expected']:.4f} (mean over "
                        f"every order of tied items; ties by index: {row['map_i2t']:.4f}, {row['map_t2i']:.4f})")
+            warning = collapse_warning(row.get("distinct_codes") or {}, row["protocol"])
+            if warning:
+                click.echo(warning)
             if results:
                 append_results(results, [row])
                 click.echo(f"results appended to {results}")

@@ -18,6 +18,7 @@ from ucmfh.metrics.arguments import (
     as_tensors,
     check_ids,
 )
+from ucmfh.metrics.collapse import distinct_codes
 from ucmfh.metrics.captions import DATABASES
 from ucmfh.metrics.captions import database as caption_database
 from ucmfh.metrics.radius import pr_curve_hamming
@@ -226,7 +227,11 @@ def evaluate_codes_file(
             codes.labels["query"].to(dev), codes.labels["retrieval"].to(dev), ids["query"], ids["retrieval"],
             k=k, **options,
         )
-    result["settings"].update(path=os.fspath(path), n_bits=codes.n_bits, attrs=_jsonable(codes.attrs))
+    # the codes of each side, distinct: a collapsed side's scores are a near-random order's (metrics.collapse)
+    distinct = distinct_codes(get("retrieval", "img"), get("retrieval", "txt"), ids["retrieval"], n_bits=codes.n_bits,
+                              query=(get("query", "img"), get("query", "txt"), ids["query"]))
+    result["settings"].update(path=os.fspath(path), n_bits=codes.n_bits, attrs=_jsonable(codes.attrs),
+                              distinct_codes=distinct)
     return result
 
 
@@ -244,6 +249,7 @@ def codes_file_row(metrics: Dict[str, object]) -> Dict[str, object]:
         "loss": None if attrs.get("loss", "-") == "-" else attrs["loss"],  # none of its own: null, as training rows
         "n_bits": settings.get("n_bits"),
         "k": k,
+        **({"distinct_codes": settings["distinct_codes"]} if "distinct_codes" in settings else {}),
         "map_i2t": metrics["i2t"][f"map@{k}"],
         "map_t2i": metrics["t2i"][f"map@{k}"],
         **{f"map_{d}{EXPECTED}": metrics[d][f"map@{k}{EXPECTED}"] for d in ("i2t", "t2i")
