@@ -172,7 +172,7 @@ def caption_file(path, rng=None, n_query=8, n_retrieval=40, labels=False):
         txt = latent[ids] @ b + 0.3 * rng.normal(size=(len(ids), 10))
         arrays = {"image": img, "text": txt, "ids": ids}
         if labels:
-            arrays["labels"] = np.ones((len(ids), 1))
+            arrays["labels"] = np.eye(2)[ids % 2]  # two classes: one for all scores every ranking 1 (refused)
         return arrays
 
     query, retrieval = np.arange(n_query), np.arange(n_query, n_query + n_retrieval)

@@ -69,13 +69,38 @@ def test_validate_says_which_query_images_are_training_images(small_file):
     (the field's splits hold such rows) but its image→text query ranks by an image trained on: validate said
     nothing of it."""
     plain = CliRunner().invoke(main, ["validate", small_file])
-    assert plain.exit_code == 0 and "warning" not in plain.output, plain.output
+    assert plain.exit_code == 0 and "the image features of a /train row" not in plain.output, plain.output
     with h5py.File(small_file, "a") as f:
         f["query/image"][2] = f["train/image"][4]
     said = CliRunner().invoke(main, ["validate", small_file])
     assert said.exit_code == 0, said.output
     assert (f"warning: {small_file}: 1 of the 5 query rows have the image features of a /train row (the same "
             "picture under another id and text): their image→text queries rank by an image trained on") in said.output
+
+
+def test_labels_under_which_no_ranking_is_scored(small_file):
+    """Labels that make every query relevant to every retrieval item (one class for all) scored every method and
+    the random codes 1.0000, and labels no retrieval item shares scored them 0, as results. Both are refused; a
+    file where some query items are such is valid, and validate says how many."""
+    with h5py.File(small_file, "a") as f:
+        query, retrieval = f["query/labels"][()], f["retrieval/labels"][()]
+        f["query/labels"][0] = 0
+        f["query/labels"][0, 2] = 1
+        f["retrieval/labels"][:, 2] = 0
+        f["retrieval/labels"][:, 0] = 1  # column 2 nowhere in retrieval: query row 0 has nothing relevant
+    said = CliRunner().invoke(main, ["validate", small_file])
+    assert said.exit_code == 0, said.output
+    assert (f"warning: {small_file}: 1 of the 5 query items share a label with no retrieval item: each scores 0 in "
+            "every MAP, whatever the codes") in said.output
+    with h5py.File(small_file, "a") as f:
+        f["query/labels"][:] = np.eye(3, dtype=np.uint8)[2]
+    user_error(["validate", small_file], f"{small_file}: /query/labels: no query item shares a label with any "
+                                         "retrieval item: every MAP would be 0 whatever the codes")
+    with h5py.File(small_file, "a") as f:
+        f["query/labels"][:], f["retrieval/labels"][:] = query, retrieval
+        f["retrieval/labels"][:] = 1
+    user_error(["validate", small_file], "every query item shares a label with every retrieval item (one class for "
+                                         "all?): every MAP would be 1 whatever the codes")
 
 
 def test_a_split_that_is_a_dataset_in_a_collection_file(tmp_path):
