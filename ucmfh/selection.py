@@ -67,14 +67,17 @@ class History(list):
         return out
 
 
-def validation_items(keys: np.ndarray, fraction: float, seed: int) -> Tuple[np.ndarray, np.ndarray]:
+def validation_items(keys: np.ndarray, fraction: float, seed: int,
+                     units_are: str = "images") -> Tuple[np.ndarray, np.ndarray]:
     """``(rest, validation)`` item indices: a seeded share of the units (distinct ``keys``: the ids, or
-    the items themselves) held out for model selection; items of one unit go to the same side."""
+    the items themselves; ``units_are``: what they are, for the message) held out for model selection; items
+    of one unit go to the same side."""
     units = np.unique(keys)
     n_val = max(1, int(round(fraction * len(units))))
     if len(units) - n_val < 2:
-        raise SettingError("val_fraction", f"val_fraction {fraction} of {len(units)} training units leaves fewer than 2 "
-                                           "to train on")
+        raise SettingError("val_fraction", f"val_fraction {fraction} holds out {n_val} of the {len(units)} training "
+                                           f"{units_are}, leaving {len(units) - n_val}: training needs at least 2; "
+                                           "val_fraction 0 trains on them all, without a validation split")
     held = np.random.default_rng(seed).choice(units, size=n_val, replace=False)
     member = np.isin(keys, held)
     return np.flatnonzero(~member), np.flatnonzero(member)
@@ -88,7 +91,7 @@ def validation_split(split: Split, fraction: float, seed: int) -> Tuple[Split, O
     if fraction <= 0:
         return split, None
     keys = np.arange(len(split)) if split.ids is None else split.ids.numpy()  # the unit of each item
-    rest, val = validation_items(keys, fraction, seed)
+    rest, val = validation_items(keys, fraction, seed, "items" if split.ids is None else "images")
     return split.subset(torch.from_numpy(rest)), split.subset(torch.from_numpy(val))
 
 

@@ -186,6 +186,11 @@ def start(cfg: Any) -> Tuple[torch.device, torch.Generator]:
     return device, seed_everything(cfg.seed)
 
 
+def _what(cfg) -> str:
+    """What a run trains, in a message: its method, or the fusion stage (a FusionConfig has no method)."""
+    return f"method {cfg.method!r}" if hasattr(cfg, "method") else "the fusion stage"
+
+
 def fit(make_plan: Callable[[Setup], Plan], split: Split, cfg: Any, state: Optional[StateFile] = None,
         progress: bool = True) -> Tuple[nn.Module, History]:
     """A run's whole life on a training ``split``: its start (:func:`start`), a validation part held out
@@ -199,12 +204,12 @@ def fit(make_plan: Callable[[Setup], Plan], split: Split, cfg: Any, state: Optio
             device, generator = start(cfg)
             rest, val = validation_split(split, cfg.val_fraction, cfg.seed)
             if len(rest) < 2:  # said by its method before a plan is built on it (validation_split says its own)
-                raise ValueError(f"method {getattr(cfg, 'method', 'fusion')!r}: {len(rest)} training item"
+                raise ValueError(f"{_what(cfg)}: {len(rest)} training item"
                                  f"{'s' if len(rest) != 1 else ''}; training needs at least 2")
             plan = make_plan(Setup(device, rest, val))
             draws = RunDraws(device)
         if not isinstance(plan, Plan):  # a method of another package (docs/methods.md): said here, not in train
-            raise TypeError(f"method {getattr(cfg, 'method', 'fusion')!r}: its plan() gave {type(plan).__name__}, "
+            raise TypeError(f"{_what(cfg)}: its plan() gave {type(plan).__name__}, "
                             "not a ucmfh.trainer.Plan")
         history = train(plan, cfg, device, generator, state, progress, draws)
         return plan.model.cpu().eval(), history
