@@ -154,8 +154,14 @@ def restore_optimizer(optimizer: torch.optim.Optimizer, saved: Dict[str, Any]) -
 def checked_training(where: str, data: Dataset, fusion: Optional[nn.Module] = None) -> Dataset:
     """``data`` as a fit of a public entry point (``where``) takes it: its training split checked
     (:meth:`~ucmfh.data.h5.Split.checked`: NaN or infinity among the features trained a model of NaN without a
-    word), and a ``fusion`` encoder given made for its feature widths (``ValueError``)."""
+    word), and a ``fusion`` encoder given made for its feature widths (``ValueError``); a modality whose features
+    are the same for every training item is refused (every item of it would get one code), as the file check
+    cannot (a valid file may hold it; streamed rows are not read for it)."""
     data = replace(data, train=data.train.checked(where, "data.train"))
+    for modality, x in (("image", data.train.img), ("text", data.train.txt)):
+        if isinstance(x, torch.Tensor) and len(x) > 1 and bool((x == x[0]).all()):
+            raise ValueError(f"{data.path or data.name}: every training item has the same {modality} features: a "
+                             f"model trained on them gives every {modality} one code")
     widths = getattr(fusion, "d_img", None), getattr(fusion, "d_txt", None)
     if fusion is not None and widths != (data.d_img, data.d_txt):
         raise ValueError(f"{where}: the fusion encoder takes {widths[0]}-d image and {widths[1]}-d text features, "

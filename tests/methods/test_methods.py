@@ -563,6 +563,29 @@ def test_cca_itq_keeps_no_setting_of_training_by_steps_and_names_a_file_too_smal
         fit_cca_itq(same, 16, source="same.h5")
 
 
+@pytest.mark.parametrize("modality", ["img", "txt"])
+def test_a_modality_the_same_for_every_training_item_is_refused_by_every_method(tiny, modality):
+    """cca-itq refused training features all alike; the nine others trained on them and gave every item of that
+    modality one code, scored (distill, ucch and cirh without a warning where only the training split was so)."""
+    from ucmfh.fusion_stage import fit_fusion
+    from ucmfh.methods import fit_hashing
+
+    from conftest import small_fusion
+
+    x = getattr(tiny.train, modality)
+    same = dataclasses.replace(tiny, train=dataclasses.replace(tiny.train, **{modality: torch.ones_like(x)}))
+    name = {"img": "image", "txt": "text"}[modality]
+    refused = rf"every training item has the same {name} features: a model trained on them gives every {name} one code$"
+    encoder = fit_fusion(tiny, small_fusion(epochs=1), progress=False)[0]
+    for method in METHODS:
+        cfg = hash_config(method, n_bits=16, device="cpu")
+        fusion = encoder if METHODS[method].takes_fusion(cfg) is not None else None
+        with pytest.raises(ValueError, match=refused):
+            fit_hashing(same, cfg, fusion, progress=False)
+    with pytest.raises(ValueError, match=refused):
+        fit_fusion(same, small_fusion(), progress=False)
+
+
 def test_temperatures_from_the_command_line_one_or_several():
     assert hash_config("two-tower", method_params={"temperatures": 0.2}).method_params["temperatures"] == "0.2"
     with pytest.raises(ValueError, match="parameter 'temperatures' must be text"):
