@@ -24,7 +24,7 @@ if AS_SCRIPT:
     terminate_as_interrupt()
 try:
     from ucmfh.app.environment import configure_from_env, default_data_dir, protocols_of, resolve_dataset
-    from ucmfh.app.experiment import evaluate_checkpoint, train_fusion_stage, train_hash_stage
+    from ucmfh.app.experiment import evaluate_checkpoint, say_relevance, train_fusion_stage, train_hash_stage
     from ucmfh.app.identity import Run, RunOptions, dataset_identity
     from ucmfh.app.stage import check_interrupted, saved_epochs
     from ucmfh.app.options import DEFAULT_RESULTS, check_precision
@@ -228,6 +228,7 @@ def _run(args: argparse.Namespace) -> int:
         path = resolve_dataset(args.dataset, args.data_dir)
         print(f"dataset: {path}")
         data = load_dataset(path)
+        say_relevance(data, print)
         protocols = protocols_of(args.protocol)
         if args.task in (0, 1):
             check_interrupted([Run(args.out, dataset_identity(data), fusion_cfg, hash_cfg if args.task else None)],

@@ -1011,6 +1011,28 @@ def test_collapsed_codes_are_said_and_recorded(tmp_path):
                       "n_bits": 16}) == ["query_img"]
 
 
+def test_a_validation_split_that_tells_nothing_apart_is_said(tmp_path):
+    """Three training items of three classes: the one held out for validation shares a label with neither of
+    the two trained on, so it scored 0 at every epoch, and early stopping, the epoch kept and two-tower's
+    temperature were each chosen by a tie, under a normal table."""
+    from ucmfh.data.writer import write_dataset
+
+    rng = np.random.default_rng(0)
+
+    def split(classes):
+        return {"image": rng.normal(size=(len(classes), 8)), "text": rng.normal(size=(len(classes), 6)),
+                "labels": np.eye(4, dtype=np.uint8)[classes]}
+
+    path = write_dataset(tmp_path / "d.h5", {"train": split([2, 3, 0]), "query": split(np.arange(10) % 4),
+                                             "retrieval": split(np.arange(30) % 4)})
+    out = CliRunner().invoke(main, ["train-hash", "-d", path, "-b", "16", "--epochs", "3", "--set", "hash.hidden=32",
+                                    "--device", "cpu", "--out", str(tmp_path / "runs"), "--results", "", "--quiet"])
+    assert out.exit_code == 0, out.output
+    assert ("warning: validation scored 0.0000 at each of its 3 epochs: the epoch kept (1) was chosen by nothing"
+            in out.output)
+    assert "warning: the candidates scored alike on validation: t0.3 was chosen by nothing" in out.output
+
+
 def test_resume_with_nothing_saved_names_no_file_the_run_never_writes(tmp_path, tiny_path):
     """--resume of a run never started: two-tower saves one state a temperature candidate
     (hash8.t0.3.state.pt), so the message named a hash8.state.pt that no run writes; it names the checkpoint."""

@@ -21,7 +21,7 @@ from ucmfh.data.annotations import list_images
 from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
 from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features
 from ucmfh.data.format import SPLITS, DataError
-from ucmfh.data.h5 import images_trained_on, relevance_extremes, validate_file
+from ucmfh.data.h5 import images_trained_on, relevance_warnings, validate_file
 from ucmfh.data.scratch import RESTART, parse_shard
 from ucmfh.data.splits import DEFAULT_SEED, STANDARD_SPLITS, resolve_sizes
 from ucmfh.data.synthetic import SyntheticSpec, make_synthetic
@@ -116,14 +116,12 @@ def validate_cmd(path: str) -> None:
         widths = f["train"]["image"].shape[1], f["train"]["text"].shape[1]
         classes = f["train"]["labels"].shape[1] if "labels" in f["train"] else None
         tokens, wordless = _tokens_of(f)
-        none, every, n_query = relevance_extremes(f) if classes is not None else (0, 0, 0)
+        relevance = relevance_warnings(f["query"]["labels"], f["retrieval"]["labels"]) if classes is not None else []
     kind = "a caption set (relevance: same id)" if classes is None else f"{classes} classes"
     click.echo(f"{path}: valid ({attrs.get('name', '?')}: d_img {widths[0]}, d_txt {widths[1]}, {kind}; "
                + ", ".join(f"{split} {n}" for split, n in rows.items()) + f"; {tokens})")
-    for count, what in ((none, "no retrieval item: each scores 0"), (every, "every retrieval item: each scores 1")):
-        if count:  # valid, but those queries' scores say nothing of the codes
-            warn(f"{path}: {count} of the {n_query} query items share a label with {what} in every MAP, whatever the "
-                 "codes")
+    for line in relevance:  # valid, but those queries' scores say nothing of the codes
+        warn(f"{path}: {line}")
     seen, n = images_trained_on(path)
     if seen:  # valid (the field's splits hold a few), but said: those image->text queries are not of unseen images
         warn(f"{path}: {seen} of the {n} query rows have the image features of a /train row (the same picture under "

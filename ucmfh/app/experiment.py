@@ -17,7 +17,7 @@ from ucmfh.app.stage import Log, Stage, reuse_or_fit
 from ucmfh.checkpoint import CheckpointError, load_model, read_checkpoint, save_checkpoint, saved_number
 from ucmfh.codes import save_codes
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
-from ucmfh.data.h5 import Dataset, rows_found_in
+from ucmfh.data.h5 import Dataset, relevance_warnings, rows_found_in
 from ucmfh.distributed import current_group
 from ucmfh.files import PathLike
 from ucmfh.fusion_stage import fit_fusion
@@ -154,12 +154,19 @@ def train_hash_stage(
         chosen = dict(history["validation"])[history["best_epoch"]]
         for row in rows:
             row.update(best_epoch=history["best_epoch"], val_score=chosen, epochs_run=len(history["loss"]))
+        scores = {score for _, score in history["validation"]}
+        if len(history["validation"]) > 1 and len(scores) == 1:  # early stopping and the epoch kept decided nothing
+            log(f"warning: validation scored {chosen:.4f} at each of its {len(history['validation'])} epochs: the "
+                f"epoch kept ({history['best_epoch']}) was chosen by nothing (a validation split too small to tell "
+                "epochs apart?)")
     if history.get("chosen"):  # a run that chose on validation: the candidate kept, and each one's score
         scores = ", ".join(f"{name} {score:.4f}" for name, score in history["choice_scores"].items())
         log(f"chosen on validation: {history['chosen']} "
             f"({'validation ' + scores if scores else 'no validation split to choose on: the first candidate'})")
         for row in rows:
             row.update(chosen=history["chosen"], choice_val_scores=history["choice_scores"])
+        if len(history["choice_scores"]) > 1 and len(set(history["choice_scores"].values())) == 1:
+            log(f"warning: the candidates scored alike on validation: {history['chosen']} was chosen by nothing")
     _say_collapsed(rows, log)
     if history.get("filled_bits") is not None:  # CCA-ITQ: fewer directions than bits asked
         log(f"note: {history['filled_bits']} of the {hash_cfg.n_bits} bits carry information (as many as the "
@@ -173,6 +180,14 @@ def train_hash_stage(
         for row in rows:
             row.update(refit_epochs=history["refit_epochs"])
     return rows
+
+
+def say_relevance(data: Dataset, log: Log) -> None:
+    """A warning for labels under which some query items' scores say nothing of the codes
+    (:func:`ucmfh.data.h5.relevance_warnings`), before a labelled set is trained or scored."""
+    if not data.caption_set:
+        for line in relevance_warnings(data.query.labels, data.retrieval.labels):
+            log(f"warning: {data.path or data.name}: {line}")
 
 
 def _say_collapsed(rows: List[Dict[str, Any]], log: Log) -> None:

@@ -70,6 +70,9 @@ def _load(dataset: str, data_dir: str, max_memory: Optional[int] = DEFAULT_MAX_M
     data = load_dataset(path, max_memory_bytes=max_memory)
     streamed = [name for name in ("train", "query", "retrieval") if getattr(data, name).streamed]
     click.echo(f"dataset: {path}" + (f" (streamed from the file: {', '.join(streamed)})" if streamed else ""))
+    from ucmfh.app.experiment import say_relevance
+
+    say_relevance(data, lambda line: click.echo(line, err=True))
     return data
 
 

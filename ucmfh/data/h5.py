@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Dict, Iterator, Optional, Set, Tuple, Union
+from typing import Any, Dict, Iterator, List, Optional, Set, Tuple, Union
 
 import h5py
 import numpy as np
@@ -325,31 +325,28 @@ def _item_prints(image: np.ndarray, text: np.ndarray) -> np.ndarray:
     return image ^ (text * np.uint64(0x9E3779B97F4A7C15))
 
 
-def relevance_extremes(f: h5py.File) -> Tuple[int, int, int]:
-    """Of a labelled file's query items: how many share a label with no retrieval item, how many with every
-    retrieval item, and of how many. Each of the first scores 0 in every MAP, each of the second 1 (a ranking
-    of items all relevant), whatever the codes. Read by blocks of query rows against the retrieval split's
-    distinct label rows."""
-    retrieval = np.unique(np.asarray(f["retrieval"]["labels"][()]) != 0, axis=0).astype(np.float32)  # [U, C]
-    query = f["query"]["labels"]
+def relevance_warnings(query_labels: Any, retrieval_labels: Any) -> List[str]:
+    """What to say of labels under which some query items' scores say nothing of the codes: those that share a
+    label with no retrieval item (each scores 0 in every MAP) and those that share one with every retrieval item
+    (each scores 1: one class for all scores every ranking, and random codes, 1). Valid labels (a file may hold
+    them; a small collection of a few overlapping classes does), said where they are scored. Read by blocks of
+    query rows against the retrieval split's distinct label rows. Shape: [Q, C], [N, C] (arrays, h5py datasets)."""
+    retrieval = np.unique(np.asarray(retrieval_labels[()]) != 0, axis=0).astype(np.float32)  # [U, C]
     none = every = 0
-    for start in range(0, query.shape[0], _CHECK_ROWS):
-        shared = (np.asarray(query[start:start + _CHECK_ROWS]) != 0).astype(np.float32) @ retrieval.T > 0  # [B, U]
+    n = query_labels.shape[0]
+    for start in range(0, n, _CHECK_ROWS):
+        shared = (np.asarray(query_labels[start:start + _CHECK_ROWS]) != 0).astype(np.float32) @ retrieval.T > 0
         none += int((~shared.any(axis=1)).sum())
         every += int(shared.all(axis=1).sum())
-    return none, every, query.shape[0]
-
-
-def _check_relevance(path: str, f: h5py.File) -> None:
-    """Refuse labels under which no ranking is scored: no query item shares a label with a retrieval item (every
-    MAP 0), or every one shares one with every retrieval item (one class for all: every MAP 1)."""
-    none, every, n = relevance_extremes(f)
-    if n and none == n:
-        raise _fail(path, "/query/labels", "no query item shares a label with any retrieval item: every MAP would be "
-                                           "0 whatever the codes")
-    if n and every == n:
-        raise _fail(path, "/query/labels", "every query item shares a label with every retrieval item (one class for "
-                                           "all?): every MAP would be 1 whatever the codes")
+    said = []
+    for count, whom, score in ((none, "no retrieval item", 0), (every, "every retrieval item", 1)):
+        if count == n:
+            said.append(f"every query item shares a label with {whom}: every MAP is {score}, whatever the codes"
+                        + (" (one class for all?)" if score else ""))
+        elif count:
+            said.append(f"{count} of the {n} query items share a label with {whom}: each scores {score} in every "
+                        "MAP, whatever the codes")
+    return said
 
 
 def _check_one_image_an_id(path: str, where: str, ids: np.ndarray, prints: np.ndarray) -> None:
@@ -511,8 +508,6 @@ def validate_file(path: PathLike, token_values: bool = True,
             missing = next(split for split in SPLITS if split not in labelled)
             raise _fail(path, f"/{missing}/labels", f"missing dataset, but /{labelled[0]}/labels exists: "
                                                     "either every split has labels or none (a caption set)")
-        if labelled:
-            _check_relevance(path, f)
         classes = attrs.get("classes")
         n_classes = dims["labels"][1] if labelled else 0
         if classes is not None and (not isinstance(classes, list) or len(classes) != n_classes):
