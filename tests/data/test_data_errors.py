@@ -78,6 +78,17 @@ def test_validate_says_which_query_images_are_training_images(small_file):
             "picture under another id and text): their image→text queries rank by an image trained on") in said.output
 
 
+def test_features_whose_normalisation_overflows_are_refused(small_file):
+    """Features of magnitude 1e20 are finite in float32, but their squared norm is not: every method normalised
+    them to zeros and gave every item one code (cca-itq, fitted in float64, at inference)."""
+    with h5py.File(small_file, "a") as f:
+        image = f["train/image"][()]
+        image[3] *= 1e20
+        f["train/image"][:] = image
+    user_error(["validate", small_file], f"{small_file}: /train/image: 1 rows of L2 norm beyond 1e+18 (first: row 3, "
+                                         "norm", "whose normalisation in float32 overflows")
+
+
 def test_labels_under_which_no_ranking_is_scored(small_file):
     """Labels that make every query relevant to every retrieval item (one class for all) scored every method and
     the random codes 1.0000, and labels no retrieval item shares scored them 0, as results, without a word. Such

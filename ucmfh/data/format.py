@@ -64,15 +64,28 @@ def row_fingerprints(rows: np.ndarray, picked: np.ndarray) -> np.ndarray:
     return (bits * weights).sum(axis=1, dtype=np.uint64)
 
 
+MAX_ROW_NORM = 1e18  # a feature row's L2 norm beyond which its square (3.4e38 at most in float32) overflows
+
+
 def finite_float32(block: np.ndarray, where: str, first_row: int = 0) -> np.ndarray:
     """``block`` [rows, d] as float32, refusing NaN and inf as given (:func:`check_finite`), then a value of a wider
-    type beyond float32's range, said as such: it is read as an inf the user never had."""
+    type beyond float32's range, said as such: it is read as an inf the user never had; then a row of L2 norm
+    beyond :data:`MAX_ROW_NORM`, whose normalisation in float32 overflows: every method read such rows as zeros
+    (features of magnitude 1e20 gave every item one code)."""
     check_finite(block, where, first_row)
     if block.dtype == np.float32:
-        return block
-    with np.errstate(over="ignore"):
-        cast = block.astype(np.float32)
-    check_finite(cast, f"{where} (read as float32: {block.dtype} values beyond its range become inf)", first_row)
+        cast = block
+    else:
+        with np.errstate(over="ignore"):
+            cast = block.astype(np.float32)
+        check_finite(cast, f"{where} (read as float32: {block.dtype} values beyond its range become inf)", first_row)
+    if cast.ndim == 2 and len(cast) and float(np.abs(cast).max()) * np.sqrt(cast.shape[1]) > MAX_ROW_NORM:
+        norms = np.sqrt(np.square(cast, dtype=np.float64).sum(axis=1))  # the bound above, then the rows' norms
+        big = np.flatnonzero(norms > MAX_ROW_NORM)
+        if big.size:
+            raise DataError(f"{where}: {big.size} rows of L2 norm beyond {MAX_ROW_NORM:.0e} (first: row "
+                            f"{first_row + big[0]}, norm {norms[big[0]]:.3g}), whose normalisation in float32 "
+                            "overflows (each read as zeros); scale the features, e.g. L2-normalise each row")
     return cast
 
 
