@@ -677,7 +677,7 @@ def test_a_run_refused_once_started_leaves_no_folder_of_its_lock_alone(tmp_path,
     out = tmp_path / "runs"
     result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "-b", "16", "--epochs", "1", "--val-fraction",
                                        "0.999", "--out", str(out), "--results", ""])
-    assert result.exit_code == 2 and "leaves fewer than 2 to train on" in result.output
+    assert result.exit_code == 2 and "training needs at least 2" in result.output
     assert not out.exists() or os.listdir(out) == []
     kept = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "-b", "16", "--epochs", "1", "--out", str(out),
                                      "--results", ""])
