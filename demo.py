@@ -14,7 +14,9 @@ import os
 import sys
 from typing import NoReturn
 
-from ucmfh.app.errors import EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, interrupted, outlive_reader
+from ucmfh.app.errors import (
+    EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, interrupt_behind, interrupted, outlive_reader,
+)
 from ucmfh.app.errors import plain_warnings, terminate_as_interrupt
 
 # Run as a script, SIGTERM ends it as Ctrl-C does at any moment (one line, 143; 130 for Ctrl-C), the seconds of
@@ -246,6 +248,8 @@ def _run(args: argparse.Namespace) -> int:
                                        out=args.out)
         report(rows, args.results)
     except (*USER_ERRORS, RuntimeError) as err:
+        if interrupt_behind(err) is not None:  # a Ctrl-C that cut a module's C set-up short
+            interrupted(interrupt_behind(err))
         mapped = as_user_error(err) if isinstance(err, RuntimeError) else err
         if mapped is err and isinstance(err, RuntimeError):
             raise  # a bug, shown whole

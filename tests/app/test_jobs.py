@@ -339,6 +339,64 @@ def test_a_workers_error_ends_the_grid_in_one_line(tiny_path, tmp_path, monkeypa
     assert not (tmp_path / "table.md").exists()
 
 
+def _cut_short() -> ImportError:
+    """What pybind11 makes of a module's initialisation that a signal's KeyboardInterrupt cut short."""
+    try:
+        try:
+            raise KeyboardInterrupt("stopped")
+        except KeyboardInterrupt as stop:
+            raise ImportError("initialization failed") from stop
+    except ImportError as err:
+        return err
+
+
+def test_a_stop_that_cut_an_import_short_is_a_stop_not_a_user_error(tiny_path, tmp_path, monkeypatch):
+    """A grid's worker importing scikit-learn as Ctrl-C came (cca-itq's first cell in it) failed its cell with
+    'initialization failed' and ended the grid as a user error, exit 2, instead of stopped, 130."""
+    from ucmfh.app.errors import interrupt_behind
+
+    cut = _cut_short()
+    assert isinstance(interrupt_behind(cut), KeyboardInterrupt) and interrupt_behind(ImportError("x")) is None
+
+    def cut_short(*args, **kwargs):
+        raise _cut_short()
+
+    from ucmfh.app import grid
+
+    monkeypatch.setattr(jobs, "train_hash_stage", cut_short)
+    monkeypatch.setattr(grid, "train_hash_stage", cut_short)
+    for extra in (["--jobs", "2", "--workers", "threads"], []):
+        result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "-b", "8", "-b", "16", "--methods", "two-tower",
+                                           "--epochs", "2", "--device", "cpu", "--out", str(tmp_path / "runs"),
+                                           "--results", str(tmp_path / "r.jsonl"), "--table", str(tmp_path / "t"),
+                                           *extra])
+        assert result.exit_code == 130 and "initialization failed" not in result.output, (extra, result.output)
+
+
+def test_a_signal_that_threads_cannot_act_on_before_the_last_cells_end_is_said(tiny_path, tmp_path, monkeypatch):
+    """In threads a closed-form fit runs to its end: a SIGTERM as the last cells fitted was met by silence, then
+    a grid that ended 0 as if none had come. It is said when it comes, and again when every cell has finished."""
+    import signal
+    import time
+
+    real = jobs.train_hash_stage
+
+    def signalled(*args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # to the grid's thread, which its handler tells the cells of
+        time.sleep(0.3)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(jobs, "train_hash_stage", signalled)
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "-b", "8", "-b", "16", "--methods", "cca-itq",
+                                       "--device", "cpu", "--out", str(tmp_path / "runs"), "--jobs", "2", "--workers",
+                                       "threads", "--results", str(tmp_path / "r.jsonl"), "--table", str(tmp_path / "t")])
+    assert result.exit_code == 0, result.output
+    assert "SIGTERM: stopping the running cells (in threads a closed-form fit or a scoring runs to its end first)" \
+        in result.output
+    assert "SIGTERM came as the last cells ran to their end: every cell finished" in result.output
+    assert len(open(tmp_path / "r.jsonl").readlines()) == 2
+
+
 def test_threads_without_jobs_are_refused(tiny_path, tmp_path):
     result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--workers", "threads", "--out", str(tmp_path / "r")])
     assert result.exit_code == 2 and result.output.splitlines()[-1] == (

@@ -111,6 +111,19 @@ def as_user_error(err: RuntimeError) -> RuntimeError:
     return err
 
 
+def interrupt_behind(err: BaseException) -> Optional[KeyboardInterrupt]:
+    """The Ctrl-C or SIGTERM an error was raised over, if any: a module whose C initialisation a signal's
+    ``KeyboardInterrupt`` cut short is an ``ImportError('initialization failed')`` caused by it (pybind11's: a
+    grid's worker importing scikit-learn as it was stopped ended the grid as a user error, exit 2)."""
+    seen = set()
+    while err is not None and id(err) not in seen:
+        if isinstance(err, KeyboardInterrupt):
+            return err
+        seen.add(id(err))
+        err = err.__cause__ or err.__context__
+    return None
+
+
 def interrupted(err: KeyboardInterrupt, always_resumes: bool = False) -> None:
     """End a command stopped by Ctrl-C or SIGTERM: one line on stderr saying how to go on, and the shell's
     exit code of the signal (128 + its number: 130 for SIGINT, 143 for SIGTERM; an interrupt that names
@@ -242,6 +255,9 @@ def user_errors(fn: Callable) -> Callable:
         except BrokenPipeError:
             reader_gone()
         except USER_ERRORS as err:
+            stop = interrupt_behind(err)
+            if stop is not None:
+                interrupted(stop)
             raise UserError(describe(err)) from None
         except RuntimeError as err:
             mapped = as_user_error(err)

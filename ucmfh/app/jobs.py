@@ -50,7 +50,7 @@ import click
 import torch
 
 from ucmfh.app.environment import torchrun_sizes
-from ucmfh.app.errors import USER_ERRORS, interrupted
+from ucmfh.app.errors import USER_ERRORS, interrupt_behind, interrupted
 from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, key_of
 from ucmfh.app.options import Count
@@ -233,7 +233,8 @@ def run_cell(task: CellTask) -> Outcome:
         return _stopped(err, log)
     except USER_ERRORS as err:
         _IN_CELL[0] = False
-        return Outcome(log, error=_portable(err))
+        stop = interrupt_behind(err)
+        return _stopped(stop, log) if stop is not None else Outcome(log, error=_portable(err))
     finally:
         _IN_CELL[0] = False
         _restore(handlers)
@@ -266,7 +267,8 @@ def run_cell_in_thread(task: CellTask, data: Dataset, device: torch.device) -> O
     except KeyboardInterrupt as err:
         return _stopped(err, log)
     except USER_ERRORS as err:
-        return Outcome(log, error=err)
+        stop = interrupt_behind(err)
+        return _stopped(stop, log) if stop is not None else Outcome(log, error=err)
 
 
 @dataclass
@@ -342,6 +344,10 @@ class SideBySide:
             pool, submit, stop_cells = self._pool(n, side)
             try:
                 while True:
+                    if signum is None and stop["signal"] is not None and running:  # said at once: threads finish
+                        self.log(f"{signal.Signals(stop['signal']).name}: stopping the running cells (in threads a "
+                                 "closed-form fit or a scoring runs to its end first)" if self.in_threads else
+                                 f"{signal.Signals(stop['signal']).name}: stopping the running cells")
                     signum = signum or stop["signal"]
                     if signum is not None or error is not None:  # no new cell; the running ones stop
                         stop_cells(signum or signal.SIGTERM)
@@ -380,6 +386,8 @@ class SideBySide:
         if error is not None:
             raise error
         finished = sum(cell.state == "done" for cell in self.cells)
+        if signum is not None and finished == len(self.cells):  # the last cells ended before it stopped them
+            self.log(f"{signal.Signals(signum).name} came as the last cells ran to their end: every cell finished")
         if signum is not None and finished < len(self.cells):  # a signal after the last cell ended stops nothing
             stopped = sum(cell.state == "stopped" for cell in self.cells)
             interrupted(stopped_by(f"grid interrupted by {signal.Signals(signum).name}: {finished} of the "
@@ -435,8 +443,8 @@ class SideBySide:
         elif outcome.stopped is not None:
             cell.state = "stopped"
             self.log(f"stopped {cell.name}: {outcome.stopped}")
-            if error is None:  # a signal to the worker alone stops the grid too
-                signum = signum or outcome.signum
+            if error is None:  # a signal to the worker alone stops the grid too (one that names none: Ctrl-C's)
+                signum = signum or outcome.signum or signal.SIGINT
         else:
             cell.state = "done"
             cell.rows.extend(outcome.rows)
