@@ -115,6 +115,23 @@ def test_the_flag_and_torchrun_s_ranks_are_refused_together(tiny_path, tmp_path,
     assert not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("args, said", [
+    (["--method", "cca-itq"], "method 'cca-itq' trains one model here: it has no candidates to choose between on "
+                              "validation"),
+    (["--method", "djsrh", "--epochs", "1"], "method 'djsrh' trains one model here"),
+    (["--val-fraction", "0", "--epochs", "1"], "without a validation split (--val-fraction 0) method 'two-tower' "
+                                               "trains its first candidate alone"),
+])
+def test_the_flag_is_refused_where_there_are_no_candidates(tiny_path, tmp_path, args, said):
+    """The flag was taken, and did nothing, for a method of one model and a run without a validation split."""
+    result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--candidates-side-by-side", *args, "--out",
+                                       str(tmp_path / "runs"), "--results", ""])
+    last = result.output.splitlines()[-1]
+    assert result.exit_code == 2 and last.startswith("Error: Invalid value for --candidates-side-by-side: ") \
+        and said in last, result.output
+    assert not (tmp_path / "runs").exists()
+
+
 def test_a_fit_s_own_stream_waits_for_the_work_before_it_and_its_thread_for_the_fit_s(monkeypatch):
     """On CUDA (a recording stand-in for torch.cuda's streams: no GPU here): the fit's stream is made on the device
     asked, first waits for the launching thread's stream, is current inside the block only, and the thread's stream
