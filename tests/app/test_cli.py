@@ -584,6 +584,7 @@ def test_cuda_graphs_asked_for_on_the_cpu_train_eagerly_and_say_so(tmp_path, tin
      "Invalid value for '--max-memory': 'nan': expected a finite size such as 500MB or 8GiB"),
     (["train-hash", "-d", "TINY", "--batch-size", "99999999999999999999"],
      "Invalid value for '--batch-size': 99999999999999999999 is beyond any count here (at most 2147483647)"),
+    (["grid", "-d", "TINY", "--jobs", "abc"], "Invalid value for '--jobs' / '-j': 'abc' is not a valid integer."),
     (["train-hash", "-d", "TINY", "--save-interval", "nan"], "Invalid value for '--save-interval': 'nan' is not a "
                                                              "finite number"),
     (["train-seps", "-d", "TINY", "--lr", "inf"], "Invalid value for '--lr': 'inf' is not a finite number"),

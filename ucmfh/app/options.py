@@ -203,7 +203,10 @@ class FiniteRange(click.FloatRange):
 
 class Count(click.IntRange):
     """click's IntRange, and at most :data:`ucmfh.config.COUNT_MAX`: a count beyond it (a batch of 10^20 items) is
-    refused here, not after training has started, in a message naming no flag."""
+    refused here, not after training has started, in a message naming no flag. Not a number: "'abc' is not a valid
+    integer", where click's range said "is not a valid integer range"."""
+
+    name = "integer"
 
     def convert(self, value: Any, param: Any, ctx: Any) -> Any:
         number = super().convert(value, param, ctx)
