@@ -313,6 +313,34 @@ def damaged_two_tower_16_bits(task: jobs.CellTask) -> jobs.Outcome:
     return jobs.run_cell(task)
 
 
+def killed_16_bits(task: jobs.CellTask) -> jobs.Outcome:
+    """:func:`ucmfh.app.jobs.run_cell` in a worker that is killed hard (the OOM killer) at the 16-bit cell."""
+    if task.hash_cfg.n_bits == 16:
+        time.sleep(0.5)  # the other cell under way
+        os.kill(os.getpid(), signal.SIGKILL)
+    return jobs.run_cell(task)
+
+
+def test_a_worker_killed_hard_names_every_cell_it_ended(tiny_path, tmp_path, monkeypatch):
+    """The pool breaks and every cell running in it ends: the error named the first one the wait returned (not
+    always the one whose worker was killed) and the other cell ended without a line."""
+    monkeypatch.setattr(jobs, "run_cell", killed_16_bits)
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "-b", "8", "-b", "16", "--methods", "two-tower",
+                                       "--epochs", "20", "--set", "hash.hidden=64", "--device", "cpu", "--jobs", "2",
+                                       "--out",
+                                       str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl"), "--table",
+                                       str(tmp_path / "t")])
+    assert result.exit_code == 2, result.output
+    lines = result.output.splitlines()
+    assert lines[-1] == ("Error: a worker process of the grid ended abruptly (killed, or out of memory), which ended "
+                         "the cells running (each named above); run the same command to continue")
+    started = [line.split("start ")[1] for line in lines if line.startswith("start ")]
+    ended = [line for line in lines if line.startswith(("done ", "failed "))]
+    assert len(started) == 2 and len(ended) == 2, result.output
+    assert any(line.startswith("failed ") and "16 bits: a worker process of the grid ended abruptly" in line
+               for line in ended), result.output
+
+
 @pytest.mark.parametrize("workers", ["processes", "threads"])
 def test_a_workers_error_ends_the_grid_in_one_line(tiny_path, tmp_path, monkeypatch, workers):
     if workers == "processes":

@@ -365,11 +365,13 @@ class SideBySide:
                                                                       signum=getattr(err, "signum", None)),
                                                         signum, error)
                             continue
-                        except BrokenProcessPool:  # a worker killed (out of memory, or a Ctrl-C as it started)
-                            cell.state = "failed"
+                        except BrokenProcessPool:  # a worker killed (out of memory, or a Ctrl-C as it started):
+                            cell.state = "failed"  # the pool breaks, and every cell running in it ends so; which
+                            self.log(f"failed {cell.name}: a worker process of the grid ended abruptly")  # is not said
                             if signum is None and error is None:
-                                error = ChildProcessError(f"{cell.name}: its worker process ended abruptly (killed, "
-                                                          "or out of memory); run the same command to continue")
+                                error = ChildProcessError("a worker process of the grid ended abruptly (killed, or out "
+                                                          "of memory), which ended the cells running (each named "
+                                                          "above); run the same command to continue")
                             continue
                         except Exception as err:  # a bug in ucmfh: raised as it is, once the others stopped
                             cell.state = "failed"
