@@ -61,6 +61,8 @@ def test_a_signal_stops_both_candidates_with_their_states_saved_and_the_run_resu
         fit_hashing(tiny, _cfg(), progress=True, state=state)
     assert "interrupted by SIGTERM at epoch 2/3" in str(stopped.value) and stopped.value.signum == signal.SIGTERM
     assert sorted(os.listdir(tmp_path)) == ["hash16.t0.1.state.pt", "hash16.t0.3.state.pt"]  # each candidate's
+    said = str(stopped.value)  # both named (the first candidate's alone was)
+    assert all(str(tmp_path / name) in said for name in os.listdir(tmp_path)) and "the others' states: " in said
     assert not signals._IN_THREADS
     monkeypatch.undo()
     with candidates_side_by_side():

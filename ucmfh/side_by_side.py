@@ -19,7 +19,7 @@ from typing import Callable, Iterator, List, Sequence, TypeVar
 import torch
 
 from ucmfh.run_draws import separate_draws
-from ucmfh.signals import stop_on_signals, stop_threads
+from ucmfh.signals import TrainingInterrupted, stop_on_signals, stop_threads
 
 T = TypeVar("T")
 POLL_S = 0.2  # how often a signal heard here is passed on to the fits' threads
@@ -84,8 +84,14 @@ def side_by_side(fits: Sequence[Callable[[], T]], device: torch.device) -> List[
                 stop_threads(signal.SIGTERM, threads)
     errors = [future.exception() for future in futures if future.exception() is not None]
     failures = [err for err in errors if not isinstance(err, KeyboardInterrupt)]
-    if failures or errors:
-        raise (failures or errors)[0]
+    if failures:
+        raise failures[0]
+    if errors:  # each stopped fit's state named, not the first one's alone
+        first, others = errors[0], [getattr(err, "state_path", None) for err in errors[1:]]
+        if isinstance(first, TrainingInterrupted) and any(others):
+            raise TrainingInterrupted(f"{first}; the others' states: {', '.join(p for p in others if p)}",
+                                      first.state_path, first.signum)
+        raise first
     return [future.result() for future in futures]
 
 
