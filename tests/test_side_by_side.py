@@ -134,6 +134,20 @@ def test_the_flag_is_refused_where_there_are_no_candidates(tiny_path, tmp_path, 
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_grid_refuses_the_flag_where_no_cell_has_candidates_and_notes_the_methods_without(tiny_path, tmp_path):
+    common = ["grid", "-d", tiny_path, "-b", "8", "--candidates-side-by-side", "--out", str(tmp_path / "runs"),
+              "--results", str(tmp_path / "r.jsonl"), "--table", str(tmp_path / "t"), "--device", "cpu"]
+    refused = CliRunner().invoke(main, [*common, "--methods", "cca-itq,djsrh"])
+    assert refused.exit_code == 2 and refused.output.splitlines()[-1].startswith(
+        "Error: Invalid value for --candidates-side-by-side: no cell of the grid trains candidates to choose between: "
+        "method 'cca-itq' trains one model here"), refused.output
+    noted = CliRunner().invoke(main, [*common, "--methods", "cca-itq,two-tower", "--epochs", "1", "--set",
+                                      "hash.hidden=32"])
+    assert noted.exit_code == 0, noted.output
+    assert ("note: --candidates-side-by-side not applied: method 'cca-itq' trains one model here: it has no "
+            "candidates to choose between on validation") in noted.output
+
+
 def test_a_fit_s_own_stream_waits_for_the_work_before_it_and_its_thread_for_the_fit_s(monkeypatch):
     """On CUDA (a recording stand-in for torch.cuda's streams: no GPU here): the fit's stream is made on the device
     asked, first waits for the launching thread's stream, is current inside the block only, and the thread's stream

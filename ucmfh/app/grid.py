@@ -28,8 +28,8 @@ from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.jobs import SideBySide, jobs_option
 from ucmfh.app.table import append_results
 from ucmfh.app.options import (
-    DEFAULT_RESULTS, FLAGS, Count, check_device, check_precision, flag_of, given_twice, parse_params, resolved,
-    seed_type, settings_of, train_options,
+    DEFAULT_RESULTS, FLAGS, Count, candidates_problem, check_device, check_precision, flag_of, given_twice,
+    parse_params, resolved, seed_type, settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import (COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, dataset_labels, headline, scores_line,
@@ -355,6 +355,15 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     if unused_losses:  # never checked against the loss's parameters, never applied
         raise click.BadParameter(f"{unused_losses[0]}: no cell of the grid trains with this loss (the grid's: "
                                  f"{', '.join(sorted(trained))})", param_hint="--loss-params")
+    if opts.candidates_side_by_side:  # refused where no cell trains candidates, noted for the methods that train none
+        problems = {hcfg.method: candidates_problem(hcfg) for _, _, hcfg in cells}
+        if all(problems.values()):
+            raise click.BadParameter(f"no cell of the grid trains candidates to choose between: "
+                                     f"{'; '.join(dict.fromkeys(problems.values()))}",
+                                     param_hint="--candidates-side-by-side")
+        for method, problem in problems.items():
+            if problem:
+                click.echo(f"note: --candidates-side-by-side not applied: {problem}")
     stem, extension = os.path.splitext(table)
     if extension.lower() in (".md", ".csv") and os.path.basename(stem):  # the path given with an extension of its own
         table = stem

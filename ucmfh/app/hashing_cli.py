@@ -16,12 +16,12 @@ from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.options import (
-    TRAINED_ON_HELP, Count, FiniteRange, InputPath, check_device, check_precision, data_options, given_flags,
-    given_twice, resolved, run_options, settings_of, train_options,
+    TRAINED_ON_HELP, Count, FiniteRange, InputPath, candidates_problem, check_device, check_precision, data_options,
+    given_flags, given_twice, resolved, run_options, settings_of, train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset
-from ucmfh.methods import DEFAULT_METHOD, METHODS, PLUGINS, build_method
+from ucmfh.methods import DEFAULT_METHOD, METHODS, PLUGINS
 from ucmfh.methods.settings import captured_step, default_loss, fusion_config, refuse_unused, stage_configs
 from ucmfh.utils import resolve_device
 
@@ -63,18 +63,6 @@ def losses_cmd() -> None:
                            for key, value in loss_params(name).items())
         click.echo(f"{'':<10} parameters: {params or 'none'}")
 
-
-
-def _check_candidates(cfg: HashConfig) -> None:
-    """Refuse ``--candidates-side-by-side`` where a run of ``cfg`` trains no candidates to choose between on
-    validation (it trains them at once): it was taken, and did nothing."""
-    if len(build_method(cfg.method).choices(cfg)) < 2:
-        problem = f"method {cfg.method!r} trains one model here: it has no candidates to choose between on validation"
-    elif cfg.val_fraction <= 0:
-        problem = f"without a validation split (--val-fraction 0) method {cfg.method!r} trains its first candidate alone"
-    else:
-        return
-    raise click.BadParameter(problem, param_hint="--candidates-side-by-side")
 
 
 def _load(dataset: str, data_dir: str, max_memory: Optional[int] = DEFAULT_MAX_MEMORY):
@@ -140,8 +128,8 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
         **train, "protocol": protocol, "device": device, "n_bits": n_bits, "beta_schedule": beta_schedule,
         "fusion_epochs": fusion_epochs, "lr_fusion": lr_fusion}))
     check_precision(fcfg, *hcfgs)
-    if train.get("candidates_side_by_side"):  # refused where it does nothing, as an option no method uses is
-        _check_candidates(hcfgs[0])
+    if train.get("candidates_side_by_side") and candidates_problem(hcfgs[0]):  # as an option no method uses is
+        raise click.BadParameter(candidates_problem(hcfgs[0]), param_hint="--candidates-side-by-side")
     check_outputs({"--results": results}, {"--out": train["out"], "--tensorboard": train["tensorboard"]})
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)

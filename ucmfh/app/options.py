@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import TYPE_CHECKING, Any, Callable, Dict, List, Sequence, Tuple, TypeVar
+from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import click
 
 from ucmfh.app.environment import default_data_dir, torchrun_sizes
-from ucmfh.config import AMP_MODES, COUNT_MAX, PROTOCOLS, SEED, FusionConfig, SettingError
+from ucmfh.config import AMP_MODES, COUNT_MAX, PROTOCOLS, SEED, FusionConfig, HashConfig, SettingError
 
 # The library's modules that import torch are imported where they are used: a command that reads results alone
 # ('ucmfh runs') takes these options without importing torch, which takes seconds.
@@ -199,6 +199,18 @@ class FiniteRange(click.FloatRange):
         if not math.isfinite(number):
             self.fail(f"{value!r} is not a finite number", param, ctx)
         return number
+
+
+def candidates_problem(cfg: HashConfig) -> Optional[str]:
+    """Why ``--candidates-side-by-side`` (the candidates a run chooses between on validation, trained at once)
+    does nothing for a run of ``cfg``, or None where it trains candidates."""
+    from ucmfh.methods import build_method
+
+    if len(build_method(cfg.method).choices(cfg)) < 2:
+        return f"method {cfg.method!r} trains one model here: it has no candidates to choose between on validation"
+    if cfg.val_fraction <= 0:
+        return f"without a validation split (--val-fraction 0) method {cfg.method!r} trains its first candidate alone"
+    return None
 
 
 class Count(click.IntRange):
