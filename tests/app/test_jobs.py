@@ -417,7 +417,8 @@ def test_a_signal_that_threads_cannot_act_on_before_the_last_cells_end_is_said(t
     monkeypatch.setattr(jobs, "train_hash_stage", signalled)
     result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "-b", "8", "-b", "16", "--methods", "cca-itq",
                                        "--device", "cpu", "--out", str(tmp_path / "runs"), "--jobs", "2", "--workers",
-                                       "threads", "--results", str(tmp_path / "r.jsonl"), "--table", str(tmp_path / "t")])
+                                       "threads", "--results", str(tmp_path / "r.jsonl"), "--table",
+                                       str(tmp_path / "t")])
     assert result.exit_code == 0, result.output
     assert "SIGTERM: stopping the running cells (in threads a closed-form fit or a scoring runs to its end first)" \
         in result.output
