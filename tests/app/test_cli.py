@@ -683,6 +683,16 @@ def test_a_run_refused_once_started_leaves_no_folder_of_its_lock_alone(tmp_path,
     kept = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "-b", "16", "--epochs", "1", "--out", str(out),
                                      "--results", ""])
     assert kept.exit_code == 0 and len(list(out.glob("*/*/hash16.pt"))) == 1
+    # a fusion stage refused once started, under its hashing run (ucmfh): its folder kept its fusion.lock alone
+    from ucmfh.data.writer import write_dataset
+
+    one = write_dataset(tmp_path / "one.h5", {s: {"image": np.eye(n, 4), "text": np.eye(n, 3)[::-1],
+                                                  "labels": np.eye(3, dtype=np.uint8)[np.arange(n) % 3]}
+                                              for s, n in (("train", 1), ("query", 3), ("retrieval", 6))})
+    fusion = CliRunner().invoke(main, ["train-hash", "-d", one, "-b", "16", "--epochs", "1", "--method", "ucmfh",
+                                       "--val-fraction", "0", "--out", str(tmp_path / "ucmfh"), "--results", ""])
+    assert fusion.exit_code == 2 and "the fusion stage: 1 training item" in fusion.output, fusion.output
+    assert not (tmp_path / "ucmfh").exists() or os.listdir(tmp_path / "ucmfh") == []
 
 
 def test_torch_out_of_memory_is_a_user_error_and_other_runtime_errors_are_not():

@@ -107,10 +107,31 @@ def _drop_bare_folder(checkpoint: str) -> None:
         if os.listdir(folder) == [os.path.basename(lock)]:
             os.unlink(lock)
             os.rmdir(folder)
-            if not os.listdir(os.path.dirname(folder)):  # the dataset's folder, made for this run alone
-                os.rmdir(os.path.dirname(folder))
+            up = os.path.dirname(folder)
+            # a hashing run's folder inside its fusion stage's (ucmfh, distill): that stage, refused first, left its
+            # lock there, which this run's folder kept
+            if os.path.basename(folder).startswith("hash-") and _only_free_locks(up):
+                os.rmdir(up)
+                up = os.path.dirname(up)
+            if not os.listdir(up):  # the dataset's folder, made for this run alone
+                os.rmdir(up)
     except OSError:  # another process's file appeared: its folder stays
         pass
+
+
+def _only_free_locks(folder: str) -> bool:
+    """Whether ``folder`` holds lock files alone, none held by a process; those are removed."""
+    names = os.listdir(folder)
+    if fcntl is None or not names or not all(name.endswith(".lock") for name in names):
+        return False
+    for name in names:
+        fd = os.open(os.path.join(folder, name), os.O_RDWR)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # held by none (BlockingIOError: held; the folder stays)
+            os.unlink(os.path.join(folder, name))
+        finally:
+            os.close(fd)
+    return True
 
 
 def _refuse_busy(checkpoint: str) -> None:
