@@ -204,6 +204,13 @@ def test_compare_says_what_is_missing(tmp_path, tiny_path):
     assert damaged.exit_code == 2 and damaged.output.startswith(
         f"Error: {fewer}: not a file of per-query scores of run fewer (no 1-d numbers 'unimodal/-/ap_i2t')"), \
         damaged.output
+    # NaN among the scores: its mean is NaN, which the row's figure check let pass, and the cell read 'nan [nan,
+    # nan] level'
+    np.savez(fewer, **{f"{rows[0]['protocol']}/-/{name}": np.where(np.arange(len(values) - 1) == 3, np.nan,
+                                                                    values[:-1]) for name, values in scores.items()})
+    nan = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results)])
+    assert nan.exit_code == 2 and nan.output.startswith(
+        f"Error: {fewer}: per-query scores of run fewer hold NaN or inf ('unimodal/-/ap_i2t')"), nan.output
 
 
 def test_scoring_a_checkpoint_again_at_another_k_keeps_the_per_query_scores_an_earlier_row_names(tmp_path,

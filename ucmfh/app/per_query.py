@@ -80,6 +80,9 @@ def load_per_query(row: Dict[str, Any]) -> Dict[str, np.ndarray]:
         if name not in scores or scores[name].ndim != ndim or not np.issubdtype(scores[name].dtype, np.number):
             raise ValueError(f"{path}: not a file of per-query scores of run {row.get('run')} (no {ndim}-d numbers "
                              f"'{prefix}{name}'); score it again with 'ucmfh evaluate -c {row.get('checkpoint')}'")
+        if not np.isfinite(scores[name]).all():  # a mean of NaN compares with nothing: its cell read 'level'
+            raise ValueError(f"{path}: per-query scores of run {row.get('run')} hold NaN or inf ('{prefix}{name}'); "
+                             f"score it again with 'ucmfh evaluate -c {row.get('checkpoint')}'")
     for name in ("ap_i2t", "ap_t2i"):
         figure = row.get(f"map_{name[3:]}_expected")
         if name in scores and isinstance(figure, float) and abs(float(scores[name].mean()) - figure) > 1e-5:
