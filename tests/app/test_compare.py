@@ -156,6 +156,10 @@ def test_compare_pairs_the_per_query_scores_of_two_methods_on_a_caption_set(tmp_
     table = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results),
                                       "--resamples", "500"])
     assert table.exit_code == 0 and "difference [95% interval]" in table.output and "rSum" in table.output
+    # what the intervals do not cover, said under the table (simulations measured it: docs/evaluation.md)
+    assert "caption set: T→I and rSum resample each caption as a query of its own" in table.output
+    assert "2 seeds: the seed part of an interval reaches no further than the seeds scored" in table.output
+    assert "10 intervals, each at 95% on its own" in table.output
     # the rows split over two results files (grids run side by side) compare as one file does
     lines_of = results.read_text().splitlines(keepends=True)
     first, second = tmp_path / "a.jsonl", tmp_path / "b.jsonl"
