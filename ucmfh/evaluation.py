@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -254,7 +255,14 @@ def _score_splits(query, retrieval, data: Dataset, k: int, ranking: Ranking, rul
                         "per_query": {f"ap_{d}": values for d, values in ap.items()}}] for rule, ap in by_rule.items()}
     by_rule = caption_set_rows((*query, data.query.ids), (*retrieval, data.retrieval.ids), k=k, ranks=RANKS,
                                ranking=ranking, rules=rules, per_query=True, recall=recall)
-    return {rule: [{key: value for key, value in row.items() if key != "ties"} for row in rows.values()]
+    # each T→I query's image, numbered as the I→T queries are (the first row of each id): a bootstrap resamples
+    # the captions of one image together (ucmfh.metrics.intervals)
+    ids = data.query.ids.cpu().numpy()
+    first = ids[first_of_each_id(ids)]  # the I→T queries' ids, in their order
+    order = np.argsort(first)
+    images = torch.from_numpy(order[np.searchsorted(first, ids, sorter=order)])
+    return {rule: [{key: (value if key != "per_query" else {**value, "image_t2i": images})
+                    for key, value in row.items() if key != "ties"} for row in rows.values()]
             for rule, rows in by_rule.items()}
 
 

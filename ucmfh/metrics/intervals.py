@@ -7,11 +7,15 @@ mean: the interval resamples both with replacement — one draw of query indices
 every seed, since the seeds score the same queries — and takes the percentiles of the
 resampled means (Efron & Tibshirani, "An Introduction to the Bootstrap", 1993, §13). A
 figure built from several query sets (rSum adds the recalls of both directions) is a sum
-of parts, each resampled over its own queries.
+of parts, each resampled over its own queries. Where queries come in clusters (a caption
+set's captions of one image, whose differences move together), ``clusters`` resamples the
+clusters instead, one draw shared by every part (an image's I→T query and its captions' T→I
+queries are drawn together), each part's figure the mean over the queries drawn: resampled
+apart, five captions of one image narrowed a 95% interval to 66% coverage in simulation.
 """
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import numpy as np
 
@@ -20,12 +24,15 @@ _BATCH = 250  # resamples drawn at once: memory _BATCH * queries indices
 
 
 def paired_bootstrap(
-    parts: Sequence[np.ndarray], resamples: int = RESAMPLES, level: float = 0.95, seed: int = 0
+    parts: Sequence[np.ndarray], resamples: int = RESAMPLES, level: float = 0.95, seed: int = 0,
+    clusters: Optional[Sequence[np.ndarray]] = None,
 ) -> Dict[str, float]:
     """The mean of a paired difference and its bootstrap interval.
 
     ``parts``: arrays [S, Q_p] of per-query differences (S seeds, the same in every part; Q_p
     queries of part p); the figure is the sum over parts of the mean over seeds and queries.
+    ``clusters``: per part, the cluster of each query ([Q_p] integers, one numbering for every
+    part): the clusters are resampled, not the queries.
     Returns ``{"mean", "low", "high", "level", "resamples", "seeds", "queries"}``: ``low`` and
     ``high`` are the (1 − level)/2 and (1 + level)/2 percentiles of the resampled figures.
     Reproducible: the draws come from ``seed``.
@@ -38,14 +45,30 @@ def paired_bootstrap(
         raise ValueError(f"every part needs the same number of seeds (>= 1), got {[p.shape[0] for p in parts]}")
     if not 0 < level < 1:
         raise ValueError(f"level must lie in (0, 1), got {level}")
+    if clusters is not None:
+        clusters = [np.asarray(c) for c in clusters]
+        if len(clusters) != len(parts) or any(c.shape != (p.shape[1],) for c, p in zip(clusters, parts)):
+            raise ValueError("clusters must give each part's queries a cluster: [Q_p] per part")
+        units, inverse = np.unique(np.concatenate(clusters), return_inverse=True)
+        cut = np.cumsum([len(c) for c in clusters])[:-1]
+        # per part: each cluster's sum of differences per seed [S, U] and its queries [U]
+        sums = [np.stack([np.bincount(i, weights=row, minlength=len(units)) for row in p])
+                for p, i in zip(parts, np.split(inverse, cut))]
+        counts = [np.bincount(i, minlength=len(units)).astype(np.float64) for i in np.split(inverse, cut)]
     rng = np.random.default_rng(seed)
     figures = np.zeros(resamples)
     for start in range(0, resamples, _BATCH):
         b = min(_BATCH, resamples - start)
         seeds = rng.integers(0, n_seeds, (b, n_seeds)) if n_seeds > 1 else np.zeros((b, 1), dtype=np.int64)
-        for p in parts:
-            queries = rng.integers(0, p.shape[1], (b, p.shape[1]))
-            per_seed = np.stack([p[s][queries].mean(axis=1) for s in range(n_seeds)], axis=1)  # [b, S]
+        drawn = None if clusters is None else rng.integers(0, len(units), (b, len(units)))
+        for i, p in enumerate(parts):
+            if drawn is None:
+                queries = rng.integers(0, p.shape[1], (b, p.shape[1]))
+                per_seed = np.stack([p[s][queries].mean(axis=1) for s in range(n_seeds)], axis=1)  # [b, S]
+            else:  # the queries of the clusters drawn; a draw of none of this part's clusters: its own figure
+                n = counts[i][drawn].sum(axis=1)  # [b]
+                per_seed = np.stack([np.where(n > 0, sums[i][s][drawn].sum(axis=1) / np.maximum(n, 1), p[s].mean())
+                                     for s in range(n_seeds)], axis=1)
             figures[start : start + b] += np.take_along_axis(per_seed, seeds, axis=1).mean(axis=1)
     low, high = np.percentile(figures, [50 * (1 - level), 50 * (1 + level)])
     return {"mean": float(sum(p.mean() for p in parts)), "low": float(low), "high": float(high), "level": level,
