@@ -362,7 +362,7 @@ def limits(results: List[Tuple[tuple, Dict[str, Any]]]) -> List[str]:
     few = sorted({len(r["seeds"]) for _, r in results if 1 < len(r["seeds"]) < 5})
     if few:
         said.append(f"{'/'.join(map(str, few))} seeds: the seed part of an interval reaches no further than the seeds "
-                    "scored (with 3, a 95% interval covered 82% in simulation)")
+                    "scored (with 3, a 95% interval covered 84% in simulation)")
     if len(results) > 1:
         said.append(f"{len(results)} intervals, each at 95% on its own: about 1 in 20 cells with no true difference is "
                     "called ahead or behind")
