@@ -426,6 +426,32 @@ def test_a_signal_that_threads_cannot_act_on_before_the_last_cells_end_is_said(t
     assert len(open(tmp_path / "r.jsonl").readlines()) == 2
 
 
+@pytest.mark.parametrize("extra", [[], ["--jobs", "2", "--workers", "threads"]])
+def test_rows_another_grid_appended_meanwhile_are_not_appended_again(tiny_path, tmp_path, monkeypatch, extra):
+    """Two grids started together on one results file: the second found the first's checkpoint, scored it as
+    reused and appended the same rows again (four runs, six rows)."""
+    from ucmfh.app import grid
+    from ucmfh.app.table import append_results
+
+    results = tmp_path / "r.jsonl"
+    real = jobs.train_hash_stage
+
+    def beside(*args, **kwargs):  # the grid beside this one appends the cell's rows first
+        rows = real(*args, **kwargs)
+        append_results(results, rows)
+        return rows
+
+    monkeypatch.setattr(jobs, "train_hash_stage", beside)
+    monkeypatch.setattr(grid, "train_hash_stage", beside)
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "-b", "8", "-b", "16", "--methods", "two-tower",
+                                       "--epochs", "1", "--set", "hash.hidden=32", "--device", "cpu", "--out",
+                                       str(tmp_path / "runs"), "--results", str(results), "--table",
+                                       str(tmp_path / "t"), *extra])
+    assert result.exit_code == 0, result.output
+    assert len(results.read_text().splitlines()) == 2
+    assert result.output.count("already (appended meanwhile by a grid beside this one)") == 2
+
+
 def test_threads_without_jobs_are_refused(tiny_path, tmp_path):
     result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--workers", "threads", "--out", str(tmp_path / "r")])
     assert result.exit_code == 2 and result.output.splitlines()[-1] == (

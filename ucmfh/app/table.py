@@ -2,9 +2,10 @@
 as machines keep them (appended to a JSON-lines results file)."""
 from __future__ import annotations
 
+import os
 from typing import Any, Callable, Dict, List, Optional
 
-from ucmfh.files import PathLike, append_jsonl
+from ucmfh.files import PathLike, append_jsonl, read_jsonl
 from ucmfh.config import EXPECTED
 
 PROTOCOL_NOTES = {
@@ -17,6 +18,20 @@ Log = Callable[[str], None]
 def append_results(path: PathLike, rows: List[Dict[str, Any]]) -> None:
     """Append result rows to a JSON-lines file (locked, one write per row: concurrent runs keep every row)."""
     append_jsonl(path, rows)
+
+
+def appended_meanwhile(path: PathLike, rows: List[Dict[str, Any]]) -> bool:
+    """Whether every row of a grid's cell (``rows``) is in the results file already, by run, protocol, database
+    and k: a grid started beside this one on the same file trained the cell, this one scored its checkpoint as
+    reused, and appended the same rows a second time (a grid skips the cells finished when it starts)."""
+    if not rows or not os.path.exists(path):
+        return False
+
+    def measured(row: Dict[str, Any]) -> tuple:
+        return row.get("run"), row.get("protocol"), row.get("database"), row.get("k")
+
+    there = {measured(row) for row in read_jsonl(path, on_skip=lambda line: None)}
+    return all(measured(row) in there for row in rows)
 
 
 class _Head:
