@@ -4,7 +4,6 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
-import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -15,7 +14,7 @@ from ucmfh.data.h5 import Dataset, Split
 from ucmfh.data.stream import Features
 from ucmfh.metrics.ap import mean
 from ucmfh.metrics.arguments import DEFAULT_K, TIES, Ranking, Ties, check_choice
-from ucmfh.metrics.captions import RANKS, caption_set_rows
+from ucmfh.metrics.captions import RANKS, caption_set_rows, image_of_each_caption
 from ucmfh.metrics.collapse import distinct_codes
 from ucmfh.metrics.ranking import scores_by_rule
 from ucmfh.models.fusion import FusionEncoder
@@ -228,7 +227,8 @@ def score_splits(
     (``map_i2t_expected``, ``recall_i2t_expected``, ``rsum_expected``, …; :mod:`ucmfh.metrics.ties`).
     With ``per_query`` each row also holds ``per_query``, the per-query scores its means are taken
     over (tie-aware with ``expected``): ``ap_i2t``, ``ap_t2i`` and, for a caption set, ``hits_i2t``,
-    ``hits_t2i`` [Q, 3] (R@1/5/10), float32 numpy arrays. ``recall=False``: a caption set's rows without
+    ``hits_t2i`` [Q, 3] (R@1/5/10) and ``image_t2i`` (:func:`~ucmfh.metrics.captions.image_of_each_caption`),
+    float32 numpy arrays. ``recall=False``: a caption set's rows without
     recall and rSum (MAP alone: a validation score).
     """
     by_rule = _score_splits(query, retrieval, data, k, ranking, ("index", "expected") if expected else ("index",),
@@ -238,9 +238,13 @@ def score_splits(
         for row, twin in zip(rows, by_rule["expected"]):
             row.update({f"{key}{EXPECTED}": value for key, value in twin.items() if key.startswith(_METRICS)})
             row["per_query"] = twin["per_query"]
+    # a caption set's: each T→I query's image, with the scores (compare resamples an image's captions together)
+    images = image_of_each_caption(data.query.ids.cpu().numpy()) if per_query and data.caption_set else None
     for row in rows:
         scores = row.pop("per_query")
         if per_query:
+            if images is not None:
+                scores = {**scores, "image_t2i": torch.from_numpy(images)}
             row["per_query"] = {name: values.float().cpu().numpy() for name, values in scores.items()}
     return rows
 
@@ -255,14 +259,7 @@ def _score_splits(query, retrieval, data: Dataset, k: int, ranking: Ranking, rul
                         "per_query": {f"ap_{d}": values for d, values in ap.items()}}] for rule, ap in by_rule.items()}
     by_rule = caption_set_rows((*query, data.query.ids), (*retrieval, data.retrieval.ids), k=k, ranks=RANKS,
                                ranking=ranking, rules=rules, per_query=True, recall=recall)
-    # each T→I query's image, numbered as the I→T queries are (the first row of each id): a bootstrap resamples
-    # the captions of one image together (ucmfh.metrics.intervals)
-    ids = data.query.ids.cpu().numpy()
-    first = ids[first_of_each_id(ids)]  # the I→T queries' ids, in their order
-    order = np.argsort(first)
-    images = torch.from_numpy(order[np.searchsorted(first, ids, sorter=order)])
-    return {rule: [{key: (value if key != "per_query" else {**value, "image_t2i": images})
-                    for key, value in row.items() if key != "ties"} for row in rows.values()]
+    return {rule: [{key: value for key, value in row.items() if key != "ties"} for row in rows.values()]
             for rule, rows in by_rule.items()}
 
 

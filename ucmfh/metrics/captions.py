@@ -46,6 +46,16 @@ def database_rows(name: str, query_ids: np.ndarray, retrieval_ids: np.ndarray) -
     return txt.astype(np.int64), txt[first_of_each_id(ids)].astype(np.int64)
 
 
+def image_of_each_caption(query_ids: np.ndarray) -> np.ndarray:
+    """Each T→I query's (each caption's) image, numbered as the I→T queries are: the first row of each id, in
+    order (:func:`caption_set_rows`), so that a bootstrap resamples the captions of one image together
+    (:mod:`ucmfh.metrics.intervals`). Shape: [Q] -> [Q] int64."""
+    ids = np.asarray(query_ids)
+    first = ids[first_of_each_id(ids)]  # the I→T queries' ids, in their order
+    order = np.argsort(first)
+    return order[np.searchsorted(first, ids, sorter=order)].astype(np.int64)
+
+
 def _take(query: torch.Tensor, retrieval: torch.Tensor, rows: np.ndarray) -> torch.Tensor:
     """Rows numbered across query then retrieval (:func:`database_rows`); no copy of retrieval for ``test``."""
     index = torch.from_numpy(rows).to(query.device)
