@@ -26,7 +26,7 @@ from ucmfh.app.environment import resolve_dataset
 from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.jobs import SideBySide, jobs_option
-from ucmfh.app.table import append_results, appended_meanwhile
+from ucmfh.app.table import append_cell_rows
 from ucmfh.app.options import (
     DEFAULT_RESULTS, FLAGS, Count, candidates_problem, check_device, check_precision, flag_of, given_twice,
     parse_params, resolved, seed_type, settings_of, train_options,
@@ -405,10 +405,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
             rows = train_hash_stage(data, fcfg, hcfg, opts, protocols, k, log=click.echo)
         except KeyboardInterrupt as err:  # a grid has no --resume: it resumes what it finds
             interrupted(err, always_resumes=True)
-        if appended_meanwhile(results, rows):
-            click.echo(f"      its rows are in {results} already (appended meanwhile by a grid beside this one)")
-        else:
-            append_results(results, rows)
+        append_cell_rows(results, rows, click.echo)
         click.echo(f"      {scores_line(rows)}")
         recorded += rows
         grid_rows.append(rows)

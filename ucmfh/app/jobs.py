@@ -55,7 +55,7 @@ from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, key_of
 from ucmfh.app.options import Count
 from ucmfh.app.runs import scores_line
-from ucmfh.app.table import append_results, appended_meanwhile
+from ucmfh.app.table import append_cell_rows
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset, load_dataset
 from ucmfh.run_draws import separate_draws
@@ -463,11 +463,7 @@ class SideBySide:
         earlier cell precedes (the results file keeps the grid's order), else all."""
         for cell in self.cells:
             if cell.state == "done" and not cell.appended:
-                if appended_meanwhile(self.results, cell.rows):  # by a grid beside this one, on the same file
-                    self.log(f"      {cell.name}: its rows are in {self.results} already (appended meanwhile by a "
-                             "grid beside this one)")
-                else:
-                    append_results(self.results, cell.rows)
+                append_cell_rows(self.results, cell.rows, self.log, cell.name)
                 cell.appended = True
             elif in_order and cell.state != "done":
                 return

@@ -2,7 +2,6 @@
 as machines keep them (appended to a JSON-lines results file)."""
 from __future__ import annotations
 
-import os
 from typing import Any, Callable, Dict, List, Optional
 
 from ucmfh.files import PathLike, append_jsonl, read_jsonl
@@ -20,18 +19,20 @@ def append_results(path: PathLike, rows: List[Dict[str, Any]]) -> None:
     append_jsonl(path, rows)
 
 
-def appended_meanwhile(path: PathLike, rows: List[Dict[str, Any]]) -> bool:
-    """Whether every row of a grid's cell (``rows``) is in the results file already, by run, protocol, database
-    and k: a grid started beside this one on the same file trained the cell, this one scored its checkpoint as
-    reused, and appended the same rows a second time (a grid skips the cells finished when it starts)."""
-    if not rows or not os.path.exists(path):
-        return False
-
+def append_cell_rows(path: PathLike, rows: List[Dict[str, Any]], log: Log, name: Optional[str] = None) -> None:
+    """Append a grid cell's rows (``name``: the cell, in the line said instead), unless every one is in the results
+    file already, by run, protocol, database and k: a grid started beside this one on the same file trained the
+    cell, this one scored its checkpoint as reused, and appended the same rows a second time (a grid skips the
+    cells finished when it starts)."""
     def measured(row: Dict[str, Any]) -> tuple:
         return row.get("run"), row.get("protocol"), row.get("database"), row.get("k")
 
-    there = {measured(row) for row in read_jsonl(path, on_skip=lambda line: None)}
-    return all(measured(row) in there for row in rows)
+    there = {measured(row) for row in read_jsonl(path, on_skip=lambda line: None)} if rows else set()
+    if rows and all(measured(row) in there for row in rows):
+        log(f"      {name + ': ' if name else ''}its rows are in {path} already (appended meanwhile by a grid beside "
+            "this one)")
+    else:
+        append_results(path, rows)
 
 
 class _Head:
