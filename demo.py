@@ -248,8 +248,8 @@ def _run(args: argparse.Namespace) -> int:
                                        out=args.out)
         report(rows, args.results)
     except (*USER_ERRORS, RuntimeError) as err:
-        if interrupt_behind(err) is not None:  # a Ctrl-C that cut a module's C set-up short
-            interrupted(interrupt_behind(err))
+        if (stop := interrupt_behind(err)) is not None:  # a Ctrl-C that cut a module's C set-up short
+            interrupted(stop)
         mapped = as_user_error(err) if isinstance(err, RuntimeError) else err
         if mapped is err and isinstance(err, RuntimeError):
             raise  # a bug, shown whole

@@ -128,8 +128,9 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
         **train, "protocol": protocol, "device": device, "n_bits": n_bits, "beta_schedule": beta_schedule,
         "fusion_epochs": fusion_epochs, "lr_fusion": lr_fusion}))
     check_precision(fcfg, *hcfgs)
-    if train.get("candidates_side_by_side") and candidates_problem(hcfgs[0]):  # as an option no method uses is
-        raise click.BadParameter(candidates_problem(hcfgs[0]), param_hint="--candidates-side-by-side")
+    problem = candidates_problem(hcfgs[0]) if train.get("candidates_side_by_side") else None
+    if problem:  # refused where it does nothing, as an option no method uses is
+        raise click.BadParameter(problem, param_hint="--candidates-side-by-side")
     check_outputs({"--results": results}, {"--out": train["out"], "--tensorboard": train["tensorboard"]})
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
