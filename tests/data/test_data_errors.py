@@ -93,7 +93,7 @@ def test_labels_under_which_no_ranking_is_scored(small_file):
     """Labels that make every query relevant to every retrieval item (one class for all) scored every method and
     the random codes 1.0000, and labels no retrieval item shares scored them 0, as results, without a word. Such
     a file is valid (a small collection of a few overlapping classes is one: two of three classes an item), and
-    validate, training and scoring say how many query items are such."""
+    validate, training (grid's too) and scoring say how many query items are such."""
     with h5py.File(small_file, "a") as f:
         query, retrieval = f["query/labels"][()], f["retrieval/labels"][()]
         f["query/labels"][0] = 0
@@ -113,7 +113,11 @@ def test_labels_under_which_no_ranking_is_scored(small_file):
         f["query/labels"][:], f["retrieval/labels"][:] = query, retrieval
         f["retrieval/labels"][:] = 1
     for args in (["validate"], ["train-hash", "-b", "8", "--epochs", "1", "--set", "hash.hidden=0", "--results", "",
-                                "--device", "cpu", "--quiet", "--out", os.path.dirname(small_file), "-d"]):
+                                "--device", "cpu", "--quiet", "--out", os.path.dirname(small_file), "-d"],
+                 ["grid", "--epochs", "1", "--seeds", "1", "--device", "cpu", "-b", "8",
+                  "--results", os.path.join(os.path.dirname(small_file), "g.jsonl"),
+                  "--table", os.path.join(os.path.dirname(small_file), "g"),
+                  "--out", os.path.dirname(small_file), "-d"]):
         said = CliRunner().invoke(main, [*args, small_file])
         assert said.exit_code == 0 and (f"warning: {small_file}: every query item shares a label with every "
                                         "retrieval item: every MAP is 1, whatever the codes (one class for all?)"

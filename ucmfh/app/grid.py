@@ -23,7 +23,7 @@ import click
 
 from ucmfh.app.errors import interrupted, user_errors, warn
 from ucmfh.app.environment import resolve_dataset
-from ucmfh.app.experiment import train_hash_stage
+from ucmfh.app.experiment import say_relevance, train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.jobs import SideBySide, jobs_option
 from ucmfh.app.table import append_cell_rows
@@ -383,6 +383,8 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     recorded = read_jsonl(results, on_skip=warn)  # the rows of earlier runs, and of the cells run below
     # every dataset read and checked before the first cell: a bad file is said now, not hours in
     loaded = {dataset: load_dataset(paths[dataset], max_memory_bytes=train["max_memory"]) for dataset in datasets}
+    for data in loaded.values():  # labels under which some scores say nothing of the codes, said once a file
+        say_relevance(data, lambda line: click.echo(line, err=True))
     for dataset, _, hcfg in cells:  # a method that needs the split in memory, refused hours in at its first cell
         build_method(hcfg.method).check_split(loaded[dataset])
     side = SideBySide(jobs, device, results, opts, protocols, k, train["max_memory"], workers) if jobs > 1 else None
