@@ -154,6 +154,10 @@ class HashConfig:
         return self
 
 
+# the stages a run trains, by the name their settings take in overrides ('fusion.lr', 'hash.lr_head')
+STAGES = {"fusion": FusionConfig, "hash": HashConfig}
+
+
 # SEPS (docs/reference.md §8, docs/seps.md): which form of the model, how the patch selection learns,
 # where a dense description of an image may come from.
 SEPS_VERSIONS = ("code", "paper")

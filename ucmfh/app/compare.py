@@ -31,8 +31,7 @@ from ucmfh.app.options import Count, json_or_text, results_to_read
 from ucmfh.app.per_query import load_per_query
 from ucmfh.app.runs import (dataset_labels, filter_rows, held_by, latest, read_results, seed_of, settings_key,
                             settings_of, trained_on, variant_of)
-from ucmfh.config import MOVED_TO_PARAMS, PROTOCOLS
-from ucmfh.methods.settings import STAGES
+from ucmfh.config import MOVED_TO_PARAMS, PROTOCOLS, STAGES
 from ucmfh.metrics.intervals import RESAMPLES, paired_bootstrap, verdict
 
 # figure -> per part: (per-query score name, column of a [Q, 3] hits array or None, scale)

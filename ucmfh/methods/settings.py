@@ -25,8 +25,8 @@ import os
 from typing import Any, Callable, Dict, Iterable, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
 
 from ucmfh.config import (
-    MOVED_TO_PARAMS, PROTOCOLS, FusionConfig, HashConfig, SettingError, blame_overrides, check_override, check_setting,
-    default_epochs, raises, with_defaults,
+    MOVED_TO_PARAMS, PROTOCOLS, STAGES, FusionConfig, HashConfig, SettingError, blame_overrides, check_override,
+    check_setting, default_epochs, raises, with_defaults,
 )
 from ucmfh.losses import LOSSES, build_loss
 from ucmfh.methods.base import Method
@@ -39,7 +39,6 @@ SETTINGS = ("protocol", "loss", "loss_params", "supervised", "epochs", "fusion_e
 # those of fusion_config (the fusion stage alone)
 FUSION_SETTINGS = ("loss", "loss_params", "supervised", "epochs", "batch_size", "seed", "modality_dropout",
                    "val_fraction", "patience", "amp", "device", "lr")
-STAGES = {"fusion": FusionConfig, "hash": HashConfig}
 # settings given as arguments of their own, which an override must not replace behind their back
 OWN_SETTINGS = ("n_bits", "method", "seed", "device")
 # what a method that shares the fusion stage's options ('ucmfh') takes from its fusion stage's config
