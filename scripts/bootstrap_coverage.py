@@ -40,7 +40,7 @@ CASES = {
 
 
 def draw(rng: np.random.Generator, seeds: int, queries: int, query_sd: float, seed_sd: float, noise_sd: float,
-         captions: int = 1, image_sd: float = 0.0, skewed: bool = False, by_image: bool = False) -> np.ndarray:
+         captions: int = 1, image_sd: float = 0.0, skewed: bool = False) -> np.ndarray:
     """Per-query differences [seeds, queries]: the mean, an image effect shared by its captions, a query effect
     shared by the seeds, a seed effect, and noise."""
     image = rng.normal(0, image_sd, queries // captions).repeat(captions)
@@ -56,7 +56,7 @@ def main() -> None:
     for name, case in CASES.items():
         rng, start, covered = np.random.default_rng(12345), time.time(), 0
         for repeat in range(args.repeats):
-            d = draw(rng, **case)
+            d = draw(rng, **{name: value for name, value in case.items() if name != "by_image"})
             clusters = [np.arange(d.shape[1]) // case["captions"]] if case.get("by_image") else None
             interval = paired_bootstrap([d], resamples=args.resamples, seed=repeat, clusters=clusters)
             covered += interval["low"] <= DELTA <= interval["high"]

@@ -277,12 +277,11 @@ class Stage:
 @dataclass
 class Fitted:
     """A stage reused or trained: the model, the seconds its training took (as saved, when reused), its
-    history (:meth:`History.as_dict`), and whether it was reused."""
+    history (:meth:`History.as_dict`)."""
 
     model: Any
     seconds: float
     history: Dict[str, Any]
-    reused: bool
 
 
 def reuse_or_fit(
@@ -318,7 +317,7 @@ def reuse_or_fit(
         if opts.tensorboard and group.is_main:  # the user asked for curves: say why none come
             log(f"note: --tensorboard: no curves of {stage.name}, which trains no epoch here ('ucmfh runs --history "
                 f"{key}' prints those it trained)")
-        return Fitted(model, meta.get("seconds", 0.0), meta["history"], True)
+        return Fitted(model, meta.get("seconds", 0.0), meta["history"])
 
     if os.path.exists(stage.path):
         return reuse()
@@ -362,4 +361,4 @@ def _train(stage: Stage, opts: RunOptions, fit: Callable[[StateFile, Any], Tuple
         save(model, meta)
         discard_state(state)
     group.barrier()  # every rank sees the checkpoint from here on
-    return Fitted(model, seconds, meta["history"], False)
+    return Fitted(model, seconds, meta["history"])

@@ -232,13 +232,6 @@ class IndexFolder:
         return {"format": FORMAT, "version": VERSION, "n_bits": self.n_bits, "words": self.words,
                 "meta": self.meta, "sources": self.sources, "modalities": modalities}
 
-    @classmethod
-    def create(cls, path: PathLike, n_bits: int, meta: Optional[Mapping[str, Any]] = None) -> "IndexFolder":
-        """A new, empty index folder (atomically created), bound for appends."""
-        index = cls(n_bits, meta)
-        index.save(path)
-        return index
-
 
 def write_raw(path: str, array: np.ndarray) -> None:
     write_at(path, 0, array)

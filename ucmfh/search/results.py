@@ -299,8 +299,3 @@ def result_lines(results: Results, width: int = 72) -> Iterator[str]:
     if results.relevant is not None:
         yield f"  * relevant ({results.relevance})"
 
-
-def format_results(results: Results, width: int = 72) -> str:
-    """A plain-text table: per query a heading, then one line per hit (:func:`result_lines`)."""
-    return "\n".join(result_lines(results, width))
-
