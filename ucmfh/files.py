@@ -14,6 +14,8 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import functools
+import hashlib
 import io
 import json
 import os
@@ -54,6 +56,23 @@ def check_a_file(path: PathLike, what: str, error: type = ValueError) -> None:
         raise error(f"{os.fspath(path)}: is a folder, not {what}")
     if os.path.exists(path) and not os.path.isfile(path):
         raise error(f"{os.fspath(path)}: is a pipe or a device (not a regular file), not {what}")
+
+
+@functools.lru_cache(maxsize=32)
+def _sha256(path: str, size: int, mtime_ns: int) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(functools.partial(f.read, 1 << 23), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def fingerprint(path: PathLike) -> str:
+    """SHA-256 of a file's bytes, in hex (cached per path, size and modification time within a process): what
+    a run records of its dataset, an index of its checkpoint and collection."""
+    real = os.path.realpath(path)
+    st = os.stat(real)
+    return _sha256(real, st.st_size, st.st_mtime_ns)
 
 
 def check_space(path: PathLike, size: int) -> None:

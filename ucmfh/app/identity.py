@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Dict, List, Optional
 
 from ucmfh.config import FusionConfig, HashConfig, identity_dict
+from ucmfh.files import fingerprint
 from ucmfh.printable import printable
 
 if TYPE_CHECKING:
@@ -32,22 +33,6 @@ if TYPE_CHECKING:
 def dataset_label(path: str) -> str:
     """What tables call a dataset: its file's stem (what ``-d NAME`` names), its control characters escaped."""
     return printable(os.path.splitext(os.path.basename(path))[0])
-
-
-@functools.lru_cache(maxsize=32)
-def _file_sha256(path: str, size: int, mtime_ns: int) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(functools.partial(f.read, 1 << 23), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def fingerprint(path: str) -> str:
-    """SHA-256 of a file's bytes (cached per path, size and modification time within a process)."""
-    real = os.path.realpath(path)
-    st = os.stat(real)
-    return _file_sha256(real, st.st_size, st.st_mtime_ns)
 
 
 def dataset_identity(data: Dataset) -> Dict[str, str]:

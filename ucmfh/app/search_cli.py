@@ -14,7 +14,6 @@ from ucmfh.config import SEARCH_BACKENDS, BackendConfig, SettingError, backend_c
 
 MODALITY = click.Choice(["image", "text"])
 _BACKEND = BackendConfig()
-SHORT = {"image": "img", "text": "txt"}
 MAX_HITS = 10_000_000  # rows one search prints at the most (queries × hits): about 7 GB of JSON lines
 
 
@@ -115,6 +114,7 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
     """Search INDEX (several folders: searched as one) with queries; print the top-k items of each."""
     from ucmfh.search.build import Encoder
     from ucmfh.search.collection import read_queries
+    from ucmfh.search.folder import modality_name
     from ucmfh.search.results import format_scores, result_lines, result_rows, scores, search_queries
     from ucmfh.search.index import UnfinishedIndex
     from ucmfh.search.shards import open_index
@@ -167,13 +167,13 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         except ValueError as err:
             raise click.BadParameter(str(err), param_hint="--substrings") from None
     encoder = Encoder(checkpoint or _recorded_checkpoint(opened, index[0]), device)
-    searched = SHORT[modality]
+    searched = modality_name(modality)
     if k > opened.count(searched) > 0:  # every item listed: said, where a shorter list than asked came unexplained
         click.echo(f"note: -k {k} is more than the {opened.count(searched)} {modality} items of the index; each "
                    "query lists them all", err=True)
     if queries:
         wanted = _parse_ids(ids)
-        asked = SHORT[query_modality] if query_modality else None
+        asked = modality_name(query_modality) if query_modality else None
         if asked is None and not queries.endswith(".npy"):
             asked = _default_query_modality(queries, split, searched)
         q = read_queries(queries, asked, encoder.dims, split=split, ids=wanted)

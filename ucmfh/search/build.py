@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import hashlib
 import os
 import shutil
 from dataclasses import dataclass, field
@@ -36,21 +35,14 @@ from ucmfh.checkpoint import load_model
 from ucmfh.bits import as_words, to_numpy
 from ucmfh.data.format import DataError, first_of_each_id, row_fingerprints
 from ucmfh.data.h5 import is_dataset_file, validate_file
-from ucmfh.search.collection import FEATURES, Collection, differing, open_collection
-from ucmfh.search.folder import modality_name
+from ucmfh.files import fingerprint
+from ucmfh.search.collection import Collection, differing, open_collection
+from ucmfh.search.folder import NAMES, modality_name
 from ucmfh.search.index import Index
 from ucmfh.utils import resolve_device
 
 PROTOCOL = "unimodal"
 Log = Callable[[str], None]
-
-
-def file_sha256(path: str) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 23), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 class Encoder:
@@ -69,7 +61,7 @@ class Encoder:
         dims = model.fusion if hasattr(model, "fusion") else model
         self.dims = {"img": int(dims.d_img), "txt": int(dims.d_txt)}
         self.n_bits = int(hash_cfg.n_bits)
-        self.identity = {"path": os.path.abspath(checkpoint), "sha256": file_sha256(checkpoint),
+        self.identity = {"path": os.path.abspath(checkpoint), "sha256": fingerprint(checkpoint),
                          "method": hash_cfg.method, "n_bits": self.n_bits,
                          "d_img": self.dims["img"], "d_txt": self.dims["txt"]}
 
@@ -81,10 +73,10 @@ class Encoder:
         """Refuse features of ``modality`` that are not [N, d] of the width the checkpoint takes (``DataError``
         naming ``where``)."""
         if features.ndim != 2:
-            raise DataError(f"{where}: expected {FEATURES[modality]} features [N, {self.dims[modality]}] (one vector: "
+            raise DataError(f"{where}: expected {NAMES[modality]} features [N, {self.dims[modality]}] (one vector: "
                             f"[{self.dims[modality]}]), got shape {features.shape}")
         if features.shape[1] != self.dims[modality]:
-            raise DataError(f"{where}: {features.shape[1]}-d {FEATURES[modality]} features, the checkpoint "
+            raise DataError(f"{where}: {features.shape[1]}-d {NAMES[modality]} features, the checkpoint "
                             f"{self.identity['path']} takes {self.dims[modality]}-d")
 
     @torch.no_grad()
@@ -97,7 +89,7 @@ class Encoder:
             features = features[None, :]
         self.check_dim(features, modality, "features")
         if features.dtype.kind != "f" or not np.isfinite(features).all():
-            raise DataError(f"features: {FEATURES[modality]} features must be finite floating-point numbers, got "
+            raise DataError(f"features: {NAMES[modality]} features must be finite floating-point numbers, got "
                             f"{features.dtype}" + (" with NaN or inf" if features.dtype.kind == "f" else ""))
         out = []
         for start in range(0, features.shape[0], self.batch_size):
@@ -129,7 +121,7 @@ def check_same_feature(index: Index, modality: str, feature: Optional[str], wher
     recorded = (index.meta.get("features") or {}).get(modality)
     if recorded and feature and recorded != feature:
         given, made = differing(feature, recorded)
-        raise DataError(f"{where}: its {FEATURES[modality]} features were made by '{given}', but the index's by "
+        raise DataError(f"{where}: its {NAMES[modality]} features were made by '{given}', but the index's by "
                         f"'{made}'; codes of features of different extractors are not comparable")
 
 
@@ -138,8 +130,8 @@ def check_same_columns(index: Index, coll: Collection, embeddings: bool, origins
     (every add to a modality gives the same columns): captions (``/text_raw``), image paths (``/paths``),
     labels, or embeddings (``--no-embeddings``) that one has and the other has not."""
     given = {"labels": "/labels (labels)", "text": "/text_raw (captions)", "paths": "/paths (image files)"}
-    for modality in FEATURES:
-        if not index.count(modality) or not coll.has(FEATURES[modality]):
+    for modality in NAMES:
+        if not index.count(modality) or not coll.has(NAMES[modality]):
             continue
         have = set(index.fields(modality))
         new = {"labels"} if coll.has("labels") else set()
@@ -150,10 +142,10 @@ def check_same_columns(index: Index, coll: Collection, embeddings: bool, origins
             if name == "embed":
                 why = ("kept their embeddings for re-ranking; build without --no-embeddings" if name in have else
                        "were built with --no-embeddings; add these with --no-embeddings too")
-                raise DataError(f"{out}: its {FEATURES[modality]} items {why}")
+                raise DataError(f"{out}: its {NAMES[modality]} items {why}")
             if name in given:
                 raise DataError(f"{coll.path}: {'has no' if name in have else 'has'} {given[name]}, which the "
-                                f"{FEATURES[modality]} items of {out} {'have' if name in have else 'have not'}: "
+                                f"{NAMES[modality]} items of {out} {'have' if name in have else 'have not'}: "
                                 "every collection in an index gives the same columns; build a new index (another -o)")
 
 
@@ -177,7 +169,7 @@ def check_not_again(index: Index, coll: Collection, sha: str, key: str, out: str
         return
     if ids is None:  # its rows, numbered as its earlier build numbered them
         ids = int(earlier[0].get("first_id", 0)) + np.arange(len(coll), dtype=np.int64)
-    held = np.concatenate([index.ids(m) for m in FEATURES if index.count(m)] or [np.zeros(0, np.int64)])
+    held = np.concatenate([index.ids(m) for m in NAMES if index.count(m)] or [np.zeros(0, np.int64)])
     again = np.flatnonzero(np.isin(ids, held))
     if not len(again):
         return
@@ -213,7 +205,7 @@ def first_id(index: Optional[Index], key: str) -> int:
     started = next((s for s in index.sources if s["key"] == key), None)
     if started is not None:  # recorded at its start; 0 for builds recorded before the number was
         return int(started.get("first_id", 0))
-    held = [int(index.ids(m).max()) for m in FEATURES if index.count(m)]
+    held = [int(index.ids(m).max()) for m in NAMES if index.count(m)]
     return max(held) + 1 if held else 0
 
 
@@ -289,18 +281,18 @@ def build_index(
         validate_file(collection, token_values=False)
     coll = open_collection(collection, splits)
     encoder = Encoder(checkpoint, device)
-    for modality, name in FEATURES.items():
+    for modality, name in NAMES.items():
         if coll.has(name) and coll.columns[name] != encoder.dims[modality]:
             raise DataError(f"{coll.path}: {coll.where(name)}: {coll.columns[name]}-d features, the checkpoint "
                             f"{encoder.identity['path']} takes {encoder.dims[modality]}-d")
-    features = {m: coll.feature(m) for m in FEATURES if coll.has(FEATURES[m])}
-    sha = file_sha256(coll.path)
+    features = {m: coll.feature(m) for m in NAMES if coll.has(NAMES[m])}
+    sha = fingerprint(coll.path)
     index = None
     empty = os.path.isdir(out) and not os.listdir(out)  # an empty folder made for it: a new index there
     created = empty or not os.path.exists(out)  # a build refused part-way leaves the index as it found it
     if not created:
         index = Index.load(out)
-        counts_before, sources_before = {m: index.count(m) for m in FEATURES}, copy.deepcopy(index.sources)
+        counts_before, sources_before = {m: index.count(m) for m in NAMES}, copy.deepcopy(index.sources)
         check_same_checkpoint(index, encoder)
         for modality, feature in features.items():
             check_same_feature(index, modality, feature, coll.path)
@@ -339,7 +331,7 @@ def build_index(
     if done >= n:
         return BuildReport(index, {"img": 0, "txt": 0}, done, n, True, skipped=skipped)
     # an index built before items kept their origin stays without it (its columns are fixed)
-    origins = {m: index.count(m) == 0 or index.has(m, "origin") for m in FEATURES}
+    origins = {m: index.count(m) == 0 or index.has(m, "origin") for m in NAMES}
     check_same_columns(index, coll, embeddings, origins, out)
     if all(s["key"] != key for s in index.sources):  # announced before its first chunk (Index.unfinished)
         index.add_many({}, {**source, "done": 0})
@@ -347,7 +339,7 @@ def build_index(
     if ids is not None:
         keep_img[:] = False
         keep_img[first_of_each_id(ids)] = True
-    before = {m: index.count(m) for m in FEATURES}
+    before = {m: index.count(m) for m in NAMES}
     number = next((i for i, s in enumerate(index.sources) if s["key"] == key), len(index.sources))
     bar = tqdm(total=n, initial=done, desc=f"index {os.path.basename(coll.path)}", unit="item", disable=not progress)
     try:
@@ -416,7 +408,7 @@ def _add_chunks(index: Index, coll: Collection, encoder: Encoder, source: Dict[s
         stop = min(start + chunk_size, n)
         items = {}
         chunk_ids = ids[start:stop] if ids is not None else None
-        for modality, name in FEATURES.items():
+        for modality, name in NAMES.items():
             if not coll.has(name):
                 continue
             rows = keep_img[start:stop] if modality == "img" else np.ones(stop - start, dtype=bool)
@@ -449,5 +441,5 @@ def _add_chunks(index: Index, coll: Collection, encoder: Encoder, source: Dict[s
         if should_stop is not None and should_stop() and stop < n:
             stopped = True
             break
-    added = {m: index.count(m) - before[m] for m in FEATURES}
+    added = {m: index.count(m) - before[m] for m in NAMES}
     return BuildReport(index, added, done, n, False, stopped, skipped)

@@ -12,7 +12,8 @@ from typing import List, Optional, Tuple
 import numpy as np
 
 from ucmfh.data.h5 import DataError
-from ucmfh.search.collection import FEATURES, Queries
+from ucmfh.search.collection import Queries
+from ucmfh.search.folder import NAMES
 
 _CLIP = re.compile(r"^CLIP (?P<model>.+) (?P<modality>image|text) embedding \((?P<dim>\d+)-d(?P<norm>, L2-normalised)?\)$")
 
@@ -31,9 +32,9 @@ def clip_queries(index, text: List[str], images: List[str], device: str = "cpu")
     feature = (index.meta.get("features") or {}).get(modality)
     found = clip_model_of(feature)
     if found is None:
-        raise DataError(f"{index.path}: its {FEATURES[modality]} features were made by "
+        raise DataError(f"{index.path}: its {NAMES[modality]} features were made by "
                         f"'{feature or 'an unrecorded extractor'}', not a CLIP model of 'ucmfh extract': "
-                        f"raw {FEATURES[modality]} queries cannot be encoded here; extract their features with "
+                        f"raw {NAMES[modality]} queries cannot be encoded here; extract their features with "
                         f"that extractor and pass them with --queries")
     model, normalize = found
     encoder = ClipEncoder(model, device=device, normalize=normalize)

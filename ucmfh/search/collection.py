@@ -22,8 +22,8 @@ import numpy as np
 from ucmfh.data.format import DataError, check_finite, finite_float32, first_of_each_id
 from ucmfh.data.input_files import load_npy
 from ucmfh.files import check_a_file, read_attrs
+from ucmfh.search.folder import NAMES
 
-FEATURES = {"img": "image", "txt": "text"}  # modality -> dataset name
 COLUMNS = ("image", "text", "ids", "labels", "paths", "text_raw")
 WHICH_MODALITY = ("query_modality", "image|text", "to say which")  # the remedy where queries could be either
 DEFAULT_SPLITS = ("query", "retrieval")  # a dataset file's collection (§7): train is drawn from retrieval
@@ -57,7 +57,7 @@ class Collection:
 
     def feature(self, modality: str) -> Optional[str]:
         """The extractor that made a modality's features (root attribute), when recorded."""
-        value = self.attrs.get(f"{FEATURES[modality]}_feature")
+        value = self.attrs.get(f"{NAMES[modality]}_feature")
         return None if value is None else str(value)
 
     def where(self, name: str) -> str:
@@ -80,7 +80,7 @@ class Collection:
             shape = (0,) if self.columns[name] is None else (0, self.columns[name])
             return np.zeros(shape, dtype=np.float32)
         out = np.concatenate(parts) if len(parts) > 1 else parts[0]
-        if name in FEATURES.values():
+        if name in NAMES.values():
             check_finite(out, f"{self.path}: {self.where(name)}", start)
         return out
 
@@ -181,7 +181,7 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
                     n = dset.shape[0]
                 elif dset.shape[0] != n:
                     raise DataError(f"{path}: {where}: {dset.shape[0]} rows, {g.rstrip('/')}/{present[0]} has {n}")
-                if name in FEATURES.values() and dset.dtype.kind != "f":
+                if name in NAMES.values() and dset.dtype.kind != "f":
                     raise DataError(f"{path}: {where}: expected floating-point features, got {dset.dtype}")
                 if name == "ids" and dset.dtype.kind not in "iu":
                     raise DataError(f"{path}: {where}: ids must be integers, got {dset.dtype}")
@@ -299,13 +299,13 @@ def read_queries(
     coll = open_collection(path, [split] if split else None)
     if split is None and coll.groups != ["/"]:  # a dataset file: its query split
         coll = open_collection(path, ["query"])
-    available = [m for m, name in FEATURES.items() if coll.has(name)]
+    available = [m for m, name in NAMES.items() if coll.has(name)]
     if modality is None:
         if len(available) != 1:
             raise DataError(f"{path}: has image and text features; say which modality the queries are",
                             remedy=WHICH_MODALITY)
         modality = available[0]
-    name = FEATURES[modality]
+    name = NAMES[modality]
     if not coll.has(name):
         raise DataError(f"{path}: {coll.where(name)}: missing dataset (the queries are {name} features)")
     all_ids = coll.ids()

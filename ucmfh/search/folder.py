@@ -29,6 +29,7 @@ FORMAT = "ucmfh-index"
 VERSION = 1
 MANIFEST = "index.json"
 MODALITIES = ("img", "txt")
+NAMES = {"img": "image", "txt": "text"}  # a modality's name in words, and its features' dataset in a file
 STRINGS = ("text", "paths")
 
 
@@ -45,8 +46,8 @@ class Column:
 
 
 def modality_name(name: str) -> str:
-    aliases = {"image": "img", "text": "txt"}
-    name = aliases.get(name, name)
+    """A modality's short name ('img', 'txt') from either of its names ('image' is 'img')."""
+    name = {full: short for short, full in NAMES.items()}.get(name, name)
     if name not in MODALITIES:
         raise ValueError(f"modality must be 'image' or 'text' ('img'/'txt'), got {name!r}")
     return name

@@ -13,13 +13,12 @@ from ucmfh.config import APPROXIMATE_BACKENDS, BackendConfig, backend_config
 from ucmfh.printable import printable
 from ucmfh.search.build import Encoder, check_same_checkpoint, check_same_feature
 from ucmfh.search.collection import Queries
-from ucmfh.search.folder import modality_name
+from ucmfh.search.folder import NAMES, modality_name
 from ucmfh.search.index import Index
 from ucmfh.search.rerank import RERANKS, cosine_scores
 from ucmfh.search.rerank import rerank as rerank_step
 from ucmfh.search.shards import Shards
 
-NAMES = {"img": "image", "txt": "text"}
 
 
 @dataclass

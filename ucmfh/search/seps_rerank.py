@@ -26,12 +26,12 @@ from ucmfh.data.format import DataError
 from ucmfh.data.tokens import IMAGE_TOKENS, Tokens
 from ucmfh.seps.model import SEPS, State
 from ucmfh.search.collection import Queries
+from ucmfh.search.folder import NAMES
 from ucmfh.search.index import Index
 from ucmfh.search.shards import Shards
 from ucmfh.seps.scoring import cat_states, encode_images, encode_texts, score_candidates, take
 from ucmfh.utils import resolve_device
 
-NAMES = {"img": "image", "txt": "text"}
 _ENCODE_CHUNK = 256  # items whose tokens are encoded at a time
 
 

@@ -10,8 +10,8 @@ from ucmfh.bits import as_words, to_numpy
 from ucmfh.config import backend_config
 from ucmfh.data.format import DataError
 from ucmfh.files import PathLike
-from ucmfh.search.collection import FEATURES, differing
-from ucmfh.search.folder import STRINGS, modality_name
+from ucmfh.search.collection import differing
+from ucmfh.search.folder import NAMES, STRINGS, modality_name
 from ucmfh.search.index import ArrayLike, Index
 from ucmfh.search.scan import merge_top_k
 
@@ -51,7 +51,7 @@ class Shards:
                     continue
                 if modality in features and features[modality] != feature:
                     mine, theirs = differing(feature, features[modality])
-                    raise DataError(f"{shard.path}: its {FEATURES[modality]} features were made by '{mine}', but "
+                    raise DataError(f"{shard.path}: its {NAMES[modality]} features were made by '{mine}', but "
                                     f"those of {described[modality].path} by '{theirs}'; indexes searched as one "
                                     "must share their extractors")
                 features.setdefault(modality, feature)
