@@ -226,6 +226,7 @@ class SepsConfig:
 
 
 SEARCH_BACKENDS = ("exact", "mih", "faiss-ivf", "faiss-hnsw")
+INDEX_CHUNK_SIZE = 16384  # items an index build encodes and commits at a time (a killed build resumes there)
 APPROXIMATE_BACKENDS = ("faiss-ivf", "faiss-hnsw")  # the others return the exact top k
 
 

@@ -18,7 +18,7 @@ from ucmfh.app.options import Count, given_flags, seed_type
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import SettingError
 from ucmfh.data.annotations import list_images
-from ucmfh.data.convert import EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
+from ucmfh.data.convert import CHUNK_ROWS, EMPTY_LABELS, ConvertReport, convert_arrays, convert_pkl, read_classes
 from ucmfh.data.extract import BAD_IMAGES, ExtractConfig, extract_features
 from ucmfh.data.format import SPLITS, DataError
 from ucmfh.data.h5 import images_trained_on, relevance_warnings, validate_file
@@ -239,7 +239,7 @@ def _arrays_command(kind: str, help_text: str):
     @click.option("--split-index", type=click.Path(exists=True, dir_okay=False),
                   help="Use a given split: .npz with query/retrieval/train source-row arrays.")
     @click.option("--seed", type=seed_type, default=DEFAULT_SEED, show_default=True, help="Seed of the drawn split.")
-    @click.option("--chunk-rows", type=Count(min=1), default=4096, show_default=True, help="Rows read per block.")
+    @click.option("--chunk-rows", type=Count(min=1), default=CHUNK_ROWS, show_default=True, help="Rows read per block.")
     @_common
     @user_errors
     def command(image, text, labels, out, image_key, text_key, labels_key, ids, ids_key, standard_split, query, train,

@@ -284,7 +284,7 @@ def trained_elsewhere(meta: Dict[str, Any], data: Dataset, dataset: Dict[str, st
 
 def evaluate_checkpoint(
     data: Dataset, path: str, protocols: Sequence[str] = PROTOCOLS, k: int = DEFAULT_K,
-    device: str = "auto", n_bits: Optional[int] = None, progress: bool = True, out: str = "runs",
+    device: str = "auto", n_bits: Optional[int] = None, progress: bool = True, out: str = RunOptions.out,
     log: Log = print, keep_per_query: bool = True,
 ) -> List[Dict[str, Any]]:
     """Tasks 2/3: reload a fusion or hashing checkpoint and score it on ``data``. A checkpoint trained on

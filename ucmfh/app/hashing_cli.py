@@ -11,7 +11,7 @@ import click
 
 from ucmfh.app.errors import user_errors
 from ucmfh.app.environment import dataset_paths, default_data_dir, protocols_of, resolve_dataset
-from ucmfh.app.identity import Run, dataset_identity, fingerprint
+from ucmfh.app.identity import Run, dataset_identity
 from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
@@ -20,6 +20,8 @@ from ucmfh.app.options import (
     given_flags, given_twice, resolved, run_options, settings_of, train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig
+from ucmfh.files import fingerprint
+from ucmfh.metrics.captions import DATABASES
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset
 from ucmfh.methods import DEFAULT_METHOD, METHODS, PLUGINS
 from ucmfh.methods.settings import captured_step, default_loss, fusion_config, refuse_unused, stage_configs
@@ -149,7 +151,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
 @click.option("--codes", type=InputPath(dir_okay=False), multiple=True,
               help="A codes file (ucmfh encode): every metric, both directions; no dataset needed. Repeatable: "
                    "with --plot, the runs' curves on one figure (methods at one length).")
-@click.option("--database", type=click.Choice(["test", "collection"]), default=None,
+@click.option("--database", type=click.Choice(DATABASES), default=None,
               help="With --codes of a caption set: the database to score (test: the query split, the default; "
                    "collection: query and retrieval together).")
 @click.option("--metrics-out", type=click.Path(dir_okay=False),

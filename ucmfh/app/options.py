@@ -326,7 +326,8 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
                                  f"or later) [default: {defaults.amp}]."),
         "overrides": click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
                                   help=f"Any other setting, e.g. {stage} (repeatable)."),
-        "out": click.option("--out", default="runs", show_default=True, help="Root folder of runs (checkpoints)."),
+        "out": click.option("--out", default=RunOptions.out, show_default=True,
+                            help="Root folder of runs (checkpoints)."),
         "resume": click.option("--resume", is_flag=True, help="Continue an interrupted run of the same settings "
                                                               "(finished stages are always reused)."),
         "save_interval": click.option("--save-interval", default=RunOptions.save_interval, show_default=True,

@@ -10,7 +10,7 @@ import click
 from ucmfh.app.errors import UserError, describe, user_errors
 from ucmfh.app.options import Count, InputPath, check_device, given_twice
 from ucmfh.app.outputs import check_outputs
-from ucmfh.config import SEARCH_BACKENDS, BackendConfig, SettingError, backend_config
+from ucmfh.config import INDEX_CHUNK_SIZE, SEARCH_BACKENDS, BackendConfig, SettingError, backend_config
 
 MODALITY = click.Choice(["image", "text"])
 _BACKEND = BackendConfig()
@@ -25,7 +25,7 @@ MAX_HITS = 10_000_000  # rows one search prints at the most (queries × hits): a
 @click.option("--split", "splits", multiple=True,
               help="Groups of COLLECTION to index (repeatable) [default: the root's items, or query and retrieval "
                    "of a dataset file]; groups already in OUT are not added again.")
-@click.option("--chunk-size", default=16384, show_default=True, type=Count(min=1),
+@click.option("--chunk-size", default=INDEX_CHUNK_SIZE, show_default=True, type=Count(min=1),
               help="Items encoded and committed at a time (a killed build resumes at the last chunk).")
 @click.option("--embeddings/--no-embeddings", default=True, show_default=True,
               help="Keep the float16 real-valued embeddings (for --rerank cosine).")

@@ -41,6 +41,9 @@ from ucmfh.signals import stop_on_signals, stopped_by
 log = logging.getLogger(__name__)
 
 EMPTY_LABELS = ("drop", "fail")
+CHUNK_ROWS = 4096  # rows read and written per block by a conversion
+
+
 @dataclass
 class ConvertReport:
     """What a conversion wrote: rows per split and rows dropped for having no label."""
@@ -273,7 +276,7 @@ def convert_arrays(
     image_feature: Optional[str] = None,
     text_feature: Optional[str] = None,
     empty_labels: str = "drop",
-    chunk_rows: int = 4096,
+    chunk_rows: int = CHUNK_ROWS,
     overwrite: bool = False,
     progress: bool = True,
 ) -> ConvertReport:

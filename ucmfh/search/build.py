@@ -33,6 +33,7 @@ from tqdm.auto import tqdm
 
 from ucmfh.checkpoint import load_model
 from ucmfh.bits import as_words, to_numpy
+from ucmfh.config import INDEX_CHUNK_SIZE
 from ucmfh.data.format import DataError, first_of_each_id, row_fingerprints
 from ucmfh.data.h5 import is_dataset_file, validate_file
 from ucmfh.files import fingerprint
@@ -259,7 +260,7 @@ def build_index(
     checkpoint: str,
     out: str,
     splits: Optional[Sequence[str]] = None,
-    chunk_size: int = 16384,
+    chunk_size: int = INDEX_CHUNK_SIZE,
     embeddings: bool = True,
     device: str = "cpu",
     progress: bool = False,
