@@ -1000,7 +1000,7 @@ def test_collapsed_codes_are_said_and_recorded(tmp_path):
     assert line[header.index("seeds"):].startswith("1†"), table.output
     md = markdown([row], [variant_of(row)], [16])
     assert f"{row['map_i2t_expected']:.3f} / {row['map_t2i_expected']:.3f}†" in md and COLLAPSE_NOTE + "." in md
-    from ucmfh.app.runs import collapsed
+    from ucmfh.metrics.collapse import collapsed
 
     # judged against what the codes could be: 8 bits hold 256 codes, whatever the items
     assert collapsed({"img": [3, 100_000], "txt": [200, 100_000], "n_bits": 8}) == []

@@ -12,7 +12,6 @@ from ucmfh.app.identity import (
     Run, RunOptions, dataset_identity, git_commit, key_of, run_settings, trained_in, versions,
 )
 from ucmfh.app.per_query import save_per_query
-from ucmfh.app.runs import collapse_warning
 from ucmfh.app.stage import Log, Stage, reuse_or_fit
 from ucmfh.checkpoint import CheckpointError, load_model, read_checkpoint, save_checkpoint, saved_number
 from ucmfh.codes import save_codes
@@ -24,6 +23,7 @@ from ucmfh.fusion_stage import fit_fusion
 from ucmfh.methods import build_method, fit_hashing
 from ucmfh.methods.settings import default_loss, scored_protocols
 from ucmfh.metrics.arguments import DEFAULT_K
+from ucmfh.metrics.collapse import collapse_warning
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.evaluation import encode_split, evaluate_fusion, evaluate_hashing, random_codes_scores
 from ucmfh.signals import stopped_by

@@ -185,7 +185,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
     check_outputs({"--results": results, "--metrics-out": metrics_out, "--plot": plot}, overwrite=overwrite,
                   inputs={"--codes": codes, "--checkpoint": checkpoint, "--dataset": dataset_paths(dataset, data_dir)})
     if codes:
-        from ucmfh.app.runs import collapse_warning
+        from ucmfh.metrics.collapse import collapse_warning
         from ucmfh.app.table import append_results
         from ucmfh.files import write_json_atomic
         from ucmfh.metrics import codes_file_row, evaluate_codes_file

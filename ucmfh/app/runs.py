@@ -21,6 +21,7 @@ from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tupl
 from ucmfh.app.identity import key_of
 from ucmfh.config import EXPECTED
 from ucmfh.files import read_jsonl
+from ucmfh.metrics.collapse import COLLAPSED, collapsed
 from ucmfh.printable import printable
 
 DIRECTIONS = ("map_i2t", "map_t2i")
@@ -310,36 +311,10 @@ def settings_key(row: Dict[str, Any]) -> str:
     return key_of(_beyond_columns(settings_of(row)))
 
 
-COLLAPSED = 0.01  # codes of at most this share of a modality's items: a model whose codes collapsed
-                  # (ucmfh.evaluation.distinct_codes counts them)
-
-
 # what marks a group some of whose seeds' codes collapsed, in every table of results, and the line that says it
 COLLAPSE_MARK = "†"
 COLLAPSE_NOTE = (f"{COLLAPSE_MARK}: in some of the seeds the codes collapsed (distinct codes of a modality at most "
                  f"{COLLAPSED:.0%} of its items): those seeds score a near-random order, averaged in with the others")
-
-
-SIDES = {"img": "retrieval images", "txt": "retrieval texts", "query_img": "query images", "query_txt": "query texts"}
-
-
-def collapsed(distinct: Dict[str, Any]) -> List[str]:
-    """The sides (:data:`SIDES`: each split's modalities; an older row's, the retrieval split's alone) whose
-    distinct codes are at most :data:`COLLAPSED` of what they could be: their items, or the codes of their length
-    where those are fewer (8 bits: 256)."""
-    space = 2 ** min(int(distinct.get("n_bits", 64)), 62)
-    return [m for m in SIDES if m in distinct and distinct[m][0] < distinct[m][1]
-            and distinct[m][0] <= max(1, COLLAPSED * min(distinct[m][1], space))]
-
-
-def collapse_warning(distinct: Dict[str, Any], protocol: str) -> Optional[str]:
-    """The line that says a row's codes collapsed (:func:`collapsed`), or None."""
-    few = collapsed(distinct)
-    if not few:
-        return None
-    counts = ", ".join(f"{SIDES[m]} {distinct[m][0]} for {distinct[m][1]} items" for m in few)
-    return (f"warning: collapsed codes ({protocol}): distinct codes of the {counts}; its scores are those of a "
-            "near-random order, not of a weak ranking")
 
 
 def dataset_labels(entries: Sequence[Dict[str, Any]]) -> Dict[Tuple[Any, Any], str]:
