@@ -916,7 +916,7 @@ def test_a_checkpoint_scored_on_its_own_training_items_says_so(tmp_path):
                                     "--results", ""])
     assert own.exit_code == 0 and "warning" not in own.output, own.output
     # a labelled set's texts are tags, which repeat across images: not matched
-    from ucmfh.app.experiment import queries_trained_on
+    from ucmfh.data.h5 import queries_trained_on
 
     labelled = {s: {**arrays, "labels": np.eye(2, dtype=np.uint8)[arrays["ids"] % 2]}
                 for s, arrays in h5_splits(b).items()}

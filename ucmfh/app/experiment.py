@@ -16,7 +16,7 @@ from ucmfh.app.stage import Log, Stage, reuse_or_fit
 from ucmfh.checkpoint import CheckpointError, load_model, read_checkpoint, save_checkpoint, saved_number
 from ucmfh.codes import save_codes
 from ucmfh.config import PROTOCOLS, FusionConfig, HashConfig
-from ucmfh.data.h5 import Dataset, relevance_warnings, rows_found_in
+from ucmfh.data.h5 import Dataset, queries_trained_on, relevance_warnings, rows_found_in
 from ucmfh.distributed import current_group
 from ucmfh.files import PathLike
 from ucmfh.fusion_stage import fit_fusion
@@ -228,35 +228,6 @@ def score_hash_model(
         for row in rows:
             row.pop("per_query", None)
     return rows
-
-
-def queries_trained_on(scored: str, trained: Optional[str]) -> Optional[Tuple[int, int]]:
-    """How many of ``scored``'s query items are items of ``trained``'s training split, by their captions
-    (``text_raw``), and of how many: a model scored on items it was trained on (another export of the same
-    photos, e.g. a Flickr8k subset against full Flickr8k) scores far above its honest figure. An item (the
-    rows of one id) counts when more than half its captions are training captions (one generic caption, "A dog
-    runs through the grass", is in both splits of one file). None where the scored file is not a caption set
-    (a labelled set's texts are tags, which repeat across images: 10 of mirflickr730's 100 query items against
-    its own training split), either file holds no captions, or ``trained`` is not there."""
-    import h5py
-    import numpy as np
-
-    if not trained or not os.path.isfile(trained):
-        return None
-    try:
-        with h5py.File(scored, "r") as a, h5py.File(trained, "r") as b:
-            if "text_raw" not in a["query"] or "train" not in b or "text_raw" not in b["train"] or \
-                    "labels" in a["query"] or "ids" not in a["query"]:  # captions of a caption set: tags repeat
-                return None
-            captions = a["query/text_raw"][()]
-            ids = a["query/ids"][()]
-            training = set(b["train/text_raw"][()])
-    except (OSError, KeyError):
-        return None
-    found = np.array([caption in training for caption in captions])
-    items, item = np.unique(ids, return_inverse=True)
-    share = np.bincount(item, weights=found, minlength=len(items)) / np.bincount(item, minlength=len(items))
-    return int((share > 0.5).sum()), len(items)
 
 
 def trained_elsewhere(meta: Dict[str, Any], data: Dataset, dataset: Dict[str, str], path: str, doing: str,
