@@ -15,6 +15,7 @@ import torch
 
 from ucmfh.bits import check_n_bits, check_packed, check_signed
 from ucmfh.codes import ArrayLike, unpack_codes
+from ucmfh.similarity import sign_codes
 
 Ranking = Literal["hamming", "cosine"]
 """Hamming distance ascending (±1 or packed codes), or cosine similarity descending (embeddings)."""
@@ -170,4 +171,4 @@ def as_pm1(codes: torch.Tensor, device: torch.device) -> torch.Tensor:
     codes = codes.to(device)
     if codes.dtype == torch.uint8:
         return unpack_codes(codes, 8 * codes.shape[1])
-    return torch.where(codes >= 0, 1.0, -1.0)
+    return sign_codes(codes)

@@ -20,6 +20,7 @@ from ucmfh.metrics.arguments import (
     n_bits_of,
 )
 from ucmfh.metrics.native import code_words, label_words, native_histograms, use_native
+from ucmfh.similarity import label_relevance
 
 
 def _block_distances(q: torch.Tensor, r: torch.Tensor, n_bits: int) -> torch.Tensor:
@@ -51,7 +52,7 @@ def iter_distance_blocks(
     for start in range(0, retrieval.shape[0], retrieval_chunk_size):
         r = as_pm1(retrieval[start : start + retrieval_chunk_size], device)
         rl = retrieval_labels[start : start + retrieval_chunk_size].to(device).float()
-        yield _block_distances(q, r, n_bits), (ql @ rl.T) > 0
+        yield _block_distances(q, r, n_bits), label_relevance(ql, rl)
 
 
 def iter_hamming_histograms(

@@ -39,6 +39,7 @@ from ucmfh.metrics.histograms import iter_hamming_histograms
 from ucmfh.metrics.arguments import as_pm1, n_bits_of
 from ucmfh.metrics.relevance import gather_id_match, gather_relevance
 from ucmfh.metrics.topk import ExactBlocks, cosine_top_k_chunk
+from ucmfh.similarity import label_relevance
 
 def _harmonic_span(before: torch.Tensor, count: torch.Tensor) -> torch.Tensor:
     """Σ_{p=1..count} 1 / (before + p), float64, elementwise: a difference of harmonic numbers
@@ -171,7 +172,7 @@ def iter_hamming_groups(
 def _block_relevance(q_side: torch.Tensor, r_side: torch.Tensor, by_id: bool) -> torch.Tensor:
     if by_id:
         return q_side.long()[:, None] == r_side.long()[None, :]
-    return (q_side.float() @ r_side.float().T) > 0
+    return label_relevance(q_side, r_side)
 
 
 def iter_cosine_groups(
