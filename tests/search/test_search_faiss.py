@@ -134,6 +134,11 @@ def test_cli_backends(tiny_path, cli_index):
     assert "faiss-ivf recall@5 against exact search:" in ivf.output and "1.0000 of the distances" in ivf.output
     hnsw = runner.invoke(main, [*base, "--backend", "faiss-hnsw", "--ef-search", "32", "--recall"])
     assert hnsw.exit_code == 0 and "faiss-hnsw recall@5" in hnsw.output, hnsw.output
+    # re-ranked: the recall of the candidates searched (--candidates), which the index's items may cut
+    for candidates, depth in ((8, 8), (n + 5, n)):
+        deep = runner.invoke(main, [*base, "--backend", "faiss-hnsw", "--recall", "--rerank", "cosine",
+                                    "--candidates", str(candidates)])
+        assert deep.exit_code == 0 and f"faiss-hnsw recall@{depth} against" in deep.output, deep.output
     assert os.path.exists(os.path.join(cli_index, "faiss", "txt.ivf-nlist8.faiss")) and n > 8
     wrong = runner.invoke(main, [*base, "--nprobe", "4"])
     assert wrong.exit_code == 2 and "--nprobe does not apply to --backend exact" in wrong.output

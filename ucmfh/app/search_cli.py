@@ -228,8 +228,7 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         click.echo(f"faiss-ivf: --nlist {nlist} is more lists than the {opened.count(searched)} items searched; "
                    f"{opened.count(searched)} lists", err=True)
     if results.recall is not None:
-        depth = results.positions.shape[1] if rerank is None else (candidates or 10 * k)
-        click.echo(f"{backend} recall@{depth} against exact search: {results.recall['ids']:.4f} of the items, "
+        click.echo(f"{backend} recall@{results.recall['depth']} against exact search: {results.recall['ids']:.4f} of the items, "
                    f"{results.recall['distances']:.4f} of the distances", err=True)
 
 

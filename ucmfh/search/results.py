@@ -37,7 +37,8 @@ class Results:
     seps: Optional[np.ndarray] = None  # SEPS re-ranking score, float64
     seconds: Dict[str, float] = field(default_factory=dict)  # encode / search / rerank, all queries together
     backend: str = "exact"
-    recall: Optional[Dict[str, float]] = None  # an approximate backend's candidates against the exact ones
+    # an approximate backend's candidates against the exact ones ('ids', 'distances'), and how many ('depth')
+    recall: Optional[Dict[str, float]] = None
     served: Optional[Dict[str, Any]] = None  # backend mih: queries served by multi-index hashing and by the scan
     # each hit's image file, a relative path resolved against its collection file's folder (the page's links)
     files: Optional[List[List[Optional[str]]]] = None
@@ -128,7 +129,8 @@ def search_queries(
         if check_recall:
             from ucmfh.search.approx import recall as approx_recall
 
-            recall = approx_recall((distances, positions), index.search(logits, depth, modality, device, threads))
+            recall = {**approx_recall((distances, positions), index.search(logits, depth, modality, device, threads)),
+                      "depth": positions.shape[1]}  # the candidates compared: the top k, or those re-ranked
     cosine = seps = None
     if rerank is not None:
         start = time.perf_counter()
