@@ -407,7 +407,7 @@ def test_several_runs_curves_on_one_figure_are_each_run_s_own(tmp_path, monkeypa
         save_codes(paths[-1], **make_file_inputs(seed), attrs={"protocol": "unimodal", "dataset": "toy",
                                                                "method": method})
     figures = saved_figures(monkeypatch)
-    argv = ["evaluate", "--k", "5", "--device", "cpu", "--results", "", "--plot", str(tmp_path / "cmp")]
+    argv = ["evaluate", "-k", "5", "--device", "cpu", "--results", "", "--plot", str(tmp_path / "cmp")]
     out = CliRunner().invoke(main, argv + [a for p in paths for a in ("--codes", str(p))])
     assert out.exit_code == 0, out.output
     [(pr, pr_titles, _), (pk, pk_titles, _)] = figures

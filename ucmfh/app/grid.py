@@ -29,12 +29,12 @@ from ucmfh.app.jobs import SideBySide, jobs_option
 from ucmfh.app.table import append_cell_rows
 from ucmfh.app.options import (
     DEFAULT_RESULTS, FLAGS, Count, candidates_problem, check_device, check_precision, flag_of, given_twice,
-    parse_params, resolved, seed_type, settings_of, train_options,
+    parse_params, resolved, scoring_options, seed_type, settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import (COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, dataset_labels, headline, scores_line,
                             summarize, variant_of)
-from ucmfh.config import CODE_LENGTHS, EXPECTED, PROTOCOLS
+from ucmfh.config import CODE_LENGTHS, EXPECTED
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import MARKS, read_jsonl, write_text_atomic
 from ucmfh.losses import LOSSES
@@ -271,8 +271,7 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
 @click.option("--seeds", default="2023", show_default=True, callback=_list(seed_type), help="Comma-separated seeds.")
 @click.option("--fusion-epochs", type=Count(min=1), default=None,
               help="Epochs of the fusion stage [default: as --epochs].")
-@click.option("--protocol", type=click.Choice(["both", *PROTOCOLS]), default="both", show_default=True)
-@click.option("--k", default=DEFAULT_K, show_default=True, type=Count(min=1), help="MAP@k cut-off.")
+@scoring_options
 @click.option("--results", default=DEFAULT_RESULTS, show_default=True,
               help="JSON-lines file of result rows (read to skip finished cells; 'ucmfh runs' reads it too).")
 @click.option("--table", default="runs/grid", show_default=True,

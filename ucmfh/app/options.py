@@ -157,21 +157,31 @@ TRAINED_ON_HELP = "Dataset name or path to an .h5 file [default: the file the ch
 def data_options(fn: Callable, trained_on: bool = False) -> Callable:
     """-d, --data-dir, --protocol, --k and the outputs; ``trained_on``: -d's default is the file a checkpoint was
     trained on (evaluate -c), not the synthetic set."""
-    from ucmfh.metrics.arguments import DEFAULT_K
-
     for option in reversed([
         click.option("--dataset", "-d", default="synthetic", show_default=not trained_on,
                      help=TRAINED_ON_HELP if trained_on else
                      "Dataset name (DATA_DIR/NAME.h5) or path to an .h5 file; 'synthetic' is made on first use."),
         click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data",
                      help="Folder of NAME.h5 dataset files."),
-        click.option("--protocol", type=click.Choice(["both", *PROTOCOLS]), default="both", show_default=True,
-                     help="unimodal: codes from one modality (cross-modal); fused: UCMFH's protocol."),
-        click.option("--k", default=DEFAULT_K, show_default=True, type=Count(min=1), help="MAP@k cut-off."),
+        *scoring_options(),
         *output_options(),
     ]):
         fn = option(fn)
     return fn
+
+
+def scoring_options(fn: Optional[Callable] = None) -> Any:
+    """The protocols scored and MAP's cut-off, as every command that trains or scores takes them: a list of the
+    two options, or, given a command's function, the function with both."""
+    from ucmfh.metrics.arguments import DEFAULT_K
+
+    if fn is not None:
+        for option in reversed(scoring_options()):
+            fn = option(fn)
+        return fn
+    return [click.option("--protocol", type=click.Choice(["both", *PROTOCOLS]), default="both", show_default=True,
+                         help="unimodal: codes from one modality (cross-modal); fused: UCMFH's protocol."),
+            click.option("--k", "-k", default=DEFAULT_K, show_default=True, type=Count(min=1), help="MAP@k cut-off.")]
 
 
 def output_options() -> List[Callable]:
