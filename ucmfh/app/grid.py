@@ -252,6 +252,75 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
             write_text_atomic(prefix + ".csv", text.getvalue()))
 
 
+def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence[str],
+               params: Dict[str, Dict[str, Any]], bits: Sequence[int], seeds: Sequence[int], settings: Dict[str, Any],
+               candidates_side_by_side: bool) -> List[Tuple[str, Any, Any]]:
+    """The grid's cells, ``(dataset, fusion config or None, hash config)`` in the order they run, every one's
+    settings checked before anything trains: unknown methods and losses, a setting no method uses, loss
+    parameters no cell applies and candidates no cell trains are refused, naming the flag; a setting some
+    methods have no use for is said in a note."""
+    unknown = [name for name in methods if name not in METHODS]
+    if unknown:
+        raise click.BadParameter(f"unknown methods {unknown} (methods: {', '.join(METHODS)})",
+                                 param_hint="--methods")
+    unknown = [name for name in losses if name not in LOSSES]
+    if unknown:
+        raise click.BadParameter(f"unknown losses {unknown} (losses: {', '.join(LOSSES)})", param_hint="--losses")
+    # one set of settings serves every method: one a method has no use for applies to the others only
+    flags = {**FLAGS, "loss": "--losses", "loss_params": "--loss-params", "seed": "--seeds"}
+    # a method with a loss of its own: one cell per seed, whatever --losses lists
+    variants_asked = [(m, loss) for m in methods for loss in (losses or [None] if default_loss(m) else [None])]
+    # what each method, with each loss of the grid, has no use for (--supervised: only a loss that uses labels)
+    unused = {(m, loss): resolved(unused_settings, m, {**settings, "loss": loss}, flags=flags)
+              for m, loss in variants_asked}
+    first = next(iter(unused.values()))
+    for setting in (s for s in first if all(s in u for u in unused.values())):  # no method uses it
+        reasons = ", ".join(dict.fromkeys(f"{m!r} {u[setting]}" for (m, _), u in unused.items()))
+        raise click.BadParameter(f"no method of the grid has a use for it: {reasons}",
+                                 param_hint=flag_of(setting, flags))
+    notes = [f"method {m!r}{f' with loss {loss!r}' if loss else ''}: "
+             + "; ".join(f"{', '.join(flag_of(s, flags) for s in u if u[s] == why)} not applied (it {why})"
+                         for why in dict.fromkeys(u.values()))
+             + "; the other methods apply them" for (m, loss), u in unused.items() if u]
+    for note in notes:
+        click.echo(note)
+    # every cell's settings are checked before anything trains
+    cells = []
+    for dataset, (method, loss), seed in product(datasets, variants_asked, seeds):
+        cell = {**settings, "loss": loss, "seed": seed}
+        fcfg, hcfgs = resolved(stage_configs, method, dataset=dataset, n_bits=bits, drop_unused=True, flags=flags,
+                               **cell)
+        # --loss-params NAME:...: the parameters of loss NAME, wherever a stage trains with it
+        named: Dict[str, Any] = {}
+        if default_loss(method) is not None and hcfgs[0].loss in params:
+            named["loss_params"] = params[hcfgs[0].loss]
+        if fcfg is not None and fcfg.loss in params and not fusion_takes_the_loss(method):  # shared: given above
+            overrides = cell.get("overrides") or {}
+            named["overrides"] = {**overrides, "fusion": {**overrides.get("fusion", {}),
+                                                          "loss_params": params[fcfg.loss]}}
+        if named:
+            fcfg, hcfgs = resolved(stage_configs, method, dataset=dataset, n_bits=bits, drop_unused=True,
+                                   flags=flags, **{**cell, **named})
+        check_precision(fcfg, *hcfgs)
+        cells += [(dataset, fcfg, hcfg) for hcfg in hcfgs]
+    trained = {c.loss for _, fcfg, hcfg in cells for c in (fcfg, hcfg)  # a closed-form method trains no loss
+               if c is not None and (c is fcfg or default_loss(hcfg.method) is not None)}
+    unused_losses = [name for name in params if name not in trained]
+    if unused_losses:  # never checked against the loss's parameters, never applied
+        raise click.BadParameter(f"{unused_losses[0]}: no cell of the grid trains with this loss (the grid's: "
+                                 f"{', '.join(sorted(trained))})", param_hint="--loss-params")
+    if candidates_side_by_side:  # refused where no cell trains candidates, noted for the methods that train none
+        problems = {hcfg.method: candidates_problem(hcfg) for _, _, hcfg in cells}
+        if all(problems.values()):
+            raise click.BadParameter(f"no cell of the grid trains candidates to choose between: "
+                                     f"{'; '.join(dict.fromkeys(problems.values()))}",
+                                     param_hint="--candidates-side-by-side")
+        for method, problem in problems.items():
+            if problem:
+                click.echo(f"note: --candidates-side-by-side not applied: {problem}")
+    return cells
+
+
 @click.command("grid")
 @click.option("--dataset", "-d", "datasets", multiple=True, required=True,
               help="Dataset name or .h5 path (repeatable).")
@@ -297,72 +366,14 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     if workers == "threads" and jobs == 1:
         raise click.BadParameter("threads run the cells of --jobs N at once; with --jobs 1 they run one after "
                                  "another in this process: give --jobs N", param_hint="--workers")
-    unknown = [name for name in methods if name not in METHODS]
-    if unknown:
-        raise click.BadParameter(f"unknown methods {unknown} (methods: {', '.join(METHODS)})",
-                                 param_hint="--methods")
-    unknown = [name for name in losses if name not in LOSSES]
-    if unknown:
-        raise click.BadParameter(f"unknown losses {unknown} (losses: {', '.join(LOSSES)})", param_hint="--losses")
-    params = loss_params_by_name(per_loss)
-    # one set of settings serves every method: one a method has no use for applies to the others only
-    flags = {**FLAGS, "loss": "--losses", "loss_params": "--loss-params", "seed": "--seeds"}
-    settings = settings_of({**train, "fusion_epochs": fusion_epochs, "protocol": protocol, "device": device})
-    # a method with a loss of its own: one cell per seed, whatever --losses lists
-    variants_asked = [(m, loss) for m in methods for loss in (losses or [None] if default_loss(m) else [None])]
-    # what each method, with each loss of the grid, has no use for (--supervised: only a loss that uses labels)
-    unused = {(m, loss): resolved(unused_settings, m, {**settings, "loss": loss}, flags=flags)
-              for m, loss in variants_asked}
-    first = next(iter(unused.values()))
-    for setting in (s for s in first if all(s in u for u in unused.values())):  # no method uses it
-        reasons = ", ".join(dict.fromkeys(f"{m!r} {u[setting]}" for (m, _), u in unused.items()))
-        raise click.BadParameter(f"no method of the grid has a use for it: {reasons}",
-                                 param_hint=flag_of(setting, flags))
-    notes = [f"method {m!r}{f' with loss {loss!r}' if loss else ''}: "
-             + "; ".join(f"{', '.join(flag_of(s, flags) for s in u if u[s] == why)} not applied (it {why})"
-                         for why in dict.fromkeys(u.values()))
-             + "; the other methods apply them" for (m, loss), u in unused.items() if u]
-    for note in notes:
-        click.echo(note)
     protocols = protocols_of(protocol)
     opts = RunOptions(out=train["out"], resume=True, save_interval=train["save_interval"], progress=not quiet,
                       tensorboard=train["tensorboard"], cuda_graph=train["cuda_graph"],
                       candidates_side_by_side=train["candidates_side_by_side"], always_resumes=True)
     bits = list(dict.fromkeys(n_bits))
-    # every cell's settings are checked before anything trains
-    cells = []
-    for dataset, (method, loss), seed in product(datasets, variants_asked, seeds):
-        cell = {**settings, "loss": loss, "seed": seed}
-        fcfg, hcfgs = resolved(stage_configs, method, dataset=dataset, n_bits=bits, drop_unused=True, flags=flags,
-                               **cell)
-        # --loss-params NAME:...: the parameters of loss NAME, wherever a stage trains with it
-        named: Dict[str, Any] = {}
-        if default_loss(method) is not None and hcfgs[0].loss in params:
-            named["loss_params"] = params[hcfgs[0].loss]
-        if fcfg is not None and fcfg.loss in params and not fusion_takes_the_loss(method):  # shared: given above
-            overrides = cell.get("overrides") or {}
-            named["overrides"] = {**overrides, "fusion": {**overrides.get("fusion", {}),
-                                                          "loss_params": params[fcfg.loss]}}
-        if named:
-            fcfg, hcfgs = resolved(stage_configs, method, dataset=dataset, n_bits=bits, drop_unused=True,
-                                   flags=flags, **{**cell, **named})
-        check_precision(fcfg, *hcfgs)
-        cells += [(dataset, fcfg, hcfg) for hcfg in hcfgs]
-    trained = {c.loss for _, fcfg, hcfg in cells for c in (fcfg, hcfg)  # a closed-form method trains no loss
-               if c is not None and (c is fcfg or default_loss(hcfg.method) is not None)}
-    unused_losses = [name for name in params if name not in trained]
-    if unused_losses:  # never checked against the loss's parameters, never applied
-        raise click.BadParameter(f"{unused_losses[0]}: no cell of the grid trains with this loss (the grid's: "
-                                 f"{', '.join(sorted(trained))})", param_hint="--loss-params")
-    if opts.candidates_side_by_side:  # refused where no cell trains candidates, noted for the methods that train none
-        problems = {hcfg.method: candidates_problem(hcfg) for _, _, hcfg in cells}
-        if all(problems.values()):
-            raise click.BadParameter(f"no cell of the grid trains candidates to choose between: "
-                                     f"{'; '.join(dict.fromkeys(problems.values()))}",
-                                     param_hint="--candidates-side-by-side")
-        for method, problem in problems.items():
-            if problem:
-                click.echo(f"note: --candidates-side-by-side not applied: {problem}")
+    settings = settings_of({**train, "fusion_epochs": fusion_epochs, "protocol": protocol, "device": device})
+    cells = grid_cells(datasets, methods, losses, loss_params_by_name(per_loss), bits, seeds, settings,
+                       train["candidates_side_by_side"])
     stem, extension = os.path.splitext(table)
     if extension.lower() in (".md", ".csv") and os.path.basename(stem):  # the path given with an extension of its own
         table = stem
