@@ -2,14 +2,20 @@
 # The GPU checklist: every path that runs on CUDA, on a one-GPU machine, each step under a time cap,
 # every figure and log written to $OUT (default gpu-out/). Run from the repository root:
 #
-#   DATA=../shared/data OUT=gpu-out bash scripts/gpu_checklist.sh          # every step
-#   DATA=gpu-data OUT=gpu-out bash scripts/gpu_checklist.sh speed          # issue 48's figures alone, first
-#   DATA=gpu-data PACK=1 bash scripts/gpu_checklist.sh speed              # in a device call ($OUT: 8 files back)
-#   PACK=1 bash scripts/gpu_checklist.sh compile                   # torch.compile: a step, then the main job
-#   PACK=1 bash scripts/gpu_checklist.sh graphs                    # the real-GPU graph tests, TF32, streams
-#   DATA=gpu-data PACK=1 bash scripts/gpu_checklist.sh comparison         # goal 4's whole comparison, 540 s a call
+#   DATA=../shared/data OUT=gpu-out bash scripts/gpu_checklist.sh   # every step: some 45 minutes, not in a device call
+# A device call runs 600 s at most and brings back 8 files: name groups, with PACK=1 and BUDGET=560, and carry
+# DATA (gpu-data/: flickr8k compacted and wiki, made as below; gpu-seps/: wiki and mirflickr730_tokens):
+#   DATA=gpu-data PACK=1 BUDGET=560 bash scripts/gpu_checklist.sh speed compile graphs   # issue 48's, first
+#   DATA=gpu-data PACK=1 BUDGET=560 bash scripts/gpu_checklist.sh speed     # its figures alone
+#   DATA=gpu-data PACK=1 BUDGET=560 bash scripts/gpu_checklist.sh compile   # torch.compile: a step, then the main job
+#   DATA=gpu-data PACK=1 BUDGET=560 bash scripts/gpu_checklist.sh graphs    # streams, the real-GPU graph tests, TF32
+#   DATA=gpu-data PACK=1 BUDGET=560 bash scripts/gpu_checklist.sh comparison   # goal 4's whole comparison
 #   (it goes on from gpu-data/comparison.jsonl: copy $OUT's comparison.jsonl there before the next call)
-#   DATA=gpu-data PACK=1 BUDGET=560 bash scripts/gpu_checklist.sh speed compile graphs   # as many as fit
+#   DATA=gpu-data PACK=1 BUDGET=560 bash scripts/gpu_checklist.sh checks    # eager main job, evaluation, agreement
+#   DATA=gpu-seps PACK=1 BUDGET=560 bash scripts/gpu_checklist.sh extras    # encoding at scale, bf16, SEPS + rerank
+#   DATA=gpu-seps PACK=1 BUDGET=560 bash scripts/gpu_checklist.sh suite     # tests, every method, search, torchrun
+#   mkdir -p gpu-seps && cp ../shared/data/wiki.h5 ../shared/data/mirflickr730_tokens.h5 gpu-seps/   # 29 MiB
+# A step whose file DATA lacks is skipped, said in summary.txt and speed.md.
 #
 # Several groups run one after another in the order asked (`graphs compile`: graphs' steps first), each group's
 # steps in this file's order.
@@ -29,7 +35,8 @@
 # not fit the 64-MiB working tree as it is: carry a compact copy made here (features rounded to float16):
 #   python scripts/compact_data.py ../shared/data/flickr8k.h5 gpu-data/flickr8k.h5 && cp ../shared/data/wiki.h5 gpu-data/
 # Every run ends with $OUT/speed.md: issue 48's goals, measured against the eager H200 figures (scripts/speed_report.py).
-# (gpu-data/ is git-ignored; the device call names it in carry). Without $DATA/flickr8k.h5 that step is skipped.
+# (gpu-data/ and gpu-seps/ are git-ignored; the device call names one in carry). Without $DATA/flickr8k.h5 those
+# steps are skipped.
 #
 # The first step (env) times importing the CLI as the image has it and with Python's bytecode cached; every step
 # after it runs with the cache ($PYCACHE), as a normal installation would (the image's imports compile torch's
@@ -71,16 +78,26 @@ group_steps() {  # the timed steps of a group, in the order they run
         # processes), for 540 s a call; its rows go on from $COMPARISON (default $DATA/comparison.jsonl) and come
         # back in $OUT
         comparison) echo "comparison" ;;
+        # the checks that are not issue 48's figures, in three calls of under 560 s: the eager main job, evaluation
+        # and the metrics at scale, each method's model on CUDA against the CPU's (caps: 470 s);
+        checks) echo "main-job bench-eval metrics agreement" ;;
+        # encoding and memory at NUS-WIDE size, bf16 through both stages, SEPS and rerank: DATA must hold
+        # wiki.h5 and mirflickr730_tokens.h5, which gpu-data/ (flickr8k's) has no room for (caps: 460 s);
+        extras) echo "bench-train-all bf16 seps" ;;
+        # side by side: the test suite on the GPU, a short CUDA run of every method then index + search against the
+        # CPU's, torchrun with 2 ranks (caps: 290 s at once)
+        suite) echo "tests methods search torchrun" ;;
         *) return 1 ;;
     esac
 }
 ONLY=""
 for group in "$@"; do
     steps=$(group_steps "$group") || {
-        echo "gpu_checklist.sh: error: unknown group '$group' (speed, compile, graphs or comparison)" >&2; exit 2; }
+        echo "gpu_checklist.sh: error: unknown group '$group' (speed, compile, graphs, comparison, checks, extras or" \
+            "suite)" >&2; exit 2; }
     ONLY="$ONLY $steps"
 done
-[ -n "$ONLY" ] && ONLY="env build $ONLY"  # every group's steps after the machine's and the build's
+[ -n "$ONLY" ] && ONLY="env build native $ONLY"  # every group's steps after the machine's and the build's
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)
 export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}
@@ -91,10 +108,20 @@ export OUT DATA PY DEVICE WORK PYCACHE
 BUDGET=${BUDGET:-0}  # the call's seconds (0: no limit): a step starts while 30 s remain, its cap cut to them
 START=$(date +%s)
 
+wanted() {  # wanted NAME: whether step NAME is to run (not in SKIP; in ONLY, where groups were asked)
+    case " $SKIP " in *" $1 "*) return 1 ;; esac
+    [ -z "$ONLY" ] || case " $ONLY " in *" $1 "*) ;; *) return 1 ;; esac
+}
+
+needs() {  # needs FILE NAME: whether FILE is there for step NAME; where not (and NAME is to run), summary.txt says so
+    [ -f "$1" ] && return 0
+    wanted "$2" && echo "$2 skipped: no $1" | tee -a "$OUT/summary.txt"
+    return 1
+}
+
 step() {  # step NAME SECONDS COMMAND...: run COMMAND (or a function below) under a cap, its output in $OUT/NAME.txt
     local name=$1 cap=$2; shift 2
-    case " $SKIP " in *" $name "*) return 0 ;; esac
-    [ -z "$ONLY" ] || case " $ONLY " in *" $name "*) ;; *) return 0 ;; esac
+    wanted "$name" || return 0
     if [ "$BUDGET" -gt 0 ]; then  # 10 s kept for the report and the packing
         local left=$(( BUDGET - 10 - $(date +%s) + START ))
         if [ "$left" -lt 30 ]; then
@@ -104,17 +131,19 @@ step() {  # step NAME SECONDS COMMAND...: run COMMAND (or a function below) unde
         [ "$cap" -gt "$left" ] && cap=$left
     fi
     local t0; t0=$(date +%s%N)
-    timeout --kill-after=10 "$cap" bash -c '"$@"' _ "$@" >"$OUT/$name.txt" 2>&1
+    CAP=$cap timeout --kill-after=10 "$cap" bash -c '"$@"' _ "$@" >"$OUT/$name.txt" 2>&1  # CAP: the command's own
     local rc=$? ms=$(( ($(date +%s%N) - t0) / 1000000 ))
     printf '%-12s rc=%-3s %4d.%03d s\n' "$name" "$rc" $((ms / 1000)) $((ms % 1000)) | tee -a "$OUT/summary.txt"
 }
 
-methods() {  # one short CUDA run of every method on wiki, four at a time (closed-form methods take no epochs)
+methods() {  # one short CUDA run of every method on wiki, four at a time (closed-form methods take no epochs);
+    # the step fails where one method did
     $PY -c "from ucmfh.methods import METHODS
 for name, m in METHODS.items(): print(name if m.closed_form else name + ' --epochs 3')" |  # no trailing blank: xargs -L would join the next line
     xargs -P 4 -L 1 sh -c "$PY -m ucmfh train-hash -d wiki --data-dir $DATA -b 32 --method \$0 \$@ \
         --device $DEVICE --out $WORK/runs --results $OUT/methods.jsonl --quiet > $WORK/method-\$0.txt 2>&1; \
-        echo \"\$0 rc=\$?\"; tail -3 $WORK/method-\$0.txt"
+        echo \"\$0 rc=\$?\"; tail -3 $WORK/method-\$0.txt" | tee "$WORK/methods-said.txt"
+    ! grep -q '^[a-z0-9-]* rc=[1-9]' "$WORK/methods-said.txt"
 }
 
 search() {  # the two-tower checkpoint of methods(): index and search on CUDA and on the CPU, results compared
@@ -144,8 +173,8 @@ comparison() {  # the whole Flickr8k comparison on this GPU (goal 4), resumable:
     # are written in $OUT as they come (what a device call brings back), after those of the calls before
     local results=${COMPARISON:-$DATA/comparison.jsonl}
     [ -f "$results" ] && cp "$results" "$OUT/comparison.jsonl"
-    # Ctrl-C's signal at 510 s: the grid stops its cells and exits, before the step's cap
-    timeout -s INT 510 $PY -m ucmfh grid -d flickr8k --data-dir "$DATA" --protocol unimodal \
+    # Ctrl-C's signal at 17/18 of the step's cap (510 s of 540): the grid stops its cells and exits in time
+    timeout -s INT $(( ${CAP:-540} * 17 / 18 )) $PY -m ucmfh grid -d flickr8k --data-dir "$DATA" --protocol unimodal \
         --methods two-tower,distill,cca-itq,ucmfh,djsrh,jdsh,ucch,dgcpn,cirh,daeh -b 16 -b 32 -b 64 -b 128 \
         --seeds 2023,2024,2025 --jobs "${JOBS:-8}" --workers "${WORKERS:-threads}" --device "$DEVICE" \
         --results "$OUT/comparison.jsonl" \
@@ -177,8 +206,8 @@ imports() {  # seconds to import the CLI: as the image has it (its site-packages
 }
 
 export -f methods search seps imports comparison
-step env 40 bash -c "nvidia-smi -L; $PY -c 'import torch; print(torch.__version__, torch.cuda.is_available(), \
-    torch.cuda.get_device_name(0))'; imports"
+step env 40 bash -c "nvidia-smi -L && $PY -c 'import torch; print(torch.__version__, torch.cuda.is_available(), \
+    torch.cuda.get_device_name(0))' && imports"
 # every step after this one reads Python's bytecode from $PYCACHE, as on a machine whose installation wrote it
 unset PYTHONDONTWRITEBYTECODE
 export PYTHONPYCACHEPREFIX=$PYCACHE
@@ -197,13 +226,13 @@ timed() {  # the timed steps, one at a time, in this order (those of ONLY, where
         --out "$WORK/eager20" --results "$OUT/main-eager20.jsonl"  # eager, 20 epochs: this card's rate beside the graph's
     step bench-train 80 $PY scripts/bench_train.py --device $DEVICE --only throughput --cuda-graph --amp none \
         --n-train 5120 --repeats 3 --epochs 5  # whole fits, and items/s after each fit's first epoch (goal 2's)
-    [ -f "$DATA/flickr8k.h5" ] && step flickr8k-graph 130 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
+    needs "$DATA/flickr8k.h5" flickr8k-graph && step flickr8k-graph 130 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
         --cuda-graph --device $DEVICE --out "$WORK/flickr8k" --results "$OUT/flickr8k.jsonl"  # the default, both temperatures
     step grid-jobs 115 $PY scripts/bench_grid_jobs.py --jobs 1 --jobs 6 --threads 6 -- -d wiki --data-dir "$DATA" \
         --methods two-tower,ucmfh --seeds 1,2,3 -b 32 --epochs 10 --device $DEVICE  # six cells one by one, then at
         # once in worker processes, then at once in threads of one process (each cell on a CUDA stream of its own)
     # asked for alone (`comparison`): every method × length × seed, JOBS at once, for 540 s
-    case $ASKED in *" comparison "*) [ -f "$DATA/flickr8k.h5" ] && step comparison 540 comparison ;; esac
+    case $ASKED in *" comparison "*) needs "$DATA/flickr8k.h5" comparison && step comparison 540 comparison ;; esac
     step compile 170 env TORCHINDUCTOR_CACHE_DIR="$WORK/inductor-steps" $PY scripts/bench_steps.py --device $DEVICE \
         --steps 40 --repeats 1 --compile --only two-tower --only fusion --only ucmfh  # each stage's loss compiled in
         # the warm-up, then captured: fewer, larger kernels? (its own cache: the main job's below starts empty)
@@ -214,7 +243,7 @@ timed() {  # the timed steps, one at a time, in this order (those of ONLY, where
     step main-compile-warm 100 $COMPILED_MAIN --out "$WORK/main-compile-warm" --results "$OUT/main-compile-warm.jsonl"
     step streams 120 $PY scripts/bench_streams.py --device $DEVICE --runs 4 --steps 100 --epochs 5 --only two-tower \
         --only jdsh --only fusion  # 4 captured fits in turn, then at once in processes, then in threads (own streams)
-    [ -f "$DATA/flickr8k.h5" ] && step flickr8k-side 130 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
+    needs "$DATA/flickr8k.h5" flickr8k-side && step flickr8k-side 130 $PY -m ucmfh train-hash -d flickr8k --data-dir "$DATA" -b 64 \
         --cuda-graph --candidates-side-by-side --device $DEVICE --out "$WORK/flickr8k-side" \
         --results "$OUT/flickr8k-side.jsonl"  # the default, its two temperatures at once (streams of their own)
     step graph-tests 90 $PY -m pytest tests/test_captured_step.py -k real -q -rf -p no:cacheprovider -n 8  # each plan
@@ -224,28 +253,30 @@ timed() {  # the timed steps, one at a time, in this order (those of ONLY, where
         --out "$WORK/tf32" --results "$OUT/main-tf32.jsonl"  # the main job, captured, TF32: its wall and its MAPs
 }
 
-if [ $# -eq 0 ]; then
+rest() {  # the checks that are not issue 48's figures (groups checks, extras and suite)
+    step main-job 120 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100
+    step bench-train-all 160 $PY scripts/bench_train.py --device $DEVICE --only encode --only memory --encode-n 190000
+    step bench-eval 100 $PY scripts/bench_eval.py --device $DEVICE --bits 16 64 128 --ref-queries 20 --json "$OUT/bench_eval.json"
+    step metrics 100 $PY scripts/time_metrics.py --device $DEVICE --bits 64  # MAP@all, tie-aware, cosine, PR, at NUS-WIDE scale
+    step agreement 150 $PY scripts/device_agreement.py --device $DEVICE --seeds 2  # same model as on the CPU? dropout's stream or arithmetic
+    step bf16 100 $PY -m ucmfh train-hash -d wiki --data-dir "$DATA" -b 32 --method ucmfh --epochs 3 --amp bf16 \
+        --device $DEVICE --out "$WORK/bf16" --results "$OUT/bf16.jsonl" --quiet  # both stages, bf16 through the model
+    needs "$DATA/mirflickr730_tokens.h5" seps && step seps 200 seps
+    # not timed, side by side: the suite, every method then search, torchrun
+    step tests 240 $PY -m pytest tests -q -rf -p no:cacheprovider -n 6 --timeout 150 &
+    { step methods 170 methods; step search 120 search; } &
+    # 2 ranks: NCCL on two GPUs where they exist; on one GPU, gloo (--device cpu: NCCL refuses two ranks on one GPU)
+    wanted torchrun && NGPU=$($PY -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
+    DDP_DEVICE=$([ "$DEVICE" = cuda ] && [ "${NGPU:-0}" -ge 2 ] && echo cuda || echo cpu)
+    step torchrun 60 $PY -m torch.distributed.run --nproc-per-node 2 --master-addr 127.0.0.1 -m ucmfh train-hash \
+        -d wiki --data-dir "$DATA" -b 32 --epochs 2 --device $DDP_DEVICE --out "$WORK/ddp" --results "$OUT/ddp.jsonl" --quiet &
+    wait
+}
+
+if [ $# -eq 0 ]; then  # every step: some 45 minutes, more than a device call's 600 s (there, name the groups)
     timed
+    rest
 else  # the groups one after another, in the order asked
-    for group in "$@"; do ONLY=" $(group_steps "$group") "; timed; done
-    finish
-    exit 0
+    for group in "$@"; do ONLY=" $(group_steps "$group") "; timed; rest; done
 fi
-step main-job 120 $PY demo.py --task 1 --dataset synthetic --hash_lens 64 --epoch 100
-step bench-train-all 160 $PY scripts/bench_train.py --device $DEVICE --only encode --only memory --encode-n 190000
-step bench-eval 100 $PY scripts/bench_eval.py --device $DEVICE --bits 16 64 128 --ref-queries 20 --json "$OUT/bench_eval.json"
-step metrics 100 $PY scripts/time_metrics.py --device $DEVICE --bits 64  # MAP@all, tie-aware, cosine, PR, at NUS-WIDE scale
-step agreement 150 $PY scripts/device_agreement.py --device $DEVICE --seeds 2  # same model as on the CPU? dropout's stream or arithmetic
-step bf16 100 $PY -m ucmfh train-hash -d wiki --data-dir "$DATA" -b 32 --method ucmfh --epochs 3 --amp bf16 \
-    --device $DEVICE --out "$WORK/bf16" --results "$OUT/bf16.jsonl" --quiet  # both stages, bf16 through the model
-step seps 200 seps
-# not timed, side by side: the suite, every method then search, torchrun
-step tests 240 $PY -m pytest tests -q -rf -p no:cacheprovider -n 6 --timeout 150 &
-{ step methods 170 methods; step search 120 search; } &
-# 2 ranks: NCCL on two GPUs where they exist; on one GPU, gloo (--device cpu: NCCL refuses two ranks on one GPU)
-NGPU=$($PY -c 'import torch; print(torch.cuda.device_count())' 2>/dev/null || echo 0)
-DDP_DEVICE=$([ "$DEVICE" = cuda ] && [ "${NGPU:-0}" -ge 2 ] && echo cuda || echo cpu)
-step torchrun 60 $PY -m torch.distributed.run --nproc-per-node 2 --master-addr 127.0.0.1 -m ucmfh train-hash \
-    -d wiki --data-dir "$DATA" -b 32 --epochs 2 --device $DDP_DEVICE --out "$WORK/ddp" --results "$OUT/ddp.jsonl" --quiet &
-wait
 finish

@@ -19,6 +19,7 @@ from typing import Any, Dict, List, Optional, Tuple
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the checkout
 from ucmfh.app.experiment import VARYING  # noqa: E402  (a row's fields that differ between two runs of one setting)
+from ucmfh.files import read_jsonl  # noqa: E402
 
 # the eager figures on one H200 that issue 48 starts from (torch 2.11.0+cu130, 2026-11-27)
 EAGER_H200 = {"main_job_s": 105.0, "flickr8k_s": 144.0,
@@ -27,18 +28,22 @@ GOALS = {"main_job_s": 15.0, "map_tolerance": 0.01, "throughput_ratio": 5.0, "fl
 _STEP = re.compile(r"^(\S+)\s+rc=(\d+)\s+([\d.]+) s$")
 _NOT_STARTED = re.compile(r"^(\S+) not started: ")  # the call's BUDGET spent before the step's turn
 NOT_STARTED = -1  # the exit status read for such a step
+_SKIPPED = re.compile(r"^(\S+) skipped: (.*)$")  # a file the step reads not there (flickr8k.h5 not carried)
+SKIPPED = -2
 
 
 def read_summary(out: str) -> Dict[str, Dict[str, float]]:
     """``summary.txt``: each step's exit status and seconds (:data:`NOT_STARTED` and 0 for a step the call's
-    budget left no time to start)."""
-    steps = {}
+    budget left no time to start, :data:`SKIPPED` and why for one whose file was not there)."""
+    steps: Dict[str, Dict[str, Any]] = {}
     for line in _lines(out, "summary.txt"):
-        match, late = _STEP.match(line.strip()), _NOT_STARTED.match(line.strip())
+        match, late, skipped = (pattern.match(line.strip()) for pattern in (_STEP, _NOT_STARTED, _SKIPPED))
         if match:
             steps[match.group(1)] = {"rc": int(match.group(2)), "seconds": float(match.group(3))}
         elif late:
             steps[late.group(1)] = {"rc": NOT_STARTED, "seconds": 0.0}
+        elif skipped:
+            steps[skipped.group(1)] = {"rc": SKIPPED, "seconds": 0.0, "why": skipped.group(2)}
     return steps
 
 
@@ -49,7 +54,11 @@ def _lines(out: str, name: str) -> List[str]:
 
 
 def _rows(out: str, name: str) -> List[Dict[str, Any]]:
-    return [json.loads(line) for line in _lines(out, name) if line.strip()]
+    """The rows of JSON-lines file ``name``: a line cut short (a step killed while it appended) is left out, said
+    on stderr, where it cost the whole table."""
+    path = os.path.join(out, name)
+    return read_jsonl(path, on_skip=lambda line: print(f"speed_report: {line}", file=sys.stderr)) \
+        if os.path.exists(path) else []
 
 
 def _ran(steps: Dict[str, Dict[str, float]], name: str) -> Optional[str]:
@@ -58,6 +67,8 @@ def _ran(steps: Dict[str, Dict[str, float]], name: str) -> Optional[str]:
         return "did not run"
     if steps[name]["rc"] == NOT_STARTED:
         return "not started: the call's budget was spent (BUDGET); run it in the next call"
+    if steps[name]["rc"] == SKIPPED:
+        return f"skipped: {steps[name]['why']}"
     if steps[name]["rc"] != 0:
         return f"failed (rc {steps[name]['rc']}, {steps[name]['seconds']:.1f} s; see {name}.txt)"
     return None
@@ -73,7 +84,7 @@ def eager_notes(out: str, step: str) -> List[str]:
 
 def _captured(out: str, step: str, measured: str) -> str:
     """``measured``, said to be eager where ``step``'s stages were not captured."""
-    notes = eager_notes(out, step)
+    notes = list(dict.fromkeys(eager_notes(out, step)))  # a stage said once, however many fits said it
     return measured + (f"; NOT captured: {'; '.join(notes)}" if notes else "")
 
 

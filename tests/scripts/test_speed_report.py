@@ -93,11 +93,26 @@ def test_a_run_asked_to_capture_that_ran_eagerly_is_said_so(tmp_path, monkeypatc
         "12.5 (eager H200: 105); NOT captured: fusion runs eagerly: it trains under bf16 autocast")
     assert "NOT captured" not in rows["3. full Flickr8k, default, 64 bits, captured (wall s)"][1]
     # bench_train's captured variant says it too (a capture refused on the GPU), as the report reads it
-    load_script("bench_train").said_eager("hashing runs eagerly: its capture as a CUDA graph failed (RuntimeError: x)")
+    for _ in range(3):  # once a fit: said once
+        load_script("bench_train").said_eager("hashing runs eagerly: its capture as a CUDA graph failed (RuntimeError: "
+                                              "x)")
     (out / "bench-train.txt").write_text(capsys.readouterr().err + (out / "bench-train.txt").read_text())
     rows = {row[0]: row for row in report.goal_rows(str(out))}
     assert rows["2. fusion throughput, captured / reference (items/s)"][1].endswith(
         "; NOT captured: hashing runs eagerly: its capture as a CUDA graph failed (RuntimeError: x)")
+    assert rows["2. fusion throughput, captured / reference (items/s)"][1].count("NOT captured") == 1
+
+
+def test_a_results_line_cut_short_costs_its_row_not_the_table(tmp_path, monkeypatch, capsys):
+    """A step killed while it appended (the cap's SIGKILL) leaves half a line: the report's json.loads of it was a
+    traceback where speed.md's table should be."""
+    out = _folder(tmp_path, monkeypatch, capsys)
+    with open(out / "main-graph.jsonl", "a") as f:
+        f.write('{"task": "hashing", "protocol": "unimodal", "map_i2t": 0.8')
+    assert report.main([str(out)]) == 0
+    said = capsys.readouterr()
+    assert "| 1. main job, captured steps (wall s) | 12.5 (eager H200: 105) | ≤ 15 | yes |" in said.out
+    assert "speed_report:" in said.err and "main-graph.jsonl" in said.err
 
 
 def test_flickr8k_with_its_candidates_side_by_side_is_read_where_it_ran_against_one_after_another(
@@ -227,28 +242,43 @@ def test_the_checklist_starts_no_step_once_its_budget_is_spent_and_refuses_an_un
     fake = tmp_path / "python"
     fake.write_text("#!/bin/sh\nsleep 0.5\n")
     fake.chmod(0o755)
-    env = {**os.environ, "PYTHON": str(fake), "OUT": str(tmp_path / "out"), "BUDGET": "41", "DATA": str(tmp_path)}
+    (tmp_path / "bin").mkdir()
+    (tmp_path / "bin" / "nvidia-smi").symlink_to(fake)  # the machine's, as fast
+    env = {**os.environ, "PYTHON": str(fake), "OUT": str(tmp_path / "out"), "BUDGET": "41", "DATA": str(tmp_path),
+           "PATH": f"{tmp_path / 'bin'}:{os.environ['PATH']}"}
     subprocess.run(["bash", str(CHECKLIST), "compile", "graphs"], cwd=CHECKLIST.parents[1], env=env, check=True,
                    capture_output=True, timeout=60)
     lines = (tmp_path / "out" / "summary.txt").read_text().splitlines()
     started = [line.split()[0] for line in lines if " rc=" in line]
     late = [line.split()[0] for line in lines if "not started" in line]
-    # env starts with 31 s left; its four calls take 2 s, which leave less than 30 for the steps after it, listed
-    # in the file's order, compile's before graphs'
+    # env starts with 31 s left; its five calls take 2.5 s, which leave less than 30 for the steps after it,
+    # listed in the file's order, compile's before graphs'; graphs' flickr8k-side is skipped, its file not in DATA
     assert started == ["env"] and late[-1] == "main-tf32"
-    assert started + late == ["env", "build", "compile", "main-compile", "main-compile-warm", "streams",
+    assert started + late == ["env", "build", "native", "compile", "main-compile", "main-compile-warm", "streams",
                               "graph-tests", "steps-tf32", "main-tf32"]
+    assert f"flickr8k-side skipped: no {tmp_path}/flickr8k.h5" in lines
     # the groups in the order asked: graphs' steps, then compile's
     (tmp_path / "out" / "summary.txt").unlink()
     subprocess.run(["bash", str(CHECKLIST), "graphs", "compile"], cwd=CHECKLIST.parents[1],
                    env={**env, "BUDGET": "0"}, check=True, capture_output=True, timeout=60)
     lines = (tmp_path / "out" / "summary.txt").read_text().splitlines()
-    assert [line.split()[0] for line in lines] == ["env", "build", "streams", "graph-tests", "steps-tf32", "main-tf32",
-                                                   "compile", "main-compile", "main-compile-warm"]
+    assert [line.split()[0] for line in lines if "skipped" not in line] == [
+        "env", "build", "native", "streams", "graph-tests", "steps-tf32", "main-tf32", "compile", "main-compile",
+        "main-compile-warm"]
+    # the checks that are not issue 48's, in three groups (suite's side by side); seps skipped without its file
+    (tmp_path / "out" / "summary.txt").unlink()
+    subprocess.run(["bash", str(CHECKLIST), "checks", "extras", "suite"], cwd=CHECKLIST.parents[1],
+                   env={**env, "BUDGET": "0"}, check=True, capture_output=True, timeout=60)
+    lines = (tmp_path / "out" / "summary.txt").read_text().splitlines()
+    names = [line.split()[0] for line in lines]
+    assert names[:9] == ["env", "build", "native", "main-job", "bench-eval", "metrics", "agreement",
+                         "bench-train-all", "bf16"] and "seps skipped: no " in lines[9]
+    assert sorted(names[10:]) == ["methods", "search", "tests", "torchrun"] and all(" rc=0 " in x for x in lines
+                                                                                  if "skipped" not in x)
     done = subprocess.run(["bash", str(CHECKLIST), "speed", "nope"], cwd=CHECKLIST.parents[1], env=env,
                           capture_output=True, text=True, timeout=60)
-    assert done.returncode == 2 and done.stderr.strip().endswith("unknown group 'nope' (speed, compile, graphs or "
-                                                                  "comparison)")
+    assert done.returncode == 2 and done.stderr.strip().endswith("unknown group 'nope' (speed, compile, graphs, "
+                                                                  "comparison, checks, extras or suite)")
 
 
 def test_the_comparison_run_counts_its_cells(tmp_path, monkeypatch, capsys):
