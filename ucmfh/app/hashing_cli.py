@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
-from typing import Any, Dict, Optional
+from typing import Any, Dict, Optional, Sequence
 
 import click
 
@@ -185,51 +185,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
     check_outputs({"--results": results, "--metrics-out": metrics_out, "--plot": plot}, overwrite=overwrite,
                   inputs={"--codes": codes, "--checkpoint": checkpoint, "--dataset": dataset_paths(dataset, data_dir)})
     if codes:
-        from ucmfh.metrics.collapse import collapse_warning
-        from ucmfh.app.table import append_results
-        from ucmfh.files import write_json_atomic
-        from ucmfh.metrics import codes_file_row, evaluate_codes_file
-
-        if plot:
-            from ucmfh.codes import load_codes
-            from ucmfh.metrics.plots import pyplot
-
-            pyplot()  # a missing matplotlib is said before anything is scored
-            attrs = {path: load_codes(path).attrs for path in codes}
-            # one figure, one dataset file (two of one name told apart by fingerprint) and one protocol: its
-            # title names them
-            for what in ("dataset", "protocol"):
-                first = codes[0]
-                other = next((p for p in codes if _codes_differ(what, attrs[p], attrs[first])), None)
-                if other is not None:
-                    raise click.UsageError(f"--codes {other}: codes of {what} {_codes_file_field(what, attrs[other])}, "
-                                           f"but {first}'s are of {_codes_file_field(what, attrs[first])}; the curves "
-                                           f"of one figure share a {what}")
-        runs = []
-        for path in codes:
-            metrics = evaluate_codes_file(path, k=k, device=resolve_device(device), database=database)
-            if metrics_out:
-                write_json_atomic(metrics_out, {"generator": "ucmfh evaluate", **metrics})  # its mark (files.MARKS)
-                click.echo(f"metrics written to {metrics_out}")
-            row = codes_file_row(metrics)
-            where = f"protocol {row['protocol']}" + (f", database {row['database']}" if "database" in row else "")
-            recall = (f"R@1 I->T {row['recall_i2t_expected']['1']:.1f}, T->I {row['recall_t2i_expected']['1']:.1f} "
-                      f"(rSum {row['rsum_expected']:.1f}), " if "recall_i2t_expected" in row else "")
-            click.echo(f"{path}: {row['n_bits']} bits, {where}: {recall}"
-                       f"MAP@{k} I->T {row['map_i2t_expected']:.4f}, T->I {row['map_t2i_expected']:.4f} (mean over "
-                       f"every order of tied items; ties by index: {row['map_i2t']:.4f}, {row['map_t2i']:.4f})")
-            warning = collapse_warning(row.get("distinct_codes") or {}, row["protocol"])
-            if warning:
-                click.echo(warning)
-            if results:
-                append_results(results, [row])
-                click.echo(f"results appended to {results}")
-            runs.append((path, metrics))
-        if plot:
-            from ucmfh.metrics.plots import curve_labels, plot_curves
-
-            for figure in plot_curves(curve_labels(runs) if len(runs) > 1 else runs[0][1], plot):
-                click.echo(f"wrote {figure}")
+        _score_codes_files(codes, k, device, database, metrics_out, plot, results)
         return
     from ucmfh.app.experiment import evaluate_checkpoint
     from ucmfh.checkpoint import read_checkpoint
@@ -244,6 +200,57 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
     rows = evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet, log=click.echo,
                                keep_per_query=bool(results))  # --results '': no row, so no file of its scores
     report(rows, results, click.echo)
+
+
+def _score_codes_files(codes: Sequence[str], k: int, device: str, database: Optional[str],
+                       metrics_out: Optional[str], plot: Optional[str], results: str) -> None:
+    """evaluate --codes: each codes file scored, said and appended; with --plot, their curves on one figure (one
+    dataset file and one protocol), checked before anything is scored."""
+    from ucmfh.metrics.collapse import collapse_warning
+    from ucmfh.app.table import append_results
+    from ucmfh.files import write_json_atomic
+    from ucmfh.metrics import codes_file_row, evaluate_codes_file
+
+    if plot:
+        from ucmfh.codes import load_codes
+        from ucmfh.metrics.plots import pyplot
+
+        pyplot()  # a missing matplotlib is said before anything is scored
+        attrs = {path: load_codes(path).attrs for path in codes}
+        # one figure, one dataset file (two of one name told apart by fingerprint) and one protocol: its
+        # title names them
+        for what in ("dataset", "protocol"):
+            first = codes[0]
+            other = next((p for p in codes if _codes_differ(what, attrs[p], attrs[first])), None)
+            if other is not None:
+                raise click.UsageError(f"--codes {other}: codes of {what} {_codes_file_field(what, attrs[other])}, "
+                                       f"but {first}'s are of {_codes_file_field(what, attrs[first])}; the curves "
+                                       f"of one figure share a {what}")
+    runs = []
+    for path in codes:
+        metrics = evaluate_codes_file(path, k=k, device=resolve_device(device), database=database)
+        if metrics_out:
+            write_json_atomic(metrics_out, {"generator": "ucmfh evaluate", **metrics})  # its mark (files.MARKS)
+            click.echo(f"metrics written to {metrics_out}")
+        row = codes_file_row(metrics)
+        where = f"protocol {row['protocol']}" + (f", database {row['database']}" if "database" in row else "")
+        recall = (f"R@1 I->T {row['recall_i2t_expected']['1']:.1f}, T->I {row['recall_t2i_expected']['1']:.1f} "
+                  f"(rSum {row['rsum_expected']:.1f}), " if "recall_i2t_expected" in row else "")
+        click.echo(f"{path}: {row['n_bits']} bits, {where}: {recall}"
+                   f"MAP@{k} I->T {row['map_i2t_expected']:.4f}, T->I {row['map_t2i_expected']:.4f} (mean over "
+                   f"every order of tied items; ties by index: {row['map_i2t']:.4f}, {row['map_t2i']:.4f})")
+        warning = collapse_warning(row.get("distinct_codes") or {}, row["protocol"])
+        if warning:
+            click.echo(warning)
+        if results:
+            append_results(results, [row])
+            click.echo(f"results appended to {results}")
+        runs.append((path, metrics))
+    if plot:
+        from ucmfh.metrics.plots import curve_labels, plot_curves
+
+        for figure in plot_curves(curve_labels(runs) if len(runs) > 1 else runs[0][1], plot):
+            click.echo(f"wrote {figure}")
 
 
 @click.command("encode")
