@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from typing import Any, Dict, List, Optional, Sequence
 
 import click
 
@@ -78,35 +79,10 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
     if sides:
         rows = [row for row in rows if method_of(row) in plain or any(side.holds(row) for side in sides)]
     if history is not None:
-        from ucmfh.app.history import draw_history, format_history, history_figure, history_of, history_paths, history_rows
-
-        try:
-            path, epochs, trained_on = history_of(history, rows, ", ".join(results))
-        except ValueError as err:
-            raise click.BadParameter(str(err), param_hint="--history") from None
-        if not history_rows(epochs):  # a method fitted in closed form (cca-itq) trains no epoch
-            raise click.BadParameter(f"{path}: no epoch was trained (a method fitted in closed form has no history)",
-                                     param_hint="--history")
-        if plot is not None:
-            check_figures("--plot", history_paths(plot), overwrite)
-            for drawn in draw_history(history_figure(path, epochs, trained_on), plot):
-                click.echo(f"wrote {drawn}")
-        elif as_json:
-            for row in history_rows(epochs):
-                click.echo(json.dumps(row, sort_keys=True))
-        else:
-            click.echo(format_history(path, epochs))
+        _print_history(history, rows, results, plot, overwrite, as_json)
         return
     if checkpoint:
-        try:
-            click.echo(the_checkpoint(rows, ", ".join(results)))
-        except ValueError as err:  # the filters are the remedy
-            held = f" ({', '.join(results)} holds: {held_by(found)})" if not rows and found else ""
-            keys = sorted({f"{variant_of(row)}@{settings_key(row)[:6]}" for row in rows if row.get("checkpoint")})
-            if len(keys) > 1:  # runs of several settings: a settings key names one, as 'ucmfh runs' shows them
-                raise UserError(f"{err}, of settings {', '.join(keys)}; name one with --method {keys[0]} (and -d, "
-                                "-b, --seed)") from None
-            raise UserError(f"{err}{held}; name one run with -d, --task, --method, --loss, -b and --seed") from None
+        _print_checkpoint(rows, found, results)
         return
     groups = summarize(rows)
     if plot is not None:
@@ -126,3 +102,39 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
             click.echo(json.dumps(g, sort_keys=True))
     else:
         click.echo(format_summary(groups))
+
+
+def _print_history(history: str, rows: List[Dict[str, Any]], results: Sequence[str], plot: Optional[str],
+                   overwrite: bool, as_json: bool) -> None:
+    """runs --history: a finished run's epochs, as a table, JSON lines or (with --plot) a figure."""
+    from ucmfh.app.history import draw_history, format_history, history_figure, history_of, history_paths, history_rows
+
+    try:
+        path, epochs, trained_on = history_of(history, rows, ", ".join(results))
+    except ValueError as err:
+        raise click.BadParameter(str(err), param_hint="--history") from None
+    if not history_rows(epochs):  # a method fitted in closed form (cca-itq) trains no epoch
+        raise click.BadParameter(f"{path}: no epoch was trained (a method fitted in closed form has no history)",
+                                 param_hint="--history")
+    if plot is not None:
+        check_figures("--plot", history_paths(plot), overwrite)
+        for drawn in draw_history(history_figure(path, epochs, trained_on), plot):
+            click.echo(f"wrote {drawn}")
+    elif as_json:
+        for row in history_rows(epochs):
+            click.echo(json.dumps(row, sort_keys=True))
+    else:
+        click.echo(format_history(path, epochs))
+
+
+def _print_checkpoint(rows: List[Dict[str, Any]], found: List[Dict[str, Any]], results: Sequence[str]) -> None:
+    """runs --checkpoint: the checkpoint of the one run the filters leave, or what would name one."""
+    try:
+        click.echo(the_checkpoint(rows, ", ".join(results)))
+    except ValueError as err:  # the filters are the remedy
+        held = f" ({', '.join(results)} holds: {held_by(found)})" if not rows and found else ""
+        keys = sorted({f"{variant_of(row)}@{settings_key(row)[:6]}" for row in rows if row.get("checkpoint")})
+        if len(keys) > 1:  # runs of several settings: a settings key names one, as 'ucmfh runs' shows them
+            raise UserError(f"{err}, of settings {', '.join(keys)}; name one with --method {keys[0]} (and -d, "
+                            "-b, --seed)") from None
+        raise UserError(f"{err}{held}; name one run with -d, --task, --method, --loss, -b and --seed") from None
