@@ -262,6 +262,17 @@ def test_search_metrics_are_those_of_the_printed_hits(tiny_path, tiny, trained, 
         assert float(shown[f"R@{cut}"]) == pytest.approx(100 * rel[:, :cut].any(1).mean(), abs=0.051)
     assert float(shown["MAP@10"]) == pytest.approx(np.mean(ap), abs=5e-5)
     assert "items at one distance by their position in the index" in result.stderr  # not the tie-aware figures
+    # the file indexed whole holds each query's own pair (its /query split first: query row i at position i),
+    # which its labels make relevant: said, as the field's figures never find it
+    positions = np.array([r["position"] for r in rows]).reshape(len(tiny.query), 10)
+    own = int((positions == np.arange(len(tiny.query))[:, None]).any(axis=1).sum())
+    assert own > 0 and (f"{own} of the {len(rel)} queries find their own item (its pair in /query) among the hits"
+                        in result.stderr), result.stderr
+    part = tmp_path / "retrieval-only"
+    assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", str(part), "--split", "retrieval",
+                                "--quiet"]).exit_code == 0
+    alone = runner.invoke(main, ["search", str(part), "-q", tiny_path, "-k", "10", "--metrics"])
+    assert alone.exit_code == 0 and "(relevant: shared label)" in alone.output and "own item" not in alone.output
     np.save(tmp_path / "q.npy", tiny.query.txt[:2].numpy())  # features alone: nothing to judge relevance by
     bare = runner.invoke(main, ["search", str(out), "-q", str(tmp_path / "q.npy"), "-m", "image", "--metrics"])
     assert bare.exit_code == 2 and bare.output.startswith("Error: no relevance to score by: the queries and the "

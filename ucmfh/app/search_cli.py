@@ -202,6 +202,11 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         click.echo("  of the hits as ranked: items at one distance by their position in the index, the order it was "
                    "built in (a file indexed whole: its /query split first, which favours them); 'ucmfh evaluate' "
                    "gives tie-aware figures", err=as_json)
+        if found.get("own_found"):
+            click.echo(f"  {found['own_found']} of the {found['queries']} queries find their own item (its pair in "
+                       f"{results.queries.group}) among the hits, relevant by its labels: the field's figures search "
+                       "the retrieval split alone (index it with --split retrieval, or 'ucmfh evaluate')",
+                       err=as_json)
     if html:
         from ucmfh.search.html import write_html
 

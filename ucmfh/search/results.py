@@ -45,6 +45,8 @@ class Results:
     # several index folders searched as one: the folder each hit is in (ids are an index's own: shards built from
     # files without ids number their items alike)
     shards: Optional[List[List[str]]] = None
+    # by shared labels: how many queries find their own item among their hits (:func:`own_items_found`)
+    own_found: Optional[int] = None
 
 
 RERANK_VALUES = 1 << 24  # candidates' embedding values re-ranked at a time: 128 MB in float64
@@ -167,12 +169,14 @@ def search_queries(
         relevance = "same id"
     if relevant is not None:
         relevant, relevance = _within_own_collection(index, modality, positions, queries, relevant, relevance)
+    own_found = own_items_found(index, modality, positions, queries) if relevance and relevance.startswith(
+        "shared label") else None
     shards = None
     if isinstance(index, Shards):
         folders = [str(s.path) for s in index.shards]
         shards = [[folders[s] for s in row] for row in index.shard_of(modality, positions)]
     return Results(queries, modality, distances, positions, ids, shown, cosine, relevant, relevance, seps, seconds,
-                   backend.backend, recall, served if backend.backend == "mih" else None, files, shards)
+                   backend.backend, recall, served if backend.backend == "mih" else None, files, shards, own_found)
 
 
 def in_folder_of(collection: Optional[str], path: str) -> str:
@@ -203,6 +207,21 @@ def _within_own_collection(index: Any, modality: str, positions: np.ndarray, que
     return relevant & from_own, f"{relevance}, in the queries' collection"
 
 
+def own_items_found(index: Any, modality: str, positions: np.ndarray, queries: Queries) -> Optional[int]:
+    """How many queries find their own item among their hits: the item of the query's row of the query's group
+    and file (an image query's own text, a text query's own image), which shared labels make relevant, a hit the
+    field's protocol (the query split against the retrieval split) never has: a file indexed whole holds its
+    /query split. None where it cannot be told (queries not read from a file, an index without origins).
+    Shape: positions [Q, k]."""
+    if queries.path is None or queries.rows is None or not index.has(modality, "origin") or not positions.size:
+        return None
+    places, place, row = index.origins(modality, positions)
+    own = os.path.realpath(queries.path)
+    same = np.array([os.path.realpath(p["path"]) == own and p["group"] == queries.group for p in places])
+    found = same[place] & (row == np.repeat(np.asarray(queries.rows), positions.shape[1]))
+    return int(found.reshape(positions.shape).any(axis=1).sum())
+
+
 def scores(results: Results, ks: Sequence[int] = (1, 5, 10)) -> Dict[str, Any]:
     """How well the queries were answered, from the hits' relevance: R@K in % (a relevant item among the
     first K, for each K in ``ks`` up to k) and MAP@k over the returned top k (each AP normalised by the
@@ -220,6 +239,8 @@ def scores(results: Results, ks: Sequence[int] = (1, 5, 10)) -> Dict[str, Any]:
     hits = np.cumsum(rel, axis=1)
     ap = np.where(rel, hits / np.arange(1, k + 1), 0.0).sum(axis=1) / np.maximum(rel.sum(axis=1), 1)
     out[f"map@{k}"] = math.fsum(ap) / max(len(rel), 1)
+    if results.own_found is not None:
+        out["own_found"] = results.own_found
     return out
 
 
