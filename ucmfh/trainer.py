@@ -128,11 +128,19 @@ class Plan:
 @dataclass
 class Setup:
     """What a plan is made from: the training device, the training part of the training split and its
-    validation part (None without validation, :func:`ucmfh.selection.validation_split`)."""
+    validation part (None without validation, :func:`ucmfh.selection.validation_split`), and whether a pass
+    it makes before the first epoch shows its progress (:meth:`bar`)."""
 
     device: torch.device
     rest: Split
     val: Optional[Split]
+    progress: bool = False
+
+    def bar(self, total: int, desc: str) -> Any:
+        """A progress bar of a plan's pass over the training items before the first epoch (DAEH's distances
+        of every pair, CIRH's thresholds, DGCPN's neighbours: minutes at 100,000 items, where nothing was
+        said): shown once it has taken 2 s, gone when done. ``update(rows)`` as the rows are done."""
+        return tqdm(total=total, desc=desc, unit="rows", disable=not self.progress, delay=2, leave=False)
 
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, saved: Dict[str, Any]) -> None:
@@ -212,7 +220,7 @@ def fit(make_plan: Callable[[Setup], Plan], split: Split, cfg: Any, state: Optio
             if len(rest) < 2:  # said by its method before a plan is built on it (validation_split says its own)
                 raise ValueError(f"{_what(cfg)}: {len(rest)} training item"
                                  f"{'s' if len(rest) != 1 else ''}; training needs at least 2")
-            plan = make_plan(Setup(device, rest, val))
+            plan = make_plan(Setup(device, rest, val, progress and current_group().is_main))
             draws = RunDraws(device)
         if not isinstance(plan, Plan):  # a method of another package (docs/methods.md): said here, not in train
             raise TypeError(f"{_what(cfg)}: its plan() gave {type(plan).__name__}, "

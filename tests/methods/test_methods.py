@@ -613,3 +613,35 @@ def test_methods_lists_each_method_s_departures_and_what_it_fixes():
         fixed = [line for line in blocks[name] if line.startswith("fixed whatever is asked: ")]
         assert fixed == ([f"fixed whatever is asked: {', '.join(spec.fixed)}"] if spec.fixed else []), name
     assert "defaults: hidden=0, epochs=1 (else as ucmfh)" in "\n".join(blocks["cca-itq"])
+
+
+@pytest.mark.parametrize("method", ["daeh", "cirh", "dgcpn"])
+def test_a_pass_over_the_training_pairs_before_the_first_epoch_shows_its_progress(tiny, monkeypatch, method):
+    """DAEH's distances of every pair, CIRH's thresholds and DGCPN's neighbours grow with the square of the
+    training items: minutes at 100,000, where nothing was said between 'training' and the first epoch. Each
+    counts its rows on a bar of the run's progress (Setup.bar: shown after 2 s, off with --quiet)."""
+    from ucmfh.trainer import Setup
+
+    bars = []
+
+    class Bar:
+        def __init__(self, setup, total, desc):
+            self.progress, self.total, self.desc, self.done = setup.progress, total, desc, 0
+            bars.append(self)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+        def update(self, rows):
+            self.done += rows
+
+    monkeypatch.setattr(Setup, "bar", lambda setup, total, desc: Bar(setup, total, desc))
+    cfg = hash_config(method, n_bits=16, epochs=1, batch_size=16, val_fraction=0.0)
+    for progress in (True, False):
+        METHODS[method].fit(tiny, cfg, progress=progress)
+        bar = bars.pop()
+        assert bar.progress is progress and bar.done == bar.total == len(tiny.train) * (2 if method == "daeh" else 1)
+        assert bar.desc.startswith(method.upper() + ":")

@@ -68,7 +68,7 @@ K = 3000 of 5000, lr 1e-3 for the network and 1e-4 for the heads, Adam's default
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -103,11 +103,12 @@ def fused_similarity(img: torch.Tensor, txt: torch.Tensor, img_b: torch.Tensor, 
 
 
 @torch.no_grad()
-def row_thresholds(img: torch.Tensor, txt: torch.Tensor, a1: float, n_low: int, chunk: int = 1024) -> torch.Tensor:
+def row_thresholds(img: torch.Tensor, txt: torch.Tensor, a1: float, n_low: int, chunk: int = 1024,
+                   done: Optional[Callable[[int], Any]] = None) -> torch.Tensor:
     """Each row's threshold of ``S1`` over the whole split: midway between its ``n_low``-th and ``n_low + 1``-th
     smallest entries (``-inf`` for ``n_low = 0``), so the entries below it are the ``n_low`` that
     ``cal_similarity`` sets to zero, whatever the rounding of a batch's own product. Rows in chunks, never
-    N x N at once.
+    N x N at once; ``done(rows)`` is told of each chunk done (a progress bar's ``update``).
 
     Shape: img [N, d_img], txt [N, d_txt] -> [N]."""
     n = img.shape[0]
@@ -121,6 +122,8 @@ def row_thresholds(img: torch.Tensor, txt: torch.Tensor, a1: float, n_low: int, 
         s1 = fused_similarity(img[rows], txt[rows], img, txt, a1)
         kth = s1.kthvalue(n_low, dim=1, keepdim=True).values
         out[rows] = ((kth + _next_smallest(s1, kth, n_low)) / 2).squeeze(1)
+        if done is not None:
+            done(min(chunk, n - start))
     return out
 
 
@@ -286,7 +289,9 @@ class Cirh(Method):
             img_all, txt_all = model.inputs(rest.img.to(device), rest.txt.to(device))
             sim_img, sim_txt = ((img_all, txt_all) if p["centred_similarity"]
                                 else (normalize(rest.img.to(device)), normalize(rest.txt.to(device))))
-        thresholds = row_thresholds(sim_img, sim_txt, p["a1"], int(round(p["k_fraction"] * len(rest))))
+        with setup.bar(len(rest), "CIRH: each training item's threshold over every other") as bar:
+            thresholds = row_thresholds(sim_img, sim_txt, p["a1"], int(round(p["k_fraction"] * len(rest))),
+                                        done=bar.update)
 
         def loss(batch: Batch) -> torch.Tensor:
             index = batch.index

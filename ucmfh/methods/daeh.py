@@ -72,7 +72,7 @@ a1 = 0.3, batch 18, 30 epochs, SGD as above.
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 import torch
 import torch.nn.functional as F
@@ -115,12 +115,14 @@ def cosine_distances(x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
 
 
 @torch.no_grad()
-def distance_split(x: torch.Tensor, chunk: int = 256) -> Tuple[float, float, float]:
+def distance_split(x: torch.Tensor, chunk: int = 256, done: Optional[Callable[[int], Any]] = None,
+                   ) -> Tuple[float, float, float]:
     """``(m, σ_l, σ_r)`` of ``generate_similarity_matrix`` over the cosine distances of every pair of rows of ``x``
     (the diagonal 0, as ``squareform``): ``m`` the lower edge of the fullest bin ``(e_k, e_{k+1})`` (the first of
     equals), ``σ_l`` and ``σ_r`` the standard deviations (``norm.fit``) of the distances ``≤ m`` and ``> m``, each
     mirrored about ``m`` (so their means are ``m``). One pass over the rows in chunks: each distance's bucket
     ``e_{k-1} < d ≤ e_k`` gets its count, sum and sum of squares, so that any ``m`` (an edge) splits them.
+    ``done(rows)`` is told of each chunk of rows done (a progress bar's ``update``).
 
     Shape: x [N, d] -> three floats."""
     edges = bin_edges(x.device)
@@ -134,6 +136,8 @@ def distance_split(x: torch.Tensor, chunk: int = 256) -> Tuple[float, float, flo
         counts += torch.bincount(k[inside], minlength=n_buckets)
         weights = (torch.ones_like(d), d, d * d)
         stats += torch.stack([torch.bincount(k, weights=w, minlength=n_buckets) for w in weights])
+        if done is not None:
+            done(min(chunk, x.shape[0] - start))
     j = int(counts[1:N_BINS + 1].argmax())  # bin (edges[j], edges[j+1]): m = edges[j]; buckets <= j hold d <= m
     m = float(edges[j])
 
@@ -323,7 +327,8 @@ class Daeh(Method):
         with torch.no_grad():  # once: the networks' inputs (centred), the similarity's (not centred, as released)
             img_all, txt_all = model.inputs(rest.img.to(device), rest.txt.to(device))
             sim_img, sim_txt = normalize(rest.img.to(device)), normalize(rest.txt.to(device))
-        img_split, txt_split = distance_split(sim_img), distance_split(sim_txt)
+        with setup.bar(2 * len(rest), "DAEH: distances of every pair of training items") as bar:
+            img_split, txt_split = distance_split(sim_img, done=bar.update), distance_split(sim_txt, done=bar.update)
 
         def loss(batch: Batch) -> torch.Tensor:
             index = batch.index

@@ -77,7 +77,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable, Optional
+from typing import Any, Callable, Optional
 
 import torch
 import torch.nn.functional as F
@@ -140,8 +140,9 @@ class NeighbourGraph:
 
     @classmethod
     def build(cls, img: torch.Tensor, txt: torch.Tensor, knn: int, text_weight: float,
-              chunk: int = KNN_CHUNK) -> "NeighbourGraph":
-        """Each item's ``min(knn, N) − 1`` nearest others, found ``chunk`` rows at a time.
+              chunk: int = KNN_CHUNK, done: Optional[Callable[[int], Any]] = None) -> "NeighbourGraph":
+        """Each item's ``min(knn, N) − 1`` nearest others, found ``chunk`` rows at a time (``done(rows)`` told
+        of each chunk: a progress bar's ``update``).
 
         Shape: img [N, d_img], txt [N, d_txt] (raw features; normalised here)."""
         n = len(img)
@@ -158,6 +159,8 @@ class NeighbourGraph:
             kept = top.values.clamp_min(0.0)
             weights[rows] = kept / kept.sum(1, keepdim=True).clamp_min(1e-12)
             index[rows] = top.indices.to(torch.int32)
+            if done is not None:
+                done(len(rows))
         return cls(features, index, weights)
 
     def similarity(self, batch: torch.Tensor, coherence_weight: float, scale: float) -> torch.Tensor:
@@ -255,7 +258,8 @@ class Dgcpn(Method):
         nn.init.normal_(model.txt_head.net[-1].weight, 0.0, p["txt_init_std"])
         model.to(device).train()
         train = setup.rest.to(device)
-        graph = NeighbourGraph.build(train.img, train.txt, p["knn"], p["text_weight"])
+        with setup.bar(len(train), "DGCPN: each training item's nearest neighbours") as bar:
+            graph = NeighbourGraph.build(train.img, train.txt, p["knn"], p["text_weight"], done=bar.update)
         scale = p["scale_ratio"] * min(p["knn"], len(train))
         optimizer = sgd(model.parameters(), lr=cfg.lr_head, momentum=p["momentum"], weight_decay=p["weight_decay"])
         group = current_group()
