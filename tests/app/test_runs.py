@@ -1118,6 +1118,22 @@ def test_an_interrupt_while_scoring_says_how_to_go_on(tmp_path, tiny_path, monke
     assert again.exit_code == 0 and "already trained, reused" in again.output, again.output
 
 
+def test_an_interrupt_while_a_stage_sets_up_says_so(tmp_path, tiny_path, monkeypatch):
+    """Ctrl-C in a plan's set-up (DAEH's pass over every pair of training items: minutes at 100,000) said
+    'interrupted' alone."""
+    from ucmfh.methods.daeh import Daeh
+
+    def stopped(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(Daeh, "plan", stopped)
+    result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--method", "daeh", "-b", "8", "--epochs", "1",
+                                       "--device", "cpu", "--quiet", "--out", str(tmp_path / "runs"), "--results", ""])
+    assert result.exit_code == 130, result.output
+    assert result.output.splitlines()[-1] == ("interrupted while hashing 8 bits set up its training, before its first "
+                                              "epoch: nothing of it was saved"), result.output
+
+
 @pytest.mark.skipif(shutil.which("git") is None, reason="needs git")
 def test_a_row_s_commit_is_ucmfh_s_checkout_s_not_a_project_s_that_holds_an_installed_copy(tmp_path, monkeypatch):
     """Installed into a project's .venv, ucmfh recorded the project's HEAD as its own git_commit."""

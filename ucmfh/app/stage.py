@@ -25,7 +25,7 @@ from ucmfh.files import write_json_atomic
 from ucmfh.captured_step import capture_steps
 from ucmfh.selection import History
 from ucmfh.side_by_side import candidates_side_by_side
-from ucmfh.signals import TrainingInterrupted
+from ucmfh.signals import TrainingInterrupted, stopped_by
 from ucmfh.training_log import TensorBoardLog, logging_to
 
 try:  # POSIX advisory locks; elsewhere no run is locked
@@ -348,8 +348,11 @@ def _train(stage: Stage, opts: RunOptions, fit: Callable[[StateFile, Any], Tuple
         try:
             model, history = fit(state, base)
         except KeyboardInterrupt as err:  # between two fits (candidates), where a fit's own stop does not listen
-            if isinstance(err, TrainingInterrupted) or not saved_states(stage.path):
+            if isinstance(err, TrainingInterrupted):
                 raise
+            if not saved_states(stage.path):  # its set-up (DAEH's pass over every pair: minutes), said as such
+                raise stopped_by(f"{str(err) or 'interrupted'} while {stage.name} set up its training, before its first "
+                                 "epoch: nothing of it was saved", getattr(err, "signum", None)) from None
             raise TrainingInterrupted(f"{stage.name} interrupted between its fits; the training states of those done "
                                       f"are saved beside {stage.path}", saved_states(stage.path)[0],
                                       getattr(err, "signum", None)) from None
