@@ -4,6 +4,7 @@ from __future__ import annotations
 import math
 from typing import List, Optional
 
+import numpy as np
 import pytest
 import torch
 
@@ -459,6 +460,7 @@ def test_scale_invariance_of_normalised_losses():
         ("infonce", {"temperature": 0.001, "learnable": True}),
         ("infonce", {"min_temperature": 0.0}),
         ("infonce", {"learnable": "no"}),
+        ("infonce", {"min_temperature": 1.0, "max_temperature": 0.01}),  # refused learnable or not
         ("triplet", {"margin": -0.1}),
         ("triplet", {"margin": float("inf")}),
         ("triplet", {"max_violation": None}),
@@ -485,6 +487,28 @@ def test_bad_inputs_raise(name):
         loss(torch.randn(4, 4), torch.randn(4, 4), ids=torch.arange(3))
     with pytest.raises(ValueError):
         loss(torch.randn(4, 4), torch.randn(4, 4), labels=torch.ones(3, 2))
+    with pytest.raises(TypeError, match=r"img must be a torch.Tensor, got ndarray"):  # numpy's failed deep inside
+        loss(np.ones((4, 4), np.float32), torch.randn(4, 4))
+    with pytest.raises(TypeError, match=r"ids must be a torch.Tensor, got list"):
+        loss(torch.randn(4, 4), torch.randn(4, 4), ids=[0, 1, 2, 3])
+
+
+@pytest.mark.parametrize("name", sorted(LOSSES))
+def test_float64_beside_float32_is_computed_in_float64(name):
+    """One matmul refused a float64 img beside a float32 txt, in four losses of five."""
+    img, txt = torch.randn(6, 8, dtype=torch.float64), torch.randn(6, 8)
+    loss = build_loss(name)
+    assert loss(img, txt).item() == pytest.approx(loss(img, txt.double()).item(), rel=1e-12)
+
+
+def test_numpy_scalars_are_numbers_and_soft_targets_of_another_shape_are_refused():
+    assert build_loss("original", temperature=np.float32(0.5)).temperature == 0.5  # np.float64 passed, float32 not
+    with pytest.raises(ValueError, match=r"temperature must be a number"):
+        build_loss("original", temperature=np.bool_(True))
+    from ucmfh.losses.infonce import soft_infonce
+
+    with pytest.raises(ValueError, match=r"targets \[B, B\], got \(5, 8\), \(5, 8\) and \(4, 4\)"):
+        soft_infonce(torch.randn(5, 8), torch.randn(5, 8), torch.eye(4), 0.1)
 
 
 # ----------------------------------------------------------------------------

@@ -443,6 +443,15 @@ def test_labels_ids_and_codes_the_metrics_cannot_read_are_refused():
                 with pytest.raises(ValueError, match=r"query codes: non-finite values \(NaN or infinity\)"):
                     map_at_k(bad, retrieval, ql, rl, ties=ties)
     assert map_at_k(query, retrieval, ql.bool(), rl.bool()) == map_at_k(query, retrieval, ql, rl)  # bool labels read
+    # labels of no class scored 0.0 on the torch path, where the kernels refused them in their own words; ids None
+    # was an AttributeError
+    for name in BACKENDS:
+        with backend(name):
+            for score in (map_at_k, pr_curve_hamming, precision_at_k):
+                with pytest.raises(ValueError, match=r"have no classes \(C = 0\)"):
+                    score(query, retrieval, ql[:, :0], rl[:, :0])
+            with pytest.raises(TypeError, match=r"query_ids: None; relevance by id needs an id of each item"):
+                recall_at_ranks(query, retrieval, None, np.arange(20))
 
 
 def test_packed_codes_of_a_chunk_without_matching_ids_score_as_pm1():

@@ -1,15 +1,18 @@
 """What every cross-modal loss shares: argument checks and float32 (or float64) arithmetic."""
 from __future__ import annotations
 
+import numbers
 from typing import ClassVar, Optional
 
+import numpy as np
 import torch
 from torch import nn
 
 
 def as_number(value: object, name: str) -> float:
-    """``value`` as a float, or ValueError naming the hyper-parameter (a string or a bool is not a number)."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    """``value`` as a float, or ValueError naming the hyper-parameter (a string or a bool is not a number; numpy's
+    scalars are, float32's as float64's)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, numbers.Real):
         raise ValueError(f"{name} must be a number, got {value!r}")
     return float(value)
 
@@ -49,6 +52,10 @@ class CrossModalLoss(nn.Module):
         ids: Optional[torch.Tensor] = None,
         labels: Optional[torch.Tensor] = None,
     ) -> torch.Tensor:
+        for value, name in ((img, "img"), (txt, "txt"), (ids, "ids"), (labels, "labels")):
+            if value is not None and not isinstance(value, torch.Tensor):  # numpy's failed deep inside
+                raise TypeError(f"{name} must be a torch.Tensor, got {type(value).__name__} "
+                                "(torch.as_tensor(...) makes one)")
         if img.ndim != 2 or txt.shape != img.shape or img.shape[0] < 2:
             raise ValueError(
                 f"expected img and txt of one shape [B, d] with B >= 2, got {tuple(img.shape)} and {tuple(txt.shape)}"
@@ -62,8 +69,12 @@ class CrossModalLoss(nn.Module):
             if labels.ndim != 2 or labels.shape[0] != b:
                 raise ValueError(f"labels must have shape ({b}, C), got {tuple(labels.shape)}")
             labels = labels.to(img.device)
+        img, txt = _upcast(img), _upcast(txt)
+        if img.dtype != txt.dtype:  # float64 beside float32: one matmul refused the pair
+            dtype = torch.promote_types(img.dtype, txt.dtype)
+            img, txt = img.to(dtype), txt.to(dtype)
         with torch.autocast(device_type=img.device.type, enabled=False):
-            return self.compute(_upcast(img), _upcast(txt), ids, labels)
+            return self.compute(img, txt, ids, labels)
 
     def compute(
         self,

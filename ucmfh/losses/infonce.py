@@ -59,6 +59,8 @@ class InfoNCELoss(CrossModalLoss):
         max_temperature = check_temperature(max_temperature, "max_temperature")
         if not isinstance(learnable, bool):
             raise ValueError(f"learnable must be a bool, got {learnable!r}")
+        if min_temperature > max_temperature:
+            raise ValueError(f"min_temperature {min_temperature} is above max_temperature {max_temperature}")
         if learnable and not min_temperature <= temperature <= max_temperature:
             raise ValueError(
                 f"temperature {temperature} must lie in [min_temperature, max_temperature] = "
@@ -108,8 +110,12 @@ def soft_infonce(img: torch.Tensor, txt: torch.Tensor, targets: torch.Tensor, te
     softmax(s_i)_j`` and the text→image one, ``T`` a row-stochastic [B, B] target matrix; the
     identity gives plain :class:`InfoNCELoss` (without ids).
 
-    Shape: img [B, d], txt [B, d], targets [B, B] -> scalar.
+    Shape: img [B, d], txt [B, d], targets [B, B] -> scalar (ValueError for other shapes; the rows' sums are
+    not checked, which would wait for a GPU at every step).
     """
     check_temperature(temperature)
+    if img.ndim != 2 or txt.shape != img.shape or targets.shape != (img.shape[0], img.shape[0]):
+        raise ValueError(f"expected img and txt of one shape [B, d] and targets [B, B], got {tuple(img.shape)}, "
+                         f"{tuple(txt.shape)} and {tuple(targets.shape)}")
     logits = cosine_similarity(img, txt) / temperature
     return -0.5 * ((targets * logits.log_softmax(1)).sum(1).mean() + (targets * logits.T.log_softmax(1)).sum(1).mean())

@@ -139,6 +139,9 @@ def check_labels(
         )
     if ql.ndim != 2 or rl.ndim != 2 or ql.shape[1] != rl.shape[1]:
         raise ValueError(f"labels must be [N, C] with the same C, got {tuple(ql.shape)} and {tuple(rl.shape)}")
+    if ql.shape[1] == 0:  # nothing relevant anywhere: 0.0 on the torch path, the kernels' own refusal on theirs
+        raise ValueError("query_labels and retrieval_labels have no classes (C = 0); labels are multi-hot [N, C], "
+                         "C >= 1")
     for labels, what in ((ql, "query"), (rl, "retrieval")):  # relevance is a shared 1: ±1 labels made all relevant
         if labels.dtype != torch.bool and not bool(((labels == 0) | (labels == 1)).all()):
             raise ValueError(f"{what} labels: values other than 0 and 1; labels are multi-hot (0/1) [N, C]")
@@ -149,6 +152,10 @@ def check_ids(
 ) -> None:
     """Validate ids [Q], [N] against codes [Q, ·], [N, ·]."""
     _check_rows(query, retrieval)
+    if query_ids is None or retrieval_ids is None:
+        raise TypeError(f"{'query' if query_ids is None else 'retrieval'}_ids: None; relevance by id needs an id of "
+                        "each item [N] (integers: a caption's image). Labelled data: use map_at_k, precision_at_k, "
+                        "... with labels")
     if query_ids.shape != (query.shape[0],) or retrieval_ids.shape != (retrieval.shape[0],):
         raise ValueError(
             f"ids must be 1-D and match the codes: got {tuple(query_ids.shape)} for {query.shape[0]} "
