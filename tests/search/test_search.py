@@ -926,3 +926,22 @@ def test_an_id_of_several_images_and_labels_of_other_values_are_refused_and_the_
         build_index(write(tmp_path / "words.h5", c["ids"], labels.astype("S1")), c["ckpt"][0], str(tmp_path / "ix"))
     assert build_index(write(tmp_path / "right.h5", c["ids"], (labels == 1).astype(np.uint8)), c["ckpt"][0],
                        str(tmp_path / "ix")).added == {"img": 40, "txt": 120}
+
+
+def test_the_exported_scan_and_encoder_refuse_what_index_search_refuses(collection):
+    """hamming_search took k = -1 (numpy's 'negative dimensions'), 0 (lists of nothing) and ±1 codes ('expected
+    2560 bytes'); Encoder took batch_size 0 (range()'s error at the first encode): an API audit's finds."""
+    from ucmfh.search import as_words, hamming_search
+
+    rng = np.random.default_rng(1)
+    codes = np.where(rng.random((6, 24)) > 0.5, 1.0, -1.0)
+    words = as_words(codes, 24)
+    for k, error in ((-1, ValueError), (0, ValueError), (2.5, TypeError), (True, TypeError)):
+        with pytest.raises(error, match=r"k must be"):
+            hamming_search(words, words, 24, k)
+    with pytest.raises(ValueError, match=r"query words: expected uint64 \[N, W\] \(ucmfh.search.as_words"):
+        hamming_search(codes, words, 24, 3)
+    distances, positions = hamming_search(words, words, 24, 3)
+    assert distances.shape == (6, 3) and (distances[:, 0] == 0).all()
+    with pytest.raises(ValueError, match=r"batch_size must be a whole number >= 1, got 0"):
+        Encoder(collection["ckpt"][0], batch_size=0)

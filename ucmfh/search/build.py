@@ -55,6 +55,8 @@ class Encoder:
 
     def __init__(self, checkpoint: str, device: str = "cpu", batch_size: int = 4096) -> None:
         checkpoint = os.fspath(checkpoint)
+        if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
+            raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")  # 0: range()'s error later
         model, _, hash_cfg, _ = load_model(checkpoint, "hash")
         self.device = resolve_device(device)
         self.model = model.to(self.device).eval()

@@ -30,7 +30,7 @@ from ucmfh.data.format import DataError
 from ucmfh.files import locked
 from ucmfh.search.folder import MANIFEST, MODALITIES, STRINGS, Column, IndexFolder, modality_name
 from ucmfh.search.kernels import search_device
-from ucmfh.search.scan import hamming_search
+from ucmfh.search.scan import check_k, hamming_search
 
 ArrayLike = Any  # numpy arrays or torch tensors (torch is not imported to search on the CPU)
 EMBEDDING_DTYPE = np.float16  # the real-valued head outputs kept for re-ranking by cosine
@@ -357,10 +357,7 @@ class Index(IndexFolder):
         """
         self.check_finished()  # its rows of the interrupted collection are a part of it: a search would miss the rest
         modality = modality_name(modality)
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):  # 2.5 ran as 2
-            raise TypeError(f"k must be a whole number, got {type(k).__name__} {k!r}")
-        if k < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+        k = check_k(k)
         backend = backend_config(backend)
         qw = as_words(queries, self.n_bits, "queries")
         codes = self.codes(modality)

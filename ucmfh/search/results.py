@@ -14,6 +14,7 @@ from ucmfh.printable import printable
 from ucmfh.search.build import Encoder, check_same_checkpoint, check_same_feature
 from ucmfh.search.collection import Queries
 from ucmfh.search.folder import NAMES, modality_name
+from ucmfh.search.scan import check_k
 from ucmfh.search.index import Index
 from ucmfh.search.rerank import RERANKS, cosine_scores
 from ucmfh.search.rerank import rerank as rerank_step
@@ -91,8 +92,7 @@ def search_queries(
     then also runs the exact search and reports the candidates' recall against it.
     """
     modality = modality_name(modality)
-    if k < 1:
-        raise ValueError(f"k must be >= 1, got {k}")
+    k = check_k(k)
     check_same_checkpoint(index, encoder)
     check_same_feature(index, queries.modality, queries.feature, queries.source)
     encoder.check_dim(queries.features, queries.modality, queries.source)

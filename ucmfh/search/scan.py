@@ -17,6 +17,16 @@ CANDIDATE_BYTES = 8 * 32
 QUERY_CHUNK_BYTES = 1 << 30
 
 
+def check_k(k: Any) -> int:
+    """``k``, the hits a query asks for: a whole number >= 1 (``TypeError`` for another type: 2.5 ran as 2;
+    ``ValueError`` below 1: -1 was numpy's 'negative dimensions', 0 lists of nothing)."""
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+        raise TypeError(f"k must be a whole number, got {type(k).__name__} {k!r}")
+    if k < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    return int(k)
+
+
 def hamming_search(
     qw: np.ndarray, rw: np.ndarray, n_bits: int, k: int, device: Any = "cpu", threads: Optional[int] = None
 ) -> Tuple[np.ndarray, np.ndarray]:
@@ -24,8 +34,14 @@ def hamming_search(
 
     Shape: -> (distances, positions) [Q, min(k, N)] int64. CPU: the compiled kernels
     (those of :func:`ucmfh.metrics.native.native_top_k`) on ``threads`` threads over
-    queries, else the torch path; a GPU device: the torch path, reading the items in blocks.
+    queries, else the torch path; a GPU device: the torch path, reading the items in blocks. Words are
+    :func:`ucmfh.search.as_words`'s (uint64; ±1 codes or bytes are refused).
     """
+    k = check_k(k)
+    for words, what in ((qw, "query"), (rw, "item")):
+        if not isinstance(words, np.ndarray) or words.dtype != np.uint64 or words.ndim != 2:
+            raise ValueError(f"{what} words: expected uint64 [N, W] (ucmfh.search.as_words(codes, n_bits)), got "
+                             f"{getattr(words, 'dtype', type(words).__name__)} {tuple(getattr(words, 'shape', ()))}")
     n = rw.shape[0]
     k = min(k, n)
     nq = qw.shape[0]

@@ -13,7 +13,7 @@ from ucmfh.files import PathLike
 from ucmfh.search.collection import differing
 from ucmfh.search.folder import NAMES, STRINGS, modality_name
 from ucmfh.search.index import ArrayLike, Index
-from ucmfh.search.scan import merge_top_k
+from ucmfh.search.scan import check_k, merge_top_k
 
 
 class Shards:
@@ -92,8 +92,7 @@ class Shards:
                served: Optional[Dict[str, int]] = None) -> Tuple[np.ndarray, np.ndarray]:
         """As :meth:`Index.search`, over every shard's items; positions are global."""
         modality = modality_name(modality)
-        if int(k) < 1:
-            raise ValueError(f"k must be >= 1, got {k}")
+        k = check_k(k)
         backend = backend_config(backend)
         qw = as_words(queries, self.n_bits, "queries")
         dists, positions = [], []
