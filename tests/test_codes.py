@@ -257,7 +257,16 @@ def test_save_rejects_bad_inputs(tmp_path):
         wide = {name: np.ones((len(value), width), np.float32) for name, value in zero_one.items()}
         with pytest.raises(ValueError, match=rf"query_img: codes of {width} bits; a code has 1 to 65,535 bits$"):
             save_codes(tmp_path / "x.h5", **{**data, **wide})
+    # labels load_codes refuses (a row of no label, values other than 0/1) were written, then refused at scoring
+    for row, value, said in ((0, 0, r"1 rows have no label \(first: row 0\)"), (1, 2, "values other than 0 and 1")):
+        labels = np.array(data["query_labels"], copy=True)
+        labels[row] = value
+        with pytest.raises(ValueError, match=rf"x\.h5: query_labels: {said}"):
+            save_codes(tmp_path / "x.h5", **{**data, "query_labels": labels})
     assert not list(tmp_path.iterdir())
+    saved = save_codes(tmp_path / "ok.h5", **data)
+    with pytest.raises(ValueError, match=r"device 'bogus': unknown"):  # torch's listed every device type it knows
+        evaluate_codes_file(saved, device="bogus")
 
 
 def _replace(f, name, value):

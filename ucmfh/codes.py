@@ -130,6 +130,11 @@ def save_codes(
                 f"{arrays[(group, 'img')].shape[0]}, {arrays[(group, 'txt')].shape[0]}, "
                 f"{'none' if lab is None else lab.shape}"
             )
+        if lab is not None:  # what load_codes refuses, refused before it is written
+            problem = "values other than 0 and 1" if lab.size and not np.isin(lab, (0, 1)).all() else \
+                unlabelled_rows(lab)
+            if problem:
+                raise ValueError(f"{path}: {group}_labels: {problem}")
         if ids[group] is not None:
             given = bits.to_numpy(ids[group])  # its own values: a uint64 id beyond int64 is said, not wrapped
             ids[group] = given.astype(np.int64)

@@ -24,6 +24,7 @@ from ucmfh.metrics.captions import database as caption_database
 from ucmfh.metrics.radius import pr_curve_hamming
 from ucmfh.metrics.ranking import map_at_k, precision_recall_at_k, recall_at_ranks
 from ucmfh.metrics.relevance import id_match_counts
+from ucmfh.utils import resolve_device
 
 DEFAULT_KS = (1, 5, 10, 20, 50, 100, 200, 500, 1000)
 DIRECTIONS = {"i2t": ("img", "txt"), "t2i": ("txt", "img")}
@@ -209,7 +210,7 @@ def evaluate_codes_file(
     if database is not None and not codes.caption_set:
         raise ValueError(f"{os.fspath(path)}: codes of a labelled set, which has one database; a database "
                          f"({database!r}) is a caption set's choice")
-    dev = torch.device(device)
+    dev = resolve_device(device)  # 'bogus': a line naming it, where torch's listed its every device type
 
     def get(group: str, modality: str) -> torch.Tensor:
         return codes.codes(group, modality).to(dev)
