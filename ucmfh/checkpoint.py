@@ -249,7 +249,7 @@ def load_model(
     d_img: Optional[int] = None,
     d_txt: Optional[int] = None,
     n_bits: Optional[int] = None,
-) -> tuple:
+) -> Tuple[nn.Module, Optional[FusionConfig], Optional[HashConfig], Dict[str, Any]]:
     """Rebuild a model from a checkpoint, refusing one made for other settings.
 
     Returns ``(model, fusion_cfg, hash_cfg, meta)``; ``kind`` is 'fusion' or 'hash'; ``fusion_cfg``

@@ -452,6 +452,8 @@ def test_labels_ids_and_codes_the_metrics_cannot_read_are_refused():
                     score(query, retrieval, ql[:, :0], rl[:, :0])
             with pytest.raises(TypeError, match=r"query_ids: None; relevance by id needs an id of each item"):
                 recall_at_ranks(query, retrieval, None, np.arange(20))
+            with pytest.raises(TypeError, match=r"argument 1 of 4: complex values \(complex64\)"):
+                map_at_k(query.numpy() + 0j, retrieval, ql, rl)  # their real parts were read
 
 
 def test_packed_codes_of_a_chunk_without_matching_ids_score_as_pm1():

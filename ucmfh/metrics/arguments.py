@@ -34,11 +34,16 @@ DEFAULT_RETRIEVAL_CHUNK_SIZE = 65536
 def as_tensor(x: Optional[ArrayLike]) -> Optional[torch.Tensor]:
     """A tensor of ``x``: tensors and None pass through; a numpy array shares its memory
     (``torch.from_numpy``) unless torch cannot share it (negative strides, read-only,
-    non-native byte order), and then it is copied once."""
-    if x is None or isinstance(x, torch.Tensor):
+    non-native byte order), and then it is copied once. Complex values are refused (``TypeError``: their real
+    parts were read, a ComplexWarning aside)."""
+    if x is None:
         return x
-    if not isinstance(x, np.ndarray):
+    if not isinstance(x, (torch.Tensor, np.ndarray)):
         raise TypeError(f"expected a torch tensor or a numpy array, got {type(x).__name__}")
+    if x.dtype.is_complex if isinstance(x, torch.Tensor) else np.iscomplexobj(x):
+        raise TypeError(f"complex values ({str(x.dtype).replace('torch.', '')}); codes, labels and ids are real")
+    if isinstance(x, torch.Tensor):
+        return x
     if not x.flags.writeable or not x.dtype.isnative or any(s < 0 for s in x.strides):
         x = np.array(x, dtype=x.dtype.newbyteorder("="))
     return torch.from_numpy(x)
