@@ -259,7 +259,7 @@ def test_save_rejects_bad_inputs(tmp_path):
             save_codes(tmp_path / "x.h5", **{**data, **wide})
     # labels load_codes refuses (a row of no label, values other than 0/1) were written, then refused at scoring
     for row, value, said in ((0, 0, r"1 rows have no label \(first: row 0\)"), (1, 2, "values other than 0 and 1")):
-        labels = np.array(data["query_labels"], copy=True)
+        labels = torch.as_tensor(data["query_labels"]).clone()
         labels[row] = value
         with pytest.raises(ValueError, match=rf"x\.h5: query_labels: {said}"):
             save_codes(tmp_path / "x.h5", **{**data, "query_labels": labels})

@@ -139,8 +139,11 @@ class Setup:
     def bar(self, total: int, desc: str) -> Any:
         """A progress bar of a plan's pass over the training items before the first epoch (DAEH's distances
         of every pair, CIRH's thresholds, DGCPN's neighbours: minutes at 100,000 items, where nothing was
-        said): shown once it has taken 2 s, gone when done. ``update(rows)`` as the rows are done."""
-        return tqdm(total=total, desc=desc, unit="rows", disable=not self.progress, delay=2, leave=False)
+        said): shown once it has taken 2 s, gone when done. ``update(rows)`` as the rows are done. A bar of its
+        own, not the epochs' (``trainer.tqdm``, which tests replace to stop a run at an epoch)."""
+        from tqdm.auto import tqdm as rows_bar
+
+        return rows_bar(total=total, desc=desc, unit="rows", disable=not self.progress, delay=2, leave=False)
 
 
 def restore_optimizer(optimizer: torch.optim.Optimizer, saved: Dict[str, Any]) -> None:
