@@ -15,7 +15,7 @@ from ucmfh.fusion_stage import fit_fusion
 from ucmfh.models.relaxation import beta_at
 from ucmfh.batches import batches, epoch_plan
 
-from conftest import small_fusion, small_hash
+from conftest import method_config, small_fusion, small_hash
 
 
 def test_batches_use_every_item_once_and_never_leave_one_alone():
@@ -212,3 +212,38 @@ def test_state_paths_find_every_candidates_state_and_unfinished_first_save(tmp_p
     assert state_paths(own) == [own, str(tmp_path / "hash64.sign-t0.1.state.pt"), saved]
     assert candidate_name(own, saved) == "t0.3" and temp_destination("x/.a.pt.tmp7") == "a.pt"
     assert temp_destination(".a.pt.tmpx") is None and temp_destination("a.pt") is None
+
+
+def test_a_long_epoch_shows_its_steps_on_the_bar(tiny, monkeypatch):
+    """A 1-epoch run at 100,000 items showed 0/1 for minutes: an epoch longer than STEP_SHOWN_AFTER_S shows
+    its step beside the last epoch's figures, looked at every STEP_SHOWN_EVERY steps."""
+    import ucmfh.trainer as trainer_module
+
+    postfixes = []
+
+    class Bar:
+        def __init__(self, *args, **kwargs):
+            pass
+
+        def update(self, n):
+            pass
+
+        def set_postfix(self, **kwargs):
+            postfixes.append(kwargs)
+
+        def close(self):
+            pass
+
+    monkeypatch.setattr(trainer_module, "tqdm", Bar)
+    monkeypatch.setattr(trainer_module, "STEP_SHOWN_AFTER_S", 0.0)
+    monkeypatch.setattr(trainer_module, "STEP_SHOWN_EVERY", 2)
+    cfg = method_config("two-tower", epochs=2, batch_size=8, val_fraction=0.0)
+    fit_hashing(tiny, cfg, progress=True)
+    steps = len(tiny.train) // 8 + (len(tiny.train) % 8 > 0)
+    shown = [p["step"] for p in postfixes if "step" in p]
+    assert shown[:steps // 2] == [f"{s}/{steps}" for s in range(2, steps + 1, 2)]
+    assert [set(p) - {"step"} for p in postfixes if "step" in p][-1] == set(postfixes[steps // 2]) - {"step"}
+    monkeypatch.setattr(trainer_module, "STEP_SHOWN_AFTER_S", 3600.0)  # short epochs: their figures alone
+    postfixes.clear()
+    fit_hashing(tiny, cfg, progress=True)
+    assert postfixes and not any("step" in p for p in postfixes)

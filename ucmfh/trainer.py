@@ -39,6 +39,9 @@ from ucmfh.utils import resolve_device, seed_everything, to_device
 # Under torchrun the ranks decide together whether to stop (a signal may reach one rank only), at
 # every STOP_EVERY-th step and an epoch's last: one collective per step would stall a GPU every step.
 STOP_EVERY = 16
+# an epoch longer than STEP_SHOWN_AFTER_S shows its step on the bar, looked at every STEP_SHOWN_EVERY steps (a 1-epoch
+# run at 100,000 items showed 0/1 for minutes)
+STEP_SHOWN_EVERY, STEP_SHOWN_AFTER_S = 16, 5.0
 DRAWS_AHEAD = 8  # steps whose own draws a GPU's run makes ahead at most, each on a thread (_Run.steps_ahead)
 
 
@@ -468,6 +471,7 @@ class _Run:
                    unit="epoch", disable=not (progress and group.is_main))
         any_host_work = self.ahead is not None or self.plan.draws is not None
         # the bar closed before an interrupt is said, whose line would be glued to it
+        shown: Dict[str, Any] = {}  # the last epoch's figures on the bar
         with contextlib.closing(bar), stop_on_signals() as stop, StepAhead(self.steps_ahead()) as ahead:
             for epoch in range(start_epoch, cfg.epochs):
                 if at.epoch_generator is not None:  # replay the interrupted epoch's draws
@@ -498,6 +502,8 @@ class _Run:
                     shared = group.world_size == 1 or done % STOP_EVERY == 0 or done == len(batches)
                     if shared and group.any(stop["signal"] is not None, device):
                         self.stop(stop["signal"], epoch, done, len(batches), epoch_generator)
+                    if done % STEP_SHOWN_EVERY == 0 and time.monotonic() - began > STEP_SHOWN_AFTER_S:
+                        bar.set_postfix(**shown, step=f"{done}/{len(batches)}")  # a long epoch's steps: not 0/1 alone
                 at.skip = 0
                 ahead.wait()
                 shown = self.end_epoch(epoch, began)
