@@ -267,6 +267,8 @@ def test_save_rejects_bad_inputs(tmp_path):
     saved = save_codes(tmp_path / "ok.h5", **data)
     with pytest.raises(ValueError, match=r"device 'bogus': unknown"):  # torch's listed every device type it knows
         evaluate_codes_file(saved, device="bogus")
+    with pytest.raises(TypeError, match=r"unknown option 'bogus'; the options are k, ks, "):  # evaluate_direction's
+        evaluate_codes_file(saved, bogus=1)
 
 
 def _replace(f, name, value):

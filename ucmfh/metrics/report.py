@@ -1,6 +1,7 @@
 """All retrieval metrics for both directions (I→T, T→I) as one JSON-able dict."""
 from __future__ import annotations
 
+import inspect
 import json
 import os
 from typing import Dict, Optional, Sequence, Union
@@ -124,6 +125,7 @@ def evaluate_codes(
     ``settings["ranking"]`` is ``"hamming"`` or ``"cosine"``, ``settings["order"]``
     says it in words.
     """
+    _check_options(options)
     query_img, query_txt, retrieval_img, retrieval_txt, query_labels, retrieval_labels, query_ids, retrieval_ids = (
         as_tensors(query_img, query_txt, retrieval_img, retrieval_txt, query_labels, retrieval_labels,
                    query_ids, retrieval_ids)
@@ -136,6 +138,15 @@ def evaluate_codes(
             query_ids, retrieval_ids, **options,
         )
     return {"settings": _settings(options, query_img.shape[0], retrieval_img.shape[0]), **result}
+
+
+def _check_options(options: Dict[str, object], own: Sequence[str] = ()) -> None:
+    """``TypeError`` for an option :func:`evaluate_direction` does not take (nor ``own``, the caller's): its own
+    TypeError named evaluate_direction, not the function called."""
+    known = [name for name, p in inspect.signature(evaluate_direction).parameters.items() if p.kind == p.KEYWORD_ONLY]
+    unknown = sorted(set(options) - set(known) - set(own))
+    if unknown:
+        raise TypeError(f"unknown option {unknown[0]!r}; the options are {', '.join([*own, *known])}")
 
 
 def _settings(options: Dict[str, object], n_query: int, n_retrieval: int) -> Dict[str, object]:
@@ -166,6 +177,7 @@ def evaluate_caption_codes(query_img: ArrayLike, query_txt: ArrayLike, query_ids
     Shape: codes [Q or R, n_bits]; ids [Q or R]. Returns ``{"settings": {...}, "i2t": {...}, "t2i": {...}}``,
     ``settings["database"]`` the database's name.
     """
+    _check_options(options)
     if database not in DATABASES:
         raise ValueError(f"database must be one of {DATABASES}, got {database!r}")
     if database == "collection" and retrieval is None:
@@ -206,6 +218,7 @@ def evaluate_codes_file(
     """
     from ucmfh.codes import load_codes
 
+    _check_options(options)  # before the file is read
     codes = load_codes(path)
     if database is not None and not codes.caption_set:
         raise ValueError(f"{os.fspath(path)}: codes of a labelled set, which has one database; a database "
