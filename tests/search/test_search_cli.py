@@ -26,7 +26,6 @@ from ucmfh.search.index import UnfinishedIndex
 from conftest import ROOT
 
 
-
 @pytest.fixture()
 def trained(tiny_path, tiny, tmp_path):
     torch.manual_seed(0)

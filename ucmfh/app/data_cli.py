@@ -93,7 +93,6 @@ def make_synthetic_cmd(out: str, overwrite: bool, **sizes: int) -> None:
     click.echo(f"wrote {path}")
 
 
-
 @click.command("validate")
 @click.argument("path", type=click.Path(dir_okay=False))
 @user_errors
@@ -131,7 +130,6 @@ def validate_cmd(path: str) -> None:
                                                                                       rows[split] else ""))
 
 
-
 def _tokens_of(f) -> Tuple[str, Dict[str, int]]:
     """What ``validate`` says of a file's token features (SEPS, rerank): their shapes or their absence, and per
     split the texts without a word token."""
@@ -146,7 +144,6 @@ def _tokens_of(f) -> Tuple[str, Dict[str, int]]:
         said.append(f"text {f['train']['text_tokens'].shape[1]}-d word tokens")
     wordless = texts_without_words(f.filename)
     return "tokens: " + ", ".join(said), {split: n for split, (n, _) in wordless.items() if n}
-
 
 
 def _as_codes(path: str) -> Optional[str]:

@@ -66,7 +66,6 @@ def losses_cmd() -> None:
         click.echo(f"{'':<10} parameters: {params or 'none'}")
 
 
-
 def _load(dataset: str, data_dir: str, max_memory: Optional[int] = DEFAULT_MAX_MEMORY):
     path = resolve_dataset(dataset, data_dir)
     data = load_dataset(path, max_memory_bytes=max_memory)
@@ -282,7 +281,6 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
     click.echo(f"wrote {path} ({protocol} protocol)")
 
 
-
 def _codes_differ(what: str, a: Dict[str, Any], b: Dict[str, Any]) -> bool:
     """Whether two codes files' attributes differ in ``what`` (dataset or protocol): a dataset by its name, and by
     its fingerprint where both files hold one (files written before it have none)."""
@@ -295,7 +293,6 @@ def _codes_file_field(what: str, attrs: Dict[str, Any]) -> str:
     characters where the file holds one."""
     fingerprint = attrs.get("dataset_fingerprint") if what == "dataset" else None
     return f"{attrs.get(what)!r}" + (f" [{str(fingerprint)[:8]}]" if fingerprint else "")
-
 
 
 def _trained_on(checkpoint: str, meta: Dict[str, Any], doing: str) -> str:

@@ -21,7 +21,6 @@ from ucmfh.search.rerank import rerank as rerank_step
 from ucmfh.search.shards import Shards
 
 
-
 @dataclass
 class Results:
     """The top-k items of each query. Shape: every array [Q, k'] with k' = min(k, items)."""
