@@ -308,6 +308,78 @@ def test_real_cuda_graphs_train_close_to_the_eager_model(tiny, monkeypatch, case
         torch.testing.assert_close(b, a, msg=name, rtol=1e-4, atol=1e-5)
 
 
+def test_real_a_refused_capture_leaves_dropout_and_the_next_capture_usable(tiny, monkeypatch):
+    """On a GPU: a capture PyTorch refuses (a host sync inside it) ended before its epilogue, leaving the
+    generator state it registered marked as capturing (the eager steps' next dropout: 'Offset increment outside
+    graph capture encountered unexpectedly') and the allocator routing to its pool (the next capture's
+    empty_cache asserted): captured_step.undo_refused_capture gives the generator its state from before and
+    ends the routing, so the run goes on eagerly, dropout on, and the next run captures."""
+    if not torch.cuda.is_available():
+        pytest.skip("needs a GPU")
+    cfg = method_config("two-tower", epochs=2, device="cuda", n_bits=16, batch_size=48, dropout=0.3,
+                        loss_params={"temperature": 0.3})
+
+    class SyncingGraphs(captured_module.CudaGraphs):  # .item() while capturing: the capture is invalidated
+        def capture(self, body, before, stream):
+            return super().capture(lambda: (torch.ones(1, device="cuda").sum().item(), body())[1], before, stream)
+
+    monkeypatch.setattr(captured_module, "CudaGraphs", SyncingGraphs)
+    heard = []
+    with capture_steps(on_eager=heard.append):
+        fit_hashing(tiny, cfg, progress=False)  # eager from the refused capture on, dropout drawing
+    assert len(heard) == 1 and "its capture as a CUDA graph failed" in heard[0], heard
+    replays = []
+
+    class Counted(captured_module.CudaGraphs):
+        def capture(self, body, before, stream):
+            replay, out, ran = super().capture(body, before, stream)
+            return (lambda: (replays.append(1), replay())), out, ran
+
+    monkeypatch.setattr(captured_module, "CudaGraphs", Counted)
+    heard.clear()
+    with capture_steps(on_eager=heard.append):
+        fit_hashing(tiny, cfg, progress=False)
+    assert heard == [] and replays
+
+
+def test_a_refused_capture_s_leftovers_are_undone_on_any_machine(monkeypatch):
+    """undo_refused_capture (the real test above runs it on a GPU): the device's generator gets the state
+    kept from before the capture, a run side by side goes on from it (run_draws.state_replaced), the pool's
+    routing is ended where it is still on (once: ended already is no error), and a failure of its own leaves
+    the capture's error to be said."""
+    import ucmfh.run_draws as run_draws
+
+    class Generator:
+        def __init__(self):
+            self.states = []
+
+        def graphsafe_set_state(self, state):
+            self.states.append(state)
+
+    ended = []
+
+    def end(device, pool):
+        if ended:
+            raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+        ended.append((device, pool))
+
+    monkeypatch.setattr(torch._C, "_cuda_endAllocateToPool", end, raising=False)
+    draws = run_draws.RunDraws(torch.device("cpu"))
+    draws.device, draws.state = torch.device("cuda", 0), "the run's state, marked as capturing"
+    generator = Generator()
+    monkeypatch.setattr(run_draws._ACTIVE, "draws", draws, raising=False)
+    captured_module.undo_refused_capture(generator, "kept", 0, (0, 7))
+    assert generator.states == ["kept"] and draws.state == "kept" and ended == [(0, (0, 7))]
+    captured_module.undo_refused_capture(generator, "kept again", 0, (0, 7))  # the routing ended already
+    assert generator.states == ["kept", "kept again"] and ended == [(0, (0, 7))]
+
+    class Broken(Generator):
+        def graphsafe_set_state(self, state):
+            raise RuntimeError("no such state")
+
+    captured_module.undo_refused_capture(Broken(), "kept", 0, (0, 7))  # said nowhere: the refusal is the news
+
+
 def test_a_capture_pytorch_refuses_leaves_the_plan_eager_and_says_why(tiny, monkeypatch, standin_graphs):
     """A capture that fails (an operation a graph cannot hold, on some GPU or PyTorch release) costs the run
     nothing but its speed: its steps run eagerly from that batch on, to the eager model, and the capture

@@ -32,7 +32,7 @@ import torch
 
 from ucmfh.distributed import current_group
 from ucmfh.optim import optimize
-from ucmfh.run_draws import drawing_separately
+from ucmfh.run_draws import drawing_separately, state_replaced
 
 WARMUP_STEPS = 3
 
@@ -103,14 +103,40 @@ class CudaGraphs:
         graph = torch.cuda.CUDAGraph()
         before()
         current = torch.cuda.current_stream(stream.device)
+        index = stream.device.index if stream.device.index is not None else torch.cuda.current_device()
+        generator = torch.cuda.default_generators[index]  # the run's own state where runs are side by side
+        kept = generator.clone_state()  # its draws as they stand: a refused capture leaves the state it held unusable
+        pool = torch.cuda.graph_pool_handle()  # the graph's memory, known before the capture (pool() needs one done)
         try:
             with torch.cuda.device(stream.device), torch.cuda.graph(  # the device's generator
-                    graph, stream=stream, capture_error_mode=self.capture_error_mode):
+                    graph, pool=pool, stream=stream, capture_error_mode=self.capture_error_mode):
                 out = body()
         except BaseException:  # a capture PyTorch ends in an error may leave its stream current: the run's again
             torch.cuda.set_stream(current)
+            undo_refused_capture(generator, kept, index, pool)
             raise
         return graph.replay, out, False
+
+
+def undo_refused_capture(generator: Any, kept: Any, device_index: int, pool: Any) -> None:
+    """What a capture PyTorch refused leaves behind, undone, so that the steps after it run eagerly: a capture
+    invalidated (an operation a graph cannot hold) ends before PyTorch's epilogue, so the generator state the
+    graph registered stays marked as capturing (the next eager dropout: 'Offset increment outside graph capture
+    encountered unexpectedly'), and the allocator may still route this thread's allocations to the graph's pool
+    (every later capture's ``empty_cache``: 'captures_underway.empty()'). The generator gets ``kept`` back (a
+    clone of its state before the capture: the eager step draws what the capture would have), and the pool's
+    routing is ended where it is still on. Whatever of it fails leaves the capture's own error to be said."""
+    try:
+        generator.graphsafe_set_state(kept)
+        state_replaced(kept)  # a run side by side: its own state, swapped in for its steps
+    except Exception:  # noqa: BLE001 - the refusal itself is what the run says
+        return
+    end = getattr(torch._C, "_cuda_endAllocateToPool", None)
+    if end is not None:
+        try:
+            end(device_index, pool)
+        except RuntimeError:  # ended already, by the capture's own end
+            pass
 
 
 def _like(tensor: Optional[torch.Tensor]) -> Optional[torch.Tensor]:

@@ -112,6 +112,18 @@ def _cuda_generator(device: torch.device) -> Any:
     return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
 
 
+_ACTIVE = threading.local()  # the RunDraws whose state the device's generator holds in this thread, if any
+
+
+def state_replaced(state: Any) -> None:
+    """The device's generator was set to ``state`` inside this thread's :meth:`RunDraws.active` block (a refused
+    capture's undoing, :func:`ucmfh.captured_step.undo_refused_capture`): the run's draws go on from it, where
+    the state it held is left marked as capturing."""
+    draws = getattr(_ACTIVE, "draws", None)
+    if draws is not None and draws.device.type == "cuda":
+        draws.state = state
+
+
 class RunDraws:
     """A run's own draws on ``device`` (:mod:`ucmfh.run_draws`), made at the end of its set-up, under
     :func:`setting_up`: from there on the state of the device's generator as it stands, the run's alone.
@@ -140,9 +152,11 @@ class RunDraws:
                 generator = _cuda_generator(self.device)
                 before = generator.graphsafe_get_state()
                 generator.graphsafe_set_state(self.state)  # a graph captured now holds it; replays advance it
+                _ACTIVE.draws = self
                 try:
                     yield
                 finally:
+                    _ACTIVE.draws = None
                     generator.graphsafe_set_state(before)
             else:
                 before = torch.default_generator.get_state()
