@@ -158,7 +158,7 @@ def test_a_fit_s_own_stream_waits_for_the_work_before_it_and_its_thread_for_the_
 
     class Stream:
         def __init__(self, name, device=None):
-            self.name, self.device = name, device
+            self.name, self.device, self.cuda_stream = name, device, id(self)  # a handle of its own
 
         def wait_stream(self, other):
             said.append(f"{self.name} waits for {other.name}")
@@ -188,3 +188,29 @@ def test_a_fit_s_own_stream_waits_for_the_work_before_it_and_its_thread_for_the_
     with own_stream(torch.device("cpu")):
         pass
     assert said == []
+
+
+def test_a_stream_of_its_own_is_no_other_live_one_s(monkeypatch):
+    """PyTorch's streams come from a pool of 32 a device, round-robin: the 33rd asked for is the first again, and
+    two runs side by side could share one (one's work recorded into the other's graph). unshared_stream draws
+    again past the live ones; a stream let go is drawn again."""
+    import gc
+
+    from ucmfh import streams
+
+    class PoolStream:  # a pool of 4, round-robin, as PyTorch's of 32
+        drawn = 0
+
+        def __init__(self, device=None):
+            self.device, self.cuda_stream = "cuda:0", PoolStream.drawn % 4
+            PoolStream.drawn += 1
+
+    monkeypatch.setattr(streams, "_LIVE", {})
+    live = [streams.unshared_stream(make=PoolStream) for _ in range(3)]
+    assert [s.cuda_stream for s in live] == [0, 1, 2]
+    fourth = streams.unshared_stream(make=PoolStream)
+    fifth = streams.unshared_stream(make=PoolStream)  # the pool's first again, live: drawn past
+    assert fourth.cuda_stream == 3 and fifth.cuda_stream in (0, 1, 2, 3)  # every one live: shared, as it must be
+    del live[1], fifth
+    gc.collect()
+    assert streams.unshared_stream(make=PoolStream).cuda_stream == 1  # let go: drawn again

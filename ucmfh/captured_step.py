@@ -33,6 +33,7 @@ import torch
 from ucmfh.distributed import current_group
 from ucmfh.optim import optimize
 from ucmfh.run_draws import drawing_separately, state_replaced
+from ucmfh.streams import unshared_stream
 
 WARMUP_STEPS = 3
 
@@ -86,7 +87,7 @@ class CudaGraphs:
         return "thread_local" if drawing_separately() else "global"
 
     def side_stream(self, device: torch.device) -> Any:
-        return torch.cuda.Stream(device=device)
+        return unshared_stream(device)  # not another live run's, where runs are side by side
 
     @contextlib.contextmanager
     def on(self, stream: Any) -> Iterator[None]:

@@ -20,6 +20,7 @@ import torch
 
 from ucmfh.run_draws import separate_draws
 from ucmfh.signals import TrainingInterrupted, stop_on_signals, stop_threads
+from ucmfh.streams import unshared_stream
 
 T = TypeVar("T")
 POLL_S = 0.2  # how often a signal heard here is passed on to the fits' threads
@@ -52,7 +53,7 @@ def own_stream(device: torch.device) -> Iterator[None]:
         yield
         return
     index = device if device.index is not None else None
-    launcher, stream = torch.cuda.current_stream(index), torch.cuda.Stream(device=index)
+    launcher, stream = torch.cuda.current_stream(index), unshared_stream(index)  # not another live run's
     stream.wait_stream(launcher)
     try:
         with torch.cuda.stream(stream):
