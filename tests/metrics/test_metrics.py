@@ -452,6 +452,8 @@ def test_labels_ids_and_codes_the_metrics_cannot_read_are_refused():
                     score(query, retrieval, ql[:, :0], rl[:, :0])
             with pytest.raises(TypeError, match=r"query_ids: None; relevance by id needs an id of each item"):
                 recall_at_ranks(query, retrieval, None, np.arange(20))
+            with pytest.raises(ValueError, match=r"labels must be \[N, C\] with the same C, got \(5,\)"):
+                map_at_k(query, retrieval, ql[:, 0], rl, empty="skip")  # said of the codes, where one query: codes[None]
             with pytest.raises(TypeError, match=r"argument 1 of 4: complex values \(complex64\)"):
                 map_at_k(query.numpy() + 0j, retrieval, ql, rl)  # their real parts were read
 
