@@ -133,15 +133,26 @@ def check_labels(
     """Validate labels [Q, C], [N, C] against codes [Q, ·], [N, ·]."""
     _check_rows(query, retrieval)
     ql, rl = query_labels, retrieval_labels
-    if ql is None or rl is None:  # a caption set's split has labels None
-        raise TypeError(f"{'query' if ql is None else 'retrieval'}_labels: None; labelled relevance needs multi-hot "
-                        "labels [N, C]. A caption set has none (relevance is a shared id): use map_at_k_by_id, "
-                        "recall_at_ranks or evaluate_caption_set")
+    _check_labels_given(ql, rl)
     if ql.shape[0] != query.shape[0] or rl.shape[0] != retrieval.shape[0]:
         raise ValueError(
             f"labels do not match the codes: {ql.shape[0]} query labels for {query.shape[0]} queries, "
             f"{rl.shape[0]} retrieval labels for {retrieval.shape[0]} items"
         )
+    check_label_matrices(ql, rl)
+
+
+def _check_labels_given(ql: Optional[torch.Tensor], rl: Optional[torch.Tensor]) -> None:
+    if ql is None or rl is None:  # a caption set's split has labels None
+        raise TypeError(f"{'query' if ql is None else 'retrieval'}_labels: None; labelled relevance needs multi-hot "
+                        "labels [N, C]. A caption set has none (relevance is a shared id): use map_at_k_by_id, "
+                        "recall_at_ranks or evaluate_caption_set")
+
+
+def check_label_matrices(ql: torch.Tensor, rl: torch.Tensor) -> None:
+    """Validate query and retrieval labels by themselves: [Q, C] and [N, C] of one C >= 1, of 0 and 1 alone
+    (None refused: a caption set's)."""
+    _check_labels_given(ql, rl)
     if ql.ndim != 2 or rl.ndim != 2 or ql.shape[1] != rl.shape[1]:
         raise ValueError(f"labels must be [N, C] with the same C, got {tuple(ql.shape)} and {tuple(rl.shape)}")
     if ql.shape[1] == 0:  # nothing relevant anywhere: 0.0 on the torch path, the kernels' own refusal on theirs

@@ -9,7 +9,7 @@ from typing import Optional
 
 import torch
 
-from ucmfh.metrics.arguments import ArrayLike, as_tensors, check_choice, check_labels
+from ucmfh.metrics.arguments import ArrayLike, as_tensors, check_choice, check_label_matrices
 
 
 def gather_relevance(
@@ -40,11 +40,7 @@ def relevant_counts(query_labels: ArrayLike, retrieval_labels: ArrayLike) -> tor
     Q * (distinct vectors), not Q * N.
     """
     query_labels, retrieval_labels = as_tensors(query_labels, retrieval_labels)
-    for labels in (query_labels, retrieval_labels):  # said of the labels, where check_labels would say codes
-        if labels is not None and labels.ndim != 2:
-            raise ValueError("labels must be [N, C] with the same C, got " + " and ".join(
-                str(None if x is None else tuple(x.shape)) for x in (query_labels, retrieval_labels)))
-    check_labels(query_labels, retrieval_labels, query_labels, retrieval_labels)  # [N, C] of 0/1, one C: as map_at_k
+    check_label_matrices(query_labels, retrieval_labels)  # [N, C] of 0/1, one C: as map_at_k
     device = query_labels.device
     retrieval_labels = retrieval_labels.to(device) != 0
     if retrieval_labels.shape[1] <= 62:  # one integer per label vector: a 1-D unique is a fast sort
