@@ -241,9 +241,12 @@ def evaluate_codes_file(
             codes.labels["query"].to(dev), codes.labels["retrieval"].to(dev), ids["query"], ids["retrieval"],
             k=k, **options,
         )
-    # the codes of each side, distinct: a collapsed side's scores are a near-random order's (metrics.collapse)
-    distinct = distinct_codes(get("retrieval", "img"), get("retrieval", "txt"), ids["retrieval"], n_bits=codes.n_bits,
-                              query=(get("query", "img"), get("query", "txt"), ids["query"]))
+    # the codes of each side, distinct: a collapsed side's scores are a near-random order's (metrics.collapse),
+    # counted on the packed codes as read (one per code as ±1), not unpacked and copied to the device again
+    packed, held = codes.packed, codes.ids
+    distinct = distinct_codes(packed[("retrieval", "img")], packed[("retrieval", "txt")], held["retrieval"],
+                              n_bits=codes.n_bits, query=(packed[("query", "img")], packed[("query", "txt")],
+                                                          held["query"]))
     result["settings"].update(path=os.fspath(path), n_bits=codes.n_bits, attrs=_jsonable(codes.attrs),
                               distinct_codes=distinct)
     return result
