@@ -350,6 +350,8 @@ def test_a_refused_capture_s_leftovers_are_undone_on_any_machine(monkeypatch):
     import ucmfh.run_draws as run_draws
 
     class Generator:
+        device = torch.device("cuda", 0)
+
         def __init__(self):
             self.states = []
 
@@ -368,16 +370,16 @@ def test_a_refused_capture_s_leftovers_are_undone_on_any_machine(monkeypatch):
     draws.device, draws.state = torch.device("cuda", 0), "the run's state, marked as capturing"
     generator = Generator()
     monkeypatch.setattr(run_draws._ACTIVE, "draws", draws, raising=False)
-    captured_module.undo_refused_capture(generator, "kept", 0, (0, 7))
+    captured_module.undo_refused_capture(generator, "kept", (0, 7))
     assert generator.states == ["kept"] and draws.state == "kept" and ended == [(0, (0, 7))]
-    captured_module.undo_refused_capture(generator, "kept again", 0, (0, 7))  # the routing ended already
+    captured_module.undo_refused_capture(generator, "kept again", (0, 7))  # the routing ended already
     assert generator.states == ["kept", "kept again"] and ended == [(0, (0, 7))]
 
     class Broken(Generator):
         def graphsafe_set_state(self, state):
             raise RuntimeError("no such state")
 
-    captured_module.undo_refused_capture(Broken(), "kept", 0, (0, 7))  # said nowhere: the refusal is the news
+    captured_module.undo_refused_capture(Broken(), "kept", (0, 7))  # said nowhere: the refusal is the news
 
 
 def test_a_capture_pytorch_refuses_leaves_the_plan_eager_and_says_why(tiny, monkeypatch, standin_graphs):

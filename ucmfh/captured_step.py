@@ -32,7 +32,7 @@ import torch
 
 from ucmfh.distributed import current_group
 from ucmfh.optim import optimize
-from ucmfh.run_draws import drawing_separately, state_replaced
+from ucmfh.run_draws import cuda_generator, drawing_separately, state_replaced
 from ucmfh.streams import unshared_stream
 
 WARMUP_STEPS = 3
@@ -104,8 +104,7 @@ class CudaGraphs:
         graph = torch.cuda.CUDAGraph()
         before()
         current = torch.cuda.current_stream(stream.device)
-        index = stream.device.index if stream.device.index is not None else torch.cuda.current_device()
-        generator = torch.cuda.default_generators[index]  # the run's own state where runs are side by side
+        generator = cuda_generator(stream.device)  # the run's own state where runs are side by side
         kept = generator.clone_state()  # its draws as they stand: a refused capture leaves the state it held unusable
         pool = torch.cuda.graph_pool_handle()  # the graph's memory, known before the capture (pool() needs one done)
         try:
@@ -114,12 +113,12 @@ class CudaGraphs:
                 out = body()
         except BaseException:  # a capture PyTorch ends in an error may leave its stream current: the run's again
             torch.cuda.set_stream(current)
-            undo_refused_capture(generator, kept, index, pool)
+            undo_refused_capture(generator, kept, pool)
             raise
         return graph.replay, out, False
 
 
-def undo_refused_capture(generator: Any, kept: Any, device_index: int, pool: Any) -> None:
+def undo_refused_capture(generator: Any, kept: Any, pool: Any) -> None:
     """What a capture PyTorch refused leaves behind, undone, so that the steps after it run eagerly: a capture
     invalidated (an operation a graph cannot hold) ends before PyTorch's epilogue, so the generator state the
     graph registered stays marked as capturing (the next eager dropout: 'Offset increment outside graph capture
@@ -135,7 +134,7 @@ def undo_refused_capture(generator: Any, kept: Any, device_index: int, pool: Any
     end = getattr(torch._C, "_cuda_endAllocateToPool", None)
     if end is not None:
         try:
-            end(device_index, pool)
+            end(generator.device.index, pool)
         except RuntimeError:  # ended already, by the capture's own end
             pass
 

@@ -108,7 +108,8 @@ def run_under_way(device: torch.device, keeps_apart: bool = True) -> Iterator[No
                 _SAVED[0] = None
 
 
-def _cuda_generator(device: torch.device) -> Any:
+def cuda_generator(device: torch.device) -> Any:
+    """The default generator of ``device`` (the current GPU where it names no index)."""
     return torch.cuda.default_generators[device.index if device.index is not None else torch.cuda.current_device()]
 
 
@@ -135,7 +136,7 @@ class RunDraws:
         if not _ON[0]:
             return
         if device.type == "cuda":  # a graph-safe state of its own, as the device's generator stands
-            self.state = _cuda_generator(device).clone_state()
+            self.state = cuda_generator(device).clone_state()
         elif device.type == "cpu":
             self.state = torch.default_generator.get_state()
 
@@ -149,7 +150,7 @@ class RunDraws:
     def _swapped(self) -> Iterator[None]:
         with _LOCK:
             if self.device.type == "cuda":
-                generator = _cuda_generator(self.device)
+                generator = cuda_generator(self.device)
                 before = generator.graphsafe_get_state()
                 generator.graphsafe_set_state(self.state)  # a graph captured now holds it; replays advance it
                 _ACTIVE.draws = self
