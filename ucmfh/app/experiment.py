@@ -154,8 +154,8 @@ def train_hash_stage(
         chosen = dict(history["validation"])[history["best_epoch"]]
         for row in rows:
             row.update(best_epoch=history["best_epoch"], val_score=chosen, epochs_run=len(history["loss"]))
-        scores = {score for _, score in history["validation"]}
-        if len(history["validation"]) > 1 and len(scores) == 1:  # early stopping and the epoch kept decided nothing
+        distinct = {score for _, score in history["validation"]}
+        if len(history["validation"]) > 1 and len(distinct) == 1:  # early stopping and the epoch kept decided nothing
             log(f"warning: validation scored {chosen:.4f} at each of its {len(history['validation'])} epochs: the "
                 f"epoch kept ({history['best_epoch']}) was chosen by nothing (a validation split too small to tell "
                 "epochs apart?)")
