@@ -30,6 +30,7 @@ VERSION = 1
 MANIFEST = "index.json"
 MODALITIES = ("img", "txt")
 NAMES = {"img": "image", "txt": "text"}  # a modality's name in words, and its features' dataset in a file
+_SHORT = {full: short for short, full in NAMES.items()}
 STRINGS = ("text", "paths")
 
 
@@ -47,7 +48,7 @@ class Column:
 
 def modality_name(name: str) -> str:
     """A modality's short name ('img', 'txt') from either of its names ('image' is 'img')."""
-    name = {full: short for short, full in NAMES.items()}.get(name, name)
+    name = _SHORT.get(name, name)
     if name not in MODALITIES:
         raise ValueError(f"modality must be 'image' or 'text' ('img'/'txt'), got {name!r}")
     return name
