@@ -344,6 +344,28 @@ def test_make_synthetic_refuses_an_existing_file_before_making_the_data(tmp_path
     assert path.read_bytes() == b"precious"
 
 
+def test_the_synthetic_set_made_by_another_command_meanwhile_is_read_not_made_again(tmp_path, monkeypatch):
+    """Two commands started together where data/synthetic.h5 is not yet (a job array, two terminals): the second
+    waits for the first to make it and reads it, where it made the set again and was refused ('written by another
+    process meanwhile', exit 2, after a minute's work)."""
+    import threading
+
+    import ucmfh.data.synthetic as synthetic
+    from ucmfh.app.environment import resolve_dataset
+    from ucmfh.files import locked
+
+    path, found = tmp_path / "synthetic.h5", []
+    with locked(path, hidden=True):  # the first command, making the set
+        second = threading.Thread(target=lambda: found.append(resolve_dataset("synthetic", tmp_path)))
+        second.start()
+        second.join(0.5)
+        assert second.is_alive() and not path.exists()  # waiting, not making it
+        make_synthetic(path, TINY)
+        monkeypatch.setattr(synthetic, "make_synthetic", lambda *a, **k: pytest.fail("made again"))
+    second.join(60)
+    assert found == [str(path)] and validate_file(path)["name"] == "synthetic"
+
+
 def test_a_dataset_and_its_splits_print_as_their_sizes(tiny):
     """A library user's print(data): names and sizes, one line, not every feature (a dataclass's repr printed
     the tensors: pages for one file); the splits withheld from training say so."""

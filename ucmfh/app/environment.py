@@ -8,7 +8,7 @@ from typing import List, Tuple
 import h5py
 
 from ucmfh.config import PROTOCOLS
-from ucmfh.files import PathLike
+from ucmfh.files import PathLike, locked
 
 
 def default_data_dir() -> str:
@@ -122,7 +122,11 @@ def resolve_dataset(name: str, data_dir: PathLike) -> str:
     if name == "synthetic":
         from ucmfh.data.synthetic import make_synthetic  # imports torch: paid by a command that makes the file
 
-        return make_synthetic(path)
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        # made once under a lock: commands started together (a job array) wait for the first to make it and read
+        # it, where the second made it again and was refused ('written by another process meanwhile')
+        with locked(path, hidden=True):
+            return path if os.path.exists(path) else make_synthetic(path)
     if os.path.isfile(name) and h5py.is_hdf5(name):  # a dataset file here without .h5 (a copy named wikicopy)
         return name
     if os.path.isfile(name):  # a file of another kind given as the dataset (features.npy): not DATA_DIR/NAME.h5
