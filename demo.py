@@ -14,17 +14,19 @@ import os
 import sys
 from typing import NoReturn
 
-from ucmfh.app.errors import (
-    EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, interrupt_behind, interrupted, outlive_reader,
-)
-from ucmfh.app.errors import plain_warnings, terminate_as_interrupt
+from ucmfh.signals import exit_stopped, run_as_program, terminate_as_interrupt, work_over
 
 # Run as a script, SIGTERM ends it as Ctrl-C does at any moment (one line, 143; 130 for Ctrl-C), the seconds of
-# importing torch below included, where both were a traceback or a silent -15 (ucmfh/__main__.py does the same)
+# importing click and torch below included, where both were a traceback or a silent -15 (ucmfh/__main__.py does
+# the same)
 AS_SCRIPT = __name__ == "__main__"
 if AS_SCRIPT:
     terminate_as_interrupt()
 try:
+    from ucmfh.app.errors import (
+        EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, interrupt_behind, interrupted, outlive_reader,
+        plain_warnings,
+    )
     from ucmfh.app.environment import configure_from_env, default_data_dir, protocols_of, resolve_dataset
     from ucmfh.app.experiment import evaluate_checkpoint, say_relevance, train_fusion_stage, train_hash_stage
     from ucmfh.app.identity import Run, RunOptions, dataset_identity
@@ -42,7 +44,7 @@ try:
 except KeyboardInterrupt as stopped:
     if not AS_SCRIPT:
         raise
-    interrupted(stopped)
+    exit_stopped(stopped)
 
 
 def _in_range(kind, allowed: Range):
@@ -262,4 +264,7 @@ def _run(args: argparse.Namespace) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    run_as_program()
+    code = main()
+    work_over()  # a signal from here to the process's end ends it at once, its output flushed
+    sys.exit(code)

@@ -7,7 +7,7 @@ import os
 import signal
 import sys
 import threading
-from typing import Any, Collection, Dict, Iterator, Optional, Tuple
+from typing import Any, Callable, Collection, Dict, Iterator, NoReturn, Optional, Tuple
 
 
 class TrainingInterrupted(KeyboardInterrupt):
@@ -96,3 +96,71 @@ def stop_on_signals() -> Iterator[Dict[str, Optional[int]]]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
+
+
+
+def terminate_as_interrupt() -> Callable[[], None]:
+    """Until the returned function is called, SIGTERM ends the command as Ctrl-C does (a ``KeyboardInterrupt``
+    that remembers the signal: a file half-written is removed, one line is said, exit 143), where it would
+    have killed the process on the spot, leaving its temporary files. Only where SIGTERM has its default
+    action, in the main thread (a parent that set it otherwise keeps its own). An interrupt raised where Python
+    drops it (a weakref callback) is sent again (:func:`resend_lost_interrupts`). Needs neither click nor torch:
+    the ``ucmfh`` command and demo.py set it before they import either."""
+    resend_lost_interrupts()
+    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
+        return lambda: None
+
+    def handler(signum, frame):  # noqa: ARG001 - signal handler signature
+        raise stopped_by("terminated", signum)
+
+    signal.signal(signal.SIGTERM, handler)
+
+    def restore() -> None:
+        if signal.getsignal(signal.SIGTERM) is handler:  # not one set since (work_over's)
+            signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    return restore
+
+
+def exit_stopped(err: KeyboardInterrupt, text: Optional[str] = None) -> NoReturn:
+    """End the process as ``err`` stopped it: ``text`` (else its words, else 'interrupted') on stderr, nothing where
+    ``text`` is '', and the shell's exit code of its signal (128 + its number: 130 for SIGINT, 143 for SIGTERM; an
+    interrupt that names no signal, ``signum``, is Ctrl-C's). Needs neither click nor torch (a Ctrl-C while the
+    ``ucmfh`` command imports them); the commands' own stops say more (``ucmfh.app.errors.interrupted``)."""
+    text = (str(err) or "interrupted") if text is None else text
+    if text:
+        print(text, file=sys.stderr)
+    signum: Optional[int] = getattr(err, "signum", None)
+    sys.exit(128 + signum if signum else 128 + signal.SIGINT)
+
+
+_PROGRAM = {"running": False}
+
+
+def run_as_program() -> None:
+    """Mark this process as a program, the ``ucmfh`` command or demo.py run as a script, whose end is its command's
+    end (its entry point calls this; a command called in-process, as the tests and a notebook call them, is not)."""
+    _PROGRAM["running"] = True
+
+
+def work_over() -> None:
+    """A program's command has done its work and said so: from here to the process's end (click's exit, then the
+    interpreter's teardown with torch loaded, a second or more) Ctrl-C and SIGTERM end it at once, its output
+    flushed, exit 130 or 143 and nothing more said, where a Ctrl-C made click say 'Aborted!' and exit 1, a SIGTERM
+    killed it silently (-15), losing lines of output not yet flushed, and a Ctrl-C could be lost (exit 0). A signal
+    a parent had ignored (a job started in the background) stays ignored. Nothing where the process is not a
+    program (:func:`run_as_program`), or in a thread other than the main one."""
+    if not _PROGRAM["running"] or threading.current_thread() is not threading.main_thread():
+        return
+
+    def handler(signum, frame):  # noqa: ARG001 - signal handler signature
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a stream closed or mid-write (a reentrant flush): what it held is lost
+                pass
+        os._exit(128 + signum)
+
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        if signal.getsignal(signum) not in (signal.SIG_IGN, None):  # None: a handler not set from Python
+            signal.signal(signum, handler)

@@ -553,6 +553,55 @@ def test_a_ctrl_c_or_sigterm_while_a_command_s_options_are_checked_is_one_line(m
     assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
 
 
+@pytest.mark.parametrize("signal_name, code, said", [("SIGINT", 130, "interrupted\n"),
+                                                     ("SIGTERM", 143, "terminated\n")])
+def test_a_ctrl_c_or_sigterm_while_click_imports_is_one_line(monkeypatch, capsys, signal_name, code, said):
+    """The console script set its guard after importing click (a tenth of a second, ucmfh.app.errors): a Ctrl-C
+    then was a traceback, and a SIGTERM a silent -15 (an audit's find). Both are one line and the signal's code."""
+    import signal
+
+    import ucmfh.__main__ as entry
+
+    for module in ("ucmfh.app.cli", "ucmfh.app.errors"):  # imported afresh, click with them
+        monkeypatch.delitem(sys.modules, module)
+    _signal_while_importing(monkeypatch, "click", signal_name)
+    with pytest.raises(SystemExit) as ended:
+        entry.run()
+    assert ended.value.code == code and capsys.readouterr().err == said
+    assert signal.getsignal(signal.SIGTERM) == signal.SIG_DFL
+
+
+# 'ucmfh methods' run as the console script runs it, a signal sent as click closes the command's context: after
+# the command's work, in click's own main, where click said 'Aborted!' (exit 1) or SIGTERM killed it (-15)
+SIGNAL_AS_CLICK_CLOSES = """
+import os, signal, sys
+import click
+closing = click.Context.close
+def close(self):
+    if self.parent is None:  # the group's context: the command's own has closed
+        os.kill(os.getpid(), signal.{name})
+    closing(self)
+click.Context.close = close
+sys.argv = ["ucmfh", "methods"]
+from ucmfh.__main__ import run
+sys.exit(run())
+"""
+
+
+@pytest.mark.parametrize("signal_name, code", [("SIGINT", 130), ("SIGTERM", 143)])
+def test_a_signal_once_the_command_s_work_is_over_ends_it_with_its_output_whole(signal_name, code):
+    """A Ctrl-C just after a command's work, in click's exit, said 'Aborted!' and exit 1; a SIGTERM there or in
+    the interpreter's teardown (torch loaded: a second or more) killed it silently (-15), and lines of its output
+    not yet flushed were lost (an audit's finds). Now it ends at once, exit 130 or 143, its output whole."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    whole = subprocess.run([sys.executable, "-m", "ucmfh", "methods"], cwd=ROOT, capture_output=True, text=True,
+                           env=env)
+    assert whole.returncode == 0 and "two-tower" in whole.stdout
+    ran = subprocess.run([sys.executable, "-c", SIGNAL_AS_CLICK_CLOSES.format(name=signal_name)], cwd=ROOT,
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert (ran.returncode, ran.stderr, ran.stdout) == (code, "", whole.stdout)
+
+
 def test_cuda_graphs_asked_for_on_the_cpu_train_eagerly_and_say_so(tmp_path, tiny_path):
     """--cuda-graph where no step can be captured (here: the CPU) trains the run it names, the same model and
     row as without it (a capture is not part of a run's identity), and says why before the epochs."""

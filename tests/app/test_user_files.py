@@ -406,7 +406,8 @@ def test_sigterm_ends_any_command_as_ctrl_c_does(tmp_path, monkeypatch):
 
 LOST_IN_A_CALLBACK = """
 import os, signal, sys, time, weakref
-from ucmfh.app.errors import interrupted, terminate_as_interrupt
+from ucmfh.app.errors import interrupted
+from ucmfh.signals import terminate_as_interrupt
 
 class Thing:
     pass

@@ -12,10 +12,10 @@ from typing import Dict, List, Optional, Tuple
 import click
 
 from ucmfh.app.errors import (
-    UserError, interrupted, outlive_reader, peer_gone, plain_warnings, process_rank, reader_gone,
-    terminate_as_interrupt, warn,
+    UserError, interrupted, outlive_reader, peer_gone, plain_warnings, process_rank, reader_gone, warn,
 )
 from ucmfh.app.environment import configure_from_env, join_process_group
+from ucmfh.signals import terminate_as_interrupt, work_over
 
 # name -> (the module and attribute that make the command, its line in 'ucmfh --help')
 COMMANDS: Dict[str, Tuple[str, str]] = {
@@ -117,6 +117,8 @@ class Commands(click.Group):
             reader_gone()
         except click.UsageError as err:
             raise _in_one_line(err) from None
+        except KeyboardInterrupt as err:  # parsing the line: click said 'Aborted!' and exit 1
+            interrupted(err)
 
     def invoke(self, ctx: click.Context):
         try:
@@ -139,6 +141,8 @@ class Commands(click.Group):
                            err=True)
                 sys.exit(1)
             raise
+        finally:  # a signal from here to the process's end ends it at once (click's exit and teardown said 'Aborted!')
+            work_over()
 
 
 def refuse_repeated_options(cmd: click.Command, name: Optional[str], args: List[str], parent: click.Context) -> None:

@@ -12,9 +12,7 @@ import contextlib
 import functools
 import os
 import re
-import signal
 import sys
-import threading
 import warnings
 from typing import Any, Callable, Collection, Iterator, Optional
 
@@ -22,13 +20,12 @@ import click
 
 from ucmfh.config import SettingError
 from ucmfh.printable import printable
-from ucmfh.signals import resend_lost_interrupts, stopped_by
+from ucmfh.signals import exit_stopped
 
 # What counts as bad input (or an environment the user must fix), not a bug of ucmfh: a size asked for beyond
 # the machine's memory (--resamples 99999999999) among them.
 USER_ERRORS = (ValueError, OSError, ImportError, MemoryError)
 EXIT_USER_ERROR = 2
-EXIT_INTERRUPTED = 130  # the shell's code for a run stopped by SIGINT (128 + the signal's number)
 EXIT_BROKEN_PIPE = 128 + 13  # the shell's code for a writer whose reader has gone (SIGPIPE), as ``yes | head``
 
 
@@ -136,10 +133,7 @@ def interrupted(err: KeyboardInterrupt, always_resumes: bool = False) -> None:
     text = str(err) or "interrupted"
     if always_resumes or getattr(err, "state_path", None) is not None:
         text += f"; run the same command{'' if always_resumes else ' with --resume'} to continue"
-    if not process_rank():
-        click.echo(text, err=True)
-    signum: Optional[int] = getattr(err, "signum", None)
-    sys.exit(128 + signum if signum else EXIT_INTERRUPTED)
+    exit_stopped(err, "" if process_rank() else text)
 
 
 def process_rank() -> int:
@@ -154,23 +148,6 @@ def peer_gone(err: BaseException) -> bool:
     rank says why, or was killed; this one's traceback would bury it."""
     return isinstance(err, RuntimeError) and any(words in str(err) for words in (
         "Connection closed by peer", "Connection reset by peer"))
-
-
-def terminate_as_interrupt() -> Callable[[], None]:
-    """Until the returned function is called, SIGTERM ends the command as Ctrl-C does (a ``KeyboardInterrupt``
-    that remembers the signal: a file half-written is removed, one line is said, exit 143), where it would
-    have killed the process on the spot, leaving its temporary files. Only where SIGTERM has its default
-    action, in the main thread (a parent that set it otherwise keeps its own). An interrupt raised where Python
-    drops it (a weakref callback) is sent again (:func:`ucmfh.signals.resend_lost_interrupts`)."""
-    resend_lost_interrupts()
-    if threading.current_thread() is not threading.main_thread() or signal.getsignal(signal.SIGTERM) != signal.SIG_DFL:
-        return lambda: None
-
-    def handler(signum, frame):  # noqa: ARG001 - signal handler signature
-        raise stopped_by("terminated", signum)
-
-    signal.signal(signal.SIGTERM, handler)
-    return lambda: signal.signal(signal.SIGTERM, signal.SIG_DFL)
 
 
 def reader_gone() -> None:
