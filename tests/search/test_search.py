@@ -165,6 +165,45 @@ def test_save_with_overwrite_replaces_an_index_and_nothing_else(tmp_path):
     assert Index.load(tmp_path / "ix").count("txt") == 3
 
 
+def test_save_refuses_a_folder_made_meanwhile_and_leaves_it(tmp_path, monkeypatch):
+    """A folder made at the index's path while save wrote its columns (another build's) was moved aside and deleted,
+    without overwrite (an audit's find): it is refused and left as it was."""
+    from ucmfh.search import folder
+
+    index, out = Index(64), tmp_path / "ix"
+    index.add("txt", np.ones((3, 64)))
+    writing = folder.write_json_atomic
+
+    def another_made_it(path, value):  # the manifest written last, once the other process has made its folder
+        if not out.exists():
+            out.mkdir()
+            (out / "theirs").write_text("theirs")
+        return writing(path, value)
+
+    monkeypatch.setattr(folder, "write_json_atomic", another_made_it)
+    with pytest.raises(FileExistsError, match=r"ix: made by another process meanwhile; not replaced$"):
+        index.save(out)
+    assert [p.name for p in out.iterdir()] == ["theirs"] and [p.name for p in tmp_path.iterdir()] == ["ix"]
+
+
+def test_a_cached_structure_removed_meanwhile_by_another_search_is_no_error(tmp_path, monkeypatch):
+    """A search that builds a cached structure (multi-index tables, a FAISS index) removes those of other item
+    counts; another search's build of the same index removing one first made this one's removal a traceback."""
+    from ucmfh.search import index as index_module
+
+    index = Index(64)
+    index.add("txt", np.ones((3, 64)))
+    opened = Index.load(index.save(tmp_path / "ix"))
+    gone = str(tmp_path / "ix" / "cache" / "tables-2000")  # listed, then removed by the other search
+    monkeypatch.setattr(index_module.glob, "glob", lambda pattern: [gone])
+
+    def write(it, path):
+        with open(path, "w") as f:
+            f.write(str(it))
+
+    assert opened.derived("cache", "tables-3", lambda: 3, lambda path: None, write, "tables-*") == (3, "built")
+
+
 def test_save_load_mmap_append_and_shards(tmp_path):
     rng = np.random.default_rng(0)
     r, q = pm1(rng, 900, 64), pm1(rng, 20, 64)
@@ -270,6 +309,21 @@ def collection(tmp_path_factory, request):
         model.fit_feature_stats(torch.from_numpy(img), torch.from_numpy(txt))
         checkpoints.append(save_checkpoint(folder / f"hash24_{seed}.pt", model.eval(), None, cfg))
     return {"path": str(path), "img": img, "txt": txt, "ids": ids, "ckpt": checkpoints, "folder": folder}
+
+
+def test_a_build_beside_another_of_its_folder_is_refused_before_it_writes(collection, tmp_path):
+    """Two builds of one folder at once each refused the other's rows ('changed by another writer'), and the one
+    that had made the folder deleted it, or left it without a manifest (an audit's find): one build writes to a
+    folder at a time, and another is refused before it reads or writes anything."""
+    from ucmfh.files import locked
+
+    c, out = collection, tmp_path / "ix"
+    with locked(out, hidden=True):  # the other build, under way
+        with pytest.raises(DataError, match=r"ix/: another build is writing to it now \(an 'ucmfh index' in another "
+                                            r"process\); let it finish, then run this one again$"):
+            build_index(c["path"], c["ckpt"][0], str(out) + os.sep)
+        assert not out.exists()
+    assert build_index(c["path"], c["ckpt"][0], str(out)).added == {"img": 40, "txt": 120}
 
 
 def test_build_encodes_unimodal_codes_dedupes_images_and_resumes(collection, tmp_path):

@@ -20,6 +20,7 @@ the collection's token features reads (:mod:`ucmfh.search.seps_rerank`).
 """
 from __future__ import annotations
 
+import contextlib
 import copy
 import dataclasses
 import os
@@ -36,7 +37,7 @@ from ucmfh.bits import as_words, to_numpy
 from ucmfh.config import INDEX_CHUNK_SIZE
 from ucmfh.data.format import DataError, first_of_each_id, row_fingerprints
 from ucmfh.data.h5 import is_dataset_file, validate_file
-from ucmfh.files import fingerprint
+from ucmfh.files import fingerprint, locked
 from ucmfh.search.collection import Collection, differing, open_collection
 from ucmfh.search.folder import NAMES, modality_name
 from ucmfh.search.index import Index
@@ -276,10 +277,26 @@ def build_index(
     ``skipped``; ``already`` when none is left). ``embeddings`` keeps the float16 head outputs for cosine
     re-ranking. ``stop_after`` stops after that many chunks (tests simulate a kill with it); ``should_stop``,
     when it returns something true after a committed chunk, stops there too (a signal: the report says
-    ``stopped``, and the same call continues the build).
+    ``stopped``, and the same call continues the build). One build writes to a folder at a time: another
+    started meanwhile (in another process) is refused (``DataError``).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
+    with contextlib.ExitStack() as held:
+        try:  # one build a folder at a time: two at once each refused the other's rows, and one deleted the folder
+            held.enter_context(locked(out, hidden=True, wait=False))
+        except BlockingIOError:
+            raise DataError(f"{out}: another build is writing to it now (an 'ucmfh index' in another process); let "
+                            "it finish, then run this one again") from None
+        return _build(collection, checkpoint, out, splits, chunk_size, embeddings, device, progress, stop_after,
+                      should_stop)
+
+
+def _build(collection: str, checkpoint: str, out: str, splits: Optional[Sequence[str]], chunk_size: int,
+           embeddings: bool, device: str, progress: bool, stop_after: Optional[int],
+           should_stop: Optional[Callable[[], Any]]) -> BuildReport:
+    """:func:`build_index`'s work, under the folder's lock."""
     if is_dataset_file(collection):  # the checks every other command makes of it ('ucmfh validate'), before any work
         validate_file(collection, token_values=False)
     coll = open_collection(collection, splits)

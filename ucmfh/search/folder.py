@@ -15,6 +15,7 @@ new folder appears under its name only once complete. Loading maps the files (``
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -86,13 +87,18 @@ class IndexFolder:
                     else:
                         write_raw(os.path.join(tmp, f"{modality}.{name}"), self._column(modality, name))
             write_json_atomic(os.path.join(tmp, MANIFEST), self._manifest())
-            if os.path.exists(path):
+            if overwrite and os.path.exists(path):
                 old = atomic_path(path + ".old")
                 os.replace(path, old)
                 os.replace(tmp, path)
                 shutil.rmtree(old)
             else:
-                os.replace(tmp, path)
+                try:  # refused where a folder was made there since the look above (another process's index)
+                    os.rename(tmp, path)
+                except OSError as err:
+                    if err.errno not in (errno.EEXIST, errno.ENOTEMPTY, errno.ENOTDIR, errno.EISDIR):
+                        raise
+                    raise FileExistsError(f"{path}: made by another process meanwhile; not replaced") from None
         finally:
             if os.path.exists(tmp):
                 shutil.rmtree(tmp)

@@ -18,6 +18,7 @@ added) ascending, as everywhere in ucmfh (docs/reference.md §6).
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 from typing import Any, Callable, Dict, List, Mapping, Optional, Sequence, Tuple
@@ -414,7 +415,8 @@ class Index(IndexFolder):
             for old in glob.glob(os.path.join(folder, stale)):
                 base = os.path.basename(old)
                 if base != name and not base.startswith(name + "."):  # name, name.lock, name.PART.npy stay
-                    os.remove(old)
+                    with contextlib.suppress(FileNotFoundError):  # removed meanwhile by another search's build
+                        os.remove(old)
         finally:
             lock.__exit__(None, None, None)
         return self._derived[key], "built"
