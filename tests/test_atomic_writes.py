@@ -247,3 +247,26 @@ def test_a_file_written_there_by_another_process_meanwhile_is_kept_where_replaci
     assert said.exit_code == 2 and said.output.splitlines()[-1] == (
         f"Error: {out}: written by another process meanwhile; not replaced (pass --overwrite to replace it)")
     assert out.read_bytes() == b"the other command's codes"
+
+
+def test_a_temporary_file_of_another_machine_is_left_until_untouched_for_a_day(tmp_path):
+    """A temporary file's name held its writer's pid alone: a writer in a container (its pid 40) had its file taken
+    for a dead process's by a writer on the host, where no pid 40 ran, and removed mid-write; and two containers'
+    pid 1 wrote one temporary name (an audit's find). A name now holds its machine (host and pid space) and random
+    digits: another machine's temporary file is left while it may be written, a dead process's here is removed."""
+    from conftest import dead_pid
+    from ucmfh.files import _machine, atomic_path, remove_stale_temps, temp_destination
+
+    target = tmp_path / "grid.md"
+    first, second = atomic_path(target), atomic_path(target)  # one pid and thread, one machine: two names
+    assert first != second and temp_destination(first) == temp_destination(second) == "grid.md"
+    other = "0badf00d" if _machine() != "0badf00d" else "0badf00e"
+    theirs = tmp_path / f".grid.md.tmp{dead_pid()}.{other}123abc"  # a pid that runs nowhere here
+    ours = tmp_path / f".grid.md.tmp{dead_pid()}.{_machine()}123abc"
+    older = tmp_path / f".grid.md.tmp{dead_pid()}"  # named before machines were
+    for path in (theirs, ours, older):
+        path.write_text("half")
+    assert sorted(remove_stale_temps(target)) == sorted([str(ours), str(older)]) and theirs.exists()
+    day_ago = theirs.stat().st_mtime - 24 * 3600 - 60
+    os.utime(theirs, (day_ago, day_ago))
+    assert remove_stale_temps(target) == [str(theirs)] and not theirs.exists()

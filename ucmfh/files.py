@@ -1,10 +1,10 @@
 """Files that are never seen half-written: atomic writes, locked appends, HDF5 attributes.
 
 Every file ucmfh writes goes through here. A whole file is written under a
-temporary name beside its destination (``.NAME.tmpPID``) and renamed over it
-only when complete (:func:`atomic_file`), so a crash leaves the old file or
-the new one, never a mixture. A temporary file left by a killed process is
-removed the next time anything is written to the same destination.
+temporary name beside its destination (``.NAME.tmpPID.MACHINE``) and renamed
+over it only when complete (:func:`atomic_file`), so a crash leaves the old
+file or the new one, never a mixture. A temporary file left by a killed
+process is removed the next time anything is written to the same destination.
 
 JSON-lines files (results) grow by :func:`append_jsonl`: one ``O_APPEND``
 write per row under an exclusive lock, so concurrent writers never lose or
@@ -21,11 +21,15 @@ import json
 import os
 import pickle
 import re
+import secrets
 import shutil
+import socket
 import tempfile
 import threading
+import time
 import warnings
 import zipfile
+import zlib
 from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Mapping, Optional, Sequence, Tuple, Union
 
 import numpy as np
@@ -99,19 +103,44 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-_TEMP = re.compile(r"^\.(.+)\.tmp(\d+)(?:-\d+)?$")  # .NAME.tmpPID, or .NAME.tmpPID-THREAD: NAME, PID
+@functools.lru_cache(maxsize=1)
+def _machine() -> str:
+    """This process's machine and process-id space, as 8 hex digits: its host name and (Linux) its pid namespace.
+    A temporary file's pid means a process only here: a container's pid 40 is none on its host, whose writer
+    took the container's file for a dead process's and removed it mid-write (an audit's find)."""
+    try:
+        space = os.readlink("/proc/self/ns/pid")
+    except OSError:
+        space = ""
+    return f"{zlib.crc32(f'{socket.gethostname()} {space}'.encode()):08x}"
+
+
+# .NAME.tmpPID, .NAME.tmpPID-THREAD, and since 2026-12 either with .MACHINE (8 hex digits) and 6 random ones
+_TEMP = re.compile(r"^\.(.+)\.tmp(\d+)(?:-\d+)?(?:\.([0-9a-f]{8})[0-9a-f]{6})?$")
+# a temporary file of another machine (or pid space) is left until untouched this long: its pid means nothing here
+OTHER_MACHINE_STALE_S = 24 * 3600
 
 
 def temp_destination(name: str) -> Optional[str]:
-    """The file name a temporary file ``.NAME.tmpPID`` or ``.NAME.tmpPID-THREAD`` (:func:`atomic_path`) is written
-    for, else None."""
+    """The file name a temporary file ``.NAME.tmp...`` (:func:`atomic_path`) is written for, else None."""
     match = _TEMP.match(os.path.basename(name))
     return match.group(1) if match else None
 
 
+def _stale(directory: str, match: "re.Match[str]") -> bool:
+    """Whether a temporary file's writer is gone: a process of this machine that no longer runs, or, for another
+    machine's (a container's, a cluster node's on a shared disk), one untouched for a day."""
+    if match.group(3) in (None, _machine()):  # a name without one: written before machines were named
+        return not _pid_alive(int(match.group(2)))
+    try:
+        return time.time() - os.stat(os.path.join(directory, match.group(0))).st_mtime > OTHER_MACHINE_STALE_S
+    except OSError:
+        return False
+
+
 def remove_stale_temps(path: PathLike) -> List[str]:
-    """Remove ``.NAME.tmpPID`` (and ``.NAME.tmpPID-THREAD``) files beside ``path`` whose writing process is gone;
-    return them."""
+    """Remove the temporary files of ``path`` (:func:`atomic_path`) whose writer is gone (:func:`_stale`); return
+    them."""
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     removed = []
@@ -121,7 +150,7 @@ def remove_stale_temps(path: PathLike) -> List[str]:
         return removed
     for name in names:
         match = _TEMP.match(name)
-        if match and match.group(1) == os.path.basename(path) and not _pid_alive(int(match.group(2))):
+        if match and match.group(1) == os.path.basename(path) and _stale(directory, match):
             stale = os.path.join(directory, name)
             try:
                 if os.path.isdir(stale):
@@ -170,9 +199,9 @@ def check_writable(path: PathLike, folder: bool = False) -> None:
         raise OSError(f"{path}: cannot be written: the file is read-only")
 
 
-# the bytes a temporary name adds to its file's name: .NAME.tmpPID-THREAD (atomic_path), a pid and a thread id of
-# up to 7 digits each; a lock's .NAME.lock adds fewer
-TEMP_NAME_EXTRA = len("..tmp-") + 2 * 7
+# the bytes a temporary name adds to its file's name: .NAME.tmpPID-THREAD.MACHINE (atomic_path), a pid and a thread
+# id of up to 7 digits each, 8 + 6 hex digits; a lock's .NAME.lock adds fewer
+TEMP_NAME_EXTRA = len("..tmp-.") + 2 * 7 + 8 + 6
 
 
 def _check_name_lengths(path: str, existing: str) -> None:
@@ -317,17 +346,20 @@ def torch_file_problem(path: PathLike, err: BaseException) -> str:
 
 def atomic_path(path: PathLike) -> str:
     """A temporary name beside ``path`` to write to before :func:`os.replace` (the folder is created):
-    ``.NAME.tmpPID``, and ``.NAME.tmpPID-THREAD`` in a thread other than the main one (runs side by side in
-    threads: ``ucmfh grid --jobs N --workers threads``), so that two writers of one file never share one.
+    ``.NAME.tmpPID.MACHINE``, ``.NAME.tmpPID-THREAD.MACHINE`` in a thread other than the main one (runs side by
+    side in threads: ``ucmfh grid --jobs N --workers threads``); MACHINE names this process's machine and pid
+    space, then 6 random hex digits: two writers of one file never share one, on one machine or on several that
+    share a disk (the same pid in two containers).
 
-    Temporary files of ``path`` left by processes that no longer run are removed first.
+    Temporary files of ``path`` whose writer is gone are removed first (:func:`remove_stale_temps`).
     """
     path = os.fspath(path)
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     remove_stale_temps(path)
     thread = "" if threading.current_thread() is threading.main_thread() else f"-{threading.get_native_id()}"
-    return os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}{thread}")
+    return os.path.join(directory, f".{os.path.basename(path)}.tmp{os.getpid()}{thread}.{_machine()}"
+                                   f"{secrets.token_hex(3)}")
 
 
 @contextlib.contextmanager
@@ -404,18 +436,19 @@ def write_json_atomic(path: PathLike, value: Any) -> str:
 
 
 @contextlib.contextmanager
-def locked(path: PathLike, hidden: bool = False) -> Iterator[int]:
+def locked(path: PathLike, hidden: bool = False, wait: bool = True) -> Iterator[int]:
     """An exclusive advisory lock on ``PATH.lock`` (POSIX; a no-op elsewhere); yields nothing useful. ``hidden``:
     on ``.NAME.lock`` beside it, for a file in a folder of the user's (a results file), where the lock, left
-    for the next writer, would otherwise sit in their listing."""
+    for the next writer, would otherwise sit in their listing. Without ``wait``, a lock another holds is
+    ``BlockingIOError``."""
     if fcntl is None:  # pragma: no cover
         yield -1
         return
-    head, name = os.path.split(os.fspath(path))
+    head, name = os.path.split(os.path.abspath(os.fspath(path)))  # 'x.index/' is the folder's
     lock = os.path.join(head, f".{name}.lock" if hidden else f"{name}.lock")
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
+        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
         yield fd
     finally:
         os.close(fd)  # closing releases the lock

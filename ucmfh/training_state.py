@@ -9,6 +9,7 @@ once the checkpoint is saved the states are removed (:func:`discard_state`).
 """
 from __future__ import annotations
 
+import contextlib
 import glob
 import os
 from dataclasses import dataclass
@@ -134,7 +135,7 @@ def discard_state(state: Optional[StateFile]) -> None:
     if state is None:
         return
     for path in state_paths(state.path):
-        if os.path.exists(path):
+        with contextlib.suppress(FileNotFoundError):  # removed meanwhile by another process looking at the run
             os.remove(path)
 
 
