@@ -1059,8 +1059,27 @@ def test_resume_with_nothing_saved_names_no_file_the_run_never_writes(tmp_path, 
     assert result.exit_code == 0, result.output
     [line] = [line for line in result.output.splitlines() if line.startswith("nothing to resume")]
     assert line.endswith(f"hash16.pt; states of other settings of this method and seed are saved in {other} "
-                         "(another run's flags, or an older ucmfh's key of these: resume that with the flags it "
-                         "began with); training it from the start"), line
+                         "(another run's flags: resume it with those; or an older ucmfh's key of these flags, which "
+                         "only that version resumes); training it from the start"), line
+
+
+def test_resume_with_nothing_saved_names_the_stages_of_older_keys_nested_ones_too(tmp_path):
+    """ucmfh's hashing stage sits in its fusion stage's run folder: a '--resume' after an upgrade that changed the
+    fusion key found the old hashing state nowhere and said 'a stage not started before', and of the fusion stage
+    finished under the old key the same (an audit of a study across an upgrade). Both are named."""
+    from ucmfh.app.stage import _other_settings
+
+    data = tmp_path / "syn-b2445271"
+    old_hash = data / "original-seed4-e96dcf9f" / "hash-9b882683"
+    new_hash = data / "original-seed4-ecda245c" / "hash-6a8b466a"
+    for folder in (old_hash, new_hash, data / "original-seed5-e96dcf9f" / "hash-9b882683"):
+        folder.mkdir(parents=True)
+        (folder / "hash64.state.pt").touch()  # another seed's, and this run's own, are not the other settings'
+        (folder.parent / "fusion.pt").touch()
+    (new_hash / "hash64.state.pt").unlink()
+    assert _other_settings(str(new_hash / "hash64.pt")) == ([str(old_hash)], [])
+    assert _other_settings(str(new_hash.parent / "fusion.pt")) == ([], [str(old_hash.parent)])
+    assert _other_settings(str(data / "two-tower-seed4-0123abcd" / "hash64.pt")) == ([], [])
 
 
 def test_resume_in_another_number_of_processes_is_refused_naming_the_state(tmp_path, tiny_path, monkeypatch):

@@ -207,26 +207,47 @@ def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
             _refuse_interrupted(checkpoint, locked=True)
         log(f"resuming {', '.join(saved)} ({interrupted_at(checkpoint)})")  # '(finished)', '(epoch 3 of 100)', ...
     elif opts.resume and not opts.always_resumes:
-        others = _states_of_other_settings(checkpoint)
-        elsewhere = (f"; states of other settings of this method and seed are saved in {', '.join(others)} (another "
-                     "run's flags, or an older ucmfh's key of these: resume that with the flags it began with)"
-                     if others else " (a stage not started before)")
+        states, finished = _other_settings(checkpoint)
+        if states:
+            elsewhere = (f"; states of other settings of this method and seed are saved in {', '.join(states)} "
+                         "(another run's flags: resume it with those; or an older ucmfh's key of these flags, "
+                         "which only that version resumes)")
+        elif finished:
+            elsewhere = (f"; this stage of other settings of this method and seed is finished in "
+                         f"{', '.join(finished)} (another run's flags, or an older ucmfh's key of these)")
+        else:
+            elsewhere = " (a stage not started before)"
         log(f"nothing to resume: no training state is saved beside {checkpoint}{elsewhere}; training it from the "
             "start")
     return state
 
 
-def _states_of_other_settings(checkpoint: str) -> List[str]:
-    """The run folders beside ``checkpoint``'s of the same method and seed (``METHOD-seedS-KEY``) that hold a
-    state of the same stage: where a '--resume' that found none here may have meant (a key changed since)."""
-    parent, mine = os.path.split(os.path.dirname(checkpoint))
-    prefix, stage = mine.rsplit("-", 1)[0] + "-", os.path.basename(checkpoint)
+def _other_settings(checkpoint: str) -> Tuple[List[str], List[str]]:
+    """The run folders of the same method and seed as ``checkpoint``'s (``METHOD-seedS-KEY`` beside its own) that
+    hold a state of the same stage, and those that hold it finished: where a '--resume' that found nothing here
+    may have meant (a key changed since). A stage in its fusion stage's run folder (``ucmfh``'s hashing stage:
+    ``FUSION-KEY/hash-KEY/hashN.pt``) is looked for in the other fusion keys' folders too, where an older ucmfh's
+    run of these flags keeps it."""
+    folder, stage = os.path.split(checkpoint)
+    parent, mine = os.path.split(folder)
+    runs = [os.path.join(parent, name) for name in _named_alike(parent, mine)]
+    if mine.startswith("hash-"):
+        grand, fusion_run = os.path.split(parent)
+        runs += [os.path.join(grand, name, run) for name in _named_alike(grand, fusion_run) if name != fusion_run
+                 for run in _named_alike(os.path.join(grand, name), mine)]
+    runs = [run for run in runs if run != folder]
+    states = [run for run in runs if saved_states(os.path.join(run, stage))]
+    return states, [run for run in runs if run not in states and os.path.isfile(os.path.join(run, stage))]
+
+
+def _named_alike(parent: str, name: str) -> List[str]:
+    """The folders in ``parent`` named as ``name`` but for its last part (``two-tower-seed4-`` + any key)."""
+    prefix = name.rsplit("-", 1)[0] + "-"
     try:
-        siblings = sorted(os.listdir(parent or "."))
+        return sorted(entry for entry in os.listdir(parent or ".")
+                      if entry.startswith(prefix) and os.path.isdir(os.path.join(parent, entry)))
     except OSError:
         return []
-    return [os.path.join(parent, name) for name in siblings
-            if name.startswith(prefix) and name != mine and saved_states(os.path.join(parent, name, stage))]
 
 
 def saved_epochs(run: Run, kind: str) -> Dict[int, str]:
