@@ -42,6 +42,30 @@ def test_history_prints_every_epoch_as_the_checkpoint_holds_it(trained):
     assert "then refit for" in text and len(text.splitlines()) == 2 + len(epochs)
 
 
+def test_an_older_ucmfh_s_history_is_read_as_it_was_kept(trained, tmp_path):
+    """A checkpoint of an older ucmfh kept its losses alone (meta 'loss_history', 2026-11-23) and its choice as
+    'relaxation' and 'candidates' (2026-11-25): the first was said to hold no history ('a checkpoint written by
+    hand'), the second's choice was left out (an audit of a study across an upgrade)."""
+    import torch
+
+    row, _ = trained
+    payload = torch.load(row["checkpoint"], map_location="cpu", weights_only=True)
+    history = payload["meta"].pop("history")
+    older = {"losses alone": {"loss_history": history["loss"]},
+             "a choice": {"history": {"loss": history["loss"], "relaxation": "tanh",
+                                      "candidates": {"sign": 0.6636, "tanh": 0.6641}}}}
+    said = {}
+    for name, meta in older.items():
+        path = tmp_path / f"{name}.pt"
+        torch.save({**payload, "meta": {**payload["meta"], **meta}}, path)
+        result = CliRunner().invoke(main, ["runs", "--history", str(path)])
+        assert result.exit_code == 0, result.output
+        said[name] = result.output.splitlines()
+    assert said["losses alone"][0] == f"{tmp_path / 'losses alone.pt'}: 3 epochs"
+    assert said["a choice"][0] == f"{tmp_path / 'a choice.pt'}: 3 epochs; chose tanh (sign 0.6636, tanh 0.6641)"
+    assert [line.split()[2] for line in said["losses alone"][2:]] == [f"{loss:.4f}" for loss in history["loss"]]
+
+
 @pytest.mark.parametrize("run, problem", [("nosuchrun", "neither a checkpoint file nor a run of"),
                                           ("SHARED", "runs of"), ("", "an empty run key")])
 def test_a_run_that_is_not_one_is_refused_in_one_line(trained, run, problem):

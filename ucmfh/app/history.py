@@ -32,10 +32,15 @@ def history_of(run: str, rows: Iterable[Dict[str, Any]], where: str) -> Tuple[st
                              f"{', ...' if len(keys) > 3 else ''}); give more of the key")
         path = the_checkpoint(matching, where)
     meta = read_checkpoint(path).get("meta", {})
-    if "history" not in meta:
+    history = meta.get("history")
+    if history is None and meta.get("loss_history") is not None:  # an older ucmfh's (2026-11-23): its losses alone
+        history = {"loss": list(meta["loss_history"])}
+    if history is None:
         raise ValueError(f"{path}: holds no training history (a checkpoint written by hand, or fitted in closed "
                          "form with no epochs)")
-    return path, meta["history"], (meta.get("dataset") or {}).get("label")
+    if "chosen" not in history and isinstance(history.get("candidates"), dict):  # an older ucmfh's choice
+        history = {**history, "chosen": history.get("relaxation"), "choice_scores": history["candidates"]}
+    return path, history, (meta.get("dataset") or {}).get("label")
 
 
 def history_rows(history: Dict[str, Any]) -> List[Dict[str, Any]]:
