@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import csv
 import json
+import os
 import signal
 from pathlib import Path
 
@@ -163,6 +164,23 @@ def test_grid_reads_every_dataset_before_its_first_cell(tiny_path, tmp_path):
                                        "--table", str(tmp_path / "grid"), "--quiet"])
     assert result.exit_code == 2 and "bad.h5: not a readable HDF5 file" in result.output, result.output
     assert "run " not in result.output and not (tmp_path / "r.jsonl").exists()
+
+
+def test_the_default_results_file_of_older_grids_is_said_not_read(tiny_path, tmp_path, monkeypatch):
+    """grid's default --results was runs/grid.jsonl until 2026-11-27: after an upgrade a grid ran every cell again
+    into runs/results.jsonl, and runs and compare showed none of the old rows, without a word (an audit of a
+    study across an upgrade). It is said before the cells run."""
+    monkeypatch.chdir(tmp_path)
+    os.makedirs("runs")
+    with open("runs/grid.jsonl", "w") as f:
+        f.write("")
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "cca-itq", "-b", "8", "--quiet",
+                                       "--table", "grid"])
+    assert result.exit_code == 0, result.output
+    assert result.output.startswith(
+        "warning: runs/grid.jsonl: rows of grids run before 2026-11-27, its default results file then, are not read: "
+        "a cell whose row is there alone runs again into runs/results.jsonl; give --results runs/grid.jsonl to go on "
+        "with those rows\n"), result.output
 
 
 def test_a_table_path_given_with_its_extension_is_not_doubled(tiny_path, tmp_path):

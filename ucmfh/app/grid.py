@@ -391,6 +391,10 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
     grid_rows: List[List[Dict[str, Any]]] = []  # each cell's rows, in the grid's order
     recorded = read_jsonl(results, on_skip=warn)  # the rows of earlier runs, and of the cells run below
+    older = os.path.join(os.path.dirname(DEFAULT_RESULTS), "grid.jsonl")
+    if results == DEFAULT_RESULTS and os.path.isfile(older):  # grid's own default until 2026-11-27
+        warn(f"{older}: rows of grids run before 2026-11-27, its default results file then, are not read: a cell "
+             f"whose row is there alone runs again into {results}; give --results {older} to go on with those rows")
     # every dataset read and checked before the first cell: a bad file is said now, not hours in
     loaded = {dataset: load_dataset(paths[dataset], max_memory_bytes=train["max_memory"]) for dataset in datasets}
     for data in loaded.values():  # labels under which some scores say nothing of the codes, said once a file
