@@ -1,5 +1,7 @@
 """Stopping a long loop at a safe point on SIGINT or SIGTERM (:func:`stop_on_signals`), and what a stopped
-training run raises (:class:`TrainingInterrupted`), or other stopped work (:func:`stopped_by`)."""
+training run raises (:class:`TrainingInterrupted`), or other stopped work (:func:`stopped_by`); SIGTERM as Ctrl-C
+(:func:`terminate_as_interrupt`), a process's end by either (:func:`exit_stopped`), and once a program's work is
+over (:func:`work_over`). Neither click nor torch is imported here: a command sets these before it imports them."""
 from __future__ import annotations
 
 import contextlib
@@ -96,7 +98,6 @@ def stop_on_signals() -> Iterator[Dict[str, Optional[int]]]:
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
-
 
 
 def terminate_as_interrupt() -> Callable[[], None]:
