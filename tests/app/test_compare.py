@@ -221,12 +221,23 @@ def test_compare_says_what_is_missing(tmp_path, tiny_path):
     same = runner.invoke(main, ["compare", "cca-itq", "cca-itq", "--results", str(results)])
     assert same.exit_code == 2 and "two different methods" in same.output
     # a row from before per-query scores were kept: named, with the command that writes them
-    old = dict(rows[0], method="two-tower", run="old")
+    old = dict(rows[0], method="two-tower", run="old", checkpoint=str(tmp_path / "old" / "hash16.pt"))
     old.pop("per_query")
     with open(results, "a") as f:
         f.write(json.dumps(old) + "\n")
     before = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results)])
     assert before.exit_code == 2 and "no per-query scores" in before.output and "ucmfh evaluate -c" in before.output
+    # several such runs are named at once (an audit of a study across an upgrade: one a call)
+    with open(results, "a") as f:
+        f.write(json.dumps({k: v for k, v in rows[0].items() if k != "per_query"}) + "\n")
+    both = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results)])
+    assert both.exit_code == 2 and both.output == (
+        f"Error: 2 runs' rows have no per-query scores (scored before they were kept); score them again: "
+        f"'ucmfh evaluate -c {rows[0]['checkpoint']}'; 'ucmfh evaluate -c {old['checkpoint']}'\n"), both.output
+    with open(results) as f:  # the run of cca-itq scored again, as its command says
+        kept = f.readlines()[:-1]
+    with open(results, "w") as f:
+        f.writelines(kept)
     # per-query scores of fewer queries than the other method's (a file of another query split): refused
     scores = load_per_query(rows[0])
     fewer = tmp_path / "fewer.npz"

@@ -248,6 +248,11 @@ def compare_cell(methods: Dict[str, Dict[int, Dict[str, Dict[str, Any]]]], base:
     if not seeds:
         return []
     unpaired = in_seed_order((set(methods[base]) | set(methods[other])) - set(seeds))
+    unscored = list(dict.fromkeys(row.get("checkpoint") for row in (methods[m][s][d] for m in (base, other)
+                                  for s in seeds for d in datasets) if not isinstance(row.get("per_query"), str)))
+    if len(unscored) > 1:  # each at once, where a call named one and the next call the next
+        raise ValueError(f"{len(unscored)} runs' rows have no per-query scores (scored before they were kept); score "
+                         "them again: " + "; ".join(f"'ucmfh evaluate -c {c}'" for c in unscored))
     scores = {m: [[load_per_query(methods[m][s][d]) for d in datasets] for s in seeds] for m in (base, other)}
     figures = CAPTIONS if "hits_i2t" in scores[base][0][0] else LABELLED
     out = []
