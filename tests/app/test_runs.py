@@ -992,7 +992,7 @@ def test_collapsed_codes_are_said_and_recorded(tmp_path):
     assert _rows(tmp_path / "c.jsonl")[0]["distinct_codes"] == row["distinct_codes"]
     # marked wherever its scores are averaged in: 'runs' and a grid's table (only the training log said it)
     from ucmfh.app.grid import markdown
-    from ucmfh.app.runs import COLLAPSE_NOTE, variant_of
+    from ucmfh.app.runs import COLLAPSE_NOTE, UNCHECKED_NOTE, variant_of
 
     table = CliRunner().invoke(main, ["runs", "--results", str(results)])
     assert table.exit_code == 0 and COLLAPSE_NOTE in table.output, table.output
@@ -1000,6 +1000,15 @@ def test_collapsed_codes_are_said_and_recorded(tmp_path):
     assert line[header.index("seeds"):].startswith("1†"), table.output
     md = markdown([row], [variant_of(row)], [16])
     assert f"{row['map_i2t_expected']:.3f} / {row['map_t2i_expected']:.3f}†" in md and COLLAPSE_NOTE + "." in md
+    assert UNCHECKED_NOTE not in table.output and UNCHECKED_NOTE not in md
+    # a row of an older ucmfh, which counted no distinct codes: not marked either way, and the table says so (its
+    # collapse went unmarked beside a marked row of the same model, an audit of a study across an upgrade)
+    older = {k: v for k, v in row.items() if k != "distinct_codes"}
+    with open(tmp_path / "older.jsonl", "w") as f:
+        f.write(json.dumps(older) + "\n")
+    table = CliRunner().invoke(main, ["runs", "--results", str(tmp_path / "older.jsonl")])
+    assert table.exit_code == 0 and UNCHECKED_NOTE in table.output and COLLAPSE_NOTE not in table.output
+    assert UNCHECKED_NOTE + "." in markdown([older], [variant_of(older)], [16])
     from ucmfh.metrics.collapse import collapsed
 
     # judged against what the codes could be: 8 bits hold 256 codes, whatever the items

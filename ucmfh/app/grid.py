@@ -32,8 +32,8 @@ from ucmfh.app.options import (
     parse_params, resolved, scoring_options, seed_type, settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
-from ucmfh.app.runs import (COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, dataset_labels, headline, scores_line,
-                            summarize, variant_of)
+from ucmfh.app.runs import (COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, UNCHECKED_NOTE, dataset_labels, headline,
+                            scores_line, summarize, variant_of)
 from ucmfh.config import CODE_LENGTHS, EXPECTED
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import MARKS, read_jsonl, write_text_atomic
@@ -151,6 +151,8 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
         where = (dataset, protocol, database)
         if any(s["collapsed_seeds"] for key, s in cell.items() if key[:3] == where):
             md += [COLLAPSE_NOTE + ".", ""]
+        if any(s["unchecked_seeds"] for key, s in cell.items() if key[:3] == where):
+            md += [UNCHECKED_NOTE + ".", ""]
         md += _fusion_seconds(cell, variants, bits, where)
         if database:  # a caption set: the field's own figure too
             md += _means_table(cell, variants, bits, where, "", f"R@1 I→T / T→I in % (rSum), database `{database}`, "

@@ -315,6 +315,15 @@ def settings_key(row: Dict[str, Any]) -> str:
 COLLAPSE_MARK = "†"
 COLLAPSE_NOTE = (f"{COLLAPSE_MARK}: in some of the seeds the codes collapsed (distinct codes of a modality at most "
                  f"{COLLAPSED:.0%} of its items): those seeds score a near-random order, averaged in with the others")
+# and the line under a table some of whose rows an older ucmfh scored, counting no distinct codes: not marked either way
+UNCHECKED_NOTE = (f"some rows were scored by an older ucmfh, which counted no distinct codes: codes of theirs that "
+                  f"collapsed are not marked {COLLAPSE_MARK}; 'ucmfh evaluate -c CHECKPOINT' scores such a run again")
+
+
+def unchecked(row: Dict[str, Any]) -> bool:
+    """Whether ``row`` scores codes whose distinct codes it does not count (an older ucmfh's row, before 2026-11-27):
+    a collapse of its codes cannot be marked."""
+    return row.get("task") in ("hashing", "codes") and not row.get("stage") and "distinct_codes" not in row
 
 
 def dataset_labels(entries: Sequence[Dict[str, Any]]) -> Dict[Tuple[Any, Any], str]:
@@ -353,6 +362,7 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
             "settings_key": settings[:6], "settings": _beyond_columns(settings_of(group[0])),
             # seeds whose codes collapsed (a near-random order's scores, averaged in with the others): marked
             "collapsed_seeds": sum(bool(collapsed(r.get("distinct_codes") or {})) for r in group),
+            "unchecked_seeds": sum(unchecked(r) for r in group),
         }
         scores = (*DIRECTIONS, "rsum", *RECALL_AT_K)
         scores += tuple(f + EXPECTED for f in scores)
@@ -457,6 +467,8 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
                      "test = the query split, collection = query and retrieval together")
     if any(g.get("collapsed_seeds") for g in groups):
         lines.append(COLLAPSE_NOTE)
+    if any(g.get("unchecked_seeds") for g in groups):
+        lines.append(UNCHECKED_NOTE)
     if any(g.get("trained_on") for g in groups):
         lines.append("trained on: a checkpoint trained on that dataset, scored on this one ('ucmfh evaluate -c'); "
                      "'-': trained on this one")
