@@ -312,6 +312,27 @@ def test_a_setting_the_library_refuses_is_refused_as_its_flag(tmp_path, argv, fl
     assert "no such dataset file" not in result.output and not (tmp_path / "runs").exists()
 
 
+@pytest.mark.parametrize("command, option", [
+    ("train-hash", ["--fusion-epochs", "2"]), ("train-hash", ["--set", "fusion.d_model=64"]),
+    ("train-hash", ["--lr-fusion", "1e-3"]), ("grid", ["--fusion-epochs", "2"]),
+])
+def test_a_fusion_setting_refused_for_the_default_method_says_ucmfh_is_a_flag_away(tmp_path, command, option):
+    """UCMFH was the default method until 2026-11-23: its users' commands give fusion settings without --method.
+    The refusal says the method was the default and how UCMFH's two stages are asked for; not when the method was
+    given, nor for a setting that is not a fusion stage's."""
+    flag = "--method" if command == "train-hash" else "--methods"
+    common = [command, "-d", str(tmp_path / "missing.h5"), "--out", str(tmp_path / "runs")]
+    result = CliRunner().invoke(main, [*common, *option])
+    assert result.exit_code == 2 and "no such dataset file" not in result.output, result.output
+    assert result.output.rstrip().endswith(f"(two-tower: the default of {flag}; UCMFH's two stages: {flag} ucmfh)")
+    for given in ([flag, "two-tower", *option], ["--method-param" if command == "train-hash" else "--losses",
+                                                   "nosuch=1" if command == "train-hash" else "nosuch"]):
+        result = CliRunner().invoke(main, [*common, *given])
+        assert result.exit_code == 2 and "Error: " in result.output and "default of" not in result.output, given
+    assert CliRunner().invoke(main, [*common, flag, "ucmfh", *option]).output.rstrip().endswith(
+        "missing.h5: no such dataset file")  # accepted: the data was next
+
+
 def test_ucmfh_losses_lists_each_loss_s_parameters_as_a_command_line_takes_them():
     """'ucmfh losses' named the losses alone: their parameters were found in error messages. Each listed
     NAME=VALUE, given back as --loss-param would give it, builds the loss with its defaults."""

@@ -28,8 +28,8 @@ from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.jobs import SideBySide, jobs_option
 from ucmfh.app.table import append_cell_rows
 from ucmfh.app.options import (
-    DEFAULT_RESULTS, FLAGS, Count, candidates_problem, check_device, check_precision, flag_of, given_twice,
-    parse_params, resolved, scoring_options, seed_type, settings_of, train_options,
+    DEFAULT_RESULTS, FLAGS, Count, candidates_problem, check_device, check_precision, default_method_note, flag_of,
+    given_twice, parse_params, resolved, scoring_options, seed_type, settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import (COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, UNCHECKED_NOTE, dataset_labels, headline,
@@ -278,8 +278,8 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
     first = next(iter(unused.values()))
     for setting in (s for s in first if all(s in u for u in unused.values())):  # no method uses it
         reasons = ", ".join(dict.fromkeys(f"{m!r} {u[setting]}" for (m, _), u in unused.items()))
-        raise click.BadParameter(f"no method of the grid has a use for it: {reasons}",
-                                 param_hint=flag_of(setting, flags))
+        raise click.BadParameter(f"no method of the grid has a use for it: {reasons}"
+                                 + default_method_note(setting, "methods"), param_hint=flag_of(setting, flags))
     notes = [f"method {m!r}{f' with loss {loss!r}' if loss else ''}: "
              + "; ".join(f"{', '.join(flag_of(s, flags) for s in u if u[s] == why)} not applied (it {why})"
                          for why in dict.fromkeys(u.values()))

@@ -105,7 +105,24 @@ def resolved(resolve: Callable[..., T], *args: Any, flags: Dict[str, str] = FLAG
         if err.instead is not None:  # an override repeating a setting with a flag of its own
             raise click.BadParameter(f"{err.setting!r}: use {flags[err.instead]}", param_hint="--set") from None
         flag = flag_of(err.setting, flags)
-        raise click.BadParameter(str(err), param_hint="--set" if flag.startswith("--set ") else flag) from None
+        raise click.BadParameter(str(err) + default_method_note(err.setting),
+                                 param_hint="--set" if flag.startswith("--set ") else flag) from None
+
+
+def default_method_note(setting: str, param: str = "method") -> str:
+    """Words to add to the refusal of ``setting``, a fusion stage's, where the command's ``param`` (``--method``,
+    the grid's ``--methods``) was left at its default, which trains no fusion stage: UCMFH's two stages are
+    ``--method ucmfh`` (UCMFH was the default until 2026-11-23; its users' commands lack the flag); else ''."""
+    from ucmfh.methods.settings import FUSION_ONLY
+
+    context = click.get_current_context(silent=True)
+    if context is None or param not in context.params or not (setting in FUSION_ONLY or setting.startswith("fusion.")):
+        return ""
+    if context.get_parameter_source(param) != click.core.ParameterSource.DEFAULT:
+        return ""
+    default = context.params[param]
+    return f" ({', '.join(default) if isinstance(default, (list, tuple)) else default}: the default of --{param}; " \
+           f"UCMFH's two stages: --{param} ucmfh)"
 
 
 def check_precision(*cfgs: Any) -> None:
