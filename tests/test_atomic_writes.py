@@ -270,3 +270,46 @@ def test_a_temporary_file_of_another_machine_is_left_until_untouched_for_a_day(t
     day_ago = theirs.stat().st_mtime - 24 * 3600 - 60
     os.utime(theirs, (day_ago, day_ago))
     assert remove_stale_temps(target) == [str(theirs)] and not theirs.exists()
+
+
+def test_a_file_of_many_damaged_lines_is_said_in_a_few_lines_its_control_characters_escaped(tmp_path):
+    """999 damaged lines said 999 warnings; a line of NUL bytes (a crash's tail) reached the terminal raw. The
+    first lines are named, the rest counted in one line; a line's control characters are escaped."""
+    from ucmfh.files import SKIPS_SAID
+
+    path = tmp_path / "results.jsonl"
+    path.write_bytes(b'{"run": "a", "map_i2t": 0.5}\n' + b"".join(b'{"run": "cut%d", "map\n' % i for i in range(12))
+                     + b"\x00" * 60 + b'\n{"run": "b", "map_i2t": 0.25}\n')
+    skipped = []
+    assert [row["run"] for row in read_jsonl(path, skipped.append)] == ["a", "b"]
+    assert len(skipped) == SKIPS_SAID + 1 and all("not a JSON row" in line for line in skipped[:SKIPS_SAID])
+    assert skipped[0] == f'{path}: line 2: not a JSON row ({{"run": "cut0", "map); skipped'
+    assert skipped[-1] == f"{path}: {13 - SKIPS_SAID} more line(s) that are not JSON rows (the last: line 14); skipped"
+    with open(tmp_path / "nul.jsonl", "wb") as f:
+        f.write(b'{"run": "a"}\n' + b"\x00" * 80 + b"\n")
+    skipped = []
+    read_jsonl(tmp_path / "nul.jsonl", skipped.append)
+    [said] = skipped
+    assert "\x00" not in said and "\\x00" in said and said.endswith("…); skipped")
+
+
+def test_a_read_for_some_runs_parses_the_lines_that_name_them_alone(tmp_path, monkeypatch):
+    """A grid looked for its cell's rows by parsing the whole results file after every cell (14 s a cell at a
+    lab's 100,000 rows): ``containing`` reads the first row (the file's check) and the lines naming the texts."""
+    import ucmfh.files as files
+
+    path = tmp_path / "results.jsonl"
+    append_jsonl(path, [{"run": f"run{i:04d}", "map_i2t": 0.5} for i in range(1000)])
+    with open(path, "ab") as f:
+        f.write(b'{"run": "damaged\n')  # passed over unread: not one of the runs asked for
+    append_jsonl(path, [{"run": "mine", "protocol": "unimodal"}, {"run": "mine", "protocol": "fused"}])
+    parsed = []
+    real = files._rows_of_line
+    monkeypatch.setattr(files, "_rows_of_line", lambda line: parsed.append(line) or real(line))
+    skipped = []
+    rows = read_jsonl(path, skipped.append, containing=['"mine"', '"run0500"'])
+    assert [row["run"] for row in rows] == ["run0000", "run0500", "mine", "mine"] and len(parsed) == 4
+    assert not skipped
+    with pytest.raises(ValueError, match="is not a JSON-lines results file"):  # the first line still checked
+        (tmp_path / "notes.txt").write_text("my notes\n" + '{"run": "mine"}\n')
+        read_jsonl(tmp_path / "notes.txt", containing=['"mine"'])

@@ -34,6 +34,8 @@ from typing import Any, BinaryIO, Callable, Dict, Iterator, List, Mapping, Optio
 
 import numpy as np
 
+from ucmfh.printable import printable
+
 try:  # POSIX advisory locks; elsewhere O_APPEND alone keeps each row whole
     import fcntl
 except ImportError:  # pragma: no cover - Windows
@@ -324,7 +326,9 @@ _JSONL_HEAD = 64 * 1024  # a results row is far shorter
 
 
 def _shown(text: str, width: int = 60) -> str:
-    return text if len(text) <= width else text[:width - 1] + "…"
+    """A line of the user's file in a message: its control characters escaped (a NUL-filled tail, a terminal's
+    escape), and cut at ``width``."""
+    return printable(text if len(text) <= width else text[:width - 1] + "…")
 
 
 def torch_file_problem(path: PathLike, err: BaseException) -> str:
@@ -505,17 +509,23 @@ def _rows_of_line(text: str) -> Optional[List[Dict[str, Any]]]:
     return rows
 
 
-def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) -> List[Dict[str, Any]]:
+def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None,
+               containing: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     """The rows of a JSON-lines file ([] when it does not exist). Rows glued onto one line (appended to a
     last line without its newline) are all read; a line after the first row that is not rows (an editor's, a
-    killed writer's) is skipped and said to ``on_skip`` (default: a warning), and so is a first line that began as
-    a row (a writer killed there) before one. A file that is not text, or whose first line is neither (a text file
-    of the user's, not results), is a ``ValueError`` naming it."""
+    killed writer's) is skipped and said to ``on_skip`` (default: a warning; past the first :data:`SKIPS_SAID`,
+    one line counts the rest), and so is a first line that began as a row (a writer killed there) before one. A
+    file that is not text, or whose first line is neither (a text file of the user's, not results), is a
+    ``ValueError`` naming it. ``containing``: after the file's first row, only the lines that hold one of these
+    texts are read (the others are passed over unread and unchecked): a grid looking for its own runs' rows
+    (``'"KEY"'``) in a file of many; the first row is returned whatever it holds."""
     path = os.fspath(path)
     if not os.path.exists(path):
         return []
     check_a_file(path, "a JSON-lines results file")
+    needles = None if containing is None else [text.encode("utf-8") for text in containing]
     rows: List[Dict[str, Any]] = []
+    skipped: List[Tuple[int, str]] = []
     first: Optional[Tuple[int, str]] = None  # a first line that is not rows: skipped if it began as a row (a
     # writer killed there) and a row follows it; anything else is not a results file (a text of the user's)
     try:
@@ -524,6 +534,8 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) 
         raise OSError(f"{path}: the results file cannot be read ({err.strerror or err})") from None
     with f:
         for number, raw in enumerate(f, 1):
+            if needles is not None and rows and not any(needle in raw for needle in needles):
+                continue
             try:
                 line = raw.decode("utf-8").strip()
             except UnicodeDecodeError:
@@ -532,7 +544,7 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) 
                 continue
             found = _rows_of_line(line)
             if found is None and rows:
-                _skipped(path, number, line, on_skip)
+                skipped.append((number, line))
             elif found is None and first is None and line.startswith("{"):
                 first = (number, line)
             elif found is None or not found and first is not None:
@@ -540,19 +552,31 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None) 
                 raise ValueError(f"{path}: is not a JSON-lines results file (line {number}: {_shown(line)})")
             elif found:
                 if first is not None and not rows:
-                    _skipped(path, *first, on_skip)
+                    skipped.append(first)
                 rows += found
     if first is not None and not rows:
         raise ValueError(f"{path}: is not a JSON-lines results file (line {first[0]}: {_shown(first[1])})")
+    _say_skipped(path, skipped, on_skip)
     return rows
 
 
-def _skipped(path: str, number: int, line: str, on_skip: Optional[Callable[[str], None]]) -> None:
-    message = f"{path}: line {number}: not a JSON row ({_shown(line)}); skipped"
-    if on_skip is None:
-        warnings.warn(message, stacklevel=3)
-    else:
-        on_skip(message)
+# how many skipped lines a read names one by one; the rest are counted in one line
+SKIPS_SAID = 5
+
+
+def _say_skipped(path: str, skipped: List[Tuple[int, str]], on_skip: Optional[Callable[[str], None]]) -> None:
+    """Say the lines a read skipped: the first :data:`SKIPS_SAID` one by one, then how many more (a file whose
+    every line is damaged is said in a few lines, not thousands)."""
+    messages = [f"{path}: line {number}: not a JSON row ({_shown(line)}); skipped"
+                for number, line in skipped[:SKIPS_SAID]]
+    if len(skipped) > SKIPS_SAID:
+        messages.append(f"{path}: {len(skipped) - SKIPS_SAID} more line(s) that are not JSON rows (the last: line "
+                        f"{skipped[-1][0]}); skipped")
+    for message in messages:
+        if on_skip is None:
+            warnings.warn(message, stacklevel=3)
+        else:
+            on_skip(message)
 
 
 # --------------------------------------------------------------- HDF5 attributes

@@ -291,3 +291,35 @@ def test_a_method_that_needs_the_split_in_memory_is_refused_before_the_first_cel
         f"Error: {tiny_path}: method 'cca-itq' fits in closed form on the whole training split; this training split "
         "is streamed (larger than the memory threshold), too large for it")
     assert not results.exists()
+
+
+def test_a_cell_s_rows_are_looked_for_among_the_lines_naming_its_run_alone(tmp_path, monkeypatch):
+    """After every cell a grid parsed the whole results file to learn whether a grid beside it had appended the
+    cell's rows: 14 s a cell in a lab's file of 100,000 rows. The lines naming the cell's run alone are parsed now;
+    rows appended meanwhile are still found, and a cell's own rows appended once."""
+    import ucmfh.files as files
+    from ucmfh.app.grid import by_run, finished
+    from ucmfh.app.table import append_cell_rows
+    from ucmfh.files import append_jsonl, read_jsonl
+
+    path = tmp_path / "results.jsonl"
+    append_jsonl(path, [{"run": f"other{i}", "protocol": "unimodal", "k": 50} for i in range(2000)])
+    cell = [{"run": "cell", "protocol": p, "database": None, "k": 50} for p in ("unimodal", "fused")]
+    parsed, said = [], []
+    real = files._rows_of_line
+    monkeypatch.setattr(files, "_rows_of_line", lambda line: parsed.append(line) or real(line))
+    append_cell_rows(path, cell, said.append, "wiki two-tower seed 1 16 bits")
+    assert {json.loads(line)["run"] for line in parsed} == {"other0"} and not said  # the first row: the file's check
+    parsed.clear()
+    append_cell_rows(path, cell, said.append, "wiki two-tower seed 1 16 bits")  # a grid beside it appended them
+    assert {json.loads(line)["run"] for line in parsed} == {"other0", "cell"} and said == [f"      wiki two-tower seed 1 16 bits: its rows are in {path} already "
+                                         "(appended meanwhile by a grid beside this one)"]
+    monkeypatch.undo()
+    rows = read_jsonl(path)
+    assert len(rows) == 2002
+    recorded = by_run(rows)
+    assert finished(recorded, "cell", ("unimodal", "fused"), 50) == cell
+    assert finished(recorded, "cell", ("unimodal", "fused"), 20) == []
+    assert finished(recorded, "nosuch", ("unimodal",), 50) == []
+    by_run([{"run": "late", "protocol": "unimodal", "k": 50}], into=recorded)
+    assert finished(recorded, "late", ("unimodal",), 50) == [{"run": "late", "protocol": "unimodal", "k": 50}]

@@ -17,7 +17,7 @@ import io
 import os
 import statistics
 from itertools import product
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import click
 
@@ -85,9 +85,22 @@ def loss_params_by_name(items: Sequence[str]) -> Dict[str, Dict[str, Any]]:
     return out
 
 
-def finished(rows: List[Dict[str, Any]], run_key: str, protocols: Sequence[str], k: int) -> List[Dict[str, Any]]:
-    """A cell's rows, one per protocol (and database of a caption set), or [] when any protocol is missing."""
-    mine = {(r["protocol"], r.get("database")): r for r in rows if r.get("run") == run_key and r.get("k") == k}
+def by_run(rows: Iterable[Dict[str, Any]], into: Optional[Dict[Any, List[Dict[str, Any]]]] = None,
+           ) -> Dict[Any, List[Dict[str, Any]]]:
+    """``rows`` by their run (``into``: an index to add them to, in order): a grid looks a cell up once, not
+    through every row of a lab's results file."""
+    index: Dict[Any, List[Dict[str, Any]]] = {} if into is None else into
+    for row in rows:
+        run = row.get("run")
+        index.setdefault(run if isinstance(run, str) else None, []).append(row)
+    return index
+
+
+def finished(recorded: Dict[Any, List[Dict[str, Any]]], run_key: str, protocols: Sequence[str],
+             k: int) -> List[Dict[str, Any]]:
+    """A cell's rows (``recorded``: rows :func:`by_run`), one per protocol (and database of a caption set), or []
+    when any protocol is missing."""
+    mine = {(r["protocol"], r.get("database")): r for r in recorded.get(run_key, ()) if r.get("k") == k}
     if not all(any(protocol == p for protocol, _ in mine) for p in protocols):
         return []
     return [row for p in protocols for (protocol, _), row in mine.items() if protocol == p]
@@ -392,7 +405,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     paths = {dataset: resolve_dataset(dataset, data_dir or default_data_dir()) for dataset in datasets}
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
     grid_rows: List[List[Dict[str, Any]]] = []  # each cell's rows, in the grid's order
-    recorded = read_jsonl(results, on_skip=warn)  # the rows of earlier runs, and of the cells run below
+    recorded = by_run(read_jsonl(results, on_skip=warn))  # the rows of earlier runs, and of the cells run below
     older = os.path.join(os.path.dirname(DEFAULT_RESULTS), "grid.jsonl")
     if results == DEFAULT_RESULTS and os.path.isfile(older):  # grid's own default until 2026-11-27
         warn(f"{older}: rows of grids run before 2026-11-27, its default results file then, are not read: a cell "
@@ -425,7 +438,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
             interrupted(err, always_resumes=True)
         append_cell_rows(results, rows, click.echo)
         click.echo(f"      {scores_line(rows)}")
-        recorded += rows
+        by_run(rows, into=recorded)
         grid_rows.append(rows)
     if side is not None:
         side.run()

@@ -2,6 +2,7 @@
 as machines keep them (appended to a JSON-lines results file)."""
 from __future__ import annotations
 
+import json
 from typing import Any, Callable, Dict, List, Optional
 
 from ucmfh.files import PathLike, append_jsonl, read_jsonl
@@ -27,7 +28,10 @@ def append_cell_rows(path: PathLike, rows: List[Dict[str, Any]], log: Log, name:
     def measured(row: Dict[str, Any]) -> tuple:
         return row.get("run"), row.get("protocol"), row.get("database"), row.get("k")
 
-    there = {measured(row) for row in read_jsonl(path, on_skip=lambda line: None)} if rows else set()
+    keys = {row.get("run") for row in rows}
+    # the lines that name the cell's runs alone are read: a lab's file of 100,000 rows is not parsed a cell
+    mine = [json.dumps(key) for key in keys] if all(isinstance(key, str) for key in keys) else None
+    there = {measured(row) for row in read_jsonl(path, on_skip=lambda line: None, containing=mine)} if rows else set()
     if rows and all(measured(row) in there for row in rows):
         log(f"      {name + ': ' if name else ''}its rows are in {path} already (appended meanwhile by a grid beside "
             "this one)")
