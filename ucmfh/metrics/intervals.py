@@ -61,18 +61,26 @@ def paired_bootstrap(
         b = min(_BATCH, resamples - start)
         seeds = rng.integers(0, n_seeds, (b, n_seeds)) if n_seeds > 1 else np.zeros((b, 1), dtype=np.int64)
         drawn = None if clusters is None else rng.integers(0, len(units), (b, len(units)))
+        times = None if drawn is None else _times_drawn(drawn, len(units))  # [b, U]
         for i, p in enumerate(parts):
-            if drawn is None:
+            if drawn is None:  # a resample's mean: each query's difference times the times it was drawn, over Q
                 queries = rng.integers(0, p.shape[1], (b, p.shape[1]))
-                per_seed = np.stack([p[s][queries].mean(axis=1) for s in range(n_seeds)], axis=1)  # [b, S]
+                per_seed = _times_drawn(queries, p.shape[1]) @ p.T / p.shape[1]  # [b, S]
             else:  # the queries of the clusters drawn; a draw of none of this part's clusters: its own figure
-                n = counts[i][drawn].sum(axis=1)  # [b]
-                per_seed = np.stack([np.where(n > 0, sums[i][s][drawn].sum(axis=1) / np.maximum(n, 1), p[s].mean())
-                                     for s in range(n_seeds)], axis=1)
+                n = times @ counts[i]  # [b]
+                per_seed = np.where(n[:, None] > 0, times @ sums[i].T / np.maximum(n, 1)[:, None], p.mean(axis=1))
             figures[start : start + b] += np.take_along_axis(per_seed, seeds, axis=1).mean(axis=1)
     low, high = np.percentile(figures, [50 * (1 - level), 50 * (1 + level)])
     return {"mean": float(sum(p.mean() for p in parts)), "low": float(low), "high": float(high), "level": level,
             "resamples": resamples, "seeds": n_seeds, "queries": [int(p.shape[1]) for p in parts]}
+
+
+def _times_drawn(drawn: np.ndarray, n: int) -> np.ndarray:
+    """How many times each of ``n`` units is drawn in each row of ``drawn`` ([b, k] indices): [b, n] floats. A
+    resample's sum is then one matrix product, where gathering its draws seed by seed took 0.5 s an interval."""
+    b = drawn.shape[0]
+    flat = (drawn + n * np.arange(b)[:, None]).ravel()
+    return np.bincount(flat, minlength=b * n).reshape(b, n).astype(np.float64)
 
 
 def verdict(interval: Dict[str, float]) -> str:
