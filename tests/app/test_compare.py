@@ -502,3 +502,35 @@ def test_pooling_a_draw_without_rows_and_damaged_rows_are_said(tmp_path):
     for command in (["compare", "cca-itq", "two-tower", "--resamples", "200"], ["runs"]):
         out = CliRunner().invoke(main, [*command, "--results", str(results)])
         assert out.exit_code == 0 and "Traceback" not in out.output, out.output  # skipped, and said
+
+
+def test_sides_of_several_settings_are_said_compared_pair_by_pair_each_file_read_once(tmp_path, monkeypatch):
+    """A lab's learning-rate sweep: three settings of each method make nine comparisons a cell, which compare made
+    in silence (400 intervals in 150 s at five settings a side) and read each per-query file once per pair. It says
+    the pairs up front; each file is read once."""
+    import ucmfh.app.compare as compare_module
+
+    rng = np.random.default_rng(1)
+    rows = []
+    for method in ("cca-itq", "two-tower"):
+        for lr in (0.1, 0.01, 0.001):
+            path = tmp_path / f"{method}-{lr}.npz"
+            np.savez(path, **{f"unimodal/-/{k}": rng.uniform(0, 1, 40).astype(np.float32) for k in ("ap_i2t", "ap_t2i")})
+            rows.append({"task": "hashing", "method": method, "run": f"{method}{lr}", "dataset": "hand",
+                         "dataset_fingerprint": "0" * 64, "n_bits": 16, "protocol": "unimodal", "database": None,
+                         "k": 50, "seed": 1, "per_query": str(path),
+                         "settings": {"hash": {"method": method, "lr_head": lr, "n_bits": 16, "seed": 1}}})
+    results = tmp_path / "r.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    reads = []
+    real = compare_module.load_per_query
+    monkeypatch.setattr(compare_module, "load_per_query", lambda row: reads.append(row["per_query"]) or real(row))
+    result = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "--resamples",
+                                       "200", "--json"])
+    assert result.exit_code == 0, result.output
+    assert result.stderr.splitlines() == ["9 comparisons in 1 cell(s): cca-itq with 3 settings, two-tower with 3, each "
+                                          "pair compared; METHOD@KEY keeps one (keys: 'ucmfh runs')"]
+    assert len(result.stdout.splitlines()) == 9 * 2 and sorted(reads) == sorted(row["per_query"] for row in rows)
+    one = CliRunner().invoke(main, ["compare", "cca-itq@hash.lr_head=0.1", "two-tower@hash.lr_head=0.1", "--results",
+                                    str(results), "--resamples", "200", "--json"])
+    assert one.exit_code == 0 and not one.stderr and len(one.stdout.splitlines()) == 2

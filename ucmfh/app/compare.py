@@ -21,10 +21,11 @@ import dataclasses
 import json
 import re
 from dataclasses import dataclass
-from typing import Any, Dict, Iterable, List, Optional, Tuple
+from typing import Any, Callable, Dict, Iterable, List, Optional, Tuple
 
 import click
 import numpy as np
+from tqdm.auto import tqdm
 
 from ucmfh.app.errors import UserError, user_errors, warn
 from ucmfh.app.options import Count, json_or_text, results_to_read
@@ -239,9 +240,10 @@ def in_seed_order(seeds: Iterable[Optional[int]]) -> List[Optional[int]]:
 
 
 def compare_cell(methods: Dict[str, Dict[int, Dict[str, Dict[str, Any]]]], base: str, other: str, resamples: int,
-                 ) -> List[Dict[str, Any]]:
+                 load: Callable[[Dict[str, Any]], Dict[str, np.ndarray]] = load_per_query) -> List[Dict[str, Any]]:
     """Every figure of one cell: the two means and the paired difference with its interval. A seed counts
-    where both methods were scored on every dataset of the cell; its queries are theirs, one after another."""
+    where both methods were scored on every dataset of the cell; its queries are theirs, one after another.
+    ``load``: a row's per-query scores (:func:`loader`: each file read once, whatever cells hold its row)."""
     datasets = sorted({d for by_seed in methods.values() for runs in by_seed.values() for d in runs})
     seeds = in_seed_order(s for s in set(methods[base]) & set(methods[other])
                           if all(sorted(methods[m][s]) == datasets for m in (base, other)))
@@ -253,7 +255,7 @@ def compare_cell(methods: Dict[str, Dict[int, Dict[str, Dict[str, Any]]]], base:
     if len(unscored) > 1:  # each at once, where a call named one and the next call the next
         raise ValueError(f"{len(unscored)} runs' rows have no per-query scores (scored before they were kept); score "
                          "them again: " + "; ".join(f"'ucmfh evaluate -c {c}'" for c in unscored))
-    scores = {m: [[load_per_query(methods[m][s][d]) for d in datasets] for s in seeds] for m in (base, other)}
+    scores = {m: [[load(methods[m][s][d]) for d in datasets] for s in seeds] for m in (base, other)}
     figures = CAPTIONS if "hits_i2t" in scores[base][0][0] else LABELLED
     out = []
     for figure, parts in figures.items():
@@ -271,6 +273,29 @@ def compare_cell(methods: Dict[str, Dict[int, Dict[str, Dict[str, Any]]]], base:
                     other: float(sum(p.mean() for p in per_method[other])), "difference": interval,
                     "verdict": verdict(interval)})
     return out
+
+
+def loader() -> Callable[[Dict[str, Any]], Dict[str, np.ndarray]]:
+    """:func:`load_per_query` that reads each row's file once: a side with several settings is compared with each
+    of the other side's, and its rows' files were read again for each pair."""
+    loaded: Dict[int, Tuple[Dict[str, Any], Dict[str, np.ndarray]]] = {}
+
+    def load(row: Dict[str, Any]) -> Dict[str, np.ndarray]:
+        if id(row) not in loaded:  # the row kept beside its scores: its id is not another row's meanwhile
+            loaded[id(row)] = (row, load_per_query(row))
+        return loaded[id(row)][1]
+    return load
+
+
+def pairs_note(shared: Dict[tuple, Dict[str, Any]], base: str, other: str) -> Optional[str]:
+    """A line for a comparison whose sides hold several settings in a cell, compared pair by pair (5 settings
+    each: 25 comparisons a cell, silently), or None."""
+    places = {cell[:-2] for cell in shared}
+    if len(shared) <= len(places):
+        return None
+    counts = {side: len({cell[-2 if side == base else -1] for cell in shared}) for side in (base, other)}
+    return (f"{len(shared)} comparisons in {len(places)} cell(s): {base} with {counts[base]} settings, {other} with "
+            f"{counts[other]}, each pair compared; METHOD@KEY keeps one (keys: 'ucmfh runs')")
 
 
 def _images(scores: Dict[str, List[List[Dict[str, np.ndarray]]]], parts: List[tuple]) -> Optional[List[np.ndarray]]:
@@ -436,9 +461,13 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
         where = "; ".join(f"{m} on {', '.join(cells_of)}" for m, cells_of in scored.items())
         raise UserError(f"{', '.join(results)}: no cell has rows of both {base} and {other} (methods there: "
                         f"{', '.join(present) or 'none'}" + (f"; {where}" if len(scored) == 2 else "") + ")")
-    out = []
-    for cell in sorted(shared, key=_cell_order):
-        out += [(cell, r) for r in compare_cell(shared[cell], base, other, resamples)]
+    note = pairs_note(shared, base, other)
+    if note:
+        click.echo(note, err=True)
+    out, load = [], loader()
+    for cell in tqdm(sorted(shared, key=_cell_order), desc="compare", unit="cell", leave=False,
+                     disable=None if len(shared) > 1 else True):  # a terminal's bar; none in a pipe
+        out += [(cell, r) for r in compare_cell(shared[cell], base, other, resamples, load)]
     if not out:  # cells of both, but no seed of both in any (a traceback on an empty table)
         seeds = {s.name: sorted({str(r.get("seed")) for r in rows if s.holds(r)}) for s in sides}
         raise UserError(f"{', '.join(results)}: no cell has rows of {base} and {other} of one seed (seeds: "
