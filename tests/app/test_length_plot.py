@@ -283,3 +283,36 @@ def test_a_plot_prefix_given_with_a_figure_s_extension_is_taken_without_it():
 
     assert [figure_prefix(p) for p in ("figs/length.png", "figs/length.SVG", "figs/length", "figs/.png", "a.b")] == \
         ["figs/length", "figs/length", "figs/length", "figs/.png", "a.b"]
+
+
+def test_every_line_of_a_crowded_figure_is_drawn_apart_and_the_crowd_is_said(tmp_path):
+    """A lab's sweep: 25 settings of one method drew 25 lines in ten colours, a method and another of one colour
+    in one figure, and a legend that read as either; every line now has a style of its own (colour, marker, dash),
+    and 'runs --plot' says a figure of more than READABLE_LINES lines is hard to read and how to draw fewer."""
+    pytest.importorskip("matplotlib")
+    from ucmfh.app.length_plot import READABLE_LINES, crowded, line_styles
+
+    styles = line_styles(90)
+    assert len({tuple(sorted(style.items())) for style in styles[:80]}) == 80 and styles[80] == styles[0]
+    rows = [{**_row("two-tower", b, 1, 0.3 + lr / 100), "run": f"r{lr}-{b}",
+             "settings": {"fusion": None, "hash": {"seed": 1, "n_bits": b, "method": "two-tower", "lr_head": lr}}}
+            for lr in range(25) for b in (16, 32)]
+    results = tmp_path / "r.jsonl"
+    append_jsonl(results, rows)
+    figures = length_figures(summarize(read_jsonl(results)))
+    assert {len(f["lines"]) for f in figures} == {25} and crowded(figures[:1]).startswith(
+        f"1 figure(s) of more than {READABLE_LINES} lines (up to 25): hard to read")
+    assert crowded([{**figures[0], "lines": figures[0]["lines"][:READABLE_LINES]}]) is None
+    result = CliRunner().invoke(main, ["runs", "--results", str(results), "--plot", str(tmp_path / "fig")])
+    assert result.exit_code == 0, result.output
+    assert result.stderr == ("2 figure(s) of more than 12 lines (up to 25): hard to read; -d, --method, -b or --method "
+                             "METHOD@KEY draw fewer\n")
+    from matplotlib import pyplot as plt  # the lines drawn: 25 styles, none twice
+
+    drawn = []
+    real = plt.Axes.errorbar
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        monkeypatch.setattr(plt.Axes, "errorbar", lambda self, *a, **kw: drawn.append(
+            (kw["color"], kw["marker"], kw["linestyle"])) or real(self, *a, **kw))
+        draw_length_figures(figures[:1], str(tmp_path / "one"))
+    assert len(drawn) == 25 and len(set(drawn)) == 25

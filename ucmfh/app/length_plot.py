@@ -203,6 +203,30 @@ def check_prefix(prefix: str, overwrite: bool = False, flag: str = "--plot") -> 
 _FIGURE_NAME = re.compile(r".+_(" + "|".join(field for field, _ in (*MAP_FIELDS, *RECALL_FIELDS)) + r")(_.+)?(-\d+)?")
 
 
+# the lines' styles: ten colours, then each again with another marker, then with another dash (80 apart)
+MARKERS = ("o", "s", "^", "D")
+LINESTYLES = ("-", "--")
+# a figure with more lines than this is hard to read: said (:func:`crowded`), drawn all the same
+READABLE_LINES = 12
+
+
+def line_styles(n: int) -> List[Dict[str, str]]:
+    """``n`` styles of lines, each other than the others up to 80 (colour, marker and dash), where ten colours
+    repeated (a method and another of one colour in one figure)."""
+    return [{"color": f"C{i % 10}", "marker": MARKERS[i // 10 % len(MARKERS)],
+             "linestyle": LINESTYLES[i // (10 * len(MARKERS)) % len(LINESTYLES)]} for i in range(n)]
+
+
+def crowded(figures: Sequence[Dict[str, Any]]) -> Optional[str]:
+    """A line for figures of more than :data:`READABLE_LINES` lines (a lab's sweep in one results file), or None."""
+    many = [figure for figure in figures if len(figure["lines"]) > READABLE_LINES]
+    if not many:
+        return None
+    most = max(len(figure["lines"]) for figure in many)
+    return (f"{len(many)} figure(s) of more than {READABLE_LINES} lines (up to {most}): hard to read; -d, --method, -b "
+            f"or --method METHOD@KEY draw fewer")
+
+
 def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[str]:
     """Draw each of :func:`length_figures` to ``PREFIX_<name>.png`` and ``.svg``, atomically, with
     ucmfh's mark; return the paths. matplotlib is imported here (``ImportError`` naming ``ucmfh[plot]``)."""
@@ -210,16 +234,16 @@ def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[
 
     plt = pyplot()
     paths = []
-    # one colour per line label across the figures of one call: a method keeps its colour in each
+    # one style per line label across the figures of one call: a method keeps its style in each
     labels = sorted({line["label"] for figure in figures for line in figure["lines"]})
-    colours = {label: f"C{i % 10}" for i, label in enumerate(labels)}
+    styles = dict(zip(labels, line_styles(len(labels))))
     for figure in figures:
         fig, ax = plt.subplots(figsize=(7.5, 4))
         fig.subplots_adjust(left=0.1, right=0.7, bottom=0.13, top=0.86)  # the legend beside the axes
         for line in legend_order(figure["lines"]):
-            style = REFERENCE_STYLE if line["label"].split(" ")[0] in REFERENCE_METHODS else {"color": colours[line["label"]]}
-            ax.errorbar(line["n_bits"], line["mean"], yerr=line["std"], marker="o", capsize=3, label=line["label"],
-                        **style)
+            style = {"marker": "o", **REFERENCE_STYLE} if line["label"].split(" ")[0] in REFERENCE_METHODS \
+                else styles[line["label"]]
+            ax.errorbar(line["n_bits"], line["mean"], yerr=line["std"], capsize=3, label=line["label"], **style)
         if figure["reference"]:
             ref = figure["reference"]
             ax.plot(ref["n_bits"], ref["mean"], linestyle="--", marker="_", markersize=14, color="grey",

@@ -86,12 +86,14 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
         return
     groups = summarize(rows)
     if plot is not None:
-        from ucmfh.app.length_plot import check_figure_paths, draw_length_figures, length_figures
+        from ucmfh.app.length_plot import check_figure_paths, crowded, draw_length_figures, length_figures
 
         figures = length_figures(groups)
         if not figures:
             raise UserError("--plot: no run with a code length and a score matches; nothing drawn")
         check_figure_paths(plot, figures, overwrite)
+        if crowded(figures):
+            click.echo(crowded(figures), err=True)
         for path in draw_length_figures(figures, plot):
             click.echo(f"wrote {path}")
         return
