@@ -7,7 +7,7 @@ rSum of a caption set, per database; the headline figure of :mod:`ucmfh.app.runs
 One line per method (its loss when not the method's default), the sample standard deviation over seeds
 as error bars, CCA-ITQ (the linear baseline) as a black dash-dot line and random codes as a dashed one
 where the rows scored them; the legend beside the axes lists the lines as they end on the right, and a
-method keeps its colour in every figure of one call. What is drawn is
+method keeps its style (colour, marker, dash) in every figure of one call. What is drawn is
 computed apart from the drawing (:func:`length_figures`: plain data), so it can be checked against the
 summary value by value.
 """
