@@ -274,8 +274,9 @@ def test_search_metrics_are_those_of_the_printed_hits(tiny_path, tiny, trained, 
     assert alone.exit_code == 0 and "(relevant: shared label)" in alone.output and "own item" not in alone.output
     np.save(tmp_path / "q.npy", tiny.query.txt[:2].numpy())  # features alone: nothing to judge relevance by
     bare = runner.invoke(main, ["search", str(out), "-q", str(tmp_path / "q.npy"), "-m", "image", "--metrics"])
-    assert bare.exit_code == 2 and bare.output.startswith("Error: no relevance to score by: the queries and the "
-                                                          "indexed items need labels, or ids")
+    assert bare.exit_code == 2 and bare.output.startswith("Error: --metrics: no relevance to score by: the queries "
+                                                          "and the indexed items need labels (of the same classes), "
+                                                          "or ids")
 
 
 def test_validate_accepts_a_search_collection(tmp_path):
@@ -426,7 +427,63 @@ def test_hits_of_another_collection_are_never_relevant(tiny_path, tiny, trained,
     assert any(r["relevant"] for r in rows if r["position"] < own)
     assert "(relevant: shared label, in the queries' collection)" in result.stderr
     third = runner.invoke(main, ["search", *searched, "-q", str(files["third"]), "-k", "10", "--metrics"])
-    assert third.exit_code == 2 and "judged only when the queries come from one of them" in third.output
+    assert third.exit_code == 2 and third.output == (
+        "Error: --metrics: no relevance to score by: the index's text items come from 2 collection files, each "
+        "numbering and labelling its items its own way, and the queries are read from none of them; query from one "
+        "of them, or index the queries' file\n")
+
+
+def test_queries_of_no_file_of_a_grown_index_are_refused_metrics_before_the_search(tiny_path, trained, tmp_path,
+                                                                                 monkeypatch):
+    """An index fed batch by batch: '--metrics' of queries from a file it does not hold worked while its hits came
+    from one file, then failed after the whole search (93 s at 5 million items) once they came from two. Such
+    queries are refused before the search, whichever files the hits would come from, for an index that records
+    its sources' modalities and for an older one (its items' origins read); queries of one of its files are
+    judged, and a one-file index as it is."""
+    import shutil
+
+    import h5py
+
+    import ucmfh.search.results as results_module
+    from ucmfh.search.folder import MANIFEST
+    from ucmfh.search.results import collection_files
+
+    runner = CliRunner()
+    batch = tmp_path / "batch.h5"
+    shutil.copy(tiny_path, batch)
+    with h5py.File(batch, "a") as f:  # a later batch: other items, other ids
+        for split in ("query", "retrieval", "train"):
+            f[f"{split}/ids"][...] = f[f"{split}/ids"][...] + 1_000_000
+    index = tmp_path / "index"
+    assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", str(index), "--split", "retrieval",
+                                "--quiet"]).exit_code == 0
+    queries = tmp_path / "queries.h5"
+    shutil.copy(tiny_path, queries)
+    one = runner.invoke(main, ["search", str(index), "-q", str(queries), "-k", "5", "--metrics"])
+    assert one.exit_code == 0 and "(relevant: shared label)" in one.output, one.output  # one file: judged as it is
+    assert runner.invoke(main, ["index", str(batch), "-c", trained, "-o", str(index), "--split", "retrieval",
+                                "--quiet"]).exit_code == 0
+    assert collection_files(Index.load(str(index)), "text") == [os.path.realpath(p) for p in (tiny_path, batch)]
+    manifest = index / MANIFEST
+    older = json.loads(manifest.read_text())
+    for source in older["sources"]:
+        del source["modalities"]
+    searched = []
+    real = results_module.Index.search
+    monkeypatch.setattr(results_module.Index, "search", lambda *a, **kw: searched.append(1) or real(*a, **kw))
+    for recorded in (True, False):
+        if not recorded:  # an index built before sources recorded their modalities
+            manifest.write_text(json.dumps(older))
+            assert collection_files(Index.load(str(index)), "text") == [os.path.realpath(p) for p in (tiny_path, batch)]
+        refused = runner.invoke(main, ["search", str(index), "-q", str(queries), "-k", "5", "--metrics"])
+        assert refused.exit_code == 2 and refused.output.startswith(
+            "Error: --metrics: no relevance to score by: the index's text items come from 2 collection files"), \
+            refused.output
+        assert not searched
+        judged = runner.invoke(main, ["search", str(index), "-q", tiny_path, "-k", "5", "--metrics"])
+        assert judged.exit_code == 0 and "(relevant: shared label, in the queries' collection)" in judged.output
+        assert searched
+        searched.clear()
 
 
 def test_index_refuses_what_validate_refuses_before_making_anything(tiny_path, trained, tmp_path):

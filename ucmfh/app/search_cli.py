@@ -183,6 +183,12 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
 
         _check_rows(len(text) + len(image), min(k, opened.count(searched)))  # before CLIP encodes them
         q = clip_queries(opened, text=list(text), images=list(image), device=device)
+    if with_metrics:  # before the search, which a growing index's many files made fail after it
+        from ucmfh.search.results import relevance_problem
+
+        problem = relevance_problem(opened, searched, q)
+        if problem:
+            raise UserError(f"--metrics: {problem}")
     matcher = None
     if seps_checkpoint:
         from ucmfh.search.seps_rerank import load_matcher

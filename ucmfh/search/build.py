@@ -334,7 +334,8 @@ def _build(collection: str, checkpoint: str, out: str, splits: Optional[Sequence
     ids = coll.ids()
     # size and mtime identify the file cheaply at search time (re-ranking reads its tokens by row)
     source = {"key": key, "path": os.path.abspath(coll.path), "groups": coll.groups, "rows": n,
-              "group_rows": list(coll.rows), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns}
+              "group_rows": list(coll.rows), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+              "modalities": sorted(features)}  # whose items it holds: a search's relevance told before it runs
     if ids is None:
         source["first_id"] = first_id(index, key)
         if source["first_id"] + n - 1 > np.iinfo(np.int64).max:  # before any row is recorded: they would wrap round

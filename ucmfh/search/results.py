@@ -186,23 +186,64 @@ def in_folder_of(collection: Optional[str], path: str) -> str:
     return os.path.join(os.path.dirname(os.path.abspath(collection)), path)
 
 
+def collection_files(index: Union[Index, Shards], modality: str) -> Optional[List[str]]:
+    """The collection files (real paths, each once, in build order) that the index's ``modality`` items were read
+    from; None for an index that keeps no origins. Each source records its modalities since 2026-12-02; an older
+    one's are read from its items' origins, a million at a time."""
+    modality = modality_name(modality)
+    if not index.has(modality, "origin"):
+        return None
+    files = []
+    for shard in getattr(index, "shards", [index]):
+        n = shard.count(modality)
+        if not n:
+            continue
+        if all("modalities" in source for source in shard.sources):
+            numbers = [i for i, source in enumerate(shard.sources) if modality in source["modalities"]]
+        else:
+            numbers = sorted({int(number) for start in range(0, n, ORIGINS_AT_ONCE) for number in np.unique(
+                shard.take(modality, "origin", np.arange(start, min(start + ORIGINS_AT_ONCE, n)))[:, 0])})
+        files += [os.path.realpath(shard.sources[number]["path"]) for number in numbers]
+    return list(dict.fromkeys(files))
+
+
+ORIGINS_AT_ONCE = 1 << 20  # items whose origins an older index's files are read from at a time
+
+
+def relevance_problem(index: Union[Index, Shards], modality: str, queries: Queries) -> Optional[str]:
+    """Why the hits of ``queries`` in the index's ``modality`` items cannot be judged relevant or not, or None: told
+    before a search (``ucmfh search --metrics``), where it was found after it, and only once the hits of a growing
+    index came from several of its files."""
+    modality = modality_name(modality)
+    labels = queries.labels is not None and index.has(modality, "labels") and \
+        index.take(modality, "labels", np.zeros(0, dtype=np.int64)).shape[-1] == queries.labels.shape[1]
+    if not labels and (queries.ids is None or not index.has(modality, "ids")):
+        return ("no relevance to score by: the queries and the indexed items need labels (of the same classes), or "
+                "ids")
+    files = collection_files(index, modality)
+    own = os.path.realpath(queries.path) if queries.path else None
+    if files is not None and len(files) > 1 and own not in files:
+        return (f"no relevance to score by: the index's {NAMES[modality]} items come from {len(files)} collection "
+                "files, each numbering and labelling its items its own way, and the queries are read from none of "
+                "them; query from one of them, or index the queries' file")
+    return None
+
+
 def _within_own_collection(index: Any, modality: str, positions: np.ndarray, queries: Queries,
                            relevant: np.ndarray, relevance: str) -> Tuple[Optional[np.ndarray], Optional[str]]:
     """Relevance judged where ids and labels mean the same: an index of several collection files numbers
     (and labels) each file's items its own way, so a hit of another file than the queries' is not relevant,
-    whatever its id. Hits of one file alone are judged as they are (the queries' file may be another
-    export of the same items); hits of several files when the queries' file is none of them cannot be
-    judged (None)."""
-    if not index.has(modality, "origin"):
-        return relevant, relevance  # an index built before items kept their origin: one collection or none
-    places, place, _ = index.origins(modality, positions)
-    files = [os.path.realpath(p["path"]) for p in places]
-    if len(set(files)) <= 1:
+    whatever its id. An index of one file is judged as it is (the queries' file may be another export of the
+    same items); one of several files when the queries' file is none of them cannot be judged (None), whichever
+    files the hits happen to come from (:func:`relevance_problem`)."""
+    files = collection_files(index, modality)
+    if files is None or len(files) <= 1:  # an index built before items kept their origin: one collection or none
         return relevant, relevance
     own = os.path.realpath(queries.path) if queries.path else None
     if own not in files:
         return None, None
-    from_own = np.array([f == own for f in files])[place].reshape(relevant.shape)
+    places, place, _ = index.origins(modality, positions)
+    from_own = np.array([os.path.realpath(p["path"]) == own for p in places])[place].reshape(relevant.shape)
     return relevant & from_own, f"{relevance}, in the queries' collection"
 
 
