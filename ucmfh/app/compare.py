@@ -351,6 +351,19 @@ def cell_label(cell: tuple, several: bool, ks: bool = False) -> str:
                       *([f"k={k}"] if ks else []), *settings])
 
 
+def unpaired_line(unpaired: List[tuple], shared: Dict[tuple, Dict[str, Any]], out: List[Tuple[tuple, Dict[str, Any]]],
+                  base: str, other: str) -> str:
+    """The cells both sides were scored on but with no seed of both, which the table leaves out, in a line: each with
+    its sides' seeds (a baseline scored at seed 0 beside a method's seed 2023)."""
+    several, ks = several_settings(out), several_ks(out)
+
+    def seeds(cell: tuple, side: str) -> str:
+        return f"{side} seeds {', '.join(map(str, in_seed_order(shared[cell][side])))}"
+
+    return "left out, no seed scored by both: " + "; ".join(
+        f"{cell_label(cell, several, ks)} ({seeds(cell, base)}; {seeds(cell, other)})" for cell in unpaired)
+
+
 def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) -> str:
     several, ks = several_settings(results), several_ks(results)
     header = ["dataset", "bits", "protocol", "database", *(["k"] if ks else []), *(["settings"] if several else []),
@@ -464,14 +477,19 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     note = pairs_note(shared, base, other)
     if note:
         click.echo(note, err=True)
-    out, load = [], loader()
+    out, unpaired, load = [], [], loader()
     for cell in tqdm(sorted(shared, key=_cell_order), desc="compare", unit="cell", leave=False,
                      disable=None if len(shared) > 1 else True):  # a terminal's bar; none in a pipe
-        out += [(cell, r) for r in compare_cell(shared[cell], base, other, resamples, load)]
+        found_cell = compare_cell(shared[cell], base, other, resamples, load)
+        out += [(cell, r) for r in found_cell]
+        if not found_cell:
+            unpaired.append(cell)
     if not out:  # cells of both, but no seed of both in any (a traceback on an empty table)
         seeds = {s.name: sorted({str(r.get("seed")) for r in rows if s.holds(r)}) for s in sides}
         raise UserError(f"{', '.join(results)}: no cell has rows of {base} and {other} of one seed (seeds: "
                         + "; ".join(f"{m} {', '.join(found_seeds)}" for m, found_seeds in seeds.items()) + ")")
+    if out and unpaired:  # a cell of both without a seed of both vanished from the table without a word
+        click.echo(unpaired_line(unpaired, shared, out, base, other), err=True)
     if as_json:
         for (dataset_, n_bits_, protocol_, database, k, base_key, other_key), r in out:
             click.echo(json.dumps({"dataset": dataset_, "n_bits": n_bits_, "protocol": protocol_,
