@@ -544,3 +544,40 @@ def test_sides_of_several_settings_are_said_compared_pair_by_pair_each_file_read
     one = CliRunner().invoke(main, ["compare", "cca-itq@hash.lr_head=0.1", "two-tower@hash.lr_head=0.1", "--results",
                                     str(results), "--resamples", "200", "--json"])
     assert one.exit_code == 0 and not one.stderr and len(one.stdout.splitlines()) == 2
+
+
+def test_a_run_beyond_its_method_s_defaults_is_said_beside_the_comparison(tmp_path):
+    """docs/evaluation.md's own example: a grid of cca-itq and two-tower at --epochs 3, then compare: the table
+    showed the default method behind CCA-ITQ, and nothing said it had run 3 of its 100 epochs. The table says
+    each side's settings beyond its method's defaults on the dataset; --json rows carry them; defaults say
+    nothing; the grid's markdown tables say them too."""
+    from ucmfh.app.grid import markdown
+    from ucmfh.app.identity import run_settings
+    from ucmfh.methods.settings import stage_configs
+
+    rng = np.random.default_rng(2)
+    rows = []
+    for method, given in (("cca-itq", {}), ("two-tower", {"epochs": 3})):
+        fcfg, (hcfg,) = stage_configs(method, dataset="wiki", n_bits=16, seed=1, **given)
+        path = tmp_path / f"{method}.npz"
+        np.savez(path, **{f"unimodal/-/{k}": rng.uniform(0, 1, 30).astype(np.float32) for k in ("ap_i2t", "ap_t2i")})
+        rows.append({"task": "hashing", "method": method, "run": method, "dataset": "wiki", "loss": hcfg.loss,
+                     "dataset_fingerprint": "0" * 64, "n_bits": 16, "protocol": "unimodal", "database": None,
+                     "k": 50, "seed": 1, "per_query": str(path), "map_i2t": 0.3, "map_t2i": 0.3,
+                     "settings": run_settings(fcfg, hcfg, 1)})
+    results = tmp_path / "r.jsonl"
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    argv = ["compare", "cca-itq", "two-tower", "--results", str(results), "--resamples", "200"]
+    table = CliRunner().invoke(main, argv)
+    assert table.exit_code == 0 and table.stdout.splitlines()[-1] == (
+        "settings beyond each method's defaults: two-tower hash.epochs=3"), table.output
+    lines = [json.loads(line) for line in CliRunner().invoke(main, [*argv, "--json"]).stdout.splitlines()]
+    assert {(x["base_beyond_defaults"] == [], x["other_beyond_defaults"] == ["hash.epochs=3"]) for x in lines} == {
+        (True, True)}
+    assert markdown(rows, ["cca-itq", "two-tower"], [16]).startswith(
+        "Settings beyond each method's defaults, which the figures below are of: two-tower hash.epochs=3.\n")
+    rows[1]["settings"]["hash"]["epochs"] = 100  # at its defaults: not a word
+    results.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    plain = CliRunner().invoke(main, argv)
+    assert plain.exit_code == 0 and "beyond each method's defaults" not in plain.output
+    assert not markdown(rows, ["cca-itq", "two-tower"], [16]).startswith("Settings beyond")

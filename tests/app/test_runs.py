@@ -450,11 +450,12 @@ def test_runs_summarises_every_row_shape_readably(tmp_path):
     assert cca[cca.index("test") + 3:cca.index("test") + 5] == ["10.0", "5.0"]  # a caption set's headline: R@1
     stages = [" ".join(line) for line in table if line[1] == "rerank"]
     assert [s for s in stages if "hamming m=100" in s] and [s for s in stages if "seps-rerank m=100" in s]
-    legend = result.output.split("settings (each against the first key of the same stages; '--method METHOD@KEY' "
-                                  "keeps one, 'ucmfh compare METHOD@KEY METHOD@KEY' pairs two):\n")[1].splitlines()
+    legend = result.output.split("settings (each key's values of what varies among the keys of its method and "
+                                  "stages; '--method METHOD@KEY' keeps one, 'ucmfh compare METHOD@KEY METHOD@KEY' "
+                                  "pairs two):\n")[1].splitlines()
     assert "fusion." not in " ".join(legend)  # a fusion row is not compared field by field with hashing rows
     assert "  " + next(g for g in summarize(rows) if g["task"] == "fusion")["settings_key"] + \
-        ": the first with stages fusion" in legend
+        ": the only settings of ucmfh with stages fusion" in legend
     groups = summarize(read_jsonl(path))
     assert {g["stage"] for g in groups} == {None, "seps-full", "hamming m=100", "cosine-rerank m=100",
                                              "seps-rerank m=100"}
@@ -1222,3 +1223,26 @@ def test_a_ctrl_c_as_a_candidate_s_training_ends_or_between_two_candidates_stops
     monkeypatch.setattr(trainer_module, "fit", fits)
     done = CliRunner().invoke(main, [*argv, "--resume"])
     assert done.exit_code == 0 and len(results.read_text().splitlines()) == 1 and not list(out.rglob("*.state.pt"))
+
+
+def test_a_key_is_told_by_what_varies_among_its_own_method_s_keys():
+    """A run of cca-itq, then two-tower at its defaults and at --epochs 2: each two-tower key was described
+    against cca-itq's, listing seven two-tower defaults as if the user had set them, and the one setting the
+    two runs differ by was lost among them."""
+    from ucmfh.app.runs import settings_legend
+
+    def hashing(method, **settings):
+        return {"task": "hashing", "dataset": "wiki", "method": method, "run": f"{method}{settings}", "loss": None,
+                "n_bits": 16, "seed": 1,
+                "protocol": "unimodal", "k": 50, "map_i2t": 0.3, "map_t2i": 0.3,
+                "settings": {"fusion": None, "hash": {"method": method, "seed": 1, "n_bits": 16, **settings}}}
+
+    rows = [hashing("cca-itq", ridge=1.0), hashing("two-tower", epochs=100, hidden=4096, lr_head=0.001),
+            hashing("two-tower", epochs=2, hidden=4096, lr_head=0.001)]
+    groups = summarize(rows)
+    keys = {(g["method"], g["settings"]["hash"].get("epochs")): g["settings_key"] for g in groups}
+    legend = settings_legend(groups)
+    assert legend[0].startswith("settings (each key's values of what varies among the keys of its method and stages;")
+    assert sorted(legend[1:]) == sorted([f"  {keys['cca-itq', None]}: the only settings of cca-itq with stages hash",
+                                         f"  {keys['two-tower', 100]}: hash.epochs=100",
+                                         f"  {keys['two-tower', 2]}: hash.epochs=2"])

@@ -30,8 +30,8 @@ from tqdm.auto import tqdm
 from ucmfh.app.errors import UserError, user_errors, warn
 from ucmfh.app.options import Count, json_or_text, results_to_read
 from ucmfh.app.per_query import load_per_query
-from ucmfh.app.runs import (dataset_labels, filter_rows, held_by, latest, read_results, seed_of, settings_key,
-                            settings_of, trained_on, variant_of)
+from ucmfh.app.runs import (beyond_defaults_note, beyond_defaults_of, dataset_labels, filter_rows, held_by, latest,
+                            read_results, seed_of, settings_key, settings_of, trained_on, variant_of)
 from ucmfh.config import MOVED_TO_PARAMS, PROTOCOLS, STAGES
 from ucmfh.metrics.intervals import RESAMPLES, paired_bootstrap, verdict
 
@@ -488,15 +488,26 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
         seeds = {s.name: sorted({str(r.get("seed")) for r in rows if s.holds(r)}) for s in sides}
         raise UserError(f"{', '.join(results)}: no cell has rows of {base} and {other} of one seed (seeds: "
                         + "; ".join(f"{m} {', '.join(found_seeds)}" for m, found_seeds in seeds.items()) + ")")
+    def rows_of(cells_: Iterable[tuple], side: str) -> List[Dict[str, Any]]:
+        return [row for cell in cells_ for by_seed in shared[cell][side].values() for row in by_seed.values()]
+
     if out and unpaired:  # a cell of both without a seed of both vanished from the table without a word
         click.echo(unpaired_line(unpaired, shared, out, base, other), err=True)
     if as_json:
         for (dataset_, n_bits_, protocol_, database, k, base_key, other_key), r in out:
+            cell = (dataset_, n_bits_, protocol_, database, k, base_key, other_key)
+            beyond = {f"{name}_beyond_defaults": beyond_defaults_of(rows_of([cell], side))
+                      for name, side in (("base", base), ("other", other))}
             click.echo(json.dumps({"dataset": dataset_, "n_bits": n_bits_, "protocol": protocol_,
                                    "database": database, "k": k, "base": base, "other": other,
-                                   "base_settings": base_key, "other_settings": other_key, **r}, sort_keys=True))
+                                   "base_settings": base_key, "other_settings": other_key, **beyond, **r},
+                                  sort_keys=True))
     else:
         click.echo(_format(out, base, other))
+        compared = list(dict.fromkeys(cell for cell, _ in out))
+        defaults = beyond_defaults_note({side: rows_of(compared, side) for side in (base, other)})
+        if defaults:  # a run cut short, compared with a baseline's defaults: said
+            click.echo(f"settings beyond each method's defaults: {defaults}")
     if plot:
         from ucmfh.app.forest_plot import draw_forest, forest_panels
 

@@ -32,8 +32,8 @@ from ucmfh.app.options import (
     given_twice, parse_params, resolved, scoring_options, seed_type, settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
-from ucmfh.app.runs import (COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, UNCHECKED_NOTE, dataset_labels, headline,
-                            scores_line, summarize, variant_of)
+from ucmfh.app.runs import (COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, UNCHECKED_NOTE, beyond_defaults_note,
+                            dataset_labels, headline, scores_line, summarize, variant_of)
 from ucmfh.config import CODE_LENGTHS, EXPECTED
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import MARKS, read_jsonl, write_text_atomic
@@ -133,7 +133,9 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
     protocols = list(dict.fromkeys(r["protocol"] for r in rows))
     databases = list(dict.fromkeys(r.get("database") for r in rows))  # [None] unless a caption set
     k = rows[0]["k"] if rows else DEFAULT_K
-    md: List[str] = []
+    defaults = beyond_defaults_note({variant: [r for r in rows if variant_of(r) == variant] for variant in variants})
+    md: List[str] = [f"Settings beyond each method's defaults, which the figures below are of: {defaults}.", ""] \
+        if defaults else []
     for dataset, protocol, database in product(datasets, protocols, databases):
         if not any((labels[s["dataset"], s["dataset_fingerprint"]], s["protocol"], s["database"]) ==
                    (dataset, protocol, database) for s in summary):

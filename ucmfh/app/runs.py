@@ -245,6 +245,48 @@ def settings_of(row: Dict[str, Any]) -> Dict[str, Any]:
     return {stage: values for stage, values in settings.items() if values is not None}
 
 
+def beyond_defaults(row: Dict[str, Any]) -> Optional[List[str]]:
+    """The settings of a hashing row's run that differ from its method's defaults on its dataset, beyond the
+    columns of a table (``hash.epochs=3``; [] for none): a run cut short is said beside the default's figures. None
+    where they cannot be told (another task, a method not registered here, a row without settings). Imports the
+    method registry (and torch)."""
+    from ucmfh.app.identity import run_settings
+    from ucmfh.config import SettingError
+    from ucmfh.methods import METHODS
+    from ucmfh.methods.settings import stage_configs
+
+    method, settings = method_of(row), row.get("settings")
+    if row.get("task") != "hashing" or method not in METHODS or not isinstance(settings, dict):
+        return None
+    try:
+        fcfg, hcfgs = stage_configs(method, dataset=row.get("dataset"), **(
+            {"n_bits": row["n_bits"]} if isinstance(row.get("n_bits"), int) else {}))
+    except (SettingError, ValueError, TypeError):
+        return None
+    defaults = _beyond_columns({stage: v for stage, v in run_settings(fcfg, hcfgs[0], 1).items() if v is not None})
+    actual = _beyond_columns({stage: v for stage, v in settings.items() if isinstance(v, dict)})
+    # a setting the row lacks is not known to differ (a row written by hand): those it has, against today's
+    return [f"{stage}.{name}={value!r}" for stage, values in actual.items() for name, value in sorted(values.items())
+            if name not in defaults.get(stage, {}) or defaults[stage][name] != value]
+
+
+def beyond_defaults_of(rows: Iterable[Dict[str, Any]]) -> List[str]:
+    """Every setting beyond its method's defaults of any of ``rows`` (:func:`beyond_defaults`), each once."""
+    return list(dict.fromkeys(d for row in rows for d in beyond_defaults(row) or []))
+
+
+def beyond_defaults_note(rows_by_name: Dict[str, Iterable[Dict[str, Any]]]) -> Optional[str]:
+    """For each name (a method, a side of 'ucmfh compare'), the settings of its rows beyond its method's defaults
+    (:func:`beyond_defaults`), as ``two-tower hash.epochs=3; cca-itq ...``, or None where every row has its
+    method's defaults: a table of the default method beside a baseline no longer hides that the method ran 3
+    epochs of its 100."""
+    said = {name: beyond_defaults_of(rows) for name, rows in rows_by_name.items()}
+    said = {name: differ for name, differ in said.items() if differ}
+    if not said:
+        return None
+    return "; ".join(f"{name} {', '.join(differ)}" for name, differ in said.items())
+
+
 def method_of(row: Dict[str, Any]) -> Optional[str]:
     """A row's hashing method; a training row from before methods existed is 'ucmfh'; a SEPS row has none."""
     return row.get("method") or ("ucmfh" if row.get("task") in ("fusion", "hashing") else None)
@@ -391,20 +433,27 @@ def _differences(base: Dict[str, Any], other: Dict[str, Any]) -> List[str]:
 
 
 def settings_legend(groups: List[Dict[str, Any]]) -> List[str]:
-    """For each settings key, the settings in which it differs from the first key of the same stages (a
-    fusion stage alone, a hashing stage alone, both, a SEPS stage ...), which is that stages' reference."""
-    keys = {g["settings_key"]: g["settings"] for g in groups}
+    """For each settings key, its values of the settings that vary among the keys of the same method and stages (a
+    fusion stage alone, a hashing stage alone, both, a SEPS stage ...): described against another method's key,
+    the one setting two runs of a method differ by was lost among that method's every default."""
+    keys = {g["settings_key"]: (g.get("method"), g["settings"]) for g in groups}
     if len(keys) < 2:  # nothing to tell apart: where the key comes from, still
         return [f"settings {key}: the settings every row shares ('ucmfh runs --json' prints them)" for key in keys]
-    bases: Dict[tuple, Dict[str, Any]] = {}
-    lines = ["settings (each against the first key of the same stages; '--method METHOD@KEY' keeps one, 'ucmfh "
-             "compare METHOD@KEY METHOD@KEY' pairs two):"]
-    for key, settings in keys.items():
+    alike: Dict[tuple, List[Dict[str, Any]]] = {}
+    for method, settings in keys.values():
+        alike.setdefault((method, tuple(settings)), []).append(settings)
+    lines = ["settings (each key's values of what varies among the keys of its method and stages; '--method "
+             "METHOD@KEY' keeps one, 'ucmfh compare METHOD@KEY METHOD@KEY' pairs two):"]
+    for key, (method, settings) in keys.items():
         stages = tuple(settings)
-        base = bases.setdefault(stages, settings)
-        differ = _differences(base, settings)
-        first = f"the first with stages {' + '.join(stages)}" if stages else "the first without settings"
-        lines.append(f"  {key}: {', '.join(differ) or first}")
+        others = alike[method, stages]
+        varying = [(stage, name) for stage in stages for name in sorted({n for o in others for n in o[stage]})
+                   if len({repr(o[stage].get(name, "-")) for o in others}) > 1]
+        only = f"the only settings{f' of {method}' if method else ''}" + (
+            f" with stages {' + '.join(stages)}" if stages else " without settings")
+        values = [f"{stage}.{name}={repr(settings[stage][name]) if name in settings[stage] else '-'}"
+                  for stage, name in varying]
+        lines.append(f"  {key}: {', '.join(values) or only}")
     return lines
 
 
