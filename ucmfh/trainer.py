@@ -32,7 +32,7 @@ from ucmfh.parallel import default_threads
 from ucmfh.run_draws import RunDraws, run_under_way, setting_up
 from ucmfh.selection import History, validation_split
 from ucmfh.signals import TrainingInterrupted, stop_on_signals
-from ucmfh.training_log import EpochRecord, current_logs, current_part
+from ucmfh.training_log import EpochRecord, current_logs, current_part, shown_part
 from ucmfh.training_state import StateFile, read_state, restore_cuda_rng, write_state
 from ucmfh.utils import resolve_device, seed_everything, to_device
 
@@ -467,7 +467,7 @@ class _Run:
         self.capture = capturing() and reason is None
         if reason is not None and group.is_main:
             runs_eagerly(self.plan.name, reason)
-        within = current_part()  # a candidate's name, or refit: which of a run's fits this bar is
+        within = shown_part()  # a candidate's name and number, or refit: which of a run's fits this bar is
         bar = tqdm(total=cfg.epochs, initial=start_epoch, desc=self.plan.name + (f" ({within})" if within else ""),
                    unit="epoch", disable=not (progress and group.is_main))
         any_host_work = self.ahead is not None or self.plan.draws is not None

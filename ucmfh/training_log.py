@@ -41,7 +41,7 @@ class EpochLog(Protocol):
 
 
 _LOGS: contextvars.ContextVar[Tuple[EpochLog, ...]] = contextvars.ContextVar("ucmfh_logs", default=())
-_PARTS: contextvars.ContextVar[Tuple[str, ...]] = contextvars.ContextVar("ucmfh_parts", default=())
+_PARTS: contextvars.ContextVar[Tuple[Tuple[str, str], ...]] = contextvars.ContextVar("ucmfh_parts", default=())
 
 
 @contextlib.contextmanager
@@ -57,9 +57,10 @@ def logging_to(*logs: EpochLog) -> Iterator[None]:
 
 
 @contextlib.contextmanager
-def part(name: str) -> Iterator[None]:
-    """The epochs trained inside the block are the part ``name`` of their run (a candidate, the refit)."""
-    token = _PARTS.set(_PARTS.get() + (name,))
+def part(name: str, shown: Optional[str] = None) -> Iterator[None]:
+    """The epochs trained inside the block are the part ``name`` of their run (a candidate, the refit); ``shown``:
+    how a progress bar names it, where not by ``name`` alone (``t0.3, candidate 1 of 2``)."""
+    token = _PARTS.set(_PARTS.get() + ((name, shown or name),))
     try:
         yield
     finally:
@@ -71,7 +72,12 @@ def current_logs() -> Tuple[EpochLog, ...]:
 
 
 def current_part() -> str:
-    return "/".join(_PARTS.get())
+    return "/".join(name for name, _ in _PARTS.get())
+
+
+def shown_part() -> str:
+    """The part as a progress bar names it (:func:`part`'s ``shown``)."""
+    return "/".join(shown for _, shown in _PARTS.get())
 
 
 def _folder_name(text: str) -> str:

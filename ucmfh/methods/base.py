@@ -201,7 +201,8 @@ def choose(fit: Callable, data: Dataset, cfg: HashConfig, candidates: Dict[str, 
 
     def run(name: str) -> Tuple[nn.Module, History]:
         sub = None if state is None else dataclasses.replace(state, path=candidate_path(state.path, name))
-        with part(name):  # its own curves (ucmfh.training_log)
+        shown = f"{name}, candidate {names.index(name) + 1} of {len(names)}" if len(names) > 1 else name
+        with part(name, shown):  # its own curves (ucmfh.training_log); its bar says which of how many
             return fit(data, candidates[name], fusion, progress, sub)
 
     # the same runs, side by side (ucmfh.side_by_side); on several ranks one after another, as two threads'
