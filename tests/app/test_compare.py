@@ -581,3 +581,21 @@ def test_a_run_beyond_its_method_s_defaults_is_said_beside_the_comparison(tmp_pa
     plain = CliRunner().invoke(main, argv)
     assert plain.exit_code == 0 and "beyond each method's defaults" not in plain.output
     assert not markdown(rows, ["cca-itq", "two-tower"], [16]).startswith("Settings beyond")
+
+
+def test_an_interval_that_excludes_zero_is_shown_to_the_digit_that_says_so():
+    """'R@1 T->I +0.9 [+0.0, +1.7] ahead' read as an interval touching zero: its low end was +0.03. An interval
+    excluding zero is shown to the digit where its near end is not 0 (at most four more); a level one as before."""
+    from ucmfh.app.compare import _format
+
+    def result(figure, low, high, verdict_):
+        return (("wiki", 16, "unimodal", None, 50, "a" * 6, "b" * 6),
+                {"figure": figure, "seeds": [1], "unpaired_seeds": [], "x": 10.0, "y": 10.9, "verdict": verdict_,
+                 "difference": {"mean": (low + high) / 2, "low": low, "high": high}})
+
+    lines = _format([result("R@1 T->I", 0.03, 1.7, "ahead"), result("R@1 I->T", -1.7, -0.004, "behind"),
+                     result("rSum", -0.02, 1.7, "level"), result("MAP I->T", 0.00001, 0.002, "ahead")],
+                    "x", "y").splitlines()
+    shown = [line.split()[-4:] for line in lines[1:5]]
+    assert shown == [["+0.86", "[+0.03,", "+1.70]", "ahead"], ["-0.852", "[-1.700,", "-0.004]", "behind"],
+                     ["+0.8", "[-0.0,", "+1.7]", "level"], ["+0.00101", "[+0.00001,", "+0.00200]", "ahead"]]

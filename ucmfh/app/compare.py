@@ -373,9 +373,15 @@ def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) 
         d = r["difference"]
         digits = 1 if r["figure"].startswith(("R@", "rSum")) else 4
         settings = [f"{base_key[:6]} / {other_key[:6]}"] if several else []
+        # an interval that excludes zero is shown to the digit that says so: '+0.9 [+0.0, +1.7] ahead' read as one
+        # touching zero (+0.03 it was)
+        near = d["low"] if r["verdict"] == "ahead" else d["high"] if r["verdict"] == "behind" else None
+        shown = digits
+        while near is not None and shown < digits + 4 and float(f"{near:.{shown}f}") == 0:
+            shown += 1
         lines.append([str(dataset), str(n_bits), str(protocol), database or "-", *([str(k)] if ks else []),
                       *settings, str(len(r["seeds"])), r["figure"], f"{r[base]:.{digits}f}", f"{r[other]:.{digits}f}",
-                      f"{d['mean']:+.{digits}f} [{d['low']:+.{digits}f}, {d['high']:+.{digits}f}]", r["verdict"]])
+                      f"{d['mean']:+.{shown}f} [{d['low']:+.{shown}f}, {d['high']:+.{shown}f}]", r["verdict"]])
     widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
     text = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
     text += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]

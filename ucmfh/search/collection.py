@@ -317,7 +317,10 @@ def read_queries(
         missing = wanted[~np.isin(wanted, all_ids)]
         if missing.size:
             low, high = (int(all_ids.min()), int(all_ids.max())) if len(all_ids) else (None, None)
-            held = f" (its {len(all_ids)} ids run from {low} to {high})" if len(all_ids) else " (it holds no item)"
+            gaps = ", with gaps" if len(all_ids) and len(np.unique(all_ids)) < high - low + 1 else ""
+            held = f" (its {len(all_ids)} ids run from {low} to {high}{gaps})" if len(all_ids) else " (it holds no item)"
+            if split is None and coll.groups == ["/query"]:  # a dataset file's query split, read by default
+                held += "; --split retrieval or --split train reads another split"
             raise DataError(f"{path}: {coll.where('ids')}: no item with id {', '.join(map(str, missing[:5]))}{held}")
         rows = []
         for i in wanted:
