@@ -425,6 +425,22 @@ def test_search_queries_refuses_other_checkpoints_dims_and_extractors(collection
         blocked = search_queries(index, encoder, queries, 4, "image", rerank="cosine", candidates=12)
         assert np.array_equal(blocked.positions, reranked.positions) and np.array_equal(blocked.cosine,
                                                                                         reranked.cosine)
+    monkeypatch.undo()
+    # and a block of queries' candidates at a time, each block keeping its top k (3.6 GB at 100,000 candidates
+    # for every query at once): the same hits, scores and distances, by either backend; what multi-index hashing
+    # served, the same counts
+    for backend in ("exact", "mih"):
+        whole = search_queries(index, encoder, queries, 4, "image", rerank="cosine", candidates=12, backend=backend)
+        for found in (1, 12, 2 * 12):
+            monkeypatch.setattr(results_module, "SEARCH_CANDIDATES", found)
+            blocked = search_queries(index, encoder, queries, 4, "image", rerank="cosine", candidates=12,
+                                     backend=backend)
+            assert np.array_equal(blocked.positions, whole.positions) and np.array_equal(blocked.cosine, whole.cosine)
+            assert np.array_equal(blocked.distances, whole.distances) and blocked.seconds.keys() == whole.seconds.keys()
+            if backend == "mih":
+                assert {n: np.asarray(v).tolist() for n, v in blocked.served.items()} == \
+                    {n: np.asarray(v).tolist() for n, v in whole.served.items()}
+        monkeypatch.undo()
     with pytest.raises(DataError, match="made by checkpoint .*hash24_0.pt"):
         search_queries(index, Encoder(c["ckpt"][1]), queries, 5, "image")
     with pytest.raises(DataError, match="made by checkpoint"):
