@@ -1246,3 +1246,19 @@ def test_a_key_is_told_by_what_varies_among_its_own_method_s_keys():
     assert sorted(legend[1:]) == sorted([f"  {keys['cca-itq', None]}: the only settings of cca-itq with stages hash",
                                          f"  {keys['two-tower', 100]}: hash.epochs=100",
                                          f"  {keys['two-tower', 2]}: hash.epochs=2"])
+
+
+def test_the_sample_standard_deviation_is_statistics_own_to_rounding():
+    """Summaries' spreads in floats with exactly rounded sums, where statistics.stdev's fractions took a quarter
+    of a lab's 'ucmfh runs' (10,000 rows: 6.0 s to 3.9 s in all)."""
+    import random
+    import statistics
+
+    from ucmfh.app.runs import sample_std
+
+    rng = random.Random(0)
+    for n in (2, 3, 5, 40):
+        for scale in (1e-6, 1.0, 1e4):
+            values = [0.5 + scale * rng.random() for _ in range(n)]
+            assert sample_std(values) == pytest.approx(statistics.stdev(values), rel=1e-12, abs=1e-18)
+    assert sample_std([0.25]) == 0.0 and sample_std([0.3, 0.3, 0.3]) == 0.0

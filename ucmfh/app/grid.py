@@ -33,7 +33,7 @@ from ucmfh.app.options import (
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import (COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, UNCHECKED_NOTE, beyond_defaults_note,
-                            dataset_labels, headline, scores_line, summarize, variant_of)
+                            dataset_labels, headline, sample_std, scores_line, summarize, variant_of)
 from ucmfh.config import CODE_LENGTHS, EXPECTED
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import MARKS, read_jsonl, write_text_atomic
@@ -185,7 +185,7 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
         for dataset, protocol, database, variant in product(datasets, protocols, databases, variants[1:]):
             deltas = paired_deltas(rows, variants[0], variant, dataset, protocol, database, labels)
             if deltas:
-                std = statistics.stdev(deltas) if len(deltas) > 1 else 0.0
+                std = sample_std(deltas)
                 md.append(f"| {_md(dataset)} | {protocol} | {database or '-'} | `{variant}` | "
                           f"{statistics.fmean(deltas):+.3f} ± {std:.3f} | {sum(d > 0 for d in deltas)}/{len(deltas)} |")
         md.append("")

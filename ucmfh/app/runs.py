@@ -97,7 +97,8 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
                        f"{first}); skipped")
             warnings.warn(message, stacklevel=2) if warn is None else warn(message)
             kept = [row for row, problem in zip(kept, problems) if not problem]
-        for row in latest(kept):  # another file's scores of a measurement replace them: said, not silently
+        # another file's scores of a measurement replace them: said, not silently (one file: none to clash with)
+        for row in latest(kept) if len(paths) > 1 else ():
             mine = tuple(sorted((key, json.dumps(value, sort_keys=True)) for key, value in row.items()
                                 if key.startswith(("map_", "recall_", "rsum"))))
             measurement = _measurement(row)
@@ -409,13 +410,13 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
         scores = (*DIRECTIONS, "rsum", *RECALL_AT_K)
         scores += tuple(f + EXPECTED for f in scores)
         for field in (*scores, *(f"random_{d}" for d in DIRECTIONS), "random_rsum", *(REAL + f for f in scores)):
-            values = [_value(r, field) for r in group if _value(r, field) is not None]
+            values = [value for value in (_value(r, field) for r in group) if value is not None]
             # a figure some of the group's rows lack (rows of an older version: no tie-aware twins) is left out,
             # not taken over the rows that have it: every figure of an entry is over its n_seeds rows, and the
             # headline falls back to the figure they all have
             if values and len(values) == len(group):
                 entry[f"{field}_mean"] = statistics.fmean(values)
-                entry[f"{field}_std"] = statistics.stdev(values) if len(values) > 1 else 0.0
+                entry[f"{field}_std"] = sample_std(values)
         for clock in ("train_time_s", "fusion_train_time_s"):  # a method on a fusion stage: that stage's too
             times = [r[clock] for r in group if r.get(clock)]
             entry[f"{clock}_mean"] = statistics.fmean(times) if times else None
@@ -424,6 +425,17 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
                             str(e["loss"]), e["n_bits"] or 0, str(e["stage"]), str(e["protocol"]), str(e["database"]),
                             e["settings_key"]))
     return out
+
+
+def sample_std(values: Sequence[float]) -> float:
+    """The sample standard deviation of ``values`` (0.0 for one), in floats, each sum exactly rounded: what
+    :func:`statistics.stdev` gives to the last digit or so, where its exact fractions took a quarter of a lab's
+    'ucmfh runs'."""
+    n = len(values)
+    if n < 2:
+        return 0.0
+    mean = math.fsum(values) / n
+    return math.sqrt(math.fsum((x - mean) ** 2 for x in values) / (n - 1))
 
 
 def _differences(base: Dict[str, Any], other: Dict[str, Any]) -> List[str]:
