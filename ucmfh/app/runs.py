@@ -70,11 +70,13 @@ def headline(entry: Dict[str, Any], field: str) -> str:
     return field + EXPECTED if f"{field}{EXPECTED}_mean" in entry else field
 
 
-def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = None) -> List[Dict[str, Any]]:
+def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = None,
+                 containing: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     """The rows of one or more results files, in order (grids run side by side each keep their own file);
     a missing file is an error that names it, before any is read. A line that is not a JSON row, and a
     row that names no dataset and task (no command wrote it), are skipped and said to ``warn`` (default:
-    a warning)."""
+    a warning). ``containing``: only the lines holding one of these texts are read (:func:`ucmfh.files.read_jsonl`;
+    a run asked for by its key in a lab's file of many)."""
     for path in paths:
         if not path:  # '' is where the training commands write no rows; nothing to read
             raise ValueError("--results '': an empty path; name a results file to read")
@@ -84,7 +86,7 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
     scored: Dict[tuple, Tuple[str, tuple]] = {}  # a measurement -> the file that scored it last, its scores
     clashes: Dict[Tuple[str, str], int] = {}
     for path in paths:
-        found = read_jsonl(path, on_skip=warn)
+        found = read_jsonl(path, on_skip=warn, containing=containing)
         kept = [row for row in found if row.get("dataset") is not None and row.get("task") is not None]
         if len(kept) < len(found):
             message = (f"{path}: {len(found) - len(kept)} row(s) without a dataset and a task (not results of a "

@@ -67,7 +67,9 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
     if history is not None and not os.path.isfile(history) and missing:
         raise click.BadParameter(f"{history}: no such checkpoint file, and no results file {missing[0]} to find a run "
                                  "key in", param_hint="--history")
-    found = read_results(results, warn) if history is None or not os.path.isfile(history) else []
+    by_key = history is not None and not os.path.isfile(history)  # a run key: the lines that hold it alone are read
+    found = read_results(results, warn, containing=['"' + history] if by_key else None) if history is None or by_key \
+        else []
     sides = []
     if any("@" in name for name in method):  # a method's settings, as compare's (which imports torch)
         from ucmfh.app.compare import parse_side  # compare reads this module's summaries
