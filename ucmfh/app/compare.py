@@ -494,6 +494,7 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
         seeds = {s.name: sorted({str(r.get("seed")) for r in rows if s.holds(r)}) for s in sides}
         raise UserError(f"{', '.join(results)}: no cell has rows of {base} and {other} of one seed (seeds: "
                         + "; ".join(f"{m} {', '.join(found_seeds)}" for m, found_seeds in seeds.items()) + ")")
+
     def rows_of(cells_: Iterable[tuple], side: str) -> List[Dict[str, Any]]:
         return [row for cell in cells_ for by_seed in shared[cell][side].values() for row in by_seed.values()]
 

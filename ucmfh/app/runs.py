@@ -11,6 +11,7 @@ is summarised; a field a row lacks is shown as ``-``.
 """
 from __future__ import annotations
 
+import functools
 import json
 import math
 import os
@@ -253,24 +254,34 @@ def beyond_defaults(row: Dict[str, Any]) -> Optional[List[str]]:
     columns of a table (``hash.epochs=3``; [] for none): a run cut short is said beside the default's figures. None
     where they cannot be told (another task, a method not registered here, a row without settings). Imports the
     method registry (and torch)."""
-    from ucmfh.app.identity import run_settings
-    from ucmfh.config import SettingError
     from ucmfh.methods import METHODS
-    from ucmfh.methods.settings import stage_configs
 
     method, settings = method_of(row), row.get("settings")
     if row.get("task") != "hashing" or method not in METHODS or not isinstance(settings, dict):
         return None
-    try:
-        fcfg, hcfgs = stage_configs(method, dataset=row.get("dataset"), **(
-            {"n_bits": row["n_bits"]} if isinstance(row.get("n_bits"), int) else {}))
-    except (SettingError, ValueError, TypeError):
+    defaults = _default_settings(method, row.get("dataset") if isinstance(row.get("dataset"), str) else None,
+                                 row["n_bits"] if isinstance(row.get("n_bits"), int) else None)
+    if defaults is None:
         return None
-    defaults = _beyond_columns({stage: v for stage, v in run_settings(fcfg, hcfgs[0], 1).items() if v is not None})
     actual = _beyond_columns({stage: v for stage, v in settings.items() if isinstance(v, dict)})
     # a setting the row lacks is not known to differ (a row written by hand): those it has, against today's
     return [f"{stage}.{name}={value!r}" for stage, values in actual.items() for name, value in sorted(values.items())
             if name not in defaults.get(stage, {}) or defaults[stage][name] != value]
+
+
+@functools.lru_cache(maxsize=None)
+def _default_settings(method: str, dataset: Optional[str], n_bits: Optional[int]) -> Optional[Dict[str, Any]]:
+    """A run's settings (as rows hold them, beyond the columns) at ``method``'s defaults on ``dataset``; None where
+    they cannot be resolved. Once per method, dataset and length: a lab's compare reads thousands of rows."""
+    from ucmfh.app.identity import run_settings
+    from ucmfh.config import SettingError
+    from ucmfh.methods.settings import stage_configs
+
+    try:
+        fcfg, hcfgs = stage_configs(method, dataset=dataset, **({"n_bits": n_bits} if n_bits is not None else {}))
+    except (SettingError, ValueError, TypeError):
+        return None
+    return _beyond_columns({stage: v for stage, v in run_settings(fcfg, hcfgs[0], 1).items() if v is not None})
 
 
 def beyond_defaults_of(rows: Iterable[Dict[str, Any]]) -> List[str]:
@@ -438,12 +449,6 @@ def sample_std(values: Sequence[float]) -> float:
         return 0.0
     mean = math.fsum(values) / n
     return math.sqrt(math.fsum((x - mean) ** 2 for x in values) / (n - 1))
-
-
-def _differences(base: Dict[str, Any], other: Dict[str, Any]) -> List[str]:
-    """Where one group's settings differ from another's of the same stages, field by field ('-': it has none)."""
-    return [f"{stage}.{name}={repr(other[stage][name]) if name in other[stage] else '-'}" for stage in other
-            for name in sorted(set(other[stage]) | set(base[stage])) if other[stage].get(name) != base[stage].get(name)]
 
 
 def settings_legend(groups: List[Dict[str, Any]]) -> List[str]:
