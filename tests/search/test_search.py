@@ -1028,3 +1028,35 @@ def test_the_exported_scan_and_encoder_refuse_what_index_search_refuses(collecti
     assert distances.shape == (6, 3) and (distances[:, 0] == 0).all()
     with pytest.raises(ValueError, match=r"batch_size must be a whole number >= 1, got 0"):
         Encoder(collection["ckpt"][0], batch_size=0)
+
+
+def test_an_image_hit_without_a_path_is_shown_by_a_text_of_its_id(collection, tmp_path):
+    """Text -> image search of a set that keeps no image paths (Flickr8k's features alone) showed each hit as an
+    empty line and an empty box on the page. A hit is shown by the first text of its id in the index (a caption of
+    that image), in the table, the JSON rows and the page; an index with paths shows them, and shards (whose ids
+    are each one's own) show nothing of the kind."""
+    c = collection
+    bare = tmp_path / "bare.h5"
+    with h5py.File(c["path"]) as f, h5py.File(bare, "w") as g:
+        for name in ("image", "text", "ids", "text_raw"):
+            g[name] = f[name][()]
+        g.attrs.update(dict(f.attrs))
+    encoder = Encoder(c["ckpt"][0])
+    index = build_index(str(bare), c["ckpt"][0], str(tmp_path / "ix")).index
+    queries = read_queries(c["path"], "txt", encoder.dims, ids=[101, 130])
+    results = search_queries(index, encoder, queries, 5, "image")
+    assert all(shown is None for row in results.shown for shown in row)
+    assert results.described == [[f"a caption of image {i}" for i in row] for row in results.ids.tolist()]
+    rows = [row for query in result_rows(results) for row in query]
+    assert [row["text_of_id"] for row in rows] == [f"a caption of image {row['id']}" for row in rows]
+    from ucmfh.search.results import result_lines
+
+    table = "\n".join(result_lines(results))
+    assert "a text of its id (the index keeps no image path)" in table and "a caption of image 101" in table
+    page = write_html(str(tmp_path / "p.html"), results)
+    assert open(page).read().count("<i>a text of its id:</i> a caption of image") == results.positions.size
+    with_paths = search_queries(build_index(c["path"], c["ckpt"][0], str(tmp_path / "full")).index, encoder,
+                                queries, 5, "image")
+    assert with_paths.described is None and with_paths.shown[0][0].startswith("img/")
+    shards = open_index([str(tmp_path / "ix"), str(tmp_path / "full")])
+    assert search_queries(shards, encoder, queries, 5, "image").described is None

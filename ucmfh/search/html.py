@@ -67,6 +67,8 @@ def render_html(results: Results, title: str = "ucmfh search", page_dir: str = "
                 body = f"<img src='{e(_src(file, page_dir))}' alt='id {results.ids[i, r]}'>"
             elif shown is not None:
                 body = f"<div class='caption'>{e(shown)}</div>"
+            elif results.described is not None and results.described[i][r] is not None:  # no image: a text of its id
+                body = f"<div class='caption'><i>a text of its id:</i> {e(results.described[i][r])}</div>"
             mark = "<span class='mark'>✓ relevant</span>" if relevant else ""
             out.append(f"<div class='hit{' relevant' if relevant else ''}'><div class='meta'>{e(meta)} {mark}</div>"
                        f"{body}</div>")

@@ -47,6 +47,9 @@ class Results:
     shards: Optional[List[List[str]]] = None
     # by shared labels: how many queries find their own item among their hits (:func:`own_items_found`)
     own_found: Optional[int] = None
+    # an image hit of an index without image paths: a text of its id there (a caption set's caption of that image, a
+    # pair's text), which shows what the hit is (:func:`texts_of_ids`)
+    described: Optional[List[List[Optional[str]]]] = None
 
 
 RERANK_VALUES = 1 << 24  # candidates' embedding values re-ranked at a time: 128 MB in float64
@@ -206,8 +209,36 @@ def search_queries(
     if isinstance(index, Shards):
         folders = [str(s.path) for s in index.shards]
         shards = [[folders[s] for s in row] for row in index.shard_of(modality, positions)]
+    described = None
+    if modality == "img" and shown_column is None:  # an image hit shown by nothing: by a text of its id, if any
+        texts = texts_of_ids(index, ids)
+        described = None if texts is None else [texts[i * width : (i + 1) * width] for i in range(positions.shape[0])]
     return Results(queries, modality, distances, positions, ids, shown, cosine, relevant, relevance, seps, seconds,
-                   backend.backend, recall, served if backend.backend == "mih" else None, files, shards, own_found)
+                   backend.backend, recall, served if backend.backend == "mih" else None, files, shards, own_found,
+                   described)
+
+
+def texts_of_ids(index: Union[Index, Shards], ids: np.ndarray) -> Optional[List[Optional[str]]]:
+    """For each of ``ids`` (any shape; flattened), the first text item of the index with that id (None where none
+    has it): what an image hit is when the index keeps no path of it (a caption set's caption of that image, a
+    labelled set's paired text). None where ids cannot tell: shards (each numbers its items its own way), an index
+    without texts or ids, or one whose images and texts come from other files or several (ids are a file's own)."""
+    if isinstance(index, Shards) or not index.count("txt") or not all(
+            index.has(m, "ids") for m in ("img", "txt")) or not index.has("txt", "text"):
+        return None
+    files = {m: collection_files(index, m) for m in ("img", "txt")}
+    if files["img"] != files["txt"] or (files["img"] is not None and len(files["img"]) != 1):
+        return None
+    text_ids = np.asarray(index.take("txt", "ids", np.arange(index.count("txt"))))
+    unique, first = np.unique(text_ids, return_index=True)
+    flat = np.asarray(ids).ravel()
+    at = np.minimum(np.searchsorted(unique, flat), len(unique) - 1)
+    found = unique[at] == flat
+    texts = index.take("txt", "text", first[at[found]]) if found.any() else []
+    out: List[Optional[str]] = [None] * len(flat)
+    for where, text in zip(np.flatnonzero(found), texts):
+        out[where] = text
+    return out
 
 
 def in_folder_of(collection: Optional[str], path: str) -> str:
@@ -345,6 +376,8 @@ def result_rows(results: Results) -> Iterator[List[Dict[str, Any]]]:
                 row["seps"] = round(float(results.seps[i, r]), 6)
             if results.shown[i][r] is not None:
                 row[column] = results.shown[i][r]
+            if results.described is not None and results.described[i][r] is not None:
+                row["text_of_id"] = results.described[i][r]
             if results.shards is not None:
                 row["index"] = results.shards[i][r]
             if results.relevant is not None:
@@ -374,7 +407,8 @@ def result_lines(results: Results, width: int = 72) -> Iterator[str]:
             cols += f" {'seps':>7}"
         if results.relevant is not None:
             cols += " rel"
-        lines.append(cols + "  " + ("caption" if results.modality == "txt" else "path"))
+        lines.append(cols + "  " + ("caption" if results.modality == "txt" else "path" if results.described is None
+                                    else "a text of its id (the index keeps no image path)"))
         for r in range(results.positions.shape[1]):
             line = f"  {r + 1:>4} {results.ids[i, r]:>10} {results.distances[i, r]:>4}"
             if results.cosine is not None:
@@ -383,7 +417,7 @@ def result_lines(results: Results, width: int = 72) -> Iterator[str]:
                 line += f" {results.seps[i, r]:>7.4f}"
             if results.relevant is not None:
                 line += "  * " if results.relevant[i, r] else "    "
-            shown = results.shown[i][r]
+            shown = results.shown[i][r] if results.described is None else results.described[i][r]
             if shown is not None:
                 shown = printable(shown)
                 shown = shown if len(shown) <= width else shown[: width - 1] + "…"
