@@ -245,7 +245,9 @@ def _run(args: argparse.Namespace) -> int:
             run = Run(args.out, dataset_identity(data), fusion_cfg, hash_cfg)
             checkpoint = run.fusion_path if args.task == 2 else run.hash_path
             if not os.path.exists(checkpoint):
-                checkpoint = _other_epochs(run, args)
+                checkpoint = _other_epochs(run, args)  # says which
+            else:  # which model the figures are of, as the training tasks say of the one they save
+                print(f"evaluating {checkpoint}")
             rows = evaluate_checkpoint(data, checkpoint, protocols, device=args.device, n_bits=args.hash_lens,
                                        out=args.out)
         report(rows, args.results)

@@ -162,6 +162,9 @@ def test_demo_tasks_0_to_3(tmp_path, monkeypatch, capsys):
         assert demo.main([*args, "--task", str(task)]) == 0
         out = capsys.readouterr().out
         assert "I->T" in out and "fused: UCMFH's protocol" in out
+        if task > 1:  # the model scored, named (a training task names the checkpoint it saves)
+            name = "fusion.pt" if task == 2 else "hash16.pt"
+            assert [line for line in out.splitlines() if line.startswith("evaluating ")][0].endswith(name), out
     # ucmfh's warnings one line each, as the ucmfh command says them (they were a file, a line and its code)
     assert getattr(warnings.showwarning, "ucmfh", False)
     rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
