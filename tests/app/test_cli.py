@@ -793,11 +793,11 @@ def test_torch_out_of_memory_is_a_user_error_and_other_runtime_errors_are_not():
 def test_a_run_of_several_candidates_says_how_many_trainings_and_each_bar_which_it_is(tmp_path, tiny_path,
                                                                                      monkeypatch):
     """The default trains two temperatures a code length and keeps the better on validation: its first bar's
-    time was read as the run's, and a second bar began without a word. The run says up front how many trainings
-    of up to how many epochs; each bar names its candidate and which of how many (its TensorBoard part, state and
-    log keep the candidate's name alone)."""
+    time was read as the run's, and a second bar began without a word. Each length's training says how many
+    trainings of up to how many epochs; each bar names its candidate and which of how many (its TensorBoard part,
+    state and log keep the candidate's name alone)."""
     import ucmfh.trainer as trainer
-    from ucmfh.app.hashing_cli import trainings_line
+    from ucmfh.app.experiment import trainings_line
     from ucmfh.methods.settings import stage_configs
 
     bars = []
@@ -820,12 +820,15 @@ def test_a_run_of_several_candidates_says_how_many_trainings_and_each_bar_which_
                                        "--set", "hash.hidden=32", "--out", str(tmp_path / "runs"), "--results",
                                        str(tmp_path / "r.jsonl")])
     assert result.exit_code == 0, result.output
-    assert ("two-tower chooses between 2 candidates on the validation split (t0.3, t0.1): 4 trainings of up to 2 "
-            "epochs, 2 a code length; early stopping may end each sooner") in result.output.splitlines()
+    said = ("      2 candidates chosen on the validation split (t0.3, t0.1): 2 trainings of up to 2 epochs; early "
+            "stopping may end each sooner")
+    lines = result.output.splitlines()
+    assert lines.count(said) == 2 and all(lines[lines.index(said, start) - 1].startswith(f"hashing {bits} bits: training")
+                                          for start, bits in ((0, 16), (lines.index(said) + 1, 32))), result.output
     assert bars == [f"two-tower {bits} bits (t{t}, candidate {i} of 2)" for bits in (16, 32)
                     for i, t in ((1, "0.3"), (2, "0.1"))]
     for method, given, said in (("two-tower", {"val_fraction": 0.0}, None), ("cca-itq", {}, None),
                                 ("two-tower", {"refit": True}, ", then the chosen one trained again")):
-        _, hcfgs = stage_configs(method, dataset="wiki", **given)
-        line = trainings_line(hcfgs)
+        _, (hcfg,) = stage_configs(method, dataset="wiki", **given)
+        line = trainings_line(hcfg)
         assert line is None if said is None else said in line

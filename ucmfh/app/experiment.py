@@ -117,6 +117,19 @@ def train_fusion_stage(
     return _rows(scores, run, "fusion", seconds, time.perf_counter() - start, cfg.device, run.fusion_path, "train")
 
 
+def trainings_line(cfg: HashConfig) -> Optional[str]:
+    """A line as a run that trains several models begins (candidates chosen on the validation split, the default's
+    two temperatures): how many trainings of up to how many epochs, where each progress bar shows one of them and
+    its time (a bar's end was taken for the run's); None where the run trains one model."""
+    names = list(build_method(cfg.method).choices(cfg))
+    if len(names) < 2 or not cfg.val_fraction:
+        return None
+    return (f"      {len(names)} candidates chosen on the validation split ({', '.join(names)}): {len(names)} "
+            f"trainings of up to {cfg.epochs} epochs" + (", then the chosen one trained again on the whole training "
+                                                         "split" if cfg.refit else "")
+            + "; early stopping may end each sooner")
+
+
 def train_hash_stage(
     data: Dataset, fusion_cfg: Optional[FusionConfig], hash_cfg: HashConfig, opts: RunOptions,
     protocols: Sequence[str] = PROTOCOLS, k: int = DEFAULT_K, log: Log = print,
@@ -133,6 +146,12 @@ def train_hash_stage(
     # what the method takes of its fusion stage: the trained encoder (trained first if needed), or its settings
     # alone (an encoder of random weights trained with the heads: no fusion stage trains)
     takes = build_method(hash_cfg.method).takes_fusion(hash_cfg) if run.fusion_cfg is not None else None
+    plan = trainings_line(hash_cfg)
+
+    def fit(state: Any, fusion: Any) -> Any:
+        if plan:  # said once the training starts (after the checks that could refuse it)
+            log(plan)
+        return fit_hashing(data, hash_cfg, fusion, progress=opts.progress, state=state)
 
     fitted = reuse_or_fit(
         Stage(f"hashing {hash_cfg.n_bits} bits", path, run.hash_dir, run.hash_identity, run.dataset,
@@ -140,7 +159,7 @@ def train_hash_stage(
         load=lambda: _load(path, "hash", data),
         prepare=lambda: load_or_train_fusion(data, run, opts, log)[0] if takes == "encoder" else
         run.fusion_cfg if takes == "config" else None,
-        fit=lambda state, fusion: fit_hashing(data, hash_cfg, fusion, progress=opts.progress, state=state),
+        fit=fit,
         save=lambda model, meta: save_checkpoint(path, model, run.fusion_cfg, hash_cfg, meta=meta), log=log)
     if not current_group().is_main:  # rank 0 scores and reports for all
         return []

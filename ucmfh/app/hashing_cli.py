@@ -136,30 +136,11 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
     check_interrupted([Run(opts.out, dataset_identity(data), fcfg, hcfg) for hcfg in hcfgs], opts)
-    plan = trainings_line(hcfgs)
-    if plan:
-        click.echo(plan)
     for hcfg in hcfgs:
         rows = train_hash_stage(data, fcfg, hcfg, opts, protocols_of(protocol), k, log=click.echo)
         report(rows, results, click.echo)
         if rows:
             click.echo(f"checkpoint: {rows[0]['checkpoint']}")
-
-
-def trainings_line(hcfgs: Sequence[HashConfig]) -> Optional[str]:
-    """A line before a run that trains several models a code length (candidates chosen on the validation split,
-    the default's two temperatures): how many trainings of up to how many epochs, where each progress bar shows
-    one of them and its time (a bar's end was not the run's); None where each length trains one model."""
-    from ucmfh.methods import build_method
-
-    cfg = hcfgs[0]
-    names = list(build_method(cfg.method).choices(cfg))
-    if len(names) < 2 or not cfg.val_fraction:
-        return None
-    return (f"{cfg.method} chooses between {len(names)} candidates on the validation split ({', '.join(names)}): "
-            f"{len(names) * len(hcfgs)} trainings of up to {cfg.epochs} epochs, {len(names)} a code length"
-            + (", then the chosen one trained again on the whole training split" if cfg.refit else "")
-            + "; early stopping may end each sooner")
 
 
 @click.command("evaluate")
