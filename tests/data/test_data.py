@@ -471,3 +471,27 @@ def test_a_virtual_dataset_whose_source_is_gone_is_refused_where_hdf5_reads_zero
     os.remove(tmp_path / "source.h5")
     with pytest.raises(DataError, match=r"/query/image: a virtual dataset whose source file source.h5 is not there"):
         validate_file(path)
+
+
+def test_validation_reads_a_wide_file_in_blocks_of_bounded_bytes(tmp_path, monkeypatch):
+    """'ucmfh validate' of Flickr8k (1,280-d images) peaked at 1.5 GB: 65,536 rows were read at a time and copied
+    as they were checked. A feature dataset's rows are read as many at a time as _CHECK_BYTES of float64 hold; the
+    file is judged the same, and a loaded split is the file's."""
+    import ucmfh.data.h5 as h5
+
+    path = make_synthetic(tmp_path / "wide.h5", SyntheticSpec(n_query=40, n_retrieval=300, n_train=200, n_classes=4,
+                                                             d_img=256, d_txt=64))
+    monkeypatch.setattr(h5, "_CHECK_BYTES", 8 * 256 * 64)  # 64 rows of the images a read
+    reads = []
+    real = h5._read
+    monkeypatch.setattr(h5, "_read", lambda path_, where, dset, rows=slice(None): reads.append(
+        (where, len(range(*rows.indices(dset.shape[0]))) * (dset.shape[1] if dset.ndim > 1 else 1)))
+        or real(path_, where, dset, rows))
+    validate_file(path)
+    features = [(where, size) for where, size in reads if where.endswith(("/image", "/text"))]
+    assert features and max(size for _, size in features) <= 64 * 256
+    assert {where for where, _ in features} >= {f"/{s}/{m}" for s in ("train", "query", "retrieval")
+                                                for m in ("image", "text")}
+    data = load_dataset(path)
+    with h5py.File(path) as f:
+        assert np.array_equal(data.retrieval.img.numpy(), f["retrieval/image"][()])
