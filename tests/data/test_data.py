@@ -495,3 +495,15 @@ def test_validation_reads_a_wide_file_in_blocks_of_bounded_bytes(tmp_path, monke
     data = load_dataset(path)
     with h5py.File(path) as f:
         assert np.array_equal(data.retrieval.img.numpy(), f["retrieval/image"][()])
+
+
+def test_a_dataset_s_bare_name_given_for_its_path_is_said_to_be_one(tmp_path, monkeypatch):
+    """ucmfh.load_dataset('wiki'), as the commands' -d wiki, said 'wiki: no such file' alone; the library takes a
+    path, and says so where a bare name was given (a path with a folder or an extension: as before)."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(DataError, match=r"^wiki: no such file \(a dataset's path is asked for here: the commands find "
+                                        r"-d wiki in --data-dir as wiki\.h5\)$"):
+        load_dataset("wiki")
+    for path in ("wiki.h5", os.path.join("data", "wiki")):
+        with pytest.raises(DataError, match=rf"^{path}: no such file$"):
+            load_dataset(path)

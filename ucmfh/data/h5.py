@@ -512,7 +512,10 @@ def validate_file(path: PathLike, token_values: bool = True,
     """
     path = checked_path("validate_file", path)
     if not os.path.exists(path):
-        raise DataError(f"{path}: no such file" if path else "an empty path; give the dataset file")
+        bare = path and os.sep not in path and not os.path.splitext(path)[1]  # 'wiki', as the commands' -d takes it
+        raise DataError(f"{path}: no such file" + (f" (a dataset's path is asked for here: the commands find -d "
+                                                   f"{path} in --data-dir as {path}.h5)" if bare else "")
+                        if path else "an empty path; give the dataset file")
     if os.path.isdir(path):  # HDF5's own word on it ran to several lines
         raise DataError(f"{path}: is a folder, not a dataset file")
     if not os.path.isfile(path):  # a pipe or a device: opening it waited for ever
