@@ -441,6 +441,11 @@ def test_search_queries_refuses_other_checkpoints_dims_and_extractors(collection
                 assert {n: np.asarray(v).tolist() for n, v in blocked.served.items()} == \
                     {n: np.asarray(v).tolist() for n, v in whole.served.items()}
         monkeypatch.undo()
+    import dataclasses  # no query at all: one empty search, as before the blocks
+
+    none = dataclasses.replace(queries, features=queries.features[:0], ids=queries.ids[:0], text=[])
+    for rerank in (None, "cosine"):
+        assert search_queries(index, encoder, none, 4, "image", rerank=rerank, candidates=12).positions.shape == (0, 4)
     with pytest.raises(DataError, match="made by checkpoint .*hash24_0.pt"):
         search_queries(index, Encoder(c["ckpt"][1]), queries, 5, "image")
     with pytest.raises(DataError, match="made by checkpoint"):
