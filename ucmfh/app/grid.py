@@ -14,6 +14,7 @@ from __future__ import annotations
 import csv
 import html
 import io
+import json
 import os
 import statistics
 from itertools import product
@@ -407,7 +408,6 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     paths = {dataset: resolve_dataset(dataset, data_dir or default_data_dir()) for dataset in datasets}
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
     grid_rows: List[List[Dict[str, Any]]] = []  # each cell's rows, in the grid's order
-    recorded = by_run(read_jsonl(results, on_skip=warn))  # the rows of earlier runs, and of the cells run below
     older = os.path.join(os.path.dirname(DEFAULT_RESULTS), "grid.jsonl")
     if results == DEFAULT_RESULTS and os.path.isfile(older):  # grid's own default until 2026-11-27
         warn(f"{older}: rows of grids run before 2026-11-27, its default results file then, are not read: a cell "
@@ -418,10 +418,14 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         say_relevance(data, lambda line: click.echo(line, err=True))
     for dataset, _, hcfg in cells:  # a method that needs the split in memory, refused hours in at its first cell
         build_method(hcfg.method).check_split(loaded[dataset])
+    runs = [Run(opts.out, dataset_identity(loaded[dataset]), fcfg, hcfg) for dataset, fcfg, hcfg in cells]
+    # the rows of earlier runs of the grid's cells, and of the cells run below: the lines that name them alone are
+    # read (a lab's file of 100,000 rows held whole took 1.3 GB)
+    recorded = by_run(read_jsonl(results, on_skip=warn, containing=[json.dumps(key_of(run.hash_identity))
+                                                                    for run in runs]))
     side = SideBySide(jobs, device, results, opts, protocols, k, train["max_memory"], workers) if jobs > 1 else None
-    for dataset, fcfg, hcfg in cells:
+    for (dataset, fcfg, hcfg), run in zip(cells, runs):
         data = loaded[dataset]
-        run = Run(opts.out, dataset_identity(data), fcfg, hcfg)
         run_key = key_of(run.hash_identity)
         name = f"{dataset} {variant_of({'method': hcfg.method, 'loss': hcfg.loss})} seed {hcfg.seed} {hcfg.n_bits} bits"
         cell_protocols = scored_protocols(hcfg.method, protocols)
