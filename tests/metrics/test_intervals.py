@@ -4,19 +4,15 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ucmfh.metrics.intervals import _BATCH, paired_bootstrap
+from ucmfh.metrics.intervals import _BATCH, cluster_sums, paired_bootstrap
 
 
 def _slow(parts, resamples, level, seed, clusters=None):
     """The resampling as first written: each seed's draws gathered and averaged, one seed at a time."""
     parts = [np.asarray(p, dtype=np.float64) for p in parts]
     n_seeds = parts[0].shape[0]
-    if clusters is not None:
-        units, inverse = np.unique(np.concatenate(clusters), return_inverse=True)
-        cut = np.cumsum([len(c) for c in clusters])[:-1]
-        sums = [np.stack([np.bincount(i, weights=row, minlength=len(units)) for row in p])
-                for p, i in zip(parts, np.split(inverse, cut))]
-        counts = [np.bincount(i, minlength=len(units)).astype(np.float64) for i in np.split(inverse, cut)]
+    if clusters is not None:  # the clusters' sums, as the bootstrap adds them up (unchanged): its resampling below
+        units, sums, counts = cluster_sums(parts, clusters)
     rng = np.random.default_rng(seed)
     figures = np.zeros(resamples)
     for start in range(0, resamples, _BATCH):

@@ -15,7 +15,7 @@ apart, five captions of one image narrowed a 95% interval to 66% coverage in sim
 """
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -49,12 +49,7 @@ def paired_bootstrap(
         clusters = [np.asarray(c) for c in clusters]
         if len(clusters) != len(parts) or any(c.shape != (p.shape[1],) for c, p in zip(clusters, parts)):
             raise ValueError("clusters must give each part's queries a cluster: [Q_p] per part")
-        units, inverse = np.unique(np.concatenate(clusters), return_inverse=True)
-        cut = np.cumsum([len(c) for c in clusters])[:-1]
-        # per part: each cluster's sum of differences per seed [S, U] and its queries [U]
-        sums = [np.stack([np.bincount(i, weights=row, minlength=len(units)) for row in p])
-                for p, i in zip(parts, np.split(inverse, cut))]
-        counts = [np.bincount(i, minlength=len(units)).astype(np.float64) for i in np.split(inverse, cut)]
+        units, sums, counts = cluster_sums(parts, clusters)
     rng = np.random.default_rng(seed)
     figures = np.zeros(resamples)
     for start in range(0, resamples, _BATCH):
@@ -73,6 +68,18 @@ def paired_bootstrap(
     low, high = np.percentile(figures, [50 * (1 - level), 50 * (1 + level)])
     return {"mean": float(sum(p.mean() for p in parts)), "low": float(low), "high": float(high), "level": level,
             "resamples": resamples, "seeds": n_seeds, "queries": [int(p.shape[1]) for p in parts]}
+
+
+def cluster_sums(parts: Sequence[np.ndarray], clusters: Sequence[np.ndarray],
+                 ) -> Tuple[np.ndarray, List[np.ndarray], List[np.ndarray]]:
+    """The clusters of every part (``units``, one numbering for all), and per part each cluster's sum of differences
+    per seed ([S, U]) and its number of queries ([U]): what a resample of clusters adds up."""
+    units, inverse = np.unique(np.concatenate(clusters), return_inverse=True)
+    cut = np.cumsum([len(c) for c in clusters])[:-1]
+    sums = [np.stack([np.bincount(i, weights=row, minlength=len(units)) for row in p])
+            for p, i in zip(parts, np.split(inverse, cut))]
+    counts = [np.bincount(i, minlength=len(units)).astype(np.float64) for i in np.split(inverse, cut)]
+    return units, sums, counts
 
 
 def _times_drawn(drawn: np.ndarray, n: int) -> np.ndarray:
