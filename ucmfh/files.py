@@ -15,6 +15,7 @@ from __future__ import annotations
 import contextlib
 import errno
 import functools
+import gc
 import hashlib
 import io
 import json
@@ -509,6 +510,20 @@ def _rows_of_line(text: str) -> Optional[List[Dict[str, Any]]]:
     return rows
 
 
+@contextlib.contextmanager
+def _no_cycle_collection() -> Iterator[None]:
+    """Python's cycle collector paused (as it was, after): rows parsed from JSON hold no cycles, but each
+    collection walks every row read so far, which took two thirds of reading a lab's 100,000-row results file
+    (24 s, now 8 s)."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
 def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None,
                containing: Optional[Sequence[str]] = None) -> List[Dict[str, Any]]:
     """The rows of a JSON-lines file ([] when it does not exist). Rows glued onto one line (appended to a
@@ -532,7 +547,7 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None,
         f = open(path, "rb")
     except OSError as err:  # one line naming the file and why, not '[Errno 13] Permission denied: ...'
         raise OSError(f"{path}: the results file cannot be read ({err.strerror or err})") from None
-    with f:
+    with f, _no_cycle_collection():
         for number, raw in enumerate(f, 1):
             if needles is not None and rows and not any(needle in raw for needle in needles):
                 continue

@@ -479,6 +479,22 @@ def test_a_finished_cell_says_its_scores_in_a_line_tie_aware_first():
                                      "unimodal collection: R@1 16.6 / 13.9 (rSum 205.5)")
 
 
+def test_each_figure_of_a_group_is_read_from_where_rows_hold_it():
+    """A group's means of R@K (from the recall dicts by rank), of tie-aware twins and of the real-valued outputs'
+    scores (``real_valued``), each over the group's rows; a figure not every row has is left out."""
+    recall = lambda top: {"1": top, "5": top + 10, "10": top + 20}  # noqa: E731
+    rows = [_row(run=f"r{seed}", seed=seed, database="test", recall_i2t=recall(10.0 * seed),
+                 recall_i2t_expected=recall(10.0 * seed - 1), recall_t2i=recall(5.0), rsum=100.0 + seed,
+                 real_valued={"map_i2t": 0.1 * seed, "recall_t2i": recall(2.0 * seed)},
+                 **({"map_t2i_expected": 0.3} if seed == 1 else {})) for seed in (1, 2)]
+    [entry] = summarize(rows)
+    assert entry["r1_i2t_mean"] == 15.0 and entry["r5_i2t_mean"] == 25.0 and entry["r10_t2i_mean"] == 25.0
+    assert entry["r1_i2t_expected_mean"] == 14.0 and entry["rsum_mean"] == 101.5
+    assert entry["real_map_i2t_mean"] == pytest.approx(0.15) and entry["real_r5_t2i_mean"] == 13.0
+    assert entry["map_i2t_mean"] == 0.5 and "map_t2i_expected_mean" not in entry  # one row of two has it
+    assert "real_map_t2i_mean" not in entry and "r1_t2i_expected_mean" not in entry
+
+
 def test_a_row_with_a_value_no_command_writes_is_skipped_and_said(tmp_path):
     """A row edited by hand or damaged (a score 'abc' or null, settings that are a string) was a traceback in
     'ucmfh runs' (TypeError, KeyError, AttributeError); it is skipped with one warning naming it, and the
