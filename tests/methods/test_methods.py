@@ -160,9 +160,11 @@ def test_ucmfh_starts_on_a_fusion_encoder_of_random_weights_as_its_release_does(
         assert torch.equal(a, b), name
     assert torch.allclose(first.fusion.img_mean, tiny.train.img.mean(dim=0))  # its statistics fitted here
     trained, _ = fit_fusion(tiny, small_fusion(), progress=False)
-    with pytest.raises(ValueError, match="trains a fusion encoder of random weights, as UCMFH's release does: give "
-                                         "its FusionConfig, not a trained encoder"):
+    with pytest.raises(ValueError, match=r"trains a fusion encoder of random weights, as UCMFH's release does: give "
+                                         r"its FusionConfig \(given: a trained encoder;"):
         fit_hashing(tiny, random, trained, progress=False)
+    with pytest.raises(ValueError, match=r"give its FusionConfig \(given: none;"):  # said 'not a trained encoder'
+        fit_hashing(tiny, random, None, progress=False)
     with pytest.raises(ValueError, match="learns from a trained fusion encoder: give ucmfh.fit_fusion's"):
         fit_hashing(tiny, small_hash(), small_fusion(), progress=False)
     with pytest.raises(ValueError, match="'fusion_start' must be one of trained, random, got 'warm'"):

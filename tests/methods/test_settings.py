@@ -90,11 +90,19 @@ def test_hash_config_is_one_code_length_of_stage_configs():
         ("two-tower", {"loss": "ntxent"}, "loss", "unknown loss 'ntxent'"),
         ("two-tower", {"hiden": 64}, "hiden", "unknown setting 'hiden' (did you mean 'hidden'?); settings are n_bits,"),
         ("two-tower", {"lr": 1e-3}, "lr", "unknown setting 'lr' (did you mean 'lr_fusion' or 'lr_head'?); settings"),
+        # a typo of a protocol, and the fusion stage's epochs of a config without it, were dropped without a word
+        ("two-tower", {"protocol": "fuse"}, "protocol", "protocol must be one of unimodal, fused, got 'fuse'"),
+        ("ucmfh", {"protocol": 3}, "protocol", "protocol must be one of unimodal, fused, got 3"),
+        ("ucmfh", {"fusion_epochs": 3}, "fusion_epochs", "hash_config does not return: stage_configs('ucmfh', "),
+        ("two-tower", {"fusion_epochs": 3}, "fusion_epochs", "trains no fusion stage"),
     ]:
         with pytest.raises(SettingError, match=re.escape(why)) as refused:
             hash_config(method, **settings)
         assert refused.value.settings == (setting,) and "hash." not in str(refused.value)
     assert hash_config("cca-itq", hidden=512, epochs=5, drop_unused=True) == hash_config("cca-itq")
+    assert hash_config("ucmfh", fusion_epochs=3, drop_unused=True) == hash_config("ucmfh")
+    with pytest.raises(SettingError, match="protocol must be one of unimodal, fused, got 'fuse'"):
+        stage_configs("ucmfh", protocol="fuse")
 
 
 def test_the_questions_a_front_door_asks_of_a_method():

@@ -116,9 +116,11 @@ class Method:
             raise ValueError(f"method {self.name!r} learns from a trained fusion encoder: give ucmfh.fit_fusion's, "
                              f"not {'its FusionConfig' if isinstance(fusion, FusionConfig) else type(fusion).__name__}")
         if takes == "config" and not isinstance(fusion, FusionConfig):
+            given = "none" if fusion is None else "a trained encoder" if isinstance(fusion, FusionEncoder) else \
+                type(fusion).__name__
             raise ValueError(f"method {self.name!r} with these settings trains a fusion encoder of random weights, as "
-                             "UCMFH's release does: give its FusionConfig, not a trained encoder (method_params "
-                             "fusion_start='trained' starts from one)")
+                             f"UCMFH's release does: give its FusionConfig (given: {given}; method_params "
+                             "fusion_start='trained' starts from a trained encoder)")
 
     def check_split(self, data: Dataset) -> None:
         """Refuse ``data``'s training split where it is streamed from its file and the method needs it in memory

@@ -82,6 +82,8 @@ def stage_configs(method: str, *, dataset: Optional[str] = None,
     spec = _method(method)
     _check_names(settings, SETTINGS)
     given = {name: value for name, value in settings.items() if value is not None}
+    if given.get("protocol", PROTOCOLS[0]) not in PROTOCOLS:  # a typo ('fuse') was dropped with the rest
+        raise SettingError("protocol", f"protocol must be one of {', '.join(PROTOCOLS)}, got {given['protocol']!r}")
     stage_overrides = check_overrides(overrides, tuple(STAGES))
     _refuse_twice(spec, given, stage_overrides)
     unused = unused_settings(method, {**given, "overrides": stage_overrides})
@@ -134,6 +136,12 @@ def hash_config(method: str = DEFAULT_METHOD, *, dataset: Optional[str] = None, 
     if unknown:
         raise SettingError(unknown[0], f"unknown setting {unknown[0]!r}{_closest(unknown[0], [*SETTINGS, *fields])}; "
                                        f"settings are n_bits, {', '.join(SETTINGS)} and the fields of HashConfig")
+    if settings.get("fusion_epochs") is not None and _method(method).uses_fusion:  # a method without: refused below
+        if drop_unused:  # of no use to the hashing config
+            settings.pop("fusion_epochs")
+        else:  # the fusion stage's config is not what this returns
+            raise SettingError("fusion_epochs", f"fusion_epochs sets the fusion stage, whose config hash_config does not "
+                                            f"return: stage_configs({method!r}, fusion_epochs=...) returns both")
     named = {name: value for name, value in settings.items() if name in SETTINGS}
     overrides = {name: value for name, value in settings.items() if name not in SETTINGS}
     try:
