@@ -687,3 +687,24 @@ def test_codes_of_zero_and_one_are_refused_not_read_as_all_bits_set():
                     ucmfh.map_at_k(wide, wide, labels[:3], labels[:3])
     assert ucmfh.map_at_k(packed, packed, labels, labels) == ucmfh.map_at_k(codes, codes, labels, labels)
     assert as_words(np.zeros((4, 2), np.uint8), 16).sum() == 0  # all bits clear (a collapsed code) is no 0/1 code
+
+
+def test_queries_of_an_id_the_database_lacks_are_left_out_alike_by_recall_and_map_by_id():
+    """``empty="skip"`` leaves out a query whose id no retrieval item has, in R@K and in MAP@K by id alike (the
+    latter took no ``empty``: a TypeError where map_at_k and recall_at_ranks take it); ``"zero"`` scores it 0."""
+    from ucmfh.metrics import map_at_k_by_id
+
+    g = torch.Generator().manual_seed(3)
+    query = torch.randint(0, 2, (6, 16), generator=g) * 2 - 1
+    retrieval = torch.randint(0, 2, (30, 16), generator=g) * 2 - 1
+    ids, rids = torch.tensor([0, 1, 2, 3, 7, 9]), torch.arange(30) % 5  # ids 7 and 9 occur nowhere in retrieval
+    kept = ids < 5
+    for ties in ("index", "expected"):
+        every = map_at_k_by_id(query, retrieval, ids, rids, k=10, ties=ties)
+        skipped = map_at_k_by_id(query, retrieval, ids, rids, k=10, empty="skip", ties=ties)
+        alone = map_at_k_by_id(query[kept], retrieval, ids[kept], rids, k=10, ties=ties)
+        assert skipped == pytest.approx(alone, abs=1e-12) and every == pytest.approx(alone * 4 / 6, abs=1e-12)
+        assert recall_at_ranks(query, retrieval, ids, rids, (1, 5), empty="skip", ties=ties) == pytest.approx(
+            recall_at_ranks(query[kept], retrieval, ids[kept], rids, (1, 5), ties=ties), abs=1e-12)
+    with pytest.raises(ValueError, match="empty"):
+        map_at_k_by_id(query, retrieval, ids, rids, empty="drop")

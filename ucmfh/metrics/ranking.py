@@ -369,17 +369,24 @@ def map_at_k_by_id(
     k: int = DEFAULT_K,
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     *,
+    empty: Empty = "zero",
     ranking: Ranking = "hamming",
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
     ties: Ties = "index",
 ) -> float:
     """MAP@K with relevance "same id" (caption sets, docs/reference.md §7): AP@K as in §6, 0 for a
-    query with no match among its first K, averaged over all queries.
+    query with no match among its first K, averaged over all queries; ``empty="skip"`` leaves out queries
+    whose id occurs nowhere in the retrieval set (as :func:`recall_at_ranks`).
 
     Shape: codes [Q, d], [N, d]; query_ids [Q], retrieval_ids [N] int64.
     """
-    return mean(average_precision_by_id(query_codes, retrieval_codes, query_ids, retrieval_ids, k, chunk_size,
-                                        ranking=ranking, retrieval_chunk_size=retrieval_chunk_size, ties=ties))
+    check_choice("empty", empty, ("zero", "skip"))
+    ap = average_precision_by_id(query_codes, retrieval_codes, query_ids, retrieval_ids, k, chunk_size,
+                                 ranking=ranking, retrieval_chunk_size=retrieval_chunk_size, ties=ties)
+    if empty == "zero":
+        return mean(ap)
+    query_ids, retrieval_ids = as_tensors(query_ids, retrieval_ids)
+    return mean(ap, id_match_counts(query_ids.long(), retrieval_ids.long().to(query_ids.device)) > 0)
 
 
 def average_precision_by_id(
