@@ -108,7 +108,8 @@ def as_words(codes: Any, n_bits: int, what: str = "codes") -> np.ndarray:
     codes = to_numpy(codes)
     width = n_words(n_bits)
     if codes.ndim != 2:
-        raise ValueError(f"{what}: expected a 2-D array [N, {n_bits}], got shape {codes.shape}")
+        one = f" (one: {what}[None])" if codes.ndim == 1 else ""  # as the metrics say it
+        raise ValueError(f"{what}: expected a 2-D array [N, {n_bits}], a row an item{one}, got shape {codes.shape}")
     if codes.dtype == np.uint64:
         if codes.shape[1] != width:
             raise ValueError(f"{what}: {codes.shape[1]} uint64 words per code, expected {width} for {n_bits} bits")

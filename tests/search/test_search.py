@@ -135,6 +135,9 @@ def test_bad_arguments_are_clear(tmp_path):
         index.search(pm1(np.random.default_rng(1), 2, 32), 3, "img")
     with pytest.raises(ValueError, match="modality must be"):
         index.search(np.ones((2, 16)), 3, "audio")
+    with pytest.raises(ValueError, match=re.escape("queries: expected a 2-D array [N, 16], a row an item (one: "
+                                                   "queries[None]), got shape (16,)")):  # how to ask with one code
+        index.search(np.ones(16), 3, "img")
     with pytest.raises(ValueError, match="columns"):
         index.add("img", np.ones((2, 16)), text=["a", "b"])  # a column the first items did not have
     with pytest.raises(ValueError, match=r"^txt text: None at position 1; give a string \('' for none\)$"):

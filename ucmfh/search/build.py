@@ -279,6 +279,11 @@ def build_index(
     when it returns something true after a committed chunk, stops there too (a signal: the report says
     ``stopped``, and the same call continues the build). One build writes to a folder at a time: another
     started meanwhile (in another process) is refused (``DataError``).
+
+    Items are held in the order read: a dataset file's ``query`` group, then ``retrieval`` (``splits`` chooses).
+    A search breaks ties by that position, so the query split's own items win ties against its queries: R@K or
+    MAP of such hits is optimistic beside the field's figures (``collection`` database, id order; tie-aware
+    ones), which :func:`ucmfh.evaluate_hashing` or :func:`ucmfh.evaluate_caption_set` gives (docs/search.md).
     """
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")

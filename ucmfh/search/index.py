@@ -355,6 +355,7 @@ class Index(IndexFolder):
         built here, where no tables are built);
         ``faiss-*``: FAISS's approximate search (:mod:`ucmfh.search.approx`; positions -1 where it
         found fewer than k). An index whose build was interrupted is refused (:class:`UnfinishedIndex`).
+        Scores of these hits favour the items added first in ties (:func:`ucmfh.search.build_index`).
         """
         self.check_finished()  # its rows of the interrupted collection are a part of it: a search would miss the rest
         modality = modality_name(modality)
