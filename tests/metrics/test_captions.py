@@ -227,3 +227,25 @@ def test_train_hash_on_a_caption_set_reports_recall_on_both_databases(tmp_path):
             assert row[key] == pytest.approx(trained[key], abs=1e-9), key
         for key in ("recall_i2t", "recall_t2i", "recall_i2t_expected", "recall_t2i_expected"):
             assert row[key] == pytest.approx(trained[key], abs=1e-9), key
+
+
+def test_a_recall_of_whole_hits_is_their_share_in_percent_to_the_last_digit():
+    """R@K in % of hits counted 0/1 is count × 100 / queries, as a float prints it: 55 of 100 queries was
+    55.00000000000001 (100 × 0.55), and a notebook's ``== 55.0`` failed; ``rerank``'s lists say it alike."""
+    import torch
+
+    from ucmfh.metrics.captions import recall_of_lists
+
+    g = np.random.default_rng(4)
+    img, txt = np.sign(g.standard_normal((100, 8))), np.sign(g.standard_normal((500, 8)))
+    ids = np.repeat(np.arange(100), 5)
+    rows = evaluate_caption_set(img[ids], txt, ids, img[ids], txt, ids)
+    for direction, queries, codes, db, db_ids, query_ids in (("i2t", img, img, txt, ids, np.arange(100)),
+                                                             ("t2i", txt, txt, img, np.arange(100), ids)):
+        distances = (codes.shape[1] - queries @ db.T) / 2
+        order = np.argsort(distances, axis=1, kind="stable")  # ties by database index, as the row's
+        for rank in (1, 5, 10):
+            count = int((db_ids[order[:, :rank]] == query_ids[:, None]).any(axis=1).sum())
+            assert rows["test"][f"recall_{direction}"][str(rank)] == count * 100 / len(queries)
+        lists = recall_of_lists(torch.as_tensor(order[:, :10]), torch.as_tensor(query_ids), torch.as_tensor(db_ids))
+        assert lists == rows["test"][f"recall_{direction}"]

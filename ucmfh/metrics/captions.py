@@ -91,7 +91,7 @@ def recall_of_lists(lists: torch.Tensor, query_ids: torch.Tensor, db_ids: torch.
     """Recall@R in % of ranked lists: the share of queries with a true match (the same id) among their
     first R. Shape: lists [Q, M] database rows, best first; query_ids [Q]; db_ids [N]."""
     hit = db_ids[lists] == query_ids[:, None]
-    return {str(r): 100.0 * hit[:, :r].any(dim=1).double().mean().item() for r in ranks}
+    return {str(r): hit[:, :r].any(dim=1).sum().item() * 100.0 / max(len(hit), 1) for r in ranks}
 
 
 def recall_from_scores(scores: torch.Tensor, query_ids: torch.Tensor, db_ids: torch.Tensor,
@@ -154,8 +154,8 @@ def caption_set_rows(
                    "map_i2t": mean(scores["ap_i2t"]), "map_t2i": mean(scores["ap_t2i"])}
             if recall:
                 scores["hits_i2t"], scores["hits_t2i"] = i2t[rule]["hits"], t2i[rule]["hits"]
-                row["recall_i2t"] = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_i2t"]))}
-                row["recall_t2i"] = {str(r): 100.0 * v for r, v in zip(ranks, mean_columns(scores["hits_t2i"]))}
+                row["recall_i2t"] = dict(zip(map(str, ranks), mean_columns(scores["hits_i2t"], scale=100.0)))
+                row["recall_t2i"] = dict(zip(map(str, ranks), mean_columns(scores["hits_t2i"], scale=100.0)))
                 row["rsum"] = sum(row["recall_i2t"].values()) + sum(row["recall_t2i"].values())
             out[rule][name] = {**row, "n_queries_i2t": int(q_img.shape[0]), "n_queries_t2i": int(query_txt.shape[0]),
                                "n_database_txt": int(db["txt"].shape[0]), "n_database_img": int(db["img"].shape[0])}
