@@ -245,7 +245,9 @@ def score_splits(
         if per_query:
             if images is not None:
                 scores = {**scores, "image_t2i": torch.from_numpy(images)}
-            row["per_query"] = {name: values.float().cpu().numpy() for name, values in scores.items()}
+            # scores as float32, each caption's image as the int64 it is (float32 for a while; compare reads both)
+            row["per_query"] = {name: (values.float() if values.is_floating_point() else values).cpu().numpy()
+                                for name, values in scores.items()}
     return rows
 
 

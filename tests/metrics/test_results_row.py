@@ -107,7 +107,7 @@ def test_every_figure_of_a_caption_set_row_is_its_per_query_files_and_the_metric
         for name, values in per_query.items():
             if name == "image_t2i":  # each caption's image, numbered as the I→T queries (their ids, first rows)
                 first = np.sort(np.unique(ids[0], return_index=True)[1])
-                assert (ids[0][first][values.astype(np.int64)] == ids[0]).all()
+                assert values.dtype == np.int64 and (ids[0][first][values] == ids[0]).all()  # was float32
                 continue
             assert np.allclose(values, expected[name].numpy(), rtol=0, atol=1e-6), (row["database"], name)
         hits = {d: 100 * per_query[f"hits_{d}"].astype(np.float64) for d in ("i2t", "t2i")}
