@@ -189,6 +189,9 @@ def test_precision_at_k_plot_stops_at_the_retrieval_set_size(tmp_path, monkeypat
         beyond = next(i for i, k in enumerate(pk["k"]) if k > n)  # its value is P@N
         drawn = pk["precision_expected"]  # the tie-aware curve
         assert y == [p for k, p in zip(pk["k"], drawn) if k <= n] + [drawn[beyond]]
+    # K's labels are numbers: with mathtext off (names drawn as they are), the log axis drew '$\mathdefault{10^{1}}$'
+    labels = [label.get_text() for label in fig.axes[0].get_xticklabels() if label.get_text()]
+    assert labels and all(float(label.replace(",", "")) > 0 for label in labels), labels
 
 
 def test_plots(tmp_path):

@@ -136,7 +136,13 @@ def plot_precision_at_k(results: Runs, path: str) -> str:
         return _up_to(pk["k"], pk.get("precision_expected", pk["precision"]), n) if pk else None
 
     def configure(ax):
+        from matplotlib import ticker
+
         ax.set_xscale("log")
+        # K as a plain number: the log axis' own labels are mathtext ($10^{2}$), drawn as raw text where a '$' in
+        # a name must not begin mathtext (pyplot())
+        ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:,.0f}" if x >= 1 else f"{x:g}"))
+        ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xlabel("K (retrieved items)")
         ax.set_ylabel("precision@K")
         ax.grid(alpha=0.3)
