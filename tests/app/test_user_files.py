@@ -125,7 +125,9 @@ def test_an_output_that_is_an_input_is_refused_even_with_overwrite(tmp_path, vic
                                                                    input_flag):
     """--overwrite replaces a file of the user's that is in the way; never the command's own input (encode -o
     onto its dataset or checkpoint, --metrics-out onto its codes, --html onto its queries or into its index),
-    nor a device (make-synthetic /dev/null replaced the device with a file): refused before any work."""
+    nor a device (make-synthetic /dev/null replaced the device with a file): refused before any work. Without
+    --overwrite, the same refusal: encode -o CHECKPOINT said 'exists; not replaced (pass --overwrite ...)', which
+    --overwrite then refused otherwise."""
     checkpoint = tmp_path / "hash16.pt"
     index = tmp_path / "idx"
     if "{checkpoint}" in argv or "{index}" in argv:  # a checkpoint of cca-itq (fitted in seconds), an index of it
@@ -139,15 +141,17 @@ def test_an_output_that_is_an_input_is_refused_even_with_overwrite(tmp_path, vic
     args = [a.format(victim=victim, data=tiny_path, checkpoint=checkpoint, index=index) for a in argv]
     target = Path(args[-1])  # the output, last in each command line
     before = _md5(target) if target.is_file() else None
-    result = CliRunner().invoke(main, [*args, "--overwrite"])
-    assert result.exit_code == 2, result.output
-    if input_flag is None:
-        assert f"Error: {flag} {target}: is not a regular file (a device, a pipe or a socket); not written" in result.output
-    else:
-        assert re.search(rf"Error: {re.escape(flag)} {re.escape(str(target))}: is (inside )?.*, an input of this "
-                         rf"command \({re.escape(input_flag)}\); not written (over|there), even with --overwrite",
-                         result.output), result.output
-        assert _md5(target) == before
+    for overwrite in (["--overwrite"], []):
+        result = CliRunner().invoke(main, [*args, *overwrite])
+        assert result.exit_code == 2, result.output
+        if input_flag is None:
+            assert f"Error: {flag} {target}: is not a regular file (a device, a pipe or a socket); not written" \
+                in result.output
+        else:
+            assert re.search(rf"Error: {re.escape(flag)} {re.escape(str(target))}: is (inside )?.*, an input of this "
+                             rf"command \({re.escape(input_flag)}\); not written (over|there), even with --overwrite",
+                             result.output), result.output
+            assert _md5(target) == before
 
 
 def test_own_files_are_recognised_by_their_mark(tmp_path):

@@ -363,7 +363,7 @@ def test_output_that_cannot_be_written(tmp_path, arrays):
                          "o.h5: cannot create the folder", "file/sub")
     assert "--overwrite" not in message  # nothing there to overwrite
     assert CliRunner().invoke(main, [str(a) for a in convert_npz(*arrays, tmp_path / "o.h5")]).exit_code == 0
-    user_error(convert_npz(*arrays, tmp_path / "o.h5"), "o.h5: exists; not replaced (pass --overwrite to replace it)")
+    user_error(convert_npz(*arrays, tmp_path / "o.h5"), "OUT", "o.h5: exists; not replaced (pass --overwrite to replace it)")
 
 
 def write_pkl(path, n, d_img=8, d_txt=4, c=3):

@@ -81,7 +81,7 @@ def _common(f):
 @user_errors
 def make_synthetic_cmd(out: str, overwrite: bool, **sizes: int) -> None:
     """Write a deterministic synthetic dataset (MIRFlickr-shaped by default) to OUT."""
-    check_outputs({"OUT": out})
+    check_outputs({"OUT": out}, overwrite=overwrite, new=("OUT",))
     try:
         spec = SyntheticSpec(**sizes)
     except SettingError as err:  # the settings refused, said as the flags that set them
@@ -210,7 +210,7 @@ def convert() -> None:
 def convert_pkl_cmd(folder, out, name, classes_file, image_feature, text_feature, empty_labels, overwrite, quiet):
     """UCMFH's FOLDER/{train,query,retrieval}.pkl -> OUT, split as released."""
     check_outputs({"OUT": out}, inputs={"FOLDER": [os.path.join(folder, f"{s}.pkl") for s in SPLITS],
-                                        "--classes": classes_file})
+                                        "--classes": classes_file}, overwrite=overwrite, new=("OUT",))
     kwargs = {k: v for k, v in (("image_feature", image_feature), ("text_feature", text_feature)) if v}
     _summary(convert_pkl(folder, out, name=name, classes=read_classes(classes_file) if classes_file else None,
                          empty_labels=empty_labels, overwrite=overwrite, **kwargs))
@@ -251,7 +251,8 @@ def _arrays_command(kind: str, help_text: str):
             raise click.BadParameter(f"{labels}: no such file ('none' for a caption set, with --ids)",
                                      param_hint="LABELS")
         check_outputs({"OUT": out}, inputs={"IMAGE": image, "TEXT": text, "LABELS": labels, "--ids": ids,
-                                            "--split-index": split_index, "--classes": classes_file})
+                                            "--split-index": split_index, "--classes": classes_file},
+                      overwrite=overwrite, new=("OUT",))
         sizes = None
         if split_index is None:
             sizes = _split_sizes(standard_split, query, train, retrieval)
@@ -335,7 +336,8 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
     except ValueError:
         image_paths = []  # said by the extraction, in its words
     check_outputs({"OUT": out}, inputs={"CAPTIONS": captions, "LABELS": labels, "--classes": classes_file,
-                                        "IMAGES": [*([] if os.path.isdir(images) else [images]), *image_paths]})
+                                        "IMAGES": [*([] if os.path.isdir(images) else [images]), *image_paths]},
+                  overwrite=overwrite, new=("OUT",))
     parts = f"{out}.parts"  # the folder of its chunks: a file there was found once the model had loaded
     if os.path.exists(parts) and not os.path.isdir(parts):
         raise click.BadParameter(f"{parts}: a file is where OUT's folder of chunks goes; move it away",

@@ -267,14 +267,12 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
     from ucmfh.app.experiment import encode_checkpoint
     from ucmfh.checkpoint import load_model
 
-    if os.path.exists(out) and not overwrite:
-        raise FileExistsError(f"{out}: exists; not replaced")
     inputs = {"--checkpoint": checkpoint, "--dataset": [] if dataset is None else dataset_paths(dataset, data_dir)}
-    check_outputs({"--out": out}, inputs=inputs)
+    check_outputs({"--out": out}, inputs=inputs, overwrite=overwrite, new=("--out",))
     _, _, hash_cfg, meta = load_model(checkpoint, "hash")  # a damaged or fusion checkpoint is named before the dataset
     if dataset is None:
         dataset = _trained_on(checkpoint, meta, "encode")
-        check_outputs({"--out": out}, inputs={**inputs, "--dataset": dataset})
+        check_outputs({"--out": out}, inputs={**inputs, "--dataset": dataset}, overwrite=overwrite, new=("--out",))
     resolved(refuse_unused, hash_cfg.method, protocol=protocol)  # a leak-free method's codes have no fused view
     data = _load(dataset, data_dir)
     path = encode_checkpoint(data, checkpoint, out, protocol, device, not quiet, overwrite, log=click.echo)

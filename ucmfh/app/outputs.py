@@ -35,12 +35,15 @@ Inputs = Dict[str, Union[str, Sequence[str], None]]
 
 def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
                   folders: Optional[Dict[str, Optional[str]]] = None, overwrite: bool = False,
-                  inputs: Optional[Inputs] = None) -> None:
+                  inputs: Optional[Inputs] = None, new: Sequence[str] = ()) -> None:
     """Refuse an output that could not be written, or would replace a file of the user's, naming its flag:
     ``files`` and ``folders`` map a flag (``"--results"``, ``"--out"``) to its path (None: no output; '': no
     output for a flag of NONE_IF_EMPTY, else refused: it would write './.md' or into the current folder).
     ``overwrite``: the command's --overwrite was given. ``inputs``: the command's inputs by flag (a path or
-    several; a folder: an index), never written over, ``overwrite`` or not."""
+    several; a folder: an index), never written over, ``overwrite`` or not. ``new``: the flags of ``files``
+    whose file is written whole, whatever it holds (a dataset, a codes file): one that exists is replaced only
+    with ``overwrite`` (``FileExistsError``), said after the refusals that --overwrite does not lift (an input, a
+    device, a file that cannot be written)."""
     for flag, path, folder in [(f, p, False) for f, p in (files or {}).items()] + \
             [(f, p, True) for f, p in (folders or {}).items()]:
         if path == "" and flag not in NONE_IF_EMPTY:
@@ -69,6 +72,8 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
             if not folder:  # an input first: 'it is your --queries file' says more than 'it is read-only'
                 check_not_input(path, inputs or {})
             check_writable(path, folder=folder)
+            if flag in new and not overwrite and os.path.exists(path):
+                raise FileExistsError(f"{path}: exists; not replaced")
             if kind is not None:
                 check_replaceable(path, kind, overwrite)
             if flag in APPENDS:
