@@ -1,6 +1,7 @@
 """``ucmfh runs --plot``: the figures of a score against code length hold the summary's values."""
 from __future__ import annotations
 
+import shutil
 import sys
 
 import pytest
@@ -172,6 +173,13 @@ def test_runs_plot_draws_the_selected_runs(tmp_path):
     assert folder.exit_code == 0, folder.output
     assert sorted(p.name for p in (tmp_path / "figs").iterdir()) == sorted(
         f"wiki_map_{d}.{e}" for d in ("i2t", "t2i") for e in ("png", "svg"))
+    # and so is a folder named without one (its figures were written beside it: figs_wiki_map_i2t.png)
+    shutil.rmtree(tmp_path / "figs")
+    (tmp_path / "figs").mkdir()
+    folder = CliRunner().invoke(main, ["runs", "--results", str(results), "-d", "wiki", "--method", "cca-itq",
+                                       "--plot", str(tmp_path / "figs")])
+    assert folder.exit_code == 0, folder.output
+    assert len(list((tmp_path / "figs").iterdir())) == 4 and not list(tmp_path.glob("figs_*"))
 
 
 def test_a_missing_matplotlib_is_one_line_naming_the_extra(tmp_path, monkeypatch):

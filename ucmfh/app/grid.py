@@ -365,7 +365,7 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
               help="Table path: PATH.md and PATH.csv (a .md or .csv given is dropped); a grid table there is written anew.")
 @click.option("--plot", metavar="PREFIX",
               help="Also draw each dataset's scores against code length, one line per method, from the grid's rows: "
-                   "PREFIX_<dataset>_<score>.png and .svg (needs matplotlib; as 'ucmfh runs --plot').")
+                   "PREFIX_<dataset>_<score>.png and .svg (needs matplotlib; named as 'ucmfh runs --plot' names them).")
 @click.option("--overwrite", is_flag=True,
               help="Replace --table or --plot files that are not a grid table or figure ucmfh wrote.")
 @click.option("--device", default="auto", show_default=True, callback=check_device)

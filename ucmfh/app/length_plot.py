@@ -167,9 +167,12 @@ def figure_prefix(prefix: str) -> str:
 
 
 def _joined(prefix: str) -> str:
-    """What a figure's name follows: ``PREFIX_``, or a folder's path where the prefix ends in a separator
-    (``--plot figs/`` writes ``figs/wiki_map_i2t.png``, where it wrote ``figs/_wiki_map_i2t.png``)."""
-    return prefix if prefix.endswith(("/", os.sep)) else prefix + "_"
+    """What a figure's name follows: ``PREFIX_``, or a folder's path where the prefix ends in a separator or is a
+    folder (``--plot figs/`` and, ``figs`` being a folder, ``--plot figs`` write ``figs/wiki_map_i2t.png``, where
+    they wrote ``figs/_wiki_map_i2t.png`` and ``figs_wiki_map_i2t.png`` beside the folder)."""
+    if prefix.endswith(("/", os.sep)):
+        return prefix
+    return os.path.join(prefix, "") if os.path.isdir(prefix) else prefix + "_"
 
 
 def figure_paths(prefix: str, figure: Dict[str, Any]) -> List[str]:

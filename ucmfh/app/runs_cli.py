@@ -34,7 +34,8 @@ from ucmfh.config import PROTOCOLS
                    "an error when several match.")
 @click.option("--plot", metavar="PREFIX",
               help="Draw each dataset's scores against code length, one line per method: "
-                   "PREFIX_<dataset>_<score>.png and .svg (needs matplotlib).")
+                   "PREFIX_<dataset>_<score>.png and .svg, a caption set's with _<database> after (a folder: "
+                   "FOLDER/<dataset>_<score>.png; needs matplotlib).")
 @click.option("--overwrite", is_flag=True, help="Replace a --plot file that is not a figure ucmfh wrote.")
 @click.option("--history", metavar="RUN",
               help="Print a finished run's epoch history (loss, validation score, the epoch kept, the candidate "
