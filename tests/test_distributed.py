@@ -292,3 +292,48 @@ def test_under_torchrun_a_refusal_is_said_once_and_a_rank_left_alone_ends_in_one
     ended = CliRunner().invoke(main, ["train-hash"])
     assert ended.exit_code == 1 and ended.output == \
         "rank 0: stopped: another rank ended (that rank says why, or was killed)\n"
+
+
+@pytest.mark.parametrize("argv", [["evaluate", "-c", "x.pt"], ["rerank", "-c", "x.pt", "--seps", "s.pt"],
+                                  ["search", "IDX", "-q", "q.npy"], ["runs"]])
+def test_a_command_of_one_process_is_refused_under_torchrun(monkeypatch, argv):
+    """Under torchrun each rank ran evaluate or rerank whole and appended its rows: a row as many times as ranks
+    (an audit's find). A command that is not distributed is refused before it does anything."""
+    import ucmfh.app.cli as cli
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
+    monkeypatch.setattr(cli, "process_rank", lambda: 0)
+    refused = CliRunner().invoke(main, argv)
+    assert refused.exit_code == 2 and refused.output == (
+        f"Error: 'ucmfh {argv[0]}' runs in one process, not as torchrun's 2 ranks (each would do the whole of it); "
+        "run it without torchrun (distributed: train-fusion, train-hash, train-seps, grid and extract)\n")
+
+
+@pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])
+def test_a_rank_waiting_for_its_peers_says_so_and_a_signal_ends_it(signum):
+    """A rank started without its peers waited in torch's rendezvous in silence, and ignored SIGTERM and SIGINT
+    (its Python handlers cannot run there) until killed with -9: it says what it waits for, and a signal ends it."""
+    import socket
+
+    with socket.socket() as probe:  # rank 0 serves the rendezvous here; no peer ever comes
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    code = ("import ucmfh.app.environment as e; e.JOIN_SAID_AFTER = 0.5; from ucmfh.app.cli import main; "
+            "main(['train-hash', '-d', 'never.h5'])")
+    env = {**ENV, "WORLD_SIZE": "2", "LOCAL_WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0",
+           "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}
+    proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                            start_new_session=True)
+    try:
+        import select
+
+        assert select.select([proc.stderr], [], [], 30)[0], "nothing said in 30 s"  # within a second or so
+        line = proc.stderr.readline()
+        assert line == f"rank 0: waiting for torchrun's 2 processes to join at 127.0.0.1:{port} (Ctrl-C stops it)\n"
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) == -signum
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()

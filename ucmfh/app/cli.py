@@ -14,7 +14,7 @@ import click
 from ucmfh.app.errors import (
     UserError, interrupted, outlive_reader, peer_gone, plain_warnings, process_rank, reader_gone, warn,
 )
-from ucmfh.app.environment import configure_from_env, join_process_group
+from ucmfh.app.environment import configure_from_env, distributed_problem, join_process_group
 from ucmfh.signals import terminate_as_interrupt, work_over
 
 # name -> (the module and attribute that make the command, its line in 'ucmfh --help')
@@ -186,6 +186,9 @@ def main(ctx: click.Context) -> None:
     registry = sys.modules.get("ucmfh.methods.registry")  # imported by the command if it uses methods
     for name, why in getattr(registry, "PLUGIN_ERRORS", {}).items():  # another package's, installed and broken
         warn(f"method {name!r} of an installed package not loaded: {why}")
+    problem = distributed_problem(ctx.invoked_subcommand or "")
+    if problem:
+        raise UserError(problem)
     if ctx.invoked_subcommand != "extract":  # extraction's ranks are independent shards, never a group
         join_process_group()
 

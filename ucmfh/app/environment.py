@@ -36,14 +36,34 @@ def torchrun_sizes() -> Tuple[int, int]:
     return world, int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
 
 
+# the commands that run as one of torchrun's ranks (docs/distributed.md); extraction's ranks are shards of their own
+DISTRIBUTED = ("train-fusion", "train-hash", "train-seps", "grid")
+# seconds a rank waits for the others to join before it says so
+JOIN_SAID_AFTER = 10.0
+
+
+def distributed_problem(command: str) -> str:
+    """Why ``command`` cannot run under torchrun (``WORLD_SIZE`` > 1), or '': each rank ran the whole command,
+    and each appended its rows to the results file (evaluate, rerank: a row as many times as ranks)."""
+    if torchrun_sizes()[0] <= 1 or command in DISTRIBUTED or command == "extract":
+        return ""
+    return (f"'ucmfh {command}' runs in one process, not as torchrun's {torchrun_sizes()[0]} ranks (each would do "
+            f"the whole of it); run it without torchrun (distributed: {', '.join(DISTRIBUTED)} and extract)")
+
+
 def join_process_group() -> None:
     """Under ``torchrun`` (``WORLD_SIZE`` > 1 in the environment): join the run's process group
     (gloo for CPU tensors, NCCL for CUDA ones), each rank on its own GPU (``LOCAL_RANK``), and
-    silence the standard output of every rank but 0, which reports for all (docs/distributed.md)."""
+    silence the standard output of every rank but 0, which reports for all (docs/distributed.md).
+    While it waits for the other ranks a signal ends it (Python's handlers never ran inside torch's wait:
+    SIGINT and SIGTERM were ignored for as long as it lasted), and past :data:`JOIN_SAID_AFTER` seconds it
+    says what it waits for (a rank started by hand, whose peers never come, waited in silence)."""
     if int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return
     import atexit
+    import signal
     import sys
+    import threading
 
     import torch
     import torch.distributed as dist
@@ -52,7 +72,20 @@ def join_process_group() -> None:
 
     if not dist.is_initialized():
         use_local_gpu(int(os.environ.get("LOCAL_RANK", "0")))
-        dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+        where = f"{os.environ.get('MASTER_ADDR', '?')}:{os.environ.get('MASTER_PORT', '?')}"
+        said = threading.Timer(JOIN_SAID_AFTER, lambda: print(
+            f"rank {os.environ.get('RANK', '?')}: waiting for torchrun's {os.environ['WORLD_SIZE']} processes to "
+            f"join at {where} (Ctrl-C stops it)", file=sys.stderr, flush=True))
+        said.daemon = True
+        main = threading.current_thread() is threading.main_thread()
+        handlers = {s: signal.signal(s, signal.SIG_DFL) for s in (signal.SIGINT, signal.SIGTERM)} if main else {}
+        said.start()
+        try:
+            dist.init_process_group("cpu:gloo,cuda:nccl" if torch.cuda.is_available() else "gloo")
+        finally:
+            said.cancel()
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
         atexit.register(_leave_process_group)
     if dist.get_rank() > 0:
         sys.stdout = open(os.devnull, "w")  # noqa: SIM115 - for the life of the process
