@@ -228,6 +228,8 @@ def test_loss_parameters_reach_ucmfh_whose_stages_share_them(tiny_path, tmp_path
     # a method fitted in closed form trains no loss, whatever its config's loss field says
     ("cca-itq,two-tower", "original:temperature=0.3", "original: no cell of the grid trains with this loss (the "
                                                       "grid's: infonce)"),
+    ("cirh", "infonce:bogus=1", "infonce: no cell of the grid trains with this loss (its methods have losses of "
+                                   "their own, or are fitted in closed form)"),  # was '(the grid's: )'
 ])
 def test_loss_parameters_of_nothing_are_refused(tiny_path, tmp_path, methods, given, says):
     """--loss-params without parameters, or of a loss no cell trains with (never checked, never applied), ran

@@ -506,6 +506,10 @@ def test_html_page_renders_in_headless_chromium(collection, tmp_path):
     page = write_html(tmp_path / "page.html", results, title="toy <search>")
     text = open(page, encoding="utf-8").read()
     assert text.count("class='meta'") == 6 and text.count("alt='query'") == 2 and "toy &lt;search&gt;" in text and "a caption of image" in text
+    assert "2 image queries against text items" in text
+    one = read_queries(c["path"], "img", encoder.dims, ids=[101])
+    page = write_html(tmp_path / "one.html", search_queries(index, encoder, one, 3, "text"))
+    assert "1 image query against text items" in open(page, encoding="utf-8").read()  # '1 image queries'
     chromium = next((p for p in ("/usr/bin/chromium", "/usr/bin/chromium-browser") if os.path.exists(p)), None)
     if chromium is None:
         pytest.skip("no headless Chromium at /usr/bin/chromium: the page is checked as text only")

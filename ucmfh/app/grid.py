@@ -325,8 +325,10 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
                if c is not None and (c is fcfg or default_loss(hcfg.method) is not None)}
     unused_losses = [name for name in params if name not in trained]
     if unused_losses:  # never checked against the loss's parameters, never applied
-        raise click.BadParameter(f"{unused_losses[0]}: no cell of the grid trains with this loss (the grid's: "
-                                 f"{', '.join(sorted(trained))})", param_hint="--loss-params")
+        theirs = f"the grid's: {', '.join(sorted(trained))}" if trained else \
+            "its methods have losses of their own, or are fitted in closed form"
+        raise click.BadParameter(f"{unused_losses[0]}: no cell of the grid trains with this loss ({theirs})",
+                                 param_hint="--loss-params")
     if candidates_side_by_side:  # refused where no cell trains candidates, noted for the methods that train none
         problems = {hcfg.method: candidates_problem(hcfg) for _, _, hcfg in cells}
         if all(problems.values()):
