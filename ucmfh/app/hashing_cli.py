@@ -48,7 +48,7 @@ def methods_cmd() -> None:
                                                   "its fused view alone: 0)")
                    + ("" if default_loss(name) is not None else "; a loss of its own"))
         if spec.fixed:
-            click.echo(f"{'':<{width}} fixed whatever is asked: {', '.join(spec.fixed)}")
+            click.echo(f"{'':<{width}} fixed (another value asked for is refused): {', '.join(spec.fixed)}")
         captured = captured_step(name)
         if captured is not None:
             click.echo(f"{'':<{width}} on a GPU: {captured}")

@@ -23,23 +23,27 @@ from ucmfh.metrics.captions import DATABASES, RANKS
 _DEFAULTS = SepsConfig()
 
 
-def _common(fn):
+def _common(database: str):
+    """The options both commands take; ``database``: the command's default of --database."""
+    return lambda fn: _with_options(fn, database)
+
+
+def _with_options(fn, database: str):
     for option in reversed([
         click.option("--dataset", "-d", required=True,
                      help="Dataset name (DATA_DIR/NAME.h5) or path to an .h5 file with token features."),
         click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data",
                      help="Folder of NAME.h5 dataset files."),
-        click.option("--database", type=click.Choice(["both", *DATABASES]), default=None,
+        click.option("--database", type=click.Choice(["both", *DATABASES]), default=database, show_default=True,
                      help="Which database of the caption protocol to score (test: the query split; collection: "
-                          "query and retrieval together) [default: test for train-seps, both for rerank]."),
+                          "query and retrieval together)."),
         *output_options(),
     ]):
         fn = option(fn)
     return fn
 
 
-def _databases(choice, default):
-    choice = choice or default
+def _databases(choice: str):
     return DATABASES if choice == "both" else (choice,)
 
 
@@ -51,7 +55,7 @@ def _report(rows, results) -> None:
 
 
 @click.command("train-seps")
-@_common
+@_common(database="test")
 @click.option("--version", "version", type=click.Choice(SEPS_VERSIONS), default=_DEFAULTS.version, show_default=True,
               help="code: the released code's SEPS; paper: the paper's (predictor MLP and β, top-K MLPs in HRPA).")
 @click.option("--selection", type=click.Choice(list(SEPS_SELECTIONS)), default=_DEFAULTS.selection, show_default=True,
@@ -92,11 +96,11 @@ def train_seps(dataset, data_dir, database, results, device, quiet, overrides, o
     click.echo(f"dataset: {path}")
     data = load_dataset(path)
     opts = RunOptions(out=out, resume=resume, save_interval=save_interval, progress=not quiet, tensorboard=tensorboard)
-    _report(train_seps_stage(data, cfg, opts, _databases(database, "test"), log=click.echo), results)
+    _report(train_seps_stage(data, cfg, opts, _databases(database), log=click.echo), results)
 
 
 @click.command("rerank")
-@_common
+@_common(database="both")
 @click.option("--checkpoint", "-c", required=True, type=InputPath(dir_okay=False),
               help="Hashing checkpoint of a leak-free method (the first stage: Hamming top-M).")
 @click.option("--seps", "seps_checkpoint", type=InputPath(dir_okay=False), default=None,
@@ -123,7 +127,7 @@ def rerank(dataset, data_dir, database, results, device, quiet, checkpoint, seps
     data = load_dataset(path)
     distinct = list(dict.fromkeys(candidates))  # -m 5 -m 5: measured once
     # each database's rows appended once scored: an interrupt during the next keeps them
-    rows = rerank_rows(data, checkpoint, seps_checkpoint, distinct, _databases(database, "both"), full, device,
+    rows = rerank_rows(data, checkpoint, seps_checkpoint, distinct, _databases(database), full, device,
                        progress=not quiet, log=click.echo, done=(lambda done: append_jsonl(results, done)) if results
                        else None)
     click.echo(format_stages(rows))
