@@ -303,7 +303,7 @@ def test_convert_commands(tmp_path):
     ds = load_dataset(out)
     assert ds.attrs["classes"] == [f"k{i}" for i in range(C)] and "seed=4" in ds.attrs["split"]
     check_values(ds, image, text, labels)
-    result = CliRunner().invoke(convert, ["npz", *save_npy(tmp_path, image, text, labels), out])
+    result = CliRunner().invoke(convert, ["npz", *save_npy(tmp_path, image, text, labels), out + ".new.h5"])
     assert result.exit_code == 2 and result.output.strip().splitlines()[-1] == \
         "Error: give the split: --standard-split NAME, or both --query and --train", result.output  # by its flags
 

@@ -416,3 +416,18 @@ def test_stale_temp_of_a_dead_writer_is_removed_a_live_ones_kept(tmp_path, array
     finally:
         live_writer.kill()
         live_writer.wait()
+
+
+@pytest.mark.parametrize("flag, given, says", [
+    ("--device", "nonsense", "Invalid value for '--device': device 'nonsense': unknown; use auto, cpu, cuda or cuda:N"),
+    ("--shard", "3/2", "Invalid value for '--shard': shard '3/2': needs 0 <= I < N"),
+    ("--shard", "x", "Invalid value for '--shard': shard 'x': expected I/N, e.g. 0/4"),
+])
+def test_extract_names_the_flag_of_a_device_or_shard_it_refuses(tmp_path, flag, given, says):
+    """'Error: device 'nonsense': unknown' and 'Error: shard '3/2': ...' named no flag, as every other refusal does."""
+    for name in ("c.tsv", "l.tsv"):
+        (tmp_path / name).write_text("")
+    (tmp_path / "imgs").mkdir()
+    user_error(["extract", tmp_path / "imgs", tmp_path / "c.tsv", tmp_path / "l.tsv", tmp_path / "o.h5", flag, given],
+               says)
+    assert not (tmp_path / "o.h5").exists() and not (tmp_path / "o.h5.parts").exists()

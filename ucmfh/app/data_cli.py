@@ -14,7 +14,7 @@ from typing import Dict, Optional, Tuple
 import click
 
 from ucmfh.app.errors import user_errors, warn
-from ucmfh.app.options import Count, given_flags, seed_type
+from ucmfh.app.options import DEVICE_HELP, Count, given_flags, known_device, seed_type
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import SettingError
 from ucmfh.data.annotations import list_images
@@ -97,7 +97,8 @@ def make_synthetic_cmd(out: str, overwrite: bool, **sizes: int) -> None:
 @click.argument("path", type=click.Path(dir_okay=False))
 @user_errors
 def validate_cmd(path: str) -> None:
-    """Check a dataset file against the ucmfh HDF5 format, or a search collection (docs/search.md)."""
+    """Check a dataset file against the ucmfh HDF5 format, a codes file (ucmfh encode), or a search collection
+    (docs/search.md)."""
     try:
         attrs = validate_file(path)
     except ValueError as err:
@@ -280,6 +281,14 @@ _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with
                        "--ids IDS: a caption set).")
 
 
+def _shard(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[Tuple[int, int]]:
+    """--shard I/N parsed as it is given, a refusal naming the flag."""
+    try:
+        return parse_shard(value) if value else None
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+
+
 @click.command()
 @click.argument("images", type=click.Path(exists=True))
 @click.argument("captions", type=click.Path(exists=True, dir_okay=False))
@@ -290,7 +299,7 @@ _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with
 @click.option("--batch-size", type=Count(min=1), default=ExtractConfig.batch_size, show_default=True)
 @click.option("--chunk-items", type=Count(min=1), default=ExtractConfig.chunk_items, show_default=True,
               help="Items per resumable chunk.")
-@click.option("--device", help="torch device (default: cuda when available, else cpu).")
+@click.option("--device", default="auto", show_default=True, callback=known_device, help=DEVICE_HELP)
 @click.option("--normalize/--no-normalize", default=ExtractConfig.normalize, show_default=True,
               help="L2-normalise the features.")
 @click.option("--bad-images", type=click.Choice(BAD_IMAGES), default=ExtractConfig.bad_images, show_default=True,
@@ -301,7 +310,7 @@ _arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with
                    "(docs/data.md; what SEPS trains on).")
 @click.option("--keep-scratch", is_flag=True, help="Keep OUT.parts/ after success.")
 @click.option("--restart", is_flag=True, help="Discard finished chunks in OUT.parts/ and start over.")
-@click.option("--shard", metavar="I/N",
+@click.option("--shard", metavar="I/N", callback=_shard,
               help="Compute only shard I of N (chunks c with c % N == I) into OUT.parts/, then stop; under "
                    "torchrun the ranks are the shards and rank 0 merges.")
 @click.option("--merge", is_flag=True, help="Write OUT from the chunks the shards finished; computes none.")
@@ -343,7 +352,7 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
         raise click.BadParameter(f"{parts}: a file is where OUT's folder of chunks goes; move it away",
                                  param_hint="OUT")
     try:
-        shard_of = parse_shard(shard) if shard else None
+        shard_of = shard
         world = int(os.environ.get("WORLD_SIZE", "1"))
         if shard_of is None and world > 1 and not merge:  # torchrun: ranks are the shards, rank 0 merges
             rank = int(os.environ.get("RANK", "0"))

@@ -29,7 +29,7 @@ from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.jobs import SideBySide, jobs_option
 from ucmfh.app.table import append_cell_rows
 from ucmfh.app.options import (
-    DEFAULT_RESULTS, FLAGS, Count, candidates_problem, check_device, check_precision, default_method_note, flag_of,
+    DEFAULT_RESULTS, FLAGS, Count, candidates_problem, check_precision, default_method_note, device_option, flag_of,
     given_twice, parse_params, resolved, scoring_options, seed_type, settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
@@ -370,7 +370,7 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
                    "PREFIX_<dataset>_<score>.png and .svg (needs matplotlib; named as 'ucmfh runs --plot' names them).")
 @click.option("--overwrite", is_flag=True,
               help="Replace --table or --plot files that are not a grid table or figure ucmfh wrote.")
-@click.option("--device", default="auto", show_default=True, callback=check_device)
+@device_option()
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @jobs_option
 @train_options("grid", without=("loss", "loss_params", "seed", "resume"))  # --losses, --loss-params, --seeds; always resumes

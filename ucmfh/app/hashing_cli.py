@@ -16,7 +16,7 @@ from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.options import (
-    TRAINED_ON_HELP, Count, FiniteRange, InputPath, candidates_problem, check_device, check_precision, data_options,
+    TRAINED_ON_HELP, Count, FiniteRange, InputPath, candidates_problem, check_precision, data_options, device_option,
     given_flags, given_twice, resolved, run_options, settings_of, train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig
@@ -259,7 +259,7 @@ def _score_codes_files(codes: Sequence[str], k: int, device: str, database: Opti
 @click.option("--protocol", type=click.Choice(PROTOCOLS), default="unimodal", show_default=True)
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Codes file to write (HDF5, packed bits).")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
-@click.option("--device", default="auto", show_default=True, callback=check_device)
+@device_option()
 @click.option("--quiet", is_flag=True, help="No progress bars.")
 @user_errors
 def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, quiet) -> None:

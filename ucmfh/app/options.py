@@ -156,12 +156,33 @@ def _check_side_by_side(ctx: click.Context, param: click.Parameter, value: bool)
     return value
 
 
+# what --device takes, said alike by every command that has it
+DEVICE_HELP = "auto (CUDA when present), cpu, cuda, cuda:1, ..."
+
+
+def device_option(default: str = "auto", help: str = DEVICE_HELP) -> Callable:
+    """--device, checked as it is parsed (:func:`check_device`)."""
+    return click.option("--device", default=default, show_default=True, callback=check_device, help=help)
+
+
 def check_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
     from ucmfh import distributed
     from ucmfh.utils import resolve_device
 
     try:
         distributed.check_device(resolve_device(value), *torchrun_sizes())
+    except ValueError as err:
+        raise click.BadParameter(str(err)) from None
+    return value
+
+
+def known_device(ctx: click.Context, param: click.Parameter, value: str) -> str:
+    """A device name torch knows and this machine has (:func:`ucmfh.utils.resolve_device`), as it is parsed: a
+    command whose processes are shards of their own (extract), not one group's ranks (:func:`check_device`)."""
+    from ucmfh.utils import resolve_device
+
+    try:
+        resolve_device(value)
     except ValueError as err:
         raise click.BadParameter(str(err)) from None
     return value
@@ -206,8 +227,7 @@ def output_options() -> List[Callable]:
     return [
         click.option("--results", default=DEFAULT_RESULTS, show_default=True,
                      help="JSON-lines file the result rows are appended to ('': none kept)."),
-        click.option("--device", default="auto", show_default=True, callback=check_device,
-                     help="auto (CUDA when present), cpu, cuda, cuda:1, ..."),
+        device_option(),
         click.option("--quiet", is_flag=True, help="No progress bars."),
     ]
 

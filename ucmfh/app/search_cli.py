@@ -8,7 +8,7 @@ from typing import Optional, Tuple
 import click
 
 from ucmfh.app.errors import UserError, describe, user_errors
-from ucmfh.app.options import Count, InputPath, check_device, given_twice
+from ucmfh.app.options import Count, InputPath, device_option, given_twice
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import INDEX_CHUNK_SIZE, SEARCH_BACKENDS, BackendConfig, SettingError, backend_config
 
@@ -29,7 +29,7 @@ MAX_HITS = 10_000_000  # rows one search prints at the most (queries × hits): a
               help="Items encoded and committed at a time (a killed build resumes at the last chunk).")
 @click.option("--embeddings/--no-embeddings", default=True, show_default=True,
               help="Keep the float16 real-valued embeddings (for --rerank cosine).")
-@click.option("--device", default="cpu", show_default=True, callback=check_device)
+@device_option("cpu", "cpu (the compiled popcount kernels), cuda, cuda:1, auto (CUDA when present)")
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @user_errors
 def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, device, quiet) -> None:
@@ -72,7 +72,7 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
 @click.option("--text", "text", multiple=True, help="A caption as a query (repeatable; needs the index's CLIP model).")
 @click.option("--image", "image", multiple=True, type=InputPath(dir_okay=False),
               help="An image file as a query (repeatable; needs the index's CLIP model).")
-@click.option("-k", default=10, show_default=True, type=Count(min=1), help="Results per query.")
+@click.option("--k", "-k", default=10, show_default=True, type=Count(min=1), help="Results per query.")
 @click.option("--modality", "-m", type=MODALITY, default="text", show_default=True, help="What is searched.")
 @click.option("--rerank", type=click.Choice(["cosine", "seps"]),
               help="Re-rank the Hamming candidates: cosine of the real-valued embeddings kept in the index, or "
@@ -106,7 +106,7 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
               help="Also write a static results page here (a file other than a page ucmfh wrote: with --overwrite).")
 @click.option("--overwrite", is_flag=True, help="Replace an --html file that is not a page ucmfh wrote.")
 @click.option("--threads", type=Count(min=1), help="CPU threads over queries [default: torch's].")
-@click.option("--device", default="cpu", show_default=True, callback=check_device)
+@device_option("cpu", "cpu (the compiled popcount kernels), cuda, cuda:1, auto (CUDA when present)")
 @user_errors
 def search_cmd(index, queries, split, ids, query_modality, text, image, k, modality, rerank, seps_checkpoint,
                candidates, backend, substrings, nlist, nprobe, ef_search, check_recall, checkpoint, as_json,
