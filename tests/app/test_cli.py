@@ -721,7 +721,7 @@ def test_a_file_given_without_its_flag_is_told_the_flag(argv, said):
      "Option '--results' given 3 times"),
     (["train-hash", "--cuda-graph", "--no-cuda-graph"], "Option '--cuda-graph' / '--no-cuda-graph' given twice"),
     (["evaluate", "-c", "x.pt", "-d", "a.h5", "--dataset", "b.h5"], "Option '--dataset' / '-d' given twice"),
-    (["search", "index", "-q", "q.npy", "-k", "3", "-k", "1"], "Option '-k' given twice"),
+    (["search", "index", "-q", "q.npy", "-k", "3", "-k", "1"], "Option '--k' / '-k' given twice"),
 ])
 def test_an_option_of_one_value_given_twice_is_refused_before_work(tmp_path, monkeypatch, argv, said):
     """click keeps the last of an option given twice, silently: 'train-hash -d a.h5 -d b.h5' trained b alone and
