@@ -304,6 +304,9 @@ def collection(tmp_path_factory, request):
         f["image"], f["text"], f["ids"] = img, txt, ids
         f.create_dataset("text_raw", data=[f"a caption of image {i}" for i in ids], dtype=h5py.string_dtype())
         f.create_dataset("paths", data=[f"img/{i}.jpg" for i in ids], dtype=h5py.string_dtype())
+    (folder / "img").mkdir()
+    for i in range(101, 100 + n_img):  # each image's file but the first's (a page says it is not found)
+        (folder / "img" / f"{i}.jpg").write_bytes(b"\xff\xd8 a picture")
     checkpoints = []
     for seed in (0, 1):
         torch.manual_seed(seed)
@@ -543,6 +546,29 @@ def test_the_page_links_images_relative_to_their_collection_file(collection, tmp
     shown = [path for hits in results.shown for path in hits]  # the captions of id 101, 3 hits each
     assert len(linked) == len(shown) == 9 and all(os.path.normpath(os.path.join(tmp_path / "pages", src)) ==
                                                   os.path.join(folder, path) for src, path in zip(linked, shown))
+
+
+def test_an_image_file_not_found_is_said_on_the_page_and_by_the_command(collection, tmp_path):
+    """A hit or query whose image file is not there was a broken image on the page, and no command said so."""
+    from click.testing import CliRunner
+
+    from ucmfh.app.cli import main
+    from ucmfh.search.html import missing_images
+
+    c = collection
+    index = build_index(c["path"], c["ckpt"][0], str(tmp_path / "ix")).index
+    encoder = Encoder(c["ckpt"][0])
+    results = search_queries(index, encoder, read_queries(c["path"], "txt", encoder.dims, ids=[101]), 40, "image")
+    lost = os.path.join(c["folder"], "img", "100.jpg")
+    assert missing_images(results) == [lost]
+    text = open(write_html(tmp_path / "page.html", results), encoding="utf-8").read()
+    assert text.count("<img src=") == 117 and text.count(f"<i>image file not found:</i> {lost}</div>") == 3  # 3 queries
+    images = read_queries(c["path"], "img", encoder.dims, ids=[100, 101])
+    assert missing_images(search_queries(index, encoder, images, 3, "text")) == [lost]  # a query's image
+    said = CliRunner().invoke(main, ["search", str(tmp_path / "ix"), "-q", c["path"], "--ids", "101", "-m", "image",
+                                     "-k", "40", "--html", str(tmp_path / "p.html")])
+    assert said.exit_code == 0 and f"  1 of its image files not found from here (first: {lost}); the page says " \
+        "so in their place" in said.output, said.output
 
 
 def test_an_image_path_links_to_its_file_and_never_to_another_url(tmp_path):

@@ -214,10 +214,14 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
                        "the retrieval split alone (index it with --split retrieval, or 'ucmfh evaluate')",
                        err=as_json)
     if html:
-        from ucmfh.search.html import write_html
+        from ucmfh.search.html import missing_images, write_html
 
         write_html(html, results, title=f"ucmfh search: {', '.join(index)}")
         click.echo(f"wrote {html}", err=as_json)
+        missing = missing_images(results)
+        if missing:
+            click.echo(f"  {len(missing)} of its image files not found from here (first: {missing[0]}); the page says "
+                       "so in their place", err=as_json)
     n = max(1, len(q))
     click.echo(f"{len(q)} quer{'y' if len(q) == 1 else 'ies'}, ms per query: " + ", ".join(
         f"{stage} {1000 * s / n:.3f}" for stage, s in results.seconds.items()), err=True)

@@ -5,7 +5,7 @@ import html
 import os
 import pathlib
 import urllib.parse
-from typing import Optional
+from typing import List, Optional
 
 from ucmfh.files import MARKS, PathLike, write_text_atomic
 from ucmfh.search.results import NAMES, Results, in_folder_of
@@ -51,7 +51,7 @@ def render_html(results: Results, title: str = "ucmfh search", page_dir: str = "
             out.append(f"<p class='qtext'>{e(q.text[i])}</p>")
         elif q.paths is not None:
             query_file = in_folder_of(q.path, q.paths[i])
-            out.append(f"<div class='hit'><img src='{e(_src(query_file, page_dir))}' alt='query'></div>")
+            out.append(f"<div class='hit'>{_image(query_file, page_dir, 'query')}</div>")
         out.append("<div class='hits'>")
         for r in range(results.positions.shape[1]):
             relevant = results.relevant is not None and bool(results.relevant[i, r])
@@ -64,7 +64,7 @@ def render_html(results: Results, title: str = "ucmfh search", page_dir: str = "
             shown = results.shown[i][r]
             if shown is not None and results.modality == "img":
                 file = results.files[i][r] if results.files is not None else shown
-                body = f"<img src='{e(_src(file, page_dir))}' alt='id {results.ids[i, r]}'>"
+                body = _image(file, page_dir, f"id {results.ids[i, r]}")
             elif shown is not None:
                 body = f"<div class='caption'>{e(shown)}</div>"
             elif results.described is not None and results.described[i][r] is not None:  # no image: a text of its id
@@ -75,6 +75,24 @@ def render_html(results: Results, title: str = "ucmfh search", page_dir: str = "
         out.append("</div></section>")
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def _image(path: str, page_dir: str, alt: str) -> str:
+    """An image of the page, or where its file is not found from here, its path said (a broken link said nothing)."""
+    if not os.path.exists(path):
+        return f"<div class='caption'><i>image file not found:</i> {html.escape(path)}</div>"
+    return f"<img src='{html.escape(_src(path, page_dir))}' alt='{html.escape(alt)}'>"
+
+
+def missing_images(results: Results) -> List[str]:
+    """The image files of a page of ``results`` (queries' and hits') that are not found from here, each once."""
+    q = results.queries
+    paths = [in_folder_of(q.path, path) for path in q.paths] if q.text is None and q.paths is not None else []
+    if results.modality == "img":
+        for i, row in enumerate(results.shown):
+            paths += [results.files[i][r] if results.files is not None else shown
+                      for r, shown in enumerate(row) if shown is not None]
+    return [path for path in dict.fromkeys(paths) if not os.path.exists(path)]
 
 
 def write_html(path: PathLike, results: Results, title: Optional[str] = None) -> str:
