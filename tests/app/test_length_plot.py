@@ -324,3 +324,27 @@ def test_every_line_of_a_crowded_figure_is_drawn_apart_and_the_crowd_is_said(tmp
             (kw["color"], kw["marker"], kw["linestyle"])) or real(self, *a, **kw))
         draw_length_figures(figures[:1], str(tmp_path / "one"))
     assert len(drawn) == 25 and len(set(drawn)) == 25
+
+
+def test_a_point_some_of_whose_seeds_collapsed_is_marked_as_the_tables_mark_it(tmp_path):
+    """grid.md and 'ucmfh runs' mark with † a group some of whose seeds' codes collapsed (a near-random order's
+    scores in its mean); its point on a figure was drawn like any other."""
+    pytest.importorskip("matplotlib")
+    from ucmfh.app.runs import COLLAPSE_MARK
+
+    fell = {"img": [1, 2173], "txt": [900, 2173], "n_bits": 32}  # one modality's codes: one code for every item
+    rows = [{**row, "distinct_codes": fell} if (row["method"], row["n_bits"], row["seed"]) == ("two-tower", 32, 2)
+            else row for row in ROWS[:9]]
+    figures = length_figures(summarize(rows))
+    [line] = [line for line in figures[0]["lines"] if line["label"] == "two-tower"]
+    assert line["n_bits"] == [16, 32, 64] and line["collapsed"] == [0, 1, 0]
+    drawn = []
+    import matplotlib.axes
+
+    real = matplotlib.axes.Axes.annotate
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(matplotlib.axes.Axes, "annotate", lambda ax, text, xy, **kw: drawn.append((text, xy)) or
+                      real(ax, text, xy, **kw))
+        draw_length_figures(figures, str(tmp_path / "fig"))
+    assert drawn == [(COLLAPSE_MARK, (32, next(line["mean"][1] for line in figure["lines"]
+                                               if line["label"] == "two-tower"))) for figure in figures]

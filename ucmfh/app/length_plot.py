@@ -18,7 +18,7 @@ import os
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
-from ucmfh.app.runs import dataset_labels, headline, variant_of
+from ucmfh.app.runs import COLLAPSE_MARK, dataset_labels, headline, variant_of
 from ucmfh.app.outputs import check_figures, check_outputs
 
 # a figure's score: (field, label); a labelled set's MAP, a caption set's R@1, R@5, R@10 in % and rSum
@@ -112,7 +112,7 @@ def _figure(dataset: str, trained: Optional[str], database: Optional[str], field
         while True:
             name = " ".join([str(key[0]), *parts]) + (f" ({copy + 1})" if copy else "")
             line = lines.setdefault((*key, copy), {"label": name, "n_bits": [], "mean": [], "std": [],
-                                                   "n_seeds": [], "fields": []})
+                                                   "n_seeds": [], "fields": [], "collapsed": []})
             if entry["n_bits"] not in line["n_bits"]:
                 break
             copy += 1
@@ -121,6 +121,7 @@ def _figure(dataset: str, trained: Optional[str], database: Optional[str], field
         line["std"].append(entry[f"{shown}_std"])
         line["n_seeds"].append(entry["n_seeds"])
         line["fields"].append(shown)
+        line["collapsed"].append(entry.get("collapsed_seeds") or 0)  # marked COLLAPSE_MARK, as the tables mark it
     random: Dict[int, List[float]] = {}
     for entry, _ in entries:
         if f"random_{field}_mean" in entry:
@@ -247,6 +248,9 @@ def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[
             style = {"marker": "o", **REFERENCE_STYLE} if line["label"].split(" ")[0] in REFERENCE_METHODS \
                 else styles[line["label"]]
             ax.errorbar(line["n_bits"], line["mean"], yerr=line["std"], capsize=3, label=line["label"], **style)
+            for x, y, collapsed in zip(line["n_bits"], line["mean"], line.get("collapsed", ())):
+                if collapsed:  # some seeds' codes collapsed: a near-random order's scores in the mean
+                    ax.annotate(COLLAPSE_MARK, (x, y), xytext=(4, 4), textcoords="offset points", fontsize=11)
         if figure["reference"]:
             ref = figure["reference"]
             ax.plot(ref["n_bits"], ref["mean"], linestyle="--", marker="_", markersize=14, color="grey",
@@ -261,8 +265,10 @@ def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[
         ax.grid(alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()  # the random codes' plain line comes first: put it last
         order = sorted(range(len(labels)), key=lambda i: labels[i] == "random codes")
+        collapsed = any(any(line.get("collapsed", ())) for line in figure["lines"])
+        title = legend_title(figure) + (f"\n{COLLAPSE_MARK}: codes collapsed in some seeds" if collapsed else "")
         ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8,
-                  title=legend_title(figure), title_fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                  title=title, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                   borderaxespad=0.0)
         for path in figure_paths(prefix, figure):
             paths.append(save_figure(fig, path, tight=True))  # the legend beside the axes, however long its labels
