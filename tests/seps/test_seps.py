@@ -4,6 +4,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import json
+import re
 import math
 import os
 
@@ -367,6 +368,9 @@ def test_train_seps_and_rerank_commands(tmp_path, token_path):
     assert short.exit_code == 2 and "'-m' / '--candidates': 5: a list of 5 candidates has no R@10" in short.output
     alone = runner.invoke(main, ["rerank", *common, "-c", str(hash_ckpt), "--full"])  # no SEPS: --full did nothing
     assert alone.exit_code == 2 and "--full scores every pair by SEPS: it goes with --seps SEPS.pt" in alone.output
+    many = runner.invoke(main, ["rerank", *common, "-c", str(hash_ckpt), "-m", "100000"])
+    assert many.exit_code == 0 and re.search(r"  M 100000 on the test database: its \d+ items of a modality are all "
+                                             r"the candidates", many.output), many.output  # the column said 100000
     # a results file with re-ranking rows (no seed) and SEPS rows (a seed) still summarises,
     # each stage and M on a line of its own
     summary = runner.invoke(main, ["runs", "--results", results])

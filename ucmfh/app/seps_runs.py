@@ -213,6 +213,10 @@ def format_stages(rows: List[Dict[str, Any]]) -> str:
                  "ceiling)")
     lines.append("  ties by database index: the lists the search returns (the Hamming stage's first M, in that order, "
                  "are what the re-ranking stages re-order); no tie-aware twins")
+    fewer = {(r["database"], r["candidates"], r[f"candidates_{d}"]) for r in rows for d in ("i2t", "t2i")
+             if r.get("candidates") and r.get(f"candidates_{d}", r["candidates"]) < r["candidates"]}
+    for database, m, n in sorted(fewer):  # -m 1000 of a database of 100 re-ranks the 100, as its rows record
+        lines.append(f"  M {m} on the {database} database: its {n} items of a modality are all the candidates")
     if any(r.get("protocol") == "dense-text-leak" for r in rows):
         lines.append("  " + LEAK_NOTE)
     return "\n".join(lines)
