@@ -520,7 +520,7 @@ BUGS: Tuple[Bug, ...] = (
     Bug("encode-exists-before-input", "ucmfh/app/outputs.py",
         "            if not folder:  # an input first",
         "            if flag in new and not overwrite and os.path.exists(path):\n"
-        "                raise FileExistsError(f\"{path}: exists; not replaced\")\n            if not folder:",
+        "                raise FileExistsError(f\"{path}: exists; not replaced\")\n            if not folder:  # an input first",
         "encode -o CHECKPOINT says 'pass --overwrite', which then refuses it as an input",
         ("tests/app/test_user_files.py::test_an_output_that_is_an_input_is_refused_even_with_overwrite",)),
     Bug("runs-reads-with-collector-on", "ucmfh/files.py",
