@@ -75,7 +75,7 @@ def _common(f):
 @click.option("--n-classes", default=SyntheticSpec.n_classes, show_default=True, help="Classes (multi-label).")
 @click.option("--d-img", default=SyntheticSpec.d_img, show_default=True, help="Image feature dimensions.")
 @click.option("--d-txt", default=SyntheticSpec.d_txt, show_default=True, help="Text feature dimensions.")
-@click.option("--seed", default=SyntheticSpec.seed, show_default=True, type=click.IntRange(0, 2**32 - 1),
+@click.option("--seed", default=SyntheticSpec.seed, show_default=True, type=seed_type,
               help="The data's seed: the same seed and sizes give the same file on every machine.")
 @click.option("--overwrite", is_flag=True, help="Replace OUT if it exists.")
 @user_errors

@@ -29,8 +29,8 @@ from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.jobs import SideBySide, jobs_option
 from ucmfh.app.table import append_cell_rows
 from ucmfh.app.options import (
-    DEFAULT_RESULTS, FLAGS, Count, candidates_problem, check_precision, default_method_note, device_option, flag_of,
-    given_twice, parse_params, resolved, scoring_options, seed_type, settings_of, train_options,
+    DEFAULT_RESULTS, FLAGS, Count, candidates_problem, check_precision, data_dir_option, default_method_note,
+    device_option, flag_of, given_twice, parse_params, resolved, scoring_options, seed_type, settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import (COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, UNCHECKED_NOTE, beyond_defaults_note,
@@ -344,7 +344,7 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
 @click.command("grid")
 @click.option("--dataset", "-d", "datasets", multiple=True, required=True,
               help="Dataset name or .h5 path (repeatable).")
-@click.option("--data-dir", default=None, help="Folder of NAME.h5 files [default: $UCMFH_DATA_DIR or data].")
+@data_dir_option()
 @click.option("--methods", default=DEFAULT_METHOD, show_default=True, callback=_list(str),
               help=f"Comma-separated methods ({', '.join(METHODS)}). The other options serve every method: one a "
                    "method has no use for (those of epochs for a method fitted in closed form, those of a fusion "
@@ -378,7 +378,7 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
 def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_epochs, protocol, k, results, table,
          plot, overwrite, device, quiet, jobs, workers, **train) -> None:
     """Train and score datasets × methods × losses × code lengths × seeds; skip finished cells; write one table."""
-    from ucmfh.app.environment import default_data_dir, protocols_of
+    from ucmfh.app.environment import protocols_of
 
     if not results:  # its rows are how a grid resumes: '' (no file, as train-hash takes it) failed after a cell
         raise click.BadParameter("a grid keeps its rows, the cells it skips when run again: give a file",
@@ -407,7 +407,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
 
         pyplot()
         check_prefix(plot, overwrite)
-    paths = {dataset: resolve_dataset(dataset, data_dir or default_data_dir()) for dataset in datasets}
+    paths = {dataset: resolve_dataset(dataset, data_dir) for dataset in datasets}
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))
     grid_rows: List[List[Dict[str, Any]]] = []  # each cell's rows, in the grid's order
     older = os.path.join(os.path.dirname(DEFAULT_RESULTS), "grid.jsonl")

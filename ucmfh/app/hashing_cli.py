@@ -10,14 +10,14 @@ from typing import Any, Dict, Optional, Sequence
 import click
 
 from ucmfh.app.errors import user_errors
-from ucmfh.app.environment import dataset_paths, default_data_dir, protocols_of, resolve_dataset
+from ucmfh.app.environment import dataset_paths, protocols_of, resolve_dataset
 from ucmfh.app.identity import Run, dataset_identity
 from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.options import (
-    TRAINED_ON_HELP, Count, FiniteRange, InputPath, candidates_problem, check_precision, data_options, device_option,
-    given_flags, given_twice, resolved, run_options, settings_of, train_options,
+    TRAINED_ON_HELP, Count, FiniteRange, InputPath, candidates_problem, check_precision, data_dir_option, data_options,
+    device_option, given_flags, given_twice, resolved, run_options, settings_of, train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.files import fingerprint
@@ -56,7 +56,8 @@ def methods_cmd() -> None:
 
 @click.command("losses")
 def losses_cmd() -> None:
-    """List the losses, each with its parameters and their defaults (--loss-param NAME=VALUE)."""
+    """List the losses, each with its parameters and their defaults (train-*: --loss-param KEY=VALUE; grid:
+    --loss-params LOSS:KEY=VALUE)."""
     from ucmfh.losses import LOSSES, loss_params
 
     for name, cls in LOSSES.items():
@@ -80,7 +81,8 @@ def _load(dataset: str, data_dir: str, max_memory: Optional[int] = DEFAULT_MAX_M
 @click.command("train-fusion")
 @data_options
 @train_options("train-fusion", without=("refit", "candidates_side_by_side"))  # the fusion stage: no refit, no candidates
-@click.option("--lr", default=FusionConfig.lr, show_default=True, type=FiniteRange(min=0, min_open=True))
+@click.option("--lr", default=FusionConfig.lr, show_default=True, type=FiniteRange(min=0, min_open=True),
+              help="The fusion encoder's learning rate (Adam).")
 @user_errors
 def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr, **train) -> None:
     """Task 0: train the fusion encoder and score its embeddings (cosine ranking)."""
@@ -254,7 +256,7 @@ def _score_codes_files(codes: Sequence[str], k: int, device: str, database: Opti
 
 @click.command("encode")
 @click.option("--dataset", "-d", default=None, help=TRAINED_ON_HELP)
-@click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data")
+@data_dir_option()
 @click.option("--checkpoint", "-c", required=True, type=InputPath(dir_okay=False), help="A hashN.pt checkpoint.")
 @click.option("--protocol", type=click.Choice(PROTOCOLS), default="unimodal", show_default=True)
 @click.option("--out", "-o", required=True, type=click.Path(dir_okay=False), help="Codes file to write (HDF5, packed bits).")

@@ -156,6 +156,12 @@ def _check_side_by_side(ctx: click.Context, param: click.Parameter, value: bool)
     return value
 
 
+def data_dir_option() -> Callable:
+    """--data-dir, said alike by every command that reads datasets by name."""
+    return click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data",
+                        help="Folder of NAME.h5 dataset files.")
+
+
 # what --device takes, said alike by every command that has it
 DEVICE_HELP = "auto (CUDA when present), cpu, cuda, cuda:1, ..."
 
@@ -199,8 +205,7 @@ def data_options(fn: Callable, trained_on: bool = False) -> Callable:
         click.option("--dataset", "-d", default="synthetic", show_default=not trained_on,
                      help=TRAINED_ON_HELP if trained_on else
                      "Dataset name (DATA_DIR/NAME.h5) or path to an .h5 file; 'synthetic' is made on first use."),
-        click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data",
-                     help="Folder of NAME.h5 dataset files."),
+        data_dir_option(),
         *scoring_options(),
         *output_options(),
     ]):

@@ -7,11 +7,11 @@ from __future__ import annotations
 import click
 
 from ucmfh.app.errors import user_errors
-from ucmfh.app.environment import default_data_dir, resolve_dataset
+from ucmfh.app.environment import resolve_dataset
 from ucmfh.app.identity import RunOptions
 from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
 from ucmfh.app.options import (
-    Count, FiniteRange, InputPath, check_precision, output_options, parse_params, resolved, seed_type,
+    Count, FiniteRange, InputPath, check_precision, data_dir_option, output_options, parse_params, resolved, seed_type,
     tensorboard_option,
 )
 from ucmfh.app.outputs import check_outputs
@@ -32,8 +32,7 @@ def _with_options(fn, database: str):
     for option in reversed([
         click.option("--dataset", "-d", required=True,
                      help="Dataset name (DATA_DIR/NAME.h5) or path to an .h5 file with token features."),
-        click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data",
-                     help="Folder of NAME.h5 dataset files."),
+        data_dir_option(),
         click.option("--database", type=click.Choice(["both", *DATABASES]), default=database, show_default=True,
                      help="Which database of the caption protocol to score (test: the query split; collection: "
                           "query and retrieval together)."),
@@ -63,9 +62,12 @@ def _report(rows, results) -> None:
 @click.option("--dense-text", type=click.Choice(list(DENSE_TEXT)), default=_DEFAULTS.dense_text, show_default=True,
               help="Dense descriptions (files with dense_text_tokens): " + "; ".join(
                   f"{k}: {v}" for k, v in DENSE_TEXT.items()) + ".")
-@click.option("--epochs", type=Count(min=1), default=_DEFAULTS.epochs, show_default=True)
-@click.option("--batch-size", type=Count(min=2), default=_DEFAULTS.batch_size, show_default=True)
-@click.option("--lr", type=FiniteRange(min=0, min_open=True), default=_DEFAULTS.lr, show_default=True)
+@click.option("--epochs", type=Count(min=1), default=_DEFAULTS.epochs, show_default=True,
+              help="Most epochs (the best on the validation split is kept).")
+@click.option("--batch-size", type=Count(min=2), default=_DEFAULTS.batch_size, show_default=True,
+              help="Image–caption pairs a step.")
+@click.option("--lr", type=FiniteRange(min=0, min_open=True), default=_DEFAULTS.lr, show_default=True,
+              help="Learning rate (AdamW).")
 @click.option("--seed", default=_DEFAULTS.seed, show_default=True, type=seed_type)
 @click.option("--val-fraction", type=FiniteRange(0, 1, max_open=True), default=_DEFAULTS.val_fraction,
               show_default=True, help="Share of the training images held out to pick the best epoch (0: keep the last).")
