@@ -342,3 +342,21 @@ def test_a_signal_heard_while_writing_stops_the_conversion_between_blocks(tmp_pa
                                        "20", "--quiet"])
     assert result.exit_code == 143 and "interrupted; nothing written" in result.output, result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["image.npy", "labels.npy", "text.npy"]
+
+
+def test_a_conversion_s_warning_is_said_as_every_other_command_says_one(tmp_path):
+    """The library's log reached the terminal as 'WARNING labels.npy: dropped ...' and 'INFO ...', where every other
+    line of ucmfh says 'warning: ...'. Run as a user runs it (pytest's own log handlers would hide the format)."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    image, text, labels = whole_set(3)
+    labels[[4, 9]] = 0
+    paths = save_npy(tmp_path, image, text, labels)
+    done = subprocess.run([sys.executable, "-m", "ucmfh", "convert", "npz", *paths, str(tmp_path / "o.h5"), "--query",
+                           "6", "--train", "20"], capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert done.returncode == 0, done.stderr
+    warned = [line for line in done.stderr.splitlines() if "dropped 2 of 60 rows" in line]
+    assert len(warned) == 1 and warned[0].startswith("warning: ") and "WARNING" not in done.stderr, done.stderr

@@ -197,10 +197,25 @@ def _as_collection(path: str) -> Optional[str]:
             f"{len(coll)} rows in {', '.join(coll.groups)}; {widths}" + (f"; {', '.join(extra)}" if extra else ""))
 
 
+class _Lines(logging.Formatter):
+    """A log record as every other line of the command says it: a warning ``warning: ...``, news as it is."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        text = super().format(record)
+        return text if record.levelno < logging.WARNING else f"{record.levelname.lower()}: {text}"
+
+
+def _log_lines() -> None:
+    """The library's log (conversion, extraction) said on stderr in the command's words ('WARNING x' before)."""
+    handler = logging.StreamHandler()
+    handler.setFormatter(_Lines("%(message)s"))
+    logging.basicConfig(level=logging.INFO, handlers=[handler])
+
+
 @click.group()
 def convert() -> None:
     """Convert released feature files into the ucmfh HDF5 format."""
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    _log_lines()
 
 
 @convert.command("pkl")
@@ -339,7 +354,7 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
     Sharded (docs/data.md): run '--shard I/N' for every I (any machines sharing OUT.parts/), then
     '--merge'; or 'torchrun --nproc-per-node N -m ucmfh extract ...'.
     """
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
+    _log_lines()
     try:  # the images themselves are inputs too, whether IMAGES is their folder or a list of them
         image_paths = list_images(images)[1]
     except ValueError:
