@@ -146,8 +146,8 @@ def test_a_run_leaves_the_caller_s_generators_as_it_found_them_however_it_ends(t
         assert _caller_draws() == expected, plan
 
 
-def _fits_in_threads(tiny):
-    threads = [threading.Thread(target=_fit, args=(tiny, seed)) for seed in (1, 2)]
+def _fits_in_threads(tiny, fit=_fit):
+    threads = [threading.Thread(target=fit, args=(tiny, seed)) for seed in (1, 2)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -155,7 +155,15 @@ def _fits_in_threads(tiny):
 
 
 def test_runs_in_threads_whose_draws_interleave_say_so_and_name_the_remedy(tiny):
-    with pytest.warns(RuntimeWarning, match=r"draws interleave.*ucmfh\.separate_draws\(\)"):
+    """Said once for each thread whose runs clash (a fit of two candidates and a refit said it three times)."""
+    def candidates(data, seed):  # the default's two candidates on a validation split: a run each, and a refit
+        fit_hashing(data, hash_config("two-tower", n_bits=16, epochs=2, batch_size=32, seed=seed, device="cpu"),
+                    progress=False)
+
+    with pytest.warns(RuntimeWarning, match=r"draws interleave.*ucmfh\.separate_draws\(\)") as said:
+        _fits_in_threads(tiny, candidates)
+    assert 1 <= len([w for w in said if issubclass(w.category, RuntimeWarning)]) <= 2
+    with pytest.warns(RuntimeWarning, match=r"draws interleave"):  # the runs over, told again at a new clash
         _fits_in_threads(tiny)
 
 

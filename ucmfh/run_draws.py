@@ -36,6 +36,7 @@ _LOCK = threading.RLock()  # a run's set-up, and each step with its draws' state
 _ON = [0]  # the separate_draws blocks under way, every thread's
 _RUNS: Dict[int, List[bool]] = {}  # each thread's runs under way (run_under_way): whether each keeps its draws apart
 _SAVED: List[Optional[tuple]] = [None]  # the generators' states the first of the runs under way found
+_WARNED: set = set()  # the threads told their draws interleave, while runs are under way: each told once
 _NOTHING = contextlib.nullcontext()
 
 
@@ -85,7 +86,11 @@ def run_under_way(device: torch.device, keeps_apart: bool = True) -> Iterator[No
                          torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
         others = [keeps for thread, runs in _RUNS.items() if thread != me for keeps in runs]
         _RUNS.setdefault(me, []).append(apart)
-    if others and not (apart and all(others)):
+        told = me in _WARNED  # a fit of several runs (candidates, a refit) warned at each of them
+        clash = others and not (apart and all(others))
+        if clash:
+            _WARNED.add(me)
+    if clash and not told:
         warnings.warn("a run started in one thread while another thread's run is under way: their random draws "
                       "interleave, and each trains another model than it trains alone; start them inside "
                       "ucmfh.separate_draws()", RuntimeWarning, stacklevel=3)
@@ -98,6 +103,7 @@ def run_under_way(device: torch.device, keeps_apart: bool = True) -> Iterator[No
             if not runs:
                 del _RUNS[me]
             if not _RUNS:  # the last run under way: the state the first one found
+                _WARNED.clear()
                 py, np_state, cpu, gpus, deterministic, benchmark = _SAVED[0]
                 random.setstate(py)
                 np.random.set_state(np_state)
