@@ -345,3 +345,31 @@ def test_a_grid_reads_the_rows_of_its_own_cells_alone(tiny_path, tmp_path, monke
     again = _grid(*argv)
     assert again.count("skip") == 2 and "run  " not in again
     assert {json.loads(line)["run"] for line in parsed} == mine  # the file's first row is one of its cells'
+
+
+def test_a_caption_set_s_recalls_and_a_collapse_reach_the_csv(tmp_path):
+    """The grid's CSV held the MAP columns alone: a caption set's R@K and rSum (what its tables lead with) were left
+    out, and so was the mark of seeds whose codes collapsed, which grid.md shows (an audit's)."""
+    from conftest import caption_file
+
+    from ucmfh.app.grid import write_tables
+
+    path = caption_file(tmp_path / "cap.h5")
+    table = tmp_path / "t"
+    _grid("-d", str(path), "--methods", "cca-itq", "-b", "8", "--seeds", "1,2", "--results", str(tmp_path / "r.jsonl"),
+          "--out", str(tmp_path / "runs"), "--table", str(table), "--quiet")
+    rows = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
+    with open(f"{table}.csv", newline="") as f:
+        summary = {s["database"]: s for s in csv.DictReader(f)}
+    assert sorted(summary) == ["collection", "test"]
+    for database, s in summary.items():
+        mine = [r for r in rows if r["database"] == database]
+        assert float(s["r1_i2t_expected_mean"]) == pytest.approx(sum(r["recall_i2t_expected"]["1"] for r in mine) / 2)
+        assert float(s["rsum_mean"]) == pytest.approx(sum(r["rsum"] for r in mine) / 2)
+        assert float(s["random_rsum_mean"]) == pytest.approx(sum(r["random_rsum"] for r in mine) / 2)
+        assert s["collapsed_seeds"] == "0" and s["map_i2t_mean"] != ""
+    fell = [{**r, "distinct_codes": {"img": [1, 48], "txt": [40, 144], "n_bits": 8}} if r["seed"] == 2 else r
+            for r in rows]
+    write_tables(fell, ["cca-itq"], [8], str(tmp_path / "fell"))
+    with open(tmp_path / "fell.csv", newline="") as f:
+        assert {s["collapsed_seeds"] for s in csv.DictReader(f)} == {"1"}

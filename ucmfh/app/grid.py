@@ -33,8 +33,8 @@ from ucmfh.app.options import (
     device_option, flag_of, given_twice, parse_params, resolved, scoring_options, seed_type, settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
-from ucmfh.app.runs import (COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, UNCHECKED_NOTE, beyond_defaults_note,
-                            dataset_labels, headline, sample_std, scores_line, summarize, variant_of)
+from ucmfh.app.runs import (COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, RECALL_AT_K, UNCHECKED_NOTE,
+                            beyond_defaults_note, dataset_labels, headline, sample_std, scores_line, summarize, variant_of)
 from ucmfh.config import CODE_LENGTHS, EXPECTED
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import MARKS, read_jsonl, write_text_atomic
@@ -255,9 +255,14 @@ def _cell_text(value: Any) -> Any:
 
 def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence[int], prefix: str) -> Tuple[str, str]:
     """``PREFIX.md`` (the tables above) and ``PREFIX.csv`` (one line per group of :func:`summarize`)."""
-    columns = ["dataset", "method", "loss", "n_bits", "protocol", "database", "k", "n_seeds",
-               *(f"{p}{d}{t}_{s}" for p in ("", "random_", REAL) for d in DIRECTIONS for t in ("", EXPECTED)
-                 for s in ("mean", "std") if not (p == "random_" and t)),
+    # every grid's columns, whatever its datasets: a caption set's R@K (in %) and rSum beside a labelled set's MAP,
+    # each blank where a group has none (they were left out: a caption set's file held no figure but MAP); the
+    # seeds whose codes collapsed (the tables' mark) and those an older ucmfh scored without counting them
+    scores = (*DIRECTIONS, "rsum", *RECALL_AT_K)
+    columns = ["dataset", "method", "loss", "n_bits", "protocol", "database", "k", "n_seeds", "collapsed_seeds",
+               "unchecked_seeds",
+               *(f"{p}{d}{t}_{s}" for p in ("", "random_", REAL) for d in scores for t in ("", EXPECTED)
+                 for s in ("mean", "std") if not (p == "random_" and (t or d in RECALL_AT_K))),
                "train_time_s_mean", "fusion_train_time_s_mean", "settings_key",
                "dataset_fingerprint"]  # two files of one name apart (the header's start is the file's mark)
     text = io.StringIO()
