@@ -348,7 +348,7 @@ def test_runs_summarises_over_seeds(tmp_path):
     assert result.exit_code == 2 and "Error: --results '': an empty path" in result.output
     # a selection that matches nothing: what the file holds, so the right filter can be given
     result = CliRunner().invoke(main, ["runs", "--results", str(path), "-b", "64", "--seed", "9"])
-    assert result.exit_code == 0 and result.output.strip() == (
+    assert result.exit_code == 0 and result.stdout == "" and result.stderr.strip() == (
         f"no runs match the selection; {path} holds: tasks hashing; datasets d; methods ucmfh; code lengths 16; "
         "protocols unimodal; seeds 1, 2, 3"), result.output
     # ... with --json too: it printed nothing at all; stdout keeps JSON rows (none), the note goes to stderr

@@ -100,8 +100,9 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
         for path in draw_length_figures(figures, plot):
             click.echo(f"wrote {path}")
         return
-    if not groups and found:  # the selection left nothing: what would match (on stderr beside JSON, which stays rows)
-        click.echo(f"no runs match the selection; {', '.join(results)} holds: {held_by(found)}", err=as_json)
+    if not groups and found:  # the selection left nothing: what would match, on stderr (stdout is the table's alone,
+        # which a script reads: a sentence there was read as data), exit 0 as a query that finds nothing
+        click.echo(f"no runs match the selection; {', '.join(results)} holds: {held_by(found)}", err=True)
     elif as_json:
         for g in groups:
             click.echo(json.dumps(g, sort_keys=True))
