@@ -118,7 +118,7 @@ def test_grid_applies_an_option_only_to_the_methods_that_use_it_and_says_so(tmp_
     result = CliRunner().invoke(main, [*common, "--methods", "two-tower,cca-itq", "--epochs", "3",
                                        "--batch-size", "32"])
     assert result.exit_code == 2 and "missing.h5: no such dataset file" in result.output  # accepted: the data was next
-    assert result.output.splitlines()[0] == ("method 'cca-itq': --epochs, --batch-size not applied (it is fitted in "
+    assert result.stderr.splitlines()[0] == ("method 'cca-itq': --epochs, --batch-size not applied (it is fitted in "
                                              "closed form); the other methods apply them")
     for methods, option, error in (
             ("cca-itq", ["--epochs", "3"], "Invalid value for --epochs: no method of the grid has a use for it: "

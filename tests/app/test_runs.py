@@ -994,7 +994,7 @@ def test_collapsed_codes_are_said_and_recorded(tmp_path):
     n = len(data.retrieval)
     q = len(data.query)
     assert (f"warning: collapsed codes (unimodal): distinct codes of the retrieval texts 1 for {n} items, query "
-            f"texts 1 for {q} items; its scores") in out.output
+            f"texts 1 for {q} items; its scores") in out.stderr and "warning" not in out.stdout  # stdout: a script's
     assert "images" not in out.output.split("warning")[1].split("\n")[0]
     [row] = _rows(results)
     assert row["distinct_codes"]["txt"] == [1, n] and 1 < row["distinct_codes"]["img"][0] <= n
@@ -1056,7 +1056,8 @@ def test_a_validation_split_that_tells_nothing_apart_is_said(tmp_path):
     assert out.exit_code == 0, out.output
     assert ("warning: validation scored 0.0000 at each of its 3 epochs: the epoch kept (1) was chosen by nothing"
             in out.output)
-    assert "warning: the candidates scored alike on validation: t0.3 was chosen by nothing" in out.output
+    assert "warning: the candidates scored alike on validation: t0.3 was chosen by nothing" in out.stderr
+    assert "warning" not in out.stdout  # a command's warnings on stderr, beside its errors (they were on stdout)
 
 
 def test_resume_with_nothing_saved_names_no_file_the_run_never_writes(tmp_path, tiny_path):

@@ -41,6 +41,12 @@ def option_hint(setting: str, value: object) -> str:
     return flag if value is True else f"{flag} {value}"
 
 
+def say(line: str) -> None:
+    """A line of a command's log: a warning (``warning: ...``, indented too) on stderr, where diagnostics go and
+    stdout keeps what a script reads; any other line on stdout."""
+    click.echo(line, err=line.lstrip().startswith("warning: "))
+
+
 def warn(message: str) -> None:
     """One line on stderr for something skipped that the user should know of (not a Python warning)."""
     click.echo(f"warning: {message}", err=True)

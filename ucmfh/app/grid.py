@@ -22,7 +22,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import click
 
-from ucmfh.app.errors import interrupted, user_errors, warn
+from ucmfh.app.errors import interrupted, say, user_errors, warn
 from ucmfh.app.environment import resolve_dataset
 from ucmfh.app.experiment import say_relevance, train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
@@ -305,8 +305,8 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
              + "; ".join(f"{', '.join(flag_of(s, flags) for s in u if u[s] == why)} not applied (it {why})"
                          for why in dict.fromkeys(u.values()))
              + "; the other methods apply them" for (m, loss), u in unused.items() if u]
-    for note in notes:
-        click.echo(note)
+    for note in notes:  # diagnostics: on stderr, beside the warnings
+        click.echo(note, err=True)
     # every cell's settings are checked before anything trains
     cells = []
     for dataset, (method, loss), seed in product(datasets, variants_asked, seeds):
@@ -446,7 +446,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
             continue
         click.echo(f"run  {name}")
         try:
-            rows = train_hash_stage(data, fcfg, hcfg, opts, protocols, k, log=click.echo)
+            rows = train_hash_stage(data, fcfg, hcfg, opts, protocols, k, log=say)
         except KeyboardInterrupt as err:  # a grid has no --resume: it resumes what it finds
             interrupted(err, always_resumes=True)
         append_cell_rows(results, rows, click.echo)

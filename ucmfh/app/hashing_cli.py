@@ -9,7 +9,7 @@ from typing import Any, Dict, Optional, Sequence
 
 import click
 
-from ucmfh.app.errors import user_errors
+from ucmfh.app.errors import say, user_errors
 from ucmfh.app.environment import dataset_paths, protocols_of, resolve_dataset
 from ucmfh.app.identity import Run, dataset_identity
 from ucmfh.app.stage import check_interrupted
@@ -94,7 +94,7 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
     check_interrupted([Run(opts.out, dataset_identity(data), cfg)], opts)
-    rows = train_fusion_stage(data, cfg, opts, protocols_of(protocol), k, log=click.echo)
+    rows = train_fusion_stage(data, cfg, opts, protocols_of(protocol), k, log=say)
     report(rows, results, click.echo)
     if rows:
         click.echo(f"checkpoint: {rows[0]['checkpoint']}")
@@ -139,7 +139,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
     opts = run_options(train, quiet)
     check_interrupted([Run(opts.out, dataset_identity(data), fcfg, hcfg) for hcfg in hcfgs], opts)
     for hcfg in hcfgs:
-        rows = train_hash_stage(data, fcfg, hcfg, opts, protocols_of(protocol), k, log=click.echo)
+        rows = train_hash_stage(data, fcfg, hcfg, opts, protocols_of(protocol), k, log=say)
         report(rows, results, click.echo)
         if rows:
             click.echo(f"checkpoint: {rows[0]['checkpoint']}")
@@ -198,7 +198,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
         dataset = _trained_on(checkpoint, saved["meta"], "score")
         check_outputs({"--results": results}, inputs={"--checkpoint": checkpoint, "--dataset": dataset})
     data = _load(dataset, data_dir)
-    rows = evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet, log=click.echo,
+    rows = evaluate_checkpoint(data, checkpoint, protocols_of(protocol), k, device, progress=not quiet, log=say,
                                keep_per_query=bool(results))  # --results '': no row, so no file of its scores
     report(rows, results, click.echo)
 
@@ -242,7 +242,7 @@ def _score_codes_files(codes: Sequence[str], k: int, device: str, database: Opti
                    f"every order of tied items; ties by index: {row['map_i2t']:.4f}, {row['map_t2i']:.4f})")
         warning = collapse_warning(row.get("distinct_codes") or {}, row["protocol"])
         if warning:
-            click.echo(warning)
+            click.echo(warning, err=True)
         if results:
             append_results(results, [row])
             click.echo(f"results appended to {results}")
@@ -277,7 +277,7 @@ def encode_cmd(dataset, data_dir, checkpoint, protocol, out, overwrite, device, 
         check_outputs({"--out": out}, inputs={**inputs, "--dataset": dataset}, overwrite=overwrite, new=("--out",))
     resolved(refuse_unused, hash_cfg.method, protocol=protocol)  # a leak-free method's codes have no fused view
     data = _load(dataset, data_dir)
-    path = encode_checkpoint(data, checkpoint, out, protocol, device, not quiet, overwrite, log=click.echo)
+    path = encode_checkpoint(data, checkpoint, out, protocol, device, not quiet, overwrite, log=say)
     click.echo(f"wrote {path} ({protocol} protocol)")
 
 

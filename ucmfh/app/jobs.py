@@ -50,7 +50,7 @@ import click
 import torch
 
 from ucmfh.app.environment import torchrun_sizes
-from ucmfh.app.errors import USER_ERRORS, interrupt_behind, interrupted
+from ucmfh.app.errors import USER_ERRORS, interrupt_behind, interrupted, say
 from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, key_of
 from ucmfh.app.options import Count
@@ -293,7 +293,7 @@ class SideBySide:
 
     def __init__(self, jobs: int, device: str, results: str, opts: RunOptions, protocols: Sequence[str], k: int,
                  max_memory: Optional[int], workers: str = "processes",
-                 log: Callable[[str], None] = click.echo) -> None:
+                 log: Callable[[str], None] = say) -> None:
         if workers not in WORKERS:
             raise ValueError(f"workers: one of {', '.join(WORKERS)}, got {workers!r}")
         self.jobs, self.device, self.results, self.log = jobs, device, results, log

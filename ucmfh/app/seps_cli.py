@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import click
 
-from ucmfh.app.errors import user_errors
+from ucmfh.app.errors import say, user_errors
 from ucmfh.app.environment import resolve_dataset
 from ucmfh.app.identity import RunOptions
 from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
@@ -98,7 +98,7 @@ def train_seps(dataset, data_dir, database, results, device, quiet, overrides, o
     click.echo(f"dataset: {path}")
     data = load_dataset(path)
     opts = RunOptions(out=out, resume=resume, save_interval=save_interval, progress=not quiet, tensorboard=tensorboard)
-    _report(train_seps_stage(data, cfg, opts, _databases(database), log=click.echo), results)
+    _report(train_seps_stage(data, cfg, opts, _databases(database), log=say), results)
 
 
 @click.command("rerank")
