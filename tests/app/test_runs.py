@@ -360,7 +360,9 @@ def test_runs_summarises_over_seeds(tmp_path):
     append_jsonl(second, rows[2:])
     both = CliRunner().invoke(main, ["runs", "--results", str(first), "--results", str(second), "-d", "d", "--json"])
     assert both.exit_code == 0, both.output
-    assert sorted(json.loads(line)["n_seeds"] for line in both.output.splitlines()) == [1, 3]
+    read = sorted((json.loads(line) for line in both.output.splitlines()), key=lambda g: g["n_seeds"])
+    assert [g["n_seeds"] for g in read] == [1, 3] and read[1]["map_i2t_std"] == pytest.approx(0.1)
+    assert read[0]["map_i2t_std"] is None and read[0]["map_t2i_std"] is None  # one seed: no spread, not 0.0
     missing = CliRunner().invoke(main, ["runs", "--results", str(first), "--results", str(tmp_path / "none.jsonl")])
     assert missing.exit_code == 2 and f"{tmp_path / 'none.jsonl'}: no such results file" in missing.output
     # a run two files score differently (trained apart, e.g. with other thread counts): said, the last file's used

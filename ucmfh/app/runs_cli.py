@@ -104,8 +104,9 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
         # which a script reads: a sentence there was read as data), exit 0 as a query that finds nothing
         click.echo(f"no runs match the selection; {', '.join(results)} holds: {held_by(found)}", err=True)
     elif as_json:
-        for g in groups:
-            click.echo(json.dumps(g, sort_keys=True))
+        for g in groups:  # one seed has no spread: null, not a 0.0 that reads as one measured (as the grid's CSV)
+            click.echo(json.dumps({name: None if name.endswith("_std") and g["n_seeds"] < 2 else value
+                                   for name, value in g.items()}, sort_keys=True))
     else:
         click.echo(format_summary(groups))
 
