@@ -90,6 +90,9 @@ def test_compare_pairs_each_query_with_itself_which_can_change_the_verdict(tmp_p
         d, x = lines[figure]["difference"], lines[figure]
         expected = (other[name].astype(np.float32) - base[name].astype(np.float32)).astype(np.float64)
         assert x["cca-itq"] == pytest.approx(base[name].astype(np.float32).mean(), abs=1e-6)
+        # under keys of their own too, and the figure as the rows name it (a script had to look up d[d["base"]])
+        assert (x["base_value"], x["other_value"]) == (x["cca-itq"], x["two-tower"])
+        assert x["field"] == {"MAP I->T": "map_i2t_expected", "MAP T->I": "map_t2i_expected"}[figure]
         assert d["mean"] == pytest.approx(expected.mean(), abs=1e-6) and d["queries"] == [n]
         assert x["verdict"] == ("ahead" if sign > 0 else "behind")
         assert 0.019 < sign * d["low"] < 0.021 and 0.019 < sign * d["high"] < 0.021  # paired: +-0.002 a query

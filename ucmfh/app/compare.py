@@ -39,6 +39,9 @@ from ucmfh.metrics.intervals import RESAMPLES, paired_bootstrap, verdict
 LABELLED = {"MAP I->T": [("ap_i2t", None, 1.0)], "MAP T->I": [("ap_t2i", None, 1.0)]}
 CAPTIONS = {"R@1 I->T": [("hits_i2t", 0, 100.0)], "R@1 T->I": [("hits_t2i", 0, 100.0)],
             "rSum": [("hits_i2t", "all", 100.0), ("hits_t2i", "all", 100.0)], **LABELLED}
+# each figure's field, as results rows and 'ucmfh runs --json' name it: the per-query scores are tie-aware
+FIELDS = {"MAP I->T": "map_i2t_expected", "MAP T->I": "map_t2i_expected", "R@1 I->T": "r1_i2t_expected",
+          "R@1 T->I": "r1_t2i_expected", "rSum": "rsum_expected"}
 
 
 def _part(scores: Dict[str, np.ndarray], name: str, column: Any, scale: float) -> np.ndarray:
@@ -505,9 +508,12 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
             cell = (dataset_, n_bits_, protocol_, database, k, base_key, other_key)
             beyond = {f"{name}_beyond_defaults": beyond_defaults_of(rows_of([cell], side))
                       for name, side in (("base", base), ("other", other))}
+            # each side's mean as base_value and other_value too (a script looked it up under the side as given,
+            # 'cca-itq@hash.method_params.max_pca=64'), and the figure as the rows name it (field)
             click.echo(json.dumps({"dataset": dataset_, "n_bits": n_bits_, "protocol": protocol_,
                                    "database": database, "k": k, "base": base, "other": other,
-                                   "base_settings": base_key, "other_settings": other_key, **beyond, **r},
+                                   "base_settings": base_key, "other_settings": other_key, **beyond, **r,
+                                   "field": FIELDS[r["figure"]], "base_value": r[base], "other_value": r[other]},
                                   sort_keys=True))
     else:
         click.echo(_format(out, base, other))
