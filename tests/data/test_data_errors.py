@@ -148,7 +148,7 @@ def test_validate_float_ids(small_file):
     (["--n-classes", "0"], "Error: --n-classes must be at least 1, got 0"),  # the flag, not the spec's field
     (["--d-img", "-3"], "Error: --d-img must be at least 1, got -3"),
     (["--n-retrieval", "10", "--n-train", "20"], "Error: --n-train (20) must be at most --n-retrieval (10)"),
-    (["--seed", "-1"], "Error: Invalid value for '--seed': -1 is not in the range 0<=x<=4294967295"),
+    (["--seed", "-1"], "Error: Invalid value for '--seed': -1 is not in the range 0<=x<4294967296"),
     # HDF5's own refusal, after the data were made: 'object header message is too large'
     (["--n-classes", "4001"], "Error: --n-classes must be at most 4000 (the classes' names are one HDF5 attribute), "
                               "got 4001"),
@@ -363,7 +363,8 @@ def test_output_that_cannot_be_written(tmp_path, arrays):
                          "o.h5: cannot create the folder", "file/sub")
     assert "--overwrite" not in message  # nothing there to overwrite
     assert CliRunner().invoke(main, [str(a) for a in convert_npz(*arrays, tmp_path / "o.h5")]).exit_code == 0
-    user_error(convert_npz(*arrays, tmp_path / "o.h5"), "OUT", "o.h5: exists; not replaced (pass --overwrite to replace it)")
+    user_error(convert_npz(*arrays, tmp_path / "o.h5"), "OUT",
+               "o.h5: exists; not replaced (pass --overwrite to replace it)")
 
 
 def write_pkl(path, n, d_img=8, d_txt=4, c=3):

@@ -33,8 +33,10 @@ from ucmfh.app.options import (
     device_option, flag_of, given_twice, parse_params, resolved, scoring_options, seed_type, settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
-from ucmfh.app.runs import (COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, RECALL_AT_K, UNCHECKED_NOTE,
-                            beyond_defaults_note, dataset_labels, headline, sample_std, scores_line, summarize, variant_of)
+from ucmfh.app.runs import (
+    COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, RECALL_AT_K, UNCHECKED_NOTE, beyond_defaults_note, dataset_labels,
+    headline, sample_std, scores_line, summarize, variant_of,
+)
 from ucmfh.config import CODE_LENGTHS, EXPECTED
 from ucmfh.data.h5 import load_dataset
 from ucmfh.files import MARKS, read_jsonl, write_text_atomic

@@ -140,8 +140,9 @@ def hash_config(method: str = DEFAULT_METHOD, *, dataset: Optional[str] = None, 
         if drop_unused:  # of no use to the hashing config
             settings.pop("fusion_epochs")
         else:  # the fusion stage's config is not what this returns
-            raise SettingError("fusion_epochs", f"fusion_epochs sets the fusion stage, whose config hash_config does not "
-                                            f"return: stage_configs({method!r}, fusion_epochs=...) returns both")
+            raise SettingError("fusion_epochs", f"fusion_epochs sets the fusion stage, whose config hash_config "
+                                                f"does not return: stage_configs({method!r}, fusion_epochs=...) "
+                                                "returns both")
     named = {name: value for name, value in settings.items() if name in SETTINGS}
     overrides = {name: value for name, value in settings.items() if name not in SETTINGS}
     try:

@@ -40,7 +40,8 @@ def render_html(results: Results, title: str = "ucmfh search", page_dir: str = "
     e = html.escape
     out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'>{MARKS['page'].decode()}<title>{e(title)}</title>",
            f"<style>{_STYLE}</style></head><body>", f"<h1>{e(title)}</h1>",
-           f"<p class='note'>{len(q)} {NAMES[q.modality]} quer{'y' if len(q) == 1 else 'ies'} against {NAMES[results.modality]} items; "
+           f"<p class='note'>{len(q)} {NAMES[q.modality]} quer{'y' if len(q) == 1 else 'ies'} against "
+           f"{NAMES[results.modality]} items; "
            f"ranked by Hamming distance{', re-ranked by cosine' if results.cosine is not None else ''}"
            f"{', re-ranked by SEPS' if results.seps is not None else ''}"
            f"{'; relevant: ' + e(results.relevance) + ' (green)' if results.relevance else ''}.</p>"]
