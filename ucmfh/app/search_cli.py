@@ -17,6 +17,10 @@ _BACKEND = BackendConfig()
 MAX_HITS = 10_000_000  # rows one search prints at the most (queries × hits): about 7 GB of JSON lines
 
 
+# index and search: the popcount kernels' CPU by default
+SEARCH_DEVICE = device_option("cpu", "cpu (the compiled popcount kernels), cuda, cuda:1, auto (CUDA when present)")
+
+
 @click.command("index")
 @click.argument("collection", type=click.Path(dir_okay=False))
 @click.option("--checkpoint", "-c", required=True, type=InputPath(dir_okay=False), help="A hashN.pt checkpoint.")
@@ -29,7 +33,7 @@ MAX_HITS = 10_000_000  # rows one search prints at the most (queries × hits): a
               help="Items encoded and committed at a time (a killed build resumes at the last chunk).")
 @click.option("--embeddings/--no-embeddings", default=True, show_default=True,
               help="Keep the float16 real-valued embeddings (for --rerank cosine).")
-@device_option("cpu", "cpu (the compiled popcount kernels), cuda, cuda:1, auto (CUDA when present)")
+@SEARCH_DEVICE
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @user_errors
 def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, device, quiet) -> None:
@@ -106,7 +110,7 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
               help="Also write a static results page here (a file other than a page ucmfh wrote: with --overwrite).")
 @click.option("--overwrite", is_flag=True, help="Replace an --html file that is not a page ucmfh wrote.")
 @click.option("--threads", type=Count(min=1), help="CPU threads over queries [default: torch's].")
-@device_option("cpu", "cpu (the compiled popcount kernels), cuda, cuda:1, auto (CUDA when present)")
+@SEARCH_DEVICE
 @user_errors
 def search_cmd(index, queries, split, ids, query_modality, text, image, k, modality, rerank, seps_checkpoint,
                candidates, backend, substrings, nlist, nprobe, ef_search, check_recall, checkpoint, as_json,

@@ -51,8 +51,7 @@ def render_html(results: Results, title: str = "ucmfh search", page_dir: str = "
         if q.text is not None:
             out.append(f"<p class='qtext'>{e(q.text[i])}</p>")
         elif q.paths is not None:
-            query_file = in_folder_of(q.path, q.paths[i])
-            out.append(f"<div class='hit'>{_image(query_file, page_dir, 'query')}</div>")
+            out.append(f"<div class='hit'>{_image(in_folder_of(q.path, q.paths[i]), page_dir, 'query')}</div>")
         out.append("<div class='hits'>")
         for r in range(results.positions.shape[1]):
             relevant = results.relevant is not None and bool(results.relevant[i, r])
@@ -64,8 +63,7 @@ def render_html(results: Results, title: str = "ucmfh search", page_dir: str = "
             body = ""
             shown = results.shown[i][r]
             if shown is not None and results.modality == "img":
-                file = results.files[i][r] if results.files is not None else shown
-                body = _image(file, page_dir, f"id {results.ids[i, r]}")
+                body = _image(_hit_file(results, i, r), page_dir, f"id {results.ids[i, r]}")
             elif shown is not None:
                 body = f"<div class='caption'>{e(shown)}</div>"
             elif results.described is not None and results.described[i][r] is not None:  # no image: a text of its id
@@ -85,14 +83,18 @@ def _image(path: str, page_dir: str, alt: str) -> str:
     return f"<img src='{html.escape(_src(path, page_dir))}' alt='{html.escape(alt)}'>"
 
 
+def _hit_file(results: Results, i: int, r: int) -> str:
+    """The image file of query ``i``'s hit ``r``: its path as its collection file means it, or as stored."""
+    return results.files[i][r] if results.files is not None else results.shown[i][r]
+
+
 def missing_images(results: Results) -> List[str]:
     """The image files of a page of ``results`` (queries' and hits') that are not found from here, each once."""
     q = results.queries
     paths = [in_folder_of(q.path, path) for path in q.paths] if q.text is None and q.paths is not None else []
     if results.modality == "img":
         for i, row in enumerate(results.shown):
-            paths += [results.files[i][r] if results.files is not None else shown
-                      for r, shown in enumerate(row) if shown is not None]
+            paths += [_hit_file(results, i, r) for r, shown in enumerate(row) if shown is not None]
     return [path for path in dict.fromkeys(paths) if not os.path.exists(path)]
 
 
