@@ -318,6 +318,22 @@ def _no_crash_passes(request):
         yield
 
 
+GUARDED_SIGNALS = (signal.SIGINT, signal.SIGTERM, signal.SIGALRM)
+
+
+@pytest.fixture(autouse=True)
+def _signal_handlers_put_back():
+    """A test leaves SIGINT, SIGTERM and SIGALRM as it found them. One left behind changes every later test of
+    its process: a handler that only sets a stale flag made a later test's signal do nothing, and demo.py, run
+    there as a script with the pytest worker's command line, trained UCMFH's whole default job in the checkout."""
+    before = {s: signal.getsignal(s) for s in GUARDED_SIGNALS}
+    yield
+    left = {s: h for s, h in ((s, signal.getsignal(s)) for s in GUARDED_SIGNALS) if h != before[s]}
+    for s in left:
+        signal.signal(s, before[s])
+    assert not left, f"the test left signal handlers changed: {', '.join(signal.Signals(s).name for s in left)}"
+
+
 CHECKOUT_OUTPUTS = [ROOT / "runs", ROOT / "data"]
 
 
