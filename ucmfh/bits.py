@@ -53,6 +53,9 @@ def check_signed(codes: Any, what: str = "codes", packed: bool = True) -> None:
     zero_one = head.dtype.kind in "fi" and head.size > 0 and bool((head == 0).any()) and bool(
         ((head == 0) | (head == 1)).all())
     if head.dtype == np.bool_ or zero_one:
+        if head.dtype != np.bool_ and not head.any():  # no 1 to say it of: real values of 0, or 0/1 codes all 0
+            raise ValueError(f"{what}: every value of the first rows is 0, where a bit is the code's sign (0 would "
+                             "read as +1, every code as all bits set): give ±1 codes or real values")
         raise ValueError(f"{what}: codes of 0 and 1, where a bit is the code's sign (0 would read as +1): give ±1 "
                          "codes (2 * codes - 1)" + (" or packed bits (numpy.packbits, uint8)" if packed else ""))
 

@@ -666,6 +666,10 @@ def test_codes_of_zero_and_one_are_refused_not_read_as_all_bits_set():
             ucmfh.top_k(codes, torch.as_tensor(bad), 5)
         with pytest.raises(ValueError, match="image codes: codes of 0 and 1"):
             as_words(bad, 16, "image codes")
+    # all 0 (a blank query's features): not called 'codes of 0 and 1', which it has no 1 of
+    with pytest.raises(ValueError, match=r"^query codes: every value of the first rows is 0, where a bit is the "
+                                         r"code's sign .* give ±1 codes or real values$"):
+        ucmfh.map_at_k(np.zeros_like(codes), codes, labels, labels)
     # stored as uint8, 0/1 codes (or labels) would be read as packed bits: 8 a byte, 16 bits as 128
     zero_one = (codes > 0).astype(np.uint8)
     with pytest.raises(ValueError, match=r"^query codes: uint8 is read as packed bits .* every byte of the "
