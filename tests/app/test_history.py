@@ -37,6 +37,8 @@ def test_history_prints_every_epoch_as_the_checkpoint_holds_it(trained):
     assert [[e["epoch"], e["validation"]] for e in run] == history["validation"]
     assert [e["epoch"] for e in run if e["kept"]] == [history["best_epoch"]]
     assert [e["loss"] for e in epochs if e["part"] == "refit"] == history["refit_loss"]
+    # each line whole, as the table's head says it: its run's checkpoint and the candidate it chose
+    assert {(e["checkpoint"], e["chosen"]) for e in epochs} == {(row["checkpoint"], history["chosen"])}
     text = CliRunner().invoke(main, ["runs", "--results", str(results), "--history", row["run"]]).output
     assert f"validation kept epoch {history['best_epoch']}" in text and f"chose {history['chosen']}" in text
     assert "then refit for" in text and len(text.splitlines()) == 2 + len(epochs)

@@ -128,8 +128,8 @@ def _print_history(history: str, rows: List[Dict[str, Any]], results: Sequence[s
         for drawn in draw_history(history_figure(path, epochs, trained_on), plot):
             click.echo(f"wrote {drawn}")
     elif as_json:
-        for row in history_rows(epochs):
-            click.echo(json.dumps(row, sort_keys=True))
+        for row in history_rows(epochs):  # each row whole: which run, and the candidate it trained (the table's head)
+            click.echo(json.dumps({**row, "checkpoint": path, "chosen": epochs.get("chosen")}, sort_keys=True))
     else:
         click.echo(format_history(path, epochs))
 
