@@ -571,6 +571,36 @@ def test_an_image_file_not_found_is_said_on_the_page_and_by_the_command(collecti
         "so in their place" in said.output, said.output
 
 
+def test_an_image_query_without_a_path_is_shown_by_its_paired_text_and_no_text_turns_the_page(collection, tmp_path):
+    """An image query of a caption set without image paths (flickr8k1000's) was a heading and nothing more: the
+    reader could not judge its hits. Its own item's text says what it is, on the page and in the table. A
+    caption's U+202E turned what followed it on the page (the terminal showed it as an escape), and a long word
+    ran over the hits beside it."""
+    from ucmfh.search.results import result_lines
+
+    c = collection
+    path = tmp_path / "no_paths.h5"
+    with h5py.File(c["path"]) as src, h5py.File(path, "w") as f:
+        for name, value in src.attrs.items():
+            f.attrs[name] = value
+        f["image"], f["text"], f["ids"] = src["image"][()], src["text"][()], src["ids"][()]
+        captions = [f"a caption of image {i}" for i in c["ids"]]
+        captions[3] = "a cat \u202egpj.exe"  # id 101's first caption
+        f.create_dataset("text_raw", data=captions, dtype=h5py.string_dtype())
+    index = build_index(str(path), c["ckpt"][0], str(tmp_path / "ix")).index
+    encoder = Encoder(c["ckpt"][0])
+    queries = read_queries(str(path), "img", encoder.dims, ids=[100, 101])
+    assert queries.paths is None and queries.paired_text == ["a caption of image 100", "a cat \u202egpj.exe"]
+    results = search_queries(index, encoder, queries, 3, "text")
+    text = open(write_html(tmp_path / "page.html", results), encoding="utf-8").read()
+    assert "<p class='qtext'><i>its paired text:</i> a caption of image 100</p>" in text
+    assert "a cat \\u202egpj.exe" in text and "\u202e" not in text  # as the terminal writes it
+    assert "overflow-wrap: anywhere" in text and "<html lang='en'>" in text
+    table = "\n".join(result_lines(results))
+    assert "query 0 (id 100): its paired text: a caption of image 100  [image -> text]" in table
+    assert "query 1 (id 101): its paired text: a cat \\u202egpj.exe" in table
+
+
 def test_an_image_path_links_to_its_file_and_never_to_another_url(tmp_path):
     """A collection's image paths are the user's data: 'javascript:alert(1)', 'data:text/html,…' and
     'http:/host/x.png' became live links of the page (an audit's), 'a%20b.jpg' and 'q?x=1#f.jpg' links to other

@@ -221,7 +221,8 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         from ucmfh.search.html import missing_images, write_html
 
         write_html(html, results, title=f"ucmfh search: {', '.join(index)}")
-        click.echo(f"wrote {html}", err=as_json)
+        size = os.path.getsize(html)  # one page of every query's hits: -k 200 of 4,500 queries was 168 MB, unsaid
+        click.echo(f"wrote {html} ({size / 1e6:.1f} MB)" if size >= 1e6 else f"wrote {html}", err=as_json)
         missing = missing_images(results)
         if missing:
             click.echo(f"  {len(missing)} of its image files not found from here (first: {missing[0]}); the page says "

@@ -238,6 +238,9 @@ class Queries:
     labels: Optional[np.ndarray] = None
     text: Optional[List[str]] = None
     paths: Optional[List[str]] = None
+    # an image query without a path: the text of its own item (a caption of that image in a caption set, a pair's
+    # text), which says what the image is where nothing else does
+    paired_text: Optional[List[str]] = None
     feature: Optional[str] = None  # the extractor, when the file records it
     # where an HDF5 query file's items lie (their token features are read from there): file, group, rows
     path: Optional[str] = None
@@ -247,12 +250,14 @@ class Queries:
     def __len__(self) -> int:
         return self.features.shape[0]
 
-    def describe(self, i: int) -> str:
+    def describe(self, i: int) -> Optional[str]:
+        """What query ``i`` is, in words: its text, its image's path, or its paired text (said so); None where the
+        file keeps none of them."""
         if self.text is not None:
             return self.text[i]
         if self.paths is not None:
             return self.paths[i]
-        return f"{self.source} row {i}" if self.ids is None else f"id {self.ids[i]}"
+        return None if self.paired_text is None else f"its paired text: {self.paired_text[i]}"
 
 
 def read_queries(
@@ -334,11 +339,16 @@ def read_queries(
     if modality == "txt" and coll.has("text_raw"):
         raw = coll.read("text_raw")
         text = [raw[i] for i in rows]
+    paired_text = None
     if modality == "img" and coll.has("paths"):
         raw = coll.read("paths")
         paths = [raw[i] for i in rows]
+    elif modality == "img" and coll.has("text_raw"):  # an item is a pair: the query's row holds its text
+        raw = coll.read("text_raw")
+        paired_text = [raw[i] for i in rows]
     return Queries(
         modality, features, f"{path}:{coll.groups[0]}", ids=None if all_ids is None else all_ids[rows],
         labels=coll.read("labels")[rows] if coll.has("labels") else None, text=text, paths=paths,
+        paired_text=paired_text,
         feature=coll.feature(modality), path=path, group=coll.groups[0], rows=rows,
     )

@@ -8,10 +8,11 @@ import urllib.parse
 from typing import List, Optional
 
 from ucmfh.files import MARKS, PathLike, write_text_atomic
+from ucmfh.printable import printable
 from ucmfh.search.results import NAMES, Results, in_folder_of
 
 _STYLE = """
-body { font-family: sans-serif; margin: 1.5em; color: #222; }
+body { font-family: sans-serif; margin: 1.5em; color: #222; overflow-wrap: anywhere; }
 h1 { font-size: 1.3em; } h2 { font-size: 1.05em; margin: 1.4em 0 .4em; }
 .hits { display: flex; flex-wrap: wrap; gap: .6em; }
 .hit { width: 180px; border: 2px solid #ccc; border-radius: 6px; padding: .4em; font-size: .85em; }
@@ -37,8 +38,10 @@ def _src(path: str, page_dir: str) -> str:
 def render_html(results: Results, title: str = "ucmfh search", page_dir: str = ".") -> str:
     """The page as a string (self-contained: inline style, no script)."""
     q = results.queries
-    e = html.escape
-    out = [f"<!DOCTYPE html><html><head><meta charset='utf-8'>{MARKS['page'].decode()}<title>{e(title)}</title>",
+    e = _text
+    out = [f"<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>"
+           f"<meta name='viewport' content='width=device-width, initial-scale=1'>{MARKS['page'].decode()}"
+           f"<title>{e(title)}</title>",
            f"<style>{_STYLE}</style></head><body>", f"<h1>{e(title)}</h1>",
            f"<p class='note'>{len(q)} {NAMES[q.modality]} quer{'y' if len(q) == 1 else 'ies'} against "
            f"{NAMES[results.modality]} items; "
@@ -52,6 +55,8 @@ def render_html(results: Results, title: str = "ucmfh search", page_dir: str = "
             out.append(f"<p class='qtext'>{e(q.text[i])}</p>")
         elif q.paths is not None:
             out.append(f"<div class='hit'>{_image(in_folder_of(q.path, q.paths[i]), page_dir, 'query')}</div>")
+        elif q.paired_text is not None:  # no image to show: what the image is, by the text paired with it
+            out.append(f"<p class='qtext'><i>its paired text:</i> {e(q.paired_text[i])}</p>")
         out.append("<div class='hits'>")
         for r in range(results.positions.shape[1]):
             relevant = results.relevant is not None and bool(results.relevant[i, r])
@@ -76,11 +81,17 @@ def render_html(results: Results, title: str = "ucmfh search", page_dir: str = "
     return "\n".join(out)
 
 
+def _text(text: object) -> str:
+    """Text of the user's data as the page shows it: escaped, its control characters written as the terminal
+    writes them (a caption's U+202E turned what followed it, 'gpj.exe' read as 'exe.jpg')."""
+    return html.escape(printable(str(text)))
+
+
 def _image(path: str, page_dir: str, alt: str) -> str:
     """An image of the page, or where its file is not found from here, its path said (a broken link said nothing)."""
     if not os.path.exists(path):
-        return f"<div class='caption'><i>image file not found:</i> {html.escape(path)}</div>"
-    return f"<img src='{html.escape(_src(path, page_dir))}' alt='{html.escape(alt)}'>"
+        return f"<div class='caption'><i>image file not found:</i> {_text(path)}</div>"
+    return f"<img src='{html.escape(_src(path, page_dir))}' alt='{_text(alt)}'>"
 
 
 def _hit_file(results: Results, i: int, r: int) -> str:

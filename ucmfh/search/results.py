@@ -401,7 +401,7 @@ def result_lines(results: Results, width: int = 72) -> Iterator[str]:
         head = f"query {i}"
         if q.ids is not None:
             head += f" (id {q.ids[i]})"
-        described = q.text[i] if q.text is not None else q.paths[i] if q.paths is not None else None
+        described = q.describe(i)
         if described:
             head += f": {printable(described)}"
         lines = [f"{head}  [{NAMES[q.modality]} -> {NAMES[results.modality]}]"]
