@@ -46,7 +46,9 @@ def test_the_plotted_rows_are_compare_json_differences_and_intervals(tmp_path, m
                                       "--resamples", "300", "--plot", str(plot)])
     assert shown.exit_code == 0, shown.output
     lines = [json.loads(line) for line in shown.stdout.splitlines()]  # stdout: JSON only; 'wrote' is on stderr
-    [panels] = drawn
+    [forest] = drawn
+    panels = forest["panels"]
+    assert forest["shared"] == ["unimodal"]  # said once, in the title: every row's
     assert [p["kind"] for p in panels] == ["MAP", "R@1", "rSum"]  # one panel per scale
     assert [p["xlabel"] for p in panels] == ["MAP@50 difference (tie-aware)", "R@1 difference (% points, tie-aware)",
                                              "rSum difference (% points, tie-aware)"]
@@ -56,7 +58,7 @@ def test_the_plotted_rows_are_compare_json_differences_and_intervals(tmp_path, m
         for row, x in zip(panel["rows"], mine):
             assert row["figure"] == x["figure"] and row["verdict"] == x["verdict"]
             assert (row["mean"], row["low"], row["high"]) == tuple(x["difference"][k] for k in ("mean", "low", "high"))
-            where = f"{x['dataset']}  {x['n_bits']} bits  unimodal" + (f"  {x['database']}" if x["database"] else "")
+            where = f"{x['dataset']}  {x['n_bits']} bits" + (f"  {x['database']}" if x["database"] else "")
             assert row["label"] == f"{where}  {x['figure']}"
     verdicts = {(x["n_bits"], x["dataset"], x["figure"]): x["verdict"] for x in lines}
     assert verdicts[(16, "hand", "MAP I->T")] == "ahead" and verdicts[(32, "hand", "MAP T->I")] == "behind"
@@ -76,6 +78,43 @@ def test_the_plotted_rows_are_compare_json_differences_and_intervals(tmp_path, m
                                      "--resamples", "100", "--plot", str(svg)]).exit_code == 0
     assert svg.read_bytes() == drawn_once  # the same figure, the same bytes (no ids drawn at random)
     assert sorted(p.name for p in tmp_path.glob("forest*")) == ["forest.png", "forest.svg"]  # no temporary left
+
+
+def test_what_every_row_shares_is_said_once_and_a_long_label_is_wrapped_not_cut(tmp_path, monkeypatch):
+    """A dataset's long name on every row (its dataset, bits, protocol, database and figure) pushed the labels past
+    the figure's left edge and the legend past its right: the 16- and 32-bit rows could not be told apart. The
+    words every row shares go to the title; a long label is wrapped; the file holds the labels and legend whole."""
+    pytest.importorskip("matplotlib")
+    long_name = "a_very_long_dataset_name_for_checking_label_layout_0123456789_0123456789_end"
+    text = _results(tmp_path).read_text().replace('"hand"', json.dumps(long_name))
+    results = tmp_path / "long.jsonl"
+    results.write_text(text)
+    drawn = []
+    draw = forest_plot.draw_forest
+    monkeypatch.setattr(forest_plot, "draw_forest", lambda forest, *a: (drawn.append((forest, a)), draw(forest, *a))[1])
+    plot = tmp_path / "forest.png"
+    shown = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "-d", long_name,
+                                      "--resamples", "100", "--plot", str(plot)])
+    assert shown.exit_code == 0, shown.output
+    [(forest, (_, title))] = drawn
+    assert forest["shared"] == [long_name, "unimodal"]
+    assert [row["label"] for row in forest["panels"][0]["rows"]] == [
+        "16 bits  MAP I->T", "16 bits  MAP T->I", "32 bits  MAP I->T", "32 bits  MAP T->I"]
+    from PIL import Image
+
+    import matplotlib.pyplot as plt
+
+    captured = []
+    monkeypatch.setattr(plt, "close", captured.append)  # the figure kept, to measure what it drew
+    assert CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "-d", long_name,
+                                     "--resamples", "100", "--plot", str(plot)]).exit_code == 0
+    [fig] = captured
+    fig.canvas.draw()
+    box = fig.get_tightbbox(fig.canvas.get_renderer())  # in inches: what is drawn, labels, title and legend
+    width, height = Image.open(plot).size
+    assert width >= box.width * 120 and height >= box.height * 120  # the file holds all of it (and a margin)
+    for text in fig.findobj(lambda a: hasattr(a, "get_text") and a.get_text()):
+        assert max(map(len, text.get_text().splitlines())) <= 100, text.get_text()
 
 
 def test_a_file_of_the_users_at_path_is_kept_without_overwrite(tmp_path):

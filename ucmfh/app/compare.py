@@ -345,13 +345,18 @@ def several_ks(results: List[Tuple[tuple, Dict[str, Any]]]) -> bool:
     return len({cell[4] for cell, _ in results}) > 1
 
 
-def cell_label(cell: tuple, several: bool, ks: bool = False) -> str:
-    """A cell in one line, with the table's columns: dataset, bits, protocol, database, where ``ks`` its k, and
-    where ``several`` the settings pair."""
+def cell_parts(cell: tuple, several: bool, ks: bool = False) -> List[str]:
+    """A cell in the table's columns: dataset, bits, protocol, database, where ``ks`` its k, and where ``several``
+    the settings pair."""
     dataset, n_bits, protocol, database, k, base_key, other_key = cell
     settings = [f"{base_key[:6]} / {other_key[:6]}"] if several else []
-    return "  ".join([str(dataset), f"{n_bits} bits", str(protocol), *([database] if database else []),
-                      *([f"k={k}"] if ks else []), *settings])
+    return [str(dataset), f"{n_bits} bits", str(protocol), *([database] if database else []),
+            *([f"k={k}"] if ks else []), *settings]
+
+
+def cell_label(cell: tuple, several: bool, ks: bool = False) -> str:
+    """A cell in one line (:func:`cell_parts`)."""
+    return "  ".join(cell_parts(cell, several, ks))
 
 
 def unpaired_line(unpaired: List[tuple], shared: Dict[tuple, Dict[str, Any]], out: List[Tuple[tuple, Dict[str, Any]]],
@@ -525,6 +530,6 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
         from ucmfh.app.forest_plot import draw_forest, forest_panels
 
         several, ks = several_settings(out), several_ks(out)
-        panels = forest_panels([(cell_label(cell, several, ks), {**r, "k": cell[4]}) for cell, r in out])
-        draw_forest(panels, plot, f"{other} − {base}: paired difference, 95% interval over {over_what(out)}")
+        forest = forest_panels([(cell_parts(cell, several, ks), {**r, "k": cell[4]}) for cell, r in out])
+        draw_forest(forest, plot, f"{other} − {base}: paired difference, 95% interval over {over_what(out)}")
         click.echo(f"wrote {plot}", err=True)

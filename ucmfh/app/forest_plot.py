@@ -31,37 +31,64 @@ def check_plot_path(path: str, overwrite: bool = False, flag: str = "--plot") ->
         raise ValueError(f"{flag} {path}: a figure is written as PNG or SVG: end its name in .png or .svg")
 
 
-def forest_panels(rows: Sequence[Tuple[str, Dict[str, Any]]]) -> List[Dict[str, Any]]:
-    """The panels of a forest plot, as plain data, from ``(label, compare result)`` pairs in the table's
-    order (:func:`ucmfh.app.compare.compare_cell` results, labelled by their cell). Each panel: ``kind``
-    (``MAP``, ``R@1``, ``rSum``), ``xlabel`` and ``rows`` (each: ``label``, ``figure``, ``mean``, ``low``,
-    ``high``, ``verdict``), in the order of :data:`KINDS` and, within a panel, the table's. A result's ``k``
-    (its cell's MAP@k), where given, names MAP's axis when the panel's rows share it."""
+def forest_panels(rows: Sequence[Tuple[Sequence[str], Dict[str, Any]]]) -> Dict[str, Any]:
+    """A forest plot as plain data, from ``(cell, compare result)`` pairs in the table's order
+    (:func:`ucmfh.app.compare.compare_cell` results, each with its cell as the table's columns say it:
+    dataset, bits, protocol, ...). ``shared``: the cell's words every row has (said once, in the title: a
+    dataset's long name on every row left no room for the rest); ``panels``, each: ``kind`` (``MAP``,
+    ``R@1``, ``rSum``), ``xlabel`` and ``rows`` (each: ``label``, the cell's other words and the figure,
+    ``figure``, ``mean``, ``low``, ``high``, ``verdict``), in the order of :data:`KINDS` and, within a panel,
+    the table's. A result's ``k`` (its cell's MAP@k), where given, names MAP's axis when the panel's rows share
+    it."""
+    shared = [part for part in rows[0][0] if all(part in cell for cell, _ in rows[1:])] if rows else []
     panels: Dict[str, Dict[str, Any]] = {}
     ks: Dict[str, set] = {}
-    for label, result in rows:
+    for cell, result in rows:
         kind = result["figure"].split()[0]
         panel = panels.setdefault(kind, {"kind": kind, "rows": []})
         ks.setdefault(kind, set()).add(result.get("k"))
         d = result["difference"]
-        panel["rows"].append({"label": f"{label}  {result['figure']}", "figure": result["figure"],
+        label = "  ".join([*(part for part in cell if part not in shared), result["figure"]])
+        panel["rows"].append({"label": label, "figure": result["figure"],
                               "mean": d["mean"], "low": d["low"], "high": d["high"], "verdict": result["verdict"]})
     for kind, panel in panels.items():
         k = next(iter(ks[kind])) if len(ks[kind]) == 1 else None
         panel["xlabel"] = KINDS.get(kind, f"{kind} difference").format(k="" if k is None else f"@{k}")
     order = list(KINDS)
-    return sorted(panels.values(), key=lambda p: (order.index(p["kind"]) if p["kind"] in order else len(order),
-                                                  p["kind"]))
+    return {"shared": shared, "panels": sorted(panels.values(), key=lambda p: (
+        order.index(p["kind"]) if p["kind"] in order else len(order), p["kind"]))}
 
 
-def draw_forest(panels: Sequence[Dict[str, Any]], path: str, title: str) -> str:
+# a row's label longer than this is drawn on two lines or more, not pushed past the figure's edge
+LABEL_WIDTH = 48
+
+
+def wrapped(label: str) -> List[str]:
+    """A row's label in lines of :data:`LABEL_WIDTH` at the most, broken between its parts (two spaces apart:
+    'MAP I->T' kept whole), a part longer than a line broken where it must be."""
+    lines: List[str] = []
+    for part in label.split("  "):
+        if lines and len(lines[-1]) + 2 + len(part) <= LABEL_WIDTH:
+            lines[-1] += "  " + part
+        else:
+            lines.extend(textwrap.wrap(part, LABEL_WIDTH, break_on_hyphens=False) or [part])
+    return lines
+
+
+def draw_forest(forest: Dict[str, Any], path: str, title: str) -> str:
     """Draw :func:`forest_panels` to ``path`` (PNG, or SVG where it ends in ``.svg``), atomically, with
-    ucmfh's mark; return it. matplotlib is imported here (``ImportError`` naming ``ucmfh[plot]``)."""
+    ucmfh's mark, the words every row shares after ``title``; return it. matplotlib is imported here
+    (``ImportError`` naming ``ucmfh[plot]``)."""
     from ucmfh.metrics.plots import fit_titles, pyplot, save_figure
 
     plt = pyplot()
-    heights = [len(p["rows"]) + 1.5 for p in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 0.9 + 0.32 * sum(heights)), squeeze=False,
+    panels = forest["panels"]
+    if forest["shared"]:
+        title += " (" + ", ".join(forest["shared"]) + ")"
+    # in inches: a row as tall as its panel's longest label, and room for the axis below it
+    heights = [len(p["rows"]) * max(0.32, 0.16 * max(len(wrapped(row["label"])) for row in p["rows"])) + 0.5
+               for p in panels]
+    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 0.9 + sum(heights)), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
     for ax, panel in zip(axes[:, 0], panels):
         rows = panel["rows"]
@@ -72,7 +99,7 @@ def draw_forest(panels: Sequence[Dict[str, Any]], path: str, title: str) -> str:
             ax.plot([row["mean"]], [y], marker=marker, color=colour, markersize=7, linestyle="none")
         ax.axvline(0.0, color="black", linewidth=0.8)
         ax.set_yticks(ys)
-        ax.set_yticklabels([row["label"] for row in rows], fontsize=8)
+        ax.set_yticklabels(["\n".join(wrapped(row["label"])) for row in rows], fontsize=8)
         ax.set_ylim(-0.75, len(rows) - 0.25)
         ax.set_xlabel(panel["xlabel"], fontsize=9)
         ax.xaxis.set_major_locator(plt.MaxNLocator(nbins=6))  # wide signed labels: fewer ticks, none touching
@@ -83,6 +110,6 @@ def draw_forest(panels: Sequence[Dict[str, Any]], path: str, title: str) -> str:
     axes[0, 0].set_title(textwrap.fill(title, 80), fontsize=10)  # on two lines rather than cut at the edge
     fig.tight_layout()
     fit_titles(fig)
-    save_figure(fig, path)
+    save_figure(fig, path, tight=True)  # the labels and the legend beside the rows whole, however long
     plt.close(fig)
     return path
