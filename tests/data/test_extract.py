@@ -171,6 +171,49 @@ def test_scratch_of_other_inputs_is_not_reused(tmp_path):
                      config=cfg, overwrite=True, restart=True, progress=False)
 
 
+def test_scratch_of_an_image_changed_since_is_not_reused(tmp_path):
+    """An image replaced after a run (or while it was interrupted) kept its old feature: its finished chunk was
+    reused, the fingerprint holding the images' names alone. Its size and time are part of it now."""
+    names = make_images(tmp_path / "imgs")
+    caps, labels = write_inputs(tmp_path, names)
+    cfg = ExtractConfig(chunk_items=4, workers=1, keep_scratch=True)
+    args = (tmp_path / "imgs", caps, labels, tmp_path / "set.h5")
+    extract_features(*args, sizes=SIZES, encoder=FakeEncoder(), config=cfg, progress=False)
+    same = extract_features(*args, sizes=SIZES, encoder=FakeEncoder(), config=cfg, overwrite=True, progress=False)
+    assert same.chunks_computed == 0  # untouched: every chunk reused
+    Image.new("RGB", (40, 30), (0, 255, 0)).save(tmp_path / "imgs" / names[0])
+    with pytest.raises(DataError, match=r"set\.h5\.parts: scratch of a different extraction"):
+        extract_features(*args, sizes=SIZES, encoder=FakeEncoder(), config=cfg, overwrite=True, progress=False)
+
+
+def test_an_image_is_loaded_as_a_viewer_shows_it(tmp_path):
+    """PIL's convert('RGB') alone clipped 16-bit grey at 255 (a ramp became white), kept a phone photo on its side
+    (EXIF orientation), showed the colour under a transparent pixel, and read a float image as black and white."""
+    from ucmfh.data.clip_encoder import load_image
+
+    ramp = np.tile(np.linspace(0, 65535, 64).astype(np.uint16), (8, 1))
+    Image.fromarray(ramp).save(tmp_path / "g16.png")
+    Image.fromarray(((ramp.astype(np.int64) * 255 + 32767) // 65535).astype(np.uint8)).save(tmp_path / "g8.png")
+    assert Image.open(tmp_path / "g16.png").mode == "I;16"
+    assert np.array_equal(np.asarray(load_image(tmp_path / "g16.png")), np.asarray(load_image(tmp_path / "g8.png")))
+    sideways = Image.new("RGB", (80, 40))
+    exif = sideways.getexif()
+    exif[0x0112] = 6  # rotated 90°: shown 40 wide, 80 high
+    sideways.save(tmp_path / "phone.jpg", exif=exif)
+    assert load_image(tmp_path / "phone.jpg").size == (40, 80)
+    rgba = np.zeros((4, 4, 4), np.uint8)
+    rgba[..., 0], rgba[:2, :, 3] = 255, 255  # red: the top half opaque, the bottom transparent
+    Image.fromarray(rgba, "RGBA").save(tmp_path / "t.png")
+    shown = np.asarray(load_image(tmp_path / "t.png"))
+    assert shown[0, 0].tolist() == [255, 0, 0] and shown[3, 3].tolist() == [255, 255, 255]  # over white, as CLIP's
+    Image.fromarray(np.ones((4, 4), np.float32)).save(tmp_path / "f.tif")
+    with pytest.raises(OSError, match=r"f\.tif: a floating-point image \(mode F\), whose values have no range"):
+        load_image(tmp_path / "f.tif")
+    Image.fromarray(np.full((4, 4), 70000, np.int32)).save(tmp_path / "i.tif")
+    with pytest.raises(OSError, match=r"i\.tif: a 32-bit integer image \(mode I\) of values beyond 16 bits"):
+        load_image(tmp_path / "i.tif")
+
+
 def break_images(folder, names):
     """One truncated JPEG and one file that is no image at all."""
     buf = io.BytesIO()

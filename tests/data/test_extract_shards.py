@@ -158,6 +158,8 @@ def test_shard_and_merge_options(tmp_path, tiny_clip):  # noqa: F811 - the fixtu
             "--device", "cpu", "--query", "1", "--train", "2", "--workers", "1", "--chunk-items", "3"]
     user_error(["extract", *args, "--shard", "2/2"], "shard '2/2': needs 0 <= I < N")
     user_error(["extract", *args, "--shard", "0/2", "--restart"], "--restart would discard the chunks of every shard")
+    # a shard that merges waited without end for the chunks of shards nobody runs (torchrun's rank 0 alone does)
+    user_error(["extract", *args, "--shard", "0/2", "--merge"], "--shard and --merge go apart: run each --shard I/N")
     user_error(["extract", *args, "--merge"], "c.h5.parts: cannot merge, no shard has finished")
     from ucmfh.app.cli import main
 

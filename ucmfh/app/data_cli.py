@@ -362,6 +362,9 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
     check_outputs({"OUT": out}, inputs={"CAPTIONS": captions, "LABELS": labels, "--classes": classes_file,
                                         "IMAGES": [*([] if os.path.isdir(images) else [images]), *image_paths]},
                   overwrite=overwrite, new=("OUT",))
+    if shard is not None and merge:  # a shard that merged would wait for the others' chunks without end
+        raise click.UsageError("--shard and --merge go apart: run each --shard I/N (they compute), then --merge "
+                               "alone (it writes OUT from their chunks)")
     parts = f"{out}.parts"  # the folder of its chunks: a file there was found once the model had loaded
     if os.path.exists(parts) and not os.path.isdir(parts):
         raise click.BadParameter(f"{parts}: a file is where OUT's folder of chunks goes; move it away",

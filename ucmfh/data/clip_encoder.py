@@ -190,17 +190,42 @@ class ClipEncoder:
         }
 
 
+# how an image file becomes the RGB picture a model sees (:func:`load_image`); part of extraction's scratch
+# fingerprint, so that chunks of an earlier way are never mixed with this one's
+IMAGE_LOADING = "exif-upright, 16-bit scaled, alpha over white"
+# 16-bit samples as PIL opens them (grey PNGs and TIFFs): 'I;16*' always, 'I' where every value fits 16 bits
+_SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
+
+
 def load_image(path: str):
-    """An RGB PIL image, decoded in full; raises OSError for unreadable or truncated files."""
-    from PIL import Image, ImageFile
+    """An RGB PIL image, decoded in full, as a viewer shows it: turned upright by its EXIF orientation (a phone's
+    photo was encoded on its side), 16-bit grey scaled to 8 bits (converted as it was, every value over 255 became
+    white), transparency over white, as CLIP's own processor composes it (converted as it was, a transparent
+    pixel showed the colour hidden under it). Raises OSError for an unreadable or truncated file, or a floating-
+    point image, whose values have no range to scale."""
+    from PIL import Image, ImageFile, ImageOps
 
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         # someone allowed truncated images globally; a half-grey image must not become a feature
         raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set; unset it for extraction")
     try:
         with Image.open(path) as im:
-            return im.convert("RGB")
+            im = ImageOps.exif_transpose(im)  # a copy, decoded
+            im.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
         raise OSError(f"{path}: unreadable image ({type(err).__name__}: {err})") from None
+    if im.mode == "F":
+        raise OSError(f"{path}: a floating-point image (mode F), whose values have no range to scale to 8 bits; "
+                      "save it as an 8- or 16-bit image")
+    if im.mode in _SIXTEEN_BIT or im.mode == "I":
+        values = np.asarray(im, dtype=np.int64)
+        if values.size and (values.min() < 0 or values.max() > 65535):
+            raise OSError(f"{path}: a 32-bit integer image (mode I) of values beyond 16 bits, which have no range "
+                          "to scale to 8 bits; save it as an 8- or 16-bit image")
+        im = Image.fromarray(((values * 255 + 32767) // 65535).astype(np.uint8), "L")
+    if im.mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in im.info:
+        rgba = im.convert("RGBA")
+        return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")
+    return im.convert("RGB")
 
 

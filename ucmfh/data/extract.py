@@ -50,7 +50,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ucmfh.data.annotations import list_images, read_captions, read_labels
-from ucmfh.data.clip_encoder import DEFAULT_MODEL, ClipEncoder, load_image
+from ucmfh.data.clip_encoder import DEFAULT_MODEL, IMAGE_LOADING, ClipEncoder, load_image
 from ucmfh.data.convert import empty_label_rows, read_classes, root_attrs
 from ucmfh.data.h5 import SPLITS, DataError
 from ucmfh.data.writer import create_split_dataset, open_writer
@@ -312,8 +312,10 @@ def extract_features(
                                                                            "encode_texts_tokens")):
         raise TypeError(f"encoder {model_name!r} has no encode_images_tokens/encode_texts_tokens: it cannot "
                         "extract tokens")
-    # a token run's chunks hold more than a pooled run's: their scratch folders never mix
+    # a token run's chunks hold more than a pooled run's: their scratch folders never mix; an image changed since
+    # (its size or time) is another input, whose finished chunk held the old picture's feature
     scratch = Scratch(scratch_dir, fingerprint(model_name, cfg.normalize, cfg.chunk_items, paths, caption_list,
+                                                 IMAGE_LOADING, [_file_state(path) for path in paths],
                                                  *(["tokens"] if cfg.tokens else [])), out)
     report = ExtractReport(path=out, rows={}, n_images=len(names), n_captions=len(caption_list), shard=shard)
     counts = {"image": len(names), "text": len(caption_list)}
@@ -458,6 +460,16 @@ def first_copies(features: np.ndarray, ok: np.ndarray) -> np.ndarray:
                                   return_index=True, return_inverse=True)
     out[readable] = readable[first[inverse.ravel()]]
     return out
+
+
+def _file_state(path: str) -> Optional[List[int]]:
+    """An image file's size and modification time (ns), which change when it is replaced or edited; None where it
+    cannot be read (said when it is loaded)."""
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return [st.st_size, st.st_mtime_ns]
 
 
 def _try_load(path: str):
