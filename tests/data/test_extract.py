@@ -103,6 +103,22 @@ def test_input_mismatches_name_file_and_problem(tmp_path):
     (tmp_path / "l.tsv").write_text("a.jpg\tsea\n")
     with pytest.raises(DataError, match=r"l\.tsv: 1 images have no labels line \(first: 'b\.jpg'\)"):
         read_labels(tmp_path / "l.tsv", names)
+    # a third column (an index, a score) went into the caption, and a JSON key given twice kept its last value:
+    # an image's first captions lost, its labels another line's, without a word
+    (tmp_path / "c.tsv").write_text("a.jpg\tone\t\nb.jpg\t7\ttwo\n")  # a trailing tab is no field
+    with pytest.raises(DataError, match=r"c\.tsv: line 2: 3 tab-separated fields; expected 'image_name<TAB>"
+                                        r"caption', the caption without a tab$"):
+        read_captions(tmp_path / "c.tsv", names)
+    (tmp_path / "c.json").write_text('{"a.jpg": "first", "b.jpg": "one", "a.jpg": "second"}')
+    with pytest.raises(DataError, match=r"c\.json: 'a\.jpg' is a key twice in one JSON object, which keeps only its "
+                                        r"last value; give each image once, its captions as a list$"):
+        read_captions(tmp_path / "c.json", names)
+    (tmp_path / "l.json").write_text('{"a.jpg": ["sky"], "b.jpg": ["sea"], "a.jpg": ["tree"]}')
+    with pytest.raises(DataError, match=r"l\.json: 'a\.jpg' is a key twice in one JSON object, which keeps only its "
+                                        r"last value; give each image once$"):
+        read_labels(tmp_path / "l.json", names)
+    (tmp_path / "c.tsv").write_text("a.jpg\tone\t\nb.jpg\ttwo\n")
+    assert read_captions(tmp_path / "c.tsv", names)[0] == ["one", "two"]
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="empty: no image files"):
         list_images(tmp_path / "empty")

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import os
-from typing import List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -46,8 +46,19 @@ def _read_name_map(path: str, what: str) -> List[Tuple[str, object, int]]:
     entries: List[Tuple[str, object, int]] = []
     text = read_text(path)
     if path.lower().endswith(".json"):
+        def once_each(pairs: List[Tuple[str, object]]) -> Dict[str, object]:
+            # a key twice: JSON keeps its last value, and an image's first captions (or labels) were lost unsaid
+            seen: Dict[str, object] = {}
+            for key, value in pairs:
+                if key in seen:
+                    several = ", its captions as a list" if what == "caption" else ""
+                    raise DataError(f"{path}: {key!r} is a key twice in one JSON object, which keeps only its last "
+                                    f"value; give each image once{several}")
+                seen[key] = value
+            return seen
+
         try:
-            data = json.loads(text)
+            data = json.loads(text, object_pairs_hook=once_each)
         except json.JSONDecodeError as err:
             raise DataError(f"{path}: not valid JSON ({err})") from None
         if isinstance(data, dict):
@@ -68,6 +79,10 @@ def _read_name_map(path: str, what: str) -> List[Tuple[str, object, int]]:
         if "\t" not in line:
             raise DataError(f"{path}: line {n}: expected 'image_name<TAB>{what}'")
         name, value = line.split("\t", 1)
+        value = value.rstrip("\t")
+        if "\t" in value:  # another column's value became part of the caption (or a label), unsaid
+            raise DataError(f"{path}: line {n}: {value.count(chr(9)) + 2} tab-separated fields; expected "
+                            f"'image_name<TAB>{what}', the {what} without a tab")
         entries.append((name.strip(), value, n))
     if not entries:
         raise DataError(f"{path}: no entries")
