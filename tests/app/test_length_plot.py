@@ -182,6 +182,21 @@ def test_runs_plot_draws_the_selected_runs(tmp_path):
     assert len(list((tmp_path / "figs").iterdir())) == 4 and not list(tmp_path.glob("figs_*"))
 
 
+def test_a_name_in_another_script_names_its_files_and_its_missing_glyphs_are_said_once(tmp_path):
+    """A dataset named in Chinese had files named 'x_map_i2t.png' (two such datasets 'x' and 'x-2', numbered as
+    the filters found them), and each character the font lacks was a warning at each drawing of it (140 lines)."""
+    pytest.importorskip("matplotlib")
+    results = tmp_path / "r.jsonl"
+    append_jsonl(results, [{**row, "dataset": "花卉数据集"} for row in ROWS if row["method"] == "cca-itq"])
+    result = CliRunner().invoke(main, ["runs", "--results", str(results), "--plot", f"{tmp_path}/"])
+    assert result.exit_code == 0, result.output
+    assert result.stdout.splitlines() == [f"wrote {tmp_path}/花卉数据集_map_{d}.{e}" for d in ("i2t", "t2i")
+                                          for e in ("png", "svg")]
+    said = result.stderr.splitlines()
+    assert said == [f"warning: {tmp_path}/花卉数据集_map_{d}.{e}: 5 characters of its text have no glyph in "
+                    "matplotlib's font, drawn as a box: 卉 据 数 花 集" for d in ("i2t", "t2i") for e in ("png", "svg")]
+
+
 def test_a_missing_matplotlib_is_one_line_naming_the_extra(tmp_path, monkeypatch):
     results = tmp_path / "r.jsonl"
     append_jsonl(results, ROWS)

@@ -35,8 +35,9 @@ REFERENCE_STYLE = {"color": "black", "linestyle": "-.", "markerfacecolor": "whit
 
 
 def safe_name(text: str) -> str:
-    """``text`` as a file-name part: letters, digits, ``.``, ``_`` and ``-`` only."""
-    return re.sub(r"[^A-Za-z0-9._-]+", "-", text).strip("-.") or "x"
+    """``text`` as a file-name part: letters and digits of any script, ``.``, ``_`` and ``-`` only (a name in
+    another script was 'x', two such datasets 'x' and 'x-2', numbered as the filters found them)."""
+    return re.sub(r"[^\w.-]+", "-", text).strip("-.") or "x"
 
 
 def _line_key(entry: Dict[str, Any]) -> Tuple[Any, ...]:

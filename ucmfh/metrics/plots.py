@@ -8,6 +8,7 @@ from __future__ import annotations
 import io
 import math
 import os
+import warnings
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ucmfh.files import atomic_file
@@ -26,6 +27,9 @@ def pyplot():
         # every plot command ending in "Unknown symbol")
         if "text.parse_math" in matplotlib.rcParams:
             matplotlib.rcParams["text.parse_math"] = False
+        # a character the font lacks was a warning at each drawing of it (140 lines for one CJK name): said once a
+        # figure instead, by save_figure (missing_glyphs)
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font")
         import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError(
@@ -205,6 +209,11 @@ def save_figure(fig, path: str, tight: bool = False) -> str:
     A PNG is written with a palette of 256 colours (:func:`_palette_png`). ``tight``: the page fitted to what
     is drawn (a legend beside the axes is not cut off however long its labels)."""
     fit = {"bbox_inches": "tight"} if tight else {}
+    missing = missing_glyphs(fig)
+    if missing:
+        warnings.warn(f"{path}: {len(missing)} character{'s' * (len(missing) > 1)} of its text "
+                      f"{'have' if len(missing) > 1 else 'has'} no glyph in matplotlib's font, drawn as a box: "
+                      f"{' '.join(missing[:10])}{' …' if len(missing) > 10 else ''}", stacklevel=2)
     with atomic_file(path) as tmp:
         if figure_kind(path) == "figure-svg":
             fig.savefig(tmp, format="svg", metadata={"Creator": "ucmfh", "Date": None}, **fit)
@@ -213,6 +222,21 @@ def save_figure(fig, path: str, tight: bool = False) -> str:
             fig.savefig(rendered, dpi=120, format="png", **fit)
             _palette_png(rendered, tmp)
     return path
+
+
+def missing_glyphs(fig) -> List[str]:
+    """The characters of ``fig``'s visible text that its fonts have no glyph for (each once, in order)."""
+    from matplotlib.font_manager import findfont, get_font
+    from matplotlib.text import Text
+
+    missing: Dict[str, None] = {}
+    for text in fig.findobj(Text):
+        chars = {c for c in text.get_text() if not c.isspace()}
+        if not chars or not text.get_visible():
+            continue
+        font = get_font(findfont(text.get_fontproperties()))
+        missing.update((c, None) for c in sorted(chars) if font.get_char_index(ord(c)) == 0)
+    return list(missing)
 
 
 def _palette_png(rendered: io.BytesIO, path: str) -> None:
