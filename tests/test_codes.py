@@ -161,8 +161,8 @@ def test_plot_titles_fit_in_the_figure(tmp_path, monkeypatch):
     for dataset in datasets:
         result["settings"].update(n_bits=128, attrs={"dataset": dataset, "protocol": "unimodal"})
         plot_curves(result, str(tmp_path / "curves"))
-    assert len(figures) == 4
-    for (_, [(title, box)], inside), dataset in zip(figures, [d for d in datasets for _ in "pr"]):
+    assert len(figures) == 8  # each figure as PNG and SVG
+    for (_, [(title, box)], inside), dataset in zip(figures, [d for d in datasets for _ in "prpr"]):
         assert title.startswith(("precision–recall", "precision@K"))
         assert dataset in title and "unimodal" in title and "128 bits" in title
         assert inside.x0 <= box.x0 and box.x1 <= inside.x1 and inside.y0 <= box.y0 and box.y1 <= inside.y1, (
@@ -200,10 +200,13 @@ def test_plots(tmp_path):
 
     result = evaluate_codes(**make_file_inputs(3), k=5)
     paths = plot_curves(result, str(tmp_path / "curves"))
-    assert [p.rsplit("_", 1)[1] for p in paths] == ["pr.png", "pk.png"]
+    assert [p.rsplit("_", 1)[1] for p in paths] == ["pr.png", "pr.svg", "pk.png", "pk.svg"]  # as runs --plot's
     from matplotlib.image import imread
 
     for p in paths:
+        if p.endswith(".svg"):
+            assert b"<dc:title>ucmfh</dc:title>" in open(p, "rb").read(4096)
+            continue
         with open(p, "rb") as f:
             assert f.read(8) == b"\x89PNG\r\n\x1a\n"
         pixels = imread(p)[..., :3]
@@ -359,13 +362,15 @@ def test_cli_evaluate_codes(tmp_path):
     row = json.loads(results.read_text().splitlines()[-1])
     assert row["map_i2t"] == expected["i2t"]["map@5"] and row["protocol"] == "unimodal" and row["n_bits"] == 12
     assert "unimodal" in out.output
-    (tmp_path / "figs").mkdir()  # a folder as --plot PREFIX wrote figs/_pr.png and figs/_pk.png
-    for given in (str(tmp_path / "figs") + "/", str(tmp_path / "figs")):
-        refused = runner.invoke(main, ["evaluate", "--codes", str(path), "--plot", given])
-        assert refused.exit_code == 2 and refused.output == (
-            f"Error: --plot {given}: a folder; --plot takes a prefix of the files' names: give one in it, e.g. "
-            f"{os.path.join(given, 'curves')}\n")
-    assert not list((tmp_path / "figs").iterdir())
+    # a folder as --plot PREFIX holds the figures, as runs --plot's does (it wrote figs/_pr.png, then was refused);
+    # a PREFIX ending in .png is a prefix (it wrote curves.png_pr.png); each figure as PNG and SVG
+    (tmp_path / "figs").mkdir()
+    for given in (str(tmp_path / "figs") + "/", str(tmp_path / "figs"), str(tmp_path / "curves.png")):
+        drawn = runner.invoke(main, ["evaluate", "--codes", str(path), "--plot", given, "--results", ""])
+        assert drawn.exit_code == 0, drawn.output
+    figures = [f"{kind}.{suffix}" for kind in ("pr", "pk") for suffix in ("png", "svg")]
+    assert sorted(os.listdir(tmp_path / "figs")) == sorted(figures)
+    assert sorted(p.name for p in tmp_path.glob("curves*")) == sorted(f"curves_{name}" for name in figures)
     both = runner.invoke(main, ["evaluate", "--codes", str(path), "-c", "x.pt"])
     assert both.exit_code == 2 and "exactly one of --checkpoint and --codes" in both.output
     labelled = runner.invoke(main, ["evaluate", "--codes", str(path), "--database", "collection", "--results", ""])
@@ -424,7 +429,9 @@ def test_several_runs_curves_on_one_figure_are_each_run_s_own(tmp_path, monkeypa
     argv = ["evaluate", "-k", "5", "--device", "cpu", "--results", "", "--plot", str(tmp_path / "cmp")]
     out = CliRunner().invoke(main, argv + [a for p in paths for a in ("--codes", str(p))])
     assert out.exit_code == 0, out.output
-    [(pr, pr_titles, _), (pk, pk_titles, _)] = figures
+    [(pr, pr_titles, _), pr_svg, (pk, pk_titles, _), pk_svg] = figures  # each figure as PNG, then SVG
+    assert [[t for t, _ in svg[1]] for svg in (pr_svg, pk_svg)] == [[t for t, _ in png] for png in (pr_titles,
+                                                                                                   pk_titles)]
     for title, _ in pr_titles + pk_titles:  # a panel per direction, each naming what the runs share
         assert "toy, unimodal, 12 bits" in title
     assert [t.split("\n")[0] for t, _ in pr_titles] == [f"precision–recall by Hamming radius, {d}" for d in ("I→T", "T→I")]

@@ -302,7 +302,7 @@ def test_files_of_one_name_and_scores_at_another_k_get_figures_of_their_own():
 
 def test_a_plot_prefix_given_with_a_figure_s_extension_is_taken_without_it():
     """'--plot figs/length.png' wrote figs/length.png_wiki_map_i2t.png."""
-    from ucmfh.app.length_plot import figure_prefix
+    from ucmfh.metrics.plots import figure_prefix
 
     assert [figure_prefix(p) for p in ("figs/length.png", "figs/length.SVG", "figs/length", "figs/.png", "a.b")] == \
         ["figs/length", "figs/length", "figs/length", "figs/.png", "a.b"]

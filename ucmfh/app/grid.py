@@ -407,7 +407,8 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     check_outputs({"--results": results, "--table": table}, {"--out": train["out"], "--tensorboard": train["tensorboard"]},
                   overwrite=overwrite)
     if plot is not None:  # matplotlib there, and no file of the user's where a figure may go, before any cell
-        from ucmfh.app.length_plot import check_prefix, figure_prefix
+        from ucmfh.app.length_plot import check_prefix
+        from ucmfh.metrics.plots import figure_prefix
 
         plot = figure_prefix(plot)
         from ucmfh.metrics.plots import pyplot

@@ -158,8 +158,8 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
 @click.option("--metrics-out", type=click.Path(dir_okay=False),
               help="With one --codes: write all metrics as JSON here.")
 @click.option("--plot", metavar="PREFIX",
-              help="With --codes: draw PREFIX_pr.png and PREFIX_pk.png, a line per codes file and direction "
-                   "(needs matplotlib).")
+              help="With --codes: draw PREFIX_pr and PREFIX_pk (.png and .svg; a folder: FOLDER/pr.png ...), a "
+                   "line per codes file and direction (needs matplotlib).")
 @click.option("--overwrite", is_flag=True,
               help="Replace a --metrics-out or --plot file that is not a metrics file or figure ucmfh wrote.")
 @user_errors

@@ -9,6 +9,7 @@ from typing import Any, Dict, Iterable, List, Optional, Tuple
 
 from ucmfh.app.runs import the_checkpoint
 from ucmfh.checkpoint import read_checkpoint
+from ucmfh.metrics.plots import SUFFIXES, figure_start
 from ucmfh.selection import VALIDATION_K
 
 
@@ -96,8 +97,8 @@ def history_figure(path: str, history: Dict[str, Any], dataset: Optional[str] = 
 
 
 def history_paths(prefix: str) -> List[str]:
-    """The files of ``--history --plot PREFIX``: ``PREFIX_history.png`` and ``.svg``."""
-    return [f"{prefix}_history{suffix}" for suffix in (".png", ".svg")]
+    """The files of ``--history --plot PREFIX``: ``PREFIX_history.png`` and ``.svg`` (``FOLDER/history.*``)."""
+    return [f"{figure_start(prefix)}history{suffix}" for suffix in SUFFIXES]
 
 
 def draw_history(figure: Dict[str, Any], prefix: str) -> List[str]:

@@ -20,6 +20,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from ucmfh.app.runs import COLLAPSE_MARK, dataset_labels, headline, variant_of
 from ucmfh.app.outputs import check_figures, check_outputs
+from ucmfh.metrics.plots import SUFFIXES, figure_start
 
 # a figure's score: (field, label); a labelled set's MAP, a caption set's R@1, R@5, R@10 in % and rSum
 MAP_FIELDS = (("map_i2t", "MAP@{k} I→T"), ("map_t2i", "MAP@{k} T→I"))
@@ -28,7 +29,6 @@ RECALL_FIELDS = (*((f"r{k}_{d}", f"R@{k} {arrow} (%)") for k in (1, 5, 10) for d
 # what tells two lines of one figure apart beyond the method, shown only where it varies
 _QUALIFIERS = (("trained_on", "trained on {}"), ("task", "{}"), ("protocol", "{}"), ("stage", "{}"),
                ("k", "k={}"), ("settings_key", "settings {}"))
-SUFFIXES = (".png", ".svg")
 # the linear baseline, drawn as a reference line beside the methods
 REFERENCE_METHODS = ("cca-itq",)
 REFERENCE_STYLE = {"color": "black", "linestyle": "-.", "markerfacecolor": "white"}
@@ -161,25 +161,9 @@ def legend_title(figure: Dict[str, Any]) -> str:
     return "error bars: std over seeds" + ("" if 1 not in seeds else " (none where one seed)")
 
 
-def figure_prefix(prefix: str) -> str:
-    """A --plot PREFIX as given, less a figure's extension where it ends in one (``--plot figs/length.png`` wrote
-    ``figs/length.png_wiki_map_i2t.png``), as a grid's --table PATH.md is taken as PATH."""
-    stem, extension = os.path.splitext(prefix)
-    return stem if extension.lower() in SUFFIXES and os.path.basename(stem) else prefix
-
-
-def _joined(prefix: str) -> str:
-    """What a figure's name follows: ``PREFIX_``, or a folder's path where the prefix ends in a separator or is a
-    folder (``--plot figs/`` and, ``figs`` being a folder, ``--plot figs`` write ``figs/wiki_map_i2t.png``, where
-    they wrote ``figs/_wiki_map_i2t.png`` and ``figs_wiki_map_i2t.png`` beside the folder)."""
-    if prefix.endswith(("/", os.sep)):
-        return prefix
-    return os.path.join(prefix, "") if os.path.isdir(prefix) else prefix + "_"
-
-
 def figure_paths(prefix: str, figure: Dict[str, Any]) -> List[str]:
     """The files one figure is written to: ``PREFIX_<name>.png`` and ``.svg`` (``FOLDER/<name>.*``)."""
-    return [f"{_joined(prefix)}{figure['name']}{suffix}" for suffix in SUFFIXES]
+    return [f"{figure_start(prefix)}{figure['name']}{suffix}" for suffix in SUFFIXES]
 
 
 def check_figure_paths(prefix: str, figures: Sequence[Dict[str, Any]], overwrite: bool = False,
@@ -196,8 +180,8 @@ def check_prefix(prefix: str, overwrite: bool = False, flag: str = "--plot") -> 
     at the end), naming ``flag``."""
     if not prefix:
         raise ValueError(f"{flag}: an empty prefix; give the figures' path prefix (PREFIX_*.png)")
-    check_outputs(folders={flag: os.path.dirname(os.path.abspath(_joined(prefix) + "x"))})
-    start = _joined(prefix)
+    check_outputs(folders={flag: os.path.dirname(os.path.abspath(figure_start(prefix) + "x"))})
+    start = figure_start(prefix)
     taken = [path for suffix in SUFFIXES for path in glob.glob(glob.escape(start) + "*" + suffix)
              if _FIGURE_NAME.fullmatch(os.path.splitext(path[len(start):])[0])]  # not evaluate's PREFIX_pr.png
     check_figures(flag, sorted(taken), overwrite)

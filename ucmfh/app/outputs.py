@@ -15,7 +15,7 @@ import os
 from typing import Dict, Optional, Sequence, Union
 
 from ucmfh.files import check_jsonl, check_not_input, check_replaceable, check_writable
-from ucmfh.metrics.plots import figure_kind
+from ucmfh.metrics.plots import SUFFIXES, figure_kind, figure_start
 from ucmfh.training_log import TensorBoardLog
 
 # the whole files each flag writes: (suffix of its path, kind of file); a --table PREFIX or --plot PREFIX
@@ -23,9 +23,11 @@ from ucmfh.training_log import TensorBoardLog
 WRITES = {
     "--html": (("", "page"),),
     "--metrics-out": (("", "metrics"),),
-    "--plot": (("_pr.png", "figure"), ("_pk.png", "figure")),
+    # evaluate's, after figure_start(PREFIX): PREFIX_ or FOLDER/
+    "--plot": tuple((f"{kind}{suffix}", figure_kind(suffix)) for kind in ("pr", "pk") for suffix in SUFFIXES),
     "--table": ((".md", "table"), (".csv", "table-csv")),
 }
+STARTS = {"--plot": figure_start}  # an output whose path is the start of its files' names, worked out so
 APPENDS = ("--results",)  # JSON-lines files that rows are appended to
 NONE_IF_EMPTY = ("--results",)  # outputs that '' turns off (--results '': no row kept); any other '' is refused
 
@@ -48,15 +50,16 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
             [(f, p, True) for f, p in (folders or {}).items()]:
         if path == "" and flag not in NONE_IF_EMPTY:
             raise ValueError(f"{flag}: an empty path; give the {'folder' if folder else 'file'} to write")
-    # PREFIX_pr.png of a folder was 'adir/_pr.png', PREFIX.md 'adir/.md' (a hidden file)
+    # PREFIX.md of a folder was 'adir/.md' (a hidden file); a --plot folder holds its figures (figure_start)
     for flag, path in (files or {}).items():
-        if path and flag in WRITES and WRITES[flag][0][0] and (
+        if path and flag in WRITES and flag not in STARTS and WRITES[flag][0][0] and (
                 path.endswith(("/", os.sep)) or os.path.isdir(path)):
             raise ValueError(f"{flag} {path}: a folder; {flag} takes a prefix of the files' names: give one in it, "
                              f"e.g. {os.path.join(path, 'curves')}")
     outputs = [(flag, path, True, None) for flag, path in (folders or {}).items()]
     for flag, path in (files or {}).items():
-        outputs += [(flag, path and path + suffix, False, kind) for suffix, kind in WRITES.get(flag, (("", None),))]
+        start = path and STARTS.get(flag, str)(path)
+        outputs += [(flag, start and start + suffix, False, kind) for suffix, kind in WRITES.get(flag, (("", None),))]
     written: Dict[str, str] = {}  # two outputs of one command into one file: the second destroys the first
     for flag, path, folder, kind in outputs:
         if path and not folder:

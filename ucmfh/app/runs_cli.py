@@ -60,7 +60,7 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
         if not plot:
             raise click.BadParameter("an empty prefix; give the figures' path prefix (PREFIX_*.png)",
                                      param_hint="--plot")
-        from ucmfh.app.length_plot import figure_prefix
+        from ucmfh.metrics.plots import figure_prefix
 
         plot = figure_prefix(plot)
         check_outputs(folders={"--plot": os.path.dirname(os.path.abspath(plot))})

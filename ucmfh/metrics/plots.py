@@ -117,7 +117,7 @@ def plot_pr_curve(results: Runs, path: str) -> str:
     def configure(ax):
         ax.set_xlabel("recall")
         ax.set_ylabel("precision")
-        ax.set_xlim(0, 1)
+        ax.set_xlim(0, 1.02)  # a point at recall 1 whole, not cut by the frame
         ax.grid(alpha=0.3)
 
     return _save(_draw(plt, _runs(results), points, "precision–recall by Hamming radius", configure), plt, path)
@@ -170,15 +170,37 @@ def _up_to(ks: List[int], values: List[float], n: Optional[int]) -> Tuple[List[i
     return xs, ys
 
 
+# a figure is written as both: a PNG to look at, an SVG for a paper
+SUFFIXES = (".png", ".svg")
+
+
+def figure_prefix(prefix: str) -> str:
+    """A --plot PREFIX as given, less a figure's extension where it ends in one (``--plot figs/length.png`` wrote
+    ``figs/length.png_wiki_map_i2t.png``), as a grid's --table PATH.md is taken as PATH."""
+    stem, extension = os.path.splitext(prefix)
+    return stem if extension.lower() in SUFFIXES and os.path.basename(stem) else prefix
+
+
+def figure_start(prefix: str) -> str:
+    """What the names of the figures of a --plot PREFIX follow: ``PREFIX_`` (less a figure's extension,
+    :func:`figure_prefix`), or a folder's path where the prefix ends in a separator or is a folder (``--plot
+    figs/`` and, ``figs`` being a folder, ``--plot figs`` write ``figs/wiki_map_i2t.png``, where they wrote
+    ``figs/_wiki_map_i2t.png`` and ``figs_wiki_map_i2t.png`` beside the folder)."""
+    if prefix.endswith(("/", os.sep)):
+        return prefix
+    return os.path.join(prefix, "") if os.path.isdir(prefix) else figure_prefix(prefix) + "_"
+
+
 def plot_curves(results: Runs, prefix: str) -> List[str]:
-    """Write ``{prefix}_pr.png`` (if Hamming results) and ``{prefix}_pk.png``; return the paths. ``results``:
-    one evaluation's, or several runs' ``[(label, results), ...]``, each figure then a panel per direction
-    and a line per run."""
-    runs = _runs(results)
+    """Write the precision–recall figure (of Hamming results) and the precision@K one, each as ``pr`` and ``pk``
+    after :func:`figure_start` of ``prefix``, in each of :data:`SUFFIXES`; return the paths. ``results``: one
+    evaluation's, or several runs' ``[(label, results), ...]``, each figure then a panel per direction and a
+    line per run."""
+    runs, start = _runs(results), figure_start(prefix)
     paths = []
     if any("pr_curve" in res.get(name, {}) for _, res in runs for name in _NAMES):
-        paths.append(plot_pr_curve(runs, f"{prefix}_pr.png"))
-    paths.append(plot_precision_at_k(runs, f"{prefix}_pk.png"))
+        paths += [plot_pr_curve(runs, f"{start}pr{suffix}") for suffix in SUFFIXES]
+    paths += [plot_precision_at_k(runs, f"{start}pk{suffix}") for suffix in SUFFIXES]
     return paths
 
 
