@@ -756,7 +756,7 @@ def test_a_name_from_the_users_data_neither_rewrites_the_terminal_nor_breaks_a_t
     assert printable("café ✓ | <x>") == "café ✓ | <x>"  # what is not a control character stays
     result = CliRunner().invoke(main, ["validate", str(tmp_path / "\x1b]0;owned\x07\x1b[2Jmissing.h5")])
     assert result.exit_code == 2 and "\x1b" not in result.output and "\\x1b]0;owned\\x07" in result.output
-    name = "=a|b<img src=x>$\\nope$\x1b[31m"
+    name = "=a|b<img src=x>$\\nope$\x1b[31m *z* `c` [l](u)"
     hostile = tmp_path / f"{name}.h5"
     shutil.copy(tiny_path, hostile)
     results, prefix = tmp_path / "g.jsonl", tmp_path / "tables"
@@ -767,7 +767,9 @@ def test_a_name_from_the_users_data_neither_rewrites_the_terminal_nor_breaks_a_t
     shown = printable(name)
     assert "\x1b" not in result.output and json.loads(results.read_text().splitlines()[0])["dataset"] == shown
     md = (tmp_path / "tables.md").read_text()
-    assert "### =a\\|b&lt;img src=x&gt;$\\nope$\\x1b[31m, protocol" in md and "<img" not in md
+    # each character Markdown reads as markup written as it is: '*z*' was in italics, '[l](u)' a link
+    assert "### =a\\|b&lt;img src=x&gt;\\$\\\\nope\\$\\\\x1b\\[31m \\*z\\* \\`c\\` \\[l\\](u), protocol" in md
+    assert "<img" not in md
     with open(tmp_path / "tables.csv", newline="") as f:
         assert next(csv.DictReader(f))["dataset"] == "'" + shown  # text in a spreadsheet, not a formula
     assert list((tmp_path / "plots").iterdir())  # drawn, '$…$' as it is

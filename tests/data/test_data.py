@@ -239,7 +239,12 @@ def test_captions_and_image_paths_are_written_for_search_to_show(tmp_path):
     assert coll.read("paths") == [f"photos/{i}.jpg" for i in src["query"]["ids"]]
     for bad, message in [(["a", None, "c", "d"], r"/query/text_raw: item 1 is NoneType, not a string \('' for none\)"),
                          (["a", "b"], r"/query/text_raw: 2 strings, the split has 4 rows"),
-                         ("one caption", r"/query/text_raw: expected one string an item, got a single str")]:
+                         ("one caption", r"/query/text_raw: expected one string an item, got a single str"),
+                         # h5py's traceback ('VLEN strings do not support embedded NULLs'); a UnicodeDecodeError
+                         (["a", "b\0c", "c", "d"], r"/query/text_raw: item 1 holds a NUL character \(\\x00\), "
+                                                  r"which an HDF5 string cannot hold$"),
+                         ([b"a", b"b", b"\xff", b"d"], r"/query/text_raw: item 2 is bytes, not UTF-8 \(invalid "
+                                                         r"start byte at byte 0\)$")]:
         src["query"]["text_raw"] = bad
         with pytest.raises(DataError, match=message):
             write_dataset(tmp_path / "e.h5", src)

@@ -16,6 +16,7 @@ import html
 import io
 import json
 import os
+import re
 import statistics
 from itertools import product
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
@@ -245,8 +246,9 @@ def _means_table(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], bit
 
 
 def _md(name: str) -> str:
-    """A name of the user's (a dataset file's) as Markdown text: a '|' split a table's cells, '<img …>' was markup."""
-    return html.escape(name, quote=False).replace("|", "\\|")
+    """A name of the user's (a dataset file's) as Markdown text: a '|' split a table's cells, '<img …>' was markup,
+    '*z*' italics, '`c`' code, '[a](b)' a link and '$x$' mathematics; each as it is written (a backslash before it)."""
+    return re.sub(r"([\\`*\[\]$|])", r"\\\1", html.escape(name, quote=False))
 
 
 def _cell_text(value: Any) -> Any:

@@ -139,10 +139,21 @@ def _strings(path: str, where: str, values: object, split: Dict[str, np.ndarray]
     """One string an item, as many as the split's rows (None refused: it would be the text 'None')."""
     if isinstance(values, (str, bytes)):
         raise DataError(f"{path}: {where}: expected one string an item, got a single {type(values).__name__}")
-    values = [v.decode("utf-8") if isinstance(v, bytes) else v for v in values]
+    values = list(values)
+    for i, v in enumerate(values):
+        if isinstance(v, bytes):
+            try:
+                values[i] = v.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{path}: {where}: item {i} is bytes, not UTF-8 ({err.reason} at byte {err.start})") \
+                    from None
     bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
     if bad is not None:
         raise DataError(f"{path}: {where}: item {bad} is {type(values[bad]).__name__}, not a string ('' for none)")
+    nul = next((i for i, v in enumerate(values) if "\0" in v), None)
+    if nul is not None:  # h5py's traceback: 'VLEN strings do not support embedded NULLs'
+        raise DataError(f"{path}: {where}: item {nul} holds a NUL character (\\x00), which an HDF5 string cannot "
+                        "hold")
     rows = len(split["image"]) if split.get("image") is not None else None
     if rows is not None and len(values) != rows:
         raise DataError(f"{path}: {where}: {len(values)} strings, the split has {rows} rows")
