@@ -14,7 +14,7 @@ import os
 import sys
 from typing import NoReturn
 
-from ucmfh.signals import exit_stopped, run_as_program, terminate_as_interrupt, work_over
+from ucmfh.signals import end_program, exit_stopped, run_as_program, terminate_as_interrupt, work_over
 
 # Run as a script, SIGTERM ends it as Ctrl-C does at any moment (one line, 143; 130 for Ctrl-C), the seconds of
 # importing click and torch below included, where both were a traceback or a silent -15 (ucmfh/__main__.py does
@@ -269,4 +269,4 @@ if __name__ == "__main__":
     run_as_program()
     code = main()
     work_over()  # a signal from here to the process's end ends it at once, its output flushed
-    sys.exit(code)
+    end_program(code)  # not through the interpreter's teardown, where a signal killed it

@@ -1,12 +1,13 @@
 """``python -m ucmfh`` and the ``ucmfh`` command (also under ``torchrun -m ucmfh``)."""
 import sys
+from typing import NoReturn
 
 
-def run() -> int:
+def run() -> NoReturn:
     """The ``ucmfh`` command: importing click and torch takes seconds, and a Ctrl-C or SIGTERM meanwhile ends it as
     one at any later moment does (one line, 130 or 143; :mod:`ucmfh.signals`, which needs neither). The console
     script calls this, so its imports come after the guard."""
-    from ucmfh.signals import exit_stopped, run_as_program, terminate_as_interrupt
+    from ucmfh.signals import end_program, exit_stopped, run_as_program, terminate_as_interrupt
 
     restore = terminate_as_interrupt()
     try:
@@ -16,7 +17,11 @@ def run() -> int:
     finally:
         restore()  # the command sets its own (ucmfh.app.cli.main)
     run_as_program()
-    return main()
+    try:
+        code = main()  # click's: it ends in SystemExit
+    except SystemExit as ended:
+        code = ended.code
+    end_program(code)
 
 
 if __name__ == "__main__":

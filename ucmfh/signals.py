@@ -165,3 +165,25 @@ def work_over() -> None:
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) not in (signal.SIG_IGN, None):  # None: a handler not set from Python
             signal.signal(signum, handler)
+
+
+def end_program(code: object) -> NoReturn:
+    """End a program (:func:`run_as_program`) whose command has ended, with ``code`` as ``sys.exit`` takes it: the
+    functions registered with ``atexit`` run and the output is flushed, then the process ends at once, not through
+    the interpreter's teardown. There CPython puts SIGINT and SIGTERM back to their default action, and with
+    torch loaded the teardown lasts a third of a second or more: a signal then killed the process (-2, -15), where
+    :func:`work_over`'s handlers end it 130 or 143. Not a program (a command called in-process): ``sys.exit``."""
+    if not _PROGRAM["running"] or threading.current_thread() is not threading.main_thread():
+        sys.exit(code)
+    import atexit
+
+    status = 0 if code is None else code if isinstance(code, int) else 1
+    if not isinstance(code, int) and code is not None:  # a message, as sys.exit prints it
+        print(code, file=sys.stderr)
+    atexit._run_exitfuncs()  # noqa: SLF001 - what the interpreter's exit runs, run here before leaving
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a reader gone (| head): what it held is lost, as it would be
+            pass
+    os._exit(status)

@@ -642,6 +642,28 @@ def test_a_signal_once_the_command_s_work_is_over_ends_it_with_its_output_whole(
     assert (ran.returncode, ran.stderr, ran.stdout) == (code, "", _methods_said())
 
 
+SIGNAL_IN_THE_TEARDOWN = """
+import os, signal, sys, time
+class Late:  # freed in the interpreter's teardown, where CPython has put SIGTERM's default action back
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(1)
+late = Late()
+sys.argv = ["ucmfh", "methods"]
+from ucmfh.__main__ import run
+sys.exit(run())
+"""
+
+
+def test_a_program_ends_without_the_interpreter_s_teardown_where_a_signal_killed_it():
+    """After its work, a command went through the interpreter's teardown (torch loaded: a third of a second or
+    more) with SIGINT and SIGTERM back at their default action: a signal there killed it (-2, -15; an audit's,
+    10 of 12 Ctrl-Cs). It ends once atexit's functions have run and its output is flushed, never torn down."""
+    ran = subprocess.run([sys.executable, "-c", SIGNAL_IN_THE_TEARDOWN], cwd=ROOT, capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=120)
+    assert (ran.returncode, ran.stderr, ran.stdout) == (0, "", _methods_said())
+
+
 @functools.lru_cache(maxsize=None)
 def _methods_said() -> str:
     """What 'ucmfh methods' says, all of it, in a process of its own (this one's registry may hold a test's
