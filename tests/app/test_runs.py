@@ -1237,8 +1237,8 @@ def test_a_ctrl_c_as_a_candidate_s_training_ends_or_between_two_candidates_stops
     monkeypatch.setattr(trainer_module, "fit", second_stopped)
     between = CliRunner().invoke(main, [*argv, "--resume"])
     assert between.exit_code == 130 and between.output.splitlines()[-1] == (
-        f"hashing 16 bits interrupted between its fits; the training states of those done are saved beside "
-        f"{state.parent / 'hash16.pt'}; run the same command with --resume to continue")
+        f"hashing 16 bits interrupted outside its epochs (resuming, or between its fits); the training states "
+        f"saved so far are kept beside {state.parent / 'hash16.pt'}; run the same command with --resume to continue")
     monkeypatch.setattr(trainer_module, "fit", fits)
     done = CliRunner().invoke(main, [*argv, "--resume"])
     assert done.exit_code == 0 and len(results.read_text().splitlines()) == 1 and not list(out.rglob("*.state.pt"))

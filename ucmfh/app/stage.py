@@ -374,8 +374,11 @@ def _train(stage: Stage, opts: RunOptions, fit: Callable[[StateFile, Any], Tuple
             if not saved_states(stage.path):  # its set-up (DAEH's pass over every pair: minutes), said as such
                 raise stopped_by(f"{str(err) or 'interrupted'} while {stage.name} set up its training, before its first "
                                  "epoch: nothing of it was saved", getattr(err, "signum", None)) from None
-            raise TrainingInterrupted(f"{stage.name} interrupted between its fits; the training states of those done "
-                                      f"are saved beside {stage.path}", saved_states(stage.path)[0],
+            # between two fits (candidates, a refit), or a resumed run's before its first epoch (its state read):
+            # 'between its fits' was said of a one-fit method as its state loaded
+            raise TrainingInterrupted(f"{stage.name} interrupted outside its epochs (resuming, or between its fits); "
+                                      f"the training states saved so far are kept beside {stage.path}",
+                                      saved_states(stage.path)[0],
                                       getattr(err, "signum", None)) from None
     seconds = earlier + time.perf_counter() - start
     meta = {"identity": stage.identity, "dataset": stage.dataset, "history": history.as_dict(), "seconds": seconds,
