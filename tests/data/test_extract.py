@@ -339,6 +339,38 @@ def test_clip_extraction_end_to_end_on_cpu(tmp_path, tiny_clip):
     torch.testing.assert_close(part.txt[0], txt[0], rtol=1e-4, atol=1e-5)
 
 
+def test_each_image_is_made_the_model_s_input_as_it_is_read_with_the_same_features(tmp_path, tiny_clip,
+                                                                                    monkeypatch):
+    """A batch held its decoded photos until the processor ran on all of them (64 of 24 megapixels: 11 GB), in
+    one thread. Each image is now made the model's input as it is read, in the loading threads: the batch holds
+    [3, S, S] pixel values, and the features are those of the whole batch processed at once, to the bit."""
+    import torch
+
+    from ucmfh.data.clip_encoder import ClipEncoder, load_image
+
+    names = make_images(tmp_path / "imgs", 5)
+    encoder = ClipEncoder(tiny_clip, "cpu")
+    images = [load_image(tmp_path / "imgs" / name) for name in names]
+    prepared = [encoder.prepare_image(image) for image in images]
+    assert all(p.shape == (3, 32, 32) for p in prepared)
+    assert np.array_equal(encoder.encode_images(prepared), encoder.encode_images(images))
+    for a, b in zip(encoder.encode_images_tokens(prepared), encoder.encode_images_tokens(images)):
+        assert np.array_equal(a, b)
+    batches = []
+    encode = ClipEncoder.encode_images
+    monkeypatch.setattr(ClipEncoder, "encode_images", lambda self, batch: (batches.append(batch), encode(self, batch))[1])
+    caps, labels = write_inputs(tmp_path, names)
+    cfg = ExtractConfig(model=tiny_clip, batch_size=2, device="cpu", workers=2)
+    report = extract_features(tmp_path / "imgs", caps, labels, tmp_path / "o.h5", sizes=SplitSizes(query=1, train=2),
+                              config=cfg, progress=False)
+    assert batches and all(isinstance(item, torch.Tensor) for batch in batches for item in batch)
+    features = np.concatenate([encode(encoder, images[b:b + 2]) for b in range(0, len(images), 2)])  # its batches
+    ds = load_dataset(report.path)
+    for part in (ds.query, ds.retrieval):  # each item's image feature as its batch of PIL images gives it
+        for row, i in zip(part.img.numpy(), part.ids.numpy()):
+            assert np.array_equal(row, features[i])
+
+
 def test_loading_the_model_prints_no_bar_of_its_own(tiny_clip, capfd):
     """transformers' 'Loading weights' bar stood above a search's results (search --text); its setting is kept."""
     from transformers.utils import logging as hf_logging

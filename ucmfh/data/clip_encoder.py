@@ -119,10 +119,22 @@ class ClipEncoder:
             x = torch.nn.functional.normalize(x, dim=-1)
         return x.float().cpu().numpy()
 
+    def prepare_image(self, image) -> torch.Tensor:
+        """A PIL image as the model's input, [3, S, S] pixel values: what :meth:`encode_images` does to each image
+        of its batch, done apart (extraction does it as each image is read, in its loading threads, so that a batch
+        holds these and not the decoded photos: 64 of 24 megapixels were 11 GB)."""
+        return self.processor(images=[image], return_tensors="pt")["pixel_values"][0]
+
+    def _pixels(self, images: list) -> torch.Tensor:
+        """[B, 3, S, S] on the device: of PIL images, or of their :meth:`prepare_image` (the same values)."""
+        if images and isinstance(images[0], torch.Tensor):
+            return torch.stack(images).to(self.device)
+        return self.processor(images=images, return_tensors="pt")["pixel_values"].to(self.device)
+
     @torch.inference_mode()
     def encode_images(self, images: list) -> np.ndarray:
-        """[B] PIL images → [B, d] float32."""
-        pixels = self.processor(images=images, return_tensors="pt")["pixel_values"].to(self.device)
+        """[B] PIL images (or their :meth:`prepare_image`) → [B, d] float32."""
+        pixels = self._pixels(images)
         pooled = self.model.vision_model(pixel_values=pixels).pooler_output
         return self._finish(self.model.visual_projection(pooled))
 
@@ -137,12 +149,13 @@ class ClipEncoder:
 
     @torch.inference_mode()
     def encode_images_tokens(self, images: list) -> Tuple[np.ndarray, np.ndarray]:
-        """[B] PIL images → the pooled [B, d] float32 of :meth:`encode_images` and the tokens [B, T, C] float16.
+        """[B] PIL images (or their :meth:`prepare_image`) → the pooled [B, d] float32 of :meth:`encode_images` and
+        the tokens [B, T, C] float16.
 
         The tokens are the vision tower's last hidden state after its post-layernorm, not projected:
         token 0 is [CLS] (post-layernorm [CLS] is CLIP's pooled output), tokens 1.. the patches row by row.
         """
-        pixels = self.processor(images=images, return_tensors="pt")["pixel_values"].to(self.device)
+        pixels = self._pixels(images)
         vision = self.model.vision_model(pixel_values=pixels)
         tokens = self.model.vision_model.post_layernorm(vision.last_hidden_state)
         pooled = self._finish(self.model.visual_projection(vision.pooler_output))

@@ -43,7 +43,7 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
 
 import h5py
 import numpy as np
@@ -320,12 +320,15 @@ def extract_features(
     report = ExtractReport(path=out, rows={}, n_images=len(names), n_captions=len(caption_list), shard=shard)
     counts = {"image": len(names), "text": len(caption_list)}
 
+    # each image made the model's input as it is read, where the encoder can (ClipEncoder.prepare_image)
+    prepare = getattr(encoder, "prepare_image", None)
+
     def image_chunk(start: int, stop: int, bar: tqdm) -> tuple:
         feats, ok, tokens = [], np.ones(stop - start, dtype=bool), []
         with ThreadPoolExecutor(cfg.workers) as pool:
             for b in range(start, stop, cfg.batch_size):
                 batch_paths = paths[b : min(stop, b + cfg.batch_size)]
-                loaded = list(pool.map(_try_load, batch_paths))
+                loaded = list(pool.map(lambda path: _try_load(path, prepare), batch_paths))
                 good = []
                 for i, (img, err) in enumerate(loaded):
                     if err is None:
@@ -472,8 +475,10 @@ def _file_state(path: str) -> Optional[List[int]]:
     return [st.st_size, st.st_mtime_ns]
 
 
-def _try_load(path: str):
+def _try_load(path: str, prepare: Optional[Callable[[Any], Any]] = None):
+    """An image read (and made the model's input by ``prepare``), or the error that names it."""
     try:
-        return load_image(path), None
+        image = load_image(path)
     except OSError as err:
         return None, str(err)
+    return (image if prepare is None else prepare(image)), None
