@@ -119,9 +119,38 @@ def test_input_mismatches_name_file_and_problem(tmp_path):
         read_labels(tmp_path / "l.json", names)
     (tmp_path / "c.tsv").write_text("a.jpg\tone\t\nb.jpg\ttwo\n")
     assert read_captions(tmp_path / "c.tsv", names)[0] == ["one", "two"]
+    # a photo of a kind not read (.heic) was said as a mismatch alone; one image given as IMAGES was read as a list
+    (tmp_path / "c.tsv").write_text("a.jpg\tone\nb.jpg\ttwo\nc.heic\tthree\n")
+    with pytest.raises(DataError, match=r"c\.tsv: 1 captions name images that are not in the image list \(first: "
+                                        r"'c\.heic'\); images and captions do not match; 'c\.heic' is not listed as an "
+                                        r"image by its extension \(images are \.jpg, .*: convert it to one\)$"):
+        read_captions(tmp_path / "c.tsv", names)
+    Image.new("RGB", (4, 4)).save(tmp_path / "one.jpg")
+    with pytest.raises(DataError, match=r"one\.jpg: an image file; IMAGES is a folder of images or a text file "
+                                        r"listing their paths$"):
+        list_images(tmp_path / "one.jpg")
     (tmp_path / "empty").mkdir()
     with pytest.raises(DataError, match="empty: no image files"):
         list_images(tmp_path / "empty")
+
+
+def test_a_folder_of_images_that_cannot_be_read_is_said_not_left_out(tmp_path, monkeypatch):
+    """os.walk passed over a subfolder it could not read: its images were left out without a word, and the
+    captions said 'images and captions do not match'."""
+    names = make_images(tmp_path / "imgs", 2)
+    (tmp_path / "imgs" / "locked").mkdir()
+    scandir = os.scandir
+
+    def refused(path="."):
+        if os.fspath(path).endswith("locked"):
+            raise PermissionError(13, "Permission denied", os.fspath(path))
+        return scandir(path)
+
+    monkeypatch.setattr(os, "scandir", refused)
+    with pytest.raises(DataError, match=r"imgs/locked: cannot read this folder of IMAGES \(Permission denied\)$"):
+        list_images(tmp_path / "imgs")
+    monkeypatch.undo()
+    assert list_images(tmp_path / "imgs")[0] == sorted(names)
 
 
 def test_image_list_file(tmp_path):

@@ -20,8 +20,11 @@ def list_images(images: PathLike) -> Tuple[List[str], List[str]]:
     """Names and paths of the images: a folder (recursive, sorted) or a list file."""
     images = os.fspath(images)
     if os.path.isdir(images):
+        def unreadable(err: OSError) -> None:  # a folder below it left out without a word, its images with it
+            raise DataError(f"{err.filename}: cannot read this folder of IMAGES ({err.strerror or err})")
+
         names = []
-        for root, _, files in os.walk(images):
+        for root, _, files in os.walk(images, onerror=unreadable):
             for f in files:
                 if f.lower().endswith(IMAGE_EXTENSIONS):
                     names.append(os.path.relpath(os.path.join(root, f), images).replace(os.sep, "/"))
@@ -31,6 +34,8 @@ def list_images(images: PathLike) -> Tuple[List[str], List[str]]:
         return names, [os.path.join(images, n) for n in names]
     if not os.path.exists(images):
         raise DataError(f"{images}: no such file or folder")
+    if images.lower().endswith(IMAGE_EXTENSIONS):  # read as a list of paths: 'line 1: not UTF-8 text'
+        raise DataError(f"{images}: an image file; IMAGES is a folder of images or a text file listing their paths")
     base = os.path.dirname(os.path.abspath(images))
     names = read_lines(images)
     if not names:
@@ -108,9 +113,12 @@ def read_captions(path: PathLike, names: Sequence[str]) -> Tuple[List[str], np.n
             continue
         per_image[index[name]].extend(c.strip() for c in values)
     if unknown:
+        other = next((name for name in unknown if not name.lower().endswith(IMAGE_EXTENSIONS)), None)
+        kinds = "" if other is None else (f"; {other!r} is not listed as an image by its extension (images are "
+                                          f"{', '.join(IMAGE_EXTENSIONS)}: convert it to one)")
         raise DataError(
             f"{path}: {len(unknown)} captions name images that are not in the image list "
-            f"(first: {unknown[0]!r}); images and captions do not match"
+            f"(first: {unknown[0]!r}); images and captions do not match{kinds}"
         )
     missing = [names[i] for i, caps in enumerate(per_image) if not caps]
     if missing:
