@@ -3,6 +3,7 @@ import io
 import json
 import logging
 import os
+import warnings
 import re
 import socket
 import sys
@@ -251,6 +252,15 @@ def test_an_image_is_loaded_as_a_viewer_shows_it(tmp_path):
     Image.fromarray(rgba, "RGBA").save(tmp_path / "t.png")
     shown = np.asarray(load_image(tmp_path / "t.png"))
     assert shown[0, 0].tolist() == [255, 0, 0] and shown[3, 3].tolist() == [255, 255, 255]  # over white, as CLIP's
+    # PIL's warning of a 'decompression bomb' named no image, with its own file and line: said of the image
+    import PIL.Image
+
+    with pytest.MonkeyPatch.context() as patch, warnings.catch_warnings(record=True) as heard:
+        warnings.simplefilter("always")
+        patch.setattr(PIL.Image, "MAX_IMAGE_PIXELS", 300)  # below the ramp's 512
+        load_image(tmp_path / "g8.png")
+    assert [str(w.message) for w in heard] == [f"{tmp_path / 'g8.png'}: an image of 0.000512 megapixels, which PIL "
+                                               "warns of as a possible decompression bomb; read whole"]
     Image.fromarray(np.ones((4, 4), np.float32)).save(tmp_path / "f.tif")
     with pytest.raises(OSError, match=r"f\.tif: a floating-point image \(mode F\), whose values have no range"):
         load_image(tmp_path / "f.tif")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib
 import os
+import warnings
 from typing import Any, Dict, List, Optional, Tuple
 
 import numpy as np
@@ -221,12 +222,18 @@ def load_image(path: str):
     if ImageFile.LOAD_TRUNCATED_IMAGES:
         # someone allowed truncated images globally; a half-grey image must not become a feature
         raise RuntimeError("PIL.ImageFile.LOAD_TRUNCATED_IMAGES is set; unset it for extraction")
+    # PIL's own warning: its file and line, and no image named; said below instead. Set at each call (it replaces
+    # itself): a caller's warnings.catch_warnings would take one set once away
+    warnings.filterwarnings("ignore", category=Image.DecompressionBombWarning)
     try:
         with Image.open(path) as im:
             im = ImageOps.exif_transpose(im)  # a copy, decoded
             im.load()
     except (OSError, ValueError, SyntaxError, Image.DecompressionBombError) as err:
         raise OSError(f"{path}: unreadable image ({type(err).__name__}: {err})") from None
+    if Image.MAX_IMAGE_PIXELS and im.width * im.height > Image.MAX_IMAGE_PIXELS:
+        warnings.warn(f"{path}: an image of {im.width * im.height / 1e6:.3g} megapixels, which PIL warns of as a "
+                      "possible decompression bomb; read whole", stacklevel=2)
     if im.mode == "F":
         raise OSError(f"{path}: a floating-point image (mode F), whose values have no range to scale to 8 bits; "
                       "save it as an 8- or 16-bit image")
