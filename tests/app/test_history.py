@@ -89,15 +89,25 @@ def test_history_plot_draws_the_epochs_the_checkpoint_holds(trained, tmp_path):
 
     row, results = trained
     history = read_checkpoint(row["checkpoint"])["meta"]["history"]
-    figure = history_figure(row["checkpoint"], history)
-    assert figure["loss"]["run"] == ([1, 2, 3], history["loss"])
+    figure = history_figure(row["checkpoint"], history, what="two-tower 16 bits")
+    # the line of the run's epochs is the chosen candidate's (it was 'run'), the title says what the run is
+    assert figure["loss"][f"candidate {history['chosen']}"] == ([1, 2, 3], history["loss"])
+    assert figure["title"].startswith("two-tower 16 bits, ")
     assert figure["loss"]["refit"] == (list(range(1, len(history["refit_loss"]) + 1)), history["refit_loss"])
     assert [list(p) for p in zip(*figure["validation"])] == history["validation"]
     assert figure["kept"] == (history["best_epoch"], dict(history["validation"])[history["best_epoch"]])
     assert f"chose {history['chosen']}" in figure["title"]
     prefix = str(tmp_path / "h")
-    drawn = CliRunner().invoke(main, ["runs", "--results", str(results), "--history", row["run"], "--plot", prefix])
+    import ucmfh.app.history as history_module
+
+    figures = []
+    draw = history_module.draw_history
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(history_module, "draw_history", lambda figure, *a: (figures.append(figure), draw(figure, *a))[1])
+        drawn = CliRunner().invoke(main, ["runs", "--results", str(results), "--history", row["run"], "--plot",
+                                          prefix])
     assert drawn.exit_code == 0, drawn.output
+    assert figures[0]["title"].startswith("tiny: two-tower 16 bits, ")  # read from the checkpoint
     for suffix, kind in ((".png", "figure"), (".svg", "figure-svg")):
         assert MARKS[kind] in open(f"{prefix}_history{suffix}", "rb").read(4096)
     (tmp_path / "mine_history.png").write_bytes(b"my own picture")  # a file of the user's is never replaced

@@ -17,10 +17,12 @@ from ucmfh.selection import VALIDATION_K
 VALIDATION_LABEL = f"validation MAP@{VALIDATION_K}\n(unimodal, mean of I→T and T→I)"
 
 
-def history_of(run: str, rows: Iterable[Dict[str, Any]], where: str) -> Tuple[str, Dict[str, Any], Optional[str]]:
+def history_of(run: str, rows: Iterable[Dict[str, Any]], where: str
+               ) -> Tuple[str, Dict[str, Any], Optional[str], Optional[str]]:
     """The checkpoint of ``run`` — a checkpoint's path, or a run key as ``ucmfh runs --json`` and the results
-    rows give it (a unique prefix will do) —, the history it holds and the label of the dataset it was trained on
-    (None where it does not say); ``ValueError`` naming what is wrong."""
+    rows give it (a unique prefix will do) —, the history it holds, the label of the dataset it was trained on
+    and what it is ('two-tower 16 bits', 'fusion stage'; each None where it does not say); ``ValueError`` naming
+    what is wrong."""
     if os.path.isfile(run):
         path = run
     else:
@@ -41,7 +43,11 @@ def history_of(run: str, rows: Iterable[Dict[str, Any]], where: str) -> Tuple[st
                          "form with no epochs)")
     if "chosen" not in history and isinstance(history.get("candidates"), dict):  # an older ucmfh's choice
         history = {**history, "chosen": history.get("relaxation"), "choice_scores": history["candidates"]}
-    return path, history, (meta.get("dataset") or {}).get("label")
+    identity = meta.get("identity") if isinstance(meta.get("identity"), dict) else {}
+    stage = identity.get("hash") if isinstance(identity.get("hash"), dict) else None
+    what = (f"{stage.get('method', 'ucmfh')} {stage['n_bits']} bits" if stage and "n_bits" in stage else
+            "fusion stage" if isinstance(identity.get("fusion"), dict) else None)
+    return path, history, (meta.get("dataset") or {}).get("label"), what
 
 
 def history_rows(history: Dict[str, Any]) -> List[Dict[str, Any]]:
@@ -76,22 +82,24 @@ def format_history(path: str, history: Dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def history_figure(path: str, history: Dict[str, Any], dataset: Optional[str] = None) -> Dict[str, Any]:
-    """What ``--history --plot`` draws, as plain data from :func:`history_rows`: ``title`` (the checkpoint, and the
-    dataset trained on where given); ``loss``, each
-    part's (``run``, ``refit``) epochs and losses; ``validation``, the validated epochs and their scores;
-    ``kept``, the epoch validation kept and its score (None without one)."""
+def history_figure(path: str, history: Dict[str, Any], dataset: Optional[str] = None,
+                   what: Optional[str] = None) -> Dict[str, Any]:
+    """What ``--history --plot`` draws, as plain data from :func:`history_rows`: ``title`` (the checkpoint, what it
+    is and the dataset trained on where given); ``loss``, each part's (``training``, or the candidate validation
+    chose, and ``refit``) epochs and losses; ``validation``, the validated epochs and their scores; ``kept``, the
+    epoch validation kept and its score (None without one)."""
     rows = history_rows(history)
+    chosen = f"candidate {history['chosen']}" if history.get("chosen") else ""
     loss = {}
     for part in ("", "refit"):
         mine = [r for r in rows if r["part"] == part]
-        if mine:
-            loss[part or "run"] = ([r["epoch"] for r in mine], [r["loss"] for r in mine])
+        if mine:  # a chosen candidate's own epochs: the others' are not kept
+            loss[part or chosen or "training"] = ([r["epoch"] for r in mine], [r["loss"] for r in mine])
     validated = [r for r in rows if r["validation"] is not None]
     kept = next(((r["epoch"], r["validation"]) for r in rows if r["kept"] and r["validation"] is not None), None)
-    chosen = f", chose {history['chosen']}" if history.get("chosen") else ""
     trained_on = f"{dataset}: " if dataset else ""
-    title = f"{trained_on}{os.path.basename(os.path.dirname(path))}/{os.path.basename(path)}{chosen}"
+    title = (f"{trained_on}{what + ', ' if what else ''}{os.path.basename(os.path.dirname(path))}/"
+             f"{os.path.basename(path)}{', chose ' + history['chosen'] if chosen else ''}")
     return {"title": title, "loss": loss,
             "validation": ([r["epoch"] for r in validated], [r["validation"] for r in validated]), "kept": kept}
 
@@ -121,7 +129,9 @@ def draw_history(figure: Dict[str, Any], prefix: str) -> List[str]:
         ax = axes[0][1]
         ax.plot(epochs, scores, marker=".", color="C2", label="validation")
         if figure["kept"]:
-            ax.plot(*figure["kept"], marker="*", markersize=14, color="C3", linestyle="none", label="epoch kept")
+            ax.plot(*figure["kept"], marker="*", markersize=14, color="C3", linestyle="none", label="epoch kept",
+                    clip_on=False)  # whole where it is the highest score, on the frame
+            ax.margins(y=0.1)
         ax.set_xlabel("epoch")
         ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
         ax.set_ylabel(VALIDATION_LABEL)

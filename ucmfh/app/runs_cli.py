@@ -117,7 +117,7 @@ def _print_history(history: str, rows: List[Dict[str, Any]], results: Sequence[s
     from ucmfh.app.history import draw_history, format_history, history_figure, history_of, history_paths, history_rows
 
     try:
-        path, epochs, trained_on = history_of(history, rows, ", ".join(results))
+        path, epochs, trained_on, what = history_of(history, rows, ", ".join(results))
     except ValueError as err:
         raise click.BadParameter(str(err), param_hint="--history") from None
     if not history_rows(epochs):  # a method fitted in closed form (cca-itq) trains no epoch
@@ -125,7 +125,7 @@ def _print_history(history: str, rows: List[Dict[str, Any]], results: Sequence[s
                                  param_hint="--history")
     if plot is not None:
         check_figures("--plot", history_paths(plot), overwrite)
-        for drawn in draw_history(history_figure(path, epochs, trained_on), plot):
+        for drawn in draw_history(history_figure(path, epochs, trained_on, what), plot):
             click.echo(f"wrote {drawn}")
     elif as_json:
         for row in history_rows(epochs):  # each row whole: which run, and the candidate it trained (the table's head)
