@@ -348,18 +348,26 @@ def test_a_point_some_of_whose_seeds_collapsed_is_marked_as_the_tables_mark_it(t
     from ucmfh.app.runs import COLLAPSE_MARK
 
     fell = {"img": [1, 2173], "txt": [900, 2173], "n_bits": 32}  # one modality's codes: one code for every item
-    rows = [{**row, "distinct_codes": fell} if (row["method"], row["n_bits"], row["seed"]) == ("two-tower", 32, 2)
-            else row for row in ROWS[:9]]
+    fell = {**fell, "n_bits": 64}
+    rows = [{**row, "distinct_codes": fell} if (row["method"], row["n_bits"], row["seed"]) == ("two-tower", 64, 2)
+            else row for row in ROWS[:9] if row["seed"] == 2]  # the highest point, one seed: its mark was on the frame
     figures = length_figures(summarize(rows))
     [line] = [line for line in figures[0]["lines"] if line["label"] == "two-tower"]
-    assert line["n_bits"] == [16, 32, 64] and line["collapsed"] == [0, 1, 0]
+    assert line["n_bits"] == [16, 32, 64] and line["collapsed"] == [0, 0, 1]
     drawn = []
     import matplotlib.axes
 
     real = matplotlib.axes.Axes.annotate
+    marks = []
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(matplotlib.axes.Axes, "annotate", lambda ax, text, xy, **kw: drawn.append((text, xy)) or
-                      real(ax, text, xy, **kw))
+                      marks.append((ax, real(ax, text, xy, **kw))) or marks[-1][1])
         draw_length_figures(figures, str(tmp_path / "fig"))
-    assert drawn == [(COLLAPSE_MARK, (32, next(line["mean"][1] for line in figure["lines"]
+    assert drawn == [(COLLAPSE_MARK, (64, next(line["mean"][2] for line in figure["lines"]
                                                if line["label"] == "two-tower"))) for figure in figures]
+    for ax, mark in marks:  # inside the axes, not on the frame (the point at the top of a figure's range)
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+        renderer = FigureCanvasAgg(ax.figure).get_renderer()  # closed: a canvas of its own to measure on
+        inside, box = ax.get_window_extent(renderer), mark.get_window_extent(renderer)
+        assert inside.y0 <= box.y0 and box.y1 <= inside.y1 and inside.x0 <= box.x0 and box.x1 <= inside.x1

@@ -161,6 +161,11 @@ def legend_title(figure: Dict[str, Any]) -> str:
     return "error bars: std over seeds" + ("" if 1 not in seeds else " (none where one seed)")
 
 
+def collapsed_somewhere(figure: Dict[str, Any]) -> bool:
+    """Whether a point of ``figure`` is of seeds whose codes collapsed (marked :data:`COLLAPSE_MARK`)."""
+    return any(any(line.get("collapsed", ())) for line in figure["lines"])
+
+
 def figure_paths(prefix: str, figure: Dict[str, Any]) -> List[str]:
     """The files one figure is written to: ``PREFIX_<name>.png`` and ``.svg`` (``FOLDER/<name>.*``)."""
     return [f"{figure_start(prefix)}{figure['name']}{suffix}" for suffix in SUFFIXES]
@@ -240,6 +245,8 @@ def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[
             ref = figure["reference"]
             ax.plot(ref["n_bits"], ref["mean"], linestyle="--", marker="_", markersize=14, color="grey",
                     label="random codes")  # a mark: one code length is a single point, which a line does not draw
+        if collapsed_somewhere(figure):  # room above the highest point for its mark, which sat on the frame
+            ax.margins(y=0.12)
         ax.set_xscale("log", base=2)
         ax.set_xticks(figure["n_bits"])
         ax.set_xticklabels([str(b) for b in figure["n_bits"]])
@@ -250,8 +257,8 @@ def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[
         ax.grid(alpha=0.3)
         handles, labels = ax.get_legend_handles_labels()  # the random codes' plain line comes first: put it last
         order = sorted(range(len(labels)), key=lambda i: labels[i] == "random codes")
-        collapsed = any(any(line.get("collapsed", ())) for line in figure["lines"])
-        title = legend_title(figure) + (f"\n{COLLAPSE_MARK}: codes collapsed in some seeds" if collapsed else "")
+        title = legend_title(figure) + (f"\n{COLLAPSE_MARK}: codes collapsed in some seeds"
+                                        if collapsed_somewhere(figure) else "")
         ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8,
                   title=title, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
                   borderaxespad=0.0)
