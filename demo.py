@@ -14,7 +14,9 @@ import os
 import sys
 from typing import NoReturn
 
-from ucmfh.signals import end_program, exit_stopped, run_as_program, terminate_as_interrupt, work_over
+from ucmfh.signals import (
+    end_program, exit_stopped, hold_signals_while_importing, run_as_program, terminate_as_interrupt, work_over,
+)
 
 # Run as a script, SIGTERM ends it as Ctrl-C does at any moment (one line, 143; 130 for Ctrl-C), the seconds of
 # importing click and torch below included, where both were a traceback or a silent -15 (ucmfh/__main__.py does
@@ -22,6 +24,7 @@ from ucmfh.signals import end_program, exit_stopped, run_as_program, terminate_a
 AS_SCRIPT = __name__ == "__main__"
 if AS_SCRIPT:
     terminate_as_interrupt()
+    hold_signals_while_importing("torch")
 try:
     from ucmfh.app.errors import (
         EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, interrupt_behind, interrupted, outlive_reader,

@@ -7,9 +7,11 @@ def run() -> NoReturn:
     """The ``ucmfh`` command: importing click and torch takes seconds, and a Ctrl-C or SIGTERM meanwhile ends it as
     one at any later moment does (one line, 130 or 143; :mod:`ucmfh.signals`, which needs neither). The console
     script calls this, so its imports come after the guard."""
-    from ucmfh.signals import end_program, exit_stopped, run_as_program, terminate_as_interrupt
+    from ucmfh.signals import end_program, exit_stopped, hold_signals_while_importing, run_as_program, \
+        terminate_as_interrupt
 
     restore = terminate_as_interrupt()
+    hold_signals_while_importing("torch")  # a command imports it as it runs
     try:
         from ucmfh.app.cli import main
     except KeyboardInterrupt as err:  # Ctrl-C's, or SIGTERM's (which remembers its signal)

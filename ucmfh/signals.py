@@ -100,6 +100,63 @@ def stop_on_signals() -> Iterator[Dict[str, Optional[int]]]:
             signal.signal(s, h)
 
 
+@contextlib.contextmanager
+def signals_held() -> Iterator[None]:
+    """While inside, a SIGINT or SIGTERM whose handler is Python's is held; once the block ends, the signal is sent
+    to this process again a moment later (:data:`RESEND_AFTER_S`), from a thread, to be raised where the process's
+    own code runs (raised at the block's end, inside an import, it would undo the module imported: ``sys.modules``
+    drops a module whose code raised). In the main thread alone (elsewhere, nothing is held)."""
+    heard: list = []
+    previous: Dict[int, Any] = {}
+    if threading.current_thread() is threading.main_thread():
+        for signum in (signal.SIGINT, signal.SIGTERM):
+            if callable(signal.getsignal(signum)):  # not SIG_DFL or SIG_IGN: those act as they would
+                previous[signum] = signal.signal(signum, lambda heard_signum, frame: heard.append(heard_signum))
+    try:
+        yield
+    finally:
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+        if heard:
+            timer = threading.Timer(RESEND_AFTER_S, os.kill, (os.getpid(), heard[0]))
+            timer.daemon = True
+            timer.start()
+
+
+class _HoldSignalsWhileImporting:
+    """A ``sys.meta_path`` finder that runs the first import of ``name`` under :func:`signals_held`, then leaves."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def find_spec(self, name: str, path: Any = None, target: Any = None) -> Any:
+        if name != self.name:
+            return None
+        if self in sys.meta_path:
+            sys.meta_path.remove(self)
+        import importlib.util
+
+        spec = importlib.util.find_spec(name)  # the finders' own
+        exec_module = getattr(spec.loader, "exec_module", None) if spec is not None else None
+        if exec_module is not None:
+            def held(module: Any) -> None:
+                with signals_held():
+                    exec_module(module)
+
+            spec.loader.exec_module = held  # this spec's loader alone
+        return spec
+
+
+def hold_signals_while_importing(name: str = "torch") -> None:
+    """A program's first import of ``name`` (torch: a second or two) hears no SIGINT or SIGTERM until it is done;
+    one that came is raised then. Torch's import calls Python from C++ (pybind11): a Ctrl-C raised there became a
+    C++ exception that ended the process in 'terminate called after throwing an instance of
+    pybind11::error_already_set' and SIGABRT (-6; 2 of 30 Ctrl-Cs half a second into 'ucmfh train-hash')."""
+    if name not in sys.modules and not any(isinstance(f, _HoldSignalsWhileImporting) and f.name == name
+                                           for f in sys.meta_path):
+        sys.meta_path.insert(0, _HoldSignalsWhileImporting(name))
+
+
 def terminate_as_interrupt() -> Callable[[], None]:
     """Until the returned function is called, SIGTERM ends the command as Ctrl-C does (a ``KeyboardInterrupt``
     that remembers the signal: a file half-written is removed, one line is said, exit 143), where it would

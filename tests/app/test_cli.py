@@ -664,6 +664,43 @@ def test_a_program_ends_without_the_interpreter_s_teardown_where_a_signal_killed
     assert (ran.returncode, ran.stderr, ran.stdout) == (0, "", _methods_said())
 
 
+@pytest.mark.parametrize("signal_name", ["SIGINT", "SIGTERM"])
+def test_a_signal_while_torch_imports_is_raised_once_the_import_is_done(tmp_path, monkeypatch, signal_name):
+    """Torch's import calls Python from C++ (pybind11): a Ctrl-C raised there became a C++ exception, and 'ucmfh
+    train-hash' ended in 'terminate called after throwing an instance of pybind11::error_already_set' and SIGABRT
+    (2 of 30 Ctrl-Cs half a second in). The programs hold the signal while torch imports, and raise it after; here
+    a module of the test's stands for torch."""
+    import signal
+
+    import time
+
+    from ucmfh.signals import hold_signals_while_importing, terminate_as_interrupt
+
+    (tmp_path / "slow_import.py").write_text(
+        "import os, signal, time\n"
+        f"os.kill(os.getpid(), signal.{signal_name})\n"
+        "for _ in range(20):\n    time.sleep(0.001)  # where the interrupt was raised, the module half run\n"
+        "DONE = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.delitem(sys.modules, "slow_import", raising=False)
+    monkeypatch.setattr(sys, "meta_path", list(sys.meta_path))
+    restore = terminate_as_interrupt()  # SIGTERM as the programs have it: an interrupt that remembers the signal
+    try:
+        hold_signals_while_importing("slow_import")
+        with pytest.raises(KeyboardInterrupt) as stopped:  # SIGTERM's too, remembering its signal
+            import slow_import  # noqa: F401 - imported for its run
+            assert slow_import.DONE  # imported whole, the signal held
+            deadline = time.monotonic() + 10
+            while time.monotonic() < deadline:  # then raised where this code runs
+                time.sleep(0.001)
+    finally:
+        restore()
+    assert sys.modules["slow_import"].DONE  # its whole module ran; the interrupt came after
+    assert getattr(stopped.value, "signum", signal.SIGINT) == getattr(signal, signal_name)
+    assert not [f for f in sys.meta_path if type(f).__name__ == "_HoldSignalsWhileImporting"]  # gone once used
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
 @functools.lru_cache(maxsize=None)
 def _methods_said() -> str:
     """What 'ucmfh methods' says, all of it, in a process of its own (this one's registry may hold a test's
