@@ -557,6 +557,15 @@ BUGS: Tuple[Bug, ...] = (
         "    os._exit(status)\n", "    sys.exit(status)\n",
         "a finished command goes through the interpreter's teardown, where a signal kills it (-2, -15)",
         ("tests/app/test_cli.py::test_a_program_ends_without_the_interpreter_s_teardown_where_a_signal_killed_it",)),
+    Bug("signal-raised-inside-torch-import", "ucmfh/signals.py",
+        "            spec.loader.exec_module = held  # this spec's loader alone", "            pass",
+        "a Ctrl-C while torch imports is raised inside its pybind11 calls: SIGABRT, 'terminate called after ...'",
+        ("tests/app/test_cli.py::test_a_signal_while_torch_imports_is_raised_once_the_import_is_done",)),
+    Bug("extract-batch-holds-decoded-photos", "ucmfh/data/extract.py",
+        'prepare = getattr(encoder, "prepare_image", None)', "prepare = None",
+        "a batch of camera photos is held decoded until the processor runs (11 GB at batch 64)",
+        ("tests/data/test_extract.py::test_each_image_is_made_the_model_s_input_as_it_is_read_with_the_same_"
+         "features",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",
