@@ -566,6 +566,11 @@ BUGS: Tuple[Bug, ...] = (
         "a batch of camera photos is held decoded until the processor runs (11 GB at batch 64)",
         ("tests/data/test_extract.py::test_each_image_is_made_the_model_s_input_as_it_is_read_with_the_same_"
          "features",)),
+    Bug("jdsh-thresholds-swapped", "ucmfh/methods/jdsh.py",
+        '        left = p["loc_left"] - p["k_left"] * p["scale_left"]',
+        '        left = p["loc_left"] - p["k_right"] * p["scale_left"]',
+        "JDSH's left DSDW threshold takes the right one's width (BETA for ALPHA)",
+        ("tests/methods/test_method_jdsh.py::test_the_target_matches_the_released_loops",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

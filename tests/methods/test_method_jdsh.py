@@ -60,10 +60,15 @@ def ref_loss(code_i, code_t, s, intra) -> float:
 
 
 def target(img, txt, c) -> torch.Tensor:
-    left = c["LOC_LEFT"] - c["ALPHA"] * c["SCALE_LEFT"]
-    right = c["LOC_RIGHT"] + c["BETA"] * c["SCALE_RIGHT"]
-    s = joint_modal_similarity(img, txt, c["alpha"], c["beta"], c["lamb"])
-    return c["mu"] * dsdw(s, left, right, c["MIN"], c["MAX"], c["L1"], c["L2"])
+    """The method's own target (``Jdsh.target``) of the released config ``c``, its names mapped to the method's
+    parameters: the mapping (ALPHA is ``k_left``, BETA ``k_right``...) is under test too (an audit's find: this
+    helper rebuilt the target from the functions, and the method's wiring of them went unchecked)."""
+    from ucmfh.methods.jdsh import Jdsh
+
+    names = {"alpha": "alpha", "beta": "beta", "lamb": "lamb", "mu": "mu", "loc_left": "LOC_LEFT",
+             "scale_left": "SCALE_LEFT", "k_left": "ALPHA", "loc_right": "LOC_RIGHT", "scale_right": "SCALE_RIGHT",
+             "k_right": "BETA", "s_min": "MIN", "s_max": "MAX", "l1": "L1", "l2": "L2"}
+    return Jdsh().target({**Jdsh.params, **{mine: c[theirs] for mine, theirs in names.items()}})(img, txt)
 
 
 @pytest.fixture

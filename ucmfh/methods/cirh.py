@@ -1,6 +1,7 @@
 """Method 'cirh': Correlation-Identity Reconstruction Hashing (Zhu, Wu, Li, Zhang, Guan & Shen, "Work
 Together: Correlation-Identity Reconstruction Hashing for Unsupervised Cross-modal Retrieval", IEEE TKDE 2022),
-transcribed from its released code (XizeWu/CIRH: ``my_opt.py`` class ``PCIRH``, ``models.py`` classes
+transcribed from its released code (XizeWu/CIRH, commit 0f6439d, its code as of b6d16f3: the head when an audit
+compared them line by line, 2026-12-02; ``my_opt.py`` class ``PCIRH``, ``models.py`` classes
 ``MyNet``, ``Img_Net``, ``Txt_Net``, ``main_mir.py`` for the defaults).
 
 What the released code does, each epoch, on batches of the shuffled training split:

@@ -1,5 +1,6 @@
 """Method 'daeh': Deep Adaptively-Enhanced Hashing with Discriminative Similarity Guidance (Shi, Zhao, Liu, Zheng,
-Ou, You & Peng, IEEE TCSVT 2022), transcribed from its released code (reresearcher/DAEH: ``daeh.py`` functions
+Ou, You & Peng, IEEE TCSVT 2022), transcribed from its released code (reresearcher/DAEH, commit 97b8ff1, its
+code as of 76dfdc5: the head when an audit compared them line by line, 2026-12-02; ``daeh.py`` functions
 ``process``, ``distance_fusion``, ``generate_similarity_matrix``, ``tri_loss``, ``cross_loss``;
 ``model_loader.py`` classes ``ModelWrapper``, ``myImgNet``, ``myTxtNet`` and functions ``guassianMatrix``,
 ``mutual_information``; ``run.py`` and ``test.sh`` for the defaults).

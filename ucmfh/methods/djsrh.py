@@ -31,8 +31,9 @@ Departures, each named:
    (:class:`~ucmfh.models.hashing.FeatureHasher`); theirs see raw fc7 features and raw BoW.
 3. ``S`` is built from the *raw* features, L2-normalised (``sim_inputs='raw'``), as theirs: fc7 and
    BoW are non-negative, so their cosines lie in [0, 1] and ``2 cos - 1`` in [-1, 1]; the pooled
-   EfficientNet image features are non-negative too. ``sim_inputs='centred'`` builds it from the
-   heads' centred inputs instead (cosines in [-1, 1]).
+   EfficientNet image features are non-negative too. A sentence embedding's cosines are not: ``2 cos - 1``
+   of its texts reaches down to -3 (a scale the release's BoW never gave ``S_T``). ``sim_inputs='centred'``
+   builds ``S`` from the heads' centred inputs instead (cosines in [-1, 1]).
 4. ``S~ S~ / m`` divides by the batch's own size (theirs: the constant batch size, the same number
    since they drop the last partial batch; here the last partial batch is kept).
 5. One SGD optimiser with two parameter groups (``lr_img``, ``lr_head``) instead of two optimisers:

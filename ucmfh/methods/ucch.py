@@ -1,5 +1,6 @@
 """Method 'ucch': UCCH, "Unsupervised Contrastive Cross-modal Hashing" (Hu, Zhu, Lin, Peng, Zhao, Peng,
-IEEE TPAMI 45(3), 2023), transcribed from its released code (github.com/penghu-cs/UCCH).
+IEEE TPAMI 45(3), 2023), transcribed from its released code (github.com/penghu-cs/UCCH, commit 0c20e62:
+the repository's head when an audit compared them line by line, 2026-12-02).
 
 What the released code computes (file and function named), on a batch of B pairs ``i`` (training
 items, indices ``y`` into the training split):
