@@ -140,6 +140,29 @@ def test_a_shard_that_merges_waits_for_the_others(tmp_path, inputs):
     assert_same_file(ref.path, out)
 
 
+def test_a_merge_reads_no_image_and_a_shard_recomputes_only_a_changed_image_s_chunk(tmp_path, inputs):
+    """A merge computes nothing: on a machine where the images are not (its list file alone), it writes the file
+    (an image's size and time in the scratch's fingerprint refused it, and an image merely touched refused every
+    shard's chunks, the remedy said being to delete them all)."""
+    folder, caps, labels = inputs
+    listed = tmp_path / "list.txt"
+    listed.write_text("".join(f"imgs/{name}\n" for name in sorted(os.listdir(folder))))
+    for path in (caps, labels):
+        path.write_text("".join(f"imgs/{line}\n" for line in path.read_text().splitlines()))
+    args = (listed, caps, labels)
+    ref = extract(args, reference(tmp_path))
+    out = tmp_path / "set.h5"
+    extract(args, out, shard=(0, 2))
+    os.utime(folder / sorted(os.listdir(folder))[0], ns=(1, 1))  # touched: its chunk (shard 0's) computed again
+    again = extract(args, out, shard=(0, 2))
+    assert (again.chunks_computed, again.chunks_reused) == (1, 5)
+    extract(args, out, shard=(1, 2))
+    os.rename(folder, tmp_path / "elsewhere")  # the merging machine has none of the images
+    merged = extract(args, out, merge=True)
+    assert merged.path == str(out) and merged.chunks_computed == 0
+    assert_same_file(ref.path, out)
+
+
 def test_merge_before_any_shard_and_bad_shards(tmp_path, inputs):
     with pytest.raises(DataError, match=r"cannot merge, no shard has finished \(image chunks 0, 1, 2, 3; text chunks "
                                         r"0, 1, 2, 3, 4 and 2 more missing\)"):

@@ -312,11 +312,11 @@ def extract_features(
                                                                            "encode_texts_tokens")):
         raise TypeError(f"encoder {model_name!r} has no encode_images_tokens/encode_texts_tokens: it cannot "
                         "extract tokens")
-    # a token run's chunks hold more than a pooled run's: their scratch folders never mix; an image changed since
-    # (its size or time) is another input, whose finished chunk held the old picture's feature
+    # a token run's chunks hold more than a pooled run's: their scratch folders never mix; nor do chunks of an
+    # earlier way of reading images. An image changed since its chunk was computed makes that chunk be computed
+    # again (run_chunks' files): a merge, which reads no image, takes the shards' chunks as they are
     scratch = Scratch(scratch_dir, fingerprint(model_name, cfg.normalize, cfg.chunk_items, paths, caption_list,
-                                                 IMAGE_LOADING, [_file_state(path) for path in paths],
-                                                 *(["tokens"] if cfg.tokens else [])), out)
+                                                 IMAGE_LOADING, *(["tokens"] if cfg.tokens else [])), out)
     report = ExtractReport(path=out, rows={}, n_images=len(names), n_captions=len(caption_list), shard=shard)
     counts = {"image": len(names), "text": len(caption_list)}
 
@@ -380,7 +380,8 @@ def extract_features(
         total = sum(stop - start for n in counts.values() for _, start, stop in chunks(n, cfg.chunk_items, shard))
         desc = "extract" if shard is None else f"extract shard {shard[0]}/{shard[1]}"
         with tqdm(total=total, unit="item", desc=desc, disable=not progress) as bar:
-            run_chunks("image", len(names), scratch, cfg.chunk_items, image_chunk, bar, report, shard)
+            run_chunks("image", len(names), scratch, cfg.chunk_items, image_chunk, bar, report, shard,
+                       files=lambda start, stop: file_states(paths[start:stop]), names=names)
             run_chunks("text", len(caption_list), scratch, cfg.chunk_items, text_chunk, bar, report, shard)
     if shard is not None:
         write_text_atomic(scratch.marker(shard), json.dumps(
@@ -465,14 +466,17 @@ def first_copies(features: np.ndarray, ok: np.ndarray) -> np.ndarray:
     return out
 
 
-def _file_state(path: str) -> Optional[List[int]]:
-    """An image file's size and modification time (ns), which change when it is replaced or edited; None where it
-    cannot be read (said when it is loaded)."""
-    try:
-        st = os.stat(path)
-    except OSError:
-        return None
-    return [st.st_size, st.st_mtime_ns]
+def file_states(paths: Sequence[str]) -> np.ndarray:
+    """Each file's size and modification time (ns), [n, 2] int64, which change when it is replaced or edited;
+    -1 where it cannot be read (said when it is loaded)."""
+    out = np.full((len(paths), 2), -1, dtype=np.int64)
+    for i, path in enumerate(paths):
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        out[i] = st.st_size, st.st_mtime_ns
+    return out
 
 
 def _try_load(path: str, prepare: Optional[Callable[[Any], Any]] = None):

@@ -76,11 +76,24 @@ class Scratch:
         return os.path.exists(self.path(kind, chunk))
 
     def save(self, kind: str, chunk: int, features: np.ndarray, ok: np.ndarray,
-             tokens: Optional[Dict[str, np.ndarray]] = None) -> None:
-        """One chunk: pooled ``features``, ``ok`` rows and, in a token run, its token arrays (one file)."""
+             tokens: Optional[Dict[str, np.ndarray]] = None, files: Optional[np.ndarray] = None) -> None:
+        """One chunk: pooled ``features``, ``ok`` rows, in a token run its token arrays, and where given the state
+        of the files its rows were computed from (``files``, [n, 2]: size and modification time; one file)."""
+        members = {f"tokens_{k}": v for k, v in (tokens or {}).items()}
+        if files is not None:
+            members["files"] = files
         with atomic_file(self.path(kind, chunk)) as tmp, open(tmp, "wb") as f:
             # a file object: savez would add ".npz" to a name
-            np.savez(f, features=features, ok=ok, **{f"tokens_{k}": v for k, v in (tokens or {}).items()})
+            np.savez(f, features=features, ok=ok, **members)
+
+    def files(self, kind: str, chunk: int) -> Optional[np.ndarray]:
+        """The state of the files a chunk was computed from, as :meth:`save` kept it (None: it kept none)."""
+        path = self.path(kind, chunk)
+        try:
+            with open_npz(path) as f:
+                return npz_member(f, path, "files") if "files" in f.files else None
+        except DataError as err:
+            raise DataError(f"{err}; a damaged scratch chunk", remedy=RESTART) from None
 
     def marker(self, shard: Shard) -> str:
         return os.path.join(self.folder, f"shard-{shard[0]}-of-{shard[1]}.done")
@@ -126,15 +139,27 @@ def run_chunks(
     bar: tqdm,
     report: Any,
     shard: Optional[Shard] = None,
+    files: Optional[Callable[[int, int], np.ndarray]] = None,
+    names: Optional[Sequence[str]] = None,
 ) -> None:
-    """Compute every chunk (of ``shard``) that has no file yet; ``compute`` advances the bar per batch."""
+    """Compute every chunk (of ``shard``) that has no file yet; ``compute`` advances the bar per batch. With
+    ``files`` (the state of the files of items ``start:stop``, as :meth:`Scratch.save` keeps it), a finished chunk
+    whose files have changed since (an image replaced or edited) is computed again, the first changed one (of
+    ``names``) said: its rows were the old files' features."""
     for chunk, start, stop in chunks(n_items, chunk_items, shard):
+        now = files(start, stop) if files is not None else None
         if scratch.done(kind, chunk):
-            report.chunks_reused += 1
-            bar.update(stop - start)
-        else:
-            scratch.save(kind, chunk, *compute(start, stop, bar))  # features, ok[, tokens]
-            report.chunks_computed += 1
+            kept = scratch.files(kind, chunk) if now is not None else None
+            changed = [] if kept is None or kept.shape != now.shape else np.flatnonzero((kept != now).any(axis=1))
+            if not len(changed):
+                report.chunks_reused += 1
+                bar.update(stop - start)
+                continue
+            first = names[start + changed[0]] if names is not None else f"item {start + changed[0]}"
+            log.warning("%s chunk %d: %d of its files changed since it was computed (first: %s); computed again",
+                        kind, chunk, len(changed), first)
+        scratch.save(kind, chunk, *compute(start, stop, bar), files=now)  # features, ok[, tokens]
+        report.chunks_computed += 1
 
 
 def missing_chunks(counts: Dict[str, int], scratch: Scratch, chunk_items: int) -> None:
