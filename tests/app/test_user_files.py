@@ -756,7 +756,7 @@ def test_a_name_from_the_users_data_neither_rewrites_the_terminal_nor_breaks_a_t
     assert printable("café ✓ | <x>") == "café ✓ | <x>"  # what is not a control character stays
     result = CliRunner().invoke(main, ["validate", str(tmp_path / "\x1b]0;owned\x07\x1b[2Jmissing.h5")])
     assert result.exit_code == 2 and "\x1b" not in result.output and "\\x1b]0;owned\\x07" in result.output
-    name = "=a|b<img src=x>$\\nope$\x1b[31m *z* `c` [l](u)"
+    name = "=a|b<img src=x>$\\nope$\x1b[31m *z* `c` [l](u) _i_ ~~s~~"
     hostile = tmp_path / f"{name}.h5"
     shutil.copy(tiny_path, hostile)
     results, prefix = tmp_path / "g.jsonl", tmp_path / "tables"
@@ -768,7 +768,7 @@ def test_a_name_from_the_users_data_neither_rewrites_the_terminal_nor_breaks_a_t
     assert "\x1b" not in result.output and json.loads(results.read_text().splitlines()[0])["dataset"] == shown
     md = (tmp_path / "tables.md").read_text()
     # each character Markdown reads as markup written as it is: '*z*' was in italics, '[l](u)' a link
-    assert "### =a\\|b&lt;img src=x&gt;\\$\\\\nope\\$\\\\x1b[31m \\*z\\* \\`c\\` [l]\\(u), protocol" in md
+    assert "### =a\\|b&lt;img src=x&gt;\\$\\\\nope\\$\\\\x1b[31m \\*z\\* \\`c\\` [l]\\(u) \\_i\\_ \\~\\~s\\~\\~, protocol" in md
     assert "<img" not in md
     with open(tmp_path / "tables.csv", newline="") as f:
         assert next(csv.DictReader(f))["dataset"] == "'" + shown  # text in a spreadsheet, not a formula

@@ -244,7 +244,10 @@ def test_captions_and_image_paths_are_written_for_search_to_show(tmp_path):
                          (["a", "b\0c", "c", "d"], r"/query/text_raw: item 1 holds a NUL character \(\\x00\), "
                                                   r"which an HDF5 string cannot hold$"),
                          ([b"a", b"b", b"\xff", b"d"], r"/query/text_raw: item 2 is bytes, not UTF-8 \(invalid "
-                                                         r"start byte at byte 0\)$")]:
+                                                         r"start byte at byte 0\)$"),
+                         # os.fsdecode of a name not UTF-8: h5py's UnicodeEncodeError
+                         (["a", "b", "c", "d\udcff"], r"/query/text_raw: item 3 is no UTF-8 text \(surrogates not "
+                                                       r"allowed at character 1: a name of bytes not UTF-8\?\)$")]:
         src["query"]["text_raw"] = bad
         with pytest.raises(DataError, match=message):
             write_dataset(tmp_path / "e.h5", src)

@@ -120,6 +120,11 @@ def test_input_mismatches_name_file_and_problem(tmp_path):
         read_labels(tmp_path / "l.json", names)
     (tmp_path / "c.tsv").write_text("a.jpg\tone\t\nb.jpg\ttwo\n")
     assert read_captions(tmp_path / "c.tsv", names)[0] == ["one", "two"]
+    (tmp_path / "c.tsv").write_text("a\tone\nb.jpg\ttwo\n")  # a name without an extension: no such hint
+    with pytest.raises(DataError, match=r"first: 'a'\); images and captions do not match$"):
+        read_captions(tmp_path / "c.tsv", names)
+    (tmp_path / "c.tsv").write_text("a.jpg\t\tone\nb.jpg\ttwo \t \n")  # tabs that align, or end a line: no field
+    assert read_captions(tmp_path / "c.tsv", names)[0] == ["one", "two"]
     # a photo of a kind not read (.heic) was said as a mismatch alone; one image given as IMAGES was read as a list
     (tmp_path / "c.tsv").write_text("a.jpg\tone\nb.jpg\ttwo\nc.heic\tthree\n")
     with pytest.raises(DataError, match=r"c\.tsv: 1 captions name images that are not in the image list \(first: "
@@ -152,6 +157,12 @@ def test_a_folder_of_images_that_cannot_be_read_is_said_not_left_out(tmp_path, m
         list_images(tmp_path / "imgs")
     monkeypatch.undo()
     assert list_images(tmp_path / "imgs")[0] == sorted(names)
+    # a linked folder is followed (its images were left out without a word), a link to a folder above it once
+    (tmp_path / "more").mkdir()
+    Image.new("RGB", (4, 4)).save(tmp_path / "more" / "m.png")
+    os.symlink(tmp_path / "more", tmp_path / "imgs" / "linked")
+    os.symlink(tmp_path / "imgs", tmp_path / "more" / "up")  # round and round
+    assert list_images(tmp_path / "imgs")[0] == sorted([*names, "linked/m.png"])
 
 
 def test_image_list_file(tmp_path):
@@ -274,6 +285,8 @@ def test_an_image_is_loaded_as_a_viewer_shows_it(tmp_path):
     Image.fromarray(np.ones((4, 4), np.float32)).save(tmp_path / "f.tif")
     with pytest.raises(OSError, match=r"f\.tif: a floating-point image \(mode F\), whose values have no range"):
         load_image(tmp_path / "f.tif")
+    Image.fromarray(np.full((4, 4), 200, np.int32)).save(tmp_path / "i8.tif")  # 32-bit integers of 8-bit values
+    assert np.asarray(load_image(tmp_path / "i8.tif"))[0, 0].tolist() == [200, 200, 200]  # not scaled to 1
     Image.fromarray(np.full((4, 4), 70000, np.int32)).save(tmp_path / "i.tif")
     with pytest.raises(OSError, match=r"i\.tif: a 32-bit integer image \(mode I\) of values beyond 16 bits"):
         load_image(tmp_path / "i.tif")

@@ -247,9 +247,10 @@ def _means_table(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], bit
 
 def _md(name: str) -> str:
     """A name of the user's (a dataset file's) as Markdown text: a '|' split a table's cells, '<img …>' was markup,
-    '*z*' italics, '`c`' code, '[a](b)' a link and '$x$' mathematics; each as it is written (a backslash before it;
-    a bracket alone, as in a dataset's label 'syn [24f11305]', makes no link and is left as it is)."""
-    return re.sub(r"([\\`*$|])", r"\\\1", html.escape(name, quote=False)).replace("](", "]\\(")
+    '*z*' or '_z_' italics, '~~z~~' struck, '`c`' code, '[a](b)' a link and '$x$' mathematics; each as it is
+    written (a backslash before it; a bracket alone, as in a dataset's label 'syn [24f11305]', makes no link and
+    is left as it is)."""
+    return re.sub(r"([\\`*_~$|])", r"\\\1", html.escape(name, quote=False)).replace("](", "]\\(")
 
 
 def _cell_text(value: Any) -> Any:

@@ -24,7 +24,12 @@ def list_images(images: PathLike) -> Tuple[List[str], List[str]]:
             raise DataError(f"{err.filename}: cannot read this folder of IMAGES ({err.strerror or err})")
 
         names = []
-        for root, _, files in os.walk(images, onerror=unreadable):
+        seen = set()
+        # a linked folder is followed (its images were left out without a word), each real folder once (a link to a
+        # folder above it would go round without end)
+        for root, folders, files in os.walk(images, onerror=unreadable, followlinks=True):
+            seen.add(os.path.realpath(root))
+            folders[:] = [f for f in folders if os.path.realpath(os.path.join(root, f)) not in seen]
             for f in files:
                 if f.lower().endswith(IMAGE_EXTENSIONS):
                     names.append(os.path.relpath(os.path.join(root, f), images).replace(os.sep, "/"))
@@ -83,12 +88,12 @@ def _read_name_map(path: str, what: str) -> List[Tuple[str, object, int]]:
             continue
         if "\t" not in line:
             raise DataError(f"{path}: line {n}: expected 'image_name<TAB>{what}'")
-        name, value = line.split("\t", 1)
-        value = value.rstrip("\t")
-        if "\t" in value:  # another column's value became part of the caption (or a label), unsaid
-            raise DataError(f"{path}: line {n}: {value.count(chr(9)) + 2} tab-separated fields; expected "
+        fields = [field for field in line.split("\t") if field.strip()]  # tabs that align columns: no field
+        if len(fields) > 2:  # another column's value became part of the caption (or a label), unsaid
+            raise DataError(f"{path}: line {n}: {len(fields)} tab-separated fields; expected "
                             f"'image_name<TAB>{what}', the {what} without a tab")
-        entries.append((name.strip(), value, n))
+        name, value = line.split("\t", 1)
+        entries.append((name.strip(), value.strip("\t") if len(fields) == 2 else value, n))
     if not entries:
         raise DataError(f"{path}: no entries")
     return entries
@@ -113,7 +118,8 @@ def read_captions(path: PathLike, names: Sequence[str]) -> Tuple[List[str], np.n
             continue
         per_image[index[name]].extend(c.strip() for c in values)
     if unknown:
-        other = next((name for name in unknown if not name.lower().endswith(IMAGE_EXTENSIONS)), None)
+        other = next((name for name in unknown  # of another kind by its extension; a name without one is no hint
+                      if os.path.splitext(name)[1] and not name.lower().endswith(IMAGE_EXTENSIONS)), None)
         kinds = "" if other is None else (f"; {other!r} is not listed as an image by its extension (images are "
                                           f"{', '.join(IMAGE_EXTENSIONS)}: convert it to one)")
         raise DataError(

@@ -207,7 +207,8 @@ class ClipEncoder:
 # how an image file becomes the RGB picture a model sees (:func:`load_image`); part of extraction's scratch
 # fingerprint, so that chunks of an earlier way are never mixed with this one's
 IMAGE_LOADING = "exif-upright, 16-bit scaled, alpha over white"
-# 16-bit samples as PIL opens them (grey PNGs and TIFFs): 'I;16*' always, 'I' where every value fits 16 bits
+# 16-bit samples as PIL opens them (grey PNGs and TIFFs): 'I;16*' always, 'I' (32-bit integers) where a value is
+# over 255 and every one fits 16 bits (values of 8 bits alone are taken as they are)
 _SIXTEEN_BIT = ("I;16", "I;16L", "I;16B", "I;16N")
 
 
@@ -242,7 +243,11 @@ def load_image(path: str):
         if values.size and (values.min() < 0 or values.max() > 65535):
             raise OSError(f"{path}: a 32-bit integer image (mode I) of values beyond 16 bits, which have no range "
                           "to scale to 8 bits; save it as an 8- or 16-bit image")
-        im = Image.fromarray(((values * 255 + 32767) // 65535).astype(np.uint8), "L")
+        if im.mode == "I" and (not values.size or values.max() <= 255):  # 32-bit integers of 8-bit values
+            scaled = values.astype(np.uint8)
+        else:
+            scaled = ((values * 255 + 32767) // 65535).astype(np.uint8)
+        im = Image.fromarray(scaled, "L")
     if im.mode in ("RGBA", "LA", "PA", "La", "RGBa") or "transparency" in im.info:
         rgba = im.convert("RGBA")
         return Image.alpha_composite(Image.new("RGBA", rgba.size, (255, 255, 255, 255)), rgba).convert("RGB")

@@ -150,6 +150,12 @@ def _strings(path: str, where: str, values: object, split: Dict[str, np.ndarray]
     bad = next((i for i, v in enumerate(values) if not isinstance(v, str)), None)
     if bad is not None:
         raise DataError(f"{path}: {where}: item {bad} is {type(values[bad]).__name__}, not a string ('' for none)")
+    for i, v in enumerate(values):
+        try:
+            v.encode("utf-8")
+        except UnicodeEncodeError as err:  # a file name read by os.fsdecode of bytes not UTF-8: a lone surrogate
+            raise DataError(f"{path}: {where}: item {i} is no UTF-8 text ({err.reason} at character {err.start}: "
+                            "a name of bytes not UTF-8?)") from None
     nul = next((i for i, v in enumerate(values) if "\0" in v), None)
     if nul is not None:  # h5py's traceback: 'VLEN strings do not support embedded NULLs'
         raise DataError(f"{path}: {where}: item {nul} holds a NUL character (\\x00), which an HDF5 string cannot "

@@ -9,6 +9,7 @@ import io
 import math
 import os
 import warnings
+import weakref
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
 from ucmfh.files import atomic_file
@@ -231,8 +232,9 @@ def save_figure(fig, path: str, tight: bool = False) -> str:
     A PNG is written with a palette of 256 colours (:func:`_palette_png`). ``tight``: the page fitted to what
     is drawn (a legend beside the axes is not cut off however long its labels)."""
     fit = {"bbox_inches": "tight"} if tight else {}
-    missing = missing_glyphs(fig)
-    if missing:
+    missing = missing_glyphs(fig) if fig not in _GLYPHS_SAID else []
+    if missing:  # once a figure, not once a file of it (its PNG and its SVG)
+        _GLYPHS_SAID.add(fig)
         warnings.warn(f"{path}: {len(missing)} character{'s' * (len(missing) > 1)} of its text "
                       f"{'have' if len(missing) > 1 else 'has'} no glyph in matplotlib's font, drawn as a box: "
                       f"{' '.join(missing[:10])}{' …' if len(missing) > 10 else ''}", stacklevel=2)
@@ -244,6 +246,9 @@ def save_figure(fig, path: str, tight: bool = False) -> str:
             fig.savefig(rendered, dpi=120, format="png", **fit)
             _palette_png(rendered, tmp)
     return path
+
+
+_GLYPHS_SAID: "weakref.WeakSet" = weakref.WeakSet()  # figures whose missing glyphs were said
 
 
 def missing_glyphs(fig) -> List[str]:
