@@ -305,6 +305,22 @@ def test_a_closed_pipe_in_a_shell(tmp_path):
     assert proc.wait(timeout=120) == EXIT_BROKEN_PIPE and stderr == "", stderr
 
 
+@pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full (a device every write to fails)")
+def test_an_output_that_cannot_be_written_or_was_closed_is_no_traceback(tmp_path):
+    """'ucmfh methods > /dev/full' (a full disk) ended in an OSError traceback, exit 1, and with its output closed
+    ('>&-') in an AttributeError's: the first says so in one line, exit 2; the second writes nowhere, as asked."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    with open("/dev/full", "w") as full:
+        ran = subprocess.run([sys.executable, "-m", "ucmfh", "methods"], stdout=full, stderr=subprocess.PIPE,
+                             text=True, cwd=tmp_path, env=env, timeout=120)
+    assert (ran.returncode, ran.stderr) == (2, "error: standard output: No space left on device; what the command "
+                                               "wrote there is lost\n")
+    closed = subprocess.run([sys.executable, "-m", "ucmfh", "methods"], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env, timeout=120,
+                            preexec_fn=lambda: os.close(1))
+    assert (closed.returncode, closed.stderr) == (0, "")
+
+
 @pytest.mark.parametrize("front_door, together", [("ucmfh", False), ("demo", False), ("ucmfh", True)])
 def test_a_reader_gone_early_ends_a_training_command_once_its_work_is_done(tmp_path, tiny_path, front_door,
                                                                            together):

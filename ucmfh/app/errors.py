@@ -171,16 +171,24 @@ def reader_gone() -> None:
 
 class _Outlived:
     """A standard stream (output, error) that a closed reader does not stop: the first write that finds the reader
-    gone sends this and every later write nowhere (:attr:`gone`); the rest is the stream's."""
+    gone sends this and every later write nowhere (:attr:`gone`); so does one that cannot be written at all (a
+    full disk, ``> /dev/full``: :attr:`failed`, said once the work is done), where the command ended in a
+    traceback; a stream closed before the command started (``>&-``) is written nowhere from the start. The rest is
+    the stream's."""
 
     def __init__(self, stream: Any) -> None:
-        self._stream, self.gone = stream, False
+        self.original, self.failed = stream, None
+        self.gone = stream is None
+        self._stream = open(os.devnull, "w") if stream is None else stream  # noqa: SIM115 - for the process's life
 
     def write(self, text: Any) -> int:
         if not self.gone:
             try:
                 return self._stream.write(text)
             except BrokenPipeError:
+                self._go()
+            except OSError as err:
+                self.failed = err
                 self._go()
         return len(text)
 
@@ -189,6 +197,9 @@ class _Outlived:
             try:
                 self._stream.flush()
             except BrokenPipeError:
+                self._go()
+            except OSError as err:
+                self.failed = err
                 self._go()
 
     def _go(self) -> None:
@@ -216,13 +227,28 @@ def outlive_reader() -> Iterator[None]:
     try:
         yield
     except (SystemExit, click.exceptions.Exit) as done:  # a command that ends by an exit (--help): its code
-        sys.stdout, sys.stderr = stdout._stream, stderr._stream
-        if (stdout.gone or stderr.gone) and getattr(done, "exit_code", getattr(done, "code", 0)) in (0, None):
-            reader_gone()
+        sys.stdout, sys.stderr = stdout.original, stderr.original
+        if getattr(done, "exit_code", getattr(done, "code", 0)) in (0, None):
+            _outputs_lost(stdout, stderr)
         raise
     finally:
-        sys.stdout, sys.stderr = stdout._stream, stderr._stream
-    if stdout.gone or stderr.gone:
+        sys.stdout, sys.stderr = stdout.original, stderr.original
+    _outputs_lost(stdout, stderr)
+
+
+def _outputs_lost(stdout: _Outlived, stderr: _Outlived) -> None:
+    """After a command's work: exit 2 saying so where an output could not be written (a full disk), as a writer
+    killed by SIGPIPE where its reader went (:func:`reader_gone`); nothing where an output was closed before the
+    command began (``>&-``: written nowhere, as asked)."""
+    for stream in (stdout, stderr):  # what they hold: a full disk says so at the flush alone
+        stream.flush()
+    for name, stream in (("standard output", stdout), ("standard error", stderr)):
+        if stream.failed is not None:
+            if stderr.failed is None and stderr.original is not None:
+                print(f"error: {name}: {stream.failed.strerror or stream.failed}; what the command wrote there is "
+                      "lost", file=stderr.original, flush=True)
+            sys.exit(EXIT_USER_ERROR)
+    if any(s.gone and s.original is not None for s in (stdout, stderr)):
         reader_gone()
 
 
