@@ -1,7 +1,9 @@
 """Stopping a long loop at a safe point on SIGINT or SIGTERM (:func:`stop_on_signals`), and what a stopped
 training run raises (:class:`TrainingInterrupted`), or other stopped work (:func:`stopped_by`); SIGTERM as Ctrl-C
-(:func:`terminate_as_interrupt`), a process's end by either (:func:`exit_stopped`), and once a program's work is
-over (:func:`work_over`). Neither click nor torch is imported here: a command sets these before it imports them."""
+(:func:`terminate_as_interrupt`), a process's end by either (:func:`exit_stopped`), either held while torch imports
+(:func:`hold_signals_while_importing`), once a program's work is over (:func:`work_over`), and a program's end
+without the interpreter's teardown (:func:`end_program`). Neither click nor torch is imported here: a command sets
+these before it imports them."""
 from __future__ import annotations
 
 import contextlib
