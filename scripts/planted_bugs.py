@@ -414,7 +414,7 @@ BUGS: Tuple[Bug, ...] = (
         ("tests/seps/test_seps.py::"
          "test_gumbel_keeps_a_sample_of_the_patches_while_training_and_the_top_k_in_evaluation",)),
     Bug("lost-interrupt-dropped", "ucmfh/signals.py",
-        "        timer.start()\n", "        pass\n",
+        "        send_again(signum)\n", "        pass\n",
         "an interrupt raised inside a weakref callback is dropped: the command goes on to exit 0 after SIGTERM",
         ("tests/app/test_user_files.py::test_a_sigterm_python_drops_in_a_callback_still_ends_the_command",)),
     Bug("signal-after-the-work-aborts", "ucmfh/app/cli.py",

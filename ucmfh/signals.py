@@ -35,6 +35,14 @@ def stopped_by(message: str, signum: Optional[int]) -> KeyboardInterrupt:
 RESEND_AFTER_S = 0.02
 
 
+def send_again(signum: int) -> None:
+    """Send ``signum`` to this process again a moment later (:data:`RESEND_AFTER_S`), from a thread: it is raised
+    where the process's own code runs then."""
+    timer = threading.Timer(RESEND_AFTER_S, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
+
+
 def resend_lost_interrupts() -> None:
     """Install, once a process, a ``sys.unraisablehook`` under which a ``KeyboardInterrupt`` that Python could not
     raise where it came (a signal handler's, run inside a weakref callback, a ``__del__`` or importlib's module
@@ -50,9 +58,7 @@ def resend_lost_interrupts() -> None:
             previous(unraisable)
             return
         signum = getattr(unraisable.exc_value, "signum", None) or signal.SIGINT
-        timer = threading.Timer(RESEND_AFTER_S, os.kill, (os.getpid(), signum))
-        timer.daemon = True
-        timer.start()
+        send_again(signum)
 
     hook.resends_interrupts = True  # type: ignore[attr-defined]
     sys.unraisablehook = hook
@@ -105,9 +111,9 @@ def stop_on_signals() -> Iterator[Dict[str, Optional[int]]]:
 @contextlib.contextmanager
 def signals_held() -> Iterator[None]:
     """While inside, a SIGINT or SIGTERM whose handler is Python's is held; once the block ends, the signal is sent
-    to this process again a moment later (:data:`RESEND_AFTER_S`), from a thread, to be raised where the process's
-    own code runs (raised at the block's end, inside an import, it would undo the module imported: ``sys.modules``
-    drops a module whose code raised). In the main thread alone (elsewhere, nothing is held)."""
+    again (:func:`send_again`), to be raised where the process's own code runs (raised at the block's end, inside
+    an import, it would undo the module imported: ``sys.modules`` drops a module whose code raised). In the main
+    thread alone (elsewhere, nothing is held)."""
     heard: list = []
     previous: Dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -120,9 +126,7 @@ def signals_held() -> Iterator[None]:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
         if heard:
-            timer = threading.Timer(RESEND_AFTER_S, os.kill, (os.getpid(), heard[0]))
-            timer.daemon = True
-            timer.start()
+            send_again(heard[0])
 
 
 class _HoldSignalsWhileImporting:
