@@ -571,6 +571,10 @@ BUGS: Tuple[Bug, ...] = (
         '        left = p["loc_left"] - p["k_right"] * p["scale_left"]',
         "JDSH's left DSDW threshold takes the right one's width (BETA for ALPHA)",
         ("tests/methods/test_method_jdsh.py::test_the_target_matches_the_released_loops",)),
+    Bug("cirh-image-code-inputs-swapped", "ucmfh/methods/cirh.py",
+        "self.head_img(torch.cat([g_img, v_joint], 1))", "self.head_img(torch.cat([v_joint, g_img], 1))",
+        "CIRH's image code reads the joint features where the release's MyNet reads the image graph's, and back",
+        ("tests/methods/test_method_cirh.py::test_the_network_is_the_released_mynet_output_for_output",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -160,6 +160,87 @@ def test_the_network_sees_both_modalities_and_the_heads_one(batch):
     assert not torch.allclose(h, h_other)
 
 
+class ReleasedMyNet(torch.nn.Module):
+    """XizeWu/CIRH ``models.MyNet`` (commit b6d16f3), transcribed line by line with the release's layer names and
+    the width 512 made a parameter; ``.cuda()`` of its identity matrix dropped (the CPU)."""
+
+    def __init__(self, code_len, ori_featI, ori_featT, width=512):
+        super().__init__()
+        nn, w = torch.nn, width
+        self.encoderIMG = nn.Sequential(nn.Linear(ori_featI, w), nn.BatchNorm1d(w), nn.ReLU(inplace=True))
+        self.gcnI1, self.BNI1, self.actI1 = nn.Linear(w, w), nn.BatchNorm1d(w), nn.ReLU(inplace=True)
+        self.decoderIMG = nn.Sequential(nn.Linear(code_len, w), nn.BatchNorm1d(w), nn.ReLU(inplace=True),
+                                        nn.Linear(w, ori_featI), nn.BatchNorm1d(ori_featI))
+        self.encoderTXT = nn.Sequential(nn.Linear(ori_featT, w), nn.BatchNorm1d(w), nn.ReLU(inplace=True))
+        self.gcnT1, self.BNT1, self.actT1 = nn.Linear(w, w), nn.BatchNorm1d(w), nn.ReLU(inplace=True)
+        self.decoderTXT = nn.Sequential(nn.Linear(code_len, w), nn.BatchNorm1d(w), nn.ReLU(inplace=True),
+                                        nn.Linear(w, ori_featT), nn.BatchNorm1d(ori_featT))
+        self.gcnJ1, self.BNJ1, self.actJ1 = nn.Linear(w, w), nn.BatchNorm1d(w), nn.ReLU(inplace=True)
+        self.HJ = nn.Linear(w, code_len)
+        self.img_fc, self.txt_fc = nn.Linear(2 * w, code_len), nn.Linear(2 * w, code_len)
+        self.HC = nn.Linear(3 * code_len, code_len)
+        self.HIBN, self.HTBN = nn.BatchNorm1d(code_len), nn.BatchNorm1d(code_len)
+        self.HJBN, self.HBN = nn.BatchNorm1d(code_len), nn.BatchNorm1d(code_len)
+
+    def forward(self, XI, XT, affinity_A):
+        F = torch.nn.functional
+        self.batch_num = XI.size(0)
+        VI = F.normalize(self.encoderIMG(XI), dim=1)
+        VgcnI = self.actI1(self.BNI1(affinity_A.mm(self.gcnI1(VI))))
+        VT = F.normalize(self.encoderTXT(XT), dim=1)
+        VgcnT = self.actT1(self.BNT1(affinity_A.mm(self.gcnT1(VT))))
+        VC = torch.cat((VI, VT), 0)
+        II = torch.eye(affinity_A.shape[0], affinity_A.shape[1])
+        S_cma = torch.cat((torch.cat((affinity_A, II), 1), torch.cat((II, affinity_A), 1)), 0)
+        VJ1 = self.BNJ1(S_cma.mm(self.gcnJ1(VC)))
+        VJ1 = VJ1[:self.batch_num, :] + VJ1[self.batch_num:, :]
+        VJ = self.actJ1(VJ1)
+        HJ = self.HJBN(self.HJ(VJ))
+        HI = self.HIBN(self.img_fc(torch.cat((VgcnI, VJ), 1)))
+        HT = self.HTBN(self.txt_fc(torch.cat((VJ, VgcnT), 1)))
+        H = torch.tanh(self.HBN(self.HC(torch.cat((HI, HJ, HT), 1))))
+        B = torch.sign(H)
+        DeI_feat = self.decoderIMG(H + torch.tanh(HI))
+        DeT_feat = self.decoderTXT(H + torch.tanh(HT))
+        return HI, HT, H, B, DeI_feat, DeT_feat
+
+
+# ucmfh's CirhNet's names -> the release's (the rest of each name as it is)
+RELEASED_NAMES = {"enc_img.": "encoderIMG.", "enc_txt.": "encoderTXT.", "gcn_img.": "gcnI1.", "gcn_txt.": "gcnT1.",
+                  "gcn_joint.": "gcnJ1.", "bn_img.": "BNI1.", "bn_txt.": "BNT1.", "bn_joint.": "BNJ1.",
+                  "head_joint.": "HJ.", "head_img.": "img_fc.", "head_txt.": "txt_fc.", "head_all.": "HC.",
+                  "bn_h_img.": "HIBN.", "bn_h_txt.": "HTBN.", "bn_h_joint.": "HJBN.", "bn_h.": "HBN.",
+                  "dec_img.0.0.": "decoderIMG.0.", "dec_img.0.1.": "decoderIMG.1.", "dec_img.1.0.": "decoderIMG.3.",
+                  "dec_img.1.1.": "decoderIMG.4.", "dec_txt.0.0.": "decoderTXT.0.", "dec_txt.0.1.": "decoderTXT.1.",
+                  "dec_txt.1.0.": "decoderTXT.3.", "dec_txt.1.1.": "decoderTXT.4."}
+
+
+@pytest.mark.parametrize("train", [True, False])
+def test_the_network_is_the_released_mynet_output_for_output(batch, train):
+    """CirhNet, its weights loaded into a line-by-line transcription of the release's MyNet (every weight mapped,
+    none left over), gives the same five outputs (the release's B is the sign of H), in training mode (batch
+    statistics) and in evaluation mode (running statistics, after a step)."""
+    torch.manual_seed(0)
+    img, txt = batch[0].float(), batch[1].float()
+    s = batch_similarity(img, txt, row_thresholds(img, txt, 0.6, 18), 0.6, 0.6).float()
+    ours = CirhNet(img.shape[1], txt.shape[1], 8, width=16)
+    ours(img, txt, s)  # running statistics of one batch, for evaluation mode
+    theirs = ReleasedMyNet(8, img.shape[1], txt.shape[1], width=16)
+    state = {}
+    for name, value in ours.state_dict().items():
+        prefix = max((p for p in RELEASED_NAMES if name.startswith(p)), key=len)
+        state[RELEASED_NAMES[prefix] + name[len(prefix):]] = value
+    theirs.load_state_dict(state, strict=True)
+    ours.train(train)
+    theirs.train(train)
+    with torch.no_grad():
+        h_img, h_txt, h, dec_img, dec_txt = ours(img, txt, s)
+        HI, HT, H, B, DeI, DeT = theirs(img, txt, s)
+    for mine, released in ((h_img, HI), (h_txt, HT), (h, H), (dec_img, DeI), (dec_txt, DeT)):
+        torch.testing.assert_close(mine, released, rtol=0, atol=1e-6)
+    assert torch.equal(torch.sign(h), B)
+
+
 def test_cirh_learns_on_tiny_data(tiny):
     # 5 steps an epoch here (the released MIRFlickr run: 10): the heads at 1e-3, not the released 1e-4
     cfg = hash_config("cirh", n_bits=16, hidden=256, epochs=25, batch_size=64, lr_head=1e-3, device="cpu",
