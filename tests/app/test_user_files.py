@@ -315,6 +315,13 @@ def test_an_output_that_cannot_be_written_or_was_closed_is_no_traceback(tmp_path
                              text=True, cwd=tmp_path, env=env, timeout=120)
     assert (ran.returncode, ran.stderr) == (2, "error: standard output: No space left on device; what the command "
                                                "wrote there is lost\n")
+    results = tmp_path / "r.jsonl"  # 'no runs match' goes to standard error
+    results.write_text(json.dumps({"task": "hashing", "method": "cca-itq", "dataset": "wiki", "n_bits": 16, "seed": 1,
+                                   "protocol": "unimodal", "k": 50, "map_i2t": 0.3, "map_t2i": 0.3, "run": "r"}) + "\n")
+    with open("/dev/full", "w") as full:  # standard error alone: what it says lost, the command's result stands
+        said = subprocess.run([sys.executable, "-m", "ucmfh", "runs", "--results", str(results), "-d", "nope"],
+                              stdout=subprocess.PIPE, stderr=full, text=True, cwd=tmp_path, env=env, timeout=120)
+    assert said.returncode == 0
     closed = subprocess.run([sys.executable, "-m", "ucmfh", "methods"], stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True, cwd=tmp_path, env=env, timeout=120,
                             preexec_fn=lambda: os.close(1))

@@ -237,18 +237,18 @@ def outlive_reader() -> Iterator[None]:
 
 
 def _outputs_lost(stdout: _Outlived, stderr: _Outlived) -> None:
-    """After a command's work: exit 2 saying so where an output could not be written (a full disk), as a writer
+    """After a command's work: exit 2 saying so where its output could not be written (a full disk), as a writer
     killed by SIGPIPE where its reader went (:func:`reader_gone`); nothing where an output was closed before the
-    command began (``>&-``: written nowhere, as asked)."""
+    command began (``>&-``: written nowhere, as asked), or where standard error alone could not be written (its
+    progress bars and warnings lost: the command's result stands)."""
     for stream in (stdout, stderr):  # what they hold: a full disk says so at the flush alone
         stream.flush()
-    for name, stream in (("standard output", stdout), ("standard error", stderr)):
-        if stream.failed is not None:
-            if stderr.failed is None and stderr.original is not None:
-                print(f"error: {name}: {stream.failed.strerror or stream.failed}; what the command wrote there is "
-                      "lost", file=stderr.original, flush=True)
-            sys.exit(EXIT_USER_ERROR)
-    if any(s.gone and s.original is not None for s in (stdout, stderr)):
+    if stdout.failed is not None:
+        if stderr.failed is None and stderr.original is not None:
+            print(f"error: standard output: {stdout.failed.strerror or stdout.failed}; what the command wrote there "
+                  "is lost", file=stderr.original, flush=True)
+        sys.exit(EXIT_USER_ERROR)
+    if any(s.gone and s.original is not None and s.failed is None for s in (stdout, stderr)):
         reader_gone()
 
 
