@@ -109,6 +109,11 @@ def _fit_precision(axes) -> None:
 def plot_pr_curve(results: Runs, path: str) -> str:
     """Precision–recall by Hamming radius, both directions, from :func:`evaluate_codes` results: of one
     evaluation, or of several runs on one figure (``[(label, results), ...]``: methods at one length)."""
+    return _pr_curve(results, [path])[0]
+
+
+def _pr_curve(results: Runs, paths: Sequence[str]) -> List[str]:
+    """:func:`plot_pr_curve`'s figure, drawn once and written to each of ``paths``."""
     plt = pyplot()
 
     def points(res, name):
@@ -121,7 +126,7 @@ def plot_pr_curve(results: Runs, path: str) -> str:
         ax.set_xlim(0, 1.02)  # a point at recall 1 whole, not cut by the frame
         ax.grid(alpha=0.3)
 
-    return _save(_draw(plt, _runs(results), points, "precision–recall by Hamming radius", configure), plt, path)
+    return _save(_draw(plt, _runs(results), points, "precision–recall by Hamming radius", configure), plt, paths)
 
 
 def plot_precision_at_k(results: Runs, path: str) -> str:
@@ -133,6 +138,11 @@ def plot_precision_at_k(results: Runs, path: str) -> str:
     and repeats P@N, which is drawn once, at K = N. The tie-aware curve where the results have
     it (``precision_expected``), else the one with ties by index.
     """
+    return _precision_at_k(results, [path])[0]
+
+
+def _precision_at_k(results: Runs, paths: Sequence[str]) -> List[str]:
+    """:func:`plot_precision_at_k`'s figure, drawn once and written to each of ``paths``."""
     plt = pyplot()
 
     def points(res, name):
@@ -156,7 +166,7 @@ def plot_precision_at_k(results: Runs, path: str) -> str:
     tie_aware = all("precision_expected" in res.get(name, {}).get("precision_at_k", {"precision_expected": 0})
                     for _, res in runs for name in _NAMES)
     what = "precision@K, " + ("tie-aware" if tie_aware else "ties broken by database index")
-    return _save(_draw(plt, runs, points, what, configure), plt, path)
+    return _save(_draw(plt, runs, points, what, configure), plt, paths)
 
 
 def _up_to(ks: List[int], values: List[float], n: Optional[int]) -> Tuple[List[int], List[float]]:
@@ -200,8 +210,8 @@ def plot_curves(results: Runs, prefix: str) -> List[str]:
     runs, start = _runs(results), figure_start(prefix)
     paths = []
     if any("pr_curve" in res.get(name, {}) for _, res in runs for name in _NAMES):
-        paths += [plot_pr_curve(runs, f"{start}pr{suffix}") for suffix in SUFFIXES]
-    paths += [plot_precision_at_k(runs, f"{start}pk{suffix}") for suffix in SUFFIXES]
+        paths += _pr_curve(runs, [f"{start}pr{suffix}" for suffix in SUFFIXES])
+    paths += _precision_at_k(runs, [f"{start}pk{suffix}" for suffix in SUFFIXES])
     return paths
 
 
@@ -279,12 +289,13 @@ def _palette_png(rendered: io.BytesIO, path: str) -> None:
     image.save(path, format="PNG", optimize=True, pnginfo=info)
 
 
-def _save(fig, plt, path: str) -> str:
+def _save(fig, plt, paths: Sequence[str]) -> List[str]:
     fig.tight_layout()
     fit_titles(fig)
-    save_figure(fig, path)
+    for path in paths:
+        save_figure(fig, path)
     plt.close(fig)
-    return path
+    return list(paths)
 
 
 def fit_titles(fig) -> None:
