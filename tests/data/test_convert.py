@@ -1,4 +1,5 @@
 """Converters: every value survives; .mat v5 and v7.3 agree; bad input fails by name."""
+import fractions
 import logging
 import os
 import pickle
@@ -9,6 +10,7 @@ import pytest
 import scipy.io
 import torch
 
+from ucmfh.config import SettingError
 from ucmfh.data import DataError, load_dataset
 from ucmfh.data.arrays import open_array
 from ucmfh.data.convert import convert_arrays, convert_pkl
@@ -180,9 +182,10 @@ def test_mismatched_rows_and_bad_labels_name_the_file(tmp_path):
     paths = save_npy(tmp_path, image, text, labels)
     with pytest.raises(DataError, match=r"labels\.npy: labels must be multi-hot 0/1"):
         convert_arrays(*paths, tmp_path / "x.h5", sizes=SIZES, progress=False)
-    with pytest.raises(DataError, match="asks for query 10 \\+ retrieval 55 of 60 rows"):
+    with pytest.raises(SettingError, match="asks for query 10 \\+ retrieval 55 of 60 rows") as refused:
         convert_arrays(*save_npy(tmp_path, *whole_set()), tmp_path / "x.h5", sizes=SplitSizes(10, 5, 55),
                        progress=False)
+    assert refused.value.settings == ("query", "retrieval")  # said as --query and --retrieval by the command
     with pytest.raises(DataError, match="no such file"):
         convert_arrays(tmp_path / "missing.npy", *paths[1:], tmp_path / "x.h5", sizes=SIZES, progress=False)
     assert not (tmp_path / "x.h5").exists()
@@ -278,7 +281,7 @@ def test_sampler_keeps_captions_of_one_image_together():
 
 def test_streaming_writer_leaves_nothing_on_error(tmp_path):
     out = tmp_path / "bad.h5"
-    with pytest.raises(DataError, match="bad.h5: /train"):
+    with pytest.raises(DataError, match="bad.h5: not written: /train"):
         with open_writer(out, {"name": "x"}) as f:
             f.create_group("train")
     assert os.listdir(tmp_path) == []
@@ -360,3 +363,111 @@ def test_a_conversion_s_warning_is_said_as_every_other_command_says_one(tmp_path
     assert done.returncode == 0, done.stderr
     warned = [line for line in done.stderr.splitlines() if "dropped 2 of 60 rows" in line]
     assert len(warned) == 1 and warned[0].startswith("warning: ") and "WARNING" not in done.stderr, done.stderr
+
+
+def test_split_rows_numbered_from_1_are_said(tmp_path, caplog):
+    """MATLAB numbers rows from 1: such a split index shifted every row by one without a word unless its last
+    row reached past the end, and then with no hint of why."""
+    paths = save_npy(tmp_path, *whole_set())
+    idx = tmp_path / "split.npz"
+    np.savez(idx, query=np.arange(1, 6), retrieval=np.arange(6, N + 1), train=np.arange(6, 26))
+    with pytest.raises(DataError, match=r"retrieval: 1 rows out of range for 60 source rows \(first: 60\) \(numbered "
+                                        r"from 1, as MATLAB does\? row numbers start at 0: subtract 1\)"):
+        convert_arrays(*paths, tmp_path / "x.h5", split_index=idx, progress=False)
+    np.savez(idx, query=np.arange(1, 6), retrieval=np.arange(6, N), train=np.arange(6, 26))  # the last row dropped
+    with caplog.at_level(logging.WARNING, logger="ucmfh.data.convert"):
+        convert_arrays(*paths, tmp_path / "x.h5", split_index=idx, progress=False)
+    assert "no split holds source row 0, which has a label (numbered from 1" in caplog.text
+    caplog.clear()
+    np.savez(idx, query=np.arange(0, 5), retrieval=np.arange(6, N), train=np.arange(6, 26))  # row 5 out: said nothing
+    with caplog.at_level(logging.WARNING, logger="ucmfh.data.convert"):
+        convert_arrays(*paths, tmp_path / "y.h5", split_index=idx, progress=False)
+    assert "numbered from 1" not in caplog.text
+
+
+@pytest.mark.parametrize("labels, said", [
+    # a column of class indices: its values are not 0/1
+    (lambda l: l.argmax(1)[:, None], r"got 4 at row 2, column 0 \(a column of class indices\? give it one-hot: "
+                                     r"numpy\.eye\(C\)\[classes\]\)"),
+    # a column of 0/1: one class, kept by about half the rows, every MAP 1 (about half the rows dropped, said no more)
+    (lambda l: l[:, :1], r"one label column: one class for every labelled row would make every MAP 1 \(class "
+                         r"indices\? give it one-hot"),
+    (lambda l: np.where(np.arange(N)[:, None] == 7, 3 * l, l), r"got 3 at row 7, column \d \(counts\? labels > 0"),
+    (lambda l: np.where(l == 0, -1, 1), r"got -1 at row 0, column \d$"),
+])
+def test_labels_not_a_multi_hot_matrix_are_refused_by_row_and_column(tmp_path, labels, said):
+    image, text, matrix = whole_set()
+    matrix[2] = np.eye(C)[4]
+    paths = save_npy(tmp_path, image, text, labels(matrix))
+    with pytest.raises(DataError, match=said):
+        convert_arrays(*paths, tmp_path / "x.h5", sizes=SIZES, progress=False)
+    assert not (tmp_path / "x.h5").exists()
+
+
+def test_a_matrix_given_twice_or_transposed_is_named(tmp_path):
+    image, text, labels = whole_set()
+    paths = save_npy(tmp_path, image, image.copy(), labels)  # the image matrix given as TEXT too: it was converted
+    with pytest.raises(DataError, match=r"text\.npy: its first 60 rows are those of .*image\.npy: the image matrix "
+                                        r"given as the text matrix too\?"):
+        convert_arrays(*paths, tmp_path / "x.h5", sizes=SIZES, progress=False)
+    paths = save_npy(tmp_path, image, text, labels.T.copy())
+    with pytest.raises(DataError, match=r"labels\.npy: 5 rows, but .*image\.npy has 60 \(.*labels\.npy stored "
+                                        r"transposed, \[d, N\]\? save it as \[N, d\]\)"):
+        convert_arrays(*paths, tmp_path / "x.h5", sizes=SIZES, progress=False)
+    paths = save_npy(tmp_path, image.T.copy(), text, labels)
+    with pytest.raises(DataError, match=r"text\.npy: 60 rows, but .*image\.npy has 12 \(.*image\.npy stored "
+                                        r"transposed"):
+        convert_arrays(*paths, tmp_path / "x.h5", sizes=SIZES, progress=False)
+    labels[:] = 0
+    paths = save_npy(tmp_path, image, text, labels)  # every row unlabelled: "image.npy: split asks for query 10 of 0"
+    with pytest.raises(DataError, match=r"labels\.npy: no row has a label"):
+        convert_arrays(*paths, tmp_path / "x.h5", sizes=SIZES, progress=False)
+
+
+def test_convert_s_refusals_name_the_flags_and_the_way_forward(tmp_path):
+    """Sizes the rows cannot give are said as the flags that asked (they named the image file); a split release
+    stored as I_tr, I_te, ... is named as such (it pointed to --image-key, which drew a new split from one part);
+    copies across the split are said as not written, with --ids as the way to keep them together."""
+    from click.testing import CliRunner
+
+    from ucmfh.app.cli import main
+
+    image, text, labels = whole_set()
+    paths = save_npy(tmp_path, image, text, labels)
+    out = str(tmp_path / "o.h5")
+    result = CliRunner().invoke(main, ["convert", "npz", *paths, out, "--query", "10", "--train", "55"])
+    assert result.exit_code == 2 and "split asks for --train 55 drawn from the 50 rows of retrieval" in result.output
+    scipy.io.savemat(tmp_path / "release.mat", {f"{m}_{s}": a[:20] for s in ("tr", "te", "db")
+                                                for m, a in (("I", image), ("T", text), ("L", labels))})
+    mat = str(tmp_path / "release.mat")
+    result = CliRunner().invoke(main, ["convert", "mat", mat, mat, mat, out, "--query", "5", "--train", "5"])
+    assert result.exit_code == 2 and "a split's rows in each (I_" in result.output, result.output
+    assert "use --split-index SPLIT.npz to keep the released split" in result.output
+    image[30:40], text[30:40] = image[:10], text[:10]  # ten copies: some fall in query, their originals outside it
+    paths = save_npy(tmp_path, image, text, labels)
+    result = CliRunner().invoke(main, ["convert", "npz", *paths, out, "--query", "20", "--train", "10"])
+    assert result.exit_code == 2 and f"{out}: not written: /query: " in result.output, result.output
+    assert "use --ids IDS giving copies of one item one id" in result.output and not os.path.exists(out)
+    np.save(tmp_path / "ids.npy", np.where(np.arange(N) // 10 == 3, np.arange(N) - 30, np.arange(N)))
+    result = CliRunner().invoke(main, ["convert", "npz", *paths, out, "--query", "20", "--train", "10",
+                                       "--ids", str(tmp_path / "ids.npy"), "--quiet"])
+    assert result.exit_code == 0, result.output
+
+
+def test_a_torch_save_archive_under_a_pickle_s_name_is_read(tmp_path):
+    """torch.save writes a zip since torch 1.6: a release's train.pkl made so was 'not a readable pickle, truncated
+    or damaged'. Read by torch.load(weights_only=True), numpy's arrays allowed; a cut archive said as one."""
+    from ucmfh.data.safe_pickle import load_pickle
+
+    arrays = {"image": np.ones((3, 4), np.float32), "text": torch.zeros(3, 4), "label": np.eye(3)[:, :2]}
+    torch.save(arrays, tmp_path / "train.pkl")
+    got = load_pickle(tmp_path / "train.pkl")
+    np.testing.assert_array_equal(got["image"], arrays["image"])
+    torch.testing.assert_close(got["text"], arrays["text"])
+    np.testing.assert_array_equal(got["label"], arrays["label"])
+    (tmp_path / "cut.pkl").write_bytes((tmp_path / "train.pkl").read_bytes()[:300])
+    with pytest.raises(DataError, match=r"cut\.pkl: a torch\.save archive, not readable \(RuntimeError: "):
+        load_pickle(tmp_path / "cut.pkl")
+    torch.save({"image": fractions.Fraction(1, 3)}, tmp_path / "code.pkl")  # no object of code: refused by name
+    with pytest.raises(DataError, match=r"code\.pkl: a torch\.save archive: refuses to load fractions\.Fraction"):
+        load_pickle(tmp_path / "code.pkl")

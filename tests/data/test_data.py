@@ -124,11 +124,11 @@ def _break(tmp_path, edit):
         # ... under another id: the same image and text features (a query split copied from the training one)
         (lambda f: (f["query"]["image"].__setitem__(2, f["train"]["image"][5]),
                     f["query"]["text"].__setitem__(2, f["train"]["text"][5])),
-         r"/query: 1 items have the image and text features of /train items \(first: query row 2\); query and train "
-         r"must be disjoint"),
+         r"/query: 1 items have the image and text features of /train items \(first: query row 2, id 12\); query "
+         r"and train must be disjoint"),
         # ... with its zeros written as -0.0: equal values, other bits (the print read the bits)
         (_negative_zero_copy, r"/query: 1 items have the image and text features of /train items \(first: query row "
-                              r"2\)"),
+                              r"2, id 12\)"),
         # float64 beyond float32's range: read as inf
         (lambda f: (_replace(f, "query/image", f["query"]["image"][()].astype(np.float64)),
                     f["query"]["image"].__setitem__((1, 2), 1e300)),

@@ -18,6 +18,7 @@ Image = pytest.importorskip("PIL.Image", reason="pillow is not installed (pip in
 from conftest import dead_pid
 from test_data_errors import user_error
 from ucmfh.app.cli import main
+from ucmfh.config import SettingError
 from ucmfh.data import DataError, load_dataset
 from ucmfh.data.annotations import list_images, read_captions, read_labels
 from ucmfh.data.extract import ExtractConfig, extract_features
@@ -329,7 +330,8 @@ def test_empty_split_is_a_clear_error(tmp_path):
     names = make_images(tmp_path / "imgs", 3)
     caps, labels = write_inputs(tmp_path, names)
     encoder = FakeEncoder()
-    with pytest.raises(DataError, match=r"captions\.tsv: split asks for query 3 of 3 distinct ids: retrieval would be empty"):
+    with pytest.raises(SettingError, match=r"captions\.tsv: split asks for query 3 of 3 distinct ids: retrieval "
+                                         r"would be empty"):
         extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SplitSizes(3, 2),
                          encoder=encoder, config=ExtractConfig(workers=1), progress=False)
     assert encoder.calls == {"image": 0, "text": 0} and not (tmp_path / "set.h5.parts").exists()

@@ -250,7 +250,7 @@ def _arrays_command(kind: str, help_text: str):
     @click.option("--train", type=int, help="Train items, drawn from retrieval.")
     @click.option("--retrieval", type=int, help="Retrieval items (default: all not in query).")
     @click.option("--split-index", type=click.Path(exists=True, dir_okay=False),
-                  help="Use a given split: .npz with query/retrieval/train source-row arrays.")
+                  help="Use a given split: .npz with query/retrieval/train arrays of source rows, numbered from 0.")
     @click.option("--seed", type=seed_type, default=DEFAULT_SEED, show_default=True, help="Seed of the drawn split.")
     @click.option("--chunk-rows", type=Count(min=1), default=CHUNK_ROWS, show_default=True, help="Rows read per block.")
     @_common
@@ -290,10 +290,12 @@ def _arrays_command(kind: str, help_text: str):
     return convert.command(kind)(command)
 
 
-_arrays_command("mat", "Whole-set .mat matrices (DJSRH/UCCH, v5 or v7.3) IMAGE TEXT LABELS -> OUT with a seeded split "
-                       "(LABELS 'none' and --ids IDS: a caption set).")
-_arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with a seeded split (LABELS 'none' and "
-                       "--ids IDS: a caption set).")
+_ARRAYS = ("Each matrix has a row an item: IMAGE [N, d], TEXT [N, d'], LABELS [N, C] of 0/1 (multi-hot; class "
+           "indices as numpy.eye(C)[classes]); LABELS 'none' and --ids IDS: a caption set.")
+_arrays_command("mat", "Whole-set .mat matrices (DJSRH/UCCH, v5 or v7.3) IMAGE TEXT LABELS -> OUT with a seeded split."
+                       "\n\n" + _ARRAYS + " A v7.3 file stores MATLAB's [N, d] as [d, N] in HDF5: it is read back as "
+                       "[N, d].")
+_arrays_command("npz", "Whole-set .npy/.npz arrays IMAGE TEXT LABELS -> OUT with a seeded split.\n\n" + _ARRAYS)
 
 
 def _shard(ctx: click.Context, param: click.Parameter, value: Optional[str]) -> Optional[Tuple[int, int]]:

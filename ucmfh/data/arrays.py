@@ -4,6 +4,7 @@ its variable name (or the usual names of its role) and read in blocks of rows: a
 from __future__ import annotations
 
 import os
+import re
 import struct
 import zlib
 from contextlib import ExitStack
@@ -68,6 +69,11 @@ def _pick_key(path: str, names: Sequence[str], key: Optional[str], role: str) ->
             return candidate
     if len(names) == 1:
         return names[0]
+    split = [n for n in names if re.search(r"_(tr|te|db|train|test|query|retrieval|database)$", n, re.IGNORECASE)]
+    if split:  # one split's rows a matrix: a key picks one split, and a new split would be drawn from it
+        raise DataError(f"{path}: {len(names)} variables {sorted(names)}: a split's rows in each ({', '.join(split)})"
+                        "; whole-set matrices are read: stack each modality's splits into one (docs/data.md)",
+                        remedy=("split_index", "SPLIT.npz", "to keep the released split"))
     raise DataError(f"{path}: {len(names)} variables {sorted(names)}, none with a usual {role or 'matrix'} name",
                     remedy=(f"{role}_key", "NAME", "to choose one") if role else None)
 

@@ -69,11 +69,24 @@ def _read_ids(src: Any, n: int) -> np.ndarray:
     return values.astype(np.int64)
 
 
+ONE_HOT = "give it one-hot: numpy.eye(C)[classes]"
+
+
 def _check_labels(labels: np.ndarray, where: str) -> np.ndarray:
+    """[N, C] 0/1 labels as uint8; refused, naming the first wrong value: any other shape or value, and one
+    column (one class shared by every labelled row makes every MAP 1; a column of class indices is not 0/1)."""
     if labels.ndim != 2 or labels.shape[1] == 0:
         raise DataError(f"{where}: labels must be a 2-D [N, C] multi-hot matrix, got shape {labels.shape}")
     if not is_multi_hot(labels):
-        raise DataError(f"{where}: labels must be multi-hot 0/1 values")
+        row, column = (int(i[0]) for i in np.nonzero(~np.isin(labels, (0, 1))))
+        whole = labels.dtype.kind in "biu" or bool(np.all(np.round(labels) == labels))
+        hint = (f" (a column of class indices? {ONE_HOT})" if labels.shape[1] == 1 and whole
+                else " (counts? labels > 0 are the 0/1 labels)" if whole and labels.min() >= 0 else "")
+        raise DataError(f"{where}: labels must be multi-hot 0/1 values, got {labels[row, column]:g} at row {row}, "
+                        f"column {column}{hint}")
+    if labels.shape[1] == 1:
+        raise DataError(f"{where}: one label column: one class for every labelled row would make every MAP 1 "
+                        f"(class indices? {ONE_HOT})")
     return labels.astype(np.uint8)
 
 
@@ -311,7 +324,7 @@ def convert_arrays(
             if src is None:
                 continue
             if len(src.shape) != 2 or src.shape[1] == 0:
-                hint = (" (one class an item? give it one-hot: numpy.eye(C)[classes])"
+                hint = (f" (one class an item? {ONE_HOT})"
                         if role == "labels" and len(src.shape) == 1 else "")
                 raise DataError(f"{src.name}: expected a 2-D [N, d] {role} matrix, got shape {src.shape}{hint}")
             if src.dtype.kind not in "biuf":
@@ -319,22 +332,36 @@ def convert_arrays(
         n = len(img_src)
         for src in (txt_src, lab_src):
             if src is not None and len(src) != n:
-                raise DataError(f"{src.name}: {len(src)} rows, but {img_src.name} has {n}")
+                turned = (src if src.shape[1] == n else img_src if img_src.shape[1] == len(src) else None)
+                hint = f" ({turned.name} stored transposed, [d, N]? save it as [N, d])" if turned is not None else ""
+                raise DataError(f"{src.name}: {len(src)} rows, but {img_src.name} has {n}{hint}")
+        head = min(n, 256)
+        if img_src.shape == txt_src.shape and np.array_equal(img_src.read(0, head), txt_src.read(0, head)):
+            raise DataError(f"{txt_src.name}: its first {head} rows are those of {img_src.name}: the image matrix "
+                            "given as the text matrix too?")
         label_matrix = None if lab_src is None else _check_labels(lab_src.read_all(), lab_src.name)
         keep = np.ones(n, dtype=bool) if lab_src is None else empty_label_rows(label_matrix, lab_src.name, empty_labels)
+        if not keep.any():
+            raise DataError(f"{lab_src.name}: no row has a label (every row is 0)")
         if split_index is None:
             try:
                 index = sample_split(n, sizes, seed, ids=item_ids, keep=keep)
-            except ValueError as err:
-                raise DataError(f"{img_src.name}: {err}") from None
+            except SettingError as err:  # said as the sizes at fault: --query, --train, --retrieval
+                raise SettingError(err.settings, f"{img_src.name}: {err}") from None
         else:
             index = split_index if isinstance(split_index, SplitIndex) else load_split_index(os.fspath(split_index))
             given = os.fspath(split_index) if not isinstance(split_index, SplitIndex) else "the split index"
-            for s, rows in index.as_dict().items():
+            # MATLAB's row numbers start at 1: given as they are, every row is the next one
+            parts = index.as_dict()
+            lowest = min((int(rows.min()) for rows in parts.values() if rows.size), default=0)
+            one_based = " (numbered from 1, as MATLAB does? row numbers start at 0: subtract 1)" if lowest >= 1 else ""
+            for s, rows in parts.items():
                 outside = rows[(rows < 0) | (rows >= n)]
                 if outside.size:
                     raise DataError(f"{given}: {s}: {outside.size} rows out of range for {n} source rows "
-                                    f"(first: {outside[0]})")
+                                    f"(first: {outside[0]}){one_based}")
+            if one_based and keep[0]:
+                log.warning("%s: no split holds source row 0, which has a label%s", given, one_based)
             # rows without a label were dropped (--empty-labels drop, logged): from the splits given too, where
             # they were refused, the message's remedy being the drop that had been made
             left = {s: int((~keep[rows]).sum()) for s, rows in index.as_dict().items()}

@@ -49,6 +49,7 @@ import h5py
 import numpy as np
 from tqdm.auto import tqdm
 
+from ucmfh.config import SettingError
 from ucmfh.data.annotations import list_images, read_captions, read_labels
 from ucmfh.data.clip_encoder import DEFAULT_MODEL, IMAGE_LOADING, ClipEncoder, load_image
 from ucmfh.data.convert import empty_label_rows, read_classes, root_attrs
@@ -298,7 +299,9 @@ def extract_features(
     keep_image = empty_label_rows(label_matrix, os.fspath(labels), empty_labels, names)
     try:  # the split the sizes ask for, drawn now as if every image were readable: refused before any feature
         sample_split(len(caption_list), sizes, seed, ids=image_of, keep=keep_image[image_of])
-    except ValueError as err:
+    except SettingError as err:  # said as the sizes at fault: --query, --train, --retrieval
+        raise SettingError(err.settings, f"{captions}: {err}") from None
+    except ValueError as err:  # no image left to split
         raise DataError(f"{captions}: {err}") from None
 
     computing = shard is not None or not merge
@@ -415,10 +418,12 @@ def extract_features(
                     " = ".join(report.duplicate_images[0]))
     try:
         index = sample_split(len(caption_list), sizes, seed, ids=copy_of[image_of], keep=keep_rows)
-    except ValueError as err:
+    except SettingError as err:
         copies = f" (the {len(report.duplicate_images)} copies of other images count once)" \
             if report.duplicate_images else ""
-        raise DataError(f"{captions}: {err}{copies}") from None
+        raise SettingError(err.settings, f"{captions}: {err}{copies}") from None
+    except ValueError as err:
+        raise DataError(f"{captions}: {err}") from None
     rows = index.as_dict()
     attrs = root_attrs(
         out, name, class_names, len(class_names),

@@ -385,6 +385,10 @@ def relevance_warnings(query_labels: Any, retrieval_labels: Any) -> List[str]:
     return said
 
 
+# where ids are given by a flag (convert's --ids), the remedy of copies under several ids
+COPIES_ONE_ID = ("ids", "IDS", "giving copies of one item one id, so that they fall in one split")
+
+
 def _check_one_image_an_id(path: str, where: str, ids: np.ndarray, prints: np.ndarray) -> None:
     """Rows sharing an id are one image (docs/reference.md §1: a caption set's captions of one image): their
     image features must be equal. Ids given by row (5 captions an image, numbered as if 4) would make strangers
@@ -409,9 +413,11 @@ def _check_an_id_an_image(path: str, where: str, ids: np.ndarray, prints: np.nda
     if 2 * int(several.sum()) > len(ids):
         row = int(np.argmax(several))
         other = int(np.flatnonzero((prints == prints[row]) & (ids != ids[row]))[0])
-        raise _fail(path, where, f"{int(several.sum())} of {len(ids)} rows hold an image that other rows hold under "
-                                 f"other ids (first: rows {row} and {other}, ids {ids[row]} and {ids[other]}); the "
-                                 "rows of one image share its id (a caption set: its captions)")
+        err = _fail(path, where, f"{int(several.sum())} of {len(ids)} rows hold an image that other rows hold "
+                                 f"under other ids (first: rows {row} and {other}, ids {ids[row]} and {ids[other]}); "
+                                 "the rows of one image share its id (a caption set: its captions)")
+        err.remedy = COPIES_ONE_ID
+        raise err
 
 
 def _check_ids(path: str, where: str, dset: h5py.Dataset, n_rows: int) -> np.ndarray:
@@ -565,10 +571,13 @@ def validate_file(path: PathLike, token_values: bool = True,
             if len(again):  # the prints of sampled columns agree: the whole rows, read again, decide
                 again = _equal_items(path, f, again, other, pairs)
             if len(again):
-                raise _fail(path, "/query", f"{len(again)} items have the image and text features of /{other} "
-                                            f"items (first: query row {again[0]}); query and {other} must be "
+                named = f", id {ids['query'][again[0]]}" if ids else ""
+                err = _fail(path, "/query", f"{len(again)} items have the image and text features of /{other} "
+                                            f"items (first: query row {again[0]}{named}); query and {other} must be "
                                             "disjoint: a query item trained on, or found as itself, inflates every "
                                             "score")
+                err.remedy = COPIES_ONE_ID
+                raise err
         return attrs
 
 

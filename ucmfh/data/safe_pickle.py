@@ -6,6 +6,7 @@ reduce to ``os.system``). :class:`DataUnpickler` resolves only the globals that 
 * numpy arrays, dtypes and scalars, as numpy 1 (``numpy.core``) and numpy 2 (``numpy._core``) pickle them;
 * torch tensors: ``_rebuild_tensor_v2`` and the storage's bytes, which are read by
   ``torch.load(weights_only=True)`` (plain ``pickle`` would hand them to an unrestricted ``torch.load``);
+* a ``torch.save`` archive (a zip, torch's format since 1.6) is read by ``torch.load(weights_only=True)``;
 * the builtin containers (dict, list and tuple need no global; set, frozenset, bytes, bytearray,
   ``collections.OrderedDict``) and ``_codecs.encode``, which protocols 0–2 use to write bytes.
 
@@ -67,12 +68,41 @@ class DataUnpickler(pickle.Unpickler):
         return super().find_class(module, name)
 
 
+def _load_torch_archive(path: str) -> Any:
+    """What ``torch.save`` wrote to ``path``, read by ``torch.load(weights_only=True)``: tensors, numbers and
+    containers, no code run (torch's own allow-list)."""
+    import numpy as np
+    import torch
+
+    core = getattr(np, "_core", None) or np.core  # numpy 2's name, numpy 1's
+    arrays = [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype] + [
+        type(np.dtype(code)) for code in "?" + np.typecodes["AllInteger"] + np.typecodes["AllFloat"]]
+    try:
+        with torch.serialization.safe_globals(arrays):  # numpy's numeric arrays too, as a pickle's
+            return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as err:  # weights_only refused a global; its message names it
+        found = re.search(r"GLOBAL ([\w.]+)", str(err))
+        raise DataError(f"{path}: a torch.save archive: "
+                        f"refuses to load {found.group(1) if found else 'an object in it'}: {REFUSAL}") from None
+    except Exception as err:  # a damaged archive fails with almost any type
+        said = str(err).split(". ")[0]  # torch's first sentence; the rest is advice on checkpoints
+        raise DataError(f"{path}: a torch.save archive, not readable ({type(err).__name__}: {said})") from None
+
+
 def load_pickle(path: PathLike) -> Any:
-    """The object the pickle file ``path`` holds, read by :class:`DataUnpickler`.
+    """The object the pickle file ``path`` holds, read by :class:`DataUnpickler` (a ``torch.save`` archive by
+    ``torch.load(weights_only=True)``).
 
     ``DataError`` naming ``path``: the global it refused, or why the file is unreadable.
     """
     path = os.fspath(path)
+    try:
+        with open(path, "rb") as f:
+            archive = f.read(4) == b"PK\x03\x04"  # a zip: torch.save's archive (its format since torch 1.6)
+    except OSError as err:
+        raise DataError(f"{path}: not readable ({err.strerror or err})") from None
+    if archive:
+        return _load_torch_archive(path)
     try:
         with open(path, "rb") as f:
             return DataUnpickler(f).load()

@@ -12,6 +12,7 @@ from typing import Dict, Optional
 
 import numpy as np
 
+from ucmfh.config import SettingError
 from ucmfh.data.format import DataError
 from ucmfh.data.input_files import npz_member, open_npz
 
@@ -106,7 +107,8 @@ def sample_split(
         keep: [n_items] optional bool mask; rows outside it are never drawn.
 
     Raises:
-        ValueError: when the sizes ask for more units than there are.
+        SettingError: when the sizes ask for more units than there are (its ``settings``: the sizes at fault).
+        ValueError: when there are no units.
     """
     check_seed(seed)
     rows = np.arange(n_items, dtype=np.int64)
@@ -119,13 +121,21 @@ def sample_split(
         units, inverse = np.unique(np.asarray(ids)[rows], return_inverse=True)
         unit_name = "distinct ids"
     n_units = units.size
+    if not n_units:
+        raise ValueError("no rows to split (every row left out)")
     n_retrieval = n_units - sizes.query if sizes.retrieval is None else sizes.retrieval
+    # a SettingError names the sizes at fault (said as their flags by a command: --query, --train, --retrieval)
     if n_retrieval <= 0:
-        raise ValueError(f"split asks for query {sizes.query} of {n_units} {unit_name}: retrieval would be empty")
+        if sizes.retrieval is not None:
+            raise SettingError("retrieval", f"split asks for retrieval {n_retrieval}: it must be positive")
+        raise SettingError("query", f"split asks for query {sizes.query} of {n_units} {unit_name}: retrieval "
+                                    "would be empty")
     if sizes.query + n_retrieval > n_units:
-        raise ValueError(f"split asks for query {sizes.query} + retrieval {n_retrieval} of {n_units} {unit_name}")
+        raise SettingError(("query", "retrieval"), f"split asks for query {sizes.query} + retrieval {n_retrieval} "
+                                                   f"of {n_units} {unit_name}")
     if sizes.train > n_retrieval:
-        raise ValueError(f"split asks for train {sizes.train} drawn from retrieval {n_retrieval} {unit_name}")
+        raise SettingError("train", f"split asks for train {sizes.train} drawn from the {n_retrieval} {unit_name} "
+                                    "of retrieval")
     perm = np.random.default_rng(seed).permutation(n_units)
     query_units = perm[: sizes.query]
     retrieval_units = perm[sizes.query : sizes.query + n_retrieval]

@@ -66,8 +66,11 @@ def open_writer(
             yield f
         try:
             validate_file(tmp)
-        except DataError as err:
-            raise DataError(str(err).replace(tmp, path)) from None
+        except DataError as err:  # said of the file asked for, which is not written
+            text = str(err).replace(tmp, path)
+            if text.startswith(f"{path}: "):
+                text = f"{path}: not written: {text[len(path) + 2:]}"
+            raise DataError(text, err.remedy) from None
 
 
 def create_split_dataset(f: h5py.File, split: str, name: str, shape: tuple) -> h5py.Dataset:
