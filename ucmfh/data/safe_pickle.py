@@ -15,6 +15,7 @@ Any other global is refused before it is imported or called: :class:`RefusedGlob
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import pickle
@@ -77,8 +78,9 @@ def _load_torch_archive(path: str) -> Any:
     core = getattr(np, "_core", None) or np.core  # numpy 2's name, numpy 1's
     arrays = [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype] + [
         type(np.dtype(code)) for code in "?" + np.typecodes["AllInteger"] + np.typecodes["AllFloat"]]
+    allowing = getattr(torch.serialization, "safe_globals", None)  # torch >= 2.5; before it, tensors alone
     try:
-        with torch.serialization.safe_globals(arrays):  # numpy's numeric arrays too, as a pickle's
+        with allowing(arrays) if allowing else contextlib.nullcontext():  # numpy's numeric arrays, as a pickle's
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:  # weights_only refused a global; its message names it
         found = re.search(r"GLOBAL ([\w.]+)", str(err))
