@@ -14,8 +14,11 @@ import os
 import sys
 from typing import NoReturn
 
+import contextlib
+
 from ucmfh.signals import (
-    end_program, exit_stopped, hold_signals_while_importing, run_as_program, terminate_as_interrupt, work_over,
+    end_program, exit_stopped, hold_signals_while_importing, run_as_program, signals_held, terminate_as_interrupt,
+    work_over,
 )
 
 # Run as a script, SIGTERM ends it as Ctrl-C does at any moment (one line, 143; 130 for Ctrl-C), the seconds of
@@ -25,25 +28,26 @@ AS_SCRIPT = __name__ == "__main__"
 if AS_SCRIPT:
     terminate_as_interrupt()
     hold_signals_while_importing("torch")
-try:
-    from ucmfh.app.errors import (
-        EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, interrupt_behind, interrupted, outlive_reader,
-        plain_warnings,
-    )
-    from ucmfh.app.environment import configure_from_env, default_data_dir, protocols_of, resolve_dataset
-    from ucmfh.app.experiment import evaluate_checkpoint, say_relevance, train_fusion_stage, train_hash_stage
-    from ucmfh.app.identity import Run, RunOptions, dataset_identity
-    from ucmfh.app.stage import check_interrupted, saved_epochs
-    from ucmfh.app.options import DEFAULT_RESULTS, check_precision
-    from ucmfh.app.table import report
-    from ucmfh.app.outputs import check_outputs
-    from ucmfh.config import AMP_MODES, NON_NEGATIVE, PROTOCOLS, SETTINGS, FusionConfig, HashConfig, Range
-    from ucmfh.data.h5 import load_dataset
-    from ucmfh.losses import LOSSES
-    from ucmfh.methods import stage_configs
-    from ucmfh.methods.ucmfh import FUSION_STARTS
-    from ucmfh.training_state import state_path_of, state_paths
-    from ucmfh.utils import resolve_device
+try:  # held, a signal is raised once the imports are done (inside a class body: a traceback, exit 1, or -2)
+    with signals_held(at_once=True) if AS_SCRIPT else contextlib.nullcontext():
+        from ucmfh.app.errors import (
+            EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, interrupt_behind, interrupted, outlive_reader,
+            plain_warnings,
+        )
+        from ucmfh.app.environment import configure_from_env, default_data_dir, protocols_of, resolve_dataset
+        from ucmfh.app.experiment import evaluate_checkpoint, say_relevance, train_fusion_stage, train_hash_stage
+        from ucmfh.app.identity import Run, RunOptions, dataset_identity
+        from ucmfh.app.stage import check_interrupted, saved_epochs
+        from ucmfh.app.options import DEFAULT_RESULTS, check_precision
+        from ucmfh.app.table import report
+        from ucmfh.app.outputs import check_outputs
+        from ucmfh.config import AMP_MODES, NON_NEGATIVE, PROTOCOLS, SETTINGS, FusionConfig, HashConfig, Range
+        from ucmfh.data.h5 import load_dataset
+        from ucmfh.losses import LOSSES
+        from ucmfh.methods import stage_configs
+        from ucmfh.methods.ucmfh import FUSION_STARTS
+        from ucmfh.training_state import state_path_of, state_paths
+        from ucmfh.utils import resolve_device
 except KeyboardInterrupt as stopped:
     if not AS_SCRIPT:
         raise

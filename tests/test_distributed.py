@@ -337,3 +337,13 @@ def test_a_rank_waiting_for_its_peers_says_so_and_a_signal_ends_it(signum):
         if proc.poll() is None:
             os.killpg(proc.pid, signal.SIGKILL)
             proc.wait()
+
+
+def test_under_torchrun_a_warning_is_said_by_rank_0_alone(monkeypatch, capsys):
+    """Each rank reads the same files: a dataset's warning was said once a rank (an audit's find, two ranks: twice)."""
+    import ucmfh.app.errors as errors
+
+    for rank in (1, 0):
+        monkeypatch.setattr(errors, "process_rank", lambda rank=rank: rank)
+        errors.warn("3 of the 50 query items have the image features of a /train item")
+    assert capsys.readouterr().err == "warning: 3 of the 50 query items have the image features of a /train item\n"

@@ -109,11 +109,14 @@ def stop_on_signals() -> Iterator[Dict[str, Optional[int]]]:
 
 
 @contextlib.contextmanager
-def signals_held() -> Iterator[None]:
+def signals_held(at_once: bool = False) -> Iterator[None]:
     """While inside, a SIGINT or SIGTERM whose handler is Python's is held; once the block ends, the signal is sent
     again (:func:`send_again`), to be raised where the process's own code runs (raised at the block's end, inside
-    an import, it would undo the module imported: ``sys.modules`` drops a module whose code raised). In the main
-    thread alone (elsewhere, nothing is held)."""
+    an import, it would undo the module imported: ``sys.modules`` drops a module whose code raised); ``at_once``,
+    outside an import, raises it as the block ends. Held, an interrupt is never raised inside a class body, a C
+    module's set-up or an ``exec`` of a string (a dataclass's methods are made so), which turn it into another
+    error (a traceback, exit 1), or leave CPython's mark of a Ctrl-C unhandled, which kills the process by SIGINT
+    at its exit (-2) whatever caught it. In the main thread alone (elsewhere, nothing is held)."""
     heard: list = []
     previous: Dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -125,7 +128,9 @@ def signals_held() -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        if heard:
+        if heard and at_once:
+            os.kill(os.getpid(), heard[0])  # its handler runs at once, here
+        elif heard:
             send_again(heard[0])
 
 

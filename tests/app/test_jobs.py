@@ -534,3 +534,26 @@ def test_a_worker_whose_grid_is_killed_hard_ends_too(tmp_path):
     while alive() and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not alive()
+
+
+def test_a_signal_as_the_grid_s_workers_shut_down_is_said(tiny_path, tmp_path, monkeypatch):
+    """A SIGTERM after the last cell ended, as the grid waited for its workers to shut down, was heard and then
+    forgotten: the grid ended 0 without a word of it (an audit's find, 'grid --jobs 2' signalled as it ended)."""
+    import concurrent.futures as cf
+    import signal
+    import time
+
+    real = cf.ThreadPoolExecutor.shutdown
+
+    def shutdown(self, *args, **kwargs):
+        os.kill(os.getpid(), signal.SIGTERM)  # to the grid's handler, every cell having ended
+        time.sleep(0.1)
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(cf.ThreadPoolExecutor, "shutdown", shutdown)
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "-b", "8", "-b", "16", "--methods", "cca-itq",
+                                       "--device", "cpu", "--out", str(tmp_path / "runs"), "--jobs", "2", "--workers",
+                                       "threads", "--results", str(tmp_path / "r.jsonl"), "--table",
+                                       str(tmp_path / "t")])
+    assert result.exit_code == 0, result.output
+    assert "SIGTERM came as the last cells ran to their end: every cell finished" in result.output

@@ -15,7 +15,7 @@ from ucmfh.app.errors import (
     UserError, interrupted, outlive_reader, peer_gone, plain_warnings, process_rank, reader_gone, warn,
 )
 from ucmfh.app.environment import configure_from_env, distributed_problem, join_process_group
-from ucmfh.signals import terminate_as_interrupt, work_over
+from ucmfh.signals import signals_held, terminate_as_interrupt, work_over
 
 # name -> (the module and attribute that make the command, its line in 'ucmfh --help')
 COMMANDS: Dict[str, Tuple[str, str]] = {
@@ -87,7 +87,8 @@ class Commands(click.Group):
         module, name = COMMANDS[cmd_name][0].split(":")
         restore = terminate_as_interrupt()  # the import may take seconds (torch): a Ctrl-C or SIGTERM is one line
         try:
-            return getattr(import_module(module), name)
+            with signals_held(at_once=True):  # raised inside a class body, an interrupt was a traceback (exit 1)
+                return getattr(import_module(module), name)
         except KeyboardInterrupt as err:  # Ctrl-C's, or SIGTERM's (which remembers its signal)
             interrupted(err)
         finally:

@@ -48,7 +48,10 @@ def say(line: str) -> None:
 
 
 def warn(message: str) -> None:
-    """One line on stderr for something skipped that the user should know of (not a Python warning)."""
+    """One line on stderr for something skipped that the user should know of (not a Python warning); under torchrun,
+    rank 0's alone (each rank read the same files: every warning was said once a rank)."""
+    if process_rank():
+        return
     click.echo(f"warning: {message}", err=True)
 
 
@@ -213,6 +216,40 @@ class _Outlived:
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._stream, name)
+
+
+class _Lossy:
+    """Standard error for a program's life: a write it has no room for (``2>/dev/full``) is lost, where click's
+    message of an error raised OSError past the command's end (exit 1, and a teardown); a reader gone still raises
+    (:func:`outlive_reader` hears it)."""
+
+    def __init__(self, stream: Any) -> None:
+        self._stream = stream
+
+    def write(self, text: Any) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            raise
+        except OSError:
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            raise
+        except OSError:
+            pass
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
+
+
+def lose_what_errors_cannot_write() -> None:
+    """A program's standard error as :class:`_Lossy`; none (``2>&-``) as nowhere, where click wrote its errors
+    into standard output instead, the user's file. The exit an error asked for stands."""
+    sys.stderr = _Lossy(open(os.devnull, "w") if sys.stderr is None else sys.stderr)  # noqa: SIM115 - for life
 
 
 @contextlib.contextmanager

@@ -384,6 +384,7 @@ class SideBySide:
                 raise
             finally:
                 pool.shutdown(wait=True, cancel_futures=True)
+            signum = signum or stop["signal"]  # one heard after the last cell ended, as the pool shut down: said
         self._append(in_order=False)  # every finished cell's rows are kept, whatever stopped the grid
         if error is not None:
             raise error
