@@ -9,12 +9,11 @@ not task 0's: ``--fusion_start random`` does so (docs/reference.md §2, "Departu
 from __future__ import annotations
 
 import argparse
+import contextlib
 import glob
 import os
 import sys
 from typing import NoReturn
-
-import contextlib
 
 from ucmfh.signals import (
     end_program, exit_stopped, hold_signals_while_importing, run_as_program, signals_held, terminate_as_interrupt,
