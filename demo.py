@@ -16,8 +16,8 @@ import sys
 from typing import NoReturn
 
 from ucmfh.signals import (
-    end_program, exit_stopped, hold_signals_while_importing, run_as_program, signals_held, terminate_as_interrupt,
-    work_over,
+    end_program, exit_stopped, hold_signals_while_importing, imports_of_a_program, run_as_program,
+    terminate_as_interrupt, work_over,
 )
 
 # Run as a script, SIGTERM ends it as Ctrl-C does at any moment (one line, 143; 130 for Ctrl-C), the seconds of
@@ -27,8 +27,8 @@ AS_SCRIPT = __name__ == "__main__"
 if AS_SCRIPT:
     terminate_as_interrupt()
     hold_signals_while_importing("torch")
-try:  # held, a signal is raised once the imports are done (inside a class body: a traceback, exit 1, or -2)
-    with signals_held(at_once=True) if AS_SCRIPT else contextlib.nullcontext():
+try:  # a signal ends it at once (raised inside a class body: a traceback, exit 1, or -2)
+    with imports_of_a_program(True) if AS_SCRIPT else contextlib.nullcontext():
         from ucmfh.app.errors import (
             EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, interrupt_behind, interrupted, outlive_reader,
             plain_warnings,

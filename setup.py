@@ -28,7 +28,9 @@ setup(
     # (README), and pip leaves it in place.
     install_requires=[
         "torch>=2.0",
-        "numpy>=1.22",
+        # the oldest with wheels for Python 3.11, checked (docs/notebook/dependencies.md); 2.0.0's isin fails on
+        # uint64 (the leak check's fingerprints)
+        "numpy>=1.23.2,!=2.0.0",
         "scipy>=1.8",
         "h5py>=3.6",
         # cca-itq's PCA: before 1.5 another solver gave other codes (a wiki cell 0.2477 / 0.4072 against 0.3822)
@@ -39,15 +41,17 @@ setup(
     extras_require={
         # the tests cover the optional pieces too (extraction, plots, training curves, FAISS search)
         # (pytest-xdist: the README's command spreads the tests over the machine's cores)
-        "test": ["pytest>=7", "pytest-xdist>=3", "transformers>=4.30", "pillow>=9.1", "matplotlib>=3.5",
-                 "tensorboard>=2.10", "faiss-cpu>=1.7"],
+        # (click 8.2.1: the tests read a command's standard error apart, which CliRunner keeps apart from 8.2)
+        "test": ["pytest>=7", "pytest-xdist>=3", "click>=8.2.1", "transformers>=4.30", "pillow>=10.3",
+                 "matplotlib>=3.5", "tensorboard>=2.10", "faiss-cpu>=1.7"],
         "plot": ["matplotlib>=3.5", "pillow>=9.1"],
         # `--tensorboard DIR`: each epoch's loss, validation score, learning rate, beta and seconds
         "tensorboard": ["tensorboard>=2.10"],
         # `ucmfh search --backend faiss-ivf|faiss-hnsw` and the benchmarks; the metrics never import it
         "faiss": ["faiss-cpu>=1.7"],
         # CLIP feature extraction (`ucmfh extract`); needs no torchvision
-        "extract": ["transformers>=4.30", "pillow>=9"],
+        # (pillow 10.3: before it a 16-bit grey PNG opens as 32-bit mode I, its 8-bit rule then wrong for a dark one)
+        "extract": ["transformers>=4.30", "pillow>=10.3"],
     },
     ext_modules=[hamming],
     cmdclass={"build_ext": BuildExt},

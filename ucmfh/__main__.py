@@ -8,12 +8,12 @@ def run() -> NoReturn:
     one at any later moment does (one line, 130 or 143; :mod:`ucmfh.signals`, which needs neither). The console
     script calls this, so its imports come after the guard."""
     from ucmfh.signals import end_program, exit_stopped, hold_signals_while_importing, run_as_program, \
-        signals_held, terminate_as_interrupt
+        imports_of_a_program, terminate_as_interrupt
 
     restore = terminate_as_interrupt()
     hold_signals_while_importing("torch")  # a command imports it as it runs
     try:
-        with signals_held(at_once=True):  # raised inside a class body, an interrupt was a traceback (exit 1) or -2
+        with imports_of_a_program(True):  # a signal ends it at once (inside a class body: a traceback, or -2)
             from ucmfh.app.cli import main
     except KeyboardInterrupt as err:  # Ctrl-C's, or SIGTERM's (which remembers its signal), as the hold ended
         exit_stopped(err)

@@ -109,14 +109,11 @@ def stop_on_signals() -> Iterator[Dict[str, Optional[int]]]:
 
 
 @contextlib.contextmanager
-def signals_held(at_once: bool = False) -> Iterator[None]:
+def signals_held() -> Iterator[None]:
     """While inside, a SIGINT or SIGTERM whose handler is Python's is held; once the block ends, the signal is sent
     again (:func:`send_again`), to be raised where the process's own code runs (raised at the block's end, inside
-    an import, it would undo the module imported: ``sys.modules`` drops a module whose code raised); ``at_once``,
-    outside an import, raises it as the block ends. Held, an interrupt is never raised inside a class body, a C
-    module's set-up or an ``exec`` of a string (a dataclass's methods are made so), which turn it into another
-    error (a traceback, exit 1), or leave CPython's mark of a Ctrl-C unhandled, which kills the process by SIGINT
-    at its exit (-2) whatever caught it. In the main thread alone (elsewhere, nothing is held)."""
+    an import, it would undo the module imported: ``sys.modules`` drops a module whose code raised). In the main
+    thread alone (elsewhere, nothing is held)."""
     heard: list = []
     previous: Dict[int, Any] = {}
     if threading.current_thread() is threading.main_thread():
@@ -128,10 +125,44 @@ def signals_held(at_once: bool = False) -> Iterator[None]:
     finally:
         for signum, handler in previous.items():
             signal.signal(signum, handler)
-        if heard and at_once:
-            os.kill(os.getpid(), heard[0])  # its handler runs at once, here
-        elif heard:
+        if heard:
             send_again(heard[0])
+
+
+SAID_WHEN_STOPPED = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
+
+
+@contextlib.contextmanager
+def imports_of_a_program(program: Optional[bool] = None) -> Iterator[None]:
+    """While a program imports what its command needs, before any work (nothing written, nothing to undo): a
+    SIGINT or SIGTERM ends it at once, one line ('interrupted', 'terminated') and 130 or 143, where raised there,
+    inside a class body, a C module's set-up or an ``exec`` of a string (a dataclass's methods are made so), an
+    interrupt became another error (a traceback, exit 1) or left CPython's mark of a Ctrl-C unhandled, which
+    killed the process by SIGINT at its exit (-2) whatever caught it. ``program``: whether this process is one
+    (None: as :func:`run_as_program` marked it); one that is not (a command run in-process: a test, a notebook)
+    is left as it is. A signal whose action is not Python's (ignored: a job started in the background) stays so;
+    in the main thread alone."""
+    if not (_PROGRAM["running"] if program is None else program) or \
+            threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def handler(signum, frame):  # noqa: ARG001 - signal handler signature
+        print(SAID_WHEN_STOPPED[signum], file=sys.stderr)
+        for stream in (sys.stdout, sys.stderr):
+            try:
+                stream.flush()
+            except Exception:  # noqa: BLE001 - a stream closed or mid-write: what it held is lost
+                pass
+        os._exit(128 + signum)
+
+    previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)
+                if callable(signal.getsignal(signum))}
+    try:
+        yield
+    finally:
+        for signum, was in previous.items():
+            signal.signal(signum, was)
 
 
 class _HoldSignalsWhileImporting:

@@ -371,3 +371,17 @@ def test_a_point_some_of_whose_seeds_collapsed_is_marked_as_the_tables_mark_it(t
         renderer = FigureCanvasAgg(ax.figure).get_renderer()  # closed: a canvas of its own to measure on
         inside, box = ax.get_window_extent(renderer), mark.get_window_extent(renderer)
         assert inside.y0 <= box.y0 and box.y1 <= inside.y1 and inside.x0 <= box.x0 and box.x1 <= inside.x1
+
+
+def test_matplotlib_s_glyph_warnings_are_left_to_the_one_line_a_figure_in_either_wording():
+    """matplotlib before 3.9 says 'missing from current font', later 'missing from font': the filter knew the
+    later alone, and the older printed a warning at each drawing of each character (an audit's, on 3.6)."""
+    import warnings
+
+    from ucmfh.metrics.plots import pyplot
+
+    pyplot()
+    with warnings.catch_warnings(record=True) as said:
+        for wording in ("missing from font", "missing from current font"):
+            warnings.warn(f"Glyph 33457 (\\N{{CJK UNIFIED IDEOGRAPH-82B1}}) {wording}.", UserWarning)
+    assert said == []

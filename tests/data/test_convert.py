@@ -377,12 +377,13 @@ def test_split_rows_numbered_from_1_are_said(tmp_path, caplog):
     np.savez(idx, query=np.arange(1, 6), retrieval=np.arange(6, N), train=np.arange(6, 26))  # the last row dropped
     with caplog.at_level(logging.WARNING, logger="ucmfh.data.convert"):
         convert_arrays(*paths, tmp_path / "x.h5", split_index=idx, progress=False)
-    assert "no split holds source row 0, which has a label (numbered from 1" in caplog.text
-    caplog.clear()
-    np.savez(idx, query=np.arange(0, 5), retrieval=np.arange(6, N), train=np.arange(6, 26))  # row 5 out: said nothing
-    with caplog.at_level(logging.WARNING, logger="ucmfh.data.convert"):
-        convert_arrays(*paths, tmp_path / "y.h5", split_index=idx, progress=False)
-    assert "numbered from 1" not in caplog.text
+    assert "no split holds source row 0, the one labelled row left out (numbered from 1" in caplog.text
+    for out, query in (("y.h5", np.arange(0, 5)), ("z.h5", np.arange(1, 5))):  # row 5 out; rows 0 and 5 out
+        caplog.clear()
+        np.savez(idx, query=query, retrieval=np.arange(6, N), train=np.arange(6, 26))  # a release's subset: unsaid
+        with caplog.at_level(logging.WARNING, logger="ucmfh.data.convert"):
+            convert_arrays(*paths, tmp_path / out, split_index=idx, progress=False)
+        assert "numbered from 1" not in caplog.text
 
 
 @pytest.mark.parametrize("labels, said", [
@@ -410,6 +411,11 @@ def test_a_matrix_given_twice_or_transposed_is_named(tmp_path):
     with pytest.raises(DataError, match=r"text\.npy: its first 60 rows are those of .*image\.npy: the image matrix "
                                         r"given as the text matrix too\?"):
         convert_arrays(*paths, tmp_path / "x.h5", sizes=SIZES, progress=False)
+    blank = np.zeros((N, D_IMG), np.float32)  # rows of zeros in both (features missing): not called the same matrix
+    with pytest.raises(DataError, match=r"blank\.h5: not written: /train/ids: .* rows hold an image that other rows "
+                                        r"hold under other ids"):
+        convert_arrays(*save_npy(tmp_path, blank, blank.copy(), labels), tmp_path / "blank.h5", sizes=SIZES,
+                       progress=False)
     paths = save_npy(tmp_path, image, text, labels.T.copy())
     with pytest.raises(DataError, match=r"labels\.npy: 5 rows, but .*image\.npy has 60 \(.*labels\.npy stored "
                                         r"transposed, \[d, N\]\? save it as \[N, d\]\)"):
@@ -443,6 +449,13 @@ def test_convert_s_refusals_name_the_flags_and_the_way_forward(tmp_path):
     result = CliRunner().invoke(main, ["convert", "mat", mat, mat, mat, out, "--query", "5", "--train", "5"])
     assert result.exit_code == 2 and "a split's rows in each (I_" in result.output, result.output
     assert "use --split-index SPLIT.npz to keep the released split" in result.output
+    scipy.io.savemat(tmp_path / "other.mat", {"feats": image, "idx_test": np.arange(5)})  # no split's matrices
+    result = CliRunner().invoke(main, ["convert", "mat", str(tmp_path / "other.mat"), *paths[1:], out, "--query",
+                                       "5", "--train", "5"])
+    assert result.exit_code == 2 and "use --image-key NAME to choose one" in result.output, result.output
+    result = CliRunner().invoke(main, ["convert", "npz", *paths, out, "--standard-split", "mirflickr"])
+    assert result.exit_code == 2 and "split asks for query 2000 of 60 rows: retrieval would be empty (the sizes " \
+        "of --standard-split mirflickr; --query, --train, --retrieval give others)" in result.output, result.output
     image[30:40], text[30:40] = image[:10], text[:10]  # ten copies: some fall in query, their originals outside it
     paths = save_npy(tmp_path, image, text, labels)
     result = CliRunner().invoke(main, ["convert", "npz", *paths, out, "--query", "20", "--train", "10"])
@@ -468,6 +481,14 @@ def test_a_torch_save_archive_under_a_pickle_s_name_is_read(tmp_path):
     (tmp_path / "cut.pkl").write_bytes((tmp_path / "train.pkl").read_bytes()[:300])
     with pytest.raises(DataError, match=r"cut\.pkl: a torch\.save archive, not readable \(RuntimeError: "):
         load_pickle(tmp_path / "cut.pkl")
+    with open(tmp_path / "arrays.pkl", "wb") as f:  # an .npz under a pickle's name: not torch's ('RuntimeError')
+        np.savez(f, image=arrays["image"])
+    with pytest.raises(DataError, match=r"arrays\.pkl: a zip archive, not a pickle or a torch\.save archive \(an "
+                                        r"\.npz\? 'ucmfh convert npz' reads those\)"):
+        load_pickle(tmp_path / "arrays.pkl")
+    torch.save({"image": np.array(["a", "b"])}, tmp_path / "words.pkl")  # torch's other wording of a refusal
+    with pytest.raises(DataError, match=r"words\.pkl: a torch\.save archive: refuses to load numpy\.dtypes\.StrDType"):
+        load_pickle(tmp_path / "words.pkl")
     torch.save({"image": fractions.Fraction(1, 3)}, tmp_path / "code.pkl")  # no object of code: refused by name
     with pytest.raises(DataError, match=r"code\.pkl: a torch\.save archive: refuses to load fractions\.Fraction"):
         load_pickle(tmp_path / "code.pkl")

@@ -370,7 +370,7 @@ def tiny_clip(tmp_path_factory):
         projection_dim=8,
     )
     torch.manual_seed(0)
-    CLIPModel(config).save_pretrained(folder)
+    CLIPModel(config).save_pretrained(folder, safe_serialization=True)  # the default from transformers 4.35 only
     tokenizer.save_pretrained(folder)
     CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
     return str(folder)
@@ -674,7 +674,7 @@ def test_a_model_folder_of_another_kind_damaged_or_mismatched_is_refused_in_one_
     for name in ("config.json", "model.safetensors"):
         (other / name).unlink()
     BertModel(BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32)) \
-        .save_pretrained(other)
+        .save_pretrained(other, safe_serialization=True)
     with pytest.raises(DataError, match=rf"^{re.escape(str(other))}: a model of type 'bert', not CLIP$"):
         ClipEncoder(str(other), device="cpu")
     weightless = tmp_path / "weightless"

@@ -15,7 +15,7 @@ from ucmfh.app.errors import (
     UserError, interrupted, outlive_reader, peer_gone, plain_warnings, process_rank, reader_gone, warn,
 )
 from ucmfh.app.environment import configure_from_env, distributed_problem, join_process_group
-from ucmfh.signals import signals_held, terminate_as_interrupt, work_over
+from ucmfh.signals import imports_of_a_program, terminate_as_interrupt, work_over
 
 # name -> (the module and attribute that make the command, its line in 'ucmfh --help')
 COMMANDS: Dict[str, Tuple[str, str]] = {
@@ -87,7 +87,7 @@ class Commands(click.Group):
         module, name = COMMANDS[cmd_name][0].split(":")
         restore = terminate_as_interrupt()  # the import may take seconds (torch): a Ctrl-C or SIGTERM is one line
         try:
-            with signals_held(at_once=True):  # raised inside a class body, an interrupt was a traceback (exit 1)
+            with imports_of_a_program():  # a program ends at once (inside a class body: a traceback, exit 1)
                 return getattr(import_module(module), name)
         except KeyboardInterrupt as err:  # Ctrl-C's, or SIGTERM's (which remembers its signal)
             interrupted(err)
@@ -184,14 +184,14 @@ def main(ctx: click.Context) -> None:
         raise UserError(str(err)) from None
     plain_warnings()
     ctx.call_on_close(terminate_as_interrupt())
-    registry = sys.modules.get("ucmfh.methods.registry")  # imported by the command if it uses methods
-    for name, why in getattr(registry, "PLUGIN_ERRORS", {}).items():  # another package's, installed and broken
-        warn(f"method {name!r} of an installed package not loaded: {why}")
     problem = distributed_problem(ctx.invoked_subcommand or "")
     if problem:
         raise UserError(problem)
     if ctx.invoked_subcommand != "extract":  # extraction's ranks are independent shards, never a group
         join_process_group()
+    registry = sys.modules.get("ucmfh.methods.registry")  # imported by the command if it uses methods
+    for name, why in getattr(registry, "PLUGIN_ERRORS", {}).items():  # another package's, installed and broken
+        warn(f"method {name!r} of an installed package not loaded: {why}")  # rank 0's alone, in a group
 
 
 if __name__ == "__main__":

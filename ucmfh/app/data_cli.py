@@ -41,6 +41,15 @@ def _split_sizes(standard_split, query, train, retrieval):
         raise click.UsageError(str(err)) from None
 
 
+def _sizes_said(err: SettingError, standard_split: Optional[str]) -> Exception:
+    """Split sizes refused (``err``), said as the flags that gave them: sizes not typed are --standard-split's."""
+    typed = given_flags({setting: f"--{setting}" for setting in err.settings})
+    if standard_split is None or len(typed) == len(err.settings):
+        return err
+    return DataError(f"{err} (the sizes of --standard-split {standard_split}; --query, --train, --retrieval give "
+                     "others)")
+
+
 def _summary(report: ConvertReport) -> None:
     rows = ", ".join(f"{s} {n}" for s, n in report.rows.items())
     dropped = sum(report.dropped.values())
@@ -277,14 +286,17 @@ def _arrays_command(kind: str, help_text: str):
                                  "retrieval": "--retrieval", "seed": "--seed"})
             if drawn:
                 raise click.UsageError(f"--split-index gives the split; drop {', '.join(drawn)} (of a drawn split)")
-        _summary(convert_arrays(
-            image, text, labels, out, ids=ids, image_key=image_key, text_key=text_key, labels_key=labels_key,
-            ids_key=ids_key,
-            sizes=sizes, split_index=split_index, seed=seed, name=name,
-            classes=read_classes(classes_file) if classes_file else None, image_feature=image_feature,
-            text_feature=text_feature, empty_labels=empty_labels, chunk_rows=chunk_rows, overwrite=overwrite,
-            progress=not quiet,
-        ))
+        try:
+            report = convert_arrays(
+                image, text, labels, out, ids=ids, image_key=image_key, text_key=text_key, labels_key=labels_key,
+                ids_key=ids_key, sizes=sizes, split_index=split_index, seed=seed, name=name,
+                classes=read_classes(classes_file) if classes_file else None, image_feature=image_feature,
+                text_feature=text_feature, empty_labels=empty_labels, chunk_rows=chunk_rows, overwrite=overwrite,
+                progress=not quiet,
+            )
+        except SettingError as err:
+            raise _sizes_said(err, standard_split) from None
+        _summary(report)
 
     command.__doc__ = help_text
     return convert.command(kind)(command)
@@ -394,6 +406,8 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
                                   config=config, name=name, empty_labels=empty_labels, restart=restart,
                                   overwrite=overwrite, shard=shard_of, merge=merge, progress=not quiet,
                                   first_id=first_id)
+    except SettingError as err:
+        raise _sizes_said(err, standard_split) from None
     except DataError as err:
         if getattr(err, "remedy", None) == RESTART and (shard_of or merge):  # --restart is refused for shards
             raise DataError(f"{err}; delete {out}.parts/ yourself to start the shards over") from None

@@ -69,8 +69,14 @@ def _pick_key(path: str, names: Sequence[str], key: Optional[str], role: str) ->
             return candidate
     if len(names) == 1:
         return names[0]
-    split = [n for n in names if re.search(r"_(tr|te|db|train|test|query|retrieval|database)$", n, re.IGNORECASE)]
-    if split:  # one split's rows a matrix: a key picks one split, and a new split would be drawn from it
+    # one split's rows a matrix (I_tr, I_te, I_db): a key picks one split, and a new split would be drawn from it
+    parts: dict = {}
+    for n in names:
+        found = re.fullmatch(r"(.+)_(tr|te|db|train|test|query|retrieval|database)", n, re.IGNORECASE)
+        if found:
+            parts.setdefault(found.group(1), []).append(n)
+    split = [n for stem in parts.values() if len(stem) > 1 for n in stem]  # a stem in two splits at least
+    if split:
         raise DataError(f"{path}: {len(names)} variables {sorted(names)}: a split's rows in each ({', '.join(split)})"
                         "; whole-set matrices are read: stack each modality's splits into one (docs/data.md)",
                         remedy=("split_index", "SPLIT.npz", "to keep the released split"))

@@ -304,6 +304,9 @@ def convert_arrays(
     before drawing (``empty_labels='drop'``, logged) or fail.
 
     Shape: image [N, d_img], text [N, d_txt], labels [N, C] 0/1, any numeric dtype; ids [N] integers >= 0.
+
+    Raises ``DataError`` for the inputs, ``SettingError`` (a ValueError, its ``settings`` the sizes at fault) for
+    split sizes more than the rows give.
     """
     t0 = time.perf_counter()
     out = os.fspath(out)
@@ -336,7 +339,9 @@ def convert_arrays(
                 hint = f" ({turned.name} stored transposed, [d, N]? save it as [N, d])" if turned is not None else ""
                 raise DataError(f"{src.name}: {len(src)} rows, but {img_src.name} has {n}{hint}")
         head = min(n, 256)
-        if img_src.shape == txt_src.shape and np.array_equal(img_src.read(0, head), txt_src.read(0, head)):
+        first = img_src.read(0, head) if img_src.shape == txt_src.shape else None
+        # the same rows, unless every value is one (rows of zeros: features missing in both, which the rows hold)
+        if first is not None and np.ptp(first) > 0 and np.array_equal(first, txt_src.read(0, head)):
             raise DataError(f"{txt_src.name}: its first {head} rows are those of {img_src.name}: the image matrix "
                             "given as the text matrix too?")
         label_matrix = None if lab_src is None else _check_labels(lab_src.read_all(), lab_src.name)
@@ -360,8 +365,11 @@ def convert_arrays(
                 if outside.size:
                     raise DataError(f"{given}: {s}: {outside.size} rows out of range for {n} source rows "
                                     f"(first: {outside[0]}){one_based}")
-            if one_based and keep[0]:
-                log.warning("%s: no split holds source row 0, which has a label%s", given, one_based)
+            held = np.zeros(n, dtype=bool)
+            for rows in parts.values():
+                held[rows] = True
+            if one_based and keep[0] and held[1:][keep[1:]].all():  # every labelled row but row 0: shifted by one?
+                log.warning("%s: no split holds source row 0, the one labelled row left out%s", given, one_based)
             # rows without a label were dropped (--empty-labels drop, logged): from the splits given too, where
             # they were refused, the message's remedy being the drop that had been made
             left = {s: int((~keep[rows]).sum()) for s, rows in index.as_dict().items()}

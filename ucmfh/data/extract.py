@@ -279,6 +279,9 @@ def extract_features(
     the query split of a training image would be a leak, which ``validate`` refuses. Each split keeps
     its captions (``text_raw``) and its images' files (``paths``, relative to the output's folder), which
     search results show.
+
+    Raises ``DataError`` for the inputs, ``SettingError`` (a ValueError, its ``settings`` the sizes at fault) for
+    split sizes more than the images give.
     """
     t0 = time.perf_counter()
     cfg = config or ExtractConfig()

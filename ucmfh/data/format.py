@@ -38,7 +38,7 @@ def id_problem(ids: np.ndarray) -> Optional[str]:
     if ids.size and ids.min() < 0:
         row = int(np.argmax(ids < 0))
         return f"{int((ids < 0).sum())} negative ids (first: {ids[row]} at row {row}); ids must be >= 0"
-    if ids.size and ids.dtype == np.uint64 and ids.max() > np.iinfo(np.int64).max:
+    if ids.size and ids.dtype == np.uint64 and ids.max() > np.uint64(np.iinfo(np.int64).max):  # numpy < 1.25: via float
         return f"id {ids.max()} does not fit int64"
     return None
 

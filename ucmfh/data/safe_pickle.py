@@ -16,10 +16,12 @@ Any other global is refused before it is imported or called: :class:`RefusedGlob
 from __future__ import annotations
 
 import contextlib
+import importlib.util
 import io
 import os
 import pickle
 import re
+import zipfile
 from typing import Any, Callable
 
 from ucmfh.data.format import DataError
@@ -66,6 +68,8 @@ class DataUnpickler(pickle.Unpickler):
             return _storage_from_bytes
         if (module, name) not in ALLOWED:
             raise RefusedGlobal(f"{module}.{name}")
+        if module.startswith("numpy._core.") and importlib.util.find_spec("numpy._core") is None:
+            module = "numpy.core." + module[len("numpy._core."):]  # numpy 2's pickle read by numpy < 1.26.1
         return super().find_class(module, name)
 
 
@@ -75,6 +79,14 @@ def _load_torch_archive(path: str) -> Any:
     import numpy as np
     import torch
 
+    try:
+        with zipfile.ZipFile(path) as archive:
+            torch_made = any(name.endswith("/data.pkl") for name in archive.namelist())
+    except (zipfile.BadZipFile, OSError):  # cut short: torch says how, below
+        torch_made = True
+    if not torch_made:
+        raise DataError(f"{path}: a zip archive, not a pickle or a torch.save archive (an .npz? 'ucmfh convert npz' "
+                        "reads those)")
     core = getattr(np, "_core", None) or np.core  # numpy 2's name, numpy 1's
     arrays = [core.multiarray._reconstruct, core.multiarray.scalar, np.ndarray, np.dtype] + [
         type(np.dtype(code)) for code in "?" + np.typecodes["AllInteger"] + np.typecodes["AllFloat"]]
@@ -83,9 +95,9 @@ def _load_torch_archive(path: str) -> Any:
         with allowing(arrays) if allowing else contextlib.nullcontext():  # numpy's numeric arrays, as a pickle's
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:  # weights_only refused a global; its message names it
-        found = re.search(r"GLOBAL ([\w.]+)", str(err))
-        raise DataError(f"{path}: a torch.save archive: "
-                        f"refuses to load {found.group(1) if found else 'an object in it'}: {REFUSAL}") from None
+        found = re.search(r"GLOBAL ([\w.]+)|got <class '([\w.]+)'>", str(err))  # torch's two wordings
+        what = found.group(found.lastindex) if found else "an object in it"
+        raise DataError(f"{path}: a torch.save archive: refuses to load {what}: {REFUSAL}") from None
     except Exception as err:  # a damaged archive fails with almost any type
         said = str(err).split(". ")[0]  # torch's first sentence; the rest is advice on checkpoints
         raise DataError(f"{path}: a torch.save archive, not readable ({type(err).__name__}: {said})") from None

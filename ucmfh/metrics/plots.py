@@ -30,7 +30,7 @@ def pyplot():
             matplotlib.rcParams["text.parse_math"] = False
         # a character the font lacks was a warning at each drawing of it (140 lines for one CJK name): said once a
         # figure instead, by save_figure (missing_glyphs)
-        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from font")
+        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from (current )?font")  # < 3.9: 'current'
         import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError(
