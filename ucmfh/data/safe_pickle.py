@@ -95,7 +95,7 @@ def _load_torch_archive(path: str) -> Any:
         with allowing(arrays) if allowing else contextlib.nullcontext():  # numpy's numeric arrays, as a pickle's
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as err:  # weights_only refused a global; its message names it
-        found = re.search(r"GLOBAL ([\w.]+)|got <class '([\w.]+)'>", str(err))  # torch's two wordings
+        found = re.search(r"GLOBAL ([\w.]+)|got <class '([^']+)'>", str(err))  # torch's two wordings
         what = found.group(found.lastindex) if found else "an object in it"
         raise DataError(f"{path}: a torch.save archive: refuses to load {what}: {REFUSAL}") from None
     except Exception as err:  # a damaged archive fails with almost any type
