@@ -15,7 +15,7 @@ def run() -> NoReturn:
     try:
         with imports_of_a_program(True):  # a signal ends it at once (inside a class body: a traceback, or -2)
             from ucmfh.app.cli import main
-    except KeyboardInterrupt as err:  # Ctrl-C's, or SIGTERM's (which remembers its signal), as the hold ended
+    except KeyboardInterrupt as err:  # Ctrl-C's, or SIGTERM's (which remembers its signal)
         exit_stopped(err)
     finally:
         restore()  # the command sets its own (ucmfh.app.cli.main)
