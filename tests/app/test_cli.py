@@ -415,7 +415,7 @@ def test_in_a_process_group_rank_0_alone_says_how_to_go_on(monkeypatch, capsys, 
 def _import_afresh(monkeypatch, *modules: str) -> None:
     """``modules`` imported afresh by the test, as they were for the tests after it: their entries in
     ``sys.modules`` and their packages' attributes (``import ucmfh.app.cli as cli`` reads ``ucmfh.app``'s, which
-    the fresh import, held whole while a signal waits, set to the fresh module, whose patches then missed)."""
+    a fresh import that ran whole set to the fresh module, whose patches then missed)."""
     for module in modules:
         parent, _, child = module.rpartition(".")
         if module in sys.modules and parent in sys.modules:
