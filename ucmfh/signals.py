@@ -132,6 +132,17 @@ def signals_held() -> Iterator[None]:
 SAID_WHEN_STOPPED = {signal.SIGINT: "interrupted", signal.SIGTERM: "terminated"}
 
 
+def _exit_flushed(code: int) -> NoReturn:
+    """End the process at once with ``code``, its standard output and error flushed first (what a stream closed,
+    mid-write or read by a reader gone, ``| head``, held is lost, as it would be)."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except Exception:  # noqa: BLE001 - a stream closed, mid-write (a reentrant flush) or its reader gone
+            pass
+    os._exit(code)
+
+
 @contextlib.contextmanager
 def imports_of_a_program(program: Optional[bool] = None) -> Iterator[None]:
     """While a program imports what its command needs, before any work (nothing written, nothing to undo): a
@@ -149,12 +160,7 @@ def imports_of_a_program(program: Optional[bool] = None) -> Iterator[None]:
 
     def handler(signum, frame):  # noqa: ARG001 - signal handler signature
         print(SAID_WHEN_STOPPED[signum], file=sys.stderr)
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - a stream closed or mid-write: what it held is lost
-                pass
-        os._exit(128 + signum)
+        _exit_flushed(128 + signum)
 
     previous = {signum: signal.signal(signum, handler) for signum in (signal.SIGINT, signal.SIGTERM)
                 if callable(signal.getsignal(signum))}
@@ -254,12 +260,7 @@ def work_over() -> None:
         return
 
     def handler(signum, frame):  # noqa: ARG001 - signal handler signature
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except Exception:  # noqa: BLE001 - a stream closed or mid-write (a reentrant flush): what it held is lost
-                pass
-        os._exit(128 + signum)
+        _exit_flushed(128 + signum)
 
     for signum in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(signum) not in (signal.SIG_IGN, None):  # None: a handler not set from Python
@@ -280,9 +281,4 @@ def end_program(code: object) -> NoReturn:
     if not isinstance(code, int) and code is not None:  # a message, as sys.exit prints it
         print(code, file=sys.stderr)
     atexit._run_exitfuncs()  # noqa: SLF001 - what the interpreter's exit runs, run here before leaving
-    for stream in (sys.stdout, sys.stderr):
-        try:
-            stream.flush()
-        except Exception:  # noqa: BLE001 - a reader gone (| head): what it held is lost, as it would be
-            pass
-    os._exit(status)
+    _exit_flushed(status)

@@ -208,8 +208,8 @@ class Withheld:
         return f"Withheld({self.name!r})"
 
 
-def _fail(path: PathLike, where: str, problem: str) -> DataError:
-    return DataError(f"{path}: {where}: {problem}")
+def _fail(path: PathLike, where: str, problem: str, remedy: Optional[Tuple[str, object, str]] = None) -> DataError:
+    return DataError(f"{path}: {where}: {problem}", remedy)
 
 
 def is_multi_hot(values: np.ndarray) -> bool:
@@ -413,11 +413,9 @@ def _check_an_id_an_image(path: str, where: str, ids: np.ndarray, prints: np.nda
     if 2 * int(several.sum()) > len(ids):
         row = int(np.argmax(several))
         other = int(np.flatnonzero((prints == prints[row]) & (ids != ids[row]))[0])
-        err = _fail(path, where, f"{int(several.sum())} of {len(ids)} rows hold an image that other rows hold "
+        raise _fail(path, where, f"{int(several.sum())} of {len(ids)} rows hold an image that other rows hold "
                                  f"under other ids (first: rows {row} and {other}, ids {ids[row]} and {ids[other]}); "
-                                 "the rows of one image share its id (a caption set: its captions)")
-        err.remedy = COPIES_ONE_ID
-        raise err
+                                 "the rows of one image share its id (a caption set: its captions)", COPIES_ONE_ID)
 
 
 def _check_ids(path: str, where: str, dset: h5py.Dataset, n_rows: int) -> np.ndarray:
@@ -572,12 +570,10 @@ def validate_file(path: PathLike, token_values: bool = True,
                 again = _equal_items(path, f, again, other, pairs)
             if len(again):
                 named = f", id {ids['query'][again[0]]}" if ids else ""
-                err = _fail(path, "/query", f"{len(again)} items have the image and text features of /{other} "
+                raise _fail(path, "/query", f"{len(again)} items have the image and text features of /{other} "
                                             f"items (first: query row {again[0]}{named}); query and {other} must be "
                                             "disjoint: a query item trained on, or found as itself, inflates every "
-                                            "score")
-                err.remedy = COPIES_ONE_ID
-                raise err
+                                            "score", COPIES_ONE_ID)
         return attrs
 
 
