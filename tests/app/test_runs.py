@@ -466,6 +466,25 @@ def test_runs_summarises_every_row_shape_readably(tmp_path):
     assert one.exit_code == 0 and f"settings {key}: the settings every row shares" in one.output, one.output
 
 
+def test_tables_keep_their_columns_under_a_chinese_dataset_name(tmp_path):
+    """A dataset named in Chinese (a file 数据集.h5) takes two terminal columns a character: counted by ``len``,
+    every column after it slid left on its lines; ``runs``'s table and a command's result table keep them."""
+    from ucmfh.app.table import format_table
+
+    def task_columns(lines: List[str]) -> set:  # where the second column begins, in terminal columns
+        before = [line[:line.index("task" if line.startswith("dataset") else "hashing")] for line in lines]
+        return {sum(2 if "\u4e00" <= c <= "\u9fff" else 1 for c in text) for text in before}  # CJK: two each
+
+    rows = [_row(dataset="数据集"), _row(dataset="wiki", dataset_fingerprint="g", run="r2")]
+    path = tmp_path / "r.jsonl"
+    append_jsonl(path, rows)
+    result = CliRunner().invoke(main, ["runs", "--results", str(path)])
+    assert result.exit_code == 0, result.output
+    assert len(task_columns(result.output.splitlines()[:3])) == 1, result.output
+    table = format_table(rows)
+    assert len(task_columns(table.splitlines()[:3])) == 1, table
+
+
 def test_a_finished_cell_says_its_scores_in_a_line_tie_aware_first():
     """What a grid prints under each finished cell: MAP@k of a labelled set, R@1 and rSum of each database of
     a caption set, the tie-aware twin where a row has it."""

@@ -34,6 +34,7 @@ from ucmfh.app.runs import (beyond_defaults_note, beyond_defaults_of, dataset_la
                             read_results, seed_of, settings_key, settings_of, trained_on, variant_of)
 from ucmfh.config import MOVED_TO_PARAMS, PROTOCOLS, STAGES
 from ucmfh.metrics.intervals import RESAMPLES, paired_bootstrap, verdict
+from ucmfh.printable import pad, shown_width
 
 # figure -> per part: (per-query score name, column of a [Q, 3] hits array or None, scale)
 LABELLED = {"MAP I->T": [("ap_i2t", None, 1.0)], "MAP T->I": [("ap_t2i", None, 1.0)]}
@@ -390,9 +391,9 @@ def _format(results: List[Tuple[tuple, Dict[str, Any]]], base: str, other: str) 
         lines.append([str(dataset), str(n_bits), str(protocol), database or "-", *([str(k)] if ks else []),
                       *settings, str(len(r["seeds"])), r["figure"], f"{r[base]:.{digits}f}", f"{r[other]:.{digits}f}",
                       f"{d['mean']:+.{shown}f} [{d['low']:+.{shown}f}, {d['high']:+.{shown}f}]", r["verdict"]])
-    widths = [max(len(h), *(len(line[i]) for line in lines)) for i, h in enumerate(header)]
-    text = ["  ".join(h.ljust(w) for h, w in zip(header, widths)).rstrip()]
-    text += ["  ".join(c.ljust(w) for c, w in zip(line, widths)).rstrip() for line in lines]
+    widths = [max(shown_width(h), *(shown_width(line[i]) for line in lines)) for i, h in enumerate(header)]
+    text = ["  ".join(pad(h, w) for h, w in zip(header, widths)).rstrip()]
+    text += ["  ".join(pad(c, w) for c, w in zip(line, widths)).rstrip() for line in lines]
     over = over_what(results)
     text.append(f"{other} − {base} on tie-aware per-query scores, paired by seed and query; interval: 95% paired "
                 f"bootstrap over {over}; ahead / behind: it excludes zero, level: it does not")

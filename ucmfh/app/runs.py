@@ -23,7 +23,7 @@ from ucmfh.app.identity import key_of
 from ucmfh.config import EXPECTED
 from ucmfh.files import read_jsonl
 from ucmfh.metrics.collapse import COLLAPSED, collapsed
-from ucmfh.printable import printable
+from ucmfh.printable import pad, printable, shown_width
 
 DIRECTIONS = ("map_i2t", "map_t2i")
 # R@K of a caption set's row, in %, each summarised like a field of its own: r{K}_{direction}
@@ -535,9 +535,9 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
     columns += [("random I->T", lambda g: _cell({**g, "n_seeds": 1}, "random_map_i2t")),
                 ("settings", lambda g: g["settings_key"])]
     cells = [[show(g) for _, show in columns] for g in groups]
-    widths = [max(len(name), *(len(row[i]) for row in cells)) for i, (name, _) in enumerate(columns)]
-    lines = ["  ".join(name.ljust(w) for (name, _), w in zip(columns, widths)).rstrip()]
-    lines += ["  ".join(cell.ljust(w) for cell, w in zip(row, widths)).rstrip() for row in cells]
+    widths = [max(shown_width(name), *(shown_width(row[i]) for row in cells)) for i, (name, _) in enumerate(columns)]
+    lines = ["  ".join(pad(name, w) for (name, _), w in zip(columns, widths)).rstrip()]
+    lines += ["  ".join(pad(cell, w) for cell, w in zip(row, widths)).rstrip() for row in cells]
     lines.append("mean ± sample standard deviation over seeds (the mean alone for one seed); unimodal = cross-modal "
                  "retrieval, fused = UCMFH's protocol (leaks the paired modality)")
     if tie_aware:

@@ -26,6 +26,7 @@ from ucmfh.data.tokens import Tokens, check_has_tokens, texts_without_words
 from ucmfh.distributed import current_group
 from ucmfh.methods.settings import scored_protocols
 from ucmfh.metrics.captions import DATABASES
+from ucmfh.printable import pad, shown_width
 from ucmfh.seps.fit import check_dense_text, fit_seps
 from ucmfh.seps.scoring import SplitIds, database_scores, databases, recall_rows
 from ucmfh.two_stage import Reranking
@@ -195,7 +196,7 @@ def rerank_rows(data: Dataset, hash_checkpoint: str, seps_checkpoint: Optional[s
 
 def format_stages(rows: List[Dict[str, Any]]) -> str:
     """A plain-text table of stage rows (R@K in %, the first stage's ceiling, latency per query)."""
-    width = max([14] + [len(r["dataset"]) + 2 for r in rows])
+    width = max([14] + [shown_width(r["dataset"]) + 2 for r in rows])
     lines = [f"{'dataset':<{width}}{'database':<11}{'stage':<15}{'M':>5}{'I->T R@1/5/10':>18}{'T->I R@1/5/10':>18}"
              f"{'rSum':>7}{'R@M I->T/T->I':>15}{'score ms p50 I->T/T->I':>24}"]
     for r in rows:
@@ -205,7 +206,7 @@ def format_stages(rows: List[Dict[str, Any]]) -> str:
         score = ("/".join(f"{latency[d]['score']['p50']:.2f}" for d in ("i2t", "t2i"))
                  if latency and "score" in latency.get("i2t", {}) else "-")
         stage = r["stage"] + (" LEAKS" if r.get("protocol") == "dense-text-leak" else "")
-        lines.append(f"{r['dataset']:<{width}}{r['database']:<11}{stage:<15}{r.get('candidates') or '-':>5}{recall[0]:>18}"
+        lines.append(f"{pad(r['dataset'], width)}{r['database']:<11}{stage:<15}{r.get('candidates') or '-':>5}{recall[0]:>18}"
                      f"{recall[1]:>18}{r['rsum']:>7.1f}{ceiling:>15}{score:>24}")
     lines.append("  caption protocol of docs/reference.md §7 (relevance = same id), R@K in %; test: the query split as "
                  "database; collection: query and retrieval together")

@@ -7,6 +7,7 @@ from typing import Any, Callable, Dict, List, Optional
 
 from ucmfh.files import PathLike, append_jsonl, read_jsonl
 from ucmfh.config import EXPECTED
+from ucmfh.printable import pad, shown_width
 
 PROTOCOL_NOTES = {
     "unimodal": "cross-modal: image codes from images alone, text codes from texts alone",
@@ -44,13 +45,14 @@ class _Head:
     longest of ``rows`` needs (a method of another package may have a long name)."""
 
     def __init__(self, rows: List[Dict[str, Any]]) -> None:
-        self.dataset = max([14] + [len(str(r["dataset"])) + 1 for r in rows])
-        self.method = max([11] + [len(str(r.get("method") or "ucmfh")) + 1 for r in rows])
+        self.dataset = max([14] + [shown_width(str(r["dataset"])) + 1 for r in rows])
+        self.method = max([11] + [shown_width(str(r.get("method") or "ucmfh")) + 1 for r in rows])
         self.title = self(dict(dataset="dataset", task="task", method="method", loss="loss", n_bits="bits",
                                protocol="protocol"))
 
     def __call__(self, r: Dict[str, Any]) -> str:
-        return (f"{r['dataset']:<{self.dataset}}{r['task']:<9}{r.get('method') or 'ucmfh':<{self.method}}"
+        method = str(r.get("method") or "ucmfh")
+        return (f"{pad(str(r['dataset']), self.dataset)}{r['task']:<9}{pad(method, self.method)}"
                 f"{r['loss'] or '-':<10}{r['n_bits'] or '-':>5}  {r['protocol']:<9}")
 
 
