@@ -34,6 +34,7 @@ from ucmfh.seps.scoring import (RANKS, Database, cat_states, database_scores, en
                         recall_rows, score_candidates, take, text_states)
 from ucmfh.search.index import EMBEDDING_DTYPE
 from ucmfh.search.rerank import cosine_scores, rerank
+from ucmfh.similarity import sign_codes
 
 STAGES = ("hamming", "cosine-rerank", "seps-rerank", "seps-full")
 
@@ -70,10 +71,12 @@ class Reranking:
         self.progress = progress
         with torch.no_grad():
             img, txt = _per_axis(db, data, "img"), _per_axis(db, data, "txt")
-            self.img_codes, self.txt_codes = hasher.codes(img, txt, "unimodal")
-            # the real-valued head outputs as an index keeps them, for the cosine stage
-            self.img_real, self.txt_real = (x.cpu().numpy().astype(EMBEDDING_DTYPE)
-                                            for x in hasher.head_outputs(img, txt, "unimodal"))
+            # the codes are the signs of the head outputs, as every score reads them (not the model's ``codes``,
+            # which a method of another package may have replaced), and the outputs themselves as an index keeps
+            # them, for the cosine stage
+            real = hasher.head_outputs(img, txt, "unimodal")
+            self.img_codes, self.txt_codes = (sign_codes(x) for x in real)
+            self.img_real, self.txt_real = (x.cpu().numpy().astype(EMBEDDING_DTYPE) for x in real)
         # the re-ranker's stores: the SEPS state of every image and every caption, computed once
         self.img_store: Optional[State] = None
         self.txt_store: Optional[State] = None

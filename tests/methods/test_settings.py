@@ -294,3 +294,20 @@ def test_a_fusion_stage_whose_loss_ignores_labels_is_the_unsupervised_one():
     assert fusion == stage_configs("ucmfh", overrides={"hash": {"loss": "pairwise"}}).fusion
     fusion, _ = stage_configs("ucmfh", supervised=True, loss="pairwise")
     assert fusion.supervised and fusion.loss == "pairwise"
+
+
+@pytest.mark.parametrize("setting, value", [("hash.relaxation", "sign"), ("beta_schedule", "step"),
+                                            ("hash.beta_gamma", 0.1)])
+def test_a_relaxation_setting_for_a_method_that_relaxes_its_own_way_is_refused(setting, value):
+    """--set hash.relaxation=sign for UCCH (its codes relaxed by its own loss) trained a new run, identical to the
+    default's, under another settings key (an audit's, with a method of another package): refused, naming it;
+    a grid leaves it to the methods that take it."""
+    name = setting.split(".")[-1]
+    given = {"overrides": {"hash": {name: value}}} if setting.startswith("hash.") else {name: value}
+    with pytest.raises(SettingError, match="method 'ucch' relaxes its codes its own way") as err:
+        stage_configs("ucch", n_bits=[16], **given)
+    assert err.value.setting == setting
+    _, [cfg] = stage_configs("ucch", n_bits=[16], drop_unused=True, **given)
+    assert cfg == stage_configs("ucch", n_bits=[16])[1][0]
+    _, [tower] = stage_configs("two-tower", n_bits=[16], **given)  # two-tower takes it
+    assert getattr(tower, name) == value

@@ -19,7 +19,7 @@ from importlib import metadata
 from typing import Dict, Iterable, List, Optional
 
 from ucmfh.methods.base import Method
-from ucmfh.methods.registry import METHODS, PLUGIN_ERRORS, register
+from ucmfh.methods.registry import METHODS, PLUGIN_ERRORS, NameTaken, register
 
 GROUP = "ucmfh.methods"
 PLUGINS: Dict[str, str] = {}  # method name -> the entry point's value ("package.module" or "module:Class")
@@ -37,13 +37,14 @@ def load_plugins(entry_points: Optional[Iterable[metadata.EntryPoint]] = None) -
     these instead); returns the names registered. A failure is recorded in :data:`PLUGIN_ERRORS`, not raised."""
     added: List[str] = []
     appeared: Dict[str, str] = {}  # a method registered while an entry point loaded -> that entry point's value
+    contested: Dict[str, List[str]] = {}  # a name another package's method holds -> the entry points refused it
     for point in _entry_points() if entry_points is None else entry_points:
         before = set(METHODS)
         try:
             loaded = point.load()
             if inspect.isclass(loaded) and issubclass(loaded, Method):
                 if loaded.name in before and type(METHODS[loaded.name]) is not loaded:
-                    raise ValueError(f"method name {loaded.name!r} is taken (by {type(METHODS[loaded.name]).__module__})")
+                    raise NameTaken(loaded.name)
                 if loaded.name not in METHODS:  # not registered by its module's import
                     register(loaded)
                 own = [loaded.name]
@@ -59,6 +60,8 @@ def load_plugins(entry_points: Optional[Iterable[metadata.EntryPoint]] = None) -
         except Exception as err:  # noqa: BLE001 - anything a foreign import raises leaves the others working
             for name in set(METHODS) - before:  # registered before failing: half a plugin is none
                 del METHODS[name]
+            if isinstance(err, NameTaken) and not _within(type(METHODS[err.name]).__module__, "ucmfh"):
+                contested.setdefault(err.name, []).append(point.value)
             PLUGIN_ERRORS[point.name] = f"{point.value}: {type(err).__name__}: {' '.join(str(err).split())}"
             continue
         for name in METHODS:
@@ -74,6 +77,12 @@ def load_plugins(entry_points: Optional[Iterable[metadata.EntryPoint]] = None) -
         if name not in PLUGINS:
             PLUGINS[name] = value
             added.append(name)
+    for name, values in contested.items():  # which loaded first is no choice: a run of one would be the other's
+        module = type(METHODS.pop(name)).__module__
+        holder = PLUGINS.pop(name, module)
+        PLUGIN_ERRORS[name] = (f"registered by {len(values) + 1} installed packages ({', '.join([holder, *values])}): "
+                               "neither is loaded, as a run of one would be taken for the other's; uninstall one")
+        added = [each for each in added if each != name]
     return added
 
 

@@ -6,16 +6,17 @@ import inspect
 import re
 from typing import Dict, Optional, Tuple, Type, TypeVar, Union
 
+import torch
 from torch import nn
 
 from ucmfh.config import FusionConfig, HashConfig
-from ucmfh.data.h5 import Dataset
+from ucmfh.data.h5 import Dataset, Split
 from ucmfh.methods.base import Method
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.trainer import checked_training
 from ucmfh.training_state import StateFile
 from ucmfh.selection import History
-from ucmfh.utils import check_argument
+from ucmfh.utils import check_argument, evaluating, to_device
 
 METHODS: Dict[str, Method] = {}
 # the entry points of other packages' methods that failed to load, by name: why (ucmfh.methods.plugins)
@@ -28,12 +29,21 @@ M = TypeVar("M", bound=Type[Method])
 METHOD_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]*")
 
 
+class NameTaken(ValueError):
+    """A method registered under a name another method holds (``name``)."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"method name {name!r} is taken (by {type(METHODS[name]).__module__})")
+        self.name = name
+
+
 def register(cls: M) -> M:
     """Class decorator: register one instance of a :class:`Method` under its ``name``, once :func:`check_method`
     finds nothing wrong with it."""
-    if not cls.name or cls.name in METHODS:
-        owner = f" (taken by {type(METHODS[cls.name]).__module__})" if cls.name in METHODS else ""
-        raise ValueError(f"a method needs a name of its own, got {cls.name!r}{owner}")
+    if not cls.name:
+        raise ValueError(f"a method needs a name of its own, got {cls.name!r}")
+    if cls.name in METHODS:
+        raise NameTaken(cls.name)
     if not isinstance(cls.name, str) or not METHOD_NAME.fullmatch(cls.name):  # a run folder's name begins with it
         raise ValueError(f"method name {cls.name!r}: letters, digits, '-', '_' and '.' alone, beginning with a letter "
                          "or a digit (it names run folders, '../x' one outside --out, and is typed as --method)")
@@ -107,4 +117,24 @@ def fit_hashing(data: Dataset, cfg: HashConfig, fusion: Union[FusionEncoder, Fus
         raise ValueError(f"fit_hashing: {err}") from None
     data = checked_training("fit_hashing", data, fusion if isinstance(fusion, FusionEncoder) else None)
     # the splits withheld here too: a method of another package may override train (Dataset.train_only)
-    return method.train(data.train_only(), cfg, fusion, progress, state)
+    model, history = method.train(data.train_only(), cfg, fusion, progress, state)
+    check_code_width(cfg, model, data.train)
+    return model, history
+
+
+def check_code_width(cfg: HashConfig, model: nn.Module, split: Split) -> None:
+    """Refuse a trained model whose outputs are not ``cfg.n_bits`` wide, as each entry point reads them
+    (``head_outputs``: scores; ``modality_logits``: an index, a search), on two training items (``ValueError``
+    naming the method): a method of another package whose heads put out 33 columns for 32 bits was scored
+    and recorded as 32-bit codes."""
+    img, txt = to_device(split.img[:2], "cpu"), to_device(split.txt[:2], "cpu")  # a streamed split's rows too
+    with evaluating(model, torch.device("cpu")), torch.no_grad():
+        outputs = {"head_outputs": model.head_outputs(img, txt, "unimodal"),
+                   "modality_logits": (model.modality_logits(img, "img"), model.modality_logits(txt, "txt"))}
+    for name, pair in outputs.items():
+        for modality, x in zip(("image", "text"), pair):
+            if not isinstance(x, torch.Tensor) or x.dim() != 2 or x.shape != (len(img), cfg.n_bits):
+                shape = list(x.shape) if isinstance(x, torch.Tensor) else type(x).__name__
+                raise ValueError(f"method {cfg.method!r}: its model's {name} gave {modality} outputs of shape "
+                                 f"{shape} for {len(img)} items, not [{len(img)}, {cfg.n_bits}] ({cfg.n_bits} bits "
+                                 "asked for); nothing was saved")

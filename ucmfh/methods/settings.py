@@ -53,6 +53,9 @@ HASH_SETTINGS = ("loss", "val_fraction", "patience", "refit", "modality_dropout"
 # fitted in closed form has none for
 FUSION_ONLY = ("fusion_epochs", "lr_fusion", "modality_dropout")
 EPOCH_SETTINGS = ("epochs", "batch_size", "val_fraction", "patience", "refit", "amp", "beta_schedule", "supervised")
+# how the codes are relaxed in training: what a method that relaxes them its own way (not ``takes_relaxation``)
+# has no use for
+RELAXATION_SETTINGS = ("relaxation", "beta_schedule", "beta_gamma", "beta_step_iters", "beta_step_epochs")
 
 
 class StageConfigs(NamedTuple):
@@ -195,7 +198,9 @@ def unused_settings(method: str, settings: Mapping[str, Any]) -> Dict[str, str]:
     for a leak-free method (its codes have no fused view), those of a fusion stage (``fusion_epochs``,
     ``lr_fusion``, ``modality_dropout``, every ``fusion.*`` override) for a method that trains none, those of
     epochs for a method fitted in closed form, a loss override (``hash.loss``, ``hash.loss_params``) for a method
-    with a loss of its own, a setting the method fixes (:attr:`Method.fixed`), as an override or by its flag."""
+    with a loss of its own, a relaxation setting (``hash.relaxation``, ``beta_schedule``, ...) for a method that
+    relaxes its codes its own way, a setting the method fixes (:attr:`Method.fixed`), as an override or by its
+    flag."""
     spec = _method(method)
     names = [name for name, value in settings.items() if value is not None and name != "overrides"]
     names += [f"{stage}.{name}" for stage in ("fusion", "hash")
@@ -214,6 +219,9 @@ def unused_settings(method: str, settings: Mapping[str, Any]) -> Dict[str, str]:
             unused[name] = f"fixes {name}, whatever is asked"  # its flag, e.g. --beta-schedule for DJSRH
         elif not spec.takes_loss and name in ("hash.loss", "hash.loss_params"):
             unused[name] = "has a loss of its own"
+        elif not spec.takes_relaxation and (name[len("hash."):] if name.startswith("hash.") else name) in \
+                RELAXATION_SETTINGS:
+            unused[name] = "relaxes its codes its own way"
     if settings.get("supervised") and not spec.closed_form:
         losses = _losses(spec, settings)
         if not any(loss is not None and LOSSES[loss].uses_labels for loss in losses):  # the same model, under a new name
