@@ -202,8 +202,8 @@ BUGS: Tuple[Bug, ...] = (
         "the re-ranking step (`ucmfh search --rerank` and `ucmfh rerank`) puts the least similar candidates first",
         ("tests/search/test_search.py", "tests/search/test_search_cli.py", "tests/seps/test_seps.py")),
     Bug("two-stage-cosine-features-twice", "ucmfh/two_stage.py",
-        'for x in hasher.head_outputs(img, txt, "unimodal"))',
-        "for x in hasher.logits(*hasher.inputs(img, txt)))",
+        'real = hasher.head_outputs(img, txt, "unimodal")\n',
+        "real = hasher.logits(*hasher.inputs(img, txt))\n",
         "`ucmfh rerank`'s cosine stage centres and normalises the features twice (the defect this test found)",
         ("tests/search/test_search_seps.py",)),
     # --- tie-aware metrics (docs/evaluation.md)
