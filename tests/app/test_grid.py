@@ -192,6 +192,19 @@ def test_a_table_path_given_with_its_extension_is_not_doubled(tiny_path, tmp_pat
     assert sorted(p.name for p in tmp_path.glob("x*")) == ["x.csv", "x.md"]
 
 
+def test_the_table_goes_beside_the_results_named_after_them(tiny_path, tmp_path, monkeypatch):
+    """A grid given --out and --results elsewhere wrote its table into ./runs/grid.md and .csv of wherever it
+    was started (an audit's): the table of r.jsonl is r.md and r.csv beside it."""
+    here = tmp_path / "here"
+    here.mkdir()
+    monkeypatch.chdir(here)
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "cca-itq", "-b", "16", "--results",
+                                       str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "runs"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    assert sorted(p.name for p in tmp_path.glob("r.*")) == ["r.csv", "r.jsonl", "r.md"]
+    assert not list(here.iterdir())
+
+
 def test_supervised_applies_to_the_cells_whose_loss_uses_labels(tiny_path, tmp_path):
     """--supervised in a grid of losses: the pairwise cells train with the labels, the others without, said in
     one line (it was refused: the check saw each method's default loss, not --losses)."""

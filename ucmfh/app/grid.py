@@ -374,8 +374,9 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
 @scoring_options
 @click.option("--results", default=DEFAULT_RESULTS, show_default=True,
               help="JSON-lines file of result rows (read to skip finished cells; 'ucmfh runs' reads it too).")
-@click.option("--table", default="runs/grid", show_default=True,
-              help="Table path: PATH.md and PATH.csv (a .md or .csv given is dropped); a grid table there is written anew.")
+@click.option("--table", default=None,
+              help="Table path: PATH.md and PATH.csv (a .md or .csv given is dropped); a grid table there is written anew "
+                   "[default: --results's path without its extension, runs/results].")
 @click.option("--plot", metavar="PREFIX",
               help="Also draw each dataset's scores against code length, one line per method, from the grid's rows: "
                    "PREFIX_<dataset>_<score>.png and .svg (needs matplotlib; named as 'ucmfh runs --plot' names them).")
@@ -405,6 +406,8 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     settings = settings_of({**train, "fusion_epochs": fusion_epochs, "protocol": protocol, "device": device})
     cells = grid_cells(datasets, methods, losses, loss_params_by_name(per_loss), bits, seeds, settings,
                        train["candidates_side_by_side"])
+    if table is None:  # beside the rows it is made of, named after them (runs/grid whatever --results said, once)
+        table = os.path.splitext(results)[0]
     stem, extension = os.path.splitext(table)
     if extension.lower() in (".md", ".csv") and os.path.basename(stem):  # the path given with an extension of its own
         table = stem
