@@ -659,6 +659,10 @@ BUGS: Tuple[Bug, ...] = (
         "            self.img_codes, self.txt_codes = hasher.codes(img, txt, \"unimodal\")\n",
         "rerank's Hamming stage read the model's codes, where scores and the index read the signs of its outputs",
         ("tests/search/test_search_seps.py::test_the_measured_cosine_stage_is_the_search_users_run",)),
+    Bug("grid-table-in-cwd", "ucmfh/app/grid.py", "        table = os.path.splitext(results)[0]\n",
+        "        table = \"runs/grid\"\n",
+        "a grid given --results and --out elsewhere wrote its table into ./runs/grid.md of wherever it started",
+        ("tests/app/test_grid.py::test_the_table_goes_beside_the_results_named_after_them",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",
