@@ -20,6 +20,7 @@ import torch
 from ucmfh.app.identity import Run, dataset_identity
 from ucmfh.methods import METHODS, PLUGIN_ERRORS, PLUGINS, Method, fit_hashing, hash_config, register, stage_configs
 from ucmfh.methods.plugins import load_plugins
+from ucmfh.methods.registry import check_code_width
 from ucmfh.methods.two_tower import TwoTower
 
 from conftest import method_config
@@ -430,6 +431,9 @@ def test_a_model_of_another_width_than_the_bits_asked_for_is_refused(tiny, regis
     with pytest.raises(ValueError, match=re.escape("method 'wide-heads': its model's head_outputs gave image outputs of "
                                                    "shape [2, 17] for 2 items, not [2, 16] (16 bits asked for)")):
         fit_hashing(tiny, cfg, progress=False)
+    with pytest.raises(ValueError, match=re.escape("method 'wide-heads': its model has no head_outputs and no "
+                                                   "modality_logits (scores read head_outputs, an index")):
+        check_code_width(cfg, torch.nn.Linear(tiny.d_img, 16), tiny.train)  # one a closed-form fit may return
 
 
 def test_a_name_two_packages_register_is_neither_s(tmp_path, monkeypatch, registry):

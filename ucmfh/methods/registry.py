@@ -127,6 +127,10 @@ def check_code_width(cfg: HashConfig, model: nn.Module, split: Split) -> None:
     (``head_outputs``: scores; ``modality_logits``: an index, a search), on two training items (``ValueError``
     naming the method): a method of another package whose heads put out 33 columns for 32 bits was scored
     and recorded as 32-bit codes."""
+    lacks = [name for name in ("head_outputs", "modality_logits") if not callable(getattr(model, name, None))]
+    if lacks:
+        raise ValueError(f"method {cfg.method!r}: its model has no {' and no '.join(lacks)} (scores read head_outputs, "
+                         "an index and a search modality_logits; docs/methods.md); nothing was saved")
     img, txt = to_device(split.img[:2], "cpu"), to_device(split.txt[:2], "cpu")  # a streamed split's rows too
     with evaluating(model, torch.device("cpu")), torch.no_grad():
         outputs = {"head_outputs": model.head_outputs(img, txt, "unimodal"),
