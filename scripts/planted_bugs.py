@@ -663,6 +663,14 @@ BUGS: Tuple[Bug, ...] = (
         "        table = \"runs/grid\"\n",
         "a grid given --results and --out elsewhere wrote its table into ./runs/grid.md of wherever it started",
         ("tests/app/test_grid.py::test_the_table_goes_beside_the_results_named_after_them",)),
+    Bug("write-keeps-its-view", "ucmfh/files.py",
+        '    with atomic_file(path, replace) as tmp, open(tmp, "wb") as f, buffer.getbuffer() as view:\n        f.write(view)\n',
+        '    with atomic_file(path, replace) as tmp, open(tmp, "wb") as f:\n        f.write(buffer.getbuffer())\n',
+        "a full disk's error kept the view of the bytes beside their buffer: CPython 3.12.1's collector crashed",
+        ("tests/test_atomic_writes.py::test_a_write_cut_short_releases_its_view_of_the_bytes",)),
+    Bug("method-choice-at-import", "ucmfh/app/hashing_cli.py", "type=MethodChoice(),", "type=click.Choice(list(METHODS)),",
+        "a method registered after the command's module was imported was refused as unknown",
+        ("tests/methods/test_plugins.py::test_a_loss_that_is_not_one_number_is_one_line_of_the_command",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

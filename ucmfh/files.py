@@ -395,8 +395,10 @@ def atomic_binary(path: PathLike, replace: bool = True) -> Iterator[BinaryIO]:
     traceback, writing to a path or to a file of its own)."""
     buffer = io.BytesIO()
     yield buffer
-    with atomic_file(path, replace) as tmp, open(tmp, "wb") as f:
-        f.write(buffer.getbuffer())
+    # the view released however the write ends: one a full disk's error kept (in its traceback) beside the buffer
+    # crashed CPython 3.12.1's garbage collector (a segmentation fault, the process gone)
+    with atomic_file(path, replace) as tmp, open(tmp, "wb") as f, buffer.getbuffer() as view:
+        f.write(view)
 
 
 # what a write can meet that names no file ('[Errno 28] No space left on device'): said of the file being written

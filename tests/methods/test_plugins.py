@@ -400,9 +400,10 @@ def test_a_loss_that_is_not_one_number_is_one_line_of_the_command(tiny_path, tmp
     worker): one line, exit 2, nothing written."""
     from click.testing import CliRunner  # noqa: PLC0415
 
+    import ucmfh.app.hashing_cli  # noqa: F401, PLC0415 - its --method, made before the method is registered
     from ucmfh.app.cli import main  # noqa: PLC0415
 
-    register(PerItemLoss)
+    register(PerItemLoss)  # after the command's module was imported (its --method was once a list made then)
     result = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--method", "per-item-loss", "-b", "16",
                                        "--epochs", "1", "--out", str(tmp_path / "runs"), "--quiet",
                                        "--method-param", "temperatures=0.3", "--results", str(tmp_path / "r.jsonl")])

@@ -100,10 +100,26 @@ def train_fusion_cmd(dataset, data_dir, protocol, k, results, device, quiet, lr,
         click.echo(f"checkpoint: {rows[0]['checkpoint']}")
 
 
+class MethodChoice(click.Choice):
+    """``--method``: one of the methods registered when the command runs, not when this module was imported (one
+    registered after, in a notebook or a test, was refused as unknown)."""
+
+    def __init__(self) -> None:
+        super().__init__(())
+
+    @property
+    def choices(self) -> tuple:
+        return tuple(METHODS)
+
+    @choices.setter
+    def choices(self, value: tuple) -> None:  # click's __init__ sets it: read from the registry instead
+        pass
+
+
 @click.command("train-hash")
 @data_options
 @train_options("train-hash")
-@click.option("--method", type=click.Choice(list(METHODS)), default=DEFAULT_METHOD, show_default=True,
+@click.option("--method", type=MethodChoice(), default=DEFAULT_METHOD, show_default=True,
               help="How codes are learnt (see 'ucmfh methods').")
 @click.option("--method-param", "method_params", multiple=True, metavar="KEY=VALUE",
               help="A hyper-parameter of the method, e.g. alpha=1.5 (repeatable; see 'ucmfh methods').")
