@@ -89,6 +89,31 @@ def test_cca_itq_is_pca_then_cca_then_the_itq_rotation(tiny):
     assert (got_img == want_img).mean() > 0.999 and (got_txt == want_txt).mean() > 0.999
 
 
+@pytest.mark.parametrize("data", ["mirflickr730", "skewed"])
+def test_cca_is_scikit_learns_on_the_products_of_the_features(data):
+    """ucmfh's CCA (the power method on XᵀX, YᵀY and XᵀY) projects as scikit-learn's CCA, which it replaced (full
+    Flickr8k's 128 components took 220 s there, 0.5 s here): on real features after PCA (what it is given: PCA
+    leaves out every direction of no variance first), and on features of scales 10^-3 to 10^2 apart."""
+    from conftest import shared_file  # noqa: PLC0415
+
+    from ucmfh.data.h5 import load_dataset  # noqa: PLC0415
+    from ucmfh.methods.cca_itq import cca  # noqa: PLC0415
+
+    if data == "skewed":
+        rng = np.random.default_rng(0)
+        x = rng.normal(size=(400, 15))
+        y = (x[:, :6] @ rng.normal(size=(6, 8)) + rng.normal(size=(400, 8))) * 10.0 ** rng.uniform(-3, 2, size=8)
+        x *= 10.0 ** rng.uniform(-3, 2, size=15)
+    else:
+        train = load_dataset(shared_file("mirflickr730.h5")).train
+        x = PCA(64, random_state=0).fit_transform(train.img.double().numpy())
+        y = PCA(64, random_state=0).fit_transform(train.txt.double().numpy())
+    n = 7 if data == "skewed" else 32
+    want = CCA(n, max_iter=1000).fit(x, y).transform(x, y)
+    for got, wanted in zip((side(z) for side, z in zip(cca(x, y, n), (x, y))), want):
+        assert np.abs(got - wanted).max() < 1e-9 * np.abs(wanted).max()
+
+
 def test_cca_itq_bits_beyond_what_the_features_allow_are_constant(tmp_path):
     """Text features that sum to one (Wiki's topic proportions) have one direction of no variance."""
     rng = np.random.default_rng(0)
