@@ -671,6 +671,10 @@ BUGS: Tuple[Bug, ...] = (
     Bug("method-choice-at-import", "ucmfh/app/hashing_cli.py", "type=MethodChoice(),", "type=click.Choice(list(METHODS)),",
         "a method registered after the command's module was imported was refused as unknown",
         ("tests/methods/test_plugins.py::test_a_loss_that_is_not_one_number_is_one_line_of_the_command",)),
+    Bug("cca-cross-product-not-deflated", "ucmfh/methods/cca_itq.py",
+        "        c = c - np.outer(c @ y_w, q) - np.outer(p, x_w @ c) + (x_w @ c @ y_w) * np.outer(p, q)\n", "",
+        "cca-itq's CCA kept XᵀY as it was after each component: its later directions were not scikit-learn's",
+        ("tests/methods/test_methods.py::test_cca_is_scikit_learns_on_the_products_of_the_features",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",
