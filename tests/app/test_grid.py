@@ -166,6 +166,32 @@ def test_grid_reads_every_dataset_before_its_first_cell(tiny_path, tmp_path):
     assert "run " not in result.output and not (tmp_path / "r.jsonl").exists()
 
 
+def test_a_finished_grid_reads_no_dataset_to_print_its_table(tiny_path, tmp_path, monkeypatch):
+    """A cell is known finished by its dataset file's fingerprint: a grid run again to print its table reads no
+    dataset (19 s on full Flickr8k); a dataset with a cell to run is read, and checked, before the first cell."""
+    import ucmfh.app.grid as grid_module
+
+    argv = ["-d", tiny_path, "--methods", "cca-itq", "-b", "16", "--results", str(tmp_path / "r.jsonl"),
+            "--out", str(tmp_path / "runs"), "--quiet"]
+    _grid(*argv)
+    read = []
+    real = grid_module.load_dataset
+    monkeypatch.setattr(grid_module, "load_dataset", lambda path, **kw: read.append(path) or real(path, **kw))
+    again = _grid(*argv)
+    assert "skip" in again and "wrote" in again and read == []
+    more = _grid(*argv, "-b", "32")
+    assert more.count("skip") == 1 and "run  " in more and read == [tiny_path]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="named pipes")
+def test_a_pipe_named_as_a_grid_s_dataset_is_refused_not_waited_on(tmp_path):
+    pipe = tmp_path / "pipe.h5"
+    os.mkfifo(pipe)
+    result = CliRunner().invoke(main, ["grid", "-d", str(pipe), "--methods", "cca-itq", "-b", "16", "--quiet",
+                                       "--results", str(tmp_path / "r.jsonl"), "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and "pipe.h5" in result.output and "Traceback" not in result.output, result.output
+
+
 def test_the_default_results_file_of_older_grids_is_said_not_read(tiny_path, tmp_path, monkeypatch):
     """grid's default --results was runs/grid.jsonl until 2026-11-27: after an upgrade a grid ran every cell again
     into runs/results.jsonl, and runs and compare showed none of the old rows, without a word (an audit of a

@@ -427,34 +427,40 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     if results == DEFAULT_RESULTS and os.path.isfile(older):  # grid's own default until 2026-11-27
         warn(f"{older}: rows of grids run before 2026-11-27, its default results file then, are not read: a cell "
              f"whose row is there alone runs again into {results}; give --results {older} to go on with those rows")
-    # every dataset read and checked before the first cell: a bad file is said now, not hours in
-    loaded = {dataset: load_dataset(paths[dataset], max_memory_bytes=train["max_memory"]) for dataset in datasets}
-    for data in loaded.values():  # labels under which some scores say nothing of the codes, said once a file
-        say_relevance(data, lambda line: click.echo(line, err=True))
-    for dataset, _, hcfg in cells:  # a method that needs the split in memory, refused hours in at its first cell
-        build_method(hcfg.method).check_split(loaded[dataset])
-    runs = [Run(opts.out, dataset_identity(loaded[dataset]), fcfg, hcfg) for dataset, fcfg, hcfg in cells]
+    # a cell's identity is its dataset file's fingerprint, not the dataset: a finished grid reads none (it took
+    # 19 s on full Flickr8k to print a table)
+    identities = {dataset: dataset_identity(paths[dataset]) for dataset in datasets}
+    runs = [Run(opts.out, identities[dataset], fcfg, hcfg) for dataset, fcfg, hcfg in cells]
     # the rows of earlier runs of the grid's cells, and of the cells run below: the lines that name them alone are
     # read (a lab's file of 100,000 rows held whole took 1.3 GB)
     recorded = by_run(read_jsonl(results, on_skip=warn, containing=[json.dumps(key_of(run.hash_identity))
                                                                     for run in runs]))
+    recorded_rows = [finished(recorded, key_of(run.hash_identity), scored_protocols(hcfg.method, protocols), k)
+                     for (_, _, hcfg), run in zip(cells, runs)]
+    # every dataset with a cell to run read and checked before the first cell: a bad file is said now, not hours in
+    loaded = {dataset: load_dataset(paths[dataset], max_memory_bytes=train["max_memory"]) for dataset in datasets
+              if any(not rows for (name, _, _), rows in zip(cells, recorded_rows) if name == dataset)}
+    for data in loaded.values():  # labels under which some scores say nothing of the codes, said once a file
+        say_relevance(data, lambda line: click.echo(line, err=True))
+    for (dataset, _, hcfg), rows in zip(cells, recorded_rows):  # a method that needs the split in memory, refused hours in
+        if not rows:
+            build_method(hcfg.method).check_split(loaded[dataset])
     side = SideBySide(jobs, device, results, opts, protocols, k, train["max_memory"], workers) if jobs > 1 else None
-    for (dataset, fcfg, hcfg), run in zip(cells, runs):
-        data = loaded[dataset]
+    for (dataset, fcfg, hcfg), run, rows in zip(cells, runs, recorded_rows):
         run_key = key_of(run.hash_identity)
         name = f"{dataset} {variant_of({'method': hcfg.method, 'loss': hcfg.loss})} seed {hcfg.seed} {hcfg.n_bits} bits"
-        cell_protocols = scored_protocols(hcfg.method, protocols)
-        done = finished(recorded, run_key, cell_protocols, k)
+        # a cell named twice (a seed or dataset twice) is finished once its first has run
+        done = rows or finished(recorded, run_key, scored_protocols(hcfg.method, protocols), k)
         if done:
             click.echo(f"skip {name}: finished (run {run_key})")
             grid_rows.append(done)
             continue
         if side is not None:  # run below by a worker, its rows in this place
-            grid_rows.append(side.add(name, run, paths[dataset], data, fcfg))
+            grid_rows.append(side.add(name, run, paths[dataset], loaded[dataset], fcfg))
             continue
         click.echo(f"run  {name}")
         try:
-            rows = train_hash_stage(data, fcfg, hcfg, opts, protocols, k, log=say)
+            rows = train_hash_stage(loaded[dataset], fcfg, hcfg, opts, protocols, k, log=say)
         except KeyboardInterrupt as err:  # a grid has no --resume: it resumes what it finds
             interrupted(err, always_resumes=True)
         append_cell_rows(results, rows, click.echo)

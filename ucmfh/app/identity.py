@@ -20,7 +20,7 @@ import json
 import os
 import subprocess
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Dict, List, Optional
+from typing import TYPE_CHECKING, Any, Dict, List, Optional, Union
 
 from ucmfh.config import FusionConfig, HashConfig, identity_dict
 from ucmfh.files import fingerprint
@@ -35,11 +35,17 @@ def dataset_label(path: str) -> str:
     return printable(os.path.splitext(os.path.basename(path))[0])
 
 
-def dataset_identity(data: Dataset) -> Dict[str, str]:
-    """The dataset part of a run's identity: label, resolved path, content fingerprint."""
-    if data.path is None:
+def dataset_identity(data: Union[Dataset, str]) -> Dict[str, str]:
+    """The dataset part of a run's identity: label, resolved path, content fingerprint, of a loaded dataset or of
+    a dataset file's path (the file is not read as a dataset: a finished grid loads none to print its table)."""
+    path = data if isinstance(data, str) else data.path
+    if path is None:
         raise ValueError("a run needs a dataset read from a file (its fingerprint is part of the run's identity)")
-    return {"label": dataset_label(data.path), "path": os.path.realpath(data.path), "fingerprint": fingerprint(data.path)}
+    if not os.path.isfile(path):  # a pipe's fingerprint waited for ever: said as validation says what it is
+        from ucmfh.data.h5 import validate_file
+
+        validate_file(path)
+    return {"label": dataset_label(path), "path": os.path.realpath(path), "fingerprint": fingerprint(path)}
 
 
 def hash_settings(cfg: HashConfig) -> Dict[str, Any]:
