@@ -442,8 +442,8 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
               if any(not rows for (name, _, _), rows in zip(cells, recorded_rows) if name == dataset)}
     for data in loaded.values():  # labels under which some scores say nothing of the codes, said once a file
         say_relevance(data, lambda line: click.echo(line, err=True))
-    for (dataset, _, hcfg), rows in zip(cells, recorded_rows):  # a method that needs the split in memory, refused hours in
-        if not rows:
+    for (dataset, _, hcfg), rows in zip(cells, recorded_rows):
+        if not rows:  # a method that needs the split in memory, refused hours in at its first cell
             build_method(hcfg.method).check_split(loaded[dataset])
     side = SideBySide(jobs, device, results, opts, protocols, k, train["max_memory"], workers) if jobs > 1 else None
     for (dataset, fcfg, hcfg), run, rows in zip(cells, runs, recorded_rows):
