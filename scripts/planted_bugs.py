@@ -680,6 +680,11 @@ BUGS: Tuple[Bug, ...] = (
         "              }\n",
         "a grid whose cells were all finished read every dataset again to print its table (19 s on full Flickr8k)",
         ("tests/app/test_grid.py::test_a_finished_grid_reads_no_dataset_to_print_its_table",)),
+    Bug("grid-caption-set-leads-with-map", "ucmfh/app/grid.py",
+        "        md += _main_table(cell, variants, bits, where, recall=bool(database))\n",
+        "        md += _main_table(cell, variants, bits, where, recall=False)\n",
+        "grid.md led a caption set with MAP by id, where 'ucmfh runs' and the figures lead with R@1 (rSum)",
+        ("tests/app/test_grid.py::test_a_caption_set_s_recalls_and_a_collapse_reach_the_csv",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -407,6 +407,24 @@ def test_a_caption_set_s_recalls_and_a_collapse_reach_the_csv(tmp_path):
         assert float(s["rsum_mean"]) == pytest.approx(sum(r["rsum"] for r in mine) / 2)
         assert float(s["random_rsum_mean"]) == pytest.approx(sum(r["random_rsum"] for r in mine) / 2)
         assert s["collapsed_seeds"] == "0" and s["map_i2t_mean"] != ""
+    # grid.md leads a caption set with R@1 (rSum), as 'ucmfh runs' and the figures do, its MAP by id after (it led
+    # with MAP); a method against the first in rSum
+    from ucmfh.app.grid import markdown
+
+    md = Path(f"{table}.md").read_text()
+    for database, s in summary.items():
+        lead = md.index(f"R@1 I→T / T→I in % (rSum), database `{database}` (mean ± std over seeds")
+        assert lead < md.index(f"MAP@50 by id I→T / T→I, database `{database}`")
+        figures = [f"{float(s[f'{field}_mean']):.1f} ± {float(s[f'{field}_std']):.1f}"
+                   for field in ("r1_i2t_expected", "r1_t2i_expected", "rsum_expected", "random_rsum")]
+        lines = md[lead:].splitlines()
+        assert lines[4].startswith(f"| `cca-itq` | {figures[0]} / {figures[1]} ({figures[2]}) | 2 | ")
+        assert lines[5] == f"| random codes | – / – ({figures[3]}) | 2 | – |"  # the rows keep its rSum alone
+    better = [{**r, "method": "two-tower", "rsum_expected": r["rsum_expected"] + 10} for r in rows]
+    md = markdown(rows + better, ["cca-itq", "two-tower"], [8])
+    assert "Δ rSum in % paired by (seed, code length)" in md
+    for database in ("test", "collection"):
+        assert f"| cap | unimodal | {database} | `two-tower` | +10.0 ± 0.0 | 2/2 |" in md
     fell = [{**r, "distinct_codes": {"img": [1, 48], "txt": [40, 144], "n_bits": 8}} if r["seed"] == 2 else r
             for r in rows]
     write_tables(fell, ["cca-itq"], [8], str(tmp_path / "fell"))

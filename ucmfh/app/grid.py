@@ -112,10 +112,13 @@ def finished(recorded: Dict[Any, List[Dict[str, Any]]], run_key: str, protocols:
 
 def paired_deltas(rows: List[Dict[str, Any]], base: str, variant: str, dataset: str, protocol: str,
                   database: Optional[str], labels: Dict[Tuple[Any, Any], str]) -> List[float]:
-    """``variant`` − ``base`` MAP, paired by (seed, n_bits, direction): tie-aware where both rows have it.
-    ``dataset``: the file's label among ``rows``, as ``labels`` has it (:func:`ucmfh.app.runs.dataset_labels`)."""
+    """``variant`` − ``base`` MAP, paired by (seed, n_bits, direction), or of a caption set (a ``database``) rSum,
+    paired by (seed, n_bits): tie-aware where both rows have it. ``dataset``: the file's label among ``rows``, as
+    ``labels`` has it (:func:`ucmfh.app.runs.dataset_labels`)."""
+    scores = ("rsum",) if database else DIRECTIONS
+
     def index(name: str) -> Dict[tuple, tuple]:
-        return {(r["seed"], r["n_bits"], d): (r.get(d + EXPECTED), r[d]) for r in rows for d in DIRECTIONS
+        return {(r["seed"], r["n_bits"], d): (r.get(d + EXPECTED), r[d]) for r in rows for d in scores
                 if (variant_of(r), labels[r["dataset"], r.get("dataset_fingerprint")], r["protocol"],
                     r.get("database")) == (name, dataset, protocol, database)}
 
@@ -144,56 +147,72 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
         if not any((labels[s["dataset"], s["dataset_fingerprint"]], s["protocol"], s["database"]) ==
                    (dataset, protocol, database) for s in summary):
             continue
-        where = f", database `{database}`, MAP by id" if database else ""
-        md += [f"### {_md(dataset)}, protocol `{protocol}`{where}: MAP@{k} I→T / T→I (mean ± std over seeds; "
-               "tie-aware: the mean over every order of tied items)", "",
-               "| method | " + " | ".join(f"{n} bits" for n in bits) + " | seeds | hashing s |",
-               "|---|" + "---|" * (len(bits) + 2)]
-        for variant in [*variants, "random codes"]:
-            line, seeds, times = [f"`{variant}`" if variant in variants else variant], set(), []
-            for n in bits:
-                s = cell.get((dataset, protocol, database, variants[0] if variant == "random codes" else variant, n))
-                prefix = "random_" if variant == "random codes" else ""
-                if s is None or f"{prefix}map_i2t_mean" not in s:
-                    line.append("–")
-                    continue
-                spread = len(s["seeds"]) > 1  # one seed has no spread to show (not ± 0.000)
-                fields = [prefix + d if prefix else headline(s, d) for d in DIRECTIONS]
-                line.append(" / ".join(f"{s[f'{f}_mean']:.3f}" + (f" ± {s[f'{f}_std']:.3f}" if spread else "")
-                                       for f in fields) + COLLAPSE_MARK * bool(not prefix and s["collapsed_seeds"]))
-                seeds |= set(s["seeds"])
-                if s["train_time_s_mean"]:
-                    times.append(s["train_time_s_mean"])
-            line += [str(len(seeds)), f"{statistics.fmean(times):.1f}" if times and variant in variants else "–"]
-            md.append("| " + " | ".join(line) + " |")
-        md.append("")
+        # a caption set leads with the field's figure, R@1 (rSum), as 'ucmfh runs' and the figures do; MAP by id
+        # follows it
+        lead = f"R@1 I→T / T→I in % (rSum), database `{database}`" if database else f"MAP@{k} I→T / T→I"
+        md += [f"### {_md(dataset)}, protocol `{protocol}`: {lead} (mean ± std over seeds; tie-aware: the mean over "
+               "every order of tied items)", ""]
         where = (dataset, protocol, database)
+        md += _main_table(cell, variants, bits, where, recall=bool(database))
+        md.append("")
         if any(s["collapsed_seeds"] for key, s in cell.items() if key[:3] == where):
             md += [COLLAPSE_NOTE + ".", ""]
         if any(s["unchecked_seeds"] for key, s in cell.items() if key[:3] == where):
             md += [UNCHECKED_NOTE + ".", ""]
         md += _fusion_seconds(cell, variants, bits, where)
-        if database:  # a caption set: the field's own figure too
-            md += _means_table(cell, variants, bits, where, "", f"R@1 I→T / T→I in % (rSum), database `{database}`, "
-                               "tie-aware, mean ± std over seeds:", True, spread=True)
+        if database:  # a caption set: MAP too, each caption's relevant items those of its image's id
+            md += _means_table(cell, variants, bits, where, "", f"MAP@{k} by id I→T / T→I, database `{database}`, "
+                               "tie-aware, mean ± std over seeds:", False, spread=True)
         md += _means_table(cell, variants, bits, where, "", f"Ties broken by database index (the field's code), "
-                           f"{f'R@1 I→T / T→I in % (rSum), database `{database}`' if database else f'MAP@{k} I→T / T→I'}, mean over "
-                           "seeds:", bool(database), index_order=True)
+                           f"{lead}, mean over seeds:", bool(database), index_order=True)
         md += _means_table(cell, variants, bits, where, REAL, "Real-valued head outputs ranked by cosine (before the "
-                           f"sign), {f'R@1 I→T / T→I in % (rSum), database `{database}`' if database else f'MAP@{k} I→T / T→I'}, mean over "
-                           "seeds:", bool(database))
+                           f"sign), {lead}, mean over seeds:", bool(database))
     if len(variants) > 1:
-        md += [f"### Each method against `{variants[0]}`: Δ MAP@{k} paired by (seed, code length, direction), "
-               "mean ± std over the pairs (tie-aware where both rows are); wins = pairs where the method is higher", "",
+        md += [f"### Each method against `{variants[0]}`: Δ MAP@{k} paired by (seed, code length, direction); of a "
+               "caption set, Δ rSum in % paired by (seed, code length); mean ± std over the pairs (tie-aware where "
+               "both rows are); wins = pairs where the method is higher", "",
                "| dataset | protocol | database | method | Δ | wins |", "|---|---|---|---|---|---|"]
         for dataset, protocol, database, variant in product(datasets, protocols, databases, variants[1:]):
             deltas = paired_deltas(rows, variants[0], variant, dataset, protocol, database, labels)
             if deltas:
-                std = sample_std(deltas)
+                digits = 1 if database else 3  # rSum in %, MAP
+                spread = f" ± {sample_std(deltas):.{digits}f}" if len(deltas) > 1 else ""  # one pair: no spread
+                wins = f"{sum(d > 0 for d in deltas)}/{len(deltas)}"
                 md.append(f"| {_md(dataset)} | {protocol} | {database or '-'} | `{variant}` | "
-                          f"{statistics.fmean(deltas):+.3f} ± {std:.3f} | {sum(d > 0 for d in deltas)}/{len(deltas)} |")
+                          f"{statistics.fmean(deltas):+.{digits}f}{spread} | {wins} |")
         md.append("")
     return "\n".join(md)
+
+
+def _main_table(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], bits: Sequence[int], where: tuple,
+                recall: bool) -> List[str]:
+    """The table a dataset and protocol lead with, method × code length, then the random codes: MAP I→T / T→I, or
+    with ``recall`` (a caption set) R@1 I→T / T→I in % (rSum); each mean ± std over seeds where there are
+    several, tie-aware where the rows are, a collapse marked; the seeds and the hashing seconds of each method.
+    The random codes' row has the figures the rows keep of them (of R@K, the rSum alone)."""
+    fields, digits = (("r1_i2t", "r1_t2i", "rsum"), 1) if recall else (DIRECTIONS, 3)
+    lines = ["| method | " + " | ".join(f"{n} bits" for n in bits) + " | seeds | hashing s |",
+             "|---|" + "---|" * (len(bits) + 2)]
+    for variant in [*variants, "random codes"]:
+        random = variant not in variants
+        line, seeds, times = [variant if random else f"`{variant}`"], set(), []
+        for n in bits:
+            s = cell.get((*where, variants[0] if random else variant, n))
+            names = [f"random_{f}" if random else headline(s, f) for f in fields] if s else []
+            if not any(f"{name}_mean" in s for name in names):
+                line.append("–")
+                continue
+            spread = len(s["seeds"]) > 1  # one seed has no spread to show (not ± 0.000)
+            values = [f"{s[f'{name}_mean']:.{digits}f}" + (f" ± {s[f'{name}_std']:.{digits}f}" if spread else "")
+                      if f"{name}_mean" in s else "–" for name in names]
+            text = f"{values[0]} / {values[1]} ({values[2]})" if recall else " / ".join(values)
+            line.append(text + COLLAPSE_MARK * bool(not random and s["collapsed_seeds"]))
+            seeds |= set(s["seeds"])
+            if s["train_time_s_mean"]:
+                times.append(s["train_time_s_mean"])
+        line += [str(len(seeds)), f"{statistics.fmean(times):.1f}" if times and not random else "–"]
+        lines.append("| " + " | ".join(line) + " |")
+    return lines
 
 
 def _fusion_seconds(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], bits: Sequence[int],
