@@ -1,11 +1,11 @@
 """Method 'cca-itq' (Gong & Lazebnik, CVPR 2011): the classic leak-free cross-modal hashing baseline.
 
 Each modality is centred (and PCA-reduced when it is wide), CCA (scikit-learn's, computed on the features'
-products: :func:`cca`) finds paired directions on the training split, and ITQ learns one rotation of the stacked projected training items that minimises
-quantisation error. Codes are the signs of the rotated projections: image codes from images alone and
-text codes from texts alone. The whole map is linear, so the fitted model is a
-:class:`~ucmfh.models.hashing.FeatureHasher` with linear heads: it is saved, loaded, encoded and scored
-like any other hashing model.
+products: :func:`cca`) finds paired directions on the training split, and ITQ learns one rotation of the
+stacked projected training items that minimises quantisation error. Codes are the signs of the rotated
+projections: image codes from images alone and text codes from texts alone. The whole map is linear, so the
+fitted model is a :class:`~ucmfh.models.hashing.FeatureHasher` with linear heads: it is saved, loaded,
+encoded and scored like any other hashing model.
 """
 from __future__ import annotations
 
