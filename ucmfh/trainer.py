@@ -230,8 +230,7 @@ def fit(make_plan: Callable[[Setup], Plan], split: Split, cfg: Any, state: Optio
             plan = make_plan(Setup(device, rest, val, progress and current_group().is_main))
             draws = RunDraws(device)
         if not isinstance(plan, Plan):  # a method of another package (docs/methods.md): said here, not in train
-            raise ValueError(f"{_what(cfg)}: its plan() gave {type(plan).__name__}, "
-                            "not a ucmfh.trainer.Plan")
+            raise ValueError(f"{_what(cfg)}: its plan() gave {type(plan).__name__}, not a ucmfh.trainer.Plan")
         history = train(plan, cfg, device, generator, state, progress, draws)
         return plan.model.cpu().eval(), history
 
@@ -418,8 +417,8 @@ class _Run:
         loss = plan.loss(batch)
         if not isinstance(loss, torch.Tensor) or loss.dim() != 0 or not loss.requires_grad:
             raise ValueError(f"method {getattr(self.cfg, 'method', 'fusion')!r}: its plan's loss(batch) returns the "
-                            "step's loss, a tensor of one number that gradients flow back from; it returned "
-                            f"{_described(loss)}")
+                             "step's loss, a tensor of one number that gradients flow back from; it returned "
+                             f"{_described(loss)}")
         return optimize(loss, plan.optimizer, self.group, plan.clip_norm)
 
     def stop(self, signum: Optional[int], epoch: int, done: int, steps: int, epoch_generator: torch.Tensor) -> None:
