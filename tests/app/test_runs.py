@@ -1225,6 +1225,31 @@ def test_a_row_s_commit_is_ucmfh_s_checkout_s_not_a_project_s_that_holds_an_inst
     identity.git_commit.cache_clear()
 
 
+def test_an_installed_copy_s_commit_is_the_one_pip_recorded_of_its_git_url(tmp_path, monkeypatch):
+    """Installed from a git URL, a copy's rows said its version, 0.1.0, alone: pip records the commit it installed
+    (direct_url.json, PEP 610), which is the copy's, where the copy is the one imported."""
+    from importlib import metadata
+
+    from ucmfh.app import identity
+
+    site = tmp_path / "site-packages"
+    (site / "ucmfh").mkdir(parents=True)
+    info = site / "ucmfh-0.1.0.dist-info"
+    info.mkdir()
+    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: ucmfh\nVersion: 0.1.0\n")
+    commit = "f849cee" + "0" * 33
+    monkeypatch.setattr(metadata, "distribution", lambda name: metadata.PathDistribution(info))
+    for recorded, package, expected in (
+            ({"url": "https://x/ucmfh.git", "vcs_info": {"vcs": "git", "commit_id": commit}}, site / "ucmfh", commit),
+            ({"url": "file:///src/ucmfh", "dir_info": {}}, site / "ucmfh", None),  # a folder: no commit
+            ({"url": "https://x/ucmfh.git", "vcs_info": {"vcs": "git", "commit_id": commit}}, tmp_path / "ucmfh",
+             None)):  # a checkout imported beside the installed copy: not its commit
+        (info / "direct_url.json").write_text(json.dumps(recorded))
+        assert identity.installed_commit(str(package)) == expected, (recorded, package)
+    (info / "direct_url.json").unlink()  # installed from an index
+    assert identity.installed_commit(str(site / "ucmfh")) is None
+
+
 def test_a_ctrl_c_as_a_candidate_s_training_ends_or_between_two_candidates_stops_and_says_to_resume(
         tiny_path, tmp_path, monkeypatch):
     """A Ctrl-C heard after a fit's last look at it (the last epoch's validation, its bar) was lost: the next

@@ -222,20 +222,37 @@ class RunOptions:
 def git_commit() -> Optional[str]:
     """The commit of the ucmfh source tree, when it is a git checkout of its own (asked once per process): not
     the commit of a repository that merely holds an installed copy (a project's ``.venv``), whose HEAD is the
-    project's."""
+    project's. An installed copy has the commit pip recorded of it when it was installed from a git URL
+    (:func:`installed_commit`)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../ucmfh
     try:
         out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=package, capture_output=True,
                              text=True, timeout=5)
     except (OSError, subprocess.SubprocessError):
-        return None
+        return installed_commit(package)
     lines = out.stdout.splitlines()  # a path may hold spaces
     if out.returncode != 0 or len(lines) != 2:
-        return None
+        return installed_commit(package)
     top, commit = lines
     if os.path.realpath(top) != os.path.realpath(os.path.dirname(package)):  # ucmfh/ is not at its top
-        return None
+        return installed_commit(package)
     return commit or None
+
+
+def installed_commit(package: str) -> Optional[str]:
+    """The commit of an installed ucmfh whose ``package`` folder is the one imported, as pip recorded it when it
+    was installed from a git URL (``pip install git+https://…``: its ``direct_url.json``, PEP 610), or None (an
+    install from a folder or an index, which names no commit): rows of an installed copy said 0.1.0 alone."""
+    from importlib import metadata
+
+    try:
+        dist = metadata.distribution("ucmfh")
+        if os.path.realpath(str(dist.locate_file("ucmfh"))) != os.path.realpath(package):
+            return None  # another copy than the one imported (a checkout run beside an installed copy)
+        commit = json.loads(dist.read_text("direct_url.json") or "{}").get("vcs_info", {}).get("commit_id")
+    except (metadata.PackageNotFoundError, OSError, ValueError, AttributeError):
+        return None
+    return commit if isinstance(commit, str) and commit.isalnum() else None
 
 
 # the libraries whose release decides a result (scikit-learn's PCA moved cca-itq's codes at 1.5)
