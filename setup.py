@@ -1,5 +1,20 @@
+import glob
+import os
+import shutil
+
 from setuptools import Extension, find_packages, setup
 from setuptools.command.build_ext import build_ext
+from setuptools.command.build_py import build_py
+
+
+class BuildPy(build_py):
+    """Copy the package into a build folder cleared first: a module removed or renamed since an earlier build in
+    this checkout (its build/lib) was shipped again in the next wheel or install."""
+
+    def run(self):
+        for stale in glob.glob(os.path.join(self.build_lib, "ucmfh")):
+            shutil.rmtree(stale)
+        super().run()
 
 
 class BuildExt(build_ext):
@@ -16,11 +31,14 @@ class BuildExt(build_ext):
 # optional: without a C compiler the install still succeeds and the metrics use torch.
 hamming = Extension("ucmfh.metrics._hamming", ["ucmfh/metrics/_hamming.c"], optional=True)
 
+with open("README.md", encoding="utf-8") as readme:
+    README = readme.read()
+
 setup(
     name="ucmfh",
     version="0.1.0",
     description="Deep cross-modal hashing on precomputed features: UCMFH, the field's methods, honest evaluation",
-    long_description=open("README.md", encoding="utf-8").read(),
+    long_description=README,
     long_description_content_type="text/markdown",
     packages=find_packages(include=["ucmfh", "ucmfh.*"]),
     python_requires=">=3.10",  # torch 2.13, the set-up's, has no wheels for 3.9: untested there
@@ -54,6 +72,6 @@ setup(
         "extract": ["transformers>=4.30", "pillow>=10.3"],
     },
     ext_modules=[hamming],
-    cmdclass={"build_ext": BuildExt},
+    cmdclass={"build_ext": BuildExt, "build_py": BuildPy},
     entry_points={"console_scripts": ["ucmfh=ucmfh.__main__:run"]},
 )

@@ -685,6 +685,13 @@ BUGS: Tuple[Bug, ...] = (
         "        md += _main_table(cell, variants, bits, where, recall=False)\n",
         "grid.md led a caption set with MAP by id, where 'ucmfh runs' and the figures lead with R@1 (rSum)",
         ("tests/app/test_grid.py::test_a_caption_set_s_recalls_and_a_collapse_reach_the_csv",)),
+    Bug("build-ships-removed-modules", "setup.py", "            shutil.rmtree(stale)\n", "            pass\n",
+        "a build in a checkout shipped the modules removed since an earlier build there (build/lib)",
+        ("tests/test_packaging.py::test_a_build_ships_no_module_removed_since_an_earlier_build",)),
+    Bug("sdist-ships-what-runs-left", "MANIFEST.in", "global-exclude *.lock *.pt *.pth *.h5\n", "",
+        "an sdist built from a used checkout held the lock files, checkpoints and datasets runs left in tests/, "
+        "docs/ and scripts/",
+        ("tests/test_packaging.py::test_a_source_distribution_is_the_project_not_what_runs_leave_beside_it",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",
