@@ -692,6 +692,10 @@ BUGS: Tuple[Bug, ...] = (
         "an sdist built from a used checkout held the lock files, checkpoints and datasets runs left in tests/, "
         "docs/ and scripts/",
         ("tests/test_packaging.py::test_a_source_distribution_is_the_project_not_what_runs_leave_beside_it",)),
+    Bug("distill-takes-lr-fusion", "ucmfh/methods/distill.py",
+        '    fixed = {**TwoTower.fixed, "lr_fusion": HashConfig.lr_fusion}\n', "",
+        "distill took --lr-fusion, which its frozen teacher never reads: the same model under another run identity",
+        ("tests/app/test_cli.py::test_a_setting_the_library_refuses_is_refused_as_its_flag",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

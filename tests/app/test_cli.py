@@ -303,6 +303,8 @@ def test_a_traceback_of_a_front_door_in_a_subprocess_fails_the_test():
     (["--method", "two-tower", "--refit", "--val-fraction", "0"], "--val-fraction", "refit needs a validation split"),
     (["--method", "two-tower", "--set", "hash.seed=1"], "--set", "'hash.seed': use --seed"),
     (["--method", "djsrh", "--beta-schedule", "none"], "--beta-schedule", "fixes beta_schedule, whatever is asked"),
+    # distill's teacher is frozen while the heads train: --lr-fusion changed nothing but the run's identity
+    (["--method", "distill", "--lr-fusion", "0.5"], "--lr-fusion", "fixes lr_fusion, whatever is asked"),
 ])
 def test_a_setting_the_library_refuses_is_refused_as_its_flag(tmp_path, argv, flag, says):
     """The library names the setting (ucmfh.methods.settings); train-hash names the flag that gave it, in one

@@ -396,14 +396,15 @@ def test_grid_on_a_caption_set_keeps_both_databases_and_tabulates_recall(tmp_pat
     md = Path(f"{table}.md").read_text()
     assert md == first_md
     for database in ("test", "collection"):
-        assert f"database `{database}`, MAP by id" in md and f"R@1 I→T / T→I in % (rSum), database `{database}`" in md
-    # the field's figure, tie-aware: each method's mean ± std over the two seeds, as `runs` summarises the rows
-    recall = md.split("R@1 I→T / T→I in % (rSum), database `test`, tie-aware, mean ± std over seeds:")[1]
+        assert f"MAP@50 by id I→T / T→I, database `{database}`" in md
+        assert f"R@1 I→T / T→I in % (rSum), database `{database}`" in md
+    # the field's figure, tie-aware, leads: each method's mean ± std over the two seeds, as `runs` summarises the rows
+    recall = md.split("R@1 I→T / T→I in % (rSum), database `test` (mean ± std over seeds")[1]
     for group in (g for g in summarize(_rows(results)) if g["database"] == "test"):
         cell = " / ".join(f"{group[f'{f}_expected_mean']:.1f} ± {group[f'{f}_expected_std']:.1f}"
                           for f in ("r1_i2t", "r1_t2i"))
         rsum = f"{group['rsum_expected_mean']:.1f} ± {group['rsum_expected_std']:.1f}"
-        assert f"| `{group['method']}` | {cell} ({rsum}) |" in recall.split("\n\n")[1], group["method"]
+        assert f"| `{group['method']}` | {cell} ({rsum}) | 2 |" in recall.split("\n\n")[1], group["method"]
     assert {(r["method"], r["database"]) for r in _rows(results)} == {
         (m, d) for m in ("two-tower", "cca-itq") for d in ("test", "collection")}
 

@@ -43,6 +43,9 @@ class Distill(TwoTower):
     params = {"teacher_weight": 0.8, "teacher_temperature": 0.2}
     uses_fusion = True
     fusion_defaults = {"val_fraction": 0.1, "patience": 10}
+    # the teacher is trained first and frozen: no learning rate of the fusion encoder while the heads train
+    # (--lr-fusion was taken, changed nothing and split the run's identity)
+    fixed = {**TwoTower.fixed, "lr_fusion": HashConfig.lr_fusion}
 
     def check(self, cfg: HashConfig) -> None:
         super().check(cfg)
