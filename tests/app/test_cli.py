@@ -925,3 +925,17 @@ def test_an_error_said_to_a_standard_error_that_cannot_take_it_keeps_its_exit(tm
     ran = subprocess.run(argv, cwd=tmp_path, stdout=subprocess.PIPE, stderr=None, env=env, timeout=120,
                          preexec_fn=lambda: os.close(2))
     assert (ran.returncode, ran.stdout) == (2, b"")
+
+
+@pytest.mark.parametrize("command", ["train-hash", "grid"])
+def test_the_help_s_training_defaults_are_the_default_method_s(command):
+    """--val-fraction and --patience said 0 and 5 (FusionConfig's), where the default method holds out a tenth and
+    stops after 10 (an audit's): the help names the values the default method and ucmfh run with."""
+    from ucmfh.methods import DEFAULT_METHOD
+    from ucmfh.methods.settings import stage_configs
+
+    text = " ".join(CliRunner().invoke(main, [command, "--help"], terminal_width=2000).output.split())
+    for setting in ("val_fraction", "patience"):
+        said = ", ".join(f"{getattr(stage_configs(m).hashes[0], setting):g} for {m}" for m in (DEFAULT_METHOD, "ucmfh"))
+        assert f"[default: the method's (see 'ucmfh methods'): {said}]" in text, setting
+    assert f"{stage_configs(DEFAULT_METHOD).hashes[0].epochs} for {DEFAULT_METHOD}; ucmfh's" in text

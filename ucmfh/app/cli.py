@@ -33,7 +33,7 @@ COMMANDS: Dict[str, Tuple[str, str]] = {
     "runs": ("ucmfh.app.runs_cli:runs_cmd", "Summarise past runs: mean ± std over seeds."),
     "compare": ("ucmfh.app.compare:compare", "Two methods' paired differences, with intervals."),
     "train-seps": ("ucmfh.app.seps_cli:train_seps", "Train SEPS on a file's token features and score it."),
-    "rerank": ("ucmfh.app.seps_cli:rerank", "Two-stage search: Hamming top-M, re-ranked by SEPS."),
+    "rerank": ("ucmfh.app.seps_cli:rerank", "Two-stage search: Hamming top-M, re-ranked by cosine or SEPS."),
     "index": ("ucmfh.app.search_cli:index_cmd", "Encode a collection into an index folder."),
     "search": ("ucmfh.app.search_cli:search_cmd", "Search an index: the top-k items of each query."),
 }

@@ -389,7 +389,8 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
               help="Code length (repeatable).")
 @click.option("--seeds", default="2023", show_default=True, callback=_list(seed_type), help="Comma-separated seeds.")
 @click.option("--fusion-epochs", type=Count(min=1), default=None,
-              help="Epochs of the fusion stage [default: as --epochs].")
+              help="Methods with a fusion stage (ucmfh, distill): its epochs [default: --epochs if given, else "
+                   "the reference's for known datasets, else 100].")
 @scoring_options
 @click.option("--results", default=DEFAULT_RESULTS, show_default=True,
               help="JSON-lines file of result rows (read to skip finished cells; 'ucmfh runs' reads it too).")

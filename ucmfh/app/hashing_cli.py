@@ -126,11 +126,13 @@ class MethodChoice(click.Choice):
 @click.option("--n-bits", "-b", multiple=True, type=click.IntRange(*CODE_LENGTHS), default=(HashConfig.n_bits,), show_default=True,
               help="Code length (repeatable: -b 16 -b 32 ...).")
 @click.option("--beta-schedule", type=click.Choice(BETA_SCHEDULES), default=None,
-              help=f"Tanh continuation: none is UCMFH's plain tanh [default: {HashConfig.beta_schedule}].")
+              help=f"Tanh continuation: none is UCMFH's plain tanh [default: {HashConfig.beta_schedule}; a "
+                   "method may have its own, or fix it (see 'ucmfh methods')].")
 @click.option("--fusion-epochs", type=Count(min=1), default=None,
-              help="Epochs of the fusion stage [default: as --epochs].")
+              help="Methods with a fusion stage (ucmfh, distill): its epochs [default: --epochs if given, else "
+                   "the reference's for known datasets, else 100].")
 @click.option("--lr-fusion", type=FiniteRange(min=0), default=None,
-              help=f"Learning rate of the fusion encoder while the heads train (UCMFH's; 0 keeps it as trained) "
+              help=f"Method ucmfh: learning rate of the fusion encoder while the heads train (0 keeps it as trained) "
                    f"[default: {HashConfig.lr_fusion:g}].")
 @user_errors
 def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, method, n_bits, beta_schedule,

@@ -342,6 +342,21 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
     # train-hash and grid train a method, whose own defaults come first ('ucmfh methods')
     by_method = command != "train-fusion"
     unless = "; the method's if it has its own (see 'ucmfh methods')" if by_method else ""
+
+    def methods_default(setting: str) -> str:
+        """A default as the methods have it: the default method's and ucmfh's, the rest in 'ucmfh methods'
+        (the help said FusionConfig's, 0 for --val-fraction, where the default method holds out a tenth)."""
+        if not by_method:
+            return f"{getattr(defaults, setting):g}"
+        from ucmfh.methods import DEFAULT_METHOD
+        from ucmfh.methods.settings import stage_configs
+
+        said = {method: getattr(stage_configs(method).hashes[0], setting) for method in (DEFAULT_METHOD, "ucmfh")}
+        if setting == "epochs":  # ucmfh's follow the dataset
+            return (f"the method's (see 'ucmfh methods'): {said[DEFAULT_METHOD]} for {DEFAULT_METHOD}; ucmfh's and "
+                    "a teacher's fusion stage: the reference's for known datasets, else 100")
+        return "the method's (see 'ucmfh methods'): " + ", ".join(f"{value:g} for {method}"
+                                                                  for method, value in said.items())
     stage = "fusion.d_model=256" if not by_method else "fusion.d_model=256 or hash.hidden=1024"
     options = {
         "loss": click.option("--loss", default=None, help="Loss name (see 'ucmfh losses') [default: "
@@ -352,22 +367,23 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
         "supervised": click.option("--supervised", is_flag=True,
                                    help="Pass the training labels to the loss (pairwise uses them)."),
         "epochs": click.option("--epochs", type=Count(min=1), default=None,
-                               help="Epochs [default: 100, or the reference's for known datasets"
-                                    + ("; the method's if it has its own]." if by_method else "].")),
+                               help="Epochs [default: " + (methods_default("epochs") if by_method else
+                                                           "the reference's for known datasets, else 100") + "]."),
         "batch_size": click.option("--batch-size", default=None, type=Count(min=2),
                                    help=f"Items per step [default: {defaults.batch_size}{unless}]."),
         "seed": click.option("--seed", default=defaults.seed, show_default=True, type=seed_type),
         "modality_dropout": click.option(
             "--modality-dropout", default=None, type=FiniteRange(0, 1),
-            help=f"Share of items trained with image and text kept apart (0 = UCMFH's fused-only training) "
-                 f"[default: {defaults.modality_dropout}]."),
+            help=("Methods with a fusion stage (ucmfh, distill): " if by_method else "")
+            + f"Share of items trained with image and text kept apart (0 = UCMFH's fused-only training) "
+              f"[default: {defaults.modality_dropout}]."),
         "val_fraction": click.option(
             "--val-fraction", default=None, type=FiniteRange(0, 1, max_open=True),
             help=f"Share of the training split held out to pick the best epoch (0: keep the last epoch) "
-                 f"[default: {defaults.val_fraction:g}{unless}]."),
+                 f"[default: {methods_default('val_fraction')}]."),
         "patience": click.option("--patience", default=None, type=Count(min=0),
-                                 help=f"With --val-fraction: stop after this many epochs without a better validation "
-                                      f"score [default: {defaults.patience}{unless}]."),
+                                 help=f"With a validation split: stop after this many epochs without a better "
+                                      f"validation score (0: never) [default: {methods_default('patience')}]."),
         "refit": click.option("--refit/--no-refit", default=None,
                               help="Once validation has chosen the epoch (and the candidate), train that setting "
                                    "again on the whole training split, validation items included, and keep that "

@@ -32,7 +32,7 @@ SEARCH_DEVICE = device_option("cpu", "cpu (the compiled popcount kernels), cuda,
 @click.option("--chunk-size", default=INDEX_CHUNK_SIZE, show_default=True, type=Count(min=1),
               help="Items encoded and committed at a time (a killed build resumes at the last chunk).")
 @click.option("--embeddings/--no-embeddings", default=True, show_default=True,
-              help="Keep the float16 real-valued embeddings (for --rerank cosine).")
+              help="Keep the float16 real-valued embeddings (for 'ucmfh search --rerank cosine').")
 @SEARCH_DEVICE
 @click.option("--quiet", is_flag=True, help="No progress bar.")
 @user_errors
@@ -83,7 +83,7 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
                    "SEPS on the token features of the queries' file and of the indexed collection (needs --seps).")
 @click.option("--seps", "seps_checkpoint", type=InputPath(dir_okay=False),
               help="With --rerank seps: the SEPS checkpoint ('ucmfh train-seps').")
-@click.option("--candidates", type=Count(min=1), help="Candidates re-ranked [default: 10 k].")
+@click.option("--candidates", type=Count(min=1), help="Candidates re-ranked [default: 10 × -k].")
 @click.option("--backend", type=click.Choice(SEARCH_BACKENDS), default=_BACKEND.backend, show_default=True,
               help="exact: every code compared; mih: the same results by multi-index hashing, its tables built on "
                    "first use and cached in the index folder (the scan where probing would cost more); "

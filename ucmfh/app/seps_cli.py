@@ -108,11 +108,11 @@ def train_seps(dataset, data_dir, database, results, device, quiet, overrides, o
 @click.option("--seps", "seps_checkpoint", type=InputPath(dir_okay=False), default=None,
               help="SEPS checkpoint ('ucmfh train-seps') that re-ranks the candidates.")
 @click.option("--candidates", "-m", multiple=True, type=Count(min=1), default=(100,), show_default=True,
-              help="M, the Hamming candidates re-ranked (repeatable; 10 or more: R@10 is read from the list).")
+              help="M, the Hamming candidates re-ranked, 10 or more: R@10 is read from the list (repeatable).")
 @click.option("--full", is_flag=True, help="Also score every pair of each database by SEPS (no first stage).")
 @user_errors
 def rerank(dataset, data_dir, database, results, device, quiet, checkpoint, seps_checkpoint, candidates, full) -> None:
-    """Two-stage search: Hamming top-M, then re-ranked by cosine of the pooled embeddings and by SEPS.
+    """Two-stage search: Hamming top-M, then re-ranked by cosine of the pooled embeddings and (--seps) by SEPS.
 
     Every query runs alone; the rows give R@1/5/10 of both directions, the first stage's ceiling
     R@M and per-query latency (search / fetch / score, p50 and p95), on both databases of §7.
