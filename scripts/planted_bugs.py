@@ -696,6 +696,9 @@ BUGS: Tuple[Bug, ...] = (
         '    fixed = {**TwoTower.fixed, "lr_fusion": HashConfig.lr_fusion}\n', "",
         "distill took --lr-fusion, which its frozen teacher never reads: the same model under another run identity",
         ("tests/app/test_cli.py::test_a_setting_the_library_refuses_is_refused_as_its_flag",)),
+    Bug("grid-losses-dropped-silently", "ucmfh/app/grid.py", "    if losses and own_loss:\n", "    if False:\n",
+        "grid --losses beside methods with a loss of their own ran their cells without a word (and a grid of them alone)",
+        ("tests/app/test_grid.py::test_losses_for_methods_with_a_loss_of_their_own_are_said_not_applied_or_refused",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

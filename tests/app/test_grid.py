@@ -430,3 +430,17 @@ def test_a_caption_set_s_recalls_and_a_collapse_reach_the_csv(tmp_path):
     write_tables(fell, ["cca-itq"], [8], str(tmp_path / "fell"))
     with open(tmp_path / "fell.csv", newline="") as f:
         assert {s["collapsed_seeds"] for s in csv.DictReader(f)} == {"1"}
+
+
+def test_losses_for_methods_with_a_loss_of_their_own_are_said_not_applied_or_refused(tiny_path, tmp_path):
+    """--losses beside a method with a loss of its own ran its cells without a word, and a grid of such methods
+    alone ran where train-hash --loss refuses (an audit's)."""
+    argv = ["grid", "-d", tiny_path, "-b", "8", "--results", str(tmp_path / "r.jsonl"), "--out",
+            str(tmp_path / "runs"), "--quiet", "--losses", "infonce"]
+    refused = CliRunner().invoke(main, [*argv, "--methods", "cca-itq"])
+    assert refused.exit_code == 2 and not (tmp_path / "r.jsonl").exists()
+    assert "Invalid value for --losses: no method of the grid takes a loss: method 'cca-itq': a loss of its own" \
+        in refused.output, refused.output
+    said = CliRunner().invoke(main, [*argv, "--methods", "cca-itq,two-tower", "--epochs", "1", "--batch-size", "64"])
+    assert said.exit_code == 0, said.output
+    assert "method 'cca-itq': --losses not applied (a loss of its own); the other methods apply it" in said.stderr

@@ -316,7 +316,15 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
         raise click.BadParameter(f"unknown losses {unknown} (losses: {', '.join(LOSSES)})", param_hint="--losses")
     # one set of settings serves every method: one a method has no use for applies to the others only
     flags = {**FLAGS, "loss": "--losses", "loss_params": "--loss-params", "seed": "--seeds"}
-    # a method with a loss of its own: one cell per seed, whatever --losses lists
+    # a method with a loss of its own: one cell per seed, whatever --losses lists (said; refused where every method
+    # has one: the cells were run without a word)
+    own_loss = [m for m in methods if not default_loss(m)]
+    if losses and own_loss:
+        named, its = ", ".join(f"method {m!r}" for m in own_loss), "its" if len(own_loss) == 1 else "their"
+        if len(own_loss) == len(methods):
+            raise click.BadParameter(f"no method of the grid takes a loss: {named}: a loss of {its} own",
+                                     param_hint="--losses")
+        click.echo(f"{named}: --losses not applied (a loss of {its} own); the other methods apply it", err=True)
     variants_asked = [(m, loss) for m in methods for loss in (losses or [None] if default_loss(m) else [None])]
     # what each method, with each loss of the grid, has no use for (--supervised: only a loss that uses labels)
     unused = {(m, loss): resolved(unused_settings, m, {**settings, "loss": loss}, flags=flags)
