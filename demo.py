@@ -93,6 +93,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                                        ("--save-interval", args.save_interval != RunOptions.save_interval)) if on]
         if given:
             p.error(f"argument {given[0]}: goes with --task 0 and 1 (training); --task {args.task} evaluates")
+    if args.task in (0, 2) and args.fusion_start != "trained":  # the fusion stage alone: no heads to start it for
+        p.error(f"argument --fusion_start: chooses task 1's fusion encoder (and the one task 3 evaluates); "
+                f"--task {args.task} is the fusion stage's")
     return args
 
 
@@ -160,8 +163,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=FusionConfig.seed,
                    help="the run's seed: weights, batches, dropout (default: %(default)s)")
     p.add_argument("--protocol", choices=["both", *PROTOCOLS], default="both",
-                   help="what tasks 1-3 score: unimodal (cross-modal retrieval), fused (UCMFH's), or both (default)")
-    p.add_argument("--device", default="auto", help="auto (CUDA when present), cpu, cuda, ...")
+                   help="what tasks 0-3 score: unimodal (cross-modal retrieval), fused (UCMFH's), or both (default)")
+    p.add_argument("--device", default="auto", help="auto (CUDA when present; the default), cpu, cuda, ...")
     p.add_argument("--amp", choices=AMP_MODES, default=None,
                    help="training's number format: none (float32, the default), bf16 (autocast of the forward pass) "
                         "or tf32 (a GPU's float32 matmuls on its tensor cores)")

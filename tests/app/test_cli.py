@@ -210,6 +210,9 @@ def test_demo_tasks_0_to_3(tmp_path, monkeypatch, capsys):
      "argument --save-interval: goes with --task 0 and 1 (training); --task 2 evaluates"),
     (["--task", "3", "--no-cuda-graph"],  # said as --cuda_graph, the flag not given
      "argument --no_cuda_graph: goes with --task 0 and 1 (training); --task 3 evaluates"),
+    # the fusion stage alone has no heads whose fusion encoder it would choose
+    (["--task", "0", "--fusion_start", "random"], "argument --fusion_start: chooses task 1's fusion encoder (and the "
+                                                  "one task 3 evaluates); --task 0 is the fusion stage's"),
 ])
 def test_demo_names_the_flag_of_a_bad_value(capsys, argv, says):
     """demo.py's flags are UCMFH's (--hash_lens, --epoch): a bad value is said by its flag, before any work,
