@@ -442,8 +442,8 @@ def limits(results: List[Tuple[tuple, Dict[str, Any]]]) -> List[str]:
                    "one cell per length, each seed's queries those of every draw.")
 @click.option("--json", "as_json", is_flag=True, help="Print one JSON line per cell and figure.")
 @click.option("--plot", type=click.Path(dir_okay=False), default=None,
-              help="Also draw a forest plot of the differences and their intervals to this file (PNG, or SVG "
-                   "where it ends in .svg; needs ucmfh[plot]).")
+              help="Also draw a forest plot of the differences and their intervals to this file (its name "
+                   "ending in .png or .svg; needs ucmfh[plot]).")
 @click.option("--overwrite", is_flag=True, help="Replace a file at --plot that is not a figure ucmfh wrote.")
 @user_errors
 def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, pool, as_json, plot, overwrite,

@@ -30,7 +30,7 @@ from ucmfh.utils import resolve_device
 
 @click.command("methods")
 def methods_cmd() -> None:
-    """List the hashing methods, their parameters (--method-param) and their defaults; those of other
+    """List the hashing methods, their parameters (train-hash --method-param) and their defaults; those of other
     packages too (docs/methods.md)."""
     base = vars(HashConfig())  # what a method's own values depart from: a fixed one equal to it is no news
     width = max(10, *(len(name) for name in METHODS))  # another package's method may have a longer name

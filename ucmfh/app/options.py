@@ -316,8 +316,8 @@ class ByteSize(click.ParamType):
 # the training commands' curves (train-fusion, train-hash, grid, train-seps)
 tensorboard_option = click.option(
     "--tensorboard", metavar="DIR",
-    help="Training curves: each epoch's loss, validation score, learning rate, beta and seconds, as TensorBoard "
-         "event files in DIR, a folder per run and stage (needs the tensorboard extra).")
+    help="Training curves: each epoch's loss, validation score, learning rate, beta (hashing) and seconds, as "
+         "TensorBoard event files in DIR, a folder per run and stage (needs the tensorboard extra).")
 
 # the training commands' captured steps (train-fusion, train-hash, grid, and demo.py's --cuda_graph)
 cuda_graph_option = click.option(

@@ -84,7 +84,7 @@ def _report(rows, results) -> None:
 @user_errors
 def train_seps(dataset, data_dir, database, results, device, quiet, overrides, out, resume, save_interval,
                tensorboard, **settings) -> None:
-    """Train SEPS on a file's token features and score every pair of its test database (R@K, §7).
+    """Train SEPS on a file's token features and score every pair of its --database (R@K, docs/reference.md §7).
 
     The model is saved in OUT/DATASET-FP/seps-seedS-KEY/seps.pt; an existing run of the same
     settings is reused. Re-rank a hashing model's candidates with it by 'ucmfh rerank'.
@@ -115,7 +115,7 @@ def rerank(dataset, data_dir, database, results, device, quiet, checkpoint, seps
     """Two-stage search: Hamming top-M, then re-ranked by cosine of the pooled embeddings and (--seps) by SEPS.
 
     Every query runs alone; the rows give R@1/5/10 of both directions, the first stage's ceiling
-    R@M and per-query latency (search / fetch / score, p50 and p95), on both databases of §7.
+    R@M and per-query latency (search / fetch / score, p50 and p95), on the --database of docs/reference.md §7.
     """
     if full and not seps_checkpoint:
         raise click.UsageError("--full scores every pair by SEPS: it goes with --seps SEPS.pt")
