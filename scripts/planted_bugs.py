@@ -699,6 +699,10 @@ BUGS: Tuple[Bug, ...] = (
     Bug("grid-losses-dropped-silently", "ucmfh/app/grid.py", "    if losses and own_loss:\n", "    if False:\n",
         "grid --losses beside methods with a loss of their own ran their cells without a word (and a grid of them alone)",
         ("tests/app/test_grid.py::test_losses_for_methods_with_a_loss_of_their_own_are_said_not_applied_or_refused",)),
+    Bug("closed-form-takes-epoch-options", "ucmfh/app/options.py", "    if not flags or not fitted:\n",
+        "    if True:\n",
+        "cca-itq took --tensorboard, --save-interval and --cuda-graph without a word: it trains no epoch",
+        ("tests/app/test_grid.py::test_options_of_training_by_epochs_are_said_not_applied_to_a_method_fitted_in_closed_form",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -444,3 +444,22 @@ def test_losses_for_methods_with_a_loss_of_their_own_are_said_not_applied_or_ref
     said = CliRunner().invoke(main, [*argv, "--methods", "cca-itq,two-tower", "--epochs", "1", "--batch-size", "64"])
     assert said.exit_code == 0, said.output
     assert "method 'cca-itq': --losses not applied (a loss of its own); the other methods apply it" in said.stderr
+
+
+def test_options_of_training_by_epochs_are_said_not_applied_to_a_method_fitted_in_closed_form(tiny_path, tmp_path):
+    """--tensorboard, --save-interval and --cuda-graph were taken without a word for cca-itq, which trains no epoch
+    (--tensorboard made no folder; an audit's)."""
+    runs, tb = str(tmp_path / "runs"), str(tmp_path / "tb")
+    alone = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--method", "cca-itq", "-b", "8", "--out", runs,
+                                      "--results", "", "--tensorboard", tb, "--quiet"])
+    assert alone.exit_code == 0, alone.output
+    assert "note: method 'cca-itq': --tensorboard not applied (it is fitted in closed form: no epochs)" in alone.stderr
+    grid = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "cca-itq,two-tower", "-b", "8", "--out",
+                                     runs, "--results", str(tmp_path / "r.jsonl"), "--save-interval", "5", "--epochs",
+                                     "1", "--batch-size", "64", "--quiet"])
+    assert grid.exit_code == 0, grid.output
+    assert ("method 'cca-itq': --save-interval not applied (it is fitted in closed form: no epochs); the other methods "
+            "apply them") in grid.stderr
+    quiet = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--method", "cca-itq", "-b", "8", "--out", runs,
+                                      "--results", "", "--quiet"])
+    assert quiet.exit_code == 0 and "not applied" not in quiet.output, quiet.output  # nothing given, nothing said

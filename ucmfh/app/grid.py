@@ -30,8 +30,9 @@ from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.jobs import SideBySide, jobs_option
 from ucmfh.app.table import append_cell_rows
 from ucmfh.app.options import (
-    DEFAULT_RESULTS, FLAGS, Count, candidates_problem, check_precision, data_dir_option, default_method_note,
-    device_option, flag_of, given_twice, parse_params, resolved, scoring_options, seed_type, settings_of, train_options,
+    DEFAULT_RESULTS, FLAGS, Count, candidates_problem, check_precision, closed_form_notes, data_dir_option,
+    default_method_note, device_option, flag_of, given_twice, parse_params, resolved, scoring_options, seed_type,
+    settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import (
@@ -338,7 +339,7 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
              + "; ".join(f"{', '.join(flag_of(s, flags) for s in u if u[s] == why)} not applied (it {why})"
                          for why in dict.fromkeys(u.values()))
              + "; the other methods apply them" for (m, loss), u in unused.items() if u]
-    for note in notes:  # diagnostics: on stderr, beside the warnings
+    for note in notes + closed_form_notes(methods):  # diagnostics: on stderr, beside the warnings
         click.echo(note, err=True)
     # every cell's settings are checked before anything trains
     cells = []

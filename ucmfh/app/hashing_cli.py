@@ -16,8 +16,9 @@ from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.options import (
-    TRAINED_ON_HELP, Count, FiniteRange, InputPath, candidates_problem, check_precision, data_dir_option, data_options,
-    device_option, given_flags, given_twice, resolved, run_options, settings_of, train_options,
+    TRAINED_ON_HELP, Count, FiniteRange, InputPath, candidates_problem, check_precision, closed_form_notes,
+    data_dir_option, data_options, device_option, given_flags, given_twice, resolved, run_options, settings_of,
+    train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig
 from ucmfh.files import fingerprint
@@ -153,6 +154,8 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
     if problem:  # refused where it does nothing, as an option no method uses is
         raise click.BadParameter(problem, param_hint="--candidates-side-by-side")
     check_outputs({"--results": results}, {"--out": train["out"], "--tensorboard": train["tensorboard"]})
+    for note in closed_form_notes([method]):
+        click.echo(f"note: {note}", err=True)
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
     check_interrupted([Run(opts.out, dataset_identity(data), fcfg, hcfg) for hcfg in hcfgs], opts)

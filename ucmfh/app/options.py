@@ -143,6 +143,22 @@ def given_flags(flags: Dict[str, str]) -> List[str]:
     return [flag for name, flag in flags.items() if source(name) == click.core.ParameterSource.COMMANDLINE]
 
 
+def closed_form_notes(methods: Sequence[str]) -> List[str]:
+    """A note for each method of ``methods`` fitted in closed form, where the command running was given options of
+    training by epochs (curves, saves of the training state, a captured step) that it has no use for: they were
+    taken without a word (--tensorboard made no folder)."""
+    from ucmfh.methods import METHODS
+
+    flags = given_flags({"tensorboard": "--tensorboard", "save_interval": "--save-interval",
+                         "cuda_graph": "--cuda-graph/--no-cuda-graph"})
+    fitted = [name for name in methods if METHODS[name].closed_form]
+    if not flags or not fitted:
+        return []
+    others = "; the other methods apply them" if len(fitted) < len(set(methods)) else ""
+    return [f"method {name!r}: {', '.join(flags)} not applied (it is fitted in closed form: no epochs){others}"
+            for name in fitted]
+
+
 def given_twice(values: Sequence[Any]) -> Any:
     """The first value of a list given on the command line that repeats an earlier one, else None: a typo as
     often as not ('1,1' for '1,11'), whose work would be asked for twice."""
