@@ -147,11 +147,11 @@ def closed_form_notes(methods: Sequence[str]) -> List[str]:
     """A note for each method of ``methods`` fitted in closed form, where the command running was given options of
     training by epochs (curves, saves of the training state, a captured step) that it has no use for: they were
     taken without a word (--tensorboard made no folder)."""
-    from ucmfh.methods import METHODS
+    from ucmfh.methods.settings import trains_by_epochs
 
     flags = given_flags({"tensorboard": "--tensorboard", "save_interval": "--save-interval",
                          "cuda_graph": "--cuda-graph/--no-cuda-graph"})
-    fitted = [name for name in methods if METHODS[name].closed_form]
+    fitted = [name for name in methods if not trains_by_epochs(name)]
     if not flags or not fitted:
         return []
     others = "; the other methods apply them" if len(fitted) < len(set(methods)) else ""

@@ -259,6 +259,12 @@ def trains_fusion(method: str) -> bool:
     return _method(method).uses_fusion
 
 
+def trains_by_epochs(method: str) -> bool:
+    """Whether a run of ``method`` trains by epochs, which curves, saves of the training state and a captured step
+    serve: not one fitted in closed form."""
+    return not _method(method).closed_form
+
+
 def fusion_takes_the_loss(method: str) -> bool:
     """Whether a run of ``method`` trains its fusion stage with the hashing stage's loss and its parameters (UCMFH:
     one set of options, two stages), so that a loss's parameters given once reach both."""
