@@ -239,7 +239,8 @@ def scoring_options(fn: Optional[Callable] = None) -> Any:
             fn = option(fn)
         return fn
     return [click.option("--protocol", type=click.Choice(["both", *PROTOCOLS]), default="both", show_default=True,
-                         help="unimodal: codes from one modality (cross-modal); fused: UCMFH's protocol."),
+                         help="unimodal: codes (or a fusion stage's embeddings) from one modality (cross-modal); "
+                              "fused: UCMFH's protocol."),
             click.option("--k", "-k", default=DEFAULT_K, show_default=True, type=Count(min=1), help="MAP@k cut-off.")]
 
 
