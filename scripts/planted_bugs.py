@@ -678,7 +678,7 @@ BUGS: Tuple[Bug, ...] = (
     Bug("finished-grid-loads-datasets", "ucmfh/app/grid.py",
         "              if any(not rows for (name, _, _), rows in zip(cells, recorded_rows) if name == dataset)}\n",
         "              }\n",
-        "a grid whose cells were all finished read every dataset again to print its table (19 s on full Flickr8k)",
+        "a grid whose cells were all finished read every dataset again to print its table (5 s on full Flickr8k)",
         ("tests/app/test_grid.py::test_a_finished_grid_reads_no_dataset_to_print_its_table",)),
     Bug("grid-caption-set-leads-with-map", "ucmfh/app/grid.py",
         "        md += _main_table(cell, variants, bits, where, recall=bool(database))\n",
