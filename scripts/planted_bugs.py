@@ -703,6 +703,10 @@ BUGS: Tuple[Bug, ...] = (
         "    if True:\n",
         "cca-itq took --tensorboard, --save-interval and --cuda-graph without a word: it trains no epoch",
         ("tests/app/test_grid.py::test_options_of_training_by_epochs_are_said_not_applied_to_a_method_fitted_in_closed_form",)),
+    Bug("broken-pool-workers-wait", "ucmfh/app/jobs.py",
+        "        if broken is not None and broken.value and not _IN_CELL[0]:\n", "        if False:\n",
+        "a grid worker told its pool broke stayed between cells for ever: from Python 3.12 the grid waited on it",
+        ("tests/app/test_jobs.py::test_a_worker_of_a_broken_pool_ends_once_its_cell_has_stopped",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

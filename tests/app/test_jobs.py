@@ -536,6 +536,22 @@ def test_a_worker_whose_grid_is_killed_hard_ends_too(tmp_path):
     assert not alive()
 
 
+def test_a_worker_of_a_broken_pool_ends_once_its_cell_has_stopped():
+    """From Python 3.12 a broken pool (a worker killed: the OOM killer) ends its other workers by SIGTERM alone and
+    waits for them, holding its lock: a worker between cells ignores SIGTERM, and the grid hung for ever, deaf to
+    Ctrl-C (an audit's, on 3.12.1 and 3.13.0; test_a_worker_killed_hard_names_every_cell_it_ended hung there). Told
+    that its pool broke, a worker ends once no cell's work is under way in it, the stopped cell's state saved."""
+    child = ("import os, sys, threading, time, types; sys.path.insert(0, sys.argv[1]); import ucmfh.app.jobs as jobs; "
+             "jobs.ORPHAN_POLL_S = 0.05; jobs._IN_CELL[0] = True; broken = types.SimpleNamespace(value=1); "
+             "threading.Thread(target=jobs._end_with_parent, args=(os.getppid(), broken), daemon=True).start(); "
+             "time.sleep(0.5); print('alive while its cell stops', flush=True); jobs._IN_CELL[0] = False; "
+             "time.sleep(60); print('still alive between cells', flush=True)")
+    started = time.monotonic()
+    ended = subprocess.run([sys.executable, "-c", child, str(ROOT)], capture_output=True, text=True, timeout=120)
+    assert ended.returncode == 0 and ended.stdout == "alive while its cell stops\n", ended
+    assert time.monotonic() - started < 30
+
+
 def test_a_signal_as_the_grid_s_workers_shut_down_is_said(tiny_path, tmp_path, monkeypatch):
     """A SIGTERM after the last cell ended, as the grid waited for its workers to shut down, was heard and then
     forgotten: the grid ended 0 without a word of it (an audit's find, 'grid --jobs 2' signalled as it ended)."""

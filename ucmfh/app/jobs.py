@@ -119,7 +119,7 @@ class Outcome:
 _datasets: Dict[Tuple[str, Optional[int]], Dataset] = {}  # a worker's datasets, each read once
 
 
-def _start_worker(slots: Any, pids: Any, threads: int, gpus: int, grid: int) -> None:
+def _start_worker(slots: Any, pids: Any, threads: int, gpus: int, grid: int, broken: Any) -> None:
     """A worker's set-up: its slot (and pid, where the parent signals it), threads and GPU. SIGINT and
     SIGTERM are ignored between cells (a Ctrl-C reaches the whole process group, and the parent decides the
     rest), and from the process's start (:func:`_held`); in a cell, training stops at a safe point on
@@ -135,22 +135,26 @@ def _start_worker(slots: Any, pids: Any, threads: int, gpus: int, grid: int) -> 
     torch.set_num_threads(threads)
     if gpus:
         torch.cuda.set_device(slot % gpus)
-    threading.Thread(target=_end_with_parent, args=(grid,), name="ucmfh-orphan-watch", daemon=True).start()
+    threading.Thread(target=_end_with_parent, args=(grid, broken), name="ucmfh-orphan-watch", daemon=True).start()
 
 
-ORPHAN_POLL_S = 1.0  # how often a worker looks for its grid's process
+ORPHAN_POLL_S = 1.0  # how often a worker looks for its grid's process, and whether its pool broke
 
 
-def _end_with_parent(parent: int) -> None:
+def _end_with_parent(parent: int, broken: Any = None) -> None:
     """End this worker once its grid's process (``parent``, its pid as the grid gave it: a worker's own look at its
     parent, once that is gone, would be its new one) is gone (killed hard: SIGKILL, the OOM killer), which no signal
     says: re-parented, idle between cells and deaf to SIGTERM there, it lived on, and held the grid's output open
     (a ``| tee`` of it waited for ever). Its cell's files are written atomically; its state, as last saved,
-    resumes."""
+    resumes. Also once the grid says its pool is ``broken`` (another worker killed) and no cell's work is under way
+    here (a cell running stops on the grid's SIGTERM, its state saved): from Python 3.12 a broken pool ends its
+    workers by SIGTERM alone, which a worker between cells ignores, and waited for them for ever (the grid hung)."""
     while True:
         time.sleep(ORPHAN_POLL_S)
         if os.getppid() != parent:
             os.kill(os.getpid(), signal.SIGKILL)
+        if broken is not None and broken.value and not _IN_CELL[0]:
+            os._exit(0)
 
 
 def _portable(err: BaseException) -> BaseException:
@@ -163,6 +167,7 @@ def _portable(err: BaseException) -> BaseException:
 
 
 _STOPS = (signal.SIGINT, signal.SIGTERM)
+BROKEN = 0  # what a grid's stop_cells is given to end its workers once their cells have stopped (not a signal)
 # whether a cell's work is under way in this worker: a signal once it is over (its outcome made, its handlers
 # being put back) stops nothing, and raised there it escaped the cell and left its handler on between cells
 _IN_CELL = [False]
@@ -340,6 +345,7 @@ class SideBySide:
         running: Dict[cf.Future, _Cell] = {}
         signum: Optional[int] = None
         error: Optional[BaseException] = None
+        broken = False
         with stop_on_signals() as stop, contextlib.ExitStack() as side:
             pool, submit, stop_cells = self._pool(n, side)
             try:
@@ -366,6 +372,7 @@ class SideBySide:
                                                         signum, error)
                             continue
                         except BrokenProcessPool:  # a worker killed (out of memory, or a Ctrl-C as it started):
+                            broken = True
                             cell.state = "failed"  # the pool breaks, and every cell running in it ends so; which
                             self.log(f"failed {cell.name}: a worker process of the grid ended abruptly")  # is not said
                             if signum is None and error is None:
@@ -383,6 +390,8 @@ class SideBySide:
                 stop_cells(signal.SIGTERM)
                 raise
             finally:
+                if broken:  # the other workers end once their cells have stopped (Python 3.12 waited for ever)
+                    stop_cells(BROKEN)
                 pool.shutdown(wait=True, cancel_futures=True)
             signum = signum or stop["signal"]  # one heard after the last cell ended, as the pool shut down: said
         self._append(in_order=False)  # every finished cell's rows are kept, whatever stopped the grid
@@ -415,10 +424,17 @@ class SideBySide:
 
             return pool, in_thread, stop_threads
         context = multiprocessing.get_context("spawn")  # fresh processes: no CUDA or thread pool state forked
-        pids = context.Array("i", n)
-        pool = cf.ProcessPoolExecutor(n, context, initializer=_start_worker,
-                                      initargs=(context.Value("i", 0), pids, self.threads(), self.gpus(), os.getpid()))
-        return pool, lambda cell: pool.submit(run_cell, cell.task), lambda signum: _send(pids, signum)
+        pids, broken = context.Array("i", n), context.Value("b", 0)
+        pool = cf.ProcessPoolExecutor(n, context, initializer=_start_worker, initargs=(
+            context.Value("i", 0), pids, self.threads(), self.gpus(), os.getpid(), broken))
+
+        def stop_workers(signum: int) -> None:  # BROKEN: the pool broke, each worker ends once its cell has stopped
+            if signum == BROKEN:
+                broken.value = 1
+            else:
+                _send(pids, signum)
+
+        return pool, lambda cell: pool.submit(run_cell, cell.task), stop_workers
 
     def _start_ready(self, submit: Callable[[_Cell], cf.Future], running: Dict[cf.Future, _Cell], n: int) -> None:
         """Start the first pending cells, in the grid's order, while a worker is free; a cell whose fusion
