@@ -1,4 +1,3 @@
-import glob
 import os
 import shutil
 
@@ -12,7 +11,8 @@ class BuildPy(build_py):
     this checkout (its build/lib) was shipped again in the next wheel or install."""
 
     def run(self):
-        for stale in glob.glob(os.path.join(self.build_lib, "ucmfh")):
+        stale = os.path.join(self.build_lib, "ucmfh")
+        if os.path.isdir(stale):
             shutil.rmtree(stale)
         super().run()
 

@@ -688,7 +688,7 @@ BUGS: Tuple[Bug, ...] = (
     Bug("build-ships-removed-modules", "setup.py", "            shutil.rmtree(stale)\n", "            pass\n",
         "a build in a checkout shipped the modules removed since an earlier build there (build/lib)",
         ("tests/test_packaging.py::test_a_build_ships_no_module_removed_since_an_earlier_build",)),
-    Bug("sdist-ships-what-runs-left", "MANIFEST.in", "global-exclude *.lock *.pt *.pth *.h5\n", "",
+    Bug("sdist-ships-what-runs-left", "MANIFEST.in", "global-exclude *.lock *.pt *.pth *.h5 *.npz .*.tmp*\n", "",
         "an sdist built from a used checkout held the lock files, checkpoints and datasets runs left in tests/, "
         "docs/ and scripts/",
         ("tests/test_packaging.py::test_a_source_distribution_is_the_project_not_what_runs_leave_beside_it",)),

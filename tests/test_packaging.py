@@ -18,8 +18,9 @@ pytestmark = pytest.mark.skipif(importlib.util.find_spec("setuptools") is None, 
 def test_a_build_ships_no_module_removed_since_an_earlier_build(tmp_path):
     """``pip install .`` builds in the checkout's build/lib: a module removed or renamed since an earlier build
     there was still copied into the wheel, and imported (an audit's)."""
+    tmp_path = tmp_path / "build[1]"  # a folder whose name is a glob pattern too
     ghost = tmp_path / "ucmfh" / "_removed_since.py"
-    ghost.parent.mkdir()
+    ghost.parent.mkdir(parents=True)
     ghost.write_text("x = 1\n")
     subprocess.run([sys.executable, "setup.py", "-q", "build_py", "--build-lib", str(tmp_path)], cwd=ROOT,
                    check=True, capture_output=True)
@@ -36,7 +37,9 @@ def test_a_source_distribution_is_the_project_not_what_runs_leave_beside_it(tmp_
     # (folder, file): not paths the docs would name (tests/scripts/test_readme_summary.py looks for those)
     left = ["/".join(parts) for parts in (("docs", ".figures.lock"), ("docs", "results", ".small.jsonl.lock"),
                                           ("scripts", "bench.jsonl.lock"), ("tests", "model.pt"),
-                                          ("tests", "scratch", "out.h5"), ("docs", "figures", "new.svg"))]
+                                          ("tests", "scratch", "out.h5"), ("docs", "figures", "new.svg"),
+                                          ("docs", "figures", "sub", "deep.svg"), ("tests", ".model.pt.tmp12.host"),
+                                          ("docs", "results", "hash16.queries-abc.npz"))]
     for path in left:
         (copy / path).parent.mkdir(parents=True, exist_ok=True)
         (copy / path).write_text("left by a run")

@@ -421,6 +421,9 @@ def test_a_caption_set_s_recalls_and_a_collapse_reach_the_csv(tmp_path):
         lines = md[lead:].splitlines()
         assert lines[4].startswith(f"| `cca-itq` | {figures[0]} / {figures[1]} ({figures[2]}) | 2 | ")
         assert lines[5] == f"| random codes | – / – ({figures[3]}) | 2 | – |"  # the rows keep its rSum alone
+        by_id = md[md.index(f"MAP@50 by id I→T / T→I, database `{database}`"):].split("\n\n")[1].splitlines()
+        assert by_id[-1] == ("| random codes | " + " / ".join(f"{float(s[f'random_map_{d}_mean']):.3f}"
+                                                              for d in ("i2t", "t2i")) + " |")
     better = [{**r, "method": "two-tower", "rsum_expected": r["rsum_expected"] + 10} for r in rows]
     md = markdown(rows + better, ["cca-itq", "two-tower"], [8])
     assert "Δ rSum in % paired by (seed, code length)" in md
@@ -449,18 +452,21 @@ def test_losses_for_methods_with_a_loss_of_their_own_are_said_not_applied_or_ref
 
 def test_options_of_training_by_epochs_are_said_not_applied_to_a_method_fitted_in_closed_form(tiny_path, tmp_path):
     """--tensorboard, --save-interval and --cuda-graph were taken without a word for cca-itq, which trains no epoch
-    (--tensorboard made no folder; an audit's)."""
+    (--tensorboard made no folder; an audit's): refused where no method trains by epochs, as a setting no method
+    uses is, and said not applied beside methods that do."""
     runs, tb = str(tmp_path / "runs"), str(tmp_path / "tb")
-    alone = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--method", "cca-itq", "-b", "8", "--out", runs,
-                                      "--results", "", "--tensorboard", tb, "--quiet"])
-    assert alone.exit_code == 0, alone.output
-    assert "note: method 'cca-itq': --tensorboard not applied (it is fitted in closed form: no epochs)" in alone.stderr
+    for command in (["train-hash", "--method", "cca-itq"], ["grid", "--methods", "cca-itq"]):
+        alone = CliRunner().invoke(main, [*command, "-d", tiny_path, "-b", "8", "--out", runs, "--results",
+                                          str(tmp_path / "r.jsonl"), "--no-cuda-graph", "--quiet"])
+        assert alone.exit_code == 2 and not os.path.exists(runs), alone.output
+        assert ("Invalid value for --no-cuda-graph: 'cca-itq' is fitted in closed form: no epochs to draw, save or "
+                "capture") in alone.output, alone.output
     grid = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "cca-itq,two-tower", "-b", "8", "--out",
                                      runs, "--results", str(tmp_path / "r.jsonl"), "--save-interval", "5", "--epochs",
                                      "1", "--batch-size", "64", "--quiet"])
     assert grid.exit_code == 0, grid.output
     assert ("method 'cca-itq': --save-interval not applied (it is fitted in closed form: no epochs); the other methods "
-            "apply them") in grid.stderr
+            "apply it") in grid.stderr
     quiet = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--method", "cca-itq", "-b", "8", "--out", runs,
                                       "--results", "", "--quiet"])
     assert quiet.exit_code == 0 and "not applied" not in quiet.output, quiet.output  # nothing given, nothing said

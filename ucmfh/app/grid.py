@@ -163,7 +163,7 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
         md += _fusion_seconds(cell, variants, bits, where)
         if database:  # a caption set: MAP too, each caption's relevant items those of its image's id
             md += _means_table(cell, variants, bits, where, "", f"MAP@{k} by id I→T / T→I, database `{database}`, "
-                               "tie-aware, mean ± std over seeds:", False, spread=True)
+                               "tie-aware, mean ± std over seeds:", False, spread=True, random=True)
         md += _means_table(cell, variants, bits, where, "", f"Ties broken by database index (the field's code), "
                            f"{lead}, mean over seeds:", bool(database), index_order=True)
         md += _means_table(cell, variants, bits, where, REAL, "Real-valued head outputs ranked by cosine (before the "
@@ -235,12 +235,13 @@ def _fusion_seconds(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], 
 
 def _means_table(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], bits: Sequence[int],
                 where: tuple, prefix: str, title: str, recall: bool, index_order: bool = False,
-                spread: bool = False) -> List[str]:
+                spread: bool = False, random: bool = False) -> List[str]:
     """A table of means over seeds, method × code length: R@1 I→T / T→I (rSum) with ``recall``, else
     MAP; with ``spread``, each mean's std over seeds beside it where there are several. Tie-aware where
     the rows have it, or with ``index_order`` the figures with ties by index (only for groups that have
     both). ``prefix`` ``real_``: the real-valued head outputs (rows' ``real_valued``), what the codes lose
-    to their sign. Nothing when no group has the figures."""
+    to their sign; with ``random``, the random codes' MAP under the methods. Nothing when no group has the
+    figures."""
     fields = ("r1_i2t", "r1_t2i", "rsum") if recall else DIRECTIONS
 
     def figure(s: Optional[Dict[str, Any]]) -> Optional[str]:
@@ -261,6 +262,11 @@ def _means_table(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], bit
             lines.append("| " + " | ".join([f"`{variant}`", *(f or "–" for f in figures)]) + " |")
     if not lines:
         return []
+    if random:  # a caption set's MAP by id: the random codes' too, as the table of a labelled set has them
+        groups = [cell.get((*where, variants[0], n)) for n in bits]
+        lines.append("| random codes | " + " | ".join(
+            " / ".join(f"{s[f'random_{d}_mean']:.3f}" for d in DIRECTIONS)
+            if s and "random_map_i2t_mean" in s else "–" for s in groups) + " |")
     return [title, "", "| method | " + " | ".join(f"{n} bits" for n in bits) + " |", "|---|" + "---|" * len(bits),
             *lines, ""]
 

@@ -35,17 +35,22 @@ def dataset_label(path: str) -> str:
     return printable(os.path.splitext(os.path.basename(path))[0])
 
 
-def dataset_identity(data: Union[Dataset, str]) -> Dict[str, str]:
+def dataset_identity(data: Union[Dataset, str, os.PathLike]) -> Dict[str, str]:
     """The dataset part of a run's identity: label, resolved path, content fingerprint, of a loaded dataset or of
     a dataset file's path (the file is not read as a dataset: a finished grid loads none to print its table)."""
-    path = data if isinstance(data, str) else data.path
+    path = os.fspath(data) if isinstance(data, (str, os.PathLike)) else data.path
     if path is None:
         raise ValueError("a run needs a dataset read from a file (its fingerprint is part of the run's identity)")
-    if not os.path.isfile(path):  # a pipe's fingerprint waited for ever: said as validation says what it is
-        from ucmfh.data.h5 import validate_file
+    from ucmfh.data.h5 import validate_file
 
+    if not os.path.isfile(path):  # a pipe's fingerprint waited for ever: said as validation says what it is
         validate_file(path)
-    return {"label": dataset_label(path), "path": os.path.realpath(path), "fingerprint": fingerprint(path)}
+    try:
+        digest = fingerprint(path)
+    except OSError:  # unreadable (permissions): said as validation says it, not as a bare errno
+        validate_file(path)
+        raise
+    return {"label": dataset_label(path), "path": os.path.realpath(path), "fingerprint": digest}
 
 
 def hash_settings(cfg: HashConfig) -> Dict[str, Any]:

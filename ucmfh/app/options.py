@@ -146,17 +146,21 @@ def given_flags(flags: Dict[str, str]) -> List[str]:
 def closed_form_notes(methods: Sequence[str]) -> List[str]:
     """A note for each method of ``methods`` fitted in closed form, where the command running was given options of
     training by epochs (curves, saves of the training state, a captured step) that it has no use for: they were
-    taken without a word (--tensorboard made no folder)."""
+    taken without a word (--tensorboard made no folder). Refused, naming the flag, where no method of
+    ``methods`` trains by epochs, as a setting no method uses is."""
     from ucmfh.methods.settings import trains_by_epochs
 
-    flags = given_flags({"tensorboard": "--tensorboard", "save_interval": "--save-interval",
-                         "cuda_graph": "--cuda-graph/--no-cuda-graph"})
+    graph = "--cuda-graph" if click.get_current_context().params.get("cuda_graph") else "--no-cuda-graph"
+    flags = given_flags({"tensorboard": "--tensorboard", "save_interval": "--save-interval", "cuda_graph": graph})
     fitted = [name for name in methods if not trains_by_epochs(name)]
     if not flags or not fitted:
         return []
-    others = "; the other methods apply them" if len(fitted) < len(set(methods)) else ""
-    return [f"method {name!r}: {', '.join(flags)} not applied (it is fitted in closed form: no epochs){others}"
-            for name in fitted]
+    if len(fitted) == len(set(methods)):
+        raise click.BadParameter(f"{', '.join(map(repr, fitted))} {'is' if len(fitted) == 1 else 'are'} fitted in "
+                                 "closed form: no epochs to draw, save or capture", param_hint=flags[0])
+    them = "them" if len(flags) > 1 else "it"
+    return [f"method {name!r}: {', '.join(flags)} not applied (it is fitted in closed form: no epochs); the other "
+            f"methods apply {them}" for name in fitted]
 
 
 def given_twice(values: Sequence[Any]) -> Any:
