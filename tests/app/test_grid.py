@@ -454,7 +454,7 @@ def test_options_of_training_by_epochs_are_said_not_applied_to_a_method_fitted_i
     """--tensorboard, --save-interval and --cuda-graph were taken without a word for cca-itq, which trains no epoch
     (--tensorboard made no folder; an audit's): refused where no method trains by epochs, as a setting no method
     uses is, and said not applied beside methods that do."""
-    runs, tb = str(tmp_path / "runs"), str(tmp_path / "tb")
+    runs = str(tmp_path / "runs")
     for command in (["train-hash", "--method", "cca-itq"], ["grid", "--methods", "cca-itq"]):
         alone = CliRunner().invoke(main, [*command, "-d", tiny_path, "-b", "8", "--out", runs, "--results",
                                           str(tmp_path / "r.jsonl"), "--no-cuda-graph", "--quiet"])
