@@ -481,11 +481,11 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         if not rows:  # a method that needs the split in memory, refused hours in at its first cell
             build_method(hcfg.method).check_split(loaded[dataset])
     side = SideBySide(jobs, device, results, opts, protocols, k, train["max_memory"], workers) if jobs > 1 else None
-    for (dataset, fcfg, hcfg), run, rows in zip(cells, runs, recorded_rows):
+    for (dataset, fcfg, hcfg), run in zip(cells, runs):
         run_key = key_of(run.hash_identity)
         name = f"{dataset} {variant_of({'method': hcfg.method, 'loss': hcfg.loss})} seed {hcfg.seed} {hcfg.n_bits} bits"
-        # a cell named twice (a seed or dataset twice) is finished once its first has run
-        done = rows or finished(recorded, run_key, scored_protocols(hcfg.method, protocols), k)
+        # asked again: a cell named twice (a seed or dataset twice) is finished once its first has run
+        done = finished(recorded, run_key, scored_protocols(hcfg.method, protocols), k)
         if done:
             click.echo(f"skip {name}: finished (run {run_key})")
             grid_rows.append(done)

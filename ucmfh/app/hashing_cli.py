@@ -154,8 +154,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
     if problem:  # refused where it does nothing, as an option no method uses is
         raise click.BadParameter(problem, param_hint="--candidates-side-by-side")
     check_outputs({"--results": results}, {"--out": train["out"], "--tensorboard": train["tensorboard"]})
-    for note in closed_form_notes([method]):
-        click.echo(f"note: {note}", err=True)
+    closed_form_notes([method])  # one method: none, or refused (--tensorboard for cca-itq)
     data = _load(dataset, data_dir, train["max_memory"])
     opts = run_options(train, quiet)
     check_interrupted([Run(opts.out, dataset_identity(data), fcfg, hcfg) for hcfg in hcfgs], opts)

@@ -167,7 +167,6 @@ def _portable(err: BaseException) -> BaseException:
 
 
 _STOPS = (signal.SIGINT, signal.SIGTERM)
-BROKEN = 0  # what a grid's stop_cells is given to end its workers once their cells have stopped (not a signal)
 # whether a cell's work is under way in this worker: a signal once it is over (its outcome made, its handlers
 # being put back) stops nothing, and raised there it escaped the cell and left its handler on between cells
 _IN_CELL = [False]
@@ -347,7 +346,7 @@ class SideBySide:
         error: Optional[BaseException] = None
         broken = False
         with stop_on_signals() as stop, contextlib.ExitStack() as side:
-            pool, submit, stop_cells = self._pool(n, side)
+            pool, submit, stop_cells, end_workers = self._pool(n, side)
             try:
                 while True:
                     if signum is None and stop["signal"] is not None and running:  # said at once: threads finish
@@ -391,7 +390,7 @@ class SideBySide:
                 raise
             finally:
                 if broken:  # the other workers end once their cells have stopped (Python 3.12 waited for ever)
-                    stop_cells(BROKEN)
+                    end_workers()
                 pool.shutdown(wait=True, cancel_futures=True)
             signum = signum or stop["signal"]  # one heard after the last cell ended, as the pool shut down: said
         self._append(in_order=False)  # every finished cell's rows are kept, whatever stopped the grid
@@ -407,9 +406,10 @@ class SideBySide:
                                    "what it kept)", signum), always_resumes=True)
 
     def _pool(self, n: int, side: contextlib.ExitStack) -> Tuple[cf.Executor, Callable[[_Cell], cf.Future],
-                                                                 Callable[[int], None]]:
-        """The ``n`` workers: their pool, how a cell is given to one, and how a signal reaches the cells running
-        (``side``: what the workers run inside, until they have ended)."""
+                                                                 Callable[[int], None], Callable[[], None]]:
+        """The ``n`` workers: their pool, how a cell is given to one, how a signal reaches the cells running, and
+        how the workers of a broken pool are told to end once their cells have stopped (``side``: what the workers
+        run inside, until they have ended)."""
         if self.in_threads:
             device = resolve_device(self.device)
             if device.type == "cpu":
@@ -422,19 +422,16 @@ class SideBySide:
             def in_thread(cell: _Cell) -> cf.Future:  # in a copy of this thread's context: its blocks hold there
                 return pool.submit(contextvars.copy_context().run, run_cell_in_thread, cell.task, cell.data, device)
 
-            return pool, in_thread, stop_threads
+            return pool, in_thread, stop_threads, lambda: None  # threads: no pool to break
         context = multiprocessing.get_context("spawn")  # fresh processes: no CUDA or thread pool state forked
         pids, broken = context.Array("i", n), context.Value("b", 0)
         pool = cf.ProcessPoolExecutor(n, context, initializer=_start_worker, initargs=(
             context.Value("i", 0), pids, self.threads(), self.gpus(), os.getpid(), broken))
 
-        def stop_workers(signum: int) -> None:  # BROKEN: the pool broke, each worker ends once its cell has stopped
-            if signum == BROKEN:
-                broken.value = 1
-            else:
-                _send(pids, signum)
+        def end_workers() -> None:
+            broken.value = 1
 
-        return pool, lambda cell: pool.submit(run_cell, cell.task), stop_workers
+        return pool, lambda cell: pool.submit(run_cell, cell.task), lambda signum: _send(pids, signum), end_workers
 
     def _start_ready(self, submit: Callable[[_Cell], cf.Future], running: Dict[cf.Future, _Cell], n: int) -> None:
         """Start the first pending cells, in the grid's order, while a worker is free; a cell whose fusion
