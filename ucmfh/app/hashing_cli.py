@@ -20,12 +20,14 @@ from ucmfh.app.options import (
     data_dir_option, data_options, device_option, given_flags, given_twice, resolved, run_options, settings_of,
     train_options,
 )
-from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig
+from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig, default_epochs
 from ucmfh.files import fingerprint
 from ucmfh.metrics.captions import DATABASES
 from ucmfh.data.h5 import DEFAULT_MAX_MEMORY, load_dataset
 from ucmfh.methods import DEFAULT_METHOD, METHODS, PLUGINS
-from ucmfh.methods.settings import captured_step, default_loss, fusion_config, refuse_unused, stage_configs
+from ucmfh.methods.settings import (
+    captured_step, default_loss, fusion_config, hash_config, refuse_unused, stage_configs,
+)
 from ucmfh.utils import resolve_device
 
 
@@ -43,6 +45,9 @@ def methods_cmd() -> None:
         if spec.params:
             click.echo(f"{'':<{width}} parameters: " + ", ".join(f"{k}={v}" for k, v in spec.params.items()))
         own = {**spec.defaults, **{k: v for k, v in spec.fixed.items() if base.get(k) != v}}
+        if "epochs" not in own and hash_config(name, dataset="mscoco").epochs != default_epochs("mscoco"):
+            # ucmfh trains the reference's epochs of a dataset it knows (500 on MS-COCO); this method does not
+            own["epochs"] = f"{hash_config(name).epochs} on every dataset"
         click.echo(f"{'':<{width}} defaults: " + (", ".join(f"{k}={v}" for k, v in own.items()) + " (else as ucmfh)"
                                                   if own else "HashConfig's: UCMFH's reference code's, but a "
                                                   f"modality dropout of {HashConfig.modality_dropout} (UCMFH trains "
