@@ -707,6 +707,16 @@ BUGS: Tuple[Bug, ...] = (
         "        if broken is not None and broken.value and not _IN_CELL[0]:\n", "        if False:\n",
         "a grid worker told its pool broke stayed between cells for ever: from Python 3.12 the grid waited on it",
         ("tests/app/test_jobs.py::test_a_worker_of_a_broken_pool_ends_once_its_cell_has_stopped",)),
+    Bug("random-recall-unkept", "ucmfh/app/experiment.py",
+        '        row.update({f"random_{key}": floor[key] for key in ("map_i2t", "map_t2i", "rsum", "recall_i2t", '
+        '"recall_t2i")\n',
+        '        row.update({f"random_{key}": floor[key] for key in ("map_i2t", "map_t2i", "rsum")\n',
+        "a caption set's rows kept the random codes' rSum alone: its R@K figures drew no random line, grid.md none",
+        ("tests/app/test_grid.py::test_a_caption_set_s_recalls_and_a_collapse_reach_the_csv",)),
+    Bug("methods-epochs-else-as-ucmfh", "ucmfh/app/hashing_cli.py",
+        '            own["epochs"] = f"{hash_config(name).epochs} on every dataset"\n', "            pass\n",
+        "'ucmfh methods' said distill's epochs were ucmfh's (500 on MS-COCO), where it trains 100",
+        ("tests/methods/test_methods.py::test_methods_lists_each_method_s_departures_and_what_it_fixes",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -417,10 +417,16 @@ def test_a_caption_set_s_recalls_and_a_collapse_reach_the_csv(tmp_path):
         lead = md.index(f"R@1 I→T / T→I in % (rSum), database `{database}` (mean ± std over seeds")
         assert lead < md.index(f"MAP@50 by id I→T / T→I, database `{database}`")
         figures = [f"{float(s[f'{field}_mean']):.1f} ± {float(s[f'{field}_std']):.1f}"
-                   for field in ("r1_i2t_expected", "r1_t2i_expected", "rsum_expected", "random_rsum")]
+                   for field in ("r1_i2t_expected", "r1_t2i_expected", "rsum_expected", "random_r1_i2t",
+                                 "random_r1_t2i", "random_rsum")]
         lines = md[lead:].splitlines()
         assert lines[4].startswith(f"| `cca-itq` | {figures[0]} / {figures[1]} ({figures[2]}) | 2 | ")
-        assert lines[5] == f"| random codes | – / – ({figures[3]}) | 2 | – |"  # the rows keep its rSum alone
+        # random codes' R@1 (the rows kept their rSum alone: "– / –")
+        assert lines[5] == f"| random codes | {figures[3]} / {figures[4]} ({figures[5]}) | 2 | – |"
+        for field in ("r1_i2t", "r5_t2i", "r10_i2t"):  # the CSV's random R@K, as every other figure's
+            rank, direction = field[1:].split("_")
+            assert float(s[f"random_{field}_mean"]) == pytest.approx(
+                sum(r[f"random_recall_{direction}"][rank] for r in rows if r["database"] == database) / 2)
         by_id = md[md.index(f"MAP@50 by id I→T / T→I, database `{database}`"):].split("\n\n")[1].splitlines()
         assert by_id[-1] == ("| random codes | " + " / ".join(f"{float(s[f'random_map_{d}_mean']):.3f}"
                                                               for d in ("i2t", "t2i")) + " |")

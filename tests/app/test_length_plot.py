@@ -28,13 +28,15 @@ def _caption(n_bits: int, seed: int, database: str, r1: float) -> dict:
 
 
 def _recalls(n_bits: int, seed: int, database: str) -> dict:
-    """A caption row with every R@K, both ways (tie-aware twins a point lower), rSum and its random twin."""
+    """A caption row with every R@K, both ways (tie-aware twins a point lower), rSum and their random twins."""
     i2t = {"1": 5.0 + seed + n_bits / 16, "5": 15.0 + seed, "10": 25.0 + seed}
     t2i = {k: v / 2 for k, v in i2t.items()}
     return {**_row("two-tower", n_bits, seed, 0.3), "dataset": "f8k", "dataset_fingerprint": "h", "database": database,
             "recall_i2t": i2t, "recall_t2i": t2i, "recall_i2t_expected": {k: v - 1 for k, v in i2t.items()},
             "recall_t2i_expected": {k: v - 1 for k, v in t2i.items()}, "rsum": sum(i2t.values()) + sum(t2i.values()),
-            "rsum_expected": sum(i2t.values()) + sum(t2i.values()) - 6, "random_rsum": 1.0 + seed}
+            "rsum_expected": sum(i2t.values()) + sum(t2i.values()) - 6, "random_rsum": 1.0 + seed,
+            "random_recall_i2t": {"1": 0.1 * seed, "5": 0.5, "10": 1.0}, "random_recall_t2i": {"1": 0.2, "5": 0.6,
+                                                                                            "10": 1.2 * seed}}
 
 
 ROWS = [_row(m, b, s, 0.2 + b / 500 + s / 50 + (m == "cca-itq") / 20)
@@ -93,7 +95,10 @@ def test_a_caption_set_has_a_figure_for_each_recall_and_rsum_with_the_summary_s_
         expected = [sum((r["rsum_expected"] if field == "rsum" else r[f"recall_{direction}_expected"][k])
                         for r in rows if r["n_bits"] == b) / 2 for b in (16, 64)]
         assert line["mean"] == pytest.approx(expected)
-        assert figure["reference"] == ({"n_bits": [16, 64], "mean": [2.5, 2.5]} if field == "rsum" else None)
+        # random codes' line on every figure (it was on rSum's alone: the rows kept no random R@K)
+        floor = {"rsum": 2.5, "r1_i2t": 0.15, "r5_i2t": 0.5, "r10_i2t": 1.0, "r1_t2i": 0.2, "r5_t2i": 0.6,
+                 "r10_t2i": 1.8}[field]
+        assert figure["reference"] == {"n_bits": [16, 64], "mean": [pytest.approx(floor)] * 2}
     assert figures["r5_t2i"]["ylabel"] == "R@5 T→I (%)" and figures["rsum"]["name"] == "f8k_rsum_test"
     # the title names what every point shares: the protocol, tie-aware, the database
     assert figures["rsum"]["title"].splitlines()[1] == "f8k, unimodal, tie-aware, database test"

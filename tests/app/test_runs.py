@@ -540,6 +540,10 @@ def test_a_row_with_a_value_no_command_writes_is_skipped_and_said(tmp_path):
         "candidates=5, an R@10 read from a list of 5 (an older ucmfh's rerank -m 5)"
     assert row_problem({"candidates": 10, "recall_i2t": recall}) is None
     assert row_problem({"candidates": None, "recall_i2t": recall}) is None  # SEPS over every pair
+    # random codes' R@K, by rank as every recall (they were numbers alone: any random_ score)
+    assert row_problem({"random_recall_i2t": recall, "random_rsum": 3.0}) is None
+    assert row_problem({"random_recall_t2i": {"1": "a"}}) == "random_recall_t2i={'1': 'a'}"
+    assert row_problem({"random_map_i2t": None}) == "random_map_i2t=None"
 
 
 def test_a_figure_some_seeds_lack_is_left_out_not_taken_over_the_others():

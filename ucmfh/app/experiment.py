@@ -238,7 +238,9 @@ def score_hash_model(
     floors = {row.get("database"): row for row in random_codes_scores(data, hash_cfg.n_bits, k, seed=hash_cfg.seed)}
     for row in scores:
         floor = floors[row.get("database")]
-        row.update({f"random_{key}": floor[key] for key in ("map_i2t", "map_t2i", "rsum") if key in floor})
+        # a caption set's R@K too: its figures by code length draw the floor as MAP's and rSum's do
+        row.update({f"random_{key}": floor[key] for key in ("map_i2t", "map_t2i", "rsum", "recall_i2t", "recall_t2i")
+                    if key in floor})
     rows = _rows(scores, run, "hashing", seconds, time.perf_counter() - start, hash_cfg.device, checkpoint, source,
                  trained_on)
     if keep_per_query:

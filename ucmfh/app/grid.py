@@ -294,7 +294,7 @@ def write_tables(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequ
     columns = ["dataset", "method", "loss", "n_bits", "protocol", "database", "k", "n_seeds", "collapsed_seeds",
                "unchecked_seeds",
                *(f"{p}{d}{t}_{s}" for p in ("", "random_", REAL) for d in scores for t in ("", EXPECTED)
-                 for s in ("mean", "std") if not (p == "random_" and (t or d in RECALL_AT_K))),
+                 for s in ("mean", "std") if not (p == "random_" and t)),
                "train_time_s_mean", "fusion_train_time_s_mean", "settings_key",
                "dataset_fingerprint"]  # two files of one name apart (the header's start is the file's mark)
     text = io.StringIO()

@@ -30,6 +30,7 @@ DIRECTIONS = ("map_i2t", "map_t2i")
 RECALL_AT_K = tuple(f"r{k}_{d}" for k in (1, 5, 10) for d in ("i2t", "t2i"))
 # the prefix of a figure of the hash heads' real-valued outputs ranked by cosine (a row's ``real_valued``)
 REAL = "real_"
+RANDOM = "random_"  # the figures of random codes of the row's length: the floor
 
 
 def _value(row: Dict[str, Any], field: str) -> Optional[float]:
@@ -52,10 +53,11 @@ def _where(field: str) -> Tuple[bool, str, Optional[str]]:
     reads some 40 fields of each of 100,000 rows)."""
     real = field.startswith(REAL)
     field = field[len(REAL):] if real else field
+    floor = RANDOM if field.startswith(RANDOM) else ""  # random codes' R@K: in their recall dicts as well
     base, twin = (field[: -len(EXPECTED)], EXPECTED) if field.endswith(EXPECTED) else (field, "")
-    if base in RECALL_AT_K:
-        rank, direction = base[1:].split("_")
-        return real, f"recall_{direction}{twin}", rank
+    if base[len(floor):] in RECALL_AT_K:
+        rank, direction = base[len(floor) + 1:].split("_")
+        return real, f"{floor}recall_{direction}{twin}", rank
     return real, field, None
 
 
@@ -131,16 +133,18 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
 
 
 def row_problem(row: Dict[str, Any]) -> Optional[str]:
-    """What is wrong with a results row's values, or None: a score (``map_*``, ``rsum*``, ``random_*``) that is
-    not a finite number, a recall that is not a number or numbers by rank, settings that are not a mapping, a code
-    length or seed that is not a whole number; the same of its real-valued outputs' scores (``real_valued``)."""
+    """What is wrong with a results row's values, or None: a score (``map_*``, ``rsum*``) that is not a finite
+    number, a recall that is not a number or numbers by rank (random codes' ``random_*`` alike), settings that
+    are not a mapping, a code length or seed that is not a whole number; the same of its real-valued outputs'
+    scores (``real_valued``)."""
     def number(value: Any) -> bool:  # finite: a NaN (JSON's NaN) would poison every mean and deviation
         return isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
 
     for key, value in row.items():
-        if key.startswith(("map_", "rsum", "random_")) and not number(value):
+        score = key[len(RANDOM):] if key.startswith(RANDOM) else key  # random codes' scores: the same rules
+        if score.startswith(("map_", "rsum")) and not number(value):
             return f"{key}={value!r}"
-        if key.startswith("recall_") and not (
+        if score.startswith("recall_") and not (
                 number(value) or isinstance(value, dict) and all(map(number, value.values()))):  # by rank
             return f"{key}={value!r}"
     if "settings" in row and not (isinstance(row["settings"], dict)
@@ -434,7 +438,7 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
         }
         scores = (*DIRECTIONS, "rsum", *RECALL_AT_K)
         scores += tuple(f + EXPECTED for f in scores)
-        for field in (*scores, *(f"random_{d}" for d in DIRECTIONS), "random_rsum", *(REAL + f for f in scores)):
+        for field in (*scores, *(RANDOM + f for f in (*DIRECTIONS, "rsum", *RECALL_AT_K)), *(REAL + f for f in scores)):
             if _value(group[0], field) is None:  # a figure these rows do not have (most of the fields of any row)
                 continue
             values = [value for value in (_value(r, field) for r in group) if value is not None]
