@@ -717,6 +717,11 @@ BUGS: Tuple[Bug, ...] = (
         '            own["epochs"] = f"{hash_config(name).epochs} on every dataset"\n', "            pass\n",
         "'ucmfh methods' said distill's epochs were ucmfh's (500 on MS-COCO), where it trains 100",
         ("tests/methods/test_methods.py::test_methods_lists_each_method_s_departures_and_what_it_fixes",)),
+    Bug("grid-threads-by-cells-left", "ucmfh/app/jobs.py",
+        "        return max(1, torch.get_num_threads() // max(1, self.jobs))\n",
+        "        return max(1, torch.get_num_threads() // max(1, self.workers()))\n",
+        "a --jobs grid resumed with fewer cells left than jobs trained them with more threads: other rows",
+        ("tests/app/test_jobs.py::test_a_cell_left_alone_trains_with_the_threads_of_a_worker_of_the_jobs_asked_for",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -452,6 +452,23 @@ def test_rows_another_grid_appended_meanwhile_are_not_appended_again(tiny_path, 
     assert result.output.count("already (appended meanwhile by a grid beside this one)") == 2
 
 
+def test_a_cell_left_alone_trains_with_the_threads_of_a_worker_of_the_jobs_asked_for(tiny_path, tmp_path):
+    """A worker's threads were those of the run split between the cells left to run: a --jobs 2 grid resumed
+    with one cell left (or grown by a seed) trained it with both threads where its neighbours had one each, and
+    on the CPU the thread count can change a cell's rows (an audit's: ucmfh's MAP moved by 0.002). Each worker
+    has the share of one of the jobs asked for, however many cells are left."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(2)
+    try:
+        result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "cca-itq", "-b", "8", "--jobs", "2",
+                                           "--out", str(tmp_path / "runs"), "--results", str(tmp_path / "r.jsonl"),
+                                           "--quiet"])
+    finally:
+        torch.set_num_threads(threads)
+    assert result.exit_code == 0, result.output
+    assert {json.loads(line)["train_threads"] for line in (tmp_path / "r.jsonl").read_text().splitlines()} == {1}
+
+
 def test_threads_without_jobs_are_refused(tiny_path, tmp_path):
     result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--workers", "threads", "--out", str(tmp_path / "r")])
     assert result.exit_code == 2 and result.output.splitlines()[-1] == (

@@ -323,8 +323,10 @@ class SideBySide:
         return min(self.jobs, len(self.cells))
 
     def threads(self) -> int:
-        """Each worker's torch threads: those of one run, split between the workers."""
-        return max(1, torch.get_num_threads() // max(1, self.workers()))
+        """Each worker's torch threads: those of one run, split between the ``jobs`` asked for, however many cells
+        are left to run (on the CPU the count can change a cell's rows: a grid resumed with one cell left, or
+        grown by a seed, trained it with every thread where its neighbours had their share)."""
+        return max(1, torch.get_num_threads() // max(1, self.jobs))
 
     def gpus(self) -> int:
         """The GPUs the workers spread over (worker i on GPU i mod this), or 0: every worker on the device asked."""
