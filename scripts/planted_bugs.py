@@ -722,6 +722,10 @@ BUGS: Tuple[Bug, ...] = (
         "        return max(1, torch.get_num_threads() // max(1, self.workers()))\n",
         "a --jobs grid resumed with fewer cells left than jobs trained them with more threads: other rows",
         ("tests/app/test_jobs.py::test_a_cell_left_alone_trains_with_the_threads_of_a_worker_of_the_jobs_asked_for",)),
+    Bug("commit-of-an-edited-checkout", "ucmfh/app/identity.py",
+        '    return "+dirty" if out.returncode == 0 and out.stdout.strip() else ""\n', '    return ""\n',
+        "rows of a checkout with uncommitted edits to ucmfh/ named its commit alone, as if its figures were that commit's",
+        ("tests/app/test_runs.py::test_a_row_s_commit_is_ucmfh_s_checkout_s_not_a_project_s_that_holds_an_installed_copy",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -1226,6 +1226,14 @@ def test_a_row_s_commit_is_ucmfh_s_checkout_s_not_a_project_s_that_holds_an_inst
         monkeypatch.setattr(identity, "__file__", module)
         identity.git_commit.cache_clear()
         assert identity.git_commit() == (head if own else None), package_at
+    # an edit of the checkout's package not yet committed: its rows are not that commit's figures (an audit's)
+    Path(module).write_text("# edited\n")
+    identity.git_commit.cache_clear()
+    assert identity.git_commit() == head + "+dirty"
+    Path(module).parent.joinpath("new.py").write_text("")  # untracked alone: the commit's files unchanged
+    subprocess.run(["git", "-C", str(Path(module).parents[2]), "checkout", "-q", "--", "."], check=True)
+    identity.git_commit.cache_clear()
+    assert identity.git_commit() == head
     identity.git_commit.cache_clear()
 
 

@@ -227,8 +227,8 @@ class RunOptions:
 def git_commit() -> Optional[str]:
     """The commit of the ucmfh source tree, when it is a git checkout of its own (asked once per process): not
     the commit of a repository that merely holds an installed copy (a project's ``.venv``), whose HEAD is the
-    project's. An installed copy has the commit pip recorded of it when it was installed from a git URL
-    (:func:`installed_commit`)."""
+    project's; marked '+dirty' where its ucmfh/ holds uncommitted changes. An installed copy has the commit pip
+    recorded of it when it was installed from a git URL (:func:`installed_commit`)."""
     package = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # .../ucmfh
     try:
         out = subprocess.run(["git", "rev-parse", "--show-toplevel", "HEAD"], cwd=package, capture_output=True,
@@ -241,7 +241,18 @@ def git_commit() -> Optional[str]:
     top, commit = lines
     if os.path.realpath(top) != os.path.realpath(os.path.dirname(package)):  # ucmfh/ is not at its top
         return installed_commit(package)
-    return commit or None
+    return (commit + _edited(top, package)) if commit else None
+
+
+def _edited(top: str, package: str) -> str:
+    """'+dirty' where the checkout's ucmfh/ differs from its HEAD (git describe's mark): rows of an edited copy
+    named the commit alone, as if they were that commit's figures; '' otherwise, or where git cannot tell."""
+    try:
+        out = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", package], cwd=top,
+                             capture_output=True, text=True, timeout=10)
+    except (OSError, subprocess.SubprocessError):
+        return ""
+    return "+dirty" if out.returncode == 0 and out.stdout.strip() else ""
 
 
 def installed_commit(package: str) -> Optional[str]:
