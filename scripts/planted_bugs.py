@@ -726,6 +726,10 @@ BUGS: Tuple[Bug, ...] = (
         '    return "+dirty" if out.returncode == 0 and out.stdout.strip() else ""\n', '    return ""\n',
         "rows of a checkout with uncommitted edits to ucmfh/ named its commit alone, as if its figures were that commit's",
         ("tests/app/test_runs.py::test_a_row_s_commit_is_ucmfh_s_checkout_s_not_a_project_s_that_holds_an_installed_copy",)),
+    Bug("checkpoint-draws-from-the-caller", "ucmfh/checkpoint.py",
+        "    with setting_up(), torch.random.fork_rng(devices=[]):\n", "    with setting_up():\n",
+        "loading or saving a checkpoint moved the caller's torch generator (the empty model's initial weights)",
+        ("tests/test_checkpoint.py::test_saving_and_loading_a_checkpoint_leave_the_caller_s_draws_as_they_were",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

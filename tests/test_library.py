@@ -273,6 +273,9 @@ def test_a_caption_set_s_missing_labels_and_mixed_codes_are_said_as_such():
 
 def test_the_names_loaded_on_first_use_are_listed():
     assert {"fit_hashing", "Index", "Split", "Dataset", "History", "separate_draws"} <= set(dir(ucmfh))
+    # what a fit stopped by a signal raises, which docs/library.md names (it was not a name of the package)
+    assert ucmfh.TrainingInterrupted.__module__ == "ucmfh.signals"
+    assert issubclass(ucmfh.TrainingInterrupted, KeyboardInterrupt)
     assert all(hasattr(ucmfh, name) for name in ucmfh.__all__)
 
 

@@ -10,7 +10,7 @@ stays light (and a CPU search never imports torch):
   ``HashConfig()`` alone holds UCMFH's reference settings, whose method needs ``fit_fusion`` first),
   ``fusion_config`` (a fusion stage's), ``stage_configs`` (both stages of a run, every code length),
   ``HashConfig``, ``FusionConfig``, ``SettingError``, ``fit_hashing``, ``fit_fusion`` (each with its
-  ``History``), ``build_method``, ``METHODS``; ``separate_draws`` (fits in threads of one process, each drawing
+  ``History``; stopped by SIGINT/SIGTERM: ``TrainingInterrupted``), ``build_method``, ``METHODS``; ``separate_draws`` (fits in threads of one process, each drawing
   its own numbers);
 * codes and scores of a trained model: ``encode_split`` (``img, txt = encode_split(model, data.query)``),
   ``evaluate_hashing`` (MAP@K both directions, per protocol), ``evaluate_fusion``;
@@ -37,6 +37,7 @@ _HOMES = {
     "hash_config": "ucmfh.methods", "fusion_config": "ucmfh.methods", "stage_configs": "ucmfh.methods",
     "encode_split": "ucmfh.evaluation", "evaluate_hashing": "ucmfh.evaluation", "evaluate_fusion": "ucmfh.evaluation",
     "fit_fusion": "ucmfh.fusion_stage", "History": "ucmfh.selection", "separate_draws": "ucmfh.run_draws",
+    "TrainingInterrupted": "ucmfh.signals",
     "save_checkpoint": "ucmfh.checkpoint", "load_model": "ucmfh.checkpoint",
     "Index": "ucmfh.search", "build_index": "ucmfh.search", "Encoder": "ucmfh.search",
 }

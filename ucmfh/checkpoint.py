@@ -288,7 +288,9 @@ def _rebuild(payload: Dict[str, Any]) -> Tuple[nn.Module, Optional[FusionConfig]
     if broken is not None:  # its codes would be every bit set, scored at chance's level without a word
         raise CheckpointError(f"weights that are NaN or infinite ({broken}): a model whose training diverged, or a "
                               "damaged file")
-    with setting_up():  # a model's initial weights drawn while no run side by side steps (ucmfh.run_draws)
+    # a model's initial weights, replaced below: drawn while no run side by side steps (ucmfh.run_draws), from
+    # a copy of torch's generator, so that loading or saving a checkpoint leaves a caller's draws as they were
+    with setting_up(), torch.random.fork_rng(devices=[]):
         model = _empty_model(payload, fusion_cfg, hash_cfg)
     try:
         model.load_state_dict(payload["state_dict"])
