@@ -730,6 +730,9 @@ BUGS: Tuple[Bug, ...] = (
         "    with setting_up(), torch.random.fork_rng(devices=[]):\n", "    with setting_up():\n",
         "loading or saving a checkpoint moved the caller's torch generator (the empty model's initial weights)",
         ("tests/test_checkpoint.py::test_saving_and_loading_a_checkpoint_leave_the_caller_s_draws_as_they_were",)),
+    Bug("faiss-threads-left-set", "ucmfh/search/approx.py", "        faiss.omp_set_num_threads(before)\n", "        pass\n",
+        "a FAISS search with threads of its own left FAISS's OpenMP threads so for the rest of the process",
+        ("tests/search/test_search_faiss.py::test_a_search_s_threads_leave_faiss_s_as_they_were",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -78,6 +78,25 @@ def test_hnsw_results_are_valid_and_its_recall_is_reported():
 
 
 @needs_faiss
+def test_a_search_s_threads_leave_faiss_s_as_they_were():
+    """--threads 1 (``threads=1``) set FAISS's OpenMP threads for the rest of the process: a library user's later
+    FAISS work ran on one thread (the library audit's)."""
+    import faiss
+
+    rng = np.random.default_rng(2)
+    index = Index(64)
+    index.add("txt", pm1(rng, 500, 64))
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(3)
+    try:
+        for backend in ("faiss-hnsw", "faiss-ivf"):  # a build, then a search, each with threads of its own
+            index.search(pm1(rng, 5, 64), 5, "txt", backend=BackendConfig(backend=backend), threads=1)
+            assert faiss.omp_get_max_threads() == 3, backend
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
+@needs_faiss
 def test_the_faiss_index_is_cached_in_the_folder_and_rebuilt_when_the_index_grows(tmp_path):
     rng = np.random.default_rng(2)
     index = Index(64)

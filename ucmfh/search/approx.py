@@ -17,9 +17,10 @@ k items for that query (IVF with few lists probed).
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
-from typing import Any, Dict, Optional, Tuple
+from typing import Any, Dict, Iterator, Optional, Tuple
 
 import numpy as np
 
@@ -59,11 +60,29 @@ def _packed(words: np.ndarray, n_bits: int) -> np.ndarray:
     return np.ascontiguousarray(packed_bytes(words, n_bits))
 
 
+@contextlib.contextmanager
+def _threads(faiss: Any, threads: Optional[int]) -> Iterator[None]:
+    """FAISS's OpenMP threads set to ``threads`` (None: as they are) while inside, and back as they were after:
+    set for one search, they stayed for the whole process (a library user's later FAISS work too)."""
+    if not threads:
+        yield
+        return
+    before = faiss.omp_get_max_threads()
+    faiss.omp_set_num_threads(int(threads))
+    try:
+        yield
+    finally:
+        faiss.omp_set_num_threads(before)
+
+
 def build(words: np.ndarray, n_bits: int, cfg: BackendConfig, threads: Optional[int] = None) -> Any:
     """A FAISS binary index of ``words`` [N, W] uint64 (the index's codes, in position order)."""
     faiss = import_faiss()
-    if threads:
-        faiss.omp_set_num_threads(int(threads))
+    with _threads(faiss, threads):
+        return _build(faiss, words, n_bits, cfg)
+
+
+def _build(faiss: Any, words: np.ndarray, n_bits: int, cfg: BackendConfig) -> Any:
     n = words.shape[0]
     if cfg.backend == "faiss-ivf":
         nlist = n_lists(cfg, n)
@@ -120,8 +139,6 @@ def search(index: Any, queries: np.ndarray, k: int, modality: str, cfg: BackendC
     """
     faiss = import_faiss()
     found, _ = faiss_index(index, modality, cfg, threads)
-    if threads:
-        faiss.omp_set_num_threads(int(threads))
     k = min(int(k), index.count(modality))
     if cfg.backend == "faiss-ivf":
         found.nprobe = min(cfg.nprobe, found.nlist)
@@ -130,7 +147,8 @@ def search(index: Any, queries: np.ndarray, k: int, modality: str, cfg: BackendC
     if k == 0 or queries.shape[0] == 0:
         empty = np.zeros((queries.shape[0], k), dtype=np.int64)
         return empty, empty.copy()
-    d, p = found.search(_packed(queries, index.n_bits), k)
+    with _threads(faiss, threads):
+        d, p = found.search(_packed(queries, index.n_bits), k)
     d, p = d.astype(np.int64), p.astype(np.int64)
     d[p < 0] = index.n_bits + 1
     return d, p
