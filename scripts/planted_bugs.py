@@ -733,6 +733,16 @@ BUGS: Tuple[Bug, ...] = (
     Bug("faiss-threads-left-set", "ucmfh/search/approx.py", "        faiss.omp_set_num_threads(before)\n", "        pass\n",
         "a FAISS search with threads of its own left FAISS's OpenMP threads so for the rest of the process",
         ("tests/search/test_search_faiss.py::test_a_search_s_threads_leave_faiss_s_as_they_were",)),
+    Bug("runs-clash-within-a-file-unsaid", "ucmfh/app/runs.py",
+        "            if earlier is not None and any(earlier[1][key] != value for key, value in mine.items()\n",
+        "            if earlier is not None and earlier[0] != path and any(earlier[1][key] != value\n"
+        "                                                                  for key, value in mine.items()\n",
+        "a run trained again into the same results file with other scores (other threads) replaced them silently",
+        ("tests/app/test_runs.py::test_runs_summarises_over_seeds",)),
+    Bug("fusion-threads-unsaid", "ucmfh/app/experiment.py",
+        '            row["fusion_train_threads"] = _threads(run.fusion_path)\n', "            pass\n",
+        "a hashing row on a fusion stage said the hashing stage's threads alone, not the encoder's",
+        ("tests/app/test_cli.py::test_ucmfh_make_train_evaluate",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -51,6 +51,8 @@ def test_ucmfh_make_train_evaluate(tmp_path):
     fusion_seconds = torch.load(Path(rows[0]["checkpoint"]).parent.parent / "fusion.pt",
                                 weights_only=False)["meta"]["seconds"]
     assert {r["fusion_train_time_s"] for r in rows} == {round(fusion_seconds, 2)}
+    # and its threads as saved (train_threads are the hashing stage's: a reused encoder's own went unsaid)
+    assert {r["fusion_train_threads"] for r in rows} == {torch.get_num_threads()}
     checkpoint = Path(rows[2]["checkpoint"])
     assert checkpoint.name == "hash16.pt" and checkpoint.parent.parent.parent.name.startswith("toy-")
     assert torch.load(checkpoint, weights_only=False)["hash_config"]["amp"] == "bf16"
@@ -74,6 +76,7 @@ def test_ucmfh_make_train_evaluate(tmp_path):
     assert f"fusion encoder: already trained, reused {checkpoint.parent.parent / 'fusion.pt'}" in result.output
     last = json.loads(results.read_text().splitlines()[-1])
     assert last["fusion_train_time_s"] == rows[0]["fusion_train_time_s"]  # reused: its seconds as saved
+    assert last["fusion_train_threads"] == rows[0]["fusion_train_threads"]
     saved = torch.load(last["checkpoint"], weights_only=False)
     assert saved["hash_config"]["lr_fusion"] == 0.0 and last["checkpoint"] != rows[0]["checkpoint"]
     assert (checkpoint.parent / "hash8.pt").exists()  # the first run's checkpoint is still there

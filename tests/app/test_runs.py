@@ -374,6 +374,14 @@ def test_runs_summarises_over_seeds(tmp_path):
         "on another machine, or with another number of CPU threads, a row's train_threads); "
         f"{tmp_path / 'c.jsonl'}'s, read last, are used"], clash.stderr
     assert "warning" not in both.stderr  # the same run in two files with one score: no clash
+    # within one file too (two --out folders share runs/results.jsonl: a run trained again with other threads)
+    (tmp_path / "one.jsonl").write_text("".join(json.dumps(r) + "\n" for r in (rows[1], {**rows[1], "map_i2t": 0.99},
+                                                                            {**rows[2], "map_i2t_expected": 0.5})))
+    within = CliRunner().invoke(main, ["runs", "--results", str(tmp_path / "one.jsonl"), "-d", "d", "--json"])
+    assert within.exit_code == 0 and within.stderr.splitlines() == [
+        f"warning: {tmp_path / 'one.jsonl'}: 1 row(s) score runs scored earlier in the file, with other scores "
+        "(trained apart: on another machine, or with another number of CPU threads, a row's train_threads); the "
+        "later rows are used"], within.stderr  # a figure one row adds (a newer ucmfh's tie-aware twin): no clash
 
 
 @pytest.mark.parametrize("value, expected", [("0", "torch"), ("1", "auto")])

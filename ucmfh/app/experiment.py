@@ -31,7 +31,7 @@ from ucmfh.utils import resolve_device
 
 # the fields of a result row that differ between two runs of one setting: the clock's, and paths under each run's --out
 VARYING = frozenset({"time", "train_time_s", "fusion_train_time_s", "score_seconds", "checkpoint", "per_query",
-                     "train_threads"})
+                     "train_threads", "fusion_train_threads"})
 
 
 def _rows(
@@ -169,6 +169,8 @@ def train_hash_stage(
         fusion_seconds = saved_number(run.fusion_path, "seconds")
         for row in rows:
             row["fusion_train_time_s"] = None if fusion_seconds is None else round(fusion_seconds, 2)
+            # and its threads: the stage the thread count moves most (train_threads are the hashing stage's)
+            row["fusion_train_threads"] = _threads(run.fusion_path)
     if history["best_epoch"] is not None:  # the epoch kept by validation, and its score
         chosen = dict(history["validation"])[history["best_epoch"]]
         for row in rows:

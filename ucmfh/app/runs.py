@@ -98,7 +98,7 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such results file (runs append their rows to --results)")
     rows = []
-    scored: Dict[tuple, Tuple[str, tuple]] = {}  # a measurement -> the file that scored it last, its scores
+    scored: Dict[tuple, Tuple[str, Dict[str, str]]] = {}  # a measurement -> the file that scored it last, its scores
     clashes: Dict[Tuple[str, str], int] = {}
     for path in paths:
         found = read_jsonl(path, on_skip=warn, containing=containing)
@@ -114,20 +114,25 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
                        f"{first}); skipped")
             warnings.warn(message, stacklevel=2) if warn is None else warn(message)
             kept = [row for row, problem in zip(kept, problems) if not problem]
-        # another file's scores of a measurement replace them: said, not silently (one file: none to clash with)
-        for row in latest(kept) if len(paths) > 1 else ():
-            mine = tuple(sorted((key, json.dumps(value, sort_keys=True)) for key, value in row.items()
-                                if key.startswith(("map_", "recall_", "rsum"))))
+        # scores of a measurement replaced by other scores, of another file or later in the same one (a run trained
+        # again, with another thread count, into a results file shared by two --out folders): said, not silently
+        for row in kept:
+            mine = {key: json.dumps(value, sort_keys=True) for key, value in row.items()
+                    if key.startswith(("map_", "recall_", "rsum"))}
             measurement = _measurement(row)
             earlier = scored.get(measurement)
-            if earlier is not None and earlier[0] != path and earlier[1] != mine:
+            # the figures both rows have (a newer ucmfh's rows add tie-aware twins to an older one's)
+            if earlier is not None and any(earlier[1][key] != value for key, value in mine.items()
+                                           if key in earlier[1]):
                 clashes[(earlier[0], path)] = clashes.get((earlier[0], path), 0) + 1
             scored[measurement] = (path, mine)
         rows += [_located(row, path) for row in kept]
     for (first, last), n in clashes.items():
-        message = (f"{last}: {n} row(s) score runs {first} scored too, with other scores (trained apart: on another "
-                   f"machine, or with another number of CPU threads, a row's train_threads); {last}'s, read last, "
-                   "are used")
+        why = "trained apart: on another machine, or with another number of CPU threads, a row's train_threads"
+        message = (f"{last}: {n} row(s) score runs {first} scored too, with other scores ({why}); {last}'s, read "
+                   "last, are used" if first != last else
+                   f"{last}: {n} row(s) score runs scored earlier in the file, with other scores ({why}); the later "
+                   "rows are used")
         warnings.warn(message, stacklevel=2) if warn is None else warn(message)
     return rows
 
