@@ -743,6 +743,9 @@ BUGS: Tuple[Bug, ...] = (
         '            row["fusion_train_threads"] = _threads(run.fusion_path)\n', "            pass\n",
         "a hashing row on a fusion stage said the hashing stage's threads alone, not the encoder's",
         ("tests/app/test_cli.py::test_ucmfh_make_train_evaluate",)),
+    Bug("resume-threads-unsaid", "ucmfh/app/stage.py", "        if before:\n", "        if False:\n",
+        "a run stopped under one CPU thread count and resumed under another ended without a word",
+        ("tests/app/test_runs.py::test_a_run_resumed_with_another_thread_count_says_so",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -365,6 +365,7 @@ class _Run:
                 "modules": {name: m.state_dict() for name, m in self.plan.modules.items()},
                 "optimizer": self.plan.optimizer.state_dict(), "generator": epoch_generator, "rng": rngs,
                 "elapsed": self.at.elapsed + time.monotonic() - self.clock,
+                "threads": torch.get_num_threads(),  # on a CPU another count trains another model: said on resume
             })
         group.barrier()  # no rank goes on (or exits) before the state is written
 

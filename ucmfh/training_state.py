@@ -124,6 +124,15 @@ def interrupted_at(checkpoint: str) -> str:
     return ", ".join(where)
 
 
+def other_threads(checkpoint: str) -> List[int]:
+    """The CPU thread counts, other than this process's, that the states saved beside ``checkpoint`` were
+    trained with (states of an older ucmfh say none): on a CPU another count sums in another order, and a run
+    resumed so trains another model than the run never stopped."""
+    now = torch.get_num_threads()
+    saved = {read_state(path, torch.device("cpu")).get("threads") for path in saved_states(checkpoint)}
+    return sorted(n for n in saved if isinstance(n, int) and n != now)
+
+
 def trained_seconds(checkpoint: str) -> float:
     """The seconds of training that the states saved beside ``checkpoint`` hold (its run's, its candidates',
     its refit's), up to their last save: what a resumed run adds to its own time."""

@@ -1345,3 +1345,35 @@ def test_the_sample_standard_deviation_is_statistics_own_to_rounding():
             values = [0.5 + scale * rng.random() for _ in range(n)]
             assert sample_std(values) == pytest.approx(statistics.stdev(values), rel=1e-12, abs=1e-18)
     assert sample_std([0.25]) == 0.0 and sample_std([0.3, 0.3, 0.3]) == 0.0
+
+
+def test_a_run_resumed_with_another_thread_count_says_so(tmp_path, tiny_path, monkeypatch):
+    """On the CPU another thread count trains another model (ucmfh's fusion encoder sums in another order): a run
+    stopped under one count and resumed under another ended without a word, its row naming the second count
+    alone (the reproducibility audit's). The state keeps its threads, and the resume says so."""
+    from conftest import AtFirstEpoch
+
+    from ucmfh import trainer
+
+    class Stop(AtFirstEpoch):
+        def first_epoch_ended(self):
+            os.kill(os.getpid(), signal.SIGINT)
+
+    args = ["train-hash", "-d", tiny_path, "--epochs", "3", "-b", "8", "--set", "hash.hidden=64", "--device", "cpu",
+            "--val-fraction", "0", "--save-interval", "0", "--out", str(tmp_path / "runs"), "--results",
+            str(tmp_path / "r.jsonl")]
+    threads = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        monkeypatch.setattr(trainer, "tqdm", Stop)
+        stopped = CliRunner().invoke(main, args)
+        assert stopped.exit_code == 130, stopped.output
+        monkeypatch.undo()
+        torch.set_num_threads(2)
+        resumed = CliRunner().invoke(main, [*args, "--resume"])
+    finally:
+        torch.set_num_threads(threads)
+    assert resumed.exit_code == 0, resumed.output
+    assert ("note: trained with 1 CPU thread before its stop, resumed with 2: on the CPU another count sums in "
+            "another order, so the model can differ from the run never stopped (OMP_NUM_THREADS=1 resumes it as it "
+            "began)") in resumed.output
