@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 
@@ -111,6 +112,8 @@ def test_a_trained_model_s_codes_and_scores_are_one_call_each(tiny, trained):
         ucmfh.evaluate_hashing(trained, tiny, protocols=[])
     assert ucmfh.evaluate_hashing(trained, tiny, protocols="unimodal") == [row]  # one protocol as itself
     assert ucmfh.evaluate_hashing(trained, tiny) == [row]  # leak-free: unimodal alone, as train-hash scores it
+    # numpy's integer as k, as every metric takes it (it was 'k must be an int, got int64')
+    assert ucmfh.evaluate_hashing(trained, tiny, k=np.int64(row["k"])) == [row]
     for settings, said in [({"n_bits": [16, 64]}, r"n_bits must be one code length, an int \(several: "
                                                   r"stage_configs\(method, n_bits=\[16, 64\]\)\), got \[16, 64\]"),
                            ({"dataset": 5}, r"dataset must be a dataset's name or file, got int"),

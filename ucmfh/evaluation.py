@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import replace
 from typing import Callable, Dict, List, Optional, Sequence, Tuple, Union
 
+import numpy as np
 import torch
 from torch import nn
 from tqdm.auto import tqdm
@@ -283,6 +284,7 @@ def evaluate_hashing(
     """
     check_hasher("evaluate_hashing", model)
     check_argument("evaluate_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
+    k = int(k) if isinstance(k, np.integer) else k  # numpy's integers too, as every metric takes them
     check_argument("evaluate_hashing", "k", k, int)
     data = checked_scored("evaluate_hashing", data, model)
     if protocols is None:
@@ -316,6 +318,7 @@ def evaluate_fusion(
     check_argument("evaluate_fusion", "fusion", fusion, FusionEncoder,
                    "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
     check_argument("evaluate_fusion", "data", data, Dataset, "ucmfh.load_dataset(path)")
+    k = int(k) if isinstance(k, np.integer) else k  # numpy's integers too, as every metric takes them
     check_argument("evaluate_fusion", "k", k, int)
     data = checked_scored("evaluate_fusion", data, fusion)
     protocols = _protocols(protocols)
