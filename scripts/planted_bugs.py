@@ -746,6 +746,10 @@ BUGS: Tuple[Bug, ...] = (
     Bug("resume-threads-unsaid", "ucmfh/app/stage.py", "        if before:\n", "        if False:\n",
         "a run stopped under one CPU thread count and resumed under another ended without a word",
         ("tests/app/test_runs.py::test_a_run_resumed_with_another_thread_count_says_so",)),
+    Bug("threads-mixed-unsaid", "ucmfh/app/runs.py", "        if len(entry[\"mixed_threads\"]) < 2:\n",
+        "        if True:\n",
+        "a mean over seeds trained with other CPU thread counts was shown as one setting's without a word",
+        ("tests/app/test_runs.py::test_a_mean_over_seeds_of_other_thread_counts_is_said",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -1377,3 +1377,24 @@ def test_a_run_resumed_with_another_thread_count_says_so(tmp_path, tiny_path, mo
     assert ("note: trained with 1 CPU thread before its stop, resumed with 2: on the CPU another count sums in "
             "another order, so the model can differ from the run never stopped (OMP_NUM_THREADS=1 resumes it as it "
             "began)") in resumed.output
+
+
+def test_a_mean_over_seeds_of_other_thread_counts_is_said(tmp_path):
+    """Seeds trained with 1 and 2 CPU threads (a grid grown by a seed, two machines' rows in one file) were averaged
+    as one setting's without a word (the reproducibility audit's): the table says so, --json names the counts."""
+    rows = [{"dataset": "d", "dataset_fingerprint": "f", "task": "hashing", "method": "ucmfh", "loss": "original",
+             "n_bits": 16, "protocol": "unimodal", "k": 50, "seed": seed, "run": f"r{seed}", "map_i2t": 0.5,
+             "map_t2i": 0.5, "train_threads": 1, "fusion_train_threads": threads,
+             "settings": {"fusion": {"seed": seed}, "hash": {"seed": seed, "n_bits": 16}}}
+            for seed, threads in ((1, 1), (2, 2))]
+    path = tmp_path / "r.jsonl"
+    append_jsonl(path, rows)
+    shown = CliRunner().invoke(main, ["runs", "--results", str(path)])
+    assert shown.exit_code == 0 and "some means are over seeds trained with other numbers of CPU threads" in \
+        shown.output, shown.output
+    [entry] = [json.loads(line) for line in CliRunner().invoke(main, ["runs", "--results", str(path),
+                                                                      "--json"]).output.splitlines()]
+    assert entry["mixed_threads"] == [1, 2]
+    append_jsonl(tmp_path / "one.jsonl", [{**row, "fusion_train_threads": 1} for row in rows])
+    same = CliRunner().invoke(main, ["runs", "--results", str(tmp_path / "one.jsonl")])
+    assert same.exit_code == 0 and "CPU threads" not in same.output

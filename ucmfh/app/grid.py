@@ -36,8 +36,8 @@ from ucmfh.app.options import (
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import (
-    COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, RECALL_AT_K, UNCHECKED_NOTE, beyond_defaults_note, dataset_labels,
-    headline, sample_std, scores_line, summarize, variant_of,
+    COLLAPSE_MARK, COLLAPSE_NOTE, DIRECTIONS, REAL, RECALL_AT_K, THREADS_NOTE, UNCHECKED_NOTE, beyond_defaults_note,
+    dataset_labels, headline, sample_std, scores_line, summarize, variant_of,
 )
 from ucmfh.config import CODE_LENGTHS, EXPECTED
 from ucmfh.data.h5 import load_dataset
@@ -160,6 +160,8 @@ def markdown(rows: List[Dict[str, Any]], variants: Sequence[str], bits: Sequence
             md += [COLLAPSE_NOTE + ".", ""]
         if any(s["unchecked_seeds"] for key, s in cell.items() if key[:3] == where):
             md += [UNCHECKED_NOTE + ".", ""]
+        if any(s.get("mixed_threads") for key, s in cell.items() if key[:3] == where):
+            md += [THREADS_NOTE + ".", ""]
         md += _fusion_seconds(cell, variants, bits, where)
         if database:  # a caption set: MAP too, each caption's relevant items those of its image's id
             md += _means_table(cell, variants, bits, where, "", f"MAP@{k} by id I→T / T→I, database `{database}`, "

@@ -393,6 +393,10 @@ COLLAPSE_MARK = "†"
 COLLAPSE_NOTE = (f"{COLLAPSE_MARK}: in some of the seeds the codes collapsed (distinct codes of a modality at most "
                  f"{COLLAPSED:.0%} of its items): those seeds score a near-random order, averaged in with the others")
 # and the line under a table some of whose rows an older ucmfh scored, counting no distinct codes: not marked either way
+# the line under a table some of whose groups average seeds trained with other CPU thread counts
+THREADS_NOTE = ("some means are over seeds trained with other numbers of CPU threads (a row's train_threads): on a "
+                "CPU another count sums in another order and trains another model; 'ucmfh runs --json' names them "
+                "(mixed_threads)")
 UNCHECKED_NOTE = (f"some rows were scored by an older ucmfh, which counted no distinct codes: codes of theirs that "
                   f"collapsed are not marked {COLLAPSE_MARK}; 'ucmfh evaluate -c CHECKPOINT' scores such a run again")
 
@@ -440,7 +444,13 @@ def summarize(rows: Iterable[Dict[str, Any]]) -> List[Dict[str, Any]]:
             # seeds whose codes collapsed (a near-random order's scores, averaged in with the others): marked
             "collapsed_seeds": sum(bool(collapsed(r.get("distinct_codes") or {})) for r in group),
             "unchecked_seeds": sum(unchecked(r) for r in group),
+            # the CPU thread counts its seeds trained with, where they differ (on a CPU another count trains another
+            # model: a mean over seeds of several counts is not one setting's)
+            "mixed_threads": sorted({t for r in group for t in (r.get("train_threads"), r.get("fusion_train_threads"))
+                                     if isinstance(t, int)}),
         }
+        if len(entry["mixed_threads"]) < 2:
+            entry["mixed_threads"] = []
         scores = (*DIRECTIONS, "rsum", *RECALL_AT_K)
         scores += tuple(f + EXPECTED for f in scores)
         for field in (*scores, *(RANDOM + f for f in (*DIRECTIONS, "rsum", *RECALL_AT_K)), *(REAL + f for f in scores)):
@@ -560,6 +570,8 @@ def format_summary(groups: List[Dict[str, Any]]) -> str:
         lines.append(COLLAPSE_NOTE)
     if any(g.get("unchecked_seeds") for g in groups):
         lines.append(UNCHECKED_NOTE)
+    if any(g.get("mixed_threads") for g in groups):
+        lines.append(THREADS_NOTE)
     if any(g.get("trained_on") for g in groups):
         lines.append("trained on: a checkpoint trained on that dataset, scored on this one ('ucmfh evaluate -c'); "
                      "'-': trained on this one")
