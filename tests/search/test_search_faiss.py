@@ -81,8 +81,6 @@ def test_hnsw_results_are_valid_and_its_recall_is_reported():
 def test_a_search_s_threads_leave_faiss_s_as_they_were():
     """--threads 1 (``threads=1``) set FAISS's OpenMP threads for the rest of the process: a library user's later
     FAISS work ran on one thread (the library audit's)."""
-    import faiss
-
     rng = np.random.default_rng(2)
     index = Index(64)
     index.add("txt", pm1(rng, 500, 64))
