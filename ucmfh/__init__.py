@@ -10,8 +10,8 @@ stays light (and a CPU search never imports torch):
   ``HashConfig()`` alone holds UCMFH's reference settings, whose method needs ``fit_fusion`` first),
   ``fusion_config`` (a fusion stage's), ``stage_configs`` (both stages of a run, every code length),
   ``HashConfig``, ``FusionConfig``, ``SettingError``, ``fit_hashing``, ``fit_fusion`` (each with its
-  ``History``; stopped by SIGINT/SIGTERM: ``TrainingInterrupted``), ``build_method``, ``METHODS``; ``separate_draws`` (fits in threads of one process, each drawing
-  its own numbers);
+  ``History``; stopped by SIGINT/SIGTERM: ``TrainingInterrupted``), ``build_method``, ``METHODS``;
+  ``separate_draws`` (fits in threads of one process, each drawing its own numbers);
 * codes and scores of a trained model: ``encode_split`` (``img, txt = encode_split(model, data.query)``),
   ``evaluate_hashing`` (MAP@K both directions, per protocol), ``evaluate_fusion``;
 * checkpoints: ``save_checkpoint``, ``load_model``;

@@ -393,12 +393,12 @@ COLLAPSE_MARK = "†"
 COLLAPSE_NOTE = (f"{COLLAPSE_MARK}: in some of the seeds the codes collapsed (distinct codes of a modality at most "
                  f"{COLLAPSED:.0%} of its items): those seeds score a near-random order, averaged in with the others")
 # and the line under a table some of whose rows an older ucmfh scored, counting no distinct codes: not marked either way
-# the line under a table some of whose groups average seeds trained with other CPU thread counts
+UNCHECKED_NOTE = (f"some rows were scored by an older ucmfh, which counted no distinct codes: codes of theirs that "
+                  f"collapsed are not marked {COLLAPSE_MARK}; 'ucmfh evaluate -c CHECKPOINT' scores such a run again")
+# and the line under a table some of whose groups average seeds trained with other CPU thread counts
 THREADS_NOTE = ("some means are over seeds trained with other numbers of CPU threads (a row's train_threads): on a "
                 "CPU another count sums in another order and trains another model; 'ucmfh runs --json' names them "
                 "(mixed_threads)")
-UNCHECKED_NOTE = (f"some rows were scored by an older ucmfh, which counted no distinct codes: codes of theirs that "
-                  f"collapsed are not marked {COLLAPSE_MARK}; 'ucmfh evaluate -c CHECKPOINT' scores such a run again")
 
 
 def unchecked(row: Dict[str, Any]) -> bool:
