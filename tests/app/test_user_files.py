@@ -470,7 +470,7 @@ def test_a_sigterm_python_drops_in_a_callback_still_ends_the_command():
 
 
 # flags of other programs that messages may name: torchrun's, git's (asked by git_commit)
-OTHERS = {"--help", "--nproc-per-node", "--show-toplevel"}
+OTHERS = {"--help", "--nproc-per-node", "--show-toplevel", "--porcelain", "--untracked-files"}
 
 
 def _messages(path: Path):
