@@ -734,9 +734,9 @@ BUGS: Tuple[Bug, ...] = (
         "a FAISS search with threads of its own left FAISS's OpenMP threads so for the rest of the process",
         ("tests/search/test_search_faiss.py::test_a_search_s_threads_leave_faiss_s_as_they_were",)),
     Bug("runs-clash-within-a-file-unsaid", "ucmfh/app/runs.py",
-        "            if earlier is not None and any(earlier[1][key] != value for key, value in mine.items()\n",
-        "            if earlier is not None and earlier[0] != path and any(earlier[1][key] != value\n"
-        "                                                                  for key, value in mine.items()\n",
+        "            if earlier is not None and _other_scores(earlier[1], row):  # compared only where a run comes "
+        "again\n",
+        "            if earlier is not None and earlier[0] != path and _other_scores(earlier[1], row):\n",
         "a run trained again into the same results file with other scores (other threads) replaced them silently",
         ("tests/app/test_runs.py::test_runs_summarises_over_seeds",)),
     Bug("fusion-threads-unsaid", "ucmfh/app/experiment.py",

@@ -98,7 +98,7 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
         if not os.path.exists(path):
             raise FileNotFoundError(f"{path}: no such results file (runs append their rows to --results)")
     rows = []
-    scored: Dict[tuple, Tuple[str, Dict[str, str]]] = {}  # a measurement -> the file that scored it last, its scores
+    scored: Dict[tuple, Tuple[str, Dict[str, Any]]] = {}  # a measurement -> the file that scored it last, its row
     clashes: Dict[Tuple[str, str], int] = {}
     for path in paths:
         found = read_jsonl(path, on_skip=warn, containing=containing)
@@ -117,15 +117,11 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
         # scores of a measurement replaced by other scores, of another file or later in the same one (a run trained
         # again, with another thread count, into a results file shared by two --out folders): said, not silently
         for row in kept:
-            mine = {key: json.dumps(value, sort_keys=True) for key, value in row.items()
-                    if key.startswith(("map_", "recall_", "rsum"))}
             measurement = _measurement(row)
             earlier = scored.get(measurement)
-            # the figures both rows have (a newer ucmfh's rows add tie-aware twins to an older one's)
-            if earlier is not None and any(earlier[1][key] != value for key, value in mine.items()
-                                           if key in earlier[1]):
+            if earlier is not None and _other_scores(earlier[1], row):  # compared only where a run comes again
                 clashes[(earlier[0], path)] = clashes.get((earlier[0], path), 0) + 1
-            scored[measurement] = (path, mine)
+            scored[measurement] = (path, row)
         rows += [_located(row, path) for row in kept]
     for (first, last), n in clashes.items():
         why = "trained apart: on another machine, or with another number of CPU threads, a row's train_threads"
@@ -135,6 +131,13 @@ def read_results(paths: Sequence[str], warn: Optional[Callable[[str], None]] = N
                    "rows are used")
         warnings.warn(message, stacklevel=2) if warn is None else warn(message)
     return rows
+
+
+def _other_scores(earlier: Dict[str, Any], later: Dict[str, Any]) -> bool:
+    """Whether two rows of one measurement score it differently: a figure both have differs (a newer ucmfh's rows
+    add tie-aware twins to an older one's)."""
+    return any(earlier[key] != value for key, value in later.items()
+               if key.startswith(("map_", "recall_", "rsum")) and key in earlier)
 
 
 def row_problem(row: Dict[str, Any]) -> Optional[str]:
