@@ -740,7 +740,7 @@ BUGS: Tuple[Bug, ...] = (
         "a run trained again into the same results file with other scores (other threads) replaced them silently",
         ("tests/app/test_runs.py::test_runs_summarises_over_seeds",)),
     Bug("fusion-threads-unsaid", "ucmfh/app/experiment.py",
-        '            row["fusion_train_threads"] = _threads(run.fusion_path)\n', "            pass\n",
+        '            row["fusion_train_threads"] = fusion_threads\n', "            pass\n",
         "a hashing row on a fusion stage said the hashing stage's threads alone, not the encoder's",
         ("tests/app/test_cli.py::test_ucmfh_make_train_evaluate",)),
     Bug("resume-threads-unsaid", "ucmfh/app/stage.py", "        if before:\n", "        if False:\n",

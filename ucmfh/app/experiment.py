@@ -167,10 +167,11 @@ def train_hash_stage(
     rows = score_hash_model(fitted.model, data, run, path, fitted.seconds, protocols, k, opts.progress, "train")
     if takes == "encoder":  # the fusion stage it stands on trained too: the run's cost is both stages'
         fusion_seconds = saved_number(run.fusion_path, "seconds")
+        # and its threads: the stage the thread count moves most (train_threads are the hashing stage's)
+        fusion_threads = _threads(run.fusion_path)
         for row in rows:
             row["fusion_train_time_s"] = None if fusion_seconds is None else round(fusion_seconds, 2)
-            # and its threads: the stage the thread count moves most (train_threads are the hashing stage's)
-            row["fusion_train_threads"] = _threads(run.fusion_path)
+            row["fusion_train_threads"] = fusion_threads
     if history["best_epoch"] is not None:  # the epoch kept by validation, and its score
         chosen = dict(history["validation"])[history["best_epoch"]]
         for row in rows:
