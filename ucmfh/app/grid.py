@@ -192,7 +192,8 @@ def _main_table(cell: Dict[tuple, Dict[str, Any]], variants: Sequence[str], bits
     """The table a dataset and protocol lead with, method × code length, then the random codes: MAP I→T / T→I, or
     with ``recall`` (a caption set) R@1 I→T / T→I in % (rSum); each mean ± std over seeds where there are
     several, tie-aware where the rows are, a collapse marked; the seeds and the hashing seconds of each method.
-    The random codes' row has the figures the rows keep of them (of R@K, the rSum alone)."""
+    The random codes' row has the figures the rows keep of them (a caption set's rows of before 2026-12-03: the
+    rSum alone)."""
     fields, digits = (("r1_i2t", "r1_t2i", "rsum"), 1) if recall else (DIRECTIONS, 3)
     lines = ["| method | " + " | ".join(f"{n} bits" for n in bits) + " | seeds | hashing s |",
              "|---|" + "---|" * (len(bits) + 2)]
