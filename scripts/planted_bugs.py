@@ -750,6 +750,11 @@ BUGS: Tuple[Bug, ...] = (
         "        if True:\n",
         "a mean over seeds trained with other CPU thread counts was shown as one setting's without a word",
         ("tests/app/test_runs.py::test_a_mean_over_seeds_of_other_thread_counts_is_said",)),
+    Bug("plots-backend-switched", "ucmfh/metrics/plots.py",
+        "    matplotlib = require_matplotlib()\n",
+        "    matplotlib = require_matplotlib()\n    matplotlib.use(\"Agg\")\n",
+        "drawing one of ucmfh's figures switched a notebook's matplotlib backend to Agg (its figures no longer shown)",
+        ("tests/test_codes.py::test_a_figure_drawn_from_a_notebook_leaves_its_matplotlib_as_it_was",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

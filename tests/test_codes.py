@@ -215,6 +215,36 @@ def test_plots(tmp_path):
         assert pixels.shape[0] > 200 and pixels.shape[1] > 200 and 0.01 < ink < 0.5 and coloured > 0.001, (p, ink, coloured)
 
 
+def test_a_figure_drawn_from_a_notebook_leaves_its_matplotlib_as_it_was(tmp_path):
+    """ucmfh's figures drawn where the caller uses matplotlib (a notebook): its backend, its open figures, its
+    rcParams and its warning filters are as they were. pyplot() switched the backend to Agg (a notebook's
+    figures no longer shown), set rcParams for good and added a warning filter at each figure."""
+    import warnings
+
+    pytest.importorskip("matplotlib")
+    import matplotlib
+    import matplotlib.pyplot as plt
+
+    from ucmfh.metrics.plots import plot_curves
+
+    matplotlib.use("svg")  # a backend of the caller's, not Agg
+    mine = plt.figure()  # and a figure of theirs, open
+    rc, backend, filters = dict(matplotlib.rcParams), matplotlib.get_backend(), list(warnings.filters)
+    try:
+        result = evaluate_codes(**make_file_inputs(3), k=5)
+        result["settings"].update(n_bits=16, attrs={"dataset": "$5 photos", "protocol": "unimodal"})
+        paths = plot_curves(result, str(tmp_path / "curves"))
+        assert matplotlib.get_backend() == backend and plt.get_fignums() == [mine.number]
+        assert dict(matplotlib.rcParams) == rc and warnings.filters == filters
+        svg = open(paths[1], encoding="utf-8").read()
+        assert "$5 photos" in svg  # drawn as it is, not begun as mathtext, with the settings inside
+        plot_curves(result, str(tmp_path / "again"))
+        assert (tmp_path / "again_pr.svg").read_text(encoding="utf-8") == svg  # its ids not drawn at random
+    finally:
+        plt.close(mine)
+        matplotlib.use("agg")
+
+
 def test_a_caption_sets_codes_file_has_ids_and_no_labels(tmp_path):
     """A caption set's codes (relevance by id, no labels) round-trip; without ids, or with labels on one side
     alone, they are refused before a file is written."""

@@ -102,10 +102,11 @@ def test_what_every_row_shares_is_said_once_and_a_long_label_is_wrapped_not_cut(
         "16 bits  MAP I->T", "16 bits  MAP T->I", "32 bits  MAP I->T", "32 bits  MAP T->I"]
     from PIL import Image
 
-    import matplotlib.pyplot as plt
+    import ucmfh.metrics.plots as plots
 
     captured = []
-    monkeypatch.setattr(plt, "close", captured.append)  # the figure kept, to measure what it drew
+    save = plots.save_figure
+    monkeypatch.setattr(plots, "save_figure", lambda fig, *a, **kw: captured.append(fig) or save(fig, *a, **kw))
     assert CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "-d", long_name,
                                      "--resamples", "100", "--plot", str(plot)]).exit_code == 0
     [fig] = captured

@@ -383,10 +383,10 @@ def test_matplotlib_s_glyph_warnings_are_left_to_the_one_line_a_figure_in_either
     later alone, and the older printed a warning at each drawing of each character (an audit's, on 3.6)."""
     import warnings
 
-    from ucmfh.metrics.plots import pyplot
+    pytest.importorskip("matplotlib")
+    from ucmfh.metrics.plots import drawing
 
-    pyplot()
-    with warnings.catch_warnings(record=True) as said:
+    with drawing(), warnings.catch_warnings(record=True) as said:
         for wording in ("missing from font", "missing from current font"):
             warnings.warn(f"Glyph 33457 (\\N{{CJK UNIFIED IDEOGRAPH-82B1}}) {wording}.", UserWarning)
     assert said == []

@@ -456,10 +456,10 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     base_side, other_side = parse_side(base, "BASE"), parse_side(other, "OTHER")  # named base and other, as given
     if plot:
         from ucmfh.app.forest_plot import check_plot_path  # only where a figure is asked for
-        from ucmfh.metrics.plots import pyplot
+        from ucmfh.metrics.plots import require_matplotlib
 
         check_plot_path(plot, overwrite)
-        pyplot()  # a missing matplotlib is said before the work, in one line naming ucmfh[plot]
+        require_matplotlib()  # a missing matplotlib is said before the work, in one line naming ucmfh[plot]
     if pool and len(set(dataset)) < 2:
         raise UserError("--pool: name the query draws to pool with -d, at least two (a results file may hold "
                         "unrelated datasets)")

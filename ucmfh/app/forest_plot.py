@@ -79,37 +79,39 @@ def draw_forest(forest: Dict[str, Any], path: str, title: str) -> str:
     """Draw :func:`forest_panels` to ``path`` (PNG, or SVG where it ends in ``.svg``), atomically, with
     ucmfh's mark, the words every row shares after ``title``; return it. matplotlib is imported here
     (``ImportError`` naming ``ucmfh[plot]``)."""
-    from ucmfh.metrics.plots import fit_titles, pyplot, save_figure
+    from ucmfh.metrics.plots import drawing, fit_titles, save_figure, subplots
 
-    plt = pyplot()
     panels = forest["panels"]
     if forest["shared"]:
         title += " (" + ", ".join(forest["shared"]) + ")"
     # in inches: a row as tall as its panel's longest label, and room for the axis below it
     heights = [len(p["rows"]) * max(0.32, 0.16 * max(len(wrapped(row["label"])) for row in p["rows"])) + 0.5
                for p in panels]
-    fig, axes = plt.subplots(len(panels), 1, figsize=(8, 0.9 + sum(heights)), squeeze=False,
+    with drawing():
+        from matplotlib.lines import Line2D
+        from matplotlib.ticker import MaxNLocator
+
+        fig, axes = subplots(len(panels), 1, figsize=(8, 0.9 + sum(heights)), squeeze=False,
                              gridspec_kw={"height_ratios": heights})
-    for ax, panel in zip(axes[:, 0], panels):
-        rows = panel["rows"]
-        ys = list(range(len(rows)))[::-1]  # the table's first row at the top
-        for y, row in zip(ys, rows):
-            colour, marker = STYLES.get(row["verdict"], ("black", "s"))
-            ax.hlines(y, row["low"], row["high"], color=colour, linewidth=2)
-            ax.plot([row["mean"]], [y], marker=marker, color=colour, markersize=7, linestyle="none")
-        ax.axvline(0.0, color="black", linewidth=0.8)
-        ax.set_yticks(ys)
-        ax.set_yticklabels(["\n".join(wrapped(row["label"])) for row in rows], fontsize=8)
-        ax.set_ylim(-0.75, len(rows) - 0.25)
-        ax.set_xlabel(panel["xlabel"], fontsize=9)
-        ax.xaxis.set_major_locator(plt.MaxNLocator(nbins=6))  # wide signed labels: fewer ticks, none touching
-        ax.grid(axis="x", alpha=0.3)
-    handles = [plt.Line2D([], [], color=c, marker=m, linestyle="-", label=v) for v, (c, m) in STYLES.items()]
-    axes[0, 0].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), title="verdict",
-                     title_fontsize=7)  # beside the rows, never over one
-    axes[0, 0].set_title(textwrap.fill(title, 80), fontsize=10)  # on two lines rather than cut at the edge
-    fig.tight_layout()
-    fit_titles(fig)
-    save_figure(fig, path, tight=True)  # the labels and the legend beside the rows whole, however long
-    plt.close(fig)
+        for ax, panel in zip(axes[:, 0], panels):
+            rows = panel["rows"]
+            ys = list(range(len(rows)))[::-1]  # the table's first row at the top
+            for y, row in zip(ys, rows):
+                colour, marker = STYLES.get(row["verdict"], ("black", "s"))
+                ax.hlines(y, row["low"], row["high"], color=colour, linewidth=2)
+                ax.plot([row["mean"]], [y], marker=marker, color=colour, markersize=7, linestyle="none")
+            ax.axvline(0.0, color="black", linewidth=0.8)
+            ax.set_yticks(ys)
+            ax.set_yticklabels(["\n".join(wrapped(row["label"])) for row in rows], fontsize=8)
+            ax.set_ylim(-0.75, len(rows) - 0.25)
+            ax.set_xlabel(panel["xlabel"], fontsize=9)
+            ax.xaxis.set_major_locator(MaxNLocator(nbins=6))  # wide signed labels: fewer ticks, none touching
+            ax.grid(axis="x", alpha=0.3)
+        handles = [Line2D([], [], color=c, marker=m, linestyle="-", label=v) for v, (c, m) in STYLES.items()]
+        axes[0, 0].legend(handles=handles, fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0),
+                          title="verdict", title_fontsize=7)  # beside the rows, never over one
+        axes[0, 0].set_title(textwrap.fill(title, 80), fontsize=10)  # on two lines rather than cut at the edge
+        fig.tight_layout()
+        fit_titles(fig)
+        save_figure(fig, path, tight=True)  # the labels and the legend beside the rows whole, however long
     return path

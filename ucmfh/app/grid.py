@@ -453,10 +453,10 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
                   overwrite=overwrite)
     if plot is not None:  # matplotlib there, and no file of the user's where a figure may go, before any cell
         from ucmfh.app.length_plot import check_prefix
-        from ucmfh.metrics.plots import figure_prefix, pyplot
+        from ucmfh.metrics.plots import figure_prefix, require_matplotlib
 
         plot = figure_prefix(plot)
-        pyplot()
+        require_matplotlib()
         check_prefix(plot, overwrite)
     paths = {dataset: resolve_dataset(dataset, data_dir) for dataset in datasets}
     variants = list(dict.fromkeys(variant_of({"method": h.method, "loss": h.loss}) for _, _, h in cells))

@@ -239,9 +239,9 @@ def _score_codes_files(codes: Sequence[str], k: int, device: str, database: Opti
 
     if plot:
         from ucmfh.codes import load_codes
-        from ucmfh.metrics.plots import pyplot
+        from ucmfh.metrics.plots import require_matplotlib
 
-        pyplot()  # a missing matplotlib is said before anything is scored
+        require_matplotlib()  # a missing matplotlib is said before anything is scored
         attrs = {path: load_codes(path).attrs for path in codes}
         # one figure, one dataset file (two of one name told apart by fingerprint) and one protocol: its
         # title names them

@@ -112,33 +112,34 @@ def history_paths(prefix: str) -> List[str]:
 def draw_history(figure: Dict[str, Any], prefix: str) -> List[str]:
     """Draw :func:`history_figure` data: the loss by epoch (a line per part) and, where the run was validated,
     the validation score by epoch with the epoch kept marked; written atomically with ucmfh's mark."""
-    from ucmfh.metrics.plots import pyplot, save_figure
+    from ucmfh.metrics.plots import drawing, save_figure, subplots
 
-    plt = pyplot()
     epochs, scores = figure["validation"]
-    fig, axes = plt.subplots(1, 2 if epochs else 1, figsize=(10 if epochs else 5.5, 4), squeeze=False)
-    ax = axes[0][0]
-    for part, (x, y) in figure["loss"].items():
-        ax.plot(x, y, marker=".", label=part)
-    ax.set_xlabel("epoch")
-    ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))  # epochs are whole
-    ax.set_ylabel("training loss")
-    ax.grid(alpha=0.3)
-    ax.legend()
-    if epochs:
-        ax = axes[0][1]
-        ax.plot(epochs, scores, marker=".", color="C2", label="validation")
-        if figure["kept"]:
-            ax.plot(*figure["kept"], marker="*", markersize=14, color="C3", linestyle="none", label="epoch kept",
-                    clip_on=False)  # whole where it is the highest score, on the frame
-            ax.margins(y=0.1)
+    with drawing():
+        from matplotlib.ticker import MaxNLocator
+
+        fig, axes = subplots(1, 2 if epochs else 1, figsize=(10 if epochs else 5.5, 4), squeeze=False)
+        ax = axes[0][0]
+        for part, (x, y) in figure["loss"].items():
+            ax.plot(x, y, marker=".", label=part)
         ax.set_xlabel("epoch")
-        ax.xaxis.set_major_locator(plt.MaxNLocator(integer=True))
-        ax.set_ylabel(VALIDATION_LABEL)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # epochs are whole
+        ax.set_ylabel("training loss")
         ax.grid(alpha=0.3)
         ax.legend()
-    fig.suptitle(figure["title"], fontsize=10)
-    fig.tight_layout()
-    paths = [save_figure(fig, path) for path in history_paths(prefix)]
-    plt.close(fig)
+        if epochs:
+            ax = axes[0][1]
+            ax.plot(epochs, scores, marker=".", color="C2", label="validation")
+            if figure["kept"]:
+                ax.plot(*figure["kept"], marker="*", markersize=14, color="C3", linestyle="none", label="epoch kept",
+                        clip_on=False)  # whole where it is the highest score, on the frame
+                ax.margins(y=0.1)
+            ax.set_xlabel("epoch")
+            ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+            ax.set_ylabel(VALIDATION_LABEL)
+            ax.grid(alpha=0.3)
+            ax.legend()
+        fig.suptitle(figure["title"], fontsize=10)
+        fig.tight_layout()
+        paths = [save_figure(fig, path) for path in history_paths(prefix)]
     return paths

@@ -224,45 +224,44 @@ def crowded(figures: Sequence[Dict[str, Any]]) -> Optional[str]:
 def draw_length_figures(figures: Sequence[Dict[str, Any]], prefix: str) -> List[str]:
     """Draw each of :func:`length_figures` to ``PREFIX_<name>.png`` and ``.svg``, atomically, with
     ucmfh's mark; return the paths. matplotlib is imported here (``ImportError`` naming ``ucmfh[plot]``)."""
-    from ucmfh.metrics.plots import pyplot, save_figure
+    from ucmfh.metrics.plots import drawing, save_figure, subplots
 
-    plt = pyplot()
     paths = []
     # one style per line label across the figures of one call: a method keeps its style in each
     labels = sorted({line["label"] for figure in figures for line in figure["lines"]})
     styles = dict(zip(labels, line_styles(len(labels))))
-    for figure in figures:
-        fig, ax = plt.subplots(figsize=(7.5, 4))
-        fig.subplots_adjust(left=0.1, right=0.7, bottom=0.13, top=0.86)  # the legend beside the axes
-        for line in legend_order(figure["lines"]):
-            style = {"marker": "o", **REFERENCE_STYLE} if line["label"].split(" ")[0] in REFERENCE_METHODS \
-                else styles[line["label"]]
-            ax.errorbar(line["n_bits"], line["mean"], yerr=line["std"], capsize=3, label=line["label"], **style)
-            for x, y, collapsed in zip(line["n_bits"], line["mean"], line.get("collapsed", ())):
-                if collapsed:  # some seeds' codes collapsed: a near-random order's scores in the mean
-                    ax.annotate(COLLAPSE_MARK, (x, y), xytext=(4, 4), textcoords="offset points", fontsize=11)
-        if figure["reference"]:
-            ref = figure["reference"]
-            ax.plot(ref["n_bits"], ref["mean"], linestyle="--", marker="_", markersize=14, color="grey",
-                    label="random codes")  # a mark: one code length is a single point, which a line does not draw
-        if collapsed_somewhere(figure):  # room above the highest point for its mark, which sat on the frame
-            ax.margins(y=0.12)
-        ax.set_xscale("log", base=2)
-        ax.set_xticks(figure["n_bits"])
-        ax.set_xticklabels([str(b) for b in figure["n_bits"]])
-        ax.minorticks_off()
-        ax.set_xlabel("code length (bits)")
-        ax.set_ylabel(figure["ylabel"])
-        ax.set_title(figure["title"], fontsize=10)
-        ax.grid(alpha=0.3)
-        handles, labels = ax.get_legend_handles_labels()  # the random codes' plain line comes first: put it last
-        order = sorted(range(len(labels)), key=lambda i: labels[i] == "random codes")
-        title = legend_title(figure) + (f"\n{COLLAPSE_MARK}: codes collapsed in some seeds"
-                                        if collapsed_somewhere(figure) else "")
-        ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8,
-                  title=title, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
-                  borderaxespad=0.0)
-        for path in figure_paths(prefix, figure):
-            paths.append(save_figure(fig, path, tight=True))  # the legend beside the axes, however long its labels
-        plt.close(fig)
+    with drawing():
+        for figure in figures:
+            fig, ax = subplots(figsize=(7.5, 4))
+            fig.subplots_adjust(left=0.1, right=0.7, bottom=0.13, top=0.86)  # the legend beside the axes
+            for line in legend_order(figure["lines"]):
+                style = {"marker": "o", **REFERENCE_STYLE} if line["label"].split(" ")[0] in REFERENCE_METHODS \
+                    else styles[line["label"]]
+                ax.errorbar(line["n_bits"], line["mean"], yerr=line["std"], capsize=3, label=line["label"], **style)
+                for x, y, collapsed in zip(line["n_bits"], line["mean"], line.get("collapsed", ())):
+                    if collapsed:  # some seeds' codes collapsed: a near-random order's scores in the mean
+                        ax.annotate(COLLAPSE_MARK, (x, y), xytext=(4, 4), textcoords="offset points", fontsize=11)
+            if figure["reference"]:
+                ref = figure["reference"]
+                ax.plot(ref["n_bits"], ref["mean"], linestyle="--", marker="_", markersize=14, color="grey",
+                        label="random codes")  # a mark: one code length is a single point, which a line does not draw
+            if collapsed_somewhere(figure):  # room above the highest point for its mark, which sat on the frame
+                ax.margins(y=0.12)
+            ax.set_xscale("log", base=2)
+            ax.set_xticks(figure["n_bits"])
+            ax.set_xticklabels([str(b) for b in figure["n_bits"]])
+            ax.minorticks_off()
+            ax.set_xlabel("code length (bits)")
+            ax.set_ylabel(figure["ylabel"])
+            ax.set_title(figure["title"], fontsize=10)
+            ax.grid(alpha=0.3)
+            handles, labels = ax.get_legend_handles_labels()  # the random codes' plain line comes first: put it last
+            order = sorted(range(len(labels)), key=lambda i: labels[i] == "random codes")
+            title = legend_title(figure) + (f"\n{COLLAPSE_MARK}: codes collapsed in some seeds"
+                                            if collapsed_somewhere(figure) else "")
+            ax.legend([handles[i] for i in order], [labels[i] for i in order], fontsize=8,
+                      title=title, title_fontsize=7, loc="upper left", bbox_to_anchor=(1.02, 1.0),
+                      borderaxespad=0.0)
+            for path in figure_paths(prefix, figure):
+                paths.append(save_figure(fig, path, tight=True))  # the legend beside the axes, however long its labels
     return paths

@@ -54,9 +54,9 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
     if as_json and checkpoint:  # --checkpoint prints a path alone (for $(...)); --json was ignored
         raise click.UsageError("--json does not go with --checkpoint")
     if plot is not None:
-        from ucmfh.metrics.plots import pyplot
+        from ucmfh.metrics.plots import require_matplotlib
 
-        pyplot()  # a missing matplotlib is said before anything is read
+        require_matplotlib()  # a missing matplotlib is said before anything is read
         if not plot:
             raise click.BadParameter("an empty prefix; give the figures' path prefix (PREFIX_*.png)",
                                      param_hint="--plot")

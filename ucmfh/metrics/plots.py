@@ -5,38 +5,58 @@ and only when a plot is drawn.
 """
 from __future__ import annotations
 
+import contextlib
 import io
 import math
 import os
 import warnings
 import weakref
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple, Union
 
 from ucmfh.files import atomic_file
 
 
-def pyplot():
-    """matplotlib's pyplot on the file-only Agg backend; ``ImportError`` in one line naming the extra
-    ``ucmfh[plot]`` when matplotlib is missing."""
+GLYPH_WARNING = r"Glyph \d+ .* missing from (current )?font"  # matplotlib < 3.9 says 'current'
+
+
+def require_matplotlib():
+    """matplotlib, or ``ImportError`` in one line naming the extra ``ucmfh[plot]`` where it is missing."""
     try:
         import matplotlib
-
-        matplotlib.use("Agg")  # files only, no display needed
-        # an SVG's ids not drawn at random: the same figure, the same bytes
-        matplotlib.rcParams["svg.hashsalt"] = "ucmfh"
-        # names drawn as they are: a '$' in a dataset or method name began mathtext (a name in italics, or
-        # every plot command ending in "Unknown symbol")
-        if "text.parse_math" in matplotlib.rcParams:
-            matplotlib.rcParams["text.parse_math"] = False
-        # a character the font lacks was a warning at each drawing of it (140 lines for one CJK name): said once a
-        # figure instead, by save_figure (missing_glyphs)
-        warnings.filterwarnings("ignore", message=r"Glyph \d+ .* missing from (current )?font")  # < 3.9: 'current'
-        import matplotlib.pyplot as plt
     except ImportError:
         raise ImportError(
             "plotting needs matplotlib, an optional extra: pip install 'ucmfh[plot]' (or pip install matplotlib)"
         ) from None
-    return plt
+    return matplotlib
+
+
+@contextlib.contextmanager
+def drawing() -> Iterator[None]:
+    """ucmfh's matplotlib settings for the figures drawn and saved inside the block, and no longer.
+
+    pyplot is not used (:func:`subplots` makes a figure of its own on an Agg canvas), so a notebook that draws
+    ucmfh's figures keeps its backend, its open figures, its rcParams and its warning filters as they were.
+    Inside: an SVG's ids are not drawn at random (the same figure, the same bytes); names are drawn as they are,
+    where a '$' in a dataset or method name began mathtext (a name in italics, or "Unknown symbol"); and a
+    character the font lacks, a warning at each drawing of it (140 lines for one CJK name), is said once a figure
+    instead, by :func:`save_figure`."""
+    matplotlib = require_matplotlib()
+    settings = {"svg.hashsalt": "ucmfh", "text.parse_math": False}
+    with matplotlib.rc_context({k: v for k, v in settings.items() if k in matplotlib.rcParams}), \
+            warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=GLYPH_WARNING)
+        yield
+
+
+def subplots(*args, figsize: Tuple[float, float], **kwargs):
+    """A figure of its own (not pyplot's: nothing to close) on an Agg canvas, and its ``subplots(*args,
+    **kwargs)``; drawn and saved inside :func:`drawing`."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=figsize)
+    FigureCanvasAgg(fig)
+    return fig, fig.subplots(*args, **kwargs)
 
 
 _NAMES = {"i2t": "I→T", "t2i": "T→I"}
@@ -63,14 +83,14 @@ def curve_labels(runs: Sequence[Tuple[str, Dict[str, object]]]) -> List[Tuple[st
             for text, (path, results) in zip(labels, runs)]
 
 
-def _draw(plt, runs: List[Tuple[str, Dict[str, object]]], points, what: str, configure) -> object:
+def _draw(runs: List[Tuple[str, Dict[str, object]]], points, what: str, configure) -> object:
     """The figure of ``runs``: one evaluation's two directions on one axes, or, for several runs, one axes
     per direction (I→T, T→I) with a line per run in its own colour and one legend beside them.
     ``points(results, name)`` gives a direction's (x, y), or None where the results have none;
     ``configure(ax)`` sets an axes' scales and labels. Precision runs from 0 to a little above the highest
     point drawn (at most 1): a caption set's precision of a few per cent is not a line along the floor."""
     if len(runs) == 1:
-        fig, ax = plt.subplots(figsize=(5, 4))
+        fig, ax = subplots(figsize=(5, 4))
         results = runs[0][1]
         for name, direction in _NAMES.items():
             xy = points(results, name)
@@ -81,7 +101,7 @@ def _draw(plt, runs: List[Tuple[str, Dict[str, object]]], points, what: str, con
         _fit_precision([ax])
         ax.legend()
         return fig
-    fig, axes = plt.subplots(1, 2, figsize=(12, 4.8), sharey=True)
+    fig, axes = subplots(1, 2, figsize=(12, 4.8), sharey=True)
     for ax, (name, direction) in zip(axes, _NAMES.items()):
         for i, (label, results) in enumerate(runs):
             xy = points(results, name)
@@ -114,8 +134,6 @@ def plot_pr_curve(results: Runs, path: str) -> str:
 
 def _pr_curve(results: Runs, paths: Sequence[str]) -> List[str]:
     """:func:`plot_pr_curve`'s figure, drawn once and written to each of ``paths``."""
-    plt = pyplot()
-
     def points(res, name):
         curve = res.get(name, {}).get("pr_curve")
         return (curve["recall"], curve["precision"]) if curve else None
@@ -126,7 +144,7 @@ def _pr_curve(results: Runs, paths: Sequence[str]) -> List[str]:
         ax.set_xlim(0, 1.02)  # a point at recall 1 whole, not cut by the frame
         ax.grid(alpha=0.3)
 
-    return _save(_draw(plt, _runs(results), points, "precision–recall by Hamming radius", configure), plt, paths)
+    return _save(lambda: _draw(_runs(results), points, "precision–recall by Hamming radius", configure), paths)
 
 
 def plot_precision_at_k(results: Runs, path: str) -> str:
@@ -143,8 +161,6 @@ def plot_precision_at_k(results: Runs, path: str) -> str:
 
 def _precision_at_k(results: Runs, paths: Sequence[str]) -> List[str]:
     """:func:`plot_precision_at_k`'s figure, drawn once and written to each of ``paths``."""
-    plt = pyplot()
-
     def points(res, name):
         pk = res.get(name, {}).get("precision_at_k")
         n = res.get(name, {}).get("n_database", res.get("settings", {}).get("n_retrieval"))
@@ -155,7 +171,7 @@ def _precision_at_k(results: Runs, paths: Sequence[str]) -> List[str]:
 
         ax.set_xscale("log")
         # K as a plain number: the log axis' own labels are mathtext ($10^{2}$), drawn as raw text where a '$' in
-        # a name must not begin mathtext (pyplot())
+        # a name must not begin mathtext (drawing())
         ax.xaxis.set_major_formatter(ticker.FuncFormatter(lambda x, _: f"{x:,.0f}" if x >= 1 else f"{x:g}"))
         ax.xaxis.set_minor_formatter(ticker.NullFormatter())
         ax.set_xlabel("K (retrieved items)")
@@ -166,7 +182,7 @@ def _precision_at_k(results: Runs, paths: Sequence[str]) -> List[str]:
     tie_aware = all("precision_expected" in res.get(name, {}).get("precision_at_k", {"precision_expected": 0})
                     for _, res in runs for name in _NAMES)
     what = "precision@K, " + ("tie-aware" if tie_aware else "ties broken by database index")
-    return _save(_draw(plt, runs, points, what, configure), plt, paths)
+    return _save(lambda: _draw(runs, points, what, configure), paths)
 
 
 def _up_to(ks: List[int], values: List[float], n: Optional[int]) -> Tuple[List[int], List[float]]:
@@ -289,12 +305,14 @@ def _palette_png(rendered: io.BytesIO, path: str) -> None:
     image.save(path, format="PNG", optimize=True, pnginfo=info)
 
 
-def _save(fig, plt, paths: Sequence[str]) -> List[str]:
-    fig.tight_layout()
-    fit_titles(fig)
-    for path in paths:
-        save_figure(fig, path)
-    plt.close(fig)
+def _save(draw, paths: Sequence[str]) -> List[str]:
+    """The figure ``draw()`` makes, laid out and written to each of ``paths``."""
+    with drawing():
+        fig = draw()
+        fig.tight_layout()
+        fit_titles(fig)
+        for path in paths:
+            save_figure(fig, path)
     return list(paths)
 
 
