@@ -186,25 +186,32 @@ def _weights(path: str) -> dict:
     return torch.load(path, weights_only=False)["state_dict"]
 
 
-def test_sigint_keeps_finished_lengths_and_resume_finishes_the_rest(tmp_path, tiny_path):
-    """SIGINT during -b 16 keeps -b 8's rows; --resume ends as an uninterrupted run does."""
-    common = ["train-hash", *SMALL, "-d", tiny_path, "--epochs", "30", "-b", "8", "-b", "16",
+def test_sigint_keeps_finished_lengths_and_resume_finishes_the_rest(tmp_path, tiny_path, monkeypatch):
+    """A Ctrl-C during -b 16 (after its 5th epoch) keeps -b 8's rows; --resume ends as an uninterrupted run does.
+    In this process, at a known epoch: a signal to a real process at a moment it cannot know is
+    test_sigkill_late_in_a_stage_then_resume_gives_identical_codes's, and tests/app/test_cli.py's."""
+    import ucmfh.trainer as trainer_module
+    from conftest import StopAfter
+
+    common = ["train-hash", *SMALL, "-d", tiny_path, "--epochs", "12", "-b", "8", "-b", "16",
               "--protocol", "unimodal", "--save-interval", "0"]
-    ref = _cli(*common, "--out", str(tmp_path / "ref"), "--results", str(tmp_path / "ref.jsonl"))
+    ref = CliRunner().invoke(main, [*common, "--out", str(tmp_path / "ref"), "--results", str(tmp_path / "ref.jsonl")])
+    assert ref.exit_code == 0, ref.output
     out, results = tmp_path / "runs", tmp_path / "r.jsonl"
-    proc = _cli(*common, "--out", str(out), "--results", str(results))
-    _wait_for(lambda: results.exists() and list(out.rglob("hash16.state.pt")), proc)
-    proc.send_signal(signal.SIGINT)
-    stdout, stderr = proc.communicate(timeout=120)
-    assert proc.returncode == 130, stderr
-    assert "interrupted by SIGINT" in stderr and "--resume" in stderr and "Traceback" not in stderr
+    bars = [StopAfter(None), StopAfter(None), StopAfter(5)]  # the fusion encoder's, -b 8's, then -b 16's
+    made = iter(bars)
+    monkeypatch.setattr(trainer_module, "tqdm", lambda *a, **kw: next(made)(*a, **kw))
+    stopped = CliRunner().invoke(main, [*common, "--out", str(out), "--results", str(results)])
+    assert stopped.exit_code == 130, stopped.output
+    assert [len(bar.starts) for bar in bars] == [1, 1, 1] and bars[2].epoch == 6  # stopped once -b 16 had 5 epochs
+    assert "interrupted by SIGINT" in stopped.stderr and "--resume" in stopped.stderr
     assert [r["n_bits"] for r in _rows(results)] == [8]  # the finished length's result is kept
+    monkeypatch.undo()
     refused = CliRunner().invoke(main, [*common, "--out", str(out), "--results", str(results)])  # before any work
     assert refused.exit_code == 2 and "interrupted run of these settings" in refused.output
-    done = _run(*common, "--out", str(out), "--results", str(results), "--resume")
-    assert done.returncode == 0, done.stderr
+    done = CliRunner().invoke(main, [*common, "--out", str(out), "--results", str(results), "--resume"])
+    assert done.exit_code == 0, done.output
     assert "already trained" in done.stdout and "resuming" in done.stdout
-    assert ref.wait(300) == 0
     mine, theirs = _rows(results), _rows(tmp_path / "ref.jsonl")
     assert [(r["n_bits"], r["map_i2t"], r["map_t2i"]) for r in mine[1:]] == \
         [(r["n_bits"], r["map_i2t"], r["map_t2i"]) for r in theirs]
