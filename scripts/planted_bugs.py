@@ -755,6 +755,10 @@ BUGS: Tuple[Bug, ...] = (
         "    matplotlib = require_matplotlib()\n    matplotlib.use(\"Agg\")\n",
         "drawing one of ucmfh's figures switched a notebook's matplotlib backend to Agg (its figures no longer shown)",
         ("tests/test_codes.py::test_a_figure_drawn_from_a_notebook_leaves_its_matplotlib_as_it_was",)),
+    Bug("fit-under-inference-mode", "ucmfh/trainer.py", "torch.inference_mode(False), torch.enable_grad():",
+        "torch.enable_grad():",
+        "a fit inside the caller's torch.inference_mode() failed, blaming its method's loss",
+        ("tests/test_library.py::test_a_fit_refuses_what_trained_a_model_of_nan_or_was_ignored_and_takes_numpy_and_no_grad",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -211,11 +211,13 @@ def test_a_training_split_of_one_item_is_said_by_its_method():
         fit(lambda setup: pytest.fail("a plan was made"), one, ucmfh.hash_config("two-tower", n_bits=16, val_fraction=0))
 
 
-def test_a_fit_refuses_what_trained_a_model_of_nan_or_was_ignored_and_takes_numpy_and_no_grad(tiny, trained):
+def test_a_fit_refuses_what_trained_a_model_of_nan_or_was_ignored_and_takes_numpy_and_no_grad(tiny, tiny_path,
+                                                                                              trained):
     """An audit as a notebook user: NaN among the training features trained a model of NaN without a word (its
     validation score and MAP reported all the same); a fusion encoder given to two-tower was ignored, one of other
     widths failed deep in its first layer; a fit inside torch.no_grad() ended in 'element 0 of tensors does not
-    require grad', one of numpy features in an AttributeError."""
+    require grad', one inside torch.inference_mode() blamed its method, one of numpy features was an
+    AttributeError."""
     from dataclasses import replace
 
     cfg = method_config("two-tower", epochs=1)
@@ -241,6 +243,14 @@ def test_a_fit_refuses_what_trained_a_model_of_nan_or_was_ignored_and_takes_nump
     with torch.no_grad():
         model, _ = ucmfh.fit_hashing(as_numpy, cfg, progress=False)
     assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), trained.state_dict().values()))
+    # inside torch.inference_mode(), data read there too (inference tensors): it blamed the method, "its plan's
+    # loss(batch) ... returned a tensor of shape [] with no gradient (computed under no_grad, or detached)"
+    with torch.inference_mode():
+        inside = ucmfh.load_dataset(tiny_path)
+        assert inside.train.img.is_inference()
+        model, _ = ucmfh.fit_hashing(inside, cfg, progress=False)
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), trained.state_dict().values()))
+    assert not any(t.is_inference() for t in model.state_dict().values())  # weights a later fit can train on
 
 
 def test_a_training_whose_loss_is_no_longer_finite_stops_and_says_so(tiny):

@@ -219,8 +219,8 @@ def fit(make_plan: Callable[[Setup], Plan], split: Split, cfg: Any, state: Optio
     model on the CPU in eval mode (the best validation epoch's weights) and the run's :class:`History`. The
     caller's global generators are left as they were (:func:`ucmfh.run_draws.run_under_way`)."""
     # gradients on whatever the caller's block (a fit inside torch.no_grad() ended in 'element 0 of tensors does
-    # not require grad')
-    with run_under_way(resolve_device(cfg.device)), torch.enable_grad():
+    # not require grad', one inside torch.inference_mode() blamed its method's loss)
+    with run_under_way(resolve_device(cfg.device)), torch.inference_mode(False), torch.enable_grad():
         with setting_up():  # its seeds and its plan in one piece where runs are side by side (ucmfh.run_draws)
             device, generator = start(cfg)
             rest, val = validation_split(split, cfg.val_fraction, cfg.seed)
