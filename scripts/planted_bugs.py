@@ -726,7 +726,7 @@ BUGS: Tuple[Bug, ...] = (
         '    return "+dirty" if out.returncode == 0 and out.stdout.strip() else ""\n', '    return ""\n',
         "rows of a checkout with uncommitted edits to ucmfh/ named its commit alone, as if its figures were that commit's",
         ("tests/app/test_runs.py::test_a_row_s_commit_is_ucmfh_s_checkout_s_not_a_project_s_that_holds_an_installed_copy",)),
-    Bug("checkpoint-draws-from-the-caller", "ucmfh/checkpoint.py",
+    Bug("checkpoint-draws-from-the-caller", "ucmfh/run_draws.py",
         "    with setting_up(), torch.random.fork_rng(devices=[]):\n", "    with setting_up():\n",
         "loading or saving a checkpoint moved the caller's torch generator (the empty model's initial weights)",
         ("tests/test_checkpoint.py::test_saving_and_loading_a_checkpoint_leave_the_caller_s_draws_as_they_were",)),
@@ -759,6 +759,16 @@ BUGS: Tuple[Bug, ...] = (
         "torch.enable_grad():",
         "a fit inside the caller's torch.inference_mode() failed, blaming its method's loss",
         ("tests/test_library.py::test_a_fit_refuses_what_trained_a_model_of_nan_or_was_ignored_and_takes_numpy_and_no_grad",)),
+    Bug("fit-in-the-caller-s-dtype", "ucmfh/run_draws.py", "            torch.set_default_dtype(torch.float32)\n",
+        "            pass\n",
+        "under a caller's default dtype of float64 a fit trained a model of float64 weights from other draws",
+        ("tests/test_run_draws.py::test_every_method_s_fit_leaves_the_caller_s_draws_and_default_dtype_and_trains_in_"
+         "float32",)),
+    Bug("cca-itq-import-draws", "ucmfh/methods/cca_itq.py", "            random.setstate(state)\n",
+        "            pass\n",
+        "a notebook's first cca-itq fit moved Python's generator (scikit-learn loads rich, which draws as it loads)",
+        ("tests/test_run_draws.py::test_every_method_s_fit_leaves_the_caller_s_draws_and_default_dtype_and_trains_in_"
+         "float32",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

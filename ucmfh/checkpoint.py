@@ -12,7 +12,7 @@ from ucmfh.config import FusionConfig, HashConfig, SepsConfig, from_dict, to_dic
 from ucmfh.files import PathLike, atomic_binary, check_a_file, checked_path, torch_file_problem, write_text_atomic
 from ucmfh.methods import METHODS, PLUGIN_ERRORS, build_method
 from ucmfh.models.fusion import FusionEncoder
-from ucmfh.run_draws import setting_up
+from ucmfh.run_draws import building_to_replace
 from ucmfh.seps.model import SEPS
 from ucmfh.utils import check_argument
 
@@ -288,9 +288,7 @@ def _rebuild(payload: Dict[str, Any]) -> Tuple[nn.Module, Optional[FusionConfig]
     if broken is not None:  # its codes would be every bit set, scored at chance's level without a word
         raise CheckpointError(f"weights that are NaN or infinite ({broken}): a model whose training diverged, or a "
                               "damaged file")
-    # a model's initial weights, replaced below: drawn while no run side by side steps (ucmfh.run_draws), from
-    # a copy of torch's generator, so that loading or saving a checkpoint leaves a caller's draws as they were
-    with setting_up(), torch.random.fork_rng(devices=[]):
+    with building_to_replace():  # loading or saving a checkpoint leaves a caller's draws as they were
         model = _empty_model(payload, fusion_cfg, hash_cfg)
     try:
         model.load_state_dict(payload["state_dict"])

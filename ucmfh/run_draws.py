@@ -68,11 +68,27 @@ def setting_up() -> Iterator[None]:
 
 
 @contextlib.contextmanager
+def building_to_replace() -> Iterator[None]:
+    """A model built only to have its weights replaced (a checkpoint's, a closed-form fit's): its initial weights
+    drawn under :func:`setting_up` from a copy of torch's generator, so that the caller's draws are as they were,
+    and in float32 whatever the caller's default dtype (a float64 one made a model of float64 weights)."""
+    dtype = torch.get_default_dtype()
+    with setting_up(), torch.random.fork_rng(devices=[]):
+        torch.set_default_dtype(torch.float32)
+        try:
+            yield
+        finally:
+            torch.set_default_dtype(dtype)
+
+
+@contextlib.contextmanager
 def run_under_way(device: torch.device, keeps_apart: bool = True) -> Iterator[None]:
     """A run's whole life, its start to its end: the caller's global generators, which runs seed for their own
     draws (:func:`ucmfh.utils.seed_everything`) — Python's, NumPy's, torch's on the CPU and on every GPU in use —
-    and cuDNN's flags are as the first run found them when the last run under way ends, whatever ends it (runs
-    of several threads end in any order). A run that starts while a run of another thread is under way, their
+    cuDNN's flags and torch's default dtype are as the first run found them when the last run under way ends,
+    whatever ends it (runs of several threads end in any order). While runs are under way the default dtype is
+    float32, the command line's: a caller's float64 trained a model of float64 weights from other draws. A run
+    that starts while a run of another thread is under way, their
     draws not kept apart (:func:`separate_draws`; a run whose start is not one piece under :func:`setting_up`
     passes ``keeps_apart=False``), says so in a ``RuntimeWarning``: each would draw the other's numbers, and
     train another model than it trains alone."""
@@ -83,7 +99,9 @@ def run_under_way(device: torch.device, keeps_apart: bool = True) -> Iterator[No
                     else range(0))  # CUDA not started: nothing drawn there yet to keep
             _SAVED[0] = (random.getstate(), np.random.get_state(), torch.get_rng_state(),
                          [(gpu, torch.cuda.get_rng_state(gpu)) for gpu in gpus],
-                         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark)
+                         torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark,
+                         torch.get_default_dtype())
+            torch.set_default_dtype(torch.float32)
         others = [keeps for thread, runs in _RUNS.items() if thread != me for keeps in runs]
         _RUNS.setdefault(me, []).append(apart)
         told = me in _WARNED  # a fit of several runs (candidates, a refit) warned at each of them
@@ -104,13 +122,14 @@ def run_under_way(device: torch.device, keeps_apart: bool = True) -> Iterator[No
                 del _RUNS[me]
             if not _RUNS:  # the last run under way: the state the first one found
                 _WARNED.clear()
-                py, np_state, cpu, gpus, deterministic, benchmark = _SAVED[0]
+                py, np_state, cpu, gpus, deterministic, benchmark, dtype = _SAVED[0]
                 random.setstate(py)
                 np.random.set_state(np_state)
                 torch.set_rng_state(cpu)
                 for gpu, state in gpus:
                     torch.cuda.set_rng_state(state, gpu)
                 torch.backends.cudnn.deterministic, torch.backends.cudnn.benchmark = deterministic, benchmark
+                torch.set_default_dtype(dtype)
                 _SAVED[0] = None
 
 

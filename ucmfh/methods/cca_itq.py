@@ -9,6 +9,7 @@ encoded and scored like any other hashing model.
 """
 from __future__ import annotations
 
+import random
 from typing import TYPE_CHECKING, Callable, Optional, Tuple
 
 import numpy as np
@@ -20,7 +21,7 @@ from ucmfh.methods.base import Method
 from ucmfh.methods.registry import register
 from ucmfh.models.fusion import FusionEncoder
 from ucmfh.models.hashing import FeatureHasher
-from ucmfh.run_draws import setting_up
+from ucmfh.run_draws import building_to_replace, setting_up
 from ucmfh.signals import TrainingInterrupted
 from ucmfh.training_state import StateFile
 from ucmfh.selection import History
@@ -83,7 +84,13 @@ def _linear_map(fn: Callable[[np.ndarray], np.ndarray], mean: np.ndarray) -> np.
 def _pca(x: np.ndarray, max_dims: int, seed: int) -> "PCA":
     """PCA to at most ``max_dims``, without directions of no variance (features that sum to one,
     like Wiki's topic proportions, have one): CCA would scale their rounding noise up to whole bits."""
-    from sklearn.decomposition import PCA  # noqa: F811 - here, not at the top (above)
+    with setting_up():  # no run side by side steps meanwhile (ucmfh.run_draws)
+        state = random.getstate()
+        try:  # here, not at the top (above); scikit-learn loads rich, where it is installed, which draws from
+            # Python's generator as it loads: a notebook's next draws after its first cca-itq fit were others
+            from sklearn.decomposition import PCA  # noqa: F811
+        finally:
+            random.setstate(state)
     pca = PCA(min(x.shape[1], max_dims), random_state=seed).fit(x)
     kept = int((pca.explained_variance_ > 1e-10 * pca.explained_variance_[0]).sum())
     return pca if kept == pca.n_components_ else PCA(kept, random_state=seed).fit(x)
@@ -183,7 +190,7 @@ def fit_cca_itq(train: Split, n_bits: int, max_pca: int = 128, iterations: int =
     # training mean, so CCA's own offset is zero up to rounding and the map has no bias
     img_map = _linear_map(lambda x: cca_img(pca_img.transform(x)), pca_img.mean_) @ rotation
     txt_map = _linear_map(lambda y: cca_txt(pca_txt.transform(y)), pca_txt.mean_) @ rotation
-    with setting_up():  # its initial weights, replaced below, drawn while no run side by side steps (ucmfh.run_draws)
+    with building_to_replace():  # the caller's draws as they were (its initial weights are replaced below)
         model = FeatureHasher(img.shape[1], txt.shape[1], n_bits, hidden=0)  # one linear map per modality
     with torch.no_grad():
         model.img_mean.copy_(torch.from_numpy(pca_img.mean_))
