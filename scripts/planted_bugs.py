@@ -150,7 +150,7 @@ BUGS: Tuple[Bug, ...] = (
         '        self.best = BestEpoch(saved["best"])\n',
         "",
         "resume forgets the best-so-far validation record (best epoch and its weights)",
-        (REGISTRY_RESUME, RUNS_SIGKILL)),
+        (REGISTRY_RESUME,)),  # not RUNS_SIGKILL's: its best epoch is its last, so nothing forgotten is missed
     # --- honest selection: validation carved from the training split, disjoint from what trains
     Bug("validation-overlaps-training", "ucmfh/selection.py",
         "return np.flatnonzero(~member), np.flatnonzero(member)",
