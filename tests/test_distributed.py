@@ -105,8 +105,8 @@ def test_torchrun_train_hash_writes_once_and_matches_one_process(tmp_path, tiny_
     another run than one (other dropout masks): in the same --out, the 2-rank run trains a checkpoint of its
     own, and its rows say how many processes trained it."""
     args = ["train-hash", "-d", tiny_path, *SMALL, "--epochs", "3", "--out", str(tmp_path / "runs")]
-    single = run([sys.executable, "-m", "ucmfh", *args, "--results", str(tmp_path / "one.jsonl")])
-    assert single.returncode == 0, single.stderr
+    single = CliRunner().invoke(main, [*args, "--results", str(tmp_path / "one.jsonl")])  # in this process
+    assert single.exit_code == 0, single.output
     before = {p: p.stat().st_mtime_ns for p in (tmp_path / "runs").rglob("*.pt")}
     ranks = run(torchrun("-m", "ucmfh", *args, "--results", str(tmp_path / "two.jsonl")))
     assert ranks.returncode == 0, ranks.stderr
