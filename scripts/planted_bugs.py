@@ -769,6 +769,14 @@ BUGS: Tuple[Bug, ...] = (
         "a notebook's first cca-itq fit moved Python's generator (scikit-learn loads rich, which draws as it loads)",
         ("tests/test_run_draws.py::test_every_method_s_fit_leaves_the_caller_s_draws_and_default_dtype_and_trains_in_"
          "float32",)),
+    Bug("relevant-counts-unblocked", "ucmfh/metrics/relevance.py",
+        "    step = max(1, COUNT_BLOCK // max(1, patterns.shape[1]))\n", "    step = max(1, query_labels.shape[0])\n",
+        "relevant_counts built the whole [queries, distinct label vectors] matrix (2 GB at 1,000 × 250,000)",
+        ("tests/metrics/test_metrics.py::test_relevant_counts",)),
+    Bug("bootstrap-batch-unbounded", "ucmfh/metrics/intervals.py", "    batch = max(1, min(_BATCH, _DRAWN // widest))\n",
+        "    batch = _BATCH\n",
+        "the bootstrap drew 250 resamples at once whatever the queries (7.9 GB at 1M queries)",
+        ("tests/metrics/test_intervals.py::test_a_bootstrap_of_many_queries_draws_fewer_resamples_at_once",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

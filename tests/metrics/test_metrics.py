@@ -549,6 +549,20 @@ def test_relevant_counts(n_classes):
     ql[:, n_classes - 1] = 1
     expected = [sum(ref_relevant(ql[i], rl)) for i in range(30)]
     assert relevant_counts(ql, rl).tolist() == expected
+    # a block of queries at a time, of at most COUNT_BLOCK query–vector pairs: the same counts at every block
+    import ucmfh.metrics.relevance as relevance
+
+    products = []
+    matmul = torch.Tensor.__matmul__
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(torch.Tensor, "__matmul__", lambda a, b: products.append(  # [q, C] @ [C, P]: q * P pairs
+            a.shape[0] * b.shape[-1] if b.dim() == 2 else 0) or matmul(a, b))
+        for block in (1, 7, 40, 10**6):
+            products.clear()
+            patch.setattr(relevance, "COUNT_BLOCK", block)
+            assert relevant_counts(ql, rl).tolist() == expected, block
+            vectors = len(torch.unique(rl, dim=0))
+            assert max(products) <= max(block, vectors), (block, products)  # a query's row at least
     # what map_at_k refuses, refused here too (0.5 was counted, another C failed inside a matrix product)
     with pytest.raises(ValueError, match=r"^query labels: values other than 0 and 1"):
         relevant_counts(ql * 0.5, rl)

@@ -20,7 +20,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 import numpy as np
 
 RESAMPLES = 10_000
-_BATCH = 250  # resamples drawn at once: memory _BATCH * queries indices
+_BATCH = 250  # resamples drawn at once, at most; fewer where a resample draws many queries:
+_DRAWN = 2**24  # indices drawn at once, at most (~0.5 GB with their counts: 250 resamples of 1M queries took 8 GB)
 
 
 def paired_bootstrap(
@@ -52,8 +53,11 @@ def paired_bootstrap(
         units, sums, counts = cluster_sums(parts, clusters)
     rng = np.random.default_rng(seed)
     figures = np.zeros(resamples)
-    for start in range(0, resamples, _BATCH):
-        b = min(_BATCH, resamples - start)
+    # up to 67,108 queries a part (or clusters), 250 at once: the draws, and so the interval, as they always were
+    widest = len(units) if clusters is not None else max(p.shape[1] for p in parts)  # indices a resample draws
+    batch = max(1, min(_BATCH, _DRAWN // widest))
+    for start in range(0, resamples, batch):
+        b = min(batch, resamples - start)
         seeds = rng.integers(0, n_seeds, (b, n_seeds)) if n_seeds > 1 else np.zeros((b, 1), dtype=np.int64)
         drawn = None if clusters is None else rng.integers(0, len(units), (b, len(units)))
         times = None if drawn is None else _times_drawn(drawn, len(units))  # [b, U]

@@ -32,12 +32,16 @@ def gather_id_match(q_ids: torch.Tensor, retrieval_ids: torch.Tensor, indices: t
     return retrieval_ids.to(device)[indices] == q_ids.to(device)[:, None]
 
 
+COUNT_BLOCK = 2**22  # query–label-vector pairs of relevant_counts at once: ~60 MB
+
+
 def relevant_counts(query_labels: ArrayLike, retrieval_labels: ArrayLike) -> torch.Tensor:
     """Number of retrieval items sharing a label with each query. Shape: [Q, C], [N, C] -> [Q] int64.
 
     Tensors or numpy arrays; the result is a tensor on the device of ``query_labels``.
     Counts over the distinct label vectors of the retrieval set, so the cost is
-    Q * (distinct vectors), not Q * N.
+    Q * (distinct vectors), not Q * N; the queries a block at a time, of at most :data:`COUNT_BLOCK` query–vector
+    pairs (the whole [Q, distinct vectors] at once took 2 GB for 1,000 queries and 250,000 distinct vectors).
     """
     query_labels, retrieval_labels = as_tensors(query_labels, retrieval_labels)
     check_label_matrices(query_labels, retrieval_labels)  # [N, C] of 0/1, one C: as map_at_k
@@ -49,8 +53,13 @@ def relevant_counts(query_labels: ArrayLike, retrieval_labels: ArrayLike) -> tor
         patterns = (keys[:, None] & weights) != 0
     else:
         patterns, counts = torch.unique(retrieval_labels, dim=0, return_counts=True)
-    hit = (query_labels.float() @ patterns.float().T) > 0
-    return (hit.double() @ counts.double()).round().long()
+    patterns, counts = patterns.float().T, counts.double()
+    out = torch.empty(query_labels.shape[0], dtype=torch.int64, device=device)
+    step = max(1, COUNT_BLOCK // max(1, patterns.shape[1]))
+    for start in range(0, query_labels.shape[0], step):
+        hit = (query_labels[start : start + step].float() @ patterns) > 0
+        out[start : start + step] = (hit.double() @ counts).round().long()
+    return out
 
 
 def id_match_counts(query_ids: torch.Tensor, retrieval_ids: torch.Tensor) -> torch.Tensor:
