@@ -284,8 +284,7 @@ def evaluate_hashing(
     """
     check_hasher("evaluate_hashing", model)
     check_argument("evaluate_hashing", "data", data, Dataset, "ucmfh.load_dataset(path)")
-    k = int(k) if isinstance(k, np.integer) else k  # numpy's integers too, as every metric takes them
-    check_argument("evaluate_hashing", "k", k, int)
+    k = _checked_k("evaluate_hashing", k)
     data = checked_scored("evaluate_hashing", data, model)
     if protocols is None:
         protocols = PROTOCOLS if hasattr(model, "fusion") else ("unimodal",)
@@ -310,6 +309,14 @@ def evaluate_hashing(
     return rows
 
 
+def _checked_k(where: str, k: object) -> int:
+    """``k`` as an int (numpy's integers too, as every metric takes them); ``TypeError`` naming ``where`` for
+    another type."""
+    k = int(k) if isinstance(k, np.integer) else k
+    check_argument(where, "k", k, int)
+    return k
+
+
 def evaluate_fusion(
     fusion: FusionEncoder, data: Dataset, protocols: Sequence[str] = PROTOCOLS,
     k: int = DEFAULT_K, device: str = "auto", progress: bool = False,
@@ -318,8 +325,7 @@ def evaluate_fusion(
     check_argument("evaluate_fusion", "fusion", fusion, FusionEncoder,
                    "ucmfh.fit_fusion, or ucmfh.load_model(path, 'fusion')")
     check_argument("evaluate_fusion", "data", data, Dataset, "ucmfh.load_dataset(path)")
-    k = int(k) if isinstance(k, np.integer) else k  # numpy's integers too, as every metric takes them
-    check_argument("evaluate_fusion", "k", k, int)
+    k = _checked_k("evaluate_fusion", k)
     data = checked_scored("evaluate_fusion", data, fusion)
     protocols = _protocols(protocols)
     device = resolve_device(device)

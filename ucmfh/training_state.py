@@ -13,7 +13,7 @@ import contextlib
 import glob
 import os
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional
+from typing import Any, Dict, List, Optional, Tuple
 
 import torch
 
@@ -115,22 +115,22 @@ def saved_states(checkpoint: str) -> List[str]:
 def interrupted_at(checkpoint: str) -> str:
     """Where the states saved beside ``checkpoint`` stand: ``epoch 3 of 100``, or for the candidates of a
     run that chooses ``t0.3: finished, t0.1: epoch 3 of 100``."""
-    where, own = [], state_path_of(checkpoint)
+    return stopped_where(checkpoint)[0]
+
+
+def stopped_where(checkpoint: str) -> Tuple[str, List[int]]:
+    """:func:`interrupted_at`'s words, and the CPU thread counts other than this process's that the states were
+    trained with (states of an older ucmfh say none: on a CPU another count sums in another order, and a run
+    resumed so trains another model than the run never stopped), each state read once."""
+    where, threads, own = [], set(), state_path_of(checkpoint)
     for path in saved_states(checkpoint):
         saved = read_state(path, torch.device("cpu"))
         epochs = saved["config"]["epochs"]
         at = "finished" if saved["epoch"] >= epochs else f"epoch {saved['epoch'] + 1} of {epochs}"
         where.append(at if path == own else f"{candidate_name(own, path)}: {at}")
-    return ", ".join(where)
-
-
-def other_threads(checkpoint: str) -> List[int]:
-    """The CPU thread counts, other than this process's, that the states saved beside ``checkpoint`` were
-    trained with (states of an older ucmfh say none): on a CPU another count sums in another order, and a run
-    resumed so trains another model than the run never stopped."""
+        threads.add(saved.get("threads"))
     now = torch.get_num_threads()
-    saved = {read_state(path, torch.device("cpu")).get("threads") for path in saved_states(checkpoint)}
-    return sorted(n for n in saved if isinstance(n, int) and n != now)
+    return ", ".join(where), sorted(n for n in threads if isinstance(n, int) and n != now)
 
 
 def trained_seconds(checkpoint: str) -> float:

@@ -19,8 +19,8 @@ import torch
 from ucmfh.app.identity import Run, RunOptions, key_of
 from ucmfh.checkpoint import check_checkpoint_path
 from ucmfh.distributed import current_group
-from ucmfh.training_state import (StateFile, discard_state, drop_leftover_state, interrupted_at, other_threads,
-                                  saved_states, state_path_of, trained_seconds)
+from ucmfh.training_state import (StateFile, discard_state, drop_leftover_state, interrupted_at, saved_states,
+                                  state_path_of, stopped_where, trained_seconds)
 from ucmfh.files import write_json_atomic
 from ucmfh.captured_step import capture_steps
 from ucmfh.selection import History
@@ -205,8 +205,8 @@ def state_for(checkpoint: str, opts: RunOptions, log: Log) -> StateFile:
     if saved:
         if not opts.resume:
             _refuse_interrupted(checkpoint, locked=True)
-        log(f"resuming {', '.join(saved)} ({interrupted_at(checkpoint)})")  # '(finished)', '(epoch 3 of 100)', ...
-        before = other_threads(checkpoint)
+        where, before = stopped_where(checkpoint)
+        log(f"resuming {', '.join(saved)} ({where})")  # '(finished)', '(epoch 3 of 100)', ...
         if before:
             count = " or ".join(map(str, before))
             log(f"note: trained with {count} CPU thread{'s' * (before != [1])} before its stop, resumed with "
