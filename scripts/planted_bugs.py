@@ -777,6 +777,33 @@ BUGS: Tuple[Bug, ...] = (
         "    batch = _BATCH\n",
         "the bootstrap drew 250 resamples at once whatever the queries (7.9 GB at 1M queries)",
         ("tests/metrics/test_intervals.py::test_a_bootstrap_of_many_queries_draws_fewer_resamples_at_once",)),
+    Bug("search-block-numbers-from-0", "ucmfh/search/results.py", '"query": results.first + i, ', '"query": i, ',
+        "a search printed a block of queries at a time numbered each block's queries from 0 again",
+        ("tests/search/test_search_cli.py::test_a_search_printed_a_block_of_quer"
+         "ies_at_a_time_prints_what_the_whole_search_did",)),
+    Bug("search-block-served-unshifted", "ucmfh/search/results.py",
+        "            _add_served(self.served, part.served, part.first)\n",
+        "            _add_served(self.served, part.served, 0)\n",
+        "the queries the scan served were numbered within their block of queries, not the search's",
+        ("tests/search/test_search.py::test_a_search_in_blocks_of_queries_is_the_search_of_them_all",)),
+    Bug("search-block-recall-unweighted", "ucmfh/search/results.py",
+        "math.fsum(n * r[name] for n, r in self._recalls) / max(1, sum(\n                n for n, _ in self._recalls))",
+        "math.fsum(r[name] for n, r in self._recalls) / max(1, len(self._recalls))",
+        "an approximate backend's recall was the mean of its blocks' recalls, a short last block weighed as a whole one",
+        ("tests/search/test_search.py::test_a_search_in_blocks_of_queries_is_the_search_of_them_all",)),
+    Bug("search-block-own-found-last", "ucmfh/search/results.py",
+        "            self.own_found = (self.own_found or 0) + part.own_found\n",
+        "            self.own_found = part.own_found\n",
+        "how many queries found their own item counted the last block of queries alone",
+        ("tests/search/test_search_cli.py::test_a_search_printed_a_block_of_quer"
+         "ies_at_a_time_prints_what_the_whole_search_did",)),
+    Bug("search-legend-each-block", "ucmfh/app/search_cli.py",
+        "                for lines in result_lines(results):\n                    click.echo(lines)\n",
+        "                for lines in result_lines(results):\n                    click.echo(lines)\n"
+        "                if legend(results.relevance):\n                    click.echo(legend(results.relevance))\n",
+        "the table's legend of relevance marks was printed after each block of queries",
+        ("tests/search/test_search_cli.py::test_a_search_printed_a_block_of_quer"
+         "ies_at_a_time_prints_what_the_whole_search_did",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -1,6 +1,8 @@
 """Search: exact top-K against a brute-force ranking, shards as one, mmap, appends, resumable builds, refusals."""
 from __future__ import annotations
 
+import dataclasses
+import importlib.util
 import json
 import os
 import re
@@ -15,7 +17,7 @@ import torch
 
 from ucmfh.checkpoint import save_checkpoint
 from ucmfh.codes import pack_codes
-from ucmfh.config import HashConfig
+from ucmfh.config import BackendConfig, HashConfig
 from ucmfh.data.h5 import DataError
 from ucmfh.metrics import backend
 from ucmfh.models.hashing import FeatureHasher
@@ -25,7 +27,7 @@ from ucmfh.search.build import Encoder, build_index
 from ucmfh.search.collection import read_queries
 from ucmfh.search.html import write_html
 from ucmfh.search.kernels import kernels_module
-from ucmfh.search.results import result_rows, search_queries
+from ucmfh.search.results import merged, result_rows, search_blocks, search_queries
 from ucmfh.search.shards import Shards, open_index
 
 
@@ -470,6 +472,54 @@ def test_search_queries_refuses_other_checkpoints_dims_and_extractors(collection
         search_queries(index, encoder, queries, 5, "image")
     with pytest.raises(DataError, match=r"no item with id 7 \(its \d+ ids run from \d+ to \d+(, with gaps)?\)$"):
         read_queries(c["path"], "txt", encoder.dims, ids=[7])
+
+
+def test_a_search_in_blocks_of_queries_is_the_search_of_them_all(collection, tmp_path):
+    """search_queries searches a block of queries at a time (the encoder's batch; a long list held every hit
+    until the first was printed): 120 text and 40 image queries in blocks of 16 find what one block finds,
+    field by field, by each backend; what multi-index hashing served and an approximate backend's recall
+    (blocks of unequal size, the last of 8) are counted over every query."""
+    c = collection
+    bare = tmp_path / "bare.h5"
+    with h5py.File(bare, "w") as f:  # a second shard: items without captions, paths or ids
+        f.attrs["image_feature"], f.attrs["text_feature"] = "toy image features", "toy text features"
+        f["image"], f["text"] = c["img"][:30], c["txt"][:30]
+    build_index(c["path"], c["ckpt"][0], str(tmp_path / "a"))
+    build_index(str(bare), c["ckpt"][0], str(tmp_path / "b"))
+    encoder = Encoder(c["ckpt"][0], batch_size=16)
+    backends = [("exact", {}), ("mih", {})]
+    if importlib.util.find_spec("faiss") is not None:
+        backends.append(("faiss-ivf", {"check_recall": True}))
+    for index in (open_index(tmp_path / "a"), open_index([tmp_path / "a", tmp_path / "b"])):
+        for modality, searched in (("txt", "image"), ("img", "text")):
+            queries = read_queries(c["path"], modality, encoder.dims)
+            for name, options in backends:
+                if name == "faiss-ivf" and isinstance(index, Shards):
+                    continue
+                options = {"backend": BackendConfig(name, **({"nlist": 2, "nprobe": 1} if name == "faiss-ivf"
+                                                             else {})), **options}
+                for rerank in (None, "cosine") if name != "faiss-ivf" else (None,):  # 9 found in 20 of 40: not all
+                    blocks = search_queries(index, encoder, queries, 5, searched, rerank=rerank, candidates=9,
+                                            **options)
+                    whole = merged(queries, search_blocks(index, encoder, queries, 5, searched, rerank=rerank,
+                                                          candidates=9, block=10 ** 6, **options))
+                    assert len(queries) % 16 and len(list(search_blocks(
+                        index, encoder, queries, 5, searched, **options))) == -(-len(queries) // 16)
+                    for field in dataclasses.fields(whole):
+                        a, b = getattr(blocks, field.name), getattr(whole, field.name)
+                        if field.name == "seconds":
+                            assert a.keys() == b.keys()
+                        elif field.name == "served" and a is not None:
+                            assert {n: np.asarray(v).tolist() for n, v in a.items()} == \
+                                {n: np.asarray(v).tolist() for n, v in b.items()}
+                        elif field.name == "recall" and a is not None:  # a mean of means: to a rounding
+                            assert a == pytest.approx(b, rel=1e-12)
+                        elif isinstance(a, np.ndarray):
+                            assert np.array_equal(a, b), field.name
+                        elif field.name != "queries":
+                            assert a == b, field.name
+                    if name == "faiss-ivf":
+                        assert 0 < blocks.recall["ids"] < 1, blocks.recall
 
 
 def test_an_id_of_another_split_of_a_dataset_file_is_said_to_be_another_split_s(tiny_path, tiny):

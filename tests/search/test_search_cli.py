@@ -73,9 +73,49 @@ def test_index_then_search_table_json_html(tiny_path, tiny, trained, tmp_path):
     assert [r["position"] for r in rows[:5]] == list(p[0, :5])
 
 
-def test_more_rows_than_a_search_prints_are_refused_before_the_search(tiny_path, tiny, trained, tmp_path, monkeypatch):
-    """Every hit is held, then printed, a query's rows at a time: 1,000 queries × 76k hits ran a 23-GB machine
-    out of memory after six minutes. Queries × hits beyond MAX_HITS is refused before anything is encoded."""
+def test_a_search_printed_a_block_of_queries_at_a_time_prints_what_the_whole_search_did(tiny_path, tiny, trained,
+                                                                                        tmp_path, monkeypatch):
+    """Hits are searched, taken and printed a block of queries at a time (300,000 queries held 1.5 GB and printed
+    nothing for a minute): blocks of 2 queries print the same table, JSON, page, figures and notes as one block."""
+    from ucmfh.search import results as results_module
+
+    runner = CliRunner()
+    out = tmp_path / "ix"
+    assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", str(out), "--quiet"]).exit_code == 0
+    searches = [["-k", "4", "--metrics"], ["-k", "3", "--json", "--metrics", "--rerank", "cosine", "--candidates", "7"],
+                ["-k", "5", "--backend", "mih", "--json", "-m", "image", "--query-modality", "text", "--metrics"]]
+
+    def outputs():
+        said = []
+        for i, flags in enumerate(searches):
+            page = tmp_path / f"{i}.html"  # written again by the second search (a page ucmfh wrote)
+            result = runner.invoke(main, ["search", str(out), "-q", tiny_path, *flags, "--html", str(page)])
+            assert result.exit_code == 0, result.output
+            stderr = [line for line in result.stderr.splitlines() if "ms per query" not in line]
+            said.append((result.stdout, stderr, page.read_text()))
+        return said
+
+    search_blocks = results_module.search_blocks
+
+    def encoded_in_twos(index, encoder, queries, *args, block=None, **kwargs):
+        encoder.batch_size = 2  # encoded alike in both searches, a float's last bit apart otherwise
+        blocks = list(search_blocks(index, encoder, queries, *args, block=block, **kwargs))
+        assert [b.first for b in blocks] == list(range(0, len(queries), block or 2))
+        return iter(blocks)
+
+    monkeypatch.setattr(results_module, "search_blocks",
+                        lambda *args, **kwargs: encoded_in_twos(*args, block=10 ** 6, **kwargs))
+    whole = outputs()
+    monkeypatch.setattr(results_module, "search_blocks", encoded_in_twos)  # a block: the encoder's batch
+    assert outputs() == whole
+    assert "MAP@4" in whole[0][0] and '"query": 1,' in whole[1][0] and "mih: " in "\n".join(whole[2][1])
+
+
+def test_more_hits_than_a_search_holds_are_refused_before_the_search(tiny_path, tiny, trained, tmp_path,
+                                                                       monkeypatch):
+    """1,000 queries × 76k hits, every one held until printed, ran a 23-GB machine out of memory after six
+    minutes. Hits are printed a block of queries at a time, so the list may be long; what is held is refused
+    beyond MAX_HITS before anything is encoded: a query's hits, or with --html every query's (one page)."""
     from ucmfh.app import search_cli
 
     runner = CliRunner()
@@ -83,16 +123,21 @@ def test_more_rows_than_a_search_prints_are_refused_before_the_search(tiny_path,
     assert runner.invoke(main, ["index", tiny_path, "-c", trained, "-o", str(out), "--quiet"]).exit_code == 0
     n_texts = Index.load(out).count("txt")
     monkeypatch.setattr(search_cli, "MAX_HITS", 5 * len(tiny.query) - 1)
-    result = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", "5", "--json"])
-    assert result.exit_code == 2 and result.stdout == "", result.output
-    assert (f"Invalid value for -k: {len(tiny.query)} queries × 5 hits = {5 * len(tiny.query)} rows to print, more "
-            f"than {5 * len(tiny.query) - 1}") in result.output
-    monkeypatch.setattr(search_cli, "MAX_HITS", 5 * len(tiny.query))  # k beyond the items counts what there is
+    page = tmp_path / "page.html"
+    result = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", "5", "--json", "--html", str(page)])
+    assert result.exit_code == 2 and result.stdout == "" and not page.exists(), result.output
+    assert (f"Invalid value for -k: {len(tiny.query)} queries × 5 hits = {5 * len(tiny.query)} hits on one --html "
+            f"page, more than {5 * len(tiny.query) - 1}") in result.output
+    result = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", "5", "--json"])  # printed as found
+    assert result.exit_code == 0 and len(result.stdout.splitlines()) == 5 * len(tiny.query)
+    monkeypatch.setattr(search_cli, "MAX_HITS", n_texts - 1)  # k beyond the items counts what there is
     result = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", str(10 * n_texts), "--ids",
                                   ",".join(str(int(i)) for i in tiny.query.ids[:1]), "--json"])
-    assert result.exit_code == 2 and f"1 query × {n_texts} hits" in result.output, result.output
-    result = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", "5", "--json"])
-    assert result.exit_code == 0 and len(result.stdout.splitlines()) == 5 * len(tiny.query)
+    assert result.exit_code == 2 and result.stdout == "", result.output
+    assert f"Invalid value for -k: {n_texts} hits of a query, more than {n_texts - 1}" in result.output
+    monkeypatch.setattr(search_cli, "MAX_HITS", 5 * len(tiny.query))
+    result = runner.invoke(main, ["search", str(out), "-q", tiny_path, "-k", "5", "--json", "--html", str(page)])
+    assert result.exit_code == 0 and len(result.stdout.splitlines()) == 5 * len(tiny.query) and page.exists()
 
 
 def test_user_errors_are_one_line(tiny_path, tiny, trained, tmp_path):

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from typing import Optional, Tuple
 
 import click
@@ -14,7 +15,7 @@ from ucmfh.config import INDEX_CHUNK_SIZE, SEARCH_BACKENDS, BackendConfig, Setti
 
 MODALITY = click.Choice(["image", "text"])
 _BACKEND = BackendConfig()
-MAX_HITS = 10_000_000  # rows one search prints at the most (queries × hits): about 7 GB of JSON lines
+MAX_HITS = 10_000_000  # hits one search holds at the most: of one query, or of all with --html (one page of them)
 
 
 # index and search: the popcount kernels' CPU by default
@@ -111,15 +112,16 @@ def index_cmd(collection, checkpoint, out, splits, chunk_size, embeddings, devic
 @click.option("--overwrite", is_flag=True, help="Replace an --html file that is not a page ucmfh wrote.")
 @click.option("--threads", type=Count(min=1), help="CPU threads over queries [default: torch's].")
 @SEARCH_DEVICE
+@click.option("--quiet", is_flag=True, help="No progress bar (shown on a terminal, where the hits go elsewhere).")
 @user_errors
 def search_cmd(index, queries, split, ids, query_modality, text, image, k, modality, rerank, seps_checkpoint,
                candidates, backend, substrings, nlist, nprobe, ef_search, check_recall, checkpoint, as_json,
-               with_metrics, html, overwrite, threads, device) -> None:
+               with_metrics, html, overwrite, threads, device, quiet) -> None:
     """Search INDEX (several folders: searched as one) with queries; print the top-k items of each."""
     from ucmfh.search.build import Encoder
     from ucmfh.search.collection import read_queries
     from ucmfh.search.folder import modality_name
-    from ucmfh.search.results import format_scores, result_lines, result_rows, scores, search_queries
+    from ucmfh.search.results import Totals, format_scores, legend, merged, result_lines, result_rows, search_blocks
     from ucmfh.search.index import UnfinishedIndex
     from ucmfh.search.shards import open_index
 
@@ -181,11 +183,11 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         if asked is None and not queries.endswith(".npy"):
             asked = _default_query_modality(queries, split, searched)
         q = read_queries(queries, asked, encoder.dims, split=split, ids=wanted)
-        _check_rows(len(q), min(k, opened.count(searched)))
+        _check_rows(len(q), min(k, opened.count(searched)), html)
     else:
         from ucmfh.search.clip import clip_queries
 
-        _check_rows(len(text) + len(image), min(k, opened.count(searched)))  # before CLIP encodes them
+        _check_rows(len(text) + len(image), min(k, opened.count(searched)), html)  # before CLIP encodes them
         q = clip_queries(opened, text=list(text), images=list(image), device=device)
     if with_metrics:  # before the search, which a growing index's many files made fail after it
         from ucmfh.search.results import relevance_problem
@@ -198,15 +200,29 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
         from ucmfh.search.seps_rerank import load_matcher
 
         matcher = load_matcher(seps_checkpoint, device)
-    results = search_queries(opened, encoder, q, k, searched, rerank=rerank, candidates=candidates, device=device,
-                             matcher=matcher, backend=config, threads=threads, check_recall=check_recall)
-    found = scores(results) if with_metrics else None  # refused before anything is printed
-    if as_json:  # a query's rows at a time: a long list is written without holding every row
-        for rows in filter(None, result_rows(results)):
-            click.echo("\n".join(json.dumps(row, ensure_ascii=False) for row in rows))
-    else:
-        for block in result_lines(results):
-            click.echo(block)
+    from tqdm.auto import tqdm
+
+    # a block of queries at a time, printed as found: 300,000 queries held 1.5 GB, and printed nothing for a minute
+    blocks = search_blocks(opened, encoder, q, k, searched, rerank=rerank, candidates=candidates, device=device,
+                           matcher=matcher, backend=config, threads=threads, check_recall=check_recall)
+    totals, page = Totals(), []
+    # on a terminal (stderr) where the hits go to a file or a pipe; from a second on
+    shown = not quiet and not sys.stdout.isatty()
+    with tqdm(total=len(q), desc="search", unit="query", delay=1, leave=False, disable=None if shown else True) as bar:
+        for results in blocks:
+            totals.add(results)
+            if html:
+                page.append(results)
+            if as_json:  # a query's rows at a time
+                for rows in filter(None, result_rows(results)):
+                    click.echo("\n".join(json.dumps(row, ensure_ascii=False) for row in rows))
+            else:
+                for lines in result_lines(results):
+                    click.echo(lines)
+            bar.update(len(results.positions))
+    if not as_json and legend(totals.relevance):
+        click.echo(legend(totals.relevance))
+    found = totals.scores() if with_metrics else None  # judged: relevance_problem said so before the search
     if found is not None:
         click.echo(format_scores(found), err=as_json)
         click.echo("  of the hits as ranked: items at one distance by their position in the index, the order it was "
@@ -214,12 +230,13 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
                    "gives tie-aware figures", err=as_json)
         if found.get("own_found"):
             click.echo(f"  {found['own_found']} of the {found['queries']} queries find their own item (its pair in "
-                       f"{results.queries.group}) among the hits, relevant by its labels: the field's figures search "
+                       f"{q.group}) among the hits, relevant by its labels: the field's figures search "
                        "the retrieval split alone (index it with --split retrieval, or 'ucmfh evaluate')",
                        err=as_json)
     if html:
         from ucmfh.search.html import missing_images, write_html
 
+        results = merged(q, page)
         write_html(html, results, title=f"ucmfh search: {', '.join(index)}")
         size = os.path.getsize(html)  # one page of every query's hits: -k 200 of 4,500 queries was 168 MB, unsaid
         click.echo(f"wrote {html} ({size / 1e6:.1f} MB)" if size >= 1e6 else f"wrote {html}", err=as_json)
@@ -229,27 +246,27 @@ def search_cmd(index, queries, split, ids, query_modality, text, image, k, modal
                        "so in their place", err=as_json)
     n = max(1, len(q))
     click.echo(f"{len(q)} quer{'y' if len(q) == 1 else 'ies'}, ms per query: " + ", ".join(
-        f"{stage} {1000 * s / n:.3f}" for stage, s in results.seconds.items()), err=True)
-    if results.served is not None:
+        f"{stage} {1000 * s / n:.3f}" for stage, s in totals.seconds.items()), err=True)
+    if totals.served is not None:
         from ucmfh.search.mih import MIN_ITEMS
 
-        why = (f"under {MIN_ITEMS:,} items the scan is faster than probing" if results.served.get("small") else
+        why = (f"under {MIN_ITEMS:,} items the scan is faster than probing" if totals.served.get("small") else
                "where probing would read more")
-        if results.served.get("uncompiled"):
+        if totals.served.get("uncompiled"):
             why = ("ucmfh's C kernels are not built here (ucmfh.native_kernels() is None: pip install with a C "
                    "compiler builds them), and without them the scan is faster than probing")
-        if results.served.get("small_shards"):  # a query is multi-index hashing's where it served every shard
-            few, shards = results.served["small_shards"]
+        if totals.served.get("small_shards"):  # a query is multi-index hashing's where it served every shard
+            few, shards = totals.served["small_shards"]
             why += (f"; {few} of the {shards} shards hold under {MIN_ITEMS:,} items and scan every query, so none "
                     "counts as multi-index hashing's")
-        click.echo(f"mih: {results.served.get('mih', 0)} queries by multi-index hashing, "
-                   f"{results.served.get('scan', 0)} by the scan ({why})", err=True)
+        click.echo(f"mih: {totals.served.get('mih', 0)} queries by multi-index hashing, "
+                   f"{totals.served.get('scan', 0)} by the scan ({why})", err=True)
     if nlist is not None and nlist > opened.count(searched):  # n_lists cuts it to the items: said, not silently
         click.echo(f"faiss-ivf: --nlist {nlist} is more lists than the {opened.count(searched)} items searched; "
                    f"{opened.count(searched)} lists", err=True)
-    if results.recall is not None:
-        click.echo(f"{backend} recall@{results.recall['depth']} against exact search: {results.recall['ids']:.4f} of the items, "
-                   f"{results.recall['distances']:.4f} of the distances", err=True)
+    if totals.recall is not None:
+        click.echo(f"{backend} recall@{totals.recall['depth']} against exact search: {totals.recall['ids']:.4f} of the "
+                   f"items, {totals.recall['distances']:.4f} of the distances", err=True)
 
 
 def _interrupted_build(out: str, collection: str) -> str:
@@ -279,13 +296,17 @@ def _recorded_checkpoint(index, path: str) -> str:
     return recorded
 
 
-def _check_rows(queries: int, each: int) -> None:
-    """Refuse, before the search, more rows than one prints (:data:`MAX_HITS`): every hit is held, then
-    printed, and 76M of them ran a 23-GB machine out of memory."""
-    if queries * each > MAX_HITS:
+def _check_rows(queries: int, each: int, html: Optional[str]) -> None:
+    """Refuse, before the search, more hits than one holds (:data:`MAX_HITS`): a query's (its block's are
+    held until printed), or with ``--html`` all of them (the page's); 76M held ran a 23-GB machine out of
+    memory."""
+    if each > MAX_HITS:
+        raise click.BadParameter(f"{each:,} hits of a query, more than {MAX_HITS:,} (held until printed): ask for "
+                                 "fewer", param_hint="-k")
+    if html and queries * each > MAX_HITS:
         raise click.BadParameter(f"{queries:,} quer{'y' if queries == 1 else 'ies'} × {each:,} hits = "
-                                 f"{queries * each:,} rows to print, more than {MAX_HITS:,} (each held until printed): "
-                                 "ask for fewer hits, or fewer queries (--ids)", param_hint="-k")
+                                 f"{queries * each:,} hits on one --html page, more than {MAX_HITS:,} (each held "
+                                 "until it is written): ask for fewer hits, or fewer queries (--ids)", param_hint="-k")
 
 
 def _parse_ids(ids: Optional[str]) -> Optional[Tuple[int, ...]]:

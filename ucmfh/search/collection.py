@@ -13,7 +13,7 @@ extractors. Rows of several groups are read as one sequence, group by group.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 import h5py
@@ -259,6 +259,15 @@ class Queries:
             return self.paths[i]
         return None if self.paired_text is None else f"its paired text: {self.paired_text[i]}"
 
+    def part(self, start: int, stop: int) -> "Queries":
+        """Queries ``start`` to ``stop`` (a block of them searched at a time), described alike."""
+        def cut(values: Any) -> Any:
+            return None if values is None else values[start:stop]
+
+        return replace(self, features=self.features[start:stop], ids=cut(self.ids), labels=cut(self.labels),
+                       text=cut(self.text), paths=cut(self.paths), paired_text=cut(self.paired_text),
+                       rows=cut(self.rows))
+
 
 def read_queries(
     path: str,
@@ -334,7 +343,10 @@ def read_queries(
         rows = np.asarray(rows, dtype=np.int64)
     else:
         rows = first_of_each_id(all_ids) if modality == "img" and all_ids is not None else np.arange(n)
-    features = coll.read(name)[rows].astype(np.float32)
+    features = coll.read(name)
+    if len(rows) != len(features) or np.any(rows != np.arange(len(rows))):  # a copy of every row: 600 MB at 300k
+        features = features[rows]
+    features = features.astype(np.float32, copy=False)
     text = paths = None
     if modality == "txt" and coll.has("text_raw"):
         raw = coll.read("text_raw")

@@ -49,7 +49,7 @@ def render_html(results: Results, title: str = "ucmfh search", page_dir: str = "
            f"{', re-ranked by SEPS' if results.seps is not None else ''}"
            f"{'; relevant: ' + e(results.relevance) + ' (green)' if results.relevance else ''}.</p>"]
     for i in range(results.positions.shape[0]):
-        head = f"Query {i}" + (f" (id {q.ids[i]})" if q.ids is not None else "")
+        head = f"Query {results.first + i}" + (f" (id {q.ids[i]})" if q.ids is not None else "")
         out.append(f"<section class='query'><h2>{e(head)}</h2>")
         if q.text is not None:
             out.append(f"<p class='qtext'>{e(q.text[i])}</p>")

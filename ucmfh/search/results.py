@@ -5,7 +5,7 @@ import math
 import os
 import time
 from dataclasses import dataclass, field
-from typing import Any, Dict, Iterator, List, Optional, Sequence, Tuple, Union
+from typing import Any, Dict, Iterable, Iterator, List, Optional, Sequence, Tuple, Union
 
 import numpy as np
 
@@ -50,6 +50,8 @@ class Results:
     # an image hit of an index without image paths: a text of its id there (a caption set's caption of that image, a
     # pair's text), which shows what the hit is (:func:`texts_of_ids`)
     described: Optional[List[List[Optional[str]]]] = None
+    # the number of its first query among those searched: a block of :func:`search_blocks` (0: all of them)
+    first: int = 0
 
 
 RERANK_VALUES = 1 << 24  # candidates' embedding values re-ranked at a time: 128 MB in float64
@@ -69,7 +71,7 @@ def _cosine_in_blocks(index: Union[Index, Shards], modality: str, logits: np.nda
     return out
 
 
-SEARCH_CANDIDATES = 1 << 22  # candidates found at a time before a cosine re-ranking (64 MB of distances + positions)
+SEARCH_CANDIDATES = 1 << 22  # candidates found at a time (64 MB of distances + positions)
 
 
 def _add_served(served: Dict[str, Any], block: Dict[str, Any], first: int) -> None:
@@ -85,7 +87,7 @@ def _add_served(served: Dict[str, Any], block: Dict[str, Any], first: int) -> No
             served.setdefault(name, value)
 
 
-def search_queries(
+def search_blocks(
     index: Union[Index, Shards],
     encoder: Encoder,
     queries: Queries,
@@ -98,17 +100,13 @@ def search_queries(
     backend: Union[None, str, BackendConfig] = None,
     threads: Optional[int] = None,
     check_recall: bool = False,
-) -> Results:
-    """Encode ``queries`` with the index's checkpoint and return each one's top-k items of ``modality``.
-
-    ``rerank='cosine'`` takes the ``candidates`` (default 10 k) nearest by Hamming distance and
-    orders them by the cosine of the real-valued head outputs kept in the index; ``rerank='seps'``
-    by the SEPS scores of ``matcher`` (:func:`ucmfh.search.seps_rerank.load_matcher`) on the token
-    features of the queries' file and of the collections the items were built from. Ties by position.
-    ``backend`` ``mih`` finds the same candidates by multi-index hashing (``served`` says which queries
-    it served and which the scan did); a FAISS backend finds them approximately, and ``check_recall``
-    then also runs the exact search and reports the candidates' recall against it.
-    """
+    block: Optional[int] = None,
+) -> Iterator[Results]:
+    """The results of :func:`search_queries`, a block of ``block`` queries at a time (default: the encoder's
+    ``batch_size``, whose multiples encode each query as the whole list does): each :class:`Results` holds the
+    hits of ``queries.part(first, first + block)``, its ``first``, so that a long list of queries is searched,
+    taken and printed without holding every hit (300,000 queries held 1.5 GB until the first line was printed).
+    The arguments are checked when called, before any block is searched; no query: one empty block."""
     modality = modality_name(modality)
     k = check_k(k)
     check_same_checkpoint(index, encoder)
@@ -128,24 +126,36 @@ def search_queries(
     depth = k if rerank is None else (candidates if candidates is not None else 10 * k)
     if depth < k:
         raise ValueError(f"candidates must be >= k ({k}), got {depth}")
+    block = encoder.batch_size if block is None else block
+    if isinstance(block, bool) or not isinstance(block, (int, np.integer)) or block < 1:
+        raise ValueError(f"block must be a whole number >= 1, got {block!r}")
+    config = backend_config(backend)
+    return (_search_block(index, encoder, queries.part(first, first + block), first, depth, k, modality, rerank,
+                          device, matcher, config, threads, check_recall)
+            for first in range(0, max(len(queries), 1), block))  # no query: one empty search, as before
+
+
+def _search_block(index: Union[Index, Shards], encoder: Encoder, queries: Queries, first: int, depth: int, k: int,
+                  modality: str, rerank: Optional[str], device: str, matcher: Optional[Any], backend: BackendConfig,
+                  threads: Optional[int], check_recall: bool) -> Results:
+    """One block of :func:`search_blocks`: queries ``first`` onwards, encoded, searched, re-ranked and taken."""
     seconds = {}
     start = time.perf_counter()
     logits = encoder.encode(queries.features, queries.modality)
     seconds["encode"] = time.perf_counter() - start
-    backend = backend_config(backend)
     served: Dict[str, Any] = {}
     seconds.update(search=0.0, **({"rerank": 0.0} if rerank else {}))
-    # re-ranked by cosine, a block of queries at a time, each keeping its top k: every query's candidates at once
-    # took 3.6 GB at 100,000 candidates (SEPS reads each query's tokens: its queries at once)
+    # re-ranked, a part of the block at a time, each keeping its top k: every query's candidates at once took 3.6 GB
+    # at 100,000 candidates re-ranked by cosine (SEPS: its queries at once, their distinct candidates encoded once)
     rows = max(1, SEARCH_CANDIDATES // depth if rerank == "cosine" else len(logits))
     parts, recalls = [], []
-    for first in range(0, max(len(logits), 1), rows):  # no query: one empty search, as before
-        block = logits[first : first + rows]
+    for at in range(0, max(len(logits), 1), rows):
+        part = logits[at : at + rows]
         start = time.perf_counter()
-        block_served: Dict[str, Any] = {}
-        distances, positions = index.search(block, depth, modality, device, threads, backend, block_served)
+        part_served: Dict[str, Any] = {}
+        distances, positions = index.search(part, depth, modality, device, threads, backend, part_served)
         searched = positions.shape[1]  # the candidates: min(depth, items)
-        _add_served(served, block_served, first)
+        _add_served(served, part_served, at)
         seconds["search"] += time.perf_counter() - start
         if backend.backend in APPROXIMATE_BACKENDS:
             missing = (positions < 0).any(axis=1)
@@ -158,13 +168,13 @@ def search_queries(
             if check_recall:
                 from ucmfh.search.approx import recall as approx_recall
 
-                recalls.append((len(block), approx_recall((distances, positions),
-                                                          index.search(block, depth, modality, device, threads))))
+                recalls.append((len(part), approx_recall((distances, positions),
+                                                         index.search(part, depth, modality, device, threads))))
         score = None
         if rerank is not None:
             start = time.perf_counter()
             if rerank == "cosine":
-                score = _cosine_in_blocks(index, modality, block, positions)
+                score = _cosine_in_blocks(index, modality, part, positions)
             else:
                 from ucmfh.search.seps_rerank import seps_scores
 
@@ -177,8 +187,8 @@ def search_queries(
     score = np.concatenate([part[2] for part in parts]) if rerank is not None else None
     cosine, seps = (score, None) if rerank == "cosine" else (None, score)
     recall = None
-    if recalls:  # the candidates compared: the top k, or those re-ranked; means over every query
-        recall = {name: math.fsum(n * r[name] for n, r in recalls) / len(logits) for name in recalls[0][1]}
+    if recalls:  # the candidates compared: the top k, or those re-ranked; means over the block's queries
+        recall = {name: math.fsum(n * r[name] for n, r in recalls) / max(1, len(logits)) for name in recalls[0][1]}
         recall["depth"] = searched
     ids = index.take(modality, "ids", positions)
     # a caption or a path where the hit has one (of shards, those that hold them)
@@ -215,7 +225,98 @@ def search_queries(
         described = None if texts is None else [texts[i * width : (i + 1) * width] for i in range(positions.shape[0])]
     return Results(queries, modality, distances, positions, ids, shown, cosine, relevant, relevance, seps, seconds,
                    backend.backend, recall, served if backend.backend == "mih" else None, files, shards, own_found,
-                   described)
+                   described, first)
+
+
+@dataclass
+class Totals:
+    """What the blocks of one search (:func:`search_blocks`) add up to, without their hits: the seconds of
+    each stage, what multi-index hashing and the scan served, an approximate backend's recall, and the hits'
+    relevance (bool [Q, k], a byte a hit), which :meth:`scores` judges."""
+
+    queries: int = 0
+    seconds: Dict[str, float] = field(default_factory=dict)
+    served: Optional[Dict[str, Any]] = None
+    recall: Optional[Dict[str, float]] = None
+    relevant: List[np.ndarray] = field(default_factory=list)
+    relevance: Optional[str] = None
+    own_found: Optional[int] = None
+    _recalls: List[Tuple[int, Dict[str, float]]] = field(default_factory=list, repr=False)
+
+    def add(self, part: Results) -> None:
+        """Count in the next block of queries."""
+        for stage, s in part.seconds.items():
+            self.seconds[stage] = self.seconds.get(stage, 0.0) + s
+        if part.served is not None:
+            self.served = {} if self.served is None else self.served
+            _add_served(self.served, part.served, part.first)
+        if part.recall is not None:  # a mean over every query
+            self._recalls.append((len(part.positions), part.recall))
+            self.recall = {name: math.fsum(n * r[name] for n, r in self._recalls) / max(1, sum(
+                n for n, _ in self._recalls)) for name in part.recall if name != "depth"}
+            self.recall["depth"] = part.recall["depth"]
+        if part.relevant is not None:
+            self.relevant.append(part.relevant)
+            self.relevance = part.relevance
+        if part.own_found is not None:
+            self.own_found = (self.own_found or 0) + part.own_found
+        self.queries += len(part.positions)
+
+    def scores(self, ks: Sequence[int] = (1, 5, 10)) -> Dict[str, Any]:
+        """:func:`scores` of every query of the blocks added."""
+        relevant = None
+        if self.relevant and sum(len(r) for r in self.relevant) == self.queries:  # a block judged by none: none
+            relevant = np.concatenate(self.relevant)
+        return _scores(relevant, self.relevance, self.own_found, ks)
+
+
+def search_queries(
+    index: Union[Index, Shards],
+    encoder: Encoder,
+    queries: Queries,
+    k: int,
+    modality: str,
+    rerank: Optional[str] = None,
+    candidates: Optional[int] = None,
+    device: str = "cpu",
+    matcher: Optional[Any] = None,
+    backend: Union[None, str, BackendConfig] = None,
+    threads: Optional[int] = None,
+    check_recall: bool = False,
+) -> Results:
+    """Encode ``queries`` with the index's checkpoint and return each one's top-k items of ``modality``.
+
+    ``rerank='cosine'`` takes the ``candidates`` (default 10 k) nearest by Hamming distance and
+    orders them by the cosine of the real-valued head outputs kept in the index; ``rerank='seps'``
+    by the SEPS scores of ``matcher`` (:func:`ucmfh.search.seps_rerank.load_matcher`) on the token
+    features of the queries' file and of the collections the items were built from. Ties by position.
+    ``backend`` ``mih`` finds the same candidates by multi-index hashing (``served`` says which queries
+    it served and which the scan did); a FAISS backend finds them approximately, and ``check_recall``
+    then also runs the exact search and reports the candidates' recall against it. Every hit is held:
+    :func:`search_blocks` gives them a block of queries at a time.
+    """
+    return merged(queries, search_blocks(index, encoder, queries, k, modality, rerank, candidates, device, matcher,
+                                         backend, threads, check_recall))
+
+
+def merged(queries: Queries, parts: Iterable[Results]) -> Results:
+    """The blocks of :func:`search_blocks` (of ``queries``) as one :class:`Results`."""
+    parts = list(parts)
+    totals = Totals()
+    for part in parts:
+        totals.add(part)
+
+    def joined(name: str) -> Any:
+        values = [getattr(part, name) for part in parts]
+        if any(value is None for value in values):
+            return None
+        return np.concatenate(values) if isinstance(values[0], np.ndarray) else [v for value in values for v in value]
+
+    first = parts[0]
+    return Results(queries, first.modality, joined("distances"), joined("positions"), joined("ids"), joined("shown"),
+                   joined("cosine"), joined("relevant"), totals.relevance,
+                   joined("seps"), totals.seconds, first.backend, totals.recall, totals.served, joined("files"),
+                   joined("shards"), totals.own_found, joined("described"))
 
 
 def texts_of_ids(index: Union[Index, Shards], ids: np.ndarray) -> Optional[List[Optional[str]]]:
@@ -334,21 +435,26 @@ def scores(results: Results, ks: Sequence[int] = (1, 5, 10)) -> Dict[str, Any]:
     """How well the queries were answered, from the hits' relevance: R@K in % (a relevant item among the
     first K, for each K in ``ks`` up to k) and MAP@k over the returned top k (each AP normalised by the
     relevant items among them, as ucmfh's MAP@k), means over the queries. ``ValueError`` when relevance
-    cannot be judged (neither labels nor ids on both sides)."""
-    if results.relevant is None:
+    cannot be judged (neither labels nor ids on both sides). Of a search's blocks: :meth:`Totals.scores`."""
+    return _scores(results.relevant, results.relevance, results.own_found, ks)
+
+
+def _scores(relevant: Optional[np.ndarray], relevance: Optional[str], own_found: Optional[int],
+            ks: Sequence[int]) -> Dict[str, Any]:
+    if relevant is None:
         raise ValueError("no relevance to score by: the queries and the indexed items need labels, or ids, and hits "
                          "of several collections are judged only when the queries come from one of them")
-    rel = np.asarray(results.relevant, dtype=bool)
+    rel = np.asarray(relevant, dtype=bool)
     k = rel.shape[1]
-    out: Dict[str, Any] = {"queries": len(rel), "relevance": results.relevance, "k": k}
+    out: Dict[str, Any] = {"queries": len(rel), "relevance": relevance, "k": k}
     for cut in ks:
         if cut <= k:
             out[f"recall@{cut}"] = 100.0 * math.fsum(rel[:, :cut].any(axis=1)) / max(len(rel), 1)
     hits = np.cumsum(rel, axis=1)
     ap = np.where(rel, hits / np.arange(1, k + 1), 0.0).sum(axis=1) / np.maximum(rel.sum(axis=1), 1)
     out[f"map@{k}"] = math.fsum(ap) / max(len(rel), 1)
-    if results.own_found is not None:
-        out["own_found"] = results.own_found
+    if own_found is not None:
+        out["own_found"] = own_found
     return out
 
 
@@ -370,7 +476,7 @@ def result_rows(results: Results) -> Iterator[List[Dict[str, Any]]]:
     for i in range(results.positions.shape[0]):
         rows = []
         for r in range(results.positions.shape[1]):
-            row: Dict[str, Any] = {"query": i, "rank": r + 1, "id": int(results.ids[i, r]),
+            row: Dict[str, Any] = {"query": results.first + i, "rank": r + 1, "id": int(results.ids[i, r]),
                                    "position": int(results.positions[i, r]),
                                    "distance": int(results.distances[i, r])}
             if q.ids is not None:
@@ -394,11 +500,11 @@ def result_rows(results: Results) -> Iterator[List[Dict[str, Any]]]:
 
 
 def result_lines(results: Results, width: int = 72) -> Iterator[str]:
-    """The plain-text table, a block of lines at a time: per query a heading and one line per hit, then
-    what the marks mean."""
+    """The plain-text table, a block of lines at a time: per query a heading and one line per hit (what the
+    marks mean: :func:`legend`)."""
     q = results.queries
     for i in range(results.positions.shape[0]):
-        head = f"query {i}"
+        head = f"query {results.first + i}"
         if q.ids is not None:
             head += f" (id {q.ids[i]})"
         described = q.describe(i)
@@ -429,6 +535,9 @@ def result_lines(results: Results, width: int = 72) -> Iterator[str]:
                 line += "  " + shown
             lines.append(line.rstrip())
         yield "\n".join(lines)
-    if results.relevant is not None:
-        yield f"  * relevant ({results.relevance})"
+
+
+def legend(relevance: Optional[str]) -> Optional[str]:
+    """What :func:`result_lines`' mark means, printed after the table; None where no hit is judged."""
+    return None if relevance is None else f"  * relevant ({relevance})"
 
