@@ -804,6 +804,21 @@ BUGS: Tuple[Bug, ...] = (
         "the table's legend of relevance marks was printed after each block of queries",
         ("tests/search/test_search_cli.py::test_a_search_printed_a_block_of_quer"
          "ies_at_a_time_prints_what_the_whole_search_did",)),
+    Bug("scoring-bar-one-step-a-ranking", "ucmfh/metrics/ranking.py",
+        "        if on_queries is not None:\n            on_queries(len(listed if listed is not None else items))\n",
+        "        if False:\n            on_queries(len(listed if listed is not None else items))\n",
+        "the scoring bar stood still through a whole ranking (36 s of 48 at 5,000 queries × 100,000 items)",
+        ("tests/test_library.py::test_scoring_s_progress_bar_steps_a_chunk_of_queries_at_a_time_to_its_total",)),
+    Bug("scoring-bar-caption-total", "ucmfh/evaluation.py",
+        "    return 2 * (len(first_of_each_id(data.query.ids.cpu().numpy())) + len(data.query))\n",
+        "    return 2 * len(data.query)\n",
+        "a caption set's scoring bar ended short of (or past) its total: its image queries are its distinct images",
+        ("tests/test_library.py::test_scoring_s_progress_bar_steps_a_chunk_of_queries_at_a_time_to_its_total",)),
+    Bug("scoring-bar-fusion-still", "ucmfh/evaluation.py",
+        'score_splits(query, retrieval, data, k, "cosine", expected=True, on_queries=bar.update)]',
+        'score_splits(query, retrieval, data, k, "cosine", expected=True)]',
+        "a fusion encoder's scoring showed no progress at all",
+        ("tests/test_library.py::test_scoring_s_progress_bar_steps_a_chunk_of_queries_at_a_time_to_its_total",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

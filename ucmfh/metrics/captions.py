@@ -13,7 +13,7 @@ first K), rSum (the six recalls added), and MAP@K by id. Ties by database index,
 """
 from __future__ import annotations
 
-from typing import Dict, Sequence, Tuple
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -134,10 +134,12 @@ def evaluate_caption_set(
 def caption_set_rows(
     query: Tuple[ArrayLike, ArrayLike, ArrayLike], retrieval: Tuple[ArrayLike, ArrayLike, ArrayLike], *, k: int,
     ranks: Sequence[int], ranking: Ranking, rules: Sequence[Ties], per_query: bool, recall: bool,
+    on_queries: Optional[Callable[[int], None]] = None,
 ) -> Dict[str, Dict[str, Dict[str, object]]]:
     """:func:`evaluate_caption_set`'s rows of the (img, txt, ids) of the query and retrieval splits under each tie
     rule of ``rules``, ``{rule: {database: row}}``, from one ranking of each direction and database
-    (:func:`ucmfh.metrics.ranking.scores_by_rule`)."""
+    (:func:`ucmfh.metrics.ranking.scores_by_rule`, which tells ``on_queries`` of each chunk of queries ranked: in
+    all, the distinct query images and the query captions, once per database)."""
     query_img, query_txt, query_ids, retrieval_img, retrieval_txt, retrieval_ids = as_tensors(*query, *retrieval)
     check_ids(query_img, retrieval_img, query_ids, retrieval_ids)  # the collection database is built from them:
     check_ids(query_txt, retrieval_txt, query_ids, retrieval_ids)  # ids of another length would shrink it
@@ -145,7 +147,7 @@ def caption_set_rows(
     q_img, q_img_ids = query_img[queries], query_ids[queries]
     out: Dict[str, Dict[str, Dict[str, object]]] = {rule: {} for rule in rules}
     for name, db in databases((query_img, query_txt, query_ids), (retrieval_img, retrieval_txt, retrieval_ids)).items():
-        kw = dict(by_id=True, k=k, ranks=ranks if recall else (), ranking=ranking, rules=rules)
+        kw = dict(by_id=True, k=k, ranks=ranks if recall else (), ranking=ranking, rules=rules, on_queries=on_queries)
         i2t = scores_by_rule(q_img, db["txt"], q_img_ids, db["txt_ids"], **kw)
         t2i = scores_by_rule(query_txt, db["img"], query_ids, db["img_ids"], **kw)
         for rule in rules:

@@ -14,7 +14,7 @@ numpy allows); results are floats, lists of floats, or for
 """
 from __future__ import annotations
 
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -436,6 +436,7 @@ def scores_by_rule(
     rules: Sequence[Ties] = ("index",),
     chunk_size: int = DEFAULT_CHUNK_SIZE,
     retrieval_chunk_size: int = DEFAULT_RETRIEVAL_CHUNK_SIZE,
+    on_queries: Optional[Callable[[int], None]] = None,
 ) -> Dict[str, Dict[str, torch.Tensor]]:
     """AP@k of every query (``"ap"`` [Q]) and, with ``ranks``, whether a relevant item is among its first R
     (``"hits"`` [Q, len(ranks)]: 0/1, or its probability tie-aware), float64, under each tie rule of ``rules``:
@@ -443,7 +444,9 @@ def scores_by_rule(
     id (``ranks`` need it). The figures of :func:`average_precision_at_k` (:func:`average_precision_by_id`) and
     :func:`hits_at_ranks`, where each of those ranks again: a cosine ranking is found once for all of them (its
     lists and its runs of ties), a Hamming ranking's groups of tied items once for the tie-aware figures (its
-    lists by index are the compiled kernels', cheap)."""
+    lists by index are the compiled kernels', cheap). ``on_queries`` is told how many queries were ranked as each
+    chunk of them is done (a progress bar's steps: a cosine ranking of 5,000 queries against 100,000 items takes
+    half a minute)."""
     query, retrieval, query_side, retrieval_side = as_tensors(query, retrieval, query_side, retrieval_side)
     rules = list(dict.fromkeys(rules))
     if not rules:
@@ -484,6 +487,7 @@ def scores_by_rule(
             if ks:
                 parts["index"]["hits"].append(hits_at_ranks(query, retrieval, query_side, retrieval_side, ks,
                                                             chunk_size, **kw))
+    ranked = 0
     for _, listed, items, relevant in passes:
         if listed is not None and "index" in rules:
             parts["index"]["ap"].append(average_precision_ranked(listed[:, :k]))
@@ -495,5 +499,10 @@ def scores_by_rule(
             if ks:
                 cut = [min(r, n) for r in ks]
                 parts["expected"]["hits"].append(hit_probability(items, relevant, cut).to(query.device))
+        if on_queries is not None:
+            on_queries(len(listed if listed is not None else items))
+            ranked += len(listed if listed is not None else items)
+    if on_queries is not None and ranked < query.shape[0]:  # a Hamming ranking by index alone: the kernels' one step
+        on_queries(query.shape[0] - ranked)
     return {rule: {name: torch.cat(values) if values else empty[name] for name, values in found.items()}
             for rule, found in parts.items()}
