@@ -819,6 +819,14 @@ BUGS: Tuple[Bug, ...] = (
         'score_splits(query, retrieval, data, k, "cosine", expected=True)]',
         "a fusion encoder's scoring showed no progress at all",
         ("tests/test_library.py::test_scoring_s_progress_bar_steps_a_chunk_of_queries_at_a_time_to_its_total",)),
+    Bug("ties-at-kth-all-relevant", "ucmfh/metrics/ties.py",
+        "else (a.float() * b.float()).sum(dim=1) > 0\n", "else (a.float() * b.float()).sum(dim=1) >= 0\n",
+        "the items tied at a retrieval block's k-th similarity were all counted relevant, labels shared or not",
+        ("tests/metrics/test_ties.py::test_cosine_groups_the_same_for_every_block_of_retrieval_items",)),
+    Bug("ties-at-kth-by-id-any", "ucmfh/metrics/ties.py",
+        "            relevant = a.long() == b.long() if by_id else", "            relevant = a.long() >= 0 if by_id else",
+        "a caption set's items tied at a block's k-th similarity were all counted true matches",
+        ("tests/metrics/test_ties.py::test_cosine_groups_the_same_for_every_block_of_retrieval_items",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -112,10 +112,18 @@ def test_cosine_ties_equal_the_mean_over_every_database_order():
     assert np.allclose(recall_at_ranks(q, r, qi, ri, (1, 3), ranking="cosine", ties="expected"), recall, atol=1e-12)
 
 
+@pytest.mark.parametrize("sparse", [True, False], ids=["its items' relevance", "the block's"])
 @pytest.mark.parametrize("by_id", [False, True])
-def test_cosine_groups_the_same_for_every_block_of_retrieval_items(by_id):
+def test_cosine_groups_the_same_for_every_block_of_retrieval_items(by_id, sparse, monkeypatch):
     """The run at the k-th similarity is counted in the pass that finds the lists: blocks whose own k-th is
-    the final one, blocks below it, short last blocks. Against counts over the whole similarity matrix."""
+    the final one, blocks below it, short last blocks. Against counts over the whole similarity matrix. On the
+    CPU the items at a block's k-th alone are judged relevant or not, where they are few (SPARSE_TIES a query),
+    else the whole block is (and on a GPU)."""
+    from ucmfh.metrics import ties
+
+    monkeypatch.setattr(ties, "SPARSE_TIES", ties.SPARSE_TIES if sparse else 0)
+    judged, whole_block = [], ties._block_relevance
+    monkeypatch.setattr(ties, "_block_relevance", lambda *a: judged.append(a) or whole_block(*a))
     g = torch.Generator().manual_seed(11)
     q = torch.randint(-1, 2, (9, 3), generator=g).float()
     r = torch.randint(-1, 2, (40, 3), generator=g).float()  # 26 distinct rows: long runs of one cosine
@@ -140,6 +148,7 @@ def test_cosine_groups_the_same_for_every_block_of_retrieval_items(by_id):
         last = (first[0] > 0).long().cumsum(dim=1).argmax(dim=1, keepdim=True)  # the last non-empty group
         assert torch.equal(first[0].gather(1, last)[:, 0], (sim == kth).sum(dim=1)), k
         assert torch.equal(first[1].gather(1, last)[:, 0], ((sim == kth) & relevant).sum(dim=1)), k
+    assert bool(judged) != sparse  # 40 items: never more than 64 a query at a block's k-th
 
 
 def random_order_ap(distance, relevant, k, draws, rng):
