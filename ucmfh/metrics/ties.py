@@ -176,7 +176,8 @@ def _block_relevance(q_side: torch.Tensor, r_side: torch.Tensor, by_id: bool) ->
 
 
 # items at a retrieval block's own k-th similarity, per query, up to which only theirs is judged relevant or not
-# (on the CPU): every item of the block was (a label product of [q, m, C]), a sixth of a cosine ranking's time
+# (on the CPU): judging every item of the block (a label product) and counting over whole rows took a third of a
+# cosine ranking's time (5,000 queries × 100,000 items: 30.3 s, then 21.1)
 SPARSE_TIES = 64
 
 
