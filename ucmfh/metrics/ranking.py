@@ -500,8 +500,9 @@ def scores_by_rule(
                 cut = [min(r, n) for r in ks]
                 parts["expected"]["hits"].append(hit_probability(items, relevant, cut).to(query.device))
         if on_queries is not None:
-            on_queries(len(listed if listed is not None else items))
-            ranked += len(listed if listed is not None else items)
+            chunk = len(listed if listed is not None else items)
+            on_queries(chunk)
+            ranked += chunk
     if on_queries is not None and ranked < query.shape[0]:  # a Hamming ranking by index alone: the kernels' one step
         on_queries(query.shape[0] - ranked)
     return {rule: {name: torch.cat(values) if values else empty[name] for name, values in found.items()}

@@ -237,7 +237,6 @@ class Totals:
     queries: int = 0
     seconds: Dict[str, float] = field(default_factory=dict)
     served: Optional[Dict[str, Any]] = None
-    recall: Optional[Dict[str, float]] = None
     relevant: List[np.ndarray] = field(default_factory=list)
     relevance: Optional[str] = None
     own_found: Optional[int] = None
@@ -250,17 +249,25 @@ class Totals:
         if part.served is not None:
             self.served = {} if self.served is None else self.served
             _add_served(self.served, part.served, part.first)
-        if part.recall is not None:  # a mean over every query
+        if part.recall is not None:
             self._recalls.append((len(part.positions), part.recall))
-            self.recall = {name: math.fsum(n * r[name] for n, r in self._recalls) / max(1, sum(
-                n for n, _ in self._recalls)) for name in part.recall if name != "depth"}
-            self.recall["depth"] = part.recall["depth"]
         if part.relevant is not None:
             self.relevant.append(part.relevant)
             self.relevance = part.relevance
         if part.own_found is not None:
             self.own_found = (self.own_found or 0) + part.own_found
         self.queries += len(part.positions)
+
+    @property
+    def recall(self) -> Optional[Dict[str, float]]:
+        """An approximate backend's recall against exact search, a mean over every query of the blocks added
+        (and how many candidates each compared, ``depth``); None without one."""
+        if not self._recalls:
+            return None
+        n = max(1, sum(count for count, _ in self._recalls))
+        last = self._recalls[-1][1]
+        return {**{name: math.fsum(count * r[name] for count, r in self._recalls) / n for name in last
+                   if name != "depth"}, "depth": last["depth"]}
 
     def scores(self, ks: Sequence[int] = (1, 5, 10)) -> Dict[str, Any]:
         """:func:`scores` of every query of the blocks added."""
