@@ -30,8 +30,8 @@ if AS_SCRIPT:
 try:  # a signal ends it at once (raised inside a class body: a traceback, exit 1, or -2)
     with imports_of_a_program(True) if AS_SCRIPT else contextlib.nullcontext():
         from ucmfh.app.errors import (
-            EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, interrupt_behind, interrupted, outlive_reader,
-            plain_warnings,
+            EXIT_USER_ERROR, USER_ERRORS, as_user_error, describe, escape_what_output_cannot_encode, interrupt_behind,
+            interrupted, outlive_reader, plain_warnings,
         )
         from ucmfh.app.environment import configure_from_env, default_data_dir, protocols_of, resolve_dataset
         from ucmfh.app.experiment import evaluate_checkpoint, say_relevance, train_fusion_stage, train_hash_stage
@@ -276,6 +276,7 @@ def _run(args: argparse.Namespace) -> int:
 
 if __name__ == "__main__":
     run_as_program()
+    escape_what_output_cannot_encode()  # > out.txt on Windows: cp1252
     code = main()
     work_over()  # a signal from here to the process's end ends it at once, its output flushed
     end_program(code)  # not through the interpreter's teardown, where a signal killed it

@@ -20,9 +20,10 @@ def run() -> NoReturn:
     finally:
         restore()  # the command sets its own (ucmfh.app.cli.main)
     run_as_program()
-    from ucmfh.app.errors import lose_what_errors_cannot_write
+    from ucmfh.app.errors import escape_what_output_cannot_encode, lose_what_errors_cannot_write
 
     lose_what_errors_cannot_write()  # 2>/dev/full, 2>&-
+    escape_what_output_cannot_encode()  # > out.txt on Windows: cp1252
     try:
         code = main()  # click's: it ends in SystemExit
     except SystemExit as ended:

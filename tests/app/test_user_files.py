@@ -305,6 +305,26 @@ def test_a_closed_pipe_in_a_shell(tmp_path):
     assert proc.wait(timeout=120) == EXIT_BROKEN_PIPE and stderr == "", stderr
 
 
+def test_characters_the_output_s_encoding_lacks_are_written_as_escapes(tmp_path, monkeypatch):
+    """'ucmfh losses > out.txt' on Windows (cp1252) ended at its first arrow in a UnicodeEncodeError traceback, and
+    'ucmfh compare' at its first minus sign in 'charmap codec can't encode', exit 2: each such character is now
+    written as its escape, as Python's standard error writes it, and the command ends as it would have."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONIOENCODING": "cp1252"}
+    ran = subprocess.run([sys.executable, "-m", "ucmfh", "losses"], capture_output=True, cwd=tmp_path, env=env,
+                         timeout=120)
+    assert (ran.returncode, ran.stderr) == (0, b"")
+    assert b"\\u2192" in ran.stdout  # its last loss's line too: the output whole
+    assert ran.stdout.decode("cp1252").rstrip().endswith("max_violation=False, normalize=True")
+    from ucmfh.app.errors import escape_what_output_cannot_encode
+
+    raw = io.BytesIO()
+    monkeypatch.setattr(sys, "stdout", io.TextIOWrapper(raw, encoding="cp1252"))  # demo.py's, run as a script
+    escape_what_output_cannot_encode()
+    print("two-tower \u2212 cca-itq: 0.12 \u00d7 2, \u6cb3\u8fb9\u7684\u72d7")
+    sys.stdout.flush()
+    assert raw.getvalue() == b"two-tower \\u2212 cca-itq: 0.12 \xd7 2, \\u6cb3\\u8fb9\\u7684\\u72d7\n"
+
+
 @pytest.mark.skipif(not os.path.exists("/dev/full"), reason="no /dev/full (a device every write to fails)")
 def test_an_output_that_cannot_be_written_or_was_closed_is_no_traceback(tmp_path):
     """'ucmfh methods > /dev/full' (a full disk) ended in an OSError traceback, exit 1, and with its output closed

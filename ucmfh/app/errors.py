@@ -252,6 +252,15 @@ def lose_what_errors_cannot_write() -> None:
     sys.stderr = _Lossy(open(os.devnull, "w") if sys.stderr is None else sys.stderr)  # noqa: SIM115 - for life
 
 
+def escape_what_output_cannot_encode() -> None:
+    """A program's standard output writes a character its encoding lacks as its Python escape (``\\u2192``), as
+    Python's own standard error does: redirected to a file on Windows (cp1252) or under a Latin-1 locale, the
+    arrows and minus signs of ``ucmfh losses`` and ``compare``, or a Chinese caption of a search's hit, ended the
+    command in a UnicodeEncodeError, a traceback or 'charmap codec can't encode', its output cut there."""
+    if getattr(sys.stdout, "errors", None) == "strict" and hasattr(sys.stdout, "reconfigure"):
+        sys.stdout.reconfigure(errors="backslashreplace")
+
+
 @contextlib.contextmanager
 def outlive_reader() -> Iterator[None]:
     """Run a command whose work outlives a reader that closes its output early (``ucmfh train-hash ... | head``,
