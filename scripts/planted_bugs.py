@@ -829,6 +829,14 @@ BUGS: Tuple[Bug, ...] = (
         "            relevant = a.long() == b.long() if by_id else", "            relevant = a.long() >= 0 if by_id else",
         "a caption set's items tied at a block's k-th similarity were all counted true matches",
         ("tests/metrics/test_ties.py::test_cosine_groups_the_same_for_every_block_of_retrieval_items",)),
+    Bug("output-encoding-strict", "ucmfh/__main__.py",
+        "    escape_what_output_cannot_encode()  # > out.txt on Windows: cp1252\n", "",
+        "'ucmfh losses > out.txt' under cp1252 ended in a UnicodeEncodeError traceback at its first arrow",
+        ("tests/app/test_user_files.py::test_characters_the_output_s_encoding_lacks_are_written_as_escapes",)),
+    Bug("output-encoding-replaced", "ucmfh/app/errors.py",
+        'sys.stdout.reconfigure(errors="backslashreplace")', 'sys.stdout.reconfigure(errors="replace")',
+        "a character the output's encoding lacks was written as '?', what it was lost",
+        ("tests/app/test_user_files.py::test_characters_the_output_s_encoding_lacks_are_written_as_escapes",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",
