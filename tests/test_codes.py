@@ -118,6 +118,67 @@ def test_evaluate_without_ids_and_cosine():
     assert "similarity" not in cos["settings"]
 
 
+def test_a_codes_file_s_progress_bar_steps_each_pass_over_the_queries_to_its_total(tmp_path, monkeypatch):
+    """'evaluate --codes' said nothing for the 12 s it ranked 5,000 queries against 100,000 items, 14 times: its bar
+    steps once a pass (a ranking of every query, or the radius curve), ends at its total, and the scores are those
+    without it; for labelled codes with ids or none, cosine rankings and a caption set's databases."""
+    from click.testing import CliRunner
+
+    from ucmfh.app.cli import main
+    from ucmfh.metrics import report
+    from ucmfh.metrics.report import evaluate_caption_codes
+
+    bars = []
+
+    class Bar:
+        def __init__(self, total=None, disable=False, **kwargs):
+            self.total, self.steps, self.said = total, 0, []
+            if not disable:
+                bars.append(self)
+
+        def set_description(self, text):
+            self.said.append((text, self.steps))
+
+        def update(self, n=1):
+            self.steps += n
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(report, "tqdm", Bar)
+    data = make_file_inputs(3)
+    captions = {**make_file_inputs(4), "query_labels": None, "retrieval_labels": None}
+    captions["retrieval_ids"] = captions["retrieval_ids"] + 100
+    caption_query = (captions["query_img"], captions["query_txt"], captions["query_ids"])
+    caption_retrieval = (captions["retrieval_img"], captions["retrieval_txt"], captions["retrieval_ids"])
+    cosine = {name: value + 0.1 if name.endswith(("img", "txt")) else value for name, value in data.items()}
+    unlabelled_ids = {**data, "query_ids": None, "retrieval_ids": None}
+    cases = [  # (scoring, its passes a direction: MAP@k, MAP@all, P@K, each with its tie-aware twin, then ...)
+        (lambda **kw: evaluate_codes(**data, k=5, **kw), 2 * 3 + 1 + 2),  # the radius curve, R@K and its twin
+        (lambda **kw: evaluate_codes(**unlabelled_ids, k=5, **kw), 2 * 3 + 1),
+        (lambda **kw: evaluate_codes(**cosine, k=5, ranking="cosine", **kw), 2 * 3 + 2),  # no radius curve
+        (lambda **kw: evaluate_codes(**data, k=5, map_all=False, expected=False, **kw), 2 + 1 + 1),
+        (lambda **kw: evaluate_caption_codes(*caption_query, k=5, **kw), 2 * 3 + 1 + 2),
+        (lambda **kw: evaluate_caption_codes(*caption_query, caption_retrieval, database="collection", k=5, **kw),
+         2 * 3 + 1 + 2),
+    ]
+    for score, passes in cases:
+        bars.clear()
+        shown = score(progress=True)
+        assert [(bar.total, bar.steps) for bar in bars] == [(2 * passes, 2 * passes)]
+        assert bars[0].said == [("scoring I->T", 0), ("scoring T->I", passes)]
+        assert shown == score() and not bars[1:]  # the same scores; no bar unless asked
+    path = save_codes(tmp_path / "codes.h5", **data, attrs={"protocol": "unimodal"})
+    whole = 2 * (2 * 3 + 1 + 2)
+    for quiet, shown in (([], [(whole, whole)]), (["--quiet"], [])):
+        bars.clear()
+        ran = CliRunner().invoke(main, ["evaluate", "--codes", str(path), "--results", "", *quiet])
+        assert ran.exit_code == 0 and [(bar.total, bar.steps) for bar in bars] == shown, ran.output
+
+
 def test_recall_at_ranks_left_out_when_no_query_id_occurs(tmp_path):
     """A labelled set whose ids only number the items: Recall@ranks by id would be 0.0 by
     construction, so it is not reported; a note says why."""

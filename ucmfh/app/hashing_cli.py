@@ -211,7 +211,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
     check_outputs({"--results": results, "--metrics-out": metrics_out, "--plot": plot}, overwrite=overwrite,
                   inputs={"--codes": codes, "--checkpoint": checkpoint, "--dataset": dataset_paths(dataset, data_dir)})
     if codes:
-        _score_codes_files(codes, k, device, database, metrics_out, plot, results)
+        _score_codes_files(codes, k, device, database, metrics_out, plot, results, progress=not quiet)
         return
     from ucmfh.app.experiment import evaluate_checkpoint
     from ucmfh.checkpoint import read_checkpoint
@@ -229,7 +229,7 @@ def evaluate_cmd(dataset, data_dir, protocol, k, results, device, quiet, checkpo
 
 
 def _score_codes_files(codes: Sequence[str], k: int, device: str, database: Optional[str],
-                       metrics_out: Optional[str], plot: Optional[str], results: str) -> None:
+                       metrics_out: Optional[str], plot: Optional[str], results: str, progress: bool) -> None:
     """evaluate --codes: each codes file scored, said and appended; with --plot, their curves on one figure (one
     dataset file and one protocol), checked before anything is scored."""
     from ucmfh.metrics.collapse import collapse_warning
@@ -254,7 +254,7 @@ def _score_codes_files(codes: Sequence[str], k: int, device: str, database: Opti
                                        f"of one figure share a {what}")
     runs = []
     for path in codes:
-        metrics = evaluate_codes_file(path, k=k, device=resolve_device(device), database=database)
+        metrics = evaluate_codes_file(path, k=k, device=resolve_device(device), database=database, progress=progress)
         if metrics_out:
             write_json_atomic(metrics_out, {"generator": "ucmfh evaluate", **metrics})  # its mark (files.MARKS)
             click.echo(f"metrics written to {metrics_out}")

@@ -4,9 +4,10 @@ from __future__ import annotations
 import inspect
 import json
 import os
-from typing import Dict, Optional, Sequence, Union
+from typing import Callable, Dict, List, Optional, Sequence, Union
 
 import torch
+from tqdm.auto import tqdm
 
 from ucmfh.config import EXPECTED
 from ucmfh.metrics.arguments import (
@@ -66,41 +67,64 @@ def evaluate_direction(
     query id occurs there (e.g. a labelled set whose ids number items), the key
     is left out and ``recall_at_ranks_note`` says why instead.
     """
+    out: Dict[str, object] = {}
+    for step in _direction_steps(query, retrieval, query_labels, retrieval_labels, query_ids, retrieval_ids, k=k,
+                                 ks=ks, ranks=ranks, radius=radius, map_all=map_all, empty=empty, ranking=ranking,
+                                 chunk_size=chunk_size, retrieval_chunk_size=retrieval_chunk_size, expected=expected):
+        step(out)
+    return out
+
+
+Step = Callable[[Dict[str, object]], None]
+
+
+def _direction_steps(query: ArrayLike, retrieval: ArrayLike, query_labels: ArrayLike, retrieval_labels: ArrayLike,
+                     query_ids: Optional[ArrayLike], retrieval_ids: Optional[ArrayLike], *, k: int,
+                     ks: Sequence[int], ranks: Sequence[int], radius: int, map_all: bool, empty: Empty,
+                     ranking: Ranking, chunk_size: int, retrieval_chunk_size: int, expected: bool) -> List[Step]:
+    """:func:`evaluate_direction`'s work as its passes over the queries (a ranking each, or the Hamming radius
+    curve), each a function writing its keys into the result: counted before the first runs, a progress bar's
+    total (:func:`_run_directions`)."""
     query, retrieval, query_labels, retrieval_labels, query_ids, retrieval_ids = as_tensors(
         query, retrieval, query_labels, retrieval_labels, query_ids, retrieval_ids
     )
     kw = dict(empty=empty, ranking=ranking, retrieval_chunk_size=retrieval_chunk_size)
     rules = {"": "index", EXPECTED: "expected"} if expected else {"": "index"}
-    out: Dict[str, object] = {}
-    for twin, ties in rules.items():
-        out[f"map@{k}{twin}"] = map_at_k(query, retrieval, query_labels, retrieval_labels, k, chunk_size, **kw,
-                                        ties=ties)
-    if map_all:
-        for twin, ties in rules.items():
-            out[f"map@all{twin}"] = map_at_k(query, retrieval, query_labels, retrieval_labels, None, chunk_size,
-                                            **kw, ties=ties)
     ks = list(ks)
-    out["precision_at_k"] = {"k": ks}
+    steps: List[Step] = []
+    for cut, name in ((k, str(k)), *(((None, "all"),) if map_all else ())):
+        for twin, ties in rules.items():
+            def map_step(out, cut=cut, name=name, twin=twin, ties=ties):
+                out[f"map@{name}{twin}"] = map_at_k(query, retrieval, query_labels, retrieval_labels, cut, chunk_size,
+                                                   **kw, ties=ties)
+            steps.append(map_step)
     for twin, ties in rules.items():
-        precision, recall = precision_recall_at_k(query, retrieval, query_labels, retrieval_labels, ks, chunk_size,
-                                                  **kw, ties=ties)
-        out["precision_at_k"].update({f"precision{twin}": precision, f"recall{twin}": recall})
+        def precision_step(out, twin=twin, ties=ties):
+            precision, recall = precision_recall_at_k(query, retrieval, query_labels, retrieval_labels, ks,
+                                                      chunk_size, **kw, ties=ties)
+            out.setdefault("precision_at_k", {"k": ks}).update({f"precision{twin}": precision, f"recall{twin}": recall})
+        steps.append(precision_step)
     if ranking == "hamming":
-        curve = pr_curve_hamming(
-            query, retrieval, query_labels, retrieval_labels, chunk_size,
-            empty=empty, retrieval_chunk_size=retrieval_chunk_size,
-        )
-        out["pr_curve"] = curve
-        out[f"precision_within_radius_{radius}"] = curve["precision"][min(radius, len(curve["radius"]) - 1)]
+        def curve_step(out):
+            curve = pr_curve_hamming(
+                query, retrieval, query_labels, retrieval_labels, chunk_size,
+                empty=empty, retrieval_chunk_size=retrieval_chunk_size,
+            )
+            out["pr_curve"] = curve
+            out[f"precision_within_radius_{radius}"] = curve["precision"][min(radius, len(curve["radius"]) - 1)]
+        steps.append(curve_step)
     if query_ids is not None and retrieval_ids is not None:
         check_ids(query, retrieval, query_ids, retrieval_ids)
         if bool((id_match_counts(query_ids.long(), retrieval_ids.long()) > 0).any()):
             for twin, ties in rules.items():
-                values = recall_at_ranks(query, retrieval, query_ids, retrieval_ids, ranks, chunk_size, **kw, ties=ties)
-                out[f"recall_at_ranks{twin}"] = {str(r): v for r, v in zip(ranks, values)}
+                def recall_step(out, twin=twin, ties=ties):
+                    values = recall_at_ranks(query, retrieval, query_ids, retrieval_ids, ranks, chunk_size, **kw,
+                                             ties=ties)
+                    out[f"recall_at_ranks{twin}"] = {str(r): v for r, v in zip(ranks, values)}
+                steps.append(recall_step)
         else:
-            out["recall_at_ranks_note"] = NO_ID_MATCH
-    return out
+            steps.append(lambda out: out.update(recall_at_ranks_note=NO_ID_MATCH))
+    return steps
 
 
 def evaluate_codes(
@@ -112,6 +136,8 @@ def evaluate_codes(
     retrieval_labels: ArrayLike,
     query_ids: Optional[ArrayLike] = None,
     retrieval_ids: Optional[ArrayLike] = None,
+    *,
+    progress: bool = False,
     **options,
 ) -> Dict[str, object]:
     """All metrics for I→T (image queries vs text retrieval) and T→I.
@@ -119,7 +145,8 @@ def evaluate_codes(
     Shape: codes [Q or N, n_bits] ±1 (or packed uint8, or real-valued with
     ``ranking="cosine"``); labels [Q or N, C]; ids [Q or N] or None; tensors or
     numpy arrays. ``options`` are those of :func:`evaluate_direction` (k, ks,
-    ranks, radius, map_all, empty, ranking, chunk_size, retrieval_chunk_size, expected).
+    ranks, radius, map_all, empty, ranking, chunk_size, retrieval_chunk_size, expected). ``progress``: a bar of
+    the passes over the queries (a ranking each).
 
     Returns ``{"settings": {...}, "i2t": {...}, "t2i": {...}}``, JSON-able;
     ``settings["ranking"]`` is ``"hamming"`` or ``"cosine"``, ``settings["order"]``
@@ -131,13 +158,27 @@ def evaluate_codes(
                    query_ids, retrieval_ids)
     )
     codes = {"query": {"img": query_img, "txt": query_txt}, "retrieval": {"img": retrieval_img, "txt": retrieval_txt}}
-    result: Dict[str, object] = {}
-    for name, (q_mod, r_mod) in DIRECTIONS.items():
-        result[name] = evaluate_direction(
-            codes["query"][q_mod], codes["retrieval"][r_mod], query_labels, retrieval_labels,
-            query_ids, retrieval_ids, **options,
-        )
+    sides = {name: (codes["query"][q_mod], codes["retrieval"][r_mod], query_labels, retrieval_labels, query_ids,
+                    retrieval_ids) for name, (q_mod, r_mod) in DIRECTIONS.items()}
+    result = _run_directions(sides, options, progress)
     return {"settings": _settings(options, query_img.shape[0], retrieval_img.shape[0]), **result}
+
+
+def _run_directions(sides: Dict[str, tuple], options: Dict[str, object], progress: bool) -> Dict[str, dict]:
+    """:func:`evaluate_direction` of each direction's ``sides`` (its arguments), every pass of both planned first;
+    with ``progress`` a bar of those passes (each a ranking of every query: seconds at 100,000 items, where
+    ``evaluate --codes`` said nothing for all of them)."""
+    defaults = {name: p.default for name, p in inspect.signature(evaluate_direction).parameters.items()
+                if p.kind == p.KEYWORD_ONLY}
+    plans = {name: _direction_steps(*args, **{**defaults, **options}) for name, args in sides.items()}
+    result: Dict[str, dict] = {name: {} for name in plans}
+    with tqdm(total=sum(map(len, plans.values())), unit="pass", disable=not progress, leave=False) as bar:
+        for name, steps in plans.items():
+            bar.set_description(f"scoring {name.replace('2', '->').upper()}")
+            for step in steps:
+                step(result[name])
+                bar.update()
+    return result
 
 
 def _check_options(options: Dict[str, object], own: Sequence[str] = ()) -> None:
@@ -165,14 +206,14 @@ def _settings(options: Dict[str, object], n_query: int, n_retrieval: int) -> Dic
 
 def evaluate_caption_codes(query_img: ArrayLike, query_txt: ArrayLike, query_ids: ArrayLike,
                            retrieval: Optional[Sequence[ArrayLike]] = None, *, database: str = "test",
-                           **options) -> Dict[str, object]:
+                           progress: bool = False, **options) -> Dict[str, object]:
     """All metrics of a caption set's codes for I→T and T→I on one of its databases (docs/reference.md §7):
     ``test``, the query split, or ``collection``, query ∪ retrieval (``retrieval``: the retrieval split's
     ``(img, txt, ids)``). Each query image once per id (its first row) against every caption of the
     database, and each query caption against its images (one per id); relevance "same id". The metrics are
     :func:`evaluate_direction`'s, with one label per id of the query split (a database item of another id
     has none: it is never relevant), so MAP@k, precision@K and the precision-recall curve are by id, and
-    ``recall_at_ranks`` is R@1/5/10 by id as fractions. ``options`` as :func:`evaluate_codes`.
+    ``recall_at_ranks`` is R@1/5/10 by id as fractions. ``options`` and ``progress`` as :func:`evaluate_codes`.
 
     Shape: codes [Q or R, n_bits]; ids [Q or R]. Returns ``{"settings": {...}, "i2t": {...}, "t2i": {...}}``,
     ``settings["database"]`` the database's name.
@@ -192,10 +233,12 @@ def evaluate_caption_codes(query_img: ArrayLike, query_txt: ArrayLike, query_ids
     def one_hot(ids: torch.Tensor) -> torch.Tensor:  # [N, ids of the query split]: "same id" as a shared label
         return (ids[:, None] == classes[None, :]).to(torch.uint8)
 
-    sides = {"i2t": (img, db["txt"], img_ids, db["txt_ids"]), "t2i": (query_txt, db["img"], query_ids, db["img_ids"])}
-    result = {name: {**evaluate_direction(q, r, one_hot(q_ids), one_hot(r_ids), q_ids, r_ids, **options),
-                     "n_database": int(r.shape[0])}  # the P@K figure stops there
-              for name, (q, r, q_ids, r_ids) in sides.items()}
+    directions = {"i2t": (img, db["txt"], img_ids, db["txt_ids"]), "t2i": (query_txt, db["img"], query_ids,
+                                                                            db["img_ids"])}
+    result = _run_directions({name: (q, r, one_hot(q_ids), one_hot(r_ids), q_ids, r_ids)
+                              for name, (q, r, q_ids, r_ids) in directions.items()}, options, progress)
+    for name, (_, r, _, _) in directions.items():
+        result[name]["n_database"] = int(r.shape[0])  # the P@K figure stops there
     settings = _settings(options, query_txt.shape[0], db["txt"].shape[0])
     settings.update(database=database, relevance="same id", n_query_img=int(len(img)),
                     n_database_img=int(db["img"].shape[0]))
@@ -208,13 +251,15 @@ def evaluate_codes_file(
     *,
     device: Union[str, torch.device] = "cpu",
     database: Optional[str] = None,
+    progress: bool = False,
     **options,
 ) -> Dict[str, object]:
     """Load a codes file (:func:`ucmfh.codes.save_codes`) and return :func:`evaluate_codes` of it, or for a
     caption set :func:`evaluate_caption_codes` on ``database`` (default ``test``; a labelled set has none).
 
     The file's attributes (protocol, dataset, …) and ``n_bits`` are copied to
-    ``result["settings"]``. ``device`` is where the metrics are computed.
+    ``result["settings"]``. ``device`` is where the metrics are computed; ``progress``: a bar of the passes over
+    the queries (a ranking each).
     """
     from ucmfh.codes import load_codes
 
@@ -234,12 +279,12 @@ def evaluate_codes_file(
         if database == "collection":
             retrieval = (get("retrieval", "img"), get("retrieval", "txt"), ids["retrieval"])
         result = evaluate_caption_codes(get("query", "img"), get("query", "txt"), ids["query"], retrieval,
-                                        database=database or "test", k=k, **options)
+                                        database=database or "test", k=k, progress=progress, **options)
     else:
         result = evaluate_codes(
             get("query", "img"), get("query", "txt"), get("retrieval", "img"), get("retrieval", "txt"),
             codes.labels["query"].to(dev), codes.labels["retrieval"].to(dev), ids["query"], ids["retrieval"],
-            k=k, **options,
+            k=k, progress=progress, **options,
         )
     # the codes of each side, distinct: a collapsed side's scores are a near-random order's (metrics.collapse),
     # counted on the packed codes as read (one per code as ±1), not unpacked and copied to the device again
