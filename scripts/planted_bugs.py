@@ -837,6 +837,14 @@ BUGS: Tuple[Bug, ...] = (
         'sys.stdout.reconfigure(errors="backslashreplace")', 'sys.stdout.reconfigure(errors="replace")',
         "a character the output's encoding lacks was written as '?', what it was lost",
         ("tests/app/test_user_files.py::test_characters_the_output_s_encoding_lacks_are_written_as_escapes",)),
+    Bug("codes-bar-still", "ucmfh/metrics/report.py",
+        "                step(result[name])\n                bar.update()\n", "                step(result[name])\n",
+        "evaluate --codes's bar stood at 0 through every pass over the queries",
+        ("tests/test_codes.py::test_a_codes_file_s_progress_bar_steps_each_pass_over_the_queries_to_its_total",)),
+    Bug("codes-bar-caption-set-silent", "ucmfh/metrics/report.py",
+        'database=database or "test", k=k, progress=progress, **options)', 'database=database or "test", k=k, **options)',
+        "evaluate --codes of a caption set's codes said nothing while it scored them",
+        ("tests/test_codes.py::test_a_codes_file_s_progress_bar_steps_each_pass_over_the_queries_to_its_total",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

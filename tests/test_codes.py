@@ -171,11 +171,13 @@ def test_a_codes_file_s_progress_bar_steps_each_pass_over_the_queries_to_its_tot
         assert [(bar.total, bar.steps) for bar in bars] == [(2 * passes, 2 * passes)]
         assert bars[0].said == [("scoring I->T", 0), ("scoring T->I", passes)]
         assert shown == score() and not bars[1:]  # the same scores; no bar unless asked
-    path = save_codes(tmp_path / "codes.h5", **data, attrs={"protocol": "unimodal"})
+    labelled = save_codes(tmp_path / "codes.h5", **data, attrs={"protocol": "unimodal"})
+    caption_set = save_codes(tmp_path / "captions.h5", **captions, attrs={"protocol": "unimodal"})
     whole = 2 * (2 * 3 + 1 + 2)
-    for quiet, shown in (([], [(whole, whole)]), (["--quiet"], [])):
+    for quiet, shown in (([], [(whole, whole)] * 2), (["--quiet"], [])):
         bars.clear()
-        ran = CliRunner().invoke(main, ["evaluate", "--codes", str(path), "--results", "", *quiet])
+        ran = CliRunner().invoke(main, ["evaluate", "--codes", str(labelled), "--codes", str(caption_set),
+                                        "--results", "", *quiet])
         assert ran.exit_code == 0 and [(bar.total, bar.steps) for bar in bars] == shown, ran.output
 
 
