@@ -842,7 +842,8 @@ BUGS: Tuple[Bug, ...] = (
         "evaluate --codes's bar stood at 0 through every pass over the queries",
         ("tests/test_codes.py::test_a_codes_file_s_progress_bar_steps_each_pass_over_the_queries_to_its_total",)),
     Bug("codes-bar-caption-set-silent", "ucmfh/metrics/report.py",
-        'database=database or "test", k=k, progress=progress, **options)', 'database=database or "test", k=k, **options)',
+        'database=database or "test", k=k, progress=progress, **options)',
+        'database=database or "test", k=k, **options)',
         "evaluate --codes of a caption set's codes said nothing while it scored them",
         ("tests/test_codes.py::test_a_codes_file_s_progress_bar_steps_each_pass_over_the_queries_to_its_total",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
