@@ -50,7 +50,17 @@ def _broken(tmp_path, edit) -> str:
     return path
 
 
+def _dense_wider(splits) -> None:
+    """Dense descriptions beside the word tokens, one column wider than them (validate passed it, then train-seps
+    ended in a traceback: 'mat1 and mat2 shapes cannot be multiplied')."""
+    for split, arrays in token_splits(dense=True).items():
+        tokens = arrays["dense_text_tokens"]
+        splits[split].update(dense_text_tokens=np.concatenate([tokens, tokens[:, :1]], axis=1),
+                             dense_text_offsets=arrays["dense_text_offsets"])
+
+
 @pytest.mark.parametrize("edit, where, problem", [
+    (_dense_wider, "/train/dense_text_tokens", f"{D_TXT + 1}-d rows, but /train/text_tokens has {D_TXT}-d rows"),
     (lambda s: s["query"].update(text_offsets=s["query"]["text_offsets"][[0, 2, 1, *range(3, 25)]]),
      "/query/text_offsets", "offsets not increasing"),
     (lambda s: s["query"].update(text_offsets=s["query"]["text_offsets"] + np.r_[0, np.ones(24, int)]),
@@ -485,6 +495,9 @@ def test_validate_says_what_tokens_a_file_holds_and_texts_without_a_word(tmp_pat
     """validate said nothing of tokens: a file whose query texts had no word token was 'valid', and re-ranked."""
     said = CliRunner().invoke(main, ["validate", str(token_path)])
     assert said.exit_code == 0 and said.output.endswith(f"; tokens: image {T} x {D_IMG}, text {D_TXT}-d word tokens)\n")
+    dense = write_dataset(tmp_path / "dense.h5", token_splits(dense=True))
+    said = CliRunner().invoke(main, ["validate", str(dense)])
+    assert said.exit_code == 0 and said.output.endswith(f"text {D_TXT}-d word tokens, dense descriptions {D_TXT}-d)\n")
     splits = token_splits()
     query = splits["query"]
     n = len(query["ids"])

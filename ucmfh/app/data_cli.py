@@ -152,6 +152,8 @@ def _tokens_of(f) -> Tuple[str, Dict[str, int]]:
         said.append("image {} x {}".format(*f["train"]["image_tokens"].shape[1:]))
     if "text_tokens" in f["train"]:
         said.append(f"text {f['train']['text_tokens'].shape[1]}-d word tokens")
+    if "dense_text_tokens" in f["train"]:
+        said.append(f"dense descriptions {f['train']['dense_text_tokens'].shape[1]}-d")
     wordless = texts_without_words(f.filename)
     return "tokens: " + ", ".join(said), {split: n for split, (n, _) in wordless.items() if n}
 

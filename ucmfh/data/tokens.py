@@ -177,6 +177,7 @@ def check_tokens(path: str, group: h5py.Group, split: str, n_items: int, dims: D
             raise _fail(path, where, f"expected floating-point tokens, got {image.dtype}")
         _same_width(path, where, dims, IMAGE_TOKENS, split, image.shape[1:])
         present.append(IMAGE_TOKENS)
+    widths = {}  # each text set's token width, in TEXT_SETS' order: the words', then the descriptions'
     for tokens_name, offsets_name in TEXT_SETS.values():
         tokens = _dataset(path, group, tokens_name, split)
         offsets = _dataset(path, group, offsets_name, split)
@@ -191,6 +192,11 @@ def check_tokens(path: str, group: h5py.Group, split: str, n_items: int, dims: D
         if tokens.dtype.kind != "f":
             raise _fail(path, where, f"expected floating-point tokens, got {tokens.dtype}")
         _same_width(path, where, dims, tokens_name, split, tokens.shape[1:])
+        other = next(iter(widths.items()), None)
+        if other is not None and other[1] != tokens.shape[1]:  # SEPS projects both with the text's one layer
+            raise _fail(path, where, f"{tokens.shape[1]}-d rows, but /{split}/{other[0]} has {other[1]}-d rows (a "
+                                     "description's tokens are of the captions' extractor, C_txt)")
+        widths[tokens_name] = tokens.shape[1]
         check_offsets(path, f"/{split}/{offsets_name}", _read(path, f"/{split}/{offsets_name}", offsets),
                       n_items, tokens.shape[0])
         present += [tokens_name, offsets_name]
