@@ -341,8 +341,14 @@ def test_validate_accepts_a_search_collection(tmp_path):
     result = CliRunner().invoke(main, ["validate", str(path)])
     assert result.exit_code == 2 and "text: 1 non-finite values in rows 0..4 (first: NaN at row 3, column 1)" in \
         result.output
-    with h5py.File(path, "a") as f:  # features at the root: the collection's own problem, not '/train: missing'
+    with h5py.File(path, "a") as f:  # labels of 2: the same ('validate' called the file valid, 'index' refused it)
         f["text"][3, 1] = 0.0
+        f["labels"] = np.eye(5, 3, dtype=np.uint8) * 2
+    result = CliRunner().invoke(main, ["validate", str(path)])
+    assert result.exit_code == 2 and result.output == \
+        f"Error: {path}: /labels: labels must be multi-hot 0/1 values (row 0 has 2)\n"
+    with h5py.File(path, "a") as f:  # features at the root: the collection's own problem, not '/train: missing'
+        del f["labels"]
         f.create_dataset("text_raw", data=["a caption"] * 4, dtype=h5py.string_dtype())
     result = CliRunner().invoke(main, ["validate", str(path)])
     assert result.exit_code == 2 and result.output == f"Error: {path}: /text_raw: 4 rows, /image has 5\n"

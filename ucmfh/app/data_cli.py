@@ -198,8 +198,9 @@ def _as_collection(path: str) -> Optional[str]:
         if flat:
             raise  # the collection's own problem (rows, shapes, ids), not a dataset's missing /train
         return None
-    # every feature finite and every string UTF-8, as 'ucmfh index' will want them (a DataError names one)
-    for name in ("image", "text", "text_raw", "paths"):
+    # every feature finite, every label 0/1 and every string UTF-8, as 'ucmfh index' will want them (a DataError
+    # names one)
+    for name in ("image", "text", "labels", "text_raw", "paths"):
         for start in range(0, len(coll) if coll.has(name) else 0, 1 << 16):
             coll.read(name, start, min(start + (1 << 16), len(coll)))
     widths = ", ".join(f"{name} {coll.columns[name]}-d" for name in ("image", "text") if coll.has(name))

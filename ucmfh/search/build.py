@@ -410,17 +410,6 @@ class OneImageAnId:
                             "image, indexed once: give each image an id of its own")
 
 
-def _labels(coll: Collection, start: int, stop: int) -> np.ndarray:
-    """Rows [start, stop) of the collection's labels, checked to be 0/1 (``DataError`` naming them). Shape: [n, C]."""
-    labels = coll.read("labels", start, stop)
-    other = np.argwhere(~np.isin(labels, (0, 1)))
-    if other.size:
-        row, column = other[0]
-        raise DataError(f"{coll.path}: {coll.where('labels')}: labels must be multi-hot 0/1 values (row "
-                        f"{start + int(row)} has {labels[row, column]})")
-    return labels.astype(np.uint8)
-
-
 def _add_chunks(index: Index, coll: Collection, encoder: Encoder, source: Dict[str, Any], number: int,
                 keep_img: np.ndarray, ids: Optional[np.ndarray], origins: Dict[str, bool], embeddings: bool, done: int,
                 chunk_size: int, stop_after: Optional[int], should_stop: Optional[Callable[[], Any]], bar: Any,
@@ -453,7 +442,7 @@ def _add_chunks(index: Index, coll: Collection, encoder: Encoder, source: Dict[s
                 item["origin"] = np.stack([np.full(int(rows.sum()), number, dtype=np.int64),
                                            np.arange(start, stop, dtype=np.int64)[rows]], axis=1)
             if coll.has("labels"):
-                item["labels"] = _labels(coll, start, stop)[rows]
+                item["labels"] = coll.read("labels", start, stop)[rows].astype(np.uint8)  # checked 0/1
             for column, kind in (("text_raw", "txt"), ("paths", "img")):
                 if modality == kind and coll.has(column):
                     values = coll.read(column, start, stop)

@@ -82,6 +82,12 @@ class Collection:
         out = np.concatenate(parts) if len(parts) > 1 else parts[0]
         if name in NAMES.values():
             check_finite(out, f"{self.path}: {self.where(name)}", start)
+        if name == "labels":  # validate passed labels of 2, which index refused and a search's marks read as 1
+            other = np.argwhere(~np.isin(out, (0, 1)))
+            if other.size:
+                row, column = other[0]
+                raise DataError(f"{self.path}: {self.where('labels')}: labels must be multi-hot 0/1 values (row "
+                                f"{start + int(row)} has {out[row, column]})")
         return out
 
     def ids(self) -> Optional[np.ndarray]:
