@@ -175,6 +175,36 @@ def test_validation_names_file_dataset_and_problem(tmp_path, edit, message):
     assert str(info.value).startswith(path)
 
 
+def _with(name, values):
+    """An edit adding dataset ``name`` to every split, its rows from ``values(split, rows)``."""
+    return lambda f: [f[split].create_dataset(name, data=values(split, len(f[split]["image"]))) for split in f]
+
+
+@pytest.mark.parametrize("edit, message", [
+    # §9's UTF-8 strings: 'validate' passed bytes that 'ucmfh index' then refused
+    (_with("text_raw", lambda split, n: np.array([b"a caption"] * (n - 1) + [b"\xff caption"], dtype="S12")),
+     r"/train/text_raw: row 9: not UTF-8 text \(invalid start byte, byte 0\)$"),
+    (_with("paths", lambda split, n: np.array([b"\xed\xa0\x80.jpg"] * n, dtype="S8")),
+     r"/train/paths: row 0: not UTF-8 text"),
+    # §1's uint8 bag of words: counts of 0.5 and vocabularies of two sizes were valid
+    (_with("text_bow", lambda split, n: np.full((n, 5), 0.5, np.float32)),
+     r"/train/text_bow: bag-of-words counts must be whole numbers from 0 to 255 \(uint8\)$"),
+    (_with("text_bow", lambda split, n: np.ones((n, 6 if split == "query" else 5), np.uint8)),
+     r"/query/text_bow: 6 words, but /\w+/text_bow has 5$"),
+    (_with("text_bow", lambda split, n: np.array([["one"] * 5] * n, dtype="S3")),
+     r"/train/text_bow: expected word counts, got \|S3$"),
+])
+def test_validation_reads_every_string_and_word_count(tmp_path, edit, message):
+    """What a dataset's pooled features are loaded without (its strings, its word counts) is read whole by
+    'validate' (and by the writer's check of what it wrote), each file said in one line."""
+    path = _break(tmp_path, edit)
+    with pytest.raises(DataError, match=message) as info:
+        validate_file(path)
+    assert str(info.value).startswith(f"{path}: ") and "\n" not in str(info.value)
+    if "words, but" not in message and "expected word counts" not in message:  # the layout holds: it loads
+        assert len(load_dataset(path).train) == 10
+
+
 def test_a_disk_without_room_is_refused_before_anything_is_written(tmp_path, monkeypatch):
     """A full disk crashed the process (HDF5's close, a segmentation fault) and left the temporary file; the
     room the data take is checked first: one line naming the file, nothing written, the CLI's exit 2."""

@@ -59,8 +59,22 @@ def _dense_wider(splits) -> None:
                              dense_text_offsets=arrays["dense_text_offsets"])
 
 
+def _words_without_tokens(splits) -> None:
+    for split, arrays in list(splits.items()):
+        words = np.array([b"word"] * len(arrays["text_tokens"]))
+        splits[split] = {name: value for name, value in arrays.items() if name not in ("text_tokens", "text_offsets")}
+        splits[split]["text_words"] = words
+
+
 @pytest.mark.parametrize("edit, where, problem", [
     (_dense_wider, "/train/dense_text_tokens", f"{D_TXT + 1}-d rows, but /train/text_tokens has {D_TXT}-d rows"),
+    # §9's text_words, the word of each token row, as UTF-8 strings: numbers were valid, and words without tokens
+    (lambda s: [a.update(text_words=np.arange(len(a["text_tokens"]), dtype=np.float32)) for a in s.values()],
+     "/train/text_words", "expected strings, got float32"),
+    (lambda s: [a.update(text_words=np.array([b"\xffword"] * len(a["text_tokens"]))) for a in s.values()],
+     "/train/text_words", "row 0: not UTF-8 text"),
+    (_words_without_tokens, "/train/text_words",
+     "the word of each /train/text_tokens row, but there is no text_tokens dataset"),
     (lambda s: s["query"].update(text_offsets=s["query"]["text_offsets"][[0, 2, 1, *range(3, 25)]]),
      "/query/text_offsets", "offsets not increasing"),
     (lambda s: s["query"].update(text_offsets=s["query"]["text_offsets"] + np.r_[0, np.ones(24, int)]),

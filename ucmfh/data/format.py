@@ -3,7 +3,7 @@ the error a file that breaks it raises, and the check every feature block passes
 that the token files (:mod:`ucmfh.data.tokens`) and a CPU search use it without the loaders."""
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import numpy as np
 
@@ -109,3 +109,32 @@ def check_finite(block: np.ndarray, where: str, first_row: int = 0) -> None:
             f"{where}: {int(bad.sum())} non-finite values in rows {first_row}..{first_row + len(block) - 1} "
             f"(first: {kind} at row {first_row + row}, column {col})"
         )
+
+
+STRING_ROWS = 1 << 16  # strings decoded at a time where a whole column is checked
+
+
+def utf8_strings(values: np.ndarray, where: str, first_row: int = 0) -> List[str]:
+    """Rows of an HDF5 string column (bytes or str) as str; ``DataError`` naming ``where`` and the row of the first
+    that is not UTF-8 ('utf-8 codec can't decode byte 0xed' named none)."""
+    strings = values.tolist()
+    for row, s in enumerate(strings):
+        if not isinstance(s, str):
+            try:
+                strings[row] = s.decode("utf-8")
+            except UnicodeDecodeError as err:
+                raise DataError(f"{where}: row {first_row + row}: not UTF-8 text ({err.reason}, byte "
+                                f"{err.start})") from None
+    return strings
+
+
+def check_utf8_column(column, where: str) -> None:
+    """Every row of a 1-D string column (an HDF5 dataset, read a block at a time) UTF-8 (:func:`utf8_strings`)."""
+    for start in range(0, column.shape[0], STRING_ROWS):
+        utf8_strings(column[start:start + STRING_ROWS], where, start)
+
+
+def is_bag_of_words(counts: np.ndarray) -> bool:
+    """Whether ``counts`` are whole numbers from 0 to 255, as ``text_bow`` holds them (uint8)."""
+    return not counts.size or bool(np.array_equal(counts, np.round(counts)) and 0 <= counts.min()
+                                   and counts.max() <= 255)

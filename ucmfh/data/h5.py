@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from ucmfh.data.format import (
-    CODES_FORMAT, REQUIRED, SPLITS, DataError, finite_float32, id_problem, row_fingerprints, shared_ids,
-    unlabelled_rows,
+    CODES_FORMAT, REQUIRED, SPLITS, DataError, check_utf8_column, finite_float32, id_problem, is_bag_of_words,
+    row_fingerprints, shared_ids, unlabelled_rows,
 )
 from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, open_without_chunk_cache, take
 from ucmfh.data.tokens import check_token_splits, check_tokens, check_virtual_sources
@@ -470,13 +470,26 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
                 raise _fail(path, where, f"expected floating-point features, got {dset.dtype}")
             prints[name] = _check_finite(path, where, dset, keep)
     bow = _member(path, group, "text_bow", f"/{split}/text_bow", h5py.Dataset, required=False)
-    if bow is not None and (bow.ndim != 2 or bow.shape[0] != n_rows):
-        raise _fail(path, f"/{split}/text_bow", f"expected shape ({n_rows}, V), got {bow.shape}")
+    if bow is not None:
+        where = f"/{split}/text_bow"
+        if bow.ndim != 2 or bow.shape[0] != n_rows:
+            raise _fail(path, where, f"expected shape ({n_rows}, V), got {bow.shape}")
+        if bow.dtype.kind not in "biuf":
+            raise _fail(path, where, f"expected word counts, got {bow.dtype}")
+        previous = dims.setdefault("text_bow", (split, bow.shape[1]))  # one vocabulary
+        if previous[1] != bow.shape[1]:
+            raise _fail(path, where, f"{bow.shape[1]} words, but /{previous[0]}/text_bow has {previous[1]}")
+        step = _block_rows(bow)
+        for start in range(0, n_rows if token_values else 0, step):  # validate passed counts of 0.5
+            if not is_bag_of_words(_read(path, where, bow, slice(start, start + step))):
+                raise _fail(path, where, "bag-of-words counts must be whole numbers from 0 to 255 (uint8)")
     for name in ("paths", "text_raw"):  # what search results show of an item: one string each
         strings = _member(path, group, name, f"/{split}/{name}", h5py.Dataset, required=False)
         if strings is not None and (strings.shape != (n_rows,) or strings.dtype.kind not in "OSU"):
             raise _fail(path, f"/{split}/{name}", f"expected {n_rows} strings, one an item, got {strings.dtype} "
                                                   f"{strings.shape}")
+        if strings is not None and token_values:  # validate passed bytes that 'ucmfh index' then refused
+            check_utf8_column(strings, f"{path}: /{split}/{name}")
     ids = _member(path, group, "ids", f"/{split}/ids", h5py.Dataset, required=False)
     if "labels" not in group and ids is None:
         raise _fail(path, f"/{split}/labels", "missing dataset, and no /ids either: a file without labels "

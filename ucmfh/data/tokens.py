@@ -23,7 +23,7 @@ import h5py
 import numpy as np
 import torch
 
-from ucmfh.data.format import SPLITS, DataError, check_finite
+from ucmfh.data.format import SPLITS, DataError, check_finite, check_utf8_column
 from ucmfh.files import read_attrs
 
 IMAGE_TOKENS = "image_tokens"
@@ -200,14 +200,17 @@ def check_tokens(path: str, group: h5py.Group, split: str, n_items: int, dims: D
         check_offsets(path, f"/{split}/{offsets_name}", _read(path, f"/{split}/{offsets_name}", offsets),
                       n_items, tokens.shape[0])
         present += [tokens_name, offsets_name]
-    for name, length in (("text_raw", n_items), ("text_words", None)):
-        dset = _dataset(path, group, name, split)
-        if dset is None:
-            continue
-        if length is None:
-            length = group["text_tokens"].shape[0] if "text_tokens" in group else None
-        if dset.ndim != 1 or (length is not None and dset.shape[0] != length):
-            raise _fail(path, f"/{split}/{name}", f"expected shape ({length},), got {dset.shape}")
+    words = _dataset(path, group, "text_words", split)  # text_raw, one string an item: the split's own check
+    if words is not None:
+        where = f"/{split}/text_words"
+        if "text_tokens" not in group:
+            raise _fail(path, where, f"the word of each /{split}/text_tokens row, but there is no text_tokens dataset")
+        if words.shape != (group["text_tokens"].shape[0],):
+            raise _fail(path, where, f"expected shape ({group['text_tokens'].shape[0]},), got {words.shape}")
+        if words.dtype.kind not in "OSU":  # §9: UTF-8 strings (float 'words' were valid)
+            raise _fail(path, where, f"expected strings, got {words.dtype}")
+        if values:
+            check_utf8_column(words, f"{path}: {where}")
     if values:
         check_token_values(path, group, split)
     return present

@@ -9,7 +9,7 @@ from typing import Dict, Iterator, Optional
 import h5py
 import numpy as np
 
-from ucmfh.data.format import SPLITS, DataError, finite_float32
+from ucmfh.data.format import SPLITS, DataError, finite_float32, is_bag_of_words
 from ucmfh.data.h5 import is_multi_hot, validate_file
 from ucmfh.files import PathLike, atomic_file, check_space, checked_path, write_attrs
 
@@ -180,8 +180,7 @@ def _as_format(path: str, where: str, name: str, array: np.ndarray) -> np.ndarra
                         + (" (one class an item? give it one-hot: numpy.eye(C)[classes])" if array.ndim == 1 else ""))
     if name == "labels" and not is_multi_hot(array):
         raise DataError(f"{path}: {where}: labels must be multi-hot 0/1 values")
-    if name == "text_bow" and array.size and not (
-            np.array_equal(array, np.round(array)) and 0 <= array.min() and array.max() <= 255):
+    if name == "text_bow" and not is_bag_of_words(array):
         raise DataError(f"{path}: {where}: bag-of-words counts must be whole numbers from 0 to 255 (uint8)")
     if name in ("image", "text") and array.dtype.kind == "f":  # said as such, not as numpy's overflow warning
         return finite_float32(array, f"{path}: {where}")

@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import h5py
 import numpy as np
 
-from ucmfh.data.format import DataError, check_finite, finite_float32, first_of_each_id
+from ucmfh.data.format import DataError, check_finite, finite_float32, first_of_each_id, utf8_strings
 from ucmfh.data.input_files import load_npy
 from ucmfh.files import check_a_file, read_attrs
 from ucmfh.search.folder import NAMES
@@ -119,17 +119,7 @@ def _read(path: str, dset: h5py.Dataset, where: str, a: int, b: int) -> Any:
         values = dset[a:b]
     except (OSError, ValueError, TypeError) as err:
         raise DataError(f"{path}: {where}: unreadable data ({err})") from None
-    if dset.dtype.kind not in "OSU":
-        return values
-    strings = values.tolist()
-    for row, s in enumerate(strings):  # the row named: 'utf-8 codec can't decode byte 0xed' named none
-        if not isinstance(s, str):
-            try:
-                strings[row] = s.decode("utf-8")
-            except UnicodeDecodeError as err:
-                raise DataError(f"{path}: {where}: row {a + row}: not UTF-8 text ({err.reason}, byte "
-                                f"{err.start})") from None
-    return strings
+    return utf8_strings(values, f"{path}: {where}", a) if dset.dtype.kind in "OSU" else values
 
 
 def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collection:
