@@ -284,6 +284,26 @@ def test_captions_and_image_paths_are_written_for_search_to_show(tmp_path):
     assert not (tmp_path / "e.h5").exists()
 
 
+def test_the_word_of_each_text_token_row_is_written(tmp_path):
+    """§9's ``text_words`` (a string a text token row) was refused: 'unknown dataset name'."""
+    import h5py
+
+    src = arrays()
+    for part in src.values():
+        lengths = np.arange(len(part["image"])) % 3  # 0 to 2 words a text
+        part["text_offsets"] = np.concatenate([[0], np.cumsum(lengths)])
+        part["text_tokens"] = np.ones((lengths.sum(), 5), np.float16)
+        part["image_tokens"] = np.ones((len(part["image"]), 2, 5), np.float16)
+        part["text_words"] = [f"w{i}" for i in range(lengths.sum())]
+    path = write_dataset(tmp_path / "d.h5", src)
+    with h5py.File(path, "r") as f:
+        assert [w.decode() for w in f["query/text_words"][()]] == src["query"]["text_words"]
+    src["query"]["text_words"] = src["query"]["text_words"][1:]
+    with pytest.raises(DataError, match=r"/query/text_words: 2 strings, the split has 3 text token rows$"):
+        write_dataset(tmp_path / "e.h5", src)
+    assert not (tmp_path / "e.h5").exists()
+
+
 def test_float_ids_are_refused_not_truncated(tmp_path):
     # 0.0, 0.5, ..., 9.5 as int64 would be 0, 0, 1, 1, ...: 20 distinct items collapsing into 10
     src = arrays()

@@ -18,8 +18,9 @@ DTYPES = {"image": np.float32, "text": np.float32, "labels": np.uint8, "ids": np
           # token features (docs/reference.md §9)
           "image_tokens": np.float16, "text_tokens": np.float16, "text_offsets": np.int64,
           "dense_text_tokens": np.float16, "dense_text_offsets": np.int64}
-# strings, one an item (UTF-8): the captions (docs/reference.md §9) and the image files, shown by search results
-STRINGS = ("text_raw", "paths")
+# strings (UTF-8), one an item: the captions (docs/reference.md §9) and the image files, shown by search results;
+# and one a text token row: its word (§9)
+STRINGS = ("text_raw", "paths", "text_words")
 
 
 def make_folder(folder: str, for_path: str) -> None:
@@ -97,7 +98,8 @@ def write_dataset(
     ``splits`` maps each of train/query/retrieval to a dict with ``image``,
     ``text``, ``labels`` and optionally ``ids``, ``text_bow``, the token arrays of
     docs/reference.md §9 (``image_tokens``, ``text_tokens``, ``text_offsets``, ``dense_text_*``) and strings,
-    one an item: ``text_raw`` (the captions) and ``paths`` (the image files), which search results show.
+    one an item: ``text_raw`` (the captions) and ``paths`` (the image files), which search results show; or one a
+    ``text_tokens`` row: ``text_words``, its word.
     The file appears under its final name only once complete and valid.
     """
     path = checked_path("write_dataset", path)
@@ -118,7 +120,8 @@ def write_dataset(
                 if array is None:
                     continue
                 if name in STRINGS:
-                    f[split].create_dataset(name, data=_strings(path, f"/{split}/{name}", array, splits[split]),
+                    rows = splits[split].get("text_tokens" if name == "text_words" else "image")
+                    f[split].create_dataset(name, data=_strings(path, f"/{split}/{name}", array, rows),
                                             dtype=h5py.string_dtype())
                     continue
                 array = _as_format(path, f"/{split}/{name}", name, np.asarray(array))
@@ -138,8 +141,8 @@ def _items(array: object) -> int:
         return 0
 
 
-def _strings(path: str, where: str, values: object, split: Dict[str, np.ndarray]) -> list:
-    """One string an item, as many as the split's rows (None refused: it would be the text 'None')."""
+def _strings(path: str, where: str, values: object, rows: Optional[np.ndarray]) -> list:
+    """Strings, as many as ``rows`` has rows (None refused: it would be the text 'None')."""
     if isinstance(values, (str, bytes)):
         raise DataError(f"{path}: {where}: expected one string an item, got a single {type(values).__name__}")
     values = list(values)
@@ -163,9 +166,9 @@ def _strings(path: str, where: str, values: object, split: Dict[str, np.ndarray]
     if nul is not None:  # h5py's traceback: 'VLEN strings do not support embedded NULLs'
         raise DataError(f"{path}: {where}: item {nul} holds a NUL character (\\x00), which an HDF5 string cannot "
                         "hold")
-    rows = len(split["image"]) if split.get("image") is not None else None
-    if rows is not None and len(values) != rows:
-        raise DataError(f"{path}: {where}: {len(values)} strings, the split has {rows} rows")
+    if rows is not None and len(values) != len(rows):
+        raise DataError(f"{path}: {where}: {len(values)} strings, the split has {len(rows)} "
+                        + ("text token rows" if where.endswith("text_words") else "rows"))
     return values
 
 
