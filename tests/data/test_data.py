@@ -163,6 +163,10 @@ def _break(tmp_path, edit):
         (lambda f: [f["query"]["image"].__setitem__(row, f["query"]["image"][row - 1]) for row in (1, 3)],
          r"/query/ids: 4 of 4 rows hold an image that other rows hold under other ids \(first: rows 0 and 1, ids 10 "
          r"and 11\); the rows of one image share its id"),
+        # an id names one image in every split: a train split's rows under retrieval's ids, other images
+        (lambda f: _replace(f, "train/ids", f["retrieval"]["ids"][:10]),
+         r"/train/ids: id 14 is another image than /retrieval's \(train row 0, retrieval row 0; 10 such ids\); an id "
+         r"names one image in every split$"),
         # ids in some splits alone: read by one command and not the next
         (lambda f: f["train"].__delitem__("ids"), r"/train/ids: missing dataset, but /query/ids exists: either every "
                                                   r"split has ids or none"),

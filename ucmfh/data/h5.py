@@ -402,6 +402,19 @@ def _check_one_image_an_id(path: str, where: str, ids: np.ndarray, prints: np.nd
                                  "image: give each image an id of its own")
 
 
+def _check_an_id_one_image_in_both(path: str, ids: Dict[str, np.ndarray], images: Dict[str, np.ndarray]) -> None:
+    """An id names one image in train and retrieval alike (docs/reference.md §1; train drawn from retrieval keeps
+    its ids): a train split whose ids were given anew, another image under a retrieval item's id, was valid, and
+    its rows made strangers positives wherever the two splits meet (an encoder trained on both)."""
+    common, in_train, in_retrieval = np.intersect1d(ids["train"], ids["retrieval"], return_indices=True)
+    other = np.flatnonzero(images["train"][in_train] != images["retrieval"][in_retrieval])
+    if other.size:  # unequal fingerprints: unequal features (equal ones may still differ: not refused)
+        row = int(other[0])
+        raise _fail(path, "/train/ids", f"id {common[row]} is another image than /retrieval's (train row "
+                                        f"{in_train[row]}, retrieval row {in_retrieval[row]}; {other.size} such ids); "
+                                        "an id names one image in every split")
+
+
 def _check_an_id_an_image(path: str, where: str, ids: np.ndarray, prints: np.ndarray) -> None:
     """The converse of :func:`_check_one_image_an_id`: most rows' images are not also under other ids. Ids given
     by row (a caption its own id) make each caption its own image, and a caption set's I→T finds one text where
@@ -433,10 +446,10 @@ def _check_ids(path: str, where: str, dset: h5py.Dataset, n_rows: int) -> np.nda
 
 def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple],
                  tokens: Dict[str, list], token_values: bool, pairs: Dict[str, np.ndarray],
-                 keep: Optional[Dict[str, Any]] = None) -> Optional[np.ndarray]:
+                 images: Dict[str, np.ndarray], keep: Optional[Dict[str, Any]] = None) -> Optional[np.ndarray]:
     """Check one split's datasets (its token datasets' values with ``token_values``); ``dims`` collects each
     dataset's column count across splits, ``tokens`` the token datasets (§9) each split has, ``pairs`` each
-    item's fingerprint of its image and text features together and ``keep`` the features read of the datasets
+    item's fingerprint of its image and text features together, ``images`` of its image features, and ``keep`` the features read of the datasets
     it names (:func:`validate_file`). Returns its ids."""
     n_rows = None
     prints: Dict[str, np.ndarray] = {}
@@ -496,6 +509,7 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
                                                "(a caption set) needs ids, whose equality is then relevance")
     tokens[split] = check_tokens(path, group, split, n_rows, dims, token_values)
     pairs[split] = _item_prints(prints["image"], prints["text"])  # an item: both its features
+    images[split] = prints["image"]
     if ids is None:
         return None
     split_ids = _check_ids(path, f"/{split}/ids", ids, n_rows)
@@ -549,9 +563,10 @@ def validate_file(path: PathLike, token_values: bool = True,
         ids: Dict[str, np.ndarray] = {}
         tokens: Dict[str, list] = {}
         pairs: Dict[str, np.ndarray] = {}
+        images: Dict[str, np.ndarray] = {}
         for split in SPLITS:
             split_ids = _check_split(path, _member(path, f, split, f"/{split}", h5py.Group), split, dims, tokens,
-                                     token_values, pairs, keep)
+                                     token_values, pairs, images, keep)
             if split_ids is not None:
                 ids[split] = split_ids
         check_token_splits(path, tokens)
@@ -573,6 +588,8 @@ def validate_file(path: PathLike, token_values: bool = True,
             missing = next(split for split in SPLITS if split not in ids)
             raise _fail(path, f"/{missing}/ids", f"missing dataset, but /{next(iter(ids))}/ids exists: either every "
                                                  "split has ids or none")
+        if ids:
+            _check_an_id_one_image_in_both(path, ids, images)
         for other in ("retrieval", "train"):  # a query item trained on, or found as itself, inflates every score
             problem = shared_ids(ids["query"], ids[other], other) if ids else None
             if problem:
