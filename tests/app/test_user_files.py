@@ -779,6 +779,22 @@ def test_a_file_in_the_run_folders_way_and_an_unwritable_side_file_are_said_in_o
             "give another --out"), result.output
 
 
+def test_a_file_output_named_as_a_folder_is_refused_before_any_work(tmp_path, tiny_path):
+    """'encode -o codes/' encoded every item, then failed renaming its temporary file onto the name, in a line that
+    named the temporary file ('[Errno 20] Not a directory: ..tmp...'); every file output ending in '/' is refused
+    up front, naming its flag (an audit's)."""
+    args = ["-d", tiny_path, *SMALL, "--epochs", "1", "-b", "8", "--out", str(tmp_path / "runs")]
+    assert CliRunner().invoke(main, ["train-hash", *args, "--results", ""]).exit_code == 0
+    [checkpoint] = (tmp_path / "runs").rglob("hash8.pt")
+    for argv, flag in ((["encode", "-c", str(checkpoint), "-d", tiny_path, "-o"], "--out"),
+                       (["train-hash", *args, "--results"], "--results")):
+        given = f"{tmp_path / 'codes'}/"
+        result = CliRunner().invoke(main, [*argv, given])
+        assert result.exit_code == 2 and result.output == (
+            f"Error: {flag} {given}: a folder's name (it ends in '/'); {flag} takes a file's path\n"), result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+
+
 def test_a_table_prefix_that_is_a_folder_is_refused(tmp_path, tiny_path):
     """'grid --table DIR/' wrote DIR/.md and DIR/.csv, files a listing does not show (an audit's)."""
     result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "two-tower", "-b", "8", "--table",

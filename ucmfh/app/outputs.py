@@ -56,6 +56,9 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
                 path.endswith(("/", os.sep)) or os.path.isdir(path)):
             raise ValueError(f"{flag} {path}: a folder; {flag} takes a prefix of the files' names: give one in it, "
                              f"e.g. {os.path.join(path, 'curves')}")
+    for flag, path in (files or {}).items():  # 'codes/': written whole, then its rename onto a folder failed
+        if path and flag not in STARTS and path.endswith(("/", os.sep)):
+            raise ValueError(f"{flag} {path}: a folder's name (it ends in '{path[-1]}'); {flag} takes a file's path")
     outputs = [(flag, path, True, None) for flag, path in (folders or {}).items()]
     for flag, path in (files or {}).items():
         start = path and STARTS.get(flag, str)(path)
