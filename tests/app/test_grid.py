@@ -264,6 +264,9 @@ def test_loss_parameters_reach_ucmfh_whose_stages_share_them(tiny_path, tmp_path
 @pytest.mark.parametrize("methods, given, says", [
     ("two-tower", "infonce", "expected NAME:KEY=VALUE,..., got 'infonce'"),
     ("two-tower", "infonce:", "expected NAME:KEY=VALUE,..., got 'infonce:'"),
+    # the loss left out: 'unknown loss 'temperature=0.5'' (an audit's)
+    ("two-tower", "temperature=0.5", "expected NAME:KEY=VALUE,..., the loss first, got 'temperature=0.5' (e.g. "
+                                     "infonce:temperature=0.5)"),
     ("two-tower", "triplet:foo=1", "triplet: no cell of the grid trains with this loss (the grid's: infonce)"),
     # a method fitted in closed form trains no loss, whatever its config's loss field says
     ("cca-itq,two-tower", "original:temperature=0.3", "original: no cell of the grid trains with this loss (the "

@@ -81,6 +81,9 @@ def loss_params_by_name(items: Sequence[str]) -> Dict[str, Dict[str, Any]]:
     out: Dict[str, Dict[str, Any]] = {}
     for item in items:
         name, colon, rest = item.partition(":")
+        if not colon and "=" in name:  # 'temperature=0.5' was 'unknown loss 'temperature=0.5''
+            raise click.BadParameter(f"expected NAME:KEY=VALUE,..., the loss first, got {item!r} (e.g. "
+                                     f"infonce:{item})", param_hint="--loss-params")
         if name not in LOSSES:
             raise click.BadParameter(f"unknown loss {name!r} (losses: {', '.join(LOSSES)})", param_hint="--loss-params")
         pairs = tuple(pair for pair in rest.split(",") if pair.strip())
