@@ -945,3 +945,11 @@ def test_the_help_s_training_defaults_are_the_default_method_s(command):
         said = ", ".join(f"{getattr(stage_configs(m).hashes[0], setting):g} for {m}" for m in (DEFAULT_METHOD, "ucmfh"))
         assert f"[default: the method's (see 'ucmfh methods'): {said}]" in text, setting
     assert f"{stage_configs(DEFAULT_METHOD).hashes[0].epochs} for {DEFAULT_METHOD}; ucmfh's" in text
+
+
+@pytest.mark.parametrize("command", [["train-hash"], ["grid"], ["runs"], ["compare", "cca-itq", "two-tower"]])
+def test_code_lengths_as_a_list_are_said_to_take_a_flag_each(command, tmp_path):
+    """'-b 8,16' (as grid's --methods and --seeds take their lists) was "'8,16' is not a valid integer range"."""
+    result = CliRunner().invoke(main, [*command, "-b", "8,16", "--results", str(tmp_path / "r.jsonl")])
+    assert result.exit_code == 2 and result.output.splitlines()[-1] == (
+        "Error: Invalid value for '--n-bits' / '-b': '8,16': one code length a -b: -b 8 -b 16"), result.output

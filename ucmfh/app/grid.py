@@ -30,7 +30,7 @@ from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.jobs import SideBySide, jobs_option
 from ucmfh.app.table import append_cell_rows
 from ucmfh.app.options import (
-    DEFAULT_RESULTS, FLAGS, Count, candidates_problem, check_precision, closed_form_notes, data_dir_option,
+    DEFAULT_RESULTS, FLAGS, CodeLength, Count, candidates_problem, check_precision, closed_form_notes, data_dir_option,
     default_method_note, device_option, flag_of, given_twice, parse_params, resolved, scoring_options, seed_type,
     settings_of, train_options,
 )
@@ -405,7 +405,7 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
               help="Comma-separated losses, each run with every method [default: each method's own].")
 @click.option("--loss-params", "per_loss", multiple=True, metavar="NAME:KEY=VALUE,...",
               help="Hyper-parameters of one loss, e.g. infonce:temperature=0.5 (repeatable).")
-@click.option("--n-bits", "-b", multiple=True, type=click.IntRange(*CODE_LENGTHS), default=(16, 32, 64, 128),
+@click.option("--n-bits", "-b", multiple=True, type=CodeLength(*CODE_LENGTHS), default=(16, 32, 64, 128),
               show_default=True,
               help="Code length (repeatable).")
 @click.option("--seeds", default="2023", show_default=True, callback=_list(seed_type), help="Comma-separated seeds.")

@@ -16,7 +16,7 @@ from ucmfh.app.stage import check_interrupted
 from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.options import (
-    TRAINED_ON_HELP, Count, FiniteRange, InputPath, candidates_problem, check_precision, closed_form_notes,
+    TRAINED_ON_HELP, CodeLength, Count, FiniteRange, InputPath, candidates_problem, check_precision, closed_form_notes,
     data_dir_option, data_options, device_option, given_flags, given_twice, resolved, run_options, settings_of,
     train_options,
 )
@@ -129,7 +129,7 @@ class MethodChoice(click.Choice):
               help="How codes are learnt (see 'ucmfh methods').")
 @click.option("--method-param", "method_params", multiple=True, metavar="KEY=VALUE",
               help="A hyper-parameter of the method, e.g. alpha=1.5 (repeatable; see 'ucmfh methods').")
-@click.option("--n-bits", "-b", multiple=True, type=click.IntRange(*CODE_LENGTHS), default=(HashConfig.n_bits,), show_default=True,
+@click.option("--n-bits", "-b", multiple=True, type=CodeLength(*CODE_LENGTHS), default=(HashConfig.n_bits,), show_default=True,
               help="Code length (repeatable: -b 16 -b 32 ...).")
 @click.option("--beta-schedule", type=click.Choice(BETA_SCHEDULES), default=None,
               help=f"Tanh continuation: none is UCMFH's plain tanh [default: {HashConfig.beta_schedule}; a "

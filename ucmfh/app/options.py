@@ -300,6 +300,19 @@ class Count(click.IntRange):
         return number
 
 
+class CodeLength(click.IntRange):
+    """A code length (``-b``, repeatable), in click's range: '8,16' is said to be two lengths to give one a ``-b``,
+    where click's message was "'8,16' is not a valid integer range"."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and "," in value:
+            lengths = [part.strip() for part in value.split(",") if part.strip()]
+            self.fail(f"{value!r}: one code length a -b: " + " ".join(f"-b {n}" for n in lengths), param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class InputPath(click.Path):
     """click's Path for a file or folder a command reads, refusing an empty value, which names none: ``-c ''``
     said ``: no such checkpoint``, and ``search ''`` searched the current folder."""

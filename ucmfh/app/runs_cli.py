@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import click
 
 from ucmfh.app.errors import UserError, user_errors, warn
-from ucmfh.app.options import results_to_read
+from ucmfh.app.options import CodeLength, results_to_read
 from ucmfh.app.outputs import check_figures, check_outputs
 from ucmfh.app.runs import (filter_rows, format_summary, held_by, method_of, read_results, settings_key, summarize,
                             the_checkpoint, variant_of)
@@ -23,7 +23,7 @@ from ucmfh.config import PROTOCOLS
               help="Only these methods (repeatable); METHOD@KEY: its runs of one settings key, as this command "
                    "shows them (or METHOD@STAGE.NAME=VALUE, as 'ucmfh compare' takes them).")
 @click.option("--loss", multiple=True, help="Only these losses (repeatable).")
-@click.option("--n-bits", "-b", multiple=True, type=int, help="Only these code lengths (repeatable).")
+@click.option("--n-bits", "-b", multiple=True, type=CodeLength(), help="Only these code lengths (repeatable).")
 @click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable).")
 @click.option("--task", multiple=True, type=click.Choice(["fusion", "hashing", "seps", "rerank", "codes"]),
               help="Only rows of these tasks (repeatable).")
