@@ -82,6 +82,16 @@ def test_a_run_that_is_not_one_is_refused_in_one_line(trained, run, problem):
     assert result.exit_code == 2 and "--history" in result.output and problem in result.output, result.output
 
 
+def test_a_run_the_filters_leave_out_is_said_to_be_left_out_not_absent(trained):
+    """'runs --history RUN -b 128' said RUN was 'neither a checkpoint file nor a run of' the file (an audit's)."""
+    row, results = trained
+    result = CliRunner().invoke(main, ["runs", "--results", str(results), "--history", row["run"][:6], "-b", "128",
+                                       "--seed", str(row["seed"])])
+    assert result.exit_code == 2 and result.output.splitlines()[-1] == (
+        f"Error: Invalid value for --history: {row['run'][:6]}: a run of {results}, but none of its rows passes the "
+        "filters given (--n-bits, --seed)"), result.output
+
+
 def test_history_plot_draws_the_epochs_the_checkpoint_holds(trained, tmp_path):
     pytest.importorskip("matplotlib")
     from ucmfh.app.history import history_figure

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import click
 
 from ucmfh.app.errors import UserError, user_errors, warn
-from ucmfh.app.options import CodeLength, results_to_read
+from ucmfh.app.options import CodeLength, given_flags, results_to_read
 from ucmfh.app.outputs import check_figures, check_outputs
 from ucmfh.app.runs import (filter_rows, format_summary, held_by, method_of, read_results, settings_key, summarize,
                             the_checkpoint, variant_of)
@@ -82,6 +82,14 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
     if sides:
         rows = [row for row in rows if method_of(row) in plain or any(side.holds(row) for side in sides)]
     if history is not None:
+        def holds(held: List[Dict[str, Any]]) -> bool:
+            return any(str(row.get("run", "")).startswith(history) for row in held)
+
+        if by_key and holds(found) and not holds(rows):  # said as no such run at all
+            filters = given_flags({"dataset": "--dataset", "method": "--method", "loss": "--loss", "n_bits": "--n-bits",
+                                   "seed": "--seed", "task": "--task", "protocol": "--protocol"})
+            raise click.BadParameter(f"{history}: a run of {', '.join(results)}, but none of its rows passes the "
+                                     f"filters given ({', '.join(filters)})", param_hint="--history")
         _print_history(history, rows, results, plot, overwrite, as_json)
         return
     if checkpoint:
