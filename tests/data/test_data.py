@@ -563,9 +563,16 @@ def test_a_dataset_s_bare_name_given_for_its_path_is_said_to_be_one(tmp_path, mo
     """ucmfh.load_dataset('wiki'), as the commands' -d wiki, said 'wiki: no such file' alone; the library takes a
     path, and says so where a bare name was given (a path with a folder or an extension: as before)."""
     monkeypatch.chdir(tmp_path)
-    with pytest.raises(DataError, match=r"^wiki: no such file \(a dataset's path is asked for here: the commands find "
+    with pytest.raises(DataError, match=r"^wiki: no such file \(a file's path is asked for here: the commands find "
                                         r"-d wiki in --data-dir as wiki\.h5\)$"):
         load_dataset("wiki")
+    # ... and so do 'ucmfh index' and 'search -q', which said 'wiki: no such collection file' (an audit's)
+    from ucmfh.search.collection import open_collection, read_queries
+
+    for read, what in ((open_collection, "collection"), (lambda p: read_queries(p, "txt", {}), "query")):
+        with pytest.raises(FileNotFoundError, match=rf"^wiki: no such {what} file \(a file's path is asked for here: "
+                                                    r"the commands find -d wiki in --data-dir as wiki\.h5\)$"):
+            read("wiki")
     for path in ("wiki.h5", os.path.join("data", "wiki")):
         with pytest.raises(DataError, match=rf"^{path}: no such file$"):
             load_dataset(path)

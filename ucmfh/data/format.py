@@ -3,6 +3,7 @@ the error a file that breaks it raises, and the check every feature block passes
 that the token files (:mod:`ucmfh.data.tokens`) and a CPU search use it without the loaders."""
 from __future__ import annotations
 
+import os
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -138,3 +139,11 @@ def is_bag_of_words(counts: np.ndarray) -> bool:
     """Whether ``counts`` are whole numbers from 0 to 255, as ``text_bow`` holds them (uint8)."""
     return not counts.size or bool(np.array_equal(counts, np.round(counts)) and 0 <= counts.min()
                                    and counts.max() <= 255)
+
+
+def a_name_not_a_path(path: str) -> str:
+    """What a missing ``path`` that reads as a dataset's name (``wiki``: no folder, no extension, as the commands'
+    ``-d`` takes it) is, for a message that says it is not there: '' for another path."""
+    if not path or os.sep in path or "/" in path or os.path.splitext(path)[1]:
+        return ""
+    return f" (a file's path is asked for here: the commands find -d {path} in --data-dir as {path}.h5)"

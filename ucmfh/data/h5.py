@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from ucmfh.data.format import (
-    CODES_FORMAT, REQUIRED, SPLITS, DataError, check_utf8_column, finite_float32, id_problem, is_bag_of_words,
-    row_fingerprints, shared_ids, unlabelled_rows,
+    CODES_FORMAT, REQUIRED, SPLITS, DataError, a_name_not_a_path, check_utf8_column, finite_float32, id_problem,
+    is_bag_of_words, row_fingerprints, shared_ids, unlabelled_rows,
 )
 from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, open_without_chunk_cache, take
 from ucmfh.data.tokens import check_token_splits, check_tokens, check_virtual_sources
@@ -543,10 +543,8 @@ def validate_file(path: PathLike, token_values: bool = True,
     """
     path = checked_path("validate_file", path)
     if not os.path.exists(path):
-        bare = path and os.sep not in path and not os.path.splitext(path)[1]  # 'wiki', as the commands' -d takes it
-        raise DataError(f"{path}: no such file" + (f" (a dataset's path is asked for here: the commands find -d "
-                                                   f"{path} in --data-dir as {path}.h5)" if bare else "")
-                        if path else "an empty path; give the dataset file")
+        raise DataError(f"{path}: no such file{a_name_not_a_path(path)}" if path else
+                        "an empty path; give the dataset file")
     if os.path.isdir(path):  # HDF5's own word on it ran to several lines
         raise DataError(f"{path}: is a folder, not a dataset file")
     if not os.path.isfile(path):  # a pipe or a device: opening it waited for ever

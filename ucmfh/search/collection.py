@@ -19,7 +19,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import h5py
 import numpy as np
 
-from ucmfh.data.format import DataError, check_finite, finite_float32, first_of_each_id, utf8_strings
+from ucmfh.data.format import DataError, a_name_not_a_path, check_finite, finite_float32, first_of_each_id, utf8_strings
 from ucmfh.data.input_files import load_npy
 from ucmfh.files import check_a_file, read_attrs
 from ucmfh.search.folder import NAMES
@@ -131,7 +131,7 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
     """
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such collection file" if path else
+        raise FileNotFoundError(f"{path}: no such collection file{a_name_not_a_path(path)}" if path else
                                 "an empty path; give the collection file")
     check_a_file(path, "a collection file", DataError)  # a pipe: opening it waited for ever, past SIGTERM
     try:
@@ -281,7 +281,7 @@ def read_queries(
     """
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such query file")
+        raise FileNotFoundError(f"{path}: no such query file{a_name_not_a_path(path)}")
     if path.endswith(".npy"):
         if ids is not None or split is not None:
             raise ValueError(f"{path}: an .npy file has no ids or splits; select rows from an HDF5 file")
