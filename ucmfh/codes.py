@@ -13,7 +13,7 @@ import torch
 
 from ucmfh import bits
 from ucmfh.config import PROTOCOLS
-from ucmfh.data.format import CODES_FORMAT, DataError, id_problem, shared_ids, unlabelled_rows
+from ucmfh.data.format import CODES_FORMAT, DataError, id_problem, not_hdf5, shared_ids, unlabelled_rows
 from ucmfh.files import atomic_file, check_a_file, check_space, read_attrs, write_attrs
 
 ArrayLike = Union[np.ndarray, torch.Tensor]
@@ -196,7 +196,7 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
     try:
         f = h5py.File(path, "r")
     except OSError as err:
-        raise DataError(f"{path}: not a readable codes file: not HDF5 ({err})") from None
+        raise DataError(not_hdf5(path, err, 'codes file: not HDF5')) from None
     with f:
         if f.attrs.get("format") != CODES_FORMAT:
             if all(split in f for split in ("train", "query", "retrieval")):  # its features: -d takes it

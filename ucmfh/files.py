@@ -342,6 +342,9 @@ def torch_file_problem(path: PathLike, err: BaseException) -> str:
         with open(path, "rb") as f:  # a file the system sizes 0 may still hold bytes (/proc/self/status)
             return "an empty file" if not f.read(1) else "truncated, or not a file torch saved"
     if not zipfile.is_zipfile(path):  # what torch.save writes; a copy cut short has no central directory
+        with open(path, "rb") as f:
+            if f.read(8) == b"\x89HDF\r\n\x1a\n":  # given for -c: 'truncated, or not a file torch saved'
+                return "an HDF5 file: a dataset, collection or codes file, not one torch saved"
         return "truncated, or not a file torch saved"
     if isinstance(err, pickle.UnpicklingError):  # weights_only refuses anything but tensors and plain values
         return "it holds objects other than tensors and plain values"

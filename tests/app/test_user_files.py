@@ -834,3 +834,25 @@ def test_a_name_from_the_users_data_neither_rewrites_the_terminal_nor_breaks_a_t
     assert list((tmp_path / "plots").iterdir())  # drawn, '$…$' as it is
     result = CliRunner().invoke(main, ["runs", "--results", str(results)])
     assert result.exit_code == 0 and "\x1b" not in result.output and shown in result.output
+
+
+def test_a_checkpoint_and_an_hdf5_file_given_for_each_other_are_said_to_be_so(tmp_path, tiny_path):
+    """A dataset given for -c was 'not a readable checkpoint (truncated, or not a file torch saved)', and a
+    checkpoint given for a dataset, a collection or a codes file 'not a readable HDF5 file (... file signature not
+    found)' (an audit's)."""
+    import torch
+
+    saved = tmp_path / "hash8.pt"
+    torch.save({"state": torch.zeros(2)}, saved)
+    for argv in (["validate", str(saved)], ["train-hash", "-d", str(saved), "--results", ""],
+                 ["index", str(saved), "-c", str(saved), "-o", str(tmp_path / "ix")],
+                 ["evaluate", "--codes", str(saved), "--results", ""]):
+        result = CliRunner().invoke(main, argv)
+        assert result.exit_code == 2 and result.output.splitlines()[-1] == (
+            f"Error: {saved}: a file torch saved (a checkpoint?), not an HDF5 file"), (argv, result.output)
+    for argv in (["evaluate", "-c", tiny_path, "-d", tiny_path, "--results", ""],
+                 ["encode", "-c", tiny_path, "-o", str(tmp_path / "codes.h5")]):
+        result = CliRunner().invoke(main, argv)
+        assert result.exit_code == 2 and result.output.splitlines()[-1] == (
+            f"Error: {tiny_path}: not a readable checkpoint (an HDF5 file: a dataset, collection or codes file, not "
+            "one torch saved)"), (argv, result.output)

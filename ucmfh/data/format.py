@@ -4,6 +4,7 @@ that the token files (:mod:`ucmfh.data.tokens`) and a CPU search use it without 
 from __future__ import annotations
 
 import os
+import zipfile
 from typing import List, Optional, Tuple
 
 import numpy as np
@@ -147,3 +148,12 @@ def a_name_not_a_path(path: str) -> str:
     if not path or os.sep in path or "/" in path or os.path.splitext(path)[1]:
         return ""
     return f" (a file's path is asked for here: the commands find -d {path} in --data-dir as {path}.h5)"
+
+
+def not_hdf5(path: str, err: BaseException, what: str = "HDF5 file") -> str:
+    """Why h5py could not open ``path`` (``err``; ``what``: the file asked for), in a message naming it: a
+    checkpoint given for a dataset is said to be one, where HDF5's 'file signature not found' left the user to
+    guess."""
+    if zipfile.is_zipfile(path):  # what torch.save writes
+        return f"{path}: a file torch saved (a checkpoint?), not an HDF5 file"
+    return f"{path}: not a readable {what} ({err})"

@@ -20,7 +20,7 @@ import torch
 
 from ucmfh.data.format import (
     CODES_FORMAT, REQUIRED, SPLITS, DataError, a_name_not_a_path, check_utf8_column, finite_float32, id_problem,
-    is_bag_of_words, row_fingerprints, shared_ids, unlabelled_rows,
+    is_bag_of_words, not_hdf5, row_fingerprints, shared_ids, unlabelled_rows,
 )
 from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, open_without_chunk_cache, take
 from ucmfh.data.tokens import check_token_splits, check_tokens, check_virtual_sources
@@ -552,7 +552,7 @@ def validate_file(path: PathLike, token_values: bool = True,
     try:
         f = h5py.File(path, "r")
     except OSError as err:
-        raise DataError(f"{path}: not a readable HDF5 file ({err})") from None
+        raise DataError(not_hdf5(path, err)) from None
     with f:
         if f.attrs.get("format") == CODES_FORMAT:  # not '/train: missing group'
             raise DataError(f"{path}: a codes file of 'ucmfh encode', not a dataset; 'ucmfh evaluate --codes {path}' "

@@ -19,7 +19,9 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple
 import h5py
 import numpy as np
 
-from ucmfh.data.format import DataError, a_name_not_a_path, check_finite, finite_float32, first_of_each_id, utf8_strings
+from ucmfh.data.format import (
+    DataError, a_name_not_a_path, check_finite, finite_float32, first_of_each_id, not_hdf5, utf8_strings,
+)
 from ucmfh.data.input_files import load_npy
 from ucmfh.files import check_a_file, read_attrs
 from ucmfh.search.folder import NAMES
@@ -137,7 +139,7 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
     try:
         f = h5py.File(path, "r")
     except OSError as err:
-        raise DataError(f"{path}: not a readable HDF5 file ({err})") from None
+        raise DataError(not_hdf5(path, err)) from None
     with f:
         flat = "image" in f or "text" in f
         if splits:
