@@ -864,7 +864,8 @@ def test_a_run_of_several_candidates_says_how_many_trainings_and_each_bar_which_
     assert bars == [f"two-tower {bits} bits (t{t}, candidate {i} of 2)" for bits in (16, 32)
                     for i, t in ((1, "0.3"), (2, "0.1"))]
     for method, given, said in (("two-tower", {"val_fraction": 0.0}, None), ("cca-itq", {}, None),
-                                ("two-tower", {"refit": True}, ", then the chosen one trained again")):
+                                ("two-tower", {"refit": True}, ", then the chosen one trained again"),
+                                ("two-tower", {"epochs": 1}, " trainings of up to 1 epoch; ")):  # was '1 epochs'
         _, (hcfg,) = stage_configs(method, dataset="wiki", **given)
         line = trainings_line(hcfg)
         assert line is None if said is None else said in line

@@ -300,6 +300,10 @@ def test_search_metrics_are_those_of_the_printed_hits(tiny_path, tiny, trained, 
     [line] = [line for line in result.stderr.splitlines() if "(relevant: " in line]
     head, figures = line.split("): ", 1)
     assert head == f"{len(rel)} queries (relevant: shared label"
+    from ucmfh.search.results import format_scores  # one: '1 queries' (an audit's)
+
+    assert format_scores({"k": 10, "queries": 1, "relevance": "same id", "map@10": 0.5}) == \
+        "1 query (relevant: same id): MAP@10 0.5000"
     shown = dict(figure.rsplit(" ", 1) for figure in figures.split(", "))
     assert list(shown) == ["R@1", "R@5", "R@10", "MAP@10"]
     for cut in (1, 5, 10):

@@ -125,7 +125,7 @@ def trainings_line(cfg: HashConfig) -> Optional[str]:
     if len(names) < 2 or not cfg.val_fraction:
         return None
     return (f"      {len(names)} candidates chosen on the validation split ({', '.join(names)}): {len(names)} "
-            f"trainings of up to {cfg.epochs} epochs" + (", then the chosen one trained again on the whole training "
+            f"trainings of up to {cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}" + (", then the chosen one trained again on the whole training "
                                                          "split" if cfg.refit else "")
             + "; early stopping may end each sooner")
 

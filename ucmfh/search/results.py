@@ -470,7 +470,8 @@ def format_scores(found: Dict[str, Any]) -> str:
     k = found["k"]
     figures = [f"R@{key[7:]} {value:.1f}" for key, value in found.items() if key.startswith("recall@")]
     figures.append(f"MAP@{k} {found[f'map@{k}']:.4f}")
-    return f"{found['queries']} queries (relevant: {found['relevance']}): {', '.join(figures)}"
+    queries = f"{found['queries']} quer{'y' if found['queries'] == 1 else 'ies'}"
+    return f"{queries} (relevant: {found['relevance']}): {', '.join(figures)}"
 
 
 def result_rows(results: Results) -> Iterator[List[Dict[str, Any]]]:
