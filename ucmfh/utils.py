@@ -1,10 +1,12 @@
-"""Seeds and devices: the one place each is decided; the type of an argument at a public entry point."""
+"""Seeds and devices: the one place each is decided; the type of an argument at a public entry point, and what a
+mistyped name was meant to be."""
 from __future__ import annotations
 
 import contextlib
+import difflib
 import itertools
 import random
-from typing import Any, Iterator, Optional, Tuple, Union
+from typing import Any, Iterable, Iterator, Optional, Tuple, Union
 
 import numpy as np
 import torch
@@ -120,3 +122,10 @@ def wrong_argument(where: str, name: str, value: Any, what: str, make: str = "")
     """The error of :func:`check_argument`: ``WHERE: NAME must be WHAT (MAKE), got TYPE 'value'``."""
     shown = f" {value!r}"[:80] if isinstance(value, (str, bytes, int, float)) or hasattr(value, "__fspath__") else ""
     return TypeError(f"{where}: {name} must be {what}{f' ({make})' if make else ''}, got {type(value).__name__}{shown}")
+
+
+def did_you_mean(name: Any, names: Iterable[str]) -> str:
+    """`` (did you mean 'two-tower'?)`` where ``name``, unknown, is close to one of ``names``; '' otherwise (a
+    method or loss name mistyped was refused with the whole list alone, click's options with a suggestion)."""
+    close = difflib.get_close_matches(name, list(names), n=1, cutoff=0.7) if isinstance(name, str) else []
+    return f" (did you mean {close[0]!r}?)" if close else ""

@@ -954,3 +954,25 @@ def test_code_lengths_as_a_list_are_said_to_take_a_flag_each(command, tmp_path):
     result = CliRunner().invoke(main, [*command, "-b", "8,16", "--results", str(tmp_path / "r.jsonl")])
     assert result.exit_code == 2 and result.output.splitlines()[-1] == (
         "Error: Invalid value for '--n-bits' / '-b': '8,16': one code length a -b: -b 8 -b 16"), result.output
+
+
+@pytest.mark.parametrize("argv, said", [
+    (["train-hash", "--method", "two-towr"], "'two-towr' is not one of 'ucmfh', 'two-tower', "),
+    (["train-hash", "--loss", "infonc"], "unknown loss 'infonc' (did you mean 'infonce'?); choose one of "),
+    (["grid", "--methods", "cca-itq,two-towr"], "unknown methods ['two-towr'] (did you mean 'two-tower'?); methods: "),
+    (["grid", "--losses", "balancd"], "unknown losses ['balancd'] (did you mean 'balanced'?); losses: "),
+    (["grid", "--loss-params", "infonc:temperature=1"], "unknown loss 'infonc' (did you mean 'infonce'?); losses: "),
+])
+def test_a_mistyped_method_or_loss_name_is_said_with_the_name_meant(argv, said, tiny_path, tmp_path):
+    """A method or loss name mistyped was refused with the whole list alone, where click suggests a mistyped
+    option's name (an audit's)."""
+    result = CliRunner().invoke(main, [*argv, "-d", tiny_path, "-b", "8", "--results", str(tmp_path / "r.jsonl"),
+                                       "--out", str(tmp_path / "runs")])
+    assert result.exit_code == 2 and said in result.output, result.output
+    assert "did you mean" in result.output.splitlines()[-1]
+    from ucmfh.methods import build_method
+
+    with pytest.raises(ValueError, match=r"^unknown method 'jdhs' \(did you mean 'jdsh'\?\); methods: ucmfh, "):
+        build_method("jdhs")
+    with pytest.raises(ValueError, match=r"^unknown method 'zzz'; methods: "):  # nothing near it: the list alone
+        build_method("zzz")

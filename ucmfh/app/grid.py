@@ -48,6 +48,7 @@ from ucmfh.methods import DEFAULT_METHOD, METHODS, build_method
 from ucmfh.methods.settings import (
     default_loss, fusion_takes_the_loss, scored_protocols, stage_configs, unused_settings,
 )
+from ucmfh.utils import did_you_mean
 
 def _list(kind: Any, empty: bool = False) -> Any:
     """A click callback: a comma-separated list of ``kind`` (a type, or a click type that checks each value);
@@ -85,7 +86,8 @@ def loss_params_by_name(items: Sequence[str]) -> Dict[str, Dict[str, Any]]:
             raise click.BadParameter(f"expected NAME:KEY=VALUE,..., the loss first, got {item!r} (e.g. "
                                      f"infonce:{item})", param_hint="--loss-params")
         if name not in LOSSES:
-            raise click.BadParameter(f"unknown loss {name!r} (losses: {', '.join(LOSSES)})", param_hint="--loss-params")
+            raise click.BadParameter(f"unknown loss {name!r}{did_you_mean(name, LOSSES)}; losses: {', '.join(LOSSES)}",
+                                     param_hint="--loss-params")
         pairs = tuple(pair for pair in rest.split(",") if pair.strip())
         if not colon or not pairs:  # 'infonce' or 'infonce:': parameters of nothing
             raise click.BadParameter(f"expected NAME:KEY=VALUE,..., got {item!r}", param_hint="--loss-params")
@@ -322,11 +324,12 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
     methods have no use for is said in a note."""
     unknown = [name for name in methods if name not in METHODS]
     if unknown:
-        raise click.BadParameter(f"unknown methods {unknown} (methods: {', '.join(METHODS)})",
-                                 param_hint="--methods")
+        raise click.BadParameter(f"unknown methods {unknown}{did_you_mean(unknown[0], METHODS)}; methods: "
+                                 f"{', '.join(METHODS)}", param_hint="--methods")
     unknown = [name for name in losses if name not in LOSSES]
     if unknown:
-        raise click.BadParameter(f"unknown losses {unknown} (losses: {', '.join(LOSSES)})", param_hint="--losses")
+        raise click.BadParameter(f"unknown losses {unknown}{did_you_mean(unknown[0], LOSSES)}; losses: "
+                                 f"{', '.join(LOSSES)}", param_hint="--losses")
     # one set of settings serves every method: one a method has no use for applies to the others only
     flags = {**FLAGS, "loss": "--losses", "loss_params": "--loss-params", "seed": "--seeds"}
     # a method with a loss of its own: one cell per seed, whatever --losses lists (said; refused where every method

@@ -28,7 +28,7 @@ from ucmfh.methods import DEFAULT_METHOD, METHODS, PLUGINS
 from ucmfh.methods.settings import (
     captured_step, default_loss, fusion_config, hash_config, refuse_unused, stage_configs,
 )
-from ucmfh.utils import resolve_device
+from ucmfh.utils import did_you_mean, resolve_device
 
 
 @click.command("methods")
@@ -120,6 +120,12 @@ class MethodChoice(click.Choice):
     @choices.setter
     def choices(self, value: tuple) -> None:  # click's __init__ sets it: read from the registry instead
         pass
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> Any:
+        if isinstance(value, str) and value not in self.choices:  # click's list alone: a mistyped name said too
+            self.fail(f"{value!r} is not one of {', '.join(map(repr, self.choices))}{did_you_mean(value, METHODS)}",
+                      param, ctx)
+        return super().convert(value, param, ctx)
 
 
 @click.command("train-hash")

@@ -14,6 +14,7 @@ from ucmfh.losses.infonce import InfoNCELoss, soft_infonce
 from ucmfh.losses.ntxent import NTXentLoss
 from ucmfh.losses.pairwise import WeightedPairwiseLoss
 from ucmfh.losses.triplet import TripletLoss
+from ucmfh.utils import did_you_mean
 
 LOSSES: Dict[str, Type[CrossModalLoss]] = {
     "original": NTXentLoss,
@@ -37,7 +38,7 @@ def build_loss(name: str, **hparams: object) -> CrossModalLoss:
     keyword included).
     """
     if name not in LOSSES:
-        raise ValueError(f"unknown loss {name!r}; choose one of {sorted(LOSSES)}")
+        raise ValueError(f"unknown loss {name!r}{did_you_mean(name, LOSSES)}; choose one of {sorted(LOSSES)}")
     known = [p for p in inspect.signature(LOSSES[name]).parameters if p != "self"]
     unknown = sorted(set(hparams) - set(known))
     if unknown:

@@ -16,7 +16,7 @@ from ucmfh.models.fusion import FusionEncoder
 from ucmfh.trainer import checked_training
 from ucmfh.training_state import StateFile
 from ucmfh.selection import History
-from ucmfh.utils import check_argument, evaluating, to_device
+from ucmfh.utils import check_argument, did_you_mean, evaluating, to_device
 
 METHODS: Dict[str, Method] = {}
 # the entry points of other packages' methods that failed to load, by name: why (ucmfh.methods.plugins)
@@ -92,7 +92,8 @@ def build_method(name: str) -> Method:
         return METHODS[name]
     except (KeyError, TypeError):
         failed = f"; not loaded: {name} ({PLUGIN_ERRORS[name]})" if name in PLUGIN_ERRORS else ""
-        raise ValueError(f"unknown method {name!r}; methods: {', '.join(METHODS)}{failed}") from None
+        raise ValueError(f"unknown method {name!r}{did_you_mean(name, METHODS)}; methods: {', '.join(METHODS)}"
+                         f"{failed}") from None
 
 
 def fit_hashing(data: Dataset, cfg: HashConfig, fusion: Union[FusionEncoder, FusionConfig, None] = None,
