@@ -32,6 +32,9 @@ from ucmfh.methods import fit_hashing
 from conftest import D_IMG, D_TXT, T, small_seps, token_splits
 
 
+OF_IMAGES = {"dense_text_from": "image"}  # a file's dense descriptions generated from its images (§9)
+
+
 @pytest.fixture(scope="module")
 def token_path(tmp_path_factory):
     return write_dataset(tmp_path_factory.mktemp("tok") / "tok.h5", token_splits(), attrs={"name": "tok"})
@@ -509,7 +512,7 @@ def test_validate_says_what_tokens_a_file_holds_and_texts_without_a_word(tmp_pat
     """validate said nothing of tokens: a file whose query texts had no word token was 'valid', and re-ranked."""
     said = CliRunner().invoke(main, ["validate", str(token_path)])
     assert said.exit_code == 0 and said.output.endswith(f"; tokens: image {T} x {D_IMG}, text {D_TXT}-d word tokens)\n")
-    dense = write_dataset(tmp_path / "dense.h5", token_splits(dense=True))
+    dense = write_dataset(tmp_path / "dense.h5", token_splits(dense=True), attrs=OF_IMAGES)
     said = CliRunner().invoke(main, ["validate", str(dense)])
     assert said.exit_code == 0 and said.output.endswith(f"text {D_TXT}-d word tokens, dense descriptions {D_TXT}-d)\n")
     splits = token_splits()
@@ -552,8 +555,37 @@ def test_dense_text_a_file_lacks_is_said_before_the_run_starts(tmp_path, token_p
     assert "training" not in out.output and not (tmp_path / "runs").exists(), out.output
 
 
+def test_dense_descriptions_say_what_they_were_generated_from_and_are_of_images_where_taken_for_them(tmp_path):
+    """§9: 'a root attribute says what each description was generated from'. A file without it was valid, and
+    --dense-text image took descriptions generated from the captions for the images' (an audit's): the attribute
+    is required, and both dense modes take descriptions of images, in training and in a later scoring."""
+    from ucmfh.data.tokens import Tokens
+    from ucmfh.seps.scoring import image_inputs
+
+    for attrs, said in (({}, "root attribute 'dense_text_from': missing; a file with dense_text_tokens says what "
+                              "each description was generated from: 'image' (its item's image), 'text' (its item's "
+                              "text)"),
+                        ({"dense_text_from": "captions"}, "root attribute 'dense_text_from': 'captions'; a file")):
+        with pytest.raises(DataError) as refused:
+            write_dataset(tmp_path / "dense.h5", token_splits(dense=True), attrs=attrs)
+        assert str(refused.value).startswith(f"{tmp_path / 'dense.h5'}: not written: {said}"), refused.value
+    path = write_dataset(tmp_path / "dense.h5", token_splits(dense=True), attrs={"dense_text_from": "text"})
+    for mode in ("image", "leak"):
+        out = CliRunner().invoke(main, ["train-seps", "-d", str(path), "--quiet", "--dense-text", mode, "--results", "",
+                                        "--out", str(tmp_path / "runs")])
+        assert out.exit_code == 2 and out.output.splitlines()[-1] == (
+            f"Error: {path}: its dense descriptions were generated from its item's text (root attribute "
+            f"'dense_text_from': 'text'); dense_text={mode!r} takes descriptions of images"), out.output
+    assert not (tmp_path / "runs").exists()
+    model = SEPS(D_IMG, D_TXT, T, SepsConfig(dense_text="image", embed_dim=24), dense=True)
+    tokens = Tokens(path, "query")
+    with pytest.raises(DataError, match="generated from its item's text"):  # a model trained on another file
+        image_inputs(model, tokens, np.arange(3), torch.device("cpu"))
+    tokens.close()
+
+
 def test_leaking_dense_text_is_labelled_in_every_row(tmp_path):
-    path = write_dataset(tmp_path / "dense.h5", token_splits(dense=True))
+    path = write_dataset(tmp_path / "dense.h5", token_splits(dense=True), attrs=OF_IMAGES)
     results = str(tmp_path / "r.jsonl")
     out = CliRunner().invoke(main, ["train-seps", "-d", str(path), "--quiet", "--device", "cpu", "--results", results,
                                     "--out", str(tmp_path / "runs"), "--epochs", "1", "--dense-text", "leak",

@@ -23,7 +23,7 @@ from ucmfh.data.format import (
     is_bag_of_words, not_hdf5, row_fingerprints, shared_ids, unlabelled_rows,
 )
 from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, open_without_chunk_cache, take
-from ucmfh.data.tokens import check_token_splits, check_tokens, check_virtual_sources
+from ucmfh.data.tokens import check_dense_source, check_token_splits, check_tokens, check_virtual_sources
 from ucmfh.files import PathLike, checked_path, read_attrs
 from ucmfh.utils import check_argument
 
@@ -572,6 +572,8 @@ def validate_file(path: PathLike, token_values: bool = True,
             attrs = read_attrs(f)
         except (OSError, TypeError, ValueError) as err:
             raise _fail(path, "root attributes", f"unreadable ({err})") from None
+        if "dense_text_tokens" in tokens["train"]:
+            check_dense_source(path, attrs)
         labelled = [split for split in SPLITS if "labels" in f[split]]
         if labelled and len(labelled) < len(SPLITS):
             missing = next(split for split in SPLITS if split not in labelled)

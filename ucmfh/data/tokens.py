@@ -30,6 +30,10 @@ IMAGE_TOKENS = "image_tokens"
 # (tokens, offsets) pairs, CSR
 TEXT_SETS = {"text": ("text_tokens", "text_offsets"), "dense_text": ("dense_text_tokens", "dense_text_offsets")}
 TOKEN_DATASETS = (IMAGE_TOKENS, *(name for pair in TEXT_SETS.values() for name in pair))
+# the root attribute of a file with dense descriptions: what each was generated from (docs/reference.md §9), its
+# item's image or its item's text; dense text is leak-free only where it is of the candidate image (§8, defect 1)
+DENSE_FROM = "dense_text_from"
+DENSE_SOURCES = {"image": "its item's image", "text": "its item's text"}
 _CHECK_ROWS = 65536  # token rows (text) checked at a time
 _CHECK_ITEMS = 256  # items (image tokens) checked at a time
 DEFAULT_TOKEN_MEMORY = 2 << 30  # a split's tokens are read into memory below this many bytes
@@ -214,6 +218,28 @@ def check_tokens(path: str, group: h5py.Group, split: str, n_items: int, dims: D
     if values:
         check_token_values(path, group, split)
     return present
+
+
+def check_dense_source(path: str, attrs: Dict[str, object]) -> None:
+    """A file with dense descriptions says what each was generated from (root attribute :data:`DENSE_FROM`): a
+    file without it was valid, and its descriptions, of the captions or of the images, were taken for the
+    images' by ``--dense-text image`` without a word."""
+    source = attrs.get(DENSE_FROM)
+    if source not in DENSE_SOURCES:
+        given = "missing" if source is None else f"{source!r}"
+        raise _fail(path, f"root attribute '{DENSE_FROM}'", f"{given}; a file with dense_text_tokens says what each "
+                    "description was generated from: " + ", ".join(f"'{name}' ({what})" for name, what in
+                                                                      DENSE_SOURCES.items()))
+
+
+def check_dense_of_images(path: str, attrs: Dict[str, object], mode: str) -> None:
+    """SEPS's dense text (``mode``: ``image`` or ``leak``, ``SepsConfig.dense_text``) gives an image a description of
+    an image: refused where the file's descriptions were generated from something else (:data:`DENSE_FROM`)."""
+    check_dense_source(path, attrs)
+    source = attrs[DENSE_FROM]
+    if source != "image":
+        raise DataError(f"{path}: its dense descriptions were generated from {DENSE_SOURCES[source]} (root attribute "
+                        f"'{DENSE_FROM}': {source!r}); dense_text={mode!r} takes descriptions of images")
 
 
 def check_token_splits(path: str, present: Dict[str, List[str]]) -> None:

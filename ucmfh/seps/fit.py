@@ -13,7 +13,7 @@ import torch
 
 from ucmfh.config import SepsConfig
 from ucmfh.data.format import DataError, first_of_each_id
-from ucmfh.data.tokens import Tokens
+from ucmfh.data.tokens import Tokens, check_dense_of_images
 from ucmfh.distributed import Group, current_group
 from ucmfh.losses.triplet import vse_hinge
 from ucmfh.seps.model import SEPS, State
@@ -39,6 +39,8 @@ def _check_dense(tokens: Tokens, cfg: SepsConfig) -> None:
     if cfg.dense_text != "none" and not tokens.has_dense:
         raise DataError(f"{tokens.path}: /{tokens.split}: dense_text={cfg.dense_text!r} but the file has no "
                         "dense_text_tokens")
+    if cfg.dense_text != "none":
+        check_dense_of_images(tokens.path, tokens.attrs, cfg.dense_text)
 
 
 def check_dense_text(path: str, cfg: SepsConfig) -> None:

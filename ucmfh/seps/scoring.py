@@ -15,7 +15,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from ucmfh.data.tokens import Tokens
+from ucmfh.data.tokens import Tokens, check_dense_of_images
 from ucmfh.metrics.captions import DATABASES, database_rows, recall_from_scores
 from ucmfh.seps.model import SEPS, State
 from ucmfh.utils import evaluating, to_device
@@ -56,6 +56,7 @@ def _dense(model: SEPS, tokens: Tokens, items: np.ndarray, device: torch.device,
            where: str) -> Tuple[Optional[torch.Tensor], Optional[torch.Tensor]]:
     if not (model.dense and model.cfg.dense_text == where):
         return None, None
+    check_dense_of_images(tokens.path, tokens.attrs, model.cfg.dense_text)  # a file scored apart from its training
     words, mask = tokens.texts(items, dense=True)
     return to_device(words, device), to_device(mask, device, keep_host=True)
 
