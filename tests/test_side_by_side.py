@@ -145,7 +145,7 @@ def test_a_grid_refuses_the_flag_where_no_cell_has_candidates_and_notes_the_meth
                                       "hash.hidden=32"])
     assert noted.exit_code == 0, noted.output
     assert ("note: --candidates-side-by-side not applied: method 'cca-itq' trains one model here: it has no "
-            "candidates to choose between on validation") in noted.output
+            "candidates to choose between on validation") in noted.stderr  # beside the grid's other notes
 
 
 def test_a_fit_s_own_stream_waits_for_the_work_before_it_and_its_thread_for_the_fit_s(monkeypatch):

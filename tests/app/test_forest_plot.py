@@ -68,6 +68,7 @@ def test_the_plotted_rows_are_compare_json_differences_and_intervals(tmp_path, m
     again = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results),
                                       "--resamples", "100", "--plot", str(plot)])
     assert again.exit_code == 0, again.output
+    assert again.stdout.splitlines()[-1] == f"wrote {plot}"  # on stdout, as every command's figure (an audit's)
     svg = tmp_path / "forest.svg"
     done = CliRunner().invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "-d", "hand",
                                      "--resamples", "100", "--plot", str(svg)])

@@ -533,4 +533,4 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
         several, ks = several_settings(out), several_ks(out)
         forest = forest_panels([(cell_parts(cell, several, ks), {**r, "k": cell[4]}) for cell, r in out])
         draw_forest(forest, plot, f"{other} − {base}: paired difference, 95% interval over {over_what(out)}")
-        click.echo(f"wrote {plot}", err=True)
+        click.echo(f"wrote {plot}", err=as_json)  # as every command's figure; under --json stdout is JSON alone

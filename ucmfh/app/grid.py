@@ -391,7 +391,7 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
                                      param_hint="--candidates-side-by-side")
         for method, problem in problems.items():
             if problem:
-                click.echo(f"note: --candidates-side-by-side not applied: {problem}")
+                click.echo(f"note: --candidates-side-by-side not applied: {problem}", err=True)  # as the others
     return cells
 
 
