@@ -976,3 +976,26 @@ def test_a_mistyped_method_or_loss_name_is_said_with_the_name_meant(argv, said, 
         build_method("jdhs")
     with pytest.raises(ValueError, match=r"^unknown method 'zzz'; methods: "):  # nothing near it: the list alone
         build_method("zzz")
+
+
+def test_one_parameter_of_the_method_or_the_loss_is_set_as_compare_names_it(tiny_path, tmp_path):
+    """'--set hash.loss_params.temperature=0.1', the path 'compare two-tower@hash.loss_params.temperature=0.1' and
+    'runs' take, was refused ('hash settings are ...'), and a grid had no way to a method's parameter but a JSON
+    dict (an audit's)."""
+    from ucmfh.app.options import parse_overrides
+
+    assert parse_overrides(("hash.loss_params.temperature=0.1", "hash.method_params.temperatures=0.2",
+                            "hash.hidden=32")) == {"hash": {"loss_params": {"temperature": 0.1}, "hidden": 32,
+                                                            "method_params": {"temperatures": 0.2}}}
+    for twice in (("hash.loss_params.temperature=0.1", 'hash.loss_params={"temperature": 0.3}'),
+                  ('hash.loss_params={"temperature": 0.3}', "hash.loss_params.temperature=0.1")):
+        with pytest.raises(click.BadParameter, match="given twice"):
+            parse_overrides(twice)
+    results = tmp_path / "r.jsonl"
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "two-tower", "-b", "8", "--epochs", "1",
+                                       "--set", "hash.method_params.temperatures=0.2", "--set", "hash.hidden=32",
+                                       "--results", str(results), "--out", str(tmp_path / "runs"), "--table",
+                                       str(tmp_path / "t"), "--quiet"])
+    assert result.exit_code == 0, result.output
+    [row] = [json.loads(line) for line in results.read_text().splitlines()]
+    assert row["settings"]["hash"]["method_params"]["temperatures"] == "0.2"

@@ -48,11 +48,23 @@ def parse_params(pairs: Tuple[str, ...], option: str) -> Dict[str, Any]:
 
 def parse_overrides(pairs: Tuple[str, ...]) -> Dict[str, Dict[str, Any]]:
     """``--set fusion.d_model=256 --set hash.hidden=1024`` -> {"fusion": {"d_model": 256}, "hash": {...}}, as
-    :func:`ucmfh.methods.settings.stage_configs` takes its overrides (and checks them)."""
+    :func:`ucmfh.methods.settings.stage_configs` takes its overrides (and checks them). One parameter of the loss
+    or the method as ``compare`` and ``runs`` name it, ``hash.loss_params.temperature=0.1``, is that key of the
+    setting's dict (it was refused: 'hash settings are ...'; a grid had no other way to a method's parameter)."""
     out: Dict[str, Dict[str, Any]] = {}
     for key, value in parse_params(pairs, "--set").items():
         stage, _, name = key.partition(".")
-        out.setdefault(stage, {})[name] = value
+        field, dot, param = name.partition(".")
+        if dot and param and field in ("loss_params", "method_params"):
+            held = out.setdefault(stage, {}).setdefault(field, {})
+            if not isinstance(held, dict) or param in held:
+                raise click.BadParameter(f"{key}: given twice (also as {stage}.{field}); give it once",
+                                         param_hint="--set")
+            held[param] = value
+        else:
+            if isinstance(out.get(stage, {}).get(name), dict):  # 'hash.loss_params={...}' after one of its keys
+                raise click.BadParameter(f"{key}: given twice (also as {key}.KEY); give it once", param_hint="--set")
+            out.setdefault(stage, {})[name] = value
     return out
 
 
@@ -427,7 +439,10 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
                                  "or GPU); tf32 runs float32 matmuls on a GPU's tensor cores (CUDA, NVIDIA Ampere "
                                  f"or later) [default: {defaults.amp}]."),
         "overrides": click.option("--set", "overrides", multiple=True, metavar="STAGE.FIELD=VALUE",
-                                  help=f"Any other setting, e.g. {stage} (repeatable)."),
+                                  help=f"Any other setting, e.g. {stage}, or one parameter of "
+                                       + ("the method or the loss, e.g. hash.method_params.temperatures=0.2"
+                                          if by_method else "the loss, e.g. fusion.loss_params.temperature=0.5")
+                                       + " (repeatable)."),
         "out": click.option("--out", default=RunOptions.out, show_default=True,
                             help="Root folder of runs (checkpoints)."),
         "resume": click.option("--resume", is_flag=True, help="Continue an interrupted run of the same settings "
