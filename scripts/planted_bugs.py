@@ -422,8 +422,8 @@ BUGS: Tuple[Bug, ...] = (
         "a Ctrl-C once a command's work is over makes click say 'Aborted!' and exit 1; a SIGTERM kills it silently",
         ("tests/app/test_cli.py::test_a_signal_once_the_command_s_work_is_over_ends_it_with_its_output_whole",)),
     Bug("synthetic-made-twice", "ucmfh/app/environment.py",
-        "            return path if os.path.exists(path) else make_synthetic(path)\n",
-        "            return make_synthetic(path)\n",
+        "            if os.path.exists(path):\n                return path\n            make_synthetic(path)\n",
+        "            make_synthetic(path)\n",
         "two commands started together make the synthetic set twice, and the second is refused after the work",
         ("tests/data/test_data.py::"
          "test_the_synthetic_set_made_by_another_command_meanwhile_is_read_not_made_again",)),
@@ -846,6 +846,10 @@ BUGS: Tuple[Bug, ...] = (
         'database=database or "test", k=k, **options)',
         "evaluate --codes of a caption set's codes said nothing while it scored them",
         ("tests/test_codes.py::test_a_codes_file_s_progress_bar_steps_each_pass_over_the_queries_to_its_total",)),
+    Bug("synthetic-made-silently", "ucmfh/app/environment.py",
+        '        say(f"note: made {path}', '        (f"note: made {path}',
+        "-d synthetic made a file of 100 MB in --data-dir without a word",
+        ("tests/data/test_data.py::test_the_synthetic_set_made_on_first_use_is_said_once",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -428,6 +428,21 @@ def test_the_synthetic_set_made_by_another_command_meanwhile_is_read_not_made_ag
     assert found == [str(path)] and validate_file(path)["name"] == "synthetic"
 
 
+def test_the_synthetic_set_made_on_first_use_is_said_once(tmp_path, monkeypatch, capsys):
+    """-d synthetic made a file of 100 MB in --data-dir without a word (an audit's, into a folder of its real
+    datasets): its making is said, once."""
+    import ucmfh.data.synthetic as synthetic
+    from ucmfh.app.environment import resolve_dataset
+
+    monkeypatch.setattr(synthetic, "make_synthetic", lambda path: make_synthetic(path, TINY))
+    path = str(tmp_path / "synthetic.h5")
+    assert resolve_dataset("synthetic", tmp_path) == path
+    size = os.path.getsize(path) / 1e6
+    assert capsys.readouterr().out == f"note: made {path} ({size:.0f} MB), the synthetic dataset, once: read from " \
+                                      "there after\n"
+    assert resolve_dataset("synthetic", tmp_path) == path and capsys.readouterr().out == ""
+
+
 def test_a_dataset_and_its_splits_print_as_their_sizes(tiny):
     """A library user's print(data): names and sizes, one line, not every feature (a dataclass's repr printed
     the tensors: pages for one file); the splits withheld from training say so."""

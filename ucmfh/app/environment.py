@@ -159,7 +159,15 @@ def resolve_dataset(name: str, data_dir: PathLike) -> str:
         # made once under a lock: commands started together (a job array) wait for the first to make it and read
         # it, where the second made it again and was refused ('written by another process meanwhile')
         with locked(path, hidden=True):
-            return path if os.path.exists(path) else make_synthetic(path)
+            if os.path.exists(path):
+                return path
+            make_synthetic(path)
+        from ucmfh.app.errors import say
+
+        # a file of 100 MB in --data-dir, made without a word (an audit's, into a folder of its real datasets)
+        say(f"note: made {path} ({os.path.getsize(path) / 1e6:.0f} MB), the synthetic dataset, once: read from there "
+            "after")
+        return path
     if os.path.isfile(name) and h5py.is_hdf5(name):  # a dataset file here without .h5 (a copy named wikicopy)
         return name
     if os.path.isfile(name):  # a file of another kind given as the dataset (features.npy): not DATA_DIR/NAME.h5
