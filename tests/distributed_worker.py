@@ -62,7 +62,8 @@ def main(out: str) -> None:
     rank = current_group().rank  # each rank writes its own copy of the token files
     for name, dense in (("tokens", False), ("dense", True)):
         data[name] = write_dataset(f"{out}.{name}{rank}.h5", token_splits(images=(3, 13), dense=dense),
-                                   attrs={"name": name}, overwrite=True)
+                                   attrs={"name": name, **({"dense_text_from": "image"} if dense else {})},
+                                   overwrite=True)
     teacher = fit_fusion(data["captions"], FusionConfig(d_model=16, n_heads=2, d_ff=32, epochs=1, batch_size=N,
                                                         val_fraction=0.0, dropout=0.0, device="cpu"),
                          progress=False)[0]
