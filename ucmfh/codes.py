@@ -196,7 +196,7 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
     try:
         f = h5py.File(path, "r")
     except OSError as err:
-        raise DataError(not_hdf5(path, err, 'codes file: not HDF5')) from None
+        raise DataError(not_hdf5(path, err, "codes file: not HDF5")) from None
     with f:
         if f.attrs.get("format") != CODES_FORMAT:
             if all(split in f for split in ("train", "query", "retrieval")):  # its features: -d takes it

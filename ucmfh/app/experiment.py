@@ -124,9 +124,10 @@ def trainings_line(cfg: HashConfig) -> Optional[str]:
     names = list(build_method(cfg.method).choices(cfg))
     if len(names) < 2 or not cfg.val_fraction:
         return None
+    epochs = f"{cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}"
     return (f"      {len(names)} candidates chosen on the validation split ({', '.join(names)}): {len(names)} "
-            f"trainings of up to {cfg.epochs} epoch{'s' if cfg.epochs != 1 else ''}" + (", then the chosen one trained again on the whole training "
-                                                         "split" if cfg.refit else "")
+            f"trainings of up to {epochs}" + (", then the chosen one trained again on the whole training split"
+                                              if cfg.refit else "")
             + "; early stopping may end each sooner")
 
 

@@ -86,8 +86,8 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
             return any(str(row.get("run", "")).startswith(history) for row in held)
 
         if by_key and holds(found) and not holds(rows):  # said as no such run at all
-            filters = given_flags({"dataset": "--dataset", "method": "--method", "loss": "--loss", "n_bits": "--n-bits",
-                                   "seed": "--seed", "task": "--task", "protocol": "--protocol"})
+            filters = given_flags({"dataset": "--dataset", "method": "--method", "loss": "--loss",
+                                   "n_bits": "--n-bits", "seed": "--seed", "task": "--task", "protocol": "--protocol"})
             raise click.BadParameter(f"{history}: a run of {', '.join(results)}, but none of its rows passes the "
                                      f"filters given ({', '.join(filters)})", param_hint="--history")
         _print_history(history, rows, results, plot, overwrite, as_json)

@@ -449,8 +449,8 @@ def _check_split(path: str, group: h5py.Group, split: str, dims: Dict[str, tuple
                  images: Dict[str, np.ndarray], keep: Optional[Dict[str, Any]] = None) -> Optional[np.ndarray]:
     """Check one split's datasets (its token datasets' values with ``token_values``); ``dims`` collects each
     dataset's column count across splits, ``tokens`` the token datasets (§9) each split has, ``pairs`` each
-    item's fingerprint of its image and text features together, ``images`` of its image features, and ``keep`` the features read of the datasets
-    it names (:func:`validate_file`). Returns its ids."""
+    item's fingerprint of its image and text features together, ``images`` of its image features, and ``keep``
+    the features read of the datasets it names (:func:`validate_file`). Returns its ids."""
     n_rows = None
     prints: Dict[str, np.ndarray] = {}
     for name in REQUIRED:
