@@ -7,6 +7,7 @@ from typing import List, Tuple
 
 import h5py
 
+from ucmfh.app.errors import say
 from ucmfh.config import PROTOCOLS
 from ucmfh.files import PathLike, locked
 
@@ -162,8 +163,6 @@ def resolve_dataset(name: str, data_dir: PathLike) -> str:
             if os.path.exists(path):
                 return path
             make_synthetic(path)
-        from ucmfh.app.errors import say
-
         # a file of 100 MB in --data-dir, made without a word (an audit's, into a folder of its real datasets)
         say(f"note: made {path} ({os.path.getsize(path) / 1e6:.0f} MB), the synthetic dataset, once: read from there "
             "after")
