@@ -362,6 +362,21 @@ def test_save_rejects_bad_inputs(tmp_path):
         labels[row] = value
         with pytest.raises(ValueError, match=rf"x\.h5: query_labels: {said}"):
             save_codes(tmp_path / "x.h5", **{**data, "query_labels": labels})
+    # what load_codes refuses, or what would be scored wrong, written without a word (an audit's): ids of 0.5 as
+    # 0 (merging items), NaN codes as -1 bits, a protocol of another name, a group of no rows
+    halves = torch.arange(len(data["query_ids"])) / 2
+    with pytest.raises(ValueError, match=r"x\.h5: query_ids: ids must be integers, got float32$"):
+        save_codes(tmp_path / "x.h5", **{**data, "query_ids": halves})
+    nan = torch.as_tensor(data["retrieval_txt"]).clone()
+    nan[3, 0] = float("nan")
+    with pytest.raises(ValueError, match=r"x\.h5: retrieval_txt: non-finite values \(first: row 3\), which have no "
+                                         r"sign$"):
+        save_codes(tmp_path / "x.h5", **{**data, "retrieval_txt": nan})
+    with pytest.raises(ValueError, match=r"x\.h5: attrs: 'protocol' is 'both', expected one of unimodal, fused$"):
+        save_codes(tmp_path / "x.h5", **data, attrs={"protocol": "both"})
+    empty = {name: value[:0] for name, value in data.items() if name.startswith("query_")}
+    with pytest.raises(ValueError, match=r"x\.h5: query: no rows$"):
+        save_codes(tmp_path / "x.h5", **{**data, **empty})
     assert not list(tmp_path.iterdir())
     saved = save_codes(tmp_path / "ok.h5", **data)
     with pytest.raises(ValueError, match=r"device 'bogus': unknown"):  # torch's listed every device type it knows
@@ -409,6 +424,14 @@ def _replace(f, name, value):
                                                                        "must be >= 0"),
         (lambda f: [f[group].__delitem__("labels") for group in ("query", "retrieval")], "/query/ids",
          "12 ids also appear in /retrieval/ids (first: 0); query and retrieval must be disjoint"),
+        # a group where a dataset belongs ended in an AttributeError traceback; a scalar of ids was said as the
+        # codes' rows against -1; a version of text, shown as a number (an audit's)
+        (lambda f: (f["query"].__delitem__("txt"), f["query"].create_group("txt")), "/query/txt",
+         "expected a dataset, found a group"),
+        (lambda f: (f["query"].__delitem__("ids"), f["query"].create_group("ids")), "/query/ids",
+         "expected a dataset, found a group"),
+        (lambda f: _replace(f, "query/ids", 3), "/query/ids", "expected one row an item, got a scalar"),
+        (lambda f: f.attrs.__setitem__("version", "1"), "/", "attribute 'version' is '1': this ucmfh reads"),
     ],
 )
 def test_load_errors_name_file_dataset_problem(tmp_path, corrupt, where, problem):

@@ -113,6 +113,9 @@ def save_codes(
             raise ValueError(f"{path}: {group}_{modality}: pass ±1 codes, not uint8 (packed bits are ambiguous)")
         # 0/1 codes were stored as all ones, a file that load_codes refuses was written (0 bits)
         bits.check_signed(codes, f"{path}: {group}_{modality}", packed=False)
+        if codes.dtype.kind == "f" and not np.isfinite(codes).all():  # NaN was stored as a -1 bit, scored
+            row = int(np.argmax(~np.isfinite(codes).all(axis=1)))
+            raise ValueError(f"{path}: {group}_{modality}: non-finite values (first: row {row}), which have no sign")
         bits.check_n_bits(n_bits, f"{path}: {group}_{modality}")
     if (query_labels is None) != (retrieval_labels is None):
         raise ValueError(f"{path}: labels: give both query_labels and retrieval_labels, or neither (a caption set)")
@@ -135,8 +138,12 @@ def save_codes(
                 unlabelled_rows(lab)
             if problem:
                 raise ValueError(f"{path}: {group}_labels: {problem}")
+        if n == 0:  # as load_codes refuses it: a database of none, every figure empty
+            raise ValueError(f"{path}: {group}: no rows")
         if ids[group] is not None:
             given = bits.to_numpy(ids[group])  # its own values: a uint64 id beyond int64 is said, not wrapped
+            if given.dtype.kind not in "iu":  # 0.5 was written as 0, merging items, as load_codes refuses it
+                raise ValueError(f"{path}: {group}_ids: ids must be integers, got {given.dtype}")
             ids[group] = given.astype(np.int64)
             if ids[group].shape != (n,):
                 raise ValueError(f"{path}: {group}_ids: must have shape ({n},), got {ids[group].shape}")
@@ -150,6 +157,10 @@ def save_codes(
     problem = shared_ids(ids["query"], ids["retrieval"], "retrieval") if labels["query"] is None else None
     if problem:  # as load_codes refuses it
         raise ValueError(f"{path}: query_ids: {problem}")
+
+    protocol = (attrs or {}).get("protocol")
+    if protocol is not None and protocol not in PROTOCOLS:  # written into every row scored of it; load_codes refuses
+        raise ValueError(f"{path}: attrs: 'protocol' is {protocol!r}, expected one of {', '.join(PROTOCOLS)}")
 
     import h5py
 
@@ -205,7 +216,8 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
             raise fail("/", f"attribute 'format' is {f.attrs.get('format')!r}, expected {CODES_FORMAT!r}")
         version = f.attrs.get("version", VERSION)
         if not isinstance(version, (int, np.integer)) or not 1 <= version <= VERSION:
-            raise fail("/", f"attribute 'version' is {version}: this ucmfh reads codes files of version 1 to "
+            shown = version.item() if isinstance(version, np.generic) else version  # '1' shown as 1 was no cause
+            raise fail("/", f"attribute 'version' is {shown!r}: this ucmfh reads codes files of version 1 to "
                             f"{VERSION} (one of a later ucmfh: upgrade it)")
         if "n_bits" not in f.attrs:
             raise fail("/", "missing attribute 'n_bits'")
@@ -221,13 +233,20 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
         for group in GROUPS:
             if group not in f:
                 raise fail(f"/{group}", "missing group")
+            if not isinstance(f[group], h5py.Group):
+                raise fail(f"/{group}", "expected a group, found a dataset")
             for name in MODALITIES:
                 if name not in f[group]:
                     raise fail(f"/{group}/{name}", "missing dataset")
+            for name in (*MODALITIES, "labels", "ids"):  # a group in its place ended in an AttributeError
+                if name in f[group] and not isinstance(f[group][name], h5py.Dataset):
+                    raise fail(f"/{group}/{name}", "expected a dataset, found a group")
             if "labels" not in f[group] and "ids" not in f[group]:
                 raise fail(f"/{group}/labels", "missing dataset (and no ids: a caption set's relevance)")
             # the group's items: as many as its ids or labels have rows (whichever codes differ are to blame)
             counted = next((name for name in ("ids", "labels") if name in f[group]), "img")
+            if counted != "img" and not f[group][counted].ndim:  # said as the img's rows against -1
+                raise fail(f"/{group}/{counted}", "expected one row an item, got a scalar")
             rows = f[group][counted].shape[0] if f[group][counted].ndim else -1
             if rows == 0:  # nothing to score (a database of none: every figure would be empty)
                 raise fail(f"/{group}", "no rows")
