@@ -96,9 +96,14 @@ def test_a_caption_set_from_arrays_keeps_an_image_s_captions_in_one_split(tmp_pa
         np.testing.assert_array_equal(part.img.numpy(), image[source])
         assert np.all(np.bincount(part.ids.numpy() - 100) % 2 == 0)
     assert not set(ds.query.ids.tolist()) & set(ds.retrieval.ids.tolist())
+    huge = np.arange(60, dtype=np.uint64) // 2
+    huge[7] = 2**63 + 5  # wrapped to a negative id, said of the output file (an audit's)
+    np.save(tmp_path / "huge.npy", huge)
     for argv, said in [(["none", str(tmp_path / "o.h5")], "LABELS 'none' makes a caption set, which needs --ids"),
                        (["none", str(tmp_path / "o.h5"), "--ids", paths[0]], "image.npy: expected 60 ids, one a row "
-                                                                            "of the features, got shape (60, 12)")]:
+                                                                            "of the features, got shape (60, 12)"),
+                       (["none", str(tmp_path / "o.h5"), "--ids", str(tmp_path / "huge.npy")],
+                        f"{tmp_path / 'huge.npy'}: id 9223372036854775813 at row 7 does not fit int64")]:
         refused = CliRunner().invoke(main, ["convert", "npz", *paths, *argv, "--query", "5", "--train", "10"])
         assert refused.exit_code == 2 and said in refused.output, refused.output
     assert not (tmp_path / "o.h5").exists()

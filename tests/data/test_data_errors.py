@@ -306,6 +306,10 @@ def test_bad_split_index(tmp_path, arrays):
     np.savez(tmp_path / "float.npz", query=np.arange(5) + 0.5, retrieval=np.arange(5, N), train=np.arange(5, 15))
     user_error(["convert", "npz", *arrays, out, "--split-index", tmp_path / "float.npz"],
                "float.npz: query: row numbers must be integers, got float64")
+    np.savez(tmp_path / "huge.npz", query=np.array([0, 2**63 + 1], np.uint64), retrieval=np.arange(5, N),
+             train=np.arange(5, 15))  # a row wrapped to -9223372036854775807, said as out of range (an audit's)
+    user_error(["convert", "npz", *arrays, out, "--split-index", tmp_path / "huge.npz"],
+               "huge.npz: query: row 9223372036854775809 is beyond any source")
     np.savez(tmp_path / "twice.npz", query=[0, 1, 1], retrieval=np.arange(5, N), train=np.arange(5, 15))
     user_error(["convert", "npz", *arrays, out, "--split-index", tmp_path / "twice.npz"],
                "twice.npz: query: row 1 listed more than once")

@@ -66,6 +66,9 @@ def _read_ids(src: Any, n: int) -> np.ndarray:
             raise DataError(f"{src.name}: ids must be whole numbers, got {values.dtype}")
     if values.size and values.min() < 0:
         raise DataError(f"{src.name}: ids must be >= 0 (rows sharing an id are one image), got {values.min():g}")
+    if values.size and values.max() >= 2**63:  # wrapped to negative ids, said of the output file
+        row = int(np.argmax(values >= 2**63))
+        raise DataError(f"{src.name}: id {values[row]} at row {row} does not fit int64")
     return values.astype(np.int64)
 
 

@@ -167,6 +167,8 @@ def load_split_index(path: str) -> SplitIndex:
             rows = npz_member(f, path, k).ravel()
             if rows.dtype.kind not in "iu":  # a float row number would be truncated to another row
                 raise DataError(f"{path}: {k}: row numbers must be integers, got {rows.dtype}")
+            if rows.size and rows.max() >= 2**63:  # wrapped to a negative row
+                raise DataError(f"{path}: {k}: row {rows.max()} is beyond any source")
             parts[k] = np.sort(rows.astype(np.int64))
     for k, v in parts.items():
         if v.size == 0:
