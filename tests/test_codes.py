@@ -454,6 +454,22 @@ def test_load_not_hdf5(tmp_path):
         load_codes(tmp_path / "missing.h5")
 
 
+def test_a_codes_file_without_its_format_is_said_to_lack_it_by_validate_too(tmp_path):
+    """validate said '/train: missing group' of a codes file written by hand without its format attribute, where
+    evaluate --codes names the attribute (an audit's)."""
+    from click.testing import CliRunner
+
+    from ucmfh.app.cli import main
+
+    path = save_codes(tmp_path / "codes.h5", **make_file_inputs())
+    with h5py.File(path, "a") as f:
+        del f.attrs["format"]
+    for argv in (["validate", str(path)], ["evaluate", "--codes", str(path), "--results", ""]):
+        result = CliRunner().invoke(main, argv)
+        assert result.exit_code == 2 and result.output == (
+            f"Error: {path}: /: attribute 'format' is None, expected 'ucmfh-codes'\n"), result.output
+
+
 def test_a_dataset_file_given_as_codes_is_said_to_be_one(tiny_path):
     """It said "/: attribute 'format' is None, expected 'ucmfh-codes'"."""
     with pytest.raises(DataError, match=r"a dataset file, not a codes file \('ucmfh encode' writes those\); score a "

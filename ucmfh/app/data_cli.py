@@ -168,7 +168,11 @@ def _as_codes(path: str) -> Optional[str]:
 
     try:
         with h5py.File(path, "r") as f:
-            if f.attrs.get("format") != CODES_FORMAT:
+            # a codes file's groups without its format attribute (written by hand): said as evaluate --codes says
+            # it, where '/train: missing group' spoke of a dataset
+            laid_out = "train" not in f and all(isinstance(f.get(group), h5py.Group) and "img" in f[group] and
+                                                "txt" in f[group] for group in ("query", "retrieval"))
+            if f.attrs.get("format") != CODES_FORMAT and not laid_out:
                 return None
     except OSError:
         return None
