@@ -258,6 +258,13 @@ def test_pkl_bad_input(tmp_path):
     write_pkl(tmp_path / "query.pkl", {"image": np.ones((2, 4)), "text": np.ones((2, 4)), "label": np.zeros((2, 2))})
     with pytest.raises(DataError, match=r"query\.pkl: empty split"):
         convert_pkl(tmp_path, tmp_path / "x.h5")
+    # each key named as the file names it: a 1-D 'label' was said to be 'labels', a key the file has not (an audit's)
+    write_pkl(tmp_path / "query.pkl", {"image": np.ones((2, 4)), "text": np.ones((2, 4)), "label": np.ones(2)})
+    with pytest.raises(DataError, match=r"query\.pkl: 'label': expected a 2-D array, got shape \(2,\)$"):
+        convert_pkl(tmp_path, tmp_path / "x.h5")
+    write_pkl(tmp_path / "query.pkl", {"image": np.ones((2, 4)), "text": np.ones((2, 4)), "labels": np.ones((2, 3))})
+    with pytest.raises(DataError, match=r"query\.pkl: 'labels' has 3 columns, but .*train\.pkl has 2$"):
+        convert_pkl(tmp_path, tmp_path / "x.h5")
     assert not (tmp_path / "x.h5").exists()
     assert not [p for p in os.listdir(tmp_path) if ".tmp" in p]
 

@@ -22,7 +22,7 @@ import os
 import time
 from contextlib import ExitStack
 from dataclasses import dataclass, field
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 import h5py
 import numpy as np
@@ -159,7 +159,9 @@ def _as_numpy(value, where: str) -> np.ndarray:
     return array
 
 
-def _load_pkl(path: str) -> Dict[str, np.ndarray]:
+def _load_pkl(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
+    """A split's arrays, keyed image, text and labels, and what the file names each: a message names the file's
+    key (its labels 'label', UCMFH's, or 'labels'), where a file of 'label' was said to hold 'labels'."""
     if not os.path.exists(path):
         raise DataError(f"{path}: no such file")
     data = load_pickle(path)  # runs none of the file's code: a released file may come from anyone
@@ -169,21 +171,23 @@ def _load_pkl(path: str) -> Dict[str, np.ndarray]:
     missing = [k for k in ("image", "text", label_key) if k not in data]
     if missing:
         raise DataError(f"{path}: missing keys {missing} (has {sorted(map(str, data))})")
+    names = {"image": "image", "text": "text", "labels": label_key}
     arrays = {
         "image": _as_numpy(data["image"], f"{path}: 'image'"),
         "text": _as_numpy(data["text"], f"{path}: 'text'"),
         "labels": _as_numpy(data[label_key], f"{path}: '{label_key}'"),
     }
     for k, v in arrays.items():
+        key = names[k]
         if v.ndim != 2:
-            raise DataError(f"{path}: '{k}': expected a 2-D array, got shape {v.shape}")
+            raise DataError(f"{path}: '{key}': expected a 2-D array, got shape {v.shape}")
         if len(v) != len(arrays["image"]):
-            raise DataError(f"{path}: '{k}' has {len(v)} rows, 'image' has {len(arrays['image'])}")
+            raise DataError(f"{path}: '{key}' has {len(v)} rows, 'image' has {len(arrays['image'])}")
         if k != "labels":
             finite_float32(v, f"{path}: '{k}'")
     if len(arrays["image"]) == 0:
         raise DataError(f"{path}: empty split (0 rows)")
-    return arrays
+    return arrays, names
 
 
 def convert_pkl(
@@ -213,7 +217,7 @@ def convert_pkl(
             raise DataError(f"{path}: no such file")
     report = ConvertReport(path=out, rows={})
     # the first split fixes the class count for the root attributes
-    first = _load_pkl(paths["train"])
+    first, names = _load_pkl(paths["train"])
     n_classes = first["labels"].shape[1]
     attrs = root_attrs(
         out, name, classes, n_classes, image_feature, text_feature,
@@ -224,13 +228,13 @@ def convert_pkl(
     size = sum(os.path.getsize(path) for path in paths.values())  # pickled arrays: about the file's size
     with open_writer(out, attrs, overwrite, size) as f:
         for split in SPLITS:
-            arrays = first if split == "train" else _load_pkl(paths[split])
+            arrays, names = (first, names) if split == "train" else _load_pkl(paths[split])
             first = None
             for key, array in arrays.items():
                 if array.shape[1] != columns[key][1]:
-                    raise DataError(f"{paths[split]}: '{key}' has {array.shape[1]} columns, "
+                    raise DataError(f"{paths[split]}: '{names[key]}' has {array.shape[1]} columns, "
                                     f"but {columns[key][0]} has {columns[key][1]}")
-            labels = _check_labels(arrays["labels"], f"{paths[split]}: 'label'")
+            labels = _check_labels(arrays["labels"], f"{paths[split]}: '{names['labels']}'")
             keep = empty_label_rows(labels, paths[split], empty_labels)
             report.dropped[split] = int((~keep).sum())
             if not keep.any():
