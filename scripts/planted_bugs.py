@@ -878,7 +878,8 @@ BUGS: Tuple[Bug, ...] = (
     Bug("file-output-folder-name", "ucmfh/app/outputs.py",
         '        if path and flag not in STARTS and path.endswith(("/", os.sep)):', "        if False:",
         "'encode -o codes/' encoded every item, then failed naming its temporary file",
-        ("tests/app/test_user_files.py::test_a_file_output_named_as_a_folder_is_refused_before_any_work",)),
+        ("tests/app/test_user_files.py::"
+         "test_a_file_output_named_as_a_folder_and_a_folder_named_as_a_file_are_refused",)),
     Bug("loss-params-without-loss", "ucmfh/app/grid.py",
         '        if not colon and "=" in name:', "        if False:",
         "grid --loss-params temperature=0.5 said 'unknown loss 'temperature=0.5''",
@@ -936,6 +937,11 @@ BUGS: Tuple[Bug, ...] = (
         "    if values.size and values.max() >= 2**63:", "    if False:",
         "convert --ids wrapped ids beyond int64 to negative ones, said of the output file",
         ("tests/data/test_convert.py::test_a_caption_set_from_arrays_keeps_an_image_s_captions_in_one_split",)),
+    Bug("folder-output-file-name", "ucmfh/app/outputs.py",
+        "        if suffix in FILE_SUFFIXES and not os.path.isdir(path):", "        if False:",
+        "'train-hash --out model.pt' made a folder model.pt for its runs, without a word",
+        ("tests/app/test_user_files.py::"
+         "test_a_file_output_named_as_a_folder_and_a_folder_named_as_a_file_are_refused",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

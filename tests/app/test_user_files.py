@@ -779,7 +779,7 @@ def test_a_file_in_the_run_folders_way_and_an_unwritable_side_file_are_said_in_o
             "give another --out"), result.output
 
 
-def test_a_file_output_named_as_a_folder_is_refused_before_any_work(tmp_path, tiny_path):
+def test_a_file_output_named_as_a_folder_and_a_folder_named_as_a_file_are_refused(tmp_path, tiny_path):
     """'encode -o codes/' encoded every item, then failed renaming its temporary file onto the name, in a line that
     named the temporary file ('[Errno 20] Not a directory: ..tmp...'); every file output ending in '/' is refused
     up front, naming its flag (an audit's)."""
@@ -792,6 +792,15 @@ def test_a_file_output_named_as_a_folder_is_refused_before_any_work(tmp_path, ti
         result = CliRunner().invoke(main, [*argv, given])
         assert result.exit_code == 2 and result.output == (
             f"Error: {flag} {given}: a folder's name (it ends in '/'); {flag} takes a file's path\n"), result.output
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
+    # the converse: 'train-hash --out model.pt' made a folder model.pt for its runs, without a word
+    for argv in (["train-hash", "-d", tiny_path, "--results", "", "--out"], ["index", tiny_path, "-c", str(checkpoint),
+                                                                               "-o"]):
+        given = str(tmp_path / "model.pt")
+        result = CliRunner().invoke(main, [*argv, given])
+        assert result.exit_code == 2 and result.output.splitlines()[-1] == (
+            f"Error: --out {given}: a file's name (.pt), where --out is a folder that ucmfh writes into; give a "
+            "folder's name"), result.output
     assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]
 
 

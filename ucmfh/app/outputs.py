@@ -29,6 +29,9 @@ WRITES = {
 }
 STARTS = {"--plot": figure_start}  # an output whose path is the start of its files' names, worked out so
 APPENDS = ("--results",)  # JSON-lines files that rows are appended to
+# the names of files, refused as a new folder's (an existing folder of such a name is the user's choice)
+FILE_SUFFIXES = (".pt", ".pth", ".ckpt", ".h5", ".hdf5", ".npz", ".npy", ".json", ".jsonl", ".csv", ".md", ".png",
+                 ".svg", ".html")
 NONE_IF_EMPTY = ("--results",)  # outputs that '' turns off (--results '': no row kept); any other '' is refused
 
 
@@ -59,6 +62,11 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
     for flag, path in (files or {}).items():  # 'codes/': written whole, then its rename onto a folder failed
         if path and flag not in STARTS and path.endswith(("/", os.sep)):
             raise ValueError(f"{flag} {path}: a folder's name (it ends in '{path[-1]}'); {flag} takes a file's path")
+    for flag, path in (folders or {}).items():  # 'train-hash --out model.pt' made a folder model.pt, without a word
+        suffix = os.path.splitext(os.path.normpath(path))[1].lower() if path else ""
+        if suffix in FILE_SUFFIXES and not os.path.isdir(path):
+            raise ValueError(f"{flag} {path}: a file's name ({suffix}), where {flag} is a folder that ucmfh writes "
+                             "into; give a folder's name")
     outputs = [(flag, path, True, None) for flag, path in (folders or {}).items()]
     for flag, path in (files or {}).items():
         start = path and STARTS.get(flag, str)(path)
