@@ -942,6 +942,10 @@ BUGS: Tuple[Bug, ...] = (
         "'train-hash --out model.pt' made a folder model.pt for its runs, without a word",
         ("tests/app/test_user_files.py::"
          "test_a_file_output_named_as_a_folder_and_a_folder_named_as_a_file_are_refused",)),
+    Bug("methods-json-params-lost", "ucmfh/app/hashing_cli.py",
+        '"version": spec.version or None, "params": spec.params,', '"version": spec.version or None, "params": {},',
+        "methods --json listed each method without its parameters",
+        ("tests/app/test_cli.py::test_methods_and_losses_list_themselves_as_json_for_a_script",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

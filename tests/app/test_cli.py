@@ -999,3 +999,21 @@ def test_one_parameter_of_the_method_or_the_loss_is_set_as_compare_names_it(tiny
     assert result.exit_code == 0, result.output
     [row] = [json.loads(line) for line in results.read_text().splitlines()]
     assert row["settings"]["hash"]["method_params"]["temperatures"] == "0.2"
+
+
+def test_methods_and_losses_list_themselves_as_json_for_a_script():
+    """A script could list the methods and losses only by reading their tables (an audit's): --json gives a line
+    of each, as the registries hold it."""
+    from ucmfh.losses import LOSSES, loss_params
+    from ucmfh.methods import METHODS
+
+    methods = [json.loads(line) for line in CliRunner().invoke(main, ["methods", "--json"]).output.splitlines()]
+    assert [m["name"] for m in methods] == list(METHODS)
+    for method in methods:
+        spec = METHODS[method["name"]]
+        as_json = json.loads(json.dumps([spec.params, spec.fixed, spec.defaults]))  # tuples as lists
+        assert [method["params"], method["fixed"], method["defaults"]] == as_json
+        assert method["description"] == spec.description
+    assert methods[1]["name"] == "two-tower" and methods[1]["loss"] == "infonce" and methods[1]["package"] is None
+    losses = [json.loads(line) for line in CliRunner().invoke(main, ["losses", "--json"]).output.splitlines()]
+    assert [(x["name"], x["params"]) for x in losses] == [(name, loss_params(name)) for name in LOSSES]

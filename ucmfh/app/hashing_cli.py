@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import os
 from typing import Any, Dict, Optional, Sequence
 
@@ -32,9 +33,17 @@ from ucmfh.utils import did_you_mean, resolve_device
 
 
 @click.command("methods")
-def methods_cmd() -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per method: its name, description, package, "
+                                                      "version, parameters, defaults, fixed settings and loss.")
+def methods_cmd(as_json: bool) -> None:
     """List the hashing methods, their parameters (train-hash --method-param) and their defaults; those of other
     packages too (docs/methods.md)."""
+    if as_json:  # a script's list of the methods, where the table alone was printed (an audit's)
+        for name, spec in METHODS.items():
+            click.echo(json.dumps({"name": name, "description": spec.description, "package": PLUGINS.get(name),
+                                   "version": spec.version or None, "params": spec.params, "defaults": spec.defaults,
+                                   "fixed": spec.fixed, "loss": default_loss(name)}, default=str))
+        return
     base = vars(HashConfig())  # what a method's own values depart from: a fixed one equal to it is no news
     width = max(10, *(len(name) for name in METHODS))  # another package's method may have a longer name
     for name, spec in METHODS.items():
@@ -61,13 +70,20 @@ def methods_cmd() -> None:
 
 
 @click.command("losses")
-def losses_cmd() -> None:
+@click.option("--json", "as_json", is_flag=True, help="One JSON line per loss: its name, description and "
+                                                      "parameters.")
+def losses_cmd(as_json: bool) -> None:
     """List the losses, each with its parameters and their defaults (train-*: --loss-param KEY=VALUE; grid:
     --loss-params LOSS:KEY=VALUE)."""
     from ucmfh.losses import LOSSES, loss_params
 
     for name, cls in LOSSES.items():
-        click.echo(f"{name:<10} {(cls.__doc__ or '').strip().splitlines()[0]}")
+        description = (cls.__doc__ or "").strip().splitlines()[0]
+        if as_json:
+            click.echo(json.dumps({"name": name, "description": description, "params": loss_params(name)},
+                                  default=str))
+            continue
+        click.echo(f"{name:<10} {description}")
         params = ", ".join(f"{key}={value!r}" if isinstance(value, str) else f"{key}={value}"
                            for key, value in loss_params(name).items())
         click.echo(f"{'':<10} parameters: {params or 'none'}")
