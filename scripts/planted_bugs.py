@@ -946,6 +946,11 @@ BUGS: Tuple[Bug, ...] = (
         '"version": spec.version or None, "params": spec.params,', '"version": spec.version or None, "params": {},',
         "methods --json listed each method without its parameters",
         ("tests/app/test_cli.py::test_methods_and_losses_list_themselves_as_json_for_a_script",)),
+    Bug("runs-k-ignored", "ucmfh/app/runs.py",
+        'and _matches(r.get("n_bits"), n_bits) and _matches(r.get("k"), k)', 'and _matches(r.get("n_bits"), n_bits)',
+        "runs -k and compare -k kept the rows of every cut-off",
+        ("tests/app/test_runs.py::test_runs_summarises_over_seeds",
+         "tests/app/test_compare.py::test_compare_says_what_is_missing")),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -227,10 +227,11 @@ def test_compare_says_what_is_missing(tmp_path, tiny_path):
     assert "methods there: cca-itq" in absent.output
     # a selection that leaves no row: said as such, with what the file holds (not "methods there: none")
     dataset = rows[0]["dataset"]
-    unselected = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), "--seed", "7"])
-    assert unselected.exit_code == 2 and unselected.output.strip().splitlines()[-1] == (
-        f"Error: {results}: no hashing rows match -d/-b/--protocol/--seed (there: tasks hashing; datasets {dataset}; "
-        "methods cca-itq; code lengths 16; protocols unimodal; seeds 2023)"), unselected.output
+    for unmatched in (["--seed", "7"], ["-k", str(rows[0]["k"] + 1)]):  # -k: the cut-off the rows were scored at
+        unselected = runner.invoke(main, ["compare", "cca-itq", "two-tower", "--results", str(results), *unmatched])
+        assert unselected.exit_code == 2 and unselected.output.strip().splitlines()[-1] == (
+            f"Error: {results}: no hashing rows match -d/-b/-k/--protocol/--seed (there: tasks hashing; datasets "
+            f"{dataset}; methods cca-itq; code lengths 16; protocols unimodal; seeds 2023)"), unselected.output
     same = runner.invoke(main, ["compare", "cca-itq", "cca-itq", "--results", str(results)])
     assert same.exit_code == 2 and "two different methods" in same.output
     # a row from before per-query scores were kept: named, with the command that writes them
@@ -341,7 +342,7 @@ def test_compare_pools_other_query_draws_of_the_same_items(tmp_path):
 
 
 def test_a_results_file_without_hashing_rows_says_so(tmp_path):
-    """A file of SEPS rows alone: 'no hashing rows match -d/-b/--protocol/--seed (there: no rows)' blamed a
+    """A file of SEPS rows alone: 'no hashing rows match -d/-b/-k/--protocol/--seed (there: no rows)' blamed a
     selection the user never made, and said the file held nothing."""
     results = tmp_path / "r.jsonl"
     results.write_text(json.dumps({"task": "seps", "dataset": "f", "method": "seps", "protocol": "unimodal",

@@ -359,6 +359,13 @@ def test_runs_summarises_over_seeds(tmp_path):
     assert result.exit_code == 0 and result.stdout == "" and result.stderr.strip() == (
         f"no runs match the selection; {path} holds: tasks hashing; datasets d; methods ucmfh; code lengths 16; "
         "protocols unimodal; seeds 1, 2, 3"), result.output
+    # rows of one cut-off alone, as the training commands' -k scored them (there was no -k filter; an audit's)
+    append_jsonl(tmp_path / "ks.jsonl", [*rows[:3], *({**row, "k": 100, "map_i2t": 0.1} for row in rows[:3])])
+    for k, mean in (("50", "0.6000 ± 0.1000"), ("100", "0.1000 ± 0.0000")):
+        cut = CliRunner().invoke(main, ["runs", "--results", str(tmp_path / "ks.jsonl"), "-k", k])
+        assert cut.exit_code == 0 and mean in cut.output and f"{mean}" in cut.output, cut.output
+        assert len([g for g in map(json.loads, CliRunner().invoke(
+            main, ["runs", "--results", str(tmp_path / "ks.jsonl"), "-k", k, "--json"]).stdout.splitlines())]) == 1
     # ... with --json too: it printed nothing at all; stdout keeps JSON rows (none), the note goes to stderr
     quiet = CliRunner().invoke(main, ["runs", "--results", str(path), "-b", "64", "--json"])
     assert quiet.exit_code == 0 and quiet.stdout == "" and quiet.stderr.startswith("no runs match the selection; ")

@@ -433,6 +433,8 @@ def limits(results: List[Tuple[tuple, Dict[str, Any]]]) -> List[str]:
 @click.option("--dataset", "-d", multiple=True, help="Only these datasets (repeatable).")
 @click.option("--n-bits", "-b", multiple=True, type=CodeLength(), help="Only these code lengths (repeatable).")
 @click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable).")
+@click.option("-k", "--k", "k", multiple=True, type=Count(min=1),
+              help="Only rows scored at these MAP@k cut-offs (repeatable), as the training commands' -k.")
 @click.option("--protocol", type=click.Choice(PROTOCOLS), help="Only this protocol.")
 @click.option("--resamples", type=Count(min=100, max=1_000_000), default=RESAMPLES, show_default=True,
               help="Bootstrap resamples (a million at most: beyond, the interval's last digit no longer moves, and "
@@ -446,7 +448,7 @@ def limits(results: List[Tuple[tuple, Dict[str, Any]]]) -> List[str]:
                    "ending in .png or .svg; needs ucmfh[plot]).")
 @click.option("--overwrite", is_flag=True, help="Replace a file at --plot that is not a figure ucmfh wrote.")
 @user_errors
-def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, pool, as_json, plot, overwrite,
+def compare(base, other, results, dataset, n_bits, seed, k, protocol, resamples, pool, as_json, plot, overwrite,
             ) -> None:
     """OTHER − BASE (two methods, e.g. cca-itq two-tower, or two settings of one: two-tower@KEY or
     two-tower@hash.lr_head=0.01, KEY as 'ucmfh runs' shows it) on every cell both were scored on, with a 95%
@@ -467,9 +469,9 @@ def compare(base, other, results, dataset, n_bits, seed, protocol, resamples, po
     found = filter_rows(every, task=("hashing",))
     if not found:  # no hashing row at all (a file of SEPS or fusion rows): no selection to blame
         raise UserError(f"{', '.join(results)}: no hashing rows to compare (there: {held_by(every)})")
-    rows = latest(filter_rows(found, dataset=dataset, n_bits=n_bits, protocol=protocol, seed=seed))
+    rows = latest(filter_rows(found, dataset=dataset, n_bits=n_bits, protocol=protocol, seed=seed, k=k))
     if not rows:  # the selection, not the methods, left nothing: say what the file holds
-        raise UserError(f"{', '.join(results)}: no hashing rows match -d/-b/--protocol/--seed (there: "
+        raise UserError(f"{', '.join(results)}: no hashing rows match -d/-b/-k/--protocol/--seed (there: "
                         f"{held_by(found)})")
     if pool:
         missing = sorted(d for d in set(dataset) if not filter_rows(rows, dataset=(d,)))

@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import click
 
 from ucmfh.app.errors import UserError, user_errors, warn
-from ucmfh.app.options import CodeLength, given_flags, results_to_read
+from ucmfh.app.options import CodeLength, Count, given_flags, results_to_read
 from ucmfh.app.outputs import check_figures, check_outputs
 from ucmfh.app.runs import (filter_rows, format_summary, held_by, method_of, read_results, settings_key, summarize,
                             the_checkpoint, variant_of)
@@ -25,6 +25,8 @@ from ucmfh.config import PROTOCOLS
 @click.option("--loss", multiple=True, help="Only these losses (repeatable).")
 @click.option("--n-bits", "-b", multiple=True, type=CodeLength(), help="Only these code lengths (repeatable).")
 @click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable).")
+@click.option("-k", "--k", "k", multiple=True, type=Count(min=1),
+              help="Only rows scored at these MAP@k cut-offs (repeatable), as the training commands' -k.")
 @click.option("--task", multiple=True, type=click.Choice(["fusion", "hashing", "seps", "rerank", "codes"]),
               help="Only rows of these tasks (repeatable).")
 @click.option("--protocol", type=click.Choice(PROTOCOLS), help="Only this protocol.")
@@ -42,7 +44,7 @@ from ucmfh.config import PROTOCOLS
                    "chosen, the refit) from its checkpoint: RUN is a checkpoint file or a run key (a prefix will do); "
                    "with --plot, draw it: PREFIX_history.png and .svg.")
 @user_errors
-def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_json, checkpoint, plot,
+def runs_cmd(results, dataset, method, loss, n_bits, seed, k, task, protocol, as_json, checkpoint, plot,
              overwrite, history) -> None:
     """Summarise past runs from results files: mean ± std over seeds, one line per setting."""
     if plot is not None and (as_json or checkpoint):
@@ -78,7 +80,7 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
         sides = [parse_side(name, "--method") for name in method if "@" in name]
     plain = tuple(name for name in method if "@" not in name)
     rows = filter_rows(found, dataset=dataset, method=() if sides else plain, loss=loss, n_bits=n_bits,
-                       protocol=protocol, seed=seed, task=task)
+                       protocol=protocol, seed=seed, task=task, k=k)
     if sides:
         rows = [row for row in rows if method_of(row) in plain or any(side.holds(row) for side in sides)]
     if history is not None:
@@ -87,7 +89,8 @@ def runs_cmd(results, dataset, method, loss, n_bits, seed, task, protocol, as_js
 
         if by_key and holds(found) and not holds(rows):  # said as no such run at all
             filters = given_flags({"dataset": "--dataset", "method": "--method", "loss": "--loss",
-                                   "n_bits": "--n-bits", "seed": "--seed", "task": "--task", "protocol": "--protocol"})
+                                   "n_bits": "--n-bits", "seed": "--seed", "k": "-k", "task": "--task",
+                                   "protocol": "--protocol"})
             raise click.BadParameter(f"{history}: a run of {', '.join(results)}, but none of its rows passes the "
                                      f"filters given ({', '.join(filters)})", param_hint="--history")
         _print_history(history, rows, results, plot, overwrite, as_json)
