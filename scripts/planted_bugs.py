@@ -906,7 +906,7 @@ BUGS: Tuple[Bug, ...] = (
         "a dataset given for -c was 'truncated, or not a file torch saved'",
         ("tests/app/test_user_files.py::test_a_checkpoint_and_an_hdf5_file_given_for_each_other_are_said_to_be_so",)),
     Bug("method-name-no-suggestion", "ucmfh/app/hashing_cli.py",
-        "{did_you_mean(value, METHODS)}\",", "\",",
+        "            meant = did_you_mean(value, METHODS)\n", "            meant = \"\"\n",
         "--method two-towr gave the list of methods alone",
         ("tests/app/test_cli.py::test_a_mistyped_method_or_loss_name_is_said_with_the_name_meant",)),
     Bug("set-param-refused", "ucmfh/app/options.py",

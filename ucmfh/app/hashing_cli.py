@@ -138,10 +138,12 @@ class MethodChoice(click.Choice):
         pass
 
     def convert(self, value: Any, param: Any, ctx: Any) -> Any:
-        if isinstance(value, str) and value not in self.choices:  # click's list alone: a mistyped name said too
-            self.fail(f"{value!r} is not one of {', '.join(map(repr, self.choices))}{did_you_mean(value, METHODS)}",
-                      param, ctx)
-        return super().convert(value, param, ctx)
+        try:
+            return super().convert(value, param, ctx)
+        except click.BadParameter as refused:  # click's list alone: the name a mistyped one was meant to be too
+            meant = did_you_mean(value, METHODS)
+            refused.message = refused.message.rstrip(".") + meant if meant else refused.message
+            raise
 
 
 @click.command("train-hash")

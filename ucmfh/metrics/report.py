@@ -75,6 +75,9 @@ def evaluate_direction(
     return out
 
 
+# evaluate_direction's options and their defaults: what evaluate_codes and the others take as ``options``
+DIRECTION_OPTIONS = {name: p.default for name, p in inspect.signature(evaluate_direction).parameters.items()
+                     if p.kind == p.KEYWORD_ONLY}
 Step = Callable[[Dict[str, object]], None]
 
 
@@ -168,9 +171,7 @@ def _run_directions(sides: Dict[str, tuple], options: Dict[str, object], progres
     """:func:`evaluate_direction` of each direction's ``sides`` (its arguments), every pass of both planned first;
     with ``progress`` a bar of those passes (each a ranking of every query: seconds at 100,000 items, where
     ``evaluate --codes`` said nothing for all of them)."""
-    defaults = {name: p.default for name, p in inspect.signature(evaluate_direction).parameters.items()
-                if p.kind == p.KEYWORD_ONLY}
-    plans = {name: _direction_steps(*args, **{**defaults, **options}) for name, args in sides.items()}
+    plans = {name: _direction_steps(*args, **{**DIRECTION_OPTIONS, **options}) for name, args in sides.items()}
     result: Dict[str, dict] = {name: {} for name in plans}
     with tqdm(total=sum(map(len, plans.values())), unit="pass", disable=not progress, leave=False) as bar:
         for name, steps in plans.items():
@@ -184,7 +185,7 @@ def _run_directions(sides: Dict[str, tuple], options: Dict[str, object], progres
 def _check_options(options: Dict[str, object], own: Sequence[str] = ()) -> None:
     """``TypeError`` for an option :func:`evaluate_direction` does not take (nor ``own``, the caller's): its own
     TypeError named evaluate_direction, not the function called."""
-    known = [name for name, p in inspect.signature(evaluate_direction).parameters.items() if p.kind == p.KEYWORD_ONLY]
+    known = list(DIRECTION_OPTIONS)
     unknown = sorted(set(options) - set(known) - set(own))
     if unknown:
         raise TypeError(f"unknown option {unknown[0]!r}; the options are {', '.join([*own, *known])}")
