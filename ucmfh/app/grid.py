@@ -30,9 +30,9 @@ from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.jobs import SideBySide, jobs_option
 from ucmfh.app.table import append_cell_rows
 from ucmfh.app.options import (
-    DEFAULT_RESULTS, FLAGS, CodeLength, Count, candidates_problem, check_precision, closed_form_notes, data_dir_option,
-    default_method_note, device_option, flag_of, given_twice, parse_params, resolved, scoring_options, seed_type,
-    settings_of, train_options,
+    DEFAULT_RESULTS, FLAGS, CodeLength, Count, candidates_problem, check_precision, closed_form_notes, complete_datasets,
+    complete_files, data_dir_option, default_method_note, device_option, flag_of, given_twice, parse_params, resolved,
+    scoring_options, seed_type, settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import (
@@ -396,7 +396,7 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
 
 
 @click.command("grid")
-@click.option("--dataset", "-d", "datasets", multiple=True, required=True,
+@click.option("--dataset", "-d", "datasets", multiple=True, required=True, shell_complete=complete_datasets,
               help="Dataset name or .h5 path (repeatable).")
 @data_dir_option()
 @click.option("--methods", default=DEFAULT_METHOD, show_default=True, callback=_list(str),
@@ -416,12 +416,12 @@ def grid_cells(datasets: Sequence[str], methods: Sequence[str], losses: Sequence
               help="Methods with a fusion stage (ucmfh, distill): its epochs [default: --epochs if given, else "
                    "the reference's for known datasets, else 100].")
 @scoring_options
-@click.option("--results", default=DEFAULT_RESULTS, show_default=True,
+@click.option("--results", default=DEFAULT_RESULTS, show_default=True, shell_complete=complete_files,
               help="JSON-lines file of result rows (read to skip finished cells; 'ucmfh runs' reads it too).")
-@click.option("--table", default=None,
+@click.option("--table", default=None, shell_complete=complete_files,
               help="Table path: PATH.md and PATH.csv (a .md or .csv given is dropped); a grid table there is written anew "
                    "[default: --results's path without its extension, runs/results].")
-@click.option("--plot", metavar="PREFIX",
+@click.option("--plot", metavar="PREFIX", shell_complete=complete_files,
               help="Also draw each dataset's scores against code length, one line per method, from the grid's rows: "
                    "PREFIX_<dataset>_<score>.png and .svg (needs matplotlib; named as 'ucmfh runs --plot' names them).")
 @click.option("--overwrite", is_flag=True,

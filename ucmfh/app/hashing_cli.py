@@ -18,7 +18,7 @@ from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.options import (
     TRAINED_ON_HELP, CodeLength, Count, FiniteRange, InputPath, candidates_problem, check_precision, closed_form_notes,
-    data_dir_option, data_options, device_option, given_flags, given_twice, resolved, run_options, settings_of,
+    complete_datasets, complete_files, data_dir_option, data_options, device_option, given_flags, given_twice, resolved, run_options, settings_of,
     train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig, default_epochs
@@ -206,7 +206,7 @@ def train_hash_cmd(dataset, data_dir, protocol, k, results, device, quiet, metho
                    "collection: query and retrieval together).")
 @click.option("--metrics-out", type=click.Path(dir_okay=False),
               help="With one --codes: write all metrics as JSON here.")
-@click.option("--plot", metavar="PREFIX",
+@click.option("--plot", metavar="PREFIX", shell_complete=complete_files,
               help="With --codes: draw PREFIX_pr and PREFIX_pk (.png and .svg; a folder: FOLDER/pr.png ...), a "
                    "line per codes file and direction (needs matplotlib).")
 @click.option("--overwrite", is_flag=True,
@@ -304,7 +304,7 @@ def _score_codes_files(codes: Sequence[str], k: int, device: str, database: Opti
 
 
 @click.command("encode")
-@click.option("--dataset", "-d", default=None, help=TRAINED_ON_HELP)
+@click.option("--dataset", "-d", default=None, shell_complete=complete_datasets, help=TRAINED_ON_HELP)
 @data_dir_option()
 @click.option("--checkpoint", "-c", required=True, type=InputPath(dir_okay=False), help="A hashN.pt checkpoint.")
 @click.option("--protocol", type=click.Choice(PROTOCOLS), default="unimodal", show_default=True)

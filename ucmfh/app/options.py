@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from typing import TYPE_CHECKING, Any, Callable, Dict, List, Optional, Sequence, Tuple, TypeVar
 
 import click
+import click.shell_completion
 
 from ucmfh.app.environment import default_data_dir, torchrun_sizes
 from ucmfh.config import AMP_MODES, COUNT_MAX, PROTOCOLS, SEED, FusionConfig, HashConfig, SettingError
@@ -188,10 +190,33 @@ def _check_side_by_side(ctx: click.Context, param: click.Parameter, value: bool)
     return value
 
 
+def complete_files(ctx: click.Context, param: click.Parameter, incomplete: str) -> list:
+    """Shell completion of an option that names a file (or a prefix of files' names): the shell's file names."""
+    return [click.shell_completion.CompletionItem(incomplete, type="file")]
+
+
+def complete_folders(ctx: click.Context, param: click.Parameter, incomplete: str) -> list:
+    """Shell completion of an option that names a folder: the shell's folder names."""
+    return [click.shell_completion.CompletionItem(incomplete, type="dir")]
+
+
+def complete_datasets(ctx: click.Context, param: click.Parameter, incomplete: str) -> list:
+    """Shell completion of -d: the dataset names that --data-dir holds (its NAME.h5 files) and 'synthetic' where
+    one begins so, else the shell's file names (a path to an .h5 file)."""
+    folder = ctx.params.get("data_dir") or default_data_dir()
+    try:
+        files = os.listdir(folder)
+    except OSError:  # no such folder (yet): only 'synthetic' is a name
+        files = []
+    names = {name[:-3] for name in files if name.endswith(".h5")} | {"synthetic"}
+    return [*complete_files(ctx, param, incomplete),  # bash offers files only where no name matches
+            *(click.shell_completion.CompletionItem(name) for name in sorted(names) if name.startswith(incomplete))]
+
+
 def data_dir_option() -> Callable:
     """--data-dir, said alike by every command that reads datasets by name."""
     return click.option("--data-dir", default=default_data_dir, show_default="$UCMFH_DATA_DIR or data",
-                        help="Folder of NAME.h5 dataset files.")
+                        shell_complete=complete_folders, help="Folder of NAME.h5 dataset files.")
 
 
 # what --device takes, said alike by every command that has it
@@ -235,6 +260,7 @@ def data_options(fn: Callable, trained_on: bool = False) -> Callable:
     trained on (evaluate -c), not the synthetic set."""
     for option in reversed([
         click.option("--dataset", "-d", default="synthetic", show_default=not trained_on,
+                     shell_complete=complete_datasets,
                      help=TRAINED_ON_HELP if trained_on else
                      "Dataset name (DATA_DIR/NAME.h5) or path to an .h5 file; 'synthetic' is made on first use."),
         data_dir_option(),
@@ -263,7 +289,7 @@ def scoring_options(fn: Optional[Callable] = None) -> Any:
 def output_options() -> List[Callable]:
     """--results, --device and --quiet, as every scoring command has them."""
     return [
-        click.option("--results", default=DEFAULT_RESULTS, show_default=True,
+        click.option("--results", default=DEFAULT_RESULTS, show_default=True, shell_complete=complete_files,
                      help="JSON-lines file the result rows are appended to ('': none kept)."),
         device_option(),
         click.option("--quiet", is_flag=True, help="No progress bars."),
@@ -272,7 +298,7 @@ def output_options() -> List[Callable]:
 
 # the results files a summary reads (`ucmfh runs`, `ucmfh compare`)
 results_to_read = click.option(
-    "--results", multiple=True, default=[DEFAULT_RESULTS], show_default=True,
+    "--results", multiple=True, default=[DEFAULT_RESULTS], show_default=True, shell_complete=complete_files,
     help="A results file to read (repeatable: the rows of all are read as one, e.g. of grids run side by side).")
 
 
@@ -361,7 +387,7 @@ class ByteSize(click.ParamType):
 
 # the training commands' curves (train-fusion, train-hash, grid, train-seps)
 tensorboard_option = click.option(
-    "--tensorboard", metavar="DIR",
+    "--tensorboard", metavar="DIR", shell_complete=complete_folders,
     help="Training curves: each epoch's loss, validation score, learning rate, beta (hashing) and seconds, as "
          "TensorBoard event files in DIR, a folder per run and stage (needs the tensorboard extra).")
 
@@ -443,7 +469,7 @@ def train_options(command: str, without: Tuple[str, ...] = ()) -> Callable:
                                        + ("the method or the loss, e.g. hash.method_params.temperatures=0.2"
                                           if by_method else "the loss, e.g. fusion.loss_params.temperature=0.5")
                                        + " (repeatable)."),
-        "out": click.option("--out", default=RunOptions.out, show_default=True,
+        "out": click.option("--out", default=RunOptions.out, show_default=True, shell_complete=complete_folders,
                             help="Root folder of runs (checkpoints)."),
         "resume": click.option("--resume", is_flag=True, help="Continue an interrupted run of the same settings "
                                                               "(finished stages are always reused)."),

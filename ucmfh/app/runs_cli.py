@@ -9,7 +9,7 @@ from typing import Any, Dict, List, Optional, Sequence
 import click
 
 from ucmfh.app.errors import UserError, user_errors, warn
-from ucmfh.app.options import CodeLength, Count, given_flags, results_to_read
+from ucmfh.app.options import CodeLength, Count, complete_files, given_flags, results_to_read
 from ucmfh.app.outputs import check_figures, check_outputs
 from ucmfh.app.runs import (filter_rows, format_summary, held_by, method_of, read_results, settings_key, summarize,
                             the_checkpoint, variant_of)
@@ -34,7 +34,7 @@ from ucmfh.config import PROTOCOLS
 @click.option("--checkpoint", "checkpoint", is_flag=True,
               help="Print only the checkpoint of the one run that matches (for 'index -c', 'evaluate -c', ...); "
                    "an error when several match.")
-@click.option("--plot", metavar="PREFIX",
+@click.option("--plot", metavar="PREFIX", shell_complete=complete_files,
               help="Draw each dataset's scores against code length, one line per method: "
                    "PREFIX_<dataset>_<score>.png and .svg, a caption set's with _<database> after (a folder: "
                    "FOLDER/<dataset>_<score>.png; needs matplotlib).")

@@ -11,8 +11,8 @@ from ucmfh.app.environment import resolve_dataset
 from ucmfh.app.identity import RunOptions
 from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
 from ucmfh.app.options import (
-    Count, FiniteRange, InputPath, check_precision, data_dir_option, output_options, parse_params, resolved, seed_type,
-    tensorboard_option,
+    Count, FiniteRange, InputPath, check_precision, complete_datasets, complete_folders, data_dir_option, output_options,
+    parse_params, resolved, seed_type, tensorboard_option,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, seps_config
@@ -30,7 +30,7 @@ def _common(database: str):
 
 def _with_options(fn, database: str):
     for option in reversed([
-        click.option("--dataset", "-d", required=True,
+        click.option("--dataset", "-d", required=True, shell_complete=complete_datasets,
                      help="Dataset name (DATA_DIR/NAME.h5) or path to an .h5 file with token features."),
         data_dir_option(),
         click.option("--database", type=click.Choice(["both", *DATABASES]), default=database, show_default=True,
@@ -76,7 +76,7 @@ def _report(rows, results) -> None:
                    f"{_DEFAULTS.patience}, 0 with --val-fraction 0].")
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
               help="Any other SEPS setting, e.g. keep_ratio=0.8 or embed_dim=256 (repeatable).")
-@click.option("--out", default=RunOptions.out, show_default=True, help="Root folder of runs (checkpoints).")
+@click.option("--out", default=RunOptions.out, show_default=True, shell_complete=complete_folders, help="Root folder of runs (checkpoints).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run of the same settings.")
 @click.option("--save-interval", default=RunOptions.save_interval, show_default=True, type=FiniteRange(min=0),
               help="Seconds between saves of the training state (0: every epoch).")
