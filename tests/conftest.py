@@ -47,6 +47,21 @@ def load_script(name: str) -> ModuleType:
 
 
 # Plain-float helpers of the loop-level transcriptions of released code (tests/methods/test_method_*.py)
+def cli_commands(group=None, prefix: tuple = ()):
+    """Every command of ``ucmfh``, a group's too: (its name as typed, e.g. 'convert pkl', the command)."""
+    import click
+
+    from ucmfh.app.cli import main
+
+    group = main if group is None else group
+    for name in group.list_commands(None):
+        command = group.get_command(None, name)
+        if isinstance(command, click.Group):
+            yield from cli_commands(command, prefix + (name,))
+        else:
+            yield " ".join(prefix + (name,)), command
+
+
 def unit(v: List[float]) -> List[float]:
     n = math.sqrt(sum(x * x for x in v))
     return [x / n for x in v]

@@ -20,7 +20,7 @@ import pytest
 import torch
 from click.testing import CliRunner
 
-from conftest import ROOT, no_traceback, runs_a_front_door
+from conftest import ROOT, cli_commands, no_traceback, runs_a_front_door
 from ucmfh.app.cli import main
 
 TINY_ARGS = ["--n-query", "40", "--n-retrieval", "200", "--n-train", "120", "--d-img", "24", "--d-txt", "16",
@@ -1017,3 +1017,10 @@ def test_methods_and_losses_list_themselves_as_json_for_a_script():
     assert methods[1]["name"] == "two-tower" and methods[1]["loss"] == "infonce" and methods[1]["package"] is None
     losses = [json.loads(line) for line in CliRunner().invoke(main, ["losses", "--json"]).output.splitlines()]
     assert [(x["name"], x["params"]) for x in losses] == [(name, loss_params(name)) for name in LOSSES]
+
+
+def test_no_help_shows_a_bound_or_default_of_none():
+    """click writes an unset bound as None: -b of runs and compare read '[x<=None]' under their help."""
+    for name, command in cli_commands():
+        text = CliRunner().invoke(main, [*name.split(), "--help"], terminal_width=200).output
+        assert "None" not in text.replace("(None", ""), name

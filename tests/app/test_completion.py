@@ -5,6 +5,7 @@ from __future__ import annotations
 import click
 from click.testing import CliRunner
 
+from conftest import cli_commands
 from ucmfh.app.cli import main
 
 # options naming a file or folder to read or write
@@ -50,20 +51,10 @@ def test_folders_and_files(tmp_path, monkeypatch):
     assert ("plain", "two-tower") in complete("ucmfh train-hash --method t", tmp_path, monkeypatch)
 
 
-def _commands(group: click.Group, prefix: str = ""):
-    ctx = click.Context(group)
-    for name in group.list_commands(ctx):
-        command = group.get_command(ctx, name)
-        if isinstance(command, click.Group):
-            yield from _commands(command, f"{prefix}{name} ")
-        else:
-            yield f"{prefix}{name}", command
-
-
 def test_every_option_naming_a_file_or_folder_completes_as_one():
     """A new path option without completion is caught here: click's Path types complete files themselves, a text
     option needs a ``shell_complete`` (:func:`ucmfh.app.options.complete_files` and its kin)."""
-    missing = [f"{name} {param.name}" for name, command in _commands(main) for param in command.params
+    missing = [f"{name} {param.name}" for name, command in cli_commands() for param in command.params
                if param.name in PATH_OPTIONS and (name, param.name) not in FILTERS
                and not isinstance(param.type, click.Path) and param._custom_shell_complete is None]
     assert missing == []

@@ -18,7 +18,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import click
 import pytest
 from click.testing import CliRunner
 
@@ -26,18 +25,9 @@ from ucmfh.app.cli import main
 from ucmfh.app.errors import EXIT_BROKEN_PIPE
 from ucmfh.files import MARKS, check_jsonl, check_replaceable
 
-from conftest import ROOT
+from conftest import ROOT, cli_commands
 
 SMALL = ["--set", "hash.hidden=64", "--batch-size", "64", "--device", "cpu", "--quiet"]
-
-
-def _commands(group: click.Group = main, prefix: tuple = ()):
-    for name in group.list_commands(None):
-        command = group.get_command(None, name)
-        if isinstance(command, click.Group):
-            yield from _commands(command, prefix + (name,))
-        else:
-            yield " ".join(prefix + (name,)), command
 
 
 def _md5(path) -> str:
@@ -64,7 +54,7 @@ def test_every_output_flag_is_covered():
     """Each option or argument that names a written file is in OUTPUTS; one whose help speaks of writing
     has an output's name."""
     found = set()
-    for name, command in _commands():
+    for name, command in cli_commands():
         for param in command.params:
             help_text = (getattr(param, "help", None) or "").lower()
             if param.name in OUTPUT_NAMES and not (name in ("runs", "compare") and param.name == "results"):
@@ -73,7 +63,7 @@ def test_every_output_flag_is_covered():
                 raise AssertionError(f"{name} {param.opts}: writes a file but is not an output ({help_text})")
     assert found == set(OUTPUTS)
     for (name, param), kind in OUTPUTS.items():
-        command = dict(_commands())[name]
+        command = dict(cli_commands())[name]
         if kind in ("refuses", "own"):  # the remedy the refusal names is there
             assert "overwrite" in {p.name for p in command.params}, name
 
@@ -507,7 +497,7 @@ def _messages(path: Path):
 def test_every_flag_a_message_names_exists():
     """Each --flag in a message of the package is an option of a ucmfh command (or another program's,
     OTHERS); the remedies added to errors are checked against the command running (errors.describe)."""
-    options = {opt for _, command in _commands() for p in command.params for opt in (*p.opts, *p.secondary_opts)}
+    options = {opt for _, command in cli_commands() for p in command.params for opt in (*p.opts, *p.secondary_opts)}
     wrong = []
     for path in sorted((ROOT / "ucmfh").rglob("*.py")):
         for line, text in _messages(path):

@@ -28,11 +28,11 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ucmfh.app.errors import UserError, user_errors, warn
-from ucmfh.app.options import CodeLength, Count, json_or_text, results_to_read
+from ucmfh.app.options import Count, json_or_text, results_to_read, row_filters
 from ucmfh.app.per_query import load_per_query
 from ucmfh.app.runs import (beyond_defaults_note, beyond_defaults_of, dataset_labels, filter_rows, held_by, latest,
                             read_results, seed_of, settings_key, settings_of, trained_on, variant_of)
-from ucmfh.config import MOVED_TO_PARAMS, PROTOCOLS, STAGES
+from ucmfh.config import MOVED_TO_PARAMS, STAGES
 from ucmfh.metrics.intervals import RESAMPLES, paired_bootstrap, verdict
 from ucmfh.printable import pad, shown_width
 
@@ -430,12 +430,7 @@ def limits(results: List[Tuple[tuple, Dict[str, Any]]]) -> List[str]:
 @click.argument("base")
 @click.argument("other")
 @results_to_read
-@click.option("--dataset", "-d", multiple=True, help="Only these datasets (repeatable).")
-@click.option("--n-bits", "-b", multiple=True, type=CodeLength(), help="Only these code lengths (repeatable).")
-@click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable).")
-@click.option("-k", "--k", "k", multiple=True, type=Count(min=1),
-              help="Only rows scored at these MAP@k cut-offs (repeatable), as the training commands' -k.")
-@click.option("--protocol", type=click.Choice(PROTOCOLS), help="Only this protocol.")
+@row_filters
 @click.option("--resamples", type=Count(min=100, max=1_000_000), default=RESAMPLES, show_default=True,
               help="Bootstrap resamples (a million at most: beyond, the interval's last digit no longer moves, and "
                    "2**31 of them asked for 17 GB).")

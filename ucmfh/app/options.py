@@ -11,7 +11,7 @@ import click
 import click.shell_completion
 
 from ucmfh.app.environment import default_data_dir, torchrun_sizes
-from ucmfh.config import AMP_MODES, COUNT_MAX, PROTOCOLS, SEED, FusionConfig, HashConfig, SettingError
+from ucmfh.config import AMP_MODES, CODE_LENGTHS, COUNT_MAX, PROTOCOLS, SEED, FusionConfig, HashConfig, SettingError
 
 # The library's modules that import torch are imported where they are used: a command that reads results alone
 # ('ucmfh runs') takes these options without importing torch, which takes seconds.
@@ -300,6 +300,23 @@ def output_options() -> List[Callable]:
 results_to_read = click.option(
     "--results", multiple=True, default=[DEFAULT_RESULTS], show_default=True, shell_complete=complete_files,
     help="A results file to read (repeatable: the rows of all are read as one, e.g. of grids run side by side).")
+
+
+def row_filters(fn: Callable) -> Callable:
+    """The filters of the rows a summary reads ('ucmfh runs', 'ucmfh compare'), declared once: -d, -b, --seed, -k
+    and --protocol, each repeatable (:func:`ucmfh.app.runs.filter_rows` takes them as they are)."""
+    for option in reversed([
+        click.option("--dataset", "-d", multiple=True, help="Only these datasets (repeatable)."),
+        click.option("--n-bits", "-b", multiple=True, type=CodeLength(*CODE_LENGTHS),
+                     help="Only these code lengths (repeatable)."),
+        click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable)."),
+        click.option("-k", "--k", "k", multiple=True, type=Count(min=1),
+                     help="Only rows scored at these MAP@k cut-offs (repeatable), as the training commands' -k."),
+        click.option("--protocol", multiple=True, type=click.Choice(PROTOCOLS),
+                     help="Only rows of this protocol (repeatable)."),
+    ]):
+        fn = option(fn)
+    return fn
 
 
 class FiniteRange(click.FloatRange):

@@ -213,13 +213,13 @@ def _dataset_matches(row: Dict[str, Any], wanted: Sequence[str]) -> bool:
 
 def filter_rows(
     rows: Iterable[Dict[str, Any]], dataset: Sequence[str] = (), method: Sequence[str] = (),
-    loss: Sequence[str] = (), n_bits: Sequence[int] = (), protocol: Optional[str] = None, seed: Sequence[int] = (),
+    loss: Sequence[str] = (), n_bits: Sequence[int] = (), protocol: Sequence[str] = (), seed: Sequence[int] = (),
     task: Sequence[str] = (), k: Sequence[int] = (),
 ) -> List[Dict[str, Any]]:
     return [r for r in rows
             if _dataset_matches(r, dataset) and _matches(method_of(r), method) and _matches(r.get("task"), task)
             and _matches(r.get("loss"), loss) and _matches(r.get("n_bits"), n_bits) and _matches(r.get("k"), k)
-            and _matches(seed_of(r), seed) and (protocol is None or r.get("protocol") == protocol)]
+            and _matches(seed_of(r), seed) and _matches(r.get("protocol"), protocol)]
 
 
 def held_by(rows: Iterable[Dict[str, Any]]) -> str:

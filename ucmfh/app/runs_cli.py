@@ -9,27 +9,21 @@ from typing import Any, Dict, List, Optional, Sequence
 import click
 
 from ucmfh.app.errors import UserError, user_errors, warn
-from ucmfh.app.options import CodeLength, Count, complete_files, given_flags, results_to_read
+from ucmfh.app.options import complete_files, given_flags, results_to_read, row_filters
 from ucmfh.app.outputs import check_figures, check_outputs
 from ucmfh.app.runs import (filter_rows, format_summary, held_by, method_of, read_results, settings_key, summarize,
                             the_checkpoint, variant_of)
-from ucmfh.config import PROTOCOLS
 
 
 @click.command("runs")
 @results_to_read
-@click.option("--dataset", "-d", multiple=True, help="Only these datasets (repeatable).")
+@row_filters
 @click.option("--method", multiple=True,
               help="Only these methods (repeatable); METHOD@KEY: its runs of one settings key, as this command "
                    "shows them (or METHOD@STAGE.NAME=VALUE, as 'ucmfh compare' takes them).")
 @click.option("--loss", multiple=True, help="Only these losses (repeatable).")
-@click.option("--n-bits", "-b", multiple=True, type=CodeLength(), help="Only these code lengths (repeatable).")
-@click.option("--seed", multiple=True, type=int, help="Only these seeds (repeatable).")
-@click.option("-k", "--k", "k", multiple=True, type=Count(min=1),
-              help="Only rows scored at these MAP@k cut-offs (repeatable), as the training commands' -k.")
 @click.option("--task", multiple=True, type=click.Choice(["fusion", "hashing", "seps", "rerank", "codes"]),
               help="Only rows of these tasks (repeatable).")
-@click.option("--protocol", type=click.Choice(PROTOCOLS), help="Only this protocol.")
 @click.option("--json", "as_json", is_flag=True, help="Print the summary as JSON lines.")
 @click.option("--checkpoint", "checkpoint", is_flag=True,
               help="Print only the checkpoint of the one run that matches (for 'index -c', 'evaluate -c', ...); "
@@ -44,7 +38,7 @@ from ucmfh.config import PROTOCOLS
                    "chosen, the refit) from its checkpoint: RUN is a checkpoint file or a run key (a prefix will do); "
                    "with --plot, draw it: PREFIX_history.png and .svg.")
 @user_errors
-def runs_cmd(results, dataset, method, loss, n_bits, seed, k, task, protocol, as_json, checkpoint, plot,
+def runs_cmd(results, dataset, n_bits, seed, k, protocol, method, loss, task, as_json, checkpoint, plot,
              overwrite, history) -> None:
     """Summarise past runs from results files: mean ± std over seeds, one line per setting."""
     if plot is not None and (as_json or checkpoint):
