@@ -74,6 +74,22 @@ def test_a_wrong_type_at_an_entry_point_says_what_to_give(tiny, tiny_path, train
             call()
 
 
+def test_a_missing_file_is_a_file_not_found_and_a_value_error_whichever_call_reads_it(tmp_path):
+    """A missing file was a DataError or a CheckpointError (ValueErrors) from some calls, a FileNotFoundError
+    from others: ``except FileNotFoundError`` missed the first, ``except ValueError`` the second (an audit's)."""
+    from ucmfh.codes import load_codes
+
+    missing = str(tmp_path / "nope")
+    calls = {"load_dataset": ucmfh.load_dataset, "validate_file": ucmfh.validate_file,
+             "load_model": lambda path: ucmfh.load_model(path, "hash"), "Encoder": ucmfh.Encoder,
+             "load_codes": load_codes, "evaluate_codes_file": ucmfh.evaluate_codes_file, "Index.load": ucmfh.Index.load,
+             "build_index": lambda path: ucmfh.build_index(path, path, str(tmp_path / "ix"))}
+    for name, call in calls.items():
+        with pytest.raises(FileNotFoundError, match=r"nope: no such ") as caught:
+            call(missing)
+        assert isinstance(caught.value, ValueError), name
+
+
 @pytest.mark.parametrize("given, error, said", [
     ("1GB", TypeError, r"^load_dataset: max_memory_bytes must be an int or None \(bytes, e.g. 8 \* 2\*\*30\), got "
                        r"str '1GB'$"),

@@ -24,6 +24,11 @@ class CheckpointError(ValueError):
     """A checkpoint is unreadable or was made for other settings."""
 
 
+class MissingCheckpoint(CheckpointError, FileNotFoundError):
+    """No checkpoint file is there: a :class:`CheckpointError` and a ``FileNotFoundError`` (as
+    :class:`ucmfh.data.format.MissingFile`)."""
+
+
 def save_checkpoint(
     path: PathLike,
     model: nn.Module,
@@ -172,7 +177,7 @@ def read_checkpoint(path: PathLike) -> Dict[str, Any]:
     """The raw checkpoint dict, after checking it is one of ours."""
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise CheckpointError(f"{path}: no such checkpoint")
+        raise MissingCheckpoint(f"{path}: no such checkpoint")
     check_a_file(path, "a checkpoint", CheckpointError)
     try:
         payload = torch.load(path, map_location="cpu", weights_only=True)

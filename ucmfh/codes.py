@@ -13,7 +13,7 @@ import torch
 
 from ucmfh import bits
 from ucmfh.config import PROTOCOLS
-from ucmfh.data.format import CODES_FORMAT, DataError, id_problem, not_hdf5, shared_ids, unlabelled_rows
+from ucmfh.data.format import CODES_FORMAT, DataError, MissingFile, id_problem, not_hdf5, shared_ids, unlabelled_rows
 from ucmfh.files import atomic_file, check_a_file, check_space, read_attrs, write_attrs
 
 ArrayLike = Union[np.ndarray, torch.Tensor]
@@ -202,7 +202,7 @@ def load_codes(path: Union[str, "os.PathLike[str]"]) -> Codes:
         return DataError(f"{path}: {where}: {problem}")
 
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such codes file")
+        raise MissingFile(f"{path}: no such codes file")
     check_a_file(path, "a codes file", DataError)
     try:
         f = h5py.File(path, "r")

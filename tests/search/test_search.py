@@ -334,6 +334,26 @@ def test_a_build_beside_another_of_its_folder_is_refused_before_it_writes(collec
     assert build_index(c["path"], c["ckpt"][0], str(out)).added == {"img": 40, "txt": 120}
 
 
+def test_build_index_s_arguments_are_checked_before_its_folder_is_made_or_locked(collection, tmp_path):
+    """From Python (an audit's): splits='query' was read as the groups q, u, e, r and y; a Dataset for the
+    collection failed in os.stat; and a missing input left the folder's lock file behind."""
+    c = collection
+    with pytest.raises(DataError, match=r"coll\.h5: /query: no such group \(the file has: none\)$"):
+        build_index(c["path"], c["ckpt"][0], str(tmp_path / "a" / "ix"), splits="query")  # one group, named
+    with pytest.raises(TypeError, match=r"^build_index: collection must be a str or a PathLike \(a collection or "
+                                        r"dataset file's path\), got dict$"):
+        build_index(dict(c), c["ckpt"][0], str(tmp_path / "a" / "ix"))
+    with pytest.raises(TypeError, match=r"^Encoder: checkpoint must be a str or a PathLike"):
+        Encoder(torch.nn.Linear(2, 2))
+    with pytest.raises(FileNotFoundError, match="nope.h5: no such collection file"):
+        build_index(str(tmp_path / "nope.h5"), c["ckpt"][0], str(tmp_path / "a" / "ix"))
+    with pytest.raises(ValueError, match="nope.pt: no such checkpoint"):
+        build_index(c["path"], str(tmp_path / "nope.pt"), str(tmp_path / "a" / "ix"))
+    assert not (tmp_path / "a").exists()  # no folder, no lock file
+    ok = build_index(c["path"], c["ckpt"][0], str(tmp_path / "b" / "ix"), splits=["/"])
+    assert ok.added == {"img": 40, "txt": 120}
+
+
 def test_build_encodes_unimodal_codes_dedupes_images_and_resumes(collection, tmp_path):
     c = collection
     out = tmp_path / "ix"

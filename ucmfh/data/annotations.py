@@ -9,7 +9,7 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
-from ucmfh.data.format import DataError
+from ucmfh.data.format import DataError, MissingFile
 from ucmfh.data.input_files import read_lines, read_text
 from ucmfh.files import PathLike
 
@@ -38,7 +38,7 @@ def list_images(images: PathLike) -> Tuple[List[str], List[str]]:
             raise DataError(f"{images}: no image files ({', '.join(IMAGE_EXTENSIONS)})")
         return names, [os.path.join(images, n) for n in names]
     if not os.path.exists(images):
-        raise DataError(f"{images}: no such file or folder")
+        raise MissingFile(f"{images}: no such file or folder")
     if images.lower().endswith(IMAGE_EXTENSIONS):  # read as a list of paths: 'line 1: not UTF-8 text'
         raise DataError(f"{images}: an image file; IMAGES is a folder of images or a text file listing their paths")
     base = os.path.dirname(os.path.abspath(images))

@@ -13,7 +13,7 @@ from typing import Optional, Sequence, Tuple
 import h5py
 import numpy as np
 
-from ucmfh.data.format import DataError
+from ucmfh.data.format import DataError, MissingFile
 from ucmfh.data.input_files import load_npy, npz_member, open_npz
 from ucmfh.files import PathLike
 
@@ -94,7 +94,7 @@ def open_array(path: PathLike, key: Optional[str] = None, role: str = "", stack:
     """
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise DataError(f"{path}: no such file")
+        raise MissingFile(f"{path}: no such file")
     ext = os.path.splitext(path)[1].lower()
     if ext == ".npy":
         if key is not None:  # a key of nothing: a user who meant another file, or an .npz

@@ -29,7 +29,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ucmfh.config import SettingError
-from ucmfh.data.format import finite_float32
+from ucmfh.data.format import MissingFile, finite_float32
 from ucmfh.data.h5 import SPLITS, DataError, PathLike, is_multi_hot
 from ucmfh.data.writer import create_split_dataset, open_writer
 from ucmfh.data.arrays import ArraySource, open_array
@@ -163,7 +163,7 @@ def _load_pkl(path: str) -> Tuple[Dict[str, np.ndarray], Dict[str, str]]:
     """A split's arrays, keyed image, text and labels, and what the file names each: a message names the file's
     key (its labels 'label', UCMFH's, or 'labels'), where a file of 'label' was said to hold 'labels'."""
     if not os.path.exists(path):
-        raise DataError(f"{path}: no such file")
+        raise MissingFile(f"{path}: no such file")
     data = load_pickle(path)  # runs none of the file's code: a released file may come from anyone
     if not isinstance(data, dict):
         raise DataError(f"{path}: expected a dict with 'image', 'text', 'label', got {type(data).__name__}")
@@ -214,7 +214,7 @@ def convert_pkl(
         paths = {s: os.path.join(os.fspath(inputs), f"{s}.pkl") for s in SPLITS}
     for path in paths.values():
         if not os.path.exists(path):
-            raise DataError(f"{path}: no such file")
+            raise MissingFile(f"{path}: no such file")
     report = ConvertReport(path=out, rows={})
     # the first split fixes the class count for the root attributes
     first, names = _load_pkl(paths["train"])

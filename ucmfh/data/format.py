@@ -28,6 +28,11 @@ class DataError(ValueError):
         self.remedy = remedy
 
 
+class MissingFile(DataError, FileNotFoundError):
+    """An input file or folder is not there: a :class:`DataError`, as every other refusal of an input, and a
+    ``FileNotFoundError``, as Python's own ``open`` says it (a loader's missing file was one or the other)."""
+
+
 def first_of_each_id(ids: np.ndarray) -> np.ndarray:
     """Rows holding the first occurrence of each id, ascending: equal ids are the same image
     (docs/reference.md §7), which a caption set indexes, or asks, once. Shape: [N] -> [M] int64."""

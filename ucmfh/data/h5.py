@@ -19,8 +19,8 @@ import numpy as np
 import torch
 
 from ucmfh.data.format import (
-    CODES_FORMAT, REQUIRED, SPLITS, DataError, a_name_not_a_path, check_utf8_column, finite_float32, id_problem,
-    is_bag_of_words, not_hdf5, row_fingerprints, shared_ids, unlabelled_rows,
+    CODES_FORMAT, REQUIRED, SPLITS, DataError, MissingFile, a_name_not_a_path, check_utf8_column, finite_float32,
+    id_problem, is_bag_of_words, not_hdf5, row_fingerprints, shared_ids, unlabelled_rows,
 )
 from ucmfh.data.stream import Features, Rows, StreamSettings, is_streamed, open_without_chunk_cache, take
 from ucmfh.data.tokens import check_dense_source, check_token_splits, check_tokens, check_virtual_sources
@@ -543,8 +543,8 @@ def validate_file(path: PathLike, token_values: bool = True,
     """
     path = checked_path("validate_file", path)
     if not os.path.exists(path):
-        raise DataError(f"{path}: no such file{a_name_not_a_path(path)}" if path else
-                        "an empty path; give the dataset file")
+        raise MissingFile(f"{path}: no such file{a_name_not_a_path(path)}" if path else
+                          "an empty path; give the dataset file")
     if os.path.isdir(path):  # HDF5's own word on it ran to several lines
         raise DataError(f"{path}: is a folder, not a dataset file")
     if not os.path.isfile(path):  # a pipe or a device: opening it waited for ever

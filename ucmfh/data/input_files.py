@@ -14,7 +14,7 @@ from typing import IO, List, Tuple
 
 import numpy as np
 
-from ucmfh.data.format import DataError
+from ucmfh.data.format import DataError, MissingFile
 from ucmfh.files import PathLike, check_a_file
 
 NPY_MAGIC = b"\x93NUMPY"
@@ -27,7 +27,7 @@ def read_text(path: PathLike) -> str:
     """The whole text of a UTF-8 file, with ``\\r\\n`` and ``\\r`` line ends read as ``\\n``."""
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise DataError(f"{path}: no such file")
+        raise MissingFile(f"{path}: no such file")
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -74,7 +74,7 @@ def load_npy(path: PathLike) -> np.ndarray:
     """An ``.npy`` array, memory-mapped; the file's size must be exactly what its header describes."""
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise DataError(f"{path}: no such file")
+        raise MissingFile(f"{path}: no such file")
     check_a_file(path, "an .npy array", DataError)  # a pipe was read as an empty file
     size = os.path.getsize(path)
     if size == 0:
@@ -103,7 +103,7 @@ def open_npz(path: PathLike) -> "np.lib.npyio.NpzFile":
     """An open ``.npz`` archive (close it, or use it in ``with``); members are read by :func:`npz_member`."""
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise DataError(f"{path}: no such file")
+        raise MissingFile(f"{path}: no such file")
     check_a_file(path, "an .npz archive", DataError)
     if os.path.getsize(path) == 0:
         raise DataError(f"{path}: empty file (0 bytes)")

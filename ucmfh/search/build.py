@@ -41,7 +41,7 @@ from ucmfh.files import fingerprint, locked
 from ucmfh.search.collection import Collection, differing, open_collection
 from ucmfh.search.folder import NAMES, modality_name
 from ucmfh.search.index import Index
-from ucmfh.utils import resolve_device
+from ucmfh.utils import check_argument, resolve_device
 
 PROTOCOL = "unimodal"
 Log = Callable[[str], None]
@@ -55,6 +55,7 @@ class Encoder:
     """
 
     def __init__(self, checkpoint: str, device: str = "cpu", batch_size: int = 4096) -> None:
+        check_argument("Encoder", "checkpoint", checkpoint, (str, os.PathLike), "a hashing checkpoint's path")
         checkpoint = os.fspath(checkpoint)
         if isinstance(batch_size, bool) or not isinstance(batch_size, (int, np.integer)) or batch_size < 1:
             raise ValueError(f"batch_size must be a whole number >= 1, got {batch_size!r}")  # 0: range()'s error later
@@ -285,8 +286,22 @@ def build_index(
     MAP of such hits is optimistic beside the field's figures (``collection`` database, id order; tie-aware
     ones), which :func:`ucmfh.evaluate_hashing` or :func:`ucmfh.evaluate_caption_set` gives (docs/search.md).
     """
+    for name, value, what in (("collection", collection, "a collection or dataset file's path"),
+                              ("checkpoint", checkpoint, "a hashing checkpoint's path"),
+                              ("out", out, "the index folder's path")):
+        check_argument("build_index", name, value, (str, os.PathLike), what)
+    if isinstance(splits, str):  # one group: 'query' was read as the groups q, u, e, r and y
+        splits = [splits]
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    # the inputs are read before the folder is made and locked: a missing or wrong one leaves nothing behind
+    if is_dataset_file(collection):  # the checks every other command makes of it ('ucmfh validate'), before any work
+        validate_file(collection, token_values=False)
+    coll, encoder = open_collection(collection, splits), Encoder(checkpoint, device)
+    for modality, name in NAMES.items():
+        if coll.has(name) and coll.columns[name] != encoder.dims[modality]:
+            raise DataError(f"{coll.path}: {coll.where(name)}: {coll.columns[name]}-d features, the checkpoint "
+                            f"{encoder.identity['path']} takes {encoder.dims[modality]}-d")
     os.makedirs(os.path.dirname(os.path.abspath(out)), exist_ok=True)
     with contextlib.ExitStack() as held:
         try:  # one build a folder at a time: two at once each refused the other's rows, and one deleted the folder
@@ -294,22 +309,12 @@ def build_index(
         except BlockingIOError:
             raise DataError(f"{out}: another build is writing to it now (an 'ucmfh index' in another process); let "
                             "it finish, then run this one again") from None
-        return _build(collection, checkpoint, out, splits, chunk_size, embeddings, device, progress, stop_after,
-                      should_stop)
+        return _build(coll, encoder, out, chunk_size, embeddings, progress, stop_after, should_stop)
 
 
-def _build(collection: str, checkpoint: str, out: str, splits: Optional[Sequence[str]], chunk_size: int,
-           embeddings: bool, device: str, progress: bool, stop_after: Optional[int],
-           should_stop: Optional[Callable[[], Any]]) -> BuildReport:
+def _build(coll: Collection, encoder: Encoder, out: str, chunk_size: int, embeddings: bool, progress: bool,
+           stop_after: Optional[int], should_stop: Optional[Callable[[], Any]]) -> BuildReport:
     """:func:`build_index`'s work, under the folder's lock."""
-    if is_dataset_file(collection):  # the checks every other command makes of it ('ucmfh validate'), before any work
-        validate_file(collection, token_values=False)
-    coll = open_collection(collection, splits)
-    encoder = Encoder(checkpoint, device)
-    for modality, name in NAMES.items():
-        if coll.has(name) and coll.columns[name] != encoder.dims[modality]:
-            raise DataError(f"{coll.path}: {coll.where(name)}: {coll.columns[name]}-d features, the checkpoint "
-                            f"{encoder.identity['path']} takes {encoder.dims[modality]}-d")
     features = {m: coll.feature(m) for m in NAMES if coll.has(NAMES[m])}
     sha = fingerprint(coll.path)
     index = None

@@ -20,7 +20,7 @@ import h5py
 import numpy as np
 
 from ucmfh.data.format import (
-    DataError, a_name_not_a_path, check_finite, finite_float32, first_of_each_id, not_hdf5, utf8_strings,
+    DataError, MissingFile, a_name_not_a_path, check_finite, finite_float32, first_of_each_id, not_hdf5, utf8_strings,
 )
 from ucmfh.data.input_files import load_npy
 from ucmfh.files import check_a_file, read_attrs
@@ -133,7 +133,7 @@ def open_collection(path: str, splits: Optional[Sequence[str]] = None) -> Collec
     """
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such collection file{a_name_not_a_path(path)}" if path else
+        raise MissingFile(f"{path}: no such collection file{a_name_not_a_path(path)}" if path else
                                 "an empty path; give the collection file")
     check_a_file(path, "a collection file", DataError)  # a pipe: opening it waited for ever, past SIGTERM
     try:

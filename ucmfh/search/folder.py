@@ -23,7 +23,7 @@ from typing import Any, Dict, List, Mapping, Optional, Tuple
 
 import numpy as np
 
-from ucmfh.data.format import DataError
+from ucmfh.data.format import DataError, MissingFile
 from ucmfh.files import PathLike, atomic_path, locked, named_write_error, write_json_atomic
 
 FORMAT = "ucmfh-index"
@@ -275,7 +275,7 @@ def read_manifest(path: str) -> Dict[str, Any]:
     if os.path.isfile(path):  # a dataset or collection file given where its index belongs
         raise DataError(f"{path}: a file, not an index folder ('ucmfh index' makes one)")
     if not os.path.isdir(path):
-        raise FileNotFoundError(f"{path}: no such index folder")
+        raise MissingFile(f"{path}: no such index folder")
     if not os.path.exists(file):
         raise DataError(f"{path}: not an index (no {MANIFEST})")
     try:
