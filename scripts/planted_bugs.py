@@ -965,6 +965,10 @@ BUGS: Tuple[Bug, ...] = (
         'and _matches(r.get("protocol"), protocol)]', 'and (not protocol or r.get("protocol") == protocol[-1])]',
         "runs --protocol kept the rows of the last protocol given alone",
         ("tests/app/test_runs.py::test_runs_summarises_over_seeds",)),
+    Bug("fit-fusion-in-place", "ucmfh/fusion_stage.py",
+        "        model = copy.deepcopy(fusion)  #", "        model = fusion  #",
+        "fit_fusion trained the encoder given in place and returned it as the model trained",
+        ("tests/test_library.py::test_fit_fusion_goes_on_from_a_copy_of_the_encoder_given_as_fit_hashing_does",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -14,7 +14,7 @@ import torch
 import ucmfh
 from ucmfh.models.fusion import FusionEncoder
 
-from conftest import ROOT, method_config
+from conftest import ROOT, method_config, small_fusion
 
 
 @pytest.fixture(scope="module")
@@ -72,6 +72,17 @@ def test_a_wrong_type_at_an_entry_point_says_what_to_give(tiny, tiny_path, train
     for call, message in calls:
         with pytest.raises(TypeError, match=message):
             call()
+
+
+def test_fit_fusion_goes_on_from_a_copy_of_the_encoder_given_as_fit_hashing_does(tiny):
+    """fit_fusion(data, cfg, fusion) trained the encoder given in place and returned it (an audit's), where
+    fit_hashing leaves its own as it was."""
+    cfg = small_fusion(epochs=1)
+    given, _ = ucmfh.fit_fusion(tiny, cfg, progress=False)
+    before = {k: v.clone() for k, v in given.state_dict().items()}
+    more, _ = ucmfh.fit_fusion(tiny, cfg, given, progress=False)
+    assert more is not given and all(torch.equal(v, given.state_dict()[k]) for k, v in before.items())
+    assert not all(torch.equal(v, more.state_dict()[k]) for k, v in before.items())  # trained on from it
 
 
 def test_a_missing_file_is_a_file_not_found_and_a_value_error_whichever_call_reads_it(tmp_path):

@@ -2,6 +2,7 @@
 by a contrastive loss, a :class:`~ucmfh.trainer.Plan` run by :func:`ucmfh.trainer.fit`."""
 from __future__ import annotations
 
+import copy
 from typing import Optional, Tuple
 
 import torch
@@ -31,7 +32,8 @@ def fit_fusion(
     """Train the fusion encoder (task 0) on ``data.train``; returns it (on CPU) and its :class:`History`.
 
     With ``cfg.val_fraction`` > 0 a validation part of ``data.train`` is held out
-    and the weights of the epoch with the best validation score are returned.
+    and the weights of the epoch with the best validation score are returned. ``fusion``: an encoder to go on
+    training (a copy of it: the one given is left as it was, as :func:`ucmfh.fit_hashing` leaves its own).
 
     With ``state``, the run saves and (``state.resume``) continues its training
     state; interrupted by SIGINT/SIGTERM it raises :class:`TrainingInterrupted`.
@@ -43,7 +45,7 @@ def fit_fusion(
     check_supervision(data, cfg)
 
     def plan(setup: Setup) -> Plan:
-        model = fusion
+        model = copy.deepcopy(fusion)  # it was trained in place, and returned as the model trained
         if model is None:
             model = FusionEncoder.from_config(data.d_img, data.d_txt, cfg)
             model.fit_feature_stats(setup.rest.img, setup.rest.txt)

@@ -27,6 +27,7 @@ from ucmfh.two_stage import Reranking
 from ucmfh.utils import seed_everything
 from ucmfh.seps import build_model, database_scores, databases, fit_seps, recall_rows
 from ucmfh.similarity import normalize
+import ucmfh
 from ucmfh.methods import fit_hashing
 
 from conftest import D_IMG, D_TXT, T, small_seps, token_splits
@@ -265,6 +266,24 @@ def test_dense_text_of_the_candidate_image_never_leaks_the_caption_s_own():
 @pytest.fixture(scope="module")
 def trained(token_path):
     return fit_seps(token_path, small_seps(), progress=False)
+
+
+def test_fit_seps_takes_a_path_or_the_dataset_read_from_it_and_refuses_other_arguments_in_words(token_path, trained):
+    """From Python a Dataset failed in os.fspath and a HashConfig in an attribute lookup (an audit's)."""
+    import dataclasses
+
+    from ucmfh.data.h5 import load_dataset
+
+    data = load_dataset(token_path)
+    model, _ = fit_seps(data, small_seps(), progress=False)  # the file it was read from: as the path trains
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), trained[0].state_dict().values()))
+    with pytest.raises(TypeError, match=r"^fit_seps: cfg must be a SepsConfig \(ucmfh.config.SepsConfig\(...\)\), "
+                                        r"got HashConfig$"):
+        fit_seps(token_path, ucmfh.hash_config(), progress=False)
+    with pytest.raises(TypeError, match=r"^fit_seps: path must be a str or a PathLike or a Dataset"):
+        fit_seps(None, small_seps(), progress=False)
+    with pytest.raises(ValueError, match=r"^fit_seps: the Dataset given was made in memory"):
+        fit_seps(dataclasses.replace(data, path=None), small_seps(), progress=False)
 
 
 def test_amp_bf16_autocasts_the_forward_pass_and_keeps_the_loss_in_float32(token_path, monkeypatch):

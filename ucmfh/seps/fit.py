@@ -6,13 +6,15 @@ images against the validation captions) and never looks at the query split.
 """
 from __future__ import annotations
 
-from typing import Optional, Tuple
+import os
+from typing import Optional, Tuple, Union
 
 import numpy as np
 import torch
 
 from ucmfh.config import SepsConfig
 from ucmfh.data.format import DataError, first_of_each_id
+from ucmfh.data.h5 import Dataset
 from ucmfh.data.tokens import Tokens, check_dense_of_images
 from ucmfh.distributed import Group, current_group
 from ucmfh.losses.triplet import vse_hinge
@@ -25,7 +27,7 @@ from ucmfh.amp import autocast
 from ucmfh.trainer import Batch, Plan, start, train
 from ucmfh.training_state import StateFile
 from ucmfh.run_draws import run_under_way
-from ucmfh.utils import host_index, resolve_device, to_device
+from ucmfh.utils import check_argument, host_index, resolve_device, to_device
 
 
 def build_model(tokens: Tokens, cfg: SepsConfig) -> SEPS:
@@ -76,16 +78,25 @@ def gather_state(group: Group, state: State, n: int) -> State:
             for key, part in zip(keys, gathered)}
 
 
-def fit_seps(path: str, cfg: SepsConfig, progress: bool = True,
+def fit_seps(path: Union[str, "os.PathLike[str]", Dataset], cfg: SepsConfig, progress: bool = True,
              state: Optional[StateFile] = None) -> Tuple[SEPS, History]:
-    """Train SEPS on the ``train`` split of ``path``; returns the model (on CPU, the best validation
-    epoch's weights when ``cfg.val_fraction`` > 0) and its :class:`History`.
+    """Train SEPS on the ``train`` split of ``path``, a dataset file with token features (or the
+    :class:`Dataset` read from one: SEPS reads its tokens from the file, a batch at a time); returns the model
+    (on CPU, the best validation epoch's weights when ``cfg.val_fraction`` > 0) and its :class:`History`.
 
     Under ``torchrun`` each rank encodes its part of the global batch (its images and its captions);
     the image states are gathered with gradient, each rank scores its captions against every image
     of the batch, and the score rows are gathered with gradient, so the hinge sees the whole batch's
     negatives and one step equals one process's step (docs/distributed.md). The caller's global generators are
     left as they were (:func:`ucmfh.run_draws.run_under_way`)."""
+    check_argument("fit_seps", "path", path, (str, os.PathLike, Dataset), "a dataset file's path, with tokens")
+    check_argument("fit_seps", "cfg", cfg, SepsConfig, "ucmfh.config.SepsConfig(...)")
+    if isinstance(path, Dataset):
+        if path.path is None:
+            raise ValueError("fit_seps: the Dataset given was made in memory; SEPS reads its tokens from a file: "
+                             "give the file's path (ucmfh.write_dataset writes one)")
+        path = path.path
+    path = os.fspath(path)
     # its start is not one piece under setting_up: runs in threads would interleave it, whatever the block
     with run_under_way(resolve_device(cfg.device), keeps_apart=False):
         return _fit(path, cfg, progress, state)
