@@ -696,3 +696,12 @@ def test_a_model_folder_of_another_kind_damaged_or_mismatched_is_refused_in_one_
     CLIPImageProcessor(size={"shortest_edge": 64}, crop_size={"height": 64, "width": 64}).save_pretrained(larger)
     with pytest.raises(DataError, match=r"larger: its image processor makes images of 64 pixels, its model takes 32$"):
         ClipEncoder(str(larger), device="cpu")
+    # a folder without its tokenizer's files: every caption was the same unknown tokens, its features one row
+    untokened = tmp_path / "untokened"
+    shutil.copytree(tiny_clip, untokened)
+    for name in os.listdir(untokened):
+        if name in ("vocab.json", "merges.txt", "tokenizer.json", "tokenizer_config.json", "special_tokens_map.json"):
+            (untokened / name).unlink()
+    with pytest.raises(DataError, match=r"untokened: its tokenizer knows \d+ tokens, its model \d+: the tokenizer's "
+                                        r"files \(tokenizer.json, or vocab.json and merges.txt\) are missing"):
+        ClipEncoder(str(untokened), device="cpu")

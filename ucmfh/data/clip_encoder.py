@@ -76,6 +76,11 @@ def _load(model: str) -> Tuple[Any, Any, Any]:
     except Exception as err:  # noqa: BLE001 - files missing, of another kind or damaged (safetensors' own errors)
         raise DataError(f"{model}: not a complete CLIP model (model, tokenizer and image processor): "
                         f"{type(err).__name__}: {' '.join(str(err).split())}") from None
+    words, vocabulary = len(tokenizer), int(clip.config.text_config.vocab_size)
+    if words < vocabulary:  # a folder without its tokenizer's files: a tokenizer of its special tokens alone made
+        # every caption the same unknown tokens, and every caption's features one row
+        raise DataError(f"{model}: its tokenizer knows {words} tokens, its model {vocabulary}: the tokenizer's "
+                        "files (tokenizer.json, or vocab.json and merges.txt) are missing or of another model")
     size, crop = clip.config.vision_config.image_size, getattr(processor, "crop_size", None)
     height = crop.get("height") if isinstance(crop, dict) else getattr(crop, "height", None)  # or a SizeDict
     if height not in (None, size):
