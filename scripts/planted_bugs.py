@@ -969,6 +969,14 @@ BUGS: Tuple[Bug, ...] = (
         "        model = copy.deepcopy(fusion)  #", "        model = fusion  #",
         "fit_fusion trained the encoder given in place and returned it as the model trained",
         ("tests/test_library.py::test_fit_fusion_goes_on_from_a_copy_of_the_encoder_given_as_fit_hashing_does",)),
+    Bug("world-size-without-rank", "ucmfh/app/environment.py",
+        '    if world > 1 and "RANK" not in os.environ:', '    if False:',
+        "WORLD_SIZE set alone (a cluster's container) made extract shard 0 of N, which waited for the others for ever",
+        ("tests/test_distributed.py::test_a_command_of_one_process_is_refused_under_torchrun",)),
+    Bug("tokenizer-of-special-tokens", "ucmfh/data/clip_encoder.py",
+        "    if words < vocabulary:", "    if False:",
+        "a model folder without its tokenizer's files gave every caption one feature row, and the file was valid",
+        ("tests/data/test_extract.py::test_a_model_folder_of_another_kind_damaged_or_mismatched_is_refused_in_one_line",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

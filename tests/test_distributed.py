@@ -304,10 +304,21 @@ def test_a_command_of_one_process_is_refused_under_torchrun(monkeypatch, argv):
     monkeypatch.setenv("WORLD_SIZE", "2")
     monkeypatch.setenv("LOCAL_WORLD_SIZE", "2")
     monkeypatch.setattr(cli, "process_rank", lambda: 0)
+    # WORLD_SIZE alone, as a cluster's container sets it for every process: extract made itself shard 0 of 2 and
+    # waited for the other without end; a training command waited for its peers to join (an audit's)
+    alone = CliRunner().invoke(main, argv)
+    assert alone.exit_code == 2 and alone.output == (
+        "Error: WORLD_SIZE=2 is set in the environment, but not RANK: torchrun sets both for each of its processes; "
+        "run under torchrun, or unset WORLD_SIZE to run one process\n")
+    monkeypatch.setenv("RANK", "0")  # torchrun's
     refused = CliRunner().invoke(main, argv)
     assert refused.exit_code == 2 and refused.output == (
         f"Error: 'ucmfh {argv[0]}' runs in one process, not as torchrun's 2 ranks (each would do the whole of it); "
         "run it without torchrun (distributed: train-fusion, train-hash, train-seps, grid and extract)\n")
+    monkeypatch.setenv("WORLD_SIZE", "two")
+    assert CliRunner().invoke(main, argv).output == (
+        "Error: WORLD_SIZE='two' in the environment: torchrun sets it to a number of processes; unset it to run one "
+        "process\n")
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGINT])

@@ -180,11 +180,11 @@ def main(ctx: click.Context) -> None:
     """ucmfh: deep cross-modal hashing on precomputed features: UCMFH, the field's methods and a leak-free default."""
     try:
         configure_from_env()
-    except ValueError as err:  # an environment variable of ours set to what it cannot be
+        problem = distributed_problem(ctx.invoked_subcommand or "")
+    except ValueError as err:  # an environment variable set to what it cannot be (ours, or torchrun's)
         raise UserError(str(err)) from None
     plain_warnings()
     ctx.call_on_close(terminate_as_interrupt())
-    problem = distributed_problem(ctx.invoked_subcommand or "")
     if problem:
         raise UserError(problem)
     if ctx.invoked_subcommand != "extract":  # extraction's ranks are independent shards, never a group

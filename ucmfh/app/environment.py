@@ -32,9 +32,17 @@ def configure_from_env() -> None:
 
 
 def torchrun_sizes() -> Tuple[int, int]:
-    """``(WORLD_SIZE, LOCAL_WORLD_SIZE)`` of the environment torchrun sets (1, 1 outside it)."""
-    world = int(os.environ.get("WORLD_SIZE", "1"))
-    return world, int(os.environ.get("LOCAL_WORLD_SIZE", str(world)))
+    """``(WORLD_SIZE, LOCAL_WORLD_SIZE)`` of the environment torchrun sets (1, 1 outside it); a ValueError naming
+    the variable where one is not a whole number."""
+    sizes = []
+    for name, default in (("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", None)):
+        value = os.environ.get(name, default or str(sizes[0]))
+        try:
+            sizes.append(int(value))
+        except ValueError:
+            raise ValueError(f"{name}={value!r} in the environment: torchrun sets it to a number of processes; "
+                             f"unset it to run one process") from None
+    return sizes[0], sizes[1]
 
 
 # the commands that run as one of torchrun's ranks (docs/distributed.md); extraction's ranks are shards of their own
@@ -46,7 +54,11 @@ JOIN_SAID_AFTER = 10.0
 def distributed_problem(command: str) -> str:
     """Why ``command`` cannot run under torchrun (``WORLD_SIZE`` > 1), or '': each rank ran the whole command,
     and each appended its rows to the results file (evaluate, rerank: a row as many times as ranks)."""
-    if torchrun_sizes()[0] <= 1 or command in DISTRIBUTED or command == "extract":
+    world = torchrun_sizes()[0]
+    if world > 1 and "RANK" not in os.environ:  # a rank 0 of its own: it waited for its peers without end
+        return (f"WORLD_SIZE={world} is set in the environment, but not RANK: torchrun sets both for each of its "
+                "processes; run under torchrun, or unset WORLD_SIZE to run one process")
+    if world <= 1 or command in DISTRIBUTED or command == "extract":
         return ""
     return (f"'ucmfh {command}' runs in one process, not as torchrun's {torchrun_sizes()[0]} ranks (each would do "
             f"the whole of it); run it without torchrun (distributed: {', '.join(DISTRIBUTED)} and extract)")
