@@ -110,6 +110,8 @@ def test_a_whole_file_output_never_replaces_a_users_file(tmp_path, victim, tiny_
     (["search", "{index}", "-q", "{data}", "--html", "{index}/index.json"], "--html", "INDEX"),
     (["convert", "npz", "{victim}", "{victim}", "{victim}", "{victim}"], "OUT", "IMAGE"),
     (["make-synthetic", "/dev/null"], "OUT", None),
+    (["extract", "--model", "{model}", "{victim}", "{victim}", "{victim}", "{model}/model.safetensors"], "OUT",
+     "--model"),  # a local model's weights were replaced by the features, with --overwrite (an audit's)
 ])
 def test_an_output_that_is_an_input_is_refused_even_with_overwrite(tmp_path, victim, tiny_path, argv, flag,
                                                                    input_flag):
@@ -128,7 +130,10 @@ def test_an_output_that_is_an_input_is_refused_even_with_overwrite(tmp_path, vic
         if "{index}" in argv:
             built = CliRunner().invoke(main, ["index", tiny_path, "-c", str(checkpoint), "-o", str(index), "--quiet"])
             assert built.exit_code == 0, built.output
-    args = [a.format(victim=victim, data=tiny_path, checkpoint=checkpoint, index=index) for a in argv]
+    model = tmp_path / "clip"
+    model.mkdir()
+    (model / "model.safetensors").write_bytes(b"the weights")
+    args = [a.format(victim=victim, data=tiny_path, checkpoint=checkpoint, index=index, model=model) for a in argv]
     target = Path(args[-1])  # the output, last in each command line
     before = _md5(target) if target.is_file() else None
     for overwrite in (["--overwrite"], []):

@@ -20,7 +20,7 @@ from test_data_errors import user_error
 from ucmfh.app.cli import main
 from ucmfh.config import SettingError
 from ucmfh.data import DataError, load_dataset
-from ucmfh.data.annotations import list_images, read_captions, read_labels
+from ucmfh.data.annotations import check_images_there, list_images, read_captions, read_labels
 from ucmfh.data.extract import ExtractConfig, extract_features
 from ucmfh.data.splits import SplitSizes
 from ucmfh.data.h5 import validate_file
@@ -105,6 +105,20 @@ def test_input_mismatches_name_file_and_problem(tmp_path):
     (tmp_path / "l.tsv").write_text("a.jpg\tsea\n")
     with pytest.raises(DataError, match=r"l\.tsv: 1 images have no labels line \(first: 'b\.jpg'\)"):
         read_labels(tmp_path / "l.tsv", names)
+    # a line of an image not listed (a header line too) made a class of no image, where its caption is refused; a
+    # NUL character failed the extraction at its very end, without naming the file (an audit's)
+    (tmp_path / "l.tsv").write_text("file\tlabels\na.jpg\tsea\nb.jpg\tsky\nghost.jpg\tzebra\n")
+    with pytest.raises(DataError, match=r"l\.tsv: 2 of its lines name images that are not in the image list \(first: "
+                                        r"'file', line/record 1\); images and labels do not match$"):
+        read_labels(tmp_path / "l.tsv", names)
+    (tmp_path / "l.tsv").write_bytes(b"a.jpg\tsea\nb.jpg\ts\x00ky\n")
+    with pytest.raises(DataError, match=r"l\.tsv: line 2: a NUL character, which no text of the features file can "
+                                        r"hold \(UTF-16 text\? save the file as UTF-8\)$"):
+        read_labels(tmp_path / "l.tsv", names)
+    (tmp_path / "c.json").write_text(json.dumps({"a.jpg": "one", "b.jpg": ["two", "t\u0000wo"]}))
+    with pytest.raises(DataError, match=r"c\.json: record 2: a NUL character \(\\u0000\) in the caption of 'b\.jpg', "
+                                        r"which no text of the features file can hold$"):
+        read_captions(tmp_path / "c.json", names)
     # a third column (an index, a score) went into the caption, and a JSON key given twice kept its last value:
     # an image's first captions lost, its labels another line's, without a word
     (tmp_path / "c.tsv").write_text("a.jpg\tone\t\nb.jpg\t7\ttwo\n")  # a trailing tab is no field
@@ -171,6 +185,12 @@ def test_image_list_file(tmp_path):
     (tmp_path / "list.txt").write_text("".join(f"imgs/{n}\n" for n in names))
     listed, paths = list_images(tmp_path / "list.txt")
     assert listed == [f"imgs/{n}" for n in names] and all(Image.open(p) for p in paths)
+    # paths that are not there were found once the model had loaded, as unreadable images (an audit's)
+    (tmp_path / "lists").mkdir()
+    (tmp_path / "lists" / "list.txt").write_text("".join(f"imgs/{n}\n" for n in names))  # from the wrong folder
+    with pytest.raises(FileNotFoundError, match=r"list\.txt: 3 of its 3 images are not there \(first: 'imgs/img0\.jpg'\); "
+                                                r"a relative path is read from the list's folder, .*lists$"):
+        check_images_there(tmp_path / "lists" / "list.txt", *list_images(tmp_path / "lists" / "list.txt"))
 
 
 def test_fake_encoder_end_to_end_and_captions_share_ids(tmp_path):
@@ -374,6 +394,33 @@ def tiny_clip(tmp_path_factory):
     tokenizer.save_pretrained(folder)
     CLIPImageProcessor(size={"shortest_edge": 32}, crop_size={"height": 32, "width": 32}).save_pretrained(folder)
     return str(folder)
+
+
+def test_chunks_of_a_model_s_other_weights_in_its_folder_are_not_reused(tmp_path, tiny_clip):
+    """Weights trained on into the model's folder between an interrupted extraction and its resume: the chunks of
+    the old weights and of the new went into one file, without a word (the folder's name alone was checked; an
+    audit's)."""
+    import shutil
+
+    import torch
+    from transformers import CLIPModel
+
+    model = tmp_path / "model"
+    shutil.copytree(tiny_clip, model)
+    names = make_images(tmp_path / "imgs", 6)
+    caps, labels = write_inputs(tmp_path, names)
+    cfg = ExtractConfig(model=str(model), batch_size=4, chunk_items=5, device="cpu", workers=1, keep_scratch=True)
+    first = extract_features(tmp_path / "imgs", caps, labels, tmp_path / "a.h5", sizes=SIZES, config=cfg,
+                             progress=False)
+    again = extract_features(tmp_path / "imgs", caps, labels, tmp_path / "a.h5", sizes=SIZES, config=cfg,
+                             progress=False, overwrite=True)  # the same files: every chunk reused
+    assert first.chunks_computed > 0 and again.chunks_computed == 0
+    torch.manual_seed(1)
+    CLIPModel(CLIPModel.from_pretrained(model).config).save_pretrained(model, safe_serialization=True)
+    with pytest.raises(DataError, match=r"a\.h5\.parts: scratch of other files of the same model \(its weights, "
+                                        r"tokenizer or image processor have changed since its chunks were computed\)"):
+        extract_features(tmp_path / "imgs", caps, labels, tmp_path / "a.h5", sizes=SIZES, config=cfg,
+                         progress=False, overwrite=True)
 
 
 def test_clip_extraction_end_to_end_on_cpu(tmp_path, tiny_clip):

@@ -380,8 +380,11 @@ def extract(images, captions, labels, out, model, batch_size, chunk_items, devic
         image_paths = list_images(images)[1]
     except ValueError:
         image_paths = []  # said by the extraction, in its words
+    # a local model's files are inputs too: OUT named as its weights replaced them, with --overwrite
+    model_files = [os.path.join(model, name) for name in os.listdir(model)] if os.path.isdir(model) else []
     check_outputs({"OUT": out}, inputs={"CAPTIONS": captions, "LABELS": labels, "--classes": classes_file,
-                                        "IMAGES": [*([] if os.path.isdir(images) else [images]), *image_paths]},
+                                        "IMAGES": [*([] if os.path.isdir(images) else [images]), *image_paths],
+                                        "--model": model_files},
                   overwrite=overwrite, new=("OUT",))
     if shard is not None and merge:  # a shard that merged would wait for the others' chunks without end
         raise click.UsageError("--shard and --merge go apart: run each --shard I/N (they compute), then --merge "

@@ -51,6 +51,16 @@ def list_images(images: PathLike) -> Tuple[List[str], List[str]]:
     return names, [n if os.path.isabs(n) else os.path.join(base, n) for n in names]
 
 
+def check_images_there(images: PathLike, names: Sequence[str], paths: Sequence[str]) -> None:
+    """Every image a list file names is there (:class:`MissingFile` otherwise): such images were found once the
+    model had loaded, as unreadable ones, and '--bad-images skip' left them out. (A merge reads none.)"""
+    gone = [i for i, path in enumerate(paths) if not os.path.exists(path)]
+    if gone:
+        raise MissingFile(f"{os.fspath(images)}: {len(gone)} of its {len(names)} images are not there (first: "
+                          f"{names[gone[0]]!r}); a relative path is read from the list's folder, "
+                          f"{os.path.dirname(os.path.abspath(os.fspath(images)))}")
+
+
 def _read_name_map(path: str, what: str) -> List[Tuple[str, object, int]]:
     """(image name, value, line/record number) from a TSV or JSON file."""
     entries: List[Tuple[str, object, int]] = []
@@ -82,6 +92,11 @@ def _read_name_map(path: str, what: str) -> List[Tuple[str, object, int]]:
                 entries.append((str(record["image"]), record[key], n))
         else:
             raise DataError(f"{path}: expected a JSON object or list of records")
+        for name, value, n in entries:  # \u0000: the file's text has none, its strings one
+            if any("\x00" in text for text in (name, *(value if isinstance(value, list) else [value]))
+                   if isinstance(text, str)):
+                raise DataError(f"{path}: record {n}: a NUL character (\\u0000) in the {what} of {name!r}, which no "
+                                "text of the features file can hold")
         return entries
     for n, line in enumerate(text.split("\n"), 1):
         if not line.strip():
@@ -153,6 +168,11 @@ def read_labels(path: PathLike, names: Sequence[str], classes: Optional[Sequence
         if name in entries:
             raise DataError(f"{path}: line/record {n}: {name!r} appears twice")
         entries[name] = (value, n)
+    listed = set(names)
+    unknown = [name for name in entries if name not in listed]
+    if unknown:  # its names became classes of no image (a header line's 'labels' too), as captions are refused
+        raise DataError(f"{path}: {len(unknown)} of its lines name images that are not in the image list (first: "
+                        f"{unknown[0]!r}, line/record {entries[unknown[0]][1]}); images and labels do not match")
     if classes is None:
         classes = sorted({v for value, _ in entries.values() for v in value})
         if not classes:

@@ -2,6 +2,7 @@
 a local folder or already in the local Hugging Face cache; nothing is ever downloaded."""
 from __future__ import annotations
 
+import hashlib
 import importlib
 import os
 import warnings
@@ -52,6 +53,28 @@ def find_model(model: str) -> str:
             f"(`hf download {model}`) or pass a folder written by save_pretrained"
         )
     return model
+
+
+def model_digest(model: str) -> str:
+    """SHA-256 of the files of a model found by :func:`find_model` (a local folder's, or its snapshot's in the
+    Hugging Face cache): the same on every machine holding the same model, whatever its folder, and another for
+    weights trained on into the same folder."""
+    if os.path.isdir(model):
+        folder = model
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        folder = os.path.dirname(try_to_load_from_cache(model, "config.json"))
+    digest = hashlib.sha256()
+    for name in sorted(os.listdir(folder)):
+        path = os.path.join(folder, name)
+        if name.startswith(".") or not os.path.isfile(path):
+            continue
+        digest.update(name.encode() + b"\0")
+        with open(path, "rb") as f:
+            for block in iter(lambda: f.read(1 << 24), b""):
+                digest.update(block)
+    return digest.hexdigest()
 
 
 def _load(model: str) -> Tuple[Any, Any, Any]:
@@ -119,6 +142,7 @@ class ClipEncoder:
         self.max_length = int(self.model.config.text_config.max_position_embeddings)
         self.normalize = normalize
         self.name = model
+        self.digest = model_digest(model)  # an interrupted extraction goes on with the chunks of these weights alone
 
     def _finish(self, x: torch.Tensor) -> np.ndarray:
         if self.normalize:

@@ -50,7 +50,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from ucmfh.config import SettingError
-from ucmfh.data.annotations import list_images, read_captions, read_labels
+from ucmfh.data.annotations import check_images_there, list_images, read_captions, read_labels
 from ucmfh.data.clip_encoder import DEFAULT_MODEL, IMAGE_LOADING, ClipEncoder, load_image
 from ucmfh.data.convert import empty_label_rows, read_classes, root_attrs
 from ucmfh.data.h5 import SPLITS, DataError
@@ -295,6 +295,9 @@ def extract_features(
     if first_id < 0:
         raise ValueError(f"the first id must be >= 0, got {first_id}")
     names, paths = list_images(images)
+    computing = shard is not None or not merge
+    if computing:
+        check_images_there(images, names, paths)
     if first_id + len(names) - 1 > np.iinfo(np.int64).max:  # ids are int64
         raise ValueError(f"the first id, {first_id}: the ids of {len(names)} images from it would not fit int64")
     caption_list, image_of = read_captions(captions, names)
@@ -307,7 +310,6 @@ def extract_features(
     except ValueError as err:  # no image left to split
         raise DataError(f"{captions}: {err}") from None
 
-    computing = shard is not None or not merge
     if encoder is None and computing:
         encoder = ClipEncoder(cfg.model, cfg.device, cfg.normalize)
     model_name = getattr(encoder, "name", None) or cfg.model
@@ -322,7 +324,8 @@ def extract_features(
     # earlier way of reading images. An image changed since its chunk was computed makes that chunk be computed
     # again (run_chunks' files): a merge, which reads no image, takes the shards' chunks as they are
     scratch = Scratch(scratch_dir, fingerprint(model_name, cfg.normalize, cfg.chunk_items, paths, caption_list,
-                                                 IMAGE_LOADING, *(["tokens"] if cfg.tokens else [])), out)
+                                                 IMAGE_LOADING, *(["tokens"] if cfg.tokens else [])), out,
+                      model=getattr(encoder, "digest", None) if computing else None)
     report = ExtractReport(path=out, rows={}, n_images=len(names), n_captions=len(caption_list), shard=shard)
     counts = {"image": len(names), "text": len(caption_list)}
 

@@ -41,6 +41,10 @@ def read_text(path: PathLike) -> str:
         line = data[: err.start].count(b"\n") + 1
         raise DataError(f"{path}: line {line}: not UTF-8 text (byte 0x{data[err.start]:02x}); "
                         "save the file as UTF-8") from None
+    if "\x00" in text:  # valid UTF-8, which no text of an HDF5 file holds: an extraction failed at its very end
+        line = text.count("\n", 0, text.index("\x00")) + 1
+        raise DataError(f"{path}: line {line}: a NUL character, which no text of the features file can hold (UTF-16 "
+                        "text? save the file as UTF-8)")
     return text.replace("\r\n", "\n").replace("\r", "\n")
 
 

@@ -47,14 +47,16 @@ def fingerprint(*parts: object) -> str:
 class Scratch:
     """Finished chunks as ``kind-NNNNNN.npz`` files, each written atomically."""
 
-    def __init__(self, folder: str, fingerprint: str, out: str):
+    def __init__(self, folder: str, fingerprint: str, out: str, model: Optional[str] = None):
+        """``model``: the digest of the model's files (:func:`ucmfh.data.clip_encoder.model_digest`) where the
+        chunks are computed; a merge, which loads no model, gives none."""
         self.folder = folder
         make_folder(folder, out)
         manifest = os.path.join(folder, "manifest.json")
         if not os.path.exists(manifest):
             # shards may start together, on several machines: the first complete manifest linked wins
             mine = f"{manifest}.{socket.gethostname()}.{os.getpid()}"
-            write_text_atomic(mine, json.dumps({"fingerprint": fingerprint}))
+            write_text_atomic(mine, json.dumps({"fingerprint": fingerprint, "model": model}))
             try:
                 os.link(mine, manifest)
             except FileExistsError:
@@ -62,12 +64,16 @@ class Scratch:
             finally:
                 os.remove(mine)
         try:
-            old = json.loads(read_text(manifest)).get("fingerprint")
+            saved = json.loads(read_text(manifest))
+            old, weights = saved.get("fingerprint"), saved.get("model")
         except (ValueError, AttributeError):  # not JSON, or not an object
             raise DataError(f"{manifest}: unreadable scratch manifest", remedy=RESTART) from None
         if old != fingerprint:
             raise DataError(f"{folder}: scratch of a different extraction (other inputs, model or settings)",
                             remedy=RESTART)
+        if None not in (model, weights) and weights != model:  # trained on into its folder: chunks of two models
+            raise DataError(f"{folder}: scratch of other files of the same model (its weights, tokenizer or image "
+                            "processor have changed since its chunks were computed)", remedy=RESTART)
 
     def path(self, kind: str, chunk: int) -> str:
         return os.path.join(self.folder, f"{kind}-{chunk:06d}.npz")
