@@ -1,4 +1,5 @@
 """Feature extraction: inputs checked by name, bad images never become features, resumable, CLIP end to end."""
+import dataclasses
 import io
 import json
 import logging
@@ -235,18 +236,41 @@ def test_resume_recomputes_only_unfinished_chunks(tmp_path):
         assert (pa.img == pb.img).all() and (pa.txt == pb.txt).all() and (pa.ids == pb.ids).all()
 
 
-def test_scratch_of_other_inputs_is_not_reused(tmp_path):
+def test_scratch_of_other_inputs_is_not_reused(tmp_path, monkeypatch):
     names = make_images(tmp_path / "imgs")
     caps, labels = write_inputs(tmp_path, names)
     cfg = ExtractConfig(chunk_items=4, workers=1, keep_scratch=True)
-    extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=FakeEncoder(),
+    monkeypatch.chdir(tmp_path)
+    extract_features("imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=FakeEncoder(),
                      config=cfg, progress=False)
+    # the same folder written otherwise is the same images (it was refused as other inputs; an audit's)
+    same = extract_features("./imgs/", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=FakeEncoder(),
+                            config=cfg, overwrite=True, progress=False)
+    assert same.chunks_computed == 0
     caps.write_text(caps.read_text().replace("photo", "drawing"))
-    with pytest.raises(DataError, match=r"set\.h5\.parts: scratch of a different extraction"):
-        extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=FakeEncoder(),
+    # what differs is named (it was "other inputs, model or settings", whatever it was)
+    with pytest.raises(DataError, match=r"set\.h5\.parts: scratch of a different extraction \(its captions differ\)$"):
+        extract_features("imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=FakeEncoder(),
                          config=cfg, overwrite=True, progress=False)
+    with pytest.raises(DataError, match=r"scratch of a different extraction \(its chunk size, captions differ\)$"):
+        extract_features("imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=FakeEncoder(),
+                         config=dataclasses.replace(cfg, chunk_items=5), overwrite=True, progress=False)
     extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=FakeEncoder(),
                      config=cfg, overwrite=True, restart=True, progress=False)
+
+
+def test_a_scratch_of_no_chunk_says_so_and_an_older_one_is_said_as_before(tmp_path):
+    """--restart loses nothing where no chunk was finished (a run stopped as it loaded its model): said."""
+    from ucmfh.data.scratch import Scratch
+
+    folder, out = str(tmp_path / "o.h5.parts"), str(tmp_path / "o.h5")
+    Scratch(folder, "a", out, parts={"images": "1", "captions": "1"})
+    with pytest.raises(DataError, match=r"parts: scratch of a different extraction \(its images differ; it holds no "
+                                        r"finished chunk\)$"):
+        Scratch(folder, "b", out, parts={"images": "2", "captions": "1"})
+    (tmp_path / "o.h5.parts" / "image-000000.npz").write_bytes(b"")
+    with pytest.raises(DataError, match=r"scratch of a different extraction \(other inputs, model or settings\)$"):
+        Scratch(folder, "b", out)  # parts not given (or an older manifest without them): not named
 
 
 def test_a_chunk_whose_image_changed_since_is_computed_again_and_said(tmp_path, caplog):

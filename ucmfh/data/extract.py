@@ -323,9 +323,17 @@ def extract_features(
     # a token run's chunks hold more than a pooled run's: their scratch folders never mix; nor do chunks of an
     # earlier way of reading images. An image changed since its chunk was computed makes that chunk be computed
     # again (run_chunks' files): a merge, which reads no image, takes the shards' chunks as they are
-    scratch = Scratch(scratch_dir, fingerprint(model_name, cfg.normalize, cfg.chunk_items, paths, caption_list,
-                                                 IMAGE_LOADING, *(["tokens"] if cfg.tokens else [])), out,
-                      model=getattr(encoder, "digest", None) if computing else None)
+    # paths as written ('./imgs/a.jpg' and 'imgs/a.jpg' are one), not resolved: shards on several machines share them
+    model_key, path_keys = os.path.normpath(model_name) if os.path.isdir(model_name) else model_name, \
+        [os.path.normpath(path) for path in paths]
+    tokens = ["tokens"] if cfg.tokens else []
+    parts = {"model": fingerprint(model_key), "normalization": fingerprint(cfg.normalize),
+             "chunk size": fingerprint(cfg.chunk_items), "images": fingerprint(path_keys),
+             "captions": fingerprint(caption_list), "way of reading images": fingerprint(IMAGE_LOADING),
+             "tokens": fingerprint(tokens)}
+    scratch = Scratch(scratch_dir, fingerprint(model_key, cfg.normalize, cfg.chunk_items, path_keys, caption_list,
+                                               IMAGE_LOADING, *tokens), out,
+                      model=getattr(encoder, "digest", None) if computing else None, parts=parts)
     report = ExtractReport(path=out, rows={}, n_images=len(names), n_captions=len(caption_list), shard=shard)
     counts = {"image": len(names), "text": len(caption_list)}
 

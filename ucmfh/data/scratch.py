@@ -47,16 +47,19 @@ def fingerprint(*parts: object) -> str:
 class Scratch:
     """Finished chunks as ``kind-NNNNNN.npz`` files, each written atomically."""
 
-    def __init__(self, folder: str, fingerprint: str, out: str, model: Optional[str] = None):
-        """``model``: the digest of the model's files (:func:`ucmfh.data.clip_encoder.model_digest`) where the
-        chunks are computed; a merge, which loads no model, gives none."""
+    def __init__(self, folder: str, key: str, out: str, model: Optional[str] = None,
+                 parts: Optional[Dict[str, str]] = None):
+        """``key``: the fingerprint of what the chunks are of; ``parts``, where given, its parts by name (each a
+        fingerprint): a scratch of another key is refused naming the parts that differ. ``model``: the digest
+        of the model's files (:func:`ucmfh.data.clip_encoder.model_digest`) where the chunks are computed; a
+        merge, which loads no model, gives none."""
         self.folder = folder
         make_folder(folder, out)
         manifest = os.path.join(folder, "manifest.json")
         if not os.path.exists(manifest):
             # shards may start together, on several machines: the first complete manifest linked wins
             mine = f"{manifest}.{socket.gethostname()}.{os.getpid()}"
-            write_text_atomic(mine, json.dumps({"fingerprint": fingerprint, "model": model}))
+            write_text_atomic(mine, json.dumps({"fingerprint": key, "parts": parts, "model": model}))
             try:
                 os.link(mine, manifest)
             except FileExistsError:
@@ -65,12 +68,15 @@ class Scratch:
                 os.remove(mine)
         try:
             saved = json.loads(read_text(manifest))
-            old, weights = saved.get("fingerprint"), saved.get("model")
+            old, weights, old_parts = saved.get("fingerprint"), saved.get("model"), saved.get("parts")
         except (ValueError, AttributeError):  # not JSON, or not an object
             raise DataError(f"{manifest}: unreadable scratch manifest", remedy=RESTART) from None
-        if old != fingerprint:
-            raise DataError(f"{folder}: scratch of a different extraction (other inputs, model or settings)",
-                            remedy=RESTART)
+        if old != key:  # which part differs: the inputs given in another spelling, a flag, the files themselves
+            differ = [name for name in parts or () if isinstance(old_parts, dict) and old_parts.get(name) != parts[name]]
+            empty = not any(name.endswith(".npz") for name in os.listdir(folder))
+            raise DataError(f"{folder}: scratch of a different extraction ("
+                            + (f"its {', '.join(differ)} differ" if differ else "other inputs, model or settings")
+                            + ("; it holds no finished chunk" if empty else "") + ")", remedy=RESTART)
         if None not in (model, weights) and weights != model:  # trained on into its folder: chunks of two models
             raise DataError(f"{folder}: scratch of other files of the same model (its weights, tokenizer or image "
                             "processor have changed since its chunks were computed)", remedy=RESTART)
