@@ -993,6 +993,18 @@ BUGS: Tuple[Bug, ...] = (
         '    if "\\x00" in text:', "    if False:",
         "a NUL character in a caption failed the extraction at its end, naming no file",
         ("tests/data/test_extract.py::test_input_mismatches_name_file_and_problem",)),
+    Bug("extractions-side-by-side", "ucmfh/data/extract.py",
+        "            held.enter_context(locked(folder, hidden=True, wait=False, shared=shard is not None))\n",
+        "            pass\n",
+        "two extractions of one OUT at once: one's restart removed the scratch under the other, whose chunks of other "
+        "captions went into the file",
+        ("tests/data/test_extract_shards.py::"
+         "test_another_extraction_of_one_out_under_way_is_refused_and_a_removed_scratch_is_not_written_anew",)),
+    Bug("scratch-made-anew-by-a-chunk", "ucmfh/data/scratch.py",
+        '        if not os.path.exists(os.path.join(self.folder, "manifest.json")):  # its chunk', "        if False:  #",
+        "a chunk written after another extraction removed the scratch made it anew, of nothing said",
+        ("tests/data/test_extract_shards.py::"
+         "test_another_extraction_of_one_out_under_way_is_refused_and_a_removed_scratch_is_not_written_anew",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

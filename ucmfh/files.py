@@ -446,11 +446,11 @@ def write_json_atomic(path: PathLike, value: Any) -> str:
 
 
 @contextlib.contextmanager
-def locked(path: PathLike, hidden: bool = False, wait: bool = True) -> Iterator[int]:
+def locked(path: PathLike, hidden: bool = False, wait: bool = True, shared: bool = False) -> Iterator[int]:
     """An exclusive advisory lock on ``PATH.lock`` (POSIX; a no-op elsewhere); yields nothing useful. ``hidden``:
     on ``.NAME.lock`` beside it, for a file in a folder of the user's (a results file), where the lock, left
     for the next writer, would otherwise sit in their listing. Without ``wait``, a lock another holds is
-    ``BlockingIOError``."""
+    ``BlockingIOError``. ``shared``: a lock others may hold too (not an exclusive one)."""
     if fcntl is None:  # pragma: no cover
         yield -1
         return
@@ -458,7 +458,8 @@ def locked(path: PathLike, hidden: bool = False, wait: bool = True) -> Iterator[
     lock = os.path.join(head, f".{name}.lock" if hidden else f"{name}.lock")
     fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+        kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
+        fcntl.flock(fd, kind if wait else kind | fcntl.LOCK_NB)
         yield fd
     finally:
         os.close(fd)  # closing releases the lock

@@ -59,6 +59,34 @@ def extract(inputs, out, **kwargs):
     return extract_features(*inputs, out, sizes=SIZES, config=CFG, progress=False, **kwargs)
 
 
+def test_another_extraction_of_one_out_under_way_is_refused_and_a_removed_scratch_is_not_written_anew(tmp_path,
+                                                                                                      inputs):
+    """Two extractions of one OUT at once (a second terminal; a --restart of other captions): one's restart or end
+    removed the scratch under the other, whose next chunk made it anew, and a file was written whose captions had
+    the features of other captions (an audit's). One extraction of an OUT at a time, shards beside each other."""
+    from ucmfh.files import locked
+
+    out, parts = tmp_path / "set.h5", str(tmp_path / "set.h5.parts")
+    with locked(parts, hidden=True, shared=True):  # a shard under way
+        with pytest.raises(DataError, match=r"set\.h5\.parts: another extraction of .*set\.h5 is under way now \(in "
+                                            r"another process\); let it finish, or extract into another OUT$"):
+            extract(inputs, out, restart=True)
+        assert extract(inputs, out, shard=(1, 2)).path is None  # a shard beside it
+        with pytest.raises(DataError, match="another extraction of"):
+            extract(inputs, out, merge=True)
+    assert extract(inputs, out, shard=(0, 2)).path is None
+    # the folder removed under a run: its next chunk is refused, not written into a folder made anew
+    scratch = Scratch(str(tmp_path / "other.h5.parts"), "key", str(tmp_path / "other.h5"))
+    os.remove(tmp_path / "other.h5.parts" / "manifest.json")
+    with pytest.raises(DataError, match=r"parts: removed while this extraction wrote into it \(by another extraction of "
+                                        r"the same OUT, one that restarted or finished\); run it again$"):
+        scratch.save("image", 0, np.zeros((2, 3), np.float32), np.ones(2, bool))
+    os.remove(os.path.join(parts, "manifest.json"))  # the chunks of the shards, of nothing said
+    with pytest.raises(DataError, match=r"parts: chunks without a manifest \(an extraction's, whose folder was removed "
+                                        r"under it\): of what, nothing says"):
+        extract(inputs, out)
+
+
 def test_shards_killed_and_resumed_merge_into_the_unsharded_file(tmp_path, inputs):
     ref = extract(inputs, reference(tmp_path))
     out, parts = tmp_path / "set.h5", tmp_path / "set.h5.parts"

@@ -36,6 +36,7 @@ The CLIP implementation is ``transformers`` (the ``extract`` extra).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
@@ -43,7 +44,7 @@ import shutil
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Any, Callable, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
 import h5py
 import numpy as np
@@ -54,12 +55,12 @@ from ucmfh.data.annotations import check_images_there, list_images, read_caption
 from ucmfh.data.clip_encoder import DEFAULT_MODEL, IMAGE_LOADING, ClipEncoder, load_image
 from ucmfh.data.convert import empty_label_rows, read_classes, root_attrs
 from ucmfh.data.h5 import SPLITS, DataError
-from ucmfh.data.writer import create_split_dataset, open_writer
+from ucmfh.data.writer import create_split_dataset, make_folder, open_writer
 from ucmfh.data.scratch import (
     RESTART, Scratch, Shard, chunks, fingerprint, gather_chunks, missing_chunks, run_chunks, wait_for_shards,
 )
 from ucmfh.data.splits import DEFAULT_SEED, SplitSizes, check_seed, sample_split
-from ucmfh.files import PathLike, write_attrs, write_text_atomic
+from ucmfh.files import PathLike, locked, write_attrs, write_text_atomic
 
 log = logging.getLogger(__name__)
 
@@ -239,6 +240,24 @@ def _token_attrs(describe: Callable[..., Dict[str, str]], model: str, n_image_to
 # ---------------------------------------------------------------- main entry
 
 
+@contextlib.contextmanager
+def scratch_held(folder: str, shard: Optional[Shard]) -> Iterator[None]:
+    """An extraction's hold on its scratch folder: alone (a run of every chunk, a merge), or beside the other
+    shards (a shard's run). Another extraction of the same OUT started meanwhile is refused (:class:`DataError`):
+    two wrote chunks into one folder, one's restart or end removed it under the other, and a file was written
+    whose captions had another caption's features. (The lock is this machine's: shards of other machines share
+    the folder unseen, as they are meant to.)"""
+    out = folder[:-len(".parts")]
+    make_folder(os.path.dirname(os.path.abspath(folder)), out)  # OUT's folder, where the lock is
+    with contextlib.ExitStack() as held:
+        try:
+            held.enter_context(locked(folder, hidden=True, wait=False, shared=shard is not None))
+        except BlockingIOError:
+            raise DataError(f"{folder}: another extraction of {out} is under way now (in another process); let it "
+                            "finish, or extract into another OUT") from None
+        yield
+
+
 def extract_features(
     images: PathLike,
     captions: PathLike,
@@ -310,165 +329,170 @@ def extract_features(
     except ValueError as err:  # no image left to split
         raise DataError(f"{captions}: {err}") from None
 
-    if encoder is None and computing:
-        encoder = ClipEncoder(cfg.model, cfg.device, cfg.normalize)
-    model_name = getattr(encoder, "name", None) or cfg.model
     scratch_dir = out + ".parts"
-    if restart and os.path.isdir(scratch_dir):
-        shutil.rmtree(scratch_dir)
-    if cfg.tokens and computing and not all(hasattr(encoder, m) for m in ("encode_images_tokens",
-                                                                           "encode_texts_tokens")):
-        raise TypeError(f"encoder {model_name!r} has no encode_images_tokens/encode_texts_tokens: it cannot "
-                        "extract tokens")
-    # a token run's chunks hold more than a pooled run's: their scratch folders never mix; nor do chunks of an
-    # earlier way of reading images. An image changed since its chunk was computed makes that chunk be computed
-    # again (run_chunks' files): a merge, which reads no image, takes the shards' chunks as they are
-    # paths as written ('./imgs/a.jpg' and 'imgs/a.jpg' are one), not resolved: shards on several machines share them
-    model_key, path_keys = os.path.normpath(model_name) if os.path.isdir(model_name) else model_name, \
-        [os.path.normpath(path) for path in paths]
-    tokens = ["tokens"] if cfg.tokens else []
-    parts = {"model": fingerprint(model_key), "normalization": fingerprint(cfg.normalize),
-             "chunk size": fingerprint(cfg.chunk_items), "images": fingerprint(path_keys),
-             "captions": fingerprint(caption_list), "way of reading images": fingerprint(IMAGE_LOADING),
-             "tokens": fingerprint(tokens)}
-    scratch = Scratch(scratch_dir, fingerprint(model_key, cfg.normalize, cfg.chunk_items, path_keys, caption_list,
-                                               IMAGE_LOADING, *tokens), out,
-                      model=getattr(encoder, "digest", None) if computing else None, parts=parts)
-    report = ExtractReport(path=out, rows={}, n_images=len(names), n_captions=len(caption_list), shard=shard)
-    counts = {"image": len(names), "text": len(caption_list)}
+    with scratch_held(scratch_dir, shard):  # another extraction of OUT meanwhile: refused (before the model loads)
+        if encoder is None and computing:
+            encoder = ClipEncoder(cfg.model, cfg.device, cfg.normalize)
+        model_name = getattr(encoder, "name", None) or cfg.model
+        if restart and os.path.isdir(scratch_dir):
+            shutil.rmtree(scratch_dir)
+        if cfg.tokens and computing and not all(hasattr(encoder, m) for m in ("encode_images_tokens",
+                                                                               "encode_texts_tokens")):
+            raise TypeError(f"encoder {model_name!r} has no encode_images_tokens/encode_texts_tokens: it cannot "
+                            "extract tokens")
+        # a token run's chunks hold more than a pooled run's: their scratch folders never mix; nor do chunks of an
+        # earlier way of reading images. An image changed since its chunk was computed makes that chunk be computed
+        # again (run_chunks' files): a merge, which reads no image, takes the shards' chunks as they are
+        # paths as written ('./imgs/a.jpg' and 'imgs/a.jpg' are one), not resolved: shards of several machines
+        # share them
+        model_key, path_keys = os.path.normpath(model_name) if os.path.isdir(model_name) else model_name, \
+            [os.path.normpath(path) for path in paths]
+        tokens = ["tokens"] if cfg.tokens else []
+        parts = {"model": fingerprint(model_key), "normalization": fingerprint(cfg.normalize),
+                 "chunk size": fingerprint(cfg.chunk_items), "images": fingerprint(path_keys),
+                 "captions": fingerprint(caption_list), "way of reading images": fingerprint(IMAGE_LOADING),
+                 "tokens": fingerprint(tokens)}
+        scratch = Scratch(scratch_dir, fingerprint(model_key, cfg.normalize, cfg.chunk_items, path_keys, caption_list,
+                                                   IMAGE_LOADING, *tokens), out,
+                          model=getattr(encoder, "digest", None) if computing else None, parts=parts)
+        report = ExtractReport(path=out, rows={}, n_images=len(names), n_captions=len(caption_list), shard=shard)
+        counts = {"image": len(names), "text": len(caption_list)}
 
-    # each image made the model's input as it is read, where the encoder can (ClipEncoder.prepare_image)
-    prepare = getattr(encoder, "prepare_image", None)
+        # each image made the model's input as it is read, where the encoder can (ClipEncoder.prepare_image)
+        prepare = getattr(encoder, "prepare_image", None)
 
-    def image_chunk(start: int, stop: int, bar: tqdm) -> tuple:
-        feats, ok, tokens = [], np.ones(stop - start, dtype=bool), []
-        with ThreadPoolExecutor(cfg.workers) as pool:
+        def image_chunk(start: int, stop: int, bar: tqdm) -> tuple:
+            feats, ok, tokens = [], np.ones(stop - start, dtype=bool), []
+            with ThreadPoolExecutor(cfg.workers) as pool:
+                for b in range(start, stop, cfg.batch_size):
+                    batch_paths = paths[b : min(stop, b + cfg.batch_size)]
+                    loaded = list(pool.map(lambda path: _try_load(path, prepare), batch_paths))
+                    good = []
+                    for i, (img, err) in enumerate(loaded):
+                        if err is None:
+                            good.append(img)
+                            continue
+                        if cfg.bad_images == "fail":
+                            raise DataError(err, remedy=_SKIP_BAD)
+                        log.warning("%s; skipped", err)
+                        ok[b - start + i] = False
+                    if good and cfg.tokens:
+                        pooled, batch_tokens = encoder.encode_images_tokens(good)
+                        feats.append(np.asarray(pooled, dtype=np.float32))
+                        tokens.append(np.asarray(batch_tokens, dtype=np.float16))
+                    elif good:
+                        feats.append(np.asarray(encoder.encode_images(good), dtype=np.float32))
+                    bar.update(len(batch_paths))
+            d = feats[0].shape[1] if feats else 0
+            full = np.full((stop - start, d), np.nan, dtype=np.float32)  # skipped rows never reach the output
+            if feats:
+                full[ok] = np.concatenate(feats)
+            if not cfg.tokens:
+                return full, ok
+            # [n, T, C]; NaN rows for skipped images, (n, 0, 0) when none was readable
+            shape = tokens[0].shape[1:] if tokens else (0, 0)
+            full_tokens = np.full((stop - start, *shape), np.nan, dtype=np.float16)
+            if tokens:
+                full_tokens[ok] = np.concatenate(tokens)
+            return full, ok, {"image": full_tokens}
+
+        def text_chunk(start: int, stop: int, bar: tqdm) -> tuple:
+            feats, rows, lengths, words = [], [], [], []
             for b in range(start, stop, cfg.batch_size):
-                batch_paths = paths[b : min(stop, b + cfg.batch_size)]
-                loaded = list(pool.map(lambda path: _try_load(path, prepare), batch_paths))
-                good = []
-                for i, (img, err) in enumerate(loaded):
-                    if err is None:
-                        good.append(img)
-                        continue
-                    if cfg.bad_images == "fail":
-                        raise DataError(err, remedy=_SKIP_BAD)
-                    log.warning("%s; skipped", err)
-                    ok[b - start + i] = False
-                if good and cfg.tokens:
-                    pooled, batch_tokens = encoder.encode_images_tokens(good)
-                    feats.append(np.asarray(pooled, dtype=np.float32))
-                    tokens.append(np.asarray(batch_tokens, dtype=np.float16))
-                elif good:
-                    feats.append(np.asarray(encoder.encode_images(good), dtype=np.float32))
-                bar.update(len(batch_paths))
-        d = feats[0].shape[1] if feats else 0
-        full = np.full((stop - start, d), np.nan, dtype=np.float32)  # skipped rows never reach the output
-        if feats:
-            full[ok] = np.concatenate(feats)
-        if not cfg.tokens:
-            return full, ok
-        # [n, T, C]; NaN rows for skipped images, (n, 0, 0) when none was readable
-        shape = tokens[0].shape[1:] if tokens else (0, 0)
-        full_tokens = np.full((stop - start, *shape), np.nan, dtype=np.float16)
-        if tokens:
-            full_tokens[ok] = np.concatenate(tokens)
-        return full, ok, {"image": full_tokens}
+                batch = caption_list[b : min(stop, b + cfg.batch_size)]
+                if cfg.tokens:
+                    pooled, batch_rows, batch_lengths, batch_words = encoder.encode_texts_tokens(batch)
+                    rows.append(np.asarray(batch_rows, dtype=np.float16))
+                    lengths.append(np.asarray(batch_lengths, dtype=np.int64))
+                    words += batch_words
+                else:
+                    pooled = encoder.encode_texts(batch)
+                feats.append(np.asarray(pooled, dtype=np.float32))
+                bar.update(len(batch))
+            if not cfg.tokens:
+                return np.concatenate(feats), np.ones(stop - start, dtype=bool)
+            return np.concatenate(feats), np.ones(stop - start, dtype=bool), {
+                "text": np.concatenate(rows), "lengths": np.concatenate(lengths), "words": np.array(words, dtype=str)}
 
-    def text_chunk(start: int, stop: int, bar: tqdm) -> tuple:
-        feats, rows, lengths, words = [], [], [], []
-        for b in range(start, stop, cfg.batch_size):
-            batch = caption_list[b : min(stop, b + cfg.batch_size)]
+        if computing:
+            total = sum(stop - start for n in counts.values() for _, start, stop in chunks(n, cfg.chunk_items, shard))
+            desc = "extract" if shard is None else f"extract shard {shard[0]}/{shard[1]}"
+            with tqdm(total=total, unit="item", desc=desc, disable=not progress) as bar:
+                run_chunks("image", len(names), scratch, cfg.chunk_items, image_chunk, bar, report, shard,
+                           files=lambda start, stop: file_states(paths[start:stop]), names=names)
+                run_chunks("text", len(caption_list), scratch, cfg.chunk_items, text_chunk, bar, report, shard)
+        if shard is not None:
+            write_text_atomic(scratch.marker(shard), json.dumps(
+                {"chunks_computed": report.chunks_computed, "chunks_reused": report.chunks_reused}))
+            if not merge:
+                report.path = None
+                report.seconds = time.perf_counter() - t0
+                return report
+            wait_for_shards(scratch, shard[1], poll_seconds)
+        missing_chunks(counts, scratch, cfg.chunk_items)
+        # every chunk not computed by this process was reused: a merge's are the shards' (it computes none)
+        report.chunks_reused = sum(len(chunks(n, cfg.chunk_items)) for n in counts.values()) - report.chunks_computed
+        img_feats, img_ok = gather_chunks("image", len(names), scratch, cfg.chunk_items)
+        txt_feats, _ = gather_chunks("text", len(caption_list), scratch, cfg.chunk_items)
+        if img_feats.shape[1] == 0 or not img_ok.any():
+            raise DataError(f"{images}: no readable image")
+        report.skipped_images = [names[i] for i in np.flatnonzero(~img_ok)]
+        if report.skipped_images and cfg.bad_images == "fail":  # chunks from an earlier run with skip
+            raise DataError(f"{paths[np.flatnonzero(~img_ok)[0]]}: unreadable image (found by an earlier run)",
+                            remedy=_SKIP_BAD)
+        if report.skipped_images:
+            log.warning("skipped %d unreadable images (first: %s)", len(report.skipped_images),
+                        ", ".join(report.skipped_images[:10]))
+
+        keep_rows = (keep_image & img_ok)[image_of]
+        copy_of = first_copies(img_feats, img_ok)
+        report.duplicate_images = [(names[i], names[j]) for i, j in enumerate(copy_of) if i != j]
+        if report.duplicate_images:
+            log.warning("%d images have the features of an earlier image (the same picture; first: %s), each drawn "
+                        "into the split of the image it copies", len(report.duplicate_images),
+                        " = ".join(report.duplicate_images[0]))
+        try:
+            index = sample_split(len(caption_list), sizes, seed, ids=copy_of[image_of], keep=keep_rows)
+        except SettingError as err:
+            copies = f" (the {len(report.duplicate_images)} copies of other images count once)" \
+                if report.duplicate_images else ""
+            raise SettingError(err.settings, f"{captions}: {err}{copies}") from None
+        except ValueError as err:
+            raise DataError(f"{captions}: {err}") from None
+        rows = index.as_dict()
+        attrs = root_attrs(
+            out, name, class_names, len(class_names),
+            f"CLIP {model_name} image embedding ({img_feats.shape[1]}-d{', L2-normalised' if cfg.normalize else ''})",
+            f"CLIP {model_name} text embedding ({txt_feats.shape[1]}-d{', L2-normalised' if cfg.normalize else ''})",
+            source=f"images={os.fspath(images)}; captions={os.fspath(captions)}; labels={os.fspath(labels)}",
+            split_rule=index.rule,
+        )
+        here = os.path.dirname(os.path.abspath(out))  # a path relative to the file's folder: they move together
+        relative = [os.path.relpath(os.path.abspath(path), here).replace(os.sep, "/") for path in paths]
+        strings = h5py.string_dtype()
+        size = sum(len(r) for r in rows.values()) * (4 * (img_feats.shape[1] + txt_feats.shape[1]) + 8
+                                                     + len(class_names))
+        # the pooled features' (tokens' checked as they are written)
+        with open_writer(out, attrs, overwrite, size) as f:
+            for s in SPLITS:
+                r = rows[s]
+                create_split_dataset(f, s, "image", (len(r), img_feats.shape[1]))[...] = img_feats[image_of[r]]
+                create_split_dataset(f, s, "text", (len(r), txt_feats.shape[1]))[...] = txt_feats[r]
+                create_split_dataset(f, s, "labels", (len(r), len(class_names)))[...] = label_matrix[image_of[r]]
+                create_split_dataset(f, s, "ids", (len(r),))[...] = image_of[r] + first_id
+                f[s].create_dataset("text_raw", data=np.array([caption_list[i] for i in r], dtype=object),
+                                    dtype=strings)
+                f[s].create_dataset("paths", data=np.array([relative[i] for i in image_of[r]], dtype=object),
+                                    dtype=strings)
+                report.rows[s] = len(r)
             if cfg.tokens:
-                pooled, batch_rows, batch_lengths, batch_words = encoder.encode_texts_tokens(batch)
-                rows.append(np.asarray(batch_rows, dtype=np.float16))
-                lengths.append(np.asarray(batch_lengths, dtype=np.int64))
-                words += batch_words
-            else:
-                pooled = encoder.encode_texts(batch)
-            feats.append(np.asarray(pooled, dtype=np.float32))
-            bar.update(len(batch))
-        if not cfg.tokens:
-            return np.concatenate(feats), np.ones(stop - start, dtype=bool)
-        return np.concatenate(feats), np.ones(stop - start, dtype=bool), {
-            "text": np.concatenate(rows), "lengths": np.concatenate(lengths), "words": np.array(words, dtype=str)}
-
-    if computing:
-        total = sum(stop - start for n in counts.values() for _, start, stop in chunks(n, cfg.chunk_items, shard))
-        desc = "extract" if shard is None else f"extract shard {shard[0]}/{shard[1]}"
-        with tqdm(total=total, unit="item", desc=desc, disable=not progress) as bar:
-            run_chunks("image", len(names), scratch, cfg.chunk_items, image_chunk, bar, report, shard,
-                       files=lambda start, stop: file_states(paths[start:stop]), names=names)
-            run_chunks("text", len(caption_list), scratch, cfg.chunk_items, text_chunk, bar, report, shard)
-    if shard is not None:
-        write_text_atomic(scratch.marker(shard), json.dumps(
-            {"chunks_computed": report.chunks_computed, "chunks_reused": report.chunks_reused}))
-        if not merge:
-            report.path = None
-            report.seconds = time.perf_counter() - t0
-            return report
-        wait_for_shards(scratch, shard[1], poll_seconds)
-    missing_chunks(counts, scratch, cfg.chunk_items)
-    # every chunk not computed by this process was reused: a merge's are the shards' (it computes none)
-    report.chunks_reused = sum(len(chunks(n, cfg.chunk_items)) for n in counts.values()) - report.chunks_computed
-    img_feats, img_ok = gather_chunks("image", len(names), scratch, cfg.chunk_items)
-    txt_feats, _ = gather_chunks("text", len(caption_list), scratch, cfg.chunk_items)
-    if img_feats.shape[1] == 0 or not img_ok.any():
-        raise DataError(f"{images}: no readable image")
-    report.skipped_images = [names[i] for i in np.flatnonzero(~img_ok)]
-    if report.skipped_images and cfg.bad_images == "fail":  # chunks from an earlier run with skip
-        raise DataError(f"{paths[np.flatnonzero(~img_ok)[0]]}: unreadable image (found by an earlier run)",
-                        remedy=_SKIP_BAD)
-    if report.skipped_images:
-        log.warning("skipped %d unreadable images (first: %s)", len(report.skipped_images),
-                    ", ".join(report.skipped_images[:10]))
-
-    keep_rows = (keep_image & img_ok)[image_of]
-    copy_of = first_copies(img_feats, img_ok)
-    report.duplicate_images = [(names[i], names[j]) for i, j in enumerate(copy_of) if i != j]
-    if report.duplicate_images:
-        log.warning("%d images have the features of an earlier image (the same picture; first: %s), each drawn "
-                    "into the split of the image it copies", len(report.duplicate_images),
-                    " = ".join(report.duplicate_images[0]))
-    try:
-        index = sample_split(len(caption_list), sizes, seed, ids=copy_of[image_of], keep=keep_rows)
-    except SettingError as err:
-        copies = f" (the {len(report.duplicate_images)} copies of other images count once)" \
-            if report.duplicate_images else ""
-        raise SettingError(err.settings, f"{captions}: {err}{copies}") from None
-    except ValueError as err:
-        raise DataError(f"{captions}: {err}") from None
-    rows = index.as_dict()
-    attrs = root_attrs(
-        out, name, class_names, len(class_names),
-        f"CLIP {model_name} image embedding ({img_feats.shape[1]}-d{', L2-normalised' if cfg.normalize else ''})",
-        f"CLIP {model_name} text embedding ({txt_feats.shape[1]}-d{', L2-normalised' if cfg.normalize else ''})",
-        source=f"images={os.fspath(images)}; captions={os.fspath(captions)}; labels={os.fspath(labels)}",
-        split_rule=index.rule,
-    )
-    here = os.path.dirname(os.path.abspath(out))  # a path relative to the file's folder: they move together
-    relative = [os.path.relpath(os.path.abspath(path), here).replace(os.sep, "/") for path in paths]
-    strings = h5py.string_dtype()
-    size = sum(len(r) for r in rows.values()) * (4 * (img_feats.shape[1] + txt_feats.shape[1]) + 8 + len(class_names))
-    with open_writer(out, attrs, overwrite, size) as f:  # the pooled features' (tokens' checked as they are written)
-        for s in SPLITS:
-            r = rows[s]
-            create_split_dataset(f, s, "image", (len(r), img_feats.shape[1]))[...] = img_feats[image_of[r]]
-            create_split_dataset(f, s, "text", (len(r), txt_feats.shape[1]))[...] = txt_feats[r]
-            create_split_dataset(f, s, "labels", (len(r), len(class_names)))[...] = label_matrix[image_of[r]]
-            create_split_dataset(f, s, "ids", (len(r),))[...] = image_of[r] + first_id
-            f[s].create_dataset("text_raw", data=np.array([caption_list[i] for i in r], dtype=object), dtype=strings)
-            f[s].create_dataset("paths", data=np.array([relative[i] for i in image_of[r]], dtype=object),
-                                dtype=strings)
-            report.rows[s] = len(r)
-        if cfg.tokens:
-            shapes = _write_tokens(f, rows, image_of, names, caption_list, scratch, cfg)
-            write_attrs(f, _token_attrs(getattr(encoder, "describe_tokens", ClipEncoder.describe_tokens),
-                                        model_name, *shapes))
-    if not cfg.keep_scratch:
-        shutil.rmtree(scratch_dir, ignore_errors=True)
-    report.seconds = time.perf_counter() - t0
-    return report
+                shapes = _write_tokens(f, rows, image_of, names, caption_list, scratch, cfg)
+                write_attrs(f, _token_attrs(getattr(encoder, "describe_tokens", ClipEncoder.describe_tokens),
+                                            model_name, *shapes))
+        if not cfg.keep_scratch:
+            shutil.rmtree(scratch_dir, ignore_errors=True)
+        report.seconds = time.perf_counter() - t0
+        return report
 
 
 def first_copies(features: np.ndarray, ok: np.ndarray) -> np.ndarray:

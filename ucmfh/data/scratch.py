@@ -56,6 +56,9 @@ class Scratch:
         self.folder = folder
         make_folder(folder, out)
         manifest = os.path.join(folder, "manifest.json")
+        if not os.path.exists(manifest) and any(name.endswith(".npz") for name in os.listdir(folder)):
+            raise DataError(f"{folder}: chunks without a manifest (an extraction's, whose folder was removed under "
+                            "it): of what, nothing says", remedy=RESTART)
         if not os.path.exists(manifest):
             # shards may start together, on several machines: the first complete manifest linked wins
             mine = f"{manifest}.{socket.gethostname()}.{os.getpid()}"
@@ -91,6 +94,9 @@ class Scratch:
              tokens: Optional[Dict[str, np.ndarray]] = None, files: Optional[np.ndarray] = None) -> None:
         """One chunk: pooled ``features``, ``ok`` rows, in a token run its token arrays, and where given the state
         of the files its rows were computed from (``files``, [n, 2]: size and modification time; one file)."""
+        if not os.path.exists(os.path.join(self.folder, "manifest.json")):  # its chunk would start a folder anew
+            raise DataError(f"{self.folder}: removed while this extraction wrote into it (by another extraction of "
+                            "the same OUT, one that restarted or finished); run it again")
         members = {f"tokens_{k}": v for k, v in (tokens or {}).items()}
         if files is not None:
             members["files"] = files
