@@ -224,6 +224,12 @@ def test_a_results_row_cut_short_leaves_the_file_as_it_was(tmp_path, monkeypatch
     # skips the cut line alone, saying so
     with open(path, "ab") as f:
         f.write(b'{"run": "f", "map_i2')
+    # ... which, until then, is a row being appended as the file is read: no word of it (a reader said a line of
+    # a row another process was appending was not a JSON row; a concurrency audit's)
+    assert [row["run"] for row in read_jsonl(path, skipped.append)] == ["a", "b", "e"] and not skipped
+    first = tmp_path / "first.jsonl"  # the first row of a file, being appended
+    first.write_bytes(b'{"run": "a", "map_')
+    assert read_jsonl(first, skipped.append) == [] and not skipped
     append_jsonl(path, [{"run": "g", "map_i2t": 0.5}])
     assert [row["run"] for row in read_jsonl(path, skipped.append)] == ["a", "b", "e", "g"]
     assert len(skipped) == 1 and "line 4: not a JSON row" in skipped[0]

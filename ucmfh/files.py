@@ -539,7 +539,8 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None,
     file that is not text, or whose first line is neither (a text file of the user's, not results), is a
     ``ValueError`` naming it. ``containing``: after the file's first row, only the lines that hold one of these
     texts are read (the others are passed over unread and unchecked): a grid looking for its own runs' rows
-    (``'"KEY"'``) in a file of many; the first row is returned whatever it holds."""
+    (``'"KEY"'``) in a file of many; the first row is returned whatever it holds. A last line begun as a row
+    but without its newline is a row being appended as the file is read: passed over without a word."""
     path = os.fspath(path)
     if not os.path.exists(path):
         return []
@@ -564,6 +565,9 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None,
             if not line:
                 continue
             found = _rows_of_line(line)
+            if found is None and not raw.endswith(b"\n") and line.startswith("{"):
+                continue  # the last line, begun as a row, not ended: a row being appended now (or a writer killed
+                # there, said once the next row is appended after it), not a damaged line to warn of
             if found is None and rows:
                 skipped.append((number, line))
             elif found is None and first is None and line.startswith("{"):
