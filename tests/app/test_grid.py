@@ -479,3 +479,42 @@ def test_options_of_training_by_epochs_are_said_not_applied_to_a_method_fitted_i
     quiet = CliRunner().invoke(main, ["train-hash", "-d", tiny_path, "--method", "cca-itq", "-b", "8", "--out", runs,
                                       "--results", "", "--quiet"])
     assert quiet.exit_code == 0 and "not applied" not in quiet.output, quiet.output  # nothing given, nothing said
+
+
+@pytest.mark.parametrize("other_finishes", [False, True])
+def test_a_cell_another_process_trains_is_run_after_the_others(tmp_path, tiny_path, monkeypatch, other_finishes):
+    """A second grid on the same runs folder died at the first cell another process was training ('another
+    process (pid N) is training this run'), its other cells not run (a concurrency audit's): such a cell waits
+    until the others are done, then its rows are the other process's, or it is trained once the run is free."""
+    import ucmfh.app.grid as grid_module
+    from ucmfh.app.stage import RunInProgress
+
+    results = tmp_path / "r.jsonl"
+    real = grid_module.train_hash_stage
+    tries = []
+
+    def another_process_on_seed_1(data, fcfg, hcfg, *args, **kwargs):
+        tries.append(hcfg.seed)
+        if hcfg.seed == 1 and tries.count(1) <= 2:  # busy when first met, and when first looked at again
+            if tries.count(1) == 2 and other_finishes:  # meanwhile it ends, its rows appended
+                rows = real(data, fcfg, hcfg, *args, **kwargs)
+                with open(results, "a") as f:
+                    f.writelines(json.dumps(row) + "\n" for row in rows)
+            raise RunInProgress("runs/x: another process (pid 1) is training this run; wait for it or use another "
+                                "--out")
+        return real(data, fcfg, hcfg, *args, **kwargs)
+
+    monkeypatch.setattr(grid_module, "train_hash_stage", another_process_on_seed_1)
+    monkeypatch.setattr(grid_module, "BUSY_POLL_S", 0.0)
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "cca-itq", "--seeds", "1,2", "-b", "8",
+                                       "--protocol", "unimodal", "--out", str(tmp_path / "runs"), "--results",
+                                       str(results), "--quiet"])
+    assert result.exit_code == 0, result.output
+    said = [line.split(" ")[0] for line in result.stderr.splitlines()]
+    assert said == ["busy", "wait"] and "it is run after the other cells" in result.stderr
+    assert ("finished by the other process" in result.stdout) is other_finishes
+    assert tries == [1, 2, 1] + ([] if other_finishes else [1])
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sorted(row["seed"] for row in rows) == [1, 2]  # each cell's rows once
+    table = (tmp_path / "r.md").read_text()
+    assert "2 |" in table  # two seeds in the grid's table

@@ -18,6 +18,7 @@ import json
 import os
 import re
 import statistics
+import time
 from itertools import product
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
@@ -28,6 +29,7 @@ from ucmfh.app.environment import resolve_dataset
 from ucmfh.app.experiment import say_relevance, train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, dataset_identity, key_of
 from ucmfh.app.jobs import SideBySide, jobs_option
+from ucmfh.app.stage import RunInProgress
 from ucmfh.app.table import append_cell_rows
 from ucmfh.app.options import (
     DEFAULT_RESULTS, FLAGS, CodeLength, Count, candidates_problem, check_precision, closed_form_notes, complete_datasets,
@@ -93,6 +95,42 @@ def loss_params_by_name(items: Sequence[str]) -> Dict[str, Dict[str, Any]]:
             raise click.BadParameter(f"expected NAME:KEY=VALUE,..., got {item!r}", param_hint="--loss-params")
         out.setdefault(name, {}).update(parse_params(pairs, "--loss-params"))
     return out
+
+
+# seconds between looks at a cell another process trains, once the grid's other cells are done
+BUSY_POLL_S = 5.0
+
+
+def _once_the_other_process_is_done(name: str, data: Any, fcfg: Any, hcfg: Any, run_key: str, opts: RunOptions,
+                                    protocols: Sequence[str], k: int, results: str) -> List[Dict[str, Any]]:
+    """The rows of a cell another process was training when the grid came to it (a second grid on the same runs
+    folder died there, its other cells not run): its rows in the results file once that process has written them,
+    else the cell trained here once the run is free (its checkpoint reused where the other process saved it)."""
+    said = False
+    while True:
+        recorded = by_run(read_jsonl(results, on_skip=warn, containing=[json.dumps(run_key)]))
+        done = finished(recorded, run_key, scored_protocols(hcfg.method, protocols), k)
+        if done:
+            click.echo(f"skip {name}: finished by the other process (run {run_key})")
+            return done
+        try:
+            click.echo(f"run  {name}")
+            rows = train_hash_stage(data, fcfg, hcfg, opts, protocols, k, log=say)
+        except RunInProgress as err:
+            if not said:
+                click.echo(f"wait {name}: {err}; looking again every {BUSY_POLL_S:g} s (Ctrl-C stops the grid)",
+                           err=True)
+                said = True
+            try:
+                time.sleep(BUSY_POLL_S)
+            except KeyboardInterrupt as stop:
+                interrupted(stop, always_resumes=True)
+            continue
+        except KeyboardInterrupt as err:
+            interrupted(err, always_resumes=True)
+        append_cell_rows(results, rows, click.echo)
+        click.echo(f"      {scores_line(rows)}")
+        return rows
 
 
 def by_run(rows: Iterable[Dict[str, Any]], into: Optional[Dict[Any, List[Dict[str, Any]]]] = None,
@@ -490,6 +528,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         if not rows:  # a method that needs the split in memory, refused hours in at its first cell
             build_method(hcfg.method).check_split(loaded[dataset])
     side = SideBySide(jobs, device, results, opts, protocols, k, train["max_memory"], workers) if jobs > 1 else None
+    busy: List[Tuple[int, str, Any, Any, Any, str]] = []  # cells another process was training: run last
     for (dataset, fcfg, hcfg), run in zip(cells, runs):
         run_key = key_of(run.hash_identity)
         name = f"{dataset} {variant_of({'method': hcfg.method, 'loss': hcfg.loss})} seed {hcfg.seed} {hcfg.n_bits} bits"
@@ -505,12 +544,20 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         click.echo(f"run  {name}")
         try:
             rows = train_hash_stage(loaded[dataset], fcfg, hcfg, opts, protocols, k, log=say)
+        except RunInProgress as err:  # another process trains it (or the fusion stage it builds on): the others first
+            click.echo(f"busy {name}: {err}; it is run after the other cells", err=True)
+            busy.append((len(grid_rows), name, loaded[dataset], fcfg, hcfg, run_key))
+            grid_rows.append([])
+            continue
         except KeyboardInterrupt as err:  # a grid has no --resume: it resumes what it finds
             interrupted(err, always_resumes=True)
         append_cell_rows(results, rows, click.echo)
         click.echo(f"      {scores_line(rows)}")
         by_run(rows, into=recorded)
         grid_rows.append(rows)
+    for place, name, data, fcfg, hcfg, run_key in busy:
+        grid_rows[place] = _once_the_other_process_is_done(name, data, fcfg, hcfg, run_key, opts, protocols, k,
+                                                           results)
     if side is not None:
         side.run()
     every_row = [row for rows in grid_rows for row in rows]
