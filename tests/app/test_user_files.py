@@ -806,6 +806,13 @@ def test_a_table_prefix_that_is_a_folder_is_refused(tmp_path, tiny_path):
     assert result.exit_code == 2 and result.output.splitlines()[-1].startswith(
         f"Error: --table {tmp_path / 'tables'}/: a folder; --table takes a prefix of the files' names"), result.output
     assert list(tmp_path.iterdir()) == []
+    # a folder of the prefix's name: the files beside it (the default table of --results g.jsonl, with --out g, was
+    # refused as 'a folder' once g was made, naming a --table never given; a concurrency audit's)
+    argv = ["grid", "-d", tiny_path, "--methods", "cca-itq", "-b", "8", "--out", str(tmp_path / "g"), "--results",
+            str(tmp_path / "g.jsonl")]
+    for _ in range(2):
+        result = CliRunner().invoke(main, argv)
+        assert result.exit_code == 0 and f"wrote {tmp_path / 'g.md'}" in result.output, result.output
 
 
 def test_a_name_from_the_users_data_neither_rewrites_the_terminal_nor_breaks_a_table(tmp_path, tiny_path):

@@ -53,10 +53,11 @@ def check_outputs(files: Optional[Dict[str, Optional[str]]] = None,
             [(f, p, True) for f, p in (folders or {}).items()]:
         if path == "" and flag not in NONE_IF_EMPTY:
             raise ValueError(f"{flag}: an empty path; give the {'folder' if folder else 'file'} to write")
-    # PREFIX.md of a folder was 'adir/.md' (a hidden file); a --plot folder holds its figures (figure_start)
+    # PREFIX.md of a folder was 'adir/.md' (a hidden file); a --plot folder holds its figures (figure_start). A
+    # folder of the prefix's name is no matter: its files are beside it (grid's --table, defaulted from --results
+    # r.jsonl, was refused the second time as 'r' was its --out too)
     for flag, path in (files or {}).items():
-        if path and flag in WRITES and flag not in STARTS and WRITES[flag][0][0] and (
-                path.endswith(("/", os.sep)) or os.path.isdir(path)):
+        if path and flag in WRITES and flag not in STARTS and WRITES[flag][0][0] and path.endswith(("/", os.sep)):
             raise ValueError(f"{flag} {path}: a folder; {flag} takes a prefix of the files' names: give one in it, "
                              f"e.g. {os.path.join(path, 'curves')}")
     for flag, path in (files or {}).items():  # 'codes/': written whole, then its rename onto a folder failed
