@@ -1014,6 +1014,14 @@ BUGS: Tuple[Bug, ...] = (
         "        except RunInProgress as err:  # another process trains it", "        except ZeroDivisionError as err:  #",
         "a second grid on one runs folder died at the first cell another process trained, its other cells not run",
         ("tests/app/test_grid.py::test_a_cell_another_process_trains_is_run_after_the_others",)),
+    Bug("index-meta-checked-last", "ucmfh/search/folder.py",
+        "            json.dumps(self.meta)\n", "            pass\n",
+        "an index whose meta JSON cannot write failed deep in the json module, every column written",
+        ("tests/search/test_search.py::test_an_index_whose_meta_json_cannot_write_is_refused_before_any_column",)),
+    Bug("save-codes-exists-said-late", "ucmfh/codes.py",
+        "    if not overwrite and os.path.exists(path):  # said after the work", "    if False:  #",
+        "save_codes(overwrite=False) over a file did all the work, then blamed another process",
+        ("tests/test_codes.py::test_save_rejects_bad_inputs",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -341,6 +341,11 @@ def test_the_precision_axis_fits_the_curves():
 
 def test_save_rejects_bad_inputs(tmp_path):
     data = make_file_inputs()
+    # without overwrite, a file there is refused first: it was said after the work, as written by another process
+    (tmp_path / "there.h5").write_bytes(b"mine")
+    with pytest.raises(FileExistsError, match=r"there\.h5: exists; not replaced$"):
+        save_codes(tmp_path / "there.h5", **data, overwrite=False)
+    (tmp_path / "there.h5").unlink()
     with pytest.raises(ValueError, match="query_txt"):
         save_codes(tmp_path / "x.h5", **{**data, "query_txt": data["query_txt"][:, :5]})
     with pytest.raises(ValueError, match="retrieval"):

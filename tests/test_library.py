@@ -312,7 +312,10 @@ def test_a_caption_set_s_missing_labels_and_mixed_codes_are_said_as_such():
 
 
 def test_the_names_loaded_on_first_use_are_listed():
-    assert {"fit_hashing", "Index", "Split", "Dataset", "History", "separate_draws"} <= set(dir(ucmfh))
+    assert {"fit_hashing", "Index", "Split", "Dataset", "History", "separate_draws", "save_codes", "load_codes"} <= \
+        set(dir(ucmfh))
+    assert not [name for name in dir(ucmfh) if name.startswith("_") and not name.startswith("__")]  # nor its own
+    assert "import_module" not in dir(ucmfh)
     # what a fit stopped by a signal raises, which docs/library.md names (it was not a name of the package)
     assert ucmfh.TrainingInterrupted.__module__ == "ucmfh.signals"
     assert issubclass(ucmfh.TrainingInterrupted, KeyboardInterrupt)

@@ -14,11 +14,11 @@ stays light (and a CPU search never imports torch):
   ``separate_draws`` (fits in threads of one process, each drawing its own numbers);
 * codes and scores of a trained model: ``encode_split`` (``img, txt = encode_split(model, data.query)``),
   ``evaluate_hashing`` (MAP@K both directions, per protocol), ``evaluate_fusion``;
-* checkpoints: ``save_checkpoint``, ``load_model``;
+* checkpoints: ``save_checkpoint``, ``load_model``; codes files: ``save_codes``, ``load_codes`` (docs/evaluation.md);
 * search: ``Index``, ``build_index``, ``Encoder`` (docs/search.md);
 * the retrieval metrics (``from ucmfh import map_at_k``, docs/evaluation.md).
 """
-from importlib import import_module
+from importlib import import_module as _import_module
 
 __version__ = "0.1.0"
 
@@ -39,6 +39,7 @@ _HOMES = {
     "fit_fusion": "ucmfh.fusion_stage", "History": "ucmfh.selection", "separate_draws": "ucmfh.run_draws",
     "TrainingInterrupted": "ucmfh.signals",
     "save_checkpoint": "ucmfh.checkpoint", "load_model": "ucmfh.checkpoint",
+    "save_codes": "ucmfh.codes", "load_codes": "ucmfh.codes",
     "Index": "ucmfh.search", "build_index": "ucmfh.search", "Encoder": "ucmfh.search",
 }
 __all__ = ["__version__", *_HOMES]
@@ -46,9 +47,9 @@ __all__ = ["__version__", *_HOMES]
 
 def __getattr__(name):
     if name in _HOMES:
-        return getattr(import_module(_HOMES[name]), name)
+        return getattr(_import_module(_HOMES[name]), name)
     raise AttributeError(f"module 'ucmfh' has no attribute {name!r}")
 
 
-def __dir__():  # the names loaded on first use too (a notebook's completion lists them)
-    return sorted({*globals(), *_HOMES})
+def __dir__():  # the names loaded on first use too (a notebook's completion lists them), not the module's own
+    return sorted({*(name for name in globals() if not name.startswith("_") or name.startswith("__")), *_HOMES})

@@ -100,6 +100,8 @@ def save_codes(
     Layout: ``/{query,retrieval}/{img,txt[,labels][,ids]}``. Returns the path.
     """
     path = os.fspath(path)
+    if not overwrite and os.path.exists(path):  # said after the work as 'written by another process meanwhile'
+        raise FileExistsError(f"{path}: exists; not replaced")
     given = {
         ("query", "img"): query_img, ("query", "txt"): query_txt,
         ("retrieval", "img"): retrieval_img, ("retrieval", "txt"): retrieval_txt,

@@ -354,6 +354,17 @@ def test_build_index_s_arguments_are_checked_before_its_folder_is_made_or_locked
     assert ok.added == {"img": 40, "txt": 120}
 
 
+def test_an_index_whose_meta_json_cannot_write_is_refused_before_any_column(tmp_path):
+    """Index(meta={"n": np.int64(3)}).save(...) failed in the json module, 11 frames deep, every column written
+    (an audit's)."""
+    index = Index(16, {"n": np.int64(3)})
+    index.add("img", np.ones((2, 16), np.float32))
+    with pytest.raises(ValueError, match=r"m: not saved: the index's meta holds what JSON cannot write \(Object of "
+                                         r"type int64 is not JSON serializable; give plain numbers"):
+        index.save(tmp_path / "m")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_build_encodes_unimodal_codes_dedupes_images_and_resumes(collection, tmp_path):
     c = collection
     out = tmp_path / "ix"

@@ -71,6 +71,11 @@ class IndexFolder:
         if os.path.exists(path) and not _is_index_folder(path):  # a user's folder was deleted, a file renamed away
             raise FileExistsError(f"{path}: exists and is not an index folder; not replaced (overwrite replaces an "
                                   "index alone)")
+        try:  # its manifest, written last, holds it: a NumPy number failed there, every column written
+            json.dumps(self.meta)
+        except (TypeError, ValueError) as err:
+            raise ValueError(f"{path}: not saved: the index's meta holds what JSON cannot write ({err}; give plain "
+                             "numbers: float(x), int(x))") from None
         tmp = atomic_path(path)
         if os.path.exists(tmp):
             shutil.rmtree(tmp)
