@@ -276,12 +276,18 @@ def test_supervised_training_with_no_loss_that_uses_labels_is_refused(method, se
     assert fusion_config(supervised=True, loss="pairwise").supervised
 
 
-def test_fusion_config_names_its_own_overrides_and_refuses_one_of_a_setting_given():
+def test_fusion_config_takes_its_fields_and_refuses_one_of_a_setting_given():
     """Its refusal of an unknown setting pointed at overrides={'hash': ...}; an override of a setting given too
     won silently."""
-    with pytest.raises(SettingError, match=re.escape("(any other as an override: overrides={'fusion': {...}})")):
-        fusion_config(d_model=128)
-    assert fusion_config(overrides={"fusion": {"d_model": 128}}).d_model == 128
+    # a field of FusionConfig is taken as itself, as hash_config takes HashConfig's (it was refused; an audit's)
+    assert fusion_config(d_model=128).d_model == 128 == fusion_config(overrides={"fusion": {"d_model": 128}}).d_model
+    with pytest.raises(SettingError, match=r"^unknown setting 'd_modl' \(did you mean 'd_model'\?\); settings are "
+                                           r"loss, .*, lr and the fields of FusionConfig$"):
+        fusion_config(d_modl=128)
+    with pytest.raises(SettingError, match=r"^'d_model': d_model must be >= 1, got 0$"):
+        fusion_config(d_model=0)
+    with pytest.raises(SettingError, match=re.escape("'fusion.d_model': given twice, as d_model and as an override")):
+        fusion_config(d_model=64, overrides={"fusion": {"d_model": 128}})
     with pytest.raises(SettingError, match=re.escape("'fusion.epochs': given twice, as epochs and as an override")):
         fusion_config(epochs=1, overrides={"fusion": {"epochs": 2}})
 

@@ -159,9 +159,25 @@ def hash_config(method: str = DEFAULT_METHOD, *, dataset: Optional[str] = None, 
 def fusion_config(*, dataset: Optional[str] = None, overrides: Optional[Mapping[str, Mapping[str, Any]]] = None,
                   **settings: Any) -> FusionConfig:
     """The config of a fusion stage trained alone (task 0) from the settings given (FUSION_SETTINGS; None:
-    FusionConfig's default; ``epochs``: the dataset's default) and ``overrides={"fusion": {...}}``; a
+    FusionConfig's default; ``epochs``: the dataset's default), any other field of :class:`FusionConfig`
+    (``d_model=256``, as :func:`hash_config` takes HashConfig's) and ``overrides={"fusion": {...}}``; a
     :class:`SettingError` names a setting refused."""
-    _check_names(settings, FUSION_SETTINGS, "fusion")
+    fields = {field.name for field in dataclasses.fields(FusionConfig)} - set(FUSION_SETTINGS)
+    unknown = [name for name in settings if name not in FUSION_SETTINGS and name not in fields]
+    if unknown:
+        raise SettingError(unknown[0], f"unknown setting {unknown[0]!r}"
+                                       f"{_closest(unknown[0], [*FUSION_SETTINGS, *fields])}; settings are "
+                                       f"{', '.join(FUSION_SETTINGS)} and the fields of FusionConfig")
+    as_fields = {name: settings.pop(name) for name in list(settings) if name in fields}
+    if as_fields:  # as an override of the stage ('fusion.d_model'), given twice if it is one too
+        _refuse_given_twice([(f"fusion.{name}", name) for name in (overrides or {}).get("fusion", {})
+                             if name in as_fields])
+        try:
+            return fusion_config(dataset=dataset, overrides={**(overrides or {}), "fusion": {
+                **(overrides or {}).get("fusion", {}), **as_fields}}, **settings)
+        except SettingError as err:  # named as given here: 'd_model', not the override 'fusion.d_model'
+            names = [name[len("fusion."):] if name[len("fusion."):] in as_fields else name for name in err.settings]
+            raise SettingError(names, str(err).replace("'fusion.", "'"), err.instead) from None
     given = {name: value for name, value in settings.items() if value is not None}
     stage_overrides = check_overrides(overrides, ("fusion",))
     _refuse_given_twice([(f"fusion.{name}", name) for name in stage_overrides.get("fusion", {}) if name in given])
