@@ -447,6 +447,21 @@ def test_chunks_of_a_model_s_other_weights_in_its_folder_are_not_reused(tmp_path
                          progress=False, overwrite=True)
 
 
+def test_captions_longer_than_the_model_s_context_are_said_to_be_cut(tmp_path, tiny_clip, caplog):
+    """A caption past CLIP's context (77 tokens; the tiny model's 32) was cut to it without a word: its feature is
+    of its first words alone (an audit's)."""
+    names = make_images(tmp_path / "imgs", 6)
+    caps, labels = write_inputs(tmp_path, names)
+    long = " ".join(["waves"] * 40)
+    caps.write_text(caps.read_text() + f"{names[2]}\t{long}\n")
+    cfg = ExtractConfig(model=tiny_clip, batch_size=4, chunk_items=5, device="cpu", workers=1)
+    with caplog.at_level("WARNING"):
+        extract_features(tmp_path / "imgs", caps, labels, tmp_path / "clip.h5", sizes=SIZES, config=cfg,
+                         progress=False)
+    assert "1 of the 13 captions are longer than the model's context of 32 tokens, and are cut to it (first: " \
+           "'waves waves" in caplog.text
+
+
 def test_clip_extraction_end_to_end_on_cpu(tmp_path, tiny_clip):
     import torch
     from transformers import AutoImageProcessor, AutoTokenizer, CLIPModel

@@ -168,6 +168,12 @@ class ClipEncoder:
         pooled = self.model.vision_model(pixel_values=pixels).pooler_output
         return self._finish(self.model.visual_projection(pooled))
 
+    def cut_texts(self, texts: List[str]) -> List[int]:
+        """The positions of the texts longer than the model's context (start and end tokens included), which
+        :meth:`encode_texts` cuts to it: said by the extraction, where they were cut without a word."""
+        lengths = self.tokenizer(texts, truncation=False, verbose=False)["input_ids"]
+        return [i for i, ids in enumerate(lengths) if len(ids) > self.max_length]
+
     @torch.inference_mode()
     def encode_texts(self, texts: List[str]) -> np.ndarray:
         """[B] strings → [B, d] float32 (truncated to the model's context length)."""

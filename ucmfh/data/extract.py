@@ -356,6 +356,10 @@ def extract_features(
                                                    IMAGE_LOADING, *tokens), out,
                           model=getattr(encoder, "digest", None) if computing else None, parts=parts)
         report = ExtractReport(path=out, rows={}, n_images=len(names), n_captions=len(caption_list), shard=shard)
+        cut = encoder.cut_texts(caption_list) if computing and hasattr(encoder, "cut_texts") else []
+        if cut:  # their features are of their first words alone, as CLIP's own are
+            log.warning("%d of the %d captions are longer than the model's context of %d tokens, and are cut to it "
+                        "(first: %r)", len(cut), len(caption_list), encoder.max_length, caption_list[cut[0]][:80])
         counts = {"image": len(names), "text": len(caption_list)}
 
         # each image made the model's input as it is read, where the encoder can (ClipEncoder.prepare_image)
