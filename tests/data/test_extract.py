@@ -82,6 +82,21 @@ def test_captions_and_labels_formats(tmp_path):
     assert captions == ["two", "three", "one"] and image_of.tolist() == [0, 0, 1]
     (tmp_path / "r.json").write_text(json.dumps([{"image": "a.jpg", "caption": "x"}, {"image": "b.jpg", "caption": "y"}]))
     assert read_captions(tmp_path / "r.json", names)[0] == ["x", "y"]
+    # the field's own files as they come: Flickr8k's token file (a caption's number after '#') and COCO's
+    # captions_*.json (records by image id), which were refused as naming no image (an audit's)
+    (tmp_path / "token.txt").write_text("a.jpg#0\ttwo\nb.jpg#0\tone\na.jpg#1\tthree\n")
+    captions, image_of = read_captions(tmp_path / "token.txt", names)
+    assert captions == ["two", "three", "one"] and image_of.tolist() == [0, 0, 1]
+    coco = {"info": {}, "images": [{"id": 7, "file_name": "b.jpg"}, {"id": 3, "file_name": "a.jpg"}],
+            "annotations": [{"image_id": 3, "id": 1, "caption": "two"}, {"image_id": 7, "id": 2, "caption": "one"},
+                            {"image_id": 3, "id": 5, "caption": "three"}]}
+    (tmp_path / "coco.json").write_text(json.dumps(coco))
+    captions, image_of = read_captions(tmp_path / "coco.json", names)
+    assert captions == ["two", "three", "one"] and image_of.tolist() == [0, 0, 1]
+    coco["annotations"].append({"image_id": 9, "caption": "lost"})
+    (tmp_path / "coco.json").write_text(json.dumps(coco))
+    with pytest.raises(DataError, match=r"coco\.json: annotations record 4: expected an image_id of its images"):
+        read_captions(tmp_path / "coco.json", names)
     (tmp_path / "l.tsv").write_text("a.jpg\tsea, sky\nb.jpg\ttree\n")
     labels, classes = read_labels(tmp_path / "l.tsv", names)
     assert classes == ["sea", "sky", "tree"] and labels.tolist() == [[1, 1, 0], [0, 0, 1]]

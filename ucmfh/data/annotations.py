@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -81,7 +82,15 @@ def _read_name_map(path: str, what: str) -> List[Tuple[str, object, int]]:
             data = json.loads(text, object_pairs_hook=once_each)
         except json.JSONDecodeError as err:
             raise DataError(f"{path}: not valid JSON ({err})") from None
-        if isinstance(data, dict):
+        if what == "caption" and isinstance(data, dict) and isinstance(data.get("annotations"), list) \
+                and isinstance(data.get("images"), list):  # COCO's captions_*.json: its records by image id
+            files = {image.get("id"): image.get("file_name") for image in data["images"] if isinstance(image, dict)}
+            for n, record in enumerate(data["annotations"], 1):
+                if not isinstance(record, dict) or files.get(record.get("image_id")) is None:
+                    raise DataError(f"{path}: annotations record {n}: expected an image_id of its images and a "
+                                    "caption (COCO's captions layout)")
+                entries.append((str(files[record["image_id"]]), record.get("caption"), n))
+        elif isinstance(data, dict):
             for n, (name, value) in enumerate(data.items(), 1):
                 entries.append((name, value, n))
         elif isinstance(data, list):
@@ -128,6 +137,9 @@ def read_captions(path: PathLike, names: Sequence[str]) -> Tuple[List[str], np.n
         for caption in values:
             if not isinstance(caption, str) or not caption.strip():
                 raise DataError(f"{path}: line/record {n}: empty or non-text caption for {name!r}")
+        numbered = re.fullmatch(r"(.+)#\d+", name)  # Flickr8k's and Flickr30k's token files: 'image.jpg#2'
+        if name not in index and numbered and numbered.group(1) in index:
+            name = numbered.group(1)
         if name not in index:
             unknown.append(name)
             continue
