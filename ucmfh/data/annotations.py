@@ -150,13 +150,16 @@ def read_captions(path: PathLike, names: Sequence[str]) -> Tuple[List[str], np.n
         kinds = "" if other is None else (f"; {other!r} is not listed as an image by its extension (images are "
                                           f"{', '.join(IMAGE_EXTENSIONS)}: convert it to one)")
         raise DataError(
-            f"{path}: {len(unknown)} captions name images that are not in the image list "
+            f"{path}: {len(unknown)} "
+            + ("caption names an image that is" if len(unknown) == 1 else "captions name images that are")
+            + " not in the image list "
             f"(first: {unknown[0]!r}); images and captions do not match{kinds}"
         )
     missing = [names[i] for i, caps in enumerate(per_image) if not caps]
     if missing:
         raise DataError(
-            f"{path}: {len(missing)} of {len(names)} images have no caption (first: {missing[0]!r}); "
+            f"{path}: {len(missing)} of {len(names)} images {'has' if len(missing) == 1 else 'have'} no caption "
+            f"(first: {missing[0]!r}); "
             "images and captions do not match"
         )
     captions = [c for caps in per_image for c in caps]
@@ -183,7 +186,9 @@ def read_labels(path: PathLike, names: Sequence[str], classes: Optional[Sequence
     listed = set(names)
     unknown = [name for name in entries if name not in listed]
     if unknown:  # its names became classes of no image (a header line's 'labels' too), as captions are refused
-        raise DataError(f"{path}: {len(unknown)} of its lines name images that are not in the image list (first: "
+        raise DataError(f"{path}: {len(unknown)} of its lines "
+                        + ("names an image that is" if len(unknown) == 1 else "name images that are")
+                        + " not in the image list (first: "
                         f"{unknown[0]!r}, line/record {entries[unknown[0]][1]}); images and labels do not match")
     if classes is None:
         classes = sorted({v for value, _ in entries.values() for v in value})
@@ -193,7 +198,8 @@ def read_labels(path: PathLike, names: Sequence[str], classes: Optional[Sequence
     labels = np.zeros((len(names), len(classes)), dtype=np.uint8)
     missing = [name for name in names if name not in entries]
     if missing:
-        raise DataError(f"{path}: {len(missing)} images have no labels line (first: {missing[0]!r})")
+        raise DataError(f"{path}: {len(missing)} {'image has' if len(missing) == 1 else 'images have'} no labels line "
+                        f"(first: {missing[0]!r})")
     for i, name in enumerate(names):
         value, n = entries[name]
         for v in value:

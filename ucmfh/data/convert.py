@@ -143,7 +143,8 @@ def read_classes(path: PathLike) -> List[str]:
     if not names:
         raise DataError(f"{path}: no class names")
     if len(set(names)) != len(names):
-        raise DataError(f"{path}: repeated class names")
+        again = next(name for i, name in enumerate(names) if name in names[:i])
+        raise DataError(f"{path}: repeated class names (first: {again!r})")
     return names
 
 

@@ -334,6 +334,9 @@ def extract_features(
         if encoder is None and computing:
             encoder = ClipEncoder(cfg.model, cfg.device, cfg.normalize)
         model_name = getattr(encoder, "name", None) or cfg.model
+        if restart and os.path.islink(scratch_dir):  # rmtree's own words named neither the folder nor the flag
+            raise DataError(f"{scratch_dir}: a link to a folder of chunks; a restart removes the chunks of a "
+                            "folder, not a link's: delete them yourself to start over")
         if restart and os.path.isdir(scratch_dir):
             shutil.rmtree(scratch_dir)
         if cfg.tokens and computing and not all(hasattr(encoder, m) for m in ("encode_images_tokens",
