@@ -616,6 +616,9 @@ def test_a_modality_the_same_for_every_training_item_is_refused_by_every_method(
 
 def test_temperatures_from_the_command_line_one_or_several():
     assert hash_config("two-tower", method_params={"temperatures": 0.2}).method_params["temperatures"] == "0.2"
+    # from Python, a list (it was refused as not text; an audit's): the text the command line gives
+    assert hash_config("two-tower", method_params={"temperatures": [0.3, 0.1]}) == \
+        hash_config("two-tower", method_params={"temperatures": "0.3,0.1"})
     with pytest.raises(ValueError, match="parameter 'temperatures' must be text"):
         hash_config("two-tower", method_params={"temperatures": True})
 

@@ -180,7 +180,8 @@ def test_a_method_config_refuses_an_unknown_or_ill_typed_parameter(name):
         hash_config(name, method_params={"nosuch": 1})
     for key, default in spec.params.items():
         assert hash_config(name).method_params[key] == default
-        wrong = "text" if not isinstance(default, str) else [1]  # a number is text's text (temperatures=0.2)
+        # a number is text's text (temperatures=0.2), a list of them their text (temperatures=[0.3, 0.1])
+        wrong = "text" if not isinstance(default, str) else {"a": 1}
         with pytest.raises(ValueError, match=f"parameter '{key}' must be (an? |text)"):
             hash_config(name, method_params={key: wrong})
 

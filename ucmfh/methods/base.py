@@ -246,7 +246,11 @@ def _typed(method: str, key: str, value: Any, default: Any) -> Any:
         value = float(value) if ok else value
     elif isinstance(default, int):
         ok = isinstance(value, int) and not isinstance(value, bool)
-    elif isinstance(default, str):  # a number given where text is expected (temperatures=0.2) is its text
+    elif isinstance(default, str):  # a number given where text is expected (temperatures=0.2) is its text, and a
+        # list of them the text of its items separated by commas (temperatures=[0.3, 0.1]: '0.3,0.1', as typed)
+        if isinstance(value, (list, tuple)) and value and all(
+                isinstance(v, (str, int, float)) and not isinstance(v, bool) for v in value):
+            value = ",".join(str(v) for v in value)
         ok = isinstance(value, (str, int, float)) and not isinstance(value, bool)
         value = value if isinstance(value, str) or not ok else str(value)
     else:
