@@ -74,6 +74,20 @@ def test_a_wrong_type_at_an_entry_point_says_what_to_give(tiny, tiny_path, train
             call()
 
 
+def test_a_file_read_unvalidated_that_is_not_of_the_format_is_said_in_validation_s_words(tmp_path):
+    """load_dataset(path, validate=False) of a codes file or a text file ended in h5py's KeyError or OSError (an
+    audit's)."""
+    import h5py
+
+    (tmp_path / "notes.txt").write_text("hello")
+    with h5py.File(tmp_path / "other.h5", "w") as f:
+        f["x"] = np.zeros(3)
+    for name, said in (("notes.txt", r"notes\.txt: not a readable HDF5 file"),
+                       ("other.h5", r"other\.h5: /train: missing group \(the file has: \['x'\]\)")):
+        with pytest.raises(ucmfh.DataError, match=said):
+            ucmfh.load_dataset(tmp_path / name, validate=False)
+
+
 def test_fit_fusion_goes_on_from_a_copy_of_the_encoder_given_as_fit_hashing_does(tiny):
     """fit_fusion(data, cfg, fusion) trained the encoder given in place and returned it (an audit's), where
     fit_hashing leaves its own as it was."""

@@ -634,7 +634,9 @@ def load_dataset(path: PathLike, validate: bool = True, max_memory_bytes: Option
     :class:`ucmfh.data.tokens.Tokens`, which checks them): ids and labels into memory as CPU tensors, and the features
     too while all splits' features fit in ``max_memory_bytes`` (None: always); beyond that the largest
     splits' features are :class:`Rows` read from the file on demand, as ``stream`` says, their block
-    caches within what the splits held in memory leave of ``max_memory_bytes``.
+    caches within what the splits held in memory leave of ``max_memory_bytes``. ``validate=False`` reads a file
+    known to be valid without checking its values (seconds on a large file); one not of the format's shape is
+    still refused in validation's words.
     """
     path = checked_path("load_dataset", path)
     check_argument("load_dataset", "max_memory_bytes", max_memory_bytes, int, "bytes, e.g. 8 * 2**30", optional=True)
@@ -651,7 +653,8 @@ def load_dataset(path: PathLike, validate: bool = True, max_memory_bytes: Option
     # the features held in memory are those validation reads: kept from its reads, not read again
     keep = {f"/{split}/{name}": None for split in SPLITS if split not in _streamed(sizes, max_memory_bytes)
             for name in ("image", "text")} if validate and sizes is not None else None
-    attrs = validate_file(path, token_values=False, keep=keep) if validate else None
+    # a file not of the format's shape: validation says what is wrong (h5py's KeyError or OSError did, unchecked)
+    attrs = validate_file(path, token_values=False, keep=keep) if validate or sizes is None else None
     with open_without_chunk_cache(path) as f:  # the streamed splits' files share its cache
         if attrs is None:
             attrs = read_attrs(f)
