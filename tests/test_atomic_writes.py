@@ -224,15 +224,44 @@ def test_a_results_row_cut_short_leaves_the_file_as_it_was(tmp_path, monkeypatch
     # skips the cut line alone, saying so
     with open(path, "ab") as f:
         f.write(b'{"run": "f", "map_i2')
-    # ... which, until then, is a row being appended as the file is read: no word of it (a reader said a line of
-    # a row another process was appending was not a JSON row; a concurrency audit's)
-    assert [row["run"] for row in read_jsonl(path, skipped.append)] == ["a", "b", "e"] and not skipped
-    first = tmp_path / "first.jsonl"  # the first row of a file, being appended
-    first.write_bytes(b'{"run": "a", "map_')
-    assert read_jsonl(first, skipped.append) == [] and not skipped
     append_jsonl(path, [{"run": "g", "map_i2t": 0.5}])
     assert [row["run"] for row in read_jsonl(path, skipped.append)] == ["a", "b", "e", "g"]
     assert len(skipped) == 1 and "line 4: not a JSON row" in skipped[0]
+
+
+def test_a_results_file_is_read_between_appends_never_in_the_middle_of_one(tmp_path):
+    """A reader met half a row another process was appending: it said the line was not a JSON row, or refused a
+    file whose first row it was (a concurrency audit's). A read waits for the append under way."""
+    import threading
+    import time
+
+    from ucmfh.files import locked
+
+    for before in ([], [{"run": "a", "map_i2t": 0.5}]):  # the file's first row being appended, or a later one
+        path = tmp_path / f"r{len(before)}.jsonl"
+        append_jsonl(path, before) if before else None
+        halfway = threading.Event()
+
+        def append_slowly():
+            with locked(path, hidden=True), open(path, "ab") as f:  # as append_jsonl holds it
+                f.write(b'{"run": "b", "map_')
+                f.flush()
+                halfway.set()
+                time.sleep(0.3)
+                f.write(b'i2t": 0.25}\n')
+
+        writer = threading.Thread(target=append_slowly)
+        writer.start()
+        halfway.wait()
+        skipped = []
+        assert [row["run"] for row in read_jsonl(path, skipped.append)] == [*(r["run"] for r in before), "b"]
+        assert not skipped
+        writer.join()
+    # a file no writer locked (another machine's, sent): read as it is, no lock file made beside it
+    (tmp_path / "sent").mkdir()
+    (tmp_path / "sent" / "r.jsonl").write_text('{"run": "a"}\n')
+    assert read_jsonl(tmp_path / "sent" / "r.jsonl") == [{"run": "a"}]
+    assert os.listdir(tmp_path / "sent") == ["r.jsonl"]
 
 
 def test_a_file_written_there_by_another_process_meanwhile_is_kept_where_replacing_was_not_asked(tmp_path, tiny_path,
@@ -242,7 +271,6 @@ def test_a_file_written_there_by_another_process_meanwhile_is_kept_where_replaci
     by then; the other process's file is kept and the writer is told (a codes file, a dataset file alike)."""
     from click.testing import CliRunner
 
-    import ucmfh.app.experiment as experiment
     from ucmfh.app.cli import main
     from ucmfh.files import atomic_file
 
@@ -258,15 +286,17 @@ def test_a_file_written_there_by_another_process_meanwhile_is_kept_where_replaci
     model = FeatureHasher(48, 32, 16, 0)
     checkpoint = save_checkpoint(tmp_path / "hash16.pt", model.eval(), None, HashConfig(method="two-tower", n_bits=16,
                                                                                         hidden=0))
-    out = tmp_path / "codes.h5"
-    encode = experiment.encode_split
+    import ucmfh.codes as codes_module
 
-    def other_writes_first(*args, **kwargs):  # while this command encodes, another one writes its file
+    out = tmp_path / "codes.h5"
+    check_space = codes_module.check_space
+
+    def other_writes_first(*args, **kwargs):  # while this command writes its codes, another one writes its file
         if not out.exists():
             out.write_bytes(b"the other command's codes")
-        return encode(*args, **kwargs)
+        return check_space(*args, **kwargs)
 
-    monkeypatch.setattr(experiment, "encode_split", other_writes_first)
+    monkeypatch.setattr(codes_module, "check_space", other_writes_first)
     said = CliRunner().invoke(main, ["encode", "-c", str(checkpoint), "-d", tiny_path, "-o", str(out), "--quiet"])
     assert said.exit_code == 2 and said.output.splitlines()[-1] == (
         f"Error: {out}: written by another process meanwhile; not replaced (pass --overwrite to replace it)")

@@ -446,17 +446,19 @@ def write_json_atomic(path: PathLike, value: Any) -> str:
 
 
 @contextlib.contextmanager
-def locked(path: PathLike, hidden: bool = False, wait: bool = True, shared: bool = False) -> Iterator[int]:
+def locked(path: PathLike, hidden: bool = False, wait: bool = True, shared: bool = False,
+           create: bool = True) -> Iterator[int]:
     """An exclusive advisory lock on ``PATH.lock`` (POSIX; a no-op elsewhere); yields nothing useful. ``hidden``:
     on ``.NAME.lock`` beside it, for a file in a folder of the user's (a results file), where the lock, left
     for the next writer, would otherwise sit in their listing. Without ``wait``, a lock another holds is
-    ``BlockingIOError``. ``shared``: a lock others may hold too (not an exclusive one)."""
-    if fcntl is None:  # pragma: no cover
-        yield -1
-        return
+    ``BlockingIOError``. ``shared``: a lock others may hold too (not an exclusive one). Without ``create``, a
+    lock file no one has made is no lock (a reader's: no writer has locked it, so none is under way)."""
     head, name = os.path.split(os.path.abspath(os.fspath(path)))  # 'x.index/' is the folder's
     lock = os.path.join(head, f".{name}.lock" if hidden else f"{name}.lock")
-    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644)
+    if fcntl is None or not create and not os.path.exists(lock):  # pragma: no cover - fcntl: not POSIX
+        yield -1
+        return
+    fd = os.open(lock, os.O_RDWR | os.O_CREAT, 0o644) if create else os.open(lock, os.O_RDONLY)
     try:
         kind = fcntl.LOCK_SH if shared else fcntl.LOCK_EX
         fcntl.flock(fd, kind if wait else kind | fcntl.LOCK_NB)
@@ -539,8 +541,8 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None,
     file that is not text, or whose first line is neither (a text file of the user's, not results), is a
     ``ValueError`` naming it. ``containing``: after the file's first row, only the lines that hold one of these
     texts are read (the others are passed over unread and unchecked): a grid looking for its own runs' rows
-    (``'"KEY"'``) in a file of many; the first row is returned whatever it holds. A last line begun as a row
-    but without its newline is a row being appended as the file is read: passed over without a word."""
+    (``'"KEY"'``) in a file of many; the first row is returned whatever it holds. It is read between the
+    appends of :func:`append_jsonl`, never in the middle of one."""
     path = os.fspath(path)
     if not os.path.exists(path):
         return []
@@ -554,7 +556,9 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None,
         f = open(path, "rb")
     except OSError as err:  # one line naming the file and why, not '[Errno 13] Permission denied: ...'
         raise OSError(f"{path}: the results file cannot be read ({err.strerror or err})") from None
-    with f, _no_cycle_collection():
+    # read between appends (append_jsonl's lock, shared here): half a row being appended was said to be a damaged
+    # line, or a file whose first row it was refused
+    with f, _no_cycle_collection(), locked(path, hidden=True, shared=True, create=False):
         for number, raw in enumerate(f, 1):
             if needles is not None and rows and not any(needle in raw for needle in needles):
                 continue
@@ -565,9 +569,6 @@ def read_jsonl(path: PathLike, on_skip: Optional[Callable[[str], None]] = None,
             if not line:
                 continue
             found = _rows_of_line(line)
-            if found is None and not raw.endswith(b"\n") and line.startswith("{"):
-                continue  # the last line, begun as a row, not ended: a row being appended now (or a writer killed
-                # there, said once the next row is appended after it), not a damaged line to warn of
             if found is None and rows:
                 skipped.append((number, line))
             elif found is None and first is None and line.startswith("{"):
