@@ -1022,6 +1022,11 @@ BUGS: Tuple[Bug, ...] = (
         "    if not overwrite and os.path.exists(path):  # said after the work", "    if False:  #",
         "save_codes(overwrite=False) over a file did all the work, then blamed another process",
         ("tests/test_codes.py::test_save_rejects_bad_inputs",)),
+    Bug("lock-of-a-removed-file-kept", "ucmfh/app/stage.py",
+        "        if not _still_there(fd, _lock_path(checkpoint)):", "        if False:",
+        "a run's lock taken as its holder removed the file was kept: a lock of no file, and two processes trained it",
+        ("tests/app/test_runs.py::"
+         "test_a_run_s_lock_taken_as_its_holder_removed_it_is_taken_again_on_the_file_there",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

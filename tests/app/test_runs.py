@@ -1419,3 +1419,30 @@ def test_a_mean_over_seeds_of_other_thread_counts_is_said(tmp_path):
     append_jsonl(tmp_path / "one.jsonl", [{**row, "fusion_train_threads": 1} for row in rows])
     same = CliRunner().invoke(main, ["runs", "--results", str(tmp_path / "one.jsonl")])
     assert same.exit_code == 0 and "CPU threads" not in same.output
+
+
+def test_a_run_s_lock_taken_as_its_holder_removed_it_is_taken_again_on_the_file_there(tmp_path, monkeypatch):
+    """A process that opened a run's lock file as its holder, refused, removed it (and the run's bare folder)
+    held a lock of no file once the holder let go, which a third process's new lock file did not see: both
+    trained the run (a concurrency audit's, by reading). A lock is kept only on the file at its path."""
+    import fcntl
+
+    import ucmfh.app.stage as stage
+
+    checkpoint = str(tmp_path / "run" / "hash16.pt")
+    real, removed = fcntl.flock, []
+
+    def holder_removes_it_first(fd, how):
+        if not removed:  # between this process's open and its flock, the holder drops its bare folder
+            os.unlink(stage._lock_path(checkpoint))
+            removed.append(True)
+        return real(fd, how)
+
+    monkeypatch.setattr(stage.fcntl, "flock", holder_removes_it_first)
+    fd, refusal = stage._try_lock(checkpoint)
+    try:
+        assert refusal is None and removed and stage._still_there(fd, stage._lock_path(checkpoint))
+        monkeypatch.setattr(stage.fcntl, "flock", real)
+        assert stage._try_lock(checkpoint)[1].endswith("is training this run; wait for it or use another --out")
+    finally:
+        os.close(fd)

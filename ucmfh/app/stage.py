@@ -58,6 +58,9 @@ def _try_lock(checkpoint: str) -> Tuple[Optional[int], Optional[str]]:
                       f"{': a file is in its way' if in_way else ''}); give another --out") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        if not _still_there(fd, _lock_path(checkpoint)):  # taken as its holder removed it (_drop_bare_folder):
+            os.close(fd)  # a lock of no file, which another process's new lock file would not see: again
+            return _try_lock(checkpoint)
     except BlockingIOError:
         holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
         os.close(fd)
@@ -70,6 +73,15 @@ def _try_lock(checkpoint: str) -> Tuple[Optional[int], Optional[str]]:
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"{os.getpid()}\n".encode("ascii"), 0)
     return fd, None
+
+
+def _still_there(fd: int, path: str) -> bool:
+    """Whether the file open as ``fd`` is still the one at ``path`` (not removed, nor replaced by another)."""
+    try:
+        here, there = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (here.st_dev, here.st_ino) == (there.st_dev, there.st_ino)
 
 
 @contextlib.contextmanager
