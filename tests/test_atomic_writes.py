@@ -324,6 +324,11 @@ def test_a_temporary_file_of_another_machine_is_left_until_untouched_for_a_day(t
     day_ago = theirs.stat().st_mtime - 24 * 3600 - 60
     os.utime(theirs, (day_ago, day_ago))
     assert remove_stale_temps(target) == [str(theirs)] and not theirs.exists()
+    # a folder's (an index saved whole, then renamed), its writer killed: it stayed for ever (a concurrency audit's)
+    folder = tmp_path / f".my.index.tmp{dead_pid()}.{_machine()}123abc"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "img.codes").write_bytes(b"half")
+    assert remove_stale_temps(tmp_path / "my.index") == [str(folder)] and not folder.exists()
 
 
 def test_a_file_of_many_damaged_lines_is_said_in_a_few_lines_its_control_characters_escaped(tmp_path):

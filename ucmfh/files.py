@@ -156,9 +156,10 @@ def remove_stale_temps(path: PathLike) -> List[str]:
         if match and match.group(1) == os.path.basename(path) and _stale(directory, match):
             stale = os.path.join(directory, name)
             try:
-                if os.path.isdir(stale):
-                    continue
-                os.remove(stale)
+                if os.path.isdir(stale) and not os.path.islink(stale):  # an index folder's save, killed: it stayed
+                    shutil.rmtree(stale)
+                else:
+                    os.remove(stale)
                 removed.append(stale)
             except OSError:
                 pass
