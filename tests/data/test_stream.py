@@ -38,6 +38,8 @@ def test_streamed_rows_read_what_is_in_memory(tiny_path, tiny):
     assert torch.allclose(mean, x.mean(0)) and torch.allclose(std, x.std(0, correction=0))
     with pytest.raises(ValueError, match="increasing positions"):
         rows.subset(torch.tensor([3, 1]))
+    # as a notebook reaches for a tensor's (an audit's: no numpy(), a dtype of None)
+    assert rows.dtype == tiny.train.img.dtype and np.array_equal(part.numpy(), tiny.train.img[positions].numpy())
 
 
 def test_a_file_written_over_while_streamed_is_refused_and_one_renamed_over_is_not(tiny_path, tiny, tmp_path):

@@ -220,7 +220,9 @@ _VIEWS = itertools.count()  # cache keys: views of one file (a split and its sub
 
 class Rows:
     """The rows ``index`` (sorted file rows; all when None) of one feature dataset of a split,
-    read on demand. Shape: ``[len(index), d]``; reads give float32 tensors on ``device``."""
+    read on demand. Shape: ``[len(index), d]``; reads (``x[a:b]``, ``x[positions]``) give float32 tensors on
+    ``device``; ``x.numpy()`` reads every row into memory. Not an array: ``np.asarray(x)`` and
+    ``torch.as_tensor(x)`` do not read it whole unasked."""
 
     def __init__(self, path: str, name: str, settings: StreamSettings = StreamSettings(),
                  index: Optional[np.ndarray] = None, device: Union[str, torch.device] = "cpu",
@@ -235,6 +237,16 @@ class Rows:
     @property
     def shape(self) -> Tuple[int, int]:
         return len(self.index), int(self.blocks.dataset.shape[1])
+
+    @property
+    def dtype(self) -> torch.dtype:
+        """What its reads give, as a tensor's ``dtype`` says it (it was None: a notebook's check of it failed)."""
+        return torch.float32
+
+    def numpy(self) -> np.ndarray:
+        """Every row, read whole into memory ([N, d] float32), as a tensor's ``numpy()`` gives them: the streamed
+        split's features, where a notebook wants them (``x[:]`` is the same rows as a tensor)."""
+        return self[:].cpu().numpy()
 
     def __len__(self) -> int:
         return len(self.index)
