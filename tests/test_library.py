@@ -218,7 +218,9 @@ def test_a_split_made_by_hand_is_taken_or_refused_in_words(tiny, trained):
     query = tiny.query
     as_given = ucmfh.encode_split(trained, query)
     for made in (replace(query, img=query.img.double(), txt=query.txt.double()),
-                 replace(query, img=query.img.numpy(), txt=query.txt.numpy())):
+                 replace(query, img=query.img.numpy(), txt=query.txt.numpy()),
+                 # labels and ids as lists (said to be 'a row for each of its items, got list'; an audit's)
+                 replace(query, labels=query.labels.tolist(), ids=None if query.ids is None else query.ids.tolist())):
         assert all(torch.equal(a, b) for a, b in zip(ucmfh.encode_split(trained, made), as_given))
     half = replace(query, img=query.img.half())  # float16 features: read as float32, where torch refused Half
     assert all(torch.equal(a, b) for a, b in zip(ucmfh.encode_split(trained, half),

@@ -139,11 +139,12 @@ def _signs(outputs: Tuple[torch.Tensor, torch.Tensor]) -> Tuple[torch.Tensor, to
 
 
 def encode_split(
-    model: CrossModalHasher, split: Split, protocol: str = "unimodal", device: str = "auto",
+    model: torch.nn.Module, split: Split, protocol: str = "unimodal", device: str = "auto",
     batch_size: int = 4096, progress: bool = False,
 ) -> Tuple[torch.Tensor, torch.Tensor]:
     """±1 image and text codes of every item of a split (the model's ``codes``: the signs of its head
-    outputs): ``img, txt = encode_split(model, data.query)``. Shape: -> two [N, n_bits] on ``device``."""
+    outputs): ``img, txt = encode_split(model, data.query)``. ``model``: a hashing model of any method, as
+    :func:`ucmfh.fit_hashing` and :func:`ucmfh.load_model` return it. Shape: -> two [N, n_bits] on ``device``."""
     return _signs(head_outputs_split(model, split, protocol, device, batch_size, progress))
 
 
@@ -283,11 +284,11 @@ _METRICS = ("map_", "recall_", "rsum")  # the score keys of a row (the rest desc
 
 
 def evaluate_hashing(
-    model: CrossModalHasher, data: Dataset, protocols: Optional[Sequence[str]] = None,
+    model: torch.nn.Module, data: Dataset, protocols: Optional[Sequence[str]] = None,
     k: int = DEFAULT_K, device: str = "auto", progress: bool = False, real_valued: bool = False, per_query: bool = False,
 ) -> List[Dict[str, object]]:
-    """Hamming-ranking scores of both directions, one row per protocol (and database of a caption set).
-    ``protocols``: by default both where the model has a fused view (UCMFH's, on its fusion encoder), else
+    """Hamming-ranking scores of both directions, one row per protocol (and database of a caption set), of
+    ``model``, a hashing model of any method (:func:`encode_split`). ``protocols``: by default both where the model has a fused view (UCMFH's, on its fusion encoder), else
     ``unimodal`` alone (a leak-free model's codes are the same under both: one row, as ``train-hash`` writes).
 
     With ``real_valued`` each row also holds ``real_valued``: the same scores of the heads'

@@ -87,6 +87,8 @@ class Split:
             raise ValueError(f"{where}: the {name} has no items")
         for field_name in ("labels", "ids"):  # numpy's, as tensors (the features' rule), a row an item
             value = getattr(self, field_name)
+            if isinstance(value, (list, tuple)):  # a row for each item, said to be none ('got list'; an audit's)
+                value = np.asarray(value, dtype=np.uint8 if field_name == "labels" else np.int64)
             if isinstance(value, np.ndarray):
                 value = features[field_name] = torch.from_numpy(value)
             rows = len(value) if getattr(value, "ndim", 0) else None  # None: not an array of rows
