@@ -256,7 +256,8 @@ def evaluate_codes_file(
     **options,
 ) -> Dict[str, object]:
     """Load a codes file (:func:`ucmfh.codes.save_codes`) and return :func:`evaluate_codes` of it, or for a
-    caption set :func:`ucmfh.metrics.report.evaluate_caption_codes` on ``database`` (default ``test``; a labelled set has none).
+    caption set :func:`ucmfh.metrics.report.evaluate_caption_codes` on ``database`` (default ``test``; a labelled
+    set has none).
 
     The file's attributes (protocol, dataset, …) and ``n_bits`` are copied to
     ``result["settings"]``. ``device`` is where the metrics are computed; ``progress``: a bar of the passes over
