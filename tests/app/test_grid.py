@@ -518,3 +518,38 @@ def test_a_cell_another_process_trains_is_run_after_the_others(tmp_path, tiny_pa
     assert sorted(row["seed"] for row in rows) == [1, 2]  # each cell's rows once
     table = (tmp_path / "r.md").read_text()
     assert "2 |" in table  # two seeds in the grid's table
+
+
+@pytest.mark.parametrize("other_finishes", [False, True])
+def test_a_cell_another_process_trains_is_run_after_the_others_side_by_side_too(tmp_path, tiny_path, monkeypatch,
+                                                                                 other_finishes):
+    """As above, with --jobs: a worker's cell refused as busy ended the grid once the others had stopped."""
+    import ucmfh.app.jobs as jobs_module
+    from ucmfh.app.stage import RunInProgress
+
+    results = tmp_path / "r.jsonl"
+    real = jobs_module.train_hash_stage
+    tries = []
+
+    def another_process_on_seed_1(data, fcfg, hcfg, *args, **kwargs):
+        tries.append(hcfg.seed)
+        if hcfg.seed == 1 and tries.count(1) <= 2:
+            if tries.count(1) == 2 and other_finishes:
+                rows = real(data, fcfg, hcfg, *args, **kwargs)
+                with open(results, "a") as f:
+                    f.writelines(json.dumps(row) + "\n" for row in rows)
+            raise RunInProgress("runs/x: another process (pid 1) is training this run; wait for it or use another "
+                                "--out")
+        return real(data, fcfg, hcfg, *args, **kwargs)
+
+    monkeypatch.setattr(jobs_module, "train_hash_stage", another_process_on_seed_1)
+    monkeypatch.setattr(jobs_module, "BUSY_POLL_S", 0.0)
+    result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "cca-itq", "--seeds", "1,2", "-b", "8",
+                                       "--protocol", "unimodal", "--out", str(tmp_path / "runs"), "--results",
+                                       str(results), "--quiet", "--jobs", "2", "--workers", "threads"])
+    assert result.exit_code == 0, result.output
+    assert result.output.count("busy ") == 1 and "it is run after the other cells" in result.output
+    assert ("finished by the other process" in result.output) is other_finishes
+    assert sorted(tries) == ([1, 1, 2] if other_finishes else [1, 1, 1, 2])  # found there: not tried a third time
+    rows = [json.loads(line) for line in results.read_text().splitlines()]
+    assert sorted(row["seed"] for row in rows) == [1, 2]  # each cell's rows once

@@ -101,6 +101,13 @@ def loss_params_by_name(items: Sequence[str]) -> Dict[str, Dict[str, Any]]:
 BUSY_POLL_S = 5.0
 
 
+def rows_in(results: str, run_key: str, method: str, protocols: Sequence[str], k: int) -> List[Dict[str, Any]]:
+    """The rows of the run ``run_key`` (of ``method``) in the results file, where every protocol asked was
+    scored; [] where they are not all there."""
+    recorded = by_run(read_jsonl(results, on_skip=warn, containing=[json.dumps(run_key)]))
+    return finished(recorded, run_key, scored_protocols(method, protocols), k)
+
+
 def _once_the_other_process_is_done(name: str, data: Any, fcfg: Any, hcfg: Any, run_key: str, opts: RunOptions,
                                     protocols: Sequence[str], k: int, results: str) -> List[Dict[str, Any]]:
     """The rows of a cell another process was training when the grid came to it (a second grid on the same runs
@@ -108,8 +115,7 @@ def _once_the_other_process_is_done(name: str, data: Any, fcfg: Any, hcfg: Any, 
     else the cell trained here once the run is free (its checkpoint reused where the other process saved it)."""
     said = False
     while True:
-        recorded = by_run(read_jsonl(results, on_skip=warn, containing=[json.dumps(run_key)]))
-        done = finished(recorded, run_key, scored_protocols(hcfg.method, protocols), k)
+        done = rows_in(results, run_key, hcfg.method, protocols, k)
         if done:
             click.echo(f"skip {name}: finished by the other process (run {run_key})")
             return done
@@ -527,7 +533,10 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
     for (dataset, _, hcfg), rows in zip(cells, recorded_rows):
         if not rows:  # a method that needs the split in memory, refused hours in at its first cell
             build_method(hcfg.method).check_split(loaded[dataset])
-    side = SideBySide(jobs, device, results, opts, protocols, k, train["max_memory"], workers) if jobs > 1 else None
+    method_of = {key_of(run.hash_identity): hcfg.method for (_, _, hcfg), run in zip(cells, runs)}
+    side = SideBySide(jobs, device, results, opts, protocols, k, train["max_memory"], workers,
+                      finished_rows=lambda key: rows_in(results, key, method_of[key], protocols, k)) \
+        if jobs > 1 else None
     busy: List[Tuple[int, str, Any, Any, Any, str]] = []  # cells another process was training: run last
     for (dataset, fcfg, hcfg), run in zip(cells, runs):
         run_key = key_of(run.hash_identity)

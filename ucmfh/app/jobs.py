@@ -55,6 +55,7 @@ from ucmfh.app.experiment import train_hash_stage
 from ucmfh.app.identity import Run, RunOptions, key_of
 from ucmfh.app.options import Count
 from ucmfh.app.runs import scores_line
+from ucmfh.app.stage import RunInProgress
 from ucmfh.app.table import append_cell_rows
 from ucmfh.config import FusionConfig, HashConfig
 from ucmfh.data.h5 import Dataset, load_dataset
@@ -65,6 +66,7 @@ from ucmfh.utils import resolve_device
 
 Rows = List[Dict[str, Any]]
 POLL_S = 0.2  # how often the parent looks at its workers: a fusion encoder saved, a signal to pass on
+BUSY_POLL_S = 5.0  # how often a cell another process trains is looked at again, once the others are done
 
 
 def _check_jobs(ctx: click.Context, param: click.Parameter, value: int) -> int:
@@ -283,8 +285,9 @@ class _Cell:
     task: CellTask
     data: Dataset  # the grid's read of task.data_path (a thread worker's; a process reads the file again)
     rows: Rows = field(default_factory=list)
-    state: str = "pending"  # then running, and done, stopped or failed
+    state: str = "pending"  # then running, and done, stopped or failed; busy: another process trains its run
     appended: bool = False
+    tried: float = 0.0  # when it was last found busy (time.monotonic)
 
 
 class SideBySide:
@@ -297,10 +300,14 @@ class SideBySide:
 
     def __init__(self, jobs: int, device: str, results: str, opts: RunOptions, protocols: Sequence[str], k: int,
                  max_memory: Optional[int], workers: str = "processes",
-                 log: Callable[[str], None] = say) -> None:
+                 log: Callable[[str], None] = say,
+                 finished_rows: Callable[[str], Optional[Rows]] = lambda key: None) -> None:
+        """``finished_rows``: a run's rows in the results file (by its key), None where it has none: a cell another
+        process was training, once that process has written them."""
         if workers not in WORKERS:
             raise ValueError(f"workers: one of {', '.join(WORKERS)}, got {workers!r}")
         self.jobs, self.device, self.results, self.log = jobs, device, results, log
+        self.finished_rows = finished_rows
         self.in_threads = workers == "threads"
         self.opts = dataclasses.replace(opts, progress=False)  # N bars on one terminal say nothing
         self.protocols, self.k, self.max_memory = tuple(protocols), k, max_memory
@@ -360,8 +367,12 @@ class SideBySide:
                         stop_cells(signum or signal.SIGTERM)
                     else:
                         self._start_ready(submit, running, n)
-                    if not running:
+                    if not running and (signum is not None or error is not None
+                                        or not any(cell.state == "busy" for cell in self.cells)):
                         break
+                    if not running:  # cells another process trains, alone left: looked at again in a while
+                        time.sleep(POLL_S)
+                        continue
                     ended, _ = cf.wait(running, timeout=POLL_S, return_when=cf.FIRST_COMPLETED)
                     for future in ended:
                         cell = running.pop(future)
@@ -450,10 +461,32 @@ class SideBySide:
                 running[submit(cell)] = cell
             cell.state = "running"
             self.log(f"start {cell.name}")
+        if any(cell.state == "pending" for cell in self.cells):
+            return
+        for cell in self.cells:  # the others done or under way: a cell another process trained, looked at again
+            if len(running) >= n:
+                return
+            if cell.state != "busy" or time.monotonic() - cell.tried < BUSY_POLL_S:
+                continue
+            rows = self.finished_rows(cell.key)
+            if rows:  # that process wrote them: this grid's rows, in the file already
+                cell.rows.extend(rows)
+                cell.state, cell.appended = "done", True
+                self.log(f"skip {cell.name}: finished by the other process (run {cell.key})")
+                continue
+            with _held():
+                running[submit(cell)] = cell
+            cell.state = "running"
+            self.log(f"start {cell.name} (again)")
 
     def _ended(self, cell: _Cell, outcome: Outcome, signum: Optional[int],
                error: Optional[BaseException]) -> Tuple[Optional[int], Optional[BaseException]]:
         """Say how ``cell`` ended and keep its rows; the grid's signal and error, updated."""
+        if isinstance(outcome.error, RunInProgress):  # the others first, then it is looked at again
+            if cell.tried == 0.0:
+                self.log(f"busy {cell.name}: {outcome.error}; it is run after the other cells")
+            cell.state, cell.tried = "busy", time.monotonic()
+            return signum, error
         if outcome.error is not None:
             cell.state = "failed"
             self.log(f"failed {cell.name}: {outcome.error}")
