@@ -512,6 +512,7 @@ def test_a_cell_another_process_trains_is_run_after_the_others(tmp_path, tiny_pa
     assert result.exit_code == 0, result.output
     said = [line.split(" ")[0] for line in result.stderr.splitlines()]
     assert said == ["busy", "wait"] and "it is run after the other cells" in result.stderr
+    assert "use another --out" not in result.stderr  # a command's remedy, not a grid's, which waits for the run
     assert ("finished by the other process" in result.stdout) is other_finishes
     assert tries == [1, 2, 1] + ([] if other_finishes else [1])
     rows = [json.loads(line) for line in results.read_text().splitlines()]
@@ -549,6 +550,7 @@ def test_a_cell_another_process_trains_is_run_after_the_others_side_by_side_too(
                                        str(results), "--quiet", "--jobs", "2", "--workers", "threads"])
     assert result.exit_code == 0, result.output
     assert result.output.count("busy ") == 1 and "it is run after the other cells" in result.output
+    assert "use another --out" not in result.output
     assert ("finished by the other process" in result.output) is other_finishes
     assert sorted(tries) == ([1, 1, 2] if other_finishes else [1, 1, 1, 2])  # found there: not tried a third time
     rows = [json.loads(line) for line in results.read_text().splitlines()]

@@ -124,7 +124,7 @@ def _once_the_other_process_is_done(name: str, data: Any, fcfg: Any, hcfg: Any, 
             rows = train_hash_stage(data, fcfg, hcfg, opts, protocols, k, log=say)
         except RunInProgress as err:
             if not said:
-                click.echo(f"wait {name}: {err}; looking again every {BUSY_POLL_S:g} s (Ctrl-C stops the grid)",
+                click.echo(f"wait {name}: {err.fact}; looking again every {BUSY_POLL_S:g} s (Ctrl-C stops the grid)",
                            err=True)
                 said = True
             try:
@@ -554,7 +554,7 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         try:
             rows = train_hash_stage(loaded[dataset], fcfg, hcfg, opts, protocols, k, log=say)
         except RunInProgress as err:  # another process trains it (or the fusion stage it builds on): the others first
-            click.echo(f"busy {name}: {err}; it is run after the other cells", err=True)
+            click.echo(f"busy {name}: {err.fact}; it is run after the other cells", err=True)
             busy.append((len(grid_rows), name, loaded[dataset], fcfg, hcfg, run_key))
             grid_rows.append([])
             continue

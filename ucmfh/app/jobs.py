@@ -484,7 +484,7 @@ class SideBySide:
         """Say how ``cell`` ended and keep its rows; the grid's signal and error, updated."""
         if isinstance(outcome.error, RunInProgress):  # the others first, then it is looked at again
             if cell.tried == 0.0:
-                self.log(f"busy {cell.name}: {outcome.error}; it is run after the other cells")
+                self.log(f"busy {cell.name}: {outcome.error.fact}; it is run after the other cells")
             cell.state, cell.tried = "busy", time.monotonic()
             return signum, error
         if outcome.error is not None:

@@ -36,8 +36,16 @@ except ImportError:  # pragma: no cover - Windows
 Log = Callable[[str], None]
 
 
+BUSY_REMEDY = "; wait for it or use another --out"  # what a command refused as busy says to do
+
+
 class RunInProgress(OSError):
     """Another process is training the run asked for (it holds the run's :func:`training_lock`)."""
+
+    @property
+    def fact(self) -> str:
+        """The refusal without its remedy: a grid, which waits for the run, says this alone."""
+        return str(self).removesuffix(BUSY_REMEDY)
 
 
 def _lock_path(checkpoint: str) -> str:
@@ -65,8 +73,7 @@ def _try_lock(checkpoint: str) -> Tuple[Optional[int], Optional[str]]:
         holder = os.pread(fd, 32, 0).decode("ascii", "replace").strip()
         os.close(fd)
         who = f"another process (pid {holder})" if holder.isdigit() else "another process"
-        return None, (f"{os.path.dirname(checkpoint)}: {who} is training this run; wait for it or use "
-                      "another --out")
+        return None, f"{os.path.dirname(checkpoint)}: {who} is training this run{BUSY_REMEDY}"
     except BaseException:
         os.close(fd)
         raise
