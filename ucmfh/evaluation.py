@@ -288,7 +288,8 @@ def evaluate_hashing(
     k: int = DEFAULT_K, device: str = "auto", progress: bool = False, real_valued: bool = False, per_query: bool = False,
 ) -> List[Dict[str, object]]:
     """Hamming-ranking scores of both directions, one row per protocol (and database of a caption set), of
-    ``model``, a hashing model of any method (:func:`encode_split`). ``protocols``: by default both where the model has a fused view (UCMFH's, on its fusion encoder), else
+    ``model``, a hashing model of any method (:func:`encode_split`). ``protocols``: by default both where the
+    model has a fused view (UCMFH's, on its fusion encoder), else
     ``unimodal`` alone (a leak-free model's codes are the same under both: one row, as ``train-hash`` writes).
 
     With ``real_valued`` each row also holds ``real_valued``: the same scores of the heads'

@@ -18,8 +18,8 @@ from ucmfh.app.table import report
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.options import (
     TRAINED_ON_HELP, CodeLength, Count, FiniteRange, InputPath, candidates_problem, check_precision, closed_form_notes,
-    complete_datasets, complete_files, data_dir_option, data_options, device_option, given_flags, given_twice, resolved, run_options, settings_of,
-    train_options,
+    complete_datasets, complete_files, data_dir_option, data_options, device_option, given_flags, given_twice, resolved,
+    run_options, settings_of, train_options,
 )
 from ucmfh.config import BETA_SCHEDULES, CODE_LENGTHS, PROTOCOLS, FusionConfig, HashConfig, default_epochs
 from ucmfh.files import fingerprint

@@ -76,7 +76,8 @@ def _report(rows, results) -> None:
                    f"{_DEFAULTS.patience}, 0 with --val-fraction 0].")
 @click.option("--set", "overrides", multiple=True, metavar="FIELD=VALUE",
               help="Any other SEPS setting, e.g. keep_ratio=0.8 or embed_dim=256 (repeatable).")
-@click.option("--out", default=RunOptions.out, show_default=True, shell_complete=complete_folders, help="Root folder of runs (checkpoints).")
+@click.option("--out", default=RunOptions.out, show_default=True, shell_complete=complete_folders,
+              help="Root folder of runs (checkpoints).")
 @click.option("--resume", is_flag=True, help="Continue an interrupted run of the same settings.")
 @click.option("--save-interval", default=RunOptions.save_interval, show_default=True, type=FiniteRange(min=0),
               help="Seconds between saves of the training state (0: every epoch).")

@@ -75,7 +75,8 @@ class Scratch:
         except (ValueError, AttributeError):  # not JSON, or not an object
             raise DataError(f"{manifest}: unreadable scratch manifest", remedy=RESTART) from None
         if old != key:  # which part differs: the inputs given in another spelling, a flag, the files themselves
-            differ = [name for name in parts or () if isinstance(old_parts, dict) and old_parts.get(name) != parts[name]]
+            differ = [name for name in parts or ()
+                      if isinstance(old_parts, dict) and old_parts.get(name) != parts[name]]
             empty = not any(name.endswith(".npz") for name in os.listdir(folder))
             raise DataError(f"{folder}: scratch of a different extraction ("
                             + (f"its {', '.join(differ)} differ" if differ else "other inputs, model or settings")
