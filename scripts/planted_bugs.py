@@ -976,7 +976,8 @@ BUGS: Tuple[Bug, ...] = (
     Bug("tokenizer-of-special-tokens", "ucmfh/data/clip_encoder.py",
         "    if words < vocabulary:", "    if False:",
         "a model folder without its tokenizer's files gave every caption one feature row, and the file was valid",
-        ("tests/data/test_extract.py::test_a_model_folder_of_another_kind_damaged_or_mismatched_is_refused_in_one_line",)),
+        ("tests/data/test_extract.py::"
+         "test_a_model_folder_of_another_kind_damaged_or_mismatched_is_refused_in_one_line",)),
     Bug("extract-resumes-other-weights", "ucmfh/data/scratch.py",
         "        if None not in (model, weights) and weights != model:", "        if False:",
         "weights trained on into the model's folder: a resumed extraction mixed the chunks of two models",
@@ -1001,7 +1002,8 @@ BUGS: Tuple[Bug, ...] = (
         ("tests/data/test_extract_shards.py::"
          "test_another_extraction_of_one_out_under_way_is_refused_and_a_removed_scratch_is_not_written_anew",)),
     Bug("scratch-made-anew-by-a-chunk", "ucmfh/data/scratch.py",
-        '        if not os.path.exists(os.path.join(self.folder, "manifest.json")):  # its chunk', "        if False:  #",
+        '        if not os.path.exists(os.path.join(self.folder, "manifest.json")):  # its chunk',
+        "        if False:  #",
         "a chunk written after another extraction removed the scratch made it anew, of nothing said",
         ("tests/data/test_extract_shards.py::"
          "test_another_extraction_of_one_out_under_way_is_refused_and_a_removed_scratch_is_not_written_anew",)),
@@ -1011,7 +1013,8 @@ BUGS: Tuple[Bug, ...] = (
         "a reader warned of (or refused) a row another process was appending as it read",
         ("tests/test_atomic_writes.py::test_a_results_file_is_read_between_appends_never_in_the_middle_of_one",)),
     Bug("grid-dies-at-a-busy-cell", "ucmfh/app/grid.py",
-        "        except RunInProgress as err:  # another process trains it", "        except ZeroDivisionError as err:  #",
+        "        except RunInProgress as err:  # another process trains it",
+        "        except ZeroDivisionError as err:  #",
         "a second grid on one runs folder died at the first cell another process trained, its other cells not run",
         ("tests/app/test_grid.py::test_a_cell_another_process_trains_is_run_after_the_others",)),
     Bug("index-meta-checked-last", "ucmfh/search/folder.py",

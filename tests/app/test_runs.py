@@ -367,7 +367,8 @@ def test_runs_summarises_over_seeds(tmp_path):
         assert len([g for g in map(json.loads, CliRunner().invoke(
             main, ["runs", "--results", str(tmp_path / "ks.jsonl"), "-k", k, "--json"]).stdout.splitlines())]) == 1
     # --protocol is repeatable, as every other filter (it took one)
-    append_jsonl(tmp_path / "both.jsonl", [*rows[:3], *({**row, "protocol": "fused", "map_i2t": 0.2} for row in rows[:3])])
+    append_jsonl(tmp_path / "both.jsonl",
+                 [*rows[:3], *({**row, "protocol": "fused", "map_i2t": 0.2} for row in rows[:3])])
     for protocols, n_groups in (([], 2), (["fused"], 1), (["fused", "unimodal"], 2)):
         found = CliRunner().invoke(main, ["runs", "--results", str(tmp_path / "both.jsonl"), "--json",
                                           *(f"--protocol={p}" for p in protocols)])

@@ -110,7 +110,8 @@ def test_input_mismatches_name_file_and_problem(tmp_path):
     with pytest.raises(DataError, match=r"c\.tsv: 1 of 2 images has no caption \(first: 'b\.jpg'\)"):
         read_captions(tmp_path / "c.tsv", names)
     (tmp_path / "c.tsv").write_text("a.jpg\tone\nb.jpg\ttwo\nz.jpg\tthree\n")
-    with pytest.raises(DataError, match=r"c\.tsv: 1 caption names an image that is not in the image list \(first: 'z\.jpg'\)"):
+    with pytest.raises(DataError, match=r"c\.tsv: 1 caption names an image that is not in the image list "
+                                        r"\(first: 'z\.jpg'\)"):
         read_captions(tmp_path / "c.tsv", names)
     (tmp_path / "c.tsv").write_text("a.jpg one\n")
     with pytest.raises(DataError, match=r"c\.tsv: line 1: expected 'image_name<TAB>caption'"):
@@ -204,8 +205,9 @@ def test_image_list_file(tmp_path):
     # paths that are not there were found once the model had loaded, as unreadable images (an audit's)
     (tmp_path / "lists").mkdir()
     (tmp_path / "lists" / "list.txt").write_text("".join(f"imgs/{n}\n" for n in names))  # from the wrong folder
-    with pytest.raises(FileNotFoundError, match=r"list\.txt: 3 of its 3 images are not there \(first: 'imgs/img0\.jpg'\); "
-                                                r"a relative path is read from the list's folder, .*lists$"):
+    with pytest.raises(FileNotFoundError, match=r"list\.txt: 3 of its 3 images are not there \(first: "
+                                                r"'imgs/img0\.jpg'\); a relative path is read from the list's "
+                                                r"folder, .*lists$"):
         check_images_there(tmp_path / "lists" / "list.txt", *list_images(tmp_path / "lists" / "list.txt"))
 
 

@@ -78,8 +78,9 @@ def test_another_extraction_of_one_out_under_way_is_refused_and_a_removed_scratc
     # the folder removed under a run: its next chunk is refused, not written into a folder made anew
     scratch = Scratch(str(tmp_path / "other.h5.parts"), "key", str(tmp_path / "other.h5"))
     os.remove(tmp_path / "other.h5.parts" / "manifest.json")
-    with pytest.raises(DataError, match=r"parts: removed while this extraction wrote into it \(by another extraction of "
-                                        r"the same OUT, one that restarted or finished\); run it again$"):
+    with pytest.raises(DataError, match=r"parts: removed while this extraction wrote into it \(by another "
+                                        r"extraction of the same OUT, one that restarted or finished\); run it "
+                                        r"again$"):
         scratch.save("image", 0, np.zeros((2, 3), np.float32), np.ones(2, bool))
     os.remove(os.path.join(parts, "manifest.json"))  # the chunks of the shards, of nothing said
     with pytest.raises(DataError, match=r"parts: chunks without a manifest \(an extraction's, whose folder was removed "

@@ -33,8 +33,8 @@ from ucmfh.app.stage import RunInProgress
 from ucmfh.app.table import append_cell_rows
 from ucmfh.app.options import (
     DEFAULT_RESULTS, FLAGS, CodeLength, Count, candidates_problem, check_precision, closed_form_notes,
-    complete_datasets, complete_files, data_dir_option, default_method_note, device_option, flag_of, given_twice, parse_params, resolved,
-    scoring_options, seed_type, settings_of, train_options,
+    complete_datasets, complete_files, data_dir_option, default_method_note, device_option, flag_of, given_twice,
+    parse_params, resolved, scoring_options, seed_type, settings_of, train_options,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.app.runs import (

@@ -11,8 +11,8 @@ from ucmfh.app.environment import resolve_dataset
 from ucmfh.app.identity import RunOptions
 from ucmfh.app.seps_runs import format_stages, rerank_rows, train_seps_stage
 from ucmfh.app.options import (
-    Count, FiniteRange, InputPath, check_precision, complete_datasets, complete_folders, data_dir_option, output_options,
-    parse_params, resolved, seed_type, tensorboard_option,
+    Count, FiniteRange, InputPath, check_precision, complete_datasets, complete_folders, data_dir_option,
+    output_options, parse_params, resolved, seed_type, tensorboard_option,
 )
 from ucmfh.app.outputs import check_outputs
 from ucmfh.config import DENSE_TEXT, SEPS_SELECTIONS, SEPS_VERSIONS, SepsConfig, seps_config
