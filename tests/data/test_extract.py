@@ -266,10 +266,12 @@ def test_scratch_of_other_inputs_is_not_reused(tmp_path, monkeypatch):
     assert same.chunks_computed == 0
     caps.write_text(caps.read_text().replace("photo", "drawing"))
     # what differs is named (it was "other inputs, model or settings", whatever it was)
-    with pytest.raises(DataError, match=r"set\.h5\.parts: scratch of a different extraction \(its captions differ\)$"):
+    with pytest.raises(DataError, match=r"set\.h5\.parts: scratch of a different extraction \(it differs from this "
+                                        r"one in its captions\)$"):
         extract_features("imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=FakeEncoder(),
                          config=cfg, overwrite=True, progress=False)
-    with pytest.raises(DataError, match=r"scratch of a different extraction \(its chunk size, captions differ\)$"):
+    with pytest.raises(DataError, match=r"scratch of a different extraction \(it differs from this one in its "
+                                        r"chunk size, captions\)$"):
         extract_features("imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=FakeEncoder(),
                          config=dataclasses.replace(cfg, chunk_items=5), overwrite=True, progress=False)
     extract_features(tmp_path / "imgs", caps, labels, tmp_path / "set.h5", sizes=SIZES, encoder=FakeEncoder(),
@@ -289,8 +291,8 @@ def test_a_scratch_of_no_chunk_says_so_and_an_older_one_is_said_as_before(tmp_pa
 
     folder, out = str(tmp_path / "o.h5.parts"), str(tmp_path / "o.h5")
     Scratch(folder, "a", out, parts={"images": "1", "captions": "1"})
-    with pytest.raises(DataError, match=r"parts: scratch of a different extraction \(its images differ; it holds no "
-                                        r"finished chunk\)$"):
+    with pytest.raises(DataError, match=r"parts: scratch of a different extraction \(it differs from this one in its "
+                                        r"images; it holds no finished chunk\)$"):
         Scratch(folder, "b", out, parts={"images": "2", "captions": "1"})
     (tmp_path / "o.h5.parts" / "image-000000.npz").write_bytes(b"")
     with pytest.raises(DataError, match=r"scratch of a different extraction \(other inputs, model or settings\)$"):

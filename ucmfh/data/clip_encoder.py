@@ -142,7 +142,15 @@ class ClipEncoder:
         self.max_length = int(self.model.config.text_config.max_position_embeddings)
         self.normalize = normalize
         self.name = model
-        self.digest = model_digest(model)  # an interrupted extraction goes on with the chunks of these weights alone
+        self._digest: Optional[str] = None
+
+    @property
+    def digest(self) -> str:
+        """:func:`model_digest` of its model, read once when asked (an extraction's, which goes on with the chunks
+        of these files alone; a text search never asks: it hashed a gigabyte of weights a query)."""
+        if self._digest is None:
+            self._digest = model_digest(self.name)
+        return self._digest
 
     def _finish(self, x: torch.Tensor) -> np.ndarray:
         if self.normalize:

@@ -79,7 +79,8 @@ class Scratch:
                       if isinstance(old_parts, dict) and old_parts.get(name) != parts[name]]
             empty = not any(name.endswith(".npz") for name in os.listdir(folder))
             raise DataError(f"{folder}: scratch of a different extraction ("
-                            + (f"its {', '.join(differ)} differ" if differ else "other inputs, model or settings")
+                            + (f"it differs from this one in its {', '.join(differ)}" if differ
+                               else "other inputs, model or settings")
                             + ("; it holds no finished chunk" if empty else "") + ")", remedy=RESTART)
         if None not in (model, weights) and weights != model:  # trained on into its folder: chunks of two models
             raise DataError(f"{folder}: scratch of other files of the same model (its weights, tokenizer or image "
