@@ -481,22 +481,15 @@ def test_options_of_training_by_epochs_are_said_not_applied_to_a_method_fitted_i
     assert quiet.exit_code == 0 and "not applied" not in quiet.output, quiet.output  # nothing given, nothing said
 
 
-@pytest.mark.parametrize("other_finishes", [False, True])
-def test_a_cell_another_process_trains_is_run_after_the_others(tmp_path, tiny_path, monkeypatch, other_finishes):
-    """A second grid on the same runs folder died at the first cell another process was training ('another
-    process (pid N) is training this run'), its other cells not run (a concurrency audit's): such a cell waits
-    until the others are done, then its rows are the other process's, or it is trained once the run is free."""
-    import ucmfh.app.grid as grid_module
+def _another_process_on_seed_1(real, results: Path, other_finishes: bool, tries: list):
+    """``real`` (train_hash_stage) as it runs beside another process training seed 1's cell: refused as busy when
+    first met and when first looked at again, meanwhile (``other_finishes``) that process's rows appended."""
     from ucmfh.app.stage import RunInProgress
 
-    results = tmp_path / "r.jsonl"
-    real = grid_module.train_hash_stage
-    tries = []
-
-    def another_process_on_seed_1(data, fcfg, hcfg, *args, **kwargs):
+    def train(data, fcfg, hcfg, *args, **kwargs):
         tries.append(hcfg.seed)
-        if hcfg.seed == 1 and tries.count(1) <= 2:  # busy when first met, and when first looked at again
-            if tries.count(1) == 2 and other_finishes:  # meanwhile it ends, its rows appended
+        if hcfg.seed == 1 and tries.count(1) <= 2:
+            if tries.count(1) == 2 and other_finishes:
                 rows = real(data, fcfg, hcfg, *args, **kwargs)
                 with open(results, "a") as f:
                     f.writelines(json.dumps(row) + "\n" for row in rows)
@@ -504,7 +497,19 @@ def test_a_cell_another_process_trains_is_run_after_the_others(tmp_path, tiny_pa
                                 "--out")
         return real(data, fcfg, hcfg, *args, **kwargs)
 
-    monkeypatch.setattr(grid_module, "train_hash_stage", another_process_on_seed_1)
+    return train
+
+
+@pytest.mark.parametrize("other_finishes", [False, True])
+def test_a_cell_another_process_trains_is_run_after_the_others(tmp_path, tiny_path, monkeypatch, other_finishes):
+    """A second grid on the same runs folder died at the first cell another process was training ('another
+    process (pid N) is training this run'), its other cells not run (a concurrency audit's): such a cell waits
+    until the others are done, then its rows are the other process's, or it is trained once the run is free."""
+    import ucmfh.app.grid as grid_module
+
+    results, tries = tmp_path / "r.jsonl", []
+    monkeypatch.setattr(grid_module, "train_hash_stage",
+                        _another_process_on_seed_1(grid_module.train_hash_stage, results, other_finishes, tries))
     monkeypatch.setattr(grid_module, "BUSY_POLL_S", 0.0)
     result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "cca-itq", "--seeds", "1,2", "-b", "8",
                                        "--protocol", "unimodal", "--out", str(tmp_path / "runs"), "--results",
@@ -526,24 +531,10 @@ def test_a_cell_another_process_trains_is_run_after_the_others_side_by_side_too(
                                                                                  other_finishes):
     """As above, with --jobs: a worker's cell refused as busy ended the grid once the others had stopped."""
     import ucmfh.app.jobs as jobs_module
-    from ucmfh.app.stage import RunInProgress
 
-    results = tmp_path / "r.jsonl"
-    real = jobs_module.train_hash_stage
-    tries = []
-
-    def another_process_on_seed_1(data, fcfg, hcfg, *args, **kwargs):
-        tries.append(hcfg.seed)
-        if hcfg.seed == 1 and tries.count(1) <= 2:
-            if tries.count(1) == 2 and other_finishes:
-                rows = real(data, fcfg, hcfg, *args, **kwargs)
-                with open(results, "a") as f:
-                    f.writelines(json.dumps(row) + "\n" for row in rows)
-            raise RunInProgress("runs/x: another process (pid 1) is training this run; wait for it or use another "
-                                "--out")
-        return real(data, fcfg, hcfg, *args, **kwargs)
-
-    monkeypatch.setattr(jobs_module, "train_hash_stage", another_process_on_seed_1)
+    results, tries = tmp_path / "r.jsonl", []
+    monkeypatch.setattr(jobs_module, "train_hash_stage",
+                        _another_process_on_seed_1(jobs_module.train_hash_stage, results, other_finishes, tries))
     monkeypatch.setattr(jobs_module, "BUSY_POLL_S", 0.0)
     result = CliRunner().invoke(main, ["grid", "-d", tiny_path, "--methods", "cca-itq", "--seeds", "1,2", "-b", "8",
                                        "--protocol", "unimodal", "--out", str(tmp_path / "runs"), "--results",
