@@ -1034,6 +1034,11 @@ BUGS: Tuple[Bug, ...] = (
         "        if isinstance(outcome.error, RunInProgress):", "        if False:",
         "a grid --jobs N beside another on one runs folder ended at the first cell the other trained",
         ("tests/app/test_grid.py::test_a_cell_another_process_trains_is_run_after_the_others_side_by_side_too",)),
+    Bug("index-manifest-layout-unchecked", "ucmfh/search/folder.py",
+        "                    _check_layout(name, dtype, width, index.words)", "                    pass",
+        "an index whose manifest was edited to say int32 ids was searched with every id 0 (objects: a crash)",
+        ("tests/search/test_search.py::"
+         "test_an_edited_manifest_s_column_layout_ids_past_int64_and_one_string_as_captions_are_refused",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

@@ -354,6 +354,30 @@ def test_build_index_s_arguments_are_checked_before_its_folder_is_made_or_locked
     assert ok.added == {"img": 40, "txt": 120}
 
 
+def test_an_edited_manifest_s_column_layout_ids_past_int64_and_one_string_as_captions_are_refused(tmp_path):
+    """A search audit's: ids said to be int32 in an edited manifest were read as 0 (exit 0), objects crashed the
+    process (SIGSEGV); uint64 ids past int64 were kept as negative ids; text='dog' was three captions."""
+    index = Index(16)
+    index.add("txt", np.ones((3, 16), np.float32), ids=np.array([5, 6, 7]), text=["a", "b", "c"])
+    index.save(tmp_path / "ix")
+    manifest = tmp_path / "ix" / "index.json"
+    good = json.loads(manifest.read_text())
+    for spec, said in ((["<i4", None], r"its ids column is <i4, where an index's is <i8$"),
+                       (["|O", None], r"its ids column is \|O, where an index's is <i8$")):
+        edited = json.loads(json.dumps(good))
+        edited["modalities"]["txt"]["columns"]["ids"] = spec
+        manifest.write_text(json.dumps(edited))
+        with pytest.raises(DataError, match=r"index\.json: damaged \(" + said[:-1] + r"\); build the index again$"):
+            Index.load(tmp_path / "ix")
+    with pytest.raises(ValueError, match=r"^txt ids: 9223372036854775809 does not fit int64, as ids are kept$"):
+        Index(8).add("txt", np.ones((1, 8)), ids=np.array([2**63 + 1], dtype=np.uint64))
+    with pytest.raises(TypeError, match=r"^txt text: a list of strings, one an item, not one str$"):
+        Index(8).add("txt", np.ones((3, 8)), text="dog")
+    with pytest.raises(ValueError, match=r"^chunk_size must be a whole number >= 1, got 2\.5$"):
+        build_index(str(tmp_path / "none.h5"), str(tmp_path / "none.pt"), str(tmp_path / "b"), chunk_size=2.5)
+    assert not (tmp_path / "b").exists()  # an unfinished index was left
+
+
 def test_an_index_whose_meta_json_cannot_write_is_refused_before_any_column(tmp_path):
     """Index(meta={"n": np.int64(3)}).save(...) failed in the json module, 11 frames deep, every column written
     (an audit's)."""

@@ -292,8 +292,8 @@ def build_index(
         check_argument("build_index", name, value, (str, os.PathLike), what)
     if isinstance(splits, str):  # one group: 'query' was read as the groups q, u, e, r and y
         splits = [splits]
-    if chunk_size < 1:
-        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ValueError(f"chunk_size must be a whole number >= 1, got {chunk_size!r}")  # 2.5 left a folder behind
     # the inputs are read before the folder is made and locked: a missing or wrong one leaves nothing behind
     if is_dataset_file(collection):  # the checks every other command makes of it ('ucmfh validate'), before any work
         validate_file(collection, token_values=False)

@@ -55,6 +55,25 @@ def modality_name(name: str) -> str:
     return name
 
 
+EMBEDDING_DTYPE = np.float16  # the real-valued head outputs kept for re-ranking by cosine
+
+
+def _check_layout(name: str, dtype: np.dtype, width: Any, words: int) -> None:
+    """A fixed-width column's type and width as the manifest says them, checked against what ucmfh writes (a
+    ValueError, said as a damaged manifest): ids of another type were read as 0, objects crashed the process."""
+    layouts = {"codes": (np.dtype(np.uint64), words), "ids": (np.dtype(np.int64), None),
+               "origin": (np.dtype(np.int64), 2), "labels": (np.dtype(np.uint8), "any"),
+               "embed": (np.dtype(EMBEDDING_DTYPE), "any")}
+    if name not in layouts:
+        raise ValueError(f"a column {name!r}, which no index holds")
+    wanted, span = layouts[name]
+    if dtype != wanted or (span != "any" and width != span) or (span == "any" and not (
+            isinstance(width, int) and width >= 1)):
+        raise ValueError(f"its {name} column is {dtype.str}" + ("" if width is None else f" of width {width}")
+                         + f", where an index's is {wanted.str}"
+                         + ("" if span in ("any", None) else f" of width {span}"))
+
+
 class IndexFolder:
     """Saving, loading and appending to an index folder (a base of :class:`ucmfh.search.index.Index`,
     whose columns and counts it writes and reads)."""
@@ -164,6 +183,7 @@ class IndexFolder:
                     col.mapped = (offsets, map_file(path, f"{modality}.{name}.bytes", np.uint8, (size,), mmap))
                 else:
                     dtype, width = np.dtype(spec[0]), spec[1]
+                    _check_layout(name, dtype, width, index.words)  # an edited one read ids of 0, or crashed
                     col = Column(dtype, width)
                     col.mapped = map_file(path, f"{modality}.{name}", dtype, col.shape(n), mmap)
                 index._columns[modality][name] = col

@@ -29,12 +29,11 @@ from ucmfh.bits import MAX_BITS, as_words, n_words, to_numpy
 from ucmfh.config import backend_config
 from ucmfh.data.format import DataError
 from ucmfh.files import locked
-from ucmfh.search.folder import MANIFEST, MODALITIES, STRINGS, Column, IndexFolder, modality_name
+from ucmfh.search.folder import EMBEDDING_DTYPE, MANIFEST, MODALITIES, STRINGS, Column, IndexFolder, modality_name
 from ucmfh.search.kernels import search_device
 from ucmfh.search.scan import check_k, hamming_search
 
 ArrayLike = Any  # numpy arrays or torch tensors (torch is not imported to search on the CPU)
-EMBEDDING_DTYPE = np.float16  # the real-valued head outputs kept for re-ranking by cosine
 # fixed-width columns besides codes and ids: name -> dtype
 _EXTRA = {"embed": EMBEDDING_DTYPE, "labels": np.uint8, "origin": np.int64}
 STRINGS_SPAN = 1 << 28  # bytes of strings read at once for the items asked for, where they lie within them
@@ -267,6 +266,8 @@ class Index(IndexFolder):
         if ids.size and int(ids.min()) < 0:  # as 'ucmfh index' refuses them (docs/search.md)
             raise ValueError(f"{where} ids: must be >= 0, got {int(ids.min())} (first at row "
                              f"{int(np.argmax(ids < 0))})")
+        if ids.size and int(ids.max()) > np.iinfo(np.int64).max:  # uint64: stored as negative ids, unsaid
+            raise ValueError(f"{where} ids: {int(ids.max())} does not fit int64, as ids are kept")
         columns: Dict[str, Any] = {"codes": words, "ids": ids.astype(np.int64)}
         for name, key in (("embed", "embeddings"), ("labels", "labels"), ("origin", "origin")):
             value = given.get(key)
@@ -282,6 +283,8 @@ class Index(IndexFolder):
                 columns[name] = np.ascontiguousarray(value.astype(_EXTRA[name]))
         for name in STRINGS:
             value = given.get(name)
+            if isinstance(value, (str, bytes)):  # 'dog' was kept as the captions 'd', 'o' and 'g'
+                raise TypeError(f"{where} {name}: a list of strings, one an item, not one {type(value).__name__}")
             if value is not None:
                 value = list(value)
                 missing = next((i for i, s in enumerate(value) if s is None), None)
