@@ -1039,11 +1039,6 @@ BUGS: Tuple[Bug, ...] = (
         "an index whose manifest was edited to say int32 ids was searched with every id 0 (objects: a crash)",
         ("tests/search/test_search.py::"
          "test_an_edited_manifest_s_column_layout_ids_past_int64_and_one_string_as_captions_are_refused",)),
-    Bug("faiss-ties-in-its-own-order", "ucmfh/search/approx.py",
-        "    return np.take_along_axis(d, order, axis=1), np.take_along_axis(p, order, axis=1)\n",
-        "    return d, p\n",
-        "an IVF search probing every list gave the exact distances but other items than the scan at ties",
-        ("tests/search/test_search_faiss.py::test_ivf_probing_every_list_gives_the_exact_distances",)),
     # resume-forgets-best again, one trained method at a time: each must catch it on its own (its best epoch
     # is made the one before the interruption; before, only distill's and djsrh's fell there)
     *(Bug(f"resume-forgets-best-{method}", "ucmfh/trainer.py",

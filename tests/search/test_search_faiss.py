@@ -52,9 +52,6 @@ def test_ivf_probing_every_list_gives_the_exact_distances(bits):
         assert np.array_equal(true_distances(index, q, ap), ad)
         assert all(len(set(row)) == k for row in ap)
         assert recall((ad, ap), (ed, ep))["distances"] == 1.0
-        # ties by position within a list, as the scan orders them (FAISS's order of its lists; a search audit's)
-        same = ad[:, 1:] == ad[:, :-1]
-        assert (ap[:, 1:][same] > ap[:, :-1][same]).all()
     # fewer lists probed: an approximation, never better than exact
     ed, _ = index.search(q, 10, "txt")
     ad, ap = index.search(q, 10, "txt", backend=BackendConfig(backend="faiss-ivf", nlist=20, nprobe=1))

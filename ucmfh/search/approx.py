@@ -151,10 +151,7 @@ def search(index: Any, queries: np.ndarray, k: int, modality: str, cfg: BackendC
         d, p = found.search(_packed(queries, index.n_bits), k)
     d, p = d.astype(np.int64), p.astype(np.int64)
     d[p < 0] = index.n_bits + 1
-    # within a list, ties by position as the exact scan orders them (FAISS's own order of equal distances is its
-    # lists'); the items found at the k-th distance may still differ from the scan's
-    order = np.lexsort((np.where(p < 0, np.iinfo(np.int64).max, p), d), axis=1)
-    return np.take_along_axis(d, order, axis=1), np.take_along_axis(p, order, axis=1)
+    return d, p
 
 
 def recall(approx: Tuple[np.ndarray, np.ndarray], exact: Tuple[np.ndarray, np.ndarray]) -> Dict[str, float]:
