@@ -103,12 +103,14 @@ def test_a_missing_file_is_a_file_not_found_and_a_value_error_whichever_call_rea
     """A missing file was a DataError or a CheckpointError (ValueErrors) from some calls, a FileNotFoundError
     from others: ``except FileNotFoundError`` missed the first, ``except ValueError`` the second (an audit's)."""
     from ucmfh.codes import load_codes
+    from ucmfh.search.collection import read_queries
 
     missing = str(tmp_path / "nope")
     calls = {"load_dataset": ucmfh.load_dataset, "validate_file": ucmfh.validate_file,
              "load_model": lambda path: ucmfh.load_model(path, "hash"), "Encoder": ucmfh.Encoder,
              "load_codes": load_codes, "evaluate_codes_file": ucmfh.evaluate_codes_file, "Index.load": ucmfh.Index.load,
-             "build_index": lambda path: ucmfh.build_index(path, path, str(tmp_path / "ix"))}
+             "build_index": lambda path: ucmfh.build_index(path, path, str(tmp_path / "ix")),
+             "read_queries": lambda path: read_queries(path, "img", {"img": 4, "txt": 4})}
     for name, call in calls.items():
         with pytest.raises(FileNotFoundError, match=r"nope: no such ") as caught:
             call(missing)

@@ -34,15 +34,17 @@ def configure_from_env() -> None:
 def torchrun_sizes() -> Tuple[int, int]:
     """``(WORLD_SIZE, LOCAL_WORLD_SIZE)`` of the environment torchrun sets (1, 1 outside it); a ValueError naming
     the variable where one is not a whole number."""
-    sizes = []
-    for name, default in (("WORLD_SIZE", "1"), ("LOCAL_WORLD_SIZE", None)):
-        value = os.environ.get(name, default or str(sizes[0]))
-        try:
-            sizes.append(int(value))
-        except ValueError:
-            raise ValueError(f"{name}={value!r} in the environment: torchrun sets it to a number of processes; "
-                             f"unset it to run one process") from None
-    return sizes[0], sizes[1]
+    world = _size("WORLD_SIZE", 1)
+    return world, _size("LOCAL_WORLD_SIZE", world)
+
+
+def _size(name: str, default: int) -> int:
+    value = os.environ.get(name, str(default))
+    try:
+        return int(value)
+    except ValueError:
+        raise ValueError(f"{name}={value!r} in the environment: torchrun sets it to a number of processes; unset "
+                         "it to run one process") from None
 
 
 # the commands that run as one of torchrun's ranks (docs/distributed.md); extraction's ranks are shards of their own
@@ -60,7 +62,7 @@ def distributed_problem(command: str) -> str:
                 "processes; run under torchrun, or unset WORLD_SIZE to run one process")
     if world <= 1 or command in DISTRIBUTED or command == "extract":
         return ""
-    return (f"'ucmfh {command}' runs in one process, not as torchrun's {torchrun_sizes()[0]} ranks (each would do "
+    return (f"'ucmfh {command}' runs in one process, not as torchrun's {world} ranks (each would do "
             f"the whole of it); run it without torchrun (distributed: {', '.join(DISTRIBUTED)} and extract)")
 
 

@@ -120,8 +120,7 @@ def _once_the_other_process_is_done(name: str, data: Any, fcfg: Any, hcfg: Any, 
             click.echo(f"skip {name}: finished by the other process (run {run_key})")
             return done
         try:
-            click.echo(f"run  {name}")
-            rows = train_hash_stage(data, fcfg, hcfg, opts, protocols, k, log=say)
+            return _run_cell(name, data, fcfg, hcfg, opts, protocols, k, results)
         except RunInProgress as err:
             if not said:
                 click.echo(f"wait {name}: {err.fact}; looking again every {BUSY_POLL_S:g} s (Ctrl-C stops the grid)",
@@ -131,12 +130,20 @@ def _once_the_other_process_is_done(name: str, data: Any, fcfg: Any, hcfg: Any, 
                 time.sleep(BUSY_POLL_S)
             except KeyboardInterrupt as stop:
                 interrupted(stop, always_resumes=True)
-            continue
-        except KeyboardInterrupt as err:
-            interrupted(err, always_resumes=True)
-        append_cell_rows(results, rows, click.echo)
-        click.echo(f"      {scores_line(rows)}")
-        return rows
+
+
+def _run_cell(name: str, data: Any, fcfg: Any, hcfg: Any, opts: RunOptions, protocols: Sequence[str], k: int,
+              results: str) -> List[Dict[str, Any]]:
+    """One cell trained here (or its saved run reused) and scored, its rows appended to the results file and
+    returned; :class:`RunInProgress` where another process trains its run."""
+    click.echo(f"run  {name}")
+    try:
+        rows = train_hash_stage(data, fcfg, hcfg, opts, protocols, k, log=say)
+    except KeyboardInterrupt as err:  # a grid has no --resume: it resumes what it finds
+        interrupted(err, always_resumes=True)
+    append_cell_rows(results, rows, click.echo)
+    click.echo(f"      {scores_line(rows)}")
+    return rows
 
 
 def by_run(rows: Iterable[Dict[str, Any]], into: Optional[Dict[Any, List[Dict[str, Any]]]] = None,
@@ -550,18 +557,13 @@ def grid(datasets, data_dir, methods, losses, per_loss, n_bits, seeds, fusion_ep
         if side is not None:  # run below by a worker, its rows in this place
             grid_rows.append(side.add(name, run, paths[dataset], loaded[dataset], fcfg))
             continue
-        click.echo(f"run  {name}")
         try:
-            rows = train_hash_stage(loaded[dataset], fcfg, hcfg, opts, protocols, k, log=say)
+            rows = _run_cell(name, loaded[dataset], fcfg, hcfg, opts, protocols, k, results)
         except RunInProgress as err:  # another process trains it (or the fusion stage it builds on): the others first
             click.echo(f"busy {name}: {err.fact}; it is run after the other cells", err=True)
             busy.append((len(grid_rows), name, loaded[dataset], fcfg, hcfg, run_key))
             grid_rows.append([])
             continue
-        except KeyboardInterrupt as err:  # a grid has no --resume: it resumes what it finds
-            interrupted(err, always_resumes=True)
-        append_cell_rows(results, rows, click.echo)
-        click.echo(f"      {scores_line(rows)}")
         by_run(rows, into=recorded)
         grid_rows.append(rows)
     for place, name, data, fcfg, hcfg, run_key in busy:

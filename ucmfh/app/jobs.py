@@ -448,7 +448,8 @@ class SideBySide:
 
     def _start_ready(self, submit: Callable[[_Cell], cf.Future], running: Dict[cf.Future, _Cell], n: int) -> None:
         """Start the first pending cells, in the grid's order, while a worker is free; a cell whose fusion
-        encoder a running cell trains waits until it is saved."""
+        encoder a running cell trains waits until it is saved. Once none is pending, a cell another process was
+        training is looked at again every :data:`BUSY_POLL_S`: its rows from the results file, else started again."""
         for cell in self.cells:
             if len(running) >= n:
                 return
@@ -457,10 +458,7 @@ class SideBySide:
             if cell.fusion_path is not None and not os.path.exists(cell.fusion_path) and \
                     any(other.fusion_path == cell.fusion_path for other in running.values()):
                 continue
-            with _held():  # a submit starts a worker where none is free: it starts deaf to both
-                running[submit(cell)] = cell
-            cell.state = "running"
-            self.log(f"start {cell.name}")
+            self._start(cell, submit, running)
         if any(cell.state == "pending" for cell in self.cells):
             return
         for cell in self.cells:  # the others done or under way: a cell another process trained, looked at again
@@ -474,10 +472,14 @@ class SideBySide:
                 cell.state, cell.appended = "done", True
                 self.log(f"skip {cell.name}: finished by the other process (run {cell.key})")
                 continue
-            with _held():
-                running[submit(cell)] = cell
-            cell.state = "running"
-            self.log(f"start {cell.name} (again)")
+            self._start(cell, submit, running, " (again)")
+
+    def _start(self, cell: _Cell, submit: Callable[[_Cell], cf.Future], running: Dict[cf.Future, _Cell],
+               note: str = "") -> None:
+        with _held():  # a submit starts a worker where none is free: it starts deaf to both
+            running[submit(cell)] = cell
+        cell.state = "running"
+        self.log(f"start {cell.name}{note}")
 
     def _ended(self, cell: _Cell, outcome: Outcome, signum: Optional[int],
                error: Optional[BaseException]) -> Tuple[Optional[int], Optional[BaseException]]:

@@ -283,7 +283,7 @@ def read_queries(
     """
     path = os.fspath(path)
     if not os.path.exists(path):
-        raise FileNotFoundError(f"{path}: no such query file{a_name_not_a_path(path)}")
+        raise MissingFile(f"{path}: no such query file{a_name_not_a_path(path)}")
     if path.endswith(".npy"):
         if ids is not None or split is not None:
             raise ValueError(f"{path}: an .npy file has no ids or splits; select rows from an HDF5 file")
